@@ -1,0 +1,65 @@
+//! `servesim`: command-line entry point. Argument parsing, file I/O and output formatting only;
+//! the simulation lives in the `servesim-engine` and `servesim-replay` crates.
+
+mod predict;
+mod progress;
+mod table;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "servesim",
+    version,
+    about = "GPU-free simulator of LLM inference serving"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a trace or a synthetic load through simulated workers and report latencies.
+    Predict(Box<predict::PredictArgs>),
+}
+
+/// A failure to report to the user: a one-line message and an exit code.
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// Bad input (arguments, files, configuration): exit code 2.
+    pub fn input(message: impl std::fmt::Display) -> Self {
+        Failure {
+            code: 2,
+            message: message.to_string(),
+        }
+    }
+
+    /// The run itself failed: exit code 1.
+    pub fn run(message: impl std::fmt::Display) -> Self {
+        Failure {
+            code: 1,
+            message: message.to_string(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Predict(args) => predict::run(*args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! `servesim predict`: parse arguments, build the workload and the cluster, run, print.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use servesim_engine::EngineConfig;
+use servesim_replay::{
+    load_mooncake, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord,
+    RouterMode, SimConfig, Sla, SyntheticSpec, Workload,
+};
+
+use crate::progress::Bar;
+use crate::table;
+use crate::Failure;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TraceFormat {
+    Mooncake,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Router {
+    RoundRobin,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    /// Trace files to replay (Mooncake JSONL). Several files are replayed together.
+    #[arg(value_name = "TRACE")]
+    traces: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value = "mooncake")]
+    trace_format: TraceFormat,
+    /// Tokens each trace hash id stands for.
+    #[arg(long, default_value_t = 512, value_name = "TOKENS")]
+    trace_block_size: u32,
+
+    /// Engine configuration: inline JSON or a JSON file, flat `MockEngineArgs` or Dynamo's
+    /// canonical `{"engine": {...}}` form.
+    #[arg(long, value_name = "JSON|PATH")]
+    extra_engine_args: Option<String>,
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    num_workers: u32,
+    #[arg(long, value_enum, default_value = "round_robin")]
+    router_mode: Router,
+
+    /// Closed loop: at most N sessions in flight (timestamps are ignored).
+    #[arg(long, value_name = "N")]
+    replay_concurrency: Option<u32>,
+    /// Divide trace timestamps and think times by X (trace timestamps mode only).
+    #[arg(long, value_name = "X")]
+    arrival_speedup_ratio: Option<f64>,
+
+    /// Synthetic load: prompt tokens per request.
+    #[arg(long, value_name = "N", help_heading = "Synthetic load")]
+    input_tokens: Option<u32>,
+    /// Synthetic load: output tokens per request.
+    #[arg(long, value_name = "N", help_heading = "Synthetic load")]
+    output_tokens: Option<u32>,
+    /// Synthetic load: number of requests (sessions when --turns-per-session > 1).
+    #[arg(long, value_name = "N", help_heading = "Synthetic load")]
+    request_count: Option<u32>,
+    /// Synthetic load: Poisson arrivals at R sessions per second.
+    #[arg(long, value_name = "R", help_heading = "Synthetic load")]
+    request_rate: Option<f64>,
+    /// Synthetic load: one session every X ms.
+    #[arg(long, value_name = "MS", help_heading = "Synthetic load")]
+    arrival_interval_ms: Option<f64>,
+    #[arg(
+        long,
+        default_value_t = 42,
+        value_name = "SEED",
+        help_heading = "Synthetic load"
+    )]
+    arrival_seed: u64,
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        help_heading = "Synthetic load"
+    )]
+    turns_per_session: u32,
+    /// Fraction of each prompt shared within its prefix group.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "RATIO",
+        help_heading = "Synthetic load"
+    )]
+    shared_prefix_ratio: f64,
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Synthetic load"
+    )]
+    num_prefix_groups: u32,
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "MS",
+        help_heading = "Synthetic load"
+    )]
+    inter_turn_delay_ms: f64,
+
+    /// Goodput: time-to-first-token bound.
+    #[arg(long, value_name = "MS", help_heading = "Goodput")]
+    sla_ttft_ms: Option<f64>,
+    /// Goodput: bound on a request's mean inter-token latency.
+    #[arg(long, value_name = "MS", help_heading = "Goodput")]
+    sla_itl_ms: Option<f64>,
+    /// Goodput: end-to-end latency bound.
+    #[arg(long, value_name = "MS", help_heading = "Goodput")]
+    sla_e2e_ms: Option<f64>,
+
+    /// Write the summary JSON here.
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
+    report_json: Option<PathBuf>,
+    /// Write one JSON record per request here.
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
+    report_jsonl: Option<PathBuf>,
+    /// `table` (default) prints the metrics table; `json` prints only the summary object.
+    #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
+    format: Format,
+}
+
+/// Reads an inline JSON document or a JSON file.
+fn engine_config(arg: Option<&str>) -> Result<EngineConfig, Failure> {
+    let Some(arg) = arg else {
+        return Ok(EngineConfig::default());
+    };
+    if arg.trim_start().starts_with('{') {
+        return EngineConfig::parse_json(arg)
+            .map_err(|e| Failure::input(format!("--extra-engine-args: {e}")));
+    }
+    let text = std::fs::read_to_string(arg)
+        .map_err(|e| Failure::input(format!("{arg}: cannot read: {e}")))?;
+    EngineConfig::parse_json(&text).map_err(|e| Failure::input(format!("{arg}: {e}")))
+}
+
+fn positive(name: &str, v: Option<f64>) -> Result<(), Failure> {
+    match v {
+        Some(x) if !(x.is_finite() && x > 0.0) => Err(Failure::input(format!(
+            "--{name} must be a positive number, got {x}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Builds the workload and the load mode, rejecting contradictory flags.
+fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMode), Failure> {
+    let synthetic = [
+        a.input_tokens.is_some(),
+        a.output_tokens.is_some(),
+        a.request_count.is_some(),
+    ];
+    let any_synthetic = synthetic.iter().any(|&b| b);
+    if a.replay_concurrency == Some(0) {
+        return Err(Failure::input("--replay-concurrency must be at least 1"));
+    }
+    positive("arrival-speedup-ratio", a.arrival_speedup_ratio)?;
+    if a.replay_concurrency.is_some() && a.arrival_speedup_ratio.is_some() {
+        return Err(Failure::input(
+            "--arrival-speedup-ratio applies to trace timestamps and cannot be combined with --replay-concurrency",
+        ));
+    }
+    if !a.traces.is_empty() {
+        if any_synthetic || a.request_rate.is_some() || a.arrival_interval_ms.is_some() {
+            return Err(Failure::input(
+                "give either trace files or a synthetic load (--input-tokens/--output-tokens/--request-count), not both",
+            ));
+        }
+        let workload = load_mooncake(&a.traces, a.trace_block_size).map_err(Failure::input)?;
+        let load = match a.replay_concurrency {
+            Some(c) => LoadMode::Concurrency { max_sessions: c },
+            None => LoadMode::Timestamps {
+                speedup: a.arrival_speedup_ratio.unwrap_or(1.0),
+            },
+        };
+        return Ok((workload, load));
+    }
+    if !synthetic.iter().all(|&b| b) {
+        return Err(Failure::input(if any_synthetic {
+            "a synthetic load needs all of --input-tokens, --output-tokens and --request-count"
+        } else {
+            "nothing to replay: give trace files or a synthetic load (--input-tokens, --output-tokens, --request-count); see --help"
+        }));
+    }
+    let controls = [
+        a.request_rate.is_some(),
+        a.arrival_interval_ms.is_some(),
+        a.replay_concurrency.is_some(),
+    ];
+    if controls.iter().filter(|&&b| b).count() != 1 {
+        return Err(Failure::input(
+            "a synthetic load needs exactly one of --request-rate, --arrival-interval-ms, --replay-concurrency",
+        ));
+    }
+    if a.arrival_speedup_ratio.is_some() {
+        return Err(Failure::input(
+            "--arrival-speedup-ratio applies to trace replay only",
+        ));
+    }
+    let arrivals = match (a.request_rate, a.arrival_interval_ms) {
+        (Some(rate), _) => Arrivals::Poisson { rate_per_s: rate },
+        (_, Some(ms)) => Arrivals::Interval { interval_ms: ms },
+        _ => Arrivals::AllAtOnce,
+    };
+    let spec = SyntheticSpec {
+        input_tokens: a.input_tokens.unwrap_or_default(),
+        output_tokens: a.output_tokens.unwrap_or_default(),
+        sessions: a.request_count.unwrap_or_default(),
+        turns_per_session: a.turns_per_session,
+        arrivals,
+        seed: a.arrival_seed,
+        shared_prefix_ratio: a.shared_prefix_ratio,
+        num_prefix_groups: a.num_prefix_groups,
+        inter_turn_delay_ms: a.inter_turn_delay_ms,
+        block_tokens: engine.block_size,
+    };
+    let workload = spec
+        .generate()
+        .map_err(|e| Failure::input(format!("--{e}")))?;
+    let load = match a.replay_concurrency {
+        Some(c) => LoadMode::Concurrency { max_sessions: c },
+        None => LoadMode::Timestamps { speedup: 1.0 },
+    };
+    Ok((workload, load))
+}
+
+fn create(path: &Path) -> Result<BufWriter<File>, Failure> {
+    File::create(path)
+        .map(BufWriter::new)
+        .map_err(|e| Failure::input(format!("{}: cannot create: {e}", path.display())))
+}
+
+pub fn run(a: PredictArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    let engine = engine_config(a.extra_engine_args.as_deref())?;
+    if a.num_workers == 0 {
+        return Err(Failure::input("--num-workers must be at least 1"));
+    }
+    for (name, v) in [
+        ("sla-ttft-ms", a.sla_ttft_ms),
+        ("sla-itl-ms", a.sla_itl_ms),
+        ("sla-e2e-ms", a.sla_e2e_ms),
+    ] {
+        positive(name, v)?;
+    }
+    let (workload, load) = workload(&a, &engine)?;
+    let config = SimConfig {
+        engine,
+        num_workers: a.num_workers,
+        router: match a.router_mode {
+            Router::RoundRobin => RouterMode::RoundRobin,
+        },
+        load,
+        sla: Sla {
+            ttft_ms: a.sla_ttft_ms,
+            itl_ms: a.sla_itl_ms,
+            e2e_ms: a.sla_e2e_ms,
+        },
+        seed: a.arrival_seed,
+    };
+
+    // Open outputs before the run so a bad path costs nothing.
+    let mut summary_file = a.report_json.as_deref().map(create).transpose()?;
+    let mut records = a.report_jsonl.as_deref().map(create).transpose()?;
+    let mut write_error: Option<std::io::Error> = None;
+    let mut sink = |r: &RequestRecord| {
+        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+            let line = request_json(r, &workload);
+            if let Err(e) = serde_json::to_writer(&mut *w, &line)
+                .map_err(std::io::Error::from)
+                .and_then(|_| w.write_all(b"\n"))
+            {
+                write_error = Some(e);
+            }
+        }
+    };
+    let sink_ref: Option<&mut dyn FnMut(&RequestRecord)> = if a.report_jsonl.is_some() {
+        Some(&mut sink)
+    } else {
+        None
+    };
+    let collector = Collector::new(config.sla, sink_ref);
+    let mut bar = Bar::new();
+    let result = simulate(&workload, &config, collector, &mut bar);
+    bar.finish();
+    let mut report = result.map_err(Failure::run)?;
+    report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+
+    let summary = serde_json::Value::Object(report.summary_json());
+    let pretty = serde_json::to_string_pretty(&summary).expect("summary serialises");
+    match a.format {
+        Format::Json => println!("{pretty}"),
+        Format::Table => print!("{}", table::render(&report)),
+    }
+    let mut failures = Vec::new();
+    if let Some(e) = write_error {
+        failures.push(format!(
+            "{}: write failed: {e}",
+            a.report_jsonl.as_ref().expect("jsonl path").display()
+        ));
+    } else if let Some(mut w) = records.take() {
+        if let Err(e) = w.flush() {
+            failures.push(format!(
+                "{}: write failed: {e}",
+                a.report_jsonl.as_ref().expect("jsonl path").display()
+            ));
+        }
+    }
+    if let (Some(w), Some(path)) = (summary_file.as_mut(), a.report_json.as_ref()) {
+        match w
+            .write_all(pretty.as_bytes())
+            .and_then(|_| w.write_all(b"\n"))
+            .and_then(|_| w.flush())
+        {
+            Ok(()) if a.format == Format::Table => {
+                println!("Saved full report to: {}", path.display())
+            }
+            Ok(()) => {}
+            Err(e) => failures.push(format!("{}: write failed: {e}", path.display())),
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::run(failures.join("; ")))
+    }
+}

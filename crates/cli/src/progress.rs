@@ -1,0 +1,54 @@
+//! A progress bar on stderr for runs that last more than a second, shown only on a terminal.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use servesim_replay::Progress;
+
+pub struct Bar {
+    enabled: bool,
+    started: Instant,
+    bar: Option<ProgressBar>,
+}
+
+impl Bar {
+    pub fn new() -> Self {
+        Bar {
+            enabled: std::io::stderr().is_terminal(),
+            started: Instant::now(),
+            bar: None,
+        }
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Progress for Bar {
+    fn update(&mut self, finished: u64, total: u64) {
+        if !self.enabled {
+            return;
+        }
+        if self.bar.is_none() {
+            if self.started.elapsed() < Duration::from_secs(1) {
+                return;
+            }
+            let bar = ProgressBar::new(total);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} simulating [{bar:40}] {pos}/{len} requests ({eta} left)",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            self.bar = Some(bar);
+        }
+        if let Some(bar) = &self.bar {
+            bar.set_position(finished);
+        }
+    }
+}

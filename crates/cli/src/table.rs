@@ -1,0 +1,142 @@
+//! The terminal summary, laid out like AIPerf's "LLM Metrics" table.
+
+use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
+use servesim_replay::report::Report;
+use servesim_replay::stats::Summary;
+
+fn num(v: f64) -> String {
+    let s = format!("{:.2}", v.abs());
+    let (int, frac) = s.split_once('.').expect("two decimals");
+    let mut grouped = String::new();
+    for (i, c) in int.chars().enumerate() {
+        if i > 0 && (int.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    format!("{}{grouped}.{frac}", if v < 0.0 { "-" } else { "" })
+}
+
+pub fn render(report: &Report) -> String {
+    let mut table = Table::new();
+    // Heavy header, light body: AIPerf's box style.
+    table
+        .load_preset(presets::UTF8_FULL)
+        .set_style(comfy_table::TableComponent::TopLeftCorner, '┏')
+        .set_style(comfy_table::TableComponent::TopRightCorner, '┓')
+        .set_style(comfy_table::TableComponent::TopBorder, '━')
+        .set_style(comfy_table::TableComponent::TopBorderIntersections, '┳')
+        .set_style(comfy_table::TableComponent::HeaderLines, '━')
+        .set_style(comfy_table::TableComponent::LeftHeaderIntersection, '┡')
+        .set_style(comfy_table::TableComponent::MiddleHeaderIntersections, '╇')
+        .set_style(comfy_table::TableComponent::RightHeaderIntersection, '┩')
+        .set_style(comfy_table::TableComponent::VerticalLines, '│')
+        .remove_style(comfy_table::TableComponent::HorizontalLines)
+        .remove_style(comfy_table::TableComponent::MiddleIntersections)
+        .remove_style(comfy_table::TableComponent::LeftBorderIntersections)
+        .remove_style(comfy_table::TableComponent::RightBorderIntersections)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(["Metric", "avg", "min", "max", "p99", "p90", "p75", "std"]);
+    let d = &report.dist;
+    let rows: [(&str, &Summary); 5] = [
+        ("Time to First Token (ms)", &d.ttft),
+        ("Time to Second Token (ms)", &d.ttst),
+        ("Request Latency (ms)", &d.e2e),
+        ("Inter Token Latency (ms)", &d.itl),
+        (
+            "Output Token Throughput Per User (tokens/sec/user)",
+            &d.per_user,
+        ),
+    ];
+    for (label, s) in rows {
+        if s.count == 0 {
+            continue;
+        }
+        table.add_row(vec![
+            label.to_string(),
+            num(s.mean),
+            num(s.min),
+            num(s.max),
+            num(s.p99),
+            num(s.p90),
+            num(s.p75),
+            num(s.std),
+        ]);
+    }
+    let t = &report.totals;
+    let single = |label: &str, v: String| {
+        let mut row = vec![label.to_string(), v];
+        row.extend(std::iter::repeat_n("N/A".to_string(), 6));
+        row
+    };
+    table.add_row(single(
+        "Output Token Throughput (tokens/sec)",
+        num(t.output_tokens as f64 / report.duration_s()),
+    ));
+    table.add_row(single(
+        "Request Throughput (requests/sec)",
+        num(t.completed as f64 / report.duration_s()),
+    ));
+    table.add_row(single("Request Count (requests)", t.completed.to_string()));
+    if report.sla_set {
+        table.add_row(single(
+            "Goodput (requests/sec)",
+            num(t.good_requests as f64 / report.duration_s()),
+        ));
+    }
+    for (i, column) in table.column_iter_mut().enumerate() {
+        column.set_cell_alignment(if i == 0 {
+            CellAlignment::Left
+        } else {
+            CellAlignment::Right
+        });
+    }
+
+    let body = table.to_string();
+    let width = body.lines().next().map_or(0, |l| l.chars().count());
+    let title = "servesim | LLM Metrics";
+    let mut out = format!("{:^width$}\n{body}\n", title);
+    let ratio = |x: u64| {
+        if t.input_tokens > 0 {
+            x as f64 / t.input_tokens as f64
+        } else {
+            0.0
+        }
+    };
+    out.push_str(&format!(
+        "Simulated Duration (ms): {}\n",
+        num(t.duration_ms)
+    ));
+    out.push_str(&format!("Wall Time (ms): {}\n", num(report.wall_time_ms)));
+    out.push_str(&format!(
+        "Prefix Cache Reused Ratio: {:.4}\n",
+        ratio(t.reused_tokens)
+    ));
+    out.push_str(&format!(
+        "First Admission Prefix Cache Reused Ratio: {:.4}\n",
+        ratio(t.first_admission_reused_tokens)
+    ));
+    if t.preemptions > 0 {
+        out.push_str(&format!("Preemptions: {}\n", t.preemptions));
+    }
+    if t.rejected > 0 {
+        out.push_str(&format!(
+            "Rejected Requests: {} (see --report-jsonl for reasons)\n",
+            t.rejected
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::num;
+
+    #[test]
+    fn numbers_use_thousands_separators() {
+        assert_eq!(num(0.0), "0.00");
+        assert_eq!(num(1234567.891), "1,234,567.89");
+        assert_eq!(num(999.999), "1,000.00");
+        assert_eq!(num(-1234.5), "-1,234.50");
+    }
+}

@@ -1,0 +1,326 @@
+//! The `servesim` command as users call it: output formats, report files, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/conversation.jsonl")
+}
+
+fn servesim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(args)
+        .output()
+        .expect("run servesim")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("servesim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn json_stdout(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is exactly one JSON document")
+}
+
+/// Drops the keys measured on the host clock.
+fn simulated(mut v: Value) -> Value {
+    for k in servesim_replay::WALL_CLOCK_KEYS {
+        v.as_object_mut().unwrap().remove(k);
+    }
+    v
+}
+
+#[test]
+fn default_output_is_the_metrics_table() {
+    let out = servesim(&["predict", example().to_str().unwrap(), "--num-workers", "2"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("servesim | LLM Metrics"));
+    for row in [
+        "Time to First Token (ms)",
+        "Inter Token Latency (ms)",
+        "Request Count (requests)",
+    ] {
+        assert!(text.contains(row), "missing row {row}:\n{text}");
+    }
+    assert!(
+        text.contains("│ Request Count (requests)") && text.contains("│      403 │"),
+        "{text}"
+    );
+    assert!(text.contains("Prefix Cache Reused Ratio: "));
+    assert!(
+        out.stderr.is_empty(),
+        "no progress bar when stderr is not a terminal"
+    );
+}
+
+#[test]
+fn json_format_prints_only_the_summary_and_reports_are_written() {
+    let (summary_path, records_path) = (tmp("summary.json"), tmp("requests.jsonl"));
+    let out = servesim(&[
+        "predict",
+        example().to_str().unwrap(),
+        "--format",
+        "json",
+        "--report-json",
+        summary_path.to_str().unwrap(),
+        "--report-jsonl",
+        records_path.to_str().unwrap(),
+    ]);
+    let summary = json_stdout(&out);
+    assert_eq!(summary["completed_requests"], 403);
+    assert_eq!(summary["num_requests"], 403);
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    assert_eq!(file, summary);
+    let records: Vec<Value> = std::fs::read_to_string(&records_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 403);
+    // The records add up to the summary.
+    let output: u64 = records
+        .iter()
+        .map(|r| r["output_length"].as_u64().unwrap())
+        .sum();
+    assert_eq!(output, summary["total_output_tokens"].as_u64().unwrap());
+    let mean_ttft = records
+        .iter()
+        .map(|r| r["ttft_ms"].as_f64().unwrap())
+        .sum::<f64>()
+        / 403.0;
+    assert!((mean_ttft - summary["mean_ttft_ms"].as_f64().unwrap()).abs() < 1e-6);
+    assert!(records.iter().all(|r| r["terminal_status"] == "completed"));
+    // Later turns of a conversation arrive after the previous turn finished.
+    let chat: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["session_id"] == "chat-0")
+        .collect();
+    assert!(chat.len() > 1);
+}
+
+#[test]
+fn same_inputs_give_the_same_report() {
+    let ex = example();
+    let args = [
+        "predict",
+        ex.to_str().unwrap(),
+        "--num-workers",
+        "3",
+        "--format",
+        "json",
+    ];
+    let a = simulated(json_stdout(&servesim(&args)));
+    let b = simulated(json_stdout(&servesim(&args)));
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
+}
+
+#[test]
+fn flat_and_canonical_engine_args_are_equivalent() {
+    let run = |engine: &str| {
+        simulated(json_stdout(&servesim(&[
+            "predict",
+            example().to_str().unwrap(),
+            "--format",
+            "json",
+            "--extra-engine-args",
+            engine,
+        ])))
+    };
+    let flat = run(r#"{"block_size": 32, "num_gpu_blocks": 2000}"#);
+    let nested = run(r#"{"engine": {"block_size": 32, "num_gpu_blocks": 2000}, "dp_size": 1}"#);
+    let file = tmp("engine.json");
+    std::fs::write(&file, r#"{"block_size": 32, "num_gpu_blocks": 2000}"#).unwrap();
+    let from_file = run(file.to_str().unwrap());
+    assert_eq!(flat, nested);
+    assert_eq!(flat, from_file);
+    assert_ne!(flat, run("{}"), "the configuration matters");
+}
+
+#[test]
+fn synthetic_load() {
+    let out = servesim(&[
+        "predict",
+        "--input-tokens",
+        "512",
+        "--output-tokens",
+        "32",
+        "--request-count",
+        "50",
+        "--replay-concurrency",
+        "4",
+        "--turns-per-session",
+        "2",
+        "--sla-ttft-ms",
+        "100",
+        "--sla-itl-ms",
+        "20",
+        "--format",
+        "json",
+    ]);
+    let s = json_stdout(&out);
+    assert_eq!(s["completed_requests"], 100, "50 sessions of 2 turns");
+    assert!(s["goodput_completed_requests"].as_u64().unwrap() <= 100);
+}
+
+/// Runs and expects exit code 2 with a one-line message containing every `needle`.
+fn rejects(args: &[&str], needles: &[&str]) {
+    let out = servesim(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "args {args:?}: stderr {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "expected {n:?} in {err:?}");
+    }
+    assert!(out.stdout.is_empty());
+}
+
+fn trace(name: &str, text: &str) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn bad_traces_name_file_line_and_field() {
+    let good = r#"{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}"#;
+    let t = trace("malformed.jsonl", &format!("{good}\n{{\"timestamp\": 3,\n"));
+    rejects(&["predict", &t], &["malformed.jsonl:2:", "invalid JSON"]);
+    let t = trace(
+        "missing.jsonl",
+        &format!("{good}\n{good}\n{{\"timestamp\": 3, \"hash_ids\": [1]}}\n"),
+    );
+    rejects(
+        &["predict", &t],
+        &["missing.jsonl:3:", "`output_length`", "missing"],
+    );
+    let t = trace(
+        "short.jsonl",
+        r#"{"timestamp": 0, "input_length": 2000, "output_length": 2, "hash_ids": [1]}"#,
+    );
+    rejects(
+        &["predict", &t],
+        &["short.jsonl:1:", "`input_length`", "exceed"],
+    );
+    let t = trace(
+        "types.jsonl",
+        r#"{"timestamp": 0, "output_length": "two", "hash_ids": [1]}"#,
+    );
+    rejects(
+        &["predict", &t],
+        &["types.jsonl:1:", "`output_length`", "\"two\""],
+    );
+    rejects(
+        &["predict", "/no/such/trace.jsonl"],
+        &["/no/such/trace.jsonl", "cannot open"],
+    );
+}
+
+#[test]
+fn bad_engine_configuration_is_named() {
+    let ex = example();
+    let ex = ex.to_str().unwrap();
+    rejects(
+        &[
+            "predict",
+            ex,
+            "--extra-engine-args",
+            r#"{"block_sise": 16}"#,
+        ],
+        &["`block_sise`", "unknown key"],
+    );
+    rejects(
+        &[
+            "predict",
+            ex,
+            "--extra-engine-args",
+            r#"{"engine": {"num_gpu_blocks": -1}}"#,
+        ],
+        &["`engine.num_gpu_blocks`"],
+    );
+    let file = tmp("bad-engine.json");
+    std::fs::write(
+        &file,
+        "{\n  \"block_size\": 16,\n  \"max_num_seqs\": ,\n}\n",
+    )
+    .unwrap();
+    rejects(
+        &["predict", ex, "--extra-engine-args", file.to_str().unwrap()],
+        &["bad-engine.json", "line 3"],
+    );
+    rejects(
+        &["predict", ex, "--extra-engine-args", "/no/such/engine.json"],
+        &["/no/such/engine.json", "cannot read"],
+    );
+}
+
+#[test]
+fn contradictory_flags_are_rejected() {
+    let ex = example();
+    let ex = ex.to_str().unwrap();
+    rejects(
+        &["predict", ex, "--input-tokens", "10"],
+        &["either trace files or a synthetic load"],
+    );
+    rejects(&["predict"], &["nothing to replay"]);
+    rejects(
+        &[
+            "predict",
+            "--input-tokens",
+            "10",
+            "--output-tokens",
+            "2",
+            "--request-count",
+            "5",
+        ],
+        &["exactly one of --request-rate"],
+    );
+    rejects(
+        &[
+            "predict",
+            "--input-tokens",
+            "10",
+            "--output-tokens",
+            "2",
+            "--request-count",
+            "5",
+            "--request-rate",
+            "1",
+            "--arrival-interval-ms",
+            "5",
+        ],
+        &["exactly one of"],
+    );
+    rejects(
+        &[
+            "predict",
+            ex,
+            "--replay-concurrency",
+            "4",
+            "--arrival-speedup-ratio",
+            "2",
+        ],
+        &["--arrival-speedup-ratio"],
+    );
+    rejects(&["predict", ex, "--num-workers", "0"], &["--num-workers"]);
+    rejects(
+        &["predict", ex, "--report-json", "/no/such/dir/out.json"],
+        &["/no/such/dir/out.json", "cannot create"],
+    );
+}

@@ -1,0 +1,610 @@
+//! Engine configuration: Dynamo's `MockEngineArgs` in either of its JSON shapes.
+//!
+//! * the canonical nested form printed by Dynamo 1.6.1 (`{"engine": {...}, "dp_size": 1, ...}`);
+//! * the flat `MockEngineArgs` form of earlier releases (`{"block_size": 16, "num_gpu_blocks": ...}`).
+//!
+//! Defaults are Dynamo's. Unknown keys are rejected by name; keys that Dynamo accepts but that
+//! describe something servesim does not model are accepted only with a neutral value.
+
+use serde_json::{json, Value};
+
+use crate::json::{ConfigError, Field, ObjectReader, Result};
+use crate::timing::TimingModel;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Vllm,
+    Sglang,
+    Trtllm,
+}
+
+impl Backend {
+    pub const NAMES: [&'static str; 3] = ["vllm", "sglang", "trtllm"];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// Block size used when the configuration leaves it at 0 or unset.
+    pub fn default_block_size(self) -> u32 {
+        match self {
+            Backend::Vllm => 64,
+            Backend::Sglang => 1,
+            Backend::Trtllm => 32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptionMode {
+    /// Preempt the most recently admitted running request (vLLM's default).
+    Lifo,
+    /// Preempt the oldest running request.
+    Fifo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerType {
+    Aggregated,
+    Prefill,
+    Decode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvTransferTimingMode {
+    FullPrompt,
+    DestinationMissing,
+}
+
+/// A normalised engine configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    pub backend: Backend,
+    /// KV capacity in blocks (per data-parallel rank).
+    pub num_gpu_blocks: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    pub max_model_len: Option<u32>,
+    /// Maximum running requests (None = unbounded).
+    pub max_num_seqs: Option<u32>,
+    /// Per-pass token budget (None = unbounded).
+    pub max_num_batched_tokens: Option<u32>,
+    pub enable_prefix_caching: bool,
+    pub enable_chunked_prefill: bool,
+    /// Divides every predicted duration (≤ 0 leaves durations unscaled, as in Dynamo).
+    pub speedup_ratio: f64,
+    /// Extra divisor for decode time only.
+    pub decode_speedup_ratio: f64,
+    pub preemption_mode: PreemptionMode,
+    pub worker_type: WorkerType,
+    pub timing: TimingModel,
+    pub dp_size: u32,
+    pub tensor_parallel_size: u32,
+    pub startup_time_s: Option<f64>,
+    pub kv_bytes_per_token: Option<u64>,
+    /// GB/s; None or ≤ 0 means the KV handoff is instantaneous.
+    pub kv_transfer_bandwidth: Option<f64>,
+    pub kv_transfer_timing_mode: KvTransferTimingMode,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig::from_value(&json!({})).expect("the empty configuration is valid")
+    }
+}
+
+impl EngineConfig {
+    /// Parses a JSON document in either shape.
+    pub fn parse_json(text: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
+        Self::from_value(&value)
+    }
+
+    /// Reads a parsed JSON value in either shape.
+    pub fn from_value(value: &Value) -> Result<Self> {
+        if !value.is_object() {
+            return Err(ConfigError::new(
+                "",
+                "engine configuration must be a JSON object",
+            ));
+        }
+        let mut raw = RawConfig::default();
+        if value.get("engine").is_some() {
+            raw.read_canonical(value)?;
+        } else {
+            raw.read_flat(value)?;
+        }
+        raw.normalise()
+    }
+
+    /// Total KV tokens of one rank.
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        self.num_gpu_blocks as u64 * self.block_size as u64
+    }
+
+    /// GPUs one worker occupies (tensor parallel × data parallel).
+    pub fn gpus_per_worker(&self) -> u32 {
+        self.tensor_parallel_size * self.dp_size
+    }
+
+    /// The canonical nested JSON form (what Dynamo 1.6.1 prints after normalising).
+    pub fn to_canonical_json(&self) -> Value {
+        let timing = match self.timing {
+            TimingModel::Polynomial => json!({"type": "polynomial"}),
+            TimingModel::Fixed {
+                prefill_ms,
+                decode_ms,
+            } => {
+                json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
+            }
+        };
+        json!({
+            "engine": {
+                "backend": self.backend.name(),
+                "num_gpu_blocks": self.num_gpu_blocks,
+                "block_size": self.block_size,
+                "max_model_len": self.max_model_len,
+                "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "enable_chunked_prefill": self.enable_chunked_prefill,
+                "speedup_ratio": self.speedup_ratio,
+                "decode_speedup_ratio": self.decode_speedup_ratio,
+                "worker_type": match self.worker_type {
+                    WorkerType::Aggregated => "aggregated",
+                    WorkerType::Prefill => "prefill",
+                    WorkerType::Decode => "decode",
+                },
+                "preemption_mode": match self.preemption_mode {
+                    PreemptionMode::Lifo => "lifo",
+                    PreemptionMode::Fifo => "fifo",
+                },
+                "kv_transfer_bytes_per_token": self.kv_bytes_per_token,
+                "kv_transfer_bandwidth": self.kv_transfer_bandwidth,
+                "kv_transfer_timing_mode": match self.kv_transfer_timing_mode {
+                    KvTransferTimingMode::FullPrompt => "full_prompt",
+                    KvTransferTimingMode::DestinationMissing => "destination_missing",
+                },
+                "timing_model": timing,
+            },
+            "dp_size": self.dp_size,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "startup_time": self.startup_time_s,
+        })
+    }
+}
+
+/// Fields as read, before defaults and validation.
+#[derive(Default)]
+struct RawConfig {
+    backend: Field<usize>,
+    num_gpu_blocks: Field<u32>,
+    block_size: Field<u32>,
+    max_model_len: Field<u32>,
+    max_num_seqs: Field<u32>,
+    max_num_batched_tokens: Field<u32>,
+    enable_prefix_caching: Field<bool>,
+    enable_chunked_prefill: Field<bool>,
+    speedup_ratio: Field<f64>,
+    decode_speedup_ratio: Field<f64>,
+    preemption_mode: Field<usize>,
+    worker_type: Field<usize>,
+    timing: Option<TimingModel>,
+    dp_size: Field<u32>,
+    tensor_parallel_size: Field<u32>,
+    startup_time: Field<f64>,
+    kv_bytes_per_token: Field<u64>,
+    kv_transfer_bandwidth: Field<f64>,
+    kv_transfer_timing_mode: Field<usize>,
+}
+
+const PREEMPTION_MODES: [&str; 2] = ["lifo", "fifo"];
+const WORKER_TYPES: [&str; 3] = ["aggregated", "prefill", "decode"];
+const TRANSFER_MODES: [&str; 2] = ["full_prompt", "destination_missing"];
+
+impl RawConfig {
+    /// Keys shared by the flat form and the canonical `engine` section.
+    fn read_engine_keys(&mut self, r: &mut ObjectReader) -> Result<()> {
+        self.num_gpu_blocks = r.u32("num_gpu_blocks")?;
+        self.block_size = r.u32("block_size")?;
+        self.max_model_len = r.u32("max_model_len")?;
+        self.max_num_seqs = r.u32("max_num_seqs")?;
+        self.max_num_batched_tokens = r.u32("max_num_batched_tokens")?;
+        self.enable_prefix_caching = r.bool("enable_prefix_caching")?;
+        self.enable_chunked_prefill = r.bool("enable_chunked_prefill")?;
+        self.speedup_ratio = r.f64("speedup_ratio")?;
+        self.decode_speedup_ratio = r.f64("decode_speedup_ratio")?;
+        self.preemption_mode = r.choice("preemption_mode", &PREEMPTION_MODES)?;
+        self.worker_type = r.choice("worker_type", &WORKER_TYPES)?;
+        self.kv_transfer_bandwidth = r.f64("kv_transfer_bandwidth")?;
+        self.kv_transfer_timing_mode = r.choice("kv_transfer_timing_mode", &TRANSFER_MODES)?;
+        if let Some(mut t) = r.object("timing_model")? {
+            self.timing = Some(TimingModel::read(&mut t)?);
+            t.finish()?;
+        }
+        r.unsupported("aic_nextn", &[], "speculative decoding (aic_nextn)")?;
+        r.unsupported(
+            "aic_nextn_accept_rates",
+            &[],
+            "speculative decoding (aic_nextn_accept_rates)",
+        )?;
+        r.ignored("aic_mtp_seed");
+        // Sections for the other backends may be present (Dynamo prints them with defaults).
+        r.ignored("sglang");
+        r.ignored("trtllm");
+        Ok(())
+    }
+
+    fn read_flat(&mut self, value: &Value) -> Result<()> {
+        let mut r = ObjectReader::new("", value)?;
+        self.backend = r.choice("engine_type", &Backend::NAMES)?;
+        if r.has("backend") {
+            self.backend = r.choice("backend", &Backend::NAMES)?;
+        }
+        self.read_engine_keys(&mut r)?;
+        self.dp_size = r.u32("dp_size")?;
+        self.tensor_parallel_size = r.u32("tensor_parallel_size")?;
+        self.startup_time = r.f64("startup_time")?;
+        self.kv_bytes_per_token = r.u64("kv_bytes_per_token")?;
+        let is_prefill = r.bool("is_prefill")?.or(false);
+        let is_decode = r.bool("is_decode")?.or(false);
+        if is_prefill && is_decode {
+            return Err(ConfigError::new(
+                "is_prefill",
+                "is_prefill and is_decode cannot both be true",
+            ));
+        }
+        if is_prefill {
+            self.worker_type = Field::Set(1);
+        } else if is_decode {
+            self.worker_type = Field::Set(2);
+        }
+        for key in [
+            "aic_backend",
+            "aic_system",
+            "aic_systems_path",
+            "aic_backend_version",
+            "aic_model_path",
+        ] {
+            r.unsupported(key, &[], "AIConfigurator timing")?;
+        }
+        for key in [
+            "aic_tp_size",
+            "aic_moe_tp_size",
+            "aic_moe_ep_size",
+            "aic_attention_dp_size",
+        ] {
+            r.unsupported(key, &[json!(1)], "AIConfigurator timing")?;
+        }
+        for key in [
+            "aic_gemm_dtype",
+            "aic_moe_dtype",
+            "aic_fmha_dtype",
+            "aic_kv_cache_dtype",
+            "aic_comm_dtype",
+        ] {
+            r.unsupported(key, &[], "AIConfigurator timing")?;
+        }
+        r.unsupported(
+            "planner_profile_data",
+            &[],
+            "profiled timing (planner_profile_data)",
+        )?;
+        for key in [
+            "gpu_memory_utilization",
+            "mem_fraction_static",
+            "free_gpu_memory_fraction",
+        ] {
+            r.unsupported(key, &[], "KV capacity estimation")?;
+        }
+        for key in ["num_g2_blocks", "num_g3_blocks", "offload_batch_size"] {
+            r.unsupported(key, &[json!(0)], "host KV offload")?;
+        }
+        r.unsupported("enable_g4_storage", &[json!(false)], "host KV offload")?;
+        for key in [
+            "bandwidth_g1_to_g2_gbps",
+            "bandwidth_g2_to_g1_gbps",
+            "bandwidth_g2_to_g3_gbps",
+            "bandwidth_g3_to_g2_gbps",
+            "bandwidth_g2_to_g4_gbps",
+            "bandwidth_g4_to_g2_gbps",
+        ] {
+            r.unsupported(key, &[], "host KV offload")?;
+        }
+        r.unsupported("reasoning", &[], "reasoning tokens")?;
+        r.unsupported("response_replay_trace_path", &[], "response replay traces")?;
+        r.unsupported("g1_backend", &[json!("native")], "the KVBM G1 backend")?;
+        // Live-deployment plumbing with no effect on simulated behaviour.
+        for key in [
+            "enable_local_indexer",
+            "bootstrap_port",
+            "handoff_session_timeout_ms",
+            "zmq_kv_events_port",
+            "zmq_replay_port",
+            "router_queue_policy",
+            "has_perf_model",
+        ] {
+            r.ignored(key);
+        }
+        r.finish()
+    }
+
+    fn read_canonical(&mut self, value: &Value) -> Result<()> {
+        let mut top = ObjectReader::new("", value)?;
+        let mut e = top
+            .object("engine")?
+            .ok_or_else(|| ConfigError::new("engine", "must be an object"))?;
+        self.backend = e.choice("backend", &Backend::NAMES)?;
+        self.read_engine_keys(&mut e)?;
+        self.kv_bytes_per_token = e.u64("kv_transfer_bytes_per_token")?;
+        if e.has("kv_bytes_per_token") {
+            self.kv_bytes_per_token = e.u64("kv_bytes_per_token")?;
+        }
+        e.unsupported(
+            "prefill_schedule_interval",
+            &[json!(1)],
+            "prefill_schedule_interval other than 1",
+        )?;
+        e.unsupported(
+            "prefill_decode_interval",
+            &[json!(0)],
+            "prefill_decode_interval other than 0",
+        )?;
+        e.ignored("emit_kv_events");
+        e.ignored("emit_kv_token_ids");
+        for key in [
+            "kv_cache_bytes_per_token",
+            "kv_cache_groups",
+            "kv_cache_capacity_bytes",
+            "native_host_offload",
+            "state_cache",
+            "prefix_match_unit",
+            "g3_offload",
+        ] {
+            e.unsupported(key, &[], key)?;
+        }
+        e.finish()?;
+
+        self.dp_size = top.u32("dp_size")?;
+        self.tensor_parallel_size = top.u32("tensor_parallel_size")?;
+        self.startup_time = top.f64("startup_time")?;
+        top.ignored("num_gpu_blocks_is_explicit");
+        for key in [
+            "gpu_memory_utilization",
+            "mem_fraction_static",
+            "free_gpu_memory_fraction",
+            "cuda_graph_reserved_bytes",
+        ] {
+            top.unsupported(key, &[], "KV capacity estimation")?;
+        }
+        if let Some(mut d) = top.object("dynamo")? {
+            for key in [
+                "enable_local_indexer",
+                "bootstrap_port",
+                "handoff_session_timeout_ms",
+                "zmq_kv_events_port",
+                "zmq_replay_port",
+                "router_queue_policy",
+            ] {
+                d.ignored(key);
+            }
+            d.unsupported("reasoning", &[], "reasoning tokens")?;
+            d.unsupported("response_replay_trace_path", &[], "response replay traces")?;
+            d.finish()?;
+        }
+        top.finish()
+    }
+
+    fn normalise(self) -> Result<EngineConfig> {
+        let backend = match self.backend.or(0) {
+            0 => Backend::Vllm,
+            1 => Backend::Sglang,
+            _ => Backend::Trtllm,
+        };
+        if backend != Backend::Vllm {
+            return Err(ConfigError::new(
+                "engine.backend",
+                format!(
+                    "backend {:?} is not supported yet (only \"vllm\")",
+                    backend.name()
+                ),
+            ));
+        }
+        let block_size = match self.block_size.or(0) {
+            0 => backend.default_block_size(),
+            bs => bs,
+        };
+        let positive = |field: Field<u32>, name: &str| -> Result<()> {
+            if let Field::Set(0) = field {
+                return Err(ConfigError::new(name, "must be at least 1"));
+            }
+            Ok(())
+        };
+        positive(self.num_gpu_blocks, "num_gpu_blocks")?;
+        positive(self.max_model_len, "max_model_len")?;
+        positive(self.max_num_seqs, "max_num_seqs")?;
+        positive(self.max_num_batched_tokens, "max_num_batched_tokens")?;
+        positive(self.dp_size, "dp_size")?;
+        positive(self.tensor_parallel_size, "tensor_parallel_size")?;
+        let ratio = |field: Field<f64>, name: &str| -> Result<f64> {
+            let v = field.or(1.0);
+            if !v.is_finite() || v < 0.0 {
+                return Err(ConfigError::new(
+                    name,
+                    format!("must be a finite number ≥ 0, got {v}"),
+                ));
+            }
+            Ok(v)
+        };
+        let worker_type = match self.worker_type.or(0) {
+            0 => WorkerType::Aggregated,
+            1 => WorkerType::Prefill,
+            _ => WorkerType::Decode,
+        };
+        if worker_type != WorkerType::Aggregated {
+            return Err(ConfigError::new(
+                "worker_type",
+                "prefill/decode workers are not supported yet",
+            ));
+        }
+        let dp_size = self.dp_size.or(1);
+        if dp_size != 1 {
+            return Err(ConfigError::new(
+                "dp_size",
+                "attention data parallelism is not supported yet",
+            ));
+        }
+        if let Field::Set(t) = self.startup_time {
+            if !t.is_finite() || t < 0.0 {
+                return Err(ConfigError::new(
+                    "startup_time",
+                    "must be a finite number of seconds ≥ 0",
+                ));
+            }
+        }
+        let kv_transfer_bandwidth = self.kv_transfer_bandwidth.set();
+        if let Some(b) = kv_transfer_bandwidth {
+            if !b.is_finite() || b < 0.0 {
+                return Err(ConfigError::new(
+                    "kv_transfer_bandwidth",
+                    "must be a finite number of GB/s ≥ 0",
+                ));
+            }
+        }
+        Ok(EngineConfig {
+            backend,
+            num_gpu_blocks: self.num_gpu_blocks.or(16384),
+            block_size,
+            max_model_len: self.max_model_len.set(),
+            max_num_seqs: self.max_num_seqs.nullable_or(Some(256)),
+            max_num_batched_tokens: self.max_num_batched_tokens.nullable_or(Some(8192)),
+            enable_prefix_caching: self.enable_prefix_caching.or(true),
+            enable_chunked_prefill: self.enable_chunked_prefill.or(true),
+            speedup_ratio: ratio(self.speedup_ratio, "speedup_ratio")?,
+            decode_speedup_ratio: ratio(self.decode_speedup_ratio, "decode_speedup_ratio")?,
+            preemption_mode: if self.preemption_mode.or(0) == 0 {
+                PreemptionMode::Lifo
+            } else {
+                PreemptionMode::Fifo
+            },
+            worker_type,
+            timing: self.timing.unwrap_or(TimingModel::Polynomial),
+            dp_size,
+            tensor_parallel_size: self.tensor_parallel_size.or(1),
+            startup_time_s: self.startup_time.set(),
+            kv_bytes_per_token: self.kv_bytes_per_token.set(),
+            kv_transfer_bandwidth,
+            kv_transfer_timing_mode: if self.kv_transfer_timing_mode.or(0) == 0 {
+                KvTransferTimingMode::FullPrompt
+            } else {
+                KvTransferTimingMode::DestinationMissing
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<EngineConfig> {
+        EngineConfig::parse_json(s)
+    }
+
+    #[test]
+    fn defaults_match_dynamo() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c.backend, Backend::Vllm);
+        assert_eq!(c.block_size, 64);
+        assert_eq!(c.num_gpu_blocks, 16384);
+        assert_eq!(c.max_num_seqs, Some(256));
+        assert_eq!(c.max_num_batched_tokens, Some(8192));
+        assert!(c.enable_prefix_caching && c.enable_chunked_prefill);
+        assert_eq!(c.preemption_mode, PreemptionMode::Lifo);
+        assert_eq!(c.speedup_ratio, 1.0);
+        assert_eq!(c.decode_speedup_ratio, 1.0);
+        assert_eq!(c.timing, TimingModel::Polynomial);
+        assert_eq!(c.gpus_per_worker(), 1);
+    }
+
+    #[test]
+    fn flat_and_canonical_forms_agree() {
+        let flat = parse(r#"{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"Fifo"}"#).unwrap();
+        let nested =
+            parse(r#"{"engine":{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"fifo"},"dp_size":1}"#)
+                .unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(flat.block_size, 16);
+        assert_eq!(flat.max_num_seqs, None, "explicit null means unbounded");
+        assert_eq!(flat.preemption_mode, PreemptionMode::Fifo);
+    }
+
+    #[test]
+    fn canonical_dump_round_trips() {
+        let c = parse(r#"{"engine":{"block_size":16,"timing_model":{"type":"fixed","prefill_ms":40,"decode_ms":10}}}"#).unwrap();
+        let again = EngineConfig::from_value(&c.to_canonical_json()).unwrap();
+        assert_eq!(c, again);
+    }
+
+    #[test]
+    fn dynamo_normalised_defaults_are_accepted() {
+        // What `_normalize_mocker_config({})` prints in Dynamo 1.6.1.
+        let dump = r#"{"engine":{"backend":"vllm","num_gpu_blocks":16384,"block_size":64,"max_model_len":null,
+          "max_num_seqs":256,"max_num_batched_tokens":8192,"prefill_schedule_interval":1,"prefill_decode_interval":0,
+          "enable_prefix_caching":true,"enable_chunked_prefill":true,"speedup_ratio":1.0,"decode_speedup_ratio":1.0,
+          "aic_nextn":null,"aic_nextn_accept_rates":null,"aic_mtp_seed":42,"worker_type":"aggregated",
+          "preemption_mode":"lifo","emit_kv_events":false,"emit_kv_token_ids":false,"kv_transfer_bytes_per_token":null,
+          "kv_transfer_bandwidth":null,"kv_transfer_timing_mode":"full_prompt","timing_model":{"type":"polynomial"},
+          "sglang":{"schedule_policy":"fifo"},"trtllm":{"capacity_scheduler_policy":"guaranteed_no_evict"}},
+          "dp_size":1,"tensor_parallel_size":1,"startup_time":null,"num_gpu_blocks_is_explicit":false,
+          "gpu_memory_utilization":null,"mem_fraction_static":null,"free_gpu_memory_fraction":null,
+          "cuda_graph_reserved_bytes":null,"dynamo":{"enable_local_indexer":false,"bootstrap_port":null,
+          "handoff_session_timeout_ms":300000,"reasoning":null,"response_replay_trace_path":null,
+          "zmq_kv_events_port":null,"zmq_replay_port":null,"router_queue_policy":null}}"#;
+        assert_eq!(parse(dump).unwrap(), parse("{}").unwrap());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = parse(r#"{"block_size":16,"blok_size":8}"#).unwrap_err();
+        assert_eq!(e.path, "blok_size");
+        assert!(e.message.starts_with("unknown key"));
+        let e = parse(r#"{"engine":{"foo":1}}"#).unwrap_err();
+        assert_eq!(e.path, "engine.foo");
+        let e = parse(
+            r#"{"engine":{"timing_model":{"type":"fixed","prefill_ms":1,"decode_ms":1,"x":2}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "engine.timing_model.x");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = parse(r#"{"num_gpu_blocks":"many"}"#).unwrap_err();
+        assert_eq!(e.path, "num_gpu_blocks");
+        assert!(e.message.contains("\"many\""), "{e}");
+        assert_eq!(
+            parse(r#"{"max_num_seqs":0}"#).unwrap_err().path,
+            "max_num_seqs"
+        );
+        assert_eq!(
+            parse(r#"{"preemption_mode":"random"}"#).unwrap_err().path,
+            "preemption_mode"
+        );
+        assert_eq!(
+            parse(r#"{"engine":{"aic_nextn":3}}"#).unwrap_err().path,
+            "engine.aic_nextn"
+        );
+        assert!(parse(r#"{"block_size":16} true"#)
+            .unwrap_err()
+            .message
+            .contains("trailing"));
+        assert_eq!(
+            parse(r#"{"is_prefill":true,"is_decode":true}"#)
+                .unwrap_err()
+                .path,
+            "is_prefill"
+        );
+    }
+}

@@ -1,0 +1,25 @@
+//! # servesim-engine
+//!
+//! The simulated LLM engine: admission and scheduling, a paged KV cache with prefix caching,
+//! and forward-pass timing. It performs no I/O and reads no clock: [`Engine::step`] is given
+//! the time a pass starts and returns what the pass did and when it ends. Drivers (the replay
+//! event loop, the live server) own time and request flow.
+
+pub mod config;
+pub mod hash;
+pub mod json;
+pub mod output;
+pub mod pool;
+pub mod request;
+pub mod scheduler;
+pub mod timing;
+
+pub use config::{Backend, EngineConfig, KvTransferTimingMode, PreemptionMode, WorkerType};
+pub use hash::BlockHashes;
+pub use json::ConfigError;
+pub use output::{
+    Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut,
+};
+pub use request::{output_token, EngineRequest, Prompt};
+pub use scheduler::{Engine, EngineCounters, EngineOptions};
+pub use timing::{DecodeShape, PrefillShape, TimingModel};

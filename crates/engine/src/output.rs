@@ -1,0 +1,120 @@
+//! What one forward pass reports back to its driver.
+
+use crate::timing::{DecodeShape, PrefillShape};
+
+/// One block made visible in the prefix cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// Sequence (chained) hash: the block's identity.
+    pub hash: u64,
+    /// Local hash of the block's tokens alone.
+    pub local: u64,
+}
+
+/// Changes to the set of cached blocks, in the form Dynamo's KV router consumes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Consecutive blocks of one sequence became visible; `parent` is the sequence hash of the
+    /// block before the first of them.
+    Stored {
+        parent: Option<u64>,
+        blocks: Vec<StoredBlock>,
+    },
+    /// The last resident copies of these hashes were evicted.
+    Removed { hashes: Vec<u64> },
+}
+
+/// A generated token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenOut {
+    pub request: u64,
+    pub token: u32,
+}
+
+/// Why a request was refused without running to completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Its KV footprint exceeds the whole cache.
+    ExceedsKvCapacity,
+    /// The prompt is at least `max_model_len` tokens.
+    ExceedsMaxModelLen,
+    /// Chunked prefill is off and the prompt is larger than the per-pass token budget.
+    ExceedsBatchBudget,
+}
+
+impl RejectReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            RejectReason::ExceedsKvCapacity => "needs more KV blocks than the cache has",
+            RejectReason::ExceedsMaxModelLen => "prompt is not shorter than max_model_len",
+            RejectReason::ExceedsBatchBudget => {
+                "prompt exceeds max_num_batched_tokens with chunked prefill off"
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Completed,
+    Rejected(RejectReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    pub request: u64,
+    pub finish: Finish,
+}
+
+/// A request moved from the waiting queue into the running batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub request: u64,
+    /// Tokens served from the prefix cache.
+    pub reused_tokens: u32,
+    /// Whether the request had been preempted before.
+    pub readmission: bool,
+}
+
+/// Everything that happened in one pass. Tokens and completions are stamped at `end_ms`;
+/// admissions happened at `start_ms`.
+#[derive(Clone, Debug, Default)]
+pub struct PassOutput {
+    pub start_ms: f64,
+    pub end_ms: f64,
+    /// Generated tokens, in the order the requests decoded.
+    pub tokens: Vec<TokenOut>,
+    /// Requests that left the engine (after their last token, if any).
+    pub finished: Vec<Finished>,
+    pub admissions: Vec<Admission>,
+    /// Requests preempted (sent back to the waiting queue) in this pass.
+    pub preempted: Vec<u64>,
+    /// KV cache changes (empty unless the engine records them).
+    pub kv_events: Vec<KvEvent>,
+    pub prefill: PrefillShape,
+    pub decode: DecodeShape,
+    /// Prompt tokens computed in this pass.
+    pub prefill_tokens: u64,
+}
+
+impl PassOutput {
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.finished.clear();
+        self.admissions.clear();
+        self.preempted.clear();
+        self.kv_events.clear();
+        self.prefill = PrefillShape::default();
+        self.decode = DecodeShape::default();
+        self.prefill_tokens = 0;
+    }
+
+    /// Whether the pass did anything at all.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+            && self.finished.is_empty()
+            && self.admissions.is_empty()
+            && self.preempted.is_empty()
+            && self.prefill_tokens == 0
+    }
+}

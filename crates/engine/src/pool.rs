@@ -1,0 +1,401 @@
+//! The paged KV block pool with prefix caching.
+//!
+//! Every block a request holds is a physical *copy*. A copy is first private to the request
+//! (its tokens are not computed yet); once its tokens are computed it becomes *cached* under its
+//! sequence hash and other requests can reuse it. Cached copies that no request references are
+//! *inactive*: they stay resident in an LRU list (oldest first) and are evicted only when fresh
+//! blocks are needed. The same hash can have several copies (two requests computed the same block
+//! before either was visible); a hash is reported removed only when its last copy goes.
+
+use rustc_hash::FxHashMap;
+
+use crate::output::KvEvent;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Copy {
+    hash: u64,
+    refs: u32,
+    cached: bool,
+    /// LRU neighbours while inactive.
+    prev: u32,
+    next: u32,
+    /// Next copy with the same hash.
+    next_same: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct HashEntry {
+    first: u32,
+    copies: u32,
+    /// Copies of this hash referenced by at least one request.
+    active_copies: u32,
+}
+
+/// Outcome of looking a hash up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    Missing,
+    /// Resident and referenced by some request.
+    Active,
+    /// Resident, in the LRU list.
+    Inactive,
+}
+
+#[derive(Debug)]
+pub struct BlockPool {
+    capacity: u32,
+    copies: Vec<Copy>,
+    free_slots: Vec<u32>,
+    num_copies: u32,
+    num_inactive: u32,
+    lru_head: u32,
+    lru_tail: u32,
+    by_hash: FxHashMap<u64, HashEntry>,
+    record_events: bool,
+    events: Vec<KvEvent>,
+}
+
+impl BlockPool {
+    pub fn new(capacity: u32, record_events: bool) -> Self {
+        BlockPool {
+            capacity,
+            copies: Vec::new(),
+            free_slots: Vec::new(),
+            num_copies: 0,
+            num_inactive: 0,
+            lru_head: NIL,
+            lru_tail: NIL,
+            by_hash: FxHashMap::default(),
+            record_events,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Blocks referenced by requests (what `gpu_cache_usage` reports).
+    pub fn num_active(&self) -> u32 {
+        self.num_copies - self.num_inactive
+    }
+
+    /// Cached blocks nobody references (reusable, evictable).
+    pub fn num_inactive(&self) -> u32 {
+        self.num_inactive
+    }
+
+    /// Distinct hashes resident in the pool.
+    pub fn num_cached_hashes(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    pub fn lookup(&self, hash: u64) -> Residency {
+        match self.by_hash.get(&hash) {
+            None => Residency::Missing,
+            Some(e) if e.active_copies > 0 => Residency::Active,
+            Some(_) => Residency::Inactive,
+        }
+    }
+
+    /// Takes the events recorded since the last call.
+    pub fn drain_events(&mut self, out: &mut Vec<KvEvent>) {
+        out.append(&mut self.events);
+    }
+
+    pub fn records_events(&self) -> bool {
+        self.record_events
+    }
+
+    pub(crate) fn push_event(&mut self, event: KvEvent) {
+        if self.record_events {
+            self.events.push(event);
+        }
+    }
+
+    /// Appends to `lease` one copy for each hash in `hits` (resident prefix blocks, reused) and
+    /// `fresh` new private copies, evicting inactive blocks as needed. All or nothing: returns
+    /// false and changes nothing if the blocks cannot be found.
+    pub fn allocate(&mut self, hits: &[u64], fresh: u32, lease: &mut Vec<u32>) -> bool {
+        let free = self.capacity - self.num_copies;
+        let evictions = fresh.saturating_sub(free);
+        if evictions > 0 {
+            // Inactive hits are about to be reused, so they cannot make room for themselves.
+            let inactive_hits = hits
+                .iter()
+                .filter(|h| self.lookup(**h) == Residency::Inactive)
+                .count() as u32;
+            if evictions > self.num_inactive - inactive_hits {
+                return false;
+            }
+        }
+        for &h in hits {
+            let copy = self.acquire(h);
+            lease.push(copy);
+        }
+        if evictions > 0 {
+            let mut removed = Vec::new();
+            for _ in 0..evictions {
+                if let Some(h) = self.evict_oldest() {
+                    removed.push(h);
+                }
+            }
+            if !removed.is_empty() {
+                self.push_event(KvEvent::Removed { hashes: removed });
+            }
+        }
+        for _ in 0..fresh {
+            let copy = self.new_copy();
+            lease.push(copy);
+        }
+        true
+    }
+
+    /// Makes a private copy cache-visible under `hash`. Returns true if it is the first resident
+    /// copy of that hash (the caller reports it as stored).
+    pub fn cache(&mut self, copy: u32, hash: u64) -> bool {
+        let c = &mut self.copies[copy as usize];
+        debug_assert!(!c.cached && c.refs == 1);
+        c.cached = true;
+        c.hash = hash;
+        match self.by_hash.get_mut(&hash) {
+            Some(e) => {
+                self.copies[copy as usize].next_same = e.first;
+                e.first = copy;
+                e.copies += 1;
+                e.active_copies += 1;
+                false
+            }
+            None => {
+                self.copies[copy as usize].next_same = NIL;
+                self.by_hash.insert(
+                    hash,
+                    HashEntry {
+                        first: copy,
+                        copies: 1,
+                        active_copies: 1,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Drops one reference to `copy`: a private copy is freed, a cached one becomes the newest
+    /// LRU entry when its last reference goes.
+    pub fn release(&mut self, copy: u32) {
+        let c = &mut self.copies[copy as usize];
+        debug_assert!(c.refs > 0);
+        c.refs -= 1;
+        if c.refs > 0 {
+            return;
+        }
+        if !c.cached {
+            self.free_slot(copy);
+            return;
+        }
+        let hash = c.hash;
+        self.by_hash
+            .get_mut(&hash)
+            .expect("cached copy has an entry")
+            .active_copies -= 1;
+        self.lru_push_back(copy);
+        self.num_inactive += 1;
+    }
+
+    fn acquire(&mut self, hash: u64) -> u32 {
+        let entry = *self
+            .by_hash
+            .get(&hash)
+            .expect("prefix hit must be resident");
+        // Prefer a copy that is already referenced; otherwise reactivate an inactive one.
+        let mut c = entry.first;
+        while c != NIL {
+            if self.copies[c as usize].refs > 0 {
+                self.copies[c as usize].refs += 1;
+                return c;
+            }
+            c = self.copies[c as usize].next_same;
+        }
+        let c = entry.first;
+        self.lru_unlink(c);
+        self.num_inactive -= 1;
+        self.copies[c as usize].refs = 1;
+        self.by_hash.get_mut(&hash).unwrap().active_copies += 1;
+        c
+    }
+
+    /// Evicts the least recently used inactive copy; returns its hash if that was the last copy.
+    fn evict_oldest(&mut self) -> Option<u64> {
+        let victim = self.lru_head;
+        debug_assert!(victim != NIL);
+        self.lru_unlink(victim);
+        self.num_inactive -= 1;
+        let hash = self.copies[victim as usize].hash;
+        let entry = self
+            .by_hash
+            .get_mut(&hash)
+            .expect("inactive copy has an entry");
+        let gone = if entry.copies == 1 {
+            self.by_hash.remove(&hash);
+            true
+        } else {
+            entry.copies -= 1;
+            if entry.first == victim {
+                entry.first = self.copies[victim as usize].next_same;
+            } else {
+                let mut c = entry.first;
+                while self.copies[c as usize].next_same != victim {
+                    c = self.copies[c as usize].next_same;
+                }
+                self.copies[c as usize].next_same = self.copies[victim as usize].next_same;
+            }
+            false
+        };
+        self.free_slot(victim);
+        gone.then_some(hash)
+    }
+
+    fn new_copy(&mut self) -> u32 {
+        let copy = Copy {
+            hash: 0,
+            refs: 1,
+            cached: false,
+            prev: NIL,
+            next: NIL,
+            next_same: NIL,
+        };
+        self.num_copies += 1;
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.copies[slot as usize] = copy;
+                slot
+            }
+            None => {
+                self.copies.push(copy);
+                (self.copies.len() - 1) as u32
+            }
+        }
+    }
+
+    fn free_slot(&mut self, copy: u32) {
+        self.num_copies -= 1;
+        self.free_slots.push(copy);
+    }
+
+    fn lru_push_back(&mut self, c: u32) {
+        self.copies[c as usize].prev = self.lru_tail;
+        self.copies[c as usize].next = NIL;
+        if self.lru_tail == NIL {
+            self.lru_head = c;
+        } else {
+            self.copies[self.lru_tail as usize].next = c;
+        }
+        self.lru_tail = c;
+    }
+
+    fn lru_unlink(&mut self, c: u32) {
+        let (prev, next) = (self.copies[c as usize].prev, self.copies[c as usize].next);
+        if prev == NIL {
+            self.lru_head = next;
+        } else {
+            self.copies[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.lru_tail = prev;
+        } else {
+            self.copies[next as usize].prev = prev;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Allocates one private block and caches it under `hash`.
+    fn cached_block(pool: &mut BlockPool, hash: u64) -> u32 {
+        let mut lease = Vec::new();
+        assert!(pool.allocate(&[], 1, &mut lease));
+        pool.cache(lease[0], hash);
+        lease[0]
+    }
+
+    fn removed(pool: &mut BlockPool) -> Vec<u64> {
+        let mut ev = Vec::new();
+        pool.drain_events(&mut ev);
+        ev.into_iter()
+            .flat_map(|e| match e {
+                KvEvent::Removed { hashes } => hashes,
+                _ => vec![],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn duplicate_copies_are_visible_once() {
+        let mut pool = BlockPool::new(2, true);
+        let mut lease = Vec::new();
+        assert!(pool.allocate(&[], 2, &mut lease));
+        assert!(pool.cache(lease[0], 7), "first copy becomes visible");
+        assert!(!pool.cache(lease[1], 7), "second copy does not");
+        assert_eq!(pool.num_active(), 2);
+        pool.release(lease[0]);
+        pool.release(lease[1]);
+        assert_eq!((pool.num_active(), pool.num_inactive()), (0, 2));
+        // Evicting one copy reports nothing; evicting the second reports the hash.
+        let mut l = Vec::new();
+        assert!(pool.allocate(&[], 1, &mut l));
+        assert!(removed(&mut pool).is_empty());
+        assert!(pool.allocate(&[], 1, &mut l));
+        assert_eq!(removed(&mut pool), vec![7]);
+    }
+
+    #[test]
+    fn allocation_is_all_or_nothing() {
+        // Capacity 1 with hash 9 inactive: reusing 9 and asking one fresh block cannot fit.
+        let mut pool = BlockPool::new(1, true);
+        let c = cached_block(&mut pool, 9);
+        pool.release(c);
+        let mut lease = Vec::new();
+        assert!(!pool.allocate(&[9], 1, &mut lease));
+        assert!(lease.is_empty());
+        assert_eq!((pool.num_active(), pool.num_inactive()), (0, 1));
+        assert_eq!(pool.lookup(9), Residency::Inactive);
+        // Without the fresh block it fits and reactivates the copy.
+        assert!(pool.allocate(&[9], 0, &mut lease));
+        assert_eq!(pool.lookup(9), Residency::Active);
+    }
+
+    #[test]
+    fn eviction_is_least_recently_released_first() {
+        let mut pool = BlockPool::new(3, true);
+        let a = cached_block(&mut pool, 1);
+        let b = cached_block(&mut pool, 2);
+        let c = cached_block(&mut pool, 3);
+        // Released leaf first (as a finished request does), so the leaf is older.
+        pool.release(c);
+        pool.release(b);
+        pool.release(a);
+        let mut lease = Vec::new();
+        assert!(pool.allocate(&[], 2, &mut lease));
+        assert_eq!(removed(&mut pool), vec![3, 2]);
+        assert_eq!(pool.lookup(1), Residency::Inactive);
+    }
+
+    #[test]
+    fn shared_hits_are_reference_counted() {
+        let mut pool = BlockPool::new(4, false);
+        let a = cached_block(&mut pool, 5);
+        let mut lease = Vec::new();
+        assert!(pool.allocate(&[5], 0, &mut lease));
+        assert_eq!(lease, vec![a], "an active copy is shared, not duplicated");
+        pool.release(a);
+        assert_eq!(pool.lookup(5), Residency::Active);
+        pool.release(a);
+        assert_eq!(pool.lookup(5), Residency::Inactive);
+        assert_eq!(pool.num_active(), 0);
+    }
+}

@@ -1,0 +1,622 @@
+//! The vLLM-style scheduler: one call to [`Engine::step`] is one forward pass.
+//!
+//! A pass works like vLLM v1's scheduler:
+//!
+//! 1. **Running requests first**, in admission order, while token budget remains: each gets the
+//!    tokens it still has to compute (the rest of its prompt, chunked to the budget, or the one
+//!    token it generated last pass). If its next block cannot be allocated, running requests are
+//!    preempted (newest first by default) until it fits; preemption is by recompute.
+//! 2. **Waiting requests in strict FIFO order** while there is budget and a free slot. The head is
+//!    admitted only if its whole known sequence fits next to the blocks already in use (cached
+//!    prefix blocks that are already active cost nothing); if it must wait, nobody behind it is
+//!    considered. No admissions happen in a pass that preempted.
+//! 3. **Decode**: every running request whose known tokens are all computed generates one token.
+//!    A request that finished its prompt in this pass gets its first token here.
+//!
+//! Decode blocks are allocated lazily: a generated token takes KV space when the next pass
+//! computes it. Computed full blocks become visible to the prefix cache immediately, so a
+//! request admitted later in the same pass can reuse them.
+
+use std::collections::VecDeque;
+
+use crate::config::{EngineConfig, PreemptionMode};
+use crate::hash::{local_block_hash, BlockHashes};
+use crate::output::{
+    Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut,
+};
+use crate::pool::{BlockPool, Residency};
+use crate::request::{output_token, EngineRequest, Prompt};
+use crate::timing::DecodeShape;
+
+/// Options that are not part of the user-visible engine configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineOptions {
+    /// Record KV cache events in [`PassOutput::kv_events`] (routers and live publishers need
+    /// them; plain round-robin replay does not).
+    pub record_kv_events: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Waiting,
+    Running,
+    Preempted,
+}
+
+#[derive(Debug)]
+struct Req {
+    id: u64,
+    prompt: Prompt,
+    prompt_len: u32,
+    max_output: u32,
+    token_seed: u64,
+    generated: u32,
+    /// Tokens whose KV has been computed.
+    computed: u32,
+    /// Hashes of every full block of the known sequence (prompt and generated tokens).
+    hashes: BlockHashes,
+    /// One pool copy per allocated block.
+    lease: Vec<u32>,
+    status: Status,
+    preemptions: u32,
+    /// Budget this request consumed in the current pass.
+    pass_tokens: u32,
+    /// Its contribution to the current pass's prefill shape: (prompt before, prompt after).
+    pass_prefill: Option<(u32, u32)>,
+}
+
+impl Req {
+    fn len(&self) -> u32 {
+        self.prompt_len + self.generated
+    }
+
+    fn token_at(&self, pos: u32) -> u32 {
+        if pos < self.prompt_len {
+            self.prompt.token(pos)
+        } else {
+            output_token(self.token_seed, pos - self.prompt_len)
+        }
+    }
+}
+
+/// Prefix-cache hit of a waiting request, after the recompute rule.
+#[derive(Clone, Copy, Debug, Default)]
+struct PrefixCost {
+    cached_tokens: u32,
+    /// The part of the hit that lies in blocks other requests already hold.
+    active_cached_tokens: u32,
+}
+
+enum AdmissionDecision {
+    Admit(PrefixCost),
+    Wait,
+    Reject(RejectReason),
+}
+
+enum Scheduled {
+    /// Got `n` tokens of compute (0 only at the end of its sequence).
+    Yes(u32),
+    /// Could not be scheduled; stop scheduling this queue.
+    Blocked,
+    /// Preempted itself to make room.
+    SelfPreempted,
+}
+
+/// Aggregate counters since the engine was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache at admission, and those found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+/// One simulated engine (one data-parallel rank).
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    pool: BlockPool,
+    reqs: Vec<Option<Req>>,
+    free_slots: Vec<u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
+    counters: EngineCounters,
+    // Per-pass state.
+    budget: u32,
+    preempted_any: bool,
+    /// Position in `running` of the request being scheduled.
+    cursor: usize,
+    scratch_tokens: Vec<u32>,
+    scratch_done: Vec<u32>,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
+        let record = options.record_kv_events && cfg.enable_prefix_caching;
+        Engine {
+            pool: BlockPool::new(cfg.num_gpu_blocks, record),
+            scratch_tokens: vec![0; cfg.block_size as usize],
+            cfg,
+            reqs: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: EngineCounters::default(),
+            budget: 0,
+            preempted_any: false,
+            cursor: usize::MAX,
+            scratch_done: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Queues a request; it is considered for admission at the next pass.
+    pub fn submit(&mut self, request: EngineRequest) {
+        let bs = self.cfg.block_size;
+        let hashes = match request.hashes {
+            Some(h) => h,
+            None if self.cfg.enable_prefix_caching => request.prompt.block_hashes(bs),
+            None => BlockHashes::default(),
+        };
+        let req = Req {
+            id: request.id,
+            prompt_len: request.prompt.len(),
+            prompt: request.prompt,
+            max_output: request.max_output,
+            token_seed: request.token_seed,
+            generated: 0,
+            computed: 0,
+            hashes,
+            lease: Vec::new(),
+            status: Status::Waiting,
+            preemptions: 0,
+            pass_tokens: 0,
+            pass_prefill: None,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.reqs[s as usize] = Some(req);
+                s
+            }
+            None => {
+                self.reqs.push(Some(req));
+                (self.reqs.len() - 1) as u32
+            }
+        };
+        self.waiting.push_back(slot);
+    }
+
+    /// Whether a pass would have anything to do.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Blocks held by requests.
+    pub fn active_blocks(&self) -> u32 {
+        self.pool.num_active()
+    }
+
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
+    }
+
+    fn req(&self, slot: u32) -> &Req {
+        self.reqs[slot as usize]
+            .as_ref()
+            .expect("live request slot")
+    }
+
+    fn remove(&mut self, slot: u32) -> Req {
+        self.free_slots.push(slot);
+        self.reqs[slot as usize].take().expect("live request slot")
+    }
+
+    /// Executes one forward pass starting at `now_ms` and describes it in `out`.
+    pub fn step(&mut self, now_ms: f64, out: &mut PassOutput) {
+        out.clear();
+        out.start_ms = now_ms;
+        self.budget = self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX);
+        self.preempted_any = false;
+        for &slot in &self.running {
+            let r = self.reqs[slot as usize].as_mut().expect("running slot");
+            r.pass_tokens = 0;
+            r.pass_prefill = None;
+        }
+
+        self.schedule_running(out);
+        self.admit_waiting(out);
+
+        let prefill_ms = self.cfg.timing.prefill_ms(&out.prefill);
+        let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
+        out.end_ms = self.decode(decode_start, out);
+        self.pool.drain_events(&mut out.kv_events);
+    }
+
+    fn schedule_running(&mut self, out: &mut PassOutput) {
+        self.cursor = 0;
+        while self.cursor < self.running.len() && self.budget > 0 {
+            let slot = self.running[self.cursor];
+            match self.schedule(slot, None, out) {
+                Scheduled::Yes(_) => self.cursor += 1,
+                Scheduled::Blocked => break,
+                // The next request has moved into this position.
+                Scheduled::SelfPreempted => {}
+            }
+        }
+        self.cursor = usize::MAX;
+    }
+
+    fn admit_waiting(&mut self, out: &mut PassOutput) {
+        let max_seqs = self.cfg.max_num_seqs.map_or(usize::MAX, |m| m as usize);
+        while !self.preempted_any && self.running.len() < max_seqs {
+            let Some(&slot) = self.waiting.front() else {
+                break;
+            };
+            match self.admission(slot) {
+                AdmissionDecision::Reject(reason) => {
+                    self.waiting.pop_front();
+                    let req = self.remove(slot);
+                    out.finished.push(Finished {
+                        request: req.id,
+                        finish: Finish::Rejected(reason),
+                    });
+                }
+                AdmissionDecision::Wait => break,
+                AdmissionDecision::Admit(cost) => match self.schedule(slot, Some(cost), out) {
+                    Scheduled::Yes(used) => {
+                        if used == 0 && self.budget == 0 {
+                            break;
+                        }
+                    }
+                    _ => break,
+                },
+            }
+        }
+    }
+
+    /// Whether the waiting head can be admitted now.
+    fn admission(&mut self, slot: u32) -> AdmissionDecision {
+        let bs = self.cfg.block_size;
+        let capacity = self.cfg.num_gpu_blocks;
+        let req = self.req(slot);
+        if let Some(max_len) = self.cfg.max_model_len {
+            if req.prompt_len >= max_len {
+                return AdmissionDecision::Reject(RejectReason::ExceedsMaxModelLen);
+            }
+        }
+        let known_blocks = req.len().div_ceil(bs);
+        if req.status == Status::Waiting && known_blocks > capacity {
+            return AdmissionDecision::Reject(RejectReason::ExceedsKvCapacity);
+        }
+        let cost = self.prefix_cost(req);
+        if !self.cfg.enable_chunked_prefill {
+            let uncached_prompt = req.prompt_len - cost.cached_tokens.min(req.prompt_len);
+            if uncached_prompt > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX) {
+                return AdmissionDecision::Reject(RejectReason::ExceedsBatchBudget);
+            }
+        }
+        let available = capacity - self.pool.num_active();
+        let needed = known_blocks - cost.active_cached_tokens / bs;
+        if needed > available {
+            if self.running.is_empty() && self.pool.num_active() == 0 {
+                // Nothing will ever free a block for it (a preempted request that outgrew the
+                // cache): refuse it rather than wait forever.
+                return AdmissionDecision::Reject(RejectReason::ExceedsKvCapacity);
+            }
+            return AdmissionDecision::Wait;
+        }
+        AdmissionDecision::Admit(cost)
+    }
+
+    /// The cached prefix a waiting request would reuse. At least the last known token is
+    /// recomputed when the request still has tokens to generate (its logits are needed).
+    fn prefix_cost(&self, req: &Req) -> PrefixCost {
+        if !self.cfg.enable_prefix_caching {
+            return PrefixCost::default();
+        }
+        let bs = self.cfg.block_size;
+        let len = req.len();
+        let max_blocks = if self.generation_done(req) {
+            len / bs
+        } else {
+            len.saturating_sub(1) / bs
+        };
+        let limit = (max_blocks as usize).min(req.hashes.len());
+        let (mut hits, mut active) = (0u32, 0u32);
+        for &h in &req.hashes.seq[..limit] {
+            match self.pool.lookup(h) {
+                Residency::Missing => break,
+                Residency::Active => {
+                    hits += 1;
+                    active += 1;
+                }
+                Residency::Inactive => hits += 1,
+            }
+        }
+        PrefixCost {
+            cached_tokens: hits * bs,
+            active_cached_tokens: active * bs,
+        }
+    }
+
+    fn generation_done(&self, req: &Req) -> bool {
+        req.generated >= req.max_output || self.cfg.max_model_len.is_some_and(|m| req.len() >= m)
+    }
+
+    /// Gives `slot` its share of this pass: allocates blocks for the tokens it computes,
+    /// preempting others if needed, and publishes newly computed full blocks to the cache.
+    fn schedule(
+        &mut self,
+        slot: u32,
+        admit: Option<PrefixCost>,
+        out: &mut PassOutput,
+    ) -> Scheduled {
+        let bs = self.cfg.block_size;
+        let req = self.req(slot);
+        let cached = admit.map_or(0, |c| c.cached_tokens);
+        let eff_before = req.computed + cached;
+        let prompt_before = eff_before.min(req.prompt_len);
+        let remaining = req.len() - eff_before;
+        let prompt_remaining = req.prompt_len - prompt_before;
+        if prompt_remaining > 0
+            && !self.cfg.enable_chunked_prefill
+            && prompt_remaining > self.budget
+        {
+            return Scheduled::Blocked;
+        }
+        let desired = remaining.min(self.budget);
+        if desired == 0 && remaining > 0 {
+            return Scheduled::Blocked;
+        }
+        let target = eff_before + desired;
+
+        // Allocate blocks through `target`, reusing the cached prefix on first allocation.
+        let hit_blocks = (cached / bs) as usize;
+        loop {
+            let req = self.reqs[slot as usize]
+                .as_mut()
+                .expect("live request slot");
+            let held = req.lease.len().max(hit_blocks) as u32;
+            let fresh = target.div_ceil(bs).saturating_sub(held);
+            let hits = if req.lease.is_empty() {
+                &req.hashes.seq[..hit_blocks]
+            } else {
+                &[][..]
+            };
+            if self.pool.allocate(hits, fresh, &mut req.lease) {
+                break;
+            }
+            let Some(victim) = self.pick_victim() else {
+                return Scheduled::Blocked;
+            };
+            self.preempt(victim, out);
+            if victim == slot {
+                return Scheduled::SelfPreempted;
+            }
+        }
+
+        if self.cfg.enable_prefix_caching {
+            self.publish_computed_blocks(slot, eff_before, target);
+        }
+
+        let readmission = self.req(slot).preemptions > 0;
+        let req = self.reqs[slot as usize]
+            .as_mut()
+            .expect("live request slot");
+        let prompt_after = target.min(req.prompt_len);
+        if prompt_after > prompt_before {
+            out.prefill.batch += 1;
+            out.prefill.total_isl += prompt_after as u64;
+            out.prefill.total_prefix += prompt_before as u64;
+            // Everything this request computes in a prefill pass counts, including generated
+            // tokens it recomputes after a preemption (what Dynamo reports as committed).
+            out.prefill_tokens += desired as u64;
+            req.pass_prefill = Some((prompt_before, prompt_after));
+        }
+        req.computed = target;
+        req.pass_tokens = desired;
+        self.budget -= desired;
+        if let Some(cost) = admit {
+            req.status = Status::Running;
+            let id = req.id;
+            self.counters.prefix_queries += req.len() as u64;
+            self.counters.prefix_hits += cost.cached_tokens as u64;
+            self.waiting.pop_front();
+            self.running.push(slot);
+            out.admissions.push(Admission {
+                request: id,
+                reused_tokens: cost.cached_tokens,
+                readmission,
+            });
+        }
+        Scheduled::Yes(desired)
+    }
+
+    /// Caches the blocks of `slot` that became fully computed between `before` and `after`
+    /// tokens, recording `Stored` events for consecutive newly visible blocks.
+    fn publish_computed_blocks(&mut self, slot: u32, before: u32, after: u32) {
+        let bs = self.cfg.block_size;
+        let req = self.reqs[slot as usize]
+            .as_ref()
+            .expect("live request slot");
+        let (first, end) = ((before / bs) as usize, (after / bs) as usize);
+        if !self.pool.records_events() {
+            for b in first..end {
+                self.pool.cache(req.lease[b], req.hashes.seq[b]);
+            }
+            return;
+        }
+        let mut run: Vec<StoredBlock> = Vec::new();
+        let mut run_parent = None;
+        let mut events = Vec::new();
+        for b in first..end {
+            let hash = req.hashes.seq[b];
+            if self.pool.cache(req.lease[b], hash) {
+                if run.is_empty() {
+                    run_parent = b.checked_sub(1).map(|p| req.hashes.seq[p]);
+                }
+                run.push(StoredBlock {
+                    hash,
+                    local: req.hashes.local[b],
+                });
+            } else if !run.is_empty() {
+                events.push(KvEvent::Stored {
+                    parent: run_parent,
+                    blocks: std::mem::take(&mut run),
+                });
+            }
+        }
+        if !run.is_empty() {
+            events.push(KvEvent::Stored {
+                parent: run_parent,
+                blocks: run,
+            });
+        }
+        for e in events {
+            self.pool.push_event(e);
+        }
+    }
+
+    fn pick_victim(&self) -> Option<u32> {
+        match self.cfg.preemption_mode {
+            PreemptionMode::Lifo => self.running.last().copied(),
+            PreemptionMode::Fifo => self.running.first().copied(),
+        }
+    }
+
+    /// Preempts by recompute: frees the request's blocks (cached ones stay reusable) and puts
+    /// it at the front of the waiting queue with its generated tokens kept.
+    fn preempt(&mut self, slot: u32, out: &mut PassOutput) {
+        let pos = self
+            .running
+            .iter()
+            .position(|&s| s == slot)
+            .expect("victim is running");
+        self.running.remove(pos);
+        if pos < self.cursor {
+            // A request already scheduled in this pass (FIFO preemption) left the list.
+            self.cursor -= 1;
+        }
+        let req = self.reqs[slot as usize]
+            .as_mut()
+            .expect("live request slot");
+        for &copy in req.lease.iter().rev() {
+            self.pool.release(copy);
+        }
+        req.lease.clear();
+        req.status = Status::Preempted;
+        req.computed = 0;
+        req.preemptions += 1;
+        // Give back what it was granted earlier in this pass.
+        self.budget += req.pass_tokens;
+        if let Some((before, after)) = req.pass_prefill.take() {
+            out.prefill_tokens -= req.pass_tokens as u64;
+            out.prefill.batch -= 1;
+            out.prefill.total_isl -= after as u64;
+            out.prefill.total_prefix -= before as u64;
+        }
+        req.pass_tokens = 0;
+        out.preempted.push(req.id);
+        self.waiting.push_front(slot);
+        self.preempted_any = true;
+        self.counters.preemptions += 1;
+    }
+
+    /// Generates a token for every request whose known tokens are all computed; returns the
+    /// pass end time.
+    fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
+        let mut shape = DecodeShape {
+            capacity_tokens: self.cfg.kv_capacity_tokens(),
+            ..DecodeShape::default()
+        };
+        for &slot in &self.running {
+            let req = self.req(slot);
+            if req.computed >= req.len() && req.generated > 0 && !self.generation_done(req) {
+                shape.batch += 1;
+                shape.context_tokens += req.len() as u64;
+            }
+        }
+        let decode_ms = self.cfg.timing.decode_ms(&shape);
+        out.decode = shape;
+        let end = decode_start
+            + pass_duration_ms(
+                decode_ms,
+                self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio,
+            );
+
+        let mut done = std::mem::take(&mut self.scratch_done);
+        for i in 0..self.running.len() {
+            let slot = self.running[i];
+            let req = self.req(slot);
+            if req.computed < req.len() {
+                continue;
+            }
+            if !self.generation_done(req) {
+                self.generate(slot, out);
+            }
+            if self.generation_done(self.req(slot)) {
+                done.push(slot);
+            }
+        }
+        if !done.is_empty() {
+            self.running.retain(|s| !done.contains(s));
+            for &slot in &done {
+                let req = self.remove(slot);
+                for &copy in req.lease.iter().rev() {
+                    self.pool.release(copy);
+                }
+                out.finished.push(Finished {
+                    request: req.id,
+                    finish: Finish::Completed,
+                });
+            }
+            done.clear();
+        }
+        self.scratch_done = done;
+        end
+    }
+
+    /// Appends one generated token; hashes the block it completes.
+    fn generate(&mut self, slot: u32, out: &mut PassOutput) {
+        let bs = self.cfg.block_size;
+        let caching = self.cfg.enable_prefix_caching;
+        let req = self.reqs[slot as usize]
+            .as_mut()
+            .expect("live request slot");
+        let token = output_token(req.token_seed, req.generated);
+        req.generated += 1;
+        out.tokens.push(TokenOut {
+            request: req.id,
+            token,
+        });
+        let len = req.len();
+        if caching && len.is_multiple_of(bs) {
+            let start = len - bs;
+            for (k, t) in self.scratch_tokens.iter_mut().enumerate() {
+                *t = req.token_at(start + k as u32);
+            }
+            req.hashes
+                .push_local(local_block_hash(&self.scratch_tokens));
+        }
+    }
+}
+
+/// A predicted duration in ms, divided by a speedup ratio (ratios ≤ 0 leave it unscaled, as
+/// Dynamo does) and rounded to whole nanoseconds, as Dynamo's `Duration`-based clock does.
+fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
+    let ms = if ratio > 0.0 { ms / ratio } else { ms };
+    let ns = (ms * 1e6).round().max(0.0) as u64;
+    let (secs, nanos) = (ns / 1_000_000_000, ns % 1_000_000_000);
+    (secs as f64 + nanos as f64 / 1e9) * 1000.0
+}

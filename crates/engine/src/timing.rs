@@ -1,0 +1,218 @@
+//! Forward-pass timing models.
+//!
+//! A pass costs `prefill_ms + decode_ms`. Prefill is paid when the pass computes new prompt
+//! tokens, decode when at least one request that already had its first token generates.
+
+use crate::json::{ConfigError, ObjectReader, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TimingModel {
+    /// Dynamo's default polynomial fit.
+    Polynomial,
+    /// Constant per-pass costs.
+    Fixed { prefill_ms: f64, decode_ms: f64 },
+}
+
+/// Prefill shape of one pass, in Dynamo's aggregate form.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillShape {
+    /// Requests that computed prompt tokens in this pass.
+    pub batch: u32,
+    /// Σ prompt length reached by each of them at the end of this pass.
+    pub total_isl: u64,
+    /// Σ prompt tokens each of them had before this pass (cache hits and earlier chunks).
+    pub total_prefix: u64,
+}
+
+impl PrefillShape {
+    /// New prompt tokens as the model sees them: `batch × (mean isl − mean prefix)` with
+    /// integer means, which is what Dynamo passes to its perf model.
+    pub fn new_tokens(&self) -> u64 {
+        if self.batch == 0 {
+            return 0;
+        }
+        let b = self.batch as u64;
+        b * (self.total_isl / b).saturating_sub(self.total_prefix / b)
+    }
+}
+
+/// Decode shape of one pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Requests past their first token that generate in this pass.
+    pub batch: u32,
+    /// Σ current length (prompt + generated so far) of those requests.
+    pub context_tokens: u64,
+    /// KV capacity of the rank in tokens.
+    pub capacity_tokens: u64,
+}
+
+impl TimingModel {
+    pub(crate) fn read(r: &mut ObjectReader) -> Result<Self> {
+        match r.choice("type", &["polynomial", "fixed"])?.set() {
+            None => Err(ConfigError::new(
+                r.path("type"),
+                "missing; expected \"polynomial\" or \"fixed\"",
+            )),
+            Some(0) => Ok(TimingModel::Polynomial),
+            Some(_) => {
+                let mut get = |key: &'static str| -> Result<f64> {
+                    match r.f64(key)?.set() {
+                        Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
+                        Some(v) => Err(ConfigError::new(
+                            r.path(key),
+                            format!("must be a finite number ≥ 0, got {v}"),
+                        )),
+                        None => Err(ConfigError::new(
+                            r.path(key),
+                            "missing (required by the fixed timing model)",
+                        )),
+                    }
+                };
+                let prefill_ms = get("prefill_ms")?;
+                let decode_ms = get("decode_ms")?;
+                Ok(TimingModel::Fixed {
+                    prefill_ms,
+                    decode_ms,
+                })
+            }
+        }
+    }
+
+    /// Unscaled prefill time of a pass in ms.
+    pub fn prefill_ms(&self, shape: &PrefillShape) -> f64 {
+        let t = shape.new_tokens();
+        if t == 0 {
+            return 0.0;
+        }
+        match *self {
+            TimingModel::Polynomial => {
+                let t = t as f64;
+                (4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01).max(0.0)
+            }
+            TimingModel::Fixed { prefill_ms, .. } => prefill_ms,
+        }
+    }
+
+    /// Unscaled decode time of a pass in ms.
+    pub fn decode_ms(&self, shape: &DecodeShape) -> f64 {
+        if shape.batch == 0 {
+            return 0.0;
+        }
+        match *self {
+            TimingModel::Polynomial => {
+                let p = if shape.capacity_tokens == 0 {
+                    1.0
+                } else {
+                    (shape.context_tokens as f64 / shape.capacity_tokens as f64).min(1.0)
+                };
+                (-25.74 * p * p + 54.01 * p + 5.74).max(1.0)
+            }
+            TimingModel::Fixed { decode_ms, .. } => decode_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefill(t: u64) -> f64 {
+        TimingModel::Polynomial.prefill_ms(&PrefillShape {
+            batch: 1,
+            total_isl: t,
+            total_prefix: 0,
+        })
+    }
+
+    fn decode(p: f64) -> f64 {
+        let cap = 1_000_000u64;
+        TimingModel::Polynomial.decode_ms(&DecodeShape {
+            batch: 1,
+            context_tokens: (p * cap as f64) as u64,
+            capacity_tokens: cap,
+        })
+    }
+
+    #[test]
+    fn polynomial_reference_values() {
+        for (t, want) in [
+            (1, 16.5166),
+            (64, 17.4749),
+            (512, 24.3857),
+            (1000, 32.1059),
+            (2048, 49.3629),
+            (8192, 169.1369),
+            (16384, 378.2779),
+        ] {
+            assert!(
+                (prefill(t) - want).abs() < 1e-3,
+                "prefill({t}) = {}",
+                prefill(t)
+            );
+        }
+        for (p, want) in [
+            (0.0, 5.74),
+            (0.1, 10.8836),
+            (0.25, 17.63375),
+            (0.5, 26.31),
+            (0.75, 31.76875),
+            (1.0, 34.01),
+        ] {
+            assert!(
+                (decode(p) - want).abs() < 1e-3,
+                "decode({p}) = {}",
+                decode(p)
+            );
+        }
+        // Utilisation is clamped at 1.
+        assert!((decode(3.0) - 34.01).abs() < 1e-9);
+    }
+
+    #[test]
+    fn prefill_uses_integer_means() {
+        // Dynamo 1.6.1: prompts of 101 and 100 tokens cost prefill(200), not prefill(201).
+        let shape = PrefillShape {
+            batch: 2,
+            total_isl: 201,
+            total_prefix: 0,
+        };
+        assert_eq!(shape.new_tokens(), 200);
+        assert!((TimingModel::Polynomial.prefill_ms(&shape) - 19.554948).abs() < 1e-6);
+        // A fully cached prompt costs nothing.
+        assert_eq!(
+            TimingModel::Polynomial.prefill_ms(&PrefillShape {
+                batch: 1,
+                total_isl: 128,
+                total_prefix: 128
+            }),
+            0.0
+        );
+    }
+
+    #[test]
+    fn fixed_model_charges_per_phase() {
+        let m = TimingModel::Fixed {
+            prefill_ms: 40.0,
+            decode_ms: 10.0,
+        };
+        assert_eq!(
+            m.prefill_ms(&PrefillShape {
+                batch: 3,
+                total_isl: 300,
+                total_prefix: 10
+            }),
+            40.0
+        );
+        assert_eq!(m.prefill_ms(&PrefillShape::default()), 0.0);
+        assert_eq!(
+            m.decode_ms(&DecodeShape {
+                batch: 2,
+                context_tokens: 5,
+                capacity_tokens: 100
+            }),
+            10.0
+        );
+        assert_eq!(m.decode_ms(&DecodeShape::default()), 0.0);
+    }
+}

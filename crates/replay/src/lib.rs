@@ -1,0 +1,23 @@
+//! # servesim-replay
+//!
+//! Offline replay on a virtual clock: workloads (Mooncake traces, synthetic load), the load
+//! driver that releases their requests, the event loop that runs them through simulated
+//! workers, and the metrics and report of the run.
+
+pub mod error;
+pub mod metrics;
+pub mod report;
+pub mod sim;
+pub mod stats;
+pub mod synthetic;
+mod time;
+pub mod trace;
+pub mod workload;
+
+pub use error::InputError;
+pub use metrics::{Collector, RequestRecord, Sla, Status};
+pub use report::{request_json, Report, WALL_CLOCK_KEYS};
+pub use sim::{simulate, Progress, RouterMode, SimConfig, SimError};
+pub use synthetic::{Arrivals, SyntheticSpec};
+pub use trace::load_mooncake;
+pub use workload::{LoadMode, Workload};

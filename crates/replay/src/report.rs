@@ -1,0 +1,197 @@
+//! The run report: the summary object (the reference's key names) and per-request records.
+
+use serde_json::{json, Map, Value};
+
+use crate::metrics::{Collector, RequestRecord, Status, Totals};
+use crate::sim::SimConfig;
+use crate::stats::Summary;
+use crate::workload::Workload;
+
+/// Latency and throughput distributions of a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Distributions {
+    pub ttft: Summary,
+    pub ttst: Summary,
+    pub tpot: Summary,
+    pub itl: Summary,
+    pub e2e: Summary,
+    pub per_user: Summary,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub totals: Totals,
+    pub dist: Distributions,
+    /// Virtual time at which the last event happened.
+    pub end_ms: f64,
+    pub num_workers: u32,
+    pub gpus_per_worker: u32,
+    pub sla_set: bool,
+    /// Host time the run took (set by the caller that measured it).
+    pub wall_time_ms: f64,
+}
+
+impl Report {
+    pub(crate) fn build(config: &SimConfig, c: &Collector<'_>, end_ms: f64) -> Report {
+        Report {
+            totals: c.totals,
+            dist: Distributions {
+                ttft: c.ttft.summary(),
+                ttst: c.ttst.summary(),
+                tpot: c.tpot.summary(),
+                itl: c.itl.summary(),
+                e2e: c.e2e.summary(),
+                per_user: c.per_user.summary(),
+            },
+            end_ms,
+            num_workers: config.num_workers,
+            gpus_per_worker: config.engine.gpus_per_worker(),
+            sla_set: config.sla.is_set(),
+            wall_time_ms: 0.0,
+        }
+    }
+
+    pub fn duration_s(&self) -> f64 {
+        (self.totals.duration_ms / 1000.0).max(1e-9)
+    }
+
+    pub fn worker_seconds(&self) -> f64 {
+        self.num_workers as f64 * self.end_ms / 1000.0
+    }
+
+    /// The summary object. Keys follow the reference; keys it lacks are servesim additions.
+    pub fn summary_json(&self) -> Map<String, Value> {
+        let t = &self.totals;
+        let d = self.duration_s();
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_string(), v);
+        };
+        put("num_requests", json!(t.num_requests));
+        put("completed_requests", json!(t.completed));
+        put("rejected_requests", json!(t.rejected));
+        put("incomplete_requests", json!(t.incomplete));
+        put("total_input_tokens", json!(t.input_tokens));
+        put("total_output_tokens", json!(t.output_tokens));
+        put("duration_ms", json!(t.duration_ms));
+        put("wall_time_ms", json!(self.wall_time_ms));
+        put("request_throughput_rps", json!(t.completed as f64 / d));
+        put("input_throughput_tok_s", json!(t.input_tokens as f64 / d));
+        put("output_throughput_tok_s", json!(t.output_tokens as f64 / d));
+        put(
+            "total_throughput_tok_s",
+            json!((t.input_tokens + t.output_tokens) as f64 / d),
+        );
+        put("prefill_worker_seconds", json!(0.0));
+        put("decode_worker_seconds", json!(self.worker_seconds()));
+        put("prefill_gpus_per_worker", json!(0));
+        put("decode_gpus_per_worker", json!(self.gpus_per_worker));
+        put(
+            "gpu_hours",
+            json!(self.worker_seconds() * self.gpus_per_worker as f64 / 3600.0),
+        );
+        if self.sla_set {
+            put("goodput_completed_requests", json!(t.good_requests));
+            put(
+                "goodput_request_throughput_rps",
+                json!(t.good_requests as f64 / d),
+            );
+            put(
+                "goodput_output_throughput_tok_s",
+                json!(t.good_output_tokens as f64 / d),
+            );
+        }
+        let processed = t.input_tokens + t.output_tokens;
+        let wall_s = self.wall_time_ms / 1000.0;
+        let per_wall = |x: u64| if wall_s > 0.0 { x as f64 / wall_s } else { 0.0 };
+        put("processed_tokens", json!(processed));
+        put("processed_tokens_per_s", json!(per_wall(processed)));
+        put(
+            "processed_output_tokens_per_s",
+            json!(per_wall(t.output_tokens)),
+        );
+        let ratio = |x: u64| {
+            if t.input_tokens > 0 {
+                x as f64 / t.input_tokens as f64
+            } else {
+                0.0
+            }
+        };
+        put("prefix_cache_reused_ratio", json!(ratio(t.reused_tokens)));
+        put(
+            "first_admission_prefix_cache_reused_ratio",
+            json!(ratio(t.first_admission_reused_tokens)),
+        );
+        put("committed_prefill_tokens", json!(t.prefill_tokens));
+        put("num_preemptions", json!(t.preemptions));
+        put("num_ttft_samples", json!(self.dist.ttft.count));
+        put("num_tpot_samples", json!(self.dist.tpot.count));
+        put("num_e2e_latency_samples", json!(self.dist.e2e.count));
+        for (name, s) in [
+            ("ttft", &self.dist.ttft),
+            ("ttst", &self.dist.ttst),
+            ("tpot", &self.dist.tpot),
+            ("itl", &self.dist.itl),
+            ("e2e_latency", &self.dist.e2e),
+        ] {
+            for (stat, v) in s.fields() {
+                put(&format!("{stat}_{name}_ms"), json!(v));
+            }
+        }
+        for (stat, v) in self.dist.per_user.fields() {
+            put(
+                &format!("{stat}_output_token_throughput_per_user"),
+                json!(v),
+            );
+        }
+        m
+    }
+}
+
+/// Keys whose values depend on the host, not on the simulation.
+pub const WALL_CLOCK_KEYS: [&str; 3] = [
+    "wall_time_ms",
+    "processed_tokens_per_s",
+    "processed_output_tokens_per_s",
+];
+
+/// One per-request record, with the reference's key names.
+pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
+    let session = &workload.sessions[r.session as usize];
+    let mut m = Map::new();
+    let mut put = |k: &str, v: Value| {
+        m.insert(k.to_string(), v);
+    };
+    put("session_id", json!(session.name));
+    put("turn_index", json!(r.turn));
+    put(
+        "uuid",
+        json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)),
+    );
+    put("arrival_time_ms", json!(r.arrival_ms));
+    put("first_admit_ms", json!(r.first_admit_ms));
+    put("terminal_time_ms", json!(r.terminal_ms));
+    put("first_token_ms", json!(r.first_token_ms));
+    put("last_token_ms", json!(r.last_token_ms));
+    put("ttft_ms", json!(r.ttft_ms()));
+    put("ttst_ms", json!(r.ttst_ms()));
+    put("e2e_latency_ms", json!(r.e2e_ms()));
+    put("itl_ms", json!(r.tpot_ms()));
+    put("input_length", json!(r.input_length));
+    put("requested_output_length", json!(r.requested_output_length));
+    put("output_length", json!(r.output_length));
+    put("reused_input_tokens", json!(r.reused_input_tokens));
+    put(
+        "first_admission_reused_input_tokens",
+        json!(r.first_admission_reused_input_tokens),
+    );
+    put("prefill_worker_idx", Value::Null);
+    put("decode_worker_idx", json!(r.worker));
+    put("admission_count", json!(r.admissions));
+    put("readmission_count", json!(r.admissions.saturating_sub(1)));
+    put("terminal_status", json!(r.status.name()));
+    if let Status::Rejected(reason) = r.status {
+        put("rejection_reason", json!(reason.describe()));
+    }
+    Value::Object(m)
+}

@@ -1,0 +1,286 @@
+//! Distributions as the reference reports them: mean, min, max, median, p75, p90, p95, p99 and
+//! population standard deviation.
+//!
+//! [`Exact`] keeps every value and takes quantiles at rank `round((n − 1) · q)` of the sorted
+//! values. [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch (relative
+//! accuracy 0.1 %), as the reference does for its pooled per-token families.
+
+/// Summary of a distribution, in report order.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Summary {
+    pub count: u64,
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+    pub median: f64,
+    pub p75: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub std: f64,
+}
+
+impl Summary {
+    /// `(suffix, value)` pairs in report order: mean, min, max, median, p75, p90, p95, p99, std.
+    pub fn fields(&self) -> [(&'static str, f64); 9] {
+        [
+            ("mean", self.mean),
+            ("min", self.min),
+            ("max", self.max),
+            ("median", self.median),
+            ("p75", self.p75),
+            ("p90", self.p90),
+            ("p95", self.p95),
+            ("p99", self.p99),
+            ("std", self.std),
+        ]
+    }
+}
+
+/// Welford running moments.
+#[derive(Clone, Copy, Debug)]
+struct Moments {
+    count: u64,
+    mean: f64,
+    m2: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Default for Moments {
+    fn default() -> Self {
+        Moments {
+            count: 0,
+            mean: 0.0,
+            m2: 0.0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+        }
+    }
+}
+
+impl Moments {
+    fn add(&mut self, x: f64) {
+        self.count += 1;
+        let delta = x - self.mean;
+        self.mean += delta / self.count as f64;
+        self.m2 += delta * (x - self.mean);
+        self.min = self.min.min(x);
+        self.max = self.max.max(x);
+    }
+
+    fn summary(&self, quantile: impl Fn(f64) -> f64) -> Summary {
+        if self.count == 0 {
+            return Summary::default();
+        }
+        Summary {
+            count: self.count,
+            mean: self.mean,
+            min: self.min,
+            max: self.max,
+            median: quantile(0.5),
+            p75: quantile(0.75),
+            p90: quantile(0.90),
+            p95: quantile(0.95),
+            p99: quantile(0.99),
+            std: (self.m2 / self.count as f64).max(0.0).sqrt(),
+        }
+    }
+}
+
+fn rank(count: u64, q: f64) -> u64 {
+    (((count - 1) as f64) * q)
+        .round()
+        .clamp(0.0, (count - 1) as f64) as u64
+}
+
+/// Keeps every value.
+#[derive(Clone, Debug, Default)]
+pub struct Exact {
+    values: Vec<f64>,
+}
+
+impl Exact {
+    pub fn add(&mut self, x: f64) {
+        self.values.push(x);
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    pub fn summary(&self) -> Summary {
+        let mut sorted = self.values.clone();
+        sorted.sort_by(f64::total_cmp);
+        let mut m = Moments::default();
+        // Sum in sorted order so the result does not depend on completion order.
+        for &x in &sorted {
+            m.add(x);
+        }
+        let n = sorted.len() as u64;
+        m.summary(|q| sorted[rank(n, q) as usize])
+    }
+}
+
+/// DDSketch with logarithmic mapping: a positive value `x` falls in bin `ceil(log_γ x)` with
+/// `γ = (1 + α) / (1 − α)`, and a bin is represented by `2 γ^i / (γ + 1)`, which is within `α`
+/// of every value it holds. Zeros are counted apart. When more than `max_bins` bins exist the
+/// lowest ones are merged (the high quantiles stay accurate).
+#[derive(Clone, Debug)]
+pub struct Sketch {
+    moments: Moments,
+    gamma: f64,
+    ln_gamma: f64,
+    max_bins: usize,
+    /// Counts for bins `offset .. offset + bins.len()`.
+    offset: i32,
+    bins: Vec<u64>,
+    zeros: u64,
+}
+
+impl Default for Sketch {
+    fn default() -> Self {
+        Sketch::new(0.001, 32768)
+    }
+}
+
+impl Sketch {
+    pub fn new(relative_accuracy: f64, max_bins: usize) -> Self {
+        let gamma = (1.0 + relative_accuracy) / (1.0 - relative_accuracy);
+        Sketch {
+            moments: Moments::default(),
+            gamma,
+            ln_gamma: (2.0 * relative_accuracy / (1.0 - relative_accuracy)).ln_1p(),
+            max_bins,
+            offset: 0,
+            bins: Vec::new(),
+            zeros: 0,
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.moments.count
+    }
+
+    /// Adds a value ≥ 0.
+    pub fn add(&mut self, x: f64) {
+        self.moments.add(x);
+        if x <= 0.0 {
+            self.zeros += 1;
+            return;
+        }
+        let key = (x.ln() / self.ln_gamma).ceil() as i32;
+        if self.bins.is_empty() {
+            self.offset = key;
+            self.bins.push(0);
+        } else if key < self.offset {
+            let grow = (self.offset - key) as usize;
+            if self.bins.len() + grow > self.max_bins {
+                // Collapse: count it in the lowest bin.
+                self.bins[0] += 1;
+                return;
+            }
+            self.bins.splice(0..0, std::iter::repeat_n(0, grow));
+            self.offset = key;
+        } else if key >= self.offset + self.bins.len() as i32 {
+            let new_len = (key - self.offset + 1) as usize;
+            self.bins.resize(new_len, 0);
+            if self.bins.len() > self.max_bins {
+                let excess = self.bins.len() - self.max_bins;
+                let merged: u64 = self.bins[..=excess].iter().sum();
+                self.bins.drain(..excess);
+                self.bins[0] = merged;
+                self.offset += excess as i32;
+            }
+        }
+        let idx = (key - self.offset).max(0) as usize;
+        self.bins[idx] += 1;
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        let target = rank(self.moments.count, q);
+        if target < self.zeros {
+            return 0.0;
+        }
+        let mut seen = self.zeros;
+        for (i, &c) in self.bins.iter().enumerate() {
+            seen += c;
+            if seen > target {
+                let key = self.offset + i as i32;
+                return 2.0 * self.gamma.powi(key) / (self.gamma + 1.0);
+            }
+        }
+        self.moments.max
+    }
+
+    pub fn summary(&self) -> Summary {
+        self.moments.summary(|q| self.quantile(q))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_uses_rounded_rank() {
+        let mut d = Exact::default();
+        for x in [40.0, 75.0, 40.0] {
+            d.add(x);
+        }
+        let s = d.summary();
+        assert_eq!((s.median, s.p75, s.p99), (40.0, 75.0, 75.0));
+        assert!((s.mean - 51.666666666666664).abs() < 1e-12);
+        assert!((s.std - 16.49915822768611).abs() < 1e-12, "population std");
+    }
+
+    #[test]
+    fn sketch_matches_reference_probe() {
+        // Pooled token gaps of probe c2: seven gaps of 10 ms and two of 50 ms.
+        let mut s = Sketch::default();
+        for x in [50.0, 10.0, 50.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0] {
+            s.add(x);
+        }
+        let sum = s.summary();
+        assert!(
+            (sum.median - 10.004152608697646).abs() < 1e-9,
+            "{}",
+            sum.median
+        );
+        assert!((sum.p90 - 50.04891385534592).abs() < 1e-9, "{}", sum.p90);
+        assert_eq!((sum.min, sum.max), (10.0, 50.0));
+        assert!((sum.mean - 18.88888888888889).abs() < 1e-12);
+        assert!((sum.std - 16.62958838566196).abs() < 1e-9);
+        let mut per_user = Sketch::default();
+        for x in [20.0, 100.0, 20.0, 100.0, 100.0, 100.0, 100.0, 100.0, 100.0] {
+            per_user.add(x);
+        }
+        assert!((per_user.summary().median - 99.9830863317801).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sketch_is_within_relative_accuracy() {
+        let mut s = Sketch::default();
+        let mut exact = Exact::default();
+        let mut x = 0.37f64;
+        for i in 0..20_000 {
+            x = (x * 7919.0 + i as f64).rem_euclid(1000.0) + 0.01;
+            s.add(x);
+            exact.add(x);
+        }
+        let (a, b) = (s.summary(), exact.summary());
+        for (q, e) in [(a.median, b.median), (a.p90, b.p90), (a.p99, b.p99)] {
+            assert!((q - e).abs() <= 0.001 * e + 1e-12, "{q} vs {e}");
+        }
+    }
+
+    #[test]
+    fn empty_distributions_report_zeros() {
+        assert_eq!(Exact::default().summary(), Summary::default());
+        assert_eq!(Sketch::default().summary(), Summary::default());
+    }
+}

@@ -1,0 +1,209 @@
+//! Parity with the reference implementation (NVIDIA Dynamo 1.6.1's offline replay).
+//!
+//! Each `tests/parity/<case>.json` describes a run in the format of
+//! `../shared/parity/dynamo_replay.py`; `<case>.golden.json` is the reference's summary for it,
+//! recorded with `scripts/parity.py tests/parity/<case>.json --record`. A case fails when
+//! `completed_requests` differs, when one of the headline metrics drifts beyond 2 %, or
+//! when any other summary value differs beyond floating-point noise.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+use servesim_engine::EngineConfig;
+use servesim_replay::{
+    load_mooncake, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla,
+    SyntheticSpec, WALL_CLOCK_KEYS,
+};
+
+const HEADLINE: [&str; 9] = [
+    "duration_ms",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_itl_ms",
+    "median_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+    "prefix_cache_reused_ratio",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
+    let engine_json = match case.get("engine") {
+        Some(e) => {
+            let mut v = json!({ "engine": e });
+            if let Some(dp) = case.get("dp_size") {
+                v["dp_size"] = dp.clone();
+            }
+            v
+        }
+        None => json!({}),
+    };
+    let engine = EngineConfig::from_value(&engine_json).expect("engine config");
+    let f = |k: &str| case.get(k).and_then(Value::as_f64);
+    let concurrency = case
+        .get("replay_concurrency")
+        .and_then(Value::as_u64)
+        .map(|c| c as u32);
+    let (workload, load) = if let Some(trace) = case.get("trace").and_then(Value::as_str) {
+        let shared = root().join("../shared");
+        let path = if trace.contains("${SHARED}") {
+            let p = PathBuf::from(trace.replace("${SHARED}", &shared.to_string_lossy()));
+            assert!(
+                p.exists(),
+                "{} is missing: parity cases need ../shared beside the checkout",
+                p.display()
+            );
+            p
+        } else {
+            case_dir.join(trace)
+        };
+        let tbs = case
+            .get("trace_block_size")
+            .and_then(Value::as_u64)
+            .unwrap_or(512) as u32;
+        let load = match concurrency {
+            Some(c) => LoadMode::Concurrency { max_sessions: c },
+            None => LoadMode::Timestamps {
+                speedup: f("arrival_speedup_ratio").unwrap_or(1.0),
+            },
+        };
+        (load_mooncake(&[path], tbs).expect("trace"), load)
+    } else {
+        let s = &case["synthetic"];
+        let g = |k: &str| s.get(k).and_then(Value::as_f64);
+        let arrivals = match (g("request_rate"), g("arrival_interval_ms")) {
+            (Some(r), _) => Arrivals::Poisson { rate_per_s: r },
+            (_, Some(ms)) => Arrivals::Interval { interval_ms: ms },
+            _ => Arrivals::AllAtOnce,
+        };
+        let spec = SyntheticSpec {
+            input_tokens: g("input_tokens").unwrap() as u32,
+            output_tokens: g("output_tokens").unwrap() as u32,
+            sessions: g("request_count").unwrap() as u32,
+            turns_per_session: g("turns_per_session").unwrap_or(1.0) as u32,
+            arrivals,
+            seed: g("arrival_seed").unwrap_or(42.0) as u64,
+            shared_prefix_ratio: g("shared_prefix_ratio").unwrap_or(0.0),
+            num_prefix_groups: g("num_prefix_groups").unwrap_or(0.0) as u32,
+            inter_turn_delay_ms: g("inter_turn_delay_ms").unwrap_or(0.0),
+            block_tokens: engine.block_size,
+        };
+        let load = match concurrency {
+            Some(c) => LoadMode::Concurrency { max_sessions: c },
+            None => LoadMode::Timestamps { speedup: 1.0 },
+        };
+        (spec.generate().expect("synthetic"), load)
+    };
+    let config = SimConfig {
+        engine,
+        num_workers: case.get("num_workers").and_then(Value::as_u64).unwrap_or(1) as u32,
+        router: RouterMode::RoundRobin,
+        load,
+        sla: Sla {
+            ttft_ms: f("sla_ttft_ms"),
+            itl_ms: f("sla_itl_ms"),
+            e2e_ms: f("sla_e2e_ms"),
+        },
+        seed: 42,
+    };
+    simulate(
+        &workload,
+        &config,
+        Collector::new(config.sla, None),
+        &mut (),
+    )
+    .expect("simulation")
+    .summary_json()
+}
+
+fn check(name: &str) {
+    let dir = root().join("tests/parity");
+    let case: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
+            .unwrap();
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{name}.golden.json"))).unwrap(),
+    )
+    .unwrap();
+    let ours = run_case(&case, &dir);
+    let mut problems = Vec::new();
+    assert_eq!(
+        ours["completed_requests"], golden["completed_requests"],
+        "{name}: completed_requests"
+    );
+    for key in HEADLINE {
+        let (a, b) = (ours[key].as_f64().unwrap(), golden[key].as_f64().unwrap());
+        let dev = if b != 0.0 {
+            ((a - b) / b).abs()
+        } else {
+            a.abs()
+        };
+        if dev > 0.02 {
+            problems.push(format!(
+                "{key}: servesim {a} vs reference {b} ({:.2}% off, limit 2%)",
+                dev * 100.0
+            ));
+        }
+    }
+    // Everything else we report under a reference name must agree to floating-point noise.
+    for (key, want) in golden.as_object().unwrap() {
+        let (Some(want), Some(got)) = (want.as_f64(), ours.get(key).and_then(Value::as_f64)) else {
+            continue;
+        };
+        if WALL_CLOCK_KEYS.contains(&key.as_str()) {
+            continue;
+        }
+        if (got - want).abs() > 1e-9_f64.max(1e-6 * want.abs()) {
+            problems.push(format!("{key}: servesim {got} vs reference {want}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{name} drifted from the reference:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+macro_rules! parity_cases {
+    ($($test:ident => $case:literal),* $(,)?) => {
+        $(#[test] fn $test() { check($case); })*
+
+        #[test]
+        fn every_recorded_case_has_a_test() {
+            let listed = [$($case),*];
+            for entry in std::fs::read_dir(root().join("tests/parity")).unwrap() {
+                let name = entry.unwrap().file_name().into_string().unwrap();
+                if let Some(case) = name.strip_suffix(".golden.json") {
+                    assert!(listed.contains(&case), "tests/parity/{name} has no test in parity.rs");
+                }
+            }
+        }
+    };
+}
+
+parity_cases! {
+    conversation_trace_8_workers => "a_conversation_8w",
+    synthetic_trace_4_workers => "b_synthetic_trace_4w",
+    conversation_trace_heavy_preemption => "c_conversation_8w_2048_blocks",
+    synthetic_poisson_2_workers => "d_synthetic_1024_128_20rps",
+    closed_loop_trace => "e_conversation_concurrency_32",
+    arrival_speedup_fifo_preemption_goodput => "f_synthetic_trace_speedup_sla",
+    closed_loop_sessions_with_shared_prefixes => "g_sessions_shared_prefix_concurrency",
+    fixed_interval_without_chunking_or_caching => "h_synthetic_interval_no_chunking",
+    probe_fixed_timing => "probe_c1_fixed_timing",
+    probe_token_stamps => "probe_c2_token_stamps",
+    probe_polynomial_timing => "probe_c3_polynomial",
+    probe_chunked_prefill => "probe_c4_chunked_prefill",
+    probe_integer_means => "probe_integer_means",
+    probe_same_pass_hit => "probe_same_pass_hit",
+    probe_sessions_and_zero_output => "probe_sessions_zero_output",
+    probe_preemption_12_blocks => "probe_preemption_12_blocks",
+    probe_preemption_14_blocks => "probe_preemption_14_blocks",
+    probe_synthetic_shared_prefix => "probe_synthetic_shared_prefix",
+    probe_synthetic_turns => "probe_synthetic_turns",
+    probe_synthetic_prefix_groups => "probe_synthetic_prefix_groups",
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Run one parity case through servesim and (optionally) the reference, and compare.
+
+A case file is the JSON that ../shared/parity/dynamo_replay.py takes ("trace" or "synthetic",
+"engine", "num_workers", ...). Paths in a case are relative to the case file.
+
+  scripts/parity.py CASE.json                      # servesim vs the recorded golden summary
+  scripts/parity.py CASE.json --reference          # servesim vs a fresh reference run
+  scripts/parity.py CASE.json --record             # run the reference, write the golden file
+
+The golden summary of CASE.json is CASE.golden.json next to it.
+"""
+import argparse, json, os, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+# The metrics compared and their relative tolerances.
+TOLERANCES = {
+    "duration_ms": 0.02, "mean_ttft_ms": 0.02, "median_ttft_ms": 0.02, "p90_ttft_ms": 0.02,
+    "p99_ttft_ms": 0.02, "mean_itl_ms": 0.02, "median_e2e_latency_ms": 0.02,
+    "p99_e2e_latency_ms": 0.02, "prefix_cache_reused_ratio": 0.02,
+}
+EXACT = ["completed_requests"]
+
+
+def resolve(case_path):
+    case = json.load(open(case_path))
+    base = os.path.dirname(os.path.abspath(case_path))
+    if case.get("trace"):
+        t = case["trace"]
+        t = t.replace("${SHARED}", SHARED)
+        case["trace"] = t if os.path.isabs(t) else os.path.join(base, t)
+    return case
+
+
+def servesim_args(case):
+    args = ["predict", "--format", "json"]
+    if case.get("trace"):
+        args += [case["trace"], "--trace-block-size", str(case.get("trace_block_size", 512))]
+    else:
+        s = case["synthetic"]
+        args += ["--input-tokens", str(s["input_tokens"]), "--output-tokens", str(s["output_tokens"]),
+                 "--request-count", str(s["request_count"])]
+        if s.get("request_rate") is not None:
+            args += ["--request-rate", str(s["request_rate"])]
+        if s.get("arrival_interval_ms") is not None:
+            args += ["--arrival-interval-ms", str(s["arrival_interval_ms"])]
+        for key in ["arrival_seed", "turns_per_session", "shared_prefix_ratio", "num_prefix_groups",
+                    "inter_turn_delay_ms"]:
+            if key in s:
+                args += ["--" + key.replace("_", "-"), str(s[key])]
+    if case.get("engine") is not None:
+        eng = {"engine": case["engine"]}
+        if case.get("dp_size", 1) != 1:
+            eng["dp_size"] = case["dp_size"]
+        args += ["--extra-engine-args", json.dumps(eng)]
+    args += ["--num-workers", str(case.get("num_workers", 1))]
+    if case.get("router_mode"):
+        args += ["--router-mode", case["router_mode"]]
+    if case.get("replay_concurrency") is not None:
+        args += ["--replay-concurrency", str(case["replay_concurrency"])]
+    if case.get("arrival_speedup_ratio") not in (None, 1.0):
+        args += ["--arrival-speedup-ratio", str(case["arrival_speedup_ratio"])]
+    for key in ["sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms"]:
+        if case.get(key) is not None:
+            args += ["--" + key.replace("_", "-"), str(case[key])]
+    return args
+
+
+def run_servesim(case, binary):
+    start = time.perf_counter()
+    out = subprocess.run([binary] + servesim_args(case), check=True, capture_output=True, text=True).stdout
+    summary = json.loads(out)
+    summary["call_wall_ms"] = (time.perf_counter() - start) * 1000.0
+    return summary
+
+
+def run_reference(case):
+    py = subprocess.run([os.path.join(SHARED, "parity", "setup.sh")], check=True, capture_output=True,
+                        text=True).stdout.strip()
+    with open("/tmp/servesim-parity-case.json", "w") as f:
+        json.dump(case, f)
+    out = subprocess.run([py, os.path.join(SHARED, "parity", "dynamo_replay.py"), "/tmp/servesim-parity-case.json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def compare(ours, ref):
+    """Returns (rows, ok)."""
+    rows, ok = [], True
+    for key in EXACT + list(TOLERANCES):
+        a, b = ours.get(key), ref.get(key)
+        if key in EXACT:
+            good = a == b
+            dev = 0.0 if good else float("inf")
+        else:
+            dev = abs(a - b) / abs(b) if b else abs(a - b)
+            good = dev <= TOLERANCES[key]
+        ok &= good
+        rows.append((key, a, b, dev, good))
+    return rows, ok
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("case")
+    p.add_argument("--reference", action="store_true", help="compare against a fresh reference run")
+    p.add_argument("--record", action="store_true", help="run the reference and write the golden file")
+    p.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "servesim"))
+    a = p.parse_args()
+    case = resolve(a.case)
+    golden_path = a.case[:-len(".json")] + ".golden.json"
+    if a.record:
+        ref = run_reference(case)
+        json.dump(ref, open(golden_path, "w"), indent=1, sort_keys=True)
+        print(f"wrote {golden_path}")
+        return 0
+    ref = run_reference(case) if a.reference else json.load(open(golden_path))
+    ours = run_servesim(case, a.binary)
+    rows, ok = compare(ours, ref)
+    print(f"{'metric':32} {'servesim':>16} {'reference':>16} {'deviation':>10}")
+    for key, x, y, dev, good in rows:
+        print(f"{key:32} {x:>16.6g} {y:>16.6g} {dev*100:>9.3f}% {'' if good else '  <-- beyond tolerance'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
