@@ -10,11 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "servesim",
-    version,
-    about = "GPU-free simulator of LLM inference serving"
-)]
+#[command(name = "servesim", version, about = "GPU-free simulator of LLM inference serving")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,18 +31,12 @@ pub struct Failure {
 impl Failure {
     /// Bad input (arguments, files, configuration): exit code 2.
     pub fn input(message: impl std::fmt::Display) -> Self {
-        Failure {
-            code: 2,
-            message: message.to_string(),
-        }
+        Failure { code: 2, message: message.to_string() }
     }
 
     /// The run itself failed: exit code 1.
     pub fn run(message: impl std::fmt::Display) -> Self {
-        Failure {
-            code: 1,
-            message: message.to_string(),
-        }
+        Failure { code: 1, message: message.to_string() }
     }
 }
 

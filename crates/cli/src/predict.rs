@@ -8,8 +8,8 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use servesim_engine::EngineConfig;
 use servesim_replay::{
-    load_mooncake, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord,
-    RouterMode, SimConfig, Sla, SyntheticSpec, Workload,
+    load_mooncake, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla,
+    SyntheticSpec, Workload,
 };
 
 use crate::progress::Bar;
@@ -75,41 +75,16 @@ pub struct PredictArgs {
     /// Synthetic load: one session every X ms.
     #[arg(long, value_name = "MS", help_heading = "Synthetic load")]
     arrival_interval_ms: Option<f64>,
-    #[arg(
-        long,
-        default_value_t = 42,
-        value_name = "SEED",
-        help_heading = "Synthetic load"
-    )]
+    #[arg(long, default_value_t = 42, value_name = "SEED", help_heading = "Synthetic load")]
     arrival_seed: u64,
-    #[arg(
-        long,
-        default_value_t = 1,
-        value_name = "N",
-        help_heading = "Synthetic load"
-    )]
+    #[arg(long, default_value_t = 1, value_name = "N", help_heading = "Synthetic load")]
     turns_per_session: u32,
     /// Fraction of each prompt shared within its prefix group.
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        value_name = "RATIO",
-        help_heading = "Synthetic load"
-    )]
+    #[arg(long, default_value_t = 0.0, value_name = "RATIO", help_heading = "Synthetic load")]
     shared_prefix_ratio: f64,
-    #[arg(
-        long,
-        default_value_t = 0,
-        value_name = "N",
-        help_heading = "Synthetic load"
-    )]
+    #[arg(long, default_value_t = 0, value_name = "N", help_heading = "Synthetic load")]
     num_prefix_groups: u32,
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        value_name = "MS",
-        help_heading = "Synthetic load"
-    )]
+    #[arg(long, default_value_t = 0.0, value_name = "MS", help_heading = "Synthetic load")]
     inter_turn_delay_ms: f64,
 
     /// Goodput: time-to-first-token bound.
@@ -139,30 +114,24 @@ fn engine_config(arg: Option<&str>) -> Result<EngineConfig, Failure> {
         return Ok(EngineConfig::default());
     };
     if arg.trim_start().starts_with('{') {
-        return EngineConfig::parse_json(arg)
-            .map_err(|e| Failure::input(format!("--extra-engine-args: {e}")));
+        return EngineConfig::parse_json(arg).map_err(|e| Failure::input(format!("--extra-engine-args: {e}")));
     }
-    let text = std::fs::read_to_string(arg)
-        .map_err(|e| Failure::input(format!("{arg}: cannot read: {e}")))?;
+    let text = std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("{arg}: cannot read: {e}")))?;
     EngineConfig::parse_json(&text).map_err(|e| Failure::input(format!("{arg}: {e}")))
 }
 
 fn positive(name: &str, v: Option<f64>) -> Result<(), Failure> {
     match v {
-        Some(x) if !(x.is_finite() && x > 0.0) => Err(Failure::input(format!(
-            "--{name} must be a positive number, got {x}"
-        ))),
+        Some(x) if !(x.is_finite() && x > 0.0) => {
+            Err(Failure::input(format!("--{name} must be a positive number, got {x}")))
+        }
         _ => Ok(()),
     }
 }
 
 /// Builds the workload and the load mode, rejecting contradictory flags.
 fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMode), Failure> {
-    let synthetic = [
-        a.input_tokens.is_some(),
-        a.output_tokens.is_some(),
-        a.request_count.is_some(),
-    ];
+    let synthetic = [a.input_tokens.is_some(), a.output_tokens.is_some(), a.request_count.is_some()];
     let any_synthetic = synthetic.iter().any(|&b| b);
     if a.replay_concurrency == Some(0) {
         return Err(Failure::input("--replay-concurrency must be at least 1"));
@@ -182,9 +151,7 @@ fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMod
         let workload = load_mooncake(&a.traces, a.trace_block_size).map_err(Failure::input)?;
         let load = match a.replay_concurrency {
             Some(c) => LoadMode::Concurrency { max_sessions: c },
-            None => LoadMode::Timestamps {
-                speedup: a.arrival_speedup_ratio.unwrap_or(1.0),
-            },
+            None => LoadMode::Timestamps { speedup: a.arrival_speedup_ratio.unwrap_or(1.0) },
         };
         return Ok((workload, load));
     }
@@ -195,20 +162,14 @@ fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMod
             "nothing to replay: give trace files or a synthetic load (--input-tokens, --output-tokens, --request-count); see --help"
         }));
     }
-    let controls = [
-        a.request_rate.is_some(),
-        a.arrival_interval_ms.is_some(),
-        a.replay_concurrency.is_some(),
-    ];
+    let controls = [a.request_rate.is_some(), a.arrival_interval_ms.is_some(), a.replay_concurrency.is_some()];
     if controls.iter().filter(|&&b| b).count() != 1 {
         return Err(Failure::input(
             "a synthetic load needs exactly one of --request-rate, --arrival-interval-ms, --replay-concurrency",
         ));
     }
     if a.arrival_speedup_ratio.is_some() {
-        return Err(Failure::input(
-            "--arrival-speedup-ratio applies to trace replay only",
-        ));
+        return Err(Failure::input("--arrival-speedup-ratio applies to trace replay only"));
     }
     let arrivals = match (a.request_rate, a.arrival_interval_ms) {
         (Some(rate), _) => Arrivals::Poisson { rate_per_s: rate },
@@ -227,9 +188,7 @@ fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMod
         inter_turn_delay_ms: a.inter_turn_delay_ms,
         block_tokens: engine.block_size,
     };
-    let workload = spec
-        .generate()
-        .map_err(|e| Failure::input(format!("--{e}")))?;
+    let workload = spec.generate().map_err(|e| Failure::input(format!("--{e}")))?;
     let load = match a.replay_concurrency {
         Some(c) => LoadMode::Concurrency { max_sessions: c },
         None => LoadMode::Timestamps { speedup: 1.0 },
@@ -249,11 +208,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if a.num_workers == 0 {
         return Err(Failure::input("--num-workers must be at least 1"));
     }
-    for (name, v) in [
-        ("sla-ttft-ms", a.sla_ttft_ms),
-        ("sla-itl-ms", a.sla_itl_ms),
-        ("sla-e2e-ms", a.sla_e2e_ms),
-    ] {
+    for (name, v) in [("sla-ttft-ms", a.sla_ttft_ms), ("sla-itl-ms", a.sla_itl_ms), ("sla-e2e-ms", a.sla_e2e_ms)] {
         positive(name, v)?;
     }
     let (workload, load) = workload(&a, &engine)?;
@@ -264,11 +219,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             Router::RoundRobin => RouterMode::RoundRobin,
         },
         load,
-        sla: Sla {
-            ttft_ms: a.sla_ttft_ms,
-            itl_ms: a.sla_itl_ms,
-            e2e_ms: a.sla_e2e_ms,
-        },
+        sla: Sla { ttft_ms: a.sla_ttft_ms, itl_ms: a.sla_itl_ms, e2e_ms: a.sla_e2e_ms },
         seed: a.arrival_seed,
     };
 
@@ -279,19 +230,15 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut sink = |r: &RequestRecord| {
         if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
             let line = request_json(r, &workload);
-            if let Err(e) = serde_json::to_writer(&mut *w, &line)
-                .map_err(std::io::Error::from)
-                .and_then(|_| w.write_all(b"\n"))
+            if let Err(e) =
+                serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {
                 write_error = Some(e);
             }
         }
     };
-    let sink_ref: Option<&mut dyn FnMut(&RequestRecord)> = if a.report_jsonl.is_some() {
-        Some(&mut sink)
-    } else {
-        None
-    };
+    let sink_ref: Option<&mut dyn FnMut(&RequestRecord)> =
+        if a.report_jsonl.is_some() { Some(&mut sink) } else { None };
     let collector = Collector::new(config.sla, sink_ref);
     let mut bar = Bar::new();
     let result = simulate(&workload, &config, collector, &mut bar);
@@ -307,24 +254,14 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
     let mut failures = Vec::new();
     if let Some(e) = write_error {
-        failures.push(format!(
-            "{}: write failed: {e}",
-            a.report_jsonl.as_ref().expect("jsonl path").display()
-        ));
+        failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
     } else if let Some(mut w) = records.take() {
         if let Err(e) = w.flush() {
-            failures.push(format!(
-                "{}: write failed: {e}",
-                a.report_jsonl.as_ref().expect("jsonl path").display()
-            ));
+            failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
         }
     }
     if let (Some(w), Some(path)) = (summary_file.as_mut(), a.report_json.as_ref()) {
-        match w
-            .write_all(pretty.as_bytes())
-            .and_then(|_| w.write_all(b"\n"))
-            .and_then(|_| w.flush())
-        {
+        match w.write_all(pretty.as_bytes()).and_then(|_| w.write_all(b"\n")).and_then(|_| w.flush()) {
             Ok(()) if a.format == Format::Table => {
                 println!("Saved full report to: {}", path.display())
             }

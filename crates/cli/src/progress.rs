@@ -14,11 +14,7 @@ pub struct Bar {
 
 impl Bar {
     pub fn new() -> Self {
-        Bar {
-            enabled: std::io::stderr().is_terminal(),
-            started: Instant::now(),
-            bar: None,
-        }
+        Bar { enabled: std::io::stderr().is_terminal(), started: Instant::now(), bar: None }
     }
 
     pub fn finish(&mut self) {
@@ -39,11 +35,9 @@ impl Progress for Bar {
             }
             let bar = ProgressBar::new(total);
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} simulating [{bar:40}] {pos}/{len} requests ({eta} left)",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+                ProgressStyle::with_template("{spinner} simulating [{bar:40}] {pos}/{len} requests ({eta} left)")
+                    .expect("valid template")
+                    .progress_chars("=> "),
             );
             self.bar = Some(bar);
         }

@@ -43,10 +43,7 @@ pub fn render(report: &Report) -> String {
         ("Time to Second Token (ms)", &d.ttst),
         ("Request Latency (ms)", &d.e2e),
         ("Inter Token Latency (ms)", &d.itl),
-        (
-            "Output Token Throughput Per User (tokens/sec/user)",
-            &d.per_user,
-        ),
+        ("Output Token Throughput Per User (tokens/sec/user)", &d.per_user),
     ];
     for (label, s) in rows {
         if s.count == 0 {
@@ -69,27 +66,14 @@ pub fn render(report: &Report) -> String {
         row.extend(std::iter::repeat_n("N/A".to_string(), 6));
         row
     };
-    table.add_row(single(
-        "Output Token Throughput (tokens/sec)",
-        num(t.output_tokens as f64 / report.duration_s()),
-    ));
-    table.add_row(single(
-        "Request Throughput (requests/sec)",
-        num(t.completed as f64 / report.duration_s()),
-    ));
+    table.add_row(single("Output Token Throughput (tokens/sec)", num(t.output_tokens as f64 / report.duration_s())));
+    table.add_row(single("Request Throughput (requests/sec)", num(t.completed as f64 / report.duration_s())));
     table.add_row(single("Request Count (requests)", t.completed.to_string()));
     if report.sla_set {
-        table.add_row(single(
-            "Goodput (requests/sec)",
-            num(t.good_requests as f64 / report.duration_s()),
-        ));
+        table.add_row(single("Goodput (requests/sec)", num(t.good_requests as f64 / report.duration_s())));
     }
     for (i, column) in table.column_iter_mut().enumerate() {
-        column.set_cell_alignment(if i == 0 {
-            CellAlignment::Left
-        } else {
-            CellAlignment::Right
-        });
+        column.set_cell_alignment(if i == 0 { CellAlignment::Left } else { CellAlignment::Right });
     }
 
     let body = table.to_string();
@@ -103,15 +87,9 @@ pub fn render(report: &Report) -> String {
             0.0
         }
     };
-    out.push_str(&format!(
-        "Simulated Duration (ms): {}\n",
-        num(t.duration_ms)
-    ));
+    out.push_str(&format!("Simulated Duration (ms): {}\n", num(t.duration_ms)));
     out.push_str(&format!("Wall Time (ms): {}\n", num(report.wall_time_ms)));
-    out.push_str(&format!(
-        "Prefix Cache Reused Ratio: {:.4}\n",
-        ratio(t.reused_tokens)
-    ));
+    out.push_str(&format!("Prefix Cache Reused Ratio: {:.4}\n", ratio(t.reused_tokens)));
     out.push_str(&format!(
         "First Admission Prefix Cache Reused Ratio: {:.4}\n",
         ratio(t.first_admission_reused_tokens)
@@ -120,10 +98,7 @@ pub fn render(report: &Report) -> String {
         out.push_str(&format!("Preemptions: {}\n", t.preemptions));
     }
     if t.rejected > 0 {
-        out.push_str(&format!(
-            "Rejected Requests: {} (see --report-jsonl for reasons)\n",
-            t.rejected
-        ));
+        out.push_str(&format!("Rejected Requests: {} (see --report-jsonl for reasons)\n", t.rejected));
     }
     out
 }

@@ -10,10 +10,7 @@ fn example() -> PathBuf {
 }
 
 fn servesim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_servesim"))
-        .args(args)
-        .output()
-        .expect("run servesim")
+    Command::new(env!("CARGO_BIN_EXE_servesim")).args(args).output().expect("run servesim")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -23,11 +20,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn json_stdout(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("stdout is exactly one JSON document")
 }
 
@@ -45,22 +38,12 @@ fn default_output_is_the_metrics_table() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("servesim | LLM Metrics"));
-    for row in [
-        "Time to First Token (ms)",
-        "Inter Token Latency (ms)",
-        "Request Count (requests)",
-    ] {
+    for row in ["Time to First Token (ms)", "Inter Token Latency (ms)", "Request Count (requests)"] {
         assert!(text.contains(row), "missing row {row}:\n{text}");
     }
-    assert!(
-        text.contains("│ Request Count (requests)") && text.contains("│      403 │"),
-        "{text}"
-    );
+    assert!(text.contains("│ Request Count (requests)") && text.contains("│      403 │"), "{text}");
     assert!(text.contains("Prefix Cache Reused Ratio: "));
-    assert!(
-        out.stderr.is_empty(),
-        "no progress bar when stderr is not a terminal"
-    );
+    assert!(out.stderr.is_empty(), "no progress bar when stderr is not a terminal");
 }
 
 #[test]
@@ -79,53 +62,29 @@ fn json_format_prints_only_the_summary_and_reports_are_written() {
     let summary = json_stdout(&out);
     assert_eq!(summary["completed_requests"], 403);
     assert_eq!(summary["num_requests"], 403);
-    let file: Value =
-        serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&summary_path).unwrap()).unwrap();
     assert_eq!(file, summary);
-    let records: Vec<Value> = std::fs::read_to_string(&records_path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let records: Vec<Value> =
+        std::fs::read_to_string(&records_path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(records.len(), 403);
     // The records add up to the summary.
-    let output: u64 = records
-        .iter()
-        .map(|r| r["output_length"].as_u64().unwrap())
-        .sum();
+    let output: u64 = records.iter().map(|r| r["output_length"].as_u64().unwrap()).sum();
     assert_eq!(output, summary["total_output_tokens"].as_u64().unwrap());
-    let mean_ttft = records
-        .iter()
-        .map(|r| r["ttft_ms"].as_f64().unwrap())
-        .sum::<f64>()
-        / 403.0;
+    let mean_ttft = records.iter().map(|r| r["ttft_ms"].as_f64().unwrap()).sum::<f64>() / 403.0;
     assert!((mean_ttft - summary["mean_ttft_ms"].as_f64().unwrap()).abs() < 1e-6);
     assert!(records.iter().all(|r| r["terminal_status"] == "completed"));
     // Later turns of a conversation arrive after the previous turn finished.
-    let chat: Vec<&Value> = records
-        .iter()
-        .filter(|r| r["session_id"] == "chat-0")
-        .collect();
+    let chat: Vec<&Value> = records.iter().filter(|r| r["session_id"] == "chat-0").collect();
     assert!(chat.len() > 1);
 }
 
 #[test]
 fn same_inputs_give_the_same_report() {
     let ex = example();
-    let args = [
-        "predict",
-        ex.to_str().unwrap(),
-        "--num-workers",
-        "3",
-        "--format",
-        "json",
-    ];
+    let args = ["predict", ex.to_str().unwrap(), "--num-workers", "3", "--format", "json"];
     let a = simulated(json_stdout(&servesim(&args)));
     let b = simulated(json_stdout(&servesim(&args)));
-    assert_eq!(
-        serde_json::to_string(&a).unwrap(),
-        serde_json::to_string(&b).unwrap()
-    );
+    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
 }
 
 #[test]
@@ -181,10 +140,7 @@ fn rejects(args: &[&str], needles: &[&str]) {
     let out = servesim(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "args {args:?}: stderr {err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("backtrace"),
-        "{err}"
-    );
+    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
     for n in needles {
         assert!(err.contains(n), "expected {n:?} in {err:?}");
     }
@@ -202,93 +158,38 @@ fn bad_traces_name_file_line_and_field() {
     let good = r#"{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}"#;
     let t = trace("malformed.jsonl", &format!("{good}\n{{\"timestamp\": 3,\n"));
     rejects(&["predict", &t], &["malformed.jsonl:2:", "invalid JSON"]);
-    let t = trace(
-        "missing.jsonl",
-        &format!("{good}\n{good}\n{{\"timestamp\": 3, \"hash_ids\": [1]}}\n"),
-    );
-    rejects(
-        &["predict", &t],
-        &["missing.jsonl:3:", "`output_length`", "missing"],
-    );
-    let t = trace(
-        "short.jsonl",
-        r#"{"timestamp": 0, "input_length": 2000, "output_length": 2, "hash_ids": [1]}"#,
-    );
-    rejects(
-        &["predict", &t],
-        &["short.jsonl:1:", "`input_length`", "exceed"],
-    );
-    let t = trace(
-        "types.jsonl",
-        r#"{"timestamp": 0, "output_length": "two", "hash_ids": [1]}"#,
-    );
-    rejects(
-        &["predict", &t],
-        &["types.jsonl:1:", "`output_length`", "\"two\""],
-    );
-    rejects(
-        &["predict", "/no/such/trace.jsonl"],
-        &["/no/such/trace.jsonl", "cannot open"],
-    );
+    let t = trace("missing.jsonl", &format!("{good}\n{good}\n{{\"timestamp\": 3, \"hash_ids\": [1]}}\n"));
+    rejects(&["predict", &t], &["missing.jsonl:3:", "`output_length`", "missing"]);
+    let t = trace("short.jsonl", r#"{"timestamp": 0, "input_length": 2000, "output_length": 2, "hash_ids": [1]}"#);
+    rejects(&["predict", &t], &["short.jsonl:1:", "`input_length`", "exceed"]);
+    let t = trace("types.jsonl", r#"{"timestamp": 0, "output_length": "two", "hash_ids": [1]}"#);
+    rejects(&["predict", &t], &["types.jsonl:1:", "`output_length`", "\"two\""]);
+    rejects(&["predict", "/no/such/trace.jsonl"], &["/no/such/trace.jsonl", "cannot open"]);
 }
 
 #[test]
 fn bad_engine_configuration_is_named() {
     let ex = example();
     let ex = ex.to_str().unwrap();
+    rejects(&["predict", ex, "--extra-engine-args", r#"{"block_sise": 16}"#], &["`block_sise`", "unknown key"]);
     rejects(
-        &[
-            "predict",
-            ex,
-            "--extra-engine-args",
-            r#"{"block_sise": 16}"#,
-        ],
-        &["`block_sise`", "unknown key"],
-    );
-    rejects(
-        &[
-            "predict",
-            ex,
-            "--extra-engine-args",
-            r#"{"engine": {"num_gpu_blocks": -1}}"#,
-        ],
+        &["predict", ex, "--extra-engine-args", r#"{"engine": {"num_gpu_blocks": -1}}"#],
         &["`engine.num_gpu_blocks`"],
     );
     let file = tmp("bad-engine.json");
-    std::fs::write(
-        &file,
-        "{\n  \"block_size\": 16,\n  \"max_num_seqs\": ,\n}\n",
-    )
-    .unwrap();
-    rejects(
-        &["predict", ex, "--extra-engine-args", file.to_str().unwrap()],
-        &["bad-engine.json", "line 3"],
-    );
-    rejects(
-        &["predict", ex, "--extra-engine-args", "/no/such/engine.json"],
-        &["/no/such/engine.json", "cannot read"],
-    );
+    std::fs::write(&file, "{\n  \"block_size\": 16,\n  \"max_num_seqs\": ,\n}\n").unwrap();
+    rejects(&["predict", ex, "--extra-engine-args", file.to_str().unwrap()], &["bad-engine.json", "line 3"]);
+    rejects(&["predict", ex, "--extra-engine-args", "/no/such/engine.json"], &["/no/such/engine.json", "cannot read"]);
 }
 
 #[test]
 fn contradictory_flags_are_rejected() {
     let ex = example();
     let ex = ex.to_str().unwrap();
-    rejects(
-        &["predict", ex, "--input-tokens", "10"],
-        &["either trace files or a synthetic load"],
-    );
+    rejects(&["predict", ex, "--input-tokens", "10"], &["either trace files or a synthetic load"]);
     rejects(&["predict"], &["nothing to replay"]);
     rejects(
-        &[
-            "predict",
-            "--input-tokens",
-            "10",
-            "--output-tokens",
-            "2",
-            "--request-count",
-            "5",
-        ],
+        &["predict", "--input-tokens", "10", "--output-tokens", "2", "--request-count", "5"],
         &["exactly one of --request-rate"],
     );
     rejects(
@@ -308,19 +209,9 @@ fn contradictory_flags_are_rejected() {
         &["exactly one of"],
     );
     rejects(
-        &[
-            "predict",
-            ex,
-            "--replay-concurrency",
-            "4",
-            "--arrival-speedup-ratio",
-            "2",
-        ],
+        &["predict", ex, "--replay-concurrency", "4", "--arrival-speedup-ratio", "2"],
         &["--arrival-speedup-ratio"],
     );
     rejects(&["predict", ex, "--num-workers", "0"], &["--num-workers"]);
-    rejects(
-        &["predict", ex, "--report-json", "/no/such/dir/out.json"],
-        &["/no/such/dir/out.json", "cannot create"],
-    );
+    rejects(&["predict", ex, "--report-json", "/no/such/dir/out.json"], &["/no/such/dir/out.json", "cannot create"]);
 }

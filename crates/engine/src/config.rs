@@ -96,18 +96,15 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// Parses a JSON document in either shape.
     pub fn parse_json(text: &str) -> Result<Self> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
         Self::from_value(&value)
     }
 
     /// Reads a parsed JSON value in either shape.
     pub fn from_value(value: &Value) -> Result<Self> {
         if !value.is_object() {
-            return Err(ConfigError::new(
-                "",
-                "engine configuration must be a JSON object",
-            ));
+            return Err(ConfigError::new("", "engine configuration must be a JSON object"));
         }
         let mut raw = RawConfig::default();
         if value.get("engine").is_some() {
@@ -132,10 +129,7 @@ impl EngineConfig {
     pub fn to_canonical_json(&self) -> Value {
         let timing = match self.timing {
             TimingModel::Polynomial => json!({"type": "polynomial"}),
-            TimingModel::Fixed {
-                prefill_ms,
-                decode_ms,
-            } => {
+            TimingModel::Fixed { prefill_ms, decode_ms } => {
                 json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
             }
         };
@@ -224,11 +218,7 @@ impl RawConfig {
             t.finish()?;
         }
         r.unsupported("aic_nextn", &[], "speculative decoding (aic_nextn)")?;
-        r.unsupported(
-            "aic_nextn_accept_rates",
-            &[],
-            "speculative decoding (aic_nextn_accept_rates)",
-        )?;
+        r.unsupported("aic_nextn_accept_rates", &[], "speculative decoding (aic_nextn_accept_rates)")?;
         r.ignored("aic_mtp_seed");
         // Sections for the other backends may be present (Dynamo prints them with defaults).
         r.ignored("sglang");
@@ -250,52 +240,24 @@ impl RawConfig {
         let is_prefill = r.bool("is_prefill")?.or(false);
         let is_decode = r.bool("is_decode")?.or(false);
         if is_prefill && is_decode {
-            return Err(ConfigError::new(
-                "is_prefill",
-                "is_prefill and is_decode cannot both be true",
-            ));
+            return Err(ConfigError::new("is_prefill", "is_prefill and is_decode cannot both be true"));
         }
         if is_prefill {
             self.worker_type = Field::Set(1);
         } else if is_decode {
             self.worker_type = Field::Set(2);
         }
-        for key in [
-            "aic_backend",
-            "aic_system",
-            "aic_systems_path",
-            "aic_backend_version",
-            "aic_model_path",
-        ] {
+        for key in ["aic_backend", "aic_system", "aic_systems_path", "aic_backend_version", "aic_model_path"] {
             r.unsupported(key, &[], "AIConfigurator timing")?;
         }
-        for key in [
-            "aic_tp_size",
-            "aic_moe_tp_size",
-            "aic_moe_ep_size",
-            "aic_attention_dp_size",
-        ] {
+        for key in ["aic_tp_size", "aic_moe_tp_size", "aic_moe_ep_size", "aic_attention_dp_size"] {
             r.unsupported(key, &[json!(1)], "AIConfigurator timing")?;
         }
-        for key in [
-            "aic_gemm_dtype",
-            "aic_moe_dtype",
-            "aic_fmha_dtype",
-            "aic_kv_cache_dtype",
-            "aic_comm_dtype",
-        ] {
+        for key in ["aic_gemm_dtype", "aic_moe_dtype", "aic_fmha_dtype", "aic_kv_cache_dtype", "aic_comm_dtype"] {
             r.unsupported(key, &[], "AIConfigurator timing")?;
         }
-        r.unsupported(
-            "planner_profile_data",
-            &[],
-            "profiled timing (planner_profile_data)",
-        )?;
-        for key in [
-            "gpu_memory_utilization",
-            "mem_fraction_static",
-            "free_gpu_memory_fraction",
-        ] {
+        r.unsupported("planner_profile_data", &[], "profiled timing (planner_profile_data)")?;
+        for key in ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction"] {
             r.unsupported(key, &[], "KV capacity estimation")?;
         }
         for key in ["num_g2_blocks", "num_g3_blocks", "offload_batch_size"] {
@@ -332,25 +294,15 @@ impl RawConfig {
 
     fn read_canonical(&mut self, value: &Value) -> Result<()> {
         let mut top = ObjectReader::new("", value)?;
-        let mut e = top
-            .object("engine")?
-            .ok_or_else(|| ConfigError::new("engine", "must be an object"))?;
+        let mut e = top.object("engine")?.ok_or_else(|| ConfigError::new("engine", "must be an object"))?;
         self.backend = e.choice("backend", &Backend::NAMES)?;
         self.read_engine_keys(&mut e)?;
         self.kv_bytes_per_token = e.u64("kv_transfer_bytes_per_token")?;
         if e.has("kv_bytes_per_token") {
             self.kv_bytes_per_token = e.u64("kv_bytes_per_token")?;
         }
-        e.unsupported(
-            "prefill_schedule_interval",
-            &[json!(1)],
-            "prefill_schedule_interval other than 1",
-        )?;
-        e.unsupported(
-            "prefill_decode_interval",
-            &[json!(0)],
-            "prefill_decode_interval other than 0",
-        )?;
+        e.unsupported("prefill_schedule_interval", &[json!(1)], "prefill_schedule_interval other than 1")?;
+        e.unsupported("prefill_decode_interval", &[json!(0)], "prefill_decode_interval other than 0")?;
         e.ignored("emit_kv_events");
         e.ignored("emit_kv_token_ids");
         for key in [
@@ -370,12 +322,9 @@ impl RawConfig {
         self.tensor_parallel_size = top.u32("tensor_parallel_size")?;
         self.startup_time = top.f64("startup_time")?;
         top.ignored("num_gpu_blocks_is_explicit");
-        for key in [
-            "gpu_memory_utilization",
-            "mem_fraction_static",
-            "free_gpu_memory_fraction",
-            "cuda_graph_reserved_bytes",
-        ] {
+        for key in
+            ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction", "cuda_graph_reserved_bytes"]
+        {
             top.unsupported(key, &[], "KV capacity estimation")?;
         }
         if let Some(mut d) = top.object("dynamo")? {
@@ -405,10 +354,7 @@ impl RawConfig {
         if backend != Backend::Vllm {
             return Err(ConfigError::new(
                 "engine.backend",
-                format!(
-                    "backend {:?} is not supported yet (only \"vllm\")",
-                    backend.name()
-                ),
+                format!("backend {:?} is not supported yet (only \"vllm\")", backend.name()),
             ));
         }
         let block_size = match self.block_size.or(0) {
@@ -430,10 +376,7 @@ impl RawConfig {
         let ratio = |field: Field<f64>, name: &str| -> Result<f64> {
             let v = field.or(1.0);
             if !v.is_finite() || v < 0.0 {
-                return Err(ConfigError::new(
-                    name,
-                    format!("must be a finite number ≥ 0, got {v}"),
-                ));
+                return Err(ConfigError::new(name, format!("must be a finite number ≥ 0, got {v}")));
             }
             Ok(v)
         };
@@ -443,33 +386,21 @@ impl RawConfig {
             _ => WorkerType::Decode,
         };
         if worker_type != WorkerType::Aggregated {
-            return Err(ConfigError::new(
-                "worker_type",
-                "prefill/decode workers are not supported yet",
-            ));
+            return Err(ConfigError::new("worker_type", "prefill/decode workers are not supported yet"));
         }
         let dp_size = self.dp_size.or(1);
         if dp_size != 1 {
-            return Err(ConfigError::new(
-                "dp_size",
-                "attention data parallelism is not supported yet",
-            ));
+            return Err(ConfigError::new("dp_size", "attention data parallelism is not supported yet"));
         }
         if let Field::Set(t) = self.startup_time {
             if !t.is_finite() || t < 0.0 {
-                return Err(ConfigError::new(
-                    "startup_time",
-                    "must be a finite number of seconds ≥ 0",
-                ));
+                return Err(ConfigError::new("startup_time", "must be a finite number of seconds ≥ 0"));
             }
         }
         let kv_transfer_bandwidth = self.kv_transfer_bandwidth.set();
         if let Some(b) = kv_transfer_bandwidth {
             if !b.is_finite() || b < 0.0 {
-                return Err(ConfigError::new(
-                    "kv_transfer_bandwidth",
-                    "must be a finite number of GB/s ≥ 0",
-                ));
+                return Err(ConfigError::new("kv_transfer_bandwidth", "must be a finite number of GB/s ≥ 0"));
             }
         }
         Ok(EngineConfig {
@@ -483,11 +414,7 @@ impl RawConfig {
             enable_chunked_prefill: self.enable_chunked_prefill.or(true),
             speedup_ratio: ratio(self.speedup_ratio, "speedup_ratio")?,
             decode_speedup_ratio: ratio(self.decode_speedup_ratio, "decode_speedup_ratio")?,
-            preemption_mode: if self.preemption_mode.or(0) == 0 {
-                PreemptionMode::Lifo
-            } else {
-                PreemptionMode::Fifo
-            },
+            preemption_mode: if self.preemption_mode.or(0) == 0 { PreemptionMode::Lifo } else { PreemptionMode::Fifo },
             worker_type,
             timing: self.timing.unwrap_or(TimingModel::Polynomial),
             dp_size,
@@ -530,7 +457,8 @@ mod tests {
 
     #[test]
     fn flat_and_canonical_forms_agree() {
-        let flat = parse(r#"{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"Fifo"}"#).unwrap();
+        let flat =
+            parse(r#"{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"Fifo"}"#).unwrap();
         let nested =
             parse(r#"{"engine":{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"fifo"},"dp_size":1}"#)
                 .unwrap();
@@ -542,7 +470,8 @@ mod tests {
 
     #[test]
     fn canonical_dump_round_trips() {
-        let c = parse(r#"{"engine":{"block_size":16,"timing_model":{"type":"fixed","prefill_ms":40,"decode_ms":10}}}"#).unwrap();
+        let c = parse(r#"{"engine":{"block_size":16,"timing_model":{"type":"fixed","prefill_ms":40,"decode_ms":10}}}"#)
+            .unwrap();
         let again = EngineConfig::from_value(&c.to_canonical_json()).unwrap();
         assert_eq!(c, again);
     }
@@ -572,10 +501,8 @@ mod tests {
         assert!(e.message.starts_with("unknown key"));
         let e = parse(r#"{"engine":{"foo":1}}"#).unwrap_err();
         assert_eq!(e.path, "engine.foo");
-        let e = parse(
-            r#"{"engine":{"timing_model":{"type":"fixed","prefill_ms":1,"decode_ms":1,"x":2}}}"#,
-        )
-        .unwrap_err();
+        let e =
+            parse(r#"{"engine":{"timing_model":{"type":"fixed","prefill_ms":1,"decode_ms":1,"x":2}}}"#).unwrap_err();
         assert_eq!(e.path, "engine.timing_model.x");
     }
 
@@ -584,27 +511,10 @@ mod tests {
         let e = parse(r#"{"num_gpu_blocks":"many"}"#).unwrap_err();
         assert_eq!(e.path, "num_gpu_blocks");
         assert!(e.message.contains("\"many\""), "{e}");
-        assert_eq!(
-            parse(r#"{"max_num_seqs":0}"#).unwrap_err().path,
-            "max_num_seqs"
-        );
-        assert_eq!(
-            parse(r#"{"preemption_mode":"random"}"#).unwrap_err().path,
-            "preemption_mode"
-        );
-        assert_eq!(
-            parse(r#"{"engine":{"aic_nextn":3}}"#).unwrap_err().path,
-            "engine.aic_nextn"
-        );
-        assert!(parse(r#"{"block_size":16} true"#)
-            .unwrap_err()
-            .message
-            .contains("trailing"));
-        assert_eq!(
-            parse(r#"{"is_prefill":true,"is_decode":true}"#)
-                .unwrap_err()
-                .path,
-            "is_prefill"
-        );
+        assert_eq!(parse(r#"{"max_num_seqs":0}"#).unwrap_err().path, "max_num_seqs");
+        assert_eq!(parse(r#"{"preemption_mode":"random"}"#).unwrap_err().path, "preemption_mode");
+        assert_eq!(parse(r#"{"engine":{"aic_nextn":3}}"#).unwrap_err().path, "engine.aic_nextn");
+        assert!(parse(r#"{"block_size":16} true"#).unwrap_err().message.contains("trailing"));
+        assert_eq!(parse(r#"{"is_prefill":true,"is_decode":true}"#).unwrap_err().path, "is_prefill");
     }
 }

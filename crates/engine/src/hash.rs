@@ -21,9 +21,7 @@ pub fn local_block_hash(tokens: &[u32]) -> u64 {
     {
         // SAFETY: u32 has no padding and any byte pattern is a valid u8; on a little-endian
         // target the in-memory bytes are exactly the little-endian encoding we must hash.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
-        };
+        let bytes = unsafe { std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens)) };
         xxh3_64_with_seed(bytes, HASH_SEED)
     }
     #[cfg(not(target_endian = "little"))]

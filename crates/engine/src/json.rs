@@ -13,10 +13,7 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError {
-            path: path.into(),
-            message: message.into(),
-        }
+        ConfigError { path: path.into(), message: message.into() }
     }
 }
 
@@ -92,15 +89,8 @@ fn describe(v: &Value) -> String {
 impl<'a> ObjectReader<'a> {
     pub fn new(prefix: &str, value: &'a Value) -> Result<Self> {
         match value {
-            Value::Object(map) => Ok(ObjectReader {
-                prefix: prefix.to_string(),
-                map,
-                known: Vec::new(),
-            }),
-            other => Err(ConfigError::new(
-                prefix,
-                format!("expected an object, got {}", describe(other)),
-            )),
+            Value::Object(map) => Ok(ObjectReader { prefix: prefix.to_string(), map, known: Vec::new() }),
+            other => Err(ConfigError::new(prefix, format!("expected an object, got {}", describe(other)))),
         }
     }
 
@@ -130,21 +120,13 @@ impl<'a> ObjectReader<'a> {
         }
     }
 
-    fn typed<T>(
-        &mut self,
-        key: &'static str,
-        want: &str,
-        f: impl Fn(&'a Value) -> Option<T>,
-    ) -> Result<Field<T>> {
+    fn typed<T>(&mut self, key: &'static str, want: &str, f: impl Fn(&'a Value) -> Option<T>) -> Result<Field<T>> {
         match self.field(key) {
             Field::Missing => Ok(Field::Missing),
             Field::Null => Ok(Field::Null),
             Field::Set(v) => match f(v) {
                 Some(t) => Ok(Field::Set(t)),
-                None => Err(ConfigError::new(
-                    self.path(key),
-                    format!("expected {want}, got {}", describe(v)),
-                )),
+                None => Err(ConfigError::new(self.path(key), format!("expected {want}, got {}", describe(v)))),
             },
         }
     }
@@ -155,9 +137,7 @@ impl<'a> ObjectReader<'a> {
 
     /// A non-negative integer that fits in u32.
     pub fn u32(&mut self, key: &'static str) -> Result<Field<u32>> {
-        self.typed(key, "a non-negative integer below 2^32", |v| {
-            v.as_u64().and_then(|x| u32::try_from(x).ok())
-        })
+        self.typed(key, "a non-negative integer below 2^32", |v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
     }
 
     pub fn f64(&mut self, key: &'static str) -> Result<Field<f64>> {
@@ -179,10 +159,7 @@ impl<'a> ObjectReader<'a> {
                 Some(i) => Ok(Field::Set(i)),
                 None => Err(ConfigError::new(
                     self.path(key),
-                    format!(
-                        "unknown value {s:?}; expected one of {}",
-                        choices.join(", ")
-                    ),
+                    format!("unknown value {s:?}; expected one of {}", choices.join(", ")),
                 )),
             },
             Field::Null => Ok(Field::Null),
@@ -204,10 +181,7 @@ impl<'a> ObjectReader<'a> {
     pub fn unsupported(&mut self, key: &'static str, neutral: &[Value], what: &str) -> Result<()> {
         if let Field::Set(v) = self.field(key) {
             if !neutral.contains(v) {
-                return Err(ConfigError::new(
-                    self.path(key),
-                    format!("{what} is not supported by servesim"),
-                ));
+                return Err(ConfigError::new(self.path(key), format!("{what} is not supported by servesim")));
             }
         }
         Ok(())

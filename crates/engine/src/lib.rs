@@ -17,9 +17,7 @@ pub mod timing;
 pub use config::{Backend, EngineConfig, KvTransferTimingMode, PreemptionMode, WorkerType};
 pub use hash::BlockHashes;
 pub use json::ConfigError;
-pub use output::{
-    Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut,
-};
+pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 pub use request::{output_token, EngineRequest, Prompt};
 pub use scheduler::{Engine, EngineCounters, EngineOptions};
 pub use timing::{DecodeShape, PrefillShape, TimingModel};

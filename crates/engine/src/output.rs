@@ -16,10 +16,7 @@ pub struct StoredBlock {
 pub enum KvEvent {
     /// Consecutive blocks of one sequence became visible; `parent` is the sequence hash of the
     /// block before the first of them.
-    Stored {
-        parent: Option<u64>,
-        blocks: Vec<StoredBlock>,
-    },
+    Stored { parent: Option<u64>, blocks: Vec<StoredBlock> },
     /// The last resident copies of these hashes were evicted.
     Removed { hashes: Vec<u64> },
 }
@@ -47,9 +44,7 @@ impl RejectReason {
         match self {
             RejectReason::ExceedsKvCapacity => "needs more KV blocks than the cache has",
             RejectReason::ExceedsMaxModelLen => "prompt is not shorter than max_model_len",
-            RejectReason::ExceedsBatchBudget => {
-                "prompt exceeds max_num_batched_tokens with chunked prefill off"
-            }
+            RejectReason::ExceedsBatchBudget => "prompt exceeds max_num_batched_tokens with chunked prefill off",
         }
     }
 }

@@ -123,10 +123,7 @@ impl BlockPool {
         let evictions = fresh.saturating_sub(free);
         if evictions > 0 {
             // Inactive hits are about to be reused, so they cannot make room for themselves.
-            let inactive_hits = hits
-                .iter()
-                .filter(|h| self.lookup(**h) == Residency::Inactive)
-                .count() as u32;
+            let inactive_hits = hits.iter().filter(|h| self.lookup(**h) == Residency::Inactive).count() as u32;
             if evictions > self.num_inactive - inactive_hits {
                 return false;
             }
@@ -170,14 +167,7 @@ impl BlockPool {
             }
             None => {
                 self.copies[copy as usize].next_same = NIL;
-                self.by_hash.insert(
-                    hash,
-                    HashEntry {
-                        first: copy,
-                        copies: 1,
-                        active_copies: 1,
-                    },
-                );
+                self.by_hash.insert(hash, HashEntry { first: copy, copies: 1, active_copies: 1 });
                 true
             }
         }
@@ -197,19 +187,13 @@ impl BlockPool {
             return;
         }
         let hash = c.hash;
-        self.by_hash
-            .get_mut(&hash)
-            .expect("cached copy has an entry")
-            .active_copies -= 1;
+        self.by_hash.get_mut(&hash).expect("cached copy has an entry").active_copies -= 1;
         self.lru_push_back(copy);
         self.num_inactive += 1;
     }
 
     fn acquire(&mut self, hash: u64) -> u32 {
-        let entry = *self
-            .by_hash
-            .get(&hash)
-            .expect("prefix hit must be resident");
+        let entry = *self.by_hash.get(&hash).expect("prefix hit must be resident");
         // Prefer a copy that is already referenced; otherwise reactivate an inactive one.
         let mut c = entry.first;
         while c != NIL {
@@ -234,10 +218,7 @@ impl BlockPool {
         self.lru_unlink(victim);
         self.num_inactive -= 1;
         let hash = self.copies[victim as usize].hash;
-        let entry = self
-            .by_hash
-            .get_mut(&hash)
-            .expect("inactive copy has an entry");
+        let entry = self.by_hash.get_mut(&hash).expect("inactive copy has an entry");
         let gone = if entry.copies == 1 {
             self.by_hash.remove(&hash);
             true
@@ -259,14 +240,7 @@ impl BlockPool {
     }
 
     fn new_copy(&mut self) -> u32 {
-        let copy = Copy {
-            hash: 0,
-            refs: 1,
-            cached: false,
-            prev: NIL,
-            next: NIL,
-            next_same: NIL,
-        };
+        let copy = Copy { hash: 0, refs: 1, cached: false, prev: NIL, next: NIL, next_same: NIL };
         self.num_copies += 1;
         match self.free_slots.pop() {
             Some(slot) => {

@@ -39,9 +39,7 @@ impl Prompt {
     /// Writes the tokens at `start..start + out.len()` (all < len) into `out`.
     pub fn fill(&self, start: u32, out: &mut [u32]) {
         match self {
-            Prompt::Tokens(t) => {
-                out.copy_from_slice(&t[start as usize..start as usize + out.len()])
-            }
+            Prompt::Tokens(t) => out.copy_from_slice(&t[start as usize..start as usize + out.len()]),
             Prompt::Runs { .. } => {
                 for (i, slot) in out.iter_mut().enumerate() {
                     *slot = self.token(start + i as u32);
@@ -56,10 +54,8 @@ impl Prompt {
             Prompt::Tokens(t) => BlockHashes::of_tokens(t, block_size as usize),
             Prompt::Runs { run, ids, len } => {
                 let full = len / block_size;
-                let mut out = BlockHashes {
-                    local: Vec::with_capacity(full as usize),
-                    seq: Vec::with_capacity(full as usize),
-                };
+                let mut out =
+                    BlockHashes { local: Vec::with_capacity(full as usize), seq: Vec::with_capacity(full as usize) };
                 let mut scratch = vec![0u32; block_size as usize];
                 // A block inside one run is `block_size` copies of one token: its local hash
                 // depends only on that token, so consecutive blocks of a run reuse it.
@@ -127,11 +123,7 @@ mod tests {
 
     #[test]
     fn runs_expand_like_the_trace_loader() {
-        let p = Prompt::Runs {
-            run: 4,
-            ids: vec![7, 9, 11].into(),
-            len: 10,
-        };
+        let p = Prompt::Runs { run: 4, ids: vec![7, 9, 11].into(), len: 10 };
         assert_eq!(expand(&p), vec![7, 7, 7, 7, 9, 9, 9, 9, 11, 11]);
     }
 
@@ -139,17 +131,9 @@ mod tests {
     fn run_hashes_equal_token_hashes() {
         // Aligned runs (fast path) and runs that straddle blocks (slow path).
         for (run, bs) in [(512, 64), (8, 4), (6, 4), (3, 16)] {
-            let p = Prompt::Runs {
-                run,
-                ids: vec![5, 6, 5, 8, 1, 2, 3, 4, 9, 9].into(),
-                len: run * 9 + 1,
-            };
+            let p = Prompt::Runs { run, ids: vec![5, 6, 5, 8, 1, 2, 3, 4, 9, 9].into(), len: run * 9 + 1 };
             let tokens = expand(&p);
-            assert_eq!(
-                p.block_hashes(bs),
-                BlockHashes::of_tokens(&tokens, bs as usize),
-                "run {run} bs {bs}"
-            );
+            assert_eq!(p.block_hashes(bs), BlockHashes::of_tokens(&tokens, bs as usize), "run {run} bs {bs}");
         }
     }
 }

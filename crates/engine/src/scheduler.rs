@@ -21,9 +21,7 @@ use std::collections::VecDeque;
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::hash::{local_block_hash, BlockHashes};
-use crate::output::{
-    Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut,
-};
+use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::pool::{BlockPool, Residency};
 use crate::request::{output_token, EngineRequest, Prompt};
 use crate::timing::DecodeShape;
@@ -212,9 +210,7 @@ impl Engine {
     }
 
     fn req(&self, slot: u32) -> &Req {
-        self.reqs[slot as usize]
-            .as_ref()
-            .expect("live request slot")
+        self.reqs[slot as usize].as_ref().expect("live request slot")
     }
 
     fn remove(&mut self, slot: u32) -> Req {
@@ -267,10 +263,7 @@ impl Engine {
                 AdmissionDecision::Reject(reason) => {
                     self.waiting.pop_front();
                     let req = self.remove(slot);
-                    out.finished.push(Finished {
-                        request: req.id,
-                        finish: Finish::Rejected(reason),
-                    });
+                    out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
                 }
                 AdmissionDecision::Wait => break,
                 AdmissionDecision::Admit(cost) => match self.schedule(slot, Some(cost), out) {
@@ -327,11 +320,7 @@ impl Engine {
         }
         let bs = self.cfg.block_size;
         let len = req.len();
-        let max_blocks = if self.generation_done(req) {
-            len / bs
-        } else {
-            len.saturating_sub(1) / bs
-        };
+        let max_blocks = if self.generation_done(req) { len / bs } else { len.saturating_sub(1) / bs };
         let limit = (max_blocks as usize).min(req.hashes.len());
         let (mut hits, mut active) = (0u32, 0u32);
         for &h in &req.hashes.seq[..limit] {
@@ -344,10 +333,7 @@ impl Engine {
                 Residency::Inactive => hits += 1,
             }
         }
-        PrefixCost {
-            cached_tokens: hits * bs,
-            active_cached_tokens: active * bs,
-        }
+        PrefixCost { cached_tokens: hits * bs, active_cached_tokens: active * bs }
     }
 
     fn generation_done(&self, req: &Req) -> bool {
@@ -356,12 +342,7 @@ impl Engine {
 
     /// Gives `slot` its share of this pass: allocates blocks for the tokens it computes,
     /// preempting others if needed, and publishes newly computed full blocks to the cache.
-    fn schedule(
-        &mut self,
-        slot: u32,
-        admit: Option<PrefixCost>,
-        out: &mut PassOutput,
-    ) -> Scheduled {
+    fn schedule(&mut self, slot: u32, admit: Option<PrefixCost>, out: &mut PassOutput) -> Scheduled {
         let bs = self.cfg.block_size;
         let req = self.req(slot);
         let cached = admit.map_or(0, |c| c.cached_tokens);
@@ -369,10 +350,7 @@ impl Engine {
         let prompt_before = eff_before.min(req.prompt_len);
         let remaining = req.len() - eff_before;
         let prompt_remaining = req.prompt_len - prompt_before;
-        if prompt_remaining > 0
-            && !self.cfg.enable_chunked_prefill
-            && prompt_remaining > self.budget
-        {
+        if prompt_remaining > 0 && !self.cfg.enable_chunked_prefill && prompt_remaining > self.budget {
             return Scheduled::Blocked;
         }
         let desired = remaining.min(self.budget);
@@ -384,16 +362,10 @@ impl Engine {
         // Allocate blocks through `target`, reusing the cached prefix on first allocation.
         let hit_blocks = (cached / bs) as usize;
         loop {
-            let req = self.reqs[slot as usize]
-                .as_mut()
-                .expect("live request slot");
+            let req = self.reqs[slot as usize].as_mut().expect("live request slot");
             let held = req.lease.len().max(hit_blocks) as u32;
             let fresh = target.div_ceil(bs).saturating_sub(held);
-            let hits = if req.lease.is_empty() {
-                &req.hashes.seq[..hit_blocks]
-            } else {
-                &[][..]
-            };
+            let hits = if req.lease.is_empty() { &req.hashes.seq[..hit_blocks] } else { &[][..] };
             if self.pool.allocate(hits, fresh, &mut req.lease) {
                 break;
             }
@@ -411,9 +383,7 @@ impl Engine {
         }
 
         let readmission = self.req(slot).preemptions > 0;
-        let req = self.reqs[slot as usize]
-            .as_mut()
-            .expect("live request slot");
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         let prompt_after = target.min(req.prompt_len);
         if prompt_after > prompt_before {
             out.prefill.batch += 1;
@@ -434,11 +404,7 @@ impl Engine {
             self.counters.prefix_hits += cost.cached_tokens as u64;
             self.waiting.pop_front();
             self.running.push(slot);
-            out.admissions.push(Admission {
-                request: id,
-                reused_tokens: cost.cached_tokens,
-                readmission,
-            });
+            out.admissions.push(Admission { request: id, reused_tokens: cost.cached_tokens, readmission });
         }
         Scheduled::Yes(desired)
     }
@@ -447,9 +413,7 @@ impl Engine {
     /// tokens, recording `Stored` events for consecutive newly visible blocks.
     fn publish_computed_blocks(&mut self, slot: u32, before: u32, after: u32) {
         let bs = self.cfg.block_size;
-        let req = self.reqs[slot as usize]
-            .as_ref()
-            .expect("live request slot");
+        let req = self.reqs[slot as usize].as_ref().expect("live request slot");
         let (first, end) = ((before / bs) as usize, (after / bs) as usize);
         if !self.pool.records_events() {
             for b in first..end {
@@ -466,22 +430,13 @@ impl Engine {
                 if run.is_empty() {
                     run_parent = b.checked_sub(1).map(|p| req.hashes.seq[p]);
                 }
-                run.push(StoredBlock {
-                    hash,
-                    local: req.hashes.local[b],
-                });
+                run.push(StoredBlock { hash, local: req.hashes.local[b] });
             } else if !run.is_empty() {
-                events.push(KvEvent::Stored {
-                    parent: run_parent,
-                    blocks: std::mem::take(&mut run),
-                });
+                events.push(KvEvent::Stored { parent: run_parent, blocks: std::mem::take(&mut run) });
             }
         }
         if !run.is_empty() {
-            events.push(KvEvent::Stored {
-                parent: run_parent,
-                blocks: run,
-            });
+            events.push(KvEvent::Stored { parent: run_parent, blocks: run });
         }
         for e in events {
             self.pool.push_event(e);
@@ -498,19 +453,13 @@ impl Engine {
     /// Preempts by recompute: frees the request's blocks (cached ones stay reusable) and puts
     /// it at the front of the waiting queue with its generated tokens kept.
     fn preempt(&mut self, slot: u32, out: &mut PassOutput) {
-        let pos = self
-            .running
-            .iter()
-            .position(|&s| s == slot)
-            .expect("victim is running");
+        let pos = self.running.iter().position(|&s| s == slot).expect("victim is running");
         self.running.remove(pos);
         if pos < self.cursor {
             // A request already scheduled in this pass (FIFO preemption) left the list.
             self.cursor -= 1;
         }
-        let req = self.reqs[slot as usize]
-            .as_mut()
-            .expect("live request slot");
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         for &copy in req.lease.iter().rev() {
             self.pool.release(copy);
         }
@@ -536,10 +485,7 @@ impl Engine {
     /// Generates a token for every request whose known tokens are all computed; returns the
     /// pass end time.
     fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
-        let mut shape = DecodeShape {
-            capacity_tokens: self.cfg.kv_capacity_tokens(),
-            ..DecodeShape::default()
-        };
+        let mut shape = DecodeShape { capacity_tokens: self.cfg.kv_capacity_tokens(), ..DecodeShape::default() };
         for &slot in &self.running {
             let req = self.req(slot);
             if req.computed >= req.len() && req.generated > 0 && !self.generation_done(req) {
@@ -549,11 +495,7 @@ impl Engine {
         }
         let decode_ms = self.cfg.timing.decode_ms(&shape);
         out.decode = shape;
-        let end = decode_start
-            + pass_duration_ms(
-                decode_ms,
-                self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio,
-            );
+        let end = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
 
         let mut done = std::mem::take(&mut self.scratch_done);
         for i in 0..self.running.len() {
@@ -576,10 +518,7 @@ impl Engine {
                 for &copy in req.lease.iter().rev() {
                     self.pool.release(copy);
                 }
-                out.finished.push(Finished {
-                    request: req.id,
-                    finish: Finish::Completed,
-                });
+                out.finished.push(Finished { request: req.id, finish: Finish::Completed });
             }
             done.clear();
         }
@@ -591,23 +530,17 @@ impl Engine {
     fn generate(&mut self, slot: u32, out: &mut PassOutput) {
         let bs = self.cfg.block_size;
         let caching = self.cfg.enable_prefix_caching;
-        let req = self.reqs[slot as usize]
-            .as_mut()
-            .expect("live request slot");
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         let token = output_token(req.token_seed, req.generated);
         req.generated += 1;
-        out.tokens.push(TokenOut {
-            request: req.id,
-            token,
-        });
+        out.tokens.push(TokenOut { request: req.id, token });
         let len = req.len();
         if caching && len.is_multiple_of(bs) {
             let start = len - bs;
             for (k, t) in self.scratch_tokens.iter_mut().enumerate() {
                 *t = req.token_at(start + k as u32);
             }
-            req.hashes
-                .push_local(local_block_hash(&self.scratch_tokens));
+            req.hashes.push_local(local_block_hash(&self.scratch_tokens));
         }
     }
 }

@@ -50,31 +50,19 @@ pub struct DecodeShape {
 impl TimingModel {
     pub(crate) fn read(r: &mut ObjectReader) -> Result<Self> {
         match r.choice("type", &["polynomial", "fixed"])?.set() {
-            None => Err(ConfigError::new(
-                r.path("type"),
-                "missing; expected \"polynomial\" or \"fixed\"",
-            )),
+            None => Err(ConfigError::new(r.path("type"), "missing; expected \"polynomial\" or \"fixed\"")),
             Some(0) => Ok(TimingModel::Polynomial),
             Some(_) => {
                 let mut get = |key: &'static str| -> Result<f64> {
                     match r.f64(key)?.set() {
                         Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
-                        Some(v) => Err(ConfigError::new(
-                            r.path(key),
-                            format!("must be a finite number ≥ 0, got {v}"),
-                        )),
-                        None => Err(ConfigError::new(
-                            r.path(key),
-                            "missing (required by the fixed timing model)",
-                        )),
+                        Some(v) => Err(ConfigError::new(r.path(key), format!("must be a finite number ≥ 0, got {v}"))),
+                        None => Err(ConfigError::new(r.path(key), "missing (required by the fixed timing model)")),
                     }
                 };
                 let prefill_ms = get("prefill_ms")?;
                 let decode_ms = get("decode_ms")?;
-                Ok(TimingModel::Fixed {
-                    prefill_ms,
-                    decode_ms,
-                })
+                Ok(TimingModel::Fixed { prefill_ms, decode_ms })
             }
         }
     }
@@ -118,11 +106,7 @@ mod tests {
     use super::*;
 
     fn prefill(t: u64) -> f64 {
-        TimingModel::Polynomial.prefill_ms(&PrefillShape {
-            batch: 1,
-            total_isl: t,
-            total_prefix: 0,
-        })
+        TimingModel::Polynomial.prefill_ms(&PrefillShape { batch: 1, total_isl: t, total_prefix: 0 })
     }
 
     fn decode(p: f64) -> f64 {
@@ -145,25 +129,10 @@ mod tests {
             (8192, 169.1369),
             (16384, 378.2779),
         ] {
-            assert!(
-                (prefill(t) - want).abs() < 1e-3,
-                "prefill({t}) = {}",
-                prefill(t)
-            );
+            assert!((prefill(t) - want).abs() < 1e-3, "prefill({t}) = {}", prefill(t));
         }
-        for (p, want) in [
-            (0.0, 5.74),
-            (0.1, 10.8836),
-            (0.25, 17.63375),
-            (0.5, 26.31),
-            (0.75, 31.76875),
-            (1.0, 34.01),
-        ] {
-            assert!(
-                (decode(p) - want).abs() < 1e-3,
-                "decode({p}) = {}",
-                decode(p)
-            );
+        for (p, want) in [(0.0, 5.74), (0.1, 10.8836), (0.25, 17.63375), (0.5, 26.31), (0.75, 31.76875), (1.0, 34.01)] {
+            assert!((decode(p) - want).abs() < 1e-3, "decode({p}) = {}", decode(p));
         }
         // Utilisation is clamped at 1.
         assert!((decode(3.0) - 34.01).abs() < 1e-9);
@@ -172,47 +141,22 @@ mod tests {
     #[test]
     fn prefill_uses_integer_means() {
         // Dynamo 1.6.1: prompts of 101 and 100 tokens cost prefill(200), not prefill(201).
-        let shape = PrefillShape {
-            batch: 2,
-            total_isl: 201,
-            total_prefix: 0,
-        };
+        let shape = PrefillShape { batch: 2, total_isl: 201, total_prefix: 0 };
         assert_eq!(shape.new_tokens(), 200);
         assert!((TimingModel::Polynomial.prefill_ms(&shape) - 19.554948).abs() < 1e-6);
         // A fully cached prompt costs nothing.
         assert_eq!(
-            TimingModel::Polynomial.prefill_ms(&PrefillShape {
-                batch: 1,
-                total_isl: 128,
-                total_prefix: 128
-            }),
+            TimingModel::Polynomial.prefill_ms(&PrefillShape { batch: 1, total_isl: 128, total_prefix: 128 }),
             0.0
         );
     }
 
     #[test]
     fn fixed_model_charges_per_phase() {
-        let m = TimingModel::Fixed {
-            prefill_ms: 40.0,
-            decode_ms: 10.0,
-        };
-        assert_eq!(
-            m.prefill_ms(&PrefillShape {
-                batch: 3,
-                total_isl: 300,
-                total_prefix: 10
-            }),
-            40.0
-        );
+        let m = TimingModel::Fixed { prefill_ms: 40.0, decode_ms: 10.0 };
+        assert_eq!(m.prefill_ms(&PrefillShape { batch: 3, total_isl: 300, total_prefix: 10 }), 40.0);
         assert_eq!(m.prefill_ms(&PrefillShape::default()), 0.0);
-        assert_eq!(
-            m.decode_ms(&DecodeShape {
-                batch: 2,
-                context_tokens: 5,
-                capacity_tokens: 100
-            }),
-            10.0
-        );
+        assert_eq!(m.decode_ms(&DecodeShape { batch: 2, context_tokens: 5, capacity_tokens: 100 }), 10.0);
         assert_eq!(m.decode_ms(&DecodeShape::default()), 0.0);
     }
 }

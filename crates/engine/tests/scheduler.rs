@@ -2,17 +2,11 @@
 //! preemption order, rejection, prefix reuse, block accounting and KV events.
 
 use servesim_engine::{
-    BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, PassOutput,
-    Prompt, RejectReason,
+    BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, PassOutput, Prompt, RejectReason,
 };
 
 fn engine(json: &str) -> Engine {
-    Engine::new(
-        EngineConfig::parse_json(json).unwrap(),
-        EngineOptions {
-            record_kv_events: true,
-        },
-    )
+    Engine::new(EngineConfig::parse_json(json).unwrap(), EngineOptions { record_kv_events: true })
 }
 
 fn tokens(n: u32, salt: u32) -> Vec<u32> {
@@ -20,13 +14,7 @@ fn tokens(n: u32, salt: u32) -> Vec<u32> {
 }
 
 fn request(id: u64, prompt: Vec<u32>, max_output: u32) -> EngineRequest {
-    EngineRequest {
-        id,
-        prompt: Prompt::Tokens(prompt.into()),
-        max_output,
-        token_seed: id,
-        hashes: None,
-    }
+    EngineRequest { id, prompt: Prompt::Tokens(prompt.into()), max_output, token_seed: id, hashes: None }
 }
 
 /// Runs passes back to back from `start` until idle; returns every pass.
@@ -45,15 +33,7 @@ fn run(e: &mut Engine, start: f64) -> Vec<PassOutput> {
 
 /// Token times of `id` across passes.
 fn token_times(passes: &[PassOutput], id: u64) -> Vec<f64> {
-    passes
-        .iter()
-        .flat_map(|p| {
-            p.tokens
-                .iter()
-                .filter(move |t| t.request == id)
-                .map(move |_| p.end_ms)
-        })
-        .collect()
+    passes.iter().flat_map(|p| p.tokens.iter().filter(move |t| t.request == id).map(move |_| p.end_ms)).collect()
 }
 
 const FIXED: &str = r#""timing_model": {"type": "fixed", "prefill_ms": 40.0, "decode_ms": 10.0}"#;
@@ -61,9 +41,7 @@ const FIXED: &str = r#""timing_model": {"type": "fixed", "prefill_ms": 40.0, "de
 #[test]
 fn first_token_comes_from_the_prefill_pass() {
     // Observed probe c1: 100 prompt tokens, 5 output, fixed 40/10 ms.
-    let mut e = engine(&format!(
-        r#"{{"block_size": 16, "num_gpu_blocks": 1000, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 1000, {FIXED}}}"#));
     e.submit(request(1, tokens(100, 1), 5));
     let passes = run(&mut e, 0.0);
     assert_eq!(token_times(&passes, 1), vec![40.0, 50.0, 60.0, 70.0, 80.0]);
@@ -74,9 +52,7 @@ fn first_token_comes_from_the_prefill_pass() {
 #[test]
 fn admission_waits_for_the_pass_boundary_and_reuses_computed_blocks() {
     // Observed probe c2.
-    let mut e = engine(&format!(
-        r#"{{"block_size": 16, "num_gpu_blocks": 1000, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 1000, {FIXED}}}"#));
     let b_prompt = tokens(100, 2);
     e.submit(request(1, tokens(200, 1), 3));
     e.submit(request(2, b_prompt.clone(), 5));
@@ -92,10 +68,7 @@ fn admission_waits_for_the_pass_boundary_and_reuses_computed_blocks() {
     let admitted = &passes[1].admissions;
     assert_eq!((admitted[0].request, admitted[0].reused_tokens), (3, 48));
     assert_eq!(token_times(&passes, 1), vec![40.0, 90.0, 100.0]);
-    assert_eq!(
-        token_times(&passes, 2),
-        vec![40.0, 90.0, 100.0, 110.0, 120.0]
-    );
+    assert_eq!(token_times(&passes, 2), vec![40.0, 90.0, 100.0, 110.0, 120.0]);
     assert_eq!(token_times(&passes, 3), vec![90.0, 100.0, 110.0, 120.0]);
 }
 
@@ -128,18 +101,11 @@ fn long_prompts_are_chunked_to_the_token_budget() {
     e.submit(request(2, tokens(300, 2), 3));
     e.step(out.end_ms, &mut out);
     assert_eq!(out.prefill_tokens, 8192);
-    assert!(
-        out.admissions.is_empty(),
-        "no budget left for the short request"
-    );
+    assert!(out.admissions.is_empty(), "no budget left for the short request");
     e.step(out.end_ms, &mut out);
     assert_eq!((out.prefill_tokens, out.admissions.len()), (3616 + 300, 1));
     assert_eq!(out.end_ms, 420.68964900000003);
-    assert_eq!(
-        out.tokens.len(),
-        2,
-        "both first tokens in the pass that finishes both prompts"
-    );
+    assert_eq!(out.tokens.len(), 2, "both first tokens in the pass that finishes both prompts");
 }
 
 fn small(mode: &str) -> Engine {
@@ -175,15 +141,8 @@ fn lifo_preempts_the_newest_running_request() {
     assert_eq!(e.counters().preemptions, 1);
     // The victim resumes and both finish with all their tokens.
     let passes = run(&mut e, 1000.0);
-    assert_eq!(
-        token_times(&passes, 2).len(),
-        8 - 5,
-        "tokens generated before preemption are kept"
-    );
-    assert!(passes
-        .iter()
-        .flat_map(|p| &p.admissions)
-        .any(|a| a.request == 2 && a.readmission));
+    assert_eq!(token_times(&passes, 2).len(), 8 - 5, "tokens generated before preemption are kept");
+    assert!(passes.iter().flat_map(|p| &p.admissions).any(|a| a.request == 2 && a.readmission));
 }
 
 #[test]
@@ -216,35 +175,25 @@ fn a_waiting_head_that_does_not_fit_blocks_the_queue() {
 
 #[test]
 fn requests_that_can_never_fit_are_rejected() {
-    let mut e = engine(&format!(
-        r#"{{"block_size": 4, "num_gpu_blocks": 4, "max_num_batched_tokens": 32, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 4, "num_gpu_blocks": 4, "max_num_batched_tokens": 32, {FIXED}}}"#));
     e.submit(request(1, tokens(20, 1), 2)); // 5 blocks > 4
     e.submit(request(2, tokens(4, 2), 2));
     let mut out = PassOutput::default();
     e.step(0.0, &mut out);
     assert_eq!(out.finished[0].request, 1);
-    assert_eq!(
-        out.finished[0].finish,
-        Finish::Rejected(RejectReason::ExceedsKvCapacity)
-    );
+    assert_eq!(out.finished[0].finish, Finish::Rejected(RejectReason::ExceedsKvCapacity));
     assert_eq!(out.admissions[0].request, 2);
     assert_eq!(e.counters().preemptions, 0);
 }
 
 #[test]
 fn max_model_len_rejects_long_prompts_and_stops_generation() {
-    let mut e = engine(&format!(
-        r#"{{"block_size": 4, "num_gpu_blocks": 100, "max_model_len": 10, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 4, "num_gpu_blocks": 100, "max_model_len": 10, {FIXED}}}"#));
     e.submit(request(1, tokens(10, 1), 5));
     e.submit(request(2, tokens(7, 2), 5));
     let passes = run(&mut e, 0.0);
     let rejected = passes[0].finished.iter().find(|f| f.request == 1).unwrap();
-    assert_eq!(
-        rejected.finish,
-        Finish::Rejected(RejectReason::ExceedsMaxModelLen)
-    );
+    assert_eq!(rejected.finish, Finish::Rejected(RejectReason::ExceedsMaxModelLen));
     assert_eq!(token_times(&passes, 2).len(), 3, "7 + 3 = max_model_len");
 }
 
@@ -261,19 +210,13 @@ fn without_chunked_prefill_prompts_wait_for_a_whole_budget() {
     let passes = run(&mut e, 0.0);
     assert_eq!(passes[0].admissions.len(), 1);
     assert_eq!(passes[1].admissions[0].request, 2);
-    let f = passes
-        .iter()
-        .flat_map(|p| &p.finished)
-        .find(|f| f.request == 3)
-        .unwrap();
+    let f = passes.iter().flat_map(|p| &p.finished).find(|f| f.request == 3).unwrap();
     assert_eq!(f.finish, Finish::Rejected(RejectReason::ExceedsBatchBudget));
 }
 
 #[test]
 fn zero_output_requests_complete_without_a_token() {
-    let mut e = engine(&format!(
-        r#"{{"block_size": 16, "num_gpu_blocks": 100, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 100, {FIXED}}}"#));
     e.submit(request(1, tokens(40, 1), 0));
     let passes = run(&mut e, 0.0);
     assert_eq!(passes.len(), 1);
@@ -284,9 +227,7 @@ fn zero_output_requests_complete_without_a_token() {
 
 #[test]
 fn blocks_computed_earlier_in_a_pass_are_reusable_in_that_pass() {
-    let mut e = engine(&format!(
-        r#"{{"block_size": 16, "num_gpu_blocks": 100, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 100, {FIXED}}}"#));
     e.submit(request(1, tokens(100, 1), 2));
     e.submit(request(2, tokens(100, 1), 2));
     let mut out = PassOutput::default();
@@ -298,9 +239,7 @@ fn blocks_computed_earlier_in_a_pass_are_reusable_in_that_pass() {
 #[test]
 fn the_last_prompt_token_is_always_recomputed() {
     // A block-aligned prompt that is entirely cached still recomputes its last block.
-    let mut e = engine(&format!(
-        r#"{{"block_size": 16, "num_gpu_blocks": 100, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 100, {FIXED}}}"#));
     e.submit(request(1, tokens(64, 1), 1));
     run(&mut e, 0.0);
     e.submit(request(2, tokens(64, 1), 1));
@@ -311,9 +250,8 @@ fn the_last_prompt_token_is_always_recomputed() {
 
 #[test]
 fn decode_blocks_are_allocated_when_the_token_is_computed() {
-    let mut e = engine(&format!(
-        r#"{{"block_size": 4, "num_gpu_blocks": 100, "enable_prefix_caching": false, {FIXED}}}"#
-    ));
+    let mut e =
+        engine(&format!(r#"{{"block_size": 4, "num_gpu_blocks": 100, "enable_prefix_caching": false, {FIXED}}}"#));
     e.submit(request(1, tokens(8, 1), 5));
     let mut out = PassOutput::default();
     e.step(0.0, &mut out);
@@ -325,31 +263,19 @@ fn decode_blocks_are_allocated_when_the_token_is_computed() {
 
 #[test]
 fn kv_events_carry_dynamo_block_hashes() {
-    let mut e = engine(&format!(
-        r#"{{"block_size": 16, "num_gpu_blocks": 5, {FIXED}}}"#
-    ));
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 5, {FIXED}}}"#));
     let prompt = tokens(40, 1);
     let expected = BlockHashes::of_tokens(&prompt, 16);
     e.submit(request(1, prompt, 9));
     let passes = run(&mut e, 0.0);
-    let KvEvent::Stored { parent, blocks } = &passes[0].kv_events[0] else {
-        panic!("stored first")
-    };
+    let KvEvent::Stored { parent, blocks } = &passes[0].kv_events[0] else { panic!("stored first") };
     assert_eq!(*parent, None);
-    assert_eq!(
-        blocks.iter().map(|b| b.hash).collect::<Vec<_>>(),
-        expected.seq
-    );
-    assert_eq!(
-        blocks.iter().map(|b| b.local).collect::<Vec<_>>(),
-        expected.local
-    );
+    assert_eq!(blocks.iter().map(|b| b.hash).collect::<Vec<_>>(), expected.seq);
+    assert_eq!(blocks.iter().map(|b| b.local).collect::<Vec<_>>(), expected.local);
     // Position 47 (the 8th generated token) completes the third block when the pass that
     // generates the 9th token computes it; the block is stored under the prompt's last block.
     let later: Vec<&KvEvent> = passes[1..].iter().flat_map(|p| &p.kv_events).collect();
-    let [KvEvent::Stored { parent, blocks }] = later.as_slice() else {
-        panic!("one more stored event: {later:?}")
-    };
+    let [KvEvent::Stored { parent, blocks }] = later.as_slice() else { panic!("one more stored event: {later:?}") };
     assert_eq!(*parent, Some(expected.seq[1]));
     let generated_block = blocks[0].hash;
 
@@ -364,10 +290,7 @@ fn kv_events_carry_dynamo_block_hashes() {
             _ => vec![],
         })
         .collect();
-    assert_eq!(
-        removed,
-        vec![generated_block, expected.seq[1], expected.seq[0]]
-    );
+    assert_eq!(removed, vec![generated_block, expected.seq[1], expected.seq[0]]);
 }
 
 #[test]
@@ -378,17 +301,9 @@ fn a_preempted_request_reuses_its_own_cached_blocks() {
     e.submit(request(1, tokens(8, 1), 8));
     e.submit(request(2, tokens(8, 2), 8));
     let passes = run(&mut e, 0.0);
-    let readmit = passes
-        .iter()
-        .flat_map(|p| &p.admissions)
-        .find(|a| a.readmission)
-        .unwrap();
+    let readmit = passes.iter().flat_map(|p| &p.admissions).find(|a| a.readmission).unwrap();
     assert_eq!(readmit.request, 2);
-    assert!(
-        readmit.reused_tokens >= 8,
-        "its prompt blocks were still cached: {}",
-        readmit.reused_tokens
-    );
+    assert!(readmit.reused_tokens >= 8, "its prompt blocks were still cached: {}", readmit.reused_tokens);
     assert_eq!(token_times(&passes, 1).len(), 8);
     assert_eq!(token_times(&passes, 2).len(), 8);
 }

@@ -13,20 +13,10 @@ pub struct InputError {
 
 impl InputError {
     pub fn new(message: impl Into<String>) -> Self {
-        InputError {
-            file: None,
-            line: None,
-            field: None,
-            message: message.into(),
-        }
+        InputError { file: None, line: None, field: None, message: message.into() }
     }
 
-    pub fn at_line(
-        file: &Path,
-        line: usize,
-        field: Option<&str>,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn at_line(file: &Path, line: usize, field: Option<&str>, message: impl Into<String>) -> Self {
         InputError {
             file: Some(file.to_path_buf()),
             line: Some(line),
@@ -36,12 +26,7 @@ impl InputError {
     }
 
     pub fn in_file(file: &Path, message: impl Into<String>) -> Self {
-        InputError {
-            file: Some(file.to_path_buf()),
-            line: None,
-            field: None,
-            message: message.into(),
-        }
+        InputError { file: Some(file.to_path_buf()), line: None, field: None, message: message.into() }
     }
 
     pub fn with_field(mut self, field: &str) -> Self {

@@ -162,15 +162,7 @@ impl<'s> Collector<'s> {
     }
 
     /// Registers a released request; returns its id (reused after it finishes).
-    pub fn arrive(
-        &mut self,
-        session: u32,
-        turn: u32,
-        worker: u32,
-        arrival_ms: f64,
-        input: u32,
-        output: u32,
-    ) -> u64 {
+    pub fn arrive(&mut self, session: u32, turn: u32, worker: u32, arrival_ms: f64, input: u32, output: u32) -> u64 {
         let record = RequestRecord {
             ordinal: self.next_ordinal,
             session,
@@ -205,23 +197,15 @@ impl<'s> Collector<'s> {
     }
 
     fn get(&mut self, id: u64) -> &mut RequestRecord {
-        self.live[id as usize]
-            .as_mut()
-            .expect("request is in flight")
+        self.live[id as usize].as_mut().expect("request is in flight")
     }
 
     pub fn ordinal_of(&self, id: u64) -> u64 {
-        self.live[id as usize]
-            .as_ref()
-            .expect("request is in flight")
-            .ordinal
+        self.live[id as usize].as_ref().expect("request is in flight").ordinal
     }
 
     pub fn session_of(&self, id: u64) -> u32 {
-        self.live[id as usize]
-            .as_ref()
-            .expect("request is in flight")
-            .session
+        self.live[id as usize].as_ref().expect("request is in flight").session
     }
 
     pub fn admit(&mut self, id: u64, at_ms: f64, reused: u32) {
@@ -308,8 +292,7 @@ impl<'s> Collector<'s> {
 
     /// Reports the requests still in flight as incomplete (the run was cut short).
     pub fn close_incomplete(&mut self) {
-        let mut pending: Vec<RequestRecord> =
-            self.live.iter_mut().filter_map(Option::take).collect();
+        let mut pending: Vec<RequestRecord> = self.live.iter_mut().filter_map(Option::take).collect();
         pending.sort_by_key(|r| r.ordinal);
         for r in pending {
             self.fold(&r);

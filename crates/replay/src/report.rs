@@ -78,38 +78,23 @@ impl Report {
         put("request_throughput_rps", json!(t.completed as f64 / d));
         put("input_throughput_tok_s", json!(t.input_tokens as f64 / d));
         put("output_throughput_tok_s", json!(t.output_tokens as f64 / d));
-        put(
-            "total_throughput_tok_s",
-            json!((t.input_tokens + t.output_tokens) as f64 / d),
-        );
+        put("total_throughput_tok_s", json!((t.input_tokens + t.output_tokens) as f64 / d));
         put("prefill_worker_seconds", json!(0.0));
         put("decode_worker_seconds", json!(self.worker_seconds()));
         put("prefill_gpus_per_worker", json!(0));
         put("decode_gpus_per_worker", json!(self.gpus_per_worker));
-        put(
-            "gpu_hours",
-            json!(self.worker_seconds() * self.gpus_per_worker as f64 / 3600.0),
-        );
+        put("gpu_hours", json!(self.worker_seconds() * self.gpus_per_worker as f64 / 3600.0));
         if self.sla_set {
             put("goodput_completed_requests", json!(t.good_requests));
-            put(
-                "goodput_request_throughput_rps",
-                json!(t.good_requests as f64 / d),
-            );
-            put(
-                "goodput_output_throughput_tok_s",
-                json!(t.good_output_tokens as f64 / d),
-            );
+            put("goodput_request_throughput_rps", json!(t.good_requests as f64 / d));
+            put("goodput_output_throughput_tok_s", json!(t.good_output_tokens as f64 / d));
         }
         let processed = t.input_tokens + t.output_tokens;
         let wall_s = self.wall_time_ms / 1000.0;
         let per_wall = |x: u64| if wall_s > 0.0 { x as f64 / wall_s } else { 0.0 };
         put("processed_tokens", json!(processed));
         put("processed_tokens_per_s", json!(per_wall(processed)));
-        put(
-            "processed_output_tokens_per_s",
-            json!(per_wall(t.output_tokens)),
-        );
+        put("processed_output_tokens_per_s", json!(per_wall(t.output_tokens)));
         let ratio = |x: u64| {
             if t.input_tokens > 0 {
                 x as f64 / t.input_tokens as f64
@@ -118,10 +103,7 @@ impl Report {
             }
         };
         put("prefix_cache_reused_ratio", json!(ratio(t.reused_tokens)));
-        put(
-            "first_admission_prefix_cache_reused_ratio",
-            json!(ratio(t.first_admission_reused_tokens)),
-        );
+        put("first_admission_prefix_cache_reused_ratio", json!(ratio(t.first_admission_reused_tokens)));
         put("committed_prefill_tokens", json!(t.prefill_tokens));
         put("num_preemptions", json!(t.preemptions));
         put("num_ttft_samples", json!(self.dist.ttft.count));
@@ -139,21 +121,14 @@ impl Report {
             }
         }
         for (stat, v) in self.dist.per_user.fields() {
-            put(
-                &format!("{stat}_output_token_throughput_per_user"),
-                json!(v),
-            );
+            put(&format!("{stat}_output_token_throughput_per_user"), json!(v));
         }
         m
     }
 }
 
 /// Keys whose values depend on the host, not on the simulation.
-pub const WALL_CLOCK_KEYS: [&str; 3] = [
-    "wall_time_ms",
-    "processed_tokens_per_s",
-    "processed_output_tokens_per_s",
-];
+pub const WALL_CLOCK_KEYS: [&str; 3] = ["wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"];
 
 /// One per-request record, with the reference's key names.
 pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
@@ -164,10 +139,7 @@ pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
     };
     put("session_id", json!(session.name));
     put("turn_index", json!(r.turn));
-    put(
-        "uuid",
-        json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)),
-    );
+    put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)));
     put("arrival_time_ms", json!(r.arrival_ms));
     put("first_admit_ms", json!(r.first_admit_ms));
     put("terminal_time_ms", json!(r.terminal_ms));
@@ -181,10 +153,7 @@ pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
     put("requested_output_length", json!(r.requested_output_length));
     put("output_length", json!(r.output_length));
     put("reused_input_tokens", json!(r.reused_input_tokens));
-    put(
-        "first_admission_reused_input_tokens",
-        json!(r.first_admission_reused_input_tokens),
-    );
+    put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));
     put("prefill_worker_idx", Value::Null);
     put("decode_worker_idx", json!(r.worker));
     put("admission_count", json!(r.admissions));

@@ -54,10 +54,7 @@ impl std::fmt::Display for SimError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SimError::Stalled { worker, at_ms } => {
-                write!(
-                    f,
-                    "internal error: worker {worker} stopped making progress at t={at_ms} ms"
-                )
+                write!(f, "internal error: worker {worker} stopped making progress at t={at_ms} ms")
             }
         }
     }
@@ -157,15 +154,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 worker.engine.step(now, &mut worker.output);
                 if worker.output.end_ms > now {
                     worker.busy = true;
-                    self.events
-                        .push(Reverse((Time(worker.output.end_ms), self.seq, w as u32)));
+                    self.events.push(Reverse((Time(worker.output.end_ms), self.seq, w as u32)));
                     self.seq += 1;
                 } else {
                     if worker.output.is_empty() {
-                        return Err(SimError::Stalled {
-                            worker: w as u32,
-                            at_ms: now,
-                        });
+                        return Err(SimError::Stalled { worker: w as u32, at_ms: now });
                     }
                     self.apply_pass(w);
                     again = true;
@@ -201,11 +194,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let ordinal = self.collector.ordinal_of(id);
         let request = EngineRequest {
             id,
-            prompt: Prompt::Runs {
-                run: self.workload.block_tokens,
-                ids: turn.blocks.clone(),
-                len: turn.input_length,
-            },
+            prompt: Prompt::Runs { run: self.workload.block_tokens, ids: turn.blocks.clone(), len: turn.input_length },
             max_output: turn.output_length,
             token_seed: self.config.seed ^ ordinal.wrapping_mul(0x9E37_79B9_7F4A_7C15),
             hashes: None,
@@ -217,14 +206,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn apply_pass(&mut self, w: usize) {
         let out = std::mem::take(&mut self.workers[w].output);
         for a in &out.admissions {
-            self.collector
-                .admit(a.request, out.start_ms, a.reused_tokens);
+            self.collector.admit(a.request, out.start_ms, a.reused_tokens);
         }
         for t in &out.tokens {
             self.collector.token(t.request, out.end_ms);
         }
-        self.collector
-            .count_pass(out.preempted.len(), out.prefill_tokens);
+        self.collector.count_pass(out.preempted.len(), out.prefill_tokens);
         for f in &out.finished {
             let session = self.collector.session_of(f.request);
             self.collector.finish(f.request, out.end_ms, f.finish);

@@ -49,13 +49,7 @@ struct Moments {
 
 impl Default for Moments {
     fn default() -> Self {
-        Moments {
-            count: 0,
-            mean: 0.0,
-            m2: 0.0,
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
-        }
+        Moments { count: 0, mean: 0.0, m2: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY }
     }
 }
 
@@ -89,9 +83,7 @@ impl Moments {
 }
 
 fn rank(count: u64, q: f64) -> u64 {
-    (((count - 1) as f64) * q)
-        .round()
-        .clamp(0.0, (count - 1) as f64) as u64
+    (((count - 1) as f64) * q).round().clamp(0.0, (count - 1) as f64) as u64
 }
 
 /// Keeps every value.
@@ -246,11 +238,7 @@ mod tests {
             s.add(x);
         }
         let sum = s.summary();
-        assert!(
-            (sum.median - 10.004152608697646).abs() < 1e-9,
-            "{}",
-            sum.median
-        );
+        assert!((sum.median - 10.004152608697646).abs() < 1e-9, "{}", sum.median);
         assert!((sum.p90 - 50.04891385534592).abs() < 1e-9, "{}", sum.p90);
         assert_eq!((sum.min, sum.max), (10.0, 50.0));
         assert!((sum.mean - 18.88888888888889).abs() < 1e-12);

@@ -61,9 +61,7 @@ impl SyntheticSpec {
             Arrivals::Poisson { rate_per_s } if !(rate_per_s.is_finite() && rate_per_s > 0.0) => {
                 bad("request-rate", "must be a positive number")
             }
-            Arrivals::Interval { interval_ms }
-                if !(interval_ms.is_finite() && interval_ms >= 0.0) =>
-            {
+            Arrivals::Interval { interval_ms } if !(interval_ms.is_finite() && interval_ms >= 0.0) => {
                 bad("arrival-interval-ms", "must be a finite number ≥ 0")
             }
             _ => Ok(()),
@@ -78,8 +76,7 @@ impl SyntheticSpec {
         let blocks_per_prompt = self.input_tokens.div_ceil(bs);
         let sharing = self.shared_prefix_ratio > 0.0 && self.num_prefix_groups > 0;
         let prefix_blocks = if sharing {
-            ((blocks_per_prompt as f64 * self.shared_prefix_ratio).round() as u32)
-                .min(blocks_per_prompt)
+            ((blocks_per_prompt as f64 * self.shared_prefix_ratio).round() as u32).min(blocks_per_prompt)
         } else {
             0
         };
@@ -97,11 +94,7 @@ impl SyntheticSpec {
                     Arrivals::AllAtOnce => 0.0,
                 };
             }
-            let group = if sharing {
-                groups.random_range(0..self.num_prefix_groups as usize) as u64
-            } else {
-                0
-            };
+            let group = if sharing { groups.random_range(0..self.num_prefix_groups as usize) as u64 } else { 0 };
             let turns = (0..self.turns_per_session)
                 .map(|k| {
                     let blocks = (0..blocks_per_prompt)
@@ -119,25 +112,13 @@ impl SyntheticSpec {
                         input_length: self.input_tokens,
                         output_length: self.output_tokens,
                         blocks,
-                        delay_ms: if k == 0 {
-                            0.0
-                        } else {
-                            self.inter_turn_delay_ms
-                        },
+                        delay_ms: if k == 0 { 0.0 } else { self.inter_turn_delay_ms },
                     }
                 })
                 .collect();
-            sessions.push(SessionSpec {
-                name: format!("session_{s}"),
-                named: false,
-                start_ms: t,
-                turns,
-            });
+            sessions.push(SessionSpec { name: format!("session_{s}"), named: false, start_ms: t, turns });
         }
-        Ok(Workload {
-            sessions,
-            block_tokens: bs,
-        })
+        Ok(Workload { sessions, block_tokens: bs })
     }
 }
 
@@ -171,14 +152,8 @@ mod tests {
         // First arrivals of the reference's synthetic replay at 20 req/s, seed 42.
         let w = spec().generate().unwrap();
         let starts: Vec<f64> = w.sessions.iter().map(|s| s.start_ms).collect();
-        let want = [
-            0.0,
-            37.38623088203482,
-            76.50976975956941,
-            127.103768422482,
-            153.13929757803515,
-            154.88661716639484,
-        ];
+        let want =
+            [0.0, 37.38623088203482, 76.50976975956941, 127.103768422482, 153.13929757803515, 154.88661716639484];
         for (a, b) in starts.iter().zip(want) {
             assert!((a - b).abs() < 1e-9, "{a} vs {b}");
         }
@@ -187,39 +162,18 @@ mod tests {
     #[test]
     fn prefix_groups_match_the_reference_stream() {
         // The reference (30 sessions, 5 groups) sees a new group at sessions 0, 1, 2, 4, 5.
-        let w = SyntheticSpec {
-            sessions: 30,
-            shared_prefix_ratio: 0.5,
-            num_prefix_groups: 5,
-            ..spec()
-        }
-        .generate()
-        .unwrap();
+        let w = SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, ..spec() }
+            .generate()
+            .unwrap();
         let mut seen = std::collections::HashSet::new();
-        let pattern: String = w
-            .sessions
-            .iter()
-            .map(|s| {
-                if seen.insert(s.turns[0].blocks[0]) {
-                    'n'
-                } else {
-                    'H'
-                }
-            })
-            .collect();
+        let pattern: String =
+            w.sessions.iter().map(|s| if seen.insert(s.turns[0].blocks[0]) { 'n' } else { 'H' }).collect();
         assert_eq!(pattern, "nnnHnnHHHHHHHHHHHHHHHHHHHHHHHH");
         // ceil(1500 / 16) = 94 blocks, half of them (47) shared.
         let a = &w.sessions[0].turns[0].blocks;
-        let shared = w
-            .sessions
-            .iter()
-            .find(|s| s.turns[0].blocks[0] == a[0] && !std::ptr::eq(*s, &w.sessions[0]))
-            .unwrap();
-        let common = a
-            .iter()
-            .zip(shared.turns[0].blocks.iter())
-            .take_while(|(x, y)| x == y)
-            .count();
+        let shared =
+            w.sessions.iter().find(|s| s.turns[0].blocks[0] == a[0] && !std::ptr::eq(*s, &w.sessions[0])).unwrap();
+        let common = a.iter().zip(shared.turns[0].blocks.iter()).take_while(|(x, y)| x == y).count();
         assert_eq!(common, 47);
     }
 
@@ -229,9 +183,7 @@ mod tests {
             sessions: 2,
             turns_per_session: 3,
             inter_turn_delay_ms: 100.0,
-            arrivals: Arrivals::Interval {
-                interval_ms: 1000.0,
-            },
+            arrivals: Arrivals::Interval { interval_ms: 1000.0 },
             ..spec()
         }
         .generate()

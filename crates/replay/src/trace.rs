@@ -38,26 +38,10 @@ struct Row {
 
 /// Field names and the types we expect, for errors about rows serde rejected.
 const FIELDS: [(&str, &[&str], &str); 6] = [
-    (
-        "timestamp",
-        &["timestamp", "created_time"],
-        "a number of milliseconds",
-    ),
-    (
-        "input_length",
-        &["input_length", "input_tokens"],
-        "a non-negative integer",
-    ),
-    (
-        "output_length",
-        &["output_length", "output_tokens"],
-        "a non-negative integer",
-    ),
-    (
-        "hash_ids",
-        &["hash_ids"],
-        "an array of non-negative integers",
-    ),
+    ("timestamp", &["timestamp", "created_time"], "a number of milliseconds"),
+    ("input_length", &["input_length", "input_tokens"], "a non-negative integer"),
+    ("output_length", &["output_length", "output_tokens"], "a non-negative integer"),
+    ("hash_ids", &["hash_ids"], "an array of non-negative integers"),
     ("session_id", &["session_id"], "a string"),
     ("delay", &["delay", "delay_ms"], "a number of milliseconds"),
 ];
@@ -73,9 +57,7 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
             let ok = match name {
                 "timestamp" | "delay" => v.is_number() || v.is_null(),
                 "input_length" | "output_length" => v.is_u64() || v.is_null(),
-                "hash_ids" => {
-                    v.is_null() || v.as_array().is_some_and(|a| a.iter().all(Value::is_u64))
-                }
+                "hash_ids" => v.is_null() || v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)),
                 _ => true,
             };
             if !ok {
@@ -88,19 +70,11 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
 
 /// Reads Mooncake traces. Several files are replayed together: each file's sessions are kept
 /// apart (a `session_id` is local to its file) and all timestamps share one origin.
-pub fn load_mooncake(
-    paths: &[impl AsRef<Path>],
-    trace_block_size: u32,
-) -> Result<Workload, InputError> {
+pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
     if trace_block_size == 0 {
-        return Err(
-            InputError::new("trace block size must be at least 1").with_field("trace_block_size")
-        );
+        return Err(InputError::new("trace block size must be at least 1").with_field("trace_block_size"));
     }
-    let mut workload = Workload {
-        sessions: Vec::new(),
-        block_tokens: trace_block_size,
-    };
+    let mut workload = Workload { sessions: Vec::new(), block_tokens: trace_block_size };
     for path in paths {
         read_file(path.as_ref(), trace_block_size, &mut workload.sessions)?;
     }
@@ -108,16 +82,14 @@ pub fn load_mooncake(
 }
 
 fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(), InputError> {
-    let file =
-        File::open(path).map_err(|e| InputError::in_file(path, format!("cannot open: {e}")))?;
+    let file = File::open(path).map_err(|e| InputError::in_file(path, format!("cannot open: {e}")))?;
     let reader = BufReader::with_capacity(1 << 20, file);
     // session_id -> (index in `sessions`, timestamp of its latest row)
     let mut by_id: HashMap<String, (usize, Option<f64>)> = HashMap::new();
     let mut rows = 0usize;
     for (i, line) in reader.lines().enumerate() {
         let lineno = i + 1;
-        let line =
-            line.map_err(|e| InputError::at_line(path, lineno, None, format!("cannot read: {e}")))?;
+        let line = line.map_err(|e| InputError::at_line(path, lineno, None, format!("cannot read: {e}")))?;
         let text = line.trim();
         if text.is_empty() {
             continue;
@@ -151,8 +123,7 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
         let input_length = u32::try_from(input_length)
             .map_err(|_| err(Some("input_length"), format!("{input_length} is too large")))?;
         let output_length = match row.output_length {
-            Some(n) => u32::try_from(n)
-                .map_err(|_| err(Some("output_length"), format!("{n} is too large")))?,
+            Some(n) => u32::try_from(n).map_err(|_| err(Some("output_length"), format!("{n} is too large")))?,
             None => return Err(err(Some("output_length"), "missing (required)".into())),
         };
         if let Some(t) = row.timestamp {
@@ -162,40 +133,24 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
         }
         if let Some(d) = row.delay {
             if !d.is_finite() || d < 0.0 {
-                return Err(err(
-                    Some("delay"),
-                    format!("must be a finite number ≥ 0, got {d}"),
-                ));
+                return Err(err(Some("delay"), format!("must be a finite number ≥ 0, got {d}")));
             }
         }
         // Only the blocks the prompt reaches matter.
         let used = input_length.div_ceil(tbs) as usize;
         let blocks: Arc<[u32]> = hash_ids[..used].iter().map(|&h| h as u32).collect();
-        let turn = TurnSpec {
-            input_length,
-            output_length,
-            blocks,
-            delay_ms: 0.0,
-        };
+        let turn = TurnSpec { input_length, output_length, blocks, delay_ms: 0.0 };
 
         let session_id = match row.session_id {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s),
             Some(Value::Number(n)) => Some(n.to_string()),
-            Some(other) => {
-                return Err(err(
-                    Some("session_id"),
-                    format!("expected a string, got {other}"),
-                ))
-            }
+            Some(other) => return Err(err(Some("session_id"), format!("expected a string, got {other}"))),
         };
         match session_id {
             None => {
                 if row.delay.is_some_and(|d| d != 0.0) {
-                    return Err(err(
-                        Some("delay"),
-                        "a request without session_id cannot have a delay".into(),
-                    ));
+                    return Err(err(Some("delay"), "a request without session_id cannot have a delay".into()));
                 }
                 sessions.push(SessionSpec {
                     name: format!("request_{lineno}"),
@@ -207,10 +162,7 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
             Some(id) => match by_id.get_mut(&id) {
                 None => {
                     if row.delay.is_some_and(|d| d != 0.0) {
-                        return Err(err(
-                            Some("delay"),
-                            "the first turn of a session cannot have a delay".into(),
-                        ));
+                        return Err(err(Some("delay"), "the first turn of a session cannot have a delay".into()));
                     }
                     by_id.insert(id.clone(), (sessions.len(), row.timestamp));
                     sessions.push(SessionSpec {
@@ -237,10 +189,7 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
                     if row.timestamp.is_some() {
                         *last_ts = row.timestamp;
                     }
-                    sessions[*index].turns.push(TurnSpec {
-                        delay_ms: delay,
-                        ..turn
-                    });
+                    sessions[*index].turns.push(TurnSpec { delay_ms: delay, ..turn });
                 }
             },
         }
@@ -257,14 +206,10 @@ mod tests {
     use std::io::Write;
 
     fn write_trace(name: &str, text: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("servesim-trace-{}-{}", std::process::id(), name));
+        let dir = std::env::temp_dir().join(format!("servesim-trace-{}-{}", std::process::id(), name));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("t.jsonl");
-        std::fs::File::create(&p)
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
+        std::fs::File::create(&p).unwrap().write_all(text.as_bytes()).unwrap();
         p
     }
 
@@ -286,27 +231,14 @@ mod tests {
         .unwrap();
         assert_eq!(w.sessions.len(), 2);
         let r = &w.sessions[0];
-        assert_eq!(
-            (r.name.as_str(), r.named, r.turns[0].input_length),
-            ("request_1", false, 600)
-        );
-        assert_eq!(
-            &*r.turns[0].blocks,
-            &[1, 2],
-            "only the blocks the prompt reaches are kept"
-        );
+        assert_eq!((r.name.as_str(), r.named, r.turns[0].input_length), ("request_1", false, 600));
+        assert_eq!(&*r.turns[0].blocks, &[1, 2], "only the blocks the prompt reaches are kept");
         let a = &w.sessions[1];
-        assert_eq!(
-            (a.name.as_str(), a.start_ms, a.turns.len()),
-            ("a", 1000.0, 3)
-        );
+        assert_eq!((a.name.as_str(), a.start_ms, a.turns.len()), ("a", 1000.0, 3));
         assert_eq!(a.turns[1].delay_ms, 50.0);
         // No delay given: the timestamp gap to the last row that had one.
         assert_eq!(a.turns[2].delay_ms, 300.0);
-        assert_eq!(
-            a.turns[2].input_length, 1536,
-            "input_length defaults to the hash capacity"
-        );
+        assert_eq!(a.turns[2].input_length, 1536, "input_length defaults to the hash capacity");
     }
 
     fn error(name: &str, text: &str) -> String {
@@ -315,56 +247,21 @@ mod tests {
 
     #[test]
     fn errors_name_line_and_field() {
-        let e = error(
-            "json",
-            "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 0,",
-        );
-        assert!(
-            e.contains("t.jsonl:2: invalid JSON: EOF while parsing"),
-            "{e}"
-        );
-        let e = error(
-            "missing",
-            r#"{"timestamp": 0, "input_length": 10, "hash_ids": [1]}"#,
-        );
-        assert!(
-            e.ends_with("t.jsonl:1: `output_length`: missing (required)"),
-            "{e}"
-        );
-        let e = error(
-            "short",
-            r#"{"timestamp": 0, "input_length": 2000, "output_length": 2, "hash_ids": [1]}"#,
-        );
-        assert!(
-            e.contains(":1: `input_length`: 2000 tokens exceed what hash_ids cover"),
-            "{e}"
-        );
-        let e = error(
-            "type",
-            r#"{"timestamp": "soon", "output_length": 2, "hash_ids": [1]}"#,
-        );
-        assert!(
-            e.contains(":1: `timestamp`: expected a number of milliseconds, got \"soon\""),
-            "{e}"
-        );
+        let e = error("json", "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 0,");
+        assert!(e.contains("t.jsonl:2: invalid JSON: EOF while parsing"), "{e}");
+        let e = error("missing", r#"{"timestamp": 0, "input_length": 10, "hash_ids": [1]}"#);
+        assert!(e.ends_with("t.jsonl:1: `output_length`: missing (required)"), "{e}");
+        let e = error("short", r#"{"timestamp": 0, "input_length": 2000, "output_length": 2, "hash_ids": [1]}"#);
+        assert!(e.contains(":1: `input_length`: 2000 tokens exceed what hash_ids cover"), "{e}");
+        let e = error("type", r#"{"timestamp": "soon", "output_length": 2, "hash_ids": [1]}"#);
+        assert!(e.contains(":1: `timestamp`: expected a number of milliseconds, got \"soon\""), "{e}");
         let e = error("ids", r#"{"output_length": 2, "hash_ids": [1, -2]}"#);
-        assert!(
-            e.contains(":1: `hash_ids`: expected an array of non-negative integers"),
-            "{e}"
-        );
+        assert!(e.contains(":1: `hash_ids`: expected an array of non-negative integers"), "{e}");
         let e = error("empty", "\n\n");
         assert!(e.ends_with("t.jsonl: the trace has no requests"), "{e}");
-        let e = error(
-            "delay",
-            r#"{"session_id": "s", "delay": 5, "output_length": 2, "hash_ids": [1]}"#,
-        );
+        let e = error("delay", r#"{"session_id": "s", "delay": 5, "output_length": 2, "hash_ids": [1]}"#);
         assert!(e.contains(":1: `delay`: the first turn"), "{e}");
-        let e = load_mooncake(&[std::path::Path::new("/nonexistent/trace.jsonl")], 512)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("/nonexistent/trace.jsonl: cannot open"),
-            "{e}"
-        );
+        let e = load_mooncake(&[std::path::Path::new("/nonexistent/trace.jsonl")], 512).unwrap_err().to_string();
+        assert!(e.starts_with("/nonexistent/trace.jsonl: cannot open"), "{e}");
     }
 }

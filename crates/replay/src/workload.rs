@@ -88,16 +88,8 @@ impl LoadDriver {
         let mut d = LoadDriver {
             mode,
             next_turn: vec![0; n],
-            turn_counts: workload
-                .sessions
-                .iter()
-                .map(|s| s.turns.len() as u32)
-                .collect(),
-            delays: workload
-                .sessions
-                .iter()
-                .map(|s| s.turns.iter().map(|t| t.delay_ms).collect())
-                .collect(),
+            turn_counts: workload.sessions.iter().map(|s| s.turns.len() as u32).collect(),
+            delays: workload.sessions.iter().map(|s| s.turns.iter().map(|t| t.delay_ms).collect()).collect(),
             ready: BinaryHeap::new(),
             next_unstarted: 0,
             active_sessions: 0,
@@ -105,15 +97,10 @@ impl LoadDriver {
         };
         match mode {
             LoadMode::Timestamps { speedup } => {
-                let origin = workload
-                    .sessions
-                    .iter()
-                    .map(|s| s.start_ms)
-                    .fold(f64::INFINITY, f64::min);
+                let origin = workload.sessions.iter().map(|s| s.start_ms).fold(f64::INFINITY, f64::min);
                 for (i, s) in workload.sessions.iter().enumerate() {
                     if !s.turns.is_empty() {
-                        d.ready
-                            .push(Reverse((Time((s.start_ms - origin) / speedup), i as u32)));
+                        d.ready.push(Reverse((Time((s.start_ms - origin) / speedup), i as u32)));
                     }
                 }
             }
@@ -124,9 +111,7 @@ impl LoadDriver {
 
     fn start_sessions(&mut self, now: f64) {
         if let LoadMode::Concurrency { max_sessions } = self.mode {
-            while self.active_sessions < max_sessions
-                && (self.next_unstarted as usize) < self.next_turn.len()
-            {
+            while self.active_sessions < max_sessions && (self.next_unstarted as usize) < self.next_turn.len() {
                 let s = self.next_unstarted;
                 self.next_unstarted += 1;
                 if self.turn_counts[s as usize] > 0 {
@@ -152,11 +137,7 @@ impl LoadDriver {
             let turn = self.next_turn[s as usize];
             self.next_turn[s as usize] += 1;
             self.in_flight += 1;
-            out.push(Ready {
-                session: s,
-                turn,
-                arrival_ms: t,
-            });
+            out.push(Ready { session: s, turn, arrival_ms: t });
         }
     }
 
@@ -195,12 +176,7 @@ mod tests {
             start_ms: start,
             turns: delays
                 .iter()
-                .map(|&d| TurnSpec {
-                    input_length: 1,
-                    output_length: 1,
-                    blocks: vec![1].into(),
-                    delay_ms: d,
-                })
+                .map(|&d| TurnSpec { input_length: 1, output_length: 1, blocks: vec![1].into(), delay_ms: d })
                 .collect(),
         }
     }
@@ -208,17 +184,12 @@ mod tests {
     fn drain(d: &mut LoadDriver, now: f64) -> Vec<(u32, u32, f64)> {
         let mut v = Vec::new();
         d.pop_ready(now, &mut v);
-        v.into_iter()
-            .map(|r| (r.session, r.turn, r.arrival_ms))
-            .collect()
+        v.into_iter().map(|r| (r.session, r.turn, r.arrival_ms)).collect()
     }
 
     #[test]
     fn timestamps_are_shifted_and_scaled() {
-        let w = Workload {
-            sessions: vec![session(1000.0, &[0.0, 50.0]), session(1010.0, &[0.0])],
-            block_tokens: 1,
-        };
+        let w = Workload { sessions: vec![session(1000.0, &[0.0, 50.0]), session(1010.0, &[0.0])], block_tokens: 1 };
         let mut d = LoadDriver::new(&w, LoadMode::Timestamps { speedup: 2.0 });
         assert_eq!(d.next_ready_ms(), Some(0.0));
         assert_eq!(drain(&mut d, 0.0), vec![(0, 0, 0.0)]);
@@ -235,11 +206,7 @@ mod tests {
     #[test]
     fn concurrency_holds_a_slot_through_a_session() {
         let w = Workload {
-            sessions: vec![
-                session(0.0, &[0.0, 100.0]),
-                session(5.0, &[0.0]),
-                session(9.0, &[0.0]),
-            ],
+            sessions: vec![session(0.0, &[0.0, 100.0]), session(5.0, &[0.0]), session(9.0, &[0.0])],
             block_tokens: 1,
         };
         let mut d = LoadDriver::new(&w, LoadMode::Concurrency { max_sessions: 1 });

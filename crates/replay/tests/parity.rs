@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 use servesim_engine::EngineConfig;
 use servesim_replay::{
-    load_mooncake, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla,
-    SyntheticSpec, WALL_CLOCK_KEYS,
+    load_mooncake, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, SyntheticSpec, WALL_CLOCK_KEYS,
 };
 
 const HEADLINE: [&str; 9] = [
@@ -44,32 +43,20 @@ fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
     };
     let engine = EngineConfig::from_value(&engine_json).expect("engine config");
     let f = |k: &str| case.get(k).and_then(Value::as_f64);
-    let concurrency = case
-        .get("replay_concurrency")
-        .and_then(Value::as_u64)
-        .map(|c| c as u32);
+    let concurrency = case.get("replay_concurrency").and_then(Value::as_u64).map(|c| c as u32);
     let (workload, load) = if let Some(trace) = case.get("trace").and_then(Value::as_str) {
         let shared = root().join("../shared");
         let path = if trace.contains("${SHARED}") {
             let p = PathBuf::from(trace.replace("${SHARED}", &shared.to_string_lossy()));
-            assert!(
-                p.exists(),
-                "{} is missing: parity cases need ../shared beside the checkout",
-                p.display()
-            );
+            assert!(p.exists(), "{} is missing: parity cases need ../shared beside the checkout", p.display());
             p
         } else {
             case_dir.join(trace)
         };
-        let tbs = case
-            .get("trace_block_size")
-            .and_then(Value::as_u64)
-            .unwrap_or(512) as u32;
+        let tbs = case.get("trace_block_size").and_then(Value::as_u64).unwrap_or(512) as u32;
         let load = match concurrency {
             Some(c) => LoadMode::Concurrency { max_sessions: c },
-            None => LoadMode::Timestamps {
-                speedup: f("arrival_speedup_ratio").unwrap_or(1.0),
-            },
+            None => LoadMode::Timestamps { speedup: f("arrival_speedup_ratio").unwrap_or(1.0) },
         };
         (load_mooncake(&[path], tbs).expect("trace"), load)
     } else {
@@ -103,50 +90,26 @@ fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
         num_workers: case.get("num_workers").and_then(Value::as_u64).unwrap_or(1) as u32,
         router: RouterMode::RoundRobin,
         load,
-        sla: Sla {
-            ttft_ms: f("sla_ttft_ms"),
-            itl_ms: f("sla_itl_ms"),
-            e2e_ms: f("sla_e2e_ms"),
-        },
+        sla: Sla { ttft_ms: f("sla_ttft_ms"), itl_ms: f("sla_itl_ms"), e2e_ms: f("sla_e2e_ms") },
         seed: 42,
     };
-    simulate(
-        &workload,
-        &config,
-        Collector::new(config.sla, None),
-        &mut (),
-    )
-    .expect("simulation")
-    .summary_json()
+    simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json()
 }
 
 fn check(name: &str) {
     let dir = root().join("tests/parity");
     let case: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
-            .unwrap();
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join(format!("{name}.golden.json"))).unwrap(),
-    )
-    .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.golden.json"))).unwrap()).unwrap();
     let ours = run_case(&case, &dir);
     let mut problems = Vec::new();
-    assert_eq!(
-        ours["completed_requests"], golden["completed_requests"],
-        "{name}: completed_requests"
-    );
+    assert_eq!(ours["completed_requests"], golden["completed_requests"], "{name}: completed_requests");
     for key in HEADLINE {
         let (a, b) = (ours[key].as_f64().unwrap(), golden[key].as_f64().unwrap());
-        let dev = if b != 0.0 {
-            ((a - b) / b).abs()
-        } else {
-            a.abs()
-        };
+        let dev = if b != 0.0 { ((a - b) / b).abs() } else { a.abs() };
         if dev > 0.02 {
-            problems.push(format!(
-                "{key}: servesim {a} vs reference {b} ({:.2}% off, limit 2%)",
-                dev * 100.0
-            ));
+            problems.push(format!("{key}: servesim {a} vs reference {b} ({:.2}% off, limit 2%)", dev * 100.0));
         }
     }
     // Everything else we report under a reference name must agree to floating-point noise.
@@ -161,11 +124,7 @@ fn check(name: &str) {
             problems.push(format!("{key}: servesim {got} vs reference {want}"));
         }
     }
-    assert!(
-        problems.is_empty(),
-        "{name} drifted from the reference:\n  {}",
-        problems.join("\n  ")
-    );
+    assert!(problems.is_empty(), "{name} drifted from the reference:\n  {}", problems.join("\n  "));
 }
 
 macro_rules! parity_cases {
