@@ -120,6 +120,16 @@ impl EngineConfig {
         self.num_gpu_blocks as u64 * self.block_size as u64
     }
 
+    /// Time to move the KV of `tokens` prompt tokens from a prefill to a decode worker:
+    /// `tokens × kv_bytes_per_token / (bandwidth GB/s × 1e9)` seconds, or 0 when either is
+    /// unset or the bandwidth is not positive.
+    pub fn kv_transfer_ms(&self, tokens: u64) -> f64 {
+        match (self.kv_bytes_per_token, self.kv_transfer_bandwidth) {
+            (Some(bytes), Some(gbps)) if gbps > 0.0 => tokens as f64 * bytes as f64 / (gbps * 1e9) * 1000.0,
+            _ => 0.0,
+        }
+    }
+
     /// GPUs one worker occupies (tensor parallel × data parallel).
     pub fn gpus_per_worker(&self) -> u32 {
         self.tensor_parallel_size * self.dp_size
@@ -385,9 +395,6 @@ impl RawConfig {
             1 => WorkerType::Prefill,
             _ => WorkerType::Decode,
         };
-        if worker_type != WorkerType::Aggregated {
-            return Err(ConfigError::new("worker_type", "prefill/decode workers are not supported yet"));
-        }
         let dp_size = self.dp_size.or(1);
         if dp_size != 1 {
             return Err(ConfigError::new("dp_size", "attention data parallelism is not supported yet"));
@@ -492,6 +499,20 @@ mod tests {
           "handoff_session_timeout_ms":300000,"reasoning":null,"response_replay_trace_path":null,
           "zmq_kv_events_port":null,"zmq_replay_port":null,"router_queue_policy":null}}"#;
         assert_eq!(parse(dump).unwrap(), parse("{}").unwrap());
+    }
+
+    #[test]
+    fn kv_transfer_delay() {
+        let c = parse(r#"{"kv_bytes_per_token": 1000000, "kv_transfer_bandwidth": 1.0}"#).unwrap();
+        assert_eq!(c.kv_transfer_ms(128), 128.0);
+        assert_eq!(c.kv_transfer_ms(8), 8.0);
+        let c = parse(r#"{"engine": {"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 64.0}}"#).unwrap();
+        assert!((c.kv_transfer_ms(10_000) - 20.48).abs() < 1e-12);
+        assert_eq!(parse(r#"{"kv_bytes_per_token": 1000}"#).unwrap().kv_transfer_ms(100), 0.0, "no bandwidth");
+        assert_eq!(
+            parse(r#"{"kv_bytes_per_token": 1000, "kv_transfer_bandwidth": 0}"#).unwrap().kv_transfer_ms(100),
+            0.0
+        );
     }
 
     #[test]

@@ -16,15 +16,23 @@
 //! Decode blocks are allocated lazily: a generated token takes KV space when the next pass
 //! computes it. Computed full blocks become visible to the prefix cache immediately, so a
 //! request admitted later in the same pass can reuse them.
+//!
+//! Disaggregated workers: a *prefill* worker pays no decode time (its single token comes from
+//! the prefill forward) and holds a finished request's KV until [`Engine::release_held`]; a
+//! *decode* worker receives prompts computed elsewhere: [`Engine::reserve`] allocates their
+//! blocks, [`Engine::activate`] marks them computed when the transfer lands, and prefill time
+//! is never charged.
 
 use std::collections::VecDeque;
 
-use crate::config::{EngineConfig, PreemptionMode};
+use rustc_hash::FxHashMap;
+
+use crate::config::{EngineConfig, PreemptionMode, WorkerType};
 use crate::hash::{local_block_hash, BlockHashes};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::pool::{BlockPool, Residency};
 use crate::request::{output_token, EngineRequest, Prompt};
-use crate::timing::DecodeShape;
+use crate::timing::{whole_ns, DecodeShape};
 
 /// Options that are not part of the user-visible engine configuration.
 #[derive(Clone, Copy, Debug, Default)]
@@ -39,6 +47,10 @@ enum Status {
     Waiting,
     Running,
     Preempted,
+    /// Decode worker: blocks reserved, KV transfer in flight.
+    Reserved,
+    /// Prefill worker: finished, KV kept until the decode side has it.
+    Held,
 }
 
 #[derive(Debug)]
@@ -61,6 +73,9 @@ struct Req {
     pass_tokens: u32,
     /// Its contribution to the current pass's prefill shape: (prompt before, prompt after).
     pass_prefill: Option<(u32, u32)>,
+    /// Its prompt was computed on another worker (disaggregated decode): it decodes from its
+    /// first token on, and its admission reports this many reused tokens.
+    transferred: Option<u32>,
 }
 
 impl Req {
@@ -83,6 +98,8 @@ struct PrefixCost {
     cached_tokens: u32,
     /// The part of the hit that lies in blocks other requests already hold.
     active_cached_tokens: u32,
+    /// Reused tokens to report for the admission.
+    reported: u32,
 }
 
 enum AdmissionDecision {
@@ -118,6 +135,8 @@ pub struct Engine {
     free_slots: Vec<u32>,
     waiting: VecDeque<u32>,
     running: Vec<u32>,
+    /// Reserved (decode worker) and held (prefill worker) requests by id.
+    parked: FxHashMap<u64, u32>,
     counters: EngineCounters,
     // Per-pass state.
     budget: u32,
@@ -130,7 +149,8 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
-        let record = options.record_kv_events && cfg.enable_prefix_caching;
+        // Decode workers do not publish KV events (nothing routes on their cache).
+        let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.worker_type != WorkerType::Decode;
         Engine {
             pool: BlockPool::new(cfg.num_gpu_blocks, record),
             scratch_tokens: vec![0; cfg.block_size as usize],
@@ -139,6 +159,7 @@ impl Engine {
             free_slots: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            parked: FxHashMap::default(),
             counters: EngineCounters::default(),
             budget: 0,
             preempted_any: false,
@@ -173,8 +194,14 @@ impl Engine {
             preemptions: 0,
             pass_tokens: 0,
             pass_prefill: None,
+            transferred: None,
         };
-        let slot = match self.free_slots.pop() {
+        let slot = self.insert(req);
+        self.waiting.push_back(slot);
+    }
+
+    fn insert(&mut self, req: Req) -> u32 {
+        match self.free_slots.pop() {
             Some(s) => {
                 self.reqs[s as usize] = Some(req);
                 s
@@ -183,8 +210,78 @@ impl Engine {
                 self.reqs.push(Some(req));
                 (self.reqs.len() - 1) as u32
             }
+        }
+    }
+
+    /// Decode worker: allocates blocks for the prompt of a request computed on a prefill
+    /// worker, reusing any prefix already cached here. Returns the reused prompt tokens, or the
+    /// request back if the blocks are not available now.
+    pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
+        let bs = self.cfg.block_size;
+        let hashes = match &request.hashes {
+            Some(h) => h.clone(),
+            None if self.cfg.enable_prefix_caching => request.prompt.block_hashes(bs),
+            None => BlockHashes::default(),
         };
+        let prompt_len = request.prompt.len();
+        let hits = if self.cfg.enable_prefix_caching {
+            hashes.seq.iter().take_while(|h| self.pool.lookup(**h) != Residency::Missing).count()
+        } else {
+            0
+        };
+        let fresh = prompt_len.div_ceil(bs) - hits as u32;
+        let mut lease = Vec::new();
+        if !self.pool.allocate(&hashes.seq[..hits], fresh, &mut lease) {
+            return Err(request);
+        }
+        let reused = hits as u32 * bs;
+        let req = Req {
+            id: request.id,
+            prompt_len,
+            prompt: request.prompt,
+            max_output: request.max_output,
+            token_seed: request.token_seed,
+            generated: 0,
+            computed: reused,
+            hashes,
+            lease,
+            status: Status::Reserved,
+            preemptions: 0,
+            pass_tokens: 0,
+            pass_prefill: None,
+            transferred: Some(reused),
+        };
+        let slot = self.insert(req);
+        self.parked.insert(request.id, slot);
+        Ok(reused)
+    }
+
+    /// Decode worker: the KV of a reserved request has arrived; it joins the waiting queue with
+    /// its prompt computed.
+    pub fn activate(&mut self, id: u64) {
+        let slot = self.parked.remove(&id).expect("activating a reserved request");
+        let (before, prompt_len) = {
+            let req = self.req(slot);
+            debug_assert_eq!(req.status, Status::Reserved);
+            (req.computed, req.prompt_len)
+        };
+        if self.cfg.enable_prefix_caching {
+            self.publish_computed_blocks(slot, before, prompt_len);
+        }
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
+        req.computed = prompt_len;
+        req.status = Status::Waiting;
         self.waiting.push_back(slot);
+    }
+
+    /// Prefill worker: the decode side has the KV of finished request `id`; free it.
+    pub fn release_held(&mut self, id: u64) {
+        let slot = self.parked.remove(&id).expect("releasing a held request");
+        let req = self.remove(slot);
+        debug_assert_eq!(req.status, Status::Held);
+        for &copy in req.lease.iter().rev() {
+            self.pool.release(copy);
+        }
     }
 
     /// Whether a pass would have anything to do.
@@ -283,6 +380,14 @@ impl Engine {
         let bs = self.cfg.block_size;
         let capacity = self.cfg.num_gpu_blocks;
         let req = self.req(slot);
+        if let (Some(reused), false) = (req.transferred, req.lease.is_empty()) {
+            // Its blocks are already allocated: only a running slot is needed.
+            return AdmissionDecision::Admit(PrefixCost {
+                cached_tokens: 0,
+                active_cached_tokens: 0,
+                reported: reused,
+            });
+        }
         if let Some(max_len) = self.cfg.max_model_len {
             if req.prompt_len >= max_len {
                 return AdmissionDecision::Reject(RejectReason::ExceedsMaxModelLen);
@@ -333,7 +438,7 @@ impl Engine {
                 Residency::Inactive => hits += 1,
             }
         }
-        PrefixCost { cached_tokens: hits * bs, active_cached_tokens: active * bs }
+        PrefixCost { cached_tokens: hits * bs, active_cached_tokens: active * bs, reported: hits * bs }
     }
 
     fn generation_done(&self, req: &Req) -> bool {
@@ -385,7 +490,7 @@ impl Engine {
         let readmission = self.req(slot).preemptions > 0;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         let prompt_after = target.min(req.prompt_len);
-        if prompt_after > prompt_before {
+        if prompt_after > prompt_before && self.cfg.worker_type != WorkerType::Decode {
             out.prefill.batch += 1;
             out.prefill.total_isl += prompt_after as u64;
             out.prefill.total_prefix += prompt_before as u64;
@@ -401,10 +506,10 @@ impl Engine {
             req.status = Status::Running;
             let id = req.id;
             self.counters.prefix_queries += req.len() as u64;
-            self.counters.prefix_hits += cost.cached_tokens as u64;
+            self.counters.prefix_hits += cost.reported as u64;
             self.waiting.pop_front();
             self.running.push(slot);
-            out.admissions.push(Admission { request: id, reused_tokens: cost.cached_tokens, readmission });
+            out.admissions.push(Admission { request: id, reused_tokens: cost.reported, readmission });
         }
         Scheduled::Yes(desired)
     }
@@ -488,12 +593,15 @@ impl Engine {
         let mut shape = DecodeShape { capacity_tokens: self.cfg.kv_capacity_tokens(), ..DecodeShape::default() };
         for &slot in &self.running {
             let req = self.req(slot);
-            if req.computed >= req.len() && req.generated > 0 && !self.generation_done(req) {
+            let decodes = req.generated > 0 || req.transferred.is_some();
+            if req.computed >= req.len() && decodes && !self.generation_done(req) {
                 shape.batch += 1;
                 shape.context_tokens += req.len() as u64;
             }
         }
-        let decode_ms = self.cfg.timing.decode_ms(&shape);
+        // A prefill worker's token comes out of the prefill forward.
+        let decode_ms =
+            if self.cfg.worker_type == WorkerType::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         out.decode = shape;
         let end = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
 
@@ -514,6 +622,15 @@ impl Engine {
         if !done.is_empty() {
             self.running.retain(|s| !done.contains(s));
             for &slot in &done {
+                if self.cfg.worker_type == WorkerType::Prefill {
+                    // Keep the KV until the decode worker has it.
+                    let req = self.reqs[slot as usize].as_mut().expect("live request slot");
+                    req.status = Status::Held;
+                    let id = req.id;
+                    self.parked.insert(id, slot);
+                    out.finished.push(Finished { request: id, finish: Finish::Completed });
+                    continue;
+                }
                 let req = self.remove(slot);
                 for &copy in req.lease.iter().rev() {
                     self.pool.release(copy);
@@ -545,11 +662,8 @@ impl Engine {
     }
 }
 
-/// A predicted duration in ms, divided by a speedup ratio (ratios ≤ 0 leave it unscaled, as
-/// Dynamo does) and rounded to whole nanoseconds, as Dynamo's `Duration`-based clock does.
+/// A predicted duration in ms divided by a speedup ratio (ratios ≤ 0 leave it unscaled, as
+/// Dynamo does), in whole nanoseconds.
 fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
-    let ms = if ratio > 0.0 { ms / ratio } else { ms };
-    let ns = (ms * 1e6).round().max(0.0) as u64;
-    let (secs, nanos) = (ns / 1_000_000_000, ns % 1_000_000_000);
-    (secs as f64 + nanos as f64 / 1e9) * 1000.0
+    whole_ns(if ratio > 0.0 { ms / ratio } else { ms })
 }

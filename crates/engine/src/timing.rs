@@ -101,6 +101,14 @@ impl TimingModel {
     }
 }
 
+/// A duration in ms rounded to whole nanoseconds the way Dynamo's `Duration`-based clock does
+/// it (and converted back through seconds), so summed pass times match its to the last bit.
+pub fn whole_ns(ms: f64) -> f64 {
+    let ns = (ms * 1e6).round().max(0.0) as u64;
+    let (secs, nanos) = (ns / 1_000_000_000, ns % 1_000_000_000);
+    (secs as f64 + nanos as f64 / 1e9) * 1000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
