@@ -1,0 +1,193 @@
+//! Router configuration: Dynamo's `KvRouterConfig` JSON.
+
+use serde_json::{json, Value};
+use servesim_engine::json::{ConfigError, ObjectReader, Result};
+
+/// Order in which queued requests are released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueuePolicy {
+    /// First come, first served (priority moves a request earlier by `priority` seconds).
+    Fcfs,
+    /// Last come, first served: a deliberately bad policy for comparisons.
+    Lcfs,
+    /// Weighted shortest processing time (Smith's rule): short prompts first.
+    Wspt,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// Credit per device-cached prefix block against the prompt's prefill cost.
+    pub overlap_score_credit: f64,
+    /// Shrinks the overlap credit on workers with more active prefill than the least loaded.
+    pub overlap_score_credit_decay: f64,
+    /// Weight of the (credited) prefill blocks in the cost.
+    pub prefill_load_scale: f64,
+    /// Block-equivalent cost per active request on a worker.
+    pub decode_active_request_weight: f64,
+    /// 0 picks the cheapest worker; > 0 samples from a softmax over normalised costs.
+    pub temperature: f64,
+    /// Count active KV blocks of each worker's requests in the cost.
+    pub track_active_blocks: bool,
+    /// De-duplicate active blocks shared by several requests (by block hash).
+    pub assume_kv_reuse: bool,
+    /// Count prompt tokens not yet prefilled in the cost.
+    pub track_prefill_tokens: bool,
+    /// Queue requests while every worker's pending prefill exceeds this fraction of
+    /// `max_num_batched_tokens` (None: never queue).
+    pub queue_threshold: Option<f64>,
+    pub queue_policy: QueuePolicy,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            overlap_score_credit: 1.0,
+            overlap_score_credit_decay: 0.0,
+            prefill_load_scale: 1.0,
+            decode_active_request_weight: 0.0,
+            temperature: 0.0,
+            track_active_blocks: true,
+            assume_kv_reuse: true,
+            track_prefill_tokens: true,
+            queue_threshold: None,
+            queue_policy: QueuePolicy::Fcfs,
+        }
+    }
+}
+
+fn non_negative(r: &ObjectReader, key: &'static str, v: f64) -> Result<f64> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(ConfigError::new(r.path(key), format!("must be a finite number ≥ 0, got {v}")))
+    }
+}
+
+impl RouterConfig {
+    pub fn parse_json(text: &str) -> Result<Self> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
+        Self::from_value(&value)
+    }
+
+    /// Reads a (partial) `KvRouterConfig`; missing keys keep Dynamo's defaults.
+    pub fn from_value(value: &Value) -> Result<Self> {
+        let mut c = RouterConfig::default();
+        let mut r = ObjectReader::new("", value)?;
+        if let Some(v) = r.f64("overlap_score_credit")?.set() {
+            c.overlap_score_credit = non_negative(&r, "overlap_score_credit", v)?;
+        }
+        if let Some(v) = r.f64("overlap_score_credit_decay")?.set() {
+            c.overlap_score_credit_decay = non_negative(&r, "overlap_score_credit_decay", v)?;
+        }
+        if let Some(v) = r.f64("prefill_load_scale")?.set() {
+            c.prefill_load_scale = non_negative(&r, "prefill_load_scale", v)?;
+        }
+        // Deprecated alias: it wins over prefill_load_scale, and 0 also turns overlap credit off.
+        if let Some(v) = r.f64("overlap_score_weight")?.set() {
+            c.prefill_load_scale = non_negative(&r, "overlap_score_weight", v)?;
+            if v == 0.0 {
+                c.overlap_score_credit = 0.0;
+            }
+        }
+        if let Some(v) = r.f64("decode_active_request_weight")?.set() {
+            c.decode_active_request_weight = non_negative(&r, "decode_active_request_weight", v)?;
+        }
+        if let Some(v) = r.f64("router_temperature")?.set() {
+            c.temperature = non_negative(&r, "router_temperature", v)?;
+        }
+        c.track_active_blocks = r.bool("router_track_active_blocks")?.or(true);
+        c.assume_kv_reuse = r.bool("router_assume_kv_reuse")?.or(true);
+        c.track_prefill_tokens = r.bool("router_track_prefill_tokens")?.or(true);
+        if let Some(v) = r.f64("router_queue_threshold")?.set() {
+            c.queue_threshold = Some(non_negative(&r, "router_queue_threshold", v)?);
+        }
+        c.queue_policy = match r.choice("router_queue_policy", &["fcfs", "lcfs", "wspt"])?.or(0) {
+            0 => QueuePolicy::Fcfs,
+            1 => QueuePolicy::Lcfs,
+            _ => QueuePolicy::Wspt,
+        };
+        // Accepted with any value: they tune a live deployment, not what is simulated here.
+        for key in [
+            "host_cache_hit_weight",
+            "disk_cache_hit_weight",
+            "router_replica_sync",
+            "router_ttl_secs",
+            "router_approximate_cache_policy",
+            "router_event_threads",
+            "use_remote_indexer",
+            "serve_indexer",
+        ] {
+            r.ignored(key);
+        }
+        // Features servesim does not model: only their neutral value is accepted.
+        r.unsupported("use_kv_events", &[json!(true)], "approximate routing without KV events (use_kv_events: false)")?;
+        r.unsupported("router_track_output_blocks", &[json!(false)], "router_track_output_blocks")?;
+        r.unsupported(
+            "router_prefill_load_model",
+            &[json!("none")],
+            "a router prefill load model other than \"none\"",
+        )?;
+        r.unsupported("enable_session_prefix_index", &[json!(false)], "the session prefix index")?;
+        r.unsupported("shared_cache_type", &[json!("none")], "shared KV caches")?;
+        r.unsupported("shared_cache_multiplier", &[], "shared KV caches")?;
+        r.unsupported("router_predicted_ttl_secs", &[], "predict-on-route")?;
+        r.unsupported("conditional_disagg_enabled", &[json!(false)], "conditional disaggregation")?;
+        for key in [
+            "conditional_disagg_policy",
+            "conditional_disagg_eff_isl_threshold",
+            "conditional_disagg_eff_isl_ratio_threshold",
+            "conditional_disagg_prefill_busy_threshold",
+            "conditional_disagg_decode_busy_threshold",
+        ] {
+            r.ignored(key);
+        }
+        for key in ["router_policy_config", "router_prefill_policy", "router_decode_policy"] {
+            r.unsupported(key, &[], "router policy classes")?;
+        }
+        r.unsupported("router_tracking_hash", &[json!("public-xxh3-v1")], "keyed tracking hashes")?;
+        r.unsupported("router_tracking_key_file", &[], "keyed tracking hashes")?;
+        r.unsupported("router_tracking_key_id", &[], "keyed tracking hashes")?;
+        r.finish()?;
+        Ok(c)
+    }
+
+    /// The router in front of prefill workers in a disaggregated deployment: it balances
+    /// prefill work and prefix reuse, not decode blocks.
+    pub fn for_prefill(&self) -> Self {
+        RouterConfig { track_active_blocks: false, ..self.clone() }
+    }
+
+    /// The router in front of decode workers: blind to prefix overlap and to prefill load,
+    /// it balances decode blocks without assuming reuse between requests.
+    pub fn for_decode(&self) -> Self {
+        RouterConfig { overlap_score_credit: 0.0, assume_kv_reuse: false, track_prefill_tokens: false, ..self.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_legacy_weight() {
+        let c = RouterConfig::parse_json("{}").unwrap();
+        assert_eq!(c, RouterConfig::default());
+        let c = RouterConfig::parse_json(r#"{"overlap_score_weight": 2.0, "prefill_load_scale": 5.0}"#).unwrap();
+        assert_eq!((c.prefill_load_scale, c.overlap_score_credit), (2.0, 1.0));
+        let c = RouterConfig::parse_json(r#"{"overlap_score_weight": 0}"#).unwrap();
+        assert_eq!((c.prefill_load_scale, c.overlap_score_credit), (0.0, 0.0));
+    }
+
+    #[test]
+    fn unknown_and_unsupported_keys_are_named() {
+        let e = RouterConfig::parse_json(r#"{"router_temprature": 1}"#).unwrap_err();
+        assert_eq!(e.path, "router_temprature");
+        let e = RouterConfig::parse_json(r#"{"use_kv_events": false}"#).unwrap_err();
+        assert_eq!(e.path, "use_kv_events");
+        let e = RouterConfig::parse_json(r#"{"router_queue_policy": "sjf"}"#).unwrap_err();
+        assert_eq!(e.path, "router_queue_policy");
+        let e = RouterConfig::parse_json(r#"{"router_temperature": -1}"#).unwrap_err();
+        assert_eq!(e.path, "router_temperature");
+    }
+}

@@ -1,0 +1,369 @@
+//! # servesim-router
+//!
+//! Request placement shared by the replay driver and the live frontend.
+//!
+//! [`RoundRobin`] cycles through targets. [`KvRouter`] is a copy of Dynamo's KV-aware router:
+//! it learns which prefix blocks each target holds from the engines' KV events ([`Indexer`]),
+//! tracks the load it has placed ([`ActiveLoad`]), scores every target as
+//!
+//! ```text
+//! cost = prefill_load_scale × max(0, (pending prefill tokens + prompt) / block_size
+//!                                    − overlap_score_credit × decay × cached prefix blocks)
+//!        + active blocks + the request's blocks not yet active there
+//!        + decode_active_request_weight × active requests
+//! ```
+//!
+//! and picks the cheapest (ties: smallest cache, then a seeded draw) or samples a softmax when
+//! a temperature is set. With a queue threshold, requests wait in a [`RouterQueue`] while every
+//! target is busy prefilling.
+
+pub mod config;
+pub mod indexer;
+pub mod load;
+pub mod queue;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use servesim_engine::KvEvent;
+
+pub use config::{QueuePolicy, RouterConfig};
+pub use indexer::Indexer;
+pub use load::ActiveLoad;
+pub use queue::{Pending, RouterQueue};
+
+/// Cycles through targets in order.
+#[derive(Clone, Debug, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl RoundRobin {
+    pub fn pick(&mut self, targets: usize) -> usize {
+        let t = self.next % targets;
+        self.next = (t + 1) % targets;
+        t
+    }
+}
+
+/// A request to place.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    pub id: u64,
+    /// Sequence hashes of the prompt's full blocks at the engines' block size.
+    pub hashes: &'a [u64],
+    pub isl: u32,
+    pub priority: i32,
+    pub strict_priority: u32,
+    pub arrival_ms: f64,
+}
+
+/// Where a request went and why.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Placement {
+    pub id: u64,
+    pub target: usize,
+    /// Prefix blocks the router believed the target had cached.
+    pub overlap_blocks: u32,
+    pub cost: f64,
+    /// When the request entered the router queue, if it waited there.
+    pub queued_at_ms: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routed {
+    Placed(Placement),
+    Queued,
+}
+
+pub struct KvRouter {
+    cfg: RouterConfig,
+    num_targets: usize,
+    block_size: u32,
+    /// A target is busy when its pending prefill exceeds this many tokens.
+    busy_tokens: Option<f64>,
+    indexer: Indexer,
+    load: ActiveLoad,
+    queue: RouterQueue,
+    rng: ChaCha12Rng,
+    /// Per-target (cost, overlap) of the request being placed.
+    scores: Vec<(f64, u32)>,
+}
+
+impl KvRouter {
+    pub fn new(cfg: RouterConfig, targets: usize, block_size: u32, max_num_batched_tokens: u32, seed: u64) -> Self {
+        KvRouter {
+            busy_tokens: cfg.queue_threshold.map(|t| t * max_num_batched_tokens as f64),
+            num_targets: targets,
+            indexer: Indexer::new(targets),
+            load: ActiveLoad::new(targets, cfg.track_active_blocks, cfg.assume_kv_reuse),
+            queue: RouterQueue::new(cfg.queue_policy),
+            rng: ChaCha12Rng::seed_from_u64(seed),
+            scores: Vec::with_capacity(targets),
+            block_size,
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    pub fn indexer(&self) -> &Indexer {
+        &self.indexer
+    }
+
+    pub fn load(&self) -> &ActiveLoad {
+        &self.load
+    }
+
+    /// Requests waiting in the router queue.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Feeds KV events a target published (at the moment the router gets to see them).
+    pub fn apply_events(&mut self, target: usize, events: &[KvEvent]) {
+        for e in events {
+            self.indexer.apply(target, e);
+        }
+    }
+
+    fn busy(&self, target: usize) -> bool {
+        self.busy_tokens.is_some_and(|limit| self.load.prefill_tokens(target) as f64 > limit)
+    }
+
+    fn all_busy(&self) -> bool {
+        self.busy_tokens.is_some() && (0..self.num_targets).all(|t| self.busy(t))
+    }
+
+    /// Places a request now, or queues it when every target is busy (or others already wait).
+    pub fn route(&mut self, req: RouteRequest<'_>, now_ms: f64) -> Routed {
+        if self.busy_tokens.is_some() && (!self.queue.is_empty() || self.all_busy()) {
+            self.queue.push(Pending {
+                id: req.id,
+                hashes: req.hashes.to_vec(),
+                isl: req.isl,
+                priority: req.priority,
+                strict_priority: req.strict_priority,
+                arrival_ms: req.arrival_ms,
+                queued_at_ms: now_ms,
+            });
+            return Routed::Queued;
+        }
+        Routed::Placed(self.place(req, None))
+    }
+
+    /// Scores every target for `req`, picks one and records the load there.
+    fn place(&mut self, req: RouteRequest<'_>, queued_at_ms: Option<f64>) -> Placement {
+        self.score(&req);
+        let target = self.choose();
+        let (cost, overlap_blocks) = self.scores[target];
+        let cached_tokens = (overlap_blocks * self.block_size).min(req.isl);
+        let pending = if self.cfg.track_prefill_tokens { req.isl - cached_tokens } else { 0 };
+        self.load.add(req.id, target, req.hashes, pending);
+        Placement { id: req.id, target, overlap_blocks, cost, queued_at_ms }
+    }
+
+    fn score(&mut self, req: &RouteRequest<'_>) {
+        let bs = self.block_size as f64;
+        let cfg = &self.cfg;
+        let incoming_blocks = req.isl as f64 / bs;
+        let least_prefill = (0..self.num_targets).map(|t| self.load.prefill_tokens(t)).min().unwrap_or(0);
+        self.scores.clear();
+        for t in 0..self.num_targets {
+            let overlap = self.indexer.overlap(t, req.hashes);
+            let mut cost = 0.0;
+            if cfg.track_prefill_tokens {
+                let active_prefill = self.load.prefill_tokens(t);
+                let excess = (active_prefill - least_prefill) as f64 / bs;
+                let decay = if cfg.overlap_score_credit_decay > 0.0 && incoming_blocks > 0.0 {
+                    1.0 / (1.0 + cfg.overlap_score_credit_decay * excess / incoming_blocks)
+                } else {
+                    1.0
+                };
+                let raw = (active_prefill + req.isl as u64) as f64 / bs;
+                let credit = cfg.overlap_score_credit * decay * overlap as f64;
+                cost += cfg.prefill_load_scale * (raw - credit).max(0.0);
+            }
+            if cfg.track_active_blocks {
+                cost += (self.load.blocks(t) + self.load.new_blocks(t, req.hashes)) as f64;
+            }
+            cost += cfg.decode_active_request_weight * self.load.requests(t) as f64;
+            self.scores.push((cost, overlap));
+        }
+    }
+
+    /// Index of the chosen target in `self.scores`.
+    fn choose(&mut self) -> usize {
+        if self.cfg.temperature > 0.0 {
+            return self.sample_softmax();
+        }
+        let best = self.scores.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+        let tied: Vec<usize> = (0..self.scores.len()).filter(|&t| self.scores[t].0 == best).collect();
+        if tied.len() == 1 {
+            return tied[0];
+        }
+        let smallest = tied.iter().map(|&t| self.indexer.size(t)).min().expect("a tied target");
+        let tied: Vec<usize> = tied.into_iter().filter(|&t| self.indexer.size(t) == smallest).collect();
+        if tied.len() == 1 {
+            tied[0]
+        } else {
+            tied[self.rng.random_range(0..tied.len())]
+        }
+    }
+
+    /// Softmax over costs normalised by their range: `p ∝ exp(−cost / range / T)`.
+    fn sample_softmax(&mut self) -> usize {
+        let (lo, hi) =
+            self.scores.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| (lo.min(s.0), hi.max(s.0)));
+        let range = hi - lo;
+        let weights: Vec<f64> = if range <= 0.0 {
+            vec![1.0; self.scores.len()]
+        } else {
+            let z: Vec<f64> = self.scores.iter().map(|s| -(s.0 / range) / self.cfg.temperature).collect();
+            let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            z.iter().map(|v| (v - top).exp()).collect()
+        };
+        let total: f64 = weights.iter().sum();
+        let mut u = self.rng.random::<f64>() * total;
+        for (t, w) in weights.iter().enumerate() {
+            if u < *w {
+                return t;
+            }
+            u -= w;
+        }
+        weights.len() - 1
+    }
+
+    /// The request produced its first token. Returns requests released from the queue.
+    pub fn prefill_completed(&mut self, id: u64) -> Vec<Placement> {
+        self.load.prefill_done(id);
+        self.drain()
+    }
+
+    /// The request finished. Returns requests released from the queue.
+    pub fn free(&mut self, id: u64) -> Vec<Placement> {
+        self.load.free(id);
+        self.drain()
+    }
+
+    /// Releases queued requests while some target is not busy, scoring each with the state
+    /// left by the ones released before it.
+    pub fn drain(&mut self) -> Vec<Placement> {
+        let mut released = Vec::new();
+        while !self.queue.is_empty() && !self.all_busy() {
+            let p = self.queue.pop().expect("queue is not empty");
+            let req = RouteRequest {
+                id: p.id,
+                hashes: &p.hashes,
+                isl: p.isl,
+                priority: p.priority,
+                strict_priority: p.strict_priority,
+                arrival_ms: p.arrival_ms,
+            };
+            released.push(self.place(req, Some(p.queued_at_ms)));
+        }
+        released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use servesim_engine::StoredBlock;
+
+    fn stored(hashes: &[u64]) -> KvEvent {
+        KvEvent::Stored { parent: None, blocks: hashes.iter().map(|&h| StoredBlock { hash: h, local: h }).collect() }
+    }
+
+    fn req(id: u64, hashes: &[u64], isl: u32) -> RouteRequest<'_> {
+        RouteRequest { id, hashes, isl, priority: 0, strict_priority: 0, arrival_ms: 0.0 }
+    }
+
+    fn placed(r: Routed) -> Placement {
+        match r {
+            Routed::Placed(p) => p,
+            Routed::Queued => panic!("queued"),
+        }
+    }
+
+    #[test]
+    fn cost_worked_examples() {
+        // Block size 16; the numbers Dynamo 1.6.1 logs for the same sequence of requests.
+        let mut r = KvRouter::new(RouterConfig::default(), 2, 16, 8192, 1);
+        let a: Vec<u64> = (1..=6).collect(); // 100 tokens: 6.25 prefill blocks, 6 full blocks
+        let p = placed(r.route(req(1, &a, 100), 0.0));
+        assert_eq!(p.cost, 6.25 + 6.0);
+        let t0 = p.target;
+        // 200 tokens elsewhere: the loaded target would cost (100 + 200) / 16 + 6 + 12 = 36.75.
+        let b: Vec<u64> = (101..=112).collect();
+        let p = placed(r.route(req(2, &b, 200), 1.0));
+        assert_eq!((p.target, p.cost), (1 - t0, 12.5 + 12.0));
+        // The same prompt as the first: its blocks are already active there, so they add no
+        // decode blocks: (100 + 100) / 16 + 6 = 18.5.
+        let p = placed(r.route(req(3, &a, 100), 2.0));
+        assert_eq!((p.target, p.cost), (t0, 18.5));
+        // Once the blocks are cached and the requests are gone, the prefix is credited:
+        // 100 / 16 − 6 + 6 = 6.25.
+        r.apply_events(t0, &[stored(&a)]);
+        for id in 1..=3 {
+            r.free(id);
+        }
+        let p = placed(r.route(req(4, &a, 100), 100.0));
+        assert_eq!((p.target, p.overlap_blocks, p.cost), (t0, 6, 6.25));
+    }
+
+    #[test]
+    fn ties_go_to_the_smaller_cache_then_a_seeded_draw() {
+        let mut r = KvRouter::new(RouterConfig::default(), 3, 16, 8192, 7);
+        r.apply_events(0, &[stored(&[50, 51])]);
+        r.apply_events(2, &[stored(&[60])]);
+        // Equal costs everywhere (no overlap with the request); target 1 holds the fewest blocks.
+        let p = placed(r.route(req(1, &[1], 16), 0.0));
+        assert_eq!(p.target, 1);
+        let draws = |seed| {
+            let mut r = KvRouter::new(RouterConfig::default(), 4, 16, 8192, seed);
+            (0..20).map(|i| placed(r.route(req(i, &[], 0), 0.0)).target).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(3), draws(3), "same seed, same choices");
+        assert_ne!(draws(3), draws(4));
+    }
+
+    #[test]
+    fn temperature_samples_cheaper_targets_more_often() {
+        let cfg = RouterConfig { temperature: 0.5, ..RouterConfig::default() };
+        let mut r = KvRouter::new(cfg, 2, 16, 8192, 11);
+        let mut counts = [0; 2];
+        for i in 0..2000u64 {
+            // Target 0 keeps a 1000-token prefill pending, so it is always the dearer one.
+            if i == 0 {
+                r.load.add(u64::MAX, 0, &[], 1000);
+            }
+            let p = placed(r.route(req(i, &[], 160), 0.0));
+            counts[p.target] += 1;
+            r.free(i);
+        }
+        // Costs 72.5 and 10 (range 62.5): p(0) = 1 / (1 + e^2) ≈ 0.12.
+        assert!(counts[0] > 150 && counts[0] < 330, "{counts:?}");
+    }
+
+    #[test]
+    fn queue_holds_requests_while_every_target_is_busy() {
+        let cfg = RouterConfig { queue_threshold: Some(0.5), ..RouterConfig::default() };
+        let mut r = KvRouter::new(cfg, 1, 16, 64, 1);
+        // 64 pending prefill tokens > 0.5 × 64: the only target is busy.
+        let p = placed(r.route(req(1, &[], 64), 0.0));
+        assert_eq!(r.route(req(2, &[], 10), 1.0), Routed::Queued);
+        assert_eq!(r.route(req(3, &[], 10), 2.0), Routed::Queued);
+        let released = r.prefill_completed(p.id);
+        assert_eq!(released.iter().map(|p| p.id).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(released[0].queued_at_ms, Some(1.0));
+        assert_eq!(r.queued(), 0);
+    }
+
+    #[test]
+    fn round_robin_cycles() {
+        let mut rr = RoundRobin::default();
+        assert_eq!((0..5).map(|_| rr.pick(3)).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
+    }
+}
