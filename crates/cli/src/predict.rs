@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use servesim_engine::EngineConfig;
+use servesim_engine::{ConfigError, EngineConfig};
 use servesim_replay::{
-    load_mooncake, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla,
-    SyntheticSpec, Workload,
+    load_mooncake, request_json, simulate, Arrivals, Cluster, Collector, LoadMode, PoolConfig, RequestRecord,
+    RouterMode, SimConfig, Sla, SyntheticSpec, Workload,
 };
+use servesim_router::RouterConfig;
 
 use crate::progress::Bar;
 use crate::table;
@@ -25,6 +26,7 @@ pub enum TraceFormat {
 #[value(rename_all = "snake_case")]
 pub enum Router {
     RoundRobin,
+    KvRouter,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -48,10 +50,34 @@ pub struct PredictArgs {
     /// canonical `{"engine": {...}}` form.
     #[arg(long, value_name = "JSON|PATH")]
     extra_engine_args: Option<String>,
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    num_workers: u32,
+    /// Aggregated workers (default 1).
+    #[arg(long, value_name = "N")]
+    num_workers: Option<u32>,
     #[arg(long, value_enum, default_value = "round_robin")]
     router_mode: Router,
+    /// KV router configuration (Dynamo's `KvRouterConfig` keys): inline JSON or a JSON file.
+    #[arg(long, value_name = "JSON|PATH")]
+    router_config: Option<String>,
+    /// Seed of the KV router's random choices (ties, softmax sampling).
+    #[arg(long, default_value_t = 42, value_name = "SEED")]
+    router_seed: u64,
+    /// Delay before the KV router sees the cache events of a pass.
+    #[arg(long, default_value_t = 0.0, value_name = "MS")]
+    kv_event_lag_ms: f64,
+
+    /// Disaggregated serving: workers that compute prompts.
+    #[arg(long, value_name = "N", help_heading = "Disaggregated serving")]
+    num_prefill_workers: Option<u32>,
+    /// Disaggregated serving: workers that generate tokens.
+    #[arg(long, value_name = "N", help_heading = "Disaggregated serving")]
+    num_decode_workers: Option<u32>,
+    /// Engine of the prefill workers (default: --extra-engine-args). `kv_transfer_bandwidth`
+    /// (GB/s) and `kv_bytes_per_token` here set the KV transfer time.
+    #[arg(long, value_name = "JSON|PATH", help_heading = "Disaggregated serving")]
+    prefill_engine_args: Option<String>,
+    /// Engine of the decode workers (default: --extra-engine-args).
+    #[arg(long, value_name = "JSON|PATH", help_heading = "Disaggregated serving")]
+    decode_engine_args: Option<String>,
 
     /// Closed loop: at most N sessions in flight (timestamps are ignored).
     #[arg(long, value_name = "N")]
@@ -108,16 +134,50 @@ pub struct PredictArgs {
     format: Format,
 }
 
-/// Reads an inline JSON document or a JSON file.
-fn engine_config(arg: Option<&str>) -> Result<EngineConfig, Failure> {
-    let Some(arg) = arg else {
-        return Ok(EngineConfig::default());
-    };
+/// Reads an inline JSON document or a JSON file given to `--flag`.
+fn json_arg<T>(flag: &str, arg: &str, parse: impl Fn(&str) -> Result<T, ConfigError>) -> Result<T, Failure> {
     if arg.trim_start().starts_with('{') {
-        return EngineConfig::parse_json(arg).map_err(|e| Failure::input(format!("--extra-engine-args: {e}")));
+        return parse(arg).map_err(|e| Failure::input(format!("--{flag}: {e}")));
     }
     let text = std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("{arg}: cannot read: {e}")))?;
-    EngineConfig::parse_json(&text).map_err(|e| Failure::input(format!("{arg}: {e}")))
+    parse(&text).map_err(|e| Failure::input(format!("{arg}: {e}")))
+}
+
+fn engine_config(flag: &str, arg: Option<&str>) -> Result<EngineConfig, Failure> {
+    arg.map_or_else(|| Ok(EngineConfig::default()), |a| json_arg(flag, a, EngineConfig::parse_json))
+}
+
+/// The workers: one aggregated pool, or prefill and decode pools.
+fn cluster(a: &PredictArgs) -> Result<Cluster, Failure> {
+    let engine = engine_config("extra-engine-args", a.extra_engine_args.as_deref())?;
+    let disaggregated = a.num_prefill_workers.is_some()
+        || a.num_decode_workers.is_some()
+        || a.prefill_engine_args.is_some()
+        || a.decode_engine_args.is_some();
+    let cluster = if disaggregated {
+        if a.num_workers.is_some() {
+            return Err(Failure::input(
+                "--num-workers sets an aggregated cluster; use --num-prefill-workers and --num-decode-workers",
+            ));
+        }
+        let staged = |flag: &str, arg: &Option<String>| match arg {
+            Some(_) => engine_config(flag, arg.as_deref()),
+            None => Ok(engine.clone()),
+        };
+        Cluster::Disaggregated {
+            prefill: PoolConfig {
+                engine: staged("prefill-engine-args", &a.prefill_engine_args)?,
+                workers: a.num_prefill_workers.unwrap_or(1),
+            },
+            decode: PoolConfig {
+                engine: staged("decode-engine-args", &a.decode_engine_args)?,
+                workers: a.num_decode_workers.unwrap_or(1),
+            },
+        }
+    } else {
+        Cluster::Aggregated(PoolConfig { engine, workers: a.num_workers.unwrap_or(1) })
+    };
+    cluster.normalise().map_err(Failure::input)
 }
 
 fn positive(name: &str, v: Option<f64>) -> Result<(), Failure> {
@@ -130,7 +190,7 @@ fn positive(name: &str, v: Option<f64>) -> Result<(), Failure> {
 }
 
 /// Builds the workload and the load mode, rejecting contradictory flags.
-fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMode), Failure> {
+fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Failure> {
     let synthetic = [a.input_tokens.is_some(), a.output_tokens.is_some(), a.request_count.is_some()];
     let any_synthetic = synthetic.iter().any(|&b| b);
     if a.replay_concurrency == Some(0) {
@@ -186,7 +246,7 @@ fn workload(a: &PredictArgs, engine: &EngineConfig) -> Result<(Workload, LoadMod
         shared_prefix_ratio: a.shared_prefix_ratio,
         num_prefix_groups: a.num_prefix_groups,
         inter_turn_delay_ms: a.inter_turn_delay_ms,
-        block_tokens: engine.block_size,
+        block_tokens: block_size,
     };
     let workload = spec.generate().map_err(|e| Failure::input(format!("--{e}")))?;
     let load = match a.replay_concurrency {
@@ -204,20 +264,31 @@ fn create(path: &Path) -> Result<BufWriter<File>, Failure> {
 
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let started = Instant::now();
-    let engine = engine_config(a.extra_engine_args.as_deref())?;
-    if a.num_workers == 0 {
-        return Err(Failure::input("--num-workers must be at least 1"));
-    }
+    let cluster = cluster(&a)?;
     for (name, v) in [("sla-ttft-ms", a.sla_ttft_ms), ("sla-itl-ms", a.sla_itl_ms), ("sla-e2e-ms", a.sla_e2e_ms)] {
         positive(name, v)?;
     }
-    let (workload, load) = workload(&a, &engine)?;
+    if !(a.kv_event_lag_ms.is_finite() && a.kv_event_lag_ms >= 0.0) {
+        return Err(Failure::input("--kv-event-lag-ms must be a finite number ≥ 0"));
+    }
+    let router = match a.router_mode {
+        Router::RoundRobin => {
+            if a.router_config.is_some() {
+                return Err(Failure::input("--router-config applies to --router-mode kv_router"));
+            }
+            RouterMode::RoundRobin
+        }
+        Router::KvRouter => RouterMode::KvRouter(match &a.router_config {
+            Some(arg) => json_arg("router-config", arg, RouterConfig::parse_json)?,
+            None => RouterConfig::default(),
+        }),
+    };
+    let (workload, load) = workload(&a, cluster.block_size())?;
     let config = SimConfig {
-        engine,
-        num_workers: a.num_workers,
-        router: match a.router_mode {
-            Router::RoundRobin => RouterMode::RoundRobin,
-        },
+        cluster,
+        router,
+        router_seed: a.router_seed,
+        kv_event_lag_ms: a.kv_event_lag_ms,
         load,
         sla: Sla { ttft_ms: a.sla_ttft_ms, itl_ms: a.sla_itl_ms, e2e_ms: a.sla_e2e_ms },
         seed: a.arrival_seed,

@@ -88,6 +88,68 @@ fn same_inputs_give_the_same_report() {
 }
 
 #[test]
+fn kv_routing_is_reproducible_with_a_seed() {
+    let ex = example();
+    let run = |seed: &str, extra: &[&str]| {
+        let mut args = vec!["predict", ex.to_str().unwrap(), "--num-workers", "4", "--router-mode", "kv_router"];
+        args.extend_from_slice(&["--router-seed", seed, "--format", "json"]);
+        args.extend_from_slice(extra);
+        serde_json::to_string(&simulated(json_stdout(&servesim(&args)))).unwrap()
+    };
+    assert_eq!(run("7", &[]), run("7", &[]));
+    let sampled = ["--router-config", r#"{"router_temperature": 1.0}"#];
+    assert_eq!(run("7", &sampled), run("7", &sampled));
+    assert_ne!(run("7", &sampled), run("8", &sampled), "the seed drives the sampling");
+    // Routing on cache overlap reuses more of the chats' prefixes than round robin.
+    let reuse = |v: &str| serde_json::from_str::<Value>(v).unwrap()["prefix_cache_reused_ratio"].as_f64().unwrap();
+    let rr =
+        simulated(json_stdout(&servesim(&["predict", ex.to_str().unwrap(), "--num-workers", "4", "--format", "json"])));
+    assert!(reuse(&run("7", &[])) > rr["prefix_cache_reused_ratio"].as_f64().unwrap());
+}
+
+#[test]
+fn disaggregated_serving_reports_both_pools() {
+    let ex = example();
+    let records = tmp("disagg.jsonl");
+    let args = [
+        "predict",
+        ex.to_str().unwrap(),
+        "--num-prefill-workers",
+        "2",
+        "--num-decode-workers",
+        "3",
+        "--prefill-engine-args",
+        r#"{"kv_transfer_bandwidth": 10.0, "kv_bytes_per_token": 131072}"#,
+        "--router-mode",
+        "kv_router",
+        "--format",
+        "json",
+        "--report-jsonl",
+        records.to_str().unwrap(),
+    ];
+    let a = json_stdout(&servesim(&args));
+    assert_eq!(a["completed_requests"], 403);
+    let duration_s = a["duration_ms"].as_f64().unwrap() / 1000.0;
+    assert!((a["prefill_worker_seconds"].as_f64().unwrap() - 2.0 * duration_s).abs() < 1.0);
+    assert!((a["decode_worker_seconds"].as_f64().unwrap() - 3.0 * duration_s).abs() < 1.0);
+    let text = std::fs::read_to_string(&records).unwrap();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let t = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+        // Prefill, hold, reservation, transfer (131072 B/token at 10 GB/s), decode.
+        assert!(t("prefill_admit_ms") <= t("source_held_ms"));
+        assert!(t("source_held_ms") <= t("destination_reserved_ms"));
+        let transfer = t("input_length") * 131072.0 / 10e9 * 1000.0;
+        assert!(t("destination_activated_ms") - t("destination_reserved_ms") >= transfer - 1e-6);
+        assert!(t("decode_admit_ms") >= t("destination_activated_ms"));
+        assert!(t("first_token_ms") > t("decode_admit_ms"));
+        assert!(r["prefill_worker_idx"].as_u64().unwrap() < 2 && r["decode_worker_idx"].as_u64().unwrap() < 3);
+    }
+    let b = json_stdout(&servesim(&args));
+    assert_eq!(simulated(a), simulated(b));
+}
+
+#[test]
 fn flat_and_canonical_engine_args_are_equivalent() {
     let run = |engine: &str| {
         simulated(json_stdout(&servesim(&[
@@ -214,4 +276,15 @@ fn contradictory_flags_are_rejected() {
     );
     rejects(&["predict", ex, "--num-workers", "0"], &["--num-workers"]);
     rejects(&["predict", ex, "--report-json", "/no/such/dir/out.json"], &["/no/such/dir/out.json", "cannot create"]);
+    rejects(&["predict", ex, "--router-config", "{}"], &["--router-config applies to --router-mode kv_router"]);
+    rejects(
+        &["predict", ex, "--router-mode", "kv_router", "--router-config", r#"{"overlap_weight": 1}"#],
+        &["--router-config", "`overlap_weight`", "unknown key"],
+    );
+    rejects(&["predict", ex, "--num-workers", "2", "--num-decode-workers", "2"], &["--num-workers"]);
+    rejects(
+        &["predict", ex, "--num-prefill-workers", "1", "--decode-engine-args", r#"{"block_size": 32}"#],
+        &["same block_size"],
+    );
+    rejects(&["predict", ex, "--extra-engine-args", r#"{"worker_type": "decode"}"#], &["disaggregated"]);
 }

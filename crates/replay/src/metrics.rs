@@ -7,6 +7,7 @@
 //!   (`1000 / gap` for the latter, gaps of 0 skipped), with sketch quantiles.
 //! * Only completed requests that produced tokens enter the latency distributions.
 
+use rustc_hash::FxHashMap;
 use servesim_engine::{Finish, RejectReason};
 
 use crate::stats::{Exact, Sketch};
@@ -37,7 +38,6 @@ pub struct RequestRecord {
     pub ordinal: u64,
     pub session: u32,
     pub turn: u32,
-    pub worker: u32,
     pub arrival_ms: f64,
     pub first_admit_ms: Option<f64>,
     pub terminal_ms: Option<f64>,
@@ -53,6 +53,38 @@ pub struct RequestRecord {
     pub first_admission_reused_input_tokens: u32,
     pub admissions: u32,
     pub status: Status,
+    /// The worker that computed the prompt (disaggregated), and the one that decoded.
+    pub prefill_worker: Option<u32>,
+    pub decode_worker: Option<u32>,
+    /// Prefix tokens the router believed cached on the worker it chose (first pool).
+    pub route_overlap_tokens: Option<u32>,
+    /// Time spent in the router queue.
+    pub queue_wait_ms: f64,
+    pub handoff: Option<Handoff>,
+}
+
+/// Milestones of the prefill-to-decode handoff of a disaggregated request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Handoff {
+    /// Prefill done; the prefill worker holds the KV.
+    pub source_held_ms: Option<f64>,
+    pub destination_reserved_ms: Option<f64>,
+    /// The KV reached the decode worker.
+    pub destination_activated_ms: Option<f64>,
+    /// The prefill worker freed its copy (at the end of the pass it was running then).
+    pub source_released_ms: Option<f64>,
+    pub decode_admit_ms: Option<f64>,
+    /// Prompt tokens the decode worker already had cached.
+    pub decode_reused_input_tokens: Option<u32>,
+    pub decode_route_overlap_tokens: Option<u32>,
+}
+
+/// The pool a request is in: an aggregated worker, or one side of a disaggregated pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Aggregated,
+    Prefill,
+    Decode,
 }
 
 impl RequestRecord {
@@ -110,8 +142,8 @@ impl Sla {
 
 /// Accumulates timelines while a run is in progress.
 pub struct Collector<'s> {
-    live: Vec<Option<RequestRecord>>,
-    free: Vec<u32>,
+    /// Requests in flight by id (their release ordinal).
+    live: FxHashMap<u64, RequestRecord>,
     next_ordinal: u64,
     sla: Sla,
     sink: Option<&'s mut dyn FnMut(&RequestRecord)>,
@@ -146,8 +178,7 @@ pub struct Totals {
 impl<'s> Collector<'s> {
     pub fn new(sla: Sla, sink: Option<&'s mut dyn FnMut(&RequestRecord)>) -> Self {
         Collector {
-            live: Vec::new(),
-            free: Vec::new(),
+            live: FxHashMap::default(),
             next_ordinal: 0,
             sla,
             sink,
@@ -161,13 +192,12 @@ impl<'s> Collector<'s> {
         }
     }
 
-    /// Registers a released request; returns its id (reused after it finishes).
-    pub fn arrive(&mut self, session: u32, turn: u32, worker: u32, arrival_ms: f64, input: u32, output: u32) -> u64 {
+    /// Registers a released request; returns its id (its release ordinal).
+    pub fn arrive(&mut self, session: u32, turn: u32, arrival_ms: f64, input: u32, output: u32) -> u64 {
         let record = RequestRecord {
             ordinal: self.next_ordinal,
             session,
             turn,
-            worker,
             arrival_ms,
             first_admit_ms: None,
             terminal_ms: None,
@@ -181,31 +211,75 @@ impl<'s> Collector<'s> {
             first_admission_reused_input_tokens: 0,
             admissions: 0,
             status: Status::Incomplete,
+            prefill_worker: None,
+            decode_worker: None,
+            route_overlap_tokens: None,
+            queue_wait_ms: 0.0,
+            handoff: None,
         };
         self.next_ordinal += 1;
         self.totals.num_requests += 1;
-        match self.free.pop() {
-            Some(slot) => {
-                self.live[slot as usize] = Some(record);
-                slot as u64
+        let id = record.ordinal;
+        self.live.insert(id, record);
+        id
+    }
+
+    fn get(&mut self, id: u64) -> &mut RequestRecord {
+        self.live.get_mut(&id).expect("request is in flight")
+    }
+
+    /// The request was placed on `worker` of the `stage` pool.
+    pub fn placed(
+        &mut self,
+        id: u64,
+        stage: Stage,
+        worker: u32,
+        overlap_tokens: u32,
+        queued_at: Option<f64>,
+        now: f64,
+    ) {
+        let r = self.get(id);
+        if let Some(q) = queued_at {
+            r.queue_wait_ms += now - q;
+        }
+        match stage {
+            Stage::Aggregated => {
+                r.decode_worker = Some(worker);
+                r.route_overlap_tokens = Some(overlap_tokens);
             }
-            None => {
-                self.live.push(Some(record));
-                (self.live.len() - 1) as u64
+            Stage::Prefill => {
+                r.prefill_worker = Some(worker);
+                r.route_overlap_tokens = Some(overlap_tokens);
+            }
+            Stage::Decode => {
+                r.decode_worker = Some(worker);
+                r.handoff.get_or_insert_with(Handoff::default).decode_route_overlap_tokens = Some(overlap_tokens);
             }
         }
     }
 
-    fn get(&mut self, id: u64) -> &mut RequestRecord {
-        self.live[id as usize].as_mut().expect("request is in flight")
+    /// The prefill worker finished the prompt and holds its KV (disaggregated).
+    pub fn source_held(&mut self, id: u64, at_ms: f64) {
+        self.get(id).handoff.get_or_insert_with(Handoff::default).source_held_ms = Some(at_ms);
     }
 
-    pub fn ordinal_of(&self, id: u64) -> u64 {
-        self.live[id as usize].as_ref().expect("request is in flight").ordinal
+    pub fn destination_reserved(&mut self, id: u64, at_ms: f64, reused: u32) {
+        let h = self.get(id).handoff.get_or_insert_with(Handoff::default);
+        h.destination_reserved_ms = Some(at_ms);
+        h.decode_reused_input_tokens = Some(reused);
     }
 
-    pub fn session_of(&self, id: u64) -> u32 {
-        self.live[id as usize].as_ref().expect("request is in flight").session
+    pub fn destination_activated(&mut self, id: u64, at_ms: f64) {
+        self.get(id).handoff.get_or_insert_with(Handoff::default).destination_activated_ms = Some(at_ms);
+    }
+
+    pub fn source_released(&mut self, id: u64, at_ms: f64) {
+        self.get(id).handoff.get_or_insert_with(Handoff::default).source_released_ms = Some(at_ms);
+    }
+
+    pub fn decode_admit(&mut self, id: u64, at_ms: f64) {
+        let h = self.get(id).handoff.get_or_insert_with(Handoff::default);
+        h.decode_admit_ms.get_or_insert(at_ms);
     }
 
     pub fn admit(&mut self, id: u64, at_ms: f64, reused: u32) {
@@ -243,8 +317,7 @@ impl<'s> Collector<'s> {
 
     /// Closes a request's timeline and folds it into the run metrics.
     pub fn finish(&mut self, id: u64, at_ms: f64, finish: Finish) {
-        let mut r = self.live[id as usize].take().expect("request is in flight");
-        self.free.push(id as u32);
+        let mut r = self.live.remove(&id).expect("request is in flight");
         r.terminal_ms = Some(at_ms);
         r.status = match finish {
             Finish::Completed => Status::Completed,
@@ -292,7 +365,7 @@ impl<'s> Collector<'s> {
 
     /// Reports the requests still in flight as incomplete (the run was cut short).
     pub fn close_incomplete(&mut self) {
-        let mut pending: Vec<RequestRecord> = self.live.iter_mut().filter_map(Option::take).collect();
+        let mut pending: Vec<RequestRecord> = self.live.drain().map(|(_, r)| r).collect();
         pending.sort_by_key(|r| r.ordinal);
         for r in pending {
             self.fold(&r);

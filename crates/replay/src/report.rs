@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::metrics::{Collector, RequestRecord, Status, Totals};
-use crate::sim::SimConfig;
+use crate::sim::{Cluster, SimConfig};
 use crate::stats::Summary;
 use crate::workload::Workload;
 
@@ -24,8 +24,12 @@ pub struct Report {
     pub dist: Distributions,
     /// Virtual time at which the last event happened.
     pub end_ms: f64,
-    pub num_workers: u32,
-    pub gpus_per_worker: u32,
+    /// Workers and GPUs per worker of the prefill pool (0 when aggregated) and of the decode
+    /// (or aggregated) pool.
+    pub prefill_workers: u32,
+    pub prefill_gpus_per_worker: u32,
+    pub decode_workers: u32,
+    pub decode_gpus_per_worker: u32,
     pub sla_set: bool,
     /// Host time the run took (set by the caller that measured it).
     pub wall_time_ms: f64,
@@ -33,6 +37,10 @@ pub struct Report {
 
 impl Report {
     pub(crate) fn build(config: &SimConfig, c: &Collector<'_>, end_ms: f64) -> Report {
+        let (prefill, decode) = match &config.cluster {
+            Cluster::Aggregated(pool) => (None, pool),
+            Cluster::Disaggregated { prefill, decode } => (Some(prefill), decode),
+        };
         Report {
             totals: c.totals,
             dist: Distributions {
@@ -44,8 +52,10 @@ impl Report {
                 per_user: c.per_user.summary(),
             },
             end_ms,
-            num_workers: config.num_workers,
-            gpus_per_worker: config.engine.gpus_per_worker(),
+            prefill_workers: prefill.map_or(0, |p| p.workers),
+            prefill_gpus_per_worker: prefill.map_or(0, |p| p.engine.gpus_per_worker()),
+            decode_workers: decode.workers,
+            decode_gpus_per_worker: decode.engine.gpus_per_worker(),
             sla_set: config.sla.is_set(),
             wall_time_ms: 0.0,
         }
@@ -55,8 +65,18 @@ impl Report {
         (self.totals.duration_ms / 1000.0).max(1e-9)
     }
 
-    pub fn worker_seconds(&self) -> f64 {
-        self.num_workers as f64 * self.end_ms / 1000.0
+    pub fn prefill_worker_seconds(&self) -> f64 {
+        self.prefill_workers as f64 * self.end_ms / 1000.0
+    }
+
+    pub fn decode_worker_seconds(&self) -> f64 {
+        self.decode_workers as f64 * self.end_ms / 1000.0
+    }
+
+    pub fn gpu_hours(&self) -> f64 {
+        (self.prefill_worker_seconds() * self.prefill_gpus_per_worker as f64
+            + self.decode_worker_seconds() * self.decode_gpus_per_worker as f64)
+            / 3600.0
     }
 
     /// The summary object. Keys follow the reference; keys it lacks are servesim additions.
@@ -79,11 +99,11 @@ impl Report {
         put("input_throughput_tok_s", json!(t.input_tokens as f64 / d));
         put("output_throughput_tok_s", json!(t.output_tokens as f64 / d));
         put("total_throughput_tok_s", json!((t.input_tokens + t.output_tokens) as f64 / d));
-        put("prefill_worker_seconds", json!(0.0));
-        put("decode_worker_seconds", json!(self.worker_seconds()));
-        put("prefill_gpus_per_worker", json!(0));
-        put("decode_gpus_per_worker", json!(self.gpus_per_worker));
-        put("gpu_hours", json!(self.worker_seconds() * self.gpus_per_worker as f64 / 3600.0));
+        put("prefill_worker_seconds", json!(self.prefill_worker_seconds()));
+        put("decode_worker_seconds", json!(self.decode_worker_seconds()));
+        put("prefill_gpus_per_worker", json!(self.prefill_gpus_per_worker));
+        put("decode_gpus_per_worker", json!(self.decode_gpus_per_worker));
+        put("gpu_hours", json!(self.gpu_hours()));
         if self.sla_set {
             put("goodput_completed_requests", json!(t.good_requests));
             put("goodput_request_throughput_rps", json!(t.good_requests as f64 / d));
@@ -154,8 +174,21 @@ pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
     put("output_length", json!(r.output_length));
     put("reused_input_tokens", json!(r.reused_input_tokens));
     put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));
-    put("prefill_worker_idx", Value::Null);
-    put("decode_worker_idx", json!(r.worker));
+    put("prefill_worker_idx", json!(r.prefill_worker));
+    put("decode_worker_idx", json!(r.decode_worker));
+    put("route_overlap_tokens", json!(r.route_overlap_tokens));
+    put("queue_wait_ms", json!(r.queue_wait_ms));
+    if let Some(h) = &r.handoff {
+        put("prefill_admit_ms", json!(r.first_admit_ms));
+        put("source_held_ms", json!(h.source_held_ms));
+        put("destination_reserved_ms", json!(h.destination_reserved_ms));
+        put("destination_activated_ms", json!(h.destination_activated_ms));
+        put("decode_admit_ms", json!(h.decode_admit_ms));
+        put("source_released_ms", json!(h.source_released_ms));
+        put("decode_reused_input_tokens", json!(h.decode_reused_input_tokens));
+        put("prefill_route_overlap_tokens", json!(r.route_overlap_tokens));
+        put("decode_route_overlap_tokens", json!(h.decode_route_overlap_tokens));
+    }
     put("admission_count", json!(r.admissions));
     put("readmission_count", json!(r.admissions.saturating_sub(1)));
     put("terminal_status", json!(r.status.name()));

@@ -1,33 +1,121 @@
 //! The discrete-event loop: a virtual clock, a cluster of simulated workers, and the load
 //! driver releasing requests.
 //!
-//! At each instant the loop (1) applies the results of passes that end now, (2) releases the
-//! requests that become ready now and places them on workers, and (3) starts a pass on every
-//! idle worker that has work. A pass's results (tokens, completions) become visible at its end
-//! time; completions can make the next turn of a session ready.
+//! At each instant the loop (1) applies what happens now — passes that end, KV transfers that
+//! land, KV events the router gets to see — (2) releases the requests that become ready now and
+//! places them on workers, and (3) starts a pass on every idle worker that has work. A pass's
+//! results (tokens, completions, KV events) become visible at its end time; completions can make
+//! the next turn of a session ready.
+//!
+//! Aggregated clusters have one pool of workers. Disaggregated clusters have a prefill pool,
+//! whose workers compute the prompt (and a token nobody sees), and a decode pool: when a prompt
+//! is done the request is routed to a decode worker, which reserves blocks for it; the KV
+//! transfer takes `kv_transfer_ms` of the prefill engine, after which the decode worker
+//! generates every visible token and the prefill worker frees its copy.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
-use servesim_engine::{Engine, EngineConfig, EngineOptions, EngineRequest, PassOutput, Prompt};
+use rustc_hash::FxHashMap;
+use servesim_engine::timing::whole_ns;
+use servesim_engine::{
+    BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode, PassOutput,
+    Prompt, RejectReason, WorkerType,
+};
+use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
 
-use crate::metrics::{Collector, Sla};
+use crate::error::InputError;
+use crate::metrics::{Collector, Sla, Stage};
 use crate::report::Report;
 use crate::time::Time;
 use crate::workload::{LoadDriver, LoadMode, Ready, Workload};
 
+/// Workers of one role, all with the same engine.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub engine: EngineConfig,
+    pub workers: u32,
+}
+
+#[derive(Clone, Debug)]
+pub enum Cluster {
+    Aggregated(PoolConfig),
+    Disaggregated { prefill: PoolConfig, decode: PoolConfig },
+}
+
+impl Cluster {
+    /// Checks the pools fit together and gives each engine its role.
+    pub fn normalise(self) -> Result<Cluster, InputError> {
+        fn role(mut pool: PoolConfig, want: WorkerType, flag: &str) -> Result<PoolConfig, InputError> {
+            if pool.workers == 0 {
+                return Err(InputError::new(format!("{flag} must be at least 1")));
+            }
+            match pool.engine.worker_type {
+                WorkerType::Aggregated => pool.engine.worker_type = want,
+                t if t == want => {}
+                t => {
+                    return Err(InputError::new(format!(
+                        "worker_type {t:?} does not fit the {} pool",
+                        format!("{want:?}").to_lowercase()
+                    )))
+                }
+            }
+            Ok(pool)
+        }
+        match self {
+            Cluster::Aggregated(pool) => {
+                if pool.engine.worker_type != WorkerType::Aggregated {
+                    return Err(InputError::new(
+                        "a prefill or decode worker_type needs a disaggregated cluster \
+                         (--num-prefill-workers/--num-decode-workers)",
+                    ));
+                }
+                Ok(Cluster::Aggregated(role(pool, WorkerType::Aggregated, "--num-workers")?))
+            }
+            Cluster::Disaggregated { prefill, decode } => {
+                let prefill = role(prefill, WorkerType::Prefill, "--num-prefill-workers")?;
+                let decode = role(decode, WorkerType::Decode, "--num-decode-workers")?;
+                if prefill.engine.block_size != decode.engine.block_size {
+                    return Err(InputError::new(format!(
+                        "prefill and decode engines need the same block_size ({} vs {})",
+                        prefill.engine.block_size, decode.engine.block_size
+                    )));
+                }
+                Ok(Cluster::Disaggregated { prefill, decode })
+            }
+        }
+    }
+
+    /// The pools in order: the aggregated pool, or prefill then decode.
+    pub fn pools(&self) -> Vec<&PoolConfig> {
+        match self {
+            Cluster::Aggregated(p) => vec![p],
+            Cluster::Disaggregated { prefill, decode } => vec![prefill, decode],
+        }
+    }
+
+    /// The engine whose block size prompts are hashed at.
+    pub fn block_size(&self) -> u32 {
+        self.pools()[0].engine.block_size
+    }
+}
+
 /// How requests are assigned to workers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum RouterMode {
     RoundRobin,
+    KvRouter(RouterConfig),
 }
 
 /// Everything that defines one simulated run besides the workload.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
-    pub engine: EngineConfig,
-    pub num_workers: u32,
+    pub cluster: Cluster,
     pub router: RouterMode,
+    /// Seed of the router's random choices (ties, softmax sampling).
+    pub router_seed: u64,
+    /// Delay before the router sees the KV events of a pass.
+    pub kv_event_lag_ms: f64,
     pub load: LoadMode,
     pub sla: Sla,
     /// Seed of generated token ids.
@@ -62,12 +150,6 @@ impl std::fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-struct Worker {
-    engine: Engine,
-    busy: bool,
-    output: PassOutput,
-}
-
 /// Runs `workload` to completion and returns the report.
 pub fn simulate(
     workload: &Workload,
@@ -80,41 +162,129 @@ pub fn simulate(
     Ok(Report::build(config, &sim.collector, sim.now))
 }
 
+enum Placer {
+    RoundRobin(RoundRobin),
+    Kv(Box<KvRouter>),
+}
+
+struct Worker {
+    engine: Engine,
+    busy: bool,
+    output: PassOutput,
+    /// Decode worker: requests waiting to reserve blocks, in arrival order. Like every command
+    /// to an engine, a reservation is applied between passes.
+    pending_reservations: VecDeque<u64>,
+    /// Prefill worker: held requests to release at the end of the current pass.
+    pending_releases: Vec<u64>,
+    /// Decode worker: transferred requests to activate at the end of the current pass.
+    pending_activations: Vec<u64>,
+}
+
+struct Pool {
+    role: Stage,
+    engine: EngineConfig,
+    workers: Vec<Worker>,
+    placer: Placer,
+}
+
+/// Something scheduled for a later instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    PassEnd { pool: u8, worker: u32 },
+    TransferDone { request: u64 },
+    KvVisible { batch: u64 },
+}
+
+/// A request between its release and its completion.
+struct Flight {
+    session: u32,
+    prompt: Prompt,
+    hashes: BlockHashes,
+    max_output: u32,
+    token_seed: u64,
+    prefill_worker: Option<u32>,
+    decode_worker: Option<u32>,
+    /// The first visible token has been seen (its prefill edge was reported to the router).
+    first_token_seen: bool,
+}
+
 struct Simulation<'a, 'c> {
     workload: &'a Workload,
     config: &'a SimConfig,
     driver: LoadDriver,
-    workers: Vec<Worker>,
-    next_worker: usize,
-    /// Pass completions: (end time, sequence number, worker).
-    events: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    pools: Vec<Pool>,
+    events: BinaryHeap<Reverse<(Time, u64, Event)>>,
     seq: u64,
     now: f64,
+    flights: FxHashMap<u64, Flight>,
+    /// KV events waiting out the router's lag: batch id -> (pool, worker, events).
+    lagged: FxHashMap<u64, (usize, usize, Vec<KvEvent>)>,
     collector: Collector<'c>,
     finished: u64,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
     fn new(workload: &'a Workload, config: &'a SimConfig, collector: Collector<'c>) -> Self {
-        let workers = (0..config.num_workers)
-            .map(|_| Worker {
-                engine: Engine::new(config.engine.clone(), EngineOptions::default()),
-                busy: false,
-                output: PassOutput::default(),
+        let roles: &[Stage] = match config.cluster {
+            Cluster::Aggregated(_) => &[Stage::Aggregated],
+            Cluster::Disaggregated { .. } => &[Stage::Prefill, Stage::Decode],
+        };
+        let pools = config
+            .cluster
+            .pools()
+            .into_iter()
+            .zip(roles)
+            .map(|(pc, &role)| {
+                let placer = match &config.router {
+                    RouterMode::RoundRobin => Placer::RoundRobin(RoundRobin::default()),
+                    RouterMode::KvRouter(rc) => {
+                        let rc = match role {
+                            Stage::Aggregated => rc.clone(),
+                            Stage::Prefill => rc.for_prefill(),
+                            Stage::Decode => rc.for_decode(),
+                        };
+                        let budget = pc.engine.max_num_batched_tokens.unwrap_or(8192);
+                        Placer::Kv(Box::new(KvRouter::new(
+                            rc,
+                            pc.workers as usize,
+                            pc.engine.block_size,
+                            budget,
+                            config.router_seed,
+                        )))
+                    }
+                };
+                let options = EngineOptions { record_kv_events: matches!(placer, Placer::Kv(_)) };
+                let workers = (0..pc.workers)
+                    .map(|_| Worker {
+                        engine: Engine::new(pc.engine.clone(), options),
+                        busy: false,
+                        output: PassOutput::default(),
+                        pending_reservations: VecDeque::new(),
+                        pending_releases: Vec::new(),
+                        pending_activations: Vec::new(),
+                    })
+                    .collect();
+                Pool { role, engine: pc.engine.clone(), workers, placer }
             })
             .collect();
         Simulation {
             workload,
             config,
             driver: LoadDriver::new(workload, config.load),
-            workers,
-            next_worker: 0,
+            pools,
             events: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
+            flights: FxHashMap::default(),
+            lagged: FxHashMap::default(),
             collector,
             finished: 0,
         }
+    }
+
+    fn schedule(&mut self, at: f64, event: Event) {
+        self.events.push(Reverse((Time(at), self.seq, event)));
+        self.seq += 1;
     }
 
     fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
@@ -124,21 +294,30 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let mut last_reported = u64::MAX;
         loop {
             if !again {
-                let next_pass = self.events.peek().map(|Reverse((t, _, _))| t.0);
-                self.now = match (next_pass, self.driver.next_ready_ms()) {
+                let next_event = self.events.peek().map(|Reverse((t, _, _))| t.0);
+                self.now = match (next_event, self.driver.next_ready_ms()) {
                     (None, None) => break,
                     (Some(a), Some(b)) => a.min(b),
                     (Some(a), None) | (None, Some(a)) => a,
                 };
             }
             let now = self.now;
-            while let Some(&Reverse((Time(t), _, w))) = self.events.peek() {
+            while let Some(&Reverse((Time(t), _, event))) = self.events.peek() {
                 if t > now {
                     break;
                 }
                 self.events.pop();
-                self.workers[w as usize].busy = false;
-                self.apply_pass(w as usize);
+                match event {
+                    Event::PassEnd { pool, worker } => {
+                        self.pools[pool as usize].workers[worker as usize].busy = false;
+                        self.apply_pass(pool as usize, worker as usize);
+                    }
+                    Event::TransferDone { request } => self.transfer_done(request),
+                    Event::KvVisible { batch } => {
+                        let (pool, worker, events) = self.lagged.remove(&batch).expect("lagged batch");
+                        self.feed_router(pool, worker, &events);
+                    }
+                }
             }
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
@@ -146,22 +325,24 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.release(r);
             }
             again = false;
-            for w in 0..self.workers.len() {
-                let worker = &mut self.workers[w];
-                if worker.busy || !worker.engine.has_work() {
-                    continue;
-                }
-                worker.engine.step(now, &mut worker.output);
-                if worker.output.end_ms > now {
-                    worker.busy = true;
-                    self.events.push(Reverse((Time(worker.output.end_ms), self.seq, w as u32)));
-                    self.seq += 1;
-                } else {
-                    if worker.output.is_empty() {
-                        return Err(SimError::Stalled { worker: w as u32, at_ms: now });
+            for p in 0..self.pools.len() {
+                for w in 0..self.pools[p].workers.len() {
+                    let worker = &mut self.pools[p].workers[w];
+                    if worker.busy || !worker.engine.has_work() {
+                        continue;
                     }
-                    self.apply_pass(w);
-                    again = true;
+                    worker.engine.step(now, &mut worker.output);
+                    if worker.output.end_ms > now {
+                        worker.busy = true;
+                        let end = worker.output.end_ms;
+                        self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
+                    } else {
+                        if worker.output.is_empty() {
+                            return Err(SimError::Stalled { worker: w as u32, at_ms: now });
+                        }
+                        self.apply_pass(p, w);
+                        again = true;
+                    }
                 }
             }
             if self.finished != last_reported {
@@ -173,51 +354,252 @@ impl<'a, 'c> Simulation<'a, 'c> {
         Ok(())
     }
 
-    /// Hands a released turn to a worker.
+    /// A turn becomes a request: registered, hashed, and placed on the first pool.
     fn release(&mut self, r: &Ready) {
         let turn = &self.workload.sessions[r.session as usize].turns[r.turn as usize];
-        let worker = match self.config.router {
-            RouterMode::RoundRobin => {
-                let w = self.next_worker;
-                self.next_worker = (w + 1) % self.workers.len();
-                w
-            }
-        };
-        let id = self.collector.arrive(
-            r.session,
-            r.turn,
-            worker as u32,
-            r.arrival_ms,
-            turn.input_length,
-            turn.output_length,
-        );
-        let ordinal = self.collector.ordinal_of(id);
-        let request = EngineRequest {
+        let id = self.collector.arrive(r.session, r.turn, r.arrival_ms, turn.input_length, turn.output_length);
+
+        let prompt = Prompt::Runs { run: self.workload.block_tokens, ids: turn.blocks.clone(), len: turn.input_length };
+        let needs_hashes =
+            self.pools.iter().any(|p| p.engine.enable_prefix_caching || matches!(p.placer, Placer::Kv(_)));
+        let hashes =
+            if needs_hashes { prompt.block_hashes(self.config.cluster.block_size()) } else { BlockHashes::default() };
+        self.flights.insert(
             id,
-            prompt: Prompt::Runs { run: self.workload.block_tokens, ids: turn.blocks.clone(), len: turn.input_length },
-            max_output: turn.output_length,
-            token_seed: self.config.seed ^ ordinal.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            hashes: None,
-        };
-        self.workers[worker].engine.submit(request);
+            Flight {
+                session: r.session,
+                prompt,
+                hashes,
+                max_output: turn.output_length,
+                token_seed: self.config.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                prefill_worker: None,
+                decode_worker: None,
+                first_token_seen: false,
+            },
+        );
+        self.route(0, id, r.arrival_ms);
     }
 
-    /// Folds the results of worker `w`'s last pass into the metrics and the load driver.
-    fn apply_pass(&mut self, w: usize) {
-        let out = std::mem::take(&mut self.workers[w].output);
+    /// Picks a worker of `pool` for request `id` (or leaves it in the router queue).
+    fn route(&mut self, pool: usize, id: u64, arrival_ms: f64) {
+        let now = self.now;
+        let flight = &self.flights[&id];
+        let workers = self.pools[pool].workers.len();
+        let placement = match &mut self.pools[pool].placer {
+            Placer::RoundRobin(rr) => {
+                let target = rr.pick(workers);
+                Placement { id, target, overlap_blocks: 0, cost: 0.0, queued_at_ms: None }
+            }
+            Placer::Kv(router) => {
+                let req = RouteRequest {
+                    id,
+                    hashes: &flight.hashes.seq,
+                    isl: flight.prompt.len(),
+                    priority: 0,
+                    strict_priority: 0,
+                    arrival_ms,
+                };
+                match router.route(req, now) {
+                    Routed::Placed(p) => p,
+                    Routed::Queued => return,
+                }
+            }
+        };
+        self.place(pool, placement);
+    }
+
+    /// Hands a placed request to its worker.
+    fn place(&mut self, pool: usize, p: Placement) {
+        let role = self.pools[pool].role;
+        let bs = self.pools[pool].engine.block_size;
+        let flight = self.flights.get_mut(&p.id).expect("placed request is in flight");
+        let overlap_tokens = (p.overlap_blocks * bs).min(flight.prompt.len());
+        self.collector.placed(p.id, role, p.target as u32, overlap_tokens, p.queued_at_ms, self.now);
+        match role {
+            Stage::Aggregated => flight.decode_worker = Some(p.target as u32),
+            Stage::Prefill => flight.prefill_worker = Some(p.target as u32),
+            Stage::Decode => flight.decode_worker = Some(p.target as u32),
+        }
+        // A prefill worker only computes the prompt (and one token nobody sees).
+        let max_output = if role == Stage::Prefill { 1 } else { flight.max_output };
+        let request = self.engine_request(p.id, max_output);
+        if role == Stage::Decode {
+            let worker = &mut self.pools[pool].workers[p.target];
+            worker.pending_reservations.push_back(p.id);
+            if !worker.busy {
+                self.apply_reservations(pool, p.target);
+            }
+        } else {
+            self.pools[pool].workers[p.target].engine.submit(request);
+        }
+    }
+
+    /// Decode worker: reserves blocks for a transferred prompt and starts the transfer; returns
+    /// false if the blocks are not available now.
+    fn reserve(&mut self, pool: usize, worker: usize, request: EngineRequest) -> bool {
+        let id = request.id;
+        let prompt_len = request.prompt.len() as u64;
+        let Ok(reused) = self.pools[pool].workers[worker].engine.reserve(request) else { return false };
+        let prefill = &self.pools[0].engine;
+        let tokens = match prefill.kv_transfer_timing_mode {
+            KvTransferTimingMode::FullPrompt => prompt_len,
+            // Whole blocks the destination lacks, the partial last block included.
+            KvTransferTimingMode::DestinationMissing => {
+                let bs = prefill.block_size as u64;
+                (prompt_len.div_ceil(bs) - reused as u64 / bs) * bs
+            }
+        };
+        let delay = whole_ns(prefill.kv_transfer_ms(tokens));
+        self.collector.destination_reserved(id, self.now, reused);
+        self.schedule(self.now + delay, Event::TransferDone { request: id });
+        true
+    }
+
+    fn engine_request(&self, id: u64, max_output: u32) -> EngineRequest {
+        let flight = &self.flights[&id];
+        EngineRequest {
+            id,
+            prompt: flight.prompt.clone(),
+            max_output,
+            token_seed: flight.token_seed,
+            hashes: Some(flight.hashes.clone()),
+        }
+    }
+
+    /// Applies, in order, the reservations waiting for decode worker `w` until one does not
+    /// fit. A prompt larger than the whole cache is rejected.
+    fn apply_reservations(&mut self, pool: usize, w: usize) {
+        while let Some(id) = self.pools[pool].workers[w].pending_reservations.pop_front() {
+            let request = self.engine_request(id, self.flights[&id].max_output);
+            let engine = &self.pools[pool].engine;
+            if request.prompt.len().div_ceil(engine.block_size) > engine.num_gpu_blocks {
+                self.source_release(id);
+                self.router_edge(pool, id, true);
+                self.finish(id, Finish::Rejected(RejectReason::ExceedsKvCapacity));
+                continue;
+            }
+            if !self.reserve(pool, w, request) {
+                self.pools[pool].workers[w].pending_reservations.push_front(id);
+                break;
+            }
+        }
+    }
+
+    /// The prefill worker may free the KV it holds for `id` (at the end of its current pass).
+    fn source_release(&mut self, id: u64) {
+        let prefill = self.flights[&id].prefill_worker.expect("prefilled") as usize;
+        let worker = &mut self.pools[0].workers[prefill];
+        if worker.busy {
+            // Recorded now: the request may be gone by the time the pass ends.
+            self.collector.source_released(id, worker.output.end_ms);
+            worker.pending_releases.push(id);
+        } else {
+            worker.engine.release_held(id);
+            self.collector.source_released(id, self.now);
+        }
+    }
+
+    /// A request left the system: metrics, load driver.
+    fn finish(&mut self, id: u64, finish: Finish) {
+        let flight = self.flights.remove(&id).expect("finished request is in flight");
+        self.collector.finish(id, self.now, finish);
+        self.driver.on_complete(flight.session, self.now);
+        self.finished += 1;
+    }
+
+    /// The KV of a request reached its decode worker.
+    /// (Activation is a command to the engine, applied between passes.)
+    fn transfer_done(&mut self, id: u64) {
+        let decode = self.flights[&id].decode_worker.expect("routed to a decode worker") as usize;
+        let worker = &mut self.pools[1].workers[decode];
+        if worker.busy {
+            worker.pending_activations.push(id);
+        } else {
+            self.activate(decode, id);
+        }
+    }
+
+    /// The decode worker takes the transferred KV; the prefill worker may let go of its copy.
+    fn activate(&mut self, decode: usize, id: u64) {
+        self.pools[1].workers[decode].engine.activate(id);
+        self.collector.destination_activated(id, self.now);
+        self.source_release(id);
+    }
+
+    fn feed_router(&mut self, pool: usize, worker: usize, events: &[KvEvent]) {
+        if let Placer::Kv(router) = &mut self.pools[pool].placer {
+            router.apply_events(worker, events);
+        }
+    }
+
+    /// Router lifecycle edges; requests the router releases from its queue are placed now.
+    fn router_edge(&mut self, pool: usize, id: u64, finished: bool) {
+        let released = match &mut self.pools[pool].placer {
+            Placer::Kv(router) if finished => router.free(id),
+            Placer::Kv(router) => router.prefill_completed(id),
+            Placer::RoundRobin(_) => return,
+        };
+        for p in released {
+            self.place(pool, p);
+        }
+    }
+
+    /// Folds the results of a worker's last pass into the metrics, the routers and the load
+    /// driver.
+    fn apply_pass(&mut self, pool: usize, w: usize) {
+        let out = std::mem::take(&mut self.pools[pool].workers[w].output);
+        let role = self.pools[pool].role;
+        let now = out.end_ms;
+        debug_assert_eq!(now, self.now);
+        if !out.kv_events.is_empty() {
+            if self.config.kv_event_lag_ms > 0.0 {
+                let batch = self.seq;
+                self.lagged.insert(batch, (pool, w, out.kv_events.clone()));
+                self.schedule(now + self.config.kv_event_lag_ms, Event::KvVisible { batch });
+            } else {
+                self.feed_router(pool, w, &out.kv_events);
+            }
+        }
         for a in &out.admissions {
-            self.collector.admit(a.request, out.start_ms, a.reused_tokens);
+            if role == Stage::Decode {
+                self.collector.decode_admit(a.request, out.start_ms);
+            } else {
+                self.collector.admit(a.request, out.start_ms, a.reused_tokens);
+            }
         }
         for t in &out.tokens {
-            self.collector.token(t.request, out.end_ms);
+            if role != Stage::Prefill {
+                self.collector.token(t.request, now);
+            }
+            // The router's prefill edge: the prefill worker's only token, or the first visible one.
+            let flight = self.flights.get_mut(&t.request).expect("token of a request in flight");
+            let edge = role == Stage::Prefill || !flight.first_token_seen;
+            flight.first_token_seen |= role != Stage::Prefill;
+            if edge {
+                self.router_edge(pool, t.request, false);
+            }
         }
         self.collector.count_pass(out.preempted.len(), out.prefill_tokens);
         for f in &out.finished {
-            let session = self.collector.session_of(f.request);
-            self.collector.finish(f.request, out.end_ms, f.finish);
-            self.driver.on_complete(session, out.end_ms);
-            self.finished += 1;
+            self.router_edge(pool, f.request, true);
+            if role == Stage::Prefill && f.finish == Finish::Completed {
+                // The prompt is done: find it a decode worker.
+                self.collector.source_held(f.request, now);
+                self.route(1, f.request, now);
+                continue;
+            }
+            self.finish(f.request, f.finish);
         }
-        self.workers[w].output = out;
+        self.pools[pool].workers[w].output = out;
+        // Commands that waited for this pass to end.
+        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
+            self.pools[pool].workers[w].engine.release_held(id);
+        }
+        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
+            self.activate(w, id);
+        }
+        if role == Stage::Decode {
+            self.apply_reservations(pool, w);
+        }
     }
 }

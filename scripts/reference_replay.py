@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Runs one case through the reference (NVIDIA Dynamo 1.6.1's offline replay) and prints its
+summary as JSON. Like ../shared/parity/dynamo_replay.py, plus the keys that script cannot pass:
+
+  "router_config": {...}       a KvRouterConfig as JSON (e.g. {"router_temperature": 0.5})
+  "kv_event_lag_ms": 5.0       delay of KV events seen by the router
+
+Run it with the reference's interpreter:
+  $(../shared/parity/setup.sh) scripts/reference_replay.py CASE.json [--per-request OUT.json]
+"""
+import json, os, sys, time
+
+os.environ.setdefault("RUST_LOG", "error")
+from dynamo._core import KvRouterConfig  # noqa: E402
+from dynamo.replay.api import run_trace_replay, run_synthetic_trace_replay  # noqa: E402
+
+
+def engine_args(engine, dp_size):
+    if engine is None:
+        return None
+    args = {"engine": dict(engine)}
+    if dp_size and dp_size != 1:
+        args["dp_size"] = dp_size
+    return args
+
+
+def main():
+    case = json.load(open(sys.argv[1]))
+    per_request_out = sys.argv[sys.argv.index("--per-request") + 1] if "--per-request" in sys.argv else None
+    router_config = case.get("router_config")
+    if router_config is not None:
+        router_config = KvRouterConfig.from_json(json.dumps(router_config))
+    common = dict(
+        extra_engine_args=engine_args(case.get("engine"), case.get("dp_size")),
+        prefill_engine_args=engine_args(case.get("prefill_engine"), 1),
+        decode_engine_args=engine_args(case.get("decode_engine"), 1),
+        router_config=router_config,
+        num_workers=case.get("num_workers", 1),
+        num_prefill_workers=case.get("num_prefill_workers", 1),
+        num_decode_workers=case.get("num_decode_workers", 1),
+        replay_concurrency=case.get("replay_concurrency"),
+        router_mode=case.get("router_mode", "round_robin"),
+        arrival_speedup_ratio=case.get("arrival_speedup_ratio", 1.0),
+        sla_ttft_ms=case.get("sla_ttft_ms"), sla_itl_ms=case.get("sla_itl_ms"),
+        sla_e2e_ms=case.get("sla_e2e_ms"),
+        capture_per_request=per_request_out is not None,
+    )
+    start = time.perf_counter()
+    if case.get("trace"):
+        extra = {}
+        if case.get("kv_event_lag_ms") is not None:
+            extra["kv_event_lag_ms"] = case["kv_event_lag_ms"]
+        report = run_trace_replay(
+            [case["trace"]], trace_format=case.get("trace_format", "mooncake"),
+            trace_block_size=case.get("trace_block_size", 512), **extra, **common)
+    else:
+        s = case["synthetic"]
+        report = run_synthetic_trace_replay(
+            s["input_tokens"], s["output_tokens"], s["request_count"],
+            request_rate=s.get("request_rate"), arrival_interval_ms=s.get("arrival_interval_ms"),
+            arrival_seed=s.get("arrival_seed", 42), turns_per_session=s.get("turns_per_session", 1),
+            shared_prefix_ratio=s.get("shared_prefix_ratio", 0.0),
+            num_prefix_groups=s.get("num_prefix_groups", 0),
+            inter_turn_delay_ms=s.get("inter_turn_delay_ms", 0.0), **common)
+    summary = dict(report.summary)
+    summary["call_wall_ms"] = (time.perf_counter() - start) * 1000.0
+    if per_request_out:
+        json.dump(report.per_request, open(per_request_out, "w"))
+    json.dump(summary, sys.stdout, indent=1, sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()
