@@ -202,6 +202,8 @@ struct Flight {
     hashes: BlockHashes,
     max_output: u32,
     token_seed: u64,
+    priority: i32,
+    strict_priority: u32,
     prefill_worker: Option<u32>,
     decode_worker: Option<u32>,
     /// The first visible token has been seen (its prefill edge was reported to the router).
@@ -372,6 +374,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 hashes,
                 max_output: turn.output_length,
                 token_seed: self.config.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                priority: turn.priority,
+                strict_priority: turn.strict_priority,
                 prefill_worker: None,
                 decode_worker: None,
                 first_token_seen: false,
@@ -395,8 +399,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     id,
                     hashes: &flight.hashes.seq,
                     isl: flight.prompt.len(),
-                    priority: 0,
-                    strict_priority: 0,
+                    priority: flight.priority,
+                    strict_priority: flight.strict_priority,
                     arrival_ms,
                 };
                 match router.route(req, now) {

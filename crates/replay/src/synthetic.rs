@@ -113,6 +113,8 @@ impl SyntheticSpec {
                         output_length: self.output_tokens,
                         blocks,
                         delay_ms: if k == 0 { 0.0 } else { self.inter_turn_delay_ms },
+                        priority: 0,
+                        strict_priority: 0,
                     }
                 })
                 .collect();

@@ -5,8 +5,9 @@
 //! `hash_ids` (each stands for `trace_block_size` tokens), and optionally `session_id` and
 //! `delay` (alias `delay_ms`) for multi-turn conversations. Rows sharing a `session_id` are the
 //! turns of one conversation in file order; a turn's think time is its `delay`, or else the gap
-//! between its timestamp and the previous turn's. Unknown fields are ignored (traces come from
-//! many tools); everything else is validated and reported with file, line and field.
+//! between its timestamp and the previous turn's. `priority` and `strict_priority` order the KV
+//! router's queue. Unknown fields are ignored (traces come from many tools); everything else is
+//! validated and reported with file, line and field.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -34,16 +35,22 @@ struct Row {
     session_id: Option<Value>,
     #[serde(default, alias = "delay_ms")]
     delay: Option<f64>,
+    #[serde(default)]
+    priority: Option<i32>,
+    #[serde(default)]
+    strict_priority: Option<u32>,
 }
 
 /// Field names and the types we expect, for errors about rows serde rejected.
-const FIELDS: [(&str, &[&str], &str); 6] = [
+const FIELDS: [(&str, &[&str], &str); 8] = [
     ("timestamp", &["timestamp", "created_time"], "a number of milliseconds"),
     ("input_length", &["input_length", "input_tokens"], "a non-negative integer"),
     ("output_length", &["output_length", "output_tokens"], "a non-negative integer"),
     ("hash_ids", &["hash_ids"], "an array of non-negative integers"),
     ("session_id", &["session_id"], "a string"),
     ("delay", &["delay", "delay_ms"], "a number of milliseconds"),
+    ("priority", &["priority"], "an integer"),
+    ("strict_priority", &["strict_priority"], "a non-negative integer"),
 ];
 
 /// Finds which field made serde fail, by checking each against its expected type.
@@ -56,7 +63,10 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
             let Some(v) = map.get(*key) else { continue };
             let ok = match name {
                 "timestamp" | "delay" => v.is_number() || v.is_null(),
-                "input_length" | "output_length" => v.is_u64() || v.is_null(),
+                "input_length" | "output_length" | "strict_priority" => {
+                    v.as_u64().is_some_and(|n| n <= u32::MAX as u64) || v.is_null()
+                }
+                "priority" => v.as_i64().is_some_and(|n| i32::try_from(n).is_ok()) || v.is_null(),
                 "hash_ids" => v.is_null() || v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)),
                 _ => true,
             };
@@ -139,7 +149,14 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
         // Only the blocks the prompt reaches matter.
         let used = input_length.div_ceil(tbs) as usize;
         let blocks: Arc<[u32]> = hash_ids[..used].iter().map(|&h| h as u32).collect();
-        let turn = TurnSpec { input_length, output_length, blocks, delay_ms: 0.0 };
+        let turn = TurnSpec {
+            input_length,
+            output_length,
+            blocks,
+            delay_ms: 0.0,
+            priority: row.priority.unwrap_or(0),
+            strict_priority: row.strict_priority.unwrap_or(0),
+        };
 
         let session_id = match row.session_id {
             None | Some(Value::Null) => None,
@@ -239,6 +256,19 @@ mod tests {
         // No delay given: the timestamp gap to the last row that had one.
         assert_eq!(a.turns[2].delay_ms, 300.0);
         assert_eq!(a.turns[2].input_length, 1536, "input_length defaults to the hash capacity");
+    }
+
+    #[test]
+    fn priorities_are_read() {
+        let w = load(
+            "prio",
+            "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1], \"priority\": -3, \"strict_priority\": 2}",
+        )
+        .unwrap();
+        let t = &w.sessions[0].turns[0];
+        assert_eq!((t.priority, t.strict_priority), (-3, 2));
+        let e = error("prio-bad", r#"{"output_length": 1, "hash_ids": [1], "strict_priority": -1}"#);
+        assert!(e.contains("`strict_priority`"), "{e}");
     }
 
     fn error(name: &str, text: &str) -> String {

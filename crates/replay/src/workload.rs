@@ -21,6 +21,10 @@ pub struct TurnSpec {
     pub blocks: Arc<[u32]>,
     /// Think time after the previous turn completes (0 for the first turn).
     pub delay_ms: f64,
+    /// Router queue priority: like arriving this many seconds earlier (negative counts as 0).
+    pub priority: i32,
+    /// Router queue tier, compared before anything else (higher first).
+    pub strict_priority: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -176,7 +180,14 @@ mod tests {
             start_ms: start,
             turns: delays
                 .iter()
-                .map(|&d| TurnSpec { input_length: 1, output_length: 1, blocks: vec![1].into(), delay_ms: d })
+                .map(|&d| TurnSpec {
+                    input_length: 1,
+                    output_length: 1,
+                    blocks: vec![1].into(),
+                    delay_ms: d,
+                    priority: 0,
+                    strict_priority: 0,
+                })
                 .collect(),
         }
     }
