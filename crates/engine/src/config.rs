@@ -361,10 +361,10 @@ impl RawConfig {
             1 => Backend::Sglang,
             _ => Backend::Trtllm,
         };
-        if backend != Backend::Vllm {
+        if backend == Backend::Sglang {
             return Err(ConfigError::new(
                 "engine.backend",
-                format!("backend {:?} is not supported yet (only \"vllm\")", backend.name()),
+                format!("backend {:?} is not supported yet (only \"vllm\" and \"trtllm\")", backend.name()),
             ));
         }
         let block_size = match self.block_size.or(0) {
@@ -396,9 +396,6 @@ impl RawConfig {
             _ => WorkerType::Decode,
         };
         let dp_size = self.dp_size.or(1);
-        if dp_size != 1 {
-            return Err(ConfigError::new("dp_size", "attention data parallelism is not supported yet"));
-        }
         if let Field::Set(t) = self.startup_time {
             if !t.is_finite() || t < 0.0 {
                 return Err(ConfigError::new("startup_time", "must be a finite number of seconds ≥ 0"));

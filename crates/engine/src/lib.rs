@@ -6,18 +6,19 @@
 //! event loop, the live server) own time and request flow.
 
 pub mod config;
+pub mod engine;
 pub mod hash;
 pub mod json;
 pub mod output;
 pub mod pool;
 pub mod request;
-pub mod scheduler;
 pub mod timing;
+pub mod vllm;
 
 pub use config::{Backend, EngineConfig, KvTransferTimingMode, PreemptionMode, WorkerType};
+pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use hash::BlockHashes;
 pub use json::ConfigError;
 pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 pub use request::{output_token, EngineRequest, Prompt};
-pub use scheduler::{Engine, EngineCounters, EngineOptions};
 pub use timing::{DecodeShape, PrefillShape, TimingModel};

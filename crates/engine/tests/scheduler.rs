@@ -6,7 +6,7 @@ use servesim_engine::{
 };
 
 fn engine(json: &str) -> Engine {
-    Engine::new(EngineConfig::parse_json(json).unwrap(), EngineOptions { record_kv_events: true })
+    Engine::new(EngineConfig::parse_json(json).unwrap(), EngineOptions { record_kv_events: true, dp_rank: 0 })
 }
 
 fn tokens(n: u32, salt: u32) -> Vec<u32> {

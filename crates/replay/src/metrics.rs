@@ -56,6 +56,8 @@ pub struct RequestRecord {
     /// The worker that computed the prompt (disaggregated), and the one that decoded.
     pub prefill_worker: Option<u32>,
     pub decode_worker: Option<u32>,
+    /// Attention data-parallel rank within the (aggregated) worker.
+    pub dp_rank: u32,
     /// Prefix tokens the router believed cached on the worker it chose (first pool).
     pub route_overlap_tokens: Option<u32>,
     /// Time spent in the router queue.
@@ -213,6 +215,7 @@ impl<'s> Collector<'s> {
             status: Status::Incomplete,
             prefill_worker: None,
             decode_worker: None,
+            dp_rank: 0,
             route_overlap_tokens: None,
             queue_wait_ms: 0.0,
             handoff: None,
@@ -228,17 +231,21 @@ impl<'s> Collector<'s> {
         self.live.get_mut(&id).expect("request is in flight")
     }
 
-    /// The request was placed on `worker` of the `stage` pool.
+    /// The request was placed on rank `dp_rank` of `worker` in the `stage` pool.
+    #[allow(clippy::too_many_arguments)]
     pub fn placed(
         &mut self,
         id: u64,
         stage: Stage,
-        worker: u32,
+        worker: usize,
+        dp_rank: usize,
         overlap_tokens: u32,
         queued_at: Option<f64>,
         now: f64,
     ) {
         let r = self.get(id);
+        let worker = worker as u32;
+        r.dp_rank = dp_rank as u32;
         if let Some(q) = queued_at {
             r.queue_wait_ms += now - q;
         }

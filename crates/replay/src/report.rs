@@ -176,6 +176,7 @@ pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
     put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));
     put("prefill_worker_idx", json!(r.prefill_worker));
     put("decode_worker_idx", json!(r.decode_worker));
+    put("dp_rank", json!(r.dp_rank));
     put("route_overlap_tokens", json!(r.route_overlap_tokens));
     put("queue_wait_ms", json!(r.queue_wait_ms));
     if let Some(h) = &r.handoff {

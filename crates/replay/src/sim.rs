@@ -75,6 +75,9 @@ impl Cluster {
             Cluster::Disaggregated { prefill, decode } => {
                 let prefill = role(prefill, WorkerType::Prefill, "--num-prefill-workers")?;
                 let decode = role(decode, WorkerType::Decode, "--num-decode-workers")?;
+                if prefill.engine.dp_size != 1 || decode.engine.dp_size != 1 {
+                    return Err(InputError::new("disaggregated pools need dp_size 1"));
+                }
                 if prefill.engine.block_size != decode.engine.block_size {
                     return Err(InputError::new(format!(
                         "prefill and decode engines need the same block_size ({} vs {})",
@@ -167,10 +170,20 @@ enum Placer {
     Kv(Box<KvRouter>),
 }
 
-struct Worker {
+/// One attention data-parallel rank: an engine with its own scheduler and KV pool.
+struct Rank {
     engine: Engine,
-    busy: bool,
     output: PassOutput,
+    /// Whether it ran in the worker's current pass.
+    ran: bool,
+}
+
+/// A worker: `dp_size` ranks that run passes together (the pass ends at the slowest rank).
+struct Worker {
+    ranks: Vec<Rank>,
+    busy: bool,
+    /// End of the pass in flight.
+    pass_end: f64,
     /// Decode worker: requests waiting to reserve blocks, in arrival order. Like every command
     /// to an engine, a reservation is applied between passes.
     pending_reservations: VecDeque<u64>,
@@ -183,6 +196,8 @@ struct Worker {
 struct Pool {
     role: Stage,
     engine: EngineConfig,
+    /// Ranks per worker; routing targets are `worker × dp + rank`.
+    dp: usize,
     workers: Vec<Worker>,
     placer: Placer,
 }
@@ -248,25 +263,31 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         let budget = pc.engine.max_num_batched_tokens.unwrap_or(8192);
                         Placer::Kv(Box::new(KvRouter::new(
                             rc,
-                            pc.workers as usize,
+                            (pc.workers * pc.engine.dp_size) as usize,
                             pc.engine.block_size,
                             budget,
                             config.router_seed,
                         )))
                     }
                 };
-                let options = EngineOptions { record_kv_events: matches!(placer, Placer::Kv(_)) };
+                let record_kv_events = matches!(placer, Placer::Kv(_));
                 let workers = (0..pc.workers)
                     .map(|_| Worker {
-                        engine: Engine::new(pc.engine.clone(), options),
+                        ranks: (0..pc.engine.dp_size)
+                            .map(|dp_rank| Rank {
+                                engine: Engine::new(pc.engine.clone(), EngineOptions { record_kv_events, dp_rank }),
+                                output: PassOutput::default(),
+                                ran: false,
+                            })
+                            .collect(),
                         busy: false,
-                        output: PassOutput::default(),
+                        pass_end: 0.0,
                         pending_reservations: VecDeque::new(),
                         pending_releases: Vec::new(),
                         pending_activations: Vec::new(),
                     })
                     .collect();
-                Pool { role, engine: pc.engine.clone(), workers, placer }
+                Pool { role, engine: pc.engine.clone(), dp: pc.engine.dp_size as usize, workers, placer }
             })
             .collect();
         Simulation {
@@ -330,16 +351,27 @@ impl<'a, 'c> Simulation<'a, 'c> {
             for p in 0..self.pools.len() {
                 for w in 0..self.pools[p].workers.len() {
                     let worker = &mut self.pools[p].workers[w];
-                    if worker.busy || !worker.engine.has_work() {
+                    if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
                         continue;
                     }
-                    worker.engine.step(now, &mut worker.output);
-                    if worker.output.end_ms > now {
+                    // Every rank with work starts a pass now; the worker's pass ends when the
+                    // slowest rank's does, and all its tokens are stamped then.
+                    let mut end = now;
+                    let mut effect = false;
+                    for rank in &mut worker.ranks {
+                        rank.ran = rank.engine.has_work();
+                        if rank.ran {
+                            rank.engine.step(now, &mut rank.output);
+                            end = end.max(rank.output.end_ms);
+                            effect |= !rank.output.is_empty();
+                        }
+                    }
+                    if end > now {
                         worker.busy = true;
-                        let end = worker.output.end_ms;
+                        worker.pass_end = end;
                         self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
                     } else {
-                        if worker.output.is_empty() {
+                        if !effect {
                             return Err(SimError::Stalled { worker: w as u32, at_ms: now });
                         }
                         self.apply_pass(p, w);
@@ -388,10 +420,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn route(&mut self, pool: usize, id: u64, arrival_ms: f64) {
         let now = self.now;
         let flight = &self.flights[&id];
-        let workers = self.pools[pool].workers.len();
+        let (workers, dp) = (self.pools[pool].workers.len(), self.pools[pool].dp);
         let placement = match &mut self.pools[pool].placer {
             Placer::RoundRobin(rr) => {
-                let target = rr.pick(workers);
+                // Cycle through the workers first, then their ranks.
+                let k = rr.pick(workers * dp);
+                let target = (k % workers) * dp + k / workers;
                 Placement { id, target, overlap_blocks: 0, cost: 0.0, queued_at_ms: None }
             }
             Placer::Kv(router) => {
@@ -418,7 +452,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let bs = self.pools[pool].engine.block_size;
         let flight = self.flights.get_mut(&p.id).expect("placed request is in flight");
         let overlap_tokens = (p.overlap_blocks * bs).min(flight.prompt.len());
-        self.collector.placed(p.id, role, p.target as u32, overlap_tokens, p.queued_at_ms, self.now);
+        let dp = self.pools[pool].dp;
+        self.collector.placed(p.id, role, p.target / dp, p.target % dp, overlap_tokens, p.queued_at_ms, self.now);
         match role {
             Stage::Aggregated => flight.decode_worker = Some(p.target as u32),
             Stage::Prefill => flight.prefill_worker = Some(p.target as u32),
@@ -428,13 +463,15 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let max_output = if role == Stage::Prefill { 1 } else { flight.max_output };
         let request = self.engine_request(p.id, max_output);
         if role == Stage::Decode {
+            // Disaggregated pools have one rank per worker.
             let worker = &mut self.pools[pool].workers[p.target];
             worker.pending_reservations.push_back(p.id);
             if !worker.busy {
                 self.apply_reservations(pool, p.target);
             }
         } else {
-            self.pools[pool].workers[p.target].engine.submit(request);
+            let dp = self.pools[pool].dp;
+            self.pools[pool].workers[p.target / dp].ranks[p.target % dp].engine.submit(request);
         }
     }
 
@@ -443,7 +480,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn reserve(&mut self, pool: usize, worker: usize, request: EngineRequest) -> bool {
         let id = request.id;
         let prompt_len = request.prompt.len() as u64;
-        let Ok(reused) = self.pools[pool].workers[worker].engine.reserve(request) else { return false };
+        let Ok(reused) = self.pools[pool].workers[worker].ranks[0].engine.reserve(request) else { return false };
         let prefill = &self.pools[0].engine;
         let tokens = match prefill.kv_transfer_timing_mode {
             KvTransferTimingMode::FullPrompt => prompt_len,
@@ -495,10 +532,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let worker = &mut self.pools[0].workers[prefill];
         if worker.busy {
             // Recorded now: the request may be gone by the time the pass ends.
-            self.collector.source_released(id, worker.output.end_ms);
+            self.collector.source_released(id, worker.pass_end);
             worker.pending_releases.push(id);
         } else {
-            worker.engine.release_held(id);
+            worker.ranks[0].engine.release_held(id);
             self.collector.source_released(id, self.now);
         }
     }
@@ -525,7 +562,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// The decode worker takes the transferred KV; the prefill worker may let go of its copy.
     fn activate(&mut self, decode: usize, id: u64) {
-        self.pools[1].workers[decode].engine.activate(id);
+        self.pools[1].workers[decode].ranks[0].engine.activate(id);
         self.collector.destination_activated(id, self.now);
         self.source_release(id);
     }
@@ -548,20 +585,40 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
     }
 
-    /// Folds the results of a worker's last pass into the metrics, the routers and the load
-    /// driver.
+    /// Folds the results of a worker's last pass (every rank that ran) into the metrics, the
+    /// routers and the load driver. Tokens and completions are stamped at the pass end (now).
     fn apply_pass(&mut self, pool: usize, w: usize) {
-        let out = std::mem::take(&mut self.pools[pool].workers[w].output);
+        let dp = self.pools[pool].dp;
+        for r in 0..dp {
+            let rank = &mut self.pools[pool].workers[w].ranks[r];
+            if std::mem::take(&mut rank.ran) {
+                let out = std::mem::take(&mut rank.output);
+                self.apply_rank_pass(pool, w * dp + r, &out);
+                self.pools[pool].workers[w].ranks[r].output = out;
+            }
+        }
+        // Commands that waited for this pass to end.
+        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
+            self.pools[pool].workers[w].ranks[0].engine.release_held(id);
+        }
+        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
+            self.activate(w, id);
+        }
+        if self.pools[pool].role == Stage::Decode {
+            self.apply_reservations(pool, w);
+        }
+    }
+
+    fn apply_rank_pass(&mut self, pool: usize, target: usize, out: &PassOutput) {
         let role = self.pools[pool].role;
-        let now = out.end_ms;
-        debug_assert_eq!(now, self.now);
+        let now = self.now;
         if !out.kv_events.is_empty() {
             if self.config.kv_event_lag_ms > 0.0 {
                 let batch = self.seq;
-                self.lagged.insert(batch, (pool, w, out.kv_events.clone()));
+                self.lagged.insert(batch, (pool, target, out.kv_events.clone()));
                 self.schedule(now + self.config.kv_event_lag_ms, Event::KvVisible { batch });
             } else {
-                self.feed_router(pool, w, &out.kv_events);
+                self.feed_router(pool, target, &out.kv_events);
             }
         }
         for a in &out.admissions {
@@ -593,17 +650,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 continue;
             }
             self.finish(f.request, f.finish);
-        }
-        self.pools[pool].workers[w].output = out;
-        // Commands that waited for this pass to end.
-        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
-            self.pools[pool].workers[w].engine.release_held(id);
-        }
-        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
-            self.activate(w, id);
-        }
-        if role == Stage::Decode {
-            self.apply_reservations(pool, w);
         }
     }
 }

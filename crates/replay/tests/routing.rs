@@ -116,3 +116,37 @@ fn disaggregated_handoff_timeline() {
     assert_eq!((r.first_token_ms, r.last_token_ms, r.output_length), (Some(60.0), Some(80.0), 3));
     assert_eq!((r.prefill_worker, r.decode_worker), (Some(0), Some(0)));
 }
+
+#[test]
+fn data_parallel_ranks_share_the_pass_barrier() {
+    // One worker with two ranks: the short prompt lands on rank 1 but its first token waits for
+    // the slower rank 0 pass, as every token of a grouped pass is stamped at its end.
+    let path = trace(
+        "dp.jsonl",
+        &[
+            r#"{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63]}"#,
+            r#"{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [99]}"#,
+        ],
+    );
+    let engine =
+        EngineConfig::parse_json(r#"{"engine": {"block_size": 16, "num_gpu_blocks": 1000}, "dp_size": 2}"#).unwrap();
+    let r = run(&path, Cluster::Aggregated(PoolConfig { engine, workers: 1 }), RouterMode::RoundRobin);
+    assert_eq!((r[0].dp_rank, r[1].dp_rank), (0, 1));
+    assert_eq!(r[0].first_token_ms, r[1].first_token_ms);
+    // prefill(1000 tokens) = 32.1059 ms; the 10-token prompt alone would take 16.66 ms.
+    assert!((r[1].first_token_ms.unwrap() - 32.1059).abs() < 1e-3, "{:?}", r[1].first_token_ms);
+}
+
+#[test]
+fn round_robin_cycles_workers_before_ranks() {
+    let rows: Vec<String> = (0..6)
+        .map(|i| format!(r#"{{"timestamp": {i}, "input_length": 16, "output_length": 1, "hash_ids": [{i}]}}"#))
+        .collect();
+    let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+    let path = trace("rr-dp.jsonl", &rows);
+    let engine =
+        EngineConfig::parse_json(r#"{"engine": {"block_size": 16, "num_gpu_blocks": 1000}, "dp_size": 2}"#).unwrap();
+    let r = run(&path, Cluster::Aggregated(PoolConfig { engine, workers: 3 }), RouterMode::RoundRobin);
+    let placed: Vec<(u32, u32)> = r.iter().map(|r| (r.decode_worker.unwrap(), r.dp_rank)).collect();
+    assert_eq!(placed, vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]);
+}

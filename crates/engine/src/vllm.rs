@@ -1,4 +1,4 @@
-//! The vLLM-style scheduler: one call to [`Engine::step`] is one forward pass.
+//! The vLLM-style scheduler: one call to [`VllmEngine::step`] is one forward pass.
 //!
 //! A pass works like vLLM v1's scheduler:
 //!
@@ -18,29 +18,22 @@
 //! request admitted later in the same pass can reuse them.
 //!
 //! Disaggregated workers: a *prefill* worker pays no decode time (its single token comes from
-//! the prefill forward) and holds a finished request's KV until [`Engine::release_held`]; a
-//! *decode* worker receives prompts computed elsewhere: [`Engine::reserve`] allocates their
-//! blocks, [`Engine::activate`] marks them computed when the transfer lands, and prefill time
+//! the prefill forward) and holds a finished request's KV until [`VllmEngine::release_held`]; a
+//! *decode* worker receives prompts computed elsewhere: [`VllmEngine::reserve`] allocates their
+//! blocks, [`VllmEngine::activate`] marks them computed when the transfer lands, and prefill time
 //! is never charged.
 
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-use crate::config::{EngineConfig, PreemptionMode, WorkerType};
+use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
+use crate::engine::{EngineCounters, EngineOptions};
 use crate::hash::{local_block_hash, BlockHashes};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::pool::{BlockPool, Residency};
 use crate::request::{output_token, EngineRequest, Prompt};
 use crate::timing::{whole_ns, DecodeShape};
-
-/// Options that are not part of the user-visible engine configuration.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EngineOptions {
-    /// Record KV cache events in [`PassOutput::kv_events`] (routers and live publishers need
-    /// them; plain round-robin replay does not).
-    pub record_kv_events: bool,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
@@ -117,18 +110,9 @@ enum Scheduled {
     SelfPreempted,
 }
 
-/// Aggregate counters since the engine was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineCounters {
-    pub preemptions: u64,
-    /// Prompt tokens looked up in the prefix cache at admission, and those found.
-    pub prefix_queries: u64,
-    pub prefix_hits: u64,
-}
-
-/// One simulated engine (one data-parallel rank).
+/// The vLLM-style engine (also TRT-LLM's, with its admission policy).
 #[derive(Debug)]
-pub struct Engine {
+pub struct VllmEngine {
     cfg: EngineConfig,
     pool: BlockPool,
     reqs: Vec<Option<Req>>,
@@ -147,11 +131,11 @@ pub struct Engine {
     scratch_done: Vec<u32>,
 }
 
-impl Engine {
+impl VllmEngine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.worker_type != WorkerType::Decode;
-        Engine {
+        VllmEngine {
             pool: BlockPool::new(cfg.num_gpu_blocks, record),
             scratch_tokens: vec![0; cfg.block_size as usize],
             cfg,
@@ -173,8 +157,17 @@ impl Engine {
     }
 
     /// Queues a request; it is considered for admission at the next pass.
-    pub fn submit(&mut self, request: EngineRequest) {
+    pub fn submit(&mut self, mut request: EngineRequest) {
         let bs = self.cfg.block_size;
+        if self.cfg.backend == Backend::Trtllm {
+            // TRT-LLM clamps the output to what the cache (and max_model_len) can ever hold.
+            let prompt = request.prompt.len();
+            let mut limit = self.cfg.kv_capacity_tokens().saturating_sub(prompt as u64) as u32;
+            if let Some(max_len) = self.cfg.max_model_len {
+                limit = limit.min(max_len.saturating_sub(prompt));
+            }
+            request.max_output = request.max_output.min(limit);
+        }
         let hashes = match request.hashes {
             Some(h) => h,
             None if self.cfg.enable_prefix_caching => request.prompt.block_hashes(bs),
@@ -394,7 +387,11 @@ impl Engine {
             }
         }
         let known_blocks = req.len().div_ceil(bs);
-        if req.status == Status::Waiting && known_blocks > capacity {
+        let trtllm = self.cfg.backend == Backend::Trtllm;
+        // TRT-LLM reserves a request's whole lifetime (prompt and every output token).
+        let footprint = if trtllm { (req.prompt_len + req.max_output).div_ceil(bs) } else { known_blocks };
+        let never_fits = footprint > capacity || (trtllm && req.prompt_len as u64 >= self.cfg.kv_capacity_tokens());
+        if req.status == Status::Waiting && never_fits {
             return AdmissionDecision::Reject(RejectReason::ExceedsKvCapacity);
         }
         let cost = self.prefix_cost(req);
@@ -404,8 +401,20 @@ impl Engine {
                 return AdmissionDecision::Reject(RejectReason::ExceedsBatchBudget);
             }
         }
-        let available = capacity - self.pool.num_active();
-        let needed = known_blocks - cost.active_cached_tokens / bs;
+        let mut available = capacity - self.pool.num_active();
+        let needed = footprint - cost.active_cached_tokens / bs;
+        if trtllm {
+            // Guaranteed no evict: what running requests will still grow into is spoken for.
+            let promised: u32 = self
+                .running
+                .iter()
+                .map(|&s| {
+                    let r = self.req(s);
+                    (r.prompt_len + r.max_output).div_ceil(bs).saturating_sub(r.lease.len() as u32)
+                })
+                .sum();
+            available = available.saturating_sub(promised);
+        }
         if needed > available {
             if self.running.is_empty() && self.pool.num_active() == 0 {
                 // Nothing will ever free a block for it (a preempted request that outgrew the
@@ -425,7 +434,10 @@ impl Engine {
         }
         let bs = self.cfg.block_size;
         let len = req.len();
-        let max_blocks = if self.generation_done(req) { len / bs } else { len.saturating_sub(1) / bs };
+        // vLLM recomputes at least the last known token when it still needs its logits;
+        // TRT-LLM reuses every full cached block.
+        let recompute = self.cfg.backend == Backend::Vllm && !self.generation_done(req);
+        let max_blocks = if recompute { len.saturating_sub(1) / bs } else { len / bs };
         let limit = (max_blocks as usize).min(req.hashes.len());
         let (mut hits, mut active) = (0u32, 0u32);
         for &h in &req.hashes.seq[..limit] {
@@ -549,6 +561,10 @@ impl Engine {
     }
 
     fn pick_victim(&self) -> Option<u32> {
+        if self.cfg.backend == Backend::Trtllm {
+            // TRT-LLM never preempts; admission guarantees the blocks.
+            return None;
+        }
         match self.cfg.preemption_mode {
             PreemptionMode::Lifo => self.running.last().copied(),
             PreemptionMode::Fifo => self.running.first().copied(),
@@ -593,7 +609,9 @@ impl Engine {
         let mut shape = DecodeShape { capacity_tokens: self.cfg.kv_capacity_tokens(), ..DecodeShape::default() };
         for &slot in &self.running {
             let req = self.req(slot);
-            let decodes = req.generated > 0 || req.transferred.is_some();
+            // A first token that comes out of this pass's prefill costs no decode time; every
+            // other token does (even a first one, when the prompt was all cached or transferred).
+            let decodes = req.generated > 0 || req.pass_prefill.is_none();
             if req.computed >= req.len() && decodes && !self.generation_done(req) {
                 shape.batch += 1;
                 shape.context_tokens += req.len() as u64;

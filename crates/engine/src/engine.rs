@@ -1,0 +1,102 @@
+//! [`Engine`]: one simulated engine (one data-parallel rank), whichever scheduler family the
+//! configuration asks for. Drivers only talk to this type.
+
+use crate::config::{Backend, EngineConfig};
+use crate::output::PassOutput;
+use crate::request::EngineRequest;
+use crate::vllm::VllmEngine;
+
+/// Options that are not part of the user-visible engine configuration.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineOptions {
+    /// Record KV cache events in [`PassOutput::kv_events`] (routers and live publishers need
+    /// them; plain round-robin replay does not).
+    pub record_kv_events: bool,
+    /// Data-parallel rank of this engine within its worker (offsets its random seeds).
+    pub dp_rank: u32,
+}
+
+/// Aggregate counters since the engine was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache at admission, and those found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+/// A simulated engine of any family.
+#[derive(Debug)]
+pub enum Engine {
+    /// vLLM, and TRT-LLM (the same core with guaranteed-no-evict admission).
+    Vllm(Box<VllmEngine>),
+}
+
+macro_rules! delegate {
+    ($self:ident, $e:ident => $body:expr) => {
+        match $self {
+            Engine::Vllm($e) => $body,
+        }
+    };
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
+        match cfg.backend {
+            Backend::Vllm | Backend::Trtllm => Engine::Vllm(Box::new(VllmEngine::new(cfg, options))),
+            Backend::Sglang => unreachable!("the configuration reader rejects sglang for now"),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        delegate!(self, e => e.config())
+    }
+
+    /// Queues a request; it is considered for admission at the next pass.
+    pub fn submit(&mut self, request: EngineRequest) {
+        delegate!(self, e => e.submit(request))
+    }
+
+    /// Executes one forward pass starting at `now_ms` and describes it in `out`.
+    pub fn step(&mut self, now_ms: f64, out: &mut PassOutput) {
+        delegate!(self, e => e.step(now_ms, out))
+    }
+
+    /// Whether a pass would have anything to do.
+    pub fn has_work(&self) -> bool {
+        delegate!(self, e => e.has_work())
+    }
+
+    pub fn num_running(&self) -> usize {
+        delegate!(self, e => e.num_running())
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        delegate!(self, e => e.num_waiting())
+    }
+
+    /// KV blocks (pages) held by requests.
+    pub fn active_blocks(&self) -> u32 {
+        delegate!(self, e => e.active_blocks())
+    }
+
+    pub fn counters(&self) -> EngineCounters {
+        delegate!(self, e => e.counters())
+    }
+
+    /// Decode worker: allocates blocks for a prompt computed on a prefill worker. Returns the
+    /// prompt tokens already cached here, or the request back if it does not fit now.
+    pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
+        delegate!(self, e => e.reserve(request))
+    }
+
+    /// Decode worker: the KV of a reserved request has arrived.
+    pub fn activate(&mut self, id: u64) {
+        delegate!(self, e => e.activate(id))
+    }
+
+    /// Prefill worker: the decode side has the KV of finished request `id`; free it.
+    pub fn release_held(&mut self, id: u64) {
+        delegate!(self, e => e.release_held(id))
+    }
+}
