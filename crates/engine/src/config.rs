@@ -50,6 +50,33 @@ pub enum WorkerType {
     Decode,
 }
 
+/// SGLang scheduler knobs (the `sglang` section).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SglangSettings {
+    /// Longest-prefix-match ordering of the waiting queue instead of FIFO.
+    pub lpm: bool,
+    /// Prompt tokens one pass may prefill.
+    pub max_prefill_tokens: u32,
+    /// Largest prompt chunk per pass.
+    pub chunked_prefill_size: u32,
+    /// Output tokens per request counted when reserving decode headroom.
+    pub clip_max_new_tokens: u32,
+    /// In [0, 1]; scales the fraction of future output reserved for running requests.
+    pub schedule_conservativeness: f64,
+}
+
+impl Default for SglangSettings {
+    fn default() -> Self {
+        SglangSettings {
+            lpm: false,
+            max_prefill_tokens: 16384,
+            chunked_prefill_size: 8192,
+            clip_max_new_tokens: 4096,
+            schedule_conservativeness: 1.0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvTransferTimingMode {
     FullPrompt,
@@ -85,6 +112,7 @@ pub struct EngineConfig {
     /// GB/s; None or ≤ 0 means the KV handoff is instantaneous.
     pub kv_transfer_bandwidth: Option<f64>,
     pub kv_transfer_timing_mode: KvTransferTimingMode,
+    pub sglang: SglangSettings,
 }
 
 impl Default for EngineConfig {
@@ -201,6 +229,8 @@ struct RawConfig {
     kv_bytes_per_token: Field<u64>,
     kv_transfer_bandwidth: Field<f64>,
     kv_transfer_timing_mode: Field<usize>,
+    sglang: SglangSettings,
+    sglang_page_size: Field<u32>,
 }
 
 const PREEMPTION_MODES: [&str; 2] = ["lifo", "fifo"];
@@ -231,8 +261,54 @@ impl RawConfig {
         r.unsupported("aic_nextn_accept_rates", &[], "speculative decoding (aic_nextn_accept_rates)")?;
         r.ignored("aic_mtp_seed");
         // Sections for the other backends may be present (Dynamo prints them with defaults).
-        r.ignored("sglang");
-        r.ignored("trtllm");
+        if let Some(mut sg) = r.object("sglang")? {
+            self.read_sglang(&mut sg)?;
+            sg.finish()?;
+        }
+        if let Some(mut t) = r.object("trtllm")? {
+            t.unsupported(
+                "capacity_scheduler_policy",
+                &[json!("guaranteed_no_evict"), json!("GUARANTEED_NO_EVICT")],
+                "a TRT-LLM capacity policy other than guaranteed_no_evict",
+            )?;
+            t.finish()?;
+        }
+        Ok(())
+    }
+
+    fn read_sglang(&mut self, r: &mut ObjectReader) -> Result<()> {
+        let d = SglangSettings::default();
+        self.sglang.lpm = match r.string("schedule_policy")?.set() {
+            None => false,
+            Some(p) if p.eq_ignore_ascii_case("fifo") || p.eq_ignore_ascii_case("fcfs") => false,
+            Some(p) if p.eq_ignore_ascii_case("lpm") => true,
+            Some(p) => {
+                return Err(ConfigError::new(
+                    r.path("schedule_policy"),
+                    format!("unknown value {p:?}; expected fifo (fcfs) or lpm"),
+                ))
+            }
+        };
+        self.sglang_page_size = r.u32("page_size")?;
+        let positive = |r: &mut ObjectReader, key: &'static str, default: u32| -> Result<u32> {
+            match r.u32(key)?.set() {
+                Some(0) => Err(ConfigError::new(r.path(key), "must be at least 1")),
+                Some(v) => Ok(v),
+                None => Ok(default),
+            }
+        };
+        self.sglang.max_prefill_tokens = positive(r, "max_prefill_tokens", d.max_prefill_tokens)?;
+        self.sglang.chunked_prefill_size = positive(r, "chunked_prefill_size", d.chunked_prefill_size)?;
+        self.sglang.clip_max_new_tokens = positive(r, "clip_max_new_tokens", d.clip_max_new_tokens)?;
+        if let Some(c) = r.f64("schedule_conservativeness")?.set() {
+            if !(0.0..=1.0).contains(&c) {
+                return Err(ConfigError::new(
+                    r.path("schedule_conservativeness"),
+                    format!("must be in [0, 1], got {c}"),
+                ));
+            }
+            self.sglang.schedule_conservativeness = c;
+        }
         Ok(())
     }
 
@@ -361,16 +437,30 @@ impl RawConfig {
             1 => Backend::Sglang,
             _ => Backend::Trtllm,
         };
-        if backend == Backend::Sglang {
+        let page_size = self.sglang_page_size.set().filter(|_| backend == Backend::Sglang);
+        let block_size = match (self.block_size.or(0), page_size) {
+            (0, Some(page)) => page,
+            (0, None) => backend.default_block_size(),
+            (bs, Some(page)) if bs != page => {
+                return Err(ConfigError::new(
+                    "sglang.page_size",
+                    format!("block_size ({bs}) and sglang.page_size ({page}) need to match"),
+                ))
+            }
+            (bs, _) => bs,
+        };
+        if backend == Backend::Sglang && !self.sglang.chunked_prefill_size.is_multiple_of(block_size) {
             return Err(ConfigError::new(
-                "engine.backend",
-                format!("backend {:?} is not supported yet (only \"vllm\" and \"trtllm\")", backend.name()),
+                "sglang.chunked_prefill_size",
+                format!("{} is not a multiple of the page size {block_size}", self.sglang.chunked_prefill_size),
             ));
         }
-        let block_size = match self.block_size.or(0) {
-            0 => backend.default_block_size(),
-            bs => bs,
-        };
+        if backend != Backend::Vllm && self.max_model_len.is_set() {
+            return Err(ConfigError::new(
+                "max_model_len",
+                format!("only the vllm backend supports max_model_len (backend is {})", backend.name()),
+            ));
+        }
         let positive = |field: Field<u32>, name: &str| -> Result<()> {
             if let Field::Set(0) = field {
                 return Err(ConfigError::new(name, "must be at least 1"));
@@ -431,6 +521,7 @@ impl RawConfig {
             } else {
                 KvTransferTimingMode::DestinationMissing
             },
+            sglang: self.sglang,
         })
     }
 }
@@ -496,6 +587,40 @@ mod tests {
           "handoff_session_timeout_ms":300000,"reasoning":null,"response_replay_trace_path":null,
           "zmq_kv_events_port":null,"zmq_replay_port":null,"router_queue_policy":null}}"#;
         assert_eq!(parse(dump).unwrap(), parse("{}").unwrap());
+    }
+
+    #[test]
+    fn engine_family_defaults_and_constraints() {
+        assert_eq!(parse(r#"{"engine_type": "sglang"}"#).unwrap().block_size, 1);
+        assert_eq!(parse(r#"{"engine_type": "sglang", "sglang": {"page_size": 16}}"#).unwrap().block_size, 16);
+        assert_eq!(parse(r#"{"engine_type": "trtllm"}"#).unwrap().block_size, 32);
+        assert!(parse(r#"{"engine_type": "sglang", "block_size": 8, "sglang": {"page_size": 8}}"#).is_ok());
+        let e = parse(r#"{"engine_type": "sglang", "block_size": 8, "sglang": {"page_size": 4}}"#).unwrap_err();
+        assert_eq!(e.path, "sglang.page_size");
+        assert!(e.message.contains("need to match"));
+        let e =
+            parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 6}}"#).unwrap_err();
+        assert_eq!(e.path, "sglang.chunked_prefill_size");
+        assert!(parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 8}}"#).is_ok());
+        let e = parse(r#"{"engine_type": "sglang", "max_model_len": 100}"#).unwrap_err();
+        assert_eq!(e.path, "max_model_len");
+        assert_eq!(parse(r#"{"engine_type": "trtllm", "max_model_len": 100}"#).unwrap_err().path, "max_model_len");
+        assert_eq!(parse(r#"{"max_model_len": 0}"#).unwrap_err().path, "max_model_len");
+        let c = parse(
+            r#"{"engine": {"backend": "sglang", "sglang": {"schedule_policy": "lpm", "max_prefill_tokens": 4096}}}"#,
+        )
+        .unwrap();
+        assert!(c.sglang.lpm);
+        assert_eq!(c.sglang.max_prefill_tokens, 4096);
+        assert_eq!(parse(r#"{"sglang": {"schedule_policy": "random"}}"#).unwrap_err().path, "sglang.schedule_policy");
+        assert_eq!(
+            parse(r#"{"sglang": {"schedule_conservativeness": 2}}"#).unwrap_err().path,
+            "sglang.schedule_conservativeness"
+        );
+        assert_eq!(
+            parse(r#"{"trtllm": {"capacity_scheduler_policy": "max_utilization"}}"#).unwrap_err().path,
+            "trtllm.capacity_scheduler_policy"
+        );
     }
 
     #[test]

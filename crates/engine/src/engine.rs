@@ -4,6 +4,7 @@
 use crate::config::{Backend, EngineConfig};
 use crate::output::PassOutput;
 use crate::request::EngineRequest;
+use crate::sglang::SglangEngine;
 use crate::vllm::VllmEngine;
 
 /// Options that are not part of the user-visible engine configuration.
@@ -30,12 +31,15 @@ pub struct EngineCounters {
 pub enum Engine {
     /// vLLM, and TRT-LLM (the same core with guaranteed-no-evict admission).
     Vllm(Box<VllmEngine>),
+    /// SGLang: radix prefix cache, extend-or-decode passes, retraction.
+    Sglang(Box<SglangEngine>),
 }
 
 macro_rules! delegate {
     ($self:ident, $e:ident => $body:expr) => {
         match $self {
             Engine::Vllm($e) => $body,
+            Engine::Sglang($e) => $body,
         }
     };
 }
@@ -44,7 +48,7 @@ impl Engine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
         match cfg.backend {
             Backend::Vllm | Backend::Trtllm => Engine::Vllm(Box::new(VllmEngine::new(cfg, options))),
-            Backend::Sglang => unreachable!("the configuration reader rejects sglang for now"),
+            Backend::Sglang => Engine::Sglang(Box::new(SglangEngine::new(cfg, options))),
         }
     }
 

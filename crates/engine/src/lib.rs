@@ -12,10 +12,11 @@ pub mod json;
 pub mod output;
 pub mod pool;
 pub mod request;
+pub mod sglang;
 pub mod timing;
 pub mod vllm;
 
-pub use config::{Backend, EngineConfig, KvTransferTimingMode, PreemptionMode, WorkerType};
+pub use config::{Backend, EngineConfig, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType};
 pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use hash::BlockHashes;
 pub use json::ConfigError;

@@ -1,0 +1,158 @@
+//! The SGLang-style scheduler: extend/decode passes, chunking, prefix reuse, LPM ordering,
+//! retraction and KV events.
+
+use servesim_engine::{
+    BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, PassOutput, Prompt, RejectReason,
+};
+
+const FIXED: &str = r#""timing_model": {"type": "fixed", "prefill_ms": 40.0, "decode_ms": 10.0}"#;
+
+fn engine(extra: &str) -> Engine {
+    let json = format!(r#"{{"engine_type": "sglang", {FIXED}, {extra}}}"#);
+    Engine::new(EngineConfig::parse_json(&json).unwrap(), EngineOptions { record_kv_events: true, dp_rank: 0 })
+}
+
+fn tokens(n: u32, salt: u32) -> Vec<u32> {
+    (0..n).map(|i| i * 7 + salt * 100_000).collect()
+}
+
+fn request(id: u64, prompt: Vec<u32>, max_output: u32) -> EngineRequest {
+    EngineRequest { id, prompt: Prompt::Tokens(prompt.into()), max_output, token_seed: id, hashes: None }
+}
+
+fn step(e: &mut Engine, now: f64) -> PassOutput {
+    let mut out = PassOutput::default();
+    e.step(now, &mut out);
+    out
+}
+
+fn ids(v: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    v.into_iter().collect()
+}
+
+#[test]
+fn an_extend_pass_only_produces_first_tokens() {
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 1000"#);
+    e.submit(request(1, tokens(200, 1), 3));
+    let p1 = step(&mut e, 0.0);
+    assert_eq!((p1.end_ms, ids(p1.tokens.iter().map(|t| t.request))), (40.0, vec![1]));
+    e.submit(request(2, tokens(50, 2), 3));
+    // The new prompt takes the pass; the running request gets nothing and no decode is paid.
+    let p2 = step(&mut e, 40.0);
+    assert_eq!((p2.end_ms, ids(p2.tokens.iter().map(|t| t.request))), (80.0, vec![2]));
+    let p3 = step(&mut e, 80.0);
+    assert_eq!((p3.end_ms, ids(p3.tokens.iter().map(|t| t.request))), (90.0, vec![1, 2]));
+    assert_eq!((p3.decode.batch, p3.decode.context_tokens), (2, 201 + 51));
+}
+
+#[test]
+fn prompts_are_cut_at_a_page_boundary_when_the_chunk_budget_runs_out() {
+    let mut e = engine(r#""block_size": 64, "num_gpu_blocks": 1000, "sglang": {"chunked_prefill_size": 1024}"#);
+    e.submit(request(1, tokens(1000, 1), 2));
+    e.submit(request(2, tokens(600, 2), 2));
+    let p = step(&mut e, 0.0);
+    // 1000 tokens charge 1024 (16 pages): nothing is left for the second prompt.
+    assert_eq!((p.prefill_tokens, p.admissions.len()), (1000, 1));
+    e.submit(request(3, tokens(900, 3), 2));
+    let p = step(&mut e, p.end_ms);
+    // 600 (charged 640) fits; the next prompt is cut to the 384 tokens left.
+    assert_eq!(p.prefill_tokens, 600 + 384);
+    assert_eq!(ids(p.tokens.iter().map(|t| t.request)), vec![2]);
+}
+
+#[test]
+fn prefix_reuse_stops_before_the_last_token() {
+    let mut e = engine(r#""block_size": 1, "num_gpu_blocks": 10000"#);
+    e.submit(request(1, tokens(50, 1), 2));
+    let mut now = 0.0;
+    while e.has_work() {
+        now = step(&mut e, now).end_ms;
+    }
+    e.submit(request(2, tokens(50, 1), 2));
+    let p = step(&mut e, now);
+    assert_eq!(p.admissions[0].reused_tokens, 49);
+    assert_eq!(p.prefill_tokens, 1);
+}
+
+#[test]
+fn lpm_admits_the_longest_cached_prefix_first() {
+    let run = |policy: &str| {
+        let mut e = engine(&format!(
+            r#""block_size": 16, "num_gpu_blocks": 1000, "max_num_seqs": 1, "sglang": {{"schedule_policy": "{policy}"}}"#
+        ));
+        e.submit(request(1, tokens(160, 1), 1));
+        let mut now = step(&mut e, 0.0).end_ms;
+        e.submit(request(2, tokens(160, 2), 1));
+        e.submit(request(3, tokens(160, 1), 1));
+        let p = step(&mut e, now);
+        now = p.end_ms;
+        let _ = now;
+        p.admissions[0].request
+    };
+    assert_eq!(run("fifo"), 2);
+    assert_eq!(run("lpm"), 3, "request 3 shares request 1's cached prompt");
+}
+
+#[test]
+fn retraction_takes_the_request_with_the_fewest_tokens() {
+    // 10 pages of 4 tokens; two requests that need 6 pages each by the end.
+    let mut e = engine(
+        r#""block_size": 4, "num_gpu_blocks": 10, "enable_prefix_caching": false,
+           "sglang": {"clip_max_new_tokens": 1, "schedule_conservativeness": 0.1}"#,
+    );
+    e.submit(request(1, tokens(8, 1), 16));
+    let mut now = step(&mut e, 0.0).end_ms;
+    now = step(&mut e, now).end_ms;
+    e.submit(request(2, tokens(12, 2), 16));
+    let mut retracted = Vec::new();
+    let mut done = Vec::new();
+    for _ in 0..100 {
+        if !e.has_work() {
+            break;
+        }
+        let p = step(&mut e, now);
+        now = p.end_ms;
+        retracted.extend(p.preempted);
+        done.extend(p.finished.iter().filter(|f| f.finish == Finish::Completed).map(|f| f.request));
+    }
+    assert_eq!(retracted.first(), Some(&2), "the younger request is retracted");
+    assert_eq!(done.len(), 2, "both finish eventually");
+    assert_eq!(e.counters().preemptions, retracted.len() as u64);
+}
+
+#[test]
+fn a_request_that_can_never_fit_is_rejected() {
+    let mut e = engine(r#""block_size": 4, "num_gpu_blocks": 8"#);
+    e.submit(request(1, tokens(64, 1), 4));
+    let mut now = 0.0;
+    let mut finished = Vec::new();
+    for _ in 0..10 {
+        if !e.has_work() {
+            break;
+        }
+        let p = step(&mut e, now);
+        now = p.end_ms;
+        finished.extend(p.finished);
+    }
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0].finish, Finish::Rejected(RejectReason::ExceedsKvCapacity));
+    assert!(!e.has_work());
+}
+
+#[test]
+fn kv_events_use_chained_page_hashes() {
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 100"#);
+    let prompt = tokens(40, 1);
+    let expected = BlockHashes::of_tokens(&prompt, 16);
+    e.submit(request(1, prompt, 2));
+    let p = step(&mut e, 0.0);
+    let stored: Vec<u64> = p
+        .kv_events
+        .iter()
+        .flat_map(|ev| match ev {
+            KvEvent::Stored { blocks, .. } => blocks.iter().map(|b| b.hash).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(stored, expected.seq);
+}
