@@ -94,6 +94,9 @@ pub fn render(report: &Report) -> String {
         "First Admission Prefix Cache Reused Ratio: {:.4}\n",
         ratio(t.first_admission_reused_tokens)
     ));
+    if report.speculative {
+        out.push_str(&format!("Mean Accept Length (tokens/forward): {:.3}\n", report.mean_accept_length()));
+    }
     if t.preemptions > 0 {
         out.push_str(&format!("Preemptions: {}\n", t.preemptions));
     }

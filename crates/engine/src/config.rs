@@ -9,6 +9,8 @@
 use serde_json::{json, Value};
 
 use crate::json::{ConfigError, Field, ObjectReader, Result};
+use crate::request::ReasoningConfig;
+use crate::speculative::SpeculativeConfig;
 use crate::timing::TimingModel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +115,10 @@ pub struct EngineConfig {
     pub kv_transfer_bandwidth: Option<f64>,
     pub kv_transfer_timing_mode: KvTransferTimingMode,
     pub sglang: SglangSettings,
+    /// Speculative decoding (MTP), when `aic_nextn` is set.
+    pub speculative: Option<SpeculativeConfig>,
+    /// Thinking tokens around the start of every generated output.
+    pub reasoning: Option<ReasoningConfig>,
 }
 
 impl Default for EngineConfig {
@@ -199,10 +205,22 @@ impl EngineConfig {
                     KvTransferTimingMode::DestinationMissing => "destination_missing",
                 },
                 "timing_model": timing,
+                "aic_nextn": self.speculative.as_ref().map(|s| s.nextn),
+                "aic_nextn_accept_rates": self.speculative.as_ref().map(|s| {
+                    s.accept_rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+                }),
+                "aic_mtp_seed": self.speculative.as_ref().map_or(42, |s| s.seed),
             },
             "dp_size": self.dp_size,
             "tensor_parallel_size": self.tensor_parallel_size,
             "startup_time": self.startup_time_s,
+            "dynamo": {
+                "reasoning": self.reasoning.map(|r| json!({
+                    "start_thinking_token_id": r.start_thinking_token_id,
+                    "end_thinking_token_id": r.end_thinking_token_id,
+                    "thinking_ratio": r.thinking_ratio,
+                })),
+            },
         })
     }
 }
@@ -231,6 +249,31 @@ struct RawConfig {
     kv_transfer_timing_mode: Field<usize>,
     sglang: SglangSettings,
     sglang_page_size: Field<u32>,
+    nextn: Field<u32>,
+    accept_rates: Option<(String, Vec<f64>)>,
+    mtp_seed: Field<u64>,
+    reasoning: Option<ReasoningConfig>,
+}
+
+/// Acceptance rates as Dynamo writes them (`"0.85,0.3,0"`) or as a JSON array.
+fn parse_rates(path: &str, v: &Value) -> Result<Vec<f64>> {
+    let bad = |what: String| ConfigError::new(path, what);
+    let items: Vec<f64> = match v {
+        Value::String(s) => s
+            .split(',')
+            .map(|x| x.trim().parse::<f64>().map_err(|_| bad(format!("{x:?} is not a number"))))
+            .collect::<Result<_>>()?,
+        Value::Array(a) => {
+            a.iter().map(|x| x.as_f64().ok_or_else(|| bad(format!("{x} is not a number")))).collect::<Result<_>>()?
+        }
+        other => return Err(bad(format!("expected a comma-separated string or an array of numbers, got {other}"))),
+    };
+    for r in &items {
+        if !(r.is_finite() && (0.0..=1.0).contains(r)) {
+            return Err(bad(format!("every rate must be in [0, 1], got {r}")));
+        }
+    }
+    Ok(items)
 }
 
 const PREEMPTION_MODES: [&str; 2] = ["lifo", "fifo"];
@@ -257,9 +300,13 @@ impl RawConfig {
             self.timing = Some(TimingModel::read(&mut t)?);
             t.finish()?;
         }
-        r.unsupported("aic_nextn", &[], "speculative decoding (aic_nextn)")?;
-        r.unsupported("aic_nextn_accept_rates", &[], "speculative decoding (aic_nextn_accept_rates)")?;
-        r.ignored("aic_mtp_seed");
+        self.nextn = r.u32("aic_nextn")?;
+        let rates_path = r.path("aic_nextn_accept_rates");
+        self.accept_rates = match r.raw("aic_nextn_accept_rates") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some((rates_path.clone(), parse_rates(&rates_path, v)?)),
+        };
+        self.mtp_seed = r.u64("aic_mtp_seed")?;
         // Sections for the other backends may be present (Dynamo prints them with defaults).
         if let Some(mut sg) = r.object("sglang")? {
             self.read_sglang(&mut sg)?;
@@ -272,6 +319,30 @@ impl RawConfig {
                 "a TRT-LLM capacity policy other than guaranteed_no_evict",
             )?;
             t.finish()?;
+        }
+        Ok(())
+    }
+
+    fn read_reasoning(&mut self, r: &mut ObjectReader) -> Result<()> {
+        if let Some(mut o) = r.object("reasoning")? {
+            let mut id = |key: &'static str| -> Result<u32> {
+                o.u32(key)?.set().ok_or_else(|| ConfigError::new(o.path(key), "missing (required by reasoning)"))
+            };
+            let start = id("start_thinking_token_id")?;
+            let end = id("end_thinking_token_id")?;
+            let ratio = o
+                .f64("thinking_ratio")?
+                .set()
+                .ok_or_else(|| ConfigError::new(o.path("thinking_ratio"), "missing (required by reasoning)"))?;
+            if !(0.0..=1.0).contains(&ratio) {
+                return Err(ConfigError::new(o.path("thinking_ratio"), format!("must be in [0, 1], got {ratio}")));
+            }
+            o.finish()?;
+            self.reasoning = Some(ReasoningConfig {
+                start_thinking_token_id: start,
+                end_thinking_token_id: end,
+                thinking_ratio: ratio,
+            });
         }
         Ok(())
     }
@@ -360,7 +431,7 @@ impl RawConfig {
         ] {
             r.unsupported(key, &[], "host KV offload")?;
         }
-        r.unsupported("reasoning", &[], "reasoning tokens")?;
+        self.read_reasoning(&mut r)?;
         r.unsupported("response_replay_trace_path", &[], "response replay traces")?;
         r.unsupported("g1_backend", &[json!("native")], "the KVBM G1 backend")?;
         // Live-deployment plumbing with no effect on simulated behaviour.
@@ -424,7 +495,7 @@ impl RawConfig {
             ] {
                 d.ignored(key);
             }
-            d.unsupported("reasoning", &[], "reasoning tokens")?;
+            self.read_reasoning(&mut d)?;
             d.unsupported("response_replay_trace_path", &[], "response replay traces")?;
             d.finish()?;
         }
@@ -497,6 +568,26 @@ impl RawConfig {
                 return Err(ConfigError::new("kv_transfer_bandwidth", "must be a finite number of GB/s ≥ 0"));
             }
         }
+        let speculative = match (self.nextn.set(), self.accept_rates) {
+            (None, Some((path, _))) => {
+                return Err(ConfigError::new(path, "accept rates need aic_nextn (speculative decoding) to be set"))
+            }
+            (None, None) => None,
+            (Some(n), rates) => {
+                if !(1..=5).contains(&n) {
+                    return Err(ConfigError::new("aic_nextn", format!("must be between 1 and 5, got {n}")));
+                }
+                if self.decode_speedup_ratio.or(1.0) != 1.0 {
+                    return Err(ConfigError::new(
+                        "decode_speedup_ratio",
+                        "must stay 1.0 with aic_nextn: speculative decoding already models the speedup",
+                    ));
+                }
+                let mut rates = rates.map_or_else(|| SpeculativeConfig::DEFAULT_RATES.to_vec(), |(_, r)| r);
+                rates.resize(n as usize, 0.0);
+                Some(SpeculativeConfig { nextn: n, accept_rates: rates, seed: self.mtp_seed.or(42) })
+            }
+        };
         Ok(EngineConfig {
             backend,
             num_gpu_blocks: self.num_gpu_blocks.or(16384),
@@ -522,6 +613,8 @@ impl RawConfig {
                 KvTransferTimingMode::DestinationMissing
             },
             sglang: self.sglang,
+            speculative,
+            reasoning: self.reasoning,
         })
     }
 }
@@ -624,6 +717,50 @@ mod tests {
     }
 
     #[test]
+    fn speculative_decoding_settings() {
+        let spec = |json: &str| parse(json).unwrap().speculative.unwrap();
+        assert_eq!(spec(r#"{"aic_nextn": 3}"#).accept_rates, vec![0.85, 0.3, 0.0]);
+        assert_eq!(spec(r#"{"aic_nextn": 3, "aic_nextn_accept_rates": "1,0.5"}"#).accept_rates, vec![1.0, 0.5, 0.0]);
+        assert_eq!(spec(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5,0.25"}"#).accept_rates, vec![1.0, 0.5]);
+        assert_eq!(spec(r#"{"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": [0.5, 0.5]}}"#).seed, 42);
+        assert_eq!(spec(r#"{"aic_nextn": 1, "aic_mtp_seed": 7}"#).seed, 7);
+        for bad in ["0", "6"] {
+            assert_eq!(parse(&format!(r#"{{"aic_nextn": {bad}}}"#)).unwrap_err().path, "aic_nextn");
+        }
+        for bad in [r#""nan""#, r#""inf""#, r#""-0.1""#, r#""1.1""#, r#""bad""#, "3"] {
+            let e = parse(&format!(r#"{{"aic_nextn": 2, "aic_nextn_accept_rates": {bad}}}"#)).unwrap_err();
+            assert_eq!(e.path, "aic_nextn_accept_rates", "{bad}");
+        }
+        let e = parse(r#"{"aic_nextn_accept_rates": "0.5"}"#).unwrap_err();
+        assert!(e.message.contains("need aic_nextn"), "{e}");
+        let e = parse(r#"{"aic_nextn": 2, "decode_speedup_ratio": 2.0}"#).unwrap_err();
+        assert_eq!(e.path, "decode_speedup_ratio");
+        let c = parse(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5"}"#).unwrap();
+        assert_eq!(EngineConfig::from_value(&c.to_canonical_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn reasoning_settings() {
+        let c = parse(
+            r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.reasoning.unwrap().thinking_ratio, 0.5);
+        let nested =
+            parse(r#"{"engine": {}, "dynamo": {"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}}"#)
+                .unwrap();
+        assert_eq!(nested, c);
+        assert_eq!(EngineConfig::from_value(&c.to_canonical_json()).unwrap(), c);
+        let e = parse(
+            r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 1.5}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "reasoning.thinking_ratio");
+        let e = parse(r#"{"reasoning": {"start_thinking_token_id": 1, "thinking_ratio": 0.5}}"#).unwrap_err();
+        assert_eq!(e.path, "reasoning.end_thinking_token_id");
+    }
+
+    #[test]
     fn kv_transfer_delay() {
         let c = parse(r#"{"kv_bytes_per_token": 1000000, "kv_transfer_bandwidth": 1.0}"#).unwrap();
         assert_eq!(c.kv_transfer_ms(128), 128.0);
@@ -656,7 +793,7 @@ mod tests {
         assert!(e.message.contains("\"many\""), "{e}");
         assert_eq!(parse(r#"{"max_num_seqs":0}"#).unwrap_err().path, "max_num_seqs");
         assert_eq!(parse(r#"{"preemption_mode":"random"}"#).unwrap_err().path, "preemption_mode");
-        assert_eq!(parse(r#"{"engine":{"aic_nextn":3}}"#).unwrap_err().path, "engine.aic_nextn");
+        assert_eq!(parse(r#"{"aic_nextn":6}"#).unwrap_err().path, "aic_nextn");
         assert!(parse(r#"{"block_size":16} true"#).unwrap_err().message.contains("trailing"));
         assert_eq!(parse(r#"{"is_prefill":true,"is_decode":true}"#).unwrap_err().path, "is_prefill");
     }

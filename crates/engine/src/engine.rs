@@ -13,8 +13,9 @@ pub struct EngineOptions {
     /// Record KV cache events in [`PassOutput::kv_events`] (routers and live publishers need
     /// them; plain round-robin replay does not).
     pub record_kv_events: bool,
-    /// Data-parallel rank of this engine within its worker (offsets its random seeds).
-    pub dp_rank: u32,
+    /// Position of this engine in its pool (worker × dp_size + rank): offsets its random seeds
+    /// so workers draw different streams.
+    pub engine_index: u32,
 }
 
 /// Aggregate counters since the engine was created.

@@ -13,6 +13,7 @@ pub mod output;
 pub mod pool;
 pub mod request;
 pub mod sglang;
+pub mod speculative;
 pub mod timing;
 pub mod vllm;
 
@@ -21,5 +22,6 @@ pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use hash::BlockHashes;
 pub use json::ConfigError;
 pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
-pub use request::{output_token, EngineRequest, Prompt};
+pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
+pub use speculative::SpeculativeConfig;
 pub use timing::{DecodeShape, PrefillShape, TimingModel};

@@ -90,6 +90,10 @@ pub struct PassOutput {
     pub decode: DecodeShape,
     /// Prompt tokens computed in this pass.
     pub prefill_tokens: u64,
+    /// Decode forwards (requests past their first token that generated) and the tokens they
+    /// produced: more tokens than forwards means speculative drafts were accepted.
+    pub decode_forwards: u32,
+    pub decode_tokens: u32,
 }
 
 impl PassOutput {
@@ -102,6 +106,8 @@ impl PassOutput {
         self.prefill = PrefillShape::default();
         self.decode = DecodeShape::default();
         self.prefill_tokens = 0;
+        self.decode_forwards = 0;
+        self.decode_tokens = 0;
     }
 
     /// Whether the pass did anything at all.

@@ -115,6 +115,11 @@ impl BlockPool {
         }
     }
 
+    /// Whether `fresh` new blocks could be allocated (evicting inactive ones).
+    pub fn can_allocate(&self, fresh: u32) -> bool {
+        fresh <= self.capacity - self.num_copies + self.num_inactive
+    }
+
     /// Appends to `lease` one copy for each hash in `hits` (resident prefix blocks, reused) and
     /// `fresh` new private copies, evicting inactive blocks as needed. All or nothing: returns
     /// false and changes nothing if the blocks cannot be found.

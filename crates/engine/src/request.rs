@@ -100,6 +100,87 @@ pub struct EngineRequest {
     /// Block hashes of the prompt at the engine's block size, if the caller already has them
     /// (a router computes them too); computed by the engine otherwise.
     pub hashes: Option<BlockHashes>,
+    /// Exact output token ids to emit (a trace's `output_token_ids`); their number is the
+    /// request's output length.
+    pub planned_output: Option<Arc<[u32]>>,
+}
+
+impl EngineRequest {
+    /// A request with generated (not planned) output.
+    pub fn new(id: u64, prompt: Prompt, max_output: u32, token_seed: u64) -> Self {
+        EngineRequest { id, prompt, max_output, token_seed, hashes: None, planned_output: None }
+    }
+
+    /// Output length (the planned tokens' count when there are some) and how its tokens are
+    /// chosen.
+    pub(crate) fn output_plan(&self, reasoning: Option<&ReasoningConfig>) -> (u32, OutputPlan) {
+        let len = self.planned_output.as_ref().map_or(self.max_output, |p| p.len() as u32);
+        (len, OutputPlan::new(self.token_seed, self.planned_output.clone(), reasoning, len))
+    }
+}
+
+/// Reasoning ("thinking") tokens wrapped around the start of every output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReasoningConfig {
+    pub start_thinking_token_id: u32,
+    pub end_thinking_token_id: u32,
+    /// Share of the output spent thinking, in [0, 1].
+    pub thinking_ratio: f64,
+}
+
+impl ReasoningConfig {
+    /// Thinking tokens (both boundaries included) of an output of `max_output` tokens: none
+    /// below 2 tokens or when the share rounds down to 0, else at least 2 and at most all.
+    pub fn thinking_tokens(&self, max_output: u32) -> u32 {
+        if max_output < 2 {
+            return 0;
+        }
+        let raw = (max_output as f64 * self.thinking_ratio).floor() as u32;
+        if raw == 0 {
+            0
+        } else {
+            raw.clamp(2, max_output)
+        }
+    }
+}
+
+/// How the output tokens of one request are chosen: planned ids if the request has them,
+/// otherwise the thinking boundaries (when reasoning is on) and a fixed function of the seed.
+#[derive(Clone, Debug)]
+pub struct OutputPlan {
+    seed: u64,
+    planned: Option<Arc<[u32]>>,
+    /// (thinking tokens, start id, end id)
+    thinking: Option<(u32, u32, u32)>,
+}
+
+impl OutputPlan {
+    pub fn new(seed: u64, planned: Option<Arc<[u32]>>, reasoning: Option<&ReasoningConfig>, max_output: u32) -> Self {
+        let thinking = match (&planned, reasoning) {
+            (None, Some(r)) => {
+                let n = r.thinking_tokens(max_output);
+                (n > 0).then_some((n, r.start_thinking_token_id, r.end_thinking_token_id))
+            }
+            _ => None,
+        };
+        OutputPlan { seed, planned, thinking }
+    }
+
+    /// The `index`-th output token.
+    pub fn token(&self, index: u32) -> u32 {
+        if let Some(p) = &self.planned {
+            return p[index as usize];
+        }
+        if let Some((n, start, end)) = self.thinking {
+            if index == 0 {
+                return start;
+            }
+            if index == n - 1 {
+                return end;
+            }
+        }
+        output_token(self.seed, index)
+    }
 }
 
 /// The id of the `index`-th generated token of a request: a fixed function of the request's
@@ -114,6 +195,42 @@ pub fn output_token(token_seed: u64, index: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thinking_token_counts() {
+        let r = |ratio| ReasoningConfig { start_thinking_token_id: 1, end_thinking_token_id: 2, thinking_ratio: ratio };
+        assert_eq!(r(0.3).thinking_tokens(100), 30);
+        assert_eq!(r(0.3).thinking_tokens(1), 0);
+        assert_eq!(r(0.1).thinking_tokens(10), 2, "raw 1 is raised to 2");
+        assert_eq!(r(0.05).thinking_tokens(5), 0);
+        assert_eq!(r(1.0).thinking_tokens(7), 7);
+    }
+
+    #[test]
+    fn thinking_boundaries_sit_at_the_edges_of_the_span() {
+        const S: u32 = 151667;
+        const E: u32 = 151668;
+        let cfg =
+            |ratio| ReasoningConfig { start_thinking_token_id: S, end_thinking_token_id: E, thinking_ratio: ratio };
+        let marks = |ratio: f64, n: u32| -> String {
+            let plan = OutputPlan::new(9, None, Some(&cfg(ratio)), n);
+            (0..n)
+                .map(|i| match plan.token(i) {
+                    S => 'S',
+                    E => 'E',
+                    _ => 'r',
+                })
+                .collect()
+        };
+        assert_eq!(marks(0.6, 10), "SrrrrErrrr");
+        assert_eq!(marks(0.1, 10), "SErrrrrrrr");
+        assert_eq!(marks(0.05, 10), "rrrrrrrrrr");
+        assert_eq!(marks(0.5, 1), "r");
+        assert_eq!(marks(1.0, 10), "SrrrrrrrrE");
+        // Planned tokens win over reasoning.
+        let plan = OutputPlan::new(9, Some(vec![5, 6, 7].into()), Some(&cfg(1.0)), 3);
+        assert_eq!((0..3).map(|i| plan.token(i)).collect::<Vec<_>>(), vec![5, 6, 7]);
+    }
 
     fn expand(prompt: &Prompt) -> Vec<u32> {
         let mut v = vec![0; prompt.len() as usize];

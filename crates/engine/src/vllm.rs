@@ -32,7 +32,8 @@ use crate::engine::{EngineCounters, EngineOptions};
 use crate::hash::{local_block_hash, BlockHashes};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::pool::{BlockPool, Residency};
-use crate::request::{output_token, EngineRequest, Prompt};
+use crate::request::{EngineRequest, OutputPlan, Prompt};
+use crate::speculative::BurstSampler;
 use crate::timing::{whole_ns, DecodeShape};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +53,8 @@ struct Req {
     prompt: Prompt,
     prompt_len: u32,
     max_output: u32,
-    token_seed: u64,
+    /// How its output tokens are chosen.
+    output: OutputPlan,
     generated: u32,
     /// Tokens whose KV has been computed.
     computed: u32,
@@ -80,7 +82,7 @@ impl Req {
         if pos < self.prompt_len {
             self.prompt.token(pos)
         } else {
-            output_token(self.token_seed, pos - self.prompt_len)
+            self.output.token(pos - self.prompt_len)
         }
     }
 }
@@ -127,12 +129,15 @@ pub struct VllmEngine {
     preempted_any: bool,
     /// Position in `running` of the request being scheduled.
     cursor: usize,
+    /// Speculative decoding's burst sampler.
+    sampler: Option<BurstSampler>,
     scratch_tokens: Vec<u32>,
     scratch_done: Vec<u32>,
 }
 
 impl VllmEngine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
+        let sampler = cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index));
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.worker_type != WorkerType::Decode;
         VllmEngine {
@@ -148,6 +153,7 @@ impl VllmEngine {
             budget: 0,
             preempted_any: false,
             cursor: usize::MAX,
+            sampler,
             scratch_done: Vec::new(),
         }
     }
@@ -159,6 +165,8 @@ impl VllmEngine {
     /// Queues a request; it is considered for admission at the next pass.
     pub fn submit(&mut self, mut request: EngineRequest) {
         let bs = self.cfg.block_size;
+        let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        request.max_output = max_output;
         if self.cfg.backend == Backend::Trtllm {
             // TRT-LLM clamps the output to what the cache (and max_model_len) can ever hold.
             let prompt = request.prompt.len();
@@ -178,7 +186,7 @@ impl VllmEngine {
             prompt_len: request.prompt.len(),
             prompt: request.prompt,
             max_output: request.max_output,
-            token_seed: request.token_seed,
+            output,
             generated: 0,
             computed: 0,
             hashes,
@@ -211,6 +219,7 @@ impl VllmEngine {
     /// request back if the blocks are not available now.
     pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
         let bs = self.cfg.block_size;
+        let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
         let hashes = match &request.hashes {
             Some(h) => h.clone(),
             None if self.cfg.enable_prefix_caching => request.prompt.block_hashes(bs),
@@ -232,8 +241,8 @@ impl VllmEngine {
             id: request.id,
             prompt_len,
             prompt: request.prompt,
-            max_output: request.max_output,
-            token_seed: request.token_seed,
+            max_output,
+            output,
             generated: 0,
             computed: reused,
             hashes,
@@ -450,6 +459,11 @@ impl VllmEngine {
                 Residency::Inactive => hits += 1,
             }
         }
+        if self.sampler.is_some() && hits > 0 {
+            // The drafter needs the hidden states of the last matched block: recompute it.
+            hits -= 1;
+            active = active.min(hits);
+        }
         PrefixCost { cached_tokens: hits * bs, active_cached_tokens: active * bs, reported: hits * bs }
     }
 
@@ -606,12 +620,18 @@ impl VllmEngine {
     /// Generates a token for every request whose known tokens are all computed; returns the
     /// pass end time.
     fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
+        let speculative = self.sampler.is_some() && self.cfg.worker_type != WorkerType::Prefill;
+        if speculative {
+            self.reserve_bursts(out);
+        }
         let mut shape = DecodeShape { capacity_tokens: self.cfg.kv_capacity_tokens(), ..DecodeShape::default() };
         for &slot in &self.running {
             let req = self.req(slot);
             // A first token that comes out of this pass's prefill costs no decode time; every
             // other token does (even a first one, when the prompt was all cached or transferred).
-            let decodes = req.generated > 0 || req.pass_prefill.is_none();
+            // With speculative decoding every ready request runs the decode forward (the draft
+            // model follows the prefill).
+            let decodes = speculative || req.generated > 0 || req.pass_prefill.is_none();
             if req.computed >= req.len() && decodes && !self.generation_done(req) {
                 shape.batch += 1;
                 shape.context_tokens += req.len() as u64;
@@ -630,8 +650,31 @@ impl VllmEngine {
             if req.computed < req.len() {
                 continue;
             }
+            let decodes = speculative || req.generated > 0 || req.pass_prefill.is_none();
             if !self.generation_done(req) {
-                self.generate(slot, out);
+                // With speculative decoding a decode forward may yield a burst of tokens; a
+                // first token out of the prefill forward is always alone.
+                let remaining = self.remaining(slot);
+                let burst = match self.sampler.as_mut() {
+                    Some(sampler) if speculative && decodes => sampler.sample(remaining),
+                    _ => 1,
+                };
+                let before = self.req(slot).len();
+                for _ in 0..burst {
+                    self.generate(slot, out);
+                }
+                if decodes {
+                    out.decode_forwards += 1;
+                    out.decode_tokens += burst;
+                }
+                if burst > 1 && !self.generation_done(self.req(slot)) {
+                    // The accepted drafts are computed: only the last token dangles.
+                    let after = self.req(slot).len() - 1;
+                    self.req_mut(slot).computed = after;
+                    if self.cfg.enable_prefix_caching {
+                        self.publish_computed_blocks(slot, before, after);
+                    }
+                }
             }
             if self.generation_done(self.req(slot)) {
                 done.push(slot);
@@ -661,12 +704,55 @@ impl VllmEngine {
         end
     }
 
+    /// Tokens `slot` may still generate.
+    fn remaining(&self, slot: u32) -> u32 {
+        let req = self.req(slot);
+        let by_output = req.max_output - req.generated;
+        self.cfg.max_model_len.map_or(by_output, |m| by_output.min(m.saturating_sub(req.len())))
+    }
+
+    /// Speculative decoding: before the forward, every request that decodes gets the blocks a
+    /// full burst could fill; requests are preempted (newest first) until that fits.
+    fn reserve_bursts(&mut self, out: &mut PassOutput) {
+        let bs = self.cfg.block_size;
+        let max_burst = self.cfg.speculative.as_ref().map_or(1, |s| s.max_burst());
+        loop {
+            let mut wants: Vec<(u32, u32)> = Vec::new();
+            for &slot in &self.running {
+                let req = self.req(slot);
+                if req.computed < req.len() || self.generation_done(req) {
+                    continue;
+                }
+                let want = (req.len() + max_burst.min(self.remaining(slot))).div_ceil(bs);
+                let extra = want.saturating_sub(req.lease.len() as u32);
+                if extra > 0 {
+                    wants.push((slot, extra));
+                }
+            }
+            let total: u32 = wants.iter().map(|w| w.1).sum();
+            if self.pool.can_allocate(total) {
+                for (slot, extra) in wants {
+                    let req = self.reqs[slot as usize].as_mut().expect("live request slot");
+                    let ok = self.pool.allocate(&[], extra, &mut req.lease);
+                    debug_assert!(ok);
+                }
+                return;
+            }
+            let Some(victim) = self.pick_victim() else { return };
+            self.preempt(victim, out);
+        }
+    }
+
+    fn req_mut(&mut self, slot: u32) -> &mut Req {
+        self.reqs[slot as usize].as_mut().expect("live request slot")
+    }
+
     /// Appends one generated token; hashes the block it completes.
     fn generate(&mut self, slot: u32, out: &mut PassOutput) {
         let bs = self.cfg.block_size;
         let caching = self.cfg.enable_prefix_caching;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let token = output_token(req.token_seed, req.generated);
+        let token = req.output.token(req.generated);
         req.generated += 1;
         out.tokens.push(TokenOut { request: req.id, token });
         let len = req.len();

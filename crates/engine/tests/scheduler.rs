@@ -6,7 +6,7 @@ use servesim_engine::{
 };
 
 fn engine(json: &str) -> Engine {
-    Engine::new(EngineConfig::parse_json(json).unwrap(), EngineOptions { record_kv_events: true, dp_rank: 0 })
+    Engine::new(EngineConfig::parse_json(json).unwrap(), EngineOptions { record_kv_events: true, engine_index: 0 })
 }
 
 fn tokens(n: u32, salt: u32) -> Vec<u32> {
@@ -14,7 +14,7 @@ fn tokens(n: u32, salt: u32) -> Vec<u32> {
 }
 
 fn request(id: u64, prompt: Vec<u32>, max_output: u32) -> EngineRequest {
-    EngineRequest { id, prompt: Prompt::Tokens(prompt.into()), max_output, token_seed: id, hashes: None }
+    EngineRequest::new(id, Prompt::Tokens(prompt.into()), max_output, id)
 }
 
 /// Runs passes back to back from `start` until idle; returns every pass.
@@ -306,4 +306,52 @@ fn a_preempted_request_reuses_its_own_cached_blocks() {
     assert!(readmit.reused_tokens >= 8, "its prompt blocks were still cached: {}", readmit.reused_tokens);
     assert_eq!(token_times(&passes, 1).len(), 8);
     assert_eq!(token_times(&passes, 2).len(), 8);
+}
+
+#[test]
+fn speculative_decoding_emits_accepted_bursts() {
+    // nextn 2 with drafts always accepted: a forward yields 3 tokens, the first one included.
+    let mut e = engine(&format!(
+        r#"{{"block_size": 4, "num_gpu_blocks": 8, "aic_nextn": 2, "aic_nextn_accept_rates": "1,1", {FIXED}}}"#
+    ));
+    e.submit(request(1, tokens(4, 1), 0));
+    e.submit(request(2, tokens(4, 2), 3));
+    let passes = run(&mut e, 0.0);
+    assert_eq!(passes.len(), 1);
+    assert_eq!(token_times(&passes, 2), vec![50.0, 50.0, 50.0], "one forward, three tokens");
+    assert_eq!((passes[0].decode_forwards, passes[0].decode_tokens), (1, 3));
+    assert_eq!(passes[0].finished.len(), 2);
+
+    // Drafts never accepted: one token per forward.
+    let mut e = engine(&format!(
+        r#"{{"block_size": 4, "num_gpu_blocks": 8, "aic_nextn": 2, "aic_nextn_accept_rates": "0,0", {FIXED}}}"#
+    ));
+    e.submit(request(2, tokens(4, 2), 3));
+    let passes = run(&mut e, 0.0);
+    assert_eq!(token_times(&passes, 2), vec![50.0, 60.0, 70.0]);
+}
+
+#[test]
+fn planned_output_tokens_are_emitted_as_given() {
+    let mut e = engine(&format!(r#"{{"block_size": 4, "num_gpu_blocks": 100, {FIXED}}}"#));
+    let mut r = request(1, tokens(6, 1), 99);
+    r.planned_output = Some(vec![11, 22, 33, 44, 55].into());
+    e.submit(r);
+    let passes = run(&mut e, 0.0);
+    let emitted: Vec<u32> = passes.iter().flat_map(|p| p.tokens.iter().map(|t| t.token)).collect();
+    assert_eq!(emitted, vec![11, 22, 33, 44, 55], "the plan's length wins over max_output");
+}
+
+#[test]
+fn reasoning_wraps_the_start_of_the_output() {
+    let mut e = engine(&format!(
+        r#"{{"block_size": 4, "num_gpu_blocks": 100, {FIXED},
+            "reasoning": {{"start_thinking_token_id": 151667, "end_thinking_token_id": 151668, "thinking_ratio": 0.6}}}}"#
+    ));
+    e.submit(request(1, tokens(6, 1), 10));
+    let passes = run(&mut e, 0.0);
+    let emitted: Vec<u32> = passes.iter().flat_map(|p| p.tokens.iter().map(|t| t.token)).collect();
+    assert_eq!(emitted.len(), 10);
+    assert_eq!((emitted[0], emitted[5]), (151667, 151668));
+    assert!(emitted.iter().enumerate().all(|(i, &t)| (i == 0 || i == 5) || (t != 151667 && t != 151668)));
 }

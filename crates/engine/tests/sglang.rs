@@ -9,7 +9,7 @@ const FIXED: &str = r#""timing_model": {"type": "fixed", "prefill_ms": 40.0, "de
 
 fn engine(extra: &str) -> Engine {
     let json = format!(r#"{{"engine_type": "sglang", {FIXED}, {extra}}}"#);
-    Engine::new(EngineConfig::parse_json(&json).unwrap(), EngineOptions { record_kv_events: true, dp_rank: 0 })
+    Engine::new(EngineConfig::parse_json(&json).unwrap(), EngineOptions { record_kv_events: true, engine_index: 0 })
 }
 
 fn tokens(n: u32, salt: u32) -> Vec<u32> {
@@ -17,7 +17,7 @@ fn tokens(n: u32, salt: u32) -> Vec<u32> {
 }
 
 fn request(id: u64, prompt: Vec<u32>, max_output: u32) -> EngineRequest {
-    EngineRequest { id, prompt: Prompt::Tokens(prompt.into()), max_output, token_seed: id, hashes: None }
+    EngineRequest::new(id, Prompt::Tokens(prompt.into()), max_output, id)
 }
 
 fn step(e: &mut Engine, now: f64) -> PassOutput {

@@ -8,7 +8,7 @@ fn engine(json: &str) -> Engine {
 
 fn request(id: u64, prompt: u32, max_output: u32) -> EngineRequest {
     let tokens: Vec<u32> = (0..prompt).map(|i| i + id as u32 * 100_000).collect();
-    EngineRequest { id, prompt: Prompt::Tokens(tokens.into()), max_output, token_seed: id, hashes: None }
+    EngineRequest::new(id, Prompt::Tokens(tokens.into()), max_output, id)
 }
 
 /// Runs to idle; returns (passes, generated tokens per request id).

@@ -8,7 +8,7 @@
 //! * Only completed requests that produced tokens enter the latency distributions.
 
 use rustc_hash::FxHashMap;
-use servesim_engine::{Finish, RejectReason};
+use servesim_engine::{Finish, PassOutput, RejectReason};
 
 use crate::stats::{Exact, Sketch};
 
@@ -175,6 +175,10 @@ pub struct Totals {
     pub good_output_tokens: u64,
     pub preemptions: u64,
     pub prefill_tokens: u64,
+    /// Decode forwards and the tokens they produced (more tokens than forwards: accepted
+    /// speculative drafts).
+    pub decode_forwards: u64,
+    pub decode_tokens: u64,
 }
 
 impl<'s> Collector<'s> {
@@ -317,9 +321,14 @@ impl<'s> Collector<'s> {
         }
     }
 
-    pub fn count_pass(&mut self, preemptions: usize, prefill_tokens: u64) {
-        self.totals.preemptions += preemptions as u64;
-        self.totals.prefill_tokens += prefill_tokens;
+    /// Counts what a pass did beyond individual requests' timelines.
+    pub fn count_pass(&mut self, out: &PassOutput, visible: bool) {
+        self.totals.preemptions += out.preempted.len() as u64;
+        self.totals.prefill_tokens += out.prefill_tokens;
+        if visible {
+            self.totals.decode_forwards += out.decode_forwards as u64;
+            self.totals.decode_tokens += out.decode_tokens as u64;
+        }
     }
 
     /// Closes a request's timeline and folds it into the run metrics.

@@ -31,6 +31,8 @@ pub struct Report {
     pub decode_workers: u32,
     pub decode_gpus_per_worker: u32,
     pub sla_set: bool,
+    /// Speculative decoding is configured (the report then shows accept lengths).
+    pub speculative: bool,
     /// Host time the run took (set by the caller that measured it).
     pub wall_time_ms: f64,
 }
@@ -57,12 +59,23 @@ impl Report {
             decode_workers: decode.workers,
             decode_gpus_per_worker: decode.engine.gpus_per_worker(),
             sla_set: config.sla.is_set(),
+            speculative: config.cluster.pools().iter().any(|p| p.engine.speculative.is_some()),
             wall_time_ms: 0.0,
         }
     }
 
     pub fn duration_s(&self) -> f64 {
         (self.totals.duration_ms / 1000.0).max(1e-9)
+    }
+
+    /// Tokens per decode forward (1 without speculative decoding).
+    pub fn mean_accept_length(&self) -> f64 {
+        let t = &self.totals;
+        if t.decode_forwards == 0 {
+            0.0
+        } else {
+            t.decode_tokens as f64 / t.decode_forwards as f64
+        }
     }
 
     pub fn prefill_worker_seconds(&self) -> f64 {
@@ -126,6 +139,10 @@ impl Report {
         put("first_admission_prefix_cache_reused_ratio", json!(ratio(t.first_admission_reused_tokens)));
         put("committed_prefill_tokens", json!(t.prefill_tokens));
         put("num_preemptions", json!(t.preemptions));
+        if self.speculative {
+            put("decode_forwards", json!(t.decode_forwards));
+            put("mean_accept_length", json!(self.mean_accept_length()));
+        }
         put("num_ttft_samples", json!(self.dist.ttft.count));
         put("num_tpot_samples", json!(self.dist.tpot.count));
         put("num_e2e_latency_samples", json!(self.dist.e2e.count));

@@ -15,6 +15,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use servesim_engine::timing::whole_ns;
@@ -38,6 +39,7 @@ pub struct PoolConfig {
 }
 
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // a configuration value, built once
 pub enum Cluster {
     Aggregated(PoolConfig),
     Disaggregated { prefill: PoolConfig, decode: PoolConfig },
@@ -219,6 +221,7 @@ struct Flight {
     token_seed: u64,
     priority: i32,
     strict_priority: u32,
+    output_tokens: Option<Arc<[u32]>>,
     prefill_worker: Option<u32>,
     decode_worker: Option<u32>,
     /// The first visible token has been seen (its prefill edge was reported to the router).
@@ -272,10 +275,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 };
                 let record_kv_events = matches!(placer, Placer::Kv(_));
                 let workers = (0..pc.workers)
-                    .map(|_| Worker {
+                    .map(|w| Worker {
                         ranks: (0..pc.engine.dp_size)
-                            .map(|dp_rank| Rank {
-                                engine: Engine::new(pc.engine.clone(), EngineOptions { record_kv_events, dp_rank }),
+                            .map(|rank| Rank {
+                                engine: Engine::new(
+                                    pc.engine.clone(),
+                                    EngineOptions { record_kv_events, engine_index: w * pc.engine.dp_size + rank },
+                                ),
                                 output: PassOutput::default(),
                                 ran: false,
                             })
@@ -408,6 +414,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 token_seed: self.config.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 priority: turn.priority,
                 strict_priority: turn.strict_priority,
+                output_tokens: turn.output_tokens.clone(),
                 prefill_worker: None,
                 decode_worker: None,
                 first_token_seen: false,
@@ -459,9 +466,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             Stage::Prefill => flight.prefill_worker = Some(p.target as u32),
             Stage::Decode => flight.decode_worker = Some(p.target as u32),
         }
-        // A prefill worker only computes the prompt (and one token nobody sees).
-        let max_output = if role == Stage::Prefill { 1 } else { flight.max_output };
-        let request = self.engine_request(p.id, max_output);
+        let request = self.engine_request(p.id, role == Stage::Prefill);
         if role == Stage::Decode {
             // Disaggregated pools have one rank per worker.
             let worker = &mut self.pools[pool].workers[p.target];
@@ -496,14 +501,17 @@ impl<'a, 'c> Simulation<'a, 'c> {
         true
     }
 
-    fn engine_request(&self, id: u64, max_output: u32) -> EngineRequest {
+    /// The request as an engine sees it; a prefill worker gets only the prompt (it emits one
+    /// token nobody sees).
+    fn engine_request(&self, id: u64, prefill_only: bool) -> EngineRequest {
         let flight = &self.flights[&id];
         EngineRequest {
             id,
             prompt: flight.prompt.clone(),
-            max_output,
+            max_output: if prefill_only { 1 } else { flight.max_output },
             token_seed: flight.token_seed,
             hashes: Some(flight.hashes.clone()),
+            planned_output: if prefill_only { None } else { flight.output_tokens.clone() },
         }
     }
 
@@ -511,7 +519,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// fit. A prompt larger than the whole cache is rejected.
     fn apply_reservations(&mut self, pool: usize, w: usize) {
         while let Some(id) = self.pools[pool].workers[w].pending_reservations.pop_front() {
-            let request = self.engine_request(id, self.flights[&id].max_output);
+            let request = self.engine_request(id, false);
             let engine = &self.pools[pool].engine;
             if request.prompt.len().div_ceil(engine.block_size) > engine.num_gpu_blocks {
                 self.source_release(id);
@@ -640,7 +648,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.router_edge(pool, t.request, false);
             }
         }
-        self.collector.count_pass(out.preempted.len(), out.prefill_tokens);
+        self.collector.count_pass(out, role != Stage::Prefill);
         for f in &out.finished {
             self.router_edge(pool, f.request, true);
             if role == Stage::Prefill && f.finish == Finish::Completed {

@@ -115,6 +115,7 @@ impl SyntheticSpec {
                         delay_ms: if k == 0 { 0.0 } else { self.inter_turn_delay_ms },
                         priority: 0,
                         strict_priority: 0,
+                        output_tokens: None,
                     }
                 })
                 .collect();

@@ -6,7 +6,7 @@
 //! `delay` (alias `delay_ms`) for multi-turn conversations. Rows sharing a `session_id` are the
 //! turns of one conversation in file order; a turn's think time is its `delay`, or else the gap
 //! between its timestamp and the previous turn's. `priority` and `strict_priority` order the KV
-//! router's queue. Unknown fields are ignored (traces come from many tools); everything else is
+//! router's queue; `output_token_ids` fixes the generated tokens. Unknown fields are ignored (traces come from many tools); everything else is
 //! validated and reported with file, line and field.
 
 use std::collections::HashMap;
@@ -39,10 +39,12 @@ struct Row {
     priority: Option<i32>,
     #[serde(default)]
     strict_priority: Option<u32>,
+    #[serde(default)]
+    output_token_ids: Option<Vec<u32>>,
 }
 
 /// Field names and the types we expect, for errors about rows serde rejected.
-const FIELDS: [(&str, &[&str], &str); 8] = [
+const FIELDS: [(&str, &[&str], &str); 9] = [
     ("timestamp", &["timestamp", "created_time"], "a number of milliseconds"),
     ("input_length", &["input_length", "input_tokens"], "a non-negative integer"),
     ("output_length", &["output_length", "output_tokens"], "a non-negative integer"),
@@ -51,6 +53,7 @@ const FIELDS: [(&str, &[&str], &str); 8] = [
     ("delay", &["delay", "delay_ms"], "a number of milliseconds"),
     ("priority", &["priority"], "an integer"),
     ("strict_priority", &["strict_priority"], "a non-negative integer"),
+    ("output_token_ids", &["output_token_ids"], "an array of token ids (integers below 2^32)"),
 ];
 
 /// Finds which field made serde fail, by checking each against its expected type.
@@ -68,6 +71,11 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
                 }
                 "priority" => v.as_i64().is_some_and(|n| i32::try_from(n).is_ok()) || v.is_null(),
                 "hash_ids" => v.is_null() || v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)),
+                "output_token_ids" => {
+                    v.is_null()
+                        || v.as_array()
+                            .is_some_and(|a| a.iter().all(|t| t.as_u64().is_some_and(|n| n <= u32::MAX as u64)))
+                }
                 _ => true,
             };
             if !ok {
@@ -136,6 +144,14 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
             Some(n) => u32::try_from(n).map_err(|_| err(Some("output_length"), format!("{n} is too large")))?,
             None => return Err(err(Some("output_length"), "missing (required)".into())),
         };
+        if let Some(ids) = &row.output_token_ids {
+            if ids.len() != output_length as usize {
+                return Err(err(
+                    Some("output_token_ids"),
+                    format!("has {} tokens but output_length is {output_length}", ids.len()),
+                ));
+            }
+        }
         if let Some(t) = row.timestamp {
             if !t.is_finite() {
                 return Err(err(Some("timestamp"), format!("must be finite, got {t}")));
@@ -156,6 +172,7 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
             delay_ms: 0.0,
             priority: row.priority.unwrap_or(0),
             strict_priority: row.strict_priority.unwrap_or(0),
+            output_tokens: row.output_token_ids.map(Into::into),
         };
 
         let session_id = match row.session_id {
@@ -269,6 +286,14 @@ mod tests {
         assert_eq!((t.priority, t.strict_priority), (-3, 2));
         let e = error("prio-bad", r#"{"output_length": 1, "hash_ids": [1], "strict_priority": -1}"#);
         assert!(e.contains("`strict_priority`"), "{e}");
+    }
+
+    #[test]
+    fn planned_output_tokens() {
+        let w = load("planned", r#"{"output_length": 3, "hash_ids": [1], "output_token_ids": [5, 6, 7]}"#).unwrap();
+        assert_eq!(w.sessions[0].turns[0].output_tokens.as_deref(), Some(&[5, 6, 7][..]));
+        let e = error("planned-bad", r#"{"output_length": 2, "hash_ids": [1], "output_token_ids": [5, 6, 7]}"#);
+        assert!(e.contains("`output_token_ids`: has 3 tokens but output_length is 2"), "{e}");
     }
 
     fn error(name: &str, text: &str) -> String {

@@ -25,6 +25,8 @@ pub struct TurnSpec {
     pub priority: i32,
     /// Router queue tier, compared before anything else (higher first).
     pub strict_priority: u32,
+    /// Exact output token ids (`output_token_ids`), one per output token.
+    pub output_tokens: Option<Arc<[u32]>>,
 }
 
 #[derive(Clone, Debug)]
@@ -187,6 +189,7 @@ mod tests {
                     delay_ms: d,
                     priority: 0,
                     strict_priority: 0,
+                    output_tokens: None,
                 })
                 .collect(),
         }

@@ -26,7 +26,8 @@ use crate::config::{EngineConfig, WorkerType};
 use crate::engine::{EngineCounters, EngineOptions};
 use crate::hash::{local_block_hash, BlockHashes};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
-use crate::request::{output_token, EngineRequest, Prompt};
+use crate::request::{EngineRequest, OutputPlan, Prompt};
+use crate::speculative::BurstSampler;
 use crate::timing::{whole_ns, DecodeShape};
 use radix::{NodeId, PagePool, RadixCache, ROOT};
 
@@ -50,7 +51,8 @@ struct Req {
     prompt: Prompt,
     prompt_len: u32,
     max_output: u32,
-    token_seed: u64,
+    /// How its output tokens are chosen.
+    output: OutputPlan,
     generated: u32,
     /// Full pages of the known sequence: local and chained hashes.
     hashes: BlockHashes,
@@ -99,6 +101,9 @@ pub struct SglangEngine {
     counters: EngineCounters,
     /// Passes run so far: the cache's clock for least-recently-used order.
     passes: u64,
+    /// Speculative decoding's burst sampler, and the largest burst.
+    sampler: Option<BurstSampler>,
+    max_burst: u32,
     record_events: bool,
     events: Vec<KvEvent>,
     scratch_tokens: Vec<u32>,
@@ -125,6 +130,8 @@ impl SglangEngine {
             decay_step: (init_ratio - min_ratio) / 600.0,
             counters: EngineCounters::default(),
             passes: 0,
+            sampler: cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index)),
+            max_burst: cfg.speculative.as_ref().map_or(1, |s| s.max_burst()),
             record_events: options.record_kv_events
                 && cfg.enable_prefix_caching
                 && cfg.worker_type != WorkerType::Decode,
@@ -139,6 +146,7 @@ impl SglangEngine {
     }
 
     fn new_req(&self, request: EngineRequest) -> Req {
+        let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
         let hashes = match request.hashes {
             Some(h) => h,
             None => request.prompt.block_hashes(self.page),
@@ -147,8 +155,8 @@ impl SglangEngine {
             id: request.id,
             prompt_len: request.prompt.len(),
             prompt: request.prompt,
-            max_output: request.max_output,
-            token_seed: request.token_seed,
+            max_output,
+            output,
             generated: 0,
             hashes,
             pages: Vec::new(),
@@ -475,7 +483,7 @@ impl SglangEngine {
     fn generate(&mut self, slot: u32, out: &mut PassOutput) {
         let page = self.page;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let token = output_token(req.token_seed, req.generated);
+        let token = req.output.token(req.generated);
         req.generated += 1;
         out.tokens.push(TokenOut { request: req.id, token });
         let len = req.len();
@@ -483,11 +491,7 @@ impl SglangEngine {
             let start = len - page;
             for (k, t) in self.scratch_tokens.iter_mut().enumerate() {
                 let pos = start + k as u32;
-                *t = if pos < req.prompt_len {
-                    req.prompt.token(pos)
-                } else {
-                    output_token(req.token_seed, pos - req.prompt_len)
-                };
+                *t = if pos < req.prompt_len { req.prompt.token(pos) } else { req.output.token(pos - req.prompt_len) };
             }
             req.hashes.push_local(local_block_hash(&self.scratch_tokens));
         }
@@ -523,16 +527,9 @@ impl SglangEngine {
     fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> (f64, bool) {
         self.retire_finished(out);
         let page = self.page;
-        // Pages to hold every running request's next token.
-        let growth = |e: &SglangEngine| -> u32 {
-            e.running
-                .iter()
-                .map(|&s| {
-                    let r = e.req(s);
-                    r.len().div_ceil(page).saturating_sub(r.pages.len() as u32)
-                })
-                .sum()
-        };
+        // Pages to hold every running request's next token (a full burst with speculative
+        // decoding: everything but the last token of the burst gets computed).
+        let growth = |e: &SglangEngine| -> u32 { e.running.iter().map(|&s| e.pages_needed(s)).sum() };
         let mut retracted = false;
         loop {
             let need = growth(self);
@@ -566,22 +563,37 @@ impl SglangEngine {
             if self.cfg.worker_type == WorkerType::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         let ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
         let end = decode_start + whole_ns(if ratio > 0.0 { decode_ms / ratio } else { decode_ms });
+        let prefill_worker = self.cfg.worker_type == WorkerType::Prefill;
         for i in 0..self.running.len() {
             let slot = self.running[i];
-            let need = {
-                let r = self.req(slot);
-                r.len().div_ceil(page).saturating_sub(r.pages.len() as u32)
-            };
+            let need = self.pages_needed(slot);
             let mut pages = std::mem::take(&mut self.req_mut(slot).pages);
             self.pool.alloc(need, &mut pages);
+            let remaining = self.req(slot).remaining_output();
+            let burst = match self.sampler.as_mut() {
+                Some(sampler) if !prefill_worker => sampler.sample(remaining),
+                _ => remaining.min(1),
+            };
             let req = self.req_mut(slot);
             req.pages = pages;
-            req.materialized = req.len();
-            self.generate(slot, out);
+            for _ in 0..burst {
+                self.generate(slot, out);
+            }
+            let req = self.req_mut(slot);
+            req.materialized = req.len() - 1;
+            out.decode_forwards += 1;
+            out.decode_tokens += burst;
             self.cache_computed_pages(slot);
         }
         self.retire_finished(out);
         (end, retracted)
+    }
+
+    /// New pages `slot` needs before its next decode forward.
+    fn pages_needed(&self, slot: u32) -> u32 {
+        let r = self.req(slot);
+        let burst = self.max_burst.min(r.remaining_output()).max(1);
+        (r.len() + burst - 1).div_ceil(self.page).saturating_sub(r.pages.len() as u32)
     }
 
     /// Retracts the running request with the fewest generated tokens (the longest prompt among
