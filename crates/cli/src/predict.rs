@@ -134,17 +134,30 @@ pub struct PredictArgs {
     format: Format,
 }
 
-/// Reads an inline JSON document or a JSON file given to `--flag`.
-fn json_arg<T>(flag: &str, arg: &str, parse: impl Fn(&str) -> Result<T, ConfigError>) -> Result<T, Failure> {
+/// Reads an inline JSON document or a JSON file given to `--flag`. `parse` gets the text and the
+/// directory that relative paths inside it are relative to.
+fn json_arg<T>(flag: &str, arg: &str, parse: impl Fn(&str, &Path) -> Result<T, ConfigError>) -> Result<T, Failure> {
     if arg.trim_start().starts_with('{') {
-        return parse(arg).map_err(|e| Failure::input(format!("--{flag}: {e}")));
+        return parse(arg, Path::new(".")).map_err(|e| Failure::input(format!("--{flag}: {e}")));
     }
     let text = std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("{arg}: cannot read: {e}")))?;
-    parse(&text).map_err(|e| Failure::input(format!("{arg}: {e}")))
+    let dir = Path::new(arg).parent().unwrap_or(Path::new("."));
+    parse(&text, dir).map_err(|e| Failure::input(format!("{arg}: {e}")))
 }
 
 fn engine_config(flag: &str, arg: Option<&str>) -> Result<EngineConfig, Failure> {
-    arg.map_or_else(|| Ok(EngineConfig::default()), |a| json_arg(flag, a, EngineConfig::parse_json))
+    let Some(arg) = arg else { return Ok(EngineConfig::default()) };
+    let config = json_arg(flag, arg, |text, dir| {
+        let files = |path: &str| {
+            let full = dir.join(path);
+            std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
+        };
+        EngineConfig::parse_json_with(text, &files)
+    })?;
+    if let Some(why) = &config.timing_fallback {
+        eprintln!("warning: --{flag}: {why}; using the polynomial timing model instead");
+    }
+    Ok(config)
 }
 
 /// The workers: one aggregated pool, or prefill and decode pools.
@@ -279,7 +292,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             RouterMode::RoundRobin
         }
         Router::KvRouter => RouterMode::KvRouter(match &a.router_config {
-            Some(arg) => json_arg("router-config", arg, RouterConfig::parse_json)?,
+            Some(arg) => json_arg("router-config", arg, |text, _| RouterConfig::parse_json(text))?,
             None => RouterConfig::default(),
         }),
     };

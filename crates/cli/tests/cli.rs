@@ -150,6 +150,55 @@ fn disaggregated_serving_reports_both_pools() {
 }
 
 #[test]
+fn profiled_timing_from_an_npz_next_to_the_config() {
+    use servesim_engine::profile::Profile;
+    let dir = tmp("profile");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Twice the polynomial's prefill cost at 1000 tokens, a flat 20 ms decode step.
+    let profile = Profile {
+        prefill_isl: vec![1.0, 1000.0, 8192.0],
+        prefill_ttft_ms: vec![33.0, 64.2, 338.3],
+        decode_active_kv_tokens: vec![0.0, 1_000_000.0],
+        decode_context_length: vec![0.0, 100_000.0],
+        decode_itl: vec![20.0, 20.0, 20.0, 20.0],
+    };
+    std::fs::write(dir.join("profile.npz"), profile.to_npz()).unwrap();
+    let config = dir.join("engine.json");
+    std::fs::write(&config, r#"{"planner_profile_data": "profile.npz"}"#).unwrap();
+    let ex = example();
+    let run = |engine: &str| {
+        json_stdout(&servesim(&["predict", ex.to_str().unwrap(), "--format", "json", "--extra-engine-args", engine]))
+    };
+    let profiled = run(config.to_str().unwrap());
+    let itl = profiled["median_itl_ms"].as_f64().unwrap();
+    assert!((itl - 20.0).abs() < 0.05, "decode steps take the profile's 20 ms, got {itl}");
+    assert_ne!(profiled["mean_ttft_ms"], run("{}")["mean_ttft_ms"]);
+
+    // A broken profile stops the run, unless falling back was asked for.
+    std::fs::write(dir.join("broken.npz"), b"not an archive").unwrap();
+    std::fs::write(&config, r#"{"planner_profile_data": "broken.npz"}"#).unwrap();
+    rejects(
+        &["predict", ex.to_str().unwrap(), "--extra-engine-args", config.to_str().unwrap()],
+        &["engine.json", "`planner_profile_data`", "broken.npz", "not an NPZ archive"],
+    );
+    std::fs::write(
+        &config,
+        r#"{"timing_model": {"type": "interpolated", "path": "broken.npz", "fallback": "polynomial"}}"#,
+    )
+    .unwrap();
+    let out = servesim(&[
+        "predict",
+        ex.to_str().unwrap(),
+        "--format",
+        "json",
+        "--extra-engine-args",
+        config.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("using the polynomial timing model"));
+}
+
+#[test]
 fn flat_and_canonical_engine_args_are_equivalent() {
     let run = |engine: &str| {
         simulated(json_stdout(&servesim(&[

@@ -9,9 +9,18 @@
 use serde_json::{json, Value};
 
 use crate::json::{ConfigError, Field, ObjectReader, Result};
+use crate::profile::Profile;
 use crate::request::ReasoningConfig;
 use crate::speculative::SpeculativeConfig;
-use crate::timing::TimingModel;
+use crate::timing::{ProfileRef, TimingModel};
+
+/// Reads a file a configuration refers to (a timing profile). The engine crate itself never
+/// touches the filesystem; callers decide how paths resolve.
+pub type FileLoader<'a> = &'a dyn Fn(&str) -> std::result::Result<Vec<u8>, String>;
+
+fn no_files(path: &str) -> std::result::Result<Vec<u8>, String> {
+    Err(format!("cannot read {path}: no file access in this context"))
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -119,6 +128,8 @@ pub struct EngineConfig {
     pub speculative: Option<SpeculativeConfig>,
     /// Thinking tokens around the start of every generated output.
     pub reasoning: Option<ReasoningConfig>,
+    /// Why a timing profile was replaced by the polynomial model (the user allowed it).
+    pub timing_fallback: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -128,15 +139,25 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Parses a JSON document in either shape.
+    /// Parses a JSON document in either shape (without file access).
     pub fn parse_json(text: &str) -> Result<Self> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
-        Self::from_value(&value)
+        Self::parse_json_with(text, &no_files)
     }
 
-    /// Reads a parsed JSON value in either shape.
+    /// Parses a JSON document, reading referenced files (timing profiles) through `files`.
+    pub fn parse_json_with(text: &str, files: FileLoader) -> Result<Self> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
+        Self::from_value_with(&value, files)
+    }
+
+    /// Reads a parsed JSON value in either shape (without file access).
     pub fn from_value(value: &Value) -> Result<Self> {
+        Self::from_value_with(value, &no_files)
+    }
+
+    /// Reads a parsed JSON value, reading referenced files through `files`.
+    pub fn from_value_with(value: &Value, files: FileLoader) -> Result<Self> {
         if !value.is_object() {
             return Err(ConfigError::new("", "engine configuration must be a JSON object"));
         }
@@ -146,7 +167,7 @@ impl EngineConfig {
         } else {
             raw.read_flat(value)?;
         }
-        raw.normalise()
+        raw.normalise(files)
     }
 
     /// Total KV tokens of one rank.
@@ -171,11 +192,12 @@ impl EngineConfig {
 
     /// The canonical nested JSON form (what Dynamo 1.6.1 prints after normalising).
     pub fn to_canonical_json(&self) -> Value {
-        let timing = match self.timing {
+        let timing = match &self.timing {
             TimingModel::Polynomial => json!({"type": "polynomial"}),
             TimingModel::Fixed { prefill_ms, decode_ms } => {
                 json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
             }
+            TimingModel::Interpolated { path, .. } => json!({"type": "interpolated", "path": path}),
         };
         json!({
             "engine": {
@@ -240,7 +262,7 @@ struct RawConfig {
     decode_speedup_ratio: Field<f64>,
     preemption_mode: Field<usize>,
     worker_type: Field<usize>,
-    timing: Option<TimingModel>,
+    timing: Option<std::result::Result<TimingModel, ProfileRef>>,
     dp_size: Field<u32>,
     tensor_parallel_size: Field<u32>,
     startup_time: Field<f64>,
@@ -413,7 +435,10 @@ impl RawConfig {
         for key in ["aic_gemm_dtype", "aic_moe_dtype", "aic_fmha_dtype", "aic_kv_cache_dtype", "aic_comm_dtype"] {
             r.unsupported(key, &[], "AIConfigurator timing")?;
         }
-        r.unsupported("planner_profile_data", &[], "profiled timing (planner_profile_data)")?;
+        let key = r.path("planner_profile_data");
+        if let Some(path) = r.string("planner_profile_data")?.set() {
+            self.timing = Some(Err(ProfileRef { key, path: path.to_string(), fallback: false }));
+        }
         for key in ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction"] {
             r.unsupported(key, &[], "KV capacity estimation")?;
         }
@@ -502,7 +527,20 @@ impl RawConfig {
         top.finish()
     }
 
-    fn normalise(self) -> Result<EngineConfig> {
+    fn normalise(self, files: FileLoader) -> Result<EngineConfig> {
+        let (timing, timing_fallback) = match self.timing {
+            None => (TimingModel::Polynomial, None),
+            Some(Ok(model)) => (model, None),
+            Some(Err(r)) => {
+                let loaded =
+                    files(&r.path).and_then(|bytes| Profile::from_npz(&bytes).map_err(|e| format!("{}: {e}", r.path)));
+                match loaded {
+                    Ok(profile) => (TimingModel::Interpolated { path: r.path, profile: profile.into() }, None),
+                    Err(why) if r.fallback => (TimingModel::Polynomial, Some(why)),
+                    Err(why) => return Err(ConfigError::new(r.key, why)),
+                }
+            }
+        };
         let backend = match self.backend.or(0) {
             0 => Backend::Vllm,
             1 => Backend::Sglang,
@@ -601,7 +639,7 @@ impl RawConfig {
             decode_speedup_ratio: ratio(self.decode_speedup_ratio, "decode_speedup_ratio")?,
             preemption_mode: if self.preemption_mode.or(0) == 0 { PreemptionMode::Lifo } else { PreemptionMode::Fifo },
             worker_type,
-            timing: self.timing.unwrap_or(TimingModel::Polynomial),
+            timing,
             dp_size,
             tensor_parallel_size: self.tensor_parallel_size.or(1),
             startup_time_s: self.startup_time.set(),
@@ -615,6 +653,7 @@ impl RawConfig {
             sglang: self.sglang,
             speculative,
             reasoning: self.reasoning,
+            timing_fallback,
         })
     }
 }
@@ -758,6 +797,46 @@ mod tests {
         assert_eq!(e.path, "reasoning.thinking_ratio");
         let e = parse(r#"{"reasoning": {"start_thinking_token_id": 1, "thinking_ratio": 0.5}}"#).unwrap_err();
         assert_eq!(e.path, "reasoning.end_thinking_token_id");
+    }
+
+    #[test]
+    fn profiled_timing_reads_through_the_loader() {
+        let profile = Profile {
+            prefill_isl: vec![128.0, 256.0],
+            prefill_ttft_ms: vec![4.0, 8.0],
+            decode_active_kv_tokens: vec![1024.0, 2048.0],
+            decode_context_length: vec![128.0, 256.0],
+            decode_itl: vec![1.0, 1.5, 2.0, 2.5],
+        };
+        let bytes = profile.to_npz();
+        let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
+        let c = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &files).unwrap();
+        assert!(matches!(&c.timing, TimingModel::Interpolated { profile: p, .. } if **p == profile));
+        let nested = EngineConfig::parse_json_with(
+            r#"{"engine": {"timing_model": {"type": "interpolated", "path": "p.npz"}}}"#,
+            &files,
+        )
+        .unwrap();
+        assert_eq!(nested.timing, c.timing);
+        // A missing or malformed profile is an error unless fallback was asked for.
+        let e = EngineConfig::parse_json_with(r#"{"planner_profile_data": "q.npz"}"#, &files).unwrap_err();
+        assert_eq!(e.path, "planner_profile_data");
+        let e = EngineConfig::parse_json_with(
+            r#"{"engine": {"timing_model": {"type": "interpolated", "path": "q.npz"}}}"#,
+            &files,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "engine.timing_model.path");
+        let c = EngineConfig::parse_json_with(
+            r#"{"timing_model": {"type": "interpolated", "path": "q.npz", "fallback": "polynomial"}}"#,
+            &files,
+        )
+        .unwrap();
+        assert_eq!(c.timing, TimingModel::Polynomial);
+        assert!(c.timing_fallback.unwrap().contains("q.npz"));
+        let garbage = |_: &str| Ok(b"not a zip".to_vec());
+        let e = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &garbage).unwrap_err();
+        assert!(e.message.contains("not an NPZ archive"), "{e}");
     }
 
     #[test]

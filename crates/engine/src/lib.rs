@@ -11,13 +11,14 @@ pub mod hash;
 pub mod json;
 pub mod output;
 pub mod pool;
+pub mod profile;
 pub mod request;
 pub mod sglang;
 pub mod speculative;
 pub mod timing;
 pub mod vllm;
 
-pub use config::{Backend, EngineConfig, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType};
+pub use config::{Backend, EngineConfig, FileLoader, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType};
 pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use hash::BlockHashes;
 pub use json::ConfigError;

@@ -3,14 +3,29 @@
 //! A pass costs `prefill_ms + decode_ms`. Prefill is paid when the pass computes new prompt
 //! tokens, decode when at least one request that already had its first token generates.
 
-use crate::json::{ConfigError, ObjectReader, Result};
+use std::sync::Arc;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+use crate::json::{ConfigError, ObjectReader, Result};
+use crate::profile::Profile;
+
+#[derive(Clone, Debug, PartialEq)]
 pub enum TimingModel {
     /// Dynamo's default polynomial fit.
     Polynomial,
     /// Constant per-pass costs.
     Fixed { prefill_ms: f64, decode_ms: f64 },
+    /// Interpolated from a measured profile (`path` is where it was read from).
+    Interpolated { path: String, profile: Arc<Profile> },
+}
+
+/// A profile a configuration refers to, before it is read.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ProfileRef {
+    /// Key path of the reference, for errors.
+    pub key: String,
+    pub path: String,
+    /// Use the polynomial model if the profile cannot be read.
+    pub fallback: bool,
 }
 
 /// Prefill shape of one pass, in Dynamo's aggregate form.
@@ -48,10 +63,32 @@ pub struct DecodeShape {
 }
 
 impl TimingModel {
-    pub(crate) fn read(r: &mut ObjectReader) -> Result<Self> {
-        match r.choice("type", &["polynomial", "fixed"])?.set() {
-            None => Err(ConfigError::new(r.path("type"), "missing; expected \"polynomial\" or \"fixed\"")),
-            Some(0) => Ok(TimingModel::Polynomial),
+    /// Reads a `timing_model` object; an interpolated model comes back as a reference to its
+    /// profile file.
+    pub(crate) fn read(r: &mut ObjectReader) -> Result<std::result::Result<Self, ProfileRef>> {
+        match r.choice("type", &["polynomial", "fixed", "interpolated"])?.set() {
+            None => {
+                Err(ConfigError::new(r.path("type"), "missing; expected \"polynomial\", \"fixed\" or \"interpolated\""))
+            }
+            Some(0) => Ok(Ok(TimingModel::Polynomial)),
+            Some(2) => {
+                let path = r
+                    .string("path")?
+                    .set()
+                    .ok_or_else(|| ConfigError::new(r.path("path"), "missing (the profile NPZ to interpolate)"))?
+                    .to_string();
+                let fallback = match r.string("fallback")?.set() {
+                    None => false,
+                    Some("polynomial") => true,
+                    Some(other) => {
+                        return Err(ConfigError::new(
+                            r.path("fallback"),
+                            format!("unknown value {other:?}; expected \"polynomial\""),
+                        ))
+                    }
+                };
+                Ok(Err(ProfileRef { key: r.path("path"), path, fallback }))
+            }
             Some(_) => {
                 let mut get = |key: &'static str| -> Result<f64> {
                     match r.f64(key)?.set() {
@@ -62,7 +99,7 @@ impl TimingModel {
                 };
                 let prefill_ms = get("prefill_ms")?;
                 let decode_ms = get("decode_ms")?;
-                Ok(TimingModel::Fixed { prefill_ms, decode_ms })
+                Ok(Ok(TimingModel::Fixed { prefill_ms, decode_ms }))
             }
         }
     }
@@ -73,12 +110,13 @@ impl TimingModel {
         if t == 0 {
             return 0.0;
         }
-        match *self {
+        match self {
             TimingModel::Polynomial => {
                 let t = t as f64;
                 (4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01).max(0.0)
             }
-            TimingModel::Fixed { prefill_ms, .. } => prefill_ms,
+            TimingModel::Fixed { prefill_ms, .. } => *prefill_ms,
+            TimingModel::Interpolated { profile, .. } => profile.prefill_ms(t as f64),
         }
     }
 
@@ -87,7 +125,7 @@ impl TimingModel {
         if shape.batch == 0 {
             return 0.0;
         }
-        match *self {
+        match self {
             TimingModel::Polynomial => {
                 let p = if shape.capacity_tokens == 0 {
                     1.0
@@ -96,7 +134,11 @@ impl TimingModel {
                 };
                 (-25.74 * p * p + 54.01 * p + 5.74).max(1.0)
             }
-            TimingModel::Fixed { decode_ms, .. } => decode_ms,
+            TimingModel::Fixed { decode_ms, .. } => *decode_ms,
+            // Interpolated at (tokens in the batch's KV, integer mean context).
+            TimingModel::Interpolated { profile, .. } => {
+                profile.decode_ms(shape.context_tokens as f64, (shape.context_tokens / shape.batch as u64) as f64)
+            }
         }
     }
 }
