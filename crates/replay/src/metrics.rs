@@ -293,6 +293,10 @@ impl<'s> Collector<'s> {
         h.decode_admit_ms.get_or_insert(at_ms);
     }
 
+    pub fn arrival_of(&self, id: u64) -> f64 {
+        self.live[&id].arrival_ms
+    }
+
     pub fn admit(&mut self, id: u64, at_ms: f64, reused: u32) {
         let r = self.get(id);
         if r.first_admit_ms.is_none() {

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use servesim_engine::timing::whole_ns;
 use servesim_engine::{
-    BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode, PassOutput,
-    Prompt, RejectReason, WorkerType,
+    Backend, BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode,
+    PassOutput, Prompt, RejectReason, WorkerType,
 };
 use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
 
@@ -222,6 +222,10 @@ struct Flight {
     priority: i32,
     strict_priority: u32,
     output_tokens: Option<Arc<[u32]>>,
+    /// Disaggregated: the prompt is computed (the prefill worker holds its KV).
+    prefilled: bool,
+    /// Disaggregated: blocks reserved on the decode worker (prompt tokens it had cached).
+    reserved: Option<u32>,
     prefill_worker: Option<u32>,
     decode_worker: Option<u32>,
     /// The first visible token has been seen (its prefill edge was reported to the router).
@@ -415,12 +419,20 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 priority: turn.priority,
                 strict_priority: turn.strict_priority,
                 output_tokens: turn.output_tokens.clone(),
+                prefilled: false,
+                reserved: None,
                 prefill_worker: None,
                 decode_worker: None,
                 first_token_seen: false,
             },
         );
-        self.route(0, id, r.arrival_ms);
+        if self.pools.len() > 1 && self.pools[1].engine.backend == Backend::Sglang {
+            // SGLang's decode side bootstraps first: the destination is chosen and reserved
+            // as the request arrives, and the prefill starts once it is.
+            self.route(1, id, r.arrival_ms);
+        } else {
+            self.route(0, id, r.arrival_ms);
+        }
     }
 
     /// Picks a worker of `pool` for request `id` (or leaves it in the router queue).
@@ -484,21 +496,35 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// false if the blocks are not available now.
     fn reserve(&mut self, pool: usize, worker: usize, request: EngineRequest) -> bool {
         let id = request.id;
-        let prompt_len = request.prompt.len() as u64;
         let Ok(reused) = self.pools[pool].workers[worker].ranks[0].engine.reserve(request) else { return false };
+        self.collector.destination_reserved(id, self.now, reused);
+        let flight = self.flights.get_mut(&id).expect("reserved request is in flight");
+        flight.reserved = Some(reused);
+        if flight.prefilled {
+            self.start_transfer(id);
+        } else if flight.prefill_worker.is_none() {
+            let arrival = self.collector.arrival_of(id);
+            self.route(0, id, arrival);
+        }
+        true
+    }
+
+    /// Both sides are ready (prompt computed, destination reserved): the KV starts moving.
+    fn start_transfer(&mut self, id: u64) {
+        let flight = &self.flights[&id];
+        let prompt_len = flight.prompt.len() as u64;
+        let reused = flight.reserved.expect("destination reserved") as u64;
         let prefill = &self.pools[0].engine;
         let tokens = match prefill.kv_transfer_timing_mode {
             KvTransferTimingMode::FullPrompt => prompt_len,
             // Whole blocks the destination lacks, the partial last block included.
             KvTransferTimingMode::DestinationMissing => {
                 let bs = prefill.block_size as u64;
-                (prompt_len.div_ceil(bs) - reused as u64 / bs) * bs
+                (prompt_len.div_ceil(bs) - reused / bs) * bs
             }
         };
         let delay = whole_ns(prefill.kv_transfer_ms(tokens));
-        self.collector.destination_reserved(id, self.now, reused);
         self.schedule(self.now + delay, Event::TransferDone { request: id });
-        true
     }
 
     /// The request as an engine sees it; a prefill worker gets only the prompt (it emits one
@@ -652,9 +678,15 @@ impl<'a, 'c> Simulation<'a, 'c> {
         for f in &out.finished {
             self.router_edge(pool, f.request, true);
             if role == Stage::Prefill && f.finish == Finish::Completed {
-                // The prompt is done: find it a decode worker.
+                // The prompt is done: its KV moves once a decode worker has room for it.
                 self.collector.source_held(f.request, now);
-                self.route(1, f.request, now);
+                let flight = self.flights.get_mut(&f.request).expect("prefilled request is in flight");
+                flight.prefilled = true;
+                match (flight.decode_worker, flight.reserved) {
+                    (None, _) => self.route(1, f.request, now),
+                    (Some(_), Some(_)) => self.start_transfer(f.request),
+                    (Some(_), None) => {} // the reservation is still waiting for room
+                }
                 continue;
             }
             self.finish(f.request, f.finish);

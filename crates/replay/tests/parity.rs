@@ -205,6 +205,7 @@ parity_cases! {
     sglang_lpm_under_pressure => "t_conversation_sglang_lpm_tight",
     speculative_decoding => "u_synthetic_trace_mtp",
     sglang_speculative_decoding => "v_synthetic_trace_sglang_mtp",
+    sglang_disaggregated => "w_synthetic_trace_sglang_disagg",
     probe_fixed_timing => "probe_c1_fixed_timing",
     probe_token_stamps => "probe_c2_token_stamps",
     probe_polynomial_timing => "probe_c3_polynomial",
