@@ -129,6 +129,10 @@ pub struct PredictArgs {
     /// Write one JSON record per request here.
     #[arg(long, value_name = "PATH", help_heading = "Output")]
     report_jsonl: Option<PathBuf>,
+    /// Simulate every pass one by one (the results are identical; this is slower and exists
+    /// to check that).
+    #[arg(long, help_heading = "Output")]
+    no_fast_forward: bool,
     /// `table` (default) prints the metrics table; `json` prints only the summary object.
     #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
     format: Format,
@@ -305,6 +309,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         load,
         sla: Sla { ttft_ms: a.sla_ttft_ms, itl_ms: a.sla_itl_ms, e2e_ms: a.sla_e2e_ms },
         seed: a.arrival_seed,
+        fast_forward: !a.no_fast_forward,
     };
 
     // Open outputs before the run so a bad path costs nothing.

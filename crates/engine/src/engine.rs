@@ -2,7 +2,7 @@
 //! configuration asks for. Drivers only talk to this type.
 
 use crate::config::{Backend, EngineConfig};
-use crate::output::PassOutput;
+use crate::output::{PassOutput, Stretch};
 use crate::request::EngineRequest;
 use crate::sglang::SglangEngine;
 use crate::vllm::VllmEngine;
@@ -87,6 +87,24 @@ impl Engine {
 
     pub fn counters(&self) -> EngineCounters {
         delegate!(self, e => e.counters())
+    }
+
+    /// Plans several decode-only passes to run at once, if nothing can change during them and
+    /// they all start before `horizon_ms`; false when a normal step is needed. Nothing changes
+    /// until [`Engine::commit_stretch`].
+    pub fn plan_stretch(&mut self, now_ms: f64, horizon_ms: f64, out: &mut Stretch) -> bool {
+        match self {
+            Engine::Vllm(e) => e.plan_stretch(now_ms, horizon_ms, out),
+            Engine::Sglang(_) => false,
+        }
+    }
+
+    /// Runs the first `passes` passes of the stretch just planned.
+    pub fn commit_stretch(&mut self, passes: u32) {
+        match self {
+            Engine::Vllm(e) => e.commit_stretch(passes),
+            Engine::Sglang(_) => unreachable!("SGLang engines plan no stretches"),
+        }
     }
 
     /// Decode worker: allocates blocks for a prompt computed on a prefill worker. Returns the

@@ -22,7 +22,7 @@ pub use config::{Backend, EngineConfig, FileLoader, KvTransferTimingMode, Preemp
 pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use hash::BlockHashes;
 pub use json::ConfigError;
-pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
+pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, Stretch, TokenOut};
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
 pub use speculative::SpeculativeConfig;
 pub use timing::{DecodeShape, PrefillShape, TimingModel};

@@ -71,6 +71,25 @@ pub struct Admission {
     pub readmission: bool,
 }
 
+/// Decode-only passes run in one go: every listed request generated one token in each pass,
+/// the passes ending at `ends`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stretch {
+    pub requests: Vec<u64>,
+    pub ends: Vec<f64>,
+}
+
+impl Stretch {
+    pub fn clear(&mut self) {
+        self.requests.clear();
+        self.ends.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+}
+
 /// Everything that happened in one pass. Tokens and completions are stamped at `end_ms`;
 /// admissions happened at `start_ms`.
 #[derive(Clone, Debug, Default)]

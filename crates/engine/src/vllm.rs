@@ -30,7 +30,7 @@ use rustc_hash::FxHashMap;
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::engine::{EngineCounters, EngineOptions};
 use crate::hash::{local_block_hash, BlockHashes};
-use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
+use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, Stretch, TokenOut};
 use crate::pool::{BlockPool, Residency};
 use crate::request::{EngineRequest, OutputPlan, Prompt};
 use crate::speculative::BurstSampler;
@@ -336,6 +336,83 @@ impl VllmEngine {
         let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = self.decode(decode_start, out);
         self.pool.drain_events(&mut out.kv_events);
+    }
+
+    /// Plans several decode-only passes to run at once, when nothing can change during them:
+    /// every running request is decoding (one budget token each), none completes or reaches a
+    /// block boundary (no allocation, no block becomes full), the waiting head cannot be
+    /// admitted, and every pass starts before `horizon_ms` (when new work could arrive). The
+    /// passes are exactly those [`VllmEngine::step`] would run; nothing changes until
+    /// [`VllmEngine::commit_stretch`]. Returns false when a normal step is needed (fewer than
+    /// two passes qualify, or the first would take no time).
+    pub fn plan_stretch(&mut self, now_ms: f64, horizon_ms: f64, out: &mut Stretch) -> bool {
+        out.clear();
+        let k = self.running.len() as u32;
+        if k == 0
+            || self.sampler.is_some()
+            || self.cfg.worker_type != WorkerType::Aggregated
+            || k > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX)
+        {
+            return false;
+        }
+        let bs = self.cfg.block_size;
+        let mut passes = u32::MAX;
+        let mut context = 0u64;
+        for &slot in &self.running {
+            let r = self.req(slot);
+            let len = r.len();
+            if r.generated == 0 || r.computed + 1 != len || self.generation_done(r) {
+                return false;
+            }
+            // No completion: the pass that generates the last token is a normal step.
+            passes = passes.min(self.remaining(slot).saturating_sub(1));
+            // No block boundary: positions len-1 ..= len+passes hold no multiple of the block
+            // size (no new block to compute into, none fully computed, none filled).
+            let boundary = (len - 1).div_ceil(bs) * bs;
+            if boundary <= len {
+                return false;
+            }
+            passes = passes.min(boundary - len - 1);
+            context += len as u64;
+        }
+        if passes < 2 {
+            return false;
+        }
+        if let Some(&head) = self.waiting.front() {
+            let slots_full = self.cfg.max_num_seqs.is_some_and(|m| self.running.len() >= m as usize);
+            if !slots_full && !matches!(self.admission(head), AdmissionDecision::Wait) {
+                return false;
+            }
+        }
+        let capacity = self.cfg.kv_capacity_tokens();
+        let mut t = now_ms;
+        for j in 0..passes {
+            if t >= horizon_ms {
+                break;
+            }
+            let shape = DecodeShape { batch: k, context_tokens: context + (j * k) as u64, capacity_tokens: capacity };
+            let decode_ms = self.cfg.timing.decode_ms(&shape);
+            let decode_start = t + pass_duration_ms(0.0, self.cfg.speedup_ratio);
+            t = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
+            out.ends.push(t);
+        }
+        if out.ends.len() < 2 || out.ends[0] <= now_ms {
+            out.clear();
+            return false;
+        }
+        out.requests.extend(self.running.iter().map(|&slot| self.req(slot).id));
+        true
+    }
+
+    /// Runs the first `passes` passes of a planned stretch: every running request generates
+    /// that many tokens.
+    pub fn commit_stretch(&mut self, passes: u32) {
+        for i in 0..self.running.len() {
+            let slot = self.running[i];
+            let r = self.req_mut(slot);
+            r.generated += passes;
+            r.computed += passes;
+        }
     }
 
     fn schedule_running(&mut self, out: &mut PassOutput) {

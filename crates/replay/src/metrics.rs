@@ -179,6 +179,8 @@ pub struct Totals {
     /// speculative drafts).
     pub decode_forwards: u64,
     pub decode_tokens: u64,
+    /// Passes run inside fast-forwarded stretches (a performance statistic).
+    pub stretched_passes: u64,
 }
 
 impl<'s> Collector<'s> {
@@ -307,8 +309,10 @@ impl<'s> Collector<'s> {
         r.reused_input_tokens = r.reused_input_tokens.max(reused);
     }
 
-    pub fn token(&mut self, id: u64, at_ms: f64) {
+    /// Records a visible token; returns whether it was the request's first.
+    pub fn token(&mut self, id: u64, at_ms: f64) -> bool {
         let r = self.get(id);
+        let first = r.output_length == 0;
         let gap = r.last_token_ms.map(|last| at_ms - last);
         match r.output_length {
             0 => r.first_token_ms = Some(at_ms),
@@ -323,6 +327,13 @@ impl<'s> Collector<'s> {
                 self.per_user.add(1000.0 / gap);
             }
         }
+        first
+    }
+
+    /// Counts decode forwards and their tokens (fast-forwarded passes).
+    pub fn count_decode(&mut self, forwards: u64, tokens: u64) {
+        self.totals.decode_forwards += forwards;
+        self.totals.decode_tokens += tokens;
     }
 
     /// Counts what a pass did beyond individual requests' timelines.

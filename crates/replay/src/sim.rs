@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 use servesim_engine::timing::whole_ns;
 use servesim_engine::{
     Backend, BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode,
-    PassOutput, Prompt, RejectReason, WorkerType,
+    PassOutput, Prompt, RejectReason, Stretch, WorkerType,
 };
 use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
 
@@ -125,6 +125,9 @@ pub struct SimConfig {
     pub sla: Sla,
     /// Seed of generated token ids.
     pub seed: u64,
+    /// Run decode-only stretches in one step when nothing can change during them (the results
+    /// are identical; off only to check that).
+    pub fast_forward: bool,
 }
 
 /// Progress notifications for a caller that wants to show them.
@@ -186,6 +189,8 @@ struct Worker {
     busy: bool,
     /// End of the pass in flight.
     pass_end: f64,
+    /// The pass in flight is a fast-forwarded stretch of decode passes.
+    stretch: Option<Stretch>,
     /// Decode worker: requests waiting to reserve blocks, in arrival order. Like every command
     /// to an engine, a reservation is applied between passes.
     pending_reservations: VecDeque<u64>,
@@ -228,8 +233,6 @@ struct Flight {
     reserved: Option<u32>,
     prefill_worker: Option<u32>,
     decode_worker: Option<u32>,
-    /// The first visible token has been seen (its prefill edge was reported to the router).
-    first_token_seen: bool,
 }
 
 struct Simulation<'a, 'c> {
@@ -245,6 +248,10 @@ struct Simulation<'a, 'c> {
     lagged: FxHashMap<u64, (usize, usize, Vec<KvEvent>)>,
     collector: Collector<'c>,
     finished: u64,
+    /// New work reaches workers only when the load driver releases it (no closed-loop turns,
+    /// no router queue, no handoffs): a worker can run ahead until the next release.
+    work_only_at_releases: bool,
+    spare_stretch: Stretch,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -292,6 +299,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                             .collect(),
                         busy: false,
                         pass_end: 0.0,
+                        stretch: None,
                         pending_reservations: VecDeque::new(),
                         pending_releases: Vec::new(),
                         pending_activations: Vec::new(),
@@ -312,6 +320,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
             lagged: FxHashMap::default(),
             collector,
             finished: 0,
+            work_only_at_releases: matches!(config.load, LoadMode::Timestamps { .. })
+                && matches!(config.cluster, Cluster::Aggregated(_))
+                && workload.sessions.iter().all(|s| s.turns.len() <= 1)
+                && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.queue_threshold.is_some()),
+            spare_stretch: Stretch::default(),
         }
     }
 
@@ -342,8 +355,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.events.pop();
                 match event {
                     Event::PassEnd { pool, worker } => {
-                        self.pools[pool as usize].workers[worker as usize].busy = false;
-                        self.apply_pass(pool as usize, worker as usize);
+                        let w = &mut self.pools[pool as usize].workers[worker as usize];
+                        w.busy = false;
+                        match w.stretch.take() {
+                            Some(stretch) => self.apply_stretch(stretch),
+                            None => self.apply_pass(pool as usize, worker as usize),
+                        }
                     }
                     Event::TransferDone { request } => self.transfer_done(request),
                     Event::KvVisible { batch } => {
@@ -358,12 +375,20 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.release(r);
             }
             again = false;
+            // Workers that could run a stretch of decode passes wait until every other worker
+            // has started its pass: work created at this instant must bound their stretches.
+            let mut stretches = Vec::new();
             for p in 0..self.pools.len() {
                 for w in 0..self.pools[p].workers.len() {
                     let worker = &mut self.pools[p].workers[w];
                     if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
                         continue;
                     }
+                    if let Some(stretch) = self.plan_stretch(p, w) {
+                        stretches.push((p, w, stretch));
+                        continue;
+                    }
+                    let worker = &mut self.pools[p].workers[w];
                     // Every rank with work starts a pass now; the worker's pass ends when the
                     // slowest rank's does, and all its tokens are stamped then.
                     let mut end = now;
@@ -389,6 +414,25 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     }
                 }
             }
+            if again {
+                // New work appeared at this instant: plan again with it.
+                for (_, _, stretch) in stretches {
+                    self.spare_stretch = stretch;
+                }
+            } else {
+                // Unless only releases bring work, a stretch must also end before any other
+                // worker starting now could finish a pass (and create work for this one).
+                let mut first_ends: Vec<f64> = stretches.iter().map(|(_, _, s)| s.ends[0]).collect();
+                for (i, (p, w, stretch)) in stretches.into_iter().enumerate() {
+                    first_ends[i] = f64::INFINITY;
+                    let others = if self.work_only_at_releases {
+                        f64::INFINITY
+                    } else {
+                        first_ends.iter().copied().fold(f64::INFINITY, f64::min)
+                    };
+                    self.start_stretch(p, w, stretch, others);
+                }
+            }
             if self.finished != last_reported {
                 last_reported = self.finished;
                 progress.update(self.finished, total);
@@ -396,6 +440,77 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         self.collector.close_incomplete();
         Ok(())
+    }
+
+    /// Until when worker `w` of `pool` can run ahead without missing new work; None if it
+    /// cannot run ahead at all.
+    fn fast_forward_horizon(&self, pool: usize) -> Option<f64> {
+        let p = &self.pools[pool];
+        if !self.config.fast_forward || p.role != Stage::Aggregated || p.dp != 1 || self.config.kv_event_lag_ms > 0.0 {
+            return None;
+        }
+        let release = self.driver.next_ready_ms().unwrap_or(f64::INFINITY);
+        if self.work_only_at_releases {
+            return Some(release);
+        }
+        let event = self.events.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
+        Some(release.min(event))
+    }
+
+    /// Plans a stretch of decode passes for an idle single-rank worker, if it can run one.
+    fn plan_stretch(&mut self, pool: usize, w: usize) -> Option<Stretch> {
+        let horizon = self.fast_forward_horizon(pool)?;
+        let mut stretch = std::mem::take(&mut self.spare_stretch);
+        if self.pools[pool].workers[w].ranks[0].engine.plan_stretch(self.now, horizon, &mut stretch) {
+            Some(stretch)
+        } else {
+            self.spare_stretch = stretch;
+            None
+        }
+    }
+
+    /// Starts a planned stretch, cut at the horizon as it stands now (other workers' passes
+    /// may have moved it closer), or a single normal pass if too little of it remains.
+    fn start_stretch(&mut self, pool: usize, w: usize, mut stretch: Stretch, others: f64) {
+        let now = self.now;
+        let horizon = self.fast_forward_horizon(pool).expect("the pool fast-forwards").min(others);
+        // Pass j starts when pass j-1 ends; every pass must start before the horizon.
+        let keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
+        stretch.ends.truncate(keep.min(stretch.ends.len()));
+        let worker = &mut self.pools[pool].workers[w];
+        let engine = &mut worker.ranks[0].engine;
+        if stretch.ends.len() < 2 {
+            // The first planned pass is exactly this step, and it takes time.
+            self.spare_stretch = stretch;
+            let rank = &mut worker.ranks[0];
+            rank.engine.step(now, &mut rank.output);
+            rank.ran = true;
+            let end = rank.output.end_ms;
+            debug_assert!(end > now);
+            worker.busy = true;
+            worker.pass_end = end;
+            self.schedule(end, Event::PassEnd { pool: pool as u8, worker: w as u32 });
+            return;
+        }
+        engine.commit_stretch(stretch.ends.len() as u32);
+        let end = *stretch.ends.last().expect("a stretch has passes");
+        worker.busy = true;
+        worker.pass_end = end;
+        worker.stretch = Some(stretch);
+        self.schedule(end, Event::PassEnd { pool: pool as u8, worker: w as u32 });
+    }
+
+    /// Records the tokens of a fast-forwarded stretch, pass by pass as single steps would.
+    fn apply_stretch(&mut self, stretch: Stretch) {
+        for &t in &stretch.ends {
+            for &id in &stretch.requests {
+                self.collector.token(id, t);
+            }
+        }
+        let tokens = (stretch.ends.len() * stretch.requests.len()) as u64;
+        self.collector.count_decode(tokens, tokens);
+        self.collector.totals.stretched_passes += stretch.ends.len() as u64;
+        self.spare_stretch = stretch;
     }
 
     /// A turn becomes a request: registered, hashed, and placed on the first pool.
@@ -423,7 +538,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 reserved: None,
                 prefill_worker: None,
                 decode_worker: None,
-                first_token_seen: false,
             },
         );
         if self.pools.len() > 1 && self.pools[1].engine.backend == Backend::Sglang {
@@ -662,15 +776,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.collector.admit(a.request, out.start_ms, a.reused_tokens);
             }
         }
+        let routed = matches!(self.pools[pool].placer, Placer::Kv(_));
         for t in &out.tokens {
-            if role != Stage::Prefill {
-                self.collector.token(t.request, now);
-            }
             // The router's prefill edge: the prefill worker's only token, or the first visible one.
-            let flight = self.flights.get_mut(&t.request).expect("token of a request in flight");
-            let edge = role == Stage::Prefill || !flight.first_token_seen;
-            flight.first_token_seen |= role != Stage::Prefill;
-            if edge {
+            let edge = role == Stage::Prefill || self.collector.token(t.request, now);
+            if edge && routed {
                 self.router_edge(pool, t.request, false);
             }
         }

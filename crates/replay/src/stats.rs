@@ -132,6 +132,9 @@ pub struct Sketch {
     offset: i32,
     bins: Vec<u64>,
     zeros: u64,
+    /// The last value added and its bin: token gaps repeat (every request of a pass sees the
+    /// same gap), so this skips most logarithms.
+    last: (f64, i32),
 }
 
 impl Default for Sketch {
@@ -151,6 +154,7 @@ impl Sketch {
             offset: 0,
             bins: Vec::new(),
             zeros: 0,
+            last: (f64::NAN, 0),
         }
     }
 
@@ -165,7 +169,13 @@ impl Sketch {
             self.zeros += 1;
             return;
         }
-        let key = (x.ln() / self.ln_gamma).ceil() as i32;
+        let key = if x == self.last.0 {
+            self.last.1
+        } else {
+            let key = (x.ln() / self.ln_gamma).ceil() as i32;
+            self.last = (x, key);
+            key
+        };
         if self.bins.is_empty() {
             self.offset = key;
             self.bins.push(0);

@@ -119,6 +119,7 @@ fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
         load,
         sla: Sla { ttft_ms: f("sla_ttft_ms"), itl_ms: f("sla_itl_ms"), e2e_ms: f("sla_e2e_ms") },
         seed: 42,
+        fast_forward: true,
     };
     simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json()
 }

@@ -28,6 +28,7 @@ fn run(path: &PathBuf, cluster: Cluster, router: RouterMode) -> Vec<RequestRecor
         load: LoadMode::Timestamps { speedup: 1.0 },
         sla: Sla::default(),
         seed: 1,
+        fast_forward: true,
     };
     let mut records = Vec::new();
     let mut sink = |r: &RequestRecord| records.push(r.clone());
