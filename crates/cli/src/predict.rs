@@ -265,7 +265,8 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
         inter_turn_delay_ms: a.inter_turn_delay_ms,
         block_tokens: block_size,
     };
-    let workload = spec.generate().map_err(|e| Failure::input(format!("--{e}")))?;
+    spec.validate().map_err(|e| Failure::input(format!("--{e}")))?;
+    let workload = Workload::Synthetic(spec);
     let load = match a.replay_concurrency {
         Some(c) => LoadMode::Concurrency { max_sessions: c },
         None => LoadMode::Timestamps { speedup: 1.0 },
@@ -318,7 +319,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut write_error: Option<std::io::Error> = None;
     let mut sink = |r: &RequestRecord| {
         if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
-            let line = request_json(r, &workload);
+            let line = request_json(r);
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {

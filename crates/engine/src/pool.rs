@@ -7,30 +7,31 @@
 //! blocks are needed. The same hash can have several copies (two requests computed the same block
 //! before either was visible); a hash is reported removed only when its last copy goes.
 
-use rustc_hash::FxHashMap;
+use hashbrown::HashTable;
 
 use crate::output::KvEvent;
 
+/// End of a list.
 const NIL: u32 = u32::MAX;
+/// `next_same` of a copy that is not cached (private to its request).
+const PRIVATE: u32 = u32::MAX - 1;
 
+/// One physical block: 24 bytes, so a pool of 16,384 blocks costs under 400 KB.
 #[derive(Clone, Debug)]
 struct Copy {
     hash: u64,
     refs: u32,
-    cached: bool,
     /// LRU neighbours while inactive.
     prev: u32,
     next: u32,
-    /// Next copy with the same hash.
+    /// Next copy with the same hash (NIL at the end of the chain), or PRIVATE.
     next_same: u32,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct HashEntry {
-    first: u32,
-    copies: u32,
-    /// Copies of this hash referenced by at least one request.
-    active_copies: u32,
+impl Copy {
+    fn is_cached(&self) -> bool {
+        self.next_same != PRIVATE
+    }
 }
 
 /// Outcome of looking a hash up.
@@ -50,9 +51,13 @@ pub struct BlockPool {
     free_slots: Vec<u32>,
     num_copies: u32,
     num_inactive: u32,
+    num_hashes: u32,
     lru_head: u32,
     lru_tail: u32,
-    by_hash: FxHashMap<u64, HashEntry>,
+    /// The first copy of every cached hash, found by the hash itself. Block hashes are XXH3
+    /// outputs, already uniformly spread, so the table uses them as they are; it stores 4-byte
+    /// copy indices rather than (hash, entry) pairs, which keeps it a fifth of a map's size.
+    by_hash: HashTable<u32>,
     record_events: bool,
     events: Vec<KvEvent>,
 }
@@ -65,9 +70,10 @@ impl BlockPool {
             free_slots: Vec::new(),
             num_copies: 0,
             num_inactive: 0,
+            num_hashes: 0,
             lru_head: NIL,
             lru_tail: NIL,
-            by_hash: FxHashMap::default(),
+            by_hash: HashTable::new(),
             record_events,
             events: Vec::new(),
         }
@@ -89,15 +95,27 @@ impl BlockPool {
 
     /// Distinct hashes resident in the pool.
     pub fn num_cached_hashes(&self) -> usize {
-        self.by_hash.len()
+        self.num_hashes as usize
+    }
+
+    /// The first copy cached under `hash`.
+    fn first_copy(&self, hash: u64) -> Option<u32> {
+        let copies = &self.copies;
+        self.by_hash.find(hash, |&c| copies[c as usize].hash == hash).copied()
     }
 
     pub fn lookup(&self, hash: u64) -> Residency {
-        match self.by_hash.get(&hash) {
-            None => Residency::Missing,
-            Some(e) if e.active_copies > 0 => Residency::Active,
-            Some(_) => Residency::Inactive,
+        let Some(mut c) = self.first_copy(hash) else {
+            return Residency::Missing;
+        };
+        while c != NIL {
+            let copy = &self.copies[c as usize];
+            if copy.refs > 0 {
+                return Residency::Active;
+            }
+            c = copy.next_same;
         }
+        Residency::Inactive
     }
 
     /// Takes the events recorded since the last call.
@@ -158,21 +176,20 @@ impl BlockPool {
     /// Makes a private copy cache-visible under `hash`. Returns true if it is the first resident
     /// copy of that hash (the caller reports it as stored).
     pub fn cache(&mut self, copy: u32, hash: u64) -> bool {
-        let c = &mut self.copies[copy as usize];
-        debug_assert!(!c.cached && c.refs == 1);
-        c.cached = true;
-        c.hash = hash;
-        match self.by_hash.get_mut(&hash) {
-            Some(e) => {
-                self.copies[copy as usize].next_same = e.first;
-                e.first = copy;
-                e.copies += 1;
-                e.active_copies += 1;
+        debug_assert!(!self.copies[copy as usize].is_cached() && self.copies[copy as usize].refs == 1);
+        self.copies[copy as usize].hash = hash;
+        let copies = &mut self.copies;
+        match self.by_hash.find_mut(hash, |&c| copies[c as usize].hash == hash) {
+            Some(first) => {
+                // The newest copy heads the chain.
+                copies[copy as usize].next_same = *first;
+                *first = copy;
                 false
             }
             None => {
-                self.copies[copy as usize].next_same = NIL;
-                self.by_hash.insert(hash, HashEntry { first: copy, copies: 1, active_copies: 1 });
+                copies[copy as usize].next_same = NIL;
+                self.by_hash.insert_unique(hash, copy, |&c| copies[c as usize].hash);
+                self.num_hashes += 1;
                 true
             }
         }
@@ -187,20 +204,18 @@ impl BlockPool {
         if c.refs > 0 {
             return;
         }
-        if !c.cached {
+        if !c.is_cached() {
             self.free_slot(copy);
             return;
         }
-        let hash = c.hash;
-        self.by_hash.get_mut(&hash).expect("cached copy has an entry").active_copies -= 1;
         self.lru_push_back(copy);
         self.num_inactive += 1;
     }
 
     fn acquire(&mut self, hash: u64) -> u32 {
-        let entry = *self.by_hash.get(&hash).expect("prefix hit must be resident");
+        let first = self.first_copy(hash).expect("prefix hit must be resident");
         // Prefer a copy that is already referenced; otherwise reactivate an inactive one.
-        let mut c = entry.first;
+        let mut c = first;
         while c != NIL {
             if self.copies[c as usize].refs > 0 {
                 self.copies[c as usize].refs += 1;
@@ -208,12 +223,10 @@ impl BlockPool {
             }
             c = self.copies[c as usize].next_same;
         }
-        let c = entry.first;
-        self.lru_unlink(c);
+        self.lru_unlink(first);
         self.num_inactive -= 1;
-        self.copies[c as usize].refs = 1;
-        self.by_hash.get_mut(&hash).unwrap().active_copies += 1;
-        c
+        self.copies[first as usize].refs = 1;
+        first
     }
 
     /// Evicts the least recently used inactive copy; returns its hash if that was the last copy.
@@ -223,20 +236,25 @@ impl BlockPool {
         self.lru_unlink(victim);
         self.num_inactive -= 1;
         let hash = self.copies[victim as usize].hash;
-        let entry = self.by_hash.get_mut(&hash).expect("inactive copy has an entry");
-        let gone = if entry.copies == 1 {
-            self.by_hash.remove(&hash);
+        let after = self.copies[victim as usize].next_same;
+        let copies = &mut self.copies;
+        let Ok(entry) = self.by_hash.find_entry(hash, |&c| copies[c as usize].hash == hash) else {
+            unreachable!("an inactive copy is cached")
+        };
+        let first = *entry.get();
+        let gone = if first == victim && after == NIL {
+            entry.remove();
+            self.num_hashes -= 1;
             true
         } else {
-            entry.copies -= 1;
-            if entry.first == victim {
-                entry.first = self.copies[victim as usize].next_same;
+            if first == victim {
+                *entry.into_mut() = after;
             } else {
-                let mut c = entry.first;
-                while self.copies[c as usize].next_same != victim {
-                    c = self.copies[c as usize].next_same;
+                let mut c = first;
+                while copies[c as usize].next_same != victim {
+                    c = copies[c as usize].next_same;
                 }
-                self.copies[c as usize].next_same = self.copies[victim as usize].next_same;
+                copies[c as usize].next_same = after;
             }
             false
         };
@@ -245,7 +263,7 @@ impl BlockPool {
     }
 
     fn new_copy(&mut self) -> u32 {
-        let copy = Copy { hash: 0, refs: 1, cached: false, prev: NIL, next: NIL, next_same: NIL };
+        let copy = Copy { hash: 0, refs: 1, prev: NIL, next: NIL, next_same: PRIVATE };
         self.num_copies += 1;
         match self.free_slots.pop() {
             Some(slot) => {

@@ -7,6 +7,8 @@
 //!   (`1000 / gap` for the latter, gaps of 0 skipped), with sketch quantiles.
 //! * Only completed requests that produced tokens enter the latency distributions.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 use servesim_engine::{Finish, PassOutput, RejectReason};
 
@@ -36,7 +38,8 @@ impl Status {
 pub struct RequestRecord {
     /// Release order, from 0.
     pub ordinal: u64,
-    pub session: u32,
+    /// The session's name (`session_id`) and the turn's index in it.
+    pub session: Arc<str>,
     pub turn: u32,
     pub arrival_ms: f64,
     pub first_admit_ms: Option<f64>,
@@ -201,7 +204,7 @@ impl<'s> Collector<'s> {
     }
 
     /// Registers a released request; returns its id (its release ordinal).
-    pub fn arrive(&mut self, session: u32, turn: u32, arrival_ms: f64, input: u32, output: u32) -> u64 {
+    pub fn arrive(&mut self, session: Arc<str>, turn: u32, arrival_ms: f64, input: u32, output: u32) -> u64 {
         let record = RequestRecord {
             ordinal: self.next_ordinal,
             session,

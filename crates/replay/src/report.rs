@@ -5,7 +5,6 @@ use serde_json::{json, Map, Value};
 use crate::metrics::{Collector, RequestRecord, Status, Totals};
 use crate::sim::{Cluster, SimConfig};
 use crate::stats::Summary;
-use crate::workload::Workload;
 
 /// Latency and throughput distributions of a run.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -168,13 +167,12 @@ impl Report {
 pub const WALL_CLOCK_KEYS: [&str; 3] = ["wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"];
 
 /// One per-request record, with the reference's key names.
-pub fn request_json(r: &RequestRecord, workload: &Workload) -> Value {
-    let session = &workload.sessions[r.session as usize];
+pub fn request_json(r: &RequestRecord) -> Value {
     let mut m = Map::new();
     let mut put = |k: &str, v: Value| {
         m.insert(k.to_string(), v);
     };
-    put("session_id", json!(session.name));
+    put("session_id", json!(&*r.session));
     put("turn_index", json!(r.turn));
     put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)));
     put("arrival_time_ms", json!(r.arrival_ms));

@@ -238,7 +238,7 @@ struct Flight {
 struct Simulation<'a, 'c> {
     workload: &'a Workload,
     config: &'a SimConfig,
-    driver: LoadDriver,
+    driver: LoadDriver<'a>,
     pools: Vec<Pool>,
     events: BinaryHeap<Reverse<(Time, u64, Event)>>,
     seq: u64,
@@ -322,7 +322,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             finished: 0,
             work_only_at_releases: matches!(config.load, LoadMode::Timestamps { .. })
                 && matches!(config.cluster, Cluster::Aggregated(_))
-                && workload.sessions.iter().all(|s| s.turns.len() <= 1)
+                && workload.single_turn()
                 && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.queue_threshold.is_some()),
             spare_stretch: Stretch::default(),
         }
@@ -334,7 +334,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     }
 
     fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
-        let total = self.workload.num_requests() as u64;
+        let total = self.workload.num_requests();
         let mut ready = Vec::new();
         let mut again = false;
         let mut last_reported = u64::MAX;
@@ -515,10 +515,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// A turn becomes a request: registered, hashed, and placed on the first pool.
     fn release(&mut self, r: &Ready) {
-        let turn = &self.workload.sessions[r.session as usize].turns[r.turn as usize];
-        let id = self.collector.arrive(r.session, r.turn, r.arrival_ms, turn.input_length, turn.output_length);
+        let session = self.driver.session(r.session);
+        let turn = &session.turns[r.turn as usize];
+        let id =
+            self.collector.arrive(session.name.clone(), r.turn, r.arrival_ms, turn.input_length, turn.output_length);
 
-        let prompt = Prompt::Runs { run: self.workload.block_tokens, ids: turn.blocks.clone(), len: turn.input_length };
+        let prompt =
+            Prompt::Runs { run: self.workload.block_tokens(), ids: turn.blocks.clone(), len: turn.input_length };
         let needs_hashes =
             self.pools.iter().any(|p| p.engine.enable_prefix_caching || matches!(p.placer, Placer::Kv(_)));
         let hashes =

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
 use crate::error::InputError;
-use crate::workload::{SessionSpec, TurnSpec, Workload};
+use crate::workload::{SessionSpec, TurnSpec};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
@@ -68,11 +68,9 @@ impl SyntheticSpec {
         }
     }
 
-    pub fn generate(&self) -> Result<Workload, InputError> {
-        self.validate()?;
+    /// The sessions, generated one at a time in start order.
+    pub fn sessions_iter(&self) -> SyntheticSessions {
         let bs = self.block_tokens.max(1);
-        let mut arrivals = ChaCha12Rng::seed_from_u64(self.seed);
-        let mut groups = ChaCha12Rng::seed_from_u64(self.seed);
         let blocks_per_prompt = self.input_tokens.div_ceil(bs);
         let sharing = self.shared_prefix_ratio > 0.0 && self.num_prefix_groups > 0;
         let prefix_blocks = if sharing {
@@ -80,48 +78,82 @@ impl SyntheticSpec {
         } else {
             0
         };
-        let mut next_unique: u64 = 1;
-        let mut t = 0.0f64;
-        let mut sessions = Vec::with_capacity(self.sessions as usize);
-        for s in 0..self.sessions {
-            if s > 0 {
-                t += match self.arrivals {
-                    Arrivals::Poisson { rate_per_s } => {
-                        let u: f64 = arrivals.random();
-                        -(1.0 - u).ln() * (1000.0 / rate_per_s)
-                    }
-                    Arrivals::Interval { interval_ms } => interval_ms,
-                    Arrivals::AllAtOnce => 0.0,
-                };
-            }
-            let group = if sharing { groups.random_range(0..self.num_prefix_groups as usize) as u64 } else { 0 };
-            let turns = (0..self.turns_per_session)
-                .map(|k| {
-                    let blocks = (0..blocks_per_prompt)
-                        .map(|b| {
-                            let id = if b < prefix_blocks {
-                                0xD00D_0000_0000_0000 | (group << 32) | b as u64
-                            } else {
-                                next_unique += 1;
-                                next_unique - 1
-                            };
-                            block_token(id)
-                        })
-                        .collect();
-                    TurnSpec {
-                        input_length: self.input_tokens,
-                        output_length: self.output_tokens,
-                        blocks,
-                        delay_ms: if k == 0 { 0.0 } else { self.inter_turn_delay_ms },
-                        priority: 0,
-                        strict_priority: 0,
-                        output_tokens: None,
-                    }
-                })
-                .collect();
-            sessions.push(SessionSpec { name: format!("session_{s}"), named: false, start_ms: t, turns });
+        SyntheticSessions {
+            spec: self.clone(),
+            arrivals: ChaCha12Rng::seed_from_u64(self.seed),
+            groups: ChaCha12Rng::seed_from_u64(self.seed),
+            blocks_per_prompt,
+            prefix_blocks,
+            next_session: 0,
+            next_unique: 1,
+            t: 0.0,
         }
-        Ok(Workload { sessions, block_tokens: bs })
+    }
+}
+
+/// The generator behind [`SyntheticSpec::sessions_iter`]: two random streams, a clock and a
+/// counter of unique block ids.
+pub struct SyntheticSessions {
+    spec: SyntheticSpec,
+    arrivals: ChaCha12Rng,
+    groups: ChaCha12Rng,
+    blocks_per_prompt: u32,
+    prefix_blocks: u32,
+    next_session: u32,
+    next_unique: u64,
+    t: f64,
+}
+
+impl Iterator for SyntheticSessions {
+    type Item = SessionSpec;
+
+    fn next(&mut self) -> Option<SessionSpec> {
+        let spec = &self.spec;
+        let s = self.next_session;
+        if s >= spec.sessions {
+            return None;
+        }
+        self.next_session += 1;
+        if s > 0 {
+            self.t += match spec.arrivals {
+                Arrivals::Poisson { rate_per_s } => {
+                    let u: f64 = self.arrivals.random();
+                    -(1.0 - u).ln() * (1000.0 / rate_per_s)
+                }
+                Arrivals::Interval { interval_ms } => interval_ms,
+                Arrivals::AllAtOnce => 0.0,
+            };
+        }
+        let group = if self.prefix_blocks > 0 {
+            self.groups.random_range(0..spec.num_prefix_groups as usize) as u64
+        } else {
+            0
+        };
+        let turns = (0..spec.turns_per_session)
+            .map(|k| {
+                let blocks = (0..self.blocks_per_prompt)
+                    .map(|b| {
+                        let id = if b < self.prefix_blocks {
+                            0xD00D_0000_0000_0000 | (group << 32) | b as u64
+                        } else {
+                            self.next_unique += 1;
+                            self.next_unique - 1
+                        };
+                        block_token(id)
+                    })
+                    .collect();
+                TurnSpec {
+                    input_length: spec.input_tokens,
+                    output_length: spec.output_tokens,
+                    blocks,
+                    delay_ms: if k == 0 { 0.0 } else { spec.inter_turn_delay_ms },
+                    priority: 0,
+                    strict_priority: 0,
+                    output_tokens: None,
+                }
+            })
+            .collect();
+        Some(SessionSpec { name: format!("session_{s}").into(), start_ms: self.t, turns })
     }
 }
 
@@ -134,6 +166,7 @@ fn block_token(id: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workload::Workload;
 
     fn spec() -> SyntheticSpec {
         SyntheticSpec {
@@ -153,8 +186,8 @@ mod tests {
     #[test]
     fn poisson_arrivals_match_the_reference_stream() {
         // First arrivals of the reference's synthetic replay at 20 req/s, seed 42.
-        let w = spec().generate().unwrap();
-        let starts: Vec<f64> = w.sessions.iter().map(|s| s.start_ms).collect();
+        let sessions: Vec<SessionSpec> = spec().sessions_iter().collect();
+        let starts: Vec<f64> = sessions.iter().map(|s| s.start_ms).collect();
         let want =
             [0.0, 37.38623088203482, 76.50976975956941, 127.103768422482, 153.13929757803515, 154.88661716639484];
         for (a, b) in starts.iter().zip(want) {
@@ -165,35 +198,34 @@ mod tests {
     #[test]
     fn prefix_groups_match_the_reference_stream() {
         // The reference (30 sessions, 5 groups) sees a new group at sessions 0, 1, 2, 4, 5.
-        let w = SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, ..spec() }
-            .generate()
-            .unwrap();
+        let sessions: Vec<SessionSpec> =
+            SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, ..spec() }
+                .sessions_iter()
+                .collect();
         let mut seen = std::collections::HashSet::new();
         let pattern: String =
-            w.sessions.iter().map(|s| if seen.insert(s.turns[0].blocks[0]) { 'n' } else { 'H' }).collect();
+            sessions.iter().map(|s| if seen.insert(s.turns[0].blocks[0]) { 'n' } else { 'H' }).collect();
         assert_eq!(pattern, "nnnHnnHHHHHHHHHHHHHHHHHHHHHHHH");
         // ceil(1500 / 16) = 94 blocks, half of them (47) shared.
-        let a = &w.sessions[0].turns[0].blocks;
-        let shared =
-            w.sessions.iter().find(|s| s.turns[0].blocks[0] == a[0] && !std::ptr::eq(*s, &w.sessions[0])).unwrap();
+        let a = &sessions[0].turns[0].blocks;
+        let shared = sessions.iter().find(|s| s.turns[0].blocks[0] == a[0] && !std::ptr::eq(*s, &sessions[0])).unwrap();
         let common = a.iter().zip(shared.turns[0].blocks.iter()).take_while(|(x, y)| x == y).count();
         assert_eq!(common, 47);
     }
 
     #[test]
     fn turns_get_fresh_prompts_and_delays() {
-        let w = SyntheticSpec {
+        let spec = SyntheticSpec {
             sessions: 2,
             turns_per_session: 3,
             inter_turn_delay_ms: 100.0,
             arrivals: Arrivals::Interval { interval_ms: 1000.0 },
             ..spec()
-        }
-        .generate()
-        .unwrap();
-        assert_eq!(w.num_requests(), 6);
-        assert_eq!(w.sessions[1].start_ms, 1000.0);
-        let t = &w.sessions[0].turns;
+        };
+        assert_eq!(Workload::Synthetic(spec.clone()).num_requests(), 6);
+        let sessions: Vec<SessionSpec> = spec.sessions_iter().collect();
+        assert_eq!(sessions[1].start_ms, 1000.0);
+        let t = &sessions[0].turns;
         assert_eq!((t[0].delay_ms, t[1].delay_ms), (0.0, 100.0));
         assert_ne!(t[0].blocks[0], t[1].blocks[0]);
     }

@@ -92,11 +92,11 @@ pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Resul
     if trace_block_size == 0 {
         return Err(InputError::new("trace block size must be at least 1").with_field("trace_block_size"));
     }
-    let mut workload = Workload { sessions: Vec::new(), block_tokens: trace_block_size };
+    let mut sessions = Vec::new();
     for path in paths {
-        read_file(path.as_ref(), trace_block_size, &mut workload.sessions)?;
+        read_file(path.as_ref(), trace_block_size, &mut sessions)?;
     }
-    Ok(workload)
+    Ok(Workload::Trace { sessions, block_tokens: trace_block_size })
 }
 
 fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(), InputError> {
@@ -187,8 +187,7 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
                     return Err(err(Some("delay"), "a request without session_id cannot have a delay".into()));
                 }
                 sessions.push(SessionSpec {
-                    name: format!("request_{lineno}"),
-                    named: false,
+                    name: format!("request_{lineno}").into(),
                     start_ms: row.timestamp.unwrap_or(0.0),
                     turns: vec![turn],
                 });
@@ -200,8 +199,7 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
                     }
                     by_id.insert(id.clone(), (sessions.len(), row.timestamp));
                     sessions.push(SessionSpec {
-                        name: id,
-                        named: true,
+                        name: id.into(),
                         start_ms: row.timestamp.unwrap_or(0.0),
                         turns: vec![turn],
                     });
@@ -247,8 +245,11 @@ mod tests {
         p
     }
 
-    fn load(name: &str, text: &str) -> Result<Workload, InputError> {
-        load_mooncake(&[write_trace(name, text)], 512)
+    fn load(name: &str, text: &str) -> Result<Vec<SessionSpec>, InputError> {
+        match load_mooncake(&[write_trace(name, text)], 512)? {
+            Workload::Trace { sessions, .. } => Ok(sessions),
+            Workload::Synthetic(_) => unreachable!("a trace loads as a trace"),
+        }
     }
 
     #[test]
@@ -263,12 +264,12 @@ mod tests {
 "#,
         )
         .unwrap();
-        assert_eq!(w.sessions.len(), 2);
-        let r = &w.sessions[0];
-        assert_eq!((r.name.as_str(), r.named, r.turns[0].input_length), ("request_1", false, 600));
+        assert_eq!(w.len(), 2);
+        let r = &w[0];
+        assert_eq!((&*r.name, r.turns[0].input_length), ("request_1", 600));
         assert_eq!(&*r.turns[0].blocks, &[1, 2], "only the blocks the prompt reaches are kept");
-        let a = &w.sessions[1];
-        assert_eq!((a.name.as_str(), a.start_ms, a.turns.len()), ("a", 1000.0, 3));
+        let a = &w[1];
+        assert_eq!((&*a.name, a.start_ms, a.turns.len()), ("a", 1000.0, 3));
         assert_eq!(a.turns[1].delay_ms, 50.0);
         // No delay given: the timestamp gap to the last row that had one.
         assert_eq!(a.turns[2].delay_ms, 300.0);
@@ -282,7 +283,7 @@ mod tests {
             "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1], \"priority\": -3, \"strict_priority\": 2}",
         )
         .unwrap();
-        let t = &w.sessions[0].turns[0];
+        let t = &w[0].turns[0];
         assert_eq!((t.priority, t.strict_priority), (-3, 2));
         let e = error("prio-bad", r#"{"output_length": 1, "hash_ids": [1], "strict_priority": -1}"#);
         assert!(e.contains("`strict_priority`"), "{e}");
@@ -291,7 +292,7 @@ mod tests {
     #[test]
     fn planned_output_tokens() {
         let w = load("planned", r#"{"output_length": 3, "hash_ids": [1], "output_token_ids": [5, 6, 7]}"#).unwrap();
-        assert_eq!(w.sessions[0].turns[0].output_tokens.as_deref(), Some(&[5, 6, 7][..]));
+        assert_eq!(w[0].turns[0].output_tokens.as_deref(), Some(&[5, 6, 7][..]));
         let e = error("planned-bad", r#"{"output_length": 2, "hash_ids": [1], "output_token_ids": [5, 6, 7]}"#);
         assert!(e.contains("`output_token_ids`: has 3 tokens but output_length is 2"), "{e}");
     }

@@ -5,11 +5,15 @@
 //! sessions run independently. A request that is not part of a multi-turn conversation is a
 //! one-turn session.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-
-use crate::time::Time;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use crate::synthetic::{SyntheticSessions, SyntheticSpec};
+use crate::time::Time;
 
 /// One request as the workload describes it, at trace-block level.
 #[derive(Clone, Debug)]
@@ -31,25 +35,95 @@ pub struct TurnSpec {
 
 #[derive(Clone, Debug)]
 pub struct SessionSpec {
-    /// `session_id` from the trace, or a generated name.
-    pub name: String,
-    /// Whether `name` came from the workload itself (reported as `session_id`).
-    pub named: bool,
+    /// `session_id` from the trace, or a generated name (reported as the records' `session_id`).
+    pub name: Arc<str>,
     /// First arrival (trace timestamp, ms).
     pub start_ms: f64,
     pub turns: Vec<TurnSpec>,
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct Workload {
-    pub sessions: Vec<SessionSpec>,
-    /// Tokens each prompt block stands for.
-    pub block_tokens: u32,
+/// What to replay: sessions read from a trace, or a synthetic load generated as it is needed —
+/// a synthetic run of any length holds only the sessions in flight.
+#[derive(Clone, Debug)]
+pub enum Workload {
+    Trace {
+        sessions: Vec<SessionSpec>,
+        /// Tokens each prompt block stands for.
+        block_tokens: u32,
+    },
+    Synthetic(SyntheticSpec),
 }
 
 impl Workload {
-    pub fn num_requests(&self) -> usize {
-        self.sessions.iter().map(|s| s.turns.len()).sum()
+    /// Tokens each prompt block stands for.
+    pub fn block_tokens(&self) -> u32 {
+        match self {
+            Workload::Trace { block_tokens, .. } => *block_tokens,
+            Workload::Synthetic(spec) => spec.block_tokens.max(1),
+        }
+    }
+
+    pub fn num_requests(&self) -> u64 {
+        match self {
+            Workload::Trace { sessions, .. } => sessions.iter().map(|s| s.turns.len() as u64).sum(),
+            Workload::Synthetic(spec) => spec.sessions as u64 * spec.turns_per_session as u64,
+        }
+    }
+
+    /// No session has a second turn (so nothing is released in response to a completion).
+    pub fn single_turn(&self) -> bool {
+        match self {
+            Workload::Trace { sessions, .. } => sessions.iter().all(|s| s.turns.len() <= 1),
+            Workload::Synthetic(spec) => spec.turns_per_session <= 1,
+        }
+    }
+
+    /// The sessions in the order they start (by first arrival, ties in trace order).
+    fn stream(&self) -> SessionStream<'_> {
+        match self {
+            Workload::Trace { sessions, .. } => {
+                let mut order: Vec<u32> = (0..sessions.len() as u32).collect();
+                order.sort_by(|&a, &b| sessions[a as usize].start_ms.total_cmp(&sessions[b as usize].start_ms));
+                SessionStream::Trace { sessions, order, next: 0 }
+            }
+            Workload::Synthetic(spec) => {
+                let mut generator = Box::new(spec.sessions_iter());
+                SessionStream::Synthetic { head: generator.next(), generator }
+            }
+        }
+    }
+}
+
+enum SessionStream<'w> {
+    Trace {
+        sessions: &'w [SessionSpec],
+        order: Vec<u32>,
+        next: usize,
+    },
+    /// `head` is the next session, generated one step ahead so its start can be looked at.
+    Synthetic {
+        generator: Box<SyntheticSessions>,
+        head: Option<SessionSpec>,
+    },
+}
+
+impl<'w> SessionStream<'w> {
+    fn peek_start(&self) -> Option<f64> {
+        match self {
+            SessionStream::Trace { sessions, order, next } => order.get(*next).map(|&i| sessions[i as usize].start_ms),
+            SessionStream::Synthetic { head, .. } => head.as_ref().map(|s| s.start_ms),
+        }
+    }
+
+    fn next(&mut self) -> Option<Cow<'w, SessionSpec>> {
+        match self {
+            SessionStream::Trace { sessions, order, next } => {
+                let i = *order.get(*next)?;
+                *next += 1;
+                Some(Cow::Borrowed(&sessions[i as usize]))
+            }
+            SessionStream::Synthetic { generator, head } => std::mem::replace(head, generator.next()).map(Cow::Owned),
+        }
     }
 }
 
@@ -72,57 +146,74 @@ pub struct Ready {
     pub arrival_ms: f64,
 }
 
-/// Releases the turns of a workload as time advances and turns complete.
-#[derive(Debug)]
-pub struct LoadDriver {
+/// Releases the turns of a workload as time advances and turns complete. Sessions are taken
+/// from the workload as they start and dropped when their last turn completes.
+pub struct LoadDriver<'w> {
     mode: LoadMode,
-    /// Next turn index per session.
-    next_turn: Vec<u32>,
-    turn_counts: Vec<u32>,
-    delays: Vec<Vec<f64>>,
-    /// Sessions with a turn ready at a time, ordered by (time, session index).
+    stream: SessionStream<'w>,
+    /// Timestamp mode: the first session's start, time zero of the run.
+    origin_ms: f64,
+    /// Started sessions by number (the order they started in), with their next turn.
+    active: FxHashMap<u32, (Cow<'w, SessionSpec>, u32)>,
+    started: u32,
+    /// Started sessions with a turn ready at a time, ordered by (time, session number).
     ready: BinaryHeap<Reverse<(Time, u32)>>,
-    /// Concurrency mode: sessions not started yet, in order.
-    next_unstarted: u32,
     active_sessions: u32,
     in_flight: u32,
 }
 
-impl LoadDriver {
-    pub fn new(workload: &Workload, mode: LoadMode) -> Self {
-        let n = workload.sessions.len();
+impl<'w> LoadDriver<'w> {
+    pub fn new(workload: &'w Workload, mode: LoadMode) -> Self {
+        let stream = workload.stream();
+        let origin_ms = stream.peek_start().unwrap_or(0.0);
         let mut d = LoadDriver {
             mode,
-            next_turn: vec![0; n],
-            turn_counts: workload.sessions.iter().map(|s| s.turns.len() as u32).collect(),
-            delays: workload.sessions.iter().map(|s| s.turns.iter().map(|t| t.delay_ms).collect()).collect(),
+            stream,
+            origin_ms,
+            active: FxHashMap::default(),
+            started: 0,
             ready: BinaryHeap::new(),
-            next_unstarted: 0,
             active_sessions: 0,
             in_flight: 0,
         };
-        match mode {
-            LoadMode::Timestamps { speedup } => {
-                let origin = workload.sessions.iter().map(|s| s.start_ms).fold(f64::INFINITY, f64::min);
-                for (i, s) in workload.sessions.iter().enumerate() {
-                    if !s.turns.is_empty() {
-                        d.ready.push(Reverse((Time((s.start_ms - origin) / speedup), i as u32)));
-                    }
-                }
-            }
-            LoadMode::Concurrency { .. } => d.start_sessions(0.0),
+        if let LoadMode::Concurrency { .. } = mode {
+            d.start_sessions(0.0);
         }
         d
     }
 
+    /// Takes the next session from the stream and makes its first turn ready at `at_ms`.
+    fn start_next(&mut self, at_ms: f64) -> bool {
+        let Some(session) = self.stream.next() else {
+            return false;
+        };
+        let number = self.started;
+        self.started += 1;
+        if session.turns.is_empty() {
+            return true;
+        }
+        self.active_sessions += 1;
+        self.active.insert(number, (session, 0));
+        self.ready.push(Reverse((Time(at_ms), number)));
+        true
+    }
+
+    /// Timestamp mode: when the next session starts on the run's clock.
+    fn next_start_ms(&self) -> Option<f64> {
+        match self.mode {
+            LoadMode::Timestamps { speedup } => self.stream.peek_start().map(|t| (t - self.origin_ms) / speedup),
+            LoadMode::Concurrency { .. } => None,
+        }
+    }
+
     fn start_sessions(&mut self, now: f64) {
-        if let LoadMode::Concurrency { max_sessions } = self.mode {
-            while self.active_sessions < max_sessions && (self.next_unstarted as usize) < self.next_turn.len() {
-                let s = self.next_unstarted;
-                self.next_unstarted += 1;
-                if self.turn_counts[s as usize] > 0 {
-                    self.active_sessions += 1;
-                    self.ready.push(Reverse((Time(now), s)));
+        match self.mode {
+            LoadMode::Concurrency { max_sessions } => {
+                while self.active_sessions < max_sessions && self.start_next(now) {}
+            }
+            LoadMode::Timestamps { .. } => {
+                while let Some(t) = self.next_start_ms().filter(|&t| t <= now) {
+                    self.start_next(t);
                 }
             }
         }
@@ -130,44 +221,56 @@ impl LoadDriver {
 
     /// Earliest time a turn becomes ready, if any is pending.
     pub fn next_ready_ms(&self) -> Option<f64> {
-        self.ready.peek().map(|Reverse((t, _))| t.0)
+        let turn = self.ready.peek().map(|Reverse((t, _))| t.0);
+        match (turn, self.next_start_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Releases every turn ready at or before `now`, in (ready time, session) order.
     pub fn pop_ready(&mut self, now: f64, out: &mut Vec<Ready>) {
+        self.start_sessions(now);
         while let Some(&Reverse((Time(t), s))) = self.ready.peek() {
             if t > now {
                 break;
             }
             self.ready.pop();
-            let turn = self.next_turn[s as usize];
-            self.next_turn[s as usize] += 1;
+            let (_, next_turn) = self.active.get_mut(&s).expect("ready sessions are active");
+            let turn = *next_turn;
+            *next_turn += 1;
             self.in_flight += 1;
             out.push(Ready { session: s, turn, arrival_ms: t });
         }
     }
 
+    /// The session a released turn belongs to.
+    pub fn session(&self, session: u32) -> &SessionSpec {
+        &self.active[&session].0
+    }
+
     /// Records that the in-flight turn of `session` finished at `now`.
     pub fn on_complete(&mut self, session: u32, now: f64) {
         self.in_flight -= 1;
-        let s = session as usize;
-        let next = self.next_turn[s];
-        if next < self.turn_counts[s] {
-            let delay = self.delays[s][next as usize];
+        let (spec, next) = self.active.get(&session).expect("completed sessions are active");
+        if let Some(turn) = spec.turns.get(*next as usize) {
             let delay = match self.mode {
-                LoadMode::Timestamps { speedup } => delay / speedup,
-                LoadMode::Concurrency { .. } => delay,
+                LoadMode::Timestamps { speedup } => turn.delay_ms / speedup,
+                LoadMode::Concurrency { .. } => turn.delay_ms,
             };
             self.ready.push(Reverse((Time(now + delay), session)));
-        } else if let LoadMode::Concurrency { .. } = self.mode {
-            self.active_sessions -= 1;
+            return;
+        }
+        self.active.remove(&session);
+        self.active_sessions -= 1;
+        if let LoadMode::Concurrency { .. } = self.mode {
             self.start_sessions(now);
         }
     }
 
     /// Nothing in flight and nothing left to release.
     pub fn is_drained(&self) -> bool {
-        self.in_flight == 0 && self.ready.is_empty()
+        self.in_flight == 0 && self.ready.is_empty() && self.stream.peek_start().is_none()
     }
 }
 
@@ -177,8 +280,7 @@ mod tests {
 
     fn session(start: f64, delays: &[f64]) -> SessionSpec {
         SessionSpec {
-            name: String::new(),
-            named: false,
+            name: "s".into(),
             start_ms: start,
             turns: delays
                 .iter()
@@ -203,7 +305,8 @@ mod tests {
 
     #[test]
     fn timestamps_are_shifted_and_scaled() {
-        let w = Workload { sessions: vec![session(1000.0, &[0.0, 50.0]), session(1010.0, &[0.0])], block_tokens: 1 };
+        let w =
+            Workload::Trace { sessions: vec![session(1000.0, &[0.0, 50.0]), session(1010.0, &[0.0])], block_tokens: 1 };
         let mut d = LoadDriver::new(&w, LoadMode::Timestamps { speedup: 2.0 });
         assert_eq!(d.next_ready_ms(), Some(0.0));
         assert_eq!(drain(&mut d, 0.0), vec![(0, 0, 0.0)]);
@@ -219,7 +322,7 @@ mod tests {
 
     #[test]
     fn concurrency_holds_a_slot_through_a_session() {
-        let w = Workload {
+        let w = Workload::Trace {
             sessions: vec![session(0.0, &[0.0, 100.0]), session(5.0, &[0.0]), session(9.0, &[0.0])],
             block_tokens: 1,
         };

@@ -38,10 +38,10 @@ fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
                     }
                 })
                 .collect();
-            SessionSpec { name: format!("s{s}"), named: true, start_ms: t, turns }
+            SessionSpec { name: format!("s{s}").into(), start_ms: t, turns }
         })
         .collect();
-    Workload { sessions, block_tokens: 64 }
+    Workload::Trace { sessions, block_tokens: 64 }
 }
 
 fn random_engine(rng: &mut ChaCha12Rng) -> EngineConfig {

@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use servesim_engine::EngineConfig;
 use servesim_replay::{
     load_mooncake, simulate, Arrivals, Cluster, Collector, LoadMode, PoolConfig, RouterMode, SimConfig, Sla,
-    SyntheticSpec, WALL_CLOCK_KEYS,
+    SyntheticSpec, Workload, WALL_CLOCK_KEYS,
 };
 use servesim_router::RouterConfig;
 
@@ -103,7 +103,7 @@ fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
             Some(c) => LoadMode::Concurrency { max_sessions: c },
             None => LoadMode::Timestamps { speedup: 1.0 },
         };
-        (spec.generate().expect("synthetic"), load)
+        (Workload::Synthetic(spec), load)
     };
     let router = match case.get("router_mode").and_then(Value::as_str) {
         Some("kv_router") => RouterMode::KvRouter(
