@@ -12,7 +12,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use servesim_engine::{Finish, PassOutput, RejectReason};
 
-use crate::stats::{Exact, Sketch};
+use crate::stats::{Samples, Sketch};
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,10 +153,10 @@ pub struct Collector<'s> {
     sla: Sla,
     sink: Option<&'s mut dyn FnMut(&RequestRecord)>,
     pub(crate) totals: Totals,
-    pub(crate) ttft: Exact,
-    pub(crate) ttst: Exact,
-    pub(crate) tpot: Exact,
-    pub(crate) e2e: Exact,
+    pub(crate) ttft: Samples,
+    pub(crate) ttst: Samples,
+    pub(crate) tpot: Samples,
+    pub(crate) e2e: Samples,
     pub(crate) itl: Sketch,
     pub(crate) per_user: Sketch,
 }
@@ -194,10 +194,10 @@ impl<'s> Collector<'s> {
             sla,
             sink,
             totals: Totals::default(),
-            ttft: Exact::default(),
-            ttst: Exact::default(),
-            tpot: Exact::default(),
-            e2e: Exact::default(),
+            ttft: Samples::default(),
+            ttst: Samples::default(),
+            tpot: Samples::default(),
+            e2e: Samples::default(),
             itl: Sketch::default(),
             per_user: Sketch::default(),
         }

@@ -1,9 +1,11 @@
 //! Distributions as the reference reports them: mean, min, max, median, p75, p90, p95, p99 and
 //! population standard deviation.
 //!
-//! [`Exact`] keeps every value and takes quantiles at rank `round((n − 1) · q)` of the sorted
-//! values. [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch (relative
-//! accuracy 0.1 %), as the reference does for its pooled per-token families.
+//! [`Samples`] keeps every value and takes quantiles at rank `round((n − 1) · q)` of the sorted
+//! values, as the reference does for per-request metrics — up to [`Samples::DEFAULT_LIMIT`]
+//! values, beyond which it folds them into a sketch so that memory stays bounded on runs of
+//! millions of requests. [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch
+//! (relative accuracy 0.1 %), as the reference does for its pooled per-token families.
 
 /// Summary of a distribution, in report order.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -86,26 +88,54 @@ fn rank(count: u64, q: f64) -> u64 {
     (((count - 1) as f64) * q).round().clamp(0.0, (count - 1) as f64) as u64
 }
 
-/// Keeps every value.
-#[derive(Clone, Debug, Default)]
-pub struct Exact {
+/// Keeps every value while there are at most `limit` of them, then a [`Sketch`] of them.
+#[derive(Clone, Debug)]
+pub struct Samples {
     values: Vec<f64>,
+    limit: usize,
+    overflow: Option<Box<Sketch>>,
 }
 
-impl Exact {
+impl Default for Samples {
+    fn default() -> Self {
+        Samples::with_limit(Samples::DEFAULT_LIMIT)
+    }
+}
+
+impl Samples {
+    /// 100,000 values (800 KB) per distribution: exact quantiles for any run of that many
+    /// requests, 0.1 % relative accuracy beyond.
+    pub const DEFAULT_LIMIT: usize = 100_000;
+
+    pub fn with_limit(limit: usize) -> Self {
+        Samples { values: Vec::new(), limit, overflow: None }
+    }
+
     pub fn add(&mut self, x: f64) {
+        if let Some(sketch) = self.overflow.as_mut() {
+            sketch.add(x);
+            return;
+        }
         self.values.push(x);
+        if self.values.len() > self.limit {
+            let mut sketch = Box::<Sketch>::default();
+            for &v in &self.values {
+                sketch.add(v);
+            }
+            self.values = Vec::new();
+            self.overflow = Some(sketch);
+        }
     }
 
-    pub fn len(&self) -> usize {
-        self.values.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
+    /// Whether quantiles are exact (no more than `limit` values were added).
+    pub fn is_exact(&self) -> bool {
+        self.overflow.is_none()
     }
 
     pub fn summary(&self) -> Summary {
+        if let Some(sketch) = &self.overflow {
+            return sketch.summary();
+        }
         let mut sorted = self.values.clone();
         sorted.sort_by(f64::total_cmp);
         let mut m = Moments::default();
@@ -230,7 +260,7 @@ mod tests {
 
     #[test]
     fn exact_uses_rounded_rank() {
-        let mut d = Exact::default();
+        let mut d = Samples::default();
         for x in [40.0, 75.0, 40.0] {
             d.add(x);
         }
@@ -263,7 +293,7 @@ mod tests {
     #[test]
     fn sketch_is_within_relative_accuracy() {
         let mut s = Sketch::default();
-        let mut exact = Exact::default();
+        let mut exact = Samples::default();
         let mut x = 0.37f64;
         for i in 0..20_000 {
             x = (x * 7919.0 + i as f64).rem_euclid(1000.0) + 0.01;
@@ -277,8 +307,24 @@ mod tests {
     }
 
     #[test]
+    fn samples_turn_into_a_sketch_past_their_limit() {
+        let mut s = Samples::with_limit(1000);
+        for i in 0..1000 {
+            s.add(1.0 + i as f64);
+        }
+        assert!(s.is_exact());
+        assert_eq!(s.summary().p90, 900.0, "rank round(999 * 0.9) = 899 holds 900");
+        s.add(2000.0);
+        assert!(!s.is_exact());
+        let sum = s.summary();
+        assert_eq!((sum.count, sum.min, sum.max), (1001, 1.0, 2000.0));
+        assert!((sum.p90 - 901.0).abs() <= 0.001 * 901.0, "{}", sum.p90);
+        assert!((sum.mean - (500_500.0 + 2000.0) / 1001.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn empty_distributions_report_zeros() {
-        assert_eq!(Exact::default().summary(), Summary::default());
+        assert_eq!(Samples::default().summary(), Summary::default());
         assert_eq!(Sketch::default().summary(), Summary::default());
     }
 }
