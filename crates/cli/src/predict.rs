@@ -133,6 +133,13 @@ pub struct PredictArgs {
     /// to check that).
     #[arg(long, help_heading = "Output")]
     no_fast_forward: bool,
+    /// Replay round-robin workers in one loop even when they could run separately on several
+    /// threads (per-request results are identical; pooled means may differ in the last bits).
+    #[arg(long, help_heading = "Output")]
+    no_split_workers: bool,
+    /// Threads for runs whose workers replay separately (0: every core).
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Output")]
+    threads: usize,
     /// `table` (default) prints the metrics table; `json` prints only the summary object.
     #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
     format: Format,
@@ -311,6 +318,8 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         sla: Sla { ttft_ms: a.sla_ttft_ms, itl_ms: a.sla_itl_ms, e2e_ms: a.sla_e2e_ms },
         seed: a.arrival_seed,
         fast_forward: !a.no_fast_forward,
+        split_workers: !a.no_split_workers,
+        threads: a.threads,
     };
 
     // Open outputs before the run so a bad path costs nothing.
@@ -327,7 +336,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             }
         }
     };
-    let sink_ref: Option<&mut dyn FnMut(&RequestRecord)> =
+    let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
         if a.report_jsonl.is_some() { Some(&mut sink) } else { None };
     let collector = Collector::new(config.sla, sink_ref);
     let mut bar = Bar::new();

@@ -8,6 +8,7 @@ pub mod error;
 pub mod metrics;
 pub mod report;
 pub mod sim;
+mod split;
 pub mod stats;
 pub mod synthetic;
 mod time;

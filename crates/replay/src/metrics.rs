@@ -151,7 +151,7 @@ pub struct Collector<'s> {
     live: FxHashMap<u64, RequestRecord>,
     next_ordinal: u64,
     sla: Sla,
-    sink: Option<&'s mut dyn FnMut(&RequestRecord)>,
+    sink: Option<&'s mut (dyn FnMut(&RequestRecord) + Send)>,
     pub(crate) totals: Totals,
     pub(crate) ttft: Samples,
     pub(crate) ttst: Samples,
@@ -186,8 +186,48 @@ pub struct Totals {
     pub stretched_passes: u64,
 }
 
+impl Totals {
+    fn merge(&mut self, other: &Totals) {
+        // Destructured so that a new counter cannot be forgotten here.
+        let Totals {
+            num_requests,
+            completed,
+            rejected,
+            incomplete,
+            input_tokens,
+            output_tokens,
+            reused_tokens,
+            first_admission_reused_tokens,
+            duration_ms,
+            good_requests,
+            good_output_tokens,
+            preemptions,
+            prefill_tokens,
+            decode_forwards,
+            decode_tokens,
+            stretched_passes,
+        } = *other;
+        self.num_requests += num_requests;
+        self.completed += completed;
+        self.rejected += rejected;
+        self.incomplete += incomplete;
+        self.input_tokens += input_tokens;
+        self.output_tokens += output_tokens;
+        self.reused_tokens += reused_tokens;
+        self.first_admission_reused_tokens += first_admission_reused_tokens;
+        self.duration_ms = self.duration_ms.max(duration_ms);
+        self.good_requests += good_requests;
+        self.good_output_tokens += good_output_tokens;
+        self.preemptions += preemptions;
+        self.prefill_tokens += prefill_tokens;
+        self.decode_forwards += decode_forwards;
+        self.decode_tokens += decode_tokens;
+        self.stretched_passes += stretched_passes;
+    }
+}
+
 impl<'s> Collector<'s> {
-    pub fn new(sla: Sla, sink: Option<&'s mut dyn FnMut(&RequestRecord)>) -> Self {
+    pub fn new(sla: Sla, sink: Option<&'s mut (dyn FnMut(&RequestRecord) + Send)>) -> Self {
         Collector {
             live: FxHashMap::default(),
             next_ordinal: 0,
@@ -234,6 +274,33 @@ impl<'s> Collector<'s> {
         let id = record.ordinal;
         self.live.insert(id, record);
         id
+    }
+
+    /// Gives the next release ordinal to a request another shard of the run replays.
+    pub fn skip_arrival(&mut self) {
+        self.next_ordinal += 1;
+    }
+
+    /// The ordinal the next released request will get.
+    pub fn next_ordinal(&self) -> u64 {
+        self.next_ordinal
+    }
+
+    /// Whether finished requests are reported one by one (to a JSONL writer).
+    pub fn has_sink(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// Folds in what another shard of the same run collected (its requests all finished).
+    pub fn merge(&mut self, other: &Collector<'_>) {
+        debug_assert!(other.live.is_empty());
+        self.totals.merge(&other.totals);
+        self.ttft.merge(&other.ttft);
+        self.ttst.merge(&other.ttst);
+        self.tpot.merge(&other.tpot);
+        self.e2e.merge(&other.e2e);
+        self.itl.merge(&other.itl);
+        self.per_user.merge(&other.per_user);
     }
 
     fn get(&mut self, id: u64) -> &mut RequestRecord {

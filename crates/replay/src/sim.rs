@@ -28,6 +28,7 @@ use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, Rou
 use crate::error::InputError;
 use crate::metrics::{Collector, Sla, Stage};
 use crate::report::Report;
+use crate::split;
 use crate::time::Time;
 use crate::workload::{LoadDriver, LoadMode, Ready, Workload};
 
@@ -128,6 +129,12 @@ pub struct SimConfig {
     /// Run decode-only stretches in one step when nothing can change during them (the results
     /// are identical; off only to check that).
     pub fast_forward: bool,
+    /// Replay each worker of a round-robin cluster on its own when nothing couples them (see
+    /// [`crate::split`]); the per-request results are identical, pooled means may differ in
+    /// the last bits. Off only to check that.
+    pub split_workers: bool,
+    /// Threads for split runs; 0 uses every core.
+    pub threads: usize,
 }
 
 /// Progress notifications for a caller that wants to show them.
@@ -162,12 +169,54 @@ impl std::error::Error for SimError {}
 pub fn simulate(
     workload: &Workload,
     config: &SimConfig,
-    collector: Collector<'_>,
+    mut collector: Collector<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Report, SimError> {
-    let mut sim = Simulation::new(workload, config, collector);
+    if split::applies(workload, config, &collector) {
+        let end_ms = split::simulate(workload, config, &mut collector, progress)?;
+        return Ok(Report::build(config, &collector, end_ms));
+    }
+    let mut sim = Simulation::new(workload, config, collector, None);
     sim.run(progress)?;
     Ok(Report::build(config, &sim.collector, sim.now))
+}
+
+/// Replays only the requests that round-robin places on the workers of one shard; the others
+/// are released (so that ordinals and placement stay those of the whole run) and skipped.
+/// Returns what the shard collected and when its last event happened.
+pub(crate) fn simulate_shard<'c>(
+    workload: &Workload,
+    config: &SimConfig,
+    shard: Shard,
+    collector: Collector<'c>,
+    progress: &mut dyn Progress,
+) -> Result<(Collector<'c>, f64), SimError> {
+    let mut sim = Simulation::new(workload, config, collector, Some(shard));
+    sim.run(progress)?;
+    Ok((sim.collector, sim.now))
+}
+
+/// Whether new work reaches workers only when the load driver releases it: timestamps decide
+/// every release (no closed-loop turns), there are no handoffs and no router queue.
+pub(crate) fn work_only_at_releases(workload: &Workload, config: &SimConfig) -> bool {
+    matches!(config.load, LoadMode::Timestamps { .. })
+        && matches!(config.cluster, Cluster::Aggregated(_))
+        && workload.single_turn()
+        && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.queue_threshold.is_some())
+}
+
+/// The next (worker × dp + rank) target of round-robin placement: it cycles through the workers
+/// first, then their ranks.
+fn round_robin_target(rr: &mut RoundRobin, workers: usize, dp: usize) -> usize {
+    let k = rr.pick(workers * dp);
+    (k % workers) * dp + k / workers
+}
+
+/// Workers `w` with `w % count == index`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shard {
+    pub index: usize,
+    pub count: usize,
 }
 
 enum Placer {
@@ -252,10 +301,11 @@ struct Simulation<'a, 'c> {
     /// no router queue, no handoffs): a worker can run ahead until the next release.
     work_only_at_releases: bool,
     spare_stretch: Stretch,
+    shard: Option<Shard>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
-    fn new(workload: &'a Workload, config: &'a SimConfig, collector: Collector<'c>) -> Self {
+    fn new(workload: &'a Workload, config: &'a SimConfig, collector: Collector<'c>, shard: Option<Shard>) -> Self {
         let roles: &[Stage] = match config.cluster {
             Cluster::Aggregated(_) => &[Stage::Aggregated],
             Cluster::Disaggregated { .. } => &[Stage::Prefill, Stage::Decode],
@@ -320,11 +370,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             lagged: FxHashMap::default(),
             collector,
             finished: 0,
-            work_only_at_releases: matches!(config.load, LoadMode::Timestamps { .. })
-                && matches!(config.cluster, Cluster::Aggregated(_))
-                && workload.single_turn()
-                && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.queue_threshold.is_some()),
+            work_only_at_releases: work_only_at_releases(workload, config),
             spare_stretch: Stretch::default(),
+            shard,
         }
     }
 
@@ -515,6 +563,19 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// A turn becomes a request: registered, hashed, and placed on the first pool.
     fn release(&mut self, r: &Ready) {
+        if let Some(shard) = self.shard {
+            let pool = &mut self.pools[0];
+            let (workers, dp) = (pool.workers.len(), pool.dp);
+            let Placer::RoundRobin(rr) = &mut pool.placer else { unreachable!("only round-robin runs split") };
+            let mut probe = rr.clone();
+            if round_robin_target(&mut probe, workers, dp) / dp % shard.count != shard.index {
+                *rr = probe;
+                self.collector.skip_arrival();
+                // Another shard serves it; here its (single-turn) session is over.
+                self.driver.on_complete(r.session, self.now);
+                return;
+            }
+        }
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];
         let id =
@@ -559,9 +620,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let (workers, dp) = (self.pools[pool].workers.len(), self.pools[pool].dp);
         let placement = match &mut self.pools[pool].placer {
             Placer::RoundRobin(rr) => {
-                // Cycle through the workers first, then their ranks.
-                let k = rr.pick(workers * dp);
-                let target = (k % workers) * dp + k / workers;
+                let target = round_robin_target(rr, workers, dp);
                 Placement { id, target, overlap_blocks: 0, cost: 0.0, queued_at_ms: None }
             }
             Placer::Kv(router) => {

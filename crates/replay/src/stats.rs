@@ -65,6 +65,25 @@ impl Moments {
         self.max = self.max.max(x);
     }
 
+    /// Folds in the moments of other values (Chan et al.'s pairwise update).
+    fn merge(&mut self, other: &Moments) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = *other;
+            return;
+        }
+        let n = self.count + other.count;
+        let delta = other.mean - self.mean;
+        let (a, b) = (self.count as f64, other.count as f64);
+        self.mean += delta * b / n as f64;
+        self.m2 += other.m2 + delta * delta * a * b / n as f64;
+        self.count = n;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+    }
+
     fn summary(&self, quantile: impl Fn(f64) -> f64) -> Summary {
         if self.count == 0 {
             return Summary::default();
@@ -124,6 +143,29 @@ impl Samples {
             }
             self.values = Vec::new();
             self.overflow = Some(sketch);
+        }
+    }
+
+    /// Folds in another distribution's values: still exact if both were and their values fit.
+    pub fn merge(&mut self, other: &Samples) {
+        match &other.overflow {
+            None => {
+                for &v in &other.values {
+                    self.add(v);
+                }
+            }
+            Some(sketch) => {
+                let mut merged = (**sketch).clone();
+                if let Some(mine) = &self.overflow {
+                    merged.merge(mine);
+                } else {
+                    for &v in &self.values {
+                        merged.add(v);
+                    }
+                }
+                self.values = Vec::new();
+                self.overflow = Some(Box::new(merged));
+            }
         }
     }
 
@@ -206,6 +248,10 @@ impl Sketch {
             self.last = (x, key);
             key
         };
+        self.add_to_bin(key, 1);
+    }
+
+    fn add_to_bin(&mut self, key: i32, count: u64) {
         if self.bins.is_empty() {
             self.offset = key;
             self.bins.push(0);
@@ -213,7 +259,7 @@ impl Sketch {
             let grow = (self.offset - key) as usize;
             if self.bins.len() + grow > self.max_bins {
                 // Collapse: count it in the lowest bin.
-                self.bins[0] += 1;
+                self.bins[0] += count;
                 return;
             }
             self.bins.splice(0..0, std::iter::repeat_n(0, grow));
@@ -230,7 +276,20 @@ impl Sketch {
             }
         }
         let idx = (key - self.offset).max(0) as usize;
-        self.bins[idx] += 1;
+        self.bins[idx] += count;
+    }
+
+    /// Folds in another sketch with the same accuracy: exact counts, so the quantiles are those
+    /// of one sketch fed every value.
+    pub fn merge(&mut self, other: &Sketch) {
+        assert!(self.gamma == other.gamma && self.max_bins == other.max_bins, "sketches of one accuracy");
+        self.moments.merge(&other.moments);
+        self.zeros += other.zeros;
+        for (i, &count) in other.bins.iter().enumerate() {
+            if count > 0 {
+                self.add_to_bin(other.offset + i as i32, count);
+            }
+        }
     }
 
     fn quantile(&self, q: f64) -> f64 {
@@ -320,6 +379,36 @@ mod tests {
         assert_eq!((sum.count, sum.min, sum.max), (1001, 1.0, 2000.0));
         assert!((sum.p90 - 901.0).abs() <= 0.001 * 901.0, "{}", sum.p90);
         assert!((sum.mean - (500_500.0 + 2000.0) / 1001.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn merged_sketches_equal_one_fed_every_value() {
+        let (mut a, mut b, mut all) = (Sketch::default(), Sketch::default(), Sketch::default());
+        for i in 0..5000 {
+            let x = if i % 7 == 0 { 0.0 } else { (i as f64 * 0.37).sin().abs() * 100.0 + i as f64 * 1e-3 };
+            if i % 3 == 0 { &mut a } else { &mut b }.add(x);
+            all.add(x);
+        }
+        a.merge(&b);
+        let (m, w) = (a.summary(), all.summary());
+        assert_eq!((m.count, m.min, m.max), (w.count, w.min, w.max));
+        assert_eq!((m.median, m.p75, m.p90, m.p95, m.p99), (w.median, w.p75, w.p90, w.p95, w.p99));
+        assert!((m.mean - w.mean).abs() <= 1e-12 * w.mean && (m.std - w.std).abs() <= 1e-9 * w.std);
+    }
+
+    #[test]
+    fn merged_samples_stay_exact_while_they_fit() {
+        let (mut a, mut b) = (Samples::with_limit(10), Samples::with_limit(10));
+        for i in 0..5 {
+            a.add(i as f64);
+            b.add(10.0 + i as f64);
+        }
+        a.merge(&b);
+        assert!(a.is_exact());
+        assert_eq!((a.summary().count, a.summary().median), (10, 10.0));
+        a.merge(&b);
+        assert!(!a.is_exact(), "15 values do not fit a limit of 10");
+        assert_eq!((a.summary().count, a.summary().max), (15, 14.0));
     }
 
     #[test]

@@ -116,6 +116,8 @@ fn fast_forward_gives_identical_records() {
             sla: Sla::default(),
             seed,
             fast_forward: false,
+            split_workers: true,
+            threads: 1,
         };
         let (stepped, stepped_summary, none) = records(&workload, &config);
         assert_eq!(none, 0);

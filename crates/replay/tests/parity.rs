@@ -120,6 +120,8 @@ fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
         sla: Sla { ttft_ms: f("sla_ttft_ms"), itl_ms: f("sla_itl_ms"), e2e_ms: f("sla_e2e_ms") },
         seed: 42,
         fast_forward: true,
+        split_workers: true,
+        threads: 0,
     };
     simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json()
 }

@@ -29,6 +29,8 @@ fn run(path: &PathBuf, cluster: Cluster, router: RouterMode) -> Vec<RequestRecor
         sla: Sla::default(),
         seed: 1,
         fast_forward: true,
+        split_workers: true,
+        threads: 0,
     };
     let mut records = Vec::new();
     let mut sink = |r: &RequestRecord| records.push(r.clone());
