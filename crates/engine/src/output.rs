@@ -109,6 +109,9 @@ pub struct PassOutput {
     pub decode: DecodeShape,
     /// Prompt tokens computed in this pass.
     pub prefill_tokens: u64,
+    /// Every token computed in this pass: prompt chunks, generated tokens recomputed after a
+    /// preemption (a pass of only those takes no time but is progress), decode inputs.
+    pub computed_tokens: u64,
     /// Decode forwards (requests past their first token that generated) and the tokens they
     /// produced: more tokens than forwards means speculative drafts were accepted.
     pub decode_forwards: u32,
@@ -125,6 +128,7 @@ impl PassOutput {
         self.prefill = PrefillShape::default();
         self.decode = DecodeShape::default();
         self.prefill_tokens = 0;
+        self.computed_tokens = 0;
         self.decode_forwards = 0;
         self.decode_tokens = 0;
     }
@@ -136,5 +140,6 @@ impl PassOutput {
             && self.admissions.is_empty()
             && self.preempted.is_empty()
             && self.prefill_tokens == 0
+            && self.computed_tokens == 0
     }
 }

@@ -133,6 +133,23 @@ impl BlockPool {
         }
     }
 
+    /// Blocks never allocated or freed (allocating them evicts nothing).
+    pub fn num_free(&self) -> u32 {
+        self.capacity - self.num_copies
+    }
+
+    /// Hashes of the inactive blocks in eviction order (least recently used first).
+    pub fn eviction_order(&self) -> impl Iterator<Item = u64> + '_ {
+        let mut c = self.lru_head;
+        std::iter::from_fn(move || {
+            (c != NIL).then(|| {
+                let copy = &self.copies[c as usize];
+                c = copy.next;
+                copy.hash
+            })
+        })
+    }
+
     /// Whether `fresh` new blocks could be allocated (evicting inactive ones).
     pub fn can_allocate(&self, fresh: u32) -> bool {
         fresh <= self.capacity - self.num_copies + self.num_inactive

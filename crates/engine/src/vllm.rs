@@ -339,12 +339,14 @@ impl VllmEngine {
     }
 
     /// Plans several decode-only passes to run at once, when nothing can change during them:
-    /// every running request is decoding (one budget token each), none completes or reaches a
-    /// block boundary (no allocation, no block becomes full), the waiting head cannot be
-    /// admitted, and every pass starts before `horizon_ms` (when new work could arrive). The
-    /// passes are exactly those [`VllmEngine::step`] would run; nothing changes until
-    /// [`VllmEngine::commit_stretch`]. Returns false when a normal step is needed (fewer than
-    /// two passes qualify, or the first would take no time).
+    /// every running request is decoding (one budget token each), none completes, the waiting
+    /// head cannot be admitted, every block a request grows into can be allocated without
+    /// preempting anyone, and every pass starts before `horizon_ms` (when new work could
+    /// arrive). When KV events are recorded no request may reach a block boundary either (the
+    /// events of each pass must come out with it). The passes are exactly those
+    /// [`VllmEngine::step`] would run; nothing changes until [`VllmEngine::commit_stretch`].
+    /// Returns false when a normal step is needed (fewer than two passes qualify, or the first
+    /// would take no time).
     pub fn plan_stretch(&mut self, now_ms: f64, horizon_ms: f64, out: &mut Stretch) -> bool {
         out.clear();
         let k = self.running.len() as u32;
@@ -356,6 +358,7 @@ impl VllmEngine {
             return false;
         }
         let bs = self.cfg.block_size;
+        let events = self.pool.records_events();
         let mut passes = u32::MAX;
         let mut context = 0u64;
         for &slot in &self.running {
@@ -366,14 +369,19 @@ impl VllmEngine {
             }
             // No completion: the pass that generates the last token is a normal step.
             passes = passes.min(self.remaining(slot).saturating_sub(1));
-            // No block boundary: positions len-1 ..= len+passes hold no multiple of the block
-            // size (no new block to compute into, none fully computed, none filled).
-            let boundary = (len - 1).div_ceil(bs) * bs;
-            if boundary <= len {
-                return false;
+            if events {
+                // No block boundary: positions len-1 ..= len+passes hold no multiple of the
+                // block size (no new block to compute into, none fully computed, none filled).
+                let boundary = (len - 1).div_ceil(bs) * bs;
+                if boundary <= len {
+                    return false;
+                }
+                passes = passes.min(boundary - len - 1);
             }
-            passes = passes.min(boundary - len - 1);
             context += len as u64;
+        }
+        if !events {
+            passes = passes.min(self.passes_with_room(passes));
         }
         if passes < 2 {
             return false;
@@ -404,14 +412,72 @@ impl VllmEngine {
         true
     }
 
+    /// How many of the next `passes` decode passes of every running request find the blocks
+    /// they grow into without preempting anyone, and without evicting a block the waiting head
+    /// would reuse (its admission could change).
+    fn passes_with_room(&self, passes: u32) -> u32 {
+        let bs = self.cfg.block_size;
+        // Pass j of a request of length `len` computes position len-1+j, which needs a new
+        // block when it is a multiple of the block size.
+        let first_new_block = |slot: u32| {
+            let len = self.req(slot).len();
+            (bs - (len - 1) % bs) % bs
+        };
+        let blocks_within = |m: u32| -> u64 {
+            let firsts = self.running.iter().map(|&s| first_new_block(s));
+            firsts.map(|j0| if j0 < m { ((m - 1 - j0) / bs + 1) as u64 } else { 0 }).sum()
+        };
+        let needed = blocks_within(passes);
+        let free = self.pool.num_free() as u64;
+        if needed <= free {
+            return passes;
+        }
+        let head_hashes = self.waiting.front().map_or(&[][..], |&slot| &self.req(slot).hashes.seq[..]);
+        let evictable =
+            self.pool.eviction_order().take((needed - free) as usize).take_while(|h| !head_hashes.contains(h)).count()
+                as u64;
+        let room = free + evictable;
+        if needed <= room {
+            return passes;
+        }
+        // The largest m with blocks_within(m) <= room (it grows with m).
+        let (mut lo, mut hi) = (0, passes);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if blocks_within(mid) <= room {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
     /// Runs the first `passes` passes of a planned stretch: every running request generates
-    /// that many tokens.
+    /// that many tokens, allocating, caching and hashing blocks at block boundaries exactly as
+    /// pass-by-pass steps would (same order, so the pool ends in the same state).
     pub fn commit_stretch(&mut self, passes: u32) {
-        for i in 0..self.running.len() {
-            let slot = self.running[i];
-            let r = self.req_mut(slot);
-            r.generated += passes;
-            r.computed += passes;
+        let bs = self.cfg.block_size;
+        for _ in 0..passes {
+            for i in 0..self.running.len() {
+                let slot = self.running[i];
+                let req = self.reqs[slot as usize].as_mut().expect("running slot");
+                let (before, target) = (req.computed, req.computed + 1);
+                req.computed = target;
+                let fresh = target.div_ceil(bs).saturating_sub(req.lease.len() as u32);
+                if fresh > 0 {
+                    let fits = self.pool.allocate(&[], fresh, &mut req.lease);
+                    assert!(fits, "plan_stretch checked the room");
+                }
+                if self.cfg.enable_prefix_caching {
+                    self.publish_computed_blocks(slot, before, target);
+                }
+            }
+            for i in 0..self.running.len() {
+                let slot = self.running[i];
+                self.req_mut(slot).generated += 1;
+                self.hash_filled_block(slot);
+            }
         }
     }
 
@@ -574,7 +640,8 @@ impl VllmEngine {
             let held = req.lease.len().max(hit_blocks) as u32;
             let fresh = target.div_ceil(bs).saturating_sub(held);
             let hits = if req.lease.is_empty() { &req.hashes.seq[..hit_blocks] } else { &[][..] };
-            if self.pool.allocate(hits, fresh, &mut req.lease) {
+            // Most decode tokens land in a block the request already holds.
+            if (fresh == 0 && hits.is_empty()) || self.pool.allocate(hits, fresh, &mut req.lease) {
                 break;
             }
             let Some(victim) = self.pick_victim() else {
@@ -604,6 +671,7 @@ impl VllmEngine {
         }
         req.computed = target;
         req.pass_tokens = desired;
+        out.computed_tokens += desired as u64;
         self.budget -= desired;
         if let Some(cost) = admit {
             req.status = Status::Running;
@@ -621,8 +689,11 @@ impl VllmEngine {
     /// tokens, recording `Stored` events for consecutive newly visible blocks.
     fn publish_computed_blocks(&mut self, slot: u32, before: u32, after: u32) {
         let bs = self.cfg.block_size;
-        let req = self.reqs[slot as usize].as_ref().expect("live request slot");
         let (first, end) = ((before / bs) as usize, (after / bs) as usize);
+        if first == end {
+            return;
+        }
+        let req = self.reqs[slot as usize].as_ref().expect("live request slot");
         if !self.pool.records_events() {
             for b in first..end {
                 self.pool.cache(req.lease[b], req.hashes.seq[b]);
@@ -681,6 +752,7 @@ impl VllmEngine {
         req.preemptions += 1;
         // Give back what it was granted earlier in this pass.
         self.budget += req.pass_tokens;
+        out.computed_tokens -= req.pass_tokens as u64;
         if let Some((before, after)) = req.pass_prefill.take() {
             out.prefill_tokens -= req.pass_tokens as u64;
             out.prefill.batch -= 1;
@@ -826,14 +898,19 @@ impl VllmEngine {
 
     /// Appends one generated token; hashes the block it completes.
     fn generate(&mut self, slot: u32, out: &mut PassOutput) {
-        let bs = self.cfg.block_size;
-        let caching = self.cfg.enable_prefix_caching;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         let token = req.output.token(req.generated);
         req.generated += 1;
         out.tokens.push(TokenOut { request: req.id, token });
+        self.hash_filled_block(slot);
+    }
+
+    /// With prefix caching, hashes the block the last generated token filled, if it did.
+    fn hash_filled_block(&mut self, slot: u32) {
+        let bs = self.cfg.block_size;
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         let len = req.len();
-        if caching && len.is_multiple_of(bs) {
+        if self.cfg.enable_prefix_caching && len.is_multiple_of(bs) {
             let start = len - bs;
             for (k, t) in self.scratch_tokens.iter_mut().enumerate() {
                 *t = req.token_at(start + k as u32);

@@ -355,3 +355,27 @@ fn reasoning_wraps_the_start_of_the_output() {
     assert_eq!((emitted[0], emitted[5]), (151667, 151668));
     assert!(emitted.iter().enumerate().all(|(i, &t)| (i == 0 || i == 5) || (t != 151667 && t != 151668)));
 }
+
+#[test]
+fn recomputing_generated_tokens_alone_is_progress_that_takes_no_time() {
+    // r2 is preempted after generating tokens; once r1 is gone it recomputes its prompt and
+    // then, with a 4-token budget, its generated tokens on their own: no prompt token, no
+    // decode, so such passes take no time — yet they are progress, not an idle engine.
+    let mut e = engine(&format!(
+        r#"{{"block_size": 4, "num_gpu_blocks": 6, "max_num_batched_tokens": 4, "max_num_seqs": 2,
+            "enable_prefix_caching": false, "preemption_mode": "lifo", {FIXED}}}"#
+    ));
+    e.submit(request(1, tokens(4, 1), 13));
+    e.submit(request(2, tokens(4, 2), 12));
+    let passes = run(&mut e, 0.0);
+    let recompute: Vec<&PassOutput> = passes
+        .iter()
+        .filter(|p| p.computed_tokens > 0 && p.prefill.batch == 0 && p.tokens.is_empty() && p.admissions.is_empty())
+        .collect();
+    assert!(!recompute.is_empty(), "a pass recomputes generated tokens only");
+    for p in recompute {
+        assert_eq!(p.end_ms, p.start_ms);
+        assert!(!p.is_empty());
+    }
+    assert_eq!((token_times(&passes, 1).len(), token_times(&passes, 2).len()), (13, 12));
+}

@@ -159,6 +159,8 @@ pub struct Collector<'s> {
     pub(crate) e2e: Samples,
     pub(crate) itl: Sketch,
     pub(crate) per_user: Sketch,
+    /// The last token gap and its per-user rate (1000 / gap).
+    last_rate: (f64, f64),
 }
 
 /// Run-level counters.
@@ -240,6 +242,7 @@ impl<'s> Collector<'s> {
             e2e: Samples::default(),
             itl: Sketch::default(),
             per_user: Sketch::default(),
+            last_rate: (f64::NAN, f64::NAN),
         }
     }
 
@@ -392,12 +395,43 @@ impl<'s> Collector<'s> {
         r.last_token_ms = Some(at_ms);
         r.output_length += 1;
         if let Some(gap) = gap {
-            self.itl.add(gap);
-            if gap > 0.0 {
-                self.per_user.add(1000.0 / gap);
-            }
+            self.token_gap(gap, 1);
         }
         first
+    }
+
+    /// Counts `n` token gaps of `gap_ms`: one ITL sample each, and a per-user rate.
+    fn token_gap(&mut self, gap_ms: f64, n: u64) {
+        self.itl.add_n(gap_ms, n);
+        if gap_ms > 0.0 {
+            // Gaps repeat (a pass's tokens share one), and so does their rate.
+            if gap_ms != self.last_rate.0 {
+                self.last_rate = (gap_ms, 1000.0 / gap_ms);
+            }
+            self.per_user.add_n(self.last_rate.1, n);
+        }
+    }
+
+    /// The tokens of a fast-forwarded stretch: each of `ids` (all past their first token)
+    /// gets one token at each of `ends`.
+    pub fn stretch_tokens(&mut self, ids: &[u64], ends: &[f64]) {
+        let (Some(&first), Some(&last)) = (ends.first(), ends.last()) else {
+            return;
+        };
+        for &id in ids {
+            let r = self.live.get_mut(&id).expect("request is in flight");
+            let previous = r.last_token_ms.expect("a stretch decodes requests that have tokens");
+            if r.output_length == 1 {
+                r.second_token_ms = Some(first);
+            }
+            r.output_length += ends.len() as u32;
+            r.last_token_ms = Some(last);
+            self.token_gap(first - previous, 1);
+        }
+        // Later gaps are the passes' durations, the same for every request.
+        for pair in ends.windows(2) {
+            self.token_gap(pair[1] - pair[0], ids.len() as u64);
+        }
     }
 
     /// Counts decode forwards and their tokens (fast-forwarded passes).

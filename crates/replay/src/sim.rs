@@ -463,9 +463,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
             }
             if again {
-                // New work appeared at this instant: plan again with it.
-                for (_, _, stretch) in stretches {
-                    self.spare_stretch = stretch;
+                // A pass that took no time created work at this instant. It reaches workers at
+                // the next iteration, after the ones idle now have started: as pass-by-pass,
+                // they start one normal pass now.
+                for (p, w, stretch) in stretches {
+                    self.start_stretch(p, w, stretch, now);
                 }
             } else {
                 // Unless only releases bring work, a stretch must also end before any other
@@ -550,11 +552,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// Records the tokens of a fast-forwarded stretch, pass by pass as single steps would.
     fn apply_stretch(&mut self, stretch: Stretch) {
-        for &t in &stretch.ends {
-            for &id in &stretch.requests {
-                self.collector.token(id, t);
-            }
-        }
+        self.collector.stretch_tokens(&stretch.requests, &stretch.ends);
         let tokens = (stretch.ends.len() * stretch.requests.len()) as u64;
         self.collector.count_decode(tokens, tokens);
         self.collector.totals.stretched_passes += stretch.ends.len() as u64;

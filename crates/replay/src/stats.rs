@@ -204,9 +204,10 @@ pub struct Sketch {
     offset: i32,
     bins: Vec<u64>,
     zeros: u64,
-    /// The last value added and its bin: token gaps repeat (every request of a pass sees the
-    /// same gap), so this skips most logarithms.
-    last: (f64, i32),
+    /// A value and how many copies of it were added last and are not counted yet. Token gaps
+    /// come in runs (every request of a pass sees the same gap), so most additions only
+    /// increment this.
+    run: (f64, u64),
 }
 
 impl Default for Sketch {
@@ -226,29 +227,57 @@ impl Sketch {
             offset: 0,
             bins: Vec::new(),
             zeros: 0,
-            last: (f64::NAN, 0),
+            run: (f64::NAN, 0),
         }
     }
 
     pub fn count(&self) -> u64 {
-        self.moments.count
+        self.moments.count + self.run.1
     }
 
     /// Adds a value ≥ 0.
     pub fn add(&mut self, x: f64) {
-        self.moments.add(x);
-        if x <= 0.0 {
-            self.zeros += 1;
+        self.add_n(x, 1);
+    }
+
+    /// Adds `n` copies of a value ≥ 0.
+    pub fn add_n(&mut self, x: f64, n: u64) {
+        if x == self.run.0 {
+            self.run.1 += n;
+        } else {
+            self.settle();
+            self.run = (x, n);
+        }
+    }
+
+    /// Counts the pending run.
+    fn settle(&mut self) {
+        let (x, n) = self.run;
+        if n == 0 {
             return;
         }
-        let key = if x == self.last.0 {
-            self.last.1
+        self.run.1 = 0;
+        if n == 1 {
+            self.moments.add(x);
         } else {
-            let key = (x.ln() / self.ln_gamma).ceil() as i32;
-            self.last = (x, key);
-            key
-        };
-        self.add_to_bin(key, 1);
+            self.moments.merge(&Moments { count: n, mean: x, m2: 0.0, min: x, max: x });
+        }
+        if x <= 0.0 {
+            self.zeros += n;
+            return;
+        }
+        let key = (x.ln() / self.ln_gamma).ceil() as i32;
+        self.add_to_bin(key, n);
+    }
+
+    /// This sketch with its pending run counted.
+    fn settled(&self) -> std::borrow::Cow<'_, Sketch> {
+        if self.run.1 == 0 {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut s = self.clone();
+        s.settle();
+        std::borrow::Cow::Owned(s)
     }
 
     fn add_to_bin(&mut self, key: i32, count: u64) {
@@ -283,6 +312,8 @@ impl Sketch {
     /// of one sketch fed every value.
     pub fn merge(&mut self, other: &Sketch) {
         assert!(self.gamma == other.gamma && self.max_bins == other.max_bins, "sketches of one accuracy");
+        self.settle();
+        let other = other.settled();
         self.moments.merge(&other.moments);
         self.zeros += other.zeros;
         for (i, &count) in other.bins.iter().enumerate() {
@@ -309,7 +340,8 @@ impl Sketch {
     }
 
     pub fn summary(&self) -> Summary {
-        self.moments.summary(|q| self.quantile(q))
+        let s = self.settled();
+        s.moments.summary(|q| s.quantile(q))
     }
 }
 
@@ -394,6 +426,20 @@ mod tests {
         assert_eq!((m.count, m.min, m.max), (w.count, w.min, w.max));
         assert_eq!((m.median, m.p75, m.p90, m.p95, m.p99), (w.median, w.p75, w.p90, w.p95, w.p99));
         assert!((m.mean - w.mean).abs() <= 1e-12 * w.mean && (m.std - w.std).abs() <= 1e-9 * w.std);
+    }
+
+    #[test]
+    fn repeated_adds_equal_single_adds() {
+        let (mut one_by_one, mut batched) = (Sketch::default(), Sketch::default());
+        for (x, n) in [(12.5, 7), (0.0, 2), (3.25, 1), (12.5, 30), (99.0, 4)] {
+            for _ in 0..n {
+                one_by_one.add(x);
+            }
+            batched.add_n(x, n);
+        }
+        let (a, b) = (one_by_one.summary(), batched.summary());
+        assert_eq!((a.count, a.min, a.max, a.median, a.p90, a.p99), (b.count, b.min, b.max, b.median, b.p90, b.p99));
+        assert!((a.mean - b.mean).abs() < 1e-12 * a.mean && (a.std - b.std).abs() < 1e-9 * a.std);
     }
 
     #[test]
