@@ -141,6 +141,8 @@ impl Actor {
             self.land_transfers();
             self.reserve_pending();
             if !self.engine.has_work() {
+                // Aborts and releases change the state without a pass.
+                self.gauges();
                 busy = false;
                 continue;
             }
@@ -305,8 +307,22 @@ impl Actor {
         }
     }
 
-    /// Hands out what a pass produced, at its end.
+    /// Publishes the rank's state to its metrics.
+    fn gauges(&self) {
+        let m = &self.metrics;
+        m.running.set(self.engine.num_running() as f64);
+        m.waiting.set((self.engine.num_waiting() + self.pending.len()) as f64);
+        m.kv_usage.set(self.engine.active_blocks() as f64 / self.num_blocks);
+        let c = self.engine.counters();
+        m.preemptions.set(c.preemptions as f64);
+        m.prefix_queries.set(c.prefix_queries as f64);
+        m.prefix_hits.set(c.prefix_hits as f64);
+    }
+
+    /// Hands out what a pass produced, at its end. Metrics are updated before anything reaches
+    /// a client, so a client that has its answer sees it counted.
     fn release(&mut self, out: &PassOutput) {
+        self.gauges();
         let now = Instant::now();
         let mut gone = Vec::new();
         for a in &out.admissions {
@@ -378,9 +394,9 @@ impl Actor {
                         prefill_worker: l.job.prefill_worker,
                         decode_worker: self.worker,
                     };
-                    let _ = l.job.sink.send(Out::Done(done));
                     self.metrics.e2e.observe(now.duration_since(l.job.arrival).as_secs_f64());
                     self.metrics.requests_finished.add(1.0);
+                    let _ = l.job.sink.send(Out::Done(done));
                 }
                 Finish::Rejected(reason) => {
                     let _ = l.job.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
@@ -404,13 +420,5 @@ impl Actor {
                 p.publish(&out.kv_events, &out.stored_tokens, self.block_size, self.dp_rank);
             }
         }
-        let m = &self.metrics;
-        m.running.set(self.engine.num_running() as f64);
-        m.waiting.set((self.engine.num_waiting() + self.pending.len()) as f64);
-        m.kv_usage.set(self.engine.active_blocks() as f64 / self.num_blocks);
-        let c = self.engine.counters();
-        m.preemptions.set(c.preemptions as f64);
-        m.prefix_queries.set(c.prefix_queries as f64);
-        m.prefix_hits.set(c.prefix_hits as f64);
     }
 }
