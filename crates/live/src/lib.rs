@@ -178,6 +178,10 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
+            // Streams are many small writes: send each as soon as it is written.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app).with_graceful_shutdown(shutdown).await
         });
     }
