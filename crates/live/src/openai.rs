@@ -332,7 +332,7 @@ mod tests {
         assert_eq!((r.prompt, r.max_tokens, r.stream), (vec![1, 2, 3], 5, false));
         assert_eq!(parse_str(r#"{"prompt": [[4, 5]]}"#, false).unwrap().prompt, vec![4, 5]);
         let text = parse_str(r#"{"prompt": "hello world"}"#, false).unwrap();
-        assert_eq!(text.prompt.len(), 3);
+        assert_eq!(text.prompt.len(), 4, "hell|o| wor|ld");
         assert_eq!(text.max_tokens, 16, "completions default to 16 tokens");
         assert_eq!(parse_str(r#"{"prompt": ["hello world"]}"#, false).unwrap().prompt, text.prompt);
     }
