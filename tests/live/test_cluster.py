@@ -8,7 +8,7 @@ import urllib.error
 
 import openai
 
-from conftest import FIXED, Server, consecutive_ports, get, post
+from conftest import FIXED, Server, consecutive_ports, get, post, samples
 
 
 def completion(url, prompt, max_tokens=2, **extra):
@@ -114,3 +114,38 @@ def test_sigterm_finishes_in_flight_streams_and_exits_zero():
     assert srv.proc.wait(timeout=10) == 0
     assert result["tokens"] == 60
     assert refused, "new connections are refused once shutdown starts"
+
+
+def test_prefill_server_hands_kv_transfer_params_to_a_decode_server(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "hidden_size": 64}'
+    )
+    engine = {"timing_model": FIXED, "block_size": 16}
+    common = ["--speedup-ratio", "1", "--kv-transfer-bandwidth", "0.0001", "--model-path", tmp_path]
+    with Server(*common, "--disaggregation-mode", "prefill", engine=engine) as p, \
+         Server(*common, "--disaggregation-mode", "decode", engine=engine) as d:
+        prompt = list(range(100))
+        # The router's prefill request (llm-d / vLLM style): one token and the handoff.
+        start = time.perf_counter()
+        code, body, _ = post(p.url + "/v1/completions",
+                             {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+        prefill_ms = (time.perf_counter() - start) * 1000
+        assert code == 200 and body["usage"]["completion_tokens"] == 1
+        kv = body["kv_transfer_params"]
+        assert kv["do_remote_prefill"] is True and kv["remote_port"] == p.port
+        assert kv["remote_block_ids"] == list(range(7))
+        assert 35 <= prefill_ms <= 80, prefill_ms  # the 40 ms prefill pass
+        # The prefill server holds the KV while it is being sent (256 ms here), then frees it.
+        usage = lambda: samples(p.metrics())[1]["vllm:kv_cache_usage_perc"][0][1]
+        assert usage() > 0
+        time.sleep(0.35)
+        assert usage() == 0
+        # The decode request: transfer (100 × 256 B at 0.0001 GB/s = 256 ms), then decoding.
+        start = time.perf_counter()
+        code, body, _ = post(d.url + "/v1/completions", {"prompt": prompt, "max_tokens": 5, "kv_transfer_params": kv})
+        decode_ms = (time.perf_counter() - start) * 1000
+        assert code == 200 and body["usage"]["completion_tokens"] == 5
+        assert 300 <= decode_ms <= 360, decode_ms  # 256 ms transfer + 5 passes of 10 ms
+        # A decode-only server refuses requests without a handoff.
+        code, body, _ = post(d.url + "/v1/completions", {"prompt": prompt, "max_tokens": 5})
+        assert code == 400 and body["error"]["param"] == "kv_transfer_params"

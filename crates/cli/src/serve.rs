@@ -125,8 +125,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 42, value_name = "SEED", help_heading = "Workers")]
     router_seed: u64,
 
-    /// Worker role. Prefill and decode workers run together in one process: use
-    /// --num-prefill-workers and --num-decode-workers.
+    /// Role of this server's workers. `prefill` answers with one token and the
+    /// `kv_transfer_params` a decode server needs; `decode` serves requests that carry them.
+    /// Both roles in one process: --num-prefill-workers and --num-decode-workers.
     #[arg(long, value_enum, default_value = "agg", help_heading = "Disaggregated serving")]
     disaggregation_mode: DisaggregationMode,
     /// Disaggregated serving in this process: workers that compute prompts.
@@ -254,20 +255,27 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if let (Some(dir), true) = (&a.model_path, tokenizer.is_approximate()) {
         eprintln!("warning: {} has no tokenizer.json; using the built-in approximate tokenizer", dir.display());
     }
-    let engine = engine_config(&a, facts.kv_bytes_per_token)?;
-    if engine.worker_type != WorkerType::Aggregated {
-        return Err(Failure::input(
-            "worker_type in --extra-engine-args: set roles with --num-prefill-workers/--num-decode-workers",
-        ));
+    let mut engine = engine_config(&a, facts.kv_bytes_per_token)?;
+    let role = match a.disaggregation_mode {
+        DisaggregationMode::Agg => engine.worker_type,
+        DisaggregationMode::Prefill => WorkerType::Prefill,
+        DisaggregationMode::Decode => WorkerType::Decode,
+    };
+    if engine.worker_type != WorkerType::Aggregated && engine.worker_type != role {
+        return Err(Failure::input(format!(
+            "--disaggregation-mode and the worker_type of --extra-engine-args disagree ({:?} vs {:?})",
+            role, engine.worker_type
+        )));
     }
+    engine.worker_type = role;
     if !(engine.speedup_ratio.is_finite() && engine.speedup_ratio >= 0.0) {
         return Err(Failure::input("--speedup-ratio must be a finite number ≥ 0"));
     }
     let disaggregated = a.num_prefill_workers.is_some() || a.num_decode_workers.is_some();
-    if a.disaggregation_mode != DisaggregationMode::Agg && !disaggregated {
+    if role != WorkerType::Aggregated && disaggregated {
         return Err(Failure::input(
-            "a lone prefill or decode worker has no peer in this process: run both roles with \
-             --num-prefill-workers N --num-decode-workers M",
+            "--disaggregation-mode prefill/decode makes a single-role server; \
+             --num-prefill-workers/--num-decode-workers run both roles in this process",
         ));
     }
     let pools = if disaggregated {

@@ -59,6 +59,11 @@ struct Actor {
     pending: VecDeque<Box<Job>>,
     /// Decode rank: reserved requests whose KV lands at the given instant.
     transfers: Vec<(Instant, u64)>,
+    /// Prefill-only server: held requests whose KV has left at the given instant.
+    departures: Vec<(Instant, u64)>,
+    /// Prefill rank of a prefill-only server: its token goes to the client, its KV to a
+    /// decode worker elsewhere.
+    remote_decode: bool,
     metrics: Arc<RankMetrics>,
     publisher: Option<crate::zmq::Publisher>,
     routed: bool,
@@ -78,6 +83,7 @@ pub fn run(cluster: Arc<Cluster>, me: usize, s: ActorSetup) {
     engine.set_output_vocabulary(Some(s.vocabulary.clone()));
     engine.set_record_block_tokens(s.publisher.is_some());
     let pool = cluster.ranks[me].pool;
+    let cluster_has_decode = cluster.has_decode_pool();
     let mut a = Actor {
         cluster,
         me,
@@ -90,6 +96,8 @@ pub fn run(cluster: Arc<Cluster>, me: usize, s: ActorSetup) {
         held: FxHashSet::default(),
         pending: VecDeque::new(),
         transfers: Vec::new(),
+        departures: Vec::new(),
+        remote_decode: s.role == Role::Prefill && !cluster_has_decode,
         metrics: s.metrics,
         publisher: s.publisher,
         routed: s.routed,
@@ -112,7 +120,7 @@ impl Actor {
             if !busy {
                 // Idle (or stuck until a command changes something): wait for a command or the
                 // next KV transfer to land.
-                let first_due = self.transfers.iter().map(|t| t.0).min();
+                let first_due = self.transfers.iter().chain(&self.departures).map(|t| t.0).min();
                 let cmd = match first_due {
                     Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
                         Ok(c) => Some(c),
@@ -229,6 +237,7 @@ impl Actor {
         }
         self.held.remove(&id);
         self.transfers.retain(|t| t.1 != id);
+        self.departures.retain(|t| t.1 != id);
         let found = self.engine.abort(id);
         if let Some(l) = self.live.remove(&id) {
             // A reserved or running decode request no longer needs the prefill copy.
@@ -283,10 +292,22 @@ impl Actor {
 
     /// Decode rank: KV that has arrived joins the engine's queue; the prefill copy is freed.
     fn land_transfers(&mut self) {
+        let now = Instant::now();
+        // Prefill-only server: KV that has been sent is freed.
+        let mut i = 0;
+        while i < self.departures.len() {
+            if self.departures[i].0 > now {
+                i += 1;
+                continue;
+            }
+            let (_, id) = self.departures.swap_remove(i);
+            if self.held.remove(&id) {
+                self.engine.release_held(id);
+            }
+        }
         if self.transfers.is_empty() {
             return;
         }
-        let now = Instant::now();
         let mut i = 0;
         while i < self.transfers.len() {
             if self.transfers[i].0 > now {
@@ -340,7 +361,7 @@ impl Actor {
             }
             let run = &tokens[i..j];
             i = j;
-            if self.role == Role::Prefill {
+            if self.role == Role::Prefill && !self.remote_decode {
                 // The prefill worker's token is never shown: the decode worker generates them.
                 if self.routed {
                     self.cluster.router_prefill_done(self.pool, id);
@@ -377,6 +398,27 @@ impl Actor {
         for f in &out.finished {
             let Some(l) = self.live.remove(&f.request) else { continue };
             match f.finish {
+                Finish::Completed if self.remote_decode => {
+                    // The client gets the token and the handoff; the KV stays held while it
+                    // would take to send it.
+                    let blocks = l.job.prompt.len().div_ceil(self.block_size as usize) as u32;
+                    let done = Done {
+                        cached_tokens: l.job.cached_tokens.unwrap_or(0),
+                        prefill_worker: Some(self.worker),
+                        decode_worker: self.worker,
+                        remote_blocks: Some(blocks),
+                    };
+                    self.metrics.e2e.observe(now.duration_since(l.job.arrival).as_secs_f64());
+                    self.metrics.requests_finished.add(1.0);
+                    self.held.insert(f.request);
+                    let delay = if self.speedup > 0.0 {
+                        self.cluster.transfer_delay(l.job.prompt.len() as u32, 0)
+                    } else {
+                        Duration::ZERO
+                    };
+                    self.departures.push((now + delay, f.request));
+                    let _ = l.job.sink.send(Out::Done(done));
+                }
                 Finish::Completed if self.role == Role::Prefill => {
                     if l.job.shared.cancelled.load(Ordering::SeqCst) {
                         self.engine.release_held(f.request);
@@ -393,6 +435,7 @@ impl Actor {
                         cached_tokens: l.job.cached_tokens.unwrap_or(0),
                         prefill_worker: l.job.prefill_worker,
                         decode_worker: self.worker,
+                        remote_blocks: None,
                     };
                     self.metrics.e2e.observe(now.duration_since(l.job.arrival).as_secs_f64());
                     self.metrics.requests_finished.add(1.0);

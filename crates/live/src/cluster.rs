@@ -39,6 +39,8 @@ pub struct Done {
     pub cached_tokens: u32,
     pub prefill_worker: Option<u32>,
     pub decode_worker: u32,
+    /// A prefill-only server finished the prompt: its KV blocks, for a remote decode worker.
+    pub remote_blocks: Option<u32>,
 }
 
 /// State a request's stream and the actors share.
@@ -193,12 +195,16 @@ impl Cluster {
     /// Builds the pools and starts one actor thread per rank.
     pub fn start(spec: ClusterSpec) -> Arc<Cluster> {
         let origin = Instant::now();
-        let roles: &[Role] = if spec.pools.len() == 1 { &[Role::Aggregated] } else { &[Role::Prefill, Role::Decode] };
         let mut pools = Vec::new();
         let mut worker_pool = Vec::new();
         let mut worker_ranks = Vec::new();
         let mut rank_count = 0usize;
-        for (p, ((engine, n), &role)) in spec.pools.iter().zip(roles).enumerate() {
+        for (p, (engine, n)) in spec.pools.iter().enumerate() {
+            let role = match engine.worker_type {
+                WorkerType::Aggregated => Role::Aggregated,
+                WorkerType::Prefill => Role::Prefill,
+                WorkerType::Decode => Role::Decode,
+            };
             let dp = engine.dp_size as usize;
             let first_rank = rank_count;
             let mut workers = Vec::new();
@@ -435,6 +441,20 @@ impl Cluster {
         self.dispatch_released(p, released);
     }
 
+    /// The role of a server whose workers all have one role other than aggregated.
+    pub fn single_role(&self) -> Option<Role> {
+        match self.pools.as_slice() {
+            [p] if p.role != Role::Aggregated => Some(p.role),
+            _ => None,
+        }
+    }
+
+    /// Prefill workers hand their requests to a decode pool in this process (false for a
+    /// prefill-only server, whose clients take the KV elsewhere).
+    pub fn has_decode_pool(&self) -> bool {
+        self.pools.iter().any(|p| p.role == Role::Decode)
+    }
+
     /// A prefill rank finished a prompt: place the request on the decode pool.
     pub fn hand_off(&self, job: Box<Job>) {
         let pin = job.pin_decode;
@@ -446,10 +466,10 @@ impl Cluster {
         let _ = self.ranks[rank].tx.send(Command::Release(id));
     }
 
-    /// Time to move `tokens` prompt tokens from the prefill pool (0 without one).
+    /// Time to move the KV of a prompt of `prompt_len` tokens (`reused` of them already cached
+    /// at the destination), at the prefill pool's bandwidth (a decode-only server's own).
     pub fn transfer_delay(&self, prompt_len: u32, reused: u32) -> Duration {
-        let Some(prefill) = self.pools.first().filter(|p| p.role == Role::Prefill) else { return Duration::ZERO };
-        let e = &prefill.engine;
+        let e = &self.pools[0].engine;
         let tokens = match e.kv_transfer_timing_mode {
             servesim_engine::KvTransferTimingMode::FullPrompt => prompt_len as u64,
             servesim_engine::KvTransferTimingMode::DestinationMissing => {

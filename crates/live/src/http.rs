@@ -18,7 +18,7 @@ use futures_util::Stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::cluster::{AbortGuard, Cluster, Done, Out};
+use crate::cluster::{AbortGuard, Cluster, Done, Out, Role};
 use crate::openai::{self, ApiError, GenRequest};
 use crate::tokenizer::Tokenizer;
 
@@ -38,6 +38,9 @@ pub struct Service {
     pub created: u64,
     /// Distinguishes response ids of different processes.
     pub id_salt: u64,
+    /// Where this listener is reachable (named in `kv_transfer_params`).
+    pub host: String,
+    pub port: u16,
 }
 
 impl Service {
@@ -150,6 +153,21 @@ impl Frame {
         })
     }
 
+    /// What a prefill-only server tells the client to pass on to a decode server.
+    fn kv_transfer_params(&self, done: &Done) -> Option<Value> {
+        let blocks = done.remote_blocks?;
+        let s = &self.service;
+        Some(json!({
+            "do_remote_prefill": true,
+            "do_remote_decode": false,
+            "remote_engine_id": format!("servesim-{}-worker-{}", s.id_salt, done.prefill_worker.unwrap_or(0)),
+            "remote_host": s.host,
+            "remote_port": s.port,
+            "remote_block_ids": (0..blocks).collect::<Vec<u32>>(),
+            "tp_size": 1,
+        }))
+    }
+
     fn nvext(&self, done: &Done) -> Option<Value> {
         self.want_worker_id.then(
             || json!({"worker_id": {"prefill_worker_id": done.prefill_worker, "decode_worker_id": done.decode_worker}}),
@@ -163,7 +181,15 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         message: format!("the request body is larger than {BODY_LIMIT} bytes"),
         param: None,
     })?;
-    let g: GenRequest = openai::parse(&body, chat, &s.tokenizer, s.max_model_len)?;
+    // Tokenizing a large prompt takes a while: keep it off the threads that serve streams.
+    let g: GenRequest = if body.len() > 64 * 1024 {
+        let (tok, max_len) = (s.tokenizer.clone(), s.max_model_len);
+        tokio::task::spawn_blocking(move || openai::parse(&body, chat, &tok, max_len))
+            .await
+            .map_err(|_| ApiError { status: 500, message: "request parsing failed".into(), param: None })??
+    } else {
+        openai::parse(&body, chat, &s.tokenizer, s.max_model_len)?
+    };
     if let Some(m) = &g.model {
         if *m != s.model {
             return Err(ApiError {
@@ -181,6 +207,16 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         }
         (None, None) => None,
     };
+    match s.cluster.single_role() {
+        Some(Role::Decode) if !g.remote_prefill => {
+            return Err(ApiError::field(
+                "kv_transfer_params",
+                "this server only decodes (--disaggregation-mode decode): send the kv_transfer_params a prefill \
+                 server returned",
+            ))
+        }
+        _ => {}
+    }
     tokio::time::sleep_until(s.ready_at().into()).await;
     let prompt_tokens = g.prompt.len() as u32;
     let sub = s.cluster.submit(g.prompt.into(), g.max_tokens, pin).map_err(|_| ApiError::bad("unknown worker"))?;
@@ -255,6 +291,9 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     });
     if let Some(nv) = frame.nvext(&done) {
         body["nvext"] = nv;
+    }
+    if let Some(kv) = frame.kv_transfer_params(&done) {
+        body["kv_transfer_params"] = kv;
     }
     let mut r = Json(body).into_response();
     r.headers_mut().insert("x-servesim-worker", HeaderValue::from(done.decode_worker));
@@ -339,6 +378,10 @@ impl SseStream {
         if let Some(nv) = self.frame.nvext(done) {
             buf.extend_from_slice(b",\"nvext\":");
             serde_json::to_writer(&mut *buf, &nv).expect("writing to a Vec");
+        }
+        if let Some(kv) = self.frame.kv_transfer_params(done) {
+            buf.extend_from_slice(b",\"kv_transfer_params\":");
+            serde_json::to_writer(&mut *buf, &kv).expect("writing to a Vec");
         }
         buf.extend_from_slice(b"}\n\n");
         if self.frame.include_usage {

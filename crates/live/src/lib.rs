@@ -149,8 +149,10 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     );
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let id_salt = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
-    let service = |worker| {
+    let service = |worker, port| {
         Arc::new(http::Service {
+            host: opts.host.clone(),
+            port,
             cluster: cluster.clone(),
             tokenizer: tokenizer.clone(),
             model: opts.model_name.clone(),
@@ -172,7 +174,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
             None => println!("servesim: serving {} on http://{addr} ({workers} worker(s))", opts.model_name),
             Some(w) => println!("servesim: worker {w} on http://{addr}"),
         }
-        let app = http::router(service(worker));
+        let app = http::router(service(worker, addr.port()));
         let mut stop = stop_rx.clone();
         servers.spawn(async move {
             let shutdown = async move {

@@ -53,6 +53,8 @@ pub struct GenRequest {
     pub want_worker_id: bool,
     /// `nvext.backend_instance_id`: the worker to use.
     pub worker: Option<u64>,
+    /// `kv_transfer_params.do_remote_prefill`: the prompt's KV comes from a prefill worker.
+    pub remote_prefill: bool,
 }
 
 struct Fields<'a> {
@@ -263,6 +265,11 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
         }
     }
 
+    let remote_prefill = match f.object("kv_transfer_params")? {
+        Some(kv) => kv.bool("do_remote_prefill")?.unwrap_or(false),
+        None => false,
+    };
+
     let prompt = if chat {
         let messages = chat_messages(f.get("messages"))?;
         let text = tok.render_chat(&messages).map_err(ApiError::bad)?;
@@ -315,7 +322,7 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
             ));
         }
     }
-    Ok(GenRequest { chat, model, prompt, max_tokens, stream, include_usage, want_worker_id, worker })
+    Ok(GenRequest { chat, model, prompt, max_tokens, stream, include_usage, want_worker_id, worker, remote_prefill })
 }
 
 #[cfg(test)]
