@@ -492,9 +492,4 @@ impl Cluster {
     pub fn max_model_len(&self) -> Option<u32> {
         self.pools.iter().filter_map(|p| p.engine.max_model_len).min()
     }
-
-    /// Worker role names for `/v1/models` and logs.
-    pub fn worker_type(&self, w: usize) -> WorkerType {
-        self.pools[self.worker_pool[w]].engine.worker_type
-    }
 }
