@@ -149,3 +149,16 @@ def test_prefill_server_hands_kv_transfer_params_to_a_decode_server(tmp_path):
         # A decode-only server refuses requests without a handoff.
         code, body, _ = post(d.url + "/v1/completions", {"prompt": prompt, "max_tokens": 5})
         assert code == 400 and body["error"]["param"] == "kv_transfer_params"
+
+
+def test_streams_name_their_worker():
+    with Server("--speedup-ratio", "0", "--num-workers", "2") as srv:
+        c = openai.OpenAI(base_url=srv.api, api_key="x", max_retries=0)
+        seen = []
+        for _ in range(4):
+            with c.completions.with_streaming_response.create(
+                model="servesim-model", prompt="hi", max_tokens=3, stream=True
+            ) as r:
+                seen.append(int(r.headers["x-servesim-worker"]))
+                assert sum(1 for line in r.iter_lines() if line.startswith("data: {")) == 4
+        assert seen == [0, 1, 0, 1]

@@ -172,6 +172,12 @@ pub struct AbortGuard {
 }
 
 impl AbortGuard {
+    /// The worker that has the request now (its decode worker once tokens flow).
+    pub fn worker(&self) -> Option<u32> {
+        let at = self.shared.location.load(Ordering::SeqCst);
+        (at != NOWHERE).then(|| self.cluster.ranks[at].worker)
+    }
+
     /// The stream ended normally: nothing to cancel.
     pub fn finish(&self) {
         self.shared.finished.store(true, Ordering::SeqCst);

@@ -246,12 +246,16 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         Some(o) => o,
     };
     if g.stream {
+        let worker = guard.worker();
         let stream =
             SseStream { rx, guard: Some(guard), frame, pending: Some(first), tokens: 0, started: false, done: false };
         let mut r = Response::new(Body::from_stream(stream));
         let h = r.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        if let Some(w) = worker {
+            h.insert("x-servesim-worker", HeaderValue::from(w));
+        }
         return Ok(r);
     }
     let mut tokens: Vec<u32> = Vec::with_capacity(g.max_tokens.min(1 << 16) as usize);

@@ -251,7 +251,6 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
     };
     let (mut want_worker_id, mut worker) = (false, None);
     if let Some(nv) = f.object("nvext")? {
-        f.bool("ignore_eos")?;
         nv.bool("ignore_eos")?;
         if let Some(Value::Array(fields)) = nv.get("extra_fields") {
             want_worker_id = fields.iter().any(|v| v.as_str() == Some("worker_id"));
