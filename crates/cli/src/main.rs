@@ -1,8 +1,10 @@
 //! `servesim`: command-line entry point. Argument parsing, file I/O and output formatting only;
-//! the simulation lives in the `servesim-engine` and `servesim-replay` crates.
+//! the simulation lives in the `servesim-engine` and `servesim-replay` crates, the live server
+//! in `servesim-live`.
 
 mod predict;
 mod progress;
+mod serve;
 mod table;
 
 use std::process::ExitCode;
@@ -20,6 +22,9 @@ struct Cli {
 enum Command {
     /// Replay a trace or a synthetic load through simulated workers and report latencies.
     Predict(Box<predict::PredictArgs>),
+    /// Serve simulated engines on a wall clock: OpenAI-compatible HTTP API, Prometheus metrics
+    /// with vLLM names, ZMQ KV events.
+    Serve(Box<serve::ServeArgs>),
 }
 
 /// A failure to report to the user: a one-line message and an exit code.
@@ -44,6 +49,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Predict(args) => predict::run(*args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

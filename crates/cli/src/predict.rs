@@ -147,7 +147,11 @@ pub struct PredictArgs {
 
 /// Reads an inline JSON document or a JSON file given to `--flag`. `parse` gets the text and the
 /// directory that relative paths inside it are relative to.
-fn json_arg<T>(flag: &str, arg: &str, parse: impl Fn(&str, &Path) -> Result<T, ConfigError>) -> Result<T, Failure> {
+pub(crate) fn json_arg<T>(
+    flag: &str,
+    arg: &str,
+    parse: impl Fn(&str, &Path) -> Result<T, ConfigError>,
+) -> Result<T, Failure> {
     if arg.trim_start().starts_with('{') {
         return parse(arg, Path::new(".")).map_err(|e| Failure::input(format!("--{flag}: {e}")));
     }

@@ -57,6 +57,25 @@ impl Engine {
         delegate!(self, e => e.config())
     }
 
+    /// Draws every generated token id (other than planned tokens and thinking boundaries) from
+    /// `vocabulary`, for requests submitted from now on; None restores arbitrary `u32` ids.
+    pub fn set_output_vocabulary(&mut self, vocabulary: Option<std::sync::Arc<[u32]>>) {
+        delegate!(self, e => e.set_output_vocabulary(vocabulary))
+    }
+
+    /// Also reports the token ids of stored blocks ([`PassOutput::stored_tokens`]), for
+    /// publishers whose wire format carries them. Needs KV event recording.
+    pub fn set_record_block_tokens(&mut self, on: bool) {
+        delegate!(self, e => e.set_record_block_tokens(on))
+    }
+
+    /// Cancels request `id` between passes: it leaves the engine at once and its KV blocks are
+    /// freed (computed full blocks stay cached). No output is reported for it. False if the
+    /// engine does not have it.
+    pub fn abort(&mut self, id: u64) -> bool {
+        delegate!(self, e => e.abort(id))
+    }
+
     /// Queues a request; it is considered for admission at the next pass.
     pub fn submit(&mut self, request: EngineRequest) {
         delegate!(self, e => e.submit(request))

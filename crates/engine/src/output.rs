@@ -105,6 +105,9 @@ pub struct PassOutput {
     pub preempted: Vec<u64>,
     /// KV cache changes (empty unless the engine records them).
     pub kv_events: Vec<KvEvent>,
+    /// With [`crate::Engine::set_record_block_tokens`]: the token ids of every block in this
+    /// pass's `Stored` events, in event order, `block_size` per block.
+    pub stored_tokens: Vec<u32>,
     pub prefill: PrefillShape,
     pub decode: DecodeShape,
     /// Prompt tokens computed in this pass.
@@ -125,6 +128,7 @@ impl PassOutput {
         self.admissions.clear();
         self.preempted.clear();
         self.kv_events.clear();
+        self.stored_tokens.clear();
         self.prefill = PrefillShape::default();
         self.decode = DecodeShape::default();
         self.prefill_tokens = 0;

@@ -152,6 +152,8 @@ pub struct OutputPlan {
     planned: Option<Arc<[u32]>>,
     /// (thinking tokens, start id, end id)
     thinking: Option<(u32, u32, u32)>,
+    /// Ids that generated tokens are drawn from (None: any `u32`).
+    vocabulary: Option<Arc<[u32]>>,
 }
 
 impl OutputPlan {
@@ -163,7 +165,14 @@ impl OutputPlan {
             }
             _ => None,
         };
-        OutputPlan { seed, planned, thinking }
+        OutputPlan { seed, planned, thinking, vocabulary: None }
+    }
+
+    /// Draws generated tokens from `vocabulary` (planned and thinking-boundary ids are kept as
+    /// they are). An empty list is ignored.
+    pub fn with_vocabulary(mut self, vocabulary: Option<Arc<[u32]>>) -> Self {
+        self.vocabulary = vocabulary.filter(|v| !v.is_empty());
+        self
     }
 
     /// The `index`-th output token.
@@ -179,7 +188,12 @@ impl OutputPlan {
                 return end;
             }
         }
-        output_token(self.seed, index)
+        let raw = output_token(self.seed, index);
+        match &self.vocabulary {
+            // Multiply-shift maps the 32-bit draw onto the list without a division.
+            Some(v) => v[((raw as u64 * v.len() as u64) >> 32) as usize],
+            None => raw,
+        }
     }
 }
 
@@ -230,6 +244,25 @@ mod tests {
         // Planned tokens win over reasoning.
         let plan = OutputPlan::new(9, Some(vec![5, 6, 7].into()), Some(&cfg(1.0)), 3);
         assert_eq!((0..3).map(|i| plan.token(i)).collect::<Vec<_>>(), vec![5, 6, 7]);
+    }
+
+    #[test]
+    fn generated_tokens_come_from_the_vocabulary() {
+        let vocab: Arc<[u32]> = vec![100, 200, 300].into();
+        let r = ReasoningConfig { start_thinking_token_id: 7, end_thinking_token_id: 8, thinking_ratio: 0.5 };
+        let plan = OutputPlan::new(3, None, Some(&r), 40).with_vocabulary(Some(vocab));
+        let ids: Vec<u32> = (0..40).map(|i| plan.token(i)).collect();
+        assert_eq!((ids[0], ids[19]), (7, 8), "thinking boundaries are kept");
+        let drawn: Vec<u32> = ids.iter().enumerate().filter(|(i, _)| *i != 0 && *i != 19).map(|(_, &t)| t).collect();
+        assert!(drawn.iter().all(|t| [100, 200, 300].contains(t)), "{drawn:?}");
+        for t in [100, 200, 300] {
+            assert!(drawn.contains(&t), "{t} never drawn in {drawn:?}");
+        }
+        // Same seed, same tokens; planned ids are never remapped.
+        let again = OutputPlan::new(3, None, Some(&r), 40).with_vocabulary(Some(vec![100, 200, 300].into()));
+        assert_eq!((0..40).map(|i| again.token(i)).collect::<Vec<_>>(), ids);
+        let planned = OutputPlan::new(3, Some(vec![5, 6].into()), None, 2).with_vocabulary(Some(vec![1].into()));
+        assert_eq!((planned.token(0), planned.token(1)), (5, 6));
     }
 
     fn expand(prompt: &Prompt) -> Vec<u32> {

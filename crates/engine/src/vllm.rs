@@ -24,6 +24,7 @@
 //! is never charged.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -133,6 +134,11 @@ pub struct VllmEngine {
     sampler: Option<BurstSampler>,
     scratch_tokens: Vec<u32>,
     scratch_done: Vec<u32>,
+    /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
+    vocabulary: Option<Arc<[u32]>>,
+    /// Record the tokens of stored blocks, drained into [`PassOutput::stored_tokens`].
+    record_tokens: bool,
+    stored_tokens: Vec<u32>,
 }
 
 impl VllmEngine {
@@ -155,6 +161,9 @@ impl VllmEngine {
             cursor: usize::MAX,
             sampler,
             scratch_done: Vec::new(),
+            vocabulary: None,
+            record_tokens: false,
+            stored_tokens: Vec::new(),
         }
     }
 
@@ -162,10 +171,38 @@ impl VllmEngine {
         &self.cfg
     }
 
+    pub fn set_output_vocabulary(&mut self, vocabulary: Option<Arc<[u32]>>) {
+        self.vocabulary = vocabulary;
+    }
+
+    pub fn set_record_block_tokens(&mut self, on: bool) {
+        self.record_tokens = on;
+    }
+
+    /// Removes request `id` wherever it is (waiting, running, reserved or held) and frees its
+    /// blocks; its computed full blocks stay in the prefix cache. False if it is not here.
+    pub fn abort(&mut self, id: u64) -> bool {
+        let slot = if let Some(slot) = self.parked.remove(&id) {
+            slot
+        } else if let Some(pos) = self.running.iter().position(|&s| self.req(s).id == id) {
+            self.running.remove(pos)
+        } else if let Some(pos) = self.waiting.iter().position(|&s| self.req(s).id == id) {
+            self.waiting.remove(pos).expect("position is in the queue")
+        } else {
+            return false;
+        };
+        let req = self.remove(slot);
+        for &copy in req.lease.iter().rev() {
+            self.pool.release(copy);
+        }
+        true
+    }
+
     /// Queues a request; it is considered for admission at the next pass.
     pub fn submit(&mut self, mut request: EngineRequest) {
         let bs = self.cfg.block_size;
         let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        let output = output.with_vocabulary(self.vocabulary.clone());
         request.max_output = max_output;
         if self.cfg.backend == Backend::Trtllm {
             // TRT-LLM clamps the output to what the cache (and max_model_len) can ever hold.
@@ -220,6 +257,7 @@ impl VllmEngine {
     pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
         let bs = self.cfg.block_size;
         let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        let output = output.with_vocabulary(self.vocabulary.clone());
         let hashes = match &request.hashes {
             Some(h) => h.clone(),
             None if self.cfg.enable_prefix_caching => request.prompt.block_hashes(bs),
@@ -336,6 +374,7 @@ impl VllmEngine {
         let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = self.decode(decode_start, out);
         self.pool.drain_events(&mut out.kv_events);
+        out.stored_tokens.append(&mut self.stored_tokens);
     }
 
     /// Plans several decode-only passes to run at once, when nothing can change during them:
@@ -708,6 +747,10 @@ impl VllmEngine {
             if self.pool.cache(req.lease[b], hash) {
                 if run.is_empty() {
                     run_parent = b.checked_sub(1).map(|p| req.hashes.seq[p]);
+                }
+                if self.record_tokens {
+                    let start = b as u32 * bs;
+                    self.stored_tokens.extend((start..start + bs).map(|pos| req.token_at(pos)));
                 }
                 run.push(StoredBlock { hash, local: req.hashes.local[b] });
             } else if !run.is_empty() {

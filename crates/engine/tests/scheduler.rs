@@ -379,3 +379,78 @@ fn recomputing_generated_tokens_alone_is_progress_that_takes_no_time() {
     }
     assert_eq!((token_times(&passes, 1).len(), token_times(&passes, 2).len()), (13, 12));
 }
+
+#[test]
+fn abort_frees_a_request_wherever_it_is() {
+    // 10 blocks of 16: request 1 (100 tokens, 7 blocks) runs, request 2 (60 tokens) waits.
+    let mut e = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 10, {FIXED}}}"#));
+    e.submit(request(1, tokens(100, 1), 50));
+    e.submit(request(2, tokens(60, 2), 5));
+    let mut out = PassOutput::default();
+    e.step(0.0, &mut out);
+    assert_eq!((e.num_running(), e.num_waiting()), (1, 1));
+    let held = e.active_blocks();
+    assert!(held >= 7, "request 1 holds its prompt blocks: {held}");
+    assert!(e.abort(1), "running request");
+    assert_eq!((e.num_running(), e.active_blocks()), (0, 0), "its blocks are free at once");
+    assert!(!e.abort(1), "already gone");
+    // The waiting request now fits; the aborted one never produces output again.
+    let passes = run(&mut e, out.end_ms);
+    assert!(passes.iter().all(|p| p.tokens.iter().all(|t| t.request == 2)));
+    assert_eq!(token_times(&passes, 2).len(), 5);
+    // A waiting request can be aborted too, and a freed prompt stays cached.
+    e.submit(request(3, tokens(100, 1), 5));
+    assert!(e.abort(3));
+    assert!(!e.has_work());
+    e.submit(request(4, tokens(100, 1), 1));
+    e.step(1000.0, &mut out);
+    assert_eq!(out.admissions[0].reused_tokens, 96, "request 1's computed blocks are still cached");
+}
+
+#[test]
+fn stored_tokens_are_the_blocks_of_stored_events() {
+    let mut e = engine(&format!(r#"{{"block_size": 4, "num_gpu_blocks": 100, {FIXED}}}"#));
+    e.set_record_block_tokens(true);
+    e.set_output_vocabulary(Some(vec![5000, 5001, 5002].into()));
+    let prompt = tokens(10, 3);
+    e.submit(request(1, prompt.clone(), 6));
+    let passes = run(&mut e, 0.0);
+    let mut all_tokens = Vec::new();
+    let mut stored_hashes = Vec::new();
+    for p in &passes {
+        let blocks: usize =
+            p.kv_events.iter().map(|ev| if let KvEvent::Stored { blocks, .. } = ev { blocks.len() } else { 0 }).sum();
+        assert_eq!(p.stored_tokens.len(), blocks * 4);
+        all_tokens.extend_from_slice(&p.stored_tokens);
+        for ev in &p.kv_events {
+            if let KvEvent::Stored { blocks, .. } = ev {
+                stored_hashes.extend(blocks.iter().map(|b| b.hash));
+            }
+        }
+    }
+    let generated: Vec<u32> = passes.iter().flat_map(|p| p.tokens.iter().map(|t| t.token)).collect();
+    assert!(generated.iter().all(|t| (5000..=5002).contains(t)), "{generated:?}");
+    // 16 tokens known, the last is never computed: 3 full blocks are stored, prompt then output.
+    let sequence: Vec<u32> = prompt.iter().copied().chain(generated.iter().copied()).collect();
+    assert_eq!(all_tokens, sequence[..12].to_vec());
+    assert_eq!(stored_hashes, BlockHashes::of_tokens(&all_tokens, 4).seq);
+}
+
+#[test]
+fn abort_frees_reserved_and_held_requests() {
+    // Prefill worker: a finished request holds its KV until released; abort frees it instead.
+    let mut p = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 100, "is_prefill": true, {FIXED}}}"#));
+    p.submit(request(1, tokens(64, 1), 1));
+    let passes = run(&mut p, 0.0);
+    assert_eq!(passes.last().unwrap().finished[0].finish, Finish::Completed);
+    assert_eq!(p.active_blocks(), 4, "held for the decode side");
+    assert!(p.abort(1));
+    assert_eq!(p.active_blocks(), 0);
+    // Decode worker: blocks reserved for a transfer in flight are freed by an abort.
+    let mut d = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 100, "is_decode": true, {FIXED}}}"#));
+    assert_eq!(d.reserve(request(2, tokens(64, 2), 5)).ok(), Some(0));
+    assert_eq!(d.active_blocks(), 4);
+    assert!(d.abort(2));
+    assert_eq!(d.active_blocks(), 0);
+    assert!(!d.has_work());
+}

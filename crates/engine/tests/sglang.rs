@@ -156,3 +156,28 @@ fn kv_events_use_chained_page_hashes() {
         .collect();
     assert_eq!(stored, expected.seq);
 }
+
+#[test]
+fn abort_releases_pages_and_keeps_the_cached_prefix() {
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 100"#);
+    e.set_record_block_tokens(true);
+    e.submit(request(1, tokens(64, 1), 100));
+    e.submit(request(2, tokens(64, 2), 3));
+    let p = step(&mut e, 0.0);
+    assert_eq!(p.stored_tokens.len(), 8 * 16, "both prompts' pages are stored with their tokens");
+    assert_eq!(&p.stored_tokens[..64], &tokens(64, 1)[..]);
+    assert!(e.abort(1));
+    assert!(!e.abort(1));
+    assert_eq!(e.num_running(), 1);
+    let mut now = p.end_ms;
+    while e.has_work() {
+        let p = step(&mut e, now);
+        assert!(p.tokens.iter().all(|t| t.request == 2));
+        now = p.end_ms;
+    }
+    // Nothing is held any more; request 1's prompt pages are reusable.
+    assert_eq!(e.active_blocks(), 0);
+    e.submit(request(3, tokens(64, 1), 1));
+    let p = step(&mut e, now);
+    assert_eq!(p.admissions[0].reused_tokens, 48, "the cached prefix, less the recomputed last page");
+}

@@ -19,6 +19,7 @@
 pub mod radix;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -107,6 +108,11 @@ pub struct SglangEngine {
     record_events: bool,
     events: Vec<KvEvent>,
     scratch_tokens: Vec<u32>,
+    /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
+    vocabulary: Option<Arc<[u32]>>,
+    /// Record the tokens of stored pages, drained into [`PassOutput::stored_tokens`].
+    record_tokens: bool,
+    stored_tokens: Vec<u32>,
 }
 
 impl SglangEngine {
@@ -137,6 +143,9 @@ impl SglangEngine {
                 && cfg.worker_type != WorkerType::Decode,
             events: Vec::new(),
             scratch_tokens: vec![0; page as usize],
+            vocabulary: None,
+            record_tokens: false,
+            stored_tokens: Vec::new(),
             cfg,
         }
     }
@@ -145,8 +154,38 @@ impl SglangEngine {
         &self.cfg
     }
 
+    pub fn set_output_vocabulary(&mut self, vocabulary: Option<Arc<[u32]>>) {
+        self.vocabulary = vocabulary;
+    }
+
+    pub fn set_record_block_tokens(&mut self, on: bool) {
+        self.record_tokens = on;
+    }
+
+    /// Removes request `id` wherever it is and frees its pages (unlocking its cached prefix,
+    /// which stays in the tree). False if it is not here.
+    pub fn abort(&mut self, id: u64) -> bool {
+        let reqs = &self.reqs;
+        let is_it = |s: &u32| reqs[*s as usize].as_ref().is_some_and(|r| r.id == id);
+        let slot = if let Some(slot) = self.parked.remove(&id) {
+            slot
+        } else if let Some(pos) = self.running.iter().position(is_it) {
+            self.running.remove(pos)
+        } else if let Some(pos) = self.waiting.iter().position(is_it) {
+            self.waiting.remove(pos).expect("position is in the queue")
+        } else if let Some(pos) = self.arrived.iter().position(is_it) {
+            self.arrived.remove(pos).expect("position is in the queue")
+        } else {
+            return false;
+        };
+        self.release(slot);
+        self.remove(slot);
+        true
+    }
+
     fn new_req(&self, request: EngineRequest) -> Req {
         let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        let output = output.with_vocabulary(self.vocabulary.clone());
         let hashes = match request.hashes {
             Some(h) => h,
             None => request.prompt.block_hashes(self.page),
@@ -279,6 +318,16 @@ impl SglangEngine {
             let blocks =
                 (first..full).map(|b| StoredBlock { hash: req.hashes.seq[b], local: req.hashes.local[b] }).collect();
             self.events.push(KvEvent::Stored { parent, blocks });
+            if self.record_tokens {
+                let token = |pos: u32| {
+                    if pos < req.prompt_len {
+                        req.prompt.token(pos)
+                    } else {
+                        req.output.token(pos - req.prompt_len)
+                    }
+                };
+                self.stored_tokens.extend((first as u32 * page..full as u32 * page).map(token));
+            }
         }
     }
 
@@ -364,6 +413,7 @@ impl SglangEngine {
         }
         self.new_token_ratio = (self.new_token_ratio - self.decay_step).max(self.min_ratio);
         out.kv_events.append(&mut self.events);
+        out.stored_tokens.append(&mut self.stored_tokens);
     }
 
     /// Admits waiting requests into this pass's prefill batch; returns them in order.

@@ -1,0 +1,366 @@
+//! `servesim serve`: parse Dynamo mocker's flags into the live server's options.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde_json::{Map, Value};
+use servesim_engine::{EngineConfig, WorkerType};
+use servesim_live::{load_tokenizer, ServeOptions};
+use servesim_router::RouterConfig;
+
+use crate::predict::json_arg;
+use crate::Failure;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineType {
+    Vllm,
+    Sglang,
+    Trtllm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Preemption {
+    Lifo,
+    Fifo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DisaggregationMode {
+    Agg,
+    Prefill,
+    Decode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Router {
+    RoundRobin,
+    KvRouter,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", help_heading = "Server")]
+    host: String,
+    /// Port of the frontend (all workers, routed).
+    #[arg(long, default_value_t = 8000, help_heading = "Server")]
+    port: u16,
+    /// Worker i also serves the same API on its own port, base + i.
+    #[arg(long, value_name = "PORT", help_heading = "Server")]
+    worker_base_port: Option<u16>,
+    /// Local model directory: tokenizer.json (token counts and text), the chat template in
+    /// tokenizer_config.json, and config.json (KV bytes per token, context length).
+    #[arg(long, value_name = "DIR", help_heading = "Model")]
+    model_path: Option<PathBuf>,
+    /// Name clients use in `model` (default: the model directory's name).
+    #[arg(long, value_name = "NAME", help_heading = "Model")]
+    model_name: Option<String>,
+    /// Context length (prompt plus output) requests are checked against (default: the engine's
+    /// max_model_len, else config.json's max_position_embeddings, else 32768).
+    #[arg(long, value_name = "TOKENS", help_heading = "Model")]
+    max_model_len: Option<u32>,
+    /// Seed of generated tokens.
+    #[arg(long, default_value_t = 0, help_heading = "Model")]
+    seed: u64,
+
+    #[arg(long, value_enum, help_heading = "Engine")]
+    engine_type: Option<EngineType>,
+    /// KV blocks per data-parallel rank.
+    #[arg(long, value_name = "N", help_heading = "Engine")]
+    num_gpu_blocks_override: Option<u32>,
+    #[arg(long, value_name = "TOKENS", help_heading = "Engine")]
+    block_size: Option<u32>,
+    #[arg(long, value_name = "N", help_heading = "Engine")]
+    max_num_seqs: Option<u32>,
+    #[arg(long, value_name = "N", help_heading = "Engine")]
+    max_num_batched_tokens: Option<u32>,
+    #[arg(long, overrides_with = "no_enable_prefix_caching", help_heading = "Engine")]
+    enable_prefix_caching: bool,
+    #[arg(long, help_heading = "Engine")]
+    no_enable_prefix_caching: bool,
+    #[arg(long, overrides_with = "no_enable_chunked_prefill", help_heading = "Engine")]
+    enable_chunked_prefill: bool,
+    #[arg(long, help_heading = "Engine")]
+    no_enable_chunked_prefill: bool,
+    #[arg(long, value_enum, help_heading = "Engine")]
+    preemption_mode: Option<Preemption>,
+    /// Divides every modelled duration; 0 means no delays at all.
+    #[arg(long, value_name = "X", help_heading = "Engine")]
+    speedup_ratio: Option<f64>,
+    /// Extra divisor of decode time (speculative decoding).
+    #[arg(long, value_name = "X", help_heading = "Engine")]
+    decode_speedup_ratio: Option<f64>,
+    /// Attention data-parallel ranks per worker, each with its own scheduler and KV cache.
+    #[arg(long, value_name = "N", help_heading = "Engine")]
+    data_parallel_size: Option<u32>,
+    /// Seconds before the workers serve (/health is 503 until then).
+    #[arg(long, value_name = "SECONDS", help_heading = "Engine")]
+    startup_time: Option<f64>,
+    /// Thinking tokens: {"start_thinking_token_id": N, "end_thinking_token_id": N, "thinking_ratio": R}.
+    #[arg(long, value_name = "JSON", help_heading = "Engine")]
+    reasoning: Option<String>,
+    /// Engine configuration (inline JSON or a file, Dynamo's MockEngineArgs); its keys override
+    /// the individual engine flags.
+    #[arg(long, value_name = "JSON|PATH", help_heading = "Engine")]
+    extra_engine_args: Option<String>,
+
+    /// Independent workers in this process.
+    #[arg(long, value_name = "N", help_heading = "Workers")]
+    num_workers: Option<u32>,
+    /// Seconds between worker starts (-1: automatic, as Dynamo).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        help_heading = "Workers"
+    )]
+    stagger_delay: f64,
+    #[arg(long, value_enum, default_value = "round_robin", help_heading = "Workers")]
+    router_mode: Router,
+    /// KV router configuration (Dynamo's KvRouterConfig keys): inline JSON or a file.
+    #[arg(long, value_name = "JSON|PATH", help_heading = "Workers")]
+    router_config: Option<String>,
+    #[arg(long, default_value_t = 42, value_name = "SEED", help_heading = "Workers")]
+    router_seed: u64,
+
+    /// Role of this server's workers. `prefill` answers with one token and the
+    /// `kv_transfer_params` a decode server needs; `decode` serves requests that carry them.
+    /// Both roles in one process: --num-prefill-workers and --num-decode-workers.
+    #[arg(long, value_enum, default_value = "agg", help_heading = "Disaggregated serving")]
+    disaggregation_mode: DisaggregationMode,
+    /// Disaggregated serving in this process: workers that compute prompts.
+    #[arg(long, value_name = "N", help_heading = "Disaggregated serving")]
+    num_prefill_workers: Option<u32>,
+    /// Disaggregated serving in this process: workers that generate tokens.
+    #[arg(long, value_name = "N", help_heading = "Disaggregated serving")]
+    num_decode_workers: Option<u32>,
+    /// KV transfer bandwidth between prefill and decode workers, GB/s (0: instant).
+    #[arg(long, value_name = "GBPS", help_heading = "Disaggregated serving")]
+    kv_transfer_bandwidth: Option<f64>,
+    /// KV bytes per prompt token moved (default: from the model's config.json).
+    #[arg(long, value_name = "BYTES", help_heading = "Disaggregated serving")]
+    kv_bytes_per_token: Option<u64>,
+
+    /// Per worker, comma-separated: base port of its ranks' ZMQ PUB sockets for KV events in
+    /// vLLM's format (rank r binds base + r).
+    #[arg(long, value_name = "PORTS", value_delimiter = ',', help_heading = "KV events")]
+    zmq_kv_events_ports: Vec<u16>,
+    /// Per worker: base port of the ZMQ ROUTER sockets that replay recent KV events.
+    #[arg(long, value_name = "PORTS", value_delimiter = ',', help_heading = "KV events")]
+    zmq_replay_ports: Vec<u16>,
+}
+
+fn flag_bool(on: bool, off: bool) -> Option<bool> {
+    match (on, off) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
+    }
+}
+
+/// The engine configuration: individual flags, then `--extra-engine-args` on top.
+fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<EngineConfig, Failure> {
+    let mut flags = Map::new();
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            flags.insert(k.to_string(), v);
+        }
+    };
+    put(
+        "engine_type",
+        a.engine_type.map(|t| {
+            Value::from(match t {
+                EngineType::Vllm => "vllm",
+                EngineType::Sglang => "sglang",
+                EngineType::Trtllm => "trtllm",
+            })
+        }),
+    );
+    put("num_gpu_blocks", a.num_gpu_blocks_override.map(Value::from));
+    put("block_size", a.block_size.map(Value::from));
+    put("max_num_seqs", a.max_num_seqs.map(Value::from));
+    put("max_num_batched_tokens", a.max_num_batched_tokens.map(Value::from));
+    put("enable_prefix_caching", flag_bool(a.enable_prefix_caching, a.no_enable_prefix_caching).map(Value::from));
+    put("enable_chunked_prefill", flag_bool(a.enable_chunked_prefill, a.no_enable_chunked_prefill).map(Value::from));
+    put("preemption_mode", a.preemption_mode.map(|p| Value::from(if p == Preemption::Lifo { "lifo" } else { "fifo" })));
+    put("speedup_ratio", a.speedup_ratio.map(Value::from));
+    put("decode_speedup_ratio", a.decode_speedup_ratio.map(Value::from));
+    put("dp_size", a.data_parallel_size.map(Value::from));
+    put("startup_time", a.startup_time.map(Value::from));
+    put("kv_transfer_bandwidth", a.kv_transfer_bandwidth.map(Value::from));
+    put("kv_bytes_per_token", a.kv_bytes_per_token.map(Value::from));
+    if let Some(r) = &a.reasoning {
+        let v: Value =
+            serde_json::from_str(r).map_err(|e| Failure::input(format!("--reasoning: invalid JSON: {e}")))?;
+        flags.insert("reasoning".into(), v);
+    }
+    let given = !flags.is_empty();
+    let mut value = Value::Object(flags);
+    if let Some(arg) = &a.extra_engine_args {
+        let extra: Value = json_arg("extra-engine-args", arg, |text, _| {
+            serde_json::from_str(text).map_err(|e| servesim_engine::ConfigError::new("", format!("invalid JSON: {e}")))
+        })?;
+        match extra {
+            Value::Object(extra) if extra.contains_key("engine") => {
+                if given {
+                    return Err(Failure::input(
+                        "--extra-engine-args in the nested {\"engine\": ...} form cannot be combined with \
+                         individual engine flags; use the flat form or put everything in the file",
+                    ));
+                }
+                value = Value::Object(extra);
+            }
+            Value::Object(extra) => {
+                let map = value.as_object_mut().expect("an object");
+                for (k, v) in extra {
+                    map.insert(k, v);
+                }
+            }
+            _ => return Err(Failure::input("--extra-engine-args: the engine configuration must be a JSON object")),
+        }
+    }
+    // Dynamo's defaults for what only the command line sets.
+    if let Value::Object(map) = &mut value {
+        if !map.contains_key("engine") {
+            if !map.contains_key("kv_transfer_bandwidth") {
+                map.insert("kv_transfer_bandwidth".into(), Value::from(64.0));
+            }
+            if let (false, Some(b)) = (map.contains_key("kv_bytes_per_token"), kv_bytes_from_model) {
+                map.insert("kv_bytes_per_token".into(), Value::from(b));
+            }
+        }
+    }
+    let dir = a.extra_engine_args.as_deref().filter(|s| !s.trim_start().starts_with('{'));
+    let base = dir.and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf())).unwrap_or_default();
+    let files = |path: &str| {
+        let full = base.join(path);
+        std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
+    };
+    let config = EngineConfig::from_value_with(&value, &files)
+        .map_err(|e| Failure::input(format!("engine configuration: {e}")))?;
+    if let Some(why) = &config.timing_fallback {
+        eprintln!("warning: engine configuration: {why}; using the polynomial timing model instead");
+    }
+    Ok(config)
+}
+
+pub fn run(a: ServeArgs) -> Result<(), Failure> {
+    let facts = match &a.model_path {
+        Some(dir) if dir.is_dir() => servesim_live::tokenizer::model_facts(dir).map_err(Failure::input)?,
+        _ => Default::default(),
+    };
+    let tokenizer = load_tokenizer(a.model_path.as_deref()).map_err(Failure::input)?;
+    if let (Some(dir), true) = (&a.model_path, tokenizer.is_approximate()) {
+        eprintln!("warning: {} has no tokenizer.json; using the built-in approximate tokenizer", dir.display());
+    }
+    let mut engine = engine_config(&a, facts.kv_bytes_per_token)?;
+    let role = match a.disaggregation_mode {
+        DisaggregationMode::Agg => engine.worker_type,
+        DisaggregationMode::Prefill => WorkerType::Prefill,
+        DisaggregationMode::Decode => WorkerType::Decode,
+    };
+    if engine.worker_type != WorkerType::Aggregated && engine.worker_type != role {
+        return Err(Failure::input(format!(
+            "--disaggregation-mode and the worker_type of --extra-engine-args disagree ({:?} vs {:?})",
+            role, engine.worker_type
+        )));
+    }
+    engine.worker_type = role;
+    if !(engine.speedup_ratio.is_finite() && engine.speedup_ratio >= 0.0) {
+        return Err(Failure::input("--speedup-ratio must be a finite number ≥ 0"));
+    }
+    let disaggregated = a.num_prefill_workers.is_some() || a.num_decode_workers.is_some();
+    if role != WorkerType::Aggregated && disaggregated {
+        return Err(Failure::input(
+            "--disaggregation-mode prefill/decode makes a single-role server; \
+             --num-prefill-workers/--num-decode-workers run both roles in this process",
+        ));
+    }
+    let pools = if disaggregated {
+        if a.num_workers.is_some() {
+            return Err(Failure::input(
+                "--num-workers sets an aggregated cluster; use --num-prefill-workers and --num-decode-workers",
+            ));
+        }
+        let (p, d) = (a.num_prefill_workers.unwrap_or(1), a.num_decode_workers.unwrap_or(1));
+        if p == 0 || d == 0 {
+            return Err(Failure::input("--num-prefill-workers and --num-decode-workers must be at least 1"));
+        }
+        if engine.dp_size != 1 {
+            return Err(Failure::input("disaggregated workers need --data-parallel-size 1"));
+        }
+        let mut prefill = engine.clone();
+        prefill.worker_type = WorkerType::Prefill;
+        let mut decode = engine.clone();
+        decode.worker_type = WorkerType::Decode;
+        vec![(prefill, p), (decode, d)]
+    } else {
+        let n = a.num_workers.unwrap_or(1);
+        if n == 0 {
+            return Err(Failure::input("--num-workers must be at least 1"));
+        }
+        vec![(engine.clone(), n)]
+    };
+    let workers: u32 = pools.iter().map(|p| p.1).sum();
+    if !a.zmq_kv_events_ports.is_empty() && a.zmq_kv_events_ports.len() != workers as usize {
+        return Err(Failure::input(format!(
+            "--zmq-kv-events-ports needs one port per worker ({workers}), got {}",
+            a.zmq_kv_events_ports.len()
+        )));
+    }
+    if !a.zmq_replay_ports.is_empty() {
+        if a.zmq_kv_events_ports.is_empty() {
+            return Err(Failure::input("--zmq-replay-ports needs --zmq-kv-events-ports"));
+        }
+        if a.zmq_replay_ports.len() != workers as usize {
+            return Err(Failure::input(format!(
+                "--zmq-replay-ports needs one port per worker ({workers}), got {}",
+                a.zmq_replay_ports.len()
+            )));
+        }
+    }
+    if !(a.stagger_delay.is_finite() && (a.stagger_delay >= 0.0 || a.stagger_delay == -1.0)) {
+        return Err(Failure::input("--stagger-delay must be ≥ 0, or -1 for automatic spacing"));
+    }
+    if a.max_model_len == Some(0) {
+        return Err(Failure::input("--max-model-len must be at least 1"));
+    }
+    let kv_router = match a.router_mode {
+        Router::RoundRobin => {
+            if a.router_config.is_some() {
+                return Err(Failure::input("--router-config applies to --router-mode kv_router"));
+            }
+            None
+        }
+        Router::KvRouter => Some(match &a.router_config {
+            Some(arg) => json_arg("router-config", arg, |text, _| RouterConfig::parse_json(text))?,
+            None => RouterConfig::default(),
+        }),
+    };
+    let model_name = a.model_name.clone().unwrap_or_else(|| {
+        a.model_path
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "servesim-model".to_string())
+    });
+    let opts = ServeOptions {
+        host: a.host.clone(),
+        port: a.port,
+        worker_base_port: a.worker_base_port,
+        model_name,
+        model_path: a.model_path.clone(),
+        pools,
+        kv_router,
+        router_seed: a.router_seed,
+        max_model_len: a.max_model_len.or(engine.max_model_len).or(facts.max_position_embeddings),
+        startup_time_s: engine.startup_time_s.unwrap_or(0.0),
+        stagger_delay_s: a.stagger_delay,
+        zmq_kv_events_ports: a.zmq_kv_events_ports.clone(),
+        zmq_replay_ports: a.zmq_replay_ports.clone(),
+        seed: a.seed,
+    };
+    servesim_live::serve(opts, tokenizer).map_err(Failure::run)
+}

@@ -1,0 +1,90 @@
+"""A model directory with a real tokenizer.json (trained here with the `tokenizers` package) and
+a chat template: token counts, rendering and generated text follow the model's files."""
+
+import json
+
+import openai
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, processors, trainers
+
+from conftest import Server, client
+
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'].strip() }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL = ["<|bos|>", "<|eos|>", "<think>", "</think>"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-model")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly boxers".split()
+    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 0)])
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": TEMPLATE, "bos_token": {"content": "<|bos|>"}, "eos_token": "<|eos|>"})
+    )
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "max_position_embeddings": 2048}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(model_dir):
+    with Server("--speedup-ratio", "0", "--model-path", model_dir, engine={"block_size": 16}) as s:
+        yield s
+
+
+def test_model_name_and_context_come_from_the_directory(tiny, model_dir):
+    m = client(tiny).models.list().data[0]
+    assert m.id == model_dir.name
+    assert m.model_extra["max_model_len"] == 2048
+
+
+def test_completion_counts_with_the_real_tokenizer(tiny, model_dir):
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    text = "the lazy dog jumps over seven jolly wizards"
+    r = client(tiny).completions.create(model=model_dir.name, prompt=text, max_tokens=30)
+    expected = tok.encode(text).ids
+    assert expected[0] == 0, "the post-processor adds BOS"
+    assert r.usage.prompt_tokens == len(expected)
+    out = r.choices[0].text
+    assert out and "\ufffd" not in out and not any(s in out for s in SPECIAL)
+    # The text re-encodes to about as many tokens as were generated (never special tokens).
+    ids = tok.encode(out, add_special_tokens=False).ids
+    assert all(i >= len(SPECIAL) for i in ids)
+
+
+def test_chat_uses_the_template(tiny, model_dir):
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    messages = [{"role": "system", "content": "  be quick "}, {"role": "user", "content": "the brown fox"}]
+    rendered = "<|bos|><|system|>be quick\n<|user|>the brown fox\n<|assistant|>"
+    r = client(tiny).chat.completions.create(model=model_dir.name, messages=messages, max_tokens=5)
+    assert r.usage.prompt_tokens == len(tok.encode(rendered, add_special_tokens=False).ids)
+    stream = client(tiny).chat.completions.create(model=model_dir.name, messages=messages, max_tokens=8, stream=True)
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) == 8 and all(p and "\ufffd" not in p for p in pieces)
+
+
+def test_template_errors_are_bad_requests(tiny, model_dir):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(tiny).chat.completions.create(model=model_dir.name, messages=[{"role": "tool", "content": "x"}], max_tokens=2)
+    assert "unknown role tool" in str(e.value)
+
+
+def test_reasoning_boundaries_use_the_configured_ids(model_dir):
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    think, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    reasoning = json.dumps({"start_thinking_token_id": think, "end_thinking_token_id": end, "thinking_ratio": 0.5})
+    with Server("--speedup-ratio", "0", "--model-path", model_dir, "--reasoning", reasoning) as s:
+        stream = client(s).completions.create(model=model_dir.name, prompt="the fox", max_tokens=10, stream=True)
+        pieces = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
+        assert pieces[0] == "<think>" and pieces[4] == "</think>"
