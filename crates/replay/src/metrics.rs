@@ -294,6 +294,14 @@ impl<'s> Collector<'s> {
         self.sink.is_some()
     }
 
+    /// Told how many requests the run has at most: per-request distributions of runs too large
+    /// for exact quantiles are sketched from the start (see [`Samples::expect`]).
+    pub fn expect_requests(&mut self, n: u64) {
+        for samples in [&mut self.ttft, &mut self.ttst, &mut self.tpot, &mut self.e2e] {
+            samples.expect(n);
+        }
+    }
+
     /// Folds in what another shard of the same run collected (its requests all finished).
     pub fn merge(&mut self, other: &Collector<'_>) {
         debug_assert!(other.live.is_empty());

@@ -305,7 +305,8 @@ struct Simulation<'a, 'c> {
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
-    fn new(workload: &'a Workload, config: &'a SimConfig, collector: Collector<'c>, shard: Option<Shard>) -> Self {
+    fn new(workload: &'a Workload, config: &'a SimConfig, mut collector: Collector<'c>, shard: Option<Shard>) -> Self {
+        collector.expect_requests(workload.num_requests());
         let roles: &[Stage] = match config.cluster {
             Cluster::Aggregated(_) => &[Stage::Aggregated],
             Cluster::Disaggregated { .. } => &[Stage::Prefill, Stage::Decode],

@@ -4,7 +4,7 @@
 //! [`Samples`] keeps every value and takes quantiles at rank `round((n − 1) · q)` of the sorted
 //! values, as the reference does for per-request metrics — up to [`Samples::DEFAULT_LIMIT`]
 //! values, beyond which it folds them into a sketch so that memory stays bounded on runs of
-//! millions of requests. [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch
+//! millions of requests (a run known to be larger than that sketches from its first value). [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch
 //! (relative accuracy 0.1 %), as the reference does for its pooled per-token families.
 
 /// Summary of a distribution, in report order.
@@ -137,12 +137,25 @@ impl Samples {
         }
         self.values.push(x);
         if self.values.len() > self.limit {
-            let mut sketch = Box::<Sketch>::default();
-            for &v in &self.values {
-                sketch.add(v);
-            }
-            self.values = Vec::new();
-            self.overflow = Some(sketch);
+            self.fold();
+        }
+    }
+
+    fn fold(&mut self) {
+        let mut sketch = Box::<Sketch>::default();
+        for &v in &self.values {
+            sketch.add(v);
+        }
+        self.values = Vec::new();
+        self.overflow = Some(sketch);
+    }
+
+    /// Told that up to `n` values are coming: when that is more than the limit, sketch from
+    /// the start instead of buffering `limit` values only to fold them later. The values then
+    /// go into the sketch in the same order, so its summary is the one folding would give.
+    pub fn expect(&mut self, n: u64) {
+        if n > self.limit as u64 && self.overflow.is_none() {
+            self.fold();
         }
     }
 
@@ -411,6 +424,23 @@ mod tests {
         assert_eq!((sum.count, sum.min, sum.max), (1001, 1.0, 2000.0));
         assert!((sum.p90 - 901.0).abs() <= 0.001 * 901.0, "{}", sum.p90);
         assert!((sum.mean - (500_500.0 + 2000.0) / 1001.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn expecting_too_many_values_sketches_from_the_start_with_the_same_result() {
+        let (mut folded, mut early, mut small) =
+            (Samples::with_limit(100), Samples::with_limit(100), Samples::with_limit(100));
+        early.expect(150);
+        small.expect(100);
+        assert!(!early.is_exact() && small.is_exact(), "only more than the limit sketches");
+        for i in 0..150 {
+            let x = (i as f64 * 0.61).cos().abs() * 40.0 + 1.0;
+            folded.add(x);
+            early.add(x);
+        }
+        let (a, b) = (folded.summary(), early.summary());
+        assert_eq!((a.count, a.min, a.max, a.median, a.p90, a.p99), (b.count, b.min, b.max, b.median, b.p90, b.p99));
+        assert_eq!((a.mean, a.std), (b.mean, b.std), "same values in the same order");
     }
 
     #[test]
