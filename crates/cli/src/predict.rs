@@ -356,6 +356,9 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         Format::Table => print!("{}", table::render(&report)),
     }
     let mut failures = Vec::new();
+    if let Some(e) = workload.take_error() {
+        failures.push(format!("{e} (the trace changed during the replay; the report covers the rows before it)"));
+    }
     if let Some(e) = write_error {
         failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
     } else if let Some(mut w) = records.take() {

@@ -9,11 +9,11 @@
 //! router's queue; `output_token_ids` fixes the generated tokens. Unknown fields are ignored (traces come from many tools); everything else is
 //! validated and reported with file, line and field.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -88,9 +88,25 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
 
 /// Reads Mooncake traces. Several files are replayed together: each file's sessions are kept
 /// apart (a `session_id` is local to its file) and all timestamps share one origin.
+///
+/// Every row is validated before anything is replayed. A trace whose sessions are single
+/// requests in timestamp order — what Mooncake traces are — is then streamed from its files
+/// during the replay ([`Workload::Streamed`]), so memory follows the requests in flight rather
+/// than the trace's length; any other trace is held in memory at trace-block level.
 pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
     if trace_block_size == 0 {
         return Err(InputError::new("trace block size must be at least 1").with_field("trace_block_size"));
+    }
+    let mut requests = 0;
+    let mut streamable = true;
+    for path in paths {
+        let scan = scan_file(path.as_ref(), trace_block_size)?;
+        requests += scan.rows;
+        streamable &= scan.streamable;
+    }
+    if streamable {
+        let files = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        return Ok(Workload::Streamed(StreamedTrace::new(files, trace_block_size, requests)));
     }
     let mut sessions = Vec::new();
     for path in paths {
@@ -99,137 +115,313 @@ pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Resul
     Ok(Workload::Trace { sessions, block_tokens: trace_block_size })
 }
 
-fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(), InputError> {
-    let file = File::open(path).map_err(|e| InputError::in_file(path, format!("cannot open: {e}")))?;
-    let reader = BufReader::with_capacity(1 << 20, file);
-    // session_id -> (index in `sessions`, timestamp of its latest row)
-    let mut by_id: HashMap<String, (usize, Option<f64>)> = HashMap::new();
-    let mut rows = 0usize;
-    for (i, line) in reader.lines().enumerate() {
-        let lineno = i + 1;
-        let line = line.map_err(|e| InputError::at_line(path, lineno, None, format!("cannot read: {e}")))?;
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
-        rows += 1;
-        let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
-        let row: Row = serde_json::from_str(text).map_err(|e| {
-            let (field, msg) = explain_row_error(text, &e.to_string());
-            err(field, msg)
-        })?;
+/// One validated row.
+struct ParsedRow {
+    turn: TurnSpec,
+    session_id: Option<String>,
+    timestamp: Option<f64>,
+    delay: Option<f64>,
+}
 
-        let hash_ids = match row.hash_ids {
-            Some(ids) if !ids.is_empty() => ids,
-            Some(_) => return Err(err(Some("hash_ids"), "must not be empty".into())),
-            None => return Err(err(Some("hash_ids"), "missing (required)".into())),
-        };
-        let capacity = hash_ids.len() as u64 * tbs as u64;
-        let input_length = row.input_length.unwrap_or(capacity);
-        if input_length > capacity {
+impl ParsedRow {
+    /// The row as a session of its own (its start is its timestamp, 0 without one).
+    fn into_session(self, lineno: usize) -> SessionSpec {
+        SessionSpec {
+            name: match self.session_id {
+                Some(id) => id.into(),
+                None => format!("request_{lineno}").into(),
+            },
+            start_ms: self.timestamp.unwrap_or(0.0),
+            turns: vec![self.turn],
+        }
+    }
+}
+
+/// The non-empty lines of a trace file with their line numbers, parsed and validated. Lines are
+/// read into one reused buffer; serde_json checks UTF-8 where it matters (inside strings).
+struct Rows {
+    path: PathBuf,
+    reader: BufReader<File>,
+    line: Vec<u8>,
+    lineno: usize,
+    tbs: u32,
+}
+
+impl Rows {
+    fn open(path: &Path, tbs: u32) -> Result<Rows, InputError> {
+        let file = File::open(path).map_err(|e| InputError::in_file(path, format!("cannot open: {e}")))?;
+        let reader = BufReader::with_capacity(1 << 20, file);
+        Ok(Rows { path: path.to_path_buf(), reader, line: Vec::new(), lineno: 0, tbs })
+    }
+}
+
+impl Iterator for Rows {
+    type Item = Result<(usize, ParsedRow), InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            self.line.clear();
+            self.lineno += 1;
+            let lineno = self.lineno;
+            match self.reader.read_until(b'\n', &mut self.line) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return Some(Err(InputError::at_line(&self.path, lineno, None, format!("cannot read: {e}")))),
+            }
+            let text = self.line.trim_ascii();
+            if !text.is_empty() {
+                return Some(parse_row(text, &self.path, lineno, self.tbs).map(|row| (lineno, row)));
+            }
+        }
+    }
+}
+
+fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32) -> Result<ParsedRow, InputError> {
+    let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
+    let row: Row = serde_json::from_slice(text).map_err(|e| {
+        let (field, msg) = explain_row_error(&String::from_utf8_lossy(text), &e.to_string());
+        err(field, msg)
+    })?;
+
+    let hash_ids = match row.hash_ids {
+        Some(ids) if !ids.is_empty() => ids,
+        Some(_) => return Err(err(Some("hash_ids"), "must not be empty".into())),
+        None => return Err(err(Some("hash_ids"), "missing (required)".into())),
+    };
+    let capacity = hash_ids.len() as u64 * tbs as u64;
+    let input_length = row.input_length.unwrap_or(capacity);
+    if input_length > capacity {
+        return Err(err(
+            Some("input_length"),
+            format!(
+                "{input_length} tokens exceed what hash_ids cover ({} ids × trace block size {tbs} = {capacity})",
+                hash_ids.len()
+            ),
+        ));
+    }
+    if input_length == 0 {
+        return Err(err(Some("input_length"), "must be at least 1".into()));
+    }
+    let input_length =
+        u32::try_from(input_length).map_err(|_| err(Some("input_length"), format!("{input_length} is too large")))?;
+    let output_length = match row.output_length {
+        Some(n) => u32::try_from(n).map_err(|_| err(Some("output_length"), format!("{n} is too large")))?,
+        None => return Err(err(Some("output_length"), "missing (required)".into())),
+    };
+    if let Some(ids) = &row.output_token_ids {
+        if ids.len() != output_length as usize {
             return Err(err(
-                Some("input_length"),
-                format!(
-                    "{input_length} tokens exceed what hash_ids cover ({} ids × trace block size {tbs} = {capacity})",
-                    hash_ids.len()
-                ),
+                Some("output_token_ids"),
+                format!("has {} tokens but output_length is {output_length}", ids.len()),
             ));
         }
-        if input_length == 0 {
-            return Err(err(Some("input_length"), "must be at least 1".into()));
+    }
+    if let Some(t) = row.timestamp {
+        if !t.is_finite() {
+            return Err(err(Some("timestamp"), format!("must be finite, got {t}")));
         }
-        let input_length = u32::try_from(input_length)
-            .map_err(|_| err(Some("input_length"), format!("{input_length} is too large")))?;
-        let output_length = match row.output_length {
-            Some(n) => u32::try_from(n).map_err(|_| err(Some("output_length"), format!("{n} is too large")))?,
-            None => return Err(err(Some("output_length"), "missing (required)".into())),
-        };
-        if let Some(ids) = &row.output_token_ids {
-            if ids.len() != output_length as usize {
-                return Err(err(
-                    Some("output_token_ids"),
-                    format!("has {} tokens but output_length is {output_length}", ids.len()),
+    }
+    if let Some(d) = row.delay {
+        if !d.is_finite() || d < 0.0 {
+            return Err(err(Some("delay"), format!("must be a finite number ≥ 0, got {d}")));
+        }
+    }
+    let session_id = match row.session_id {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(other) => return Err(err(Some("session_id"), format!("expected a string, got {other}"))),
+    };
+    if session_id.is_none() && row.delay.is_some_and(|d| d != 0.0) {
+        return Err(err(Some("delay"), "a request without session_id cannot have a delay".into()));
+    }
+    let used = input_length.div_ceil(tbs) as usize;
+    let blocks: Arc<[u32]> = hash_ids[..used].iter().map(|&h| h as u32).collect();
+    let turn = TurnSpec {
+        input_length,
+        output_length,
+        blocks,
+        delay_ms: 0.0,
+        priority: row.priority.unwrap_or(0),
+        strict_priority: row.strict_priority.unwrap_or(0),
+        output_tokens: row.output_token_ids.map(Into::into),
+    };
+    Ok(ParsedRow { turn, session_id, timestamp: row.timestamp, delay: row.delay })
+}
+
+/// What a validating pass over a file found.
+struct Scan {
+    rows: u64,
+    /// Every session is one request and sessions start in file order.
+    streamable: bool,
+}
+
+/// Validates every row of a file without keeping them. A `session_id` seen twice makes the
+/// file not streamable (its turns are then checked by [`read_file`]).
+fn scan_file(path: &Path, tbs: u32) -> Result<Scan, InputError> {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut rows = 0;
+    let mut streamable = true;
+    let mut last_start = f64::NEG_INFINITY;
+    for row in Rows::open(path, tbs)? {
+        let (lineno, row) = row?;
+        rows += 1;
+        if let Some(id) = &row.session_id {
+            if !seen.insert(id.clone()) {
+                streamable = false;
+            } else if row.delay.is_some_and(|d| d != 0.0) {
+                return Err(InputError::at_line(
+                    path,
+                    lineno,
+                    Some("delay"),
+                    "the first turn of a session cannot have a delay",
                 ));
             }
         }
-        if let Some(t) = row.timestamp {
-            if !t.is_finite() {
-                return Err(err(Some("timestamp"), format!("must be finite, got {t}")));
-            }
-        }
-        if let Some(d) = row.delay {
-            if !d.is_finite() || d < 0.0 {
-                return Err(err(Some("delay"), format!("must be a finite number ≥ 0, got {d}")));
-            }
-        }
-        // Only the blocks the prompt reaches matter.
-        let used = input_length.div_ceil(tbs) as usize;
-        let blocks: Arc<[u32]> = hash_ids[..used].iter().map(|&h| h as u32).collect();
-        let turn = TurnSpec {
-            input_length,
-            output_length,
-            blocks,
-            delay_ms: 0.0,
-            priority: row.priority.unwrap_or(0),
-            strict_priority: row.strict_priority.unwrap_or(0),
-            output_tokens: row.output_token_ids.map(Into::into),
-        };
-
-        let session_id = match row.session_id {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            Some(other) => return Err(err(Some("session_id"), format!("expected a string, got {other}"))),
-        };
-        match session_id {
-            None => {
-                if row.delay.is_some_and(|d| d != 0.0) {
-                    return Err(err(Some("delay"), "a request without session_id cannot have a delay".into()));
-                }
-                sessions.push(SessionSpec {
-                    name: format!("request_{lineno}").into(),
-                    start_ms: row.timestamp.unwrap_or(0.0),
-                    turns: vec![turn],
-                });
-            }
-            Some(id) => match by_id.get_mut(&id) {
-                None => {
-                    if row.delay.is_some_and(|d| d != 0.0) {
-                        return Err(err(Some("delay"), "the first turn of a session cannot have a delay".into()));
-                    }
-                    by_id.insert(id.clone(), (sessions.len(), row.timestamp));
-                    sessions.push(SessionSpec {
-                        name: id.into(),
-                        start_ms: row.timestamp.unwrap_or(0.0),
-                        turns: vec![turn],
-                    });
-                }
-                Some((index, last_ts)) => {
-                    let delay = match (row.delay, row.timestamp, *last_ts) {
-                        (Some(d), _, _) => d,
-                        (None, Some(t), Some(prev)) => {
-                            if t < prev {
-                                return Err(err(
-                                    Some("timestamp"),
-                                    format!("{t} is earlier than the previous turn of session {id:?} ({prev})"),
-                                ));
-                            }
-                            t - prev
-                        }
-                        _ => 0.0,
-                    };
-                    if row.timestamp.is_some() {
-                        *last_ts = row.timestamp;
-                    }
-                    sessions[*index].turns.push(TurnSpec { delay_ms: delay, ..turn });
-                }
-            },
-        }
+        let start = row.timestamp.unwrap_or(0.0);
+        streamable &= start >= last_start;
+        last_start = start;
     }
     if rows == 0 {
         return Err(InputError::in_file(path, "the trace has no requests"));
     }
+    Ok(Scan { rows, streamable })
+}
+
+fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(), InputError> {
+    // session_id -> (index in `sessions`, timestamp of its latest row)
+    let mut by_id: HashMap<String, (usize, Option<f64>)> = HashMap::new();
+    for row in Rows::open(path, tbs)? {
+        let (lineno, row) = row?;
+        let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
+        let Some(id) = row.session_id.clone() else {
+            sessions.push(row.into_session(lineno));
+            continue;
+        };
+        let Some((index, last_ts)) = by_id.get_mut(&id) else {
+            if row.delay.is_some_and(|d| d != 0.0) {
+                return Err(err(Some("delay"), "the first turn of a session cannot have a delay".into()));
+            }
+            by_id.insert(id, (sessions.len(), row.timestamp));
+            sessions.push(row.into_session(lineno));
+            continue;
+        };
+        let delay = match (row.delay, row.timestamp, *last_ts) {
+            (Some(d), _, _) => d,
+            (None, Some(t), Some(prev)) => {
+                if t < prev {
+                    return Err(err(
+                        Some("timestamp"),
+                        format!("{t} is earlier than the previous turn of session {id:?} ({prev})"),
+                    ));
+                }
+                t - prev
+            }
+            _ => 0.0,
+        };
+        if row.timestamp.is_some() {
+            *last_ts = row.timestamp;
+        }
+        sessions[*index].turns.push(TurnSpec { delay_ms: delay, ..row.turn });
+    }
     Ok(())
+}
+
+/// A validated trace replayed straight from its files: every session is one request and each
+/// file lists them in start order. The files are read again, row by row, each time the
+/// workload's sessions are streamed.
+#[derive(Clone, Debug)]
+pub struct StreamedTrace {
+    files: Vec<PathBuf>,
+    block_tokens: u32,
+    requests: u64,
+    /// A file that changed since it was validated stops its stream; the error is kept here.
+    error: Arc<Mutex<Option<InputError>>>,
+}
+
+impl StreamedTrace {
+    fn new(files: Vec<PathBuf>, block_tokens: u32, requests: u64) -> Self {
+        StreamedTrace { files, block_tokens, requests, error: Arc::default() }
+    }
+
+    pub fn block_tokens(&self) -> u32 {
+        self.block_tokens
+    }
+
+    pub fn num_requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// The sessions of all files by start time; ties go to the earlier file, then the
+    /// earlier line (as a stable sort of the loaded sessions would order them).
+    pub fn sessions_iter(&self) -> StreamedSessions {
+        let mut files = Vec::with_capacity(self.files.len());
+        for path in &self.files {
+            match Rows::open(path, self.block_tokens) {
+                Ok(rows) => files.push((rows, None)),
+                Err(e) => self.fail(e),
+            }
+        }
+        let mut stream = StreamedSessions { files, error: self.error.clone() };
+        for i in 0..stream.files.len() {
+            stream.advance(i);
+        }
+        stream
+    }
+
+    /// Why a stream stopped early, if one did (a file changed or vanished after validation).
+    pub fn take_error(&self) -> Option<InputError> {
+        self.error.lock().map(|mut e| e.take()).unwrap_or(None)
+    }
+
+    fn fail(&self, e: InputError) {
+        record_error(&self.error, e);
+    }
+}
+
+fn record_error(slot: &Mutex<Option<InputError>>, e: InputError) {
+    if let Ok(mut slot) = slot.lock() {
+        slot.get_or_insert(e);
+    }
+}
+
+/// Iterator behind [`StreamedTrace::sessions_iter`]: each file's next session, merged.
+pub struct StreamedSessions {
+    files: Vec<(Rows, Option<SessionSpec>)>,
+    error: Arc<Mutex<Option<InputError>>>,
+}
+
+impl StreamedSessions {
+    fn advance(&mut self, i: usize) {
+        let (rows, head) = &mut self.files[i];
+        *head = match rows.next() {
+            None => None,
+            Some(Ok((lineno, row))) => Some(row.into_session(lineno)),
+            Some(Err(e)) => {
+                record_error(&self.error, e);
+                None
+            }
+        };
+    }
+}
+
+impl Iterator for StreamedSessions {
+    type Item = SessionSpec;
+
+    fn next(&mut self) -> Option<SessionSpec> {
+        let mut first: Option<(usize, f64)> = None;
+        for (i, (_, head)) in self.files.iter().enumerate() {
+            if let Some(s) = head {
+                if first.is_none_or(|(_, t)| s.start_ms < t) {
+                    first = Some((i, s.start_ms));
+                }
+            }
+        }
+        let (i, _) = first?;
+        let session = self.files[i].1.take();
+        self.advance(i);
+        session
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +440,7 @@ mod tests {
     fn load(name: &str, text: &str) -> Result<Vec<SessionSpec>, InputError> {
         match load_mooncake(&[write_trace(name, text)], 512)? {
             Workload::Trace { sessions, .. } => Ok(sessions),
+            Workload::Streamed(trace) => Ok(trace.sessions_iter().collect()),
             Workload::Synthetic(_) => unreachable!("a trace loads as a trace"),
         }
     }
@@ -274,6 +467,78 @@ mod tests {
         // No delay given: the timestamp gap to the last row that had one.
         assert_eq!(a.turns[2].delay_ms, 300.0);
         assert_eq!(a.turns[2].input_length, 1536, "input_length defaults to the hash capacity");
+    }
+
+    fn summary(sessions: impl IntoIterator<Item = SessionSpec>) -> Vec<(String, f64, u32, usize)> {
+        sessions.into_iter().map(|s| (s.name.to_string(), s.start_ms, s.turns[0].input_length, s.turns.len())).collect()
+    }
+
+    #[test]
+    fn sorted_single_request_traces_stream_in_the_order_loading_gives() {
+        let a = write_trace(
+            "stream-a",
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 0, "input_length": 2, "output_length": 1, "hash_ids": [1]}
+
+{"timestamp": 5, "input_length": 3, "output_length": 1, "hash_ids": [1], "session_id": "s"}
+{"timestamp": 9, "input_length": 4, "output_length": 1, "hash_ids": [1]}
+"#,
+        );
+        let b = write_trace(
+            "stream-b",
+            r#"{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 5, "input_length": 6, "output_length": 1, "hash_ids": [1], "session_id": "s"}
+{"timestamp": 7, "input_length": 7, "output_length": 1, "hash_ids": [1]}
+"#,
+        );
+        let workload = load_mooncake(&[&a, &b], 512).unwrap();
+        let Workload::Streamed(trace) = &workload else { panic!("a sorted single-request trace streams") };
+        assert_eq!(workload.num_requests(), 7);
+        let mut loaded = Vec::new();
+        read_file(&a, 512, &mut loaded).unwrap();
+        read_file(&b, 512, &mut loaded).unwrap();
+        loaded.sort_by(|x, y| x.start_ms.total_cmp(&y.start_ms));
+        let streamed = summary(trace.sessions_iter());
+        assert_eq!(streamed, summary(loaded));
+        let lengths: Vec<u32> = streamed.iter().map(|s| s.2).collect();
+        assert_eq!(lengths, [1, 2, 5, 3, 6, 7, 4], "by start, ties to the earlier file then line");
+        assert_eq!(streamed[0].0, "request_1");
+        assert_eq!(summary(trace.sessions_iter()), streamed, "every stream reads the files afresh");
+        assert!(trace.take_error().is_none());
+    }
+
+    #[test]
+    fn unsorted_or_multi_turn_traces_are_held_in_memory() {
+        let unsorted = r#"{"timestamp": 10, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 0, "input_length": 2, "output_length": 1, "hash_ids": [1]}
+"#;
+        let multi_turn = r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": "a"}
+{"timestamp": 5, "input_length": 2, "output_length": 1, "hash_ids": [1], "session_id": "a"}
+"#;
+        for (name, text) in [("unsorted", unsorted), ("multi", multi_turn)] {
+            let workload = load_mooncake(&[write_trace(name, text)], 512).unwrap();
+            assert!(matches!(workload, Workload::Trace { .. }), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_trace_that_changes_after_validation_ends_its_stream_with_an_error() {
+        let path = write_trace(
+            "changed",
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+"#,
+        );
+        let workload = load_mooncake(&[&path], 512).unwrap();
+        let Workload::Streamed(trace) = &workload else { panic!("streams") };
+        std::fs::write(
+            &path,
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1}\n",
+        )
+        .unwrap();
+        assert_eq!(trace.sessions_iter().count(), 1);
+        let e = workload.take_error().expect("the stream stopped at line 2");
+        assert_eq!((e.line, e.field.as_deref()), (Some(2), Some("hash_ids")));
     }
 
     #[test]

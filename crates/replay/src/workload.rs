@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::synthetic::{SyntheticSessions, SyntheticSpec};
+use crate::synthetic::SyntheticSpec;
 use crate::time::Time;
+use crate::trace::StreamedTrace;
 
 /// One request as the workload describes it, at trace-block level.
 #[derive(Clone, Debug)]
@@ -42,8 +43,9 @@ pub struct SessionSpec {
     pub turns: Vec<TurnSpec>,
 }
 
-/// What to replay: sessions read from a trace, or a synthetic load generated as it is needed —
-/// a synthetic run of any length holds only the sessions in flight.
+/// What to replay: sessions read from a trace, a trace streamed from its files, or a synthetic
+/// load generated as it is needed. Streamed and synthetic runs of any length hold only the
+/// sessions in flight.
 #[derive(Clone, Debug)]
 pub enum Workload {
     Trace {
@@ -51,6 +53,7 @@ pub enum Workload {
         /// Tokens each prompt block stands for.
         block_tokens: u32,
     },
+    Streamed(StreamedTrace),
     Synthetic(SyntheticSpec),
 }
 
@@ -59,6 +62,7 @@ impl Workload {
     pub fn block_tokens(&self) -> u32 {
         match self {
             Workload::Trace { block_tokens, .. } => *block_tokens,
+            Workload::Streamed(trace) => trace.block_tokens(),
             Workload::Synthetic(spec) => spec.block_tokens.max(1),
         }
     }
@@ -66,6 +70,7 @@ impl Workload {
     pub fn num_requests(&self) -> u64 {
         match self {
             Workload::Trace { sessions, .. } => sessions.iter().map(|s| s.turns.len() as u64).sum(),
+            Workload::Streamed(trace) => trace.num_requests(),
             Workload::Synthetic(spec) => spec.sessions as u64 * spec.turns_per_session as u64,
         }
     }
@@ -74,7 +79,17 @@ impl Workload {
     pub fn single_turn(&self) -> bool {
         match self {
             Workload::Trace { sessions, .. } => sessions.iter().all(|s| s.turns.len() <= 1),
+            Workload::Streamed(_) => true,
             Workload::Synthetic(spec) => spec.turns_per_session <= 1,
+        }
+    }
+
+    /// Why a streamed trace ended early: a file changed or vanished after it was validated.
+    /// The replay then covers the requests read before the error.
+    pub fn take_error(&self) -> Option<crate::InputError> {
+        match self {
+            Workload::Streamed(trace) => trace.take_error(),
+            _ => None,
         }
     }
 
@@ -86,9 +101,13 @@ impl Workload {
                 order.sort_by(|&a, &b| sessions[a as usize].start_ms.total_cmp(&sessions[b as usize].start_ms));
                 SessionStream::Trace { sessions, order, next: 0 }
             }
+            Workload::Streamed(trace) => {
+                let mut generator: Box<dyn Iterator<Item = SessionSpec>> = Box::new(trace.sessions_iter());
+                SessionStream::Generated { head: generator.next(), generator }
+            }
             Workload::Synthetic(spec) => {
-                let mut generator = Box::new(spec.sessions_iter());
-                SessionStream::Synthetic { head: generator.next(), generator }
+                let mut generator: Box<dyn Iterator<Item = SessionSpec>> = Box::new(spec.sessions_iter());
+                SessionStream::Generated { head: generator.next(), generator }
             }
         }
     }
@@ -100,9 +119,10 @@ enum SessionStream<'w> {
         order: Vec<u32>,
         next: usize,
     },
-    /// `head` is the next session, generated one step ahead so its start can be looked at.
-    Synthetic {
-        generator: Box<SyntheticSessions>,
+    /// `head` is the next session, generated (or read) one step ahead so its start can be
+    /// looked at.
+    Generated {
+        generator: Box<dyn Iterator<Item = SessionSpec>>,
         head: Option<SessionSpec>,
     },
 }
@@ -111,7 +131,7 @@ impl<'w> SessionStream<'w> {
     fn peek_start(&self) -> Option<f64> {
         match self {
             SessionStream::Trace { sessions, order, next } => order.get(*next).map(|&i| sessions[i as usize].start_ms),
-            SessionStream::Synthetic { head, .. } => head.as_ref().map(|s| s.start_ms),
+            SessionStream::Generated { head, .. } => head.as_ref().map(|s| s.start_ms),
         }
     }
 
@@ -122,7 +142,7 @@ impl<'w> SessionStream<'w> {
                 *next += 1;
                 Some(Cow::Borrowed(&sessions[i as usize]))
             }
-            SessionStream::Synthetic { generator, head } => std::mem::replace(head, generator.next()).map(Cow::Owned),
+            SessionStream::Generated { generator, head } => std::mem::replace(head, generator.next()).map(Cow::Owned),
         }
     }
 }
