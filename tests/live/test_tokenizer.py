@@ -88,3 +88,30 @@ def test_reasoning_boundaries_use_the_configured_ids(model_dir):
         stream = client(s).completions.create(model=model_dir.name, prompt="the fox", max_tokens=10, stream=True)
         pieces = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
         assert pieces[0] == "<think>" and pieces[4] == "</think>"
+
+
+def test_sentencepiece_style_words_keep_their_spaces_when_streamed(tmp_path):
+    # Metaspace tokenizers (Llama-2, Mistral, Gemma) drop the leading space of a sequence's
+    # first token; a generated token never starts a sequence, so its space must survive.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly boxers".split()
+    corpus = [" ".join(words[(i * 5 + j) % len(words)] for j in range(10)) for i in range(300)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=200, special_tokens=["<s>", "</s>"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with Server("--speedup-ratio", "0", "--model-path", tmp_path) as s:
+        c = client(s)
+        stream = c.completions.create(model=tmp_path.name, prompt="the fox", max_tokens=40, stream=True)
+        pieces = [ch.choices[0].text for ch in stream if ch.choices and ch.choices[0].text]
+        assert len(pieces) == 40
+        streamed = "".join(pieces)
+        assert len(streamed.split()) > 3, f"words run together: {streamed!r}"
+        assert "\u2581" not in streamed, "the Metaspace marker is decoded to a space"
+        # Every piece is the token's text after other text: a word-initial piece leads with a
+        # space, exactly as the tokenizer decodes it inside a sequence.
+        anchor = tok.decode([2])
+        vocab_pieces = {tok.decode([2, i]).removeprefix(anchor) for i in range(2, tok.get_vocab_size())}
+        assert set(pieces) <= vocab_pieces
+        text = c.completions.create(model=tmp_path.name, prompt="the fox", max_tokens=40).choices[0].text
+        assert len(text.split()) > 3 and "\u2581" not in text

@@ -1,15 +1,62 @@
-"""KV events on ZMQ (pyzmq + msgpack): vLLM's wire format, hashes computed independently."""
+"""KV events on ZMQ (pyzmq): decoded with msgspec structs laid out as vLLM declares its events
+(array_like, tagged), hashes computed independently; the named layout decoded with msgpack."""
 
 import struct
 import time
+from typing import Optional, Union
 
 import msgpack
+import msgspec
 import xxhash
 import zmq
 
 from conftest import FIXED, Server, client, consecutive_ports
 
 BLOCK = 16
+
+
+# vLLM's event classes, as its subscribers decode them: msgspec structs with array_like=True,
+# so a batch is [ts, events, dp_rank] and an event is [tag, field, ...].
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list
+    data_parallel_rank: Optional[int] = None
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int]
+    medium: Optional[str]
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+
+DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+def decode(payload):
+    """(ts, events as dicts with a "type" key, dp_rank) of a vLLM-format payload."""
+    batch = DECODER.decode(payload)
+    events = [{"type": type(e).__name__, **msgspec.structs.asdict(e)} for e in batch.events]
+    return batch.ts, events, batch.data_parallel_rank
 
 
 def local_hash(tokens):
@@ -38,7 +85,7 @@ def receive(sub, until, timeout=5.0):
         if sub.poll(100):
             topic, seq, payload = sub.recv_multipart()
             assert topic == b""
-            ts, evs, rank = msgpack.unpackb(payload)
+            ts, evs, rank = decode(payload)
             got.append((struct.unpack(">Q", seq)[0], ts, evs, rank))
             events.extend(evs)
     return got, events
@@ -67,6 +114,7 @@ def test_stored_and_removed_events_carry_engine_hashes():
         assert first["parent_block_hash"] is None
         assert first["token_ids"] == prompt[:64]
         assert first["block_size"] == BLOCK
+        assert (first["lora_id"], first["medium"]) == (None, "GPU")
         # Generated tokens fill block 5 (positions 64..79): its hash chains from the prompt's.
         later = [h for e in stored[1:] for h in e["block_hashes"]]
         assert stored[1]["parent_block_hash"] == expected[-1]
@@ -96,7 +144,7 @@ def test_stored_and_removed_events_carry_engine_hashes():
             if struct.unpack(">q", seq)[0] == -1:
                 assert payload == b""
                 break
-            replayed.append((struct.unpack(">Q", seq)[0], msgpack.unpackb(payload)))
+            replayed.append((struct.unpack(">Q", seq)[0], decode(payload)))
         else:
             raise AssertionError("no end-of-replay marker")
         assert [s for s, _ in replayed] == list(range(len(replayed)))
@@ -105,6 +153,27 @@ def test_stored_and_removed_events_carry_engine_hashes():
         assert replayed_stored[:4] == expected
         sub.close(0)
         dealer.close(0)
+    ctx.term()
+
+
+def test_named_layout_writes_maps_tagged_by_type():
+    port = consecutive_ports(1)
+    engine = {"timing_model": FIXED, "block_size": BLOCK}
+    ctx = zmq.Context()
+    with Server("--speedup-ratio", "10", "--zmq-kv-events-ports", port, "--zmq-event-format", "named", engine=engine) as srv:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.3)
+        prompt = [500 + i for i in range(40)]
+        client(srv).completions.create(model="servesim-model", prompt=prompt, max_tokens=2)
+        assert sub.poll(5000), "no KV event"
+        _, _, payload = sub.recv_multipart()
+        ts, events, rank = msgpack.unpackb(payload)
+        assert rank == 0 and events[0]["type"] == "BlockStored"
+        assert events[0]["block_hashes"] == block_hashes(prompt)
+        assert (events[0]["group_idx"], events[0]["token_ids"]) == (0, prompt[:32])
+        sub.close(0)
     ctx.term()
 
 

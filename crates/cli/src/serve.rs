@@ -150,6 +150,16 @@ pub struct ServeArgs {
     /// Per worker: base port of the ZMQ ROUTER sockets that replay recent KV events.
     #[arg(long, value_name = "PORTS", value_delimiter = ',', help_heading = "KV events")]
     zmq_replay_ports: Vec<u16>,
+    /// Event layout: `vllm` (positional arrays, as vLLM's msgspec structs encode them) or
+    /// `named` (maps tagged by `type`, as Dynamo's mocker writes them).
+    #[arg(long, value_enum, default_value = "vllm", help_heading = "KV events")]
+    zmq_event_format: ZmqEventFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ZmqEventFormat {
+    Vllm,
+    Named,
 }
 
 fn flag_bool(on: bool, off: bool) -> Option<bool> {
@@ -360,6 +370,10 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         stagger_delay_s: a.stagger_delay,
         zmq_kv_events_ports: a.zmq_kv_events_ports.clone(),
         zmq_replay_ports: a.zmq_replay_ports.clone(),
+        zmq_event_format: match a.zmq_event_format {
+            ZmqEventFormat::Vllm => servesim_live::zmq::EventFormat::Vllm,
+            ZmqEventFormat::Named => servesim_live::zmq::EventFormat::Named,
+        },
         seed: a.seed,
     };
     servesim_live::serve(opts, tokenizer).map_err(Failure::run)

@@ -49,6 +49,7 @@ pub struct ServeOptions {
     /// Per worker: base port of its ranks' KV event PUB sockets (and replay ROUTER sockets).
     pub zmq_kv_events_ports: Vec<u16>,
     pub zmq_replay_ports: Vec<u16>,
+    pub zmq_event_format: zmq::EventFormat,
     /// Seed of generated tokens.
     pub seed: u64,
 }
@@ -126,7 +127,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
                 }
                 None => None,
             };
-            ranks.push(Some(zmq::start(&opts.host, port, replay).await?));
+            ranks.push(Some(zmq::start(&opts.host, port, replay, opts.zmq_event_format).await?));
         }
         kv_publishers.push(ranks);
     }

@@ -3,7 +3,8 @@
 //!
 //! Generated tokens are drawn from the *ordinary* vocabulary: ids that are not added or special
 //! tokens and that decode on their own to non-empty valid text. Every response therefore decodes
-//! to text, and streaming can send each token's precomputed piece without decoding per token.
+//! to text, and streaming can send each token's precomputed piece (its text after another
+//! token, so that SentencePiece word boundaries survive) without decoding per token.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,6 +92,19 @@ impl Tokenizer {
         if vocabulary.is_empty() {
             return Err(format!("{}: no ordinary token decodes to text", path.display()));
         }
+        // A token's text depends on what precedes it: SentencePiece-style (Metaspace) decoders
+        // drop the leading space of a sequence's first token, WordPiece joins words with spaces.
+        // Generated tokens always follow other text, so each piece is taken in context: what
+        // the token adds after an ordinary anchor token.
+        let anchor = vocabulary[0];
+        let anchor_text = pieces[anchor as usize].to_string();
+        for &id in &vocabulary {
+            if let Ok(both) = tok.decode(&[anchor, id], false) {
+                if let Some(added) = both.strip_prefix(anchor_text.as_str()).filter(|t| !t.is_empty()) {
+                    pieces[id as usize] = added.into();
+                }
+            }
+        }
         let template = ChatTemplate::load(dir)?;
         Ok(Tokenizer { kind: Kind::Hf(Box::new(tok)), vocabulary: vocabulary.into(), pieces, template })
     }
@@ -126,12 +140,10 @@ impl Tokenizer {
         }
     }
 
-    /// Text of a whole output.
+    /// Text of a whole output: its pieces one after the other, exactly what a stream of the same
+    /// tokens sends.
     pub fn decode(&self, ids: &[u32]) -> String {
-        match &self.kind {
-            Kind::Hf(tok) => tok.decode(ids, false).unwrap_or_else(|_| ids.iter().map(|&i| self.piece(i)).collect()),
-            Kind::Approx => ids.iter().map(|&i| self.piece(i)).collect(),
-        }
+        ids.iter().map(|&i| self.piece(i)).collect()
     }
 
     /// The prompt text of a chat: the model's template with a generation prompt, or a plain

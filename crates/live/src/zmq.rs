@@ -1,12 +1,16 @@
 //! KV events on ZMQ in vLLM's wire format.
 //!
 //! Each rank with a port publishes on a PUB socket. A message has three frames: an empty topic,
-//! the sequence number (u64, big-endian), and a msgpack payload `(timestamp, [event, ...],
-//! dp_rank)` where each event is a map tagged by `type`: `BlockStored {block_hashes,
-//! parent_block_hash, token_ids, block_size, lora_id, group_idx}` or `BlockRemoved
-//! {block_hashes, group_idx}`. The last 10,000 payloads are kept for a ROUTER socket that replays
-//! them: a request `[identity, "", start_seq]` is answered with every kept message from
-//! `start_seq` on, `[identity, "", seq, payload]`, and ends with `[identity, "", -1, ""]`.
+//! the sequence number (u64, big-endian), and a msgpack payload `[timestamp, [event, ...],
+//! dp_rank]`. vLLM encodes its events as msgspec structs with `array_like=True, tag=True`, so
+//! an event is an array led by its tag: `["BlockStored", block_hashes, parent_block_hash,
+//! token_ids, block_size, lora_id, medium]` or `["BlockRemoved", block_hashes, medium]`
+//! ([`EventFormat::Vllm`], what vLLM-native consumers decode). [`EventFormat::Named`] writes the
+//! same events as maps tagged by `type` (`{type, block_hashes, parent_block_hash, token_ids,
+//! block_size, lora_id, group_idx}`), as Dynamo's mocker publishes them. The last 10,000 payloads
+//! are kept for a ROUTER socket that replays them: a request `[identity, "", start_seq]` is
+//! answered with every kept message from `start_seq` on, `[identity, "", seq, payload]`, and
+//! ends with `[identity, "", -1, ""]`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -21,9 +25,30 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 /// Messages kept for replay.
 pub const REPLAY_BUFFER: usize = 10_000;
 
+/// The storage tier vLLM names for blocks in GPU memory.
+const MEDIUM_GPU: &str = "GPU";
+
+/// How events are laid out in the msgpack payload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventFormat {
+    /// vLLM's own: positional arrays led by the event's tag.
+    #[default]
+    Vllm,
+    /// Maps tagged by `type`, as Dynamo's mocker writes them.
+    Named,
+}
+
+/// vLLM's layout: each variant serialises as a plain array.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum PositionalEvent {
+    BlockStored(&'static str, Vec<u64>, Option<u64>, Vec<u32>, u32, Option<u32>, &'static str),
+    BlockRemoved(&'static str, Vec<u64>, &'static str),
+}
+
 #[derive(Serialize)]
 #[serde(tag = "type")]
-enum WireEvent {
+enum NamedEvent {
     BlockStored {
         block_hashes: Vec<u64>,
         parent_block_hash: Option<u64>,
@@ -39,49 +64,89 @@ enum WireEvent {
 }
 
 /// Encodes one pass's events (`tokens` holds the tokens of the stored blocks, in order).
-pub fn encode(events: &[KvEvent], tokens: &[u32], block_size: u32, dp_rank: u32, timestamp: f64) -> Vec<u8> {
-    let mut wire = Vec::with_capacity(events.len());
+pub fn encode(
+    format: EventFormat,
+    events: &[KvEvent],
+    tokens: &[u32],
+    block_size: u32,
+    dp_rank: u32,
+    timestamp: f64,
+) -> Vec<u8> {
+    // Each stored event's token ids, cut from `tokens` in order.
     let mut at = 0usize;
-    for e in events {
-        match e {
-            KvEvent::Stored { parent, blocks } => {
-                let n = blocks.len() * block_size as usize;
-                let token_ids = tokens.get(at..at + n).map(<[u32]>::to_vec).unwrap_or_default();
-                at += n;
-                wire.push(WireEvent::BlockStored {
-                    block_hashes: blocks.iter().map(|b| b.hash).collect(),
-                    parent_block_hash: *parent,
-                    token_ids,
-                    block_size,
-                    lora_id: None,
-                    group_idx: 0,
-                });
-            }
-            KvEvent::Removed { hashes } => {
-                wire.push(WireEvent::BlockRemoved { block_hashes: hashes.clone(), group_idx: 0 })
-            }
+    let mut stored_tokens = |blocks: usize| {
+        let n = blocks * block_size as usize;
+        let ids = tokens.get(at..at + n).map(<[u32]>::to_vec).unwrap_or_default();
+        at += n;
+        ids
+    };
+    let encoded = match format {
+        EventFormat::Vllm => {
+            let wire: Vec<PositionalEvent> = events
+                .iter()
+                .map(|e| match e {
+                    KvEvent::Stored { parent, blocks } => PositionalEvent::BlockStored(
+                        "BlockStored",
+                        blocks.iter().map(|b| b.hash).collect(),
+                        *parent,
+                        stored_tokens(blocks.len()),
+                        block_size,
+                        None,
+                        MEDIUM_GPU,
+                    ),
+                    KvEvent::Removed { hashes } => {
+                        PositionalEvent::BlockRemoved("BlockRemoved", hashes.clone(), MEDIUM_GPU)
+                    }
+                })
+                .collect();
+            rmp_serde::to_vec(&(timestamp, wire, dp_rank as i32))
         }
-    }
-    rmp_serde::to_vec_named(&(timestamp, wire, dp_rank as i32)).expect("KV events serialise")
+        EventFormat::Named => {
+            let wire: Vec<NamedEvent> = events
+                .iter()
+                .map(|e| match e {
+                    KvEvent::Stored { parent, blocks } => NamedEvent::BlockStored {
+                        block_hashes: blocks.iter().map(|b| b.hash).collect(),
+                        parent_block_hash: *parent,
+                        token_ids: stored_tokens(blocks.len()),
+                        block_size,
+                        lora_id: None,
+                        group_idx: 0,
+                    },
+                    KvEvent::Removed { hashes } => {
+                        NamedEvent::BlockRemoved { block_hashes: hashes.clone(), group_idx: 0 }
+                    }
+                })
+                .collect();
+            rmp_serde::to_vec_named(&(timestamp, wire, dp_rank as i32))
+        }
+    };
+    encoded.expect("KV events serialise")
 }
 
 /// The sending side of one rank's publisher (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct Publisher {
     tx: UnboundedSender<Vec<u8>>,
+    format: EventFormat,
 }
 
 impl Publisher {
     pub fn publish(&self, events: &[KvEvent], tokens: &[u32], block_size: u32, dp_rank: u32) {
         let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        let _ = self.tx.send(encode(events, tokens, block_size, dp_rank, ts));
+        let _ = self.tx.send(encode(self.format, events, tokens, block_size, dp_rank, ts));
     }
 }
 
 type Ring = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
 /// Binds the PUB socket (and the replay ROUTER socket) of one rank and starts their tasks.
-pub async fn start(host: &str, pub_port: u16, replay_port: Option<u16>) -> Result<Publisher, String> {
+pub async fn start(
+    host: &str,
+    pub_port: u16,
+    replay_port: Option<u16>,
+    format: EventFormat,
+) -> Result<Publisher, String> {
     let mut socket = PubSocket::new();
     let endpoint = format!("tcp://{host}:{pub_port}");
     socket.bind(&endpoint).await.map_err(|e| format!("ZMQ KV events: cannot bind {endpoint}: {e}"))?;
@@ -94,7 +159,7 @@ pub async fn start(host: &str, pub_port: u16, replay_port: Option<u16>) -> Resul
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(publish(socket, rx, ring));
-    Ok(Publisher { tx })
+    Ok(Publisher { tx, format })
 }
 
 async fn publish(mut socket: PubSocket, mut rx: UnboundedReceiver<Vec<u8>>, ring: Ring) {
@@ -144,21 +209,46 @@ mod tests {
     use super::*;
     use servesim_engine::StoredBlock;
 
-    #[test]
-    fn payload_is_vllm_event_batch() {
-        let events = vec![
+    fn sample() -> Vec<KvEvent> {
+        vec![
             KvEvent::Stored {
                 parent: Some(7),
                 blocks: vec![StoredBlock { hash: u64::MAX, local: 1 }, StoredBlock { hash: 5, local: 2 }],
             },
             KvEvent::Removed { hashes: vec![9] },
-        ];
-        let bytes = encode(&events, &[1, 2, 3, 4], 2, 3, 12.5);
+        ]
+    }
+
+    fn decode(bytes: &[u8]) -> Vec<rmpv::Value> {
         let v: rmpv::Value = rmpv::decode::read_value(&mut &bytes[..]).unwrap();
-        let batch = v.as_array().unwrap();
+        let batch = v.as_array().unwrap().clone();
+        assert_eq!(batch.len(), 3, "[timestamp, events, dp_rank]");
         assert_eq!(batch[0].as_f64(), Some(12.5));
         assert_eq!(batch[2].as_i64(), Some(3));
-        let evs = batch[1].as_array().unwrap();
+        batch[1].as_array().unwrap().clone()
+    }
+
+    #[test]
+    fn vllm_events_are_arrays_led_by_their_tag() {
+        use rmpv::Value;
+        let evs = decode(&encode(EventFormat::Vllm, &sample(), &[1, 2, 3, 4], 2, 3, 12.5));
+        let stored = vec![
+            Value::from("BlockStored"),
+            Value::Array(vec![u64::MAX.into(), 5u64.into()]),
+            7u64.into(),
+            Value::Array(vec![1.into(), 2.into(), 3.into(), 4.into()]),
+            2u32.into(),
+            Value::Nil,
+            Value::from("GPU"),
+        ];
+        assert_eq!(evs[0], Value::Array(stored));
+        let removed = vec![Value::from("BlockRemoved"), Value::Array(vec![9u64.into()]), Value::from("GPU")];
+        assert_eq!(evs[1], Value::Array(removed));
+    }
+
+    #[test]
+    fn named_events_are_maps_tagged_by_type() {
+        let evs = decode(&encode(EventFormat::Named, &sample(), &[1, 2, 3, 4], 2, 3, 12.5));
         let get = |e: &rmpv::Value, k: &str| {
             e.as_map().unwrap().iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone()).unwrap()
         };
