@@ -1,6 +1,8 @@
 """Bad input never kills the server: malformed bodies, wrong types, huge values, disconnects."""
 
 import json
+import urllib.error
+import urllib.request
 import random
 import socket
 import struct
@@ -35,7 +37,7 @@ def test_malformed_requests_get_openai_errors(server):
         (json.dumps({"prompt": "x", "model": 5}).encode(), 400, "model"),
         (json.dumps({"prompt": "x", "nvext": "yes"}).encode(), 400, "nvext"),
         (json.dumps({"prompt": "x", "nvext": {"backend_instance_id": 7}}).encode(), 400, "nvext"),
-        (json.dumps({"prompt": "x", "logprobs": 2}).encode(), 400, "logprobs"),
+        (json.dumps({"prompt": "x", "logprobs": "yes"}).encode(), 400, "logprobs"),
     ]
     for body, status, param in cases:
         code, payload, headers = post(url, None, raw=body)
@@ -50,6 +52,17 @@ def test_malformed_requests_get_openai_errors(server):
     assert code == 400
     code, payload, _ = post(server.url + "/v1/nothing", {})
     assert code == 404 and "no route" in payload["error"]["message"]
+    try:
+        urllib.request.urlopen(server.api + "/completions", timeout=5)
+        raise AssertionError("GET on a POST route succeeded")
+    except urllib.error.HTTPError as e:
+        payload = json.loads(e.read())
+        assert e.code == 405 and payload["error"]["code"] == 405 and "GET" in payload["error"]["message"]
+    # Log probabilities are not simulated, but asking for them is not an error.
+    code, payload, _ = post(url, {"prompt": "x", "max_tokens": 2, "logprobs": 2})
+    assert code == 200 and payload["choices"][0]["logprobs"] is None
+    code, payload, _ = post(server.api + "/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "logprobs": True, "top_logprobs": 3})
+    assert code == 200 and payload["choices"][0]["logprobs"] is None
     assert get(server.url + "/health")[0] == 200
 
 
@@ -113,7 +126,7 @@ def test_disconnects_free_the_kv_cache():
     engine = {"timing_model": FIXED, "block_size": 16, "num_gpu_blocks": 1000, "max_num_seqs": 1}
     with Server("--speedup-ratio", "1", engine=engine) as srv:
         # One long streaming request: drop it after its first tokens.
-        got = raw_stream(srv.port, {"prompt": list(range(320)), "max_tokens": 30000, "stream": True}, 600)
+        got = raw_stream(srv.port, {"prompt": list(range(320)), "max_tokens": 15000, "stream": True}, 600)
         assert b"data: " in got
         # The waiting queue: a request that never started, then dropped.
         wait_for(lambda: metric(srv, "vllm:num_requests_running") == 0)
@@ -167,3 +180,15 @@ def test_many_abrupt_disconnects_leave_a_healthy_server():
         assert metric(srv, "vllm:num_requests_running") == 0
         r = client(srv).completions.create(model="servesim-model", prompt="still alive?", max_tokens=3)
         assert r.usage.completion_tokens == 3
+
+
+def test_requests_longer_than_the_kv_cache_are_refused_up_front():
+    # 10 blocks of 16 tokens: a 20-token prompt with 500 output tokens could start and stream,
+    # then fail once it can no longer grow. The context length is capped to the cache instead.
+    engine = {"timing_model": FIXED, "block_size": 16, "num_gpu_blocks": 10}
+    with Server("--speedup-ratio", "0", engine=engine) as srv:
+        code, payload, _ = post(srv.api + "/completions", {"prompt": list(range(20)), "max_tokens": 500, "stream": True})
+        assert code == 400 and "160" in payload["error"]["message"], payload
+        code, payload, _ = post(srv.api + "/completions", {"prompt": list(range(20)), "max_tokens": 140})
+        assert code == 200 and payload["usage"]["completion_tokens"] == 140
+        assert client(srv).models.list().data[0].model_extra["max_model_len"] == 160

@@ -188,6 +188,11 @@ fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Engi
             })
         }),
     );
+    // A NaN or infinity would become JSON null (unset) on the way into the configuration.
+    let finite = |flag: &str, v: Option<f64>| match v {
+        Some(x) if !x.is_finite() => Err(Failure::input(format!("--{flag} must be a finite number, got {x}"))),
+        v => Ok(v.map(Value::from)),
+    };
     put("num_gpu_blocks", a.num_gpu_blocks_override.map(Value::from));
     put("block_size", a.block_size.map(Value::from));
     put("max_num_seqs", a.max_num_seqs.map(Value::from));
@@ -195,11 +200,11 @@ fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Engi
     put("enable_prefix_caching", flag_bool(a.enable_prefix_caching, a.no_enable_prefix_caching).map(Value::from));
     put("enable_chunked_prefill", flag_bool(a.enable_chunked_prefill, a.no_enable_chunked_prefill).map(Value::from));
     put("preemption_mode", a.preemption_mode.map(|p| Value::from(if p == Preemption::Lifo { "lifo" } else { "fifo" })));
-    put("speedup_ratio", a.speedup_ratio.map(Value::from));
-    put("decode_speedup_ratio", a.decode_speedup_ratio.map(Value::from));
+    put("speedup_ratio", finite("speedup-ratio", a.speedup_ratio)?);
+    put("decode_speedup_ratio", finite("decode-speedup-ratio", a.decode_speedup_ratio)?);
     put("dp_size", a.data_parallel_size.map(Value::from));
-    put("startup_time", a.startup_time.map(Value::from));
-    put("kv_transfer_bandwidth", a.kv_transfer_bandwidth.map(Value::from));
+    put("startup_time", finite("startup-time", a.startup_time)?);
+    put("kv_transfer_bandwidth", finite("kv-transfer-bandwidth", a.kv_transfer_bandwidth)?);
     put("kv_bytes_per_token", a.kv_bytes_per_token.map(Value::from));
     if let Some(r) = &a.reasoning {
         let v: Value =

@@ -159,7 +159,7 @@ impl Actor {
             let mut out = std::mem::take(&mut self.out);
             self.engine.step(start, &mut out);
             if self.speedup > 0.0 {
-                let deadline = self.cluster.origin + Duration::from_secs_f64(out.end_ms.max(0.0) / 1000.0);
+                let deadline = self.cluster.origin + crate::wall_duration(out.end_ms / 1000.0);
                 let now = Instant::now();
                 if deadline > now {
                     std::thread::sleep(deadline - now);

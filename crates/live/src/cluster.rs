@@ -304,6 +304,13 @@ impl Cluster {
         }
     }
 
+    /// An engine rank whose thread has ended although no shutdown was asked for (it panicked):
+    /// its requests fail, so the server is not healthy.
+    pub fn stopped_rank(&self) -> Option<usize> {
+        let threads = self.threads.lock().ok()?;
+        threads.iter().position(|t| t.is_finished())
+    }
+
     pub fn num_workers(&self) -> usize {
         self.worker_pool.len()
     }
@@ -397,11 +404,17 @@ impl Cluster {
     fn dispatch(&self, p: usize, target: usize, job: Box<Job>) {
         let pool = &self.pools[p];
         let rank = pool.rank(target);
-        let shared = job.shared.clone();
+        let (id, shared) = (job.id, job.shared.clone());
         let cmd = if pool.role == Role::Decode { Command::Reserve(job) } else { Command::Submit(job) };
         // The command goes first: an abort that reads the new location queues up behind it.
         let _ = self.ranks[rank].tx.send(cmd);
         shared.location.store(rank, Ordering::SeqCst);
+        // A client that left between the two lines above read the old location; with
+        // sequentially consistent atomics either it sees the new one or this sees its flag
+        // (or both, and the second abort finds nothing).
+        if shared.cancelled.load(Ordering::SeqCst) {
+            let _ = self.ranks[rank].tx.send(Command::Abort(id));
+        }
     }
 
     /// Places requests the KV router released from its queue.
@@ -483,7 +496,7 @@ impl Cluster {
                 (prompt_len as u64).div_ceil(bs).saturating_sub(reused as u64 / bs) * bs
             }
         };
-        Duration::from_secs_f64(e.kv_transfer_ms(tokens).max(0.0) / 1000.0)
+        crate::wall_duration(e.kv_transfer_ms(tokens) / 1000.0)
     }
 
     /// Metrics of worker `w`'s ranks, or of every rank.

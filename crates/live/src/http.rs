@@ -61,6 +61,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/live", get(|| async { Json(json!({"status": "live"})) }))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
 }
 
@@ -82,11 +83,22 @@ impl IntoResponse for ApiError {
     }
 }
 
+async fn method_not_allowed(req: Request) -> ApiError {
+    let message = format!("{} is not allowed on {}", req.method(), req.uri().path());
+    ApiError { status: 405, message, param: None }
+}
+
 async fn not_found(req: Request) -> ApiError {
     ApiError { status: 404, message: format!("no route for {} {}", req.method(), req.uri().path()), param: None }
 }
 
 async fn health(State(s): State<Arc<Service>>) -> Response {
+    if let Some(rank) = s.cluster.stopped_rank() {
+        let mut r =
+            Json(json!({"status": "unhealthy", "error": format!("engine rank {rank} stopped")})).into_response();
+        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        return r;
+    }
     if Instant::now() >= s.ready_at() {
         Json(json!({"status": "ready"})).into_response()
     } else {
@@ -176,10 +188,18 @@ impl Frame {
 }
 
 async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response, ApiError> {
-    let body = axum::body::to_bytes(req.into_body(), BODY_LIMIT).await.map_err(|_| ApiError {
-        status: 413,
-        message: format!("the request body is larger than {BODY_LIMIT} bytes"),
-        param: None,
+    let body = axum::body::to_bytes(req.into_body(), BODY_LIMIT).await.map_err(|e| {
+        // Over the limit, or a body that could not be read (the client went away, a broken
+        // chunked encoding).
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(err) = source {
+            if err.is::<http_body_util::LengthLimitError>() {
+                let message = format!("the request body is larger than {BODY_LIMIT} bytes");
+                return ApiError { status: 413, message, param: None };
+            }
+            source = err.source();
+        }
+        ApiError::bad(format!("cannot read the request body: {e}"))
     })?;
     // Tokenizing a large prompt takes a while: keep it off the threads that serve streams.
     let g: GenRequest = if body.len() > 64 * 1024 {

@@ -69,9 +69,16 @@ pub fn ready_offsets(workers: usize, startup_s: f64, stagger_s: f64) -> Vec<Dura
     (0..workers)
         .map(|i| {
             let pauses = if stagger > 0.0 { (i / 32) as f64 * 2.0 } else { 0.0 };
-            Duration::from_secs_f64(startup_s + i as f64 * stagger + pauses)
+            wall_duration(startup_s + i as f64 * stagger + pauses)
         })
         .collect()
+}
+
+/// `seconds` as a wall-clock duration, clamped to [0, 10⁹ s] (about 31 years) so that extreme
+/// configurations (a bandwidth of 1e-300 GB/s, a speedup of 1e-300) mean "never" instead of
+/// overflowing `Duration` or `Instant`.
+pub(crate) fn wall_duration(seconds: f64) -> Duration {
+    Duration::from_secs_f64(if seconds.is_nan() { 0.0 } else { seconds.clamp(0.0, 1e9) })
 }
 
 /// Loads the tokenizer: the model's own with a model directory that has `tokenizer.json`, else
@@ -143,7 +150,18 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
         kv_publishers,
         seed: opts.seed,
     });
-    let max_model_len = opts.max_model_len.or(cluster.max_model_len()).unwrap_or(DEFAULT_MAX_MODEL_LEN);
+    let mut max_model_len = opts.max_model_len.or(cluster.max_model_len()).unwrap_or(DEFAULT_MAX_MODEL_LEN);
+    // A request longer than one rank's KV cache could start, stream, and only then fail when it
+    // can no longer grow; vLLM refuses such a context length at startup. Here the front door
+    // refuses such requests with a 400 instead.
+    let capacity = opts.pools.iter().map(|(e, _)| e.kv_capacity_tokens()).min().unwrap_or(u64::MAX);
+    if max_model_len as u64 > capacity {
+        eprintln!(
+            "warning: the context length ({max_model_len} tokens) exceeds the KV cache of one rank \
+             ({capacity} tokens); requests are limited to {capacity} tokens"
+        );
+        max_model_len = capacity as u32;
+    }
     let started = Instant::now();
     let ready_at: Arc<Vec<Instant>> = Arc::new(
         ready_offsets(workers, opts.startup_time_s, opts.stagger_delay_s).into_iter().map(|d| started + d).collect(),
@@ -247,5 +265,15 @@ mod tests {
         let auto = ready_offsets(40, 0.0, -1.0);
         assert_eq!(auto[1], Duration::from_secs_f64(0.1));
         assert!(ready_offsets(8, 0.0, -1.0).iter().all(|d| d.is_zero()));
+        assert_eq!(ready_offsets(2, 0.0, 1e300)[1], Duration::from_secs(1_000_000_000), "clamped, no panic");
+    }
+
+    #[test]
+    fn wall_durations_never_overflow() {
+        assert_eq!(wall_duration(f64::NAN), Duration::ZERO);
+        assert_eq!(wall_duration(-3.0), Duration::ZERO);
+        assert_eq!(wall_duration(1e300), Duration::from_secs(1_000_000_000));
+        let far = std::time::Instant::now() + wall_duration(1e300);
+        assert!(far > std::time::Instant::now());
     }
 }
