@@ -83,6 +83,13 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A request's rank thread is gone (it can only have panicked; /health reports it too).
+const ENGINE_STOPPED: &str = "the engine stopped";
+
+fn engine_stopped() -> ApiError {
+    ApiError { status: 500, message: ENGINE_STOPPED.into(), param: None }
+}
+
 async fn method_not_allowed(req: Request) -> ApiError {
     let message = format!("{} is not allowed on {}", req.method(), req.uri().path());
     ApiError { status: 405, message, param: None }
@@ -261,7 +268,7 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         }
         None => {
             guard.finish();
-            return Err(ApiError { status: 500, message: "the engine stopped".into(), param: None });
+            return Err(engine_stopped());
         }
         Some(o) => o,
     };
@@ -291,7 +298,7 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
             }
             None => {
                 guard.finish();
-                return Err(ApiError { status: 500, message: "the engine stopped".into(), param: None });
+                return Err(engine_stopped());
             }
         }
         next = rx.recv().await;
@@ -463,7 +470,7 @@ impl Stream for SseStream {
         while !this.done {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(out)) => this.write(&mut buf, out),
-                Poll::Ready(None) => this.fail(&mut buf, "the engine stopped"),
+                Poll::Ready(None) => this.fail(&mut buf, ENGINE_STOPPED),
                 Poll::Pending => break,
             }
         }
