@@ -115,3 +115,35 @@ def test_sentencepiece_style_words_keep_their_spaces_when_streamed(tmp_path):
         assert set(pieces) <= vocab_pieces
         text = c.completions.create(model=tmp_path.name, prompt="the fox", max_tokens=40).choices[0].text
         assert len(text.split()) > 3 and "\u2581" not in text
+
+
+def test_tools_and_chat_template_kwargs_reach_the_template(model_dir, tmp_path):
+    # vLLM passes `tools`, `add_generation_prompt` and `chat_template_kwargs` to the template.
+    (tmp_path / "tokenizer.json").write_bytes((model_dir / "tokenizer.json").read_bytes())
+    template = (
+        "{% if tools %}<|tools|>{% for t in tools %}{{ t['function']['name'] }} {% endfor %}|\n{% endif %}"
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    messages = [{"role": "user", "content": "the brown fox"}]
+    tools = [{"type": "function", "function": {"name": "jumps", "parameters": {}}}]
+
+    def count(text):
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    with Server("--speedup-ratio", "0", "--model-path", tmp_path) as s:
+        c = client(s)
+
+        def prompt_tokens(**extra):
+            return c.chat.completions.create(model=tmp_path.name, messages=messages, max_tokens=1, **extra).usage.prompt_tokens
+
+        assert prompt_tokens() == count("<|user|>the brown fox\n<|assistant|>")
+        assert prompt_tokens(tools=tools) == count("<|tools|>jumps |\n<|user|>the brown fox\n<|assistant|>")
+        no_think = prompt_tokens(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert no_think == count("<|user|>the brown fox\n<|assistant|><think></think>")
+        assert prompt_tokens(extra_body={"add_generation_prompt": False}) == count("<|user|>the brown fox\n")
+        with pytest.raises(openai.BadRequestError):
+            prompt_tokens(extra_body={"chat_template_kwargs": "yes"})

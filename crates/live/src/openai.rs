@@ -270,7 +270,23 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
 
     let prompt = if chat {
         let messages = chat_messages(f.get("messages"))?;
-        let text = tok.render_chat(&messages).map_err(ApiError::bad)?;
+        let mut vars = serde_json::Map::new();
+        match f.get("tools") {
+            None | Some(Value::Null) => {}
+            Some(tools @ Value::Array(_)) => {
+                vars.insert("tools".into(), tools.clone());
+            }
+            Some(_) => return Err(ApiError::field("tools", "'tools' must be a list")),
+        }
+        if let Some(add) = f.bool("add_generation_prompt")? {
+            vars.insert("add_generation_prompt".into(), Value::Bool(add));
+        }
+        match f.get("chat_template_kwargs") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(kwargs)) => vars.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            Some(_) => return Err(ApiError::field("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
+        }
+        let text = tok.render_chat(&messages, &vars).map_err(ApiError::bad)?;
         // The template writes any BOS itself, as vLLM assumes.
         tok.encode(&text, false).map_err(ApiError::bad)?
     } else {

@@ -146,11 +146,13 @@ impl Tokenizer {
         ids.iter().map(|&i| self.piece(i)).collect()
     }
 
-    /// The prompt text of a chat: the model's template with a generation prompt, or a plain
-    /// `<|role|>` layout when there is none.
-    pub fn render_chat(&self, messages: &Messages) -> Result<String, String> {
+    /// The prompt text of a chat: the model's template, or a plain `<|role|>` layout when there
+    /// is none. `vars` are what the request adds to the template's variables, as vLLM passes
+    /// them: `tools`, `add_generation_prompt` and the entries of `chat_template_kwargs` (Qwen3's
+    /// `enable_thinking`, say).
+    pub fn render_chat(&self, messages: &Messages, vars: &serde_json::Map<String, Value>) -> Result<String, String> {
         match &self.template {
-            Some(t) => t.render(messages),
+            Some(t) => t.render(messages, vars),
             None => {
                 let mut out = String::new();
                 for m in messages {
@@ -268,15 +270,17 @@ impl ChatTemplate {
         Ok(Some(ChatTemplate { env, bos: special("bos_token"), eos: special("eos_token") }))
     }
 
-    fn render(&self, messages: &Messages) -> Result<String, String> {
+    fn render(&self, messages: &Messages, vars: &serde_json::Map<String, Value>) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => true,
-            bos_token => &self.bos,
-            eos_token => &self.eos,
-        })
-        .map_err(|e| format!("chat template: {e}"))
+        let mut context = serde_json::Map::new();
+        context.insert("add_generation_prompt".into(), Value::Bool(true));
+        context.insert("bos_token".into(), Value::from(self.bos.as_str()));
+        context.insert("eos_token".into(), Value::from(self.eos.as_str()));
+        for (k, v) in vars {
+            context.insert(k.clone(), v.clone());
+        }
+        context.insert("messages".into(), Value::Array(messages.clone()));
+        tmpl.render(Value::Object(context)).map_err(|e| format!("chat template: {e}"))
     }
 }
 
