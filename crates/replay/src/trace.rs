@@ -6,8 +6,13 @@
 //! `delay` (alias `delay_ms`) for multi-turn conversations. Rows sharing a `session_id` are the
 //! turns of one conversation in file order; a turn's think time is its `delay`, or else the gap
 //! between its timestamp and the previous turn's. `priority` and `strict_priority` order the KV
-//! router's queue; `output_token_ids` fixes the generated tokens. Unknown fields are ignored (traces come from many tools); everything else is
-//! validated and reported with file, line and field.
+//! router's queue; `output_token_ids` fixes the generated tokens. Unknown fields are ignored
+//! (traces come from many tools); everything else is validated and reported with file, line and
+//! field.
+//!
+//! Every row is validated before the replay starts. Traces of single requests in timestamp order
+//! are then read again row by row while the replay runs ([`StreamedTrace`]); others are held in
+//! memory at trace-block level.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
