@@ -259,19 +259,20 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     };
     let mut rx = sub.rx;
     let guard = sub.guard;
-    // Wait for the first news so a refused request still gets a proper error status.
-    let first = rx.recv().await;
-    let first = match first {
+    // News that ends the request early, as the error the client gets (nothing left to cancel).
+    let progress = |news: Option<Out>| match news {
         Some(Out::Failed(why)) => {
             guard.finish();
-            return Err(ApiError::bad(why));
+            Err(ApiError::bad(why))
         }
         None => {
             guard.finish();
-            return Err(engine_stopped());
+            Err(engine_stopped())
         }
-        Some(o) => o,
+        Some(o) => Ok(o),
     };
+    // Wait for the first news so a refused request still gets a proper error status.
+    let first = progress(rx.recv().await)?;
     if g.stream {
         let worker = guard.worker();
         let stream =
@@ -286,22 +287,15 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         return Ok(r);
     }
     let mut tokens: Vec<u32> = Vec::with_capacity(g.max_tokens.min(1 << 16) as usize);
-    let mut next = Some(first);
+    let mut next = first;
     let done = loop {
-        match next.take() {
-            Some(Out::Token(t)) => tokens.push(t),
-            Some(Out::Tokens(ts)) => tokens.extend_from_slice(&ts),
-            Some(Out::Done(d)) => break d,
-            Some(Out::Failed(why)) => {
-                guard.finish();
-                return Err(ApiError::bad(why));
-            }
-            None => {
-                guard.finish();
-                return Err(engine_stopped());
-            }
+        match next {
+            Out::Token(t) => tokens.push(t),
+            Out::Tokens(ts) => tokens.extend_from_slice(&ts),
+            Out::Done(d) => break d,
+            Out::Failed(_) => unreachable!("failures end the request in `progress`"),
         }
-        next = rx.recv().await;
+        next = progress(rx.recv().await)?;
     };
     guard.finish();
     let text = frame.service.tokenizer.decode(&tokens);

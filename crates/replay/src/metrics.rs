@@ -284,11 +284,6 @@ impl<'s> Collector<'s> {
         self.next_ordinal += 1;
     }
 
-    /// The ordinal the next released request will get.
-    pub fn next_ordinal(&self) -> u64 {
-        self.next_ordinal
-    }
-
     /// Whether finished requests are reported one by one (to a JSONL writer).
     pub fn has_sink(&self) -> bool {
         self.sink.is_some()

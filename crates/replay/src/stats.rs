@@ -4,8 +4,9 @@
 //! [`Samples`] keeps every value and takes quantiles at rank `round((n − 1) · q)` of the sorted
 //! values, as the reference does for per-request metrics — up to [`Samples::DEFAULT_LIMIT`]
 //! values, beyond which it folds them into a sketch so that memory stays bounded on runs of
-//! millions of requests (a run known to be larger than that sketches from its first value). [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch
-//! (relative accuracy 0.1 %), as the reference does for its pooled per-token families.
+//! millions of requests (a run known to be larger than that sketches from its first value).
+//! [`Sketch`] keeps exact moments but estimates quantiles with a DDSketch (relative accuracy
+//! 0.1 %), as the reference does for its pooled per-token families.
 
 /// Summary of a distribution, in report order.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
