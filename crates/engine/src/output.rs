@@ -84,10 +84,6 @@ impl Stretch {
         self.requests.clear();
         self.ends.clear();
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
 }
 
 /// Everything that happened in one pass. Tokens and completions are stamped at `end_ms`;

@@ -51,7 +51,6 @@ pub struct BlockPool {
     free_slots: Vec<u32>,
     num_copies: u32,
     num_inactive: u32,
-    num_hashes: u32,
     lru_head: u32,
     lru_tail: u32,
     /// The first copy of every cached hash, found by the hash itself. Block hashes are XXH3
@@ -70,7 +69,6 @@ impl BlockPool {
             free_slots: Vec::new(),
             num_copies: 0,
             num_inactive: 0,
-            num_hashes: 0,
             lru_head: NIL,
             lru_tail: NIL,
             by_hash: HashTable::new(),
@@ -91,11 +89,6 @@ impl BlockPool {
     /// Cached blocks nobody references (reusable, evictable).
     pub fn num_inactive(&self) -> u32 {
         self.num_inactive
-    }
-
-    /// Distinct hashes resident in the pool.
-    pub fn num_cached_hashes(&self) -> usize {
-        self.num_hashes as usize
     }
 
     /// The first copy cached under `hash`.
@@ -206,7 +199,6 @@ impl BlockPool {
             None => {
                 copies[copy as usize].next_same = NIL;
                 self.by_hash.insert_unique(hash, copy, |&c| copies[c as usize].hash);
-                self.num_hashes += 1;
                 true
             }
         }
@@ -261,7 +253,6 @@ impl BlockPool {
         let first = *entry.get();
         let gone = if first == victim && after == NIL {
             entry.remove();
-            self.num_hashes -= 1;
             true
         } else {
             if first == victim {

@@ -151,6 +151,12 @@ pub fn whole_ns(ms: f64) -> f64 {
     (secs as f64 + nanos as f64 / 1e9) * 1000.0
 }
 
+/// A predicted duration in ms divided by a speedup ratio (ratios ≤ 0 leave it unscaled, as
+/// Dynamo does), in whole nanoseconds.
+pub fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
+    whole_ns(if ratio > 0.0 { ms / ratio } else { ms })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,7 @@ use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReas
 use crate::pool::{BlockPool, Residency};
 use crate::request::{EngineRequest, OutputPlan, Prompt};
 use crate::speculative::BurstSampler;
-use crate::timing::{whole_ns, DecodeShape};
+use crate::timing::{pass_duration_ms, DecodeShape};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
@@ -961,10 +961,4 @@ impl VllmEngine {
             req.hashes.push_local(local_block_hash(&self.scratch_tokens));
         }
     }
-}
-
-/// A predicted duration in ms divided by a speedup ratio (ratios ≤ 0 leave it unscaled, as
-/// Dynamo does), in whole nanoseconds.
-fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
-    whole_ns(if ratio > 0.0 { ms / ratio } else { ms })
 }

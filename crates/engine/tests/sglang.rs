@@ -81,13 +81,10 @@ fn lpm_admits_the_longest_cached_prefix_first() {
             r#""block_size": 16, "num_gpu_blocks": 1000, "max_num_seqs": 1, "sglang": {{"schedule_policy": "{policy}"}}"#
         ));
         e.submit(request(1, tokens(160, 1), 1));
-        let mut now = step(&mut e, 0.0).end_ms;
+        let now = step(&mut e, 0.0).end_ms;
         e.submit(request(2, tokens(160, 2), 1));
         e.submit(request(3, tokens(160, 1), 1));
-        let p = step(&mut e, now);
-        now = p.end_ms;
-        let _ = now;
-        p.admissions[0].request
+        step(&mut e, now).admissions[0].request
     };
     assert_eq!(run("fifo"), 2);
     assert_eq!(run("lpm"), 3, "request 3 shares request 1's cached prompt");

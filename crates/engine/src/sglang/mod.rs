@@ -29,7 +29,7 @@ use crate::hash::{local_block_hash, BlockHashes};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::request::{EngineRequest, OutputPlan, Prompt};
 use crate::speculative::BurstSampler;
-use crate::timing::{whole_ns, DecodeShape};
+use crate::timing::{pass_duration_ms, DecodeShape};
 use radix::{NodeId, PagePool, RadixCache, ROOT};
 
 /// LPM ordering is skipped when more requests than this wait.
@@ -37,14 +37,6 @@ const LPM_FALLBACK_THRESHOLD: usize = 128;
 /// A request whose cached prefix is at most this many tokens is checked against the prefixes of
 /// requests ahead of it in the queue; if they share this many leading tokens it goes later.
 const IN_BATCH_PREFIX_TOKENS: u32 = 32;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Status {
-    Waiting,
-    Running,
-    Reserved,
-    Held,
-}
 
 #[derive(Debug)]
 struct Req {
@@ -65,7 +57,6 @@ struct Req {
     lock_node: NodeId,
     /// Tokens whose KV has been computed.
     materialized: u32,
-    status: Status,
     admitted_before: bool,
     /// Prompt computed elsewhere (disaggregated decode); reused tokens to report.
     transferred: Option<u32>,
@@ -74,6 +65,15 @@ struct Req {
 impl Req {
     fn len(&self) -> u32 {
         self.prompt_len + self.generated
+    }
+
+    /// Token at position `pos` of the known sequence (prompt, then output).
+    fn token_at(&self, pos: u32) -> u32 {
+        if pos < self.prompt_len {
+            self.prompt.token(pos)
+        } else {
+            self.output.token(pos - self.prompt_len)
+        }
     }
 
     fn remaining_output(&self) -> u32 {
@@ -108,6 +108,8 @@ pub struct SglangEngine {
     record_events: bool,
     events: Vec<KvEvent>,
     scratch_tokens: Vec<u32>,
+    /// Reused by every radix insertion for the hashes it newly stored.
+    scratch_stored: Vec<u64>,
     /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
     vocabulary: Option<Arc<[u32]>>,
     /// Record the tokens of stored pages, drained into [`PassOutput::stored_tokens`].
@@ -143,6 +145,7 @@ impl SglangEngine {
                 && cfg.worker_type != WorkerType::Decode,
             events: Vec::new(),
             scratch_tokens: vec![0; page as usize],
+            scratch_stored: Vec::new(),
             vocabulary: None,
             record_tokens: false,
             stored_tokens: Vec::new(),
@@ -202,7 +205,6 @@ impl SglangEngine {
             tree_pages: 0,
             lock_node: ROOT,
             materialized: 0,
-            status: Status::Waiting,
             admitted_before: false,
             transferred: None,
         }
@@ -294,7 +296,8 @@ impl SglangEngine {
             return;
         }
         let range = req.tree_pages..full;
-        let mut stored = Vec::new();
+        let mut stored = std::mem::take(&mut self.scratch_stored);
+        stored.clear();
         let (node, duplicates) = self.tree.insert(
             req.lock_node,
             &req.hashes.local[range.clone()],
@@ -319,16 +322,10 @@ impl SglangEngine {
                 (first..full).map(|b| StoredBlock { hash: req.hashes.seq[b], local: req.hashes.local[b] }).collect();
             self.events.push(KvEvent::Stored { parent, blocks });
             if self.record_tokens {
-                let token = |pos: u32| {
-                    if pos < req.prompt_len {
-                        req.prompt.token(pos)
-                    } else {
-                        req.output.token(pos - req.prompt_len)
-                    }
-                };
-                self.stored_tokens.extend((first as u32 * page..full as u32 * page).map(token));
+                self.stored_tokens.extend((first as u32 * page..full as u32 * page).map(|pos| req.token_at(pos)));
             }
         }
+        self.scratch_stored = stored;
     }
 
     /// Frees the request's own pages and unlocks its cached prefix.
@@ -379,7 +376,6 @@ impl SglangEngine {
         while self.running.len() < max_running {
             let Some(slot) = self.arrived.pop_front() else { break };
             let req = self.req_mut(slot);
-            req.status = Status::Running;
             let (id, reused) = (req.id, req.transferred.unwrap_or(0));
             self.running.push(slot);
             out.admissions.push(Admission { request: id, reused_tokens: reused, readmission: false });
@@ -397,8 +393,7 @@ impl SglangEngine {
         }
         let prefill_ms = self.cfg.timing.prefill_ms(&out.prefill);
         let ratio = self.cfg.speedup_ratio;
-        let scale = |ms: f64, r: f64| whole_ns(if r > 0.0 { ms / r } else { ms });
-        let decode_start = now_ms + scale(prefill_ms, ratio);
+        let decode_start = now_ms + pass_duration_ms(prefill_ms, ratio);
         let mut retracted = false;
         out.end_ms = if admitted.is_empty() {
             let (end, r) = self.decode(decode_start, out);
@@ -484,6 +479,7 @@ impl SglangEngine {
                 out.admissions.push(Admission { request: id, reused_tokens: before, readmission });
             }
             self.req_mut(slot).materialized = before + chunk;
+            out.computed_tokens += chunk as u64;
             if !decode_worker {
                 out.prefill.batch += 1;
                 out.prefill.total_isl += (before + chunk) as u64;
@@ -518,7 +514,6 @@ impl SglangEngine {
                 unfinished.push(slot);
                 continue;
             }
-            self.req_mut(slot).status = Status::Running;
             self.running.push(slot);
             if self.req(slot).generated < self.req(slot).max_output {
                 self.generate(slot, out);
@@ -537,11 +532,11 @@ impl SglangEngine {
         req.generated += 1;
         out.tokens.push(TokenOut { request: req.id, token });
         let len = req.len();
-        if len.is_multiple_of(page) {
+        // Generated pages are hashed only for the radix cache (and its KV events).
+        if self.cfg.enable_prefix_caching && len.is_multiple_of(page) {
             let start = len - page;
             for (k, t) in self.scratch_tokens.iter_mut().enumerate() {
-                let pos = start + k as u32;
-                *t = if pos < req.prompt_len { req.prompt.token(pos) } else { req.output.token(pos - req.prompt_len) };
+                *t = req.token_at(start + k as u32);
             }
             req.hashes.push_local(local_block_hash(&self.scratch_tokens));
         }
@@ -561,7 +556,6 @@ impl SglangEngine {
             self.cache_computed_pages(slot);
             if self.cfg.worker_type == WorkerType::Prefill {
                 let req = self.req_mut(slot);
-                req.status = Status::Held;
                 let id = req.id;
                 self.parked.insert(id, slot);
                 out.finished.push(Finished { request: id, finish: Finish::Completed });
@@ -612,7 +606,7 @@ impl SglangEngine {
         let decode_ms =
             if self.cfg.worker_type == WorkerType::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         let ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
-        let end = decode_start + whole_ns(if ratio > 0.0 { decode_ms / ratio } else { decode_ms });
+        let end = decode_start + pass_duration_ms(decode_ms, ratio);
         let prefill_worker = self.cfg.worker_type == WorkerType::Prefill;
         for i in 0..self.running.len() {
             let slot = self.running[i];
@@ -633,6 +627,7 @@ impl SglangEngine {
             req.materialized = req.len() - 1;
             out.decode_forwards += 1;
             out.decode_tokens += burst;
+            out.computed_tokens += burst as u64;
             self.cache_computed_pages(slot);
         }
         self.retire_finished(out);
@@ -661,7 +656,6 @@ impl SglangEngine {
         let slot = self.running.remove(pos);
         self.release(slot);
         let req = self.req_mut(slot);
-        req.status = Status::Waiting;
         out.preempted.push(req.id);
         self.waiting.push_front(slot);
         self.counters.preemptions += 1;
@@ -695,7 +689,6 @@ impl SglangEngine {
         self.pool.alloc(need, &mut pages);
         let req = self.req_mut(slot);
         req.pages = pages;
-        req.status = Status::Reserved;
         let reused = hit as u32 * page;
         req.transferred = Some(reused);
         self.parked.insert(id, slot);
@@ -707,7 +700,6 @@ impl SglangEngine {
         let slot = self.parked.remove(&id).expect("activating a reserved request");
         let req = self.req_mut(slot);
         req.materialized = req.prompt_len;
-        req.status = Status::Waiting;
         self.cache_computed_pages(slot);
         self.arrived.push_back(slot);
     }

@@ -29,7 +29,6 @@ struct Node {
     created: u64,
     /// Whether it is in the evictable-leaf index.
     indexed: bool,
-    live: bool,
 }
 
 /// Page ids handed out newest-freed first, then never-used ones in order.
@@ -85,9 +84,8 @@ pub struct RadixCache {
     created: u64,
     /// Unlocked childless nodes by (last access, creation order, id).
     evictable_leaves: BTreeSet<(u64, u64, NodeId)>,
-    /// Tokens in unlocked / locked nodes.
+    /// Tokens in unlocked nodes.
     evictable_tokens: u64,
-    protected_tokens: u64,
 }
 
 /// Result of a prefix match: matched pages (in order) and the deepest node reached.
@@ -99,7 +97,7 @@ pub struct Match {
 
 impl RadixCache {
     pub fn new(page_size: u32) -> Self {
-        let root = Node { live: true, lock_ref: 1, ..Node::default() };
+        let root = Node { lock_ref: 1, ..Node::default() };
         RadixCache {
             nodes: vec![root],
             free_nodes: Vec::new(),
@@ -108,16 +106,11 @@ impl RadixCache {
             created: 0,
             evictable_leaves: BTreeSet::new(),
             evictable_tokens: 0,
-            protected_tokens: 0,
         }
     }
 
     pub fn evictable_tokens(&self) -> u64 {
         self.evictable_tokens
-    }
-
-    pub fn protected_tokens(&self) -> u64 {
-        self.protected_tokens
     }
 
     fn tokens(&self, id: NodeId) -> u64 {
@@ -235,7 +228,6 @@ impl RadixCache {
             last_access,
             created: 0,
             indexed: false,
-            live: true,
         });
         self.nodes[mid as usize].children.insert(rest_first, id);
         self.nodes[id as usize].parent = mid;
@@ -249,7 +241,6 @@ impl RadixCache {
             if self.nodes[node as usize].lock_ref == 0 {
                 let t = self.tokens(node);
                 self.evictable_tokens -= t;
-                self.protected_tokens += t;
             }
             self.nodes[node as usize].lock_ref += 1;
             self.sync_leaf(node);
@@ -263,7 +254,6 @@ impl RadixCache {
             n.lock_ref -= 1;
             if n.lock_ref == 0 {
                 let t = self.tokens(node);
-                self.protected_tokens -= t;
                 self.evictable_tokens += t;
             }
             self.sync_leaf(node);
@@ -296,7 +286,6 @@ impl RadixCache {
             n.value.extend_from_slice(values);
             n.seq.extend_from_slice(seqs);
             stored.extend_from_slice(seqs);
-            self.protected_tokens += keys.len() as u64 * self.page_size as u64;
             return (node, duplicates);
         }
         while i < keys.len() {
@@ -312,7 +301,6 @@ impl RadixCache {
                     last_access: 0,
                     created: 0,
                     indexed: false,
-                    live: true,
                 });
                 self.nodes[node as usize].children.insert(keys[i], leaf);
                 self.evictable_tokens += self.tokens(leaf);
@@ -368,7 +356,6 @@ impl RadixCache {
             removed.extend(std::mem::take(&mut n.seq).into_iter().rev());
             let first = n.key[0];
             let parent = n.parent;
-            n.live = false;
             n.key.clear();
             self.nodes[parent as usize].children.remove(&first);
             self.evictable_tokens -= size;
