@@ -21,6 +21,7 @@ pub struct Profile {
 }
 
 /// One array read from an `.npy` member.
+#[derive(Debug)]
 struct Array {
     shape: Vec<usize>,
     data: Vec<f64>,
@@ -251,6 +252,44 @@ mod tests {
         assert_eq!(p.decode_ms(2048.0, 256.0), 2.5);
         assert_eq!(p.decode_ms(3072.0, 256.0), 3.5, "extrapolated along active KV");
         assert_eq!(p.decode_ms(0.0, 0.0), 1.0, "floored at one millisecond");
+    }
+
+    /// An .npy file as numpy writes it, with the given header version and dtype.
+    fn npy(version: u8, descr: &str, fortran: bool, shape: &str, body: &[u8]) -> Vec<u8> {
+        let order = if fortran { "True" } else { "False" };
+        let mut header = format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}");
+        let fixed = if version == 1 { 10 } else { 12 };
+        while (fixed + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = b"\x93NUMPY".to_vec();
+        out.extend([version, 0]);
+        if version == 1 {
+            out.extend((header.len() as u16).to_le_bytes());
+        } else {
+            out.extend((header.len() as u32).to_le_bytes());
+        }
+        out.extend(header.as_bytes());
+        out.extend(body);
+        out
+    }
+
+    #[test]
+    fn npy_dtypes_versions_and_fortran_order() {
+        // [[1, 2, 3], [4, 5, 6]] stored column by column as 4-byte floats, version-2 header.
+        let body: Vec<u8> = [1.0f32, 4.0, 2.0, 5.0, 3.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let a = parse_npy("m", &npy(2, "<f4", true, "(2, 3)", &body)).unwrap();
+        assert_eq!((a.shape, a.data), (vec![2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let body: Vec<u8> = [-7i64, 9].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let a = parse_npy("v", &npy(1, "<i8", false, "(2,)", &body)).unwrap();
+        assert_eq!((a.shape, a.data), (vec![2], vec![-7.0, 9.0]));
+        let body: Vec<u8> = [3u32, 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(parse_npy("u", &npy(3, "<u4", false, "(2,)", &body)).unwrap().data, vec![3.0, 4.0]);
+        let err = parse_npy("b", &npy(1, ">f8", false, "(1,)", &[0; 8])).unwrap_err();
+        assert!(err.contains("big-endian"), "{err}");
+        let err = parse_npy("s", &npy(1, "<f8", false, "(3,)", &[0; 16])).unwrap_err();
+        assert!(err.contains("needs 24"), "{err}");
     }
 
     #[test]
