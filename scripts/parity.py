@@ -14,7 +14,7 @@ random (KV-router ties, softmax sampling) says so with
 its golden file then holds the per-key median of that many reference runs, and only the listed
 metrics (plus completed_requests) are compared, each with its own relative tolerance.
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
@@ -28,12 +28,22 @@ EXACT = ["completed_requests"]
 
 
 def resolve(case_path):
+    """The case with its trace path made absolute. `"trace_lines": N` replays only the first N
+    lines of the trace (a cut written to a temporary file, so that the shared traces never need
+    copying into the repository)."""
     case = json.load(open(case_path))
     base = os.path.dirname(os.path.abspath(case_path))
     if case.get("trace"):
         t = case["trace"]
         t = t.replace("${SHARED}", SHARED)
         case["trace"] = t if os.path.isabs(t) else os.path.join(base, t)
+        lines = case.pop("trace_lines", None)
+        if lines is not None:
+            cut = os.path.join(tempfile.gettempdir(), f"servesim-parity-{os.getpid()}-{lines}.jsonl")
+            with open(case["trace"]) as src, open(cut, "w") as dst:
+                for _, line in zip(range(lines), src):
+                    dst.write(line)
+            case["trace"] = cut
     return case
 
 

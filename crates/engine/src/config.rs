@@ -394,10 +394,10 @@ impl RawConfig {
         self.sglang.chunked_prefill_size = positive(r, "chunked_prefill_size", d.chunked_prefill_size)?;
         self.sglang.clip_max_new_tokens = positive(r, "clip_max_new_tokens", d.clip_max_new_tokens)?;
         if let Some(c) = r.f64("schedule_conservativeness")?.set() {
-            if !(0.0..=1.0).contains(&c) {
+            if !c.is_finite() || c < 0.0 {
                 return Err(ConfigError::new(
                     r.path("schedule_conservativeness"),
-                    format!("must be in [0, 1], got {c}"),
+                    format!("must be a finite number ≥ 0, got {c}"),
                 ));
             }
             self.sglang.schedule_conservativeness = c;
@@ -564,10 +564,10 @@ impl RawConfig {
                 format!("{} is not a multiple of the page size {block_size}", self.sglang.chunked_prefill_size),
             ));
         }
-        if backend != Backend::Vllm && self.max_model_len.is_set() {
+        if backend == Backend::Sglang && self.enable_chunked_prefill == Field::Set(false) {
             return Err(ConfigError::new(
-                "max_model_len",
-                format!("only the vllm backend supports max_model_len (backend is {})", backend.name()),
+                "enable_chunked_prefill",
+                "enable_chunked_prefill=false is not supported for backend=sglang",
             ));
         }
         let positive = |field: Field<u32>, name: &str| -> Result<()> {
@@ -595,6 +595,26 @@ impl RawConfig {
             _ => WorkerType::Decode,
         };
         let dp_size = self.dp_size.or(1);
+        if backend == Backend::Sglang && dp_size > 1 {
+            // SGLang's attention DP gives each rank chunked_prefill_size / dp_size.
+            let cps = self.sglang.chunked_prefill_size;
+            let per_rank = cps / dp_size;
+            if per_rank == 0 {
+                return Err(ConfigError::new(
+                    "dp_size",
+                    format!("SGLang attention DP size {dp_size} reduces chunked_prefill_size={cps} to zero"),
+                ));
+            }
+            if per_rank < block_size {
+                return Err(ConfigError::new(
+                    "dp_size",
+                    format!(
+                        "SGLang attention DP size {dp_size} reduces chunked_prefill_size={cps} to {per_rank} per \
+                         rank, less than one page ({block_size} tokens): no prompt could be prefilled"
+                    ),
+                ));
+            }
+        }
         if let Field::Set(t) = self.startup_time {
             if !t.is_finite() || t < 0.0 {
                 return Err(ConfigError::new("startup_time", "must be a finite number of seconds ≥ 0"));
@@ -734,10 +754,13 @@ mod tests {
             parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 6}}"#).unwrap_err();
         assert_eq!(e.path, "sglang.chunked_prefill_size");
         assert!(parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 8}}"#).is_ok());
-        let e = parse(r#"{"engine_type": "sglang", "max_model_len": 100}"#).unwrap_err();
-        assert_eq!(e.path, "max_model_len");
-        assert_eq!(parse(r#"{"engine_type": "trtllm", "max_model_len": 100}"#).unwrap_err().path, "max_model_len");
+        // Every backend takes max_model_len, as the reference's does.
+        assert_eq!(parse(r#"{"engine_type": "sglang", "max_model_len": 100}"#).unwrap().max_model_len, Some(100));
+        assert_eq!(parse(r#"{"engine_type": "trtllm", "max_model_len": 100}"#).unwrap().max_model_len, Some(100));
         assert_eq!(parse(r#"{"max_model_len": 0}"#).unwrap_err().path, "max_model_len");
+        let e = parse(r#"{"engine_type": "sglang", "enable_chunked_prefill": false}"#).unwrap_err();
+        assert_eq!((e.path.as_str(), e.message.as_str()), ("enable_chunked_prefill", "enable_chunked_prefill=false is not supported for backend=sglang"));
+        assert!(parse(r#"{"enable_chunked_prefill": false}"#).is_ok(), "vLLM runs without chunking");
         let c = parse(
             r#"{"engine": {"backend": "sglang", "sglang": {"schedule_policy": "lpm", "max_prefill_tokens": 4096}}}"#,
         )
@@ -745,10 +768,21 @@ mod tests {
         assert!(c.sglang.lpm);
         assert_eq!(c.sglang.max_prefill_tokens, 4096);
         assert_eq!(parse(r#"{"sglang": {"schedule_policy": "random"}}"#).unwrap_err().path, "sglang.schedule_policy");
+        // Above 1 is allowed (it only scales the admission ratio); negative or NaN is not.
+        assert_eq!(parse(r#"{"sglang": {"schedule_conservativeness": 1.5}}"#).unwrap().sglang.schedule_conservativeness, 1.5);
         assert_eq!(
-            parse(r#"{"sglang": {"schedule_conservativeness": 2}}"#).unwrap_err().path,
+            parse(r#"{"sglang": {"schedule_conservativeness": -0.5}}"#).unwrap_err().path,
             "sglang.schedule_conservativeness"
         );
+        // Attention DP divides the chunk budget per rank: it must stay at least a page.
+        let e = parse(r#"{"engine": {"backend": "sglang", "sglang": {"chunked_prefill_size": 1}}, "dp_size": 2}"#)
+            .unwrap_err();
+        assert_eq!(e.message, "SGLang attention DP size 2 reduces chunked_prefill_size=1 to zero");
+        let e = parse(r#"{"engine": {"backend": "sglang", "block_size": 16, "sglang": {"chunked_prefill_size": 16}}, "dp_size": 2}"#)
+            .unwrap_err();
+        assert_eq!(e.path, "dp_size");
+        assert!(e.message.contains("less than one page"), "{}", e.message);
+        assert!(parse(r#"{"engine": {"backend": "sglang", "block_size": 16}, "dp_size": 2}"#).is_ok());
         assert_eq!(
             parse(r#"{"trtllm": {"capacity_scheduler_policy": "max_utilization"}}"#).unwrap_err().path,
             "trtllm.capacity_scheduler_policy"

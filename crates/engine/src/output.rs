@@ -37,6 +37,12 @@ pub enum RejectReason {
     ExceedsMaxModelLen,
     /// Chunked prefill is off and the prompt is larger than the per-pass token budget.
     ExceedsBatchBudget,
+    /// SGLang: a prompt chunk is larger than `max_prefill_tokens`, so no pass can take it.
+    ExceedsPrefillBudget,
+    /// SGLang: a lone running request cannot grow because the rest of the cache is held by
+    /// requests that are partially prefilled or waiting for a KV transfer (SGLang itself stops
+    /// making progress here).
+    KvHeldElsewhere,
 }
 
 impl RejectReason {
@@ -45,6 +51,10 @@ impl RejectReason {
             RejectReason::ExceedsKvCapacity => "needs more KV blocks than the cache has",
             RejectReason::ExceedsMaxModelLen => "prompt is not shorter than max_model_len",
             RejectReason::ExceedsBatchBudget => "prompt exceeds max_num_batched_tokens with chunked prefill off",
+            RejectReason::ExceedsPrefillBudget => "prompt chunk exceeds sglang.max_prefill_tokens",
+            RejectReason::KvHeldElsewhere => {
+                "KV cache ran out while it decoded: the rest is held by partially prefilled or transferring requests"
+            }
         }
     }
 }

@@ -128,8 +128,6 @@ pub struct VllmEngine {
     // Per-pass state.
     budget: u32,
     preempted_any: bool,
-    /// Position in `running` of the request being scheduled.
-    cursor: usize,
     /// Speculative decoding's burst sampler.
     sampler: Option<BurstSampler>,
     scratch_tokens: Vec<u32>,
@@ -158,7 +156,6 @@ impl VllmEngine {
             counters: EngineCounters::default(),
             budget: 0,
             preempted_any: false,
-            cursor: usize::MAX,
             sampler,
             scratch_done: Vec::new(),
             vocabulary: None,
@@ -521,17 +518,16 @@ impl VllmEngine {
     }
 
     fn schedule_running(&mut self, out: &mut PassOutput) {
-        self.cursor = 0;
-        while self.cursor < self.running.len() && self.budget > 0 {
-            let slot = self.running[self.cursor];
+        let mut cursor = 0;
+        while cursor < self.running.len() && self.budget > 0 {
+            let slot = self.running[cursor];
             match self.schedule(slot, None, out) {
-                Scheduled::Yes(_) => self.cursor += 1,
+                Scheduled::Yes(_) => cursor += 1,
                 Scheduled::Blocked => break,
                 // The next request has moved into this position.
                 Scheduled::SelfPreempted => {}
             }
         }
-        self.cursor = usize::MAX;
     }
 
     fn admit_waiting(&mut self, out: &mut PassOutput) {
@@ -781,10 +777,9 @@ impl VllmEngine {
     fn preempt(&mut self, slot: u32, out: &mut PassOutput) {
         let pos = self.running.iter().position(|&s| s == slot).expect("victim is running");
         self.running.remove(pos);
-        if pos < self.cursor {
-            // A request already scheduled in this pass (FIFO preemption) left the list.
-            self.cursor -= 1;
-        }
+        // A victim already scheduled in this pass (FIFO preemption) leaves the list without the
+        // cursor moving back, so the request after the one being scheduled is passed over until
+        // the next pass — as in the reference's scheduling loop.
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         for &copy in req.lease.iter().rev() {
             self.pool.release(copy);

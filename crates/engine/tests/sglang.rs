@@ -178,3 +178,76 @@ fn abort_releases_pages_and_keeps_the_cached_prefix() {
     let p = step(&mut e, now);
     assert_eq!(p.admissions[0].reused_tokens, 48, "the cached prefix, less the recomputed last page");
 }
+
+/// Runs the engine until it has no work; returns every pass.
+fn run(e: &mut Engine) -> Vec<PassOutput> {
+    let (mut now, mut passes) = (0.0, Vec::new());
+    while e.has_work() {
+        let p = step(e, now);
+        now = p.end_ms;
+        passes.push(p);
+        assert!(passes.len() < 10_000, "the engine stopped making progress");
+    }
+    passes
+}
+
+#[test]
+fn a_lone_request_blocked_by_a_chunked_prompt_is_refused_with_the_true_reason() {
+    // 10 pages of 16. A (100 + 100) is admitted with a clipped output reserve of 8 tokens; B's
+    // first 16-token chunk takes the rest of the chunk budget and holds a page. A then grows into
+    // the last free pages and needs the one B holds: SGLang stops for good here (the reference
+    // spins forever). servesim refuses A and says why — it would fit in the cache on its own.
+    let mut e = engine(
+        r#""block_size": 16, "num_gpu_blocks": 10, "sglang": {"chunked_prefill_size": 128, "clip_max_new_tokens": 8}"#,
+    );
+    e.submit(request(1, tokens(100, 1), 100));
+    e.submit(request(2, tokens(120, 2), 4));
+    let passes = run(&mut e);
+    let finished: Vec<_> = passes.iter().flat_map(|p| p.finished.iter().copied()).collect();
+    assert_eq!(finished[0].request, 1);
+    assert_eq!(finished[0].finish, Finish::Rejected(RejectReason::KvHeldElsewhere));
+    assert!(RejectReason::KvHeldElsewhere.describe().contains("partially prefilled"));
+    // A had generated up to the 10th page: 144 tokens fit in 9 pages, the 145th needs a 10th.
+    let a_tokens = passes.iter().flat_map(|p| &p.tokens).filter(|t| t.request == 1).count();
+    assert_eq!(a_tokens, 144 - 100);
+    assert_eq!(finished[1].request, 2);
+    assert_eq!(finished[1].finish, Finish::Completed);
+}
+
+#[test]
+fn a_chunk_larger_than_max_prefill_tokens_is_refused_as_such() {
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 1000, "sglang": {"max_prefill_tokens": 256}"#);
+    e.submit(request(1, tokens(600, 1), 4));
+    let finished: Vec<_> = run(&mut e).iter().flat_map(|p| p.finished.iter().copied()).collect();
+    assert_eq!(finished[0].finish, Finish::Rejected(RejectReason::ExceedsPrefillBudget));
+}
+
+#[test]
+fn first_token_slots_are_all_or_none_and_retraction_requeues_at_the_back() {
+    // 8 pages of 16; with a 1-token output reserve three 32-token prompts are admitted together
+    // (6 pages). Their first tokens need a page each and only 2 are free: SGLang gives none of
+    // them a slot, so the first tokens wait for the next (decode) pass.
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 8, "sglang": {"clip_max_new_tokens": 1}"#);
+    e.submit(request(1, tokens(32, 1), 40));
+    e.submit(request(2, tokens(32, 2), 3));
+    e.submit(request(3, tokens(32, 3), 3));
+    let p1 = step(&mut e, 0.0);
+    assert_eq!(ids(p1.admissions.iter().map(|a| a.request)), vec![1, 2, 3]);
+    assert!(p1.tokens.is_empty());
+    // Request 4 does not fit yet. Decoding, the three still need a page each: the first of those
+    // with the fewest outputs is retracted, and the other two sample their first tokens.
+    e.submit(request(4, tokens(48, 4), 2));
+    let p2 = step(&mut e, p1.end_ms);
+    assert_eq!(p2.preempted, vec![1]);
+    assert_eq!(ids(p2.tokens.iter().map(|t| t.request)), vec![2, 3]);
+    // The retracted request queued behind request 4: once 2 and 3 finish, 4 is admitted first.
+    let mut now = p2.end_ms;
+    let admitted = loop {
+        let p = step(&mut e, now);
+        now = p.end_ms;
+        if !p.admissions.is_empty() {
+            break ids(p.admissions.iter().map(|a| a.request));
+        }
+    };
+    assert_eq!(admitted, vec![4, 1]);
+}

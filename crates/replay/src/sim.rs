@@ -582,8 +582,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
         let prompt =
             Prompt::Runs { run: self.workload.block_tokens(), ids: turn.blocks.clone(), len: turn.input_length };
-        let needs_hashes =
-            self.pools.iter().any(|p| p.engine.enable_prefix_caching || matches!(p.placer, Placer::Kv(_)));
+        // The KV router places by block hashes; engines hash what they need themselves.
+        let needs_hashes = self.pools.iter().any(|p| matches!(p.placer, Placer::Kv(_)));
         let hashes =
             if needs_hashes { prompt.block_hashes(self.config.cluster.block_size()) } else { BlockHashes::default() };
         self.flights.insert(
@@ -711,7 +711,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             prompt: flight.prompt.clone(),
             max_output: if prefill_only { 1 } else { flight.max_output },
             token_seed: flight.token_seed,
-            hashes: Some(flight.hashes.clone()),
+            hashes: (!flight.hashes.is_empty()).then(|| flight.hashes.clone()),
             planned_output: if prefill_only { None } else { flight.output_tokens.clone() },
         }
     }

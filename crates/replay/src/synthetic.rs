@@ -3,14 +3,18 @@
 //!
 //! The random streams are the reference's: ChaCha12 seeded with the arrival seed, Poisson gaps
 //! drawn by inversion (`−ln(1 − u) · mean`), and prefix groups drawn uniformly from a second
-//! ChaCha12 stream with the same seed. A run with the same seed therefore releases requests at
-//! exactly the reference's times.
+//! ChaCha12 stream with a fixed seed ([`GROUP_SEED`]: the reference's session stream does not
+//! depend on the arrival seed). A run with the same seed therefore releases the same requests
+//! at exactly the reference's times.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
 use crate::error::InputError;
 use crate::workload::{SessionSpec, TurnSpec};
+
+/// Seed of the prefix-group stream, whatever the arrival seed.
+pub const GROUP_SEED: u64 = 42;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
@@ -81,7 +85,7 @@ impl SyntheticSpec {
         SyntheticSessions {
             spec: self.clone(),
             arrivals: ChaCha12Rng::seed_from_u64(self.seed),
-            groups: ChaCha12Rng::seed_from_u64(self.seed),
+            groups: ChaCha12Rng::seed_from_u64(GROUP_SEED),
             blocks_per_prompt,
             prefix_blocks,
             next_session: 0,
@@ -211,6 +215,18 @@ mod tests {
         let shared = sessions.iter().find(|s| s.turns[0].blocks[0] == a[0] && !std::ptr::eq(*s, &sessions[0])).unwrap();
         let common = a.iter().zip(shared.turns[0].blocks.iter()).take_while(|(x, y)| x == y).count();
         assert_eq!(common, 47);
+    }
+
+    #[test]
+    fn prefix_groups_do_not_depend_on_the_arrival_seed() {
+        let groups = |seed| -> Vec<u32> {
+            SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, seed, ..spec() }
+                .sessions_iter()
+                .map(|s| s.turns[0].blocks[0])
+                .collect()
+        };
+        assert_eq!(groups(7), groups(42));
+        assert_eq!(groups(960), groups(42));
     }
 
     #[test]

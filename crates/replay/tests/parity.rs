@@ -40,7 +40,7 @@ fn engine_config(engine: Option<&Value>, dp_size: Option<&Value>) -> EngineConfi
     EngineConfig::from_value(&v).expect("engine config")
 }
 
-fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
+fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     let count = |k: &str| case.get(k).and_then(Value::as_u64).unwrap_or(1) as u32;
     let cluster = if case.get("prefill_engine").is_some() || case.get("decode_engine").is_some() {
         Cluster::Disaggregated {
@@ -72,6 +72,19 @@ fn run_case(case: &Value, case_dir: &Path) -> Map<String, Value> {
             p
         } else {
             case_dir.join(trace)
+        };
+        // `"trace_lines": N` replays the first N lines of the trace.
+        let path = match case.get("trace_lines").and_then(Value::as_u64) {
+            Some(n) => {
+                let text = std::fs::read_to_string(&path).expect("trace");
+                let cut: String = text.lines().take(n as usize).map(|l| format!("{l}\n")).collect();
+                let dir = root().join("target/parity-cuts");
+                std::fs::create_dir_all(&dir).expect("create target/parity-cuts");
+                let file = dir.join(format!("{name}.jsonl"));
+                std::fs::write(&file, cut).expect("write trace cut");
+                file
+            }
+            None => path,
         };
         let tbs = case.get("trace_block_size").and_then(Value::as_u64).unwrap_or(512) as u32;
         let load = match concurrency {
@@ -132,7 +145,7 @@ fn check(name: &str) {
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap()).unwrap();
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.golden.json"))).unwrap()).unwrap();
-    let ours = run_case(&case, &dir);
+    let ours = run_case(name, &case, &dir);
     let mut problems = Vec::new();
     assert_eq!(ours["completed_requests"], golden["completed_requests"], "{name}: completed_requests");
     // A case whose reference is random lists its own tolerances against the median of several
@@ -228,4 +241,13 @@ parity_cases! {
     probe_sglang_polynomial => "probe_sglang_polynomial",
     probe_sglang_chunked_prefill => "probe_sglang_chunked_prefill",
     probe_trtllm_token_stamps => "probe_trtllm_token_stamps",
+    // Minimal cases of the differential fuzzer's findings (../shared/reference/fidelity-findings.md).
+    sglang_retraction_requeues_at_the_back => "x_sglang_retraction_conv26",
+    sglang_retraction_without_prefix_cache => "x_sglang_retraction_no_cache",
+    sglang_retraction_tiny_prompts => "x_sglang_retraction_tiny_prompts",
+    sglang_lru_follows_operation_order => "x_sglang_lru_operation_order",
+    sglang_attention_dp_normalisation => "x_sglang_attention_dp2",
+    sglang_conservativeness_above_1 => "x_sglang_conservativeness_above_1",
+    synthetic_prefix_groups_ignore_arrival_seed => "x_synthetic_groups_ignore_arrival_seed",
+    vllm_fifo_preemption_skips_a_request => "x_vllm_fifo_preemption_8",
 }

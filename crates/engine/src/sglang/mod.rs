@@ -1,20 +1,23 @@
-//! The SGLang-style scheduler: a radix prefix cache over pages and SGLang's batch policy.
+//! The SGLang-style scheduler: a radix prefix cache over pages and SGLang's batch policy
+//! (`get_next_batch_to_run`, `update_running_batch`, `retract_decode`).
 //!
 //! One call to [`SglangEngine::step`] is one forward pass, either
 //!
-//! * an **extend** pass: waiting requests are admitted (FIFO, or longest-prefix-match first)
+//! * a **prefill** pass: waiting requests are admitted (FIFO, or longest-prefix-match first)
 //!   while the page budget — free pages plus evictable cache, minus the output still promised to
 //!   running requests (scaled by the adaptive `new_token_ratio`) — the per-pass prefill budget
-//!   and the chunk budget allow. Prompts longer than `chunked_prefill_size` run in chunks, one
-//!   chunked request per pass. Only requests whose prompt completes get a token (their first);
-//!   running requests wait for the next pass. The pass costs prefill time only.
-//! * or a **decode** pass, when nothing was admitted: every running request generates a token.
-//!   If the pages to hold them are short, the running request with the fewest generated tokens
-//!   is retracted (its pages not in the cache are freed; it re-prefills later, reusing its
-//!   cached prefix). Decode time uses the logical context of the whole batch.
+//!   and the chunk budget allow. Prompts longer than the chunk budget run in chunks, one chunked
+//!   request per pass. Requests whose prompt completes get their first token from the prefill
+//!   forward, and a KV slot for it right away (if the cache has none, the token waits for the
+//!   next decode pass); running requests wait. The pass costs prefill time only.
+//! * or a **decode** pass, when nothing was admitted: every running request samples a token
+//!   and gets its KV slot in the same step. If the pages to hold them are short, the first
+//!   running request with the fewest generated tokens is retracted (its pages outside the cache
+//!   are freed and it goes to the back of the queue, to re-prefill later) until they fit, and
+//!   `new_token_ratio` is re-estimated from the survivors; otherwise the ratio decays.
 //!
-//! Computed full pages enter the radix tree as they are produced; KV events are reported for
-//! pages entering and leaving the tree.
+//! Full pages enter the radix tree as soon as their tokens have slots (see [`radix`] for the
+//! least-recently-used order); KV events are reported for pages entering and leaving the tree.
 
 pub mod radix;
 
@@ -37,6 +40,9 @@ const LPM_FALLBACK_THRESHOLD: usize = 128;
 /// A request whose cached prefix is at most this many tokens is checked against the prefixes of
 /// requests ahead of it in the queue; if they share this many leading tokens it goes later.
 const IN_BATCH_PREFIX_TOKENS: u32 = 32;
+/// SGLang's `SGLANG_RETRACT_DECODE_STEPS`: decode steps of headroom per surviving request when
+/// a retraction re-estimates `new_token_ratio`.
+const RETRACT_DECODE_STEPS: f64 = 20.0;
 
 #[derive(Debug)]
 struct Req {
@@ -47,15 +53,16 @@ struct Req {
     /// How its output tokens are chosen.
     output: OutputPlan,
     generated: u32,
-    /// Full pages of the known sequence: local and chained hashes.
+    /// Hashes of the leading full pages of the known sequence, filled in when first needed.
     hashes: BlockHashes,
-    /// Page ids backing tokens `[0, pages.len() × page)`.
+    /// Pages allocated to it, backing tokens `[0, pages.len() × page)`.
     pages: Vec<u32>,
     /// Leading pages owned by the radix tree (locked through `lock_node`); the rest are the
     /// request's own.
     tree_pages: usize,
     lock_node: NodeId,
-    /// Tokens whose KV has been computed.
+    /// Tokens that have a KV slot: computed prompt tokens and sampled tokens. 0 while it waits
+    /// for its first admission or after a retraction.
     materialized: u32,
     admitted_before: bool,
     /// Prompt computed elsewhere (disaggregated decode); reused tokens to report.
@@ -79,6 +86,29 @@ impl Req {
     fn remaining_output(&self) -> u32 {
         self.max_output - self.generated
     }
+
+    fn done(&self) -> bool {
+        self.generated >= self.max_output
+    }
+
+    /// Hashes the full pages of the known sequence up to `pages` (fewer if the sequence is
+    /// shorter).
+    fn hash_pages(&mut self, pages: usize, page: u32, scratch: &mut [u32]) {
+        let pages = pages.min((self.len() / page) as usize);
+        if self.hashes.len() >= pages {
+            return;
+        }
+        if self.hashes.is_empty() && self.prompt_len >= page {
+            self.hashes = self.prompt.block_hashes(page);
+        }
+        while self.hashes.len() < pages {
+            let start = self.hashes.len() as u32 * page;
+            for (k, t) in scratch.iter_mut().enumerate() {
+                *t = self.token_at(start + k as u32);
+            }
+            self.hashes.push_local(local_block_hash(scratch));
+        }
+    }
 }
 
 /// The SGLang-style engine.
@@ -86,22 +116,24 @@ impl Req {
 pub struct SglangEngine {
     cfg: EngineConfig,
     page: u32,
+    /// Per-rank chunk budget and admission ratios (attention DP divides the first and scales
+    /// the second, as SGLang does at launch).
+    chunked_prefill_size: u32,
     pool: PagePool,
     tree: RadixCache,
     reqs: Vec<Option<Req>>,
     free_slots: Vec<u32>,
     waiting: VecDeque<u32>,
     running: Vec<u32>,
+    /// Prefill worker: finished requests whose KV waits for the decode side. Decode worker:
+    /// requests with pages reserved for a transfer in flight.
     parked: FxHashMap<u64, u32>,
     /// Decode worker: transferred requests ready to join the running batch.
     arrived: VecDeque<u32>,
     new_token_ratio: f64,
-    init_ratio: f64,
     min_ratio: f64,
     decay_step: f64,
     counters: EngineCounters,
-    /// Passes run so far: the cache's clock for least-recently-used order.
-    passes: u64,
     /// Speculative decoding's burst sampler, and the largest burst.
     sampler: Option<BurstSampler>,
     max_burst: u32,
@@ -120,10 +152,17 @@ pub struct SglangEngine {
 impl SglangEngine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
         let page = cfg.block_size;
-        let init_ratio = 0.7 * cfg.sglang.schedule_conservativeness;
+        let dp = cfg.dp_size.max(1);
+        let conservativeness = cfg.sglang.schedule_conservativeness * if dp > 1 { 0.3 } else { 1.0 };
+        let init_ratio = 0.7 * conservativeness;
         let min_ratio = init_ratio * 0.14;
+        let max_burst = match (&cfg.speculative, cfg.worker_type) {
+            (Some(s), t) if t != WorkerType::Prefill => s.max_burst(),
+            _ => 1,
+        };
         SglangEngine {
             page,
+            chunked_prefill_size: cfg.sglang.chunked_prefill_size / dp,
             pool: PagePool::new(cfg.num_gpu_blocks),
             tree: RadixCache::new(page),
             reqs: Vec::new(),
@@ -133,13 +172,11 @@ impl SglangEngine {
             parked: FxHashMap::default(),
             arrived: VecDeque::new(),
             new_token_ratio: init_ratio,
-            init_ratio,
             min_ratio,
             decay_step: (init_ratio - min_ratio) / 600.0,
             counters: EngineCounters::default(),
-            passes: 0,
             sampler: cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index)),
-            max_burst: cfg.speculative.as_ref().map_or(1, |s| s.max_burst()),
+            max_burst,
             record_events: options.record_kv_events
                 && cfg.enable_prefix_caching
                 && cfg.worker_type != WorkerType::Decode,
@@ -187,20 +224,18 @@ impl SglangEngine {
     }
 
     fn new_req(&self, request: EngineRequest) -> Req {
-        let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
-        let output = output.with_vocabulary(self.vocabulary.clone());
-        let hashes = match request.hashes {
-            Some(h) => h,
-            None => request.prompt.block_hashes(self.page),
-        };
+        let (mut max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        if let Some(limit) = self.cfg.max_model_len {
+            max_output = max_output.min(limit.saturating_sub(request.prompt.len()));
+        }
         Req {
             id: request.id,
             prompt_len: request.prompt.len(),
             prompt: request.prompt,
             max_output,
-            output,
+            output: output.with_vocabulary(self.vocabulary.clone()),
             generated: 0,
-            hashes,
+            hashes: request.hashes.unwrap_or_default(),
             pages: Vec::new(),
             tree_pages: 0,
             lock_node: ROOT,
@@ -231,6 +266,12 @@ impl SglangEngine {
         self.reqs[slot as usize].as_mut().expect("live request slot")
     }
 
+    /// Hashes the full pages of `slot`'s sequence up to `pages`.
+    fn hash_pages(&mut self, slot: u32, pages: usize) {
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
+        req.hash_pages(pages, self.page, &mut self.scratch_tokens);
+    }
+
     pub fn submit(&mut self, request: EngineRequest) {
         let req = self.new_req(request);
         let slot = self.insert_req(req);
@@ -258,13 +299,13 @@ impl SglangEngine {
         self.counters
     }
 
-    /// Tokens of cached prefix a request can reuse: whole pages, and never its last token.
-    fn cacheable_prefix_pages(&self, req: &Req) -> usize {
-        if !self.cfg.enable_prefix_caching {
-            return 0;
-        }
-        let limit = ((req.len().saturating_sub(1)) / self.page) as usize;
-        self.tree.peek(&req.hashes.local[..limit.min(req.hashes.len())])
+    /// Tokens the pool could hand out now: free pages and unlocked cache.
+    fn reservable_tokens(&self) -> u64 {
+        self.pool.available() as u64 * self.page as u64 + self.tree.evictable_tokens()
+    }
+
+    fn ceil_page(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.page) * self.page
     }
 
     /// Frees pages for `pages` new ones by evicting cache if needed. False if impossible.
@@ -283,37 +324,36 @@ impl SglangEngine {
         pages <= self.pool.available()
     }
 
-    /// Moves the fully computed pages of `slot` that are not in the tree yet into it, and moves
-    /// the request's lock to the new deepest node.
-    fn cache_computed_pages(&mut self, slot: u32) {
-        if !self.cfg.enable_prefix_caching {
+    /// Moves the first `full` pages of `slot` into the tree (those not there yet) and moves the
+    /// request's lock to the deepest node covering them.
+    fn cache_pages(&mut self, slot: u32, full: usize) {
+        if !self.cfg.enable_prefix_caching || full <= self.req(slot).tree_pages {
             return;
         }
+        self.hash_pages(slot, full);
         let page = self.page;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let full = ((req.materialized / page) as usize).min(req.hashes.len());
-        if full <= req.tree_pages {
-            return;
-        }
         let range = req.tree_pages..full;
         let mut stored = std::mem::take(&mut self.scratch_stored);
         stored.clear();
-        let (node, duplicates) = self.tree.insert(
+        let inserted = self.tree.insert(
             req.lock_node,
             &req.hashes.local[range.clone()],
             &req.pages[range.clone()],
             &req.hashes.seq[range.clone()],
             &mut stored,
         );
-        if !duplicates.is_empty() {
+        if !inserted.duplicates.is_empty() {
             // Another request cached these pages first: use the tree's copies.
-            self.pool.free(&duplicates);
-            let tree_pages = self.tree.path_pages(node);
+            self.pool.free(&inserted.duplicates);
+            let tree_pages = self.tree.path_pages(inserted.node);
             req.pages[..full].copy_from_slice(&tree_pages[..full]);
         }
-        self.tree.lock(node);
-        self.tree.unlock(req.lock_node);
-        req.lock_node = node;
+        if inserted.node != req.lock_node {
+            self.tree.lock(inserted.node);
+            self.tree.unlock(req.lock_node);
+            req.lock_node = inserted.node;
+        }
         req.tree_pages = full;
         if self.record_events && !stored.is_empty() {
             let first = full - stored.len();
@@ -344,18 +384,46 @@ impl SglangEngine {
         self.reqs[slot as usize].take().expect("live request slot")
     }
 
+    /// A request that is done: its full pages with KV slots join the cache and it leaves (a
+    /// prefill worker keeps it, with its pages, until the decode side has them).
+    fn complete(&mut self, slot: u32, out: &mut PassOutput) {
+        let id = self.req(slot).id;
+        out.finished.push(Finished { request: id, finish: Finish::Completed });
+        if self.cfg.worker_type == WorkerType::Prefill {
+            self.parked.insert(id, slot);
+        } else {
+            self.retire(slot);
+        }
+    }
+
+    fn retire(&mut self, slot: u32) {
+        let req = self.req(slot);
+        let full = (req.len().min(req.materialized) / self.page) as usize;
+        self.cache_pages(slot, full);
+        self.release(slot);
+        self.remove(slot);
+    }
+
+    fn reject(&mut self, slot: u32, reason: RejectReason, out: &mut PassOutput) {
+        self.release(slot);
+        let req = self.remove(slot);
+        out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
+    }
+
     /// Orders the waiting queue: longest cached prefix first (LPM), with requests whose short
     /// prefix duplicates one ahead of them pushed back.
     fn order_waiting(&mut self) {
-        if !self.cfg.sglang.lpm || self.waiting.len() > LPM_FALLBACK_THRESHOLD {
+        if !self.cfg.sglang.lpm || !self.cfg.enable_prefix_caching || self.waiting.len() > LPM_FALLBACK_THRESHOLD {
             return;
         }
         let probe_pages = IN_BATCH_PREFIX_TOKENS.div_ceil(self.page) as usize;
         let mut seen = FxHashSet::default();
         let mut keyed: Vec<(bool, std::cmp::Reverse<usize>, u32)> = Vec::with_capacity(self.waiting.len());
-        for &slot in &self.waiting {
+        for i in 0..self.waiting.len() {
+            let slot = self.waiting[i];
+            self.hash_pages(slot, usize::MAX);
             let req = self.req(slot);
-            let prefix = self.cacheable_prefix_pages(req);
+            let prefix = self.tree.peek(&req.hashes.local);
             let mut later = false;
             if prefix as u32 * self.page <= IN_BATCH_PREFIX_TOKENS && req.hashes.len() >= probe_pages {
                 later = !seen.insert(req.hashes.seq[probe_pages - 1]);
@@ -366,12 +434,25 @@ impl SglangEngine {
         self.waiting = keyed.into_iter().map(|k| k.2).collect();
     }
 
+    /// Requests whose prompt reaches `max_model_len` leave at the start of a pass.
+    fn reject_too_long(&mut self, out: &mut PassOutput) {
+        let Some(limit) = self.cfg.max_model_len else { return };
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        for slot in std::mem::take(&mut self.waiting) {
+            if self.req(slot).prompt_len >= limit {
+                self.reject(slot, RejectReason::ExceedsMaxModelLen, out);
+            } else {
+                kept.push_back(slot);
+            }
+        }
+        self.waiting = kept;
+    }
+
     pub fn step(&mut self, now_ms: f64, out: &mut PassOutput) {
         out.clear();
         out.start_ms = now_ms;
-        self.passes += 1;
-        self.tree.set_time(self.passes);
-        // Transferred requests (decode worker) join the batch.
+        // Transferred requests (decode worker) join the batch; while some still wait for a
+        // slot, nothing new is prefilled.
         let max_running = self.cfg.max_num_seqs.map_or(usize::MAX, |m| m as usize);
         while self.running.len() < max_running {
             let Some(slot) = self.arrived.pop_front() else { break };
@@ -380,35 +461,48 @@ impl SglangEngine {
             self.running.push(slot);
             out.admissions.push(Admission { request: id, reused_tokens: reused, readmission: false });
         }
+        self.reject_too_long(out);
         self.order_waiting();
-        let admitted = self.build_prefill_batch(out, max_running);
-        if admitted.is_empty() && self.running.is_empty() {
+        let admitted = if self.arrived.is_empty() { self.build_prefill_batch(out, max_running) } else { Vec::new() };
+        if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && self.parked.is_empty() {
             if let Some(slot) = self.waiting.pop_front() {
-                // Nothing runs and the head still does not fit: it never will.
-                self.release(slot);
-                let req = self.remove(slot);
-                out.finished
-                    .push(Finished { request: req.id, finish: Finish::Rejected(RejectReason::ExceedsKvCapacity) });
+                // Nothing runs, nothing holds pages that will come back, and the head still
+                // cannot be admitted: it never will be.
+                let reason = self.never_admissible(slot);
+                self.reject(slot, reason, out);
             }
         }
         let prefill_ms = self.cfg.timing.prefill_ms(&out.prefill);
-        let ratio = self.cfg.speedup_ratio;
-        let decode_start = now_ms + pass_duration_ms(prefill_ms, ratio);
-        let mut retracted = false;
+        let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = if admitted.is_empty() {
-            let (end, r) = self.decode(decode_start, out);
-            retracted = r;
-            end
+            self.decode(decode_start, out)
         } else {
-            self.finish_extend(&admitted, out);
+            self.finish_prefill(&admitted, out);
             decode_start
         };
-        if retracted {
-            self.new_token_ratio = self.init_ratio;
-        }
-        self.new_token_ratio = (self.new_token_ratio - self.decay_step).max(self.min_ratio);
         out.kv_events.append(&mut self.events);
         out.stored_tokens.append(&mut self.stored_tokens);
+    }
+
+    /// The first chunk of `extend` tokens that fits a chunk budget of `budget` tokens: all of
+    /// it if its pages fit, else whole pages (0 if not even one page fits).
+    fn chunk_of(&self, extend: u32, budget: i64) -> u32 {
+        if self.ceil_page(extend) as i64 <= budget {
+            extend
+        } else {
+            ((budget.max(0) as u32 / self.page) * self.page).min(extend)
+        }
+    }
+
+    /// Why a waiting request that cannot be admitted into an idle engine never will be.
+    fn never_admissible(&self, slot: u32) -> RejectReason {
+        let req = self.req(slot);
+        let chunk = self.chunk_of(req.len() - req.materialized, self.chunked_prefill_size as i64);
+        if self.ceil_page(chunk) > self.cfg.sglang.max_prefill_tokens {
+            RejectReason::ExceedsPrefillBudget
+        } else {
+            RejectReason::ExceedsKvCapacity
+        }
     }
 
     /// Admits waiting requests into this pass's prefill batch; returns them in order.
@@ -417,76 +511,82 @@ impl SglangEngine {
         let clip = self.cfg.sglang.clip_max_new_tokens;
         let promised: f64 =
             self.running.iter().map(|&s| self.req(s).remaining_output().min(clip) as f64 * self.new_token_ratio).sum();
-        let mut rem_total =
-            (self.pool.available() as u64 * page as u64 + self.tree.evictable_tokens()) as f64 - promised;
+        let mut rem_total = self.reservable_tokens() as f64 - promised;
         let mut rem_input = self.cfg.sglang.max_prefill_tokens as i64;
-        let mut rem_chunk = self.cfg.sglang.chunked_prefill_size as i64;
+        let mut rem_chunk = self.chunked_prefill_size as i64;
         let decode_worker = self.cfg.worker_type == WorkerType::Decode;
         let mut admitted = Vec::new();
-        let mut oom = false;
         while let Some(&slot) = self.waiting.get(admitted.len()) {
             if self.running.len() + admitted.len() >= max_running {
                 break;
             }
+            let fresh = self.req(slot).materialized == 0;
+            // A fresh request matches its sequence once, never its last token when it still has
+            // one to sample; a chunked continuation goes on from the tokens it holds.
+            let cached = if fresh && self.cfg.enable_prefix_caching {
+                let req = self.req(slot);
+                let match_len = if req.done() { req.len() } else { req.len() - 1 };
+                self.hash_pages(slot, (match_len / page) as usize);
+                let req = self.req(slot);
+                let limit = ((match_len / page) as usize).min(req.hashes.len());
+                self.tree.peek(&req.hashes.local[..limit])
+            } else {
+                0
+            };
             let req = self.req(slot);
-            let fresh = req.pages.is_empty();
-            let prefix_pages = if fresh { self.cacheable_prefix_pages(req) } else { 0 };
-            let before = if fresh { prefix_pages as u32 * page } else { req.materialized };
-            let extend = req.len() - before;
-            if extend == 0 {
+            let start = req.materialized.max(cached as u32 * page);
+            let extend = req.len() - start;
+            if extend == 0 && !fresh {
                 break;
             }
-            // What does not fit in the pass's chunk budget is cut at a page boundary.
-            let chunk = if extend as i64 <= rem_chunk { extend } else { (rem_chunk.max(0) as u32 / page) * page };
-            if chunk == 0 {
+            let chunk = self.chunk_of(extend, rem_chunk);
+            if chunk == 0 && extend > 0 {
                 break;
             }
-            let charged = chunk.div_ceil(page) * page;
+            // Budgets are charged for whole pages of computed tokens, not the cached prefix.
+            let charged = self.ceil_page(chunk);
             let reserve_out = if chunk < extend { 0 } else { req.remaining_output().min(clip) };
             if (charged + reserve_out) as f64 >= rem_total || charged as i64 > rem_input || charged as i64 > rem_chunk {
                 break;
             }
-            // Allocate: lock the cached prefix (first chunk), then pages for the chunk.
+            let chunk_end = start + chunk;
             if fresh {
-                let keys = req.hashes.local[..prefix_pages].to_vec();
-                let m = self.tree.match_prefix(&keys);
-                self.tree.lock(m.node);
+                let req = self.reqs[slot as usize].as_ref().expect("live request slot");
+                let m = self.tree.match_and_lock(&req.hashes.local[..cached]);
                 let req = self.req_mut(slot);
                 req.pages = m.pages;
-                req.tree_pages = prefix_pages;
+                req.tree_pages = cached;
                 req.lock_node = m.node;
-                req.materialized = before;
             }
-            let need = (before + chunk).div_ceil(page) - self.req(slot).pages.len() as u32;
-            if !self.make_room(need) {
+            let need = chunk_end.div_ceil(page) - self.req(slot).pages.len() as u32;
+            if need as u64 * page as u64 > self.reservable_tokens() || !self.make_room(need) {
                 if fresh {
                     self.release(slot);
                 }
-                oom = true;
                 break;
             }
             let mut pages = std::mem::take(&mut self.req_mut(slot).pages);
             self.pool.alloc(need, &mut pages);
             let req = self.req_mut(slot);
             req.pages = pages;
-            if !req.admitted_before || fresh {
+            let before = req.materialized.max(cached as u32 * page);
+            if fresh {
                 let readmission = req.admitted_before;
                 req.admitted_before = true;
                 let id = req.id;
-                let total = req.len() as u64;
-                self.counters.prefix_queries += total;
+                self.counters.prefix_queries += req.len() as u64;
                 self.counters.prefix_hits += before as u64;
                 out.admissions.push(Admission { request: id, reused_tokens: before, readmission });
             }
-            self.req_mut(slot).materialized = before + chunk;
+            self.req_mut(slot).materialized = chunk_end;
             out.computed_tokens += chunk as u64;
             if !decode_worker {
                 out.prefill.batch += 1;
-                out.prefill.total_isl += (before + chunk) as u64;
+                out.prefill.total_isl += chunk_end as u64;
                 out.prefill.total_prefix += before as u64;
                 out.prefill_tokens += chunk as u64;
             }
-            rem_total -= (need * page + reserve_out) as f64;
+            rem_total -= (charged + reserve_out) as f64;
             rem_input -= charged as i64;
             rem_chunk -= charged as i64;
             admitted.push(slot);
@@ -494,107 +594,149 @@ impl SglangEngine {
                 break;
             }
         }
-        if oom {
-            self.new_token_ratio = self.init_ratio;
-        }
-        for _ in 0..admitted.len() {
-            self.waiting.pop_front();
-        }
+        self.waiting.drain(..admitted.len());
         admitted
     }
 
-    /// After an extend pass: cache what was computed; unfinished prompts go back to the front
-    /// of the queue, finished ones join the running batch with their first token.
-    fn finish_extend(&mut self, admitted: &[u32], out: &mut PassOutput) {
-        let mut unfinished = Vec::new();
+    /// After a prefill pass: unfinished prompts cache their computed pages and go back to the
+    /// front of the queue; finished ones join the running batch with their first token, which
+    /// gets a KV slot now if the cache has room (evicting only cache), all or none.
+    fn finish_prefill(&mut self, admitted: &[u32], out: &mut PassOutput) {
+        let mut fresh = Vec::new();
         for &slot in admitted {
-            self.cache_computed_pages(slot);
             let req = self.req(slot);
             if req.materialized < req.len() {
-                unfinished.push(slot);
-                continue;
-            }
-            self.running.push(slot);
-            if self.req(slot).generated < self.req(slot).max_output {
-                self.generate(slot, out);
+                let full = (req.materialized / self.page) as usize;
+                self.cache_pages(slot, full);
+                self.waiting.push_front(slot);
+            } else {
+                fresh.push(slot);
             }
         }
-        for &slot in unfinished.iter().rev() {
-            self.waiting.push_front(slot);
+        let mut completed = Vec::new();
+        fresh.retain(|&slot| {
+            let req = self.req(slot);
+            if req.done() {
+                completed.push(slot);
+                return false;
+            }
+            if req.remaining_output() == 1 {
+                // Its only token finishes it: it never needs a slot.
+                completed.push(slot);
+                let req = self.reqs[slot as usize].as_mut().expect("live request slot");
+                let token = req.output.token(req.generated);
+                req.generated += 1;
+                out.tokens.push(TokenOut { request: req.id, token });
+                return false;
+            }
+            true
+        });
+        let need: u32 = fresh.iter().map(|&s| self.growth(s, 1)).sum();
+        let page_need = need / self.page;
+        if self.make_room(page_need) {
+            for &slot in &fresh {
+                self.sample_with_slot(slot, out);
+                let full = (self.req(slot).materialized / self.page) as usize;
+                self.cache_pages(slot, full);
+            }
         }
-        self.retire_finished(out);
+        self.running.extend_from_slice(&fresh);
+        for slot in completed {
+            self.complete(slot, out);
+        }
     }
 
-    fn generate(&mut self, slot: u32, out: &mut PassOutput) {
+    /// Tokens of new pages `slot` needs to give `burst` more tokens a slot.
+    fn growth(&self, slot: u32, burst: u32) -> u32 {
+        let r = self.req(slot);
+        let burst = burst.min(r.remaining_output());
+        self.ceil_page(r.len() + burst).saturating_sub(r.pages.len() as u32 * self.page)
+    }
+
+    /// Samples the next token of `slot` and gives it a KV slot (a new page at a page boundary).
+    fn sample_with_slot(&mut self, slot: u32, out: &mut PassOutput) {
         let page = self.page;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
+        if req.materialized.is_multiple_of(page) && req.materialized / page >= req.pages.len() as u32 {
+            let ok = self.pool.alloc(1, &mut req.pages);
+            debug_assert!(ok, "room was made for every slot");
+        }
+        req.materialized += 1;
         let token = req.output.token(req.generated);
         req.generated += 1;
         out.tokens.push(TokenOut { request: req.id, token });
-        let len = req.len();
-        // Generated pages are hashed only for the radix cache (and its KV events).
-        if self.cfg.enable_prefix_caching && len.is_multiple_of(page) {
-            let start = len - page;
-            for (k, t) in self.scratch_tokens.iter_mut().enumerate() {
-                *t = req.token_at(start + k as u32);
-            }
-            req.hashes.push_local(local_block_hash(&self.scratch_tokens));
-        }
     }
 
-    /// Removes running requests that have all their tokens.
-    fn retire_finished(&mut self, out: &mut PassOutput) {
-        let mut i = 0;
-        while i < self.running.len() {
-            let slot = self.running[i];
-            let req = self.req(slot);
-            if req.generated < req.max_output {
-                i += 1;
-                continue;
+    /// A decode pass over the running batch; returns its end time.
+    fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
+        let mut completed = Vec::new();
+        self.running.retain(|&s| {
+            let done = self.reqs[s as usize].as_ref().expect("live request slot").done();
+            if done {
+                completed.push(s);
             }
-            self.running.remove(i);
-            self.cache_computed_pages(slot);
-            if self.cfg.worker_type == WorkerType::Prefill {
-                let req = self.req_mut(slot);
-                let id = req.id;
-                self.parked.insert(id, slot);
-                out.finished.push(Finished { request: id, finish: Finish::Completed });
-                continue;
-            }
+            !done
+        });
+        for slot in completed.drain(..) {
+            self.complete(slot, out);
+        }
+        // Retract until every running request's next burst has pages.
+        let max_burst = self.max_burst;
+        let growth = |e: &SglangEngine| -> u64 { e.running.iter().map(|&s| e.growth(s, max_burst) as u64).sum() };
+        let mut retracted = Vec::new();
+        while growth(self) > self.reservable_tokens() && self.running.len() > 1 {
+            let (pos, _) = self
+                .running
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, &s)| self.req(s).generated)
+                .expect("running is not empty");
+            let slot = self.running.remove(pos);
             self.release(slot);
-            let req = self.remove(slot);
-            out.finished.push(Finished { request: req.id, finish: Finish::Completed });
+            let req = self.req_mut(slot);
+            req.hashes = BlockHashes::default();
+            out.preempted.push(req.id);
+            self.counters.preemptions += 1;
+            retracted.push(slot);
         }
+        if retracted.is_empty() {
+            self.new_token_ratio = (self.new_token_ratio - self.decay_step).max(self.min_ratio);
+        } else {
+            // SGLang's `retract_decode`: headroom for the survivors from what they generated.
+            let (decoded, max_new) = self.running.iter().fold((0u64, 0u64), |(d, m), &s| {
+                let r = self.req(s);
+                (d + r.generated as u64, m + r.max_output as u64)
+            });
+            let n = self.running.len() as f64;
+            self.new_token_ratio = ((decoded as f64 + RETRACT_DECODE_STEPS * n) / (max_new as f64 + 1.0)).min(1.0);
+        }
+        let mut end = decode_start;
+        if !self.running.is_empty() {
+            let need = (growth(self) / self.page as u64) as u32;
+            if self.make_room(need) {
+                end = self.decode_running(decode_start, out);
+            } else {
+                // A lone request the cache cannot grow: SGLang would stop here for good.
+                for slot in std::mem::take(&mut self.running) {
+                    let r = self.req(slot);
+                    let own = r.len() as u64 + max_burst.min(r.remaining_output()) as u64;
+                    let reason = if own > self.cfg.kv_capacity_tokens() {
+                        RejectReason::ExceedsKvCapacity
+                    } else {
+                        RejectReason::KvHeldElsewhere
+                    };
+                    self.reject(slot, reason, out);
+                }
+            }
+        }
+        // Retracted requests queue behind everything that has not run yet.
+        self.waiting.extend(retracted);
+        end
     }
 
-    /// A decode pass over the running batch; returns its end time and whether it retracted.
-    fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> (f64, bool) {
-        self.retire_finished(out);
-        let page = self.page;
-        // Pages to hold every running request's next token (a full burst with speculative
-        // decoding: everything but the last token of the burst gets computed).
-        let growth = |e: &SglangEngine| -> u32 { e.running.iter().map(|&s| e.pages_needed(s)).sum() };
-        let mut retracted = false;
-        loop {
-            let need = growth(self);
-            let room = self.pool.available() as u64 + self.tree.evictable_tokens() / page as u64;
-            if need as u64 <= room || self.running.len() <= 1 {
-                break;
-            }
-            self.retract(out);
-            retracted = true;
-        }
-        let need = growth(self);
-        if !self.make_room(need) {
-            // A single request larger than the cache: refuse it.
-            for slot in std::mem::take(&mut self.running) {
-                self.release(slot);
-                let req = self.remove(slot);
-                out.finished
-                    .push(Finished { request: req.id, finish: Finish::Rejected(RejectReason::ExceedsKvCapacity) });
-            }
-            return (decode_start, retracted);
-        }
+    /// Every running request samples its burst, each token with its KV slot; returns the end of
+    /// the pass.
+    fn decode_running(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
         let capacity = self.cfg.kv_capacity_tokens();
         let context: u64 = self.running.iter().map(|&s| self.req(s).len() as u64).sum();
         let shape = DecodeShape {
@@ -603,94 +745,73 @@ impl SglangEngine {
             capacity_tokens: capacity,
         };
         out.decode = shape;
-        let decode_ms =
-            if self.cfg.worker_type == WorkerType::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
+        let prefill_worker = self.cfg.worker_type == WorkerType::Prefill;
+        let decode_ms = if prefill_worker { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         let ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
         let end = decode_start + pass_duration_ms(decode_ms, ratio);
-        let prefill_worker = self.cfg.worker_type == WorkerType::Prefill;
+        let mut completed = Vec::new();
         for i in 0..self.running.len() {
             let slot = self.running[i];
-            let need = self.pages_needed(slot);
-            let mut pages = std::mem::take(&mut self.req_mut(slot).pages);
-            self.pool.alloc(need, &mut pages);
             let remaining = self.req(slot).remaining_output();
             let burst = match self.sampler.as_mut() {
                 Some(sampler) if !prefill_worker => sampler.sample(remaining),
                 _ => remaining.min(1),
             };
-            let req = self.req_mut(slot);
-            req.pages = pages;
-            for _ in 0..burst {
-                self.generate(slot, out);
-            }
-            let req = self.req_mut(slot);
-            req.materialized = req.len() - 1;
             out.decode_forwards += 1;
             out.decode_tokens += burst;
             out.computed_tokens += burst as u64;
-            self.cache_computed_pages(slot);
+            for _ in 0..burst {
+                self.sample_with_slot(slot, out);
+                if self.req(slot).done() {
+                    completed.push(slot);
+                    break;
+                }
+                let full = (self.req(slot).materialized / self.page) as usize;
+                self.cache_pages(slot, full);
+            }
         }
-        self.retire_finished(out);
-        (end, retracted)
+        if !completed.is_empty() {
+            self.running.retain(|s| !completed.contains(s));
+            for slot in completed {
+                self.complete(slot, out);
+            }
+        }
+        end
     }
 
-    /// New pages `slot` needs before its next decode forward.
-    fn pages_needed(&self, slot: u32) -> u32 {
-        let r = self.req(slot);
-        let burst = self.max_burst.min(r.remaining_output()).max(1);
-        (r.len() + burst - 1).div_ceil(self.page).saturating_sub(r.pages.len() as u32)
-    }
-
-    /// Retracts the running request with the fewest generated tokens (the longest prompt among
-    /// equals): its pages outside the cache are freed and it waits at the front of the queue.
-    fn retract(&mut self, out: &mut PassOutput) {
-        let (pos, _) = self
-            .running
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, &s)| {
-                let r = self.req(s);
-                (r.generated, std::cmp::Reverse(r.prompt_len))
-            })
-            .expect("running is not empty");
-        let slot = self.running.remove(pos);
-        self.release(slot);
-        let req = self.req_mut(slot);
-        out.preempted.push(req.id);
-        self.waiting.push_front(slot);
-        self.counters.preemptions += 1;
-    }
-
-    /// Decode worker: reserves pages for a prompt computed elsewhere.
+    /// Decode worker: reserves pages for a prompt computed elsewhere (its cached prefix is
+    /// matched and locked first, as SGLang does even when the rest does not fit).
     pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
         let page = self.page;
         let prompt_pages = request.prompt.len().div_ceil(page);
-        let hashes = match &request.hashes {
-            Some(h) => h.clone(),
-            None => request.prompt.block_hashes(page),
+        let hashes = match (&request.hashes, self.cfg.enable_prefix_caching) {
+            (_, false) => BlockHashes::default(),
+            (Some(h), true) => h.clone(),
+            (None, true) => request.prompt.block_hashes(page),
         };
-        let hit = if self.cfg.enable_prefix_caching { self.tree.peek(&hashes.local) } else { 0 };
-        let available = self.pool.available() as u64 + self.tree.evictable_tokens() / page as u64;
-        if (prompt_pages - hit as u32) as u64 > available {
+        let m = if self.cfg.enable_prefix_caching {
+            self.tree.match_and_lock(&hashes.local)
+        } else {
+            radix::Match { pages: Vec::new(), node: ROOT }
+        };
+        let hit = m.pages.len();
+        let need = prompt_pages - hit as u32;
+        if need as u64 * page as u64 > self.reservable_tokens() {
+            self.tree.unlock(m.node);
             return Err(request);
         }
+        let room = self.make_room(need);
+        debug_assert!(room, "room was checked");
         let id = request.id;
         let mut req = self.new_req(request);
-        let m = self.tree.match_prefix(&req.hashes.local[..hit]);
-        self.tree.lock(m.node);
+        req.hashes = hashes;
         req.pages = m.pages;
         req.tree_pages = hit;
         req.lock_node = m.node;
-        let need = prompt_pages - hit as u32;
-        let slot = self.insert_req(req);
-        let room = self.make_room(need);
-        debug_assert!(room, "room was checked");
-        let mut pages = std::mem::take(&mut self.req_mut(slot).pages);
-        self.pool.alloc(need, &mut pages);
-        let req = self.req_mut(slot);
-        req.pages = pages;
+        self.pool.alloc(need, &mut req.pages);
         let reused = hit as u32 * page;
         req.transferred = Some(reused);
+        let slot = self.insert_req(req);
         self.parked.insert(id, slot);
         Ok(reused)
     }
@@ -700,14 +821,15 @@ impl SglangEngine {
         let slot = self.parked.remove(&id).expect("activating a reserved request");
         let req = self.req_mut(slot);
         req.materialized = req.prompt_len;
-        self.cache_computed_pages(slot);
+        let full = (req.prompt_len / self.page) as usize;
+        self.cache_pages(slot, full);
         self.arrived.push_back(slot);
     }
 
-    /// Prefill worker: the decode side has the KV of `id`; free it.
+    /// Prefill worker: the decode side has the KV of `id`; its pages join the cache and the
+    /// rest are freed.
     pub fn release_held(&mut self, id: u64) {
         let slot = self.parked.remove(&id).expect("releasing a held request");
-        self.release(slot);
-        self.remove(slot);
+        self.retire(slot);
     }
 }

@@ -5,6 +5,11 @@
 //! prefix. Nodes that a running request depends on are locked (reference counted up to the
 //! root). Unlocked childless nodes are evictable leaves, evicted least recently used first; a
 //! leaf larger than the eviction need gives up only its newest pages.
+//!
+//! "Recently" is the order of cache operations, as in SGLang (which stamps nodes with the wall
+//! clock at each match or insert): every match and every insert takes a new stamp from a counter,
+//! and a node created by an insert takes one more, so leaves touched by different operations of
+//! the same forward pass are ordered by operation.
 
 use std::collections::BTreeSet;
 
@@ -24,9 +29,8 @@ struct Node {
     children: FxHashMap<u64, NodeId>,
     parent: NodeId,
     lock_ref: u32,
+    /// Stamp of the last operation that used it.
     last_access: u64,
-    /// Creation order, breaking ties between leaves last used at the same time.
-    created: u64,
     /// Whether it is in the evictable-leaf index.
     indexed: bool,
 }
@@ -79,11 +83,10 @@ pub struct RadixCache {
     nodes: Vec<Node>,
     free_nodes: Vec<NodeId>,
     page_size: u32,
-    /// The current time (the engine's pass counter): touches within a pass tie.
-    now: u64,
-    created: u64,
-    /// Unlocked childless nodes by (last access, creation order, id).
-    evictable_leaves: BTreeSet<(u64, u64, NodeId)>,
+    /// The last stamp handed out (see the module documentation).
+    clock: u64,
+    /// Unlocked childless nodes by (last access, id).
+    evictable_leaves: BTreeSet<(u64, NodeId)>,
     /// Tokens in unlocked nodes.
     evictable_tokens: u64,
 }
@@ -95,6 +98,15 @@ pub struct Match {
     pub node: NodeId,
 }
 
+/// Result of an insertion: the deepest node now covering the inserted pages, and which of the
+/// caller's pages the tree already had under the same key (the caller frees those and uses the
+/// tree's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inserted {
+    pub node: NodeId,
+    pub duplicates: Vec<u32>,
+}
+
 impl RadixCache {
     pub fn new(page_size: u32) -> Self {
         let root = Node { lock_ref: 1, ..Node::default() };
@@ -102,8 +114,7 @@ impl RadixCache {
             nodes: vec![root],
             free_nodes: Vec::new(),
             page_size,
-            now: 0,
-            created: 0,
+            clock: 0,
             evictable_leaves: BTreeSet::new(),
             evictable_tokens: 0,
         }
@@ -117,21 +128,18 @@ impl RadixCache {
         self.nodes[id as usize].key.len() as u64 * self.page_size as u64
     }
 
-    fn is_leaf(&self, id: NodeId) -> bool {
-        id != ROOT && self.nodes[id as usize].children.is_empty()
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 
-    /// Advances the clock that orders least-recently-used eviction.
-    pub fn set_time(&mut self, now: u64) {
-        self.now = now;
-    }
-
+    /// Adds `id` to, or removes it from, the evictable-leaf index as its state requires.
     fn sync_leaf(&mut self, id: NodeId) {
-        let evictable = self.is_leaf(id) && self.nodes[id as usize].lock_ref == 0;
-        let n = &mut self.nodes[id as usize];
+        let n = &self.nodes[id as usize];
+        let evictable = id != ROOT && n.children.is_empty() && n.lock_ref == 0;
         if evictable != n.indexed {
-            n.indexed = evictable;
-            let entry = (n.last_access, n.created, id);
+            let entry = (n.last_access, id);
+            self.nodes[id as usize].indexed = evictable;
             if evictable {
                 self.evictable_leaves.insert(entry);
             } else {
@@ -140,21 +148,19 @@ impl RadixCache {
         }
     }
 
-    fn touch(&mut self, id: NodeId) {
+    fn touch(&mut self, id: NodeId, stamp: u64) {
         let n = &mut self.nodes[id as usize];
-        if n.last_access == self.now {
+        if n.last_access == stamp {
             return;
         }
         if n.indexed {
-            self.evictable_leaves.remove(&(n.last_access, n.created, id));
-            self.evictable_leaves.insert((self.now, n.created, id));
+            self.evictable_leaves.remove(&(n.last_access, id));
+            self.evictable_leaves.insert((stamp, id));
         }
-        n.last_access = self.now;
+        n.last_access = stamp;
     }
 
-    fn new_node(&mut self, mut node: Node) -> NodeId {
-        self.created += 1;
-        node.created = self.created;
+    fn new_node(&mut self, node: Node) -> NodeId {
         match self.free_nodes.pop() {
             Some(id) => {
                 self.nodes[id as usize] = node;
@@ -167,15 +173,18 @@ impl RadixCache {
         }
     }
 
+    fn common_prefix(&self, child: NodeId, keys: &[u64]) -> usize {
+        self.nodes[child as usize].key.iter().zip(keys).take_while(|(a, b)| a == b).count()
+    }
+
     /// Length in pages of the cached prefix of `keys`, without changing anything (LPM scoring).
     pub fn peek(&self, keys: &[u64]) -> usize {
         let (mut node, mut i) = (ROOT, 0);
         while i < keys.len() {
             let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else { break };
-            let edge = &self.nodes[child as usize].key;
-            let common = edge.iter().zip(&keys[i..]).take_while(|(a, b)| a == b).count();
+            let common = self.common_prefix(child, &keys[i..]);
             i += common;
-            if common < edge.len() {
+            if common < self.nodes[child as usize].key.len() {
                 break;
             }
             node = child;
@@ -183,52 +192,46 @@ impl RadixCache {
         i
     }
 
-    /// Matches the longest cached prefix of `keys`, splitting a partially matched edge so the
-    /// match ends on a node, and marks the path as used now.
-    pub fn match_prefix(&mut self, keys: &[u64]) -> Match {
+    /// Matches the longest cached prefix of `keys` and locks it. Every fully matched node is
+    /// marked as used now; a partially matched edge is split so the match ends on a node, which
+    /// keeps the edge's old stamp.
+    pub fn match_and_lock(&mut self, keys: &[u64]) -> Match {
+        let stamp = self.tick();
         let (mut node, mut i) = (ROOT, 0);
         let mut pages = Vec::new();
         while i < keys.len() {
             let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else { break };
-            let common = {
-                let edge = &self.nodes[child as usize].key;
-                edge.iter().zip(&keys[i..]).take_while(|(a, b)| a == b).count()
-            };
-            let target = if common < self.nodes[child as usize].key.len() { self.split(child, common) } else { child };
-            pages.extend_from_slice(&self.nodes[target as usize].value);
-            self.touch(target);
-            i += common;
-            node = target;
-            if target != child {
+            let common = self.common_prefix(child, &keys[i..]);
+            if common < self.nodes[child as usize].key.len() {
+                node = self.split(child, common);
+                pages.extend_from_slice(&self.nodes[node as usize].value);
                 break;
             }
+            self.touch(child, stamp);
+            pages.extend_from_slice(&self.nodes[child as usize].value);
+            i += common;
+            node = child;
         }
+        self.lock(node);
         Match { pages, node }
     }
 
     /// Splits `id` after `at` pages: a new node takes the first `at` pages (and the lock count
-    /// and access time), `id` keeps the rest as its child. Returns the new node.
+    /// and access stamp), `id` keeps the rest as its child. Returns the new node.
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
-        let (parent, head_key, head_value, head_seq, lock_ref, last_access) = {
-            let n = &mut self.nodes[id as usize];
-            let key: Vec<u64> = n.key.drain(..at).collect();
-            let value: Vec<u32> = n.value.drain(..at).collect();
-            let seq: Vec<u64> = n.seq.drain(..at).collect();
-            (n.parent, key, value, seq, n.lock_ref, n.last_access)
-        };
-        let first = head_key[0];
-        let rest_first = self.nodes[id as usize].key[0];
-        let mid = self.new_node(Node {
-            key: head_key,
-            value: head_value,
-            seq: head_seq,
+        let n = &mut self.nodes[id as usize];
+        let head = Node {
+            key: n.key.drain(..at).collect(),
+            value: n.value.drain(..at).collect(),
+            seq: n.seq.drain(..at).collect(),
             children: FxHashMap::default(),
-            parent,
-            lock_ref,
-            last_access,
-            created: 0,
+            parent: n.parent,
+            lock_ref: n.lock_ref,
+            last_access: n.last_access,
             indexed: false,
-        });
+        };
+        let (parent, first, rest_first) = (head.parent, head.key[0], n.key[0]);
+        let mid = self.new_node(head);
         self.nodes[mid as usize].children.insert(rest_first, id);
         self.nodes[id as usize].parent = mid;
         self.nodes[parent as usize].children.insert(first, mid);
@@ -239,8 +242,7 @@ impl RadixCache {
     pub fn lock(&mut self, mut node: NodeId) {
         while node != ROOT {
             if self.nodes[node as usize].lock_ref == 0 {
-                let t = self.tokens(node);
-                self.evictable_tokens -= t;
+                self.evictable_tokens -= self.tokens(node);
             }
             self.nodes[node as usize].lock_ref += 1;
             self.sync_leaf(node);
@@ -253,8 +255,7 @@ impl RadixCache {
             let n = &mut self.nodes[node as usize];
             n.lock_ref -= 1;
             if n.lock_ref == 0 {
-                let t = self.tokens(node);
-                self.evictable_tokens += t;
+                self.evictable_tokens += self.tokens(node);
             }
             self.sync_leaf(node);
             node = self.nodes[node as usize].parent;
@@ -262,80 +263,95 @@ impl RadixCache {
     }
 
     /// Inserts pages (`keys` local hashes, `values` page ids, `seqs` chained hashes) below
-    /// `node`, which ends exactly where they start. Returns the deepest node now covering them
-    /// and the pages of `values` that turned out to be cached already (the caller frees those
-    /// and uses the tree's); the sequence hashes of the pages that are new are appended to
-    /// `stored`.
-    pub fn insert(
-        &mut self,
-        node: NodeId,
-        keys: &[u64],
-        values: &[u32],
-        seqs: &[u64],
-        stored: &mut Vec<u64>,
-    ) -> (NodeId, Vec<u32>) {
-        let (mut node, mut i) = (node, 0);
-        let mut duplicates = Vec::new();
-        self.touch_if_not_root(node);
-        // A request growing its own private leaf (locked by it alone) extends it in place
-        // instead of chaining one node per page.
-        let n = &self.nodes[node as usize];
-        if node != ROOT && n.children.is_empty() && n.lock_ref == 1 && !keys.is_empty() {
-            let n = &mut self.nodes[node as usize];
-            n.key.extend_from_slice(keys);
-            n.value.extend_from_slice(values);
-            n.seq.extend_from_slice(seqs);
-            stored.extend_from_slice(seqs);
-            return (node, duplicates);
+    /// `start`, which ends exactly where they start, and marks the path from the root as used
+    /// now. A childless node on the way that nobody else depends on (unlocked, or `start` locked
+    /// only by the caller) grows in place instead of getting a child. The sequence hashes of
+    /// the pages the tree did not have are appended to `stored`.
+    pub fn insert(&mut self, start: NodeId, keys: &[u64], values: &[u32], seqs: &[u64], stored: &mut Vec<u64>) -> Inserted {
+        let mut out = Inserted { node: start, duplicates: Vec::new() };
+        if keys.is_empty() {
+            return out;
         }
+        let stamp = self.tick();
+        let mut up = start;
+        while up != ROOT {
+            self.touch(up, stamp);
+            up = self.nodes[up as usize].parent;
+        }
+        let (mut node, mut i) = (start, 0);
         while i < keys.len() {
-            let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else {
+            let n = &self.nodes[node as usize];
+            let own_leaf = node != ROOT && n.children.is_empty() && (n.lock_ref == 0 || (node == start && n.lock_ref == 1));
+            if own_leaf {
+                self.extend_leaf(node, &keys[i..], &values[i..], &seqs[i..], stamp);
                 stored.extend_from_slice(&seqs[i..]);
-                let leaf = self.new_node(Node {
-                    key: keys[i..].to_vec(),
-                    value: values[i..].to_vec(),
-                    seq: seqs[i..].to_vec(),
-                    children: FxHashMap::default(),
-                    parent: node,
-                    lock_ref: 0,
-                    last_access: 0,
-                    created: 0,
-                    indexed: false,
-                });
-                self.nodes[node as usize].children.insert(keys[i], leaf);
-                self.evictable_tokens += self.tokens(leaf);
-                self.sync_leaf(node);
-                self.touch_if_not_root(leaf);
-                self.sync_leaf(leaf);
-                return (leaf, duplicates);
+                out.node = node;
+                return out;
+            }
+            let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else {
+                out.node = self.new_leaf(node, &keys[i..], &values[i..], &seqs[i..]);
+                stored.extend_from_slice(&seqs[i..]);
+                return out;
             };
-            let common = {
-                let edge = &self.nodes[child as usize].key;
-                edge.iter().zip(&keys[i..]).take_while(|(a, b)| a == b).count()
-            };
-            let target = if common < self.nodes[child as usize].key.len() { self.split(child, common) } else { child };
-            duplicates.extend_from_slice(&values[i..i + common]);
-            self.touch(target);
+            let common = self.common_prefix(child, &keys[i..]);
+            out.duplicates.extend_from_slice(&values[i..i + common]);
             i += common;
-            node = target;
+            if common < self.nodes[child as usize].key.len() {
+                let mid = self.split(child, common);
+                out.node = if i < keys.len() {
+                    stored.extend_from_slice(&seqs[i..]);
+                    self.new_leaf(mid, &keys[i..], &values[i..], &seqs[i..])
+                } else {
+                    mid
+                };
+                return out;
+            }
+            self.touch(child, stamp);
+            node = child;
         }
-        (node, duplicates)
+        out.node = node;
+        out
     }
 
-    fn touch_if_not_root(&mut self, node: NodeId) {
-        if node != ROOT {
-            self.touch(node);
+    fn extend_leaf(&mut self, id: NodeId, keys: &[u64], values: &[u32], seqs: &[u64], stamp: u64) {
+        self.touch(id, stamp);
+        let n = &mut self.nodes[id as usize];
+        n.key.extend_from_slice(keys);
+        n.value.extend_from_slice(values);
+        n.seq.extend_from_slice(seqs);
+        if n.lock_ref == 0 {
+            self.evictable_tokens += keys.len() as u64 * self.page_size as u64;
         }
     }
 
-    /// Evicts at least `tokens` tokens of unlocked cache, oldest leaves first, newest pages of
-    /// a leaf first. Appends the freed pages to `freed` and their sequence hashes to `removed`;
-    /// returns the tokens evicted.
+    /// A new unlocked leaf below `parent`, stamped with an operation of its own.
+    fn new_leaf(&mut self, parent: NodeId, keys: &[u64], values: &[u32], seqs: &[u64]) -> NodeId {
+        let stamp = self.tick();
+        let leaf = self.new_node(Node {
+            key: keys.to_vec(),
+            value: values.to_vec(),
+            seq: seqs.to_vec(),
+            children: FxHashMap::default(),
+            parent,
+            lock_ref: 0,
+            last_access: stamp,
+            indexed: false,
+        });
+        self.nodes[parent as usize].children.insert(keys[0], leaf);
+        self.evictable_tokens += self.tokens(leaf);
+        self.sync_leaf(parent);
+        self.sync_leaf(leaf);
+        leaf
+    }
+
+    /// Evicts at least `tokens` tokens of unlocked cache, least recently used leaves first,
+    /// newest pages of a leaf first. Appends the freed pages to `freed` and their sequence
+    /// hashes to `removed`; returns the tokens evicted.
     pub fn evict(&mut self, tokens: u64, freed: &mut Vec<u32>, removed: &mut Vec<u64>) -> u64 {
         let page = self.page_size as u64;
         let mut done = 0;
         while done < tokens {
-            let Some(&(t, created, leaf)) = self.evictable_leaves.iter().next() else { break };
+            let Some(&(stamp, leaf)) = self.evictable_leaves.first() else { break };
             let size = self.tokens(leaf);
             let need_pages = (tokens - done).div_ceil(page) as usize;
             let n = &mut self.nodes[leaf as usize];
@@ -343,17 +359,17 @@ impl RadixCache {
                 // Give up only the newest pages of a large leaf.
                 let keep = n.key.len() - need_pages;
                 n.key.truncate(keep);
-                freed.extend(n.value.drain(keep..).rev());
-                removed.extend(n.seq.drain(keep..).rev());
+                freed.extend(n.value.drain(keep..));
+                removed.extend(n.seq.drain(keep..));
                 let gone = need_pages as u64 * page;
                 self.evictable_tokens -= gone;
                 done += gone;
                 continue;
             }
-            self.evictable_leaves.remove(&(t, created, leaf));
+            self.evictable_leaves.remove(&(stamp, leaf));
             n.indexed = false;
-            freed.extend(std::mem::take(&mut n.value).into_iter().rev());
-            removed.extend(std::mem::take(&mut n.seq).into_iter().rev());
+            freed.append(&mut n.value);
+            removed.append(&mut n.seq);
             let first = n.key[0];
             let parent = n.parent;
             n.key.clear();
@@ -371,14 +387,14 @@ impl RadixCache {
         self.evict(tokens, freed, &mut Vec::new())
     }
 
-    /// Pages from the root to `node` (for tests and invariants).
+    /// Pages from the root to `node`.
     pub fn path_pages(&self, mut node: NodeId) -> Vec<u32> {
         let mut parts = Vec::new();
         while node != ROOT {
-            parts.push(self.nodes[node as usize].value.clone());
+            parts.push(&self.nodes[node as usize].value[..]);
             node = self.nodes[node as usize].parent;
         }
-        parts.into_iter().rev().flatten().collect()
+        parts.into_iter().rev().flatten().copied().collect()
     }
 }
 
@@ -386,13 +402,14 @@ impl RadixCache {
 mod tests {
     use super::*;
 
+    /// A tree built by requests that each match their keys, insert the rest and finish.
     fn tree_with(paths: &[(&[u64], &[u32])]) -> RadixCache {
         let mut t = RadixCache::new(4);
-        for (i, (keys, values)) in paths.iter().enumerate() {
-            t.set_time(i as u64 + 1);
-            let m = t.match_prefix(keys);
+        for (keys, values) in paths {
+            let m = t.match_and_lock(keys);
             let n = m.pages.len();
             t.insert(m.node, &keys[n..], &values[n..], &keys[n..], &mut Vec::new());
+            t.unlock(m.node);
         }
         t
     }
@@ -401,14 +418,17 @@ mod tests {
     fn partial_matches_split_the_edge() {
         let mut t = tree_with(&[(&[1, 2, 3, 4], &[10, 11, 12, 13])]);
         assert_eq!(t.peek(&[1, 2, 9]), 2, "peek does not split");
-        let m = t.match_prefix(&[1, 2, 9]);
+        let m = t.match_and_lock(&[1, 2, 9]);
         assert_eq!(m.pages, vec![10, 11]);
         // The split node holds the shared prefix; the old node keeps the rest as its child.
         assert_eq!(t.path_pages(m.node), vec![10, 11]);
-        let (leaf, dup) = t.insert(m.node, &[9], &[20], &[99], &mut Vec::new());
-        assert!(dup.is_empty());
-        assert_eq!(t.path_pages(leaf), vec![10, 11, 20]);
-        assert_eq!(t.match_prefix(&[1, 2, 3, 4]).pages, vec![10, 11, 12, 13]);
+        let ins = t.insert(m.node, &[9], &[20], &[99], &mut Vec::new());
+        assert!(ins.duplicates.is_empty());
+        assert_eq!(t.path_pages(ins.node), vec![10, 11, 20]);
+        t.unlock(m.node);
+        let full = t.match_and_lock(&[1, 2, 3, 4]);
+        assert_eq!(full.pages, vec![10, 11, 12, 13]);
+        t.unlock(full.node);
         assert_eq!(t.evictable_tokens(), 5 * 4);
     }
 
@@ -416,22 +436,38 @@ mod tests {
     fn inserting_cached_pages_reports_duplicates() {
         let mut t = tree_with(&[(&[1, 2], &[10, 11])]);
         let mut stored = Vec::new();
-        let (node, dup) = t.insert(ROOT, &[1, 2, 3], &[50, 51, 52], &[7, 8, 9], &mut stored);
-        assert_eq!(dup, vec![50, 51]);
+        let ins = t.insert(ROOT, &[1, 2, 3], &[50, 51, 52], &[7, 8, 9], &mut stored);
+        assert_eq!(ins.duplicates, vec![50, 51]);
         assert_eq!(stored, vec![9], "only the new page is reported");
-        assert_eq!(t.path_pages(node), vec![10, 11, 52]);
+        // The unlocked leaf [1, 2] grows in place rather than getting a child.
+        assert_eq!(t.path_pages(ins.node), vec![10, 11, 52]);
+        assert_eq!(t.nodes[ins.node as usize].key, vec![1, 2, 3]);
     }
 
     #[test]
-    fn eviction_takes_oldest_unlocked_leaves_and_trims_large_ones() {
-        // Three requests at times 1, 2 and 3; the third splits [1,2,3] after [1,2].
+    fn a_leaf_another_request_depends_on_gets_a_child() {
+        let mut t = tree_with(&[(&[1, 2], &[10, 11])]);
+        let other = t.match_and_lock(&[1, 2]);
+        let mine = t.match_and_lock(&[1, 2]);
+        let ins = t.insert(mine.node, &[3], &[12], &[3], &mut Vec::new());
+        assert_ne!(ins.node, mine.node, "shared by two requests: not extended in place");
+        assert_eq!(t.path_pages(ins.node), vec![10, 11, 12]);
+        t.unlock(other.node);
+        // Locked only by this request now: it grows in place.
+        let mine2 = t.match_and_lock(&[1, 2, 3]);
+        t.unlock(mine.node);
+        let ins2 = t.insert(mine2.node, &[4], &[13], &[4], &mut Vec::new());
+        assert_eq!(ins2.node, mine2.node);
+    }
+
+    #[test]
+    fn eviction_takes_least_recently_used_leaves_and_trims_large_ones() {
+        // Three requests in turn; the third splits [1,2,3] after [1,2].
         let mut t = tree_with(&[(&[1, 2, 3], &[10, 11, 12]), (&[5, 6], &[20, 21]), (&[1, 2, 7], &[0, 0, 30])]);
-        // Leaves: [3] (used at time 1), [5,6] (2), [7] (3). Lock the [5,6] path.
-        t.set_time(4);
-        let m = t.match_prefix(&[5, 6]);
-        t.lock(m.node);
+        // Leaves: [3] (first request), [5,6], [7]. Lock the [5,6] path.
+        let m = t.match_and_lock(&[5, 6]);
         let mut freed = Vec::new();
-        // One page from the oldest unlocked leaf ([3]).
+        // One page from the least recently used unlocked leaf ([3]).
         assert_eq!(t.evict_pages(4, &mut freed), 4);
         assert_eq!(freed, vec![12]);
         // Next: leaf [7]; then [1,2] became a leaf and goes too — trimmed from its newest page.
@@ -449,15 +485,31 @@ mod tests {
     }
 
     #[test]
-    fn leaves_used_in_the_same_pass_go_oldest_node_first() {
+    fn leaves_are_ordered_by_operation_not_by_creation() {
+        // Leaves created in the order 1, 2, 3; then 1 is matched again: it is the most recent.
         let mut t = RadixCache::new(4);
-        t.set_time(1);
         for (k, v) in [(1u64, 10u32), (2, 20), (3, 30)] {
             t.insert(ROOT, &[k], &[v], &[k], &mut Vec::new());
         }
+        let m = t.match_and_lock(&[1]);
+        t.unlock(m.node);
         let mut freed = Vec::new();
         t.evict_pages(8, &mut freed);
-        assert_eq!(freed, vec![10, 20]);
+        assert_eq!(freed, vec![20, 30]);
+    }
+
+    #[test]
+    fn an_insertion_marks_its_whole_path_as_used() {
+        // [1] then [1,2] (a child of [1] after a split by [1,3]); [9] is inserted later.
+        let mut t = tree_with(&[(&[1, 2], &[10, 11]), (&[1, 3], &[0, 13])]);
+        t.insert(ROOT, &[9], &[90], &[9], &mut Vec::new());
+        // Extending [1,3]'s leaf touches [1] too, so [1,2]'s leaf is the oldest, then [9].
+        let m = t.match_and_lock(&[1, 3]);
+        t.insert(m.node, &[4], &[14], &[4], &mut Vec::new());
+        t.unlock(m.node);
+        let mut freed = Vec::new();
+        t.evict_pages(8, &mut freed);
+        assert_eq!(freed, vec![11, 90]);
     }
 
     #[test]
