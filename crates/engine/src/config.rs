@@ -759,7 +759,10 @@ mod tests {
         assert_eq!(parse(r#"{"engine_type": "trtllm", "max_model_len": 100}"#).unwrap().max_model_len, Some(100));
         assert_eq!(parse(r#"{"max_model_len": 0}"#).unwrap_err().path, "max_model_len");
         let e = parse(r#"{"engine_type": "sglang", "enable_chunked_prefill": false}"#).unwrap_err();
-        assert_eq!((e.path.as_str(), e.message.as_str()), ("enable_chunked_prefill", "enable_chunked_prefill=false is not supported for backend=sglang"));
+        assert_eq!(
+            (e.path.as_str(), e.message.as_str()),
+            ("enable_chunked_prefill", "enable_chunked_prefill=false is not supported for backend=sglang")
+        );
         assert!(parse(r#"{"enable_chunked_prefill": false}"#).is_ok(), "vLLM runs without chunking");
         let c = parse(
             r#"{"engine": {"backend": "sglang", "sglang": {"schedule_policy": "lpm", "max_prefill_tokens": 4096}}}"#,
@@ -769,7 +772,10 @@ mod tests {
         assert_eq!(c.sglang.max_prefill_tokens, 4096);
         assert_eq!(parse(r#"{"sglang": {"schedule_policy": "random"}}"#).unwrap_err().path, "sglang.schedule_policy");
         // Above 1 is allowed (it only scales the admission ratio); negative or NaN is not.
-        assert_eq!(parse(r#"{"sglang": {"schedule_conservativeness": 1.5}}"#).unwrap().sglang.schedule_conservativeness, 1.5);
+        assert_eq!(
+            parse(r#"{"sglang": {"schedule_conservativeness": 1.5}}"#).unwrap().sglang.schedule_conservativeness,
+            1.5
+        );
         assert_eq!(
             parse(r#"{"sglang": {"schedule_conservativeness": -0.5}}"#).unwrap_err().path,
             "sglang.schedule_conservativeness"

@@ -28,7 +28,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::config::{EngineConfig, WorkerType};
 use crate::engine::{EngineCounters, EngineOptions};
-use crate::hash::{local_block_hash, BlockHashes};
+use crate::hash::{chain_hash, local_block_hash};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::request::{EngineRequest, OutputPlan, Prompt};
 use crate::speculative::BurstSampler;
@@ -53,8 +53,9 @@ struct Req {
     /// How its output tokens are chosen.
     output: OutputPlan,
     generated: u32,
-    /// Hashes of the leading full pages of the known sequence, filled in when first needed.
-    hashes: BlockHashes,
+    /// Local hashes of the leading full pages of the known sequence, computed when a waiting
+    /// request is matched against the cache and dropped once it is admitted.
+    keys: Vec<u64>,
     /// Pages allocated to it, backing tokens `[0, pages.len() × page)`.
     pages: Vec<u32>,
     /// Leading pages owned by the radix tree (locked through `lock_node`); the rest are the
@@ -91,22 +92,42 @@ impl Req {
         self.generated >= self.max_output
     }
 
-    /// Hashes the full pages of the known sequence up to `pages` (fewer if the sequence is
-    /// shorter).
-    fn hash_pages(&mut self, pages: usize, page: u32, scratch: &mut [u32]) {
-        let pages = pages.min((self.len() / page) as usize);
-        if self.hashes.len() >= pages {
-            return;
-        }
-        if self.hashes.is_empty() && self.prompt_len >= page {
-            self.hashes = self.prompt.block_hashes(page);
-        }
-        while self.hashes.len() < pages {
-            let start = self.hashes.len() as u32 * page;
+    /// Appends the local hashes of full pages `pages` of the known sequence to `out`. Pages
+    /// made of one repeated token (a trace block cut into pages) share a hash, computed once per
+    /// block; `memo` carries the last one across calls.
+    fn page_keys(
+        &self,
+        pages: std::ops::Range<usize>,
+        page: u32,
+        scratch: &mut [u32],
+        memo: &mut (u32, u64),
+        out: &mut Vec<u64>,
+    ) {
+        let mut i = pages.start;
+        while i < pages.end {
+            let start = i as u32 * page;
+            if let Prompt::Runs { run, ids, .. } = &self.prompt {
+                let end = start + page - 1;
+                if end < self.prompt_len && start / run == end / run {
+                    let token = ids[(start / run) as usize];
+                    if memo.0 != token || memo.1 == 0 {
+                        scratch.fill(token);
+                        *memo = (token, local_block_hash(scratch));
+                    }
+                    // Every page up to the end of this block has the same hash.
+                    let block_end = ((start / run + 1) * run).min(self.prompt_len);
+                    let same = ((block_end - start) / page) as usize;
+                    let n = same.min(pages.end - i).max(1);
+                    out.extend(std::iter::repeat_n(memo.1, n));
+                    i += n;
+                    continue;
+                }
+            }
             for (k, t) in scratch.iter_mut().enumerate() {
                 *t = self.token_at(start + k as u32);
             }
-            self.hashes.push_local(local_block_hash(scratch));
+            out.push(local_block_hash(scratch));
+            i += 1;
         }
     }
 }
@@ -140,8 +161,11 @@ pub struct SglangEngine {
     record_events: bool,
     events: Vec<KvEvent>,
     scratch_tokens: Vec<u32>,
-    /// Reused by every radix insertion for the hashes it newly stored.
-    scratch_stored: Vec<u64>,
+    /// The last single-token page hashed (see [`Req::page_keys`]).
+    key_memo: (u32, u64),
+    /// Keys and sequence hashes of the pages of one radix insertion.
+    scratch_keys: Vec<u64>,
+    scratch_seqs: Vec<u64>,
     /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
     vocabulary: Option<Arc<[u32]>>,
     /// Record the tokens of stored pages, drained into [`PassOutput::stored_tokens`].
@@ -160,11 +184,13 @@ impl SglangEngine {
             (Some(s), t) if t != WorkerType::Prefill => s.max_burst(),
             _ => 1,
         };
+        let record_events =
+            options.record_kv_events && cfg.enable_prefix_caching && cfg.worker_type != WorkerType::Decode;
         SglangEngine {
             page,
             chunked_prefill_size: cfg.sglang.chunked_prefill_size / dp,
             pool: PagePool::new(cfg.num_gpu_blocks),
-            tree: RadixCache::new(page),
+            tree: RadixCache::new(page, cfg.num_gpu_blocks, record_events),
             reqs: Vec::new(),
             free_slots: Vec::new(),
             waiting: VecDeque::new(),
@@ -177,12 +203,12 @@ impl SglangEngine {
             counters: EngineCounters::default(),
             sampler: cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index)),
             max_burst,
-            record_events: options.record_kv_events
-                && cfg.enable_prefix_caching
-                && cfg.worker_type != WorkerType::Decode,
+            record_events,
             events: Vec::new(),
             scratch_tokens: vec![0; page as usize],
-            scratch_stored: Vec::new(),
+            key_memo: (0, 0),
+            scratch_keys: Vec::new(),
+            scratch_seqs: Vec::new(),
             vocabulary: None,
             record_tokens: false,
             stored_tokens: Vec::new(),
@@ -235,7 +261,7 @@ impl SglangEngine {
             max_output,
             output: output.with_vocabulary(self.vocabulary.clone()),
             generated: 0,
-            hashes: request.hashes.unwrap_or_default(),
+            keys: request.hashes.map(|h| h.local).unwrap_or_default(),
             pages: Vec::new(),
             tree_pages: 0,
             lock_node: ROOT,
@@ -266,10 +292,18 @@ impl SglangEngine {
         self.reqs[slot as usize].as_mut().expect("live request slot")
     }
 
-    /// Hashes the full pages of `slot`'s sequence up to `pages`.
-    fn hash_pages(&mut self, slot: u32, pages: usize) {
+    /// Computes the keys of `slot`'s full pages up to `pages` (fewer if the sequence is
+    /// shorter).
+    fn fill_keys(&mut self, slot: u32, pages: usize) {
+        let page = self.page;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
-        req.hash_pages(pages, self.page, &mut self.scratch_tokens);
+        let pages = pages.min((req.len() / page) as usize);
+        if req.keys.len() < pages {
+            let mut keys = std::mem::take(&mut req.keys);
+            keys.reserve_exact(pages - keys.len());
+            req.page_keys(keys.len()..pages, page, &mut self.scratch_tokens, &mut self.key_memo, &mut keys);
+            req.keys = keys;
+        }
     }
 
     pub fn submit(&mut self, request: EngineRequest) {
@@ -315,11 +349,10 @@ impl SglangEngine {
             return true;
         }
         let mut freed = Vec::new();
-        let mut removed = Vec::new();
-        self.tree.evict((pages - available) as u64 * self.page as u64, &mut freed, &mut removed);
+        self.tree.evict((pages - available) as u64 * self.page as u64, &mut freed);
         self.pool.free(&freed);
-        if self.record_events && !removed.is_empty() {
-            self.events.push(KvEvent::Removed { hashes: removed });
+        if self.record_events && !freed.is_empty() {
+            self.events.push(KvEvent::Removed { hashes: freed.iter().map(|&p| self.tree.seq_of(p)).collect() });
         }
         pages <= self.pool.available()
     }
@@ -330,19 +363,25 @@ impl SglangEngine {
         if !self.cfg.enable_prefix_caching || full <= self.req(slot).tree_pages {
             return;
         }
-        self.hash_pages(slot, full);
         let page = self.page;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
-        let range = req.tree_pages..full;
-        let mut stored = std::mem::take(&mut self.scratch_stored);
-        stored.clear();
-        let inserted = self.tree.insert(
-            req.lock_node,
-            &req.hashes.local[range.clone()],
-            &req.pages[range.clone()],
-            &req.hashes.seq[range.clone()],
-            &mut stored,
-        );
+        let first = req.tree_pages;
+        let (keys, seqs) = (&mut self.scratch_keys, &mut self.scratch_seqs);
+        keys.clear();
+        seqs.clear();
+        keys.reserve(full - first);
+        req.page_keys(first..full, page, &mut self.scratch_tokens, &mut self.key_memo, keys);
+        // The pages before `first` are the tree's: their sequence hashes are known.
+        let parent = (self.record_events && first > 0).then(|| self.tree.seq_of(req.pages[first - 1]));
+        if self.record_events {
+            let mut last = parent;
+            for &key in keys.iter() {
+                let seq = chain_hash(last, key);
+                seqs.push(seq);
+                last = Some(seq);
+            }
+        }
+        let inserted = self.tree.insert(req.lock_node, keys, &req.pages[first..full], seqs);
         if !inserted.duplicates.is_empty() {
             // Another request cached these pages first: use the tree's copies.
             self.pool.free(&inserted.duplicates);
@@ -355,17 +394,16 @@ impl SglangEngine {
             req.lock_node = inserted.node;
         }
         req.tree_pages = full;
-        if self.record_events && !stored.is_empty() {
-            let first = full - stored.len();
-            let parent = first.checked_sub(1).map(|p| req.hashes.seq[p]);
-            let blocks =
-                (first..full).map(|b| StoredBlock { hash: req.hashes.seq[b], local: req.hashes.local[b] }).collect();
+        if self.record_events && inserted.new_pages > 0 {
+            let new = full - inserted.new_pages - first..full - first;
+            let parent = if new.start == 0 { parent } else { Some(seqs[new.start - 1]) };
+            let blocks = new.clone().map(|j| StoredBlock { hash: seqs[j], local: keys[j] }).collect();
             self.events.push(KvEvent::Stored { parent, blocks });
             if self.record_tokens {
-                self.stored_tokens.extend((first as u32 * page..full as u32 * page).map(|pos| req.token_at(pos)));
+                let tokens = (first + new.start) as u32 * page..full as u32 * page;
+                self.stored_tokens.extend(tokens.map(|pos| req.token_at(pos)));
             }
         }
-        self.scratch_stored = stored;
     }
 
     /// Frees the request's own pages and unlocks its cached prefix.
@@ -421,12 +459,13 @@ impl SglangEngine {
         let mut keyed: Vec<(bool, std::cmp::Reverse<usize>, u32)> = Vec::with_capacity(self.waiting.len());
         for i in 0..self.waiting.len() {
             let slot = self.waiting[i];
-            self.hash_pages(slot, usize::MAX);
+            self.fill_keys(slot, usize::MAX);
             let req = self.req(slot);
-            let prefix = self.tree.peek(&req.hashes.local);
+            let prefix = self.tree.peek(&req.keys);
             let mut later = false;
-            if prefix as u32 * self.page <= IN_BATCH_PREFIX_TOKENS && req.hashes.len() >= probe_pages {
-                later = !seen.insert(req.hashes.seq[probe_pages - 1]);
+            if prefix as u32 * self.page <= IN_BATCH_PREFIX_TOKENS && req.keys.len() >= probe_pages {
+                let identity = req.keys[..probe_pages].iter().fold(None, |parent, &k| Some(chain_hash(parent, k)));
+                later = !seen.insert(identity);
             }
             keyed.push((later, std::cmp::Reverse(prefix), slot));
         }
@@ -526,10 +565,10 @@ impl SglangEngine {
             let cached = if fresh && self.cfg.enable_prefix_caching {
                 let req = self.req(slot);
                 let match_len = if req.done() { req.len() } else { req.len() - 1 };
-                self.hash_pages(slot, (match_len / page) as usize);
+                self.fill_keys(slot, (match_len / page) as usize);
                 let req = self.req(slot);
-                let limit = ((match_len / page) as usize).min(req.hashes.len());
-                self.tree.peek(&req.hashes.local[..limit])
+                let limit = ((match_len / page) as usize).min(req.keys.len());
+                self.tree.peek(&req.keys[..limit])
             } else {
                 0
             };
@@ -552,8 +591,9 @@ impl SglangEngine {
             let chunk_end = start + chunk;
             if fresh {
                 let req = self.reqs[slot as usize].as_ref().expect("live request slot");
-                let m = self.tree.match_and_lock(&req.hashes.local[..cached]);
+                let m = self.tree.match_and_lock(&req.keys[..cached]);
                 let req = self.req_mut(slot);
+                req.keys = Vec::new();
                 req.pages = m.pages;
                 req.tree_pages = cached;
                 req.lock_node = m.node;
@@ -694,7 +734,7 @@ impl SglangEngine {
             let slot = self.running.remove(pos);
             self.release(slot);
             let req = self.req_mut(slot);
-            req.hashes = BlockHashes::default();
+            req.keys = Vec::new();
             out.preempted.push(req.id);
             self.counters.preemptions += 1;
             retracted.push(slot);
@@ -784,13 +824,12 @@ impl SglangEngine {
     pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
         let page = self.page;
         let prompt_pages = request.prompt.len().div_ceil(page);
-        let hashes = match (&request.hashes, self.cfg.enable_prefix_caching) {
-            (_, false) => BlockHashes::default(),
-            (Some(h), true) => h.clone(),
-            (None, true) => request.prompt.block_hashes(page),
-        };
+        let id = request.id;
+        let slot = self.insert_req(self.new_req(request.clone()));
         let m = if self.cfg.enable_prefix_caching {
-            self.tree.match_and_lock(&hashes.local)
+            self.fill_keys(slot, usize::MAX);
+            let keys = std::mem::take(&mut self.req_mut(slot).keys);
+            self.tree.match_and_lock(&keys)
         } else {
             radix::Match { pages: Vec::new(), node: ROOT }
         };
@@ -798,20 +837,18 @@ impl SglangEngine {
         let need = prompt_pages - hit as u32;
         if need as u64 * page as u64 > self.reservable_tokens() {
             self.tree.unlock(m.node);
+            self.remove(slot);
             return Err(request);
         }
         let room = self.make_room(need);
         debug_assert!(room, "room was checked");
-        let id = request.id;
-        let mut req = self.new_req(request);
-        req.hashes = hashes;
+        let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         req.pages = m.pages;
         req.tree_pages = hit;
         req.lock_node = m.node;
         self.pool.alloc(need, &mut req.pages);
         let reused = hit as u32 * page;
         req.transferred = Some(reused);
-        let slot = self.insert_req(req);
         self.parked.insert(id, slot);
         Ok(reused)
     }

@@ -10,6 +10,10 @@
 //! clock at each match or insert): every match and every insert takes a new stamp from a counter,
 //! and a node created by an insert takes one more, so leaves touched by different operations of
 //! the same forward pass are ordered by operation.
+//!
+//! A page id is in the tree at most once, so a page's hashes live in arrays indexed by page id
+//! and a node holds only its page ids: at page size 1 a cached token costs 12 bytes (4 without
+//! KV events) rather than three vectors' worth per node.
 
 use std::collections::BTreeSet;
 
@@ -20,12 +24,9 @@ pub const ROOT: NodeId = 0;
 
 #[derive(Clone, Debug, Default)]
 struct Node {
-    /// Local hashes of the pages on the edge into this node.
-    key: Vec<u64>,
-    /// Page ids holding those pages.
+    /// Page ids on the edge into this node; their local hashes are the edge's key.
     value: Vec<u32>,
-    /// Sequence (chained) hash of each page, for KV events.
-    seq: Vec<u64>,
+    /// Children by the local hash of their first page.
     children: FxHashMap<u64, NodeId>,
     parent: NodeId,
     lock_ref: u32,
@@ -83,6 +84,11 @@ pub struct RadixCache {
     nodes: Vec<Node>,
     free_nodes: Vec<NodeId>,
     page_size: u32,
+    /// Local hash of each page in the tree, by page id.
+    page_key: Vec<u64>,
+    /// Sequence (chained) hash of each page in the tree, by page id; empty unless the owner
+    /// reports KV events.
+    page_seq: Vec<u64>,
     /// The last stamp handed out (see the module documentation).
     clock: u64,
     /// Unlocked childless nodes by (last access, id).
@@ -98,22 +104,26 @@ pub struct Match {
     pub node: NodeId,
 }
 
-/// Result of an insertion: the deepest node now covering the inserted pages, and which of the
-/// caller's pages the tree already had under the same key (the caller frees those and uses the
-/// tree's).
+/// Result of an insertion: the deepest node now covering the inserted pages, which of the
+/// caller's pages the tree already had under the same key (a prefix of them: the caller frees
+/// those and uses the tree's), and how many were new (the rest).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Inserted {
     pub node: NodeId,
     pub duplicates: Vec<u32>,
+    pub new_pages: usize,
 }
 
 impl RadixCache {
-    pub fn new(page_size: u32) -> Self {
+    /// A tree over `pages` physical pages; `with_seq` keeps each page's sequence hash.
+    pub fn new(page_size: u32, pages: u32, with_seq: bool) -> Self {
         let root = Node { lock_ref: 1, ..Node::default() };
         RadixCache {
             nodes: vec![root],
             free_nodes: Vec::new(),
             page_size,
+            page_key: vec![0; pages as usize],
+            page_seq: if with_seq { vec![0; pages as usize] } else { Vec::new() },
             clock: 0,
             evictable_leaves: BTreeSet::new(),
             evictable_tokens: 0,
@@ -124,8 +134,17 @@ impl RadixCache {
         self.evictable_tokens
     }
 
+    /// Sequence hash of a page in the tree (with `with_seq`).
+    pub fn seq_of(&self, page: u32) -> u64 {
+        self.page_seq[page as usize]
+    }
+
     fn tokens(&self, id: NodeId) -> u64 {
-        self.nodes[id as usize].key.len() as u64 * self.page_size as u64
+        self.nodes[id as usize].value.len() as u64 * self.page_size as u64
+    }
+
+    fn first_key(&self, id: NodeId) -> u64 {
+        self.page_key[self.nodes[id as usize].value[0] as usize]
     }
 
     fn tick(&mut self) -> u64 {
@@ -173,8 +192,10 @@ impl RadixCache {
         }
     }
 
+    /// Pages at the start of `child`'s edge whose keys are the start of `keys`.
     fn common_prefix(&self, child: NodeId, keys: &[u64]) -> usize {
-        self.nodes[child as usize].key.iter().zip(keys).take_while(|(a, b)| a == b).count()
+        let value = &self.nodes[child as usize].value;
+        value.iter().zip(keys).take_while(|&(&page, key)| self.page_key[page as usize] == *key).count()
     }
 
     /// Length in pages of the cached prefix of `keys`, without changing anything (LPM scoring).
@@ -184,7 +205,7 @@ impl RadixCache {
             let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else { break };
             let common = self.common_prefix(child, &keys[i..]);
             i += common;
-            if common < self.nodes[child as usize].key.len() {
+            if common < self.nodes[child as usize].value.len() {
                 break;
             }
             node = child;
@@ -202,7 +223,7 @@ impl RadixCache {
         while i < keys.len() {
             let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else { break };
             let common = self.common_prefix(child, &keys[i..]);
-            if common < self.nodes[child as usize].key.len() {
+            if common < self.nodes[child as usize].value.len() {
                 node = self.split(child, common);
                 pages.extend_from_slice(&self.nodes[node as usize].value);
                 break;
@@ -221,17 +242,16 @@ impl RadixCache {
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
         let n = &mut self.nodes[id as usize];
         let head = Node {
-            key: n.key.drain(..at).collect(),
             value: n.value.drain(..at).collect(),
-            seq: n.seq.drain(..at).collect(),
             children: FxHashMap::default(),
             parent: n.parent,
             lock_ref: n.lock_ref,
             last_access: n.last_access,
             indexed: false,
         };
-        let (parent, first, rest_first) = (head.parent, head.key[0], n.key[0]);
+        let parent = head.parent;
         let mid = self.new_node(head);
+        let (first, rest_first) = (self.first_key(mid), self.first_key(id));
         self.nodes[mid as usize].children.insert(rest_first, id);
         self.nodes[id as usize].parent = mid;
         self.nodes[parent as usize].children.insert(first, mid);
@@ -262,13 +282,25 @@ impl RadixCache {
         }
     }
 
-    /// Inserts pages (`keys` local hashes, `values` page ids, `seqs` chained hashes) below
-    /// `start`, which ends exactly where they start, and marks the path from the root as used
-    /// now. A childless node on the way that nobody else depends on (unlocked, or `start` locked
-    /// only by the caller) grows in place instead of getting a child. The sequence hashes of
-    /// the pages the tree did not have are appended to `stored`.
-    pub fn insert(&mut self, start: NodeId, keys: &[u64], values: &[u32], seqs: &[u64], stored: &mut Vec<u64>) -> Inserted {
-        let mut out = Inserted { node: start, duplicates: Vec::new() };
+    /// Records the identity of pages entering the tree.
+    fn adopt(&mut self, keys: &[u64], values: &[u32], seqs: &[u64]) {
+        for (&page, &key) in values.iter().zip(keys) {
+            self.page_key[page as usize] = key;
+        }
+        if !self.page_seq.is_empty() {
+            for (&page, &seq) in values.iter().zip(seqs) {
+                self.page_seq[page as usize] = seq;
+            }
+        }
+    }
+
+    /// Inserts pages (`keys` local hashes, `values` page ids, `seqs` chained hashes — empty
+    /// when the tree keeps none) below `start`, which ends exactly where they start, and marks
+    /// the path from the root as used now. A childless node on the way that nobody else depends
+    /// on (unlocked, or `start` locked only by the caller) grows in place instead of getting a
+    /// child.
+    pub fn insert(&mut self, start: NodeId, keys: &[u64], values: &[u32], seqs: &[u64]) -> Inserted {
+        let mut out = Inserted { node: start, duplicates: Vec::new(), new_pages: 0 };
         if keys.is_empty() {
             return out;
         }
@@ -281,26 +313,28 @@ impl RadixCache {
         let (mut node, mut i) = (start, 0);
         while i < keys.len() {
             let n = &self.nodes[node as usize];
-            let own_leaf = node != ROOT && n.children.is_empty() && (n.lock_ref == 0 || (node == start && n.lock_ref == 1));
+            let own_leaf =
+                node != ROOT && n.children.is_empty() && (n.lock_ref == 0 || (node == start && n.lock_ref == 1));
+            let seqs_from = |i: usize| if seqs.is_empty() { seqs } else { &seqs[i..] };
             if own_leaf {
-                self.extend_leaf(node, &keys[i..], &values[i..], &seqs[i..], stamp);
-                stored.extend_from_slice(&seqs[i..]);
+                self.extend_leaf(node, &keys[i..], &values[i..], seqs_from(i), stamp);
                 out.node = node;
+                out.new_pages = keys.len() - i;
                 return out;
             }
             let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else {
-                out.node = self.new_leaf(node, &keys[i..], &values[i..], &seqs[i..]);
-                stored.extend_from_slice(&seqs[i..]);
+                out.node = self.new_leaf(node, &keys[i..], &values[i..], seqs_from(i));
+                out.new_pages = keys.len() - i;
                 return out;
             };
             let common = self.common_prefix(child, &keys[i..]);
             out.duplicates.extend_from_slice(&values[i..i + common]);
             i += common;
-            if common < self.nodes[child as usize].key.len() {
+            if common < self.nodes[child as usize].value.len() {
                 let mid = self.split(child, common);
                 out.node = if i < keys.len() {
-                    stored.extend_from_slice(&seqs[i..]);
-                    self.new_leaf(mid, &keys[i..], &values[i..], &seqs[i..])
+                    out.new_pages = keys.len() - i;
+                    self.new_leaf(mid, &keys[i..], &values[i..], seqs_from(i))
                 } else {
                     mid
                 };
@@ -315,22 +349,20 @@ impl RadixCache {
 
     fn extend_leaf(&mut self, id: NodeId, keys: &[u64], values: &[u32], seqs: &[u64], stamp: u64) {
         self.touch(id, stamp);
+        self.adopt(keys, values, seqs);
         let n = &mut self.nodes[id as usize];
-        n.key.extend_from_slice(keys);
         n.value.extend_from_slice(values);
-        n.seq.extend_from_slice(seqs);
         if n.lock_ref == 0 {
-            self.evictable_tokens += keys.len() as u64 * self.page_size as u64;
+            self.evictable_tokens += values.len() as u64 * self.page_size as u64;
         }
     }
 
     /// A new unlocked leaf below `parent`, stamped with an operation of its own.
     fn new_leaf(&mut self, parent: NodeId, keys: &[u64], values: &[u32], seqs: &[u64]) -> NodeId {
         let stamp = self.tick();
+        self.adopt(keys, values, seqs);
         let leaf = self.new_node(Node {
-            key: keys.to_vec(),
             value: values.to_vec(),
-            seq: seqs.to_vec(),
             children: FxHashMap::default(),
             parent,
             lock_ref: 0,
@@ -345,9 +377,9 @@ impl RadixCache {
     }
 
     /// Evicts at least `tokens` tokens of unlocked cache, least recently used leaves first,
-    /// newest pages of a leaf first. Appends the freed pages to `freed` and their sequence
-    /// hashes to `removed`; returns the tokens evicted.
-    pub fn evict(&mut self, tokens: u64, freed: &mut Vec<u32>, removed: &mut Vec<u64>) -> u64 {
+    /// newest pages of a leaf first. Appends the freed pages to `freed`; returns the tokens
+    /// evicted.
+    pub fn evict(&mut self, tokens: u64, freed: &mut Vec<u32>) -> u64 {
         let page = self.page_size as u64;
         let mut done = 0;
         while done < tokens {
@@ -355,12 +387,10 @@ impl RadixCache {
             let size = self.tokens(leaf);
             let need_pages = (tokens - done).div_ceil(page) as usize;
             let n = &mut self.nodes[leaf as usize];
-            if need_pages < n.key.len() {
+            if need_pages < n.value.len() {
                 // Give up only the newest pages of a large leaf.
-                let keep = n.key.len() - need_pages;
-                n.key.truncate(keep);
+                let keep = n.value.len() - need_pages;
                 freed.extend(n.value.drain(keep..));
-                removed.extend(n.seq.drain(keep..));
                 let gone = need_pages as u64 * page;
                 self.evictable_tokens -= gone;
                 done += gone;
@@ -368,11 +398,9 @@ impl RadixCache {
             }
             self.evictable_leaves.remove(&(stamp, leaf));
             n.indexed = false;
-            freed.append(&mut n.value);
-            removed.append(&mut n.seq);
-            let first = n.key[0];
             let parent = n.parent;
-            n.key.clear();
+            let first = self.page_key[n.value[0] as usize];
+            freed.append(&mut n.value);
             self.nodes[parent as usize].children.remove(&first);
             self.evictable_tokens -= size;
             done += size;
@@ -380,11 +408,6 @@ impl RadixCache {
             self.sync_leaf(parent);
         }
         done
-    }
-
-    #[cfg(test)]
-    fn evict_pages(&mut self, tokens: u64, freed: &mut Vec<u32>) -> u64 {
-        self.evict(tokens, freed, &mut Vec::new())
     }
 
     /// Pages from the root to `node`.
@@ -404,11 +427,11 @@ mod tests {
 
     /// A tree built by requests that each match their keys, insert the rest and finish.
     fn tree_with(paths: &[(&[u64], &[u32])]) -> RadixCache {
-        let mut t = RadixCache::new(4);
+        let mut t = RadixCache::new(4, 256, false);
         for (keys, values) in paths {
             let m = t.match_and_lock(keys);
             let n = m.pages.len();
-            t.insert(m.node, &keys[n..], &values[n..], &keys[n..], &mut Vec::new());
+            t.insert(m.node, &keys[n..], &values[n..], &[]);
             t.unlock(m.node);
         }
         t
@@ -422,7 +445,7 @@ mod tests {
         assert_eq!(m.pages, vec![10, 11]);
         // The split node holds the shared prefix; the old node keeps the rest as its child.
         assert_eq!(t.path_pages(m.node), vec![10, 11]);
-        let ins = t.insert(m.node, &[9], &[20], &[99], &mut Vec::new());
+        let ins = t.insert(m.node, &[9], &[20], &[]);
         assert!(ins.duplicates.is_empty());
         assert_eq!(t.path_pages(ins.node), vec![10, 11, 20]);
         t.unlock(m.node);
@@ -435,13 +458,11 @@ mod tests {
     #[test]
     fn inserting_cached_pages_reports_duplicates() {
         let mut t = tree_with(&[(&[1, 2], &[10, 11])]);
-        let mut stored = Vec::new();
-        let ins = t.insert(ROOT, &[1, 2, 3], &[50, 51, 52], &[7, 8, 9], &mut stored);
-        assert_eq!(ins.duplicates, vec![50, 51]);
-        assert_eq!(stored, vec![9], "only the new page is reported");
+        let ins = t.insert(ROOT, &[1, 2, 3], &[50, 51, 52], &[]);
+        assert_eq!((ins.duplicates, ins.new_pages), (vec![50, 51], 1), "only the last page is new");
         // The unlocked leaf [1, 2] grows in place rather than getting a child.
         assert_eq!(t.path_pages(ins.node), vec![10, 11, 52]);
-        assert_eq!(t.nodes[ins.node as usize].key, vec![1, 2, 3]);
+        assert_eq!(t.nodes[ins.node as usize].value, vec![10, 11, 52]);
     }
 
     #[test]
@@ -449,14 +470,14 @@ mod tests {
         let mut t = tree_with(&[(&[1, 2], &[10, 11])]);
         let other = t.match_and_lock(&[1, 2]);
         let mine = t.match_and_lock(&[1, 2]);
-        let ins = t.insert(mine.node, &[3], &[12], &[3], &mut Vec::new());
+        let ins = t.insert(mine.node, &[3], &[12], &[]);
         assert_ne!(ins.node, mine.node, "shared by two requests: not extended in place");
         assert_eq!(t.path_pages(ins.node), vec![10, 11, 12]);
         t.unlock(other.node);
         // Locked only by this request now: it grows in place.
         let mine2 = t.match_and_lock(&[1, 2, 3]);
         t.unlock(mine.node);
-        let ins2 = t.insert(mine2.node, &[4], &[13], &[4], &mut Vec::new());
+        let ins2 = t.insert(mine2.node, &[4], &[13], &[]);
         assert_eq!(ins2.node, mine2.node);
     }
 
@@ -468,33 +489,33 @@ mod tests {
         let m = t.match_and_lock(&[5, 6]);
         let mut freed = Vec::new();
         // One page from the least recently used unlocked leaf ([3]).
-        assert_eq!(t.evict_pages(4, &mut freed), 4);
+        assert_eq!(t.evict(4, &mut freed), 4);
         assert_eq!(freed, vec![12]);
         // Next: leaf [7]; then [1,2] became a leaf and goes too — trimmed from its newest page.
         freed.clear();
-        assert_eq!(t.evict_pages(8, &mut freed), 8);
+        assert_eq!(t.evict(8, &mut freed), 8);
         assert_eq!(freed, vec![30, 11]);
         assert_eq!(t.peek(&[1, 2]), 1);
         // The locked path survives any eviction.
         freed.clear();
-        t.evict_pages(1000, &mut freed);
+        t.evict(1000, &mut freed);
         assert_eq!(freed, vec![10]);
         assert_eq!(t.peek(&[5, 6]), 2);
         t.unlock(m.node);
-        assert_eq!(t.evict_pages(1000, &mut freed), 8);
+        assert_eq!(t.evict(1000, &mut freed), 8);
     }
 
     #[test]
     fn leaves_are_ordered_by_operation_not_by_creation() {
         // Leaves created in the order 1, 2, 3; then 1 is matched again: it is the most recent.
-        let mut t = RadixCache::new(4);
+        let mut t = RadixCache::new(4, 256, false);
         for (k, v) in [(1u64, 10u32), (2, 20), (3, 30)] {
-            t.insert(ROOT, &[k], &[v], &[k], &mut Vec::new());
+            t.insert(ROOT, &[k], &[v], &[]);
         }
         let m = t.match_and_lock(&[1]);
         t.unlock(m.node);
         let mut freed = Vec::new();
-        t.evict_pages(8, &mut freed);
+        t.evict(8, &mut freed);
         assert_eq!(freed, vec![20, 30]);
     }
 
@@ -502,13 +523,13 @@ mod tests {
     fn an_insertion_marks_its_whole_path_as_used() {
         // [1] then [1,2] (a child of [1] after a split by [1,3]); [9] is inserted later.
         let mut t = tree_with(&[(&[1, 2], &[10, 11]), (&[1, 3], &[0, 13])]);
-        t.insert(ROOT, &[9], &[90], &[9], &mut Vec::new());
+        t.insert(ROOT, &[9], &[90], &[]);
         // Extending [1,3]'s leaf touches [1] too, so [1,2]'s leaf is the oldest, then [9].
         let m = t.match_and_lock(&[1, 3]);
-        t.insert(m.node, &[4], &[14], &[4], &mut Vec::new());
+        t.insert(m.node, &[4], &[14], &[]);
         t.unlock(m.node);
         let mut freed = Vec::new();
-        t.evict_pages(8, &mut freed);
+        t.evict(8, &mut freed);
         assert_eq!(freed, vec![11, 90]);
     }
 
