@@ -12,7 +12,7 @@ use crate::json::{ConfigError, Field, ObjectReader, Result};
 use crate::profile::Profile;
 use crate::request::ReasoningConfig;
 use crate::speculative::SpeculativeConfig;
-use crate::timing::{ProfileRef, TimingModel};
+use crate::timing::{ExternalTimer, ProfileRef, TimerFactory, TimingModel, Unresolved};
 
 /// Reads a file a configuration refers to (a timing profile). The engine crate itself never
 /// touches the filesystem; callers decide how paths resolve.
@@ -20,6 +20,20 @@ pub type FileLoader<'a> = &'a dyn Fn(&str) -> std::result::Result<Vec<u8>, Strin
 
 fn no_files(path: &str) -> std::result::Result<Vec<u8>, String> {
     Err(format!("cannot read {path}: no file access in this context"))
+}
+
+/// What reading a configuration may use besides the JSON itself.
+#[derive(Clone, Copy)]
+pub struct ConfigEnv<'a> {
+    /// Reads files the configuration refers to (timing profiles).
+    pub files: FileLoader<'a>,
+    /// Builds external timing models (`{"type": "external", ...}`); None refuses them.
+    pub timers: Option<TimerFactory<'a>>,
+}
+
+impl ConfigEnv<'static> {
+    /// No files, no external models.
+    pub const NONE: ConfigEnv<'static> = ConfigEnv { files: &no_files, timers: None };
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +172,11 @@ impl EngineConfig {
 
     /// Reads a parsed JSON value, reading referenced files through `files`.
     pub fn from_value_with(value: &Value, files: FileLoader) -> Result<Self> {
+        Self::from_value_env(value, ConfigEnv { files, timers: None })
+    }
+
+    /// Reads a parsed JSON value, resolving files and external timing models through `env`.
+    pub fn from_value_env(value: &Value, env: ConfigEnv) -> Result<Self> {
         if !value.is_object() {
             return Err(ConfigError::new("", "engine configuration must be a JSON object"));
         }
@@ -167,7 +186,7 @@ impl EngineConfig {
         } else {
             raw.read_flat(value)?;
         }
-        raw.normalise(files)
+        raw.normalise(env)
     }
 
     /// Total KV tokens of one rank.
@@ -198,6 +217,9 @@ impl EngineConfig {
                 json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
             }
             TimingModel::Interpolated { path, .. } => json!({"type": "interpolated", "path": path}),
+            TimingModel::External(e) => {
+                json!({"type": "external", "provider": e.provider, "config": e.timer().config()})
+            }
         };
         json!({
             "engine": {
@@ -262,7 +284,7 @@ struct RawConfig {
     decode_speedup_ratio: Field<f64>,
     preemption_mode: Field<usize>,
     worker_type: Field<usize>,
-    timing: Option<std::result::Result<TimingModel, ProfileRef>>,
+    timing: Option<Unresolved>,
     dp_size: Field<u32>,
     tensor_parallel_size: Field<u32>,
     startup_time: Field<f64>,
@@ -437,7 +459,7 @@ impl RawConfig {
         }
         let key = r.path("planner_profile_data");
         if let Some(path) = r.string("planner_profile_data")?.set() {
-            self.timing = Some(Err(ProfileRef { key, path: path.to_string(), fallback: false }));
+            self.timing = Some(Unresolved::Profile(ProfileRef { key, path: path.to_string(), fallback: false }));
         }
         for key in ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction"] {
             r.unsupported(key, &[], "KV capacity estimation")?;
@@ -527,13 +549,23 @@ impl RawConfig {
         top.finish()
     }
 
-    fn normalise(self, files: FileLoader) -> Result<EngineConfig> {
+    fn normalise(self, env: ConfigEnv) -> Result<EngineConfig> {
         let (timing, timing_fallback) = match self.timing {
             None => (TimingModel::Polynomial, None),
-            Some(Ok(model)) => (model, None),
-            Some(Err(r)) => {
-                let loaded =
-                    files(&r.path).and_then(|bytes| Profile::from_npz(&bytes).map_err(|e| format!("{}: {e}", r.path)));
+            Some(Unresolved::Model(model)) => (model, None),
+            Some(Unresolved::Timer(t)) => {
+                let Some(build) = env.timers else {
+                    return Err(ConfigError::new(
+                        t.key,
+                        format!("the external timing model {:?} is not available here", t.provider),
+                    ));
+                };
+                let timer = build(&t.key, &t.provider, &t.config)?;
+                (TimingModel::External(ExternalTimer::new(t.provider, timer)), None)
+            }
+            Some(Unresolved::Profile(r)) => {
+                let loaded = (env.files)(&r.path)
+                    .and_then(|bytes| Profile::from_npz(&bytes).map_err(|e| format!("{}: {e}", r.path)));
                 match loaded {
                     Ok(profile) => (TimingModel::Interpolated { path: r.path, profile: profile.into() }, None),
                     Err(why) if r.fallback => (TimingModel::Polynomial, Some(why)),

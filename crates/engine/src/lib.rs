@@ -18,11 +18,11 @@ pub mod speculative;
 pub mod timing;
 pub mod vllm;
 
-pub use config::{Backend, EngineConfig, FileLoader, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType};
+pub use config::{Backend, ConfigEnv, EngineConfig, FileLoader, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType};
 pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use hash::BlockHashes;
 pub use json::ConfigError;
 pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, Stretch, TokenOut};
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
 pub use speculative::SpeculativeConfig;
-pub use timing::{DecodeShape, PrefillShape, TimingModel};
+pub use timing::{DecodeShape, ExternalTimer, PassTimer, PrefillShape, TimerFactory, TimingModel};

@@ -2,8 +2,13 @@
 //!
 //! A pass costs `prefill_ms + decode_ms`. Prefill is paid when the pass computes new prompt
 //! tokens, decode when at least one request that already had its first token generates.
+//!
+//! Besides the built-in models, a [`PassTimer`] implemented outside the engine (the data-driven
+//! AIS model of `servesim-perf`) can time passes: it is configured as
+//! `{"type": "external", "provider": NAME, "config": {...}}` and built by the caller's
+//! [`TimerFactory`], since the engine itself reads no files.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::json::{ConfigError, ObjectReader, Result};
 use crate::profile::Profile;
@@ -16,6 +21,70 @@ pub enum TimingModel {
     Fixed { prefill_ms: f64, decode_ms: f64 },
     /// Interpolated from a measured profile (`path` is where it was read from).
     Interpolated { path: String, profile: Arc<Profile> },
+    /// A model implemented outside the engine.
+    External(ExternalTimer),
+}
+
+/// A forward-pass time model implemented outside the engine crate. Both methods get the
+/// shapes the reference's timing providers get (integer means, as Dynamo computes them) and
+/// return milliseconds, or why the pass cannot be timed (a query outside the model's data).
+pub trait PassTimer: Send + Sync + std::fmt::Debug {
+    /// A prefill of `batch` requests whose prompts reach `mean_isl` tokens at the end of the pass,
+    /// `mean_prefix` of them already computed (cached or earlier chunks).
+    fn prefill_ms(&self, batch: u32, mean_isl: u64, mean_prefix: u64) -> std::result::Result<f64, String>;
+    /// A decode step of `batch` requests holding `context_tokens` tokens of KV in all, on a rank
+    /// whose cache holds `capacity_tokens`.
+    fn decode_ms(&self, batch: u32, context_tokens: u64, capacity_tokens: u64) -> std::result::Result<f64, String>;
+    /// The provider's configuration, for the canonical dump of the engine configuration.
+    fn config(&self) -> serde_json::Value;
+}
+
+/// Builds a [`PassTimer`] from `{"provider": NAME, "config": {...}}`; `key` is the key path of
+/// the configuration, for errors.
+pub type TimerFactory<'a> =
+    &'a dyn Fn(&str, &str, &serde_json::Value) -> std::result::Result<Arc<dyn PassTimer>, ConfigError>;
+
+/// An external [`PassTimer`] and the first error it reported. A pass it cannot time lasts NaN
+/// milliseconds; drivers check every pass end and stop with [`TimingModel::error`].
+#[derive(Clone, Debug)]
+pub struct ExternalTimer {
+    pub provider: String,
+    timer: Arc<dyn PassTimer>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl ExternalTimer {
+    pub fn new(provider: impl Into<String>, timer: Arc<dyn PassTimer>) -> Self {
+        ExternalTimer { provider: provider.into(), timer, error: Arc::default() }
+    }
+
+    pub fn timer(&self) -> &Arc<dyn PassTimer> {
+        &self.timer
+    }
+
+    fn checked(&self, what: &str, result: std::result::Result<f64, String>) -> f64 {
+        let why = match result {
+            Ok(ms) if ms.is_finite() && ms >= 0.0 => return ms,
+            Ok(ms) => format!("the {} timing model returned {ms} ms for a {what} pass", self.provider),
+            Err(why) => format!("the {} timing model cannot time a {what} pass: {why}", self.provider),
+        };
+        self.error.lock().expect("timer error lock").get_or_insert(why);
+        f64::NAN
+    }
+}
+
+impl PartialEq for ExternalTimer {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.timer, &other.timer)
+    }
+}
+
+/// An external model before it is built.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct TimerRef {
+    pub key: String,
+    pub provider: String,
+    pub config: serde_json::Value,
 }
 
 /// A profile a configuration refers to, before it is read.
@@ -65,12 +134,22 @@ pub struct DecodeShape {
 impl TimingModel {
     /// Reads a `timing_model` object; an interpolated model comes back as a reference to its
     /// profile file.
-    pub(crate) fn read(r: &mut ObjectReader) -> Result<std::result::Result<Self, ProfileRef>> {
-        match r.choice("type", &["polynomial", "fixed", "interpolated"])?.set() {
-            None => {
-                Err(ConfigError::new(r.path("type"), "missing; expected \"polynomial\", \"fixed\" or \"interpolated\""))
+    pub(crate) fn read(r: &mut ObjectReader) -> Result<Unresolved> {
+        match r.choice("type", &["polynomial", "fixed", "interpolated", "external"])?.set() {
+            None => Err(ConfigError::new(
+                r.path("type"),
+                "missing; expected \"polynomial\", \"fixed\", \"interpolated\" or \"external\"",
+            )),
+            Some(0) => Ok(Unresolved::Model(TimingModel::Polynomial)),
+            Some(3) => {
+                let provider = r
+                    .string("provider")?
+                    .set()
+                    .ok_or_else(|| ConfigError::new(r.path("provider"), "missing (the external timing model's name)"))?
+                    .to_string();
+                let config = r.raw("config").cloned().unwrap_or(serde_json::Value::Object(Default::default()));
+                Ok(Unresolved::Timer(TimerRef { key: r.path("config"), provider, config }))
             }
-            Some(0) => Ok(Ok(TimingModel::Polynomial)),
             Some(2) => {
                 let path = r
                     .string("path")?
@@ -87,7 +166,7 @@ impl TimingModel {
                         ))
                     }
                 };
-                Ok(Err(ProfileRef { key: r.path("path"), path, fallback }))
+                Ok(Unresolved::Profile(ProfileRef { key: r.path("path"), path, fallback }))
             }
             Some(_) => {
                 let mut get = |key: &'static str| -> Result<f64> {
@@ -99,7 +178,7 @@ impl TimingModel {
                 };
                 let prefill_ms = get("prefill_ms")?;
                 let decode_ms = get("decode_ms")?;
-                Ok(Ok(TimingModel::Fixed { prefill_ms, decode_ms }))
+                Ok(Unresolved::Model(TimingModel::Fixed { prefill_ms, decode_ms }))
             }
         }
     }
@@ -117,6 +196,10 @@ impl TimingModel {
             }
             TimingModel::Fixed { prefill_ms, .. } => *prefill_ms,
             TimingModel::Interpolated { profile, .. } => profile.prefill_ms(t as f64),
+            TimingModel::External(e) => {
+                let b = shape.batch as u64;
+                e.checked("prefill", e.timer.prefill_ms(shape.batch, shape.total_isl / b, shape.total_prefix / b))
+            }
         }
     }
 
@@ -139,8 +222,27 @@ impl TimingModel {
             TimingModel::Interpolated { profile, .. } => {
                 profile.decode_ms(shape.context_tokens as f64, (shape.context_tokens / shape.batch as u64) as f64)
             }
+            TimingModel::External(e) => {
+                e.checked("decode", e.timer.decode_ms(shape.batch, shape.context_tokens, shape.capacity_tokens))
+            }
         }
     }
+
+    /// Why an external model could not time a pass (the pass lasted NaN ms), if it failed.
+    pub fn error(&self) -> Option<String> {
+        match self {
+            TimingModel::External(e) => e.error.lock().expect("timer error lock").clone(),
+            _ => None,
+        }
+    }
+}
+
+/// A `timing_model` as read, before referenced files and external models are resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Unresolved {
+    Model(TimingModel),
+    Profile(ProfileRef),
+    Timer(TimerRef),
 }
 
 /// A duration in ms rounded to whole nanoseconds the way Dynamo's `Duration`-based clock does
@@ -214,5 +316,64 @@ mod tests {
         assert_eq!(m.prefill_ms(&PrefillShape::default()), 0.0);
         assert_eq!(m.decode_ms(&DecodeShape { batch: 2, context_tokens: 5, capacity_tokens: 100 }), 10.0);
         assert_eq!(m.decode_ms(&DecodeShape::default()), 0.0);
+    }
+}
+
+#[cfg(test)]
+mod external_tests {
+    use super::*;
+    use crate::config::{ConfigEnv, EngineConfig};
+
+    /// 1 ms per new prompt token (mean) per request; decode 2 ms per request; refuses batches
+    /// over 4.
+    #[derive(Debug)]
+    struct Linear;
+
+    impl PassTimer for Linear {
+        fn prefill_ms(&self, batch: u32, isl: u64, prefix: u64) -> std::result::Result<f64, String> {
+            Ok((batch as u64 * (isl - prefix)) as f64)
+        }
+        fn decode_ms(&self, batch: u32, _: u64, _: u64) -> std::result::Result<f64, String> {
+            if batch > 4 {
+                return Err(format!("batch {batch} is outside the measured range"));
+            }
+            Ok(2.0 * batch as f64)
+        }
+        fn config(&self) -> serde_json::Value {
+            serde_json::json!({"slope": 1})
+        }
+    }
+
+    fn with_linear(json: &str) -> crate::json::Result<EngineConfig> {
+        let factory = |key: &str, provider: &str, config: &serde_json::Value| {
+            if provider != "linear" {
+                return Err(ConfigError::new(key, format!("unknown provider {provider}")));
+            }
+            assert_eq!(config["slope"], 1);
+            Ok(Arc::new(Linear) as Arc<dyn PassTimer>)
+        };
+        let value: serde_json::Value = serde_json::from_str(json).unwrap();
+        EngineConfig::from_value_env(&value, ConfigEnv { timers: Some(&factory), ..ConfigEnv::NONE })
+    }
+
+    #[test]
+    fn an_external_model_times_passes_and_reports_what_it_cannot_time() {
+        let json = r#"{"engine": {"timing_model": {"type": "external", "provider": "linear", "config": {"slope": 1}}}}"#;
+        let cfg = with_linear(json).unwrap();
+        let m = &cfg.timing;
+        // Integer means, as the reference hands them over: (101 + 100) / 2 = 100.
+        assert_eq!(m.prefill_ms(&PrefillShape { batch: 2, total_isl: 201, total_prefix: 0 }), 200.0);
+        assert_eq!(m.decode_ms(&DecodeShape { batch: 3, context_tokens: 30, capacity_tokens: 100 }), 6.0);
+        assert_eq!(m.error(), None);
+        assert!(m.decode_ms(&DecodeShape { batch: 5, context_tokens: 30, capacity_tokens: 100 }).is_nan());
+        let why = m.error().unwrap();
+        assert!(why.contains("cannot time a decode pass: batch 5 is outside"), "{why}");
+        // The canonical dump keeps the provider and its configuration.
+        assert_eq!(cfg.to_canonical_json()["engine"]["timing_model"]["provider"], "linear");
+        // Unknown providers and contexts without external models are refused by key path.
+        let e = with_linear(r#"{"engine": {"timing_model": {"type": "external", "provider": "x"}}}"#).unwrap_err();
+        assert_eq!(e.path, "engine.timing_model.config");
+        let e = EngineConfig::parse_json(json).unwrap_err();
+        assert!(e.message.contains("not available here"), "{}", e.message);
     }
 }

@@ -438,6 +438,11 @@ impl VllmEngine {
             let decode_ms = self.cfg.timing.decode_ms(&shape);
             let decode_start = t + pass_duration_ms(0.0, self.cfg.speedup_ratio);
             t = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
+            if !t.is_finite() {
+                // The timing model cannot time this pass: let a normal step report it.
+                out.clear();
+                return false;
+            }
             out.ends.push(t);
         }
         if out.ends.len() < 2 || out.ends[0] <= now_ms {

@@ -151,6 +151,8 @@ impl Progress for () {
 pub enum SimError {
     /// A worker with pending requests did nothing in a pass (an engine invariant broke).
     Stalled { worker: u32, at_ms: f64 },
+    /// The timing model could not time a pass.
+    Timing { worker: u32, at_ms: f64, why: String },
 }
 
 impl std::fmt::Display for SimError {
@@ -159,6 +161,7 @@ impl std::fmt::Display for SimError {
             SimError::Stalled { worker, at_ms } => {
                 write!(f, "internal error: worker {worker} stopped making progress at t={at_ms} ms")
             }
+            SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
         }
     }
 }
@@ -446,6 +449,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         rank.ran = rank.engine.has_work();
                         if rank.ran {
                             rank.engine.step(now, &mut rank.output);
+                            if !rank.output.end_ms.is_finite() {
+                                let why = rank.engine.config().timing.error();
+                                let why = why.unwrap_or_else(|| "a pass has no finite duration".into());
+                                return Err(SimError::Timing { worker: w as u32, at_ms: now, why });
+                            }
                             end = end.max(rank.output.end_ms);
                             effect |= !rank.output.is_empty();
                         }
