@@ -2,7 +2,8 @@
 //! configuration asks for. Drivers only talk to this type.
 
 use crate::config::{Backend, EngineConfig};
-use crate::output::{PassOutput, Stretch};
+use crate::handoff::Reserved;
+use crate::output::{PassOutput, RejectReason, Stretch};
 use crate::request::EngineRequest;
 use crate::sglang::SglangEngine;
 use crate::vllm::VllmEngine;
@@ -126,10 +127,17 @@ impl Engine {
         }
     }
 
-    /// Decode worker: allocates blocks for a prompt computed on a prefill worker. Returns the
-    /// prompt tokens already cached here, or the request back if it does not fit now.
-    pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
-        delegate!(self, e => e.reserve(request))
+    /// Decode worker: accepts a request whose prompt is computed on a prefill worker; it waits
+    /// for its KV blocks (see [`crate::handoff`]). Refused if it can never fit.
+    pub fn accept_destination(&mut self, request: EngineRequest) -> Result<(), RejectReason> {
+        delegate!(self, e => e.accept_destination(request))
+    }
+
+    /// Decode worker: reserves blocks for the oldest accepted request if an attempt is due.
+    /// Drivers call it after every pass, after a command that may free capacity (activation,
+    /// release, abort) and when a request is accepted between passes.
+    pub fn retry_destination(&mut self) -> Option<Reserved> {
+        delegate!(self, e => e.retry_destination())
     }
 
     /// Decode worker: the KV of a reserved request has arrived.

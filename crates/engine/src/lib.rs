@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod handoff;
 pub mod hash;
 pub mod json;
 pub mod output;
@@ -18,8 +19,11 @@ pub mod speculative;
 pub mod timing;
 pub mod vllm;
 
-pub use config::{Backend, ConfigEnv, EngineConfig, FileLoader, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType};
+pub use config::{
+    Backend, ConfigEnv, EngineConfig, FileLoader, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType,
+};
 pub use engine::{Engine, EngineCounters, EngineOptions};
+pub use handoff::Reserved;
 pub use hash::BlockHashes;
 pub use json::ConfigError;
 pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, Stretch, TokenOut};

@@ -358,7 +358,8 @@ mod external_tests {
 
     #[test]
     fn an_external_model_times_passes_and_reports_what_it_cannot_time() {
-        let json = r#"{"engine": {"timing_model": {"type": "external", "provider": "linear", "config": {"slope": 1}}}}"#;
+        let json =
+            r#"{"engine": {"timing_model": {"type": "external", "provider": "linear", "config": {"slope": 1}}}}"#;
         let cfg = with_linear(json).unwrap();
         let m = &cfg.timing;
         // Integer means, as the reference hands them over: (101 + 100) / 2 = 100.

@@ -30,6 +30,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
 use crate::engine::{EngineCounters, EngineOptions};
+use crate::handoff::{Destinations, Reserved};
 use crate::hash::{local_block_hash, BlockHashes};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, Stretch, TokenOut};
 use crate::pool::{BlockPool, Residency};
@@ -67,11 +68,16 @@ struct Req {
     preemptions: u32,
     /// Budget this request consumed in the current pass.
     pass_tokens: u32,
+    /// The part of it counted as committed prefill.
+    pass_committed: u32,
     /// Its contribution to the current pass's prefill shape: (prompt before, prompt after).
     pass_prefill: Option<(u32, u32)>,
     /// Its prompt was computed on another worker (disaggregated decode): it decodes from its
-    /// first token on, and its admission reports this many reused tokens.
-    transferred: Option<u32>,
+    /// first token on.
+    transferred: bool,
+    /// Arrival order (submission, or acceptance as a destination): an activated destination
+    /// rejoins the waiting queue at its place in this order.
+    order: u64,
 }
 
 impl Req {
@@ -124,6 +130,9 @@ pub struct VllmEngine {
     running: Vec<u32>,
     /// Reserved (decode worker) and held (prefill worker) requests by id.
     parked: FxHashMap<u64, u32>,
+    /// Decode worker: accepted requests waiting for their pages.
+    destinations: Destinations,
+    next_order: u64,
     counters: EngineCounters,
     // Per-pass state.
     budget: u32,
@@ -153,6 +162,8 @@ impl VllmEngine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             parked: FxHashMap::default(),
+            destinations: Destinations::default(),
+            next_order: 0,
             counters: EngineCounters::default(),
             budget: 0,
             preempted_any: false,
@@ -179,6 +190,10 @@ impl VllmEngine {
     /// Removes request `id` wherever it is (waiting, running, reserved or held) and frees its
     /// blocks; its computed full blocks stay in the prefix cache. False if it is not here.
     pub fn abort(&mut self, id: u64) -> bool {
+        if self.destinations.remove(id) {
+            return true;
+        }
+        self.destinations.bump();
         let slot = if let Some(slot) = self.parked.remove(&id) {
             slot
         } else if let Some(pos) = self.running.iter().position(|&s| self.req(s).id == id) {
@@ -228,9 +243,12 @@ impl VllmEngine {
             status: Status::Waiting,
             preemptions: 0,
             pass_tokens: 0,
+            pass_committed: 0,
             pass_prefill: None,
-            transferred: None,
+            transferred: false,
+            order: self.next_order,
         };
+        self.next_order += 1;
         let slot = self.insert(req);
         self.waiting.push_back(slot);
     }
@@ -248,12 +266,93 @@ impl VllmEngine {
         }
     }
 
-    /// Decode worker: allocates blocks for the prompt of a request computed on a prefill
-    /// worker, reusing any prefix already cached here. Returns the reused prompt tokens, or the
-    /// request back if the blocks are not available now.
-    pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
+    /// Decode worker: accepts a request whose prompt is computed elsewhere; it waits for its
+    /// blocks in [`VllmEngine::retry_destination`]. Refused if it can never fit.
+    pub fn accept_destination(&mut self, request: EngineRequest) -> Result<(), RejectReason> {
         let bs = self.cfg.block_size;
-        let (max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        let prompt = request.prompt.len();
+        if self.cfg.max_model_len.is_some_and(|m| prompt >= m) {
+            return Err(RejectReason::ExceedsMaxModelLen);
+        }
+        let blocks = if self.cfg.backend == Backend::Trtllm {
+            // TRT-LLM reserves through completion.
+            (prompt + self.trtllm_output(&request)).div_ceil(bs)
+        } else {
+            prompt.div_ceil(bs)
+        };
+        if blocks > self.cfg.num_gpu_blocks {
+            return Err(RejectReason::ExceedsKvCapacity);
+        }
+        self.destinations.push(request);
+        Ok(())
+    }
+
+    /// Decode worker: tries to reserve blocks for the oldest accepted request, if an attempt is
+    /// due (see [`crate::handoff`]).
+    pub fn retry_destination(&mut self) -> Option<Reserved> {
+        self.destinations.due()?;
+        let slots_full = self.cfg.max_num_seqs.is_some_and(|m| self.running.len() >= m as usize);
+        if slots_full || !self.destination_fits() {
+            self.destinations.failed();
+            return None;
+        }
+        let request = self.destinations.pop();
+        let id = request.id;
+        match self.reserve(request) {
+            Ok(reused) => Some(Reserved { request: id, reused_tokens: reused }),
+            Err(request) => {
+                // Not enough blocks now: back at the head, until capacity changes.
+                self.destinations.push_front(request);
+                self.destinations.failed();
+                None
+            }
+        }
+    }
+
+    /// TRT-LLM admits a destination only if its whole lifetime fits next to what running
+    /// requests and earlier handoffs will still grow into; vLLM is optimistic.
+    fn destination_fits(&self) -> bool {
+        if self.cfg.backend != Backend::Trtllm {
+            return true;
+        }
+        let Some(request) = self.destinations.due() else { return false };
+        let bs = self.cfg.block_size;
+        let to_finish = |r: &Req| (r.prompt_len + r.max_output).div_ceil(bs).saturating_sub(r.lease.len() as u32);
+        let running: u32 = self.running.iter().map(|&s| to_finish(self.req(s))).sum();
+        let handoffs: u32 = self
+            .parked
+            .values()
+            .chain(self.waiting.iter())
+            .map(|&s| self.req(s))
+            .filter(|r| r.transferred)
+            .map(to_finish)
+            .sum();
+        let free = self.cfg.num_gpu_blocks.saturating_sub(self.pool.num_active());
+        let available = free.saturating_sub(running).saturating_sub(handoffs);
+        (request.prompt.len() + self.trtllm_output(request)).div_ceil(bs) <= available
+    }
+
+    /// A TRT-LLM request's output, clamped to what the cache (and max_model_len) can hold.
+    fn trtllm_output(&self, request: &EngineRequest) -> u32 {
+        let (max_output, _) = request.output_plan(self.cfg.reasoning.as_ref());
+        let prompt = request.prompt.len();
+        let mut limit = self.cfg.kv_capacity_tokens().saturating_sub(prompt as u64) as u32;
+        if let Some(max_len) = self.cfg.max_model_len {
+            limit = limit.min(max_len.saturating_sub(prompt));
+        }
+        max_output.min(limit)
+    }
+
+    /// Allocates blocks for the prompt of a request computed on a prefill worker, reusing any
+    /// prefix already cached here (vLLM; TRT-LLM takes fresh blocks). Returns the reused prompt
+    /// tokens, or the request back if the blocks are not available now.
+    fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
+        let bs = self.cfg.block_size;
+        let trtllm = self.cfg.backend == Backend::Trtllm;
+        let (mut max_output, output) = request.output_plan(self.cfg.reasoning.as_ref());
+        if trtllm {
+            max_output = self.trtllm_output(&request);
+        }
         let output = output.with_vocabulary(self.vocabulary.clone());
         let hashes = match &request.hashes {
             Some(h) => h.clone(),
@@ -261,7 +360,7 @@ impl VllmEngine {
             None => BlockHashes::default(),
         };
         let prompt_len = request.prompt.len();
-        let hits = if self.cfg.enable_prefix_caching {
+        let hits = if self.cfg.enable_prefix_caching && !trtllm {
             hashes.seq.iter().take_while(|h| self.pool.lookup(**h) != Residency::Missing).count()
         } else {
             0
@@ -285,22 +384,25 @@ impl VllmEngine {
             status: Status::Reserved,
             preemptions: 0,
             pass_tokens: 0,
+            pass_committed: 0,
             pass_prefill: None,
-            transferred: Some(reused),
+            transferred: true,
+            order: self.next_order,
         };
+        self.next_order += 1;
         let slot = self.insert(req);
         self.parked.insert(request.id, slot);
         Ok(reused)
     }
 
-    /// Decode worker: the KV of a reserved request has arrived; it joins the waiting queue with
-    /// its prompt computed.
+    /// Decode worker: the KV of a reserved request has arrived; it joins the waiting queue, at
+    /// its place in arrival order, with its prompt computed.
     pub fn activate(&mut self, id: u64) {
         let slot = self.parked.remove(&id).expect("activating a reserved request");
-        let (before, prompt_len) = {
+        let (before, prompt_len, order) = {
             let req = self.req(slot);
             debug_assert_eq!(req.status, Status::Reserved);
-            (req.computed, req.prompt_len)
+            (req.computed, req.prompt_len, req.order)
         };
         if self.cfg.enable_prefix_caching {
             self.publish_computed_blocks(slot, before, prompt_len);
@@ -308,7 +410,8 @@ impl VllmEngine {
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         req.computed = prompt_len;
         req.status = Status::Waiting;
-        self.waiting.push_back(slot);
+        let at = self.waiting.iter().position(|&s| self.req(s).order > order).unwrap_or(self.waiting.len());
+        self.waiting.insert(at, slot);
     }
 
     /// Prefill worker: the decode side has the KV of finished request `id`; free it.
@@ -319,6 +422,7 @@ impl VllmEngine {
         for &copy in req.lease.iter().rev() {
             self.pool.release(copy);
         }
+        self.destinations.bump();
     }
 
     /// Whether a pass would have anything to do.
@@ -331,7 +435,7 @@ impl VllmEngine {
     }
 
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.destinations.len()
     }
 
     /// Blocks held by requests.
@@ -361,6 +465,7 @@ impl VllmEngine {
         for &slot in &self.running {
             let r = self.reqs[slot as usize].as_mut().expect("running slot");
             r.pass_tokens = 0;
+            r.pass_committed = 0;
             r.pass_prefill = None;
         }
 
@@ -538,12 +643,12 @@ impl VllmEngine {
     fn admit_waiting(&mut self, out: &mut PassOutput) {
         let max_seqs = self.cfg.max_num_seqs.map_or(usize::MAX, |m| m as usize);
         while !self.preempted_any && self.running.len() < max_seqs {
-            let Some(&slot) = self.waiting.front() else {
+            let Some(slot) = self.next_admission() else {
                 break;
             };
             match self.admission(slot) {
                 AdmissionDecision::Reject(reason) => {
-                    self.waiting.pop_front();
+                    self.leave_waiting(slot);
                     let req = self.remove(slot);
                     out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
                 }
@@ -560,18 +665,36 @@ impl VllmEngine {
         }
     }
 
+    /// The waiting request considered next: the head, or, while destinations wait for blocks
+    /// (decode worker), the first request whose KV has arrived — a request that would need
+    /// fresh blocks for a prefill does not compete with them.
+    fn next_admission(&self) -> Option<u32> {
+        if self.destinations.is_empty() {
+            return self.waiting.front().copied();
+        }
+        self.waiting.iter().copied().find(|&s| self.prompt_in_place(self.req(s)))
+    }
+
+    /// Whether a request's prompt is computed and in its blocks (a transferred prompt that
+    /// arrived, not yet preempted).
+    fn prompt_in_place(&self, req: &Req) -> bool {
+        req.computed >= req.prompt_len && req.lease.len() as u32 * self.cfg.block_size >= req.prompt_len
+    }
+
+    fn leave_waiting(&mut self, slot: u32) {
+        let pos = self.waiting.iter().position(|&s| s == slot).expect("slot is waiting");
+        self.waiting.remove(pos);
+    }
+
     /// Whether the waiting head can be admitted now.
     fn admission(&mut self, slot: u32) -> AdmissionDecision {
         let bs = self.cfg.block_size;
         let capacity = self.cfg.num_gpu_blocks;
         let req = self.req(slot);
-        if let (Some(reused), false) = (req.transferred, req.lease.is_empty()) {
-            // Its blocks are already allocated: only a running slot is needed.
-            return AdmissionDecision::Admit(PrefixCost {
-                cached_tokens: 0,
-                active_cached_tokens: 0,
-                reported: reused,
-            });
+        if self.prompt_in_place(req) {
+            // A transferred prompt in its blocks: only a running slot is needed (and, as in the
+            // reference, no prefix-cache hit is reported for it).
+            return AdmissionDecision::Admit(PrefixCost::default());
         }
         if let Some(max_len) = self.cfg.max_model_len {
             if req.prompt_len >= max_len {
@@ -700,14 +823,19 @@ impl VllmEngine {
         let readmission = self.req(slot).preemptions > 0;
         let req = self.reqs[slot as usize].as_mut().expect("live request slot");
         let prompt_after = target.min(req.prompt_len);
-        if prompt_after > prompt_before && self.cfg.worker_type != WorkerType::Decode {
-            out.prefill.batch += 1;
-            out.prefill.total_isl += prompt_after as u64;
-            out.prefill.total_prefix += prompt_before as u64;
-            // Everything this request computes in a prefill pass counts, including generated
-            // tokens it recomputes after a preemption (what Dynamo reports as committed).
+        if prompt_after > prompt_before {
+            // Everything a request computes in a pass that reaches into its prompt counts,
+            // including generated tokens it recomputes after a preemption, and a decode worker's
+            // recomputation (what Dynamo reports as committed prefill).
             out.prefill_tokens += desired as u64;
-            req.pass_prefill = Some((prompt_before, prompt_after));
+            req.pass_committed = desired;
+            // A decode worker's prefill costs no time: it is not part of the prefill shape.
+            if self.cfg.worker_type != WorkerType::Decode {
+                out.prefill.batch += 1;
+                out.prefill.total_isl += prompt_after as u64;
+                out.prefill.total_prefix += prompt_before as u64;
+                req.pass_prefill = Some((prompt_before, prompt_after));
+            }
         }
         req.computed = target;
         req.pass_tokens = desired;
@@ -718,7 +846,7 @@ impl VllmEngine {
             let id = req.id;
             self.counters.prefix_queries += req.len() as u64;
             self.counters.prefix_hits += cost.reported as u64;
-            self.waiting.pop_front();
+            self.leave_waiting(slot);
             self.running.push(slot);
             out.admissions.push(Admission { request: id, reused_tokens: cost.reported, readmission });
         }
@@ -796,8 +924,8 @@ impl VllmEngine {
         // Give back what it was granted earlier in this pass.
         self.budget += req.pass_tokens;
         out.computed_tokens -= req.pass_tokens as u64;
+        out.prefill_tokens -= std::mem::take(&mut req.pass_committed) as u64;
         if let Some((before, after)) = req.pass_prefill.take() {
-            out.prefill_tokens -= req.pass_tokens as u64;
             out.prefill.batch -= 1;
             out.prefill.total_isl -= after as u64;
             out.prefill.total_prefix -= before as u64;
@@ -807,6 +935,7 @@ impl VllmEngine {
         self.waiting.push_front(slot);
         self.preempted_any = true;
         self.counters.preemptions += 1;
+        self.destinations.bump();
     }
 
     /// Generates a token for every request whose known tokens are all computed; returns the
@@ -873,6 +1002,8 @@ impl VllmEngine {
             }
         }
         if !done.is_empty() {
+            // A finished request frees a running slot (and blocks, unless held for a handoff).
+            self.destinations.bump();
             self.running.retain(|s| !done.contains(s));
             for &slot in &done {
                 if self.cfg.worker_type == WorkerType::Prefill {

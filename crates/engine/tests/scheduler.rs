@@ -448,9 +448,44 @@ fn abort_frees_reserved_and_held_requests() {
     assert_eq!(p.active_blocks(), 0);
     // Decode worker: blocks reserved for a transfer in flight are freed by an abort.
     let mut d = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 100, "is_decode": true, {FIXED}}}"#));
-    assert_eq!(d.reserve(request(2, tokens(64, 2), 5)).ok(), Some(0));
+    d.accept_destination(request(2, tokens(64, 2), 5)).unwrap();
+    assert_eq!(d.retry_destination().map(|r| (r.request, r.reused_tokens)), Some((2, 0)));
     assert_eq!(d.active_blocks(), 4);
     assert!(d.abort(2));
     assert_eq!(d.active_blocks(), 0);
     assert!(!d.has_work());
+}
+
+#[test]
+fn destinations_are_tried_oldest_first_once_per_capacity_change() {
+    // A decode worker of 10 blocks of 16: request 1 (8 blocks) runs; 2 and 3 (4 blocks each)
+    // wait for blocks.
+    let mut d = engine(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 10, "is_decode": true, {FIXED}}}"#));
+    for (id, len) in [(1, 128), (2, 64), (3, 64)] {
+        d.accept_destination(request(id, tokens(len, id as u32), 3)).unwrap();
+    }
+    assert_eq!(d.retry_destination().map(|r| r.request), Some(1), "one reservation per attempt");
+    assert_eq!(d.retry_destination(), None, "2 does not fit");
+    assert_eq!(d.num_waiting(), 2);
+    d.activate(1);
+    // Nothing freed capacity since 2 failed: not tried again.
+    assert_eq!(d.retry_destination(), None);
+    let mut now = 0.0;
+    let mut reserved = Vec::new();
+    while d.has_work() {
+        let mut p = PassOutput::default();
+        d.step(now, &mut p);
+        now = p.end_ms;
+        // As a driver does: one attempt after every pass.
+        if let Some(r) = d.retry_destination() {
+            reserved.push((r.request, now));
+            d.activate(r.request);
+        }
+    }
+    // Request 1 finishes in the pass ending at 30 ms (3 tokens); only then is 2 tried, and 3 at
+    // the end of the next pass (a single attempt per pass).
+    assert_eq!(reserved, vec![(2, 30.0), (3, 40.0)]);
+    // A prompt larger than the cache is refused at once.
+    let e = d.accept_destination(request(4, tokens(200, 4), 1)).unwrap_err();
+    assert_eq!(e, RejectReason::ExceedsKvCapacity);
 }

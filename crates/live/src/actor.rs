@@ -8,7 +8,6 @@
 //! oversleeping never accumulates), and a pass after an idle gap starts now. With speedup 0 no
 //! pass sleeps.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
@@ -56,7 +55,8 @@ struct Actor {
     /// Prefill rank: finished requests whose KV waits for the decode side.
     held: FxHashSet<u64>,
     /// Decode rank: requests waiting for blocks, in arrival order.
-    pending: VecDeque<Box<Job>>,
+    /// Decode rank: accepted handoffs waiting for KV blocks, by id.
+    pending: FxHashMap<u64, Box<Job>>,
     /// Decode rank: reserved requests whose KV lands at the given instant.
     transfers: Vec<(Instant, u64)>,
     /// Prefill-only server: held requests whose KV has left at the given instant.
@@ -94,7 +94,7 @@ pub fn run(cluster: Arc<Cluster>, me: usize, s: ActorSetup) {
         engine,
         live: FxHashMap::default(),
         held: FxHashSet::default(),
-        pending: VecDeque::new(),
+        pending: FxHashMap::default(),
         transfers: Vec::new(),
         departures: Vec::new(),
         remote_decode: s.role == Role::Prefill && !cluster_has_decode,
@@ -147,7 +147,7 @@ impl Actor {
                 return;
             }
             self.land_transfers();
-            self.reserve_pending();
+            self.retry_destination();
             if !self.engine.has_work() {
                 // Aborts and releases change the state without a pass.
                 self.gauges();
@@ -185,7 +185,7 @@ impl Actor {
                 if job.shared.cancelled.load(Ordering::SeqCst) {
                     self.drop_transferred(&job);
                 } else {
-                    self.pending.push_back(job);
+                    self.accept(job);
                 }
             }
             Command::Release(id) => {
@@ -230,8 +230,8 @@ impl Actor {
     }
 
     fn abort(&mut self, id: u64) {
-        if let Some(pos) = self.pending.iter().position(|j| j.id == id) {
-            let job = self.pending.remove(pos).expect("position is in the queue");
+        if let Some(job) = self.pending.remove(&id) {
+            self.engine.abort(id);
             self.drop_transferred(&job);
             return;
         }
@@ -252,45 +252,42 @@ impl Actor {
 
     /// Decode rank: reserves blocks for waiting transferred prompts, in order, until one does
     /// not fit; starts their transfers.
-    fn reserve_pending(&mut self) {
-        while let Some(job) = self.pending.pop_front() {
-            let bs = self.block_size;
-            let cfg = self.engine.config();
-            if job.prompt.len().div_ceil(bs as usize) > cfg.num_gpu_blocks as usize {
-                let _ = job
-                    .sink
-                    .send(Out::Failed("request rejected: the prompt needs more KV blocks than the cache has".into()));
-                self.drop_transferred(&job);
-                continue;
+    /// A handoff for this decode rank: it waits in the engine for its blocks.
+    fn accept(&mut self, job: Box<Job>) {
+        let request = EngineRequest {
+            id: job.id,
+            prompt: Prompt::Tokens(job.prompt.clone()),
+            max_output: job.max_output,
+            token_seed: job.token_seed,
+            hashes: (!job.hashes.is_empty()).then(|| job.hashes.clone()),
+            planned_output: None,
+        };
+        match self.engine.accept_destination(request) {
+            Ok(()) => {
+                self.pending.insert(job.id, job);
             }
-            let request = EngineRequest {
-                id: job.id,
-                prompt: Prompt::Tokens(job.prompt.clone()),
-                max_output: job.max_output,
-                token_seed: job.token_seed,
-                hashes: (!job.hashes.is_empty()).then(|| job.hashes.clone()),
-                planned_output: None,
-            };
-            match self.engine.reserve(request) {
-                Ok(reused) => {
-                    let delay = if self.speedup > 0.0 {
-                        self.cluster.transfer_delay(job.prompt.len() as u32, reused)
-                    } else {
-                        Duration::ZERO
-                    };
-                    self.transfers.push((Instant::now() + delay, job.id));
-                    let now = Instant::now();
-                    self.live.insert(job.id, Live { job, first_token: None, last_token: now });
-                }
-                Err(_) => {
-                    self.pending.push_front(job);
-                    break;
-                }
+            Err(reason) => {
+                let _ = job.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
+                self.drop_transferred(&job);
             }
         }
     }
 
-    /// Decode rank: KV that has arrived joins the engine's queue; the prefill copy is freed.
+    /// Between passes the engine tries to reserve blocks for its oldest waiting handoff; the
+    /// transfer starts when it gets them.
+    fn retry_destination(&mut self) {
+        let Some(reserved) = self.engine.retry_destination() else { return };
+        let job = self.pending.remove(&reserved.request).expect("a reserved handoff is pending");
+        let delay = if self.speedup > 0.0 {
+            self.cluster.transfer_delay(job.prompt.len() as u32, reserved.reused_tokens)
+        } else {
+            Duration::ZERO
+        };
+        self.transfers.push((Instant::now() + delay, job.id));
+        let now = Instant::now();
+        self.live.insert(job.id, Live { job, first_token: None, last_token: now });
+    }
+
     fn land_transfers(&mut self) {
         let now = Instant::now();
         // Prefill-only server: KV that has been sent is freed.
@@ -332,7 +329,7 @@ impl Actor {
     fn gauges(&self) {
         let m = &self.metrics;
         m.running.set(self.engine.num_running() as f64);
-        m.waiting.set((self.engine.num_waiting() + self.pending.len()) as f64);
+        m.waiting.set(self.engine.num_waiting() as f64);
         m.kv_usage.set(self.engine.active_blocks() as f64 / self.num_blocks);
         let c = self.engine.counters();
         m.preemptions.set(c.preemptions as f64);

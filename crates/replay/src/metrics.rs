@@ -79,8 +79,11 @@ pub struct Handoff {
     /// The prefill worker freed its copy (at the end of the pass it was running then).
     pub source_released_ms: Option<f64>,
     pub decode_admit_ms: Option<f64>,
-    /// Prompt tokens the decode worker already had cached.
+    /// Prefix-cache hit reported by the first decode admission (none for a transferred prompt).
     pub decode_reused_input_tokens: Option<u32>,
+    /// Largest hit of any decode admission (a readmission after a preemption there reuses the
+    /// prompt's cached blocks); the summary's reuse counts it, as the reference's does.
+    pub decode_reused_max: u32,
     pub decode_route_overlap_tokens: Option<u32>,
 }
 
@@ -352,10 +355,8 @@ impl<'s> Collector<'s> {
         self.get(id).handoff.get_or_insert_with(Handoff::default).source_held_ms = Some(at_ms);
     }
 
-    pub fn destination_reserved(&mut self, id: u64, at_ms: f64, reused: u32) {
-        let h = self.get(id).handoff.get_or_insert_with(Handoff::default);
-        h.destination_reserved_ms = Some(at_ms);
-        h.decode_reused_input_tokens = Some(reused);
+    pub fn destination_reserved(&mut self, id: u64, at_ms: f64) {
+        self.get(id).handoff.get_or_insert_with(Handoff::default).destination_reserved_ms = Some(at_ms);
     }
 
     pub fn destination_activated(&mut self, id: u64, at_ms: f64) {
@@ -366,9 +367,17 @@ impl<'s> Collector<'s> {
         self.get(id).handoff.get_or_insert_with(Handoff::default).source_released_ms = Some(at_ms);
     }
 
-    pub fn decode_admit(&mut self, id: u64, at_ms: f64) {
-        let h = self.get(id).handoff.get_or_insert_with(Handoff::default);
-        h.decode_admit_ms.get_or_insert(at_ms);
+    /// An admission on the decode worker (the first, or a readmission after a preemption
+    /// there); `reused` is the prefix-cache hit it reports (none for a transferred prompt).
+    pub fn decode_admit(&mut self, id: u64, at_ms: f64, reused: u32) {
+        let r = self.get(id);
+        r.admissions += 1;
+        let h = r.handoff.get_or_insert_with(Handoff::default);
+        if h.decode_admit_ms.is_none() {
+            h.decode_admit_ms = Some(at_ms);
+            h.decode_reused_input_tokens = Some(reused);
+        }
+        h.decode_reused_max = h.decode_reused_max.max(reused);
     }
 
     pub fn arrival_of(&self, id: u64) -> f64 {
@@ -471,7 +480,8 @@ impl<'s> Collector<'s> {
                 t.completed += 1;
                 t.input_tokens += r.input_length as u64;
                 t.output_tokens += r.output_length as u64;
-                t.reused_tokens += r.reused_input_tokens as u64;
+                let decode_reused = r.handoff.as_ref().map_or(0, |h| h.decode_reused_max);
+                t.reused_tokens += r.reused_input_tokens.max(decode_reused) as u64;
                 t.first_admission_reused_tokens += r.first_admission_reused_input_tokens as u64;
                 if let Some(last) = r.last_token_ms {
                     t.duration_ms = t.duration_ms.max(last);

@@ -14,14 +14,14 @@
 //! generates every visible token and the prefill worker frees its copy.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use servesim_engine::timing::whole_ns;
 use servesim_engine::{
     Backend, BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode,
-    PassOutput, Prompt, RejectReason, Stretch, WorkerType,
+    PassOutput, Prompt, Reserved, Stretch, WorkerType,
 };
 use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
 
@@ -153,6 +153,8 @@ pub enum SimError {
     Stalled { worker: u32, at_ms: f64 },
     /// The timing model could not time a pass.
     Timing { worker: u32, at_ms: f64, why: String },
+    /// Disaggregated workers wait on each other's KV and nothing else can happen.
+    Deadlock { at_ms: f64, in_flight: usize },
 }
 
 impl std::fmt::Display for SimError {
@@ -162,6 +164,12 @@ impl std::fmt::Display for SimError {
                 write!(f, "internal error: worker {worker} stopped making progress at t={at_ms} ms")
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
+            SimError::Deadlock { at_ms, in_flight } => write!(
+                f,
+                "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
+                 requests holding KV wait for KV that others hold (give the prefill or decode pool more \
+                 num_gpu_blocks)"
+            ),
         }
     }
 }
@@ -243,9 +251,6 @@ struct Worker {
     pass_end: f64,
     /// The pass in flight is a fast-forwarded stretch of decode passes.
     stretch: Option<Stretch>,
-    /// Decode worker: requests waiting to reserve blocks, in arrival order. Like every command
-    /// to an engine, a reservation is applied between passes.
-    pending_reservations: VecDeque<u64>,
     /// Prefill worker: held requests to release at the end of the current pass.
     pending_releases: Vec<u64>,
     /// Decode worker: transferred requests to activate at the end of the current pass.
@@ -354,7 +359,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         busy: false,
                         pass_end: 0.0,
                         stretch: None,
-                        pending_reservations: VecDeque::new(),
                         pending_releases: Vec::new(),
                         pending_activations: Vec::new(),
                     })
@@ -462,13 +466,16 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         worker.busy = true;
                         worker.pass_end = end;
                         self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
-                    } else {
-                        if !effect {
-                            return Err(SimError::Stalled { worker: w as u32, at_ms: now });
-                        }
+                    } else if effect {
                         self.apply_pass(p, w);
                         again = true;
+                    } else if self.pools[p].role == Stage::Aggregated {
+                        // Nothing outside an aggregated engine frees its capacity.
+                        return Err(SimError::Stalled { worker: w as u32, at_ms: now });
                     }
+                    // A disaggregated worker with nothing to do now waits for a hand-off (a
+                    // source released, a destination activated); it tries again whenever the
+                    // simulation moves on.
                 }
             }
             if again {
@@ -496,6 +503,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 last_reported = self.finished;
                 progress.update(self.finished, total);
             }
+        }
+        if !self.flights.is_empty() {
+            return Err(SimError::Deadlock { at_ms: self.now, in_flight: self.flights.len() });
         }
         self.collector.close_incomplete();
         Ok(())
@@ -663,11 +673,19 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         let request = self.engine_request(p.id, role == Stage::Prefill);
         if role == Stage::Decode {
-            // Disaggregated pools have one rank per worker.
+            // Disaggregated pools have one rank per worker. The request waits on the worker for
+            // its blocks; an idle worker tries at once, a busy one when its pass ends.
             let worker = &mut self.pools[pool].workers[p.target];
-            worker.pending_reservations.push_back(p.id);
+            if let Err(reason) = worker.ranks[0].engine.accept_destination(request) {
+                if self.flights[&p.id].prefilled {
+                    self.source_release(p.id);
+                }
+                self.router_edge(pool, p.id, true);
+                self.finish(p.id, Finish::Rejected(reason));
+                return;
+            }
             if !worker.busy {
-                self.apply_reservations(pool, p.target);
+                self.retry_destination(pool, p.target);
             }
         } else {
             let dp = self.pools[pool].dp;
@@ -675,21 +693,23 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
     }
 
-    /// Decode worker: reserves blocks for a transferred prompt and starts the transfer; returns
-    /// false if the blocks are not available now.
-    fn reserve(&mut self, pool: usize, worker: usize, request: EngineRequest) -> bool {
-        let id = request.id;
-        let Ok(reused) = self.pools[pool].workers[worker].ranks[0].engine.reserve(request) else { return false };
-        self.collector.destination_reserved(id, self.now, reused);
+    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; when it
+    /// gets them, the transfer starts (or, SGLang, the prefill: its decode side reserves first).
+    fn retry_destination(&mut self, pool: usize, w: usize) {
+        let Some(Reserved { request: id, reused_tokens }) =
+            self.pools[pool].workers[w].ranks[0].engine.retry_destination()
+        else {
+            return;
+        };
+        self.collector.destination_reserved(id, self.now);
         let flight = self.flights.get_mut(&id).expect("reserved request is in flight");
-        flight.reserved = Some(reused);
+        flight.reserved = Some(reused_tokens);
         if flight.prefilled {
             self.start_transfer(id);
         } else if flight.prefill_worker.is_none() {
             let arrival = self.collector.arrival_of(id);
             self.route(0, id, arrival);
         }
-        true
     }
 
     /// Both sides are ready (prompt computed, destination reserved): the KV starts moving.
@@ -721,25 +741,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
             token_seed: flight.token_seed,
             hashes: (!flight.hashes.is_empty()).then(|| flight.hashes.clone()),
             planned_output: if prefill_only { None } else { flight.output_tokens.clone() },
-        }
-    }
-
-    /// Applies, in order, the reservations waiting for decode worker `w` until one does not
-    /// fit. A prompt larger than the whole cache is rejected.
-    fn apply_reservations(&mut self, pool: usize, w: usize) {
-        while let Some(id) = self.pools[pool].workers[w].pending_reservations.pop_front() {
-            let request = self.engine_request(id, false);
-            let engine = &self.pools[pool].engine;
-            if request.prompt.len().div_ceil(engine.block_size) > engine.num_gpu_blocks {
-                self.source_release(id);
-                self.router_edge(pool, id, true);
-                self.finish(id, Finish::Rejected(RejectReason::ExceedsKvCapacity));
-                continue;
-            }
-            if !self.reserve(pool, w, request) {
-                self.pools[pool].workers[w].pending_reservations.push_front(id);
-                break;
-            }
         }
     }
 
@@ -781,6 +782,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn activate(&mut self, decode: usize, id: u64) {
         self.pools[1].workers[decode].ranks[0].engine.activate(id);
         self.collector.destination_activated(id, self.now);
+        self.retry_destination(1, decode);
         self.source_release(id);
     }
 
@@ -814,15 +816,16 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.pools[pool].workers[w].ranks[r].output = out;
             }
         }
-        // Commands that waited for this pass to end.
+        // A decode worker tries its oldest waiting destination at the end of every pass; then
+        // the commands that waited for the pass to end are applied.
+        if self.pools[pool].role == Stage::Decode {
+            self.retry_destination(pool, w);
+        }
         for id in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
             self.pools[pool].workers[w].ranks[0].engine.release_held(id);
         }
         for id in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
             self.activate(w, id);
-        }
-        if self.pools[pool].role == Stage::Decode {
-            self.apply_reservations(pool, w);
         }
     }
 
@@ -840,7 +843,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         for a in &out.admissions {
             if role == Stage::Decode {
-                self.collector.decode_admit(a.request, out.start_ms);
+                self.collector.decode_admit(a.request, out.start_ms, a.reused_tokens);
             } else {
                 self.collector.admit(a.request, out.start_ms, a.reused_tokens);
             }

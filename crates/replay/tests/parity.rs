@@ -250,4 +250,6 @@ parity_cases! {
     sglang_conservativeness_above_1 => "x_sglang_conservativeness_above_1",
     synthetic_prefix_groups_ignore_arrival_seed => "x_synthetic_groups_ignore_arrival_seed",
     vllm_fifo_preemption_skips_a_request => "x_vllm_fifo_preemption_8",
+    disaggregated_prefill_waits_for_released_kv => "x_disagg_tight_prefill_waits",
+    disaggregated_reservations_one_per_pass => "x_disagg_decode_pressure_reservations",
 }

@@ -28,6 +28,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::config::{EngineConfig, WorkerType};
 use crate::engine::{EngineCounters, EngineOptions};
+use crate::handoff::{Destinations, Reserved};
 use crate::hash::{chain_hash, local_block_hash};
 use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, TokenOut};
 use crate::request::{EngineRequest, OutputPlan, Prompt};
@@ -66,8 +67,8 @@ struct Req {
     /// for its first admission or after a retraction.
     materialized: u32,
     admitted_before: bool,
-    /// Prompt computed elsewhere (disaggregated decode); reused tokens to report.
-    transferred: Option<u32>,
+    /// Prompt computed elsewhere (disaggregated decode).
+    transferred: bool,
 }
 
 impl Req {
@@ -151,6 +152,8 @@ pub struct SglangEngine {
     parked: FxHashMap<u64, u32>,
     /// Decode worker: transferred requests ready to join the running batch.
     arrived: VecDeque<u32>,
+    /// Decode worker: accepted requests waiting for their pages.
+    destinations: Destinations,
     new_token_ratio: f64,
     min_ratio: f64,
     decay_step: f64,
@@ -197,6 +200,7 @@ impl SglangEngine {
             running: Vec::new(),
             parked: FxHashMap::default(),
             arrived: VecDeque::new(),
+            destinations: Destinations::default(),
             new_token_ratio: init_ratio,
             min_ratio,
             decay_step: (init_ratio - min_ratio) / 600.0,
@@ -231,6 +235,10 @@ impl SglangEngine {
     /// Removes request `id` wherever it is and frees its pages (unlocking its cached prefix,
     /// which stays in the tree). False if it is not here.
     pub fn abort(&mut self, id: u64) -> bool {
+        if self.destinations.remove(id) {
+            return true;
+        }
+        self.destinations.bump();
         let reqs = &self.reqs;
         let is_it = |s: &u32| reqs[*s as usize].as_ref().is_some_and(|r| r.id == id);
         let slot = if let Some(slot) = self.parked.remove(&id) {
@@ -267,7 +275,7 @@ impl SglangEngine {
             lock_node: ROOT,
             materialized: 0,
             admitted_before: false,
-            transferred: None,
+            transferred: false,
         }
     }
 
@@ -321,7 +329,7 @@ impl SglangEngine {
     }
 
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + self.arrived.len()
+        self.waiting.len() + self.arrived.len() + self.destinations.len()
     }
 
     /// Pages held by requests or locked in the cache.
@@ -435,6 +443,7 @@ impl SglangEngine {
     }
 
     fn retire(&mut self, slot: u32) {
+        self.destinations.bump();
         let req = self.req(slot);
         let full = (req.len().min(req.materialized) / self.page) as usize;
         self.cache_pages(slot, full);
@@ -496,14 +505,21 @@ impl SglangEngine {
         while self.running.len() < max_running {
             let Some(slot) = self.arrived.pop_front() else { break };
             let req = self.req_mut(slot);
-            let (id, reused) = (req.id, req.transferred.unwrap_or(0));
+            let id = req.id;
             self.running.push(slot);
-            out.admissions.push(Admission { request: id, reused_tokens: reused, readmission: false });
+            out.admissions.push(Admission { request: id, reused_tokens: 0, readmission: false });
         }
         self.reject_too_long(out);
         self.order_waiting();
-        let admitted = if self.arrived.is_empty() { self.build_prefill_batch(out, max_running) } else { Vec::new() };
-        if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && self.parked.is_empty() {
+        // Nothing is prefilled while transferred requests wait for a running slot, nor, on a
+        // decode worker, while accepted requests wait for pages.
+        let admitted = if self.arrived.is_empty() && self.destinations.is_empty() {
+            self.build_prefill_batch(out, max_running)
+        } else {
+            Vec::new()
+        };
+        let held = !self.parked.is_empty() || !self.destinations.is_empty();
+        if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && !held {
             if let Some(slot) = self.waiting.pop_front() {
                 // Nothing runs, nothing holds pages that will come back, and the head still
                 // cannot be admitted: it never will be.
@@ -620,11 +636,12 @@ impl SglangEngine {
             }
             self.req_mut(slot).materialized = chunk_end;
             out.computed_tokens += chunk as u64;
+            out.prefill_tokens += chunk as u64;
+            // A decode worker's (re)prefill costs no time: it is not part of the prefill shape.
             if !decode_worker {
                 out.prefill.batch += 1;
                 out.prefill.total_isl += chunk_end as u64;
                 out.prefill.total_prefix += before as u64;
-                out.prefill_tokens += chunk as u64;
             }
             rem_total -= (charged + reserve_out) as f64;
             rem_input -= charged as i64;
@@ -749,6 +766,7 @@ impl SglangEngine {
             });
             let n = self.running.len() as f64;
             self.new_token_ratio = ((decoded as f64 + RETRACT_DECODE_STEPS * n) / (max_new as f64 + 1.0)).min(1.0);
+            self.destinations.bump();
         }
         let mut end = decode_start;
         if !self.running.is_empty() {
@@ -819,9 +837,39 @@ impl SglangEngine {
         end
     }
 
-    /// Decode worker: reserves pages for a prompt computed elsewhere (its cached prefix is
-    /// matched and locked first, as SGLang does even when the rest does not fit).
-    pub fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
+    /// Decode worker: accepts a request whose prompt is computed elsewhere; it waits for its
+    /// pages in [`SglangEngine::retry_destination`]. Refused if it can never fit.
+    pub fn accept_destination(&mut self, request: EngineRequest) -> Result<(), RejectReason> {
+        let prompt = request.prompt.len();
+        if self.cfg.max_model_len.is_some_and(|m| prompt >= m) {
+            return Err(RejectReason::ExceedsMaxModelLen);
+        }
+        if self.ceil_page(prompt) as u64 > self.cfg.kv_capacity_tokens() {
+            return Err(RejectReason::ExceedsKvCapacity);
+        }
+        self.destinations.push(request);
+        Ok(())
+    }
+
+    /// Decode worker: tries to reserve pages for the oldest accepted request, if an attempt is
+    /// due (see [`crate::handoff`]).
+    pub fn retry_destination(&mut self) -> Option<Reserved> {
+        self.destinations.due()?;
+        let request = self.destinations.pop();
+        let id = request.id;
+        match self.reserve(request) {
+            Ok(reused) => Some(Reserved { request: id, reused_tokens: reused }),
+            Err(request) => {
+                self.destinations.push_front(request);
+                self.destinations.failed();
+                None
+            }
+        }
+    }
+
+    /// Reserves pages for a prompt computed elsewhere (its cached prefix is matched and locked
+    /// first, as SGLang does even when the rest does not fit).
+    fn reserve(&mut self, request: EngineRequest) -> Result<u32, EngineRequest> {
         let page = self.page;
         let prompt_pages = request.prompt.len().div_ceil(page);
         let id = request.id;
@@ -848,7 +896,7 @@ impl SglangEngine {
         req.lock_node = m.node;
         self.pool.alloc(need, &mut req.pages);
         let reused = hit as u32 * page;
-        req.transferred = Some(reused);
+        req.transferred = true;
         self.parked.insert(id, slot);
         Ok(reused)
     }
@@ -868,5 +916,6 @@ impl SglangEngine {
     pub fn release_held(&mut self, id: u64) {
         let slot = self.parked.remove(&id).expect("releasing a held request");
         self.retire(slot);
+        self.destinations.bump();
     }
 }
