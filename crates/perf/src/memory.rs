@@ -1,0 +1,1 @@
+//! KV capacity from GPU memory.
