@@ -2,6 +2,7 @@
 //! the simulation lives in the `servesim-engine` and `servesim-replay` crates, the live server
 //! in `servesim-live`.
 
+mod ais;
 mod perf;
 mod predict;
 mod progress;
