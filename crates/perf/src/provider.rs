@@ -437,7 +437,10 @@ pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Re
             format!("unknown external timing provider {provider:?}; expected \"ais\" or \"aic\""),
         ));
     }
-    let cfg = AisConfig::from_json(key, config).map_err(|e| ConfigError::new(key, e.message))?;
+    let cfg = AisConfig::from_json(key, config).map_err(|e| match e.message.split_once(": ") {
+        Some((path, why)) if path.starts_with(key) => ConfigError::new(path, why),
+        _ => ConfigError::new(key, e.message),
+    })?;
     let est = estimator(&cfg).map_err(|e| ConfigError::new(key, e.message))?;
     Ok(Arc::new(AisTimer { estimator: est, config: cfg }))
 }

@@ -77,3 +77,25 @@ fn clear_errors_with_real_data() {
     let e = bad(json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.19.0"}));
     assert!(e.contains("not a queryable version") && e.contains("current = 0.24.0"), "{e}");
 }
+
+/// `aisimulate_core.sdk.memory.kv_cache.estimate_num_gpu_blocks(model, system, backend,
+/// scheduler_block_size=B, max_num_tokens=8192, max_batch_size=256, memory_fraction_kind="of_total",
+/// memory_fraction_value=0.9 (vllm) / 0.88 (sglang), tp_size=T)` (recorded with /tmp/kv.py).
+#[test]
+fn kv_capacity_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the KV capacity goldens");
+        return;
+    }
+    use servesim_perf::memory::kv_capacity;
+    for (model, system, backend, tp, block, want) in [
+        ("Qwen/Qwen3-32B", "h200_sxm", "vllm", 2, 64, 11742u64),
+        ("Qwen/Qwen3-8B", "h100_sxm", "vllm", 1, 64, 5979),
+        ("Qwen/Qwen3-32B", "h200_sxm", "sglang", 2, 1, 733828),
+        ("meta-llama/Meta-Llama-3.1-70B", "h100_sxm", "vllm", 4, 16, 28376),
+    ] {
+        let e = est(model, system, backend, tp);
+        let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
+    }
+}
