@@ -71,7 +71,8 @@ pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, 
         (_, Family::Moe) => (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
     };
     let c = coeff(coeffs).ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
-    let h = (m.heads / est.layout.tp * m.head_dim) as f64;
+    // The reference uses the model's whole attention width here, not the per-GPU share.
+    let h = (m.heads * m.head_dim) as f64;
     let mut activations = (2.0 * max_num_tokens as f64 * h * c).max(min_act);
     activations *= 1.0 + act_over;
     let nccl = spec
