@@ -2,6 +2,8 @@
 //! the simulation lives in the `servesim-engine` and `servesim-replay` crates, the live server
 //! in `servesim-live`.
 
+mod ais;
+mod perf;
 mod predict;
 mod progress;
 mod serve;
@@ -25,6 +27,8 @@ enum Command {
     /// Serve simulated engines on a wall clock: OpenAI-compatible HTTP API, Prometheus metrics
     /// with vLLM names, ZMQ KV events.
     Serve(Box<serve::ServeArgs>),
+    /// Predicted prefill / decode step times of the data-driven (AIS) timing model.
+    Perf(Box<perf::PerfArgs>),
 }
 
 /// A failure to report to the user: a one-line message and an exit code.
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Predict(args) => predict::run(*args),
         Command::Serve(args) => serve::run(*args),
+        Command::Perf(args) => perf::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

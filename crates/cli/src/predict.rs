@@ -167,7 +167,7 @@ fn engine_config(flag: &str, arg: Option<&str>) -> Result<EngineConfig, Failure>
             let full = dir.join(path);
             std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
         };
-        EngineConfig::parse_json_with(text, &files)
+        crate::ais::parse_engine_json(text, &files)
     })?;
     if let Some(why) = &config.timing_fallback {
         eprintln!("warning: --{flag}: {why}; using the polynomial timing model instead");

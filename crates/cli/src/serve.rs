@@ -40,6 +40,8 @@ pub enum Router {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    ais: crate::ais::AisFlags,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", help_heading = "Server")]
     host: String,
@@ -206,6 +208,8 @@ fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Engi
     put("startup_time", finite("startup-time", a.startup_time)?);
     put("kv_transfer_bandwidth", finite("kv-transfer-bandwidth", a.kv_transfer_bandwidth)?);
     put("kv_bytes_per_token", a.kv_bytes_per_token.map(Value::from));
+    let engine_name = match a.engine_type { Some(EngineType::Sglang) => "sglang", Some(EngineType::Trtllm) => "trtllm", _ => "vllm" };
+    put("timing_model", a.ais.timing_model(a.model_path.as_deref().and_then(|p| p.to_str()), engine_name, "aggregated")?);
     if let Some(r) = &a.reasoning {
         let v: Value =
             serde_json::from_str(r).map_err(|e| Failure::input(format!("--reasoning: invalid JSON: {e}")))?;
@@ -253,7 +257,7 @@ fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Engi
         let full = base.join(path);
         std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
     };
-    let config = EngineConfig::from_value_with(&value, &files)
+    let config = crate::ais::engine_config_from_value(&value, &files)
         .map_err(|e| Failure::input(format!("engine configuration: {e}")))?;
     if let Some(why) = &config.timing_fallback {
         eprintln!("warning: engine configuration: {why}; using the polynomial timing model instead");

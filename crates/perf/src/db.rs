@@ -1,0 +1,656 @@
+//! The measured tables of one `(system, backend, version)`, read lazily, and their queries.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{PerfError, Result};
+use crate::interp::{Curve, Grid, GridSpec, Node, Sites, SitesSpec};
+use crate::parquet_table::{key_u32, Table};
+use crate::systems::{nccl_source, sources, Source, SystemSpec};
+
+/// A number format: bytes per element and the tensor-core rate it computes at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dtype {
+    Bfloat16,
+    Fp8,
+    Fp8Block,
+    Int8,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bfloat16 => "bfloat16",
+            Dtype::Fp8 => "fp8",
+            Dtype::Fp8Block => "fp8_block",
+            Dtype::Int8 => "int8",
+        }
+    }
+    pub fn bytes(self) -> f64 {
+        match self {
+            Dtype::Bfloat16 => 2.0,
+            _ => 1.0,
+        }
+    }
+    pub fn parse(s: &str) -> Option<Dtype> {
+        Some(match s {
+            "bfloat16" | "bf16" | "float16" | "half" => Dtype::Bfloat16,
+            "fp8" => Dtype::Fp8,
+            "fp8_block" => Dtype::Fp8Block,
+            "int8" => Dtype::Int8,
+            _ => return None,
+        })
+    }
+    /// Tensor-core FLOP/s for this format on `spec`.
+    pub fn flops(self, spec: &SystemSpec) -> Result<f64> {
+        let (v, key) = match self {
+            Dtype::Bfloat16 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
+            Dtype::Fp8 | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
+            Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
+        };
+        v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
+            PerfError::unsupported(format!(
+                "{} compute needs gpu.{key} in {}.yaml, which is missing",
+                self.name(),
+                spec.name
+            ))
+        })
+    }
+}
+
+/// GEMM speed of light in ms.
+pub fn gemm_sol(spec: &SystemSpec, dt: Dtype, flops: f64, m: f64, n: f64, k: f64) -> f64 {
+    let math = 2.0 * m * n * k / flops * 1000.0;
+    let mem = dt.bytes() * (m * n + m * k + n * k) / spec.mem_bw * 1000.0;
+    math.max(mem)
+}
+
+/// Context attention SOL (full attention, no prefix) in ms; `n_kv_lookup == 0` means MHA.
+#[allow(clippy::too_many_arguments)]
+pub fn ctx_attn_sol(spec: &SystemSpec, n_kv_lookup: u32, head: u32, window: u32, kv: Dtype, flops: f64, n: f64, s: f64, b: f64) -> f64 {
+    let h = head as f64;
+    let w = window as f64;
+    let n_kv = if n_kv_lookup == 0 { n } else { n_kv_lookup as f64 };
+    let ops = if window > 0 && s > w { 2.0 * b * s * w * n * h * 2.0 } else { 2.0 * b * (s * s) * n * h * 2.0 / 2.0 };
+    let mem = 2.0 * b * (n * s * h + n * s * h) + kv.bytes() * b * (2.0 * n_kv * s * h);
+    (ops / flops * 1000.0).max(mem / spec.mem_bw * 1000.0)
+}
+
+/// Generation attention SOL in ms (`s` = KV length including the new token).
+#[allow(clippy::too_many_arguments)]
+pub fn gen_attn_sol(spec: &SystemSpec, n_kv_lookup: u32, head: u32, window: u32, kv: Dtype, flops: f64, n: f64, b: f64, s: f64) -> f64 {
+    let n_kv = if n_kv_lookup == 0 { n } else { n_kv_lookup as f64 };
+    let kv_len = if window > 0 { (s - 1.0).min(window as f64) } else { s - 1.0 };
+    let h = head as f64;
+    let ops = 2.0 * b * n * h * 2.0 * kv_len;
+    let mem = b * (n * h * 2.0 + 2.0 * n_kv * kv_len * h * kv.bytes() + n * h * 2.0);
+    (ops / flops * 1000.0).max(mem / spec.mem_bw * 1000.0)
+}
+
+/// The decode kernel's compute format: fp8 KV computes in fp8 where the GPU has fp8 MMA.
+pub fn gen_attn_dtype(spec: &SystemSpec, kv: Dtype) -> Dtype {
+    if kv == Dtype::Fp8 && spec.sm_version.is_some_and(|sm| sm >= 89) {
+        Dtype::Fp8
+    } else {
+        Dtype::Bfloat16
+    }
+}
+
+fn mha_lookup(n: u32, n_kv: u32) -> u32 {
+    if n == n_kv {
+        0
+    } else {
+        n_kv
+    }
+}
+
+const GEMM_SPEC: SitesSpec =
+    SitesSpec { axes: &["m", "n", "k"], site_axes: &[1, 2], curve_axis: 0, nn_sites: 4, max_site_distance: 2.0, k_tail: 3 };
+const CTX_SPEC: GridSpec = GridSpec::sqrt_along(&["num_heads", "seq_len", "batch"], 1);
+const GEN_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
+
+/// Attention slices of one kernel lane: key → grid.
+type Lanes<K> = (BTreeMap<String, BTreeMap<K, Grid>>, Vec<String>);
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct CtxKey {
+    fmha: String,
+    kv: String,
+    n_kv: u32,
+    head: u32,
+    window: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct GenKey {
+    kv: String,
+    n_kv: u32,
+    head: u32,
+    window: u32,
+}
+
+/// The measured tables of one `(system, backend, version)`.
+pub struct Database {
+    pub spec: SystemSpec,
+    pub backend: String,
+    pub version: String,
+    gemm_sources: Vec<Source>,
+    ctx_sources: Vec<Source>,
+    gen_sources: Vec<Source>,
+    ar_sources: Vec<Source>,
+    moe_sources: Vec<Source>,
+    gemm: OnceLock<Result<BTreeMap<String, Sites>>>,
+    ctx: OnceLock<Result<Lanes<CtxKey>>>,
+    gen: OnceLock<Result<Lanes<GenKey>>>,
+    ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
+    nccl: OnceLock<Result<BTreeMap<(String, String, u32), Curve>>>,
+    pub(crate) moe: OnceLock<Result<crate::moe::MoeTable>>,
+    gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Database({} {} {})", self.spec.name, self.backend, self.version)
+    }
+}
+
+fn keep_row(src: &Source, ks: &Option<String>) -> bool {
+    match &src.kernel_sources {
+        None => true,
+        Some(allow) => ks.as_ref().is_some_and(|k| allow.contains(k)),
+    }
+}
+
+fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &str, version: &str) -> PerfError {
+    let listed: Vec<String> = srcs.iter().map(|s| s.path.display().to_string()).collect();
+    PerfError::data(format!(
+        "no {what} data for {} / {backend} {version}: looked in {}",
+        spec.name,
+        if listed.is_empty() { format!("{} (no file found)", spec.data_dir.display()) } else { listed.join(", ") }
+    ))
+}
+
+impl Database {
+    pub fn open(spec: SystemSpec, backend: &str, version: &str) -> Result<Database> {
+        Ok(Database {
+            gemm_sources: sources(&spec, backend, version, "gemm_perf.parquet")?,
+            ctx_sources: sources(&spec, backend, version, "context_attention_perf.parquet")?,
+            gen_sources: sources(&spec, backend, version, "generation_attention_perf.parquet")?,
+            ar_sources: sources(&spec, backend, version, "custom_allreduce_perf.parquet")?,
+            moe_sources: sources(&spec, backend, version, "moe_perf.parquet")?,
+            spec,
+            backend: backend.to_string(),
+            version: version.to_string(),
+            gemm: OnceLock::new(),
+            ctx: OnceLock::new(),
+            gen: OnceLock::new(),
+            ar: OnceLock::new(),
+            nccl: OnceLock::new(),
+            moe: OnceLock::new(),
+            gemm_cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn moe_sources(&self) -> &[Source] {
+        &self.moe_sources
+    }
+
+    /// Every source file this database reads, per table.
+    pub fn source_report(&self) -> Vec<(&'static str, Vec<PathBuf>)> {
+        let p = |s: &[Source]| s.iter().map(|x| x.path.clone()).collect();
+        vec![
+            ("gemm", p(&self.gemm_sources)),
+            ("context_attention", p(&self.ctx_sources)),
+            ("generation_attention", p(&self.gen_sources)),
+            ("custom_allreduce", p(&self.ar_sources)),
+            ("moe", p(&self.moe_sources)),
+        ]
+    }
+
+    fn load_gemm(&self) -> Result<BTreeMap<String, Sites>> {
+        // Per dtype: m → n → k first-wins, plus the insertion order of the nested dict walk.
+        struct Acc {
+            grid: BTreeMap<(u32, u32, u32), f64>,
+            m_order: Vec<u32>,
+            n_order: HashMap<u32, Vec<u32>>,
+            k_order: HashMap<(u32, u32), Vec<u32>>,
+        }
+        let mut by: BTreeMap<String, Acc> = BTreeMap::new();
+        for src in &self.gemm_sources {
+            if !src.path.exists() {
+                continue;
+            }
+            let t = Table::read(&src.path, &["gemm_dtype", "m", "n", "k", "latency", "kernel_source"])?;
+            let (dt, m, n, k, lat, ks) =
+                (t.text("gemm_dtype")?, t.int("m")?, t.int("n")?, t.int("k")?, t.float("latency")?, t.text_or_none("kernel_source")?);
+            for i in 0..t.rows {
+                if !keep_row(src, &ks[i]) {
+                    continue;
+                }
+                let Some(d) = dt[i].as_deref() else { continue };
+                if d == "awq" || d == "gptq" {
+                    continue;
+                }
+                let (m, n, k) = (key_u32(&t.path, "m", i, m[i])?, key_u32(&t.path, "n", i, n[i])?, key_u32(&t.path, "k", i, k[i])?);
+                let acc = by.entry(d.to_string()).or_insert_with(|| Acc {
+                    grid: BTreeMap::new(),
+                    m_order: Vec::new(),
+                    n_order: HashMap::new(),
+                    k_order: HashMap::new(),
+                });
+                if acc.grid.contains_key(&(m, n, k)) {
+                    continue;
+                }
+                if !acc.n_order.contains_key(&m) {
+                    acc.m_order.push(m);
+                }
+                let ns = acc.n_order.entry(m).or_default();
+                if !acc.k_order.contains_key(&(m, n)) {
+                    ns.push(n);
+                }
+                acc.k_order.entry((m, n)).or_default().push(k);
+                acc.grid.insert((m, n, k), lat[i]);
+            }
+        }
+        if by.is_empty() {
+            return Err(no_rows("GEMM", &self.gemm_sources, &self.spec, &self.backend, &self.version));
+        }
+        let mut out = BTreeMap::new();
+        for (d, acc) in by {
+            // Raise every point to at least its speed of light (the reference's load-time clamp).
+            let dtype = Dtype::parse(&d);
+            let flops = dtype.and_then(|x| x.flops(&self.spec).ok());
+            let mut order: Vec<(u32, u32)> = Vec::new();
+            let mut seen = BTreeSet::new();
+            for m in &acc.m_order {
+                for n in &acc.n_order[m] {
+                    for k in &acc.k_order[&(*m, *n)] {
+                        if seen.insert((*n, *k)) {
+                            order.push((*n, *k));
+                        }
+                    }
+                }
+            }
+            let index: HashMap<(u32, u32), usize> = order.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+            let mut curves: Vec<Vec<(u32, f64)>> = vec![Vec::new(); order.len()];
+            for (&(m, n, k), &lat) in &acc.grid {
+                let lat = match (dtype, flops) {
+                    (Some(dt), Some(fl)) => lat.max(gemm_sol(&self.spec, dt, fl, m as f64, n as f64, k as f64)),
+                    _ => lat,
+                };
+                curves[index[&(n, k)]].push((m, lat));
+            }
+            out.insert(d, Sites::new(order.into_iter().map(|(n, k)| vec![n, k]).collect(), curves));
+        }
+        Ok(out)
+    }
+
+    /// GEMM latency in ms for `m × k · k × n` in `dt`.
+    pub fn gemm(&self, dt: Dtype, m: u32, n: u32, k: u32) -> Result<f64> {
+        let flops = dt.flops(&self.spec)?;
+        if let Some(v) = self.gemm_cache.lock().expect("gemm cache").get(&(dt, m, n, k)) {
+            return Ok(*v);
+        }
+        let tables = self.gemm.get_or_init(|| self.load_gemm()).as_ref().map_err(Clone::clone)?;
+        let sites = tables.get(dt.name()).ok_or_else(|| {
+            PerfError::data(format!(
+                "no {} GEMM data for {} / {} {} (have: {})",
+                dt.name(),
+                self.spec.name,
+                self.backend,
+                self.version,
+                tables.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let spec = &self.spec;
+        let sol = move |c: &[f64]| gemm_sol(spec, dt, flops, c[0], c[1], c[2]);
+        let v = sites
+            .query(&GEMM_SPEC, &sol, &[m as f64, n as f64, k as f64])
+            .map_err(|e| e.context(format!("GEMM {} on {} / {} {}", dt.name(), self.spec.name, self.backend, self.version)))?;
+        if v.is_finite() {
+            self.gemm_cache.lock().expect("gemm cache").insert((dt, m, n, k), v);
+        }
+        Ok(v)
+    }
+
+    fn load_attention(&self, generation: bool) -> Result<(BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>>, Vec<String>)> {
+        let srcs = if generation { &self.gen_sources } else { &self.ctx_sources };
+        let mut by_lane: BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>> = BTreeMap::new();
+        let mut lane_order: Vec<String> = Vec::new();
+        for src in srcs {
+            if !src.path.exists() {
+                continue;
+            }
+            let t = Table::read(
+                &src.path,
+                &[
+                    "batch_size",
+                    "isl",
+                    "num_heads",
+                    "num_key_value_heads",
+                    "head_dim",
+                    "attn_dtype",
+                    "kv_cache_dtype",
+                    "step",
+                    "window_size",
+                    "latency",
+                    "kernel_source",
+                ],
+            )?;
+            let (b, isl, nh, nkv, hd) =
+                (t.int("batch_size")?, t.int("isl")?, t.int("num_heads")?, t.int("num_key_value_heads")?, t.int("head_dim")?);
+            let fmha = if generation { vec![None; t.rows] } else { t.text("attn_dtype")? };
+            let kvd = t.text("kv_cache_dtype")?;
+            let step = if generation { t.int("step")? } else { vec![0; t.rows] };
+            let win = t.int_or_none("window_size")?;
+            let lat = t.float("latency")?;
+            let ks = t.text_or_none("kernel_source")?;
+            for i in 0..t.rows {
+                if !keep_row(src, &ks[i]) {
+                    continue;
+                }
+                let lane = ks[i].clone().filter(|s| !s.is_empty()).unwrap_or_else(|| "default".to_string());
+                if !lane_order.contains(&lane) {
+                    lane_order.push(lane.clone());
+                }
+                let n = key_u32(&t.path, "num_heads", i, nh[i])?;
+                let nk = key_u32(&t.path, "num_key_value_heads", i, nkv[i])?;
+                let key = (
+                    fmha[i].clone().unwrap_or_default(),
+                    kvd[i].clone().unwrap_or_default(),
+                    mha_lookup(n, nk),
+                    key_u32(&t.path, "head_dim", i, hd[i])?,
+                    key_u32(&t.path, "window_size", i, win[i].unwrap_or(0))?,
+                );
+                let bb = key_u32(&t.path, "batch_size", i, b[i])?;
+                let s = key_u32(&t.path, "isl", i, isl[i] + step[i])?;
+                let path = if generation { [n, bb, s] } else { [n, s, bb] };
+                by_lane.entry(lane).or_default().entry(key).or_default().insert_first_wins(&path, lat[i]);
+            }
+        }
+        if by_lane.is_empty() {
+            let what = if generation { "generation attention" } else { "context attention" };
+            return Err(no_rows(what, srcs, &self.spec, &self.backend, &self.version));
+        }
+        Ok((by_lane, lane_order))
+    }
+
+    fn ctx_tables(&self) -> Result<&Lanes<CtxKey>> {
+        self.ctx
+            .get_or_init(|| {
+                let (raw, order) = self.load_attention(false)?;
+                let lanes = raw
+                    .into_iter()
+                    .map(|(lane, m)| {
+                        let m = m
+                            .into_iter()
+                            .map(|((fmha, kv, n_kv, head, window), node)| (CtxKey { fmha, kv, n_kv, head, window }, Grid::new(node)))
+                            .collect();
+                        (lane, m)
+                    })
+                    .collect();
+                Ok((lanes, order))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn gen_tables(&self) -> Result<&Lanes<GenKey>> {
+        self.gen
+            .get_or_init(|| {
+                let (raw, order) = self.load_attention(true)?;
+                let spec = &self.spec;
+                let mut lanes = BTreeMap::new();
+                for (lane, m) in raw {
+                    let mut slices = BTreeMap::new();
+                    for ((_, kv, n_kv, head, window), node) in m {
+                        // Raise every point to at least its speed of light (load-time clamp).
+                        let node = match Dtype::parse(&kv) {
+                            Some(kvd) => match gen_attn_dtype(spec, kvd).flops(spec) {
+                                Ok(fl) => {
+                                    let mut clamped = Node::new();
+                                    for (c, v) in node.leaves() {
+                                        let s = gen_attn_sol(spec, n_kv, head, window, kvd, fl, c[0] as f64, c[1] as f64, c[2] as f64);
+                                        clamped.insert_first_wins(&c, v.max(s));
+                                    }
+                                    clamped
+                                }
+                                Err(_) => node,
+                            },
+                            None => node,
+                        };
+                        slices.insert(GenKey { kv, n_kv, head, window }, Grid::new(node));
+                    }
+                    lanes.insert(lane, slices);
+                }
+                Ok((lanes, order))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn lane_slice<'a, K: Ord>(lanes: &'a Lanes<K>, lane_order: &[String], key: &K) -> Option<(String, &'a Grid)> {
+        for lane in lane_order {
+            if let Some(g) = lanes.0.get(lane).and_then(|m| m.get(key)) {
+                return Some((lane.clone(), g));
+            }
+        }
+        for lane in &lanes.1 {
+            if lane_order.contains(lane) {
+                continue;
+            }
+            if let Some(g) = lanes.0.get(lane).and_then(|m| m.get(key)) {
+                return Some((lane.clone(), g));
+            }
+        }
+        None
+    }
+
+    /// Context attention table value (full attention over `full_s` tokens), ms.
+    #[allow(clippy::too_many_arguments)]
+    pub fn context_attention(
+        &self,
+        lanes: &[String],
+        b: u32,
+        full_s: u32,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+        fmha: Dtype,
+    ) -> Result<f64> {
+        let flops = fmha.flops(&self.spec)?;
+        let tables = self.ctx_tables()?;
+        let key = CtxKey { fmha: fmha.name().into(), kv: kv.name().into(), n_kv: mha_lookup(n, n_kv), head, window };
+        let (_, grid) = Self::lane_slice(tables, lanes, &key).ok_or_else(|| {
+            PerfError::data(format!(
+                "no context attention data for fmha={} kv={} n_kv={} head_dim={} window={} on {} / {} {} (kernel lanes {})",
+                key.fmha,
+                key.kv,
+                key.n_kv,
+                head,
+                window,
+                self.spec.name,
+                self.backend,
+                self.version,
+                tables.1.join(", ")
+            ))
+        })?;
+        let spec = &self.spec;
+        let n_kv_l = key.n_kv;
+        let sol = move |c: &[f64]| ctx_attn_sol(spec, n_kv_l, head, window, kv, flops, c[0], c[1], c[2]);
+        grid.query(&CTX_SPEC, &sol, &[n as f64, full_s as f64, b as f64])
+            .map_err(|e| e.context(format!("context attention on {} / {} {}", self.spec.name, self.backend, self.version)))
+    }
+
+    /// Generation attention table value, averaged over 5 KV lengths within ±10 % of `s`, ms.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generation_attention(&self, lanes: &[String], b: u32, s: u32, n: u32, n_kv: u32, head: u32, window: u32, kv: Dtype) -> Result<f64> {
+        let flops = gen_attn_dtype(&self.spec, kv).flops(&self.spec)?;
+        let tables = self.gen_tables()?;
+        let key = GenKey { kv: kv.name().into(), n_kv: mha_lookup(n, n_kv), head, window };
+        let (_, grid) = Self::lane_slice(tables, lanes, &key).ok_or_else(|| {
+            PerfError::data(format!(
+                "no generation attention data for kv={} n_kv={} head_dim={} window={} on {} / {} {} (kernel lanes {})",
+                key.kv,
+                key.n_kv,
+                head,
+                window,
+                self.spec.name,
+                self.backend,
+                self.version,
+                tables.1.join(", ")
+            ))
+        })?;
+        let spec = &self.spec;
+        let n_kv_l = key.n_kv;
+        let sol = move |c: &[f64]| gen_attn_sol(spec, n_kv_l, head, window, kv, flops, c[0], c[1], c[2]);
+        let s_min = ((s as f64 * 0.9) as u32).max(1);
+        let s_max = ((s as f64 * 1.1) as u32).max(s_min);
+        let mut sum = 0.0;
+        for i in 0..5u64 {
+            let si = s_min + ((u64::from(s_max - s_min) * i) / 4) as u32;
+            sum += grid
+                .query(&GEN_SPEC, &sol, &[n as f64, b as f64, si as f64])
+                .map_err(|e| e.context(format!("generation attention on {} / {} {}", self.spec.name, self.backend, self.version)))?;
+        }
+        Ok(sum / 5.0)
+    }
+
+    fn ar_table(&self) -> Result<&BTreeMap<u32, Curve>> {
+        self.ar
+            .get_or_init(|| {
+                let mut by: BTreeMap<u32, BTreeMap<u64, f64>> = BTreeMap::new();
+                let b60 = self.spec.name == "b60";
+                for src in &self.ar_sources {
+                    if !src.path.exists() {
+                        continue;
+                    }
+                    let t = Table::read(&src.path, &["num_gpus", "message_size", "latency", "kernel_source", "backend"])?;
+                    let (g, sz, lat) = (t.int("num_gpus")?, t.int("message_size")?, t.float("latency")?);
+                    let (ks, be) = (t.text_or_none("kernel_source")?, t.text_or_none("backend")?);
+                    for i in 0..t.rows {
+                        if !keep_row(src, &ks[i]) {
+                            continue;
+                        }
+                        let eager = |x: &Option<String>| x.as_deref().is_some_and(|s| s.ends_with("_eager"));
+                        if !b60 && (eager(&ks[i]) || eager(&be[i])) {
+                            continue;
+                        }
+                        let size = u64::try_from(sz[i])
+                            .map_err(|_| PerfError::data(format!("{}: bad message_size in row {i}", t.path)))?;
+                        by.entry(key_u32(&t.path, "num_gpus", i, g[i])?).or_default().entry(size).or_insert(lat[i]);
+                    }
+                }
+                if by.is_empty() {
+                    return Err(no_rows("custom all-reduce", &self.ar_sources, &self.spec, &self.backend, &self.version));
+                }
+                Ok(by.into_iter().map(|(g, m)| (g, Curve { points: m.into_iter().collect() })).collect())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Custom all-reduce of `elements` half-precision elements over `tp` GPUs, ms.
+    pub fn custom_allreduce(&self, tp: u32, elements: f64) -> Result<f64> {
+        if tp <= 1 {
+            return Ok(0.0);
+        }
+        let per_node = self.spec.gpus_per_node;
+        if per_node == 72 && tp > 4 {
+            return self.nccl("half", "all_reduce", tp, elements);
+        }
+        let table = self.ar_table()?;
+        let eff = fanout_slice(table.keys().copied(), tp, per_node).unwrap_or(tp.min(per_node));
+        let curve = table.get(&eff).ok_or_else(|| {
+            PerfError::data(format!(
+                "no custom all-reduce data for {eff} GPUs on {} / {} {} (have {:?})",
+                self.spec.name,
+                self.backend,
+                self.version,
+                table.keys().collect::<Vec<_>>()
+            ))
+        })?;
+        let mut v = curve.query(elements, "custom all-reduce")?;
+        if eff < tp {
+            v *= scale_beyond(&self.spec, tp, eff);
+        }
+        Ok(v)
+    }
+
+    fn nccl_table(&self) -> Result<&BTreeMap<(String, String, u32), Curve>> {
+        self.nccl
+            .get_or_init(|| {
+                let path = nccl_source(&self.spec).ok_or_else(|| {
+                    PerfError::data(format!(
+                        "no NCCL data for {} (misc.nccl_version {:?} under {})",
+                        self.spec.name,
+                        self.spec.nccl_version,
+                        self.spec.data_dir.display()
+                    ))
+                })?;
+                let t = Table::read(&path, &["nccl_dtype", "op_name", "num_gpus", "message_size", "latency"])?;
+                let (dt, op, g, sz, lat) = (t.text("nccl_dtype")?, t.text("op_name")?, t.int("num_gpus")?, t.int("message_size")?, t.float("latency")?);
+                let mut by: BTreeMap<(String, String, u32), BTreeMap<u64, f64>> = BTreeMap::new();
+                for i in 0..t.rows {
+                    let key = (dt[i].clone().unwrap_or_default(), op[i].clone().unwrap_or_default(), key_u32(&t.path, "num_gpus", i, g[i])?);
+                    by.entry(key).or_default().entry(sz[i].max(0) as u64).or_insert(lat[i]);
+                }
+                Ok(by.into_iter().map(|(k, m)| (k, Curve { points: m.into_iter().collect() })).collect())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// An NCCL collective over `gpus` GPUs of `size` elements, ms.
+    pub fn nccl(&self, dtype: &str, op: &str, gpus: u32, size: f64) -> Result<f64> {
+        if gpus <= 1 {
+            return Ok(0.0);
+        }
+        let table = self.nccl_table()?;
+        let fanouts = table.keys().filter(|(d, o, _)| d == dtype && o == op).map(|(_, _, g)| *g);
+        let eff = fanout_slice(fanouts, gpus, self.spec.gpus_per_node).unwrap_or(gpus);
+        let curve = table.get(&(dtype.to_string(), op.to_string(), eff)).ok_or_else(|| {
+            PerfError::data(format!("no NCCL {op} {dtype} data for {eff} GPUs on {}", self.spec.name))
+        })?;
+        let mut v = curve.query(size, "NCCL")?;
+        if gpus > eff {
+            v *= scale_beyond(&self.spec, gpus, eff);
+        }
+        Ok(v)
+    }
+}
+
+fn fanout_slice(fanouts: impl Iterator<Item = u32>, requested: u32, per_node: u32) -> Option<u32> {
+    let mut max = None;
+    let mut below = None;
+    for f in fanouts {
+        max = Some(max.map_or(f, |m: u32| m.max(f)));
+        if f <= requested {
+            below = Some(below.map_or(f, |m: u32| m.max(f)));
+        }
+    }
+    max.map(|max| if requested <= per_node { requested.min(max) } else { below.unwrap_or(per_node) })
+}
+
+fn scale_beyond(spec: &SystemSpec, n: u32, m: u32) -> f64 {
+    let (fnn, fm) = (n as f64, m as f64);
+    (fnn - 1.0) / fnn * fm / (fm - 1.0).max(1.0) * spec.p2p_bandwidth(m) / spec.p2p_bandwidth(n)
+}
+
+impl Database {
+    /// Kernel lanes of an attention table with their density `(lane, slices, points)`, in the
+    /// order rows were first seen.
+    pub fn attention_lanes(&self, generation: bool) -> Result<Vec<(String, usize, usize)>> {
+        fn density<K>(lanes: &Lanes<K>) -> Vec<(String, usize, usize)> {
+            lanes
+                .1
+                .iter()
+                .filter_map(|l| lanes.0.get(l).map(|m| (l.clone(), m.len(), m.values().map(|g| g.node.leaves().len()).sum())))
+                .collect()
+        }
+        Ok(if generation { density(self.gen_tables()?) } else { density(self.ctx_tables()?) })
+    }
+}

@@ -1,0 +1,253 @@
+//! Op evaluation and phase composition: static prefill / decode steps (what the engine's timing
+//! provider asks) and `forward_pass_time_ms` over per-attention-DP-rank batch statistics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::db::{Database, Dtype};
+use crate::error::{PerfError, Result};
+use crate::model::{build_ops, Layout, ModelSpec, Op};
+
+/// What one op is evaluated at.
+#[derive(Clone, Copy, Debug)]
+struct At {
+    batch: u32,
+    s: u32,
+    prefix: u32,
+    /// Tokens the token-major ops process.
+    x: u32,
+}
+
+/// A model on a system, ready to time passes.
+#[derive(Debug)]
+pub struct Estimator {
+    pub db: Arc<Database>,
+    pub model: ModelSpec,
+    pub layout: Layout,
+    pub context_ops: Vec<Op>,
+    pub generation_ops: Vec<Op>,
+    ctx_lanes: Vec<String>,
+    gen_lanes: Vec<String>,
+    memo: Mutex<HashMap<(u8, u32, u32, u32), f64>>,
+}
+
+/// Batch statistics of one attention-DP rank for one forward pass (Dynamo's
+/// `ForwardPassMetrics.scheduled_requests`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RankMetrics {
+    pub num_prefill_requests: u32,
+    pub sum_prefill_tokens: u32,
+    pub sum_prefill_kv_tokens: u32,
+    pub num_decode_requests: u32,
+    pub sum_decode_kv_tokens: u32,
+}
+
+const MEMO_LIMIT: usize = 1 << 20;
+
+fn tokens(a: u32, b: u32, what: &str) -> Result<u32> {
+    a.checked_mul(b).ok_or_else(|| PerfError::config(format!("{what}: {a} × {b} tokens exceeds 2^32")))
+}
+
+impl Estimator {
+    pub fn new(db: Arc<Database>, model: ModelSpec, layout: Layout, ctx_lanes: Vec<String>, gen_lanes: Vec<String>) -> Result<Estimator> {
+        let (context_ops, generation_ops) = build_ops(&model, &layout)?;
+        Ok(Estimator { db, model, layout, context_ops, generation_ops, ctx_lanes, gen_lanes, memo: Mutex::new(HashMap::new()) })
+    }
+
+    fn mem(&self, bytes: f64) -> f64 {
+        self.db.spec.mem_op_ms(bytes)
+    }
+
+    fn eval(&self, op: &Op, at: At) -> Result<f64> {
+        let db = &self.db;
+        Ok(match op {
+            Op::Embedding { scale, bytes_per_token, .. } | Op::Elementwise { scale, bytes_per_token, .. } => {
+                self.mem(bytes_per_token * at.x as f64) * scale
+            }
+            Op::Gemm { scale, n, k, dtype, .. } => db.gemm(*dtype, at.x, *n, *k)?.max(0.0) * scale,
+            Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, .. } => {
+                let full = at.s.checked_add(at.prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
+                let table = db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha)?;
+                let (f, p) = (full as f64, at.prefix as f64);
+                let corr = if full == 0 { 0.0 } else { (f * f - p * p) / (f * f) };
+                let q = (*n * *head) as f64;
+                let kvn = (*n_kv * *head) as f64;
+                let mut extra = 0.0;
+                if *qk_norm {
+                    extra += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0;
+                }
+                extra += self.mem(q * 2.0 + kvn * 2.0) * 2.0; // rope
+                extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
+                (table * corr + extra * 1.1).max(0.0) * scale
+            }
+            Op::GenerationAttention { scale, n, n_kv, head, window, kv, qk_norm, .. } => {
+                let mut v = db.generation_attention(&self.gen_lanes, at.batch, at.s, *n, *n_kv, *head, *window, *kv)?;
+                if *qk_norm {
+                    let q = (*n * *head) as f64;
+                    let kvn = (*n_kv * *head) as f64;
+                    v += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0 * 1.1;
+                }
+                v.max(0.0) * scale
+            }
+            Op::AllReduce { scale, hidden, tp, .. } => {
+                if *tp <= 1 {
+                    0.0
+                } else {
+                    db.custom_allreduce(*tp, at.x as f64 * *hidden as f64)?.max(0.0) * scale
+                }
+            }
+            Op::P2P { scale, hidden, pp, .. } => {
+                if *pp <= 1 {
+                    0.0
+                } else {
+                    let spec = &db.spec;
+                    let bytes = at.x as f64 * *hidden as f64 * 2.0;
+                    ((bytes / spec.inter_node_bw.max(1.0) + spec.p2p_latency) * 1000.0).max(0.0) * scale
+                }
+            }
+            Op::Moe(m) => crate::moe::eval_moe(db, m, at.x)?,
+            Op::MoeDispatch(d) => crate::moe::eval_dispatch(db, d, at.x)?,
+        })
+    }
+
+    fn context_at(&self, op: &Op, batch: u32, s: u32, prefix: u32) -> Result<f64> {
+        let logits = matches!(op, Op::Gemm { logits: true, .. });
+        let x = if logits { batch } else { tokens(batch, s, "prefill")? };
+        self.eval(op, At { batch, s, prefix, x }).map_err(|e| e.context(format!("op {}", op.name())))
+    }
+
+    fn generation_at(&self, op: &Op, batch: u32, s: u32) -> Result<f64> {
+        self.eval(op, At { batch, s, prefix: 0, x: batch }).map_err(|e| e.context(format!("op {}", op.name())))
+    }
+
+    /// Every context op of a prefill of `batch` requests reaching `isl` tokens with `prefix` of
+    /// them cached: `(name, ms)`.
+    pub fn prefill_ops(&self, batch: u32, isl: u32, prefix: u32) -> Result<Vec<(String, f64)>> {
+        if batch == 0 || isl <= prefix {
+            return Ok(Vec::new());
+        }
+        let s = isl - prefix;
+        tokens(batch, s, "prefill")?;
+        self.context_ops.iter().map(|op| Ok((op.name().to_string(), self.context_at(op, batch, s, prefix)?))).collect()
+    }
+
+    /// Every generation op of one decode step of `batch` requests whose KV (current token
+    /// included) is `context` tokens long: `(name, ms)`.
+    pub fn decode_ops(&self, batch: u32, context: u32) -> Result<Vec<(String, f64)>> {
+        if batch == 0 {
+            return Ok(Vec::new());
+        }
+        if context == 0 {
+            return Err(PerfError::config("a decode step needs a context of at least one token"));
+        }
+        let bs = tokens(batch, self.layout.nextn + 1, "decode")?;
+        self.generation_ops.iter().map(|op| Ok((op.name().to_string(), self.generation_at(op, bs, context)?))).collect()
+    }
+
+    fn memoised(&self, key: (u8, u32, u32, u32), f: impl FnOnce() -> Result<f64>) -> Result<f64> {
+        if let Some(v) = self.memo.lock().expect("memo").get(&key) {
+            return Ok(*v);
+        }
+        let v = f()?;
+        let mut memo = self.memo.lock().expect("memo");
+        if memo.len() >= MEMO_LIMIT {
+            memo.clear();
+        }
+        memo.insert(key, v);
+        Ok(v)
+    }
+
+    /// Prefill step time (the reference's `predict_prefill_latency(batch, isl, prefix)`), ms.
+    pub fn prefill_ms(&self, batch: u32, isl: u32, prefix: u32) -> Result<f64> {
+        if batch == 0 || isl <= prefix {
+            return Ok(0.0);
+        }
+        self.memoised((0, batch, isl, prefix), || Ok(self.prefill_ops(batch, isl, prefix)?.iter().map(|(_, v)| v).sum()))
+    }
+
+    /// One decode step (the reference's `predict_decode_latency(batch, context − 1, 2)`), ms.
+    pub fn decode_ms(&self, batch: u32, context: u32) -> Result<f64> {
+        if batch == 0 {
+            return Ok(0.0);
+        }
+        self.memoised((1, batch, context, 0), || Ok(self.decode_ops(batch, context)?.iter().map(|(_, v)| v).sum()))
+    }
+
+    /// Time of one rank's share of a forward pass, ms.
+    pub fn rank_latency_ms(&self, r: &RankMetrics) -> Result<f64> {
+        let has_prefill = r.sum_prefill_tokens > 0;
+        let has_decode = r.num_decode_requests > 0 || r.sum_decode_kv_tokens > 0;
+        let p = r.num_prefill_requests.max(1);
+        let d = r.num_decode_requests.max(1);
+        if has_prefill && has_decode {
+            // Mixed: non-attention work on all tokens as one sequence, context attention at the
+            // prefill shape, decode attention at the decode shape.
+            let (t, c) = (r.sum_prefill_tokens, r.sum_prefill_kv_tokens);
+            let combined = t.checked_add(r.num_decode_requests).ok_or_else(|| PerfError::config("token count exceeds 2^32"))?.max(1);
+            let mut total = 0.0;
+            for op in &self.context_ops {
+                if matches!(op, Op::ContextAttention { .. }) {
+                    continue;
+                }
+                let x = if matches!(op, Op::Gemm { logits: true, .. }) { 1 } else { combined };
+                total += self.eval(op, At { batch: 1, s: combined, prefix: c, x }).map_err(|e| e.context(format!("op {}", op.name())))?;
+            }
+            let per_req = (t / p).max(1);
+            let attn_batch = t.div_ceil(per_req).max(1);
+            let div = per_req.div_ceil(t.max(1)).max(1) as f64;
+            for op in &self.context_ops {
+                if matches!(op, Op::ContextAttention { .. }) {
+                    total += self
+                        .eval(op, At { batch: attn_batch, s: per_req, prefix: c / p, x: t })
+                        .map_err(|e| e.context(format!("op {}", op.name())))?
+                        / div;
+                }
+            }
+            for op in &self.generation_ops {
+                if matches!(op, Op::GenerationAttention { .. }) {
+                    let s = (r.sum_decode_kv_tokens / d).max(1);
+                    total += self.eval(op, At { batch: d, s, prefix: 0, x: d }).map_err(|e| e.context(format!("op {}", op.name())))?;
+                }
+            }
+            return Ok(total);
+        }
+        let mut total = 0.0;
+        if has_prefill {
+            let s = r.sum_prefill_tokens / p;
+            let prefix = r.sum_prefill_kv_tokens / p;
+            for op in &self.context_ops {
+                total += self.context_at(op, p, s, prefix)?;
+            }
+        }
+        if has_decode {
+            let s = r.sum_decode_kv_tokens / d;
+            for op in &self.generation_ops {
+                total += self.generation_at(op, d, s)?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Forward-pass time over attention-DP ranks: the slowest rank, ms.
+    pub fn forward_pass_time_ms(&self, ranks: &[RankMetrics]) -> Result<f64> {
+        if ranks.is_empty() {
+            return Err(PerfError::config("at least one attention-DP rank metric required"));
+        }
+        let mut max = 0.0f64;
+        for r in ranks {
+            max = max.max(self.rank_latency_ms(r)?);
+        }
+        Ok(max)
+    }
+
+    /// KV-cache bytes per token per GPU.
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        let m = &self.model;
+        let kv_per_gpu = m.kv_heads.div_ceil(self.layout.tp) as f64;
+        2.0 * kv_per_gpu * m.head_dim as f64 * m.layers as f64 / self.layout.pp.max(1) as f64 * self.layout.kv.bytes()
+    }
+
+    pub fn gemm_dtype(&self) -> Dtype {
+        self.layout.gemm
+    }
+}

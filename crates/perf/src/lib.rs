@@ -1,0 +1,23 @@
+//! Data-driven forward-pass timing for servesim: NVIDIA's AIS / aiconfigurator op-level
+//! estimator, re-implemented from its specification.
+//!
+//! A model's `config.json` becomes a list of operations per phase ([`model`]); each op is looked
+//! up in measured kernel-latency tables read from an installed `aisimulate_core` /
+//! `aiconfigurator_core` package ([`systems`], [`db`]) with the reference's interpolation
+//! rules ([`interp`]); the ops add up to prefill / decode step times and forward-pass times
+//! ([`estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
+
+pub mod db;
+pub mod error;
+pub mod estimator;
+pub mod interp;
+pub mod memory;
+pub mod model;
+pub mod moe;
+pub mod parquet_table;
+pub mod provider;
+pub mod systems;
+
+pub use error::{ErrorKind, PerfError};
+pub use estimator::{Estimator, RankMetrics};
+pub use provider::{build_timer, estimator, timer_factory, AisConfig, AisTimer};

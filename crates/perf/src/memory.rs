@@ -1,0 +1,116 @@
+//! KV-cache capacity from GPU memory, as the reference sizes it when `num_gpu_blocks` is not
+//! given: weights, activations at the per-pass token budget, NCCL buffers and runtime
+//! overhead are charged against `mem_capacity × fraction` (vLLM `gpu_memory_utilization`
+//! 0.9, SGLang `mem_fraction_static` 0.88 — SGLang takes the fraction after distributed setup and
+//! does not charge activations — TRT-LLM `free_gpu_memory_fraction` 0.9 of the free memory).
+
+use crate::error::{PerfError, Result};
+use crate::estimator::Estimator;
+use crate::model::{Family, Op};
+
+/// The memory a worker's KV cache gets, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCapacity {
+    pub weights_bytes: f64,
+    pub activations_bytes: f64,
+    pub nccl_bytes: f64,
+    pub other_bytes: f64,
+    pub kv_bytes: f64,
+    pub kv_bytes_per_token: f64,
+    pub tokens: u64,
+    /// `tokens / block_size`, rounded down.
+    pub blocks: u64,
+}
+
+/// The backend's default memory fraction (`None` for unknown backends).
+pub fn default_fraction(backend: &str) -> Option<f64> {
+    match backend {
+        "vllm" => Some(0.9),
+        "sglang" => Some(0.88),
+        "trtllm" => Some(0.9),
+        _ => None,
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// KV capacity of one worker rank. `fraction`: the backend's memory fraction (default when
+/// `None`); `max_num_tokens`: the engine's per-pass token budget; `cuda_graph_bytes`: an extra
+/// reservation outside the pool.
+pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, block_size: u32, cuda_graph_bytes: f64) -> Result<KvCapacity> {
+    let backend = est.layout.backend.as_str();
+    let fraction = match fraction.or_else(|| default_fraction(backend)) {
+        Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
+        Some(f) => return Err(PerfError::config(format!("memory fraction must be in (0, 1], got {f}"))),
+        None => return Err(PerfError::config(format!("no default memory fraction for backend {backend:?}"))),
+    };
+    if block_size == 0 {
+        return Err(PerfError::config("block_size must be positive"));
+    }
+    let m = &est.model;
+    let spec = &est.db.spec;
+    // Resident weights: every GEMM and the embedding of the context op list, per PP stage.
+    let mut weights = 0.0;
+    for op in &est.context_ops {
+        match op {
+            Op::Gemm { n, k, dtype, scale, .. } => weights += *n as f64 * *k as f64 * dtype.bytes() * scale,
+            Op::Embedding { scale, .. } => weights += (m.vocab / est.layout.tp) as f64 * m.hidden as f64 * 2.0 * scale,
+            Op::Moe(_) | Op::MoeDispatch(_) => {
+                return Err(PerfError::unsupported("KV capacity of mixture-of-experts models is not modelled yet"))
+            }
+            _ => {}
+        }
+    }
+    weights /= est.layout.pp.max(1) as f64;
+    let tp_clamped = est.layout.tp.min(8);
+    let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
+    let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
+        ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
+        ("sglang", Family::Moe) => (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
+        (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
+        (_, Family::Moe) => (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
+    };
+    let c = coeff(coeffs).ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
+    // The reference uses the model's whole attention width here, not the per-GPU share.
+    let h = (m.heads * m.head_dim) as f64;
+    let mut activations = (2.0 * max_num_tokens as f64 * h * c).max(min_act);
+    activations *= 1.0 + act_over;
+    let nccl = spec
+        .nccl_mem
+        .iter()
+        .find(|(g, _)| *g == tp_clamped)
+        .map(|(_, b)| *b)
+        .ok_or_else(|| PerfError::data(format!("{}.yaml: misc.nccl_mem has no entry for {tp_clamped} GPUs", spec.name)))?;
+    let others = spec.other_mem * (1.0 + other_over);
+    // Weights etc. are counted in GiB by the reference and converted back; keep that rounding.
+    let (weights, activations, nccl, others) = (weights / GIB * GIB, activations / GIB * GIB, nccl / GIB * GIB, others / GIB * GIB);
+    let mut non_kv = weights + others + nccl + cuda_graph_bytes;
+    if backend != "sglang" {
+        non_kv += activations;
+    }
+    let capacity = spec.mem_capacity;
+    let pre_load = if backend == "sglang" { others + nccl } else { 0.0 };
+    let non_kv_after = non_kv - pre_load;
+    let cap = capacity - pre_load;
+    let kv = if backend == "trtllm" { (cap - non_kv_after) * fraction } else { cap * fraction - non_kv_after };
+    if kv <= 0.0 {
+        return Err(PerfError::config(format!(
+            "no KV budget: non-KV memory ({:.0} bytes) meets or exceeds the KV-cache limit of {}'s {:.0} bytes",
+            non_kv_after.max(0.0),
+            spec.name,
+            capacity
+        )));
+    }
+    let per_token = est.kv_bytes_per_token();
+    let tokens = (kv / per_token).floor() as u64;
+    Ok(KvCapacity {
+        weights_bytes: weights,
+        activations_bytes: activations,
+        nccl_bytes: nccl,
+        other_bytes: others,
+        kv_bytes: kv.floor(),
+        kv_bytes_per_token: per_token,
+        tokens,
+        blocks: tokens / block_size as u64,
+    })
+}

@@ -1,0 +1,324 @@
+//! Model architecture from a Hugging Face `config.json`, and the op list built from it.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::db::Dtype;
+use crate::error::{PerfError, Result};
+
+/// Which op-list builder a model uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Dense decoder (Llama, Qwen2, Qwen3, Mistral).
+    Dense,
+    /// Mixture of experts replacing every FFN (Qwen3-MoE, Mixtral, gpt-oss).
+    Moe,
+}
+
+/// The architecture facts the op list needs.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    pub name: String,
+    pub source: PathBuf,
+    pub architecture: String,
+    pub family: Family,
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub inter: u32,
+    pub vocab: u32,
+    pub max_position: u32,
+    pub topk: u32,
+    pub experts: u32,
+    pub moe_inter: u32,
+    pub qk_norm: bool,
+    /// GEMM format implied by the checkpoint's quantisation config.
+    pub gemm_dtype: Dtype,
+    /// KV cache format implied by the checkpoint's quantisation config.
+    pub kv_dtype: Dtype,
+}
+
+const DENSE: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
+const MOE: &[&str] = &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM"];
+const MLA: &[&str] = &["DeepseekV3ForCausalLM", "DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
+
+/// Where a model's `config.json` is: a file, a directory holding `config.json`, or a Hugging
+/// Face id found as `model_configs/<Org>--<Name>_config.json` beside a `systems/` root.
+pub fn find_config(model: &str, roots: &[PathBuf]) -> Result<PathBuf> {
+    let p = Path::new(model);
+    if p.is_file() {
+        return Ok(p.to_path_buf());
+    }
+    if p.is_dir() {
+        let c = p.join("config.json");
+        if c.is_file() {
+            return Ok(c);
+        }
+        return Err(PerfError::config(format!("model directory {model} has no config.json")));
+    }
+    let file = format!("{}_config.json", model.replace('/', "--"));
+    let mut looked = Vec::new();
+    for root in roots {
+        let dir = root.parent().map(|d| d.join("model_configs")).unwrap_or_default();
+        let c = dir.join(&file);
+        if c.is_file() {
+            return Ok(c);
+        }
+        looked.push(dir.display().to_string());
+    }
+    Err(PerfError::config(format!(
+        "model {model:?}: not a file or a directory with config.json, and no {file} in {}",
+        if looked.is_empty() { "any model_configs directory".to_string() } else { looked.join(", ") }
+    )))
+}
+
+fn uint(cfg: &Value, key: &str) -> Option<u32> {
+    cfg.get(key).and_then(Value::as_u64).map(|v| v as u32)
+}
+
+impl ModelSpec {
+    pub fn load(model: &str, roots: &[PathBuf]) -> Result<ModelSpec> {
+        let path = find_config(model, roots)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| PerfError::config(format!("cannot read {}: {e}", path.display())))?;
+        // HF configs may carry Infinity / NaN literals; JSON forbids them.
+        let text = text.replace("-Infinity", "-1e308").replace("Infinity", "1e308").replace("NaN", "null");
+        let cfg: Value = serde_json::from_str(&text).map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", path.display())))?;
+        Self::from_config(model, &path, &cfg)
+    }
+
+    pub fn from_config(name: &str, path: &Path, cfg: &Value) -> Result<ModelSpec> {
+        let shown = path.display();
+        let arch = cfg
+            .get("architectures")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            .ok_or_else(|| PerfError::config(format!("{shown}: no architectures entry")))?
+            .to_string();
+        let family = if DENSE.contains(&arch.as_str()) {
+            Family::Dense
+        } else if MOE.contains(&arch.as_str()) {
+            Family::Moe
+        } else if MLA.contains(&arch.as_str()) {
+            return Err(PerfError::unsupported(format!(
+                "{shown}: {arch} uses multi-head latent attention (MLA), which servesim's op builder does not model yet; supported: {}",
+                [DENSE, MOE].concat().join(", ")
+            )));
+        } else {
+            return Err(PerfError::unsupported(format!(
+                "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
+                [DENSE, MOE].concat().join(", ")
+            )));
+        };
+        let need = |k: &str| uint(cfg, k).ok_or_else(|| PerfError::config(format!("{shown}: missing or non-integer {k}")));
+        let hidden = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        let layers = need("num_hidden_layers")?;
+        let vocab = need("vocab_size")?;
+        let kv_heads = uint(cfg, "num_key_value_heads").filter(|&v| v > 0).unwrap_or(heads);
+        let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(if heads > 0 { hidden / heads } else { 0 });
+        let inter = uint(cfg, "intermediate_size").unwrap_or(0);
+        let topk = uint(cfg, "num_experts_per_tok").or_else(|| uint(cfg, "top_k_experts")).unwrap_or(0);
+        let experts = uint(cfg, "num_local_experts")
+            .filter(|&v| v > 0)
+            .or_else(|| uint(cfg, "n_routed_experts").filter(|&v| v > 0))
+            .or_else(|| uint(cfg, "num_experts"))
+            .unwrap_or(0);
+        let moe_inter = uint(cfg, "moe_intermediate_size").filter(|&v| v > 0).unwrap_or(inter);
+        if heads == 0 || head_dim == 0 || hidden == 0 || layers == 0 {
+            return Err(PerfError::config(format!("{shown}: hidden_size, num_attention_heads, head_dim and num_hidden_layers must be positive")));
+        }
+        if family == Family::Dense && inter == 0 {
+            return Err(PerfError::config(format!("{shown}: missing intermediate_size")));
+        }
+        if family == Family::Moe && (topk == 0 || experts == 0 || moe_inter == 0) {
+            return Err(PerfError::config(format!(
+                "{shown}: a mixture-of-experts model needs num_experts_per_tok, the expert count and moe_intermediate_size"
+            )));
+        }
+        let (gemm_dtype, kv_dtype) = quantisation(cfg, &shown.to_string())?;
+        Ok(ModelSpec {
+            name: name.to_string(),
+            source: path.to_path_buf(),
+            qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM"),
+            architecture: arch,
+            family,
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            inter,
+            vocab,
+            max_position: uint(cfg, "max_position_embeddings").unwrap_or(0),
+            topk,
+            experts,
+            moe_inter,
+            gemm_dtype,
+            kv_dtype,
+        })
+    }
+}
+
+/// GEMM and KV formats from `quantization_config` (none: bf16 everywhere).
+fn quantisation(cfg: &Value, shown: &str) -> Result<(Dtype, Dtype)> {
+    let q = cfg.get("quantization_config").filter(|v| v.is_object());
+    let Some(q) = q else { return Ok((Dtype::Bfloat16, Dtype::Bfloat16)) };
+    let method = ["quant_algo", "quant_method", "quantization_method"]
+        .iter()
+        .find_map(|k| q.get(*k).and_then(Value::as_str))
+        .map(str::to_lowercase);
+    let gemm = match method.as_deref() {
+        Some("fp8") => {
+            if q.get("weight_block_size").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+                Dtype::Fp8Block
+            } else {
+                Dtype::Fp8
+            }
+        }
+        other => {
+            return Err(PerfError::unsupported(format!(
+                "{shown}: quantisation method {other:?} is not modelled; set gemm_quant_mode explicitly or use a bf16 or fp8 checkpoint"
+            )))
+        }
+    };
+    let kv = match ["kv_cache_quant_algo", "kv_cache_quant_method", "kv_cache_dtype"]
+        .iter()
+        .find_map(|k| q.get(*k).and_then(Value::as_str))
+        .map(str::to_lowercase)
+        .as_deref()
+    {
+        Some("fp8") => Dtype::Fp8,
+        _ => Dtype::Bfloat16,
+    };
+    Ok((gemm, kv))
+}
+
+/// One operation of a phase's op list. `scale` multiplies its latency (layers, MTP).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Token embedding lookup: `bytes_per_token · x` through memory.
+    Embedding { name: String, scale: f64, bytes_per_token: f64 },
+    /// An element-wise op: `bytes_per_token · x` through memory.
+    Elementwise { name: String, scale: f64, bytes_per_token: f64 },
+    /// `x × k · k × n` matrix multiply; the logits GEMM sees one token per request.
+    Gemm { name: String, scale: f64, n: u32, k: u32, dtype: Dtype, logits: bool },
+    ContextAttention { name: String, scale: f64, n: u32, n_kv: u32, head: u32, window: u32, kv: Dtype, fmha: Dtype, qk_norm: bool },
+    GenerationAttention { name: String, scale: f64, n: u32, n_kv: u32, head: u32, window: u32, kv: Dtype, qk_norm: bool },
+    /// Custom all-reduce of `hidden` elements per token over `tp` GPUs.
+    AllReduce { name: String, scale: f64, hidden: u32, tp: u32 },
+    /// Pipeline hand-off of `hidden` bf16 elements per token.
+    P2P { name: String, scale: f64, hidden: u32, pp: u32 },
+    /// Fused mixture-of-experts FFN.
+    Moe(crate::moe::MoeOp),
+    /// MoE token dispatch / combine communication.
+    MoeDispatch(crate::moe::DispatchOp),
+}
+
+impl Op {
+    pub fn name(&self) -> &str {
+        match self {
+            Op::Embedding { name, .. }
+            | Op::Elementwise { name, .. }
+            | Op::Gemm { name, .. }
+            | Op::ContextAttention { name, .. }
+            | Op::GenerationAttention { name, .. }
+            | Op::AllReduce { name, .. }
+            | Op::P2P { name, .. } => name,
+            Op::Moe(m) => &m.name,
+            Op::MoeDispatch(d) => &d.name,
+        }
+    }
+}
+
+/// Parallel layout and formats the op list is built for.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub tp: u32,
+    pub pp: u32,
+    pub attention_dp: u32,
+    pub moe_tp: u32,
+    pub moe_ep: u32,
+    pub nextn: u32,
+    pub gemm: Dtype,
+    pub kv: Dtype,
+    pub fmha: Dtype,
+    pub moe: Dtype,
+    pub backend: String,
+}
+
+/// `(context ops, generation ops)` of a model, as the reference's `LLAMAModel` / `MOEModel` lay
+/// them out.
+pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
+    let (tp, h) = (l.tp, m.hidden);
+    if m.heads % tp != 0 && m.heads < tp {
+        return Err(PerfError::unsupported(format!("{}: {} attention heads cannot be split over tp={tp}", m.name, m.heads)));
+    }
+    let layers = m.layers as f64;
+    let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
+    let kv_per_gpu = m.kv_heads.div_ceil(tp);
+    let heads = m.heads / tp;
+    let qkv_n = m.heads * m.head_dim / tp + m.head_dim * kv_per_gpu * 2;
+    let proj_k = m.heads * m.head_dim / tp;
+    let act = 2.0; // bf16 activations
+    let mut out = (Vec::new(), Vec::new());
+    for (phase, list) in [("context", &mut out.0), ("generation", &mut out.1)] {
+        let ctx = phase == "context";
+        let s = if ctx { 1.0 } else { mtp };
+        let nm = |x: &str| format!("{phase}_{x}");
+        list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
+        list.push(Op::Elementwise { name: nm("add_norm_1"), scale: layers * s, bytes_per_token: (2 * h + 2 * h) as f64 * act });
+        list.push(Op::Gemm { name: nm("qkv_gemm"), scale: layers * s, n: qkv_n, k: h, dtype: l.gemm, logits: false });
+        if ctx {
+            list.push(Op::ContextAttention {
+                name: nm("attention"),
+                scale: layers,
+                n: heads,
+                n_kv: kv_per_gpu,
+                head: m.head_dim,
+                window: 0,
+                kv: l.kv,
+                fmha: l.fmha,
+                qk_norm: m.qk_norm,
+            });
+        } else {
+            list.push(Op::GenerationAttention {
+                name: nm("attention"),
+                scale: layers * s,
+                n: heads,
+                n_kv: kv_per_gpu,
+                head: m.head_dim,
+                window: 0,
+                kv: l.kv,
+                qk_norm: m.qk_norm,
+            });
+        }
+        list.push(Op::Gemm { name: nm("proj_gemm"), scale: layers * s, n: h, k: proj_k, dtype: l.gemm, logits: false });
+        list.push(Op::Elementwise { name: nm("add_norm_2"), scale: layers * s, bytes_per_token: (2 * h + 2 * h) as f64 * act });
+        match m.family {
+            Family::Dense => {
+                list.push(Op::Gemm { name: nm("gate_ffn1_gemm"), scale: layers * s, n: 2 * m.inter / tp, k: h, dtype: l.gemm, logits: false });
+                list.push(Op::Elementwise {
+                    name: nm("act_gate"),
+                    scale: layers * s,
+                    bytes_per_token: (2 * m.inter / tp + m.inter / tp) as f64 * act,
+                });
+                list.push(Op::Gemm { name: nm("ffn2_gemm"), scale: layers * s, n: h, k: m.inter / tp, dtype: l.gemm, logits: false });
+            }
+            Family::Moe => crate::moe::push_moe_ops(list, m, l, ctx, layers * s)?,
+        }
+        list.push(Op::Gemm { name: nm("logits_gemm"), scale: s, n: m.vocab / tp, k: h, dtype: Dtype::Bfloat16, logits: true });
+        list.push(Op::AllReduce { name: nm("embedding_ar"), scale: s, hidden: h, tp });
+        if m.family == Family::Dense {
+            list.push(Op::AllReduce { name: nm("ar_1"), scale: layers * s, hidden: h, tp });
+            list.push(Op::AllReduce { name: nm("ar_2"), scale: layers * s, hidden: h, tp });
+        } else {
+            crate::moe::push_moe_allreduce(list, m, l, ctx, layers * s);
+        }
+        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+    }
+    Ok(out)
+}

@@ -1,0 +1,466 @@
+//! The `ais` / `aic` timing provider: the reference's `ForwardPassPerfModelConfig` keys, an
+//! estimator shared by every worker with the same configuration, and the engine's
+//! [`PassTimer`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde_json::{json, Map, Value};
+use servesim_engine::json::ConfigError;
+use servesim_engine::PassTimer;
+
+use crate::db::{Database, Dtype};
+use crate::error::{PerfError, Result};
+use crate::estimator::Estimator;
+use crate::model::{Family, Layout, ModelSpec};
+use crate::systems::{find_system, resolve_version, systems_roots};
+
+/// A validated AIS timing configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AisConfig {
+    pub model: String,
+    pub system: String,
+    pub backend: String,
+    pub worker_type: String,
+    pub backend_version: Option<String>,
+    pub tp: u32,
+    pub pp: u32,
+    pub attention_dp: u32,
+    pub moe_tp_size: Option<u32>,
+    pub moe_ep_size: Option<u32>,
+    pub nextn: u32,
+    pub gemm_quant_mode: Option<Dtype>,
+    pub moe_quant_mode: Option<Dtype>,
+    pub fmha_quant_mode: Option<Dtype>,
+    pub kvcache_quant_mode: Option<Dtype>,
+    pub systems_paths: Vec<String>,
+    pub attention_backend: Option<String>,
+    pub enable_shared_layer: bool,
+    /// The configuration as given, for the canonical dump.
+    pub raw: Value,
+}
+
+/// Keys the reference accepts that only select options servesim models the same way whatever
+/// their value (or that only the listed values are accepted for).
+const KEYS: &[&str] = &[
+    "model",
+    "system",
+    "backend",
+    "worker_type",
+    "backend_version",
+    "fpm_profile",
+    "tp",
+    "pp",
+    "attention_dp",
+    "dcp",
+    "moe_tp_size",
+    "moe_ep_size",
+    "cp_size",
+    "gemm_quant_mode",
+    "moe_quant_mode",
+    "fmha_quant_mode",
+    "fpm_fmha_quant_mode",
+    "kvcache_quant_mode",
+    "comm_quant_mode",
+    "nextn",
+    "speculation",
+    "kv_block_size",
+    "decoder_replay",
+    "estimation_mode",
+    "database_mode",
+    "transfer_policy",
+    "systems_paths",
+    "fallback_policy",
+    "estimator_config",
+    "attention_backend",
+    "moe_kernel_source",
+    "enable_shared_layer",
+    "strict_provenance",
+    "moe_backend",
+    "enable_eplb",
+    "wideep_num_slots",
+    "encoder_parallel",
+];
+
+fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
+    PerfError::config(format!("{}: {msg}", if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }))
+}
+
+impl AisConfig {
+    /// Reads a configuration object; `path` is its key path, for errors.
+    pub fn from_json(path: &str, v: &Value) -> Result<AisConfig> {
+        let obj = v.as_object().ok_or_else(|| PerfError::config(format!("{path}: must be an object")))?;
+        for k in obj.keys() {
+            if !KEYS.contains(&k.as_str()) {
+                return Err(cfg_err(path, k, format!("unknown key; expected one of {}", KEYS.join(", "))));
+            }
+        }
+        let is_null = |k: &str| obj.get(k).is_none_or(Value::is_null);
+        let string = |k: &str| -> Result<Option<String>> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => Err(cfg_err(path, k, format!("must be a string, got {other}"))),
+            }
+        };
+        let required = |k: &str| -> Result<String> {
+            string(k)?.filter(|s| !s.trim().is_empty()).ok_or_else(|| cfg_err(path, k, "missing (required)"))
+        };
+        let uint = |k: &str, default: Option<u32>| -> Result<Option<u32>> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(default),
+                Some(x) => match x.as_u64() {
+                    Some(n) if n >= 1 && n <= u32::MAX as u64 => Ok(Some(n as u32)),
+                    _ => Err(cfg_err(path, k, format!("must be a positive integer, got {x}"))),
+                },
+            }
+        };
+        let boolean = |k: &str| -> Result<Option<bool>> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(x) => Err(cfg_err(path, k, format!("must be true or false, got {x}"))),
+            }
+        };
+        let quant = |k: &str, allowed: &[&str]| -> Result<Option<Dtype>> {
+            let Some(s) = string(k)? else { return Ok(None) };
+            let s = s.trim().to_lowercase();
+            if s.is_empty() || s == "auto" || s == "none" || s == "null" {
+                return Ok(None);
+            }
+            if !allowed.contains(&s.as_str()) {
+                return Err(cfg_err(path, k, format!("{s:?} is not modelled; supported: {}", allowed.join(", "))));
+            }
+            Ok(Dtype::parse(&s))
+        };
+        let backend = required("backend")?.to_lowercase();
+        if !["vllm", "sglang", "trtllm"].contains(&backend.as_str()) {
+            return Err(cfg_err(path, "backend", format!("unknown backend {backend:?}; expected vllm, sglang or trtllm")));
+        }
+        let worker_type = string("worker_type")?.unwrap_or_else(|| "aggregated".into());
+        if !["aggregated", "prefill", "decode"].contains(&worker_type.as_str()) {
+            return Err(cfg_err(path, "worker_type", format!("{worker_type:?}; expected aggregated, prefill or decode")));
+        }
+        // Options servesim does not model: only their neutral values are accepted.
+        for (k, ok) in [
+            ("fpm_profile", is_null("fpm_profile")),
+            ("speculation", is_null("speculation")),
+            ("moe_kernel_source", is_null("moe_kernel_source")),
+            ("wideep_num_slots", is_null("wideep_num_slots")),
+            ("encoder_parallel", is_null("encoder_parallel")),
+            ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
+        ] {
+            if !ok {
+                return Err(cfg_err(path, k, "is not supported by servesim's AIS model (only null)"));
+            }
+        }
+        for k in ["dcp", "cp_size"] {
+            if uint(k, Some(1))? != Some(1) {
+                return Err(cfg_err(path, k, "context parallelism is not modelled (only 1)"));
+            }
+        }
+        if boolean("decoder_replay")? == Some(true) {
+            return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
+        }
+        if boolean("enable_eplb")? == Some(true) {
+            return Err(cfg_err(path, "enable_eplb", "expert load balancing is not modelled (only false)"));
+        }
+        boolean("strict_provenance")?;
+        if let Some(m) = string("estimation_mode")? {
+            if !["auto", "op_level"].contains(&m.as_str()) {
+                return Err(cfg_err(path, "estimation_mode", format!("{m:?}: only auto and op_level (the op-level estimator) are modelled")));
+            }
+        }
+        if let Some(m) = string("database_mode")? {
+            if !m.eq_ignore_ascii_case("silicon") {
+                return Err(cfg_err(path, "database_mode", format!("{m:?}: only SILICON (measured tables) is modelled")));
+            }
+        }
+        if let Some(m) = string("fallback_policy")? {
+            if m != "deny" {
+                return Err(cfg_err(path, "fallback_policy", format!("{m:?}: only deny is modelled (a query no data anchors is an error)")));
+            }
+        }
+        if let Some(m) = string("moe_backend")? {
+            if m != "default" {
+                return Err(cfg_err(path, "moe_backend", format!("{m:?}: only the default MoE backend is modelled")));
+            }
+        }
+        if let Some(m) = string("comm_quant_mode")? {
+            if !["half", "auto", "none"].contains(&m.as_str()) {
+                return Err(cfg_err(path, "comm_quant_mode", format!("{m:?}: only half is modelled")));
+            }
+        }
+        match obj.get("estimator_config") {
+            None | Some(Value::Null) | Some(Value::Object(_)) => {}
+            Some(x) => return Err(cfg_err(path, "estimator_config", format!("must be an object, got {x}"))),
+        }
+        match obj.get("transfer_policy") {
+            None | Some(Value::Null) | Some(Value::String(_)) | Some(Value::Array(_)) => {}
+            Some(x) => return Err(cfg_err(path, "transfer_policy", format!("must be a string or a list, got {x}"))),
+        }
+        let nextn = match obj.get("nextn") {
+            None | Some(Value::Null) => 0,
+            Some(x) => match x.as_u64() {
+                Some(n) if n <= 5 => n as u32,
+                _ => return Err(cfg_err(path, "nextn", format!("must be an integer from 0 to 5, got {x}"))),
+            },
+        };
+        if let Some(x) = obj.get("kv_block_size") {
+            if !x.is_null() && x.as_u64().is_none_or(|n| n == 0) {
+                return Err(cfg_err(path, "kv_block_size", format!("must be a positive integer, got {x}")));
+            }
+        }
+        let systems_paths = match obj.get("systems_paths") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_string).ok_or_else(|| cfg_err(path, "systems_paths", "must list directory paths")))
+                .collect::<Result<_>>()?,
+            Some(x) => return Err(cfg_err(path, "systems_paths", format!("must be a list of paths, got {x}"))),
+        };
+        Ok(AisConfig {
+            model: required("model")?,
+            system: required("system")?,
+            backend,
+            worker_type,
+            backend_version: string("backend_version")?,
+            tp: uint("tp", Some(1))?.unwrap_or(1),
+            pp: uint("pp", Some(1))?.unwrap_or(1),
+            attention_dp: uint("attention_dp", Some(1))?.unwrap_or(1),
+            moe_tp_size: uint("moe_tp_size", None)?,
+            moe_ep_size: uint("moe_ep_size", None)?,
+            nextn,
+            gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_block"])?,
+            moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block"])?,
+            fmha_quant_mode: quant("fmha_quant_mode", &["bfloat16", "fp8"])?,
+            kvcache_quant_mode: quant("kvcache_quant_mode", &["bfloat16", "fp8"])?,
+            systems_paths,
+            attention_backend: string("attention_backend")?,
+            enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(true),
+            raw: v.clone(),
+        })
+    }
+
+    fn cache_key(&self) -> String {
+        format!(
+            "{}|{}|{}|{:?}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.model,
+            self.system,
+            self.backend,
+            self.backend_version,
+            self.tp,
+            self.pp,
+            self.attention_dp,
+            self.moe_tp_size,
+            self.moe_ep_size,
+            self.nextn,
+            self.gemm_quant_mode,
+            self.moe_quant_mode,
+            self.fmha_quant_mode,
+            self.kvcache_quant_mode,
+            self.systems_paths,
+            self.attention_backend
+        )
+    }
+}
+
+/// Kernel-lane walk for attention: the framework's default lane for this GPU generation
+/// (`attention_lane_defaults.yaml`), then the table's lanes densest first, then `default`.
+fn lane_order(db: &Database, root: &std::path::Path, arch: &str, generation: bool, pin: Option<&str>) -> Result<Vec<String>> {
+    let mut lanes: Vec<(String, usize, usize)> = db.attention_lanes(generation)?;
+    let mut out: Vec<String> = Vec::new();
+    let pin = match pin {
+        Some(p) => Some(p.to_string()),
+        None => framework_default_lane(root, &db.backend, &db.version, db.spec.sm_version, arch),
+    };
+    if let Some(p) = pin.filter(|p| p != "default") {
+        out.push(p);
+    }
+    lanes.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)));
+    for (l, _, _) in lanes {
+        if !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    if !out.iter().any(|l| l == "default") {
+        out.push("default".into());
+    }
+    Ok(out)
+}
+
+fn framework_default_lane(root: &std::path::Path, backend: &str, version: &str, sm: Option<u32>, arch: &str) -> Option<String> {
+    let text = std::fs::read_to_string(root.join("attention_lane_defaults.yaml")).ok()?;
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
+    let sm = sm?;
+    let pick = |table: &serde_yaml_ng::Value| -> Option<String> {
+        let versions = table.get(backend)?.as_mapping()?;
+        // The newest listed version not above the requested one.
+        let mut best: Option<(Vec<i64>, &serde_yaml_ng::Value)> = None;
+        for (k, v) in versions {
+            let k = match k {
+                serde_yaml_ng::Value::String(s) => s.clone(),
+                serde_yaml_ng::Value::Number(n) => n.to_string(),
+                _ => continue,
+            };
+            let key = crate::systems::version_key(&k);
+            if key <= crate::systems::version_key(version) && best.as_ref().is_none_or(|(b, _)| key > *b) {
+                best = Some((key, v));
+            }
+        }
+        let (_, per_sm) = best?;
+        per_sm.as_mapping()?.iter().find(|(k, _)| k.as_u64() == Some(sm as u64)).and_then(|(_, v)| v.as_str().map(str::to_string))
+    };
+    doc.get("architectures").and_then(|a| a.get(arch)).and_then(&pick).or_else(|| pick(&doc))
+}
+
+/// Loaded databases, shared by every estimator on the same data.
+fn databases() -> &'static Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>> {
+    static DBS: OnceLock<Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>>> = OnceLock::new();
+    DBS.get_or_init(Default::default)
+}
+
+fn estimators() -> &'static Mutex<HashMap<String, Arc<Estimator>>> {
+    static EST: OnceLock<Mutex<HashMap<String, Arc<Estimator>>>> = OnceLock::new();
+    EST.get_or_init(Default::default)
+}
+
+/// Builds (or reuses) the estimator for a configuration.
+pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
+    let key = cfg.cache_key();
+    if let Some(e) = estimators().lock().expect("estimators").get(&key) {
+        return Ok(Arc::clone(e));
+    }
+    let roots = systems_roots(&cfg.systems_paths)?;
+    let spec = find_system(&roots, &cfg.system)?;
+    let version = resolve_version(&spec, &cfg.backend, cfg.backend_version.as_deref())?;
+    let root_paths: Vec<PathBuf> = roots.iter().map(|(p, _)| p.clone()).collect();
+    let mut model_roots = vec![spec.root.clone()];
+    model_roots.extend(root_paths.iter().filter(|p| **p != spec.root).cloned());
+    let model = ModelSpec::load(&cfg.model, &model_roots)?;
+    let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone());
+    let db = {
+        let mut dbs = databases().lock().expect("databases");
+        match dbs.get(&db_key) {
+            Some(db) => Arc::clone(db),
+            None => {
+                let db = Arc::new(Database::open(spec.clone(), &cfg.backend, &version)?);
+                dbs.insert(db_key, Arc::clone(&db));
+                db
+            }
+        }
+    };
+    if cfg.tp > 1 && model.heads % cfg.tp != 0 {
+        return Err(PerfError::unsupported(format!("{}: {} attention heads do not split over tp={}", cfg.model, model.heads, cfg.tp)));
+    }
+    let (moe_tp, moe_ep) = match model.family {
+        Family::Dense => (1, 1),
+        Family::Moe => {
+            let width = cfg.tp * cfg.attention_dp;
+            match (cfg.moe_tp_size, cfg.moe_ep_size) {
+                (None, None) => (width, 1),
+                (Some(t), None) => (t, (width / t).max(1)),
+                (None, Some(e)) => ((width / e).max(1), e),
+                (Some(t), Some(e)) => (t, e),
+            }
+        }
+    };
+    if model.family == Family::Moe && moe_tp * moe_ep != cfg.tp * cfg.attention_dp {
+        return Err(PerfError::config(format!(
+            "moe_tp_size × moe_ep_size ({moe_tp} × {moe_ep}) must equal tp × attention_dp ({} × {})",
+            cfg.tp, cfg.attention_dp
+        )));
+    }
+    let gemm = cfg.gemm_quant_mode.unwrap_or(model.gemm_dtype);
+    let kv = cfg.kvcache_quant_mode.unwrap_or(model.kv_dtype);
+    let layout = Layout {
+        tp: cfg.tp,
+        pp: cfg.pp,
+        attention_dp: cfg.attention_dp,
+        moe_tp,
+        moe_ep,
+        nextn: cfg.nextn,
+        gemm,
+        kv,
+        fmha: cfg.fmha_quant_mode.unwrap_or(Dtype::Bfloat16),
+        moe: cfg.moe_quant_mode.unwrap_or(gemm),
+        backend: cfg.backend.clone(),
+    };
+    let ctx_lanes = lane_order(&db, &spec.root, &model.architecture, false, cfg.attention_backend.as_deref())?;
+    let gen_lanes = lane_order(&db, &spec.root, &model.architecture, true, cfg.attention_backend.as_deref())?;
+    let est = Arc::new(Estimator::new(db, model, layout, ctx_lanes, gen_lanes)?);
+    estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
+    Ok(est)
+}
+
+/// The engine-facing timer.
+#[derive(Debug)]
+pub struct AisTimer {
+    pub estimator: Arc<Estimator>,
+    pub config: AisConfig,
+}
+
+fn narrow(v: u64, what: &str) -> std::result::Result<u32, String> {
+    u32::try_from(v).map_err(|_| format!("{what} {v} exceeds the estimator's 2^32 limit"))
+}
+
+impl PassTimer for AisTimer {
+    fn prefill_ms(&self, batch: u32, mean_isl: u64, mean_prefix: u64) -> std::result::Result<f64, String> {
+        let isl = narrow(mean_isl, "mean input length")?;
+        let prefix = narrow(mean_prefix, "mean prefix length")?;
+        self.estimator.prefill_ms(batch, isl, prefix).map_err(|e| e.message)
+    }
+
+    fn decode_ms(&self, batch: u32, context_tokens: u64, _capacity_tokens: u64) -> std::result::Result<f64, String> {
+        if batch == 0 {
+            return Ok(0.0);
+        }
+        let mean = narrow(context_tokens / batch as u64, "mean decode context")?;
+        if mean == 0 {
+            return Err("mean decode context must include the current input token".into());
+        }
+        self.estimator.decode_ms(batch, mean).map_err(|e| e.message)
+    }
+
+    fn config(&self) -> Value {
+        self.config.raw.clone()
+    }
+}
+
+/// Builds an AIS timer from an engine's `timing_model.config` (provider `ais` or `aic`).
+pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Result<Arc<dyn PassTimer>, ConfigError> {
+    if provider != "ais" && provider != "aic" {
+        return Err(ConfigError::new(
+            key.trim_end_matches(".config").to_string() + ".provider",
+            format!("unknown external timing provider {provider:?}; expected \"ais\" or \"aic\""),
+        ));
+    }
+    let cfg = AisConfig::from_json(key, config).map_err(|e| match e.message.split_once(": ") {
+        Some((path, why)) if path.starts_with(key) => ConfigError::new(path, why),
+        _ => ConfigError::new(key, e.message),
+    })?;
+    let est = estimator(&cfg).map_err(|e| ConfigError::new(key, e.message))?;
+    Ok(Arc::new(AisTimer { estimator: est, config: cfg }))
+}
+
+/// The [`servesim_engine::TimerFactory`] for providers `ais` and `aic`.
+pub fn timer_factory() -> impl Fn(&str, &str, &Value) -> std::result::Result<Arc<dyn PassTimer>, ConfigError> {
+    build_timer
+}
+
+/// A canonical JSON object from flat identity fields (the mocker's `--ais-*` flags).
+pub fn config_from_flags(model: &str, backend: &str, worker_type: &str, fields: &[(&str, Option<Value>)]) -> Value {
+    let mut m = Map::new();
+    m.insert("model".into(), json!(model));
+    m.insert("backend".into(), json!(backend));
+    m.insert("system".into(), json!("h200_sxm"));
+    m.insert("worker_type".into(), json!(worker_type));
+    for (k, v) in fields {
+        if let Some(v) = v {
+            m.insert((*k).to_string(), v.clone());
+        }
+    }
+    Value::Object(m)
+}

@@ -1,0 +1,594 @@
+//! Finding the data: the `systems/` directory of an installed `aisimulate_core` or
+//! `aiconfigurator_core` package, a system's hardware spec, the queryable backend versions and
+//! the source files each table is read from.
+//!
+//! Where `systems/` is looked for, first match wins:
+//! 1. the configuration's `systems_paths` (every listed directory, in order);
+//! 2. `SERVESIM_AIS_SYSTEMS` (directories separated by `:`);
+//! 3. `AICONFIGURATOR_SYSTEMS_PATH` (the reference's own variable);
+//! 4. an installed package: `python3` (or `$SERVESIM_AIS_PYTHON`, then
+//!    `$AISIM_REF_VENV/bin/python`) is asked where `aisimulate_core`, then
+//!    `aiconfigurator_core`, lives, and its `systems/` is used.
+//!
+//! The data is never copied into servesim; it is read in place.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_yaml_ng::Value;
+
+use crate::error::{PerfError, Result};
+
+/// The `systems/` roots to search, in order, with a description of where each came from.
+pub fn systems_roots(configured: &[String]) -> Result<Vec<(PathBuf, String)>> {
+    let mut out = Vec::new();
+    for p in configured {
+        if p == "default" {
+            out.extend(installed_roots());
+            continue;
+        }
+        out.push((PathBuf::from(p), "the configuration's systems_paths".to_string()));
+    }
+    if !out.is_empty() {
+        return Ok(out);
+    }
+    for var in ["SERVESIM_AIS_SYSTEMS", "AICONFIGURATOR_SYSTEMS_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            for p in std::env::split_paths(&v) {
+                if !p.as_os_str().is_empty() {
+                    out.push((p, format!("${var}")));
+                }
+            }
+            if !out.is_empty() {
+                return Ok(out);
+            }
+        }
+    }
+    out.extend(installed_roots());
+    if out.is_empty() {
+        return Err(PerfError::data(
+            "no AIS performance data found: set systems_paths in the timing config, or \
+             SERVESIM_AIS_SYSTEMS to an aisimulate_core/aiconfigurator_core `systems` directory, \
+             or install one of those packages for python3 (looked at systems_paths, \
+             $SERVESIM_AIS_SYSTEMS, $AICONFIGURATOR_SYSTEMS_PATH, and the aisimulate_core / \
+             aiconfigurator_core packages of python3, $SERVESIM_AIS_PYTHON and $AISIM_REF_VENV/bin/python)",
+        ));
+    }
+    Ok(out)
+}
+
+/// `systems/` directories of installed packages, asked of each Python we can find.
+fn installed_roots() -> Vec<(PathBuf, String)> {
+    let mut pythons: Vec<String> = Vec::new();
+    if let Ok(p) = std::env::var("SERVESIM_AIS_PYTHON") {
+        pythons.push(p);
+    }
+    pythons.push("python3".into());
+    if let Ok(v) = std::env::var("AISIM_REF_VENV") {
+        pythons.push(format!("{v}/bin/python"));
+    }
+    let script = "import importlib.util as u, os\n\
+                  for n in ('aisimulate_core', 'aiconfigurator_core'):\n\
+                  \x20   s = u.find_spec(n)\n\
+                  \x20   if s and s.submodule_search_locations:\n\
+                  \x20       d = os.path.join(list(s.submodule_search_locations)[0], 'systems')\n\
+                  \x20       if os.path.isdir(d): print(n + '\\t' + d)\n";
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    for py in pythons {
+        let Ok(o) = Command::new(&py).arg("-c").arg(script).output() else { continue };
+        if !o.status.success() {
+            continue;
+        }
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            if let Some((pkg, dir)) = line.split_once('\t') {
+                let p = PathBuf::from(dir);
+                if !out.iter().any(|(q, _)| *q == p) {
+                    out.push((p, format!("the {pkg} package of {py}")));
+                }
+            }
+        }
+        if !out.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+fn load_yaml(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| PerfError::data(format!("cannot read {}: {e}", path.display())))?;
+    serde_yaml_ng::from_str(&text).map_err(|e| PerfError::data(format!("malformed YAML in {}: {e}", path.display())))
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.as_mapping()?.get(key)
+}
+
+fn num(v: &Value, path: &Path, key: &str) -> Result<f64> {
+    let mut cur = v;
+    for part in key.split('.') {
+        cur = get(cur, part).ok_or_else(|| PerfError::data(format!("{}: missing key {key}", path.display())))?;
+    }
+    cur.as_f64()
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| PerfError::data(format!("{}: {key} must be a number", path.display())))
+}
+
+fn opt_num(v: &Value, key: &str) -> Option<f64> {
+    let mut cur = v;
+    for part in key.split('.') {
+        cur = get(cur, part)?;
+    }
+    cur.as_f64()
+}
+
+/// A GPU system's hardware spec (`systems/<system>.yaml`).
+#[derive(Clone, Debug)]
+pub struct SystemSpec {
+    pub name: String,
+    pub root: PathBuf,
+    pub data_dir: PathBuf,
+    pub mem_bw: f64,
+    pub mem_bw_scaling: f64,
+    pub mem_const_latency: f64,
+    pub mem_capacity: f64,
+    pub bf16_flops: f64,
+    pub fp8_flops: Option<f64>,
+    pub int8_flops: Option<f64>,
+    pub fp4_flops: Option<f64>,
+    pub sm_version: Option<u32>,
+    pub gpus_per_node: u32,
+    pub gpus_per_rack: Option<u32>,
+    pub inter_node_bw: f64,
+    pub intra_node_bw: f64,
+    pub inter_rack_bw: Option<f64>,
+    pub p2p_latency: f64,
+    /// NCCL buffer bytes per rank by GPU count.
+    pub nccl_mem: Vec<(u32, f64)>,
+    pub other_mem: f64,
+    pub nccl_version: Option<String>,
+}
+
+impl SystemSpec {
+    pub fn load(root: &Path, system: &str) -> Result<SystemSpec> {
+        let path = root.join(format!("{system}.yaml"));
+        let v = load_yaml(&path)?;
+        let data_dir = get(&v, "data_dir")
+            .and_then(Value::as_str)
+            .ok_or_else(|| PerfError::data(format!("{}: missing key data_dir", path.display())))?;
+        let mut nccl_mem = Vec::new();
+        if let Some(m) = get(&v, "misc").and_then(|m| get(m, "nccl_mem")).and_then(Value::as_mapping) {
+            for (k, val) in m {
+                if let (Some(k), Some(val)) = (k.as_u64(), val.as_f64()) {
+                    nccl_mem.push((k as u32, val));
+                }
+            }
+        }
+        nccl_mem.sort_by_key(|(k, _)| *k);
+        let nccl_version = get(&v, "misc").and_then(|m| get(m, "nccl_version")).and_then(|x| match x {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
+        Ok(SystemSpec {
+            name: system.to_string(),
+            root: root.to_path_buf(),
+            data_dir: root.join(data_dir.trim()),
+            mem_bw: num(&v, &path, "gpu.mem_bw")?,
+            mem_bw_scaling: num(&v, &path, "gpu.mem_bw_empirical_scaling_factor")?,
+            mem_const_latency: num(&v, &path, "gpu.mem_empirical_constant_latency")?,
+            mem_capacity: num(&v, &path, "gpu.mem_capacity")?,
+            bf16_flops: num(&v, &path, "gpu.bfloat16_tc_flops")?,
+            fp8_flops: opt_num(&v, "gpu.fp8_tc_flops").filter(|x| *x > 0.0),
+            int8_flops: opt_num(&v, "gpu.int8_tc_flops").filter(|x| *x > 0.0),
+            fp4_flops: opt_num(&v, "gpu.fp4_tc_flops").filter(|x| *x > 0.0),
+            sm_version: opt_num(&v, "gpu.sm_version").map(|x| x as u32),
+            gpus_per_node: num(&v, &path, "node.num_gpus_per_node")? as u32,
+            gpus_per_rack: opt_num(&v, "node.num_gpus_per_rack").map(|x| x as u32),
+            inter_node_bw: num(&v, &path, "node.inter_node_bw")?,
+            intra_node_bw: num(&v, &path, "node.intra_node_bw")?,
+            inter_rack_bw: opt_num(&v, "node.inter_rack_bw"),
+            p2p_latency: num(&v, &path, "node.p2p_latency")?,
+            nccl_mem,
+            other_mem: opt_num(&v, "misc.other_mem").unwrap_or(0.0),
+            nccl_version,
+        })
+    }
+
+    /// Per-GPU point-to-point bandwidth for a group of `gpus`.
+    pub fn p2p_bandwidth(&self, gpus: u32) -> f64 {
+        if gpus <= self.gpus_per_node {
+            self.intra_node_bw
+        } else if gpus <= self.gpus_per_rack.unwrap_or(u32::MAX) {
+            self.inter_node_bw
+        } else {
+            self.inter_rack_bw.unwrap_or(self.inter_node_bw)
+        }
+    }
+
+    /// Latency of moving `bytes` through memory, in ms (the reference's empirical memory op).
+    pub fn mem_op_ms(&self, bytes: f64) -> f64 {
+        (bytes / (self.mem_bw.max(1.0) * self.mem_bw_scaling.max(1e-9)) + self.mem_const_latency) * 1000.0
+    }
+}
+
+/// Finds the spec of `system` in the first root that has it.
+pub fn find_system(roots: &[(PathBuf, String)], system: &str) -> Result<SystemSpec> {
+    for (root, _) in roots {
+        if root.join(format!("{system}.yaml")).is_file() {
+            return SystemSpec::load(root, system);
+        }
+    }
+    let looked: Vec<String> = roots.iter().map(|(r, why)| format!("{} ({why})", r.display())).collect();
+    let mut known = BTreeSet::new();
+    for (root, _) in roots {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if let Some(stem) = n.strip_suffix(".yaml") {
+                    if !stem.contains("versions") && !stem.contains("defaults") && !stem.contains("manifest") {
+                        known.insert(stem.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Err(PerfError::data(format!(
+        "unknown GPU system {system:?}: no {system}.yaml in {}; known systems: {}",
+        looked.join(", "),
+        known.into_iter().collect::<Vec<_>>().join(", ")
+    )))
+}
+
+const KNOWN_BACKEND_DIRS: [&str; 5] = ["trtllm", "sglang", "vllm", "nccl", "oneccl"];
+
+/// Family directories under a system's data directory, sorted.
+fn families(data_dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(data_dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.') && !KNOWN_BACKEND_DIRS.contains(&n.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+fn version_dir_unusable(dir: &Path) -> bool {
+    !dir.join("collection_meta.yaml").is_file() && dir.join("INCOMPLETE.txt").is_file()
+}
+
+/// Versions present for a backend under any family.
+fn backend_versions(data_dir: &Path, backend: &str) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    for fam in families(data_dir) {
+        let b = data_dir.join(&fam).join(backend);
+        if let Ok(rd) = std::fs::read_dir(&b) {
+            for e in rd.flatten() {
+                if e.path().is_dir() {
+                    out.push((e.file_name().to_string_lossy().into_owned(), e.path()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A comparable key for version strings such as `0.24.0`, `1.3.0rc20`, `0.5.6.post2`
+/// (release > rc; post numbers order last).
+pub fn version_key(v: &str) -> Vec<i64> {
+    let lower = v.to_lowercase();
+    let nums: Vec<i64> = lower
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let mut key: Vec<i64> = nums.iter().take(3).copied().collect();
+    while key.len() < 3 {
+        key.push(0);
+    }
+    if let Some(i) = lower.find("rc") {
+        let rc: i64 = lower[i + 2..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap_or(0);
+        key.extend([0, rc]);
+    } else {
+        key.extend([1, 0]);
+    }
+    if let Some(i) = lower.find("post") {
+        key.push(lower[i + 4..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap_or(0));
+    } else {
+        key.push(0);
+    }
+    key
+}
+
+fn parseable_version(v: &str) -> bool {
+    let mut parts = v.split('.');
+    matches!(parts.next(), Some(p) if !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Resolves a requested backend version (`current`, `previous`, `next` or a listed version) the
+/// way the reference does through `systems/query_versions.yaml`.
+pub fn resolve_version(spec: &SystemSpec, backend: &str, requested: Option<&str>) -> Result<String> {
+    let requested = requested.unwrap_or("current");
+    let path = spec.root.join("query_versions.yaml");
+    if !path.is_file() {
+        if ["current", "previous", "next"].contains(&requested) {
+            return Err(PerfError::config(format!(
+                "backend_version {requested:?} needs {} to resolve it; name a concrete version",
+                path.display()
+            )));
+        }
+        return Ok(requested.to_string());
+    }
+    let doc = load_yaml(&path)?;
+    let over = get(&doc, "overrides").and_then(|o| get(o, &spec.name)).and_then(|s| get(s, backend));
+    let entry = over.or_else(|| get(&doc, "defaults").and_then(|d| get(d, backend)));
+    let field = |e: &Value, k: &str| -> Option<String> {
+        get(e, k).and_then(|x| match x {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        })
+    };
+    let Some(current) = entry.and_then(|e| field(e, "current")) else {
+        if ["current", "previous", "next"].contains(&requested) {
+            return Err(PerfError::config(format!(
+                "no queryable {backend} versions for {} in {}",
+                spec.name,
+                path.display()
+            )));
+        }
+        return Ok(requested.to_string());
+    };
+    if backend_versions(&spec.data_dir, backend).is_empty() {
+        return Err(PerfError::data(format!(
+            "no {backend} data for {} under {}",
+            spec.name,
+            spec.data_dir.display()
+        )));
+    }
+    let mut slots: Vec<(&str, String)> = vec![("current", current.clone())];
+    if let Some(p) = entry.and_then(|e| field(e, "previous")) {
+        slots.push(("previous", p));
+    }
+    if over.is_none() {
+        // next: the highest data-backed version newer than current across the fleet's
+        // defaults-governed systems.
+        let override_systems: BTreeSet<String> = get(&doc, "overrides")
+            .and_then(Value::as_mapping)
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, per)| get(per, backend).is_some())
+                    .filter_map(|(k, _)| k.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cur_key = version_key(&current);
+        let mut best: Option<String> = None;
+        if let Ok(rd) = std::fs::read_dir(&spec.root) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                let Some(sys) = n.strip_suffix(".yaml") else { continue };
+                if override_systems.contains(sys) {
+                    continue;
+                }
+                let Ok(doc) = load_yaml(&e.path()) else { continue };
+                let Some(dd) = get(&doc, "data_dir").and_then(Value::as_str) else { continue };
+                let dd = spec.root.join(dd.trim());
+                if !dd.is_dir() {
+                    continue;
+                }
+                for (v, p) in backend_versions(&dd, backend) {
+                    let has_files = std::fs::read_dir(&p)
+                        .map(|rd| rd.flatten().any(|f| f.file_name().to_string_lossy().ends_with(".parquet")))
+                        .unwrap_or(false);
+                    if has_files
+                        && version_key(&v) > cur_key
+                        && best.as_ref().is_none_or(|b| version_key(&v) > version_key(b))
+                    {
+                        best = Some(v);
+                    }
+                }
+            }
+        }
+        if let Some(n) = best {
+            slots.push(("next", n));
+        }
+    }
+    if let Some((_, v)) = slots.iter().find(|(alias, _)| *alias == requested) {
+        return Ok(v.clone());
+    }
+    if slots.iter().any(|(_, v)| v == requested) {
+        return Ok(requested.to_string());
+    }
+    let accepted: Vec<String> = slots.iter().map(|(a, v)| format!("{a} = {v}")).collect();
+    Err(PerfError::config(format!(
+        "{backend} version {requested:?} is not a queryable version on {} ({}); accepted: {}",
+        spec.name,
+        path.display(),
+        accepted.join(", ")
+    )))
+}
+
+/// One source file of a table and the `kernel_source` values it may contribute (`None`: all).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Source {
+    pub path: PathBuf,
+    pub kernel_sources: Option<BTreeSet<String>>,
+}
+
+/// Where `<file>` of `<backend>/<version>` lives: the first family directory that has it.
+fn op_path(data_dir: &Path, backend: &str, version: &str, file: &str) -> Option<PathBuf> {
+    for fam in families(data_dir) {
+        let dir = data_dir.join(&fam).join(backend).join(version);
+        if dir.is_dir() && !version_dir_unusable(&dir) && dir.join(file).exists() {
+            return Some(dir.join(file));
+        }
+    }
+    None
+}
+
+/// The priority-ordered sources of one table (the reference's shared-layer resolution):
+/// the requested version, then versions declared in its `reuse.yaml`, then strictly earlier
+/// versions of the same backend (nearest first), then other backends' rows whose
+/// `kernel_source` the `perf_data_reuse_manifest.yaml` shares with this backend. Communication
+/// tables stop after the earlier same-backend versions; NCCL tables use only the primary.
+pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> Result<Vec<Source>> {
+    let data = &spec.data_dir;
+    let primary = op_path(data, backend, version, file);
+    let family = match &primary {
+        Some(p) => p.parent().and_then(Path::parent).and_then(Path::parent).map(|f| {
+            f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        }),
+        None => families(data).into_iter().find(|fam| {
+            std::fs::read_dir(data.join(fam).join(backend))
+                .map(|rd| rd.flatten().any(|e| e.path().join(file).is_file()))
+                .unwrap_or(false)
+        }),
+    };
+    let mut out: Vec<Source> = Vec::new();
+    if let Some(p) = &primary {
+        out.push(Source { path: p.clone(), kernel_sources: None });
+    }
+    let is_comm = family.as_deref() == Some("comm");
+    let mut declared: BTreeSet<String> = BTreeSet::new();
+    if !is_comm {
+        // Declared donors: reuse.yaml of the requested version dir, entries for this table.
+        for fam in families(data) {
+            let reuse = data.join(&fam).join(backend).join(version).join("reuse.yaml");
+            if !reuse.is_file() {
+                continue;
+            }
+            let doc = load_yaml(&reuse)?;
+            let table = file.trim_end_matches(".parquet");
+            for e in get(&doc, "reuse").and_then(Value::as_sequence).into_iter().flatten() {
+                if get(e, "table").and_then(Value::as_str) != Some(table) {
+                    continue;
+                }
+                let Some(from) = get(e, "from_version").and_then(|x| match x {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                }) else {
+                    continue;
+                };
+                if declared.contains(&from) {
+                    continue;
+                }
+                if let Some(p) = op_path(data, backend, &from, file) {
+                    out.push(Source { path: p, kernel_sources: None });
+                    declared.insert(from);
+                }
+            }
+        }
+    }
+    if parseable_version(version) {
+        let req = version_key(version);
+        let mut earlier: Vec<(Vec<i64>, String)> = Vec::new();
+        let versions: BTreeSet<String> = if is_comm {
+            std::fs::read_dir(data.join("comm").join(backend))
+                .map(|rd| rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default()
+        } else {
+            backend_versions(data, backend).into_iter().map(|(v, _)| v).collect()
+        };
+        for v in versions {
+            if v == version || declared.contains(&v) || !parseable_version(&v) {
+                continue;
+            }
+            let k = version_key(&v);
+            if k < req {
+                earlier.push((k, v));
+            }
+        }
+        earlier.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, v) in earlier {
+            let p = if is_comm {
+                let p = data.join("comm").join(backend).join(&v).join(file);
+                (p.is_file() && !version_dir_unusable(p.parent().unwrap_or(data))).then_some(p)
+            } else {
+                op_path(data, backend, &v, file)
+            };
+            if let Some(p) = p {
+                out.push(Source { path: p, kernel_sources: None });
+            }
+        }
+    }
+    if is_comm {
+        return Ok(out);
+    }
+    // Cross-backend fill, gated by the reuse manifest.
+    let manifest = spec.root.join("perf_data_reuse_manifest.yaml");
+    if manifest.is_file() {
+        let doc = load_yaml(&manifest)?;
+        let mut per_fw: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+        for g in get(&doc, "groups").and_then(Value::as_sequence).into_iter().flatten() {
+            if get(g, "op_file").and_then(Value::as_str) != Some(file) {
+                continue;
+            }
+            let tier = get(g, "tier").and_then(Value::as_str);
+            if !matches!(tier, Some("shared") | Some("shared_fallback")) {
+                continue;
+            }
+            let fws: Vec<String> = get(g, "frameworks")
+                .and_then(Value::as_sequence)
+                .map(|s| s.iter().filter_map(Value::as_str).map(str::to_lowercase).collect())
+                .unwrap_or_default();
+            if !fws.iter().any(|f| f == backend) {
+                continue;
+            }
+            let Some(ks) = get(g, "kernel_source").and_then(|x| match x {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            }) else {
+                continue;
+            };
+            for f in fws {
+                per_fw.entry(f).or_default().insert(ks.clone());
+            }
+        }
+        for (fw, ks) in per_fw {
+            if fw == backend {
+                continue;
+            }
+            let mut vs: Vec<String> =
+                backend_versions(data, &fw).into_iter().map(|(v, _)| v).collect::<BTreeSet<_>>().into_iter().collect();
+            vs.sort_by_key(|v| std::cmp::Reverse(version_key(v)));
+            for v in vs {
+                if let Some(p) = op_path(data, &fw, &v, file) {
+                    out.push(Source { path: p, kernel_sources: Some(ks.clone()) });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The NCCL table of a system (`comm/nccl/<misc.nccl_version>/nccl_perf.parquet`).
+pub fn nccl_source(spec: &SystemSpec) -> Option<PathBuf> {
+    let v = spec.nccl_version.as_ref()?;
+    let fam = spec.data_dir.join("comm").join("nccl").join(v).join("nccl_perf.parquet");
+    if fam.is_file() {
+        return Some(fam);
+    }
+    let legacy = spec.data_dir.join("nccl").join(v).join("nccl_perf.parquet");
+    legacy.is_file().then_some(legacy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_order() {
+        assert!(version_key("0.24.0") > version_key("0.19.0"));
+        assert!(version_key("1.3.0rc20") > version_key("1.3.0rc10"));
+        assert!(version_key("1.3.0") > version_key("1.3.0rc20"));
+        assert!(version_key("0.5.6.post2") > version_key("0.5.6"));
+        assert!(version_key("0.5.10") > version_key("0.5.6.post2"));
+    }
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""End to end: `servesim predict` with the AIS timing model vs Dynamo 1.6.1's replay, both given
+the engine-JSON spelling `timing_model: {"type": "external", "provider": "ais", "config": ...}`.
+
+    python3 scripts/ais_e2e.py [--dyn-python /tmp/servesim-aisim-dyn/bin/python]
+                               [--servesim target/release/servesim] [--replay ../shared/parity/dynamo_replay.py]
+
+servesim reads the data of the same aisimulate_core the reference venv has (its systems/
+directory is found through the venv's python and passed as SERVESIM_AIS_SYSTEMS), so each
+side uses its own reference's data. Prints mean TTFT / ITL / E2E and output throughput side by
+side; exit status 1 when any differs by more than 2 %.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+MODEL = "Qwen/Qwen3-32B"
+
+
+def timing(backend, worker_type, tp=2):
+    return {"type": "external", "provider": "ais",
+            "config": {"model": MODEL, "system": "h200_sxm", "backend": backend, "worker_type": worker_type, "tp": tp}}
+
+
+def engine(backend, worker_type="aggregated"):
+    e = {"backend": backend, "block_size": 64 if backend == "vllm" else 1, "num_gpu_blocks": 20000 if backend == "vllm" else 1280000,
+         "max_num_seqs": 256, "max_num_batched_tokens": 8192, "timing_model": timing(backend, worker_type)}
+    if worker_type != "aggregated":
+        e["worker_type"] = worker_type
+    return e
+
+
+SYN = {"input_tokens": 1024, "output_tokens": 128, "request_count": 200, "request_rate": 8.0, "arrival_seed": 42}
+CASES = {
+    "agg_vllm": {"synthetic": SYN, "engine": engine("vllm"), "num_workers": 1},
+    "agg_sglang": {"synthetic": SYN, "engine": engine("sglang"), "num_workers": 1},
+    "disagg_vllm": {"synthetic": {**SYN, "input_tokens": 3000, "output_tokens": 200},
+                    "prefill_engine": engine("vllm", "prefill"), "decode_engine": engine("vllm", "decode"),
+                    "num_prefill_workers": 1, "num_decode_workers": 2},
+    "disagg_sglang": {"synthetic": {**SYN, "input_tokens": 3000, "output_tokens": 200},
+                      "prefill_engine": engine("sglang", "prefill"), "decode_engine": engine("sglang", "decode"),
+                      "num_prefill_workers": 1, "num_decode_workers": 2},
+}
+METRICS = ["mean_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms", "output_throughput_tok_s"]
+
+
+def servesim_args(case, d):
+    s = case["synthetic"]
+    args = ["predict", "--input-tokens", str(s["input_tokens"]), "--output-tokens", str(s["output_tokens"]),
+            "--request-count", str(s["request_count"]), "--request-rate", str(s["request_rate"]),
+            "--arrival-seed", str(s["arrival_seed"]), "--format", "json"]
+    for key, flag in [("engine", "--extra-engine-args"), ("prefill_engine", "--prefill-engine-args"),
+                      ("decode_engine", "--decode-engine-args")]:
+        if key in case:
+            p = os.path.join(d, key + ".json")
+            json.dump({"engine": case[key]}, open(p, "w"))
+            args += [flag, p]
+    for key, flag in [("num_workers", "--num-workers"), ("num_prefill_workers", "--num-prefill-workers"),
+                      ("num_decode_workers", "--num-decode-workers")]:
+        if key in case:
+            args += [flag, str(case[key])]
+    return args
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dyn-python", default=os.environ.get("AISIM_DYN_VENV", "/tmp/servesim-aisim-dyn") + "/bin/python")
+    ap.add_argument("--servesim", default="target/release/servesim")
+    ap.add_argument("--replay", default="../shared/parity/dynamo_replay.py")
+    ap.add_argument("--cases", default=",".join(CASES))
+    a = ap.parse_args()
+    systems = subprocess.run([a.dyn_python, "-c", "import aisimulate_core, os; print(os.path.join(os.path.dirname(aisimulate_core.__file__), 'systems'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    env = {**os.environ, "SERVESIM_AIS_SYSTEMS": systems}
+    worst = 0.0
+    for name in a.cases.split(","):
+        case = CASES[name]
+        with tempfile.TemporaryDirectory() as d:
+            cp = os.path.join(d, "case.json")
+            json.dump(case, open(cp, "w"))
+            r = subprocess.run([a.dyn_python, a.replay, cp], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"{name}: reference failed: {r.stderr.strip()[-400:]}")
+                worst = float("inf")
+                continue
+            ref = json.loads(r.stdout)
+            s = subprocess.run([a.servesim] + servesim_args(case, d), capture_output=True, text=True, env=env)
+            if s.returncode != 0:
+                print(f"{name}: servesim failed: {s.stderr.strip()[-400:]}")
+                worst = float("inf")
+                continue
+            ours = json.loads(s.stdout)
+        print(f"{name}: completed reference {ref.get('completed_requests')} servesim {ours.get('completed_requests')}; "
+              f"wall reference {ref.get('call_wall_ms', 0):.0f} ms (whole call)")
+        for m in METRICS:
+            rv, sv = ref.get(m), ours.get(m)
+            d = abs(sv - rv) / abs(rv) if rv else float("nan")
+            worst = max(worst, d)
+            print(f"  {m:<26} reference {rv:>12.4f}  servesim {sv:>12.4f}  diff {100 * d:7.3f} %")
+    print(f"worst difference: {100 * worst:.3f} %")
+    sys.exit(0 if worst <= 0.02 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Compare servesim's AIS timing model with the reference estimator on a grid of shapes.
+
+Run with the aisimulate reference venv's python (it has aisimulate_core):
+
+    $AISIM_REF_VENV/bin/python scripts/ais_parity.py [--servesim target/release/servesim] [--quick]
+
+For each (model, system, backend, tp) it builds the reference `RustForwardPassPerfModel`
+(`best_available`, op-level) and asks it, for every shape, the same thing servesim's timing
+provider computes:
+  prefill  -> static_phase_diagnostics(batch, isl, prefix, prefill=True), summed
+  decode   -> static_phase_diagnostics(batch, context - 1, prefill=False), summed (one step)
+  mixed    -> estimate_forward_pass_time_ms({prefill + decode} FPM)
+and runs `servesim perf --queries -` on the same list. Prints both side by side and a summary
+(shapes within 1 % / 3 %, worst shapes). Exit status 1 when the targets (>= 99 % within 1 %,
+all within 3 %) are missed.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import aisimulate_core
+from aisimulate_core.sdk import RustForwardPassPerfModel
+
+SYSTEMS = os.path.join(os.path.dirname(aisimulate_core.__file__), "systems")
+
+DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B"]
+MOE = ["Qwen/Qwen3-30B-A3B"]
+
+
+def shapes(quick):
+    """(kind, query) pairs: exact grid points, in-grid interpolation and out-of-range."""
+    out = []
+    # prefill: batch, isl, prefix
+    for b, isl, pre in [(1, 128, 0), (1, 1024, 0), (1, 1000, 0), (2, 3000, 0), (4, 777, 0), (1, 8192, 0),
+                        (1, 16384, 0), (1, 20000, 0), (8, 2048, 0), (16, 512, 0), (1, 4096, 1024),
+                        (2, 2500, 700), (64, 100, 0), (3, 33000, 0), (1, 1, 0)][: 8 if quick else None]:
+        out.append(("prefill", {"prefill": [b, isl, pre]}))
+    # decode: batch, context
+    for b, ctx in [(1, 1025), (1, 100), (8, 2048), (16, 1100), (33, 5000), (64, 4097), (128, 1500),
+                   (256, 8000), (7, 131072), (512, 300), (3, 200000), (1024, 1024)][: 6 if quick else None]:
+        out.append(("decode", {"decode": [b, ctx]}))
+    # forward passes (FPM): decode-only, prefill-only, mixed
+    for r in [
+        {"num_decode_requests": 16, "sum_decode_kv_tokens": 16 * 1100},
+        {"num_prefill_requests": 1, "sum_prefill_tokens": 1024},
+        {"num_prefill_requests": 2, "sum_prefill_tokens": 3000, "sum_prefill_kv_tokens": 500},
+        {"num_prefill_requests": 1, "sum_prefill_tokens": 512, "num_decode_requests": 31, "sum_decode_kv_tokens": 31 * 1500},
+        {"num_prefill_requests": 3, "sum_prefill_tokens": 2000, "sum_prefill_kv_tokens": 3000,
+         "num_decode_requests": 100, "sum_decode_kv_tokens": 100 * 700},
+    ][: 3 if quick else None]:
+        out.append(("fpm", {"ranks": [r]}))
+    return out
+
+
+def reference(model, q):
+    if "prefill" in q:
+        b, isl, pre = q["prefill"]
+        # AicTimingModel.predict_prefill_ms: the op evidence of the static context phase.
+        ops = model.static_phase_diagnostics(batch_size=b, context_length=isl, prefill=True, prefix=pre)
+        return sum(op["latency_ms"] for op in ops)
+    if "decode" in q:
+        b, ctx = q["decode"]
+        # The timing provider's decode step: the op evidence of one static generation step at
+        # context_length = context - 1 (AicTimingModel.predict_decode_ms), summed.
+        ops = model.static_phase_diagnostics(batch_size=b, context_length=ctx - 1, prefill=False)
+        return sum(op["latency_ms"] for op in ops)
+    return model.estimate_forward_pass_time_ms({"scheduled_requests": q["ranks"][0]})
+
+
+def servesim(binary, cfg, queries, systems):
+    cmd = [binary, "perf", "--config", json.dumps({**cfg, "systems_paths": [systems]}), "--queries", "-"]
+    p = subprocess.run(cmd, input="\n".join(json.dumps(q) for q in queries) + "\n", capture_output=True, text=True)
+    if p.returncode != 0:
+        return [{"error": p.stderr.strip()}] * len(queries)
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servesim", default="target/release/servesim")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=",".join(DENSE + MOE))
+    ap.add_argument("--systems", default="h200_sxm,h100_sxm")
+    ap.add_argument("--backends", default="vllm,sglang")
+    ap.add_argument("--tps", default="1,2,4")
+    ap.add_argument("--json", help="write every row here")
+    a = ap.parse_args()
+    rows = []
+    for model_name in a.models.split(","):
+        for system in a.systems.split(","):
+            for backend in a.backends.split(","):
+                for tp in map(int, a.tps.split(",")):
+                    cfg = {"model": model_name, "system": system, "backend": backend, "worker_type": "aggregated", "tp": tp}
+                    qs = shapes(a.quick)
+                    try:
+                        ref_model = RustForwardPassPerfModel.best_available(dict(cfg))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"# reference cannot build {cfg}: {e}", file=sys.stderr)
+                        continue
+                    ours = servesim(a.servesim, cfg, [q for _, q in qs], SYSTEMS)
+                    for (kind, q), o in zip(qs, ours):
+                        try:
+                            r = reference(ref_model, q)
+                            rerr = None
+                        except Exception as e:  # noqa: BLE001
+                            r, rerr = None, str(e).splitlines()[0][:80]
+                        s = o.get("ms")
+                        rel = abs(s - r) / r if (r and s is not None) else None
+                        rows.append(dict(model=model_name, system=system, backend=backend, tp=tp, kind=kind,
+                                         query=q, ref=r, ref_error=rerr, servesim=s, error=o.get("error"), rel=rel))
+    both_fail = [x for x in rows if x["ref"] is None and x["servesim"] is None]
+    compared = [x for x in rows if x["rel"] is not None]
+    mismatch = [x for x in rows if (x["ref"] is None) != (x["servesim"] is None)]
+    print(f"{'model':<30} {'system':<9} {'be':<6} tp {'kind':<7} {'query':<60} {'reference':>12} {'servesim':>12} {'diff %':>8}")
+    for x in rows:
+        q = json.dumps(x["query"])[:60]
+        ref = f"{x['ref']:.4f}" if x["ref"] is not None else "error"
+        ss = f"{x['servesim']:.4f}" if x["servesim"] is not None else "error"
+        d = f"{100 * x['rel']:.3f}" if x["rel"] is not None else "-"
+        print(f"{x['model']:<30} {x['system']:<9} {x['backend']:<6} {x['tp']:<2} {x['kind']:<7} {q:<60} {ref:>12} {ss:>12} {d:>8}")
+    n = len(compared)
+    w1 = sum(1 for x in compared if x["rel"] <= 0.01)
+    w3 = sum(1 for x in compared if x["rel"] <= 0.03)
+    print(f"\nshapes compared: {n}; within 1 %: {w1} ({100 * w1 / max(n, 1):.2f} %); within 3 %: {w3}; "
+          f"both refuse: {len(both_fail)}; only one side refuses: {len(mismatch)}")
+    for x in sorted(compared, key=lambda x: -x["rel"])[:8]:
+        print(f"  worst: {100 * x['rel']:.3f} % {x['model']} {x['system']} {x['backend']} tp{x['tp']} {json.dumps(x['query'])}")
+    for x in mismatch[:10]:
+        print(f"  one side refuses: {x['model']} {x['system']} {x['backend']} tp{x['tp']} {json.dumps(x['query'])} "
+              f"ref={x['ref_error'] or x['ref']} servesim={x['error'] or x['servesim']}")
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+    ok = n > 0 and w1 >= 0.99 * n and w3 == n and not mismatch
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
