@@ -7,6 +7,7 @@ import time
 import urllib.error
 
 import openai
+import pytest
 
 from conftest import FIXED, Server, consecutive_ports, get, post, samples
 
@@ -68,6 +69,37 @@ def test_disaggregated_prefill_then_decode_with_transfer_delay(tmp_path):
             # prefill 40 ms + transfer 256 ms + the decode worker's first pass 10 ms.
             assert 300 <= elapsed <= 360, elapsed
         assert 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="' in srv.metrics()
+
+
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+def test_who_waits_for_a_full_decode_worker(engine_type):
+    # One decode worker whose 10 blocks hold request A (100 prompt + 40 output tokens); B
+    # needs 7 more blocks, so it waits until A finishes (~200 ms prefill + 400 ms decode).
+    # vLLM computes B's prompt first and waits with the KV on the prefill worker: B's first
+    # token follows A's end by a pass. SGLang reserves the decode pages first and only then
+    # runs B's prefill: another 200 ms.
+    engine = {"timing_model": {"type": "fixed", "prefill_ms": 200.0, "decode_ms": 10.0},
+              "block_size": 16, "num_gpu_blocks": 10}
+    args = ["--speedup-ratio", "1", "--num-prefill-workers", "1", "--num-decode-workers", "1",
+            "--engine-type", engine_type]
+    with Server(*args, engine=engine) as srv:
+        done = {}
+
+        def run(name, prompt, max_tokens):
+            code, body, _ = post(srv.url + "/v1/completions",
+                                 {"prompt": prompt, "max_tokens": max_tokens, "stream": False})
+            assert code == 200, body
+            done[name] = time.perf_counter() * 1000
+
+        a = threading.Thread(target=run, args=("A", list(range(100)), 40))
+        a.start()
+        time.sleep(0.05)
+        run("B", list(range(1000, 1100)), 1)
+        a.join()
+        # B's only token: one decode pass after A ends, plus B's prefill for SGLang.
+        after = done["B"] - done["A"]
+        expected = 10 if engine_type == "vllm" else 210
+        assert expected - 10 <= after <= expected + 60, (engine_type, after)
 
 
 def test_startup_time_gates_health_and_requests():

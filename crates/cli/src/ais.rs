@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use serde_json::{json, Map, Value};
-use servesim_engine::{ConfigEnv, ConfigError, EngineConfig, FileLoader, PassTimer};
+use servesim_engine::{ConfigEnv, ConfigError, FileLoader, PassTimer, WorkerArgs};
 
 use crate::Failure;
 
@@ -44,15 +44,16 @@ pub fn factory(key: &str, provider: &str, config: &Value) -> Result<Arc<dyn Pass
     servesim_perf::build_timer(key, provider, config)
 }
 
-/// [`EngineConfig::parse_json_with`] that also resolves AIS timing models.
-pub fn parse_engine_json(text: &str, files: FileLoader) -> Result<EngineConfig, ConfigError> {
+/// Worker arguments (engine and deployment) from JSON text, resolving timing profiles through
+/// `files` and AIS timing models.
+pub fn parse_worker_json(text: &str, files: FileLoader) -> Result<WorkerArgs, ConfigError> {
     let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
-    engine_config_from_value(&value, files)
+    worker_args_from_value(&value, files)
 }
 
-/// [`EngineConfig::from_value_with`] that also resolves AIS timing models.
-pub fn engine_config_from_value(value: &Value, files: FileLoader) -> Result<EngineConfig, ConfigError> {
-    EngineConfig::from_value_env(value, ConfigEnv { files, timers: Some(&factory) })
+/// Worker arguments from a parsed value, resolving timing profiles and AIS timing models.
+pub fn worker_args_from_value(value: &Value, files: FileLoader) -> Result<WorkerArgs, ConfigError> {
+    WorkerArgs::from_value_env(value, ConfigEnv { files, timers: Some(&factory) })
 }
 
 impl AisFlags {
@@ -144,11 +145,11 @@ mod tests {
     fn unknown_timing_config_keys_are_rejected_by_path() {
         let v = json!({"engine": {"timing_model": {"type": "external", "provider": "ais",
                        "config": {"model": "m", "system": "s", "backend": "vllm", "bogus": 1}}}});
-        let e = engine_config_from_value(&v, &|_| Err("no files".into())).unwrap_err();
+        let e = worker_args_from_value(&v, &|_| Err("no files".into())).unwrap_err();
         assert_eq!(e.path, "engine.timing_model.config.bogus");
         assert!(e.message.starts_with("unknown key"), "{}", e.message);
         let v = json!({"engine": {"timing_model": {"type": "external", "provider": "other", "config": {}}}});
-        let e = engine_config_from_value(&v, &|_| Err("no files".into())).unwrap_err();
+        let e = worker_args_from_value(&v, &|_| Err("no files".into())).unwrap_err();
         assert!(e.message.contains("unknown external timing provider"), "{e}");
     }
 }

@@ -32,6 +32,7 @@ enum Command {
 }
 
 /// A failure to report to the user: a one-line message and an exit code.
+#[derive(Debug)]
 pub struct Failure {
     pub code: u8,
     pub message: String,
@@ -47,6 +48,17 @@ impl Failure {
     pub fn run(message: impl std::fmt::Display) -> Self {
         Failure { code: 1, message: message.to_string() }
     }
+}
+
+/// The flag a topology error is about.
+pub fn topology_error(e: servesim_cluster::TopologyError) -> Failure {
+    let flag = match e.field {
+        "num_workers" => "--num-workers",
+        "num_prefill_workers" => "--num-prefill-workers",
+        "num_decode_workers" => "--num-decode-workers",
+        _ => return Failure::input(e.message),
+    };
+    Failure::input(format!("{flag} {}", e.message))
 }
 
 fn main() -> ExitCode {

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use servesim_engine::{ConfigError, EngineConfig};
+use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::{
-    load_mooncake, request_json, simulate, Arrivals, Cluster, Collector, LoadMode, PoolConfig, RequestRecord,
-    RouterMode, SimConfig, Sla, SyntheticSpec, Workload,
+    load_mooncake, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla,
+    SyntheticSpec, Topology, Workload,
 };
 use servesim_router::RouterConfig;
 
@@ -160,24 +160,24 @@ pub(crate) fn json_arg<T>(
     parse(&text, dir).map_err(|e| Failure::input(format!("{arg}: {e}")))
 }
 
-fn engine_config(flag: &str, arg: Option<&str>) -> Result<EngineConfig, Failure> {
-    let Some(arg) = arg else { return Ok(EngineConfig::default()) };
-    let config = json_arg(flag, arg, |text, dir| {
+fn worker_args(flag: &str, arg: Option<&str>) -> Result<WorkerArgs, Failure> {
+    let Some(arg) = arg else { return Ok(WorkerArgs::default()) };
+    let args = json_arg(flag, arg, |text, dir| {
         let files = |path: &str| {
             let full = dir.join(path);
             std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
         };
-        crate::ais::parse_engine_json(text, &files)
+        crate::ais::parse_worker_json(text, &files)
     })?;
-    if let Some(why) = &config.timing_fallback {
+    if let Some(why) = &args.engine.timing_fallback {
         eprintln!("warning: --{flag}: {why}; using the polynomial timing model instead");
     }
-    Ok(config)
+    Ok(args)
 }
 
 /// The workers: one aggregated pool, or prefill and decode pools.
-fn cluster(a: &PredictArgs) -> Result<Cluster, Failure> {
-    let engine = engine_config("extra-engine-args", a.extra_engine_args.as_deref())?;
+fn cluster(a: &PredictArgs) -> Result<Topology, Failure> {
+    let engine = worker_args("extra-engine-args", a.extra_engine_args.as_deref())?;
     let disaggregated = a.num_prefill_workers.is_some()
         || a.num_decode_workers.is_some()
         || a.prefill_engine_args.is_some()
@@ -189,23 +189,17 @@ fn cluster(a: &PredictArgs) -> Result<Cluster, Failure> {
             ));
         }
         let staged = |flag: &str, arg: &Option<String>| match arg {
-            Some(_) => engine_config(flag, arg.as_deref()),
+            Some(_) => worker_args(flag, arg.as_deref()),
             None => Ok(engine.clone()),
         };
-        Cluster::Disaggregated {
-            prefill: PoolConfig {
-                engine: staged("prefill-engine-args", &a.prefill_engine_args)?,
-                workers: a.num_prefill_workers.unwrap_or(1),
-            },
-            decode: PoolConfig {
-                engine: staged("decode-engine-args", &a.decode_engine_args)?,
-                workers: a.num_decode_workers.unwrap_or(1),
-            },
-        }
+        Topology::disaggregated(
+            (staged("prefill-engine-args", &a.prefill_engine_args)?, a.num_prefill_workers.unwrap_or(1)),
+            (staged("decode-engine-args", &a.decode_engine_args)?, a.num_decode_workers.unwrap_or(1)),
+        )
     } else {
-        Cluster::Aggregated(PoolConfig { engine, workers: a.num_workers.unwrap_or(1) })
+        Topology::aggregated(engine, a.num_workers.unwrap_or(1))
     };
-    cluster.normalise().map_err(Failure::input)
+    cluster.map_err(crate::topology_error)
 }
 
 fn positive(name: &str, v: Option<f64>) -> Result<(), Failure> {
@@ -314,7 +308,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     };
     let (workload, load) = workload(&a, cluster.block_size())?;
     let config = SimConfig {
-        cluster,
+        topology: cluster,
         router,
         router_seed: a.router_seed,
         kv_event_lag_ms: a.kv_event_lag_ms,

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Map, Value};
-use servesim_engine::{EngineConfig, WorkerType};
+use servesim_cluster::{RouterMode, Topology};
+use servesim_engine::{Role, WorkerArgs};
 use servesim_live::{load_tokenizer, ServeOptions};
 use servesim_router::RouterConfig;
 
@@ -172,8 +173,8 @@ fn flag_bool(on: bool, off: bool) -> Option<bool> {
     }
 }
 
-/// The engine configuration: individual flags, then `--extra-engine-args` on top.
-fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<EngineConfig, Failure> {
+/// The worker arguments: individual flags, then `--extra-engine-args` on top.
+fn worker_args(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<WorkerArgs, Failure> {
     let mut flags = Map::new();
     let mut put = |k: &str, v: Option<Value>| {
         if let Some(v) = v {
@@ -257,12 +258,12 @@ fn engine_config(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Engi
         let full = base.join(path);
         std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
     };
-    let config = crate::ais::engine_config_from_value(&value, &files)
+    let args = crate::ais::worker_args_from_value(&value, &files)
         .map_err(|e| Failure::input(format!("engine configuration: {e}")))?;
-    if let Some(why) = &config.timing_fallback {
+    if let Some(why) = &args.engine.timing_fallback {
         eprintln!("warning: engine configuration: {why}; using the polynomial timing model instead");
     }
-    Ok(config)
+    Ok(args)
 }
 
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
@@ -274,55 +275,43 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if let (Some(dir), true) = (&a.model_path, tokenizer.is_approximate()) {
         eprintln!("warning: {} has no tokenizer.json; using the built-in approximate tokenizer", dir.display());
     }
-    let mut engine = engine_config(&a, facts.kv_bytes_per_token)?;
+    let args = worker_args(&a, facts.kv_bytes_per_token)?;
     let role = match a.disaggregation_mode {
-        DisaggregationMode::Agg => engine.worker_type,
-        DisaggregationMode::Prefill => WorkerType::Prefill,
-        DisaggregationMode::Decode => WorkerType::Decode,
+        DisaggregationMode::Agg => args.engine.role,
+        DisaggregationMode::Prefill => Role::Prefill,
+        DisaggregationMode::Decode => Role::Decode,
     };
-    if engine.worker_type != WorkerType::Aggregated && engine.worker_type != role {
+    if args.engine.role != Role::Aggregated && args.engine.role != role {
         return Err(Failure::input(format!(
-            "--disaggregation-mode and the worker_type of --extra-engine-args disagree ({:?} vs {:?})",
-            role, engine.worker_type
+            "--disaggregation-mode and the worker_type of --extra-engine-args disagree ({} vs {})",
+            role.name(),
+            args.engine.role.name()
         )));
     }
-    engine.worker_type = role;
-    if !(engine.speedup_ratio.is_finite() && engine.speedup_ratio >= 0.0) {
+    if !(args.engine.speedup_ratio.is_finite() && args.engine.speedup_ratio >= 0.0) {
         return Err(Failure::input("--speedup-ratio must be a finite number ≥ 0"));
     }
     let disaggregated = a.num_prefill_workers.is_some() || a.num_decode_workers.is_some();
-    if role != WorkerType::Aggregated && disaggregated {
+    if role != Role::Aggregated && disaggregated {
         return Err(Failure::input(
             "--disaggregation-mode prefill/decode makes a single-role server; \
              --num-prefill-workers/--num-decode-workers run both roles in this process",
         ));
     }
-    let pools = if disaggregated {
+    let max_model_len = a.max_model_len.or(args.engine.max_model_len).or(facts.max_position_embeddings);
+    let topology = if disaggregated {
         if a.num_workers.is_some() {
             return Err(Failure::input(
                 "--num-workers sets an aggregated cluster; use --num-prefill-workers and --num-decode-workers",
             ));
         }
         let (p, d) = (a.num_prefill_workers.unwrap_or(1), a.num_decode_workers.unwrap_or(1));
-        if p == 0 || d == 0 {
-            return Err(Failure::input("--num-prefill-workers and --num-decode-workers must be at least 1"));
-        }
-        if engine.dp_size != 1 {
-            return Err(Failure::input("disaggregated workers need --data-parallel-size 1"));
-        }
-        let mut prefill = engine.clone();
-        prefill.worker_type = WorkerType::Prefill;
-        let mut decode = engine.clone();
-        decode.worker_type = WorkerType::Decode;
-        vec![(prefill, p), (decode, d)]
+        Topology::disaggregated((args.clone(), p), (args, d))
     } else {
-        let n = a.num_workers.unwrap_or(1);
-        if n == 0 {
-            return Err(Failure::input("--num-workers must be at least 1"));
-        }
-        vec![(engine.clone(), n)]
-    };
-    let workers: u32 = pools.iter().map(|p| p.1).sum();
+        Topology::one_side(role, args, a.num_workers.unwrap_or(1))
+    }
+    .map_err(crate::topology_error)?;
+    let workers: u32 = topology.pools().iter().map(|p| p.workers).sum();
     if !a.zmq_kv_events_ports.is_empty() && a.zmq_kv_events_ports.len() != workers as usize {
         return Err(Failure::input(format!(
             "--zmq-kv-events-ports needs one port per worker ({workers}), got {}",
@@ -346,14 +335,14 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_model_len == Some(0) {
         return Err(Failure::input("--max-model-len must be at least 1"));
     }
-    let kv_router = match a.router_mode {
+    let router = match a.router_mode {
         Router::RoundRobin => {
             if a.router_config.is_some() {
                 return Err(Failure::input("--router-config applies to --router-mode kv_router"));
             }
-            None
+            RouterMode::RoundRobin
         }
-        Router::KvRouter => Some(match &a.router_config {
+        Router::KvRouter => RouterMode::KvRouter(match &a.router_config {
             Some(arg) => json_arg("router-config", arg, |text, _| RouterConfig::parse_json(text))?,
             None => RouterConfig::default(),
         }),
@@ -371,11 +360,10 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         worker_base_port: a.worker_base_port,
         model_name,
         model_path: a.model_path.clone(),
-        pools,
-        kv_router,
+        topology,
+        router,
         router_seed: a.router_seed,
-        max_model_len: a.max_model_len.or(engine.max_model_len).or(facts.max_position_embeddings),
-        startup_time_s: engine.startup_time_s.unwrap_or(0.0),
+        max_model_len,
         stagger_delay_s: a.stagger_delay,
         zmq_kv_events_ports: a.zmq_kv_events_ports.clone(),
         zmq_replay_ports: a.zmq_replay_ports.clone(),

@@ -68,11 +68,20 @@ pub enum PreemptionMode {
     Fifo,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WorkerType {
+/// What a worker does in its cluster: everything, or one side of disaggregated serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
     Aggregated,
+    /// Computes prompts; holds a finished prompt's KV until the decode side has it.
     Prefill,
+    /// Receives prompts computed elsewhere and generates the tokens.
     Decode,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        WORKER_TYPES[self as usize]
+    }
 }
 
 /// SGLang scheduler knobs (the `sglang` section).
@@ -104,8 +113,68 @@ impl Default for SglangSettings {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvTransferTimingMode {
+    /// The whole prompt moves.
     FullPrompt,
+    /// Only the blocks the destination does not have cached move.
     DestinationMissing,
+}
+
+/// How a worker's KV moves to another worker (read from the prefill side's arguments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvTransfer {
+    pub bytes_per_token: Option<u64>,
+    /// GB/s; None or ≤ 0 means the KV handoff is instantaneous.
+    pub bandwidth_gbps: Option<f64>,
+    pub mode: KvTransferTimingMode,
+}
+
+impl KvTransfer {
+    /// Time to move the KV of `tokens` tokens: `tokens × bytes_per_token / (bandwidth GB/s ×
+    /// 1e9)` seconds, or 0 when either is unset or the bandwidth is not positive.
+    pub fn ms(&self, tokens: u64) -> f64 {
+        match (self.bytes_per_token, self.bandwidth_gbps) {
+            (Some(bytes), Some(gbps)) if gbps > 0.0 => tokens as f64 * bytes as f64 / (gbps * 1e9) * 1000.0,
+            _ => 0.0,
+        }
+    }
+}
+
+/// How a worker is deployed: the arguments Dynamo's mocker takes besides the engine's own. The
+/// engine never reads them; the cluster layer does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Deployment {
+    /// Attention data-parallel ranks per worker, each an engine of its own.
+    pub dp_size: u32,
+    pub tensor_parallel_size: u32,
+    /// Seconds a worker takes to start (used when workers are added during a run).
+    pub startup_time_s: Option<f64>,
+    pub kv_transfer: KvTransfer,
+}
+
+impl Deployment {
+    /// GPUs one worker occupies (tensor parallel × data parallel).
+    pub fn gpus_per_worker(&self) -> u32 {
+        self.tensor_parallel_size * self.dp_size
+    }
+}
+
+impl Default for Deployment {
+    fn default() -> Self {
+        WorkerArgs::default().deployment
+    }
+}
+
+/// One worker's arguments in Dynamo's mocker form: the engine configuration and the deployment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerArgs {
+    pub engine: EngineConfig,
+    pub deployment: Deployment,
+}
+
+impl Default for WorkerArgs {
+    fn default() -> Self {
+        WorkerArgs::from_value(&json!({})).expect("the empty configuration is valid")
+    }
 }
 
 /// A normalised engine configuration.
@@ -128,15 +197,8 @@ pub struct EngineConfig {
     /// Extra divisor for decode time only.
     pub decode_speedup_ratio: f64,
     pub preemption_mode: PreemptionMode,
-    pub worker_type: WorkerType,
+    pub role: Role,
     pub timing: TimingModel,
-    pub dp_size: u32,
-    pub tensor_parallel_size: u32,
-    pub startup_time_s: Option<f64>,
-    pub kv_bytes_per_token: Option<u64>,
-    /// GB/s; None or ≤ 0 means the KV handoff is instantaneous.
-    pub kv_transfer_bandwidth: Option<f64>,
-    pub kv_transfer_timing_mode: KvTransferTimingMode,
     pub sglang: SglangSettings,
     /// Speculative decoding (MTP), when `aic_nextn` is set.
     pub speculative: Option<SpeculativeConfig>,
@@ -148,31 +210,26 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig::from_value(&json!({})).expect("the empty configuration is valid")
+        WorkerArgs::default().engine
     }
 }
 
-impl EngineConfig {
+impl WorkerArgs {
     /// Parses a JSON document in either shape (without file access).
     pub fn parse_json(text: &str) -> Result<Self> {
-        Self::parse_json_with(text, &no_files)
+        Self::parse_json_env(text, ConfigEnv::NONE)
     }
 
-    /// Parses a JSON document, reading referenced files (timing profiles) through `files`.
-    pub fn parse_json_with(text: &str, files: FileLoader) -> Result<Self> {
+    /// Parses a JSON document, resolving files and external timing models through `env`.
+    pub fn parse_json_env(text: &str, env: ConfigEnv) -> Result<Self> {
         let value: Value =
             serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
-        Self::from_value_with(&value, files)
+        Self::from_value_env(&value, env)
     }
 
     /// Reads a parsed JSON value in either shape (without file access).
     pub fn from_value(value: &Value) -> Result<Self> {
-        Self::from_value_with(value, &no_files)
-    }
-
-    /// Reads a parsed JSON value, reading referenced files through `files`.
-    pub fn from_value_with(value: &Value, files: FileLoader) -> Result<Self> {
-        Self::from_value_env(value, ConfigEnv { files, timers: None })
+        Self::from_value_env(value, ConfigEnv::NONE)
     }
 
     /// Reads a parsed JSON value, resolving files and external timing models through `env`.
@@ -189,28 +246,82 @@ impl EngineConfig {
         raw.normalise(env)
     }
 
+    /// The canonical nested JSON form (what Dynamo 1.6.1 prints after normalising).
+    pub fn to_canonical_json(&self) -> Value {
+        let (e, d) = (&self.engine, &self.deployment);
+        let mut v = e.canonical_engine_json();
+        let engine = v.as_object_mut().expect("an object");
+        engine.insert("kv_transfer_bytes_per_token".into(), json!(d.kv_transfer.bytes_per_token));
+        engine.insert("kv_transfer_bandwidth".into(), json!(d.kv_transfer.bandwidth_gbps));
+        engine.insert(
+            "kv_transfer_timing_mode".into(),
+            json!(match d.kv_transfer.mode {
+                KvTransferTimingMode::FullPrompt => "full_prompt",
+                KvTransferTimingMode::DestinationMissing => "destination_missing",
+            }),
+        );
+        json!({
+            "engine": v,
+            "dp_size": d.dp_size,
+            "tensor_parallel_size": d.tensor_parallel_size,
+            "startup_time": d.startup_time_s,
+            "dynamo": {
+                "reasoning": e.reasoning.map(|r| json!({
+                    "start_thinking_token_id": r.start_thinking_token_id,
+                    "end_thinking_token_id": r.end_thinking_token_id,
+                    "thinking_ratio": r.thinking_ratio,
+                })),
+            },
+        })
+    }
+}
+
+impl EngineConfig {
+    /// Parses a JSON document in either shape (without file access); deployment keys are
+    /// checked and dropped.
+    pub fn parse_json(text: &str) -> Result<Self> {
+        WorkerArgs::parse_json(text).map(|w| w.engine)
+    }
+
+    /// Parses a JSON document, reading referenced files (timing profiles) through `files`.
+    pub fn parse_json_with(text: &str, files: FileLoader) -> Result<Self> {
+        WorkerArgs::parse_json_env(text, ConfigEnv { files, timers: None }).map(|w| w.engine)
+    }
+
+    /// Reads a parsed JSON value in either shape (without file access).
+    pub fn from_value(value: &Value) -> Result<Self> {
+        WorkerArgs::from_value(value).map(|w| w.engine)
+    }
+
+    /// Reads a parsed JSON value, reading referenced files through `files`.
+    pub fn from_value_with(value: &Value, files: FileLoader) -> Result<Self> {
+        Self::from_value_env(value, ConfigEnv { files, timers: None })
+    }
+
+    /// Reads a parsed JSON value, resolving files and external timing models through `env`.
+    pub fn from_value_env(value: &Value, env: ConfigEnv) -> Result<Self> {
+        WorkerArgs::from_value_env(value, env).map(|w| w.engine)
+    }
+
     /// Total KV tokens of one rank.
     pub fn kv_capacity_tokens(&self) -> u64 {
         self.num_gpu_blocks as u64 * self.block_size as u64
     }
 
-    /// Time to move the KV of `tokens` prompt tokens from a prefill to a decode worker:
-    /// `tokens × kv_bytes_per_token / (bandwidth GB/s × 1e9)` seconds, or 0 when either is
-    /// unset or the bandwidth is not positive.
-    pub fn kv_transfer_ms(&self, tokens: u64) -> f64 {
-        match (self.kv_bytes_per_token, self.kv_transfer_bandwidth) {
-            (Some(bytes), Some(gbps)) if gbps > 0.0 => tokens as f64 * bytes as f64 / (gbps * 1e9) * 1000.0,
-            _ => 0.0,
+    /// The configuration of one rank of a worker with `dp_size` attention data-parallel ranks:
+    /// SGLang divides the chunk budget among the ranks and scales the admission ratio by 0.3 at
+    /// launch (`handle_data_parallelism`); vLLM and TRT-LLM ranks are plain copies.
+    pub fn for_attention_dp(&self, dp_size: u32) -> EngineConfig {
+        let mut rank = self.clone();
+        if self.backend == Backend::Sglang && dp_size > 1 {
+            rank.sglang.chunked_prefill_size /= dp_size;
+            rank.sglang.schedule_conservativeness *= 0.3;
         }
+        rank
     }
 
-    /// GPUs one worker occupies (tensor parallel × data parallel).
-    pub fn gpus_per_worker(&self) -> u32 {
-        self.tensor_parallel_size * self.dp_size
-    }
-
-    /// The canonical nested JSON form (what Dynamo 1.6.1 prints after normalising).
-    pub fn to_canonical_json(&self) -> Value {
+    /// The `engine` section of the canonical form (without the deployment's transfer keys).
+    fn canonical_engine_json(&self) -> Value {
         let timing = match &self.timing {
             TimingModel::Polynomial => json!({"type": "polynomial"}),
             TimingModel::Fixed { prefill_ms, decode_ms } => {
@@ -222,7 +333,6 @@ impl EngineConfig {
             }
         };
         json!({
-            "engine": {
                 "backend": self.backend.name(),
                 "num_gpu_blocks": self.num_gpu_blocks,
                 "block_size": self.block_size,
@@ -233,20 +343,10 @@ impl EngineConfig {
                 "enable_chunked_prefill": self.enable_chunked_prefill,
                 "speedup_ratio": self.speedup_ratio,
                 "decode_speedup_ratio": self.decode_speedup_ratio,
-                "worker_type": match self.worker_type {
-                    WorkerType::Aggregated => "aggregated",
-                    WorkerType::Prefill => "prefill",
-                    WorkerType::Decode => "decode",
-                },
+                "worker_type": self.role.name(),
                 "preemption_mode": match self.preemption_mode {
                     PreemptionMode::Lifo => "lifo",
                     PreemptionMode::Fifo => "fifo",
-                },
-                "kv_transfer_bytes_per_token": self.kv_bytes_per_token,
-                "kv_transfer_bandwidth": self.kv_transfer_bandwidth,
-                "kv_transfer_timing_mode": match self.kv_transfer_timing_mode {
-                    KvTransferTimingMode::FullPrompt => "full_prompt",
-                    KvTransferTimingMode::DestinationMissing => "destination_missing",
                 },
                 "timing_model": timing,
                 "aic_nextn": self.speculative.as_ref().map(|s| s.nextn),
@@ -254,17 +354,6 @@ impl EngineConfig {
                     s.accept_rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
                 }),
                 "aic_mtp_seed": self.speculative.as_ref().map_or(42, |s| s.seed),
-            },
-            "dp_size": self.dp_size,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "startup_time": self.startup_time_s,
-            "dynamo": {
-                "reasoning": self.reasoning.map(|r| json!({
-                    "start_thinking_token_id": r.start_thinking_token_id,
-                    "end_thinking_token_id": r.end_thinking_token_id,
-                    "thinking_ratio": r.thinking_ratio,
-                })),
-            },
         })
     }
 }
@@ -283,7 +372,7 @@ struct RawConfig {
     speedup_ratio: Field<f64>,
     decode_speedup_ratio: Field<f64>,
     preemption_mode: Field<usize>,
-    worker_type: Field<usize>,
+    role: Field<usize>,
     timing: Option<Unresolved>,
     dp_size: Field<u32>,
     tensor_parallel_size: Field<u32>,
@@ -337,7 +426,7 @@ impl RawConfig {
         self.speedup_ratio = r.f64("speedup_ratio")?;
         self.decode_speedup_ratio = r.f64("decode_speedup_ratio")?;
         self.preemption_mode = r.choice("preemption_mode", &PREEMPTION_MODES)?;
-        self.worker_type = r.choice("worker_type", &WORKER_TYPES)?;
+        self.role = r.choice("worker_type", &WORKER_TYPES)?;
         self.kv_transfer_bandwidth = r.f64("kv_transfer_bandwidth")?;
         self.kv_transfer_timing_mode = r.choice("kv_transfer_timing_mode", &TRANSFER_MODES)?;
         if let Some(mut t) = r.object("timing_model")? {
@@ -444,9 +533,9 @@ impl RawConfig {
             return Err(ConfigError::new("is_prefill", "is_prefill and is_decode cannot both be true"));
         }
         if is_prefill {
-            self.worker_type = Field::Set(1);
+            self.role = Field::Set(1);
         } else if is_decode {
-            self.worker_type = Field::Set(2);
+            self.role = Field::Set(2);
         }
         for key in ["aic_backend", "aic_system", "aic_systems_path", "aic_backend_version", "aic_model_path"] {
             r.unsupported(key, &[], "AIConfigurator timing")?;
@@ -549,7 +638,7 @@ impl RawConfig {
         top.finish()
     }
 
-    fn normalise(self, env: ConfigEnv) -> Result<EngineConfig> {
+    fn normalise(self, env: ConfigEnv) -> Result<WorkerArgs> {
         let (timing, timing_fallback) = match self.timing {
             None => (TimingModel::Polynomial, None),
             Some(Unresolved::Model(model)) => (model, None),
@@ -621,10 +710,10 @@ impl RawConfig {
             }
             Ok(v)
         };
-        let worker_type = match self.worker_type.or(0) {
-            0 => WorkerType::Aggregated,
-            1 => WorkerType::Prefill,
-            _ => WorkerType::Decode,
+        let role = match self.role.or(0) {
+            0 => Role::Aggregated,
+            1 => Role::Prefill,
+            _ => Role::Decode,
         };
         let dp_size = self.dp_size.or(1);
         if backend == Backend::Sglang && dp_size > 1 {
@@ -678,7 +767,21 @@ impl RawConfig {
                 Some(SpeculativeConfig { nextn: n, accept_rates: rates, seed: self.mtp_seed.or(42) })
             }
         };
-        Ok(EngineConfig {
+        let deployment = Deployment {
+            dp_size,
+            tensor_parallel_size: self.tensor_parallel_size.or(1),
+            startup_time_s: self.startup_time.set(),
+            kv_transfer: KvTransfer {
+                bytes_per_token: self.kv_bytes_per_token.set(),
+                bandwidth_gbps: kv_transfer_bandwidth,
+                mode: if self.kv_transfer_timing_mode.or(0) == 0 {
+                    KvTransferTimingMode::FullPrompt
+                } else {
+                    KvTransferTimingMode::DestinationMissing
+                },
+            },
+        };
+        let engine = EngineConfig {
             backend,
             num_gpu_blocks: self.num_gpu_blocks.or(16384),
             block_size,
@@ -690,23 +793,14 @@ impl RawConfig {
             speedup_ratio: ratio(self.speedup_ratio, "speedup_ratio")?,
             decode_speedup_ratio: ratio(self.decode_speedup_ratio, "decode_speedup_ratio")?,
             preemption_mode: if self.preemption_mode.or(0) == 0 { PreemptionMode::Lifo } else { PreemptionMode::Fifo },
-            worker_type,
+            role,
             timing,
-            dp_size,
-            tensor_parallel_size: self.tensor_parallel_size.or(1),
-            startup_time_s: self.startup_time.set(),
-            kv_bytes_per_token: self.kv_bytes_per_token.set(),
-            kv_transfer_bandwidth,
-            kv_transfer_timing_mode: if self.kv_transfer_timing_mode.or(0) == 0 {
-                KvTransferTimingMode::FullPrompt
-            } else {
-                KvTransferTimingMode::DestinationMissing
-            },
             sglang: self.sglang,
             speculative,
             reasoning: self.reasoning,
             timing_fallback,
-        })
+        };
+        Ok(WorkerArgs { engine, deployment })
     }
 }
 
@@ -716,6 +810,11 @@ mod tests {
 
     fn parse(s: &str) -> Result<EngineConfig> {
         EngineConfig::parse_json(s)
+    }
+
+    /// The canonical dump of an engine configuration with the default deployment.
+    fn dump(c: &EngineConfig) -> Value {
+        WorkerArgs { engine: c.clone(), deployment: Deployment::default() }.to_canonical_json()
     }
 
     #[test]
@@ -731,7 +830,7 @@ mod tests {
         assert_eq!(c.speedup_ratio, 1.0);
         assert_eq!(c.decode_speedup_ratio, 1.0);
         assert_eq!(c.timing, TimingModel::Polynomial);
-        assert_eq!(c.gpus_per_worker(), 1);
+        assert_eq!(WorkerArgs::default().deployment.gpus_per_worker(), 1);
     }
 
     #[test]
@@ -751,8 +850,9 @@ mod tests {
     fn canonical_dump_round_trips() {
         let c = parse(r#"{"engine":{"block_size":16,"timing_model":{"type":"fixed","prefill_ms":40,"decode_ms":10}}}"#)
             .unwrap();
-        let again = EngineConfig::from_value(&c.to_canonical_json()).unwrap();
-        assert_eq!(c, again);
+        let w = WorkerArgs { engine: c, deployment: Deployment { dp_size: 2, ..Deployment::default() } };
+        let again = WorkerArgs::from_value(&w.to_canonical_json()).unwrap();
+        assert_eq!(w, again);
     }
 
     #[test]
@@ -847,7 +947,7 @@ mod tests {
         let e = parse(r#"{"aic_nextn": 2, "decode_speedup_ratio": 2.0}"#).unwrap_err();
         assert_eq!(e.path, "decode_speedup_ratio");
         let c = parse(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5"}"#).unwrap();
-        assert_eq!(EngineConfig::from_value(&c.to_canonical_json()).unwrap(), c);
+        assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
     }
 
     #[test]
@@ -861,7 +961,7 @@ mod tests {
             parse(r#"{"engine": {}, "dynamo": {"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}}"#)
                 .unwrap();
         assert_eq!(nested, c);
-        assert_eq!(EngineConfig::from_value(&c.to_canonical_json()).unwrap(), c);
+        assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
         let e = parse(
             r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 1.5}}"#,
         )
@@ -913,16 +1013,25 @@ mod tests {
 
     #[test]
     fn kv_transfer_delay() {
-        let c = parse(r#"{"kv_bytes_per_token": 1000000, "kv_transfer_bandwidth": 1.0}"#).unwrap();
-        assert_eq!(c.kv_transfer_ms(128), 128.0);
-        assert_eq!(c.kv_transfer_ms(8), 8.0);
-        let c = parse(r#"{"engine": {"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 64.0}}"#).unwrap();
-        assert!((c.kv_transfer_ms(10_000) - 20.48).abs() < 1e-12);
-        assert_eq!(parse(r#"{"kv_bytes_per_token": 1000}"#).unwrap().kv_transfer_ms(100), 0.0, "no bandwidth");
-        assert_eq!(
-            parse(r#"{"kv_bytes_per_token": 1000, "kv_transfer_bandwidth": 0}"#).unwrap().kv_transfer_ms(100),
-            0.0
-        );
+        let transfer = |json: &str| WorkerArgs::parse_json(json).unwrap().deployment.kv_transfer;
+        let t = transfer(r#"{"kv_bytes_per_token": 1000000, "kv_transfer_bandwidth": 1.0}"#);
+        assert_eq!(t.ms(128), 128.0);
+        assert_eq!(t.ms(8), 8.0);
+        let t = transfer(r#"{"engine": {"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 64.0}}"#);
+        assert!((t.ms(10_000) - 20.48).abs() < 1e-12);
+        assert_eq!(transfer(r#"{"kv_bytes_per_token": 1000}"#).ms(100), 0.0, "no bandwidth");
+        assert_eq!(transfer(r#"{"kv_bytes_per_token": 1000, "kv_transfer_bandwidth": 0}"#).ms(100), 0.0);
+    }
+
+    #[test]
+    fn sglang_attention_dp_ranks_split_the_chunk_budget() {
+        let c = parse(r#"{"engine": {"backend": "sglang", "sglang": {"schedule_conservativeness": 0.5}}}"#).unwrap();
+        let rank = c.for_attention_dp(2);
+        assert_eq!(rank.sglang.chunked_prefill_size, 4096);
+        assert!((rank.sglang.schedule_conservativeness - 0.15).abs() < 1e-12);
+        assert_eq!(c.for_attention_dp(1), c);
+        let v = parse(r#"{"engine": {"backend": "vllm"}}"#).unwrap();
+        assert_eq!(v.for_attention_dp(4), v);
     }
 
     #[test]

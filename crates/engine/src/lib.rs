@@ -20,7 +20,8 @@ pub mod timing;
 pub mod vllm;
 
 pub use config::{
-    Backend, ConfigEnv, EngineConfig, FileLoader, KvTransferTimingMode, PreemptionMode, SglangSettings, WorkerType,
+    Backend, ConfigEnv, Deployment, EngineConfig, FileLoader, KvTransfer, KvTransferTimingMode, PreemptionMode, Role,
+    SglangSettings, WorkerArgs,
 };
 pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use handoff::Reserved;

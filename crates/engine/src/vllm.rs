@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::config::{Backend, EngineConfig, PreemptionMode, WorkerType};
+use crate::config::{Backend, EngineConfig, PreemptionMode, Role};
 use crate::engine::{EngineCounters, EngineOptions};
 use crate::handoff::{Destinations, Reserved};
 use crate::hash::{local_block_hash, BlockHashes};
@@ -152,7 +152,7 @@ impl VllmEngine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
         let sampler = cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index));
         // Decode workers do not publish KV events (nothing routes on their cache).
-        let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.worker_type != WorkerType::Decode;
+        let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         VllmEngine {
             pool: BlockPool::new(cfg.num_gpu_blocks, record),
             scratch_tokens: vec![0; cfg.block_size as usize],
@@ -493,7 +493,7 @@ impl VllmEngine {
         let k = self.running.len() as u32;
         if k == 0
             || self.sampler.is_some()
-            || self.cfg.worker_type != WorkerType::Aggregated
+            || self.cfg.role != Role::Aggregated
             || k > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX)
         {
             return false;
@@ -830,7 +830,7 @@ impl VllmEngine {
             out.prefill_tokens += desired as u64;
             req.pass_committed = desired;
             // A decode worker's prefill costs no time: it is not part of the prefill shape.
-            if self.cfg.worker_type != WorkerType::Decode {
+            if self.cfg.role != Role::Decode {
                 out.prefill.batch += 1;
                 out.prefill.total_isl += prompt_after as u64;
                 out.prefill.total_prefix += prompt_before as u64;
@@ -941,7 +941,7 @@ impl VllmEngine {
     /// Generates a token for every request whose known tokens are all computed; returns the
     /// pass end time.
     fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
-        let speculative = self.sampler.is_some() && self.cfg.worker_type != WorkerType::Prefill;
+        let speculative = self.sampler.is_some() && self.cfg.role != Role::Prefill;
         if speculative {
             self.reserve_bursts(out);
         }
@@ -960,7 +960,7 @@ impl VllmEngine {
         }
         // A prefill worker's token comes out of the prefill forward.
         let decode_ms =
-            if self.cfg.worker_type == WorkerType::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
+            if self.cfg.role == Role::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         out.decode = shape;
         let end = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
 
@@ -1006,7 +1006,7 @@ impl VllmEngine {
             self.destinations.bump();
             self.running.retain(|s| !done.contains(s));
             for &slot in &done {
-                if self.cfg.worker_type == WorkerType::Prefill {
+                if self.cfg.role == Role::Prefill {
                     // Keep the KV until the decode worker has it.
                     let req = self.reqs[slot as usize].as_mut().expect("live request slot");
                     req.status = Status::Held;

@@ -11,12 +11,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use servesim_engine::{Engine, EngineConfig, EngineOptions, EngineRequest, Finish, PassOutput, Prompt};
+use servesim_cluster::Fact;
+use servesim_engine::{Engine, EngineConfig, EngineOptions, Finish, PassOutput, Role};
 
-use crate::cluster::{Cluster, Command, Done, Job, Out, Role};
+use crate::cluster::{Cluster, Command, Done, Job, Out};
 use crate::metrics::RankMetrics;
 
 pub struct ActorSetup {
@@ -54,7 +55,6 @@ struct Actor {
     live: FxHashMap<u64, Live>,
     /// Prefill rank: finished requests whose KV waits for the decode side.
     held: FxHashSet<u64>,
-    /// Decode rank: requests waiting for blocks, in arrival order.
     /// Decode rank: accepted handoffs waiting for KV blocks, by id.
     pending: FxHashMap<u64, Box<Job>>,
     /// Decode rank: reserved requests whose KV lands at the given instant.
@@ -181,12 +181,17 @@ impl Actor {
     fn command(&mut self, c: Command) {
         match c {
             Command::Submit(job) => self.submit(job),
-            Command::Reserve(job) => {
-                if job.shared.cancelled.load(Ordering::SeqCst) {
-                    self.drop_transferred(&job);
+            Command::Accept(job) => {
+                if job.extra.shared.cancelled.load(Ordering::SeqCst) {
+                    self.cluster.handoff(job, Fact::Aborted);
                 } else {
                     self.accept(job);
                 }
+            }
+            Command::Transfer(job, delay) => {
+                self.transfers.push((Instant::now() + delay, job.id));
+                let now = Instant::now();
+                self.live.insert(job.id, Live { job, first_token: None, last_token: now });
             }
             Command::Release(id) => {
                 if self.held.remove(&id) {
@@ -199,93 +204,52 @@ impl Actor {
     }
 
     fn submit(&mut self, job: Box<Job>) {
-        if job.shared.cancelled.load(Ordering::SeqCst) {
+        if job.extra.shared.cancelled.load(Ordering::SeqCst) {
             if self.routed {
                 self.cluster.router_free(self.pool, job.id);
             }
+            if job.handoff.is_some() {
+                self.cluster.handoff(job, Fact::Aborted);
+            }
             return;
         }
-        let max_output = if self.role == Role::Prefill { 1 } else { job.max_output };
-        let hashes = (!job.hashes.is_empty()).then(|| job.hashes.clone());
-        self.engine.submit(EngineRequest {
-            id: job.id,
-            prompt: Prompt::Tokens(job.prompt.clone()),
-            max_output,
-            token_seed: job.token_seed,
-            hashes,
-            planned_output: None,
-        });
+        self.engine.submit(job.engine_request(self.role));
         let now = Instant::now();
         self.live.insert(job.id, Live { job, first_token: None, last_token: now });
     }
 
-    /// A transferred request that will not run here: the prefill side may free its copy.
-    fn drop_transferred(&mut self, job: &Job) {
-        if let Some(rank) = job.prefill_rank {
-            self.cluster.release(rank, job.id);
-        }
-        if self.routed {
-            self.cluster.router_free(self.pool, job.id);
-        }
-    }
-
     fn abort(&mut self, id: u64) {
-        if let Some(job) = self.pending.remove(&id) {
-            self.engine.abort(id);
-            self.drop_transferred(&job);
-            return;
+        let found = self.engine.abort(id);
+        if found && self.routed {
+            self.cluster.router_free(self.pool, id);
         }
         self.held.remove(&id);
         self.transfers.retain(|t| t.1 != id);
         self.departures.retain(|t| t.1 != id);
-        let found = self.engine.abort(id);
-        if let Some(l) = self.live.remove(&id) {
-            // A reserved or running decode request no longer needs the prefill copy.
-            if let Some(rank) = l.job.prefill_rank {
-                self.cluster.release(rank, id);
-            }
-        }
-        if found && self.routed {
-            self.cluster.router_free(self.pool, id);
+        let job = self.pending.remove(&id).or_else(|| self.live.remove(&id).map(|l| l.job));
+        // A disaggregated request may hold KV on the other side too: its handoff says what to
+        // undo there.
+        if let Some(job) = job.filter(|j| j.handoff.is_some()) {
+            self.cluster.handoff(job, Fact::Aborted);
         }
     }
 
-    /// Decode rank: reserves blocks for waiting transferred prompts, in order, until one does
-    /// not fit; starts their transfers.
     /// A handoff for this decode rank: it waits in the engine for its blocks.
     fn accept(&mut self, job: Box<Job>) {
-        let request = EngineRequest {
-            id: job.id,
-            prompt: Prompt::Tokens(job.prompt.clone()),
-            max_output: job.max_output,
-            token_seed: job.token_seed,
-            hashes: (!job.hashes.is_empty()).then(|| job.hashes.clone()),
-            planned_output: None,
-        };
-        match self.engine.accept_destination(request) {
+        match self.engine.accept_destination(job.engine_request(Role::Decode)) {
             Ok(()) => {
                 self.pending.insert(job.id, job);
             }
-            Err(reason) => {
-                let _ = job.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
-                self.drop_transferred(&job);
-            }
+            Err(reason) => self.cluster.handoff(job, Fact::DestinationRefused(reason)),
         }
     }
 
     /// Between passes the engine tries to reserve blocks for its oldest waiting handoff; the
-    /// transfer starts when it gets them.
+    /// handoff goes on when it gets them (the transfer starts, or, SGLang, the prefill).
     fn retry_destination(&mut self) {
         let Some(reserved) = self.engine.retry_destination() else { return };
         let job = self.pending.remove(&reserved.request).expect("a reserved handoff is pending");
-        let delay = if self.speedup > 0.0 {
-            self.cluster.transfer_delay(job.prompt.len() as u32, reserved.reused_tokens)
-        } else {
-            Duration::ZERO
-        };
-        self.transfers.push((Instant::now() + delay, job.id));
-        let now = Instant::now();
-        self.live.insert(job.id, Live { job, first_token: None, last_token: now });
+        self.cluster.handoff(job, Fact::DestinationReserved { reused_tokens: reserved.reused_tokens });
     }
 
     fn land_transfers(&mut self) {
@@ -312,16 +276,15 @@ impl Actor {
                 continue;
             }
             let (_, id) = self.transfers.swap_remove(i);
-            let Some(l) = self.live.get(&id) else { continue };
-            let prefill = l.job.prefill_rank;
-            if l.job.shared.cancelled.load(Ordering::SeqCst) {
+            let Some(l) = self.live.get_mut(&id) else { continue };
+            if l.job.extra.shared.cancelled.load(Ordering::SeqCst) {
                 self.abort(id);
                 continue;
             }
+            self.cluster.settle(&mut l.job, Fact::TransferLanded);
             self.engine.activate(id);
-            if let Some(rank) = prefill {
-                self.cluster.release(rank, id);
-            }
+            self.cluster.settle(&mut l.job, Fact::Activated);
+            self.retry_destination();
         }
     }
 
@@ -345,7 +308,7 @@ impl Actor {
         let mut gone = Vec::new();
         for a in &out.admissions {
             if let Some(l) = self.live.get_mut(&a.request) {
-                l.job.cached_tokens.get_or_insert(a.reused_tokens);
+                l.job.extra.cached_tokens.get_or_insert(a.reused_tokens);
             }
         }
         let mut i = 0;
@@ -369,7 +332,7 @@ impl Actor {
             let n = run.len() as u64;
             match l.first_token {
                 None => {
-                    self.metrics.ttft.observe(now.duration_since(l.job.arrival).as_secs_f64());
+                    self.metrics.ttft.observe(now.duration_since(l.job.extra.arrival).as_secs_f64());
                     if n > 1 {
                         self.metrics.itl.observe_n(0.0, n - 1);
                     }
@@ -388,7 +351,7 @@ impl Actor {
             } else {
                 Out::Tokens(run.iter().map(|t| t.token).collect())
             };
-            if l.job.sink.send(msg).is_err() {
+            if l.job.extra.sink.send(msg).is_err() {
                 gone.push(id);
             }
         }
@@ -398,51 +361,49 @@ impl Actor {
                 Finish::Completed if self.remote_decode => {
                     // The client gets the token and the handoff; the KV stays held while it
                     // would take to send it.
-                    let blocks = l.job.prompt.len().div_ceil(self.block_size as usize) as u32;
+                    let blocks = l.job.prompt.len().div_ceil(self.block_size);
                     let done = Done {
-                        cached_tokens: l.job.cached_tokens.unwrap_or(0),
+                        cached_tokens: l.job.extra.cached_tokens.unwrap_or(0),
                         prefill_worker: Some(self.worker),
                         decode_worker: self.worker,
                         remote_blocks: Some(blocks),
                     };
-                    self.metrics.e2e.observe(now.duration_since(l.job.arrival).as_secs_f64());
+                    self.metrics.e2e.observe(now.duration_since(l.job.extra.arrival).as_secs_f64());
                     self.metrics.requests_finished.add(1.0);
                     self.held.insert(f.request);
-                    let delay = if self.speedup > 0.0 {
-                        self.cluster.transfer_delay(l.job.prompt.len() as u32, 0)
-                    } else {
-                        Duration::ZERO
-                    };
-                    self.departures.push((now + delay, f.request));
-                    let _ = l.job.sink.send(Out::Done(done));
+                    self.departures.push((now + self.cluster.hold_for_remote(l.job.prompt.len()), f.request));
+                    let _ = l.job.extra.sink.send(Out::Done(done));
                 }
                 Finish::Completed if self.role == Role::Prefill => {
-                    if l.job.shared.cancelled.load(Ordering::SeqCst) {
-                        self.engine.release_held(f.request);
-                    } else {
-                        self.held.insert(f.request);
-                        let mut job = l.job;
-                        job.prefill_rank = Some(self.me);
-                        job.prefill_worker = Some(self.worker);
-                        self.cluster.hand_off(job);
+                    // The prompt's KV stays here until the decode side has it (or, if the client
+                    // left, until the handoff's abort releases it).
+                    self.held.insert(f.request);
+                    let cancelled = l.job.extra.shared.cancelled.load(Ordering::SeqCst);
+                    let fact = if cancelled { Fact::Aborted } else { Fact::SourceHeld };
+                    let mut job = l.job;
+                    if cancelled {
+                        // Record the prompt as held before undoing it.
+                        job.handoff.as_mut().expect("a disaggregated request").on(Fact::SourceHeld, self.cluster.transfer());
                     }
+                    self.cluster.handoff(job, fact);
                 }
                 Finish::Completed => {
                     let done = Done {
-                        cached_tokens: l.job.cached_tokens.unwrap_or(0),
-                        prefill_worker: l.job.prefill_worker,
+                        cached_tokens: l.job.extra.cached_tokens.unwrap_or(0),
+                        prefill_worker: l.job.extra.prefill_worker,
                         decode_worker: self.worker,
                         remote_blocks: None,
                     };
-                    self.metrics.e2e.observe(now.duration_since(l.job.arrival).as_secs_f64());
+                    self.metrics.e2e.observe(now.duration_since(l.job.extra.arrival).as_secs_f64());
                     self.metrics.requests_finished.add(1.0);
-                    let _ = l.job.sink.send(Out::Done(done));
+                    let _ = l.job.extra.sink.send(Out::Done(done));
+                }
+                Finish::Rejected(reason) if self.role == Role::Prefill && l.job.handoff.is_some() => {
+                    // Refused before the handoff: the decode side may have reserved pages.
+                    self.cluster.handoff(l.job, Fact::SourceRefused(reason));
                 }
                 Finish::Rejected(reason) => {
-                    let _ = l.job.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
-                    if let Some(rank) = l.job.prefill_rank {
-                        self.cluster.release(rank, f.request);
-                    }
+                    let _ = l.job.extra.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
                 }
             }
             if self.routed {

@@ -1,11 +1,12 @@
 //! The workers of one process and how requests reach them.
 //!
-//! A [`Cluster`] is one aggregated pool of workers, or a prefill pool and a decode pool. Each
-//! worker has `dp_size` ranks; each rank is an [`crate::actor`] thread that owns one engine.
-//! Requests are placed on a rank by round robin or by the KV router (per pool, fed with the
-//! pool's KV events), or pinned to a worker when they come in on that worker's own port.
-//! In a disaggregated cluster a request first runs on a prefill rank; when its prompt is done
-//! the prefill rank hands it to the cluster, which places it on a decode rank.
+//! A [`Cluster`] is one aggregated pool of workers, or a prefill pool and a decode pool (or one
+//! side of them, for a single-role server), built from a [`Topology`]. Each worker has `dp_size`
+//! ranks; each rank is an [`crate::actor`] thread that owns one engine. Requests are placed by
+//! the pool's [`Placer`] (round robin or the KV router, fed with the pool's KV events), or
+//! pinned to a worker when they come in on that worker's own port. A disaggregated request
+//! follows its [`Handoff`]: this module carries out the steps that move it between ranks
+//! (placements, the transfer, releases), the ranks report the facts.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
@@ -14,8 +15,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-use servesim_engine::{Backend, BlockHashes, EngineConfig, KvEvent, WorkerType};
-use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
+use servesim_cluster::{token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming};
+use servesim_engine::{Backend, BlockHashes, KvEvent, Prompt, Role};
+use servesim_router::{Placement, Routed};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::actor::{self, ActorSetup};
@@ -54,41 +56,35 @@ pub struct Shared {
 
 pub const NOWHERE: usize = usize::MAX;
 
-/// A request travelling between ranks.
+/// What the live server keeps beside a request in flight: its client and where it is.
 #[derive(Debug)]
-pub struct Job {
-    pub id: u64,
-    pub prompt: Arc<[u32]>,
-    /// Block hashes of the prompt at the engines' block size (empty when nothing needs them).
-    pub hashes: BlockHashes,
-    pub max_output: u32,
-    pub token_seed: u64,
+pub struct Client {
     pub sink: UnboundedSender<Out>,
     pub arrival: Instant,
     pub shared: Arc<Shared>,
     /// Decode worker the request must use (it came in on that worker's port).
     pub pin_decode: Option<usize>,
-    /// Disaggregated: the rank holding the prompt's KV, its worker, and the prefix hit there.
+    /// Global ranks holding the request on each side of a handoff, and the prefill worker.
     pub prefill_rank: Option<usize>,
+    pub decode_rank: Option<usize>,
     pub prefill_worker: Option<u32>,
+    /// Prefix hit at its first admission.
     pub cached_tokens: Option<u32>,
 }
 
+/// A request travelling between ranks.
+pub type Job = Flight<Client>;
+
 pub enum Command {
     Submit(Box<Job>),
-    /// Decode rank: a prompt computed on a prefill rank; reserve its blocks, then take the KV.
-    Reserve(Box<Job>),
+    /// Decode rank: a prompt computed (or being computed) elsewhere; it waits for KV blocks.
+    Accept(Box<Job>),
+    /// Decode rank: the KV of a request whose blocks this rank reserved lands after the delay.
+    Transfer(Box<Job>, Duration),
     /// Prefill rank: the decode side has the KV of this request.
     Release(u64),
     Abort(u64),
     Shutdown,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Aggregated,
-    Prefill,
-    Decode,
 }
 
 pub struct RankHandle {
@@ -98,23 +94,26 @@ pub struct RankHandle {
     pub pool: usize,
 }
 
-enum Placer {
-    RoundRobin(RoundRobin),
-    Kv { router: Box<KvRouter>, queued: FxHashMap<u64, Box<Job>> },
-}
-
 pub struct Pool {
-    pub role: Role,
-    pub engine: EngineConfig,
+    pub spec: PoolSpec,
     /// Global indices of this pool's workers, in order.
     pub workers: Vec<usize>,
-    pub dp: usize,
     /// Global index of the first rank of the pool's first worker.
     first_rank: usize,
     placer: Mutex<Placer>,
+    /// Requests waiting in the KV router's queue.
+    queued: Mutex<FxHashMap<u64, Box<Job>>>,
 }
 
 impl Pool {
+    pub fn role(&self) -> Role {
+        self.spec.role
+    }
+
+    pub fn dp(&self) -> usize {
+        self.spec.dp()
+    }
+
     fn rank(&self, target: usize) -> usize {
         self.first_rank + target
     }
@@ -122,9 +121,8 @@ impl Pool {
 
 /// How a cluster is built.
 pub struct ClusterSpec {
-    /// `(engine, workers)` of the aggregated pool, or of the prefill and decode pools.
-    pub pools: Vec<(EngineConfig, u32)>,
-    pub kv_router: Option<RouterConfig>,
+    pub topology: Topology,
+    pub router: RouterMode,
     pub router_seed: u64,
     /// Wall-clock speedup of every pass (0: no sleeping).
     pub speedup: f64,
@@ -146,9 +144,12 @@ pub struct Cluster {
     pub origin: Instant,
     pub backend: Backend,
     pub block_size: u32,
+    /// How KV moves to a decode worker: the prefill side's settings (a decode-only server's own).
+    transfer: TransferTiming,
+    speedup: f64,
     next_id: AtomicU64,
     seed: u64,
-    /// Whether any pool needs prompt block hashes (prefix caching or KV routing).
+    /// Whether requests need prompt block hashes (the KV router places by them).
     hash_prompts: bool,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -205,39 +206,25 @@ impl Cluster {
         let mut worker_pool = Vec::new();
         let mut worker_ranks = Vec::new();
         let mut rank_count = 0usize;
-        for (p, (engine, n)) in spec.pools.iter().enumerate() {
-            let role = match engine.worker_type {
-                WorkerType::Aggregated => Role::Aggregated,
-                WorkerType::Prefill => Role::Prefill,
-                WorkerType::Decode => Role::Decode,
-            };
-            let dp = engine.dp_size as usize;
+        for (p, pool) in spec.topology.pools().iter().enumerate() {
+            let dp = pool.dp();
             let first_rank = rank_count;
             let mut workers = Vec::new();
-            for _ in 0..*n {
+            for _ in 0..pool.workers {
                 workers.push(worker_pool.len());
                 worker_pool.push(p);
                 worker_ranks.push(rank_count..rank_count + dp);
                 rank_count += dp;
             }
-            let targets = workers.len() * dp;
-            let placer = match &spec.kv_router {
-                Some(rc) => {
-                    let rc = match role {
-                        Role::Aggregated => rc.clone(),
-                        Role::Prefill => rc.for_prefill(),
-                        Role::Decode => rc.for_decode(),
-                    };
-                    let budget = engine.max_num_batched_tokens.unwrap_or(8192);
-                    Placer::Kv {
-                        router: Box::new(KvRouter::new(rc, targets, engine.block_size, budget, spec.router_seed)),
-                        queued: FxHashMap::default(),
-                    }
-                }
-                None => Placer::RoundRobin(RoundRobin::default()),
-            };
-            pools.push(Pool { role, engine: engine.clone(), workers, dp, first_rank, placer: Mutex::new(placer) });
+            pools.push(Pool {
+                placer: Mutex::new(Placer::new(pool, &spec.router, spec.router_seed)),
+                queued: Mutex::new(FxHashMap::default()),
+                spec: pool.clone(),
+                workers,
+                first_rank,
+            });
         }
+        let routed = matches!(spec.router, RouterMode::KvRouter(_));
         let mut setups = Vec::new();
         let mut ranks = Vec::new();
         for (w, range) in worker_ranks.iter().enumerate() {
@@ -245,39 +232,40 @@ impl Cluster {
             let pool = &pools[p];
             for (r, _global) in range.clone().enumerate() {
                 let (tx, rx) = std::sync::mpsc::channel();
-                let metrics = Arc::new(RankMetrics::new(pool.engine.backend, w as u32, r as u32));
+                let metrics = Arc::new(RankMetrics::new(pool.spec.engine.backend, w as u32, r as u32));
                 let publisher = spec.kv_publishers.get(w).and_then(|v| v.get(r).cloned()).flatten();
                 ranks.push(RankHandle { tx, metrics: metrics.clone(), worker: w as u32, pool: p });
                 let local_index = ranks.len() - 1 - pool.first_rank;
                 setups.push(ActorSetup {
                     rx,
-                    engine: pool.engine.clone(),
-                    role: pool.role,
+                    engine: pool.spec.rank_engine(),
+                    role: pool.role(),
                     engine_index: local_index as u32,
                     dp_rank: r as u32,
                     worker: w as u32,
                     metrics,
                     publisher,
-                    routed: spec.kv_router.is_some(),
+                    routed,
                     vocabulary: spec.vocabulary.clone(),
                     speedup: spec.speedup,
                 });
             }
         }
-        let backend = pools[0].engine.backend;
-        let block_size = pools[0].engine.block_size;
+        let first = &spec.topology.pools()[0];
         let cluster = Arc::new(Cluster {
             worker_rr: worker_pool.iter().map(|_| AtomicUsize::new(0)).collect(),
+            backend: first.engine.backend,
+            block_size: first.engine.block_size,
+            transfer: TransferTiming { kv: first.deployment.kv_transfer, block_size: first.engine.block_size },
+            speedup: spec.speedup,
             pools,
             ranks,
             worker_pool,
             worker_ranks,
             origin,
-            backend,
-            block_size,
             next_id: AtomicU64::new(1),
             seed: spec.seed,
-            hash_prompts: spec.kv_router.is_some() || spec.pools.iter().any(|p| p.0.enable_prefix_caching),
+            hash_prompts: routed,
             threads: Mutex::new(Vec::new()),
         });
         let mut threads = Vec::new();
@@ -319,6 +307,10 @@ impl Cluster {
         self.origin.elapsed().as_secs_f64() * 1000.0
     }
 
+    fn pool_of(&self, role: Role) -> Option<usize> {
+        self.pools.iter().position(|p| p.role() == role)
+    }
+
     /// Submits a request to the cluster, or to worker `pin` only.
     pub fn submit(
         self: &Arc<Self>,
@@ -342,23 +334,123 @@ impl Cluster {
             BlockHashes::default()
         };
         let pin_pool = pin.map(|w| self.worker_pool[w]);
-        let job = Box::new(Job {
+        let decode = self.pool_of(Role::Decode);
+        let prompt_len = prompt.len() as u32;
+        let handoff = match (self.pool_of(Role::Prefill), decode) {
+            (Some(_), Some(d)) => Some(Handoff::new(Order::for_backend(self.pools[d].spec.engine.backend), prompt_len)),
+            // A decode-only server: the prompt was computed by a prefill server elsewhere.
+            (None, Some(_)) => Some(Handoff::remote_source(prompt_len)),
+            _ => None,
+        };
+        let job = Box::new(Flight {
             id,
-            prompt,
+            prompt: Prompt::Tokens(prompt),
             hashes,
             max_output,
-            token_seed: self.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            sink: tx,
-            arrival: Instant::now(),
-            shared: shared.clone(),
-            pin_decode: if self.pools.len() > 1 && pin_pool == Some(1) { pin } else { None },
-            prefill_rank: None,
-            prefill_worker: None,
-            cached_tokens: None,
+            token_seed: token_seed(self.seed, id),
+            planned_output: None,
+            priority: 0,
+            strict_priority: 0,
+            arrival_ms: self.now_ms(),
+            prefill_target: None,
+            decode_target: None,
+            handoff,
+            extra: Client {
+                sink: tx,
+                arrival: Instant::now(),
+                shared: shared.clone(),
+                pin_decode: if decode.is_some() && pin_pool == decode { pin } else { None },
+                prefill_rank: None,
+                decode_rank: None,
+                prefill_worker: None,
+                cached_tokens: None,
+            },
         });
-        let first_pin = if pin_pool == Some(0) { pin } else { None };
-        self.place(0, job, first_pin);
+        let first_pin = if decode.is_none() || pin_pool != decode { pin } else { None };
+        let mut job = job;
+        match job.handoff.as_mut().map(Handoff::start) {
+            Some(step) => self.carry_out(job, vec![step]),
+            None => self.place(0, job, first_pin),
+        }
         Ok(Submission { rx, guard: AbortGuard { id, shared, cluster: self.clone() } })
+    }
+
+    /// Reports `fact` to `job`'s handoff and carries out the steps it leads to.
+    pub fn handoff(&self, mut job: Box<Job>, fact: Fact) {
+        let steps = job.handoff.as_mut().expect("a disaggregated request").on(fact, &self.transfer);
+        self.carry_out(job, steps);
+    }
+
+    /// The transfer settings handoffs are timed with.
+    pub fn transfer(&self) -> &TransferTiming {
+        &self.transfer
+    }
+
+    /// Reports `fact` to the handoff of a request that stays on the rank calling (a decode
+    /// rank landing a transfer): the steps that only send commands are carried out; the
+    /// activation is the caller's.
+    pub fn settle(&self, job: &mut Job, fact: Fact) {
+        let steps = job.handoff.as_mut().expect("a disaggregated request").on(fact, &self.transfer);
+        for step in steps {
+            match step {
+                Step::Activate => {}
+                Step::ReleaseSource => {
+                    if let Some(rank) = job.extra.prefill_rank {
+                        self.release(rank, job.id);
+                    }
+                }
+                other => unreachable!("{other:?} after the transfer landed"),
+            }
+        }
+    }
+
+    /// Carries out handoff steps. Steps that move the request (a placement, the transfer) come
+    /// last; the others only send commands by id.
+    fn carry_out(&self, job: Box<Job>, steps: Vec<Step>) {
+        let mut job = Some(job);
+        for step in steps {
+            let j = job.as_ref().expect("a step after the request moved on");
+            let id = j.id;
+            match step {
+                Step::PlaceOnPrefill => {
+                    let p = self.pool_of(Role::Prefill).expect("a prefill pool");
+                    self.place(p, job.take().expect("the request"), None);
+                }
+                Step::PlaceOnDecode => {
+                    let p = self.pool_of(Role::Decode).expect("a decode pool");
+                    let pin = j.extra.pin_decode;
+                    self.place(p, job.take().expect("the request"), pin);
+                }
+                Step::StartTransfer { delay_ms } => {
+                    let rank = j.extra.decode_rank.expect("reserved on a decode rank");
+                    let delay = if self.speedup > 0.0 { crate::wall_duration(delay_ms / 1000.0) } else { Duration::ZERO };
+                    self.send(rank, id, Command::Transfer(job.take().expect("the request"), delay));
+                }
+                // The decode rank activates the KV it receives itself.
+                Step::Activate => unreachable!("activation happens on the decode rank"),
+                Step::ReleaseSource => {
+                    if let Some(rank) = j.extra.prefill_rank {
+                        self.release(rank, id);
+                    }
+                }
+                Step::AbortSource => {
+                    if let Some(rank) = j.extra.prefill_rank {
+                        let _ = self.ranks[rank].tx.send(Command::Abort(id));
+                    }
+                }
+                Step::AbortDestination => {
+                    if let Some(rank) = j.extra.decode_rank {
+                        let _ = self.ranks[rank].tx.send(Command::Abort(id));
+                    }
+                }
+                Step::Reject(reason) => {
+                    let _ = j.extra.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
+                    if let Some(p) = self.pool_of(Role::Decode) {
+                        self.router_free(p, id);
+                    }
+                }
+            }
+        }
     }
 
     /// Places `job` on a rank of pool `p` (on worker `pin` if given) and sends it there.
@@ -367,33 +459,15 @@ impl Cluster {
         let target = match pin {
             Some(w) => {
                 let first = self.worker_ranks[w].start - pool.first_rank;
-                first + self.worker_rr[w].fetch_add(1, Ordering::Relaxed) % pool.dp
+                first + self.worker_rr[w].fetch_add(1, Ordering::Relaxed) % pool.dp()
             }
             None => {
-                let mut placer = pool.placer.lock().expect("placer lock");
-                match &mut *placer {
-                    Placer::RoundRobin(rr) => {
-                        // Cycle through the workers first, then their ranks.
-                        let n = pool.workers.len();
-                        let k = rr.pick(n * pool.dp);
-                        (k % n) * pool.dp + k / n
-                    }
-                    Placer::Kv { router, queued } => {
-                        let req = RouteRequest {
-                            id: job.id,
-                            hashes: &job.hashes.seq,
-                            isl: job.prompt.len() as u32,
-                            priority: 0,
-                            strict_priority: 0,
-                            arrival_ms: self.now_ms(),
-                        };
-                        match router.route(req, self.now_ms()) {
-                            Routed::Placed(pl) => pl.target,
-                            Routed::Queued => {
-                                queued.insert(job.id, job);
-                                return;
-                            }
-                        }
+                let routed = pool.placer.lock().expect("placer lock").route(job.route_request(), self.now_ms());
+                match routed {
+                    Routed::Placed(pl) => pl.target,
+                    Routed::Queued => {
+                        pool.queued.lock().expect("queue lock").insert(job.id, job);
+                        return;
                     }
                 }
             }
@@ -401,11 +475,34 @@ impl Cluster {
         self.dispatch(p, target, job);
     }
 
-    fn dispatch(&self, p: usize, target: usize, job: Box<Job>) {
+    fn dispatch(&self, p: usize, target: usize, mut job: Box<Job>) {
         let pool = &self.pools[p];
         let rank = pool.rank(target);
-        let (id, shared) = (job.id, job.shared.clone());
-        let cmd = if pool.role == Role::Decode { Command::Reserve(job) } else { Command::Submit(job) };
+        let id = job.id;
+        let cmd = match pool.role() {
+            Role::Decode => {
+                job.decode_target = Some(target);
+                job.extra.decode_rank = Some(rank);
+                Command::Accept(job)
+            }
+            _ => {
+                job.prefill_target = Some(target);
+                if pool.role() == Role::Prefill {
+                    job.extra.prefill_rank = Some(rank);
+                    job.extra.prefill_worker = Some(self.ranks[rank].worker);
+                }
+                Command::Submit(job)
+            }
+        };
+        self.send(rank, id, cmd);
+    }
+
+    /// Sends a command that moves request `id` to `rank`.
+    fn send(&self, rank: usize, id: u64, cmd: Command) {
+        let shared = match &cmd {
+            Command::Submit(job) | Command::Accept(job) | Command::Transfer(job, _) => job.extra.shared.clone(),
+            _ => unreachable!("only commands that carry the request move it"),
+        };
         // The command goes first: an abort that reads the new location queues up behind it.
         let _ = self.ranks[rank].tx.send(cmd);
         shared.location.store(rank, Ordering::SeqCst);
@@ -420,12 +517,9 @@ impl Cluster {
     /// Places requests the KV router released from its queue.
     fn dispatch_released(&self, p: usize, released: Vec<Placement>) {
         for pl in released {
-            let job = match &mut *self.pools[p].placer.lock().expect("placer lock") {
-                Placer::Kv { queued, .. } => queued.remove(&pl.id),
-                Placer::RoundRobin(_) => None,
-            };
+            let job = self.pools[p].queued.lock().expect("queue lock").remove(&pl.id);
             if let Some(job) = job {
-                if job.shared.cancelled.load(Ordering::SeqCst) {
+                if job.extra.shared.cancelled.load(Ordering::SeqCst) {
                     self.router_free(p, job.id);
                     continue;
                 }
@@ -437,33 +531,25 @@ impl Cluster {
     /// Feeds a rank's KV events to its pool's router.
     pub fn router_events(&self, p: usize, rank: usize, events: &[KvEvent]) {
         let pool = &self.pools[p];
-        if let Placer::Kv { router, .. } = &mut *pool.placer.lock().expect("placer lock") {
-            router.apply_events(rank - pool.first_rank, events);
-        }
+        pool.placer.lock().expect("placer lock").kv_events(rank - pool.first_rank, events);
     }
 
     /// Router lifecycle edge: the request's prompt is done.
     pub fn router_prefill_done(&self, p: usize, id: u64) {
-        let released = match &mut *self.pools[p].placer.lock().expect("placer lock") {
-            Placer::Kv { router, .. } => router.prefill_completed(id),
-            Placer::RoundRobin(_) => return,
-        };
+        let released = self.pools[p].placer.lock().expect("placer lock").prefill_done(id);
         self.dispatch_released(p, released);
     }
 
     /// Router lifecycle edge: the request left the pool.
     pub fn router_free(&self, p: usize, id: u64) {
-        let released = match &mut *self.pools[p].placer.lock().expect("placer lock") {
-            Placer::Kv { router, .. } => router.free(id),
-            Placer::RoundRobin(_) => return,
-        };
+        let released = self.pools[p].placer.lock().expect("placer lock").free(id);
         self.dispatch_released(p, released);
     }
 
     /// The role of a server whose workers all have one role other than aggregated.
     pub fn single_role(&self) -> Option<Role> {
         match self.pools.as_slice() {
-            [p] if p.role != Role::Aggregated => Some(p.role),
+            [p] if p.role() != Role::Aggregated => Some(p.role()),
             _ => None,
         }
     }
@@ -471,13 +557,7 @@ impl Cluster {
     /// Prefill workers hand their requests to a decode pool in this process (false for a
     /// prefill-only server, whose clients take the KV elsewhere).
     pub fn has_decode_pool(&self) -> bool {
-        self.pools.iter().any(|p| p.role == Role::Decode)
-    }
-
-    /// A prefill rank finished a prompt: place the request on the decode pool.
-    pub fn hand_off(&self, job: Box<Job>) {
-        let pin = job.pin_decode;
-        self.place(1, job, pin);
+        self.pool_of(Role::Decode).is_some()
     }
 
     /// Tells prefill rank `rank` that it may free the KV of `id`.
@@ -485,18 +565,14 @@ impl Cluster {
         let _ = self.ranks[rank].tx.send(Command::Release(id));
     }
 
-    /// Time to move the KV of a prompt of `prompt_len` tokens (`reused` of them already cached
-    /// at the destination), at the prefill pool's bandwidth (a decode-only server's own).
-    pub fn transfer_delay(&self, prompt_len: u32, reused: u32) -> Duration {
-        let e = &self.pools[0].engine;
-        let tokens = match e.kv_transfer_timing_mode {
-            servesim_engine::KvTransferTimingMode::FullPrompt => prompt_len as u64,
-            servesim_engine::KvTransferTimingMode::DestinationMissing => {
-                let bs = e.block_size as u64;
-                (prompt_len as u64).div_ceil(bs).saturating_sub(reused as u64 / bs) * bs
-            }
-        };
-        crate::wall_duration(e.kv_transfer_ms(tokens) / 1000.0)
+    /// Wall time a prefill-only server holds a finished prompt's KV (what sending it to a remote
+    /// decode server would take at this server's bandwidth).
+    pub fn hold_for_remote(&self, prompt_len: u32) -> Duration {
+        if self.speedup > 0.0 {
+            crate::wall_duration(self.transfer.delay_ms(prompt_len, 0) / 1000.0)
+        } else {
+            Duration::ZERO
+        }
     }
 
     /// Metrics of worker `w`'s ranks, or of every rank.
@@ -509,6 +585,6 @@ impl Cluster {
 
     /// The smallest context any engine accepts (prompt plus output), if limited.
     pub fn max_model_len(&self) -> Option<u32> {
-        self.pools.iter().filter_map(|p| p.engine.max_model_len).min()
+        self.pools.iter().filter_map(|p| p.spec.engine.max_model_len).min()
     }
 }

@@ -18,7 +18,8 @@ use futures_util::Stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::cluster::{AbortGuard, Cluster, Done, Out, Role};
+use crate::cluster::{AbortGuard, Cluster, Done, Out};
+use servesim_engine::Role;
 use crate::openai::{self, ApiError, GenRequest};
 use crate::tokenizer::Tokenizer;
 

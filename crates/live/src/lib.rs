@@ -18,8 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use servesim_engine::EngineConfig;
-use servesim_router::RouterConfig;
+use servesim_cluster::{PoolSpec, RouterMode, Topology};
 
 use crate::cluster::{Cluster, ClusterSpec};
 use crate::tokenizer::Tokenizer;
@@ -37,13 +36,12 @@ pub struct ServeOptions {
     pub model_name: String,
     /// A model directory: tokenizer, chat template and `config.json`.
     pub model_path: Option<PathBuf>,
-    /// `(engine, workers)`: one aggregated pool, or a prefill pool and a decode pool.
-    pub pools: Vec<(EngineConfig, u32)>,
-    pub kv_router: Option<RouterConfig>,
+    /// The pools: aggregated, prefill and decode, or one side of a disaggregated deployment.
+    pub topology: Topology,
+    pub router: RouterMode,
     pub router_seed: u64,
     /// Context length (prompt plus output) requests are checked against.
     pub max_model_len: Option<u32>,
-    pub startup_time_s: f64,
     /// Seconds between worker starts; negative picks Dynamo's automatic spacing.
     pub stagger_delay_s: f64,
     /// Per worker: base port of its ranks' KV event PUB sockets (and replay ROUTER sockets).
@@ -105,7 +103,9 @@ pub fn serve(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), String> {
 }
 
 async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), String> {
-    let workers: usize = opts.pools.iter().map(|p| p.1 as usize).sum();
+    let pools = opts.topology.pools();
+    let workers: usize = pools.iter().map(|p| p.workers as usize).sum();
+    let startup_time_s = pools[0].deployment.startup_time_s.unwrap_or(0.0);
     // Bind everything before starting anything, so a busy port fails fast.
     let frontend = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
         .await
@@ -124,7 +124,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     let mut kv_publishers = Vec::new();
     for w in 0..workers {
         let Some(&base) = opts.zmq_kv_events_ports.get(w) else { break };
-        let dp = pool_of(&opts, w).dp_size;
+        let dp = pool_of(pools, w).deployment.dp_size;
         let mut ranks = Vec::new();
         for r in 0..dp {
             let port = u16::try_from(base as u32 + r).map_err(|_| format!("ZMQ port {base}+{r} is out of range"))?;
@@ -140,10 +140,10 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     }
 
     let tokenizer = Arc::new(tokenizer);
-    let speedup = opts.pools[0].0.speedup_ratio;
+    let speedup = pools[0].engine.speedup_ratio;
     let cluster = Cluster::start(ClusterSpec {
-        pools: opts.pools.clone(),
-        kv_router: opts.kv_router.clone(),
+        topology: opts.topology.clone(),
+        router: opts.router.clone(),
         router_seed: opts.router_seed,
         speedup,
         vocabulary: tokenizer.vocabulary(),
@@ -154,7 +154,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     // A request longer than one rank's KV cache could start, stream, and only then fail when it
     // can no longer grow; vLLM refuses such a context length at startup. Here the front door
     // refuses such requests with a 400 instead.
-    let capacity = opts.pools.iter().map(|(e, _)| e.kv_capacity_tokens()).min().unwrap_or(u64::MAX);
+    let capacity = pools.iter().map(|p| p.rank_engine().kv_capacity_tokens()).min().unwrap_or(u64::MAX);
     if max_model_len as u64 > capacity {
         eprintln!(
             "warning: the context length ({max_model_len} tokens) exceeds the KV cache of one rank \
@@ -164,7 +164,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     }
     let started = Instant::now();
     let ready_at: Arc<Vec<Instant>> = Arc::new(
-        ready_offsets(workers, opts.startup_time_s, opts.stagger_delay_s).into_iter().map(|d| started + d).collect(),
+        ready_offsets(workers, startup_time_s, opts.stagger_delay_s).into_iter().map(|d| started + d).collect(),
     );
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let id_salt = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
@@ -206,8 +206,8 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
             axum::serve(listener, app).with_graceful_shutdown(shutdown).await
         });
     }
-    if opts.startup_time_s > 0.0 {
-        println!("servesim: ready in {:.1} s (--startup-time)", opts.startup_time_s);
+    if startup_time_s > 0.0 {
+        println!("servesim: ready in {startup_time_s:.1} s (--startup-time)");
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -225,15 +225,16 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     Ok(())
 }
 
-fn pool_of(opts: &ServeOptions, worker: usize) -> &EngineConfig {
+/// The pool of global worker index `worker` (workers are numbered pool after pool).
+fn pool_of(pools: &[PoolSpec], worker: usize) -> &PoolSpec {
     let mut w = worker;
-    for (engine, n) in &opts.pools {
-        if w < *n as usize {
-            return engine;
+    for pool in pools {
+        if w < pool.workers as usize {
+            return pool;
         }
-        w -= *n as usize;
+        w -= pool.workers as usize;
     }
-    &opts.pools[0].0
+    &pools[0]
 }
 
 async fn wait_for_signal() {

@@ -16,9 +16,10 @@ pub mod trace;
 pub mod workload;
 
 pub use error::InputError;
-pub use metrics::{Collector, Handoff, RequestRecord, Sla, Stage, Status};
+pub use metrics::{Collector, Handoff, RequestRecord, Sla, Status};
 pub use report::{request_json, Report, WALL_CLOCK_KEYS};
-pub use sim::{simulate, Cluster, PoolConfig, Progress, RouterMode, SimConfig, SimError};
+pub use servesim_cluster::{RouterMode, Topology};
+pub use sim::{simulate, Progress, SimConfig, SimError};
 pub use synthetic::{Arrivals, SyntheticSpec};
 pub use trace::load_mooncake;
 pub use workload::{LoadMode, Workload};

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use servesim_engine::{Finish, PassOutput, RejectReason};
+use servesim_engine::{Finish, PassOutput, RejectReason, Role};
 
 use crate::stats::{Samples, Sketch};
 
@@ -85,14 +85,6 @@ pub struct Handoff {
     /// prompt's cached blocks); the summary's reuse counts it, as the reference's does.
     pub decode_reused_max: u32,
     pub decode_route_overlap_tokens: Option<u32>,
-}
-
-/// The pool a request is in: an aggregated worker, or one side of a disaggregated pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    Aggregated,
-    Prefill,
-    Decode,
 }
 
 impl RequestRecord {
@@ -316,12 +308,12 @@ impl<'s> Collector<'s> {
         self.live.get_mut(&id).expect("request is in flight")
     }
 
-    /// The request was placed on rank `dp_rank` of `worker` in the `stage` pool.
+    /// The request was placed on rank `dp_rank` of `worker` in the `role` pool.
     #[allow(clippy::too_many_arguments)]
     pub fn placed(
         &mut self,
         id: u64,
-        stage: Stage,
+        role: Role,
         worker: usize,
         dp_rank: usize,
         overlap_tokens: u32,
@@ -334,16 +326,16 @@ impl<'s> Collector<'s> {
         if let Some(q) = queued_at {
             r.queue_wait_ms += now - q;
         }
-        match stage {
-            Stage::Aggregated => {
+        match role {
+            Role::Aggregated => {
                 r.decode_worker = Some(worker);
                 r.route_overlap_tokens = Some(overlap_tokens);
             }
-            Stage::Prefill => {
+            Role::Prefill => {
                 r.prefill_worker = Some(worker);
                 r.route_overlap_tokens = Some(overlap_tokens);
             }
-            Stage::Decode => {
+            Role::Decode => {
                 r.decode_worker = Some(worker);
                 r.handoff.get_or_insert_with(Handoff::default).decode_route_overlap_tokens = Some(overlap_tokens);
             }

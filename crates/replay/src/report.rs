@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::metrics::{Collector, RequestRecord, Status, Totals};
-use crate::sim::{Cluster, SimConfig};
+use crate::sim::SimConfig;
 use crate::stats::Summary;
 
 /// Latency and throughput distributions of a run.
@@ -38,9 +38,11 @@ pub struct Report {
 
 impl Report {
     pub(crate) fn build(config: &SimConfig, c: &Collector<'_>, end_ms: f64) -> Report {
-        let (prefill, decode) = match &config.cluster {
-            Cluster::Aggregated(pool) => (None, pool),
-            Cluster::Disaggregated { prefill, decode } => (Some(prefill), decode),
+        let pools = config.topology.pools();
+        let (prefill, decode) = match pools {
+            [aggregated] => (None, aggregated),
+            [prefill, decode] => (Some(prefill), decode),
+            _ => unreachable!("a topology has one or two pools"),
         };
         Report {
             totals: c.totals,
@@ -54,11 +56,11 @@ impl Report {
             },
             end_ms,
             prefill_workers: prefill.map_or(0, |p| p.workers),
-            prefill_gpus_per_worker: prefill.map_or(0, |p| p.engine.gpus_per_worker()),
+            prefill_gpus_per_worker: prefill.map_or(0, |p| p.deployment.gpus_per_worker()),
             decode_workers: decode.workers,
-            decode_gpus_per_worker: decode.engine.gpus_per_worker(),
+            decode_gpus_per_worker: decode.deployment.gpus_per_worker(),
             sla_set: config.sla.is_set(),
-            speculative: config.cluster.pools().iter().any(|p| p.engine.speculative.is_some()),
+            speculative: pools.iter().any(|p| p.engine.speculative.is_some()),
             wall_time_ms: 0.0,
         }
     }

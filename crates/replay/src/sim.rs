@@ -1,5 +1,5 @@
-//! The discrete-event loop: a virtual clock, a cluster of simulated workers, and the load
-//! driver releasing requests.
+//! The discrete-event loop: a virtual clock, the cluster's workers, and the load driver
+//! releasing requests.
 //!
 //! At each instant the loop (1) applies what happens now — passes that end, KV transfers that
 //! land, KV events the router gets to see — (2) releases the requests that become ready now and
@@ -7,116 +7,32 @@
 //! results (tokens, completions, KV events) become visible at its end time; completions can make
 //! the next turn of a session ready.
 //!
-//! Aggregated clusters have one pool of workers. Disaggregated clusters have a prefill pool,
-//! whose workers compute the prompt (and a token nobody sees), and a decode pool: when a prompt
-//! is done the request is routed to a decode worker, which reserves blocks for it; the KV
-//! transfer takes `kv_transfer_ms` of the prefill engine, after which the decode worker
-//! generates every visible token and the prefill worker frees its copy.
+//! Placement, the disaggregated handoff and the cluster's shape belong to `servesim-cluster`;
+//! this loop owns time: it runs engine passes, schedules transfers, and applies commands to a
+//! worker between its passes (a command for a busy worker waits for its pass to end).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use servesim_engine::timing::whole_ns;
-use servesim_engine::{
-    Backend, BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode,
-    PassOutput, Prompt, Reserved, Stretch, WorkerType,
+use servesim_cluster::{
+    token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
 };
-use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
+use servesim_engine::{
+    Engine, EngineOptions, Finish, KvEvent, PassOutput, Prompt, Reserved, Role, Stretch,
+};
+use servesim_router::{Placement, Routed};
 
-use crate::error::InputError;
-use crate::metrics::{Collector, Sla, Stage};
+use crate::metrics::{Collector, Sla};
 use crate::report::Report;
 use crate::split;
 use crate::time::Time;
 use crate::workload::{LoadDriver, LoadMode, Ready, Workload};
 
-/// Workers of one role, all with the same engine.
-#[derive(Clone, Debug)]
-pub struct PoolConfig {
-    pub engine: EngineConfig,
-    pub workers: u32,
-}
-
-#[derive(Clone, Debug)]
-#[allow(clippy::large_enum_variant)] // a configuration value, built once
-pub enum Cluster {
-    Aggregated(PoolConfig),
-    Disaggregated { prefill: PoolConfig, decode: PoolConfig },
-}
-
-impl Cluster {
-    /// Checks the pools fit together and gives each engine its role.
-    pub fn normalise(self) -> Result<Cluster, InputError> {
-        fn role(mut pool: PoolConfig, want: WorkerType, flag: &str) -> Result<PoolConfig, InputError> {
-            if pool.workers == 0 {
-                return Err(InputError::new(format!("{flag} must be at least 1")));
-            }
-            match pool.engine.worker_type {
-                WorkerType::Aggregated => pool.engine.worker_type = want,
-                t if t == want => {}
-                t => {
-                    return Err(InputError::new(format!(
-                        "worker_type {t:?} does not fit the {} pool",
-                        format!("{want:?}").to_lowercase()
-                    )))
-                }
-            }
-            Ok(pool)
-        }
-        match self {
-            Cluster::Aggregated(pool) => {
-                if pool.engine.worker_type != WorkerType::Aggregated {
-                    return Err(InputError::new(
-                        "a prefill or decode worker_type needs a disaggregated cluster \
-                         (--num-prefill-workers/--num-decode-workers)",
-                    ));
-                }
-                Ok(Cluster::Aggregated(role(pool, WorkerType::Aggregated, "--num-workers")?))
-            }
-            Cluster::Disaggregated { prefill, decode } => {
-                let prefill = role(prefill, WorkerType::Prefill, "--num-prefill-workers")?;
-                let decode = role(decode, WorkerType::Decode, "--num-decode-workers")?;
-                if prefill.engine.dp_size != 1 || decode.engine.dp_size != 1 {
-                    return Err(InputError::new("disaggregated pools need dp_size 1"));
-                }
-                if prefill.engine.block_size != decode.engine.block_size {
-                    return Err(InputError::new(format!(
-                        "prefill and decode engines need the same block_size ({} vs {})",
-                        prefill.engine.block_size, decode.engine.block_size
-                    )));
-                }
-                Ok(Cluster::Disaggregated { prefill, decode })
-            }
-        }
-    }
-
-    /// The pools in order: the aggregated pool, or prefill then decode.
-    pub fn pools(&self) -> Vec<&PoolConfig> {
-        match self {
-            Cluster::Aggregated(p) => vec![p],
-            Cluster::Disaggregated { prefill, decode } => vec![prefill, decode],
-        }
-    }
-
-    /// The engine whose block size prompts are hashed at.
-    pub fn block_size(&self) -> u32 {
-        self.pools()[0].engine.block_size
-    }
-}
-
-/// How requests are assigned to workers.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RouterMode {
-    RoundRobin,
-    KvRouter(RouterConfig),
-}
-
 /// Everything that defines one simulated run besides the workload.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
-    pub cluster: Cluster,
+    pub topology: Topology,
     pub router: RouterMode,
     /// Seed of the router's random choices (ties, softmax sampling).
     pub router_seed: u64,
@@ -211,16 +127,9 @@ pub(crate) fn simulate_shard<'c>(
 /// every release (no closed-loop turns), there are no handoffs and no router queue.
 pub(crate) fn work_only_at_releases(workload: &Workload, config: &SimConfig) -> bool {
     matches!(config.load, LoadMode::Timestamps { .. })
-        && matches!(config.cluster, Cluster::Aggregated(_))
+        && !config.topology.is_disaggregated()
         && workload.single_turn()
         && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.queue_threshold.is_some())
-}
-
-/// The next (worker × dp + rank) target of round-robin placement: it cycles through the workers
-/// first, then their ranks.
-fn round_robin_target(rr: &mut RoundRobin, workers: usize, dp: usize) -> usize {
-    let k = rr.pick(workers * dp);
-    (k % workers) * dp + k / workers
 }
 
 /// Workers `w` with `w % count == index`.
@@ -228,11 +137,6 @@ fn round_robin_target(rr: &mut RoundRobin, workers: usize, dp: usize) -> usize {
 pub(crate) struct Shard {
     pub index: usize,
     pub count: usize,
-}
-
-enum Placer {
-    RoundRobin(RoundRobin),
-    Kv(Box<KvRouter>),
 }
 
 /// One attention data-parallel rank: an engine with its own scheduler and KV pool.
@@ -251,17 +155,14 @@ struct Worker {
     pass_end: f64,
     /// The pass in flight is a fast-forwarded stretch of decode passes.
     stretch: Option<Stretch>,
-    /// Prefill worker: held requests to release at the end of the current pass.
+    /// Commands that wait for the pass in flight to end: held requests to release (prefill
+    /// worker), transferred requests to activate (decode worker).
     pending_releases: Vec<u64>,
-    /// Decode worker: transferred requests to activate at the end of the current pass.
     pending_activations: Vec<u64>,
 }
 
 struct Pool {
-    role: Stage,
-    engine: EngineConfig,
-    /// Ranks per worker; routing targets are `worker × dp + rank`.
-    dp: usize,
+    spec: PoolSpec,
     workers: Vec<Worker>,
     placer: Placer,
 }
@@ -274,34 +175,21 @@ enum Event {
     KvVisible { batch: u64 },
 }
 
-/// A request between its release and its completion.
-struct Flight {
-    session: u32,
-    prompt: Prompt,
-    hashes: BlockHashes,
-    max_output: u32,
-    token_seed: u64,
-    priority: i32,
-    strict_priority: u32,
-    output_tokens: Option<Arc<[u32]>>,
-    /// Disaggregated: the prompt is computed (the prefill worker holds its KV).
-    prefilled: bool,
-    /// Disaggregated: blocks reserved on the decode worker (prompt tokens it had cached).
-    reserved: Option<u32>,
-    prefill_worker: Option<u32>,
-    decode_worker: Option<u32>,
-}
+/// What replay keeps beside a request in flight: the session it belongs to.
+type ReplayFlight = Flight<u32>;
 
 struct Simulation<'a, 'c> {
     workload: &'a Workload,
     config: &'a SimConfig,
     driver: LoadDriver<'a>,
     pools: Vec<Pool>,
+    /// Disaggregated: the prefill pool's KV transfer timing.
+    transfer: Option<TransferTiming>,
     events: BinaryHeap<Reverse<(Time, u64, Event)>>,
     seq: u64,
     now: f64,
-    flights: FxHashMap<u64, Flight>,
-    /// KV events waiting out the router's lag: batch id -> (pool, worker, events).
+    flights: FxHashMap<u64, ReplayFlight>,
+    /// KV events waiting out the router's lag: batch id -> (pool, target, events).
     lagged: FxHashMap<u64, (usize, usize, Vec<KvEvent>)>,
     collector: Collector<'c>,
     finished: u64,
@@ -315,42 +203,22 @@ struct Simulation<'a, 'c> {
 impl<'a, 'c> Simulation<'a, 'c> {
     fn new(workload: &'a Workload, config: &'a SimConfig, mut collector: Collector<'c>, shard: Option<Shard>) -> Self {
         collector.expect_requests(workload.num_requests());
-        let roles: &[Stage] = match config.cluster {
-            Cluster::Aggregated(_) => &[Stage::Aggregated],
-            Cluster::Disaggregated { .. } => &[Stage::Prefill, Stage::Decode],
-        };
         let pools = config
-            .cluster
+            .topology
             .pools()
-            .into_iter()
-            .zip(roles)
-            .map(|(pc, &role)| {
-                let placer = match &config.router {
-                    RouterMode::RoundRobin => Placer::RoundRobin(RoundRobin::default()),
-                    RouterMode::KvRouter(rc) => {
-                        let rc = match role {
-                            Stage::Aggregated => rc.clone(),
-                            Stage::Prefill => rc.for_prefill(),
-                            Stage::Decode => rc.for_decode(),
-                        };
-                        let budget = pc.engine.max_num_batched_tokens.unwrap_or(8192);
-                        Placer::Kv(Box::new(KvRouter::new(
-                            rc,
-                            (pc.workers * pc.engine.dp_size) as usize,
-                            pc.engine.block_size,
-                            budget,
-                            config.router_seed,
-                        )))
-                    }
-                };
-                let record_kv_events = matches!(placer, Placer::Kv(_));
-                let workers = (0..pc.workers)
+            .iter()
+            .map(|spec| {
+                let placer = Placer::new(spec, &config.router, config.router_seed);
+                let record_kv_events = placer.is_kv();
+                let dp = spec.deployment.dp_size;
+                let rank_engine = spec.rank_engine();
+                let workers = (0..spec.workers)
                     .map(|w| Worker {
-                        ranks: (0..pc.engine.dp_size)
+                        ranks: (0..dp)
                             .map(|rank| Rank {
                                 engine: Engine::new(
-                                    pc.engine.clone(),
-                                    EngineOptions { record_kv_events, engine_index: w * pc.engine.dp_size + rank },
+                                    rank_engine.clone(),
+                                    EngineOptions { record_kv_events, engine_index: w * dp + rank },
                                 ),
                                 output: PassOutput::default(),
                                 ran: false,
@@ -363,14 +231,19 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         pending_activations: Vec::new(),
                     })
                     .collect();
-                Pool { role, engine: pc.engine.clone(), dp: pc.engine.dp_size as usize, workers, placer }
+                Pool { spec: spec.clone(), workers, placer }
             })
             .collect();
+        let transfer = config.topology.is_disaggregated().then(|| {
+            let prefill = &config.topology.pools()[0];
+            TransferTiming { kv: prefill.deployment.kv_transfer, block_size: prefill.engine.block_size }
+        });
         Simulation {
             workload,
             config,
             driver: LoadDriver::new(workload, config.load),
             pools,
+            transfer,
             events: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
@@ -418,10 +291,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
                             None => self.apply_pass(pool as usize, worker as usize),
                         }
                     }
-                    Event::TransferDone { request } => self.transfer_done(request),
+                    Event::TransferDone { request } => self.handoff(request, Fact::TransferLanded),
                     Event::KvVisible { batch } => {
-                        let (pool, worker, events) = self.lagged.remove(&batch).expect("lagged batch");
-                        self.feed_router(pool, worker, &events);
+                        let (pool, target, events) = self.lagged.remove(&batch).expect("lagged batch");
+                        self.pools[pool].placer.kv_events(target, &events);
                     }
                 }
             }
@@ -430,75 +303,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             for r in &ready {
                 self.release(r);
             }
-            again = false;
-            // Workers that could run a stretch of decode passes wait until every other worker
-            // has started its pass: work created at this instant must bound their stretches.
-            let mut stretches = Vec::new();
-            for p in 0..self.pools.len() {
-                for w in 0..self.pools[p].workers.len() {
-                    let worker = &mut self.pools[p].workers[w];
-                    if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
-                        continue;
-                    }
-                    if let Some(stretch) = self.plan_stretch(p, w) {
-                        stretches.push((p, w, stretch));
-                        continue;
-                    }
-                    let worker = &mut self.pools[p].workers[w];
-                    // Every rank with work starts a pass now; the worker's pass ends when the
-                    // slowest rank's does, and all its tokens are stamped then.
-                    let mut end = now;
-                    let mut effect = false;
-                    for rank in &mut worker.ranks {
-                        rank.ran = rank.engine.has_work();
-                        if rank.ran {
-                            rank.engine.step(now, &mut rank.output);
-                            if !rank.output.end_ms.is_finite() {
-                                let why = rank.engine.config().timing.error();
-                                let why = why.unwrap_or_else(|| "a pass has no finite duration".into());
-                                return Err(SimError::Timing { worker: w as u32, at_ms: now, why });
-                            }
-                            end = end.max(rank.output.end_ms);
-                            effect |= !rank.output.is_empty();
-                        }
-                    }
-                    if end > now {
-                        worker.busy = true;
-                        worker.pass_end = end;
-                        self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
-                    } else if effect {
-                        self.apply_pass(p, w);
-                        again = true;
-                    } else if self.pools[p].role == Stage::Aggregated {
-                        // Nothing outside an aggregated engine frees its capacity.
-                        return Err(SimError::Stalled { worker: w as u32, at_ms: now });
-                    }
-                    // A disaggregated worker with nothing to do now waits for a hand-off (a
-                    // source released, a destination activated); it tries again whenever the
-                    // simulation moves on.
-                }
-            }
-            if again {
-                // A pass that took no time created work at this instant. It reaches workers at
-                // the next iteration, after the ones idle now have started: as pass-by-pass,
-                // they start one normal pass now.
-                for (p, w, stretch) in stretches {
-                    self.start_stretch(p, w, stretch, now);
-                }
-            } else {
-                // Unless only releases bring work, a stretch must also end before any other
-                // worker starting now could finish a pass (and create work for this one).
-                let mut first_ends: Vec<f64> = stretches.iter().map(|(_, _, s)| s.ends[0]).collect();
-                for (i, (p, w, stretch)) in stretches.into_iter().enumerate() {
-                    first_ends[i] = f64::INFINITY;
-                    let others = if self.work_only_at_releases {
-                        f64::INFINITY
-                    } else {
-                        first_ends.iter().copied().fold(f64::INFINITY, f64::min)
-                    };
-                    self.start_stretch(p, w, stretch, others);
-                }
-            }
+            again = self.start_passes()?;
             if self.finished != last_reported {
                 last_reported = self.finished;
                 progress.update(self.finished, total);
@@ -511,11 +316,91 @@ impl<'a, 'c> Simulation<'a, 'c> {
         Ok(())
     }
 
+    /// Starts a pass (or a fast-forwarded stretch) on every idle worker that has work. Returns
+    /// whether a pass took no time and created work at this instant.
+    fn start_passes(&mut self) -> Result<bool, SimError> {
+        let now = self.now;
+        let mut again = false;
+        // Workers that could run a stretch of decode passes wait until every other worker has
+        // started its pass: work created at this instant must bound their stretches.
+        let mut stretches = Vec::new();
+        for p in 0..self.pools.len() {
+            for w in 0..self.pools[p].workers.len() {
+                let worker = &mut self.pools[p].workers[w];
+                if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
+                    continue;
+                }
+                if let Some(stretch) = self.plan_stretch(p, w) {
+                    stretches.push((p, w, stretch));
+                    continue;
+                }
+                let worker = &mut self.pools[p].workers[w];
+                // Every rank with work starts a pass now; the worker's pass ends when the
+                // slowest rank's does, and all its tokens are stamped then.
+                let mut end = now;
+                let mut effect = false;
+                for rank in &mut worker.ranks {
+                    rank.ran = rank.engine.has_work();
+                    if rank.ran {
+                        rank.engine.step(now, &mut rank.output);
+                        if !rank.output.end_ms.is_finite() {
+                            let why = rank.engine.config().timing.error();
+                            let why = why.unwrap_or_else(|| "a pass has no finite duration".into());
+                            return Err(SimError::Timing { worker: w as u32, at_ms: now, why });
+                        }
+                        end = end.max(rank.output.end_ms);
+                        effect |= !rank.output.is_empty();
+                    }
+                }
+                if end > now {
+                    worker.busy = true;
+                    worker.pass_end = end;
+                    self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
+                } else if effect {
+                    self.apply_pass(p, w);
+                    again = true;
+                } else if self.pools[p].spec.role == Role::Aggregated {
+                    // Nothing outside an aggregated engine frees its capacity.
+                    return Err(SimError::Stalled { worker: w as u32, at_ms: now });
+                }
+                // A disaggregated worker with nothing to do now waits for a hand-off (a source
+                // released, a destination activated); it tries again whenever the simulation
+                // moves on.
+            }
+        }
+        if again {
+            // A pass that took no time created work at this instant. It reaches workers at the
+            // next iteration, after the ones idle now have started: as pass-by-pass, they start
+            // one normal pass now.
+            for (p, w, stretch) in stretches {
+                self.start_stretch(p, w, stretch, now);
+            }
+        } else {
+            // Unless only releases bring work, a stretch must also end before any other worker
+            // starting now could finish a pass (and create work for this one).
+            let mut first_ends: Vec<f64> = stretches.iter().map(|(_, _, s)| s.ends[0]).collect();
+            for (i, (p, w, stretch)) in stretches.into_iter().enumerate() {
+                first_ends[i] = f64::INFINITY;
+                let others = if self.work_only_at_releases {
+                    f64::INFINITY
+                } else {
+                    first_ends.iter().copied().fold(f64::INFINITY, f64::min)
+                };
+                self.start_stretch(p, w, stretch, others);
+            }
+        }
+        Ok(again)
+    }
+
     /// Until when worker `w` of `pool` can run ahead without missing new work; None if it
     /// cannot run ahead at all.
     fn fast_forward_horizon(&self, pool: usize) -> Option<f64> {
         let p = &self.pools[pool];
-        if !self.config.fast_forward || p.role != Stage::Aggregated || p.dp != 1 || self.config.kv_event_lag_ms > 0.0 {
+        if !self.config.fast_forward
+            || p.spec.role != Role::Aggregated
+            || p.spec.dp() != 1
+            || self.config.kv_event_lag_ms > 0.0
+        {
             return None;
         }
         let release = self.driver.next_ready_ms().unwrap_or(f64::INFINITY);
@@ -578,15 +463,14 @@ impl<'a, 'c> Simulation<'a, 'c> {
         self.spare_stretch = stretch;
     }
 
-    /// A turn becomes a request: registered, hashed, and placed on the first pool.
+    /// A turn becomes a request: registered, hashed, and placed (or, disaggregated, started on
+    /// its handoff).
     fn release(&mut self, r: &Ready) {
         if let Some(shard) = self.shard {
             let pool = &mut self.pools[0];
-            let (workers, dp) = (pool.workers.len(), pool.dp);
-            let Placer::RoundRobin(rr) = &mut pool.placer else { unreachable!("only round-robin runs split") };
-            let mut probe = rr.clone();
-            if round_robin_target(&mut probe, workers, dp) / dp % shard.count != shard.index {
-                *rr = probe;
+            let target = pool.placer.peek_round_robin().expect("only round-robin runs split");
+            if target / pool.spec.dp() % shard.count != shard.index {
+                pool.placer.skip_round_robin();
                 self.collector.skip_arrival();
                 // Another shard serves it; here its (single-turn) session is over.
                 self.driver.on_complete(r.session, self.now);
@@ -597,156 +481,140 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let turn = &session.turns[r.turn as usize];
         let id =
             self.collector.arrive(session.name.clone(), r.turn, r.arrival_ms, turn.input_length, turn.output_length);
-
         let prompt =
             Prompt::Runs { run: self.workload.block_tokens(), ids: turn.blocks.clone(), len: turn.input_length };
         // The KV router places by block hashes; engines hash what they need themselves.
-        let needs_hashes = self.pools.iter().any(|p| matches!(p.placer, Placer::Kv(_)));
-        let hashes =
-            if needs_hashes { prompt.block_hashes(self.config.cluster.block_size()) } else { BlockHashes::default() };
-        self.flights.insert(
-            id,
-            Flight {
-                session: r.session,
-                prompt,
-                hashes,
-                max_output: turn.output_length,
-                token_seed: self.config.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                priority: turn.priority,
-                strict_priority: turn.strict_priority,
-                output_tokens: turn.output_tokens.clone(),
-                prefilled: false,
-                reserved: None,
-                prefill_worker: None,
-                decode_worker: None,
-            },
-        );
-        if self.pools.len() > 1 && self.pools[1].engine.backend == Backend::Sglang {
-            // SGLang's decode side bootstraps first: the destination is chosen and reserved
-            // as the request arrives, and the prefill starts once it is.
-            self.route(1, id, r.arrival_ms);
+        let hashes = if self.pools.iter().any(|p| p.placer.is_kv()) {
+            prompt.block_hashes(self.config.topology.block_size())
         } else {
-            self.route(0, id, r.arrival_ms);
+            Default::default()
+        };
+        let handoff = self.transfer.map(|_| {
+            let decode = &self.pools[1].spec.engine;
+            Handoff::new(Order::for_backend(decode.backend), prompt.len())
+        });
+        let flight = Flight {
+            id,
+            prompt,
+            hashes,
+            max_output: turn.output_length,
+            token_seed: token_seed(self.config.seed, id),
+            planned_output: turn.output_tokens.clone(),
+            priority: turn.priority,
+            strict_priority: turn.strict_priority,
+            arrival_ms: r.arrival_ms,
+            prefill_target: None,
+            decode_target: None,
+            handoff,
+            extra: r.session,
+        };
+        self.flights.insert(id, flight);
+        match self.flights.get_mut(&id).and_then(|f| f.handoff.as_mut()).map(Handoff::start) {
+            Some(step) => self.carry_out(id, step),
+            None => self.route(0, id),
         }
     }
 
-    /// Picks a worker of `pool` for request `id` (or leaves it in the router queue).
-    fn route(&mut self, pool: usize, id: u64, arrival_ms: f64) {
+    /// Asks pool `pool`'s placer for a target for request `id` (or leaves it in the router
+    /// queue).
+    fn route(&mut self, pool: usize, id: u64) {
         let now = self.now;
         let flight = &self.flights[&id];
-        let (workers, dp) = (self.pools[pool].workers.len(), self.pools[pool].dp);
-        let placement = match &mut self.pools[pool].placer {
-            Placer::RoundRobin(rr) => {
-                let target = round_robin_target(rr, workers, dp);
-                Placement { id, target, overlap_blocks: 0, cost: 0.0, queued_at_ms: None }
-            }
-            Placer::Kv(router) => {
-                let req = RouteRequest {
-                    id,
-                    hashes: &flight.hashes.seq,
-                    isl: flight.prompt.len(),
-                    priority: flight.priority,
-                    strict_priority: flight.strict_priority,
-                    arrival_ms,
-                };
-                match router.route(req, now) {
-                    Routed::Placed(p) => p,
-                    Routed::Queued => return,
-                }
-            }
-        };
-        self.place(pool, placement);
+        match self.pools[pool].placer.route(flight.route_request(), now) {
+            Routed::Placed(p) => self.place(pool, p),
+            Routed::Queued => {}
+        }
     }
 
     /// Hands a placed request to its worker.
     fn place(&mut self, pool: usize, p: Placement) {
-        let role = self.pools[pool].role;
-        let bs = self.pools[pool].engine.block_size;
+        let role = self.pools[pool].spec.role;
+        let bs = self.pools[pool].spec.engine.block_size;
+        let dp = self.pools[pool].spec.dp();
         let flight = self.flights.get_mut(&p.id).expect("placed request is in flight");
         let overlap_tokens = (p.overlap_blocks * bs).min(flight.prompt.len());
-        let dp = self.pools[pool].dp;
         self.collector.placed(p.id, role, p.target / dp, p.target % dp, overlap_tokens, p.queued_at_ms, self.now);
         match role {
-            Stage::Aggregated => flight.decode_worker = Some(p.target as u32),
-            Stage::Prefill => flight.prefill_worker = Some(p.target as u32),
-            Stage::Decode => flight.decode_worker = Some(p.target as u32),
+            Role::Aggregated | Role::Prefill => flight.prefill_target = Some(p.target),
+            Role::Decode => flight.decode_target = Some(p.target),
         }
-        let request = self.engine_request(p.id, role == Stage::Prefill);
-        if role == Stage::Decode {
-            // Disaggregated pools have one rank per worker. The request waits on the worker for
-            // its blocks; an idle worker tries at once, a busy one when its pass ends.
-            let worker = &mut self.pools[pool].workers[p.target];
-            if let Err(reason) = worker.ranks[0].engine.accept_destination(request) {
-                if self.flights[&p.id].prefilled {
-                    self.source_release(p.id);
-                }
-                self.router_edge(pool, p.id, true);
-                self.finish(p.id, Finish::Rejected(reason));
-                return;
-            }
-            if !worker.busy {
-                self.retry_destination(pool, p.target);
-            }
-        } else {
-            let dp = self.pools[pool].dp;
-            self.pools[pool].workers[p.target / dp].ranks[p.target % dp].engine.submit(request);
+        let request = flight.engine_request(role);
+        let worker = &mut self.pools[pool].workers[p.target / dp];
+        if role != Role::Decode {
+            worker.ranks[p.target % dp].engine.submit(request);
+            return;
+        }
+        // The request waits on the decode worker for its blocks; an idle worker tries at once, a
+        // busy one when its pass ends.
+        match worker.ranks[0].engine.accept_destination(request) {
+            Err(reason) => self.handoff(p.id, Fact::DestinationRefused(reason)),
+            Ok(()) if !worker.busy => self.retry_destination(pool, p.target),
+            Ok(()) => {}
         }
     }
 
-    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; when it
-    /// gets them, the transfer starts (or, SGLang, the prefill: its decode side reserves first).
+    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there.
     fn retry_destination(&mut self, pool: usize, w: usize) {
-        let Some(Reserved { request: id, reused_tokens }) =
-            self.pools[pool].workers[w].ranks[0].engine.retry_destination()
+        let Some(Reserved { request, reused_tokens }) = self.pools[pool].workers[w].ranks[0].engine.retry_destination()
         else {
             return;
         };
-        self.collector.destination_reserved(id, self.now);
-        let flight = self.flights.get_mut(&id).expect("reserved request is in flight");
-        flight.reserved = Some(reused_tokens);
-        if flight.prefilled {
-            self.start_transfer(id);
-        } else if flight.prefill_worker.is_none() {
-            let arrival = self.collector.arrival_of(id);
-            self.route(0, id, arrival);
+        self.collector.destination_reserved(request, self.now);
+        self.handoff(request, Fact::DestinationReserved { reused_tokens });
+    }
+
+    /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.
+    fn handoff(&mut self, id: u64, fact: Fact) {
+        let timing = self.transfer.expect("a disaggregated cluster");
+        let flight = self.flights.get_mut(&id).expect("handed-off request is in flight");
+        let steps = flight.handoff.as_mut().expect("a disaggregated request").on(fact, &timing);
+        for step in steps {
+            self.carry_out(id, step);
         }
     }
 
-    /// Both sides are ready (prompt computed, destination reserved): the KV starts moving.
-    fn start_transfer(&mut self, id: u64) {
-        let flight = &self.flights[&id];
-        let prompt_len = flight.prompt.len() as u64;
-        let reused = flight.reserved.expect("destination reserved") as u64;
-        let prefill = &self.pools[0].engine;
-        let tokens = match prefill.kv_transfer_timing_mode {
-            KvTransferTimingMode::FullPrompt => prompt_len,
-            // Whole blocks the destination lacks, the partial last block included.
-            KvTransferTimingMode::DestinationMissing => {
-                let bs = prefill.block_size as u64;
-                (prompt_len.div_ceil(bs) - reused / bs) * bs
+    fn carry_out(&mut self, id: u64, step: Step) {
+        match step {
+            Step::PlaceOnPrefill => self.route(0, id),
+            Step::PlaceOnDecode => self.route(1, id),
+            Step::StartTransfer { delay_ms } => self.schedule(self.now + delay_ms, Event::TransferDone { request: id }),
+            Step::Activate => {
+                // Like every command to an engine, an activation waits for the pass in flight.
+                let w = self.flights[&id].decode_target.expect("routed to a decode worker");
+                let worker = &mut self.pools[1].workers[w];
+                if worker.busy {
+                    worker.pending_activations.push(id);
+                } else {
+                    self.activate(w, id);
+                }
             }
-        };
-        let delay = whole_ns(prefill.kv_transfer_ms(tokens));
-        self.schedule(self.now + delay, Event::TransferDone { request: id });
+            Step::ReleaseSource => self.release_source(id),
+            Step::Reject(reason) => {
+                self.router_edge(1, id, true);
+                self.finish(id, Finish::Rejected(reason));
+            }
+            Step::AbortSource => {
+                let w = self.flights[&id].prefill_target.expect("placed on a prefill worker");
+                self.pools[0].workers[w].ranks[0].engine.abort(id);
+            }
+            Step::AbortDestination => {
+                let w = self.flights[&id].decode_target.expect("placed on a decode worker");
+                self.pools[1].workers[w].ranks[0].engine.abort(id);
+            }
+        }
     }
 
-    /// The request as an engine sees it; a prefill worker gets only the prompt (it emits one
-    /// token nobody sees).
-    fn engine_request(&self, id: u64, prefill_only: bool) -> EngineRequest {
-        let flight = &self.flights[&id];
-        EngineRequest {
-            id,
-            prompt: flight.prompt.clone(),
-            max_output: if prefill_only { 1 } else { flight.max_output },
-            token_seed: flight.token_seed,
-            hashes: (!flight.hashes.is_empty()).then(|| flight.hashes.clone()),
-            planned_output: if prefill_only { None } else { flight.output_tokens.clone() },
-        }
+    /// The decode worker takes the transferred KV.
+    fn activate(&mut self, decode: usize, id: u64) {
+        self.pools[1].workers[decode].ranks[0].engine.activate(id);
+        self.collector.destination_activated(id, self.now);
+        self.retry_destination(1, decode);
+        self.handoff(id, Fact::Activated);
     }
 
     /// The prefill worker may free the KV it holds for `id` (at the end of its current pass).
-    fn source_release(&mut self, id: u64) {
-        let prefill = self.flights[&id].prefill_worker.expect("prefilled") as usize;
+    fn release_source(&mut self, id: u64) {
+        let prefill = self.flights[&id].prefill_target.expect("prefilled");
         let worker = &mut self.pools[0].workers[prefill];
         if worker.busy {
             // Recorded now: the request may be gone by the time the pass ends.
@@ -762,43 +630,17 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn finish(&mut self, id: u64, finish: Finish) {
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);
-        self.driver.on_complete(flight.session, self.now);
+        self.driver.on_complete(flight.extra, self.now);
         self.finished += 1;
-    }
-
-    /// The KV of a request reached its decode worker.
-    /// (Activation is a command to the engine, applied between passes.)
-    fn transfer_done(&mut self, id: u64) {
-        let decode = self.flights[&id].decode_worker.expect("routed to a decode worker") as usize;
-        let worker = &mut self.pools[1].workers[decode];
-        if worker.busy {
-            worker.pending_activations.push(id);
-        } else {
-            self.activate(decode, id);
-        }
-    }
-
-    /// The decode worker takes the transferred KV; the prefill worker may let go of its copy.
-    fn activate(&mut self, decode: usize, id: u64) {
-        self.pools[1].workers[decode].ranks[0].engine.activate(id);
-        self.collector.destination_activated(id, self.now);
-        self.retry_destination(1, decode);
-        self.source_release(id);
-    }
-
-    fn feed_router(&mut self, pool: usize, worker: usize, events: &[KvEvent]) {
-        if let Placer::Kv(router) = &mut self.pools[pool].placer {
-            router.apply_events(worker, events);
-        }
     }
 
     /// Router lifecycle edges; requests the router releases from its queue are placed now.
     fn router_edge(&mut self, pool: usize, id: u64, finished: bool) {
-        let released = match &mut self.pools[pool].placer {
-            Placer::Kv(router) if finished => router.free(id),
-            Placer::Kv(router) => router.prefill_completed(id),
-            Placer::RoundRobin(_) => return,
-        };
+        let placer = &mut self.pools[pool].placer;
+        if !placer.is_kv() {
+            return;
+        }
+        let released = if finished { placer.free(id) } else { placer.prefill_done(id) };
         for p in released {
             self.place(pool, p);
         }
@@ -807,7 +649,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// Folds the results of a worker's last pass (every rank that ran) into the metrics, the
     /// routers and the load driver. Tokens and completions are stamped at the pass end (now).
     fn apply_pass(&mut self, pool: usize, w: usize) {
-        let dp = self.pools[pool].dp;
+        let dp = self.pools[pool].spec.dp();
         for r in 0..dp {
             let rank = &mut self.pools[pool].workers[w].ranks[r];
             if std::mem::take(&mut rank.ran) {
@@ -818,7 +660,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         // A decode worker tries its oldest waiting destination at the end of every pass; then
         // the commands that waited for the pass to end are applied.
-        if self.pools[pool].role == Stage::Decode {
+        if self.pools[pool].spec.role == Role::Decode {
             self.retry_destination(pool, w);
         }
         for id in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
@@ -830,7 +672,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     }
 
     fn apply_rank_pass(&mut self, pool: usize, target: usize, out: &PassOutput) {
-        let role = self.pools[pool].role;
+        let role = self.pools[pool].spec.role;
         let now = self.now;
         if !out.kv_events.is_empty() {
             if self.config.kv_event_lag_ms > 0.0 {
@@ -838,40 +680,36 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.lagged.insert(batch, (pool, target, out.kv_events.clone()));
                 self.schedule(now + self.config.kv_event_lag_ms, Event::KvVisible { batch });
             } else {
-                self.feed_router(pool, target, &out.kv_events);
+                self.pools[pool].placer.kv_events(target, &out.kv_events);
             }
         }
         for a in &out.admissions {
-            if role == Stage::Decode {
+            if role == Role::Decode {
                 self.collector.decode_admit(a.request, out.start_ms, a.reused_tokens);
             } else {
                 self.collector.admit(a.request, out.start_ms, a.reused_tokens);
             }
         }
-        let routed = matches!(self.pools[pool].placer, Placer::Kv(_));
+        let routed = self.pools[pool].placer.is_kv();
         for t in &out.tokens {
             // The router's prefill edge: the prefill worker's only token, or the first visible one.
-            let edge = role == Stage::Prefill || self.collector.token(t.request, now);
+            let edge = role == Role::Prefill || self.collector.token(t.request, now);
             if edge && routed {
                 self.router_edge(pool, t.request, false);
             }
         }
-        self.collector.count_pass(out, role != Stage::Prefill);
+        self.collector.count_pass(out, role != Role::Prefill);
         for f in &out.finished {
             self.router_edge(pool, f.request, true);
-            if role == Stage::Prefill && f.finish == Finish::Completed {
-                // The prompt is done: its KV moves once a decode worker has room for it.
-                self.collector.source_held(f.request, now);
-                let flight = self.flights.get_mut(&f.request).expect("prefilled request is in flight");
-                flight.prefilled = true;
-                match (flight.decode_worker, flight.reserved) {
-                    (None, _) => self.route(1, f.request, now),
-                    (Some(_), Some(_)) => self.start_transfer(f.request),
-                    (Some(_), None) => {} // the reservation is still waiting for room
+            match (role, f.finish) {
+                (Role::Prefill, Finish::Completed) => {
+                    // The prompt is done: its KV moves once a decode worker has room for it.
+                    self.collector.source_held(f.request, now);
+                    self.handoff(f.request, Fact::SourceHeld);
                 }
-                continue;
+                (Role::Prefill, Finish::Rejected(reason)) => self.handoff(f.request, Fact::SourceRefused(reason)),
+                _ => self.finish(f.request, f.finish),
             }
-            self.finish(f.request, f.finish);
         }
     }
 }

@@ -18,12 +18,14 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::metrics::Collector;
-use crate::sim::{simulate_shard, work_only_at_releases, Cluster, Progress, RouterMode, Shard, SimConfig, SimError};
+use servesim_cluster::RouterMode;
+
+use crate::sim::{simulate_shard, work_only_at_releases, Progress, Shard, SimConfig, SimError};
 use crate::workload::Workload;
 
 /// Whether this run can be split by worker.
 pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Collector<'_>) -> bool {
-    let Cluster::Aggregated(pool) = &config.cluster else {
+    let [pool] = config.topology.pools() else {
         return false;
     };
     config.split_workers
@@ -42,7 +44,7 @@ pub(crate) fn simulate(
     collector: &mut Collector<'_>,
     progress: &mut dyn Progress,
 ) -> Result<f64, SimError> {
-    let Cluster::Aggregated(pool) = &config.cluster else { unreachable!("split runs are aggregated") };
+    let [pool] = config.topology.pools() else { unreachable!("split runs are aggregated") };
     let count = pool.workers as usize;
     let threads = match config.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -113,12 +115,13 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
     use serde_json::Value;
-    use servesim_engine::EngineConfig;
 
     use super::*;
     use crate::metrics::{RequestRecord, Sla};
     use crate::report::{request_json, WALL_CLOCK_KEYS};
-    use crate::sim::{simulate, PoolConfig};
+    use crate::sim::simulate;
+    use servesim_cluster::Topology;
+    use servesim_engine::WorkerArgs;
     use crate::workload::{LoadMode, SessionSpec, TurnSpec};
 
     fn workload(rng: &mut ChaCha12Rng) -> Workload {
@@ -145,7 +148,7 @@ mod tests {
     }
 
     fn config(rng: &mut ChaCha12Rng) -> SimConfig {
-        let engine = EngineConfig::parse_json(&format!(
+        let args = WorkerArgs::parse_json(&format!(
             r#"{{"block_size": 64, "num_gpu_blocks": {}, "max_num_seqs": {}, "dp_size": {}}}"#,
             rng.random_range(60..2000),
             rng.random_range(2..64),
@@ -153,7 +156,7 @@ mod tests {
         ))
         .unwrap();
         SimConfig {
-            cluster: Cluster::Aggregated(PoolConfig { workers: rng.random_range(2..6), engine }),
+            topology: Topology::aggregated(args, rng.random_range(2..6)).unwrap(),
             router: RouterMode::RoundRobin,
             router_seed: 0,
             kv_event_lag_ms: 0.0,
@@ -202,7 +205,7 @@ mod tests {
             let workload = workload(&mut rng);
             let config = config(&mut rng);
             assert!(applies(&workload, &config, &Collector::new(config.sla, None)));
-            let Cluster::Aggregated(pool) = &config.cluster else { unreachable!() };
+            let pool = &config.topology.pools()[0];
             let whole = records(&workload, &config, None);
             assert_eq!(whole.len(), workload.num_requests() as usize);
             assert_eq!(whole, records(&workload, &config, Some(pool.workers as usize)), "seed {seed}");

@@ -4,11 +4,9 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
-use servesim_engine::EngineConfig;
+use servesim_engine::WorkerArgs;
 use servesim_replay::workload::{SessionSpec, TurnSpec};
-use servesim_replay::{
-    simulate, Cluster, Collector, LoadMode, PoolConfig, RequestRecord, RouterMode, SimConfig, Sla, Workload,
-};
+use servesim_replay::{simulate, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla, Topology, Workload};
 use servesim_router::RouterConfig;
 
 fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
@@ -45,7 +43,7 @@ fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
     Workload::Trace { sessions, block_tokens: 64 }
 }
 
-fn random_engine(rng: &mut ChaCha12Rng) -> EngineConfig {
+fn random_engine(rng: &mut ChaCha12Rng) -> WorkerArgs {
     let bs = [4, 16, 32, 64][rng.random_range(0..4)];
     let blocks = rng.random_range(50..3000);
     let backend = if rng.random_bool(0.2) { "trtllm" } else { "vllm" };
@@ -70,7 +68,7 @@ fn random_engine(rng: &mut ChaCha12Rng) -> EngineConfig {
         if rng.random_bool(0.5) { "lifo" } else { "fifo" },
         [0.5, 1.0, 2.0][rng.random_range(0..3)],
     );
-    EngineConfig::parse_json(&json).unwrap()
+    WorkerArgs::parse_json(&json).unwrap()
 }
 
 fn records(workload: &Workload, config: &SimConfig) -> (Vec<RequestRecord>, serde_json::Value, u64) {
@@ -110,7 +108,7 @@ fn fast_forward_gives_identical_records() {
             LoadMode::Timestamps { speedup: 1.0 }
         };
         let mut config = SimConfig {
-            cluster: Cluster::Aggregated(PoolConfig { engine, workers }).normalise().unwrap(),
+            topology: Topology::aggregated(engine, workers).unwrap(),
             router,
             router_seed: seed,
             kv_event_lag_ms: 0.0,

@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
-use servesim_engine::EngineConfig;
+use servesim_engine::WorkerArgs;
 use servesim_replay::{
-    load_mooncake, simulate, Arrivals, Cluster, Collector, LoadMode, PoolConfig, RouterMode, SimConfig, Sla,
+    load_mooncake, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, Topology,
     SyntheticSpec, Workload, WALL_CLOCK_KEYS,
 };
 use servesim_router::RouterConfig;
@@ -32,34 +32,24 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn engine_config(engine: Option<&Value>, dp_size: Option<&Value>) -> EngineConfig {
+fn worker_args(engine: Option<&Value>, dp_size: Option<&Value>) -> WorkerArgs {
     let mut v = json!({ "engine": engine.cloned().unwrap_or(json!({})) });
     if let Some(dp) = dp_size {
         v["dp_size"] = dp.clone();
     }
-    EngineConfig::from_value(&v).expect("engine config")
+    WorkerArgs::from_value(&v).expect("engine config")
 }
 
 fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     let count = |k: &str| case.get(k).and_then(Value::as_u64).unwrap_or(1) as u32;
     let cluster = if case.get("prefill_engine").is_some() || case.get("decode_engine").is_some() {
-        Cluster::Disaggregated {
-            prefill: PoolConfig {
-                engine: engine_config(case.get("prefill_engine"), None),
-                workers: count("num_prefill_workers"),
-            },
-            decode: PoolConfig {
-                engine: engine_config(case.get("decode_engine"), None),
-                workers: count("num_decode_workers"),
-            },
-        }
+        Topology::disaggregated(
+            (worker_args(case.get("prefill_engine"), None), count("num_prefill_workers")),
+            (worker_args(case.get("decode_engine"), None), count("num_decode_workers")),
+        )
     } else {
-        Cluster::Aggregated(PoolConfig {
-            engine: engine_config(case.get("engine"), case.get("dp_size")),
-            workers: count("num_workers"),
-        })
+        Topology::aggregated(worker_args(case.get("engine"), case.get("dp_size")), count("num_workers"))
     }
-    .normalise()
     .expect("cluster");
     let block_size = cluster.block_size();
     let f = |k: &str| case.get(k).and_then(Value::as_f64);
@@ -125,7 +115,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
         _ => RouterMode::RoundRobin,
     };
     let config = SimConfig {
-        cluster,
+        topology: cluster,
         router,
         router_seed: 42,
         kv_event_lag_ms: f("kv_event_lag_ms").unwrap_or(0.0),

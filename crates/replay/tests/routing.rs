@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use servesim_engine::EngineConfig;
+use servesim_engine::WorkerArgs;
 use servesim_replay::{
-    load_mooncake, simulate, Cluster, Collector, LoadMode, PoolConfig, RequestRecord, RouterMode, SimConfig, Sla,
+    load_mooncake, simulate, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla, Topology,
 };
 use servesim_router::RouterConfig;
 
@@ -18,10 +18,10 @@ fn trace(name: &str, rows: &[&str]) -> PathBuf {
     p
 }
 
-fn run(path: &PathBuf, cluster: Cluster, router: RouterMode) -> Vec<RequestRecord> {
+fn run(path: &PathBuf, topology: Topology, router: RouterMode) -> Vec<RequestRecord> {
     let workload = load_mooncake(&[path], 16).unwrap();
     let config = SimConfig {
-        cluster: cluster.normalise().unwrap(),
+        topology,
         router,
         router_seed: 1,
         kv_event_lag_ms: 0.0,
@@ -39,8 +39,12 @@ fn run(path: &PathBuf, cluster: Cluster, router: RouterMode) -> Vec<RequestRecor
     records
 }
 
-fn engine(extra: &str) -> EngineConfig {
-    EngineConfig::parse_json(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 1000, {FIXED}{extra}}}"#)).unwrap()
+fn engine(extra: &str) -> WorkerArgs {
+    WorkerArgs::parse_json(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 1000, {FIXED}{extra}}}"#)).unwrap()
+}
+
+fn aggregated(engine: WorkerArgs, workers: u32) -> Topology {
+    Topology::aggregated(engine, workers).unwrap()
 }
 
 #[test]
@@ -55,7 +59,7 @@ fn router_queue_releases_by_priority() {
             r#"{"timestamp": 2, "input_length": 16, "output_length": 2, "hash_ids": [30], "priority": 5}"#,
         ],
     );
-    let cluster = Cluster::Aggregated(PoolConfig { engine: engine(r#", "max_num_seqs": 1"#), workers: 1 });
+    let cluster = aggregated(engine(r#", "max_num_seqs": 1"#), 1);
     let router = RouterMode::KvRouter(RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() });
     let r = run(&path, cluster, router);
     assert!(r[1].queue_wait_ms > 0.0 && r[2].queue_wait_ms > 0.0);
@@ -73,7 +77,7 @@ fn kv_router_follows_the_cached_prefix() {
             r#"{"session_id": "a", "delay": 100, "input_length": 96, "output_length": 2, "hash_ids": [1,2,3,4,5,6]}"#,
         ],
     );
-    let cluster = Cluster::Aggregated(PoolConfig { engine: engine(""), workers: 2 });
+    let cluster = aggregated(engine(""), 2);
     let r = run(&path, cluster.clone(), RouterMode::KvRouter(RouterConfig::default()));
     assert_eq!(r[2].decode_worker, r[0].decode_worker);
     assert_eq!(r[2].route_overlap_tokens, Some(64));
@@ -102,13 +106,11 @@ fn disaggregated_handoff_timeline() {
         "pd.jsonl",
         &[r#"{"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [1,2,3,4,5,6,7]}"#],
     );
-    let cluster = Cluster::Disaggregated {
-        prefill: PoolConfig {
-            engine: engine(r#", "kv_transfer_bandwidth": 1.0, "kv_bytes_per_token": 100000"#),
-            workers: 1,
-        },
-        decode: PoolConfig { engine: engine(""), workers: 1 },
-    };
+    let cluster = Topology::disaggregated(
+        (engine(r#", "kv_transfer_bandwidth": 1.0, "kv_bytes_per_token": 100000"#), 1),
+        (engine(""), 1),
+    )
+    .unwrap();
     let r = &run(&path, cluster, RouterMode::RoundRobin)[0];
     let h = r.handoff.as_ref().unwrap();
     assert_eq!((h.source_held_ms, h.destination_reserved_ms), (Some(40.0), Some(40.0)));
@@ -132,8 +134,8 @@ fn data_parallel_ranks_share_the_pass_barrier() {
         ],
     );
     let engine =
-        EngineConfig::parse_json(r#"{"engine": {"block_size": 16, "num_gpu_blocks": 1000}, "dp_size": 2}"#).unwrap();
-    let r = run(&path, Cluster::Aggregated(PoolConfig { engine, workers: 1 }), RouterMode::RoundRobin);
+        WorkerArgs::parse_json(r#"{"engine": {"block_size": 16, "num_gpu_blocks": 1000}, "dp_size": 2}"#).unwrap();
+    let r = run(&path, aggregated(engine, 1), RouterMode::RoundRobin);
     assert_eq!((r[0].dp_rank, r[1].dp_rank), (0, 1));
     assert_eq!(r[0].first_token_ms, r[1].first_token_ms);
     // prefill(1000 tokens) = 32.1059 ms; the 10-token prompt alone would take 16.66 ms.
@@ -148,8 +150,8 @@ fn round_robin_cycles_workers_before_ranks() {
     let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
     let path = trace("rr-dp.jsonl", &rows);
     let engine =
-        EngineConfig::parse_json(r#"{"engine": {"block_size": 16, "num_gpu_blocks": 1000}, "dp_size": 2}"#).unwrap();
-    let r = run(&path, Cluster::Aggregated(PoolConfig { engine, workers: 3 }), RouterMode::RoundRobin);
+        WorkerArgs::parse_json(r#"{"engine": {"block_size": 16, "num_gpu_blocks": 1000}, "dp_size": 2}"#).unwrap();
+    let r = run(&path, aggregated(engine, 3), RouterMode::RoundRobin);
     let placed: Vec<(u32, u32)> = r.iter().map(|r| (r.decode_worker.unwrap(), r.dp_rank)).collect();
     assert_eq!(placed, vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]);
 }

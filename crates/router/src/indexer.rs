@@ -31,6 +31,12 @@ impl Indexer {
         }
     }
 
+    /// Adds a target that holds nothing yet; returns its index.
+    pub fn add_target(&mut self) -> usize {
+        self.targets.push(FxHashSet::default());
+        self.targets.len() - 1
+    }
+
     /// Forgets everything a target held (it left the pool).
     pub fn clear(&mut self, target: usize) {
         self.targets[target].clear();

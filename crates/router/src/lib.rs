@@ -78,6 +78,8 @@ pub enum Routed {
 pub struct KvRouter {
     cfg: RouterConfig,
     num_targets: usize,
+    /// Targets that may receive requests (a worker starting up or draining takes none).
+    eligible: Vec<bool>,
     block_size: u32,
     /// A target is busy when its pending prefill exceeds this many tokens.
     busy_tokens: Option<f64>,
@@ -94,6 +96,7 @@ impl KvRouter {
         KvRouter {
             busy_tokens: cfg.queue_threshold.map(|t| t * max_num_batched_tokens as f64),
             num_targets: targets,
+            eligible: vec![true; targets],
             indexer: Indexer::new(targets),
             load: ActiveLoad::new(targets, cfg.track_active_blocks, cfg.assume_kv_reuse),
             queue: RouterQueue::new(cfg.queue_policy),
@@ -121,6 +124,28 @@ impl KvRouter {
         self.queue.len()
     }
 
+    /// Adds a target (initially ineligible, like a worker that is starting); returns its index.
+    pub fn add_target(&mut self) -> usize {
+        self.indexer.add_target();
+        self.load.add_target();
+        self.eligible.push(false);
+        self.num_targets += 1;
+        self.num_targets - 1
+    }
+
+    /// Whether `target` may receive requests. A target that leaves keeps the load already
+    /// placed on it (its requests still finish there); its cache is forgotten when it is removed
+    /// ([`KvRouter::forget`]).
+    pub fn set_eligible(&mut self, target: usize, eligible: bool) {
+        self.eligible[target] = eligible;
+    }
+
+    /// Forgets the cache of a removed target.
+    pub fn forget(&mut self, target: usize) {
+        self.eligible[target] = false;
+        self.indexer.clear(target);
+    }
+
     /// Feeds KV events a target published (at the moment the router gets to see them).
     pub fn apply_events(&mut self, target: usize, events: &[KvEvent]) {
         for e in events {
@@ -133,7 +158,7 @@ impl KvRouter {
     }
 
     fn all_busy(&self) -> bool {
-        self.busy_tokens.is_some() && (0..self.num_targets).all(|t| self.busy(t))
+        self.busy_tokens.is_some() && (0..self.num_targets).filter(|&t| self.eligible[t]).all(|t| self.busy(t))
     }
 
     /// Places a request now, or queues it when every target is busy (or others already wait).
@@ -168,9 +193,17 @@ impl KvRouter {
         let bs = self.block_size as f64;
         let cfg = &self.cfg;
         let incoming_blocks = req.isl as f64 / bs;
-        let least_prefill = (0..self.num_targets).map(|t| self.load.prefill_tokens(t)).min().unwrap_or(0);
+        let least_prefill = (0..self.num_targets)
+            .filter(|&t| self.eligible[t])
+            .map(|t| self.load.prefill_tokens(t))
+            .min()
+            .unwrap_or(0);
         self.scores.clear();
         for t in 0..self.num_targets {
+            if !self.eligible[t] {
+                self.scores.push((f64::INFINITY, 0));
+                continue;
+            }
             let overlap = self.indexer.overlap(t, req.hashes);
             let mut cost = 0.0;
             if cfg.track_prefill_tokens {
@@ -214,11 +247,15 @@ impl KvRouter {
 
     /// Softmax over costs normalised by their range: `p ∝ exp(−cost / range / T)`.
     fn sample_softmax(&mut self) -> usize {
-        let (lo, hi) =
-            self.scores.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| (lo.min(s.0), hi.max(s.0)));
+        let eligible = |s: &(f64, u32)| s.0.is_finite();
+        let (lo, hi) = self
+            .scores
+            .iter()
+            .filter(|s| eligible(s))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| (lo.min(s.0), hi.max(s.0)));
         let range = hi - lo;
         let weights: Vec<f64> = if range <= 0.0 {
-            vec![1.0; self.scores.len()]
+            self.scores.iter().map(|s| if eligible(s) { 1.0 } else { 0.0 }).collect()
         } else {
             let z: Vec<f64> = self.scores.iter().map(|s| -(s.0 / range) / self.cfg.temperature).collect();
             let top = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -232,7 +269,8 @@ impl KvRouter {
             }
             u -= w;
         }
-        weights.len() - 1
+        // Rounding left `u` past the end: the last target that could be drawn.
+        weights.iter().rposition(|&w| w > 0.0).unwrap_or(weights.len() - 1)
     }
 
     /// The request produced its first token. Returns requests released from the queue.
@@ -359,6 +397,28 @@ mod tests {
         assert_eq!(released.iter().map(|p| p.id).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(released[0].queued_at_ms, Some(1.0));
         assert_eq!(r.queued(), 0);
+    }
+
+    #[test]
+    fn ineligible_targets_get_nothing_until_they_join() {
+        let mut r = KvRouter::new(RouterConfig::default(), 2, 16, 8192, 1);
+        r.set_eligible(0, false);
+        let h: Vec<u64> = (1..=4).collect();
+        for id in 0..5 {
+            assert_eq!(placed(r.route(req(id, &h, 64), 0.0)).target, 1, "target 0 is not eligible");
+        }
+        let t = r.add_target();
+        assert_eq!(t, 2);
+        assert_eq!(placed(r.route(req(9, &h, 64), 0.0)).target, 1, "a new target starts ineligible");
+        r.set_eligible(2, true);
+        assert_eq!(placed(r.route(req(10, &h, 64), 0.0)).target, 2, "the idle new target is cheapest");
+        // With a temperature, ineligible targets are never sampled either.
+        let cfg = RouterConfig { temperature: 1.0, ..RouterConfig::default() };
+        let mut r = KvRouter::new(cfg, 3, 16, 8192, 7);
+        r.set_eligible(1, false);
+        for id in 0..50 {
+            assert_ne!(placed(r.route(req(id, &h, 64), 0.0)).target, 1);
+        }
     }
 
     #[test]

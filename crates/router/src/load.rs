@@ -41,6 +41,11 @@ impl ActiveLoad {
         }
     }
 
+    /// Adds a target with no load.
+    pub fn add_target(&mut self) {
+        self.targets.push(TargetLoad::default());
+    }
+
     /// Prompt tokens placed on `target` whose prefill has not finished.
     pub fn prefill_tokens(&self, target: usize) -> u64 {
         self.targets[target].prefill_tokens

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::config::{EngineConfig, WorkerType};
+use crate::config::{EngineConfig, Role};
 use crate::engine::{EngineCounters, EngineOptions};
 use crate::handoff::{Destinations, Reserved};
 use crate::hash::{chain_hash, local_block_hash};
@@ -138,9 +138,6 @@ impl Req {
 pub struct SglangEngine {
     cfg: EngineConfig,
     page: u32,
-    /// Per-rank chunk budget and admission ratios (attention DP divides the first and scales
-    /// the second, as SGLang does at launch).
-    chunked_prefill_size: u32,
     pool: PagePool,
     tree: RadixCache,
     reqs: Vec<Option<Req>>,
@@ -179,19 +176,16 @@ pub struct SglangEngine {
 impl SglangEngine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
         let page = cfg.block_size;
-        let dp = cfg.dp_size.max(1);
-        let conservativeness = cfg.sglang.schedule_conservativeness * if dp > 1 { 0.3 } else { 1.0 };
-        let init_ratio = 0.7 * conservativeness;
+        let init_ratio = 0.7 * cfg.sglang.schedule_conservativeness;
         let min_ratio = init_ratio * 0.14;
-        let max_burst = match (&cfg.speculative, cfg.worker_type) {
-            (Some(s), t) if t != WorkerType::Prefill => s.max_burst(),
+        let max_burst = match (&cfg.speculative, cfg.role) {
+            (Some(s), t) if t != Role::Prefill => s.max_burst(),
             _ => 1,
         };
         let record_events =
-            options.record_kv_events && cfg.enable_prefix_caching && cfg.worker_type != WorkerType::Decode;
+            options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         SglangEngine {
             page,
-            chunked_prefill_size: cfg.sglang.chunked_prefill_size / dp,
             pool: PagePool::new(cfg.num_gpu_blocks),
             tree: RadixCache::new(page, cfg.num_gpu_blocks, record_events),
             reqs: Vec::new(),
@@ -435,7 +429,7 @@ impl SglangEngine {
     fn complete(&mut self, slot: u32, out: &mut PassOutput) {
         let id = self.req(slot).id;
         out.finished.push(Finished { request: id, finish: Finish::Completed });
-        if self.cfg.worker_type == WorkerType::Prefill {
+        if self.cfg.role == Role::Prefill {
             self.parked.insert(id, slot);
         } else {
             self.retire(slot);
@@ -552,7 +546,7 @@ impl SglangEngine {
     /// Why a waiting request that cannot be admitted into an idle engine never will be.
     fn never_admissible(&self, slot: u32) -> RejectReason {
         let req = self.req(slot);
-        let chunk = self.chunk_of(req.len() - req.materialized, self.chunked_prefill_size as i64);
+        let chunk = self.chunk_of(req.len() - req.materialized, self.cfg.sglang.chunked_prefill_size as i64);
         if self.ceil_page(chunk) > self.cfg.sglang.max_prefill_tokens {
             RejectReason::ExceedsPrefillBudget
         } else {
@@ -568,8 +562,8 @@ impl SglangEngine {
             self.running.iter().map(|&s| self.req(s).remaining_output().min(clip) as f64 * self.new_token_ratio).sum();
         let mut rem_total = self.reservable_tokens() as f64 - promised;
         let mut rem_input = self.cfg.sglang.max_prefill_tokens as i64;
-        let mut rem_chunk = self.chunked_prefill_size as i64;
-        let decode_worker = self.cfg.worker_type == WorkerType::Decode;
+        let mut rem_chunk = self.cfg.sglang.chunked_prefill_size as i64;
+        let decode_worker = self.cfg.role == Role::Decode;
         let mut admitted = Vec::new();
         while let Some(&slot) = self.waiting.get(admitted.len()) {
             if self.running.len() + admitted.len() >= max_running {
@@ -803,7 +797,7 @@ impl SglangEngine {
             capacity_tokens: capacity,
         };
         out.decode = shape;
-        let prefill_worker = self.cfg.worker_type == WorkerType::Prefill;
+        let prefill_worker = self.cfg.role == Role::Prefill;
         let decode_ms = if prefill_worker { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         let ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
         let end = decode_start + pass_duration_ms(decode_ms, ratio);

@@ -1,0 +1,235 @@
+//! Where a request goes within a pool: round robin or Dynamo's KV router over the pool's
+//! targets, one per (worker, attention-DP rank): `target = worker × dp + rank`.
+//!
+//! Workers can join and leave: a worker that is starting or draining takes no new requests
+//! (round robin cycles through the active workers only; the KV router scores only their
+//! ranks), and requests already placed on a draining worker finish there.
+
+use servesim_engine::{KvEvent, Role};
+use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
+
+use crate::topology::PoolSpec;
+
+/// How requests are assigned to workers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RouterMode {
+    RoundRobin,
+    KvRouter(RouterConfig),
+}
+
+enum Kind {
+    RoundRobin(RoundRobin),
+    Kv(Box<KvRouter>),
+}
+
+/// Places the requests of one pool.
+pub struct Placer {
+    kind: Kind,
+    dp: usize,
+    /// Worker slots ever created (removed workers keep theirs: targets are stable).
+    slots: usize,
+    /// Workers that take new requests, in the order round robin visits them.
+    active: Vec<usize>,
+}
+
+impl std::fmt::Debug for Placer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_kv() { "kv" } else { "round_robin" };
+        f.debug_struct("Placer").field("kind", &kind).field("active", &self.active).finish()
+    }
+}
+
+/// The router configuration a pool of `role` uses (Dynamo tunes the prefill and decode
+/// routers differently).
+pub fn router_config_for(role: Role, config: &RouterConfig) -> RouterConfig {
+    match role {
+        Role::Aggregated => config.clone(),
+        Role::Prefill => config.for_prefill(),
+        Role::Decode => config.for_decode(),
+    }
+}
+
+impl Placer {
+    /// A placer for `pool`'s initial workers, all active.
+    pub fn new(pool: &PoolSpec, mode: &RouterMode, seed: u64) -> Placer {
+        let slots = pool.workers as usize;
+        let dp = pool.dp();
+        let kind = match mode {
+            RouterMode::RoundRobin => Kind::RoundRobin(RoundRobin::default()),
+            RouterMode::KvRouter(rc) => {
+                let budget = pool.engine.max_num_batched_tokens.unwrap_or(8192);
+                let rc = router_config_for(pool.role, rc);
+                Kind::Kv(Box::new(KvRouter::new(rc, slots * dp, pool.engine.block_size, budget, seed)))
+            }
+        };
+        Placer { kind, dp, slots, active: (0..slots).collect() }
+    }
+
+    pub fn is_kv(&self) -> bool {
+        matches!(self.kind, Kind::Kv(_))
+    }
+
+    /// Whether any worker takes new requests.
+    pub fn has_active(&self) -> bool {
+        !self.active.is_empty()
+    }
+
+    /// Places a request, or leaves it in the KV router's queue. Needs an active worker.
+    pub fn route(&mut self, req: RouteRequest<'_>, now_ms: f64) -> Routed {
+        debug_assert!(self.has_active(), "placing a request with no active worker");
+        match &mut self.kind {
+            Kind::RoundRobin(rr) => {
+                let target = rr_target(rr, &self.active, self.dp);
+                Routed::Placed(Placement { id: req.id, target, overlap_blocks: 0, cost: 0.0, queued_at_ms: None })
+            }
+            Kind::Kv(router) => router.route(req, now_ms),
+        }
+    }
+
+    /// The target round robin would pick next, without picking it (None for the KV router).
+    pub fn peek_round_robin(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::RoundRobin(rr) => Some(rr_target(&mut rr.clone(), &self.active, self.dp)),
+            Kind::Kv(_) => None,
+        }
+    }
+
+    /// Moves round robin past its next target (a request placed elsewhere took that turn).
+    pub fn skip_round_robin(&mut self) {
+        if let Kind::RoundRobin(rr) = &mut self.kind {
+            rr_target(rr, &self.active, self.dp);
+        }
+    }
+
+    /// KV events of `target` reach the router.
+    pub fn kv_events(&mut self, target: usize, events: &[KvEvent]) {
+        if let Kind::Kv(router) = &mut self.kind {
+            router.apply_events(target, events);
+        }
+    }
+
+    /// Router edge: request `id` produced its first token (its prompt no longer loads the
+    /// target). Returns requests the router's queue releases.
+    pub fn prefill_done(&mut self, id: u64) -> Vec<Placement> {
+        match &mut self.kind {
+            Kind::Kv(router) => router.prefill_completed(id),
+            Kind::RoundRobin(_) => Vec::new(),
+        }
+    }
+
+    /// Router edge: request `id` left the pool. Returns requests the queue releases.
+    pub fn free(&mut self, id: u64) -> Vec<Placement> {
+        match &mut self.kind {
+            Kind::Kv(router) => router.free(id),
+            Kind::RoundRobin(_) => Vec::new(),
+        }
+    }
+
+    /// Requests waiting in the router's queue.
+    pub fn queued(&self) -> usize {
+        match &self.kind {
+            Kind::Kv(router) => router.queued(),
+            Kind::RoundRobin(_) => 0,
+        }
+    }
+
+    /// A new worker slot, not yet active (it is starting). Returns its index.
+    pub fn add_worker(&mut self) -> usize {
+        if let Kind::Kv(router) = &mut self.kind {
+            for _ in 0..self.dp {
+                router.add_target();
+            }
+        }
+        self.slots += 1;
+        self.slots - 1
+    }
+
+    /// Whether `worker` takes new requests (it is ready, or it starts draining).
+    pub fn set_active(&mut self, worker: usize, active: bool) {
+        let pos = self.active.iter().position(|&w| w == worker);
+        match (active, pos) {
+            (true, None) => {
+                let at = self.active.partition_point(|&w| w < worker);
+                self.active.insert(at, worker);
+            }
+            (false, Some(p)) => {
+                self.active.remove(p);
+            }
+            _ => {}
+        }
+        if let Kind::Kv(router) = &mut self.kind {
+            for rank in 0..self.dp {
+                router.set_eligible(worker * self.dp + rank, active);
+            }
+        }
+    }
+
+    /// The worker is gone: the router forgets what it had cached.
+    pub fn remove_worker(&mut self, worker: usize) {
+        self.set_active(worker, false);
+        if let Kind::Kv(router) = &mut self.kind {
+            for rank in 0..self.dp {
+                router.forget(worker * self.dp + rank);
+            }
+        }
+    }
+}
+
+/// Round robin cycles through the active workers first, then their ranks.
+fn rr_target(rr: &mut RoundRobin, active: &[usize], dp: usize) -> usize {
+    let n = active.len();
+    let k = rr.pick(n * dp);
+    active[k % n] * dp + k / n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Topology;
+    use servesim_engine::WorkerArgs;
+
+    fn pool(workers: u32, dp: u32) -> PoolSpec {
+        let args = WorkerArgs::parse_json(&format!(r#"{{"dp_size": {dp}}}"#)).unwrap();
+        Topology::aggregated(args, workers).unwrap().pools()[0].clone()
+    }
+
+    fn place(p: &mut Placer, id: u64) -> usize {
+        match p.route(RouteRequest { id, hashes: &[], isl: 16, priority: 0, strict_priority: 0, arrival_ms: 0.0 }, 0.0) {
+            Routed::Placed(pl) => pl.target,
+            Routed::Queued => panic!("queued"),
+        }
+    }
+
+    #[test]
+    fn round_robin_visits_workers_then_ranks_and_follows_the_active_set() {
+        let mut p = Placer::new(&pool(2, 2), &RouterMode::RoundRobin, 0);
+        // Targets are worker × 2 + rank: workers first, then ranks.
+        assert_eq!((0..4).map(|i| place(&mut p, i)).collect::<Vec<_>>(), vec![0, 2, 1, 3]);
+        assert_eq!(p.peek_round_robin(), Some(0));
+        p.skip_round_robin();
+        assert_eq!(place(&mut p, 5), 2);
+        // A third worker joins (starting, then ready); worker 0 drains.
+        let w = p.add_worker();
+        assert_eq!(w, 2);
+        p.set_active(w, true);
+        p.set_active(0, false);
+        let targets: Vec<usize> = (0..4).map(|i| place(&mut p, 10 + i)).collect();
+        assert!(targets.iter().all(|t| t / 2 != 0), "draining worker 0 gets nothing: {targets:?}");
+        assert!(targets.iter().any(|t| t / 2 == 2), "the new worker gets requests: {targets:?}");
+    }
+
+    #[test]
+    fn the_kv_router_skips_workers_that_are_not_active() {
+        let mut p = Placer::new(&pool(2, 1), &RouterMode::KvRouter(RouterConfig::default()), 0);
+        p.set_active(1, false);
+        for i in 0..4 {
+            assert_eq!(place(&mut p, i), 0);
+        }
+        let w = p.add_worker();
+        for i in 0..2 {
+            assert_eq!(place(&mut p, 10 + i), 0, "a starting worker takes nothing");
+        }
+        p.set_active(w, true);
+        assert_eq!(place(&mut p, 20), 2, "the new, idle worker is the cheapest");
+    }
+}

@@ -1,0 +1,183 @@
+//! What a cluster is made of: one aggregated pool of workers, or a prefill pool and a decode
+//! pool, each with an engine configuration and a deployment (ranks per worker, GPUs, startup
+//! time, KV transfer). One validation serves `predict` and `serve`.
+
+use servesim_engine::{Deployment, EngineConfig, Role, WorkerArgs};
+
+/// A configuration that cannot make a cluster. `field` names what is wrong in the terms of the
+/// worker arguments (`num_workers`, `dp_size`, `block_size`, ...), for front ends to map onto
+/// their own flags or keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for TopologyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for TopologyError {}
+
+fn error(field: &'static str, message: impl Into<String>) -> TopologyError {
+    TopologyError { field, message: message.into() }
+}
+
+/// Workers of one role, all with the same engine and deployment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSpec {
+    pub role: Role,
+    /// The worker's engine configuration (a rank's is [`PoolSpec::rank_engine`]).
+    pub engine: EngineConfig,
+    pub deployment: Deployment,
+    /// Workers at the start of a run.
+    pub workers: u32,
+}
+
+impl PoolSpec {
+    /// Attention data-parallel ranks per worker.
+    pub fn dp(&self) -> usize {
+        self.deployment.dp_size as usize
+    }
+
+    /// The engine configuration of each rank (SGLang splits some budgets among ranks).
+    pub fn rank_engine(&self) -> EngineConfig {
+        self.engine.for_attention_dp(self.deployment.dp_size)
+    }
+}
+
+/// The pools of a cluster: `[aggregated]` or `[prefill, decode]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    pools: Vec<PoolSpec>,
+}
+
+impl Topology {
+    /// One pool of `workers` aggregated workers.
+    pub fn aggregated(args: WorkerArgs, workers: u32) -> Result<Topology, TopologyError> {
+        if args.engine.role != Role::Aggregated {
+            return Err(error(
+                "worker_type",
+                format!(
+                    "a {} worker_type needs a disaggregated cluster (prefill and decode workers)",
+                    args.engine.role.name()
+                ),
+            ));
+        }
+        Ok(Topology { pools: vec![pool(Role::Aggregated, args, workers, "num_workers")?] })
+    }
+
+    /// One pool of `workers` workers of a single role, for a server that is one side of a
+    /// disaggregated deployment whose other side runs elsewhere (Dynamo's
+    /// `--disaggregation-mode prefill|decode`).
+    pub fn one_side(role: Role, args: WorkerArgs, workers: u32) -> Result<Topology, TopologyError> {
+        if role == Role::Aggregated {
+            return Topology::aggregated(args, workers);
+        }
+        Ok(Topology { pools: vec![pool(role, args, workers, "num_workers")?] })
+    }
+
+    /// A prefill pool and a decode pool. Engines whose worker type is unset (aggregated) take
+    /// the pool's role.
+    pub fn disaggregated(prefill: (WorkerArgs, u32), decode: (WorkerArgs, u32)) -> Result<Topology, TopologyError> {
+        let prefill = pool(Role::Prefill, prefill.0, prefill.1, "num_prefill_workers")?;
+        let decode = pool(Role::Decode, decode.0, decode.1, "num_decode_workers")?;
+        if prefill.deployment.dp_size != 1 || decode.deployment.dp_size != 1 {
+            return Err(error("dp_size", "disaggregated pools need dp_size 1"));
+        }
+        if prefill.engine.block_size != decode.engine.block_size {
+            return Err(error(
+                "block_size",
+                format!(
+                    "prefill and decode engines need the same block_size ({} vs {})",
+                    prefill.engine.block_size, decode.engine.block_size
+                ),
+            ));
+        }
+        Ok(Topology { pools: vec![prefill, decode] })
+    }
+
+    pub fn pools(&self) -> &[PoolSpec] {
+        &self.pools
+    }
+
+    pub fn is_disaggregated(&self) -> bool {
+        self.pools.len() == 2
+    }
+
+    /// The pool a request starts in when it takes `role`'s side of the cluster.
+    pub fn pool_of(&self, role: Role) -> Option<usize> {
+        self.pools.iter().position(|p| p.role == role)
+    }
+
+    /// The block size prompts are hashed at (every pool has the same).
+    pub fn block_size(&self) -> u32 {
+        self.pools[0].engine.block_size
+    }
+}
+
+fn pool(role: Role, mut args: WorkerArgs, workers: u32, count: &'static str) -> Result<PoolSpec, TopologyError> {
+    if workers == 0 {
+        return Err(error(count, "must be at least 1"));
+    }
+    match args.engine.role {
+        Role::Aggregated => args.engine.role = role,
+        r if r == role => {}
+        r => {
+            return Err(error(
+                "worker_type",
+                format!("worker_type {} does not fit the {} pool", r.name(), role.name()),
+            ))
+        }
+    }
+    Ok(PoolSpec { role, engine: args.engine, deployment: args.deployment, workers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(json: &str) -> WorkerArgs {
+        WorkerArgs::parse_json(json).unwrap()
+    }
+
+    #[test]
+    fn pools_take_their_roles_and_must_fit_together() {
+        let t = Topology::disaggregated((args("{}"), 2), (args("{}"), 3)).unwrap();
+        assert_eq!(t.pools()[0].role, Role::Prefill);
+        assert_eq!(t.pools()[1].engine.role, Role::Decode);
+        assert_eq!(t.pool_of(Role::Decode), Some(1));
+        assert!(t.is_disaggregated());
+        let e = Topology::disaggregated((args(r#"{"is_decode": true}"#), 1), (args("{}"), 1)).unwrap_err();
+        assert_eq!(e.field, "worker_type");
+        let e = Topology::disaggregated((args(r#"{"block_size": 16}"#), 1), (args("{}"), 1)).unwrap_err();
+        assert_eq!(e.field, "block_size");
+        let e = Topology::disaggregated((args(r#"{"dp_size": 2}"#), 1), (args("{}"), 1)).unwrap_err();
+        assert_eq!(e.field, "dp_size");
+        let e = Topology::aggregated(args("{}"), 0).unwrap_err();
+        assert_eq!((e.field, e.message.as_str()), ("num_workers", "must be at least 1"));
+        let e = Topology::aggregated(args(r#"{"is_prefill": true}"#), 1).unwrap_err();
+        assert!(e.message.contains("needs a disaggregated cluster"), "{e}");
+    }
+
+    #[test]
+    fn a_single_role_server_is_one_pool_of_that_role() {
+        let t = Topology::one_side(Role::Decode, args("{}"), 2).unwrap();
+        assert_eq!(t.pools().len(), 1);
+        assert_eq!((t.pools()[0].role, t.pools()[0].engine.role), (Role::Decode, Role::Decode));
+        assert!(!t.is_disaggregated());
+        let e = Topology::one_side(Role::Prefill, args(r#"{"is_decode": true}"#), 1).unwrap_err();
+        assert_eq!(e.field, "worker_type");
+    }
+
+    #[test]
+    fn sglang_ranks_split_the_chunk_budget() {
+        let t = Topology::aggregated(args(r#"{"engine": {"backend": "sglang"}, "dp_size": 4}"#), 1).unwrap();
+        let pool = &t.pools()[0];
+        assert_eq!(pool.dp(), 4);
+        assert_eq!(pool.engine.sglang.chunked_prefill_size, 8192);
+        assert_eq!(pool.rank_engine().sglang.chunked_prefill_size, 2048);
+    }
+}
