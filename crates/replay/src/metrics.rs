@@ -79,11 +79,9 @@ pub struct Handoff {
     /// The prefill worker freed its copy (at the end of the pass it was running then).
     pub source_released_ms: Option<f64>,
     pub decode_admit_ms: Option<f64>,
-    /// Prefix-cache hit reported by the first decode admission (none for a transferred prompt).
+    /// Largest prefix-cache hit of the decode admissions: none for a transferred prompt, but a
+    /// readmission after a preemption there reuses cached blocks (the summary's reuse counts it).
     pub decode_reused_input_tokens: Option<u32>,
-    /// Largest hit of any decode admission (a readmission after a preemption there reuses the
-    /// prompt's cached blocks); the summary's reuse counts it, as the reference's does.
-    pub decode_reused_max: u32,
     pub decode_route_overlap_tokens: Option<u32>,
 }
 
@@ -360,16 +358,14 @@ impl<'s> Collector<'s> {
     }
 
     /// An admission on the decode worker (the first, or a readmission after a preemption
-    /// there); `reused` is the prefix-cache hit it reports (none for a transferred prompt).
+    /// there); `reused` is the prefix-cache hit it reports (none for a transferred prompt). The
+    /// record keeps the largest hit over the decode admissions, as the reference does.
     pub fn decode_admit(&mut self, id: u64, at_ms: f64, reused: u32) {
         let r = self.get(id);
         r.admissions += 1;
         let h = r.handoff.get_or_insert_with(Handoff::default);
-        if h.decode_admit_ms.is_none() {
-            h.decode_admit_ms = Some(at_ms);
-            h.decode_reused_input_tokens = Some(reused);
-        }
-        h.decode_reused_max = h.decode_reused_max.max(reused);
+        h.decode_admit_ms.get_or_insert(at_ms);
+        h.decode_reused_input_tokens = Some(h.decode_reused_input_tokens.unwrap_or(0).max(reused));
     }
 
     pub fn arrival_of(&self, id: u64) -> f64 {
@@ -472,7 +468,7 @@ impl<'s> Collector<'s> {
                 t.completed += 1;
                 t.input_tokens += r.input_length as u64;
                 t.output_tokens += r.output_length as u64;
-                let decode_reused = r.handoff.as_ref().map_or(0, |h| h.decode_reused_max);
+                let decode_reused = r.handoff.as_ref().and_then(|h| h.decode_reused_input_tokens).unwrap_or(0);
                 t.reused_tokens += r.reused_input_tokens.max(decode_reused) as u64;
                 t.first_admission_reused_tokens += r.first_admission_reused_input_tokens as u64;
                 if let Some(last) = r.last_token_ms {

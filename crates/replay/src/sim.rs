@@ -362,10 +362,15 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
+                } else if self.pools[p].spec.role == Role::Decode && self.retry_destination(p, w) {
+                    // The empty pass still ends, and its end tries a waiting destination, as
+                    // every pass end does; a reservation is progress, so another pass follows
+                    // at this instant.
+                    again = true;
                 }
-                // A disaggregated worker with nothing to do now waits for a hand-off (a source
-                // released, a destination activated); it tries again whenever the simulation
-                // moves on.
+                // Otherwise a disaggregated worker with nothing to do now waits for a hand-off
+                // (a source released, a destination activated); it tries again whenever the
+                // simulation moves on.
             }
         }
         if again {
@@ -548,19 +553,23 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // busy one when its pass ends.
         match worker.ranks[0].engine.accept_destination(request) {
             Err(reason) => self.handoff(p.id, Fact::DestinationRefused(reason)),
-            Ok(()) if !worker.busy => self.retry_destination(pool, p.target),
+            Ok(()) if !worker.busy => {
+                self.retry_destination(pool, p.target);
+            }
             Ok(()) => {}
         }
     }
 
-    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there.
-    fn retry_destination(&mut self, pool: usize, w: usize) {
+    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; true if
+    /// it did.
+    fn retry_destination(&mut self, pool: usize, w: usize) -> bool {
         let Some(Reserved { request, reused_tokens }) = self.pools[pool].workers[w].ranks[0].engine.retry_destination()
         else {
-            return;
+            return false;
         };
         self.collector.destination_reserved(request, self.now);
         self.handoff(request, Fact::DestinationReserved { reused_tokens });
+        true
     }
 
     /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.

@@ -242,4 +242,5 @@ parity_cases! {
     vllm_fifo_preemption_skips_a_request => "x_vllm_fifo_preemption_8",
     disaggregated_prefill_waits_for_released_kv => "x_disagg_tight_prefill_waits",
     disaggregated_reservations_one_per_pass => "x_disagg_decode_pressure_reservations",
+    sglang_idle_decode_worker_reserves_at_each_empty_pass => "x_sglang_disagg_idle_decode_reserves_each_pass",
 }
