@@ -12,7 +12,8 @@
 //! worker between its passes (a command for a busy worker waits for its pass to end).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
+use std::ops::Bound::{Excluded, Unbounded};
 
 use rustc_hash::FxHashMap;
 use servesim_cluster::{
@@ -198,6 +199,9 @@ struct Simulation<'a, 'c> {
     work_only_at_releases: bool,
     spare_stretch: Stretch,
     shard: Option<Shard>,
+    /// Workers that may start a pass: (pool, worker). Only they are visited at an instant, so
+    /// idle workers cost nothing.
+    awake: BTreeSet<(usize, usize)>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -212,9 +216,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let record_kv_events = placer.is_kv();
                 let dp = spec.deployment.dp_size;
                 let rank_engine = spec.rank_engine();
+                // A shard's run builds engines for its own workers only: the others never get
+                // a request.
+                let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
                 let workers = (0..spec.workers)
                     .map(|w| Worker {
-                        ranks: (0..dp)
+                        ranks: (0..if served(w) { dp } else { 0 })
                             .map(|rank| Rank {
                                 engine: Engine::new(
                                     rank_engine.clone(),
@@ -254,7 +261,14 @@ impl<'a, 'c> Simulation<'a, 'c> {
             work_only_at_releases: work_only_at_releases(workload, config),
             spare_stretch: Stretch::default(),
             shard,
+            awake: BTreeSet::new(),
         }
+    }
+
+    /// Something reached worker `w` of `pool` (a request, a command, the end of its pass): it
+    /// is visited at the next start of passes.
+    fn wake(&mut self, pool: usize, w: usize) {
+        self.awake.insert((pool, w));
     }
 
     fn schedule(&mut self, at: f64, event: Event) {
@@ -284,6 +298,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.events.pop();
                 match event {
                     Event::PassEnd { pool, worker } => {
+                        self.wake(pool as usize, worker as usize);
                         let w = &mut self.pools[pool as usize].workers[worker as usize];
                         w.busy = false;
                         match w.stretch.take() {
@@ -324,8 +339,19 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // Workers that could run a stretch of decode passes wait until every other worker has
         // started its pass: work created at this instant must bound their stretches.
         let mut stretches = Vec::new();
-        for p in 0..self.pools.len() {
-            for w in 0..self.pools[p].workers.len() {
+        // The awake workers in pool and worker order, as a scan of every worker would visit
+        // them: one woken during the scan is visited now if it comes later, at the next call
+        // (at this instant) if not.
+        let mut visited: Option<(usize, usize)> = None;
+        loop {
+            let next = match visited {
+                None => self.awake.first().copied(),
+                Some(v) => self.awake.range((Excluded(v), Unbounded)).next().copied(),
+            };
+            let Some((p, w)) = next else { break };
+            self.awake.remove(&(p, w));
+            visited = Some((p, w));
+            {
                 let worker = &mut self.pools[p].workers[w];
                 if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
                     continue;
@@ -358,6 +384,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
                 } else if effect {
                     self.apply_pass(p, w);
+                    self.wake(p, w);
                     again = true;
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
@@ -366,6 +393,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     // The empty pass still ends, and its end tries a waiting destination, as
                     // every pass end does; a reservation is progress, so another pass follows
                     // at this instant.
+                    self.wake(p, w);
                     again = true;
                 }
                 // Otherwise a disaggregated worker with nothing to do now waits for a hand-off
@@ -544,6 +572,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             Role::Decode => flight.decode_target = Some(p.target),
         }
         let request = flight.engine_request(role);
+        self.wake(pool, p.target / dp);
         let worker = &mut self.pools[pool].workers[p.target / dp];
         if role != Role::Decode {
             worker.ranks[p.target % dp].engine.submit(request);
@@ -605,10 +634,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
             Step::AbortSource => {
                 let w = self.flights[&id].prefill_target.expect("placed on a prefill worker");
                 self.pools[0].workers[w].ranks[0].engine.abort(id);
+                self.wake(0, w);
             }
             Step::AbortDestination => {
                 let w = self.flights[&id].decode_target.expect("placed on a decode worker");
                 self.pools[1].workers[w].ranks[0].engine.abort(id);
+                self.wake(1, w);
             }
         }
     }
@@ -616,6 +647,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// The decode worker takes the transferred KV.
     fn activate(&mut self, decode: usize, id: u64) {
         self.pools[1].workers[decode].ranks[0].engine.activate(id);
+        self.wake(1, decode);
         self.collector.destination_activated(id, self.now);
         self.retry_destination(1, decode);
         self.handoff(id, Fact::Activated);
@@ -632,6 +664,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         } else {
             worker.ranks[0].engine.release_held(id);
             self.collector.source_released(id, self.now);
+            self.wake(0, prefill);
         }
     }
 
