@@ -16,6 +16,9 @@ pub enum Dtype {
     Fp8,
     Fp8Block,
     Int8,
+    /// MXFP4 weights with 16-bit activations (gpt-oss experts): half a byte per weight, bf16
+    /// tensor-core rate.
+    W4a16Mxfp4,
 }
 
 impl Dtype {
@@ -25,11 +28,13 @@ impl Dtype {
             Dtype::Fp8 => "fp8",
             Dtype::Fp8Block => "fp8_block",
             Dtype::Int8 => "int8",
+            Dtype::W4a16Mxfp4 => "w4a16_mxfp4",
         }
     }
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Bfloat16 => 2.0,
+            Dtype::W4a16Mxfp4 => 0.5,
             _ => 1.0,
         }
     }
@@ -39,13 +44,14 @@ impl Dtype {
             "fp8" => Dtype::Fp8,
             "fp8_block" => Dtype::Fp8Block,
             "int8" => Dtype::Int8,
+            "w4a16_mxfp4" => Dtype::W4a16Mxfp4,
             _ => return None,
         })
     }
     /// Tensor-core FLOP/s for this format on `spec`.
     pub fn flops(self, spec: &SystemSpec) -> Result<f64> {
         let (v, key) = match self {
-            Dtype::Bfloat16 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
+            Dtype::Bfloat16 | Dtype::W4a16Mxfp4 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
             Dtype::Fp8 | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
             Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
         };
@@ -155,14 +161,14 @@ impl std::fmt::Debug for Database {
     }
 }
 
-fn keep_row(src: &Source, ks: &Option<String>) -> bool {
+pub(crate) fn keep_row(src: &Source, ks: &Option<String>) -> bool {
     match &src.kernel_sources {
         None => true,
         Some(allow) => ks.as_ref().is_some_and(|k| allow.contains(k)),
     }
 }
 
-fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &str, version: &str) -> PerfError {
+pub(crate) fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &str, version: &str) -> PerfError {
     let listed: Vec<String> = srcs.iter().map(|s| s.path.display().to_string()).collect();
     PerfError::data(format!(
         "no {what} data for {} / {backend} {version}: looked in {}",
