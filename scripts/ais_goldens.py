@@ -9,7 +9,10 @@ Step times: `RustForwardPassPerfModel.best_available(cfg)`, then `static_phase_d
 summed over ops for a prefill (batch, isl, prefix) and for one decode step at
 `context_length = context - 1` (what servesim's `decode_ms(batch, context)` answers), and
 `estimate_forward_pass_time_ms` for forward passes (one FPM per attention-DP rank; the
-reference takes the slowest rank). KV capacity: `estimate_num_gpu_blocks(...)` with
+reference takes the slowest rank). The engine-facing timer is checked against the forward
+passes Dynamo 1.6.1's AIS session builds (`dynamo/_internal/ais.py`): a prefill of `batch`
+requests of mean length `isl` with `prefix` cached is `{P: batch, T: batch·(isl − prefix),
+C: batch·prefix}`, a decode step at mean context `c` is `{D: batch, K: batch·(c + 1)}`. KV capacity: `estimate_num_gpu_blocks(...)` with
 max_num_tokens 8192, max_batch_size 256 and the backend's default memory fraction of the
 total (vLLM 0.9, SGLang 0.88).
 """
@@ -32,7 +35,7 @@ STEPS = [
      [("prefill", (1, 20000, 0)), ("decode", (33, 5000))]),
     # Mixture of experts.
     ({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2},
-     [("prefill", (4, 1000, 0)), ("prefill", (2, 2500, 700)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)),
+     [("timer_prefill", (2, 2500, 700)), ("timer_decode", (16, 1100)), ("prefill", (4, 1000, 0)), ("prefill", (2, 2500, 700)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)),
       ("decode", (1024, 1024)), ("fpm", [MIXED])]),
     ({"model": "Qwen/Qwen3-235B-A22B", "system": "h100_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1},
      [("prefill", (1, 8192, 0)), ("decode", (64, 4097))]),
@@ -65,6 +68,14 @@ def main():
             elif kind == "decode":
                 ops = m.static_phase_diagnostics(batch_size=q[0], context_length=q[1] - 1, prefill=False)
                 v = sum(o["latency_ms"] for o in ops)
+            elif kind == "timer_prefill":
+                b, isl, pre = q
+                v = m.estimate_forward_pass_time_ms({"scheduled_requests": {
+                    "num_prefill_requests": b, "sum_prefill_tokens": b * (isl - pre), "sum_prefill_kv_tokens": b * pre}})
+            elif kind == "timer_decode":
+                b, c = q
+                v = m.estimate_forward_pass_time_ms({"scheduled_requests": {
+                    "num_decode_requests": b, "sum_decode_kv_tokens": b * (c + 1)}})
             else:
                 v = max(m.estimate_forward_pass_time_ms({"scheduled_requests": r}) for r in q)
             print(json.dumps({"cfg": cfg, "kind": kind, "q": q, "ms": repr(v)}))

@@ -428,11 +428,12 @@ impl PassTimer for AisTimer {
         if batch == 0 {
             return Ok(0.0);
         }
+        // Dynamo's provider asks `predict_decode(batch, isl = mean context, osl = 2)`, whose one
+        // step reads `mean + 1` tokens of KV per request (the forward-pass metric
+        // `sum_decode_kv_tokens = batch × (isl + 1)`).
         let mean = narrow(context_tokens / batch as u64, "mean decode context")?;
-        if mean == 0 {
-            return Err("mean decode context must include the current input token".into());
-        }
-        self.estimator.decode_ms(batch, mean).map_err(|e| e.message)
+        let kv = mean.checked_add(1).ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
+        self.estimator.decode_ms(batch, kv).map_err(|e| e.message)
     }
 
     fn config(&self) -> Value {

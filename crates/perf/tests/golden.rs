@@ -98,6 +98,24 @@ fn moe_reference_goldens() {
     close(fp8.decode_ms(128, 1500).unwrap(), 14.332068046824052);
 }
 
+/// The engine-facing timer asks what Dynamo 1.6.1's AIS session asks: a decode step at mean
+/// context `c` reads `c + 1` tokens of KV per request (`sum_decode_kv_tokens = batch × (c + 1)`).
+#[test]
+fn timer_follows_dynamos_session() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    use servesim_engine::PassTimer;
+    let cfg = json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+                     "moe_tp_size": 1, "moe_ep_size": 2});
+    let timer = servesim_perf::build_timer("timing_model.config", "ais", &cfg).unwrap();
+    close(timer.prefill_ms(2, 2500, 700).unwrap(), 46.71942624461286);
+    close(timer.decode_ms(16, 16 * 1100, 1 << 20).unwrap(), 8.869981339340258);
+    // The integer mean of the batch's context, as Dynamo computes it.
+    close(timer.decode_ms(16, 16 * 1100 + 15, 1 << 20).unwrap(), 8.869981339340258);
+}
+
 #[test]
 fn moe_errors_with_real_data() {
     if !data_available() {
