@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """End to end: `servesim predict` with the AIS timing model vs Dynamo 1.6.1's replay, both given
-the engine-JSON spelling `timing_model: {"type": "external", "provider": "ais", "config": ...}`.
+the engine-JSON spelling `timing_model: {"type": "external", "provider": "ais", "config": ...}` (Qwen3-32B, and the
+mixture-of-experts Qwen3-30B-A3B at tp 2 with moe_ep 2).
 
     python3 scripts/ais_e2e.py [--dyn-python /tmp/servesim-aisim-dyn/bin/python]
                                [--servesim target/release/servesim] [--replay ../shared/parity/dynamo_replay.py]
@@ -20,14 +21,17 @@ import tempfile
 MODEL = "Qwen/Qwen3-32B"
 
 
-def timing(backend, worker_type, tp=2):
+MOE_MODEL = "Qwen/Qwen3-30B-A3B"
+
+
+def timing(backend, worker_type, tp=2, model=MODEL, **extra):
     return {"type": "external", "provider": "ais",
-            "config": {"model": MODEL, "system": "h200_sxm", "backend": backend, "worker_type": worker_type, "tp": tp}}
+            "config": {"model": model, "system": "h200_sxm", "backend": backend, "worker_type": worker_type, "tp": tp, **extra}}
 
 
-def engine(backend, worker_type="aggregated"):
+def engine(backend, worker_type="aggregated", **timing_args):
     e = {"backend": backend, "block_size": 64 if backend == "vllm" else 1, "num_gpu_blocks": 20000 if backend == "vllm" else 1280000,
-         "max_num_seqs": 256, "max_num_batched_tokens": 8192, "timing_model": timing(backend, worker_type)}
+         "max_num_seqs": 256, "max_num_batched_tokens": 8192, "timing_model": timing(backend, worker_type, **timing_args)}
     if worker_type != "aggregated":
         e["worker_type"] = worker_type
     return e
@@ -43,6 +47,9 @@ CASES = {
     "disagg_sglang": {"synthetic": {**SYN, "input_tokens": 3000, "output_tokens": 200},
                       "prefill_engine": engine("sglang", "prefill"), "decode_engine": engine("sglang", "decode"),
                       "num_prefill_workers": 1, "num_decode_workers": 2},
+    # Mixture of experts: Qwen3-30B-A3B with its experts split by expert parallelism.
+    "agg_vllm_moe": {"synthetic": {**SYN, "request_rate": 16.0},
+                     "engine": engine("vllm", model=MOE_MODEL, moe_tp_size=1, moe_ep_size=2), "num_workers": 1},
 }
 METRICS = ["mean_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms", "output_throughput_tok_s"]
 
