@@ -32,6 +32,7 @@ enum Command {
 }
 
 /// A failure to report to the user: a one-line message and an exit code.
+#[derive(Debug)]
 pub struct Failure {
     pub code: u8,
     pub message: String,

@@ -124,6 +124,8 @@ pub struct ServeArgs {
     /// KV router configuration (Dynamo's KvRouterConfig keys): inline JSON or a file.
     #[arg(long, value_name = "JSON|PATH", help_heading = "Workers")]
     router_config: Option<String>,
+    #[command(flatten)]
+    router_load: crate::ais::RouterLoadFlags,
     #[arg(long, default_value_t = 42, value_name = "SEED", help_heading = "Workers")]
     router_seed: u64,
 
@@ -346,7 +348,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_model_len == Some(0) {
         return Err(Failure::input("--max-model-len must be at least 1"));
     }
-    let kv_router = match a.router_mode {
+    let mut kv_router = match a.router_mode {
         Router::RoundRobin => {
             if a.router_config.is_some() {
                 return Err(Failure::input("--router-config applies to --router-mode kv_router"));
@@ -358,6 +360,9 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             None => RouterConfig::default(),
         }),
     };
+    // The router's load model times prompts on the engines it places them on (the first pool:
+    // aggregated or prefill).
+    let prefill_load_estimator = a.router_load.resolve(kv_router.as_mut(), &pools[0].0)?;
     let model_name = a.model_name.clone().unwrap_or_else(|| {
         a.model_path
             .as_ref()
@@ -373,6 +378,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         model_path: a.model_path.clone(),
         pools,
         kv_router,
+        prefill_load_estimator,
         router_seed: a.router_seed,
         max_model_len: a.max_model_len.or(engine.max_model_len).or(facts.max_position_embeddings),
         startup_time_s: engine.startup_time_s.unwrap_or(0.0),

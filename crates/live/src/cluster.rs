@@ -100,7 +100,12 @@ pub struct RankHandle {
 
 enum Placer {
     RoundRobin(RoundRobin),
-    Kv { router: Box<KvRouter>, queued: FxHashMap<u64, Box<Job>> },
+    Kv {
+        router: Box<KvRouter>,
+        queued: FxHashMap<u64, Box<Job>>,
+        /// Whether the load model's first failure was reported.
+        warned: bool,
+    },
 }
 
 pub struct Pool {
@@ -125,6 +130,8 @@ pub struct ClusterSpec {
     /// `(engine, workers)` of the aggregated pool, or of the prefill and decode pools.
     pub pools: Vec<(EngineConfig, u32)>,
     pub kv_router: Option<RouterConfig>,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with.
+    pub prefill_load_estimator: Option<Arc<dyn servesim_router::PrefillLoadEstimator>>,
     pub router_seed: u64,
     /// Wall-clock speedup of every pass (0: no sleeping).
     pub speedup: f64,
@@ -230,8 +237,12 @@ impl Cluster {
                     };
                     let budget = engine.max_num_batched_tokens.unwrap_or(8192);
                     Placer::Kv {
-                        router: Box::new(KvRouter::new(rc, targets, engine.block_size, budget, spec.router_seed)),
+                        router: Box::new(
+                            KvRouter::new(rc, targets, engine.block_size, budget, spec.router_seed)
+                                .with_prefill_load_estimator(spec.prefill_load_estimator.clone()),
+                        ),
                         queued: FxHashMap::default(),
+                        warned: false,
                     }
                 }
                 None => Placer::RoundRobin(RoundRobin::default()),
@@ -378,7 +389,7 @@ impl Cluster {
                         let k = rr.pick(n * pool.dp);
                         (k % n) * pool.dp + k / n
                     }
-                    Placer::Kv { router, queued } => {
+                    Placer::Kv { router, queued, warned } => {
                         let req = RouteRequest {
                             id: job.id,
                             hashes: &job.hashes.seq,
@@ -387,7 +398,14 @@ impl Cluster {
                             strict_priority: 0,
                             arrival_ms: self.now_ms(),
                         };
-                        match router.route(req, self.now_ms()) {
+                        let routed = router.route(req, self.now_ms());
+                        if let (Some(why), false) = (router.error(), *warned) {
+                            // A live server keeps serving: like Dynamo, the prompt counts in
+                            // full without decaying.
+                            eprintln!("warning: router: {why}; such prompts count in full without decaying");
+                            *warned = true;
+                        }
+                        match routed {
                             Routed::Placed(pl) => pl.target,
                             Routed::Queued => {
                                 queued.insert(job.id, job);
@@ -445,7 +463,7 @@ impl Cluster {
     /// Router lifecycle edge: the request's prompt is done.
     pub fn router_prefill_done(&self, p: usize, id: u64) {
         let released = match &mut *self.pools[p].placer.lock().expect("placer lock") {
-            Placer::Kv { router, .. } => router.prefill_completed(id),
+            Placer::Kv { router, .. } => router.prefill_completed(id, self.now_ms()),
             Placer::RoundRobin(_) => return,
         };
         self.dispatch_released(p, released);
@@ -454,7 +472,7 @@ impl Cluster {
     /// Router lifecycle edge: the request left the pool.
     pub fn router_free(&self, p: usize, id: u64) {
         let released = match &mut *self.pools[p].placer.lock().expect("placer lock") {
-            Placer::Kv { router, .. } => router.free(id),
+            Placer::Kv { router, .. } => router.free(id, self.now_ms()),
             Placer::RoundRobin(_) => return,
         };
         self.dispatch_released(p, released);

@@ -40,6 +40,8 @@ pub struct ServeOptions {
     /// `(engine, workers)`: one aggregated pool, or a prefill pool and a decode pool.
     pub pools: Vec<(EngineConfig, u32)>,
     pub kv_router: Option<RouterConfig>,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with.
+    pub prefill_load_estimator: Option<Arc<dyn servesim_router::PrefillLoadEstimator>>,
     pub router_seed: u64,
     /// Context length (prompt plus output) requests are checked against.
     pub max_model_len: Option<u32>,
@@ -144,6 +146,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     let cluster = Cluster::start(ClusterSpec {
         pools: opts.pools.clone(),
         kv_router: opts.kv_router.clone(),
+        prefill_load_estimator: opts.prefill_load_estimator.clone(),
         router_seed: opts.router_seed,
         speedup,
         vocabulary: tokenizer.vocabulary(),

@@ -23,7 +23,7 @@ use servesim_engine::{
     Backend, BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, KvTransferTimingMode,
     PassOutput, Prompt, Reserved, Stretch, WorkerType,
 };
-use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
+use servesim_router::{KvRouter, Placement, PrefillLoadEstimator, RoundRobin, RouteRequest, Routed, RouterConfig};
 
 use crate::error::InputError;
 use crate::metrics::{Collector, Sla, Stage};
@@ -118,6 +118,9 @@ pub enum RouterMode {
 pub struct SimConfig {
     pub cluster: Cluster,
     pub router: RouterMode,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with (Dynamo's
+    /// `ais_perf_config`, kept apart from the workers' timing models).
+    pub prefill_load_estimator: Option<std::sync::Arc<dyn PrefillLoadEstimator>>,
     /// Seed of the router's random choices (ties, softmax sampling).
     pub router_seed: u64,
     /// Delay before the router sees the KV events of a pass.
@@ -155,6 +158,8 @@ pub enum SimError {
     Timing { worker: u32, at_ms: f64, why: String },
     /// Disaggregated workers wait on each other's KV and nothing else can happen.
     Deadlock { at_ms: f64, in_flight: usize },
+    /// The router's prefill load model could not time a prompt.
+    Router { at_ms: f64, why: String },
 }
 
 impl std::fmt::Display for SimError {
@@ -164,6 +169,7 @@ impl std::fmt::Display for SimError {
                 write!(f, "internal error: worker {worker} stopped making progress at t={at_ms} ms")
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
+            SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
                 "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
@@ -334,13 +340,16 @@ impl<'a, 'c> Simulation<'a, 'c> {
                             Stage::Decode => rc.for_decode(),
                         };
                         let budget = pc.engine.max_num_batched_tokens.unwrap_or(8192);
-                        Placer::Kv(Box::new(KvRouter::new(
-                            rc,
-                            (pc.workers * pc.engine.dp_size) as usize,
-                            pc.engine.block_size,
-                            budget,
-                            config.router_seed,
-                        )))
+                        Placer::Kv(Box::new(
+                            KvRouter::new(
+                                rc,
+                                (pc.workers * pc.engine.dp_size) as usize,
+                                pc.engine.block_size,
+                                budget,
+                                config.router_seed,
+                            )
+                            .with_prefill_load_estimator(config.prefill_load_estimator.clone()),
+                        ))
                     }
                 };
                 let record_kv_events = matches!(placer, Placer::Kv(_));
@@ -429,6 +438,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
                 self.release(r);
+            }
+            for pool in &self.pools {
+                if let Placer::Kv(router) = &pool.placer {
+                    if let Some(why) = router.error() {
+                        return Err(SimError::Router { at_ms: now, why: why.to_string() });
+                    }
+                }
             }
             again = false;
             // Workers that could run a stretch of decode passes wait until every other worker
@@ -795,8 +811,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// Router lifecycle edges; requests the router releases from its queue are placed now.
     fn router_edge(&mut self, pool: usize, id: u64, finished: bool) {
         let released = match &mut self.pools[pool].placer {
-            Placer::Kv(router) if finished => router.free(id),
-            Placer::Kv(router) => router.prefill_completed(id),
+            Placer::Kv(router) if finished => router.free(id, self.now),
+            Placer::Kv(router) => router.prefill_completed(id, self.now),
             Placer::RoundRobin(_) => return,
         };
         for p in released {

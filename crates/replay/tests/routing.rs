@@ -23,6 +23,7 @@ fn run(path: &PathBuf, cluster: Cluster, router: RouterMode) -> Vec<RequestRecor
     let config = SimConfig {
         cluster: cluster.normalise().unwrap(),
         router,
+        prefill_load_estimator: None,
         router_seed: 1,
         kv_event_lag_ms: 0.0,
         load: LoadMode::Timestamps { speedup: 1.0 },
