@@ -116,6 +116,12 @@ const GEMM_SPEC: SitesSpec =
 const CTX_SPEC: GridSpec = GridSpec::sqrt_along(&["num_heads", "seq_len", "batch"], 1);
 const GEN_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
 
+/// NCCL curves by (dtype, collective, GPUs).
+type NcclCurves = BTreeMap<(String, String, u32), Curve>;
+
+/// Attention rows as read: lane → (fmha, kv, n_kv, head, window) → grid nodes.
+type RawLanes = BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>>;
+
 /// Attention slices of one kernel lane: key → grid.
 type Lanes<K> = (BTreeMap<String, BTreeMap<K, Grid>>, Vec<String>);
 
@@ -150,7 +156,7 @@ pub struct Database {
     ctx: OnceLock<Result<Lanes<CtxKey>>>,
     gen: OnceLock<Result<Lanes<GenKey>>>,
     ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
-    nccl: OnceLock<Result<BTreeMap<(String, String, u32), Curve>>>,
+    nccl: OnceLock<Result<NcclCurves>>,
     pub(crate) moe: OnceLock<Result<crate::moe::MoeTable>>,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
 }
@@ -320,9 +326,9 @@ impl Database {
         Ok(v)
     }
 
-    fn load_attention(&self, generation: bool) -> Result<(BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>>, Vec<String>)> {
+    fn load_attention(&self, generation: bool) -> Result<(RawLanes, Vec<String>)> {
         let srcs = if generation { &self.gen_sources } else { &self.ctx_sources };
-        let mut by_lane: BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>> = BTreeMap::new();
+        let mut by_lane: RawLanes = BTreeMap::new();
         let mut lane_order: Vec<String> = Vec::new();
         for src in srcs {
             if !src.path.exists() {
@@ -586,7 +592,7 @@ impl Database {
         Ok(v)
     }
 
-    fn nccl_table(&self) -> Result<&BTreeMap<(String, String, u32), Curve>> {
+    fn nccl_table(&self) -> Result<&NcclCurves> {
         self.nccl
             .get_or_init(|| {
                 let path = nccl_source(&self.spec).ok_or_else(|| {

@@ -136,7 +136,7 @@ impl ModelSpec {
         let layers = need("num_hidden_layers")?;
         let vocab = need("vocab_size")?;
         let kv_heads = uint(cfg, "num_key_value_heads").filter(|&v| v > 0).unwrap_or(heads);
-        let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(if heads > 0 { hidden / heads } else { 0 });
+        let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
         let inter = uint(cfg, "intermediate_size").unwrap_or(0);
         let topk = uint(cfg, "num_experts_per_tok").or_else(|| uint(cfg, "top_k_experts")).unwrap_or(0);
         let experts = uint(cfg, "num_local_experts")
@@ -354,7 +354,8 @@ pub struct Layout {
 /// gpt-oss splits attention into sliding-window (128) and global halves.
 pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
-    if m.heads % tp != 0 && m.heads < tp {
+    // (Heads are validated positive: fewer heads than GPUs is what cannot be split.)
+    if m.heads < tp {
         return Err(PerfError::unsupported(format!("{}: {} attention heads cannot be split over tp={tp}", m.name, m.heads)));
     }
     let layers = m.layers as f64;

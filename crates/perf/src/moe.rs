@@ -92,11 +92,14 @@ pub struct DispatchOp {
 
 type ShapeKey = (u32, u32, u32, u32, u32, u32); // topk, experts, hidden, inter, moe_tp, moe_ep
 
+/// quant → distribution → shape → `V`.
+type ByQuant<V> = BTreeMap<String, BTreeMap<String, BTreeMap<ShapeKey, V>>>;
+
 /// The default-eligible rows of a system's `moe_perf` tables: quant → distribution → shape →
 /// token curve (sorted, first source wins per point).
 #[derive(Debug, Default)]
 pub struct MoeTable {
-    grids: BTreeMap<String, BTreeMap<String, BTreeMap<ShapeKey, Vec<(u32, f64)>>>>,
+    grids: ByQuant<Vec<(u32, f64)>>,
     looked: Vec<String>,
 }
 
@@ -117,7 +120,7 @@ const LOW_LATENCY_LANE: &str = "moe_torch_flow_min_latency";
 impl MoeTable {
     fn load(db: &Database) -> Result<MoeTable> {
         let srcs = db.moe_sources();
-        let mut points: BTreeMap<String, BTreeMap<String, BTreeMap<ShapeKey, BTreeMap<u32, f64>>>> = BTreeMap::new();
+        let mut points: ByQuant<BTreeMap<u32, f64>> = BTreeMap::new();
         let mut looked = Vec::new();
         for src in srcs {
             looked.push(src.path.display().to_string());
@@ -293,7 +296,8 @@ pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
         if !(lat > 0.0 && anchor > 0.0) {
             return Err(PerfError::no_anchor(format!("MoE {}: no positive-utilisation boundary point to hold at {tokens} tokens", m.name)));
         }
-        if !(q > 0.0) {
+        let positive = q > 0.0; // false for NaN too
+        if !positive {
             return Err(PerfError::no_anchor(format!("MoE {}: non-positive speed of light at {tokens} tokens", m.name)));
         }
         return Ok(q / (anchor / lat));

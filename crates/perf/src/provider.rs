@@ -316,9 +316,12 @@ fn framework_default_lane(root: &std::path::Path, backend: &str, version: &str, 
     doc.get("architectures").and_then(|a| a.get(arch)).and_then(&pick).or_else(|| pick(&doc))
 }
 
+/// Loaded databases by (systems root, system, backend, version).
+type Databases = Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>>;
+
 /// Loaded databases, shared by every estimator on the same data.
-fn databases() -> &'static Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>> {
-    static DBS: OnceLock<Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>>> = OnceLock::new();
+fn databases() -> &'static Databases {
+    static DBS: OnceLock<Databases> = OnceLock::new();
     DBS.get_or_init(Default::default)
 }
 

@@ -106,7 +106,6 @@ fn timer_follows_dynamos_session() {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }
-    use servesim_engine::PassTimer;
     let cfg = json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
                      "moe_tp_size": 1, "moe_ep_size": 2});
     let timer = servesim_perf::build_timer("timing_model.config", "ais", &cfg).unwrap();
