@@ -58,6 +58,8 @@ pub struct PredictArgs {
     /// KV router configuration (Dynamo's `KvRouterConfig` keys): inline JSON or a JSON file.
     #[arg(long, value_name = "JSON|PATH")]
     router_config: Option<String>,
+    #[command(flatten)]
+    router_load: crate::ais::RouterLoadFlags,
     /// Seed of the KV router's random choices (ties, softmax sampling).
     #[arg(long, default_value_t = 42, value_name = "SEED")]
     router_seed: u64,
@@ -294,7 +296,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if !(a.kv_event_lag_ms.is_finite() && a.kv_event_lag_ms >= 0.0) {
         return Err(Failure::input("--kv-event-lag-ms must be a finite number ≥ 0"));
     }
-    let router = match a.router_mode {
+    let mut router = match a.router_mode {
         Router::RoundRobin => {
             if a.router_config.is_some() {
                 return Err(Failure::input("--router-config applies to --router-mode kv_router"));
@@ -306,10 +308,13 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             None => RouterConfig::default(),
         }),
     };
+    // The router's load model times prompts on the engines it places them on.
+    let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &cluster.pools()[0].engine)?;
     let (workload, load) = workload(&a, cluster.block_size())?;
     let config = SimConfig {
         topology: cluster,
         router,
+        prefill_load_estimator,
         router_seed: a.router_seed,
         kv_event_lag_ms: a.kv_event_lag_ms,
         load,

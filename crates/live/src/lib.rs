@@ -39,6 +39,8 @@ pub struct ServeOptions {
     /// The pools: aggregated, prefill and decode, or one side of a disaggregated deployment.
     pub topology: Topology,
     pub router: RouterMode,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with.
+    pub prefill_load_estimator: Option<Arc<dyn servesim_router::PrefillLoadEstimator>>,
     pub router_seed: u64,
     /// Context length (prompt plus output) requests are checked against.
     pub max_model_len: Option<u32>,
@@ -144,6 +146,7 @@ async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), Str
     let cluster = Cluster::start(ClusterSpec {
         topology: opts.topology.clone(),
         router: opts.router.clone(),
+        prefill_load_estimator: opts.prefill_load_estimator.clone(),
         router_seed: opts.router_seed,
         speedup,
         vocabulary: tokenizer.vocabulary(),

@@ -22,7 +22,7 @@ use servesim_cluster::{
 use servesim_engine::{
     Engine, EngineOptions, Finish, KvEvent, PassOutput, Prompt, Reserved, Role, Stretch,
 };
-use servesim_router::{Placement, Routed};
+use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
 use crate::metrics::{Collector, Sla};
 use crate::report::Report;
@@ -35,6 +35,9 @@ use crate::workload::{LoadDriver, LoadMode, Ready, Workload};
 pub struct SimConfig {
     pub topology: Topology,
     pub router: RouterMode,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with (Dynamo's
+    /// `ais_perf_config`, kept apart from the workers' timing models).
+    pub prefill_load_estimator: Option<std::sync::Arc<dyn PrefillLoadEstimator>>,
     /// Seed of the router's random choices (ties, softmax sampling).
     pub router_seed: u64,
     /// Delay before the router sees the KV events of a pass.
@@ -72,6 +75,8 @@ pub enum SimError {
     Timing { worker: u32, at_ms: f64, why: String },
     /// Disaggregated workers wait on each other's KV and nothing else can happen.
     Deadlock { at_ms: f64, in_flight: usize },
+    /// The router's prefill load model could not time a prompt.
+    Router { at_ms: f64, why: String },
 }
 
 impl std::fmt::Display for SimError {
@@ -81,6 +86,7 @@ impl std::fmt::Display for SimError {
                 write!(f, "internal error: worker {worker} stopped making progress at t={at_ms} ms")
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
+            SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
                 "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
@@ -212,7 +218,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
             .pools()
             .iter()
             .map(|spec| {
-                let placer = Placer::new(spec, &config.router, config.router_seed);
+                let placer = Placer::new(spec, &config.router, config.router_seed)
+                    .with_prefill_load_estimator(config.prefill_load_estimator.clone());
                 let record_kv_events = placer.is_kv();
                 let dp = spec.deployment.dp_size;
                 let rank_engine = spec.rank_engine();
@@ -317,6 +324,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
                 self.release(r);
+            }
+            for pool in &self.pools {
+                if let Some(why) = pool.placer.error() {
+                    return Err(SimError::Router { at_ms: now, why: why.to_string() });
+                }
             }
             again = self.start_passes()?;
             if self.finished != last_reported {
@@ -682,7 +694,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if !placer.is_kv() {
             return;
         }
-        let released = if finished { placer.free(id) } else { placer.prefill_done(id) };
+        let released = if finished { placer.free(id, self.now) } else { placer.prefill_done(id, self.now) };
         for p in released {
             self.place(pool, p);
         }

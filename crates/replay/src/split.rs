@@ -171,6 +171,7 @@ mod tests {
         SimConfig {
             topology: Topology::aggregated(args, rng.random_range(2..6)).unwrap(),
             router: RouterMode::RoundRobin,
+            prefill_load_estimator: None,
             router_seed: 0,
             kv_event_lag_ms: 0.0,
             load: LoadMode::Timestamps { speedup: rng.random_range(0.5..4.0) },

@@ -110,6 +110,7 @@ fn fast_forward_gives_identical_records() {
         let mut config = SimConfig {
             topology: Topology::aggregated(engine, workers).unwrap(),
             router,
+            prefill_load_estimator: None,
             router_seed: seed,
             kv_event_lag_ms: 0.0,
             load,

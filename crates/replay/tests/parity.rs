@@ -117,6 +117,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     let config = SimConfig {
         topology: cluster,
         router,
+        prefill_load_estimator: None,
         router_seed: 42,
         kv_event_lag_ms: f("kv_event_lag_ms").unwrap_or(0.0),
         load,
