@@ -4,7 +4,10 @@
 //! driver that releases their requests, the event loop that runs them through simulated
 //! workers, and the metrics and report of the run.
 
+pub mod agentic;
 pub mod error;
+pub mod formats;
+pub mod input;
 pub mod metrics;
 pub mod report;
 pub mod sim;
@@ -20,5 +23,6 @@ pub use metrics::{Collector, Handoff, RequestRecord, Sla, Stage, Status};
 pub use report::{request_json, Report, WALL_CLOCK_KEYS};
 pub use sim::{simulate, Cluster, PoolConfig, Progress, RouterMode, SimConfig, SimError};
 pub use synthetic::{Arrivals, SyntheticSpec};
-pub use trace::load_mooncake;
+pub use formats::{load_trace, TraceFormat, TraceOptions};
+pub use trace::{load_mooncake, load_mooncake_delta};
 pub use workload::{LoadMode, Workload};

@@ -589,17 +589,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 *rr = probe;
                 self.collector.skip_arrival();
                 // Another shard serves it; here its (single-turn) session is over.
-                self.driver.on_complete(r.session, self.now);
+                self.driver.on_complete(r.session, self.now, true);
                 return;
             }
         }
+        let prompt = self.driver.prompt(r);
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];
-        let id =
-            self.collector.arrive(session.name.clone(), r.turn, r.arrival_ms, turn.input_length, turn.output_length);
-
-        let prompt =
-            Prompt::Runs { run: self.workload.block_tokens(), ids: turn.blocks.clone(), len: turn.input_length };
+        let id = self.collector.arrive(
+            session.name.clone(),
+            r.turn,
+            r.arrival_ms,
+            prompt.len(),
+            turn.output_length,
+            turn.meta.clone(),
+        );
         // The KV router places by block hashes; engines hash what they need themselves.
         let needs_hashes = self.pools.iter().any(|p| matches!(p.placer, Placer::Kv(_)));
         let hashes =
@@ -762,7 +766,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn finish(&mut self, id: u64, finish: Finish) {
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);
-        self.driver.on_complete(flight.session, self.now);
+        self.driver.on_complete(flight.session, self.now, finish == Finish::Completed);
         self.finished += 1;
     }
 
