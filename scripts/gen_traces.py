@@ -169,7 +169,7 @@ def dynamo(rng, n, out, agentic):
                 lines.append(json.dumps({"schema": "dynamo.request.trace.v1", "event_type": "tool_end",
                                          "event_time_unix_ms": ct, "agent_context": {"session_id": s},
                                          "tool": {"tool_call_id": f"call-{p}", "tool_class": "agent",
-                                                  "started_at_unix_ms": src[1] + src[2], "ended_at_unix_ms": ct,
+                                                  "started_at_unix_ms": src[1], "ended_at_unix_ms": max(ct, src[1]),
                                                   "claude": {"source_request_id": src[0],
                                                              "consumer_request_id": ids[1][0],
                                                              "child_session_id": c,

@@ -15,6 +15,9 @@ import argparse, json, os, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity  # noqa: E402
 
+# Pass times are whole nanoseconds in both simulators; a few nanoseconds of difference in when a
+# source request completed carry over into its dependents' arrivals.
+ARRIVAL_TOLERANCE_MS = 1e-4
 SKIP = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s", "call_wall_ms"}
 
 
@@ -63,10 +66,12 @@ def compare(case, ours, ref, ours_records, ref_records, tolerance):
         if ours.get("agentic_model_projection") != ref.get("agentic_model_projection"):
             problems.append("agentic_model_projection differs")
         arrivals = {r["request_id"]: r["arrival_time_ms"] for r in ours_records}
-        bad = [(r["request_id"], arrivals.get(r["request_id"]), r["arrival_time_ms"]) for r in ref_records
-               if arrivals.get(r["request_id"]) is None or abs(arrivals[r["request_id"]] - r["arrival_time_ms"]) > 1e-6]
-        if bad:
-            problems.append(f"{len(bad)} arrival times differ, first {bad[0]}")
+        missing = [r["request_id"] for r in ref_records if arrivals.get(r["request_id"]) is None]
+        gaps = [abs(arrivals[r["request_id"]] - r["arrival_time_ms"]) for r in ref_records
+                if arrivals.get(r["request_id"]) is not None]
+        worst_gap = max(gaps, default=0.0)
+        if missing or worst_gap > ARRIVAL_TOLERANCE_MS:
+            problems.append(f"arrival times: {len(missing)} missing, largest difference {worst_gap} ms")
     return problems, worst
 
 
@@ -79,6 +84,8 @@ def main():
     failed = 0
     print(f"{'case':44} {'completed':>9}  {'worst metric':36} {'deviation':>9}  result")
     for path in a.cases:
+        if path.endswith(".golden.json"):
+            continue
         case = parity.resolve(path)
         try:
             ours, ref, orec, rrec = run_both(case, a.binary)

@@ -689,6 +689,41 @@ mod tests {
     }
 
     #[test]
+    fn a_trace_cut_short_during_the_replay_is_an_error() {
+        let path = write_trace(
+            "cut",
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+"#,
+        );
+        let workload = load_mooncake(&[&path], 512).unwrap();
+        let Workload::Streamed(trace) = &workload else { panic!("streams") };
+        // The last row vanishes between validation and replay (a file still being written,
+        // or truncated by another process).
+        std::fs::write(&path, "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n").unwrap();
+        assert_eq!(trace.sessions_iter().count(), 1);
+        let e = workload.take_error().expect("the stream reports the missing rows").to_string();
+        assert!(e.contains("ended after 1 of its 3 requests"), "{e}");
+    }
+
+    #[test]
+    fn wide_hash_ids_are_interned_and_numeric_session_ids_kept_apart() {
+        let w = load(
+            "wide",
+            r#"{"session_id": 1, "timestamp": 0, "output_length": 1, "hash_ids": [4294967297, 1]}
+{"session_id": "1", "timestamp": 5, "output_length": 1, "hash_ids": [1, 4294967297]}
+"#,
+        )
+        .unwrap();
+        assert_eq!(w.len(), 2, "1 and \"1\" are two sessions");
+        assert_eq!(&*w[0].turns[0].blocks, &[0, 1]);
+        assert_eq!(&*w[1].turns[0].blocks, &[1, 0]);
+        let e = error("array", "[0, 100, 1, [1]]");
+        assert!(e.contains("t.jsonl:1: expected one JSON object per line, found a JSON array"), "{e}");
+    }
+
+    #[test]
     fn priorities_are_read() {
         let w = load(
             "prio",
