@@ -11,7 +11,6 @@
 //! 0.13.0's `weka.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
@@ -169,46 +168,26 @@ pub fn load(path: &Path, expected: Option<u32>, basis: WekaBasis, speedup: f64) 
     if files.is_empty() {
         return Err(err(path, format!("Weka source {} contains no JSON or JSONL files", path.display())));
     }
-    // Raw corpus digest over every file's relative path, length and bytes.
+    // Raw corpus digest over every file's relative path, length and bytes (read in chunks).
     let mut corpus = blake3::Hasher::new();
     corpus.update(b"aisimulate-weka-corpus-v1\0");
-    let mut traces: Vec<(String, PathBuf, WekaTrace)> = Vec::new();
     for (file, rel) in &files {
-        let bytes = std::fs::read(file).map_err(|e| err(file, format!("cannot read: {e}")))?;
+        let len = std::fs::metadata(file).map_err(|e| err(file, format!("cannot read: {e}")))?.len();
         corpus.update(&(rel.len() as u64).to_le_bytes());
         corpus.update(rel.as_bytes());
-        corpus.update(&(bytes.len() as u64).to_le_bytes());
-        corpus.update(&bytes);
-        let jsonl = file.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
-        let text = decode(file, &bytes)?;
-        let stream = serde_json::Deserializer::from_slice(&text).into_iter::<WekaTrace>();
-        let mut count = 0;
-        for (index, trace) in stream.enumerate() {
-            if !jsonl && index > 0 {
-                return Err(err(
-                    file,
-                    format!("Weka JSON source {} contains more than one object; use a .jsonl extension", file.display()),
-                ));
-            }
-            let trace =
-                trace.map_err(|e| err(file, format!("parsing Weka source {} object {}: {e}", file.display(), index + 1)))?;
-            let name = if jsonl { format!("{rel}#{index:06}") } else { rel.clone() };
-            traces.push((name, file.clone(), trace));
-            count += 1;
-        }
-        if count == 0 {
-            return Err(err(file, format!("Weka source {} contains no trace objects", file.display())));
-        }
+        corpus.update(&len.to_le_bytes());
+        let mut f = std::fs::File::open(file).map_err(|e| err(file, format!("cannot open: {e}")))?;
+        corpus.update_reader(&mut f).map_err(|e| err(file, format!("cannot read: {e}")))?;
     }
     let raw_digest = corpus.finalize().to_hex().to_string();
     // Preflight: headers, models, requests, block sizes, timestamp evidence.
     let mut block_size = None;
     let mut relative_witness = false;
     let mut replayable_subagents = 0;
-    for (name, file, trace) in &traces {
+    for_each_trace(&files, |name, file, trace| {
         let e = |m: String| err(file, m);
-        validate_header(trace, name).map_err(e)?;
-        validate_models(trace, name).map_err(e)?;
+        validate_header(&trace, name).map_err(e)?;
+        validate_models(&trace, name).map_err(e)?;
         for entry in &trace.requests {
             match entry {
                 Entry::Normal(r) | Entry::Streaming(r) => validate_request(r, name).map_err(e)?,
@@ -236,7 +215,8 @@ pub fn load(path: &Path, expected: Option<u32>, basis: WekaBasis, speedup: f64) 
             None => block_size = Some(trace.block_size),
             _ => {}
         }
-    }
+        Ok(())
+    })?;
     let resolved = match basis {
         WekaBasis::Absolute => "absolute",
         WekaBasis::Relative => "relative",
@@ -269,34 +249,50 @@ pub fn load(path: &Path, expected: Option<u32>, basis: WekaBasis, speedup: f64) 
     };
     let file_list: Vec<PathBuf> = files.iter().map(|(f, _)| f.clone()).collect();
     let mut builder = GraphBuilder::new(header, file_list.clone(), Loc::default())?;
-    for (ordinal, (name, file, trace)) in traces.iter().enumerate() {
-        let rows = lower_trace(trace, name, ordinal, relative).map_err(|m| err(file, m))?;
+    let mut ordinal = 0;
+    for_each_trace(&files, |name, file, trace| {
+        let rows = lower_trace(&trace, name, ordinal, relative).map_err(|m| err(file, m))?;
+        ordinal += 1;
         let f = file_list.iter().position(|p| p == file).unwrap_or(0) as u16;
         for row in rows {
             builder.push(Loc { file: f, line: 0 }, row)?;
         }
-    }
+        Ok(())
+    })?;
     let mut graph = builder.finish(speedup)?;
     graph.weka_basis = Some(resolved);
     Ok(graph)
 }
 
-fn decode(file: &Path, bytes: &[u8]) -> Result<Vec<u8>, InputError> {
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out).map_err(|e| err(file, format!("cannot read: {e}")))?;
-        return Ok(out);
+/// Every trace object of the corpus in order, parsed one at a time from its file (plain or
+/// compressed), with its source name (`file` or `file#NNNNNN` for JSONL).
+fn for_each_trace(
+    files: &[(PathBuf, String)],
+    mut visit: impl FnMut(&str, &Path, WekaTrace) -> Result<(), InputError>,
+) -> Result<(), InputError> {
+    for (file, rel) in files {
+        let jsonl = file.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
+        let input = crate::input::TraceInput::open(file)?;
+        let stream = serde_json::Deserializer::from_reader(input.reader()?).into_iter::<WekaTrace>();
+        let mut count = 0;
+        for (index, trace) in stream.enumerate() {
+            if !jsonl && index > 0 {
+                return Err(err(
+                    file,
+                    format!("Weka JSON source {} contains more than one object; use a .jsonl extension", file.display()),
+                ));
+            }
+            let trace =
+                trace.map_err(|e| err(file, format!("parsing Weka source {} object {}: {e}", file.display(), index + 1)))?;
+            let name = if jsonl { format!("{rel}#{index:06}") } else { rel.clone() };
+            visit(&name, file, trace)?;
+            count += 1;
+        }
+        if count == 0 {
+            return Err(err(file, format!("Weka source {} contains no trace objects", file.display())));
+        }
     }
-    if bytes.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return zstd::decode_all(bytes).map_err(|e| err(file, format!("cannot read: {e}")));
-    }
-    if bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
-        return Ok(bytes[3..].to_vec());
-    }
-    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
-        return Err(err(file, "the file is UTF-16 text; traces must be UTF-8".into()));
-    }
-    Ok(bytes.to_vec())
+    Ok(())
 }
 
 fn collect_files(path: &Path) -> Result<Vec<(PathBuf, String)>, InputError> {

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Speed and peak memory of servesim beside the reference (Dynamo 1.6.1), per trace format.
+
+  scripts/bench_traces.py [--requests 10000] [--seed 3] [--formats mooncake,weka,...]
+
+For each format a trace of about N requests is generated (scripts/gen_traces.py, seeded), then
+replayed by `servesim predict` and by the reference (scripts/reference_replay.py under the
+reference python), each in a fresh process. Reported: wall time of the whole process (trace
+loading included) and its peak resident memory (wait4's ru_maxrss), and the ratios. Both runs
+must complete the same number of requests.
+"""
+import argparse, json, os, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import parity  # noqa: E402
+
+ENGINE = {"block_size": 16, "num_gpu_blocks": 16000, "max_num_seqs": 128}
+FORMATS = {
+    # name: (generator format, case keys)
+    "mooncake": ("mooncake", {}),
+    "mooncake-delta": ("mooncake-delta", {"trace_format": "mooncake-delta", "trace_block_size": 64}),
+    "applied_compute_agentic": ("applied", {"trace_format": "applied_compute_agentic", "replay_concurrency": 64,
+                                            "trace_block_size": 64}),
+    "agentic_mooncake": ("agentic_mooncake", {"trace_format": "agentic_mooncake", "trace_block_size": None,
+                                              "execution_model": "target"}),
+    "dynamo": ("dynamo", {"trace_format": "dynamo", "trace_block_size": None}),
+    "dynamo (agentic)": ("dynamo-agentic", {"trace_format": "dynamo", "trace_block_size": None,
+                                            "execution_model": "target"}),
+    "weka": ("weka", {"trace_format": "weka", "trace_block_size": None, "execution_model": "target"}),
+}
+
+
+def measure(cmd):
+    """(wall seconds, peak RSS in MiB, stdout) of one process."""
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = p.stdout.read()
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        raise RuntimeError(f"{cmd[:3]} failed: {err.decode()[-500:]}")
+    return wall, usage.ru_maxrss / 1024.0, out
+
+
+def main():
+    a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--requests", type=int, default=10000)
+    a.add_argument("--seed", type=int, default=3)
+    a.add_argument("--formats", default=",".join(FORMATS))
+    a.add_argument("--binary", default=os.path.join(parity.ROOT, "target", "release", "servesim"))
+    args = a.parse_args()
+    py = subprocess.run([os.path.join(parity.SHARED, "parity", "setup.sh")], check=True, capture_output=True,
+                        text=True).stdout.strip()
+    tmp = tempfile.mkdtemp(prefix="servesim-bench-traces-")
+    print(f"{'format':26} {'requests':>8} {'servesim s':>10} {'reference s':>11} {'speedup':>8} "
+          f"{'servesim MiB':>12} {'reference MiB':>13} {'memory':>7}")
+    worst = (float("inf"), float("inf"))
+    for name in args.formats.split(","):
+        gen, keys = FORMATS[name]
+        out = os.path.join(tmp, gen.replace("-", "_"))
+        subprocess.run([sys.executable, os.path.join(HERE, "gen_traces.py"), gen, "--requests", str(args.requests),
+                        "--seed", str(args.seed), "--out", out], check=True)
+        traces = ([os.path.join(out, "shard-000.jsonl"), os.path.join(out, "shard-001.jsonl.gz")]
+                  if gen.startswith("dynamo") else [out])
+        case = dict(keys, traces=traces, engine=ENGINE, num_workers=4)
+        case_file = os.path.join(tmp, f"{gen}.json")
+        json.dump(case, open(case_file, "w"))
+        ours_s, ours_mb, ours_out = measure([args.binary] + parity.servesim_args(case))
+        ref_s, ref_mb, ref_out = measure([py, os.path.join(HERE, "reference_replay.py"), case_file])
+        ours, ref = json.loads(ours_out), json.loads(ref_out)
+        if ours["completed_requests"] != ref["completed_requests"]:
+            print(f"  {name}: completed {ours['completed_requests']} vs {ref['completed_requests']}")
+        speed, mem = ref_s / ours_s, ref_mb / ours_mb
+        worst = (min(worst[0], speed), min(worst[1], mem))
+        print(f"{name:26} {ours['completed_requests']:>8} {ours_s:>10.3f} {ref_s:>11.3f} {speed:>7.1f}x "
+              f"{ours_mb:>12.1f} {ref_mb:>13.1f} {mem:>6.1f}x")
+    print(f"worst: {worst[0]:.1f}x faster, {worst[1]:.1f}x less memory")
+
+
+if __name__ == "__main__":
+    main()
