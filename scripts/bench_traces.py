@@ -6,8 +6,11 @@
 For each format a trace of about N requests is generated (scripts/gen_traces.py, seeded), then
 replayed by `servesim predict` and by the reference (scripts/reference_replay.py under the
 reference python), each in a fresh process. Reported: wall time of the whole process (trace
-loading included) and its peak resident memory (wait4's ru_maxrss), and the ratios. Both runs
-must complete the same number of requests.
+loading included), its CPU time (user + system: what the run costs, whatever else the machine
+is doing), its peak resident memory (wait4's ru_maxrss), and that peak above the process's floor
+(the same program replaying a one-request trace: servesim's binary, the reference's Python
+interpreter and native library), with the ratios. Both runs must complete the same number of
+requests.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
@@ -32,7 +35,7 @@ FORMATS = {
 
 
 def measure(cmd):
-    """(wall seconds, peak RSS in MiB, stdout) of one process."""
+    """(wall seconds, CPU seconds, peak RSS in MiB, stdout) of one process."""
     start = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = p.stdout.read()
@@ -41,7 +44,7 @@ def measure(cmd):
     wall = time.perf_counter() - start
     if status != 0:
         raise RuntimeError(f"{cmd[:3]} failed: {err.decode()[-500:]}")
-    return wall, usage.ru_maxrss / 1024.0, out
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, out
 
 
 def main():
@@ -54,12 +57,20 @@ def main():
     py = subprocess.run([os.path.join(parity.SHARED, "parity", "setup.sh")], check=True, capture_output=True,
                         text=True).stdout.strip()
     tmp = tempfile.mkdtemp(prefix="servesim-bench-traces-")
-    print(f"{'format':26} {'requests':>8} {'servesim s':>10} {'reference s':>11} {'speedup':>8} "
-          f"{'servesim MiB':>12} {'reference MiB':>13} {'memory':>7}")
-    worst = (float("inf"), float("inf"))
+    one = os.path.join(tmp, "one.jsonl")
+    open(one, "w").write('{"timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [1]}\n')
+    json.dump({"traces": [one], "engine": ENGINE}, open(os.path.join(tmp, "one.json"), "w"))
+    ours_floor = measure([args.binary] + parity.servesim_args({"traces": [one], "engine": ENGINE}))[2]
+    ref_floor = measure([py, os.path.join(HERE, "reference_replay.py"), os.path.join(tmp, "one.json")])[2]
+    print(f"memory floor (one-request trace): servesim {ours_floor:.1f} MiB, reference {ref_floor:.1f} MiB")
+    print(f"{'format':24} {'requests':>8} | {'wall s':>13} {'x':>5} | {'CPU s':>13} {'x':>5} | "
+          f"{'peak MiB':>13} {'x':>5} | {'above floor':>13} {'x':>5}")
+    print(f"{'':24} {'':>8} | {'ours   ref':>13} {'':>5} | {'ours   ref':>13} {'':>5} | {'ours   ref':>13} "
+          f"{'':>5} | {'ours   ref':>13}")
+    worst = [float("inf")] * 4
     for name in args.formats.split(","):
         gen, keys = FORMATS[name]
-        out = os.path.join(tmp, gen.replace("-", "_"))
+        out = os.path.join(tmp, gen.replace("-", "_")) + ("" if gen.startswith("dynamo") else ".jsonl")
         subprocess.run([sys.executable, os.path.join(HERE, "gen_traces.py"), gen, "--requests", str(args.requests),
                         "--seed", str(args.seed), "--out", out], check=True)
         traces = ([os.path.join(out, "shard-000.jsonl"), os.path.join(out, "shard-001.jsonl.gz")]
@@ -67,16 +78,18 @@ def main():
         case = dict(keys, traces=traces, engine=ENGINE, num_workers=4)
         case_file = os.path.join(tmp, f"{gen}.json")
         json.dump(case, open(case_file, "w"))
-        ours_s, ours_mb, ours_out = measure([args.binary] + parity.servesim_args(case))
-        ref_s, ref_mb, ref_out = measure([py, os.path.join(HERE, "reference_replay.py"), case_file])
+        ours_s, ours_cpu, ours_mb, ours_out = measure([args.binary] + parity.servesim_args(case))
+        ref_s, ref_cpu, ref_mb, ref_out = measure([py, os.path.join(HERE, "reference_replay.py"), case_file])
         ours, ref = json.loads(ours_out), json.loads(ref_out)
         if ours["completed_requests"] != ref["completed_requests"]:
             print(f"  {name}: completed {ours['completed_requests']} vs {ref['completed_requests']}")
-        speed, mem = ref_s / ours_s, ref_mb / ours_mb
-        worst = (min(worst[0], speed), min(worst[1], mem))
-        print(f"{name:26} {ours['completed_requests']:>8} {ours_s:>10.3f} {ref_s:>11.3f} {speed:>7.1f}x "
-              f"{ours_mb:>12.1f} {ref_mb:>13.1f} {mem:>6.1f}x")
-    print(f"worst: {worst[0]:.1f}x faster, {worst[1]:.1f}x less memory")
+        above = (max(ours_mb - ours_floor, 0.1), max(ref_mb - ref_floor, 0.1))
+        ratios = [ref_s / ours_s, ref_cpu / ours_cpu, ref_mb / ours_mb, above[1] / above[0]]
+        worst = [min(w, r) for w, r in zip(worst, ratios)]
+        print(f"{name:24} {ours['completed_requests']:>8} | {ours_s:>6.2f} {ref_s:>6.2f} {ratios[0]:>4.1f}x | "
+              f"{ours_cpu:>6.2f} {ref_cpu:>6.2f} {ratios[1]:>4.1f}x | {ours_mb:>6.1f} {ref_mb:>6.1f} {ratios[2]:>4.1f}x | "
+              f"{above[0]:>6.1f} {above[1]:>6.1f} {ratios[3]:>4.1f}x")
+    print("worst ratios: wall {:.1f}x, CPU {:.1f}x, peak memory {:.1f}x, memory above floor {:.1f}x".format(*worst))
 
 
 if __name__ == "__main__":
