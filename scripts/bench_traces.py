@@ -9,7 +9,9 @@ reference python), each in a fresh process. Reported: wall time of the whole pro
 loading included), its CPU time (user + system: what the run costs, whatever else the machine
 is doing), its peak resident memory (wait4's ru_maxrss), and that peak above the process's floor
 (the same program replaying a one-request trace: servesim's binary, the reference's Python
-interpreter and native library), with the ratios. Both runs must complete the same number of
+interpreter and native library), with the ratios. Peak memory is the process's own high-water
+mark (VmHWM, sampled every 2 ms until it exits): wait4's ru_maxrss would also count the Python
+image the child was forked from. Both runs must complete the same number of
 requests.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
@@ -37,14 +39,28 @@ FORMATS = {
 def measure(cmd):
     """(wall seconds, CPU seconds, peak RSS in MiB, stdout) of one process."""
     start = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out = p.stdout.read()
-    err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
+    out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    p = subprocess.Popen(cmd, stdout=out_f, stderr=err_f)
+    hwm_kib = 0
+    while True:
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        hwm_kib = max(hwm_kib, int(line.split()[1]))
+        except OSError:
+            pass
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.002)
     wall = time.perf_counter() - start
+    p.returncode = status
+    out_f.seek(0)
+    err_f.seek(0)
     if status != 0:
-        raise RuntimeError(f"{cmd[:3]} failed: {err.decode()[-500:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, out
+        raise RuntimeError(f"{cmd[:3]} failed: {err_f.read().decode()[-500:]}")
+    return wall, usage.ru_utime + usage.ru_stime, hwm_kib / 1024.0, out_f.read()
 
 
 def main():
@@ -52,6 +68,8 @@ def main():
     a.add_argument("--requests", type=int, default=10000)
     a.add_argument("--seed", type=int, default=3)
     a.add_argument("--formats", default=",".join(FORMATS))
+    a.add_argument("--profile", choices=["small", "long"], default="long",
+                   help="request sizes of the generated traces (gen_traces.py --profile)")
     a.add_argument("--binary", default=os.path.join(parity.ROOT, "target", "release", "servesim"))
     args = a.parse_args()
     py = subprocess.run([os.path.join(parity.SHARED, "parity", "setup.sh")], check=True, capture_output=True,
@@ -59,8 +77,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="servesim-bench-traces-")
     one = os.path.join(tmp, "one.jsonl")
     open(one, "w").write('{"timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [1]}\n')
-    json.dump({"traces": [one], "engine": ENGINE}, open(os.path.join(tmp, "one.json"), "w"))
-    ours_floor = measure([args.binary] + parity.servesim_args({"traces": [one], "engine": ENGINE}))[2]
+    one_case = {"traces": [one], "engine": ENGINE, "num_workers": 4}
+    json.dump(one_case, open(os.path.join(tmp, "one.json"), "w"))
+    ours_floor = measure([args.binary] + parity.servesim_args(one_case))[2]
     ref_floor = measure([py, os.path.join(HERE, "reference_replay.py"), os.path.join(tmp, "one.json")])[2]
     print(f"memory floor (one-request trace): servesim {ours_floor:.1f} MiB, reference {ref_floor:.1f} MiB")
     print(f"{'format':24} {'requests':>8} | {'wall s':>13} {'x':>5} | {'CPU s':>13} {'x':>5} | "
@@ -72,6 +91,7 @@ def main():
         gen, keys = FORMATS[name]
         out = os.path.join(tmp, gen.replace("-", "_")) + ("" if gen.startswith("dynamo") else ".jsonl")
         subprocess.run([sys.executable, os.path.join(HERE, "gen_traces.py"), gen, "--requests", str(args.requests),
+                        "--profile", args.profile,
                         "--seed", str(args.seed), "--out", out], check=True)
         traces = ([os.path.join(out, "shard-000.jsonl"), os.path.join(out, "shard-001.jsonl.gz")]
                   if gen.startswith("dynamo") else [out])

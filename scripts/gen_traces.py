@@ -11,18 +11,22 @@ conversations) so that prefix caching matters; agentic traces have spawns, joins
 import argparse, gzip, json, os, random
 
 BS = 16  # trace block size of the agentic formats
+# --profile long: prompts and outputs the size of production traces (the public Mooncake
+# conversation trace averages 12k prompt and 340 output tokens); the default keeps them small.
+IN, OUT = 1, 1
 
 
 def mooncake(rng, n, out):
     t = 0.0
     with open(out, "w") as f:
         for i in range(n):
-            t += rng.expovariate(1 / 40.0)
+            t += rng.expovariate(1 / 40.0) * IN
             group = rng.randrange(8)
-            blocks = rng.randint(1, 6)
-            ids = [group * 1000 + b for b in range(rng.randint(0, 3))] + [100000 + i * 10 + b for b in range(blocks)]
+            blocks = rng.randint(1, 6) * IN
+            ids = ([group * 1000 + b for b in range(rng.randint(0, 3) * IN)]
+                   + [100000 + i * 10 * IN + b for b in range(blocks)])
             row = {"timestamp": round(t, 3), "input_length": len(ids) * 512 - rng.randrange(400),
-                   "output_length": rng.randint(1, 120), "hash_ids": ids}
+                   "output_length": rng.randint(1, 120) * OUT, "hash_ids": ids}
             if rng.random() < 0.1:
                 row["priority"] = rng.randint(0, 2)
             f.write(json.dumps(row) + "\n")
@@ -35,11 +39,11 @@ def mooncake_delta(rng, n, out):
         turns = min(rng.randint(1, 6), n - len(rows))
         nid = 1_000_000 + sid * 1000
         for k in range(turns):
-            blocks = rng.randint(1, 4)
+            blocks = rng.randint(1, 4) * IN
             ids = list(range(nid, nid + blocks))
             nid += blocks
             row = {"session_id": f"s{sid}", "input_length": blocks * 64 - rng.randrange(30),
-                   "output_length": rng.randint(1, 60), "hash_ids": ids}
+                   "output_length": rng.randint(1, 60) * OUT, "hash_ids": ids}
             if k == 0:
                 row["timestamp"] = round(t, 3)
             else:
@@ -57,11 +61,11 @@ def applied(rng, n, out):
         while made < n:
             k = min(rng.randint(1, 6), max(n - made - 1, 1))
             f.write(json.dumps({
-                "num_turns": k, "input_prompt_length": rng.randint(200, 3000),
-                "assistant_response_length": [rng.randint(5, 200) for _ in range(k)],
-                "tool_call_output_length": [rng.randint(10, 800) for _ in range(k)],
+                "num_turns": k, "input_prompt_length": rng.randint(200, 3000) * IN,
+                "assistant_response_length": [rng.randint(5, 200) * OUT for _ in range(k)],
+                "tool_call_output_length": [rng.randint(10, 800) * IN for _ in range(k)],
                 "tool_call_latency": [round(rng.uniform(0, 0.5), 3) for _ in range(k)],
-                "final_assistant_response_length": rng.randint(5, 200)}) + "\n")
+                "final_assistant_response_length": rng.randint(5, 200) * OUT}) + "\n")
             made += k + 1
 
 
@@ -71,11 +75,11 @@ def play_nodes(rng, budget):
     relation)) and the play's start offset."""
     nodes = []
     main_len = rng.randint(1, max(1, min(6, budget)))
-    prefix = [rng.randrange(1 << 40) for _ in range(rng.randint(1, 4))]
+    prefix = [rng.randrange(1 << 40) for _ in range(rng.randint(1, 4) * IN)]
     for k in range(main_len):
-        prefix = prefix + [rng.randrange(1 << 40) for _ in range(rng.randint(1, 3))]
+        prefix = prefix + [rng.randrange(1 << 40) for _ in range(rng.randint(1, 3) * IN)]
         deps = [] if k == 0 else [(k - 1, "completion", round(rng.uniform(0, 50), 3), "sequence")]
-        nodes.append({"session": "main", "hashes": list(prefix), "deps": deps, "out": rng.randint(1, 40)})
+        nodes.append({"session": "main", "hashes": list(prefix), "deps": deps, "out": rng.randint(1, 40) * OUT})
     if main_len >= 2 and len(nodes) < budget and rng.random() < 0.6:
         parent = rng.randrange(main_len - 1)
         child_prefix = [rng.randrange(1 << 40) for _ in range(rng.randint(1, 3))]
@@ -84,7 +88,8 @@ def play_nodes(rng, budget):
             child_prefix = child_prefix + [rng.randrange(1 << 40)]
             deps = ([(parent, "dispatch", round(rng.uniform(0, 20), 3), "spawn")] if c == 0
                     else [(len(nodes) - 1, "completion", round(rng.uniform(0, 20), 3), "sequence")])
-            nodes.append({"session": "sub", "hashes": list(child_prefix), "deps": deps, "out": rng.randint(1, 20)})
+            nodes.append({"session": "sub", "hashes": list(child_prefix), "deps": deps,
+                          "out": rng.randint(1, 20) * OUT})
         last_child = len(nodes) - 1
         nodes[parent + 1]["deps"].append((last_child, "completion", round(rng.uniform(0, 5), 3), "join"))
         del first_child
@@ -131,9 +136,9 @@ def dynamo(rng, n, out, agentic):
     while made < n:
         t += int(rng.expovariate(1 / 300.0))
         if not agentic:
-            hashes = [rng.randrange(1 << 60) for _ in range(rng.randint(1, 8))]
+            hashes = [rng.randrange(1 << 60) for _ in range(rng.randint(1, 8) * IN)]
             lines.append(json.dumps({"event_type": "request_payload", "request_id": f"r{made}"}))
-            lines.append(json.dumps(dynamo_request(f"r{made}", t, rng.randint(10, 400), rng.randint(1, 60), hashes,
+            lines.append(json.dumps(dynamo_request(f"r{made}", t, rng.randint(10, 400), rng.randint(1, 60) * OUT, hashes,
                                                    len(hashes) * BS - rng.randrange(BS))))
             made += 1
             continue
@@ -143,11 +148,11 @@ def dynamo(rng, n, out, agentic):
         turns = rng.randint(1, 4)
         ids = []
         for k in range(turns):
-            prefix = prefix + [rng.randrange(1 << 60)]
+            prefix = prefix + [rng.randrange(1 << 60) for _ in range(IN)]
             dur = rng.randint(20, 300)
             rid = f"{s}-{k}"
             ids.append((rid, cur, dur))
-            lines.append(json.dumps(dynamo_request(rid, cur, dur, rng.randint(1, 40), list(prefix),
+            lines.append(json.dumps(dynamo_request(rid, cur, dur, rng.randint(1, 40) * OUT, list(prefix),
                                                    len(prefix) * BS - rng.randrange(BS), session=s)))
             cur += dur + rng.randint(5, 400)
         made += turns
@@ -190,10 +195,10 @@ def weka(rng, n, out):
             reqs, t, prefix = [], 0.0, [rng.randrange(1 << 30) for _ in range(3)]
             turns = rng.randint(2, 6)
             for k in range(turns):
-                prefix = prefix + [rng.randrange(1 << 30) for _ in range(rng.randint(1, 3))]
+                prefix = prefix + [rng.randrange(1 << 30) for _ in range(rng.randint(1, 3) * IN)]
                 api = round(rng.uniform(0.05, 2.0), 3)
                 reqs.append({"t": round(t, 3), "type": "s", "model": "m", "in": len(prefix) * 4 - rng.randrange(4),
-                             "out": rng.randint(1, 30), "hash_ids": list(prefix), "api_time": api})
+                             "out": rng.randint(1, 30) * OUT, "hash_ids": list(prefix), "api_time": api})
                 t += api + rng.uniform(0.05, 1.0)
                 made += 1
                 if k < turns - 1 and rng.random() < 0.3:
@@ -221,7 +226,11 @@ def main():
     a.add_argument("--requests", type=int, default=1000)
     a.add_argument("--seed", type=int, default=1)
     a.add_argument("--out", required=True)
+    a.add_argument("--profile", choices=["small", "long"], default="small")
     args = a.parse_args()
+    global IN, OUT
+    if args.profile == "long":
+        IN, OUT = 4, 5
     rng = random.Random(args.seed)
     f = args.format
     if f == "mooncake":

@@ -17,7 +17,6 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use serde_json::{json, Map, Value};
 
 use super::{AgenticGraph, Trigger};
 use crate::time::Time;
@@ -89,6 +88,8 @@ pub struct GraphState {
     /// applies one timestamp's feedback: causal terminals by graph ordinal, then quiescence).
     pending: Vec<(u32, bool)>,
     pending_at: f64,
+    /// Scratch buffer of a lifecycle line.
+    line: Vec<u8>,
 }
 
 impl GraphState {
@@ -138,6 +139,7 @@ impl GraphState {
             lifecycle_count: 0,
             pending: Vec::new(),
             pending_at: 0.0,
+            line: Vec::with_capacity(256),
             graph,
         };
         match s.graph.lanes {
@@ -205,21 +207,31 @@ impl GraphState {
     }
 
     fn record(&mut self, at_ms: f64, play: usize, node: Option<u32>, event: &str, status: Option<&str>) {
-        let mut m = Map::new();
-        m.insert("schema".into(), json!(LIFECYCLE_SCHEMA));
-        m.insert("ordinal".into(), json!(self.lifecycle_count));
-        m.insert("at_ms".into(), json!(at_ms));
-        m.insert("play_id".into(), json!(&*self.graph.plays[play].id));
+        // One JSON line, written as the reference's serde serialisation writes it.
+        let line = &mut self.line;
+        line.clear();
+        line.extend_from_slice(b"{\"schema\":\"");
+        line.extend_from_slice(LIFECYCLE_SCHEMA.as_bytes());
+        line.extend_from_slice(b"\",\"ordinal\":");
+        line.extend_from_slice(self.lifecycle_count.to_string().as_bytes());
+        line.extend_from_slice(b",\"at_ms\":");
+        let _ = serde_json::to_writer(&mut *line, &at_ms);
+        line.extend_from_slice(b",\"play_id\":");
+        let _ = serde_json::to_writer(&mut *line, &*self.graph.plays[play].id);
         if let Some(n) = node {
-            m.insert("request_id".into(), json!(&*self.graph.nodes[n as usize].request_id));
+            line.extend_from_slice(b",\"request_id\":");
+            let _ = serde_json::to_writer(&mut *line, &*self.graph.nodes[n as usize].request_id);
         }
-        m.insert("event".into(), json!(event));
+        line.extend_from_slice(b",\"event\":\"");
+        line.extend_from_slice(event.as_bytes());
+        line.push(b'"');
         if let Some(s) = status {
-            m.insert("status".into(), json!(s));
+            line.extend_from_slice(b",\"status\":\"");
+            line.extend_from_slice(s.as_bytes());
+            line.push(b'"');
         }
-        let mut line = serde_json::to_vec(&Value::Object(m)).expect("lifecycle event serialises");
-        line.push(b'\n');
-        self.lifecycle.update(&line);
+        line.extend_from_slice(b"}\n");
+        self.lifecycle.update(line);
         self.lifecycle_count += 1;
     }
 

@@ -592,6 +592,7 @@ impl GraphBuilder {
                 line: d.loc.line,
             });
         }
+        share_prompt_prefixes(&mut nodes);
         Ok(AgenticGraph {
             block_tokens: self.block_tokens,
             source: self.source,
@@ -604,6 +605,33 @@ impl GraphBuilder {
             execution_model: None,
             outcome: Mutex::new(None),
         })
+    }
+}
+
+/// Requests of a session usually resend the session's earlier prompt and add to it: a node
+/// whose blocks are a prefix of a longer node's in its session shares that node's list (a
+/// prompt is cut at its own `input_length`).
+fn share_prompt_prefixes(nodes: &mut [Node]) {
+    let mut by_session: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        by_session.entry(n.session_id.clone()).or_default().push(i);
+    }
+    for (_, mut members) in by_session {
+        if members.len() < 2 {
+            continue;
+        }
+        members.sort_by_key(|&i| std::cmp::Reverse(nodes[i].turn.blocks.len()));
+        let mut longest: Vec<Arc<[u32]>> = Vec::new();
+        for i in members {
+            let blocks = nodes[i].turn.blocks.clone();
+            match longest.iter().find(|l| l.starts_with(&blocks)) {
+                Some(l) => nodes[i].turn.blocks = l.clone(),
+                None => longest.push(blocks),
+            }
+            if longest.len() > 8 {
+                longest.remove(0);
+            }
+        }
     }
 }
 
@@ -633,19 +661,22 @@ pub fn row_error(path: &Path, line: usize, msg: impl Into<String>) -> InputError
     InputError::at_line(path, line, None, msg)
 }
 
+mod erased {
+    /// A value serde_json can write (object-safe, for the digest writer).
+    pub trait Ser {
+        fn write(&self, w: &mut dyn std::io::Write);
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn write(&self, w: &mut dyn std::io::Write) {
+            let _ = serde_json::to_writer(w, self);
+        }
+    }
+}
+
 /// blake3 over the canonical JSON of the graph (`{"block_size", "nodes"}`, dependencies sorted),
 /// as the reference computes `graph_digest`.
 fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
-    struct W<'a>(&'a mut blake3::Hasher);
-    impl std::io::Write for W<'_> {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.update(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
     let rank_t = |t: Trigger| t as u8;
     let rank_r = |r: Relation| r as u8;
     let mut h = blake3::Hasher::new();
@@ -662,35 +693,42 @@ fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
                 .then(rank_r(a.relation).cmp(&rank_r(b.relation)))
                 .then(a.delay_ms.total_cmp(&b.delay_ms))
         });
-        let mut m = Map::new();
-        m.insert("request_id".into(), json!(r.request_id));
-        m.insert("play_id".into(), json!(r.play_id));
+        // The node as the reference's serde derive writes it (field order, skipped options).
+        buf.clear();
+        let mut w = &mut buf;
+        let put = |w: &mut &mut Vec<u8>, key: &str, v: &dyn erased::Ser| {
+            let _ = std::io::Write::write_all(w, key.as_bytes());
+            v.write(w);
+        };
+        put(&mut w, "{\"request_id\":", &r.request_id.as_str());
+        put(&mut w, ",\"play_id\":", &r.play_id.as_str());
         if let Some(o) = r.source_play_ordinal {
-            m.insert("source_play_ordinal".into(), json!(o));
+            put(&mut w, ",\"source_play_ordinal\":", &o);
         }
-        m.insert("session_id".into(), json!(r.session_id));
-        m.insert("model".into(), json!(r.model));
-        m.insert("input_length".into(), json!(d.input_length));
-        m.insert("max_output_tokens".into(), json!(d.output_length));
-        m.insert("output_token_ids".into(), json!(r.output_token_ids));
-        m.insert("replay_key".into(), json!(r.output_token_ids.as_ref().map(|_| r.request_id.clone())));
-        m.insert("hash_ids".into(), json!(r.hash_ids));
-        m.insert("not_before_ms".into(), json!(r.not_before_ms));
+        put(&mut w, ",\"session_id\":", &r.session_id.as_str());
+        put(&mut w, ",\"model\":", &r.model.as_str());
+        put(&mut w, ",\"input_length\":", &d.input_length);
+        put(&mut w, ",\"max_output_tokens\":", &d.output_length);
+        put(&mut w, ",\"output_token_ids\":", &r.output_token_ids);
+        put(&mut w, ",\"replay_key\":", &r.output_token_ids.as_ref().map(|_| r.request_id.as_str()));
+        put(&mut w, ",\"hash_ids\":", &r.hash_ids);
+        put(&mut w, ",\"not_before_ms\":", &r.not_before_ms);
         if let Some(t) = r.recorded_api_time_ms {
-            m.insert("recorded_api_time_ms".into(), json!(t));
+            put(&mut w, ",\"recorded_api_time_ms\":", &t);
         }
-        m.insert("priority".into(), json!(r.priority.unwrap_or(0)));
-        m.insert("strict_priority".into(), json!(r.strict_priority.unwrap_or(0)));
-        m.insert("policy_class".into(), json!(r.policy_class));
-        let deps: Vec<Value> = r
-            .dependencies
-            .iter()
-            .map(|d| {
-                json!({"request_id": d.request_id, "trigger": d.trigger.name(), "delay_ms": d.delay_ms, "relation": d.relation.name()})
-            })
-            .collect();
-        m.insert("dependencies".into(), Value::Array(deps));
-        let _ = serde_json::to_writer(W(&mut h), &Value::Object(m));
+        put(&mut w, ",\"priority\":", &r.priority.unwrap_or(0));
+        put(&mut w, ",\"strict_priority\":", &r.strict_priority.unwrap_or(0));
+        put(&mut w, ",\"policy_class\":", &r.policy_class);
+        let _ = std::io::Write::write_all(&mut w, b",\"dependencies\":[");
+        for (k, dep) in r.dependencies.iter().enumerate() {
+            let open = if k == 0 { "{\"request_id\":" } else { ",{\"request_id\":" };
+            put(&mut w, open, &dep.request_id.as_str());
+            let _ = std::io::Write::write_all(&mut w, format!(",\"trigger\":\"{}\"", dep.trigger.name()).as_bytes());
+            put(&mut w, ",\"delay_ms\":", &dep.delay_ms);
+            let _ = std::io::Write::write_all(&mut w, format!(",\"relation\":\"{}\"}}", dep.relation.name()).as_bytes());
+        }
+        let _ = std::io::Write::write_all(&mut w, b"]}");
+        h.update(&buf);
     }
     h.update(b"]}");
     h.finalize().to_hex().to_string()

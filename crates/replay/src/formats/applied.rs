@@ -72,24 +72,16 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
                 }
             }
         };
+        // Every turn's blocks extend the previous turn's, so all turns share the last turn's
+        // list and cut it at their own length (interning it once keeps first-seen order).
         let mut len = r.input_prompt_length;
         extend(&mut hashes, len);
-        let mut turns = Vec::with_capacity(r.num_turns + 1);
+        let mut lengths = Vec::with_capacity(r.num_turns + 1);
+        let mut delays = Vec::with_capacity(r.num_turns + 1);
         let mut delay = 0.0;
-        let too_long = |len: u64| err(format!("cumulative input length {len} is too large"));
         for k in 0..=r.num_turns {
-            let output = if k < r.num_turns { r.assistant_response_length[k] } else { r.final_assistant_response_length };
-            let blocks = ids.blocks(&hashes).map_err(&err)?;
-            turns.push(TurnSpec {
-                input_length: u32::try_from(len).map_err(|_| too_long(len))?,
-                output_length: u32::try_from(output).map_err(|_| err(format!("output length {output} is too large")))?,
-                blocks,
-                delay_ms: delay,
-                priority: 0,
-                strict_priority: 0,
-                output_tokens: None,
-                meta: None,
-            });
+            lengths.push(len);
+            delays.push(delay);
             if k < r.num_turns {
                 let latency = r.tool_call_latency[k];
                 if !latency.is_finite() || latency < 0.0 {
@@ -99,6 +91,22 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
                 extend(&mut hashes, len);
                 delay = latency * 1000.0;
             }
+        }
+        let blocks = ids.blocks(&hashes).map_err(&err)?;
+        let too_long = |len: u64| err(format!("cumulative input length {len} is too large"));
+        let mut turns = Vec::with_capacity(r.num_turns + 1);
+        for k in 0..=r.num_turns {
+            let output = if k < r.num_turns { r.assistant_response_length[k] } else { r.final_assistant_response_length };
+            turns.push(TurnSpec {
+                input_length: u32::try_from(lengths[k]).map_err(|_| too_long(lengths[k]))?,
+                output_length: u32::try_from(output).map_err(|_| err(format!("output length {output} is too large")))?,
+                blocks: blocks.clone(),
+                delay_ms: delays[k],
+                priority: 0,
+                strict_priority: 0,
+                output_tokens: None,
+                meta: None,
+            });
         }
         sessions.push(SessionSpec {
             name: Arc::from(format!("applied_compute_agentic_session_{lineno}")),
