@@ -7,6 +7,7 @@
 //! `tool_call_latency[k]` seconds after turn k completes. With a shared-prefix ratio and prefix
 //! groups, the first blocks of the initial prompt are shared within group `line % groups`.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -14,7 +15,6 @@ use serde::Deserialize;
 
 use crate::error::InputError;
 use crate::input::{not_an_object, Lines, TraceInput};
-use crate::trace::Ids;
 use crate::workload::{SessionSpec, TurnSpec, Workload};
 
 #[derive(Deserialize)]
@@ -34,8 +34,11 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
     let input = TraceInput::open(path)?;
     let mut lines = Lines::open(&input)?;
     let mut sessions = Vec::new();
-    let mut ids = Ids::new(true);
-    let mut next_unique = 1u64;
+    // Ids are compact from the start: a fresh id per private block, one per shared (group,
+    // block) pair (what interning the reference's synthetic ids would give, without a map of
+    // every id).
+    let mut next_id = 0u32;
+    let mut shared_ids: HashMap<(u64, u64), u32> = HashMap::new();
     let mut first = true;
     while let Some(line) = lines.next_line() {
         let (lineno, text) = line?;
@@ -59,23 +62,31 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
         let group = (shared_prefix_ratio > 0.0 && groups > 0).then(|| (lineno - 1) as u64 % groups as u64);
         let bs = tbs as u64;
         let shared = ((r.input_prompt_length.div_ceil(bs) as f64) * shared_prefix_ratio).round() as u64;
-        let mut hashes: Vec<u64> = Vec::new();
-        let mut extend = |hashes: &mut Vec<u64>, len: u64| {
+        let mut hashes: Vec<u32> = Vec::new();
+        let mut extend = |hashes: &mut Vec<u32>, len: u64| -> Result<(), InputError> {
             while (hashes.len() as u64) < len.div_ceil(bs) {
                 let b = hashes.len() as u64;
-                match group {
-                    Some(g) if b < shared => hashes.push(0xA63E_0000_0000_0000 | (g << 32) | b),
+                let id = match group {
+                    Some(g) if b < shared => *shared_ids.entry((g, b)).or_insert_with(|| {
+                        next_id += 1;
+                        next_id - 1
+                    }),
                     _ => {
-                        hashes.push(next_unique);
-                        next_unique += 1;
+                        next_id += 1;
+                        next_id - 1
                     }
+                };
+                if next_id == u32::MAX {
+                    return Err(InputError::in_file(path, "the trace needs more than 2^32 distinct prompt blocks"));
                 }
+                hashes.push(id);
             }
+            Ok(())
         };
         // Every turn's blocks extend the previous turn's, so all turns share the last turn's
         // list and cut it at their own length (interning it once keeps first-seen order).
         let mut len = r.input_prompt_length;
-        extend(&mut hashes, len);
+        extend(&mut hashes, len)?;
         let mut lengths = Vec::with_capacity(r.num_turns + 1);
         let mut delays = Vec::with_capacity(r.num_turns + 1);
         let mut delay = 0.0;
@@ -88,11 +99,11 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
                     return Err(err(format!("tool_call_latency[{k}] must be a finite non-negative number")));
                 }
                 len += r.assistant_response_length[k] + r.tool_call_output_length[k];
-                extend(&mut hashes, len);
+                extend(&mut hashes, len)?;
                 delay = latency * 1000.0;
             }
         }
-        let blocks = ids.blocks(&hashes).map_err(&err)?;
+        let blocks: Arc<[u32]> = hashes.into();
         let too_long = |len: u64| err(format!("cumulative input length {len} is too large"));
         let mut turns = Vec::with_capacity(r.num_turns + 1);
         for k in 0..=r.num_turns {
