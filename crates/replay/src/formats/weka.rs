@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
+use rustc_hash::FxHashMap;
 use serde::Deserialize;
 
 use super::WekaBasis;
@@ -273,20 +274,67 @@ fn for_each_trace(
     for (file, rel) in files {
         let jsonl = file.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
         let input = crate::input::TraceInput::open(file)?;
-        let stream = serde_json::Deserializer::from_reader(input.reader()?).into_iter::<WekaTrace>();
+        let mut reader = input.reader()?;
         let mut count = 0;
-        for (index, trace) in stream.enumerate() {
-            if !jsonl && index > 0 {
-                return Err(err(
-                    file,
-                    format!("Weka JSON source {} contains more than one object; use a .jsonl extension", file.display()),
-                ));
+        if !jsonl {
+            // One object: read whole (it is held whole once parsed anyway).
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut text).map_err(|e| err(file, format!("cannot read: {e}")))?;
+            let mut objects = serde_json::Deserializer::from_slice(&text).into_iter::<serde::de::IgnoredAny>();
+            let mut end = 0;
+            while let Some(next) = objects.next() {
+                next.map_err(|e| err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1)))?;
+                let start = end;
+                end = objects.byte_offset();
+                if count > 0 {
+                    return Err(err(
+                        file,
+                        format!("Weka JSON source {} contains more than one object; use a .jsonl extension", file.display()),
+                    ));
+                }
+                let trace: WekaTrace = serde_json::from_slice(&text[start..end])
+                    .map_err(|e| err(file, format!("parsing Weka source {} object 1: {e}", file.display())))?;
+                count += 1;
+                visit(rel, file, trace)?;
             }
-            let trace =
-                trace.map_err(|e| err(file, format!("parsing Weka source {} object {}: {e}", file.display(), index + 1)))?;
-            let name = if jsonl { format!("{rel}#{index:06}") } else { rel.clone() };
-            visit(&name, file, trace)?;
-            count += 1;
+        } else {
+            // One object per line; an object written over several lines is gathered until it
+            // parses.
+            let mut buf: Vec<u8> = Vec::new();
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let n = std::io::BufRead::read_until(&mut reader, b'\n', &mut line)
+                    .map_err(|e| err(file, format!("cannot read: {e}")))?;
+                if n > 0 {
+                    buf.extend_from_slice(&line);
+                }
+                let text = buf.trim_ascii();
+                if text.is_empty() {
+                    buf.clear();
+                    if n == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                if n > 0 && !text.ends_with(b"}") {
+                    continue;
+                }
+                let trace = match serde_json::from_slice::<WekaTrace>(text) {
+                    Err(e) if e.is_eof() && n > 0 => continue,
+                    Err(e) => {
+                        return Err(err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1)))
+                    }
+                    Ok(trace) => trace,
+                };
+                let name = format!("{rel}#{count:06}");
+                count += 1;
+                visit(&name, file, trace)?;
+                buf.clear();
+                if n == 0 {
+                    break;
+                }
+            }
         }
         if count == 0 {
             return Err(err(file, format!("Weka source {} contains no trace objects", file.display())));
@@ -481,15 +529,21 @@ fn namespace(rel: &str) -> String {
     format!("weka:{}", &d[..16])
 }
 
-fn unique_hash(domain: &str, identity: &str, used: &mut HashMap<u64, String>) -> Result<u64, String> {
+fn unique_hash(domain: &str, identity: &str, used: &mut FxHashMap<u64, Box<str>>) -> Result<u64, String> {
     for nonce in 0u32..=u32::MAX {
-        let digest = blake3::hash(format!("{domain}\0{identity}\0{nonce}").as_bytes());
+        let mut h = blake3::Hasher::new();
+        h.update(domain.as_bytes());
+        h.update(b"\0");
+        h.update(identity.as_bytes());
+        h.update(b"\0");
+        h.update(nonce.to_string().as_bytes());
+        let digest = h.finalize();
         let v = u64::from_le_bytes(digest.as_bytes()[..8].try_into().expect("8 bytes"));
         match used.get(&v) {
-            Some(existing) if existing != identity => continue,
+            Some(existing) if &**existing != identity => continue,
             Some(_) => return Ok(v),
             None => {
-                used.insert(v, identity.to_string());
+                used.insert(v, identity.into());
                 return Ok(v);
             }
         }
@@ -502,7 +556,7 @@ fn normalized_hashes(
     request_id: &str,
     r: &Request,
     bs: u64,
-    used: &mut HashMap<u64, String>,
+    used: &mut FxHashMap<u64, Box<str>>,
 ) -> Result<Vec<u64>, String> {
     let full = r.input_length / bs;
     let partial = r.input_length % bs != 0;
@@ -968,7 +1022,7 @@ fn lower_trace(trace: &WekaTrace, rel: &str, ordinal: usize, relative: bool) -> 
         );
     }
     let mut rows = Vec::new();
-    let mut used = HashMap::new();
+    let mut used = FxHashMap::default();
     for s in &streams {
         for r in &s.requests {
             let request_id = row_by_source[&r.source_id].clone();
