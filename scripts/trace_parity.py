@@ -101,7 +101,7 @@ def main():
         problems, worst = compare(case, ours, ref, orec, rrec, a.tolerance)
         failed += bool(problems)
         print(f"{os.path.basename(path):44} {ours.get('completed_requests'):>9}  {worst[0]:36} "
-              f"{worst[1] * 100:>8.4f}%  {'ok' if not problems else 'DIFF'}")
+              f"{worst[1] * 100:>8.1e}%  {'ok' if not problems else 'DIFF'}")
         for pr in problems[:6]:
             print("    ", pr)
     return 1 if failed else 0

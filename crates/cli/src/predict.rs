@@ -378,7 +378,15 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut summary_file = a.report_json.as_deref().map(create).transpose()?;
     let mut records = a.report_jsonl.as_deref().map(create).transpose()?;
     let mut write_error: Option<std::io::Error> = None;
+    // Agentic records are written in graph order (by request_id), as the reference lists them;
+    // the graph is in memory anyway. Others are written as requests finish.
+    let graph_order = matches!(workload, Workload::Graph(_));
+    let mut held: Vec<(u32, serde_json::Value)> = Vec::new();
     let mut sink = |r: &RequestRecord| {
+        if let (true, Some(ids)) = (graph_order, r.meta.as_ref().and_then(|m| m.agentic.as_ref())) {
+            held.push((ids.node, request_json(r)));
+            return;
+        }
         if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
             let line = request_json(r);
             if let Err(e) =
@@ -408,6 +416,16 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut failures = Vec::new();
     if let Some(e) = workload.take_error() {
         failures.push(format!("{e} (the trace changed during the replay; the report covers the rows before it)"));
+    }
+    held.sort_by_key(|(node, _)| *node);
+    for (_, line) in held {
+        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+            if let Err(e) =
+                serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
+            {
+                write_error = Some(e);
+            }
+        }
     }
     if let Some(e) = write_error {
         failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));

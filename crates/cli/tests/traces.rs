@@ -211,7 +211,9 @@ fn agentic_reports_carry_the_reference_keys() {
     assert_eq!(s["agentic_play_outcomes"][0]["play_id"], "p1");
     let rec: Vec<Value> =
         std::fs::read_to_string(&records).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let child = rec.iter().find(|r| r["request_id"] == "child").unwrap();
+    let order: Vec<&str> = rec.iter().map(|r| r["request_id"].as_str().unwrap()).collect();
+    assert_eq!(order, ["child", "join", "other-root", "root"], "records in request_id order, as the reference's");
+    let child = &rec[0];
     let keys: Vec<&str> = child.as_object().unwrap().keys().map(String::as_str).take(7).collect();
     assert_eq!(keys, ["request_id", "play_id", "session_id", "turn_index", "agentic", "uuid", "arrival_time_ms"]);
     assert_eq!(child["agentic"]["lane_id"], "lane:0");
