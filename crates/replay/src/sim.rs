@@ -20,7 +20,7 @@ use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
 };
 use servesim_engine::{
-    Engine, EngineOptions, Finish, KvEvent, PassOutput, Prompt, Reserved, Role, Stretch,
+    Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch,
 };
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
@@ -518,16 +518,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 pool.placer.skip_round_robin();
                 self.collector.skip_arrival();
                 // Another shard serves it; here its (single-turn) session is over.
-                self.driver.on_complete(r.session, self.now);
+                self.driver.on_complete(r.session, self.now, true);
                 return;
             }
         }
+        let prompt = self.driver.prompt(r);
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];
-        let id =
-            self.collector.arrive(session.name.clone(), r.turn, r.arrival_ms, turn.input_length, turn.output_length);
-        let prompt =
-            Prompt::Runs { run: self.workload.block_tokens(), ids: turn.blocks.clone(), len: turn.input_length };
+        let id = self.collector.arrive(
+            session.name.clone(),
+            r.turn,
+            r.arrival_ms,
+            prompt.len(),
+            turn.output_length,
+            turn.meta.clone(),
+        );
         // The KV router places by block hashes; engines hash what they need themselves.
         let hashes = if self.pools.iter().any(|p| p.placer.is_kv()) {
             prompt.block_hashes(self.config.topology.block_size())
@@ -684,7 +689,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn finish(&mut self, id: u64, finish: Finish) {
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);
-        self.driver.on_complete(flight.extra, self.now);
+        self.driver.on_complete(flight.extra, self.now, finish == Finish::Completed);
         self.finished += 1;
     }
 

@@ -153,6 +153,7 @@ mod tests {
                     priority: 0,
                     strict_priority: 0,
                     output_tokens: None,
+                    meta: None,
                 };
                 SessionSpec { name: format!("s{s}").into(), start_ms: t, turns: vec![turn] }
             })

@@ -34,6 +34,7 @@ fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
                         priority: 0,
                         strict_priority: 0,
                         output_tokens: None,
+                        meta: None,
                     }
                 })
                 .collect();
