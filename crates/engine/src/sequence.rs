@@ -7,7 +7,7 @@
 //! queues hold slots.
 
 use std::collections::VecDeque;
-use std::ops::{Index, IndexMut};
+use std::ops::{Index, IndexMut, Range};
 use std::sync::Arc;
 
 use crate::hash::{local_block_hash, BlockHashes};
@@ -106,6 +106,37 @@ impl<S> Sequence<S> {
         }
         local_block_hash(scratch)
     }
+
+    /// Appends the local hashes of full blocks `blocks` of the known sequence to `out`
+    /// (`scratch` holds one block). Blocks made of one repeated token (a trace block cut into
+    /// smaller blocks) share a hash, computed once per trace block; `memo` carries the last one
+    /// across calls.
+    pub fn block_keys(&self, blocks: Range<usize>, scratch: &mut [u32], memo: &mut (u32, u64), out: &mut Vec<u64>) {
+        let size = scratch.len() as u32;
+        let mut i = blocks.start;
+        while i < blocks.end {
+            let start = i as u32 * size;
+            if let Prompt::Runs { run, ids, .. } = &self.prompt {
+                let end = start + size - 1;
+                if end < self.prompt_len && start / run == end / run {
+                    let token = ids[(start / run) as usize];
+                    if memo.0 != token || memo.1 == 0 {
+                        scratch.fill(token);
+                        *memo = (token, local_block_hash(scratch));
+                    }
+                    // Every block up to the end of this trace block has the same hash.
+                    let run_end = ((start / run + 1) * run).min(self.prompt_len);
+                    let same = ((run_end - start) / size) as usize;
+                    let n = same.min(blocks.end - i).max(1);
+                    out.extend(std::iter::repeat_n(memo.1, n));
+                    i += n;
+                    continue;
+                }
+            }
+            out.push(self.block_key(i as u32, scratch));
+            i += 1;
+        }
+    }
 }
 
 /// The requests of one engine, each in a slot that stays its own until it leaves.
@@ -185,6 +216,7 @@ impl SlotQueue for VecDeque<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::BlockHashes;
 
     fn seq(id: u64, prompt: Prompt, max_output: u32) -> Sequence<()> {
         Sequence::new(EngineRequest::new(id, prompt, max_output, 7), None, None, ())
@@ -200,6 +232,25 @@ mod tests {
         assert_eq!(s.token_at(3), first.token);
         s.next_token();
         assert_eq!((s.len(), s.remaining_output(), s.output_done()), (5, 0, true));
+    }
+
+    #[test]
+    fn block_keys_agree_with_block_hashes() {
+        // Trace blocks of 6 tokens cut into blocks of 4 (some inside one trace block, some
+        // straddling two) and into blocks of 3 (all inside one).
+        let p = Prompt::Runs { run: 6, ids: vec![5, 5, 8, 1].into(), len: 24 };
+        for size in [4, 3] {
+            let s = seq(1, p.clone(), 0);
+            let mut keys = Vec::new();
+            let mut memo = (0, 0);
+            let mut scratch = vec![0; size];
+            s.block_keys(0..2, &mut scratch, &mut memo, &mut keys);
+            s.block_keys(2..24 / size, &mut scratch, &mut memo, &mut keys);
+            assert_eq!(keys, p.block_hashes(size as u32).local, "block size {size}");
+            let last = keys.len() as u32 - 1;
+            assert_eq!(s.block_key(last, &mut scratch), keys[last as usize]);
+        }
+        assert_eq!(seq(1, p, 0).hashes, BlockHashes::default(), "no hashes unless supplied");
     }
 
     #[test]
