@@ -11,6 +11,9 @@
 //! this loop owns time: it runs engine passes, schedules transfers, and applies commands to a
 //! worker between its passes (a command for a busy worker waits for its pass to end).
 
+mod handoff;
+mod stretch;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::ops::Bound::{Excluded, Unbounded};
@@ -437,77 +440,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
         Ok(again)
     }
 
-    /// Until when worker `w` of `pool` can run ahead without missing new work; None if it
-    /// cannot run ahead at all.
-    fn fast_forward_horizon(&self, pool: usize) -> Option<f64> {
-        let p = &self.pools[pool];
-        if !self.config.fast_forward
-            || p.spec.role != Role::Aggregated
-            || p.spec.dp() != 1
-            || self.config.kv_event_lag_ms > 0.0
-        {
-            return None;
-        }
-        let release = self.driver.next_ready_ms().unwrap_or(f64::INFINITY);
-        if self.work_only_at_releases {
-            return Some(release);
-        }
-        let event = self.events.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
-        Some(release.min(event))
-    }
-
-    /// Plans a stretch of decode passes for an idle single-rank worker, if it can run one.
-    fn plan_stretch(&mut self, pool: usize, w: usize) -> Option<Stretch> {
-        let horizon = self.fast_forward_horizon(pool)?;
-        let mut stretch = std::mem::take(&mut self.spare_stretch);
-        if self.pools[pool].workers[w].ranks[0].engine.plan_stretch(self.now, horizon, &mut stretch) {
-            Some(stretch)
-        } else {
-            self.spare_stretch = stretch;
-            None
-        }
-    }
-
-    /// Starts a planned stretch, cut at the horizon as it stands now (other workers' passes
-    /// may have moved it closer), or a single normal pass if too little of it remains.
-    fn start_stretch(&mut self, pool: usize, w: usize, mut stretch: Stretch, others: f64) {
-        let now = self.now;
-        let horizon = self.fast_forward_horizon(pool).expect("the pool fast-forwards").min(others);
-        // Pass j starts when pass j-1 ends; every pass must start before the horizon.
-        let keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
-        stretch.ends.truncate(keep.min(stretch.ends.len()));
-        let worker = &mut self.pools[pool].workers[w];
-        let engine = &mut worker.ranks[0].engine;
-        if stretch.ends.len() < 2 {
-            // The first planned pass is exactly this step, and it takes time.
-            self.spare_stretch = stretch;
-            let rank = &mut worker.ranks[0];
-            rank.engine.step(now, &mut rank.output);
-            rank.ran = true;
-            let end = rank.output.end_ms;
-            debug_assert!(end > now);
-            worker.busy = true;
-            worker.pass_end = end;
-            self.schedule(end, Event::PassEnd { pool: pool as u8, worker: w as u32 });
-            return;
-        }
-        engine.commit_stretch(stretch.ends.len() as u32);
-        let end = *stretch.ends.last().expect("a stretch has passes");
-        worker.busy = true;
-        worker.pass_end = end;
-        worker.stretch = Some(stretch);
-        self.schedule(end, Event::PassEnd { pool: pool as u8, worker: w as u32 });
-    }
-
-    /// Records the tokens of a fast-forwarded stretch, pass by pass as single steps would.
-    fn apply_stretch(&mut self, stretch: Stretch) {
-        self.collector.stretch_tokens(&stretch.requests, &stretch.ends);
-        let tokens = (stretch.ends.len() * stretch.requests.len()) as u64;
-        self.collector.count_decode(tokens, tokens);
-        self.collector.totals.stretched_passes += stretch.ends.len() as u64;
-        self.spare_stretch = stretch;
-    }
-
     /// A turn becomes a request: registered, hashed, and placed (or, disaggregated, started on
     /// its handoff).
     fn release(&mut self, r: &Ready) {
@@ -603,85 +535,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.retry_destination(pool, p.target);
             }
             Ok(()) => {}
-        }
-    }
-
-    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; true if
-    /// it did.
-    fn retry_destination(&mut self, pool: usize, w: usize) -> bool {
-        let Some(Reserved { request, reused_tokens }) = self.pools[pool].workers[w].ranks[0].engine.retry_destination()
-        else {
-            return false;
-        };
-        self.collector.destination_reserved(request, self.now);
-        self.handoff(request, Fact::DestinationReserved { reused_tokens });
-        true
-    }
-
-    /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.
-    fn handoff(&mut self, id: u64, fact: Fact) {
-        let timing = self.transfer.expect("a disaggregated cluster");
-        let flight = self.flights.get_mut(&id).expect("handed-off request is in flight");
-        let steps = flight.handoff.as_mut().expect("a disaggregated request").on(fact, &timing);
-        for step in steps {
-            self.carry_out(id, step);
-        }
-    }
-
-    fn carry_out(&mut self, id: u64, step: Step) {
-        match step {
-            Step::PlaceOnPrefill => self.route(0, id),
-            Step::PlaceOnDecode => self.route(1, id),
-            Step::StartTransfer { delay_ms } => self.schedule(self.now + delay_ms, Event::TransferDone { request: id }),
-            Step::Activate => {
-                // Like every command to an engine, an activation waits for the pass in flight.
-                let w = self.flights[&id].decode_target.expect("routed to a decode worker");
-                let worker = &mut self.pools[1].workers[w];
-                if worker.busy {
-                    worker.pending_activations.push(id);
-                } else {
-                    self.activate(w, id);
-                }
-            }
-            Step::ReleaseSource => self.release_source(id),
-            Step::Reject(reason) => {
-                self.router_edge(1, id, true);
-                self.finish(id, Finish::Rejected(reason));
-            }
-            Step::AbortSource => {
-                let w = self.flights[&id].prefill_target.expect("placed on a prefill worker");
-                self.pools[0].workers[w].ranks[0].engine.abort(id);
-                self.wake(0, w);
-            }
-            Step::AbortDestination => {
-                let w = self.flights[&id].decode_target.expect("placed on a decode worker");
-                self.pools[1].workers[w].ranks[0].engine.abort(id);
-                self.wake(1, w);
-            }
-        }
-    }
-
-    /// The decode worker takes the transferred KV.
-    fn activate(&mut self, decode: usize, id: u64) {
-        self.pools[1].workers[decode].ranks[0].engine.activate(id);
-        self.wake(1, decode);
-        self.collector.destination_activated(id, self.now);
-        self.retry_destination(1, decode);
-        self.handoff(id, Fact::Activated);
-    }
-
-    /// The prefill worker may free the KV it holds for `id` (at the end of its current pass).
-    fn release_source(&mut self, id: u64) {
-        let prefill = self.flights[&id].prefill_target.expect("prefilled");
-        let worker = &mut self.pools[0].workers[prefill];
-        if worker.busy {
-            // Recorded now: the request may be gone by the time the pass ends.
-            self.collector.source_released(id, worker.pass_end);
-            worker.pending_releases.push(id);
-        } else {
-            worker.ranks[0].engine.release_held(id);
-            self.collector.source_released(id, self.now);
-            self.wake(0, prefill);
         }
     }
 

@@ -1,0 +1,85 @@
+//! Carrying out the disaggregated handoff's steps between a worker's passes: destination
+//! retries, transfers, activation and releasing the source.
+
+use super::*;
+
+impl Simulation<'_, '_> {
+    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; true if
+    /// it did.
+    pub(super) fn retry_destination(&mut self, pool: usize, w: usize) -> bool {
+        let Some(Reserved { request, reused_tokens }) = self.pools[pool].workers[w].ranks[0].engine.retry_destination()
+        else {
+            return false;
+        };
+        self.collector.destination_reserved(request, self.now);
+        self.handoff(request, Fact::DestinationReserved { reused_tokens });
+        true
+    }
+
+    /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.
+    pub(super) fn handoff(&mut self, id: u64, fact: Fact) {
+        let timing = self.transfer.expect("a disaggregated cluster");
+        let flight = self.flights.get_mut(&id).expect("handed-off request is in flight");
+        let steps = flight.handoff.as_mut().expect("a disaggregated request").on(fact, &timing);
+        for step in steps {
+            self.carry_out(id, step);
+        }
+    }
+
+    pub(super) fn carry_out(&mut self, id: u64, step: Step) {
+        match step {
+            Step::PlaceOnPrefill => self.route(0, id),
+            Step::PlaceOnDecode => self.route(1, id),
+            Step::StartTransfer { delay_ms } => self.schedule(self.now + delay_ms, Event::TransferDone { request: id }),
+            Step::Activate => {
+                // Like every command to an engine, an activation waits for the pass in flight.
+                let w = self.flights[&id].decode_target.expect("routed to a decode worker");
+                let worker = &mut self.pools[1].workers[w];
+                if worker.busy {
+                    worker.pending_activations.push(id);
+                } else {
+                    self.activate(w, id);
+                }
+            }
+            Step::ReleaseSource => self.release_source(id),
+            Step::Reject(reason) => {
+                self.router_edge(1, id, true);
+                self.finish(id, Finish::Rejected(reason));
+            }
+            Step::AbortSource => {
+                let w = self.flights[&id].prefill_target.expect("placed on a prefill worker");
+                self.pools[0].workers[w].ranks[0].engine.abort(id);
+                self.wake(0, w);
+            }
+            Step::AbortDestination => {
+                let w = self.flights[&id].decode_target.expect("placed on a decode worker");
+                self.pools[1].workers[w].ranks[0].engine.abort(id);
+                self.wake(1, w);
+            }
+        }
+    }
+
+    /// The decode worker takes the transferred KV.
+    pub(super) fn activate(&mut self, decode: usize, id: u64) {
+        self.pools[1].workers[decode].ranks[0].engine.activate(id);
+        self.wake(1, decode);
+        self.collector.destination_activated(id, self.now);
+        self.retry_destination(1, decode);
+        self.handoff(id, Fact::Activated);
+    }
+
+    /// The prefill worker may free the KV it holds for `id` (at the end of its current pass).
+    pub(super) fn release_source(&mut self, id: u64) {
+        let prefill = self.flights[&id].prefill_target.expect("prefilled");
+        let worker = &mut self.pools[0].workers[prefill];
+        if worker.busy {
+            // Recorded now: the request may be gone by the time the pass ends.
+            self.collector.source_released(id, worker.pass_end);
+            worker.pending_releases.push(id);
+        } else {
+            worker.ranks[0].engine.release_held(id);
+            self.collector.source_released(id, self.now);
+            self.wake(0, prefill);
+        }
+    }
+}
