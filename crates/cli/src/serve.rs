@@ -66,6 +66,24 @@ pub struct ServeArgs {
     /// Seed of generated tokens.
     #[arg(long, default_value_t = 0, help_heading = "Model")]
     seed: u64,
+    /// Seconds a client has to send a request's headers (from connecting, or from the
+    /// request's first byte).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS", help_heading = "Server")]
+    header_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers are in (408 after).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS", help_heading = "Server")]
+    body_timeout: f64,
+    /// Seconds a kept-alive connection may wait for its next request.
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS", help_heading = "Server")]
+    idle_timeout: f64,
+    /// Seconds a client may take none of a response's bytes; then the connection is closed
+    /// and a stream's request aborted (its KV freed).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS", help_heading = "Server")]
+    write_timeout: f64,
+    /// On SIGINT/SIGTERM: seconds in-flight responses may go on before they are dropped (a
+    /// second signal stops at once).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS", help_heading = "Server")]
+    shutdown_timeout: f64,
 
     #[arg(long, value_enum, help_heading = "Engine")]
     engine_type: Option<EngineType>,
@@ -354,6 +372,24 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "servesim-model".to_string())
     });
+    let seconds = |flag: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= 1e9 {
+            Ok(std::time::Duration::from_secs_f64(v))
+        } else {
+            Err(Failure::input(format!("--{flag} must be a number of seconds > 0, got {v}")))
+        }
+    };
+    let timeouts = servesim_live::Timeouts {
+        header: seconds("header-timeout", a.header_timeout)?,
+        body: seconds("body-timeout", a.body_timeout)?,
+        idle: seconds("idle-timeout", a.idle_timeout)?,
+        write: seconds("write-timeout", a.write_timeout)?,
+    };
+    let shutdown_timeout = if a.shutdown_timeout == 0.0 {
+        std::time::Duration::ZERO
+    } else {
+        seconds("shutdown-timeout", a.shutdown_timeout)?
+    };
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
@@ -372,6 +408,8 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             ZmqEventFormat::Named => servesim_live::zmq::EventFormat::Named,
         },
         seed: a.seed,
+        timeouts,
+        shutdown_timeout,
     };
     servesim_live::serve(opts, tokenizer).map_err(Failure::run)
 }

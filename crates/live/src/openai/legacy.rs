@@ -1,61 +1,11 @@
-//! Reading OpenAI-style request bodies: every known field is type-checked (a wrong type is a
-//! 400 naming the field), unknown fields are ignored as vLLM does, and sampling parameters are
-//! accepted without effect (outputs always run to `max_tokens`).
+//! The request parser this crate had before [`super::body`]: it reads the whole body into a
+//! `serde_json::Value` first. Kept only as the oracle of the differential fuzz test in
+//! [`super::fuzz`]: on every body both accept, the streaming parser must agree with it.
 
 use serde_json::{Map, Value};
 
+use super::{ApiError, GenRequest};
 use crate::tokenizer::{Messages, Tokenizer};
-
-/// An error to send back: status code, message and offending parameter.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub param: Option<String>,
-}
-
-impl ApiError {
-    pub fn bad(message: impl Into<String>) -> Self {
-        ApiError { status: 400, message: message.into(), param: None }
-    }
-
-    pub fn field(param: &str, message: impl Into<String>) -> Self {
-        ApiError { status: 400, message: message.into(), param: Some(param.to_string()) }
-    }
-
-    pub fn kind(&self) -> &'static str {
-        match self.status {
-            400 => "BadRequestError",
-            404 => "NotFoundError",
-            413 => "RequestEntityTooLarge",
-            503 => "ServiceUnavailableError",
-            _ => "InternalServerError",
-        }
-    }
-
-    pub fn body(&self) -> Value {
-        serde_json::json!({
-            "error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.status},
-        })
-    }
-}
-
-/// A parsed generation request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenRequest {
-    pub chat: bool,
-    pub model: Option<String>,
-    pub prompt: Vec<u32>,
-    pub max_tokens: u32,
-    pub stream: bool,
-    pub include_usage: bool,
-    /// `nvext.extra_fields` asks for `worker_id`.
-    pub want_worker_id: bool,
-    /// `nvext.backend_instance_id`: the worker to use.
-    pub worker: Option<u64>,
-    /// `kv_transfer_params.do_remote_prefill`: the prompt's KV comes from a prefill worker.
-    pub remote_prefill: bool,
-}
 
 struct Fields<'a> {
     obj: &'a Map<String, Value>,
@@ -124,7 +74,7 @@ fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
 fn completion_prompt(v: Option<&Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
     let one = |v: &Value| -> Result<Vec<u32>, ApiError> {
         match v {
-            Value::String(s) => tok.encode(s, true).map_err(ApiError::bad),
+            Value::String(s) => tok.encode(s, true).map_err(|e| ApiError::bad(e.to_string())),
             Value::Array(items) if items.iter().all(Value::is_number) => token_ids("prompt", items),
             _ => Err(ApiError::field(
                 "prompt",
@@ -286,9 +236,9 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
             Some(Value::Object(kwargs)) => vars.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone()))),
             Some(_) => return Err(ApiError::field("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
         }
-        let text = tok.render_chat(&messages, &vars).map_err(ApiError::bad)?;
+        let text = tok.render_chat(messages, vars).map_err(|e| ApiError::bad(e.to_string()))?;
         // The template writes any BOS itself, as vLLM assumes.
-        tok.encode(&text, false).map_err(ApiError::bad)?
+        tok.encode(&text, false).map_err(|e| ApiError::bad(e.to_string()))?
     } else {
         completion_prompt(f.get("prompt"), tok)?
     };
@@ -339,70 +289,3 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
     Ok(GenRequest { chat, model, prompt, max_tokens, stream, include_usage, want_worker_id, worker, remote_prefill })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse_str(body: &str, chat: bool) -> Result<GenRequest, ApiError> {
-        parse(body.as_bytes(), chat, &Tokenizer::approximate(), 1000)
-    }
-
-    #[test]
-    fn completion_prompts_in_every_shape() {
-        let r = parse_str(r#"{"model": "m", "prompt": [1, 2, 3], "max_tokens": 5}"#, false).unwrap();
-        assert_eq!((r.prompt, r.max_tokens, r.stream), (vec![1, 2, 3], 5, false));
-        assert_eq!(parse_str(r#"{"prompt": [[4, 5]]}"#, false).unwrap().prompt, vec![4, 5]);
-        let text = parse_str(r#"{"prompt": "hello world"}"#, false).unwrap();
-        assert_eq!(text.prompt.len(), 4, "hell|o| wor|ld");
-        assert_eq!(text.max_tokens, 16, "completions default to 16 tokens");
-        assert_eq!(parse_str(r#"{"prompt": ["hello world"]}"#, false).unwrap().prompt, text.prompt);
-    }
-
-    #[test]
-    fn bad_fields_are_named() {
-        let err = |body: &str| parse_str(body, false).unwrap_err();
-        assert_eq!(err(r#"{"prompt": "x", "max_tokens": "5"}"#).param.as_deref(), Some("max_tokens"));
-        assert_eq!(err(r#"{"prompt": "x", "max_tokens": 0}"#).param.as_deref(), Some("max_tokens"));
-        assert_eq!(err(r#"{"prompt": "x", "temperature": "hot"}"#).param.as_deref(), Some("temperature"));
-        assert_eq!(err(r#"{"prompt": "x", "n": 2}"#).param.as_deref(), Some("n"));
-        assert_eq!(err(r#"{"prompt": "x", "stream": "yes"}"#).param.as_deref(), Some("stream"));
-        assert_eq!(err(r#"{"prompt": [1, -2]}"#).param.as_deref(), Some("prompt"));
-        assert_eq!(err(r#"{"prompt": ["a", "b"]}"#).param.as_deref(), Some("prompt"));
-        assert_eq!(err(r#"{"prompt": ""}"#).param.as_deref(), Some("prompt"));
-        assert_eq!(err(r#"{"max_tokens": 3}"#).param.as_deref(), Some("prompt"));
-        assert!(err("{not json").message.contains("not valid JSON"));
-        assert!(err("[1, 2]").message.contains("JSON object"));
-        assert_eq!(err(r#"{"prompt": "x", "min_tokens": 20, "max_tokens": 10}"#).param.as_deref(), Some("min_tokens"));
-    }
-
-    #[test]
-    fn context_length_bounds_prompt_and_output() {
-        let long: Vec<u32> = (0..1000).collect();
-        let body = serde_json::json!({"prompt": long}).to_string();
-        assert!(parse_str(&body, false).unwrap_err().message.contains("maximum context length is 1000"));
-        let e = parse_str(r#"{"prompt": [1, 2], "max_tokens": 999}"#, false).unwrap_err();
-        assert!(e.message.contains("you requested 1001 tokens"), "{}", e.message);
-        let huge = parse_str(r#"{"prompt": [1, 2], "max_tokens": 18446744073709551615}"#, false).unwrap_err();
-        assert_eq!(huge.param.as_deref(), Some("max_tokens"));
-        assert_eq!(parse_str(r#"{"prompt": [1, 2], "max_tokens": 998}"#, false).unwrap().max_tokens, 998);
-    }
-
-    #[test]
-    fn chat_defaults_and_options() {
-        let r = parse_str(
-            r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                "stream": true, "stream_options": {"include_usage": true}, "max_completion_tokens": 7,
-                "nvext": {"extra_fields": ["worker_id"], "backend_instance_id": 1}, "unknown_field": {"x": 1}}"#,
-            true,
-        )
-        .unwrap();
-        assert!(r.stream && r.include_usage && r.want_worker_id);
-        assert_eq!((r.max_tokens, r.worker), (7, Some(1)));
-        let no_max = parse_str(r#"{"messages": [{"role": "user", "content": "hi"}]}"#, true).unwrap();
-        assert_eq!(no_max.max_tokens as usize, 1000 - no_max.prompt.len(), "chat defaults to the rest of the context");
-        let e = parse_str(r#"{"messages": [{"content": "hi"}]}"#, true).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages"));
-        let e = parse_str(r#"{"messages": [{"role": "user", "content": "hi"}], "stream_options": {}}"#, true);
-        assert_eq!(e.unwrap_err().param.as_deref(), Some("stream_options"));
-    }
-}
