@@ -19,10 +19,13 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::messages::MessagesSeed;
+use super::prompt::PromptSeed;
+pub use super::prompt::PromptIn;
 use super::ApiError;
 
 /// Most chat messages one request may have.
-pub const MAX_MESSAGES: usize = 65_536;
+pub use super::messages::MAX_MESSAGES;
 /// Most JSON values (each object, array, string, number...) a request may keep for the chat
 /// template, all messages, `tools` and `chat_template_kwargs` together.
 pub const MAX_KEPT_VALUES: usize = 1 << 19;
@@ -54,20 +57,6 @@ impl Raw {
             _ => None,
         }
     }
-}
-
-/// A completion prompt as given.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PromptIn {
-    Text(String),
-    /// Token ids: the first `max_model_len` kept, and how many there were.
-    Tokens { ids: Vec<u32>, count: u64 },
-    /// An id that is not a valid `u32`.
-    BadId(String),
-    /// More than one prompt.
-    Batch,
-    /// Anything else.
-    Invalid,
 }
 
 /// The request's fields as read.
@@ -143,7 +132,7 @@ pub fn read(body: &[u8], chat: bool, max_model_len: u32) -> Result<Body, ApiErro
     result.map_err(not_json)
 }
 
-struct Limits {
+pub(super) struct Limits {
     /// An exceeded limit: reading stopped.
     fatal: RefCell<Option<ApiError>>,
     /// Values that may still be kept.
@@ -151,13 +140,13 @@ struct Limits {
 }
 
 impl Limits {
-    fn fail<E: de::Error>(&self, e: ApiError) -> E {
+    pub(super) fn fail<E: de::Error>(&self, e: ApiError) -> E {
         let message = e.message.clone();
         self.fatal.borrow_mut().get_or_insert(e);
         E::custom(message)
     }
 
-    fn keep<E: de::Error>(&self, param: &str) -> Result<(), E> {
+    pub(super) fn keep<E: de::Error>(&self, param: &str) -> Result<(), E> {
         match self.kept.get() {
             0 => Err(self.fail(ApiError::field(
                 param,
@@ -214,13 +203,13 @@ impl<'de> Visitor<'de> for BodyVisitor<'_> {
 }
 
 /// Consumes the rest of an array.
-fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+pub(super) fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
     while seq.next_element::<IgnoredAny>()?.is_some() {}
     Ok(())
 }
 
 /// Consumes the rest of an object.
-fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+pub(super) fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
     while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
     Ok(())
 }
@@ -305,8 +294,8 @@ impl<'de> serde::Deserialize<'de> for Item {
 }
 
 /// An object whose `keep` entries are read as [`Raw`] (any other value as a plain [`Raw`]).
-struct Shallow {
-    keep: &'static [&'static str],
+pub(super) struct Shallow {
+    pub(super) keep: &'static [&'static str],
 }
 
 impl<'de> DeserializeSeed<'de> for Shallow {
@@ -344,9 +333,9 @@ impl<'de> Visitor<'de> for Shallow {
 }
 
 /// Any JSON value, kept whole, counted against [`MAX_KEPT_VALUES`].
-struct Kept<'l> {
-    limits: &'l Limits,
-    param: &'static str,
+pub(super) struct Kept<'l> {
+    pub(super) limits: &'l Limits,
+    pub(super) param: &'static str,
 }
 
 impl<'de> DeserializeSeed<'de> for Kept<'_> {
@@ -413,380 +402,5 @@ impl<'de> Visitor<'de> for Kept<'_> {
             out.insert(k, v);
         }
         Ok(Value::Object(out))
-    }
-}
-
-fn messages_error(message: impl Into<String>) -> ApiError {
-    ApiError::field("messages", message)
-}
-
-const NOT_A_LIST: &str = "'messages' must be a non-empty list of messages";
-
-/// `messages`: each an object with a string `role`, its `content` flattened to text.
-struct MessagesSeed<'l> {
-    limits: &'l Limits,
-}
-
-impl<'de> DeserializeSeed<'de> for MessagesSeed<'_> {
-    type Value = Result<Vec<Value>, ApiError>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        match d.deserialize_any(self)? {
-            Ok(m) if m.is_empty() => Ok(Err(messages_error(NOT_A_LIST))),
-            other => Ok(other),
-        }
-    }
-}
-
-impl<'de> Visitor<'de> for MessagesSeed<'_> {
-    type Value = Result<Vec<Value>, ApiError>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a list of messages")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut out = Vec::new();
-        loop {
-            if out.len() == MAX_MESSAGES {
-                if seq.next_element::<IgnoredAny>()?.is_none() {
-                    break;
-                }
-                let message = format!("a request may have at most {MAX_MESSAGES} messages");
-                return Err(self.limits.fail(messages_error(message)));
-            }
-            match seq.next_element_seed(MessageSeed { limits: self.limits, index: out.len() })? {
-                None => break,
-                Some(Ok(m)) => out.push(m),
-                Some(Err(e)) => {
-                    drain_seq(seq)?;
-                    return Ok(Err(e));
-                }
-            }
-        }
-        Ok(Ok(out))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        drain_map(map)?;
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(NOT_A_LIST)))
-    }
-}
-
-struct MessageSeed<'l> {
-    limits: &'l Limits,
-    index: usize,
-}
-
-impl<'de> DeserializeSeed<'de> for MessageSeed<'_> {
-    type Value = Result<Value, ApiError>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MessageSeed<'_> {
-    type Value = Result<Value, ApiError>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a message object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let i = self.index;
-        self.limits.keep("messages")?;
-        let mut msg = Map::new();
-        let (mut role_ok, mut content) = (false, Ok(String::new()));
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "content" => {
-                    content = map.next_value_seed(ContentSeed { index: i })?;
-                    self.limits.keep("messages")?;
-                    msg.insert(key, Value::Null);
-                }
-                _ => {
-                    let v = map.next_value_seed(Kept { limits: self.limits, param: "messages" })?;
-                    if key == "role" {
-                        role_ok = v.is_string();
-                    }
-                    msg.insert(key, v);
-                }
-            }
-        }
-        if !role_ok {
-            return Ok(Err(messages_error(format!("messages[{i}].role must be a string"))));
-        }
-        match content {
-            Ok(text) => {
-                msg.insert("content".into(), Value::String(text));
-                Ok(Ok(Value::Object(msg)))
-            }
-            Err(e) => Ok(Err(e)),
-        }
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        drain_seq(seq)?;
-        Ok(Err(messages_error(format!("messages[{}] must be an object", self.index))))
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Err(messages_error(format!("messages[{}] must be an object", self.index))))
-    }
-}
-
-/// A message's `content`: text, null (empty), or a list of text parts joined.
-struct ContentSeed {
-    index: usize,
-}
-
-impl<'de> DeserializeSeed<'de> for ContentSeed {
-    type Value = Result<String, ApiError>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl ContentSeed {
-    fn wrong(&self) -> ApiError {
-        messages_error(format!("messages[{}].content must be a string or a list of parts", self.index))
-    }
-}
-
-impl<'de> Visitor<'de> for ContentSeed {
-    type Value = Result<String, ApiError>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("message content")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Ok(v.to_string()))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Ok(v))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Ok(String::new()))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        self.visit_unit()
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Err(self.wrong()))
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(Err(self.wrong()))
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(Err(self.wrong()))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Err(self.wrong()))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        drain_map(map)?;
-        Ok(Err(self.wrong()))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut text = String::new();
-        while let Some(part) = seq.next_element_seed(Shallow { keep: &["type", "text"] })? {
-            match (part.get("type"), part.get("text")) {
-                (Some(Raw::Str(t)), Some(Raw::Str(s))) if t == "text" => text.push_str(s),
-                _ => {
-                    drain_seq(seq)?;
-                    let i = self.index;
-                    return Ok(Err(messages_error(format!("messages[{i}].content: only text parts are supported"))));
-                }
-            }
-        }
-        Ok(Ok(text))
-    }
-}
-
-/// A completion `prompt`: text, token ids, or a list holding one of these.
-struct PromptSeed {
-    max_model_len: u32,
-}
-
-impl<'de> DeserializeSeed<'de> for PromptSeed {
-    type Value = PromptIn;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<PromptIn, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-/// One item of a prompt list.
-enum PromptItem {
-    /// A token id (or the text of one that is out of range).
-    Id(Result<u32, String>),
-    Text(String),
-    /// A nested list: its own reading as a prompt.
-    List(PromptIn),
-    Other,
-}
-
-struct ItemSeed {
-    max_model_len: u32,
-}
-
-impl<'de> DeserializeSeed<'de> for ItemSeed {
-    type Value = PromptItem;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<PromptItem, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ItemSeed {
-    type Value = PromptItem;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a token id, a string or a list")
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<PromptItem, E> {
-        Ok(PromptItem::Id(u32::try_from(v).map_err(|_| v.to_string())))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<PromptItem, E> {
-        Ok(PromptItem::Id(u32::try_from(v).map_err(|_| v.to_string())))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<PromptItem, E> {
-        Ok(PromptItem::Id(Err(Value::from(v).to_string())))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<PromptItem, E> {
-        Ok(PromptItem::Text(v.to_string()))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<PromptItem, E> {
-        Ok(PromptItem::Text(v))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<PromptItem, E> {
-        Ok(PromptItem::Other)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<PromptItem, E> {
-        Ok(PromptItem::Other)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PromptItem, A::Error> {
-        drain_map(map)?;
-        Ok(PromptItem::Other)
-    }
-    /// A nested list must hold token ids.
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<PromptItem, A::Error> {
-        Ok(PromptItem::List(match (PromptSeed { max_model_len: self.max_model_len }).visit_seq(seq)? {
-            p @ (PromptIn::Tokens { .. } | PromptIn::BadId(_)) => p,
-            _ => PromptIn::Invalid,
-        }))
-    }
-}
-
-impl<'de> Visitor<'de> for PromptSeed {
-    type Value = PromptIn;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a prompt")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<PromptIn, E> {
-        Ok(PromptIn::Text(v.to_string()))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<PromptIn, E> {
-        Ok(PromptIn::Text(v))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<PromptIn, E> {
-        Ok(PromptIn::Invalid)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<PromptIn, E> {
-        Ok(PromptIn::Invalid)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<PromptIn, E> {
-        Ok(PromptIn::Invalid)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<PromptIn, E> {
-        Ok(PromptIn::Invalid)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PromptIn, A::Error> {
-        drain_map(map)?;
-        Ok(PromptIn::Invalid)
-    }
-
-    /// All numbers: token ids. All strings or lists: a batch, of which only one prompt is
-    /// supported. A mixture, or anything else: invalid.
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptIn, A::Error> {
-        let keep = self.max_model_len as usize;
-        let (mut ids, mut count, mut bad_id) = (Vec::new(), 0u64, None);
-        let (mut numbers, mut prompts, mut other) = (0u64, Vec::new(), false);
-        while let Some(item) = seq.next_element_seed(ItemSeed { max_model_len: self.max_model_len })? {
-            match item {
-                PromptItem::Id(id) => {
-                    numbers += 1;
-                    match id {
-                        Ok(id) if bad_id.is_none() => {
-                            if ids.len() < keep {
-                                ids.push(id);
-                            }
-                            count += 1;
-                        }
-                        Ok(_) => {}
-                        Err(text) => {
-                            bad_id.get_or_insert(text);
-                        }
-                    }
-                }
-                PromptItem::Text(t) => prompts.push(PromptIn::Text(t)),
-                PromptItem::List(p) => prompts.push(p),
-                PromptItem::Other => other = true,
-            }
-            // Only the first of a batch is ever used; the rest only count.
-            prompts.truncate(2);
-        }
-        Ok(match (numbers, prompts.len(), other) {
-            (_, _, true) => PromptIn::Invalid,
-            (0, 0, false) => PromptIn::Tokens { ids, count },
-            (_, 0, false) => match bad_id {
-                Some(v) => PromptIn::BadId(v),
-                None => PromptIn::Tokens { ids, count },
-            },
-            (0, 1, false) => prompts.pop().expect("one prompt"),
-            (0, _, false) => PromptIn::Batch,
-            _ => PromptIn::Invalid,
-        })
     }
 }

@@ -2,6 +2,8 @@
 //! responses ([`response`]) and the errors clients get ([`ApiError`]).
 
 pub mod body;
+mod messages;
+mod prompt;
 pub mod request;
 pub mod response;
 
