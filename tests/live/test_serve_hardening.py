@@ -4,11 +4,12 @@ stop reading, bounded shutdown, typed 405s (issue 12). Each failed on the server
 import json
 import signal
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
 
-from conftest import FIXED, Server, samples
+from conftest import FIXED, Server, binary, samples
 
 
 def metric(srv, name):
@@ -215,3 +216,40 @@ def test_405_is_an_openai_error_of_its_own_type(server):
         payload = json.loads(e.read())
         assert e.code == 405 and e.headers["content-type"] == "application/json"
         assert payload["error"]["type"] == "MethodNotAllowedError" and payload["error"]["code"] == 405
+
+
+def refused(*args):
+    """Runs `serve` with bad flags: it must exit 2 at once with a one-line message."""
+    r = subprocess.run([str(binary()), "serve", "--port", "0", *args], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, (args, r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), (args, r.stderr)
+    assert "panicked" not in r.stderr
+    return lines[0]
+
+
+def test_bad_flags_get_one_line_that_names_the_problem():
+    # An empty --extra-engine-args was read as a file named "" ("cannot read: No such file").
+    for empty in ("", "  "):
+        assert "--extra-engine-args is empty" in refused("--extra-engine-args", empty)
+    # JSON that is not an object was also taken for a file name.
+    for not_object in ("[]", '[{"block_size": 16}]', '"x"'):
+        assert "must be a JSON object" in refused("--extra-engine-args", not_object)
+    # Negative numbers were clap's "unexpected argument '-1' found".
+    assert "--shutdown-timeout must be a number of seconds ≥ 0" in refused("--shutdown-timeout", "-1")
+    assert "--header-timeout must be" in refused("--header-timeout", "-5")
+    assert "--speedup-ratio must be ≥ 0" in refused("--speedup-ratio", "-1")
+    # Zero counts named the configuration key (`dp_size`), not the flag.
+    assert refused("--data-parallel-size", "0") == "error: --data-parallel-size must be at least 1"
+    assert refused("--max-num-seqs", "0") == "error: --max-num-seqs must be at least 1"
+    # Worker ports past 65535 were found only after binding the frontend (exit 1).
+    assert "above 65535" in refused("--worker-base-port", "65535", "--num-workers", "2")
+
+
+def test_more_engine_ranks_than_a_process_can_run_are_refused_up_front():
+    # 10^8 workers (or ranks) was killed for memory after minutes; 5,000 started 5,000 threads.
+    for args in (["--num-workers", "100000000"], ["--data-parallel-size", "100000000"],
+                 ["--num-workers", "5000"], ["--num-prefill-workers", "4096", "--num-decode-workers", "1"]):
+        start = time.time()
+        line = refused(*args)
+        assert "at most 4096" in line and time.time() - start < 10, (args, line)

@@ -32,6 +32,10 @@ use crate::tokenizer::Tokenizer;
 /// Context length used when neither the engine nor the model says.
 pub const DEFAULT_MAX_MODEL_LEN: u32 = 32_768;
 
+/// Most engine ranks (workers × data-parallel ranks) one server runs: each is an OS thread
+/// with its own engine, so far more would exhaust threads or memory before serving anything.
+pub const MAX_ENGINE_RANKS: u32 = 4_096;
+
 /// Everything `servesim serve` needs, already validated by the caller.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
