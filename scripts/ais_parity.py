@@ -13,13 +13,21 @@ provider computes:
   mixed    -> estimate_forward_pass_time_ms({prefill + decode} FPM)
 and runs `servesim perf --queries -` on the same list. Prints both side by side and a summary
 (shapes within 1 % / 3 %, worst shapes). Exit status 1 when the targets (>= 99 % within 1 %,
-all within 3 %) are missed.
+all within 3 %) are missed, or when only one side refuses a shape.
+
+Mixture-of-experts models run at every tp with the experts split by tensor parallelism
+(moe_tp = tp) and by expert parallelism (moe_ep = tp), plus attention-DP layouts
+(`--moe-dp`). Models the reference only knows by Hugging Face id but does not ship in its
+DefaultHFModels list (Mixtral) are passed to both sides as a local directory holding the
+packaged config.json.
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import aisimulate_core
 from aisimulate_core.sdk import RustForwardPassPerfModel
@@ -27,7 +35,10 @@ from aisimulate_core.sdk import RustForwardPassPerfModel
 SYSTEMS = os.path.join(os.path.dirname(aisimulate_core.__file__), "systems")
 
 DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B"]
-MOE = ["Qwen/Qwen3-30B-A3B"]
+MOE = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B-FP8",
+       "mistralai/Mixtral-8x7B-v0.1"]
+# Not in the reference's DefaultHFModels: both sides read a local copy of the packaged config.
+LOCAL = {"mistralai/Mixtral-8x7B-v0.1"}
 
 
 def shapes(quick):
@@ -53,6 +64,32 @@ def shapes(quick):
     ][: 3 if quick else None]:
         out.append(("fpm", {"ranks": [r]}))
     return out
+
+
+def layouts(model_name, tps, moe_dp):
+    """Parallel layouts to compare: dense models by tp; MoE models with the experts split by
+    tensor parallelism (moe_tp = tp) and by expert parallelism (moe_ep = tp), plus attention
+    data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked."""
+    out = []
+    for tp in tps:
+        if model_name not in MOE:
+            out.append({"tp": tp})
+            continue
+        out.append({"tp": tp, "moe_tp_size": tp, "moe_ep_size": 1})
+        if tp > 1:
+            out.append({"tp": tp, "moe_tp_size": 1, "moe_ep_size": tp})
+        if moe_dp and tp <= 2:
+            out.append({"tp": tp, "attention_dp": 2, "moe_tp_size": 1, "moe_ep_size": 2 * tp})
+    return out
+
+
+def label(layout):
+    s = f"tp{layout['tp']}"
+    if layout.get("attention_dp", 1) > 1:
+        s += f" dp{layout['attention_dp']}"
+    if "moe_tp_size" in layout:
+        s += f" m{layout['moe_tp_size']}x{layout['moe_ep_size']}"
+    return s
 
 
 def reference(model, q):
@@ -86,14 +123,24 @@ def main():
     ap.add_argument("--systems", default="h200_sxm,h100_sxm")
     ap.add_argument("--backends", default="vllm,sglang")
     ap.add_argument("--tps", default="1,2,4")
+    ap.add_argument("--moe-dp", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run MoE models with attention data parallelism (attention_dp 2)")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args()
     rows = []
+    local_root = tempfile.mkdtemp(prefix="ais_parity_models_")
     for model_name in a.models.split(","):
+        model_arg = model_name
+        if model_name in LOCAL:
+            model_arg = os.path.join(local_root, model_name.replace("/", "--"))
+            os.makedirs(model_arg, exist_ok=True)
+            shutil.copy(os.path.join(os.path.dirname(SYSTEMS), "model_configs", model_name.replace("/", "--") + "_config.json"),
+                        os.path.join(model_arg, "config.json"))
         for system in a.systems.split(","):
             for backend in a.backends.split(","):
-                for tp in map(int, a.tps.split(",")):
-                    cfg = {"model": model_name, "system": system, "backend": backend, "worker_type": "aggregated", "tp": tp}
+                for layout in layouts(model_name, map(int, a.tps.split(",")), a.moe_dp):
+                    tp = layout["tp"]
+                    cfg = {"model": model_arg, "system": system, "backend": backend, "worker_type": "aggregated", **layout}
                     qs = shapes(a.quick)
                     try:
                         ref_model = RustForwardPassPerfModel.best_available(dict(cfg))
@@ -109,27 +156,27 @@ def main():
                             r, rerr = None, str(e).splitlines()[0][:80]
                         s = o.get("ms")
                         rel = abs(s - r) / r if (r and s is not None) else None
-                        rows.append(dict(model=model_name, system=system, backend=backend, tp=tp, kind=kind,
+                        rows.append(dict(model=model_name, system=system, backend=backend, tp=tp, layout=label(layout), kind=kind,
                                          query=q, ref=r, ref_error=rerr, servesim=s, error=o.get("error"), rel=rel))
     both_fail = [x for x in rows if x["ref"] is None and x["servesim"] is None]
     compared = [x for x in rows if x["rel"] is not None]
     mismatch = [x for x in rows if (x["ref"] is None) != (x["servesim"] is None)]
-    print(f"{'model':<30} {'system':<9} {'be':<6} tp {'kind':<7} {'query':<60} {'reference':>12} {'servesim':>12} {'diff %':>8}")
+    print(f"{'model':<30} {'system':<9} {'be':<6} {'layout':<14} {'kind':<7} {'query':<60} {'reference':>12} {'servesim':>12} {'diff %':>8}")
     for x in rows:
         q = json.dumps(x["query"])[:60]
         ref = f"{x['ref']:.4f}" if x["ref"] is not None else "error"
         ss = f"{x['servesim']:.4f}" if x["servesim"] is not None else "error"
         d = f"{100 * x['rel']:.3f}" if x["rel"] is not None else "-"
-        print(f"{x['model']:<30} {x['system']:<9} {x['backend']:<6} {x['tp']:<2} {x['kind']:<7} {q:<60} {ref:>12} {ss:>12} {d:>8}")
+        print(f"{x['model']:<30} {x['system']:<9} {x['backend']:<6} {x['layout']:<14} {x['kind']:<7} {q:<60} {ref:>12} {ss:>12} {d:>8}")
     n = len(compared)
     w1 = sum(1 for x in compared if x["rel"] <= 0.01)
     w3 = sum(1 for x in compared if x["rel"] <= 0.03)
     print(f"\nshapes compared: {n}; within 1 %: {w1} ({100 * w1 / max(n, 1):.2f} %); within 3 %: {w3}; "
           f"both refuse: {len(both_fail)}; only one side refuses: {len(mismatch)}")
     for x in sorted(compared, key=lambda x: -x["rel"])[:8]:
-        print(f"  worst: {100 * x['rel']:.3f} % {x['model']} {x['system']} {x['backend']} tp{x['tp']} {json.dumps(x['query'])}")
+        print(f"  worst: {100 * x['rel']:.3f} % {x['model']} {x['system']} {x['backend']} {x['layout']} {json.dumps(x['query'])}")
     for x in mismatch[:10]:
-        print(f"  one side refuses: {x['model']} {x['system']} {x['backend']} tp{x['tp']} {json.dumps(x['query'])} "
+        print(f"  one side refuses: {x['model']} {x['system']} {x['backend']} {x['layout']} {json.dumps(x['query'])} "
               f"ref={x['ref_error'] or x['ref']} servesim={x['error'] or x['servesim']}")
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)

@@ -28,11 +28,17 @@ EXACT = ["completed_requests"]
 
 
 def resolve(case_path):
-    """The case with its trace path made absolute. `"trace_lines": N` replays only the first N
+    """The case with its trace paths made absolute. `"trace_lines": N` replays only the first N
     lines of the trace (a cut written to a temporary file, so that the shared traces never need
     copying into the repository)."""
     case = json.load(open(case_path))
     base = os.path.dirname(os.path.abspath(case_path))
+    if case.get("traces"):
+        out = []
+        for t in case["traces"]:
+            t = t.replace("${SHARED}", SHARED)
+            out.append(t if os.path.isabs(t) else os.path.join(base, t))
+        case["traces"] = out
     if case.get("trace"):
         t = case["trace"]
         t = t.replace("${SHARED}", SHARED)
@@ -49,8 +55,17 @@ def resolve(case_path):
 
 def servesim_args(case):
     args = ["predict", "--format", "json"]
-    if case.get("trace"):
-        args += [case["trace"], "--trace-block-size", str(case.get("trace_block_size", 512))]
+    traces = case.get("traces") or ([case["trace"]] if case.get("trace") else None)
+    if traces:
+        args += traces
+        if case.get("trace_block_size", 512) is not None:
+            args += ["--trace-block-size", str(case.get("trace_block_size", 512))]
+        if case.get("trace_format", "mooncake") != "mooncake":
+            args += ["--trace-format", case["trace_format"]]
+        for key in ["agentic_lanes", "execution_model", "weka_nested_timestamp_basis",
+                    "trace_shared_prefix_ratio", "trace_num_prefix_groups"]:
+            if case.get(key) is not None:
+                args += ["--" + key.replace("_", "-"), str(case[key])]
     else:
         s = case["synthetic"]
         args += ["--input-tokens", str(s["input_tokens"]), "--output-tokens", str(s["output_tokens"]),

@@ -4,6 +4,10 @@ summary as JSON. Like ../shared/parity/dynamo_replay.py, plus the keys that scri
 
   "router_config": {...}       a KvRouterConfig as JSON (e.g. {"router_temperature": 0.5})
   "kv_event_lag_ms": 5.0       delay of KV events seen by the router
+  "traces": [...]              several trace files (Dynamo shards) instead of "trace"
+  "trace_format", "trace_block_size" (null: the format's own), "agentic_lanes",
+  "execution_model", "weka_nested_timestamp_basis", "trace_shared_prefix_ratio",
+  "trace_num_prefix_groups"    the trace-format options of run_trace_replay
 
 Run it with the reference's interpreter:
   $(../shared/parity/setup.sh) scripts/reference_replay.py CASE.json [--per-request OUT.json]
@@ -46,12 +50,17 @@ def main():
         capture_per_request=per_request_out is not None,
     )
     start = time.perf_counter()
-    if case.get("trace"):
+    traces = case.get("traces") or ([case["trace"]] if case.get("trace") else None)
+    if traces:
         extra = {}
         if case.get("kv_event_lag_ms") is not None:
             extra["kv_event_lag_ms"] = case["kv_event_lag_ms"]
+        for key in ["agentic_lanes", "execution_model", "weka_nested_timestamp_basis",
+                    "trace_shared_prefix_ratio", "trace_num_prefix_groups"]:
+            if case.get(key) is not None:
+                extra[key] = case[key]
         report = run_trace_replay(
-            [case["trace"]], trace_format=case.get("trace_format", "mooncake"),
+            traces, trace_format=case.get("trace_format", "mooncake"),
             trace_block_size=case.get("trace_block_size", 512), **extra, **common)
     else:
         s = case["synthetic"]

@@ -1,12 +1,14 @@
 //! Wiring of the data-driven (AIS) timing model into engine configurations: the external timer
 //! factory for `{"type": "external", "provider": "ais"|"aic"}` and the mocker's `--ais-*` flags
-//! (legacy `--aic-*` spellings accepted).
+//! (legacy `--aic-*` spellings accepted); and into the KV router as its prompt-side load model
+//! (`--router-prefill-load-model ais`), with its own estimator configuration.
 
 use std::sync::Arc;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde_json::{json, Map, Value};
-use servesim_engine::{ConfigEnv, ConfigError, FileLoader, PassTimer, WorkerArgs};
+use servesim_engine::{ConfigEnv, ConfigError, EngineConfig, FileLoader, PassTimer, TimingModel, WorkerArgs};
+use servesim_router::{PrefillLoadEstimator, PrefillLoadModel, RouterConfig};
 
 use crate::Failure;
 
@@ -77,7 +79,7 @@ impl AisFlags {
             if self.perf_model || !flat.is_empty() {
                 return Err(Failure::input("--ais-perf-config cannot be combined with flat AIS/AIC identity flags"));
             }
-            let mut v = read_perf_config(pc)?;
+            let mut v = read_perf_config("--ais-perf-config", pc)?;
             if let Value::Object(m) = &mut v {
                 m.entry("worker_type").or_insert_with(|| json!(worker_type));
             }
@@ -102,20 +104,120 @@ impl AisFlags {
     }
 }
 
-/// `--ais-perf-config`: inline JSON, or a JSON / YAML file.
-fn read_perf_config(arg: &str) -> Result<Value, Failure> {
+/// `--router-prefill-load-model`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RouterLoadModel {
+    None,
+    /// Dynamo 1.6.1's spelling; `aic` (its documentation's) is accepted too.
+    #[value(alias = "aic")]
+    Ais,
+}
+
+/// The KV router's prompt-side load model flags (Dynamo's `--router-prefill-load-model` and the
+/// replay API's `ais_perf_config`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct RouterLoadFlags {
+    /// How the KV router weighs prompts placed but not yet prefilled: `none` counts them in
+    /// full; `ais` lets the oldest one on each worker decay over its prefill time predicted by
+    /// the AIS model (`router_prefill_load_model` in --router-config).
+    #[arg(long, value_enum, value_name = "MODEL")]
+    pub router_prefill_load_model: Option<RouterLoadModel>,
+    /// AIS configuration of the router's load model (ForwardPassPerfModelConfig keys, as JSON,
+    /// a JSON / YAML file). Default: the AIS timing model of the engines the router fronts
+    /// (the prefill engines when disaggregated).
+    #[arg(long, value_name = "JSON|PATH")]
+    pub router_ais_config: Option<String>,
+}
+
+/// The router's load model from the AIS estimator: one request prefilled alone, as Dynamo's
+/// `predict_prefill(batch = 1, effective_isl, prefix)`.
+#[derive(Debug)]
+pub struct AisPrefillLoad {
+    estimator: Arc<servesim_perf::Estimator>,
+}
+
+impl PrefillLoadEstimator for AisPrefillLoad {
+    fn prefill_ms(&self, new_tokens: u32, prefix_tokens: u32) -> Result<f64, String> {
+        let isl = new_tokens
+            .checked_add(prefix_tokens)
+            .ok_or_else(|| format!("{new_tokens} + {prefix_tokens} prompt tokens exceed 2^32"))?;
+        self.estimator.prefill_ms(1, isl, prefix_tokens).map_err(|e| e.message)
+    }
+}
+
+impl RouterLoadFlags {
+    /// Applies the flags to the router configuration (None: round robin) and builds the load
+    /// model it asks for. `front` is the engine the router places requests on (the prefill
+    /// engine when disaggregated).
+    pub fn resolve(
+        &self,
+        router: Option<&mut RouterConfig>,
+        front: &EngineConfig,
+    ) -> Result<Option<Arc<dyn PrefillLoadEstimator>>, Failure> {
+        let Some(router) = router else {
+            if self.router_prefill_load_model.is_some_and(|m| m != RouterLoadModel::None) || self.router_ais_config.is_some() {
+                return Err(Failure::input(
+                    "--router-prefill-load-model ais and --router-ais-config apply to --router-mode kv_router \
+                     (round robin takes no load model)",
+                ));
+            }
+            return Ok(None);
+        };
+        if let Some(flag) = self.router_prefill_load_model {
+            let wanted = match flag {
+                RouterLoadModel::None => PrefillLoadModel::None,
+                RouterLoadModel::Ais => PrefillLoadModel::Ais,
+            };
+            if router.prefill_load_model != PrefillLoadModel::None && router.prefill_load_model != wanted {
+                return Err(Failure::input(
+                    "--router-prefill-load-model disagrees with router_prefill_load_model in --router-config",
+                ));
+            }
+            router.prefill_load_model = wanted;
+        }
+        if router.prefill_load_model == PrefillLoadModel::None {
+            if self.router_ais_config.is_some() {
+                return Err(Failure::input("--router-ais-config needs --router-prefill-load-model ais"));
+            }
+            return Ok(None);
+        }
+        let (key, config) = match &self.router_ais_config {
+            Some(arg) => ("--router-ais-config".to_string(), read_perf_config("--router-ais-config", arg)?),
+            None => match &front.timing {
+                TimingModel::External(t) if t.provider == "ais" || t.provider == "aic" => {
+                    ("the engine's timing_model.config".to_string(), t.timer().config())
+                }
+                _ => {
+                    return Err(Failure::input(
+                        "the router's prefill load model `ais` needs an AIS configuration: give --router-ais-config \
+                         (ForwardPassPerfModelConfig keys, Dynamo's ais_perf_config), or time the engines the router \
+                         fronts with the AIS model ({\"type\": \"external\", \"provider\": \"ais\", \"config\": {...}})",
+                    ))
+                }
+            },
+        };
+        let cfg = servesim_perf::AisConfig::from_json("router_ais_config", &config)
+            .map_err(|e| Failure::input(format!("{key}: {}", e.message)))?;
+        let estimator =
+            servesim_perf::estimator(&cfg).map_err(|e| Failure::input(format!("router prefill load model ({key}): {}", e.message)))?;
+        Ok(Some(Arc::new(AisPrefillLoad { estimator })))
+    }
+}
+
+/// `--ais-perf-config` / `--router-ais-config` (`flag`): inline JSON, or a JSON / YAML file.
+fn read_perf_config(flag: &str, arg: &str) -> Result<Value, Failure> {
     let text = if arg.trim_start().starts_with('{') {
         arg.to_string()
     } else {
-        std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("cannot read AIS perf config {arg:?}: {e}")))?
+        std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("{flag}: cannot read AIS config {arg:?}: {e}")))?
     };
     let v: Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(&text).map_err(|e| Failure::input(format!("--ais-perf-config: invalid JSON: {e}")))?
+        serde_json::from_str(&text).map_err(|e| Failure::input(format!("{flag}: invalid JSON: {e}")))?
     } else {
-        serde_yaml_ng::from_str(&text).map_err(|e| Failure::input(format!("--ais-perf-config {arg}: invalid YAML: {e}")))?
+        serde_yaml_ng::from_str(&text).map_err(|e| Failure::input(format!("{flag} {arg}: invalid YAML: {e}")))?
     };
     if !v.is_object() {
-        return Err(Failure::input("AIS perf config must contain an object"));
+        return Err(Failure::input(format!("{flag}: an AIS config must be an object")));
     }
     Ok(v)
 }
@@ -139,6 +241,40 @@ mod tests {
         let pc = AisFlags { perf_config: Some(r#"{"model": "m", "system": "s", "backend": "sglang"}"#.into()), ..Default::default() };
         let t = pc.timing_model(None, "vllm", "prefill").unwrap().unwrap();
         assert_eq!(t["config"]["worker_type"], "prefill");
+    }
+
+    #[test]
+    fn router_load_model_flags() {
+        let engine = EngineConfig::default();
+        let kv = || RouterConfig::default();
+        let none = RouterLoadFlags::default();
+        let mut rc = kv();
+        assert!(none.resolve(Some(&mut rc), &engine).unwrap().is_none());
+        assert_eq!(rc.prefill_load_model, PrefillLoadModel::None);
+        // Round robin takes no load model.
+        let ais = RouterLoadFlags { router_prefill_load_model: Some(RouterLoadModel::Ais), ..Default::default() };
+        let e = ais.resolve(None, &engine).unwrap_err();
+        assert!(e.message.contains("apply to --router-mode kv_router"), "{}", e.message);
+        // `ais` needs a configuration: none given and the engine is not timed by AIS.
+        let e = ais.resolve(Some(&mut kv()), &engine).unwrap_err();
+        assert!(e.message.contains("give --router-ais-config") && e.message.contains("ais_perf_config"), "{}", e.message);
+        // The same through --router-config.
+        let mut rc = RouterConfig::parse_json(r#"{"router_prefill_load_model": "aic"}"#).unwrap();
+        assert!(none.resolve(Some(&mut rc), &engine).is_err());
+        // A config without the model asking for it, and a contradiction.
+        let orphan = RouterLoadFlags { router_ais_config: Some("{}".into()), ..Default::default() };
+        let e = orphan.resolve(Some(&mut kv()), &engine).unwrap_err();
+        assert!(e.message.contains("--router-ais-config needs --router-prefill-load-model ais"), "{}", e.message);
+        let off = RouterLoadFlags { router_prefill_load_model: Some(RouterLoadModel::None), ..Default::default() };
+        let mut rc = RouterConfig::parse_json(r#"{"router_prefill_load_model": "ais"}"#).unwrap();
+        assert!(off.resolve(Some(&mut rc), &engine).unwrap_err().message.contains("disagrees"));
+        // A bad estimator configuration is named by its source.
+        let bad = RouterLoadFlags {
+            router_prefill_load_model: Some(RouterLoadModel::Ais),
+            router_ais_config: Some(r#"{"model": "m", "system": "s", "backend": "vllm", "tpp": 1}"#.into()),
+        };
+        let e = bad.resolve(Some(&mut kv()), &engine).unwrap_err();
+        assert!(e.message.contains("--router-ais-config: router_ais_config.tpp: unknown key"), "{}", e.message);
     }
 
     #[test]

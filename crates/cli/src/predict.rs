@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
+use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_mooncake, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla,
-    SyntheticSpec, Topology, Workload,
+    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla,
+    SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
 };
 use servesim_router::RouterConfig;
 
@@ -17,9 +18,20 @@ use crate::progress::Bar;
 use crate::table;
 use crate::Failure;
 
+fn parse_trace_format(name: &str) -> Result<TraceFormat, String> {
+    TraceFormat::parse(name).ok_or_else(|| {
+        format!(
+            "unknown trace format {name:?}; expected mooncake, mooncake-delta, applied_compute_agentic, \
+             agentic_mooncake, dynamo or weka"
+        )
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TraceFormat {
-    Mooncake,
+pub enum NestedBasis {
+    Auto,
+    Absolute,
+    Relative,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -37,14 +49,35 @@ pub enum Format {
 
 #[derive(Args, Debug)]
 pub struct PredictArgs {
-    /// Trace files to replay (Mooncake JSONL). Several files are replayed together.
+    /// Trace files to replay (plain, gzip or zstd; a pipe works too). Several Mooncake files or
+    /// Dynamo shards are replayed together; a Weka source may be a directory.
     #[arg(value_name = "TRACE")]
     traces: Vec<PathBuf>,
-    #[arg(long, value_enum, default_value = "mooncake")]
+    /// mooncake | mooncake-delta | applied_compute_agentic | agentic_mooncake | dynamo | weka.
+    #[arg(long, value_parser = parse_trace_format, default_value = "mooncake", value_name = "FORMAT")]
     trace_format: TraceFormat,
-    /// Tokens each trace hash id stands for.
-    #[arg(long, default_value_t = 512, value_name = "TOKENS")]
-    trace_block_size: u32,
+    /// Tokens each trace hash id stands for (default: 512 for Mooncake formats; the trace's own
+    /// for agentic_mooncake, dynamo and weka, which it must then match).
+    #[arg(long, value_name = "TOKENS")]
+    trace_block_size: Option<u32>,
+    /// Agentic traces: replay plays as a closed loop on N lanes (a lane starts the next play
+    /// when its play ends).
+    #[arg(long, value_name = "N")]
+    agentic_lanes: Option<u32>,
+    /// Agentic traces: the target model the source models are projected onto (required for
+    /// agentic_mooncake, weka and agentic Dynamo traces; reported, no effect on timing).
+    #[arg(long, value_name = "NAME")]
+    execution_model: Option<String>,
+    /// Weka: nested subagent timestamps are absolute, relative to their marker, or decided
+    /// from the corpus (auto).
+    #[arg(long, value_enum, value_name = "BASIS")]
+    weka_nested_timestamp_basis: Option<NestedBasis>,
+    /// applied_compute_agentic: fraction of the initial prompt shared within a prefix group.
+    #[arg(long, default_value_t = 0.0, value_name = "RATIO")]
+    trace_shared_prefix_ratio: f64,
+    /// applied_compute_agentic: number of prefix groups (line % groups).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    trace_num_prefix_groups: u32,
 
     /// Engine configuration: inline JSON or a JSON file, flat `MockEngineArgs` or Dynamo's
     /// canonical `{"engine": {...}}` form.
@@ -58,6 +91,8 @@ pub struct PredictArgs {
     /// KV router configuration (Dynamo's `KvRouterConfig` keys): inline JSON or a JSON file.
     #[arg(long, value_name = "JSON|PATH")]
     router_config: Option<String>,
+    #[command(flatten)]
+    router_load: crate::ais::RouterLoadFlags,
     /// Seed of the KV router's random choices (ties, softmax sampling).
     #[arg(long, default_value_t = 42, value_name = "SEED")]
     router_seed: u64,
@@ -230,12 +265,22 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
                 "give either trace files or a synthetic load (--input-tokens/--output-tokens/--request-count), not both",
             ));
         }
-        let workload = load_mooncake(&a.traces, a.trace_block_size).map_err(Failure::input)?;
-        let load = match a.replay_concurrency {
-            Some(c) => LoadMode::Concurrency { max_sessions: c },
-            None => LoadMode::Timestamps { speedup: a.arrival_speedup_ratio.unwrap_or(1.0) },
+        let options = TraceOptions {
+            trace_block_size: a.trace_block_size,
+            arrival_speedup_ratio: a.arrival_speedup_ratio.unwrap_or(1.0),
+            replay_concurrency: a.replay_concurrency,
+            agentic_lanes: a.agentic_lanes,
+            execution_model: a.execution_model.clone(),
+            shared_prefix_ratio: a.trace_shared_prefix_ratio,
+            num_prefix_groups: a.trace_num_prefix_groups,
+            weka_basis: a.weka_nested_timestamp_basis.map(|b| match b {
+                NestedBasis::Auto => WekaBasis::Auto,
+                NestedBasis::Absolute => WekaBasis::Absolute,
+                NestedBasis::Relative => WekaBasis::Relative,
+            }),
+            ..TraceOptions::new(a.trace_format)
         };
-        return Ok((workload, load));
+        return load_trace(&a.traces, &options).map_err(Failure::input);
     }
     if !synthetic.iter().all(|&b| b) {
         return Err(Failure::input(if any_synthetic {
@@ -252,6 +297,11 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
     }
     if a.arrival_speedup_ratio.is_some() {
         return Err(Failure::input("--arrival-speedup-ratio applies to trace replay only"));
+    }
+    if a.agentic_lanes.is_some() || a.execution_model.is_some() || a.weka_nested_timestamp_basis.is_some() {
+        return Err(Failure::input(
+            "--agentic-lanes, --execution-model and --weka-nested-timestamp-basis apply to agentic traces",
+        ));
     }
     let arrivals = match (a.request_rate, a.arrival_interval_ms) {
         (Some(rate), _) => Arrivals::Poisson { rate_per_s: rate },
@@ -294,7 +344,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if !(a.kv_event_lag_ms.is_finite() && a.kv_event_lag_ms >= 0.0) {
         return Err(Failure::input("--kv-event-lag-ms must be a finite number ≥ 0"));
     }
-    let router = match a.router_mode {
+    let mut router = match a.router_mode {
         Router::RoundRobin => {
             if a.router_config.is_some() {
                 return Err(Failure::input("--router-config applies to --router-mode kv_router"));
@@ -306,10 +356,13 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             None => RouterConfig::default(),
         }),
     };
+    // The router's load model times prompts on the engines it places them on.
+    let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &cluster.pools()[0].engine)?;
     let (workload, load) = workload(&a, cluster.block_size())?;
     let config = SimConfig {
         topology: cluster,
         router,
+        prefill_load_estimator,
         router_seed: a.router_seed,
         kv_event_lag_ms: a.kv_event_lag_ms,
         load,
@@ -324,7 +377,15 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut summary_file = a.report_json.as_deref().map(create).transpose()?;
     let mut records = a.report_jsonl.as_deref().map(create).transpose()?;
     let mut write_error: Option<std::io::Error> = None;
+    // Agentic records are written in graph order (by request_id), as the reference lists them;
+    // the graph is in memory anyway. Others are written as requests finish.
+    let graph_order = matches!(workload, Workload::Graph(_));
+    let mut held: Vec<(u32, serde_json::Value)> = Vec::new();
     let mut sink = |r: &RequestRecord| {
+        if let (true, Some(ids)) = (graph_order, r.meta.as_ref().and_then(|m| m.agentic.as_ref())) {
+            held.push((ids.node, request_json(r)));
+            return;
+        }
         if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
             let line = request_json(r);
             if let Err(e) =
@@ -343,7 +404,9 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut report = result.map_err(Failure::run)?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
 
-    let summary = serde_json::Value::Object(report.summary_json());
+    let mut summary = report.summary_json();
+    summary.extend(workload.summary_keys());
+    let summary = serde_json::Value::Object(summary);
     let pretty = serde_json::to_string_pretty(&summary).expect("summary serialises");
     match a.format {
         Format::Json => println!("{pretty}"),
@@ -352,6 +415,16 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut failures = Vec::new();
     if let Some(e) = workload.take_error() {
         failures.push(format!("{e} (the trace changed during the replay; the report covers the rows before it)"));
+    }
+    held.sort_by_key(|(node, _)| *node);
+    for (_, line) in held {
+        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+            if let Err(e) =
+                serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
+            {
+                write_error = Some(e);
+            }
+        }
     }
     if let Some(e) = write_error {
         failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));

@@ -173,6 +173,8 @@ pub struct ServeArgs {
     /// KV router configuration (Dynamo's KvRouterConfig keys): inline JSON or a file.
     #[arg(long, value_name = "JSON|PATH", help_heading = "Workers")]
     router_config: Option<String>,
+    #[command(flatten)]
+    router_load: crate::ais::RouterLoadFlags,
     #[arg(long, default_value_t = 42, value_name = "SEED", help_heading = "Workers")]
     router_seed: u64,
 
@@ -430,7 +432,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_model_len == Some(0) {
         return Err(Failure::input("--max-model-len must be at least 1"));
     }
-    let router = match a.router_mode {
+    let mut router = match a.router_mode {
         Router::RoundRobin => {
             if a.router_config.is_some() {
                 return Err(Failure::input("--router-config applies to --router-mode kv_router"));
@@ -442,6 +444,9 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             None => RouterConfig::default(),
         }),
     };
+    // The router's load model times prompts on the engines it places them on (the first pool:
+    // aggregated or prefill).
+    let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &topology.pools()[0].engine)?;
     let model_name = a.model_name.clone().unwrap_or_else(|| {
         a.model_path
             .as_ref()
@@ -480,6 +485,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         model_path: a.model_path.clone(),
         topology,
         router,
+        prefill_load_estimator,
         router_seed: a.router_seed,
         max_model_len,
         stagger_delay_s: a.stagger_delay,

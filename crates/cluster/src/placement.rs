@@ -6,7 +6,9 @@
 //! ranks), and requests already placed on a draining worker finish there.
 
 use servesim_engine::{KvEvent, Role};
-use servesim_router::{KvRouter, Placement, RoundRobin, RouteRequest, Routed, RouterConfig};
+use std::sync::Arc;
+
+use servesim_router::{KvRouter, Placement, PrefillLoadEstimator, RoundRobin, RouteRequest, Routed, RouterConfig};
 
 use crate::topology::PoolSpec;
 
@@ -15,6 +17,16 @@ use crate::topology::PoolSpec;
 pub enum RouterMode {
     RoundRobin,
     KvRouter(RouterConfig),
+}
+
+impl RouterMode {
+    /// The KV router's configuration, if requests go through one.
+    pub fn kv_config_mut(&mut self) -> Option<&mut RouterConfig> {
+        match self {
+            RouterMode::KvRouter(rc) => Some(rc),
+            RouterMode::RoundRobin => None,
+        }
+    }
 }
 
 enum Kind {
@@ -65,6 +77,23 @@ impl Placer {
         Placer { kind, dp, slots, active: (0..slots).collect() }
     }
 
+    /// Gives the KV router the model `router_prefill_load_model: ais` predicts prefill times
+    /// with (round robin has no use for it).
+    pub fn with_prefill_load_estimator(mut self, estimator: Option<Arc<dyn PrefillLoadEstimator>>) -> Placer {
+        if let Kind::Kv(router) = self.kind {
+            self.kind = Kind::Kv(Box::new(router.with_prefill_load_estimator(estimator)));
+        }
+        self
+    }
+
+    /// The first prompt whose prefill time the router's load model could not predict, and why.
+    pub fn error(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Kv(router) => router.error(),
+            Kind::RoundRobin(_) => None,
+        }
+    }
+
     pub fn is_kv(&self) -> bool {
         matches!(self.kind, Kind::Kv(_))
     }
@@ -109,18 +138,19 @@ impl Placer {
     }
 
     /// Router edge: request `id` produced its first token (its prompt no longer loads the
-    /// target). Returns requests the router's queue releases.
-    pub fn prefill_done(&mut self, id: u64) -> Vec<Placement> {
+    /// target) at `now_ms`. Returns requests the router's queue releases.
+    pub fn prefill_done(&mut self, id: u64, now_ms: f64) -> Vec<Placement> {
         match &mut self.kind {
-            Kind::Kv(router) => router.prefill_completed(id),
+            Kind::Kv(router) => router.prefill_completed(id, now_ms),
             Kind::RoundRobin(_) => Vec::new(),
         }
     }
 
-    /// Router edge: request `id` left the pool. Returns requests the queue releases.
-    pub fn free(&mut self, id: u64) -> Vec<Placement> {
+    /// Router edge: request `id` left the pool at `now_ms`. Returns requests the queue
+    /// releases.
+    pub fn free(&mut self, id: u64, now_ms: f64) -> Vec<Placement> {
         match &mut self.kind {
-            Kind::Kv(router) => router.free(id),
+            Kind::Kv(router) => router.free(id, now_ms),
             Kind::RoundRobin(_) => Vec::new(),
         }
     }

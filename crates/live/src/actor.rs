@@ -147,7 +147,9 @@ impl Actor {
                 return;
             }
             self.land_transfers();
-            self.retry_destination();
+            // As at every pass end, a waiting destination gets one attempt; a reservation is
+            // progress, so even an empty pass is followed by another.
+            let reserved = self.retry_destination();
             if !self.engine.has_work() {
                 // Aborts and releases change the state without a pass.
                 self.gauges();
@@ -172,7 +174,7 @@ impl Actor {
                 std::thread::yield_now();
             }
             self.last_end = out.end_ms;
-            busy = !out.is_empty() || out.end_ms > out.start_ms;
+            busy = reserved || !out.is_empty() || out.end_ms > out.start_ms;
             self.release(&out);
             self.out = out;
         }
@@ -246,10 +248,11 @@ impl Actor {
 
     /// Between passes the engine tries to reserve blocks for its oldest waiting handoff; the
     /// handoff goes on when it gets them (the transfer starts, or, SGLang, the prefill).
-    fn retry_destination(&mut self) {
-        let Some(reserved) = self.engine.retry_destination() else { return };
+    fn retry_destination(&mut self) -> bool {
+        let Some(reserved) = self.engine.retry_destination() else { return false };
         let job = self.pending.remove(&reserved.request).expect("a reserved handoff is pending");
         self.cluster.handoff(job, Fact::DestinationReserved { reused_tokens: reserved.reused_tokens });
+        true
     }
 
     fn land_transfers(&mut self) {
@@ -284,7 +287,7 @@ impl Actor {
             self.cluster.settle(&mut l.job, Fact::TransferLanded);
             self.engine.activate(id);
             self.cluster.settle(&mut l.job, Fact::Activated);
-            self.retry_destination();
+            let _ = self.retry_destination();
         }
     }
 

@@ -174,6 +174,8 @@ pub struct Pool {
     /// Global index of the first rank of the pool's first worker.
     first_rank: usize,
     placer: Mutex<Placer>,
+    /// Whether the router's load model's first failure was reported.
+    router_warned: AtomicBool,
     /// Requests waiting in the KV router's queue.
     queued: Mutex<FxHashMap<u64, Box<Job>>>,
 }
@@ -196,6 +198,8 @@ impl Pool {
 pub struct ClusterSpec {
     pub topology: Topology,
     pub router: RouterMode,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with.
+    pub prefill_load_estimator: Option<Arc<dyn servesim_router::PrefillLoadEstimator>>,
     pub router_seed: u64,
     /// Wall-clock speedup of every pass (0: no sleeping).
     pub speedup: f64,
@@ -290,7 +294,11 @@ impl Cluster {
                 rank_count += dp;
             }
             pools.push(Pool {
-                placer: Mutex::new(Placer::new(pool, &spec.router, spec.router_seed)),
+                placer: Mutex::new(
+                    Placer::new(pool, &spec.router, spec.router_seed)
+                        .with_prefill_load_estimator(spec.prefill_load_estimator.clone()),
+                ),
+                router_warned: AtomicBool::new(false),
                 queued: Mutex::new(FxHashMap::default()),
                 spec: pool.clone(),
                 workers,
@@ -540,7 +548,18 @@ impl Cluster {
                 first + self.worker_rr[w].fetch_add(1, Ordering::Relaxed) % pool.dp()
             }
             None => {
-                let routed = pool.placer.lock().expect("placer lock").route(job.route_request(), self.now_ms());
+                let routed = {
+                    let mut placer = pool.placer.lock().expect("placer lock");
+                    let routed = placer.route(job.route_request(), self.now_ms());
+                    if let Some(why) = placer.error() {
+                        if !pool.router_warned.swap(true, Ordering::Relaxed) {
+                            // A live server keeps serving: like Dynamo, the prompt counts in
+                            // full without decaying.
+                            eprintln!("warning: router: {why}; such prompts count in full without decaying");
+                        }
+                    }
+                    routed
+                };
                 match routed {
                     Routed::Placed(pl) => pl.target,
                     Routed::Queued => {
@@ -614,13 +633,13 @@ impl Cluster {
 
     /// Router lifecycle edge: the request's prompt is done.
     pub fn router_prefill_done(&self, p: usize, id: u64) {
-        let released = self.pools[p].placer.lock().expect("placer lock").prefill_done(id);
+        let released = self.pools[p].placer.lock().expect("placer lock").prefill_done(id, self.now_ms());
         self.dispatch_released(p, released);
     }
 
     /// Router lifecycle edge: the request left the pool.
     pub fn router_free(&self, p: usize, id: u64) {
-        let released = self.pools[p].placer.lock().expect("placer lock").free(id);
+        let released = self.pools[p].placer.lock().expect("placer lock").free(id, self.now_ms());
         self.dispatch_released(p, released);
     }
 

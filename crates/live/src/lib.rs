@@ -20,6 +20,7 @@ pub mod tokenizer;
 pub mod zmq;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use servesim_cluster::{PoolSpec, RouterMode, Topology};
@@ -49,6 +50,8 @@ pub struct ServeOptions {
     /// The pools: aggregated, prefill and decode, or one side of a disaggregated deployment.
     pub topology: Topology,
     pub router: RouterMode,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with.
+    pub prefill_load_estimator: Option<Arc<dyn servesim_router::PrefillLoadEstimator>>,
     pub router_seed: u64,
     /// Context length (prompt plus output) requests are checked against.
     pub max_model_len: Option<u32>,

@@ -143,6 +143,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     let cluster = Cluster::start(ClusterSpec {
         topology: opts.topology.clone(),
         router: opts.router.clone(),
+        prefill_load_estimator: opts.prefill_load_estimator.clone(),
         router_seed: opts.router_seed,
         speedup: pools[0].engine.speedup_ratio,
         vocabulary: tokenizer.vocabulary(),

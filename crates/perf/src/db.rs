@@ -16,6 +16,9 @@ pub enum Dtype {
     Fp8,
     Fp8Block,
     Int8,
+    /// MXFP4 weights with 16-bit activations (gpt-oss experts): half a byte per weight, bf16
+    /// tensor-core rate.
+    W4a16Mxfp4,
 }
 
 impl Dtype {
@@ -25,11 +28,13 @@ impl Dtype {
             Dtype::Fp8 => "fp8",
             Dtype::Fp8Block => "fp8_block",
             Dtype::Int8 => "int8",
+            Dtype::W4a16Mxfp4 => "w4a16_mxfp4",
         }
     }
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Bfloat16 => 2.0,
+            Dtype::W4a16Mxfp4 => 0.5,
             _ => 1.0,
         }
     }
@@ -39,13 +44,14 @@ impl Dtype {
             "fp8" => Dtype::Fp8,
             "fp8_block" => Dtype::Fp8Block,
             "int8" => Dtype::Int8,
+            "w4a16_mxfp4" => Dtype::W4a16Mxfp4,
             _ => return None,
         })
     }
     /// Tensor-core FLOP/s for this format on `spec`.
     pub fn flops(self, spec: &SystemSpec) -> Result<f64> {
         let (v, key) = match self {
-            Dtype::Bfloat16 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
+            Dtype::Bfloat16 | Dtype::W4a16Mxfp4 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
             Dtype::Fp8 | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
             Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
         };
@@ -110,6 +116,12 @@ const GEMM_SPEC: SitesSpec =
 const CTX_SPEC: GridSpec = GridSpec::sqrt_along(&["num_heads", "seq_len", "batch"], 1);
 const GEN_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
 
+/// NCCL curves by (dtype, collective, GPUs).
+type NcclCurves = BTreeMap<(String, String, u32), Curve>;
+
+/// Attention rows as read: lane → (fmha, kv, n_kv, head, window) → grid nodes.
+type RawLanes = BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>>;
+
 /// Attention slices of one kernel lane: key → grid.
 type Lanes<K> = (BTreeMap<String, BTreeMap<K, Grid>>, Vec<String>);
 
@@ -144,7 +156,7 @@ pub struct Database {
     ctx: OnceLock<Result<Lanes<CtxKey>>>,
     gen: OnceLock<Result<Lanes<GenKey>>>,
     ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
-    nccl: OnceLock<Result<BTreeMap<(String, String, u32), Curve>>>,
+    nccl: OnceLock<Result<NcclCurves>>,
     pub(crate) moe: OnceLock<Result<crate::moe::MoeTable>>,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
 }
@@ -155,14 +167,14 @@ impl std::fmt::Debug for Database {
     }
 }
 
-fn keep_row(src: &Source, ks: &Option<String>) -> bool {
+pub(crate) fn keep_row(src: &Source, ks: &Option<String>) -> bool {
     match &src.kernel_sources {
         None => true,
         Some(allow) => ks.as_ref().is_some_and(|k| allow.contains(k)),
     }
 }
 
-fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &str, version: &str) -> PerfError {
+pub(crate) fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &str, version: &str) -> PerfError {
     let listed: Vec<String> = srcs.iter().map(|s| s.path.display().to_string()).collect();
     PerfError::data(format!(
         "no {what} data for {} / {backend} {version}: looked in {}",
@@ -314,9 +326,9 @@ impl Database {
         Ok(v)
     }
 
-    fn load_attention(&self, generation: bool) -> Result<(BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>>, Vec<String>)> {
+    fn load_attention(&self, generation: bool) -> Result<(RawLanes, Vec<String>)> {
         let srcs = if generation { &self.gen_sources } else { &self.ctx_sources };
-        let mut by_lane: BTreeMap<String, BTreeMap<(String, String, u32, u32, u32), Node>> = BTreeMap::new();
+        let mut by_lane: RawLanes = BTreeMap::new();
         let mut lane_order: Vec<String> = Vec::new();
         for src in srcs {
             if !src.path.exists() {
@@ -580,7 +592,7 @@ impl Database {
         Ok(v)
     }
 
-    fn nccl_table(&self) -> Result<&BTreeMap<(String, String, u32), Curve>> {
+    fn nccl_table(&self) -> Result<&NcclCurves> {
         self.nccl
             .get_or_init(|| {
                 let path = nccl_source(&self.spec).ok_or_else(|| {

@@ -348,7 +348,8 @@ impl Curve {
         }
         if x < p[0].0 as f64 || x > p[p.len() - 1].0 as f64 {
             let (k, lat) = if x < p[0].0 as f64 { p[0] } else { p[p.len() - 1] };
-            if !(lat > 0.0 && k > 0) || !(x > 0.0) {
+            let anchored = lat > 0.0 && k > 0 && x > 0.0; // false for NaN too
+            if !anchored {
                 return Err(PerfError::no_anchor(format!("{what}: no positive point to hold at size {x}")));
             }
             return Ok(x / (k as f64 / lat));
@@ -475,13 +476,13 @@ impl Sites {
             let n_axes = spec.site_axes.len();
             let q_site: Vec<f64> = spec.site_axes.iter().map(|&p| q[p]).collect();
             let mut overflow = Vec::new();
-            for a in 0..n_axes {
+            for (a, &qa) in q_site.iter().enumerate() {
                 let lo = ranked.iter().map(|&(_, i)| self.keys[i][a]).min().unwrap_or(0);
                 let hi = ranked.iter().map(|&(_, i)| self.keys[i][a]).max().unwrap_or(0);
-                if q_site[a] < lo as f64 {
+                if qa < lo as f64 {
                     return Err(no_anchor(spec.axes, q, "no collected shape within 2 octaves"));
                 }
-                if q_site[a] > hi as f64 {
+                if qa > hi as f64 {
                     overflow.push(a);
                 }
             }

@@ -55,9 +55,7 @@ pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, 
         match op {
             Op::Gemm { n, k, dtype, scale, .. } => weights += *n as f64 * *k as f64 * dtype.bytes() * scale,
             Op::Embedding { scale, .. } => weights += (m.vocab / est.layout.tp) as f64 * m.hidden as f64 * 2.0 * scale,
-            Op::Moe(_) | Op::MoeDispatch(_) => {
-                return Err(PerfError::unsupported("KV capacity of mixture-of-experts models is not modelled yet"))
-            }
+            Op::Moe(moe) => weights += moe.weight_bytes(),
             _ => {}
         }
     }
@@ -102,7 +100,7 @@ pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, 
         )));
     }
     let per_token = est.kv_bytes_per_token();
-    let tokens = (kv / per_token).floor() as u64;
+    let tokens = if m.sliding_window > 0 { window_capped_tokens(est, kv) } else { (kv / per_token).floor() as u64 };
     Ok(KvCapacity {
         weights_bytes: weights,
         activations_bytes: activations,
@@ -113,4 +111,44 @@ pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, 
         tokens,
         blocks: tokens / block_size as u64,
     })
+}
+
+/// KV bytes of one sequence of `len` tokens on one GPU when half the layers keep only a
+/// sliding window (gpt-oss), as the reference sizes it.
+fn window_capped_bytes(est: &Estimator, len: u64) -> f64 {
+    let m = &est.model;
+    let per_layer_token = m.kv_heads.div_ceil(est.layout.tp) as f64 * m.head_dim as f64 * 2.0 * est.layout.kv.bytes();
+    let windowed = (m.layers / 2) as f64;
+    let global = (m.layers - m.layers / 2) as f64;
+    per_layer_token * (windowed * len.min(m.sliding_window as u64) as f64 + global * len as f64)
+}
+
+/// The longest single sequence whose window-capped KV fits `budget` bytes (the reference's
+/// doubling-then-bisection search; a cache that stops growing is bounded by the context length).
+fn window_capped_tokens(est: &Estimator, budget: f64) -> u64 {
+    if budget <= 0.0 {
+        return 0;
+    }
+    let (mut hi, mut hi_bytes) = (1u64, window_capped_bytes(est, 1));
+    if hi_bytes <= 0.0 {
+        return 0;
+    }
+    while hi_bytes <= budget {
+        let next = hi * 2;
+        let next_bytes = window_capped_bytes(est, next);
+        if next_bytes == hi_bytes {
+            return if est.model.max_position > 0 { est.model.max_position as u64 } else { next };
+        }
+        (hi, hi_bytes) = (next, next_bytes);
+    }
+    let mut lo = hi / 2;
+    while lo + 1 < hi {
+        let mid = (lo + hi) / 2;
+        if window_capped_bytes(est, mid) <= budget {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }

@@ -35,10 +35,22 @@ pub struct ModelSpec {
     pub experts: u32,
     pub moe_inter: u32,
     pub qk_norm: bool,
-    /// GEMM format implied by the checkpoint's quantisation config.
-    pub gemm_dtype: Dtype,
-    /// KV cache format implied by the checkpoint's quantisation config.
-    pub kv_dtype: Dtype,
+    /// gpt-oss: half the layers attend within this sliding window (0: every layer is global).
+    pub sliding_window: u32,
+    /// Formats implied by the checkpoint's quantisation config.
+    pub quant: Quant,
+}
+
+/// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
+/// `quantization_config` (and an `hf_quant_config.json` beside it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quant {
+    pub gemm: Dtype,
+    pub moe: Dtype,
+    pub kv: Dtype,
+    pub fmha: Dtype,
+    /// Weight block of block-scaled formats (`weight_block_size[0]`, 128 when not given).
+    pub block: u32,
 }
 
 const DENSE: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
@@ -86,10 +98,15 @@ impl ModelSpec {
         // HF configs may carry Infinity / NaN literals; JSON forbids them.
         let text = text.replace("-Infinity", "-1e308").replace("Infinity", "1e308").replace("NaN", "null");
         let cfg: Value = serde_json::from_str(&text).map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", path.display())))?;
-        Self::from_config(model, &path, &cfg)
+        let hf_quant = hf_quant_config(&path)?;
+        Self::from_config_with(model, &path, &cfg, hf_quant.as_ref())
     }
 
     pub fn from_config(name: &str, path: &Path, cfg: &Value) -> Result<ModelSpec> {
+        Self::from_config_with(name, path, cfg, None)
+    }
+
+    fn from_config_with(name: &str, path: &Path, cfg: &Value, hf_quant: Option<&Value>) -> Result<ModelSpec> {
         let shown = path.display();
         let arch = cfg
             .get("architectures")
@@ -119,7 +136,7 @@ impl ModelSpec {
         let layers = need("num_hidden_layers")?;
         let vocab = need("vocab_size")?;
         let kv_heads = uint(cfg, "num_key_value_heads").filter(|&v| v > 0).unwrap_or(heads);
-        let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(if heads > 0 { hidden / heads } else { 0 });
+        let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
         let inter = uint(cfg, "intermediate_size").unwrap_or(0);
         let topk = uint(cfg, "num_experts_per_tok").or_else(|| uint(cfg, "top_k_experts")).unwrap_or(0);
         let experts = uint(cfg, "num_local_experts")
@@ -139,7 +156,8 @@ impl ModelSpec {
                 "{shown}: a mixture-of-experts model needs num_experts_per_tok, the expert count and moe_intermediate_size"
             )));
         }
-        let (gemm_dtype, kv_dtype) = quantisation(cfg, &shown.to_string())?;
+        let quant = quantisation(cfg, hf_quant, &shown.to_string())?;
+        let gpt_oss = arch == "GptOssForCausalLM";
         Ok(ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
@@ -157,44 +175,123 @@ impl ModelSpec {
             topk,
             experts,
             moe_inter,
-            gemm_dtype,
-            kv_dtype,
+            sliding_window: if gpt_oss { 128 } else { 0 },
+            quant,
         })
     }
 }
 
-/// GEMM and KV formats from `quantization_config` (none: bf16 everywhere).
-fn quantisation(cfg: &Value, shown: &str) -> Result<(Dtype, Dtype)> {
+/// The `hf_quant_config.json` that belongs to a model config: `<stem>_hf_quant_config.json`
+/// beside a `<stem>_config.json` (the packages' `model_configs/` layout), or
+/// `hf_quant_config.json` beside a `config.json`.
+fn hf_quant_config(config: &Path) -> Result<Option<Value>> {
+    let Some(name) = config.file_name().and_then(|n| n.to_str()) else { return Ok(None) };
+    let candidate = match name.strip_suffix("_config.json") {
+        Some(stem) => config.with_file_name(format!("{stem}_hf_quant_config.json")),
+        None => config.with_file_name("hf_quant_config.json"),
+    };
+    if !candidate.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&candidate).map_err(|e| PerfError::config(format!("cannot read {}: {e}", candidate.display())))?;
+    serde_json::from_str(&text).map(Some).map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", candidate.display())))
+}
+
+fn lower_str(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str).map(|s| s.trim().to_lowercase()).filter(|s| !s.is_empty())
+}
+
+/// Formats from the checkpoint's quantisation metadata, following the reference's
+/// `_infer_quantization_fields` / `_infer_quant_modes_from_raw_config`: none → bf16 everywhere;
+/// `fp8` with a weight block size → fp8_block GEMMs and experts; dynamic per-tensor `fp8` →
+/// fp8; `mxfp4` → bf16 GEMMs with w4a16_mxfp4 experts. An fp8 / fp8_block checkpoint (or an fp8
+/// KV declaration) also runs attention in fp8 with an fp8 KV cache.
+fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Quant> {
     let q = cfg.get("quantization_config").filter(|v| v.is_object());
-    let Some(q) = q else { return Ok((Dtype::Bfloat16, Dtype::Bfloat16)) };
-    let method = ["quant_algo", "quant_method", "quantization_method"]
-        .iter()
-        .find_map(|k| q.get(*k).and_then(Value::as_str))
-        .map(str::to_lowercase);
-    let gemm = match method.as_deref() {
-        Some("fp8") => {
-            if q.get("weight_block_size").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
-                Dtype::Fp8Block
-            } else {
-                Dtype::Fp8
+    let hf = hf_quant.and_then(|v| v.get("quantization")).filter(|v| v.is_object());
+    let field = |keys: &[&str]| -> Option<String> {
+        keys.iter().find_map(|k| lower_str(hf.and_then(|h| h.get(*k)))).or_else(|| keys.iter().find_map(|k| lower_str(q.and_then(|q| q.get(*k)))))
+    };
+    let mut algo = field(&["quant_algo", "quant_method", "quantization_method"]);
+    if algo.as_deref() == Some("w4a16_mxfp4") {
+        algo = Some("mxfp4".into());
+    }
+    if algo.as_deref() == Some("fp8") && q.and_then(|q| q.get("weight_block_size")).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+        algo = Some("fp8_block".into());
+    }
+    let mut kv_algo = field(&["kv_cache_quant_algo", "kv_cache_quant_method", "kv_cache_dtype"]).map(|k| match k.as_str() {
+        "fp8" | "e4m3" | "e5m2" => "fp8".to_string(),
+        "fp16" | "float16" | "bf16" | "bfloat16" => "bfloat16".to_string(),
+        _ => k,
+    });
+    if kv_algo.is_none() {
+        if let Some(scheme) = q.and_then(|q| q.get("kv_cache_scheme")).filter(|v| v.is_object()) {
+            let ty = lower_str(scheme.get("type")).unwrap_or_default();
+            let bits = scheme.get("num_bits").and_then(Value::as_u64);
+            if ty.contains("fp8") {
+                kv_algo = Some("fp8".into());
+            } else if ty == "float" {
+                kv_algo = match bits {
+                    Some(b) if b <= 8 => Some("fp8".into()),
+                    Some(b) if b >= 16 => Some("bfloat16".into()),
+                    _ => None,
+                };
             }
         }
-        other => {
+    }
+    let dynamic = q.and_then(|q| {
+        match lower_str(q.get("activation_scheme")).as_deref() {
+            Some("dynamic") => return Some(true),
+            Some("static") => return Some(false),
+            _ => {}
+        }
+        let groups = q.get("config_groups")?.as_object()?;
+        let found: Vec<bool> = groups
+            .values()
+            .filter_map(Value::as_object)
+            .flat_map(|g| ["input_activations", "weights"].into_iter().filter_map(move |k| g.get(k)))
+            .filter_map(|item| item.get("dynamic").map(|d| d.as_bool().unwrap_or(false)))
+            .collect();
+        (!found.is_empty()).then(|| found.iter().any(|d| *d))
+    });
+    let bf = Dtype::Bfloat16;
+    let (gemm, moe) = match algo.as_deref() {
+        None => (bf, bf),
+        Some("fp8") if dynamic == Some(true) => (Dtype::Fp8, Dtype::Fp8),
+        Some("fp8") => {
             return Err(PerfError::unsupported(format!(
-                "{shown}: quantisation method {other:?} is not modelled; set gemm_quant_mode explicitly or use a bf16 or fp8 checkpoint"
+                "{shown}: a per-tensor fp8 checkpoint without dynamic activations runs static-fp8 GEMMs (the reference's fp8_static), \
+                 which servesim does not model; set gemm_quant_mode (and moe_quant_mode) explicitly"
+            )))
+        }
+        Some("fp8_block") => (Dtype::Fp8Block, Dtype::Fp8Block),
+        Some("mxfp4") => (bf, Dtype::W4a16Mxfp4),
+        Some(other) => {
+            return Err(PerfError::unsupported(format!(
+                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4); set gemm_quant_mode / moe_quant_mode explicitly"
             )))
         }
     };
-    let kv = match ["kv_cache_quant_algo", "kv_cache_quant_method", "kv_cache_dtype"]
-        .iter()
-        .find_map(|k| q.get(*k).and_then(Value::as_str))
-        .map(str::to_lowercase)
-        .as_deref()
-    {
+    let mut kv = match kv_algo.as_deref() {
+        None | Some("bfloat16") | Some("none") => bf,
         Some("fp8") => Dtype::Fp8,
-        _ => Dtype::Bfloat16,
+        Some(other) => return Err(PerfError::unsupported(format!("{shown}: KV cache quantisation {other:?} is not modelled (supported: fp8, bfloat16)"))),
     };
-    Ok((gemm, kv))
+    let mut fmha = bf;
+    if kv_algo.as_deref() == Some("none") {
+        fmha = bf;
+    } else if matches!(algo.as_deref(), Some("fp8") | Some("fp8_block")) || kv_algo.as_deref() == Some("fp8") {
+        fmha = Dtype::Fp8;
+        kv = Dtype::Fp8;
+    }
+    let block = q
+        .and_then(|q| q.get("weight_block_size"))
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_u64)
+        .filter(|b| *b > 0)
+        .unwrap_or(128) as u32;
+    Ok(Quant { gemm, moe, kv, fmha, block })
 }
 
 /// One operation of a phase's op list. `scale` multiplies its latency (layers, MTP).
@@ -251,10 +348,14 @@ pub struct Layout {
 }
 
 /// `(context ops, generation ops)` of a model, as the reference's `LLAMAModel` / `MOEModel` lay
-/// them out.
+/// them out. MoE models differ from dense ones in three places: the FFN is the MoE block
+/// (router GEMM, dispatch, experts, combine — the dispatch ops carry the tensor-parallel
+/// reduction, so there is no per-layer all-reduce), the context phase has no logits GEMM, and
+/// gpt-oss splits attention into sliding-window (128) and global halves.
 pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
-    if m.heads % tp != 0 && m.heads < tp {
+    // (Heads are validated positive: fewer heads than GPUs is what cannot be split.)
+    if m.heads < tp {
         return Err(PerfError::unsupported(format!("{}: {} attention heads cannot be split over tp={tp}", m.name, m.heads)));
     }
     let layers = m.layers as f64;
@@ -264,59 +365,48 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let qkv_n = m.heads * m.head_dim / tp + m.head_dim * kv_per_gpu * 2;
     let proj_k = m.heads * m.head_dim / tp;
     let act = 2.0; // bf16 activations
+    let moe = m.family == Family::Moe;
+    // gpt-oss: half the layers attend within a window, half globally.
+    let attn_split = if m.sliding_window > 0 { 2.0 } else { 1.0 };
+    let attention = |ctx: bool, scale: f64, window: u32, name: String| {
+        if ctx {
+            Op::ContextAttention { name, scale, n: heads, n_kv: kv_per_gpu, head: m.head_dim, window, kv: l.kv, fmha: l.fmha, qk_norm: m.qk_norm }
+        } else {
+            Op::GenerationAttention { name, scale, n: heads, n_kv: kv_per_gpu, head: m.head_dim, window, kv: l.kv, qk_norm: m.qk_norm }
+        }
+    };
     let mut out = (Vec::new(), Vec::new());
     for (phase, list) in [("context", &mut out.0), ("generation", &mut out.1)] {
         let ctx = phase == "context";
         let s = if ctx { 1.0 } else { mtp };
         let nm = |x: &str| format!("{phase}_{x}");
+        if m.sliding_window > 0 {
+            list.push(attention(ctx, layers / attn_split * s, m.sliding_window, nm("attention")));
+        }
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
         list.push(Op::Elementwise { name: nm("add_norm_1"), scale: layers * s, bytes_per_token: (2 * h + 2 * h) as f64 * act });
         list.push(Op::Gemm { name: nm("qkv_gemm"), scale: layers * s, n: qkv_n, k: h, dtype: l.gemm, logits: false });
-        if ctx {
-            list.push(Op::ContextAttention {
-                name: nm("attention"),
-                scale: layers,
-                n: heads,
-                n_kv: kv_per_gpu,
-                head: m.head_dim,
-                window: 0,
-                kv: l.kv,
-                fmha: l.fmha,
-                qk_norm: m.qk_norm,
-            });
-        } else {
-            list.push(Op::GenerationAttention {
-                name: nm("attention"),
-                scale: layers * s,
-                n: heads,
-                n_kv: kv_per_gpu,
-                head: m.head_dim,
-                window: 0,
-                kv: l.kv,
-                qk_norm: m.qk_norm,
-            });
-        }
+        list.push(attention(ctx, layers / attn_split * s, 0, nm("attention")));
         list.push(Op::Gemm { name: nm("proj_gemm"), scale: layers * s, n: h, k: proj_k, dtype: l.gemm, logits: false });
         list.push(Op::Elementwise { name: nm("add_norm_2"), scale: layers * s, bytes_per_token: (2 * h + 2 * h) as f64 * act });
-        match m.family {
-            Family::Dense => {
-                list.push(Op::Gemm { name: nm("gate_ffn1_gemm"), scale: layers * s, n: 2 * m.inter / tp, k: h, dtype: l.gemm, logits: false });
-                list.push(Op::Elementwise {
-                    name: nm("act_gate"),
-                    scale: layers * s,
-                    bytes_per_token: (2 * m.inter / tp + m.inter / tp) as f64 * act,
-                });
-                list.push(Op::Gemm { name: nm("ffn2_gemm"), scale: layers * s, n: h, k: m.inter / tp, dtype: l.gemm, logits: false });
-            }
-            Family::Moe => crate::moe::push_moe_ops(list, m, l, ctx, layers * s)?,
+        if moe {
+            crate::moe::push_moe_ops(list, m, l, ctx, layers * s)?;
+        } else {
+            list.push(Op::Gemm { name: nm("gate_ffn1_gemm"), scale: layers * s, n: 2 * m.inter / tp, k: h, dtype: l.gemm, logits: false });
+            list.push(Op::Elementwise {
+                name: nm("act_gate"),
+                scale: layers * s,
+                bytes_per_token: (2 * m.inter / tp + m.inter / tp) as f64 * act,
+            });
+            list.push(Op::Gemm { name: nm("ffn2_gemm"), scale: layers * s, n: h, k: m.inter / tp, dtype: l.gemm, logits: false });
         }
-        list.push(Op::Gemm { name: nm("logits_gemm"), scale: s, n: m.vocab / tp, k: h, dtype: Dtype::Bfloat16, logits: true });
+        if !(moe && ctx) {
+            list.push(Op::Gemm { name: nm("logits_gemm"), scale: s, n: m.vocab / tp, k: h, dtype: Dtype::Bfloat16, logits: true });
+        }
         list.push(Op::AllReduce { name: nm("embedding_ar"), scale: s, hidden: h, tp });
-        if m.family == Family::Dense {
+        if !moe {
             list.push(Op::AllReduce { name: nm("ar_1"), scale: layers * s, hidden: h, tp });
             list.push(Op::AllReduce { name: nm("ar_2"), scale: layers * s, hidden: h, tp });
-        } else {
-            crate::moe::push_moe_allreduce(list, m, l, ctx, layers * s);
         }
         list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
     }

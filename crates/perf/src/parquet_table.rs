@@ -17,6 +17,7 @@ pub enum Column {
     Int(Vec<Option<i64>>),
     Float(Vec<Option<f64>>),
     Str(Vec<Option<String>>),
+    Bool(Vec<Option<bool>>),
 }
 
 /// The requested columns of a table, by name.
@@ -96,6 +97,7 @@ impl Table {
                     ColumnReader::Int32ColumnReader(r) => read_all!(r, |v: i32| v as i64, Int),
                     ColumnReader::DoubleColumnReader(r) => read_all!(r, |v: f64| v, Float),
                     ColumnReader::FloatColumnReader(r) => read_all!(r, |v: f32| v as f64, Float),
+                    ColumnReader::BoolColumnReader(r) => read_all!(r, |v: bool| v, Bool),
                     ColumnReader::ByteArrayColumnReader(r) => read_all!(
                         r,
                         |v: parquet::data_type::ByteArray| String::from_utf8_lossy(v.data()).into_owned(),
@@ -141,7 +143,7 @@ impl Table {
                     _ => Err(PerfError::data(format!("{}: {name} in row {i} is not an integer", self.path))),
                 })
                 .collect(),
-            Some(Column::Str(_)) => Err(PerfError::data(format!("{}: column {name} is text, expected integers", self.path))),
+            Some(_) => Err(PerfError::data(format!("{}: column {name} is not numeric, expected integers", self.path))),
             None => Err(self.missing(name)),
         }
     }
@@ -161,7 +163,7 @@ impl Table {
                     x.map(|v| v as f64).ok_or_else(|| PerfError::data(format!("{}: null {name} in row {i}", self.path)))
                 })
                 .collect(),
-            Some(Column::Str(_)) => Err(PerfError::data(format!("{}: column {name} is text, expected numbers", self.path))),
+            Some(_) => Err(PerfError::data(format!("{}: column {name} is not numeric, expected numbers", self.path))),
             None => Err(self.missing(name)),
         }
     }
@@ -170,7 +172,7 @@ impl Table {
     pub fn text(&self, name: &str) -> Result<Vec<Option<String>>, PerfError> {
         match self.get(name) {
             Some(Column::Str(v)) => Ok(v.clone()),
-            Some(_) => Err(PerfError::data(format!("{}: column {name} is numeric, expected text", self.path))),
+            Some(_) => Err(PerfError::data(format!("{}: column {name} is not text", self.path))),
             None => Err(self.missing(name)),
         }
     }
@@ -189,8 +191,23 @@ impl Table {
         match self.get(name) {
             Some(Column::Int(v)) => Ok(v.clone()),
             Some(Column::Float(v)) => Ok(v.iter().map(|x| x.map(|f| f as i64)).collect()),
-            Some(Column::Str(_)) => Err(PerfError::data(format!("{}: column {name} is text, expected integers", self.path))),
+            Some(_) => Err(PerfError::data(format!("{}: column {name} is not numeric, expected integers", self.path))),
             None => Ok(vec![None; self.rows]),
+        }
+    }
+
+    /// A Boolean column if present (`None` when the table lacks it); a null cell is an error
+    /// naming the row.
+    pub fn bool_if_present(&self, name: &str) -> Result<Option<Vec<bool>>, PerfError> {
+        match self.get(name) {
+            Some(Column::Bool(v)) => v
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x.ok_or_else(|| PerfError::data(format!("{}: null {name} in row {i} (must be true or false)", self.path))))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(PerfError::data(format!("{}: column {name} must be Boolean", self.path))),
+            None => Ok(None),
         }
     }
 }

@@ -234,7 +234,7 @@ impl AisConfig {
             moe_ep_size: uint("moe_ep_size", None)?,
             nextn,
             gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_block"])?,
-            moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block"])?,
+            moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block", "w4a16_mxfp4"])?,
             fmha_quant_mode: quant("fmha_quant_mode", &["bfloat16", "fp8"])?,
             kvcache_quant_mode: quant("kvcache_quant_mode", &["bfloat16", "fp8"])?,
             systems_paths,
@@ -316,9 +316,12 @@ fn framework_default_lane(root: &std::path::Path, backend: &str, version: &str, 
     doc.get("architectures").and_then(|a| a.get(arch)).and_then(&pick).or_else(|| pick(&doc))
 }
 
+/// Loaded databases by (systems root, system, backend, version).
+type Databases = Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>>;
+
 /// Loaded databases, shared by every estimator on the same data.
-fn databases() -> &'static Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>> {
-    static DBS: OnceLock<Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>>> = OnceLock::new();
+fn databases() -> &'static Databases {
+    static DBS: OnceLock<Databases> = OnceLock::new();
     DBS.get_or_init(Default::default)
 }
 
@@ -355,26 +358,35 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     if cfg.tp > 1 && model.heads % cfg.tp != 0 {
         return Err(PerfError::unsupported(format!("{}: {} attention heads do not split over tp={}", cfg.model, model.heads, cfg.tp)));
     }
+    // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
         Family::Dense => (1, 1),
-        Family::Moe => {
-            let width = cfg.tp * cfg.attention_dp;
-            match (cfg.moe_tp_size, cfg.moe_ep_size) {
-                (None, None) => (width, 1),
-                (Some(t), None) => (t, (width / t).max(1)),
-                (None, Some(e)) => ((width / e).max(1), e),
-                (Some(t), Some(e)) => (t, e),
-            }
-        }
+        Family::Moe => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
     };
-    if model.family == Family::Moe && moe_tp * moe_ep != cfg.tp * cfg.attention_dp {
+    if model.family == Family::Moe {
+        let width = cfg.tp as u64 * cfg.attention_dp as u64;
+        if moe_tp as u64 * moe_ep as u64 != width {
+            return Err(PerfError::config(format!(
+                "{}: moe_tp_size × moe_ep_size ({moe_tp} × {moe_ep}{}) must equal tp × attention_dp ({} × {}); set moe_tp_size and moe_ep_size",
+                cfg.model,
+                if cfg.moe_tp_size.is_none() || cfg.moe_ep_size.is_none() { ", unset values default to 1" } else { "" },
+                cfg.tp,
+                cfg.attention_dp
+            )));
+        }
+        if model.experts < moe_ep {
+            return Err(PerfError::config(format!("{}: moe_ep_size {moe_ep} exceeds the model's {} experts", cfg.model, model.experts)));
+        }
+    }
+    let gemm = cfg.gemm_quant_mode.unwrap_or(model.quant.gemm);
+    let kv = cfg.kvcache_quant_mode.unwrap_or(model.quant.kv);
+    let moe = cfg.moe_quant_mode.unwrap_or(model.quant.moe);
+    if model.family == Family::Moe && moe == Dtype::Fp8Block && (model.moe_inter / moe_tp) % model.quant.block != 0 {
         return Err(PerfError::config(format!(
-            "moe_tp_size × moe_ep_size ({moe_tp} × {moe_ep}) must equal tp × attention_dp ({} × {})",
-            cfg.tp, cfg.attention_dp
+            "{}: fp8_block experts need (moe_intermediate_size {} / moe_tp_size {moe_tp}) to be a multiple of the weight block {}",
+            cfg.model, model.moe_inter, model.quant.block
         )));
     }
-    let gemm = cfg.gemm_quant_mode.unwrap_or(model.gemm_dtype);
-    let kv = cfg.kvcache_quant_mode.unwrap_or(model.kv_dtype);
     let layout = Layout {
         tp: cfg.tp,
         pp: cfg.pp,
@@ -384,8 +396,10 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         nextn: cfg.nextn,
         gemm,
         kv,
-        fmha: cfg.fmha_quant_mode.unwrap_or(Dtype::Bfloat16),
-        moe: cfg.moe_quant_mode.unwrap_or(gemm),
+        // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA; the
+        // reference then times attention in bf16 (only when fmha_quant_mode is not given).
+        fmha: cfg.fmha_quant_mode.unwrap_or(if cfg.backend == "vllm" { Dtype::Bfloat16 } else { model.quant.fmha }),
+        moe,
         backend: cfg.backend.clone(),
     };
     let ctx_lanes = lane_order(&db, &spec.root, &model.architecture, false, cfg.attention_backend.as_deref())?;
@@ -417,11 +431,12 @@ impl PassTimer for AisTimer {
         if batch == 0 {
             return Ok(0.0);
         }
+        // Dynamo's provider asks `predict_decode(batch, isl = mean context, osl = 2)`, whose one
+        // step reads `mean + 1` tokens of KV per request (the forward-pass metric
+        // `sum_decode_kv_tokens = batch × (isl + 1)`).
         let mean = narrow(context_tokens / batch as u64, "mean decode context")?;
-        if mean == 0 {
-            return Err("mean decode context must include the current input token".into());
-        }
-        self.estimator.decode_ms(batch, mean).map_err(|e| e.message)
+        let kv = mean.checked_add(1).ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
+        self.estimator.decode_ms(batch, kv).map_err(|e| e.message)
     }
 
     fn config(&self) -> Value {

@@ -2,10 +2,11 @@
 //! `aisimulate_core` data). They run only when the data is installed; otherwise each test prints
 //! a notice and passes.
 //!
-//! Produced with the reference venv's python (`/tmp/golden.py`, recorded in
-//! crates/perf/README.md): `RustForwardPassPerfModel.best_available(cfg)` then
-//! `static_phase_diagnostics(...)` summed over ops (prefill, and decode at
-//! `context_length = context − 1`) or `estimate_forward_pass_time_ms` (forward passes).
+//! Every number comes from `scripts/ais_goldens.py`, run with the reference venv's python
+//! (`$AISIM_REF_VENV/bin/python scripts/ais_goldens.py`): `RustForwardPassPerfModel.best_available(cfg)`
+//! then `static_phase_diagnostics(...)` summed over ops (prefill, and decode at
+//! `context_length = context − 1`) or `estimate_forward_pass_time_ms` (forward passes, the
+//! slowest attention-DP rank), and `estimate_num_gpu_blocks` for KV capacity.
 
 use serde_json::json;
 use servesim_perf::{estimator, AisConfig, RankMetrics};
@@ -18,13 +19,20 @@ fn data_available() -> bool {
 }
 
 fn est(model: &str, system: &str, backend: &str, tp: u32) -> std::sync::Arc<servesim_perf::Estimator> {
-    let cfg = AisConfig::from_json(
-        "config",
-        &json!({"model": model, "system": system, "backend": backend, "worker_type": "aggregated", "tp": tp}),
-    )
-    .unwrap();
-    estimator(&cfg).unwrap()
+    est_with(json!({"model": model, "system": system, "backend": backend, "worker_type": "aggregated", "tp": tp}))
 }
+
+fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
+    estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+}
+
+const MIXED: RankMetrics = RankMetrics {
+    num_prefill_requests: 3,
+    sum_prefill_tokens: 2000,
+    sum_prefill_kv_tokens: 3000,
+    num_decode_requests: 100,
+    sum_decode_kv_tokens: 70000,
+};
 
 fn close(got: f64, want: f64) {
     assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "got {got}, reference {want}");
@@ -42,13 +50,7 @@ fn reference_goldens() {
     close(q.prefill_ms(3, 33000, 0).unwrap(), 7844.4516481275905);
     close(q.decode_ms(16, 1100).unwrap(), 13.281420129614514);
     close(q.decode_ms(7, 131072).unwrap(), 40.259631708522);
-    let mixed = RankMetrics {
-        num_prefill_requests: 3,
-        sum_prefill_tokens: 2000,
-        sum_prefill_kv_tokens: 3000,
-        num_decode_requests: 100,
-        sum_decode_kv_tokens: 70000,
-    };
+    let mixed = MIXED;
     close(q.forward_pass_time_ms(&[mixed]).unwrap(), 116.17427907458445);
     // Attention DP: the slowest rank.
     close(q.forward_pass_time_ms(&[RankMetrics::default(), mixed]).unwrap(), 116.17427907458445);
@@ -59,6 +61,79 @@ fn reference_goldens() {
     let s = est("Qwen/Qwen3-8B", "h100_sxm", "vllm", 4);
     close(s.prefill_ms(1, 20000, 0).unwrap(), 216.40299066515905);
     close(s.decode_ms(33, 5000).unwrap(), 6.250786712240968);
+}
+
+#[test]
+fn moe_reference_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MoE reference goldens");
+        return;
+    }
+    // Expert parallelism on vLLM: the dispatch is the tensor-parallel custom all-reduce.
+    let q = est_with(json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+                            "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(q.prefill_ms(4, 1000, 0).unwrap(), 48.22585807358528);
+    close(q.prefill_ms(2, 2500, 700).unwrap(), 46.71942624461286);
+    close(q.prefill_ms(1, 20000, 0).unwrap(), 300.91635402089423); // past the 16384-token curve
+    close(q.decode_ms(16, 1100).unwrap(), 8.869965539348005);
+    close(q.decode_ms(1024, 1024).unwrap(), 34.87906427893911);
+    close(q.forward_pass_time_ms(&[MIXED]).unwrap(), 35.3331887805247);
+    // Expert tensor parallelism on SGLang.
+    let big = est_with(json!({"model": "Qwen/Qwen3-235B-A22B", "system": "h100_sxm", "backend": "sglang", "tp": 4,
+                              "moe_tp_size": 4, "moe_ep_size": 1}));
+    close(big.prefill_ms(1, 8192, 0).unwrap(), 324.1668455885498);
+    close(big.decode_ms(64, 4097).unwrap(), 50.39256655106643);
+    // gpt-oss (sliding-window half, mxfp4 experts) with attention DP: NCCL dispatch, experts see
+    // both ranks' tokens, the forward pass is the slower rank.
+    let oss = est_with(json!({"model": "openai/gpt-oss-20b", "system": "h200_sxm", "backend": "trtllm", "tp": 1,
+                              "attention_dp": 2, "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(oss.prefill_ms(2, 3000, 0).unwrap(), 140.95692984561643);
+    close(oss.decode_ms(33, 5000).unwrap(), 7.181261072963873);
+    let decoding = RankMetrics { num_decode_requests: 40, sum_decode_kv_tokens: 120_000, ..Default::default() };
+    close(oss.forward_pass_time_ms(&[MIXED, decoding]).unwrap(), 55.59446378227148);
+    // An fp8 block-quantised checkpoint: fp8_block GEMMs and experts, fp8 KV, bf16 FMHA on vLLM.
+    let fp8 = est_with(json!({"model": "Qwen/Qwen3-30B-A3B-FP8", "system": "h100_sxm", "backend": "vllm", "tp": 2,
+                              "moe_tp_size": 2, "moe_ep_size": 1}));
+    close(fp8.prefill_ms(4, 777, 0).unwrap(), 40.56524047873351);
+    close(fp8.decode_ms(128, 1500).unwrap(), 14.332068046824052);
+}
+
+/// The engine-facing timer asks what Dynamo 1.6.1's AIS session asks: a decode step at mean
+/// context `c` reads `c + 1` tokens of KV per request (`sum_decode_kv_tokens = batch × (c + 1)`).
+#[test]
+fn timer_follows_dynamos_session() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    let cfg = json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+                     "moe_tp_size": 1, "moe_ep_size": 2});
+    let timer = servesim_perf::build_timer("timing_model.config", "ais", &cfg).unwrap();
+    close(timer.prefill_ms(2, 2500, 700).unwrap(), 46.71942624461286);
+    close(timer.decode_ms(16, 16 * 1100, 1 << 20).unwrap(), 8.869981339340258);
+    // The integer mean of the batch's context, as Dynamo computes it.
+    close(timer.decode_ms(16, 16 * 1100 + 15, 1 << 20).unwrap(), 8.869981339340258);
+}
+
+#[test]
+fn moe_errors_with_real_data() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    let bad = |v: serde_json::Value| estimator(&AisConfig::from_json("config", &v).unwrap()).unwrap_err().message;
+    // The reference defaults both expert widths to 1 and refuses a layout they do not cover.
+    let e = bad(json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2}));
+    assert!(e.contains("moe_tp_size × moe_ep_size (1 × 1, unset values default to 1) must equal tp × attention_dp (2 × 1)"), "{e}");
+    let e = bad(json!({"model": "Qwen/Qwen3-30B-A3B-FP8", "system": "h200_sxm", "backend": "vllm", "tp": 4,
+                       "moe_tp_size": 4, "moe_ep_size": 1}));
+    assert!(e.contains("fp8_block experts need (moe_intermediate_size 768 / moe_tp_size 4)"), "{e}");
+    // A layout the MoE table does not hold: named, with the layouts it does hold.
+    let oss = est_with(json!({"model": "openai/gpt-oss-20b", "system": "h100_sxm", "backend": "trtllm", "tp": 2,
+                              "moe_tp_size": 2, "moe_ep_size": 1}));
+    let e = oss.prefill_ms(1, 1000, 0).unwrap_err().message;
+    assert!(e.contains("op context_moe: no w4a16_mxfp4 MoE data for topk=4 experts=32 hidden=2880 inter=2880 at moe_tp=2 × moe_ep=1"), "{e}");
+    assert!(e.contains("collected moe_tp × moe_ep for this shape: 1×1, 1×2") && e.contains("moe_perf.parquet"), "{e}");
 }
 
 #[test]
@@ -95,6 +170,19 @@ fn kv_capacity_goldens() {
         ("meta-llama/Meta-Llama-3.1-70B", "h100_sxm", "vllm", 4, 16, 28376),
     ] {
         let e = est(model, system, backend, tp);
+        let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
+    }
+    // Mixture of experts: expert weights split over moe_tp × moe_ep; gpt-oss's sliding-window
+    // half holds at most 128 tokens of a sequence.
+    for (model, system, backend, tp, moe_tp, moe_ep, block, want) in [
+        ("Qwen/Qwen3-30B-A3B", "h200_sxm", "vllm", 2, 1, 2, 64, 32118u64),
+        ("Qwen/Qwen3-235B-A22B", "h200_sxm", "sglang", 4, 4, 1, 1, 240825),
+        ("Qwen/Qwen3-30B-A3B-FP8", "h100_sxm", "vllm", 1, 1, 1, 16, 52808),
+        ("openai/gpt-oss-20b", "h100_sxm", "vllm", 1, 1, 1, 16, 152791),
+    ] {
+        let e = est_with(json!({"model": model, "system": system, "backend": backend, "tp": tp,
+                                "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}));
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
     }

@@ -44,7 +44,7 @@ fn write_table(path: &Path, cols: &[(&str, Col)]) {
     w.close().unwrap();
 }
 
-const SPEC: &str = "data_dir: data/toy\ngpu:\n  mem_bw: 1000000000000\n  mem_bw_empirical_scaling_factor: 0.5\n  mem_empirical_constant_latency: 0.000001\n  mem_capacity: 85899345920\n  bfloat16_tc_flops: 1000000000000000\n  sm_version: 90\nnode:\n  num_gpus_per_node: 8\n  inter_node_bw: 50000000000\n  intra_node_bw: 450000000000\n  p2p_latency: 0.00001\nmisc:\n  other_mem: 1000000000\n";
+const SPEC: &str = "data_dir: data/toy\ngpu:\n  mem_bw: 1000000000000\n  mem_bw_empirical_scaling_factor: 0.5\n  mem_empirical_constant_latency: 0.000001\n  mem_capacity: 85899345920\n  bfloat16_tc_flops: 1000000000000000\n  sm_version: 90\nnode:\n  num_gpus_per_node: 8\n  inter_node_bw: 50000000000\n  intra_node_bw: 450000000000\n  p2p_latency: 0.00001\nmisc:\n  other_mem: 1000000000\n  nccl_mem:\n    1: 0\n    2: 100000000\n    4: 100000000\n";
 
 /// Every table has utilisation 0.5 of its SOL (GEMM: 2mnk/flops; memory bound shapes aside),
 /// so interpolation and holds reproduce closed forms.
@@ -113,7 +113,34 @@ fn toy_tree(root: &Path) {
             ("backend", Col::S(vec!["vllm_graph", "vllm_graph"])),
         ],
     );
+    // MoE: topk 2 of 64 experts, hidden 128, expert inter 64, at moe_tp × moe_ep = 1 × 2 over
+    // tokens {16, 64, 256}; a second layout (2 × 1) with a single point.
+    let moe_rows: Vec<(i64, i64, i64, f64)> = vec![(1, 2, 16, 0.010), (1, 2, 64, 0.020), (1, 2, 256, 0.050), (2, 1, 64, 0.030)];
+    let r = moe_rows.len();
+    write_table(
+        &d.join("moe/vllm/1.0/moe_perf.parquet"),
+        &[
+            ("moe_dtype", Col::S(vec!["bfloat16"; r])),
+            ("num_tokens", Col::I(moe_rows.iter().map(|x| x.2).collect())),
+            ("hidden_size", Col::I(vec![128; r])),
+            ("inter_size", Col::I(vec![64; r])),
+            ("topk", Col::I(vec![2; r])),
+            ("num_experts", Col::I(vec![64; r])),
+            ("moe_tp_size", Col::I(moe_rows.iter().map(|x| x.0).collect())),
+            ("moe_ep_size", Col::I(moe_rows.iter().map(|x| x.1).collect())),
+            ("distribution", Col::S(vec!["uniform"; r])),
+            ("latency", Col::F(moe_rows.iter().map(|x| x.3).collect())),
+        ],
+    );
     std::fs::create_dir_all(root.parent().unwrap().join("model_configs")).unwrap();
+    std::fs::write(
+        root.parent().unwrap().join("model_configs/toy--moe_config.json"),
+        json!({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
+               "head_dim": 16, "moe_intermediate_size": 64, "num_experts": 64, "num_experts_per_tok": 2,
+               "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 1024})
+        .to_string(),
+    )
+    .unwrap();
     std::fs::write(
         root.parent().unwrap().join("model_configs/toy--tiny_config.json"),
         json!({"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -174,5 +201,69 @@ fn pipeline_on_synthetic_tables() {
     // Unknown keys are rejected by key path.
     let err = AisConfig::from_json("engine.timing_model.config", &json!({"model": "m", "system": "s", "backend": "vllm", "tpp": 2})).unwrap_err();
     assert!(err.message.starts_with("engine.timing_model.config.tpp: unknown key"), "{}", err.message);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn moe_on_synthetic_tables() {
+    let dir = std::env::temp_dir().join(format!("servesim-perf-toy-moe-{}", std::process::id()));
+    let root = dir.join("systems");
+    toy_tree(&root);
+    let cfg = |extra: serde_json::Value| {
+        let mut v = json!({"model": "toy/moe", "system": "toy", "backend": "vllm", "tp": 2, "systems_paths": [root.display().to_string()]});
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        AisConfig::from_json("config", &v).unwrap()
+    };
+    let e = estimator(&cfg(json!({"moe_tp_size": 1, "moe_ep_size": 2}))).unwrap();
+    let names = |ops: &[(String, f64)]| ops.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    let at = |ops: &[(String, f64)], name: &str| ops.iter().find(|(n, _)| n == name).unwrap().1;
+    // The MoE block replaces the FFN and its all-reduces; the context phase has no logits GEMM.
+    let ops = e.prefill_ops(1, 64, 0).unwrap();
+    assert_eq!(
+        names(&ops),
+        [
+            "context_embedding", "context_add_norm_1", "context_qkv_gemm", "context_attention", "context_proj_gemm",
+            "context_add_norm_2", "context_router_gemm", "context_moe_pre_dispatch", "context_moe", "context_moe_post_dispatch",
+            "context_embedding_ar", "context_p2p"
+        ]
+    );
+    assert!(names(&e.decode_ops(1, 64).unwrap()).contains(&"generation_logits_gemm".to_string()));
+    // Exact point (64 tokens) × 2 layers; the distribution falls back to uniform.
+    assert!((at(&ops, "context_moe") - 2.0 * 0.020).abs() < 1e-12);
+    // Dispatch and combine: the custom all-reduce over moe_tp × moe_ep = 2 GPUs, 64 × 128
+    // elements = 8192, past the 4096 point: utilisation hold ∝ size.
+    assert!((at(&ops, "context_moe_pre_dispatch") - 2.0 * 0.02 * 2.0).abs() < 1e-12);
+    assert_eq!(at(&ops, "context_moe_pre_dispatch"), at(&ops, "context_moe_post_dispatch"));
+    // Router GEMM: n = experts = 64, k = 128, bf16 (a collected site).
+    let sol_g = |m: f64, n: f64, k: f64| (2.0 * m * n * k / 1e15 * 1e3).max(2.0 * (m * n + m * k + n * k) / 1e12 * 1e3);
+    assert!((at(&ops, "context_router_gemm") - 2.0 * 2.0 * sol_g(64.0, 64.0, 128.0)).abs() < 1e-9);
+    // Inside the curve: linear in tokens (16 → 64 at 40 tokens).
+    let moe40 = at(&e.prefill_ops(1, 40, 0).unwrap(), "context_moe");
+    assert!((moe40 - 2.0 * (0.010 + 0.010 * 24.0 / 48.0)).abs() < 1e-12, "{moe40}");
+    // Past the curve: the 256-token point's utilisation against the MoE roofline.
+    let sol_moe = |t: u64| {
+        let total = t * 2;
+        let ops = total * 128 * 64 * 3 * 2 / 2;
+        let mem = total / 2 * 128 * 2 + total / 2 * 64 * 3 + 128 * 64 * 3 * (64u64 / 2).min(total / 2);
+        (ops as f64 / 1e15 * 1e3).max(mem as f64 * 2.0 / 1e12 * 1e3)
+    };
+    let moe1k = at(&e.prefill_ops(1, 1024, 0).unwrap(), "context_moe");
+    assert!((moe1k - 2.0 * 0.050 * sol_moe(1024) / sol_moe(256)).abs() < 1e-12, "{moe1k}");
+    // KV capacity counts the expert weights, split over the experts' GPUs.
+    let cap = servesim_perf::memory::kv_capacity(&e, None, 8192, 16, 0.0).unwrap();
+    let experts = (128.0 * 64.0 * 64.0 * 2.0 * 3.0 / 2.0f64).floor() * 2.0;
+    let attn_and_router = 2.0 * (2.0 * (96.0 * 128.0 + 128.0 * 64.0 + 64.0 * 128.0)) + 256.0 / 2.0 * 128.0 * 2.0;
+    assert!((cap.weights_bytes - (experts + attn_and_router)).abs() < 1.0, "{cap:?}");
+    // A single-point curve cannot answer below its point.
+    let single = estimator(&cfg(json!({"moe_tp_size": 2, "moe_ep_size": 1}))).unwrap();
+    let err = single.prefill_ms(1, 16, 0).unwrap_err().message;
+    assert!(err.contains("only one measured token count (64)"), "{err}");
+    // Widths must cover tp × attention_dp; unset ones default to 1, as in the reference.
+    let err = estimator(&cfg(json!({}))).unwrap_err().message;
+    assert!(err.contains("must equal tp × attention_dp (2 × 1)"), "{err}");
+    // A layout the table does not hold names the ones it does.
+    let wide = estimator(&cfg(json!({"tp": 4, "moe_tp_size": 1, "moe_ep_size": 4}))).unwrap();
+    let err = wide.prefill_ms(1, 16, 0).unwrap_err().message;
+    assert!(err.contains("at moe_tp=1 × moe_ep=4 (uniform)") && err.contains("collected moe_tp × moe_ep for this shape: 1×2, 2×1"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -4,7 +4,10 @@
 //! driver that releases their requests, the event loop that runs them through simulated
 //! workers, and the metrics and report of the run.
 
+pub mod agentic;
 pub mod error;
+pub mod formats;
+pub mod input;
 pub mod metrics;
 pub mod report;
 pub mod sim;
@@ -21,5 +24,6 @@ pub use report::{request_json, Report, WALL_CLOCK_KEYS};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{simulate, Progress, SimConfig, SimError};
 pub use synthetic::{Arrivals, SyntheticSpec};
-pub use trace::load_mooncake;
+pub use formats::{load_trace, TraceFormat, TraceOptions};
+pub use trace::{load_mooncake, load_mooncake_delta};
 pub use workload::{LoadMode, Workload};

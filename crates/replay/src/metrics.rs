@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 use servesim_engine::{Finish, PassOutput, RejectReason, Role};
 
 use crate::stats::{Samples, Sketch};
+use crate::workload::TurnMeta;
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +67,34 @@ pub struct RequestRecord {
     /// Time spent in the router queue.
     pub queue_wait_ms: f64,
     pub handoff: Option<Handoff>,
+    /// Ids from the trace (request id, agentic ids).
+    pub meta: Option<Arc<TurnMeta>>,
+    /// Every placement on a worker, in order.
+    pub routing: Vec<Routing>,
+    /// Every admission into a running batch, in order.
+    pub admission_history: Vec<Admission>,
+}
+
+/// One placement of a request on a worker (the reference's `routing_history` entries).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub pool: Role,
+    /// When it entered the router queue, if it waited there.
+    pub queued_at_ms: Option<f64>,
+    pub placed_at_ms: f64,
+    pub worker: u32,
+    pub dp_rank: u32,
+    pub overlap_tokens: u32,
+}
+
+/// One admission (the reference's `admission_history` entries).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    pub pool: Role,
+    pub at_ms: f64,
+    pub reused_tokens: u32,
+    /// Its index among the request's admissions in this pool.
+    pub pool_ordinal: u32,
 }
 
 /// Milestones of the prefill-to-decode handoff of a disaggregated request.
@@ -79,15 +108,18 @@ pub struct Handoff {
     /// The prefill worker freed its copy (at the end of the pass it was running then).
     pub source_released_ms: Option<f64>,
     pub decode_admit_ms: Option<f64>,
-    /// Prefix-cache hit reported by the first decode admission (none for a transferred prompt).
+    /// Largest prefix-cache hit of the decode admissions: none for a transferred prompt, but a
+    /// readmission after a preemption there reuses cached blocks (the summary's reuse counts it).
     pub decode_reused_input_tokens: Option<u32>,
-    /// Largest hit of any decode admission (a readmission after a preemption there reuses the
-    /// prompt's cached blocks); the summary's reuse counts it, as the reference's does.
-    pub decode_reused_max: u32,
     pub decode_route_overlap_tokens: Option<u32>,
 }
 
 impl RequestRecord {
+    fn push_admission(&mut self, pool: Role, at_ms: f64, reused_tokens: u32) {
+        let pool_ordinal = self.admission_history.iter().filter(|a| a.pool == pool).count() as u32;
+        self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal });
+    }
+
     pub fn ttft_ms(&self) -> Option<f64> {
         self.first_token_ms.map(|t| t - self.arrival_ms)
     }
@@ -242,7 +274,15 @@ impl<'s> Collector<'s> {
     }
 
     /// Registers a released request; returns its id (its release ordinal).
-    pub fn arrive(&mut self, session: Arc<str>, turn: u32, arrival_ms: f64, input: u32, output: u32) -> u64 {
+    pub fn arrive(
+        &mut self,
+        session: Arc<str>,
+        turn: u32,
+        arrival_ms: f64,
+        input: u32,
+        output: u32,
+        meta: Option<Arc<TurnMeta>>,
+    ) -> u64 {
         let record = RequestRecord {
             ordinal: self.next_ordinal,
             session,
@@ -266,6 +306,9 @@ impl<'s> Collector<'s> {
             route_overlap_tokens: None,
             queue_wait_ms: 0.0,
             handoff: None,
+            meta,
+            routing: Vec::new(),
+            admission_history: Vec::new(),
         };
         self.next_ordinal += 1;
         self.totals.num_requests += 1;
@@ -326,6 +369,14 @@ impl<'s> Collector<'s> {
         if let Some(q) = queued_at {
             r.queue_wait_ms += now - q;
         }
+        r.routing.push(Routing {
+            pool: role,
+            queued_at_ms: queued_at,
+            placed_at_ms: now,
+            worker,
+            dp_rank: dp_rank as u32,
+            overlap_tokens,
+        });
         match role {
             Role::Aggregated => {
                 r.decode_worker = Some(worker);
@@ -360,16 +411,15 @@ impl<'s> Collector<'s> {
     }
 
     /// An admission on the decode worker (the first, or a readmission after a preemption
-    /// there); `reused` is the prefix-cache hit it reports (none for a transferred prompt).
+    /// there); `reused` is the prefix-cache hit it reports (none for a transferred prompt). The
+    /// record keeps the largest hit over the decode admissions, as the reference does.
     pub fn decode_admit(&mut self, id: u64, at_ms: f64, reused: u32) {
         let r = self.get(id);
         r.admissions += 1;
+        r.push_admission(Role::Decode, at_ms, reused);
         let h = r.handoff.get_or_insert_with(Handoff::default);
-        if h.decode_admit_ms.is_none() {
-            h.decode_admit_ms = Some(at_ms);
-            h.decode_reused_input_tokens = Some(reused);
-        }
-        h.decode_reused_max = h.decode_reused_max.max(reused);
+        h.decode_admit_ms.get_or_insert(at_ms);
+        h.decode_reused_input_tokens = Some(h.decode_reused_input_tokens.unwrap_or(0).max(reused));
     }
 
     pub fn arrival_of(&self, id: u64) -> f64 {
@@ -384,6 +434,8 @@ impl<'s> Collector<'s> {
         }
         r.admissions += 1;
         r.reused_input_tokens = r.reused_input_tokens.max(reused);
+        let pool = r.routing.first().map_or(Role::Aggregated, |p| p.pool);
+        r.push_admission(pool, at_ms, reused);
     }
 
     /// Records a visible token; returns whether it was the request's first.
@@ -472,7 +524,7 @@ impl<'s> Collector<'s> {
                 t.completed += 1;
                 t.input_tokens += r.input_length as u64;
                 t.output_tokens += r.output_length as u64;
-                let decode_reused = r.handoff.as_ref().map_or(0, |h| h.decode_reused_max);
+                let decode_reused = r.handoff.as_ref().and_then(|h| h.decode_reused_input_tokens).unwrap_or(0);
                 t.reused_tokens += r.reused_input_tokens.max(decode_reused) as u64;
                 t.first_admission_reused_tokens += r.first_admission_reused_input_tokens as u64;
                 if let Some(last) = r.last_token_ms {

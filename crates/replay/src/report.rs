@@ -1,6 +1,7 @@
 //! The run report: the summary object (the reference's key names) and per-request records.
 
 use serde_json::{json, Map, Value};
+use servesim_engine::Role;
 
 use crate::metrics::{Collector, RequestRecord, Status, Totals};
 use crate::sim::SimConfig;
@@ -168,16 +169,47 @@ impl Report {
 /// Keys whose values depend on the host, not on the simulation.
 pub const WALL_CLOCK_KEYS: [&str; 3] = ["wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"];
 
-/// One per-request record, with the reference's key names.
+fn pool_name(stage: Role) -> &'static str {
+    match stage {
+        Role::Aggregated => "agg",
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+    }
+}
+
+/// One per-request record, with the reference's keys in the reference's order (agentic
+/// requests start with their ids); servesim's own keys follow `terminal_status`.
 pub fn request_json(r: &RequestRecord) -> Value {
     let mut m = Map::new();
     let mut put = |k: &str, v: Value| {
         m.insert(k.to_string(), v);
     };
-    put("session_id", json!(&*r.session));
-    put("turn_index", json!(r.turn));
-    put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)));
+    let agentic = r.meta.as_ref().and_then(|m| m.agentic.as_ref());
+    if let Some(a) = agentic {
+        put("request_id", json!(&*a.request_id));
+        put("play_id", json!(&*a.play_id));
+        put("session_id", json!(&*r.session));
+        put("turn_index", Value::Null);
+        let mut ids = Map::new();
+        ids.insert("request_id".into(), json!(&*a.request_id));
+        ids.insert("play_id".into(), json!(&*a.play_id));
+        ids.insert("conversation_id".into(), json!(&*a.conversation_id));
+        if let Some(lane) = a.lane {
+            ids.insert("lane_id".into(), json!(format!("lane:{lane}")));
+        }
+        ids.insert("root_id".into(), json!(a.root_id.as_deref()));
+        if let Some(p) = &a.parent_id {
+            ids.insert("parent_id".into(), json!(&**p));
+        }
+        put("agentic", Value::Object(ids));
+        put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", a.node as u64 + 1)));
+    } else {
+        put("session_id", json!(&*r.session));
+        put("turn_index", json!(r.turn));
+        put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)));
+    }
     put("arrival_time_ms", json!(r.arrival_ms));
+    put("dispatched_at_ms", if agentic.is_some() { json!(r.arrival_ms) } else { Value::Null });
     put("first_admit_ms", json!(r.first_admit_ms));
     put("terminal_time_ms", json!(r.terminal_ms));
     put("first_token_ms", json!(r.first_token_ms));
@@ -190,28 +222,66 @@ pub fn request_json(r: &RequestRecord) -> Value {
     put("requested_output_length", json!(r.requested_output_length));
     put("output_length", json!(r.output_length));
     put("reused_input_tokens", json!(r.reused_input_tokens));
-    put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));
     put("prefill_worker_idx", json!(r.prefill_worker));
     put("decode_worker_idx", json!(r.decode_worker));
-    put("dp_rank", json!(r.dp_rank));
-    put("route_overlap_tokens", json!(r.route_overlap_tokens));
-    put("queue_wait_ms", json!(r.queue_wait_ms));
-    if let Some(h) = &r.handoff {
-        put("prefill_admit_ms", json!(r.first_admit_ms));
-        put("source_held_ms", json!(h.source_held_ms));
-        put("destination_reserved_ms", json!(h.destination_reserved_ms));
-        put("destination_activated_ms", json!(h.destination_activated_ms));
-        put("decode_admit_ms", json!(h.decode_admit_ms));
-        put("source_released_ms", json!(h.source_released_ms));
-        put("decode_reused_input_tokens", json!(h.decode_reused_input_tokens));
-        put("prefill_route_overlap_tokens", json!(r.route_overlap_tokens));
-        put("decode_route_overlap_tokens", json!(h.decode_route_overlap_tokens));
-    }
+    let h = r.handoff.as_ref();
+    put("prefill_admit_ms", if h.is_some() { json!(r.first_admit_ms) } else { Value::Null });
+    put("source_held_ms", json!(h.and_then(|h| h.source_held_ms)));
+    put("destination_reserved_ms", json!(h.and_then(|h| h.destination_reserved_ms)));
+    put("destination_activated_ms", json!(h.and_then(|h| h.destination_activated_ms)));
+    put("decode_admit_ms", json!(h.and_then(|h| h.decode_admit_ms)));
+    put("source_released_ms", json!(h.and_then(|h| h.source_released_ms)));
+    put("decode_reused_input_tokens", json!(h.and_then(|h| h.decode_reused_input_tokens)));
+    put("prefill_route_overlap_tokens", if h.is_some() { json!(r.route_overlap_tokens) } else { Value::Null });
+    put("decode_route_overlap_tokens", json!(h.and_then(|h| h.decode_route_overlap_tokens)));
+    let routing: Vec<Value> = r
+        .routing
+        .iter()
+        .map(|p| {
+            json!({
+                "pool": pool_name(p.pool),
+                "outcome": if p.queued_at_ms.is_some() { "queued" } else { "immediate" },
+                "queue_entered_at_ms": p.queued_at_ms,
+                "released_at_ms": p.queued_at_ms.map(|_| p.placed_at_ms),
+                "queue_wait_ms": p.queued_at_ms.map_or(0.0, |q| p.placed_at_ms - q),
+                "logical_worker_id": p.worker,
+                "scheduler_id": p.worker,
+                "dp_rank": p.dp_rank,
+                "reported_overlap_tokens": p.overlap_tokens,
+                "selected_overlap_blocks": Value::Null,
+                "best_available_overlap_blocks": Value::Null,
+                "overlap_regret_blocks": Value::Null,
+                "placement_replica_id": Value::Null,
+            })
+        })
+        .collect();
+    put("routing_history", Value::Array(routing));
+    let admissions: Vec<Value> = r
+        .admission_history
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            json!({
+                "admission_ordinal": i,
+                "pool_admission_ordinal": a.pool_ordinal,
+                "pool": pool_name(a.pool),
+                "at_ms": a.at_ms,
+                "reused_input_tokens": a.reused_tokens,
+                "is_readmission": a.pool_ordinal > 0,
+            })
+        })
+        .collect();
+    put("admission_history", Value::Array(admissions));
     put("admission_count", json!(r.admissions));
     put("readmission_count", json!(r.admissions.saturating_sub(1)));
+    put("pressure_record_ordinals", json!([]));
     put("terminal_status", json!(r.status.name()));
     if let Status::Rejected(reason) = r.status {
         put("rejection_reason", json!(reason.describe()));
     }
+    put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));
+    put("dp_rank", json!(r.dp_rank));
+    put("route_overlap_tokens", json!(r.route_overlap_tokens));
+    put("queue_wait_ms", json!(r.queue_wait_ms));
     Value::Object(m)
 }

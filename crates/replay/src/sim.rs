@@ -12,16 +12,17 @@
 //! worker between its passes (a command for a busy worker waits for its pass to end).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
+use std::ops::Bound::{Excluded, Unbounded};
 
 use rustc_hash::FxHashMap;
 use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
 };
 use servesim_engine::{
-    Engine, EngineOptions, Finish, KvEvent, PassOutput, Prompt, Reserved, Role, Stretch,
+    Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch,
 };
-use servesim_router::{Placement, Routed};
+use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
 use crate::metrics::{Collector, Sla};
 use crate::report::Report;
@@ -34,6 +35,9 @@ use crate::workload::{LoadDriver, LoadMode, Ready, Workload};
 pub struct SimConfig {
     pub topology: Topology,
     pub router: RouterMode,
+    /// What `router_prefill_load_model: ais` predicts prompts' prefill times with (Dynamo's
+    /// `ais_perf_config`, kept apart from the workers' timing models).
+    pub prefill_load_estimator: Option<std::sync::Arc<dyn PrefillLoadEstimator>>,
     /// Seed of the router's random choices (ties, softmax sampling).
     pub router_seed: u64,
     /// Delay before the router sees the KV events of a pass.
@@ -71,6 +75,8 @@ pub enum SimError {
     Timing { worker: u32, at_ms: f64, why: String },
     /// Disaggregated workers wait on each other's KV and nothing else can happen.
     Deadlock { at_ms: f64, in_flight: usize },
+    /// The router's prefill load model could not time a prompt.
+    Router { at_ms: f64, why: String },
 }
 
 impl std::fmt::Display for SimError {
@@ -80,6 +86,7 @@ impl std::fmt::Display for SimError {
                 write!(f, "internal error: worker {worker} stopped making progress at t={at_ms} ms")
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
+            SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
                 "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
@@ -198,6 +205,9 @@ struct Simulation<'a, 'c> {
     work_only_at_releases: bool,
     spare_stretch: Stretch,
     shard: Option<Shard>,
+    /// Workers that may start a pass: (pool, worker). Only they are visited at an instant, so
+    /// idle workers cost nothing.
+    awake: BTreeSet<(usize, usize)>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -208,13 +218,17 @@ impl<'a, 'c> Simulation<'a, 'c> {
             .pools()
             .iter()
             .map(|spec| {
-                let placer = Placer::new(spec, &config.router, config.router_seed);
+                let placer = Placer::new(spec, &config.router, config.router_seed)
+                    .with_prefill_load_estimator(config.prefill_load_estimator.clone());
                 let record_kv_events = placer.is_kv();
                 let dp = spec.deployment.dp_size;
                 let rank_engine = spec.rank_engine();
+                // A shard's run builds engines for its own workers only: the others never get
+                // a request.
+                let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
                 let workers = (0..spec.workers)
                     .map(|w| Worker {
-                        ranks: (0..dp)
+                        ranks: (0..if served(w) { dp } else { 0 })
                             .map(|rank| Rank {
                                 engine: Engine::new(
                                     rank_engine.clone(),
@@ -254,7 +268,14 @@ impl<'a, 'c> Simulation<'a, 'c> {
             work_only_at_releases: work_only_at_releases(workload, config),
             spare_stretch: Stretch::default(),
             shard,
+            awake: BTreeSet::new(),
         }
+    }
+
+    /// Something reached worker `w` of `pool` (a request, a command, the end of its pass): it
+    /// is visited at the next start of passes.
+    fn wake(&mut self, pool: usize, w: usize) {
+        self.awake.insert((pool, w));
     }
 
     fn schedule(&mut self, at: f64, event: Event) {
@@ -284,6 +305,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.events.pop();
                 match event {
                     Event::PassEnd { pool, worker } => {
+                        self.wake(pool as usize, worker as usize);
                         let w = &mut self.pools[pool as usize].workers[worker as usize];
                         w.busy = false;
                         match w.stretch.take() {
@@ -302,6 +324,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
                 self.release(r);
+            }
+            for pool in &self.pools {
+                if let Some(why) = pool.placer.error() {
+                    return Err(SimError::Router { at_ms: now, why: why.to_string() });
+                }
             }
             again = self.start_passes()?;
             if self.finished != last_reported {
@@ -324,8 +351,19 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // Workers that could run a stretch of decode passes wait until every other worker has
         // started its pass: work created at this instant must bound their stretches.
         let mut stretches = Vec::new();
-        for p in 0..self.pools.len() {
-            for w in 0..self.pools[p].workers.len() {
+        // The awake workers in pool and worker order, as a scan of every worker would visit
+        // them: one woken during the scan is visited now if it comes later, at the next call
+        // (at this instant) if not.
+        let mut visited: Option<(usize, usize)> = None;
+        loop {
+            let next = match visited {
+                None => self.awake.first().copied(),
+                Some(v) => self.awake.range((Excluded(v), Unbounded)).next().copied(),
+            };
+            let Some((p, w)) = next else { break };
+            self.awake.remove(&(p, w));
+            visited = Some((p, w));
+            {
                 let worker = &mut self.pools[p].workers[w];
                 if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
                     continue;
@@ -358,14 +396,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
                 } else if effect {
                     self.apply_pass(p, w);
+                    self.wake(p, w);
                     again = true;
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
+                } else if self.pools[p].spec.role == Role::Decode && self.retry_destination(p, w) {
+                    // The empty pass still ends, and its end tries a waiting destination, as
+                    // every pass end does; a reservation is progress, so another pass follows
+                    // at this instant.
+                    self.wake(p, w);
+                    again = true;
                 }
-                // A disaggregated worker with nothing to do now waits for a hand-off (a source
-                // released, a destination activated); it tries again whenever the simulation
-                // moves on.
+                // Otherwise a disaggregated worker with nothing to do now waits for a hand-off
+                // (a source released, a destination activated); it tries again whenever the
+                // simulation moves on.
             }
         }
         if again {
@@ -473,16 +518,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 pool.placer.skip_round_robin();
                 self.collector.skip_arrival();
                 // Another shard serves it; here its (single-turn) session is over.
-                self.driver.on_complete(r.session, self.now);
+                self.driver.on_complete(r.session, self.now, true);
                 return;
             }
         }
+        let prompt = self.driver.prompt(r);
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];
-        let id =
-            self.collector.arrive(session.name.clone(), r.turn, r.arrival_ms, turn.input_length, turn.output_length);
-        let prompt =
-            Prompt::Runs { run: self.workload.block_tokens(), ids: turn.blocks.clone(), len: turn.input_length };
+        let id = self.collector.arrive(
+            session.name.clone(),
+            r.turn,
+            r.arrival_ms,
+            prompt.len(),
+            turn.output_length,
+            turn.meta.clone(),
+        );
         // The KV router places by block hashes; engines hash what they need themselves.
         let hashes = if self.pools.iter().any(|p| p.placer.is_kv()) {
             prompt.block_hashes(self.config.topology.block_size())
@@ -539,6 +589,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             Role::Decode => flight.decode_target = Some(p.target),
         }
         let request = flight.engine_request(role);
+        self.wake(pool, p.target / dp);
         let worker = &mut self.pools[pool].workers[p.target / dp];
         if role != Role::Decode {
             worker.ranks[p.target % dp].engine.submit(request);
@@ -548,19 +599,23 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // busy one when its pass ends.
         match worker.ranks[0].engine.accept_destination(request) {
             Err(reason) => self.handoff(p.id, Fact::DestinationRefused(reason)),
-            Ok(()) if !worker.busy => self.retry_destination(pool, p.target),
+            Ok(()) if !worker.busy => {
+                self.retry_destination(pool, p.target);
+            }
             Ok(()) => {}
         }
     }
 
-    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there.
-    fn retry_destination(&mut self, pool: usize, w: usize) {
+    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; true if
+    /// it did.
+    fn retry_destination(&mut self, pool: usize, w: usize) -> bool {
         let Some(Reserved { request, reused_tokens }) = self.pools[pool].workers[w].ranks[0].engine.retry_destination()
         else {
-            return;
+            return false;
         };
         self.collector.destination_reserved(request, self.now);
         self.handoff(request, Fact::DestinationReserved { reused_tokens });
+        true
     }
 
     /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.
@@ -596,10 +651,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
             Step::AbortSource => {
                 let w = self.flights[&id].prefill_target.expect("placed on a prefill worker");
                 self.pools[0].workers[w].ranks[0].engine.abort(id);
+                self.wake(0, w);
             }
             Step::AbortDestination => {
                 let w = self.flights[&id].decode_target.expect("placed on a decode worker");
                 self.pools[1].workers[w].ranks[0].engine.abort(id);
+                self.wake(1, w);
             }
         }
     }
@@ -607,6 +664,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// The decode worker takes the transferred KV.
     fn activate(&mut self, decode: usize, id: u64) {
         self.pools[1].workers[decode].ranks[0].engine.activate(id);
+        self.wake(1, decode);
         self.collector.destination_activated(id, self.now);
         self.retry_destination(1, decode);
         self.handoff(id, Fact::Activated);
@@ -623,6 +681,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         } else {
             worker.ranks[0].engine.release_held(id);
             self.collector.source_released(id, self.now);
+            self.wake(0, prefill);
         }
     }
 
@@ -630,7 +689,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn finish(&mut self, id: u64, finish: Finish) {
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);
-        self.driver.on_complete(flight.extra, self.now);
+        self.driver.on_complete(flight.extra, self.now, finish == Finish::Completed);
         self.finished += 1;
     }
 
@@ -640,7 +699,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if !placer.is_kv() {
             return;
         }
-        let released = if finished { placer.free(id) } else { placer.prefill_done(id) };
+        let released = if finished { placer.free(id, self.now) } else { placer.prefill_done(id, self.now) };
         for p in released {
             self.place(pool, p);
         }

@@ -4,10 +4,13 @@
 //! closed-loop concurrency), placed round-robin, and served by aggregated workers, nothing a
 //! worker does can influence another: which worker gets a request depends only on its release
 //! order, and when it is released depends only on the trace. Each worker can then be replayed
-//! on its own. A shard replays one worker: it walks the whole workload, skips the requests
-//! round-robin gives to other workers (keeping their ordinals, so ids and token streams are
-//! those of the whole run), and collects the rest. Shards run on a small thread pool and are
-//! merged in worker order, so the report does not depend on the number of threads.
+//! on its own. A shard replays the workers `w` with `w % shards == index`: it walks the whole
+//! workload, skips the requests round-robin gives to other workers (keeping their ordinals, so
+//! ids and token streams are those of the whole run), and collects the rest. The number of
+//! shards depends on the number of workers only (one per worker, at most [`MAX_SHARDS`], so
+//! that ten thousand workers do not walk the workload ten thousand times); shards run on a
+//! small thread pool and are merged in shard order, so the report does not depend on the
+//! number of threads.
 //!
 //! Per-request timelines are identical to a single-loop run; exact-quantile distributions are
 //! too; pooled token-gap means and deviations are merged with Chan's formula and may differ
@@ -22,6 +25,9 @@ use servesim_cluster::RouterMode;
 
 use crate::sim::{simulate_shard, work_only_at_releases, Progress, Shard, SimConfig, SimError};
 use crate::workload::Workload;
+
+/// Most shards a run is split into.
+pub const MAX_SHARDS: usize = 64;
 
 /// Whether this run can be split by worker.
 pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Collector<'_>) -> bool {
@@ -45,7 +51,7 @@ pub(crate) fn simulate(
     progress: &mut dyn Progress,
 ) -> Result<f64, SimError> {
     let [pool] = config.topology.pools() else { unreachable!("split runs are aggregated") };
-    let count = pool.workers as usize;
+    let count = (pool.workers as usize).min(MAX_SHARDS);
     let threads = match config.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -57,22 +63,29 @@ pub(crate) fn simulate(
     let mut results: Vec<Option<Result<(Collector<'static>, f64), SimError>>> = (0..count).map(|_| None).collect();
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = mpsc::channel();
+        let work = |done_tx: mpsc::Sender<_>| loop {
+            let index = next_shard.fetch_add(1, Ordering::Relaxed);
+            if index >= count {
+                break;
+            }
+            let mut shard_progress = SharedProgress { finished: &finished, reported: 0 };
+            let shard = Shard { index, count };
+            let collector = Collector::new(config.sla, None);
+            let result = simulate_shard(workload, config, shard, collector, &mut shard_progress);
+            if done_tx.send((index, result)).is_err() {
+                break;
+            }
+        };
+        let mut spawned = 0;
         for _ in 0..threads {
             let done_tx = done_tx.clone();
-            let (next_shard, finished) = (&next_shard, &finished);
-            scope.spawn(move || loop {
-                let index = next_shard.fetch_add(1, Ordering::Relaxed);
-                if index >= count {
-                    break;
-                }
-                let mut shard_progress = SharedProgress { finished, reported: 0 };
-                let shard = Shard { index, count };
-                let collector = Collector::new(config.sla, None);
-                let result = simulate_shard(workload, config, shard, collector, &mut shard_progress);
-                if done_tx.send((index, result)).is_err() {
-                    break;
-                }
-            });
+            // A machine out of threads runs the shards on fewer (or on this one, below).
+            if std::thread::Builder::new().spawn_scoped(scope, move || work(done_tx)).is_ok() {
+                spawned += 1;
+            }
+        }
+        if spawned == 0 {
+            work(done_tx.clone());
         }
         drop(done_tx);
         let mut received = 0;
@@ -140,6 +153,7 @@ mod tests {
                     priority: 0,
                     strict_priority: 0,
                     output_tokens: None,
+                    meta: None,
                 };
                 SessionSpec { name: format!("s{s}").into(), start_ms: t, turns: vec![turn] }
             })
@@ -158,6 +172,7 @@ mod tests {
         SimConfig {
             topology: Topology::aggregated(args, rng.random_range(2..6)).unwrap(),
             router: RouterMode::RoundRobin,
+            prefill_load_estimator: None,
             router_seed: 0,
             kv_event_lag_ms: 0.0,
             load: LoadMode::Timestamps { speedup: rng.random_range(0.5..4.0) },

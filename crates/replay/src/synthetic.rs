@@ -154,6 +154,7 @@ impl Iterator for SyntheticSessions {
                     priority: 0,
                     strict_priority: 0,
                     output_tokens: None,
+                    meta: None,
                 }
             })
             .collect();

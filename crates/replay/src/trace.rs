@@ -15,16 +15,16 @@
 //! memory at trace-block level.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use rustc_hash::FxHashMap;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::InputError;
-use crate::workload::{SessionSpec, TurnSpec, Workload};
+use crate::input::{not_an_object, Lines, TraceInput};
+use crate::workload::{SessionSpec, TurnMeta, TurnSpec, Workload};
 
 #[derive(Deserialize)]
 struct Row {
@@ -46,10 +46,14 @@ struct Row {
     strict_priority: Option<u32>,
     #[serde(default)]
     output_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    request_id: Option<String>,
+    #[serde(default)]
+    policy_class: Option<String>,
 }
 
 /// Field names and the types we expect, for errors about rows serde rejected.
-const FIELDS: [(&str, &[&str], &str); 9] = [
+const FIELDS: [(&str, &[&str], &str); 11] = [
     ("timestamp", &["timestamp", "created_time"], "a number of milliseconds"),
     ("input_length", &["input_length", "input_tokens"], "a non-negative integer"),
     ("output_length", &["output_length", "output_tokens"], "a non-negative integer"),
@@ -59,6 +63,8 @@ const FIELDS: [(&str, &[&str], &str); 9] = [
     ("priority", &["priority"], "an integer"),
     ("strict_priority", &["strict_priority"], "a non-negative integer"),
     ("output_token_ids", &["output_token_ids"], "an array of token ids (integers below 2^32)"),
+    ("request_id", &["request_id"], "a string"),
+    ("policy_class", &["policy_class"], "a string"),
 ];
 
 /// Finds which field made serde fail, by checking each against its expected type.
@@ -81,6 +87,7 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
                         || v.as_array()
                             .is_some_and(|a| a.iter().all(|t| t.as_u64().is_some_and(|n| n <= u32::MAX as u64)))
                 }
+                "request_id" | "policy_class" => v.is_string() || v.is_null(),
                 _ => true,
             };
             if !ok {
@@ -91,72 +98,155 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
     (None, format!("invalid row: {serde_msg}"))
 }
 
-/// Reads Mooncake traces. Several files are replayed together: each file's sessions are kept
-/// apart (a `session_id` is local to its file) and all timestamps share one origin.
+/// Timestamps, delays and `not_before_ms` beyond this many milliseconds (about 3,000 years) are
+/// rejected: at that size a float no longer resolves the few milliseconds a pass takes, and
+/// such values are nearly always microseconds or nanoseconds written as milliseconds.
+pub const MAX_TIME_MS: f64 = 1e14;
+
+/// Hash ids as prompt tokens. Ids that all fit in 32 bits are used as they are; otherwise
+/// every id is interned into a compact id in first-seen order (as the reference always does),
+/// so distinct ids never alias.
+pub(crate) enum Ids {
+    Verbatim,
+    Interned(FxHashMap<u64, u32>),
+}
+
+impl Ids {
+    pub(crate) fn new(interned: bool) -> Ids {
+        if interned {
+            Ids::Interned(FxHashMap::default())
+        } else {
+            Ids::Verbatim
+        }
+    }
+
+    pub(crate) fn blocks(&mut self, ids: &[u64]) -> Result<Arc<[u32]>, String> {
+        match self {
+            Ids::Verbatim => Ok(ids.iter().map(|&h| h as u32).collect()),
+            Ids::Interned(map) => ids
+                .iter()
+                .map(|&h| {
+                    let next = map.len();
+                    if let Some(&v) = map.get(&h) {
+                        return Ok(v);
+                    }
+                    let v = u32::try_from(next)
+                        .map_err(|_| "the trace has more unique hash ids than 2^32".to_string())?;
+                    map.insert(h, v);
+                    Ok(v)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Reads Mooncake traces (`mooncake`; with `accumulate`, `mooncake-delta`). Several files are
+/// replayed together: each file's sessions are kept apart (a `session_id` is local to its file)
+/// and all timestamps share one origin. Files may be gzip or zstd compressed, and may be pipes.
 ///
 /// Every row is validated before anything is replayed. A trace whose sessions are single
 /// requests in timestamp order — what Mooncake traces are — is then streamed from its files
 /// during the replay ([`Workload::Streamed`]), so memory follows the requests in flight rather
 /// than the trace's length; any other trace is held in memory at trace-block level.
 pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
+    load_mooncake_rows(paths, trace_block_size, false)
+}
+
+/// `mooncake-delta`: each row holds only the turn's new tokens; a turn's prompt is the
+/// session's earlier prompts and outputs followed by them (held in memory).
+pub fn load_mooncake_delta(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
+    load_mooncake_rows(paths, trace_block_size, true)
+}
+
+fn load_mooncake_rows(
+    paths: &[impl AsRef<Path>],
+    trace_block_size: u32,
+    accumulate: bool,
+) -> Result<Workload, InputError> {
     if trace_block_size == 0 {
         return Err(InputError::new("trace block size must be at least 1").with_field("trace_block_size"));
     }
-    let mut requests = 0;
-    let mut streamable = true;
+    let mut inputs = Vec::with_capacity(paths.len());
+    let mut rows = Vec::with_capacity(paths.len());
+    let mut streamable = !accumulate;
+    let mut wide_ids = false;
     for path in paths {
-        let scan = scan_file(path.as_ref(), trace_block_size)?;
-        requests += scan.rows;
+        let input = TraceInput::open(path.as_ref())?;
+        let scan = scan_file(&input, trace_block_size)?;
+        rows.push(scan.rows);
         streamable &= scan.streamable;
+        wide_ids |= scan.wide_ids;
+        inputs.push(input);
     }
     if streamable {
-        let files = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
-        return Ok(Workload::Streamed(StreamedTrace::new(files, trace_block_size, requests)));
+        return Ok(Workload::Streamed(StreamedTrace::new(inputs, trace_block_size, rows, wide_ids)));
     }
     let mut sessions = Vec::new();
-    for path in paths {
-        read_file(path.as_ref(), trace_block_size, &mut sessions)?;
+    let mut ids = Ids::new(wide_ids);
+    for input in &inputs {
+        read_file(input, trace_block_size, &mut ids, &mut sessions)?;
+    }
+    if accumulate {
+        plan_outputs(&mut sessions);
+        return Ok(Workload::Accumulating { sessions, block_tokens: trace_block_size });
     }
     Ok(Workload::Trace { sessions, block_tokens: trace_block_size })
 }
 
+/// Delta sessions: every turn without `output_token_ids` gets planned output tokens (seeded),
+/// since what a turn generates is part of the next turn's prompt.
+fn plan_outputs(sessions: &mut [SessionSpec]) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(0xD37A_0A7E_5EED);
+    for s in sessions {
+        for t in &mut s.turns {
+            if t.output_tokens.is_none() {
+                t.output_tokens = Some((0..t.output_length).map(|_| rng.random::<u32>()).collect());
+            }
+        }
+    }
+}
+
+/// A `session_id` as written: `1` and `"1"` are different sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SessionKey {
+    numeric: bool,
+    name: String,
+}
+
 /// One validated row.
 struct ParsedRow {
+    hash_ids: Vec<u64>,
     turn: TurnSpec,
-    session_id: Option<String>,
+    session_id: Option<SessionKey>,
     timestamp: Option<f64>,
     delay: Option<f64>,
 }
 
 impl ParsedRow {
     /// The row as a session of its own (its start is its timestamp, 0 without one).
-    fn into_session(self, lineno: usize) -> SessionSpec {
+    fn into_session(self, lineno: usize, blocks: Arc<[u32]>) -> SessionSpec {
         SessionSpec {
             name: match self.session_id {
-                Some(id) => id.into(),
+                Some(id) => id.name.into(),
                 None => format!("request_{lineno}").into(),
             },
             start_ms: self.timestamp.unwrap_or(0.0),
-            turns: vec![self.turn],
+            turns: vec![TurnSpec { blocks, ..self.turn }],
         }
     }
 }
 
-/// The non-empty lines of a trace file with their line numbers, parsed and validated. Lines are
-/// read into one reused buffer; serde_json checks UTF-8 where it matters (inside strings).
+/// The non-empty lines of a trace file with their line numbers, parsed and validated.
 struct Rows {
-    path: PathBuf,
-    reader: BufReader<File>,
-    line: Vec<u8>,
-    lineno: usize,
+    lines: Lines,
     tbs: u32,
+    first: bool,
 }
 
 impl Rows {
-    fn open(path: &Path, tbs: u32) -> Result<Rows, InputError> {
-        let file = File::open(path).map_err(|e| InputError::in_file(path, format!("cannot open: {e}")))?;
-        let reader = BufReader::with_capacity(1 << 20, file);
-        Ok(Rows { path: path.to_path_buf(), reader, line: Vec::new(), lineno: 0, tbs })
+    fn open(input: &TraceInput, tbs: u32) -> Result<Rows, InputError> {
+        Ok(Rows { lines: Lines::open(input)?, tbs, first: true })
     }
 }
 
@@ -164,31 +254,27 @@ impl Iterator for Rows {
     type Item = Result<(usize, ParsedRow), InputError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            self.line.clear();
-            self.lineno += 1;
-            let lineno = self.lineno;
-            match self.reader.read_until(b'\n', &mut self.line) {
-                Ok(0) => return None,
-                Ok(_) => {}
-                Err(e) => return Some(Err(InputError::at_line(&self.path, lineno, None, format!("cannot read: {e}")))),
-            }
-            let text = self.line.trim_ascii();
-            if !text.is_empty() {
-                return Some(parse_row(text, &self.path, lineno, self.tbs).map(|row| (lineno, row)));
-            }
+        let first = std::mem::replace(&mut self.first, false);
+        let tbs = self.tbs;
+        let path = self.lines.path().to_path_buf();
+        match self.lines.next_line()? {
+            Err(e) => Some(Err(e)),
+            Ok((lineno, text)) => Some(parse_row(text, &path, lineno, tbs, first).map(|row| (lineno, row))),
         }
     }
 }
 
-fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32) -> Result<ParsedRow, InputError> {
+fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32, first: bool) -> Result<ParsedRow, InputError> {
     let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
+    if let Some(why) = not_an_object(text, first) {
+        return Err(err(None, why));
+    }
     let row: Row = serde_json::from_slice(text).map_err(|e| {
         let (field, msg) = explain_row_error(&String::from_utf8_lossy(text), &e.to_string());
         err(field, msg)
     })?;
 
-    let hash_ids = match row.hash_ids {
+    let mut hash_ids = match row.hash_ids {
         Some(ids) if !ids.is_empty() => ids,
         Some(_) => return Err(err(Some("hash_ids"), "must not be empty".into())),
         None => return Err(err(Some("hash_ids"), "missing (required)".into())),
@@ -222,36 +308,46 @@ fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32) -> Result<Parsed
         }
     }
     if let Some(t) = row.timestamp {
-        if !t.is_finite() {
-            return Err(err(Some("timestamp"), format!("must be finite, got {t}")));
+        if !t.is_finite() || t.abs() > MAX_TIME_MS {
+            return Err(err(
+                Some("timestamp"),
+                format!("{t} is outside the supported range (±{MAX_TIME_MS:e} ms); timestamps are milliseconds"),
+            ));
         }
     }
     if let Some(d) = row.delay {
-        if !d.is_finite() || d < 0.0 {
-            return Err(err(Some("delay"), format!("must be a finite number ≥ 0, got {d}")));
+        if !d.is_finite() || d < 0.0 || d > MAX_TIME_MS {
+            return Err(err(Some("delay"), format!("must be a finite number of milliseconds in 0..={MAX_TIME_MS:e}, got {d}")));
         }
     }
     let session_id = match row.session_id {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
-        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(Value::String(s)) => Some(SessionKey { numeric: false, name: s }),
+        Some(Value::Number(n)) => Some(SessionKey { numeric: true, name: n.to_string() }),
         Some(other) => return Err(err(Some("session_id"), format!("expected a string, got {other}"))),
     };
     if session_id.is_none() && row.delay.is_some_and(|d| d != 0.0) {
         return Err(err(Some("delay"), "a request without session_id cannot have a delay".into()));
     }
-    let used = input_length.div_ceil(tbs) as usize;
-    let blocks: Arc<[u32]> = hash_ids[..used].iter().map(|&h| h as u32).collect();
+    hash_ids.truncate(input_length.div_ceil(tbs) as usize);
+    let meta = (row.request_id.is_some() || row.policy_class.is_some()).then(|| {
+        Arc::new(TurnMeta {
+            request_id: row.request_id.map(Into::into),
+            policy_class: row.policy_class.map(Into::into),
+            agentic: None,
+        })
+    });
     let turn = TurnSpec {
         input_length,
         output_length,
-        blocks,
+        blocks: Arc::new([]),
         delay_ms: 0.0,
         priority: row.priority.unwrap_or(0),
         strict_priority: row.strict_priority.unwrap_or(0),
         output_tokens: row.output_token_ids.map(Into::into),
+        meta,
     };
-    Ok(ParsedRow { turn, session_id, timestamp: row.timestamp, delay: row.delay })
+    Ok(ParsedRow { hash_ids, turn, session_id, timestamp: row.timestamp, delay: row.delay })
 }
 
 /// What a validating pass over a file found.
@@ -259,18 +355,23 @@ struct Scan {
     rows: u64,
     /// Every session is one request and sessions start in file order.
     streamable: bool,
+    /// Some hash id does not fit in 32 bits (ids are then interned).
+    wide_ids: bool,
 }
 
 /// Validates every row of a file without keeping them. A `session_id` seen twice makes the
 /// file not streamable (its turns are then checked by [`read_file`]).
-fn scan_file(path: &Path, tbs: u32) -> Result<Scan, InputError> {
-    let mut seen: HashSet<String> = HashSet::new();
+fn scan_file(input: &TraceInput, tbs: u32) -> Result<Scan, InputError> {
+    let path = input.path();
+    let mut seen: HashSet<SessionKey> = HashSet::new();
     let mut rows = 0;
     let mut streamable = true;
+    let mut wide_ids = false;
     let mut last_start = f64::NEG_INFINITY;
-    for row in Rows::open(path, tbs)? {
+    for row in Rows::open(input, tbs)? {
         let (lineno, row) = row?;
         rows += 1;
+        wide_ids |= row.hash_ids.iter().any(|&h| h > u32::MAX as u64);
         if let Some(id) = &row.session_id {
             if !seen.insert(id.clone()) {
                 streamable = false;
@@ -279,7 +380,7 @@ fn scan_file(path: &Path, tbs: u32) -> Result<Scan, InputError> {
                     path,
                     lineno,
                     Some("delay"),
-                    "the first turn of a session cannot have a delay",
+                    format!("the first turn of session {} cannot have a delay", id.name),
                 ));
             }
         }
@@ -290,25 +391,27 @@ fn scan_file(path: &Path, tbs: u32) -> Result<Scan, InputError> {
     if rows == 0 {
         return Err(InputError::in_file(path, "the trace has no requests"));
     }
-    Ok(Scan { rows, streamable })
+    Ok(Scan { rows, streamable, wide_ids })
 }
 
-fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(), InputError> {
+fn read_file(input: &TraceInput, tbs: u32, ids: &mut Ids, sessions: &mut Vec<SessionSpec>) -> Result<(), InputError> {
+    let path = input.path();
     // session_id -> (index in `sessions`, timestamp of its latest row)
-    let mut by_id: HashMap<String, (usize, Option<f64>)> = HashMap::new();
-    for row in Rows::open(path, tbs)? {
+    let mut by_id: HashMap<SessionKey, (usize, Option<f64>)> = HashMap::new();
+    for row in Rows::open(input, tbs)? {
         let (lineno, row) = row?;
         let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
+        let blocks = ids.blocks(&row.hash_ids).map_err(|e| err(Some("hash_ids"), e))?;
         let Some(id) = row.session_id.clone() else {
-            sessions.push(row.into_session(lineno));
+            sessions.push(row.into_session(lineno, blocks));
             continue;
         };
         let Some((index, last_ts)) = by_id.get_mut(&id) else {
             if row.delay.is_some_and(|d| d != 0.0) {
-                return Err(err(Some("delay"), "the first turn of a session cannot have a delay".into()));
+                return Err(err(Some("delay"), format!("the first turn of session {} cannot have a delay", id.name)));
             }
             by_id.insert(id, (sessions.len(), row.timestamp));
-            sessions.push(row.into_session(lineno));
+            sessions.push(row.into_session(lineno, blocks));
             continue;
         };
         let delay = match (row.delay, row.timestamp, *last_ts) {
@@ -317,17 +420,23 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
                 if t < prev {
                     return Err(err(
                         Some("timestamp"),
-                        format!("{t} is earlier than the previous turn of session {id:?} ({prev})"),
+                        format!("{t} is earlier than the previous turn of session {:?} ({prev})", id.name),
                     ));
                 }
                 t - prev
+            }
+            (None, Some(_), None) => {
+                return Err(err(
+                    Some("timestamp"),
+                    format!("session {:?} cannot infer delay without a previous timestamp", id.name),
+                ))
             }
             _ => 0.0,
         };
         if row.timestamp.is_some() {
             *last_ts = row.timestamp;
         }
-        sessions[*index].turns.push(TurnSpec { delay_ms: delay, ..row.turn });
+        sessions[*index].turns.push(TurnSpec { delay_ms: delay, blocks, ..row.turn });
     }
     Ok(())
 }
@@ -337,16 +446,18 @@ fn read_file(path: &Path, tbs: u32, sessions: &mut Vec<SessionSpec>) -> Result<(
 /// workload's sessions are streamed.
 #[derive(Clone, Debug)]
 pub struct StreamedTrace {
-    files: Vec<PathBuf>,
+    inputs: Vec<TraceInput>,
     block_tokens: u32,
-    requests: u64,
+    /// Rows of each file, as validated.
+    rows: Vec<u64>,
+    wide_ids: bool,
     /// A file that changed since it was validated stops its stream; the error is kept here.
     error: Arc<Mutex<Option<InputError>>>,
 }
 
 impl StreamedTrace {
-    fn new(files: Vec<PathBuf>, block_tokens: u32, requests: u64) -> Self {
-        StreamedTrace { files, block_tokens, requests, error: Arc::default() }
+    fn new(inputs: Vec<TraceInput>, block_tokens: u32, rows: Vec<u64>, wide_ids: bool) -> Self {
+        StreamedTrace { inputs, block_tokens, rows, wide_ids, error: Arc::default() }
     }
 
     pub fn block_tokens(&self) -> u32 {
@@ -354,27 +465,28 @@ impl StreamedTrace {
     }
 
     pub fn num_requests(&self) -> u64 {
-        self.requests
+        self.rows.iter().sum()
     }
 
     /// The sessions of all files by start time; ties go to the earlier file, then the
     /// earlier line (as a stable sort of the loaded sessions would order them).
     pub fn sessions_iter(&self) -> StreamedSessions {
-        let mut files = Vec::with_capacity(self.files.len());
-        for path in &self.files {
-            match Rows::open(path, self.block_tokens) {
-                Ok(rows) => files.push((rows, None)),
+        let mut files = Vec::with_capacity(self.inputs.len());
+        for (input, &rows) in self.inputs.iter().zip(&self.rows) {
+            match Rows::open(input, self.block_tokens) {
+                Ok(r) => files.push(FileStream { rows: r, head: None, read: 0, expected: rows }),
                 Err(e) => self.fail(e),
             }
         }
-        let mut stream = StreamedSessions { files, error: self.error.clone() };
+        let mut stream = StreamedSessions { files, ids: Ids::new(self.wide_ids), error: self.error.clone() };
         for i in 0..stream.files.len() {
             stream.advance(i);
         }
         stream
     }
 
-    /// Why a stream stopped early, if one did (a file changed or vanished after validation).
+    /// Why a stream stopped early, if one did (a file changed, vanished or was cut short after
+    /// validation).
     pub fn take_error(&self) -> Option<InputError> {
         self.error.lock().map(|mut e| e.take()).unwrap_or(None)
     }
@@ -390,18 +502,47 @@ fn record_error(slot: &Mutex<Option<InputError>>, e: InputError) {
     }
 }
 
+struct FileStream {
+    rows: Rows,
+    head: Option<SessionSpec>,
+    read: u64,
+    expected: u64,
+}
+
 /// Iterator behind [`StreamedTrace::sessions_iter`]: each file's next session, merged.
 pub struct StreamedSessions {
-    files: Vec<(Rows, Option<SessionSpec>)>,
+    files: Vec<FileStream>,
+    ids: Ids,
     error: Arc<Mutex<Option<InputError>>>,
 }
 
 impl StreamedSessions {
     fn advance(&mut self, i: usize) {
-        let (rows, head) = &mut self.files[i];
-        *head = match rows.next() {
-            None => None,
-            Some(Ok((lineno, row))) => Some(row.into_session(lineno)),
+        let f = &mut self.files[i];
+        f.head = match f.rows.next() {
+            None => {
+                if f.read < f.expected {
+                    let e = InputError::in_file(
+                        f.rows.lines.path(),
+                        format!(
+                            "the trace ended after {} of its {} requests: it was cut short after it was validated",
+                            f.read, f.expected
+                        ),
+                    );
+                    record_error(&self.error, e);
+                }
+                None
+            }
+            Some(Ok((lineno, row))) => {
+                f.read += 1;
+                match self.ids.blocks(&row.hash_ids) {
+                    Ok(blocks) => Some(row.into_session(lineno, blocks)),
+                    Err(e) => {
+                        record_error(&self.error, InputError::at_line(f.rows.lines.path(), lineno, Some("hash_ids"), e));
+                        None
+                    }
+                }
+            }
             Some(Err(e)) => {
                 record_error(&self.error, e);
                 None
@@ -415,15 +556,15 @@ impl Iterator for StreamedSessions {
 
     fn next(&mut self) -> Option<SessionSpec> {
         let mut first: Option<(usize, f64)> = None;
-        for (i, (_, head)) in self.files.iter().enumerate() {
-            if let Some(s) = head {
+        for (i, f) in self.files.iter().enumerate() {
+            if let Some(s) = &f.head {
                 if first.is_none_or(|(_, t)| s.start_ms < t) {
                     first = Some((i, s.start_ms));
                 }
             }
         }
         let (i, _) = first?;
-        let session = self.files[i].1.take();
+        let session = self.files[i].head.take();
         self.advance(i);
         session
     }
@@ -446,7 +587,7 @@ mod tests {
         match load_mooncake(&[write_trace(name, text)], 512)? {
             Workload::Trace { sessions, .. } => Ok(sessions),
             Workload::Streamed(trace) => Ok(trace.sessions_iter().collect()),
-            Workload::Synthetic(_) => unreachable!("a trace loads as a trace"),
+            _ => unreachable!("a trace loads as a trace"),
         }
     }
 
@@ -500,8 +641,9 @@ mod tests {
         let Workload::Streamed(trace) = &workload else { panic!("a sorted single-request trace streams") };
         assert_eq!(workload.num_requests(), 7);
         let mut loaded = Vec::new();
-        read_file(&a, 512, &mut loaded).unwrap();
-        read_file(&b, 512, &mut loaded).unwrap();
+        let mut ids = Ids::new(false);
+        read_file(&TraceInput::open(&a).unwrap(), 512, &mut ids, &mut loaded).unwrap();
+        read_file(&TraceInput::open(&b).unwrap(), 512, &mut ids, &mut loaded).unwrap();
         loaded.sort_by(|x, y| x.start_ms.total_cmp(&y.start_ms));
         let streamed = summary(trace.sessions_iter());
         assert_eq!(streamed, summary(loaded));
@@ -544,6 +686,41 @@ mod tests {
         assert_eq!(trace.sessions_iter().count(), 1);
         let e = workload.take_error().expect("the stream stopped at line 2");
         assert_eq!((e.line, e.field.as_deref()), (Some(2), Some("hash_ids")));
+    }
+
+    #[test]
+    fn a_trace_cut_short_during_the_replay_is_an_error() {
+        let path = write_trace(
+            "cut",
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [1]}
+"#,
+        );
+        let workload = load_mooncake(&[&path], 512).unwrap();
+        let Workload::Streamed(trace) = &workload else { panic!("streams") };
+        // The last row vanishes between validation and replay (a file still being written,
+        // or truncated by another process).
+        std::fs::write(&path, "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n").unwrap();
+        assert_eq!(trace.sessions_iter().count(), 1);
+        let e = workload.take_error().expect("the stream reports the missing rows").to_string();
+        assert!(e.contains("ended after 1 of its 3 requests"), "{e}");
+    }
+
+    #[test]
+    fn wide_hash_ids_are_interned_and_numeric_session_ids_kept_apart() {
+        let w = load(
+            "wide",
+            r#"{"session_id": 1, "timestamp": 0, "output_length": 1, "hash_ids": [4294967297, 1]}
+{"session_id": "1", "timestamp": 5, "output_length": 1, "hash_ids": [1, 4294967297]}
+"#,
+        )
+        .unwrap();
+        assert_eq!(w.len(), 2, "1 and \"1\" are two sessions");
+        assert_eq!(&*w[0].turns[0].blocks, &[0, 1]);
+        assert_eq!(&*w[1].turns[0].blocks, &[1, 0]);
+        let e = error("array", "[0, 100, 1, [1]]");
+        assert!(e.contains("t.jsonl:1: expected one JSON object per line, found a JSON array"), "{e}");
     }
 
     #[test]

@@ -12,9 +12,25 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use servesim_engine::Prompt;
+
+use crate::agentic::driver::GraphState;
+use crate::agentic::{AgenticGraph, AgenticIds};
 use crate::synthetic::SyntheticSpec;
 use crate::time::Time;
 use crate::trace::StreamedTrace;
+
+/// What a trace says about a request besides its prompt and lengths: its ids (reported per
+/// request) and its router policy class.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnMeta {
+    /// `request_id` from the trace.
+    pub request_id: Option<Arc<str>>,
+    /// `policy_class` from the trace (carried, not reported, as in the reference).
+    pub policy_class: Option<Arc<str>>,
+    /// Agentic inputs: the request's place in its play.
+    pub agentic: Option<AgenticIds>,
+}
 
 /// One request as the workload describes it, at trace-block level.
 #[derive(Clone, Debug)]
@@ -32,6 +48,15 @@ pub struct TurnSpec {
     pub strict_priority: u32,
     /// Exact output token ids (`output_token_ids`), one per output token.
     pub output_tokens: Option<Arc<[u32]>>,
+    /// Ids and policy class, when the trace gives them.
+    pub meta: Option<Arc<TurnMeta>>,
+}
+
+impl TurnSpec {
+    /// The prompt: block `i` is `block_tokens` copies of `blocks[i]`, cut at `input_length`.
+    pub fn prompt(&self, block_tokens: u32) -> Prompt {
+        Prompt::Runs { run: block_tokens, ids: self.blocks.clone(), len: self.input_length }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -55,23 +80,36 @@ pub enum Workload {
     },
     Streamed(StreamedTrace),
     Synthetic(SyntheticSpec),
+    /// Multi-turn sessions whose rows hold only each turn's new tokens (`mooncake-delta`):
+    /// a turn's prompt is everything the session said and generated before, plus its tokens.
+    /// Every turn has planned output tokens (they are part of the next prompt).
+    Accumulating {
+        sessions: Vec<SessionSpec>,
+        block_tokens: u32,
+    },
+    /// An agentic dependency graph.
+    Graph(Arc<AgenticGraph>),
 }
 
 impl Workload {
     /// Tokens each prompt block stands for.
     pub fn block_tokens(&self) -> u32 {
         match self {
-            Workload::Trace { block_tokens, .. } => *block_tokens,
+            Workload::Trace { block_tokens, .. } | Workload::Accumulating { block_tokens, .. } => *block_tokens,
             Workload::Streamed(trace) => trace.block_tokens(),
             Workload::Synthetic(spec) => spec.block_tokens.max(1),
+            Workload::Graph(g) => g.block_tokens,
         }
     }
 
     pub fn num_requests(&self) -> u64 {
         match self {
-            Workload::Trace { sessions, .. } => sessions.iter().map(|s| s.turns.len() as u64).sum(),
+            Workload::Trace { sessions, .. } | Workload::Accumulating { sessions, .. } => {
+                sessions.iter().map(|s| s.turns.len() as u64).sum()
+            }
             Workload::Streamed(trace) => trace.num_requests(),
             Workload::Synthetic(spec) => spec.sessions as u64 * spec.turns_per_session as u64,
+            Workload::Graph(g) => g.num_requests(),
         }
     }
 
@@ -79,8 +117,11 @@ impl Workload {
     pub fn single_turn(&self) -> bool {
         match self {
             Workload::Trace { sessions, .. } => sessions.iter().all(|s| s.turns.len() <= 1),
+            Workload::Accumulating { sessions, .. } => sessions.iter().all(|s| s.turns.len() <= 1),
             Workload::Streamed(_) => true,
             Workload::Synthetic(spec) => spec.turns_per_session <= 1,
+            // Completions release dependents.
+            Workload::Graph(g) => g.nodes.iter().all(|n| n.deps.is_empty()) && g.lanes.is_none(),
         }
     }
 
@@ -93,10 +134,20 @@ impl Workload {
         }
     }
 
+    /// Summary keys the workload adds to the report (agentic runs: trajectories, graph, plays).
+    /// Complete once the run that replayed it has finished.
+    pub fn summary_keys(&self) -> serde_json::Map<String, serde_json::Value> {
+        match self {
+            Workload::Graph(g) => g.summary_keys(),
+            _ => serde_json::Map::new(),
+        }
+    }
+
     /// The sessions in the order they start (by first arrival, ties in trace order).
     fn stream(&self) -> SessionStream<'_> {
         match self {
-            Workload::Trace { sessions, .. } => {
+            Workload::Graph(_) => SessionStream::Trace { sessions: &[], order: Vec::new(), next: 0 },
+            Workload::Trace { sessions, .. } | Workload::Accumulating { sessions, .. } => {
                 let mut order: Vec<u32> = (0..sessions.len() as u32).collect();
                 order.sort_by(|&a, &b| sessions[a as usize].start_ms.total_cmp(&sessions[b as usize].start_ms));
                 SessionStream::Trace { sessions, order, next: 0 }
@@ -167,19 +218,31 @@ pub struct Ready {
 }
 
 /// Releases the turns of a workload as time advances and turns complete. Sessions are taken
-/// from the workload as they start and dropped when their last turn completes.
+/// from the workload as they start and dropped when their last turn completes; agentic graphs
+/// are released node by node as their dependencies fire.
 pub struct LoadDriver<'w> {
     mode: LoadMode,
     stream: SessionStream<'w>,
     /// Timestamp mode: the first session's start, time zero of the run.
     origin_ms: f64,
     /// Started sessions by number (the order they started in), with their next turn.
-    active: FxHashMap<u32, (Cow<'w, SessionSpec>, u32)>,
+    active: FxHashMap<u32, Active<'w>>,
     started: u32,
     /// Started sessions with a turn ready at a time, ordered by (time, session number).
     ready: BinaryHeap<Reverse<(Time, u32)>>,
     active_sessions: u32,
     in_flight: u32,
+    /// Delta traces: prompts accumulate within a session.
+    accumulate: bool,
+    block_tokens: u32,
+    graph: Option<GraphState>,
+}
+
+struct Active<'w> {
+    spec: Cow<'w, SessionSpec>,
+    next_turn: u32,
+    /// Delta traces: everything the session said and generated so far.
+    history: Vec<u32>,
 }
 
 impl<'w> LoadDriver<'w> {
@@ -195,6 +258,12 @@ impl<'w> LoadDriver<'w> {
             ready: BinaryHeap::new(),
             active_sessions: 0,
             in_flight: 0,
+            accumulate: matches!(workload, Workload::Accumulating { .. }),
+            block_tokens: workload.block_tokens(),
+            graph: match workload {
+                Workload::Graph(g) => Some(GraphState::new(g.clone())),
+                _ => None,
+            },
         };
         if let LoadMode::Concurrency { .. } = mode {
             d.start_sessions(0.0);
@@ -213,7 +282,7 @@ impl<'w> LoadDriver<'w> {
             return true;
         }
         self.active_sessions += 1;
-        self.active.insert(number, (session, 0));
+        self.active.insert(number, Active { spec: session, next_turn: 0, history: Vec::new() });
         self.ready.push(Reverse((Time(at_ms), number)));
         true
     }
@@ -241,6 +310,9 @@ impl<'w> LoadDriver<'w> {
 
     /// Earliest time a turn becomes ready, if any is pending.
     pub fn next_ready_ms(&self) -> Option<f64> {
+        if let Some(g) = &self.graph {
+            return g.next_ready_ms();
+        }
         let turn = self.ready.peek().map(|Reverse((t, _))| t.0);
         match (turn, self.next_start_ms()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -250,15 +322,19 @@ impl<'w> LoadDriver<'w> {
 
     /// Releases every turn ready at or before `now`, in (ready time, session) order.
     pub fn pop_ready(&mut self, now: f64, out: &mut Vec<Ready>) {
+        if let Some(g) = &mut self.graph {
+            g.pop_ready(now, out);
+            return;
+        }
         self.start_sessions(now);
         while let Some(&Reverse((Time(t), s))) = self.ready.peek() {
             if t > now {
                 break;
             }
             self.ready.pop();
-            let (_, next_turn) = self.active.get_mut(&s).expect("ready sessions are active");
-            let turn = *next_turn;
-            *next_turn += 1;
+            let active = self.active.get_mut(&s).expect("ready sessions are active");
+            let turn = active.next_turn;
+            active.next_turn += 1;
             self.in_flight += 1;
             out.push(Ready { session: s, turn, arrival_ms: t });
         }
@@ -266,14 +342,43 @@ impl<'w> LoadDriver<'w> {
 
     /// The session a released turn belongs to.
     pub fn session(&self, session: u32) -> &SessionSpec {
-        &self.active[&session].0
+        match &self.graph {
+            Some(g) => g.session(session),
+            None => &self.active[&session].spec,
+        }
     }
 
-    /// Records that the in-flight turn of `session` finished at `now`.
-    pub fn on_complete(&mut self, session: u32, now: f64) {
+    /// The prompt of a released turn (delta traces: the session's history and the turn's tokens).
+    pub fn prompt(&mut self, r: &Ready) -> Prompt {
+        let block_tokens = self.block_tokens;
+        if !self.accumulate {
+            return self.session(r.session).turns[r.turn as usize].prompt(block_tokens);
+        }
+        let active = self.active.get_mut(&r.session).expect("released sessions are active");
+        let turn = &active.spec.turns[r.turn as usize];
+        for i in 0..turn.input_length {
+            active.history.push(turn.blocks[(i / block_tokens) as usize]);
+        }
+        Prompt::Tokens(active.history.as_slice().into())
+    }
+
+    /// Records that the in-flight turn of `session` ended at `now`: completed, or not (rejected).
+    /// A rejected agentic request fails its play.
+    pub fn on_complete(&mut self, session: u32, now: f64, completed: bool) {
+        if let Some(g) = &mut self.graph {
+            g.on_complete(session, now, completed);
+            return;
+        }
         self.in_flight -= 1;
-        let (spec, next) = self.active.get(&session).expect("completed sessions are active");
-        if let Some(turn) = spec.turns.get(*next as usize) {
+        let active = self.active.get_mut(&session).expect("completed sessions are active");
+        let next = active.next_turn;
+        if let Some(turn) = active.spec.turns.get(next as usize) {
+            if self.accumulate && completed {
+                // The output the previous turn generated is part of the next prompt.
+                if let Some(out) = &active.spec.turns[next as usize - 1].output_tokens {
+                    active.history.extend_from_slice(out);
+                }
+            }
             let delay = match self.mode {
                 LoadMode::Timestamps { speedup } => turn.delay_ms / speedup,
                 LoadMode::Concurrency { .. } => turn.delay_ms,
@@ -290,6 +395,9 @@ impl<'w> LoadDriver<'w> {
 
     /// Nothing in flight and nothing left to release.
     pub fn is_drained(&self) -> bool {
+        if let Some(g) = &self.graph {
+            return g.is_drained();
+        }
         self.in_flight == 0 && self.ready.is_empty() && self.stream.peek_start().is_none()
     }
 }
@@ -312,6 +420,7 @@ mod tests {
                     priority: 0,
                     strict_priority: 0,
                     output_tokens: None,
+                    meta: None,
                 })
                 .collect(),
         }
@@ -331,12 +440,12 @@ mod tests {
         assert_eq!(d.next_ready_ms(), Some(0.0));
         assert_eq!(drain(&mut d, 0.0), vec![(0, 0, 0.0)]);
         assert_eq!(drain(&mut d, 5.0), vec![(1, 0, 5.0)]);
-        d.on_complete(0, 30.0);
+        d.on_complete(0, 30.0, true);
         // Think time 50 ms at speedup 2.
         assert_eq!(d.next_ready_ms(), Some(55.0));
         assert_eq!(drain(&mut d, 55.0), vec![(0, 1, 55.0)]);
-        d.on_complete(0, 60.0);
-        d.on_complete(1, 70.0);
+        d.on_complete(0, 60.0, true);
+        d.on_complete(1, 70.0, true);
         assert!(d.is_drained());
     }
 
@@ -348,11 +457,11 @@ mod tests {
         };
         let mut d = LoadDriver::new(&w, LoadMode::Concurrency { max_sessions: 1 });
         assert_eq!(drain(&mut d, 0.0), vec![(0, 0, 0.0)]);
-        d.on_complete(0, 10.0);
+        d.on_complete(0, 10.0, true);
         // Session 0 keeps the slot during its think time.
         assert_eq!(drain(&mut d, 10.0), vec![]);
         assert_eq!(drain(&mut d, 110.0), vec![(0, 1, 110.0)]);
-        d.on_complete(0, 120.0);
+        d.on_complete(0, 120.0, true);
         assert_eq!(drain(&mut d, 120.0), vec![(1, 0, 120.0)]);
     }
 }

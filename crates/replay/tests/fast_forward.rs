@@ -34,6 +34,7 @@ fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
                         priority: 0,
                         strict_priority: 0,
                         output_tokens: None,
+                        meta: None,
                     }
                 })
                 .collect();
@@ -110,6 +111,7 @@ fn fast_forward_gives_identical_records() {
         let mut config = SimConfig {
             topology: Topology::aggregated(engine, workers).unwrap(),
             router,
+            prefill_load_estimator: None,
             router_seed: seed,
             kv_event_lag_ms: 0.0,
             load,

@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 use servesim_engine::WorkerArgs;
+use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_mooncake, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, Topology,
-    SyntheticSpec, Workload, WALL_CLOCK_KEYS,
+    load_mooncake, load_trace, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, SyntheticSpec,
+    Topology, TraceFormat, TraceOptions, Workload, WALL_CLOCK_KEYS,
 };
 use servesim_router::RouterConfig;
 
@@ -54,7 +55,45 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     let block_size = cluster.block_size();
     let f = |k: &str| case.get(k).and_then(Value::as_f64);
     let concurrency = case.get("replay_concurrency").and_then(Value::as_u64).map(|c| c as u32);
-    let (workload, load) = if let Some(trace) = case.get("trace").and_then(Value::as_str) {
+    let (workload, load) = if let Some(traces) = case.get("traces").and_then(Value::as_array) {
+        // Trace formats: `"traces"`, `"trace_format"`, `"trace_block_size"` (null: the
+        // format's own), and the agentic options.
+        let shared = root().join("../shared");
+        let paths: Vec<PathBuf> = traces
+            .iter()
+            .map(|t| {
+                let t = t.as_str().expect("trace paths are strings");
+                let p = if t.contains("${SHARED}") {
+                    PathBuf::from(t.replace("${SHARED}", &shared.to_string_lossy()))
+                } else {
+                    case_dir.join(t)
+                };
+                assert!(p.exists(), "{} is missing: parity cases need ../shared beside the checkout", p.display());
+                p
+            })
+            .collect();
+        let format = TraceFormat::parse(case.get("trace_format").and_then(Value::as_str).unwrap_or("mooncake"))
+            .expect("trace format");
+        let options = TraceOptions {
+            trace_block_size: match case.get("trace_block_size") {
+                None => Some(512),
+                Some(v) => v.as_u64().map(|b| b as u32),
+            },
+            arrival_speedup_ratio: f("arrival_speedup_ratio").unwrap_or(1.0),
+            replay_concurrency: concurrency,
+            agentic_lanes: case.get("agentic_lanes").and_then(Value::as_u64).map(|n| n as u32),
+            execution_model: case.get("execution_model").and_then(Value::as_str).map(String::from),
+            shared_prefix_ratio: f("trace_shared_prefix_ratio").unwrap_or(0.0),
+            num_prefix_groups: case.get("trace_num_prefix_groups").and_then(Value::as_u64).unwrap_or(0) as u32,
+            weka_basis: case.get("weka_nested_timestamp_basis").and_then(Value::as_str).map(|b| match b {
+                "absolute" => WekaBasis::Absolute,
+                "relative" => WekaBasis::Relative,
+                _ => WekaBasis::Auto,
+            }),
+            ..TraceOptions::new(format)
+        };
+        load_trace(&paths, &options).expect("trace")
+    } else if let Some(trace) = case.get("trace").and_then(Value::as_str) {
         let shared = root().join("../shared");
         let path = if trace.contains("${SHARED}") {
             let p = PathBuf::from(trace.replace("${SHARED}", &shared.to_string_lossy()));
@@ -117,6 +156,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     let config = SimConfig {
         topology: cluster,
         router,
+        prefill_load_estimator: None,
         router_seed: 42,
         kv_event_lag_ms: f("kv_event_lag_ms").unwrap_or(0.0),
         load,
@@ -126,7 +166,10 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
         split_workers: true,
         threads: 0,
     };
-    simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json()
+    let mut summary =
+        simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json();
+    summary.extend(workload.summary_keys());
+    summary
 }
 
 fn check(name: &str) {
@@ -166,6 +209,23 @@ fn check(name: &str) {
             if (got - want).abs() > 1e-9_f64.max(1e-6 * want.abs()) {
                 problems.push(format!("{key}: servesim {got} vs reference {want}"));
             }
+        }
+    }
+    // Agentic runs: the graph's identity and every play's outcome are exact.
+    if let Some(graph) = golden.get("agentic_graph") {
+        for key in ["graph_digest", "node_count", "play_count", "source_models", "block_size", "source"] {
+            if ours["agentic_graph"][key] != graph[key] {
+                problems.push(format!("agentic_graph.{key}: {} vs {}", ours["agentic_graph"][key], graph[key]));
+            }
+        }
+        let statuses = |v: &Value| -> Vec<(Value, Value)> {
+            v.as_array().map_or(Vec::new(), |a| a.iter().map(|p| (p["play_id"].clone(), p["status"].clone())).collect())
+        };
+        if statuses(&ours["agentic_play_outcomes"]) != statuses(&golden["agentic_play_outcomes"]) {
+            problems.push("agentic_play_outcomes differ".into());
+        }
+        if ours["agentic_model_projection"] != golden["agentic_model_projection"] {
+            problems.push("agentic_model_projection differs".into());
         }
     }
     assert!(problems.is_empty(), "{name} drifted from the reference:\n  {}", problems.join("\n  "));
@@ -242,4 +302,24 @@ parity_cases! {
     vllm_fifo_preemption_skips_a_request => "x_vllm_fifo_preemption_8",
     disaggregated_prefill_waits_for_released_kv => "x_disagg_tight_prefill_waits",
     disaggregated_reservations_one_per_pass => "x_disagg_decode_pressure_reservations",
+    sglang_idle_decode_worker_reserves_at_each_empty_pass => "x_sglang_disagg_idle_decode_reserves_each_pass",
+    // Every trace format: the examples of ../shared/reference/traces.md, and traces made by
+    // `scripts/gen_traces.py <format> --requests 300 --seed 11` (in tests/parity/gen).
+    format_mooncake_example => "fmt_mooncake_basic",
+    format_mooncake_sessions_example => "fmt_mooncake_sessions",
+    format_mooncake_delta_example => "fmt_mooncake_delta",
+    format_agentic_mooncake_example => "fmt_agentic_v2",
+    format_agentic_mooncake_example_one_lane => "fmt_agentic_v2_lanes1",
+    format_dynamo_standard_example => "fmt_dynamo_standard",
+    format_dynamo_agentic_example => "fmt_dynamo_agentic",
+    format_weka_example => "fmt_weka",
+    format_applied_compute_agentic_example => "fmt_applied",
+    format_mooncake_generated => "fmt_gen_mooncake",
+    format_mooncake_delta_generated => "fmt_gen_mooncake_delta",
+    format_applied_compute_agentic_generated => "fmt_gen_applied",
+    format_agentic_mooncake_generated => "fmt_gen_agentic_mooncake",
+    format_agentic_mooncake_generated_four_lanes => "fmt_gen_agentic_mooncake_lanes",
+    format_dynamo_standard_generated => "fmt_gen_dynamo",
+    format_dynamo_agentic_generated_three_lanes => "fmt_gen_dynamo_agentic",
+    format_weka_generated => "fmt_gen_weka",
 }

@@ -23,6 +23,7 @@ fn run(path: &PathBuf, topology: Topology, router: RouterMode) -> Vec<RequestRec
     let config = SimConfig {
         topology,
         router,
+        prefill_load_estimator: None,
         router_seed: 1,
         kv_event_lag_ms: 0.0,
         load: LoadMode::Timestamps { speedup: 1.0 },

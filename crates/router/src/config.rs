@@ -14,6 +14,17 @@ pub enum QueuePolicy {
     Wspt,
 }
 
+/// How the router models the prompt-side (prefill) load it has placed on a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillLoadModel {
+    /// Pending prompt tokens count in full until the request's first token.
+    None,
+    /// The oldest pending prompt on a target decays linearly over the time a
+    /// [`crate::PrefillLoadEstimator`] (the AIS model) predicts for its prefill; the others count
+    /// in full until they become the oldest (Dynamo's `router_prefill_load_model: ais`).
+    Ais,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterConfig {
     /// Credit per device-cached prefix block against the prompt's prefill cost.
@@ -36,6 +47,8 @@ pub struct RouterConfig {
     /// `max_num_batched_tokens` (None: never queue).
     pub queue_threshold: Option<f64>,
     pub queue_policy: QueuePolicy,
+    /// `router_prefill_load_model`.
+    pub prefill_load_model: PrefillLoadModel,
 }
 
 impl Default for RouterConfig {
@@ -51,6 +64,7 @@ impl Default for RouterConfig {
             track_prefill_tokens: true,
             queue_threshold: None,
             queue_policy: QueuePolicy::Fcfs,
+            prefill_load_model: PrefillLoadModel::None,
         }
     }
 }
@@ -107,6 +121,11 @@ impl RouterConfig {
             1 => QueuePolicy::Lcfs,
             _ => QueuePolicy::Wspt,
         };
+        // Dynamo 1.6.1 spells the AIS load model `ais`; its documentation (and older releases) `aic`.
+        c.prefill_load_model = match r.choice("router_prefill_load_model", &["none", "ais", "aic"])?.or(0) {
+            0 => PrefillLoadModel::None,
+            _ => PrefillLoadModel::Ais,
+        };
         // Accepted with any value: they tune a live deployment, not what is simulated here.
         for key in [
             "host_cache_hit_weight",
@@ -123,11 +142,6 @@ impl RouterConfig {
         // Features servesim does not model: only their neutral value is accepted.
         r.unsupported("use_kv_events", &[json!(true)], "approximate routing without KV events (use_kv_events: false)")?;
         r.unsupported("router_track_output_blocks", &[json!(false)], "router_track_output_blocks")?;
-        r.unsupported(
-            "router_prefill_load_model",
-            &[json!("none")],
-            "a router prefill load model other than \"none\"",
-        )?;
         r.unsupported("enable_session_prefix_index", &[json!(false)], "the session prefix index")?;
         r.unsupported("shared_cache_type", &[json!("none")], "shared KV caches")?;
         r.unsupported("shared_cache_multiplier", &[], "shared KV caches")?;
@@ -161,7 +175,13 @@ impl RouterConfig {
     /// The router in front of decode workers: blind to prefix overlap and to prefill load,
     /// it balances decode blocks without assuming reuse between requests.
     pub fn for_decode(&self) -> Self {
-        RouterConfig { overlap_score_credit: 0.0, assume_kv_reuse: false, track_prefill_tokens: false, ..self.clone() }
+        RouterConfig {
+            overlap_score_credit: 0.0,
+            assume_kv_reuse: false,
+            track_prefill_tokens: false,
+            prefill_load_model: PrefillLoadModel::None,
+            ..self.clone()
+        }
     }
 }
 
@@ -189,5 +209,18 @@ mod tests {
         assert_eq!(e.path, "router_queue_policy");
         let e = RouterConfig::parse_json(r#"{"router_temperature": -1}"#).unwrap_err();
         assert_eq!(e.path, "router_temperature");
+        let e = RouterConfig::parse_json(r#"{"router_prefill_load_model": "aiss"}"#).unwrap_err();
+        assert_eq!(e.path, "router_prefill_load_model");
+    }
+
+    #[test]
+    fn prefill_load_model_spellings() {
+        for (text, want) in [("none", PrefillLoadModel::None), ("ais", PrefillLoadModel::Ais), ("aic", PrefillLoadModel::Ais)] {
+            let c = RouterConfig::parse_json(&format!(r#"{{"router_prefill_load_model": "{text}"}}"#)).unwrap();
+            assert_eq!(c.prefill_load_model, want);
+        }
+        let c = RouterConfig::parse_json(r#"{"router_prefill_load_model": "ais"}"#).unwrap();
+        assert_eq!(c.for_prefill().prefill_load_model, PrefillLoadModel::Ais);
+        assert_eq!(c.for_decode().prefill_load_model, PrefillLoadModel::None, "decode routers track no prefill");
     }
 }

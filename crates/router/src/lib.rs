@@ -16,17 +16,26 @@
 //! and picks the cheapest (ties: smallest cache, then a seeded draw) or samples a softmax when
 //! a temperature is set. With a queue threshold, requests wait in a [`RouterQueue`] while every
 //! target is busy prefilling.
+//!
+//! With `router_prefill_load_model: ais` the pending prefill tokens decay over time (see
+//! [`load`]): a [`PrefillLoadEstimator`] predicts each placed prompt's prefill time. The router
+//! crate only defines that trait; the data-driven AIS model implements it elsewhere (the CLI
+//! wires it in), separately from the engines' timing, as Dynamo keeps `ais_perf_config` apart
+//! from the workers' timing model.
 
 pub mod config;
 pub mod indexer;
 pub mod load;
 pub mod queue;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use servesim_engine::KvEvent;
 
-pub use config::{QueuePolicy, RouterConfig};
+pub use config::{PrefillLoadModel, QueuePolicy, RouterConfig};
 pub use indexer::Indexer;
 pub use load::ActiveLoad;
 pub use queue::{Pending, RouterQueue};
@@ -43,6 +52,19 @@ impl RoundRobin {
         self.next = (t + 1) % targets;
         t
     }
+}
+
+/// The router's prompt-side load model: how long a target takes to prefill one request alone.
+pub trait PrefillLoadEstimator: Send + Sync + std::fmt::Debug {
+    /// Milliseconds to prefill `new_tokens` prompt tokens of one request whose first
+    /// `prefix_tokens` are already cached, or why that cannot be predicted.
+    fn prefill_ms(&self, new_tokens: u32, prefix_tokens: u32) -> Result<f64, String>;
+}
+
+/// Simulated milliseconds as the router's clock (Dynamo's replay: an epoch plus
+/// `Duration::from_secs_f64(ms / 1000)`).
+fn clock(now_ms: f64) -> Duration {
+    Duration::from_secs_f64(now_ms.max(0.0) / 1000.0)
 }
 
 /// A request to place.
@@ -89,6 +111,9 @@ pub struct KvRouter {
     rng: ChaCha12Rng,
     /// Per-target (cost, overlap) of the request being placed.
     scores: Vec<(f64, u32)>,
+    estimator: Option<Arc<dyn PrefillLoadEstimator>>,
+    /// Why a placed prompt's prefill time could not be predicted (the first time it happened).
+    error: Option<String>,
 }
 
 impl KvRouter {
@@ -104,7 +129,22 @@ impl KvRouter {
             scores: Vec::with_capacity(targets),
             block_size,
             cfg,
+            estimator: None,
+            error: None,
         }
+    }
+
+    /// Sets the model `router_prefill_load_model: ais` predicts prefill times with.
+    pub fn with_prefill_load_estimator(mut self, estimator: Option<Arc<dyn PrefillLoadEstimator>>) -> Self {
+        self.estimator = estimator;
+        self
+    }
+
+    /// The first prompt whose prefill time the load model could not predict, and why. That
+    /// prompt counts in full without decaying (as in Dynamo, which logs a warning); a driver
+    /// that must not go on with it checks this after routing.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
     }
 
     pub fn config(&self) -> &RouterConfig {
@@ -153,17 +193,18 @@ impl KvRouter {
         }
     }
 
-    fn busy(&self, target: usize) -> bool {
-        self.busy_tokens.is_some_and(|limit| self.load.prefill_tokens(target) as f64 > limit)
+    fn busy(&self, target: usize, now: Duration) -> bool {
+        self.busy_tokens.is_some_and(|limit| self.load.prefill_tokens_at(target, now) as f64 > limit)
     }
 
-    fn all_busy(&self) -> bool {
-        self.busy_tokens.is_some() && (0..self.num_targets).filter(|&t| self.eligible[t]).all(|t| self.busy(t))
+    fn all_busy(&self, now: Duration) -> bool {
+        self.busy_tokens.is_some() && (0..self.num_targets).filter(|&t| self.eligible[t]).all(|t| self.busy(t, now))
     }
 
     /// Places a request now, or queues it when every target is busy (or others already wait).
     pub fn route(&mut self, req: RouteRequest<'_>, now_ms: f64) -> Routed {
-        if self.busy_tokens.is_some() && (!self.queue.is_empty() || self.all_busy()) {
+        let now = clock(now_ms);
+        if self.busy_tokens.is_some() && (!self.queue.is_empty() || self.all_busy(now)) {
             self.queue.push(Pending {
                 id: req.id,
                 hashes: req.hashes.to_vec(),
@@ -175,27 +216,46 @@ impl KvRouter {
             });
             return Routed::Queued;
         }
-        Routed::Placed(self.place(req, None))
+        Routed::Placed(self.place(req, None, now))
+    }
+
+    /// Predicted time to prefill `pending` new tokens behind `prefix` cached ones, if the load
+    /// model is on.
+    fn expected_prefill(&mut self, pending: u32, prefix: u32) -> Option<Duration> {
+        if pending == 0 || self.cfg.prefill_load_model == PrefillLoadModel::None {
+            return None;
+        }
+        let why = match &self.estimator {
+            None => "router_prefill_load_model is ais but no prefill load estimator was given".to_string(),
+            Some(e) => match e.prefill_ms(pending, prefix) {
+                Ok(ms) if ms.is_finite() && ms >= 0.0 => return Some(Duration::from_secs_f64(ms / 1000.0)),
+                Ok(ms) => format!("the prefill load model predicted {ms} ms for {pending} new tokens after {prefix} cached"),
+                Err(why) => format!("the prefill load model cannot time {pending} new tokens after {prefix} cached: {why}"),
+            },
+        };
+        self.error.get_or_insert(why);
+        None
     }
 
     /// Scores every target for `req`, picks one and records the load there.
-    fn place(&mut self, req: RouteRequest<'_>, queued_at_ms: Option<f64>) -> Placement {
-        self.score(&req);
+    fn place(&mut self, req: RouteRequest<'_>, queued_at_ms: Option<f64>, now: Duration) -> Placement {
+        self.score(&req, now);
         let target = self.choose();
         let (cost, overlap_blocks) = self.scores[target];
         let cached_tokens = (overlap_blocks * self.block_size).min(req.isl);
         let pending = if self.cfg.track_prefill_tokens { req.isl - cached_tokens } else { 0 };
-        self.load.add(req.id, target, req.hashes, pending);
+        let expected = self.expected_prefill(pending, cached_tokens);
+        self.load.add(req.id, target, req.hashes, pending, expected, now);
         Placement { id: req.id, target, overlap_blocks, cost, queued_at_ms }
     }
 
-    fn score(&mut self, req: &RouteRequest<'_>) {
+    fn score(&mut self, req: &RouteRequest<'_>, now: Duration) {
         let bs = self.block_size as f64;
         let cfg = &self.cfg;
         let incoming_blocks = req.isl as f64 / bs;
         let least_prefill = (0..self.num_targets)
             .filter(|&t| self.eligible[t])
-            .map(|t| self.load.prefill_tokens(t))
+            .map(|t| self.load.prefill_tokens_at(t, now))
             .min()
             .unwrap_or(0);
         self.scores.clear();
@@ -207,7 +267,7 @@ impl KvRouter {
             let overlap = self.indexer.overlap(t, req.hashes);
             let mut cost = 0.0;
             if cfg.track_prefill_tokens {
-                let active_prefill = self.load.prefill_tokens(t);
+                let active_prefill = self.load.prefill_tokens_at(t, now);
                 let excess = (active_prefill - least_prefill) as f64 / bs;
                 let decay = if cfg.overlap_score_credit_decay > 0.0 && incoming_blocks > 0.0 {
                     1.0 / (1.0 + cfg.overlap_score_credit_decay * excess / incoming_blocks)
@@ -273,23 +333,25 @@ impl KvRouter {
         weights.iter().rposition(|&w| w > 0.0).unwrap_or(weights.len() - 1)
     }
 
-    /// The request produced its first token. Returns requests released from the queue.
-    pub fn prefill_completed(&mut self, id: u64) -> Vec<Placement> {
-        self.load.prefill_done(id);
-        self.drain()
+    /// The request produced its first token at `now_ms`. Returns requests released from the
+    /// queue.
+    pub fn prefill_completed(&mut self, id: u64, now_ms: f64) -> Vec<Placement> {
+        self.load.prefill_done(id, clock(now_ms));
+        self.drain(now_ms)
     }
 
-    /// The request finished. Returns requests released from the queue.
-    pub fn free(&mut self, id: u64) -> Vec<Placement> {
-        self.load.free(id);
-        self.drain()
+    /// The request finished at `now_ms`. Returns requests released from the queue.
+    pub fn free(&mut self, id: u64, now_ms: f64) -> Vec<Placement> {
+        self.load.free(id, clock(now_ms));
+        self.drain(now_ms)
     }
 
-    /// Releases queued requests while some target is not busy, scoring each with the state
-    /// left by the ones released before it.
-    pub fn drain(&mut self) -> Vec<Placement> {
+    /// Releases queued requests while some target is not busy at `now_ms`, scoring each with
+    /// the state left by the ones released before it.
+    pub fn drain(&mut self, now_ms: f64) -> Vec<Placement> {
+        let now = clock(now_ms);
         let mut released = Vec::new();
-        while !self.queue.is_empty() && !self.all_busy() {
+        while !self.queue.is_empty() && !self.all_busy(now) {
             let p = self.queue.pop().expect("queue is not empty");
             let req = RouteRequest {
                 id: p.id,
@@ -299,7 +361,7 @@ impl KvRouter {
                 strict_priority: p.strict_priority,
                 arrival_ms: p.arrival_ms,
             };
-            released.push(self.place(req, Some(p.queued_at_ms)));
+            released.push(self.place(req, Some(p.queued_at_ms), now));
         }
         released
     }
@@ -345,7 +407,7 @@ mod tests {
         // 100 / 16 − 6 + 6 = 6.25.
         r.apply_events(t0, &[stored(&a)]);
         for id in 1..=3 {
-            r.free(id);
+            r.free(id, 50.0);
         }
         let p = placed(r.route(req(4, &a, 100), 100.0));
         assert_eq!((p.target, p.overlap_blocks, p.cost), (t0, 6, 6.25));
@@ -375,11 +437,11 @@ mod tests {
         for i in 0..2000u64 {
             // Target 0 keeps a 1000-token prefill pending, so it is always the dearer one.
             if i == 0 {
-                r.load.add(u64::MAX, 0, &[], 1000);
+                r.load.add(u64::MAX, 0, &[], 1000, None, Duration::ZERO);
             }
             let p = placed(r.route(req(i, &[], 160), 0.0));
             counts[p.target] += 1;
-            r.free(i);
+            r.free(i, 0.0);
         }
         // Costs 72.5 and 10 (range 62.5): p(0) = 1 / (1 + e^2) ≈ 0.12.
         assert!(counts[0] > 150 && counts[0] < 330, "{counts:?}");
@@ -393,10 +455,63 @@ mod tests {
         let p = placed(r.route(req(1, &[], 64), 0.0));
         assert_eq!(r.route(req(2, &[], 10), 1.0), Routed::Queued);
         assert_eq!(r.route(req(3, &[], 10), 2.0), Routed::Queued);
-        let released = r.prefill_completed(p.id);
+        let released = r.prefill_completed(p.id, 3.0);
         assert_eq!(released.iter().map(|p| p.id).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(released[0].queued_at_ms, Some(1.0));
         assert_eq!(r.queued(), 0);
+    }
+
+    /// Predicts `ms_per_token` per new prompt token.
+    #[derive(Debug)]
+    struct PerToken(f64);
+
+    impl PrefillLoadEstimator for PerToken {
+        fn prefill_ms(&self, new_tokens: u32, prefix_tokens: u32) -> Result<f64, String> {
+            if new_tokens > 10_000 {
+                return Err(format!("no data for {new_tokens} tokens after {prefix_tokens}"));
+            }
+            Ok(self.0 * new_tokens as f64)
+        }
+    }
+
+    fn ais() -> RouterConfig {
+        RouterConfig { prefill_load_model: PrefillLoadModel::Ais, ..RouterConfig::default() }
+    }
+
+    #[test]
+    fn prefill_load_model_decays_the_oldest_pending_prompt() {
+        // 160 tokens (10 blocks) predicted at 0.1 ms per token: 16 ms.
+        let mut r = KvRouter::new(ais(), 2, 16, 8192, 1).with_prefill_load_estimator(Some(Arc::new(PerToken(0.1))));
+        let p = placed(r.route(req(1, &[], 160), 0.0));
+        assert_eq!(p.cost, 10.0);
+        let t0 = p.target;
+        // 8 ms later half of it is left: 80 + 160 tokens = 15 blocks on t0, 10 on the other.
+        r.route(req(2, &[], 160), 8.0);
+        assert_eq!(r.load().prefill_tokens_at(t0, clock(8.0)), 80);
+        // At 12 ms: t0 holds 40 (decaying), the other 160 in full (its anchor decays from 8 ms:
+        // 160 × (1 − 4 / 16) = 120). The third request goes to t0: (40 + 160) / 16 = 12.5.
+        let p = placed(r.route(req(3, &[], 160), 12.0));
+        assert_eq!((p.target, p.cost), (t0, 12.5));
+        // Its first request finishes at 14 ms: request 3 becomes the anchor then.
+        r.prefill_completed(1, 14.0);
+        assert_eq!(r.load().prefill_tokens_at(t0, clock(14.0)), 160);
+        assert_eq!(r.load().prefill_tokens_at(t0, clock(22.0)), 80);
+        assert_eq!(r.error(), None);
+        // Without the model, nothing decays.
+        let mut plain = KvRouter::new(RouterConfig::default(), 1, 16, 8192, 1);
+        plain.route(req(1, &[], 160), 0.0);
+        assert_eq!(plain.load().prefill_tokens_at(0, clock(1000.0)), 160);
+    }
+
+    #[test]
+    fn prefill_load_model_errors_are_kept() {
+        let mut r = KvRouter::new(ais(), 1, 16, 8192, 1).with_prefill_load_estimator(Some(Arc::new(PerToken(0.1))));
+        r.route(req(1, &[], 20_000), 0.0);
+        assert_eq!(r.load().prefill_tokens_at(0, clock(1e6)), 20_000, "an unpredicted prompt does not decay");
+        assert!(r.error().unwrap().contains("cannot time 20000 new tokens after 0 cached: no data"), "{:?}", r.error());
+        let mut missing = KvRouter::new(ais(), 1, 16, 8192, 1);
+        missing.route(req(1, &[], 16), 0.0);
+        assert!(missing.error().unwrap().contains("no prefill load estimator"));
     }
 
     #[test]

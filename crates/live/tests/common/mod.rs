@@ -35,6 +35,7 @@ pub fn options(topology: Topology) -> ServeOptions {
         model_path: None,
         topology,
         router: RouterMode::RoundRobin,
+        prefill_load_estimator: None,
         router_seed: 42,
         max_model_len: None,
         stagger_delay_s: 0.0,

@@ -1,0 +1,786 @@
+//! Agentic workloads: a validated dependency graph of requests grouped into plays.
+//!
+//! Every agentic format (agentic Mooncake v2, agentic Dynamo request traces, Weka corpora)
+//! lowers to rows of the agentic Mooncake v2 shape, which [`GraphBuilder`] validates and
+//! compiles into an [`AgenticGraph`]: nodes sorted by `request_id`, their dependency edges
+//! (dispatch or completion triggers, with delays), and plays with their roots. The load driver
+//! ([`driver::GraphState`]) releases the nodes as their edges fire.
+//!
+//! What the graph holds in memory: per node its ids, lengths, interned prompt blocks (4 bytes
+//! per trace block) and edges. Source hash ids are interned to compact ids in node order, as the
+//! reference does; the graph digest is computed over the source ids before they are dropped.
+
+pub mod driver;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::error::InputError;
+use crate::workload::{TurnMeta, TurnSpec};
+
+pub const AGENTIC_MOONCAKE_SCHEMA: &str = "dynamo.agentic_mooncake";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    Dispatch,
+    Completion,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    Sequence,
+    Spawn,
+    Join,
+    ReplayBarrier,
+}
+
+impl Trigger {
+    fn name(self) -> &'static str {
+        match self {
+            Trigger::Dispatch => "dispatch",
+            Trigger::Completion => "completion",
+        }
+    }
+}
+
+impl Relation {
+    fn name(self) -> &'static str {
+        match self {
+            Relation::Sequence => "sequence",
+            Relation::Spawn => "spawn",
+            Relation::Join => "join",
+            Relation::ReplayBarrier => "replay_barrier",
+        }
+    }
+
+    fn debug_name(self) -> &'static str {
+        match self {
+            Relation::Sequence => "Sequence",
+            Relation::Spawn => "Spawn",
+            Relation::Join => "Join",
+            Relation::ReplayBarrier => "ReplayBarrier",
+        }
+    }
+}
+
+/// One dependency as rows write it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct RowDependency {
+    pub request_id: String,
+    pub trigger: Trigger,
+    pub delay_ms: f64,
+    pub relation: Relation,
+}
+
+/// One request row of the agentic Mooncake v2 shape (what every agentic format lowers to).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct AgenticRow {
+    pub request_id: String,
+    pub play_id: String,
+    #[serde(default)]
+    pub source_play_ordinal: Option<usize>,
+    pub session_id: String,
+    pub model: String,
+    #[serde(default, alias = "input_tokens")]
+    pub input_length: Option<u64>,
+    #[serde(default, alias = "output_tokens")]
+    pub output_length: Option<u64>,
+    #[serde(default)]
+    pub output_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub hash_ids: Option<Vec<u64>>,
+    pub not_before_ms: f64,
+    #[serde(default)]
+    pub recorded_api_time_ms: Option<f64>,
+    #[serde(default)]
+    pub priority: Option<i32>,
+    #[serde(default)]
+    pub strict_priority: Option<u32>,
+    #[serde(default)]
+    pub policy_class: Option<String>,
+    #[serde(default)]
+    pub dependencies: Vec<RowDependency>,
+}
+
+/// The v2 header line.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Header {
+    pub schema: String,
+    pub version: u32,
+    pub block_size: u64,
+    pub hash_id_scope: HashIdScope,
+    pub source: Provenance,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum HashIdScope {
+    Local,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Provenance {
+    pub format: String,
+    pub digest: String,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Edge {
+    pub source: u32,
+    pub trigger: Trigger,
+    pub delay_ms: f64,
+    pub relation: Relation,
+}
+
+/// A validated request of the graph.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub request_id: Arc<str>,
+    pub play: u32,
+    pub session_id: Arc<str>,
+    pub model: u32,
+    pub not_before_ms: f64,
+    pub deps: Vec<Edge>,
+    /// The request as the engines see it (its `meta` carries the agentic ids).
+    pub turn: TurnSpec,
+    /// Where the row came from, for messages.
+    pub file: u16,
+    pub line: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Play {
+    pub id: Arc<str>,
+    pub nodes: Vec<u32>,
+    pub roots: Vec<u32>,
+}
+
+/// A validated, normalised agentic graph.
+#[derive(Debug)]
+pub struct AgenticGraph {
+    pub block_tokens: u32,
+    pub source: Provenance,
+    pub graph_digest: String,
+    pub nodes: Vec<Node>,
+    pub plays: Vec<Play>,
+    pub models: Vec<String>,
+    /// Weka only: how nested timestamps were read.
+    pub weka_basis: Option<&'static str>,
+    /// Closed loop over plays (`--agentic-lanes`).
+    pub lanes: Option<u32>,
+    /// The target model the run projects source models onto (`--execution-model`).
+    pub execution_model: Option<String>,
+    /// What the load driver saw, published when it finishes.
+    pub outcome: Mutex<Option<driver::AgenticOutcome>>,
+}
+
+impl AgenticGraph {
+    pub fn num_requests(&self) -> u64 {
+        self.nodes.len() as u64
+    }
+
+    /// Sorted, distinct source models.
+    pub fn source_models(&self) -> Vec<String> {
+        let mut m = self.models.clone();
+        m.sort();
+        m.dedup();
+        m
+    }
+
+    /// The summary keys agentic runs add, after the standard ones (the reference's names).
+    pub fn summary_keys(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        let outcome = self.outcome.lock().ok().and_then(|o| o.clone()).unwrap_or_default();
+        let mut samples = crate::stats::Samples::with_limit(usize::MAX);
+        for &v in &outcome.trajectory_e2e_ms {
+            samples.add(v);
+        }
+        let s = samples.summary();
+        let mut e2e: Vec<(&str, Value)> = s.fields().iter().map(|&(k, v)| (k, json!(v))).collect();
+        e2e.push(("p50", json!(s.median)));
+        m.insert("total_trajectories".into(), json!(self.plays.len()));
+        m.insert("completed_trajectories".into(), json!(outcome.trajectory_e2e_ms.len()));
+        m.insert(
+            "incomplete_trajectories".into(),
+            json!(self.plays.len() - outcome.trajectory_e2e_ms.len()),
+        );
+        for (stat, v) in e2e {
+            m.insert(format!("{stat}_trajectory_e2e_latency_ms"), v);
+        }
+        let models = self.source_models();
+        m.insert(
+            "agentic_graph".into(),
+            json!({
+                "source": {"format": self.source.format, "digest": self.source.digest},
+                "graph_digest": self.graph_digest,
+                "block_size": self.block_tokens,
+                "node_count": self.nodes.len(),
+                "play_count": self.plays.len(),
+                "source_models": models,
+            }),
+        );
+        m.insert("agentic_lifecycle_event_count".into(), json!(outcome.lifecycle_events));
+        m.insert("agentic_lifecycle_digest".into(), json!(outcome.lifecycle_digest));
+        let plays: Vec<Value> = outcome
+            .plays
+            .iter()
+            .map(|p| {
+                let mut o = Map::new();
+                o.insert("play_id".into(), json!(p.play_id));
+                o.insert("status".into(), json!(p.status));
+                if let Some(t) = p.causal_terminal_ms {
+                    o.insert("causal_terminal_ms".into(), json!(t));
+                }
+                if let Some(t) = p.settled_at_ms {
+                    o.insert("settled_at_ms".into(), json!(t));
+                }
+                if let Some(r) = &p.failure_request_id {
+                    o.insert("failure_request_id".into(), json!(r));
+                }
+                if let Some(s) = &p.failure_status {
+                    o.insert("failure_status".into(), json!(s));
+                }
+                Value::Object(o)
+            })
+            .collect();
+        m.insert("agentic_play_outcomes".into(), Value::Array(plays));
+        if let Some(basis) = self.weka_basis {
+            m.insert("weka_nested_timestamp_basis".into(), json!(basis));
+        }
+        if let Some(target) = &self.execution_model {
+            m.insert(
+                "agentic_model_projection".into(),
+                json!({
+                    "policy": "project_to_configured_target",
+                    "source_models": models,
+                    "target_model": target,
+                }),
+            );
+        }
+        m
+    }
+}
+
+/// Where a row came from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Loc {
+    pub file: u16,
+    pub line: u32,
+}
+
+struct Draft {
+    row: AgenticRow,
+    input_length: u32,
+    output_length: u32,
+    loc: Loc,
+}
+
+/// Validates rows one by one and compiles them into a graph.
+pub struct GraphBuilder {
+    block_tokens: u32,
+    source: Provenance,
+    files: Vec<PathBuf>,
+    drafts: Vec<Draft>,
+    ids: HashSet<String>,
+}
+
+impl GraphBuilder {
+    /// Checks a v2 header (or the header a lowering makes up).
+    pub fn new(header: Header, files: Vec<PathBuf>, header_loc: Loc) -> Result<GraphBuilder, InputError> {
+        let at = |msg: String| at(&files, header_loc, msg);
+        if header.schema != AGENTIC_MOONCAKE_SCHEMA {
+            return Err(at(format!(
+                "unsupported agentic Mooncake schema {:?}; expected {AGENTIC_MOONCAKE_SCHEMA:?}",
+                header.schema
+            )));
+        }
+        if header.version != 2 {
+            return Err(at(format!("unsupported agentic Mooncake version {}; expected 2", header.version)));
+        }
+        if header.block_size == 0 {
+            return Err(at("agentic Mooncake block_size must be greater than 0".into()));
+        }
+        let block_tokens = u32::try_from(header.block_size)
+            .map_err(|_| at(format!("agentic Mooncake block_size {} is too large", header.block_size)))?;
+        if header.source.format.trim().is_empty() || header.source.digest.trim().is_empty() {
+            return Err(at("agentic Mooncake source provenance requires nonempty format and digest".into()));
+        }
+        Ok(GraphBuilder { block_tokens, source: header.source, files, drafts: Vec::new(), ids: HashSet::new() })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.drafts.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.drafts.len()
+    }
+
+    /// Validates one row (the rules of the reference's row checks).
+    pub fn push(&mut self, loc: Loc, row: AgenticRow) -> Result<(), InputError> {
+        let err = |msg: String| at(&self.files, loc, msg);
+        for (name, v) in [("request_id", &row.request_id), ("play_id", &row.play_id), ("session_id", &row.session_id)] {
+            if v.trim().is_empty() {
+                return Err(err(format!("has empty {name}")));
+            }
+        }
+        if self.ids.contains(&row.request_id) {
+            return Err(err(format!("duplicates request_id {}", row.request_id)));
+        }
+        let Some(hash_ids) = &row.hash_ids else { return Err(err("is missing hash_ids".into())) };
+        if hash_ids.is_empty() {
+            return Err(err("has empty hash_ids".into()));
+        }
+        let Some(input_length) = row.input_length else { return Err(err("is missing input_length".into())) };
+        if input_length == 0 {
+            return Err(err("has zero input_length".into()));
+        }
+        let bs = self.block_tokens as u64;
+        let expected = input_length.div_ceil(bs);
+        if hash_ids.len() as u64 != expected {
+            return Err(err(format!(
+                "has input_length {input_length} at block_size {bs} and requires exactly {expected} hash_ids, got {}",
+                hash_ids.len()
+            )));
+        }
+        if row.model.trim().is_empty() {
+            return Err(err("has an empty model".into()));
+        }
+        let Some(output_length) = row.output_length else { return Err(err("is missing output_length".into())) };
+        if let Some(ids) = &row.output_token_ids {
+            if ids.len() as u64 != output_length {
+                return Err(err(format!(
+                    "output_length {output_length} does not match output_token_ids length {}",
+                    ids.len()
+                )));
+            }
+        }
+        if !row.not_before_ms.is_finite() || row.not_before_ms < 0.0 || row.not_before_ms > crate::trace::MAX_TIME_MS {
+            return Err(err(format!("has invalid not_before_ms {}", row.not_before_ms)));
+        }
+        if row.recorded_api_time_ms.is_some_and(|d| !d.is_finite() || d < 0.0) {
+            return Err(err(format!("has invalid recorded_api_time_ms {:?}", row.recorded_api_time_ms)));
+        }
+        for d in &row.dependencies {
+            if d.request_id.trim().is_empty() {
+                return Err(err("has a dependency with an empty request_id".into()));
+            }
+            if !d.delay_ms.is_finite() || d.delay_ms < 0.0 || d.delay_ms > crate::trace::MAX_TIME_MS {
+                return Err(err(format!("has invalid dependency delay {}", d.delay_ms)));
+            }
+            let ok = matches!(
+                (d.relation, d.trigger),
+                (Relation::Sequence, Trigger::Completion)
+                    | (Relation::Spawn, _)
+                    | (Relation::Join, Trigger::Completion)
+                    | (Relation::ReplayBarrier, Trigger::Completion)
+            );
+            if !ok {
+                return Err(err(format!(
+                    "has invalid {} dependency with {} trigger",
+                    d.relation.debug_name(),
+                    if d.trigger == Trigger::Dispatch { "Dispatch" } else { "Completion" }
+                )));
+            }
+        }
+        let input_length = u32::try_from(input_length).map_err(|_| err(format!("input_length {input_length} is too large")))?;
+        let output_length =
+            u32::try_from(output_length).map_err(|_| err(format!("output_length {output_length} is too large")))?;
+        self.ids.insert(row.request_id.clone());
+        self.drafts.push(Draft { row, input_length, output_length, loc });
+        Ok(())
+    }
+
+    /// Checks the graph (edges, cycles, roots, play order), normalises its times (earliest
+    /// `not_before_ms` at 0, then divided by `speedup`), computes its digest and interns its
+    /// hash ids.
+    pub fn finish(mut self, speedup: f64) -> Result<AgenticGraph, InputError> {
+        let files = std::mem::take(&mut self.files);
+        let first_file = files.first().cloned().unwrap_or_default();
+        let in_file = |msg: String| InputError::in_file(&first_file, msg);
+        if self.drafts.is_empty() {
+            return Err(in_file("agentic trace did not contain any requests".into()));
+        }
+        self.drafts.sort_by(|a, b| a.row.request_id.cmp(&b.row.request_id));
+        let index: HashMap<&str, u32> =
+            self.drafts.iter().enumerate().map(|(i, d)| (d.row.request_id.as_str(), i as u32)).collect();
+        let mut play_index: HashMap<&str, u32> = HashMap::new();
+        let mut play_names: Vec<&str> = Vec::new();
+        let mut play_nodes: Vec<Vec<u32>> = Vec::new();
+        let mut deps: Vec<Vec<Edge>> = Vec::with_capacity(self.drafts.len());
+        for (i, d) in self.drafts.iter().enumerate() {
+            let p = *play_index.entry(d.row.play_id.as_str()).or_insert_with(|| {
+                play_names.push(d.row.play_id.as_str());
+                play_nodes.push(Vec::new());
+                (play_names.len() - 1) as u32
+            });
+            play_nodes[p as usize].push(i as u32);
+            let mut edges = Vec::with_capacity(d.row.dependencies.len());
+            for dep in &d.row.dependencies {
+                let at_node = |msg: String| at(&files, d.loc, msg);
+                let Some(&source) = index.get(dep.request_id.as_str()) else {
+                    return Err(at_node(format!(
+                        "request {} references unknown request_id {}",
+                        d.row.request_id, dep.request_id
+                    )));
+                };
+                if source as usize == i {
+                    return Err(at_node(format!("request {} cannot depend on itself", d.row.request_id)));
+                }
+                let src = &self.drafts[source as usize].row;
+                if src.play_id != d.row.play_id {
+                    return Err(at_node(format!(
+                        "request {} in play {} depends on request {} in play {}",
+                        d.row.request_id, d.row.play_id, dep.request_id, src.play_id
+                    )));
+                }
+                edges.push(Edge { source, trigger: dep.trigger, delay_ms: dep.delay_ms, relation: dep.relation });
+            }
+            deps.push(edges);
+        }
+        // Cycles (Kahn's algorithm), checked before roots.
+        let n = self.drafts.len();
+        let mut indegree: Vec<usize> = deps.iter().map(Vec::len).collect();
+        let mut dependents: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for (i, edges) in deps.iter().enumerate() {
+            for e in edges {
+                dependents[e.source as usize].push(i as u32);
+            }
+        }
+        let mut queue: VecDeque<u32> = (0..n as u32).filter(|&i| indegree[i as usize] == 0).collect();
+        let mut visited = 0;
+        while let Some(i) = queue.pop_front() {
+            visited += 1;
+            for &t in &dependents[i as usize] {
+                indegree[t as usize] -= 1;
+                if indegree[t as usize] == 0 {
+                    queue.push_back(t);
+                }
+            }
+        }
+        if visited != n {
+            let blocked: Vec<&str> = (0..n)
+                .filter(|&i| indegree[i] > 0)
+                .take(8)
+                .map(|i| self.drafts[i].row.request_id.as_str())
+                .collect();
+            return Err(in_file(format!(
+                "cycle detected among {} agentic requests; blocked request IDs: {}",
+                n - visited,
+                blocked.join(", ")
+            )));
+        }
+        // Plays: roots, ordinals, order.
+        let mut plays: Vec<(Option<usize>, Play)> = Vec::with_capacity(play_names.len());
+        for (p, nodes) in play_nodes.into_iter().enumerate() {
+            let ordinal = self.drafts[nodes[0] as usize].row.source_play_ordinal;
+            if nodes.iter().any(|&i| self.drafts[i as usize].row.source_play_ordinal != ordinal) {
+                return Err(in_file(format!("play {} has inconsistent source_play_ordinal values", play_names[p])));
+            }
+            let roots: Vec<u32> = nodes.iter().copied().filter(|&i| deps[i as usize].is_empty()).collect();
+            if roots.is_empty() {
+                return Err(in_file(format!("play {} must have at least one root request, found 0", play_names[p])));
+            }
+            plays.push((ordinal, Play { id: play_names[p].into(), nodes, roots }));
+        }
+        let ordered = plays.iter().filter(|(o, _)| o.is_some()).count();
+        if ordered != 0 && ordered != plays.len() {
+            return Err(in_file("source_play_ordinal must be set for every play when it is used".into()));
+        }
+        if ordered == plays.len() {
+            let mut ordinals: Vec<usize> = plays.iter().map(|(o, _)| o.unwrap()).collect();
+            ordinals.sort_unstable();
+            for (expected, actual) in ordinals.into_iter().enumerate() {
+                if actual != expected {
+                    return Err(in_file(format!(
+                        "source_play_ordinal values must be unique and contiguous from 0; expected {expected}, found {actual}"
+                    )));
+                }
+            }
+            plays.sort_by_key(|(o, _)| o.unwrap());
+        } else {
+            plays.sort_by(|a, b| a.1.id.cmp(&b.1.id));
+        }
+        let plays: Vec<Play> = plays.into_iter().map(|(_, p)| p).collect();
+        let mut node_play = vec![0u32; n];
+        for (p, play) in plays.iter().enumerate() {
+            for &i in &play.nodes {
+                node_play[i as usize] = p as u32;
+            }
+        }
+        // Normalise times.
+        let min_nb = self.drafts.iter().map(|d| d.row.not_before_ms).fold(f64::INFINITY, f64::min);
+        for (d, edges) in self.drafts.iter_mut().zip(deps.iter_mut()) {
+            d.row.not_before_ms = (d.row.not_before_ms - min_nb) / speedup;
+            for (e, rd) in edges.iter_mut().zip(d.row.dependencies.iter_mut()) {
+                e.delay_ms /= speedup;
+                rd.delay_ms = e.delay_ms;
+            }
+        }
+        let graph_digest = digest(self.block_tokens, &mut self.drafts);
+        // Identities and interned prompts.
+        let root_id: Vec<Option<Arc<str>>> = plays
+            .iter()
+            .map(|p| (p.roots.len() == 1).then(|| Arc::from(self.drafts[p.roots[0] as usize].row.request_id.as_str())))
+            .collect();
+        let mut models: Vec<String> = Vec::new();
+        let mut model_index: HashMap<String, u32> = HashMap::new();
+        let mut interner: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut sessions: HashMap<String, Arc<str>> = HashMap::new();
+        let mut nodes = Vec::with_capacity(n);
+        let request_ids: Vec<Arc<str>> = self.drafts.iter().map(|d| Arc::from(d.row.request_id.as_str())).collect();
+        for (i, (d, edges)) in self.drafts.into_iter().zip(deps).enumerate() {
+            let model = *model_index.entry(d.row.model.clone()).or_insert_with(|| {
+                models.push(d.row.model.clone());
+                (models.len() - 1) as u32
+            });
+            let hash_ids = d.row.hash_ids.unwrap_or_default();
+            let blocks: Arc<[u32]> = hash_ids
+                .iter()
+                .map(|h| {
+                    let next = interner.len() as u32;
+                    *interner.entry(*h).or_insert(next)
+                })
+                .collect();
+            let session: Arc<str> = sessions.entry(d.row.session_id.clone()).or_insert_with(|| d.row.session_id.as_str().into()).clone();
+            let parent_id = edges
+                .iter()
+                .filter(|e| e.relation == Relation::Spawn)
+                .map(|e| e.source)
+                .min()
+                .map(|s| request_ids[s as usize].clone());
+            let play = node_play[i];
+            let ids = AgenticIds {
+                node: i as u32,
+                request_id: request_ids[i].clone(),
+                play_id: plays[play as usize].id.clone(),
+                conversation_id: session.clone(),
+                lane: None,
+                root_id: root_id[play as usize].clone(),
+                parent_id,
+            };
+            let turn = TurnSpec {
+                input_length: d.input_length,
+                output_length: d.output_length,
+                blocks,
+                delay_ms: 0.0,
+                priority: d.row.priority.unwrap_or(0),
+                strict_priority: d.row.strict_priority.unwrap_or(0),
+                output_tokens: d.row.output_token_ids.map(Into::into),
+                meta: Some(Arc::new(TurnMeta {
+                    request_id: Some(request_ids[i].clone()),
+                    policy_class: d.row.policy_class.map(Into::into),
+                    agentic: Some(ids),
+                })),
+            };
+            nodes.push(Node {
+                request_id: request_ids[i].clone(),
+                play,
+                session_id: session,
+                model,
+                not_before_ms: d.row.not_before_ms,
+                deps: edges,
+                turn,
+                file: d.loc.file,
+                line: d.loc.line,
+            });
+        }
+        share_prompt_prefixes(&mut nodes);
+        Ok(AgenticGraph {
+            block_tokens: self.block_tokens,
+            source: self.source,
+            graph_digest,
+            nodes,
+            plays,
+            models,
+            weka_basis: None,
+            lanes: None,
+            execution_model: None,
+            outcome: Mutex::new(None),
+        })
+    }
+}
+
+/// Requests of a session usually resend the session's earlier prompt and add to it: a node
+/// whose blocks are a prefix of a longer node's in its session shares that node's list (a
+/// prompt is cut at its own `input_length`).
+fn share_prompt_prefixes(nodes: &mut [Node]) {
+    let mut by_session: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        by_session.entry(n.session_id.clone()).or_default().push(i);
+    }
+    for (_, mut members) in by_session {
+        if members.len() < 2 {
+            continue;
+        }
+        members.sort_by_key(|&i| std::cmp::Reverse(nodes[i].turn.blocks.len()));
+        let mut longest: Vec<Arc<[u32]>> = Vec::new();
+        for i in members {
+            let blocks = nodes[i].turn.blocks.clone();
+            match longest.iter().find(|l| l.starts_with(&blocks)) {
+                Some(l) => nodes[i].turn.blocks = l.clone(),
+                None => longest.push(blocks),
+            }
+            if longest.len() > 8 {
+                longest.remove(0);
+            }
+        }
+    }
+}
+
+/// The agentic identity of a request, as per-request records report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgenticIds {
+    /// Graph ordinal (position in `request_id` order); the record's uuid is this + 1.
+    pub node: u32,
+    pub request_id: Arc<str>,
+    pub play_id: Arc<str>,
+    pub conversation_id: Arc<str>,
+    pub lane: Option<u32>,
+    pub root_id: Option<Arc<str>>,
+    pub parent_id: Option<Arc<str>>,
+}
+
+fn at(files: &[PathBuf], loc: Loc, msg: String) -> InputError {
+    match files.get(loc.file as usize) {
+        Some(f) if loc.line > 0 => InputError::at_line(f, loc.line as usize, None, msg),
+        Some(f) => InputError::in_file(f, msg),
+        None => InputError::new(msg),
+    }
+}
+
+/// An error about a row, located.
+pub fn row_error(path: &Path, line: usize, msg: impl Into<String>) -> InputError {
+    InputError::at_line(path, line, None, msg)
+}
+
+mod erased {
+    /// A value serde_json can write (object-safe, for the digest writer).
+    pub trait Ser {
+        fn write(&self, w: &mut dyn std::io::Write);
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn write(&self, w: &mut dyn std::io::Write) {
+            let _ = serde_json::to_writer(w, self);
+        }
+    }
+}
+
+/// blake3 over the canonical JSON of the graph (`{"block_size", "nodes"}`, dependencies sorted),
+/// as the reference computes `graph_digest`.
+fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    let rank_t = |t: Trigger| t as u8;
+    let rank_r = |r: Relation| r as u8;
+    let mut h = blake3::Hasher::new();
+    h.update(format!("{{\"block_size\":{block_size},\"nodes\":[").as_bytes());
+    for (i, d) in drafts.iter_mut().enumerate() {
+        if i > 0 {
+            h.update(b",");
+        }
+        let r = &mut d.row;
+        r.dependencies.sort_by(|a, b| {
+            a.request_id
+                .cmp(&b.request_id)
+                .then(rank_t(a.trigger).cmp(&rank_t(b.trigger)))
+                .then(rank_r(a.relation).cmp(&rank_r(b.relation)))
+                .then(a.delay_ms.total_cmp(&b.delay_ms))
+        });
+        // The node as the reference's serde derive writes it (field order, skipped options).
+        buf.clear();
+        let mut w = &mut buf;
+        let put = |w: &mut &mut Vec<u8>, key: &str, v: &dyn erased::Ser| {
+            let _ = std::io::Write::write_all(w, key.as_bytes());
+            v.write(w);
+        };
+        put(&mut w, "{\"request_id\":", &r.request_id.as_str());
+        put(&mut w, ",\"play_id\":", &r.play_id.as_str());
+        if let Some(o) = r.source_play_ordinal {
+            put(&mut w, ",\"source_play_ordinal\":", &o);
+        }
+        put(&mut w, ",\"session_id\":", &r.session_id.as_str());
+        put(&mut w, ",\"model\":", &r.model.as_str());
+        put(&mut w, ",\"input_length\":", &d.input_length);
+        put(&mut w, ",\"max_output_tokens\":", &d.output_length);
+        put(&mut w, ",\"output_token_ids\":", &r.output_token_ids);
+        put(&mut w, ",\"replay_key\":", &r.output_token_ids.as_ref().map(|_| r.request_id.as_str()));
+        put(&mut w, ",\"hash_ids\":", &r.hash_ids);
+        put(&mut w, ",\"not_before_ms\":", &r.not_before_ms);
+        if let Some(t) = r.recorded_api_time_ms {
+            put(&mut w, ",\"recorded_api_time_ms\":", &t);
+        }
+        put(&mut w, ",\"priority\":", &r.priority.unwrap_or(0));
+        put(&mut w, ",\"strict_priority\":", &r.strict_priority.unwrap_or(0));
+        put(&mut w, ",\"policy_class\":", &r.policy_class);
+        let _ = std::io::Write::write_all(&mut w, b",\"dependencies\":[");
+        for (k, dep) in r.dependencies.iter().enumerate() {
+            let open = if k == 0 { "{\"request_id\":" } else { ",{\"request_id\":" };
+            put(&mut w, open, &dep.request_id.as_str());
+            let _ = std::io::Write::write_all(&mut w, format!(",\"trigger\":\"{}\"", dep.trigger.name()).as_bytes());
+            put(&mut w, ",\"delay_ms\":", &dep.delay_ms);
+            let _ = std::io::Write::write_all(&mut w, format!(",\"relation\":\"{}\"}}", dep.relation.name()).as_bytes());
+        }
+        let _ = std::io::Write::write_all(&mut w, b"]}");
+        h.update(&buf);
+    }
+    h.update(b"]}");
+    h.finalize().to_hex().to_string()
+}
+
+/// Assigns each row's play to the component of the dependency graph it is in, named
+/// `<prefix>:<root request_id>` after the earliest root (by `not_before_ms`, then id).
+pub fn assign_component_plays(rows: &mut [AgenticRow], prefix: &str) {
+    fn find(parent: &mut [usize], v: usize) -> usize {
+        let mut r = v;
+        while parent[r] != r {
+            r = parent[r];
+        }
+        let mut c = v;
+        while parent[c] != r {
+            let next = parent[c];
+            parent[c] = r;
+            c = next;
+        }
+        r
+    }
+    let by_id: HashMap<String, usize> = rows.iter().enumerate().map(|(i, r)| (r.request_id.clone(), i)).collect();
+    let mut parent: Vec<usize> = (0..rows.len()).collect();
+    for (i, row) in rows.iter().enumerate() {
+        for d in &row.dependencies {
+            if let Some(&s) = by_id.get(&d.request_id) {
+                let (a, b) = (find(&mut parent, i), find(&mut parent, s));
+                if a != b {
+                    parent[a] = b;
+                }
+            }
+        }
+    }
+    let mut label: HashMap<usize, usize> = HashMap::new();
+    for (i, row) in rows.iter().enumerate() {
+        if row.dependencies.is_empty() {
+            let c = find(&mut parent, i);
+            let e = label.entry(c).or_insert(i);
+            let cur = &rows[*e];
+            if row.not_before_ms.total_cmp(&cur.not_before_ms).then(row.request_id.cmp(&cur.request_id)).is_lt() {
+                *e = i;
+            }
+        }
+    }
+    let names: Vec<String> = (0..rows.len())
+        .map(|i| {
+            let c = find(&mut parent, i);
+            let l = *label.get(&c).unwrap_or(&i);
+            format!("{prefix}:{}", rows[l].request_id)
+        })
+        .collect();
+    for (row, name) in rows.iter_mut().zip(names) {
+        row.play_id = name;
+    }
+}

@@ -1,0 +1,1061 @@
+//! `weka`: Weka/AgentX agent traces — a `.json` file (one trace object), a `.jsonl` file (many)
+//! or a directory of them (walked recursively in sorted order; symlinks refused).
+//!
+//! Each trace object becomes one play. Its top-level requests are split into chains (sessions)
+//! by prefix matching on hash ids, with the reference's rules for a short request ahead of the
+//! main chain (a "preamble") and for chains that continue one another ("seams"); each subagent
+//! marker spawns a child scope of its own chains, joined back (when blocking) into the first
+//! later parent request that starts after the subagent ended. Times are seconds. Hash ids are
+//! re-derived per file (`source:<file>:<hash>`, blake3) so files never share blocks by
+//! accident, with a private id for a partial last block. The lowering follows aisimulate-core
+//! 0.13.0's `weka.rs`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Component, Path, PathBuf};
+
+use rustc_hash::FxHashMap;
+use serde::Deserialize;
+
+use super::WekaBasis;
+use crate::agentic::{
+    AgenticGraph, AgenticRow, GraphBuilder, HashIdScope, Header, Loc, Provenance, Relation, RowDependency, Trigger,
+};
+use crate::error::InputError;
+
+const JOIN_EPSILON_SECONDS: f64 = 1e-6;
+const SEAM_MAX_GAP_SECONDS: f64 = 3600.0;
+const SEAM_MIN_OVERLAP_RATIO: f64 = 0.5;
+
+#[derive(Deserialize)]
+struct WekaTrace {
+    id: String,
+    #[serde(default)]
+    models: Vec<String>,
+    block_size: u64,
+    hash_id_scope: String,
+    requests: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum Entry {
+    #[serde(rename = "n")]
+    Normal(Request),
+    #[serde(rename = "s")]
+    Streaming(Request),
+    #[serde(rename = "subagent")]
+    Subagent(Subagent),
+}
+
+#[derive(Clone, Deserialize)]
+struct Request {
+    t: f64,
+    model: String,
+    #[serde(rename = "in")]
+    input_length: u64,
+    #[serde(rename = "out")]
+    output_length: u64,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
+    #[serde(default)]
+    api_time: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct Subagent {
+    t: f64,
+    agent_id: String,
+    #[serde(default)]
+    duration_ms: Option<i64>,
+    status: String,
+    requests: Vec<Inner>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum Inner {
+    #[serde(rename = "n")]
+    Normal(Request),
+    #[serde(rename = "s")]
+    Streaming(Request),
+}
+
+impl Inner {
+    fn request(&self) -> &Request {
+        match self {
+            Inner::Normal(r) | Inner::Streaming(r) => r,
+        }
+    }
+}
+
+impl Entry {
+    fn request(&self) -> Option<&Request> {
+        match self {
+            Entry::Normal(r) | Entry::Streaming(r) => Some(r),
+            Entry::Subagent(_) => None,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Indexed {
+    source_id: String,
+    source_order: usize,
+    request: Request,
+}
+
+#[derive(Clone)]
+struct Fork {
+    fork_source_id: Option<String>,
+    depth: usize,
+    fork_time: f64,
+}
+
+#[derive(Default)]
+struct Chain {
+    requests: Vec<Indexed>,
+    fork: Option<Fork>,
+    spliced_into: Option<usize>,
+    tail_source_id: Option<String>,
+    tail_hashes: Vec<u64>,
+    tail_end: f64,
+    tail_model: String,
+}
+
+struct Detection {
+    chains: Vec<Chain>,
+    main_index: usize,
+    worker_indices: Vec<usize>,
+}
+
+struct Stream {
+    session_id: String,
+    requests: Vec<Indexed>,
+    fork_source_id: Option<String>,
+    scope_id: String,
+}
+
+fn err(file: &Path, msg: String) -> InputError {
+    InputError::in_file(file, msg)
+}
+
+fn request_end(r: &Request) -> f64 {
+    r.t + r.api_time.unwrap_or(0.0).max(0.0)
+}
+
+fn ms(seconds: f64) -> f64 {
+    (seconds.max(0.0) * 1e9).round() / 1e6
+}
+
+fn order(a: &Indexed, b: &Indexed) -> std::cmp::Ordering {
+    a.request
+        .t
+        .total_cmp(&b.request.t)
+        .then(a.source_order.cmp(&b.source_order))
+        .then(a.source_id.cmp(&b.source_id))
+}
+
+fn lcp(a: &[u64], b: &[u64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn precedes_marker(inner: f64, marker: f64) -> bool {
+    inner < marker - JOIN_EPSILON_SECONDS
+}
+
+/// Reads a corpus into a validated graph.
+pub fn load(path: &Path, expected: Option<u32>, basis: WekaBasis, speedup: f64) -> Result<AgenticGraph, InputError> {
+    let files = collect_files(path)?;
+    if files.is_empty() {
+        return Err(err(path, format!("Weka source {} contains no JSON or JSONL files", path.display())));
+    }
+    // Raw corpus digest over every file's relative path, length and bytes (read in chunks).
+    let mut corpus = blake3::Hasher::new();
+    corpus.update(b"aisimulate-weka-corpus-v1\0");
+    for (file, rel) in &files {
+        let len = std::fs::metadata(file).map_err(|e| err(file, format!("cannot read: {e}")))?.len();
+        corpus.update(&(rel.len() as u64).to_le_bytes());
+        corpus.update(rel.as_bytes());
+        corpus.update(&len.to_le_bytes());
+        let mut f = std::fs::File::open(file).map_err(|e| err(file, format!("cannot open: {e}")))?;
+        corpus.update_reader(&mut f).map_err(|e| err(file, format!("cannot read: {e}")))?;
+    }
+    let raw_digest = corpus.finalize().to_hex().to_string();
+    // Preflight: headers, models, requests, block sizes, timestamp evidence.
+    let mut block_size = None;
+    let mut relative_witness = false;
+    let mut replayable_subagents = 0;
+    for_each_trace(&files, |name, file, trace| {
+        let e = |m: String| err(file, m);
+        validate_header(&trace, name).map_err(e)?;
+        validate_models(&trace, name).map_err(e)?;
+        for entry in &trace.requests {
+            match entry {
+                Entry::Normal(r) | Entry::Streaming(r) => validate_request(r, name).map_err(e)?,
+                Entry::Subagent(s) => {
+                    validate_subagent(s, name).map_err(e)?;
+                    for inner in &s.requests {
+                        validate_request(inner.request(), name).map_err(e)?;
+                    }
+                    if !s.requests.is_empty() {
+                        replayable_subagents += 1;
+                        if s.requests.iter().any(|i| precedes_marker(i.request().t, s.t)) {
+                            relative_witness = true;
+                        }
+                    }
+                }
+            }
+        }
+        match block_size {
+            Some(b) if b != trace.block_size => {
+                return Err(err(
+                    file,
+                    format!("Weka corpus mixes block sizes: {name} has {}, expected {b}", trace.block_size),
+                ))
+            }
+            None => block_size = Some(trace.block_size),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    let resolved = match basis {
+        WekaBasis::Absolute => "absolute",
+        WekaBasis::Relative => "relative",
+        WekaBasis::Auto if replayable_subagents == 0 => "not_applicable",
+        WekaBasis::Auto if relative_witness => "relative",
+        WekaBasis::Auto => "absolute",
+    };
+    let relative = resolved == "relative";
+    let block_size = block_size.expect("a corpus has a trace");
+    if let Some(expected) = expected {
+        if expected as u64 != block_size {
+            return Err(InputError::new(format!(
+                "Weka source block size {block_size} does not match configured block size {expected}"
+            )));
+        }
+    }
+    let mut sem = blake3::Hasher::new();
+    sem.update(b"aisimulate-weka-corpus-semantics-v2\0");
+    sem.update(&(raw_digest.len() as u64).to_le_bytes());
+    sem.update(raw_digest.as_bytes());
+    sem.update(&(resolved.len() as u64).to_le_bytes());
+    sem.update(resolved.as_bytes());
+    let digest = sem.finalize().to_hex().to_string();
+    let header = Header {
+        schema: crate::agentic::AGENTIC_MOONCAKE_SCHEMA.into(),
+        version: 2,
+        block_size,
+        hash_id_scope: HashIdScope::Local,
+        source: Provenance { format: "weka".into(), digest },
+    };
+    let file_list: Vec<PathBuf> = files.iter().map(|(f, _)| f.clone()).collect();
+    let mut builder = GraphBuilder::new(header, file_list.clone(), Loc::default())?;
+    let mut ordinal = 0;
+    for_each_trace(&files, |name, file, trace| {
+        let rows = lower_trace(&trace, name, ordinal, relative).map_err(|m| err(file, m))?;
+        ordinal += 1;
+        let f = file_list.iter().position(|p| p == file).unwrap_or(0) as u16;
+        for row in rows {
+            builder.push(Loc { file: f, line: 0 }, row)?;
+        }
+        Ok(())
+    })?;
+    let mut graph = builder.finish(speedup)?;
+    graph.weka_basis = Some(resolved);
+    Ok(graph)
+}
+
+/// Every trace object of the corpus in order, parsed one at a time from its file (plain or
+/// compressed), with its source name (`file` or `file#NNNNNN` for JSONL).
+fn for_each_trace(
+    files: &[(PathBuf, String)],
+    mut visit: impl FnMut(&str, &Path, WekaTrace) -> Result<(), InputError>,
+) -> Result<(), InputError> {
+    for (file, rel) in files {
+        let jsonl = file.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
+        let input = crate::input::TraceInput::open(file)?;
+        let mut reader = input.reader()?;
+        let mut count = 0;
+        if !jsonl {
+            // One object: read whole (it is held whole once parsed anyway).
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut text).map_err(|e| err(file, format!("cannot read: {e}")))?;
+            let mut objects = serde_json::Deserializer::from_slice(&text).into_iter::<serde::de::IgnoredAny>();
+            let mut end = 0;
+            while let Some(next) = objects.next() {
+                next.map_err(|e| err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1)))?;
+                let start = end;
+                end = objects.byte_offset();
+                if count > 0 {
+                    return Err(err(
+                        file,
+                        format!("Weka JSON source {} contains more than one object; use a .jsonl extension", file.display()),
+                    ));
+                }
+                let trace: WekaTrace = serde_json::from_slice(&text[start..end])
+                    .map_err(|e| err(file, format!("parsing Weka source {} object 1: {e}", file.display())))?;
+                count += 1;
+                visit(rel, file, trace)?;
+            }
+        } else {
+            // One object per line; an object written over several lines is gathered until it
+            // parses.
+            let mut buf: Vec<u8> = Vec::new();
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let n = std::io::BufRead::read_until(&mut reader, b'\n', &mut line)
+                    .map_err(|e| err(file, format!("cannot read: {e}")))?;
+                if n > 0 {
+                    buf.extend_from_slice(&line);
+                }
+                let text = buf.trim_ascii();
+                if text.is_empty() {
+                    buf.clear();
+                    if n == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                if n > 0 && !text.ends_with(b"}") {
+                    continue;
+                }
+                let trace = match serde_json::from_slice::<WekaTrace>(text) {
+                    Err(e) if e.is_eof() && n > 0 => continue,
+                    Err(e) => {
+                        return Err(err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1)))
+                    }
+                    Ok(trace) => trace,
+                };
+                let name = format!("{rel}#{count:06}");
+                count += 1;
+                visit(&name, file, trace)?;
+                buf.clear();
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        if count == 0 {
+            return Err(err(file, format!("Weka source {} contains no trace objects", file.display())));
+        }
+    }
+    Ok(())
+}
+
+fn collect_files(path: &Path) -> Result<Vec<(PathBuf, String)>, InputError> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| err(path, format!("failed to stat Weka source: {e}")))?;
+    if meta.file_type().is_symlink() {
+        return Err(err(path, format!("Weka source may not be a symlink: {}", path.display())));
+    }
+    let ext_ok = |p: &Path| {
+        p.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("json") || e.eq_ignore_ascii_case("jsonl"))
+    };
+    if meta.is_file() {
+        if !ext_ok(path) {
+            return Err(err(path, format!("Weka source file must use a .json or .jsonl extension: {}", path.display())));
+        }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        return Ok(vec![(path.to_path_buf(), name)]);
+    }
+    if !meta.is_dir() {
+        return Err(err(path, format!("Weka source is neither a file nor directory: {}", path.display())));
+    }
+    fn visit(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>, ext_ok: &dyn Fn(&Path) -> bool) -> Result<(), InputError> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| err(dir, format!("failed to read Weka directory: {e}")))?
+            .filter_map(Result::ok)
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let p = entry.path();
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| err(&p, e.to_string()))?;
+            if meta.file_type().is_symlink() {
+                return Err(err(&p, format!("Weka corpus may not contain symlinks: {}", p.display())));
+            }
+            if meta.is_dir() {
+                visit(root, &p, out, ext_ok)?;
+                continue;
+            }
+            if !meta.is_file() || !ext_ok(&p) {
+                continue;
+            }
+            let rel = p.strip_prefix(root).expect("below root");
+            let parts: Vec<&str> = rel
+                .components()
+                .filter_map(|c| match c {
+                    Component::Normal(v) => v.to_str(),
+                    _ => None,
+                })
+                .collect();
+            out.push((p.clone(), parts.join("/")));
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    visit(path, path, &mut out, &ext_ok)?;
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(out)
+}
+
+fn validate_header(t: &WekaTrace, name: &str) -> Result<(), String> {
+    if t.id.trim().is_empty() {
+        return Err(format!("Weka trace {name} has an empty id"));
+    }
+    if t.block_size == 0 {
+        return Err(format!("Weka trace {name} has zero block_size"));
+    }
+    if t.hash_id_scope != "local" {
+        return Err(format!("Weka trace {name} has unsupported hash_id_scope {:?}; expected local", t.hash_id_scope));
+    }
+    Ok(())
+}
+
+fn validate_subagent(s: &Subagent, name: &str) -> Result<bool, String> {
+    if !s.t.is_finite() || s.t < 0.0 {
+        return Err(format!("Weka trace {name} has invalid subagent timestamp"));
+    }
+    if s.agent_id.trim().is_empty() {
+        return Err(format!("Weka trace {name} has an empty subagent agent_id"));
+    }
+    if s.duration_ms.is_some_and(|d| d < 0) {
+        return Err(format!("Weka trace {name} has negative duration_ms for subagent {}", s.agent_id));
+    }
+    let blocking = match s.status.as_str() {
+        "completed" => true,
+        "async_launched" => false,
+        status => {
+            return Err(format!(
+                "Weka trace {name} has unsupported non-success subagent status {status:?} for {}",
+                s.agent_id
+            ))
+        }
+    };
+    if blocking && s.requests.is_empty() {
+        return Err(format!(
+            "Weka trace {name} has blocking subagent {} with no replayable requests; external waits are not modeled",
+            s.agent_id
+        ));
+    }
+    Ok(blocking)
+}
+
+fn validate_models(t: &WekaTrace, name: &str) -> Result<(), String> {
+    let declared: BTreeSet<&str> = t.models.iter().map(String::as_str).collect();
+    if declared.iter().any(|m| m.trim().is_empty()) {
+        return Err(format!("Weka trace {name} declares an empty model"));
+    }
+    let mut actual = BTreeSet::new();
+    let mut count = 0;
+    let mut see = |r: &Request| -> Result<(), String> {
+        if r.model.trim().is_empty() {
+            return Err(format!("Weka trace {name} has an empty request model"));
+        }
+        actual.insert(r.model.clone());
+        count += 1;
+        Ok(())
+    };
+    for e in &t.requests {
+        match e {
+            Entry::Normal(r) | Entry::Streaming(r) => see(r)?,
+            Entry::Subagent(s) => {
+                for i in &s.requests {
+                    see(i.request())?;
+                }
+            }
+        }
+    }
+    if count == 0 {
+        return Err(format!("Weka trace {name} has no model requests"));
+    }
+    let actual_refs: BTreeSet<&str> = actual.iter().map(String::as_str).collect();
+    if !declared.is_empty() && !actual_refs.is_subset(&declared) {
+        return Err(format!(
+            "Weka trace {name} contains request models absent from its declaration: declared {declared:?}, found {actual_refs:?}"
+        ));
+    }
+    Ok(())
+}
+
+fn validate_request(r: &Request, name: &str) -> Result<(), String> {
+    if !r.t.is_finite() || r.t < 0.0 || r.t * 1000.0 > crate::trace::MAX_TIME_MS {
+        return Err(format!("Weka trace {name} has invalid request timestamp"));
+    }
+    if r.model.trim().is_empty() {
+        return Err(format!("Weka trace {name} has an empty request model"));
+    }
+    if r.input_length == 0 {
+        return Err(format!("Weka trace {name} has a zero-length request"));
+    }
+    if r.api_time.is_some_and(|v| !v.is_finite() || v < 0.0) {
+        return Err(format!("Weka trace {name} has invalid api_time; expected a finite non-negative value"));
+    }
+    Ok(())
+}
+
+fn nested_time(inner: f64, marker: f64, relative: bool, name: &str, trace: &str, agent: &str, i: usize) -> Result<f64, String> {
+    if relative {
+        let t = marker + inner;
+        if !t.is_finite() {
+            return Err(format!(
+                "Weka source {name}, trace {trace}, subagent {agent} inner request {i} overflows while converting a relative timestamp"
+            ));
+        }
+        return Ok(t);
+    }
+    if precedes_marker(inner, marker) {
+        return Err(format!(
+            "Weka source {name}, trace {trace}, subagent {agent} inner request {i} at {inner} precedes its marker at {marker} under absolute nested_timestamp_basis"
+        ));
+    }
+    Ok(inner.max(marker))
+}
+
+fn subagent_end(s: &Subagent, relative: bool) -> Result<f64, String> {
+    if let Some(d) = s.duration_ms {
+        return Ok(s.t + d as f64 / 1000.0);
+    }
+    let mut end = s.t;
+    for (i, inner) in s.requests.iter().enumerate() {
+        let r = inner.request();
+        let t = nested_time(r.t, s.t, relative, "<preflighted>", "<preflighted>", &s.agent_id, i)?;
+        end = end.max(t + r.api_time.unwrap_or(0.0).max(0.0));
+    }
+    Ok(end)
+}
+
+fn namespace(rel: &str) -> String {
+    let d = blake3::hash(rel.as_bytes()).to_hex().to_string();
+    format!("weka:{}", &d[..16])
+}
+
+fn unique_hash(domain: &str, identity: &str, used: &mut FxHashMap<u64, Box<str>>) -> Result<u64, String> {
+    for nonce in 0u32..=u32::MAX {
+        let mut h = blake3::Hasher::new();
+        h.update(domain.as_bytes());
+        h.update(b"\0");
+        h.update(identity.as_bytes());
+        h.update(b"\0");
+        h.update(nonce.to_string().as_bytes());
+        let digest = h.finalize();
+        let v = u64::from_le_bytes(digest.as_bytes()[..8].try_into().expect("8 bytes"));
+        match used.get(&v) {
+            Some(existing) if &**existing != identity => continue,
+            Some(_) => return Ok(v),
+            None => {
+                used.insert(v, identity.into());
+                return Ok(v);
+            }
+        }
+    }
+    Err(format!("could not allocate a collision-free hash for {identity}"))
+}
+
+fn normalized_hashes(
+    rel: &str,
+    request_id: &str,
+    r: &Request,
+    bs: u64,
+    used: &mut FxHashMap<u64, Box<str>>,
+) -> Result<Vec<u64>, String> {
+    let full = r.input_length / bs;
+    let partial = r.input_length % bs != 0;
+    let mut out = Vec::with_capacity(full as usize + usize::from(partial));
+    for b in 0..full as usize {
+        let identity = match r.hash_ids.get(b) {
+            Some(h) => format!("source:{rel}:{h}"),
+            None => format!("private:missing:{request_id}:{b}"),
+        };
+        out.push(unique_hash("weka-full-block", &identity, used)?);
+    }
+    if partial {
+        out.push(unique_hash("weka-partial-tail", &format!("{request_id}:{full}:{}", r.input_length), used)?);
+    }
+    Ok(out)
+}
+
+fn push_dep(values: &mut Vec<RowDependency>, d: RowDependency) {
+    if !values.iter().any(|e| e.request_id == d.request_id && e.trigger == d.trigger && e.relation == d.relation) {
+        values.push(d);
+    }
+}
+
+fn split_preamble(mut requests: Vec<Indexed>) -> (Vec<Indexed>, Vec<Indexed>) {
+    requests.sort_by(order);
+    if requests.len() < 2 || requests[0].request.hash_ids.is_empty() {
+        return (Vec::new(), requests);
+    }
+    let first = &requests[0].request;
+    if requests[1..].iter().any(|o| lcp(&first.hash_ids, &o.request.hash_ids) > 0) {
+        return (Vec::new(), requests);
+    }
+    if first.output_length > 64 {
+        let others: HashSet<u64> = requests[1..].iter().flat_map(|r| r.request.hash_ids.iter().copied()).collect();
+        if first.hash_ids.iter().any(|h| others.contains(h)) {
+            return (Vec::new(), requests);
+        }
+    }
+    let first = requests.remove(0);
+    (vec![first], requests)
+}
+
+fn append_chain(index: usize, chain: &mut Chain, by_source: &mut HashMap<String, usize>, r: Indexed) {
+    by_source.insert(r.source_id.clone(), index);
+    if !r.request.hash_ids.is_empty() {
+        chain.tail_source_id = Some(r.source_id.clone());
+        chain.tail_hashes.clone_from(&r.request.hash_ids);
+        chain.tail_end = request_end(&r.request);
+        chain.tail_model.clone_from(&r.request.model);
+    }
+    chain.requests.push(r);
+}
+
+fn extension_target(chains: &[Chain], r: &Request) -> Option<usize> {
+    let mut best = None;
+    let mut best_len = 0;
+    for (i, c) in chains.iter().enumerate() {
+        let n = c.tail_hashes.len();
+        if n == 0
+            || n > r.hash_ids.len()
+            || n <= best_len
+            || c.tail_model != r.model
+            || c.tail_end > r.t + JOIN_EPSILON_SECONDS
+            || c.tail_hashes != r.hash_ids[..n]
+        {
+            continue;
+        }
+        best = Some(i);
+        best_len = n;
+    }
+    best
+}
+
+fn max_lcp_chain(chains: &[Chain], hashes: &[u64]) -> (Option<usize>, usize) {
+    let mut best = None;
+    let mut key = (0, 0);
+    for (i, c) in chains.iter().enumerate() {
+        let depth = lcp(&c.tail_hashes, hashes);
+        let k = (depth, c.tail_hashes.len());
+        if depth > 0 && k > key {
+            best = Some(i);
+            key = k;
+        }
+    }
+    (best, key.0)
+}
+
+fn seam_eligible(chain: &Chain, tail: &Request) -> bool {
+    let Some(fork) = &chain.fork else { return false };
+    if fork.depth == 0 || chain.requests.is_empty() {
+        return false;
+    }
+    let first = &chain.requests[0].request;
+    let gap = first.t - request_end(tail);
+    let overlap = fork.depth as f64 / tail.hash_ids.len().max(1) as f64;
+    request_end(tail) <= first.t + JOIN_EPSILON_SECONDS
+        && first.model == tail.model
+        && !(gap > SEAM_MAX_GAP_SECONDS && overlap < SEAM_MIN_OVERLAP_RATIO)
+}
+
+fn resolve_seams(
+    chains: &mut [Chain],
+    forks_by_source: &mut HashMap<String, Vec<usize>>,
+    by_source: &mut HashMap<String, usize>,
+    request_by_source: &HashMap<String, Request>,
+) {
+    let mut keys: BTreeSet<String> = forks_by_source.keys().cloned().collect();
+    let mut aliases: HashMap<usize, usize> = HashMap::new();
+    let mut processed: HashSet<String> = HashSet::new();
+    while let Some(source_id) = keys.pop_first() {
+        if !processed.insert(source_id.clone()) {
+            continue;
+        }
+        let mut owner = by_source[&source_id];
+        while let Some(&next) = aliases.get(&owner) {
+            owner = next;
+        }
+        if chains[owner].tail_source_id.as_deref() != Some(source_id.as_str()) {
+            continue;
+        }
+        let tail = &request_by_source[&source_id];
+        let registered: Vec<usize> =
+            forks_by_source[&source_id].iter().copied().filter(|&i| chains[i].spliced_into.is_none()).collect();
+        let elected = registered.iter().copied().filter(|&i| seam_eligible(&chains[i], tail)).max_by(|&l, &r| {
+            let lf = chains[l].fork.as_ref().unwrap();
+            let rf = chains[r].fork.as_ref().unwrap();
+            lf.depth.cmp(&rf.depth).then_with(|| rf.fork_time.total_cmp(&lf.fork_time)).then_with(|| r.cmp(&l))
+        });
+        let Some(elected) = elected else { continue };
+        let moved = std::mem::take(&mut chains[elected].requests);
+        for r in &moved {
+            by_source.insert(r.source_id.clone(), owner);
+        }
+        chains[owner].requests.extend(moved);
+        chains[owner].tail_source_id = chains[elected].tail_source_id.clone();
+        chains[owner].tail_hashes = chains[elected].tail_hashes.clone();
+        chains[owner].tail_end = chains[elected].tail_end;
+        chains[owner].tail_model = chains[elected].tail_model.clone();
+        chains[elected].spliced_into = Some(owner);
+        aliases.insert(elected, owner);
+        let Some(new_tail_source) = chains[owner].tail_source_id.clone() else { continue };
+        let new_tail_hashes = chains[owner].tail_hashes.clone();
+        let new_tail = &request_by_source[&new_tail_source];
+        for candidate in registered {
+            if candidate == elected || chains[candidate].spliced_into.is_some() {
+                continue;
+            }
+            let first = &chains[candidate].requests[0].request;
+            if new_tail.t > first.t + JOIN_EPSILON_SECONDS {
+                continue;
+            }
+            let depth = lcp(&new_tail_hashes, &first.hash_ids);
+            if depth == 0 {
+                continue;
+            }
+            let fork = chains[candidate].fork.as_mut().unwrap();
+            fork.fork_source_id = Some(new_tail_source.clone());
+            fork.depth = depth;
+            forks_by_source.entry(new_tail_source.clone()).or_default().push(candidate);
+            processed.remove(&new_tail_source);
+            keys.insert(new_tail_source.clone());
+        }
+    }
+}
+
+fn detect_chains(mut requests: Vec<Indexed>) -> Detection {
+    requests.sort_by(order);
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut by_source: HashMap<String, usize> = HashMap::new();
+    let mut forks_by_source: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut request_by_source: HashMap<String, Request> = HashMap::new();
+    for r in requests {
+        request_by_source.insert(r.source_id.clone(), r.request.clone());
+        if r.request.hash_ids.is_empty() {
+            if chains.is_empty() {
+                chains.push(Chain::default());
+            }
+            by_source.insert(r.source_id.clone(), 0);
+            chains[0].requests.push(r);
+            continue;
+        }
+        if chains.is_empty() {
+            chains.push(Chain::default());
+            append_chain(0, &mut chains[0], &mut by_source, r);
+            continue;
+        }
+        if let Some(t) = extension_target(&chains, &r.request) {
+            append_chain(t, &mut chains[t], &mut by_source, r);
+            continue;
+        }
+        if chains.iter().all(|c| c.tail_hashes.is_empty()) {
+            append_chain(0, &mut chains[0], &mut by_source, r);
+            continue;
+        }
+        let (parent, depth) = max_lcp_chain(&chains, &r.request.hash_ids);
+        let fork_source_id = parent.and_then(|p| chains[p].tail_source_id.clone());
+        let index = chains.len();
+        chains.push(Chain {
+            fork: Some(Fork { fork_source_id: fork_source_id.clone(), depth, fork_time: r.request.t }),
+            ..Default::default()
+        });
+        append_chain(index, &mut chains[index], &mut by_source, r);
+        if let Some(s) = fork_source_id.filter(|_| depth > 0) {
+            forks_by_source.entry(s).or_default().push(index);
+        }
+    }
+    resolve_seams(&mut chains, &mut forks_by_source, &mut by_source, &request_by_source);
+    let aliases: HashMap<usize, usize> =
+        chains.iter().enumerate().filter_map(|(i, c)| c.spliced_into.map(|o| (i, o))).collect();
+    let resolve = |mut i: usize| {
+        while let Some(&o) = aliases.get(&i) {
+            i = o;
+        }
+        i
+    };
+    let main_index = chains
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.spliced_into.is_none())
+        .min_by(|(_, l), (_, r)| order(&l.requests[0], &r.requests[0]))
+        .map(|(i, _)| resolve(i))
+        .unwrap_or(0);
+    let mut worker_indices: Vec<usize> = chains
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| (c.spliced_into.is_none() && i != main_index).then_some(i))
+        .collect();
+    worker_indices.sort_by(|&l, &r| order(&chains[l].requests[0], &chains[r].requests[0]));
+    Detection { chains, main_index, worker_indices }
+}
+
+fn streams_from(ns: &str, prefix: &str, d: &Detection, mut preamble: Vec<Indexed>) -> Vec<Stream> {
+    let mut out = Vec::with_capacity(1 + d.worker_indices.len());
+    let main = &d.chains[d.main_index];
+    let mut main_requests = main.requests.clone();
+    main_requests.append(&mut preamble);
+    main_requests.sort_by(order);
+    out.push(Stream {
+        session_id: format!("{ns}:session:{prefix}"),
+        requests: main_requests,
+        fork_source_id: main.fork.as_ref().and_then(|f| f.fork_source_id.clone()),
+        scope_id: format!("{ns}:scope:{prefix}"),
+    });
+    for (w, &c) in d.worker_indices.iter().enumerate() {
+        let chain = &d.chains[c];
+        out.push(Stream {
+            session_id: format!("{ns}:session:{prefix}:worker:{w}"),
+            requests: chain.requests.clone(),
+            fork_source_id: chain.fork.as_ref().and_then(|f| f.fork_source_id.clone()),
+            scope_id: format!("{ns}:scope:{prefix}"),
+        });
+    }
+    out
+}
+
+fn cross_stream_frontiers(
+    streams: &[Stream],
+    row_by_source: &HashMap<String, String>,
+    deps: &mut HashMap<String, Vec<RowDependency>>,
+) {
+    let mut by_scope: BTreeMap<&str, Vec<&Stream>> = BTreeMap::new();
+    for s in streams {
+        by_scope.entry(&s.scope_id).or_default().push(s);
+    }
+    for scoped in by_scope.values() {
+        for target_stream in scoped {
+            for target in &target_stream.requests {
+                let mut frontier = Vec::new();
+                for other in scoped {
+                    if std::ptr::eq(*other, *target_stream) {
+                        continue;
+                    }
+                    let latest = other
+                        .requests
+                        .iter()
+                        .filter(|c| c.request.t < target.request.t && request_end(&c.request) <= target.request.t + JOIN_EPSILON_SECONDS)
+                        .max_by(|l, r| {
+                            request_end(&l.request)
+                                .total_cmp(&request_end(&r.request))
+                                .then(l.request.t.total_cmp(&r.request.t))
+                                .then(l.source_id.cmp(&r.source_id))
+                        });
+                    if let Some(l) = latest {
+                        frontier.push(l);
+                    }
+                }
+                let pruned: Vec<&Indexed> = frontier
+                    .iter()
+                    .filter(|c| {
+                        !frontier.iter().any(|later| {
+                            c.request.t < later.request.t && request_end(&c.request) <= later.request.t + JOIN_EPSILON_SECONDS
+                        })
+                    })
+                    .copied()
+                    .collect();
+                for p in pruned {
+                    push_dep(
+                        deps.entry(target.source_id.clone()).or_default(),
+                        RowDependency {
+                            request_id: row_by_source[&p.source_id].clone(),
+                            trigger: Trigger::Completion,
+                            delay_ms: 0.0,
+                            relation: Relation::ReplayBarrier,
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn lower_trace(trace: &WekaTrace, rel: &str, ordinal: usize, relative: bool) -> Result<Vec<AgenticRow>, String> {
+    let ns = namespace(rel);
+    let play_id = format!("{ns}:play:{}", trace.id);
+    let mut top = Vec::new();
+    let mut explicit = Vec::new();
+    for (outer, e) in trace.requests.iter().enumerate() {
+        if let Some(r) = e.request() {
+            top.push(Indexed { source_id: format!("outer:{outer}"), source_order: outer, request: r.clone() });
+        } else if let Entry::Subagent(s) = e {
+            explicit.push((outer, s));
+        }
+    }
+    if top.is_empty() {
+        return Err(format!("Weka trace {rel} has no parent requests"));
+    }
+    let (pre, input) = split_preamble(top);
+    let det = detect_chains(input);
+    let mut streams = streams_from(&ns, "root", &det, pre);
+    let root_stream = streams.iter().position(|s| s.session_id.ends_with(":root")).expect("root stream");
+    let parent_count = streams.len();
+    let mut join_markers: Vec<(String, Vec<String>)> = Vec::new();
+    for (outer, sub) in explicit {
+        let blocking = validate_subagent(sub, rel)?;
+        let mut owners: Vec<(usize, &Indexed)> = streams[..parent_count]
+            .iter()
+            .enumerate()
+            .flat_map(|(si, s)| s.requests.iter().filter(move |r| r.source_order < outer).map(move |r| (si, r)))
+            .collect();
+        owners.sort_by_key(|(_, r)| r.source_order);
+        let Some((owner_stream, owner)) = owners.pop() else {
+            return Err(format!(
+                "Weka trace {rel} has subagent {} at outer index {outer} without a preceding parent request",
+                sub.agent_id
+            ));
+        };
+        if owners.last().is_some_and(|(_, c)| c.source_order == owner.source_order) {
+            return Err(format!(
+                "Weka trace {rel} has ambiguous parent-stream ownership for subagent {} at outer index {outer}",
+                sub.agent_id
+            ));
+        }
+        let spawn_source = owner.source_id.clone();
+        let mut inner = Vec::with_capacity(sub.requests.len());
+        for (i, e) in sub.requests.iter().enumerate() {
+            let mut r = e.request().clone();
+            r.t = nested_time(r.t, sub.t, relative, rel, &trace.id, &sub.agent_id, i)?;
+            validate_request(&r, rel)?;
+            inner.push(Indexed { source_id: format!("outer:{outer}:inner:{i}"), source_order: i, request: r });
+        }
+        if inner.is_empty() {
+            continue;
+        }
+        let (pre, input) = split_preamble(inner);
+        let cdet = detect_chains(input);
+        let prefix = format!("subagent:{outer}:{}", sub.agent_id);
+        let mut child = streams_from(&ns, &prefix, &cdet, pre);
+        let suffix = format!(":{prefix}");
+        let croot = child.iter_mut().find(|s| s.session_id.ends_with(&suffix)).expect("subagent root stream");
+        croot.fork_source_id = Some(spawn_source);
+        croot.scope_id = croot.session_id.clone();
+        let scope = croot.scope_id.clone();
+        for s in &mut child {
+            s.scope_id = scope.clone();
+        }
+        let join_source = if blocking {
+            let end = subagent_end(sub, relative)?;
+            streams[owner_stream]
+                .requests
+                .iter()
+                .filter(|r| r.source_order > outer && r.request.t + JOIN_EPSILON_SECONDS >= end)
+                .min_by_key(|r| r.source_order)
+                .map(|r| r.source_id.clone())
+        } else {
+            None
+        };
+        let range = streams.len()..streams.len() + child.len();
+        streams.extend(child);
+        if let Some(j) = join_source {
+            let terminals: Vec<String> =
+                range.filter_map(|i| streams[i].requests.last()).map(|r| r.source_id.clone()).collect();
+            if !terminals.is_empty() {
+                join_markers.push((j, terminals));
+            }
+        }
+    }
+    let root_time = streams.iter().flat_map(|s| s.requests.iter()).map(|r| r.request.t).fold(f64::INFINITY, f64::min);
+    let mut row_by_source: HashMap<String, String> = HashMap::new();
+    let mut request_by_source: HashMap<String, &Indexed> = HashMap::new();
+    for s in &streams {
+        for r in &s.requests {
+            row_by_source.insert(r.source_id.clone(), format!("{ns}:request:{}", r.source_id));
+            request_by_source.insert(r.source_id.clone(), r);
+        }
+    }
+    let root_source = streams[root_stream].requests.first().expect("root stream is non-empty").source_id.clone();
+    let mut deps: HashMap<String, Vec<RowDependency>> = HashMap::new();
+    for s in &streams {
+        for w in s.requests.windows(2) {
+            push_dep(
+                deps.entry(w[1].source_id.clone()).or_default(),
+                RowDependency {
+                    request_id: row_by_source[&w[0].source_id].clone(),
+                    trigger: Trigger::Completion,
+                    delay_ms: ms(w[1].request.t - request_end(&w[0].request)),
+                    relation: Relation::Sequence,
+                },
+            );
+        }
+    }
+    for s in &streams {
+        let (Some(first), Some(spawn)) = (s.requests.first(), s.fork_source_id.as_ref()) else { continue };
+        let parent = request_by_source.get(spawn).ok_or_else(|| format!("spawn source {spawn} is missing"))?;
+        let (trigger, delay) = if first.request.t < request_end(&parent.request) {
+            (Trigger::Dispatch, ms(first.request.t - parent.request.t))
+        } else {
+            (Trigger::Completion, ms(first.request.t - request_end(&parent.request)))
+        };
+        push_dep(
+            deps.entry(first.source_id.clone()).or_default(),
+            RowDependency { request_id: row_by_source[spawn].clone(), trigger, delay_ms: delay, relation: Relation::Spawn },
+        );
+    }
+    cross_stream_frontiers(&streams, &row_by_source, &mut deps);
+    for (target, terminals) in join_markers {
+        for term in terminals {
+            let t = request_by_source[&target];
+            let e = request_by_source[&term];
+            push_dep(
+                deps.entry(target.clone()).or_default(),
+                RowDependency {
+                    request_id: row_by_source[&term].clone(),
+                    trigger: Trigger::Completion,
+                    delay_ms: ms(t.request.t - request_end(&e.request)),
+                    relation: Relation::Join,
+                },
+            );
+        }
+    }
+    for s in &streams {
+        let Some(first) = s.requests.first() else { continue };
+        if first.source_id == root_source || deps.get(&first.source_id).is_some_and(|e| !e.is_empty()) {
+            continue;
+        }
+        push_dep(
+            deps.entry(first.source_id.clone()).or_default(),
+            RowDependency {
+                request_id: row_by_source[&root_source].clone(),
+                trigger: Trigger::Dispatch,
+                delay_ms: ms(first.request.t - streams[root_stream].requests[0].request.t),
+                relation: Relation::Spawn,
+            },
+        );
+    }
+    let mut rows = Vec::new();
+    let mut used = FxHashMap::default();
+    for s in &streams {
+        for r in &s.requests {
+            let request_id = row_by_source[&r.source_id].clone();
+            let hashes = normalized_hashes(rel, &request_id, &r.request, trace.block_size, &mut used)?;
+            rows.push(AgenticRow {
+                request_id,
+                play_id: play_id.clone(),
+                source_play_ordinal: Some(ordinal),
+                session_id: s.session_id.clone(),
+                model: r.request.model.clone(),
+                input_length: Some(r.request.input_length),
+                output_length: Some(r.request.output_length),
+                output_token_ids: None,
+                hash_ids: Some(hashes),
+                not_before_ms: ms(r.request.t - root_time),
+                recorded_api_time_ms: r.request.api_time.map(ms),
+                priority: None,
+                strict_priority: None,
+                policy_class: None,
+                dependencies: deps.remove(&r.source_id).unwrap_or_default(),
+            });
+        }
+    }
+    let expected: usize = trace
+        .requests
+        .iter()
+        .map(|e| match e {
+            Entry::Normal(_) | Entry::Streaming(_) => 1,
+            Entry::Subagent(s) => s.requests.len(),
+        })
+        .sum();
+    if rows.len() != expected {
+        return Err(format!("Weka trace {rel} did not lower every source request (orphan subagents are unsupported)"));
+    }
+    Ok(rows)
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Print the reference numbers behind crates/perf/tests/golden.rs.
+
+Run with the aisimulate reference venv's python (aisimulate 0.13.0.dev202610270000000085):
+
+    $AISIM_REF_VENV/bin/python scripts/ais_goldens.py
+
+Step times: `RustForwardPassPerfModel.best_available(cfg)`, then `static_phase_diagnostics(...)`
+summed over ops for a prefill (batch, isl, prefix) and for one decode step at
+`context_length = context - 1` (what servesim's `decode_ms(batch, context)` answers), and
+`estimate_forward_pass_time_ms` for forward passes (one FPM per attention-DP rank; the
+reference takes the slowest rank). The engine-facing timer is checked against the forward
+passes Dynamo 1.6.1's AIS session builds (`dynamo/_internal/ais.py`): a prefill of `batch`
+requests of mean length `isl` with `prefix` cached is `{P: batch, T: batch·(isl − prefix),
+C: batch·prefix}`, a decode step at mean context `c` is `{D: batch, K: batch·(c + 1)}`. KV capacity: `estimate_num_gpu_blocks(...)` with
+max_num_tokens 8192, max_batch_size 256 and the backend's default memory fraction of the
+total (vLLM 0.9, SGLang 0.88).
+"""
+import json
+
+from aisimulate_core.sdk import RustForwardPassPerfModel
+from aisimulate_core.sdk.memory.kv_cache import estimate_num_gpu_blocks
+
+MIXED = {"num_prefill_requests": 3, "sum_prefill_tokens": 2000, "sum_prefill_kv_tokens": 3000,
+         "num_decode_requests": 100, "sum_decode_kv_tokens": 70000}
+DECODE_RANK = {"num_decode_requests": 40, "sum_decode_kv_tokens": 40 * 3000}
+
+STEPS = [
+    ({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "tp": 2},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("prefill", (3, 33000, 0)), ("decode", (16, 1100)),
+      ("decode", (7, 131072)), ("fpm", [MIXED])]),
+    ({"model": "meta-llama/Meta-Llama-3.1-8B", "system": "h100_sxm", "backend": "sglang", "tp": 1},
+     [("prefill", (4, 777, 0)), ("decode", (256, 8000)), ("decode", (1024, 1024))]),
+    ({"model": "Qwen/Qwen3-8B", "system": "h100_sxm", "backend": "vllm", "tp": 4},
+     [("prefill", (1, 20000, 0)), ("decode", (33, 5000))]),
+    # Mixture of experts.
+    ({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2},
+     [("timer_prefill", (2, 2500, 700)), ("timer_decode", (16, 1100)), ("prefill", (4, 1000, 0)), ("prefill", (2, 2500, 700)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)),
+      ("decode", (1024, 1024)), ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3-235B-A22B", "system": "h100_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1},
+     [("prefill", (1, 8192, 0)), ("decode", (64, 4097))]),
+    ({"model": "openai/gpt-oss-20b", "system": "h200_sxm", "backend": "trtllm", "tp": 1, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 3000, 0)), ("decode", (33, 5000)), ("fpm", [MIXED, DECODE_RANK])]),
+    ({"model": "Qwen/Qwen3-30B-A3B-FP8", "system": "h100_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 2, "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (128, 1500))]),
+]
+
+KV = [
+    ("Qwen/Qwen3-32B", "h200_sxm", "vllm", dict(tp_size=2), 64),
+    ("Qwen/Qwen3-8B", "h100_sxm", "vllm", dict(tp_size=1), 64),
+    ("Qwen/Qwen3-32B", "h200_sxm", "sglang", dict(tp_size=2), 1),
+    ("meta-llama/Meta-Llama-3.1-70B", "h100_sxm", "vllm", dict(tp_size=4), 16),
+    ("Qwen/Qwen3-30B-A3B", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
+    ("Qwen/Qwen3-235B-A22B", "h200_sxm", "sglang", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 1),
+    ("Qwen/Qwen3-30B-A3B-FP8", "h100_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 16),
+    ("openai/gpt-oss-20b", "h100_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 16),
+]
+
+
+def main():
+    for cfg, queries in STEPS:
+        m = RustForwardPassPerfModel.best_available({**cfg, "worker_type": "aggregated"})
+        for kind, q in queries:
+            if kind == "prefill":
+                ops = m.static_phase_diagnostics(batch_size=q[0], context_length=q[1], prefill=True, prefix=q[2])
+                v = sum(o["latency_ms"] for o in ops)
+            elif kind == "decode":
+                ops = m.static_phase_diagnostics(batch_size=q[0], context_length=q[1] - 1, prefill=False)
+                v = sum(o["latency_ms"] for o in ops)
+            elif kind == "timer_prefill":
+                b, isl, pre = q
+                v = m.estimate_forward_pass_time_ms({"scheduled_requests": {
+                    "num_prefill_requests": b, "sum_prefill_tokens": b * (isl - pre), "sum_prefill_kv_tokens": b * pre}})
+            elif kind == "timer_decode":
+                b, c = q
+                v = m.estimate_forward_pass_time_ms({"scheduled_requests": {
+                    "num_decode_requests": b, "sum_decode_kv_tokens": b * (c + 1)}})
+            else:
+                v = max(m.estimate_forward_pass_time_ms({"scheduled_requests": r}) for r in q)
+            print(json.dumps({"cfg": cfg, "kind": kind, "q": q, "ms": repr(v)}))
+    for model, system, backend, par, block in KV:
+        frac = 0.9 if backend == "vllm" else 0.88
+        r = estimate_num_gpu_blocks(model, system, backend, scheduler_block_size=block, max_num_tokens=8192,
+                                    max_batch_size=256, memory_fraction_kind="of_total", memory_fraction_value=frac, **par)
+        print(json.dumps({"kv": [model, system, backend, par, block], "blocks": r}, default=str))
+
+
+if __name__ == "__main__":
+    main()
