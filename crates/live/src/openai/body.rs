@@ -20,7 +20,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 use serde_json::{Map, Value};
 
 use super::messages::MessagesSeed;
-use super::prompt::PromptSeed;
+use super::prompt::MaybePromptSeed;
 pub use super::prompt::PromptIn;
 use super::ApiError;
 
@@ -193,7 +193,7 @@ impl<'de> Visitor<'de> for BodyVisitor<'_> {
                 let v = map.next_value_seed(Kept { limits: self.limits, param })?;
                 *(if key == "tools" { &mut body.tools } else { &mut body.chat_template_kwargs }) = Some(v);
             } else if !chat && key == "prompt" {
-                body.prompt = Some(map.next_value_seed(PromptSeed { max_model_len: self.max_model_len })?);
+                body.prompt = map.next_value_seed(MaybePromptSeed { max_model_len: self.max_model_len })?;
             } else {
                 map.next_value::<IgnoredAny>()?;
             }

@@ -35,6 +35,37 @@ impl<'de> DeserializeSeed<'de> for PromptSeed {
     }
 }
 
+/// A `prompt` that may be null: null is no prompt, as an absent one (not a JSON error).
+pub(super) struct MaybePromptSeed {
+    pub(super) max_model_len: u32,
+}
+
+impl<'de> DeserializeSeed<'de> for MaybePromptSeed {
+    type Value = Option<PromptIn>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<PromptIn>, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MaybePromptSeed {
+    type Value = Option<PromptIn>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a prompt or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Option<PromptIn>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Option<PromptIn>, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<PromptIn>, D::Error> {
+        PromptSeed { max_model_len: self.max_model_len }.deserialize(d).map(Some)
+    }
+}
+
 /// One item of a prompt list.
 enum PromptItem {
     /// A token id (or the text of one that is out of range).

@@ -301,6 +301,9 @@ mod tests {
         assert_eq!(err(r#"{"prompt": ["a", "b"]}"#).param.as_deref(), Some("prompt"));
         assert_eq!(err(r#"{"prompt": ""}"#).param.as_deref(), Some("prompt"));
         assert_eq!(err(r#"{"max_tokens": 3}"#).param.as_deref(), Some("prompt"));
+        // null is a missing prompt, not invalid JSON (found by the property test).
+        assert_eq!(err(r#"{"prompt": null}"#).message, "'prompt' is required");
+        assert_eq!(err(r#"{"prompt": "x", "prompt": null}"#).message, "'prompt' is required");
         assert!(err("{not json").message.contains("not valid JSON"));
         assert!(err("[1, 2]").message.contains("JSON object"));
         assert_eq!(err(r#"{"prompt": "x", "min_tokens": 20, "max_tokens": 10}"#).param.as_deref(), Some("min_tokens"));
