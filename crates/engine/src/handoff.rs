@@ -9,6 +9,8 @@
 
 use std::collections::VecDeque;
 
+use crate::config::EngineConfig;
+use crate::output::RejectReason;
 use crate::request::EngineRequest;
 
 /// A destination reservation that succeeded.
@@ -30,6 +32,19 @@ pub(crate) struct Destinations {
 impl Destinations {
     pub fn push(&mut self, request: EngineRequest) {
         self.pending.push_back(request);
+    }
+
+    /// Accepts a request whose KV needs `blocks` blocks (pages) here, unless it can never be
+    /// reserved: its prompt reaches `max_model_len`, or the cache has fewer blocks.
+    pub fn accept(&mut self, request: EngineRequest, blocks: u32, cfg: &EngineConfig) -> Result<(), RejectReason> {
+        if cfg.max_model_len.is_some_and(|m| request.prompt.len() >= m) {
+            return Err(RejectReason::ExceedsMaxModelLen);
+        }
+        if blocks > cfg.num_gpu_blocks {
+            return Err(RejectReason::ExceedsKvCapacity);
+        }
+        self.push(request);
+        Ok(())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -65,6 +80,29 @@ impl Destinations {
     pub fn pop(&mut self) -> EngineRequest {
         self.head_failed_in = None;
         self.pending.pop_front().expect("a due head")
+    }
+
+    /// Ends an attempt at a head taken with [`Destinations::pop`]: a reservation that failed
+    /// puts the request back at the head, to wait for the next capacity change.
+    pub fn settle(&mut self, outcome: Result<Reserved, EngineRequest>) -> Option<Reserved> {
+        match outcome {
+            Ok(reserved) => Some(reserved),
+            Err(request) => {
+                self.push_front(request);
+                self.failed();
+                None
+            }
+        }
+    }
+
+    /// Request `id` is cancelled: true if it was waiting here for its pages (it is gone now).
+    /// Otherwise the engine holds it and frees it, which may free capacity for the head.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if self.remove(id) {
+            return true;
+        }
+        self.bump();
+        false
     }
 
     /// Removes request `id` (cancelled before its pages were reserved).

@@ -14,6 +14,7 @@ pub mod output;
 pub mod pool;
 pub mod profile;
 pub mod request;
+mod sequence;
 pub mod sglang;
 pub mod speculative;
 pub mod timing;

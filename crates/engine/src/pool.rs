@@ -221,6 +221,14 @@ impl BlockPool {
         self.num_inactive += 1;
     }
 
+    /// Releases every copy of a request's lease, last block first: the end of a sequence
+    /// becomes evictable before its prefix.
+    pub fn release_lease(&mut self, lease: &[u32]) {
+        for &copy in lease.iter().rev() {
+            self.release(copy);
+        }
+    }
+
     fn acquire(&mut self, hash: u64) -> u32 {
         let first = self.first_copy(hash).expect("prefix hit must be resident");
         // Prefer a copy that is already referenced; otherwise reactivate an inactive one.

@@ -111,10 +111,14 @@ impl EngineRequest {
         EngineRequest { id, prompt, max_output, token_seed, hashes: None, planned_output: None }
     }
 
-    /// Output length (the planned tokens' count when there are some) and how its tokens are
-    /// chosen.
+    /// Output length: the planned tokens' count when there are some.
+    pub(crate) fn output_len(&self) -> u32 {
+        self.planned_output.as_ref().map_or(self.max_output, |p| p.len() as u32)
+    }
+
+    /// Output length (see [`EngineRequest::output_len`]) and how its tokens are chosen.
     pub(crate) fn output_plan(&self, reasoning: Option<&ReasoningConfig>) -> (u32, OutputPlan) {
-        let len = self.planned_output.as_ref().map_or(self.max_output, |p| p.len() as u32);
+        let len = self.output_len();
         (len, OutputPlan::new(self.token_seed, self.planned_output.clone(), reasoning, len))
     }
 }

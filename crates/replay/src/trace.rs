@@ -316,7 +316,7 @@ fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32, first: bool) -> 
         }
     }
     if let Some(d) = row.delay {
-        if !d.is_finite() || d < 0.0 || d > MAX_TIME_MS {
+        if !d.is_finite() || !(0.0..=MAX_TIME_MS).contains(&d) {
             return Err(err(Some("delay"), format!("must be a finite number of milliseconds in 0..={MAX_TIME_MS:e}, got {d}")));
         }
     }

@@ -23,6 +23,9 @@ use crate::input::{Lines, TraceInput};
 use crate::trace::{Ids, MAX_TIME_MS};
 use crate::workload::{SessionSpec, TurnMeta, TurnSpec, Workload};
 
+/// A Dynamo trace lowered to the load it describes (one value per file, so the size
+/// difference between the variants does not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Lowered {
     Standard(Workload),
     Agentic(AgenticGraph),
@@ -173,7 +176,7 @@ pub fn load(paths: &[PathBuf], expected_block_size: Option<u32>, speedup: f64) -
                     return Err(err(format!("duplicate request_id {:?}", req.request_id)));
                 }
                 let total = match req.total_time_ms {
-                    Some(v) if !(v.is_finite() && v >= 0.0 && v <= MAX_TIME_MS) => {
+                    Some(v) if !(v.is_finite() && (0.0..=MAX_TIME_MS).contains(&v)) => {
                         return Err(err("request duration must be finite and nonnegative".into()))
                     }
                     Some(v) => Some(v.round() as u64),

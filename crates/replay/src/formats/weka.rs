@@ -559,7 +559,7 @@ fn normalized_hashes(
     used: &mut FxHashMap<u64, Box<str>>,
 ) -> Result<Vec<u64>, String> {
     let full = r.input_length / bs;
-    let partial = r.input_length % bs != 0;
+    let partial = !r.input_length.is_multiple_of(bs);
     let mut out = Vec::with_capacity(full as usize + usize::from(partial));
     for b in 0..full as usize {
         let identity = match r.hash_ids.get(b) {

@@ -1,0 +1,273 @@
+//! Engine configuration: Dynamo's `MockEngineArgs` in either of its JSON shapes.
+//!
+//! * the canonical nested form printed by Dynamo 1.6.1 (`{"engine": {...}, "dp_size": 1, ...}`);
+//! * the flat `MockEngineArgs` form of earlier releases (`{"block_size": 16, "num_gpu_blocks": ...}`).
+//!
+//! Defaults are Dynamo's. Unknown keys are rejected by name; keys that Dynamo accepts but that
+//! describe something servesim does not model are accepted only with a neutral value.
+//!
+//! The types live here; [`WorkerArgs`] and the deployment keys in `worker`, reading both JSON
+//! shapes into raw fields in `read`, defaults and validation in `normalise`.
+
+mod normalise;
+mod read;
+#[cfg(test)]
+mod tests;
+mod worker;
+
+use serde_json::{json, Value};
+
+use crate::json::{Field, Result};
+use crate::request::ReasoningConfig;
+use crate::speculative::SpeculativeConfig;
+use crate::timing::{TimerFactory, TimingModel, Unresolved};
+
+pub use worker::{Deployment, KvTransfer, KvTransferTimingMode, WorkerArgs};
+
+/// Reads a file a configuration refers to (a timing profile). The engine crate itself never
+/// touches the filesystem; callers decide how paths resolve.
+pub type FileLoader<'a> = &'a dyn Fn(&str) -> std::result::Result<Vec<u8>, String>;
+
+fn no_files(path: &str) -> std::result::Result<Vec<u8>, String> {
+    Err(format!("cannot read {path}: no file access in this context"))
+}
+
+/// What reading a configuration may use besides the JSON itself.
+#[derive(Clone, Copy)]
+pub struct ConfigEnv<'a> {
+    /// Reads files the configuration refers to (timing profiles).
+    pub files: FileLoader<'a>,
+    /// Builds external timing models (`{"type": "external", ...}`); None refuses them.
+    pub timers: Option<TimerFactory<'a>>,
+}
+
+impl ConfigEnv<'static> {
+    /// No files, no external models.
+    pub const NONE: ConfigEnv<'static> = ConfigEnv { files: &no_files, timers: None };
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Vllm,
+    Sglang,
+    Trtllm,
+}
+
+impl Backend {
+    pub const NAMES: [&'static str; 3] = ["vllm", "sglang", "trtllm"];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// Block size used when the configuration leaves it at 0 or unset.
+    pub fn default_block_size(self) -> u32 {
+        match self {
+            Backend::Vllm => 64,
+            Backend::Sglang => 1,
+            Backend::Trtllm => 32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptionMode {
+    /// Preempt the most recently admitted running request (vLLM's default).
+    Lifo,
+    /// Preempt the oldest running request.
+    Fifo,
+}
+
+/// What a worker does in its cluster: everything, or one side of disaggregated serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    Aggregated,
+    /// Computes prompts; holds a finished prompt's KV until the decode side has it.
+    Prefill,
+    /// Receives prompts computed elsewhere and generates the tokens.
+    Decode,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        WORKER_TYPES[self as usize]
+    }
+}
+
+/// SGLang scheduler knobs (the `sglang` section).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SglangSettings {
+    /// Longest-prefix-match ordering of the waiting queue instead of FIFO.
+    pub lpm: bool,
+    /// Prompt tokens one pass may prefill.
+    pub max_prefill_tokens: u32,
+    /// Largest prompt chunk per pass.
+    pub chunked_prefill_size: u32,
+    /// Output tokens per request counted when reserving decode headroom.
+    pub clip_max_new_tokens: u32,
+    /// In [0, 1]; scales the fraction of future output reserved for running requests.
+    pub schedule_conservativeness: f64,
+}
+
+impl Default for SglangSettings {
+    fn default() -> Self {
+        SglangSettings {
+            lpm: false,
+            max_prefill_tokens: 16384,
+            chunked_prefill_size: 8192,
+            clip_max_new_tokens: 4096,
+            schedule_conservativeness: 1.0,
+        }
+    }
+}
+
+/// A normalised engine configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    pub backend: Backend,
+    /// KV capacity in blocks (per data-parallel rank).
+    pub num_gpu_blocks: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    pub max_model_len: Option<u32>,
+    /// Maximum running requests (None = unbounded).
+    pub max_num_seqs: Option<u32>,
+    /// Per-pass token budget (None = unbounded).
+    pub max_num_batched_tokens: Option<u32>,
+    pub enable_prefix_caching: bool,
+    pub enable_chunked_prefill: bool,
+    /// Divides every predicted duration (≤ 0 leaves durations unscaled, as in Dynamo).
+    pub speedup_ratio: f64,
+    /// Extra divisor for decode time only.
+    pub decode_speedup_ratio: f64,
+    pub preemption_mode: PreemptionMode,
+    pub role: Role,
+    pub timing: TimingModel,
+    pub sglang: SglangSettings,
+    /// Speculative decoding (MTP), when `aic_nextn` is set.
+    pub speculative: Option<SpeculativeConfig>,
+    /// Thinking tokens around the start of every generated output.
+    pub reasoning: Option<ReasoningConfig>,
+    /// Why a timing profile was replaced by the polynomial model (the user allowed it).
+    pub timing_fallback: Option<String>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        WorkerArgs::default().engine
+    }
+}
+
+impl EngineConfig {
+    /// Parses a JSON document in either shape (without file access); deployment keys are
+    /// checked and dropped.
+    pub fn parse_json(text: &str) -> Result<Self> {
+        WorkerArgs::parse_json(text).map(|w| w.engine)
+    }
+
+    /// Parses a JSON document, reading referenced files (timing profiles) through `files`.
+    pub fn parse_json_with(text: &str, files: FileLoader) -> Result<Self> {
+        WorkerArgs::parse_json_env(text, ConfigEnv { files, timers: None }).map(|w| w.engine)
+    }
+
+    /// Reads a parsed JSON value in either shape (without file access).
+    pub fn from_value(value: &Value) -> Result<Self> {
+        WorkerArgs::from_value(value).map(|w| w.engine)
+    }
+
+    /// Reads a parsed JSON value, reading referenced files through `files`.
+    pub fn from_value_with(value: &Value, files: FileLoader) -> Result<Self> {
+        Self::from_value_env(value, ConfigEnv { files, timers: None })
+    }
+
+    /// Reads a parsed JSON value, resolving files and external timing models through `env`.
+    pub fn from_value_env(value: &Value, env: ConfigEnv) -> Result<Self> {
+        WorkerArgs::from_value_env(value, env).map(|w| w.engine)
+    }
+
+    /// Total KV tokens of one rank.
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        self.num_gpu_blocks as u64 * self.block_size as u64
+    }
+
+    /// The configuration of one rank of a worker with `dp_size` attention data-parallel ranks:
+    /// SGLang divides the chunk budget among the ranks and scales the admission ratio by 0.3 at
+    /// launch (`handle_data_parallelism`); vLLM and TRT-LLM ranks are plain copies.
+    pub fn for_attention_dp(&self, dp_size: u32) -> EngineConfig {
+        let mut rank = self.clone();
+        if self.backend == Backend::Sglang && dp_size > 1 {
+            rank.sglang.chunked_prefill_size /= dp_size;
+            rank.sglang.schedule_conservativeness *= 0.3;
+        }
+        rank
+    }
+
+    /// The `engine` section of the canonical form (without the deployment's transfer keys).
+    fn canonical_engine_json(&self) -> Value {
+        let timing = match &self.timing {
+            TimingModel::Polynomial => json!({"type": "polynomial"}),
+            TimingModel::Fixed { prefill_ms, decode_ms } => {
+                json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
+            }
+            TimingModel::Interpolated { path, .. } => json!({"type": "interpolated", "path": path}),
+            TimingModel::External(e) => {
+                json!({"type": "external", "provider": e.provider, "config": e.timer().config()})
+            }
+        };
+        json!({
+                "backend": self.backend.name(),
+                "num_gpu_blocks": self.num_gpu_blocks,
+                "block_size": self.block_size,
+                "max_model_len": self.max_model_len,
+                "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "enable_chunked_prefill": self.enable_chunked_prefill,
+                "speedup_ratio": self.speedup_ratio,
+                "decode_speedup_ratio": self.decode_speedup_ratio,
+                "worker_type": self.role.name(),
+                "preemption_mode": match self.preemption_mode {
+                    PreemptionMode::Lifo => "lifo",
+                    PreemptionMode::Fifo => "fifo",
+                },
+                "timing_model": timing,
+                "aic_nextn": self.speculative.as_ref().map(|s| s.nextn),
+                "aic_nextn_accept_rates": self.speculative.as_ref().map(|s| {
+                    s.accept_rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+                }),
+                "aic_mtp_seed": self.speculative.as_ref().map_or(42, |s| s.seed),
+        })
+    }
+}
+
+/// Fields as read, before defaults and validation.
+#[derive(Default)]
+struct RawConfig {
+    backend: Field<usize>,
+    num_gpu_blocks: Field<u32>,
+    block_size: Field<u32>,
+    max_model_len: Field<u32>,
+    max_num_seqs: Field<u32>,
+    max_num_batched_tokens: Field<u32>,
+    enable_prefix_caching: Field<bool>,
+    enable_chunked_prefill: Field<bool>,
+    speedup_ratio: Field<f64>,
+    decode_speedup_ratio: Field<f64>,
+    preemption_mode: Field<usize>,
+    role: Field<usize>,
+    timing: Option<Unresolved>,
+    dp_size: Field<u32>,
+    tensor_parallel_size: Field<u32>,
+    startup_time: Field<f64>,
+    kv_bytes_per_token: Field<u64>,
+    kv_transfer_bandwidth: Field<f64>,
+    kv_transfer_timing_mode: Field<usize>,
+    sglang: SglangSettings,
+    sglang_page_size: Field<u32>,
+    nextn: Field<u32>,
+    accept_rates: Option<(String, Vec<f64>)>,
+    mtp_seed: Field<u64>,
+    reasoning: Option<ReasoningConfig>,
+}
+
+const WORKER_TYPES: [&str; 3] = ["aggregated", "prefill", "decode"];

@@ -1,0 +1,178 @@
+//! From raw fields to a [`WorkerArgs`]: defaults, the checks across keys, and timing models
+//! resolved (profiles read, external models built).
+
+use super::{
+    Backend, ConfigEnv, Deployment, EngineConfig, KvTransfer, KvTransferTimingMode, PreemptionMode, RawConfig, Role,
+    WorkerArgs,
+};
+use crate::json::{ConfigError, Field, Result};
+use crate::profile::Profile;
+use crate::speculative::SpeculativeConfig;
+use crate::timing::{ExternalTimer, TimingModel, Unresolved};
+
+impl RawConfig {
+    pub(super) fn normalise(self, env: ConfigEnv) -> Result<WorkerArgs> {
+        let (timing, timing_fallback) = match self.timing {
+            None => (TimingModel::Polynomial, None),
+            Some(Unresolved::Model(model)) => (model, None),
+            Some(Unresolved::Timer(t)) => {
+                let Some(build) = env.timers else {
+                    return Err(ConfigError::new(
+                        t.key,
+                        format!("the external timing model {:?} is not available here", t.provider),
+                    ));
+                };
+                let timer = build(&t.key, &t.provider, &t.config)?;
+                (TimingModel::External(ExternalTimer::new(t.provider, timer)), None)
+            }
+            Some(Unresolved::Profile(r)) => {
+                let loaded = (env.files)(&r.path)
+                    .and_then(|bytes| Profile::from_npz(&bytes).map_err(|e| format!("{}: {e}", r.path)));
+                match loaded {
+                    Ok(profile) => (TimingModel::Interpolated { path: r.path, profile: profile.into() }, None),
+                    Err(why) if r.fallback => (TimingModel::Polynomial, Some(why)),
+                    Err(why) => return Err(ConfigError::new(r.key, why)),
+                }
+            }
+        };
+        let backend = match self.backend.or(0) {
+            0 => Backend::Vllm,
+            1 => Backend::Sglang,
+            _ => Backend::Trtllm,
+        };
+        let page_size = self.sglang_page_size.set().filter(|_| backend == Backend::Sglang);
+        let block_size = match (self.block_size.or(0), page_size) {
+            (0, Some(page)) => page,
+            (0, None) => backend.default_block_size(),
+            (bs, Some(page)) if bs != page => {
+                return Err(ConfigError::new(
+                    "sglang.page_size",
+                    format!("block_size ({bs}) and sglang.page_size ({page}) need to match"),
+                ))
+            }
+            (bs, _) => bs,
+        };
+        if backend == Backend::Sglang && !self.sglang.chunked_prefill_size.is_multiple_of(block_size) {
+            return Err(ConfigError::new(
+                "sglang.chunked_prefill_size",
+                format!("{} is not a multiple of the page size {block_size}", self.sglang.chunked_prefill_size),
+            ));
+        }
+        if backend == Backend::Sglang && self.enable_chunked_prefill == Field::Set(false) {
+            return Err(ConfigError::new(
+                "enable_chunked_prefill",
+                "enable_chunked_prefill=false is not supported for backend=sglang",
+            ));
+        }
+        let positive = |field: Field<u32>, name: &str| -> Result<()> {
+            if let Field::Set(0) = field {
+                return Err(ConfigError::new(name, "must be at least 1"));
+            }
+            Ok(())
+        };
+        positive(self.num_gpu_blocks, "num_gpu_blocks")?;
+        positive(self.max_model_len, "max_model_len")?;
+        positive(self.max_num_seqs, "max_num_seqs")?;
+        positive(self.max_num_batched_tokens, "max_num_batched_tokens")?;
+        positive(self.dp_size, "dp_size")?;
+        positive(self.tensor_parallel_size, "tensor_parallel_size")?;
+        let ratio = |field: Field<f64>, name: &str| -> Result<f64> {
+            let v = field.or(1.0);
+            if !v.is_finite() || v < 0.0 {
+                return Err(ConfigError::new(name, format!("must be a finite number ≥ 0, got {v}")));
+            }
+            Ok(v)
+        };
+        let role = match self.role.or(0) {
+            0 => Role::Aggregated,
+            1 => Role::Prefill,
+            _ => Role::Decode,
+        };
+        let dp_size = self.dp_size.or(1);
+        if backend == Backend::Sglang && dp_size > 1 {
+            // SGLang's attention DP gives each rank chunked_prefill_size / dp_size.
+            let cps = self.sglang.chunked_prefill_size;
+            let per_rank = cps / dp_size;
+            if per_rank == 0 {
+                return Err(ConfigError::new(
+                    "dp_size",
+                    format!("SGLang attention DP size {dp_size} reduces chunked_prefill_size={cps} to zero"),
+                ));
+            }
+            if per_rank < block_size {
+                return Err(ConfigError::new(
+                    "dp_size",
+                    format!(
+                        "SGLang attention DP size {dp_size} reduces chunked_prefill_size={cps} to {per_rank} per \
+                         rank, less than one page ({block_size} tokens): no prompt could be prefilled"
+                    ),
+                ));
+            }
+        }
+        if let Field::Set(t) = self.startup_time {
+            if !t.is_finite() || t < 0.0 {
+                return Err(ConfigError::new("startup_time", "must be a finite number of seconds ≥ 0"));
+            }
+        }
+        let kv_transfer_bandwidth = self.kv_transfer_bandwidth.set();
+        if let Some(b) = kv_transfer_bandwidth {
+            if !b.is_finite() || b < 0.0 {
+                return Err(ConfigError::new("kv_transfer_bandwidth", "must be a finite number of GB/s ≥ 0"));
+            }
+        }
+        let speculative = match (self.nextn.set(), self.accept_rates) {
+            (None, Some((path, _))) => {
+                return Err(ConfigError::new(path, "accept rates need aic_nextn (speculative decoding) to be set"))
+            }
+            (None, None) => None,
+            (Some(n), rates) => {
+                if !(1..=5).contains(&n) {
+                    return Err(ConfigError::new("aic_nextn", format!("must be between 1 and 5, got {n}")));
+                }
+                if self.decode_speedup_ratio.or(1.0) != 1.0 {
+                    return Err(ConfigError::new(
+                        "decode_speedup_ratio",
+                        "must stay 1.0 with aic_nextn: speculative decoding already models the speedup",
+                    ));
+                }
+                let mut rates = rates.map_or_else(|| SpeculativeConfig::DEFAULT_RATES.to_vec(), |(_, r)| r);
+                rates.resize(n as usize, 0.0);
+                Some(SpeculativeConfig { nextn: n, accept_rates: rates, seed: self.mtp_seed.or(42) })
+            }
+        };
+        let deployment = Deployment {
+            dp_size,
+            tensor_parallel_size: self.tensor_parallel_size.or(1),
+            startup_time_s: self.startup_time.set(),
+            kv_transfer: KvTransfer {
+                bytes_per_token: self.kv_bytes_per_token.set(),
+                bandwidth_gbps: kv_transfer_bandwidth,
+                mode: if self.kv_transfer_timing_mode.or(0) == 0 {
+                    KvTransferTimingMode::FullPrompt
+                } else {
+                    KvTransferTimingMode::DestinationMissing
+                },
+            },
+        };
+        let engine = EngineConfig {
+            backend,
+            num_gpu_blocks: self.num_gpu_blocks.or(16384),
+            block_size,
+            max_model_len: self.max_model_len.set(),
+            max_num_seqs: self.max_num_seqs.nullable_or(Some(256)),
+            max_num_batched_tokens: self.max_num_batched_tokens.nullable_or(Some(8192)),
+            enable_prefix_caching: self.enable_prefix_caching.or(true),
+            enable_chunked_prefill: self.enable_chunked_prefill.or(true),
+            speedup_ratio: ratio(self.speedup_ratio, "speedup_ratio")?,
+            decode_speedup_ratio: ratio(self.decode_speedup_ratio, "decode_speedup_ratio")?,
+            preemption_mode: if self.preemption_mode.or(0) == 0 { PreemptionMode::Lifo } else { PreemptionMode::Fifo },
+            role,
+            timing,
+            sglang: self.sglang,
+            speculative,
+            reasoning: self.reasoning,
+            timing_fallback,
+        };
+        Ok(WorkerArgs { engine, deployment })
+    }
+}

@@ -1,0 +1,259 @@
+//! Reading either JSON shape into [`RawConfig`]: every key by name, unknown ones rejected,
+//! keys for things servesim does not model accepted only with a neutral value.
+
+use serde_json::{json, Value};
+
+use super::{Backend, RawConfig, SglangSettings, WORKER_TYPES};
+use crate::json::{ConfigError, Field, ObjectReader, Result};
+use crate::request::ReasoningConfig;
+use crate::timing::{ProfileRef, TimingModel, Unresolved};
+
+/// Acceptance rates as Dynamo writes them (`"0.85,0.3,0"`) or as a JSON array.
+fn parse_rates(path: &str, v: &Value) -> Result<Vec<f64>> {
+    let bad = |what: String| ConfigError::new(path, what);
+    let items: Vec<f64> = match v {
+        Value::String(s) => s
+            .split(',')
+            .map(|x| x.trim().parse::<f64>().map_err(|_| bad(format!("{x:?} is not a number"))))
+            .collect::<Result<_>>()?,
+        Value::Array(a) => {
+            a.iter().map(|x| x.as_f64().ok_or_else(|| bad(format!("{x} is not a number")))).collect::<Result<_>>()?
+        }
+        other => return Err(bad(format!("expected a comma-separated string or an array of numbers, got {other}"))),
+    };
+    for r in &items {
+        if !(r.is_finite() && (0.0..=1.0).contains(r)) {
+            return Err(bad(format!("every rate must be in [0, 1], got {r}")));
+        }
+    }
+    Ok(items)
+}
+
+const PREEMPTION_MODES: [&str; 2] = ["lifo", "fifo"];
+const TRANSFER_MODES: [&str; 2] = ["full_prompt", "destination_missing"];
+
+impl RawConfig {
+    /// Keys shared by the flat form and the canonical `engine` section.
+    fn read_engine_keys(&mut self, r: &mut ObjectReader) -> Result<()> {
+        self.num_gpu_blocks = r.u32("num_gpu_blocks")?;
+        self.block_size = r.u32("block_size")?;
+        self.max_model_len = r.u32("max_model_len")?;
+        self.max_num_seqs = r.u32("max_num_seqs")?;
+        self.max_num_batched_tokens = r.u32("max_num_batched_tokens")?;
+        self.enable_prefix_caching = r.bool("enable_prefix_caching")?;
+        self.enable_chunked_prefill = r.bool("enable_chunked_prefill")?;
+        self.speedup_ratio = r.f64("speedup_ratio")?;
+        self.decode_speedup_ratio = r.f64("decode_speedup_ratio")?;
+        self.preemption_mode = r.choice("preemption_mode", &PREEMPTION_MODES)?;
+        self.role = r.choice("worker_type", &WORKER_TYPES)?;
+        self.kv_transfer_bandwidth = r.f64("kv_transfer_bandwidth")?;
+        self.kv_transfer_timing_mode = r.choice("kv_transfer_timing_mode", &TRANSFER_MODES)?;
+        if let Some(mut t) = r.object("timing_model")? {
+            self.timing = Some(TimingModel::read(&mut t)?);
+            t.finish()?;
+        }
+        self.nextn = r.u32("aic_nextn")?;
+        let rates_path = r.path("aic_nextn_accept_rates");
+        self.accept_rates = match r.raw("aic_nextn_accept_rates") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some((rates_path.clone(), parse_rates(&rates_path, v)?)),
+        };
+        self.mtp_seed = r.u64("aic_mtp_seed")?;
+        // Sections for the other backends may be present (Dynamo prints them with defaults).
+        if let Some(mut sg) = r.object("sglang")? {
+            self.read_sglang(&mut sg)?;
+            sg.finish()?;
+        }
+        if let Some(mut t) = r.object("trtllm")? {
+            t.unsupported(
+                "capacity_scheduler_policy",
+                &[json!("guaranteed_no_evict"), json!("GUARANTEED_NO_EVICT")],
+                "a TRT-LLM capacity policy other than guaranteed_no_evict",
+            )?;
+            t.finish()?;
+        }
+        Ok(())
+    }
+
+    fn read_reasoning(&mut self, r: &mut ObjectReader) -> Result<()> {
+        if let Some(mut o) = r.object("reasoning")? {
+            let mut id = |key: &'static str| -> Result<u32> {
+                o.u32(key)?.set().ok_or_else(|| ConfigError::new(o.path(key), "missing (required by reasoning)"))
+            };
+            let start = id("start_thinking_token_id")?;
+            let end = id("end_thinking_token_id")?;
+            let ratio = o
+                .f64("thinking_ratio")?
+                .set()
+                .ok_or_else(|| ConfigError::new(o.path("thinking_ratio"), "missing (required by reasoning)"))?;
+            if !(0.0..=1.0).contains(&ratio) {
+                return Err(ConfigError::new(o.path("thinking_ratio"), format!("must be in [0, 1], got {ratio}")));
+            }
+            o.finish()?;
+            self.reasoning = Some(ReasoningConfig {
+                start_thinking_token_id: start,
+                end_thinking_token_id: end,
+                thinking_ratio: ratio,
+            });
+        }
+        Ok(())
+    }
+
+    fn read_sglang(&mut self, r: &mut ObjectReader) -> Result<()> {
+        let d = SglangSettings::default();
+        self.sglang.lpm = match r.string("schedule_policy")?.set() {
+            None => false,
+            Some(p) if p.eq_ignore_ascii_case("fifo") || p.eq_ignore_ascii_case("fcfs") => false,
+            Some(p) if p.eq_ignore_ascii_case("lpm") => true,
+            Some(p) => {
+                return Err(ConfigError::new(
+                    r.path("schedule_policy"),
+                    format!("unknown value {p:?}; expected fifo (fcfs) or lpm"),
+                ))
+            }
+        };
+        self.sglang_page_size = r.u32("page_size")?;
+        let positive = |r: &mut ObjectReader, key: &'static str, default: u32| -> Result<u32> {
+            match r.u32(key)?.set() {
+                Some(0) => Err(ConfigError::new(r.path(key), "must be at least 1")),
+                Some(v) => Ok(v),
+                None => Ok(default),
+            }
+        };
+        self.sglang.max_prefill_tokens = positive(r, "max_prefill_tokens", d.max_prefill_tokens)?;
+        self.sglang.chunked_prefill_size = positive(r, "chunked_prefill_size", d.chunked_prefill_size)?;
+        self.sglang.clip_max_new_tokens = positive(r, "clip_max_new_tokens", d.clip_max_new_tokens)?;
+        if let Some(c) = r.f64("schedule_conservativeness")?.set() {
+            if !c.is_finite() || c < 0.0 {
+                return Err(ConfigError::new(
+                    r.path("schedule_conservativeness"),
+                    format!("must be a finite number ≥ 0, got {c}"),
+                ));
+            }
+            self.sglang.schedule_conservativeness = c;
+        }
+        Ok(())
+    }
+
+    pub(super) fn read_flat(&mut self, value: &Value) -> Result<()> {
+        let mut r = ObjectReader::new("", value)?;
+        self.backend = r.choice("engine_type", &Backend::NAMES)?;
+        if r.has("backend") {
+            self.backend = r.choice("backend", &Backend::NAMES)?;
+        }
+        self.read_engine_keys(&mut r)?;
+        self.dp_size = r.u32("dp_size")?;
+        self.tensor_parallel_size = r.u32("tensor_parallel_size")?;
+        self.startup_time = r.f64("startup_time")?;
+        self.kv_bytes_per_token = r.u64("kv_bytes_per_token")?;
+        let is_prefill = r.bool("is_prefill")?.or(false);
+        let is_decode = r.bool("is_decode")?.or(false);
+        if is_prefill && is_decode {
+            return Err(ConfigError::new("is_prefill", "is_prefill and is_decode cannot both be true"));
+        }
+        if is_prefill {
+            self.role = Field::Set(1);
+        } else if is_decode {
+            self.role = Field::Set(2);
+        }
+        for key in ["aic_backend", "aic_system", "aic_systems_path", "aic_backend_version", "aic_model_path"] {
+            r.unsupported(key, &[], "AIConfigurator timing")?;
+        }
+        for key in ["aic_tp_size", "aic_moe_tp_size", "aic_moe_ep_size", "aic_attention_dp_size"] {
+            r.unsupported(key, &[json!(1)], "AIConfigurator timing")?;
+        }
+        for key in ["aic_gemm_dtype", "aic_moe_dtype", "aic_fmha_dtype", "aic_kv_cache_dtype", "aic_comm_dtype"] {
+            r.unsupported(key, &[], "AIConfigurator timing")?;
+        }
+        let key = r.path("planner_profile_data");
+        if let Some(path) = r.string("planner_profile_data")?.set() {
+            self.timing = Some(Unresolved::Profile(ProfileRef { key, path: path.to_string(), fallback: false }));
+        }
+        for key in ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction"] {
+            r.unsupported(key, &[], "KV capacity estimation")?;
+        }
+        for key in ["num_g2_blocks", "num_g3_blocks", "offload_batch_size"] {
+            r.unsupported(key, &[json!(0)], "host KV offload")?;
+        }
+        r.unsupported("enable_g4_storage", &[json!(false)], "host KV offload")?;
+        for key in [
+            "bandwidth_g1_to_g2_gbps",
+            "bandwidth_g2_to_g1_gbps",
+            "bandwidth_g2_to_g3_gbps",
+            "bandwidth_g3_to_g2_gbps",
+            "bandwidth_g2_to_g4_gbps",
+            "bandwidth_g4_to_g2_gbps",
+        ] {
+            r.unsupported(key, &[], "host KV offload")?;
+        }
+        self.read_reasoning(&mut r)?;
+        r.unsupported("response_replay_trace_path", &[], "response replay traces")?;
+        r.unsupported("g1_backend", &[json!("native")], "the KVBM G1 backend")?;
+        // Live-deployment plumbing with no effect on simulated behaviour.
+        for key in [
+            "enable_local_indexer",
+            "bootstrap_port",
+            "handoff_session_timeout_ms",
+            "zmq_kv_events_port",
+            "zmq_replay_port",
+            "router_queue_policy",
+            "has_perf_model",
+        ] {
+            r.ignored(key);
+        }
+        r.finish()
+    }
+
+    pub(super) fn read_canonical(&mut self, value: &Value) -> Result<()> {
+        let mut top = ObjectReader::new("", value)?;
+        let mut e = top.object("engine")?.ok_or_else(|| ConfigError::new("engine", "must be an object"))?;
+        self.backend = e.choice("backend", &Backend::NAMES)?;
+        self.read_engine_keys(&mut e)?;
+        self.kv_bytes_per_token = e.u64("kv_transfer_bytes_per_token")?;
+        if e.has("kv_bytes_per_token") {
+            self.kv_bytes_per_token = e.u64("kv_bytes_per_token")?;
+        }
+        e.unsupported("prefill_schedule_interval", &[json!(1)], "prefill_schedule_interval other than 1")?;
+        e.unsupported("prefill_decode_interval", &[json!(0)], "prefill_decode_interval other than 0")?;
+        e.ignored("emit_kv_events");
+        e.ignored("emit_kv_token_ids");
+        for key in [
+            "kv_cache_bytes_per_token",
+            "kv_cache_groups",
+            "kv_cache_capacity_bytes",
+            "native_host_offload",
+            "state_cache",
+            "prefix_match_unit",
+            "g3_offload",
+        ] {
+            e.unsupported(key, &[], key)?;
+        }
+        e.finish()?;
+
+        self.dp_size = top.u32("dp_size")?;
+        self.tensor_parallel_size = top.u32("tensor_parallel_size")?;
+        self.startup_time = top.f64("startup_time")?;
+        top.ignored("num_gpu_blocks_is_explicit");
+        for key in
+            ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction", "cuda_graph_reserved_bytes"]
+        {
+            top.unsupported(key, &[], "KV capacity estimation")?;
+        }
+        if let Some(mut d) = top.object("dynamo")? {
+            for key in [
+                "enable_local_indexer",
+                "bootstrap_port",
+                "handoff_session_timeout_ms",
+                "zmq_kv_events_port",
+                "zmq_replay_port",
+                "router_queue_policy",
+            ] {
+                d.ignored(key);
+            }
+            self.read_reasoning(&mut d)?;
+            d.unsupported("response_replay_trace_path", &[], "response replay traces")?;
+            d.finish()?;
+        }
+        top.finish()
+    }
+}

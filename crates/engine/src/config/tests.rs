@@ -1,0 +1,254 @@
+use serde_json::Value;
+
+use super::*;
+use crate::profile::Profile;
+
+fn parse(s: &str) -> Result<EngineConfig> {
+    EngineConfig::parse_json(s)
+}
+
+/// The canonical dump of an engine configuration with the default deployment.
+fn dump(c: &EngineConfig) -> Value {
+    WorkerArgs { engine: c.clone(), deployment: Deployment::default() }.to_canonical_json()
+}
+
+#[test]
+fn defaults_match_dynamo() {
+    let c = parse("{}").unwrap();
+    assert_eq!(c.backend, Backend::Vllm);
+    assert_eq!(c.block_size, 64);
+    assert_eq!(c.num_gpu_blocks, 16384);
+    assert_eq!(c.max_num_seqs, Some(256));
+    assert_eq!(c.max_num_batched_tokens, Some(8192));
+    assert!(c.enable_prefix_caching && c.enable_chunked_prefill);
+    assert_eq!(c.preemption_mode, PreemptionMode::Lifo);
+    assert_eq!(c.speedup_ratio, 1.0);
+    assert_eq!(c.decode_speedup_ratio, 1.0);
+    assert_eq!(c.timing, TimingModel::Polynomial);
+    assert_eq!(WorkerArgs::default().deployment.gpus_per_worker(), 1);
+}
+
+#[test]
+fn flat_and_canonical_forms_agree() {
+    let flat =
+        parse(r#"{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"Fifo"}"#).unwrap();
+    let nested =
+        parse(r#"{"engine":{"block_size":16,"num_gpu_blocks":1000,"max_num_seqs":null,"preemption_mode":"fifo"},"dp_size":1}"#)
+            .unwrap();
+    assert_eq!(flat, nested);
+    assert_eq!(flat.block_size, 16);
+    assert_eq!(flat.max_num_seqs, None, "explicit null means unbounded");
+    assert_eq!(flat.preemption_mode, PreemptionMode::Fifo);
+}
+
+#[test]
+fn canonical_dump_round_trips() {
+    let c = parse(r#"{"engine":{"block_size":16,"timing_model":{"type":"fixed","prefill_ms":40,"decode_ms":10}}}"#)
+        .unwrap();
+    let w = WorkerArgs { engine: c, deployment: Deployment { dp_size: 2, ..Deployment::default() } };
+    let again = WorkerArgs::from_value(&w.to_canonical_json()).unwrap();
+    assert_eq!(w, again);
+}
+
+#[test]
+fn dynamo_normalised_defaults_are_accepted() {
+    // What `_normalize_mocker_config({})` prints in Dynamo 1.6.1.
+    let dump = r#"{"engine":{"backend":"vllm","num_gpu_blocks":16384,"block_size":64,"max_model_len":null,
+      "max_num_seqs":256,"max_num_batched_tokens":8192,"prefill_schedule_interval":1,"prefill_decode_interval":0,
+      "enable_prefix_caching":true,"enable_chunked_prefill":true,"speedup_ratio":1.0,"decode_speedup_ratio":1.0,
+      "aic_nextn":null,"aic_nextn_accept_rates":null,"aic_mtp_seed":42,"worker_type":"aggregated",
+      "preemption_mode":"lifo","emit_kv_events":false,"emit_kv_token_ids":false,"kv_transfer_bytes_per_token":null,
+      "kv_transfer_bandwidth":null,"kv_transfer_timing_mode":"full_prompt","timing_model":{"type":"polynomial"},
+      "sglang":{"schedule_policy":"fifo"},"trtllm":{"capacity_scheduler_policy":"guaranteed_no_evict"}},
+      "dp_size":1,"tensor_parallel_size":1,"startup_time":null,"num_gpu_blocks_is_explicit":false,
+      "gpu_memory_utilization":null,"mem_fraction_static":null,"free_gpu_memory_fraction":null,
+      "cuda_graph_reserved_bytes":null,"dynamo":{"enable_local_indexer":false,"bootstrap_port":null,
+      "handoff_session_timeout_ms":300000,"reasoning":null,"response_replay_trace_path":null,
+      "zmq_kv_events_port":null,"zmq_replay_port":null,"router_queue_policy":null}}"#;
+    assert_eq!(parse(dump).unwrap(), parse("{}").unwrap());
+}
+
+#[test]
+fn engine_family_defaults_and_constraints() {
+    assert_eq!(parse(r#"{"engine_type": "sglang"}"#).unwrap().block_size, 1);
+    assert_eq!(parse(r#"{"engine_type": "sglang", "sglang": {"page_size": 16}}"#).unwrap().block_size, 16);
+    assert_eq!(parse(r#"{"engine_type": "trtllm"}"#).unwrap().block_size, 32);
+    assert!(parse(r#"{"engine_type": "sglang", "block_size": 8, "sglang": {"page_size": 8}}"#).is_ok());
+    let e = parse(r#"{"engine_type": "sglang", "block_size": 8, "sglang": {"page_size": 4}}"#).unwrap_err();
+    assert_eq!(e.path, "sglang.page_size");
+    assert!(e.message.contains("need to match"));
+    let e =
+        parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 6}}"#).unwrap_err();
+    assert_eq!(e.path, "sglang.chunked_prefill_size");
+    assert!(parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 8}}"#).is_ok());
+    // Every backend takes max_model_len, as the reference's does.
+    assert_eq!(parse(r#"{"engine_type": "sglang", "max_model_len": 100}"#).unwrap().max_model_len, Some(100));
+    assert_eq!(parse(r#"{"engine_type": "trtllm", "max_model_len": 100}"#).unwrap().max_model_len, Some(100));
+    assert_eq!(parse(r#"{"max_model_len": 0}"#).unwrap_err().path, "max_model_len");
+    let e = parse(r#"{"engine_type": "sglang", "enable_chunked_prefill": false}"#).unwrap_err();
+    assert_eq!(
+        (e.path.as_str(), e.message.as_str()),
+        ("enable_chunked_prefill", "enable_chunked_prefill=false is not supported for backend=sglang")
+    );
+    assert!(parse(r#"{"enable_chunked_prefill": false}"#).is_ok(), "vLLM runs without chunking");
+    let c = parse(
+        r#"{"engine": {"backend": "sglang", "sglang": {"schedule_policy": "lpm", "max_prefill_tokens": 4096}}}"#,
+    )
+    .unwrap();
+    assert!(c.sglang.lpm);
+    assert_eq!(c.sglang.max_prefill_tokens, 4096);
+    assert_eq!(parse(r#"{"sglang": {"schedule_policy": "random"}}"#).unwrap_err().path, "sglang.schedule_policy");
+    // Above 1 is allowed (it only scales the admission ratio); negative or NaN is not.
+    assert_eq!(
+        parse(r#"{"sglang": {"schedule_conservativeness": 1.5}}"#).unwrap().sglang.schedule_conservativeness,
+        1.5
+    );
+    assert_eq!(
+        parse(r#"{"sglang": {"schedule_conservativeness": -0.5}}"#).unwrap_err().path,
+        "sglang.schedule_conservativeness"
+    );
+    // Attention DP divides the chunk budget per rank: it must stay at least a page.
+    let e = parse(r#"{"engine": {"backend": "sglang", "sglang": {"chunked_prefill_size": 1}}, "dp_size": 2}"#)
+        .unwrap_err();
+    assert_eq!(e.message, "SGLang attention DP size 2 reduces chunked_prefill_size=1 to zero");
+    let e = parse(r#"{"engine": {"backend": "sglang", "block_size": 16, "sglang": {"chunked_prefill_size": 16}}, "dp_size": 2}"#)
+        .unwrap_err();
+    assert_eq!(e.path, "dp_size");
+    assert!(e.message.contains("less than one page"), "{}", e.message);
+    assert!(parse(r#"{"engine": {"backend": "sglang", "block_size": 16}, "dp_size": 2}"#).is_ok());
+    assert_eq!(
+        parse(r#"{"trtllm": {"capacity_scheduler_policy": "max_utilization"}}"#).unwrap_err().path,
+        "trtllm.capacity_scheduler_policy"
+    );
+}
+
+#[test]
+fn speculative_decoding_settings() {
+    let spec = |json: &str| parse(json).unwrap().speculative.unwrap();
+    assert_eq!(spec(r#"{"aic_nextn": 3}"#).accept_rates, vec![0.85, 0.3, 0.0]);
+    assert_eq!(spec(r#"{"aic_nextn": 3, "aic_nextn_accept_rates": "1,0.5"}"#).accept_rates, vec![1.0, 0.5, 0.0]);
+    assert_eq!(spec(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5,0.25"}"#).accept_rates, vec![1.0, 0.5]);
+    assert_eq!(spec(r#"{"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": [0.5, 0.5]}}"#).seed, 42);
+    assert_eq!(spec(r#"{"aic_nextn": 1, "aic_mtp_seed": 7}"#).seed, 7);
+    for bad in ["0", "6"] {
+        assert_eq!(parse(&format!(r#"{{"aic_nextn": {bad}}}"#)).unwrap_err().path, "aic_nextn");
+    }
+    for bad in [r#""nan""#, r#""inf""#, r#""-0.1""#, r#""1.1""#, r#""bad""#, "3"] {
+        let e = parse(&format!(r#"{{"aic_nextn": 2, "aic_nextn_accept_rates": {bad}}}"#)).unwrap_err();
+        assert_eq!(e.path, "aic_nextn_accept_rates", "{bad}");
+    }
+    let e = parse(r#"{"aic_nextn_accept_rates": "0.5"}"#).unwrap_err();
+    assert!(e.message.contains("need aic_nextn"), "{e}");
+    let e = parse(r#"{"aic_nextn": 2, "decode_speedup_ratio": 2.0}"#).unwrap_err();
+    assert_eq!(e.path, "decode_speedup_ratio");
+    let c = parse(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5"}"#).unwrap();
+    assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
+}
+
+#[test]
+fn reasoning_settings() {
+    let c = parse(
+        r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.reasoning.unwrap().thinking_ratio, 0.5);
+    let nested =
+        parse(r#"{"engine": {}, "dynamo": {"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}}"#)
+            .unwrap();
+    assert_eq!(nested, c);
+    assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
+    let e = parse(
+        r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 1.5}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.path, "reasoning.thinking_ratio");
+    let e = parse(r#"{"reasoning": {"start_thinking_token_id": 1, "thinking_ratio": 0.5}}"#).unwrap_err();
+    assert_eq!(e.path, "reasoning.end_thinking_token_id");
+}
+
+#[test]
+fn profiled_timing_reads_through_the_loader() {
+    let profile = Profile {
+        prefill_isl: vec![128.0, 256.0],
+        prefill_ttft_ms: vec![4.0, 8.0],
+        decode_active_kv_tokens: vec![1024.0, 2048.0],
+        decode_context_length: vec![128.0, 256.0],
+        decode_itl: vec![1.0, 1.5, 2.0, 2.5],
+    };
+    let bytes = profile.to_npz();
+    let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
+    let c = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &files).unwrap();
+    assert!(matches!(&c.timing, TimingModel::Interpolated { profile: p, .. } if **p == profile));
+    let nested = EngineConfig::parse_json_with(
+        r#"{"engine": {"timing_model": {"type": "interpolated", "path": "p.npz"}}}"#,
+        &files,
+    )
+    .unwrap();
+    assert_eq!(nested.timing, c.timing);
+    // A missing or malformed profile is an error unless fallback was asked for.
+    let e = EngineConfig::parse_json_with(r#"{"planner_profile_data": "q.npz"}"#, &files).unwrap_err();
+    assert_eq!(e.path, "planner_profile_data");
+    let e = EngineConfig::parse_json_with(
+        r#"{"engine": {"timing_model": {"type": "interpolated", "path": "q.npz"}}}"#,
+        &files,
+    )
+    .unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.path");
+    let c = EngineConfig::parse_json_with(
+        r#"{"timing_model": {"type": "interpolated", "path": "q.npz", "fallback": "polynomial"}}"#,
+        &files,
+    )
+    .unwrap();
+    assert_eq!(c.timing, TimingModel::Polynomial);
+    assert!(c.timing_fallback.unwrap().contains("q.npz"));
+    let garbage = |_: &str| Ok(b"not a zip".to_vec());
+    let e = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &garbage).unwrap_err();
+    assert!(e.message.contains("not an NPZ archive"), "{e}");
+}
+
+#[test]
+fn kv_transfer_delay() {
+    let transfer = |json: &str| WorkerArgs::parse_json(json).unwrap().deployment.kv_transfer;
+    let t = transfer(r#"{"kv_bytes_per_token": 1000000, "kv_transfer_bandwidth": 1.0}"#);
+    assert_eq!(t.ms(128), 128.0);
+    assert_eq!(t.ms(8), 8.0);
+    let t = transfer(r#"{"engine": {"kv_transfer_bytes_per_token": 131072, "kv_transfer_bandwidth": 64.0}}"#);
+    assert!((t.ms(10_000) - 20.48).abs() < 1e-12);
+    assert_eq!(transfer(r#"{"kv_bytes_per_token": 1000}"#).ms(100), 0.0, "no bandwidth");
+    assert_eq!(transfer(r#"{"kv_bytes_per_token": 1000, "kv_transfer_bandwidth": 0}"#).ms(100), 0.0);
+}
+
+#[test]
+fn sglang_attention_dp_ranks_split_the_chunk_budget() {
+    let c = parse(r#"{"engine": {"backend": "sglang", "sglang": {"schedule_conservativeness": 0.5}}}"#).unwrap();
+    let rank = c.for_attention_dp(2);
+    assert_eq!(rank.sglang.chunked_prefill_size, 4096);
+    assert!((rank.sglang.schedule_conservativeness - 0.15).abs() < 1e-12);
+    assert_eq!(c.for_attention_dp(1), c);
+    let v = parse(r#"{"engine": {"backend": "vllm"}}"#).unwrap();
+    assert_eq!(v.for_attention_dp(4), v);
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    let e = parse(r#"{"block_size":16,"blok_size":8}"#).unwrap_err();
+    assert_eq!(e.path, "blok_size");
+    assert!(e.message.starts_with("unknown key"));
+    let e = parse(r#"{"engine":{"foo":1}}"#).unwrap_err();
+    assert_eq!(e.path, "engine.foo");
+    let e =
+        parse(r#"{"engine":{"timing_model":{"type":"fixed","prefill_ms":1,"decode_ms":1,"x":2}}}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.x");
+}
+
+#[test]
+fn bad_values_are_named() {
+    let e = parse(r#"{"num_gpu_blocks":"many"}"#).unwrap_err();
+    assert_eq!(e.path, "num_gpu_blocks");
+    assert!(e.message.contains("\"many\""), "{e}");
+    assert_eq!(parse(r#"{"max_num_seqs":0}"#).unwrap_err().path, "max_num_seqs");
+    assert_eq!(parse(r#"{"preemption_mode":"random"}"#).unwrap_err().path, "preemption_mode");
+    assert_eq!(parse(r#"{"aic_nextn":6}"#).unwrap_err().path, "aic_nextn");
+    assert!(parse(r#"{"block_size":16} true"#).unwrap_err().message.contains("trailing"));
+    assert_eq!(parse(r#"{"is_prefill":true,"is_decode":true}"#).unwrap_err().path, "is_prefill");
+}

@@ -1,0 +1,142 @@
+//! Decode passes: every running request samples its next token (or burst) with a KV slot for
+//! each, after retraction has made the pages for them.
+
+use super::SglangEngine;
+use crate::config::Role;
+use crate::output::{PassOutput, RejectReason};
+use crate::timing::{pass_duration_ms, DecodeShape};
+
+/// SGLang's `SGLANG_RETRACT_DECODE_STEPS`: decode steps of headroom per surviving request when
+/// a retraction re-estimates `new_token_ratio`.
+const RETRACT_DECODE_STEPS: f64 = 20.0;
+
+impl SglangEngine {
+    /// Tokens of new pages `slot` needs to give `burst` more tokens a slot.
+    pub(super) fn growth(&self, slot: u32, burst: u32) -> u32 {
+        let r = &self.reqs[slot];
+        let burst = burst.min(r.remaining_output());
+        self.ceil_page(r.len() + burst).saturating_sub(r.blocks.len() as u32 * self.page)
+    }
+
+    /// Samples the next token of `slot` and gives it a KV slot (a new page at a page boundary).
+    pub(super) fn sample_with_slot(&mut self, slot: u32, out: &mut PassOutput) {
+        let page = self.page;
+        let req = &mut self.reqs[slot];
+        if req.computed.is_multiple_of(page) && req.computed / page >= req.blocks.len() as u32 {
+            let ok = self.pool.alloc(1, &mut req.blocks);
+            debug_assert!(ok, "room was made for every slot");
+        }
+        req.computed += 1;
+        out.tokens.push(req.next_token());
+    }
+
+    /// A decode pass over the running batch; returns its end time.
+    pub(super) fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
+        let mut completed = Vec::new();
+        self.running.retain(|&s| {
+            let done = self.reqs[s].output_done();
+            if done {
+                completed.push(s);
+            }
+            !done
+        });
+        for slot in completed.drain(..) {
+            self.complete(slot, out);
+        }
+        // Retract until every running request's next burst has pages.
+        let max_burst = self.max_burst;
+        let growth = |e: &SglangEngine| -> u64 { e.running.iter().map(|&s| e.growth(s, max_burst) as u64).sum() };
+        let mut retracted = Vec::new();
+        while growth(self) > self.reservable_tokens() && self.running.len() > 1 {
+            let (pos, _) = self.running.iter().enumerate()
+                .min_by_key(|(_, &s)| self.reqs[s].generated)
+                .expect("running is not empty");
+            let slot = self.running.remove(pos);
+            self.release(slot);
+            let req = &mut self.reqs[slot];
+            req.hashes.local = Vec::new();
+            out.preempted.push(req.id);
+            self.counters.preemptions += 1;
+            retracted.push(slot);
+        }
+        if retracted.is_empty() {
+            self.new_token_ratio = (self.new_token_ratio - self.decay_step).max(self.min_ratio);
+        } else {
+            // SGLang's `retract_decode`: headroom for the survivors from what they generated.
+            let (decoded, max_new) = self.running.iter().fold((0u64, 0u64), |(d, m), &s| {
+                let r = &self.reqs[s];
+                (d + r.generated as u64, m + r.max_output as u64)
+            });
+            let n = self.running.len() as f64;
+            self.new_token_ratio = ((decoded as f64 + RETRACT_DECODE_STEPS * n) / (max_new as f64 + 1.0)).min(1.0);
+            self.destinations.bump();
+        }
+        let mut end = decode_start;
+        if !self.running.is_empty() {
+            let need = (growth(self) / self.page as u64) as u32;
+            if self.make_room(need) {
+                end = self.decode_running(decode_start, out);
+            } else {
+                // A lone request the cache cannot grow: SGLang would stop here for good.
+                for slot in std::mem::take(&mut self.running) {
+                    let r = &self.reqs[slot];
+                    let own = r.len() as u64 + max_burst.min(r.remaining_output()) as u64;
+                    let reason = if own > self.cfg.kv_capacity_tokens() {
+                        RejectReason::ExceedsKvCapacity
+                    } else {
+                        RejectReason::KvHeldElsewhere
+                    };
+                    self.reject(slot, reason, out);
+                }
+            }
+        }
+        // Retracted requests queue behind everything that has not run yet.
+        self.waiting.extend(retracted);
+        end
+    }
+
+    /// Every running request samples its burst, each token with its KV slot; returns the end of
+    /// the pass.
+    fn decode_running(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
+        let capacity = self.cfg.kv_capacity_tokens();
+        let context: u64 = self.running.iter().map(|&s| self.reqs[s].len() as u64).sum();
+        let shape = DecodeShape {
+            batch: self.running.len() as u32,
+            context_tokens: context.min(capacity),
+            capacity_tokens: capacity,
+        };
+        out.decode = shape;
+        let prefill_worker = self.cfg.role == Role::Prefill;
+        let decode_ms = if prefill_worker { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
+        let ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
+        let end = decode_start + pass_duration_ms(decode_ms, ratio);
+        let mut completed = Vec::new();
+        for i in 0..self.running.len() {
+            let slot = self.running[i];
+            let remaining = self.reqs[slot].remaining_output();
+            let burst = match self.sampler.as_mut() {
+                Some(sampler) if !prefill_worker => sampler.sample(remaining),
+                _ => remaining.min(1),
+            };
+            out.decode_forwards += 1;
+            out.decode_tokens += burst;
+            out.computed_tokens += burst as u64;
+            for _ in 0..burst {
+                self.sample_with_slot(slot, out);
+                if self.reqs[slot].output_done() {
+                    completed.push(slot);
+                    break;
+                }
+                let full = (self.reqs[slot].computed / self.page) as usize;
+                self.cache_pages(slot, full);
+            }
+        }
+        if !completed.is_empty() {
+            self.running.retain(|s| !completed.contains(s));
+            for slot in completed {
+                self.complete(slot, out);
+            }
+        }
+        end
+    }
+}
