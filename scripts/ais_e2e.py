@@ -26,6 +26,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 
 MODEL = "Qwen/Qwen3-32B"
 
@@ -180,14 +181,17 @@ def main():
                 worst = float("inf")
                 continue
             ref = json.loads(r.stdout)
+            started = time.monotonic()
             s = subprocess.run([a.servesim] + servesim_args(case, d), capture_output=True, text=True, env=env)
+            ours_wall_ms = 1000 * (time.monotonic() - started)
             if s.returncode != 0:
                 print(f"{name}: servesim failed: {s.stderr.strip()[-400:]}")
                 worst = float("inf")
                 continue
             ours = json.loads(s.stdout)
         print(f"{name}: completed reference {ref.get('completed_requests')} servesim {ours.get('completed_requests')}; "
-              f"wall reference {ref.get('call_wall_ms', 0):.0f} ms (whole call)")
+              f"wall reference {ref.get('call_wall_ms', 0):.0f} ms (the replay call), servesim {ours_wall_ms:.0f} ms "
+              f"(the whole process, AIS tables loaded), {ref.get('call_wall_ms', 0) / ours_wall_ms:.1f}x")
         for m in METRICS:
             rv, sv = ref.get(m), ours.get(m)
             d = abs(sv - rv) / abs(rv) if rv else float("nan")
