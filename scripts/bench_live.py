@@ -9,7 +9,8 @@ crates/live/examples/loadgen.rs (one client thread, so the client takes one core
               tokens after its modelled end (p50/p99, from the server's
               servesim:pass_lateness_seconds histogram), plus client-side TTFT and ITL.
 
-usage: scripts/bench_live.py [--seconds 15] [--streams 1000] [--lateness-streams 256]
+usage: scripts/bench_live.py [--seconds 15] [--streams 1000] [--lateness-streams 256] [--binary PATH]
+(--binary: another build of servesim to measure, e.g. a copy of main's, for a before/after table)
 """
 
 import argparse
@@ -57,10 +58,10 @@ def quantile(buckets, q):
     return prev_le
 
 
-def run(label, server_args, streams, seconds, prompt_tokens, max_tokens):
+def run(label, server_args, streams, seconds, prompt_tokens, max_tokens, binary):
     port = free_port()
     server = subprocess.Popen(
-        [str(ROOT / "target/release/servesim"), "serve", "--port", str(port), *server_args],
+        [binary, "serve", "--port", str(port), *server_args],
         stdout=subprocess.DEVNULL,
     )
     try:
@@ -95,13 +96,14 @@ def main():
     ap.add_argument("--lateness-streams", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=1000)
+    ap.add_argument("--binary", default=str(ROOT / "target/release/servesim"), help="the servesim to measure")
     a = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-p", "servesim", "-p", "servesim-live", "--example", "loadgen"],
                    cwd=ROOT, check=True)
     t = run("throughput (speedup 0)", ["--speedup-ratio", "0", "--max-num-seqs", str(a.streams)],
-            a.streams, a.seconds, a.prompt_tokens, a.max_tokens)
+            a.streams, a.seconds, a.prompt_tokens, a.max_tokens, a.binary)
     l = run("lateness (speedup 1)", ["--speedup-ratio", "1"],
-            a.lateness_streams, a.seconds, a.prompt_tokens, a.max_tokens)
+            a.lateness_streams, a.seconds, a.prompt_tokens, a.max_tokens, a.binary)
     print()
     print(f"streamed tokens/s at {a.streams} streams, speedup 0: {t['tokens_per_s']:,.0f}")
     print(f"pass lateness at {a.lateness_streams} streams, speedup 1: p50 {l['pass_lateness_ms_p50']:.3f} ms, "

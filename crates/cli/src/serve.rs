@@ -66,6 +66,54 @@ pub struct ServeArgs {
     /// Seed of generated tokens.
     #[arg(long, default_value_t = 0, help_heading = "Model")]
     seed: u64,
+    /// Seconds a client has to send a request's headers (from connecting, or from the
+    /// request's first byte).
+    #[arg(
+        long,
+        default_value_t = 10.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        help_heading = "Server"
+    )]
+    header_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers are in (408 after).
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        help_heading = "Server"
+    )]
+    body_timeout: f64,
+    /// Seconds a kept-alive connection may wait for its next request.
+    #[arg(
+        long,
+        default_value_t = 60.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        help_heading = "Server"
+    )]
+    idle_timeout: f64,
+    /// Seconds a client may take none of a response's bytes; then the connection is closed
+    /// and a stream's request aborted (its KV freed).
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        help_heading = "Server"
+    )]
+    write_timeout: f64,
+    /// On SIGINT/SIGTERM: seconds in-flight responses may go on before they are dropped (a
+    /// second signal stops at once).
+    #[arg(
+        long,
+        default_value_t = 30.0,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        help_heading = "Server"
+    )]
+    shutdown_timeout: f64,
 
     #[arg(long, value_enum, help_heading = "Engine")]
     engine_type: Option<EngineType>,
@@ -89,10 +137,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, help_heading = "Engine")]
     preemption_mode: Option<Preemption>,
     /// Divides every modelled duration; 0 means no delays at all.
-    #[arg(long, value_name = "X", help_heading = "Engine")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true, help_heading = "Engine")]
     speedup_ratio: Option<f64>,
     /// Extra divisor of decode time (speculative decoding).
-    #[arg(long, value_name = "X", help_heading = "Engine")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true, help_heading = "Engine")]
     decode_speedup_ratio: Option<f64>,
     /// Attention data-parallel ranks per worker, each with its own scheduler and KV cache.
     #[arg(long, value_name = "N", help_heading = "Engine")]
@@ -177,6 +225,20 @@ fn flag_bool(on: bool, off: bool) -> Option<bool> {
 
 /// The worker arguments: individual flags, then `--extra-engine-args` on top.
 fn worker_args(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<WorkerArgs, Failure> {
+    // Counts of 0 are refused here, naming the flag (the configuration would name its key).
+    for (flag, v) in [
+        ("num-gpu-blocks-override", a.num_gpu_blocks_override),
+        ("max-num-seqs", a.max_num_seqs),
+        ("max-num-batched-tokens", a.max_num_batched_tokens),
+        ("data-parallel-size", a.data_parallel_size),
+    ] {
+        if v == Some(0) {
+            return Err(Failure::input(format!("--{flag} must be at least 1")));
+        }
+    }
+    if let Some(arg) = &a.extra_engine_args {
+        extra_engine_args_shape(arg)?;
+    }
     let mut flags = Map::new();
     let mut put = |k: &str, v: Option<Value>| {
         if let Some(v) = v {
@@ -196,6 +258,7 @@ fn worker_args(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Worker
     // A NaN or infinity would become JSON null (unset) on the way into the configuration.
     let finite = |flag: &str, v: Option<f64>| match v {
         Some(x) if !x.is_finite() => Err(Failure::input(format!("--{flag} must be a finite number, got {x}"))),
+        Some(x) if x < 0.0 => Err(Failure::input(format!("--{flag} must be ≥ 0, got {x}"))),
         v => Ok(v.map(Value::from)),
     };
     put("num_gpu_blocks", a.num_gpu_blocks_override.map(Value::from));
@@ -268,6 +331,21 @@ fn worker_args(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Worker
     Ok(args)
 }
 
+/// What `--extra-engine-args` holds when it is neither inline JSON (`{...}`) nor a file: said
+/// plainly instead of "cannot read" a file named after it.
+fn extra_engine_args_shape(arg: &str) -> Result<(), Failure> {
+    let t = arg.trim();
+    if t.is_empty() {
+        return Err(Failure::input(
+            "--extra-engine-args is empty: give the engine configuration as inline JSON ('{\"block_size\": 16}') or a file",
+        ));
+    }
+    if !t.starts_with('{') && !std::path::Path::new(arg).exists() && serde_json::from_str::<Value>(t).is_ok() {
+        return Err(Failure::input("--extra-engine-args: the engine configuration must be a JSON object ({...})"));
+    }
+    Ok(())
+}
+
 pub fn run(a: ServeArgs) -> Result<(), Failure> {
     let facts = match &a.model_path {
         Some(dir) if dir.is_dir() => servesim_live::tokenizer::model_facts(dir).map_err(Failure::input)?,
@@ -314,6 +392,23 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     }
     .map_err(crate::topology_error)?;
     let workers: u32 = topology.pools().iter().map(|p| p.workers).sum();
+    // Each rank is a thread with its own engine: refuse what cannot run before allocating.
+    let ranks: u64 = topology.pools().iter().map(|p| p.workers as u64 * p.deployment.dp_size as u64).sum();
+    if ranks > servesim_live::MAX_ENGINE_RANKS as u64 {
+        return Err(Failure::input(format!(
+            "{ranks} engine ranks (workers × --data-parallel-size) asked for; one serve process runs at \
+             most {} (each rank is a thread)",
+            servesim_live::MAX_ENGINE_RANKS
+        )));
+    }
+    if let Some(base) = a.worker_base_port {
+        if base as u64 + workers as u64 - 1 > u16::MAX as u64 {
+            return Err(Failure::input(format!(
+                "--worker-base-port {base}: {workers} worker(s) need ports up to {}, above 65535",
+                base as u64 + workers as u64 - 1
+            )));
+        }
+    }
     if !a.zmq_kv_events_ports.is_empty() && a.zmq_kv_events_ports.len() != workers as usize {
         return Err(Failure::input(format!(
             "--zmq-kv-events-ports needs one port per worker ({workers}), got {}",
@@ -359,6 +454,29 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "servesim-model".to_string())
     });
+    let seconds = |flag: &str, v: f64| {
+        if v.is_finite() && v > 0.0 && v <= 1e9 {
+            Ok(std::time::Duration::from_secs_f64(v))
+        } else {
+            Err(Failure::input(format!("--{flag} must be a number of seconds > 0, got {v}")))
+        }
+    };
+    let timeouts = servesim_live::Timeouts {
+        header: seconds("header-timeout", a.header_timeout)?,
+        body: seconds("body-timeout", a.body_timeout)?,
+        idle: seconds("idle-timeout", a.idle_timeout)?,
+        write: seconds("write-timeout", a.write_timeout)?,
+    };
+    let shutdown_timeout = if a.shutdown_timeout == 0.0 {
+        std::time::Duration::ZERO
+    } else if a.shutdown_timeout < 0.0 {
+        return Err(Failure::input(format!(
+            "--shutdown-timeout must be a number of seconds ≥ 0, got {}",
+            a.shutdown_timeout
+        )));
+    } else {
+        seconds("shutdown-timeout", a.shutdown_timeout)?
+    };
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
@@ -378,6 +496,8 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             ZmqEventFormat::Named => servesim_live::zmq::EventFormat::Named,
         },
         seed: a.seed,
+        timeouts,
+        shutdown_timeout,
     };
     servesim_live::serve(opts, tokenizer).map_err(Failure::run)
 }

@@ -17,7 +17,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use servesim_cluster::Fact;
 use servesim_engine::{Engine, EngineConfig, EngineOptions, Finish, PassOutput, Role};
 
-use crate::cluster::{Cluster, Command, Done, Job, Out};
+use crate::cluster::{Cluster, Command, Done, Job};
 use crate::metrics::RankMetrics;
 
 pub struct ActorSetup {
@@ -349,17 +349,12 @@ impl Actor {
                 }
             }
             l.last_token = now;
-            let msg = if run.len() == 1 {
-                Out::Token(run[0].token)
-            } else {
-                Out::Tokens(run.iter().map(|t| t.token).collect())
-            };
-            if l.job.extra.sink.send(msg).is_err() {
+            if l.job.extra.sink.tokens(run.iter().map(|t| t.token)).is_err() {
                 gone.push(id);
             }
         }
         for f in &out.finished {
-            let Some(l) = self.live.remove(&f.request) else { continue };
+            let Some(mut l) = self.live.remove(&f.request) else { continue };
             match f.finish {
                 Finish::Completed if self.remote_decode => {
                     // The client gets the token and the handoff; the KV stays held while it
@@ -375,7 +370,7 @@ impl Actor {
                     self.metrics.requests_finished.add(1.0);
                     self.held.insert(f.request);
                     self.departures.push((now + self.cluster.hold_for_remote(l.job.prompt.len()), f.request));
-                    let _ = l.job.extra.sink.send(Out::Done(done));
+                    l.job.extra.sink.done(done);
                 }
                 Finish::Completed if self.role == Role::Prefill => {
                     // The prompt's KV stays here until the decode side has it (or, if the client
@@ -399,14 +394,14 @@ impl Actor {
                     };
                     self.metrics.e2e.observe(now.duration_since(l.job.extra.arrival).as_secs_f64());
                     self.metrics.requests_finished.add(1.0);
-                    let _ = l.job.extra.sink.send(Out::Done(done));
+                    l.job.extra.sink.done(done);
                 }
                 Finish::Rejected(reason) if self.role == Role::Prefill && l.job.handoff.is_some() => {
                     // Refused before the handoff: the decode side may have reserved pages.
                     self.cluster.handoff(l.job, Fact::SourceRefused(reason));
                 }
                 Finish::Rejected(reason) => {
-                    let _ = l.job.extra.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
+                    l.job.extra.sink.fail(reason);
                 }
             }
             if self.routed {

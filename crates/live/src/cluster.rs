@@ -9,16 +9,17 @@
 //! (placements, the transfer, releases), the ranks report the facts.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::Sender as RankSender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use servesim_cluster::{token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming};
-use servesim_engine::{Backend, BlockHashes, KvEvent, Prompt, Role};
+use servesim_engine::{Backend, BlockHashes, KvEvent, Prompt, RejectReason, Role};
 use servesim_router::{Placement, Routed};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{OwnedPermit, Receiver, Sender};
 
 use crate::actor::{self, ActorSetup};
 use crate::metrics::RankMetrics;
@@ -26,13 +27,14 @@ use crate::metrics::RankMetrics;
 /// What a request's stream receives.
 #[derive(Debug)]
 pub enum Out {
-    /// Tokens released at the end of one pass.
+    /// Tokens released at the end of one pass (or of several, for a stream that fell behind).
     Token(u32),
     Tokens(Box<[u32]>),
-    /// The request generated all its tokens.
-    Done(Done),
-    /// The engine refused the request.
-    Failed(String),
+    /// The request generated all its tokens: the last ones that had not been sent yet, and how
+    /// it went.
+    Done { tail: Box<[u32]>, done: Done },
+    /// The engine (or the disaggregated handoff) refused the request.
+    Failed(RejectReason),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,10 +58,81 @@ pub struct Shared {
 
 pub const NOWHERE: usize = usize::MAX;
 
+/// Messages a stream's channel holds before its tokens wait on the rank instead.
+pub const STREAM_BUFFER: usize = 64;
+
+/// The sending side of a request's stream, used by whichever rank has the request. It never
+/// waits: when the client falls behind and the channel is full, new tokens wait in `backlog`
+/// (4 bytes each) and go out together with the next ones that fit. The end of the stream has a
+/// slot reserved from the start, so it is always delivered, behind everything before it. A
+/// client that takes nothing for the write timeout has its connection closed, which drops the
+/// receiver: the next send reports [`ClientGone`] and the rank aborts the request.
+#[derive(Debug)]
+pub struct Sink {
+    tx: Sender<Out>,
+    last: Option<OwnedPermit<Out>>,
+    backlog: Vec<u32>,
+}
+
+/// The client of a request went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientGone;
+
+impl Sink {
+    /// A stream's channel: its sink and its receiver.
+    pub fn channel() -> (Sink, Receiver<Out>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER + 1);
+        let last = tx.clone().try_reserve_owned().ok();
+        (Sink { tx, last, backlog: Vec::new() }, rx)
+    }
+
+    /// Sends the tokens of one pass, or keeps them until there is room.
+    pub fn tokens(&mut self, ids: impl ExactSizeIterator<Item = u32>) -> Result<(), ClientGone> {
+        let msg = if !self.backlog.is_empty() {
+            self.backlog.extend(ids);
+            Out::Tokens(std::mem::take(&mut self.backlog).into_boxed_slice())
+        } else if ids.len() == 1 {
+            Out::Token(ids.into_iter().next().expect("one token"))
+        } else {
+            Out::Tokens(ids.collect())
+        };
+        match self.tx.try_send(msg) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(Out::Token(t))) => {
+                self.backlog.push(t);
+                Ok(())
+            }
+            Err(TrySendError::Full(Out::Tokens(ts))) => {
+                self.backlog = ts.into_vec();
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => unreachable!("only tokens are sent here"),
+            Err(TrySendError::Closed(_)) => Err(ClientGone),
+        }
+    }
+
+    /// Ends the stream: what is left of its tokens, then `done`.
+    pub fn done(&mut self, done: Done) {
+        let tail = std::mem::take(&mut self.backlog).into_boxed_slice();
+        self.end(Out::Done { tail, done });
+    }
+
+    /// Ends the stream with a refusal.
+    pub fn fail(&mut self, reason: RejectReason) {
+        self.end(Out::Failed(reason));
+    }
+
+    fn end(&mut self, out: Out) {
+        if let Some(permit) = self.last.take() {
+            permit.send(out);
+        }
+    }
+}
+
 /// What the live server keeps beside a request in flight: its client and where it is.
 #[derive(Debug)]
 pub struct Client {
-    pub sink: UnboundedSender<Out>,
+    pub sink: Sink,
     pub arrival: Instant,
     pub shared: Arc<Shared>,
     /// Decode worker the request must use (it came in on that worker's port).
@@ -88,7 +161,7 @@ pub enum Command {
 }
 
 pub struct RankHandle {
-    pub tx: Sender<Command>,
+    pub tx: RankSender<Command>,
     pub metrics: Arc<RankMetrics>,
     pub worker: u32,
     pub pool: usize,
@@ -166,7 +239,7 @@ pub enum SubmitError {
 
 /// A submitted request: its output stream, and a guard that cancels it when dropped early.
 pub struct Submission {
-    pub rx: UnboundedReceiver<Out>,
+    pub rx: Receiver<Out>,
     pub guard: AbortGuard,
 }
 
@@ -204,7 +277,7 @@ impl Drop for AbortGuard {
 
 impl Cluster {
     /// Builds the pools and starts one actor thread per rank.
-    pub fn start(spec: ClusterSpec) -> Arc<Cluster> {
+    pub fn start(spec: ClusterSpec) -> Result<Arc<Cluster>, crate::error::LiveError> {
         let origin = Instant::now();
         let mut pools = Vec::new();
         let mut worker_pool = Vec::new();
@@ -279,14 +352,19 @@ impl Cluster {
         let mut threads = Vec::new();
         for (i, setup) in setups.into_iter().enumerate() {
             let c = cluster.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("servesim-rank-{i}"))
-                .spawn(move || actor::run(c, i, setup))
-                .expect("spawning an engine thread");
-            threads.push(handle);
+            let spawned = std::thread::Builder::new().name(format!("servesim-rank-{i}")).spawn(move || actor::run(c, i, setup));
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(source) => {
+                    // Stop the ranks already running before giving up.
+                    *cluster.threads.lock().expect("threads lock") = threads;
+                    cluster.shutdown();
+                    return Err(crate::error::LiveError::Spawn { rank: i, source });
+                }
+            }
         }
         *cluster.threads.lock().expect("threads lock") = threads;
-        cluster
+        Ok(cluster)
     }
 
     /// Stops every actor (after the requests they hold are dropped) and waits for them.
@@ -330,7 +408,7 @@ impl Cluster {
             return Err(SubmitError::UnknownWorker);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, rx) = Sink::channel();
         let shared = Arc::new(Shared {
             cancelled: AtomicBool::new(false),
             finished: AtomicBool::new(false),
@@ -364,7 +442,7 @@ impl Cluster {
             decode_target: None,
             handoff,
             extra: Client {
-                sink: tx,
+                sink,
                 arrival: Instant::now(),
                 shared: shared.clone(),
                 pin_decode: if decode.is_some() && pin_pool == decode { pin } else { None },
@@ -417,7 +495,7 @@ impl Cluster {
     fn carry_out(&self, job: Box<Job>, steps: Vec<Step>) {
         let mut job = Some(job);
         for step in steps {
-            let j = job.as_ref().expect("a step after the request moved on");
+            let j = job.as_mut().expect("a step after the request moved on");
             let id = j.id;
             match step {
                 Step::PlaceOnPrefill => {
@@ -452,7 +530,7 @@ impl Cluster {
                     }
                 }
                 Step::Reject(reason) => {
-                    let _ = j.extra.sink.send(Out::Failed(format!("request rejected: {}", reason.describe())));
+                    j.extra.sink.fail(reason);
                     if let Some(p) = self.pool_of(Role::Decode) {
                         self.router_free(p, id);
                     }

@@ -15,12 +15,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::Stream;
-use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
+use serde::Serialize;
+use servesim_engine::{RejectReason, Role};
+use tokio::sync::mpsc::Receiver;
 
 use crate::cluster::{AbortGuard, Cluster, Done, Out};
-use servesim_engine::Role;
-use crate::openai::{self, ApiError, GenRequest};
+use crate::openai::response::{self as wire, Choice, Completion, Health, KvTransferParams, Nvext, Usage, WorkerIds};
+use crate::openai::{self, ApiError, ErrorKind, GenRequest};
 use crate::tokenizer::Tokenizer;
 
 /// Largest request body accepted.
@@ -42,6 +43,8 @@ pub struct Service {
     /// Where this listener is reachable (named in `kv_transfer_params`).
     pub host: String,
     pub port: u16,
+    /// How long a request's body may take to arrive once its headers are in.
+    pub body_timeout: std::time::Duration,
 }
 
 impl Service {
@@ -59,16 +62,16 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/health", get(health))
-        .route("/live", get(|| async { Json(json!({"status": "live"})) }))
+        .route("/live", get(|| async { Json(Health { status: "live", error: None }) }))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
 }
 
-struct Json(Value);
+struct Json<T>(T);
 
-impl IntoResponse for Json {
+impl<T: Serialize> IntoResponse for Json<T> {
     fn into_response(self) -> Response {
         let mut r = Response::new(Body::from(serde_json::to_vec(&self.0).expect("JSON serialises")));
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -79,7 +82,7 @@ impl IntoResponse for Json {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = Json(self.body()).into_response();
-        *r.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        *r.status_mut() = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         r
     }
 }
@@ -88,29 +91,34 @@ impl IntoResponse for ApiError {
 const ENGINE_STOPPED: &str = "the engine stopped";
 
 fn engine_stopped() -> ApiError {
-    ApiError { status: 500, message: ENGINE_STOPPED.into(), param: None }
+    ApiError::new(ErrorKind::Internal, ENGINE_STOPPED)
+}
+
+/// A request the engine (or the disaggregated handoff) refused.
+fn rejected(reason: RejectReason) -> ApiError {
+    ApiError::bad(format!("request rejected: {}", reason.describe()))
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
     let message = format!("{} is not allowed on {}", req.method(), req.uri().path());
-    ApiError { status: 405, message, param: None }
+    ApiError::new(ErrorKind::MethodNotAllowed, message)
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError { status: 404, message: format!("no route for {} {}", req.method(), req.uri().path()), param: None }
+    ApiError::new(ErrorKind::NotFound, format!("no route for {} {}", req.method(), req.uri().path()))
 }
 
 async fn health(State(s): State<Arc<Service>>) -> Response {
     if let Some(rank) = s.cluster.stopped_rank() {
-        let mut r =
-            Json(json!({"status": "unhealthy", "error": format!("engine rank {rank} stopped")})).into_response();
+        let error = Some(format!("engine rank {rank} stopped"));
+        let mut r = Json(Health { status: "unhealthy", error }).into_response();
         *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         return r;
     }
     if Instant::now() >= s.ready_at() {
-        Json(json!({"status": "ready"})).into_response()
+        Json(Health { status: "ready", error: None }).into_response()
     } else {
-        let mut r = Json(json!({"status": "notready"})).into_response();
+        let mut r = Json(Health { status: "notready", error: None }).into_response();
         *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         r
     }
@@ -123,20 +131,18 @@ async fn metrics(State(s): State<Arc<Service>>) -> Response {
     r
 }
 
-async fn models(State(s): State<Arc<Service>>) -> Json {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": s.model,
-            "object": "model",
-            "created": s.created,
-            "owned_by": "servesim",
-            "root": s.model,
-            "parent": null,
-            "max_model_len": s.max_model_len,
-            "permission": [],
-        }],
-    }))
+async fn models(State(s): State<Arc<Service>>) -> Response {
+    let card = wire::ModelCard {
+        id: &s.model,
+        object: "model",
+        created: s.created,
+        owned_by: "servesim",
+        root: &s.model,
+        parent: wire::Null,
+        max_model_len: s.max_model_len,
+        permission: [],
+    };
+    Json(wire::ModelList { object: "list", data: [card] }).into_response()
 }
 
 async fn completions(State(s): State<Arc<Service>>, req: Request) -> Response {
@@ -164,64 +170,96 @@ struct Frame {
 }
 
 impl Frame {
-    fn usage(&self, completion: u32, cached: u32) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + completion,
-            "completion_tokens": completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+    /// What a prefill-only server tells the client to pass on to a decode server.
+    fn kv_transfer_params(&self, done: &Done) -> Option<KvTransferParams<'_>> {
+        let blocks = done.remote_blocks?;
+        let s = &self.service;
+        Some(KvTransferParams {
+            do_remote_prefill: true,
+            do_remote_decode: false,
+            remote_engine_id: format!("servesim-{}-worker-{}", s.id_salt, done.prefill_worker.unwrap_or(0)),
+            remote_host: &s.host,
+            remote_port: s.port,
+            remote_block_ids: (0..blocks).collect(),
+            tp_size: 1,
         })
     }
 
-    /// What a prefill-only server tells the client to pass on to a decode server.
-    fn kv_transfer_params(&self, done: &Done) -> Option<Value> {
-        let blocks = done.remote_blocks?;
-        let s = &self.service;
-        Some(json!({
-            "do_remote_prefill": true,
-            "do_remote_decode": false,
-            "remote_engine_id": format!("servesim-{}-worker-{}", s.id_salt, done.prefill_worker.unwrap_or(0)),
-            "remote_host": s.host,
-            "remote_port": s.port,
-            "remote_block_ids": (0..blocks).collect::<Vec<u32>>(),
-            "tp_size": 1,
-        }))
+    fn nvext(&self, done: &Done) -> Option<Nvext> {
+        self.want_worker_id.then_some(Nvext {
+            worker_id: WorkerIds { prefill_worker_id: done.prefill_worker, decode_worker_id: done.decode_worker },
+        })
     }
 
-    fn nvext(&self, done: &Done) -> Option<Value> {
-        self.want_worker_id.then(
-            || json!({"worker_id": {"prefill_worker_id": done.prefill_worker, "decode_worker_id": done.decode_worker}}),
-        )
+    /// The response envelope around `choices`.
+    fn completion<'a>(&'a self, chunk: bool, choices: &'a [Choice<'a>]) -> Completion<'a> {
+        Completion {
+            id: &self.id,
+            object: wire::object(self.chat, chunk),
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage: None,
+            nvext: None,
+            kv_transfer_params: None,
+        }
     }
 }
 
-async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response, ApiError> {
-    let body = axum::body::to_bytes(req.into_body(), BODY_LIMIT).await.map_err(|e| {
+/// A refusal after which the connection closes (the rest of the body is never read).
+fn closing(e: ApiError) -> Response {
+    let mut r = e.into_response();
+    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// Reads the request body: refused before reading when its declared length is over the limit,
+/// and when it takes longer than the body timeout.
+async fn read_body(s: &Service, req: Request) -> Result<Bytes, Response> {
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > BODY_LIMIT as u64) {
+        let message = format!("the request body is larger than {BODY_LIMIT} bytes");
+        return Err(closing(ApiError::new(ErrorKind::PayloadTooLarge, message)));
+    }
+    let read = axum::body::to_bytes(req.into_body(), BODY_LIMIT);
+    let Ok(body) = tokio::time::timeout(s.body_timeout, read).await else {
+        let message = format!("the request body did not arrive within {} s", s.body_timeout.as_secs_f64());
+        return Err(closing(ApiError::new(ErrorKind::RequestTimeout, message)));
+    };
+    body.map_err(|e| {
         // Over the limit, or a body that could not be read (the client went away, a broken
         // chunked encoding).
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(err) = source {
             if err.is::<http_body_util::LengthLimitError>() {
                 let message = format!("the request body is larger than {BODY_LIMIT} bytes");
-                return ApiError { status: 413, message, param: None };
+                return ApiError::new(ErrorKind::PayloadTooLarge, message);
             }
             source = err.source();
         }
         ApiError::bad(format!("cannot read the request body: {e}"))
-    })?;
+    })
+    .map_err(closing)
+}
+
+async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response, ApiError> {
+    let body = match read_body(&s, req).await {
+        Ok(b) => b,
+        Err(r) => return Ok(r),
+    };
     // Tokenizing a large prompt takes a while: keep it off the threads that serve streams.
     let g: GenRequest = if body.len() > 64 * 1024 {
         let (tok, max_len) = (s.tokenizer.clone(), s.max_model_len);
         tokio::task::spawn_blocking(move || openai::parse(&body, chat, &tok, max_len))
             .await
-            .map_err(|_| ApiError { status: 500, message: "request parsing failed".into(), param: None })??
+            .map_err(|_| ApiError::new(ErrorKind::Internal, "request parsing failed"))??
     } else {
         openai::parse(&body, chat, &s.tokenizer, s.max_model_len)?
     };
     if let Some(m) = &g.model {
         if *m != s.model {
             return Err(ApiError {
-                status: 404,
+                kind: ErrorKind::NotFound,
                 message: format!("The model `{m}` does not exist."),
                 param: Some("model".into()),
             });
@@ -262,9 +300,9 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     let guard = sub.guard;
     // News that ends the request early, as the error the client gets (nothing left to cancel).
     let progress = |news: Option<Out>| match news {
-        Some(Out::Failed(why)) => {
+        Some(Out::Failed(reason)) => {
             guard.finish();
-            Err(ApiError::bad(why))
+            Err(rejected(reason))
         }
         None => {
             guard.finish();
@@ -293,7 +331,10 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         match next {
             Out::Token(t) => tokens.push(t),
             Out::Tokens(ts) => tokens.extend_from_slice(&ts),
-            Out::Done(d) => break d,
+            Out::Done { tail, done } => {
+                tokens.extend_from_slice(&tail);
+                break done;
+            }
             Out::Failed(_) => unreachable!("failures end the request in `progress`"),
         }
         next = progress(rx.recv().await)?;
@@ -301,26 +342,13 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     guard.finish();
     let text = frame.service.tokenizer.decode(&tokens);
     let n = tokens.len() as u32;
-    let choice = if chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-               "logprobs": null, "finish_reason": "length", "stop_reason": null})
-    } else {
-        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length", "stop_reason": null})
+    let choices = [Choice::whole(chat, &text)];
+    let body = Completion {
+        usage: Some(Usage::new(frame.prompt_tokens, n, done.cached_tokens)),
+        nvext: frame.nvext(&done),
+        kv_transfer_params: frame.kv_transfer_params(&done),
+        ..frame.completion(false, &choices)
     };
-    let mut body = json!({
-        "id": frame.id,
-        "object": if chat { "chat.completion" } else { "text_completion" },
-        "created": frame.created,
-        "model": frame.model,
-        "choices": [choice],
-        "usage": frame.usage(n, done.cached_tokens),
-    });
-    if let Some(nv) = frame.nvext(&done) {
-        body["nvext"] = nv;
-    }
-    if let Some(kv) = frame.kv_transfer_params(&done) {
-        body["kv_transfer_params"] = kv;
-    }
     let mut r = Json(body).into_response();
     r.headers_mut().insert("x-servesim-worker", HeaderValue::from(done.decode_worker));
     Ok(r)
@@ -339,7 +367,7 @@ fn rand_suffix() -> u64 {
 
 /// The SSE body: every message the stream has received becomes chunks, written together.
 struct SseStream {
-    rx: UnboundedReceiver<Out>,
+    rx: Receiver<Out>,
     guard: Option<AbortGuard>,
     frame: Frame,
     /// The first message, received before the response started.
@@ -350,82 +378,44 @@ struct SseStream {
 }
 
 impl SseStream {
-    fn chunk_head(&self, buf: &mut Vec<u8>) {
-        let f = &self.frame;
-        buf.extend_from_slice(b"data: {\"id\":\"");
-        buf.extend_from_slice(f.id.as_bytes());
-        buf.extend_from_slice(if f.chat {
-            b"\",\"object\":\"chat.completion.chunk\",\"created\":"
-        } else {
-            b"\",\"object\":\"text_completion\",\"created\":"
-        });
-        buf.extend_from_slice(f.created.to_string().as_bytes());
-        buf.extend_from_slice(b",\"model\":");
-        serde_json::to_writer(&mut *buf, &f.model).expect("writing to a Vec");
-        buf.extend_from_slice(b",\"choices\":[");
-    }
-
-    fn text_chunk(&self, buf: &mut Vec<u8>, text: &str, role: bool) {
-        self.chunk_head(buf);
-        if self.frame.chat {
-            buf.extend_from_slice(if role {
-                b"{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":"
-            } else {
-                b"{\"index\":0,\"delta\":{\"content\":"
-            });
-            serde_json::to_writer(&mut *buf, text).expect("writing to a Vec");
-            buf.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        } else {
-            buf.extend_from_slice(b"{\"index\":0,\"text\":");
-            serde_json::to_writer(&mut *buf, text).expect("writing to a Vec");
-            buf.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":null,\"stop_reason\":null}]}\n\n");
-        }
+    /// Writes one `data:` event holding `body`.
+    fn event<T: Serialize>(buf: &mut Vec<u8>, body: &T) {
+        buf.extend_from_slice(b"data: ");
+        serde_json::to_writer(&mut *buf, body).expect("writing to a Vec");
+        buf.extend_from_slice(b"\n\n");
     }
 
     fn token(&mut self, buf: &mut Vec<u8>, id: u32) {
-        if self.frame.chat && !self.started {
-            self.text_chunk(buf, "", true);
+        let f = &self.frame;
+        if f.chat && !self.started {
+            Self::event(buf, &f.completion(true, &[Choice::piece(true, "", true)]));
         }
         self.started = true;
         self.tokens += 1;
-        let piece = self.frame.service.tokenizer.piece(id);
-        self.text_chunk(buf, &piece, false);
+        let piece = f.service.tokenizer.piece(id);
+        Self::event(buf, &f.completion(true, &[Choice::piece(f.chat, &piece, false)]));
     }
 
     fn finish(&mut self, buf: &mut Vec<u8>, done: &Done) {
-        self.chunk_head(buf);
-        let choice = if self.frame.chat {
-            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length", "stop_reason": null})
-        } else {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "length", "stop_reason": null})
+        let f = &self.frame;
+        let choices = [Choice::last(f.chat)];
+        let last = Completion {
+            nvext: f.nvext(done),
+            kv_transfer_params: f.kv_transfer_params(done),
+            ..f.completion(true, &choices)
         };
-        serde_json::to_writer(&mut *buf, &choice).expect("writing to a Vec");
-        buf.extend_from_slice(b"]");
-        if let Some(nv) = self.frame.nvext(done) {
-            buf.extend_from_slice(b",\"nvext\":");
-            serde_json::to_writer(&mut *buf, &nv).expect("writing to a Vec");
-        }
-        if let Some(kv) = self.frame.kv_transfer_params(done) {
-            buf.extend_from_slice(b",\"kv_transfer_params\":");
-            serde_json::to_writer(&mut *buf, &kv).expect("writing to a Vec");
-        }
-        buf.extend_from_slice(b"}\n\n");
-        if self.frame.include_usage {
-            self.chunk_head(buf);
-            buf.extend_from_slice(b"],\"usage\":");
-            serde_json::to_writer(&mut *buf, &self.frame.usage(self.tokens, done.cached_tokens))
-                .expect("writing to a Vec");
-            buf.extend_from_slice(b"}\n\n");
+        Self::event(buf, &last);
+        if f.include_usage {
+            let usage = Usage::new(f.prompt_tokens, self.tokens, done.cached_tokens);
+            Self::event(buf, &Completion { usage: Some(usage), ..f.completion(true, &[]) });
         }
         buf.extend_from_slice(b"data: [DONE]\n\n");
         self.end();
     }
 
-    fn fail(&mut self, buf: &mut Vec<u8>, why: &str) {
-        let err = ApiError { status: 500, message: why.to_string(), param: None };
-        buf.extend_from_slice(b"data: ");
-        serde_json::to_writer(&mut *buf, &err.body()).expect("writing to a Vec");
-        buf.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    fn fail(&mut self, buf: &mut Vec<u8>, err: ApiError) {
+        Self::event(buf, &err.body());
+        buf.extend_from_slice(b"data: [DONE]\n\n");
         self.end();
     }
 
@@ -444,8 +434,13 @@ impl SseStream {
                     self.token(buf, t);
                 }
             }
-            Out::Done(d) => self.finish(buf, &d),
-            Out::Failed(why) => self.fail(buf, &why),
+            Out::Done { tail, done } => {
+                for &t in tail.iter() {
+                    self.token(buf, t);
+                }
+                self.finish(buf, &done);
+            }
+            Out::Failed(reason) => self.fail(buf, ApiError::new(ErrorKind::Internal, rejected(reason).message)),
         }
     }
 }
@@ -465,7 +460,7 @@ impl Stream for SseStream {
         while !this.done {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(out)) => this.write(&mut buf, out),
-                Poll::Ready(None) => this.fail(&mut buf, ENGINE_STOPPED),
+                Poll::Ready(None) => this.fail(&mut buf, engine_stopped()),
                 Poll::Pending => break,
             }
         }

@@ -2,29 +2,40 @@
 //!
 //! The simulated engines on a wall clock, behind an OpenAI-compatible HTTP API: the mock
 //! engine people point gateways, routers, autoscalers and load generators at instead of a GPU.
-//! [`serve`] binds the frontend (and each worker's own port), starts one actor thread per
-//! engine rank ([`cluster`], [`actor`]), the ZMQ KV event publishers ([`zmq`]) and serves until
-//! SIGINT or SIGTERM, after which it stops accepting, finishes in-flight responses and returns.
+//! [`server::start`] binds the frontend (and each worker's own port; port 0 picks a free one),
+//! starts one actor thread per engine rank ([`cluster`], [`actor`]) and the ZMQ KV event
+//! publishers ([`zmq`]), and serves until [`server::Server::shutdown`]. [`serve`] does both
+//! around the process's signals: the first SIGINT/SIGTERM stops accepting and lets in-flight
+//! responses finish for `shutdown_timeout`, then drops what is left; a second stops at once.
 
 pub mod actor;
 pub mod cluster;
+pub mod conn;
+pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod openai;
+pub mod server;
 pub mod tokenizer;
 pub mod zmq;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use servesim_cluster::{PoolSpec, RouterMode, Topology};
 
-use crate::cluster::{Cluster, ClusterSpec};
+pub use crate::conn::Timeouts;
+pub use crate::error::{LiveError, ModelError};
+pub use crate::server::{start, Server, Shutdown};
 use crate::tokenizer::Tokenizer;
 
 /// Context length used when neither the engine nor the model says.
 pub const DEFAULT_MAX_MODEL_LEN: u32 = 32_768;
+
+/// Most engine ranks (workers × data-parallel ranks) one server runs: each is an OS thread
+/// with its own engine, so far more would exhaust threads or memory before serving anything.
+pub const MAX_ENGINE_RANKS: u32 = 4_096;
 
 /// Everything `servesim serve` needs, already validated by the caller.
 #[derive(Clone, Debug)]
@@ -52,6 +63,10 @@ pub struct ServeOptions {
     pub zmq_event_format: zmq::EventFormat,
     /// Seed of generated tokens.
     pub seed: u64,
+    /// Connection deadlines (headers, body, idle keep-alive, a client that stops reading).
+    pub timeouts: Timeouts,
+    /// After the first SIGINT/SIGTERM, how long in-flight responses may go on.
+    pub shutdown_timeout: Duration,
 }
 
 /// When each worker starts serving: after the startup time, workers `stagger` apart, with a
@@ -83,153 +98,100 @@ pub(crate) fn wall_duration(seconds: f64) -> Duration {
 
 /// Loads the tokenizer: the model's own with a model directory that has `tokenizer.json`, else
 /// the built-in approximate one.
-pub fn load_tokenizer(model_path: Option<&std::path::Path>) -> Result<Tokenizer, String> {
+pub fn load_tokenizer(model_path: Option<&std::path::Path>) -> Result<Tokenizer, ModelError> {
     match model_path {
         Some(dir) if dir.join("tokenizer.json").exists() => Tokenizer::from_dir(dir),
-        Some(dir) if !dir.is_dir() => Err(format!(
-            "--model-path {}: not a local directory (servesim reads tokenizer files locally and downloads nothing)",
-            dir.display()
-        )),
+        Some(dir) if !dir.is_dir() => Err(ModelError::NotADirectory(dir.to_path_buf())),
         _ => Ok(Tokenizer::approximate()),
     }
 }
 
-/// Runs the server until SIGINT/SIGTERM. Errors are about setup (ports, files).
-pub fn serve(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), String> {
+/// Runs the server until SIGINT/SIGTERM, then drains it for `shutdown_timeout` (a second
+/// signal stops it at once). Errors are about setup (ports, files).
+pub fn serve(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), LiveError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("servesim-http")
         .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve_async(opts, tokenizer))
+        .map_err(LiveError::Runtime)?;
+    runtime.block_on(async move {
+        let mut signals = Signals::new();
+        let (grace, model, startup_time_s) =
+            (opts.shutdown_timeout, opts.model_name.clone(), opts.topology.pools()[0].deployment.startup_time_s);
+        let server = server::start(opts, tokenizer).await?;
+        println!("servesim: serving {model} on http://{} ({} worker(s))", server.addr(), server.num_workers());
+        for (w, addr) in server.worker_addrs().iter().enumerate() {
+            println!("servesim: worker {w} on http://{addr}");
+        }
+        if let Some(s) = startup_time_s.filter(|s| *s > 0.0) {
+            println!("servesim: ready in {s:.1} s (--startup-time)");
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+
+        signals.next().await;
+        eprintln!(
+            "servesim: shutting down; finishing in-flight requests for up to {} s (a second signal stops at once)",
+            grace.as_secs_f64()
+        );
+        let report = server.shutdown(grace, signals.next()).await;
+        if report.forced {
+            eprintln!("servesim: stopped at once; {} connection(s) dropped", report.aborted_connections);
+        } else if !report.drained {
+            eprintln!(
+                "servesim: shutdown timeout ({} s) passed; {} connection(s) dropped, their requests aborted",
+                grace.as_secs_f64(),
+                report.aborted_connections
+            );
+        }
+        Ok(())
+    })
 }
 
-async fn serve_async(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), String> {
-    let pools = opts.topology.pools();
-    let workers: usize = pools.iter().map(|p| p.workers as usize).sum();
-    let startup_time_s = pools[0].deployment.startup_time_s.unwrap_or(0.0);
-    // Bind everything before starting anything, so a busy port fails fast.
-    let frontend = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
-        .await
-        .map_err(|e| format!("cannot listen on {}:{}: {e}", opts.host, opts.port))?;
-    let mut worker_listeners = Vec::new();
-    if let Some(base) = opts.worker_base_port {
-        for w in 0..workers {
-            let port = base as usize + w;
-            let port = u16::try_from(port).map_err(|_| format!("--worker-base-port {base}: worker {w} has no port"))?;
-            let l = tokio::net::TcpListener::bind((opts.host.as_str(), port))
-                .await
-                .map_err(|e| format!("cannot listen on {}:{port} (worker {w}): {e}", opts.host))?;
-            worker_listeners.push(l);
+/// SIGINT and SIGTERM, listened for from startup on so that none is missed between two waits.
+struct Signals {
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals { int: signal(SignalKind::interrupt()).ok(), term: signal(SignalKind::terminate()).ok() }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
-    let mut kv_publishers = Vec::new();
-    for w in 0..workers {
-        let Some(&base) = opts.zmq_kv_events_ports.get(w) else { break };
-        let dp = pool_of(pools, w).deployment.dp_size;
-        let mut ranks = Vec::new();
-        for r in 0..dp {
-            let port = u16::try_from(base as u32 + r).map_err(|_| format!("ZMQ port {base}+{r} is out of range"))?;
-            let replay = match opts.zmq_replay_ports.get(w) {
-                Some(&rb) => {
-                    Some(u16::try_from(rb as u32 + r).map_err(|_| format!("ZMQ port {rb}+{r} is out of range"))?)
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
                 }
-                None => None,
-            };
-            ranks.push(Some(zmq::start(&opts.host, port, replay, opts.zmq_event_format).await?));
+            }
+            tokio::select! {
+                _ = recv(&mut self.int) => {}
+                _ = recv(&mut self.term) => {}
+            }
         }
-        kv_publishers.push(ranks);
-    }
-
-    let tokenizer = Arc::new(tokenizer);
-    let speedup = pools[0].engine.speedup_ratio;
-    let cluster = Cluster::start(ClusterSpec {
-        topology: opts.topology.clone(),
-        router: opts.router.clone(),
-        prefill_load_estimator: opts.prefill_load_estimator.clone(),
-        router_seed: opts.router_seed,
-        speedup,
-        vocabulary: tokenizer.vocabulary(),
-        kv_publishers,
-        seed: opts.seed,
-    });
-    let mut max_model_len = opts.max_model_len.or(cluster.max_model_len()).unwrap_or(DEFAULT_MAX_MODEL_LEN);
-    // A request longer than one rank's KV cache could start, stream, and only then fail when it
-    // can no longer grow; vLLM refuses such a context length at startup. Here the front door
-    // refuses such requests with a 400 instead.
-    let capacity = pools.iter().map(|p| p.rank_engine().kv_capacity_tokens()).min().unwrap_or(u64::MAX);
-    if max_model_len as u64 > capacity {
-        eprintln!(
-            "warning: the context length ({max_model_len} tokens) exceeds the KV cache of one rank \
-             ({capacity} tokens); requests are limited to {capacity} tokens"
-        );
-        max_model_len = capacity as u32;
-    }
-    let started = Instant::now();
-    let ready_at: Arc<Vec<Instant>> = Arc::new(
-        ready_offsets(workers, startup_time_s, opts.stagger_delay_s).into_iter().map(|d| started + d).collect(),
-    );
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let id_salt = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
-    let service = |worker, port| {
-        Arc::new(http::Service {
-            host: opts.host.clone(),
-            port,
-            cluster: cluster.clone(),
-            tokenizer: tokenizer.clone(),
-            model: opts.model_name.clone(),
-            max_model_len,
-            worker,
-            ready_at: ready_at.clone(),
-            created,
-            id_salt,
-        })
-    };
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut servers = tokio::task::JoinSet::new();
-    let mut listeners = vec![(frontend, None)];
-    listeners.extend(worker_listeners.into_iter().enumerate().map(|(w, l)| (l, Some(w))));
-    for (listener, worker) in listeners {
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        match worker {
-            None => println!("servesim: serving {} on http://{addr} ({workers} worker(s))", opts.model_name),
-            Some(w) => println!("servesim: worker {w} on http://{addr}"),
-        }
-        let app = http::router(service(worker, addr.port()));
-        let mut stop = stop_rx.clone();
-        servers.spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            // Streams are many small writes: send each as soon as it is written.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await
-        });
-    }
-    if startup_time_s > 0.0 {
-        println!("servesim: ready in {startup_time_s:.1} s (--startup-time)");
-    }
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-
-    wait_for_signal().await;
-    eprintln!("servesim: shutting down; finishing in-flight requests");
-    let _ = stop_tx.send(true);
-    while let Some(r) = servers.join_next().await {
-        if let Ok(Err(e)) = r {
-            eprintln!("servesim: server error: {e}");
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
-    let c = cluster.clone();
-    tokio::task::spawn_blocking(move || c.shutdown()).await.map_err(|e| e.to_string())?;
-    Ok(())
 }
 
 /// The pool of global worker index `worker` (workers are numbered pool after pool).
-fn pool_of(pools: &[PoolSpec], worker: usize) -> &PoolSpec {
+pub(crate) fn pool_of(pools: &[PoolSpec], worker: usize) -> &PoolSpec {
     let mut w = worker;
     for pool in pools {
         if w < pool.workers as usize {
@@ -238,22 +200,6 @@ fn pool_of(pools: &[PoolSpec], worker: usize) -> &PoolSpec {
         w -= pool.workers as usize;
     }
     &pools[0]
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 #[cfg(test)]

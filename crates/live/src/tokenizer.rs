@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::error::{ModelError, TokenizeError};
+
 /// A chat message as the template sees it (content already flattened to text).
 pub type Messages = Vec<Value>;
 
@@ -68,9 +70,10 @@ impl Tokenizer {
 
     /// Loads `dir/tokenizer.json` and the chat template (`dir/chat_template.jinja`, or
     /// `chat_template` in `dir/tokenizer_config.json`). Only local files are read.
-    pub fn from_dir(dir: &Path) -> Result<Self, String> {
+    pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("tokenizer.json");
-        let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tok = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| ModelError::Tokenizer { path: path.clone(), message: e.to_string() })?;
         let added = tok.get_added_tokens_decoder();
         let size = tok.get_vocab_size(true) as u32;
         let mut pieces = vec![Box::<str>::from(""); size as usize];
@@ -90,7 +93,7 @@ impl Tokenizer {
             vocabulary.push(id);
         }
         if vocabulary.is_empty() {
-            return Err(format!("{}: no ordinary token decodes to text", path.display()));
+            return Err(ModelError::NoVocabulary(path));
         }
         // A token's text depends on what precedes it: SentencePiece-style (Metaspace) decoders
         // drop the leading space of a sequence's first token, WordPiece joins words with spaces.
@@ -119,11 +122,12 @@ impl Tokenizer {
 
     /// Token ids of `text`; `special` adds the tokenizer's special tokens (BOS), as vLLM does
     /// for completion prompts.
-    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, String> {
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizeError> {
         match &self.kind {
-            Kind::Hf(tok) => {
-                tok.encode_fast(text, special).map(|e| e.get_ids().to_vec()).map_err(|e| format!("tokenizer: {e}"))
-            }
+            Kind::Hf(tok) => tok
+                .encode_fast(text, special)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizeError::Encode(e.to_string())),
             Kind::Approx => Ok(approx_encode(text)),
         }
     }
@@ -150,12 +154,16 @@ impl Tokenizer {
     /// is none. `vars` are what the request adds to the template's variables, as vLLM passes
     /// them: `tools`, `add_generation_prompt` and the entries of `chat_template_kwargs` (Qwen3's
     /// `enable_thinking`, say).
-    pub fn render_chat(&self, messages: &Messages, vars: &serde_json::Map<String, Value>) -> Result<String, String> {
+    pub fn render_chat(
+        &self,
+        messages: Messages,
+        vars: serde_json::Map<String, Value>,
+    ) -> Result<String, TokenizeError> {
         match &self.template {
             Some(t) => t.render(messages, vars),
             None => {
                 let mut out = String::new();
-                for m in messages {
+                for m in &messages {
                     let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
                     let content = m.get("content").and_then(Value::as_str).unwrap_or("");
                     out.push_str(&format!("<|{role}|>\n{content}\n"));
@@ -225,15 +233,18 @@ fn xxhash_rust_like(bytes: &[u8]) -> u64 {
 }
 
 impl ChatTemplate {
-    fn load(dir: &Path) -> Result<Option<Self>, String> {
+    fn load(dir: &Path) -> Result<Option<Self>, ModelError> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Option<Value> = match std::fs::read_to_string(&config_path) {
-            Ok(text) => Some(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config_path.display()))?),
+            Ok(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|source| ModelError::Json { path: config_path.clone(), source })?,
+            ),
             Err(_) => None,
         };
         let jinja_path = dir.join("chat_template.jinja");
         let source = if jinja_path.exists() {
-            Some(std::fs::read_to_string(&jinja_path).map_err(|e| format!("{}: {e}", jinja_path.display()))?)
+            Some(std::fs::read_to_string(&jinja_path).map_err(|source| ModelError::Read { path: jinja_path, source })?)
         } else {
             match config.as_ref().and_then(|c| c.get("chat_template")) {
                 None | Some(Value::Null) => None,
@@ -244,7 +255,7 @@ impl ChatTemplate {
                     .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
                     .and_then(|t| t.get("template").and_then(Value::as_str))
                     .map(str::to_string),
-                Some(_) => return Err(format!("{}: chat_template must be a string", config_path.display())),
+                Some(_) => return Err(ModelError::TemplateType(config_path)),
             }
         };
         let Some(source) = source else { return Ok(None) };
@@ -266,21 +277,19 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |_fmt: String| -> String { "01 Jan 2025".to_string() });
         env.add_template_owned("chat", source)
-            .map_err(|e| format!("{}: chat template does not compile: {e}", dir.display()))?;
+            .map_err(|source| ModelError::TemplateCompile { dir: dir.to_path_buf(), source })?;
         Ok(Some(ChatTemplate { env, bos: special("bos_token"), eos: special("eos_token") }))
     }
 
-    fn render(&self, messages: &Messages, vars: &serde_json::Map<String, Value>) -> Result<String, String> {
-        let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
+    fn render(&self, messages: Messages, vars: serde_json::Map<String, Value>) -> Result<String, TokenizeError> {
+        let tmpl = self.env.get_template("chat").map_err(TokenizeError::Render)?;
         let mut context = serde_json::Map::new();
         context.insert("add_generation_prompt".into(), Value::Bool(true));
         context.insert("bos_token".into(), Value::from(self.bos.as_str()));
         context.insert("eos_token".into(), Value::from(self.eos.as_str()));
-        for (k, v) in vars {
-            context.insert(k.clone(), v.clone());
-        }
-        context.insert("messages".into(), Value::Array(messages.clone()));
-        tmpl.render(Value::Object(context)).map_err(|e| format!("chat template: {e}"))
+        context.extend(vars);
+        context.insert("messages".into(), Value::Array(messages));
+        tmpl.render(Value::Object(context)).map_err(TokenizeError::Render)
     }
 }
 
@@ -295,14 +304,14 @@ pub struct ModelFacts {
 
 /// Reads `dir/config.json`: `num_hidden_layers × 2 × num_key_value_heads × head_dim × dtype
 /// bytes` (head_dim from the config when given, else hidden_size / num_attention_heads).
-pub fn model_facts(dir: &Path) -> Result<ModelFacts, String> {
+pub fn model_facts(dir: &Path) -> Result<ModelFacts, ModelError> {
     let path: PathBuf = dir.join("config.json");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ModelFacts::default()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(source) => return Err(ModelError::Read { path, source }),
     };
-    let root: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let root: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json { path, source })?;
     // Multimodal configs keep the language model's fields in `text_config`.
     let cfg = match root.get("text_config") {
         Some(t) if t.is_object() && root.get("num_hidden_layers").is_none() => t,
@@ -382,7 +391,7 @@ mod tests {
         .unwrap();
         assert_eq!(model_facts(&dir).unwrap().kv_bytes_per_token, Some(114_688), "Qwen3-0.6B with its real head_dim");
         std::fs::write(dir.join("config.json"), "{not json").unwrap();
-        assert!(model_facts(&dir).unwrap_err().contains("config.json"));
+        assert!(model_facts(&dir).unwrap_err().to_string().contains("config.json"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

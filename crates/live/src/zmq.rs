@@ -146,15 +146,19 @@ pub async fn start(
     pub_port: u16,
     replay_port: Option<u16>,
     format: EventFormat,
-) -> Result<Publisher, String> {
+) -> Result<Publisher, crate::error::LiveError> {
     let mut socket = PubSocket::new();
     let endpoint = format!("tcp://{host}:{pub_port}");
-    socket.bind(&endpoint).await.map_err(|e| format!("ZMQ KV events: cannot bind {endpoint}: {e}"))?;
+    if let Err(source) = socket.bind(&endpoint).await {
+        return Err(crate::error::LiveError::ZmqBind { what: "events", endpoint, source });
+    }
     let ring: Ring = Arc::new(Mutex::new(VecDeque::new()));
     if let Some(port) = replay_port {
         let mut router = RouterSocket::new();
         let endpoint = format!("tcp://{host}:{port}");
-        router.bind(&endpoint).await.map_err(|e| format!("ZMQ KV replay: cannot bind {endpoint}: {e}"))?;
+        if let Err(source) = router.bind(&endpoint).await {
+            return Err(crate::error::LiveError::ZmqBind { what: "replay", endpoint, source });
+        }
         tokio::spawn(replay(router, ring.clone()));
     }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

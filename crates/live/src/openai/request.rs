@@ -1,44 +1,13 @@
-//! Reading OpenAI-style request bodies: every known field is type-checked (a wrong type is a
-//! 400 naming the field), unknown fields are ignored as vLLM does, and sampling parameters are
-//! accepted without effect (outputs always run to `max_tokens`).
+//! Turning a request body into a [`GenRequest`]: every known field is type-checked (a wrong
+//! type is a 400 naming the field), unknown fields are ignored as vLLM does, and sampling
+//! parameters are accepted without effect (outputs always run to `max_tokens`). The body is read
+//! by [`super::body`]; this module checks the fields in a fixed order and builds the prompt.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::tokenizer::{Messages, Tokenizer};
-
-/// An error to send back: status code, message and offending parameter.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub param: Option<String>,
-}
-
-impl ApiError {
-    pub fn bad(message: impl Into<String>) -> Self {
-        ApiError { status: 400, message: message.into(), param: None }
-    }
-
-    pub fn field(param: &str, message: impl Into<String>) -> Self {
-        ApiError { status: 400, message: message.into(), param: Some(param.to_string()) }
-    }
-
-    pub fn kind(&self) -> &'static str {
-        match self.status {
-            400 => "BadRequestError",
-            404 => "NotFoundError",
-            413 => "RequestEntityTooLarge",
-            503 => "ServiceUnavailableError",
-            _ => "InternalServerError",
-        }
-    }
-
-    pub fn body(&self) -> Value {
-        serde_json::json!({
-            "error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.status},
-        })
-    }
-}
+use super::body::{self, Body, PromptIn, Raw};
+use super::ApiError;
+use crate::tokenizer::Tokenizer;
 
 /// A parsed generation request.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,152 +26,118 @@ pub struct GenRequest {
     pub remote_prefill: bool,
 }
 
+/// Typed access to the fields of a [`Body`], or of one of its small objects (`path` is then
+/// the object's name, and errors name `object.key`).
 struct Fields<'a> {
-    obj: &'a Map<String, Value>,
+    source: Source<'a>,
+    path: &'a str,
+}
+
+enum Source<'a> {
+    Body(&'a Body),
+    Object(&'a Raw),
 }
 
 impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.obj.get(key).filter(|v| !v.is_null())
+    fn of(body: &'a Body) -> Self {
+        Fields { source: Source::Body(body), path: "" }
+    }
+
+    fn param(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+
+    fn wrong(&self, key: &str, what: &str) -> ApiError {
+        let param = self.param(key);
+        ApiError::field(&param, format!("'{param}' must be {what}"))
+    }
+
+    fn raw(&self, key: &str) -> Option<&'a Raw> {
+        match self.source {
+            Source::Body(b) => b.get(key),
+            Source::Object(o) => o.get(key).filter(|v| !v.is_null()),
+        }
     }
 
     fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(key) {
+        match self.raw(key) {
             None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(ApiError::field(key, format!("'{key}' must be a boolean"))),
+            Some(Raw::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.wrong(key, "a boolean")),
         }
     }
 
     fn int(&self, key: &str) -> Result<Option<i64>, ApiError> {
-        match self.get(key) {
+        match self.raw(key) {
             None => Ok(None),
-            Some(v) => match v.as_i64() {
-                Some(i) => Ok(Some(i)),
-                None if v.as_u64().is_some() => Ok(Some(i64::MAX)),
-                None => Err(ApiError::field(key, format!("'{key}' must be an integer"))),
-            },
+            Some(Raw::Int(i)) => Ok(Some(*i)),
+            Some(_) => Err(self.wrong(key, "an integer")),
         }
     }
 
     fn number(&self, key: &str) -> Result<Option<f64>, ApiError> {
-        match self.get(key) {
+        match self.raw(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| ApiError::field(key, format!("'{key}' must be a number"))),
+            Some(Raw::Int(i)) => Ok(Some(*i as f64)),
+            Some(Raw::Float(f)) => Ok(Some(*f)),
+            Some(_) => Err(self.wrong(key, "a number")),
         }
     }
 
     fn string(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
-        match self.get(key) {
+        match self.raw(key) {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(ApiError::field(key, format!("'{key}' must be a string"))),
+            Some(Raw::Str(s)) => Ok(Some(s)),
+            Some(_) => Err(self.wrong(key, "a string")),
         }
     }
 
-    fn object(&self, key: &str) -> Result<Option<Fields<'a>>, ApiError> {
-        match self.get(key) {
+    fn object(&self, key: &'a str) -> Result<Option<Fields<'a>>, ApiError> {
+        match self.raw(key) {
             None => Ok(None),
-            Some(Value::Object(obj)) => Ok(Some(Fields { obj })),
-            Some(_) => Err(ApiError::field(key, format!("'{key}' must be an object"))),
+            Some(obj @ Raw::Map(_)) => Ok(Some(Fields { source: Source::Object(obj), path: key })),
+            Some(_) => Err(self.wrong(key, "an object")),
         }
     }
 }
 
-/// Token ids given directly must be valid `u32`s.
-fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
-    items
-        .iter()
-        .map(|v| {
-            v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(|| {
-                ApiError::field(param, format!("'{param}' token ids must be integers in [0, 2^32), got {v}"))
-            })
-        })
-        .collect()
-}
-
-fn completion_prompt(v: Option<&Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
-    let one = |v: &Value| -> Result<Vec<u32>, ApiError> {
-        match v {
-            Value::String(s) => tok.encode(s, true).map_err(ApiError::bad),
-            Value::Array(items) if items.iter().all(Value::is_number) => token_ids("prompt", items),
-            _ => Err(ApiError::field(
+fn completion_prompt(p: Option<PromptIn>, tok: &Tokenizer) -> Result<(Vec<u32>, u64), ApiError> {
+    let (prompt, count) = match p {
+        None => return Err(ApiError::field("prompt", "'prompt' is required")),
+        Some(PromptIn::Text(s)) => {
+            let ids = tok.encode(&s, true).map_err(|e| ApiError::bad(e.to_string()))?;
+            let n = ids.len() as u64;
+            (ids, n)
+        }
+        Some(PromptIn::Tokens { ids, count }) => (ids, count),
+        Some(PromptIn::BadId(v)) => {
+            return Err(ApiError::field("prompt", format!("'prompt' token ids must be integers in [0, 2^32), got {v}")))
+        }
+        Some(PromptIn::Batch) => return Err(ApiError::field("prompt", "only one prompt per request is supported")),
+        Some(PromptIn::Invalid) => {
+            return Err(ApiError::field(
                 "prompt",
                 "'prompt' must be a string, a list of token ids, or a list of one of these",
-            )),
+            ))
         }
     };
-    let prompt = match v {
-        None => return Err(ApiError::field("prompt", "'prompt' is required")),
-        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(|i| i.is_string() || i.is_array()) => {
-            if items.len() > 1 {
-                return Err(ApiError::field("prompt", "only one prompt per request is supported"));
-            }
-            one(&items[0])?
-        }
-        Some(v) => one(v)?,
-    };
-    if prompt.is_empty() {
+    if count == 0 {
         return Err(ApiError::field("prompt", "the prompt is empty"));
     }
-    Ok(prompt)
-}
-
-/// Messages with their content flattened to text (text parts joined; other parts refused).
-fn chat_messages(v: Option<&Value>) -> Result<Messages, ApiError> {
-    let Some(Value::Array(items)) = v else {
-        return Err(ApiError::field("messages", "'messages' must be a non-empty list of messages"));
-    };
-    if items.is_empty() {
-        return Err(ApiError::field("messages", "'messages' must be a non-empty list of messages"));
-    }
-    let mut out = Vec::with_capacity(items.len());
-    for (i, m) in items.iter().enumerate() {
-        let Value::Object(obj) = m else {
-            return Err(ApiError::field("messages", format!("messages[{i}] must be an object")));
-        };
-        let Some(Value::String(_)) = obj.get("role") else {
-            return Err(ApiError::field("messages", format!("messages[{i}].role must be a string")));
-        };
-        let mut msg = obj.clone();
-        let text = match obj.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for p in parts {
-                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => text.push_str(t),
-                        _ => {
-                            return Err(ApiError::field(
-                                "messages",
-                                format!("messages[{i}].content: only text parts are supported"),
-                            ))
-                        }
-                    }
-                }
-                text
-            }
-            Some(_) => {
-                return Err(ApiError::field(
-                    "messages",
-                    format!("messages[{i}].content must be a string or a list of parts"),
-                ))
-            }
-        };
-        msg.insert("content".into(), Value::String(text));
-        out.push(Value::Object(msg));
-    }
-    Ok(out)
+    Ok((prompt, count))
 }
 
 /// Parses a `/v1/completions` (`chat` false) or `/v1/chat/completions` body. `max_model_len`
 /// bounds prompt plus output.
 pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Result<GenRequest, ApiError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
-    let Value::Object(obj) = &value else { return Err(ApiError::bad("the request body must be a JSON object")) };
-    let f = Fields { obj };
+    let mut b = body::read(body, chat, max_model_len)?;
+    let (prompt_in, messages, tools, kwargs) =
+        (b.prompt.take(), b.messages.take(), b.tools.take(), b.chat_template_kwargs.take());
+    let f = Fields::of(&b);
     let model = f.string("model")?.map(str::to_string);
     // Accepted, no effect: sampling never changes a simulated output.
     for key in ["temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"] {
@@ -212,9 +147,8 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
         f.int(key)?;
     }
     f.bool("ignore_eos")?;
-    match f.get("stop") {
-        None | Some(Value::String(_)) => {}
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {}
+    match f.raw("stop") {
+        None | Some(Raw::Str(_)) | Some(Raw::Seq { all_strings: true, .. }) => {}
         Some(_) => return Err(ApiError::field("stop", "'stop' must be a string or a list of strings")),
     }
     if let Some(n) = f.int("n")? {
@@ -251,48 +185,46 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
     let (mut want_worker_id, mut worker) = (false, None);
     if let Some(nv) = f.object("nvext")? {
         nv.bool("ignore_eos")?;
-        if let Some(Value::Array(fields)) = nv.get("extra_fields") {
-            want_worker_id = fields.iter().any(|v| v.as_str() == Some("worker_id"));
-        } else if nv.get("extra_fields").is_some() {
-            return Err(ApiError::field("nvext", "'nvext.extra_fields' must be a list of strings"));
+        match nv.raw("extra_fields") {
+            None => {}
+            Some(Raw::Seq { worker_id, .. }) => want_worker_id = *worker_id,
+            Some(_) => return Err(nv.wrong("extra_fields", "a list of strings")),
         }
         if let Some(id) = nv.int("backend_instance_id")? {
-            worker = Some(
-                u64::try_from(id).map_err(|_| ApiError::field("nvext", "'nvext.backend_instance_id' must be ≥ 0"))?,
-            );
+            worker = Some(u64::try_from(id).map_err(|_| nv.wrong("backend_instance_id", "≥ 0"))?);
         }
     }
-
     let remote_prefill = match f.object("kv_transfer_params")? {
         Some(kv) => kv.bool("do_remote_prefill")?.unwrap_or(false),
         None => false,
     };
 
-    let prompt = if chat {
-        let messages = chat_messages(f.get("messages"))?;
+    let (prompt, p) = if chat {
+        let messages = messages.unwrap_or_else(|| Err(ApiError::field("messages", "'messages' must be a non-empty list of messages")))?;
         let mut vars = serde_json::Map::new();
-        match f.get("tools") {
+        match tools {
             None | Some(Value::Null) => {}
             Some(tools @ Value::Array(_)) => {
-                vars.insert("tools".into(), tools.clone());
+                vars.insert("tools".into(), tools);
             }
             Some(_) => return Err(ApiError::field("tools", "'tools' must be a list")),
         }
         if let Some(add) = f.bool("add_generation_prompt")? {
             vars.insert("add_generation_prompt".into(), Value::Bool(add));
         }
-        match f.get("chat_template_kwargs") {
+        match kwargs {
             None | Some(Value::Null) => {}
-            Some(Value::Object(kwargs)) => vars.extend(kwargs.iter().map(|(k, v)| (k.clone(), v.clone()))),
+            Some(Value::Object(kwargs)) => vars.extend(kwargs),
             Some(_) => return Err(ApiError::field("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
         }
-        let text = tok.render_chat(&messages, &vars).map_err(ApiError::bad)?;
+        let text = tok.render_chat(messages, vars).map_err(|e| ApiError::bad(e.to_string()))?;
         // The template writes any BOS itself, as vLLM assumes.
-        tok.encode(&text, false).map_err(ApiError::bad)?
+        let ids = tok.encode(&text, false).map_err(|e| ApiError::bad(e.to_string()))?;
+        let n = ids.len() as u64;
+        (ids, n)
     } else {
-        completion_prompt(f.get("prompt"), tok)?
+        completion_prompt(prompt_in, tok)?
     };
-    let p = prompt.len() as u64;
     if p >= max_model_len as u64 {
         return Err(ApiError::field(
             if chat { "messages" } else { "prompt" },
@@ -312,13 +244,12 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
         Some((key, m)) => {
             let total = p.saturating_add(m as u64);
             if total > max_model_len as u64 {
+                let what = if chat { "messages" } else { "prompt" };
                 return Err(ApiError::field(
                     key,
                     format!(
                         "This model's maximum context length is {max_model_len} tokens. However, you requested {total} tokens \
-                         ({p} in the {}, {m} in the completion). Please reduce the length of the {} or completion.",
-                        if chat { "messages" } else { "prompt" },
-                        if chat { "messages" } else { "prompt" },
+                         ({p} in the {what}, {m} in the completion). Please reduce the length of the {what} or completion.",
                     ),
                 ));
             }
@@ -370,6 +301,9 @@ mod tests {
         assert_eq!(err(r#"{"prompt": ["a", "b"]}"#).param.as_deref(), Some("prompt"));
         assert_eq!(err(r#"{"prompt": ""}"#).param.as_deref(), Some("prompt"));
         assert_eq!(err(r#"{"max_tokens": 3}"#).param.as_deref(), Some("prompt"));
+        // null is a missing prompt, not invalid JSON (found by the property test).
+        assert_eq!(err(r#"{"prompt": null}"#).message, "'prompt' is required");
+        assert_eq!(err(r#"{"prompt": "x", "prompt": null}"#).message, "'prompt' is required");
         assert!(err("{not json").message.contains("not valid JSON"));
         assert!(err("[1, 2]").message.contains("JSON object"));
         assert_eq!(err(r#"{"prompt": "x", "min_tokens": 20, "max_tokens": 10}"#).param.as_deref(), Some("min_tokens"));

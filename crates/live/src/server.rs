@@ -1,0 +1,280 @@
+//! Starting and stopping the server: [`start`] binds every listener (port 0 picks a free one),
+//! starts the engines and serves until [`Server::shutdown`], which stops accepting, lets
+//! in-flight responses finish for a grace period and then aborts what is left.
+//!
+//! Connections are served by hyper directly (not `axum::serve`) so that each socket gets the
+//! deadlines of [`crate::conn`] and each connection can be told to finish gracefully or be
+//! dropped.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::cluster::{Cluster, ClusterSpec};
+use crate::conn::{ConnState, TimedIo, Timeouts, Tracked};
+use crate::error::LiveError;
+use crate::tokenizer::Tokenizer;
+use crate::{http, ready_offsets, zmq, ServeOptions, DEFAULT_MAX_MODEL_LEN};
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    worker_addrs: Vec<SocketAddr>,
+    cluster: Arc<Cluster>,
+    model: String,
+    /// Stop accepting; connections finish their current response and close.
+    stop: watch::Sender<bool>,
+    /// Drop every connection now.
+    abort: watch::Sender<bool>,
+    /// One per listener; each returns how many connections it dropped.
+    listeners: JoinSet<usize>,
+}
+
+/// How a shutdown went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shutdown {
+    /// Every in-flight response finished within the grace period.
+    pub drained: bool,
+    /// `force` ended the grace period early.
+    pub forced: bool,
+    /// Connections dropped with a response still in flight.
+    pub aborted_connections: usize,
+}
+
+impl Server {
+    /// The frontend's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Each worker's own address (with `worker_base_port`).
+    pub fn worker_addrs(&self) -> &[SocketAddr] {
+        &self.worker_addrs
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    pub fn num_workers(&self) -> usize {
+        self.cluster.num_workers()
+    }
+
+    /// Stops accepting connections and lets in-flight responses finish for up to `grace`, or
+    /// until `force` resolves; then drops the connections that are left (their requests are
+    /// aborted and their KV freed) and stops the engines.
+    pub async fn shutdown(mut self, grace: Duration, force: impl Future<Output = ()>) -> Shutdown {
+        let _ = self.stop.send(true);
+        let mut aborted = 0;
+        let listeners = &mut self.listeners;
+        let drain = async {
+            while let Some(n) = listeners.join_next().await {
+                aborted += n.unwrap_or(0);
+            }
+        };
+        let (drained, forced) = tokio::select! {
+            _ = drain => (true, false),
+            _ = tokio::time::sleep(grace) => (false, false),
+            _ = force => (false, true),
+        };
+        if !drained {
+            let _ = self.abort.send(true);
+            while let Some(n) = self.listeners.join_next().await {
+                aborted += n.unwrap_or(0);
+            }
+        }
+        let c = self.cluster.clone();
+        let _ = tokio::task::spawn_blocking(move || c.shutdown()).await;
+        Shutdown { drained, forced, aborted_connections: aborted }
+    }
+}
+
+/// Binds the frontend (and each worker's port), starts the engines and serves. Errors are about
+/// setup (ports, ZMQ sockets).
+pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, LiveError> {
+    let pools = opts.topology.pools();
+    let workers: usize = pools.iter().map(|p| p.workers as usize).sum();
+    let startup_time_s = pools[0].deployment.startup_time_s.unwrap_or(0.0);
+    let listen = |port: u16, worker: Option<usize>| {
+        let host = opts.host.clone();
+        async move {
+            TcpListener::bind((host.as_str(), port)).await.map_err(|source| LiveError::Listen {
+                addr: format!("{host}:{port}"),
+                worker,
+                source,
+            })
+        }
+    };
+    // Bind everything before starting anything, so a busy port fails fast.
+    let frontend = listen(opts.port, None).await?;
+    let mut worker_listeners = Vec::new();
+    if let Some(base) = opts.worker_base_port {
+        for w in 0..workers {
+            let port = u16::try_from(base as usize + w).map_err(|_| LiveError::WorkerPort { base, worker: w })?;
+            worker_listeners.push(listen(port, Some(w)).await?);
+        }
+    }
+    let mut kv_publishers = Vec::new();
+    for w in 0..workers {
+        let Some(&base) = opts.zmq_kv_events_ports.get(w) else { break };
+        let dp = crate::pool_of(pools, w).deployment.dp_size;
+        let mut ranks = Vec::new();
+        for r in 0..dp {
+            let port = u16::try_from(base as u32 + r).map_err(|_| LiveError::ZmqPort { base, rank: r })?;
+            let replay = match opts.zmq_replay_ports.get(w) {
+                Some(&rb) => Some(u16::try_from(rb as u32 + r).map_err(|_| LiveError::ZmqPort { base: rb, rank: r })?),
+                None => None,
+            };
+            ranks.push(Some(zmq::start(&opts.host, port, replay, opts.zmq_event_format).await?));
+        }
+        kv_publishers.push(ranks);
+    }
+
+    let tokenizer = Arc::new(tokenizer);
+    let cluster = Cluster::start(ClusterSpec {
+        topology: opts.topology.clone(),
+        router: opts.router.clone(),
+        prefill_load_estimator: opts.prefill_load_estimator.clone(),
+        router_seed: opts.router_seed,
+        speedup: pools[0].engine.speedup_ratio,
+        vocabulary: tokenizer.vocabulary(),
+        kv_publishers,
+        seed: opts.seed,
+    })?;
+    let mut max_model_len = opts.max_model_len.or(cluster.max_model_len()).unwrap_or(DEFAULT_MAX_MODEL_LEN);
+    // A request longer than one rank's KV cache could start, stream, and only then fail when it
+    // can no longer grow; vLLM refuses such a context length at startup. Here the front door
+    // refuses such requests with a 400 instead.
+    let capacity = pools.iter().map(|p| p.rank_engine().kv_capacity_tokens()).min().unwrap_or(u64::MAX);
+    if max_model_len as u64 > capacity {
+        eprintln!(
+            "warning: the context length ({max_model_len} tokens) exceeds the KV cache of one rank \
+             ({capacity} tokens); requests are limited to {capacity} tokens"
+        );
+        max_model_len = capacity as u32;
+    }
+    let started = Instant::now();
+    let ready_at: Arc<Vec<Instant>> = Arc::new(
+        ready_offsets(workers, startup_time_s, opts.stagger_delay_s).into_iter().map(|d| started + d).collect(),
+    );
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let id_salt = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
+
+    let (stop, stop_rx) = watch::channel(false);
+    let (abort, abort_rx) = watch::channel(false);
+    let mut listeners = JoinSet::new();
+    let mut addrs = Vec::new();
+    let all = std::iter::once((frontend, None)).chain(worker_listeners.into_iter().enumerate().map(|(w, l)| (l, Some(w))));
+    for (listener, worker) in all {
+        let addr = listener.local_addr().map_err(|source| LiveError::Listen {
+            addr: format!("{}:{}", opts.host, opts.port),
+            worker,
+            source,
+        })?;
+        addrs.push(addr);
+        let app = http::router(Arc::new(http::Service {
+            host: opts.host.clone(),
+            port: addr.port(),
+            cluster: cluster.clone(),
+            tokenizer: tokenizer.clone(),
+            model: opts.model_name.clone(),
+            max_model_len,
+            worker,
+            ready_at: ready_at.clone(),
+            created,
+            id_salt,
+            body_timeout: opts.timeouts.body,
+        }));
+        listeners.spawn(accept_loop(listener, app, opts.timeouts, stop_rx.clone(), abort_rx.clone()));
+    }
+    Ok(Server {
+        addr: addrs[0],
+        worker_addrs: addrs[1..].to_vec(),
+        cluster,
+        model: opts.model_name.clone(),
+        stop,
+        abort,
+        listeners,
+    })
+}
+
+/// Accepts connections until told to stop, then waits for them to end.
+async fn accept_loop(
+    listener: TcpListener,
+    app: axum::Router,
+    timeouts: Timeouts,
+    mut stop: watch::Receiver<bool>,
+    abort: watch::Receiver<bool>,
+) -> usize {
+    let mut conns = JoinSet::new();
+    let conn_stop = stop.clone();
+    loop {
+        tokio::select! {
+            _ = until(&mut stop) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => {
+                    conns.spawn(connection(tcp, app.clone(), timeouts, conn_stop.clone(), abort.clone()));
+                }
+                // Out of file descriptors, say: wait a little instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
+        }
+    }
+    drop(listener);
+    let mut aborted = 0;
+    while let Some(r) = conns.join_next().await {
+        aborted += matches!(r, Ok(true)) as usize;
+    }
+    aborted
+}
+
+/// Serves one connection; true if it was dropped with a request in flight.
+async fn connection(
+    tcp: TcpStream,
+    app: axum::Router,
+    timeouts: Timeouts,
+    mut stop: watch::Receiver<bool>,
+    mut abort: watch::Receiver<bool>,
+) -> bool {
+    // Streams are many small writes: send each as soon as it is written.
+    let _ = tcp.set_nodelay(true);
+    let state = ConnState::new();
+    let in_flight = state.clone();
+    let io = TokioIo::new(TimedIo::new(tcp, state.clone(), timeouts));
+    let tower = TowerToHyperService::new(app);
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let guard = state.begin();
+        let response = hyper::service::Service::call(&tower, req);
+        async move {
+            let response = response.await?;
+            Ok::<_, Infallible>(response.map(|inner| axum::body::Body::new(Tracked { inner, guard })))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return false,
+        _ = until(&mut stop) => {}
+        _ = until(&mut abort) => return in_flight.in_flight(),
+    }
+    conn.as_mut().graceful_shutdown();
+    tokio::select! {
+        _ = conn.as_mut() => false,
+        _ = until(&mut abort) => in_flight.in_flight(),
+    }
+}
+
+/// Waits until `flag` is set (or its sender is gone).
+async fn until(flag: &mut watch::Receiver<bool>) {
+    let _ = flag.wait_for(|set| *set).await;
+}
