@@ -303,6 +303,9 @@ parity_cases! {
     disaggregated_prefill_waits_for_released_kv => "x_disagg_tight_prefill_waits",
     disaggregated_reservations_one_per_pass => "x_disagg_decode_pressure_reservations",
     sglang_idle_decode_worker_reserves_at_each_empty_pass => "x_sglang_disagg_idle_decode_reserves_each_pass",
+    trtllm_mtp_keeps_the_whole_prefix_hit => "x_trtllm_mtp_whole_prefix_hit",
+    vllm_disaggregated_mtp_burst_victim_keeps_its_prefill => "x_vllm_disagg_mtp_burst_victim_keeps_prefill",
+    sglang_disaggregated_activation_frees_duplicate_pages => "x_sglang_disagg_activation_frees_duplicates",
     // Every trace format: the examples of ../shared/reference/traces.md, and traces made by
     // `scripts/gen_traces.py <format> --requests 300 --seed 11` (in tests/parity/gen).
     format_mooncake_example => "fmt_mooncake_basic",

@@ -66,8 +66,16 @@ impl SglangEngine {
         let req = &mut self.reqs[slot];
         req.computed = req.prompt_len;
         let full = (req.prompt_len / self.page) as usize;
+        let available_before = self.pool.available();
         self.cache_pages(slot, full);
         self.arrived.push_back(slot);
+        // Pages another request had already cached are shared, and this request's copies go
+        // back to the pool: that is new capacity, so the waiting destination head may try
+        // again now (the reference bumps its capacity generation on `ActivateDestination`
+        // when the available tokens grew: scheduler/sglang/core.rs).
+        if self.pool.available() > available_before {
+            self.destinations.bump();
+        }
     }
 
     /// Prefill worker: the decode side has the KV of `id`; its pages join the cache and the

@@ -66,6 +66,9 @@ impl VllmEngine {
                         self.publish_computed_blocks(slot, before, after);
                     }
                 }
+                if speculative && !self.generation_done(&self.reqs[slot]) {
+                    self.return_unused_burst_blocks(slot);
+                }
             }
             if self.generation_done(&self.reqs[slot]) {
                 done.push(slot);
@@ -132,7 +135,30 @@ impl VllmEngine {
                 return;
             }
             let Some(victim) = self.policy.victim(&self.running) else { return };
+            // The prefill of this pass has run: a victim preempted here keeps the prompt work it
+            // was scheduled for in the pass's committed prefill and prefill shape (the reference
+            // retracts decode candidates after scheduling but keeps executed prefill in its
+            // forward-pass metrics: `emit_speculative_ready_tokens` leaves `scheduled` alone,
+            // scheduler/vllm/core.rs).
+            let s = &mut self.reqs[victim].state;
+            s.pass_tokens = 0;
+            s.pass_committed = 0;
+            s.pass_prefill = None;
             self.preempt(victim, out);
+        }
+    }
+
+    /// After a burst, a request keeps the blocks its tokens occupy; the rest of its reservation
+    /// goes back to the free pool (the reference reserves for a full burst, evicting cached
+    /// blocks if it must, then takes from the reservation only what the accepted tokens fill
+    /// and cancels the remainder: `emit_speculative_ready_tokens` in scheduler/vllm/core.rs,
+    /// `BlockPool::cancel`). The evictions stay done; the unused blocks are free, not active.
+    fn return_unused_burst_blocks(&mut self, slot: u32) {
+        let req = &mut self.reqs[slot];
+        let keep = req.len().div_ceil(self.cfg.block_size) as usize;
+        while req.blocks.len() > keep {
+            let copy = req.blocks.pop().expect("a block beyond the kept ones");
+            self.pool.release(copy);
         }
     }
 

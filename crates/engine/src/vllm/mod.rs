@@ -367,8 +367,11 @@ impl VllmEngine {
                 Residency::Inactive => hits += 1,
             }
         }
-        if self.sampler.is_some() && hits > 0 {
-            // The drafter needs the hidden states of the last matched block: recompute it.
+        if recompute && self.sampler.is_some() && hits > 0 {
+            // vLLM's drafter needs the hidden states of the last matched block: recompute it.
+            // TRT-LLM (and a request with nothing left to generate) keeps the whole hit: the
+            // reference drops the block only under the vLLM policy when logits are needed
+            // (`apply_prefix_recompute`/`apply_mtp_prefix_recompute`, kv_manager/vllm_backend.rs).
             hits -= 1;
             active = active.min(hits);
         }
