@@ -210,11 +210,20 @@ def _report(summary_json: str, lines: list[str] | None, replay_mode: str, captur
     return ReplayReport(summary=summary, per_request=per_request, coverage=coverage, planner=None)
 
 
+def _engine_text(value: Any, what: str) -> str | None:
+    """Engine arguments validated with the reference's rules and messages
+    (``normalize_mocker_config``), rendered for the Rust core."""
+    from servesim.mocker.config import core_config_text
+
+    text = _config_text(value, what)
+    return None if text is None else core_config_text(text)
+
+
 def _engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config):
     return dict(
-        extra_engine_args=_config_text(extra_engine_args, "extra_engine_args"),
-        prefill_engine_args=_config_text(prefill_engine_args, "prefill_engine_args"),
-        decode_engine_args=_config_text(decode_engine_args, "decode_engine_args"),
+        extra_engine_args=_engine_text(extra_engine_args, "extra_engine_args"),
+        prefill_engine_args=_engine_text(prefill_engine_args, "prefill_engine_args"),
+        decode_engine_args=_engine_text(decode_engine_args, "decode_engine_args"),
         disaggregated=prefill_engine_args is not None or decode_engine_args is not None,
         router_config=_config_text(router_config, "router_config"),
     )
@@ -295,6 +304,8 @@ def run_trace_replay(
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
     if not trace_files:
         raise Exception("trace replay requires at least one trace file")
+    if trace_format != "dynamo" and len(trace_files) != 1:
+        raise Exception(f"trace_format={trace_format!r} requires exactly one trace file, got {len(trace_files)}")
     summary, lines = _core.run_replay(
         trace_files,
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),

@@ -197,12 +197,11 @@ impl Job {
         };
         let keep = self.capture_per_request || jsonl.is_some();
         // Agentic records come out in graph order (by request id), as the reference lists them.
+        // Others in release order, as the reference lists them (not in completion order).
         let mut records: Vec<(u64, u64, Value)> = Vec::new();
-        let mut seq = 0u64;
         let mut sink = |r: &RequestRecord| {
             let node = r.meta.as_ref().and_then(|m| m.agentic.as_ref()).map_or(0, |ids| ids.node as u64);
-            records.push((node, seq, request_json(r)));
-            seq += 1;
+            records.push((node, r.ordinal, request_json(r)));
         };
         let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> = if keep { Some(&mut sink) } else { None };
         let collector = Collector::new(config.sla, sink_ref);

@@ -17,10 +17,8 @@ _U32_MAX = 2**32 - 1
 def _u32(name: str, value) -> int:
     if not isinstance(value, int):
         raise TypeError(f"argument '{name}': '{type(value).__name__}' object cannot be interpreted as an integer")
-    if value < 0:
-        raise OverflowError(f"argument '{name}': can't convert negative int to unsigned")
-    if value > _U32_MAX:
-        raise OverflowError(f"argument '{name}': out of range integral type conversion attempted")
+    if value < 0 or value > _U32_MAX:
+        raise OverflowError("out of range integral type conversion attempted")
     return int(value)
 
 

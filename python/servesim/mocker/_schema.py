@@ -341,6 +341,8 @@ def _normalize(config: Any) -> dict:
     for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
         if engine.get(name) == 0:
             raise _Plain(f"{name} must be positive")
+    if engine["prefill_decode_interval"] != 0 and backend != "sglang":
+        raise _Plain("prefill_decode_interval is supported only for backend=sglang")
     if top["dp_size"] == 0:
         raise _Plain("dp_size must be positive")
     for name in ("speedup_ratio", "decode_speedup_ratio"):

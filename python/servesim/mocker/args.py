@@ -226,7 +226,7 @@ def _add_router_arguments(p: argparse.ArgumentParser) -> None:
     add("--router-tracking-hash", type=str, default="public-xxh3-v1", choices=["public-xxh3-v1", "keyed-xxh3-v1"])
     add("--router-tracking-key-file", type=str, default=None)
     add("--router-tracking-key-id", type=str, default=None)
-    add("--router-prefill-load-model", type=lambda s: s.lower(), default="none", choices=["none", "ais"])
+    add("--router-prefill-load-model", type=str, default="none", choices=["none", "ais"])
     add("--router-ttl-secs", type=float, default=120.0)
     add("--router-approximate-cache-policy", type=str, default="ttl", choices=["ttl", "lru"])
     add("--router-queue-threshold", action=_Deprecated, type=_nullable(float), default=None)

@@ -55,9 +55,31 @@ def normalize_mocker_config(config: Mapping[str, Any] | str | None = None) -> di
     return normalized
 
 
+# Keys of the canonical form that only matter to a live deployment (capacity estimation from
+# GPU memory, ports, indexer) and that the simulator's reader does not take.
+_NOT_SIMULATED = (
+    "num_gpu_blocks_is_explicit",
+    "gpu_memory_utilization",
+    "mem_fraction_static",
+    "free_gpu_memory_fraction",
+    "cuda_graph_reserved_bytes",
+    "dynamo",
+)
+
+
 def _for_core(config: dict) -> dict:
     """The parts of a normalized configuration the Rust reader takes."""
-    return {k: v for k, v in config.items() if k not in ("dynamo", "num_gpu_blocks_is_explicit", "cuda_graph_reserved_bytes")}
+    out = {k: v for k, v in config.items() if k not in _NOT_SIMULATED}
+    reasoning = (config.get("dynamo") or {}).get("reasoning")
+    if reasoning is not None:
+        out["dynamo"] = {"reasoning": reasoning}
+    return out
+
+
+def core_config_text(config) -> str:
+    """A configuration (mapping or JSON text) validated as the reference does and rendered
+    for the Rust core."""
+    return json.dumps(_for_core(normalize_mocker_config(config)))
 
 
 def _plain(value: Any) -> Any:
@@ -250,11 +272,10 @@ def apply_worker_engine_args_overrides(
     ):
         if value is not None:
             dynamo[key] = value
-    engine = config.setdefault("engine", {})
     if kv_bytes_per_token is not None:
-        engine["kv_transfer_bytes_per_token"] = kv_bytes_per_token
+        config["engine"]["kv_transfer_bytes_per_token"] = kv_bytes_per_token
     if ais_mtp_seed is not None:
-        engine["aic_mtp_seed"] = ais_mtp_seed
+        config["engine"]["aic_mtp_seed"] = ais_mtp_seed
     return normalize_mocker_config(config)
 
 
