@@ -239,6 +239,11 @@ impl Job {
     }
 }
 
+/// A synthetic load as the Python side passes it: input and output tokens, sessions, request
+/// rate, arrival interval (ms), seed, turns per session, shared prefix ratio, prefix groups,
+/// inter-turn delay (ms).
+type SyntheticArgs = (u32, u32, u32, Option<f64>, Option<f64>, u64, u32, f64, u32, f64);
+
 fn parse_format(name: &str) -> PyResult<TraceFormat> {
     TraceFormat::parse(name).ok_or_else(|| {
         PyException::new_err(format!(
@@ -291,7 +296,7 @@ fn run_replay(
     report_jsonl_path: Option<PathBuf>,
     kv_event_lag_ms: Option<f64>,
     router_seed: u64,
-    synthetic: Option<(u32, u32, u32, Option<f64>, Option<f64>, u64, u32, f64, u32, f64)>,
+    synthetic: Option<SyntheticArgs>,
 ) -> PyResult<(String, Option<Vec<String>>)> {
     let kv_router = match router_mode {
         "round_robin" => false,

@@ -298,7 +298,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let mut iterations: u32 = 0;
         loop {
             iterations = iterations.wrapping_add(1);
-            if iterations % 4096 == 0 && progress.cancelled() {
+            if iterations.is_multiple_of(4096) && progress.cancelled() {
                 return Err(SimError::Cancelled { at_ms: self.now });
             }
             if !again {
