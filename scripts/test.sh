@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # The project's test command (what CI runs): the Rust test suite, then the live server's
-# Python suite with real clients (openai SDK, prometheus_client, pyzmq) in a local venv.
+# Python suite with real clients (openai SDK, prometheus_client, pyzmq) in a local venv, then
+# the Python package (servesim.mocker) built into the same venv and its pytest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --release --workspace
-cargo build --release -p servesim
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv || { echo "python3 cannot create a venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
 fi
+# crates/python is built once, by maturin below (its pyo3 build differs from a plain cargo
+# build, so building it here too would compile it twice).
+cargo test --release --workspace --exclude servesim-python
+cargo build --release -p servesim
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/live/requirements.txt
 .venv/bin/python -m pytest -q tests/live
+# servesim.mocker: `maturin develop --release` builds crates/python with the workspace's
+# release profile and target dir and installs it into .venv (editable Python sources).
+.venv/bin/pip install --quiet --disable-pip-version-check 'maturin>=1.5,<2' pytest
+VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release --quiet
+.venv/bin/python -m pytest -q tests/python

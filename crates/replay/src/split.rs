@@ -16,7 +16,7 @@
 //! too; pooled token-gap means and deviations are merged with Chan's formula and may differ
 //! from a single loop's running sums in the last bits.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -59,6 +59,7 @@ pub(crate) fn simulate(
     .min(count);
     let total = workload.num_requests();
     let finished = AtomicU64::new(0);
+    let cancel = AtomicBool::new(false);
     let next_shard = AtomicUsize::new(0);
     let mut results: Vec<Option<Result<(Collector<'static>, f64), SimError>>> = (0..count).map(|_| None).collect();
     std::thread::scope(|scope| {
@@ -68,7 +69,7 @@ pub(crate) fn simulate(
             if index >= count {
                 break;
             }
-            let mut shard_progress = SharedProgress { finished: &finished, reported: 0 };
+            let mut shard_progress = SharedProgress { finished: &finished, reported: 0, cancel: &cancel };
             let shard = Shard { index, count };
             let collector = Collector::new(config.sla, None);
             let result = simulate_shard(workload, config, shard, collector, &mut shard_progress);
@@ -99,6 +100,9 @@ pub(crate) fn simulate(
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
             progress.update(finished.load(Ordering::Relaxed), total);
+            if progress.cancelled() {
+                cancel.store(true, Ordering::Relaxed);
+            }
         }
     });
     let mut end_ms = 0.0f64;
@@ -114,12 +118,17 @@ pub(crate) fn simulate(
 struct SharedProgress<'a> {
     finished: &'a AtomicU64,
     reported: u64,
+    cancel: &'a AtomicBool,
 }
 
 impl Progress for SharedProgress<'_> {
     fn update(&mut self, finished: u64, _total: u64) {
         self.finished.fetch_add(finished - self.reported, Ordering::Relaxed);
         self.reported = finished;
+    }
+
+    fn cancelled(&mut self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
     }
 }
 
@@ -133,9 +142,9 @@ mod tests {
     use crate::metrics::{RequestRecord, Sla};
     use crate::report::{request_json, WALL_CLOCK_KEYS};
     use crate::sim::simulate;
+    use crate::workload::{LoadMode, SessionSpec, TurnSpec};
     use servesim_cluster::Topology;
     use servesim_engine::WorkerArgs;
-    use crate::workload::{LoadMode, SessionSpec, TurnSpec};
 
     fn workload(rng: &mut ChaCha12Rng) -> Workload {
         let mut t = 0.0;

@@ -22,9 +22,7 @@ use rustc_hash::FxHashMap;
 use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
 };
-use servesim_engine::{
-    Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch,
-};
+use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch};
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
 use crate::metrics::{Collector, Sla};
@@ -64,6 +62,12 @@ pub struct SimConfig {
 pub trait Progress {
     /// Called now and then with the number of finished requests and the total.
     fn update(&mut self, finished: u64, total: u64);
+
+    /// Asked now and then during the run; `true` stops it with [`SimError::Cancelled`] (a
+    /// caller such as the Python binding polls for Ctrl-C here).
+    fn cancelled(&mut self) -> bool {
+        false
+    }
 }
 
 impl Progress for () {
@@ -80,6 +84,8 @@ pub enum SimError {
     Deadlock { at_ms: f64, in_flight: usize },
     /// The router's prefill load model could not time a prompt.
     Router { at_ms: f64, why: String },
+    /// The caller's [`Progress::cancelled`] asked the run to stop.
+    Cancelled { at_ms: f64 },
 }
 
 impl std::fmt::Display for SimError {
@@ -90,6 +96,7 @@ impl std::fmt::Display for SimError {
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
             SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
+            SimError::Cancelled { at_ms } => write!(f, "replay cancelled at t={at_ms} ms"),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
                 "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
@@ -291,7 +298,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let mut ready = Vec::new();
         let mut again = false;
         let mut last_reported = u64::MAX;
+        let mut iterations: u32 = 0;
         loop {
+            iterations = iterations.wrapping_add(1);
+            if iterations.is_multiple_of(4096) && progress.cancelled() {
+                return Err(SimError::Cancelled { at_ms: self.now });
+            }
             if !again {
                 let next_event = self.events.peek().map(|Reverse((t, _, _))| t.0);
                 self.now = match (next_event, self.driver.next_ready_ms()) {

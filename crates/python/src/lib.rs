@@ -1,0 +1,394 @@
+//! `servesim._core`: the native half of the `servesim` Python package.
+//!
+//! The Python side (`python/servesim/`) does the argument plumbing and the reference's
+//! Python-side validation; this module does what needs the Rust core: normalising engine
+//! configurations and running a replay on the virtual clock. Values cross the boundary as JSON
+//! text, which keeps the key order of the summary and per-request records exactly as the
+//! report emits it (`json.loads` preserves order).
+//!
+//! A replay runs with the GIL released. The driver asks [`Progress::cancelled`] now and then;
+//! the binding answers by briefly taking the GIL and running Python's signal handlers, so
+//! Ctrl-C raises `KeyboardInterrupt` within a fraction of a second and the run stops cleanly.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use serde_json::Value;
+use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
+use servesim_replay::formats::WekaBasis;
+use servesim_replay::{
+    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, Progress, RequestRecord, RouterMode, SimConfig,
+    SimError, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
+};
+use servesim_router::RouterConfig;
+
+fn timer_factory(key: &str, provider: &str, config: &Value) -> Result<Arc<dyn PassTimer>, ConfigError> {
+    servesim_perf::build_timer(key, provider, config)
+}
+
+/// Parses an engine configuration (either of Dynamo's JSON shapes); relative file paths inside
+/// it (timing profiles) are relative to `dir`.
+fn worker_args(text: &str, dir: &Path) -> Result<WorkerArgs, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let files = |path: &str| {
+        let full = dir.join(path);
+        std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
+    };
+    WorkerArgs::from_value_env(&value, ConfigEnv { files: &files, timers: Some(&timer_factory) })
+        .map_err(|e| config_message(&e))
+}
+
+/// The reference's wording: `invalid engine launch config: <path>: <message>`.
+fn config_message(e: &ConfigError) -> String {
+    if e.path.is_empty() {
+        format!("invalid engine launch config: {}", e.message)
+    } else {
+        format!("invalid engine launch config: {}: {}", e.path, e.message)
+    }
+}
+
+/// `_normalize_mocker_config(text)`: the canonical form of a configuration as JSON text.
+#[pyfunction]
+fn normalize_mocker_config_json(text: &str) -> PyResult<String> {
+    let args = worker_args(text, Path::new(".")).map_err(PyValueError::new_err)?;
+    Ok(args.to_canonical_json().to_string())
+}
+
+/// Polls Python's signal handlers from inside the run (at most every 50 ms).
+struct Interrupts {
+    last: Instant,
+    error: Option<PyErr>,
+}
+
+impl Progress for Interrupts {
+    fn update(&mut self, _finished: u64, _total: u64) {}
+
+    fn cancelled(&mut self) -> bool {
+        if self.error.is_none() && self.last.elapsed() >= Duration::from_millis(50) {
+            self.last = Instant::now();
+            if let Err(e) = Python::with_gil(|py| py.check_signals()) {
+                self.error = Some(e);
+            }
+        }
+        self.error.is_some()
+    }
+}
+
+/// Everything a replay needs, owned, so that it can run without the GIL.
+struct Job {
+    trace_files: Vec<PathBuf>,
+    extra_engine_args: Option<String>,
+    prefill_engine_args: Option<String>,
+    decode_engine_args: Option<String>,
+    disaggregated: bool,
+    router_config: Option<String>,
+    num_workers: u32,
+    num_prefill_workers: u32,
+    num_decode_workers: u32,
+    replay_concurrency: Option<u32>,
+    agentic_lanes: Option<u32>,
+    kv_router: bool,
+    arrival_speedup_ratio: f64,
+    trace_block_size: Option<u32>,
+    trace_format: TraceFormat,
+    trace_shared_prefix_ratio: f64,
+    trace_num_prefix_groups: u32,
+    execution_model: Option<String>,
+    weka_basis: Option<WekaBasis>,
+    sla: Sla,
+    capture_per_request: bool,
+    report_jsonl_path: Option<PathBuf>,
+    kv_event_lag_ms: f64,
+    router_seed: u64,
+    synthetic: Option<SyntheticSpec>,
+}
+
+enum Failure {
+    Input(String),
+    Interrupted(PyErr),
+}
+
+impl Job {
+    fn engine(arg: Option<&str>) -> Result<WorkerArgs, Failure> {
+        match arg {
+            None => Ok(WorkerArgs::default()),
+            Some(text) => worker_args(text, Path::new(".")).map_err(Failure::Input),
+        }
+    }
+
+    fn topology(&self) -> Result<Topology, Failure> {
+        let engine = Self::engine(self.extra_engine_args.as_deref())?;
+        let topology = if self.disaggregated {
+            let staged = |arg: &Option<String>| match arg {
+                Some(text) => Self::engine(Some(text)),
+                None => Ok(engine.clone()),
+            };
+            Topology::disaggregated(
+                (staged(&self.prefill_engine_args)?, self.num_prefill_workers),
+                (staged(&self.decode_engine_args)?, self.num_decode_workers),
+            )
+        } else {
+            Topology::aggregated(engine, self.num_workers)
+        };
+        topology.map_err(|e| Failure::Input(format!("{} {}", e.field, e.message)))
+    }
+
+    fn workload(&self, block_size: u32) -> Result<(Workload, LoadMode), Failure> {
+        if let Some(spec) = &self.synthetic {
+            let spec = SyntheticSpec { block_tokens: block_size, ..spec.clone() };
+            spec.validate().map_err(|e| Failure::Input(e.to_string()))?;
+            let load = match self.replay_concurrency {
+                Some(c) => LoadMode::Concurrency { max_sessions: c },
+                None => LoadMode::Timestamps { speedup: 1.0 },
+            };
+            return Ok((Workload::Synthetic(spec), load));
+        }
+        let options = TraceOptions {
+            trace_block_size: self.trace_block_size,
+            arrival_speedup_ratio: self.arrival_speedup_ratio,
+            replay_concurrency: self.replay_concurrency,
+            agentic_lanes: self.agentic_lanes,
+            execution_model: self.execution_model.clone(),
+            shared_prefix_ratio: self.trace_shared_prefix_ratio,
+            num_prefix_groups: self.trace_num_prefix_groups,
+            weka_basis: self.weka_basis,
+            ..TraceOptions::new(self.trace_format)
+        };
+        load_trace(&self.trace_files, &options).map_err(|e| Failure::Input(e.to_string()))
+    }
+
+    /// Runs the replay; returns the summary and the per-request records, as JSON text.
+    fn run(self) -> Result<(String, Option<Vec<String>>), Failure> {
+        let started = Instant::now();
+        let topology = self.topology()?;
+        let router = if self.kv_router {
+            RouterMode::KvRouter(match &self.router_config {
+                Some(text) => {
+                    RouterConfig::parse_json(text).map_err(|e| Failure::Input(format!("router_config: {e}")))?
+                }
+                None => RouterConfig::default(),
+            })
+        } else {
+            RouterMode::RoundRobin
+        };
+        let (workload, load) = self.workload(topology.block_size())?;
+        let config = SimConfig {
+            topology,
+            router,
+            prefill_load_estimator: None,
+            router_seed: self.router_seed,
+            kv_event_lag_ms: self.kv_event_lag_ms,
+            load,
+            sla: self.sla,
+            seed: self.synthetic.as_ref().map_or(42, |s| s.seed),
+            fast_forward: true,
+            split_workers: true,
+            threads: 0,
+        };
+        let mut jsonl = match &self.report_jsonl_path {
+            Some(path) => Some(std::io::BufWriter::new(
+                std::fs::File::create(path)
+                    .map_err(|e| Failure::Input(format!("{}: cannot create: {e}", path.display())))?,
+            )),
+            None => None,
+        };
+        let keep = self.capture_per_request || jsonl.is_some();
+        // Agentic records come out in graph order (by request id), as the reference lists them.
+        // Others in release order, as the reference lists them (not in completion order).
+        let mut records: Vec<(u64, u64, Value)> = Vec::new();
+        let mut sink = |r: &RequestRecord| {
+            let node = r.meta.as_ref().and_then(|m| m.agentic.as_ref()).map_or(0, |ids| ids.node as u64);
+            records.push((node, r.ordinal, request_json(r)));
+        };
+        let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> = if keep { Some(&mut sink) } else { None };
+        let collector = Collector::new(config.sla, sink_ref);
+        let mut interrupts = Interrupts { last: Instant::now(), error: None };
+        let result = simulate(&workload, &config, collector, &mut interrupts);
+        let mut report = match result {
+            Ok(report) => report,
+            Err(SimError::Cancelled { .. }) => {
+                let e = interrupts.error.unwrap_or_else(|| pyo3::exceptions::PyKeyboardInterrupt::new_err(()));
+                return Err(Failure::Interrupted(e));
+            }
+            Err(e) => return Err(Failure::Input(e.to_string())),
+        };
+        report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let mut summary = report.summary_json();
+        summary.extend(workload.summary_keys());
+        if let Some(e) = workload.take_error() {
+            return Err(Failure::Input(e.to_string()));
+        }
+        records.sort_by_key(|&(node, seq, _)| (node, seq));
+        let lines: Vec<String> = records.into_iter().map(|(_, _, v)| v.to_string()).collect();
+        if let (Some(w), Some(path)) = (jsonl.as_mut(), self.report_jsonl_path.as_ref()) {
+            use std::io::Write;
+            let mut write = || -> std::io::Result<()> {
+                for line in &lines {
+                    w.write_all(line.as_bytes())?;
+                    w.write_all(b"\n")?;
+                }
+                w.flush()
+            };
+            write().map_err(|e| Failure::Input(format!("{}: write failed: {e}", path.display())))?;
+        }
+        let summary = Value::Object(summary).to_string();
+        Ok((summary, self.capture_per_request.then_some(lines)))
+    }
+}
+
+/// A synthetic load as the Python side passes it: input and output tokens, sessions, request
+/// rate, arrival interval (ms), seed, turns per session, shared prefix ratio, prefix groups,
+/// inter-turn delay (ms).
+type SyntheticArgs = (u32, u32, u32, Option<f64>, Option<f64>, u64, u32, f64, u32, f64);
+
+fn parse_format(name: &str) -> PyResult<TraceFormat> {
+    TraceFormat::parse(name).ok_or_else(|| {
+        PyException::new_err(format!(
+            "trace_format must be 'mooncake', 'mooncake-delta', 'agentic_mooncake'/'agentic-mooncake', 'weka', \
+             'applied_compute_agentic', or 'dynamo', got '{name}'"
+        ))
+    })
+}
+
+/// Runs a replay on the virtual clock. Engine and router configurations are JSON text (the
+/// Python side serialises mappings). Returns `(summary_json, per_request_json_lines | None)`.
+/// Errors in the input raise `Exception` with the driver's message; Ctrl-C raises
+/// `KeyboardInterrupt`.
+#[pyfunction]
+#[pyo3(signature = (
+    trace_files, *, extra_engine_args=None, prefill_engine_args=None, decode_engine_args=None,
+    disaggregated=false, router_config=None, num_workers=1, num_prefill_workers=1, num_decode_workers=1,
+    replay_concurrency=None, agentic_lanes=None, router_mode="round_robin", arrival_speedup_ratio=1.0,
+    trace_block_size=None, trace_format="mooncake", trace_shared_prefix_ratio=0.0,
+    trace_num_prefix_groups=0, execution_model=None, weka_nested_timestamp_basis=None,
+    sla_ttft_ms=None, sla_itl_ms=None, sla_e2e_ms=None, capture_per_request=false,
+    report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None
+))]
+#[allow(clippy::too_many_arguments)]
+fn run_replay(
+    py: Python<'_>,
+    trace_files: Vec<PathBuf>,
+    extra_engine_args: Option<String>,
+    prefill_engine_args: Option<String>,
+    decode_engine_args: Option<String>,
+    disaggregated: bool,
+    router_config: Option<String>,
+    num_workers: u32,
+    num_prefill_workers: u32,
+    num_decode_workers: u32,
+    replay_concurrency: Option<u32>,
+    agentic_lanes: Option<u32>,
+    router_mode: &str,
+    arrival_speedup_ratio: f64,
+    trace_block_size: Option<u32>,
+    trace_format: &str,
+    trace_shared_prefix_ratio: f64,
+    trace_num_prefix_groups: u32,
+    execution_model: Option<String>,
+    weka_nested_timestamp_basis: Option<String>,
+    sla_ttft_ms: Option<f64>,
+    sla_itl_ms: Option<f64>,
+    sla_e2e_ms: Option<f64>,
+    capture_per_request: bool,
+    report_jsonl_path: Option<PathBuf>,
+    kv_event_lag_ms: Option<f64>,
+    router_seed: u64,
+    synthetic: Option<SyntheticArgs>,
+) -> PyResult<(String, Option<Vec<String>>)> {
+    let kv_router = match router_mode {
+        "round_robin" => false,
+        "kv_router" => true,
+        other => {
+            return Err(PyException::new_err(format!(
+                "router_mode must be either 'round_robin' or 'kv_router', got '{other}'"
+            )))
+        }
+    };
+    let trace_format = parse_format(trace_format)?;
+    let weka_basis = match weka_nested_timestamp_basis.as_deref() {
+        None => None,
+        Some("auto") => Some(WekaBasis::Auto),
+        Some("absolute") => Some(WekaBasis::Absolute),
+        Some("relative") => Some(WekaBasis::Relative),
+        Some(_) => {
+            return Err(PyValueError::new_err("weka_nested_timestamp_basis must be 'auto', 'absolute', or 'relative'"))
+        }
+    };
+    if replay_concurrency == Some(0) {
+        return Err(PyException::new_err("replay_concurrency must be at least 1"));
+    }
+    if !(arrival_speedup_ratio.is_finite() && arrival_speedup_ratio > 0.0) {
+        return Err(PyException::new_err(format!(
+            "ratio must be a finite positive number, got {arrival_speedup_ratio}"
+        )));
+    }
+    if trace_block_size == Some(0) {
+        return Err(PyException::new_err("trace_block_size must be greater than 0"));
+    }
+    let kv_event_lag_ms = kv_event_lag_ms.unwrap_or(0.0);
+    if !(kv_event_lag_ms.is_finite() && kv_event_lag_ms >= 0.0) {
+        return Err(PyException::new_err("kv_event_lag_ms must be a finite, non-negative value"));
+    }
+    let synthetic =
+        synthetic.map(|(input_tokens, output_tokens, sessions, rate, interval, seed, turns, shared, groups, delay)| {
+            SyntheticSpec {
+                input_tokens,
+                output_tokens,
+                sessions,
+                turns_per_session: turns,
+                arrivals: match (rate, interval) {
+                    (Some(rate_per_s), _) => Arrivals::Poisson { rate_per_s },
+                    (_, Some(interval_ms)) => Arrivals::Interval { interval_ms },
+                    _ => Arrivals::AllAtOnce,
+                },
+                seed,
+                shared_prefix_ratio: shared,
+                num_prefix_groups: groups,
+                inter_turn_delay_ms: delay,
+                block_tokens: 0,
+            }
+        });
+    let job = Job {
+        trace_files,
+        extra_engine_args,
+        prefill_engine_args,
+        decode_engine_args,
+        disaggregated,
+        router_config,
+        num_workers,
+        num_prefill_workers,
+        num_decode_workers,
+        replay_concurrency,
+        agentic_lanes,
+        kv_router,
+        arrival_speedup_ratio,
+        trace_block_size,
+        trace_format,
+        trace_shared_prefix_ratio,
+        trace_num_prefix_groups,
+        execution_model,
+        weka_basis,
+        sla: Sla { ttft_ms: sla_ttft_ms, itl_ms: sla_itl_ms, e2e_ms: sla_e2e_ms },
+        capture_per_request,
+        report_jsonl_path,
+        kv_event_lag_ms,
+        router_seed,
+        synthetic,
+    };
+    match py.allow_threads(move || job.run()) {
+        Ok(out) => Ok(out),
+        Err(Failure::Input(message)) => Err(PyException::new_err(message)),
+        Err(Failure::Interrupted(e)) => Err(e),
+    }
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run_replay, m)?)?;
+    m.add_function(wrap_pyfunction!(normalize_mocker_config_json, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

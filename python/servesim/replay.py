@@ -1,0 +1,408 @@
+"""Replay entry points with the signatures of ``dynamo.replay.api`` (Dynamo 1.6.1).
+
+A replay runs on a virtual clock inside the Rust core with the GIL released; Ctrl-C raises
+``KeyboardInterrupt`` and stops it within a fraction of a second. Offline runs return a
+:class:`ReplayReport`; ``replay_mode="online"`` returns the summary dict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from servesim import _core
+
+__all__ = [
+    "ReplayReport",
+    "PlannerReplayDetails",
+    "run_trace_replay",
+    "run_synthetic_trace_replay",
+]
+
+
+@dataclass
+class PlannerReplayDetails:
+    """Planner-in-the-loop details (never produced yet: servesim has no planner replay)."""
+
+    metadata: dict[str, Any]
+    ticks: list[dict[str, Any]]
+    scaling_events: list[dict[str, Any]]
+    lifecycle_operations: list[dict[str, Any]]
+    total_ticks: int
+    html_report_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metadata": self.metadata,
+            "ticks": self.ticks,
+            "scaling_events": self.scaling_events,
+            "lifecycle_operations": self.lifecycle_operations,
+            "total_ticks": self.total_ticks,
+            "html_report_path": self.html_report_path,
+        }
+
+
+@dataclass
+class ReplayReport:
+    """What an offline replay returns: the summary, per-request records (``None`` unless
+    ``capture_per_request``), coverage flags and planner details (``None`` without a planner)."""
+
+    summary: dict[str, Any]
+    per_request: list[dict[str, Any]] | None
+    coverage: dict[str, Any]
+    planner: PlannerReplayDetails | None
+    telemetry: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "summary": self.summary,
+            "per_request": self.per_request,
+            "coverage": self.coverage,
+            "planner": None if self.planner is None else self.planner.to_dict(),
+        }
+        if self.telemetry is not None:
+            out["telemetry"] = self.telemetry.to_dict()
+        return out
+
+
+def _config_text(value: Any, what: str) -> str | None:
+    """Engine/router configuration as JSON text: a mapping, a JSON string, a path to a JSON
+    file, or an object with a ``to_json``/``__dict__`` (Dynamo's ``KvRouterConfig``)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value))
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        if value.lstrip().startswith("{"):
+            return value
+        if os.path.isfile(value):
+            with open(value, encoding="utf-8") as f:
+                return f.read()
+        return value
+    for method in ("to_json", "model_dump_json"):
+        if callable(getattr(value, method, None)):
+            return getattr(value, method)()
+    if hasattr(value, "__dict__"):
+        return json.dumps({k: v for k, v in vars(value).items() if not k.startswith("_")})
+    raise TypeError(f"{what} must be a mapping, a JSON string or None")
+
+
+def _normalize_trace_files(trace_files) -> list[str]:
+    if isinstance(trace_files, (str, os.PathLike)):
+        trace_files = [trace_files]
+    return [os.fspath(p) for p in trace_files]
+
+
+def _normalize_execution_model(trace_format: str, execution_model: Any) -> str | None:
+    if execution_model is not None:
+        if not isinstance(execution_model, str):
+            raise TypeError("execution_model must be a string or None")
+        execution_model = execution_model.strip()
+        if not execution_model:
+            raise ValueError("execution_model must be non-empty")
+    if trace_format in ("weka", "agentic_mooncake", "agentic-mooncake") and execution_model is None:
+        raise ValueError("agentic execution requires a configured target model")
+    return execution_model
+
+
+def _check_common(replay_mode, max_sim_time_ms, planner_config, telemetry_options, ais_perf_config):
+    if replay_mode not in ("offline", "online"):
+        raise Exception(f"replay_mode must be either 'offline' or 'online', got {replay_mode!r}")
+    if max_sim_time_ms is not None:
+        v = float(max_sim_time_ms)
+        if not (v == v and v not in (float("inf"),) and v >= 0):
+            raise Exception("max_sim_time_ms must be a finite, non-negative value")
+        raise NotImplementedError("servesim does not support max_sim_time_ms yet")
+    if telemetry_options is not None:
+        raise NotImplementedError("servesim does not support telemetry_options yet")
+    if ais_perf_config is not None:
+        raise NotImplementedError(
+            "servesim takes the router's AIS load model from router_config; ais_perf_config is not supported"
+        )
+
+
+# The reference's summary layout (Dynamo 1.6.1, verified): these keys in this order, the
+# goodput keys after ``gpu_hours`` when an SLA is set, then the latency statistics, then the
+# workload's own keys (agentic graph, Weka basis). servesim's report has a few more counters
+# (rejected/incomplete requests, preemptions, speculative accept length); the Python API keeps
+# the reference's shape, and the CLI's ``--format json`` keeps the richer one.
+_SUMMARY_HEAD = (
+    "kv_eviction_policy",
+    "committed_prefill_tokens",
+    "num_requests",
+    "completed_requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "duration_ms",
+    "wall_time_ms",
+    "request_throughput_rps",
+    "input_throughput_tok_s",
+    "output_throughput_tok_s",
+    "total_throughput_tok_s",
+    "prefill_worker_seconds",
+    "decode_worker_seconds",
+    "prefill_gpus_per_worker",
+    "decode_gpus_per_worker",
+    "gpu_hours",
+    "goodput_completed_requests",
+    "goodput_request_throughput_rps",
+    "goodput_output_throughput_tok_s",
+    "power_w",
+    "power_coverage",
+    "processed_tokens",
+    "processed_tokens_per_s",
+    "processed_output_tokens_per_s",
+    "prefix_cache_reused_ratio",
+    "first_admission_prefix_cache_reused_ratio",
+    "num_ttft_samples",
+    "num_tpot_samples",
+    "num_e2e_latency_samples",
+) + tuple(
+    f"{stat}_{metric}"
+    for metric in ("ttft_ms", "ttst_ms", "tpot_ms", "itl_ms", "e2e_latency_ms", "output_token_throughput_per_user")
+    for stat in ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
+)
+_SUMMARY_DEFAULTS = {"kv_eviction_policy": "lru", "power_w": None, "power_coverage": None}
+_SUMMARY_ONLY_SERVESIM = frozenset(
+    ("rejected_requests", "incomplete_requests", "num_preemptions", "decode_forwards", "mean_accept_length")
+)
+# Per-request keys servesim adds to the reference's record.
+_RECORD_ONLY_SERVESIM = frozenset(
+    ("first_admission_reused_input_tokens", "dp_rank", "route_overlap_tokens", "queue_wait_ms")
+)
+
+
+def _reference_summary(native: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in _SUMMARY_HEAD:
+        if key in native:
+            out[key] = native[key]
+        elif key in _SUMMARY_DEFAULTS:
+            out[key] = _SUMMARY_DEFAULTS[key]
+    for key, value in native.items():
+        if key not in out and key not in _SUMMARY_ONLY_SERVESIM:
+            out[key] = value
+    return out
+
+
+def _reference_record(line: str) -> dict[str, Any]:
+    record = json.loads(line)
+    for key in _RECORD_ONLY_SERVESIM.intersection(record):
+        del record[key]
+    return record
+
+
+def _report(summary_json: str, lines: list[str] | None, replay_mode: str, capture: bool):
+    summary = _reference_summary(json.loads(summary_json))
+    if replay_mode == "online":
+        return summary
+    per_request = None if lines is None else [_reference_record(line) for line in lines]
+    coverage = {
+        "capture_per_request": bool(capture),
+        "capture_planner_details": False,
+        "per_request_records": 0 if per_request is None else len(per_request),
+    }
+    return ReplayReport(summary=summary, per_request=per_request, coverage=coverage, planner=None)
+
+
+def _engine_text(value: Any, what: str) -> str | None:
+    """Engine arguments validated with the reference's rules and messages
+    (``normalize_mocker_config``), rendered for the Rust core."""
+    from servesim.mocker.config import core_config_text
+
+    text = _config_text(value, what)
+    return None if text is None else core_config_text(text)
+
+
+def _engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config):
+    return dict(
+        extra_engine_args=_engine_text(extra_engine_args, "extra_engine_args"),
+        prefill_engine_args=_engine_text(prefill_engine_args, "prefill_engine_args"),
+        decode_engine_args=_engine_text(decode_engine_args, "decode_engine_args"),
+        disaggregated=prefill_engine_args is not None or decode_engine_args is not None,
+        router_config=_config_text(router_config, "router_config"),
+    )
+
+
+def run_trace_replay(
+    trace_files,
+    *,
+    extra_engine_args=None,
+    prefill_engine_args=None,
+    decode_engine_args=None,
+    router_config=None,
+    ais_perf_config=None,
+    num_workers=1,
+    num_prefill_workers=1,
+    num_decode_workers=1,
+    replay_concurrency=None,
+    agentic_lanes=None,
+    replay_mode="offline",
+    router_mode="round_robin",
+    arrival_speedup_ratio=1.0,
+    trace_block_size=None,
+    trace_format="mooncake",
+    trace_shared_prefix_ratio=0.0,
+    trace_num_prefix_groups=0,
+    report_jsonl_path=None,
+    max_sim_time_ms=None,
+    model_name=None,
+    sla_ttft_ms=None,
+    sla_itl_ms=None,
+    sla_e2e_ms=None,
+    planner_config=None,
+    performance_model_metadata=None,
+    benchmark_granularity=8,
+    capture_per_request=False,
+    capture_planner_details=True,
+    execution_model=None,
+    weka_nested_timestamp_basis=None,
+    telemetry_options=None,
+    kv_event_lag_ms=None,
+):
+    """Replay trace files through simulated workers on a virtual clock.
+
+    Same signature, defaults and Python-side validation as Dynamo 1.6.1's
+    ``dynamo.replay.api.run_trace_replay``. Prefill/decode engine args make the cluster
+    disaggregated (``num_prefill_workers`` + ``num_decode_workers``). ``replay_mode="online"``
+    returns the summary dict (servesim does not pace it on the wall clock). ``planner_config``,
+    ``telemetry_options``, ``max_sim_time_ms`` and ``ais_perf_config`` raise
+    ``NotImplementedError``; ``model_name``, ``performance_model_metadata`` and
+    ``benchmark_granularity`` are accepted and unused (as the reference does without a planner).
+    """
+    if isinstance(agentic_lanes, bool) or (agentic_lanes is not None and not isinstance(agentic_lanes, int)):
+        raise TypeError("agentic_lanes must be an integer or None")
+    if weka_nested_timestamp_basis is not None:
+        if not isinstance(weka_nested_timestamp_basis, str):
+            raise TypeError("weka_nested_timestamp_basis must be a string or None")
+        if weka_nested_timestamp_basis not in ("auto", "absolute", "relative"):
+            raise ValueError("weka_nested_timestamp_basis must be 'auto', 'absolute', or 'relative'")
+        if trace_format != "weka":
+            raise ValueError("weka_nested_timestamp_basis requires trace_format='weka'")
+    execution_model = _normalize_execution_model(trace_format, execution_model)
+    trace_files = _normalize_trace_files(trace_files)
+    if capture_per_request and replay_mode == "online":
+        raise ValueError(
+            "capture_per_request only supports replay_mode='offline'; "
+            "use report_jsonl_path for online request records"
+        )
+    if planner_config is not None:
+        if replay_mode != "offline":
+            raise ValueError("planner_config replay only supports replay_mode='offline'")
+        if trace_format != "dynamo" and len(trace_files) != 1:
+            raise ValueError(
+                f"planner_config replay with trace_format={trace_format!r} requires exactly one trace file"
+            )
+        if trace_format == "dynamo" and not trace_files:
+            raise ValueError("planner_config replay with trace_format='dynamo' requires at least one trace file")
+        raise NotImplementedError("servesim does not support planner_config replay yet")
+    _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
+    if not trace_files:
+        raise Exception("trace replay requires at least one trace file")
+    if trace_format != "dynamo" and len(trace_files) != 1:
+        raise Exception(f"trace_format={trace_format!r} requires exactly one trace file, got {len(trace_files)}")
+    summary, lines = _core.run_replay(
+        trace_files,
+        **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
+        num_workers=num_workers,
+        num_prefill_workers=num_prefill_workers,
+        num_decode_workers=num_decode_workers,
+        replay_concurrency=replay_concurrency,
+        agentic_lanes=agentic_lanes,
+        router_mode=router_mode,
+        arrival_speedup_ratio=arrival_speedup_ratio,
+        trace_block_size=trace_block_size,
+        trace_format=trace_format,
+        trace_shared_prefix_ratio=trace_shared_prefix_ratio,
+        trace_num_prefix_groups=trace_num_prefix_groups,
+        execution_model=execution_model,
+        weka_nested_timestamp_basis=weka_nested_timestamp_basis,
+        sla_ttft_ms=sla_ttft_ms,
+        sla_itl_ms=sla_itl_ms,
+        sla_e2e_ms=sla_e2e_ms,
+        capture_per_request=bool(capture_per_request),
+        report_jsonl_path=None if report_jsonl_path is None else os.fspath(report_jsonl_path),
+        kv_event_lag_ms=kv_event_lag_ms,
+    )
+    return _report(summary, lines, replay_mode, capture_per_request)
+
+
+def run_synthetic_trace_replay(
+    input_tokens,
+    output_tokens,
+    request_count,
+    *,
+    extra_engine_args=None,
+    prefill_engine_args=None,
+    decode_engine_args=None,
+    router_config=None,
+    ais_perf_config=None,
+    num_workers=1,
+    num_prefill_workers=1,
+    num_decode_workers=1,
+    replay_concurrency=None,
+    replay_mode="offline",
+    router_mode="round_robin",
+    arrival_interval_ms=None,
+    request_rate=None,
+    arrival_seed=42,
+    turns_per_session=1,
+    shared_prefix_ratio=0.0,
+    num_prefix_groups=0,
+    inter_turn_delay_ms=0.0,
+    report_jsonl_path=None,
+    max_sim_time_ms=None,
+    model_name=None,
+    sla_ttft_ms=None,
+    sla_itl_ms=None,
+    sla_e2e_ms=None,
+    planner_config=None,
+    performance_model_metadata=None,
+    benchmark_granularity=8,
+    capture_per_request=False,
+    capture_planner_details=True,
+    telemetry_options=None,
+    kv_event_lag_ms=None,
+):
+    """Replay generated load (``request_count`` sessions of ``input_tokens`` prompt and
+    ``output_tokens`` output tokens) at ``request_rate`` (Poisson), every
+    ``arrival_interval_ms``, or as a closed loop of ``replay_concurrency`` sessions."""
+    if capture_per_request and replay_mode == "online":
+        raise ValueError("capture_per_request only supports replay_mode='offline'")
+    if planner_config is not None:
+        raise NotImplementedError("servesim does not support planner_config replay yet")
+    _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
+    synthetic = (
+        int(input_tokens),
+        int(output_tokens),
+        int(request_count),
+        None if request_rate is None else float(request_rate),
+        None if arrival_interval_ms is None else float(arrival_interval_ms),
+        int(arrival_seed),
+        int(turns_per_session),
+        float(shared_prefix_ratio),
+        int(num_prefix_groups),
+        float(inter_turn_delay_ms),
+    )
+    summary, lines = _core.run_replay(
+        [],
+        **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
+        num_workers=num_workers,
+        num_prefill_workers=num_prefill_workers,
+        num_decode_workers=num_decode_workers,
+        replay_concurrency=replay_concurrency,
+        router_mode=router_mode,
+        sla_ttft_ms=sla_ttft_ms,
+        sla_itl_ms=sla_itl_ms,
+        sla_e2e_ms=sla_e2e_ms,
+        capture_per_request=bool(capture_per_request),
+        report_jsonl_path=None if report_jsonl_path is None else os.fspath(report_jsonl_path),
+        kv_event_lag_ms=kv_event_lag_ms,
+        synthetic=synthetic,
+    )
+    return _report(summary, lines, replay_mode, capture_per_request)

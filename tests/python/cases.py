@@ -1,0 +1,361 @@
+"""The calls the parity suite makes on both implementations.
+
+Each case is ``(function, args, kwargs)``; ``function`` is a name resolved by
+:func:`resolve` in ``dynamo.mocker`` (the reference) or ``servesim.mocker``. The recording
+script (``scripts/record_python_goldens.py``) runs them on the reference and stores what
+:func:`outcome` returns; ``test_parity.py`` runs them on servesim and compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOLDENS = HERE / "goldens"
+# The public Mooncake traces, beside the checkout (never committed).
+TRACES = Path(os.environ.get("SERVESIM_TRACES", HERE.parents[1].parent / "shared" / "traces"))
+CONVERSATION = str(TRACES / "mooncake_conversation_trace.jsonl")
+SYNTHETIC = str(TRACES / "mooncake_synthetic_trace.jsonl")
+
+_MODULES = {
+    "normalize_mocker_config": "config",
+    "performance_config": "config",
+    "engine_limit": "config",
+    "apply_worker_engine_args_overrides": "config",
+    "build_mocker_engine_args": "config",
+    "load_mocker_engine_args": "config",
+    "parse_args": "args",
+    "validate_worker_type_args": "args",
+    "parse_bootstrap_ports": "args",
+    "resolve_planner_profile_data": "args",
+    "compute_stagger_delay": "main",
+    "run_mocker_trace_replay": "",
+    "ReasoningConfig": "",
+}
+
+
+def resolve(package: str, name: str):
+    """``package`` is ``dynamo.mocker`` or ``servesim.mocker``; ``replay.NAME`` names the
+    replay module (``dynamo.replay.api`` / ``servesim.replay``)."""
+    if name.startswith("replay."):
+        module = "dynamo.replay.api" if package.startswith("dynamo") else "servesim.replay"
+        return getattr(importlib.import_module(module), name.split(".", 1)[1])
+    if name == "build_from_argv":
+        parse = resolve(package, "parse_args")
+        build = resolve(package, "build_mocker_engine_args")
+        return lambda argv: build(parse(argv))
+    sub = _MODULES[name]
+    module = importlib.import_module(f"{package}.{sub}" if sub else package)
+    return getattr(module, name)
+
+
+def _jsonable(value):
+    if isinstance(value, argparse.Namespace):
+        return {k: _jsonable(v) for k, v in vars(value).items() if k != "router_advertisement"}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+def outcome(package: str, case) -> dict:
+    """``{"ok": result}`` or ``{"error": [type name, message]}`` (``SystemExit`` → its code)."""
+    import warnings
+
+    name, args, kwargs = case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            result = resolve(package, name)(*args, **kwargs)
+        except SystemExit as e:
+            return {"error": ["SystemExit", str(e.code)]}
+        except Exception as e:  # noqa: BLE001 - the type and message are what is compared
+            return {"error": [type(e).__name__, str(e)]}
+    return {"ok": _jsonable(result)}
+
+
+# --- normalize_mocker_config: accepted configurations -------------------------------------
+NORMALIZE_OK = [
+    None,
+    {},
+    {"engine": {"backend": "sglang"}},
+    {"engine": {"backend": "trtllm"}},
+    {"engine": {"block_size": 16}},
+    {"engine": {"num_gpu_blocks": 100}, "dp_size": 2},
+    {"engine": {"max_model_len": 4096, "max_num_seqs": 8}},
+    {"engine": {"max_num_batched_tokens": 2048, "enable_chunked_prefill": False}},
+    {"engine": {"enable_prefix_caching": False}},
+    {"engine": {"speedup_ratio": 0}},
+    {"engine": {"speedup_ratio": 2, "decode_speedup_ratio": 3.5}},
+    {"engine": {"preemption_mode": "fifo"}},
+    {"engine": {"worker_type": "prefill", "kv_transfer_bandwidth": 25}},
+    {"engine": {"worker_type": "decode", "kv_transfer_timing_mode": "destination_missing"}},
+    {"engine": {"kv_bytes_per_token": 5}},
+    {"engine": {"kv_transfer_bytes_per_token": 131072}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "0.5"}},
+    {"engine": {"aic_nextn": 3, "aic_nextn_accept_rates": "0.9,0.7,0.5", "aic_mtp_seed": 7}},
+    {"engine": {"timing_model": {"type": "fixed", "prefill_ms": 1, "decode_ms": 2}}},
+    {"engine": {"timing_model": {"type": "polynomial"}}},
+    {"engine": {"sglang": {"schedule_policy": "lpm"}}},
+    {"engine": {"backend": "sglang", "sglang": {"max_prefill_tokens": 4096, "chunked_prefill_size": 1024}}},
+    {"engine": {"backend": "sglang", "sglang": {"clip_max_new_tokens": 64, "schedule_conservativeness": 0.5}}},
+    {"engine": {"backend": "trtllm", "trtllm": {"capacity_scheduler_policy": "guaranteed_no_evict"}}},
+    {"engine": {"emit_kv_events": True, "emit_kv_token_ids": True}},
+    {"engine": {"prefill_schedule_interval": 2, "prefill_decode_interval": 3}},
+    {"tensor_parallel_size": 4},
+    {"startup_time": 12.5, "gpu_memory_utilization": 0.8},
+    {"mem_fraction_static": 0.88, "free_gpu_memory_fraction": 0.9, "cuda_graph_reserved_bytes": 1024},
+    {"dynamo": {"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}},
+    {"dynamo": {"router_queue_policy": "wspt", "enable_local_indexer": True}},
+    {"dynamo": {"bootstrap_port": 9000, "zmq_kv_events_port": 5557, "zmq_replay_port": 5558}},
+    {"dynamo": {"handoff_session_timeout_ms": 1000, "response_replay_trace_path": "/tmp/x.jsonl"}},
+    {"engine": []},
+    '{"engine": {"block_size": 32}}',
+    "{}",
+]
+
+# --- normalize_mocker_config: rejected configurations --------------------------------------
+NORMALIZE_BAD = [
+    {"engine": {"foo": 1}},
+    {"engine": {"block_size": "x"}},
+    {"engine": {"backend": "tgi"}},
+    {"block_size": 16},
+    {"engine": {"block_size": 0}},
+    "[]",
+    [],
+    {"dynamo": {"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 2}}},
+    {"engine": {"max_num_seqs": -1}},
+    {"engine": {"max_model_len": "x"}},
+    {"engine": {"max_num_seqs": 1.5}},
+    {"engine": {"speedup_ratio": "x"}},
+    {"engine": {"enable_prefix_caching": 1}},
+    {"engine": {"aic_nextn": "x"}},
+    {"engine": {"aic_mtp_seed": -1}},
+    {"engine": {"worker_type": "x"}},
+    {"engine": {"preemption_mode": "x"}},
+    {"engine": {"kv_transfer_timing_mode": "x"}},
+    {"engine": {"timing_model": {"type": "x"}}},
+    {"engine": {"timing_model": {"type": "fixed"}}},
+    {"engine": {"sglang": {"foo": 1}}},
+    {"engine": {"trtllm": {"capacity_scheduler_policy": "x"}}},
+    {"dynamo": {"foo": 1}},
+    {"dynamo": {"reasoning": {"start_thinking_token_id": 1}}},
+    {"dp_size": "x"},
+    {"engine": {"num_gpu_blocks": None}},
+    {"engine": {"sglang": {"schedule_policy": "x"}}},
+    {"dp_size": 0},
+    {"engine": {"num_gpu_blocks": 0}},
+    {"engine": {"max_num_seqs": 0}},
+    {"startup_time": "x"},
+    {"dynamo": {"bootstrap_port": -1}},
+    {"dynamo": {"bootstrap_port": 70000}},
+    {"engine": {"native_host_offload": {"num_host_blocks": 10}}},
+    {"engine": {"backend": "sglang", "native_host_offload": {"num_host_blocks": 10}}},
+    {"engine": {"timing_model": {"type": "external", "provider": "dynamo_profile", "config": {"path": "/nonexistent.npz"}}}},
+    {"engine": {"speedup_ratio": -1}},
+    {"engine": {"prefix_match_unit": 3}},
+    {"engine": {"max_model_len": -5}},
+    {"engine": {"enable_prefix_caching": None}},
+    {"dynamo": None},
+    {"engine": None},
+    {"dynamo": {"router_queue_policy": "x"}},
+    5,
+]
+
+# --- parse_args ------------------------------------------------------------------------------
+ARGV = [
+    [],
+    ["--num-workers", "3", "--bootstrap-ports", "1,2,3"],
+    ["--engine-type", "sglang", "--sglang-page-size", "4"],
+    ["--engine-type", "sglang", "--sglang-page-size", "4", "--block-size", "4"],
+    ["--is-prefill-worker"],
+    ["--is-decode-worker"],
+    ["--disaggregation-mode", "prefill"],
+    ["--disaggregation-mode", "decode", "--endpoint", "dyn://x.y.z"],
+    ["--no-enable-prefix-caching", "--num-gpu-blocks", "100"],
+    ["--num-gpu-blocks-override", "512", "--block-size", "16", "--max-model-len", "8192"],
+    ["--no-enable-chunked-prefill", "--max-num-seqs", "4", "--max-num-batched-tokens", "1024"],
+    ["--router-mode", "kv", "--no-router-kv-events", "--router-temperature", "0.5"],
+    ["--ais-nextn", "2", "--aic-system", "x"],
+    ["--aic-perf-model", "--model-path", "/models/x"],
+    ["--load-aware"],
+    ["--no-load-aware"],
+    ["--active-decode-blocks-threshold", "None"],
+    ["--active-prefill-tokens-threshold", "100", "--active-prefill-tokens-threshold-frac", "0.5"],
+    ["--sglang-schedule-policy", "fcfs"],
+    ["--speedup-ratio", "0", "--decode-speedup-ratio", "2.5"],
+    ["--data-parallel-size", "4", "--startup-time", "3"],
+    ["--planner-profile-data", "/tmp/p.npz"],
+    ["--extra-engine-args", "/tmp/e.json"],
+    ["--num-workers", "2", "--zmq-kv-events-ports", "5557,5558", "--zmq-replay-ports", "6000,6001"],
+    ["--kv-cache-dtype", "fp8", "--kv-bytes-per-token", "1024"],
+    ["--num-host-blocks", "10", "--host-offload-d2h-bandwidth-gbps", "5"],
+    ["--stagger-delay", "-1", "--discovery-backend", "file", "--event-plane", "zmq"],
+    ["--request-plane", "nats", "--response-plane", "quic"],
+    ["--reasoning", '{"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.3}'],
+    ["--router-track-output-blocks", "--no-router-assume-kv-reuse", "--router-replica-sync"],
+    ["--router-queue-policy", "wspt", "--router-queue-threshold", "1.5"],
+    ["--shared-cache-type", "hicache", "--router-ttl-secs", "30", "--router-approximate-cache-policy", "lru"],
+    ["--router-prefill-load-model", "AIS", "--router-event-threads", "2"],
+    ["--kv-transfer-bandwidth", "25", "--kv-transfer-timing-mode", "destination_missing"],
+    ["--trtllm-capacity-scheduler-policy", "guaranteed_no_evict", "--engine-type", "trtllm"],
+    ["--sglang-max-prefill-tokens", "100", "--sglang-chunked-prefill-size", "50", "--sglang-clip-max-new-tokens", "10"],
+    ["--model-name", "m", "--model-path", "/m", "--response-replay-trace-path", "/tmp/r"],
+]
+ARGV_BAD = [
+    ["--num-workers", "0"],
+    ["--num-workers", "2", "--bootstrap-ports", "1"],
+    ["--zmq-replay-ports", "1"],
+    ["--is-prefill-worker", "--is-decode-worker"],
+    ["--is-prefill-worker", "--disaggregation-mode", "agg"],
+    ["--ais-nextn", "1", "--aic-nextn", "2"],
+    ["--engine-type", "sglang", "--sglang-page-size", "4", "--block-size", "8"],
+    ["--disaggregation-mode", "other"],
+    ["--kv-cache-dtype", "int4"],
+    ["--num-workers", "x"],
+    ["--bootstrap-ports", "1,,2"],
+    ["--unknown-flag"],
+]
+
+# --- build_mocker_engine_args from argument lists -------------------------------------------
+BUILD_ARGV = [
+    [],
+    ["--engine-type", "sglang", "--sglang-schedule-policy", "lpm"],
+    ["--num-gpu-blocks-override", "100", "--block-size", "16", "--data-parallel-size", "2"],
+    ["--ais-nextn", "2", "--ais-nextn-accept-rates", "0.8,0.6"],
+    ["--is-prefill-worker", "--kv-bytes-per-token", "1024", "--kv-transfer-bandwidth", "10"],
+    ["--reasoning", '{"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.3}'],
+    ["--engine-type", "trtllm", "--startup-time", "5", "--gpu-memory-utilization", "0.8"],
+    ["--host-offload-d2h-bandwidth-gbps", "5"],
+    ["--ais-perf-config", '{"model": "x"}', "--ais-system", "h100"],
+]
+
+# --- the other helpers -----------------------------------------------------------------------
+OTHER = [
+    ("compute_stagger_delay", [10, 0], {}),
+    ("compute_stagger_delay", [10, 0.5], {}),
+    ("compute_stagger_delay", [10, -1], {}),
+    ("compute_stagger_delay", [64, -1], {}),
+    ("compute_stagger_delay", [200, -1], {}),
+    ("compute_stagger_delay", [10, -2], {}),
+    ("compute_stagger_delay", [10, -0.5], {}),
+    ("parse_bootstrap_ports", [""], {}),
+    ("parse_bootstrap_ports", [None], {}),
+    ("parse_bootstrap_ports", ["1, 2,3"], {}),
+    ("parse_bootstrap_ports", ["1,,2"], {}),
+    ("parse_bootstrap_ports", ["a"], {}),
+    ("engine_limit", [{"engine": {"max_num_seqs": 5}}, "max_num_seqs"], {}),
+    ("engine_limit", [{"engine": {"max_num_seqs": 5}}, "nope"], {}),
+    ("performance_config", [{"engine": {"timing_model": {"type": "external", "provider": "ais", "config": {"a": 1}}}}], {}),
+    ("performance_config", [{"engine": {"timing_model": {"type": "polynomial"}}}], {}),
+    ("apply_worker_engine_args_overrides", [{}], {"bootstrap_port": 9000, "kv_bytes_per_token": 64, "ais_mtp_seed": 3}),
+    ("apply_worker_engine_args_overrides", [{}], {"zmq_kv_events_port": 5557, "zmq_replay_port": 5558}),
+    ("apply_worker_engine_args_overrides", [{}], {"bootstrap_port": -1}),
+    ("resolve_planner_profile_data", [Path("/nonexistent/profile.npz")], {}),
+    ("resolve_planner_profile_data", [Path("/")], {}),
+    ("ReasoningConfig", [-1, 2, 0.5], {}),
+    ("ReasoningConfig", ["a", 2, 0.5], {}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"agentic_lanes": True}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"agentic_lanes": "2"}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"weka_nested_timestamp_basis": 3}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"weka_nested_timestamp_basis": "x"}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"weka_nested_timestamp_basis": "auto"}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"execution_model": 5}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"execution_model": "  "}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"trace_format": "weka"}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"trace_format": "agentic_mooncake"}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"capture_per_request": True, "replay_mode": "online"}),
+    ("replay.run_trace_replay", [SYNTHETIC], {"planner_config": {}, "replay_mode": "online"}),
+    ("replay.run_trace_replay", [[SYNTHETIC, SYNTHETIC]], {"planner_config": {}}),
+    ("replay.run_trace_replay", [[]], {"planner_config": {}, "trace_format": "dynamo"}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"trace_format": "x"}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"router_mode": "x"}),
+    ("run_mocker_trace_replay", [[]], {}),
+    ("run_mocker_trace_replay", [[SYNTHETIC, SYNTHETIC]], {}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"replay_concurrency": 0}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"arrival_speedup_ratio": 0}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"trace_block_size": 0}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"extra_engine_args": {"engine": {"foo": 1}}}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"extra_engine_args": '{"engine": {"block_size": "x"}}'}),
+]
+
+# --- replays (summary within parity tolerance; key sets and order) ---------------------------
+REPLAYS = [
+    ("run_mocker_trace_replay", [CONVERSATION], {"num_workers": 2, "capture_per_request": True}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"num_workers": 4, "sla_ttft_ms": 500, "sla_itl_ms": 30}),
+    (
+        "run_mocker_trace_replay",
+        [SYNTHETIC],
+        {"extra_engine_args": {"engine": {"block_size": 32, "max_num_seqs": 64}}, "capture_per_request": True},
+    ),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"replay_concurrency": 16, "num_workers": 2}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"extra_engine_args": '{"engine": {"backend": "trtllm"}}', "num_workers": 2}),
+    ("run_mocker_trace_replay", [SYNTHETIC], {"arrival_speedup_ratio": 4.0, "sla_e2e_ms": 20000}),
+    (
+        "replay.run_trace_replay",
+        [SYNTHETIC],
+        {"prefill_engine_args": {"engine": {"worker_type": "prefill"}}, "decode_engine_args": {"engine": {"worker_type": "decode"}},
+         "num_prefill_workers": 2, "num_decode_workers": 2},
+    ),
+]
+
+# Wall-clock quantities differ between runs of either implementation.
+WALL_CLOCK = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
+
+
+def replay_outcome(package: str, case) -> dict:
+    """A replay's summary (less wall-clock keys), its key order, per-request key order, and
+    the first record's nested key orders."""
+    name, args, kwargs = case
+    report = resolve(package, name)(*args, **kwargs)
+    out = {
+        "summary_keys": list(report.summary),
+        "summary": {k: v for k, v in report.summary.items() if k not in WALL_CLOCK},
+        "coverage": report.coverage,
+        "to_dict_keys": list(report.to_dict()),
+        "per_request_is_none": report.per_request is None,
+    }
+    if report.per_request:
+        first = report.per_request[0]
+        out["record_keys"] = list(first)
+        out["routing_history_keys"] = list(first["routing_history"][0]) if first["routing_history"] else []
+        out["admission_history_keys"] = list(first["admission_history"][0]) if first["admission_history"] else []
+        out["num_records"] = len(report.per_request)
+        # Request-level values. The reference's record order is not deterministic (it differs
+        # between two runs of the same call), so records are compared as a sorted multiset.
+        out["records"] = sorted(
+            [r["input_length"], r["output_length"], r["ttft_ms"], r["e2e_latency_ms"], r["terminal_status"]]
+            for r in report.per_request
+        )
+    return out
+
+
+def all_cases():
+    """Every non-replay case, with a stable id."""
+    out = []
+    for i, c in enumerate(NORMALIZE_OK):
+        out.append((f"normalize_ok_{i}", ("normalize_mocker_config", [c], {})))
+    for i, c in enumerate(NORMALIZE_BAD):
+        out.append((f"normalize_bad_{i}", ("normalize_mocker_config", [c], {})))
+    for i, argv in enumerate(ARGV):
+        out.append((f"argv_{i}", ("parse_args", [argv], {})))
+    for i, argv in enumerate(ARGV_BAD):
+        out.append((f"argv_bad_{i}", ("parse_args", [argv], {})))
+    for i, argv in enumerate(BUILD_ARGV):
+        out.append((f"build_{i}", ("build_from_argv", [argv], {})))
+    for i, c in enumerate(OTHER):
+        out.append((f"other_{i}_{c[0]}", c))
+    return out
+
+
+def dump(path: Path, data, indent=1) -> None:
+    path.write_text(json.dumps(data, indent=indent) + "\n")

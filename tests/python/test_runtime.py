@@ -1,0 +1,108 @@
+"""What the binding itself must do: release the GIL during a replay, stop on Ctrl-C, and
+return the report shapes the API promises (no reference needed)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from servesim.mocker import ReasoningConfig, run_mocker_trace_replay
+from servesim.replay import ReplayReport, run_synthetic_trace_replay, run_trace_replay
+
+# Long enough to interrupt: a few seconds of replay.
+LONG = dict(input_tokens=2048, output_tokens=256, request_count=400_000, request_rate=2000.0)
+
+
+def _synthetic(**kw):
+    args = dict(input_tokens=256, output_tokens=16, request_count=200, request_rate=50.0)
+    args.update(kw)
+    return run_synthetic_trace_replay(args.pop("input_tokens"), args.pop("output_tokens"), args.pop("request_count"), **args)
+
+
+def test_gil_is_released_during_a_replay():
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=count)
+    t.start()
+    started = time.perf_counter()
+    _synthetic(request_count=60_000, request_rate=500.0, num_workers=1)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    t.join()
+    # A thread that never got the GIL would have counted (almost) nothing.
+    assert elapsed > 0.2
+    assert ticks > elapsed * 100
+
+
+def test_ctrl_c_stops_a_long_replay():
+    code = (
+        "import sys\n"
+        "from servesim.replay import run_synthetic_trace_replay\n"
+        "print('start', flush=True)\n"
+        "try:\n"
+        f"    run_synthetic_trace_replay(**{LONG!r})\n"
+        "    print('finished')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "start"
+    time.sleep(0.5)
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert out.strip() == "interrupted"
+    assert time.perf_counter() - sent < 2.0
+
+
+def test_report_shapes():
+    report = _synthetic(capture_per_request=True, sla_ttft_ms=1000)
+    assert isinstance(report, ReplayReport)
+    assert list(report.to_dict()) == ["summary", "per_request", "coverage", "planner"]
+    assert report.coverage == {"capture_per_request": True, "capture_planner_details": False, "per_request_records": 200}
+    assert report.planner is None
+    assert len(report.summary) == 84 and "goodput_completed_requests" in report.summary
+    assert report.per_request[0]["session_id"] is not None
+    without = _synthetic()
+    assert without.per_request is None and len(without.summary) == 81
+    online = _synthetic(replay_mode="online")
+    assert isinstance(online, dict) and online["num_requests"] == 200
+
+
+def test_report_jsonl_path_writes_the_records(tmp_path):
+    path = tmp_path / "records.jsonl"
+    report = _synthetic(report_jsonl_path=path, capture_per_request=True)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 200
+    assert list(lines[0])[:3] == ["session_id", "turn_index", "uuid"]
+    assert [r["arrival_time_ms"] for r in lines] == [r["arrival_time_ms"] for r in report.per_request]
+
+
+def test_reasoning_config_and_engine_args_forms(tmp_path):
+    rc = ReasoningConfig(1, 2, 1.5)  # not range-checked here, as in the reference
+    assert (rc.start_thinking_token_id, rc.end_thinking_token_id, rc.thinking_ratio) == (1, 2, 1.5)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        json.dumps({"timestamp": i * 100, "input_length": 1024, "output_length": 8, "hash_ids": [i, i + 1]}) + "\n"
+        for i in range(10)
+    ))
+    as_map = run_mocker_trace_replay(str(trace), extra_engine_args={"engine": {"block_size": 16}})
+    as_text = run_mocker_trace_replay(trace, extra_engine_args='{"engine": {"block_size": 16}}')
+    drop = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"}
+    assert {k: v for k, v in as_map.summary.items() if k not in drop} == {
+        k: v for k, v in as_text.summary.items() if k not in drop
+    }
+    with pytest.raises(NotImplementedError):
+        run_trace_replay(str(trace), planner_config={})
