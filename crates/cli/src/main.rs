@@ -3,6 +3,7 @@
 //! in `servesim-live`.
 
 mod ais;
+mod deploy;
 mod perf;
 mod predict;
 mod progress;
