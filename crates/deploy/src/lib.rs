@@ -6,6 +6,7 @@
 
 pub mod lower;
 pub mod reader;
+pub mod recommend;
 pub mod schema;
 pub mod tree;
 
