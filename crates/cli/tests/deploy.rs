@@ -241,3 +241,98 @@ fn config_mode_rejects_flag_form_options() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--num-workers"));
 }
+
+fn files_under(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            for (n, b) in files_under(&p) {
+                out.push((format!("{}/{n}", p.file_name().unwrap().to_string_lossy()), b));
+            }
+        } else {
+            out.push((p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn four_shards_and_merge_equal_one_run_byte_for_byte() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let one = tmp("rec-one");
+    let out =
+        servesim(&["recommend", "-c", cfg.to_str().unwrap(), "--output-dir", one.to_str().unwrap(), "--overwrite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shards = tmp("rec-shards");
+    let _ = std::fs::remove_dir_all(&shards);
+    for k in 0..4 {
+        let spec = format!("{k}/4");
+        let out = servesim(&[
+            "recommend",
+            "-c",
+            cfg.to_str().unwrap(),
+            "--shard",
+            &spec,
+            "--output-dir",
+            shards.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let merged = tmp("rec-merged");
+    let out = servesim(&[
+        "recommend",
+        "merge",
+        shards.to_str().unwrap(),
+        "--output-dir",
+        merged.to_str().unwrap(),
+        "--overwrite",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (a, b) = (files_under(&one), files_under(&merged));
+    assert_eq!(a.len(), 2 + 54, "recommendation.json, .csv and one YAML per ranked candidate");
+    assert!(a == b, "merged shards differ from one run");
+    // Each recommended config replays with predict -c.
+    let out = predict(&one.join("recommendations/0001.yaml"), &tmp("rec-replay"), &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A missing shard is an error, not a partial result.
+    std::fs::remove_file(shards.join("shard-2-of-4.json")).unwrap();
+    let out =
+        servesim(&["recommend", "merge", shards.to_str().unwrap(), "--output-dir", tmp("rec-bad").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("shard 2 of 4 is missing"));
+    assert!(!tmp("rec-bad").exists());
+}
+
+#[test]
+fn recommend_rankings_follow_the_rules() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let dir = tmp("rec-rank");
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        dir.to_str().unwrap(),
+        "--overwrite",
+        "--set",
+        "optimization.target=pareto",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    assert_eq!(doc["schema_version"], "1.1");
+    assert!(doc["views"]["top_n"].as_array().unwrap().is_empty());
+    assert!(!doc["views"]["pareto_front"].as_array().unwrap().is_empty());
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        tmp("rec-b").to_str().unwrap(),
+        "--set",
+        "optimizer.algorithm=bayesian",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("optimizer.algorithm"));
+}

@@ -756,3 +756,67 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
     }
     files
 }
+
+/// A trial as a shard file keeps it (the candidate is named by its index; the tree is rebuilt
+/// from the configuration when shards are merged).
+pub fn trial_json(index: usize, t: &Trial) -> Value {
+    json!({
+        "index": index,
+        "status": t.status,
+        "reason_category": t.reason_category,
+        "reason": t.reason,
+        "used_gpus": t.used_gpus,
+        "summary": Value::Object(t.summary.clone()),
+    })
+}
+
+const STATUSES: [&str; 6] = ["feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited"];
+const CATEGORIES: [&str; 15] = [
+    "gpu_budget",
+    "kv_capacity",
+    "sla_constraint",
+    "load_constraint",
+    "backend_topology",
+    "runtime_timeout",
+    "resource_limit",
+    "candidate_materialization",
+    "replay_runtime",
+    "runner_contract",
+    "invalid_metrics",
+    "no_samples",
+    "parallel_projection",
+    "adapter_constraint",
+    "unknown",
+];
+
+/// Reads a trial back; `None` when the record is malformed.
+pub fn trial_from_json(search: &Search, v: &Value) -> Option<(usize, Trial)> {
+    let index = v.get("index")?.as_u64()? as usize;
+    let tree = search.candidates.get(index)?.clone();
+    let status = STATUSES.iter().copied().find(|s| v.get("status").and_then(Value::as_str) == Some(*s))?;
+    let reason_category = match v.get("reason_category")? {
+        Value::Null => None,
+        c => Some(CATEGORIES.iter().copied().find(|s| c.as_str() == Some(*s))?),
+    };
+    let reason = v.get("reason")?.as_str().map(str::to_string);
+    let used_gpus = v.get("used_gpus")?.as_u64()?;
+    let summary = v.get("summary")?.as_object()?.clone();
+    Some((index, Trial { tree, used_gpus, status, reason_category, reason, summary }))
+}
+
+/// Evaluates the candidates of shard `k` of `n` (candidate i belongs to shard i mod n).
+pub fn evaluate_shard(search: &Search, base_dir: &Path, threads: usize, k: usize, n: usize) -> Vec<(usize, Trial)> {
+    let indices: Vec<usize> = (0..search.candidates.len()).filter(|i| i % n == k).collect();
+    let sub = Search {
+        base: Value::Null,
+        optimization: search.optimization.clone(),
+        optimizer: search.optimizer.clone(),
+        sla: search.sla.clone(),
+        candidates: indices.iter().map(|&i| search.candidates[i].clone()).collect(),
+    };
+    if sub.candidates.is_empty() {
+        return Vec::new();
+    }
+    let trials = evaluate(&sub, base_dir, threads, &|_, _| {});
+    indices.into_iter().zip(trials).collect()
+}
