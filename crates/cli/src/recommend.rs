@@ -195,8 +195,8 @@ fn finish(
     started: Option<Instant>,
 ) -> Result<(), Failure> {
     let n = trials.len();
-    let ranked = servesim_deploy::recommend::rank(&search, trials);
-    let files = servesim_deploy::recommend::outputs(&search, &ranked);
+    let ranked = servesim_deploy::recommend::rank(search, trials);
+    let files = servesim_deploy::recommend::outputs(search, &ranked);
     std::fs::create_dir_all(staged.path("recommendations")).map_err(|e| Failure::run(format!("cannot create: {e}")))?;
     for (name, bytes) in &files {
         let p = staged.path(name);
