@@ -203,18 +203,26 @@ fn finish(
         std::fs::write(&p, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", p.display())))?;
     }
     staged.commit()?;
+    // Written without println! so a closed pipe (`| head`) is not a panic.
+    let mut text = String::new();
+    use std::fmt::Write as _;
     match json {
         true => {
-            println!("{}", String::from_utf8_lossy(&files[0].1));
+            let _ = writeln!(text, "{}", String::from_utf8_lossy(&files[0].1));
         }
         false => {
             let o = &search.optimization;
             let took = started.map(|s| format!(" in {:.1} s", s.elapsed().as_secs_f64())).unwrap_or_default();
-            println!("{n} candidates ({} algorithm) evaluated{took}; target {}", search.optimizer.algorithm, o.target);
+            let _ = writeln!(
+                text,
+                "{n} candidates ({} algorithm) evaluated{took}; target {}",
+                search.optimizer.algorithm, o.target
+            );
             let view = if o.target == "pareto" { &ranked.pareto } else { &ranked.top_n };
             for (rank, &i) in view.iter().take(10).enumerate() {
                 let t = &ranked.trials[i];
-                println!(
+                let _ = writeln!(
+                    text,
                     "{:>3}. candidate-{:06}  score {:>12.4}  gpus {:>3}  {}",
                     rank + 1,
                     i + 1,
@@ -223,9 +231,10 @@ fn finish(
                     serde_json::to_string(&knobs(&t.tree)).unwrap_or_default()
                 );
             }
-            println!("Saved recommendation to: {}", output_dir.join("recommendation.json").display());
+            let _ = writeln!(text, "Saved recommendation to: {}", output_dir.join("recommendation.json").display());
         }
     }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     Ok(())
 }
 
