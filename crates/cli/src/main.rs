@@ -3,9 +3,11 @@
 //! in `servesim-live`.
 
 mod ais;
+mod deploy;
 mod perf;
 mod predict;
 mod progress;
+mod recommend;
 mod serve;
 mod table;
 
@@ -24,6 +26,9 @@ struct Cli {
 enum Command {
     /// Replay a trace or a synthetic load through simulated workers and report latencies.
     Predict(Box<predict::PredictArgs>),
+    /// Search deployments of a model under a GPU budget (a deployment YAML with search domains)
+    /// and rank them.
+    Recommend(Box<recommend::RecommendArgs>),
     /// Serve simulated engines on a wall clock: OpenAI-compatible HTTP API, Prometheus metrics
     /// with vLLM names, ZMQ KV events.
     Serve(Box<serve::ServeArgs>),
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Predict(args) => predict::run(*args),
+        Command::Recommend(args) => recommend::run(*args),
         Command::Serve(args) => serve::run(*args),
         Command::Perf(args) => perf::run(*args),
     };

@@ -178,6 +178,8 @@ pub struct PredictArgs {
     /// `table` (default) prints the metrics table; `json` prints only the summary object.
     #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
     format: Format,
+    #[command(flatten)]
+    deploy: crate::deploy::ConfigFlags,
 }
 
 /// Reads an inline JSON document or a JSON file given to `--flag`. `parse` gets the text and the
@@ -336,6 +338,10 @@ fn create(path: &Path) -> Result<BufWriter<File>, Failure> {
 }
 
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
+    if a.deploy.config.is_some() {
+        return crate::deploy::predict(&a.deploy, a.format == Format::Json);
+    }
+    a.deploy.check_flag_form()?;
     let started = Instant::now();
     let cluster = cluster(&a)?;
     for (name, v) in [("sla-ttft-ms", a.sla_ttft_ms), ("sla-itl-ms", a.sla_itl_ms), ("sla-e2e-ms", a.sla_e2e_ms)] {

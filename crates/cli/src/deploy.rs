@@ -1,0 +1,206 @@
+//! `servesim predict -c FILE`: the unified deployment YAML (servesim-deploy) run once, written
+//! to an output directory as the reference does (`prediction.json`, `requests.jsonl`).
+
+use std::fs;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use servesim_replay::{request_json, RequestRecord};
+
+use crate::progress::Bar;
+use crate::table;
+use crate::Failure;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Stack {
+    Engine,
+    Dynamo,
+}
+
+/// The flags of the configuration-file form of predict.
+#[derive(Args, Debug, Default)]
+pub struct ConfigFlags {
+    /// A unified deployment YAML (traffic / engine / evaluation / router); replaces the
+    /// trace, engine and load flags.
+    #[arg(short = 'c', long = "config", value_name = "FILE", help_heading = "Deployment config")]
+    pub config: Option<PathBuf>,
+    /// Override a configuration value: a dotted key path and a YAML value (repeatable).
+    #[arg(long = "set", value_name = "PATH=VALUE", help_heading = "Deployment config")]
+    pub set: Vec<String>,
+    /// Where prediction.json (and requests.jsonl) go.
+    #[arg(long, value_name = "DIR", default_value = "aisimulate-output", help_heading = "Deployment config")]
+    pub output_dir: PathBuf,
+    /// Replace an existing output directory.
+    #[arg(long, help_heading = "Deployment config")]
+    pub overwrite: bool,
+    /// Also write requests.jsonl, one record per request.
+    #[arg(long, help_heading = "Deployment config")]
+    pub capture_per_request: bool,
+    /// Accepted for compatibility: servesim has one stack, and `router:` works with either.
+    #[arg(long, value_enum, value_name = "NAME", help_heading = "Deployment config")]
+    pub stack: Option<Stack>,
+}
+
+impl ConfigFlags {
+    /// Without -c these flags have nothing to act on.
+    pub fn check_flag_form(&self) -> Result<(), Failure> {
+        if !self.set.is_empty() || self.overwrite || self.capture_per_request || self.stack.is_some() {
+            return Err(Failure::input(
+                "--set, --overwrite, --capture-per-request and --stack apply to -c/--config (use --report-json / --report-jsonl with the flag form)",
+            ));
+        }
+        if self.output_dir != Path::new("aisimulate-output") {
+            return Err(Failure::input(
+                "--output-dir applies to -c/--config (use --report-json / --report-jsonl with the flag form)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Flags of the flag form that mean nothing with `-c` (the configuration says it).
+const CONFIG_MODE_FLAGS: &[&str] =
+    &["-c", "--config", "--set", "--output-dir", "--overwrite", "--capture-per-request", "--stack", "--format"];
+
+fn check_no_other_flags() -> Result<(), Failure> {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let mut skip_value = false;
+    for a in &args {
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        let name = a.split('=').next().unwrap_or(a);
+        if CONFIG_MODE_FLAGS.contains(&name) {
+            skip_value = !a.contains('=') && !matches!(name, "--overwrite" | "--capture-per-request");
+            continue;
+        }
+        return Err(Failure::input(format!(
+            "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
+             --overwrite, --format, --capture-per-request and --stack apply"
+        )));
+    }
+    Ok(())
+}
+
+/// A directory written under a temporary name and renamed into place when complete, so an
+/// error never leaves a directory that looks like a finished run.
+pub struct Staged {
+    tmp: PathBuf,
+    target: PathBuf,
+    done: bool,
+}
+
+impl Staged {
+    pub fn new(target: &Path, overwrite: bool) -> Result<Staged, Failure> {
+        if target.exists() && !overwrite {
+            return Err(Failure::input(format!(
+                "{}: output directory exists; pass --overwrite to replace it",
+                target.display()
+            )));
+        }
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "output".into());
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(|e| Failure::input(format!("{}: cannot create: {e}", parent.display())))?;
+        let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir(&tmp).map_err(|e| Failure::input(format!("{}: cannot create: {e}", tmp.display())))?;
+        Ok(Staged { tmp, target: target.to_path_buf(), done: false })
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.tmp.join(file)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Moves the finished directory into place (replacing an old one).
+    pub fn commit(mut self) -> Result<(), Failure> {
+        let fail = |e: std::io::Error| Failure::run(format!("{}: cannot move into place: {e}", self.target.display()));
+        if self.target.exists() {
+            let old = self.tmp.with_extension("old");
+            fs::rename(&self.target, &old).map_err(fail)?;
+            fs::rename(&self.tmp, &self.target).map_err(fail)?;
+            let _ = fs::remove_dir_all(&old);
+        } else {
+            fs::rename(&self.tmp, &self.target).map_err(fail)?;
+        }
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    fs::write(path, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", path.display())))
+}
+
+pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
+    let started = Instant::now();
+    check_no_other_flags()?;
+    let path = f.config.as_deref().expect("called with -c");
+    let prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
+    let staged = Staged::new(&f.output_dir, f.overwrite)?;
+    let mut records = if f.capture_per_request {
+        let p = staged.path("requests.jsonl");
+        Some(BufWriter::new(
+            fs::File::create(&p).map_err(|e| Failure::run(format!("{}: cannot create: {e}", p.display())))?,
+        ))
+    } else {
+        None
+    };
+    let mut write_error: Option<std::io::Error> = None;
+    let mut sink = |r: &RequestRecord| {
+        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+            let line = request_json(r);
+            if let Err(e) =
+                serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
+            {
+                write_error = Some(e);
+            }
+        }
+    };
+    let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
+        if f.capture_per_request { Some(&mut sink) } else { None };
+    let mut bar = Bar::new();
+    let result = servesim_deploy::run_prediction(&prepared, sink_ref, &mut bar);
+    bar.finish();
+    let mut report = result.map_err(Failure::run)?;
+    report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if let Some(e) = prepared.workload.take_error() {
+        return Err(Failure::run(format!("{e} (the trace changed during the replay)")));
+    }
+    if let Some(e) = write_error {
+        return Err(Failure::run(format!("requests.jsonl: write failed: {e}")));
+    }
+    if let Some(mut w) = records.take() {
+        w.flush().map_err(|e| Failure::run(format!("requests.jsonl: write failed: {e}")))?;
+    }
+    let summary =
+        servesim_deploy::sorted(&serde_json::Value::Object(servesim_deploy::prediction_summary(&prepared, &report)));
+    let compact = serde_json::to_string(&summary).expect("summary serialises");
+    write_file(&staged.path("prediction.json"), compact.as_bytes())?;
+    let _ = staged.dir();
+    staged.commit()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
+    } else {
+        print!("{}", table::render(&report));
+        println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
+    }
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! `servesim recommend -c FILE`: evaluate the search space of a deployment YAML
+//! (servesim-deploy's `recommend`) on every core and write the ranked result.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Args;
+
+use crate::deploy::{Stack, Staged};
+use crate::Failure;
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RecommendArgs {
+    #[command(subcommand)]
+    pub merge: Option<MergeCommand>,
+    /// A unified deployment YAML with `optimization` / `optimizer` sections and search domains.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Evaluate only shard K of N (0-based; candidate i belongs to shard i mod N) and write
+    /// shard-K-of-N.json into the output directory; `recommend merge` combines the shards.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
+    /// Override a configuration value: a dotted key path and a YAML value (repeatable).
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<String>,
+    #[arg(long, value_name = "DIR", default_value = "aisimulate-output")]
+    pub output_dir: PathBuf,
+    /// Replace an existing output directory.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// `table` prints the best candidates; `json` prints recommendation.json.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: crate::predict::Format,
+    /// Accepted for compatibility: servesim has one stack.
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub stack: Option<Stack>,
+    /// Threads evaluating candidates (0: every core).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub threads: usize,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum MergeCommand {
+    /// Combine the shard files of `recommend --shard K/N` runs into the files one run writes.
+    Merge {
+        /// Directories (or shard files) written by the shards.
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        #[arg(long, value_name = "DIR", default_value = "aisimulate-output")]
+        output_dir: PathBuf,
+        #[arg(long)]
+        overwrite: bool,
+    },
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize), Failure> {
+    let bad = || Failure::input(format!("--shard {s:?}: expected K/N with 0 <= K < N"));
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let (k, n): (usize, usize) = (k.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+    if n == 0 || k >= n {
+        return Err(bad());
+    }
+    Ok((k, n))
+}
+
+fn read_search(tree: &serde_json::Value, file: &str) -> Result<servesim_deploy::recommend::Search, Failure> {
+    let search = servesim_deploy::recommend::read_search(tree).map_err(|e| Failure::input(format!("{file}: {e}")))?;
+    // The base configuration must be a valid predict configuration apart from its domains:
+    // check the first candidate strictly before spending time on the rest.
+    servesim_deploy::schema::read_predict(&search.candidates[0]).map_err(|e| Failure::input(format!("{file}: {e}")))?;
+    Ok(search)
+}
+
+fn merge(dirs: &[PathBuf], output_dir: &Path, overwrite: bool, json: bool) -> Result<(), Failure> {
+    let mut shards = Vec::new();
+    for d in dirs {
+        let files: Vec<PathBuf> = if d.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(d)
+                .map_err(|e| Failure::input(format!("{}: {e}", d.display())))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("shard-") && n.ends_with(".json"))
+                })
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![d.clone()]
+        };
+        for f in files {
+            let text = std::fs::read(&f).map_err(|e| Failure::input(format!("{}: cannot read: {e}", f.display())))?;
+            let v: serde_json::Value = serde_json::from_slice(&text)
+                .map_err(|e| Failure::input(format!("{}: not a shard file: {e}", f.display())))?;
+            shards.push((f, v));
+        }
+    }
+    let Some((first_path, first)) = shards.first() else {
+        return Err(Failure::input("no shard-K-of-N.json files found"));
+    };
+    let n = first["of"].as_u64().unwrap_or(0) as usize;
+    let tree = first["config"].clone();
+    let base = PathBuf::from(first["config_dir"].as_str().unwrap_or("."));
+    let search = read_search(&tree, &first_path.display().to_string())?;
+    let mut trials: Vec<Option<servesim_deploy::recommend::Trial>> = vec![None; search.candidates.len()];
+    let mut seen = vec![false; n];
+    for (f, v) in &shards {
+        if v["config"] != tree || v["of"].as_u64() != Some(n as u64) {
+            return Err(Failure::input(format!("{}: a shard of a different search", f.display())));
+        }
+        let k = v["shard"].as_u64().unwrap_or(u64::MAX) as usize;
+        if k >= n || seen[k] {
+            return Err(Failure::input(format!("{}: shard {k} of {n} repeated or out of range", f.display())));
+        }
+        seen[k] = true;
+        for t in v["trials"].as_array().into_iter().flatten() {
+            let (i, trial) = servesim_deploy::recommend::trial_from_json(&search, t)
+                .ok_or_else(|| Failure::input(format!("{}: malformed trial record", f.display())))?;
+            trials[i] = Some(trial);
+        }
+    }
+    if let Some(k) = seen.iter().position(|s| !s) {
+        return Err(Failure::input(format!("shard {k} of {n} is missing")));
+    }
+    let trials: Vec<_> = trials
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.ok_or_else(|| Failure::input(format!("candidate {i} was evaluated by no shard"))))
+        .collect::<Result<_, _>>()?;
+    let _ = base;
+    let staged = Staged::new(output_dir, overwrite)?;
+    finish(&search, trials, staged, output_dir, json, None)
+}
+
+pub fn run(a: RecommendArgs) -> Result<(), Failure> {
+    let json = a.format == crate::predict::Format::Json;
+    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite }) = &a.merge {
+        return merge(dirs, output_dir, *overwrite, json);
+    }
+    let started = Instant::now();
+    let config = a
+        .config
+        .as_deref()
+        .ok_or_else(|| Failure::input("recommend needs -c/--config FILE (or `recommend merge DIR...`)"))?;
+    let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
+    let file = config.display().to_string();
+    let search = read_search(&tree, &file)?;
+    let base = config.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+    if let Some(spec) = &a.shard {
+        let (k, n) = parse_shard(spec)?;
+        std::fs::create_dir_all(&a.output_dir)
+            .map_err(|e| Failure::input(format!("{}: cannot create: {e}", a.output_dir.display())))?;
+        let name = a.output_dir.join(format!("shard-{k}-of-{n}.json"));
+        if name.exists() && !a.overwrite {
+            return Err(Failure::input(format!("{}: exists; pass --overwrite to replace it", name.display())));
+        }
+        let trials = servesim_deploy::recommend::evaluate_shard(&search, &base, a.threads, k, n);
+        let doc = serde_json::json!({
+            "shard": k,
+            "of": n,
+            "config": tree,
+            "config_dir": std::fs::canonicalize(&base).unwrap_or(base.clone()),
+            "trials": trials.iter().map(|(i, t)| servesim_deploy::recommend::trial_json(*i, t)).collect::<Vec<_>>(),
+        });
+        let tmp = a.output_dir.join(format!(".shard-{k}-of-{n}.json.partial"));
+        std::fs::write(&tmp, serde_json::to_vec(&doc).expect("serialises"))
+            .and_then(|_| std::fs::rename(&tmp, &name))
+            .map_err(|e| Failure::run(format!("{}: write failed: {e}", name.display())))?;
+        println!("shard {k}/{n}: {} candidates -> {}", trials.len(), name.display());
+        return Ok(());
+    }
+    let staged = Staged::new(&a.output_dir, a.overwrite)?;
+    let show = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let progress = |done: usize, total: usize| {
+        if show {
+            eprint!("\r{done}/{total} candidates");
+        }
+    };
+    let trials = servesim_deploy::recommend::evaluate(&search, &base, a.threads, &progress);
+    if show {
+        eprintln!();
+    }
+    finish(&search, trials, staged, &a.output_dir, json, Some(started))
+}
+
+fn finish(
+    search: &servesim_deploy::recommend::Search,
+    trials: Vec<servesim_deploy::recommend::Trial>,
+    staged: Staged,
+    output_dir: &Path,
+    json: bool,
+    started: Option<Instant>,
+) -> Result<(), Failure> {
+    let n = trials.len();
+    let ranked = servesim_deploy::recommend::rank(search, trials);
+    let files = servesim_deploy::recommend::outputs(search, &ranked);
+    std::fs::create_dir_all(staged.path("recommendations")).map_err(|e| Failure::run(format!("cannot create: {e}")))?;
+    for (name, bytes) in &files {
+        let p = staged.path(name);
+        std::fs::write(&p, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", p.display())))?;
+    }
+    staged.commit()?;
+    // Written without println! so a closed pipe (`| head`) is not a panic.
+    let mut text = String::new();
+    use std::fmt::Write as _;
+    match json {
+        true => {
+            let _ = writeln!(text, "{}", String::from_utf8_lossy(&files[0].1));
+        }
+        false => {
+            let o = &search.optimization;
+            let took = started.map(|s| format!(" in {:.1} s", s.elapsed().as_secs_f64())).unwrap_or_default();
+            let _ = writeln!(
+                text,
+                "{n} candidates ({} algorithm) evaluated{took}; target {}",
+                search.optimizer.algorithm, o.target
+            );
+            let view = if o.target == "pareto" { &ranked.pareto } else { &ranked.top_n };
+            for (rank, &i) in view.iter().take(10).enumerate() {
+                let t = &ranked.trials[i];
+                let _ = writeln!(
+                    text,
+                    "{:>3}. candidate-{:06}  score {:>12.4}  gpus {:>3}  {}",
+                    rank + 1,
+                    i + 1,
+                    ranked.scores[i],
+                    t.used_gpus,
+                    serde_json::to_string(&knobs(&t.tree)).unwrap_or_default()
+                );
+            }
+            let _ = writeln!(text, "Saved recommendation to: {}", output_dir.join("recommendation.json").display());
+        }
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+    Ok(())
+}
+
+fn knobs(tree: &serde_json::Value) -> serde_json::Value {
+    tree.pointer("/engine/workers").cloned().unwrap_or_default()
+}

@@ -1,0 +1,338 @@
+//! `servesim predict -c FILE` (the unified deployment YAML): parity with the reference's
+//! `prediction.json` on its example configs, overrides, and bad input.
+//!
+//! The goldens in tests/deploy/ are the reference's example configs and outputs, copied from
+//! ../shared/parity/aisimulate-examples/ (made there by `run_examples.sh`, i.e.
+//! `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py NAME.yaml
+//! --stack engine`, aisimulate 0.13.0.dev202610270000000085).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy")
+}
+
+fn servesim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_servesim")).args(args).output().expect("run servesim")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("servesim-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The AIS data package sizes the KV cache of every example; without it they cannot run.
+fn data_missing(out: &Output) -> bool {
+    stderr(out).contains("no AIS performance data found")
+}
+
+fn predict(config: &Path, out_dir: &Path, extra: &[&str]) -> Output {
+    let mut args =
+        vec!["predict", "-c", config.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--overwrite"];
+    args.extend_from_slice(extra);
+    servesim(&args)
+}
+
+const METRICS: &[&str] = &[
+    "mean_ttft_ms",
+    "p90_ttft_ms",
+    "mean_itl_ms",
+    "p90_itl_ms",
+    "mean_e2e_latency_ms",
+    "p90_e2e_latency_ms",
+    "output_throughput_tok_s",
+    "gpu_hours",
+    "prefill_worker_seconds",
+    "decode_worker_seconds",
+];
+
+#[test]
+fn examples_match_the_reference_within_two_percent() {
+    let mut worst = 0.0f64;
+    for name in [
+        "predict_agg_vllm_fixed",
+        "predict_agg_vllm_polynomial",
+        "predict_agg_vllm_default",
+        "predict_agg_sglang",
+        "predict_disagg_vllm",
+    ] {
+        let out_dir = tmp(name);
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the predict -c goldens");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let reference: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        for key in METRICS {
+            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+            let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+            assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
+            worst = worst.max(dev);
+        }
+        for key in ["prefill_gpus_per_worker", "decode_gpus_per_worker", "completed_requests", "num_requests"] {
+            assert_eq!(ours[key], reference[key], "{name}: {key}");
+        }
+        assert_eq!(
+            ours["prediction_provenance"].as_object().unwrap().len(),
+            reference["prediction_provenance"].as_object().unwrap().len()
+        );
+    }
+    eprintln!("worst deviation {:.4} %", worst * 100.0);
+}
+
+#[test]
+fn set_overrides_and_per_request_records() {
+    let out_dir = tmp("set");
+    let out = predict(
+        &deploy_dir().join("predict_agg_vllm_fixed.yaml"),
+        &out_dir,
+        &[
+            "--set",
+            "traffic.stop.requests=20",
+            "--set",
+            "engine.workers.aggregated.kv_cache.capacity={type: fixed, blocks: 4096}",
+            "--capture-per-request",
+        ],
+    );
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+    assert_eq!(summary["completed_requests"], 20);
+    let lines = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 20);
+    // Same inputs, same outputs (apart from wall-clock keys).
+    let again = tmp("set-again");
+    let out = predict(
+        &deploy_dir().join("predict_agg_vllm_fixed.yaml"),
+        &again,
+        &[
+            "--set",
+            "traffic.stop.requests=20",
+            "--set",
+            "engine.workers.aggregated.kv_cache.capacity={type: fixed, blocks: 4096}",
+            "--capture-per-request",
+        ],
+    );
+    assert!(out.status.success());
+    assert_eq!(lines, std::fs::read_to_string(again.join("requests.jsonl")).unwrap());
+    let mut a = summary;
+    let mut b: Value = serde_json::from_slice(&std::fs::read(again.join("prediction.json")).unwrap()).unwrap();
+    for k in servesim_replay::WALL_CLOCK_KEYS {
+        a.as_object_mut().unwrap().remove(k);
+        b.as_object_mut().unwrap().remove(k);
+    }
+    assert_eq!(a, b);
+}
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let p = tmp(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const BASE: &str = "traffic:\n  source: {type: synthetic, input_tokens: 64, output_tokens: 8}\n  load: {type: concurrency, concurrency: 2}\n  stop: {requests: 4}\nengine:\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n";
+
+/// One bad input: exit 2, one line naming the file and the key path, no output directory.
+fn refused(name: &str, yaml: &str, sets: &[&str], wants: &[&str]) {
+    let cfg = write(&format!("{name}.yaml"), yaml);
+    let out_dir = tmp(&format!("{name}-out"));
+    let mut extra = Vec::new();
+    for s in sets {
+        extra.push("--set");
+        extra.push(s);
+    }
+    let out = servesim(
+        &[&["predict", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()][..], &extra[..]]
+            .concat(),
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+    for w in wants {
+        assert!(err.contains(w), "{name}: {err:?} lacks {w:?}");
+    }
+    assert!(!out_dir.exists(), "{name}: an output directory was left behind");
+    assert!(!err.contains("panicked"));
+}
+
+#[test]
+fn a_base_config_runs_without_performance_data() {
+    let cfg = write("base.yaml", BASE);
+    let out = predict(&cfg, &tmp("base-out"), &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn bad_configs_are_refused_with_their_key_path() {
+    refused(
+        "unknown",
+        BASE,
+        &["engine.workers.aggregated.scheduler.max_num_seqs=4"],
+        &["engine.workers.aggregated.scheduler.max_num_seqs", "unknown key", "max_sequences"],
+    );
+    refused("unknown-top", &format!("{BASE}bogus: 1\n"), &[], &["bogus", "unknown key"]);
+    refused("wrong-type", BASE, &["traffic.load.concurrency=many"], &["traffic.load.concurrency", "integer"]);
+    refused(
+        "sla",
+        &format!("{BASE}evaluation:\n  sla: {{ttft_ms: 100, e2e_ms: 500}}\n"),
+        &[],
+        &["evaluation.sla", "mutually exclusive"],
+    );
+    refused("negative-sla", &format!("{BASE}evaluation:\n  sla: {{ttft_ms: -1}}\n"), &[], &["evaluation.sla.ttft_ms"]);
+    refused(
+        "missing-trace",
+        BASE,
+        &[
+            "traffic.source={type: trace, paths: [nope.jsonl]}",
+            "traffic.load={type: trace_timestamps}",
+            "traffic.stop=null",
+        ],
+        &["traffic.source.paths[0]", "does not exist"],
+    );
+    refused(
+        "fixed-timing",
+        BASE,
+        &["engine.workers.aggregated.timing={type: fixed, prefill_ms: 1}"],
+        &["engine.workers.aggregated.timing", "fixed timing requires prefill_ms and decode_ms"],
+    );
+    refused("planner", &format!("{BASE}planner:\n  mode: sla\n"), &[], &["planner", "not supported yet"]);
+    refused(
+        "optimizer",
+        &format!("{BASE}optimizer:\n  algorithm: random\n"),
+        &[],
+        &["optimizer", "predict does not accept"],
+    );
+    refused("malformed", "traffic: [1,\n", &[], &["malformed YAML"]);
+    refused("not-a-mapping", "- 1\n", &[], &["one YAML mapping"]);
+    refused("bad-set", BASE, &["engine.model.x=1"], &["--set", "engine.model"]);
+    refused("roles", BASE, &["engine.mode=disaggregated"], &["engine.workers", "prefill"]);
+    refused("stop", BASE, &["traffic.stop.sessions=3"], &["traffic.stop"]);
+}
+
+#[test]
+fn an_existing_output_directory_needs_overwrite() {
+    let cfg = write("exists.yaml", BASE);
+    let out_dir = tmp("exists-out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = servesim(&["predict", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--overwrite"));
+}
+
+#[test]
+fn config_mode_rejects_flag_form_options() {
+    let cfg = write("flags.yaml", BASE);
+    let out = servesim(&["predict", "-c", cfg.to_str().unwrap(), "--num-workers", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--num-workers"));
+}
+
+fn files_under(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            for (n, b) in files_under(&p) {
+                out.push((format!("{}/{n}", p.file_name().unwrap().to_string_lossy()), b));
+            }
+        } else {
+            out.push((p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn four_shards_and_merge_equal_one_run_byte_for_byte() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let one = tmp("rec-one");
+    let out =
+        servesim(&["recommend", "-c", cfg.to_str().unwrap(), "--output-dir", one.to_str().unwrap(), "--overwrite"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shards = tmp("rec-shards");
+    let _ = std::fs::remove_dir_all(&shards);
+    for k in 0..4 {
+        let spec = format!("{k}/4");
+        let out = servesim(&[
+            "recommend",
+            "-c",
+            cfg.to_str().unwrap(),
+            "--shard",
+            &spec,
+            "--output-dir",
+            shards.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let merged = tmp("rec-merged");
+    let out = servesim(&[
+        "recommend",
+        "merge",
+        shards.to_str().unwrap(),
+        "--output-dir",
+        merged.to_str().unwrap(),
+        "--overwrite",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (a, b) = (files_under(&one), files_under(&merged));
+    assert_eq!(a.len(), 2 + 54, "recommendation.json, .csv and one YAML per ranked candidate");
+    assert!(a == b, "merged shards differ from one run");
+    // Each recommended config replays with predict -c.
+    let out = predict(&one.join("recommendations/0001.yaml"), &tmp("rec-replay"), &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A missing shard is an error, not a partial result.
+    std::fs::remove_file(shards.join("shard-2-of-4.json")).unwrap();
+    let out =
+        servesim(&["recommend", "merge", shards.to_str().unwrap(), "--output-dir", tmp("rec-bad").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("shard 2 of 4 is missing"));
+    assert!(!tmp("rec-bad").exists());
+}
+
+#[test]
+fn recommend_rankings_follow_the_rules() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let dir = tmp("rec-rank");
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        dir.to_str().unwrap(),
+        "--overwrite",
+        "--set",
+        "optimization.target=pareto",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    assert_eq!(doc["schema_version"], "1.1");
+    assert!(doc["views"]["top_n"].as_array().unwrap().is_empty());
+    assert!(!doc["views"]["pareto_front"].as_array().unwrap().is_empty());
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        tmp("rec-b").to_str().unwrap(),
+        "--set",
+        "optimizer.algorithm=bayesian",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("optimizer.algorithm"));
+}

@@ -1,0 +1,164 @@
+//! The deployment question as one YAML file: aisimulate 0.13's unified configuration
+//! (`traffic`, `engine`, `evaluation`, `execution`, `router:`; spec:
+//! `shared/reference/aisimulate.md` §3), read strictly ([`schema`]), overridden with
+//! `--set PATH=VALUE` ([`tree`]), and lowered into servesim's replay ([`lower`]). `predict -c`
+//! runs one such deployment ([`run_prediction`]).
+
+pub mod lower;
+pub mod reader;
+pub mod recommend;
+pub mod schema;
+pub mod tree;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use servesim_replay::{simulate, Collector, LoadMode, Progress, Report, RequestRecord, SimConfig, Workload};
+use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
+
+pub use schema::Config;
+
+/// A configuration error: the key path it is about (empty: the whole document) and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeployError {
+    pub key: String,
+    pub message: String,
+}
+
+impl DeployError {
+    pub fn new(key: impl Into<String>, message: impl std::fmt::Display) -> DeployError {
+        DeployError { key: key.into(), message: message.to_string() }
+    }
+}
+
+impl std::fmt::Display for DeployError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.key, self.message)
+        }
+    }
+}
+
+/// Reads a configuration file and applies `--set` overrides, giving the tree.
+pub fn load_tree(path: &Path, sets: &[String]) -> Result<Value, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("could not read configuration {}: {e}", path.display()))?;
+    let mut tree = tree::parse_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    for s in sets {
+        tree::apply_set(&mut tree, s).map_err(|e| format!("--set {s}: {e}"))?;
+    }
+    Ok(tree)
+}
+
+/// A predict configuration ready to run.
+pub struct Prepared {
+    pub config: Config,
+    pub engine: lower::LoweredEngine,
+    pub sim: SimConfig,
+    pub workload: Workload,
+}
+
+/// The router's prompt-side load model from the AIS estimator of the engines it fronts.
+#[derive(Debug)]
+struct AisPrefillLoad(Arc<servesim_perf::Estimator>);
+
+impl PrefillLoadEstimator for AisPrefillLoad {
+    fn prefill_ms(&self, new_tokens: u32, prefix_tokens: u32) -> Result<f64, String> {
+        let isl = new_tokens.checked_add(prefix_tokens).ok_or("prompt length exceeds 2^32")?;
+        self.0.prefill_ms(1, isl, prefix_tokens).map_err(|e| e.message)
+    }
+}
+
+/// Lowers a read configuration. `base`: the directory relative trace paths start from.
+pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
+    let engine = lower::lower_engine(&config.engine)?;
+    let topology = lower::topology(&engine)?;
+    let (workload, load) = lower::workload(&config, base, topology.block_size())?;
+    let mut router = lower::router(&config);
+    let mut estimator: Option<Arc<dyn PrefillLoadEstimator>> = None;
+    if let Some(r) = router.kv_config_mut() {
+        if r.prefill_load_model == PrefillLoadModel::Ais {
+            let front = &engine.workers[0];
+            let ais = &front.args_json["timing_model"]["config"];
+            if ais.is_null() {
+                return Err(DeployError::new(
+                    "router.prefill_load_model",
+                    "the ais load model needs default (AIS) timing on the workers the router fronts",
+                ));
+            }
+            let cfg =
+                servesim_perf::AisConfig::from_json("", ais).map_err(|e| DeployError::new("router", e.message))?;
+            let est = servesim_perf::estimator(&cfg).map_err(|e| DeployError::new("router", e.message))?;
+            estimator = Some(Arc::new(AisPrefillLoad(est)));
+        }
+    }
+    if matches!(load, LoadMode::Concurrency { .. })
+        && matches!(config.traffic.load, schema::Load::TraceTimestamps { .. })
+    {
+        unreachable!("trace load modes come from the trace reader");
+    }
+    let sim = SimConfig {
+        topology,
+        router: std::mem::replace(&mut router, servesim_replay::RouterMode::RoundRobin),
+        prefill_load_estimator: estimator,
+        router_seed: 42,
+        kv_event_lag_ms: 0.0,
+        load,
+        sla: lower::sla(&config),
+        seed: lower::seed(&config),
+        fast_forward: true,
+        split_workers: true,
+        threads: 0,
+    };
+    Ok(Prepared { config, engine, sim, workload })
+}
+
+/// Reads, overrides and lowers a predict configuration file.
+pub fn prepare_file(path: &Path, sets: &[String]) -> Result<Prepared, String> {
+    let tree = load_tree(path, sets)?;
+    let config = schema::read_predict(&tree).map_err(|e| format!("{}: {e}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    prepare(config, base).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs a prepared prediction; `sink` receives per-request records.
+pub fn run_prediction(
+    p: &Prepared,
+    sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
+    progress: &mut dyn Progress,
+) -> Result<Report, String> {
+    let collector = Collector::new(p.sim.sla, sink);
+    simulate(&p.workload, &p.sim, collector, progress).map_err(|e| e.to_string())
+}
+
+/// The summary `prediction.json` holds: the replay report under the reference's keys plus the
+/// prediction's own (timing provenance per role, eviction policy, power not modelled).
+pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
+    let mut s = report.summary_json();
+    s.extend(p.workload.summary_keys());
+    let mut prov = Map::new();
+    for w in &p.engine.workers {
+        prov.insert(w.role.to_string(), w.provenance.clone());
+    }
+    s.insert("prediction_provenance".into(), Value::Object(prov));
+    s.insert("kv_eviction_policy".into(), json!("lru"));
+    s.insert("power_w".into(), Value::Null);
+    s.insert("power_coverage".into(), Value::Null);
+    s
+}
+
+/// Sorts an object's keys recursively (the reference writes `prediction.json` with sorted keys).
+pub fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(keys.into_iter().map(|k| (k.clone(), sorted(&m[k]))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}

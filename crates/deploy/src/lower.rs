@@ -1,0 +1,324 @@
+//! Lowering a read configuration into servesim's simulation: per-role engine arguments (in the
+//! engine crate's flat JSON form, so they pass through the same checks as `--extra-engine-args`),
+//! the topology, the workload and load mode, the SLA and the router.
+//!
+//! The KV cache of `capacity.type: default` is sized from GPU memory the way the reference does
+//! (weights, activations at the token budget, NCCL and runtime overhead against the memory
+//! fraction; `servesim_perf::memory`), for every timing type, so it needs the model and hardware
+//! in the AIS data package even with `fixed` or `polynomial` timing.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+use servesim_cluster::{RouterMode, Topology};
+use servesim_engine::{ConfigEnv, WorkerArgs};
+use servesim_replay::formats::WekaBasis;
+use servesim_replay::{load_trace, Arrivals, LoadMode, Sla, SyntheticSpec, TraceFormat, TraceOptions, Workload};
+use servesim_router::RouterConfig;
+
+use crate::schema::{Capacity, Config, Engine, Load, Mode, RouterPolicy, Source, Timing, Worker};
+use crate::DeployError;
+
+/// One role's lowered engine: the arguments and what the report says about its timing.
+#[derive(Clone, Debug)]
+pub struct LoweredWorker {
+    pub role: &'static str,
+    pub args_json: Value,
+    pub replicas: u32,
+    pub gpus: u32,
+    pub provenance: Value,
+}
+
+/// The engines of a configuration, before the workload is read.
+#[derive(Clone, Debug)]
+pub struct LoweredEngine {
+    pub workers: Vec<LoweredWorker>,
+}
+
+/// The block size the backend uses when none is given (`resolve_block_size`).
+pub fn default_block_size(backend: &str) -> u32 {
+    match backend {
+        "sglang" => 1,
+        "trtllm" => 32,
+        _ => 64,
+    }
+}
+
+fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
+    let p = &w.parallelism;
+    let sharded = p.moe_tensor * p.moe_expert > 1;
+    let mut c = Map::new();
+    c.insert("model".into(), json!(engine.model));
+    c.insert("system".into(), json!(w.hardware.as_deref().unwrap_or(&engine.hardware)));
+    c.insert("backend".into(), json!(engine.backend));
+    c.insert("worker_type".into(), json!(w.role));
+    c.insert("backend_version".into(), json!(engine.backend_version));
+    c.insert("tp".into(), json!(p.tensor));
+    c.insert("pp".into(), json!(p.pipeline));
+    c.insert("attention_dp".into(), json!(p.attention_data));
+    if sharded {
+        c.insert("moe_tp_size".into(), json!(p.moe_tensor));
+        c.insert("moe_ep_size".into(), json!(p.moe_expert));
+    }
+    c.insert("kv_block_size".into(), json!(block_size));
+    c.insert("nextn".into(), json!(0));
+    if let Some(paths) = &engine.systems_paths {
+        c.insert("systems_paths".into(), json!(paths));
+    }
+    Value::Object(c)
+}
+
+fn worker_path(w: &Worker) -> String {
+    format!("engine.workers.{}", w.role)
+}
+
+/// Lowers one role to flat engine arguments.
+fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployError> {
+    let here = worker_path(w);
+    let block_size = w.block_size.unwrap_or_else(|| default_block_size(engine.backend));
+    let ais = ais_config(engine, w, block_size);
+    let perf_err = |key: &str, e: servesim_perf::PerfError| DeployError::new(format!("{here}.{key}"), e.message);
+    // The estimator is needed for the memory-sized KV cache, the model's context length and
+    // `default` timing.
+    let needs_model = matches!(w.timing, Timing::Default)
+        || matches!(w.capacity, Capacity::Default { .. })
+        || (engine.backend == "vllm" && w.context_length.is_none() && engine.context_length.is_none());
+    let estimator = if needs_model {
+        let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
+        Some(servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?)
+    } else {
+        None
+    };
+    let mut a = Map::new();
+    a.insert("engine_type".into(), json!(engine.backend));
+    a.insert("worker_type".into(), json!(w.role));
+    a.insert("block_size".into(), json!(block_size));
+    a.insert("max_num_seqs".into(), json!(w.max_sequences));
+    a.insert("max_num_batched_tokens".into(), json!(w.max_batched_tokens));
+    a.insert("enable_prefix_caching".into(), json!(w.prefix_caching));
+    a.insert("startup_time".into(), json!(w.startup_seconds));
+    a.insert("tensor_parallel_size".into(), json!(w.parallelism.tensor));
+    a.insert("dp_size".into(), json!(w.parallelism.attention_data));
+    let blocks = match &w.capacity {
+        Capacity::Blocks(b) => *b,
+        Capacity::Bytes(bytes) => {
+            let per = w.bytes_per_token.expect("checked when read") * block_size as u64;
+            bytes / per
+        }
+        Capacity::Default { memory_fraction, cuda_graph_reserved_bytes } => {
+            let est = estimator.as_ref().expect("built for default capacity");
+            let cap = servesim_perf::memory::kv_capacity(
+                est,
+                *memory_fraction,
+                w.max_batched_tokens as u64,
+                block_size,
+                *cuda_graph_reserved_bytes as f64,
+            )
+            .map_err(|e| perf_err("kv_cache.capacity", e))?;
+            cap.blocks
+        }
+    };
+    if blocks == 0 || blocks > u32::MAX as u64 {
+        return Err(DeployError::new(
+            format!("{here}.kv_cache.capacity"),
+            format!("the KV cache holds {blocks} blocks of {block_size} tokens; it must hold at least one (and fewer than 2^32)"),
+        ));
+    }
+    a.insert("num_gpu_blocks".into(), json!(blocks));
+    let context = w.context_length.or(engine.context_length);
+    if let Some(c) = context {
+        a.insert("max_model_len".into(), json!(c));
+    } else if engine.backend == "vllm" {
+        let est = estimator.as_ref().expect("built for the model's context length");
+        a.insert("max_model_len".into(), json!(est.model.max_position));
+    }
+    let (timing, provenance) = match &w.timing {
+        Timing::Fixed { prefill_ms, decode_ms } => (
+            json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms}),
+            json!({"data_version": null, "data_version_unavailable_reason": "configured timing does not use performance data", "estimator": "fixed", "timing_source": "configured"}),
+        ),
+        Timing::Polynomial => (
+            json!({"type": "polynomial"}),
+            json!({"data_version": null, "data_version_unavailable_reason": "configured timing does not use performance data", "estimator": "polynomial", "timing_source": "configured"}),
+        ),
+        Timing::Default => (
+            json!({"type": "external", "provider": "ais", "config": ais}),
+            json!({"estimator": "op_level", "timing_source": "ais", "config": ais}),
+        ),
+    };
+    a.insert("timing_model".into(), timing);
+    if let (Some(c), false) = (engine.enable_chunked_prefill, w.role == "decode") {
+        a.insert("enable_chunked_prefill".into(), json!(c));
+    }
+    if let Some(t) = &engine.kv_transfer {
+        if let Some(b) = t.bandwidth_gb_per_second {
+            a.insert("kv_transfer_bandwidth".into(), json!(b));
+        }
+        a.insert("kv_transfer_timing_mode".into(), json!(t.timing_mode));
+        let per_token = match t.bytes_per_token {
+            Some(n) => n,
+            None => {
+                // "auto": the model's KV bytes per token across the worker's tensor ranks.
+                let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
+                let est = servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?;
+                (est.kv_bytes_per_token() * w.parallelism.tensor as f64).round() as u64
+            }
+        };
+        a.insert("kv_bytes_per_token".into(), json!(per_token));
+    }
+    Ok(LoweredWorker {
+        role: w.role,
+        args_json: Value::Object(a),
+        replicas: w.parallelism.replicas,
+        gpus: w.parallelism.gpus(),
+        provenance,
+    })
+}
+
+pub fn lower_engine(engine: &Engine) -> Result<LoweredEngine, DeployError> {
+    let roles: Vec<&Worker> = match engine.mode {
+        Mode::Aggregated => vec![engine.aggregated.as_ref().expect("checked when read")],
+        Mode::Disaggregated => vec![
+            engine.prefill.as_ref().expect("checked when read"),
+            engine.decode.as_ref().expect("checked when read"),
+        ],
+    };
+    let workers = roles.into_iter().map(|w| lower_worker(engine, w)).collect::<Result<_, _>>()?;
+    Ok(LoweredEngine { workers })
+}
+
+/// Engine arguments with external timing models resolved by servesim-perf.
+pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
+    let factory = servesim_perf::timer_factory();
+    let no_files = |p: &str| -> Result<Vec<u8>, String> {
+        Err(format!("{p}: timing profiles are not read from the unified config"))
+    };
+    WorkerArgs::from_value_env(&w.args_json, ConfigEnv { files: &no_files, timers: Some(&factory) })
+        .map_err(|e| DeployError::new(format!("engine.workers.{}", w.role), format!("{e}")))
+}
+
+pub fn topology(lowered: &LoweredEngine) -> Result<Topology, DeployError> {
+    let t = match lowered.workers.as_slice() {
+        [agg] => Topology::aggregated(worker_args(agg)?, agg.replicas),
+        [p, d] => Topology::disaggregated((worker_args(p)?, p.replicas), (worker_args(d)?, d.replicas)),
+        _ => unreachable!("one or two roles"),
+    };
+    t.map_err(|e| DeployError::new("engine.workers", e.message))
+}
+
+/// The workload and load mode. `base` is the configuration file's directory: trace paths are
+/// relative to it.
+pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload, LoadMode), DeployError> {
+    let t = &cfg.traffic;
+    match &t.source {
+        Source::Trace { paths, format, block_size: tb, nested_timestamp_basis } => {
+            let fmt = TraceFormat::parse(format).expect("formats are checked when read");
+            let files: Vec<PathBuf> = paths
+                .iter()
+                .map(|p| if Path::new(p).is_absolute() { PathBuf::from(p) } else { base.join(p) })
+                .collect();
+            for (i, f) in files.iter().enumerate() {
+                if !f.exists() {
+                    return Err(DeployError::new(
+                        format!("traffic.source.paths[{i}]"),
+                        format!("{} does not exist", f.display()),
+                    ));
+                }
+            }
+            let mut opts = TraceOptions::new(fmt);
+            opts.trace_block_size = *tb;
+            match t.load {
+                Load::Concurrency(c) => opts.replay_concurrency = Some(c),
+                Load::TraceTimestamps { speedup, agentic_lanes } => {
+                    opts.arrival_speedup_ratio = speedup;
+                    opts.agentic_lanes = agentic_lanes;
+                }
+                _ => unreachable!("checked when read"),
+            }
+            if matches!(*format, "agentic_mooncake" | "weka" | "dynamo") {
+                opts.execution_model = Some(cfg.engine.model.clone());
+            }
+            opts.weka_basis = nested_timestamp_basis.map(|b| match b {
+                "absolute" => WekaBasis::Absolute,
+                "relative" => WekaBasis::Relative,
+                _ => WekaBasis::Auto,
+            });
+            load_trace(&files, &opts).map_err(|e| DeployError::new("traffic.source", e))
+        }
+        source => {
+            let (input, output, turns, ratio, groups, delay) = match source {
+                Source::Synthetic { input_tokens, output_tokens } => (*input_tokens, *output_tokens, 1, 0.0, 0, 0.0),
+                Source::Session {
+                    new_input_tokens,
+                    output_tokens,
+                    turns,
+                    shared_prefix_ratio,
+                    prefix_groups,
+                    inter_turn_delay_ms,
+                } => (
+                    *new_input_tokens,
+                    *output_tokens,
+                    *turns,
+                    *shared_prefix_ratio,
+                    *prefix_groups,
+                    *inter_turn_delay_ms,
+                ),
+                Source::Trace { .. } => unreachable!(),
+            };
+            let (arrivals, load, seed) = match t.load {
+                Load::Concurrency(c) => (Arrivals::AllAtOnce, LoadMode::Concurrency { max_sessions: c }, 42),
+                Load::Poisson { rate, seed } => {
+                    (Arrivals::Poisson { rate_per_s: rate }, LoadMode::Timestamps { speedup: 1.0 }, seed)
+                }
+                Load::ConstantRate { rate } => {
+                    (Arrivals::Interval { interval_ms: 1000.0 / rate }, LoadMode::Timestamps { speedup: 1.0 }, 42)
+                }
+                Load::TraceTimestamps { .. } => unreachable!("checked when read"),
+            };
+            let spec = SyntheticSpec {
+                input_tokens: input,
+                output_tokens: output,
+                sessions: t.stop.count.expect("synthetic traffic has a count stop"),
+                turns_per_session: turns,
+                arrivals,
+                seed,
+                shared_prefix_ratio: ratio,
+                num_prefix_groups: groups,
+                inter_turn_delay_ms: delay,
+                block_tokens: block_size,
+            };
+            spec.validate().map_err(|e| DeployError::new("traffic", e))?;
+            Ok((Workload::Synthetic(spec), load))
+        }
+    }
+}
+
+/// Seed of generated tokens and arrivals.
+pub fn seed(cfg: &Config) -> u64 {
+    match cfg.traffic.load {
+        Load::Poisson { seed, .. } => seed,
+        _ => 42,
+    }
+}
+
+pub fn sla(cfg: &Config) -> Sla {
+    Sla { ttft_ms: cfg.sla.ttft_ms, itl_ms: cfg.sla.itl_ms, e2e_ms: cfg.sla.e2e_ms }
+}
+
+pub fn router(cfg: &Config) -> RouterMode {
+    match &cfg.router {
+        RouterPolicy::RoundRobin => RouterMode::RoundRobin,
+        RouterPolicy::KvRouter { overlap_score_credit, prefill_load_scale, temperature, ais_load_model } => {
+            let mut r = RouterConfig {
+                overlap_score_credit: *overlap_score_credit,
+                prefill_load_scale: *prefill_load_scale,
+                temperature: *temperature,
+                ..RouterConfig::default()
+            };
+            if *ais_load_model {
+                r.prefill_load_model = servesim_router::PrefillLoadModel::Ais;
+            }
+            RouterMode::KvRouter(r)
+        }
+    }
+}
