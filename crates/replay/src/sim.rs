@@ -19,12 +19,10 @@ use rustc_hash::FxHashMap;
 use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
 };
-use servesim_engine::{
-    Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch,
-};
+use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch};
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
-use crate::metrics::{Collector, Sla};
+use crate::metrics::{Collector, Overflow, Sla};
 use crate::report::Report;
 use crate::split;
 use crate::time::Time;
@@ -77,6 +75,8 @@ pub enum SimError {
     Deadlock { at_ms: f64, in_flight: usize },
     /// The router's prefill load model could not time a prompt.
     Router { at_ms: f64, why: String },
+    /// More requests waited for admission than the queue limit allows (`Overflow::Fail`).
+    QueueFull { at_ms: f64, max: u64 },
 }
 
 impl std::fmt::Display for SimError {
@@ -87,6 +87,12 @@ impl std::fmt::Display for SimError {
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
             SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
+            SimError::QueueFull { at_ms, max } => write!(
+                f,
+                "overloaded: at t={at_ms} ms a request arrived while {max} requests already waited for admission \
+                 (--max-queued {max}); the workers cannot keep up with this load (lower the rate, add workers, \
+                 or use --max-queued-policy shed to drop such arrivals)"
+            ),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
                 "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
@@ -323,7 +329,14 @@ impl<'a, 'c> Simulation<'a, 'c> {
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
-                self.release(r);
+                match self.collector.overflow() {
+                    None => self.release(r),
+                    Some((max, Overflow::Fail)) => return Err(SimError::QueueFull { at_ms: now, max }),
+                    Some((_, Overflow::Shed)) => {
+                        self.collector.shed();
+                        self.driver.on_complete(r.session, now, false);
+                    }
+                }
             }
             for pool in &self.pools {
                 if let Some(why) = pool.placer.error() {

@@ -40,6 +40,8 @@ pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Colle
         && work_only_at_releases(workload, config)
         // Per-request records are written in completion order as the run goes.
         && !collector.has_sink()
+        // A queue bound applies to the whole cluster's queue, not to each shard's.
+        && collector.queue_limit().max.is_none()
 }
 
 /// Runs every worker's shard and merges them into `collector`; returns the time of the last
@@ -133,9 +135,9 @@ mod tests {
     use crate::metrics::{RequestRecord, Sla};
     use crate::report::{request_json, WALL_CLOCK_KEYS};
     use crate::sim::simulate;
+    use crate::workload::{LoadMode, SessionSpec, TurnSpec};
     use servesim_cluster::Topology;
     use servesim_engine::WorkerArgs;
-    use crate::workload::{LoadMode, SessionSpec, TurnSpec};
 
     fn workload(rng: &mut ChaCha12Rng) -> Workload {
         let mut t = 0.0;
