@@ -317,6 +317,11 @@ fn an_overloaded_run_warns_once() {
     let err = stderr(&out);
     assert_eq!(err.matches("warning:").count(), 1, "{err}");
     assert!(err.contains("more than 100 requests") && err.contains("--max-queued"), "{err}");
+    // Workers replayed on separate threads warn once too, at the threshold given.
+    let out = predict(&["--format", "json", "--queue-warning", "100", "--num-workers", "4"]);
+    let err = stderr(&out);
+    assert_eq!(err.matches("warning:").count(), 1, "{err}");
+    assert!(err.contains("more than 100 requests"), "{err}");
     // A load the workers keep up with says nothing.
     let out = servesim(&["predict", example().to_str().unwrap(), "--format", "json", "--queue-warning", "100"]);
     assert!(out.status.success() && out.stderr.is_empty(), "{}", stderr(&out));

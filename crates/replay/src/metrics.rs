@@ -191,13 +191,16 @@ pub struct Collector<'s> {
     /// Requests that arrived and were not admitted yet (they hold memory while they wait).
     queued: u64,
     queue: QueueLimit,
-    warned: bool,
 }
+
+/// Whether the overload warning was printed.
+static QUEUE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// What an open-loop run does when arrivals outpace the workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueLimit {
-    /// Warn once on stderr when more requests than this wait for admission.
+    /// Warn once on stderr when more requests than this wait for admission (in a split run,
+    /// at one shard's workers).
     pub warn_at: u64,
     /// At most this many waiting requests, and what happens to an arrival beyond them.
     pub max: Option<(u64, Overflow)>,
@@ -303,7 +306,6 @@ impl<'s> Collector<'s> {
             last_rate: (f64::NAN, f64::NAN),
             queued: 0,
             queue: QueueLimit::default(),
-            warned: false,
         }
     }
 
@@ -368,8 +370,8 @@ impl<'s> Collector<'s> {
         self.next_ordinal += 1;
         self.totals.num_requests += 1;
         self.queued += 1;
-        if self.queued > self.queue.warn_at && !self.warned {
-            self.warned = true;
+        // Once per process: a split run has a collector per shard.
+        if self.queued > self.queue.warn_at && !QUEUE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             eprintln!(
                 "warning: more than {} requests have arrived and wait for admission at t={arrival_ms:.3} ms; the \
                  workers cannot keep up and memory grows with the queue (--max-queued bounds it)",

@@ -60,6 +60,7 @@ pub(crate) fn simulate(
     }
     .min(count);
     let total = workload.num_requests();
+    let queue = collector.queue_limit();
     let finished = AtomicU64::new(0);
     let next_shard = AtomicUsize::new(0);
     let mut results: Vec<Option<Result<(Collector<'static>, f64), SimError>>> = (0..count).map(|_| None).collect();
@@ -72,7 +73,7 @@ pub(crate) fn simulate(
             }
             let mut shard_progress = SharedProgress { finished: &finished, reported: 0 };
             let shard = Shard { index, count };
-            let collector = Collector::new(config.sla, None);
+            let collector = Collector::new(config.sla, None).with_queue_limit(queue);
             let result = simulate_shard(workload, config, shard, collector, &mut shard_progress);
             if done_tx.send((index, result)).is_err() {
                 break;
