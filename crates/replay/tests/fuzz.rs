@@ -7,7 +7,7 @@
 //! (`PROPTEST_CASES`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
@@ -70,7 +70,7 @@ fn read_everywhere(bytes: &[u8]) {
     }
 }
 
-fn check_error(e: &InputError, path: &PathBuf, lines: usize) {
+fn check_error(e: &InputError, path: &Path, lines: usize) {
     let text = e.to_string();
     assert!(!e.message.is_empty(), "an empty message: {e:?}");
     assert!(!text.contains('\n'), "one line: {text}");
