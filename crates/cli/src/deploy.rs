@@ -199,7 +199,7 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
     } else {
-        print!("{}", table::render(&report));
+        print!("{}", table::render(&report, true));
         println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
     }
     Ok(())

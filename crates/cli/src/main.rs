@@ -4,6 +4,7 @@
 
 mod ais;
 mod deploy;
+mod output;
 mod perf;
 mod predict;
 mod progress;
@@ -66,7 +67,34 @@ pub fn topology_error(e: servesim_cluster::TopologyError) -> Failure {
     Failure::input(format!("{flag} {}", e.message))
 }
 
+/// An argument with backticks around a flag (`` `--num-workers` ``, copied from Markdown) would
+/// otherwise be taken for a file name or a value; a shell runs `` `--num-workers` `` as a
+/// command and passes its empty output instead: an empty
+/// argument that is not a flag's value.
+fn stray_backticks(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Failure> {
+    let mut previous_is_flag = false;
+    for arg in args {
+        let arg = arg.to_string_lossy();
+        if arg.is_empty() && !previous_is_flag {
+            return Some(Failure::input(
+                "an empty argument where a flag or a file was expected (a shell runs `...` in backticks as a \
+                 command and passes its empty output; write flags without backticks)",
+            ));
+        }
+        previous_is_flag = arg.starts_with("--") && !arg.contains('=');
+        let bare = arg.trim_matches('`');
+        if bare.len() < arg.len() && bare.starts_with('-') {
+            return Some(Failure::input(format!("argument {arg} has stray backticks around a flag; write {bare}")));
+        }
+    }
+    None
+}
+
 fn main() -> ExitCode {
+    if let Some(f) = stray_backticks(std::env::args_os().skip(1)) {
+        eprintln!("error: {}", f.message);
+        return ExitCode::from(f.code);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Predict(args) => predict::run(*args),

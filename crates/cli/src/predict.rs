@@ -1,7 +1,6 @@
 //! `servesim predict`: parse arguments, build the workload and the cluster, run, print.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -9,11 +8,12 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla,
-    SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
+    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode,
+    SimConfig, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
 };
 use servesim_router::RouterConfig;
 
+use crate::output::{check_report_paths, ReportFile};
 use crate::progress::Bar;
 use crate::table;
 use crate::Failure;
@@ -39,6 +39,12 @@ pub enum NestedBasis {
 pub enum Router {
     RoundRobin,
     KvRouter,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QueuePolicy {
+    Fail,
+    Shed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -117,6 +123,17 @@ pub struct PredictArgs {
     /// Closed loop: at most N sessions in flight (timestamps are ignored).
     #[arg(long, value_name = "N")]
     replay_concurrency: Option<u32>,
+    /// Overload: at most N requests may wait for admission (arrived, not yet admitted by an
+    /// engine); what happens beyond is --max-queued-policy.
+    #[arg(long, value_name = "N")]
+    max_queued: Option<u64>,
+    /// Overload: `fail` stops the run with an error (exit 1) when a request arrives at a full
+    /// queue; `shed` drops it and counts it as `shed_requests` in the report.
+    #[arg(long, value_enum, default_value = "fail", value_name = "POLICY")]
+    max_queued_policy: QueuePolicy,
+    /// Overload: warn once on stderr when more than N requests wait for admission.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    queue_warning: u64,
     /// Divide trace timestamps and think times by X (trace timestamps mode only).
     #[arg(long, value_name = "X")]
     arrival_speedup_ratio: Option<f64>,
@@ -164,10 +181,19 @@ pub struct PredictArgs {
     /// Write one JSON record per request here.
     #[arg(long, value_name = "PATH", help_heading = "Output")]
     report_jsonl: Option<PathBuf>,
-    /// Simulate every pass one by one (the results are identical; this is slower and exists
-    /// to check that).
+    /// Simulate every pass one by one instead of collapsing decode-only stretches. Slower; it
+    /// exists to check fast-forwarding. Identical to a default run: every per-request record
+    /// (byte for byte, though requests finishing at the same instant may be listed in another
+    /// order) and every summary value except the pooled token-gap statistics (`mean_itl_ms`,
+    /// `std_itl_ms`, `std_output_token_throughput_per_user`), which are summed in another order
+    /// and may differ in the last digits; and the wall-clock values.
     #[arg(long, help_heading = "Output")]
     no_fast_forward: bool,
+    /// Leave out the values measured on the host's clock (`wall_time_ms`,
+    /// `processed_tokens_per_s`, `processed_output_tokens_per_s`, the table's wall time), so two
+    /// runs of the same inputs and seeds give byte-identical reports.
+    #[arg(long, help_heading = "Output")]
+    no_wall_clock: bool,
     /// Replay round-robin workers in one loop even when they could run separately on several
     /// threads (per-request results are identical; pooled means may differ in the last bits).
     #[arg(long, help_heading = "Output")]
@@ -189,6 +215,11 @@ pub(crate) fn json_arg<T>(
     arg: &str,
     parse: impl Fn(&str, &Path) -> Result<T, ConfigError>,
 ) -> Result<T, Failure> {
+    if arg.trim().is_empty() {
+        return Err(Failure::input(format!(
+            "--{flag} is empty; give inline JSON (e.g. '{{\"block_size\": 64}}') or the path of a JSON file"
+        )));
+    }
     if arg.trim_start().starts_with('{') {
         return parse(arg, Path::new(".")).map_err(|e| Failure::input(format!("--{flag}: {e}")));
     }
@@ -331,10 +362,79 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
     Ok((workload, load))
 }
 
-fn create(path: &Path) -> Result<BufWriter<File>, Failure> {
-    File::create(path)
-        .map(BufWriter::new)
-        .map_err(|e| Failure::input(format!("{}: cannot create: {e}", path.display())))
+/// Bytes of simulator state an idle worker rank holds (measured: about 1.8 KB; doubled).
+const WORKER_BYTES: u64 = 4096;
+/// Bytes a synthetic turn holds besides its prompt's block ids (4 bytes each).
+const TURN_BYTES: u64 = 128;
+
+/// Memory the system can give this process without swapping (Linux `MemAvailable`).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Refuses counts whose state cannot fit in this machine's memory, before anything is allocated
+/// for them (instead of aborting out of memory later).
+fn check_counts(a: &PredictArgs, memory: Option<u64>) -> Result<(), Failure> {
+    let Some(memory) = memory else { return Ok(()) };
+    let workers = [a.num_workers, a.num_prefill_workers, a.num_decode_workers];
+    let total: u64 = workers.iter().flatten().map(|&n| n as u64).sum();
+    if total.saturating_mul(WORKER_BYTES) > memory {
+        let flag = if a.num_workers.is_some() { "--num-workers" } else { "--num-prefill-workers/--num-decode-workers" };
+        return Err(Failure::input(format!(
+            "{flag}: {total} workers need about {} of memory; this machine has {} available (at most {} workers)",
+            gib(total.saturating_mul(WORKER_BYTES)),
+            gib(memory),
+            memory / WORKER_BYTES
+        )));
+    }
+    if let (Some(input), true) = (a.input_tokens, a.traces.is_empty()) {
+        // A synthetic session holds each turn's prompt as block ids (block size 16 at the
+        // least); closed-loop runs hold that many sessions at once.
+        let blocks = (input as u64).div_ceil(16);
+        let per_session = (a.turns_per_session as u64).saturating_mul(TURN_BYTES.saturating_add(blocks * 4));
+        let sessions = a.replay_concurrency.unwrap_or(1).min(a.request_count.unwrap_or(1)).max(1) as u64;
+        let need = per_session.saturating_mul(sessions);
+        if need > memory {
+            return Err(Failure::input(format!(
+                "--turns-per-session {} × --input-tokens {input}{}: the sessions in flight need about {} of \
+                 memory; this machine has {} available",
+                a.turns_per_session,
+                if sessions > 1 { format!(" × --replay-concurrency {sessions}") } else { String::new() },
+                gib(need),
+                gib(memory)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Files the run reads: traces and configuration files (not inline JSON).
+fn inputs(a: &PredictArgs) -> Vec<&Path> {
+    let mut inputs: Vec<&Path> = a.traces.iter().map(PathBuf::as_path).collect();
+    let configs = [&a.extra_engine_args, &a.prefill_engine_args, &a.decode_engine_args, &a.router_config];
+    for arg in configs.into_iter().flatten() {
+        if !arg.trim_start().starts_with('{') {
+            inputs.push(Path::new(arg));
+        }
+    }
+    inputs
+}
+
+/// Prints to stdout. A reader that went away (`servesim predict ... | head`) is not an error:
+/// the rest of the output is dropped and the reports are still written.
+fn print_out(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::run(format!("stdout: {e}"))),
+        _ => Ok(()),
+    }
 }
 
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
@@ -343,9 +443,24 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
     a.deploy.check_flag_form()?;
     let started = Instant::now();
+    if a.traces.iter().any(|t| t.as_os_str().is_empty()) {
+        return Err(Failure::input(
+            "an empty argument was given as a trace path (a shell runs `...` in backticks as a command \
+             and passes its empty output; write flags without backticks)",
+        ));
+    }
+    let reports: Vec<(&str, &Path)> = [("report-json", &a.report_json), ("report-jsonl", &a.report_jsonl)]
+        .into_iter()
+        .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+        .collect();
+    check_report_paths(&reports, &inputs(&a))?;
+    check_counts(&a, available_memory())?;
     let cluster = cluster(&a)?;
     for (name, v) in [("sla-ttft-ms", a.sla_ttft_ms), ("sla-itl-ms", a.sla_itl_ms), ("sla-e2e-ms", a.sla_e2e_ms)] {
         positive(name, v)?;
+    }
+    if a.max_queued == Some(0) {
+        return Err(Failure::input("--max-queued must be at least 1"));
     }
     if !(a.kv_event_lag_ms.is_finite() && a.kv_event_lag_ms >= 0.0) {
         return Err(Failure::input("--kv-event-lag-ms must be a finite number ≥ 0"));
@@ -380,8 +495,8 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     };
 
     // Open outputs before the run so a bad path costs nothing.
-    let mut summary_file = a.report_json.as_deref().map(create).transpose()?;
-    let mut records = a.report_jsonl.as_deref().map(create).transpose()?;
+    let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
+    let mut records = a.report_jsonl.as_deref().map(ReportFile::create).transpose()?;
     let mut write_error: Option<std::io::Error> = None;
     // Agentic records are written in graph order (by request_id), as the reference lists them;
     // the graph is in memory anyway. Others are written as requests finish.
@@ -392,7 +507,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             held.push((ids.node, request_json(r)));
             return;
         }
-        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+        if let (Some(w), None) = (records.as_mut().map(ReportFile::writer), write_error.as_ref()) {
             let line = request_json(r);
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
@@ -403,7 +518,19 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
         if a.report_jsonl.is_some() { Some(&mut sink) } else { None };
-    let collector = Collector::new(config.sla, sink_ref);
+    let queue = QueueLimit {
+        warn_at: a.queue_warning,
+        max: a.max_queued.map(|n| {
+            (
+                n,
+                match a.max_queued_policy {
+                    QueuePolicy::Fail => Overflow::Fail,
+                    QueuePolicy::Shed => Overflow::Shed,
+                },
+            )
+        }),
+    };
+    let collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
     let mut bar = Bar::new();
     let result = simulate(&workload, &config, collector, &mut bar);
     bar.finish();
@@ -412,11 +539,16 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
 
     let mut summary = report.summary_json();
     summary.extend(workload.summary_keys());
+    if a.no_wall_clock {
+        for key in servesim_replay::WALL_CLOCK_KEYS {
+            summary.remove(key);
+        }
+    }
     let summary = serde_json::Value::Object(summary);
     let pretty = serde_json::to_string_pretty(&summary).expect("summary serialises");
     match a.format {
-        Format::Json => println!("{pretty}"),
-        Format::Table => print!("{}", table::render(&report)),
+        Format::Json => print_out(&format!("{pretty}\n"))?,
+        Format::Table => print_out(&table::render(&report, !a.no_wall_clock))?,
     }
     let mut failures = Vec::new();
     if let Some(e) = workload.take_error() {
@@ -424,7 +556,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
     held.sort_by_key(|(node, _)| *node);
     for (_, line) in held {
-        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+        if let (Some(w), None) = (records.as_mut().map(ReportFile::writer), write_error.as_ref()) {
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {
@@ -434,18 +566,24 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
     if let Some(e) = write_error {
         failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
-    } else if let Some(mut w) = records.take() {
-        if let Err(e) = w.flush() {
-            failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
+    }
+    if let Some(w) = summary_file.as_mut() {
+        if let Err(e) = w.writer().write_all(pretty.as_bytes()).and_then(|_| w.writer().write_all(b"\n")) {
+            failures.push(format!("{}: write failed: {e}", w.path().display()));
         }
     }
-    if let (Some(w), Some(path)) = (summary_file.as_mut(), a.report_json.as_ref()) {
-        match w.write_all(pretty.as_bytes()).and_then(|_| w.write_all(b"\n")).and_then(|_| w.flush()) {
-            Ok(()) if a.format == Format::Table => {
-                println!("Saved full report to: {}", path.display())
+    // Reports replace their previous versions only when the whole run succeeded; otherwise the
+    // temporary files are dropped (deleted) and what was there stays.
+    if failures.is_empty() {
+        for file in [records.take(), summary_file.take()].into_iter().flatten() {
+            let path = file.path().to_path_buf();
+            match file.commit() {
+                Ok(()) if a.format == Format::Table && Some(&path) == a.report_json.as_ref() => {
+                    print_out(&format!("Saved full report to: {}\n", path.display()))?
+                }
+                Ok(()) => {}
+                Err(e) => failures.push(e),
             }
-            Ok(()) => {}
-            Err(e) => failures.push(format!("{}: write failed: {e}", path.display())),
         }
     }
     if failures.is_empty() {

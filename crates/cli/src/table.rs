@@ -4,7 +4,11 @@ use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 use servesim_replay::report::Report;
 use servesim_replay::stats::Summary;
 
+/// `v` with two decimals and thousands separators; "n/a" for a value that is not a number.
 fn num(v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".to_string();
+    }
     let s = format!("{:.2}", v.abs());
     let (int, frac) = s.split_once('.').expect("two decimals");
     let mut grouped = String::new();
@@ -17,7 +21,13 @@ fn num(v: f64) -> String {
     format!("{}{grouped}.{frac}", if v < 0.0 { "-" } else { "" })
 }
 
-pub fn render(report: &Report) -> String {
+/// A rate over the simulated duration, "n/a" when the duration is 0.
+fn rate(report: &Report, x: u64) -> String {
+    report.rate(x as f64).map_or_else(|| "n/a".to_string(), num)
+}
+
+/// The table; `wall_clock: false` leaves out the host's wall time.
+pub fn render(report: &Report, wall_clock: bool) -> String {
     let mut table = Table::new();
     // Heavy header, light body: AIPerf's box style.
     table
@@ -66,11 +76,11 @@ pub fn render(report: &Report) -> String {
         row.extend(std::iter::repeat_n("N/A".to_string(), 6));
         row
     };
-    table.add_row(single("Output Token Throughput (tokens/sec)", num(t.output_tokens as f64 / report.duration_s())));
-    table.add_row(single("Request Throughput (requests/sec)", num(t.completed as f64 / report.duration_s())));
+    table.add_row(single("Output Token Throughput (tokens/sec)", rate(report, t.output_tokens)));
+    table.add_row(single("Request Throughput (requests/sec)", rate(report, t.completed)));
     table.add_row(single("Request Count (requests)", t.completed.to_string()));
     if report.sla_set {
-        table.add_row(single("Goodput (requests/sec)", num(t.good_requests as f64 / report.duration_s())));
+        table.add_row(single("Goodput (requests/sec)", rate(report, t.good_requests)));
     }
     for (i, column) in table.column_iter_mut().enumerate() {
         column.set_cell_alignment(if i == 0 { CellAlignment::Left } else { CellAlignment::Right });
@@ -88,7 +98,9 @@ pub fn render(report: &Report) -> String {
         }
     };
     out.push_str(&format!("Simulated Duration (ms): {}\n", num(t.duration_ms)));
-    out.push_str(&format!("Wall Time (ms): {}\n", num(report.wall_time_ms)));
+    if wall_clock {
+        out.push_str(&format!("Wall Time (ms): {}\n", num(report.wall_time_ms)));
+    }
     out.push_str(&format!("Prefix Cache Reused Ratio: {:.4}\n", ratio(t.reused_tokens)));
     out.push_str(&format!(
         "First Admission Prefix Cache Reused Ratio: {:.4}\n",
@@ -103,6 +115,12 @@ pub fn render(report: &Report) -> String {
     if t.rejected > 0 {
         out.push_str(&format!("Rejected Requests: {} (see --report-jsonl for reasons)\n", t.rejected));
     }
+    if let Some(shed) = report.shed.filter(|&n| n > 0) {
+        out.push_str(&format!("Shed Requests: {shed} (arrived at a full queue, --max-queued)\n"));
+    }
+    for note in report.notes() {
+        out.push_str(&format!("Note: {note}\n"));
+    }
     out
 }
 
@@ -116,5 +134,13 @@ mod tests {
         assert_eq!(num(1234567.891), "1,234,567.89");
         assert_eq!(num(999.999), "1,000.00");
         assert_eq!(num(-1234.5), "-1,234.50");
+    }
+
+    #[test]
+    fn values_that_are_not_numbers_read_n_a() {
+        assert_eq!(num(f64::NAN), "n/a");
+        assert_eq!(num(f64::INFINITY), "n/a");
+        assert_eq!(num(f64::NEG_INFINITY), "n/a");
+        assert!(num(1e300).ends_with(".00"), "huge finite values render");
     }
 }

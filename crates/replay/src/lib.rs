@@ -19,11 +19,11 @@ pub mod trace;
 pub mod workload;
 
 pub use error::InputError;
-pub use metrics::{Collector, Handoff, RequestRecord, Sla, Status};
+pub use formats::{load_trace, TraceFormat, TraceOptions};
+pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status};
 pub use report::{request_json, Report, WALL_CLOCK_KEYS};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{simulate, Progress, SimConfig, SimError};
 pub use synthetic::{Arrivals, SyntheticSpec};
-pub use formats::{load_trace, TraceFormat, TraceOptions};
 pub use trace::{load_mooncake, load_mooncake_delta};
 pub use workload::{LoadMode, Workload};

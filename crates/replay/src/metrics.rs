@@ -188,6 +188,36 @@ pub struct Collector<'s> {
     pub(crate) per_user: Sketch,
     /// The last token gap and its per-user rate (1000 / gap).
     last_rate: (f64, f64),
+    /// Requests that arrived and were not admitted yet (they hold memory while they wait).
+    queued: u64,
+    queue: QueueLimit,
+}
+
+/// Whether the overload warning was printed.
+static QUEUE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What an open-loop run does when arrivals outpace the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLimit {
+    /// Warn once on stderr when more requests than this wait for admission (in a split run,
+    /// at one shard's workers).
+    pub warn_at: u64,
+    /// At most this many waiting requests, and what happens to an arrival beyond them.
+    pub max: Option<(u64, Overflow)>,
+}
+
+impl Default for QueueLimit {
+    fn default() -> Self {
+        QueueLimit { warn_at: 100_000, max: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overflow {
+    /// Stop the run with an error.
+    Fail,
+    /// Drop the arrival (counted as shed).
+    Shed,
 }
 
 /// Run-level counters.
@@ -213,6 +243,8 @@ pub struct Totals {
     pub decode_tokens: u64,
     /// Passes run inside fast-forwarded stretches (a performance statistic).
     pub stretched_passes: u64,
+    /// Arrivals dropped because the admission queue was full (`QueueLimit` with `Shed`).
+    pub shed: u64,
 }
 
 impl Totals {
@@ -235,6 +267,7 @@ impl Totals {
             decode_forwards,
             decode_tokens,
             stretched_passes,
+            shed,
         } = *other;
         self.num_requests += num_requests;
         self.completed += completed;
@@ -252,6 +285,7 @@ impl Totals {
         self.decode_forwards += decode_forwards;
         self.decode_tokens += decode_tokens;
         self.stretched_passes += stretched_passes;
+        self.shed += shed;
     }
 }
 
@@ -270,7 +304,30 @@ impl<'s> Collector<'s> {
             itl: Sketch::default(),
             per_user: Sketch::default(),
             last_rate: (f64::NAN, f64::NAN),
+            queued: 0,
+            queue: QueueLimit::default(),
         }
+    }
+
+    /// Sets what happens when requests pile up waiting for admission.
+    pub fn with_queue_limit(mut self, queue: QueueLimit) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    pub fn queue_limit(&self) -> QueueLimit {
+        self.queue
+    }
+
+    /// What to do with an arrival now: `None` to take it, or the overflow policy when the
+    /// queue is full.
+    pub fn overflow(&self) -> Option<(u64, Overflow)> {
+        self.queue.max.filter(|&(max, _)| self.queued >= max)
+    }
+
+    /// Counts an arrival dropped because the queue was full.
+    pub fn shed(&mut self) {
+        self.totals.shed += 1;
     }
 
     /// Registers a released request; returns its id (its release ordinal).
@@ -312,6 +369,15 @@ impl<'s> Collector<'s> {
         };
         self.next_ordinal += 1;
         self.totals.num_requests += 1;
+        self.queued += 1;
+        // Once per process: a split run has a collector per shard.
+        if self.queued > self.queue.warn_at && !QUEUE_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "warning: more than {} requests have arrived and wait for admission at t={arrival_ms:.3} ms; the \
+                 workers cannot keep up and memory grows with the queue (--max-queued bounds it)",
+                self.queue.warn_at
+            );
+        }
         let id = record.ordinal;
         self.live.insert(id, record);
         id
@@ -427,8 +493,9 @@ impl<'s> Collector<'s> {
     }
 
     pub fn admit(&mut self, id: u64, at_ms: f64, reused: u32) {
-        let r = self.get(id);
+        let r = self.live.get_mut(&id).expect("request is in flight");
         if r.first_admit_ms.is_none() {
+            self.queued -= 1;
             r.first_admit_ms = Some(at_ms);
             r.first_admission_reused_input_tokens = reused;
         }
@@ -509,6 +576,9 @@ impl<'s> Collector<'s> {
     /// Closes a request's timeline and folds it into the run metrics.
     pub fn finish(&mut self, id: u64, at_ms: f64, finish: Finish) {
         let mut r = self.live.remove(&id).expect("request is in flight");
+        if r.first_admit_ms.is_none() {
+            self.queued -= 1;
+        }
         r.terminal_ms = Some(at_ms);
         r.status = match finish {
             Finish::Completed => Status::Completed,

@@ -35,6 +35,8 @@ pub struct Report {
     pub speculative: bool,
     /// Host time the run took (set by the caller that measured it).
     pub wall_time_ms: f64,
+    /// Arrivals dropped at a full admission queue, when the run sheds them.
+    pub shed: Option<u64>,
 }
 
 impl Report {
@@ -63,11 +65,29 @@ impl Report {
             sla_set: config.sla.is_set(),
             speculative: pools.iter().any(|p| p.engine.speculative.is_some()),
             wall_time_ms: 0.0,
+            shed: matches!(c.queue_limit().max, Some((_, crate::metrics::Overflow::Shed))).then_some(c.totals.shed),
         }
     }
 
-    pub fn duration_s(&self) -> f64 {
-        (self.totals.duration_ms / 1000.0).max(1e-9)
+    /// `x` per second of simulated duration; `None` when the duration is 0 (no request
+    /// produced a token after time 0, e.g. every `output_length` is 0), where a rate has no
+    /// meaning. See [`Report::notes`].
+    pub fn rate(&self, x: f64) -> Option<f64> {
+        let d = self.totals.duration_ms;
+        (d > 0.0).then(|| x / (d / 1000.0).max(1e-9))
+    }
+
+    /// Why some summary values are null (empty when none is).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.rate(0.0).is_none() {
+            notes.push(
+                "throughputs are null: the simulated duration is 0 ms (no output token was produced after \
+                 time 0), so a rate over it is undefined"
+                    .to_string(),
+            );
+        }
+        notes
     }
 
     /// Tokens per decode forward (1 without speculative decoding).
@@ -97,7 +117,7 @@ impl Report {
     /// The summary object. Keys follow the reference; keys it lacks are servesim additions.
     pub fn summary_json(&self) -> Map<String, Value> {
         let t = &self.totals;
-        let d = self.duration_s();
+        let rate = |x: u64| json!(self.rate(x as f64));
         let mut m = Map::new();
         let mut put = |k: &str, v: Value| {
             m.insert(k.to_string(), v);
@@ -106,14 +126,17 @@ impl Report {
         put("completed_requests", json!(t.completed));
         put("rejected_requests", json!(t.rejected));
         put("incomplete_requests", json!(t.incomplete));
+        if let Some(shed) = self.shed {
+            put("shed_requests", json!(shed));
+        }
         put("total_input_tokens", json!(t.input_tokens));
         put("total_output_tokens", json!(t.output_tokens));
         put("duration_ms", json!(t.duration_ms));
         put("wall_time_ms", json!(self.wall_time_ms));
-        put("request_throughput_rps", json!(t.completed as f64 / d));
-        put("input_throughput_tok_s", json!(t.input_tokens as f64 / d));
-        put("output_throughput_tok_s", json!(t.output_tokens as f64 / d));
-        put("total_throughput_tok_s", json!((t.input_tokens + t.output_tokens) as f64 / d));
+        put("request_throughput_rps", rate(t.completed));
+        put("input_throughput_tok_s", rate(t.input_tokens));
+        put("output_throughput_tok_s", rate(t.output_tokens));
+        put("total_throughput_tok_s", rate(t.input_tokens + t.output_tokens));
         put("prefill_worker_seconds", json!(self.prefill_worker_seconds()));
         put("decode_worker_seconds", json!(self.decode_worker_seconds()));
         put("prefill_gpus_per_worker", json!(self.prefill_gpus_per_worker));
@@ -121,8 +144,8 @@ impl Report {
         put("gpu_hours", json!(self.gpu_hours()));
         if self.sla_set {
             put("goodput_completed_requests", json!(t.good_requests));
-            put("goodput_request_throughput_rps", json!(t.good_requests as f64 / d));
-            put("goodput_output_throughput_tok_s", json!(t.good_output_tokens as f64 / d));
+            put("goodput_request_throughput_rps", rate(t.good_requests));
+            put("goodput_output_throughput_tok_s", rate(t.good_output_tokens));
         }
         let processed = t.input_tokens + t.output_tokens;
         let wall_s = self.wall_time_ms / 1000.0;
@@ -161,6 +184,10 @@ impl Report {
         }
         for (stat, v) in self.dist.per_user.fields() {
             put(&format!("{stat}_output_token_throughput_per_user"), json!(v));
+        }
+        let notes = self.notes();
+        if !notes.is_empty() {
+            put("notes", json!(notes));
         }
         m
     }

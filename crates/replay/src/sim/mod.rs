@@ -25,7 +25,7 @@ use servesim_cluster::{
 use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch};
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
-use crate::metrics::{Collector, Sla};
+use crate::metrics::{Collector, Overflow, Sla};
 use crate::report::Report;
 use crate::split;
 use crate::time::Time;
@@ -86,6 +86,8 @@ pub enum SimError {
     Router { at_ms: f64, why: String },
     /// The caller's [`Progress::cancelled`] asked the run to stop.
     Cancelled { at_ms: f64 },
+    /// More requests waited for admission than the queue limit allows (`Overflow::Fail`).
+    QueueFull { at_ms: f64, max: u64 },
 }
 
 impl std::fmt::Display for SimError {
@@ -97,6 +99,12 @@ impl std::fmt::Display for SimError {
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
             SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
             SimError::Cancelled { at_ms } => write!(f, "replay cancelled at t={at_ms} ms"),
+            SimError::QueueFull { at_ms, max } => write!(
+                f,
+                "overloaded: at t={at_ms} ms a request arrived while {max} requests already waited for admission \
+                 (--max-queued {max}); the workers cannot keep up with this load (lower the rate, add workers, \
+                 or use --max-queued-policy shed to drop such arrivals)"
+            ),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
                 "the disaggregated cluster deadlocked at t={at_ms} ms with {in_flight} requests in flight: the \
@@ -338,7 +346,14 @@ impl<'a, 'c> Simulation<'a, 'c> {
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
-                self.release(r);
+                match self.collector.overflow() {
+                    None => self.release(r),
+                    Some((max, Overflow::Fail)) => return Err(SimError::QueueFull { at_ms: now, max }),
+                    Some((_, Overflow::Shed)) => {
+                        self.collector.shed();
+                        self.driver.on_complete(r.session, now, false);
+                    }
+                }
             }
             for pool in &self.pools {
                 if let Some(why) = pool.placer.error() {

@@ -1,0 +1,118 @@
+//! Report files: refused when they name an input or each other, written to a temporary file
+//! beside the destination and renamed over it only when the run succeeds, so a failed or
+//! interrupted run leaves the previous report (or nothing) in place, never half of one.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::Failure;
+
+/// Where a path lives: its device and inode when it exists (following symlinks, so links and
+/// hard links to one file compare equal), else its canonical directory and file name.
+#[derive(PartialEq, Eq)]
+enum Place {
+    Inode(u64, u64),
+    Path(PathBuf),
+}
+
+fn place(path: &Path) -> Place {
+    #[cfg(unix)]
+    if let Ok(m) = std::fs::metadata(path) {
+        use std::os::unix::fs::MetadataExt;
+        return Place::Inode(m.dev(), m.ino());
+    }
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Place::Path(p);
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    Place::Path(path.file_name().map_or(dir.clone(), |n| dir.join(n)))
+}
+
+/// Refuses report paths that are one of `inputs` (trace files, configuration files) or the same
+/// file as each other. Runs before anything is opened for writing.
+pub fn check_report_paths(reports: &[(&str, &Path)], inputs: &[&Path]) -> Result<(), Failure> {
+    for (i, (flag, path)) in reports.iter().enumerate() {
+        let here = place(path);
+        if let Some(input) = inputs.iter().find(|input| place(input) == here) {
+            return Err(Failure::input(format!(
+                "--{flag} {} is the input {}; refusing to overwrite an input with a report",
+                path.display(),
+                input.display()
+            )));
+        }
+        if let Some((other, _)) = reports[..i].iter().find(|(_, p)| place(p) == here) {
+            return Err(Failure::input(format!(
+                "--{other} and --{flag} name the same file ({}); give each report its own path",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A report being written. Until [`ReportFile::commit`] its bytes are in a temporary file in the
+/// destination's directory, which is deleted if the report is dropped instead.
+pub struct ReportFile {
+    shown: PathBuf,
+    target: PathBuf,
+    out: BufWriter<File>,
+    temp: Option<tempfile::TempPath>,
+}
+
+impl ReportFile {
+    pub fn create(path: &Path) -> Result<ReportFile, Failure> {
+        let cannot = |e: std::io::Error| Failure::input(format!("{}: cannot create: {e}", path.display()));
+        // Write through a symlink to its target, as opening it would.
+        let target = match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+            _ => path.to_path_buf(),
+        };
+        let existing = std::fs::metadata(&target).ok();
+        // Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename: write to them.
+        if existing.as_ref().is_some_and(|m| !m.is_file()) {
+            let file = std::fs::OpenOptions::new().write(true).open(&target).map_err(cannot)?;
+            return Ok(ReportFile { shown: path.to_path_buf(), target, out: BufWriter::new(file), temp: None });
+        }
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let temp =
+            tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir).map_err(cannot)?;
+        // A temporary file is private (0600); the report gets the permissions the file it
+        // replaces had, or the usual 0644.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = existing.map_or(0o644, |m| m.permissions().mode() & 0o7777);
+            temp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(cannot)?;
+        }
+        let (file, temp) = temp.into_parts();
+        Ok(ReportFile { shown: path.to_path_buf(), target, out: BufWriter::new(file), temp: Some(temp) })
+    }
+
+    pub fn writer(&mut self) -> &mut BufWriter<File> {
+        &mut self.out
+    }
+
+    /// The path as the user gave it.
+    pub fn path(&self) -> &Path {
+        &self.shown
+    }
+
+    /// Flushes the report and moves it into place.
+    pub fn commit(mut self) -> Result<(), String> {
+        let failed = |e: std::io::Error| format!("{}: write failed: {e}", self.shown.display());
+        self.out.flush().map_err(failed)?;
+        if let Some(temp) = self.temp.take() {
+            temp.persist(&self.target).map_err(|e| failed(e.error))?;
+        }
+        Ok(())
+    }
+}
