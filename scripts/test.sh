@@ -9,6 +9,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # crates/python is built once, by maturin below (its pyo3 build differs from a plain cargo
 # build, so building it here too would compile it twice).
+# Formatting and lints first: cheap, and a failure names the file and line. Skipped with a notice
+# when the toolchain has no rustfmt/clippy component.
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all -- --check
+else
+  echo "notice: rustfmt not installed; formatting not checked" >&2
+fi
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --release --workspace --exclude servesim-python --all-targets -- -D warnings
+else
+  echo "notice: clippy not installed; lints not checked" >&2
+fi
 cargo test --release --workspace --exclude servesim-python
 cargo build --release -p servesim
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/live/requirements.txt

@@ -73,7 +73,12 @@ impl AisFlags {
     }
 
     /// The `timing_model` these flags ask for, if any (Dynamo's `build_mocker_engine_args`).
-    pub fn timing_model(&self, model_path: Option<&str>, engine_type: &str, worker_type: &str) -> Result<Option<Value>, Failure> {
+    pub fn timing_model(
+        &self,
+        model_path: Option<&str>,
+        engine_type: &str,
+        worker_type: &str,
+    ) -> Result<Option<Value>, Failure> {
         let flat: Vec<(&str, Value)> = self.flat().into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
         let config = if let Some(pc) = &self.perf_config {
             if self.perf_model || !flat.is_empty() {
@@ -85,7 +90,8 @@ impl AisFlags {
             }
             v
         } else if self.perf_model {
-            let model = model_path.ok_or_else(|| Failure::input("--ais-perf-model needs --model-path (the model to time)"))?;
+            let model =
+                model_path.ok_or_else(|| Failure::input("--ais-perf-model needs --model-path (the model to time)"))?;
             let mut m = Map::new();
             m.insert("model".into(), json!(model));
             m.insert("backend".into(), json!(engine_type));
@@ -155,7 +161,9 @@ impl RouterLoadFlags {
         front: &EngineConfig,
     ) -> Result<Option<Arc<dyn PrefillLoadEstimator>>, Failure> {
         let Some(router) = router else {
-            if self.router_prefill_load_model.is_some_and(|m| m != RouterLoadModel::None) || self.router_ais_config.is_some() {
+            if self.router_prefill_load_model.is_some_and(|m| m != RouterLoadModel::None)
+                || self.router_ais_config.is_some()
+            {
                 return Err(Failure::input(
                     "--router-prefill-load-model ais and --router-ais-config apply to --router-mode kv_router \
                      (round robin takes no load model)",
@@ -198,8 +206,8 @@ impl RouterLoadFlags {
         };
         let cfg = servesim_perf::AisConfig::from_json("router_ais_config", &config)
             .map_err(|e| Failure::input(format!("{key}: {}", e.message)))?;
-        let estimator =
-            servesim_perf::estimator(&cfg).map_err(|e| Failure::input(format!("router prefill load model ({key}): {}", e.message)))?;
+        let estimator = servesim_perf::estimator(&cfg)
+            .map_err(|e| Failure::input(format!("router prefill load model ({key}): {}", e.message)))?;
         Ok(Some(Arc::new(AisPrefillLoad { estimator })))
     }
 }
@@ -209,7 +217,8 @@ fn read_perf_config(flag: &str, arg: &str) -> Result<Value, Failure> {
     let text = if arg.trim_start().starts_with('{') {
         arg.to_string()
     } else {
-        std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("{flag}: cannot read AIS config {arg:?}: {e}")))?
+        std::fs::read_to_string(arg)
+            .map_err(|e| Failure::input(format!("{flag}: cannot read AIS config {arg:?}: {e}")))?
     };
     let v: Value = if text.trim_start().starts_with('{') {
         serde_json::from_str(&text).map_err(|e| Failure::input(format!("{flag}: invalid JSON: {e}")))?
@@ -238,7 +247,10 @@ mod tests {
         assert!(AisFlags::default().timing_model(None, "vllm", "aggregated").unwrap().is_none());
         let both = AisFlags { perf_config: Some("{}".into()), tp_size: Some(2), ..Default::default() };
         assert!(both.timing_model(None, "vllm", "aggregated").is_err());
-        let pc = AisFlags { perf_config: Some(r#"{"model": "m", "system": "s", "backend": "sglang"}"#.into()), ..Default::default() };
+        let pc = AisFlags {
+            perf_config: Some(r#"{"model": "m", "system": "s", "backend": "sglang"}"#.into()),
+            ..Default::default()
+        };
         let t = pc.timing_model(None, "vllm", "prefill").unwrap().unwrap();
         assert_eq!(t["config"]["worker_type"], "prefill");
     }
@@ -257,7 +269,11 @@ mod tests {
         assert!(e.message.contains("apply to --router-mode kv_router"), "{}", e.message);
         // `ais` needs a configuration: none given and the engine is not timed by AIS.
         let e = ais.resolve(Some(&mut kv()), &engine).unwrap_err();
-        assert!(e.message.contains("give --router-ais-config") && e.message.contains("ais_perf_config"), "{}", e.message);
+        assert!(
+            e.message.contains("give --router-ais-config") && e.message.contains("ais_perf_config"),
+            "{}",
+            e.message
+        );
         // The same through --router-config.
         let mut rc = RouterConfig::parse_json(r#"{"router_prefill_load_model": "aic"}"#).unwrap();
         assert!(none.resolve(Some(&mut rc), &engine).is_err());

@@ -70,7 +70,9 @@ pub struct PerfArgs {
 
 fn config_of(a: &PerfArgs) -> Result<AisConfig, Failure> {
     let v = match &a.config {
-        Some(text) => serde_json::from_str::<Value>(text).map_err(|e| Failure::input(format!("--config: invalid JSON: {e}")))?,
+        Some(text) => {
+            serde_json::from_str::<Value>(text).map_err(|e| Failure::input(format!("--config: invalid JSON: {e}")))?
+        }
         None => {
             let model = a.model.as_ref().ok_or_else(|| Failure::input("--model is required (or --config)"))?;
             let mut m = json!({
@@ -99,7 +101,10 @@ fn rank(v: &Value) -> Result<RankMetrics, String> {
     let f = |k: &str| -> Result<u32, String> {
         match v.get(k) {
             None | Some(Value::Null) => Ok(0),
-            Some(x) => x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| format!("{k} must be a non-negative integer")),
+            Some(x) => x
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| format!("{k} must be a non-negative integer")),
         }
     };
     Ok(RankMetrics {
@@ -114,7 +119,9 @@ fn rank(v: &Value) -> Result<RankMetrics, String> {
 fn answer(est: &servesim_perf::Estimator, q: &Value) -> Result<f64, String> {
     let ints = |v: &Value, n: usize| -> Result<Vec<u32>, String> {
         let a = v.as_array().filter(|a| a.len() == n).ok_or_else(|| format!("expected a list of {n} integers"))?;
-        a.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| "expected integers".to_string())).collect()
+        a.iter()
+            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| "expected integers".to_string()))
+            .collect()
     };
     if let Some(p) = q.get("prefill") {
         let v = ints(p, 3)?;
@@ -138,7 +145,9 @@ pub fn run(a: PerfArgs) -> Result<(), Failure> {
         let reader: Box<dyn BufRead> = if file == "-" {
             Box::new(std::io::stdin().lock())
         } else {
-            Box::new(std::io::BufReader::new(std::fs::File::open(file).map_err(|e| Failure::input(format!("{file}: {e}")))?))
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(file).map_err(|e| Failure::input(format!("{file}: {e}")))?,
+            ))
         };
         let out = std::io::stdout();
         let mut out = out.lock();
@@ -147,7 +156,8 @@ pub fn run(a: PerfArgs) -> Result<(), Failure> {
             if line.trim().is_empty() {
                 continue;
             }
-            let q: Value = serde_json::from_str(&line).map_err(|e| Failure::input(format!("{file} line {}: {e}", i + 1)))?;
+            let q: Value =
+                serde_json::from_str(&line).map_err(|e| Failure::input(format!("{file} line {}: {e}", i + 1)))?;
             let a = match answer(&est, &q) {
                 Ok(ms) => json!({"ms": ms}),
                 Err(e) => json!({"error": e}),
@@ -187,7 +197,13 @@ pub fn run(a: PerfArgs) -> Result<(), Failure> {
         db.spec.root.display()
     );
     println!("prefill: batch {} × {} tokens ({} cached) → {:.4} ms", a.batch, a.isl, a.prefix, pt);
-    println!("decode:  batch {} at context {}{} → {:.4} ms", a.batch, context, if est.layout.nextn > 0 { format!(" (×{} verify width)", est.layout.nextn + 1) } else { String::new() }, dt);
+    println!(
+        "decode:  batch {} at context {}{} → {:.4} ms",
+        a.batch,
+        context,
+        if est.layout.nextn > 0 { format!(" (×{} verify width)", est.layout.nextn + 1) } else { String::new() },
+        dt
+    );
     if a.per_op {
         for (title, ops, total) in [("prefill", &pre, pt), ("decode", &dec, dt)] {
             println!("\n{title} ops:");

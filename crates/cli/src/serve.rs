@@ -274,8 +274,15 @@ fn worker_args(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Worker
     put("startup_time", finite("startup-time", a.startup_time)?);
     put("kv_transfer_bandwidth", finite("kv-transfer-bandwidth", a.kv_transfer_bandwidth)?);
     put("kv_bytes_per_token", a.kv_bytes_per_token.map(Value::from));
-    let engine_name = match a.engine_type { Some(EngineType::Sglang) => "sglang", Some(EngineType::Trtllm) => "trtllm", _ => "vllm" };
-    put("timing_model", a.ais.timing_model(a.model_path.as_deref().and_then(|p| p.to_str()), engine_name, "aggregated")?);
+    let engine_name = match a.engine_type {
+        Some(EngineType::Sglang) => "sglang",
+        Some(EngineType::Trtllm) => "trtllm",
+        _ => "vllm",
+    };
+    put(
+        "timing_model",
+        a.ais.timing_model(a.model_path.as_deref().and_then(|p| p.to_str()), engine_name, "aggregated")?,
+    );
     if let Some(r) = &a.reasoning {
         let v: Value =
             serde_json::from_str(r).map_err(|e| Failure::input(format!("--reasoning: invalid JSON: {e}")))?;

@@ -122,7 +122,8 @@ fn numeric_and_string_session_ids_stay_apart() {
 
 #[test]
 fn rows_and_files_that_are_not_json_lines_are_named() {
-    let t = write("array-row.jsonl", b"{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n[0, 300, 4, [1]]\n");
+    let t =
+        write("array-row.jsonl", b"{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n[0, 300, 4, [1]]\n");
     rejects(&["predict", &t], &["array-row.jsonl:2", "JSON array"]);
     let t = write("array-file.json", b"[\n {\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n]\n");
     rejects(&["predict", &t], &["array-file.json:1", "JSON array", "jq -c"]);
@@ -160,7 +161,11 @@ fn every_example_trace_replays() {
     let cases: &[(&[&str], &[&str], u64)] = &[
         (&["mooncake/mooncake_basic.jsonl"], &[], 3),
         (&["mooncake/mooncake_sessions.jsonl"], &["--trace-block-size", "128"], 4),
-        (&["mooncake_delta/mooncake_delta.jsonl"], &["--trace-format", "mooncake_delta", "--trace-block-size", "64"], 3),
+        (
+            &["mooncake_delta/mooncake_delta.jsonl"],
+            &["--trace-format", "mooncake_delta", "--trace-block-size", "64"],
+            3,
+        ),
         (&["agentic_mooncake/agentic_v2.jsonl"], &["--trace-format", "agentic-mooncake", "--execution-model", "t"], 4),
         (
             &["agentic_mooncake/agentic_v2.jsonl"],
@@ -289,13 +294,19 @@ fn agentic_row_errors() {
     let p = v2(
         "r4.jsonl",
         HEADER,
-        &[&row("a", "p", ""), &row("b", "p", r#"{"request_id":"a","trigger":"completion","delay_ms":-40,"relation":"sequence"}"#)],
+        &[
+            &row("a", "p", ""),
+            &row("b", "p", r#"{"request_id":"a","trigger":"completion","delay_ms":-40,"relation":"sequence"}"#),
+        ],
     );
     rejects_agentic(&p, &["r4.jsonl:3", "invalid dependency delay -40"]);
     let p = v2(
         "r5.jsonl",
         HEADER,
-        &[&row("a", "p", ""), &row("b", "p", r#"{"request_id":"a","trigger":"dispatch","delay_ms":0,"relation":"sequence"}"#)],
+        &[
+            &row("a", "p", ""),
+            &row("b", "p", r#"{"request_id":"a","trigger":"dispatch","delay_ms":0,"relation":"sequence"}"#),
+        ],
     );
     rejects_agentic(&p, &["invalid Sequence dependency with Dispatch trigger"]);
     let p = v2("r6.jsonl", HEADER, &[&row("a", "p", "").replace("\"not_before_ms\":0", "\"not_before_ms\":-1")]);
@@ -304,7 +315,8 @@ fn agentic_row_errors() {
 
 #[test]
 fn agentic_graph_errors() {
-    let dep = |on: &str| format!(r#"{{"request_id":"{on}","trigger":"completion","delay_ms":0,"relation":"sequence"}}"#);
+    let dep =
+        |on: &str| format!(r#"{{"request_id":"{on}","trigger":"completion","delay_ms":0,"relation":"sequence"}}"#);
     let p = v2("g1.jsonl", HEADER, &[&row("a", "p", ""), &row("b", "p", &dep("zz"))]);
     rejects_agentic(&p, &["request b references unknown request_id zz"]);
     let p = v2("g2.jsonl", HEADER, &[&row("a", "p", ""), &row("b", "p", &dep("b"))]);
@@ -329,7 +341,10 @@ fn dynamo_cross_shard_errors() {
     let b = write("d-b.jsonl", format!("{}\n", dynamo_request("r1", 5, None, 16)).as_bytes());
     rejects(&["predict", &a, &b, "--trace-format", "dynamo"], &["d-b.jsonl:1", "duplicate request_id \"r1\""]);
     let c = write("d-c.jsonl", format!("{}\n", dynamo_request("r2", 5, None, 32)).as_bytes());
-    rejects(&["predict", &a, &c, "--trace-format", "dynamo"], &["mixed replay trace_block_size values are not supported"]);
+    rejects(
+        &["predict", &a, &c, "--trace-format", "dynamo"],
+        &["mixed replay trace_block_size values are not supported"],
+    );
     rejects(
         &["predict", &a, "--trace-format", "dynamo", "--trace-block-size", "64"],
         &["trace_block_size 64 does not match embedded Dynamo request trace block size 16"],
@@ -339,10 +354,16 @@ fn dynamo_cross_shard_errors() {
         &["predict", &a, &d, "--trace-format", "dynamo", "--execution-model", "t"],
         &["cannot mix requests with and without agent_context"],
     );
-    let e = write("d-e.jsonl", b"{\"schema\":\"dynamo.request.trace.v1\",\"event_type\":\"request_start\",\"event_time_unix_ms\":1}\n");
+    let e = write(
+        "d-e.jsonl",
+        b"{\"schema\":\"dynamo.request.trace.v1\",\"event_type\":\"request_start\",\"event_time_unix_ms\":1}\n",
+    );
     rejects(&["predict", &e, "--trace-format", "dynamo"], &["d-e.jsonl:1", "request trace supports request_end"]);
     rejects(&["predict", &d, "--trace-format", "dynamo"], &["requires a configured target model"]);
-    rejects(&["predict", &a, "--trace-format", "dynamo", "--agentic-lanes", "1"], &["requires an agentic Dynamo request trace"]);
+    rejects(
+        &["predict", &a, "--trace-format", "dynamo", "--agentic-lanes", "1"],
+        &["requires an agentic Dynamo request trace"],
+    );
 }
 
 #[test]
@@ -365,7 +386,10 @@ fn dynamo_tool_errors() {
     );
     let bad_time = tool("blocking", "r1").replace("\"ended_at_unix_ms\":50", "\"ended_at_unix_ms\":10");
     let p = write("t3.jsonl", format!("{base}\n{bad_time}\n").as_bytes());
-    rejects(&["predict", &p, "--trace-format", "dynamo", "--execution-model", "t"], &["tool end time precedes start time"]);
+    rejects(
+        &["predict", &p, "--trace-format", "dynamo", "--execution-model", "t"],
+        &["tool end time precedes start time"],
+    );
 }
 
 #[test]
@@ -374,7 +398,10 @@ fn weka_and_other_format_errors() {
         "w.json",
         br#"{"id": "x", "block_size": 4, "hash_id_scope": "global", "requests": [{"t": 0, "type": "n", "model": "m", "in": 4, "out": 1, "hash_ids": [1]}]}"#,
     );
-    rejects(&["predict", &t, "--trace-format", "weka", "--execution-model", "t"], &["unsupported hash_id_scope \"global\""]);
+    rejects(
+        &["predict", &t, "--trace-format", "weka", "--execution-model", "t"],
+        &["unsupported hash_id_scope \"global\""],
+    );
     let t = write(
         "w2.json",
         br#"{"id": "x", "block_size": 4, "hash_id_scope": "local", "requests": [{"t": 0, "type": "n", "model": "m", "in": 4, "out": 1, "hash_ids": [1]}]}"#,
@@ -393,6 +420,9 @@ fn weka_and_other_format_errors() {
         &["predict", &a, "--trace-format", "applied_compute_agentic", "--replay-concurrency", "1"],
         &["applied.jsonl:1", "field assistant_response_length length 1 does not match num_turns 2"],
     );
-    rejects(&["predict", &a, &a, "--trace-format", "weka", "--execution-model", "t"], &["requires exactly one trace file, got 2"]);
+    rejects(
+        &["predict", &a, &a, "--trace-format", "weka", "--execution-model", "t"],
+        &["requires exactly one trace file, got 2"],
+    );
     rejects(&["predict", &a, "--trace-format", "nope"], &["unknown trace format"]);
 }

@@ -251,7 +251,10 @@ mod tests {
     use super::*;
 
     fn timing(mode: KvTransferTimingMode) -> TransferTiming {
-        TransferTiming { kv: KvTransfer { bytes_per_token: Some(1_000_000), bandwidth_gbps: Some(1.0), mode }, block_size: 64 }
+        TransferTiming {
+            kv: KvTransfer { bytes_per_token: Some(1_000_000), bandwidth_gbps: Some(1.0), mode },
+            block_size: 64,
+        }
     }
 
     /// Feeds facts in order; returns every step, starting with the first.
@@ -308,7 +311,10 @@ mod tests {
         let t = timing(KvTransferTimingMode::FullPrompt);
         let mut h = Handoff::remote_source(100);
         assert_eq!(h.start(), Step::PlaceOnDecode);
-        assert_eq!(h.on(Fact::DestinationReserved { reused_tokens: 0 }, &t), vec![Step::StartTransfer { delay_ms: 100.0 }]);
+        assert_eq!(
+            h.on(Fact::DestinationReserved { reused_tokens: 0 }, &t),
+            vec![Step::StartTransfer { delay_ms: 100.0 }]
+        );
         assert_eq!(h.on(Fact::TransferLanded, &t), vec![Step::Activate]);
         // Nobody here holds the source: the release is a no-op for the driver (no prefill rank).
         assert_eq!(h.on(Fact::Activated, &t), vec![Step::ReleaseSource]);
@@ -316,7 +322,8 @@ mod tests {
 
     #[test]
     fn a_refused_destination_releases_the_source_and_rejects() {
-        let steps = run(Order::SourceFirst, &[Fact::SourceHeld, Fact::DestinationRefused(RejectReason::ExceedsKvCapacity)]);
+        let steps =
+            run(Order::SourceFirst, &[Fact::SourceHeld, Fact::DestinationRefused(RejectReason::ExceedsKvCapacity)]);
         assert_eq!(
             &steps[2..],
             &[Step::ReleaseSource, Step::Reject(RejectReason::ExceedsKvCapacity)],
@@ -342,7 +349,8 @@ mod tests {
     fn an_abort_undoes_what_each_side_holds() {
         assert_eq!(run(Order::SourceFirst, &[Fact::Aborted])[1..], [Step::AbortSource]);
         assert_eq!(
-            run(Order::SourceFirst, &[Fact::SourceHeld, Fact::DestinationReserved { reused_tokens: 0 }, Fact::Aborted])[3..],
+            run(Order::SourceFirst, &[Fact::SourceHeld, Fact::DestinationReserved { reused_tokens: 0 }, Fact::Aborted])
+                [3..],
             [Step::ReleaseSource, Step::AbortDestination]
         );
         assert_eq!(

@@ -9,10 +9,16 @@
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum WorkerState {
     /// Added at `since_ms`; takes requests once ready.
-    Starting { since_ms: f64 },
-    Active { since_ms: f64 },
+    Starting {
+        since_ms: f64,
+    },
+    Active {
+        since_ms: f64,
+    },
     /// Takes no new requests; stops when it has none.
-    Draining { since_ms: f64 },
+    Draining {
+        since_ms: f64,
+    },
     Stopped,
 }
 

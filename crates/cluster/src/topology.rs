@@ -126,10 +126,7 @@ fn pool(role: Role, mut args: WorkerArgs, workers: u32, count: &'static str) -> 
         Role::Aggregated => args.engine.role = role,
         r if r == role => {}
         r => {
-            return Err(error(
-                "worker_type",
-                format!("worker_type {} does not fit the {} pool", r.name(), role.name()),
-            ))
+            return Err(error("worker_type", format!("worker_type {} does not fit the {} pool", r.name(), role.name())))
         }
     }
     Ok(PoolSpec { role, engine: args.engine, deployment: args.deployment, workers })

@@ -370,7 +370,8 @@ mod external_tests {
         let why = m.error().unwrap();
         assert!(why.contains("cannot time a decode pass: batch 5 is outside"), "{why}");
         // The canonical dump keeps the provider and its configuration.
-        let dump = crate::config::WorkerArgs { engine: cfg.clone(), deployment: Default::default() }.to_canonical_json();
+        let dump =
+            crate::config::WorkerArgs { engine: cfg.clone(), deployment: Default::default() }.to_canonical_json();
         assert_eq!(dump["engine"]["timing_model"]["provider"], "linear");
         // Unknown providers and contexts without external models are refused by key path.
         let e = with_linear(r#"{"engine": {"timing_model": {"type": "external", "provider": "x"}}}"#).unwrap_err();

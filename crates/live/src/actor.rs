@@ -381,7 +381,10 @@ impl Actor {
                     let mut job = l.job;
                     if cancelled {
                         // Record the prompt as held before undoing it.
-                        job.handoff.as_mut().expect("a disaggregated request").on(Fact::SourceHeld, self.cluster.transfer());
+                        job.handoff
+                            .as_mut()
+                            .expect("a disaggregated request")
+                            .on(Fact::SourceHeld, self.cluster.transfer());
                     }
                     self.cluster.handoff(job, fact);
                 }

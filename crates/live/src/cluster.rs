@@ -15,7 +15,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-use servesim_cluster::{token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming};
+use servesim_cluster::{
+    token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
+};
 use servesim_engine::{Backend, BlockHashes, KvEvent, Prompt, RejectReason, Role};
 use servesim_router::{Placement, Routed};
 use tokio::sync::mpsc::error::TrySendError;
@@ -32,7 +34,10 @@ pub enum Out {
     Tokens(Box<[u32]>),
     /// The request generated all its tokens: the last ones that had not been sent yet, and how
     /// it went.
-    Done { tail: Box<[u32]>, done: Done },
+    Done {
+        tail: Box<[u32]>,
+        done: Done,
+    },
     /// The engine (or the disaggregated handoff) refused the request.
     Failed(RejectReason),
 }
@@ -352,7 +357,8 @@ impl Cluster {
         let mut threads = Vec::new();
         for (i, setup) in setups.into_iter().enumerate() {
             let c = cluster.clone();
-            let spawned = std::thread::Builder::new().name(format!("servesim-rank-{i}")).spawn(move || actor::run(c, i, setup));
+            let spawned =
+                std::thread::Builder::new().name(format!("servesim-rank-{i}")).spawn(move || actor::run(c, i, setup));
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(source) => {
@@ -509,7 +515,8 @@ impl Cluster {
                 }
                 Step::StartTransfer { delay_ms } => {
                     let rank = j.extra.decode_rank.expect("reserved on a decode rank");
-                    let delay = if self.speedup > 0.0 { crate::wall_duration(delay_ms / 1000.0) } else { Duration::ZERO };
+                    let delay =
+                        if self.speedup > 0.0 { crate::wall_duration(delay_ms / 1000.0) } else { Duration::ZERO };
                     self.send(rank, id, Command::Transfer(job.take().expect("the request"), delay));
                 }
                 // The decode rank activates the KV it receives itself.

@@ -173,7 +173,8 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     let (abort, abort_rx) = watch::channel(false);
     let mut listeners = JoinSet::new();
     let mut addrs = Vec::new();
-    let all = std::iter::once((frontend, None)).chain(worker_listeners.into_iter().enumerate().map(|(w, l)| (l, Some(w))));
+    let all =
+        std::iter::once((frontend, None)).chain(worker_listeners.into_iter().enumerate().map(|(w, l)| (l, Some(w))));
     for (listener, worker) in all {
         let addr = listener.local_addr().map_err(|source| LiveError::Listen {
             addr: format!("{}:{}", opts.host, opts.port),

@@ -237,8 +237,7 @@ impl ChatTemplate {
         let config_path = dir.join("tokenizer_config.json");
         let config: Option<Value> = match std::fs::read_to_string(&config_path) {
             Ok(text) => Some(
-                serde_json::from_str(&text)
-                    .map_err(|source| ModelError::Json { path: config_path.clone(), source })?,
+                serde_json::from_str(&text).map_err(|source| ModelError::Json { path: config_path.clone(), source })?,
             ),
             Err(_) => None,
         };

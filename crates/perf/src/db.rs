@@ -74,7 +74,17 @@ pub fn gemm_sol(spec: &SystemSpec, dt: Dtype, flops: f64, m: f64, n: f64, k: f64
 
 /// Context attention SOL (full attention, no prefix) in ms; `n_kv_lookup == 0` means MHA.
 #[allow(clippy::too_many_arguments)]
-pub fn ctx_attn_sol(spec: &SystemSpec, n_kv_lookup: u32, head: u32, window: u32, kv: Dtype, flops: f64, n: f64, s: f64, b: f64) -> f64 {
+pub fn ctx_attn_sol(
+    spec: &SystemSpec,
+    n_kv_lookup: u32,
+    head: u32,
+    window: u32,
+    kv: Dtype,
+    flops: f64,
+    n: f64,
+    s: f64,
+    b: f64,
+) -> f64 {
     let h = head as f64;
     let w = window as f64;
     let n_kv = if n_kv_lookup == 0 { n } else { n_kv_lookup as f64 };
@@ -85,7 +95,17 @@ pub fn ctx_attn_sol(spec: &SystemSpec, n_kv_lookup: u32, head: u32, window: u32,
 
 /// Generation attention SOL in ms (`s` = KV length including the new token).
 #[allow(clippy::too_many_arguments)]
-pub fn gen_attn_sol(spec: &SystemSpec, n_kv_lookup: u32, head: u32, window: u32, kv: Dtype, flops: f64, n: f64, b: f64, s: f64) -> f64 {
+pub fn gen_attn_sol(
+    spec: &SystemSpec,
+    n_kv_lookup: u32,
+    head: u32,
+    window: u32,
+    kv: Dtype,
+    flops: f64,
+    n: f64,
+    b: f64,
+    s: f64,
+) -> f64 {
     let n_kv = if n_kv_lookup == 0 { n } else { n_kv_lookup as f64 };
     let kv_len = if window > 0 { (s - 1.0).min(window as f64) } else { s - 1.0 };
     let h = head as f64;
@@ -111,8 +131,14 @@ fn mha_lookup(n: u32, n_kv: u32) -> u32 {
     }
 }
 
-const GEMM_SPEC: SitesSpec =
-    SitesSpec { axes: &["m", "n", "k"], site_axes: &[1, 2], curve_axis: 0, nn_sites: 4, max_site_distance: 2.0, k_tail: 3 };
+const GEMM_SPEC: SitesSpec = SitesSpec {
+    axes: &["m", "n", "k"],
+    site_axes: &[1, 2],
+    curve_axis: 0,
+    nn_sites: 4,
+    max_site_distance: 2.0,
+    k_tail: 3,
+};
 const CTX_SPEC: GridSpec = GridSpec::sqrt_along(&["num_heads", "seq_len", "batch"], 1);
 const GEN_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
 
@@ -234,8 +260,14 @@ impl Database {
                 continue;
             }
             let t = Table::read(&src.path, &["gemm_dtype", "m", "n", "k", "latency", "kernel_source"])?;
-            let (dt, m, n, k, lat, ks) =
-                (t.text("gemm_dtype")?, t.int("m")?, t.int("n")?, t.int("k")?, t.float("latency")?, t.text_or_none("kernel_source")?);
+            let (dt, m, n, k, lat, ks) = (
+                t.text("gemm_dtype")?,
+                t.int("m")?,
+                t.int("n")?,
+                t.int("k")?,
+                t.float("latency")?,
+                t.text_or_none("kernel_source")?,
+            );
             for i in 0..t.rows {
                 if !keep_row(src, &ks[i]) {
                     continue;
@@ -244,7 +276,8 @@ impl Database {
                 if d == "awq" || d == "gptq" {
                     continue;
                 }
-                let (m, n, k) = (key_u32(&t.path, "m", i, m[i])?, key_u32(&t.path, "n", i, n[i])?, key_u32(&t.path, "k", i, k[i])?);
+                let (m, n, k) =
+                    (key_u32(&t.path, "m", i, m[i])?, key_u32(&t.path, "n", i, n[i])?, key_u32(&t.path, "k", i, k[i])?);
                 let acc = by.entry(d.to_string()).or_insert_with(|| Acc {
                     grid: BTreeMap::new(),
                     m_order: Vec::new(),
@@ -317,9 +350,9 @@ impl Database {
         })?;
         let spec = &self.spec;
         let sol = move |c: &[f64]| gemm_sol(spec, dt, flops, c[0], c[1], c[2]);
-        let v = sites
-            .query(&GEMM_SPEC, &sol, &[m as f64, n as f64, k as f64])
-            .map_err(|e| e.context(format!("GEMM {} on {} / {} {}", dt.name(), self.spec.name, self.backend, self.version)))?;
+        let v = sites.query(&GEMM_SPEC, &sol, &[m as f64, n as f64, k as f64]).map_err(|e| {
+            e.context(format!("GEMM {} on {} / {} {}", dt.name(), self.spec.name, self.backend, self.version))
+        })?;
         if v.is_finite() {
             self.gemm_cache.lock().expect("gemm cache").insert((dt, m, n, k), v);
         }
@@ -350,8 +383,13 @@ impl Database {
                     "kernel_source",
                 ],
             )?;
-            let (b, isl, nh, nkv, hd) =
-                (t.int("batch_size")?, t.int("isl")?, t.int("num_heads")?, t.int("num_key_value_heads")?, t.int("head_dim")?);
+            let (b, isl, nh, nkv, hd) = (
+                t.int("batch_size")?,
+                t.int("isl")?,
+                t.int("num_heads")?,
+                t.int("num_key_value_heads")?,
+                t.int("head_dim")?,
+            );
             let fmha = if generation { vec![None; t.rows] } else { t.text("attn_dtype")? };
             let kvd = t.text("kv_cache_dtype")?;
             let step = if generation { t.int("step")? } else { vec![0; t.rows] };
@@ -397,7 +435,9 @@ impl Database {
                     .map(|(lane, m)| {
                         let m = m
                             .into_iter()
-                            .map(|((fmha, kv, n_kv, head, window), node)| (CtxKey { fmha, kv, n_kv, head, window }, Grid::new(node)))
+                            .map(|((fmha, kv, n_kv, head, window), node)| {
+                                (CtxKey { fmha, kv, n_kv, head, window }, Grid::new(node))
+                            })
                             .collect();
                         (lane, m)
                     })
@@ -423,7 +463,17 @@ impl Database {
                                 Ok(fl) => {
                                     let mut clamped = Node::new();
                                     for (c, v) in node.leaves() {
-                                        let s = gen_attn_sol(spec, n_kv, head, window, kvd, fl, c[0] as f64, c[1] as f64, c[2] as f64);
+                                        let s = gen_attn_sol(
+                                            spec,
+                                            n_kv,
+                                            head,
+                                            window,
+                                            kvd,
+                                            fl,
+                                            c[0] as f64,
+                                            c[1] as f64,
+                                            c[2] as f64,
+                                        );
                                         clamped.insert_first_wins(&c, v.max(s));
                                     }
                                     clamped
@@ -493,13 +543,24 @@ impl Database {
         let spec = &self.spec;
         let n_kv_l = key.n_kv;
         let sol = move |c: &[f64]| ctx_attn_sol(spec, n_kv_l, head, window, kv, flops, c[0], c[1], c[2]);
-        grid.query(&CTX_SPEC, &sol, &[n as f64, full_s as f64, b as f64])
-            .map_err(|e| e.context(format!("context attention on {} / {} {}", self.spec.name, self.backend, self.version)))
+        grid.query(&CTX_SPEC, &sol, &[n as f64, full_s as f64, b as f64]).map_err(|e| {
+            e.context(format!("context attention on {} / {} {}", self.spec.name, self.backend, self.version))
+        })
     }
 
     /// Generation attention table value, averaged over 5 KV lengths within ±10 % of `s`, ms.
     #[allow(clippy::too_many_arguments)]
-    pub fn generation_attention(&self, lanes: &[String], b: u32, s: u32, n: u32, n_kv: u32, head: u32, window: u32, kv: Dtype) -> Result<f64> {
+    pub fn generation_attention(
+        &self,
+        lanes: &[String],
+        b: u32,
+        s: u32,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+    ) -> Result<f64> {
         let flops = gen_attn_dtype(&self.spec, kv).flops(&self.spec)?;
         let tables = self.gen_tables()?;
         let key = GenKey { kv: kv.name().into(), n_kv: mha_lookup(n, n_kv), head, window };
@@ -524,9 +585,9 @@ impl Database {
         let mut sum = 0.0;
         for i in 0..5u64 {
             let si = s_min + ((u64::from(s_max - s_min) * i) / 4) as u32;
-            sum += grid
-                .query(&GEN_SPEC, &sol, &[n as f64, b as f64, si as f64])
-                .map_err(|e| e.context(format!("generation attention on {} / {} {}", self.spec.name, self.backend, self.version)))?;
+            sum += grid.query(&GEN_SPEC, &sol, &[n as f64, b as f64, si as f64]).map_err(|e| {
+                e.context(format!("generation attention on {} / {} {}", self.spec.name, self.backend, self.version))
+            })?;
         }
         Ok(sum / 5.0)
     }
@@ -540,7 +601,8 @@ impl Database {
                     if !src.path.exists() {
                         continue;
                     }
-                    let t = Table::read(&src.path, &["num_gpus", "message_size", "latency", "kernel_source", "backend"])?;
+                    let t =
+                        Table::read(&src.path, &["num_gpus", "message_size", "latency", "kernel_source", "backend"])?;
                     let (g, sz, lat) = (t.int("num_gpus")?, t.int("message_size")?, t.float("latency")?);
                     let (ks, be) = (t.text_or_none("kernel_source")?, t.text_or_none("backend")?);
                     for i in 0..t.rows {
@@ -557,7 +619,13 @@ impl Database {
                     }
                 }
                 if by.is_empty() {
-                    return Err(no_rows("custom all-reduce", &self.ar_sources, &self.spec, &self.backend, &self.version));
+                    return Err(no_rows(
+                        "custom all-reduce",
+                        &self.ar_sources,
+                        &self.spec,
+                        &self.backend,
+                        &self.version,
+                    ));
                 }
                 Ok(by.into_iter().map(|(g, m)| (g, Curve { points: m.into_iter().collect() })).collect())
             })
@@ -604,10 +672,20 @@ impl Database {
                     ))
                 })?;
                 let t = Table::read(&path, &["nccl_dtype", "op_name", "num_gpus", "message_size", "latency"])?;
-                let (dt, op, g, sz, lat) = (t.text("nccl_dtype")?, t.text("op_name")?, t.int("num_gpus")?, t.int("message_size")?, t.float("latency")?);
+                let (dt, op, g, sz, lat) = (
+                    t.text("nccl_dtype")?,
+                    t.text("op_name")?,
+                    t.int("num_gpus")?,
+                    t.int("message_size")?,
+                    t.float("latency")?,
+                );
                 let mut by: BTreeMap<(String, String, u32), BTreeMap<u64, f64>> = BTreeMap::new();
                 for i in 0..t.rows {
-                    let key = (dt[i].clone().unwrap_or_default(), op[i].clone().unwrap_or_default(), key_u32(&t.path, "num_gpus", i, g[i])?);
+                    let key = (
+                        dt[i].clone().unwrap_or_default(),
+                        op[i].clone().unwrap_or_default(),
+                        key_u32(&t.path, "num_gpus", i, g[i])?,
+                    );
                     by.entry(key).or_default().entry(sz[i].max(0) as u64).or_insert(lat[i]);
                 }
                 Ok(by.into_iter().map(|(k, m)| (k, Curve { points: m.into_iter().collect() })).collect())
@@ -660,7 +738,9 @@ impl Database {
             lanes
                 .1
                 .iter()
-                .filter_map(|l| lanes.0.get(l).map(|m| (l.clone(), m.len(), m.values().map(|g| g.node.leaves().len()).sum())))
+                .filter_map(|l| {
+                    lanes.0.get(l).map(|m| (l.clone(), m.len(), m.values().map(|g| g.node.leaves().len()).sum()))
+                })
                 .collect()
         }
         Ok(if generation { density(self.gen_tables()?) } else { density(self.ctx_tables()?) })

@@ -49,9 +49,24 @@ fn tokens(a: u32, b: u32, what: &str) -> Result<u32> {
 }
 
 impl Estimator {
-    pub fn new(db: Arc<Database>, model: ModelSpec, layout: Layout, ctx_lanes: Vec<String>, gen_lanes: Vec<String>) -> Result<Estimator> {
+    pub fn new(
+        db: Arc<Database>,
+        model: ModelSpec,
+        layout: Layout,
+        ctx_lanes: Vec<String>,
+        gen_lanes: Vec<String>,
+    ) -> Result<Estimator> {
         let (context_ops, generation_ops) = build_ops(&model, &layout)?;
-        Ok(Estimator { db, model, layout, context_ops, generation_ops, ctx_lanes, gen_lanes, memo: Mutex::new(HashMap::new()) })
+        Ok(Estimator {
+            db,
+            model,
+            layout,
+            context_ops,
+            generation_ops,
+            ctx_lanes,
+            gen_lanes,
+            memo: Mutex::new(HashMap::new()),
+        })
     }
 
     fn mem(&self, bytes: f64) -> f64 {
@@ -66,8 +81,10 @@ impl Estimator {
             }
             Op::Gemm { scale, n, k, dtype, .. } => db.gemm(*dtype, at.x, *n, *k)?.max(0.0) * scale,
             Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, .. } => {
-                let full = at.s.checked_add(at.prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
-                let table = db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha)?;
+                let full =
+                    at.s.checked_add(at.prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
+                let table =
+                    db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha)?;
                 let (f, p) = (full as f64, at.prefix as f64);
                 let corr = if full == 0 { 0.0 } else { (f * f - p * p) / (f * f) };
                 let q = (*n * *head) as f64;
@@ -162,7 +179,9 @@ impl Estimator {
         if batch == 0 || isl <= prefix {
             return Ok(0.0);
         }
-        self.memoised((0, batch, isl, prefix), || Ok(self.prefill_ops(batch, isl, prefix)?.iter().map(|(_, v)| v).sum()))
+        self.memoised((0, batch, isl, prefix), || {
+            Ok(self.prefill_ops(batch, isl, prefix)?.iter().map(|(_, v)| v).sum())
+        })
     }
 
     /// One decode step (the reference's `predict_decode_latency(batch, context − 1, 2)`), ms.
@@ -183,14 +202,19 @@ impl Estimator {
             // Mixed: non-attention work on all tokens as one sequence, context attention at the
             // prefill shape, decode attention at the decode shape.
             let (t, c) = (r.sum_prefill_tokens, r.sum_prefill_kv_tokens);
-            let combined = t.checked_add(r.num_decode_requests).ok_or_else(|| PerfError::config("token count exceeds 2^32"))?.max(1);
+            let combined = t
+                .checked_add(r.num_decode_requests)
+                .ok_or_else(|| PerfError::config("token count exceeds 2^32"))?
+                .max(1);
             let mut total = 0.0;
             for op in &self.context_ops {
                 if matches!(op, Op::ContextAttention { .. }) {
                     continue;
                 }
                 let x = if matches!(op, Op::Gemm { logits: true, .. }) { 1 } else { combined };
-                total += self.eval(op, At { batch: 1, s: combined, prefix: c, x }).map_err(|e| e.context(format!("op {}", op.name())))?;
+                total += self
+                    .eval(op, At { batch: 1, s: combined, prefix: c, x })
+                    .map_err(|e| e.context(format!("op {}", op.name())))?;
             }
             let per_req = (t / p).max(1);
             let attn_batch = t.div_ceil(per_req).max(1);
@@ -206,7 +230,9 @@ impl Estimator {
             for op in &self.generation_ops {
                 if matches!(op, Op::GenerationAttention { .. }) {
                     let s = (r.sum_decode_kv_tokens / d).max(1);
-                    total += self.eval(op, At { batch: d, s, prefix: 0, x: d }).map_err(|e| e.context(format!("op {}", op.name())))?;
+                    total += self
+                        .eval(op, At { batch: d, s, prefix: 0, x: d })
+                        .map_err(|e| e.context(format!("op {}", op.name())))?;
                 }
             }
             return Ok(total);

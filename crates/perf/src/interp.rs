@@ -177,7 +177,14 @@ impl Grid {
         }
     }
 
-    fn interior(&self, spec: &GridSpec, sol: Sol, node: &Node, q: &[f64], depth: usize) -> std::result::Result<f64, Interior> {
+    fn interior(
+        &self,
+        spec: &GridSpec,
+        sol: Sol,
+        node: &Node,
+        q: &[f64],
+        depth: usize,
+    ) -> std::result::Result<f64, Interior> {
         if depth == spec.axes.len() {
             return match node {
                 Node::Leaf(v) => Ok(*v),

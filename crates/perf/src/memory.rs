@@ -37,7 +37,13 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// KV capacity of one worker rank. `fraction`: the backend's memory fraction (default when
 /// `None`); `max_num_tokens`: the engine's per-pass token budget; `cuda_graph_bytes`: an extra
 /// reservation outside the pool.
-pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, block_size: u32, cuda_graph_bytes: f64) -> Result<KvCapacity> {
+pub fn kv_capacity(
+    est: &Estimator,
+    fraction: Option<f64>,
+    max_num_tokens: u64,
+    block_size: u32,
+    cuda_graph_bytes: f64,
+) -> Result<KvCapacity> {
     let backend = est.layout.backend.as_str();
     let fraction = match fraction.or_else(|| default_fraction(backend)) {
         Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
@@ -68,20 +74,19 @@ pub fn kv_capacity(est: &Estimator, fraction: Option<f64>, max_num_tokens: u64, 
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
         (_, Family::Moe) => (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
     };
-    let c = coeff(coeffs).ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
+    let c = coeff(coeffs)
+        .ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
     // The reference uses the model's whole attention width here, not the per-GPU share.
     let h = (m.heads * m.head_dim) as f64;
     let mut activations = (2.0 * max_num_tokens as f64 * h * c).max(min_act);
     activations *= 1.0 + act_over;
-    let nccl = spec
-        .nccl_mem
-        .iter()
-        .find(|(g, _)| *g == tp_clamped)
-        .map(|(_, b)| *b)
-        .ok_or_else(|| PerfError::data(format!("{}.yaml: misc.nccl_mem has no entry for {tp_clamped} GPUs", spec.name)))?;
+    let nccl = spec.nccl_mem.iter().find(|(g, _)| *g == tp_clamped).map(|(_, b)| *b).ok_or_else(|| {
+        PerfError::data(format!("{}.yaml: misc.nccl_mem has no entry for {tp_clamped} GPUs", spec.name))
+    })?;
     let others = spec.other_mem * (1.0 + other_over);
     // Weights etc. are counted in GiB by the reference and converted back; keep that rounding.
-    let (weights, activations, nccl, others) = (weights / GIB * GIB, activations / GIB * GIB, nccl / GIB * GIB, others / GIB * GIB);
+    let (weights, activations, nccl, others) =
+        (weights / GIB * GIB, activations / GIB * GIB, nccl / GIB * GIB, others / GIB * GIB);
     let mut non_kv = weights + others + nccl + cuda_graph_bytes;
     if backend != "sglang" {
         non_kv += activations;

@@ -53,9 +53,11 @@ pub struct Quant {
     pub block: u32,
 }
 
-const DENSE: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
+const DENSE: &[&str] =
+    &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
 const MOE: &[&str] = &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM"];
-const MLA: &[&str] = &["DeepseekV3ForCausalLM", "DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
+const MLA: &[&str] =
+    &["DeepseekV3ForCausalLM", "DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
 
 /// Where a model's `config.json` is: a file, a directory holding `config.json`, or a Hugging
 /// Face id found as `model_configs/<Org>--<Name>_config.json` beside a `systems/` root.
@@ -94,10 +96,12 @@ fn uint(cfg: &Value, key: &str) -> Option<u32> {
 impl ModelSpec {
     pub fn load(model: &str, roots: &[PathBuf]) -> Result<ModelSpec> {
         let path = find_config(model, roots)?;
-        let text = std::fs::read_to_string(&path).map_err(|e| PerfError::config(format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| PerfError::config(format!("cannot read {}: {e}", path.display())))?;
         // HF configs may carry Infinity / NaN literals; JSON forbids them.
         let text = text.replace("-Infinity", "-1e308").replace("Infinity", "1e308").replace("NaN", "null");
-        let cfg: Value = serde_json::from_str(&text).map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", path.display())))?;
+        let cfg: Value = serde_json::from_str(&text)
+            .map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", path.display())))?;
         let hf_quant = hf_quant_config(&path)?;
         Self::from_config_with(model, &path, &cfg, hf_quant.as_ref())
     }
@@ -130,7 +134,8 @@ impl ModelSpec {
                 [DENSE, MOE].concat().join(", ")
             )));
         };
-        let need = |k: &str| uint(cfg, k).ok_or_else(|| PerfError::config(format!("{shown}: missing or non-integer {k}")));
+        let need =
+            |k: &str| uint(cfg, k).ok_or_else(|| PerfError::config(format!("{shown}: missing or non-integer {k}")));
         let hidden = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
         let layers = need("num_hidden_layers")?;
@@ -146,7 +151,9 @@ impl ModelSpec {
             .unwrap_or(0);
         let moe_inter = uint(cfg, "moe_intermediate_size").filter(|&v| v > 0).unwrap_or(inter);
         if heads == 0 || head_dim == 0 || hidden == 0 || layers == 0 {
-            return Err(PerfError::config(format!("{shown}: hidden_size, num_attention_heads, head_dim and num_hidden_layers must be positive")));
+            return Err(PerfError::config(format!(
+                "{shown}: hidden_size, num_attention_heads, head_dim and num_hidden_layers must be positive"
+            )));
         }
         if family == Family::Dense && inter == 0 {
             return Err(PerfError::config(format!("{shown}: missing intermediate_size")));
@@ -193,8 +200,11 @@ fn hf_quant_config(config: &Path) -> Result<Option<Value>> {
     if !candidate.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&candidate).map_err(|e| PerfError::config(format!("cannot read {}: {e}", candidate.display())))?;
-    serde_json::from_str(&text).map(Some).map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", candidate.display())))
+    let text = std::fs::read_to_string(&candidate)
+        .map_err(|e| PerfError::config(format!("cannot read {}: {e}", candidate.display())))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", candidate.display())))
 }
 
 fn lower_str(v: Option<&Value>) -> Option<String> {
@@ -210,20 +220,25 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
     let q = cfg.get("quantization_config").filter(|v| v.is_object());
     let hf = hf_quant.and_then(|v| v.get("quantization")).filter(|v| v.is_object());
     let field = |keys: &[&str]| -> Option<String> {
-        keys.iter().find_map(|k| lower_str(hf.and_then(|h| h.get(*k)))).or_else(|| keys.iter().find_map(|k| lower_str(q.and_then(|q| q.get(*k)))))
+        keys.iter()
+            .find_map(|k| lower_str(hf.and_then(|h| h.get(*k))))
+            .or_else(|| keys.iter().find_map(|k| lower_str(q.and_then(|q| q.get(*k)))))
     };
     let mut algo = field(&["quant_algo", "quant_method", "quantization_method"]);
     if algo.as_deref() == Some("w4a16_mxfp4") {
         algo = Some("mxfp4".into());
     }
-    if algo.as_deref() == Some("fp8") && q.and_then(|q| q.get("weight_block_size")).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+    if algo.as_deref() == Some("fp8")
+        && q.and_then(|q| q.get("weight_block_size")).and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+    {
         algo = Some("fp8_block".into());
     }
-    let mut kv_algo = field(&["kv_cache_quant_algo", "kv_cache_quant_method", "kv_cache_dtype"]).map(|k| match k.as_str() {
-        "fp8" | "e4m3" | "e5m2" => "fp8".to_string(),
-        "fp16" | "float16" | "bf16" | "bfloat16" => "bfloat16".to_string(),
-        _ => k,
-    });
+    let mut kv_algo =
+        field(&["kv_cache_quant_algo", "kv_cache_quant_method", "kv_cache_dtype"]).map(|k| match k.as_str() {
+            "fp8" | "e4m3" | "e5m2" => "fp8".to_string(),
+            "fp16" | "float16" | "bf16" | "bfloat16" => "bfloat16".to_string(),
+            _ => k,
+        });
     if kv_algo.is_none() {
         if let Some(scheme) = q.and_then(|q| q.get("kv_cache_scheme")).filter(|v| v.is_object()) {
             let ty = lower_str(scheme.get("type")).unwrap_or_default();
@@ -275,7 +290,11 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
     let mut kv = match kv_algo.as_deref() {
         None | Some("bfloat16") | Some("none") => bf,
         Some("fp8") => Dtype::Fp8,
-        Some(other) => return Err(PerfError::unsupported(format!("{shown}: KV cache quantisation {other:?} is not modelled (supported: fp8, bfloat16)"))),
+        Some(other) => {
+            return Err(PerfError::unsupported(format!(
+                "{shown}: KV cache quantisation {other:?} is not modelled (supported: fp8, bfloat16)"
+            )))
+        }
     };
     let mut fmha = bf;
     if kv_algo.as_deref() == Some("none") {
@@ -303,8 +322,27 @@ pub enum Op {
     Elementwise { name: String, scale: f64, bytes_per_token: f64 },
     /// `x × k · k × n` matrix multiply; the logits GEMM sees one token per request.
     Gemm { name: String, scale: f64, n: u32, k: u32, dtype: Dtype, logits: bool },
-    ContextAttention { name: String, scale: f64, n: u32, n_kv: u32, head: u32, window: u32, kv: Dtype, fmha: Dtype, qk_norm: bool },
-    GenerationAttention { name: String, scale: f64, n: u32, n_kv: u32, head: u32, window: u32, kv: Dtype, qk_norm: bool },
+    ContextAttention {
+        name: String,
+        scale: f64,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+        fmha: Dtype,
+        qk_norm: bool,
+    },
+    GenerationAttention {
+        name: String,
+        scale: f64,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+        qk_norm: bool,
+    },
     /// Custom all-reduce of `hidden` elements per token over `tp` GPUs.
     AllReduce { name: String, scale: f64, hidden: u32, tp: u32 },
     /// Pipeline hand-off of `hidden` bf16 elements per token.
@@ -356,7 +394,10 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
     // (Heads are validated positive: fewer heads than GPUs is what cannot be split.)
     if m.heads < tp {
-        return Err(PerfError::unsupported(format!("{}: {} attention heads cannot be split over tp={tp}", m.name, m.heads)));
+        return Err(PerfError::unsupported(format!(
+            "{}: {} attention heads cannot be split over tp={tp}",
+            m.name, m.heads
+        )));
     }
     let layers = m.layers as f64;
     let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
@@ -370,9 +411,28 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let attn_split = if m.sliding_window > 0 { 2.0 } else { 1.0 };
     let attention = |ctx: bool, scale: f64, window: u32, name: String| {
         if ctx {
-            Op::ContextAttention { name, scale, n: heads, n_kv: kv_per_gpu, head: m.head_dim, window, kv: l.kv, fmha: l.fmha, qk_norm: m.qk_norm }
+            Op::ContextAttention {
+                name,
+                scale,
+                n: heads,
+                n_kv: kv_per_gpu,
+                head: m.head_dim,
+                window,
+                kv: l.kv,
+                fmha: l.fmha,
+                qk_norm: m.qk_norm,
+            }
         } else {
-            Op::GenerationAttention { name, scale, n: heads, n_kv: kv_per_gpu, head: m.head_dim, window, kv: l.kv, qk_norm: m.qk_norm }
+            Op::GenerationAttention {
+                name,
+                scale,
+                n: heads,
+                n_kv: kv_per_gpu,
+                head: m.head_dim,
+                window,
+                kv: l.kv,
+                qk_norm: m.qk_norm,
+            }
         }
     };
     let mut out = (Vec::new(), Vec::new());
@@ -384,24 +444,53 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             list.push(attention(ctx, layers / attn_split * s, m.sliding_window, nm("attention")));
         }
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
-        list.push(Op::Elementwise { name: nm("add_norm_1"), scale: layers * s, bytes_per_token: (2 * h + 2 * h) as f64 * act });
+        list.push(Op::Elementwise {
+            name: nm("add_norm_1"),
+            scale: layers * s,
+            bytes_per_token: (2 * h + 2 * h) as f64 * act,
+        });
         list.push(Op::Gemm { name: nm("qkv_gemm"), scale: layers * s, n: qkv_n, k: h, dtype: l.gemm, logits: false });
         list.push(attention(ctx, layers / attn_split * s, 0, nm("attention")));
         list.push(Op::Gemm { name: nm("proj_gemm"), scale: layers * s, n: h, k: proj_k, dtype: l.gemm, logits: false });
-        list.push(Op::Elementwise { name: nm("add_norm_2"), scale: layers * s, bytes_per_token: (2 * h + 2 * h) as f64 * act });
+        list.push(Op::Elementwise {
+            name: nm("add_norm_2"),
+            scale: layers * s,
+            bytes_per_token: (2 * h + 2 * h) as f64 * act,
+        });
         if moe {
             crate::moe::push_moe_ops(list, m, l, ctx, layers * s)?;
         } else {
-            list.push(Op::Gemm { name: nm("gate_ffn1_gemm"), scale: layers * s, n: 2 * m.inter / tp, k: h, dtype: l.gemm, logits: false });
+            list.push(Op::Gemm {
+                name: nm("gate_ffn1_gemm"),
+                scale: layers * s,
+                n: 2 * m.inter / tp,
+                k: h,
+                dtype: l.gemm,
+                logits: false,
+            });
             list.push(Op::Elementwise {
                 name: nm("act_gate"),
                 scale: layers * s,
                 bytes_per_token: (2 * m.inter / tp + m.inter / tp) as f64 * act,
             });
-            list.push(Op::Gemm { name: nm("ffn2_gemm"), scale: layers * s, n: h, k: m.inter / tp, dtype: l.gemm, logits: false });
+            list.push(Op::Gemm {
+                name: nm("ffn2_gemm"),
+                scale: layers * s,
+                n: h,
+                k: m.inter / tp,
+                dtype: l.gemm,
+                logits: false,
+            });
         }
         if !(moe && ctx) {
-            list.push(Op::Gemm { name: nm("logits_gemm"), scale: s, n: m.vocab / tp, k: h, dtype: Dtype::Bfloat16, logits: true });
+            list.push(Op::Gemm {
+                name: nm("logits_gemm"),
+                scale: s,
+                n: m.vocab / tp,
+                k: h,
+                dtype: Dtype::Bfloat16,
+                logits: true,
+            });
         }
         list.push(Op::AllReduce { name: nm("embedding_ar"), scale: s, hidden: h, tp });
         if !moe {

@@ -57,7 +57,8 @@ impl MoeOp {
     /// Resident expert weights of this op (all its layers) on one GPU, bytes: the reference's
     /// `floor(floor(h · inter · E · bytes · gemms / ep) / tp) · scale`.
     pub fn weight_bytes(&self) -> f64 {
-        let raw = self.hidden as f64 * self.inter as f64 * self.experts as f64 * self.dtype.bytes() * self.gemms() as f64;
+        let raw =
+            self.hidden as f64 * self.inter as f64 * self.experts as f64 * self.dtype.bytes() * self.gemms() as f64;
         ((raw / self.moe_ep.max(1) as f64).floor() / self.moe_tp.max(1) as f64).floor() * self.scale
     }
 
@@ -219,7 +220,8 @@ impl MoeTable {
     /// The measured token curve of one MoE shape (after the `uniform` distribution fallback).
     fn curve(&self, db: &Database, op: &MoeOp) -> Result<&[(u32, f64)]> {
         let q = op.dtype.name();
-        let where_ = || format!("{} / {} {} (looked in {})", db.spec.name, db.backend, db.version, self.looked.join(", "));
+        let where_ =
+            || format!("{} / {} {} (looked in {})", db.spec.name, db.backend, db.version, self.looked.join(", "));
         let by_dist = self.grids.get(q).ok_or_else(|| {
             PerfError::data(format!(
                 "no {q} MoE data on {} (have: {})",
@@ -229,14 +231,17 @@ impl MoeTable {
         })?;
         let (dist, by_shape) = match by_dist.get(&op.distribution) {
             Some(s) => (op.distribution.as_str(), s),
-            None => ("uniform", by_dist.get("uniform").ok_or_else(|| {
-                PerfError::data(format!(
-                    "no {q} MoE data with distribution {} or uniform on {} (have: {})",
-                    op.distribution,
-                    where_(),
-                    by_dist.keys().cloned().collect::<Vec<_>>().join(", ")
-                ))
-            })?),
+            None => (
+                "uniform",
+                by_dist.get("uniform").ok_or_else(|| {
+                    PerfError::data(format!(
+                        "no {q} MoE data with distribution {} or uniform on {} (have: {})",
+                        op.distribution,
+                        where_(),
+                        by_dist.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })?,
+            ),
         };
         let shape = (op.topk, op.experts, op.hidden, op.inter, op.moe_tp, op.moe_ep);
         match by_shape.get(&shape) {
@@ -294,11 +299,17 @@ pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
         let (k, lat) = if i == 0 { curve[0] } else { curve[curve.len() - 1] };
         let (anchor, q) = (sol(k), sol(tokens));
         if !(lat > 0.0 && anchor > 0.0) {
-            return Err(PerfError::no_anchor(format!("MoE {}: no positive-utilisation boundary point to hold at {tokens} tokens", m.name)));
+            return Err(PerfError::no_anchor(format!(
+                "MoE {}: no positive-utilisation boundary point to hold at {tokens} tokens",
+                m.name
+            )));
         }
         let positive = q > 0.0; // false for NaN too
         if !positive {
-            return Err(PerfError::no_anchor(format!("MoE {}: non-positive speed of light at {tokens} tokens", m.name)));
+            return Err(PerfError::no_anchor(format!(
+                "MoE {}: non-positive speed of light at {tokens} tokens",
+                m.name
+            )));
         }
         return Ok(q / (anchor / lat));
     }
@@ -318,7 +329,9 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
     let dp = d.attention_dp.max(1);
     let attn_tp = (gpus / dp).max(1);
     let h = d.hidden as f64;
-    let gathered = x.checked_mul(dp).ok_or_else(|| PerfError::config(format!("{}: {x} tokens × attention_dp {dp} exceeds 2^32", d.name)))?;
+    let gathered = x
+        .checked_mul(dp)
+        .ok_or_else(|| PerfError::config(format!("{}: {x} tokens × attention_dp {dp} exceeds 2^32", d.name)))?;
     let ar = |n: u32, tokens: u32| db.custom_allreduce(n, tokens as f64 * h);
     let nccl = |op: &str, n: u32, tokens: u32, per_token: f64| db.nccl("half", op, n, tokens as f64 * per_token);
     let gather_or_scatter = if d.pre { "all_gather" } else { "reduce_scatter" };
@@ -380,7 +393,9 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
                 0.0
             }
         }
-        other => return Err(PerfError::unsupported(format!("{}: no MoE dispatch model for backend {other:?}", d.name))),
+        other => {
+            return Err(PerfError::unsupported(format!("{}: no MoE dispatch model for backend {other:?}", d.name)))
+        }
     };
     Ok(v.max(0.0) * d.scale)
 }
@@ -389,7 +404,14 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
 pub fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64) -> Result<()> {
     let phase = if ctx { "context" } else { "generation" };
     let h = m.hidden;
-    list.push(Op::Gemm { name: format!("{phase}_router_gemm"), scale, n: m.experts, k: h, dtype: Dtype::Bfloat16, logits: false });
+    list.push(Op::Gemm {
+        name: format!("{phase}_router_gemm"),
+        scale,
+        n: m.experts,
+        k: h,
+        dtype: Dtype::Bfloat16,
+        logits: false,
+    });
     let dispatch = |pre: bool| {
         Op::MoeDispatch(DispatchOp {
             name: format!("{phase}_moe_{}_dispatch", if pre { "pre" } else { "post" }),

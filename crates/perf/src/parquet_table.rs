@@ -203,7 +203,11 @@ impl Table {
             Some(Column::Bool(v)) => v
                 .iter()
                 .enumerate()
-                .map(|(i, x)| x.ok_or_else(|| PerfError::data(format!("{}: null {name} in row {i} (must be true or false)", self.path))))
+                .map(|(i, x)| {
+                    x.ok_or_else(|| {
+                        PerfError::data(format!("{}: null {name} in row {i} (must be true or false)", self.path))
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(_) => Err(PerfError::data(format!("{}: column {name} must be Boolean", self.path))),

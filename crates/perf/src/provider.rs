@@ -136,11 +136,19 @@ impl AisConfig {
         };
         let backend = required("backend")?.to_lowercase();
         if !["vllm", "sglang", "trtllm"].contains(&backend.as_str()) {
-            return Err(cfg_err(path, "backend", format!("unknown backend {backend:?}; expected vllm, sglang or trtllm")));
+            return Err(cfg_err(
+                path,
+                "backend",
+                format!("unknown backend {backend:?}; expected vllm, sglang or trtllm"),
+            ));
         }
         let worker_type = string("worker_type")?.unwrap_or_else(|| "aggregated".into());
         if !["aggregated", "prefill", "decode"].contains(&worker_type.as_str()) {
-            return Err(cfg_err(path, "worker_type", format!("{worker_type:?}; expected aggregated, prefill or decode")));
+            return Err(cfg_err(
+                path,
+                "worker_type",
+                format!("{worker_type:?}; expected aggregated, prefill or decode"),
+            ));
         }
         // Options servesim does not model: only their neutral values are accepted.
         for (k, ok) in [
@@ -169,17 +177,29 @@ impl AisConfig {
         boolean("strict_provenance")?;
         if let Some(m) = string("estimation_mode")? {
             if !["auto", "op_level"].contains(&m.as_str()) {
-                return Err(cfg_err(path, "estimation_mode", format!("{m:?}: only auto and op_level (the op-level estimator) are modelled")));
+                return Err(cfg_err(
+                    path,
+                    "estimation_mode",
+                    format!("{m:?}: only auto and op_level (the op-level estimator) are modelled"),
+                ));
             }
         }
         if let Some(m) = string("database_mode")? {
             if !m.eq_ignore_ascii_case("silicon") {
-                return Err(cfg_err(path, "database_mode", format!("{m:?}: only SILICON (measured tables) is modelled")));
+                return Err(cfg_err(
+                    path,
+                    "database_mode",
+                    format!("{m:?}: only SILICON (measured tables) is modelled"),
+                ));
             }
         }
         if let Some(m) = string("fallback_policy")? {
             if m != "deny" {
-                return Err(cfg_err(path, "fallback_policy", format!("{m:?}: only deny is modelled (a query no data anchors is an error)")));
+                return Err(cfg_err(
+                    path,
+                    "fallback_policy",
+                    format!("{m:?}: only deny is modelled (a query no data anchors is an error)"),
+                ));
             }
         }
         if let Some(m) = string("moe_backend")? {
@@ -217,7 +237,11 @@ impl AisConfig {
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|x| x.as_str().map(str::to_string).ok_or_else(|| cfg_err(path, "systems_paths", "must list directory paths")))
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| cfg_err(path, "systems_paths", "must list directory paths"))
+                })
                 .collect::<Result<_>>()?,
             Some(x) => return Err(cfg_err(path, "systems_paths", format!("must be a list of paths, got {x}"))),
         };
@@ -269,7 +293,13 @@ impl AisConfig {
 
 /// Kernel-lane walk for attention: the framework's default lane for this GPU generation
 /// (`attention_lane_defaults.yaml`), then the table's lanes densest first, then `default`.
-fn lane_order(db: &Database, root: &std::path::Path, arch: &str, generation: bool, pin: Option<&str>) -> Result<Vec<String>> {
+fn lane_order(
+    db: &Database,
+    root: &std::path::Path,
+    arch: &str,
+    generation: bool,
+    pin: Option<&str>,
+) -> Result<Vec<String>> {
     let mut lanes: Vec<(String, usize, usize)> = db.attention_lanes(generation)?;
     let mut out: Vec<String> = Vec::new();
     let pin = match pin {
@@ -291,7 +321,13 @@ fn lane_order(db: &Database, root: &std::path::Path, arch: &str, generation: boo
     Ok(out)
 }
 
-fn framework_default_lane(root: &std::path::Path, backend: &str, version: &str, sm: Option<u32>, arch: &str) -> Option<String> {
+fn framework_default_lane(
+    root: &std::path::Path,
+    backend: &str,
+    version: &str,
+    sm: Option<u32>,
+    arch: &str,
+) -> Option<String> {
     let text = std::fs::read_to_string(root.join("attention_lane_defaults.yaml")).ok()?;
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
     let sm = sm?;
@@ -311,7 +347,11 @@ fn framework_default_lane(root: &std::path::Path, backend: &str, version: &str, 
             }
         }
         let (_, per_sm) = best?;
-        per_sm.as_mapping()?.iter().find(|(k, _)| k.as_u64() == Some(sm as u64)).and_then(|(_, v)| v.as_str().map(str::to_string))
+        per_sm
+            .as_mapping()?
+            .iter()
+            .find(|(k, _)| k.as_u64() == Some(sm as u64))
+            .and_then(|(_, v)| v.as_str().map(str::to_string))
     };
     doc.get("architectures").and_then(|a| a.get(arch)).and_then(&pick).or_else(|| pick(&doc))
 }
@@ -356,7 +396,10 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
     };
     if cfg.tp > 1 && model.heads % cfg.tp != 0 {
-        return Err(PerfError::unsupported(format!("{}: {} attention heads do not split over tp={}", cfg.model, model.heads, cfg.tp)));
+        return Err(PerfError::unsupported(format!(
+            "{}: {} attention heads do not split over tp={}",
+            cfg.model, model.heads, cfg.tp
+        )));
     }
     // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
@@ -375,7 +418,10 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             )));
         }
         if model.experts < moe_ep {
-            return Err(PerfError::config(format!("{}: moe_ep_size {moe_ep} exceeds the model's {} experts", cfg.model, model.experts)));
+            return Err(PerfError::config(format!(
+                "{}: moe_ep_size {moe_ep} exceeds the model's {} experts",
+                cfg.model, model.experts
+            )));
         }
     }
     let gemm = cfg.gemm_quant_mode.unwrap_or(model.quant.gemm);
@@ -435,7 +481,9 @@ impl PassTimer for AisTimer {
         // step reads `mean + 1` tokens of KV per request (the forward-pass metric
         // `sum_decode_kv_tokens = batch × (isl + 1)`).
         let mean = narrow(context_tokens / batch as u64, "mean decode context")?;
-        let kv = mean.checked_add(1).ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
+        let kv = mean
+            .checked_add(1)
+            .ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
         self.estimator.decode_ms(batch, kv).map_err(|e| e.message)
     }
 

@@ -96,7 +96,8 @@ fn installed_roots() -> Vec<(PathBuf, String)> {
 }
 
 fn load_yaml(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| PerfError::data(format!("cannot read {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| PerfError::data(format!("cannot read {}: {e}", path.display())))?;
     serde_yaml_ng::from_str(&text).map_err(|e| PerfError::data(format!("malformed YAML in {}: {e}", path.display())))
 }
 
@@ -281,17 +282,15 @@ fn backend_versions(data_dir: &Path, backend: &str) -> Vec<(String, PathBuf)> {
 /// (release > rc; post numbers order last).
 pub fn version_key(v: &str) -> Vec<i64> {
     let lower = v.to_lowercase();
-    let nums: Vec<i64> = lower
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| s.parse().ok())
-        .collect();
+    let nums: Vec<i64> =
+        lower.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).filter_map(|s| s.parse().ok()).collect();
     let mut key: Vec<i64> = nums.iter().take(3).copied().collect();
     while key.len() < 3 {
         key.push(0);
     }
     if let Some(i) = lower.find("rc") {
-        let rc: i64 = lower[i + 2..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap_or(0);
+        let rc: i64 =
+            lower[i + 2..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap_or(0);
         key.extend([0, rc]);
     } else {
         key.extend([1, 0]);
@@ -344,11 +343,7 @@ pub fn resolve_version(spec: &SystemSpec, backend: &str, requested: Option<&str>
         return Ok(requested.to_string());
     };
     if backend_versions(&spec.data_dir, backend).is_empty() {
-        return Err(PerfError::data(format!(
-            "no {backend} data for {} under {}",
-            spec.name,
-            spec.data_dir.display()
-        )));
+        return Err(PerfError::data(format!("no {backend} data for {} under {}", spec.name, spec.data_dir.display())));
     }
     let mut slots: Vec<(&str, String)> = vec![("current", current.clone())];
     if let Some(p) = entry.and_then(|e| field(e, "previous")) {
@@ -440,9 +435,11 @@ pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> R
     let data = &spec.data_dir;
     let primary = op_path(data, backend, version, file);
     let family = match &primary {
-        Some(p) => p.parent().and_then(Path::parent).and_then(Path::parent).map(|f| {
-            f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-        }),
+        Some(p) => p
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::parent)
+            .map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
         None => families(data).into_iter().find(|fam| {
             std::fs::read_dir(data.join(fam).join(backend))
                 .map(|rd| rd.flatten().any(|e| e.path().join(file).is_file()))
@@ -490,7 +487,12 @@ pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> R
         let mut earlier: Vec<(Vec<i64>, String)> = Vec::new();
         let versions: BTreeSet<String> = if is_comm {
             std::fs::read_dir(data.join("comm").join(backend))
-                .map(|rd| rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|e| e.path().is_dir())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
                 .unwrap_or_default()
         } else {
             backend_versions(data, backend).into_iter().map(|(v, _)| v).collect()

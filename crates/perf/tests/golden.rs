@@ -124,7 +124,10 @@ fn moe_errors_with_real_data() {
     let bad = |v: serde_json::Value| estimator(&AisConfig::from_json("config", &v).unwrap()).unwrap_err().message;
     // The reference defaults both expert widths to 1 and refuses a layout they do not cover.
     let e = bad(json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2}));
-    assert!(e.contains("moe_tp_size × moe_ep_size (1 × 1, unset values default to 1) must equal tp × attention_dp (2 × 1)"), "{e}");
+    assert!(
+        e.contains("moe_tp_size × moe_ep_size (1 × 1, unset values default to 1) must equal tp × attention_dp (2 × 1)"),
+        "{e}"
+    );
     let e = bad(json!({"model": "Qwen/Qwen3-30B-A3B-FP8", "system": "h200_sxm", "backend": "vllm", "tp": 4,
                        "moe_tp_size": 4, "moe_ep_size": 1}));
     assert!(e.contains("fp8_block experts need (moe_intermediate_size 768 / moe_tp_size 4)"), "{e}");
@@ -149,7 +152,8 @@ fn clear_errors_with_real_data() {
     assert!(e.contains("multi-head latent attention"), "{e}");
     let e = bad(json!({"model": "no/such-model", "system": "h200_sxm", "backend": "vllm"}));
     assert!(e.contains("no--such-model_config.json"), "{e}");
-    let e = bad(json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.19.0"}));
+    let e =
+        bad(json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.19.0"}));
     assert!(e.contains("not a queryable version") && e.contains("current = 0.24.0"), "{e}");
 }
 

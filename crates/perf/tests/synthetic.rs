@@ -29,14 +29,19 @@ fn write_table(path: &Path, cols: &[(&str, Col)]) {
         })
         .collect();
     let schema = Arc::new(parse_message_type(&format!("message t {{ {} }}", fields.join(" "))).unwrap());
-    let mut w = SerializedFileWriter::new(File::create(path).unwrap(), schema, Arc::new(WriterProperties::builder().build())).unwrap();
+    let mut w =
+        SerializedFileWriter::new(File::create(path).unwrap(), schema, Arc::new(WriterProperties::builder().build()))
+            .unwrap();
     let mut g = w.next_row_group().unwrap();
     for (_, c) in cols {
         let mut cw = g.next_column().unwrap().unwrap();
         match c {
             Col::I(v) => cw.typed::<Int64Type>().write_batch(v, None, None).unwrap(),
             Col::F(v) => cw.typed::<DoubleType>().write_batch(v, None, None).unwrap(),
-            Col::S(v) => cw.typed::<ByteArrayType>().write_batch(&v.iter().map(|s| ByteArray::from(*s)).collect::<Vec<_>>(), None, None).unwrap(),
+            Col::S(v) => cw
+                .typed::<ByteArrayType>()
+                .write_batch(&v.iter().map(|s| ByteArray::from(*s)).collect::<Vec<_>>(), None, None)
+                .unwrap(),
         };
         cw.close().unwrap();
     }
@@ -51,7 +56,11 @@ const SPEC: &str = "data_dir: data/toy\ngpu:\n  mem_bw: 1000000000000\n  mem_bw_
 fn toy_tree(root: &Path) {
     std::fs::create_dir_all(root).unwrap();
     std::fs::write(root.join("toy.yaml"), SPEC).unwrap();
-    std::fs::write(root.join("query_versions.yaml"), "schema_version: 1\ndefaults:\n  vllm: {current: \"1.0\", previous: null}\n").unwrap();
+    std::fs::write(
+        root.join("query_versions.yaml"),
+        "schema_version: 1\ndefaults:\n  vllm: {current: \"1.0\", previous: null}\n",
+    )
+    .unwrap();
     let d = root.join("data/toy");
     // GEMM: sites (n, k) in {64, 128}², m in {1, 16, 256}; latency = 2 × compute SOL (ms).
     let (mut m, mut n, mut k, mut lat) = (vec![], vec![], vec![], vec![]);
@@ -61,14 +70,23 @@ fn toy_tree(root: &Path) {
                 m.push(mm);
                 n.push(nn);
                 k.push(kk);
-                lat.push(2.0 * (2.0 * (mm * nn * kk) as f64 / 1e15 * 1e3).max(2.0 * (mm * nn + mm * kk + nn * kk) as f64 / 1e12 * 1e3));
+                lat.push(
+                    2.0 * (2.0 * (mm * nn * kk) as f64 / 1e15 * 1e3)
+                        .max(2.0 * (mm * nn + mm * kk + nn * kk) as f64 / 1e12 * 1e3),
+                );
             }
         }
     }
     let rows = m.len();
     write_table(
         &d.join("gemm/vllm/1.0/gemm_perf.parquet"),
-        &[("gemm_dtype", Col::S(vec!["bfloat16"; rows])), ("m", Col::I(m)), ("n", Col::I(n)), ("k", Col::I(k)), ("latency", Col::F(lat))],
+        &[
+            ("gemm_dtype", Col::S(vec!["bfloat16"; rows])),
+            ("m", Col::I(m)),
+            ("n", Col::I(n)),
+            ("k", Col::I(k)),
+            ("latency", Col::F(lat)),
+        ],
     );
     // Attention: 4 heads, 1 KV head, head_dim 16; context isl {16, 64}, batch {1, 2}; decode KV {16, 64}.
     let mut ctx: (Vec<i64>, Vec<i64>, Vec<f64>) = (vec![], vec![], vec![]);
@@ -89,7 +107,12 @@ fn toy_tree(root: &Path) {
             ("kv_cache_dtype", Col::S(vec!["bfloat16"; r])),
         ]
     };
-    let mut cols = vec![("batch_size", Col::I(ctx.0)), ("isl", Col::I(ctx.1)), ("step", Col::I(vec![0; r])), ("latency", Col::F(ctx.2))];
+    let mut cols = vec![
+        ("batch_size", Col::I(ctx.0)),
+        ("isl", Col::I(ctx.1)),
+        ("step", Col::I(vec![0; r])),
+        ("latency", Col::F(ctx.2)),
+    ];
     cols.extend(common(r));
     write_table(&d.join("attention/vllm/1.0/context_attention_perf.parquet"), &cols);
     let mut g: (Vec<i64>, Vec<i64>, Vec<f64>) = (vec![], vec![], vec![]);
@@ -101,7 +124,12 @@ fn toy_tree(root: &Path) {
         }
     }
     let r = g.0.len();
-    let mut cols = vec![("batch_size", Col::I(g.0)), ("isl", Col::I(vec![1; r])), ("step", Col::I(g.1.iter().map(|s| s - 1).collect())), ("latency", Col::F(g.2))];
+    let mut cols = vec![
+        ("batch_size", Col::I(g.0)),
+        ("isl", Col::I(vec![1; r])),
+        ("step", Col::I(g.1.iter().map(|s| s - 1).collect())),
+        ("latency", Col::F(g.2)),
+    ];
     cols.extend(common(r));
     write_table(&d.join("attention/vllm/1.0/generation_attention_perf.parquet"), &cols);
     write_table(
@@ -115,7 +143,8 @@ fn toy_tree(root: &Path) {
     );
     // MoE: topk 2 of 64 experts, hidden 128, expert inter 64, at moe_tp × moe_ep = 1 × 2 over
     // tokens {16, 64, 256}; a second layout (2 × 1) with a single point.
-    let moe_rows: Vec<(i64, i64, i64, f64)> = vec![(1, 2, 16, 0.010), (1, 2, 64, 0.020), (1, 2, 256, 0.050), (2, 1, 64, 0.030)];
+    let moe_rows: Vec<(i64, i64, i64, f64)> =
+        vec![(1, 2, 16, 0.010), (1, 2, 64, 0.020), (1, 2, 256, 0.050), (2, 1, 64, 0.030)];
     let r = moe_rows.len();
     write_table(
         &d.join("moe/vllm/1.0/moe_perf.parquet"),
@@ -194,12 +223,23 @@ fn pipeline_on_synthetic_tables() {
     let ar4 = ops4.iter().find(|(n, _)| n == "context_ar_1").unwrap().1;
     assert!((ar4 - 2.0 * 1.5 * (0.01 + 0.01 * (1024.0 / 3072.0))).abs() < 1e-12, "{ar4}");
     // A model whose attention shape has no table: the error names the slice and the data.
-    let err = AisConfig::from_json("c", &json!({"model": "toy/tiny", "system": "toy", "backend": "vllm", "tp": 1,
-        "kvcache_quant_mode": "fp8", "systems_paths": [root.display().to_string()]})).unwrap();
+    let err = AisConfig::from_json(
+        "c",
+        &json!({"model": "toy/tiny", "system": "toy", "backend": "vllm", "tp": 1,
+        "kvcache_quant_mode": "fp8", "systems_paths": [root.display().to_string()]}),
+    )
+    .unwrap();
     let err = estimator(&err).unwrap().prefill_ms(1, 16, 0).unwrap_err().message;
-    assert!(err.contains("no context attention data") && err.contains("kv=fp8") && err.contains("toy / vllm 1.0"), "{err}");
+    assert!(
+        err.contains("no context attention data") && err.contains("kv=fp8") && err.contains("toy / vllm 1.0"),
+        "{err}"
+    );
     // Unknown keys are rejected by key path.
-    let err = AisConfig::from_json("engine.timing_model.config", &json!({"model": "m", "system": "s", "backend": "vllm", "tpp": 2})).unwrap_err();
+    let err = AisConfig::from_json(
+        "engine.timing_model.config",
+        &json!({"model": "m", "system": "s", "backend": "vllm", "tpp": 2}),
+    )
+    .unwrap_err();
     assert!(err.message.starts_with("engine.timing_model.config.tpp: unknown key"), "{}", err.message);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -222,9 +262,18 @@ fn moe_on_synthetic_tables() {
     assert_eq!(
         names(&ops),
         [
-            "context_embedding", "context_add_norm_1", "context_qkv_gemm", "context_attention", "context_proj_gemm",
-            "context_add_norm_2", "context_router_gemm", "context_moe_pre_dispatch", "context_moe", "context_moe_post_dispatch",
-            "context_embedding_ar", "context_p2p"
+            "context_embedding",
+            "context_add_norm_1",
+            "context_qkv_gemm",
+            "context_attention",
+            "context_proj_gemm",
+            "context_add_norm_2",
+            "context_router_gemm",
+            "context_moe_pre_dispatch",
+            "context_moe",
+            "context_moe_post_dispatch",
+            "context_embedding_ar",
+            "context_p2p"
         ]
     );
     assert!(names(&e.decode_ops(1, 64).unwrap()).contains(&"generation_logits_gemm".to_string()));
@@ -264,6 +313,10 @@ fn moe_on_synthetic_tables() {
     // A layout the table does not hold names the ones it does.
     let wide = estimator(&cfg(json!({"tp": 4, "moe_tp_size": 1, "moe_ep_size": 4}))).unwrap();
     let err = wide.prefill_ms(1, 16, 0).unwrap_err().message;
-    assert!(err.contains("at moe_tp=1 × moe_ep=4 (uniform)") && err.contains("collected moe_tp × moe_ep for this shape: 1×2, 2×1"), "{err}");
+    assert!(
+        err.contains("at moe_tp=1 × moe_ep=4 (uniform)")
+            && err.contains("collected moe_tp × moe_ep for this shape: 1×2, 2×1"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

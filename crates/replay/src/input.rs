@@ -104,7 +104,8 @@ impl TraceInput {
 
 /// ASCII text in UTF-16 has a NUL byte beside every character.
 fn utf16_without_bom(head: &[u8]) -> bool {
-    head.len() >= 4 && ((head[0] != 0 && head[1] == 0 && head[3] == 0) || (head[0] == 0 && head[1] != 0 && head[2] == 0))
+    head.len() >= 4
+        && ((head[0] != 0 && head[1] == 0 && head[3] == 0) || (head[0] == 0 && head[1] != 0 && head[2] == 0))
 }
 
 fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -145,7 +146,12 @@ impl Lines {
                 Ok(0) => return None,
                 Ok(_) => {}
                 Err(e) => {
-                    return Some(Err(InputError::at_line(self.input.path(), self.lineno, None, format!("cannot read: {e}"))))
+                    return Some(Err(InputError::at_line(
+                        self.input.path(),
+                        self.lineno,
+                        None,
+                        format!("cannot read: {e}"),
+                    )))
                 }
             }
             if !self.line.trim_ascii().is_empty() {

@@ -130,8 +130,8 @@ impl Ids {
                     if let Some(&v) = map.get(&h) {
                         return Ok(v);
                     }
-                    let v = u32::try_from(next)
-                        .map_err(|_| "the trace has more unique hash ids than 2^32".to_string())?;
+                    let v =
+                        u32::try_from(next).map_err(|_| "the trace has more unique hash ids than 2^32".to_string())?;
                     map.insert(h, v);
                     Ok(v)
                 })
@@ -317,7 +317,10 @@ fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32, first: bool) -> 
     }
     if let Some(d) = row.delay {
         if !d.is_finite() || !(0.0..=MAX_TIME_MS).contains(&d) {
-            return Err(err(Some("delay"), format!("must be a finite number of milliseconds in 0..={MAX_TIME_MS:e}, got {d}")));
+            return Err(err(
+                Some("delay"),
+                format!("must be a finite number of milliseconds in 0..={MAX_TIME_MS:e}, got {d}"),
+            ));
         }
     }
     let session_id = match row.session_id {
@@ -538,7 +541,10 @@ impl StreamedSessions {
                 match self.ids.blocks(&row.hash_ids) {
                     Ok(blocks) => Some(row.into_session(lineno, blocks)),
                     Err(e) => {
-                        record_error(&self.error, InputError::at_line(f.rows.lines.path(), lineno, Some("hash_ids"), e));
+                        record_error(
+                            &self.error,
+                            InputError::at_line(f.rows.lines.path(), lineno, Some("hash_ids"), e),
+                        );
                         None
                     }
                 }
@@ -701,7 +707,8 @@ mod tests {
         let Workload::Streamed(trace) = &workload else { panic!("streams") };
         // The last row vanishes between validation and replay (a file still being written,
         // or truncated by another process).
-        std::fs::write(&path, "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n").unwrap();
+        std::fs::write(&path, "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n")
+            .unwrap();
         assert_eq!(trace.sessions_iter().count(), 1);
         let e = workload.take_error().expect("the stream reports the missing rows").to_string();
         assert!(e.contains("ended after 1 of its 3 requests"), "{e}");

@@ -215,7 +215,9 @@ mod tests {
 
     #[test]
     fn prefill_load_model_spellings() {
-        for (text, want) in [("none", PrefillLoadModel::None), ("ais", PrefillLoadModel::Ais), ("aic", PrefillLoadModel::Ais)] {
+        for (text, want) in
+            [("none", PrefillLoadModel::None), ("ais", PrefillLoadModel::Ais), ("aic", PrefillLoadModel::Ais)]
+        {
             let c = RouterConfig::parse_json(&format!(r#"{{"router_prefill_load_model": "{text}"}}"#)).unwrap();
             assert_eq!(c.prefill_load_model, want);
         }

@@ -229,8 +229,12 @@ impl KvRouter {
             None => "router_prefill_load_model is ais but no prefill load estimator was given".to_string(),
             Some(e) => match e.prefill_ms(pending, prefix) {
                 Ok(ms) if ms.is_finite() && ms >= 0.0 => return Some(Duration::from_secs_f64(ms / 1000.0)),
-                Ok(ms) => format!("the prefill load model predicted {ms} ms for {pending} new tokens after {prefix} cached"),
-                Err(why) => format!("the prefill load model cannot time {pending} new tokens after {prefix} cached: {why}"),
+                Ok(ms) => {
+                    format!("the prefill load model predicted {ms} ms for {pending} new tokens after {prefix} cached")
+                }
+                Err(why) => {
+                    format!("the prefill load model cannot time {pending} new tokens after {prefix} cached: {why}")
+                }
             },
         };
         self.error.get_or_insert(why);

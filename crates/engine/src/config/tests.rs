@@ -77,8 +77,7 @@ fn engine_family_defaults_and_constraints() {
     let e = parse(r#"{"engine_type": "sglang", "block_size": 8, "sglang": {"page_size": 4}}"#).unwrap_err();
     assert_eq!(e.path, "sglang.page_size");
     assert!(e.message.contains("need to match"));
-    let e =
-        parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 6}}"#).unwrap_err();
+    let e = parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 6}}"#).unwrap_err();
     assert_eq!(e.path, "sglang.chunked_prefill_size");
     assert!(parse(r#"{"engine_type": "sglang", "block_size": 4, "sglang": {"chunked_prefill_size": 8}}"#).is_ok());
     // Every backend takes max_model_len, as the reference's does.
@@ -91,10 +90,9 @@ fn engine_family_defaults_and_constraints() {
         ("enable_chunked_prefill", "enable_chunked_prefill=false is not supported for backend=sglang")
     );
     assert!(parse(r#"{"enable_chunked_prefill": false}"#).is_ok(), "vLLM runs without chunking");
-    let c = parse(
-        r#"{"engine": {"backend": "sglang", "sglang": {"schedule_policy": "lpm", "max_prefill_tokens": 4096}}}"#,
-    )
-    .unwrap();
+    let c =
+        parse(r#"{"engine": {"backend": "sglang", "sglang": {"schedule_policy": "lpm", "max_prefill_tokens": 4096}}}"#)
+            .unwrap();
     assert!(c.sglang.lpm);
     assert_eq!(c.sglang.max_prefill_tokens, 4096);
     assert_eq!(parse(r#"{"sglang": {"schedule_policy": "random"}}"#).unwrap_err().path, "sglang.schedule_policy");
@@ -108,11 +106,13 @@ fn engine_family_defaults_and_constraints() {
         "sglang.schedule_conservativeness"
     );
     // Attention DP divides the chunk budget per rank: it must stay at least a page.
-    let e = parse(r#"{"engine": {"backend": "sglang", "sglang": {"chunked_prefill_size": 1}}, "dp_size": 2}"#)
-        .unwrap_err();
+    let e =
+        parse(r#"{"engine": {"backend": "sglang", "sglang": {"chunked_prefill_size": 1}}, "dp_size": 2}"#).unwrap_err();
     assert_eq!(e.message, "SGLang attention DP size 2 reduces chunked_prefill_size=1 to zero");
-    let e = parse(r#"{"engine": {"backend": "sglang", "block_size": 16, "sglang": {"chunked_prefill_size": 16}}, "dp_size": 2}"#)
-        .unwrap_err();
+    let e = parse(
+        r#"{"engine": {"backend": "sglang", "block_size": 16, "sglang": {"chunked_prefill_size": 16}}, "dp_size": 2}"#,
+    )
+    .unwrap_err();
     assert_eq!(e.path, "dp_size");
     assert!(e.message.contains("less than one page"), "{}", e.message);
     assert!(parse(r#"{"engine": {"backend": "sglang", "block_size": 16}, "dp_size": 2}"#).is_ok());
@@ -147,20 +147,18 @@ fn speculative_decoding_settings() {
 
 #[test]
 fn reasoning_settings() {
-    let c = parse(
-        r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}"#,
-    )
-    .unwrap();
+    let c =
+        parse(r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}"#)
+            .unwrap();
     assert_eq!(c.reasoning.unwrap().thinking_ratio, 0.5);
     let nested =
         parse(r#"{"engine": {}, "dynamo": {"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 0.5}}}"#)
             .unwrap();
     assert_eq!(nested, c);
     assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
-    let e = parse(
-        r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 1.5}}"#,
-    )
-    .unwrap_err();
+    let e =
+        parse(r#"{"reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2, "thinking_ratio": 1.5}}"#)
+            .unwrap_err();
     assert_eq!(e.path, "reasoning.thinking_ratio");
     let e = parse(r#"{"reasoning": {"start_thinking_token_id": 1, "thinking_ratio": 0.5}}"#).unwrap_err();
     assert_eq!(e.path, "reasoning.end_thinking_token_id");
@@ -236,8 +234,7 @@ fn unknown_keys_are_named() {
     assert!(e.message.starts_with("unknown key"));
     let e = parse(r#"{"engine":{"foo":1}}"#).unwrap_err();
     assert_eq!(e.path, "engine.foo");
-    let e =
-        parse(r#"{"engine":{"timing_model":{"type":"fixed","prefill_ms":1,"decode_ms":1,"x":2}}}"#).unwrap_err();
+    let e = parse(r#"{"engine":{"timing_model":{"type":"fixed","prefill_ms":1,"decode_ms":1,"x":2}}}"#).unwrap_err();
     assert_eq!(e.path, "engine.timing_model.x");
 }
 

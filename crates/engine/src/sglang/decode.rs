@@ -48,7 +48,10 @@ impl SglangEngine {
         let growth = |e: &SglangEngine| -> u64 { e.running.iter().map(|&s| e.growth(s, max_burst) as u64).sum() };
         let mut retracted = Vec::new();
         while growth(self) > self.reservable_tokens() && self.running.len() > 1 {
-            let (pos, _) = self.running.iter().enumerate()
+            let (pos, _) = self
+                .running
+                .iter()
+                .enumerate()
                 .min_by_key(|(_, &s)| self.reqs[s].generated)
                 .expect("running is not empty");
             let slot = self.running.remove(pos);

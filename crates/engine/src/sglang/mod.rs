@@ -104,8 +104,7 @@ impl SglangEngine {
             (Some(s), t) if t != Role::Prefill => s.max_burst(),
             _ => 1,
         };
-        let record_events =
-            options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
+        let record_events = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         SglangEngine {
             page,
             pool: PagePool::new(cfg.num_gpu_blocks),

@@ -81,9 +81,8 @@ impl SglangEngine {
     pub(super) fn build_prefill_batch(&mut self, out: &mut PassOutput, max_running: usize) -> Vec<u32> {
         let page = self.page;
         let clip = self.cfg.sglang.clip_max_new_tokens;
-        let promised: f64 = self.running.iter()
-            .map(|&s| self.reqs[s].remaining_output().min(clip) as f64 * self.new_token_ratio)
-            .sum();
+        let promised: f64 =
+            self.running.iter().map(|&s| self.reqs[s].remaining_output().min(clip) as f64 * self.new_token_ratio).sum();
         let mut rem_total = self.reservable_tokens() as f64 - promised;
         let mut rem_input = self.cfg.sglang.max_prefill_tokens as i64;
         let mut rem_chunk = self.cfg.sglang.chunked_prefill_size as i64;

@@ -29,8 +29,7 @@ impl VllmEngine {
             }
         }
         // A prefill worker's token comes out of the prefill forward.
-        let decode_ms =
-            if self.cfg.role == Role::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
+        let decode_ms = if self.cfg.role == Role::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
         out.decode = shape;
         let end = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
 

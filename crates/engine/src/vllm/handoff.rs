@@ -47,7 +47,10 @@ impl VllmEngine {
     fn destination_fits(&self) -> bool {
         let Some(request) = self.destinations.due() else { return false };
         let running = self.running.iter().map(|&s| lifetime(&self.reqs[s]));
-        let handoffs = self.parked.values().chain(self.waiting.iter())
+        let handoffs = self
+            .parked
+            .values()
+            .chain(self.waiting.iter())
             .map(|&s| &self.reqs[s])
             .filter(|r| r.transferred)
             .map(lifetime);

@@ -183,7 +183,9 @@ impl VllmEngine {
         if self.destinations.cancel(id) {
             return true;
         }
-        let found = self.parked.remove(&id)
+        let found = self
+            .parked
+            .remove(&id)
             .or_else(|| self.reqs.take_from(&mut self.running, id))
             .or_else(|| self.reqs.take_from(&mut self.waiting, id));
         let Some(slot) = found else { return false };

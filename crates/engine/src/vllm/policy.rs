@@ -56,8 +56,7 @@ impl Policy {
     /// `capacity` blocks of `block_size` tokens. TRT-LLM also refuses a prompt that fills the
     /// whole cache (no room would be left for a token).
     pub fn never_fits(self, blocks: u32, prompt: u32, capacity: u32, block_size: u32) -> bool {
-        blocks > capacity
-            || (self == Policy::GuaranteedNoEvict && prompt as u64 >= capacity as u64 * block_size as u64)
+        blocks > capacity || (self == Policy::GuaranteedNoEvict && prompt as u64 >= capacity as u64 * block_size as u64)
     }
 
     /// Blocks that admission must leave free for requests already in the cache: under TRT-LLM,

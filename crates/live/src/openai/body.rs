@@ -40,7 +40,10 @@ pub enum Raw {
     Float(f64),
     Str(String),
     /// An array: whether all its items are strings, and whether one is `"worker_id"`.
-    Seq { all_strings: bool, worker_id: bool },
+    Seq {
+        all_strings: bool,
+        worker_id: bool,
+    },
     /// An object (its entries when read with [`Shallow`], else none).
     Map(Vec<(String, Raw)>),
 }
@@ -178,10 +181,8 @@ impl<'de> Visitor<'de> for BodyVisitor<'_> {
         let chat = self.chat;
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             let key = key.as_ref();
-            let scalar = SCALARS
-                .iter()
-                .chain(if chat { CHAT_SCALARS } else { COMPLETION_SCALARS })
-                .find(|k| **k == key);
+            let scalar =
+                SCALARS.iter().chain(if chat { CHAT_SCALARS } else { COMPLETION_SCALARS }).find(|k| **k == key);
             if let Some(&k) = scalar {
                 body.fields.push((k, map.next_value::<Raw>()?));
             } else if let Some(&(k, keep)) = OBJECTS.iter().find(|(k, _)| *k == key) {

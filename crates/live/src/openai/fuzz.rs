@@ -34,13 +34,46 @@ fn runner() -> TestRunner {
 }
 
 const KEYS: &[&str] = &[
-    "prompt", "messages", "max_tokens", "max_completion_tokens", "min_tokens", "stream", "stream_options", "n",
-    "best_of", "model", "nvext", "stop", "seed", "temperature", "top_k", "logprobs", "top_logprobs", "echo", "tools",
-    "chat_template_kwargs", "add_generation_prompt", "kv_transfer_params", "ignore_eos", "user", "top_p",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+    "stream",
+    "stream_options",
+    "n",
+    "best_of",
+    "model",
+    "nvext",
+    "stop",
+    "seed",
+    "temperature",
+    "top_k",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "tools",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "kv_transfer_params",
+    "ignore_eos",
+    "user",
+    "top_p",
 ];
 const INNER_KEYS: &[&str] = &[
-    "role", "content", "type", "text", "include_usage", "continuous_usage_stats", "extra_fields",
-    "backend_instance_id", "ignore_eos", "do_remote_prefill", "name", "tool_calls", "x",
+    "role",
+    "content",
+    "type",
+    "text",
+    "include_usage",
+    "continuous_usage_stats",
+    "extra_fields",
+    "backend_instance_id",
+    "ignore_eos",
+    "do_remote_prefill",
+    "name",
+    "tool_calls",
+    "x",
 ];
 const WORDS: &[&str] = &["worker_id", "text", "user", "assistant", "system", "hello world", "", "m", "servesim-model"];
 
@@ -83,7 +116,8 @@ fn plausible() -> impl Strategy<Value = Value> {
     prop_oneof![
         prop::collection::vec(message, 0..4).prop_map(Value::Array),
         prop::collection::vec(0u32..70_000, 0..80).prop_map(Value::from),
-        prop::collection::vec(prop::collection::vec(0u32..100, 0..4).prop_map(Value::from), 0..3).prop_map(Value::Array),
+        prop::collection::vec(prop::collection::vec(0u32..100, 0..4).prop_map(Value::from), 0..3)
+            .prop_map(Value::Array),
         (1u32..90).prop_map(Value::from),
         Just(serde_json::json!({"include_usage": true})),
         Just(serde_json::json!({"extra_fields": ["worker_id"], "backend_instance_id": 0})),

@@ -288,4 +288,3 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
     }
     Ok(GenRequest { chat, model, prompt, max_tokens, stream, include_usage, want_worker_id, worker, remote_prefill })
 }
-

@@ -13,7 +13,10 @@ use super::body::drain_map;
 pub enum PromptIn {
     Text(String),
     /// Token ids: the first `max_model_len` kept, and how many there were.
-    Tokens { ids: Vec<u32>, count: u64 },
+    Tokens {
+        ids: Vec<u32>,
+        count: u64,
+    },
     /// An id that is not a valid `u32`.
     BadId(String),
     /// More than one prompt.

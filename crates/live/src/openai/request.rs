@@ -200,7 +200,8 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
     };
 
     let (prompt, p) = if chat {
-        let messages = messages.unwrap_or_else(|| Err(ApiError::field("messages", "'messages' must be a non-empty list of messages")))?;
+        let messages = messages
+            .unwrap_or_else(|| Err(ApiError::field("messages", "'messages' must be a non-empty list of messages")))?;
         let mut vars = serde_json::Map::new();
         match tools {
             None | Some(Value::Null) => {}

@@ -120,7 +120,13 @@ impl<'a> Choice<'a> {
                 stop_reason: Some(Null),
             })
         } else {
-            Choice::Text(TextChoice { index: 0, text: "", logprobs: Null, finish_reason: Some(FINISH_LENGTH), stop_reason: Null })
+            Choice::Text(TextChoice {
+                index: 0,
+                text: "",
+                logprobs: Null,
+                finish_reason: Some(FINISH_LENGTH),
+                stop_reason: Null,
+            })
         }
     }
 
@@ -128,9 +134,21 @@ impl<'a> Choice<'a> {
     pub fn whole(chat: bool, text: &'a str) -> Self {
         if chat {
             let message = Message { role: "assistant", content: text, tool_calls: [] };
-            Choice::Message(MessageChoice { index: 0, message, logprobs: Null, finish_reason: FINISH_LENGTH, stop_reason: Null })
+            Choice::Message(MessageChoice {
+                index: 0,
+                message,
+                logprobs: Null,
+                finish_reason: FINISH_LENGTH,
+                stop_reason: Null,
+            })
         } else {
-            Choice::Text(TextChoice { index: 0, text, logprobs: Null, finish_reason: Some(FINISH_LENGTH), stop_reason: Null })
+            Choice::Text(TextChoice {
+                index: 0,
+                text,
+                logprobs: Null,
+                finish_reason: Some(FINISH_LENGTH),
+                stop_reason: Null,
+            })
         }
     }
 }

@@ -13,13 +13,14 @@ use serde_json::Value;
 use servesim_cluster::{RouterMode, Topology};
 use servesim_engine::{Role, WorkerArgs};
 use servesim_live::tokenizer::Tokenizer;
-use servesim_live::{Server, ServeOptions, Timeouts};
+use servesim_live::{ServeOptions, Server, Timeouts};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 /// Engine arguments as JSON (Dynamo's flat form), with fixed pass times unless given.
 pub fn args(json: Value) -> WorkerArgs {
-    let mut v = serde_json::json!({"timing_model": {"type": "fixed", "prefill_ms": 20.0, "decode_ms": 5.0}, "block_size": 16});
+    let mut v =
+        serde_json::json!({"timing_model": {"type": "fixed", "prefill_ms": 20.0, "decode_ms": 5.0}, "block_size": 16});
     for (k, x) in json.as_object().expect("an object") {
         v[k] = x.clone();
     }
@@ -102,7 +103,8 @@ pub async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&Valu
     let resp = conn.send(method, path, body).await;
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.expect("the body").to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    let value =
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
     (parts.status.as_u16(), parts.headers, value)
 }
 

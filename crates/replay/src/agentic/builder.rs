@@ -125,7 +125,8 @@ impl GraphBuilder {
                 )));
             }
         }
-        let input_length = u32::try_from(input_length).map_err(|_| err(format!("input_length {input_length} is too large")))?;
+        let input_length =
+            u32::try_from(input_length).map_err(|_| err(format!("input_length {input_length} is too large")))?;
         let output_length =
             u32::try_from(output_length).map_err(|_| err(format!("output_length {output_length} is too large")))?;
         self.ids.insert(row.request_id.clone());
@@ -201,11 +202,8 @@ impl GraphBuilder {
             }
         }
         if visited != n {
-            let blocked: Vec<&str> = (0..n)
-                .filter(|&i| indegree[i] > 0)
-                .take(8)
-                .map(|i| self.drafts[i].row.request_id.as_str())
-                .collect();
+            let blocked: Vec<&str> =
+                (0..n).filter(|&i| indegree[i] > 0).take(8).map(|i| self.drafts[i].row.request_id.as_str()).collect();
             return Err(in_file(format!(
                 "cycle detected among {} agentic requests; blocked request IDs: {}",
                 n - visited,
@@ -284,7 +282,8 @@ impl GraphBuilder {
                     *interner.entry(*h).or_insert(next)
                 })
                 .collect();
-            let session: Arc<str> = sessions.entry(d.row.session_id.clone()).or_insert_with(|| d.row.session_id.as_str().into()).clone();
+            let session: Arc<str> =
+                sessions.entry(d.row.session_id.clone()).or_insert_with(|| d.row.session_id.as_str().into()).clone();
             let parent_id = edges
                 .iter()
                 .filter(|e| e.relation == Relation::Spawn)
@@ -460,7 +459,8 @@ fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
             put(&mut w, open, &dep.request_id.as_str());
             let _ = std::io::Write::write_all(&mut w, format!(",\"trigger\":\"{}\"", dep.trigger.name()).as_bytes());
             put(&mut w, ",\"delay_ms\":", &dep.delay_ms);
-            let _ = std::io::Write::write_all(&mut w, format!(",\"relation\":\"{}\"}}", dep.relation.name()).as_bytes());
+            let _ =
+                std::io::Write::write_all(&mut w, format!(",\"relation\":\"{}\"}}", dep.relation.name()).as_bytes());
         }
         let _ = std::io::Write::write_all(&mut w, b"]}");
         h.update(&buf);

@@ -170,8 +170,7 @@ impl GraphState {
     fn activate_play(&mut self, p: usize, start: f64) {
         let graph = self.graph.clone();
         let play = &graph.plays[p];
-        let root_nb =
-            play.roots.iter().map(|&r| graph.nodes[r as usize].not_before_ms).fold(f64::INFINITY, f64::min);
+        let root_nb = play.roots.iter().map(|&r| graph.nodes[r as usize].not_before_ms).fold(f64::INFINITY, f64::min);
         for &i in &play.nodes {
             self.ready_after[i as usize] = start + (graph.nodes[i as usize].not_before_ms - root_nb).max(0.0);
         }
@@ -378,7 +377,9 @@ impl GraphState {
     }
 
     pub fn is_drained(&self) -> bool {
-        self.pending.is_empty() && self.in_flight == 0 && !self.ready.iter().any(|Reverse((_, n))| self.state[*n as usize] == NodeState::Ready)
+        self.pending.is_empty()
+            && self.in_flight == 0
+            && !self.ready.iter().any(|Reverse((_, n))| self.state[*n as usize] == NodeState::Ready)
     }
 
     fn outcome(&self) -> AgenticOutcome {

@@ -210,10 +210,7 @@ impl AgenticGraph {
         e2e.push(("p50", json!(s.median)));
         m.insert("total_trajectories".into(), json!(self.plays.len()));
         m.insert("completed_trajectories".into(), json!(outcome.trajectory_e2e_ms.len()));
-        m.insert(
-            "incomplete_trajectories".into(),
-            json!(self.plays.len() - outcome.trajectory_e2e_ms.len()),
-        );
+        m.insert("incomplete_trajectories".into(), json!(self.plays.len() - outcome.trajectory_e2e_ms.len()));
         for (stat, v) in e2e {
             m.insert(format!("{stat}_trajectory_e2e_latency_ms"), v);
         }

@@ -29,7 +29,9 @@ struct Record {
 
 pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Result<Workload, InputError> {
     if !(0.0..=1.0).contains(&shared_prefix_ratio) {
-        return Err(InputError::new(format!("shared_prefix_ratio must be between 0.0 and 1.0, got {shared_prefix_ratio}")));
+        return Err(InputError::new(format!(
+            "shared_prefix_ratio must be between 0.0 and 1.0, got {shared_prefix_ratio}"
+        )));
     }
     let input = TraceInput::open(path)?;
     let mut lines = Lines::open(&input)?;
@@ -46,7 +48,8 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
         if let Some(why) = not_an_object(text, std::mem::replace(&mut first, false)) {
             return Err(err(why));
         }
-        let r: Record = serde_json::from_slice(text).map_err(|e| err(format!("failed to parse line {lineno} as JSON: {e}")))?;
+        let r: Record =
+            serde_json::from_slice(text).map_err(|e| err(format!("failed to parse line {lineno} as JSON: {e}")))?;
         for (name, len) in [
             ("assistant_response_length", r.assistant_response_length.len()),
             ("tool_call_output_length", r.tool_call_output_length.len()),
@@ -107,10 +110,12 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
         let too_long = |len: u64| err(format!("cumulative input length {len} is too large"));
         let mut turns = Vec::with_capacity(r.num_turns + 1);
         for k in 0..=r.num_turns {
-            let output = if k < r.num_turns { r.assistant_response_length[k] } else { r.final_assistant_response_length };
+            let output =
+                if k < r.num_turns { r.assistant_response_length[k] } else { r.final_assistant_response_length };
             turns.push(TurnSpec {
                 input_length: u32::try_from(lengths[k]).map_err(|_| too_long(lengths[k]))?,
-                output_length: u32::try_from(output).map_err(|_| err(format!("output length {output} is too large")))?,
+                output_length: u32::try_from(output)
+                    .map_err(|_| err(format!("output length {output} is too large")))?,
                 blocks: blocks.clone(),
                 delay_ms: delays[k],
                 priority: 0,

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::agentic::{
-    assign_component_plays, AgenticGraph, AgenticRow, GraphBuilder, HashIdScope, Header, Loc, Provenance,
-    Relation, RowDependency, Trigger,
+    assign_component_plays, AgenticGraph, AgenticRow, GraphBuilder, HashIdScope, Header, Loc, Provenance, Relation,
+    RowDependency, Trigger,
 };
 use crate::error::InputError;
 use crate::input::{Lines, TraceInput};
@@ -163,12 +163,15 @@ pub fn load(paths: &[PathBuf], expected_block_size: Option<u32>, speedup: f64) -
             let (lineno, text) = line?;
             let err = |msg: String| InputError::at_line(path, lineno, None, msg);
             let loc = Loc { file: f as u16, line: lineno as u32 };
-            let Some(record) = parse_line(text).map_err(|e| err(format!("failed to parse {}:{lineno}: {e}", path.display())))?
+            let Some(record) =
+                parse_line(text).map_err(|e| err(format!("failed to parse {}:{lineno}: {e}", path.display())))?
             else {
                 continue;
             };
             if record.event_type == "request_end" {
-                let Some(req) = record.request else { return Err(err("request_end is missing request metrics".into())) };
+                let Some(req) = record.request else {
+                    return Err(err("request_end is missing request metrics".into()));
+                };
                 if req.request_id.trim().is_empty() {
                     return Err(err("request_id must be nonempty".into()));
                 }
@@ -186,8 +189,9 @@ pub fn load(paths: &[PathBuf], expected_block_size: Option<u32>, speedup: f64) -
                     (Some(s), Some(d)) => s.saturating_add(d),
                     _ => record.event_time_unix_ms,
                 };
-                let start =
-                    req.request_received_ms.unwrap_or_else(|| record.event_time_unix_ms.saturating_sub(total.unwrap_or(0)));
+                let start = req
+                    .request_received_ms
+                    .unwrap_or_else(|| record.event_time_unix_ms.saturating_sub(total.unwrap_or(0)));
                 entries.push(Entry {
                     start: sat(start),
                     end: sat(end),
@@ -261,8 +265,8 @@ pub fn load(paths: &[PathBuf], expected_block_size: Option<u32>, speedup: f64) -
             )));
         }
     }
-    let block_tokens =
-        u32::try_from(block_size).map_err(|_| at(entries[0].loc, format!("trace_block_size {block_size} is too large")))?;
+    let block_tokens = u32::try_from(block_size)
+        .map_err(|_| at(entries[0].loc, format!("trace_block_size {block_size} is too large")))?;
     entries.sort_by(|a, b| (a.start, a.end, &a.id).cmp(&(b.start, b.end, &b.id)));
     if contextual == 0 {
         lower_standard(entries, block_tokens, paths).map(Lowered::Standard)
@@ -315,7 +319,13 @@ fn lower_standard(entries: Vec<Entry>, tbs: u32, paths: &[PathBuf]) -> Result<Wo
     Ok(Workload::Trace { sessions, block_tokens: tbs })
 }
 
-fn dependency_between(entries: &[Entry], source: usize, target: usize, trigger: Trigger, relation: Relation) -> RowDependency {
+fn dependency_between(
+    entries: &[Entry],
+    source: usize,
+    target: usize,
+    trigger: Trigger,
+    relation: Relation,
+) -> RowDependency {
     let source_time = match trigger {
         Trigger::Dispatch => entries[source].start,
         Trigger::Completion => entries[source].end,
@@ -350,7 +360,8 @@ fn lower_agentic(
     let at = |loc: Loc, msg: String| InputError::at_line(&paths[loc.file as usize], loc.line as usize, None, msg);
     let first_start = entries[0].start;
     let index: HashMap<&str, usize> = entries.iter().enumerate().map(|(i, e)| (e.id.as_str(), i)).collect();
-    let session_of = |i: usize| entries[i].context.as_ref().expect("agentic entries have a context").session_id.as_str();
+    let session_of =
+        |i: usize| entries[i].context.as_ref().expect("agentic entries have a context").session_id.as_str();
     let mut by_session: HashMap<&str, Vec<usize>> = HashMap::new();
     let mut session_order: Vec<&str> = Vec::new();
     let mut parent_by_session: HashMap<&str, &str> = HashMap::new();
@@ -408,9 +419,14 @@ fn lower_agentic(
                 ),
             ));
         }
-        for rid in [Some(claude.source_request_id.as_str()), claude.consumer_request_id.as_deref()].into_iter().flatten() {
+        for rid in
+            [Some(claude.source_request_id.as_str()), claude.consumer_request_id.as_deref()].into_iter().flatten()
+        {
             let Some(&ri) = index.get(rid) else {
-                return Err(at(tool.loc, format!("tool {:?} references unknown request_id {rid:?}", tool.tool_call_id)));
+                return Err(at(
+                    tool.loc,
+                    format!("tool {:?} references unknown request_id {rid:?}", tool.tool_call_id),
+                ));
             };
             if session_of(ri) != tool.session_id {
                 return Err(at(
@@ -463,7 +479,13 @@ fn lower_agentic(
         let first_child = child_idx[0];
         let last_child = *child_idx
             .iter()
-            .max_by(|&&a, &&b| (entries[a].end, entries[a].start, &entries[a].id).cmp(&(entries[b].end, entries[b].start, &entries[b].id)))
+            .max_by(|&&a, &&b| {
+                (entries[a].end, entries[a].start, &entries[a].id).cmp(&(
+                    entries[b].end,
+                    entries[b].start,
+                    &entries[b].id,
+                ))
+            })
             .expect("sessions have requests");
         if let Some(tool) = tool_by_child.get(child) {
             let claude = tool.claude.as_ref().expect("explicit tools have metadata");
@@ -486,14 +508,20 @@ fn lower_agentic(
                 if !parent_idx.contains(&join) {
                     return Err(at(
                         tool.loc,
-                        format!("tool {:?} consumer request {consumer:?} is not in parent session {parent:?}", tool.tool_call_id),
+                        format!(
+                            "tool {:?} consumer request {consumer:?} is not in parent session {parent:?}",
+                            tool.tool_call_id
+                        ),
                     ));
                 }
-                if let Some(joined) = child_idx
-                    .iter()
-                    .copied()
-                    .filter(|&c| entries[c].end <= entries[join].start)
-                    .max_by(|&a, &b| (entries[a].end, entries[a].start, &entries[a].id).cmp(&(entries[b].end, entries[b].start, &entries[b].id)))
+                if let Some(joined) =
+                    child_idx.iter().copied().filter(|&c| entries[c].end <= entries[join].start).max_by(|&a, &b| {
+                        (entries[a].end, entries[a].start, &entries[a].id).cmp(&(
+                            entries[b].end,
+                            entries[b].start,
+                            &entries[b].id,
+                        ))
+                    })
                 {
                     push_dependency(
                         &mut deps[join],
@@ -507,16 +535,22 @@ fn lower_agentic(
             continue;
         }
         // max_by_key keeps the last of equal keys, as the reference's does.
-        if let Some(spawn) =
-            parent_idx.iter().copied().filter(|&p| entries[p].start <= entries[first_child].start).max_by_key(|&p| entries[p].start)
+        if let Some(spawn) = parent_idx
+            .iter()
+            .copied()
+            .filter(|&p| entries[p].start <= entries[first_child].start)
+            .max_by_key(|&p| entries[p].start)
         {
             push_dependency(
                 &mut deps[first_child],
                 dependency_between(&entries, spawn, first_child, Trigger::Dispatch, Relation::Spawn),
             );
         }
-        if let Some(join) =
-            parent_idx.iter().copied().filter(|&p| entries[p].start >= entries[last_child].end).min_by_key(|&p| entries[p].start)
+        if let Some(join) = parent_idx
+            .iter()
+            .copied()
+            .filter(|&p| entries[p].start >= entries[last_child].end)
+            .min_by_key(|&p| entries[p].start)
         {
             push_dependency(
                 &mut deps[join],

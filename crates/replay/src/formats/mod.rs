@@ -116,7 +116,10 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
         )));
     }
     if !(o.arrival_speedup_ratio.is_finite() && o.arrival_speedup_ratio > 0.0) {
-        return Err(bad(format!("arrival speedup ratio must be a finite positive number, got {}", o.arrival_speedup_ratio)));
+        return Err(bad(format!(
+            "arrival speedup ratio must be a finite positive number, got {}",
+            o.arrival_speedup_ratio
+        )));
     }
     if o.replay_concurrency == Some(0) {
         return Err(bad("replay_concurrency must be at least 1"));
@@ -155,9 +158,7 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
         Workload::Graph(Arc::new(g))
     };
     match o.format {
-        Mooncake => {
-            Ok((crate::trace::load_mooncake(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode()))
-        }
+        Mooncake => Ok((crate::trace::load_mooncake(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode())),
         MooncakeDelta => {
             Ok((crate::trace::load_mooncake_delta(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode()))
         }
@@ -168,7 +169,12 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
                      not contain first-turn timestamps (give --replay-concurrency)",
                 ));
             }
-            let w = applied::load(&paths[0], o.trace_block_size.unwrap_or(512), o.shared_prefix_ratio, o.num_prefix_groups)?;
+            let w = applied::load(
+                &paths[0],
+                o.trace_block_size.unwrap_or(512),
+                o.shared_prefix_ratio,
+                o.num_prefix_groups,
+            )?;
             Ok((w, sessions_mode()))
         }
         AgenticMooncake => {
@@ -182,7 +188,8 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
             if o.replay_concurrency.is_some() {
                 return Err(bad("agentic Dynamo request traces are not supported with replay_concurrency"));
             }
-            let g = weka::load(&paths[0], o.trace_block_size, o.weka_basis.unwrap_or_default(), o.arrival_speedup_ratio)?;
+            let g =
+                weka::load(&paths[0], o.trace_block_size, o.weka_basis.unwrap_or_default(), o.arrival_speedup_ratio)?;
             Ok((finish_graph(g), graph_mode))
         }
         Dynamo => match dynamo::load(paths, o.trace_block_size, o.arrival_speedup_ratio)? {

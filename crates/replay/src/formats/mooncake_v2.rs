@@ -28,7 +28,8 @@ pub fn load(path: &Path, speedup: f64) -> Result<AgenticGraph, InputError> {
                         format!("failed to parse line {lineno} as the agentic Mooncake v2 header: {e}"),
                     )
                 })?;
-                builder = Some(GraphBuilder::new(header, vec![path.to_path_buf()], Loc { file: 0, line: lineno as u32 })?);
+                builder =
+                    Some(GraphBuilder::new(header, vec![path.to_path_buf()], Loc { file: 0, line: lineno as u32 })?);
             }
             Some(b) => {
                 let row: AgenticRow = serde_json::from_slice(text).map_err(|e| {

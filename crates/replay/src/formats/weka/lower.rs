@@ -261,7 +261,10 @@ fn cross_stream_frontiers(
                     let latest = other
                         .requests
                         .iter()
-                        .filter(|c| c.request.t < target.request.t && request_end(&c.request) <= target.request.t + JOIN_EPSILON_SECONDS)
+                        .filter(|c| {
+                            c.request.t < target.request.t
+                                && request_end(&c.request) <= target.request.t + JOIN_EPSILON_SECONDS
+                        })
                         .max_by(|l, r| {
                             request_end(&l.request)
                                 .total_cmp(&request_end(&r.request))
@@ -276,7 +279,8 @@ fn cross_stream_frontiers(
                     .iter()
                     .filter(|c| {
                         !frontier.iter().any(|later| {
-                            c.request.t < later.request.t && request_end(&c.request) <= later.request.t + JOIN_EPSILON_SECONDS
+                            c.request.t < later.request.t
+                                && request_end(&c.request) <= later.request.t + JOIN_EPSILON_SECONDS
                         })
                     })
                     .copied()
@@ -297,7 +301,12 @@ fn cross_stream_frontiers(
     }
 }
 
-pub(super) fn lower_trace(trace: &WekaTrace, rel: &str, ordinal: usize, relative: bool) -> Result<Vec<AgenticRow>, String> {
+pub(super) fn lower_trace(
+    trace: &WekaTrace,
+    rel: &str,
+    ordinal: usize,
+    relative: bool,
+) -> Result<Vec<AgenticRow>, String> {
     let ns = namespace(rel);
     let play_id = format!("{ns}:play:{}", trace.id);
     let mut top = Vec::new();
@@ -416,7 +425,12 @@ pub(super) fn lower_trace(trace: &WekaTrace, rel: &str, ordinal: usize, relative
         };
         push_dep(
             deps.entry(first.source_id.clone()).or_default(),
-            RowDependency { request_id: row_by_source[spawn].clone(), trigger, delay_ms: delay, relation: Relation::Spawn },
+            RowDependency {
+                request_id: row_by_source[spawn].clone(),
+                trigger,
+                delay_ms: delay,
+                relation: Relation::Spawn,
+            },
         );
     }
     cross_stream_frontiers(&streams, &row_by_source, &mut deps);

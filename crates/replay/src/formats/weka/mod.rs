@@ -150,11 +150,7 @@ fn ms(seconds: f64) -> f64 {
 }
 
 fn order(a: &Indexed, b: &Indexed) -> std::cmp::Ordering {
-    a.request
-        .t
-        .total_cmp(&b.request.t)
-        .then(a.source_order.cmp(&b.source_order))
-        .then(a.source_id.cmp(&b.source_id))
+    a.request.t.total_cmp(&b.request.t).then(a.source_order.cmp(&b.source_order)).then(a.source_id.cmp(&b.source_id))
 }
 
 fn lcp(a: &[u64], b: &[u64]) -> usize {
@@ -285,13 +281,18 @@ fn for_each_trace(
             let mut objects = serde_json::Deserializer::from_slice(&text).into_iter::<serde::de::IgnoredAny>();
             let mut end = 0;
             while let Some(next) = objects.next() {
-                next.map_err(|e| err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1)))?;
+                next.map_err(|e| {
+                    err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1))
+                })?;
                 let start = end;
                 end = objects.byte_offset();
                 if count > 0 {
                     return Err(err(
                         file,
-                        format!("Weka JSON source {} contains more than one object; use a .jsonl extension", file.display()),
+                        format!(
+                            "Weka JSON source {} contains more than one object; use a .jsonl extension",
+                            file.display()
+                        ),
                     ));
                 }
                 let trace: WekaTrace = serde_json::from_slice(&text[start..end])
@@ -325,7 +326,10 @@ fn for_each_trace(
                 let trace = match serde_json::from_slice::<WekaTrace>(text) {
                     Err(e) if e.is_eof() && n > 0 => continue,
                     Err(e) => {
-                        return Err(err(file, format!("parsing Weka source {} object {}: {e}", file.display(), count + 1)))
+                        return Err(err(
+                            file,
+                            format!("parsing Weka source {} object {}: {e}", file.display(), count + 1),
+                        ))
                     }
                     Ok(trace) => trace,
                 };
@@ -351,11 +355,16 @@ fn collect_files(path: &Path) -> Result<Vec<(PathBuf, String)>, InputError> {
         return Err(err(path, format!("Weka source may not be a symlink: {}", path.display())));
     }
     let ext_ok = |p: &Path| {
-        p.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("json") || e.eq_ignore_ascii_case("jsonl"))
+        p.extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("json") || e.eq_ignore_ascii_case("jsonl"))
     };
     if meta.is_file() {
         if !ext_ok(path) {
-            return Err(err(path, format!("Weka source file must use a .json or .jsonl extension: {}", path.display())));
+            return Err(err(
+                path,
+                format!("Weka source file must use a .json or .jsonl extension: {}", path.display()),
+            ));
         }
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         return Ok(vec![(path.to_path_buf(), name)]);
@@ -363,7 +372,12 @@ fn collect_files(path: &Path) -> Result<Vec<(PathBuf, String)>, InputError> {
     if !meta.is_dir() {
         return Err(err(path, format!("Weka source is neither a file nor directory: {}", path.display())));
     }
-    fn visit(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>, ext_ok: &dyn Fn(&Path) -> bool) -> Result<(), InputError> {
+    fn visit(
+        root: &Path,
+        dir: &Path,
+        out: &mut Vec<(PathBuf, String)>,
+        ext_ok: &dyn Fn(&Path) -> bool,
+    ) -> Result<(), InputError> {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
             .map_err(|e| err(dir, format!("failed to read Weka directory: {e}")))?
             .filter_map(Result::ok)
@@ -495,7 +509,15 @@ fn validate_request(r: &Request, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn nested_time(inner: f64, marker: f64, relative: bool, name: &str, trace: &str, agent: &str, i: usize) -> Result<f64, String> {
+fn nested_time(
+    inner: f64,
+    marker: f64,
+    relative: bool,
+    name: &str,
+    trace: &str,
+    agent: &str,
+    i: usize,
+) -> Result<f64, String> {
     if relative {
         let t = marker + inner;
         if !t.is_finite() {
