@@ -208,6 +208,23 @@ pub struct PredictArgs {
     deploy: crate::deploy::ConfigFlags,
 }
 
+/// `--router-mode` and `--router-config` (inline JSON or a file) as a router mode; `predict`
+/// and `serve` take the same pair.
+pub(crate) fn router_mode(mode: Router, config: Option<&str>) -> Result<RouterMode, Failure> {
+    Ok(match mode {
+        Router::RoundRobin => {
+            if config.is_some() {
+                return Err(Failure::input("--router-config applies to --router-mode kv_router"));
+            }
+            RouterMode::RoundRobin
+        }
+        Router::KvRouter => RouterMode::KvRouter(match config {
+            Some(arg) => json_arg("router-config", arg, |text, _| RouterConfig::parse_json(text))?,
+            None => RouterConfig::default(),
+        }),
+    })
+}
+
 /// Reads an inline JSON document or a JSON file given to `--flag`. `parse` gets the text and the
 /// directory that relative paths inside it are relative to.
 pub(crate) fn json_arg<T>(
@@ -465,18 +482,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if !(a.kv_event_lag_ms.is_finite() && a.kv_event_lag_ms >= 0.0) {
         return Err(Failure::input("--kv-event-lag-ms must be a finite number ≥ 0"));
     }
-    let mut router = match a.router_mode {
-        Router::RoundRobin => {
-            if a.router_config.is_some() {
-                return Err(Failure::input("--router-config applies to --router-mode kv_router"));
-            }
-            RouterMode::RoundRobin
-        }
-        Router::KvRouter => RouterMode::KvRouter(match &a.router_config {
-            Some(arg) => json_arg("router-config", arg, |text, _| RouterConfig::parse_json(text))?,
-            None => RouterConfig::default(),
-        }),
-    };
+    let mut router = router_mode(a.router_mode, a.router_config.as_deref())?;
     // The router's load model times prompts on the engines it places them on.
     let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &cluster.pools()[0].engine)?;
     let (workload, load) = workload(&a, cluster.block_size())?;

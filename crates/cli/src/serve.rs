@@ -4,12 +4,11 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Map, Value};
-use servesim_cluster::{RouterMode, Topology};
+use servesim_cluster::Topology;
 use servesim_engine::{Role, WorkerArgs};
 use servesim_live::{load_tokenizer, ServeOptions};
-use servesim_router::RouterConfig;
 
-use crate::predict::json_arg;
+use crate::predict::{json_arg, router_mode, Router};
 use crate::Failure;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -30,13 +29,6 @@ pub enum DisaggregationMode {
     Agg,
     Prefill,
     Decode,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum Router {
-    RoundRobin,
-    KvRouter,
 }
 
 #[derive(Args, Debug)]
@@ -439,18 +431,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.max_model_len == Some(0) {
         return Err(Failure::input("--max-model-len must be at least 1"));
     }
-    let mut router = match a.router_mode {
-        Router::RoundRobin => {
-            if a.router_config.is_some() {
-                return Err(Failure::input("--router-config applies to --router-mode kv_router"));
-            }
-            RouterMode::RoundRobin
-        }
-        Router::KvRouter => RouterMode::KvRouter(match &a.router_config {
-            Some(arg) => json_arg("router-config", arg, |text, _| RouterConfig::parse_json(text))?,
-            None => RouterConfig::default(),
-        }),
-    };
+    let mut router = router_mode(a.router_mode, a.router_config.as_deref())?;
     // The router's load model times prompts on the engines it places them on (the first pool:
     // aggregated or prefill).
     let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &topology.pools()[0].engine)?;
