@@ -246,17 +246,29 @@ pub(crate) enum Unresolved {
 }
 
 /// A duration in ms rounded to whole nanoseconds the way Dynamo's `Duration`-based clock does
-/// it (and converted back through seconds), so summed pass times match its to the last bit.
+/// it (through `Duration::from_secs_f64`, and back through seconds), so summed pass times match
+/// its to the last bit. Negative and NaN durations are zero; ones too long for a `Duration` stay
+/// as they are.
 pub fn whole_ns(ms: f64) -> f64 {
-    let ns = (ms * 1e6).round().max(0.0) as u64;
-    let (secs, nanos) = (ns / 1_000_000_000, ns % 1_000_000_000);
-    (secs as f64 + nanos as f64 / 1e9) * 1000.0
+    pass_duration_ms(ms, 1.0)
 }
 
 /// A predicted duration in ms divided by a speedup ratio (ratios ≤ 0 leave it unscaled, as
-/// Dynamo does), in whole nanoseconds.
+/// Dynamo does), in whole nanoseconds. Like Dynamo, it rounds twice: the predicted duration to
+/// whole nanoseconds, then the scaled one (a single rounding is off by 1 ns about one time in
+/// four).
 pub fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
-    whole_ns(if ratio > 0.0 { ms / ratio } else { ms })
+    use std::time::Duration;
+    let Ok(unscaled) = Duration::try_from_secs_f64(ms.max(0.0) / 1000.0) else { return ms };
+    let modeled = if ratio > 0.0 && !unscaled.is_zero() {
+        match Duration::try_from_secs_f64(unscaled.as_secs_f64() / ratio) {
+            Ok(d) => d,
+            Err(_) => return f64::INFINITY,
+        }
+    } else {
+        unscaled
+    };
+    modeled.as_secs_f64() * 1000.0
 }
 
 #[cfg(test)]
@@ -274,6 +286,23 @@ mod tests {
             context_tokens: (p * cap as f64) as u64,
             capacity_tokens: cap,
         })
+    }
+
+    #[test]
+    fn scaled_pass_times_round_twice_like_the_reference() {
+        // 5.8142446 ms is 5,814,244.6 ns: 5,814,245 ns before scaling, 2,907,122.5 ns after
+        // halving, which Dynamo's clock rounds up (recorded: a trtllm decode pass at context
+        // 181 of 131,584 tokens with speedup 4 × decode speedup 0.5 lasts 2.907123 ms in the
+        // reference; halving first and rounding once gives 2.907122).
+        let ns = |ms: f64| ms * 1e6;
+        assert!((ns(pass_duration_ms(5.814244599709888, 2.0)) - 2_907_123.0).abs() < 1e-6);
+        assert!((ns(whole_ns(5.814244599709888 / 2.0)) - 2_907_122.0).abs() < 1e-6);
+        // Unscaled: one rounding to whole nanoseconds.
+        assert!((ns(pass_duration_ms(1.0000004, 0.0)) - 1_000_000.0).abs() < 1e-6);
+        assert!((ns(pass_duration_ms(1.0000006, 1.0)) - 1_000_001.0).abs() < 1e-6);
+        assert_eq!(pass_duration_ms(-3.0, 2.0), 0.0);
+        assert_eq!(pass_duration_ms(f64::NAN, 2.0), 0.0);
+        assert_eq!(pass_duration_ms(f64::INFINITY, 2.0), f64::INFINITY);
     }
 
     #[test]
