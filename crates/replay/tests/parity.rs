@@ -325,4 +325,6 @@ parity_cases! {
     format_dynamo_standard_generated => "fmt_gen_dynamo",
     format_dynamo_agentic_generated_three_lanes => "fmt_gen_dynamo_agentic",
     format_weka_generated => "fmt_gen_weka",
+    disagg_followup_turn_misses_the_passes_starting_at_its_arrival => "x_disagg_followup_misses_passes",
+    trtllm_disagg_speedup_rounds_pass_times_twice => "x_trtllm_disagg_speedup_rounds_twice",
 }

@@ -5,7 +5,8 @@
 //! land, KV events the router gets to see — (2) releases the requests that become ready now and
 //! places them on workers, and (3) starts a pass on every idle worker that has work. A pass's
 //! results (tokens, completions, KV events) become visible at its end time; completions can make
-//! the next turn of a session ready.
+//! the next turn of a session ready (disaggregated, only after step 3, as in Dynamo: a turn
+//! ready at once is released at the same instant, but misses the passes started in it).
 //!
 //! Placement, the disaggregated handoff and the cluster's shape belong to `servesim-cluster`;
 //! this loop owns time: it runs engine passes, schedules transfers, and applies commands to a
@@ -226,6 +227,10 @@ struct Simulation<'a, 'c> {
     /// Workers that may start a pass: (pool, worker). Only they are visited at an instant, so
     /// idle workers cost nothing.
     awake: BTreeSet<(usize, usize)>,
+    /// Disaggregated: the sessions of requests that ended at this instant (and whether they
+    /// completed), told to the load driver after the workers idle now have started their
+    /// passes (see [`Simulation::tell_ended_sessions`]).
+    ended: Vec<(u32, bool)>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -287,6 +292,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             spare_stretch: Stretch::default(),
             shard,
             awake: BTreeSet::new(),
+            ended: Vec::new(),
         }
     }
 
@@ -443,6 +449,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // simulation moves on.
             }
         }
+        again |= self.tell_ended_sessions();
         if again {
             // A pass that took no time created work at this instant. It reaches workers at the
             // next iteration, after the ones idle now have started: as pass-by-pass, they start
@@ -465,6 +472,22 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         Ok(again)
+    }
+
+    /// Disaggregated: tells the load driver about the requests that ended at this instant, now
+    /// that the workers idle at it have started their passes. Dynamo's disaggregated replay
+    /// does so (pinned by the parity case `x_disagg_followup_misses_passes`): a follow-up turn
+    /// ready at once is released at this instant but waits for the next pass of a busy
+    /// prefill worker. Returns whether a turn became ready now; it is released at the next
+    /// iteration.
+    fn tell_ended_sessions(&mut self) -> bool {
+        if self.ended.is_empty() {
+            return false;
+        }
+        for (session, completed) in std::mem::take(&mut self.ended) {
+            self.driver.on_complete(session, self.now, completed);
+        }
+        self.driver.next_ready_ms().is_some_and(|t| t <= self.now)
     }
 
     /// A turn becomes a request: registered, hashed, and placed (or, disaggregated, started on
@@ -569,7 +592,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
     fn finish(&mut self, id: u64, finish: Finish) {
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);
-        self.driver.on_complete(flight.extra, self.now, finish == Finish::Completed);
+        if self.transfer.is_some() {
+            self.ended.push((flight.extra, finish == Finish::Completed));
+        } else {
+            self.driver.on_complete(flight.extra, self.now, finish == Finish::Completed);
+        }
         self.finished += 1;
     }
 
