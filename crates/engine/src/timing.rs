@@ -247,8 +247,7 @@ pub(crate) enum Unresolved {
 
 /// A duration in ms rounded to whole nanoseconds the way Dynamo's `Duration`-based clock does
 /// it (through `Duration::from_secs_f64`, and back through seconds), so summed pass times match
-/// its to the last bit. Negative and NaN durations are zero; ones too long for a `Duration` stay
-/// as they are.
+/// its to the last bit. Negative and NaN durations are zero; infinite ones stay infinite.
 pub fn whole_ns(ms: f64) -> f64 {
     pass_duration_ms(ms, 1.0)
 }
@@ -258,17 +257,32 @@ pub fn whole_ns(ms: f64) -> f64 {
 /// whole nanoseconds, then the scaled one (a single rounding is off by 1 ns about one time in
 /// four).
 pub fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
-    use std::time::Duration;
-    let Ok(unscaled) = Duration::try_from_secs_f64(ms.max(0.0) / 1000.0) else { return ms };
-    let modeled = if ratio > 0.0 && !unscaled.is_zero() {
-        match Duration::try_from_secs_f64(unscaled.as_secs_f64() / ratio) {
-            Ok(d) => d,
-            Err(_) => return f64::INFINITY,
-        }
+    let ms = ms.max(0.0);
+    let Some(unscaled) = secs_to_ns(ms / 1000.0) else { return f64::INFINITY };
+    let modeled = if ratio > 0.0 && unscaled > 0 {
+        let Some(ns) = secs_to_ns(ns_to_secs(unscaled) / ratio) else { return f64::INFINITY };
+        ns
     } else {
         unscaled
     };
-    modeled.as_secs_f64() * 1000.0
+    ns_to_secs(modeled) * 1000.0
+}
+
+/// `Duration::try_from_secs_f64(secs)` in nanoseconds (`None` when out of range). Passes are
+/// timed by the million, so the common case skips the exact conversion: a product `secs × 1e9`
+/// whose fraction is not within 0.001 of a half rounds the same as the exact value does (its
+/// error is below 1e-4 ns for any duration under 1,000 s).
+fn secs_to_ns(secs: f64) -> Option<u64> {
+    let ns = secs * 1e9;
+    if ns < 1e12 && (ns - ns.floor() - 0.5).abs() > 1e-3 {
+        return Some(ns.round() as u64);
+    }
+    std::time::Duration::try_from_secs_f64(secs).ok().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// `Duration::as_secs_f64` of a duration of `ns` nanoseconds.
+fn ns_to_secs(ns: u64) -> f64 {
+    (ns / 1_000_000_000) as f64 + (ns % 1_000_000_000) as f64 / 1e9
 }
 
 #[cfg(test)]
@@ -303,6 +317,35 @@ mod tests {
         assert_eq!(pass_duration_ms(-3.0, 2.0), 0.0);
         assert_eq!(pass_duration_ms(f64::NAN, 2.0), 0.0);
         assert_eq!(pass_duration_ms(f64::INFINITY, 2.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn fast_rounding_agrees_with_std_durations() {
+        use std::time::Duration;
+        let exact = |ms: f64, ratio: f64| {
+            let unscaled = Duration::from_secs_f64(ms / 1000.0);
+            let d = if ratio > 0.0 && !unscaled.is_zero() {
+                Duration::from_secs_f64(unscaled.as_secs_f64() / ratio)
+            } else {
+                unscaled
+            };
+            d.as_secs_f64() * 1000.0
+        };
+        // A deterministic spread of durations (0.000001 ms to ~100 s) and ratios, plus exact
+        // half-nanosecond cases that take the slow path.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let ms = (x >> 11) as f64 / (1u64 << 53) as f64 * 10f64.powi((i % 12) as i32 - 6);
+            let ratio = [1.0, 2.0, 4.0, 0.5, 1.3, 3.7, 0.0][i % 7];
+            assert_eq!(pass_duration_ms(ms, ratio).to_bits(), exact(ms, ratio).to_bits(), "{ms} ms / {ratio}");
+        }
+        for n in 1..2000u64 {
+            let ms = n as f64 / 1e6 + 0.5e-6;
+            assert_eq!(pass_duration_ms(ms, 2.0).to_bits(), exact(ms, 2.0).to_bits(), "{ms} ms");
+        }
     }
 
     #[test]
