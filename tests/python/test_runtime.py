@@ -106,3 +106,33 @@ def test_reasoning_config_and_engine_args_forms(tmp_path):
     }
     with pytest.raises(NotImplementedError):
         run_trace_replay(str(trace), planner_config={})
+
+
+def test_prefetch_model_resolves_local_paths_and_the_hugging_face_cache(tmp_path, monkeypatch, caplog):
+    import asyncio
+
+    from servesim.mocker.main import prefetch_model
+
+    model = tmp_path / "model"
+    model.mkdir()
+    assert asyncio.run(prefetch_model(str(model))) == str(model)
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    repo = hub / "models--acme--tiny-llm"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "def456").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("def456\n")
+    assert asyncio.run(prefetch_model("acme/tiny-llm")) == str(repo / "snapshots" / "def456")
+
+    # Without refs/main, a single snapshot is the answer; two are ambiguous.
+    (repo / "refs" / "main").unlink()
+    with caplog.at_level("WARNING"):
+        assert asyncio.run(prefetch_model("acme/tiny-llm")) == "acme/tiny-llm"
+    assert "not in the Hugging Face cache" in caplog.text
+    (repo / "snapshots" / "abc123").rmdir()
+    assert asyncio.run(prefetch_model("acme/tiny-llm")) == str(repo / "snapshots" / "def456")
+
+    # Not local, not cached: returned as given (servesim never downloads).
+    assert asyncio.run(prefetch_model("acme/absent")) == "acme/absent"
