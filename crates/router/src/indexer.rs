@@ -47,11 +47,6 @@ impl Indexer {
         let set = &self.targets[target];
         hashes.iter().take_while(|h| set.contains(h)).count() as u32
     }
-
-    /// Blocks a target holds (its tree size).
-    pub fn size(&self, target: usize) -> usize {
-        self.targets[target].len()
-    }
 }
 
 #[cfg(test)]
@@ -73,7 +68,7 @@ mod tests {
         assert_eq!(ix.overlap(1, &[5, 1]), 0, "matching starts at the first block");
         ix.apply(0, &KvEvent::Removed { hashes: vec![2] });
         assert_eq!(ix.overlap(0, &[1, 2, 3]), 1, "a missing block ends the match");
-        assert_eq!((ix.size(0), ix.size(1)), (2, 2));
+        assert_eq!(ix.overlap(1, &[1, 9]), 2);
         ix.clear(0);
         assert_eq!(ix.overlap(0, &[1]), 0);
     }

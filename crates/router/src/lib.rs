@@ -13,7 +13,7 @@
 //!        + decode_active_request_weight × active requests
 //! ```
 //!
-//! and picks the cheapest (ties: smallest cache, then a seeded draw) or samples a softmax when
+//! and picks the cheapest (ties: a seeded uniform draw) or samples a softmax when
 //! a temperature is set. With a queue threshold, requests wait in a [`RouterQueue`] while every
 //! target is busy prefilling.
 //!
@@ -297,11 +297,10 @@ impl KvRouter {
         }
         let best = self.scores.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
         let tied: Vec<usize> = (0..self.scores.len()).filter(|&t| self.scores[t].0 == best).collect();
-        if tied.len() == 1 {
-            return tied[0];
-        }
-        let smallest = tied.iter().map(|&t| self.indexer.size(t)).min().expect("a tied target");
-        let tied: Vec<usize> = tied.into_iter().filter(|&t| self.indexer.size(t) == smallest).collect();
+        // Dynamo 1.6.1 draws uniformly among tied targets (reservoir sampling). A smaller-cache
+        // preference first, as some descriptions of its selector say, moved 6 of 80 fuzz cases
+        // with kv_router beyond the reference's spread (tie-heavy ones: load tracking off, or
+        // bursts before KV events land) that match with the plain draw.
         if tied.len() == 1 {
             tied[0]
         } else {
@@ -418,13 +417,19 @@ mod tests {
     }
 
     #[test]
-    fn ties_go_to_the_smaller_cache_then_a_seeded_draw() {
+    fn ties_are_a_seeded_uniform_draw() {
+        // Equal costs everywhere (no overlap with the request), caches of different sizes: the
+        // cache size does not break the tie, every target is drawn about as often.
+        let mut counts = [0u32; 3];
         let mut r = KvRouter::new(RouterConfig::default(), 3, 16, 8192, 7);
         r.apply_events(0, &[stored(&[50, 51])]);
         r.apply_events(2, &[stored(&[60])]);
-        // Equal costs everywhere (no overlap with the request); target 1 holds the fewest blocks.
-        let p = placed(r.route(req(1, &[1], 16), 0.0));
-        assert_eq!(p.target, 1);
+        for i in 0..3000 {
+            let p = placed(r.route(req(i, &[1], 16), 0.0));
+            counts[p.target] += 1;
+            r.free(i, 0.0);
+        }
+        assert!(counts.iter().all(|&c| (900..1100).contains(&c)), "{counts:?}");
         let draws = |seed| {
             let mut r = KvRouter::new(RouterConfig::default(), 4, 16, 8192, seed);
             (0..20).map(|i| placed(r.route(req(i, &[], 0), 0.0)).target).collect::<Vec<_>>()
