@@ -336,3 +336,112 @@ fn recommend_rankings_follow_the_rules() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("optimizer.algorithm"));
 }
+
+#[test]
+fn recommend_pareto_front_over_chosen_objectives() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let dir = tmp("rec-pareto");
+    let run = |dir: &std::path::Path, objectives: &str| {
+        servesim(&[
+            "recommend",
+            "-c",
+            cfg.to_str().unwrap(),
+            "--output-dir",
+            dir.to_str().unwrap(),
+            "--overwrite",
+            "--set",
+            "optimization.target=pareto",
+            "--set",
+            &format!("optimization.pareto_objectives={objectives}"),
+        ])
+    };
+    let out = run(&dir, "[throughput, ttft]");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    let by_id = |id: &Value| doc["candidates"].as_array().unwrap().iter().find(|c| &c["candidate_id"] == id).unwrap();
+    let front: Vec<&Value> = doc["views"]["pareto_front"].as_array().unwrap().iter().map(by_id).collect();
+    assert!(!front.is_empty());
+    let point =
+        |c: &Value| (c["objectives"]["throughput"].as_f64().unwrap(), c["objectives"]["ttft"].as_f64().unwrap());
+    // Throughput is maximised and TTFT minimised: no feasible candidate beats a front member on
+    // both, and the front runs along TTFT (the last objective) ascending.
+    for c in &front {
+        let (tp, ttft) = point(c);
+        assert_eq!(c["score"].as_f64().unwrap(), tp, "the score is the first objective's value");
+        for o in doc["candidates"].as_array().unwrap().iter().filter(|o| o["status"] == "feasible") {
+            let (otp, ottft) = point(o);
+            assert!(!(otp >= tp && ottft <= ttft && (otp > tp || ottft < ttft)), "{c} is dominated by {o}");
+        }
+    }
+    let ttfts: Vec<f64> = front.iter().map(|c| point(c).1).collect();
+    assert!(ttfts.windows(2).all(|w| w[0] <= w[1]), "{ttfts:?}");
+
+    for (objectives, want) in [
+        ("[ttft]", "a pareto goal needs at least 2 objectives"),
+        ("[ttft, ttft]", "pareto_objectives must be distinct, got ['ttft', 'ttft']"),
+        ("[ttft, min_gpus]", "min_gpus is a constrained scalar target, not a Pareto objective"),
+        ("[ttft, fastest]", "optimization.pareto_objectives[1]: unknown optimization target \"fastest\""),
+    ] {
+        let out = run(&tmp("rec-pareto-bad"), objectives);
+        assert_eq!(out.status.code(), Some(2), "{objectives}");
+        assert!(stderr(&out).contains(want), "{objectives}: {}", stderr(&out));
+    }
+    // Goodput counts requests within the SLA, so it needs a bound.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let no_sla = tmp("rec-pareto-no-sla.yaml");
+    std::fs::write(&no_sla, text.replace("evaluation:\n  sla: {ttft_ms: 200, itl_ms: 10}\n", "")).unwrap();
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        no_sla.to_str().unwrap(),
+        "--output-dir",
+        tmp("rec-pareto-no-sla").to_str().unwrap(),
+        "--set",
+        "optimization.target=pareto",
+        "--set",
+        "optimization.pareto_objectives=[goodput, ttft]",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("['goodput'] require at least one SLA bound"), "{}", stderr(&out));
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        tmp("rec-pareto-scalar").to_str().unwrap(),
+        "--set",
+        "optimization.pareto_objectives=[ttft, throughput]",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("pareto_objectives is only valid when target is 'pareto'"), "{}", stderr(&out));
+}
+
+#[test]
+fn recommend_strict_sla_gates_on_the_configured_bounds() {
+    // The grid's configuration still holds search domains; its SLA must be read all the same.
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let dir = tmp("rec-strict");
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        dir.to_str().unwrap(),
+        "--overwrite",
+        "--set",
+        "optimization.strict_sla=true",
+        "--set",
+        "evaluation.sla={ttft_ms: 1, itl_ms: 10}",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    // A 30 ms prefill cannot meet a 1 ms mean TTFT: within the budget, every candidate fails it.
+    let within: Vec<&Value> =
+        doc["candidates"].as_array().unwrap().iter().filter(|c| c["reason_category"] != "gpu_budget").collect();
+    assert!(!within.is_empty());
+    for c in within {
+        assert_eq!(c["status"], "infeasible", "{c}");
+        assert_eq!(c["reason_category"], "sla_constraint", "{c}");
+        assert!(c["reason"].as_str().unwrap().starts_with("mean_ttft_ms="), "{c}");
+    }
+}

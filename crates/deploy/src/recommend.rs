@@ -36,6 +36,9 @@ pub const TARGETS: [&str; 9] = [
 #[derive(Clone, Debug)]
 pub struct Optimization {
     pub target: &'static str,
+    /// Target `pareto`: the scalar objectives whose non-dominated front is sought (default
+    /// throughput per GPU, then per-user throughput, the last one being the front's x-axis).
+    pub pareto_objectives: Vec<&'static str>,
     pub strict_sla: bool,
     pub min_gpus: u32,
     pub budget: u32,
@@ -157,8 +160,14 @@ fn set(v: &mut Value, path: &[String], value: Value) {
 }
 
 fn read_optimization(o: Option<Obj>) -> Result<Optimization, DeployError> {
-    let mut out =
-        Optimization { target: "throughput", strict_sla: false, min_gpus: 1, budget: 32, min_goodput_rps: None };
+    let mut out = Optimization {
+        target: "throughput",
+        pareto_objectives: DEFAULT_PARETO_OBJECTIVES.to_vec(),
+        strict_sla: false,
+        min_gpus: 1,
+        budget: 32,
+        min_goodput_rps: None,
+    };
     let Some(mut o) = o else { return Ok(out) };
     out.target = o.choice("target", &TARGETS)?.unwrap_or("throughput");
     out.strict_sla = o.bool("strict_sla")?.unwrap_or(false);
@@ -167,8 +176,8 @@ fn read_optimization(o: Option<Obj>) -> Result<Optimization, DeployError> {
             return Err(o.err("hardware", "optimization.hardware must be a concrete nonempty identifier"));
         }
     }
-    if o.raw("pareto_objectives").is_some() {
-        return Err(o.err("pareto_objectives", "custom Pareto objectives are not supported by servesim yet"));
+    if let Some(list) = o.raw("pareto_objectives") {
+        out.pareto_objectives = read_pareto_objectives(&o, out.target, list)?;
     }
     if let Some(mut c) = o.obj("constraints")? {
         out.min_gpus = c.positive("min_candidate_gpus")?.unwrap_or(1);
@@ -185,6 +194,51 @@ fn read_optimization(o: Option<Obj>) -> Result<Optimization, DeployError> {
     }
     o.finish()?;
     Ok(out)
+}
+
+/// The default Pareto pair (aisimulate's): throughput per GPU against per-user throughput.
+pub const DEFAULT_PARETO_OBJECTIVES: [&str; 2] = ["throughput_per_gpu", "throughput_per_user"];
+
+/// `optimization.pareto_objectives`: two or more distinct scalar targets, only with the
+/// `pareto` target (aisimulate's rules and messages).
+fn read_pareto_objectives(o: &Obj, target: &str, list: &Value) -> Result<Vec<&'static str>, DeployError> {
+    let err = |msg: String| o.err("pareto_objectives", msg);
+    let Some(items) = list.as_array() else {
+        return Err(err(format!("must be a list of optimization targets, got {list}")));
+    };
+    let mut objectives = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let name = item.as_str().unwrap_or_default();
+        match TARGETS.iter().find(|t| **t == name) {
+            Some(t) => objectives.push(*t),
+            None => {
+                return Err(DeployError::new(
+                    format!("{}[{i}]", o.path("pareto_objectives")),
+                    format!("unknown optimization target {item}; expected one of {}", TARGETS.join(", ")),
+                ))
+            }
+        }
+    }
+    if target != "pareto" {
+        return Err(err("pareto_objectives is only valid when target is 'pareto'".into()));
+    }
+    if objectives.len() < 2 {
+        return Err(err("a pareto goal needs at least 2 objectives".into()));
+    }
+    if objectives.contains(&"pareto") {
+        return Err(err("pareto_objectives cannot contain 'pareto' itself (objectives must be scalar)".into()));
+    }
+    if objectives.contains(&"min_gpus") {
+        return Err(err("min_gpus is a constrained scalar target, not a Pareto objective".into()));
+    }
+    let mut seen = objectives.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != objectives.len() {
+        let listed: Vec<String> = objectives.iter().map(|t| format!("'{t}'")).collect();
+        return Err(err(format!("pareto_objectives must be distinct, got [{}]", listed.join(", "))));
+    }
+    Ok(objectives)
 }
 
 fn read_optimizer(o: Option<Obj>) -> Result<Optimizer, DeployError> {
@@ -304,13 +358,25 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
         }
         shape_sets = next;
     }
+    // Read on its own: the whole base does not read as a predict configuration while it still
+    // holds search domains (every candidate is validated in full when it runs).
     let sla = match get(&base, &["evaluation", "sla"]) {
-        Some(_) => {
-            let cfg = schema::read_predict(&base);
-            cfg.map(|c| c.sla).unwrap_or_default()
-        }
+        Some(v) => schema::read_sla(Obj::new("evaluation.sla", v)?)?,
         None => schema::Sla::default(),
     };
+    // Goodput counts only requests within the SLA: a goodput objective needs a bound.
+    let effective: &[&str] =
+        if optimization.target == "pareto" { &optimization.pareto_objectives } else { &[optimization.target] };
+    let mut culprits: Vec<&str> =
+        effective.iter().copied().filter(|t| matches!(*t, "goodput" | "goodput_per_gpu")).collect();
+    culprits.sort_unstable();
+    if !culprits.is_empty() && sla.ttft_ms.is_none() && sla.itl_ms.is_none() && sla.e2e_ms.is_none() {
+        let listed: Vec<String> = culprits.iter().map(|t| format!("'{t}'")).collect();
+        return Err(DeployError::new(
+            "optimization",
+            format!("[{}] require at least one SLA bound (set evaluation.sla)", listed.join(", ")),
+        ));
+    }
     let mut candidates = Vec::new();
     for shapes in &shape_sets {
         let gpus: u64 = shapes.iter().map(|(r, t, d)| r * t * d).sum();
@@ -493,7 +559,7 @@ pub fn objective(target: &str, t: &Trial) -> (f64, bool) {
     match target {
         "throughput" => (metric(t, "output_throughput_tok_s"), true),
         "goodput" => (metric(t, "goodput_output_throughput_tok_s"), true),
-        "throughput_per_gpu" | "pareto" => (per_gpu(metric(t, "output_throughput_tok_s")), true),
+        "throughput_per_gpu" => (per_gpu(metric(t, "output_throughput_tok_s")), true),
         "goodput_per_gpu" => (per_gpu(metric(t, "goodput_output_throughput_tok_s")), true),
         "throughput_per_user" => (metric(t, "mean_output_token_throughput_per_user"), true),
         "ttft" => {
@@ -562,9 +628,14 @@ pub fn rank(search: &Search, mut trials: Vec<Trial>) -> Ranked {
             }
         }
     }
+    // Higher is better; a Pareto candidate's score is its first objective's raw value, a
+    // headline only (the front does not rank by it).
     let scores: Vec<f64> = trials
         .iter()
         .map(|t| {
+            if o.target == "pareto" {
+                return objective(o.pareto_objectives[0], t).0;
+            }
             let (v, max) = objective(o.target, t);
             if max {
                 v
@@ -578,25 +649,37 @@ pub fn rank(search: &Search, mut trials: Vec<Trial>) -> Ranked {
     let mut pareto = Vec::new();
     let mut top_n = Vec::new();
     if o.target == "pareto" {
-        let obj =
-            |i: usize| (objective("throughput_per_gpu", &trials[i]).0, objective("throughput_per_user", &trials[i]).0);
+        let objs = &o.pareto_objectives;
+        let obj = |i: usize| -> Vec<(f64, bool)> { objs.iter().map(|t| objective(t, &trials[i])).collect() };
+        // a dominates b: no worse on every objective (in its own direction), better on one.
+        let dominates = |a: &[(f64, bool)], b: &[(f64, bool)]| {
+            let mut better = false;
+            for (&(av, max), &(bv, _)) in a.iter().zip(b) {
+                let (wins, loses) = if max { (av > bv, av < bv) } else { (av < bv, av > bv) };
+                if loses {
+                    return false;
+                }
+                better |= wins;
+            }
+            better
+        };
         for &i in &feasible {
             let a = obj(i);
-            let dominated = feasible.iter().any(|&j| {
-                let b = obj(j);
-                b.0 >= a.0 && b.1 >= a.1 && (b.0 > a.0 || b.1 > a.1)
-            });
-            if !dominated {
+            if !feasible.iter().any(|&j| j != i && dominates(&obj(j), &a)) {
                 pareto.push(i);
             }
         }
-        // By the last objective ascending, then the first best-first, GPUs, config.
+        // By the last objective ascending (the front's x-axis), then the others best-first,
+        // GPUs, config.
         pareto.sort_by(|&i, &j| {
             let (a, b) = (obj(i), obj(j));
-            a.1.total_cmp(&b.1)
-                .then(b.0.total_cmp(&a.0))
-                .then(trials[i].used_gpus.cmp(&trials[j].used_gpus))
-                .then(keys[i].cmp(&keys[j]))
+            let n = a.len() - 1;
+            let mut order = a[n].0.total_cmp(&b[n].0);
+            for k in 0..n {
+                let (x, y) = if a[k].1 { (b[k].0, a[k].0) } else { (a[k].0, b[k].0) };
+                order = order.then(x.total_cmp(&y));
+            }
+            order.then(trials[i].used_gpus.cmp(&trials[j].used_gpus)).then(keys[i].cmp(&keys[j]))
         });
     } else if o.target == "min_gpus" {
         feasible.sort_by(|&i, &j| {
@@ -683,9 +766,13 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
     for (i, t) in r.trials.iter().enumerate() {
         *counts.get_mut("evaluated").unwrap() = json!(counts["evaluated"].as_u64().unwrap() + 1);
         *counts.get_mut(t.status).unwrap() = json!(counts[t.status].as_u64().unwrap() + 1);
-        let (value, _) = objective(o.target, t);
         let score = if t.summary.is_empty() { Value::Null } else { json!(r.scores[i]) };
-        let objectives = if t.summary.is_empty() { json!({}) } else { json!({ o.target: value }) };
+        // The objective vector Pareto dominance read (raw values); scalar targets have none.
+        let objectives = if t.summary.is_empty() || o.target != "pareto" {
+            Value::Null
+        } else {
+            Value::Object(o.pareto_objectives.iter().map(|&k| (k.to_string(), json!(objective(k, t).0))).collect())
+        };
         let provenance = json!({
             "model": get(&t.tree, &["engine", "model"]),
             "hardware": get(&t.tree, &["engine", "hardware"]),

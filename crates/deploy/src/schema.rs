@@ -229,7 +229,7 @@ pub fn read_sections(mut top: Obj) -> Result<Config, DeployError> {
     Ok(Config { traffic, engine, sla, router })
 }
 
-fn read_sla(mut s: Obj) -> Result<Sla, DeployError> {
+pub(crate) fn read_sla(mut s: Obj) -> Result<Sla, DeployError> {
     let sla = Sla {
         ttft_ms: s.nonneg("ttft_ms", true)?,
         itl_ms: s.nonneg("itl_ms", true)?,
