@@ -192,3 +192,32 @@ impl Autoscaler for PlannerRun {
         }));
     }
 }
+
+/// The planner's view of a cluster's pools: (prefill role, decode or aggregated role), with
+/// engine limits and GPUs per replica from the topology and the forward-pass model `model`
+/// gives for an engine.
+pub fn roles(
+    topology: &servesim_cluster::Topology,
+    model: impl Fn(&servesim_engine::EngineConfig) -> Option<std::sync::Arc<dyn servesim_planner::PassModel + Send + Sync>>,
+) -> (Option<servesim_planner::Role>, servesim_planner::Role) {
+    let role = |spec: &servesim_cluster::PoolSpec| {
+        let e = spec.rank_engine();
+        let dp = spec.deployment.dp_size.max(1);
+        servesim_planner::Role {
+            caps: servesim_planner::EngineCaps {
+                max_num_batched_tokens: e.max_num_batched_tokens.unwrap_or(8192) as u64,
+                max_num_seqs: e.max_num_seqs.unwrap_or(256) as u64,
+                max_kv_tokens: e.kv_capacity_tokens() * dp as u64,
+                context_length: e.max_model_len.unwrap_or(0) as u64,
+                dp_size: dp,
+            },
+            gpus_per_replica: spec.deployment.gpus_per_worker() as i64,
+            model: model(&spec.engine),
+        }
+    };
+    match topology.pools() {
+        [agg] => (None, role(agg)),
+        [prefill, decode, ..] => (Some(role(prefill)), role(decode)),
+        [] => unreachable!("a topology has a pool"),
+    }
+}

@@ -128,26 +128,41 @@ pub fn simulate(
     collector: Collector<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Report, SimError> {
-    simulate_with(workload, config, collector, progress, None)
+    simulate_with(workload, config, collector, progress, RunOptions::default())
 }
 
-/// [`simulate`] with an autoscaler that adds and drains workers at its tick times. An
-/// autoscaled run is replayed pass by pass (no fast-forward, no split): the autoscaler must see
-/// every pass.
+/// What a run may do besides replaying its workload to the end.
+#[derive(Default)]
+pub struct RunOptions<'h> {
+    /// Adds and drains workers at its tick times. An autoscaled run is replayed pass by pass
+    /// (no fast-forward, no split): the autoscaler must see every pass.
+    pub autoscaler: Option<&'h mut dyn Autoscaler>,
+    /// Stop the virtual clock here (aisimulate's `max_virtual_time_seconds`): later arrivals
+    /// never come, requests in flight are reported incomplete.
+    pub stop_at_ms: Option<f64>,
+}
+
+/// [`simulate`] with [`RunOptions`].
 pub fn simulate_with(
     workload: &Workload,
     config: &SimConfig,
     mut collector: Collector<'_>,
     progress: &mut dyn Progress,
-    autoscaler: Option<&mut dyn Autoscaler>,
+    options: RunOptions<'_>,
 ) -> Result<Report, SimError> {
-    if let Some(hook) = autoscaler {
+    if options.autoscaler.is_some() || options.stop_at_ms.is_some() {
         let config = SimConfig { fast_forward: false, split_workers: false, ..config.clone() };
         let mut sim = Simulation::new(workload, &config, collector, None);
-        sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
+        let scaled = options.autoscaler.is_some();
+        if let Some(hook) = options.autoscaler {
+            sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
+        }
+        sim.stop_at_ms = options.stop_at_ms;
         sim.run(progress)?;
         let mut report = Report::build(&config, &sim.collector, sim.now);
-        report.worker_seconds = Some(sim.worker_seconds());
+        if scaled {
+            report.worker_seconds = Some(sim.worker_seconds());
+        }
         return Ok(report);
     }
     if split::applies(workload, config, &collector) {
@@ -268,6 +283,8 @@ struct Simulation<'a, 'c> {
     awake: BTreeSet<(usize, usize)>,
     /// The autoscaler's side of the run, if one acts on it.
     scaling: Option<scaling::Scaling<'a>>,
+    /// The virtual-time stop, if any.
+    stop_at_ms: Option<f64>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -314,6 +331,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             shard,
             awake: BTreeSet::new(),
             scaling: None,
+            stop_at_ms: None,
         }
     }
 
@@ -361,6 +379,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // Autoscaler ticks come while the run has work left.
                 if let Some(t) = self.scaling.as_ref().and_then(|s| s.next_tick_ms) {
                     self.now = self.now.min(t);
+                }
+                if let Some(stop) = self.stop_at_ms.filter(|&stop| self.now > stop) {
+                    self.now = stop;
+                    self.collector.close_incomplete();
+                    return Ok(());
                 }
             }
             let now = self.now;
