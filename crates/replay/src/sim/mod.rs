@@ -211,6 +211,8 @@ struct Rank {
     output: PassOutput,
     /// Whether it ran in the worker's current pass.
     ran: bool,
+    /// What waited when the current pass was scheduled (kept for an autoscaler).
+    queue: servesim_engine::QueueLoad,
 }
 
 /// A worker: `dp_size` ranks that run passes together (the pass ends at the slowest rank).
@@ -454,6 +456,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // Workers that could run a stretch of decode passes wait until every other worker has
         // started its pass: work created at this instant must bound their stretches.
         let mut stretches = Vec::new();
+        let scaled = self.scaling.is_some();
         // The awake workers in pool and worker order, as a scan of every worker would visit
         // them: one woken during the scan is visited now if it comes later, at the next call
         // (at this instant) if not.
@@ -484,6 +487,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     rank.ran = rank.engine.has_work();
                     if rank.ran {
                         rank.engine.step(now, &mut rank.output);
+                        if scaled {
+                            rank.queue = rank.engine.queue_load();
+                        }
                         if !rank.output.end_ms.is_finite() {
                             let why = rank.engine.config().timing.error();
                             let why = why.unwrap_or_else(|| "a pass has no finite duration".into());
@@ -749,6 +755,7 @@ fn new_worker(rank_engine: &servesim_engine::EngineConfig, w: u32, ranks: u32, r
                 ),
                 output: PassOutput::default(),
                 ran: false,
+                queue: Default::default(),
             })
             .collect(),
         busy: false,

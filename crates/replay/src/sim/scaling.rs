@@ -122,7 +122,8 @@ impl Simulation<'_, '_> {
     /// Records rank `rank` of worker `w`'s pass for the planner.
     pub(super) fn record_fpm(&mut self, pool: usize, w: usize, rank: usize, out: &PassOutput) {
         let Some(s) = self.scaling.as_mut() else { return };
-        let q = self.pools[pool].workers[w].ranks[rank].engine.queue_load();
+        // The queue as it was when the pass was scheduled.
+        let q = self.pools[pool].workers[w].ranks[rank].queue;
         let fpm = Fpm {
             worker: w as u32,
             dp_rank: rank as u32,
