@@ -922,11 +922,7 @@ const PLANNER_RENAMES: &[(&str, &str)] = &[
 /// The `planner:` section (aisimulate's Dynamo adapter, `planner.md` §8): `policy`, `target`,
 /// the passthrough keys and the renames; `mode`, the SLA and the load thresholds are derived.
 /// `None` when the policy is `disabled`.
-fn read_planner(
-    v: &Value,
-    engine: &Engine,
-    sla: &Sla,
-) -> Result<Option<servesim_planner::PlannerConfig>, DeployError> {
+fn read_planner(v: &Value, engine: &Engine, sla: &Sla) -> Result<Option<servesim_planner::PlannerConfig>, DeployError> {
     let m = v.as_object().ok_or_else(|| DeployError::new("planner", "adapter section 'planner' must be a mapping"))?;
     let extra: Vec<String> = m
         .keys()
@@ -944,7 +940,10 @@ fn read_planner(
         None | Some(Value::Null) => "disabled",
         Some(Value::String(s)) if s == "disabled" || s == "enabled" => s.as_str(),
         Some(other) => {
-            return Err(DeployError::new("planner.policy", format!("Input should be 'disabled' or 'enabled', got {other}")))
+            return Err(DeployError::new(
+                "planner.policy",
+                format!("Input should be 'disabled' or 'enabled', got {other}"),
+            ))
         }
     };
     if policy == "disabled" {
@@ -953,7 +952,9 @@ fn read_planner(
     let target = match m.get("target") {
         None | Some(Value::Null) => "throughput",
         Some(Value::String(s)) if matches!(s.as_str(), "throughput" | "latency" | "sla" | "load") => s.as_str(),
-        Some(_) => return Err(DeployError::new("planner.target", "planner.target must be throughput, latency, sla, or load")),
+        Some(_) => {
+            return Err(DeployError::new("planner.target", "planner.target must be throughput, latency, sla, or load"))
+        }
     };
     let mut out = serde_json::Map::new();
     let disagg = engine.mode == Mode::Disaggregated;
@@ -969,7 +970,8 @@ fn read_planner(
             out.insert((*field).into(), v.clone());
         }
     }
-    let gpus = |w: &Option<Worker>| w.as_ref().map(|w| w.parallelism.tensor as u64 * w.parallelism.attention_data as u64);
+    let gpus =
+        |w: &Option<Worker>| w.as_ref().map(|w| w.parallelism.tensor as u64 * w.parallelism.attention_data as u64);
     if disagg {
         out.insert("prefill_engine_num_gpu".into(), json!(gpus(&engine.prefill)));
         out.insert("decode_engine_num_gpu".into(), json!(gpus(&engine.decode)));

@@ -549,7 +549,9 @@ impl servesim_planner::PassModel for PlannerModel {
 }
 
 /// The planner model of an engine timed by the AIS provider (None for other timing models).
-pub fn planner_model(engine: &servesim_engine::EngineConfig) -> Option<Arc<dyn servesim_planner::PassModel + Send + Sync>> {
+pub fn planner_model(
+    engine: &servesim_engine::EngineConfig,
+) -> Option<Arc<dyn servesim_planner::PassModel + Send + Sync>> {
     let servesim_engine::TimingModel::External(e) = &engine.timing else { return None };
     if e.provider != "ais" && e.provider != "aic" {
         return None;

@@ -158,8 +158,9 @@ impl Planner {
             seen_live: false,
             last_kv_hit_rate: None,
             last_accept_length: 1.0,
-            lower_p: 0,
-            lower_d: 0,
+            // The throughput lower bounds start at the minimum endpoints.
+            lower_p: cfg.min_endpoint_for(true),
+            lower_d: cfg.min_endpoint_for(false),
             target_p: None,
             target_d: None,
             ticks: 0,

@@ -25,7 +25,8 @@ pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, 
 pub use report::{request_json, Report, WALL_CLOCK_KEYS};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{
-    simulate, simulate_with, Autoscaler, LifecycleOp, Progress, RunOptions, ScaleDecision, SimConfig, SimError, Transition,
+    simulate, simulate_with, Autoscaler, LifecycleOp, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
+    Transition,
 };
 pub use synthetic::{Arrivals, SyntheticSpec};
 pub use trace::{load_mooncake, load_mooncake_delta};
