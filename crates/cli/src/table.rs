@@ -124,27 +124,6 @@ pub fn render(report: &Report, wall_clock: bool) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::num;
-
-    #[test]
-    fn numbers_use_thousands_separators() {
-        assert_eq!(num(0.0), "0.00");
-        assert_eq!(num(1234567.891), "1,234,567.89");
-        assert_eq!(num(999.999), "1,000.00");
-        assert_eq!(num(-1234.5), "-1,234.50");
-    }
-
-    #[test]
-    fn values_that_are_not_numbers_read_n_a() {
-        assert_eq!(num(f64::NAN), "n/a");
-        assert_eq!(num(f64::INFINITY), "n/a");
-        assert_eq!(num(f64::NEG_INFINITY), "n/a");
-        assert!(num(1e300).ends_with(".00"), "huge finite values render");
-    }
-}
-
 /// The planner's worker-count timeline: one row per change of the non-draining worker counts,
 /// with the scaling events of that tick.
 pub fn worker_timeline(run: &servesim_replay::planned::PlannerRun) -> String {
@@ -168,4 +147,25 @@ pub fn worker_timeline(run: &servesim_replay::planned::PlannerRun) -> String {
         run.total_ticks(),
         run.events.len()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::num;
+
+    #[test]
+    fn numbers_use_thousands_separators() {
+        assert_eq!(num(0.0), "0.00");
+        assert_eq!(num(1234567.891), "1,234,567.89");
+        assert_eq!(num(999.999), "1,000.00");
+        assert_eq!(num(-1234.5), "-1,234.50");
+    }
+
+    #[test]
+    fn values_that_are_not_numbers_read_n_a() {
+        assert_eq!(num(f64::NAN), "n/a");
+        assert_eq!(num(f64::INFINITY), "n/a");
+        assert_eq!(num(f64::NEG_INFINITY), "n/a");
+        assert!(num(1e300).ends_with(".00"), "huge finite values render");
+    }
 }
