@@ -176,8 +176,9 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
         if f.capture_per_request { Some(&mut sink) } else { None };
+    let mut planner = servesim_deploy::planner_run(&prepared).map_err(Failure::input)?;
     let mut bar = Bar::new();
-    let result = servesim_deploy::run_prediction(&prepared, sink_ref, &mut bar);
+    let result = servesim_deploy::run_planned(&prepared, planner.as_mut(), sink_ref, &mut bar);
     bar.finish();
     let mut report = result.map_err(Failure::run)?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -190,9 +191,17 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
     if let Some(mut w) = records.take() {
         w.flush().map_err(|e| Failure::run(format!("requests.jsonl: write failed: {e}")))?;
     }
-    let summary =
-        servesim_deploy::sorted(&serde_json::Value::Object(servesim_deploy::prediction_summary(&prepared, &report)));
-    let compact = serde_json::to_string(&summary).expect("summary serialises");
+    let mut summary_map = servesim_deploy::prediction_summary(&prepared, &report);
+    if let Some(run) = &planner {
+        summary_map.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
+    }
+    let summary = servesim_deploy::sorted(&serde_json::Value::Object(summary_map));
+    // With a planner, the reference's `--stack dynamo` layout: the summary beside the planner.
+    let document = match &planner {
+        Some(run) => serde_json::json!({"summary": summary, "planner": servesim_deploy::sorted(&run.to_json())}),
+        None => summary.clone(),
+    };
+    let compact = serde_json::to_string(&document).expect("summary serialises");
     write_file(&staged.path("prediction.json"), compact.as_bytes())?;
     let _ = staged.dir();
     staged.commit()?;
@@ -200,6 +209,9 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
     } else {
         print!("{}", table::render(&report, true));
+        if let Some(run) = &planner {
+            print!("{}", table::worker_timeline(run));
+        }
         println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
     }
     Ok(())

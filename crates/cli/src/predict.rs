@@ -8,8 +8,9 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode,
-    SimConfig, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
+    load_trace, request_json, simulate, simulate_with, Arrivals, Autoscaler, Collector, LoadMode, Overflow, QueueLimit,
+    RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions,
+    Workload,
 };
 use servesim_router::RouterConfig;
 
@@ -119,6 +120,12 @@ pub struct PredictArgs {
     /// Engine of the decode workers (default: --extra-engine-args).
     #[arg(long, value_name = "JSON|PATH", help_heading = "Disaggregated serving")]
     decode_engine_args: Option<String>,
+
+    /// Autoscale the workers with Dynamo's Planner: its `PlannerConfig` as inline JSON or a JSON
+    /// file (`mode` agg/disagg, `optimization_target`, intervals, budgets, predictor, ...). The
+    /// report then has a `planner` object beside the `summary`.
+    #[arg(long, value_name = "JSON|PATH")]
+    planner_config: Option<String>,
 
     /// Closed loop: at most N sessions in flight (timestamps are ignored).
     #[arg(long, value_name = "N")]
@@ -435,7 +442,8 @@ fn check_counts(a: &PredictArgs, memory: Option<u64>) -> Result<(), Failure> {
 /// Files the run reads: traces and configuration files (not inline JSON).
 fn inputs(a: &PredictArgs) -> Vec<&Path> {
     let mut inputs: Vec<&Path> = a.traces.iter().map(PathBuf::as_path).collect();
-    let configs = [&a.extra_engine_args, &a.prefill_engine_args, &a.decode_engine_args, &a.router_config];
+    let configs =
+        [&a.extra_engine_args, &a.prefill_engine_args, &a.decode_engine_args, &a.router_config, &a.planner_config];
     for arg in configs.into_iter().flatten() {
         if !arg.trim_start().starts_with('{') {
             inputs.push(Path::new(arg));
@@ -500,6 +508,11 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         threads: a.threads,
     };
 
+    let mut planner = match a.planner_config.as_deref() {
+        Some(arg) => Some(planner_run(arg, &config.topology)?),
+        None => None,
+    };
+
     // Open outputs before the run so a bad path costs nothing.
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
     let mut records = a.report_jsonl.as_deref().map(ReportFile::create).transpose()?;
@@ -538,7 +551,13 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     };
     let collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
     let mut bar = Bar::new();
-    let result = simulate(&workload, &config, collector, &mut bar);
+    let result = match planner.as_mut() {
+        Some(run) => {
+            let options = RunOptions { autoscaler: Some(run as &mut dyn Autoscaler), stop_at_ms: None };
+            simulate_with(&workload, &config, collector, &mut bar, options)
+        }
+        None => simulate(&workload, &config, collector, &mut bar),
+    };
     bar.finish();
     let mut report = result.map_err(Failure::run)?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -550,11 +569,24 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             summary.remove(key);
         }
     }
+    if let Some(run) = &planner {
+        summary.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
+    }
     let summary = serde_json::Value::Object(summary);
-    let pretty = serde_json::to_string_pretty(&summary).expect("summary serialises");
+    // With a planner: the summary beside what the planner did.
+    let document = match &planner {
+        Some(run) => serde_json::json!({"summary": summary, "planner": run.to_json()}),
+        None => summary,
+    };
+    let pretty = serde_json::to_string_pretty(&document).expect("summary serialises");
     match a.format {
         Format::Json => print_out(&format!("{pretty}\n"))?,
-        Format::Table => print_out(&table::render(&report, !a.no_wall_clock))?,
+        Format::Table => {
+            print_out(&table::render(&report, !a.no_wall_clock))?;
+            if let Some(run) = &planner {
+                print_out(&table::worker_timeline(run))?;
+            }
+        }
     }
     let mut failures = Vec::new();
     if let Some(e) = workload.take_error() {
@@ -597,4 +629,35 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     } else {
         Err(Failure::run(failures.join("; ")))
     }
+}
+
+/// The planner `--planner-config` describes, sized against the cluster's engines.
+fn planner_run(arg: &str, topology: &Topology) -> Result<servesim_replay::planned::PlannerRun, Failure> {
+    let cfg = json_arg("planner-config", arg, |text, _| {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("malformed JSON: {e}")))?;
+        servesim_planner::PlannerConfig::from_json(&v).map_err(|e| ConfigError::new(e.key, e.message))
+    })?;
+    let disaggregated = topology.is_disaggregated();
+    let wants = cfg.mode == servesim_planner::Mode::Disagg;
+    if disaggregated != wants {
+        return Err(Failure::input(format!(
+            "--planner-config: mode {:?} does not match the cluster ({})",
+            if wants { "disagg" } else { "agg" },
+            if disaggregated {
+                "prefill and decode workers: use mode disagg"
+            } else {
+                "aggregated workers: use mode agg"
+            }
+        )));
+    }
+    let (prefill, decode) = servesim_replay::planned::roles(topology, servesim_perf::planner_model);
+    let initial = match topology.pools() {
+        [agg] => (0, agg.workers as usize),
+        [p, d, ..] => (p.workers as usize, d.workers as usize),
+        [] => (0, 0),
+    };
+    let planner = servesim_planner::Planner::new(cfg, prefill, decode)
+        .map_err(|e| Failure::input(format!("--planner-config: {e}")))?;
+    Ok(servesim_replay::planned::PlannerRun::new(planner, initial))
 }

@@ -124,6 +124,31 @@ pub fn render(report: &Report, wall_clock: bool) -> String {
     out
 }
 
+/// The planner's worker-count timeline: one row per change of the non-draining worker counts,
+/// with the scaling events of that tick.
+pub fn worker_timeline(run: &servesim_replay::planned::PlannerRun) -> String {
+    let mut table = Table::new();
+    table.load_preset(presets::UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Disabled);
+    let agg = run.timeline.first().is_some_and(|&(_, p, _)| p == 0) && run.events.iter().all(|e| e.component == "agg");
+    if agg {
+        table.set_header(["Time (s)", "Workers"]);
+    } else {
+        table.set_header(["Time (s)", "Prefill workers", "Decode workers"]);
+    }
+    for &(at, p, d) in &run.timeline {
+        if agg {
+            table.add_row([format!("{at:.0}"), d.to_string()]);
+        } else {
+            table.add_row([format!("{at:.0}"), p.to_string(), d.to_string()]);
+        }
+    }
+    format!(
+        "Planner: {} ticks, {} scaling events; worker counts over time:\n{table}\n",
+        run.total_ticks(),
+        run.events.len()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::num;

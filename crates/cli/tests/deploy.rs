@@ -210,7 +210,13 @@ fn bad_configs_are_refused_with_their_key_path() {
         &["engine.workers.aggregated.timing={type: fixed, prefill_ms: 1}"],
         &["engine.workers.aggregated.timing", "fixed timing requires prefill_ms and decode_ms"],
     );
-    refused("planner", &format!("{BASE}planner:\n  mode: sla\n"), &[], &["planner", "not supported yet"]);
+    // `mode` is derived from engine.mode, not a key of the section.
+    refused(
+        "planner",
+        &format!("{BASE}planner:\n  mode: sla\n"),
+        &[],
+        &["planner", "Extra inputs are not permitted: ['mode']"],
+    );
     refused(
         "optimizer",
         &format!("{BASE}optimizer:\n  algorithm: random\n"),

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use servesim_replay::{simulate, Collector, LoadMode, Progress, Report, RequestRecord, SimConfig, Workload};
+use servesim_replay::{Collector, LoadMode, Progress, Report, RequestRecord, SimConfig, Workload};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
 
 pub use schema::Config;
@@ -124,14 +124,42 @@ pub fn prepare_file(path: &Path, sets: &[String]) -> Result<Prepared, String> {
     prepare(config, base).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// The planner of a prepared prediction, ready to run (None without a `planner:` section).
+pub fn planner_run(p: &Prepared) -> Result<Option<servesim_replay::planned::PlannerRun>, String> {
+    let Some(cfg) = p.config.planner.clone() else { return Ok(None) };
+    let (prefill, decode) = servesim_replay::planned::roles(&p.sim.topology, servesim_perf::planner_model);
+    let initial = match p.sim.topology.pools() {
+        [agg] => (0, agg.workers as usize),
+        [pf, dc, ..] => (pf.workers as usize, dc.workers as usize),
+        [] => (0, 0),
+    };
+    let planner = servesim_planner::Planner::new(cfg, prefill, decode).map_err(|e| format!("planner: {e}"))?;
+    Ok(Some(servesim_replay::planned::PlannerRun::new(planner, initial)))
+}
+
+/// Runs a prepared prediction with its planner, if it has one; `sink` receives per-request
+/// records.
+pub fn run_planned(
+    p: &Prepared,
+    planner: Option<&mut servesim_replay::planned::PlannerRun>,
+    sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
+    progress: &mut dyn Progress,
+) -> Result<Report, String> {
+    let collector = Collector::new(p.sim.sla, sink);
+    let options = servesim_replay::RunOptions {
+        autoscaler: planner.map(|r| r as &mut dyn servesim_replay::Autoscaler),
+        stop_at_ms: p.config.traffic.stop.max_virtual_time_seconds.map(|s| s * 1000.0),
+    };
+    servesim_replay::simulate_with(&p.workload, &p.sim, collector, progress, options).map_err(|e| e.to_string())
+}
+
 /// Runs a prepared prediction; `sink` receives per-request records.
 pub fn run_prediction(
     p: &Prepared,
     sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
     progress: &mut dyn Progress,
 ) -> Result<Report, String> {
-    let collector = Collector::new(p.sim.sla, sink);
-    simulate(&p.workload, &p.sim, collector, progress).map_err(|e| e.to_string())
+    run_planned(p, None, sink, progress)
 }
 
 /// The summary `prediction.json` holds: the replay report under the reference's keys plus the

@@ -269,6 +269,14 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
     let obj = base.as_object_mut().expect("checked");
     obj.remove("optimization");
     obj.remove("optimizer");
+    if obj.contains_key("planner") {
+        // Refused rather than ignored: every candidate would otherwise replay without it.
+        return Err(DeployError::new(
+            "planner",
+            "the recommend search over planner settings is not supported yet (predict -c replays one planner \
+             configuration)",
+        ));
+    }
     let mode = get(&base, &["engine", "mode"]).and_then(Value::as_str).unwrap_or("aggregated").to_string();
     let roles: &[&str] = if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
     // Per role: the parallel shapes (replicas, tp, dp) and the scheduler knobs.

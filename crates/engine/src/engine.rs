@@ -96,6 +96,11 @@ impl Engine {
         delegate!(self, e => e.num_running())
     }
 
+    /// What waits in the queues (for the planner's forward-pass snapshots).
+    pub fn queue_load(&self) -> crate::output::QueueLoad {
+        delegate!(self, e => e.queue_load())
+    }
+
     pub fn num_waiting(&self) -> usize {
         delegate!(self, e => e.num_waiting())
     }

@@ -55,6 +55,11 @@ impl Destinations {
         self.pending.len()
     }
 
+    /// Prompt lengths of the waiting requests.
+    pub fn prompt_lens(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pending.iter().map(|r| r.prompt.len())
+    }
+
     /// Capacity may have grown: the head is worth another attempt.
     pub fn bump(&mut self) {
         self.generation += 1;

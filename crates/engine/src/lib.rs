@@ -28,7 +28,9 @@ pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use handoff::Reserved;
 pub use hash::BlockHashes;
 pub use json::ConfigError;
-pub use output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock, Stretch, TokenOut};
+pub use output::{
+    Admission, Finish, Finished, KvEvent, PassOutput, QueueLoad, RejectReason, StoredBlock, Stretch, TokenOut,
+};
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
 pub use speculative::SpeculativeConfig;
 pub use timing::{DecodeShape, ExternalTimer, PassTimer, PrefillShape, TimerFactory, TimingModel};

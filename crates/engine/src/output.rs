@@ -96,6 +96,18 @@ impl Stretch {
     }
 }
 
+/// What waits in an engine's queues (the planner's `queued_requests`): prompts not yet started,
+/// and decodes that cannot run yet (preempted requests, transferred prompts waiting for pages).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QueueLoad {
+    pub prefill_requests: u32,
+    /// Σ prompt length of the waiting prompts.
+    pub prefill_tokens: u64,
+    pub decode_requests: u32,
+    /// Σ KV tokens of the waiting decodes.
+    pub decode_kv_tokens: u64,
+}
+
 /// Everything that happened in one pass. Tokens and completions are stamped at `end_ms`;
 /// admissions happened at `start_ms`.
 #[derive(Clone, Debug, Default)]

@@ -20,4 +20,4 @@ pub mod systems;
 
 pub use error::{ErrorKind, PerfError};
 pub use estimator::{Estimator, RankMetrics};
-pub use provider::{build_timer, estimator, timer_factory, AisConfig, AisTimer};
+pub use provider::{build_timer, estimator, planner_model, timer_factory, AisConfig, AisTimer, PlannerModel};

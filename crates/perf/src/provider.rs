@@ -527,3 +527,36 @@ pub fn config_from_flags(model: &str, backend: &str, worker_type: &str, fields: 
     }
     Value::Object(m)
 }
+
+/// The planner's forward-pass model: the estimator's `forward_pass_time_ms`.
+#[derive(Debug)]
+pub struct PlannerModel(pub Arc<Estimator>);
+
+impl servesim_planner::PassModel for PlannerModel {
+    fn forward_pass_ms(&self, ranks: &[servesim_planner::Scheduled]) -> std::result::Result<f64, String> {
+        let ranks: Vec<crate::estimator::RankMetrics> = ranks
+            .iter()
+            .map(|r| crate::estimator::RankMetrics {
+                num_prefill_requests: r.num_prefill_requests,
+                sum_prefill_tokens: r.sum_prefill_tokens,
+                sum_prefill_kv_tokens: r.sum_prefill_kv_tokens,
+                num_decode_requests: r.num_decode_requests,
+                sum_decode_kv_tokens: r.sum_decode_kv_tokens,
+            })
+            .collect();
+        self.0.forward_pass_time_ms(&ranks).map_err(|e| e.message)
+    }
+}
+
+/// The planner model of an engine timed by the AIS provider (None for other timing models).
+pub fn planner_model(
+    engine: &servesim_engine::EngineConfig,
+) -> Option<Arc<dyn servesim_planner::PassModel + Send + Sync>> {
+    let servesim_engine::TimingModel::External(e) = &engine.timing else { return None };
+    if e.provider != "ais" && e.provider != "aic" {
+        return None;
+    }
+    let cfg = AisConfig::from_json("timing_model.config", &e.timer().config()).ok()?;
+    let est = estimator(&cfg).ok()?;
+    Some(Arc::new(PlannerModel(est)))
+}

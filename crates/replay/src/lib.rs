@@ -9,6 +9,7 @@ pub mod error;
 pub mod formats;
 pub mod input;
 pub mod metrics;
+pub mod planned;
 pub mod report;
 pub mod sim;
 mod split;
@@ -23,7 +24,10 @@ pub use formats::{load_trace, TraceFormat, TraceOptions};
 pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status};
 pub use report::{request_json, Report, WALL_CLOCK_KEYS};
 pub use servesim_cluster::{RouterMode, Topology};
-pub use sim::{simulate, Progress, SimConfig, SimError};
+pub use sim::{
+    simulate, simulate_with, Autoscaler, LifecycleOp, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
+    Transition,
+};
 pub use synthetic::{Arrivals, SyntheticSpec};
 pub use trace::{load_mooncake, load_mooncake_delta};
 pub use workload::{LoadMode, Workload};

@@ -573,6 +573,11 @@ impl<'s> Collector<'s> {
         }
     }
 
+    /// The record of a request in flight.
+    pub fn live(&self, id: u64) -> Option<&RequestRecord> {
+        self.live.get(&id)
+    }
+
     /// Closes a request's timeline and folds it into the run metrics.
     pub fn finish(&mut self, id: u64, at_ms: f64, finish: Finish) {
         let mut r = self.live.remove(&id).expect("request is in flight");

@@ -37,6 +37,9 @@ pub struct Report {
     pub wall_time_ms: f64,
     /// Arrivals dropped at a full admission queue, when the run sheds them.
     pub shed: Option<u64>,
+    /// Worker-seconds (prefill, decode) integrated over the workers' lifecycle, when an
+    /// autoscaler changed them during the run; otherwise workers × duration.
+    pub worker_seconds: Option<(f64, f64)>,
 }
 
 impl Report {
@@ -66,6 +69,7 @@ impl Report {
             speculative: pools.iter().any(|p| p.engine.speculative.is_some()),
             wall_time_ms: 0.0,
             shed: matches!(c.queue_limit().max, Some((_, crate::metrics::Overflow::Shed))).then_some(c.totals.shed),
+            worker_seconds: None,
         }
     }
 
@@ -101,11 +105,11 @@ impl Report {
     }
 
     pub fn prefill_worker_seconds(&self) -> f64 {
-        self.prefill_workers as f64 * self.end_ms / 1000.0
+        self.worker_seconds.map_or(self.prefill_workers as f64 * self.end_ms / 1000.0, |w| w.0)
     }
 
     pub fn decode_worker_seconds(&self) -> f64 {
-        self.decode_workers as f64 * self.end_ms / 1000.0
+        self.worker_seconds.map_or(self.decode_workers as f64 * self.end_ms / 1000.0, |w| w.1)
     }
 
     pub fn gpu_hours(&self) -> f64 {

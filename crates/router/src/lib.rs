@@ -47,9 +47,12 @@ pub struct RoundRobin {
 }
 
 impl RoundRobin {
+    /// The next of `targets` targets. The counter is not wrapped, so when the number of
+    /// targets changes (workers join or leave) the next pick is `(last + 1) mod n` in the new
+    /// count, as Dynamo's replay placement does.
     pub fn pick(&mut self, targets: usize) -> usize {
         let t = self.next % targets;
-        self.next = (t + 1) % targets;
+        self.next = t + 1;
         t
     }
 }

@@ -228,6 +228,25 @@ impl VllmEngine {
         self.running.len()
     }
 
+    pub fn queue_load(&self) -> crate::output::QueueLoad {
+        let mut q = crate::output::QueueLoad::default();
+        for &slot in &self.waiting {
+            let req = &self.reqs[slot];
+            if req.state.status == Status::Preempted {
+                q.decode_requests += 1;
+                q.decode_kv_tokens += req.len() as u64;
+            } else {
+                q.prefill_requests += 1;
+                q.prefill_tokens += req.prompt_len as u64;
+            }
+        }
+        for len in self.destinations.prompt_lens() {
+            q.decode_requests += 1;
+            q.decode_kv_tokens += len as u64;
+        }
+        q
+    }
+
     pub fn num_waiting(&self) -> usize {
         self.waiting.len() + self.destinations.len()
     }

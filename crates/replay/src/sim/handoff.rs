@@ -80,6 +80,9 @@ impl Simulation<'_, '_> {
             worker.ranks[0].engine.release_held(id);
             self.collector.source_released(id, self.now);
             self.wake(0, prefill);
+            if self.scaling.is_some() {
+                self.retire_if_drained(0, prefill);
+            }
         }
     }
 }

@@ -13,7 +13,10 @@
 //! worker between its passes (a command for a busy worker waits for its pass to end).
 
 mod handoff;
+mod scaling;
 mod stretch;
+
+pub use scaling::{Autoscaler, LifecycleOp, ScaleDecision, Transition};
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -22,6 +25,7 @@ use std::ops::Bound::{Excluded, Unbounded};
 use rustc_hash::FxHashMap;
 use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
+    WorkerState, Workers,
 };
 use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch};
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
@@ -122,9 +126,46 @@ impl std::error::Error for SimError {}
 pub fn simulate(
     workload: &Workload,
     config: &SimConfig,
-    mut collector: Collector<'_>,
+    collector: Collector<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Report, SimError> {
+    simulate_with(workload, config, collector, progress, RunOptions::default())
+}
+
+/// What a run may do besides replaying its workload to the end.
+#[derive(Default)]
+pub struct RunOptions<'h> {
+    /// Adds and drains workers at its tick times. An autoscaled run is replayed pass by pass
+    /// (no fast-forward, no split): the autoscaler must see every pass.
+    pub autoscaler: Option<&'h mut dyn Autoscaler>,
+    /// Stop the virtual clock here (aisimulate's `max_virtual_time_seconds`): later arrivals
+    /// never come, requests in flight are reported incomplete.
+    pub stop_at_ms: Option<f64>,
+}
+
+/// [`simulate`] with [`RunOptions`].
+pub fn simulate_with(
+    workload: &Workload,
+    config: &SimConfig,
+    mut collector: Collector<'_>,
+    progress: &mut dyn Progress,
+    options: RunOptions<'_>,
+) -> Result<Report, SimError> {
+    if options.autoscaler.is_some() || options.stop_at_ms.is_some() {
+        let config = SimConfig { fast_forward: false, split_workers: false, ..config.clone() };
+        let mut sim = Simulation::new(workload, &config, collector, None);
+        let scaled = options.autoscaler.is_some();
+        if let Some(hook) = options.autoscaler {
+            sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
+        }
+        sim.stop_at_ms = options.stop_at_ms;
+        sim.run(progress)?;
+        let mut report = Report::build(&config, &sim.collector, sim.now);
+        if scaled {
+            report.worker_seconds = Some(sim.worker_seconds());
+        }
+        return Ok(report);
+    }
     if split::applies(workload, config, &collector) {
         let end_ms = split::simulate(workload, config, &mut collector, progress)?;
         return Ok(Report::build(config, &collector, end_ms));
@@ -171,6 +212,8 @@ struct Rank {
     output: PassOutput,
     /// Whether it ran in the worker's current pass.
     ran: bool,
+    /// What waited when the current pass was scheduled (kept for an autoscaler).
+    queue: servesim_engine::QueueLoad,
 }
 
 /// A worker: `dp_size` ranks that run passes together (the pass ends at the slowest rank).
@@ -191,14 +234,28 @@ struct Pool {
     spec: PoolSpec,
     workers: Vec<Worker>,
     placer: Placer,
+    /// Which workers start, serve, drain or have stopped (all serve without an autoscaler).
+    lifecycle: Workers,
 }
 
 /// Something scheduled for a later instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    PassEnd { pool: u8, worker: u32 },
-    TransferDone { request: u64 },
-    KvVisible { batch: u64 },
+    PassEnd {
+        pool: u8,
+        worker: u32,
+    },
+    TransferDone {
+        request: u64,
+    },
+    KvVisible {
+        batch: u64,
+    },
+    /// A worker the autoscaler added has started.
+    WorkerReady {
+        pool: u8,
+        worker: u32,
+    },
 }
 
 /// What replay keeps beside a request in flight: the session it belongs to.
@@ -231,6 +288,10 @@ struct Simulation<'a, 'c> {
     /// completed), told to the load driver after the workers idle now have started their
     /// passes (see [`Simulation::tell_ended_sessions`]).
     ended: Vec<(u32, bool)>,
+    /// The autoscaler's side of the run, if one acts on it.
+    scaling: Option<scaling::Scaling<'a>>,
+    /// The virtual-time stop, if any.
+    stop_at_ms: Option<f64>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -250,25 +311,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // a request.
                 let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
                 let workers = (0..spec.workers)
-                    .map(|w| Worker {
-                        ranks: (0..if served(w) { dp } else { 0 })
-                            .map(|rank| Rank {
-                                engine: Engine::new(
-                                    rank_engine.clone(),
-                                    EngineOptions { record_kv_events, engine_index: w * dp + rank },
-                                ),
-                                output: PassOutput::default(),
-                                ran: false,
-                            })
-                            .collect(),
-                        busy: false,
-                        pass_end: 0.0,
-                        stretch: None,
-                        pending_releases: Vec::new(),
-                        pending_activations: Vec::new(),
-                    })
+                    .map(|w| new_worker(&rank_engine, w, if served(w) { dp } else { 0 }, record_kv_events))
                     .collect();
-                Pool { spec: spec.clone(), workers, placer }
+                Pool { spec: spec.clone(), workers, placer, lifecycle: Workers::new(spec.workers as usize) }
             })
             .collect();
         let transfer = config.topology.is_disaggregated().then(|| {
@@ -293,7 +338,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
             shard,
             awake: BTreeSet::new(),
             ended: Vec::new(),
+            scaling: None,
+            stop_at_ms: None,
         }
+    }
+
+    /// A new worker in pool `p` (starting; not yet in the placer's active set). Returns its
+    /// index.
+    fn add_worker(&mut self, p: usize) -> usize {
+        let pool = &mut self.pools[p];
+        let w = pool.placer.add_worker();
+        let index = pool.lifecycle.add(self.now);
+        debug_assert_eq!((w, index), (pool.workers.len(), pool.workers.len()));
+        let worker = new_worker(&pool.spec.rank_engine(), w as u32, pool.spec.deployment.dp_size, pool.placer.is_kv());
+        pool.workers.push(worker);
+        w
     }
 
     /// Something reached worker `w` of `pool` (a request, a command, the end of its pass): it
@@ -325,6 +384,15 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     (Some(a), Some(b)) => a.min(b),
                     (Some(a), None) | (None, Some(a)) => a,
                 };
+                // Autoscaler ticks come while the run has work left.
+                if let Some(t) = self.scaling.as_ref().and_then(|s| s.next_tick_ms) {
+                    self.now = self.now.min(t);
+                }
+                if let Some(stop) = self.stop_at_ms.filter(|&stop| self.now > stop) {
+                    self.now = stop;
+                    self.collector.close_incomplete();
+                    return Ok(());
+                }
             }
             let now = self.now;
             while let Some(&Reverse((Time(t), _, event))) = self.events.peek() {
@@ -347,6 +415,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         let (pool, target, events) = self.lagged.remove(&batch).expect("lagged batch");
                         self.pools[pool].placer.kv_events(target, &events);
                     }
+                    Event::WorkerReady { pool, worker } => self.worker_ready(pool as usize, worker as usize, None),
                 }
             }
             ready.clear();
@@ -367,6 +436,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
             }
             again = self.start_passes()?;
+            if !again && self.scaling.is_some() {
+                // The cluster has settled at this instant: the autoscaler's tick, then passes
+                // on what it changed.
+                self.scaling_tick();
+                again = self.start_passes()?;
+            }
             if self.finished != last_reported {
                 last_reported = self.finished;
                 progress.update(self.finished, total);
@@ -387,6 +462,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // Workers that could run a stretch of decode passes wait until every other worker has
         // started its pass: work created at this instant must bound their stretches.
         let mut stretches = Vec::new();
+        let scaled = self.scaling.is_some();
         // The awake workers in pool and worker order, as a scan of every worker would visit
         // them: one woken during the scan is visited now if it comes later, at the next call
         // (at this instant) if not.
@@ -417,6 +493,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     rank.ran = rank.engine.has_work();
                     if rank.ran {
                         rank.engine.step(now, &mut rank.output);
+                        if scaled {
+                            rank.queue = rank.engine.queue_load();
+                        }
                         if !rank.output.end_ms.is_finite() {
                             let why = rank.engine.config().timing.error();
                             let why = why.unwrap_or_else(|| "a pass has no finite duration".into());
@@ -504,6 +583,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 return;
             }
         }
+        if let Some(s) = self.scaling.as_mut() {
+            s.arrival();
+        }
         let prompt = self.driver.prompt(r);
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];
@@ -565,6 +647,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let dp = self.pools[pool].spec.dp();
         let flight = self.flights.get_mut(&p.id).expect("placed request is in flight");
         let overlap_tokens = (p.overlap_blocks * bs).min(flight.prompt.len());
+        // The planner's prefix-hit observation: router admissions with at least one block.
+        let isl_blocks = flight.hashes.len();
+        if let (Some(s), true) = (self.scaling.as_mut(), self.pools[pool].placer.is_kv() && isl_blocks > 0) {
+            s.hit_rate(p.overlap_blocks as f64 / isl_blocks as f64);
+        }
         self.collector.placed(p.id, role, p.target / dp, p.target % dp, overlap_tokens, p.queued_at_ms, self.now);
         match role {
             Role::Aggregated | Role::Prefill => flight.prefill_target = Some(p.target),
@@ -590,6 +677,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// A request left the system: metrics, load driver.
     fn finish(&mut self, id: u64, finish: Finish) {
+        self.record_finish(id, finish == Finish::Completed);
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);
         if self.transfer.is_some() {
@@ -621,6 +709,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             if std::mem::take(&mut rank.ran) {
                 let out = std::mem::take(&mut rank.output);
                 self.apply_rank_pass(pool, w * dp + r, &out);
+                self.record_fpm(pool, w, r, &out);
                 self.pools[pool].workers[w].ranks[r].output = out;
             }
         }
@@ -634,6 +723,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         for id in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
             self.activate(w, id);
+        }
+        if self.scaling.is_some() {
+            self.retire_if_drained(pool, w);
         }
     }
 
@@ -677,5 +769,26 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 _ => self.finish(f.request, f.finish),
             }
         }
+    }
+}
+
+fn new_worker(rank_engine: &servesim_engine::EngineConfig, w: u32, ranks: u32, record_kv_events: bool) -> Worker {
+    Worker {
+        ranks: (0..ranks)
+            .map(|rank| Rank {
+                engine: Engine::new(
+                    rank_engine.clone(),
+                    EngineOptions { record_kv_events, engine_index: w * ranks + rank },
+                ),
+                output: PassOutput::default(),
+                ran: false,
+                queue: Default::default(),
+            })
+            .collect(),
+        busy: false,
+        pass_end: 0.0,
+        stretch: None,
+        pending_releases: Vec::new(),
+        pending_activations: Vec::new(),
     }
 }

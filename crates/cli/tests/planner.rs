@@ -1,0 +1,209 @@
+//! The Planner in the loop (`planner:` in `predict -c`, `--planner-config` in flag form): the
+//! reference's scaling decisions, GPU-hours and latencies on its planner example cases, and
+//! bad input.
+//!
+//! tests/planner/NAME.yaml are the reference's example configs (trace paths pointed at
+//! ../shared beside the checkout); NAME.golden.json hold the reference's summary keys, scaling
+//! events and tick count, reduced from ../shared/parity/aisimulate-examples/NAME.expected.json,
+//! which `$(../shared/parity/setup_aisimulate.sh --with-dynamo)
+//! ../shared/parity/aisimulate_predict.py NAME.yaml --stack dynamo` made (aisimulate
+//! 0.13.0.dev202610130000000070 with ai-dynamo 1.6.1). The runs need the AIS data
+//! (`SERVESIM_AIS_SYSTEMS`) and the shared traces; without them the tests say so and skip.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+
+fn planner_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/planner")
+}
+
+fn shared_trace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/mooncake_synthetic_trace.jsonl")
+}
+
+fn servesim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_servesim")).args(args).output().expect("run servesim")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("servesim-planner-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn predict_config(config: &Path, out_dir: &Path) -> Output {
+    servesim(&[
+        "predict",
+        "-c",
+        config.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--overwrite",
+        "--format",
+        "json",
+    ])
+}
+
+fn skip(out: &Output) -> bool {
+    if stderr(out).contains("no AIS performance data found") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the planner goldens");
+        return true;
+    }
+    if !shared_trace().exists() {
+        eprintln!("NOTICE: ../shared/traces is missing beside the checkout; skipping the planner goldens");
+        return true;
+    }
+    false
+}
+
+fn events(v: &Value) -> Vec<(f64, String, u64, u64, String)> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["at_s"].as_f64().unwrap(),
+                e["component"].as_str().unwrap().to_string(),
+                e["from_count"].as_u64().unwrap(),
+                e["to_count"].as_u64().unwrap(),
+                e["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Easy (`load`, `throughput`) and SLA (constant predictor) targets, aggregated and
+/// disaggregated: the same scaling decisions at the same ticks, and the summary within 2 %.
+#[test]
+fn planner_examples_match_the_reference() {
+    for name in ["planner_disagg_sla_mooncake", "planner_agg_load_mooncake", "planner_disagg_throughput_easy"] {
+        let out_dir = tmp(name);
+        let out = predict_config(&planner_dir().join(format!("{name}.yaml")), &out_dir);
+        if skip(&out) {
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let golden: Value =
+            serde_json::from_slice(&std::fs::read(planner_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
+        assert_eq!(
+            events(&ours["planner"]["scaling_events"]),
+            events(&golden["planner"]["scaling_events"]),
+            "{name}: scaling events"
+        );
+        assert_eq!(ours["planner"]["total_ticks"], golden["planner"]["total_ticks"], "{name}");
+        assert_eq!(ours["summary"]["planner_total_ticks"], golden["planner"]["total_ticks"], "{name}");
+        for (key, want) in golden["summary"].as_object().unwrap() {
+            let (x, y) = (ours["summary"][key].as_f64().unwrap(), want.as_f64().unwrap());
+            if key.ends_with("_requests") {
+                assert_eq!(x, y, "{name}: {key}");
+                continue;
+            }
+            let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+            assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
+        }
+    }
+}
+
+/// The reference's direct planner replay (`run_trace_replay` on the Mooncake synthetic trace,
+/// polynomial timing, 4096 blocks, one aggregated worker, target `load` 90/70, 8-GPU budget)
+/// gives 3993 completions, 0.777305869102486 GPU-hours, 204 ticks and 128 scaling events
+/// (`shared/reference/aisimulate-howto.md` §6). The same run in flag form:
+#[test]
+fn planner_config_flag_matches_the_reference_direct_replay() {
+    let trace = shared_trace();
+    if !trace.exists() {
+        eprintln!("NOTICE: ../shared/traces is missing beside the checkout; skipping");
+        return;
+    }
+    let config = json!({
+        "mode": "agg", "optimization_target": "load", "decode_scale_up_kv_rate": 90,
+        "decode_scale_down_kv_rate": 70, "load_adjustment_interval_seconds": 5, "max_gpu_budget": 8,
+        "decode_engine_num_gpu": 1, "report_interval_hours": null, "live_dashboard_port": 0
+    })
+    .to_string();
+    let run = || {
+        servesim(&[
+            "predict",
+            trace.to_str().unwrap(),
+            "--num-workers",
+            "1",
+            "--extra-engine-args",
+            r#"{"engine": {"backend": "vllm", "num_gpu_blocks": 4096}}"#,
+            "--planner-config",
+            &config,
+            "--format",
+            "json",
+            "--no-wall-clock",
+        ])
+    };
+    let out = run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["summary"]["completed_requests"], 3993);
+    let gpu_hours = v["summary"]["gpu_hours"].as_f64().unwrap();
+    assert!((gpu_hours - 0.777305869102486).abs() < 1e-9, "{gpu_hours}");
+    assert_eq!(v["planner"]["total_ticks"], 204);
+    assert_eq!(v["planner"]["scaling_events"].as_array().unwrap().len(), 128);
+    // Every tick that changed the count added or drained workers through the lifecycle.
+    let ops = v["planner"]["lifecycle_operations"].as_array().unwrap();
+    assert!(ops.iter().any(|o| o["transition"] == "worker_ready"));
+    assert!(ops.iter().any(|o| o["transition"] == "worker_stopped"));
+    // Deterministic: the same inputs give the same bytes.
+    assert_eq!(out.stdout, run().stdout);
+}
+
+#[test]
+fn bad_planner_input_names_the_key_and_exits_2() {
+    let config = tmp("bad.yaml");
+    let base = std::fs::read_to_string(planner_dir().join("planner_agg_load_mooncake.yaml")).unwrap();
+    for (extra, want) in [
+        ("  bogus_knob: 3\n", "planner: Extra inputs are not permitted: ['bogus_knob']"),
+        ("  min_workers: -1\n", "planner.min_workers: Input should be greater than or equal to 0"),
+        ("  fpm_sample_bucket_size: 12\n", "fpm_sample_bucket_size must be a perfect square, got 12"),
+    ] {
+        let text = base.replace("../../../shared", &planner_dir().join("../../../shared").to_string_lossy()) + extra;
+        std::fs::write(&config, text).unwrap();
+        let out = predict_config(&config, &tmp("bad-out"));
+        if stderr(&out).contains("no AIS performance data found") {
+            eprintln!("NOTICE: AIS data not installed; skipping");
+            return;
+        }
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{extra:?}: {}", stderr(&out));
+    }
+    // The SLA target without an SLA, and ARIMA (the reference's default predictor), are refused
+    // by name.
+    let sla = std::fs::read_to_string(planner_dir().join("planner_disagg_sla_mooncake.yaml")).unwrap();
+    let sla = sla.replace("../../../shared", &planner_dir().join("../../../shared").to_string_lossy());
+    std::fs::write(&config, sla.replace("  load_predictor: constant\n", "")).unwrap();
+    let out = predict_config(&config, &tmp("bad-out"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("load_predictor 'arima' is not supported"), "{}", stderr(&out));
+    let no_sla = sla.replace("evaluation:\n  sla:\n    ttft_ms: 2000\n    itl_ms: 40\n", "");
+    std::fs::write(&config, no_sla).unwrap();
+    let out = predict_config(&config, &tmp("bad-out"));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Planner throughput scaling requires evaluation.sla.ttft_ms and evaluation.sla.itl_ms"),
+        "{}",
+        stderr(&out)
+    );
+    // Flag form: unknown keys and a mode that does not fit the cluster.
+    let trace = shared_trace();
+    for (cfg, want) in [
+        (r#"{"mode": "agg", "bogus": 1}"#, "bogus"),
+        (r#"{"mode": "disagg"}"#, "does not match the cluster"),
+        (r#"{"mode": "agg", "optimization_target": "sla", "load_predictor": "constant"}"#, "timing model"),
+    ] {
+        let out = servesim(&["predict", trace.to_str().unwrap(), "--planner-config", cfg]);
+        assert_eq!(out.status.code(), Some(2), "{cfg}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{cfg}: {}", stderr(&out));
+    }
+}

@@ -1,0 +1,944 @@
+//! The planner as a state machine on a caller's clock: [`Planner::on_tick`] takes a
+//! [`Snapshot`] at each tick time and returns the scaling targets and the next tick time
+//! (`dynamo/planner/core/state_machine.py`, `load_scaling.py`, `throughput_scaling.py`, the
+//! built-in plugins of `plugins/builtins/local_planner.py` and the replay adapter's
+//! bookkeeping of `planner/offline/replay_adapter.py`).
+
+use std::sync::Arc;
+
+use crate::budget;
+use crate::capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
+use crate::config::{Mode, PlannerConfig, Target};
+use crate::predict::{Predictor, Unsupported};
+use crate::types::{EngineCaps, Fpm, Scheduled, Snapshot, Traffic};
+
+/// One role's engines as the planner sizes them.
+#[derive(Clone)]
+pub struct Role {
+    pub caps: EngineCaps,
+    /// GPUs one replica occupies (the budget's cost per replica).
+    pub gpus_per_replica: i64,
+    /// The forward-pass model the capacity search and SLA estimates query (`None`: easy targets).
+    pub model: Option<Arc<dyn PassModel + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Role").field("caps", &self.caps).field("gpus_per_replica", &self.gpus_per_replica).finish()
+    }
+}
+
+/// Why the planner cannot run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SetupError {
+    Predictor(Unsupported),
+    /// Only aggregated and disaggregated deployments replay.
+    Mode(&'static str),
+    /// Throughput scaling and the `sla` target need a timing model.
+    NoModel(&'static str),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::Predictor(u) => u.fmt(f),
+            SetupError::Mode(m) => write!(f, "planner mode '{m}' cannot replay: use agg or disagg"),
+            SetupError::NoModel(role) => write!(
+                f,
+                "the planner's sla target and throughput scaling need the data-driven timing model \
+                 (timing type default / ais) on the {role} workers"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+/// What one tick decided and why (the reference's tick diagnostics, trimmed).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diagnostics {
+    pub predicted_num_req: Option<f64>,
+    pub predicted_isl: Option<f64>,
+    pub predicted_osl: Option<f64>,
+    pub predicted_kv_hit_rate: Option<f64>,
+    pub engine_rps_prefill: Option<f64>,
+    pub engine_rps_decode: Option<f64>,
+    pub estimated_ttft_ms: Option<f64>,
+    pub estimated_itl_ms: Option<f64>,
+    pub load_decision_reason: Option<String>,
+    pub throughput_decision_reason: Option<String>,
+    pub throughput_lower_bound_prefill: i64,
+    pub throughput_lower_bound_decode: i64,
+}
+
+/// One tick's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tick {
+    pub ordinal: u64,
+    pub at_s: f64,
+    pub run_load_scaling: bool,
+    pub run_throughput_scaling: bool,
+    /// The traffic window the throughput loop consumed (merged since the last one).
+    pub traffic: Option<Traffic>,
+    /// Targets (non-draining replicas) to apply; `None` leaves a role as it is.
+    pub target_prefill: Option<i64>,
+    pub target_decode: Option<i64>,
+    pub next_tick_s: f64,
+    pub diagnostics: Diagnostics,
+}
+
+/// A role's proposal: `None` = no change.
+type Proposal = (Option<i64>, Option<i64>);
+
+pub struct Planner {
+    cfg: PlannerConfig,
+    prefill: Option<Role>,
+    /// Decode workers, or the aggregated ones.
+    decode: Role,
+    num_req: Option<Predictor>,
+    isl: Option<Predictor>,
+    osl: Option<Predictor>,
+    last_isl: Option<f64>,
+    last_osl: Option<f64>,
+    seen_live: bool,
+    last_kv_hit_rate: Option<f64>,
+    last_accept_length: f64,
+    lower_p: i64,
+    lower_d: i64,
+    /// Targets requested and not yet reached ("scaling in progress").
+    target_p: Option<i64>,
+    target_d: Option<i64>,
+    ticks: u64,
+    next_at: f64,
+    last_load: f64,
+    last_throughput: f64,
+    pending: Option<Traffic>,
+    /// Current counts during a tick.
+    num_p: i64,
+    num_d: i64,
+    diag: Diagnostics,
+}
+
+impl std::fmt::Debug for Planner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Planner").field("cfg", &self.cfg).field("ticks", &self.ticks).finish()
+    }
+}
+
+impl Planner {
+    /// `prefill` is `None` for an aggregated deployment (`mode: agg`).
+    pub fn new(cfg: PlannerConfig, prefill: Option<Role>, decode: Role) -> Result<Planner, SetupError> {
+        match cfg.mode {
+            Mode::Prefill => return Err(SetupError::Mode("prefill")),
+            Mode::Decode => return Err(SetupError::Mode("decode")),
+            _ => {}
+        }
+        let needs_model = cfg.enable_throughput_scaling || cfg.optimization_target == Target::Sla;
+        if needs_model {
+            if decode.model.is_none() {
+                return Err(SetupError::NoModel(if cfg.mode == Mode::Agg { "aggregated" } else { "decode" }));
+            }
+            if prefill.as_ref().is_some_and(|p| p.model.is_none()) {
+                return Err(SetupError::NoModel("prefill"));
+            }
+        }
+        let predictor = |cfg: &PlannerConfig| -> Result<Option<Predictor>, SetupError> {
+            if cfg.enable_throughput_scaling {
+                Predictor::new(cfg).map(Some).map_err(SetupError::Predictor)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Planner {
+            num_req: predictor(&cfg)?,
+            isl: predictor(&cfg)?,
+            osl: predictor(&cfg)?,
+            last_isl: None,
+            last_osl: None,
+            seen_live: false,
+            last_kv_hit_rate: None,
+            last_accept_length: 1.0,
+            // The throughput lower bounds start at the minimum endpoints.
+            lower_p: cfg.min_endpoint_for(true),
+            lower_d: cfg.min_endpoint_for(false),
+            target_p: None,
+            target_d: None,
+            ticks: 0,
+            next_at: cfg.scale_interval_seconds,
+            last_load: 0.0,
+            last_throughput: 0.0,
+            pending: None,
+            num_p: 0,
+            num_d: 0,
+            diag: Diagnostics::default(),
+            cfg,
+            prefill,
+            decode,
+        })
+    }
+
+    pub fn config(&self) -> &PlannerConfig {
+        &self.cfg
+    }
+
+    pub fn is_agg(&self) -> bool {
+        self.prefill.is_none()
+    }
+
+    /// When the next tick is due, seconds.
+    pub fn next_tick_s(&self) -> f64 {
+        self.next_at
+    }
+
+    fn due(last: f64, interval: f64, at: f64) -> bool {
+        at - last >= interval - 1e-9
+    }
+
+    fn min_ep(&self, prefill: bool) -> i64 {
+        self.cfg.min_endpoint_for(prefill)
+    }
+
+    /// Runs the tick due now on `snap` (taken at [`Planner::next_tick_s`]).
+    pub fn on_tick(&mut self, snap: &Snapshot) -> Tick {
+        let at = self.next_at;
+        let run_load = Self::due(self.last_load, self.cfg.load_adjustment_interval_seconds as f64, at);
+        let run_tp = self.cfg.enable_throughput_scaling
+            && Self::due(self.last_throughput, self.cfg.throughput_adjustment_interval_seconds as f64, at);
+        if run_load {
+            self.last_load = at;
+        }
+        if run_tp {
+            self.last_throughput = at;
+        }
+        self.diag = Diagnostics::default();
+        self.num_p = snap.active_prefill.len() as i64;
+        self.num_d = snap.active_decode.len() as i64;
+        // A requested target is reached once the non-draining count equals it.
+        let cur_p = (snap.active_prefill.len() + snap.starting_prefill.len()) as i64;
+        let cur_d = (snap.active_decode.len() + snap.starting_decode.len()) as i64;
+        if self.target_p == Some(cur_p) {
+            self.target_p = None;
+        }
+        if self.target_d == Some(cur_d) {
+            self.target_d = None;
+        }
+        self.pending = Some(match self.pending.take() {
+            None => snap.traffic,
+            Some(p) => p.merge(&snap.traffic),
+        });
+        let mut consumed = None;
+        let mut proposal: Option<Proposal> = None;
+        if run_tp {
+            let window = self.pending.take().unwrap_or_default();
+            consumed = Some(window);
+            if window.duration_s > 0.0 {
+                proposal = self.throughput(&window);
+            } else {
+                self.diag.throughput_decision_reason = Some("no_traffic_data".into());
+            }
+        }
+        if run_load && self.cfg.enable_load_scaling {
+            if let Some(p) = self.load(snap) {
+                proposal = Some(p);
+            }
+        }
+        self.diag.throughput_lower_bound_prefill = self.lower_p;
+        self.diag.throughput_lower_bound_decode = self.lower_d;
+        let (mut target_prefill, mut target_decode) = (None, None);
+        if let Some((p, d)) = proposal {
+            let tp = if self.is_agg() { cur_p } else { p.unwrap_or(cur_p) };
+            let td = d.unwrap_or(cur_d);
+            if tp != cur_p || td != cur_d {
+                if self.is_agg() {
+                    target_prefill = Some(0);
+                    target_decode = Some(td);
+                    self.target_d = Some(td);
+                } else {
+                    target_prefill = Some(tp);
+                    target_decode = Some(td);
+                    if p.is_some() && tp != cur_p {
+                        self.target_p = Some(tp);
+                    }
+                    if d.is_some() && td != cur_d {
+                        self.target_d = Some(td);
+                    }
+                }
+            }
+        }
+        self.ticks += 1;
+        self.next_at = at + self.cfg.scale_interval_seconds;
+        Tick {
+            ordinal: self.ticks - 1,
+            at_s: at,
+            run_load_scaling: run_load,
+            run_throughput_scaling: run_tp,
+            traffic: consumed,
+            target_prefill,
+            target_decode,
+            next_tick_s: self.next_at,
+            diagnostics: std::mem::take(&mut self.diag),
+        }
+    }
+
+    fn scaling_in_progress(&self, prefill: bool) -> bool {
+        if prefill {
+            self.target_p.is_some_and(|t| t != self.num_p)
+        } else {
+            self.target_d.is_some_and(|t| t != self.num_d)
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Throughput (predictive) scaling.
+
+    fn observe_traffic(&mut self, t: &Traffic) {
+        if let Some(p) = self.num_req.as_mut() {
+            p.add(t.num_req);
+        }
+        if t.num_req > 0.0 {
+            self.seen_live = true;
+            self.last_isl = Some(t.avg_isl);
+            self.last_osl = Some(t.avg_osl);
+        }
+        let (mut isl, mut osl) = (t.avg_isl, t.avg_osl);
+        if t.num_req == 0.0 && self.seen_live {
+            isl = self.last_isl.unwrap_or(0.0);
+            osl = self.last_osl.unwrap_or(0.0);
+        }
+        if let Some(p) = self.isl.as_mut() {
+            p.add(isl);
+        }
+        if let Some(p) = self.osl.as_mut() {
+            p.add(osl);
+        }
+        // The replay reports the hit rate as 0.0 for a window without admissions; kept as is.
+        self.last_kv_hit_rate = Some(t.avg_kv_hit_rate);
+        if let Some(a) = t.avg_accept_length.filter(|a| a.is_finite()) {
+            self.last_accept_length = self.clamp_accept(a);
+        }
+    }
+
+    fn clamp_accept(&self, a: f64) -> f64 {
+        let nextn = self.cfg.speculative_nextn;
+        if nextn <= 0 {
+            1.0
+        } else {
+            a.clamp(1.0, (nextn + 1) as f64)
+        }
+    }
+
+    fn query<'a>(&'a self, role: &'a Role, worker: Worker) -> Option<EngineQuery<'a>> {
+        role.model.as_deref().map(|m| EngineQuery { model: m as &dyn PassModel, caps: role.caps, worker })
+    }
+
+    fn capacity(&self, worker: Worker, isl: f64, osl: f64, hit: Option<f64>) -> Option<Capacity> {
+        let role = match worker {
+            Worker::Prefill => self.prefill.as_ref()?,
+            _ => &self.decode,
+        };
+        if isl <= 0.0 || (worker != Worker::Prefill && osl <= 0.0) {
+            return None;
+        }
+        let q = self.query(role, worker)?;
+        let shape = Shape {
+            isl: isl.ceil() as u64,
+            osl: (osl.ceil() as u64).max(1),
+            ttft_sla_s: matches!(worker, Worker::Prefill | Worker::Aggregated).then_some(self.cfg.ttft_ms / 1000.0),
+            itl_sla_s: matches!(worker, Worker::Decode | Worker::Aggregated).then_some(self.cfg.itl_ms / 1000.0),
+            accept_length: if worker == Worker::Prefill { 1.0 } else { self.last_accept_length },
+            kv_hit_rate: hit,
+        };
+        q.capacity(&shape).ok().flatten()
+    }
+
+    fn cap_change(&self, desired: i64, current: i64) -> i64 {
+        let limit = self.cfg.max_throughput_scaling_replicas;
+        desired.max((current - limit).max(0)).min(current + limit)
+    }
+
+    fn throughput(&mut self, window: &Traffic) -> Option<Proposal> {
+        self.observe_traffic(window);
+        let nr = self.num_req.as_mut().map(|p| p.predict_next())?;
+        let isl = self.isl.as_mut().map(|p| p.predict_next())?;
+        let osl = self.osl.as_mut().map(|p| p.predict_next())?;
+        let hit = self.last_kv_hit_rate;
+        self.diag.predicted_num_req = Some(nr);
+        self.diag.predicted_isl = Some(isl);
+        self.diag.predicted_osl = Some(osl);
+        self.diag.predicted_kv_hit_rate = hit;
+        let demand = nr / window.duration_s;
+        let load_on = self.cfg.enable_load_scaling;
+        if self.is_agg() {
+            let cap = self.capacity(Worker::Aggregated, isl, osl, hit).filter(|c| c.rps > 0.0);
+            let not_ready = cap.is_none();
+            let desired = match cap {
+                Some(c) => {
+                    self.diag.engine_rps_prefill = Some(c.rps);
+                    self.diag.engine_rps_decode = Some(c.rps);
+                    ((demand / c.rps).ceil() as i64).max(self.min_ep(false))
+                }
+                None => self.num_d,
+            };
+            let desired = self.cap_change(desired, self.num_d).max(self.min_ep(false));
+            let gpu = self.decode.gpus_per_replica;
+            let (desired, ceiling) =
+                budget::guard_single(self.num_d, desired, gpu, -1, self.cfg.max_gpu_budget, self.min_ep(false));
+            if load_on {
+                self.lower_d = desired;
+                self.diag.throughput_decision_reason = Some(
+                    if not_ready {
+                        "model_not_ready"
+                    } else if ceiling == Some(budget::GUARD_HOLD) {
+                        budget::GUARD_HOLD
+                    } else {
+                        "set_lower_bound"
+                    }
+                    .into(),
+                );
+                return None;
+            }
+            let (desired, reason) = budget::guard_single(
+                self.num_d,
+                desired,
+                gpu,
+                self.cfg.min_gpu_budget,
+                self.cfg.max_gpu_budget,
+                self.min_ep(false),
+            );
+            if desired == self.num_d {
+                self.diag.throughput_decision_reason =
+                    Some(if not_ready { "model_not_ready" } else { reason.or(ceiling).unwrap_or("no_change") }.into());
+                return None;
+            }
+            self.diag.throughput_decision_reason = Some(if not_ready { "model_not_ready" } else { "scale" }.into());
+            return Some((None, Some(desired)));
+        }
+        let cap_p = self.capacity(Worker::Prefill, isl, osl, hit).filter(|c| c.rps > 0.0);
+        let cap_d = self.capacity(Worker::Decode, isl, osl, None).filter(|c| c.rps > 0.0);
+        if let Some(c) = cap_p {
+            self.diag.engine_rps_prefill = Some(c.rps);
+        }
+        if let Some(c) = cap_d {
+            self.diag.engine_rps_decode = Some(c.rps);
+        }
+        let not_ready = cap_p.is_none() || cap_d.is_none();
+        let (p, d) = match (cap_p, cap_d) {
+            (Some(cp), Some(cd)) => (
+                ((demand / cp.rps).ceil() as i64).max(self.min_ep(true)),
+                ((demand / cd.rps).ceil() as i64).max(self.min_ep(false)),
+            ),
+            _ => (self.num_p, self.num_d),
+        };
+        let p = self.cap_change(p, self.num_p).max(self.min_ep(true));
+        let d = self.cap_change(d, self.num_d).max(self.min_ep(false));
+        let (p, d) = self.fit_ceiling(p, d);
+        if load_on {
+            self.lower_p = p;
+            self.lower_d = d;
+            self.diag.throughput_decision_reason =
+                Some(if not_ready { "model_not_ready" } else { "set_lower_bound" }.into());
+            return None;
+        }
+        let (p, d, reason) = self.guard_pair(p, d);
+        if p == self.num_p && d == self.num_d {
+            self.diag.throughput_decision_reason =
+                Some(if not_ready { "model_not_ready" } else { reason.unwrap_or("no_change") }.into());
+            return None;
+        }
+        self.diag.throughput_decision_reason = Some("scale".into());
+        Some((Some(p), Some(d)))
+    }
+
+    fn gpus(&self) -> (i64, i64) {
+        (self.prefill.as_ref().map_or(0, |r| r.gpus_per_replica), self.decode.gpus_per_replica)
+    }
+
+    /// `_fit_disagg_throughput_ceiling`: the throughput pair under the hard ceiling only.
+    fn fit_ceiling(&self, p: i64, d: i64) -> (i64, i64) {
+        let (pg, dg) = self.gpus();
+        let (pm, dm) = (self.min_ep(true), self.min_ep(false));
+        if self.num_p < pm || self.num_d < dm {
+            budget::clamp_pair(p.max(pm), d.max(dm), pg, dg, -1, self.cfg.max_gpu_budget, pm, dm)
+        } else {
+            budget::fit_directional_pair(self.num_p, self.num_d, p, d, pg, dg, -1, self.cfg.max_gpu_budget, pm, dm)
+        }
+    }
+
+    /// `_apply_disagg_scaling_budget`.
+    fn guard_pair(&self, p: i64, d: i64) -> (i64, i64, Option<&'static str>) {
+        let (pg, dg) = self.gpus();
+        let (pm, dm) = (self.min_ep(true), self.min_ep(false));
+        let (min, max) = (self.cfg.min_gpu_budget, self.cfg.max_gpu_budget);
+        if self.num_p < pm || self.num_d < dm {
+            let (p, d) = budget::clamp_pair(p.max(pm), d.max(dm), pg, dg, min, max, pm, dm);
+            return (p, d, Some(budget::RECONCILE));
+        }
+        budget::guard_pair(self.num_p, self.num_d, p, d, pg, dg, min, max, pm, dm)
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Load-based (reactive) scaling.
+
+    fn load(&mut self, snap: &Snapshot) -> Option<Proposal> {
+        let easy = self.cfg.optimization_target != Target::Sla;
+        if self.is_agg() {
+            if snap.decode_fpms.is_empty() {
+                self.diag.load_decision_reason = Some("no_fpm_data".into());
+                return None;
+            }
+            if self.scaling_in_progress(false) {
+                self.diag.load_decision_reason = Some("scaling_in_progress".into());
+                return None;
+            }
+            if !fpm_covers(&snap.decode_fpms, self.num_d) {
+                self.diag.load_decision_reason = Some("worker_count_mismatch".into());
+                return None;
+            }
+            let n = self.num_d;
+            let desired = if easy {
+                self.agg_easy(&snap.decode_fpms, n)?
+            } else {
+                let p = self.agg_prefill_sla(&snap.decode_fpms, n);
+                let d = self.agg_decode_sla(&snap.decode_fpms, n);
+                match (p, d) {
+                    (Some(p), _) if p > n => p,
+                    (_, Some(d)) if d > n => d,
+                    (None, Some(d)) if d < n => d,
+                    (Some(p), Some(d)) if p < n && d < n => p.max(d),
+                    _ => n,
+                }
+            };
+            let original = desired;
+            let mut desired = desired.max(self.min_ep(false));
+            if self.cfg.enable_throughput_scaling {
+                desired = desired.max(self.lower_d);
+            }
+            let (desired, budget_reason) = budget::guard_single(
+                n,
+                desired,
+                self.decode.gpus_per_replica,
+                self.cfg.min_gpu_budget,
+                self.cfg.max_gpu_budget,
+                self.min_ep(false),
+            );
+            let reason = if desired < n {
+                if desired > original {
+                    "scale_down_capped_by_throughput"
+                } else {
+                    "scale_down"
+                }
+            } else if desired > n {
+                "scale_up"
+            } else {
+                "no_change"
+            };
+            self.diag.load_decision_reason = Some(budget_reason.unwrap_or(reason).into());
+            if !easy && desired == n {
+                return None;
+            }
+            return Some((None, Some(desired)));
+        }
+        let (pf, df) = (&snap.prefill_fpms, &snap.decode_fpms);
+        if pf.is_empty() && df.is_empty() {
+            self.diag.load_decision_reason = Some("no_fpm_data".into());
+            return None;
+        }
+        if self.scaling_in_progress(true) || self.scaling_in_progress(false) {
+            self.diag.load_decision_reason = Some("scaling_in_progress".into());
+            return None;
+        }
+        if (!pf.is_empty() && !fpm_covers(pf, self.num_p)) || (!df.is_empty() && !fpm_covers(df, self.num_d)) {
+            self.diag.load_decision_reason = Some("worker_count_mismatch".into());
+            return None;
+        }
+        let p_desired = if pf.is_empty() {
+            None
+        } else if easy {
+            self.prefill_easy(pf, self.num_p)
+        } else {
+            self.prefill_sla(pf, self.num_p)
+        };
+        let d_desired = if df.is_empty() {
+            None
+        } else if easy {
+            self.decode_easy(df, self.num_d)
+        } else {
+            self.decode_sla(df, self.num_d)
+        };
+        let (orig_p, orig_d) = (p_desired.unwrap_or(self.num_p), d_desired.unwrap_or(self.num_d));
+        let (mut p, mut d) = (orig_p, orig_d);
+        if self.cfg.enable_throughput_scaling {
+            p = p.max(self.lower_p);
+            d = d.max(self.lower_d);
+        }
+        let (floor_p, floor_d) = (p, d);
+        p = p.max(self.min_ep(true));
+        d = d.max(self.min_ep(false));
+        if self.cfg.enable_throughput_scaling && (floor_p > orig_p || floor_d > orig_d) {
+            (p, d) = self.fit_ceiling(p, d);
+        }
+        let (p, d, budget_reason) = self.guard_pair(p, d);
+        let reason = if p > self.num_p || d > self.num_d {
+            "scale_up"
+        } else if p < self.num_p || d < self.num_d {
+            "scale_down"
+        } else {
+            "no_change"
+        };
+        self.diag.load_decision_reason = Some(budget_reason.unwrap_or(reason).into());
+        if p == self.num_p && d == self.num_d {
+            return None;
+        }
+        Some((Some(p), Some(d)))
+    }
+
+    /// Refuses a step down whose survivors would cross the scale-up threshold.
+    fn consolidation_safe(desired: i64, ready: i64, values: &[f64], up: f64) -> i64 {
+        if 0 < desired && desired < ready {
+            let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if max * ready as f64 / desired as f64 >= up {
+                return ready;
+            }
+        }
+        desired
+    }
+
+    fn thresholds_decode(&self) -> Option<(f64, f64)> {
+        Some(match self.cfg.optimization_target {
+            Target::Load => (self.cfg.decode_scale_up_kv_rate? / 100.0, self.cfg.decode_scale_down_kv_rate? / 100.0),
+            Target::Latency => (0.4, 0.1),
+            _ => (1.0, 0.6),
+        })
+    }
+
+    /// Easy decode/agg decision on KV utilisation values.
+    fn easy_kv(&mut self, utils: &[f64], n: i64) -> Option<i64> {
+        let (up, down) = match self.thresholds_decode() {
+            Some(t) => t,
+            None => {
+                self.diag.load_decision_reason = Some("insufficient_data".into());
+                return None;
+            }
+        };
+        let is_load = self.cfg.optimization_target == Target::Load;
+        if utils.is_empty() || n == 0 {
+            self.diag.load_decision_reason = Some("insufficient_data".into());
+            return None;
+        }
+        if utils.iter().any(|&u| if is_load { u >= up } else { u > up }) {
+            return Some(n + 1);
+        }
+        let down_ok = if is_load { utils.iter().all(|&u| u <= down) } else { utils.iter().all(|&u| u < down) };
+        if n > 1 && down_ok {
+            let desired = (n - 1).max(self.min_ep(false));
+            return Some(Self::consolidation_safe(desired, n, utils, up));
+        }
+        self.diag.load_decision_reason = Some("no_change".into());
+        None
+    }
+
+    fn agg_easy(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        let max_kv = self.decode.caps.max_kv_tokens as f64;
+        if max_kv <= 0.0 {
+            self.diag.load_decision_reason = Some("insufficient_data".into());
+            return None;
+        }
+        let utils: Vec<f64> = fpms
+            .iter()
+            .map(|f| {
+                (f.scheduled.sum_decode_kv_tokens as f64
+                    + f.queued.sum_decode_kv_tokens as f64
+                    + f.queued.sum_prefill_tokens as f64)
+                    / max_kv
+            })
+            .collect();
+        self.easy_kv(&utils, n)
+    }
+
+    fn decode_easy(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        let max_kv = self.decode.caps.max_kv_tokens as f64;
+        if max_kv <= 0.0 {
+            self.diag.load_decision_reason = Some("insufficient_data".into());
+            return None;
+        }
+        let utils: Vec<f64> = fpms
+            .iter()
+            .map(|f| (f.scheduled.sum_decode_kv_tokens as f64 + f.queued.sum_decode_kv_tokens as f64) / max_kv)
+            .collect();
+        self.easy_kv(&utils, n)
+    }
+
+    fn prefill_easy(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        if n == 0 {
+            self.diag.load_decision_reason = Some("insufficient_data".into());
+            return None;
+        }
+        let target = self.cfg.optimization_target;
+        let (up, down, values): (f64, f64, Vec<f64>) = if target == Target::Load {
+            let (Some(up), Some(down)) =
+                (self.cfg.prefill_scale_up_queue_tokens, self.cfg.prefill_scale_down_queue_tokens)
+            else {
+                self.diag.load_decision_reason = Some("insufficient_data".into());
+                return None;
+            };
+            (up as f64, down as f64, fpms.iter().map(|f| f.queued.sum_prefill_tokens as f64).collect())
+        } else {
+            let ctx = self.prefill.as_ref().map_or(0, |r| r.caps.context_length) as f64;
+            if ctx <= 0.0 {
+                self.diag.load_decision_reason = Some("insufficient_data".into());
+                return None;
+            }
+            let (up, down) = if target == Target::Latency { (0.1, 0.0) } else { (1.0, 0.1) };
+            (up, down, fpms.iter().map(|f| f.queued.sum_prefill_tokens as f64 / ctx).collect())
+        };
+        if values.iter().any(|&v| v >= up) {
+            return Some(n + 1);
+        }
+        if n > 1 {
+            let down_ok = if target == Target::Throughput {
+                values.iter().all(|&v| v < down)
+            } else {
+                values.iter().all(|&v| v <= down)
+            };
+            if down_ok {
+                let desired = (n - 1).max(self.min_ep(true));
+                return Some(Self::consolidation_safe(desired, n, &values, up));
+            }
+        }
+        self.diag.load_decision_reason = Some("no_change".into());
+        None
+    }
+
+    /// `_scale_decision`: +1 when every estimate exceeds the SLA, −1 when consolidation is safe.
+    fn sla_decision(&mut self, estimates: &[f64], sla: f64, n: i64, min_ep: i64, can_down: bool) -> Option<i64> {
+        if estimates.is_empty() {
+            self.diag.load_decision_reason = Some("insufficient_data".into());
+            return None;
+        }
+        if estimates.iter().all(|&t| t > sla) {
+            return Some(n + 1);
+        }
+        if can_down {
+            return Some((n - 1).max(min_ep));
+        }
+        self.diag.load_decision_reason = Some("no_change".into());
+        None
+    }
+
+    /// The average prompt a new request brings (the last observed window's, else the
+    /// configured `isl`).
+    fn typical_isl(&self) -> f64 {
+        self.last_isl.filter(|x| *x > 0.0).unwrap_or(self.cfg.isl)
+    }
+
+    /// Estimated TTFT (ms) of a new request on one engine: its queued prefill (scaled) plus one
+    /// typical prompt, discounted by the hit rate, chunked at MBT; `decode` adds the engine's
+    /// decode batch (aggregated engines) scaled by `decode_scale`.
+    fn ttft_estimate_ms(
+        &self,
+        role: &Role,
+        worker: Worker,
+        group: &[&Fpm],
+        queue_scale: f64,
+        decode_scale: f64,
+    ) -> Option<f64> {
+        let q = self.query(role, worker)?;
+        let keep = 1.0 - self.last_kv_hit_rate.unwrap_or(0.0).clamp(0.0, crate::capacity::MAX_KV_HIT_DISCOUNT);
+        let mut worst: f64 = 0.0;
+        for f in group {
+            let tokens = ((f.queued.sum_prefill_tokens as f64 * queue_scale + self.typical_isl()) * keep).ceil() as u64;
+            let (db, dkv) = if worker == Worker::Aggregated {
+                (
+                    (f.scheduled.num_decode_requests as f64 * decode_scale).round() as u64,
+                    ((f.scheduled.sum_decode_kv_tokens + f.queued.sum_decode_kv_tokens) as f64 * decode_scale) as u64,
+                )
+            } else {
+                (0, 0)
+            };
+            let mbt = role.caps.max_num_batched_tokens.max(1);
+            let (full, tail) = (tokens / mbt, tokens % mbt);
+            let mut t = 0.0;
+            if full > 0 {
+                t += q.mixed_s(mbt, db, dkv).ok()? * full as f64;
+            }
+            if tail > 0 {
+                t += q.mixed_s(tail, db, dkv).ok()?;
+            }
+            worst = worst.max(t * 1000.0);
+        }
+        Some(worst)
+    }
+
+    /// Estimated ITL (ms) of one engine with its scheduled and queued decode, scaled.
+    fn itl_estimate_ms(
+        &self,
+        role: &Role,
+        worker: Worker,
+        group: &[&Fpm],
+        scale: f64,
+        with_queued_prefill: bool,
+    ) -> Option<f64> {
+        let q = self.query(role, worker)?;
+        let mut worst: f64 = 0.0;
+        for f in group {
+            let reqs = ((f.scheduled.num_decode_requests + f.queued.num_decode_requests) as f64 * scale).round() as u64;
+            let mut kv = (f.scheduled.sum_decode_kv_tokens + f.queued.sum_decode_kv_tokens) as f64;
+            if with_queued_prefill {
+                kv += f.queued.sum_prefill_tokens as f64;
+            }
+            let kv = (kv * scale) as u64;
+            let t = if worker == Worker::Aggregated && f.scheduled.sum_prefill_tokens > 0 {
+                q.mixed_s(f.scheduled.sum_prefill_tokens as u64, reqs, kv).ok()?
+            } else {
+                q.decode_time_s(reqs, kv).ok()?
+            };
+            worst = worst.max(t * 1000.0 / self.last_accept_length);
+        }
+        Some(worst)
+    }
+
+    fn groups(fpms: &[Fpm]) -> Vec<Vec<&Fpm>> {
+        let mut out: Vec<Vec<&Fpm>> = Vec::new();
+        for f in fpms {
+            match out.iter_mut().find(|g| g[0].worker == f.worker) {
+                Some(g) => g.push(f),
+                None => out.push(vec![f]),
+            }
+        }
+        out
+    }
+
+    fn sla_ttft(&mut self, role: &Role, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
+        let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
+        let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
+        let mut estimates = Vec::new();
+        let mut can_down = n > 1;
+        let mut refused = false;
+        let agg = worker == Worker::Aggregated;
+        for g in Self::groups(fpms) {
+            if let Some(e) = self.ttft_estimate_ms(role, worker, &g, 1.0, 1.0) {
+                estimates.push(e);
+            }
+            if can_down {
+                let ds = if agg { consolidation } else { 1.0 };
+                match (
+                    self.ttft_estimate_ms(role, worker, &g, 0.0, ds),
+                    self.ttft_estimate_ms(role, worker, &g, consolidation, ds),
+                ) {
+                    (Some(own), Some(post)) => {
+                        let budget = (self.cfg.ttft_ms - own) * sens;
+                        if budget <= 0.0 || post - own >= budget {
+                            can_down = false;
+                            refused = true;
+                        }
+                    }
+                    _ => can_down = false,
+                }
+            }
+        }
+        if let Some(m) = estimates.iter().copied().reduce(f64::max) {
+            self.diag.estimated_ttft_ms = Some(m);
+        }
+        let d = self.sla_decision(&estimates, self.cfg.ttft_ms, n, min_ep, can_down);
+        if d.is_none() && refused {
+            self.diag.load_decision_reason = Some("scale_down_refused_consolidation".into());
+            if agg {
+                return Some(n);
+            }
+        }
+        d
+    }
+
+    fn sla_itl(&mut self, role: &Role, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
+        let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
+        let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
+        let agg = worker == Worker::Aggregated;
+        let max_kv = role.caps.max_kv_tokens as f64;
+        let mut estimates = Vec::new();
+        let mut can_down = n > 1;
+        let mut refused = false;
+        for g in Self::groups(fpms) {
+            if let Some(e) = self.itl_estimate_ms(role, worker, &g, 1.0, false) {
+                estimates.push(e);
+            }
+            if can_down {
+                let kv = g
+                    .iter()
+                    .map(|f| {
+                        let mut k = f.scheduled.sum_decode_kv_tokens as f64 + f.queued.sum_decode_kv_tokens as f64;
+                        if agg {
+                            k += f.queued.sum_prefill_tokens as f64;
+                        }
+                        k
+                    })
+                    .fold(0.0, f64::max);
+                if max_kv > 0.0 && (kv * consolidation).floor() >= max_kv {
+                    can_down = false;
+                    refused = true;
+                    continue;
+                }
+                match self.itl_estimate_ms(role, worker, &g, consolidation, agg) {
+                    None => can_down = false,
+                    Some(post) if post >= self.cfg.itl_ms * sens => {
+                        can_down = false;
+                        refused = true;
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if let Some(m) = estimates.iter().copied().reduce(f64::max) {
+            self.diag.estimated_itl_ms = Some(m);
+        }
+        let d = self.sla_decision(&estimates, self.cfg.itl_ms, n, min_ep, can_down);
+        if d.is_none() && refused {
+            self.diag.load_decision_reason = Some("scale_down_refused_consolidation".into());
+            if agg {
+                return Some(n);
+            }
+        }
+        d
+    }
+
+    fn prefill_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        let role = self.prefill.clone()?;
+        let min_ep = self.min_ep(true);
+        self.sla_ttft(&role, Worker::Prefill, fpms, n, min_ep)
+    }
+
+    fn decode_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        let role = self.decode.clone();
+        let min_ep = self.min_ep(false);
+        self.sla_itl(&role, Worker::Decode, fpms, n, min_ep)
+    }
+
+    fn agg_prefill_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        let role = self.decode.clone();
+        let min_ep = self.min_ep(false);
+        self.sla_ttft(&role, Worker::Aggregated, fpms, n, min_ep)
+    }
+
+    fn agg_decode_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        let role = self.decode.clone();
+        let min_ep = self.min_ep(false);
+        self.sla_itl(&role, Worker::Aggregated, fpms, n, min_ep)
+    }
+}
+
+/// `_reconcile_fpm_worker_count`: one snapshot per rank of every counted worker.
+fn fpm_covers(fpms: &[Fpm], workers: i64) -> bool {
+    let mut ids: Vec<u32> = fpms.iter().map(|f| f.worker).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() || ids.len() as i64 != workers {
+        return false;
+    }
+    let per = |w: u32| fpms.iter().filter(|f| f.worker == w).count();
+    let dp = per(ids[0]);
+    ids.iter().all(|&w| per(w) == dp) && fpms.len() == ids.len() * dp
+}
+
+/// An idle rank's snapshot.
+pub fn idle_fpm(worker: u32, dp_rank: u32) -> Fpm {
+    Fpm { worker, dp_rank, wall_time: 0.0, scheduled: Scheduled::default(), queued: Default::default() }
+}
