@@ -13,6 +13,7 @@
 
 mod handoff;
 mod stretch;
+mod telemetry;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -319,6 +320,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     (Some(a), Some(b)) => a.min(b),
                     (Some(a), None) | (None, Some(a)) => a,
                 };
+                if self.collector.telemetry.is_some() {
+                    self.sample_telemetry(self.now);
+                }
             }
             let now = self.now;
             while let Some(&Reverse((Time(t), _, event))) = self.events.peek() {
@@ -366,6 +370,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 progress.update(self.finished, total);
             }
         }
+        self.finish_telemetry();
         if !self.flights.is_empty() {
             return Err(SimError::Deadlock { at_ms: self.now, in_flight: self.flights.len() });
         }
@@ -638,6 +643,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         self.collector.count_pass(out, role != Role::Prefill);
+        if let Some(t) = self.collector.telemetry.as_mut() {
+            t.pass(pool, target, out, role != Role::Prefill);
+        }
         for f in &out.finished {
             self.router_edge(pool, f.request, true);
             match (role, f.finish) {

@@ -41,7 +41,13 @@ impl Simulation<'_, '_> {
         let now = self.now;
         let horizon = self.fast_forward_horizon(pool).expect("the pool fast-forwards").min(others);
         // Pass j starts when pass j-1 ends; every pass must start before the horizon.
-        let keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
+        let mut keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
+        // Telemetry counts a stretch's passes at its start: they must all end before the next
+        // sample.
+        let sample = self.telemetry_horizon();
+        if sample.is_finite() {
+            keep = keep.min(stretch.ends.iter().take_while(|&&end| end < sample).count());
+        }
         stretch.ends.truncate(keep.min(stretch.ends.len()));
         let worker = &mut self.pools[pool].workers[w];
         let engine = &mut worker.ranks[0].engine;
@@ -59,6 +65,9 @@ impl Simulation<'_, '_> {
             return;
         }
         engine.commit_stretch(stretch.ends.len() as u32);
+        if let Some(t) = self.collector.telemetry.as_mut() {
+            t.stretch(pool, w, now, &stretch.ends, stretch.requests.len());
+        }
         let end = *stretch.ends.last().expect("a stretch has passes");
         worker.busy = true;
         worker.pass_end = end;
