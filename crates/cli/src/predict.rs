@@ -8,8 +8,9 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode,
-    SimConfig, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
+    load_trace, request_json, request_json_with_breakdown, simulate, Arrivals, Collector, LoadMode, Overflow,
+    QueueLimit, RequestRecord, RouterMode, SimConfig, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions,
+    Workload,
 };
 use servesim_router::RouterConfig;
 
@@ -204,6 +205,8 @@ pub struct PredictArgs {
     /// `table` (default) prints the metrics table; `json` prints only the summary object.
     #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
     format: Format,
+    #[command(flatten)]
+    reports: crate::reports::ReportFlags,
     #[command(flatten)]
     deploy: crate::deploy::ConfigFlags,
 }
@@ -456,7 +459,7 @@ fn print_out(text: &str) -> Result<(), Failure> {
 
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if a.deploy.config.is_some() {
-        return crate::deploy::predict(&a.deploy, a.format == Format::Json);
+        return crate::deploy::predict(&a.deploy, &a.reports, a.format == Format::Json);
     }
     a.deploy.check_flag_form()?;
     let started = Instant::now();
@@ -466,10 +469,12 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
              and passes its empty output; write flags without backticks)",
         ));
     }
-    let reports: Vec<(&str, &Path)> = [("report-json", &a.report_json), ("report-jsonl", &a.report_jsonl)]
+    let mut reports: Vec<(&str, &Path)> = [("report-json", &a.report_json), ("report-jsonl", &a.report_jsonl)]
         .into_iter()
         .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
         .collect();
+    reports.extend(a.reports.paths());
+    a.reports.check()?;
     check_report_paths(&reports, &inputs(&a))?;
     check_counts(&a, available_memory())?;
     let cluster = cluster(&a)?;
@@ -503,18 +508,30 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     // Open outputs before the run so a bad path costs nothing.
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
     let mut records = a.report_jsonl.as_deref().map(ReportFile::create).transpose()?;
+    let mut outputs = crate::reports::Outputs::open(&a.reports)?;
+    let crate::reports::Outputs { requests, series, telemetry, html, interval_ms, breakdown } = &mut outputs;
+    let want_html = html.is_some();
+    let record_json = if *breakdown { request_json_with_breakdown } else { request_json };
+    let mut telemetry_writer = crate::reports::telemetry_writer(telemetry);
+    let mut telemetry_sink = crate::reports::telemetry_sink(telemetry_writer.as_mut(), want_html.then_some(series));
     let mut write_error: Option<std::io::Error> = None;
     // Agentic records are written in graph order (by request_id), as the reference lists them;
     // the graph is in memory anyway. Others are written as requests finish.
     let graph_order = matches!(workload, Workload::Graph(_));
     let mut held: Vec<(u32, serde_json::Value)> = Vec::new();
     let mut sink = |r: &RequestRecord| {
+        if want_html {
+            requests.add(r);
+        }
+        if records.is_none() {
+            return;
+        }
         if let (true, Some(ids)) = (graph_order, r.meta.as_ref().and_then(|m| m.agentic.as_ref())) {
-            held.push((ids.node, request_json(r)));
+            held.push((ids.node, record_json(r)));
             return;
         }
         if let (Some(w), None) = (records.as_mut().map(ReportFile::writer), write_error.as_ref()) {
-            let line = request_json(r);
+            let line = record_json(r);
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {
@@ -523,7 +540,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         }
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
-        if a.report_jsonl.is_some() { Some(&mut sink) } else { None };
+        if a.report_jsonl.is_some() || want_html { Some(&mut sink) } else { None };
     let queue = QueueLimit {
         warn_at: a.queue_warning,
         max: a.max_queued.map(|n| {
@@ -536,10 +553,18 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             )
         }),
     };
-    let collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
+    let mut collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
+    if *breakdown {
+        collector = collector.with_ttft_breakdown();
+    }
+    if let Some(t) = telemetry_sink.as_mut() {
+        collector = collector.with_telemetry(*interval_ms, t);
+    }
     let mut bar = Bar::new();
     let result = simulate(&workload, &config, collector, &mut bar);
     bar.finish();
+    drop(telemetry_sink);
+    let telemetry_error = telemetry_writer.map(|w| w.finish().err()).unwrap_or_default();
     let mut report = result.map_err(Failure::run)?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
 
@@ -573,6 +598,9 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if let Some(e) = write_error {
         failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
     }
+    if let (Some(e), Some(p)) = (telemetry_error, a.reports.telemetry.as_ref()) {
+        failures.push(format!("{}: write failed: {e}", p.display()));
+    }
     if let Some(w) = summary_file.as_mut() {
         if let Err(e) = w.writer().write_all(pretty.as_bytes()).and_then(|_| w.writer().write_all(b"\n")) {
             failures.push(format!("{}: write failed: {e}", w.path().display()));
@@ -580,6 +608,24 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
     // Reports replace their previous versions only when the whole run succeeded; otherwise the
     // temporary files are dropped (deleted) and what was there stays.
+    if failures.is_empty() {
+        let config_json = crate::reports::flag_config(&config.topology);
+        // The page is deterministic: no values measured on the host's clock.
+        let mut summary_map = summary.as_object().expect("the summary is an object").clone();
+        for key in servesim_replay::WALL_CLOCK_KEYS {
+            summary_map.remove(key);
+        }
+        let summary_map = &summary_map;
+        match outputs.finish("servesim predict", summary_map, &config_json) {
+            Ok(paths) if a.format == Format::Table => {
+                for p in paths {
+                    print_out(&format!("Saved report to: {}\n", p.display()))?;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
+    }
     if failures.is_empty() {
         for file in [records.take(), summary_file.take()].into_iter().flatten() {
             let path = file.path().to_path_buf();

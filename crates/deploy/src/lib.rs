@@ -130,7 +130,16 @@ pub fn run_prediction(
     sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
     progress: &mut dyn Progress,
 ) -> Result<Report, String> {
-    let collector = Collector::new(p.sim.sla, sink);
+    run_prediction_with(p, Collector::new(p.sim.sla, sink), progress)
+}
+
+/// Runs a prepared prediction with a collector the caller set up (telemetry, TTFT breakdown);
+/// build it with the prediction's SLA (`p.sim.sla`).
+pub fn run_prediction_with(
+    p: &Prepared,
+    collector: Collector<'_>,
+    progress: &mut dyn Progress,
+) -> Result<Report, String> {
     simulate(&p.workload, &p.sim, collector, progress).map_err(|e| e.to_string())
 }
 
