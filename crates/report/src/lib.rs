@@ -223,7 +223,7 @@ svg{width:100%;max-width:980px;height:auto;background:#fff;border:1px solid #eee
 svg .title{font-size:14px;font-weight:600}svg .tick{font-size:11px;fill:#555}svg .label{font-size:12px;fill:#333}\
 svg .legend{font-size:12px}svg .grid{stroke:#eee}svg .axis{stroke:#999}\
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}\
-th{background:#f5f5f5;cursor:default}td:first-child,th:first-child{text-align:left}\
+th{background:#f5f5f5;cursor:default}td:first-child,th:first-child{text-align:left;white-space:nowrap}\
 table.sortable th{cursor:pointer}pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px;max-height:480px}\
 .note{color:#666;font-size:13px}";
 
@@ -560,13 +560,18 @@ pub fn render_recommend(title: &str, target: &str, candidates: &[Candidate], con
     ));
     out.push_str(r#"<h2>Candidates</h2><table class="sortable" data-table="candidates"><tr><th>candidate</th><th>rank</th><th>status</th><th>score</th><th>GPUs</th><th>tok/s per GPU</th><th>tok/s per user</th><th>mean TTFT (ms)</th><th>mean TPOT (ms)</th><th>Pareto</th><th>knobs</th></tr>"#);
     let num = |v: f64| {
-        if v.is_finite() {
+        if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+            (format!("{v}"), format!("{v:.0}"))
+        } else if v.is_finite() {
             (format!("{v}"), format!("{v:.3}"))
         } else {
             (String::new(), "–".into())
         }
     };
-    for c in candidates {
+    // Ranked candidates first, best first; then the others in candidate order.
+    let mut order: Vec<&Candidate> = candidates.iter().collect();
+    order.sort_by_key(|c| (c.rank.is_none(), c.rank, c.id.clone()));
+    for c in order {
         let _ = write!(out, r#"<tr><td data-v="{id}">{id}</td>"#, id = escape(&c.id));
         let rank = c.rank.map_or((String::new(), "–".to_string()), |r| (r.to_string(), r.to_string()));
         let _ = write!(out, r#"<td data-v="{}">{}</td>"#, rank.0, rank.1);
@@ -582,7 +587,10 @@ pub fn render_recommend(title: &str, target: &str, candidates: &[Candidate], con
             let (data, shown) = num(v);
             let _ = write!(out, r#"<td data-v="{data}">{shown}</td>"#);
         }
-        let knobs = serde_json::to_string(&c.knobs).unwrap_or_default();
+        let knobs = match &c.knobs {
+            Value::String(s) => s.clone(),
+            other => serde_json::to_string(other).unwrap_or_default(),
+        };
         let _ = write!(
             out,
             r#"<td data-v="{p}">{p}</td><td data-v="{k}" style="text-align:left">{k}</td></tr>"#,

@@ -10,7 +10,7 @@ pub const WIDTH: f64 = 760.0;
 pub const HEIGHT: f64 = 300.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 34.0;
+const TOP: f64 = 46.0;
 const BOTTOM: f64 = 46.0;
 
 /// Colour-blind-safe palette (Okabe–Ito).
@@ -178,7 +178,7 @@ fn legend(out: &mut String, names: &[&str]) {
         x -= widths[i];
         let _ = write!(
             out,
-            r#"<rect x="{x:.1}" y="11" width="10" height="10" fill="{c}"/><text class="legend" x="{:.1}" y="20">{}</text>"#,
+            r#"<rect x="{x:.1}" y="27" width="10" height="10" fill="{c}"/><text class="legend" x="{:.1}" y="36">{}</text>"#,
             x + 14.0,
             escape(name),
             c = PALETTE[i % PALETTE.len()]
@@ -357,7 +357,7 @@ pub fn heatmap(
     }
     let _ = write!(
         out,
-        r#"<text class="label" x="{:.1}" y="{:.1}" text-anchor="middle">time (s)</text><text class="legend" x="{:.1}" y="20" text-anchor="end">darkest = {} {}</text>"#,
+        r#"<text class="label" x="{:.1}" y="{:.1}" text-anchor="middle">time (s)</text><text class="legend" x="{:.1}" y="36" text-anchor="end">darkest = {} {}</text>"#,
         LEFT + w / 2.0,
         h - 8.0,
         WIDTH - RIGHT,
