@@ -224,7 +224,7 @@ svg .title{font-size:14px;font-weight:600}svg .tick{font-size:11px;fill:#555}svg
 svg .legend{font-size:12px}svg .grid{stroke:#eee}svg .axis{stroke:#999}\
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}\
 th{background:#f5f5f5;cursor:default}td:first-child,th:first-child{text-align:left;white-space:nowrap}\
-table.sortable th{cursor:pointer}pre{background:#f7f7f7;padding:10px;overflow:auto;font-size:12px;max-height:480px}\
+table.sortable th{cursor:pointer}pre{background:#f7f7f7;padding:10px;overflow:auto;white-space:pre-wrap;font-size:12px;max-height:480px}\
 .note{color:#666;font-size:13px}";
 
 fn fmt_value(v: &Value) -> String {
