@@ -5,6 +5,7 @@
 //! workers, and the metrics and report of the run.
 
 pub mod agentic;
+pub mod ensemble;
 pub mod error;
 pub mod formats;
 pub mod input;
