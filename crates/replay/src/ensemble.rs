@@ -41,6 +41,7 @@ pub fn run(
     config: &SimConfig,
     sla: Sla,
     queue: QueueLimit,
+    ttft_breakdown: bool,
     n: usize,
     threads: usize,
 ) -> Result<Vec<Report>, SimError> {
@@ -59,7 +60,10 @@ pub fn run(
                     break;
                 }
                 let (own, config) = member(workload, config, i as u64);
-                let collector = Collector::new(sla, None).with_queue_limit(queue);
+                let mut collector = Collector::new(sla, None).with_queue_limit(queue);
+                if ttft_breakdown {
+                    collector = collector.with_ttft_breakdown();
+                }
                 let result = simulate(own.as_ref().unwrap_or(workload), &config, collector, &mut ());
                 results.lock().expect("no member panicked")[i] = Some(result);
             });

@@ -8,6 +8,13 @@
 //! them, so memory does not grow with the run; a sample's size is fixed by the cluster's size.
 //! After the last event one more sample closes the last interval, so that the counters of all
 //! samples add up to the run's totals.
+//!
+//! Fast-forwarded decode stretches are not cut at sample times (that would cost the replay its
+//! speed): their passes are counted in the samples their ends fall in, but a gauge sampled while
+//! a stretch runs sees the worker as the stretch leaves it. Running and waiting do not change
+//! during a stretch; `kv_usage` is ahead by the blocks the stretch's remaining tokens take (at
+//! most about one block per running request per block_size passes). `--no-fast-forward` makes
+//! the gauges exact.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -85,6 +92,15 @@ pub(crate) struct Counters {
     busy_ms: f64,
 }
 
+impl Counters {
+    fn merge(&mut self, o: &Counters) {
+        self.passes += o.passes;
+        self.output_tokens += o.output_tokens;
+        self.prefill_tokens += o.prefill_tokens;
+        self.busy_ms += o.busy_ms;
+    }
+}
+
 /// The sampler a collector carries when telemetry is on.
 pub(crate) struct Telemetry<'s> {
     pub(crate) interval_ms: f64,
@@ -99,6 +115,9 @@ pub(crate) struct Telemetry<'s> {
     /// The collector's cumulative arrivals, completions and rejections at the last sample.
     pub(crate) totals_seen: (u64, u64, u64),
     pub(crate) rows: Vec<WorkerSample>,
+    /// Passes of fast-forwarded stretches that end in later samples: (pool, target, sample
+    /// index, counters). At most one entry per rank and later sample a stretch reaches.
+    ahead: Vec<(usize, usize, u64, Counters)>,
 }
 
 impl<'s> Telemetry<'s> {
@@ -112,6 +131,7 @@ impl<'s> Telemetry<'s> {
             prefix_seen: Vec::new(),
             totals_seen: (0, 0, 0),
             rows: Vec::new(),
+            ahead: Vec::new(),
         }
     }
 
@@ -137,22 +157,71 @@ impl<'s> Telemetry<'s> {
         c.busy_ms += out.end_ms - out.start_ms;
     }
 
-    /// A fast-forwarded stretch starting at `start_ms`: `requests` tokens at each of `ends`
-    /// (all before the next sample time).
-    pub(crate) fn stretch(&mut self, pool: usize, target: usize, start_ms: f64, ends: &[f64], requests: usize) {
-        let c = self.counters(pool, target);
-        c.passes += ends.len() as u64;
-        c.output_tokens += (ends.len() * requests) as u64;
-        c.busy_ms += ends.last().map_or(0.0, |end| end - start_ms);
+    /// The sample whose interval holds time `t`: sample `k` covers `[(k − 1)·interval, k·interval)`.
+    fn bucket(&self, t: f64) -> u64 {
+        (t / self.interval_ms).floor() as u64 + 1
     }
 
-    /// Takes the counters of rank `target` of pool `pool` for a sample.
+    /// A fast-forwarded stretch starting at `start_ms`: `requests` tokens at each of `ends`.
+    /// It is counted when it starts; each pass goes to the sample its end falls in, later
+    /// samples' shares wait in `ahead`.
+    pub(crate) fn stretch(&mut self, pool: usize, target: usize, start_ms: f64, ends: &[f64], requests: usize) {
+        let mut previous = start_ms;
+        let mut run: Option<(u64, Counters)> = None;
+        for &end in ends {
+            let k = self.bucket(end).max(self.index);
+            match &mut run {
+                Some((bucket, c)) if *bucket == k => {
+                    c.passes += 1;
+                    c.output_tokens += requests as u64;
+                    c.busy_ms += end - previous;
+                }
+                _ => {
+                    if let Some((bucket, c)) = run.take() {
+                        self.add(pool, target, bucket, c);
+                    }
+                    let c = Counters {
+                        passes: 1,
+                        output_tokens: requests as u64,
+                        prefill_tokens: 0,
+                        busy_ms: end - previous,
+                    };
+                    run = Some((k, c));
+                }
+            }
+            previous = end;
+        }
+        if let Some((bucket, c)) = run {
+            self.add(pool, target, bucket, c);
+        }
+    }
+
+    fn add(&mut self, pool: usize, target: usize, bucket: u64, c: Counters) {
+        if bucket <= self.index {
+            self.counters(pool, target).merge(&c);
+            return;
+        }
+        self.counters(pool, target);
+        let ahead = &mut self.ahead;
+        match ahead.iter_mut().find(|(p, t, b, _)| (*p, *t, *b) == (pool, target, bucket)) {
+            Some((_, _, _, have)) => have.merge(&c),
+            None => ahead.push((pool, target, bucket, c)),
+        }
+    }
+
+    /// Takes the counters of rank `target` of pool `pool` for the current sample, and moves
+    /// in what stretches already counted for the next one.
     pub(crate) fn take(&mut self, pool: usize, target: usize, row: &mut WorkerSample) {
         let c = std::mem::take(self.counters(pool, target));
         row.passes = c.passes;
         row.output_tokens = c.output_tokens;
         row.prefill_tokens = c.prefill_tokens;
         row.busy_ms = c.busy_ms;
+        let next = self.index + 1;
+        if let Some(i) = self.ahead.iter().position(|&(p, t, b, _)| (p, t, b) == (pool, target, next)) {
+            let (_, _, _, c) = self.ahead.swap_remove(i);
+            self.counters(pool, target).merge(&c);
+        }
     }
 
     /// The prefix lookups since the last sample, given the engine's cumulative counters.

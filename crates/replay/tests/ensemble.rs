@@ -59,7 +59,8 @@ fn ensemble_interval_covers_ninety_percent() {
             split_workers: true,
             threads: 0,
         };
-        let reports = ensemble::run(&workload, &config, Sla::default(), QueueLimit::default(), members, 0).unwrap();
+        let reports =
+            ensemble::run(&workload, &config, Sla::default(), QueueLimit::default(), false, members, 0).unwrap();
         let summaries: Vec<_> = reports.iter().map(|r| r.summary_json()).collect();
         let s = ensemble::summarize(&summaries);
         let (lo, hi) = (s["duration_ms_p05"].as_f64().unwrap(), s["duration_ms_p95"].as_f64().unwrap());

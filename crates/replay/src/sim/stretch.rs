@@ -41,13 +41,7 @@ impl Simulation<'_, '_> {
         let now = self.now;
         let horizon = self.fast_forward_horizon(pool).expect("the pool fast-forwards").min(others);
         // Pass j starts when pass j-1 ends; every pass must start before the horizon.
-        let mut keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
-        // Telemetry counts a stretch's passes at its start: they must all end before the next
-        // sample.
-        let sample = self.telemetry_horizon();
-        if sample.is_finite() {
-            keep = keep.min(stretch.ends.iter().take_while(|&&end| end < sample).count());
-        }
+        let keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
         stretch.ends.truncate(keep.min(stretch.ends.len()));
         let worker = &mut self.pools[pool].workers[w];
         let engine = &mut worker.ranks[0].engine;

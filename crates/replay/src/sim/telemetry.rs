@@ -7,12 +7,6 @@ use super::*;
 use crate::telemetry::{ClusterSample, WorkerSample};
 
 impl Simulation<'_, '_> {
-    /// Until when a fast-forwarded stretch may run: its passes must all end before the next
-    /// sample, whose gauges must not see the stretch's end state.
-    pub(super) fn telemetry_horizon(&self) -> f64 {
-        self.collector.telemetry.as_ref().map_or(f64::INFINITY, |t| t.next_ms)
-    }
-
     /// Emits every sample due at or before `now` (before `now`'s events apply).
     pub(super) fn sample_telemetry(&mut self, now: f64) {
         while self.collector.telemetry.as_ref().is_some_and(|t| t.next_ms <= now) {
