@@ -600,7 +600,7 @@ pub fn render_recommend(title: &str, target: &str, candidates: &[Candidate], con
     }
     out.push_str("</table><h2>Search configuration</h2><pre>");
     out.push_str(&escape(&serde_json::to_string_pretty(config).unwrap_or_default()));
-    let _ = write!(out, "</pre><script>{SORT_SCRIPT}</script></body></html>\n");
+    let _ = writeln!(out, "</pre><script>{SORT_SCRIPT}</script></body></html>");
     out
 }
 

@@ -99,11 +99,11 @@ impl Frame {
     fn new(x: (f64, f64), y: (f64, f64), h: f64) -> Frame {
         let (mut x0, mut x1) = x;
         let (mut y0, mut y1) = y;
-        if !(x1 > x0) {
+        if x1.partial_cmp(&x0) != Some(std::cmp::Ordering::Greater) {
             x0 -= 0.5;
             x1 = x0 + 1.0;
         }
-        if !(y1 > y0) {
+        if y1.partial_cmp(&y0) != Some(std::cmp::Ordering::Greater) {
             y1 = y0 + 1.0;
         }
         if !x0.is_finite() || !x1.is_finite() {
