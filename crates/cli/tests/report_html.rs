@@ -158,3 +158,41 @@ fn recommend_page_renders_and_its_table_script_runs() {
     let table = &table[..table.find("</table>").unwrap()];
     assert_eq!(table.matches("<tr").count(), 55);
 }
+
+#[test]
+fn predict_config_page_renders_with_its_configuration() {
+    let d = dir();
+    let page = d.join("config.html");
+    let telemetry = d.join("config-telemetry.csv");
+    // Fixed timing and a fixed KV cache: no performance data needed.
+    let config = d.join("fixed.yaml");
+    std::fs::write(
+        &config,
+        "traffic:\n  source: {type: synthetic, input_tokens: 512, output_tokens: 64}\n  load: {type: concurrency, concurrency: 8}\n  stop: {requests: 60}\nengine:\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      parallelism: {replicas: 1, tensor: 1}\n      kv_cache: {capacity: {type: fixed, blocks: 2000}}\n      timing: {type: fixed, prefill_ms: 30, decode_ms: 8}\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    servesim(&[
+        "predict",
+        "-c",
+        config,
+        "--output-dir",
+        d.join("out").to_str().unwrap(),
+        "--overwrite",
+        "--report-html",
+        page.to_str().unwrap(),
+        "--telemetry",
+        telemetry.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let (dom, console) = browse(&page);
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert_eq!(dom.matches("data-chart=").count(), 13);
+    assert_eq!(count_in_chart(&dom, "heatmap-kv", "data-row="), 1);
+    // The configuration section shows the YAML as read.
+    assert!(dom.contains("Qwen/Qwen3-32B"));
+    // The telemetry file is CSV with its header.
+    let csv = std::fs::read_to_string(&telemetry).unwrap();
+    assert!(csv.starts_with("t_ms,scope,pool,worker,dp_rank,"));
+}
