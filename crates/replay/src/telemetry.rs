@@ -301,6 +301,63 @@ pub fn sample_json(cluster: &ClusterSample, workers: &[WorkerSample]) -> Value {
     Value::Object(m)
 }
 
+/// A float as serde_json writes it (shortest round trip, `.0` on integers, null if not finite).
+fn push_f64(out: &mut String, x: f64) {
+    if x.is_finite() {
+        out.push_str(ryu::Buffer::new().format_finite(x));
+    } else {
+        out.push_str("null");
+    }
+}
+
+fn push_opt(out: &mut String, x: Option<f64>) {
+    match x {
+        Some(v) => push_f64(out, v),
+        None => out.push_str("null"),
+    }
+}
+
+/// A sample as one JSON line, the text of [`sample_json`] written without building it (the
+/// telemetry file of a long run has many samples).
+pub fn sample_jsonl(c: &ClusterSample, workers: &[WorkerSample], out: &mut String) {
+    out.push_str("{\"t_ms\":");
+    push_f64(out, c.t_ms);
+    out.push_str(",\"interval_ms\":");
+    push_f64(out, c.interval_ms);
+    let _ = write!(
+        out,
+        ",\"arrivals\":{},\"completions\":{},\"rejections\":{},\"router_queue\":{},\"waiting_admission\":{},\"prefill_workers\":{},\"decode_workers\":{},\"workers\":[",
+        c.arrivals, c.completions, c.rejections, c.router_queue, c.waiting_admission, c.prefill_workers, c.decode_workers
+    );
+    for (i, w) in workers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"pool\":\"{}\",\"worker\":{},\"dp_rank\":{},\"running\":{},\"waiting\":{},\"kv_usage\":",
+            pool_name(w.pool),
+            w.worker,
+            w.dp_rank,
+            w.running,
+            w.waiting
+        );
+        push_f64(out, w.kv_usage);
+        out.push_str(",\"prefix_hit_rate\":");
+        push_opt(out, w.prefix_hit_rate());
+        let _ = write!(
+            out,
+            ",\"passes\":{},\"output_tokens\":{},\"prefill_tokens\":{},\"tokens_per_pass\":",
+            w.passes, w.output_tokens, w.prefill_tokens
+        );
+        push_opt(out, w.tokens_per_pass());
+        out.push_str(",\"mean_pass_ms\":");
+        push_opt(out, w.mean_pass_ms());
+        out.push('}');
+    }
+    out.push_str("]}\n");
+}
+
 /// The CSV format's header line.
 pub const CSV_HEADER: &str = "t_ms,scope,pool,worker,dp_rank,running,waiting,kv_usage,prefix_hit_rate,passes,\
 output_tokens,prefill_tokens,tokens_per_pass,mean_pass_ms,arrivals,completions,rejections,router_queue,\
@@ -386,10 +443,7 @@ impl<W: Write> TelemetrySink for TelemetryWriter<W> {
         let mut line = std::mem::take(&mut self.line);
         line.clear();
         match self.format {
-            TelemetryFormat::Jsonl => {
-                line.push_str(&sample_json(cluster, workers).to_string());
-                line.push('\n');
-            }
+            TelemetryFormat::Jsonl => sample_jsonl(cluster, workers, &mut line),
             TelemetryFormat::Csv => sample_csv(cluster, workers, &mut line),
         }
         self.write(line.as_bytes());
@@ -415,6 +469,42 @@ impl<T: TelemetrySink> TelemetrySink for Option<T> {
     fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
         if let Some(s) = self {
             s.sample(cluster, workers);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jsonl_line_is_the_json_object() {
+        let c = ClusterSample {
+            t_ms: 3000.0,
+            interval_ms: 1000.0,
+            arrivals: 4,
+            completions: 2,
+            router_queue: 1,
+            ..Default::default()
+        };
+        let busy = WorkerSample {
+            pool: Some(Role::Decode),
+            worker: 3,
+            dp_rank: 1,
+            running: 7,
+            kv_usage: 0.123456789,
+            prefix_lookup_tokens: 300,
+            prefix_hit_tokens: 100,
+            passes: 3,
+            output_tokens: 20,
+            busy_ms: 31.25,
+            ..Default::default()
+        };
+        let idle = WorkerSample { pool: Some(Role::Prefill), ..Default::default() };
+        for workers in [vec![], vec![busy.clone()], vec![busy, idle]] {
+            let mut line = String::new();
+            sample_jsonl(&c, &workers, &mut line);
+            assert_eq!(line, format!("{}\n", sample_json(&c, &workers)));
         }
     }
 }
