@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use servesim_replay::{request_json, RequestRecord};
+use servesim_replay::{request_json, request_json_with_breakdown, RequestRecord};
 
 use crate::progress::Bar;
 use crate::table;
@@ -61,8 +61,20 @@ impl ConfigFlags {
 }
 
 /// Flags of the flag form that mean nothing with `-c` (the configuration says it).
-const CONFIG_MODE_FLAGS: &[&str] =
-    &["-c", "--config", "--set", "--output-dir", "--overwrite", "--capture-per-request", "--stack", "--format"];
+const CONFIG_MODE_FLAGS: &[&str] = &[
+    "-c",
+    "--config",
+    "--set",
+    "--output-dir",
+    "--overwrite",
+    "--capture-per-request",
+    "--stack",
+    "--format",
+    "--ttft-breakdown",
+    "--telemetry",
+    "--telemetry-interval-ms",
+    "--report-html",
+];
 
 fn check_no_other_flags() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(2).collect();
@@ -74,12 +86,14 @@ fn check_no_other_flags() -> Result<(), Failure> {
         }
         let name = a.split('=').next().unwrap_or(a);
         if CONFIG_MODE_FLAGS.contains(&name) {
-            skip_value = !a.contains('=') && !matches!(name, "--overwrite" | "--capture-per-request");
+            skip_value =
+                !a.contains('=') && !matches!(name, "--overwrite" | "--capture-per-request" | "--ttft-breakdown");
             continue;
         }
         return Err(Failure::input(format!(
             "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
-             --overwrite, --format, --capture-per-request and --stack apply"
+             --overwrite, --format, --capture-per-request, --stack and the report flags (--report-html, \
+             --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
         )));
     }
     Ok(())
@@ -149,11 +163,13 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     fs::write(path, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", path.display())))
 }
 
-pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
+pub fn predict(f: &ConfigFlags, flags: &crate::reports::ReportFlags, json: bool) -> Result<(), Failure> {
     let started = Instant::now();
     check_no_other_flags()?;
     let path = f.config.as_deref().expect("called with -c");
     let prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
+    crate::output::check_report_paths(&flags.paths(), &[path])?;
+    let mut outputs = crate::reports::Outputs::open(flags)?;
     let staged = Staged::new(&f.output_dir, f.overwrite)?;
     let mut records = if f.capture_per_request {
         let p = staged.path("requests.jsonl");
@@ -163,10 +179,18 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
     } else {
         None
     };
+    let crate::reports::Outputs { requests, series, telemetry, html, interval_ms, breakdown } = &mut outputs;
+    let want_html = html.is_some();
+    let record_json = if *breakdown { request_json_with_breakdown } else { request_json };
+    let mut telemetry_writer = crate::reports::telemetry_writer(telemetry);
+    let mut telemetry_sink = crate::reports::telemetry_sink(telemetry_writer.as_mut(), want_html.then_some(series));
     let mut write_error: Option<std::io::Error> = None;
     let mut sink = |r: &RequestRecord| {
+        if want_html {
+            requests.add(r);
+        }
         if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
-            let line = request_json(r);
+            let line = record_json(r);
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {
@@ -175,11 +199,22 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
         }
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
-        if f.capture_per_request { Some(&mut sink) } else { None };
+        if f.capture_per_request || want_html { Some(&mut sink) } else { None };
     let mut planner = servesim_deploy::planner_run(&prepared).map_err(Failure::input)?;
+    let mut collector = servesim_replay::Collector::new(prepared.sim.sla, sink_ref);
+    if *breakdown {
+        collector = collector.with_ttft_breakdown();
+    }
+    if let Some(t) = telemetry_sink.as_mut() {
+        collector = collector.with_telemetry(*interval_ms, t);
+    }
     let mut bar = Bar::new();
-    let result = servesim_deploy::run_planned(&prepared, planner.as_mut(), sink_ref, &mut bar);
+    let result = servesim_deploy::run_planned_with(&prepared, planner.as_mut(), collector, &mut bar);
     bar.finish();
+    drop(telemetry_sink);
+    if let (Some(Err(e)), Some(p)) = (telemetry_writer.map(|w| w.finish()), flags.telemetry.as_ref()) {
+        return Err(Failure::run(format!("{}: write failed: {e}", p.display())));
+    }
     let mut report = result.map_err(Failure::run)?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
     if let Some(e) = prepared.workload.take_error() {
@@ -204,6 +239,14 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
     let compact = serde_json::to_string(&document).expect("summary serialises");
     write_file(&staged.path("prediction.json"), compact.as_bytes())?;
     let _ = staged.dir();
+    // The page shows the configuration file as read (with --set applied), and no values
+    // measured on the host's clock.
+    let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
+    let mut page_summary = summary.as_object().cloned().unwrap_or_default();
+    for key in servesim_replay::WALL_CLOCK_KEYS {
+        page_summary.remove(key);
+    }
+    let written = outputs.finish("servesim predict -c", &page_summary, &tree).map_err(Failure::run)?;
     staged.commit()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
@@ -213,6 +256,9 @@ pub fn predict(f: &ConfigFlags, json: bool) -> Result<(), Failure> {
             print!("{}", table::worker_timeline(run));
         }
         println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
+        for p in written {
+            println!("Saved report to: {}", p.display());
+        }
     }
     Ok(())
 }

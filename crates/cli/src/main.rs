@@ -9,6 +9,7 @@ mod perf;
 mod predict;
 mod progress;
 mod recommend;
+mod reports;
 mod serve;
 mod table;
 

@@ -8,8 +8,9 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_trace, request_json, simulate, simulate_with, Arrivals, Autoscaler, Collector, LoadMode, Overflow, QueueLimit,
-    RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions,
+    load_trace, request_json, request_json_with_breakdown, simulate, simulate_with, Arrivals, Autoscaler, Collector,
+    LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology,
+    TraceFormat, TraceOptions,
     Workload,
 };
 use servesim_router::RouterConfig;
@@ -208,9 +209,16 @@ pub struct PredictArgs {
     /// Threads for runs whose workers replay separately (0: every core).
     #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Output")]
     threads: usize,
+    /// Run N seeded variations (arrival seed for synthetic load, router and token seeds) on
+    /// every core and report each metric as the median with a 90 % interval (`<key>_p05`,
+    /// `<key>_p95` in JSON). Trace timestamps are replayed as they are.
+    #[arg(long, value_name = "N", help_heading = "Output")]
+    ensemble: Option<usize>,
     /// `table` (default) prints the metrics table; `json` prints only the summary object.
     #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
     format: Format,
+    #[command(flatten)]
+    reports: crate::reports::ReportFlags,
     #[command(flatten)]
     deploy: crate::deploy::ConfigFlags,
 }
@@ -464,7 +472,7 @@ fn print_out(text: &str) -> Result<(), Failure> {
 
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if a.deploy.config.is_some() {
-        return crate::deploy::predict(&a.deploy, a.format == Format::Json);
+        return crate::deploy::predict(&a.deploy, &a.reports, a.format == Format::Json);
     }
     a.deploy.check_flag_form()?;
     let started = Instant::now();
@@ -474,10 +482,12 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
              and passes its empty output; write flags without backticks)",
         ));
     }
-    let reports: Vec<(&str, &Path)> = [("report-json", &a.report_json), ("report-jsonl", &a.report_jsonl)]
+    let mut reports: Vec<(&str, &Path)> = [("report-json", &a.report_json), ("report-jsonl", &a.report_jsonl)]
         .into_iter()
         .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
         .collect();
+    reports.extend(a.reports.paths());
+    a.reports.check()?;
     check_report_paths(&reports, &inputs(&a))?;
     check_counts(&a, available_memory())?;
     let cluster = cluster(&a)?;
@@ -508,6 +518,14 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         threads: a.threads,
     };
 
+    if let Some(n) = a.ensemble {
+        if a.planner_config.is_some() {
+            return Err(Failure::input(
+                "--ensemble does not run a planner yet: drop --planner-config, or run the planned replay alone",
+            ));
+        }
+        return run_ensemble(&a, &workload, &config, n, started);
+    }
     let mut planner = match a.planner_config.as_deref() {
         Some(arg) => Some(planner_run(arg, &config.topology)?),
         None => None,
@@ -516,18 +534,30 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     // Open outputs before the run so a bad path costs nothing.
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
     let mut records = a.report_jsonl.as_deref().map(ReportFile::create).transpose()?;
+    let mut outputs = crate::reports::Outputs::open(&a.reports)?;
+    let crate::reports::Outputs { requests, series, telemetry, html, interval_ms, breakdown } = &mut outputs;
+    let want_html = html.is_some();
+    let record_json = if *breakdown { request_json_with_breakdown } else { request_json };
+    let mut telemetry_writer = crate::reports::telemetry_writer(telemetry);
+    let mut telemetry_sink = crate::reports::telemetry_sink(telemetry_writer.as_mut(), want_html.then_some(series));
     let mut write_error: Option<std::io::Error> = None;
     // Agentic records are written in graph order (by request_id), as the reference lists them;
     // the graph is in memory anyway. Others are written as requests finish.
     let graph_order = matches!(workload, Workload::Graph(_));
     let mut held: Vec<(u32, serde_json::Value)> = Vec::new();
     let mut sink = |r: &RequestRecord| {
+        if want_html {
+            requests.add(r);
+        }
+        if records.is_none() {
+            return;
+        }
         if let (true, Some(ids)) = (graph_order, r.meta.as_ref().and_then(|m| m.agentic.as_ref())) {
-            held.push((ids.node, request_json(r)));
+            held.push((ids.node, record_json(r)));
             return;
         }
         if let (Some(w), None) = (records.as_mut().map(ReportFile::writer), write_error.as_ref()) {
-            let line = request_json(r);
+            let line = record_json(r);
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {
@@ -536,7 +566,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         }
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
-        if a.report_jsonl.is_some() { Some(&mut sink) } else { None };
+        if a.report_jsonl.is_some() || want_html { Some(&mut sink) } else { None };
     let queue = QueueLimit {
         warn_at: a.queue_warning,
         max: a.max_queued.map(|n| {
@@ -549,7 +579,13 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             )
         }),
     };
-    let collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
+    let mut collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
+    if *breakdown {
+        collector = collector.with_ttft_breakdown();
+    }
+    if let Some(t) = telemetry_sink.as_mut() {
+        collector = collector.with_telemetry(*interval_ms, t);
+    }
     let mut bar = Bar::new();
     let result = match planner.as_mut() {
         Some(run) => {
@@ -559,6 +595,8 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         None => simulate(&workload, &config, collector, &mut bar),
     };
     bar.finish();
+    drop(telemetry_sink);
+    let telemetry_error = telemetry_writer.map(|w| w.finish().err()).unwrap_or_default();
     let mut report = result.map_err(Failure::run)?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
 
@@ -576,7 +614,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     // With a planner: the summary beside what the planner did.
     let document = match &planner {
         Some(run) => serde_json::json!({"summary": summary, "planner": run.to_json()}),
-        None => summary,
+        None => summary.clone(),
     };
     let pretty = serde_json::to_string_pretty(&document).expect("summary serialises");
     match a.format {
@@ -605,6 +643,9 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if let Some(e) = write_error {
         failures.push(format!("{}: write failed: {e}", a.report_jsonl.as_ref().expect("jsonl path").display()));
     }
+    if let (Some(e), Some(p)) = (telemetry_error, a.reports.telemetry.as_ref()) {
+        failures.push(format!("{}: write failed: {e}", p.display()));
+    }
     if let Some(w) = summary_file.as_mut() {
         if let Err(e) = w.writer().write_all(pretty.as_bytes()).and_then(|_| w.writer().write_all(b"\n")) {
             failures.push(format!("{}: write failed: {e}", w.path().display()));
@@ -612,6 +653,24 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
     // Reports replace their previous versions only when the whole run succeeded; otherwise the
     // temporary files are dropped (deleted) and what was there stays.
+    if failures.is_empty() {
+        let config_json = crate::reports::flag_config(&config.topology);
+        // The page is deterministic: no values measured on the host's clock.
+        let mut summary_map = summary.as_object().expect("the summary is an object").clone();
+        for key in servesim_replay::WALL_CLOCK_KEYS {
+            summary_map.remove(key);
+        }
+        let summary_map = &summary_map;
+        match outputs.finish("servesim predict", summary_map, &config_json) {
+            Ok(paths) if a.format == Format::Table => {
+                for p in paths {
+                    print_out(&format!("Saved report to: {}\n", p.display()))?;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
+    }
     if failures.is_empty() {
         for file in [records.take(), summary_file.take()].into_iter().flatten() {
             let path = file.path().to_path_buf();
@@ -660,4 +719,71 @@ fn planner_run(arg: &str, topology: &Topology) -> Result<servesim_replay::planne
     let planner = servesim_planner::Planner::new(cfg, prefill, decode)
         .map_err(|e| Failure::input(format!("--planner-config: {e}")))?;
     Ok(servesim_replay::planned::PlannerRun::new(planner, initial))
+}
+
+/// `--ensemble N`: the members' summaries folded into medians and intervals.
+fn run_ensemble(
+    a: &PredictArgs,
+    workload: &Workload,
+    config: &SimConfig,
+    n: usize,
+    started: Instant,
+) -> Result<(), Failure> {
+    if !(2..=100_000).contains(&n) {
+        return Err(Failure::input(format!("--ensemble must be between 2 and 100000, got {n}")));
+    }
+    if a.report_jsonl.is_some() || a.reports.telemetry.is_some() || a.reports.report_html.is_some() {
+        return Err(Failure::input(
+            "--ensemble reports intervals of summary values; --report-jsonl, --telemetry and --report-html \
+             describe one run (drop --ensemble for them)",
+        ));
+    }
+    let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
+    let queue = QueueLimit {
+        warn_at: a.queue_warning,
+        max: a.max_queued.map(|n| {
+            (
+                n,
+                match a.max_queued_policy {
+                    QueuePolicy::Fail => Overflow::Fail,
+                    QueuePolicy::Shed => Overflow::Shed,
+                },
+            )
+        }),
+    };
+    let reports =
+        servesim_replay::ensemble::run(workload, config, config.sla, queue, a.reports.ttft_breakdown, n, a.threads)
+            .map_err(Failure::run)?;
+    let summaries: Vec<_> = reports
+        .iter()
+        .map(|r| {
+            let mut s = r.summary_json();
+            s.extend(workload.summary_keys());
+            for key in servesim_replay::WALL_CLOCK_KEYS {
+                s.remove(key);
+            }
+            s
+        })
+        .collect();
+    let mut summary = servesim_replay::ensemble::summarize(&summaries);
+    if !a.no_wall_clock {
+        summary.insert("wall_time_ms".into(), serde_json::json!(started.elapsed().as_secs_f64() * 1000.0));
+    }
+    let pretty = serde_json::to_string_pretty(&serde_json::Value::Object(summary.clone())).expect("summary serialises");
+    match a.format {
+        Format::Json => print_out(&format!("{pretty}\n"))?,
+        Format::Table => print_out(&table::render_ensemble(&summary, n))?,
+    }
+    if let Some(mut w) = summary_file.take() {
+        w.writer()
+            .write_all(pretty.as_bytes())
+            .and_then(|_| w.writer().write_all(b"\n"))
+            .map_err(|e| Failure::run(format!("{}: write failed: {e}", w.path().display())))?;
+        let path = w.path().to_path_buf();
+        w.commit().map_err(Failure::run)?;
+        if a.format == Format::Table {
+            print_out(&format!("Saved full report to: {}\n", path.display()))?;
+        }
+    }
+    Ok(())
 }

@@ -38,6 +38,10 @@ pub struct RecommendArgs {
     /// Threads evaluating candidates (0: every core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
+    /// Also write a self-contained HTML page: the candidates against the Pareto front and a
+    /// table sortable by any column.
+    #[arg(long, value_name = "PATH")]
+    pub report_html: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -51,6 +55,9 @@ pub enum MergeCommand {
         output_dir: PathBuf,
         #[arg(long)]
         overwrite: bool,
+        /// Also write the HTML page of the merged result.
+        #[arg(long, value_name = "PATH")]
+        report_html: Option<PathBuf>,
     },
 }
 
@@ -72,7 +79,13 @@ fn read_search(tree: &serde_json::Value, file: &str) -> Result<servesim_deploy::
     Ok(search)
 }
 
-fn merge(dirs: &[PathBuf], output_dir: &Path, overwrite: bool, json: bool) -> Result<(), Failure> {
+fn merge(
+    dirs: &[PathBuf],
+    output_dir: &Path,
+    overwrite: bool,
+    json: bool,
+    report_html: Option<&Path>,
+) -> Result<(), Failure> {
     let mut shards = Vec::new();
     for d in dirs {
         let files: Vec<PathBuf> = if d.is_dir() {
@@ -131,19 +144,27 @@ fn merge(dirs: &[PathBuf], output_dir: &Path, overwrite: bool, json: bool) -> Re
         .collect::<Result<_, _>>()?;
     let _ = base;
     let staged = Staged::new(output_dir, overwrite)?;
-    finish(&search, trials, staged, output_dir, json, None)
+    finish(&search, trials, staged, output_dir, json, None, report_html)
 }
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let json = a.format == crate::predict::Format::Json;
-    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite }) = &a.merge {
-        return merge(dirs, output_dir, *overwrite, json);
+    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, report_html }) = &a.merge {
+        return merge(dirs, output_dir, *overwrite, json, report_html.as_deref());
     }
     let started = Instant::now();
     let config = a
         .config
         .as_deref()
         .ok_or_else(|| Failure::input("recommend needs -c/--config FILE (or `recommend merge DIR...`)"))?;
+    if let Some(p) = &a.report_html {
+        crate::output::check_report_paths(&[("report-html", p.as_path())], &[config])?;
+        if a.shard.is_some() {
+            return Err(Failure::input(
+                "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
+            ));
+        }
+    }
     let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
     let file = config.display().to_string();
     let search = read_search(&tree, &file)?;
@@ -183,7 +204,7 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     if show {
         eprintln!();
     }
-    finish(&search, trials, staged, &a.output_dir, json, Some(started))
+    finish(&search, trials, staged, &a.output_dir, json, Some(started), a.report_html.as_deref())
 }
 
 fn finish(
@@ -193,16 +214,24 @@ fn finish(
     output_dir: &Path,
     json: bool,
     started: Option<Instant>,
+    report_html: Option<&Path>,
 ) -> Result<(), Failure> {
     let n = trials.len();
     let ranked = servesim_deploy::recommend::rank(search, trials);
     let files = servesim_deploy::recommend::outputs(search, &ranked);
+    let html =
+        report_html.map(|p| crate::output::ReportFile::create(p).map(|f| (f, page(search, &ranked)))).transpose()?;
     std::fs::create_dir_all(staged.path("recommendations")).map_err(|e| Failure::run(format!("cannot create: {e}")))?;
     for (name, bytes) in &files {
         let p = staged.path(name);
         std::fs::write(&p, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", p.display())))?;
     }
     staged.commit()?;
+    if let Some((mut file, page)) = html {
+        std::io::Write::write_all(file.writer(), page.as_bytes())
+            .map_err(|e| Failure::run(format!("{}: write failed: {e}", file.path().display())))?;
+        file.commit().map_err(Failure::run)?;
+    }
     // Written without println! so a closed pipe (`| head`) is not a panic.
     let mut text = String::new();
     use std::fmt::Write as _;
@@ -240,4 +269,70 @@ fn finish(
 
 fn knobs(tree: &serde_json::Value) -> serde_json::Value {
     tree.pointer("/engine/workers").cloned().unwrap_or_default()
+}
+
+/// The HTML page of a ranked search.
+fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::recommend::Ranked) -> String {
+    use servesim_deploy::recommend::objective;
+    let o = &search.optimization;
+    let view = if o.target == "pareto" { &ranked.pareto } else { &ranked.top_n };
+    // The front on the chart's two axes among feasible candidates, whatever the target ranks by.
+    let axes: Vec<(f64, f64)> = ranked
+        .trials
+        .iter()
+        .map(|t| (objective("throughput_per_gpu", t).0, objective("throughput_per_user", t).0))
+        .collect();
+    let feasible: Vec<usize> = (0..ranked.trials.len()).filter(|&i| ranked.trials[i].status == "feasible").collect();
+    let on_front = |i: usize| {
+        let a = axes[i];
+        ranked.trials[i].status == "feasible"
+            && !feasible.iter().any(|&j| {
+                let b = axes[j];
+                b.0 >= a.0 && b.1 >= a.1 && (b.0 > a.0 || b.1 > a.1)
+            })
+    };
+    let candidates: Vec<servesim_report::Candidate> = ranked
+        .trials
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let metric = |k: &str| t.summary.get(k).and_then(serde_json::Value::as_f64);
+            servesim_report::Candidate {
+                id: format!("candidate-{:06}", i + 1),
+                status: t.status.to_string(),
+                score: ranked.scores[i],
+                gpus: t.used_gpus,
+                throughput_per_gpu: axes[i].0,
+                throughput_per_user: axes[i].1,
+                mean_ttft_ms: metric("mean_ttft_ms"),
+                mean_tpot_ms: metric("mean_tpot_ms"),
+                knobs: serde_json::Value::String(knob_summary(&t.tree)),
+                pareto: on_front(i),
+                rank: view.iter().position(|&j| j == i).map(|r| r + 1),
+            }
+        })
+        .collect();
+    servesim_report::render_recommend("servesim recommend", o.target, &candidates, &search.base)
+}
+
+/// The knobs a candidate sets, in one line: `aggregated: replicas=2 tensor=1 ...`.
+fn knob_summary(tree: &serde_json::Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(workers) = tree.pointer("/engine/workers").and_then(serde_json::Value::as_object) {
+        for (role, cfg) in workers {
+            let mut knobs = Vec::new();
+            for (section, keys) in [
+                ("parallelism", &["replicas", "tensor", "attention_data"][..]),
+                ("scheduler", &["max_batched_tokens", "max_sequences"][..]),
+            ] {
+                for k in keys {
+                    if let Some(v) = cfg.get(section).and_then(|s| s.get(*k)) {
+                        knobs.push(format!("{k}={v}"));
+                    }
+                }
+            }
+            parts.push(format!("{role}: {}", knobs.join(" ")));
+        }
+    }
+    parts.join("; ")
 }

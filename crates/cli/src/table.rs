@@ -70,6 +70,20 @@ pub fn render(report: &Report, wall_clock: bool) -> String {
             num(s.std),
         ]);
     }
+    if let Some(parts) = &report.ttft_parts {
+        for (name, s) in servesim_replay::TtftBreakdown::NAMES.iter().zip(parts) {
+            table.add_row(vec![
+                format!("  TTFT part: {name} (ms)"),
+                num(s.mean),
+                num(s.min),
+                num(s.max),
+                num(s.p99),
+                num(s.p90),
+                num(s.p75),
+                num(s.std),
+            ]);
+        }
+    }
     let t = &report.totals;
     let single = |label: &str, v: String| {
         let mut row = vec![label.to_string(), v];
@@ -147,6 +161,41 @@ pub fn worker_timeline(run: &servesim_replay::planned::PlannerRun) -> String {
         run.total_ticks(),
         run.events.len()
     )
+}
+
+/// The table of an ensemble: each metric's median over the members and its 90 % interval.
+pub fn render_ensemble(summary: &serde_json::Map<String, serde_json::Value>, members: usize) -> String {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(["Metric", "median", "p05", "p95"]);
+    let rows = [
+        ("Time to First Token, mean (ms)", "mean_ttft_ms"),
+        ("Time to First Token, p90 (ms)", "p90_ttft_ms"),
+        ("Time to First Token, p99 (ms)", "p99_ttft_ms"),
+        ("Inter Token Latency, mean (ms)", "mean_itl_ms"),
+        ("Inter Token Latency, p90 (ms)", "p90_itl_ms"),
+        ("Request Latency, mean (ms)", "mean_e2e_latency_ms"),
+        ("Request Latency, p90 (ms)", "p90_e2e_latency_ms"),
+        ("Output Token Throughput (tokens/sec)", "output_throughput_tok_s"),
+        ("Request Throughput (requests/sec)", "request_throughput_rps"),
+        ("Goodput (requests/sec)", "goodput_request_throughput_rps"),
+        ("Simulated Duration (ms)", "duration_ms"),
+    ];
+    for (label, key) in rows {
+        let get = |k: &str| summary.get(k).and_then(serde_json::Value::as_f64).map_or("n/a".to_string(), num);
+        if summary.contains_key(key) {
+            table.add_row(vec![label.to_string(), get(key), get(&format!("{key}_p05")), get(&format!("{key}_p95"))]);
+        }
+    }
+    for (i, column) in table.column_iter_mut().enumerate() {
+        column.set_cell_alignment(if i == 0 { CellAlignment::Left } else { CellAlignment::Right });
+    }
+    let body = table.to_string();
+    let width = body.lines().next().map_or(0, |l| l.chars().count());
+    let title = format!("servesim | ensemble of {members} runs: median and 90 % interval");
+    format!("{:^width$}\n{body}\n", title)
 }
 
 #[cfg(test)]

@@ -145,7 +145,16 @@ pub fn run_planned(
     sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
     progress: &mut dyn Progress,
 ) -> Result<Report, String> {
-    let collector = Collector::new(p.sim.sla, sink);
+    run_planned_with(p, planner, Collector::new(p.sim.sla, sink), progress)
+}
+
+/// [`run_planned`] with a collector the caller set up (telemetry, TTFT breakdown).
+pub fn run_planned_with(
+    p: &Prepared,
+    planner: Option<&mut servesim_replay::planned::PlannerRun>,
+    collector: Collector<'_>,
+    progress: &mut dyn Progress,
+) -> Result<Report, String> {
     let options = servesim_replay::RunOptions {
         autoscaler: planner.map(|r| r as &mut dyn servesim_replay::Autoscaler),
         stop_at_ms: p.config.traffic.stop.max_virtual_time_seconds.map(|s| s * 1000.0),
@@ -160,6 +169,16 @@ pub fn run_prediction(
     progress: &mut dyn Progress,
 ) -> Result<Report, String> {
     run_planned(p, None, sink, progress)
+}
+
+/// Runs a prepared prediction with a collector the caller set up (telemetry, TTFT breakdown);
+/// build it with the prediction's SLA (`p.sim.sla`).
+pub fn run_prediction_with(
+    p: &Prepared,
+    collector: Collector<'_>,
+    progress: &mut dyn Progress,
+) -> Result<Report, String> {
+    run_planned_with(p, None, collector, progress)
 }
 
 /// The summary `prediction.json` holds: the replay report under the reference's keys plus the

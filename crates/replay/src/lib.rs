@@ -5,6 +5,7 @@
 //! workers, and the metrics and report of the run.
 
 pub mod agentic;
+pub mod ensemble;
 pub mod error;
 pub mod formats;
 pub mod input;
@@ -15,19 +16,21 @@ pub mod sim;
 mod split;
 pub mod stats;
 pub mod synthetic;
+pub mod telemetry;
 mod time;
 pub mod trace;
 pub mod workload;
 
 pub use error::InputError;
 pub use formats::{load_trace, TraceFormat, TraceOptions};
-pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status};
-pub use report::{request_json, Report, WALL_CLOCK_KEYS};
+pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status, TtftBreakdown};
+pub use report::{request_json, request_json_with_breakdown, Report, WALL_CLOCK_KEYS};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{
     simulate, simulate_with, Autoscaler, LifecycleOp, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
     Transition,
 };
 pub use synthetic::{Arrivals, SyntheticSpec};
+pub use telemetry::{ClusterSample, TelemetrySink, WorkerSample};
 pub use trace::{load_mooncake, load_mooncake_delta};
 pub use workload::{LoadMode, Workload};

@@ -124,6 +124,31 @@ impl RequestRecord {
         self.first_token_ms.map(|t| t - self.arrival_ms)
     }
 
+    /// Where the time to first token went (see [`TtftBreakdown`]); `None` without a first token.
+    pub fn ttft_breakdown_ms(&self) -> Option<TtftBreakdown> {
+        let first = self.first_token_ms?;
+        let arrival = self.arrival_ms;
+        // Each milestone is clamped to the one before it, so every part is ≥ 0 and they telescope.
+        let mut at = arrival;
+        let mut next = |t: Option<f64>| {
+            let t = t.unwrap_or(at).clamp(at, first);
+            let part = t - at;
+            at = t;
+            part
+        };
+        // The placement that led to the prompt's computation: the aggregated or prefill pool's
+        // (SGLang's destination-first handoff places on the decode pool before it).
+        let placed = self.routing.iter().find(|p| p.pool != Role::Decode).map(|p| p.placed_at_ms);
+        let router_queue = next(placed);
+        let engine_queue = next(self.first_admit_ms);
+        let h = self.handoff.as_ref();
+        let prefill = next(Some(h.and_then(|h| h.source_held_ms).unwrap_or(first)));
+        let kv_transfer = next(Some(h.and_then(|h| h.destination_activated_ms).unwrap_or(first)));
+        // The last part is what remains of TTFT, so that the parts add up to it.
+        let first_token = (first - arrival) - (router_queue + engine_queue + prefill + kv_transfer);
+        Some(TtftBreakdown { router_queue, engine_queue, prefill, kv_transfer, first_token: first_token.max(0.0) })
+    }
+
     pub fn ttst_ms(&self) -> Option<f64> {
         Some(self.second_token_ms? - self.first_token_ms?)
     }
@@ -138,6 +163,37 @@ impl RequestRecord {
             return None;
         }
         Some((self.last_token_ms? - self.first_token_ms?) / (self.output_length - 1) as f64)
+    }
+}
+
+/// A request's time to first token, split at its milestones (all in ms, each ≥ 0, summing to
+/// TTFT):
+/// * `router_queue`: arrival → placement on the worker that computes the prompt (time in the KV
+///   router's queue; 0 without one).
+/// * `engine_queue`: placement → first admission into a running batch (the engine's waiting
+///   queue; vLLM's `request_queue_time`).
+/// * `prefill`: first admission → prompt done. Aggregated, that is the pass that emits the first
+///   token (vLLM's `request_prefill_time`, preemptions included); disaggregated, the prefill
+///   worker holding the prompt's KV.
+/// * `kv_transfer`: prompt done → KV landed on the decode worker (waiting for a reservation
+///   there, the decode router's queue and the transfer itself); 0 aggregated.
+/// * `first_token`: KV landed → first token (the decode worker's queue and first pass); 0
+///   aggregated.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TtftBreakdown {
+    pub router_queue: f64,
+    pub engine_queue: f64,
+    pub prefill: f64,
+    pub kv_transfer: f64,
+    pub first_token: f64,
+}
+
+impl TtftBreakdown {
+    /// The parts' names, in the order of [`TtftBreakdown::parts`].
+    pub const NAMES: [&'static str; 5] = ["router_queue", "engine_queue", "prefill", "kv_transfer", "first_token"];
+
+    pub fn parts(&self) -> [f64; 5] {
+        [self.router_queue, self.engine_queue, self.prefill, self.kv_transfer, self.first_token]
     }
 }
 
@@ -191,6 +247,10 @@ pub struct Collector<'s> {
     /// Requests that arrived and were not admitted yet (they hold memory while they wait).
     queued: u64,
     queue: QueueLimit,
+    /// The TTFT parts' distributions, when asked for ([`Collector::with_ttft_breakdown`]).
+    pub(crate) ttft_parts: Option<Box<[Samples; 5]>>,
+    /// Time series sampled on the virtual clock, when asked for ([`Collector::with_telemetry`]).
+    pub(crate) telemetry: Option<crate::telemetry::Telemetry<'s>>,
 }
 
 /// Whether the overload warning was printed.
@@ -306,7 +366,39 @@ impl<'s> Collector<'s> {
             last_rate: (f64::NAN, f64::NAN),
             queued: 0,
             queue: QueueLimit::default(),
+            ttft_parts: None,
+            telemetry: None,
         }
+    }
+
+    /// Collects the distributions of the TTFT parts ([`TtftBreakdown`]) for the summary.
+    pub fn with_ttft_breakdown(mut self) -> Self {
+        self.ttft_parts = Some(Box::default());
+        self
+    }
+
+    pub fn has_ttft_breakdown(&self) -> bool {
+        self.ttft_parts.is_some()
+    }
+
+    /// Samples per-worker and cluster time series every `interval_ms` of virtual time and hands
+    /// them to `sink` as the run goes (the run is then not split across threads).
+    pub fn with_telemetry(
+        mut self,
+        interval_ms: f64,
+        sink: &'s mut (dyn crate::telemetry::TelemetrySink + Send),
+    ) -> Self {
+        self.telemetry = Some(crate::telemetry::Telemetry::new(interval_ms, sink));
+        self
+    }
+
+    pub fn has_telemetry(&self) -> bool {
+        self.telemetry.is_some()
+    }
+
+    /// Requests that arrived and wait for their first admission.
+    pub fn waiting_for_admission(&self) -> u64 {
+        self.queued
     }
 
     /// Sets what happens when requests pile up waiting for admission.
@@ -399,6 +491,9 @@ impl<'s> Collector<'s> {
         for samples in [&mut self.ttft, &mut self.ttst, &mut self.tpot, &mut self.e2e] {
             samples.expect(n);
         }
+        for samples in self.ttft_parts.iter_mut().flat_map(|p| p.iter_mut()) {
+            samples.expect(n);
+        }
     }
 
     /// Folds in what another shard of the same run collected (its requests all finished).
@@ -411,6 +506,11 @@ impl<'s> Collector<'s> {
         self.e2e.merge(&other.e2e);
         self.itl.merge(&other.itl);
         self.per_user.merge(&other.per_user);
+        if let (Some(mine), Some(theirs)) = (self.ttft_parts.as_mut(), other.ttft_parts.as_ref()) {
+            for (a, b) in mine.iter_mut().zip(theirs.iter()) {
+                a.merge(b);
+            }
+        }
     }
 
     fn get(&mut self, id: u64) -> &mut RequestRecord {
@@ -611,6 +711,11 @@ impl<'s> Collector<'s> {
                 }
                 if let Some(v) = r.ttft_ms() {
                     self.ttft.add(v);
+                }
+                if let (Some(parts), Some(b)) = (self.ttft_parts.as_mut(), r.ttft_breakdown_ms()) {
+                    for (samples, v) in parts.iter_mut().zip(b.parts()) {
+                        samples.add(v);
+                    }
                 }
                 if let Some(v) = r.ttst_ms() {
                     self.ttst.add(v);

@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 use servesim_engine::Role;
 
-use crate::metrics::{Collector, RequestRecord, Status, Totals};
+use crate::metrics::{Collector, RequestRecord, Status, Totals, TtftBreakdown};
 use crate::sim::SimConfig;
 use crate::stats::Summary;
 
@@ -40,6 +40,8 @@ pub struct Report {
     /// Worker-seconds (prefill, decode) integrated over the workers' lifecycle, when an
     /// autoscaler changed them during the run; otherwise workers × duration.
     pub worker_seconds: Option<(f64, f64)>,
+    /// Distributions of the TTFT parts (in [`TtftBreakdown::NAMES`] order), when collected.
+    pub ttft_parts: Option<[Summary; 5]>,
 }
 
 impl Report {
@@ -70,6 +72,7 @@ impl Report {
             wall_time_ms: 0.0,
             shed: matches!(c.queue_limit().max, Some((_, crate::metrics::Overflow::Shed))).then_some(c.totals.shed),
             worker_seconds: None,
+            ttft_parts: c.ttft_parts.as_ref().map(|p| std::array::from_fn(|i| p[i].summary())),
         }
     }
 
@@ -189,6 +192,12 @@ impl Report {
         for (stat, v) in self.dist.per_user.fields() {
             put(&format!("{stat}_output_token_throughput_per_user"), json!(v));
         }
+        if let Some(parts) = &self.ttft_parts {
+            for (name, s) in TtftBreakdown::NAMES.iter().zip(parts) {
+                put(&format!("mean_ttft_{name}_ms"), json!(s.mean));
+                put(&format!("p90_ttft_{name}_ms"), json!(s.p90));
+            }
+        }
         let notes = self.notes();
         if !notes.is_empty() {
             put("notes", json!(notes));
@@ -206,6 +215,22 @@ fn pool_name(stage: Role) -> &'static str {
         Role::Prefill => "prefill",
         Role::Decode => "decode",
     }
+}
+
+/// A per-request record with its `ttft_breakdown_ms` (null without a first token) appended.
+pub fn request_json_with_breakdown(r: &RequestRecord) -> Value {
+    let mut v = request_json(r);
+    let parts = r.ttft_breakdown_ms().map(|b| {
+        let mut m = Map::new();
+        for (name, x) in TtftBreakdown::NAMES.iter().zip(b.parts()) {
+            m.insert(name.to_string(), json!(x));
+        }
+        Value::Object(m)
+    });
+    if let Value::Object(m) = &mut v {
+        m.insert("ttft_breakdown_ms".into(), parts.unwrap_or(Value::Null));
+    }
+    v
 }
 
 /// One per-request record, with the reference's keys in the reference's order (agentic

@@ -42,6 +42,8 @@ pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Colle
         && !collector.has_sink()
         // A queue bound applies to the whole cluster's queue, not to each shard's.
         && collector.queue_limit().max.is_none()
+        // Telemetry samples the whole cluster at each instant.
+        && !collector.has_telemetry()
 }
 
 /// Runs every worker's shard and merges them into `collector`; returns the time of the last
@@ -61,6 +63,7 @@ pub(crate) fn simulate(
     .min(count);
     let total = workload.num_requests();
     let queue = collector.queue_limit();
+    let breakdown = collector.has_ttft_breakdown();
     let finished = AtomicU64::new(0);
     let cancel = AtomicBool::new(false);
     let next_shard = AtomicUsize::new(0);
@@ -74,7 +77,10 @@ pub(crate) fn simulate(
             }
             let mut shard_progress = SharedProgress { finished: &finished, reported: 0, cancel: &cancel };
             let shard = Shard { index, count };
-            let collector = Collector::new(config.sla, None).with_queue_limit(queue);
+            let mut collector = Collector::new(config.sla, None).with_queue_limit(queue);
+            if breakdown {
+                collector = collector.with_ttft_breakdown();
+            }
             let result = simulate_shard(workload, config, shard, collector, &mut shard_progress);
             if done_tx.send((index, result)).is_err() {
                 break;

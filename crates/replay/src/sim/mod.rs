@@ -15,6 +15,7 @@
 mod handoff;
 mod scaling;
 mod stretch;
+mod telemetry;
 
 pub use scaling::{Autoscaler, LifecycleOp, ScaleDecision, Transition};
 
@@ -390,8 +391,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
                 if let Some(stop) = self.stop_at_ms.filter(|&stop| self.now > stop) {
                     self.now = stop;
+                    self.finish_telemetry();
                     self.collector.close_incomplete();
                     return Ok(());
+                }
+                if self.collector.telemetry.is_some() {
+                    self.sample_telemetry(self.now);
                 }
             }
             let now = self.now;
@@ -447,6 +452,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 progress.update(self.finished, total);
             }
         }
+        self.finish_telemetry();
         if !self.flights.is_empty() {
             return Err(SimError::Deadlock { at_ms: self.now, in_flight: self.flights.len() });
         }
@@ -757,6 +763,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         self.collector.count_pass(out, role != Role::Prefill);
+        if let Some(t) = self.collector.telemetry.as_mut() {
+            t.pass(pool, target, out, role != Role::Prefill);
+        }
         for f in &out.finished {
             self.router_edge(pool, f.request, true);
             match (role, f.finish) {

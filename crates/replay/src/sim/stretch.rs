@@ -59,6 +59,9 @@ impl Simulation<'_, '_> {
             return;
         }
         engine.commit_stretch(stretch.ends.len() as u32);
+        if let Some(t) = self.collector.telemetry.as_mut() {
+            t.stretch(pool, w, now, &stretch.ends, stretch.requests.len());
+        }
         let end = *stretch.ends.last().expect("a stretch has passes");
         worker.busy = true;
         worker.pass_end = end;

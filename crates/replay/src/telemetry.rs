@@ -1,0 +1,510 @@
+//! Telemetry: per-worker (per attention data-parallel rank) and cluster time series sampled on
+//! the virtual clock, as the reference's `TelemetryOptions(sample_interval_ms=...)` offers them.
+//!
+//! A sample at time `t` describes the interval `[t − interval, t)`: counters (passes, tokens,
+//! pass time, prefix lookups, arrivals, completions) count what happened in it — a pass counts
+//! when it ends — and gauges (running, waiting, KV usage, queues, worker counts) are the state
+//! just before `t`'s events. Samples are handed to a [`TelemetrySink`] as the run reaches
+//! them, so memory does not grow with the run; a sample's size is fixed by the cluster's size.
+//! After the last event one more sample closes the last interval, so that the counters of all
+//! samples add up to the run's totals.
+//!
+//! Fast-forwarded decode stretches are not cut at sample times (that would cost the replay its
+//! speed): their passes are counted in the samples their ends fall in, but a gauge sampled while
+//! a stretch runs sees the worker as the stretch leaves it. Running and waiting do not change
+//! during a stretch; `kv_usage` is ahead by the blocks the stretch's remaining tokens take (at
+//! most about one block per running request per block_size passes). `--no-fast-forward` makes
+//! the gauges exact.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use serde_json::{json, Map, Value};
+use servesim_engine::{PassOutput, Role};
+
+/// One rank of one worker over one interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerSample {
+    pub pool: Option<Role>,
+    pub worker: u32,
+    pub dp_rank: u32,
+    /// Gauges at the sample time: requests in the running batch and in the waiting queue, and
+    /// the fraction of KV blocks held by requests.
+    pub running: u32,
+    pub waiting: u32,
+    pub kv_usage: f64,
+    /// Prompt tokens looked up in the prefix cache at admission during the interval, and those
+    /// found (`prefix_hit_rate` = hits / lookups).
+    pub prefix_lookup_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    /// Passes that ended in the interval, the output tokens they made visible (not a prefill
+    /// worker's), the prompt tokens they computed, and their summed duration.
+    pub passes: u64,
+    pub output_tokens: u64,
+    pub prefill_tokens: u64,
+    pub busy_ms: f64,
+}
+
+impl WorkerSample {
+    pub fn prefix_hit_rate(&self) -> Option<f64> {
+        (self.prefix_lookup_tokens > 0).then(|| self.prefix_hit_tokens as f64 / self.prefix_lookup_tokens as f64)
+    }
+
+    /// Output and prompt tokens per pass.
+    pub fn tokens_per_pass(&self) -> Option<f64> {
+        (self.passes > 0).then(|| (self.output_tokens + self.prefill_tokens) as f64 / self.passes as f64)
+    }
+
+    pub fn mean_pass_ms(&self) -> Option<f64> {
+        (self.passes > 0).then(|| self.busy_ms / self.passes as f64)
+    }
+}
+
+/// The cluster over one interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterSample {
+    /// End of the interval (the sample time) and its length.
+    pub t_ms: f64,
+    pub interval_ms: f64,
+    /// Requests released, completed and rejected in the interval.
+    pub arrivals: u64,
+    pub completions: u64,
+    pub rejections: u64,
+    /// Gauges: requests in the routers' queues, requests that arrived and wait for their first
+    /// admission, and workers per pool (prefill is 0 when aggregated).
+    pub router_queue: u64,
+    pub waiting_admission: u64,
+    pub prefill_workers: u32,
+    pub decode_workers: u32,
+}
+
+/// Receives samples as the run reaches them.
+pub trait TelemetrySink {
+    fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]);
+}
+
+/// Counters of one rank since the last sample.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counters {
+    passes: u64,
+    output_tokens: u64,
+    prefill_tokens: u64,
+    busy_ms: f64,
+}
+
+impl Counters {
+    fn merge(&mut self, o: &Counters) {
+        self.passes += o.passes;
+        self.output_tokens += o.output_tokens;
+        self.prefill_tokens += o.prefill_tokens;
+        self.busy_ms += o.busy_ms;
+    }
+}
+
+/// The sampler a collector carries when telemetry is on.
+pub(crate) struct Telemetry<'s> {
+    pub(crate) interval_ms: f64,
+    /// The next sample time, `index × interval_ms`.
+    pub(crate) next_ms: f64,
+    pub(crate) index: u64,
+    pub(crate) sink: &'s mut (dyn TelemetrySink + Send),
+    /// Per pool, per target (worker × dp + rank).
+    pub(crate) counters: Vec<Vec<Counters>>,
+    /// Per pool, per target: the engine's cumulative prefix lookups and hits at the last sample.
+    pub(crate) prefix_seen: Vec<Vec<(u64, u64)>>,
+    /// The collector's cumulative arrivals, completions and rejections at the last sample.
+    pub(crate) totals_seen: (u64, u64, u64),
+    pub(crate) rows: Vec<WorkerSample>,
+    /// Passes of fast-forwarded stretches that end in later samples: (pool, target, sample
+    /// index, counters). At most one entry per rank and later sample a stretch reaches.
+    ahead: Vec<(usize, usize, u64, Counters)>,
+}
+
+impl<'s> Telemetry<'s> {
+    pub(crate) fn new(interval_ms: f64, sink: &'s mut (dyn TelemetrySink + Send)) -> Self {
+        Telemetry {
+            interval_ms,
+            next_ms: interval_ms,
+            index: 1,
+            sink,
+            counters: Vec::new(),
+            prefix_seen: Vec::new(),
+            totals_seen: (0, 0, 0),
+            rows: Vec::new(),
+            ahead: Vec::new(),
+        }
+    }
+
+    fn counters(&mut self, pool: usize, target: usize) -> &mut Counters {
+        if self.counters.len() <= pool {
+            self.counters.resize_with(pool + 1, Vec::new);
+        }
+        let p = &mut self.counters[pool];
+        if p.len() <= target {
+            p.resize(target + 1, Counters::default());
+        }
+        &mut p[target]
+    }
+
+    /// A pass of rank `target` of pool `pool` ended (`visible`: its tokens reach clients).
+    pub(crate) fn pass(&mut self, pool: usize, target: usize, out: &PassOutput, visible: bool) {
+        let c = self.counters(pool, target);
+        c.passes += 1;
+        if visible {
+            c.output_tokens += out.tokens.len() as u64;
+        }
+        c.prefill_tokens += out.prefill_tokens;
+        c.busy_ms += out.end_ms - out.start_ms;
+    }
+
+    /// The sample whose interval holds time `t`: sample `k` covers `[(k − 1)·interval, k·interval)`.
+    fn bucket(&self, t: f64) -> u64 {
+        (t / self.interval_ms).floor() as u64 + 1
+    }
+
+    /// A fast-forwarded stretch starting at `start_ms`: `requests` tokens at each of `ends`.
+    /// It is counted when it starts; each pass goes to the sample its end falls in, later
+    /// samples' shares wait in `ahead`.
+    pub(crate) fn stretch(&mut self, pool: usize, target: usize, start_ms: f64, ends: &[f64], requests: usize) {
+        let mut previous = start_ms;
+        let mut run: Option<(u64, Counters)> = None;
+        for &end in ends {
+            let k = self.bucket(end).max(self.index);
+            match &mut run {
+                Some((bucket, c)) if *bucket == k => {
+                    c.passes += 1;
+                    c.output_tokens += requests as u64;
+                    c.busy_ms += end - previous;
+                }
+                _ => {
+                    if let Some((bucket, c)) = run.take() {
+                        self.add(pool, target, bucket, c);
+                    }
+                    let c = Counters {
+                        passes: 1,
+                        output_tokens: requests as u64,
+                        prefill_tokens: 0,
+                        busy_ms: end - previous,
+                    };
+                    run = Some((k, c));
+                }
+            }
+            previous = end;
+        }
+        if let Some((bucket, c)) = run {
+            self.add(pool, target, bucket, c);
+        }
+    }
+
+    fn add(&mut self, pool: usize, target: usize, bucket: u64, c: Counters) {
+        if bucket <= self.index {
+            self.counters(pool, target).merge(&c);
+            return;
+        }
+        self.counters(pool, target);
+        let ahead = &mut self.ahead;
+        match ahead.iter_mut().find(|(p, t, b, _)| (*p, *t, *b) == (pool, target, bucket)) {
+            Some((_, _, _, have)) => have.merge(&c),
+            None => ahead.push((pool, target, bucket, c)),
+        }
+    }
+
+    /// Takes the counters of rank `target` of pool `pool` for the current sample, and moves
+    /// in what stretches already counted for the next one.
+    pub(crate) fn take(&mut self, pool: usize, target: usize, row: &mut WorkerSample) {
+        let c = std::mem::take(self.counters(pool, target));
+        row.passes = c.passes;
+        row.output_tokens = c.output_tokens;
+        row.prefill_tokens = c.prefill_tokens;
+        row.busy_ms = c.busy_ms;
+        let next = self.index + 1;
+        if let Some(i) = self.ahead.iter().position(|&(p, t, b, _)| (p, t, b) == (pool, target, next)) {
+            let (_, _, _, c) = self.ahead.swap_remove(i);
+            self.counters(pool, target).merge(&c);
+        }
+    }
+
+    /// The prefix lookups since the last sample, given the engine's cumulative counters.
+    pub(crate) fn prefix_delta(&mut self, pool: usize, target: usize, cumulative: (u64, u64)) -> (u64, u64) {
+        if self.prefix_seen.len() <= pool {
+            self.prefix_seen.resize_with(pool + 1, Vec::new);
+        }
+        let p = &mut self.prefix_seen[pool];
+        if p.len() <= target {
+            p.resize(target + 1, (0, 0));
+        }
+        let seen = std::mem::replace(&mut p[target], cumulative);
+        (cumulative.0 - seen.0, cumulative.1 - seen.1)
+    }
+}
+
+/// The file formats telemetry is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TelemetryFormat {
+    /// One JSON object per sample: the cluster's keys and a `workers` array.
+    Jsonl,
+    /// One row per worker rank and sample (`scope` = `worker`) and one per sample for the
+    /// cluster (`scope` = `cluster`); columns that do not apply are empty.
+    Csv,
+}
+
+impl TelemetryFormat {
+    /// By the file's extension (`.csv`, else JSONL).
+    pub fn for_path(path: &std::path::Path) -> TelemetryFormat {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("csv") => TelemetryFormat::Csv,
+            _ => TelemetryFormat::Jsonl,
+        }
+    }
+}
+
+pub fn pool_name(pool: Option<Role>) -> &'static str {
+    match pool {
+        Some(Role::Aggregated) | None => "agg",
+        Some(Role::Prefill) => "prefill",
+        Some(Role::Decode) => "decode",
+    }
+}
+
+/// A sample as a JSON object (the JSONL format's line).
+pub fn sample_json(cluster: &ClusterSample, workers: &[WorkerSample]) -> Value {
+    let mut m = Map::new();
+    m.insert("t_ms".into(), json!(cluster.t_ms));
+    m.insert("interval_ms".into(), json!(cluster.interval_ms));
+    m.insert("arrivals".into(), json!(cluster.arrivals));
+    m.insert("completions".into(), json!(cluster.completions));
+    m.insert("rejections".into(), json!(cluster.rejections));
+    m.insert("router_queue".into(), json!(cluster.router_queue));
+    m.insert("waiting_admission".into(), json!(cluster.waiting_admission));
+    m.insert("prefill_workers".into(), json!(cluster.prefill_workers));
+    m.insert("decode_workers".into(), json!(cluster.decode_workers));
+    let rows: Vec<Value> = workers
+        .iter()
+        .map(|w| {
+            json!({
+                "pool": pool_name(w.pool),
+                "worker": w.worker,
+                "dp_rank": w.dp_rank,
+                "running": w.running,
+                "waiting": w.waiting,
+                "kv_usage": w.kv_usage,
+                "prefix_hit_rate": w.prefix_hit_rate(),
+                "passes": w.passes,
+                "output_tokens": w.output_tokens,
+                "prefill_tokens": w.prefill_tokens,
+                "tokens_per_pass": w.tokens_per_pass(),
+                "mean_pass_ms": w.mean_pass_ms(),
+            })
+        })
+        .collect();
+    m.insert("workers".into(), Value::Array(rows));
+    Value::Object(m)
+}
+
+/// A float as serde_json writes it (shortest round trip, `.0` on integers, null if not finite).
+fn push_f64(out: &mut String, x: f64) {
+    if x.is_finite() {
+        out.push_str(ryu::Buffer::new().format_finite(x));
+    } else {
+        out.push_str("null");
+    }
+}
+
+fn push_opt(out: &mut String, x: Option<f64>) {
+    match x {
+        Some(v) => push_f64(out, v),
+        None => out.push_str("null"),
+    }
+}
+
+/// A sample as one JSON line, the text of [`sample_json`] written without building it (the
+/// telemetry file of a long run has many samples).
+pub fn sample_jsonl(c: &ClusterSample, workers: &[WorkerSample], out: &mut String) {
+    out.push_str("{\"t_ms\":");
+    push_f64(out, c.t_ms);
+    out.push_str(",\"interval_ms\":");
+    push_f64(out, c.interval_ms);
+    let _ = write!(
+        out,
+        ",\"arrivals\":{},\"completions\":{},\"rejections\":{},\"router_queue\":{},\"waiting_admission\":{},\"prefill_workers\":{},\"decode_workers\":{},\"workers\":[",
+        c.arrivals, c.completions, c.rejections, c.router_queue, c.waiting_admission, c.prefill_workers, c.decode_workers
+    );
+    for (i, w) in workers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"pool\":\"{}\",\"worker\":{},\"dp_rank\":{},\"running\":{},\"waiting\":{},\"kv_usage\":",
+            pool_name(w.pool),
+            w.worker,
+            w.dp_rank,
+            w.running,
+            w.waiting
+        );
+        push_f64(out, w.kv_usage);
+        out.push_str(",\"prefix_hit_rate\":");
+        push_opt(out, w.prefix_hit_rate());
+        let _ = write!(
+            out,
+            ",\"passes\":{},\"output_tokens\":{},\"prefill_tokens\":{},\"tokens_per_pass\":",
+            w.passes, w.output_tokens, w.prefill_tokens
+        );
+        push_opt(out, w.tokens_per_pass());
+        out.push_str(",\"mean_pass_ms\":");
+        push_opt(out, w.mean_pass_ms());
+        out.push('}');
+    }
+    out.push_str("]}\n");
+}
+
+/// The CSV format's header line.
+pub const CSV_HEADER: &str = "t_ms,scope,pool,worker,dp_rank,running,waiting,kv_usage,prefix_hit_rate,passes,\
+output_tokens,prefill_tokens,tokens_per_pass,mean_pass_ms,arrivals,completions,rejections,router_queue,\
+waiting_admission,prefill_workers,decode_workers\n";
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or(String::new(), |v| v.to_string())
+}
+
+/// A sample as CSV lines (one per worker rank, then the cluster's).
+pub fn sample_csv(cluster: &ClusterSample, workers: &[WorkerSample], out: &mut String) {
+    let t = cluster.t_ms;
+    for w in workers {
+        let _ = writeln!(
+            out,
+            "{t},worker,{},{},{},{},{},{},{},{},{},{},{},{},,,,,,,",
+            pool_name(w.pool),
+            w.worker,
+            w.dp_rank,
+            w.running,
+            w.waiting,
+            w.kv_usage,
+            opt(w.prefix_hit_rate()),
+            w.passes,
+            w.output_tokens,
+            w.prefill_tokens,
+            opt(w.tokens_per_pass()),
+            opt(w.mean_pass_ms()),
+        );
+    }
+    let c = cluster;
+    let _ = writeln!(
+        out,
+        "{t},cluster,,,,,,,,,,,,,{},{},{},{},{},{},{}",
+        c.arrivals,
+        c.completions,
+        c.rejections,
+        c.router_queue,
+        c.waiting_admission,
+        c.prefill_workers,
+        c.decode_workers
+    );
+}
+
+/// Writes samples to a file as they come; the first write error is kept and later samples
+/// are dropped.
+pub struct TelemetryWriter<W: Write> {
+    out: W,
+    format: TelemetryFormat,
+    line: String,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> TelemetryWriter<W> {
+    pub fn new(out: W, format: TelemetryFormat) -> Self {
+        let mut w = TelemetryWriter { out, format, line: String::new(), error: None };
+        if format == TelemetryFormat::Csv {
+            w.write(CSV_HEADER.as_bytes());
+        }
+        w
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        if self.error.is_none() {
+            if let Err(e) = self.out.write_all(bytes) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// Flushes and returns the first write error, if any.
+    pub fn finish(mut self) -> Result<W, std::io::Error> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+impl<W: Write> TelemetrySink for TelemetryWriter<W> {
+    fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        match self.format {
+            TelemetryFormat::Jsonl => sample_jsonl(cluster, workers, &mut line),
+            TelemetryFormat::Csv => sample_csv(cluster, workers, &mut line),
+        }
+        self.write(line.as_bytes());
+        self.line = line;
+    }
+}
+
+/// Several sinks fed the same samples.
+impl<A: TelemetrySink, B: TelemetrySink> TelemetrySink for (A, B) {
+    fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
+        self.0.sample(cluster, workers);
+        self.1.sample(cluster, workers);
+    }
+}
+
+impl<T: TelemetrySink + ?Sized> TelemetrySink for &mut T {
+    fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
+        (**self).sample(cluster, workers);
+    }
+}
+
+impl<T: TelemetrySink> TelemetrySink for Option<T> {
+    fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
+        if let Some(s) = self {
+            s.sample(cluster, workers);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jsonl_line_is_the_json_object() {
+        let c = ClusterSample {
+            t_ms: 3000.0,
+            interval_ms: 1000.0,
+            arrivals: 4,
+            completions: 2,
+            router_queue: 1,
+            ..Default::default()
+        };
+        let busy = WorkerSample {
+            pool: Some(Role::Decode),
+            worker: 3,
+            dp_rank: 1,
+            running: 7,
+            kv_usage: 0.123456789,
+            prefix_lookup_tokens: 300,
+            prefix_hit_tokens: 100,
+            passes: 3,
+            output_tokens: 20,
+            busy_ms: 31.25,
+            ..Default::default()
+        };
+        let idle = WorkerSample { pool: Some(Role::Prefill), ..Default::default() };
+        for workers in [vec![], vec![busy.clone()], vec![busy, idle]] {
+            let mut line = String::new();
+            sample_jsonl(&c, &workers, &mut line);
+            assert_eq!(line, format!("{}\n", sample_json(&c, &workers)));
+        }
+    }
+}
