@@ -10,8 +10,7 @@ use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
     load_trace, request_json, request_json_with_breakdown, simulate, simulate_with, Arrivals, Autoscaler, Collector,
     LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology,
-    TraceFormat, TraceOptions,
-    Workload,
+    TraceFormat, TraceOptions, Workload,
 };
 use servesim_router::RouterConfig;
 
