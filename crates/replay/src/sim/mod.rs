@@ -379,6 +379,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 return Err(SimError::Cancelled { at_ms: self.now });
             }
             if !again {
+                let last = self.now;
                 let next_event = self.events.peek().map(|Reverse((t, _, _))| t.0);
                 self.now = match (next_event, self.driver.next_ready_ms()) {
                     (None, None) => break,
@@ -389,8 +390,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 if let Some(t) = self.scaling.as_ref().and_then(|s| s.next_tick_ms) {
                     self.now = self.now.min(t);
                 }
-                if let Some(stop) = self.stop_at_ms.filter(|&stop| self.now > stop) {
-                    self.now = stop;
+                if self.stop_at_ms.is_some_and(|stop| self.now > stop) {
+                    // Nothing happens after the cutoff: the run ends at its last instant
+                    // before it (the reference's duration does too).
+                    self.now = last;
                     self.finish_telemetry();
                     self.collector.close_incomplete();
                     return Ok(());
