@@ -38,6 +38,7 @@ def run_replay(
     kv_event_lag_ms: Optional[float] = None,
     router_seed: int = 42,
     synthetic: Optional[Tuple[int, int, int, Optional[float], Optional[float], int, int, float, int, float]] = None,
+    max_sim_time_ms: Optional[float] = None,
 ) -> Tuple[str, Optional[List[str]]]:
     """Runs a replay with the GIL released; returns (summary JSON, per-request JSON lines or
     None). KeyboardInterrupt on Ctrl-C."""

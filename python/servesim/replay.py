@@ -117,7 +117,6 @@ def _check_common(replay_mode, max_sim_time_ms, planner_config, telemetry_option
         v = float(max_sim_time_ms)
         if not (v == v and v not in (float("inf"),) and v >= 0):
             raise Exception("max_sim_time_ms must be a finite, non-negative value")
-        raise NotImplementedError("servesim does not support max_sim_time_ms yet")
     if telemetry_options is not None:
         raise NotImplementedError("servesim does not support telemetry_options yet")
     if ais_perf_config is not None:
@@ -271,7 +270,7 @@ def run_trace_replay(
     ``dynamo.replay.api.run_trace_replay``. Prefill/decode engine args make the cluster
     disaggregated (``num_prefill_workers`` + ``num_decode_workers``). ``replay_mode="online"``
     returns the summary dict (servesim does not pace it on the wall clock). ``planner_config``,
-    ``telemetry_options``, ``max_sim_time_ms`` and ``ais_perf_config`` raise
+    ``telemetry_options`` and ``ais_perf_config`` raise
     ``NotImplementedError``; ``model_name``, ``performance_model_metadata`` and
     ``benchmark_granularity`` are accepted and unused (as the reference does without a planner).
     """
@@ -328,6 +327,7 @@ def run_trace_replay(
         capture_per_request=bool(capture_per_request),
         report_jsonl_path=None if report_jsonl_path is None else os.fspath(report_jsonl_path),
         kv_event_lag_ms=kv_event_lag_ms,
+        max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
     )
     return _report(summary, lines, replay_mode, capture_per_request)
 
@@ -403,6 +403,7 @@ def run_synthetic_trace_replay(
         capture_per_request=bool(capture_per_request),
         report_jsonl_path=None if report_jsonl_path is None else os.fspath(report_jsonl_path),
         kv_event_lag_ms=kv_event_lag_ms,
+        max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
         synthetic=synthetic,
     )
     return _report(summary, lines, replay_mode, capture_per_request)

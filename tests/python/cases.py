@@ -306,6 +306,9 @@ REPLAYS = [
         {"prefill_engine_args": {"engine": {"worker_type": "prefill"}}, "decode_engine_args": {"engine": {"worker_type": "decode"}},
          "num_prefill_workers": 2, "num_decode_workers": 2},
     ),
+    # Stopped at 30 s of virtual time: later arrivals never come, requests in flight are
+    # incomplete, the duration is the last instant before the cutoff.
+    ("replay.run_trace_replay", [SYNTHETIC], {"num_workers": 2, "max_sim_time_ms": 30000}),
 ]
 
 # Wall-clock quantities differ between runs of either implementation.

@@ -20,8 +20,8 @@ use serde_json::Value;
 use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_trace, request_json, simulate, Arrivals, Collector, LoadMode, Progress, RequestRecord, RouterMode, SimConfig,
-    SimError, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
+    load_trace, request_json, simulate_with, Arrivals, Collector, LoadMode, Progress, RequestRecord, RouterMode,
+    RunOptions, SimConfig, SimError, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
 };
 use servesim_router::RouterConfig;
 
@@ -104,6 +104,9 @@ struct Job {
     kv_event_lag_ms: f64,
     router_seed: u64,
     synthetic: Option<SyntheticSpec>,
+    /// `max_sim_time_ms`: the replay stops at this virtual time; requests in flight then are
+    /// reported incomplete.
+    stop_at_ms: Option<f64>,
 }
 
 enum Failure {
@@ -206,7 +209,8 @@ impl Job {
         let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> = if keep { Some(&mut sink) } else { None };
         let collector = Collector::new(config.sla, sink_ref);
         let mut interrupts = Interrupts { last: Instant::now(), error: None };
-        let result = simulate(&workload, &config, collector, &mut interrupts);
+        let options = RunOptions { stop_at_ms: self.stop_at_ms, ..RunOptions::default() };
+        let result = simulate_with(&workload, &config, collector, &mut interrupts, options);
         let mut report = match result {
             Ok(report) => report,
             Err(SimError::Cancelled { .. }) => {
@@ -265,7 +269,7 @@ fn parse_format(name: &str) -> PyResult<TraceFormat> {
     trace_block_size=None, trace_format="mooncake", trace_shared_prefix_ratio=0.0,
     trace_num_prefix_groups=0, execution_model=None, weka_nested_timestamp_basis=None,
     sla_ttft_ms=None, sla_itl_ms=None, sla_e2e_ms=None, capture_per_request=false,
-    report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None
+    report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None, max_sim_time_ms=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn run_replay(
@@ -297,7 +301,11 @@ fn run_replay(
     kv_event_lag_ms: Option<f64>,
     router_seed: u64,
     synthetic: Option<SyntheticArgs>,
+    max_sim_time_ms: Option<f64>,
 ) -> PyResult<(String, Option<Vec<String>>)> {
+    if max_sim_time_ms.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+        return Err(PyException::new_err("max_sim_time_ms must be a finite, non-negative value"));
+    }
     let kv_router = match router_mode {
         "round_robin" => false,
         "kv_router" => true,
@@ -377,6 +385,7 @@ fn run_replay(
         kv_event_lag_ms,
         router_seed,
         synthetic,
+        stop_at_ms: max_sim_time_ms,
     };
     match py.allow_threads(move || job.run()) {
         Ok(out) => Ok(out),
