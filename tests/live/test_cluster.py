@@ -38,15 +38,14 @@ def test_round_robin_and_worker_ports():
 def test_kv_router_follows_the_cached_prefix():
     engine = {"timing_model": FIXED, "block_size": 16}
     with Server("--speedup-ratio", "10", "--num-workers", "4", "--router-mode", "kv_router", engine=engine) as srv:
-        placed = {}
+        # A new prefix ties on every idle worker (a uniform draw, as Dynamo's router); the same
+        # prefix with another ending then goes where the prefix is cached.
         for g in range(4):
             prefix = [g * 10_000 + t for t in range(256)]
             _, w = completion(srv.url, prefix + [1, 2, 3])
-            placed[g] = w
-            # The same prefix with another ending goes where the prefix is cached.
+            assert w in range(4)
             for k in range(3):
                 assert completion(srv.url, prefix + [50 + k] * 5)[1] == w
-        assert sorted(placed.values()) == [0, 1, 2, 3], "distinct prefixes spread over idle workers"
 
 
 def test_disaggregated_prefill_then_decode_with_transfer_delay(tmp_path):
