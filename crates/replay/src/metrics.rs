@@ -244,6 +244,9 @@ pub struct Collector<'s> {
     pub(crate) per_user: Sketch,
     /// The last token gap and its per-user rate (1000 / gap).
     last_rate: (f64, f64),
+    /// Runs that may stop with requests in flight: each live request's token gaps, counted
+    /// only when it finishes (the reference's ITL statistics leave out unfinished requests).
+    pending_gaps: Option<rustc_hash::FxHashMap<u64, Vec<f64>>>,
     /// Requests that arrived and were not admitted yet (they hold memory while they wait).
     queued: u64,
     queue: QueueLimit,
@@ -364,6 +367,7 @@ impl<'s> Collector<'s> {
             itl: Sketch::default(),
             per_user: Sketch::default(),
             last_rate: (f64::NAN, f64::NAN),
+            pending_gaps: None,
             queued: 0,
             queue: QueueLimit::default(),
             ttft_parts: None,
@@ -618,9 +622,18 @@ impl<'s> Collector<'s> {
         r.last_token_ms = Some(at_ms);
         r.output_length += 1;
         if let Some(gap) = gap {
-            self.token_gap(gap, 1);
+            match self.pending_gaps.as_mut() {
+                Some(pending) => pending.entry(id).or_default().push(gap),
+                None => self.token_gap(gap, 1),
+            }
         }
         first
+    }
+
+    /// The run may stop with requests in flight (a virtual-time stop): token gaps count when
+    /// their request finishes, not as they come.
+    pub(crate) fn defer_token_gaps(&mut self) {
+        self.pending_gaps.get_or_insert_with(Default::default);
     }
 
     /// Counts `n` token gaps of `gap_ms`: one ITL sample each, and a per-user rate.
@@ -641,6 +654,14 @@ impl<'s> Collector<'s> {
         let (Some(&first), Some(&last)) = (ends.first(), ends.last()) else {
             return;
         };
+        if self.pending_gaps.is_some() {
+            for &end in ends {
+                for &id in ids {
+                    self.token(id, end);
+                }
+            }
+            return;
+        }
         for &id in ids {
             let r = self.live.get_mut(&id).expect("request is in flight");
             let previous = r.last_token_ms.expect("a stretch decodes requests that have tokens");
@@ -689,6 +710,11 @@ impl<'s> Collector<'s> {
             Finish::Completed => Status::Completed,
             Finish::Rejected(reason) => Status::Rejected(reason),
         };
+        if let Some(gaps) = self.pending_gaps.as_mut().and_then(|p| p.remove(&id)) {
+            for gap in gaps {
+                self.token_gap(gap, 1);
+            }
+        }
         self.fold(&r);
     }
 

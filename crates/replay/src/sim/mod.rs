@@ -160,6 +160,9 @@ pub fn simulate_with(
             sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
         }
         sim.stop_at_ms = options.stop_at_ms;
+        if options.stop_at_ms.is_some() {
+            sim.collector.defer_token_gaps();
+        }
         sim.run(progress)?;
         let mut report = Report::build(&config, &sim.collector, sim.now);
         if scaled {
