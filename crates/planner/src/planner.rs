@@ -496,7 +496,7 @@ impl Planner {
             }
             let n = self.num_d;
             let desired = if easy {
-                self.agg_easy(&snap.decode_fpms, n)?
+                self.kv_easy(&snap.decode_fpms, n, true)?
             } else {
                 let p = self.agg_prefill_sla(&snap.decode_fpms, n);
                 let d = self.agg_decode_sla(&snap.decode_fpms, n);
@@ -561,7 +561,7 @@ impl Planner {
         let d_desired = if df.is_empty() {
             None
         } else if easy {
-            self.decode_easy(df, self.num_d)
+            self.kv_easy(df, self.num_d, false)
         } else {
             self.decode_sla(df, self.num_d)
         };
@@ -637,7 +637,10 @@ impl Planner {
         None
     }
 
-    fn agg_easy(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+    /// Easy KV-utilisation scaling of decode (or aggregated) workers: each rank's scheduled and
+    /// queued decode KV over the KV capacity; aggregated ranks also count the queued prefill
+    /// tokens (they will need KV on the same worker).
+    fn kv_easy(&mut self, fpms: &[Fpm], n: i64, aggregated: bool) -> Option<i64> {
         let max_kv = self.decode.caps.max_kv_tokens as f64;
         if max_kv <= 0.0 {
             self.diag.load_decision_reason = Some("insufficient_data".into());
@@ -646,24 +649,10 @@ impl Planner {
         let utils: Vec<f64> = fpms
             .iter()
             .map(|f| {
-                (f.scheduled.sum_decode_kv_tokens as f64
-                    + f.queued.sum_decode_kv_tokens as f64
-                    + f.queued.sum_prefill_tokens as f64)
+                let queued_prefill = if aggregated { f.queued.sum_prefill_tokens as f64 } else { 0.0 };
+                (f.scheduled.sum_decode_kv_tokens as f64 + f.queued.sum_decode_kv_tokens as f64 + queued_prefill)
                     / max_kv
             })
-            .collect();
-        self.easy_kv(&utils, n)
-    }
-
-    fn decode_easy(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
-        let max_kv = self.decode.caps.max_kv_tokens as f64;
-        if max_kv <= 0.0 {
-            self.diag.load_decision_reason = Some("insufficient_data".into());
-            return None;
-        }
-        let utils: Vec<f64> = fpms
-            .iter()
-            .map(|f| (f.scheduled.sum_decode_kv_tokens as f64 + f.queued.sum_decode_kv_tokens as f64) / max_kv)
             .collect();
         self.easy_kv(&utils, n)
     }
