@@ -311,34 +311,27 @@ fn four_shards_and_merge_equal_one_run_byte_for_byte() {
     assert!(!tmp("rec-bad").exists());
 }
 
+/// `servesim recommend -c CONFIG --output-dir DIR --overwrite` with `--set` for each of `sets`.
+fn recommend(config: &std::path::Path, dir: &std::path::Path, sets: &[&str]) -> std::process::Output {
+    let mut args =
+        vec!["recommend", "-c", config.to_str().unwrap(), "--output-dir", dir.to_str().unwrap(), "--overwrite"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    servesim(&args)
+}
+
 #[test]
 fn recommend_rankings_follow_the_rules() {
     let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
     let dir = tmp("rec-rank");
-    let out = servesim(&[
-        "recommend",
-        "-c",
-        cfg.to_str().unwrap(),
-        "--output-dir",
-        dir.to_str().unwrap(),
-        "--overwrite",
-        "--set",
-        "optimization.target=pareto",
-    ]);
+    let out = recommend(&cfg, &dir, &["optimization.target=pareto"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
     assert_eq!(doc["schema_version"], "1.1");
     assert!(doc["views"]["top_n"].as_array().unwrap().is_empty());
     assert!(!doc["views"]["pareto_front"].as_array().unwrap().is_empty());
-    let out = servesim(&[
-        "recommend",
-        "-c",
-        cfg.to_str().unwrap(),
-        "--output-dir",
-        tmp("rec-b").to_str().unwrap(),
-        "--set",
-        "optimizer.algorithm=bayesian",
-    ]);
+    let out = recommend(&cfg, &tmp("rec-b"), &["optimizer.algorithm=bayesian"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("optimizer.algorithm"));
 }
@@ -348,18 +341,7 @@ fn recommend_pareto_front_over_chosen_objectives() {
     let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
     let dir = tmp("rec-pareto");
     let run = |dir: &std::path::Path, objectives: &str| {
-        servesim(&[
-            "recommend",
-            "-c",
-            cfg.to_str().unwrap(),
-            "--output-dir",
-            dir.to_str().unwrap(),
-            "--overwrite",
-            "--set",
-            "optimization.target=pareto",
-            "--set",
-            &format!("optimization.pareto_objectives={objectives}"),
-        ])
+        recommend(&cfg, dir, &["optimization.target=pareto", &format!("optimization.pareto_objectives={objectives}")])
     };
     let out = run(&dir, "[throughput, ttft]");
     assert!(out.status.success(), "{}", stderr(&out));
@@ -396,28 +378,14 @@ fn recommend_pareto_front_over_chosen_objectives() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     let no_sla = tmp("rec-pareto-no-sla.yaml");
     std::fs::write(&no_sla, text.replace("evaluation:\n  sla: {ttft_ms: 200, itl_ms: 10}\n", "")).unwrap();
-    let out = servesim(&[
-        "recommend",
-        "-c",
-        no_sla.to_str().unwrap(),
-        "--output-dir",
-        tmp("rec-pareto-no-sla").to_str().unwrap(),
-        "--set",
-        "optimization.target=pareto",
-        "--set",
-        "optimization.pareto_objectives=[goodput, ttft]",
-    ]);
+    let out = recommend(
+        &no_sla,
+        &tmp("rec-pareto-no-sla"),
+        &["optimization.target=pareto", "optimization.pareto_objectives=[goodput, ttft]"],
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("['goodput'] require at least one SLA bound"), "{}", stderr(&out));
-    let out = servesim(&[
-        "recommend",
-        "-c",
-        cfg.to_str().unwrap(),
-        "--output-dir",
-        tmp("rec-pareto-scalar").to_str().unwrap(),
-        "--set",
-        "optimization.pareto_objectives=[ttft, throughput]",
-    ]);
+    let out = recommend(&cfg, &tmp("rec-pareto-scalar"), &["optimization.pareto_objectives=[ttft, throughput]"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("pareto_objectives is only valid when target is 'pareto'"), "{}", stderr(&out));
 }
@@ -427,18 +395,7 @@ fn recommend_strict_sla_gates_on_the_configured_bounds() {
     // The grid's configuration still holds search domains; its SLA must be read all the same.
     let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
     let dir = tmp("rec-strict");
-    let out = servesim(&[
-        "recommend",
-        "-c",
-        cfg.to_str().unwrap(),
-        "--output-dir",
-        dir.to_str().unwrap(),
-        "--overwrite",
-        "--set",
-        "optimization.strict_sla=true",
-        "--set",
-        "evaluation.sla={ttft_ms: 1, itl_ms: 10}",
-    ]);
+    let out = recommend(&cfg, &dir, &["optimization.strict_sla=true", "evaluation.sla={ttft_ms: 1, itl_ms: 10}"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
     // A 30 ms prefill cannot meet a 1 ms mean TTFT: within the budget, every candidate fails it.
