@@ -1,5 +1,6 @@
 //! The router's pending queue: requests wait here while every worker is busy prefilling, and
-//! are released (and routed with fresh state) as load drains.
+//! are released as load drains (routed with the load of that moment and the cache overlap they
+//! saw when queued).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -16,6 +17,9 @@ pub struct Pending {
     pub strict_priority: u32,
     pub arrival_ms: f64,
     pub queued_at_ms: f64,
+    /// Prefix blocks each target had cached when the request was queued: Dynamo scores a
+    /// released request with the load of the moment but the cache overlap it saw on arrival.
+    pub overlaps: Vec<u32>,
 }
 
 struct Entry {
@@ -96,6 +100,7 @@ mod tests {
             strict_priority: strict,
             arrival_ms: arrival,
             queued_at_ms: arrival,
+            overlaps: vec![],
         }
     }
 
