@@ -212,24 +212,28 @@ def test_launch_workers_in_process_releases_the_gil_and_stops_on_graceful_shutdo
     assert ticks > elapsed * 100
 
 
-def test_the_gil_is_free_while_a_live_server_serves():
+def test_wait_releases_the_gil_and_requests_are_served_meanwhile():
     cfg = core_config_text({"engine": {"speedup_ratio": 0}})
-    with _core.LiveServer(cfg, port=0, num_workers=1) as server:
-        counter = 0
-        stop = threading.Event()
+    with _core.LiveServer(cfg, port=0, num_workers=1, model_name="m") as server:
+        _wait_healthy(server.url)
+        waited = {}
 
-        def spin():
-            nonlocal counter
-            while not stop.is_set():
-                counter += 1
+        def block():
+            started = time.perf_counter()
+            waited["result"] = server.wait(0.5)
+            waited["seconds"] = time.perf_counter() - started
 
-        t = threading.Thread(target=spin)
+        t = threading.Thread(target=block)
         t.start()
-        time.sleep(0.3)
-        stop.set()
+        counter = 0
+        deadline = time.perf_counter() + 0.3
+        while time.perf_counter() < deadline:
+            counter += 1
+        # This thread ran (and talked to the server) while the other one sat in wait().
+        _check_serving(server.url, "m")
         t.join()
         assert counter > 10_000
-        assert server.wait(0.05) is False
+        assert waited["result"] is False and waited["seconds"] >= 0.45
     assert server.stopped
 
 

@@ -287,13 +287,6 @@ async def launch_workers(args: argparse.Namespace, base_engine_args, *, on_start
     )
     runtimes.append(server)
     try:
-        print(
-            f"servesim: serving {server.model_name} on {server.url} ({server.num_workers} worker(s))",
-            flush=True,
-        )
-        for w, (h, p) in enumerate(server.worker_addresses):
-            print(f"servesim: worker {w} on http://{h}:{p}", flush=True)
-
         loop = asyncio.get_running_loop()
         signals = 0
 
@@ -315,6 +308,13 @@ async def launch_workers(args: argparse.Namespace, base_engine_args, *, on_start
             except (NotImplementedError, RuntimeError, ValueError):
                 pass  # not the main thread, or no signal support: shutdown() still works
         logger.info("Signal handlers set up for graceful shutdown")
+        # Printed once a signal would be handled: whoever waits for this line may send one.
+        print(
+            f"servesim: serving {server.model_name} on {server.url} ({server.num_workers} worker(s))",
+            flush=True,
+        )
+        for w, (h, p) in enumerate(server.worker_addresses):
+            print(f"servesim: worker {w} on http://{h}:{p}", flush=True)
         if on_started is not None:
             on_started(list(runtimes))
         # Workers come up one stagger delay apart (the server holds each until its time).
