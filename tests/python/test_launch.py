@@ -317,7 +317,8 @@ def test_model_directory_sets_kv_bytes_and_the_served_name(tmp_path):
     proc = _mocker("--model-path", str(model), "--speedup-ratio", "0")
     try:
         name, url, _ = _serving_url(proc)
-        # Dynamo serves a model under the --model-path it was given when --model-name is unset.
+        # Dynamo names a model by the --model-path it was given when --model-name is unset (its
+        # frontend's model group for this directory was the path string).
         assert name == str(model)
         _wait_healthy(url)
         models = json.loads(_get(url + "/v1/models")[1])
