@@ -58,7 +58,7 @@ impl SearchBar {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total);
             bar.set_style(
-                ProgressStyle::with_template("{spinner} searching [{bar:40}] {pos}/{len} trials ({eta} left) {msg}")
+                ProgressStyle::with_template("{spinner} searching [{bar:30}] {pos}/{len} trials ({eta} left) {msg}")
                     .expect("valid template")
                     .progress_chars("=> "),
             );
