@@ -307,8 +307,13 @@ fn finish(
     Ok(())
 }
 
+/// The workers of a candidate, and its router when the search sets one.
 fn knobs(tree: &serde_json::Value) -> serde_json::Value {
-    tree.pointer("/engine/workers").cloned().unwrap_or_default()
+    let workers = tree.pointer("/engine/workers").cloned().unwrap_or_default();
+    match tree.get("router") {
+        Some(r) => serde_json::json!({"workers": workers, "router": r}),
+        None => workers,
+    }
 }
 
 /// The HTML page of a ranked search.

@@ -1686,3 +1686,56 @@ pub fn evaluate_shard(
     );
     indices.into_iter().zip(done.trials).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_domains_default_to_the_adapters() {
+        let all = router_settings(&json!({})).unwrap();
+        assert_eq!(all.len(), 1 + 2 * 3 * 9 * 4, "round_robin once, kv_router over its knobs");
+        assert_eq!(all[0], json!({"policy": "round_robin"}));
+        assert_eq!(router_settings(&json!({"policy": "round_robin"})).unwrap(), [json!({"policy": "round_robin"})]);
+        let kv = router_settings(&json!({"policy": "kv_router", "prefill_load_model": {"type": "none"}})).unwrap();
+        assert_eq!(kv.len(), 3 * 9 * 4);
+        let stepped = router_settings(&json!({
+            "policy": "kv_router", "prefill_load_model": {"type": "none"}, "overlap_score_credit": 1,
+            "prefill_load_scale": 1, "temperature": {"range": {"min": 0.1, "max": 0.3, "step": 0.1}},
+        }))
+        .unwrap();
+        let temps: Vec<f64> = stepped.iter().map(|r| r["temperature"].as_f64().unwrap()).collect();
+        assert_eq!(temps, [0.1, 0.2, 0.3], "decimal steps without drift");
+    }
+
+    #[test]
+    fn the_space_enumerates_shapes_then_knobs_then_routers() {
+        let root = json!({
+            "engine": {"model": "m", "hardware": "h", "workers": {"aggregated": {
+                "parallelism": {"preset": false, "tensor": {"choices": [1, 2]}},
+                "scheduler": {"max_batched_tokens": 8192, "max_sequences": {"choices": [64, 128]}},
+            }}},
+            "router": {"policy": {"choices": ["round_robin", "kv_router"]}, "prefill_load_model": {"type": "none"},
+                       "overlap_score_credit": 1, "prefill_load_scale": 1, "temperature": {"choices": [0, 1]}},
+        });
+        let s = read_search(&root).unwrap();
+        assert_eq!(s.space.len(), 2 * 2 * 3);
+        assert_eq!(s.candidates.len(), 12);
+        let knob = |i: usize, p: &str| s.candidates[i].pointer(p).cloned().unwrap();
+        assert_eq!(knob(0, "/engine/workers/aggregated/parallelism/tensor"), 1);
+        assert_eq!(knob(6, "/engine/workers/aggregated/parallelism/tensor"), 2);
+        assert_eq!(knob(3, "/engine/workers/aggregated/scheduler/max_sequences"), 128);
+        assert_eq!(knob(1, "/router/temperature"), 0.0);
+        assert_eq!(knob(2, "/router/temperature"), 1.0);
+        assert!(s.candidates[0]["engine"]["workers"]["aggregated"]["parallelism"].get("preset").is_none());
+    }
+
+    #[test]
+    fn cached_floats_read_back_bit_for_bit() {
+        let v = json!({"a": 0.1 + 0.2, "b": [1e-300, 5e-324, -0.0, 123456.789e10], "c": 7, "d": "x"});
+        assert_eq!(from_exact_floats(&exact_floats(&v)).unwrap(), v);
+        let text = serde_json::to_string(&exact_floats(&v)).unwrap();
+        let back = from_exact_floats(&serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(back["a"].as_f64().unwrap().to_bits(), (0.1f64 + 0.2).to_bits());
+    }
+}
