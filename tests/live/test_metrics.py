@@ -43,6 +43,18 @@ def test_vllm_metrics_after_requests():
         assert value(s, "vllm:time_to_first_token_seconds_count") == 3
         assert value(s, "vllm:e2e_request_latency_seconds_count") == 3
         assert value(s, "vllm:inter_token_latency_seconds_count") == 3 * 4
+        # vLLM's request phase histograms: queue + prefill is TTFT and prefill + decode is the
+        # inference time, request by request, so their sums agree too.
+        phases = ["queue", "prefill", "decode", "inference"]
+        for p in phases:
+            name = f"vllm:request_{p}_time_seconds"
+            assert types[name] == "histogram", name
+            assert buckets(s, name) == VLLM_E2E
+            assert value(s, name + "_count") == 3
+        total = {p: value(s, f"vllm:request_{p}_time_seconds_sum") for p in phases}
+        assert abs(total["queue"] + total["prefill"] - value(s, "vllm:time_to_first_token_seconds_sum")) < 1e-6
+        assert abs(total["prefill"] + total["decode"] - total["inference"]) < 1e-6
+        assert total["decode"] > 0 and total["prefill"] > 0
         # Fixed 40 ms prefill at speedup 10: every TTFT is about 4 ms (below 5 ms, above 1 ms).
         ttft = {float(l["le"]) if l["le"] != "+Inf" else 1e9: v for (l, v) in s["vllm:time_to_first_token_seconds_bucket"]}
         assert ttft[0.001] == 0 and ttft[0.01] == 3

@@ -39,8 +39,16 @@ pub struct ActorSetup {
 /// A request this rank holds.
 struct Live {
     job: Box<Job>,
+    /// When a pass first scheduled it (the start of the pass that admitted it).
+    scheduled: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Instant,
+}
+
+impl Live {
+    fn new(job: Box<Job>, now: Instant) -> Self {
+        Live { job, scheduled: None, first_token: None, last_token: now }
+    }
 }
 
 struct Actor {
@@ -193,7 +201,7 @@ impl Actor {
             Command::Transfer(job, delay) => {
                 self.transfers.push((Instant::now() + delay, job.id));
                 let now = Instant::now();
-                self.live.insert(job.id, Live { job, first_token: None, last_token: now });
+                self.live.insert(job.id, Live::new(job, now));
             }
             Command::Release(id) => {
                 if self.held.remove(&id) {
@@ -217,7 +225,7 @@ impl Actor {
         }
         self.engine.submit(job.engine_request(self.role));
         let now = Instant::now();
-        self.live.insert(job.id, Live { job, first_token: None, last_token: now });
+        self.live.insert(job.id, Live::new(job, now));
     }
 
     fn abort(&mut self, id: u64) {
@@ -303,15 +311,30 @@ impl Actor {
         m.prefix_hits.set(c.prefix_hits as f64);
     }
 
+    /// The phase histograms of a request that finished: vLLM's queue (arrival to first
+    /// scheduled), prefill (to first token), decode (first to last token) and inference
+    /// (first scheduled to last token) times.
+    fn observe_phases(&self, l: &Live) {
+        let (Some(scheduled), Some(first)) = (l.scheduled, l.first_token) else { return };
+        let secs = |later: Instant, earlier: Instant| later.saturating_duration_since(earlier).as_secs_f64();
+        let m = &self.metrics;
+        m.queue_time.observe(secs(scheduled, l.job.extra.arrival));
+        m.prefill_time.observe(secs(first, scheduled));
+        m.decode_time.observe(secs(l.last_token, first));
+        m.inference_time.observe(secs(l.last_token, scheduled));
+    }
+
     /// Hands out what a pass produced, at its end. Metrics are updated before anything reaches
     /// a client, so a client that has its answer sees it counted.
     fn release(&mut self, out: &PassOutput) {
         self.gauges();
         let now = Instant::now();
         let mut gone = Vec::new();
+        let pass_start = self.cluster.origin + crate::wall_duration(out.start_ms / 1000.0);
         for a in &out.admissions {
             if let Some(l) = self.live.get_mut(&a.request) {
                 l.job.extra.cached_tokens.get_or_insert(a.reused_tokens);
+                l.scheduled.get_or_insert(pass_start.min(now));
             }
         }
         let mut i = 0;
@@ -367,6 +390,7 @@ impl Actor {
                         remote_blocks: Some(blocks),
                     };
                     self.metrics.e2e.observe(now.duration_since(l.job.extra.arrival).as_secs_f64());
+                    self.observe_phases(&l);
                     self.metrics.requests_finished.add(1.0);
                     self.held.insert(f.request);
                     self.departures.push((now + self.cluster.hold_for_remote(l.job.prompt.len()), f.request));
@@ -396,6 +420,7 @@ impl Actor {
                         remote_blocks: None,
                     };
                     self.metrics.e2e.observe(now.duration_since(l.job.extra.arrival).as_secs_f64());
+                    self.observe_phases(&l);
                     self.metrics.requests_finished.add(1.0);
                     l.job.extra.sink.done(done);
                 }

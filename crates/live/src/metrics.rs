@@ -102,6 +102,13 @@ pub struct RankMetrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// vLLM's phases of a finished request (arrival to first scheduled, first scheduled to
+    /// first token, first to last token, first scheduled to last token): the components TTFT
+    /// and E2E are made of, as `predict --ttft-breakdown` reports them.
+    pub queue_time: Histogram,
+    pub prefill_time: Histogram,
+    pub decode_time: Histogram,
+    pub inference_time: Histogram,
     pub lateness: Histogram,
 }
 
@@ -124,6 +131,10 @@ impl RankMetrics {
             ttft: Histogram::new(ttft),
             itl: Histogram::new(itl),
             e2e: Histogram::new(e2e),
+            queue_time: Histogram::new(VLLM_E2E_BUCKETS),
+            prefill_time: Histogram::new(VLLM_E2E_BUCKETS),
+            decode_time: Histogram::new(VLLM_E2E_BUCKETS),
+            inference_time: Histogram::new(VLLM_E2E_BUCKETS),
             lateness: Histogram::new(LATENESS_BUCKETS),
         }
     }
@@ -328,6 +339,30 @@ pub fn render(ranks: &[&RankMetrics], model: &str, backend: Backend) -> String {
                 &n("e2e_request_latency_seconds"),
                 "Histogram of e2e request latency in seconds.",
                 |m| &m.e2e,
+            );
+            e.histogram(
+                ranks,
+                &n("request_queue_time_seconds"),
+                "Histogram of time spent in WAITING phase for request.",
+                |m| &m.queue_time,
+            );
+            e.histogram(
+                ranks,
+                &n("request_prefill_time_seconds"),
+                "Histogram of time spent in PREFILL phase for request.",
+                |m| &m.prefill_time,
+            );
+            e.histogram(
+                ranks,
+                &n("request_decode_time_seconds"),
+                "Histogram of time spent in DECODE phase for request.",
+                |m| &m.decode_time,
+            );
+            e.histogram(
+                ranks,
+                &n("request_inference_time_seconds"),
+                "Histogram of time spent in RUNNING phase for request.",
+                |m| &m.inference_time,
             );
         }
     }
