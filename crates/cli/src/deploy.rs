@@ -246,7 +246,8 @@ pub fn predict(f: &ConfigFlags, flags: &crate::reports::ReportFlags, json: bool)
     for key in servesim_replay::WALL_CLOCK_KEYS {
         page_summary.remove(key);
     }
-    let written = outputs.finish("servesim predict -c", &page_summary, &tree).map_err(Failure::run)?;
+    let view = planner.as_ref().map(|run| crate::reports::planner_view(run, run.is_agg(), report.totals.duration_ms));
+    let written = outputs.finish("servesim predict -c", &page_summary, &tree, view.as_ref()).map_err(Failure::run)?;
     staged.commit()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));

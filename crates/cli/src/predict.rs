@@ -660,7 +660,9 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             summary_map.remove(key);
         }
         let summary_map = &summary_map;
-        match outputs.finish("servesim predict", summary_map, &config_json) {
+        let end_ms = summary_map.get("duration_ms").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        let view = planner.as_ref().map(|run| crate::reports::planner_view(run, run.is_agg(), end_ms));
+        match outputs.finish("servesim predict", summary_map, &config_json, view.as_ref()) {
             Ok(paths) if a.format == Format::Table => {
                 for p in paths {
                     print_out(&format!("Saved report to: {}\n", p.display()))?;

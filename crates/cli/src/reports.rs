@@ -102,6 +102,7 @@ impl Outputs {
         title: &str,
         summary: &serde_json::Map<String, serde_json::Value>,
         config: &serde_json::Value,
+        planner: Option<&servesim_report::PlannerView>,
     ) -> Result<Vec<PathBuf>, String> {
         let mut written = Vec::new();
         if let Some(mut file) = self.html.take() {
@@ -111,6 +112,7 @@ impl Outputs {
                 config,
                 requests: &self.requests,
                 telemetry: Some(&self.series).filter(|s| s.num_samples() > 0),
+                planner,
             };
             let html = servesim_report::render_run(&page);
             std::io::Write::write_all(file.writer(), html.as_bytes())
@@ -123,6 +125,20 @@ impl Outputs {
             file.commit()?;
         }
         Ok(written)
+    }
+}
+
+/// The run page's view of what the planner did.
+pub fn planner_view(
+    run: &servesim_replay::planned::PlannerRun,
+    agg: bool,
+    end_ms: f64,
+) -> servesim_report::PlannerView {
+    servesim_report::PlannerView {
+        agg,
+        timeline: run.timeline.clone(),
+        end_s: end_ms / 1000.0,
+        events: run.events.iter().map(|e| (e.at_s, e.component.to_string(), e.from_count, e.to_count)).collect(),
     }
 }
 

@@ -196,3 +196,43 @@ fn predict_config_page_renders_with_its_configuration() {
     let csv = std::fs::read_to_string(&telemetry).unwrap();
     assert!(csv.starts_with("t_ms,scope,pool,worker,dp_rank,"));
 }
+
+#[test]
+fn planner_page_shows_the_worker_count_and_every_scaling_decision() {
+    let page = dir().join("planner.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args([
+            "predict",
+            "--input-tokens",
+            "2000",
+            "--output-tokens",
+            "200",
+            "--request-count",
+            "1500",
+            "--request-rate",
+            "12",
+            "--num-workers",
+            "1",
+            "--extra-engine-args",
+            r#"{"num_gpu_blocks": 8192}"#,
+            "--planner-config",
+            r#"{"mode": "agg", "optimization_target": "latency", "max_gpu_budget": 4}"#,
+            "--report-html",
+            page.to_str().unwrap(),
+            "--format",
+            "json",
+        ])
+        .output()
+        .expect("run servesim");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let events = doc["planner"]["scaling_events"].as_array().unwrap().len();
+    assert!(events > 0, "the load should make the planner scale");
+    let (dom, console) = browse(&page);
+    assert!(console.is_empty(), "console messages: {console:?}");
+    // Aggregated: one worker-count series; one table row per scaling decision (plus the header).
+    assert_eq!(count_in_chart(&dom, "planner-workers", "data-series="), 1);
+    let table = &dom[dom.find("data-table=\"scaling-events\"").expect("events table")..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert_eq!(table.matches("<tr>").count(), events + 1);
+}

@@ -44,6 +44,11 @@ impl PlannerRun {
         }
     }
 
+    /// Whether it scales one pool of aggregated workers (not prefill and decode pools).
+    pub fn is_agg(&self) -> bool {
+        self.planner.is_agg()
+    }
+
     pub fn total_ticks(&self) -> usize {
         self.ticks.len()
     }

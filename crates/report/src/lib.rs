@@ -214,6 +214,19 @@ pub struct RunPage<'a> {
     pub config: &'a Value,
     pub requests: &'a Requests,
     pub telemetry: Option<&'a TelemetrySeries>,
+    pub planner: Option<&'a PlannerView>,
+}
+
+/// What a planner in the loop did, for the run page.
+pub struct PlannerView {
+    /// Aggregated workers (one count) rather than prefill and decode pools.
+    pub agg: bool,
+    /// (time s, prefill workers, decode workers) from the start and after each change.
+    pub timeline: Vec<(f64, usize, usize)>,
+    /// When the run ended (s): the last counts hold until then.
+    pub end_s: f64,
+    /// (time s, component, from, to) of each scaling decision.
+    pub events: Vec<(f64, String, usize, usize)>,
 }
 
 const STYLE: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:24px auto;max-width:1580px;color:#222;padding:0 16px}\
@@ -437,11 +450,55 @@ pub fn render_run(page: &RunPage<'_>) -> String {
     } else {
         out.push_str(r#"<h2>Cluster over time</h2><p class="note">No telemetry was sampled.</p>"#);
     }
+    if let Some(p) = page.planner {
+        planner_section(&mut out, p);
+    }
 
     out.push_str("<h2>Configuration</h2><pre>");
     out.push_str(&escape(&serde_json::to_string_pretty(page.config).unwrap_or_default()));
     out.push_str("</pre></body></html>\n");
     out
+}
+
+fn planner_section(out: &mut String, p: &PlannerView) {
+    out.push_str(r#"<h2>Planner</h2><div class="grid">"#);
+    let counts = |pick: fn(&(f64, usize, usize)) -> usize| -> Vec<(f64, f64)> {
+        let mut points: Vec<(f64, f64)> = p.timeline.iter().map(|e| (e.0, pick(e) as f64)).collect();
+        if let Some(&(_, last)) = points.last() {
+            points.push((p.end_s.max(points[points.len() - 1].0), last));
+        }
+        points
+    };
+    let series = if p.agg {
+        vec![Series { name: "workers".into(), points: counts(|e| e.2) }]
+    } else {
+        vec![
+            Series { name: "prefill workers".into(), points: counts(|e| e.1) },
+            Series { name: "decode workers".into(), points: counts(|e| e.2) },
+        ]
+    };
+    out.push_str(&svg::line_chart(
+        "planner-workers",
+        "Workers taking traffic (starting ones not yet, draining ones no longer)",
+        "time (s)",
+        "workers",
+        &series,
+        true,
+    ));
+    out.push_str("</div>");
+    if p.events.is_empty() {
+        out.push_str(r#"<p class="note">The planner made no scaling decision.</p>"#);
+        return;
+    }
+    let _ = write!(
+        out,
+        r#"<details><summary>{} scaling decisions</summary><table data-table="scaling-events"><tr><th>time (s)</th><th>component</th><th>from</th><th>to</th></tr>"#,
+        p.events.len()
+    );
+    for (at_s, component, from, to) in &p.events {
+        let _ = write!(out, "<tr><td>{at_s:.1}</td><td>{}</td><td>{from}</td><td>{to}</td></tr>", escape(component));
+    }
+    out.push_str("</table></details>");
 }
 
 fn telemetry_section(out: &mut String, t: &TelemetrySeries) {
@@ -649,7 +706,14 @@ mod tests {
         let summary: Map<String, Value> =
             serde_json::from_str(r#"{"num_requests": 50, "mean_ttft_ms": 34.5}"#).unwrap();
         let config = serde_json::json!({"workers": 1});
-        let page = RunPage { title: "t", summary: &summary, config: &config, requests: &requests, telemetry: None };
+        let page = RunPage {
+            title: "t",
+            summary: &summary,
+            config: &config,
+            requests: &requests,
+            telemetry: None,
+            planner: None,
+        };
         let a = render_run(&page);
         assert_eq!(a, render_run(&page));
         assert!(!a.contains("http"), "nothing is fetched when the page is viewed");
