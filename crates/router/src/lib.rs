@@ -26,6 +26,7 @@
 pub mod config;
 pub mod indexer;
 pub mod load;
+pub mod policy;
 pub mod queue;
 
 use std::sync::Arc;
@@ -38,7 +39,8 @@ use servesim_engine::KvEvent;
 pub use config::{PrefillLoadModel, QueuePolicy, RouterConfig};
 pub use indexer::Indexer;
 pub use load::ActiveLoad;
-pub use queue::{Pending, RouterQueue};
+pub use policy::{PolicyClass, PolicyConfig, PolicyError, PolicyProfile};
+pub use queue::{Pending, QueueRejection, RouterQueue};
 
 /// Cycles through targets in order.
 #[derive(Clone, Debug, Default)]
@@ -80,6 +82,8 @@ pub struct RouteRequest<'a> {
     pub priority: i32,
     pub strict_priority: u32,
     pub arrival_ms: f64,
+    /// The router policy class (or family) the request asks for.
+    pub policy_class: Option<&'a str>,
 }
 
 /// Where a request went and why.
@@ -94,10 +98,12 @@ pub struct Placement {
     pub queued_at_ms: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Routed {
     Placed(Placement),
     Queued,
+    /// Its policy class's queue is full (Dynamo stops the replay with this error).
+    Rejected(QueueRejection),
 }
 
 pub struct KvRouter {
@@ -106,8 +112,8 @@ pub struct KvRouter {
     /// Targets that may receive requests (a worker starting up or draining takes none).
     eligible: Vec<bool>,
     block_size: u32,
-    /// A target is busy when its pending prefill exceeds this many tokens.
-    busy_tokens: Option<f64>,
+    /// What the busy thresholds of the policy classes are fractions of.
+    max_num_batched_tokens: u32,
     indexer: Indexer,
     load: ActiveLoad,
     queue: RouterQueue,
@@ -122,12 +128,16 @@ pub struct KvRouter {
 impl KvRouter {
     pub fn new(cfg: RouterConfig, targets: usize, block_size: u32, max_num_batched_tokens: u32, seed: u64) -> Self {
         KvRouter {
-            busy_tokens: cfg.queue_threshold.map(|t| t * max_num_batched_tokens as f64),
+            max_num_batched_tokens,
             num_targets: targets,
             eligible: vec![true; targets],
             indexer: Indexer::new(targets),
             load: ActiveLoad::new(targets, cfg.track_active_blocks, cfg.assume_kv_reuse),
-            queue: RouterQueue::new(cfg.queue_policy),
+            queue: RouterQueue::new(
+                cfg.policy_profile
+                    .clone()
+                    .unwrap_or_else(|| PolicyProfile::synthetic(cfg.queue_threshold, cfg.queue_policy)),
+            ),
             rng: ChaCha12Rng::seed_from_u64(seed),
             scores: Vec::with_capacity(targets),
             block_size,
@@ -196,19 +206,45 @@ impl KvRouter {
         }
     }
 
-    fn busy(&self, target: usize, now: Duration) -> bool {
-        self.busy_tokens.is_some_and(|limit| self.load.prefill_tokens_at(target, now) as f64 > limit)
+    /// Whether every eligible target is busy for `class` (true when none is eligible).
+    fn all_busy(&self, class: &PolicyClass, now: Duration) -> bool {
+        all_busy(&self.load, &self.eligible, self.max_num_batched_tokens, class, now)
     }
 
-    fn all_busy(&self, now: Duration) -> bool {
-        self.busy_tokens.is_some() && (0..self.num_targets).filter(|&t| self.eligible[t]).all(|t| self.busy(t, now))
+    /// Prompt tokens the eligible target with the longest cached prefix of `hashes` holds.
+    fn best_cached_tokens(&self, hashes: &[u64], isl: u32) -> u32 {
+        let best = (0..self.num_targets)
+            .filter(|&t| self.eligible[t])
+            .map(|t| self.indexer.overlap(t, hashes))
+            .max()
+            .unwrap_or(0);
+        best.saturating_mul(self.block_size).min(isl)
     }
 
-    /// Places a request now, or queues it when every target is busy (or others already wait).
+    /// Places a request now, or queues it in its policy class when every target is busy for
+    /// that class (or others of the class already wait).
     pub fn route(&mut self, req: RouteRequest<'_>, now_ms: f64) -> Routed {
         let now = clock(now_ms);
-        if self.busy_tokens.is_some() && (!self.queue.is_empty() || self.all_busy(now)) {
-            self.queue.push(Pending {
+        let profile = self.queue.profile();
+        // The cache snapshot is taken only where it matters: to pick a bucket, or to cost and
+        // account the request in a profile of several classes.
+        let several = profile.classes().len() > 1;
+        let (class, cached) = match profile.direct(req.policy_class) {
+            Some(class) => (class, None),
+            None => {
+                let cached = self.best_cached_tokens(req.hashes, req.isl);
+                (profile.resolve(req.policy_class, (req.isl - cached) as u64), Some(cached))
+            }
+        };
+        let cfg = profile.class(class);
+        if cfg.queueing() && (self.queue.class_len(class) > 0 || self.all_busy(cfg, now)) {
+            let cached_tokens = match cached {
+                Some(c) => c,
+                None if several => self.best_cached_tokens(req.hashes, req.isl),
+                None => 0,
+            };
+            let targets = self.eligible.iter().filter(|&&e| e).count();
+            let pending = Pending {
                 id: req.id,
                 hashes: req.hashes.to_vec(),
                 isl: req.isl,
@@ -216,8 +252,12 @@ impl KvRouter {
                 strict_priority: req.strict_priority,
                 arrival_ms: req.arrival_ms,
                 queued_at_ms: now_ms,
-            });
-            return Routed::Queued;
+                cached_tokens,
+            };
+            return match self.queue.push(class, targets, pending) {
+                Ok(()) => Routed::Queued,
+                Err(rejection) => Routed::Rejected(rejection),
+            };
         }
         Routed::Placed(self.place(req, None, now))
     }
@@ -357,8 +397,11 @@ impl KvRouter {
     pub fn drain(&mut self, now_ms: f64) -> Vec<Placement> {
         let now = clock(now_ms);
         let mut released = Vec::new();
-        while !self.queue.is_empty() && !self.all_busy(now) {
-            let p = self.queue.pop().expect("queue is not empty");
+        loop {
+            let (load, eligible, budget) = (&self.load, &self.eligible, self.max_num_batched_tokens);
+            let Some(p) = self.queue.pop(|class| !all_busy(load, eligible, budget, class, now)) else {
+                break;
+            };
             let req = RouteRequest {
                 id: p.id,
                 hashes: &p.hashes,
@@ -366,11 +409,25 @@ impl KvRouter {
                 priority: p.priority,
                 strict_priority: p.strict_priority,
                 arrival_ms: p.arrival_ms,
+                policy_class: None,
             };
             released.push(self.place(req, Some(p.queued_at_ms), now));
         }
         released
     }
+}
+
+/// Whether every eligible target is busy for `class` (true when none is eligible).
+fn all_busy(
+    load: &ActiveLoad,
+    eligible: &[bool],
+    max_num_batched_tokens: u32,
+    class: &PolicyClass,
+    now: Duration,
+) -> bool {
+    (0..eligible.len())
+        .filter(|&t| eligible[t])
+        .all(|t| class.busy(load.prefill_tokens_at(t, now), max_num_batched_tokens))
 }
 
 #[cfg(test)]
@@ -383,13 +440,13 @@ mod tests {
     }
 
     fn req(id: u64, hashes: &[u64], isl: u32) -> RouteRequest<'_> {
-        RouteRequest { id, hashes, isl, priority: 0, strict_priority: 0, arrival_ms: 0.0 }
+        RouteRequest { id, hashes, isl, priority: 0, strict_priority: 0, arrival_ms: 0.0, policy_class: None }
     }
 
     fn placed(r: Routed) -> Placement {
         match r {
             Routed::Placed(p) => p,
-            Routed::Queued => panic!("queued"),
+            other => panic!("not placed: {other:?}"),
         }
     }
 
