@@ -211,13 +211,14 @@ impl KvRouter {
         all_busy(&self.load, &self.eligible, self.max_num_batched_tokens, class, now)
     }
 
-    /// Prompt tokens the eligible target with the longest cached prefix of `hashes` holds.
-    fn best_cached_tokens(&self, hashes: &[u64], isl: u32) -> u32 {
-        let best = (0..self.num_targets)
-            .filter(|&t| self.eligible[t])
-            .map(|t| self.indexer.overlap(t, hashes))
-            .max()
-            .unwrap_or(0);
+    /// Each target's cached prefix of `hashes`, in blocks.
+    fn overlaps(&self, hashes: &[u64]) -> Vec<u32> {
+        (0..self.num_targets).map(|t| self.indexer.overlap(t, hashes)).collect()
+    }
+
+    /// Prompt tokens the eligible target with the longest cached prefix holds.
+    fn best_cached_tokens(&self, overlaps: &[u32], isl: u32) -> u32 {
+        let best = (0..self.num_targets).filter(|&t| self.eligible[t]).map(|t| overlaps[t]).max().unwrap_or(0);
         best.saturating_mul(self.block_size).min(isl)
     }
 
@@ -226,23 +227,20 @@ impl KvRouter {
     pub fn route(&mut self, req: RouteRequest<'_>, now_ms: f64) -> Routed {
         let now = clock(now_ms);
         let profile = self.queue.profile();
-        // The cache snapshot is taken only where it matters: to pick a bucket, or to cost and
-        // account the request in a profile of several classes.
-        let several = profile.classes().len() > 1;
-        let (class, cached) = match profile.direct(req.policy_class) {
+        // The cache snapshot is taken only where it is needed: to pick a bucket, or for a
+        // request that waits (which is later placed on the overlaps seen now, as in Dynamo).
+        let (class, mut overlaps) = match profile.direct(req.policy_class) {
             Some(class) => (class, None),
             None => {
-                let cached = self.best_cached_tokens(req.hashes, req.isl);
-                (profile.resolve(req.policy_class, (req.isl - cached) as u64), Some(cached))
+                let overlaps = self.overlaps(req.hashes);
+                let cached = self.best_cached_tokens(&overlaps, req.isl);
+                (profile.resolve(req.policy_class, (req.isl - cached) as u64), Some(overlaps))
             }
         };
         let cfg = profile.class(class);
         if cfg.queueing() && (self.queue.class_len(class) > 0 || self.all_busy(cfg, now)) {
-            let cached_tokens = match cached {
-                Some(c) => c,
-                None if several => self.best_cached_tokens(req.hashes, req.isl),
-                None => 0,
-            };
+            let overlaps = overlaps.take().unwrap_or_else(|| self.overlaps(req.hashes));
+            let cached_tokens = self.best_cached_tokens(&overlaps, req.isl);
             let targets = self.eligible.iter().filter(|&&e| e).count();
             let pending = Pending {
                 id: req.id,
@@ -253,13 +251,14 @@ impl KvRouter {
                 arrival_ms: req.arrival_ms,
                 queued_at_ms: now_ms,
                 cached_tokens,
+                overlaps,
             };
             return match self.queue.push(class, targets, pending) {
                 Ok(()) => Routed::Queued,
                 Err(rejection) => Routed::Rejected(rejection),
             };
         }
-        Routed::Placed(self.place(req, None, now))
+        Routed::Placed(self.place(req, overlaps.as_deref(), None, now))
     }
 
     /// Predicted time to prefill `pending` new tokens behind `prefix` cached ones, if the load
@@ -284,9 +283,17 @@ impl KvRouter {
         None
     }
 
-    /// Scores every target for `req`, picks one and records the load there.
-    fn place(&mut self, req: RouteRequest<'_>, queued_at_ms: Option<f64>, now: Duration) -> Placement {
-        self.score(&req, now);
+    /// Scores every target for `req`, picks one and records the load there. `overlaps` are
+    /// the targets' cached prefixes to score with (those seen when a released request was
+    /// queued); None looks them up now.
+    fn place(
+        &mut self,
+        req: RouteRequest<'_>,
+        overlaps: Option<&[u32]>,
+        queued_at_ms: Option<f64>,
+        now: Duration,
+    ) -> Placement {
+        self.score(&req, overlaps, now);
         let target = self.choose();
         let (cost, overlap_blocks) = self.scores[target];
         let cached_tokens = (overlap_blocks * self.block_size).min(req.isl);
@@ -296,7 +303,7 @@ impl KvRouter {
         Placement { id: req.id, target, overlap_blocks, cost, queued_at_ms }
     }
 
-    fn score(&mut self, req: &RouteRequest<'_>, now: Duration) {
+    fn score(&mut self, req: &RouteRequest<'_>, overlaps: Option<&[u32]>, now: Duration) {
         let bs = self.block_size as f64;
         let cfg = &self.cfg;
         let incoming_blocks = req.isl as f64 / bs;
@@ -311,7 +318,10 @@ impl KvRouter {
                 self.scores.push((f64::INFINITY, 0));
                 continue;
             }
-            let overlap = self.indexer.overlap(t, req.hashes);
+            let overlap = match overlaps {
+                Some(o) => o.get(t).copied().unwrap_or(0),
+                None => self.indexer.overlap(t, req.hashes),
+            };
             let mut cost = 0.0;
             if cfg.track_prefill_tokens {
                 let active_prefill = self.load.prefill_tokens_at(t, now);
@@ -411,7 +421,7 @@ impl KvRouter {
                 arrival_ms: p.arrival_ms,
                 policy_class: None,
             };
-            released.push(self.place(req, Some(p.queued_at_ms), now));
+            released.push(self.place(req, Some(&p.overlaps), Some(p.queued_at_ms), now));
         }
         released
     }

@@ -28,6 +28,9 @@ pub struct Pending {
     pub queued_at_ms: f64,
     /// Prompt tokens the best eligible target had cached when the request was queued.
     pub cached_tokens: u32,
+    /// Each target's cached prefix (blocks) when the request was queued: Dynamo scores a
+    /// released request on these, with fresh loads.
+    pub overlaps: Vec<u32>,
 }
 
 impl Pending {
@@ -148,8 +151,8 @@ impl RouterQueue {
         let key = match cfg.queue_policy {
             QueuePolicy::Fcfs => p.arrival_ms - bump_ms,
             QueuePolicy::Lcfs => -(p.arrival_ms + bump_ms),
-            // Smith's rule: highest weight per unit of work first.
-            QueuePolicy::Wspt => -(1.0 + p.priority.max(0) as f64) / (p.isl.max(1) as f64),
+            // Smith's rule: highest weight per unit of work (uncached prompt tokens) first.
+            QueuePolicy::Wspt => -(1.0 + p.priority.max(0) as f64) / p.cost() as f64,
         };
         self.seq += 1;
         let q = &mut self.classes[class];

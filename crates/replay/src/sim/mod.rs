@@ -772,10 +772,16 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         let routed = self.pools[pool].placer.is_kv();
+        // The router hears of the pass's completions before its first tokens (Dynamo's order:
+        // what a completion frees is there for the requests a first token releases from the
+        // queue). A request that also produced its first token in this pass just ends.
+        for f in &out.finished {
+            self.router_edge(pool, f.request, true);
+        }
         for t in &out.tokens {
             // The router's prefill edge: the prefill worker's only token, or the first visible one.
             let edge = role == Role::Prefill || self.collector.token(t.request, now);
-            if edge && routed {
+            if edge && routed && !out.finished.iter().any(|f| f.request == t.request) {
                 self.router_edge(pool, t.request, false);
             }
         }
@@ -784,7 +790,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
             t.pass(pool, target, out, role != Role::Prefill);
         }
         for f in &out.finished {
-            self.router_edge(pool, f.request, true);
             match (role, f.finish) {
                 (Role::Prefill, Finish::Completed) => {
                     // The prompt is done: its KV moves once a decode worker has room for it.
