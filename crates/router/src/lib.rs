@@ -540,6 +540,94 @@ mod tests {
         assert_eq!(r.queued(), 0);
     }
 
+    /// A router with `targets` targets of block 16 and budget 64 over this policy profile.
+    fn with_policy(yaml: &str, targets: usize) -> KvRouter {
+        let profile = PolicyConfig::from_yaml(yaml).unwrap().profile(None).cloned();
+        KvRouter::new(RouterConfig { policy_profile: profile, ..RouterConfig::default() }, targets, 16, 64, 1)
+    }
+
+    const CLASSES: &str = r#"
+default_policy_family: batch
+uncached_isl_buckets: [{min_tokens: 0, bucket: cached}, {min_tokens: 32, bucket: uncached}]
+policy_classes:
+  - {name: lat_c, policy_family: latency, cache_bucket: cached, quantum: 1, prefill_busy_threshold: 1000}
+  - {name: lat_u, policy_family: latency, cache_bucket: uncached, quantum: 1, prefill_busy_threshold: 100}
+  - {name: bat_c, policy_family: batch, cache_bucket: cached, quantum: 1, prefill_busy_threshold: 0}
+  - {name: bat_u, policy_family: batch, cache_bucket: uncached, quantum: 1, prefill_busy_threshold: 0}
+  - {name: capped, quantum: 1, prefill_busy_threshold: 0, request_queue_limit_per_worker: 1}
+"#;
+
+    fn classed<'a>(id: u64, hashes: &'a [u64], isl: u32, class: &'a str) -> RouteRequest<'a> {
+        RouteRequest { policy_class: Some(class), ..req(id, hashes, isl) }
+    }
+
+    #[test]
+    fn each_class_has_its_own_busy_threshold() {
+        let mut r = with_policy(CLASSES, 1);
+        placed(r.route(classed(1, &[], 200, "batch"), 0.0));
+        // 200 pending tokens: busy for batch (> 0) and for uncached latency (> 100), not for
+        // cached latency (> 1000). Nothing is cached: 10 tokens are the cached bucket (< 32),
+        // 40 the uncached one.
+        assert_eq!(r.route(classed(2, &[], 10, "batch"), 1.0), Routed::Queued);
+        assert_eq!(r.route(classed(3, &[], 40, "latency"), 2.0), Routed::Queued);
+        placed(r.route(classed(4, &[], 10, "latency"), 3.0));
+        // 10 pending: idle enough for uncached latency, still busy for batch.
+        let released = r.prefill_completed(1, 4.0);
+        assert_eq!(released.iter().map(|p| p.id).collect::<Vec<_>>(), vec![3]);
+        assert_eq!(r.queued(), 1);
+        assert!(r.prefill_completed(4, 5.0).is_empty(), "40 pending: batch waits");
+        let released = r.prefill_completed(3, 6.0);
+        assert_eq!(released.iter().map(|p| (p.id, p.queued_at_ms)).collect::<Vec<_>>(), vec![(2, Some(1.0))]);
+    }
+
+    #[test]
+    fn buckets_use_the_best_eligible_cache() {
+        let hashes: Vec<u64> = (1..=4).collect();
+        let cold: Vec<u64> = (100..=103).collect();
+        let mut r = with_policy(CLASSES, 2);
+        r.apply_events(0, &[stored(&hashes)]);
+        placed(r.route(classed(1, &[9], 500, "batch"), 0.0));
+        placed(r.route(classed(2, &[8], 500, "batch"), 0.0));
+        // Both targets have 500 pending. 64 uncached tokens: uncached latency, busy above 100.
+        assert_eq!(r.route(classed(3, &cold, 64, "latency"), 1.0), Routed::Queued);
+        assert_eq!((r.queue.class_len(0), r.queue.class_len(1)), (0, 1));
+        // All 64 cached on target 0: cached latency, busy only above 1000.
+        placed(r.route(classed(4, &hashes, 64, "latency"), 1.0));
+        // Target 0 no longer eligible: its cache does not count.
+        r.set_eligible(0, false);
+        assert_eq!(r.route(classed(5, &hashes, 64, "latency"), 1.0), Routed::Queued);
+        assert_eq!((r.queue.class_len(0), r.queue.class_len(1)), (0, 2));
+    }
+
+    #[test]
+    fn a_full_class_queue_rejects() {
+        let mut r = with_policy(CLASSES, 1);
+        placed(r.route(classed(1, &[], 10, "batch"), 0.0));
+        assert_eq!(r.route(classed(2, &[], 10, "capped"), 1.0), Routed::Queued);
+        match r.route(classed(3, &[], 10, "capped"), 2.0) {
+            Routed::Rejected(e) => assert_eq!((e.class.as_str(), e.current, e.limit), ("capped", 1, 1)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.queued(), 1);
+    }
+
+    #[test]
+    fn a_released_request_is_scored_on_the_overlaps_seen_when_it_queued() {
+        let hashes = [7, 8];
+        let cfg = RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() };
+        let mut r = KvRouter::new(cfg, 2, 16, 64, 1);
+        placed(r.route(req(1, &[1], 16), 0.0));
+        placed(r.route(req(2, &[2], 16), 0.0));
+        assert_eq!(r.route(req(3, &hashes, 32), 1.0), Routed::Queued);
+        // Both targets cache the prompt after it queued; Dynamo still scores it on no overlap.
+        r.apply_events(0, &[stored(&hashes)]);
+        r.apply_events(1, &[stored(&hashes)]);
+        let released = r.prefill_completed(2, 2.0);
+        assert_eq!(released.len(), 1);
+        assert_eq!(released[0].overlap_blocks, 0);
+        assert_eq!(r.indexer().overlap(released[0].target, &hashes), 2, "a fresh look would see both blocks");
+    }
+
     /// Predicts `ms_per_token` per new prompt token.
     #[derive(Debug)]
     struct PerToken(f64);

@@ -421,3 +421,134 @@ fn build_profile(raw: RawProfile, prefix: &str) -> Result<PolicyProfile, PolicyE
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+default_policy_family: standard
+uncached_isl_buckets:
+  - {min_tokens: 0, bucket: cached}
+  - {min_tokens: 32, bucket: uncached}
+policy_classes:
+  - {name: std_cached, policy_family: standard, cache_bucket: cached, quantum: 1}
+  - {name: std_uncached, policy_family: standard, cache_bucket: uncached, quantum: 2, queue_policy: wspt}
+  - {name: lat_cached, policy_family: latency, cache_bucket: cached, quantum: 3, prefill_busy_threshold: 0}
+  - {name: lat_uncached, policy_family: latency, cache_bucket: uncached, quantum: 4,
+     prefill_busy_threshold_frac: 0.5, request_queue_limit_per_worker: 1}
+  - {name: vip, quantum: 8}
+models:
+  small:
+    default_policy_family: only
+    uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+    policy_classes: [{name: only_all, policy_family: only, cache_bucket: all, quantum: 5}]
+"#;
+
+    fn error(yaml: &str) -> PolicyError {
+        PolicyConfig::from_yaml(yaml).expect_err("accepted a bad config")
+    }
+
+    #[test]
+    fn classes_resolve_by_name_then_family_and_uncached_bucket() {
+        let c = PolicyConfig::from_yaml(EXAMPLE).unwrap();
+        let p = c.profile(None).unwrap();
+        let name = |requested: Option<&str>, uncached: u64| p.class(p.resolve(requested, uncached)).name.as_str();
+        // An exact class name wins whatever the cache holds; family names are not class names.
+        assert_eq!(p.direct(Some("vip")), Some(4));
+        assert_eq!(name(Some("vip"), 0), "vip");
+        assert_eq!(p.direct(Some("latency")), None);
+        // Family + bucket: buckets start at their min_tokens (0-31 cached, 32 and up uncached).
+        assert_eq!(name(Some("latency"), 0), "lat_cached");
+        assert_eq!(name(Some("latency"), 31), "lat_cached");
+        assert_eq!(name(Some("latency"), 32), "lat_uncached");
+        assert_eq!(name(Some("latency"), u64::MAX), "lat_uncached");
+        // No class or an unknown one: the default family.
+        assert_eq!(name(None, 5), "std_cached");
+        assert_eq!(name(Some("nonesuch"), 100), "std_uncached");
+        // A class name that is also bound to a family is reached by its family, not its name.
+        assert_eq!(name(Some("lat_cached"), 100), "std_uncached");
+        let lat = p.class(3);
+        assert_eq!(
+            (lat.quantum, lat.prefill_busy_threshold_frac, lat.request_queue_limit_per_worker),
+            (4, Some(0.5), Some(1))
+        );
+        assert_eq!(p.class(1).queue_policy, QueuePolicy::Wspt);
+        assert_eq!(p.class(0).queue_policy, QueuePolicy::Fcfs, "fcfs by default");
+    }
+
+    #[test]
+    fn a_model_profile_replaces_the_root_one() {
+        let c = PolicyConfig::from_yaml(EXAMPLE).unwrap();
+        let small = c.profile(Some("small")).unwrap();
+        assert_eq!(small.classes().len(), 1);
+        assert_eq!(small.class(small.resolve(Some("latency"), 1000)).name, "only_all");
+        assert_eq!(c.profile(Some("other")).unwrap().classes().len(), 5, "other models get the root profile");
+        let models_only = EXAMPLE.split("models:").nth(1).unwrap();
+        let c = PolicyConfig::from_yaml(&format!("models:{models_only}")).unwrap();
+        assert!(c.profile(Some("other")).is_none(), "no root profile: the router keeps its synthetic queue");
+        assert!(c.profile(None).is_none());
+    }
+
+    #[test]
+    fn busy_thresholds_are_absolute_or_fractions_of_the_batch_budget() {
+        let c = PolicyConfig::from_yaml(EXAMPLE).unwrap();
+        let p = c.profile(None).unwrap();
+        let (std, lat0, lat_half) = (p.class(0), p.class(2), p.class(3));
+        assert!(!std.queueing() && !std.busy(1_000_000, 64), "no threshold: never busy, never queues");
+        assert!(lat0.queueing() && !lat0.busy(0, 64) && lat0.busy(1, 64), "busy above 0 tokens");
+        assert!(!lat_half.busy(32, 64) && lat_half.busy(33, 64), "busy above 0.5 × 64");
+        let synthetic = PolicyProfile::synthetic(Some(0.5), QueuePolicy::Lcfs);
+        assert_eq!(synthetic.classes().len(), 1);
+        assert_eq!(synthetic.direct(Some("anything")), Some(0));
+        assert!(synthetic.class(0).busy(33, 64) && !synthetic.class(0).busy(32, 64));
+        assert!(!PolicyProfile::synthetic(None, QueuePolicy::Fcfs).queueing());
+    }
+
+    #[test]
+    fn errors_name_the_key_path() {
+        let e = error("default_policy_family: a\npolicy_classes: []\nuncached_isl_buckets: []\nextra: 1\n");
+        assert!(e.message.contains("unknown field `extra`"), "{e}");
+        let e = error(&EXAMPLE.replace("quantum: 4,", "quantum: 4, quantun: 1,"));
+        assert_eq!(e.path, "policy_classes[3]", "{e}");
+        assert!(e.message.contains("unknown field `quantun`"), "{e}");
+        let e = error(&EXAMPLE.replace("quantum: 2,", "quantum: -2,"));
+        assert_eq!(e.path, "policy_classes[1].quantum", "{e}");
+        let e = error(&EXAMPLE.replace("quantum: 2,", "quantum: 0,"));
+        assert_eq!((e.path.as_str(), e.message.as_str()), ("policy_classes[1].quantum", "must be greater than zero"));
+        let e = error(&EXAMPLE.replace("queue_policy: wspt", "queue_policy: lcfs"));
+        assert_eq!(e.path, "policy_classes[1].queue_policy");
+        let e = error(&EXAMPLE.replace("{min_tokens: 0, bucket: cached}", "{min_tokens: 1, bucket: cached}"));
+        assert_eq!(e.path, "uncached_isl_buckets[0].min_tokens");
+        let e = error(&EXAMPLE.replace("{min_tokens: 32, bucket: uncached}", "{min_tokens: 0, bucket: uncached}"));
+        assert_eq!(e.path, "uncached_isl_buckets[1].min_tokens");
+        let e = error(&EXAMPLE.replace("cache_bucket: uncached, quantum: 2", "cache_bucket: hot, quantum: 2"));
+        assert_eq!(e.path, "policy_classes[1].cache_bucket");
+        let e = error(
+            &EXAMPLE
+                .replace("{name: std_uncached, policy_family: standard,", "{name: std_uncached, policy_family: other,"),
+        );
+        assert_eq!(e.path, "policy_classes", "{e}");
+        assert!(e.message.contains("\"standard\" and bucket \"uncached\""), "{e}");
+        let e = error(&EXAMPLE.replace("default_policy_family: standard", "default_policy_family: batch"));
+        assert_eq!(e.path, "default_policy_family");
+        let e = error(&EXAMPLE.replace("{name: vip,", "{name: latency,"));
+        assert_eq!(e.path, "policy_classes[4].name", "an explicit class named like a family");
+        let e = error(&EXAMPLE.replace("{name: vip,", "{name: std_cached,"));
+        assert_eq!(e.path, "policy_classes[4].name", "a duplicate class");
+        let e = error(&EXAMPLE.replace("{name: vip, quantum: 8}", "{name: vip, policy_family: standard, quantum: 8}"));
+        assert_eq!(e.path, "policy_classes[4]", "a family without a bucket");
+        let e = error(&EXAMPLE.replace("{name: vip,", "{name: \"v i p\","));
+        assert_eq!(e.path, "policy_classes[4].name", "names are identifiers");
+        let e = error(&EXAMPLE.replace("quantum: 5}", "quantum: 0}"));
+        assert_eq!(e.path, "models.small.policy_classes[0].quantum");
+        let e = error("default_policy_family: standard\n");
+        assert!(e.message.contains("together"), "{e}");
+        let e = error("models: {}\n");
+        assert!(e.message.contains("root profile or at least one model profile"), "{e}");
+        let e = error(&format!("{EXAMPLE}router: {{router_queue_threshold: 1}}\n"));
+        assert_eq!(e.path, "router");
+        let e = error("- a list\n");
+        assert!(e.path.is_empty(), "{e}");
+    }
+}

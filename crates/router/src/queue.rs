@@ -242,3 +242,135 @@ impl RouterQueue {
         p
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PolicyConfig;
+
+    fn p(id: u64, arrival: f64, isl: u32, priority: i32, strict: u32) -> Pending {
+        Pending {
+            id,
+            hashes: vec![],
+            isl,
+            priority,
+            strict_priority: strict,
+            arrival_ms: arrival,
+            queued_at_ms: arrival,
+            cached_tokens: 0,
+            overlaps: vec![],
+        }
+    }
+
+    fn drain(q: &mut RouterQueue) -> Vec<u64> {
+        std::iter::from_fn(|| q.pop(|_| true)).map(|p| p.id).collect()
+    }
+
+    fn order(policy: QueuePolicy, items: Vec<Pending>) -> Vec<u64> {
+        let mut q = RouterQueue::new(PolicyProfile::synthetic(Some(0.0), policy));
+        for i in items {
+            q.push(0, 1, i).unwrap();
+        }
+        drain(&mut q)
+    }
+
+    /// Two classes, `a` and `b`, with these quanta, both queueing.
+    fn two_classes(qa: u64, qb: u64, extra: &str) -> RouterQueue {
+        let yaml = format!(
+            "default_policy_family: a\nuncached_isl_buckets: [{{min_tokens: 0, bucket: all}}]\npolicy_classes:\n  \
+             - {{name: a, policy_family: a, cache_bucket: all, quantum: {qa}, prefill_busy_threshold: 0{extra}}}\n  \
+             - {{name: b, policy_family: b, cache_bucket: all, quantum: {qb}, prefill_busy_threshold: 0}}\n"
+        );
+        RouterQueue::new(PolicyConfig::from_yaml(&yaml).unwrap().profile(None).unwrap().clone())
+    }
+
+    #[test]
+    fn policies_order_requests() {
+        let items = || vec![p(1, 0.0, 900, 0, 0), p(2, 10.0, 100, 0, 0), p(3, 20.0, 500, 0, 0)];
+        assert_eq!(order(QueuePolicy::Fcfs, items()), vec![1, 2, 3]);
+        assert_eq!(order(QueuePolicy::Lcfs, items()), vec![3, 2, 1]);
+        assert_eq!(order(QueuePolicy::Wspt, items()), vec![2, 3, 1]);
+        // wspt weighs the uncached prompt: 900 tokens with 850 cached are the shortest work.
+        let mut cached = items();
+        cached[0].cached_tokens = 850;
+        assert_eq!(order(QueuePolicy::Wspt, cached), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn priorities_bump_and_strict_tiers_dominate() {
+        // Priority 1 counts as arriving a second earlier.
+        let items = vec![p(1, 0.0, 10, 0, 0), p(2, 500.0, 10, 1, 0), p(3, 2000.0, 10, 1, 0)];
+        assert_eq!(order(QueuePolicy::Fcfs, items), vec![2, 1, 3]);
+        let items = vec![p(1, 0.0, 10, 5, 0), p(2, 9e9, 10, 0, 1)];
+        assert_eq!(order(QueuePolicy::Fcfs, items), vec![2, 1]);
+        // Equal keys keep arrival order.
+        let items = vec![p(1, 5.0, 10, 0, 0), p(2, 5.0, 10, 0, 0)];
+        assert_eq!(order(QueuePolicy::Fcfs, items), vec![1, 2]);
+    }
+
+    #[test]
+    fn deficit_round_robin_spends_credit_before_earning_more() {
+        // Unit costs, quanta 1 and 3: a class keeps its leftover credit and is looked at first
+        // on the next release, so b releases three in a row per round, a one.
+        let mut q = two_classes(1, 3, "");
+        for i in 0..4 {
+            q.push(0, 1, p(10 + i, i as f64, 1, 0, 0)).unwrap();
+            q.push(1, 1, p(20 + i, i as f64, 1, 0, 0)).unwrap();
+        }
+        assert_eq!(drain(&mut q), vec![10, 20, 21, 22, 11, 23, 12, 13]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn deficit_round_robin_costs_uncached_prompt_tokens() {
+        // Quanta 100 and 300 tokens, every request 200 uncached tokens: b affords one in its
+        // first round, a needs two rounds; once b is empty, a is granted whole rounds at once.
+        let mut q = two_classes(100, 300, "");
+        for i in 0..4 {
+            q.push(0, 1, p(10 + i, i as f64, 200, 0, 0)).unwrap();
+            q.push(1, 1, p(20 + i, i as f64, 200, 0, 0)).unwrap();
+        }
+        assert_eq!(drain(&mut q), vec![20, 10, 21, 22, 23, 11, 12, 13]);
+        // Cached tokens are free: 1000 tokens with 999 cached cost 1, so a releases first.
+        let mut q = two_classes(1, 1, "");
+        q.push(1, 1, p(2, 0.0, 10, 0, 0)).unwrap();
+        q.push(0, 1, Pending { cached_tokens: 999, ..p(1, 1.0, 1000, 0, 0) }).unwrap();
+        assert_eq!(drain(&mut q), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_class_that_may_not_release_is_passed_over() {
+        let mut q = two_classes(1, 1, "");
+        q.push(0, 1, p(1, 0.0, 1, 0, 0)).unwrap();
+        q.push(1, 1, p(2, 1.0, 1, 0, 0)).unwrap();
+        let only_b = |c: &PolicyClass| c.name == "b";
+        assert_eq!(q.pop(only_b).map(|p| p.id), Some(2));
+        assert_eq!(q.pop(only_b).map(|p| p.id), None, "a waits while its targets are busy");
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.pop(|_| true).map(|p| p.id), Some(1));
+        assert_eq!(q.pop(|_| true).map(|p| p.id), None);
+    }
+
+    #[test]
+    fn limits_scale_with_targets_and_count_what_is_already_queued() {
+        let mut q = two_classes(1, 1, ", request_queue_limit_per_worker: 2");
+        for i in 0..4 {
+            q.push(0, 2, p(i, 0.0, 1, 0, 0)).unwrap();
+        }
+        let e = q.push(0, 2, p(9, 0.0, 1, 0, 0)).unwrap_err();
+        assert_eq!(e.to_string(), "router policy class \"a\" queue requests limit reached (current=4, limit=4)");
+        q.push(1, 2, p(9, 0.0, 1, 0, 0)).expect("other classes have their own limits");
+        q.pop(|c| c.name == "a").unwrap();
+        q.push(0, 2, p(10, 0.0, 1, 0, 0)).expect("room again after a release");
+
+        let mut q =
+            two_classes(1, 1, ", raw_isl_token_queue_limit_per_worker: 100, cached_token_queue_limit_per_worker: 50");
+        q.push(0, 1, p(1, 0.0, 60, 0, 0)).unwrap();
+        q.push(0, 1, p(2, 0.0, 60, 0, 0)).expect("the request that crosses a limit is taken");
+        assert_eq!(q.push(0, 1, p(3, 0.0, 1, 0, 0)).unwrap_err().limit_kind, "raw_isl_tokens");
+        let mut q = two_classes(1, 1, ", cached_token_queue_limit_per_worker: 50");
+        q.push(0, 1, Pending { cached_tokens: 50, ..p(1, 0.0, 60, 0, 0) }).unwrap();
+        let e = q.push(0, 1, p(2, 0.0, 60, 0, 0)).unwrap_err();
+        assert_eq!((e.limit_kind, e.current, e.limit), ("cached_tokens", 50, 50));
+    }
+}
