@@ -15,7 +15,8 @@
 //!
 //! and picks the cheapest (ties: a seeded uniform draw) or samples a softmax when
 //! a temperature is set. With a queue threshold, requests wait in a [`RouterQueue`] while every
-//! target is busy prefilling.
+//! target is busy prefilling; a [`PolicyProfile`] splits that queue into policy classes
+//! ([`policy`]).
 //!
 //! With `router_prefill_load_model: ais` the pending prefill tokens decay over time (see
 //! [`load`]): a [`PrefillLoadEstimator`] predicts each placed prompt's prefill time. The router
