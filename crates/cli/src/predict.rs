@@ -268,7 +268,7 @@ pub(crate) fn router_policy(
         return Ok(());
     };
     let config = PolicyConfig::load(Path::new(&path)).map_err(Failure::input)?;
-    rc.policy_profile = config.profile(model_name).cloned();
+    rc.policy_profile = config.profile(model_name).cloned().map(std::sync::Arc::new);
     rc.policy_config_path = Some(path);
     Ok(())
 }

@@ -154,7 +154,8 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
             // A router policy file is relative to the case; `model_name` picks its profile.
             if let Some(file) = &rc.policy_config_path {
                 let policies = PolicyConfig::load(&case_dir.join(file)).unwrap();
-                rc.policy_profile = policies.profile(case.get("model_name").and_then(Value::as_str)).cloned();
+                rc.policy_profile =
+                    policies.profile(case.get("model_name").and_then(Value::as_str)).cloned().map(std::sync::Arc::new);
             }
             RouterMode::KvRouter(rc)
         }

@@ -3,6 +3,8 @@
 use serde_json::{json, Value};
 use servesim_engine::json::{ConfigError, ObjectReader, Result};
 
+use std::sync::Arc;
+
 use crate::policy::PolicyProfile;
 
 /// Order in which queued requests are released.
@@ -56,7 +58,7 @@ pub struct RouterConfig {
     pub policy_config_path: Option<String>,
     /// The policy classes of the router's queue; None: one class made of `queue_threshold` and
     /// `queue_policy`.
-    pub policy_profile: Option<PolicyProfile>,
+    pub policy_profile: Option<Arc<PolicyProfile>>,
 }
 
 impl Default for RouterConfig {

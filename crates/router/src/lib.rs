@@ -136,7 +136,8 @@ impl KvRouter {
             load: ActiveLoad::new(targets, cfg.track_active_blocks, cfg.assume_kv_reuse),
             queue: RouterQueue::new(
                 cfg.policy_profile
-                    .clone()
+                    .as_deref()
+                    .cloned()
                     .unwrap_or_else(|| PolicyProfile::synthetic(cfg.queue_threshold, cfg.queue_policy)),
             ),
             rng: ChaCha12Rng::seed_from_u64(seed),
@@ -543,7 +544,7 @@ mod tests {
 
     /// A router with `targets` targets of block 16 and budget 64 over this policy profile.
     fn with_policy(yaml: &str, targets: usize) -> KvRouter {
-        let profile = PolicyConfig::from_yaml(yaml).unwrap().profile(None).cloned();
+        let profile = PolicyConfig::from_yaml(yaml).unwrap().profile(None).cloned().map(Arc::new);
         KvRouter::new(RouterConfig { policy_profile: profile, ..RouterConfig::default() }, targets, 16, 64, 1)
     }
 

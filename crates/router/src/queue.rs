@@ -214,10 +214,10 @@ impl RouterQueue {
                 Some(cost.saturating_sub(self.classes[c].deficit).div_ceil(self.profile.class(c).quantum))
             })
             .min()?;
-        for c in 0..n {
+        for (c, q) in self.classes.iter_mut().enumerate() {
             if candidates[c].is_some() {
                 let grant = self.profile.class(c).quantum.saturating_mul(rounds);
-                self.classes[c].deficit = self.classes[c].deficit.saturating_add(grant);
+                q.deficit = q.deficit.saturating_add(grant);
             }
         }
         let c = (0..n)
