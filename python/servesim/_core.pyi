@@ -1,7 +1,7 @@
 """Native half of servesim (PyO3). Use servesim.replay / servesim.mocker instead."""
 
 from os import PathLike
-from typing import Optional, Sequence, Tuple, List, Union
+from typing import Dict, Optional, Sequence, Tuple, List, Union
 
 __version__: str
 
@@ -42,3 +42,53 @@ def run_replay(
 ) -> Tuple[str, Optional[List[str]]]:
     """Runs a replay with the GIL released; returns (summary JSON, per-request JSON lines or
     None). KeyboardInterrupt on Ctrl-C."""
+
+class LiveServer:
+    """servesim's live server (routing frontend, OpenAI-compatible HTTP, /metrics, ZMQ KV
+    events) over `num_workers` simulated workers, serving in the background of this process
+    (tokio threads; the GIL is released while it starts and waits). `engine_config` is JSON the
+    Rust reader takes (servesim.mocker.config.core_config_text); its worker_type sets the role.
+    Port 0 picks a free port. Raises ValueError for bad options, OSError when a port is busy."""
+
+    def __init__(
+        self,
+        engine_config: str,
+        *,
+        num_workers: int = 1,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        worker_base_port: Optional[int] = None,
+        model_path: Optional[Union[str, PathLike]] = None,
+        model_name: Optional[str] = None,
+        max_model_len: Optional[int] = None,
+        stagger_delay: float = 0.0,
+        router_mode: str = "round_robin",
+        router_config: Optional[str] = None,
+        router_seed: int = 42,
+        zmq_kv_events_ports: Sequence[int] = ...,
+        zmq_replay_ports: Sequence[int] = ...,
+        zmq_event_format: str = "named",
+        seed: int = 0,
+        shutdown_timeout: float = 30.0,
+        config_dir: Optional[Union[str, PathLike]] = None,
+    ) -> None: ...
+    @property
+    def address(self) -> Tuple[str, int]: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def worker_addresses(self) -> List[Tuple[str, int]]: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def stopped(self) -> bool: ...
+    def shutdown(self, force: bool = False) -> None:
+        """Starts a graceful shutdown and returns at once (idempotent); force=True ends the
+        grace period now."""
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks (GIL released) until stopped or `timeout` seconds; True if stopped."""
+    def shutdown_report(self) -> Optional[Dict[str, Union[bool, int]]]: ...
+    def __enter__(self) -> "LiveServer": ...
+    def __exit__(self, *args: object) -> bool: ...

@@ -46,3 +46,39 @@ impl Progress for Bar {
         }
     }
 }
+
+/// The recommend search's bar: trials done of the total and the best score so far, on stderr
+/// and only on a terminal.
+pub struct SearchBar {
+    bar: Option<ProgressBar>,
+}
+
+impl SearchBar {
+    pub fn new(total: u64) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(total);
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} searching [{bar:30}] {pos}/{len} trials ({eta} left) {msg}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar
+        });
+        SearchBar { bar }
+    }
+
+    pub fn update(&self, done: usize, best: Option<f64>) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+            if let Some(b) = best {
+                bar.set_message(format!("best score {b:.4}"));
+            }
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

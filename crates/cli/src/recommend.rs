@@ -42,6 +42,14 @@ pub struct RecommendArgs {
     /// table sortable by any column.
     #[arg(long, value_name = "PATH")]
     pub report_html: Option<PathBuf>,
+    /// The content-addressed trial cache: a candidate already evaluated with the same inputs is
+    /// read from here instead of replayed, and new results are added. Default: `cache/` in the
+    /// output directory (the previous run's entries are re-used, this run's are kept).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Evaluate every candidate afresh and keep no cache.
+    #[arg(long, conflicts_with = "cache_dir")]
+    pub no_cache: bool,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -75,7 +83,7 @@ fn read_search(tree: &serde_json::Value, file: &str) -> Result<servesim_deploy::
     let search = servesim_deploy::recommend::read_search(tree).map_err(|e| Failure::input(format!("{file}: {e}")))?;
     // The base configuration must be a valid predict configuration apart from its domains:
     // check the first candidate strictly before spending time on the rest.
-    servesim_deploy::schema::read_predict(&search.candidates[0]).map_err(|e| Failure::input(format!("{file}: {e}")))?;
+    servesim_deploy::schema::read_predict(&search.first_tree()).map_err(|e| Failure::input(format!("{file}: {e}")))?;
     Ok(search)
 }
 
@@ -142,9 +150,13 @@ fn merge(
         .enumerate()
         .map(|(i, t)| t.ok_or_else(|| Failure::input(format!("candidate {i} was evaluated by no shard"))))
         .collect::<Result<_, _>>()?;
-    let _ = base;
     let staged = Staged::new(output_dir, overwrite)?;
-    finish(&search, trials, staged, output_dir, json, None, report_html)
+    // The cache one run would have left beside its results.
+    let cache = servesim_deploy::recommend::Cache::new(&search, &base, Vec::new(), staged.path("cache"));
+    for t in &trials {
+        cache.record(t);
+    }
+    finish(&search, trials, 0, staged, output_dir, json, None, report_html)
 }
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
@@ -172,13 +184,24 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
     if let Some(spec) = &a.shard {
         let (k, n) = parse_shard(spec)?;
+        if search.optimizer.algorithm == "bayesian" {
+            return Err(Failure::input(format!(
+                "{file}: optimizer.algorithm: bayesian search proposes each round from the results of the last, so it \
+                 cannot be split into --shard slices; use grid or random"
+            )));
+        }
         std::fs::create_dir_all(&a.output_dir)
             .map_err(|e| Failure::input(format!("{}: cannot create: {e}", a.output_dir.display())))?;
         let name = a.output_dir.join(format!("shard-{k}-of-{n}.json"));
         if name.exists() && !a.overwrite {
             return Err(Failure::input(format!("{}: exists; pass --overwrite to replace it", name.display())));
         }
-        let trials = servesim_deploy::recommend::evaluate_shard(&search, &base, a.threads, k, n);
+        // Shards share a cache only when one is named.
+        let cache = a
+            .cache_dir
+            .as_ref()
+            .map(|d| servesim_deploy::recommend::Cache::new(&search, &base, vec![d.clone()], d.clone()));
+        let trials = servesim_deploy::recommend::evaluate_shard(&search, &base, a.threads, k, n, cache.as_ref());
         let doc = serde_json::json!({
             "shard": k,
             "of": n,
@@ -194,22 +217,29 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let staged = Staged::new(&a.output_dir, a.overwrite)?;
-    let show = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let progress = |done: usize, total: usize| {
-        if show {
-            eprint!("\r{done}/{total} candidates");
-        }
+    let cache = if a.no_cache {
+        None
+    } else if let Some(d) = &a.cache_dir {
+        Some(servesim_deploy::recommend::Cache::new(&search, &base, vec![d.clone()], d.clone()))
+    } else {
+        // The output directory's cache: the previous run's entries are read, this run's written
+        // into the new directory, so it holds exactly the candidates of the run it sits beside.
+        let old = a.output_dir.join("cache");
+        Some(servesim_deploy::recommend::Cache::new(&search, &base, vec![old], staged.path("cache")))
     };
-    let trials = servesim_deploy::recommend::evaluate(&search, &base, a.threads, &progress);
-    if show {
-        eprintln!();
-    }
-    finish(&search, trials, staged, &a.output_dir, json, Some(started), a.report_html.as_deref())
+    let bar = crate::progress::SearchBar::new(servesim_deploy::recommend::trial_count(&search) as u64);
+    let report = |done: usize, _total: usize, best: Option<f64>| bar.update(done, best);
+    let progress = servesim_deploy::recommend::Progress::new(servesim_deploy::recommend::trial_count(&search), &report);
+    let done = servesim_deploy::recommend::evaluate(&search, &base, a.threads, cache.as_ref(), &progress);
+    bar.finish();
+    finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), a.report_html.as_deref())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn finish(
     search: &servesim_deploy::recommend::Search,
     trials: Vec<servesim_deploy::recommend::Trial>,
+    cache_hits: usize,
     staged: Staged,
     output_dir: &Path,
     json: bool,
@@ -217,7 +247,8 @@ fn finish(
     report_html: Option<&Path>,
 ) -> Result<(), Failure> {
     let n = trials.len();
-    let ranked = servesim_deploy::recommend::rank(search, trials);
+    let mut ranked = servesim_deploy::recommend::rank(search, trials);
+    ranked.cache_hits = cache_hits;
     let files = servesim_deploy::recommend::outputs(search, &ranked);
     let html =
         report_html.map(|p| crate::output::ReportFile::create(p).map(|f| (f, page(search, &ranked)))).transpose()?;
@@ -242,9 +273,18 @@ fn finish(
         false => {
             let o = &search.optimization;
             let took = started.map(|s| format!(" in {:.1} s", s.elapsed().as_secs_f64())).unwrap_or_default();
+            let mut notes = String::new();
+            if cache_hits > 0 {
+                let _ = write!(notes, "; {cache_hits} from the cache");
+            }
+            if search.kv_excluded > 0 {
+                let verb = if search.optimizer.algorithm == "grid" { "marked infeasible" } else { "left out" };
+                let _ =
+                    write!(notes, "; {} whose KV cache cannot hold one longest sequence {verb}", search.kv_excluded);
+            }
             let _ = writeln!(
                 text,
-                "{n} candidates ({} algorithm) evaluated{took}; target {}",
+                "{n} candidates ({} algorithm) evaluated{took}; target {}{notes}",
                 search.optimizer.algorithm, o.target
             );
             let view = if o.target == "pareto" { &ranked.pareto } else { &ranked.top_n };
@@ -267,8 +307,13 @@ fn finish(
     Ok(())
 }
 
+/// The workers of a candidate, and its router when the search sets one.
 fn knobs(tree: &serde_json::Value) -> serde_json::Value {
-    tree.pointer("/engine/workers").cloned().unwrap_or_default()
+    let workers = tree.pointer("/engine/workers").cloned().unwrap_or_default();
+    match tree.get("router") {
+        Some(r) => serde_json::json!({"workers": workers, "router": r}),
+        None => workers,
+    }
 }
 
 /// The HTML page of a ranked search.
@@ -333,6 +378,10 @@ fn knob_summary(tree: &serde_json::Value) -> String {
             }
             parts.push(format!("{role}: {}", knobs.join(" ")));
         }
+    }
+    if let Some(r) = tree.get("router").and_then(serde_json::Value::as_object) {
+        let knobs: Vec<String> = r.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        parts.push(format!("router: {}", knobs.join(" ")));
     }
     parts.join("; ")
 }

@@ -297,7 +297,12 @@ fn four_shards_and_merge_equal_one_run_byte_for_byte() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let (a, b) = (files_under(&one), files_under(&merged));
-    assert_eq!(a.len(), 2 + 54, "recommendation.json, .csv and one YAML per ranked candidate");
+    assert_eq!(
+        a.iter().filter(|(n, _)| !n.starts_with("cache/")).count(),
+        2 + 54,
+        "recommendation.json, .csv and one YAML per ranked candidate"
+    );
+    assert_eq!(a.iter().filter(|(n, _)| n.starts_with("cache/")).count(), 54, "and the cache of the trials");
     assert!(a == b, "merged shards differ from one run");
     // Each recommended config replays with predict -c.
     let out = predict(&one.join("recommendations/0001.yaml"), &tmp("rec-replay"), &["--format", "json"]);
@@ -331,7 +336,7 @@ fn recommend_rankings_follow_the_rules() {
     assert_eq!(doc["schema_version"], "1.1");
     assert!(doc["views"]["top_n"].as_array().unwrap().is_empty());
     assert!(!doc["views"]["pareto_front"].as_array().unwrap().is_empty());
-    let out = recommend(&cfg, &tmp("rec-b"), &["optimizer.algorithm=bayesian"]);
+    let out = recommend(&cfg, &tmp("rec-b"), &["optimizer.algorithm=annealing"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("optimizer.algorithm"));
 }
@@ -407,4 +412,271 @@ fn recommend_strict_sla_gates_on_the_configured_bounds() {
         assert_eq!(c["reason_category"], "sla_constraint", "{c}");
         assert!(c["reason"].as_str().unwrap().starts_with("mean_ttft_ms="), "{c}");
     }
+}
+
+fn doc(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap()
+}
+
+/// The best feasible score of a recommend run.
+fn best_score(dir: &Path) -> f64 {
+    doc(dir)["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "feasible")
+        .map(|c| c["score"].as_f64().unwrap())
+        .fold(f64::NEG_INFINITY, f64::max)
+}
+
+#[test]
+fn bayesian_search_is_deterministic_never_repeats_and_beats_random() {
+    let cfg = deploy_dir().join("recommend_bayes_fixed.yaml");
+    let run = |name: &str, extra: &[&str]| {
+        let dir = tmp(name);
+        let mut args =
+            vec!["recommend", "-c", cfg.to_str().unwrap(), "--output-dir", dir.to_str().unwrap(), "--overwrite"];
+        args.extend_from_slice(extra);
+        let out = servesim(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        dir
+    };
+    // The same seed gives the same files whatever the thread count (rounds of 4, evaluated like
+    // a grid).
+    let one = run("rec-bayes-1", &["--threads", "1", "--no-cache"]);
+    let two = run("rec-bayes-2", &["--threads", "2", "--no-cache"]);
+    assert!(files_under(&one) == files_under(&two), "bayesian results depend on the thread count");
+    let d = doc(&one);
+    assert_eq!(d["counts"]["evaluated"], 24, "max_trials");
+    assert_eq!(d["provenance"]["algorithm"], "bayesian");
+    let mut configs: Vec<String> =
+        d["candidates"].as_array().unwrap().iter().map(|c| c["config"].to_string()).collect();
+    configs.sort();
+    configs.dedup();
+    assert_eq!(configs.len(), 24, "a candidate was evaluated twice");
+    // Random with the same budget and seed finds 479.4 tok/s per GPU (4 x TP1); the model
+    // finds the one-GPU shapes (1917.6).
+    let random = run("rec-bayes-random", &["--no-cache", "--set", "optimizer.algorithm=random"]);
+    let (b, r) = (best_score(&one), best_score(&random));
+    assert!(b >= r, "bayesian {b} < random {r}");
+    assert!((b - 1917.6).abs() < 0.1 && (r - 479.4).abs() < 0.1, "bayesian {b}, random {r}");
+    // Its rounds depend on the results before them: it cannot be split into shards.
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--shard",
+        "0/2",
+        "--output-dir",
+        tmp("rec-bayes-shard").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("optimizer.algorithm: bayesian"), "{}", stderr(&out));
+}
+
+/// recommendation.json with `counts.cache_hits` set to 0 (the one value a cached re-run changes).
+fn without_cache_hits(files: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    files
+        .into_iter()
+        .map(|(name, bytes)| {
+            if name != "recommendation.json" {
+                return (name, bytes);
+            }
+            let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+            v["counts"]["cache_hits"] = 0.into();
+            (name, serde_json::to_vec_pretty(&v).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_rerun_reads_evaluated_candidates_from_the_cache() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let dir = tmp("rec-cache");
+    let out = recommend(&cfg, &dir, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "no progress output off a terminal: {}", stderr(&out));
+    let first = files_under(&dir);
+    assert_eq!(doc(&dir)["counts"]["cache_hits"], 0);
+    assert_eq!(first.iter().filter(|(n, _)| n.starts_with("cache/")).count(), 54);
+    // The same search again: every candidate from the cache, the same files (the cache itself
+    // included) but for the hit count.
+    let out = recommend(&cfg, &dir, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("54 from the cache"));
+    assert_eq!(doc(&dir)["counts"]["cache_hits"], 54);
+    let second = files_under(&dir);
+    assert!(without_cache_hits(first.clone()) == without_cache_hits(second), "a cached re-run changed its results");
+    // A changed input is a different key: nothing is re-used.
+    let out = recommend(&cfg, &dir, &["traffic.stop.requests=51"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(doc(&dir)["counts"]["cache_hits"], 0);
+    // A named cache is shared between output directories; --no-cache bypasses it.
+    let shared = tmp("rec-cache-shared");
+    let _ = std::fs::remove_dir_all(&shared);
+    let cache = ["--cache-dir", shared.to_str().unwrap()];
+    for (name, hits) in [("rec-cache-a", 0), ("rec-cache-b", 54)] {
+        let mut args = vec!["recommend", "-c", cfg.to_str().unwrap(), "--overwrite", "--output-dir"];
+        let d = tmp(name);
+        args.push(d.to_str().unwrap());
+        args.extend(cache);
+        let out = servesim(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(doc(&d)["counts"]["cache_hits"], hits, "{name}");
+        assert!(!d.join("cache").exists());
+    }
+    let d = tmp("rec-cache-none");
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--overwrite",
+        "--no-cache",
+        "--output-dir",
+        d.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(doc(&d)["counts"]["cache_hits"], 0);
+    assert!(!d.join("cache").exists());
+}
+
+#[test]
+fn the_cache_key_covers_the_trace_contents() {
+    let trace = tmp("rec-cache-trace.jsonl");
+    let rows = |out: u32| {
+        (0..6)
+            .map(|i| {
+                format!(
+                    "{{\"timestamp\": {}, \"input_length\": 300, \"output_length\": {out}, \"hash_ids\": [{i}]}}\n",
+                    i * 50
+                )
+            })
+            .collect::<String>()
+    };
+    std::fs::write(&trace, rows(20)).unwrap();
+    let cfg = write(
+        "rec-cache-trace.yaml",
+        &format!(
+            "traffic: {{source: {{type: trace, paths: [{}], format: mooncake}}, load: {{type: concurrency, concurrency: 2}}}}\n\
+             engine: {{model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 4096, workers: {{aggregated: {{\
+             parallelism: {{preset: false, replicas: {{choices: [1, 2]}}}}, \
+             scheduler: {{max_batched_tokens: 8192, max_sequences: 64}}, \
+             kv_cache: {{capacity: {{type: fixed, blocks: 2000}}}}, \
+             timing: {{type: fixed, prefill_ms: 30, decode_ms: 8}}}}}}}}\n\
+             optimization: {{target: throughput}}\n",
+            trace.display()
+        ),
+    );
+    let dir = tmp("rec-cache-trace");
+    let hits = || {
+        let out = recommend(&cfg, &dir, &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let d = doc(&dir);
+        assert_eq!(d["counts"]["evaluated"], 2);
+        d["counts"]["cache_hits"].as_u64().unwrap()
+    };
+    assert_eq!(hits(), 0);
+    assert_eq!(hits(), 2);
+    // Same path, same configuration, different rows: replayed again.
+    std::fs::write(&trace, rows(21)).unwrap();
+    assert_eq!(hits(), 0);
+}
+
+#[test]
+fn router_knobs_are_search_dimensions() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let dir = tmp("rec-router");
+    let router = "router={policy: {choices: [round_robin, kv_router]}, prefill_load_model: {type: none}, \
+                  overlap_score_credit: {choices: [0, 1]}, temperature: {range: {min: 0, max: 0.5, step: 0.25}}, \
+                  prefill_load_scale: 1}";
+    let out = recommend(
+        &cfg,
+        &dir,
+        &[
+            router,
+            "engine.workers.aggregated.parallelism={preset: false, replicas: 2}",
+            "engine.workers.aggregated.scheduler={max_batched_tokens: 8192, max_sequences: 256}",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d = doc(&dir);
+    // round_robin once (its knobs do not apply), kv_router for 2 credits x 3 temperatures.
+    let candidates = d["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 7);
+    assert_eq!(candidates[0]["config"]["router.policy"], "round_robin");
+    assert!(candidates[0]["config"].get("router.temperature").is_none());
+    let temps: Vec<f64> = candidates[1..].iter().map(|c| c["config"]["router.temperature"].as_f64().unwrap()).collect();
+    assert_eq!(temps, [0.0, 0.25, 0.5, 0.0, 0.25, 0.5]);
+    assert!(candidates.iter().all(|c| c["status"] == "feasible"), "{candidates:?}");
+    let out = predict(&dir.join("recommendations/0001.yaml"), &tmp("rec-router-replay"), &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (set, want) in [
+        (
+            "router={policy: round_robin, temperature: {choices: [0, 1]}}",
+            "router.policy=round_robin rejects KV-router fields ['temperature']",
+        ),
+        (
+            "router={policy: kv_router, temperature: {range: {min: 0, max: 1}}}",
+            "router.temperature.range: Router numeric ranges require a stepped linear range",
+        ),
+        (
+            "router={policy: kv_router, overlap_score_credit: {choices: [1, 1]}}",
+            "router.overlap_score_credit.choices: Router choices must contain unique values",
+        ),
+        (
+            "router={policy: {choices: [round_robin, kv_router]}, prefill_load_model: {type: ais}}",
+            "router policy domain containing round_robin requires prefill_load_model.type to include none",
+        ),
+        (
+            "router={policy: kv_router, prefill_load_scale: -1}",
+            "router.prefill_load_scale: must be a finite number ≥ 0",
+        ),
+        ("router={policy: kv_router, speed: 2}", "router.speed: unknown key"),
+    ] {
+        let out = recommend(&cfg, &tmp("rec-router-bad"), &[set]);
+        assert_eq!(out.status.code(), Some(2), "{set}");
+        assert!(stderr(&out).contains(want), "{set}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn shapes_whose_kv_cache_cannot_hold_one_sequence_are_filtered() {
+    // TP1 holds about 250k tokens of Qwen3-32B on an H200, TP2 about 750k: at a 300k context
+    // only TP2 is kept.
+    let cfg = write(
+        "rec-kv.yaml",
+        "traffic: {source: {type: synthetic, input_tokens: 512, output_tokens: 64}, \
+         load: {type: concurrency, concurrency: 8}, stop: {requests: 20}}\n\
+         engine: {model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 300000, workers: {aggregated: {\
+         parallelism: {preset: false, tensor: {choices: [1, 2]}}, \
+         scheduler: {max_batched_tokens: 8192, max_sequences: 256}, \
+         timing: {type: fixed, prefill_ms: 30, decode_ms: 8}}}}\n\
+         optimization: {target: throughput_per_gpu}\n",
+    );
+    let dir = tmp("rec-kv");
+    let out = recommend(&cfg, &dir, &[]);
+    if data_missing(&out) || doc(&dir)["counts"]["unsupported"] != 0 {
+        eprintln!("skipped: no AIS performance data");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d = doc(&dir);
+    assert_eq!(d["provenance"]["kv_excluded"], 1);
+    let c = &d["candidates"][0];
+    assert_eq!((&c["status"], &c["reason_category"]), (&"infeasible".into(), &"kv_capacity".into()));
+    let reason = c["reason"].as_str().unwrap();
+    assert!(reason.contains("cannot hold one 300000-token sequence (context length; backend=vllm)"), "{reason}");
+    assert!(c["metrics"].as_object().unwrap().is_empty(), "not simulated");
+    assert_eq!(d["candidates"][1]["status"], "feasible");
+    // Random and bayesian draw from the kept pool; with none kept the search is refused.
+    let out = recommend(&cfg, &dir, &["optimizer.algorithm=random"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(doc(&dir)["counts"]["evaluated"], 1);
+    let out = recommend(&cfg, &tmp("rec-kv-none"), &["optimizer.algorithm=bayesian", "engine.context_length=900000"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("optimization.constraints: no parallel config holds one longest sequence"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -109,7 +109,14 @@ impl Placer {
         match &mut self.kind {
             Kind::RoundRobin(rr) => {
                 let target = rr_target(rr, &self.active, self.dp);
-                Routed::Placed(Placement { id: req.id, target, overlap_blocks: 0, cost: 0.0, queued_at_ms: None })
+                Routed::Placed(Placement {
+                    id: req.id,
+                    target,
+                    overlap_blocks: 0,
+                    best_overlap_blocks: None,
+                    cost: 0.0,
+                    queued_at_ms: None,
+                })
             }
             Kind::Kv(router) => router.route(req, now_ms),
         }

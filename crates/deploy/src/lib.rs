@@ -4,6 +4,7 @@
 //! `--set PATH=VALUE` ([`tree`]), and lowered into servesim's replay ([`lower`]). `predict -c`
 //! runs one such deployment ([`run_prediction`]).
 
+mod bayes;
 pub mod lower;
 pub mod reader;
 pub mod recommend;

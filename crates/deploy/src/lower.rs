@@ -322,3 +322,43 @@ pub fn router(cfg: &Config) -> RouterMode {
         }
     }
 }
+
+/// What a role's KV cache holds against the longest sequence it must take (the recommend
+/// search's KV-feasibility filter, aisimulate's `model_hw.parallel_configs_for`): the capacity in
+/// tokens, sized at a per-pass token budget of `max_batched_tokens` for `capacity.type: default`,
+/// and the context length (the role's, the engine's, or the model's). `Ok(None)` when the
+/// capacity cannot be estimated here (the trial then reports why when it lowers).
+pub fn kv_tokens(engine: &Engine, w: &Worker, max_batched_tokens: u64) -> Option<(u64, u64)> {
+    let block_size = w.block_size.unwrap_or_else(|| default_block_size(engine.backend));
+    let estimator = || {
+        let cfg = servesim_perf::AisConfig::from_json("", &ais_config(engine, w, block_size)).ok()?;
+        servesim_perf::estimator(&cfg).ok()
+    };
+    let mut est = None;
+    let tokens = match &w.capacity {
+        Capacity::Blocks(b) => b * block_size as u64,
+        Capacity::Bytes(bytes) => bytes / w.bytes_per_token?,
+        Capacity::Default { memory_fraction, cuda_graph_reserved_bytes } => {
+            est = Some(estimator()?);
+            let cap = servesim_perf::memory::kv_capacity(
+                est.as_ref().expect("built"),
+                *memory_fraction,
+                max_batched_tokens,
+                block_size,
+                *cuda_graph_reserved_bytes as f64,
+            )
+            .ok()?;
+            cap.tokens
+        }
+    };
+    let context = match w.context_length.or(engine.context_length) {
+        Some(c) => c as u64,
+        None => {
+            if est.is_none() {
+                est = Some(estimator()?);
+            }
+            est.as_ref().expect("built").model.max_position as u64
+        }
+    };
+    Some((tokens, context))
+}

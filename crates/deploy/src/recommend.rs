@@ -49,6 +49,8 @@ pub struct Optimization {
 pub struct Optimizer {
     pub algorithm: &'static str,
     pub max_trials: u32,
+    /// Trials per round (bayesian: the batch the model proposes before it sees their results).
+    pub parallelism: u32,
     pub seed: u64,
 }
 
@@ -56,17 +58,303 @@ pub struct Optimizer {
 #[derive(Clone, Debug)]
 struct Knob {
     path: Vec<String>,
-    values: Vec<u64>,
+    values: Vec<Value>,
 }
 
-/// A search: the base tree and the candidates' knob settings.
+/// The search space: every candidate is a mixed-radix index over the parallel-shape sets, the
+/// knobs (the last one fastest) and the router settings (innermost), and its concrete predict
+/// tree is made when it is needed, so a large space costs no memory until it is evaluated.
+#[derive(Clone, Debug)]
+pub struct Space {
+    base: Value,
+    roles: Vec<&'static str>,
+    shape_sets: Vec<Vec<(u64, u64, u64)>>,
+    knobs: Vec<Knob>,
+    /// Concrete `router:` sections; empty when the configuration has none.
+    routers: Vec<Value>,
+}
+
+impl Space {
+    fn per_shape(&self) -> usize {
+        self.knobs.iter().map(|k| k.values.len()).product::<usize>() * self.routers.len().max(1)
+    }
+
+    /// The number of candidates.
+    pub fn len(&self) -> usize {
+        self.shape_sets.len() * self.per_shape()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Candidate `i` as (shape set, knob value indexes, router index).
+    fn split(&self, i: usize) -> (usize, Vec<usize>, usize) {
+        let nr = self.routers.len().max(1);
+        let mut rest = i;
+        let r = rest % nr;
+        rest /= nr;
+        let mut ks = vec![0; self.knobs.len()];
+        for (j, k) in self.knobs.iter().enumerate().rev() {
+            ks[j] = rest % k.values.len();
+            rest /= k.values.len();
+        }
+        (rest, ks, r)
+    }
+
+    /// Candidate `i`'s concrete predict tree.
+    pub fn tree(&self, i: usize) -> Value {
+        let (s, ks, r) = self.split(i);
+        let mut t = self.base.clone();
+        for (role, (rep, tp, dp)) in self.roles.iter().zip(&self.shape_sets[s]) {
+            let mut p = get(&t, &["engine", "workers", role, "parallelism"]).cloned().unwrap_or(json!({}));
+            let o = p.as_object_mut().expect("checked when the space was read");
+            o.insert("replicas".into(), json!(rep));
+            o.insert("tensor".into(), json!(tp));
+            o.insert("attention_data".into(), json!(dp));
+            set(&mut t, &["engine".into(), "workers".into(), role.to_string(), "parallelism".into()], p);
+        }
+        for (k, &v) in self.knobs.iter().zip(&ks) {
+            set(&mut t, &k.path, k.values[v].clone());
+        }
+        if let Some(router) = self.routers.get(r) {
+            set(&mut t, &["router".into()], router.clone());
+        }
+        t
+    }
+
+    /// Candidate `i`'s point for the surrogate model, before scaling: log2 of every integer knob
+    /// (parallel sizes, scheduler limits), the router's policy and load model as 0/1 and its
+    /// numeric knobs (the load scale as log2(1 + x)).
+    fn raw_features(&self, i: usize) -> Vec<f64> {
+        let (s, ks, r) = self.split(i);
+        let mut f = Vec::new();
+        for &(rep, tp, dp) in &self.shape_sets[s] {
+            f.extend([(rep as f64).log2(), (tp as f64).log2(), (dp as f64).log2()]);
+        }
+        for (k, &v) in self.knobs.iter().zip(&ks) {
+            f.push(k.values[v].as_f64().unwrap_or(1.0).max(1.0).log2());
+        }
+        if let Some(router) = self.routers.get(r) {
+            let num = |k: &str| router.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+            f.push(if router["policy"] == "kv_router" { 1.0 } else { 0.0 });
+            f.push(if router.pointer("/prefill_load_model/type").and_then(Value::as_str) == Some("ais") {
+                1.0
+            } else {
+                0.0
+            });
+            f.extend([num("overlap_score_credit"), (1.0 + num("prefill_load_scale")).log2(), num("temperature")]);
+        }
+        f
+    }
+
+    fn gpus(&self, i: usize) -> u64 {
+        self.shape_sets[self.split(i).0].iter().map(|(r, t, d)| r * t * d).sum()
+    }
+}
+
+/// A search: the options, the space and the candidates chosen for evaluation.
 pub struct Search {
     pub base: Value,
     pub optimization: Optimization,
     pub optimizer: Optimizer,
     pub sla: schema::Sla,
-    /// Each candidate: the concrete predict tree.
+    pub space: Space,
+    /// Grid and random: the candidates to evaluate (indexes into the space), in order; bayesian:
+    /// the pool it chooses from (within the budget and KV-feasible).
+    pub selected: Vec<usize>,
+    /// Grid and random: each selected candidate's concrete predict tree.
     pub candidates: Vec<Value>,
+    /// Per shape set: why its KV cache cannot hold one longest sequence (the reference's
+    /// KV-feasibility filter), if it cannot.
+    kv_short: Vec<Option<String>>,
+    /// Candidates the KV filter marked infeasible (grid) or left out of the pool sampled
+    /// (random, bayesian).
+    pub kv_excluded: usize,
+}
+
+impl Search {
+    /// The first candidate's tree (the one checked strictly before a run starts).
+    pub fn first_tree(&self) -> Value {
+        self.candidates.first().cloned().unwrap_or_else(|| self.space.tree(self.selected[0]))
+    }
+
+    /// Why candidate `i` of the space is infeasible before it runs (its KV cache), if it is.
+    fn kv_reason(&self, i: usize) -> Option<String> {
+        self.kv_short[self.space.split(i).0].clone()
+    }
+}
+
+/// The router's recommend domains (Dynamo's router adapter): `policy` (default both),
+/// `prefill_load_model.type` (default none and ais; none only for round_robin), and the kv_router
+/// knobs `overlap_score_credit` (0, 0.5, 1), `prefill_load_scale` (0 ... 32) and `temperature`
+/// (0, 0.2, 0.5, 1), each a number, `{choices}` or a stepped linear `{range}`. Returns the
+/// concrete `router:` sections, round_robin first when searched, the kv_router knobs applying
+/// only under kv_router.
+fn router_settings(v: &Value) -> Result<Vec<Value>, DeployError> {
+    let mut r = Obj::new("router", v)?;
+    let strings = |path: String, v: Option<&Value>, allowed: &[&str], default: &[&str]| {
+        let Some(v) = v else { return Ok(default.iter().map(|s| s.to_string()).collect::<Vec<_>>()) };
+        let one = |p: &str, x: &Value| match x.as_str() {
+            Some(s) if allowed.contains(&s) => Ok(s.to_string()),
+            _ => Err(DeployError::new(p, format!("must be one of {}, got {x}", allowed.join(", ")))),
+        };
+        match v {
+            Value::Object(m) if m.keys().eq(["choices"]) => {
+                let items = m["choices"]
+                    .as_array()
+                    .ok_or_else(|| DeployError::new(format!("{path}.choices"), "must be a list"))?;
+                if items.is_empty() {
+                    return Err(DeployError::new(format!("{path}.choices"), "Router choices must be a nonempty list"));
+                }
+                let vals: Vec<String> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| one(&format!("{path}.choices[{i}]"), x))
+                    .collect::<Result<_, _>>()?;
+                if (1..vals.len()).any(|i| vals[..i].contains(&vals[i])) {
+                    return Err(DeployError::new(
+                        format!("{path}.choices"),
+                        "Router choices must contain unique values",
+                    ));
+                }
+                Ok(vals)
+            }
+            Value::Object(_) => Err(DeployError::new(path, "a router domain is a value or {choices: [...]}")),
+            x => Ok(vec![one(&path, x)?]),
+        }
+    };
+    let policies =
+        strings("router.policy".into(), r.raw("policy"), &["round_robin", "kv_router"], &["round_robin", "kv_router"])?;
+    let rr_only = policies == ["round_robin"];
+    let load_models = match r.obj("prefill_load_model")? {
+        Some(mut m) => {
+            let here = m.path("type");
+            let v = strings(here, m.raw("type"), &["none", "ais"], if rr_only { &["none"] } else { &["none", "ais"] })?;
+            m.finish()?;
+            v
+        }
+        None if rr_only => vec!["none".to_string()],
+        None => vec!["none".to_string(), "ais".to_string()],
+    };
+    let mut numeric = Vec::new();
+    let mut given = Vec::new();
+    for (key, default) in [
+        ("overlap_score_credit", &[0.0, 0.5, 1.0][..]),
+        ("prefill_load_scale", &[0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0][..]),
+        ("temperature", &[0.0, 0.2, 0.5, 1.0][..]),
+    ] {
+        let path = format!("router.{key}");
+        let value = r.raw(key);
+        if value.is_some() {
+            given.push(key);
+        }
+        numeric.push(router_numbers(&path, key, value, default)?);
+    }
+    r.finish()?;
+    if rr_only {
+        if load_models != ["none"] {
+            return Err(DeployError::new(
+                "router.prefill_load_model.type",
+                format!(
+                    "router.policy=round_robin rejects prefill_load_model.type {load_models:?}; only 'none' is allowed"
+                ),
+            ));
+        }
+        if !given.is_empty() {
+            return Err(DeployError::new(
+                "router",
+                format!("router.policy=round_robin rejects KV-router fields {given:?}").replace('"', "'"),
+            ));
+        }
+    } else if policies.iter().any(|p| p == "round_robin") && !load_models.iter().any(|m| m == "none") {
+        return Err(DeployError::new(
+            "router.prefill_load_model.type",
+            "router policy domain containing round_robin requires prefill_load_model.type to include none",
+        ));
+    }
+    let mut out = Vec::new();
+    for policy in &policies {
+        if policy == "round_robin" {
+            out.push(json!({"policy": "round_robin"}));
+            continue;
+        }
+        for lm in &load_models {
+            for &c in &numeric[0] {
+                for &s in &numeric[1] {
+                    for &t in &numeric[2] {
+                        out.push(json!({
+                            "policy": "kv_router",
+                            "prefill_load_model": {"type": lm},
+                            "overlap_score_credit": c,
+                            "prefill_load_scale": s,
+                            "temperature": t,
+                        }));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One numeric router knob's values: a number ≥ 0, `{choices}` or `{range: {min, max, step}}`.
+fn router_numbers(path: &str, key: &str, v: Option<&Value>, default: &[f64]) -> Result<Vec<f64>, DeployError> {
+    let num = |p: &str, x: &Value| match x.as_f64() {
+        Some(f) if f.is_finite() && f >= 0.0 && !x.is_boolean() => Ok(f),
+        _ => Err(DeployError::new(p, format!("must be a finite number ≥ 0, got {x}"))),
+    };
+    let Some(v) = v else { return Ok(default.to_vec()) };
+    match v {
+        Value::Null => Err(DeployError::new(path, "Router numeric knobs do not accept null")),
+        Value::Object(m) if m.keys().eq(["choices"]) => {
+            let items =
+                m["choices"].as_array().ok_or_else(|| DeployError::new(format!("{path}.choices"), "must be a list"))?;
+            if items.is_empty() {
+                return Err(DeployError::new(format!("{path}.choices"), "Router choices must be a nonempty list"));
+            }
+            let vals: Vec<f64> = items
+                .iter()
+                .enumerate()
+                .map(|(i, x)| num(&format!("{path}.choices[{i}]"), x))
+                .collect::<Result<_, _>>()?;
+            if (1..vals.len()).any(|i| vals[..i].contains(&vals[i])) {
+                return Err(DeployError::new(format!("{path}.choices"), "Router choices must contain unique values"));
+            }
+            Ok(vals)
+        }
+        Value::Object(m) if m.keys().eq(["range"]) => {
+            let mut r = Obj::new(&format!("{path}.range"), &m["range"])?;
+            let here = r.here().to_string();
+            let min = r.f64("min")?.ok_or_else(|| r.err("min", "missing (required)"))?;
+            let max = r.f64("max")?.ok_or_else(|| r.err("max", "missing (required)"))?;
+            let step = r.f64("step")?;
+            let scale = r.choice("scale", &["linear", "log"])?.unwrap_or("linear");
+            r.finish()?;
+            if !(min.is_finite() && max.is_finite() && min <= max) {
+                return Err(DeployError::new(here, "Router range requires finite numeric min <= max"));
+            }
+            if min < 0.0 {
+                return Err(DeployError::new(here, format!("router.{key} range requires min >= 0")));
+            }
+            if min == max {
+                return Ok(vec![min]);
+            }
+            match step {
+                Some(s) if s > 0.0 && s.is_finite() && scale == "linear" => {
+                    // Decimal steps without drift: count the steps, then round each value.
+                    let n = ((max - min) / s + 1e-9).floor() as usize;
+                    Ok((0..=n).map(|i| ((min + s * i as f64) * 1e12).round() / 1e12).collect())
+                }
+                _ => Err(DeployError::new(
+                    here,
+                    "Router numeric ranges require a stepped linear range (servesim searches a discrete set)",
+                )),
+            }
+        }
+        Value::Object(_) => Err(DeployError::new(path, "Router domains must contain exactly choices or range")),
+        x => Ok(vec![num(path, x)?]),
+    }
 }
 
 fn domain(path: &str, v: &Value) -> Result<Vec<u64>, DeployError> {
@@ -242,17 +530,11 @@ fn read_pareto_objectives(o: &Obj, target: &str, list: &Value) -> Result<Vec<&'s
 }
 
 fn read_optimizer(o: Option<Obj>) -> Result<Optimizer, DeployError> {
-    let mut out = Optimizer { algorithm: "grid", max_trials: 320, seed: 42 };
+    let mut out = Optimizer { algorithm: "grid", max_trials: 320, parallelism: 16, seed: 42 };
     let Some(mut o) = o else { return Ok(out) };
     out.algorithm = o.choice("algorithm", &["grid", "random", "bayesian"])?.unwrap_or("grid");
-    if out.algorithm == "bayesian" {
-        return Err(o.err(
-            "algorithm",
-            "bayesian search is not supported by servesim yet; use grid (every candidate) or random",
-        ));
-    }
     out.max_trials = o.positive("max_trials")?.unwrap_or(320);
-    o.positive("parallelism")?; // trials run on every core; accepted for compatibility
+    out.parallelism = o.positive("parallelism")?.unwrap_or(16);
     o.nonneg("candidate_timeout_seconds", true)?;
     out.seed = o.u64("seed")?.unwrap_or(42);
     o.finish()?;
@@ -345,6 +627,7 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
                 Some(v) => domain(&kpath.join("."), v)?,
                 None => default.to_vec(),
             };
+            let values = values.into_iter().map(|v| json!(v)).collect();
             knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
         }
     }
@@ -385,44 +668,119 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
             format!("[{}] require at least one SLA bound (set evaluation.sla)", listed.join(", ")),
         ));
     }
-    let mut candidates = Vec::new();
-    for shapes in &shape_sets {
-        let gpus: u64 = shapes.iter().map(|(r, t, d)| r * t * d).sum();
-        if gpus < optimization.min_gpus as u64 {
-            continue;
-        }
-        let mut combos: Vec<Vec<u64>> = vec![Vec::new()];
-        for k in &knobs {
-            combos =
-                combos.into_iter().flat_map(|c| k.values.iter().map(move |v| [c.clone(), vec![*v]].concat())).collect();
-        }
-        for combo in combos {
-            let mut t = base.clone();
-            for (role, (r, tp, dp)) in roles.iter().zip(shapes) {
-                let mut p = get(&t, &["engine", "workers", role, "parallelism"]).cloned().unwrap_or(json!({}));
-                let o = p.as_object_mut().ok_or_else(|| {
-                    DeployError::new(format!("engine.workers.{role}.parallelism"), "must be a mapping")
-                })?;
-                o.insert("replicas".into(), json!(r));
-                o.insert("tensor".into(), json!(tp));
-                o.insert("attention_data".into(), json!(dp));
-                set(&mut t, &["engine".into(), "workers".into(), role.to_string(), "parallelism".into()], p);
+    // The router's domains, when the configuration has a `router:` section.
+    let routers = match base.get("router") {
+        Some(r) => router_settings(r)?,
+        None => Vec::new(),
+    };
+    for role in roles {
+        if let Some(p) = get(&base, &["engine", "workers", role, "parallelism"]) {
+            if !p.is_object() {
+                return Err(DeployError::new(format!("engine.workers.{role}.parallelism"), "must be a mapping"));
             }
-            for (k, v) in knobs.iter().zip(&combo) {
-                set(&mut t, &k.path, json!(v));
-            }
-            candidates.push(t);
         }
     }
-    if candidates.is_empty() {
+    let shape_sets: Vec<Vec<(u64, u64, u64)>> = shape_sets
+        .into_iter()
+        .filter(|s| s.iter().map(|(r, t, d)| r * t * d).sum::<u64>() >= optimization.min_gpus as u64)
+        .collect();
+    let space = Space { base: base.clone(), roles: roles.to_vec(), shape_sets, knobs, routers };
+    if space.is_empty() {
         return Err(DeployError::new("optimization.constraints", "no candidate fits the GPU budget"));
     }
-    if optimizer.algorithm == "random" && (optimizer.max_trials as usize) < candidates.len() {
-        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
-        candidates.shuffle(&mut rng);
-        candidates.truncate(optimizer.max_trials as usize);
+    let kv_short = kv_filter(&space);
+    let budget = optimization.budget as u64;
+    let per_shape = space.per_shape();
+    let shapes_short = |s: usize| kv_short[s].is_some();
+    let (selected, kv_excluded) = if optimizer.algorithm == "grid" {
+        let marked =
+            (0..space.shape_sets.len()).filter(|&s| shapes_short(s) && space.gpus(s * per_shape) <= budget).count()
+                * per_shape;
+        ((0..space.len()).collect::<Vec<_>>(), marked)
+    } else {
+        // Random and bayesian draw from the reference's pool: shapes within the budget whose KV
+        // cache holds one longest sequence.
+        let mut pool = Vec::new();
+        let mut excluded = 0;
+        for s in 0..space.shape_sets.len() {
+            if space.gpus(s * per_shape) > budget {
+                continue;
+            }
+            if shapes_short(s) {
+                excluded += per_shape;
+                continue;
+            }
+            pool.extend(s * per_shape..(s + 1) * per_shape);
+        }
+        if pool.is_empty() {
+            let why = kv_short.iter().flatten().next().cloned().unwrap_or_default();
+            return Err(DeployError::new(
+                "optimization.constraints",
+                if why.is_empty() {
+                    format!("no candidate fits the GPU budget of {budget}")
+                } else {
+                    format!("no parallel config holds one longest sequence within {budget} GPUs ({why})")
+                },
+            ));
+        }
+        if optimizer.algorithm == "random" && (optimizer.max_trials as usize) < pool.len() {
+            let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
+            pool.shuffle(&mut rng);
+            pool.truncate(optimizer.max_trials as usize);
+        }
+        (pool, excluded)
+    };
+    let candidates =
+        if optimizer.algorithm == "bayesian" { Vec::new() } else { selected.iter().map(|&i| space.tree(i)).collect() };
+    Ok(Search { base, optimization, optimizer, sla, space, selected, candidates, kv_short, kv_excluded })
+}
+
+/// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
+/// when every role's KV cache, sized at the largest token budget its scheduler knob takes, holds
+/// more tokens than one longest sequence (the context length). Per shape set: the reason when it
+/// does not. Shapes whose capacity cannot be estimated here are kept (their trial says why).
+fn kv_filter(space: &Space) -> Vec<Option<String>> {
+    let mbt_max = |role: &str| {
+        space
+            .knobs
+            .iter()
+            .find(|k| k.path[2] == role && k.path[4] == "max_batched_tokens")
+            .and_then(|k| k.values.iter().filter_map(Value::as_u64).max())
+            .unwrap_or(8192)
+    };
+    let mut memo: std::collections::HashMap<(usize, u64, u64), Option<String>> = Default::default();
+    let per_shape = space.per_shape();
+    let mut out = Vec::with_capacity(space.shape_sets.len());
+    for (s, shapes) in space.shape_sets.iter().enumerate() {
+        let missing = shapes.iter().enumerate().any(|(j, &(_, t, d))| !memo.contains_key(&(j, t, d)));
+        if missing {
+            let config = schema::read_predict(&space.tree(s * per_shape)).ok();
+            for (j, &(_, t, d)) in shapes.iter().enumerate() {
+                if memo.contains_key(&(j, t, d)) {
+                    continue;
+                }
+                let role = space.roles[j];
+                let reason = config.as_ref().and_then(|c| {
+                    let w = match role {
+                        "prefill" => c.engine.prefill.as_ref(),
+                        "decode" => c.engine.decode.as_ref(),
+                        _ => c.engine.aggregated.as_ref(),
+                    }?;
+                    let (tokens, context) = crate::lower::kv_tokens(&c.engine, w, mbt_max(role))?;
+                    (tokens <= context).then(|| {
+                        format!(
+                            "{role} worker tensor={t} attention_data={d}: KV cache holds {tokens} tokens, \
+                             cannot hold one {context}-token sequence (context length; backend={})",
+                            c.engine.backend
+                        )
+                    })
+                });
+                memo.insert((j, t, d), reason);
+            }
+        }
+        out.push(shapes.iter().enumerate().find_map(|(j, &(_, t, d))| memo[&(j, t, d)].clone()));
     }
-    Ok(Search { base, optimization, optimizer, sla, candidates })
+    out
 }
 
 /// One evaluated candidate.
@@ -436,18 +794,86 @@ pub struct Trial {
     pub summary: Map<String, Value>,
 }
 
-/// Evaluates every candidate on `threads` threads (0: every core); results in candidate order.
+/// Progress of a search for a front end: trials done of the total and the best score so far
+/// (the target's score among candidates that pass the feasibility gates).
+pub struct Progress<'a> {
+    done: AtomicUsize,
+    total: usize,
+    best: Mutex<Option<f64>>,
+    report: &'a (dyn Fn(usize, usize, Option<f64>) + Sync),
+}
+
+impl<'a> Progress<'a> {
+    pub fn new(total: usize, report: &'a (dyn Fn(usize, usize, Option<f64>) + Sync)) -> Self {
+        Progress { done: AtomicUsize::new(0), total, best: Mutex::new(None), report }
+    }
+
+    /// Progress that reports nothing.
+    pub fn silent() -> Progress<'static> {
+        Progress::new(0, &|_, _, _| {})
+    }
+
+    fn record(&self, search: &Search, t: &Trial) {
+        let best = {
+            let mut best = self.best.lock().expect("best");
+            if let Some(v) = gated_score(search, t) {
+                if best.is_none_or(|b| v > b) {
+                    *best = Some(v);
+                }
+            }
+            *best
+        };
+        (self.report)(self.done.fetch_add(1, Ordering::Relaxed) + 1, self.total, best);
+    }
+}
+
+/// The trials of a search and how many were served from the cache.
+pub struct Evaluated {
+    pub trials: Vec<Trial>,
+    pub cache_hits: usize,
+}
+
+/// The number of trials a search runs.
+pub fn trial_count(search: &Search) -> usize {
+    match search.optimizer.algorithm {
+        "bayesian" => (search.optimizer.max_trials as usize).min(search.selected.len()),
+        _ => search.selected.len(),
+    }
+}
+
+/// Runs the search on `threads` threads (0: every core): grid and random evaluate their
+/// candidates, in candidate order whatever thread finished first; bayesian proposes rounds of
+/// `optimizer.parallelism` candidates from what the earlier rounds found.
 pub fn evaluate(
     search: &Search,
     base_dir: &Path,
     threads: usize,
-    progress: &(dyn Fn(usize, usize) + Sync),
-) -> Vec<Trial> {
-    let n = search.candidates.len();
+    cache: Option<&Cache>,
+    progress: &Progress,
+) -> Evaluated {
+    if search.optimizer.algorithm == "bayesian" {
+        return bayesian(search, base_dir, threads, cache, progress);
+    }
+    let jobs: Vec<usize> = (0..search.candidates.len()).collect();
+    run_jobs(search, &jobs, &|k| (search.candidates[k].clone(), search.selected[k]), base_dir, threads, cache, progress)
+}
+
+/// Evaluates jobs `0..jobs.len()` (each named by `job(k)` as its tree and space index); results
+/// in job order.
+fn run_jobs(
+    search: &Search,
+    jobs: &[usize],
+    job: &(dyn Fn(usize) -> (Value, usize) + Sync),
+    base_dir: &Path,
+    threads: usize,
+    cache: Option<&Cache>,
+    progress: &Progress,
+) -> Evaluated {
+    let n = jobs.len();
     let threads =
         if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads }.min(n).max(1);
     let next = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
+    let hits = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Trial>>> = Mutex::new(vec![None; n]);
     std::thread::scope(|s| {
         for _ in 0..threads {
@@ -456,13 +882,19 @@ pub fn evaluate(
                 if i >= n {
                     break;
                 }
-                let t = trial(&search.candidates[i], search, base_dir);
+                let (tree, index) = job(jobs[i]);
+                let (t, hit) = trial(tree, search.kv_reason(index), search, base_dir, cache);
+                if hit {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                }
+                progress.record(search, &t);
                 results.lock().expect("results")[i] = Some(t);
-                progress(done.fetch_add(1, Ordering::Relaxed) + 1, n);
             });
         }
     });
-    results.into_inner().expect("results").into_iter().map(|t| t.expect("every candidate evaluated")).collect()
+    let trials =
+        results.into_inner().expect("results").into_iter().map(|t| t.expect("every candidate evaluated")).collect();
+    Evaluated { trials, cache_hits: hits.into_inner() }
 }
 
 fn used_gpus(tree: &Value) -> u64 {
@@ -476,23 +908,46 @@ fn used_gpus(tree: &Value) -> u64 {
     g
 }
 
-fn trial(tree: &Value, search: &Search, base_dir: &Path) -> Trial {
-    let used = used_gpus(tree);
-    let mut t = Trial {
-        tree: tree.clone(),
-        used_gpus: used,
-        status: "feasible",
-        reason_category: None,
-        reason: None,
-        summary: Map::new(),
-    };
+/// Evaluates one candidate; `true` when its result came from the cache.
+fn trial(
+    tree: Value,
+    kv_short: Option<String>,
+    search: &Search,
+    base_dir: &Path,
+    cache: Option<&Cache>,
+) -> (Trial, bool) {
+    let used = used_gpus(&tree);
+    let mut t =
+        Trial { tree, used_gpus: used, status: "feasible", reason_category: None, reason: None, summary: Map::new() };
     if used > search.optimization.budget as u64 {
         t.status = "infeasible";
         t.reason_category = Some("gpu_budget");
         t.reason = Some(format!("used_gpus={used} > gpu_budget={}", search.optimization.budget));
-        return t;
+        return (t, false);
     }
-    let prepared = schema::read_predict(tree).and_then(|c| crate::prepare(c, base_dir));
+    if let Some(why) = kv_short {
+        t.status = "infeasible";
+        t.reason_category = Some("kv_capacity");
+        t.reason = Some(why);
+        return (t, false);
+    }
+    let key = cache.map(|c| c.key(&t.tree));
+    if let (Some(c), Some(k)) = (cache, &key) {
+        if let Some(hit) = c.get(k, &t.tree) {
+            return (hit, true);
+        }
+    }
+    simulate(&mut t, base_dir);
+    // Only replays are kept: a candidate refused before it ran may be refused for want of
+    // something outside its inputs (the performance data), and costs nothing to refuse again.
+    if let (Some(c), Some(k), false) = (cache, &key, t.summary.is_empty()) {
+        c.put(k, &t);
+    }
+    (t, false)
+}
+
+fn simulate(t: &mut Trial, base_dir: &Path) {
+    let prepared = schema::read_predict(&t.tree).and_then(|c| crate::prepare(c, base_dir));
     let prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -500,7 +955,7 @@ fn trial(tree: &Value, search: &Search, base_dir: &Path) -> Trial {
             t.status = if kv { "infeasible" } else { "unsupported" };
             t.reason_category = Some(if kv { "kv_capacity" } else { "candidate_materialization" });
             t.reason = Some(e.to_string());
-            return t;
+            return;
         }
     };
     let mut p = prepared;
@@ -515,7 +970,290 @@ fn trial(tree: &Value, search: &Search, base_dir: &Path) -> Trial {
             t.reason = Some(e);
         }
     }
-    t
+}
+
+/// A trial's score as the search compares it (higher is better), `None` when it is not
+/// feasible: the target's score after the same gates as the ranking (budget, KV, strict SLA or
+/// min_gpus SLA, goodput floor); a latency that was never measured is not a score.
+fn gated_score(search: &Search, t: &Trial) -> Option<f64> {
+    let o = &search.optimization;
+    if t.status != "feasible" || t.summary.is_empty() {
+        return None;
+    }
+    if (o.strict_sla || o.target == "min_gpus") && sla_failure(&search.sla, t).is_some() {
+        return None;
+    }
+    if o.min_goodput_rps.is_some_and(|floor| metric(t, "goodput_request_throughput_rps") < floor) {
+        return None;
+    }
+    let target = if o.target == "pareto" { o.pareto_objectives[0] } else { o.target };
+    let (v, max) = objective(target, t);
+    let v = if max { v } else { -v };
+    v.is_finite().then_some(v)
+}
+
+/// The bayesian search: a Gaussian-process surrogate (Matérn 5/2 over the candidates' scaled knob
+/// vectors, its length scale chosen by marginal likelihood) and expected improvement, in rounds
+/// of `optimizer.parallelism` candidates (the first drawn at random with the seed; a round's
+/// later picks shrink the model's variance around its earlier ones, so a round spreads out).
+/// Rounds are evaluated like a grid, so the result depends on the seed only, never on timing or
+/// threads; no candidate is proposed twice; at most `max_trials` trials. The `pareto` target
+/// scalarises its objectives with random weights each round (ParEGO).
+fn bayesian(search: &Search, base_dir: &Path, threads: usize, cache: Option<&Cache>, progress: &Progress) -> Evaluated {
+    let pool = &search.selected;
+    let budget = trial_count(search);
+    let per_round = (search.optimizer.parallelism as usize).min(search.optimizer.max_trials as usize).max(1);
+    // The pool's points, each dimension scaled to [0, 1] over the pool (constant ones dropped).
+    let raw: Vec<Vec<f64>> = pool.iter().map(|&i| search.space.raw_features(i)).collect();
+    let dims = raw.first().map_or(0, Vec::len);
+    let mut lo = vec![f64::INFINITY; dims];
+    let mut hi = vec![f64::NEG_INFINITY; dims];
+    for p in &raw {
+        for d in 0..dims {
+            lo[d] = lo[d].min(p[d]);
+            hi[d] = hi[d].max(p[d]);
+        }
+    }
+    let keep: Vec<usize> = (0..dims).filter(|&d| hi[d] > lo[d]).collect();
+    let points: Vec<Vec<f64>> =
+        raw.iter().map(|p| keep.iter().map(|&d| (p[d] - lo[d]) / (hi[d] - lo[d])).collect()).collect();
+    drop(raw);
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(search.optimizer.seed);
+    let mut chosen = vec![false; pool.len()];
+    let mut order: Vec<usize> = Vec::new(); // pool positions, in evaluation order
+    let mut trials: Vec<Trial> = Vec::new();
+    let mut hits = 0;
+    while order.len() < budget {
+        let want = per_round.min(budget - order.len());
+        let open: Vec<usize> = (0..pool.len()).filter(|&p| !chosen[p]).collect();
+        let batch: Vec<usize> = if order.is_empty() {
+            rand::seq::index::sample(&mut rng, open.len(), want).into_iter().map(|k| open[k]).collect()
+        } else {
+            // At most 4096 proposals per round are scored (drawn with the seed from the rest).
+            let proposals: Vec<usize> = if open.len() > 4096 {
+                let mut s: Vec<usize> =
+                    rand::seq::index::sample(&mut rng, open.len(), 4096).into_iter().map(|k| open[k]).collect();
+                s.sort_unstable();
+                s
+            } else {
+                open
+            };
+            let ys = observations(search, &trials, &mut rng);
+            let xs: Vec<&[f64]> = order.iter().map(|&p| points[p].as_slice()).collect();
+            let cands: Vec<&[f64]> = proposals.iter().map(|&p| points[p].as_slice()).collect();
+            crate::bayes::propose(&xs, &ys, &cands, want).into_iter().map(|k| proposals[k]).collect()
+        };
+        for &p in &batch {
+            chosen[p] = true;
+        }
+        let idx: Vec<usize> = batch.iter().map(|&p| pool[p]).collect();
+        let jobs: Vec<usize> = (0..idx.len()).collect();
+        let done =
+            run_jobs(search, &jobs, &|k| (search.space.tree(idx[k]), idx[k]), base_dir, threads, cache, progress);
+        hits += done.cache_hits;
+        trials.extend(done.trials);
+        order.extend(batch);
+    }
+    Evaluated { trials, cache_hits: hits }
+}
+
+/// What the surrogate model fits: each trial's gated score; `pareto` a ParEGO scalarisation of
+/// its objectives (each scaled to [0, 1] over the trials, best = 1) with weights drawn this round.
+/// Trials without a score get the worst observed value less a margin.
+fn observations(search: &Search, trials: &[Trial], rng: &mut rand_chacha::ChaCha12Rng) -> Vec<f64> {
+    let o = &search.optimization;
+    let mut ys: Vec<Option<f64>> = trials.iter().map(|t| gated_score(search, t)).collect();
+    if o.target == "pareto" {
+        let k = o.pareto_objectives.len();
+        let vals: Vec<Vec<f64>> = trials
+            .iter()
+            .map(|t| {
+                o.pareto_objectives
+                    .iter()
+                    .map(|&ob| {
+                        let (v, max) = objective(ob, t);
+                        if max {
+                            v
+                        } else {
+                            -v
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let weights: Vec<f64> = {
+            let w: Vec<f64> = (0..k).map(|_| rand::Rng::random::<f64>(rng) + 1e-3).collect();
+            let s: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / s).collect()
+        };
+        let live: Vec<usize> = (0..trials.len()).filter(|&i| ys[i].is_some()).collect();
+        let bounds: Vec<(f64, f64)> = (0..k)
+            .map(|j| {
+                live.iter()
+                    .map(|&m| vals[m][j])
+                    .filter(|v| v.is_finite())
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
+            })
+            .collect();
+        let scaled = |i: usize, j: usize| {
+            let (lo, hi) = bounds[j];
+            if !vals[i][j].is_finite() || hi <= lo {
+                0.5
+            } else {
+                (vals[i][j] - lo) / (hi - lo)
+            }
+        };
+        for &i in &live {
+            let f: Vec<f64> = (0..k).map(|j| weights[j] * scaled(i, j)).collect();
+            let min = f.iter().copied().fold(f64::INFINITY, f64::min);
+            ys[i] = Some(min + 0.05 * f.iter().sum::<f64>());
+        }
+    }
+    let finite: Vec<f64> = ys.iter().flatten().copied().collect();
+    let worst = finite.iter().copied().fold(f64::INFINITY, f64::min);
+    let best = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let fill = if finite.is_empty() { 0.0 } else { worst - 0.25 * (best - worst).max(worst.abs() * 0.1).max(1e-9) };
+    ys.into_iter().map(|y| y.unwrap_or(fill)).collect()
+}
+
+/// The content-addressed trial cache: a trial's result is stored under a hash of what decides it
+/// (the candidate's concrete tree, the contents of the trace files it reads, servesim's
+/// version), so a re-run, or a search that overlaps an earlier one, replays only what is new.
+/// Entries are JSON files `<dir>/<2 hex>/<64 hex>.json`, floats kept as their exact bits.
+pub struct Cache {
+    /// Directories looked in, in order.
+    lookup: Vec<std::path::PathBuf>,
+    /// Where entries are written (a hit found elsewhere is copied here too).
+    write: std::path::PathBuf,
+    inputs: String,
+}
+
+impl Cache {
+    /// A cache over `lookup` writing into `write`, for the inputs of `search` (trace paths
+    /// relative to `base_dir`).
+    pub fn new(search: &Search, base_dir: &Path, lookup: Vec<std::path::PathBuf>, write: std::path::PathBuf) -> Cache {
+        Cache { lookup, write, inputs: inputs_digest(&search.base, base_dir) }
+    }
+
+    fn key(&self, tree: &Value) -> String {
+        let doc = json!({
+            "servesim": env!("CARGO_PKG_VERSION"),
+            "candidate": crate::sorted(tree),
+            "inputs": self.inputs,
+        });
+        blake3::hash(canonical(&doc).as_bytes()).to_hex().to_string()
+    }
+
+    fn file(dir: &Path, key: &str) -> std::path::PathBuf {
+        dir.join(&key[..2]).join(format!("{key}.json"))
+    }
+
+    fn get(&self, key: &str, tree: &Value) -> Option<Trial> {
+        for dir in &self.lookup {
+            let path = Cache::file(dir, key);
+            let Ok(bytes) = std::fs::read(&path) else { continue };
+            let Ok(v) = serde_json::from_slice::<Value>(&bytes) else { continue };
+            if v.get("key").and_then(Value::as_str) != Some(key) {
+                continue;
+            }
+            let Some(t) = trial_fields(&v, tree.clone(), true) else { continue };
+            if *dir != self.write {
+                self.store(key, &bytes);
+            }
+            return Some(t);
+        }
+        None
+    }
+
+    /// Keeps a trial that replayed (merged shards keep theirs, as one run would).
+    pub fn record(&self, t: &Trial) {
+        if !t.summary.is_empty() {
+            self.put(&self.key(&t.tree), t);
+        }
+    }
+
+    fn put(&self, key: &str, t: &Trial) {
+        let mut v = trial_json(0, t);
+        let o = v.as_object_mut().expect("an object");
+        o.remove("index");
+        o.insert("key".into(), json!(key));
+        o.insert("summary".into(), exact_floats(&o["summary"]));
+        self.store(key, &serde_json::to_vec(&v).expect("serialises"));
+    }
+
+    /// Writes an entry under a temporary name and renames it into place; a cache that cannot
+    /// be written only costs the re-use.
+    fn store(&self, key: &str, bytes: &[u8]) {
+        let path = Cache::file(&self.write, key);
+        let Some(dir) = path.parent() else { return };
+        if std::fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        let tmp = dir.join(format!(".{key}.{}.partial", std::process::id()));
+        if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+/// The digest of the files a configuration reads (its trace paths, relative to `base_dir`;
+/// a directory by every file under it): the cache key's inputs beside the tree itself.
+fn inputs_digest(base: &Value, base_dir: &Path) -> String {
+    let mut h = blake3::Hasher::new();
+    let paths = get(base, &["traffic", "source", "paths"]).and_then(Value::as_array).cloned().unwrap_or_default();
+    // Named as the configuration spells them (the tree holds that already) and, inside a
+    // directory, by their names there: where the files sit does not change the key.
+    fn add(h: &mut blake3::Hasher, p: &Path) {
+        if p.is_dir() {
+            let mut entries: Vec<_> =
+                std::fs::read_dir(p).into_iter().flatten().filter_map(|e| e.ok().map(|e| e.path())).collect();
+            entries.sort();
+            for e in entries {
+                h.update(e.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
+                add(h, &e);
+            }
+        } else {
+            match std::fs::File::open(p) {
+                Ok(mut f) => {
+                    let _ = std::io::copy(&mut f, h);
+                }
+                Err(_) => {
+                    h.update(b"\0unreadable");
+                }
+            }
+        }
+    }
+    for p in paths.iter().filter_map(Value::as_str) {
+        let path = Path::new(p);
+        let full = if path.is_absolute() { path.to_path_buf() } else { base_dir.join(path) };
+        h.update(p.as_bytes());
+        add(&mut h, &full);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// Floats as `{"f64": "<16 hex digits>"}` so a cached summary reads back bit for bit.
+fn exact_floats(v: &Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => json!({"f64": format!("{:016x}", n.as_f64().unwrap().to_bits())}),
+        Value::Array(a) => Value::Array(a.iter().map(exact_floats).collect()),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), exact_floats(v))).collect()),
+        v => v.clone(),
+    }
+}
+
+fn from_exact_floats(v: &Value) -> Option<Value> {
+    Some(match v {
+        Value::Object(m) if m.len() == 1 && m.contains_key("f64") => {
+            let bits = u64::from_str_radix(m["f64"].as_str()?, 16).ok()?;
+            Value::Number(serde_json::Number::from_f64(f64::from_bits(bits))?)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(from_exact_floats).collect::<Option<_>>()?),
+        Value::Object(m) => Value::Object(
+            m.iter().map(|(k, v)| Some((k.clone(), from_exact_floats(v)?))).collect::<Option<Map<_, _>>>()?,
+        ),
+        v => v.clone(),
+    })
 }
 
 const METRIC_KEYS: [&str; 19] = [
@@ -610,6 +1348,8 @@ pub struct Ranked {
     pub scores: Vec<f64>,
     pub top_n: Vec<usize>,
     pub pareto: Vec<usize>,
+    /// Trials served from the cache (`counts.cache_hits`).
+    pub cache_hits: usize,
 }
 
 fn canonical(v: &Value) -> String {
@@ -719,7 +1459,7 @@ pub fn rank(search: &Search, mut trials: Vec<Trial>) -> Ranked {
         });
         top_n = feasible;
     }
-    Ranked { trials, scores, top_n, pareto }
+    Ranked { trials, scores, top_n, pareto, cache_hits: 0 }
 }
 
 fn candidate_id(i: usize) -> String {
@@ -753,6 +1493,20 @@ fn knobs_of(t: &Trial) -> Value {
             }
         }
     }
+    if let Some(r) = t.tree.get("router").and_then(Value::as_object) {
+        for (k, v) in r {
+            match v {
+                Value::Object(o) => {
+                    for (k2, v2) in o {
+                        m.insert(format!("router.{k}.{k2}"), v2.clone());
+                    }
+                }
+                v => {
+                    m.insert(format!("router.{k}"), v.clone());
+                }
+            }
+        }
+    }
     Value::Object(m)
 }
 
@@ -766,6 +1520,7 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
     {
         counts.insert(k.into(), json!(0));
     }
+    counts.insert("cache_hits".into(), json!(r.cache_hits));
     let mut candidates = Vec::new();
     let mut csv = String::from(
         "schema_version,candidate_id,status,reason_category,reason,used_gpus,score,power_w,power_coverage,power_source,config_json,prediction_config_json,metrics_json,objectives_json,provenance_json,is_top_n,is_pareto\n",
@@ -838,6 +1593,7 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
             "seed": search.optimizer.seed,
             "gpu_budget": o.budget,
             "target": o.target,
+            "kv_excluded": search.kv_excluded,
         },
     });
     let mut files = vec![
@@ -888,6 +1644,11 @@ const CATEGORIES: [&str; 15] = [
 pub fn trial_from_json(search: &Search, v: &Value) -> Option<(usize, Trial)> {
     let index = v.get("index")?.as_u64()? as usize;
     let tree = search.candidates.get(index)?.clone();
+    Some((index, trial_fields(v, tree, false)?))
+}
+
+/// A trial's fields from a shard record or a cache entry (`exact`: floats kept as bits).
+fn trial_fields(v: &Value, tree: Value, exact: bool) -> Option<Trial> {
     let status = STATUSES.iter().copied().find(|s| v.get("status").and_then(Value::as_str) == Some(*s))?;
     let reason_category = match v.get("reason_category")? {
         Value::Null => None,
@@ -895,23 +1656,86 @@ pub fn trial_from_json(search: &Search, v: &Value) -> Option<(usize, Trial)> {
     };
     let reason = v.get("reason")?.as_str().map(str::to_string);
     let used_gpus = v.get("used_gpus")?.as_u64()?;
-    let summary = v.get("summary")?.as_object()?.clone();
-    Some((index, Trial { tree, used_gpus, status, reason_category, reason, summary }))
+    let summary = v.get("summary")?;
+    let summary = if exact { from_exact_floats(summary)? } else { summary.clone() };
+    let summary = summary.as_object()?.clone();
+    Some(Trial { tree, used_gpus, status, reason_category, reason, summary })
 }
 
 /// Evaluates the candidates of shard `k` of `n` (candidate i belongs to shard i mod n).
-pub fn evaluate_shard(search: &Search, base_dir: &Path, threads: usize, k: usize, n: usize) -> Vec<(usize, Trial)> {
+pub fn evaluate_shard(
+    search: &Search,
+    base_dir: &Path,
+    threads: usize,
+    k: usize,
+    n: usize,
+    cache: Option<&Cache>,
+) -> Vec<(usize, Trial)> {
     let indices: Vec<usize> = (0..search.candidates.len()).filter(|i| i % n == k).collect();
-    let sub = Search {
-        base: Value::Null,
-        optimization: search.optimization.clone(),
-        optimizer: search.optimizer.clone(),
-        sla: search.sla.clone(),
-        candidates: indices.iter().map(|&i| search.candidates[i].clone()).collect(),
-    };
-    if sub.candidates.is_empty() {
+    if indices.is_empty() {
         return Vec::new();
     }
-    let trials = evaluate(&sub, base_dir, threads, &|_, _| {});
-    indices.into_iter().zip(trials).collect()
+    let done = run_jobs(
+        search,
+        &indices,
+        &|i| (search.candidates[i].clone(), search.selected[i]),
+        base_dir,
+        threads,
+        cache,
+        &Progress::silent(),
+    );
+    indices.into_iter().zip(done.trials).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_domains_default_to_the_adapters() {
+        let all = router_settings(&json!({})).unwrap();
+        assert_eq!(all.len(), 1 + 2 * 3 * 9 * 4, "round_robin once, kv_router over its knobs");
+        assert_eq!(all[0], json!({"policy": "round_robin"}));
+        assert_eq!(router_settings(&json!({"policy": "round_robin"})).unwrap(), [json!({"policy": "round_robin"})]);
+        let kv = router_settings(&json!({"policy": "kv_router", "prefill_load_model": {"type": "none"}})).unwrap();
+        assert_eq!(kv.len(), 3 * 9 * 4);
+        let stepped = router_settings(&json!({
+            "policy": "kv_router", "prefill_load_model": {"type": "none"}, "overlap_score_credit": 1,
+            "prefill_load_scale": 1, "temperature": {"range": {"min": 0.1, "max": 0.3, "step": 0.1}},
+        }))
+        .unwrap();
+        let temps: Vec<f64> = stepped.iter().map(|r| r["temperature"].as_f64().unwrap()).collect();
+        assert_eq!(temps, [0.1, 0.2, 0.3], "decimal steps without drift");
+    }
+
+    #[test]
+    fn the_space_enumerates_shapes_then_knobs_then_routers() {
+        let root = json!({
+            "engine": {"model": "m", "hardware": "h", "workers": {"aggregated": {
+                "parallelism": {"preset": false, "tensor": {"choices": [1, 2]}},
+                "scheduler": {"max_batched_tokens": 8192, "max_sequences": {"choices": [64, 128]}},
+            }}},
+            "router": {"policy": {"choices": ["round_robin", "kv_router"]}, "prefill_load_model": {"type": "none"},
+                       "overlap_score_credit": 1, "prefill_load_scale": 1, "temperature": {"choices": [0, 1]}},
+        });
+        let s = read_search(&root).unwrap();
+        assert_eq!(s.space.len(), 2 * 2 * 3);
+        assert_eq!(s.candidates.len(), 12);
+        let knob = |i: usize, p: &str| s.candidates[i].pointer(p).cloned().unwrap();
+        assert_eq!(knob(0, "/engine/workers/aggregated/parallelism/tensor"), 1);
+        assert_eq!(knob(6, "/engine/workers/aggregated/parallelism/tensor"), 2);
+        assert_eq!(knob(3, "/engine/workers/aggregated/scheduler/max_sequences"), 128);
+        assert_eq!(knob(1, "/router/temperature"), 0.0);
+        assert_eq!(knob(2, "/router/temperature"), 1.0);
+        assert!(s.candidates[0]["engine"]["workers"]["aggregated"]["parallelism"].get("preset").is_none());
+    }
+
+    #[test]
+    fn cached_floats_read_back_bit_for_bit() {
+        let v = json!({"a": 0.1 + 0.2, "b": [1e-300, 5e-324, -0.0, 123456.789e10], "c": 7, "d": "x"});
+        assert_eq!(from_exact_floats(&exact_floats(&v)).unwrap(), v);
+        let text = serde_json::to_string(&exact_floats(&v)).unwrap();
+        let back = from_exact_floats(&serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(back["a"].as_f64().unwrap().to_bits(), (0.1f64 + 0.2).to_bits());
+    }
 }

@@ -2,13 +2,16 @@
 //!
 //! The Python side (`python/servesim/`) does the argument plumbing and the reference's
 //! Python-side validation; this module does what needs the Rust core: normalising engine
-//! configurations and running a replay on the virtual clock. Values cross the boundary as JSON
+//! configurations, running a replay on the virtual clock, and running the live server in-process
+//! ([`live::LiveServer`], behind `servesim.mocker.main.launch_workers`). Values cross the boundary as JSON
 //! text, which keeps the key order of the summary and per-request records exactly as the
 //! report emits it (`json.loads` preserves order).
 //!
 //! A replay runs with the GIL released. The driver asks [`Progress::cancelled`] now and then;
 //! the binding answers by briefly taking the GIL and running Python's signal handlers, so
 //! Ctrl-C raises `KeyboardInterrupt` within a fraction of a second and the run stops cleanly.
+
+mod live;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +34,7 @@ fn timer_factory(key: &str, provider: &str, config: &Value) -> Result<Arc<dyn Pa
 
 /// Parses an engine configuration (either of Dynamo's JSON shapes); relative file paths inside
 /// it (timing profiles) are relative to `dir`.
-fn worker_args(text: &str, dir: &Path) -> Result<WorkerArgs, String> {
+pub(crate) fn worker_args(text: &str, dir: &Path) -> Result<WorkerArgs, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
     let files = |path: &str| {
         let full = dir.join(path);
@@ -406,6 +409,7 @@ fn run_replay(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_replay, m)?)?;
     m.add_function(wrap_pyfunction!(normalize_mocker_config_json, m)?)?;
+    m.add_class::<live::LiveServer>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -85,6 +85,9 @@ pub struct Routing {
     pub worker: u32,
     pub dp_rank: u32,
     pub overlap_tokens: u32,
+    /// The KV router's overlap: blocks cached on the chosen worker and the most on any eligible
+    /// one (`None` under round robin).
+    pub overlap_blocks: Option<(u32, u32)>,
 }
 
 /// One admission (the reference's `admission_history` entries).
@@ -530,6 +533,7 @@ impl<'s> Collector<'s> {
         worker: usize,
         dp_rank: usize,
         overlap_tokens: u32,
+        overlap_blocks: Option<(u32, u32)>,
         queued_at: Option<f64>,
         now: f64,
     ) {
@@ -546,6 +550,7 @@ impl<'s> Collector<'s> {
             worker,
             dp_rank: dp_rank as u32,
             overlap_tokens,
+            overlap_blocks,
         });
         match role {
             Role::Aggregated => {

@@ -304,9 +304,9 @@ pub fn request_json(r: &RequestRecord) -> Value {
                 "scheduler_id": p.worker,
                 "dp_rank": p.dp_rank,
                 "reported_overlap_tokens": p.overlap_tokens,
-                "selected_overlap_blocks": Value::Null,
-                "best_available_overlap_blocks": Value::Null,
-                "overlap_regret_blocks": Value::Null,
+                "selected_overlap_blocks": p.overlap_blocks.map(|o| o.0),
+                "best_available_overlap_blocks": p.overlap_blocks.map(|o| o.1),
+                "overlap_regret_blocks": p.overlap_blocks.map(|o| o.1 - o.0),
                 "placement_replica_id": Value::Null,
             })
         })

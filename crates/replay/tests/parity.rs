@@ -339,4 +339,5 @@ parity_cases! {
     format_weka_generated => "fmt_gen_weka",
     disagg_followup_turn_misses_the_passes_starting_at_its_arrival => "x_disagg_followup_misses_passes",
     trtllm_disagg_speedup_rounds_pass_times_twice => "x_trtllm_disagg_speedup_rounds_twice",
+    kv_router_queue_release_edges => "x_kv_queue_release_edges",
 }

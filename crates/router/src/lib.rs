@@ -94,6 +94,9 @@ pub struct Placement {
     pub target: usize,
     /// Prefix blocks the router believed the target had cached.
     pub overlap_blocks: u32,
+    /// The most prefix blocks any eligible target had cached (`overlap_blocks` short of it is
+    /// the placement's overlap regret); `None` when no cache was consulted (round robin).
+    pub best_overlap_blocks: Option<u32>,
     pub cost: f64,
     /// When the request entered the router queue, if it waited there.
     pub queued_at_ms: Option<f64>,
@@ -260,7 +263,7 @@ impl KvRouter {
                 Err(rejection) => Routed::Rejected(rejection),
             };
         }
-        Routed::Placed(self.place(req, overlaps.as_deref(), None, now))
+        Routed::Placed(self.place(req, None, overlaps.as_deref(), now))
     }
 
     /// Predicted time to prefill `pending` new tokens behind `prefix` cached ones, if the load
@@ -285,14 +288,14 @@ impl KvRouter {
         None
     }
 
-    /// Scores every target for `req`, picks one and records the load there. `overlaps` are
-    /// the targets' cached prefixes to score with (those seen when a released request was
-    /// queued); None looks them up now.
+    /// Scores every target for `req`, picks one and records the load there.
+    /// `overlaps`: the cache overlap per target to score with (a queued request's, frozen when
+    /// it was queued); `None` asks the indexer now.
     fn place(
         &mut self,
         req: RouteRequest<'_>,
-        overlaps: Option<&[u32]>,
         queued_at_ms: Option<f64>,
+        overlaps: Option<&[u32]>,
         now: Duration,
     ) -> Placement {
         self.score(&req, overlaps, now);
@@ -302,7 +305,8 @@ impl KvRouter {
         let pending = if self.cfg.track_prefill_tokens { req.isl - cached_tokens } else { 0 };
         let expected = self.expected_prefill(pending, cached_tokens);
         self.load.add(req.id, target, req.hashes, pending, expected, now);
-        Placement { id: req.id, target, overlap_blocks, cost, queued_at_ms }
+        let best = self.scores.iter().filter(|s| s.0.is_finite()).map(|s| s.1).max().unwrap_or(overlap_blocks);
+        Placement { id: req.id, target, overlap_blocks, best_overlap_blocks: Some(best), cost, queued_at_ms }
     }
 
     fn score(&mut self, req: &RouteRequest<'_>, overlaps: Option<&[u32]>, now: Duration) {
@@ -321,7 +325,8 @@ impl KvRouter {
                 continue;
             }
             let overlap = match overlaps {
-                Some(o) => o.get(t).copied().unwrap_or(0),
+                // A target added since the request was queued had nothing cached for it then.
+                Some(frozen) => frozen.get(t).copied().unwrap_or(0),
                 None => self.indexer.overlap(t, req.hashes),
             };
             let mut cost = 0.0;
@@ -405,7 +410,9 @@ impl KvRouter {
     }
 
     /// Releases queued requests while some target is not busy at `now_ms`, scoring each with
-    /// the state left by the ones released before it.
+    /// the load left by the ones released before it and the cache overlap it saw when it was
+    /// queued (Dynamo 1.6.1 does not look the prefix up again: a request queued before a
+    /// worker's KV events arrived is released with overlap 0 there).
     pub fn drain(&mut self, now_ms: f64) -> Vec<Placement> {
         let now = clock(now_ms);
         let mut released = Vec::new();
@@ -423,7 +430,7 @@ impl KvRouter {
                 arrival_ms: p.arrival_ms,
                 policy_class: None,
             };
-            released.push(self.place(req, Some(&p.overlaps), Some(p.queued_at_ms), now));
+            released.push(self.place(req, Some(p.queued_at_ms), Some(&p.overlaps), now));
         }
         released
     }
@@ -614,20 +621,24 @@ policy_classes:
     }
 
     #[test]
-    fn a_released_request_is_scored_on_the_overlaps_seen_when_it_queued() {
-        let hashes = [7, 8];
-        let cfg = RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() };
+    fn a_released_request_keeps_the_overlap_it_saw_when_queued() {
+        // Probed on Dynamo 1.6.1: a request queued while the index was empty is released with
+        // overlap 0 everywhere, though the prefix has since been stored on a worker.
+        let cfg = RouterConfig { queue_threshold: Some(0.5), ..RouterConfig::default() };
         let mut r = KvRouter::new(cfg, 2, 16, 64, 1);
-        placed(r.route(req(1, &[1], 16), 0.0));
-        placed(r.route(req(2, &[2], 16), 0.0));
-        assert_eq!(r.route(req(3, &hashes, 32), 1.0), Routed::Queued);
-        // Both targets cache the prompt after it queued; Dynamo still scores it on no overlap.
-        r.apply_events(0, &[stored(&hashes)]);
-        r.apply_events(1, &[stored(&hashes)]);
-        let released = r.prefill_completed(2, 2.0);
+        let a = placed(r.route(req(1, &[7, 8], 64), 0.0));
+        let b = placed(r.route(req(2, &[], 64), 0.0));
+        assert_ne!(a.target, b.target);
+        assert_eq!(r.route(req(3, &[7, 8, 9], 48), 0.0), Routed::Queued);
+        r.apply_events(a.target, &[stored(&[7, 8])]);
+        let released = r.prefill_completed(a.id, 10.0);
         assert_eq!(released.len(), 1);
-        assert_eq!(released[0].overlap_blocks, 0);
-        assert_eq!(r.indexer().overlap(released[0].target, &hashes), 2, "a fresh look would see both blocks");
+        assert_eq!((released[0].overlap_blocks, released[0].best_overlap_blocks), (0, Some(0)));
+        // A request routed now (nothing busy) sees the stored prefix.
+        r.prefill_completed(b.id, 10.0);
+        r.prefill_completed(3, 10.0);
+        let d = placed(r.route(req(4, &[7, 8], 32), 10.0));
+        assert_eq!(d.best_overlap_blocks, Some(2));
     }
 
     /// Predicts `ms_per_token` per new prompt token.

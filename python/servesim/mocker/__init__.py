@@ -1,6 +1,7 @@
 """Drop-in for ``dynamo.mocker`` (Dynamo 1.6.1): ``run_mocker_trace_replay`` and
 ``ReasoningConfig``; the configuration helpers are in ``servesim.mocker.config``, the argument
-parser in ``servesim.mocker.args`` and the launch helpers in ``servesim.mocker.main``."""
+parser in ``servesim.mocker.args`` and the launch helpers in ``servesim.mocker.main``
+(``python -m servesim.mocker`` serves live workers in-process)."""
 
 from __future__ import annotations
 

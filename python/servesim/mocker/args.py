@@ -169,6 +169,10 @@ class _Deprecated(argparse.Action):
             nargs = 0
         super().__init__(option_strings, dest, nargs=nargs, **kwargs)
 
+    def format_usage(self):
+        # As argparse.BooleanOptionalAction shows itself: `--load-aware | --no-load-aware`.
+        return " | ".join(self.option_strings) if self.boolean else self.option_strings[0]
+
     def __call__(self, parser, namespace, values, option_string=None):
         warnings.warn(f"{option_string} is deprecated", FutureWarning, stacklevel=2)
         if self.boolean:
@@ -232,7 +236,8 @@ def _add_router_arguments(p: argparse.ArgumentParser) -> None:
     add("--router-queue-threshold", action=_Deprecated, type=_nullable(float), default=None)
     add("--router-policy-config", type=str, default=None)
     add("--router-conditional-disagg", dest="conditional_disagg_enabled", action=g, default=False)
-    add("--router-conditional-disagg-config", dest="conditional_disagg_config", type=_conditional_disagg_config, default=None)
+    add("--router-conditional-disagg-config", dest="conditional_disagg_config", type=_conditional_disagg_config, default=None,
+        metavar="JSON")
     add("--router-prefill-policy", action=_Deprecated, type=str, default=None)
     add("--router-decode-policy", action=_Deprecated, type=str, default=None)
     add("--router-event-threads", type=int, default=4)

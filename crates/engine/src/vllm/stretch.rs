@@ -2,6 +2,8 @@
 //! change during them. The passes and the final state are exactly those of pass-by-pass
 //! [`VllmEngine::step`]s; only the work per pass goes.
 
+use rustc_hash::FxHashMap;
+
 use super::{AdmissionDecision, VllmEngine};
 use crate::config::Role;
 use crate::output::Stretch;
@@ -94,23 +96,38 @@ impl VllmEngine {
         let bs = self.cfg.block_size;
         // Pass j of a request of length `len` computes position len-1+j, which needs a new
         // block when it is a multiple of the block size.
-        let first_new_block = |slot: u32| {
-            let len = self.reqs[slot].len();
-            (bs - (len - 1) % bs) % bs
-        };
-        let blocks_within = |m: u32| -> u64 {
-            let firsts = self.running.iter().map(|&s| first_new_block(s));
-            firsts.map(|j0| if j0 < m { ((m - 1 - j0) / bs + 1) as u64 } else { 0 }).sum()
-        };
+        let firsts: Vec<u32> = self
+            .running
+            .iter()
+            .map(|&slot| {
+                let len = self.reqs[slot].len();
+                (bs - (len - 1) % bs) % bs
+            })
+            .collect();
+        let blocks_within =
+            |m: u32| -> u64 { firsts.iter().map(|&j0| if j0 < m { ((m - 1 - j0) / bs + 1) as u64 } else { 0 }).sum() };
         let needed = blocks_within(passes);
         let free = self.pool.num_free() as u64;
         if needed <= free {
             return passes;
         }
-        let head_hashes = self.waiting.front().map_or(&[][..], |&slot| &self.reqs[slot].hashes.seq[..]);
-        let evictable =
-            self.pool.eviction_order().take((needed - free) as usize).take_while(|h| !head_hashes.contains(h)).count()
-                as u64;
+        // The evictable blocks before the first one the waiting head could reuse (all of them
+        // without a head). Positions in a map, then one pass over the head's hashes: a long head
+        // prompt and a long eviction run cost their sum, not their product.
+        let want = needed - free;
+        let evictable = match self.waiting.front() {
+            None => want.min(self.pool.num_inactive() as u64),
+            Some(&head) => {
+                let mut position: FxHashMap<u64, u64> = FxHashMap::default();
+                let mut taken = 0;
+                for h in self.pool.eviction_order().take(want as usize) {
+                    position.entry(h).or_insert(taken);
+                    taken += 1;
+                }
+                let head_hashes = &self.reqs[head].hashes.seq;
+                head_hashes.iter().filter_map(|h| position.get(h)).min().copied().unwrap_or(taken)
+            }
+        };
         let room = free + evictable;
         if needed <= room {
             return passes;

@@ -675,7 +675,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if let (Some(s), true) = (self.scaling.as_mut(), self.pools[pool].placer.is_kv() && isl_blocks > 0) {
             s.hit_rate(p.overlap_blocks as f64 / isl_blocks as f64);
         }
-        self.collector.placed(p.id, role, p.target / dp, p.target % dp, overlap_tokens, p.queued_at_ms, self.now);
+        let overlap_blocks = p.best_overlap_blocks.map(|best| (p.overlap_blocks, best));
+        let (worker, rank) = (p.target / dp, p.target % dp);
+        self.collector.placed(p.id, role, worker, rank, overlap_tokens, overlap_blocks, p.queued_at_ms, self.now);
         match role {
             Role::Aggregated | Role::Prefill => flight.prefill_target = Some(p.target),
             Role::Decode => flight.decode_target = Some(p.target),
@@ -772,16 +774,27 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         let routed = self.pools[pool].placer.is_kv();
-        // The router hears of the pass's completions before its first tokens (Dynamo's order:
-        // what a completion frees is there for the requests a first token releases from the
-        // queue). A request that also produced its first token in this pass just ends.
-        for f in &out.finished {
-            self.router_edge(pool, f.request, true);
+        // An aggregated request's last token of its final pass is its terminal signal: the
+        // router frees it there, in token order, and a request whose first token is also its
+        // last gets no prefill edge before that (Dynamo handles one output signal at a time,
+        // and a completed one only frees).
+        let mut terminal: Vec<(u64, usize)> = Vec::new();
+        if routed && role == Role::Aggregated && !out.finished.is_empty() {
+            terminal.extend(
+                out.finished
+                    .iter()
+                    .filter_map(|f| out.tokens.iter().rposition(|t| t.request == f.request).map(|i| (f.request, i))),
+            );
         }
-        for t in &out.tokens {
+        for (i, t) in out.tokens.iter().enumerate() {
             // The router's prefill edge: the prefill worker's only token, or the first visible one.
             let edge = role == Role::Prefill || self.collector.token(t.request, now);
-            if edge && routed && !out.finished.iter().any(|f| f.request == t.request) {
+            if !routed {
+                continue;
+            }
+            if terminal.contains(&(t.request, i)) {
+                self.router_edge(pool, t.request, true);
+            } else if edge {
                 self.router_edge(pool, t.request, false);
             }
         }
@@ -790,6 +803,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             t.pass(pool, target, out, role != Role::Prefill);
         }
         for f in &out.finished {
+            if !terminal.iter().any(|&(id, _)| id == f.request) {
+                self.router_edge(pool, f.request, true);
+            }
             match (role, f.finish) {
                 (Role::Prefill, Finish::Completed) => {
                     // The prompt is done: its KV moves once a decode worker has room for it.

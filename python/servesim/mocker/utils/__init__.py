@@ -1,0 +1,1 @@
+"""Helpers of ``dynamo.mocker.utils`` that servesim needs: ``kv_cache``."""

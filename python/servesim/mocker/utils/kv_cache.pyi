@@ -1,0 +1,6 @@
+from typing import Optional
+
+TORCH_DTYPE_BYTES: dict[str, int]
+
+def get_kv_cache_dtype_bytes(config: dict, kv_cache_dtype: str = "auto") -> int: ...
+def compute_kv_bytes_per_token(model_path: str, kv_cache_dtype: str = "auto") -> Optional[int]: ...
