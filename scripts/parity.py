@@ -50,6 +50,10 @@ def resolve(case_path):
                 for _, line in zip(range(lines), src):
                     dst.write(line)
             case["trace"] = cut
+    # A router policy file named in the router configuration is relative to the case file.
+    rc = case.get("router_config") or {}
+    if rc.get("router_policy_config") and not os.path.isabs(rc["router_policy_config"]):
+        rc["router_policy_config"] = os.path.join(base, rc["router_policy_config"])
     return case
 
 
@@ -94,6 +98,8 @@ def servesim_args(case):
         args += ["--router-mode", case["router_mode"]]
     if case.get("router_config") is not None:
         args += ["--router-config", json.dumps(case["router_config"])]
+    if case.get("model_name") is not None:
+        args += ["--model-name", case["model_name"]]
     if case.get("kv_event_lag_ms") is not None:
         args += ["--kv-event-lag-ms", str(case["kv_event_lag_ms"])]
     if case.get("replay_concurrency") is not None:

@@ -4,6 +4,7 @@ summary as JSON. Like ../shared/parity/dynamo_replay.py, plus the keys that scri
 
   "router_config": {...}       a KvRouterConfig as JSON (e.g. {"router_temperature": 0.5})
   "kv_event_lag_ms": 5.0       delay of KV events seen by the router
+  "model_name": "m"            picks the model profile of a router policy config
   "traces": [...]              several trace files (Dynamo shards) instead of "trace"
   "trace_format", "trace_block_size" (null: the format's own), "agentic_lanes",
   "execution_model", "weka_nested_timestamp_basis", "trace_shared_prefix_ratio",
@@ -49,6 +50,8 @@ def main():
         sla_e2e_ms=case.get("sla_e2e_ms"),
         capture_per_request=per_request_out is not None,
     )
+    if case.get("model_name") is not None:
+        common["model_name"] = case["model_name"]
     start = time.perf_counter()
     traces = case.get("traces") or ([case["trace"]] if case.get("trace") else None)
     if traces:

@@ -12,7 +12,7 @@ use servesim_replay::{
     LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology,
     TraceFormat, TraceOptions, Workload,
 };
-use servesim_router::RouterConfig;
+use servesim_router::{PolicyConfig, RouterConfig};
 
 use crate::output::{check_report_paths, ReportFile};
 use crate::progress::Bar;
@@ -106,6 +106,15 @@ pub struct PredictArgs {
     /// Delay before the KV router sees the cache events of a pass.
     #[arg(long, default_value_t = 0.0, value_name = "MS")]
     kv_event_lag_ms: f64,
+    /// Router policy classes for the KV router's queue (Dynamo's policy YAML: families,
+    /// uncached-ISL buckets, classes with quantum, busy thresholds and limits). Default: the
+    /// router configuration's `router_policy_config`, else $DYN_ROUTER_POLICY_CONFIG.
+    #[arg(long, value_name = "FILE")]
+    router_policy_config: Option<String>,
+    /// The model the requests are for: picks its profile under `models:` in the router policy
+    /// configuration (otherwise the root profile applies).
+    #[arg(long, value_name = "NAME")]
+    model_name: Option<String>,
 
     /// Disaggregated serving: workers that compute prompts.
     #[arg(long, value_name = "N", help_heading = "Disaggregated serving")]
@@ -237,6 +246,31 @@ pub(crate) fn router_mode(mode: Router, config: Option<&str>) -> Result<RouterMo
             None => RouterConfig::default(),
         }),
     })
+}
+
+/// Loads the KV router's policy classes from `--router-policy-config` (`flag`), else the router
+/// configuration's `router_policy_config`, else `$DYN_ROUTER_POLICY_CONFIG`, and picks the
+/// profile of `model_name` (or the root one). Without a file, or without a matching profile, the
+/// router keeps its one queue from `router_queue_threshold` / `router_queue_policy`.
+pub(crate) fn router_policy(
+    router: &mut RouterMode,
+    flag: Option<&str>,
+    model_name: Option<&str>,
+) -> Result<(), Failure> {
+    let Some(rc) = router.kv_config_mut() else {
+        if flag.is_some() {
+            return Err(Failure::input("--router-policy-config applies to --router-mode kv_router"));
+        }
+        return Ok(());
+    };
+    let env = std::env::var("DYN_ROUTER_POLICY_CONFIG").ok().filter(|v| !v.is_empty());
+    let Some(path) = flag.map(str::to_string).or_else(|| rc.policy_config_path.clone()).or(env) else {
+        return Ok(());
+    };
+    let config = PolicyConfig::load(Path::new(&path)).map_err(Failure::input)?;
+    rc.policy_profile = config.profile(model_name).cloned().map(std::sync::Arc::new);
+    rc.policy_config_path = Some(path);
+    Ok(())
 }
 
 /// Reads an inline JSON document or a JSON file given to `--flag`. `parse` gets the text and the
@@ -500,6 +534,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         return Err(Failure::input("--kv-event-lag-ms must be a finite number ≥ 0"));
     }
     let mut router = router_mode(a.router_mode, a.router_config.as_deref())?;
+    router_policy(&mut router, a.router_policy_config.as_deref(), a.model_name.as_deref())?;
     // The router's load model times prompts on the engines it places them on.
     let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &cluster.pools()[0].engine)?;
     let (workload, load) = workload(&a, cluster.block_size())?;

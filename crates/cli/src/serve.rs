@@ -432,6 +432,8 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         return Err(Failure::input("--max-model-len must be at least 1"));
     }
     let mut router = router_mode(a.router_mode, a.router_config.as_deref())?;
+    // Requests over HTTP carry no policy class: they take the profile's default family.
+    crate::predict::router_policy(&mut router, None, a.model_name.as_deref())?;
     // The router's load model times prompts on the engines it places them on (the first pool:
     // aggregated or prefill).
     let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &topology.pools()[0].engine)?;

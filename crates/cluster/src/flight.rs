@@ -30,6 +30,8 @@ pub struct Flight<T> {
     pub priority: i32,
     pub strict_priority: u32,
     pub arrival_ms: f64,
+    /// The router policy class (or family) the request asks for (trace `policy_class`).
+    pub policy_class: Option<Arc<str>>,
     /// Targets (`worker × dp + rank`) in the prefill (or aggregated) pool and the decode pool.
     pub prefill_target: Option<usize>,
     pub decode_target: Option<usize>,
@@ -61,6 +63,7 @@ impl<T> Flight<T> {
             priority: self.priority,
             strict_priority: self.strict_priority,
             arrival_ms: self.arrival_ms,
+            policy_class: self.policy_class.as_deref(),
         }
     }
 }
@@ -81,6 +84,7 @@ mod tests {
             priority: 0,
             strict_priority: 0,
             arrival_ms: 0.0,
+            policy_class: None,
             prefill_target: None,
             decode_target: None,
             handoff: None,

@@ -231,10 +231,20 @@ mod tests {
     }
 
     fn place(p: &mut Placer, id: u64) -> usize {
-        match p.route(RouteRequest { id, hashes: &[], isl: 16, priority: 0, strict_priority: 0, arrival_ms: 0.0 }, 0.0)
-        {
+        match p.route(
+            RouteRequest {
+                id,
+                hashes: &[],
+                isl: 16,
+                priority: 0,
+                strict_priority: 0,
+                arrival_ms: 0.0,
+                policy_class: None,
+            },
+            0.0,
+        ) {
             Routed::Placed(pl) => pl.target,
-            Routed::Queued => panic!("queued"),
+            other => panic!("not placed: {other:?}"),
         }
     }
 

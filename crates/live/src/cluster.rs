@@ -444,6 +444,7 @@ impl Cluster {
             priority: 0,
             strict_priority: 0,
             arrival_ms: self.now_ms(),
+            policy_class: None,
             prefill_target: None,
             decode_target: None,
             handoff,
@@ -571,6 +572,11 @@ impl Cluster {
                     Routed::Placed(pl) => pl.target,
                     Routed::Queued => {
                         pool.queued.lock().expect("queue lock").insert(job.id, job);
+                        return;
+                    }
+                    Routed::Rejected(why) => {
+                        // The client's stream ends when its job is dropped.
+                        eprintln!("warning: router: request {} refused: {why}", job.id);
                         return;
                     }
                 }

@@ -173,7 +173,15 @@ impl Job {
         let router = if self.kv_router {
             RouterMode::KvRouter(match &self.router_config {
                 Some(text) => {
-                    RouterConfig::parse_json(text).map_err(|e| Failure::Input(format!("router_config: {e}")))?
+                    let rc =
+                        RouterConfig::parse_json(text).map_err(|e| Failure::Input(format!("router_config: {e}")))?;
+                    if rc.policy_config_path.is_some() {
+                        // The CLI reads policy files (`servesim predict --router-policy-config`).
+                        return Err(Failure::Input(
+                            "router_config: router_policy_config is not supported by the Python API yet".into(),
+                        ));
+                    }
+                    rc
                 }
                 None => RouterConfig::default(),
             })

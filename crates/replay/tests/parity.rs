@@ -15,7 +15,7 @@ use servesim_replay::{
     load_mooncake, load_trace, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, SyntheticSpec,
     Topology, TraceFormat, TraceOptions, Workload, WALL_CLOCK_KEYS,
 };
-use servesim_router::RouterConfig;
+use servesim_router::{PolicyConfig, RouterConfig};
 
 const HEADLINE: [&str; 9] = [
     "duration_ms",
@@ -148,9 +148,17 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
         (Workload::Synthetic(spec), load)
     };
     let router = match case.get("router_mode").and_then(Value::as_str) {
-        Some("kv_router") => RouterMode::KvRouter(
-            case.get("router_config").map_or_else(RouterConfig::default, |c| RouterConfig::from_value(c).unwrap()),
-        ),
+        Some("kv_router") => {
+            let mut rc =
+                case.get("router_config").map_or_else(RouterConfig::default, |c| RouterConfig::from_value(c).unwrap());
+            // A router policy file is relative to the case; `model_name` picks its profile.
+            if let Some(file) = &rc.policy_config_path {
+                let policies = PolicyConfig::load(&case_dir.join(file)).unwrap();
+                rc.policy_profile =
+                    policies.profile(case.get("model_name").and_then(Value::as_str)).cloned().map(std::sync::Arc::new);
+            }
+            RouterMode::KvRouter(rc)
+        }
         _ => RouterMode::RoundRobin,
     };
     let config = SimConfig {
@@ -260,6 +268,10 @@ parity_cases! {
     kv_router_conversation_trace => "i_conversation_kv_router_8w",
     disaggregated_kv_router => "j_synthetic_trace_disagg_2p4d_kv_router",
     kv_router_queue_and_legacy_weight => "k_synthetic_trace_router_queue",
+    kv_router_policy_classes => "p_policy_classes",
+    kv_router_policy_classes_model_profile => "p_policy_classes_model_profile",
+    kv_router_queue_fcfs_priorities => "p_router_queue_fcfs_priorities",
+    kv_router_queue_wspt => "p_router_queue_wspt",
     disaggregated_round_robin_with_transfer => "l_synthetic_trace_disagg_round_robin_transfer",
     trtllm_conversation_trace => "m_conversation_trtllm_8w",
     trtllm_synthetic_trace => "n_synthetic_trace_trtllm_4w",

@@ -3,6 +3,10 @@
 use serde_json::{json, Value};
 use servesim_engine::json::{ConfigError, ObjectReader, Result};
 
+use std::sync::Arc;
+
+use crate::policy::PolicyProfile;
+
 /// Order in which queued requests are released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueuePolicy {
@@ -49,6 +53,12 @@ pub struct RouterConfig {
     pub queue_policy: QueuePolicy,
     /// `router_prefill_load_model`.
     pub prefill_load_model: PrefillLoadModel,
+    /// `router_policy_config`: the path of a policy-class YAML file, as given (read by the
+    /// front end, which sets [`RouterConfig::policy_profile`]).
+    pub policy_config_path: Option<String>,
+    /// The policy classes of the router's queue; None: one class made of `queue_threshold` and
+    /// `queue_policy`.
+    pub policy_profile: Option<Arc<PolicyProfile>>,
 }
 
 impl Default for RouterConfig {
@@ -65,6 +75,8 @@ impl Default for RouterConfig {
             queue_threshold: None,
             queue_policy: QueuePolicy::Fcfs,
             prefill_load_model: PrefillLoadModel::None,
+            policy_config_path: None,
+            policy_profile: None,
         }
     }
 }
@@ -156,14 +168,23 @@ impl RouterConfig {
         ] {
             r.ignored(key);
         }
-        for key in ["router_policy_config", "router_prefill_policy", "router_decode_policy"] {
-            r.unsupported(key, &[], "router policy classes")?;
+        c.policy_config_path = r.string("router_policy_config")?.set().map(str::to_string);
+        for key in ["router_prefill_policy", "router_decode_policy"] {
+            r.unsupported(key, &[], "separate prefill and decode router policies")?;
         }
         r.unsupported("router_tracking_hash", &[json!("public-xxh3-v1")], "keyed tracking hashes")?;
         r.unsupported("router_tracking_key_file", &[], "keyed tracking hashes")?;
         r.unsupported("router_tracking_key_id", &[], "keyed tracking hashes")?;
         r.finish()?;
         Ok(c)
+    }
+
+    /// Whether requests may ever wait in the router's queue.
+    pub fn may_queue(&self) -> bool {
+        match &self.policy_profile {
+            Some(profile) => profile.queueing(),
+            None => self.queue_threshold.is_some(),
+        }
     }
 
     /// The router in front of prefill workers in a disaggregated deployment: it balances

@@ -15,7 +15,8 @@
 //!
 //! and picks the cheapest (ties: a seeded uniform draw) or samples a softmax when
 //! a temperature is set. With a queue threshold, requests wait in a [`RouterQueue`] while every
-//! target is busy prefilling.
+//! target is busy prefilling; a [`PolicyProfile`] splits that queue into policy classes
+//! ([`policy`]).
 //!
 //! With `router_prefill_load_model: ais` the pending prefill tokens decay over time (see
 //! [`load`]): a [`PrefillLoadEstimator`] predicts each placed prompt's prefill time. The router
@@ -26,6 +27,7 @@
 pub mod config;
 pub mod indexer;
 pub mod load;
+pub mod policy;
 pub mod queue;
 
 use std::sync::Arc;
@@ -38,7 +40,8 @@ use servesim_engine::KvEvent;
 pub use config::{PrefillLoadModel, QueuePolicy, RouterConfig};
 pub use indexer::Indexer;
 pub use load::ActiveLoad;
-pub use queue::{Pending, RouterQueue};
+pub use policy::{PolicyClass, PolicyConfig, PolicyError, PolicyProfile};
+pub use queue::{Pending, QueueRejection, RouterQueue};
 
 /// Cycles through targets in order.
 #[derive(Clone, Debug, Default)]
@@ -80,6 +83,8 @@ pub struct RouteRequest<'a> {
     pub priority: i32,
     pub strict_priority: u32,
     pub arrival_ms: f64,
+    /// The router policy class (or family) the request asks for.
+    pub policy_class: Option<&'a str>,
 }
 
 /// Where a request went and why.
@@ -97,10 +102,12 @@ pub struct Placement {
     pub queued_at_ms: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Routed {
     Placed(Placement),
     Queued,
+    /// Its policy class's queue is full (Dynamo stops the replay with this error).
+    Rejected(QueueRejection),
 }
 
 pub struct KvRouter {
@@ -109,8 +116,8 @@ pub struct KvRouter {
     /// Targets that may receive requests (a worker starting up or draining takes none).
     eligible: Vec<bool>,
     block_size: u32,
-    /// A target is busy when its pending prefill exceeds this many tokens.
-    busy_tokens: Option<f64>,
+    /// What the busy thresholds of the policy classes are fractions of.
+    max_num_batched_tokens: u32,
     indexer: Indexer,
     load: ActiveLoad,
     queue: RouterQueue,
@@ -125,12 +132,17 @@ pub struct KvRouter {
 impl KvRouter {
     pub fn new(cfg: RouterConfig, targets: usize, block_size: u32, max_num_batched_tokens: u32, seed: u64) -> Self {
         KvRouter {
-            busy_tokens: cfg.queue_threshold.map(|t| t * max_num_batched_tokens as f64),
+            max_num_batched_tokens,
             num_targets: targets,
             eligible: vec![true; targets],
             indexer: Indexer::new(targets),
             load: ActiveLoad::new(targets, cfg.track_active_blocks, cfg.assume_kv_reuse),
-            queue: RouterQueue::new(cfg.queue_policy),
+            queue: RouterQueue::new(
+                cfg.policy_profile
+                    .as_deref()
+                    .cloned()
+                    .unwrap_or_else(|| PolicyProfile::synthetic(cfg.queue_threshold, cfg.queue_policy)),
+            ),
             rng: ChaCha12Rng::seed_from_u64(seed),
             scores: Vec::with_capacity(targets),
             block_size,
@@ -199,19 +211,43 @@ impl KvRouter {
         }
     }
 
-    fn busy(&self, target: usize, now: Duration) -> bool {
-        self.busy_tokens.is_some_and(|limit| self.load.prefill_tokens_at(target, now) as f64 > limit)
+    /// Whether every eligible target is busy for `class` (true when none is eligible).
+    fn all_busy(&self, class: &PolicyClass, now: Duration) -> bool {
+        all_busy(&self.load, &self.eligible, self.max_num_batched_tokens, class, now)
     }
 
-    fn all_busy(&self, now: Duration) -> bool {
-        self.busy_tokens.is_some() && (0..self.num_targets).filter(|&t| self.eligible[t]).all(|t| self.busy(t, now))
+    /// Each target's cached prefix of `hashes`, in blocks.
+    fn overlaps(&self, hashes: &[u64]) -> Vec<u32> {
+        (0..self.num_targets).map(|t| self.indexer.overlap(t, hashes)).collect()
     }
 
-    /// Places a request now, or queues it when every target is busy (or others already wait).
+    /// Prompt tokens the eligible target with the longest cached prefix holds.
+    fn best_cached_tokens(&self, overlaps: &[u32], isl: u32) -> u32 {
+        let best = (0..self.num_targets).filter(|&t| self.eligible[t]).map(|t| overlaps[t]).max().unwrap_or(0);
+        best.saturating_mul(self.block_size).min(isl)
+    }
+
+    /// Places a request now, or queues it in its policy class when every target is busy for
+    /// that class (or others of the class already wait).
     pub fn route(&mut self, req: RouteRequest<'_>, now_ms: f64) -> Routed {
         let now = clock(now_ms);
-        if self.busy_tokens.is_some() && (!self.queue.is_empty() || self.all_busy(now)) {
-            self.queue.push(Pending {
+        let profile = self.queue.profile();
+        // The cache snapshot is taken only where it is needed: to pick a bucket, or for a
+        // request that waits (which is later placed on the overlaps seen now, as in Dynamo).
+        let (class, mut overlaps) = match profile.direct(req.policy_class) {
+            Some(class) => (class, None),
+            None => {
+                let overlaps = self.overlaps(req.hashes);
+                let cached = self.best_cached_tokens(&overlaps, req.isl);
+                (profile.resolve(req.policy_class, (req.isl - cached) as u64), Some(overlaps))
+            }
+        };
+        let cfg = profile.class(class);
+        if cfg.queueing() && (self.queue.class_len(class) > 0 || self.all_busy(cfg, now)) {
+            let overlaps = overlaps.take().unwrap_or_else(|| self.overlaps(req.hashes));
+            let cached_tokens = self.best_cached_tokens(&overlaps, req.isl);
+            let targets = self.eligible.iter().filter(|&&e| e).count();
+            let pending = Pending {
                 id: req.id,
                 hashes: req.hashes.to_vec(),
                 isl: req.isl,
@@ -219,11 +255,15 @@ impl KvRouter {
                 strict_priority: req.strict_priority,
                 arrival_ms: req.arrival_ms,
                 queued_at_ms: now_ms,
-                overlaps: (0..self.num_targets).map(|t| self.indexer.overlap(t, req.hashes)).collect(),
-            });
-            return Routed::Queued;
+                cached_tokens,
+                overlaps,
+            };
+            return match self.queue.push(class, targets, pending) {
+                Ok(()) => Routed::Queued,
+                Err(rejection) => Routed::Rejected(rejection),
+            };
         }
-        Routed::Placed(self.place(req, None, None, now))
+        Routed::Placed(self.place(req, None, overlaps.as_deref(), now))
     }
 
     /// Predicted time to prefill `pending` new tokens behind `prefix` cached ones, if the load
@@ -376,8 +416,11 @@ impl KvRouter {
     pub fn drain(&mut self, now_ms: f64) -> Vec<Placement> {
         let now = clock(now_ms);
         let mut released = Vec::new();
-        while !self.queue.is_empty() && !self.all_busy(now) {
-            let p = self.queue.pop().expect("queue is not empty");
+        loop {
+            let (load, eligible, budget) = (&self.load, &self.eligible, self.max_num_batched_tokens);
+            let Some(p) = self.queue.pop(|class| !all_busy(load, eligible, budget, class, now)) else {
+                break;
+            };
             let req = RouteRequest {
                 id: p.id,
                 hashes: &p.hashes,
@@ -385,11 +428,25 @@ impl KvRouter {
                 priority: p.priority,
                 strict_priority: p.strict_priority,
                 arrival_ms: p.arrival_ms,
+                policy_class: None,
             };
             released.push(self.place(req, Some(p.queued_at_ms), Some(&p.overlaps), now));
         }
         released
     }
+}
+
+/// Whether every eligible target is busy for `class` (true when none is eligible).
+fn all_busy(
+    load: &ActiveLoad,
+    eligible: &[bool],
+    max_num_batched_tokens: u32,
+    class: &PolicyClass,
+    now: Duration,
+) -> bool {
+    (0..eligible.len())
+        .filter(|&t| eligible[t])
+        .all(|t| class.busy(load.prefill_tokens_at(t, now), max_num_batched_tokens))
 }
 
 #[cfg(test)]
@@ -402,13 +459,13 @@ mod tests {
     }
 
     fn req(id: u64, hashes: &[u64], isl: u32) -> RouteRequest<'_> {
-        RouteRequest { id, hashes, isl, priority: 0, strict_priority: 0, arrival_ms: 0.0 }
+        RouteRequest { id, hashes, isl, priority: 0, strict_priority: 0, arrival_ms: 0.0, policy_class: None }
     }
 
     fn placed(r: Routed) -> Placement {
         match r {
             Routed::Placed(p) => p,
-            Routed::Queued => panic!("queued"),
+            other => panic!("not placed: {other:?}"),
         }
     }
 
@@ -490,6 +547,77 @@ mod tests {
         assert_eq!(released.iter().map(|p| p.id).collect::<Vec<_>>(), vec![2, 3]);
         assert_eq!(released[0].queued_at_ms, Some(1.0));
         assert_eq!(r.queued(), 0);
+    }
+
+    /// A router with `targets` targets of block 16 and budget 64 over this policy profile.
+    fn with_policy(yaml: &str, targets: usize) -> KvRouter {
+        let profile = PolicyConfig::from_yaml(yaml).unwrap().profile(None).cloned().map(Arc::new);
+        KvRouter::new(RouterConfig { policy_profile: profile, ..RouterConfig::default() }, targets, 16, 64, 1)
+    }
+
+    const CLASSES: &str = r#"
+default_policy_family: batch
+uncached_isl_buckets: [{min_tokens: 0, bucket: cached}, {min_tokens: 32, bucket: uncached}]
+policy_classes:
+  - {name: lat_c, policy_family: latency, cache_bucket: cached, quantum: 1, prefill_busy_threshold: 1000}
+  - {name: lat_u, policy_family: latency, cache_bucket: uncached, quantum: 1, prefill_busy_threshold: 100}
+  - {name: bat_c, policy_family: batch, cache_bucket: cached, quantum: 1, prefill_busy_threshold: 0}
+  - {name: bat_u, policy_family: batch, cache_bucket: uncached, quantum: 1, prefill_busy_threshold: 0}
+  - {name: capped, quantum: 1, prefill_busy_threshold: 0, request_queue_limit_per_worker: 1}
+"#;
+
+    fn classed<'a>(id: u64, hashes: &'a [u64], isl: u32, class: &'a str) -> RouteRequest<'a> {
+        RouteRequest { policy_class: Some(class), ..req(id, hashes, isl) }
+    }
+
+    #[test]
+    fn each_class_has_its_own_busy_threshold() {
+        let mut r = with_policy(CLASSES, 1);
+        placed(r.route(classed(1, &[], 200, "batch"), 0.0));
+        // 200 pending tokens: busy for batch (> 0) and for uncached latency (> 100), not for
+        // cached latency (> 1000). Nothing is cached: 10 tokens are the cached bucket (< 32),
+        // 40 the uncached one.
+        assert_eq!(r.route(classed(2, &[], 10, "batch"), 1.0), Routed::Queued);
+        assert_eq!(r.route(classed(3, &[], 40, "latency"), 2.0), Routed::Queued);
+        placed(r.route(classed(4, &[], 10, "latency"), 3.0));
+        // 10 pending: idle enough for uncached latency, still busy for batch.
+        let released = r.prefill_completed(1, 4.0);
+        assert_eq!(released.iter().map(|p| p.id).collect::<Vec<_>>(), vec![3]);
+        assert_eq!(r.queued(), 1);
+        assert!(r.prefill_completed(4, 5.0).is_empty(), "40 pending: batch waits");
+        let released = r.prefill_completed(3, 6.0);
+        assert_eq!(released.iter().map(|p| (p.id, p.queued_at_ms)).collect::<Vec<_>>(), vec![(2, Some(1.0))]);
+    }
+
+    #[test]
+    fn buckets_use_the_best_eligible_cache() {
+        let hashes: Vec<u64> = (1..=4).collect();
+        let cold: Vec<u64> = (100..=103).collect();
+        let mut r = with_policy(CLASSES, 2);
+        r.apply_events(0, &[stored(&hashes)]);
+        placed(r.route(classed(1, &[9], 500, "batch"), 0.0));
+        placed(r.route(classed(2, &[8], 500, "batch"), 0.0));
+        // Both targets have 500 pending. 64 uncached tokens: uncached latency, busy above 100.
+        assert_eq!(r.route(classed(3, &cold, 64, "latency"), 1.0), Routed::Queued);
+        assert_eq!((r.queue.class_len(0), r.queue.class_len(1)), (0, 1));
+        // All 64 cached on target 0: cached latency, busy only above 1000.
+        placed(r.route(classed(4, &hashes, 64, "latency"), 1.0));
+        // Target 0 no longer eligible: its cache does not count.
+        r.set_eligible(0, false);
+        assert_eq!(r.route(classed(5, &hashes, 64, "latency"), 1.0), Routed::Queued);
+        assert_eq!((r.queue.class_len(0), r.queue.class_len(1)), (0, 2));
+    }
+
+    #[test]
+    fn a_full_class_queue_rejects() {
+        let mut r = with_policy(CLASSES, 1);
+        placed(r.route(classed(1, &[], 10, "batch"), 0.0));
+        assert_eq!(r.route(classed(2, &[], 10, "capped"), 1.0), Routed::Queued);
+        match r.route(classed(3, &[], 10, "capped"), 2.0) {
+            Routed::Rejected(e) => assert_eq!((e.class.as_str(), e.current, e.limit), ("capped", 1, 1)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.queued(), 1);
     }
 
     #[test]

@@ -200,7 +200,7 @@ pub(crate) fn work_only_at_releases(workload: &Workload, config: &SimConfig) -> 
     matches!(config.load, LoadMode::Timestamps { .. })
         && !config.topology.is_disaggregated()
         && workload.single_turn()
-        && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.queue_threshold.is_some())
+        && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.may_queue())
 }
 
 /// Workers `w` with `w % count == index`.
@@ -296,6 +296,9 @@ struct Simulation<'a, 'c> {
     scaling: Option<scaling::Scaling<'a>>,
     /// The virtual-time stop, if any.
     stop_at_ms: Option<f64>,
+    /// A request the router refused (its policy class's queue was full): the run stops with
+    /// this, as Dynamo's replay does.
+    rejected: Option<String>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -344,6 +347,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             ended: Vec::new(),
             scaling: None,
             stop_at_ms: None,
+            rejected: None,
         }
     }
 
@@ -445,6 +449,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 if let Some(why) = pool.placer.error() {
                     return Err(SimError::Router { at_ms: now, why: why.to_string() });
                 }
+            }
+            if let Some(why) = self.rejected.take() {
+                return Err(SimError::Router { at_ms: now, why });
             }
             again = self.start_passes()?;
             if !again && self.scaling.is_some() {
@@ -629,6 +636,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             priority: turn.priority,
             strict_priority: turn.strict_priority,
             arrival_ms: r.arrival_ms,
+            policy_class: turn.meta.as_ref().and_then(|m| m.policy_class.clone()),
             prefill_target: None,
             decode_target: None,
             handoff,
@@ -649,6 +657,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
         match self.pools[pool].placer.route(flight.route_request(), now) {
             Routed::Placed(p) => self.place(pool, p),
             Routed::Queued => {}
+            Routed::Rejected(why) => {
+                self.rejected.get_or_insert(why.to_string());
+            }
         }
     }
 
