@@ -322,48 +322,27 @@ pub fn render(ranks: &[&RankMetrics], model: &str, backend: Backend) -> String {
                     |m| m.prefix_hits.get(),
                 );
             }
-            e.histogram(
-                ranks,
-                &n("time_to_first_token_seconds"),
-                "Histogram of time to first token in seconds.",
-                |m| &m.ttft,
-            );
-            e.histogram(
-                ranks,
-                &n("inter_token_latency_seconds"),
-                "Histogram of inter-token latency in seconds.",
-                |m| &m.itl,
-            );
-            e.histogram(
-                ranks,
-                &n("e2e_request_latency_seconds"),
-                "Histogram of e2e request latency in seconds.",
-                |m| &m.e2e,
-            );
-            e.histogram(
-                ranks,
-                &n("request_queue_time_seconds"),
-                "Histogram of time spent in WAITING phase for request.",
-                |m| &m.queue_time,
-            );
-            e.histogram(
-                ranks,
-                &n("request_prefill_time_seconds"),
-                "Histogram of time spent in PREFILL phase for request.",
-                |m| &m.prefill_time,
-            );
-            e.histogram(
-                ranks,
-                &n("request_decode_time_seconds"),
-                "Histogram of time spent in DECODE phase for request.",
-                |m| &m.decode_time,
-            );
-            e.histogram(
-                ranks,
-                &n("request_inference_time_seconds"),
-                "Histogram of time spent in RUNNING phase for request.",
-                |m| &m.inference_time,
-            );
+            type Get = fn(&RankMetrics) -> &Histogram;
+            let histograms: [(&str, &str, Get); 7] = [
+                ("time_to_first_token_seconds", "Histogram of time to first token in seconds.", |m| &m.ttft),
+                ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", |m| &m.itl),
+                ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", |m| &m.e2e),
+                ("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", |m| {
+                    &m.queue_time
+                }),
+                ("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", |m| {
+                    &m.prefill_time
+                }),
+                ("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", |m| {
+                    &m.decode_time
+                }),
+                ("request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", |m| {
+                    &m.inference_time
+                }),
+            ];
+            for (name, help, get) in histograms {
+                e.histogram(ranks, &n(name), help, get);
+            }
         }
     }
     e.histogram(
