@@ -39,9 +39,10 @@ def run_replay(
     router_seed: int = 42,
     synthetic: Optional[Tuple[int, int, int, Optional[float], Optional[float], int, int, float, int, float]] = None,
     max_sim_time_ms: Optional[float] = None,
-) -> Tuple[str, Optional[List[str]]]:
+    planner_config: Optional[str] = None,
+) -> Tuple[str, Optional[List[str]], Optional[str]]:
     """Runs a replay with the GIL released; returns (summary JSON, per-request JSON lines or
-    None). KeyboardInterrupt on Ctrl-C."""
+    None, the planner's report as JSON or None). KeyboardInterrupt on Ctrl-C."""
 
 class LiveServer:
     """servesim's live server (routing frontend, OpenAI-compatible HTTP, /metrics, ZMQ KV

@@ -25,7 +25,10 @@ __all__ = [
 
 @dataclass
 class PlannerReplayDetails:
-    """Planner-in-the-loop details (never produced yet: servesim has no planner replay)."""
+    """Planner-in-the-loop details: the planner's metadata, its ticks (observations and
+    decisions; empty unless ``capture_planner_details``), scaling events, worker lifecycle
+    operations (empty unless capturing) and tick count. servesim writes no planner HTML here
+    (``html_report_path`` stays ``None``; ``servesim predict --report-html`` draws the run)."""
 
     metadata: dict[str, Any]
     ticks: list[dict[str, Any]]
@@ -196,17 +199,55 @@ def _reference_record(line: str) -> dict[str, Any]:
     return record
 
 
-def _report(summary_json: str, lines: list[str] | None, replay_mode: str, capture: bool):
+def _planner_details(planner_json: str | None, capture: bool) -> PlannerReplayDetails | None:
+    if planner_json is None:
+        return None
+    p = json.loads(planner_json)
+    return PlannerReplayDetails(
+        metadata=p["metadata"],
+        ticks=p["ticks"] if capture else [],
+        scaling_events=p["scaling_events"],
+        lifecycle_operations=p["lifecycle_operations"] if capture else [],
+        total_ticks=p["total_ticks"],
+    )
+
+
+def _report(
+    summary_json: str,
+    lines: list[str] | None,
+    replay_mode: str,
+    capture: bool,
+    planner_json: str | None = None,
+    capture_planner: bool = True,
+):
     summary = _reference_summary(json.loads(summary_json))
     if replay_mode == "online":
         return summary
     per_request = None if lines is None else [_reference_record(line) for line in lines]
+    planner = _planner_details(planner_json, bool(capture_planner))
     coverage = {
         "capture_per_request": bool(capture),
-        "capture_planner_details": False,
+        "capture_planner_details": planner is not None and bool(capture_planner),
         "per_request_records": 0 if per_request is None else len(per_request),
     }
-    return ReplayReport(summary=summary, per_request=per_request, coverage=coverage, planner=None)
+    return ReplayReport(summary=summary, per_request=per_request, coverage=coverage, planner=planner)
+
+
+def _planner_text(planner_config: Any) -> str | None:
+    """The planner configuration as JSON text: a mapping (JSON-encoded), a path to a JSON file
+    or inline JSON, as the reference takes it."""
+    if planner_config is None:
+        return None
+    if isinstance(planner_config, Mapping):
+        return json.dumps(dict(planner_config))
+    if isinstance(planner_config, os.PathLike):
+        planner_config = os.fspath(planner_config)
+    if isinstance(planner_config, str):
+        if not planner_config.lstrip().startswith("{") and os.path.isfile(planner_config):
+            with open(planner_config, encoding="utf-8") as f:
+                return f.read()
+        return planner_config
+    raise TypeError("planner_config must be a mapping, a JSON string, a path or None")
 
 
 def _engine_text(value: Any, what: str) -> str | None:
@@ -269,10 +310,11 @@ def run_trace_replay(
     Same signature, defaults and Python-side validation as Dynamo 1.6.1's
     ``dynamo.replay.api.run_trace_replay``. Prefill/decode engine args make the cluster
     disaggregated (``num_prefill_workers`` + ``num_decode_workers``). ``replay_mode="online"``
-    returns the summary dict (servesim does not pace it on the wall clock). ``planner_config``,
-    ``telemetry_options`` and ``ais_perf_config`` raise
-    ``NotImplementedError``; ``model_name``, ``performance_model_metadata`` and
-    ``benchmark_granularity`` are accepted and unused (as the reference does without a planner).
+    returns the summary dict (servesim does not pace it on the wall clock). ``planner_config``
+    (a mapping, JSON text or a path; the keys ``servesim predict --planner-config`` takes) puts
+    Dynamo's planner in the loop and fills ``ReplayReport.planner``. ``telemetry_options`` and
+    ``ais_perf_config`` raise ``NotImplementedError``; ``model_name``,
+    ``performance_model_metadata`` and ``benchmark_granularity`` are accepted and unused.
     """
     if isinstance(agentic_lanes, bool) or (agentic_lanes is not None and not isinstance(agentic_lanes, int)):
         raise TypeError("agentic_lanes must be an integer or None")
@@ -299,13 +341,12 @@ def run_trace_replay(
             )
         if trace_format == "dynamo" and not trace_files:
             raise ValueError("planner_config replay with trace_format='dynamo' requires at least one trace file")
-        raise NotImplementedError("servesim does not support planner_config replay yet")
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
     if not trace_files:
         raise Exception("trace replay requires at least one trace file")
     if trace_format != "dynamo" and len(trace_files) != 1:
         raise Exception(f"trace_format={trace_format!r} requires exactly one trace file, got {len(trace_files)}")
-    summary, lines = _core.run_replay(
+    summary, lines, planner = _core.run_replay(
         trace_files,
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
         num_workers=num_workers,
@@ -328,8 +369,9 @@ def run_trace_replay(
         report_jsonl_path=None if report_jsonl_path is None else os.fspath(report_jsonl_path),
         kv_event_lag_ms=kv_event_lag_ms,
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
+        planner_config=_planner_text(planner_config),
     )
-    return _report(summary, lines, replay_mode, capture_per_request)
+    return _report(summary, lines, replay_mode, capture_per_request, planner, capture_planner_details)
 
 
 def run_synthetic_trace_replay(
@@ -374,8 +416,8 @@ def run_synthetic_trace_replay(
     ``arrival_interval_ms``, or as a closed loop of ``replay_concurrency`` sessions."""
     if capture_per_request and replay_mode == "online":
         raise ValueError("capture_per_request only supports replay_mode='offline'")
-    if planner_config is not None:
-        raise NotImplementedError("servesim does not support planner_config replay yet")
+    if planner_config is not None and replay_mode != "offline":
+        raise ValueError("planner_config replay only supports replay_mode='offline'")
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
     synthetic = (
         int(input_tokens),
@@ -389,7 +431,7 @@ def run_synthetic_trace_replay(
         int(num_prefix_groups),
         float(inter_turn_delay_ms),
     )
-    summary, lines = _core.run_replay(
+    summary, lines, planner = _core.run_replay(
         [],
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
         num_workers=num_workers,
@@ -405,5 +447,6 @@ def run_synthetic_trace_replay(
         kv_event_lag_ms=kv_event_lag_ms,
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
         synthetic=synthetic,
+        planner_config=_planner_text(planner_config),
     )
-    return _report(summary, lines, replay_mode, capture_per_request)
+    return _report(summary, lines, replay_mode, capture_per_request, planner, capture_planner_details)

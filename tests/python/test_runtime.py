@@ -14,6 +14,8 @@ import pytest
 from servesim.mocker import ReasoningConfig, run_mocker_trace_replay
 from servesim.replay import ReplayReport, run_synthetic_trace_replay, run_trace_replay
 
+from cases import TRACES
+
 # Long enough to interrupt: a few seconds of replay.
 LONG = dict(input_tokens=2048, output_tokens=256, request_count=400_000, request_rate=2000.0)
 
@@ -104,8 +106,46 @@ def test_reasoning_config_and_engine_args_forms(tmp_path):
     assert {k: v for k, v in as_map.summary.items() if k not in drop} == {
         k: v for k, v in as_text.summary.items() if k not in drop
     }
-    with pytest.raises(NotImplementedError):
-        run_trace_replay(str(trace), planner_config={})
+    # A planner for disaggregated pools does not fit aggregated workers.
+    with pytest.raises(Exception, match="planner_config: mode \"disagg\" does not match the cluster"):
+        run_trace_replay(str(trace), planner_config={"mode": "disagg"})
+
+
+# The reference's own example (shared/reference/aisimulate-howto.md, Dynamo 1.6.1's
+# run_trace_replay with the planner in the loop): 3993 completed, gpu_hours 0.777305869102486,
+# 204 ticks, 128 scaling events.
+PLANNER_EXAMPLE = {
+    "mode": "agg", "optimization_target": "load",
+    "decode_scale_up_kv_rate": 90, "decode_scale_down_kv_rate": 70,
+    "load_adjustment_interval_seconds": 5, "max_gpu_budget": 8, "decode_engine_num_gpu": 1,
+    "report_interval_hours": None, "live_dashboard_port": 0,
+}
+
+
+def test_planner_in_the_loop_matches_the_reference_example():
+    trace = TRACES / "mooncake_synthetic_trace.jsonl"
+    if not trace.exists():
+        pytest.skip(f"{trace} is missing (the shared traces beside the checkout)")
+    kwargs = dict(
+        trace_format="mooncake", trace_block_size=512,
+        extra_engine_args={"engine": {"backend": "vllm", "num_gpu_blocks": 4096}},
+        num_workers=1, router_mode="round_robin",
+    )
+    report = run_trace_replay([str(trace)], planner_config=PLANNER_EXAMPLE, **kwargs)
+    s, p = report.summary, report.planner
+    assert s["completed_requests"] == 3993
+    assert s["gpu_hours"] == pytest.approx(0.777305869102486, rel=1e-9)
+    assert s["planner_total_ticks"] == p.total_ticks == 204
+    assert len(p.scaling_events) == 128
+    assert list(report.to_dict()["planner"]) == [
+        "metadata", "ticks", "scaling_events", "lifecycle_operations", "total_ticks", "html_report_path",
+    ]
+    assert len(p.ticks) == 204 and p.html_report_path is None
+    assert report.coverage == {"capture_per_request": False, "capture_planner_details": True, "per_request_records": 0}
+    # Without details: the same decisions, no tick records.
+    lean = run_trace_replay([str(trace)], planner_config=json.dumps(PLANNER_EXAMPLE), capture_planner_details=False, **kwargs)
+    assert lean.planner.ticks == [] and lean.planner.scaling_events == p.scaling_events
+    assert lean.coverage["capture_planner_details"] is False
 
 
 def test_prefetch_model_resolves_local_paths_and_the_hugging_face_cache(tmp_path, monkeypatch, caplog):

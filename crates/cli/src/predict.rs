@@ -733,28 +733,8 @@ fn planner_run(arg: &str, topology: &Topology) -> Result<servesim_replay::planne
             serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("malformed JSON: {e}")))?;
         servesim_planner::PlannerConfig::from_json(&v).map_err(|e| ConfigError::new(e.key, e.message))
     })?;
-    let disaggregated = topology.is_disaggregated();
-    let wants = cfg.mode == servesim_planner::Mode::Disagg;
-    if disaggregated != wants {
-        return Err(Failure::input(format!(
-            "--planner-config: mode {:?} does not match the cluster ({})",
-            if wants { "disagg" } else { "agg" },
-            if disaggregated {
-                "prefill and decode workers: use mode disagg"
-            } else {
-                "aggregated workers: use mode agg"
-            }
-        )));
-    }
-    let (prefill, decode) = servesim_replay::planned::roles(topology, servesim_perf::planner_model);
-    let initial = match topology.pools() {
-        [agg] => (0, agg.workers as usize),
-        [p, d, ..] => (p.workers as usize, d.workers as usize),
-        [] => (0, 0),
-    };
-    let planner = servesim_planner::Planner::new(cfg, prefill, decode)
-        .map_err(|e| Failure::input(format!("--planner-config: {e}")))?;
-    Ok(servesim_replay::planned::PlannerRun::new(planner, initial))
+    servesim_replay::planned::PlannerRun::for_topology(cfg, topology, servesim_perf::planner_model)
+        .map_err(|e| Failure::input(format!("--planner-config: {e}")))
 }
 
 /// `--ensemble N`: the members' summaries folded into medians and intervals.

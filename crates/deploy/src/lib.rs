@@ -128,14 +128,9 @@ pub fn prepare_file(path: &Path, sets: &[String]) -> Result<Prepared, String> {
 /// The planner of a prepared prediction, ready to run (None without a `planner:` section).
 pub fn planner_run(p: &Prepared) -> Result<Option<servesim_replay::planned::PlannerRun>, String> {
     let Some(cfg) = p.config.planner.clone() else { return Ok(None) };
-    let (prefill, decode) = servesim_replay::planned::roles(&p.sim.topology, servesim_perf::planner_model);
-    let initial = match p.sim.topology.pools() {
-        [agg] => (0, agg.workers as usize),
-        [pf, dc, ..] => (pf.workers as usize, dc.workers as usize),
-        [] => (0, 0),
-    };
-    let planner = servesim_planner::Planner::new(cfg, prefill, decode).map_err(|e| format!("planner: {e}"))?;
-    Ok(Some(servesim_replay::planned::PlannerRun::new(planner, initial)))
+    servesim_replay::planned::PlannerRun::for_topology(cfg, &p.sim.topology, servesim_perf::planner_model)
+        .map(Some)
+        .map_err(|e| format!("planner: {e}"))
 }
 
 /// Runs a prepared prediction with its planner, if it has one; `sink` receives per-request

@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 use serde_json::Value;
 use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
+use servesim_replay::planned::PlannerRun;
 use servesim_replay::{
     load_trace, request_json, simulate_with, Arrivals, Collector, LoadMode, Progress, RequestRecord, RouterMode,
     RunOptions, SimConfig, SimError, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
@@ -110,6 +111,8 @@ struct Job {
     /// `max_sim_time_ms`: the replay stops at this virtual time; requests in flight then are
     /// reported incomplete.
     stop_at_ms: Option<f64>,
+    /// The planner in the loop, as `servesim predict --planner-config` takes it (JSON text).
+    planner_config: Option<String>,
 }
 
 enum Failure {
@@ -167,7 +170,7 @@ impl Job {
     }
 
     /// Runs the replay; returns the summary and the per-request records, as JSON text.
-    fn run(self) -> Result<(String, Option<Vec<String>>), Failure> {
+    fn run(self) -> Result<Replayed, Failure> {
         let started = Instant::now();
         let topology = self.topology()?;
         let router = if self.kv_router {
@@ -218,9 +221,26 @@ impl Job {
             records.push((node, r.ordinal, request_json(r)));
         };
         let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> = if keep { Some(&mut sink) } else { None };
+        let mut planner = match &self.planner_config {
+            Some(text) => {
+                let v: Value = serde_json::from_str(text)
+                    .map_err(|e| Failure::Input(format!("planner_config: malformed JSON: {e}")))?;
+                let cfg = servesim_planner::PlannerConfig::from_json(&v).map_err(|e| {
+                    let at = if e.key.is_empty() { String::new() } else { format!("{}: ", e.key) };
+                    Failure::Input(format!("planner_config: {at}{}", e.message))
+                })?;
+                let run = PlannerRun::for_topology(cfg, &config.topology, servesim_perf::planner_model)
+                    .map_err(|e| Failure::Input(format!("planner_config: {e}")))?;
+                Some(run)
+            }
+            None => None,
+        };
         let collector = Collector::new(config.sla, sink_ref);
         let mut interrupts = Interrupts { last: Instant::now(), error: None };
-        let options = RunOptions { stop_at_ms: self.stop_at_ms, ..RunOptions::default() };
+        let options = RunOptions {
+            stop_at_ms: self.stop_at_ms,
+            autoscaler: planner.as_mut().map(|r| r as &mut dyn servesim_replay::Autoscaler),
+        };
         let result = simulate_with(&workload, &config, collector, &mut interrupts, options);
         let mut report = match result {
             Ok(report) => report,
@@ -233,6 +253,9 @@ impl Job {
         report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut summary = report.summary_json();
         summary.extend(workload.summary_keys());
+        if let Some(run) = &planner {
+            summary.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
+        }
         if let Some(e) = workload.take_error() {
             return Err(Failure::Input(e.to_string()));
         }
@@ -250,9 +273,13 @@ impl Job {
             write().map_err(|e| Failure::Input(format!("{}: write failed: {e}", path.display())))?;
         }
         let summary = Value::Object(summary).to_string();
-        Ok((summary, self.capture_per_request.then_some(lines)))
+        Ok((summary, self.capture_per_request.then_some(lines), planner.map(|run| run.to_json().to_string())))
     }
 }
+
+/// What a replay hands back to Python: the summary (JSON), the per-request records (JSON lines)
+/// when captured, and the planner's report (JSON) when a planner ran.
+type Replayed = (String, Option<Vec<String>>, Option<String>);
 
 /// A synthetic load as the Python side passes it: input and output tokens, sessions, request
 /// rate, arrival interval (ms), seed, turns per session, shared prefix ratio, prefix groups,
@@ -269,7 +296,8 @@ fn parse_format(name: &str) -> PyResult<TraceFormat> {
 }
 
 /// Runs a replay on the virtual clock. Engine and router configurations are JSON text (the
-/// Python side serialises mappings). Returns `(summary_json, per_request_json_lines | None)`.
+/// Python side serialises mappings). Returns `(summary_json, per_request_json_lines | None,
+/// planner_json | None)`.
 /// Errors in the input raise `Exception` with the driver's message; Ctrl-C raises
 /// `KeyboardInterrupt`.
 #[pyfunction]
@@ -280,7 +308,8 @@ fn parse_format(name: &str) -> PyResult<TraceFormat> {
     trace_block_size=None, trace_format="mooncake", trace_shared_prefix_ratio=0.0,
     trace_num_prefix_groups=0, execution_model=None, weka_nested_timestamp_basis=None,
     sla_ttft_ms=None, sla_itl_ms=None, sla_e2e_ms=None, capture_per_request=false,
-    report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None, max_sim_time_ms=None
+    report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None, max_sim_time_ms=None,
+    planner_config=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn run_replay(
@@ -313,7 +342,8 @@ fn run_replay(
     router_seed: u64,
     synthetic: Option<SyntheticArgs>,
     max_sim_time_ms: Option<f64>,
-) -> PyResult<(String, Option<Vec<String>>)> {
+    planner_config: Option<String>,
+) -> PyResult<Replayed> {
     if max_sim_time_ms.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
         return Err(PyException::new_err("max_sim_time_ms must be a finite, non-negative value"));
     }
@@ -397,6 +427,7 @@ fn run_replay(
         router_seed,
         synthetic,
         stop_at_ms: max_sim_time_ms,
+        planner_config,
     };
     match py.allow_threads(move || job.run()) {
         Ok(out) => Ok(out),

@@ -49,6 +49,38 @@ impl PlannerRun {
         self.planner.is_agg()
     }
 
+    /// The planner `cfg` describes, sized against `topology`'s engines (their forward passes
+    /// as `model` gives them). Errs when the planner's mode does not match the cluster.
+    pub fn for_topology(
+        cfg: servesim_planner::PlannerConfig,
+        topology: &servesim_cluster::Topology,
+        model: impl Fn(
+            &servesim_engine::EngineConfig,
+        ) -> Option<std::sync::Arc<dyn servesim_planner::PassModel + Send + Sync>>,
+    ) -> Result<PlannerRun, String> {
+        let disaggregated = topology.is_disaggregated();
+        let wants = cfg.mode == servesim_planner::Mode::Disagg;
+        if disaggregated != wants {
+            return Err(format!(
+                "mode {:?} does not match the cluster ({})",
+                if wants { "disagg" } else { "agg" },
+                if disaggregated {
+                    "prefill and decode workers: use mode disagg"
+                } else {
+                    "aggregated workers: use mode agg"
+                }
+            ));
+        }
+        let (prefill, decode) = roles(topology, model);
+        let initial = match topology.pools() {
+            [agg] => (0, agg.workers as usize),
+            [p, d, ..] => (p.workers as usize, d.workers as usize),
+            [] => (0, 0),
+        };
+        let planner = Planner::new(cfg, prefill, decode).map_err(|e| e.to_string())?;
+        Ok(PlannerRun::new(planner, initial))
+    }
+
     pub fn total_ticks(&self) -> usize {
         self.ticks.len()
     }
