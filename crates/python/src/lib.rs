@@ -169,7 +169,8 @@ impl Job {
         load_trace(&self.trace_files, &options).map_err(|e| Failure::Input(e.to_string()))
     }
 
-    /// Runs the replay; returns the summary and the per-request records, as JSON text.
+    /// Runs the replay; returns the summary, the per-request records and the planner's report,
+    /// as JSON text.
     fn run(self) -> Result<Replayed, Failure> {
         let started = Instant::now();
         let topology = self.topology()?;
