@@ -233,23 +233,6 @@ def _report(
     return ReplayReport(summary=summary, per_request=per_request, coverage=coverage, planner=planner)
 
 
-def _planner_text(planner_config: Any) -> str | None:
-    """The planner configuration as JSON text: a mapping (JSON-encoded), a path to a JSON file
-    or inline JSON, as the reference takes it."""
-    if planner_config is None:
-        return None
-    if isinstance(planner_config, Mapping):
-        return json.dumps(dict(planner_config))
-    if isinstance(planner_config, os.PathLike):
-        planner_config = os.fspath(planner_config)
-    if isinstance(planner_config, str):
-        if not planner_config.lstrip().startswith("{") and os.path.isfile(planner_config):
-            with open(planner_config, encoding="utf-8") as f:
-                return f.read()
-        return planner_config
-    raise TypeError("planner_config must be a mapping, a JSON string, a path or None")
-
-
 def _engine_text(value: Any, what: str) -> str | None:
     """Engine arguments validated with the reference's rules and messages
     (``normalize_mocker_config``), rendered for the Rust core."""
@@ -369,7 +352,7 @@ def run_trace_replay(
         report_jsonl_path=None if report_jsonl_path is None else os.fspath(report_jsonl_path),
         kv_event_lag_ms=kv_event_lag_ms,
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
-        planner_config=_planner_text(planner_config),
+        planner_config=_config_text(planner_config, "planner_config"),
     )
     return _report(summary, lines, replay_mode, capture_per_request, planner, capture_planner_details)
 
@@ -447,6 +430,6 @@ def run_synthetic_trace_replay(
         kv_event_lag_ms=kv_event_lag_ms,
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
         synthetic=synthetic,
-        planner_config=_planner_text(planner_config),
+        planner_config=_config_text(planner_config, "planner_config"),
     )
     return _report(summary, lines, replay_mode, capture_per_request, planner, capture_planner_details)
