@@ -43,17 +43,13 @@ fn config(startup_time: Option<f64>) -> SimConfig {
     ))
     .unwrap();
     SimConfig {
-        topology: Topology::aggregated(engine, 1).unwrap(),
-        router: RouterMode::RoundRobin,
-        prefill_load_estimator: None,
         router_seed: 1,
-        kv_event_lag_ms: 0.0,
-        load: LoadMode::Timestamps { speedup: 1.0 },
-        sla: Sla::default(),
         seed: 1,
-        fast_forward: true,
-        split_workers: true,
-        threads: 0,
+        ..SimConfig::new(
+            Topology::aggregated(engine, 1).unwrap(),
+            RouterMode::RoundRobin,
+            LoadMode::Timestamps { speedup: 1.0 },
+        )
     }
 }
 

@@ -47,17 +47,13 @@ fn ensemble_interval_covers_ninety_percent() {
             block_tokens: 16,
         });
         let config = SimConfig {
-            topology: Topology::aggregated(engine.clone(), 1).unwrap(),
-            router: RouterMode::RoundRobin,
-            prefill_load_estimator: None,
             router_seed: 1,
-            kv_event_lag_ms: 0.0,
-            load: LoadMode::Timestamps { speedup: 1.0 },
-            sla: Sla::default(),
             seed: 1,
-            fast_forward: true,
-            split_workers: true,
-            threads: 0,
+            ..SimConfig::new(
+                Topology::aggregated(engine.clone(), 1).unwrap(),
+                RouterMode::RoundRobin,
+                LoadMode::Timestamps { speedup: 1.0 },
+            )
         };
         let reports =
             ensemble::run(&workload, &config, Sla::default(), QueueLimit::default(), false, members, 0).unwrap();

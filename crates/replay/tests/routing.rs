@@ -20,19 +20,8 @@ fn trace(name: &str, rows: &[&str]) -> PathBuf {
 
 fn run(path: &PathBuf, topology: Topology, router: RouterMode) -> Vec<RequestRecord> {
     let workload = load_mooncake(&[path], 16).unwrap();
-    let config = SimConfig {
-        topology,
-        router,
-        prefill_load_estimator: None,
-        router_seed: 1,
-        kv_event_lag_ms: 0.0,
-        load: LoadMode::Timestamps { speedup: 1.0 },
-        sla: Sla::default(),
-        seed: 1,
-        fast_forward: true,
-        split_workers: true,
-        threads: 0,
-    };
+    let load = LoadMode::Timestamps { speedup: 1.0 };
+    let config = SimConfig { router_seed: 1, seed: 1, ..SimConfig::new(topology, router, load) };
     let mut records = Vec::new();
     let mut sink = |r: &RequestRecord| records.push(r.clone());
     simulate(&workload, &config, Collector::new(Sla::default(), Some(&mut sink)), &mut ()).unwrap();

@@ -64,6 +64,27 @@ pub struct SimConfig {
     pub threads: usize,
 }
 
+impl SimConfig {
+    /// `topology` under `router` and `load`, with the defaults of `servesim predict`: no
+    /// prefill load estimator, seeds 42, KV events seen at once, no SLA, fast-forward and split
+    /// runs on every core.
+    pub fn new(topology: Topology, router: RouterMode, load: LoadMode) -> SimConfig {
+        SimConfig {
+            topology,
+            router,
+            prefill_load_estimator: None,
+            router_seed: 42,
+            kv_event_lag_ms: 0.0,
+            load,
+            sla: Sla::default(),
+            seed: 42,
+            fast_forward: true,
+            split_workers: true,
+            threads: 0,
+        }
+    }
+}
+
 /// Progress notifications for a caller that wants to show them.
 pub trait Progress {
     /// Called now and then with the number of finished requests and the total.
