@@ -601,18 +601,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
         if a.report_jsonl.is_some() || want_html { Some(&mut sink) } else { None };
-    let queue = QueueLimit {
-        warn_at: a.queue_warning,
-        max: a.max_queued.map(|n| {
-            (
-                n,
-                match a.max_queued_policy {
-                    QueuePolicy::Fail => Overflow::Fail,
-                    QueuePolicy::Shed => Overflow::Shed,
-                },
-            )
-        }),
-    };
+    let queue = queue_limit(&a);
     let mut collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
     if *breakdown {
         collector = collector.with_ttft_breakdown();
@@ -726,6 +715,15 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
 }
 
+/// What `--queue-warning`, `--max-queued` and `--max-queued-policy` ask of the load driver.
+fn queue_limit(a: &PredictArgs) -> QueueLimit {
+    let overflow = match a.max_queued_policy {
+        QueuePolicy::Fail => Overflow::Fail,
+        QueuePolicy::Shed => Overflow::Shed,
+    };
+    QueueLimit { warn_at: a.queue_warning, max: a.max_queued.map(|n| (n, overflow)) }
+}
+
 /// The planner `--planner-config` describes, sized against the cluster's engines.
 fn planner_run(arg: &str, topology: &Topology) -> Result<servesim_replay::planned::PlannerRun, Failure> {
     let cfg = json_arg("planner-config", arg, |text, _| {
@@ -755,18 +753,7 @@ fn run_ensemble(
         ));
     }
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
-    let queue = QueueLimit {
-        warn_at: a.queue_warning,
-        max: a.max_queued.map(|n| {
-            (
-                n,
-                match a.max_queued_policy {
-                    QueuePolicy::Fail => Overflow::Fail,
-                    QueuePolicy::Shed => Overflow::Shed,
-                },
-            )
-        }),
-    };
+    let queue = queue_limit(a);
     let reports =
         servesim_replay::ensemble::run(workload, config, config.sla, queue, a.reports.ttft_breakdown, n, a.threads)
             .map_err(Failure::run)?;

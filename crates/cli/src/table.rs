@@ -55,33 +55,17 @@ pub fn render(report: &Report, wall_clock: bool) -> String {
         ("Inter Token Latency (ms)", &d.itl),
         ("Output Token Throughput Per User (tokens/sec/user)", &d.per_user),
     ];
+    let stat_row = |label: String, s: &Summary| {
+        vec![label, num(s.mean), num(s.min), num(s.max), num(s.p99), num(s.p90), num(s.p75), num(s.std)]
+    };
     for (label, s) in rows {
-        if s.count == 0 {
-            continue;
+        if s.count > 0 {
+            table.add_row(stat_row(label.to_string(), s));
         }
-        table.add_row(vec![
-            label.to_string(),
-            num(s.mean),
-            num(s.min),
-            num(s.max),
-            num(s.p99),
-            num(s.p90),
-            num(s.p75),
-            num(s.std),
-        ]);
     }
     if let Some(parts) = &report.ttft_parts {
         for (name, s) in servesim_replay::TtftBreakdown::NAMES.iter().zip(parts) {
-            table.add_row(vec![
-                format!("  TTFT part: {name} (ms)"),
-                num(s.mean),
-                num(s.min),
-                num(s.max),
-                num(s.p99),
-                num(s.p90),
-                num(s.p75),
-                num(s.std),
-            ]);
+            table.add_row(stat_row(format!("  TTFT part: {name} (ms)"), s));
         }
     }
     let t = &report.totals;
