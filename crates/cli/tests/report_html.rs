@@ -23,6 +23,8 @@ fn browse(page: &Path) -> (String, Vec<String>) {
     let profile = tempfile::tempdir().unwrap();
     let out = Command::new(&chromium)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"])
+        // No background connections: CI machines have no route to Google's services.
+        .args(["--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("file://{}", page.display()))
         .output()
@@ -40,21 +42,8 @@ fn count_in_chart(dom: &str, id: &str, marker: &str) -> usize {
     dom[start..end].matches(marker).count()
 }
 
-#[test]
-fn the_console_check_sees_script_errors() {
-    // The check below would pass vacuously if console messages were not captured.
-    let page = dir().join("broken.html");
-    std::fs::write(&page, "<html><body><script>throw new Error('deliberate')</script></body></html>").unwrap();
-    let (_, console) = browse(&page);
-    assert!(console.iter().any(|l| l.contains("deliberate")), "{console:?}");
-}
-
-#[test]
-fn predict_page_renders_every_chart() {
-    let d = dir();
-    let page = d.join("predict.html");
-    let p = page.to_str().unwrap();
-    // Disaggregated: two prefill workers and two decode workers.
+/// A disaggregated run (two prefill, two decode workers) with telemetry, its page at `page`.
+fn disaggregated_page(page: &str) {
     servesim(&[
         "predict",
         "--input-tokens",
@@ -74,10 +63,27 @@ fn predict_page_renders_every_chart() {
         "--telemetry-interval-ms",
         "250",
         "--report-html",
-        p,
+        page,
         "--format",
         "json",
     ]);
+}
+
+#[test]
+fn the_console_check_sees_script_errors() {
+    // The check below would pass vacuously if console messages were not captured.
+    let page = dir().join("broken.html");
+    std::fs::write(&page, "<html><body><script>throw new Error('deliberate')</script></body></html>").unwrap();
+    let (_, console) = browse(&page);
+    assert!(console.iter().any(|l| l.contains("deliberate")), "{console:?}");
+}
+
+#[test]
+fn predict_page_renders_every_chart() {
+    let d = dir();
+    let page = d.join("predict.html");
+    let p = page.to_str().unwrap();
+    disaggregated_page(p);
     let (dom, console) = browse(&page);
     assert!(console.is_empty(), "console messages: {console:?}");
     assert_eq!(dom.matches("data-chart=").count(), 13);
@@ -104,29 +110,7 @@ fn predict_page_renders_every_chart() {
     let html = std::fs::read_to_string(&page).unwrap();
     // Deterministic: the same run writes the same bytes.
     let again = d.join("predict-again.html");
-    servesim(&[
-        "predict",
-        "--input-tokens",
-        "800",
-        "--output-tokens",
-        "50",
-        "--request-count",
-        "300",
-        "--request-rate",
-        "15",
-        "--num-prefill-workers",
-        "2",
-        "--num-decode-workers",
-        "2",
-        "--prefill-engine-args",
-        r#"{"kv_transfer_bandwidth": 4.0, "kv_bytes_per_token": 100000}"#,
-        "--telemetry-interval-ms",
-        "250",
-        "--report-html",
-        again.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
+    disaggregated_page(again.to_str().unwrap());
     let second = std::fs::read_to_string(&again).unwrap().replace(again.to_str().unwrap(), p);
     assert!(second == html, "two runs of the same inputs wrote different pages");
     assert!(!html.contains("http") && !html.contains(" src=") && !html.contains("<link"));
