@@ -259,7 +259,9 @@ pub fn whole_ns(ms: f64) -> f64 {
 pub fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
     let ms = ms.max(0.0);
     let Some(unscaled) = secs_to_ns(ms / 1000.0) else { return f64::INFINITY };
-    let modeled = if ratio > 0.0 && unscaled > 0 {
+    // A whole number of nanoseconds under 1,000 s survives the trip through seconds unchanged, so
+    // an unscaled pass needs no second rounding.
+    let modeled = if ratio > 0.0 && unscaled > 0 && !(ratio == 1.0 && unscaled < 1_000_000_000_000) {
         let Some(ns) = secs_to_ns(ns_to_secs(unscaled) / ratio) else { return f64::INFINITY };
         ns
     } else {
@@ -274,8 +276,14 @@ pub fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
 /// error is below 1e-4 ns for any duration under 1,000 s).
 fn secs_to_ns(secs: f64) -> Option<u64> {
     let ns = secs * 1e9;
-    if ns < 1e12 && (ns - ns.floor() - 0.5).abs() > 1e-3 {
-        return Some(ns.round() as u64);
+    if (0.0..1e12).contains(&ns) {
+        // Truncation is the floor of a non-negative value, and the fraction is exact; this keeps
+        // libm's floor and round (calls on baseline x86-64) out of the hottest path.
+        let whole = ns as u64;
+        let fraction = ns - whole as f64;
+        if (fraction - 0.5).abs() > 1e-3 {
+            return Some(whole + u64::from(fraction > 0.5));
+        }
     }
     std::time::Duration::try_from_secs_f64(secs).ok().map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
@@ -344,7 +352,9 @@ mod tests {
         }
         for n in 1..2000u64 {
             let ms = n as f64 / 1e6 + 0.5e-6;
-            assert_eq!(pass_duration_ms(ms, 2.0).to_bits(), exact(ms, 2.0).to_bits(), "{ms} ms");
+            for ratio in [1.0, 2.0] {
+                assert_eq!(pass_duration_ms(ms, ratio).to_bits(), exact(ms, ratio).to_bits(), "{ms} ms / {ratio}");
+            }
         }
     }
 

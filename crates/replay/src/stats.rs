@@ -280,7 +280,11 @@ impl Sketch {
             self.zeros += n;
             return;
         }
-        let key = (x.ln() / self.ln_gamma).ceil() as i32;
+        // The ceiling without libm's ceil (a call on baseline x86-64; this runs once per token
+        // gap): truncation rounds towards zero, so only a positive fraction needs the +1.
+        let v = x.ln() / self.ln_gamma;
+        let truncated = v as i32;
+        let key = truncated.saturating_add(i32::from((truncated as f64) < v));
         self.add_to_bin(key, n);
     }
 
