@@ -136,6 +136,9 @@ pub struct VllmEngine {
     /// Record the tokens of stored blocks, drained into [`PassOutput::stored_tokens`].
     record_tokens: bool,
     stored_tokens: Vec<u32>,
+    /// Buffers of the fast-forward's room check (see `stretch.rs`).
+    stretch_firsts: Vec<u32>,
+    stretch_positions: FxHashMap<u64, u64>,
 }
 
 impl VllmEngine {
@@ -162,6 +165,8 @@ impl VllmEngine {
             vocabulary: None,
             record_tokens: false,
             stored_tokens: Vec::new(),
+            stretch_firsts: Vec::new(),
+            stretch_positions: FxHashMap::default(),
         }
     }
 

@@ -91,19 +91,25 @@ impl VllmEngine {
 
     /// How many of the next `passes` decode passes of every running request find the blocks
     /// they grow into without preempting anyone, and without evicting a block the waiting head
-    /// would reuse (its admission could change).
-    fn passes_with_room(&self, passes: u32) -> u32 {
+    /// would reuse (its admission could change). Called at nearly every pass of a busy worker,
+    /// so its buffers are the engine's, reused.
+    fn passes_with_room(&mut self, passes: u32) -> u32 {
         let bs = self.cfg.block_size;
         // Pass j of a request of length `len` computes position len-1+j, which needs a new
         // block when it is a multiple of the block size.
-        let firsts: Vec<u32> = self
-            .running
-            .iter()
-            .map(|&slot| {
-                let len = self.reqs[slot].len();
-                (bs - (len - 1) % bs) % bs
-            })
-            .collect();
+        let mut firsts = std::mem::take(&mut self.stretch_firsts);
+        firsts.clear();
+        firsts.extend(self.running.iter().map(|&slot| {
+            let len = self.reqs[slot].len();
+            (bs - (len - 1) % bs) % bs
+        }));
+        let room = self.room_for(&firsts, passes);
+        self.stretch_firsts = firsts;
+        room
+    }
+
+    fn room_for(&mut self, firsts: &[u32], passes: u32) -> u32 {
+        let bs = self.cfg.block_size;
         let blocks_within =
             |m: u32| -> u64 { firsts.iter().map(|&j0| if j0 < m { ((m - 1 - j0) / bs + 1) as u64 } else { 0 }).sum() };
         let needed = blocks_within(passes);
@@ -118,7 +124,12 @@ impl VllmEngine {
         let evictable = match self.waiting.front() {
             None => want.min(self.pool.num_inactive() as u64),
             Some(&head) => {
-                let mut position: FxHashMap<u64, u64> = FxHashMap::default();
+                let position = &mut self.stretch_positions;
+                // Clearing costs the table's size: drop one that an unusually long run grew.
+                if position.capacity() > 4 * (want as usize).max(256) {
+                    *position = FxHashMap::default();
+                }
+                position.clear();
                 let mut taken = 0;
                 for h in self.pool.eviction_order().take(want as usize) {
                     position.entry(h).or_insert(taken);
