@@ -144,7 +144,7 @@ def _normalize_execution_model(trace_format: str, execution_model: Any) -> str |
     return execution_model
 
 
-def _telemetry_kwargs(options: Any) -> dict[str, Any]:
+def _telemetry_kwargs(options: Any, replay_mode: str) -> dict[str, Any]:
     """``telemetry_options`` (a :class:`TelemetryOptions`, or any object with its four
     attributes) as the native run's keywords, with the reference's checks and messages."""
     if options is None:
@@ -166,6 +166,8 @@ def _telemetry_kwargs(options: Any) -> dict[str, Any]:
         raise ValueError("telemetry_sample_interval_ms must be a positive finite number")
     if callback is not None and not callable(callback):
         raise TypeError("telemetry_callback must be callable or None")
+    if replay_mode != "offline":
+        raise ValueError("replay telemetry only supports replay_mode='offline'")
     return {
         "telemetry_sample_interval_ms": interval,
         "capture_telemetry": bool(capture),
@@ -181,8 +183,6 @@ def _check_common(replay_mode, max_sim_time_ms, planner_config, telemetry_option
         v = float(max_sim_time_ms)
         if not (v == v and v not in (float("inf"),) and v >= 0):
             raise Exception("max_sim_time_ms must be a finite, non-negative value")
-    if telemetry_options is not None and replay_mode != "offline":
-        raise ValueError("replay telemetry only supports replay_mode='offline'")
     if ais_perf_config is not None:
         raise NotImplementedError(
             "servesim takes the router's AIS load model from router_config; ais_perf_config is not supported"
@@ -399,7 +399,7 @@ def run_trace_replay(
         if trace_format == "dynamo" and not trace_files:
             raise ValueError("planner_config replay with trace_format='dynamo' requires at least one trace file")
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
-    telemetry = _telemetry_kwargs(telemetry_options)
+    telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
     if not trace_files:
         raise Exception("trace replay requires at least one trace file")
     if trace_format != "dynamo" and len(trace_files) != 1:
@@ -483,7 +483,7 @@ def run_synthetic_trace_replay(
     if planner_config is not None and replay_mode != "offline":
         raise ValueError("planner_config replay only supports replay_mode='offline'")
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
-    telemetry = _telemetry_kwargs(telemetry_options)
+    telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
     synthetic = (
         int(input_tokens),
         int(output_tokens),

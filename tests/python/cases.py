@@ -467,6 +467,7 @@ TELEMETRY_CASES = [
     ({"capture_in_memory": False}, {}),
     ({"sample_interval_ms": 100.0, "callback": "five"}, {}),
     ({"sample_interval_ms": 100.0}, {"replay_mode": "online"}),
+    ({"capture_in_memory": False}, {"replay_mode": "online"}),
     ("dict", {}),
 ]
 

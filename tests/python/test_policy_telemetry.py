@@ -223,3 +223,19 @@ def test_options_are_frozen_and_default_as_the_reference():
     assert repr(options) == "TelemetryOptions(sample_interval_ms=1000.0, capture_in_memory=None, callback=None, jsonl_path=None)"
     with pytest.raises(AttributeError):
         options.sample_interval_ms = 5.0
+
+
+def test_trace_replay_samples_with_policy_classes(tmp_path, monkeypatch):
+    # The burst arrives at t = 0: the first sample counts all 40 arrivals; the router queue
+    # holds what the policy classes keep back (prefill_busy_threshold 0) and drains to empty.
+    report = _burst(
+        tmp_path,
+        monkeypatch,
+        {"router_policy_config": "classes.yaml"},
+        telemetry_options=TelemetryOptions(sample_interval_ms=50),
+    )
+    samples = report.telemetry.samples
+    assert samples[0]["arrivals"] == 40 and sum(x["arrivals"] for x in samples) == 40
+    assert samples[0]["router_queue"] > 0 and samples[-1]["router_queue"] == 0
+    assert sum(x["completions"] for x in samples) == report.summary["completed_requests"] == 40
+    assert sum(w["output_tokens"] for x in samples for w in x["workers"]) == report.summary["total_output_tokens"]
