@@ -196,13 +196,14 @@ enum Failure {
 /// Reads the KV router's policy classes from the file its configuration names
 /// (`router_policy_config`, a YAML path as in Dynamo's `KvRouterConfig`) and sets the profile of
 /// `model_name` (else the file's root profile). `$DYN_ROUTER_POLICY_CONFIG` is not read here:
-/// the reference's Python replay does not read it either.
-fn load_router_policy(rc: &mut RouterConfig, model_name: Option<&str>) -> Result<(), Failure> {
+/// the reference's Python replay does not read it either. Errors are the reference's
+/// `ValueError` messages.
+pub(crate) fn load_router_policy(rc: &mut RouterConfig, model_name: Option<&str>) -> Result<(), String> {
     let Some(path) = rc.policy_config_path.clone() else { return Ok(()) };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Failure::Value(format!("failed to read router policy config {path}: {e}")))?;
-    let config = PolicyConfig::from_yaml(&text)
-        .map_err(|e| Failure::Value(format!("failed to parse router policy config {path}: {e}")))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("failed to read router policy config {path}: {e}"))?;
+    let config =
+        PolicyConfig::from_yaml(&text).map_err(|e| format!("failed to parse router policy config {path}: {e}"))?;
     rc.policy_profile = config.profile(model_name).cloned().map(Arc::new);
     Ok(())
 }
@@ -266,7 +267,7 @@ impl Job {
                 Some(text) => {
                     let mut rc =
                         RouterConfig::parse_json(text).map_err(|e| Failure::Input(format!("router_config: {e}")))?;
-                    load_router_policy(&mut rc, self.model_name.as_deref())?;
+                    load_router_policy(&mut rc, self.model_name.as_deref()).map_err(Failure::Value)?;
                     rc
                 }
                 None => RouterConfig::default(),
