@@ -7,10 +7,12 @@ pydantic<=2.13.5, uvloop), e.g.
     /tmp/servesim-ref2/bin/python scripts/record_python_goldens.py
 
 (/tmp/servesim-ref2 is a venv whose site-packages has a .pth pointing at the reference venv's
-site-packages). Writes tests/python/goldens/{calls,replays}.json.
+site-packages). Writes tests/python/goldens/{calls,replays,extras}.json; with ``--extras`` only
+extras.json (router policy classes and telemetry options, run in a scratch directory).
 """
 
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
@@ -21,6 +23,10 @@ import cases  # noqa: E402
 def main() -> None:
     import dynamo.mocker  # noqa: F401 - fail early without the reference
 
+    with tempfile.TemporaryDirectory(prefix="servesim-extras-") as scratch:
+        cases.dump(cases.GOLDENS / "extras.json", cases.extras_outcomes("dynamo.mocker", Path(scratch)))
+    if "--extras" in sys.argv[1:]:
+        return
     calls = {case_id: cases.outcome("dynamo.mocker", case) for case_id, case in cases.all_cases()}
     cases.dump(cases.GOLDENS / "calls.json", calls)
     replays = {}

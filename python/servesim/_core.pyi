@@ -1,7 +1,7 @@
 """Native half of servesim (PyO3). Use servesim.replay / servesim.mocker instead."""
 
 from os import PathLike
-from typing import Dict, Optional, Sequence, Tuple, List, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, List, Union
 
 __version__: str
 
@@ -40,9 +40,18 @@ def run_replay(
     synthetic: Optional[Tuple[int, int, int, Optional[float], Optional[float], int, int, float, int, float]] = None,
     max_sim_time_ms: Optional[float] = None,
     planner_config: Optional[str] = None,
-) -> Tuple[str, Optional[List[str]], Optional[str]]:
+    model_name: Optional[str] = None,
+    telemetry_sample_interval_ms: Optional[float] = None,
+    capture_telemetry: bool = False,
+    telemetry_callback: Optional[Callable[[dict], None]] = None,
+    telemetry_jsonl_path: Optional[Union[str, PathLike]] = None,
+) -> Tuple[str, Optional[List[str]], Optional[str], Optional[List[str]]]:
     """Runs a replay with the GIL released; returns (summary JSON, per-request JSON lines or
-    None, the planner's report as JSON or None). KeyboardInterrupt on Ctrl-C."""
+    None, the planner's report as JSON or None, telemetry samples as JSON lines when
+    capture_telemetry, else None). Telemetry is on when telemetry_sample_interval_ms is set;
+    the callback gets each sample as a dict (an exception it raises stops the run and is
+    re-raised). `model_name` picks the profile of the router policy file that router_config's
+    router_policy_config names. KeyboardInterrupt on Ctrl-C."""
 
 class LiveServer:
     """servesim's live server (routing frontend, OpenAI-compatible HTTP, /metrics, ZMQ KV

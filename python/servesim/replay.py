@@ -8,9 +8,11 @@ A replay runs on a virtual clock inside the Rust core with the GIL released; Ctr
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from servesim import _core
@@ -18,9 +20,37 @@ from servesim import _core
 __all__ = [
     "ReplayReport",
     "PlannerReplayDetails",
+    "ReplayTelemetryDetails",
+    "TelemetryOptions",
     "run_trace_replay",
     "run_synthetic_trace_replay",
 ]
+
+
+@dataclass(frozen=True)
+class TelemetryOptions:
+    """Telemetry of an offline replay: a sample every ``sample_interval_ms`` of simulated time,
+    kept in the report (``capture_in_memory``; the default when neither other sink is set),
+    passed to ``callback`` as a dict as the run reaches it, and/or written to ``jsonl_path``
+    one JSON object a line. A sample is what ``servesim predict --telemetry`` writes: the
+    cluster's counters for the interval ending at ``t_ms`` and a ``workers`` list (see
+    README, "Reports")."""
+
+    sample_interval_ms: float = 1000.0
+    capture_in_memory: bool | None = None
+    callback: Callable[[dict[str, Any]], None] | None = None
+    jsonl_path: str | os.PathLike[str] | None = None
+
+
+@dataclass
+class ReplayTelemetryDetails:
+    """The samples an offline replay kept in memory, in time order."""
+
+    sample_interval_ms: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sample_interval_ms": self.sample_interval_ms, "samples": self.samples}
 
 
 @dataclass
@@ -51,13 +81,14 @@ class PlannerReplayDetails:
 @dataclass
 class ReplayReport:
     """What an offline replay returns: the summary, per-request records (``None`` unless
-    ``capture_per_request``), coverage flags and planner details (``None`` without a planner)."""
+    ``capture_per_request``), coverage flags, planner details (``None`` without a planner)
+    and telemetry (``None`` unless ``telemetry_options`` kept samples in memory)."""
 
     summary: dict[str, Any]
     per_request: list[dict[str, Any]] | None
     coverage: dict[str, Any]
     planner: PlannerReplayDetails | None
-    telemetry: Any = None
+    telemetry: ReplayTelemetryDetails | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -113,6 +144,38 @@ def _normalize_execution_model(trace_format: str, execution_model: Any) -> str |
     return execution_model
 
 
+def _telemetry_kwargs(options: Any, replay_mode: str) -> dict[str, Any]:
+    """``telemetry_options`` (a :class:`TelemetryOptions`, or any object with its four
+    attributes) as the native run's keywords, with the reference's checks and messages."""
+    if options is None:
+        return {}
+    capture = options.capture_in_memory
+    callback = options.callback
+    jsonl_path = options.jsonl_path
+    if capture is None:
+        capture = callback is None and jsonl_path is None
+    if not capture and callback is None and jsonl_path is None:
+        raise ValueError("TelemetryOptions needs at least one sink")
+    interval = options.sample_interval_ms
+    if not isinstance(interval, numbers.Real):
+        raise TypeError(
+            f"argument 'telemetry_sample_interval_ms': must be real number, not {type(interval).__name__}"
+        )
+    interval = float(interval)
+    if not (math.isfinite(interval) and interval > 0):
+        raise ValueError("telemetry_sample_interval_ms must be a positive finite number")
+    if callback is not None and not callable(callback):
+        raise TypeError("telemetry_callback must be callable or None")
+    if replay_mode != "offline":
+        raise ValueError("replay telemetry only supports replay_mode='offline'")
+    return {
+        "telemetry_sample_interval_ms": interval,
+        "capture_telemetry": bool(capture),
+        "telemetry_callback": callback,
+        "telemetry_jsonl_path": None if jsonl_path is None else os.fspath(jsonl_path),
+    }
+
+
 def _check_common(replay_mode, max_sim_time_ms, planner_config, telemetry_options, ais_perf_config):
     if replay_mode not in ("offline", "online"):
         raise Exception(f"replay_mode must be either 'offline' or 'online', got {replay_mode!r}")
@@ -120,8 +183,6 @@ def _check_common(replay_mode, max_sim_time_ms, planner_config, telemetry_option
         v = float(max_sim_time_ms)
         if not (v == v and v not in (float("inf"),) and v >= 0):
             raise Exception("max_sim_time_ms must be a finite, non-negative value")
-    if telemetry_options is not None:
-        raise NotImplementedError("servesim does not support telemetry_options yet")
     if ais_perf_config is not None:
         raise NotImplementedError(
             "servesim takes the router's AIS load model from router_config; ais_perf_config is not supported"
@@ -219,6 +280,8 @@ def _report(
     capture: bool,
     planner_json: str | None = None,
     capture_planner: bool = True,
+    samples: list[str] | None = None,
+    telemetry: dict[str, Any] | None = None,
 ):
     summary = _reference_summary(json.loads(summary_json))
     if replay_mode == "online":
@@ -230,7 +293,15 @@ def _report(
         "capture_planner_details": planner is not None and bool(capture_planner),
         "per_request_records": 0 if per_request is None else len(per_request),
     }
-    return ReplayReport(summary=summary, per_request=per_request, coverage=coverage, planner=planner)
+    details = None
+    if samples is not None and telemetry:
+        details = ReplayTelemetryDetails(
+            sample_interval_ms=telemetry["telemetry_sample_interval_ms"],
+            samples=[json.loads(line) for line in samples],
+        )
+    return ReplayReport(
+        summary=summary, per_request=per_request, coverage=coverage, planner=planner, telemetry=details
+    )
 
 
 def _engine_text(value: Any, what: str) -> str | None:
@@ -295,9 +366,12 @@ def run_trace_replay(
     disaggregated (``num_prefill_workers`` + ``num_decode_workers``). ``replay_mode="online"``
     returns the summary dict (servesim does not pace it on the wall clock). ``planner_config``
     (a mapping, JSON text or a path; the keys ``servesim predict --planner-config`` takes) puts
-    Dynamo's planner in the loop and fills ``ReplayReport.planner``. ``telemetry_options`` and
-    ``ais_perf_config`` raise ``NotImplementedError``; ``model_name``,
-    ``performance_model_metadata`` and ``benchmark_granularity`` are accepted and unused.
+    Dynamo's planner in the loop and fills ``ReplayReport.planner``. ``telemetry_options``
+    (:class:`TelemetryOptions`, offline only) samples the cluster on the virtual clock.
+    ``router_config``'s ``router_policy_config`` (a YAML path) gives the KV router its policy
+    classes; ``model_name`` picks the file's profile for that model. ``ais_perf_config``
+    raises ``NotImplementedError``; ``performance_model_metadata`` and
+    ``benchmark_granularity`` are accepted and unused.
     """
     if isinstance(agentic_lanes, bool) or (agentic_lanes is not None and not isinstance(agentic_lanes, int)):
         raise TypeError("agentic_lanes must be an integer or None")
@@ -325,11 +399,12 @@ def run_trace_replay(
         if trace_format == "dynamo" and not trace_files:
             raise ValueError("planner_config replay with trace_format='dynamo' requires at least one trace file")
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
+    telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
     if not trace_files:
         raise Exception("trace replay requires at least one trace file")
     if trace_format != "dynamo" and len(trace_files) != 1:
         raise Exception(f"trace_format={trace_format!r} requires exactly one trace file, got {len(trace_files)}")
-    summary, lines, planner = _core.run_replay(
+    summary, lines, planner, samples = _core.run_replay(
         trace_files,
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
         num_workers=num_workers,
@@ -353,8 +428,12 @@ def run_trace_replay(
         kv_event_lag_ms=kv_event_lag_ms,
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
         planner_config=_config_text(planner_config, "planner_config"),
+        model_name=model_name,
+        **telemetry,
     )
-    return _report(summary, lines, replay_mode, capture_per_request, planner, capture_planner_details)
+    return _report(
+        summary, lines, replay_mode, capture_per_request, planner, capture_planner_details, samples, telemetry
+    )
 
 
 def run_synthetic_trace_replay(
@@ -396,12 +475,15 @@ def run_synthetic_trace_replay(
 ):
     """Replay generated load (``request_count`` sessions of ``input_tokens`` prompt and
     ``output_tokens`` output tokens) at ``request_rate`` (Poisson), every
-    ``arrival_interval_ms``, or as a closed loop of ``replay_concurrency`` sessions."""
+    ``arrival_interval_ms``, or as a closed loop of ``replay_concurrency`` sessions.
+    ``telemetry_options`` and ``router_config``'s ``router_policy_config`` work as in
+    :func:`run_trace_replay`."""
     if capture_per_request and replay_mode == "online":
         raise ValueError("capture_per_request only supports replay_mode='offline'")
     if planner_config is not None and replay_mode != "offline":
         raise ValueError("planner_config replay only supports replay_mode='offline'")
     _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
+    telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
     synthetic = (
         int(input_tokens),
         int(output_tokens),
@@ -414,7 +496,7 @@ def run_synthetic_trace_replay(
         int(num_prefix_groups),
         float(inter_turn_delay_ms),
     )
-    summary, lines, planner = _core.run_replay(
+    summary, lines, planner, samples = _core.run_replay(
         [],
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
         num_workers=num_workers,
@@ -431,5 +513,9 @@ def run_synthetic_trace_replay(
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
         synthetic=synthetic,
         planner_config=_config_text(planner_config, "planner_config"),
+        model_name=model_name,
+        **telemetry,
     )
-    return _report(summary, lines, replay_mode, capture_per_request, planner, capture_planner_details)
+    return _report(
+        summary, lines, replay_mode, capture_per_request, planner, capture_planner_details, samples, telemetry
+    )

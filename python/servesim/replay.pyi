@@ -1,9 +1,22 @@
 from dataclasses import dataclass
 from os import PathLike
-from typing import Any, Iterable, Literal, Mapping, Optional, Union, overload
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Union, overload
 
 _Files = Union[str, PathLike, Iterable[Union[str, PathLike]]]
 _Config = Union[Mapping[str, Any], str, None]
+
+@dataclass(frozen=True)
+class TelemetryOptions:
+    sample_interval_ms: float = ...
+    capture_in_memory: Optional[bool] = ...
+    callback: Optional[Callable[[dict[str, Any]], None]] = ...
+    jsonl_path: Union[str, PathLike[str], None] = ...
+
+@dataclass
+class ReplayTelemetryDetails:
+    sample_interval_ms: float
+    samples: list[dict[str, Any]] = ...
+    def to_dict(self) -> dict[str, Any]: ...
 
 @dataclass
 class PlannerReplayDetails:
@@ -21,7 +34,7 @@ class ReplayReport:
     per_request: Optional[list[dict[str, Any]]]
     coverage: dict[str, Any]
     planner: Optional[PlannerReplayDetails]
-    telemetry: Any = ...
+    telemetry: Optional[ReplayTelemetryDetails] = ...
     def to_dict(self) -> dict[str, Any]: ...
 
 def run_trace_replay(
@@ -57,7 +70,7 @@ def run_trace_replay(
     capture_planner_details: bool = ...,
     execution_model: Optional[str] = ...,
     weka_nested_timestamp_basis: Optional[str] = ...,
-    telemetry_options: Any = ...,
+    telemetry_options: Optional[TelemetryOptions] = ...,
     kv_event_lag_ms: Optional[float] = ...,
 ) -> Union[ReplayReport, dict[str, Any]]: ...
 
@@ -95,6 +108,6 @@ def run_synthetic_trace_replay(
     benchmark_granularity: int = ...,
     capture_per_request: bool = ...,
     capture_planner_details: bool = ...,
-    telemetry_options: Any = ...,
+    telemetry_options: Optional[TelemetryOptions] = ...,
     kv_event_lag_ms: Optional[float] = ...,
 ) -> Union[ReplayReport, dict[str, Any]]: ...

@@ -362,3 +362,160 @@ def all_cases():
 
 def dump(path: Path, data, indent=1) -> None:
     path.write_text(json.dumps(data, indent=indent) + "\n")
+
+
+# --- router policy classes and telemetry options (goldens/extras.json) ------------------------
+# Recorded by `scripts/record_python_goldens.py --extras` inside a scratch directory that
+# `write_extras_inputs` fills, so that the relative paths (and the messages naming them) match.
+
+POLICY_ENGINE = {"engine": {"block_size": 64, "max_num_batched_tokens": 512}}
+# Four classes: latency and batch families, each split by uncached ISL; requests name a family.
+POLICY_CLASSES = """default_policy_family: batch
+uncached_isl_buckets:
+  - {min_tokens: 0, bucket: cached}
+  - {min_tokens: 32, bucket: uncached}
+policy_classes:
+  - {name: lat_c, policy_family: latency, cache_bucket: cached, quantum: 1, prefill_busy_threshold: 0}
+  - {name: lat_u, policy_family: latency, cache_bucket: uncached, quantum: 4, prefill_busy_threshold: 0}
+  - {name: bat_c, policy_family: batch, cache_bucket: cached, quantum: 1, prefill_busy_threshold: 0}
+  - {name: bat_u, policy_family: batch, cache_bucket: uncached, quantum: 1, prefill_busy_threshold: 0}
+"""
+
+
+def write_extras_inputs(directory: Path) -> None:
+    """A burst of 40 requests at t = 0 (distinct prompts of 400 + i tokens; even ones ask for
+    the ``latency`` family, odd ones ``batch``), the policy file, the same profile under
+    ``models: {m1: ...}``."""
+    rows = [
+        {
+            "timestamp": 0,
+            "input_length": 400 + i,
+            "output_length": 4,
+            "hash_ids": [1000 + i * 10 + k for k in range(8)],
+            "policy_class": "latency" if i % 2 == 0 else "batch",
+        }
+        for i in range(40)
+    ]
+    (directory / "burst.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / "classes.yaml").write_text(POLICY_CLASSES)
+    nested = "".join(f"    {line}\n" for line in POLICY_CLASSES.splitlines())
+    (directory / "models.yaml").write_text("models:\n  m1:\n" + nested)
+
+
+def _router_config(package: str, config):
+    """The router configuration as each implementation takes it: Dynamo's ``KvRouterConfig``
+    (which reads the policy file when it is built) or servesim's mapping."""
+    if config is None or not package.startswith("dynamo"):
+        return config
+    from dynamo.llm import KvRouterConfig
+
+    return KvRouterConfig(**config)
+
+
+# (router_config, extra keywords) of KV-router replays of the burst.
+POLICY_REPLAYS = [
+    (None, {}),
+    ({"router_queue_threshold": 0.0}, {}),
+    ({"router_policy_config": "classes.yaml"}, {}),
+    ({"router_policy_config": "models.yaml"}, {"model_name": "m1"}),
+    ({"router_policy_config": "models.yaml"}, {"model_name": "other"}),
+    ({"router_policy_config": "models.yaml"}, {}),
+    ({"router_policy_config": "missing.yaml"}, {}),
+]
+
+
+def policy_outcome(package: str, case) -> dict:
+    """Summary (less wall-clock keys) and the (input length, TTFT) of every request, or the
+    error (type, message)."""
+    router_config, kwargs = case
+    run = resolve(package, "replay.run_trace_replay")
+    try:
+        report = run(
+            "burst.jsonl",
+            trace_block_size=64,
+            extra_engine_args=POLICY_ENGINE,
+            num_workers=2,
+            router_mode="kv_router",
+            router_config=_router_config(package, router_config),
+            capture_per_request=True,
+            **kwargs,
+        )
+    except Exception as e:  # noqa: BLE001 - the type and message are what is compared
+        return {"error": [type(e).__name__, str(e)]}
+    return {
+        "summary": {k: v for k, v in report.summary.items() if k not in WALL_CLOCK},
+        "records": sorted([r["input_length"], r["ttft_ms"]] for r in report.per_request),
+    }
+
+
+TELEMETRY_ENGINE = {"engine": {"block_size": 16, "num_gpu_blocks": 256}}
+# (TelemetryOptions keywords, or a plain dict given as the options; extra run keywords).
+# A callback is named: "append" (collects the samples), "five" (not callable).
+TELEMETRY_CASES = [
+    ({"sample_interval_ms": 100.0}, {}),
+    ({"sample_interval_ms": 100}, {"num_workers": 2}),
+    ({"sample_interval_ms": True}, {}),
+    ({}, {}),
+    ({"sample_interval_ms": 100.0, "callback": "append"}, {}),
+    ({"sample_interval_ms": 100.0, "callback": "append", "capture_in_memory": True}, {}),
+    ({"sample_interval_ms": 100.0, "jsonl_path": "telemetry.jsonl"}, {}),
+    ({"sample_interval_ms": 0}, {}),
+    ({"sample_interval_ms": -1.0}, {}),
+    ({"sample_interval_ms": float("nan")}, {}),
+    ({"sample_interval_ms": float("inf")}, {}),
+    ({"sample_interval_ms": "100"}, {}),
+    ({"capture_in_memory": False}, {}),
+    ({"sample_interval_ms": 100.0, "callback": "five"}, {}),
+    ({"sample_interval_ms": 100.0}, {"replay_mode": "online"}),
+    ({"capture_in_memory": False}, {"replay_mode": "online"}),
+    ("dict", {}),
+]
+
+
+def telemetry_outcome(package: str, case) -> dict:
+    """A synthetic replay (8 requests of 256 + 32 tokens, one every 50 ms) with telemetry:
+    its summary (less wall-clock keys), ``to_dict`` keys, whether ``telemetry`` is set and its
+    interval, and whether the callback was called; or the error (type, message). Samples are
+    not compared: servesim's sample is its own (see README, "Reports")."""
+    options_kwargs, kwargs = case
+    api = "dynamo.replay.api" if package.startswith("dynamo") else "servesim.replay"
+    module = importlib.import_module(api)
+    called = []
+    if options_kwargs == "dict":
+        options = {"sample_interval_ms": 100.0}
+    else:
+        options_kwargs = dict(options_kwargs)
+        callback = options_kwargs.get("callback")
+        if callback == "append":
+            options_kwargs["callback"] = called.append
+        elif callback == "five":
+            options_kwargs["callback"] = 5
+        options = module.TelemetryOptions(**options_kwargs)
+    try:
+        report = module.run_synthetic_trace_replay(
+            256, 32, 8, arrival_interval_ms=50, extra_engine_args=TELEMETRY_ENGINE, telemetry_options=options, **kwargs
+        )
+    except Exception as e:  # noqa: BLE001 - the type and message are what is compared
+        return {"error": [type(e).__name__, str(e)]}
+    telemetry = report.telemetry
+    return {
+        "summary": {k: v for k, v in report.summary.items() if k not in WALL_CLOCK},
+        "to_dict_keys": list(report.to_dict()),
+        "telemetry_is_none": telemetry is None,
+        "sample_interval_ms": None if telemetry is None else telemetry.sample_interval_ms,
+        "telemetry_keys": None if telemetry is None else list(telemetry.to_dict()),
+        "callback_called": bool(called),
+    }
+
+
+def extras_outcomes(package: str, directory: Path) -> dict:
+    """Every policy and telemetry case, run inside ``directory`` (filled here)."""
+    write_extras_inputs(directory)
+    cwd = os.getcwd()
+    os.chdir(directory)
+    try:
+        out = {f"policy_{i}": policy_outcome(package, c) for i, c in enumerate(POLICY_REPLAYS)}
+        out.update({f"telemetry_{i}": telemetry_outcome(package, c) for i, c in enumerate(TELEMETRY_CASES)})
+    finally:
+        os.chdir(cwd)
+    return out

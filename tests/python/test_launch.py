@@ -21,6 +21,8 @@ from servesim.mocker.args import parse_args
 from servesim.mocker.config import core_config_text, load_mocker_engine_args
 from servesim.mocker.main import graceful_shutdown, launch_workers
 
+import cases
+
 
 def _get(url, timeout=5.0):
     try:
@@ -263,6 +265,24 @@ def test_a_busy_port_is_an_os_error_and_bad_options_value_errors():
         _core.LiveServer(cfg, port=0, router_mode="random")
     with pytest.raises(ValueError, match="one port per worker"):
         _core.LiveServer(cfg, port=0, num_workers=2, zmq_kv_events_ports=[5555])
+
+
+def test_the_live_router_reads_its_policy_file(tmp_path):
+    # router_policy_config (as `--router-policy-config` passes it) is read when the server is
+    # built: a missing or bad file is the reference's ValueError, a good one serves.
+    cfg = core_config_text({})
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ValueError, match="^" + re.escape(f"failed to read router policy config {missing}: ")):
+        _core.LiveServer(cfg, port=0, router_mode="kv_router", router_config=json.dumps({"router_policy_config": str(missing)}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- 1\n")
+    with pytest.raises(ValueError, match="^" + re.escape(f"failed to parse router policy config {bad}: ")):
+        _core.LiveServer(cfg, port=0, router_mode="kv_router", router_config=json.dumps({"router_policy_config": str(bad)}))
+    good = tmp_path / "classes.yaml"
+    good.write_text(cases.POLICY_CLASSES)
+    rc = json.dumps({"router_policy_config": str(good)})
+    with _core.LiveServer(cfg, port=0, router_mode="kv_router", router_config=rc) as server:
+        assert not server.stopped
 
 
 def test_stagger_delay_holds_the_later_workers(monkeypatch):

@@ -13,8 +13,9 @@
 
 mod live;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyException, PyValueError};
@@ -23,11 +24,13 @@ use serde_json::Value;
 use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::planned::PlannerRun;
+use servesim_replay::telemetry::sample_jsonl;
 use servesim_replay::{
-    load_trace, request_json, simulate_with, Arrivals, Collector, LoadMode, Progress, RequestRecord, RouterMode,
-    RunOptions, SimConfig, SimError, Sla, SyntheticSpec, Topology, TraceFormat, TraceOptions, Workload,
+    load_trace, request_json, simulate_with, Arrivals, ClusterSample, Collector, LoadMode, Progress, RequestRecord,
+    RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec, TelemetrySink, Topology, TraceFormat,
+    TraceOptions, WorkerSample, Workload,
 };
-use servesim_router::RouterConfig;
+use servesim_router::{PolicyConfig, RouterConfig};
 
 fn timer_factory(key: &str, provider: &str, config: &Value) -> Result<Arc<dyn PassTimer>, ConfigError> {
     servesim_perf::build_timer(key, provider, config)
@@ -61,16 +64,27 @@ fn normalize_mocker_config_json(text: &str) -> PyResult<String> {
     Ok(args.to_canonical_json().to_string())
 }
 
-/// Polls Python's signal handlers from inside the run (at most every 50 ms).
+/// An error raised by Python code the run calls back (a telemetry callback); the run stops at
+/// its next check and the error is re-raised.
+type CallbackError = Arc<Mutex<Option<PyErr>>>;
+
+/// Polls Python's signal handlers from inside the run (at most every 50 ms), and stops the run
+/// once a callback has raised.
 struct Interrupts {
     last: Instant,
     error: Option<PyErr>,
+    callback_error: CallbackError,
 }
 
 impl Progress for Interrupts {
     fn update(&mut self, _finished: u64, _total: u64) {}
 
     fn cancelled(&mut self) -> bool {
+        if self.error.is_none() {
+            if let Some(e) = self.callback_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                self.error = Some(e);
+            }
+        }
         if self.error.is_none() && self.last.elapsed() >= Duration::from_millis(50) {
             self.last = Instant::now();
             if let Err(e) = Python::with_gil(|py| py.check_signals()) {
@@ -78,6 +92,60 @@ impl Progress for Interrupts {
             }
         }
         self.error.is_some()
+    }
+}
+
+/// `telemetry_options` as the Python side resolved them: the sample interval and the sinks.
+struct TelemetryJob {
+    interval_ms: f64,
+    /// Keep the samples and return them (`ReplayReport.telemetry`).
+    capture: bool,
+    /// Called with each sample as a dict, with the GIL taken, as the run reaches it.
+    callback: Option<Py<PyAny>>,
+    /// Each sample as one JSON line.
+    jsonl_path: Option<PathBuf>,
+}
+
+/// Feeds each sample (the JSON object of `servesim predict --telemetry`'s JSONL lines) to the
+/// sinks `telemetry_options` asked for.
+struct PythonTelemetry {
+    line: String,
+    captured: Option<Vec<String>>,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    write_error: Option<std::io::Error>,
+    /// The callback and `json.loads`.
+    callback: Option<(Py<PyAny>, Py<PyAny>)>,
+    callback_error: CallbackError,
+}
+
+impl TelemetrySink for PythonTelemetry {
+    fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
+        self.line.clear();
+        sample_jsonl(cluster, workers, &mut self.line);
+        if let Some(file) = self.file.as_mut() {
+            if self.write_error.is_none() {
+                if let Err(e) = file.write_all(self.line.as_bytes()) {
+                    self.write_error = Some(e);
+                }
+            }
+        }
+        let text = self.line.trim_end();
+        if let Some(captured) = self.captured.as_mut() {
+            captured.push(text.to_string());
+        }
+        if let Some((callback, loads)) = &self.callback {
+            let mut slot = self.callback_error.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                let called = Python::with_gil(|py| -> PyResult<()> {
+                    let sample = loads.call1(py, (text,))?;
+                    callback.call1(py, (sample,))?;
+                    Ok(())
+                });
+                if let Err(e) = called {
+                    *slot = Some(e);
+                }
+            }
+        }
     }
 }
 
@@ -113,11 +181,31 @@ struct Job {
     stop_at_ms: Option<f64>,
     /// The planner in the loop, as `servesim predict --planner-config` takes it (JSON text).
     planner_config: Option<String>,
+    /// Picks the model's profile in a router policy file.
+    model_name: Option<String>,
+    telemetry: Option<TelemetryJob>,
 }
 
 enum Failure {
     Input(String),
+    /// Bad values the reference rejects with `ValueError`.
+    Value(String),
     Interrupted(PyErr),
+}
+
+/// Reads the KV router's policy classes from the file its configuration names
+/// (`router_policy_config`, a YAML path as in Dynamo's `KvRouterConfig`) and sets the profile of
+/// `model_name` (else the file's root profile). `$DYN_ROUTER_POLICY_CONFIG` is not read here:
+/// the reference's Python replay does not read it either. Errors are the reference's
+/// `ValueError` messages.
+pub(crate) fn load_router_policy(rc: &mut RouterConfig, model_name: Option<&str>) -> Result<(), String> {
+    let Some(path) = rc.policy_config_path.clone() else { return Ok(()) };
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("failed to read router policy config {path}: {e}"))?;
+    let config =
+        PolicyConfig::from_yaml(&text).map_err(|e| format!("failed to parse router policy config {path}: {e}"))?;
+    rc.policy_profile = config.profile(model_name).cloned().map(Arc::new);
+    Ok(())
 }
 
 impl Job {
@@ -177,14 +265,9 @@ impl Job {
         let router = if self.kv_router {
             RouterMode::KvRouter(match &self.router_config {
                 Some(text) => {
-                    let rc =
+                    let mut rc =
                         RouterConfig::parse_json(text).map_err(|e| Failure::Input(format!("router_config: {e}")))?;
-                    if rc.policy_config_path.is_some() {
-                        // The CLI reads policy files (`servesim predict --router-policy-config`).
-                        return Err(Failure::Input(
-                            "router_config: router_policy_config is not supported by the Python API yet".into(),
-                        ));
-                    }
+                    load_router_policy(&mut rc, self.model_name.as_deref()).map_err(Failure::Value)?;
                     rc
                 }
                 None => RouterConfig::default(),
@@ -236,8 +319,34 @@ impl Job {
             }
             None => None,
         };
-        let collector = Collector::new(config.sla, sink_ref);
-        let mut interrupts = Interrupts { last: Instant::now(), error: None };
+        let callback_error: CallbackError = Arc::default();
+        let mut telemetry = match &self.telemetry {
+            Some(t) => Some(PythonTelemetry {
+                line: String::new(),
+                captured: t.capture.then(Vec::new),
+                file: match &t.jsonl_path {
+                    Some(path) => Some(std::io::BufWriter::new(
+                        std::fs::File::create(path)
+                            .map_err(|e| Failure::Input(format!("{}: cannot create: {e}", path.display())))?,
+                    )),
+                    None => None,
+                },
+                write_error: None,
+                callback: t.callback.as_ref().map(|c| {
+                    Python::with_gil(|py| {
+                        let loads = py.import("json").and_then(|m| m.getattr("loads")).map(|f| f.unbind());
+                        (c.clone_ref(py), loads.expect("the json module imports"))
+                    })
+                }),
+                callback_error: callback_error.clone(),
+            }),
+            None => None,
+        };
+        let mut collector = Collector::new(config.sla, sink_ref);
+        if let (Some(sink), Some(t)) = (telemetry.as_mut(), &self.telemetry) {
+            collector = collector.with_telemetry(t.interval_ms, sink);
+        }
+        let mut interrupts = Interrupts { last: Instant::now(), error: None, callback_error: callback_error.clone() };
         let options = RunOptions {
             stop_at_ms: self.stop_at_ms,
             autoscaler: planner.as_mut().map(|r| r as &mut dyn servesim_replay::Autoscaler),
@@ -250,6 +359,24 @@ impl Job {
                 return Err(Failure::Interrupted(e));
             }
             Err(e) => return Err(Failure::Input(e.to_string())),
+        };
+        // A callback that raised at the last sample (after the loop's last check).
+        if let Some(e) = callback_error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(Failure::Interrupted(e));
+        }
+        let samples = match telemetry {
+            Some(mut t) => {
+                let path = self.telemetry.as_ref().and_then(|t| t.jsonl_path.as_ref());
+                if let (Some(file), Some(path)) = (t.file.as_mut(), path) {
+                    let flushed = match t.write_error.take() {
+                        Some(e) => Err(e),
+                        None => file.flush(),
+                    };
+                    flushed.map_err(|e| Failure::Input(format!("{}: write failed: {e}", path.display())))?;
+                }
+                t.captured
+            }
+            None => None,
         };
         report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut summary = report.summary_json();
@@ -274,13 +401,14 @@ impl Job {
             write().map_err(|e| Failure::Input(format!("{}: write failed: {e}", path.display())))?;
         }
         let summary = Value::Object(summary).to_string();
-        Ok((summary, self.capture_per_request.then_some(lines), planner.map(|run| run.to_json().to_string())))
+        Ok((summary, self.capture_per_request.then_some(lines), planner.map(|run| run.to_json().to_string()), samples))
     }
 }
 
 /// What a replay hands back to Python: the summary (JSON), the per-request records (JSON lines)
-/// when captured, and the planner's report (JSON) when a planner ran.
-type Replayed = (String, Option<Vec<String>>, Option<String>);
+/// when captured, the planner's report (JSON) when a planner ran, and the telemetry samples
+/// (JSON lines) when captured in memory.
+type Replayed = (String, Option<Vec<String>>, Option<String>, Option<Vec<String>>);
 
 /// A synthetic load as the Python side passes it: input and output tokens, sessions, request
 /// rate, arrival interval (ms), seed, turns per session, shared prefix ratio, prefix groups,
@@ -310,7 +438,8 @@ fn parse_format(name: &str) -> PyResult<TraceFormat> {
     trace_num_prefix_groups=0, execution_model=None, weka_nested_timestamp_basis=None,
     sla_ttft_ms=None, sla_itl_ms=None, sla_e2e_ms=None, capture_per_request=false,
     report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None, max_sim_time_ms=None,
-    planner_config=None
+    planner_config=None, model_name=None, telemetry_sample_interval_ms=None, capture_telemetry=false,
+    telemetry_callback=None, telemetry_jsonl_path=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn run_replay(
@@ -344,6 +473,11 @@ fn run_replay(
     synthetic: Option<SyntheticArgs>,
     max_sim_time_ms: Option<f64>,
     planner_config: Option<String>,
+    model_name: Option<String>,
+    telemetry_sample_interval_ms: Option<f64>,
+    capture_telemetry: bool,
+    telemetry_callback: Option<Py<PyAny>>,
+    telemetry_jsonl_path: Option<PathBuf>,
 ) -> PyResult<Replayed> {
     if max_sim_time_ms.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
         return Err(PyException::new_err("max_sim_time_ms must be a finite, non-negative value"));
@@ -378,6 +512,23 @@ fn run_replay(
     if trace_block_size == Some(0) {
         return Err(PyException::new_err("trace_block_size must be greater than 0"));
     }
+    let telemetry = match telemetry_sample_interval_ms {
+        None => None,
+        Some(ms) => {
+            if !(ms.is_finite() && ms > 0.0) {
+                return Err(PyValueError::new_err("telemetry_sample_interval_ms must be a positive finite number"));
+            }
+            if telemetry_callback.as_ref().is_some_and(|c| !c.bind(py).is_callable()) {
+                return Err(pyo3::exceptions::PyTypeError::new_err("telemetry_callback must be callable or None"));
+            }
+            Some(TelemetryJob {
+                interval_ms: ms,
+                capture: capture_telemetry,
+                callback: telemetry_callback,
+                jsonl_path: telemetry_jsonl_path,
+            })
+        }
+    };
     let kv_event_lag_ms = kv_event_lag_ms.unwrap_or(0.0);
     if !(kv_event_lag_ms.is_finite() && kv_event_lag_ms >= 0.0) {
         return Err(PyException::new_err("kv_event_lag_ms must be a finite, non-negative value"));
@@ -429,10 +580,13 @@ fn run_replay(
         synthetic,
         stop_at_ms: max_sim_time_ms,
         planner_config,
+        model_name,
+        telemetry,
     };
     match py.allow_threads(move || job.run()) {
         Ok(out) => Ok(out),
         Err(Failure::Input(message)) => Err(PyException::new_err(message)),
+        Err(Failure::Value(message)) => Err(PyValueError::new_err(message)),
         Err(Failure::Interrupted(e)) => Err(e),
     }
 }

@@ -178,6 +178,11 @@ impl LiveServer {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "servesim-model".to_string())
         });
+        let mut router = router;
+        if let Some(rc) = router.kv_config_mut() {
+            // The policy classes of `router_policy_config`, with the served model's profile.
+            crate::load_router_policy(rc, Some(&model)).map_err(PyValueError::new_err)?;
+        }
         let opts = ServeOptions {
             host,
             port,

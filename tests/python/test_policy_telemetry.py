@@ -1,0 +1,241 @@
+"""Router policy classes (``router_config``'s ``router_policy_config``) and ``telemetry_options``
+through the Python API.
+
+The parity half compares with goldens recorded from Dynamo 1.6.1 in a scratch directory:
+
+    /tmp/servesim-ref2/bin/python scripts/record_python_goldens.py --extras
+
+(writes goldens/extras.json from ``cases.extras_outcomes``). The rest checks what servesim's
+own telemetry samples promise: their counters add up to the summary, every sink sees the same
+samples, a raising callback stops the run.
+"""
+
+import json
+import math
+import time
+
+import pytest
+
+import cases
+from servesim.replay import (
+    ReplayReport,
+    ReplayTelemetryDetails,
+    TelemetryOptions,
+    run_synthetic_trace_replay,
+    run_trace_replay,
+)
+
+EXTRAS = json.loads((cases.GOLDENS / "extras.json").read_text())
+REL = 1e-6  # the engine parity tolerance (test_parity.py)
+WALL_CLOCK = cases.WALL_CLOCK
+
+
+def _close(a, b):
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return math.isclose(a, b, rel_tol=REL, abs_tol=1e-9)
+    return a == b
+
+
+def _assert_same(got, expected):
+    if "error" in expected:
+        assert got.get("error") == expected["error"]
+        return
+    assert "error" not in got, got["error"]
+    assert list(got["summary"]) == list(expected["summary"])
+    off = {k: (got["summary"][k], v) for k, v in expected["summary"].items() if not _close(got["summary"][k], v)}
+    assert not off, off
+    for key in set(expected) - {"summary", "records"}:
+        assert got[key] == expected[key], key
+    if "records" in expected:
+        assert len(got["records"]) == len(expected["records"])
+        for g, e in zip(got["records"], expected["records"]):
+            assert all(_close(a, b) for a, b in zip(g, e)), (g, e)
+
+
+@pytest.fixture(scope="module")
+def servesim_extras(tmp_path_factory):
+    return cases.extras_outcomes("servesim.mocker", tmp_path_factory.mktemp("extras"))
+
+
+@pytest.mark.parametrize("case_id", list(EXTRAS))
+def test_matches_reference(case_id, servesim_extras):
+    _assert_same(servesim_extras[case_id], EXTRAS[case_id])
+
+
+def test_policy_goldens_tell_the_classes_apart():
+    # The recorded runs differ where they should, so matching them means the policy is applied:
+    # latency requests (even input lengths) go first under the policy file.
+    def mean_ttft(case_id, parity):
+        rows = [t for n, t in EXTRAS[case_id]["records"] if n % 2 == parity]
+        return sum(rows) / len(rows)
+
+    assert mean_ttft("policy_2", 0) < 0.6 * mean_ttft("policy_2", 1)
+    assert math.isclose(mean_ttft("policy_0", 0), mean_ttft("policy_0", 1), rel_tol=0.01)
+    # Same requests, same TTFTs (the summaries' means differ in the last bits: the reference
+    # sums in no fixed order).
+    assert EXTRAS["policy_3"]["records"] == EXTRAS["policy_2"]["records"]  # model m1's profile
+    assert EXTRAS["policy_4"]["records"] == EXTRAS["policy_0"]["records"]  # no profile for "other"
+    assert EXTRAS["policy_5"]["records"] == EXTRAS["policy_0"]["records"]  # no model name
+
+
+# --- router policy: servesim's own checks ------------------------------------------------
+
+
+def _burst(tmp_path, monkeypatch, router_config, **kw):
+    cases.write_extras_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return run_trace_replay(
+        "burst.jsonl",
+        trace_block_size=64,
+        extra_engine_args=cases.POLICY_ENGINE,
+        num_workers=2,
+        router_mode="kv_router",
+        router_config=router_config,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- 1\n- 2\n", "failed to parse router policy config bad.yaml: "),
+        (
+            "policy_classes: [{name: x, policy_family: latency, cache_bucket: cached, quantum: 1, bogus: 3}]\n",
+            "failed to parse router policy config bad.yaml: `policy_classes[0]`: unknown field `bogus`",
+        ),
+        ("router: {router_queue_threshold: 1}\n", "failed to parse router policy config bad.yaml: `router`: "),
+    ],
+)
+def test_a_bad_policy_file_is_a_value_error_naming_it(tmp_path, monkeypatch, text, message):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ValueError) as e:
+        _burst(tmp_path, monkeypatch, {"router_policy_config": "bad.yaml"})
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_the_policy_environment_variable_is_not_read(tmp_path, monkeypatch):
+    # As in the reference's replay: only the router configuration names a policy file.
+    monkeypatch.setenv("DYN_ROUTER_POLICY_CONFIG", str(tmp_path / "classes.yaml"))
+    with_env = _burst(tmp_path, monkeypatch, None).summary
+    monkeypatch.delenv("DYN_ROUTER_POLICY_CONFIG")
+    without = _burst(tmp_path, monkeypatch, None).summary
+    assert with_env["mean_ttft_ms"] == without["mean_ttft_ms"]
+
+
+def test_policy_config_in_a_json_router_config(tmp_path, monkeypatch):
+    by_mapping = _burst(tmp_path, monkeypatch, {"router_policy_config": "classes.yaml"}).summary
+    by_text = _burst(tmp_path, monkeypatch, '{"router_policy_config": "classes.yaml"}').summary
+    assert by_mapping["mean_ttft_ms"] == by_text["mean_ttft_ms"]
+    assert by_mapping["mean_ttft_ms"] != _burst(tmp_path, monkeypatch, None).summary["mean_ttft_ms"]
+
+
+# --- telemetry: servesim's samples -----------------------------------------------------------
+
+AGG = dict(num_workers=3, router_mode="kv_router", shared_prefix_ratio=0.5, num_prefix_groups=2, turns_per_session=3)
+DISAGG = dict(
+    prefill_engine_args={"engine": {"worker_type": "prefill"}},
+    decode_engine_args={"engine": {"worker_type": "decode"}},
+    num_prefill_workers=2,
+    num_decode_workers=2,
+)
+
+
+def _synthetic(telemetry_options=None, **kw):
+    return run_synthetic_trace_replay(512, 64, 60, request_rate=20.0, telemetry_options=telemetry_options, **kw)
+
+
+@pytest.mark.parametrize("topology", [AGG, DISAGG], ids=["aggregated", "disaggregated"])
+def test_sample_counters_add_up_to_the_summary(topology):
+    report = _synthetic(TelemetryOptions(sample_interval_ms=250), **topology)
+    assert isinstance(report, ReplayReport) and isinstance(report.telemetry, ReplayTelemetryDetails)
+    s, samples = report.summary, report.telemetry.samples
+    assert report.telemetry.sample_interval_ms == 250.0
+    workers = [w for x in samples for w in x["workers"]]
+    assert sum(x["arrivals"] for x in samples) == s["num_requests"] == 60 * topology.get("turns_per_session", 1)
+    assert sum(x["completions"] for x in samples) == s["completed_requests"]
+    assert sum(w["output_tokens"] for w in workers) == s["total_output_tokens"]
+    assert sum(w["prefill_tokens"] for w in workers) == s["committed_prefill_tokens"]
+    # Samples every 250 ms of simulated time, the last one closing the interval the run ends in.
+    assert [x["t_ms"] for x in samples] == [250.0 * (i + 1) for i in range(len(samples))]
+    assert samples[-1]["t_ms"] - 250.0 <= s["duration_ms"] < samples[-1]["t_ms"]
+    pools = {w["pool"] for w in workers}
+    if "prefill_engine_args" in topology:
+        assert pools == {"prefill", "decode"}
+        assert sum(w["output_tokens"] for w in workers if w["pool"] == "prefill") == 0
+        assert {(x["prefill_workers"], x["decode_workers"]) for x in samples} == {(2, 2)}
+    else:
+        assert pools == {"agg"}
+        assert len(samples[0]["workers"]) == 3
+        assert 0 < s["prefix_cache_reused_ratio"] and s["committed_prefill_tokens"] < s["total_input_tokens"]
+
+
+def test_telemetry_does_not_change_the_run():
+    plain = _synthetic(**AGG).summary
+    sampled = _synthetic(TelemetryOptions(sample_interval_ms=100), **AGG).summary
+    assert list(plain) == list(sampled)
+    off = {k: (plain[k], sampled[k]) for k in plain if k not in WALL_CLOCK and not _close(plain[k], sampled[k])}
+    assert not off, off
+
+
+def test_every_sink_sees_the_same_samples(tmp_path):
+    seen = []
+    path = tmp_path / "telemetry.jsonl"
+    options = TelemetryOptions(sample_interval_ms=200, callback=seen.append, jsonl_path=path, capture_in_memory=True)
+    report = _synthetic(options, num_workers=2)
+    assert report.telemetry.samples == seen
+    assert [json.loads(line) for line in path.read_text().splitlines()] == seen
+    assert report.to_dict()["telemetry"] == {"sample_interval_ms": 200.0, "samples": seen}
+    # Without in-memory capture the file is still written and the report carries no telemetry.
+    path.unlink()
+    report = _synthetic(TelemetryOptions(sample_interval_ms=200, jsonl_path=str(path)), num_workers=2)
+    assert report.telemetry is None and "telemetry" not in report.to_dict()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == seen
+
+
+def test_a_raising_callback_stops_the_run():
+    calls = 0
+
+    def fail(sample):
+        nonlocal calls
+        calls += 1
+        raise RuntimeError(f"sample at {sample['t_ms']}")
+
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"^sample at 1000\.0$"):
+        run_synthetic_trace_replay(
+            2048, 256, 400_000, request_rate=2000.0, telemetry_options=TelemetryOptions(callback=fail)
+        )
+    assert calls == 1
+    assert time.perf_counter() - started < 5
+
+
+def test_an_unwritable_telemetry_file_is_an_error(tmp_path):
+    # The reference opens the file lazily and ignores this; servesim says so before running.
+    missing = tmp_path / "no-such-dir" / "t.jsonl"
+    with pytest.raises(Exception, match="no-such-dir/t.jsonl: cannot create"):
+        _synthetic(TelemetryOptions(jsonl_path=missing))
+
+
+def test_options_are_frozen_and_default_as_the_reference():
+    options = TelemetryOptions()
+    assert repr(options) == "TelemetryOptions(sample_interval_ms=1000.0, capture_in_memory=None, callback=None, jsonl_path=None)"
+    with pytest.raises(AttributeError):
+        options.sample_interval_ms = 5.0
+
+
+def test_trace_replay_samples_with_policy_classes(tmp_path, monkeypatch):
+    # The burst arrives at t = 0: the first sample counts all 40 arrivals; the router queue
+    # holds what the policy classes keep back (prefill_busy_threshold 0) and drains to empty.
+    report = _burst(
+        tmp_path,
+        monkeypatch,
+        {"router_policy_config": "classes.yaml"},
+        telemetry_options=TelemetryOptions(sample_interval_ms=50),
+    )
+    samples = report.telemetry.samples
+    assert samples[0]["arrivals"] == 40 and sum(x["arrivals"] for x in samples) == 40
+    assert samples[0]["router_queue"] > 0 and samples[-1]["router_queue"] == 0
+    assert sum(x["completions"] for x in samples) == report.summary["completed_requests"] == 40
+    assert sum(w["output_tokens"] for x in samples for w in x["workers"]) == report.summary["total_output_tokens"]
