@@ -31,6 +31,7 @@ pub enum Lowered {
     Agentic(AgenticGraph),
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Deserialize)]
 struct Record {
     schema: String,
@@ -44,6 +45,7 @@ struct Record {
     tool: Option<ToolMetrics>,
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Clone, Deserialize)]
 struct AgentContext {
     session_id: String,
@@ -51,6 +53,7 @@ struct AgentContext {
     parent_session_id: Option<String>,
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Deserialize)]
 struct RequestMetrics {
     request_id: String,
@@ -65,6 +68,7 @@ struct RequestMetrics {
     replay: ReplayMetrics,
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Deserialize)]
 struct ReplayMetrics {
     trace_block_size: u64,
@@ -74,6 +78,7 @@ struct ReplayMetrics {
     dependencies: Vec<ReplayDependency>,
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Deserialize)]
 struct ReplayDependency {
     request_id: String,
@@ -81,6 +86,7 @@ struct ReplayDependency {
     trigger: Trigger,
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Deserialize)]
 struct ToolMetrics {
     tool_call_id: String,
@@ -95,6 +101,7 @@ struct ToolMetrics {
     duration_ms: Option<f64>,
 }
 
+#[cfg_attr(test, derive(Debug))]
 #[derive(Clone, Deserialize)]
 struct ClaudeTool {
     source_request_id: String,
@@ -127,7 +134,46 @@ struct Tool {
     loc: Loc,
 }
 
+/// A line's event type, and whether it wraps its event (`{"event": …}`, whatever the value).
+#[derive(Deserialize)]
+struct Outline<'a> {
+    #[serde(default, deserialize_with = "present")]
+    event: bool,
+    #[serde(default)]
+    event_type: Option<&'a str>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+}
+
+/// Reads the record of a line, or `None` for a line that carries none (a skipped event type).
+/// Most lines go through typed fields in one pass over the text; a line that does not (a
+/// wrapped event, escapes in the event type, any error) is read again through a JSON value,
+/// which is what defines the accepted lines and the error messages.
 fn parse_line(text: &[u8]) -> Result<Option<Record>, String> {
+    match parse_line_typed(text) {
+        Some(parsed) => Ok(parsed),
+        None => parse_line_value(text),
+    }
+}
+
+fn parse_line_typed(text: &[u8]) -> Option<Option<Record>> {
+    let outline: Outline = serde_json::from_slice(text).ok()?;
+    if outline.event {
+        return None;
+    }
+    match outline.event_type? {
+        "request_payload" | "tool_start" => Some(None),
+        "request_end" | "tool_end" | "tool_error" => {
+            let record: Record = serde_json::from_slice(text).ok()?;
+            (record.schema == "dynamo.request.trace.v1").then_some(Some(record))
+        }
+        _ => None,
+    }
+}
+
+fn parse_line_value(text: &[u8]) -> Result<Option<Record>, String> {
     let value: Value = serde_json::from_slice(text).map_err(|e| e.to_string())?;
     let Some(object) = value.as_object() else { return Ok(None) };
     let event = object.get("event").unwrap_or(&value);
@@ -611,4 +657,46 @@ fn lower_agentic(
         builder.push(loc, row)?;
     }
     builder.finish(speedup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass reading accepts, skips and refuses exactly the lines the JSON-value reading
+    /// does, with the same records and messages.
+    #[test]
+    fn typed_and_value_readings_agree() {
+        let req = r#""request":{"request_id":"r1","output_tokens":4,"replay":{"trace_block_size":16,"input_length":32,"input_sequence_hashes":[1,18446744073709551615]}}"#;
+        let tool =
+            r#""agent_context":{"session_id":"s"},"tool":{"tool_call_id":"c","tool_class":"agent","duration_ms":1.5}"#;
+        let head = r#""schema":"dynamo.request.trace.v1","event_time_unix_ms":1700000000000"#;
+        let lines = [
+            format!(r#"{{{head},"event_type":"request_end",{req}}}"#),
+            format!(r#"{{{head},"event_type":"tool_end",{tool}}}"#),
+            format!(r#"{{{head},"event_type":"tool_error",{tool}}}"#),
+            format!(r#"{{{head},"event_type":"request_payload","request":{{"x":1}}}}"#),
+            format!(r#"{{{head},"event_type":"tool_start"}}"#),
+            format!(r#"{{"event":{{{head},"event_type":"request_end",{req}}}}}"#),
+            format!(r#"{{"event":null,{head},"event_type":"request_end",{req}}}"#),
+            format!(r#"{{{head},"event_type":"request_end",{req}}}"#),
+            format!(r#"{{{head},"event_type":"request_end","event_type":"request_end",{req}}}"#),
+            format!(r#"{{{head},"event_type":"request_start",{req}}}"#),
+            format!(r#"{{{head},"event_type":7,{req}}}"#),
+            format!(r#"{{{head},{req}}}"#),
+            format!(r#"{{"schema":"other","event_time_unix_ms":1,"event_type":"request_end",{req}}}"#),
+            format!(r#"{{{head},"event_type":"request_end","request":{{"request_id":"r"}}}}"#),
+            r#"{"schema":"dynamo.request.trace.v1","event_type":"request_end","event_time_unix_ms":1.5}"#.into(),
+            "[1, 2]".into(),
+            "{not json".into(),
+        ];
+        for line in &lines {
+            let typed = format!("{:?}", parse_line(line.as_bytes()));
+            let value = format!("{:?}", parse_line_value(line.as_bytes()));
+            assert_eq!(typed, value, "{line}");
+        }
+        // The common line takes the one-pass reading.
+        assert!(parse_line_typed(lines[0].as_bytes()).is_some_and(|r| r.is_some()));
+        assert!(parse_line_typed(lines[3].as_bytes()).is_some_and(|r| r.is_none()));
+    }
 }
