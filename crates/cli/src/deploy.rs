@@ -301,6 +301,7 @@ fn predict_ensemble(
             "--ensemble does not run a planner yet: remove `planner:` from the configuration, or drop --ensemble",
         ));
     }
+    let html = flags.report_html.as_deref().map(crate::output::ReportFile::create).transpose()?;
     let staged = Staged::new(&f.output_dir, f.overwrite)?;
     let reports = servesim_replay::ensemble::run(
         &prepared.workload,
@@ -328,12 +329,31 @@ fn predict_ensemble(
     let summary = servesim_deploy::sorted(&serde_json::Value::Object(servesim_replay::ensemble::summarize(&summaries)));
     let compact = serde_json::to_string(&summary).expect("summary serialises");
     write_file(&staged.path("prediction.json"), compact.as_bytes())?;
+    let page = match html {
+        Some(file) => {
+            // The page shows the configuration file as read (with --set applied).
+            let path = f.config.as_deref().expect("called with -c");
+            let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
+            Some(crate::reports::write_ensemble_page(
+                file,
+                "servesim predict -c --ensemble",
+                summary.as_object().expect("the summary is an object"),
+                &summaries,
+                &crate::reports::ensemble_variation(prepared.sim.timing_jitter_cv),
+                &tree,
+            )?)
+        }
+        None => None,
+    };
     staged.commit()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
     } else {
         print!("{}", table::render_ensemble(summary.as_object().expect("the summary is an object"), n));
         println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
+        if let Some(p) = page {
+            println!("Saved report to: {}", p.display());
+        }
     }
     Ok(())
 }

@@ -760,10 +760,10 @@ pub(crate) fn check_ensemble(
     if !(2..=100_000).contains(&n) {
         return Err(Failure::input(format!("--ensemble must be between 2 and 100000, got {n}")));
     }
-    if per_request || reports.telemetry.is_some() || reports.report_html.is_some() {
+    if per_request || reports.telemetry.is_some() {
         return Err(Failure::input(
             "--ensemble reports intervals of summary values; per-request records (--report-jsonl, \
-             --capture-per-request), --telemetry and --report-html describe one run (drop --ensemble for them)",
+             --capture-per-request) and --telemetry describe one run (drop --ensemble for them)",
         ));
     }
     Ok(())
@@ -779,6 +779,7 @@ fn run_ensemble(
 ) -> Result<(), Failure> {
     check_ensemble(n, a.report_jsonl.is_some(), &a.reports)?;
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
+    let html = a.reports.report_html.as_deref().map(ReportFile::create).transpose()?;
     let queue = queue_limit(a);
     let reports =
         servesim_replay::ensemble::run(workload, config, config.sla, queue, a.reports.ttft_breakdown, n, a.threads)
@@ -795,6 +796,17 @@ fn run_ensemble(
         })
         .collect();
     let mut summary = servesim_replay::ensemble::summarize(&summaries);
+    let page = match html {
+        Some(file) => Some(crate::reports::write_ensemble_page(
+            file,
+            "servesim predict --ensemble",
+            &summary,
+            &summaries,
+            &crate::reports::ensemble_variation(config.timing_jitter_cv),
+            &crate::reports::flag_config(&config.topology),
+        )?),
+        None => None,
+    };
     if !a.no_wall_clock {
         summary.insert("wall_time_ms".into(), serde_json::json!(started.elapsed().as_secs_f64() * 1000.0));
     }
@@ -802,6 +814,9 @@ fn run_ensemble(
     match a.format {
         Format::Json => print_out(&format!("{pretty}\n"))?,
         Format::Table => print_out(&table::render_ensemble(&summary, n))?,
+    }
+    if let (Some(p), Format::Table) = (&page, a.format) {
+        print_out(&format!("Saved report to: {}\n", p.display()))?;
     }
     if let Some(mut w) = summary_file.take() {
         w.writer()
