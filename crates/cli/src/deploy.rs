@@ -74,6 +74,9 @@ const CONFIG_MODE_FLAGS: &[&str] = &[
     "--telemetry",
     "--telemetry-interval-ms",
     "--report-html",
+    "--ensemble",
+    "--timing-jitter-cv",
+    "--threads",
 ];
 
 fn check_no_other_flags() -> Result<(), Failure> {
@@ -92,8 +95,8 @@ fn check_no_other_flags() -> Result<(), Failure> {
         }
         return Err(Failure::input(format!(
             "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
-             --overwrite, --format, --capture-per-request, --stack and the report flags (--report-html, \
-             --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
+             --overwrite, --format, --capture-per-request, --stack, --ensemble, --timing-jitter-cv, --threads \
+             and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
         )));
     }
     Ok(())
@@ -163,12 +166,31 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     fs::write(path, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", path.display())))
 }
 
-pub fn predict(f: &ConfigFlags, flags: &crate::reports::ReportFlags, json: bool) -> Result<(), Failure> {
+/// What varies a `predict -c` run beyond the configuration file: `--ensemble`,
+/// `--timing-jitter-cv` and `--threads`.
+pub struct Variation {
+    pub ensemble: Option<usize>,
+    pub timing_jitter_cv: Option<f64>,
+    pub threads: usize,
+}
+
+pub fn predict(
+    f: &ConfigFlags,
+    flags: &crate::reports::ReportFlags,
+    json: bool,
+    variation: &Variation,
+) -> Result<(), Failure> {
     let started = Instant::now();
     check_no_other_flags()?;
     let path = f.config.as_deref().expect("called with -c");
-    let prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
+    let cv = crate::predict::timing_jitter_cv(variation.timing_jitter_cv)?;
+    let mut prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
+    prepared.sim.timing_jitter_cv = cv;
+    prepared.sim.threads = variation.threads;
     crate::output::check_report_paths(&flags.paths(), &[path])?;
+    if let Some(n) = variation.ensemble {
+        return predict_ensemble(f, flags, json, &prepared, n);
+    }
     let mut outputs = crate::reports::Outputs::open(flags)?;
     let staged = Staged::new(&f.output_dir, f.overwrite)?;
     let mut records = if f.capture_per_request {
@@ -258,6 +280,78 @@ pub fn predict(f: &ConfigFlags, flags: &crate::reports::ReportFlags, json: bool)
         }
         println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
         for p in written {
+            println!("Saved report to: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+/// `predict -c ... --ensemble N`: prediction.json holds the members' medians with `<key>_p05`
+/// and `<key>_p95` beside each numeric key, as the flag form's ensemble summary does.
+fn predict_ensemble(
+    f: &ConfigFlags,
+    flags: &crate::reports::ReportFlags,
+    json: bool,
+    prepared: &servesim_deploy::Prepared,
+    n: usize,
+) -> Result<(), Failure> {
+    crate::predict::check_ensemble(n, f.capture_per_request, flags)?;
+    if prepared.config.planner.is_some() {
+        return Err(Failure::input(
+            "--ensemble does not run a planner yet: remove `planner:` from the configuration, or drop --ensemble",
+        ));
+    }
+    let html = flags.report_html.as_deref().map(crate::output::ReportFile::create).transpose()?;
+    let staged = Staged::new(&f.output_dir, f.overwrite)?;
+    let reports = servesim_replay::ensemble::run(
+        &prepared.workload,
+        &prepared.sim,
+        prepared.sim.sla,
+        servesim_replay::QueueLimit::default(),
+        flags.ttft_breakdown,
+        n,
+        prepared.sim.threads,
+    )
+    .map_err(Failure::run)?;
+    if let Some(e) = prepared.workload.take_error() {
+        return Err(Failure::run(format!("{e} (the trace changed during the replay)")));
+    }
+    let summaries: Vec<_> = reports
+        .iter()
+        .map(|r| {
+            let mut s = servesim_deploy::prediction_summary(prepared, r);
+            for key in servesim_replay::WALL_CLOCK_KEYS {
+                s.remove(key);
+            }
+            s
+        })
+        .collect();
+    let summary = servesim_deploy::sorted(&serde_json::Value::Object(servesim_replay::ensemble::summarize(&summaries)));
+    let compact = serde_json::to_string(&summary).expect("summary serialises");
+    write_file(&staged.path("prediction.json"), compact.as_bytes())?;
+    let page = match html {
+        Some(file) => {
+            // The page shows the configuration file as read (with --set applied).
+            let path = f.config.as_deref().expect("called with -c");
+            let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
+            Some(crate::reports::write_ensemble_page(
+                file,
+                "servesim predict -c --ensemble",
+                summary.as_object().expect("the summary is an object"),
+                &summaries,
+                &crate::reports::ensemble_variation(prepared.sim.timing_jitter_cv),
+                &tree,
+            )?)
+        }
+        None => None,
+    };
+    staged.commit()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
+    } else {
+        print!("{}", table::render_ensemble(summary.as_object().expect("the summary is an object"), n));
+        println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
+        if let Some(p) = page {
             println!("Saved report to: {}", p.display());
         }
     }

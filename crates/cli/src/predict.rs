@@ -222,6 +222,11 @@ pub struct PredictArgs {
     /// `<key>_p95` in JSON). Trace timestamps are replayed as they are.
     #[arg(long, value_name = "N", help_heading = "Output")]
     ensemble: Option<usize>,
+    /// Multiply every forward pass's modelled duration by a random factor with mean 1 and this
+    /// coefficient of variation (log-normal; e.g. 0.05), drawn from a stream seeded by
+    /// --arrival-seed (and per ensemble member). 0, the default, leaves timing exact.
+    #[arg(long, value_name = "CV", allow_negative_numbers = true, help_heading = "Output")]
+    timing_jitter_cv: Option<f64>,
     /// `table` (default) prints the metrics table; `json` prints only the summary object.
     #[arg(long, value_enum, default_value = "table", help_heading = "Output")]
     format: Format,
@@ -505,7 +510,9 @@ fn print_out(text: &str) -> Result<(), Failure> {
 
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
     if a.deploy.config.is_some() {
-        return crate::deploy::predict(&a.deploy, &a.reports, a.format == Format::Json);
+        let variation =
+            crate::deploy::Variation { ensemble: a.ensemble, timing_jitter_cv: a.timing_jitter_cv, threads: a.threads };
+        return crate::deploy::predict(&a.deploy, &a.reports, a.format == Format::Json, &variation);
     }
     a.deploy.check_flag_form()?;
     let started = Instant::now();
@@ -550,6 +557,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         fast_forward: !a.no_fast_forward,
         split_workers: !a.no_split_workers,
         threads: a.threads,
+        timing_jitter_cv: timing_jitter_cv(a.timing_jitter_cv)?,
     };
 
     if let Some(n) = a.ensemble {
@@ -715,6 +723,13 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     }
 }
 
+/// `--timing-jitter-cv`, checked (0 when absent).
+pub(crate) fn timing_jitter_cv(cv: Option<f64>) -> Result<f64, Failure> {
+    let Some(cv) = cv else { return Ok(0.0) };
+    servesim_engine::TimingJitter::new(cv, 0).map_err(|e| Failure::input(format!("--timing-jitter-cv {e}")))?;
+    Ok(cv)
+}
+
 /// What `--queue-warning`, `--max-queued` and `--max-queued-policy` ask of the load driver.
 fn queue_limit(a: &PredictArgs) -> QueueLimit {
     let overflow = match a.max_queued_policy {
@@ -735,6 +750,25 @@ fn planner_run(arg: &str, topology: &Topology) -> Result<servesim_replay::planne
         .map_err(|e| Failure::input(format!("--planner-config: {e}")))
 }
 
+/// Refuses an ensemble size out of range, and outputs that describe one run (`per_request`:
+/// --report-jsonl, or -c's --capture-per-request).
+pub(crate) fn check_ensemble(
+    n: usize,
+    per_request: bool,
+    reports: &crate::reports::ReportFlags,
+) -> Result<(), Failure> {
+    if !(2..=100_000).contains(&n) {
+        return Err(Failure::input(format!("--ensemble must be between 2 and 100000, got {n}")));
+    }
+    if per_request || reports.telemetry.is_some() {
+        return Err(Failure::input(
+            "--ensemble reports intervals of summary values; per-request records (--report-jsonl, \
+             --capture-per-request) and --telemetry describe one run (drop --ensemble for them)",
+        ));
+    }
+    Ok(())
+}
+
 /// `--ensemble N`: the members' summaries folded into medians and intervals.
 fn run_ensemble(
     a: &PredictArgs,
@@ -743,16 +777,9 @@ fn run_ensemble(
     n: usize,
     started: Instant,
 ) -> Result<(), Failure> {
-    if !(2..=100_000).contains(&n) {
-        return Err(Failure::input(format!("--ensemble must be between 2 and 100000, got {n}")));
-    }
-    if a.report_jsonl.is_some() || a.reports.telemetry.is_some() || a.reports.report_html.is_some() {
-        return Err(Failure::input(
-            "--ensemble reports intervals of summary values; --report-jsonl, --telemetry and --report-html \
-             describe one run (drop --ensemble for them)",
-        ));
-    }
+    check_ensemble(n, a.report_jsonl.is_some(), &a.reports)?;
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
+    let html = a.reports.report_html.as_deref().map(ReportFile::create).transpose()?;
     let queue = queue_limit(a);
     let reports =
         servesim_replay::ensemble::run(workload, config, config.sla, queue, a.reports.ttft_breakdown, n, a.threads)
@@ -769,6 +796,17 @@ fn run_ensemble(
         })
         .collect();
     let mut summary = servesim_replay::ensemble::summarize(&summaries);
+    let page = match html {
+        Some(file) => Some(crate::reports::write_ensemble_page(
+            file,
+            "servesim predict --ensemble",
+            &summary,
+            &summaries,
+            &crate::reports::ensemble_variation(config.timing_jitter_cv),
+            &crate::reports::flag_config(&config.topology),
+        )?),
+        None => None,
+    };
     if !a.no_wall_clock {
         summary.insert("wall_time_ms".into(), serde_json::json!(started.elapsed().as_secs_f64() * 1000.0));
     }
@@ -776,6 +814,9 @@ fn run_ensemble(
     match a.format {
         Format::Json => print_out(&format!("{pretty}\n"))?,
         Format::Table => print_out(&table::render_ensemble(&summary, n))?,
+    }
+    if let (Some(p), Format::Table) = (&page, a.format) {
+        print_out(&format!("Saved report to: {}\n", p.display()))?;
     }
     if let Some(mut w) = summary_file.take() {
         w.writer()

@@ -182,3 +182,33 @@ pub fn flag_config(topology: &Topology) -> serde_json::Value {
         .collect();
     serde_json::json!({"command": args, "pools": pools})
 }
+
+/// Writes an ensemble's page (`--report-html` with `--ensemble`) into `file`, opened before
+/// the run, and moves it into place. `summary` and `members` hold no wall-clock values, so the
+/// page is the same for the same inputs.
+pub fn write_ensemble_page(
+    mut file: crate::output::ReportFile,
+    title: &str,
+    summary: &serde_json::Map<String, serde_json::Value>,
+    members: &[serde_json::Map<String, serde_json::Value>],
+    variation: &str,
+    config: &serde_json::Value,
+) -> Result<PathBuf, Failure> {
+    let page = servesim_report::EnsemblePage { title, summary, members, variation, config };
+    let html = servesim_report::render_ensemble(&page);
+    std::io::Write::write_all(file.writer(), html.as_bytes())
+        .map_err(|e| Failure::run(format!("{}: write failed: {e}", file.path().display())))?;
+    let path = file.path().to_path_buf();
+    file.commit().map_err(Failure::run)?;
+    Ok(path)
+}
+
+/// What varies between the members of an ensemble, for its page.
+pub fn ensemble_variation(timing_jitter_cv: f64) -> String {
+    let seeds = "member i adds i to the arrival, router and token seeds";
+    if timing_jitter_cv > 0.0 {
+        format!("{seeds}; each pass's duration jittered with CV {timing_jitter_cv}")
+    } else {
+        seeds.to_string()
+    }
+}

@@ -337,3 +337,96 @@ fn contradictory_flags_are_rejected() {
     );
     rejects(&["predict", ex, "--extra-engine-args", r#"{"worker_type": "decode"}"#], &["disaggregated"]);
 }
+
+#[test]
+fn timing_jitter_is_seeded_checked_and_off_by_default() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            "--input-tokens",
+            "256",
+            "--output-tokens",
+            "32",
+            "--request-count",
+            "40",
+            "--request-rate",
+            "20",
+            "--format",
+            "json",
+            "--no-wall-clock",
+        ];
+        args.extend_from_slice(extra);
+        let out = servesim(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let exact = run(&[]);
+    assert_eq!(exact, run(&["--timing-jitter-cv", "0"]), "cv 0 is no jitter, byte for byte");
+    let jittered = run(&["--timing-jitter-cv", "0.1"]);
+    assert_ne!(exact, jittered, "jitter changes the timing");
+    assert_eq!(jittered, run(&["--timing-jitter-cv", "0.1"]), "same seed, same report");
+    assert_ne!(jittered, run(&["--timing-jitter-cv", "0.1", "--arrival-seed", "7"]));
+    for bad in ["-0.1", "1.5", "nan", "inf"] {
+        rejects(
+            &[
+                "predict",
+                "--input-tokens",
+                "8",
+                "--output-tokens",
+                "2",
+                "--request-count",
+                "2",
+                "--request-rate",
+                "1",
+                "--timing-jitter-cv",
+                bad,
+            ],
+            &["--timing-jitter-cv", "between 0 and 1"],
+        );
+    }
+}
+
+#[test]
+fn deployment_config_runs_an_ensemble() {
+    let config = tmp("ensemble.yaml");
+    std::fs::write(
+        &config,
+        "traffic:\n  source: {type: synthetic, input_tokens: 128, output_tokens: 16}\n  load: {type: concurrency, concurrency: 4}\n  stop: {requests: 20}\nengine:\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n",
+    )
+    .unwrap();
+    let out_dir = tmp("ensemble-out");
+    let args = [
+        "predict",
+        "-c",
+        config.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--overwrite",
+        "--ensemble",
+        "9",
+        "--timing-jitter-cv",
+        "0.1",
+    ];
+    let out = servesim(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("ensemble of 9 runs: median and 90 % interval"), "{text}");
+    let first = std::fs::read(out_dir.join("prediction.json")).unwrap();
+    let summary: Value = serde_json::from_slice(&first).unwrap();
+    assert_eq!(summary["ensemble_members"], 9);
+    let (lo, mid, hi) = (
+        summary["mean_e2e_latency_ms_p05"].as_f64().unwrap(),
+        summary["mean_e2e_latency_ms"].as_f64().unwrap(),
+        summary["mean_e2e_latency_ms_p95"].as_f64().unwrap(),
+    );
+    assert!(lo < mid && mid < hi, "jitter spreads the members: {lo} {mid} {hi}");
+    assert_eq!(summary["completed_requests"], 20);
+    assert!(summary.get("prediction_provenance").is_some(), "the -c summary keeps its keys");
+    // Deterministic: the same file again.
+    assert!(servesim(&args).status.success());
+    assert_eq!(first, std::fs::read(out_dir.join("prediction.json")).unwrap());
+    rejects(
+        &["predict", "-c", config.to_str().unwrap(), "--ensemble", "4", "--capture-per-request"],
+        &["--ensemble", "--capture-per-request"],
+    );
+}

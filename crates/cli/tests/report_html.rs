@@ -220,3 +220,52 @@ fn planner_page_shows_the_worker_count_and_every_scaling_decision() {
     let table = &table[..table.find("</table>").unwrap()];
     assert_eq!(table.matches("<tr>").count(), events + 1);
 }
+
+/// An ensemble of 20 jittered runs, its page at `page`.
+fn ensemble_page(page: &str) {
+    servesim(&[
+        "predict",
+        "--input-tokens",
+        "512",
+        "--output-tokens",
+        "40",
+        "--request-count",
+        "60",
+        "--request-rate",
+        "10",
+        "--num-workers",
+        "2",
+        "--ensemble",
+        "20",
+        "--timing-jitter-cv",
+        "0.1",
+        "--report-html",
+        page,
+        "--format",
+        "json",
+    ]);
+}
+
+#[test]
+fn ensemble_page_shows_every_interval() {
+    let d = dir();
+    let page = d.join("ensemble.html");
+    let p = page.to_str().unwrap();
+    ensemble_page(p);
+    let (dom, console) = browse(&page);
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert_eq!(dom.matches("data-chart=").count(), 4);
+    for (chart, series) in
+        [("ensemble-latency", 8), ("ensemble-throughput", 2), ("members-ttft", 2), ("members-e2e", 2)]
+    {
+        assert_eq!(count_in_chart(&dom, chart, "data-series="), series, "{chart}");
+    }
+    assert!(dom.contains("20 runs of the same configuration"), "the page names the members");
+    assert!(dom.contains("mean_ttft_ms"), "the table lists every metric");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let again = d.join("ensemble-again.html");
+    ensemble_page(again.to_str().unwrap());
+    let second = std::fs::read_to_string(&again).unwrap().replace(again.to_str().unwrap(), p);
+    assert!(second == html, "two runs of the same inputs wrote different pages");
+    assert!(!html.contains("http") && !html.contains(" src=") && !html.contains("<link"));
+}

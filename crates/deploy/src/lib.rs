@@ -113,6 +113,7 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         fast_forward: true,
         split_workers: true,
         threads: 0,
+        timing_jitter_cv: 0.0,
     };
     Ok(Prepared { config, engine, sim, workload })
 }

@@ -17,6 +17,8 @@ pub struct EngineOptions {
     /// Position of this engine in its pool (worker × dp_size + rank): offsets its random seeds
     /// so workers draw different streams.
     pub engine_index: u32,
+    /// Per-pass timing noise (off: durations are the timing model's).
+    pub timing_jitter: Option<crate::timing::TimingJitter>,
 }
 
 /// Aggregate counters since the engine was created.

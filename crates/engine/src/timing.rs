@@ -237,6 +237,86 @@ impl TimingModel {
     }
 }
 
+/// The largest `--timing-jitter-cv`: beyond it a log-normal factor is mostly tiny passes and a
+/// rare huge one, which no longer describes run-to-run variation of a forward pass.
+pub const MAX_TIMING_JITTER_CV: f64 = 1.0;
+
+/// Per-pass timing noise: every forward pass's modelled duration is multiplied by a random
+/// factor with mean 1 and coefficient of variation `cv`, drawn from a stream seeded by `seed`
+/// (offset by the engine's index in its pool). Off unless the driver asks for it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TimingJitter {
+    pub cv: f64,
+    pub seed: u64,
+}
+
+impl TimingJitter {
+    /// Jitter of `cv` (finite, 0 ≤ cv ≤ [`MAX_TIMING_JITTER_CV`]); None for 0, which leaves
+    /// every duration as the model gives it.
+    pub fn new(cv: f64, seed: u64) -> std::result::Result<Option<TimingJitter>, String> {
+        if !(cv.is_finite() && (0.0..=MAX_TIMING_JITTER_CV).contains(&cv)) {
+            return Err(format!("must be a finite number between 0 and {MAX_TIMING_JITTER_CV}, got {cv}"));
+        }
+        Ok((cv > 0.0).then_some(TimingJitter { cv, seed }))
+    }
+}
+
+/// One engine's jitter stream: one factor per pass, applied to the pass's prefill and decode
+/// parts alike (a slow pass is slow as a whole).
+///
+/// The factor is log-normal, exp(N(μ, σ²)) with σ² = ln(1 + cv²) and μ = −σ²/2, so its mean is
+/// exactly 1 (the timing model stays unbiased on average) and its CV exactly `cv`. Log-normal
+/// rather than normal because a duration must stay positive at any CV, and rather than gamma
+/// because it needs only one normal draw per pass and its right skew (rare slow passes, no
+/// pass much faster than the model) is the shape measured GPU step times have.
+#[derive(Debug)]
+pub(crate) struct PassJitter {
+    rng: rand_chacha::ChaCha12Rng,
+    mu: f64,
+    sigma: f64,
+    factor: f64,
+}
+
+impl PassJitter {
+    pub fn new(jitter: Option<TimingJitter>, engine_index: u32) -> Option<PassJitter> {
+        use rand::SeedableRng;
+        let j = jitter?;
+        let sigma2 = (1.0 + j.cv * j.cv).ln();
+        // Engines of a pool draw different streams; the constant keeps the stream apart from
+        // the token and speculative streams that share the run's seed.
+        let seed = j.seed ^ 0x6A09_E667_F3BC_C908 ^ (engine_index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Some(PassJitter {
+            rng: rand_chacha::ChaCha12Rng::seed_from_u64(seed),
+            mu: -sigma2 / 2.0,
+            sigma: sigma2.sqrt(),
+            factor: 1.0,
+        })
+    }
+
+    /// Draws the factor of the next pass.
+    pub fn next_pass(&mut self) {
+        use rand::Rng;
+        // Box–Muller: u1 in (0, 1] keeps the logarithm finite.
+        let u1: f64 = 1.0 - self.rng.random::<f64>();
+        let u2: f64 = self.rng.random::<f64>();
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        self.factor = (self.mu + self.sigma * z).exp();
+    }
+
+    /// `ms` of the current pass, jittered.
+    pub fn apply(&self, ms: f64) -> f64 {
+        ms * self.factor
+    }
+}
+
+/// `ms` under an engine's jitter, if it has one (the model's value exactly otherwise).
+pub(crate) fn jittered(jitter: &Option<PassJitter>, ms: f64) -> f64 {
+    match jitter {
+        Some(j) => j.apply(ms),
+        None => ms,
+    }
+}
+
 /// A `timing_model` as read, before referenced files and external models are resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Unresolved {
@@ -296,6 +376,27 @@ fn ns_to_secs(ns: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_factors_have_mean_one_and_the_requested_cv() {
+        assert_eq!(TimingJitter::new(0.0, 1), Ok(None));
+        for bad in [-0.01, 1.01, f64::NAN, f64::INFINITY] {
+            assert!(TimingJitter::new(bad, 1).is_err(), "{bad}");
+        }
+        let n = 200_000;
+        let mut j = PassJitter::new(TimingJitter::new(0.3, 9).unwrap(), 2).unwrap();
+        let f: Vec<f64> = (0..n)
+            .map(|_| {
+                j.next_pass();
+                j.apply(1.0)
+            })
+            .collect();
+        assert!(f.iter().all(|&x| x > 0.0));
+        let mean = f.iter().sum::<f64>() / n as f64;
+        let sd = (f.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
+        assert!((mean - 1.0).abs() < 0.003, "mean {mean}");
+        assert!((sd / mean - 0.3).abs() < 0.004, "cv {}", sd / mean);
+    }
 
     fn prefill(t: u64) -> f64 {
         TimingModel::Polynomial.prefill_ms(&PrefillShape { batch: 1, total_isl: t, total_prefix: 0 })

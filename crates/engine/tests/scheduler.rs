@@ -6,7 +6,10 @@ use servesim_engine::{
 };
 
 fn engine(json: &str) -> Engine {
-    Engine::new(EngineConfig::parse_json(json).unwrap(), EngineOptions { record_kv_events: true, engine_index: 0 })
+    Engine::new(
+        EngineConfig::parse_json(json).unwrap(),
+        EngineOptions { record_kv_events: true, engine_index: 0, timing_jitter: None },
+    )
 }
 
 fn tokens(n: u32, salt: u32) -> Vec<u32> {

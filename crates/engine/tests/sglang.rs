@@ -9,7 +9,10 @@ const FIXED: &str = r#""timing_model": {"type": "fixed", "prefill_ms": 40.0, "de
 
 fn engine(extra: &str) -> Engine {
     let json = format!(r#"{{"engine_type": "sglang", {FIXED}, {extra}}}"#);
-    Engine::new(EngineConfig::parse_json(&json).unwrap(), EngineOptions { record_kv_events: true, engine_index: 0 })
+    Engine::new(
+        EngineConfig::parse_json(&json).unwrap(),
+        EngineOptions { record_kv_events: true, engine_index: 0, timing_jitter: None },
+    )
 }
 
 fn tokens(n: u32, salt: u32) -> Vec<u32> {

@@ -86,8 +86,10 @@ struct Actor {
 
 pub fn run(cluster: Arc<Cluster>, me: usize, s: ActorSetup) {
     let record = s.routed || s.publisher.is_some();
-    let mut engine =
-        Engine::new(s.engine.clone(), EngineOptions { record_kv_events: record, engine_index: s.engine_index });
+    let mut engine = Engine::new(
+        s.engine.clone(),
+        EngineOptions { record_kv_events: record, engine_index: s.engine_index, timing_jitter: None },
+    );
     engine.set_output_vocabulary(Some(s.vocabulary.clone()));
     engine.set_record_block_tokens(s.publisher.is_some());
     let pool = cluster.ranks[me].pool;

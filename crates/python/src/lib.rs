@@ -288,6 +288,7 @@ impl Job {
             fast_forward: true,
             split_workers: true,
             threads: 0,
+            timing_jitter_cv: 0.0,
         };
         let mut jsonl = match &self.report_jsonl_path {
             Some(path) => Some(std::io::BufWriter::new(

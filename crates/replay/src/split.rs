@@ -199,6 +199,7 @@ mod tests {
             fast_forward: true,
             split_workers: true,
             threads: 2,
+            timing_jitter_cv: 0.0,
         }
     }
 

@@ -120,6 +120,7 @@ fn fast_forward_gives_identical_records() {
             fast_forward: false,
             split_workers: true,
             threads: 1,
+            timing_jitter_cv: 0.0,
         };
         if std::env::var("FFDEBUG").is_ok() {
             eprintln!("{config:?}");

@@ -41,6 +41,7 @@ fn config(topology: Topology, router: RouterMode) -> SimConfig {
         fast_forward: true,
         split_workers: true,
         threads: 0,
+        timing_jitter_cv: 0.0,
     }
 }
 

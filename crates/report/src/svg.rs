@@ -438,6 +438,58 @@ pub fn scatter(id: &str, title: &str, xlabel: &str, ylabel: &str, series: &[(Ser
     out
 }
 
+/// One row per metric: a bar from its low to its high value with a tick at the middle one
+/// (an ensemble's p05, median and p95), on a shared axis from zero.
+pub fn interval_bars(id: &str, title: &str, unit: &str, rows: &[(&str, f64, f64, f64)]) -> String {
+    let left = 190.0;
+    let row_h = 26.0;
+    let h = TOP + BOTTOM + row_h * rows.len().max(1) as f64;
+    let mut out = String::new();
+    open(&mut out, id, title, h);
+    let hi = rows.iter().map(|r| r.3).filter(|v| v.is_finite()).fold(0.0, f64::max);
+    let hi = if hi > 0.0 { hi * 1.05 } else { 1.0 };
+    let w = WIDTH - left - RIGHT;
+    let px = |v: f64| left + v.clamp(0.0, hi) / hi * w;
+    let bottom = TOP + row_h * rows.len().max(1) as f64;
+    let (xt, xs) = ticks(0.0, hi, 6);
+    for &x in &xt {
+        let _ = write!(
+            out,
+            r#"<line class="grid" x1="{p:.1}" x2="{p:.1}" y1="{TOP}" y2="{bottom:.1}"/><text class="tick" x="{p:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            bottom + 17.0,
+            label(x, xs),
+            p = px(x)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text class="label" x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        left + w / 2.0,
+        h - 8.0,
+        escape(unit)
+    );
+    for (i, &(name, lo, mid, high)) in rows.iter().enumerate() {
+        let y = TOP + row_h * (i as f64 + 0.5);
+        let c = PALETTE[i % PALETTE.len()];
+        let _ = write!(
+            out,
+            r#"<text class="tick" x="{:.1}" y="{:.1}" text-anchor="end">{n}</text><g data-series="{n}"><title>{n}: median {mid:.3}, 90 % interval {lo:.3} – {high:.3} {u}</title><rect x="{:.1}" y="{:.1}" width="{:.1}" height="10" fill="{c}" fill-opacity="0.35" stroke="{c}"/><line x1="{m:.1}" x2="{m:.1}" y1="{:.1}" y2="{:.1}" stroke="{c}" stroke-width="2.5"/></g>"#,
+            left - 8.0,
+            y + 4.0,
+            px(lo),
+            y - 5.0,
+            (px(high) - px(lo)).max(1.0),
+            y - 9.0,
+            y + 9.0,
+            n = escape(name),
+            u = escape(unit),
+            m = px(mid),
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

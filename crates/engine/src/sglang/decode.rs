@@ -4,7 +4,7 @@
 use super::SglangEngine;
 use crate::config::Role;
 use crate::output::{PassOutput, RejectReason};
-use crate::timing::{pass_duration_ms, DecodeShape};
+use crate::timing::{jittered, pass_duration_ms, DecodeShape};
 
 /// SGLang's `SGLANG_RETRACT_DECODE_STEPS`: decode steps of headroom per surviving request when
 /// a retraction re-estimates `new_token_ratio`.
@@ -110,7 +110,7 @@ impl SglangEngine {
         };
         out.decode = shape;
         let prefill_worker = self.cfg.role == Role::Prefill;
-        let decode_ms = if prefill_worker { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
+        let decode_ms = if prefill_worker { 0.0 } else { jittered(&self.jitter, self.cfg.timing.decode_ms(&shape)) };
         let ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
         let end = decode_start + pass_duration_ms(decode_ms, ratio);
         let mut completed = Vec::new();

@@ -39,7 +39,7 @@ use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReas
 use crate::request::EngineRequest;
 use crate::sequence::{Sequence, SequenceTable};
 use crate::speculative::BurstSampler;
-use crate::timing::pass_duration_ms;
+use crate::timing::{jittered, pass_duration_ms, PassJitter};
 use radix::{NodeId, PagePool, RadixCache, ROOT};
 
 /// What the SGLang core tracks of a request besides its [`Sequence`] (whose `blocks` are its
@@ -80,6 +80,8 @@ pub struct SglangEngine {
     /// Speculative decoding's burst sampler, and the largest burst.
     sampler: Option<BurstSampler>,
     max_burst: u32,
+    /// Per-pass timing noise.
+    jitter: Option<PassJitter>,
     record_events: bool,
     events: Vec<KvEvent>,
     scratch_tokens: Vec<u32>,
@@ -121,6 +123,7 @@ impl SglangEngine {
             counters: EngineCounters::default(),
             sampler: cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index)),
             max_burst,
+            jitter: PassJitter::new(options.timing_jitter, options.engine_index),
             record_events,
             events: Vec::new(),
             scratch_tokens: vec![0; page as usize],
@@ -285,7 +288,10 @@ impl SglangEngine {
                 self.reject(slot, reason, out);
             }
         }
-        let prefill_ms = self.cfg.timing.prefill_ms(&out.prefill);
+        if let Some(j) = self.jitter.as_mut() {
+            j.next_pass();
+        }
+        let prefill_ms = jittered(&self.jitter, self.cfg.timing.prefill_ms(&out.prefill));
         let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = if admitted.is_empty() {
             self.decode(decode_start, out)

@@ -5,7 +5,7 @@
 use super::{Status, VllmEngine};
 use crate::config::Role;
 use crate::output::{Finish, Finished, PassOutput};
-use crate::timing::{pass_duration_ms, DecodeShape};
+use crate::timing::{jittered, pass_duration_ms, DecodeShape};
 
 impl VllmEngine {
     /// Generates a token for every request whose known tokens are all computed; returns the
@@ -29,7 +29,11 @@ impl VllmEngine {
             }
         }
         // A prefill worker's token comes out of the prefill forward.
-        let decode_ms = if self.cfg.role == Role::Prefill { 0.0 } else { self.cfg.timing.decode_ms(&shape) };
+        let decode_ms = if self.cfg.role == Role::Prefill {
+            0.0
+        } else {
+            jittered(&self.jitter, self.cfg.timing.decode_ms(&shape))
+        };
         out.decode = shape;
         let end = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
 

@@ -40,7 +40,7 @@ use crate::pool::{BlockPool, Residency};
 use crate::request::EngineRequest;
 use crate::sequence::{Sequence, SequenceTable};
 use crate::speculative::BurstSampler;
-use crate::timing::pass_duration_ms;
+use crate::timing::{jittered, pass_duration_ms, PassJitter};
 use policy::Policy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +129,8 @@ pub struct VllmEngine {
     preempted_any: bool,
     /// Speculative decoding's burst sampler.
     sampler: Option<BurstSampler>,
+    /// Per-pass timing noise.
+    jitter: Option<PassJitter>,
     scratch_tokens: Vec<u32>,
     scratch_done: Vec<u32>,
     /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
@@ -161,6 +163,7 @@ impl VllmEngine {
             budget: 0,
             preempted_any: false,
             sampler,
+            jitter: PassJitter::new(options.timing_jitter, options.engine_index),
             scratch_done: Vec::new(),
             vocabulary: None,
             record_tokens: false,
@@ -281,7 +284,10 @@ impl VllmEngine {
         self.schedule_running(out);
         self.admit_waiting(out);
 
-        let prefill_ms = self.cfg.timing.prefill_ms(&out.prefill);
+        if let Some(j) = self.jitter.as_mut() {
+            j.next_pass();
+        }
+        let prefill_ms = jittered(&self.jitter, self.cfg.timing.prefill_ms(&out.prefill));
         let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = self.decode(decode_start, out);
         self.pool.drain_events(&mut out.kv_events);

@@ -24,6 +24,8 @@ impl VllmEngine {
         let k = self.running.len() as u32;
         if k == 0
             || self.sampler.is_some()
+            // Jittered passes are drawn one by one.
+            || self.jitter.is_some()
             || self.cfg.role != Role::Aggregated
             || k > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX)
         {

@@ -28,7 +28,7 @@ use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
     WorkerState, Workers,
 };
-use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch};
+use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch, TimingJitter};
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
 use crate::metrics::{Collector, Overflow, Sla};
@@ -62,6 +62,11 @@ pub struct SimConfig {
     pub split_workers: bool,
     /// Threads for split runs; 0 uses every core.
     pub threads: usize,
+    /// Per-pass timing jitter as a coefficient of variation (0: off, every pass lasts what the
+    /// timing model says). Each engine draws its factors from a stream derived from `seed`, its
+    /// pool and its index. Front ends check the value with
+    /// [`servesim_engine::TimingJitter::new`]; one it refuses counts as 0 here.
+    pub timing_jitter_cv: f64,
 }
 
 impl SimConfig {
@@ -81,6 +86,7 @@ impl SimConfig {
             fast_forward: true,
             split_workers: true,
             threads: 0,
+            timing_jitter_cv: 0.0,
         }
     }
 }
@@ -329,7 +335,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
             .topology
             .pools()
             .iter()
-            .map(|spec| {
+            .enumerate()
+            .map(|(p, spec)| {
                 let placer = Placer::new(spec, &config.router, config.router_seed)
                     .with_prefill_load_estimator(config.prefill_load_estimator.clone());
                 let record_kv_events = placer.is_kv();
@@ -338,8 +345,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // A shard's run builds engines for its own workers only: the others never get
                 // a request.
                 let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
+                let jitter = pool_jitter(config, p);
                 let workers = (0..spec.workers)
-                    .map(|w| new_worker(&rank_engine, w, if served(w) { dp } else { 0 }, record_kv_events))
+                    .map(|w| new_worker(&rank_engine, w, if served(w) { dp } else { 0 }, record_kv_events, jitter))
                     .collect();
                 Pool { spec: spec.clone(), workers, placer, lifecycle: Workers::new(spec.workers as usize) }
             })
@@ -379,7 +387,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let w = pool.placer.add_worker();
         let index = pool.lifecycle.add(self.now);
         debug_assert_eq!((w, index), (pool.workers.len(), pool.workers.len()));
-        let worker = new_worker(&pool.spec.rank_engine(), w as u32, pool.spec.deployment.dp_size, pool.placer.is_kv());
+        let jitter = pool_jitter(self.config, p);
+        let worker =
+            new_worker(&pool.spec.rank_engine(), w as u32, pool.spec.deployment.dp_size, pool.placer.is_kv(), jitter);
         pool.workers.push(worker);
         w
     }
@@ -840,13 +850,26 @@ impl<'a, 'c> Simulation<'a, 'c> {
     }
 }
 
-fn new_worker(rank_engine: &servesim_engine::EngineConfig, w: u32, ranks: u32, record_kv_events: bool) -> Worker {
+/// The timing jitter of pool `p`'s engines: the run's seed, offset per pool so prefill and
+/// decode engines of the same index draw different streams.
+fn pool_jitter(config: &SimConfig, p: usize) -> Option<TimingJitter> {
+    let seed = config.seed.wrapping_add((p as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    TimingJitter::new(config.timing_jitter_cv, seed).unwrap_or(None)
+}
+
+fn new_worker(
+    rank_engine: &servesim_engine::EngineConfig,
+    w: u32,
+    ranks: u32,
+    record_kv_events: bool,
+    timing_jitter: Option<TimingJitter>,
+) -> Worker {
     Worker {
         ranks: (0..ranks)
             .map(|rank| Rank {
                 engine: Engine::new(
                     rank_engine.clone(),
-                    EngineOptions { record_kv_events, engine_index: w * ranks + rank },
+                    EngineOptions { record_kv_events, engine_index: w * ranks + rank, timing_jitter },
                 ),
                 output: PassOutput::default(),
                 ran: false,
