@@ -230,6 +230,44 @@ fn bad_configs_are_refused_with_their_key_path() {
     refused("stop", BASE, &["traffic.stop.sessions=3"], &["traffic.stop"]);
 }
 
+/// The reference writes its defaults into every canonical dump (`prediction_config` in
+/// `recommendation.json`, `recommendations/*.yaml`): nulls, `agentic_warmup: false`, the
+/// estimator controls and the transfer policy. Those replay here; other values are refused.
+#[test]
+fn the_references_canonical_defaults_are_accepted() {
+    let cfg = write("defaults.yaml", BASE);
+    let sets = [
+        "traffic.load={type: concurrency, concurrency: 2, agentic_warmup: false, \
+         agentic_warmup_policy: repeated_prefixes, agentic_lanes: null}",
+        "engine.estimator_config={}",
+        "engine.workers.aggregated.timing.estimator_config={correction: {enabled: true, factor_bounds: \
+         {max: 2.0, min: 0.5}, sampling: {bins_per_axis: [4, 4], max_observations: 64}}, \
+         fpm_regression: {fit: {kind: standardized_nnls, rebuild_interval: null}}, op_level: {}}",
+        "engine.workers.aggregated.timing.transfer_policy=[xshape, xquant, xprofile, xop]",
+    ];
+    let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).chain(["--format", "json"]).collect();
+    let out = predict(&cfg, &tmp("defaults-out"), &extra);
+    assert!(out.status.success(), "{}", stderr(&out));
+    refused(
+        "warmup-on",
+        BASE,
+        &["traffic.load={type: concurrency, concurrency: 2, agentic_warmup: true}"],
+        &["traffic.load", "does not accept", "agentic_warmup"],
+    );
+    refused(
+        "estimator",
+        BASE,
+        &["engine.workers.aggregated.timing.estimator_config={correction: {min_observations: 7}}"],
+        &["engine.workers.aggregated.timing.estimator_config.correction.min_observations", "default (5)"],
+    );
+    refused(
+        "transfer",
+        BASE,
+        &["engine.workers.aggregated.timing.transfer_policy=[xshape]"],
+        &["engine.workers.aggregated.timing.transfer_policy", "only the reference's default"],
+    );
+}
+
 #[test]
 fn an_existing_output_directory_needs_overwrite() {
     let cfg = write("exists.yaml", BASE);

@@ -162,6 +162,56 @@ pub struct Config {
     pub planner: Option<servesim_planner::PlannerConfig>,
 }
 
+/// The reference's estimator controls as its canonical dumps write them: online correction and
+/// FPM-regression settings (which tune the model from observed forward passes), feature weights,
+/// and the FPM-interpolation method.
+fn estimator_defaults() -> Value {
+    let sampling = json!({"bins_per_axis": [4, 4], "max_observations": 64});
+    json!({
+        "correction": {
+            "enabled": true,
+            "factor_bounds": {"max": 2.0, "min": 0.5},
+            "feature_space": "legacy_workload",
+            "max_batch_size": 512,
+            "max_kv_tokens": 2_000_000,
+            "max_num_tokens": 8192,
+            "min_observations": 5,
+            "sampling": sampling,
+        },
+        "features": {"attention_kv_weight": 1.0, "ffn_token_weight": 1.0, "prefill_attention_pair_weight": 1.0},
+        "fpm_interpolation": {"method": "sol"},
+        "fpm_regression": {
+            "fit": {"kind": "standardized_nnls", "rebuild_interval": null, "singular_ridge_scale": 1e-9},
+            "min_observations": 5,
+            "sampling": sampling,
+        },
+        "op_level": {},
+    })
+}
+
+/// Accepts `given` when every value it sets is the reference's default (a mapping may leave
+/// keys out); anything else is a setting servesim does not model.
+fn only_defaults(path: &str, given: &Value, default: &Value) -> Result<(), DeployError> {
+    match (given, default) {
+        (Value::Object(g), Value::Object(d)) => {
+            for (k, v) in g {
+                let at = crate::reader::join(path, k);
+                match d.get(k) {
+                    Some(dv) => only_defaults(&at, v, dv)?,
+                    None => return Err(DeployError::new(at, "unknown key")),
+                }
+            }
+            Ok(())
+        }
+        (Value::Null, _) => Ok(()),
+        (Value::Number(a), Value::Number(b)) if a.as_f64() == b.as_f64() => Ok(()),
+        (g, d) if g == d => Ok(()),
+        (_, d) => {
+            Err(DeployError::new(path, format!("only the reference's default ({d}) is supported by servesim yet")))
+        }
+    }
+}
+
 fn unsupported(o: &mut Obj, key: &'static str, what: &str) -> Result<(), DeployError> {
     if o.raw(key).is_some() {
         return Err(o.err(key, format!("{what} is not supported by servesim yet")));
@@ -514,9 +564,25 @@ fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
         "agentic_profile",
         "fraction",
     ];
-    let extra: Vec<&str> = all.iter().copied().filter(|k| l.has(k) && !allowed.contains(k)).collect();
+    // As the reference counts them: a key is used when it is set (not null), except that
+    // `agentic_warmup: false` and the default warmup policy are no use at all; its own
+    // canonical dumps (`prediction_config`, `recommendations/*.yaml`) write them on every load.
+    let warmup = l.bool("agentic_warmup")?.unwrap_or(false);
+    let policy = l.choice("agentic_warmup_policy", &["repeated_prefixes", "live_trajectory_v1"])?;
+    let used = |k: &str| match k {
+        "agentic_warmup" => warmup,
+        "agentic_warmup_policy" => policy.is_some_and(|p| p != "repeated_prefixes"),
+        _ => l.has(k),
+    };
+    let extra: Vec<&str> = all.iter().copied().filter(|k| used(k) && !allowed.contains(k)).collect();
     if !extra.is_empty() {
         return Err(DeployError::new(l.here(), format!("traffic.load.type='{ty}' does not accept {extra:?}")));
+    }
+    // Null fields of the load model are no use either, whatever the type.
+    for k in all {
+        if !l.has(k) {
+            l.raw(k);
+        }
     }
     let mut lanes = None;
     let load = match ty {
@@ -547,8 +613,12 @@ fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
         "trace_timestamps" => {
             let speedup = l.nonneg("speedup", true)?.unwrap_or(1.0);
             lanes = l.positive("agentic_lanes")?;
-            for k in ["agentic_snapshot", "agentic_warmup", "agentic_warmup_policy", "agentic_profile"] {
+            for k in ["agentic_snapshot", "agentic_profile"] {
                 unsupported(&mut l, k, "agentic snapshots, warmup and profiles")?;
+            }
+            if warmup || policy.is_some_and(|p| p != "repeated_prefixes") {
+                let k = if warmup { "agentic_warmup" } else { "agentic_warmup_policy" };
+                return Err(l.err(k, "agentic snapshots, warmup and profiles is not supported by servesim yet"));
             }
             Load::TraceTimestamps { speedup, agentic_lanes: lanes }
         }
@@ -621,7 +691,6 @@ fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
         "enable_shared_layer",
         "strict_provenance",
         "transfer_policy",
-        "estimator_config",
         "wideep_num_slots",
         "moe_backend",
         "moe_kernel_source",
@@ -637,6 +706,9 @@ fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
                 return Err(e.err(k, "this key is not supported by servesim yet"));
             }
         }
+    }
+    if let Some(v) = e.raw("estimator_config") {
+        only_defaults(&e.path("estimator_config"), v, &estimator_defaults())?;
     }
     let kv_transfer = match e.obj("kv_transfer")? {
         Some(mut t) => {
@@ -847,8 +919,15 @@ fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Result<Worker, 
                     "quantization and attention-backend overrides are not supported by servesim yet",
                 ));
             }
-            for k in ["forward_model", "fpm_parquet_path", "estimator_config", "transfer_policy", "systems_paths"] {
+            for k in ["forward_model", "fpm_parquet_path", "systems_paths"] {
                 unsupported(&mut t, k, k)?;
+            }
+            // The reference writes its defaults for these into every canonical dump.
+            if let Some(v) = t.raw("estimator_config") {
+                only_defaults(&t.path("estimator_config"), v, &estimator_defaults())?;
+            }
+            if let Some(v) = t.raw("transfer_policy") {
+                only_defaults(&t.path("transfer_policy"), v, &json!(["xshape", "xquant", "xprofile", "xop"]))?;
             }
             t.choice("estimation_mode", &["auto", "op_level"])?;
             t.choice("fallback_policy", &["deny", "allow"])?;
