@@ -82,7 +82,12 @@ fn events(v: &Value) -> Vec<(f64, String, u64, u64, String)> {
 /// disaggregated: the same scaling decisions at the same ticks, and the summary within 2 %.
 #[test]
 fn planner_examples_match_the_reference() {
-    for name in ["planner_disagg_sla_mooncake", "planner_agg_load_mooncake", "planner_disagg_throughput_easy"] {
+    for name in [
+        "planner_disagg_sla_mooncake",
+        "planner_agg_load_mooncake",
+        "planner_disagg_throughput_easy",
+        "planner_agg_budget_reconcile",
+    ] {
         let out_dir = tmp(name);
         let out = predict_config(&planner_dir().join(format!("{name}.yaml")), &out_dir);
         if skip(&out) {

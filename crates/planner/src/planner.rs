@@ -265,6 +265,18 @@ impl Planner {
                 }
             }
         }
+        if target_prefill.is_none() && target_decode.is_none() {
+            if let Some((p, d)) = self.budget_reconcile(snap) {
+                target_prefill = Some(p);
+                target_decode = Some(d);
+                if !self.is_agg() && p != self.num_p {
+                    self.target_p = Some(p);
+                }
+                if d != self.num_d {
+                    self.target_d = Some(d);
+                }
+            }
+        }
         self.ticks += 1;
         self.next_at = at + self.cfg.scale_interval_seconds;
         Tick {
@@ -278,6 +290,46 @@ impl Planner {
             next_tick_s: self.next_at,
             diagnostics: std::mem::take(&mut self.diag),
         }
+    }
+
+    /// The final budget boundary of a tick that changes nothing (`engine_adapter.py`,
+    /// `_project_scale_to`): when no scaling is under way, no worker is starting and the ready
+    /// workers' GPUs lie outside the budget band (say a deployment that starts with more
+    /// replicas than `max_num_gpus`), the planner scales them into it: one aggregated pool by
+    /// `proportional_clamp_single`, a disaggregated pair jointly. Returns the (prefill, decode)
+    /// targets (prefill 0 when aggregated).
+    fn budget_reconcile(&self, snap: &Snapshot) -> Option<(i64, i64)> {
+        let (min, max) = (self.cfg.min_gpu_budget, self.cfg.max_gpu_budget);
+        if (min < 0 && max < 0) || self.target_p.is_some() || self.target_d.is_some() {
+            return None;
+        }
+        if !snap.starting_prefill.is_empty() || !snap.starting_decode.is_empty() {
+            return None;
+        }
+        let (pg, dg) = self.gpus();
+        if pg < 0 || dg <= 0 || (!self.is_agg() && pg == 0) {
+            return None;
+        }
+        let (p, d) = (if self.is_agg() { 0 } else { self.num_p }, self.num_d);
+        let tol = if min >= 0 && max >= 0 {
+            if self.is_agg() {
+                dg
+            } else {
+                pg.max(dg)
+            }
+        } else {
+            0
+        };
+        if budget::in_band(p * pg + d * dg, min, max, tol) {
+            return None;
+        }
+        let (pm, dm) = (self.min_ep(true), self.min_ep(false));
+        let (tp, td) = if self.is_agg() {
+            (0, budget::clamp_single(d.max(dm), dg, min, max, dm))
+        } else {
+            budget::clamp_pair(p.max(pm), d.max(dm), pg, dg, min, max, pm, dm)
+        };
+        (tp != p || td != d).then_some((tp, td))
     }
 
     fn scaling_in_progress(&self, prefill: bool) -> bool {

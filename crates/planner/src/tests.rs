@@ -212,3 +212,43 @@ fn arima_is_refused_only_when_throughput_scaling_predicts() {
     let easy = PlannerConfig::from_json(&json!({"mode": "agg", "optimization_target": "latency"})).unwrap();
     assert!(Planner::new(easy, None, role(1000, 1, None)).is_ok());
 }
+
+#[test]
+fn ready_workers_outside_the_budget_are_scaled_into_it_at_the_next_tick() {
+    // Throughput scaling every 600 s (not due for the first ticks), load scaling off: only the
+    // budget boundary acts. 22 one-GPU replicas against max_gpu_budget 8.
+    struct Flat;
+    impl PassModel for Flat {
+        fn forward_pass_ms(&self, _: &[Scheduled]) -> Result<f64, String> {
+            Ok(10.0)
+        }
+    }
+    let cfg = PlannerConfig::from_json(&json!({
+        "mode": "agg", "optimization_target": "sla", "enable_load_scaling": false,
+        "throughput_adjustment_interval_seconds": 600, "load_adjustment_interval_seconds": 5,
+        "load_predictor": "constant", "max_gpu_budget": 8
+    }))
+    .unwrap();
+    let mut p = Planner::new(cfg, None, role(100_000, 1, Some(Arc::new(Flat)))).unwrap();
+    let t = p.on_tick(&agg_snapshot(22, 0));
+    assert_eq!((t.at_s, t.run_throughput_scaling), (5.0, false));
+    assert_eq!((t.target_prefill, t.target_decode), (Some(0), Some(8)));
+    // Until the pool reaches 8 the target is pending: no second decision.
+    assert_eq!(p.on_tick(&agg_snapshot(22, 0)).target_decode, None);
+    assert_eq!(p.on_tick(&agg_snapshot(8, 0)).target_decode, None);
+    assert_eq!(p.on_tick(&agg_snapshot(8, 0)).target_decode, None);
+
+    // Workers still starting defer it; a pool inside the band is left alone.
+    let cfg = PlannerConfig::from_json(&json!({
+        "mode": "agg", "optimization_target": "sla", "enable_load_scaling": false,
+        "throughput_adjustment_interval_seconds": 600, "load_adjustment_interval_seconds": 5,
+        "load_predictor": "constant", "max_gpu_budget": 8
+    }))
+    .unwrap();
+    let mut p = Planner::new(cfg, None, role(100_000, 2, Some(Arc::new(Flat)))).unwrap();
+    let starting = Snapshot { starting_decode: vec![5], ..agg_snapshot(5, 0) };
+    assert_eq!(p.on_tick(&starting).target_decode, None);
+    assert_eq!(p.on_tick(&agg_snapshot(4, 0)).target_decode, None, "4 × 2 GPUs fit");
+    // 5 TP2 replicas are 10 GPUs: down to ⌊8 / 2⌋ = 4.
+    assert_eq!(p.on_tick(&agg_snapshot(5, 0)).target_decode, Some(4));
+}
