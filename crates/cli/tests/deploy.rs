@@ -92,6 +92,57 @@ fn examples_match_the_reference_within_two_percent() {
     eprintln!("worst deviation {:.4} %", worst * 100.0);
 }
 
+/// Every candidate the reference reported in its random-search and planner recommend examples,
+/// replayed here from the `prediction_config` it wrote: the same completions, every compared
+/// metric within 2 % (tests/deploy/recommend_candidates.golden.json says where they come from).
+/// The router example is left out: its kv_router candidates sample workers at temperature 1.
+#[test]
+fn the_references_recommended_candidates_replay_within_two_percent() {
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_candidates.golden.json")).unwrap()).unwrap();
+    let mut worst = (0.0f64, String::new());
+    for (example, candidates) in golden["examples"].as_object().unwrap() {
+        for c in candidates.as_array().unwrap() {
+            let id = c["candidate_id"].as_str().unwrap();
+            let mut config = c["prediction_config"].clone();
+            let source = config.pointer_mut("/traffic/source").unwrap();
+            if let Some(paths) = source.get_mut("paths").and_then(Value::as_array_mut) {
+                for p in paths {
+                    let trace = deploy_dir().join(p.as_str().unwrap());
+                    if !trace.exists() {
+                        eprintln!("NOTICE: {} is missing; skipping {example}", trace.display());
+                        return;
+                    }
+                    *p = Value::from(trace.to_str().unwrap());
+                }
+            }
+            let cfg = write(&format!("{example}-{id}.yaml"), &config.to_string());
+            let out_dir = tmp(&format!("{example}-{id}-out"));
+            let out = predict(&cfg, &out_dir, &["--format", "json"]);
+            if data_missing(&out) {
+                eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+                return;
+            }
+            assert!(out.status.success(), "{example} {id}: {}", stderr(&out));
+            let doc: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+            let ours = if doc.get("summary").is_some() { &doc["summary"] } else { &doc };
+            for (key, want) in c["metrics"].as_object().unwrap() {
+                let (x, y) = (ours[key].as_f64().unwrap(), want.as_f64().unwrap());
+                if key == "completed_requests" {
+                    assert_eq!(x, y, "{example} {id}: {key}");
+                    continue;
+                }
+                let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+                assert!(dev <= 0.02, "{example} {id}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
+                if dev > worst.0 {
+                    worst = (dev, format!("{example} {id} {key}"));
+                }
+            }
+        }
+    }
+    eprintln!("worst deviation {:.4} % ({})", worst.0 * 100.0, worst.1);
+}
+
 #[test]
 fn set_overrides_and_per_request_records() {
     let out_dir = tmp("set");
