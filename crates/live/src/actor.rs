@@ -365,7 +365,11 @@ impl Actor {
                         self.metrics.itl.observe_n(0.0, n - 1);
                     }
                     l.first_token = Some(now);
-                    if self.routed {
+                    // As in Dynamo (and the replay): a request whose first token is also its last
+                    // gets no prefill edge; its completion frees it below.
+                    let terminal = self.role == Role::Aggregated
+                        && out.finished.iter().any(|f| f.request == id && matches!(f.finish, Finish::Completed));
+                    if self.routed && !terminal {
                         self.cluster.router_prefill_done(self.pool, id);
                     }
                 }
