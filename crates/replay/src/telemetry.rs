@@ -168,8 +168,15 @@ impl<'s> Telemetry<'s> {
     pub(crate) fn stretch(&mut self, pool: usize, target: usize, start_ms: f64, ends: &[f64], requests: usize) {
         let mut previous = start_ms;
         let mut run: Option<(u64, Counters)> = None;
+        // Passes ending below `inside` (a relative hair under the end of the run's bucket, so
+        // that a division rounding up at the boundary is still settled by `bucket`) share the
+        // run's bucket without a division each.
+        let mut inside = f64::NEG_INFINITY;
         for &end in ends {
-            let k = self.bucket(end).max(self.index);
+            let k = match &run {
+                Some((bucket, _)) if end < inside => *bucket,
+                _ => self.bucket(end).max(self.index),
+            };
             match &mut run {
                 Some((bucket, c)) if *bucket == k => {
                     c.passes += 1;
@@ -187,6 +194,7 @@ impl<'s> Telemetry<'s> {
                         busy_ms: end - previous,
                     };
                     run = Some((k, c));
+                    inside = k as f64 * self.interval_ms * (1.0 - 1e-12);
                 }
             }
             previous = end;
