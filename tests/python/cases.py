@@ -476,7 +476,7 @@ def telemetry_outcome(package: str, case) -> dict:
     """A synthetic replay (8 requests of 256 + 32 tokens, one every 50 ms) with telemetry:
     its summary (less wall-clock keys), ``to_dict`` keys, whether ``telemetry`` is set and its
     interval, and whether the callback was called; or the error (type, message). Samples are
-    not compared: servesim's sample is its own (see README, "Reports")."""
+    compared in ``telemetry_samples_outcome``'s cases."""
     options_kwargs, kwargs = case
     api = "dynamo.replay.api" if package.startswith("dynamo") else "servesim.replay"
     module = importlib.import_module(api)
@@ -508,6 +508,67 @@ def telemetry_outcome(package: str, case) -> dict:
     }
 
 
+# Replays whose telemetry samples are compared whole with the reference's: (positional
+# arguments of run_synthetic_trace_replay, keywords, sample interval in ms). Aggregated round
+# robin over two workers; 1 prefill + 2 decode workers; a KV router over one worker (the
+# reference breaks KV-router ties at random, so more workers would not be reproducible) with
+# shared prefixes; two-turn sessions on one worker (prefix reuse, cached blocks). None preempts:
+# a request resumed after a preemption makes its next token in a recomputing pass, which
+# servesim counts as a decode forward and the reference does not (docs/telemetry.md).
+_SMALL_KV = {"engine": {"block_size": 16, "num_gpu_blocks": 256}}
+TELEMETRY_SAMPLE_CASES = [
+    ((256, 32, 4), {"arrival_interval_ms": 50, "extra_engine_args": _SMALL_KV, "num_workers": 2}, 100.0),
+    (
+        (256, 8, 4),
+        {
+            "arrival_interval_ms": 30,
+            "prefill_engine_args": {"engine": {"worker_type": "prefill", "block_size": 16, "num_gpu_blocks": 256}},
+            "decode_engine_args": {"engine": {"worker_type": "decode", "block_size": 16, "num_gpu_blocks": 256}},
+            "num_prefill_workers": 1,
+            "num_decode_workers": 2,
+        },
+        50.0,
+    ),
+    (
+        (256, 16, 8),
+        {
+            "arrival_interval_ms": 20,
+            "extra_engine_args": _SMALL_KV,
+            "router_mode": "kv_router",
+            "shared_prefix_ratio": 0.5,
+            "num_prefix_groups": 2,
+        },
+        50.0,
+    ),
+    (
+        (256, 64, 12),
+        {
+            "arrival_interval_ms": 5,
+            "extra_engine_args": {"engine": {"block_size": 16, "num_gpu_blocks": 320}},
+            "shared_prefix_ratio": 0.75,
+            "num_prefix_groups": 1,
+            "turns_per_session": 2,
+        },
+        250.0,
+    ),
+]
+
+
+def telemetry_samples_outcome(package: str, case) -> dict:
+    """The samples (captured in memory and passed to a callback) and the run's duration."""
+    args, kwargs, interval = case
+    api = "dynamo.replay.api" if package.startswith("dynamo") else "servesim.replay"
+    module = importlib.import_module(api)
+    seen = []
+    options = module.TelemetryOptions(sample_interval_ms=interval, capture_in_memory=True, callback=seen.append)
+    report = module.run_synthetic_trace_replay(*args, telemetry_options=options, **kwargs)
+    return {
+        "duration_ms": report.summary["duration_ms"],
+        "callback_is_captured": seen == report.telemetry.samples,
+        "samples": report.telemetry.samples,
+    }
+
+
 def extras_outcomes(package: str, directory: Path) -> dict:
     """Every policy and telemetry case, run inside ``directory`` (filled here)."""
     write_extras_inputs(directory)
@@ -516,6 +577,7 @@ def extras_outcomes(package: str, directory: Path) -> dict:
     try:
         out = {f"policy_{i}": policy_outcome(package, c) for i, c in enumerate(POLICY_REPLAYS)}
         out.update({f"telemetry_{i}": telemetry_outcome(package, c) for i, c in enumerate(TELEMETRY_CASES)})
+        out.update({f"samples_{i}": telemetry_samples_outcome(package, c) for i, c in enumerate(TELEMETRY_SAMPLE_CASES)})
     finally:
         os.chdir(cwd)
     return out

@@ -5,9 +5,11 @@ The parity half compares with goldens recorded from Dynamo 1.6.1 in a scratch di
 
     /tmp/servesim-ref2/bin/python scripts/record_python_goldens.py --extras
 
-(writes goldens/extras.json from ``cases.extras_outcomes``). The rest checks what servesim's
-own telemetry samples promise: their counters add up to the summary, every sink sees the same
-samples, a raising callback stops the run.
+(writes goldens/extras.json from ``cases.extras_outcomes``; the ``samples_<i>`` entries are
+the telemetry samples of ``cases.TELEMETRY_SAMPLE_CASES``, compared whole: same keys in the same
+order, integers and ids exact, floats to 1e-6). The rest checks what the samples promise: their
+counters add up to the summary, every sink sees the same samples, a raising callback stops the
+run.
 """
 
 import json
@@ -38,7 +40,49 @@ def _close(a, b):
     return a == b
 
 
-def _assert_same(got, expected):
+def _same_sample(got, expected, path, off):
+    """Collects where ``got`` departs from ``expected``: keys and their order, list lengths,
+    types, integers and strings exactly, floats to ``REL``."""
+    if isinstance(expected, dict):
+        if not isinstance(got, dict) or list(got) != list(expected):
+            off.append((path, "keys", list(got) if isinstance(got, dict) else got, list(expected)))
+            return
+        for k in expected:
+            _same_sample(got[k], expected[k], f"{path}.{k}", off)
+    elif isinstance(expected, list):
+        if not isinstance(got, list) or len(got) != len(expected):
+            off.append((path, "length", got, expected))
+            return
+        for i, (g, e) in enumerate(zip(got, expected)):
+            _same_sample(g, e, f"{path}[{i}]", off)
+    elif type(got) is not type(expected) or not _close(got, expected):
+        off.append((path, got, expected))
+
+
+# Behind a KV router the reference's worker gauges during a pass show its admissions but not
+# yet its completions, a state servesim's engines do not keep (docs/telemetry.md, "Known
+# gaps"): there, running/waiting requests and block counts are not compared.
+KV_GAUGES = ("running_requests", "waiting_requests", "active_blocks", "inactive_blocks")
+KV_ROUTER_SAMPLES = {"samples_2"}
+
+
+def _without_gauges(outcome):
+    out = json.loads(json.dumps(outcome))
+    for sample in out["samples"]:
+        for w in sample["prefill_scheduler_metrics"] + sample["decode_scheduler_metrics"]:
+            for k in KV_GAUGES + ("active_cache_usage", "physical_cache_usage"):
+                w[k] = None
+    return out
+
+
+def _assert_same(got, expected, case_id=None):
+    if "samples" in expected:
+        if case_id in KV_ROUTER_SAMPLES:
+            got, expected = _without_gauges(got), _without_gauges(expected)
+        off = []
+        _same_sample(got, expected, "", off)
+        assert not off, off[:10]
+        return
     if "error" in expected:
         assert got.get("error") == expected["error"]
         return
@@ -61,7 +105,7 @@ def servesim_extras(tmp_path_factory):
 
 @pytest.mark.parametrize("case_id", list(EXTRAS))
 def test_matches_reference(case_id, servesim_extras):
-    _assert_same(servesim_extras[case_id], EXTRAS[case_id])
+    _assert_same(servesim_extras[case_id], EXTRAS[case_id], case_id)
 
 
 def test_policy_goldens_tell_the_classes_apart():
@@ -146,28 +190,45 @@ def _synthetic(telemetry_options=None, **kw):
     return run_synthetic_trace_replay(512, 64, 60, request_rate=20.0, telemetry_options=telemetry_options, **kw)
 
 
+def _workers(sample):
+    return sample["prefill_scheduler_metrics"] + sample["decode_scheduler_metrics"]
+
+
 @pytest.mark.parametrize("topology", [AGG, DISAGG], ids=["aggregated", "disaggregated"])
 def test_sample_counters_add_up_to_the_summary(topology):
     report = _synthetic(TelemetryOptions(sample_interval_ms=250), **topology)
     assert isinstance(report, ReplayReport) and isinstance(report.telemetry, ReplayTelemetryDetails)
     s, samples = report.summary, report.telemetry.samples
     assert report.telemetry.sample_interval_ms == 250.0
-    workers = [w for x in samples for w in x["workers"]]
-    assert sum(x["arrivals"] for x in samples) == s["num_requests"] == 60 * topology.get("turns_per_session", 1)
-    assert sum(x["completions"] for x in samples) == s["completed_requests"]
-    assert sum(w["output_tokens"] for w in workers) == s["total_output_tokens"]
-    assert sum(w["prefill_tokens"] for w in workers) == s["committed_prefill_tokens"]
-    # Samples every 250 ms of simulated time, the last one closing the interval the run ends in.
-    assert [x["t_ms"] for x in samples] == [250.0 * (i + 1) for i in range(len(samples))]
-    assert samples[-1]["t_ms"] - 250.0 <= s["duration_ms"] < samples[-1]["t_ms"]
-    pools = {w["pool"] for w in workers}
+    traffic = [x["traffic"] for x in samples]
+    assert sum(t["arriving_requests"] for t in traffic) == s["num_requests"] == 60 * topology.get("turns_per_session", 1)
+    assert sum(t["completed_requests"] for t in traffic) == s["completed_requests"]
+    assert sum(t["avg_osl"] * t["completed_requests"] for t in traffic) == s["total_output_tokens"]
+    assert sum(t["avg_isl"] * t["completed_requests"] for t in traffic) == s["total_input_tokens"]
+    assert sum(t["ttft_count"] for t in traffic) == s["num_ttft_samples"]
+    mean_ttft = sum(t["avg_ttft_ms"] * t["ttft_count"] for t in traffic) / s["num_ttft_samples"]
+    assert math.isclose(mean_ttft, s["mean_ttft_ms"], rel_tol=1e-9)
+    mean_itl = sum(t["avg_itl_ms"] * t["itl_count"] for t in traffic) / s["num_tpot_samples"]
+    assert math.isclose(mean_itl, s["mean_tpot_ms"], rel_tol=1e-9)
+    # A baseline at t = 0, one sample every 250 ms of simulated time, a final one at the end.
+    assert [x["sample_ordinal"] for x in samples] == list(range(len(samples)))
+    assert [x["kind"] for x in samples] == ["baseline"] + ["periodic"] * (len(samples) - 2) + ["final"]
+    assert [x["sampled_at_ms"] for x in samples[:-1]] == [250.0 * i for i in range(len(samples) - 1)]
+    assert samples[-1]["sampled_at_ms"] == s["duration_ms"]
+    assert [x["interval_start_ms"] for x in samples[1:]] == [x["sampled_at_ms"] for x in samples[:-1]]
+    # Every block count stays within the worker's cache; usage is their fraction.
+    for w in (w for x in samples for w in _workers(x)):
+        assert w["active_blocks"] + w["inactive_blocks"] <= w["total_blocks"]
+        assert w["active_cache_usage"] == w["active_blocks"] / w["total_blocks"]
     if "prefill_engine_args" in topology:
-        assert pools == {"prefill", "decode"}
-        assert sum(w["output_tokens"] for w in workers if w["pool"] == "prefill") == 0
-        assert {(x["prefill_workers"], x["decode_workers"]) for x in samples} == {(2, 2)}
+        assert {(len(x["prefill_scheduler_metrics"]), len(x["decode_scheduler_metrics"])) for x in samples} == {(2, 2)}
+        assert {(tuple(x["active_prefill_ids"]), tuple(x["active_decode_ids"])) for x in samples} == {((0, 1), (0, 1))}
     else:
-        assert pools == {"agg"}
-        assert len(samples[0]["workers"]) == 3
+        assert {len(x["decode_scheduler_metrics"]) for x in samples} == {3}
+        assert all(x["prefill_scheduler_metrics"] == [] and x["active_decode_ids"] == [0, 1, 2] for x in samples)
+        # KV-router placements with shared prefixes find cached blocks.
+        assert sum(x["traffic"]["router_kv_hit_rate_count"] for x in samples) == s["num_requests"]
+        assert any(x["traffic"]["avg_router_kv_hit_rate"] > 0 for x in samples)
         assert 0 < s["prefix_cache_reused_ratio"] and s["committed_prefill_tokens"] < s["total_input_tokens"]
 
 
@@ -200,10 +261,10 @@ def test_a_raising_callback_stops_the_run():
     def fail(sample):
         nonlocal calls
         calls += 1
-        raise RuntimeError(f"sample at {sample['t_ms']}")
+        raise RuntimeError(f"sample {sample['kind']} at {sample['sampled_at_ms']}")
 
     started = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"^sample at 1000\.0$"):
+    with pytest.raises(RuntimeError, match=r"^sample baseline at 0\.0$"):
         run_synthetic_trace_replay(
             2048, 256, 400_000, request_rate=2000.0, telemetry_options=TelemetryOptions(callback=fail)
         )
@@ -226,8 +287,9 @@ def test_options_are_frozen_and_default_as_the_reference():
 
 
 def test_trace_replay_samples_with_policy_classes(tmp_path, monkeypatch):
-    # The burst arrives at t = 0: the first sample counts all 40 arrivals; the router queue
-    # holds what the policy classes keep back (prefill_busy_threshold 0) and drains to empty.
+    # The burst arrives at t = 0: the baseline sees it routed (the router queue holds what the
+    # policy classes keep back, prefill_busy_threshold 0), the first periodic sample counts all
+    # 40 arrivals, and the queue drains to empty.
     report = _burst(
         tmp_path,
         monkeypatch,
@@ -235,7 +297,9 @@ def test_trace_replay_samples_with_policy_classes(tmp_path, monkeypatch):
         telemetry_options=TelemetryOptions(sample_interval_ms=50),
     )
     samples = report.telemetry.samples
-    assert samples[0]["arrivals"] == 40 and sum(x["arrivals"] for x in samples) == 40
-    assert samples[0]["router_queue"] > 0 and samples[-1]["router_queue"] == 0
-    assert sum(x["completions"] for x in samples) == report.summary["completed_requests"] == 40
-    assert sum(w["output_tokens"] for x in samples for w in x["workers"]) == report.summary["total_output_tokens"]
+    traffic = [x["traffic"] for x in samples]
+    assert traffic[0]["arriving_requests"] == 0 and traffic[1]["arriving_requests"] == 40
+    assert sum(t["arriving_requests"] for t in traffic) == 40
+    assert samples[0]["router_pending_decode_requests"] > 0 and samples[-1]["router_pending_decode_requests"] == 0
+    assert sum(t["completed_requests"] for t in traffic) == report.summary["completed_requests"] == 40
+    assert sum(t["router_kv_hit_rate_count"] for t in traffic) == 40

@@ -112,6 +112,11 @@ impl Engine {
         delegate!(self, e => e.active_blocks())
     }
 
+    /// Cached blocks (pages) no request holds: reusable, evictable.
+    pub fn inactive_blocks(&self) -> u32 {
+        delegate!(self, e => e.inactive_blocks())
+    }
+
     pub fn counters(&self) -> EngineCounters {
         delegate!(self, e => e.counters())
     }

@@ -24,7 +24,7 @@ use serde_json::Value;
 use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::planned::PlannerRun;
-use servesim_replay::telemetry::sample_jsonl;
+use servesim_replay::telemetry::dynamo_sample_jsonl;
 use servesim_replay::{
     load_trace, request_json, simulate_with, Arrivals, ClusterSample, Collector, LoadMode, Progress, RequestRecord,
     RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec, TelemetrySink, Topology, TraceFormat,
@@ -106,8 +106,8 @@ struct TelemetryJob {
     jsonl_path: Option<PathBuf>,
 }
 
-/// Feeds each sample (the JSON object of `servesim predict --telemetry`'s JSONL lines) to the
-/// sinks `telemetry_options` asked for.
+/// Feeds each sample, shaped as Dynamo's replay telemetry shapes it
+/// ([`dynamo_sample_jsonl`]), to the sinks `telemetry_options` asked for.
 struct PythonTelemetry {
     line: String,
     captured: Option<Vec<String>>,
@@ -121,7 +121,7 @@ struct PythonTelemetry {
 impl TelemetrySink for PythonTelemetry {
     fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]) {
         self.line.clear();
-        sample_jsonl(cluster, workers, &mut self.line);
+        dynamo_sample_jsonl(cluster, workers, &mut self.line);
         if let Some(file) = self.file.as_mut() {
             if self.write_error.is_none() {
                 if let Err(e) = file.write_all(self.line.as_bytes()) {
@@ -345,7 +345,7 @@ impl Job {
         };
         let mut collector = Collector::new(config.sla, sink_ref);
         if let (Some(sink), Some(t)) = (telemetry.as_mut(), &self.telemetry) {
-            collector = collector.with_telemetry(t.interval_ms, sink);
+            collector = collector.with_telemetry(t.interval_ms, sink).with_dynamo_samples();
         }
         let mut interrupts = Interrupts { last: Instant::now(), error: None, callback_error: callback_error.clone() };
         let options = RunOptions {

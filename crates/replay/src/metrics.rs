@@ -399,6 +399,16 @@ impl<'s> Collector<'s> {
         self
     }
 
+    /// Telemetry samples timed and counted as Dynamo's replay telemetry does (a baseline at
+    /// t = 0, samples after their instant's arrivals, a final sample at the end; decode passes
+    /// are not fast-forwarded). Call after [`Collector::with_telemetry`].
+    pub fn with_dynamo_samples(mut self) -> Self {
+        if let Some(t) = self.telemetry.as_mut() {
+            t.dynamo = true;
+        }
+        self
+    }
+
     pub fn has_telemetry(&self) -> bool {
         self.telemetry.is_some()
     }
@@ -756,6 +766,19 @@ impl<'s> Collector<'s> {
                 }
                 if let Some(v) = r.e2e_ms() {
                     self.e2e.add(v);
+                }
+                if let Some(tel) = self.telemetry.as_mut() {
+                    let traffic = &mut tel.traffic;
+                    traffic.completed_input_tokens += r.input_length as u64;
+                    traffic.completed_output_tokens += r.output_length as u64;
+                    if let Some(v) = r.ttft_ms() {
+                        traffic.ttft_sum_ms += v;
+                        traffic.ttft_count += 1;
+                    }
+                    if let Some(v) = r.tpot_ms() {
+                        traffic.itl_sum_ms += v;
+                        traffic.itl_count += 1;
+                    }
                 }
             }
             Status::Rejected(_) => t.rejected += 1,

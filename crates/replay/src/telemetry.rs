@@ -43,6 +43,26 @@ pub struct WorkerSample {
     pub output_tokens: u64,
     pub prefill_tokens: u64,
     pub busy_ms: f64,
+    /// Gauges of the KV cache at the sample time: blocks held by requests, cached blocks no
+    /// request holds, and all blocks.
+    pub active_blocks: u32,
+    pub inactive_blocks: u32,
+    pub total_blocks: u32,
+    /// Preemptions in the interval.
+    pub preemptions: u64,
+    /// The worker is starting, serving or draining (a stopped worker's row is kept in place,
+    /// but the Dynamo-shaped sample leaves it out).
+    pub state: WorkerPhase,
+}
+
+/// Where a worker is in its life, as the Dynamo-shaped sample's id lists tell it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkerPhase {
+    Starting,
+    #[default]
+    Active,
+    Draining,
+    Stopped,
 }
 
 impl WorkerSample {
@@ -76,6 +96,51 @@ pub struct ClusterSample {
     pub waiting_admission: u64,
     pub prefill_workers: u32,
     pub decode_workers: u32,
+    /// The Dynamo-shaped sample's extras: its kind and ordinal (the baseline is 0), the start of
+    /// its interval (the previous sample's time; a final sample's interval is shorter), the
+    /// traffic of the interval, and the routers' queues per pool (prefill, decode).
+    pub kind: SampleKind,
+    pub ordinal: u64,
+    pub interval_start_ms: f64,
+    pub traffic: Traffic,
+    pub router_pending: [u64; 2],
+}
+
+/// A sample's place in the run: the baseline at t = 0 (Dynamo-shaped samples only), one every
+/// interval, and the one closing the run at its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SampleKind {
+    Baseline,
+    #[default]
+    Periodic,
+    Final,
+}
+
+impl SampleKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SampleKind::Baseline => "baseline",
+            SampleKind::Periodic => "periodic",
+            SampleKind::Final => "final",
+        }
+    }
+}
+
+/// What the requests did in an interval, as Dynamo's replay telemetry counts it: requests that
+/// completed (their prompt and output lengths, TTFTs, mean inter-token gaps), KV-router
+/// placements (the overlap fraction of the prompt's blocks) and decode forwards.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Traffic {
+    pub completed_input_tokens: u64,
+    pub completed_output_tokens: u64,
+    pub ttft_sum_ms: f64,
+    pub ttft_count: u64,
+    pub itl_sum_ms: f64,
+    pub itl_count: u64,
+    pub router_hit_sum: f64,
+    pub router_hit_count: u64,
+    pub decode_forwards: u64,
+    pub decode_tokens: u64,
 }
 
 /// Receives samples as the run reaches them.
@@ -118,6 +183,19 @@ pub(crate) struct Telemetry<'s> {
     /// Passes of fast-forwarded stretches that end in later samples: (pool, target, sample
     /// index, counters). At most one entry per rank and later sample a stretch reaches.
     ahead: Vec<(usize, usize, u64, Counters)>,
+    /// Samples shaped as Dynamo's replay telemetry: a baseline at t = 0, each sample taken after
+    /// the arrivals at its instant, a final sample at the run's end (see [`dynamo_sample_jsonl`]).
+    pub(crate) dynamo: bool,
+    pub(crate) baseline_done: bool,
+    /// Samples emitted so far (the next one's ordinal).
+    pub(crate) emitted: u64,
+    /// The time of the last sample (the next one's interval starts there).
+    pub(crate) last_ms: f64,
+    /// Traffic since the last sample, and the engines' cumulative preemptions at it.
+    pub(crate) traffic: Traffic,
+    pub(crate) preemptions_seen: Vec<Vec<u64>>,
+    /// Decode forwards and tokens the collector had counted at the last sample.
+    pub(crate) forwards_seen: (u64, u64),
 }
 
 impl<'s> Telemetry<'s> {
@@ -132,7 +210,26 @@ impl<'s> Telemetry<'s> {
             totals_seen: (0, 0, 0),
             rows: Vec::new(),
             ahead: Vec::new(),
+            dynamo: false,
+            baseline_done: false,
+            emitted: 0,
+            last_ms: 0.0,
+            traffic: Traffic::default(),
+            preemptions_seen: Vec::new(),
+            forwards_seen: (0, 0),
         }
+    }
+
+    /// The preemptions since the last sample, given the engine's cumulative count.
+    pub(crate) fn preemption_delta(&mut self, pool: usize, target: usize, cumulative: u64) -> u64 {
+        if self.preemptions_seen.len() <= pool {
+            self.preemptions_seen.resize_with(pool + 1, Vec::new);
+        }
+        let p = &mut self.preemptions_seen[pool];
+        if p.len() <= target {
+            p.resize(target + 1, 0);
+        }
+        cumulative - std::mem::replace(&mut p[target], cumulative)
     }
 
     fn counters(&mut self, pool: usize, target: usize) -> &mut Counters {
@@ -366,6 +463,90 @@ pub fn sample_jsonl(c: &ClusterSample, workers: &[WorkerSample], out: &mut Strin
     out.push_str("]}\n");
 }
 
+/// A sample as Dynamo's replay telemetry shapes it (`dynamo.replay.TelemetryOptions`'s
+/// samples), one JSON line: what the Python API hands back. Keys and their order are the
+/// reference's; see docs/telemetry.md, "The Python API's samples".
+pub fn dynamo_sample_jsonl(c: &ClusterSample, workers: &[WorkerSample], out: &mut String) {
+    let t = &c.traffic;
+    let _ = write!(out, "{{\"sample_ordinal\":{},\"kind\":\"{}\",\"interval_start_ms\":", c.ordinal, c.kind.name());
+    push_f64(out, c.interval_start_ms);
+    out.push_str(",\"sampled_at_ms\":");
+    push_f64(out, c.t_ms);
+    out.push_str(",\"traffic\":{\"duration_s\":");
+    push_f64(out, (c.t_ms - c.interval_start_ms) / 1000.0);
+    let mean = |sum: f64, n: u64| if n > 0 { sum / n as f64 } else { 0.0 };
+    let completed = c.completions;
+    let _ = write!(out, ",\"arriving_requests\":{},\"completed_requests\":{},\"avg_isl\":", c.arrivals, completed);
+    push_f64(out, mean(t.completed_input_tokens as f64, completed));
+    out.push_str(",\"avg_osl\":");
+    push_f64(out, mean(t.completed_output_tokens as f64, completed));
+    out.push_str(",\"avg_ttft_ms\":");
+    push_f64(out, mean(t.ttft_sum_ms, t.ttft_count));
+    out.push_str(",\"avg_itl_ms\":");
+    push_f64(out, mean(t.itl_sum_ms, t.itl_count));
+    let _ = write!(out, ",\"ttft_count\":{},\"itl_count\":{},\"avg_router_kv_hit_rate\":", t.ttft_count, t.itl_count);
+    push_f64(out, mean(t.router_hit_sum, t.router_hit_count));
+    let _ = write!(out, ",\"router_kv_hit_rate_count\":{},\"avg_accept_length\":", t.router_hit_count);
+    push_opt(out, (t.decode_forwards > 0).then(|| t.decode_tokens as f64 / t.decode_forwards as f64));
+    let _ = write!(out, ",\"accept_length_forward_count\":{}}}", t.decode_forwards);
+    let prefill = |w: &&WorkerSample| w.pool == Some(Role::Prefill);
+    let listed = |w: &&WorkerSample| w.state != WorkerPhase::Stopped;
+    for (name, want_prefill) in [("prefill_scheduler_metrics", true), ("decode_scheduler_metrics", false)] {
+        let _ = write!(out, ",\"{name}\":[");
+        let rows = workers.iter().filter(|w| prefill(w) == want_prefill).filter(listed);
+        for (i, w) in rows.enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(
+                out,
+                "{{\"worker_id\":{},\"dp_rank\":{},\"active_blocks\":{},\"inactive_blocks\":{},\"total_blocks\":{},\"active_cache_usage\":",
+                w.worker, w.dp_rank, w.active_blocks, w.inactive_blocks, w.total_blocks
+            );
+            let total = w.total_blocks.max(1) as f64;
+            push_f64(out, w.active_blocks as f64 / total);
+            out.push_str(",\"physical_cache_usage\":");
+            push_f64(out, (w.active_blocks + w.inactive_blocks) as f64 / total);
+            let _ = write!(out, ",\"running_requests\":{},\"waiting_requests\":{}}}", w.running, w.waiting);
+        }
+        out.push(']');
+    }
+    for (name, want_prefill) in [("prefill_interval_metrics", true), ("decode_interval_metrics", false)] {
+        let preemptions: u64 = workers.iter().filter(|w| prefill(w) == want_prefill).map(|w| w.preemptions).sum();
+        // Dynamo 1.6.1's replay reports no cache lookups here (0 in every run probed).
+        let _ = write!(
+            out,
+            ",\"{name}\":{{\"cache_hit_tokens\":0,\"cache_total_tokens\":0,\"preemptions\":{preemptions}}}"
+        );
+    }
+    let _ = write!(
+        out,
+        ",\"router_pending_prefill_requests\":{},\"router_pending_decode_requests\":{}",
+        c.router_pending[0], c.router_pending[1]
+    );
+    for (phase, label) in
+        [(WorkerPhase::Active, "active"), (WorkerPhase::Starting, "starting"), (WorkerPhase::Draining, "draining")]
+    {
+        for (pool, want_prefill) in [("prefill", true), ("decode", false)] {
+            let _ = write!(out, ",\"{label}_{pool}_ids\":[");
+            let mut ids: Vec<u32> = workers
+                .iter()
+                .filter(|w| prefill(w) == want_prefill && w.state == phase && w.dp_rank == 0)
+                .map(|w| w.worker)
+                .collect();
+            ids.dedup();
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let _ = write!(out, "{id}");
+            }
+            out.push(']');
+        }
+    }
+    out.push_str("}\n");
+}
+
 /// The CSV format's header line.
 pub const CSV_HEADER: &str = "t_ms,scope,pool,worker,dp_rank,running,waiting,kv_usage,prefix_hit_rate,passes,\
 output_tokens,prefill_tokens,tokens_per_pass,mean_pass_ms,arrivals,completions,rejections,router_queue,\
@@ -514,5 +695,78 @@ mod tests {
             sample_jsonl(&c, &workers, &mut line);
             assert_eq!(line, format!("{}\n", sample_json(&c, &workers)));
         }
+    }
+
+    #[test]
+    fn the_dynamo_shaped_line_has_the_reference_keys_in_order() {
+        let c = ClusterSample {
+            t_ms: 150.0,
+            interval_start_ms: 100.0,
+            ordinal: 2,
+            arrivals: 3,
+            completions: 2,
+            traffic: Traffic {
+                completed_input_tokens: 512,
+                completed_output_tokens: 64,
+                ttft_sum_ms: 30.0,
+                ttft_count: 2,
+                decode_forwards: 4,
+                decode_tokens: 4,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let worker = |pool, worker, state| WorkerSample {
+            pool: Some(pool),
+            worker,
+            active_blocks: 16,
+            inactive_blocks: 48,
+            total_blocks: 256,
+            state,
+            ..Default::default()
+        };
+        let workers = [
+            worker(Role::Prefill, 0, WorkerPhase::Active),
+            worker(Role::Decode, 0, WorkerPhase::Active),
+            worker(Role::Decode, 1, WorkerPhase::Draining),
+            worker(Role::Decode, 2, WorkerPhase::Stopped),
+        ];
+        let mut line = String::new();
+        dynamo_sample_jsonl(&c, &workers, &mut line);
+        let v: Value = serde_json::from_str(&line).expect("one JSON object");
+        assert_eq!(v["traffic"]["duration_s"], json!(0.05));
+        assert_eq!(v["traffic"]["avg_isl"], json!(256.0));
+        assert_eq!(v["traffic"]["avg_ttft_ms"], json!(15.0));
+        assert_eq!(v["traffic"]["avg_itl_ms"], json!(0.0));
+        assert_eq!(v["traffic"]["avg_accept_length"], json!(1.0));
+        assert_eq!(v["decode_scheduler_metrics"].as_array().map(Vec::len), Some(2));
+        assert_eq!(v["decode_scheduler_metrics"][0]["physical_cache_usage"], json!(0.25));
+        assert_eq!(v["active_decode_ids"], json!([0]));
+        assert_eq!(v["draining_decode_ids"], json!([1]));
+        // Keys in the reference's order, at the top level and in `traffic`.
+        let order = [
+            "sample_ordinal",
+            "kind",
+            "interval_start_ms",
+            "sampled_at_ms",
+            "traffic",
+            "duration_s",
+            "arriving_requests",
+            "accept_length_forward_count",
+            "prefill_scheduler_metrics",
+            "decode_scheduler_metrics",
+            "prefill_interval_metrics",
+            "decode_interval_metrics",
+            "router_pending_prefill_requests",
+            "router_pending_decode_requests",
+            "active_prefill_ids",
+            "active_decode_ids",
+            "starting_prefill_ids",
+            "starting_decode_ids",
+            "draining_prefill_ids",
+            "draining_decode_ids",
+        ];
+        let at: Vec<usize> = order.iter().map(|k| line.find(&format!("\"{k}\"")).expect(k)).collect();
+        assert!(at.windows(2).all(|p| p[0] < p[1]), "{line}");
     }
 }

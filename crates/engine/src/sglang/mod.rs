@@ -224,6 +224,11 @@ impl SglangEngine {
         self.pool.total() - self.pool.available() - (self.tree.evictable_tokens() / self.page as u64) as u32
     }
 
+    /// Cached pages no request holds (evictable).
+    pub fn inactive_blocks(&self) -> u32 {
+        (self.tree.evictable_tokens() / self.page as u64) as u32
+    }
+
     pub fn counters(&self) -> EngineCounters {
         self.counters
     }

@@ -264,6 +264,11 @@ impl VllmEngine {
         self.pool.num_active()
     }
 
+    /// Cached blocks no request holds.
+    pub fn inactive_blocks(&self) -> u32 {
+        self.pool.num_inactive()
+    }
+
     pub fn counters(&self) -> EngineCounters {
         self.counters
     }

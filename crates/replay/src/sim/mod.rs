@@ -245,6 +245,9 @@ struct Rank {
     ran: bool,
     /// What waited when the current pass was scheduled (kept for an autoscaler).
     queue: servesim_engine::QueueLoad,
+    /// The engine's gauges just before the current pass was scheduled, and its requests just
+    /// after (Dynamo-shaped telemetry only: a pass's admissions show once it ends).
+    before_pass: Option<(telemetry::Gauges, usize)>,
 }
 
 /// A worker: `dp_size` ranks that run passes together (the pass ends at the slowest rank).
@@ -476,6 +479,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     }
                 }
             }
+            if self.collector.telemetry.is_some() {
+                self.sample_after_arrivals(now);
+            }
             for pool in &self.pools {
                 if let Some(why) = pool.placer.error() {
                     return Err(SimError::Router { at_ms: now, why: why.to_string() });
@@ -513,6 +519,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // started its pass: work created at this instant must bound their stretches.
         let mut stretches = Vec::new();
         let scaled = self.scaling.is_some();
+        let dynamo_gauges = self.collector.telemetry.as_ref().is_some_and(|t| t.dynamo);
         // The awake workers in pool and worker order, as a scan of every worker would visit
         // them: one woken during the scan is visited now if it comes later, at the next call
         // (at this instant) if not.
@@ -542,7 +549,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 for rank in &mut worker.ranks {
                     rank.ran = rank.engine.has_work();
                     if rank.ran {
-                        rank.engine.step(now, &mut rank.output);
+                        if dynamo_gauges {
+                            let before = telemetry::Gauges::of(&rank.engine);
+                            rank.engine.step(now, &mut rank.output);
+                            rank.before_pass = Some((before, rank.engine.num_running() + rank.engine.num_waiting()));
+                        } else {
+                            rank.engine.step(now, &mut rank.output);
+                        }
                         if scaled {
                             rank.queue = rank.engine.queue_load();
                         }
@@ -705,6 +718,15 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let isl_blocks = flight.hashes.len();
         if let (Some(s), true) = (self.scaling.as_mut(), self.pools[pool].placer.is_kv() && isl_blocks > 0) {
             s.hit_rate(p.overlap_blocks as f64 / isl_blocks as f64);
+        }
+        // Dynamo's replay counts the router's hit rate where the prompt is computed (not the
+        // decode pool's placement).
+        let prompt_pool = self.pools[pool].spec.role != Role::Decode;
+        if let (Some(t), true) =
+            (self.collector.telemetry.as_mut(), prompt_pool && self.pools[pool].placer.is_kv() && isl_blocks > 0)
+        {
+            t.traffic.router_hit_sum += p.overlap_blocks as f64 / isl_blocks as f64;
+            t.traffic.router_hit_count += 1;
         }
         let overlap_blocks = p.best_overlap_blocks.map(|best| (p.overlap_blocks, best));
         let (worker, rank) = (p.target / dp, p.target % dp);
@@ -874,6 +896,7 @@ fn new_worker(
                 output: PassOutput::default(),
                 ran: false,
                 queue: Default::default(),
+                before_pass: None,
             })
             .collect(),
         busy: false,
