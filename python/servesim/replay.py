@@ -32,9 +32,9 @@ class TelemetryOptions:
     """Telemetry of an offline replay: a sample every ``sample_interval_ms`` of simulated time,
     kept in the report (``capture_in_memory``; the default when neither other sink is set),
     passed to ``callback`` as a dict as the run reaches it, and/or written to ``jsonl_path``
-    one JSON object a line. A sample is what ``servesim predict --telemetry`` writes: the
-    cluster's counters for the interval ending at ``t_ms`` and a ``workers`` list (see
-    README, "Reports")."""
+    one JSON object a line. Samples have Dynamo 1.6.1's shape (a baseline at t = 0, one per
+    interval, a last one at the end of the run); docs/telemetry.md lists their fields. The CLI's
+    ``servesim predict --telemetry`` writes servesim's own per-worker series instead."""
 
     sample_interval_ms: float = 1000.0
     capture_in_memory: bool | None = None
