@@ -768,17 +768,7 @@ impl<'s> Collector<'s> {
                     self.e2e.add(v);
                 }
                 if let Some(tel) = self.telemetry.as_mut() {
-                    let traffic = &mut tel.traffic;
-                    traffic.completed_input_tokens += r.input_length as u64;
-                    traffic.completed_output_tokens += r.output_length as u64;
-                    if let Some(v) = r.ttft_ms() {
-                        traffic.ttft_sum_ms += v;
-                        traffic.ttft_count += 1;
-                    }
-                    if let Some(v) = r.tpot_ms() {
-                        traffic.itl_sum_ms += v;
-                        traffic.itl_count += 1;
-                    }
+                    tel.traffic.add_completion(r);
                 }
             }
             Status::Rejected(_) => t.rejected += 1,

@@ -143,6 +143,29 @@ pub struct Traffic {
     pub decode_tokens: u64,
 }
 
+impl Traffic {
+    /// Folds in a completed request: its prompt and output lengths, TTFT and mean inter-token
+    /// gap (the planner's traffic window counts the same way).
+    pub(crate) fn add_completion(&mut self, r: &crate::metrics::RequestRecord) {
+        self.completed_input_tokens += r.input_length as u64;
+        self.completed_output_tokens += r.output_length as u64;
+        if let Some(v) = r.ttft_ms() {
+            self.ttft_sum_ms += v;
+            self.ttft_count += 1;
+        }
+        if let Some(v) = r.tpot_ms() {
+            self.itl_sum_ms += v;
+            self.itl_count += 1;
+        }
+    }
+
+    /// Folds in one KV-router placement's hit rate (overlap blocks over prompt blocks).
+    pub(crate) fn add_router_hit(&mut self, rate: f64) {
+        self.router_hit_sum += rate;
+        self.router_hit_count += 1;
+    }
+}
+
 /// Receives samples as the run reaches them.
 pub trait TelemetrySink {
     fn sample(&mut self, cluster: &ClusterSample, workers: &[WorkerSample]);

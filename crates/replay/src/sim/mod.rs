@@ -725,8 +725,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if let (Some(t), true) =
             (self.collector.telemetry.as_mut(), prompt_pool && self.pools[pool].placer.is_kv() && isl_blocks > 0)
         {
-            t.traffic.router_hit_sum += p.overlap_blocks as f64 / isl_blocks as f64;
-            t.traffic.router_hit_count += 1;
+            t.traffic.add_router_hit(p.overlap_blocks as f64 / isl_blocks as f64);
         }
         let overlap_blocks = p.best_overlap_blocks.map(|best| (p.overlap_blocks, best));
         let (worker, rank) = (p.target / dp, p.target % dp);

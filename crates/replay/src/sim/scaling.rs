@@ -79,15 +79,10 @@ pub(super) struct Scaling<'a> {
 struct Window {
     start_ms: f64,
     arrivals: u64,
+    /// Completed requests (the weight of the mean lengths).
     shapes: u64,
-    isl_sum: f64,
-    osl_sum: f64,
-    ttft_sum: f64,
-    ttft_n: u64,
-    itl_sum: f64,
-    itl_n: u64,
-    hit_sum: f64,
-    hit_n: u64,
+    /// Their lengths and latencies, and the router's hit rates, counted as telemetry counts them.
+    counts: crate::telemetry::Traffic,
 }
 
 impl<'a> Scaling<'a> {
@@ -101,8 +96,7 @@ impl<'a> Scaling<'a> {
     }
 
     pub fn hit_rate(&mut self, rate: f64) {
-        self.window.hit_sum += rate;
-        self.window.hit_n += 1;
+        self.window.counts.add_router_hit(rate);
     }
 }
 
@@ -156,18 +150,8 @@ impl Simulation<'_, '_> {
             return;
         }
         let Some(r) = self.collector.live(id) else { return };
-        let w = &mut s.window;
-        w.shapes += 1;
-        w.isl_sum += r.input_length as f64;
-        w.osl_sum += r.output_length as f64;
-        if let Some(t) = r.ttft_ms() {
-            w.ttft_sum += t;
-            w.ttft_n += 1;
-        }
-        if let Some(t) = r.tpot_ms() {
-            w.itl_sum += t;
-            w.itl_n += 1;
-        }
+        s.window.shapes += 1;
+        s.window.counts.add_completion(r);
     }
 
     /// Runs the tick due now, if any, and applies its decision.
@@ -187,18 +171,19 @@ impl Simulation<'_, '_> {
         let Some(s) = self.scaling.as_mut() else { return };
         let w = std::mem::take(&mut s.window);
         let mean = |sum: f64, n: u64| if n > 0 { sum / n as f64 } else { 0.0 };
+        let c = &w.counts;
         let traffic = Traffic {
             duration_s: (now - w.start_ms) / 1000.0,
             num_req: w.arrivals as f64,
-            avg_isl: mean(w.isl_sum, w.shapes),
-            avg_osl: mean(w.osl_sum, w.shapes),
+            avg_isl: mean(c.completed_input_tokens as f64, w.shapes),
+            avg_osl: mean(c.completed_output_tokens as f64, w.shapes),
             shape_count: w.shapes as f64,
-            avg_ttft_ms: mean(w.ttft_sum, w.ttft_n),
-            ttft_count: w.ttft_n as f64,
-            avg_itl_ms: mean(w.itl_sum, w.itl_n),
-            itl_count: w.itl_n as f64,
-            avg_kv_hit_rate: mean(w.hit_sum, w.hit_n),
-            hit_rate_count: w.hit_n as f64,
+            avg_ttft_ms: mean(c.ttft_sum_ms, c.ttft_count),
+            ttft_count: c.ttft_count as f64,
+            avg_itl_ms: mean(c.itl_sum_ms, c.itl_count),
+            itl_count: c.itl_count as f64,
+            avg_kv_hit_rate: mean(c.router_hit_sum, c.router_hit_count),
+            hit_rate_count: c.router_hit_count as f64,
             avg_accept_length: None,
             accept_length_count: 0.0,
         };
