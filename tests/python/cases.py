@@ -11,8 +11,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 from pathlib import Path
+
+# The engine parity tolerance (README "Parity and speed"): 1e-6 relative.
+REL = 1e-6
+
+
+def close(a, b):
+    """Numbers (not booleans) equal to ``REL`` (NaN equals NaN); anything else exactly."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        if math.isnan(a) and math.isnan(b):
+            return True
+        return math.isclose(a, b, rel_tol=REL, abs_tol=1e-9)
+    return a == b
 
 HERE = Path(__file__).resolve().parent
 GOLDENS = HERE / "goldens"

@@ -2,7 +2,6 @@
 calls (scripts/record_python_goldens.py; see README.md here)."""
 
 import json
-import math
 import os
 
 import pytest
@@ -48,17 +47,7 @@ def test_enough_cases_of_each_kind():
     assert len(ok_configs) >= 30 and len(namespaces) >= 30 and len(errors) >= 30
 
 
-# The engine parity tolerance (README "Parity and speed"): 1e-6 relative, looser only where a
-# case says so.
-REL = 1e-6
-
-
-def _close(a, b):
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        if math.isnan(a) and math.isnan(b):
-            return True
-        return math.isclose(a, b, rel_tol=REL, abs_tol=1e-9)
-    return a == b
+_close = cases.close
 
 
 @pytest.mark.skipif(not HAVE_TRACES, reason="the Mooncake traces are not beside the checkout")

@@ -28,16 +28,9 @@ from servesim.replay import (
 )
 
 EXTRAS = json.loads((cases.GOLDENS / "extras.json").read_text())
-REL = 1e-6  # the engine parity tolerance (test_parity.py)
+REL = cases.REL
 WALL_CLOCK = cases.WALL_CLOCK
-
-
-def _close(a, b):
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        if math.isnan(a) and math.isnan(b):
-            return True
-        return math.isclose(a, b, rel_tol=REL, abs_tol=1e-9)
-    return a == b
+_close = cases.close
 
 
 def _same_sample(got, expected, path, off):
