@@ -292,38 +292,23 @@ impl Planner {
         }
     }
 
-    /// The final budget boundary of a tick that changes nothing (`engine_adapter.py`,
-    /// `_project_scale_to`): when no scaling is under way, no worker is starting and the ready
-    /// workers' GPUs lie outside the budget band (say a deployment that starts with more
-    /// replicas than `max_num_gpus`), the planner scales them into it: one aggregated pool by
-    /// `proportional_clamp_single`, a disaggregated pair jointly. Returns the (prefill, decode)
-    /// targets (prefill 0 when aggregated).
+    /// The final boundary of a tick that changes nothing (`engine_adapter.py`,
+    /// `_project_scale_to`): when no scaling is under way and no worker is starting, the ready
+    /// counts are lifted to the minimum endpoints and clamped into the GPU budget band (say a
+    /// deployment that starts with more replicas than `max_num_gpus`): one aggregated pool by
+    /// `proportional_clamp_single`, a disaggregated pair jointly. The clamps leave a pair inside
+    /// the band as it is. Returns the (prefill, decode) targets (prefill 0 when aggregated).
     fn budget_reconcile(&self, snap: &Snapshot) -> Option<(i64, i64)> {
-        let (min, max) = (self.cfg.min_gpu_budget, self.cfg.max_gpu_budget);
-        if (min < 0 && max < 0) || self.target_p.is_some() || self.target_d.is_some() {
+        if self.target_p.is_some() || self.target_d.is_some() {
             return None;
         }
         if !snap.starting_prefill.is_empty() || !snap.starting_decode.is_empty() {
             return None;
         }
+        let (min, max) = (self.cfg.min_gpu_budget, self.cfg.max_gpu_budget);
         let (pg, dg) = self.gpus();
-        if pg < 0 || dg <= 0 || (!self.is_agg() && pg == 0) {
-            return None;
-        }
-        let (p, d) = (if self.is_agg() { 0 } else { self.num_p }, self.num_d);
-        let tol = if min >= 0 && max >= 0 {
-            if self.is_agg() {
-                dg
-            } else {
-                pg.max(dg)
-            }
-        } else {
-            0
-        };
-        if budget::in_band(p * pg + d * dg, min, max, tol) {
-            return None;
-        }
         let (pm, dm) = (self.min_ep(true), self.min_ep(false));
+        let (p, d) = (if self.is_agg() { 0 } else { self.num_p }, self.num_d);
         let (tp, td) = if self.is_agg() {
             (0, budget::clamp_single(d.max(dm), dg, min, max, dm))
         } else {
