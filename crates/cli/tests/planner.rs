@@ -78,8 +78,9 @@ fn events(v: &Value) -> Vec<(f64, String, u64, u64, String)> {
         .collect()
 }
 
-/// Easy (`load`, `throughput`) and SLA (constant predictor) targets, aggregated and
-/// disaggregated: the same scaling decisions at the same ticks, and the summary within 2 %.
+/// Easy (`load`, `throughput`) and SLA targets (constant and Kalman predictors, the SLA load
+/// loop alone and beside the throughput loop), aggregated and disaggregated: the same scaling
+/// decisions at the same ticks, and the summary within 2 %.
 #[test]
 fn planner_examples_match_the_reference() {
     for name in [
@@ -87,6 +88,7 @@ fn planner_examples_match_the_reference() {
         "planner_agg_load_mooncake",
         "planner_disagg_throughput_easy",
         "planner_agg_budget_reconcile",
+        "planner_agg_hybrid_kalman",
     ] {
         let out_dir = tmp(name);
         let out = predict_config(&planner_dir().join(format!("{name}.yaml")), &out_dir);

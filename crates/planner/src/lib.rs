@@ -8,12 +8,14 @@
 pub mod budget;
 pub mod capacity;
 pub mod config;
+pub mod fpm_model;
 mod planner;
 pub mod predict;
 pub mod types;
 
 pub use capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
 pub use config::{ConfigError, Mode, PlannerConfig, PredictorKind, Target};
+pub use fpm_model::FpmModel;
 pub use planner::{idle_fpm, Diagnostics, Planner, Role, SetupError, Tick};
 pub use predict::Predictor;
 pub use types::{EngineCaps, Fpm, Queued, Scheduled, Snapshot, Traffic};

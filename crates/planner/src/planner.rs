@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::budget;
 use crate::capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
 use crate::config::{Mode, PlannerConfig, Target};
+use crate::fpm_model::FpmModel;
 use crate::predict::{Predictor, Unsupported};
 use crate::types::{EngineCaps, Fpm, Scheduled, Snapshot, Traffic};
 
@@ -18,8 +19,11 @@ pub struct Role {
     pub caps: EngineCaps,
     /// GPUs one replica occupies (the budget's cost per replica).
     pub gpus_per_replica: i64,
-    /// The forward-pass model the capacity search and SLA estimates query (`None`: easy targets).
+    /// The hardware's forward-pass model (`None`: easy targets). The planner does not query it
+    /// directly: it times the benchmark passes its own fitted model starts from.
     pub model: Option<Arc<dyn PassModel + Send + Sync>>,
+    /// Speculative tokens per decode step (MTP), which the decode benchmark passes carry.
+    pub nextn: u64,
 }
 
 impl std::fmt::Debug for Role {
@@ -117,6 +121,10 @@ pub struct Planner {
     num_p: i64,
     num_d: i64,
     diag: Diagnostics,
+    /// The fitted forward-pass models the SLA estimates and the capacity search query
+    /// (prefill role; decode or aggregated role).
+    fpm_p: Option<FpmModel>,
+    fpm_d: Option<FpmModel>,
 }
 
 impl std::fmt::Debug for Planner {
@@ -149,7 +157,28 @@ impl Planner {
                 Ok(None)
             }
         };
+        let fitted = |role: &Role, worker: Worker| -> Option<FpmModel> {
+            let hw = role.model.as_deref()?;
+            let mut m = FpmModel::new(
+                worker,
+                role.caps,
+                cfg.max_num_fpm_samples.max(1) as usize,
+                cfg.fpm_sample_bucket_size.max(1) as usize,
+                cfg.load_min_observations.max(1) as usize,
+            );
+            let passes = m.bootstrap_passes(hw, role.nextn);
+            m.bootstrap(&passes);
+            Some(m)
+        };
+        let (fpm_p, fpm_d) = if needs_model {
+            let d = fitted(&decode, if cfg.mode == Mode::Agg { Worker::Aggregated } else { Worker::Decode });
+            (prefill.as_ref().and_then(|p| fitted(p, Worker::Prefill)), d)
+        } else {
+            (None, None)
+        };
         Ok(Planner {
+            fpm_p,
+            fpm_d,
             num_req: predictor(&cfg)?,
             isl: predictor(&cfg)?,
             osl: predictor(&cfg)?,
@@ -226,6 +255,23 @@ impl Planner {
             None => snap.traffic,
             Some(p) => p.merge(&snap.traffic),
         });
+        // Whenever the load interval has come round (load scaling on or not), the SLA target
+        // feeds the snapshots to the fitted models first; both loops of the tick see the tuned
+        // fit.
+        if run_load && self.cfg.optimization_target == Target::Sla {
+            if self.is_agg() {
+                if let Some(m) = self.fpm_d.as_mut() {
+                    m.observe(&snap.decode_fpms);
+                }
+            } else {
+                if let Some(m) = self.fpm_p.as_mut() {
+                    m.observe(&snap.prefill_fpms);
+                }
+                if let Some(m) = self.fpm_d.as_mut() {
+                    m.observe(&snap.decode_fpms);
+                }
+            }
+        }
         let mut consumed = None;
         let mut proposal: Option<Proposal> = None;
         if run_tp {
@@ -364,8 +410,15 @@ impl Planner {
         }
     }
 
+    fn fpm(&self, worker: Worker) -> Option<&FpmModel> {
+        match worker {
+            Worker::Prefill => self.fpm_p.as_ref(),
+            _ => self.fpm_d.as_ref(),
+        }
+    }
+
     fn query<'a>(&'a self, role: &'a Role, worker: Worker) -> Option<EngineQuery<'a>> {
-        role.model.as_deref().map(|m| EngineQuery { model: m as &dyn PassModel, caps: role.caps, worker })
+        self.fpm(worker).map(|m| EngineQuery { model: m as &dyn PassModel, caps: role.caps, worker })
     }
 
     fn capacity(&self, worker: Worker, isl: f64, osl: f64, hit: Option<f64>) -> Option<Capacity> {
@@ -535,6 +588,9 @@ impl Planner {
             let desired = if easy {
                 self.kv_easy(&snap.decode_fpms, n, true)?
             } else {
+                if !self.model_ready(Worker::Aggregated, n) {
+                    return None;
+                }
                 let p = self.agg_prefill_sla(&snap.decode_fpms, n);
                 let d = self.agg_decode_sla(&snap.decode_fpms, n);
                 match (p, d) {
@@ -751,115 +807,62 @@ impl Planner {
         None
     }
 
-    /// The average prompt a new request brings (the last observed window's, else the
-    /// configured `isl`).
-    fn typical_isl(&self) -> f64 {
-        self.last_isl.filter(|x| *x > 0.0).unwrap_or(self.cfg.isl)
-    }
-
-    /// Estimated TTFT (ms) of a new request on one engine: its queued prefill (scaled) plus one
-    /// typical prompt, discounted by the hit rate, chunked at MBT; `decode` adds the engine's
-    /// decode batch (aggregated engines) scaled by `decode_scale`.
-    fn ttft_estimate_ms(
-        &self,
-        role: &Role,
-        worker: Worker,
-        group: &[&Fpm],
-        queue_scale: f64,
-        decode_scale: f64,
-    ) -> Option<f64> {
-        let q = self.query(role, worker)?;
-        let keep = 1.0 - self.last_kv_hit_rate.unwrap_or(0.0).clamp(0.0, crate::capacity::MAX_KV_HIT_DISCOUNT);
-        let mut worst: f64 = 0.0;
-        for f in group {
-            let tokens = ((f.queued.sum_prefill_tokens as f64 * queue_scale + self.typical_isl()) * keep).ceil() as u64;
-            let (db, dkv) = if worker == Worker::Aggregated {
-                (
-                    (f.scheduled.num_decode_requests as f64 * decode_scale).round() as u64,
-                    ((f.scheduled.sum_decode_kv_tokens + f.queued.sum_decode_kv_tokens) as f64 * decode_scale) as u64,
-                )
-            } else {
-                (0, 0)
-            };
-            let mbt = role.caps.max_num_batched_tokens.max(1);
-            let (full, tail) = (tokens / mbt, tokens % mbt);
-            let mut t = 0.0;
-            if full > 0 {
-                t += q.mixed_s(mbt, db, dkv).ok()? * full as f64;
-            }
-            if tail > 0 {
-                t += q.mixed_s(tail, db, dkv).ok()?;
-            }
-            worst = worst.max(t * 1000.0);
-        }
-        Some(worst)
-    }
-
-    /// Estimated ITL (ms) of one engine with its scheduled and queued decode, scaled.
-    fn itl_estimate_ms(
-        &self,
-        role: &Role,
-        worker: Worker,
-        group: &[&Fpm],
-        scale: f64,
-        with_queued_prefill: bool,
-    ) -> Option<f64> {
-        let q = self.query(role, worker)?;
-        let mut worst: f64 = 0.0;
-        for f in group {
-            let reqs = ((f.scheduled.num_decode_requests + f.queued.num_decode_requests) as f64 * scale).round() as u64;
-            let mut kv = (f.scheduled.sum_decode_kv_tokens + f.queued.sum_decode_kv_tokens) as f64;
-            if with_queued_prefill {
-                kv += f.queued.sum_prefill_tokens as f64;
-            }
-            let kv = (kv * scale) as u64;
-            let t = if worker == Worker::Aggregated && f.scheduled.sum_prefill_tokens > 0 {
-                q.mixed_s(f.scheduled.sum_prefill_tokens as u64, reqs, kv).ok()?
-            } else {
-                q.decode_time_s(reqs, kv).ok()?
-            };
-            worst = worst.max(t * 1000.0 / self.last_accept_length);
-        }
-        Some(worst)
-    }
-
-    fn groups(fpms: &[Fpm]) -> Vec<Vec<&Fpm>> {
-        let mut out: Vec<Vec<&Fpm>> = Vec::new();
-        for f in fpms {
-            match out.iter_mut().find(|g| g[0].worker == f.worker) {
-                Some(g) => g.push(f),
-                None => out.push(vec![f]),
-            }
-        }
+    /// The snapshots the SLA estimates run over, one (worker, rank) each, in the reference's
+    /// order (string worker id, then rank).
+    fn groups(fpms: &[Fpm]) -> Vec<&Fpm> {
+        let mut out: Vec<&Fpm> = fpms.iter().collect();
+        out.sort_by(|a, b| a.worker.to_string().cmp(&b.worker.to_string()).then(a.dp_rank.cmp(&b.dp_rank)));
         out
     }
 
-    fn sla_ttft(&mut self, role: &Role, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
+    /// Whether the role's fitted model can answer (`has_sufficient_data`); says why not.
+    fn model_ready(&mut self, worker: Worker, n: i64) -> bool {
+        let ready = self.fpm(worker).is_some_and(FpmModel::ready) && n > 0;
+        if !ready {
+            self.diag.load_decision_reason = Some("insufficient_data".into());
+        }
+        ready
+    }
+
+    /// TTFT load scaling (prefill engines, or the prefill side of aggregated ones): every
+    /// engine's estimated TTFT for a next request above the SLA scales up; scale-down needs
+    /// every engine to absorb its share of a removed engine's queue (and, aggregated, its
+    /// decode batch) within the sensitivity share of the SLA left after its own prefill.
+    fn sla_ttft(&mut self, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
         let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
         let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
+        let agg = worker == Worker::Aggregated;
+        let hit = self.last_kv_hit_rate;
+        let model = self.fpm(worker)?;
         let mut estimates = Vec::new();
         let mut can_down = n > 1;
         let mut refused = false;
-        let agg = worker == Worker::Aggregated;
-        for g in Self::groups(fpms) {
-            if let Some(e) = self.ttft_estimate_ms(role, worker, &g, 1.0, 1.0) {
-                estimates.push(e);
+        for f in Self::groups(fpms) {
+            let g = [f];
+            if let Some(e) = model.queued_prefill_s(&g, hit, 1.0, 1.0, false) {
+                estimates.push(e * 1000.0);
             }
-            if can_down {
-                let ds = if agg { consolidation } else { 1.0 };
-                match (
-                    self.ttft_estimate_ms(role, worker, &g, 0.0, ds),
-                    self.ttft_estimate_ms(role, worker, &g, consolidation, ds),
-                ) {
-                    (Some(own), Some(post)) => {
-                        let budget = (self.cfg.ttft_ms - own) * sens;
-                        if budget <= 0.0 || post - own >= budget {
-                            can_down = false;
-                            refused = true;
-                        }
-                    }
-                    _ => can_down = false,
+            if !can_down {
+                continue;
+            }
+            let (ds, with_queued_decode) = if agg { (consolidation, true) } else { (1.0, false) };
+            let Some(own) = model.queued_prefill_s(&g, hit, 0.0, ds, with_queued_decode) else {
+                can_down = false;
+                continue;
+            };
+            let budget = (self.cfg.ttft_ms - own * 1000.0) * sens;
+            if budget <= 0.0 {
+                can_down = false;
+                refused = true;
+                continue;
+            }
+            match model.queued_prefill_s(&g, hit, consolidation, ds, with_queued_decode) {
+                None => can_down = false,
+                Some(post) if post * 1000.0 - own * 1000.0 >= budget => {
+                    can_down = false;
+                    refused = true;
                 }
+                Some(_) => {}
             }
         }
         if let Some(m) = estimates.iter().copied().reduce(f64::max) {
@@ -875,42 +878,45 @@ impl Planner {
         d
     }
 
+    /// ITL load scaling (decode engines, or the decode side of aggregated ones): every
+    /// engine's estimated ITL with a next request above the SLA scales up; scale-down needs
+    /// every engine's KV (scheduled and queued decode, and for aggregated engines queued
+    /// prefill) times N/(N−1) to fit its cache and its estimated ITL there to stay under the
+    /// sensitivity share of the SLA.
     fn sla_itl(&mut self, role: &Role, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
         let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
         let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
         let agg = worker == Worker::Aggregated;
         let max_kv = role.caps.max_kv_tokens as f64;
+        let accept = self.last_accept_length;
+        let model = self.fpm(worker)?;
         let mut estimates = Vec::new();
         let mut can_down = n > 1;
         let mut refused = false;
-        for g in Self::groups(fpms) {
-            if let Some(e) = self.itl_estimate_ms(role, worker, &g, 1.0, false) {
-                estimates.push(e);
+        for f in Self::groups(fpms) {
+            let g = [f];
+            if let Some(e) = model.decode_pass_s(&g, 1.0, true, false) {
+                estimates.push(e * 1000.0 / accept);
             }
-            if can_down {
-                let kv = g
-                    .iter()
-                    .map(|f| {
-                        let mut k = f.scheduled.sum_decode_kv_tokens as f64 + f.queued.sum_decode_kv_tokens as f64;
-                        if agg {
-                            k += f.queued.sum_prefill_tokens as f64;
-                        }
-                        k
-                    })
-                    .fold(0.0, f64::max);
-                if max_kv > 0.0 && (kv * consolidation).floor() >= max_kv {
+            if !can_down {
+                continue;
+            }
+            let mut kv = f64::from(f.scheduled.sum_decode_kv_tokens) + f64::from(f.queued.sum_decode_kv_tokens);
+            if agg {
+                kv += f64::from(f.queued.sum_prefill_tokens);
+            }
+            if max_kv > 0.0 && (kv * consolidation).floor() >= max_kv {
+                can_down = false;
+                refused = true;
+                continue;
+            }
+            match model.decode_pass_s(&g, consolidation, true, agg) {
+                None => can_down = false,
+                Some(post) if post * 1000.0 / accept >= self.cfg.itl_ms * sens => {
                     can_down = false;
                     refused = true;
-                    continue;
                 }
-                match self.itl_estimate_ms(role, worker, &g, consolidation, agg) {
-                    None => can_down = false,
-                    Some(post) if post >= self.cfg.itl_ms * sens => {
-                        can_down = false;
-                        refused = true;
-                    }
-                    Some(_) => {}
-                }
+                Some(_) => {}
             }
         }
         if let Some(m) = estimates.iter().copied().reduce(f64::max) {
@@ -927,21 +933,25 @@ impl Planner {
     }
 
     fn prefill_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
-        let role = self.prefill.clone()?;
+        if !self.model_ready(Worker::Prefill, n) {
+            return None;
+        }
         let min_ep = self.min_ep(true);
-        self.sla_ttft(&role, Worker::Prefill, fpms, n, min_ep)
+        self.sla_ttft(Worker::Prefill, fpms, n, min_ep)
     }
 
     fn decode_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
+        if !self.model_ready(Worker::Decode, n) {
+            return None;
+        }
         let role = self.decode.clone();
         let min_ep = self.min_ep(false);
         self.sla_itl(&role, Worker::Decode, fpms, n, min_ep)
     }
 
     fn agg_prefill_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
-        let role = self.decode.clone();
         let min_ep = self.min_ep(false);
-        self.sla_ttft(&role, Worker::Aggregated, fpms, n, min_ep)
+        self.sla_ttft(Worker::Aggregated, fpms, n, min_ep)
     }
 
     fn agg_decode_sla(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {

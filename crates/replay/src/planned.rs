@@ -250,6 +250,7 @@ pub fn roles(
             },
             gpus_per_replica: spec.deployment.gpus_per_worker() as i64,
             model: model(&spec.engine),
+            nextn: e.speculative.as_ref().map_or(0, |s| u64::from(s.nextn)),
         }
     };
     match topology.pools() {
