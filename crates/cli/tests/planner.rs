@@ -89,6 +89,8 @@ fn planner_examples_match_the_reference() {
         "planner_disagg_throughput_easy",
         "planner_agg_budget_reconcile",
         "planner_agg_hybrid_kalman",
+        "planner_disagg_hybrid_kalman",
+        "planner_disagg_sla_load",
     ] {
         let out_dir = tmp(name);
         let out = predict_config(&planner_dir().join(format!("{name}.yaml")), &out_dir);

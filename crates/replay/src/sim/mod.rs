@@ -7,6 +7,10 @@
 //! results (tokens, completions, KV events) become visible at its end time; completions can make
 //! the next turn of a session ready (disaggregated, only after step 3, as in Dynamo: a turn
 //! ready at once is released at the same instant, but misses the passes started in it).
+//! Disaggregated, a request released at an instant is placed on a prefill worker only after
+//! step 3 and the autoscaler's tick at that instant, as Dynamo runs a new request's hand-off
+//! actions in its next round: it misses the passes started then, and a worker drained by the
+//! tick gets none of the requests arriving with it.
 //!
 //! Placement, the disaggregated handoff and the cluster's shape belong to `servesim-cluster`;
 //! this loop owns time: it runs engine passes, schedules transfers, and applies commands to a
@@ -322,6 +326,10 @@ struct Simulation<'a, 'c> {
     /// completed), told to the load driver after the workers idle now have started their
     /// passes (see [`Simulation::tell_ended_sessions`]).
     ended: Vec<(u32, bool)>,
+    /// Disaggregated: requests released at this instant whose first hand-off step (placing
+    /// them on a prefill worker) waits until the workers idle now have started their passes
+    /// and the autoscaler's tick due now has run (see [`Simulation::release`]).
+    unplaced: Vec<(u64, Step)>,
     /// The autoscaler's side of the run, if one acts on it.
     scaling: Option<scaling::Scaling<'a>>,
     /// The virtual-time stop, if any.
@@ -377,6 +385,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             shard,
             awake: BTreeSet::new(),
             ended: Vec::new(),
+            unplaced: Vec::new(),
             scaling: None,
             stop_at_ms: None,
             rejected: None,
@@ -467,6 +476,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     Event::WorkerReady { pool, worker } => self.worker_ready(pool as usize, worker as usize, None),
                 }
             }
+            for (id, step) in std::mem::take(&mut self.unplaced) {
+                self.carry_out(id, step);
+            }
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
@@ -491,9 +503,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 return Err(SimError::Router { at_ms: now, why });
             }
             again = self.start_passes()?;
-            if !again && self.scaling.is_some() {
-                // The cluster has settled at this instant: the autoscaler's tick, then passes
-                // on what it changed.
+            if (!again || !self.unplaced.is_empty()) && self.scaling.is_some() {
+                // The cluster has settled at this instant (but for arrivals still to be
+                // placed): the autoscaler's tick, then passes on what it changed.
                 self.scaling_tick();
                 again = self.start_passes()?;
             }
@@ -592,6 +604,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         again |= self.tell_ended_sessions();
+        again |= !self.unplaced.is_empty();
         if again {
             // A pass that took no time created work at this instant. It reaches workers at the
             // next iteration, after the ones idle now have started: as pass-by-pass, they start
@@ -688,7 +701,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
         };
         self.flights.insert(id, flight);
         match self.flights.get_mut(&id).and_then(|f| f.handoff.as_mut()).map(Handoff::start) {
-            Some(step) => self.carry_out(id, step),
+            // Dynamo's disaggregated replay queues a new request's hand-off actions and runs
+            // them at its next round at this instant: after the prefill workers idle now have
+            // started their passes and after the planner's tick (a worker it drains now gets
+            // none of the requests arriving now).
+            Some(step) => self.unplaced.push((id, step)),
             None => self.route(0, id),
         }
     }
