@@ -91,6 +91,7 @@ fn planner_examples_match_the_reference() {
         "planner_agg_hybrid_kalman",
         "planner_disagg_hybrid_kalman",
         "planner_disagg_sla_load",
+        "planner_agg_sglang_hybrid",
     ] {
         let out_dir = tmp(name);
         let out = predict_config(&planner_dir().join(format!("{name}.yaml")), &out_dir);

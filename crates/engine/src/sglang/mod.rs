@@ -198,9 +198,13 @@ impl SglangEngine {
 
     pub fn queue_load(&self) -> crate::output::QueueLoad {
         let mut q = crate::output::QueueLoad::default();
+        // As SGLang's waiting-queue statistics count them: a request that has produced no
+        // output yet (a chunked prefill in progress included) queues its whole prompt as
+        // prefill; one with output (retracted) or a transferred one queues its sequence as
+        // decode.
         for &slot in self.waiting.iter().chain(self.arrived.iter()) {
             let req = &self.reqs[slot];
-            if req.state.admitted_before {
+            if req.generated > 0 || req.transferred {
                 q.decode_requests += 1;
                 q.decode_kv_tokens += req.len() as u64;
             } else {
