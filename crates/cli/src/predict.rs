@@ -620,7 +620,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     let mut bar = Bar::new();
     let result = match planner.as_mut() {
         Some(run) => {
-            let options = RunOptions { autoscaler: Some(run as &mut dyn Autoscaler), stop_at_ms: None };
+            let options = RunOptions { autoscaler: Some(run as &mut dyn Autoscaler), stop_at_ms: None, pacer: None };
             simulate_with(&workload, &config, collector, &mut bar, options)
         }
         None => simulate(&workload, &config, collector, &mut bar),

@@ -155,6 +155,7 @@ pub fn run_planned_with(
     let options = servesim_replay::RunOptions {
         autoscaler: planner.map(|r| r as &mut dyn servesim_replay::Autoscaler),
         stop_at_ms: p.config.traffic.stop.max_virtual_time_seconds.map(|s| s * 1000.0),
+        pacer: None,
     };
     servesim_replay::simulate_with(&p.workload, &p.sim, collector, progress, options).map_err(|e| e.to_string())
 }
