@@ -2,7 +2,9 @@
 
 A replay runs on a virtual clock inside the Rust core with the GIL released; Ctrl-C raises
 ``KeyboardInterrupt`` and stops it within a fraction of a second. Offline runs return a
-:class:`ReplayReport`; ``replay_mode="online"`` returns the summary dict.
+:class:`ReplayReport`. ``replay_mode="online"`` runs the same replay paced on the wall clock
+(each simulated millisecond takes a wall millisecond, so the call lasts about the simulated
+``duration_ms``) and returns the summary dict; its simulated numbers are the offline run's.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ def _telemetry_kwargs(options: Any, replay_mode: str) -> dict[str, Any]:
         capture = callback is None and jsonl_path is None
     if not capture and callback is None and jsonl_path is None:
         raise ValueError("TelemetryOptions needs at least one sink")
+    if replay_mode != "offline":
+        raise ValueError("replay telemetry only supports replay_mode='offline'")
     interval = options.sample_interval_ms
     if not isinstance(interval, numbers.Real):
         raise TypeError(
@@ -166,8 +170,6 @@ def _telemetry_kwargs(options: Any, replay_mode: str) -> dict[str, Any]:
         raise ValueError("telemetry_sample_interval_ms must be a positive finite number")
     if callback is not None and not callable(callback):
         raise TypeError("telemetry_callback must be callable or None")
-    if replay_mode != "offline":
-        raise ValueError("replay telemetry only supports replay_mode='offline'")
     return {
         "telemetry_sample_interval_ms": interval,
         "capture_telemetry": bool(capture),
@@ -176,13 +178,11 @@ def _telemetry_kwargs(options: Any, replay_mode: str) -> dict[str, Any]:
     }
 
 
-def _check_common(replay_mode, max_sim_time_ms, planner_config, telemetry_options, ais_perf_config):
+def _check_common(replay_mode, ais_perf_config):
+    """The checks before the native run's (which checks the lag, ``max_sim_time_ms`` and what
+    online replay does not support, with the reference's messages)."""
     if replay_mode not in ("offline", "online"):
         raise Exception(f"replay_mode must be either 'offline' or 'online', got {replay_mode!r}")
-    if max_sim_time_ms is not None:
-        v = float(max_sim_time_ms)
-        if not (v == v and v not in (float("inf"),) and v >= 0):
-            raise Exception("max_sim_time_ms must be a finite, non-negative value")
     if ais_perf_config is not None:
         raise NotImplementedError(
             "servesim takes the router's AIS load model from router_config; ais_perf_config is not supported"
@@ -364,7 +364,9 @@ def run_trace_replay(
     Same signature, defaults and Python-side validation as Dynamo 1.6.1's
     ``dynamo.replay.api.run_trace_replay``. Prefill/decode engine args make the cluster
     disaggregated (``num_prefill_workers`` + ``num_decode_workers``). ``replay_mode="online"``
-    returns the summary dict (servesim does not pace it on the wall clock). ``planner_config``
+    paces the same replay on the wall clock (aggregated workers; no ``kv_event_lag_ms``,
+    ``max_sim_time_ms``, telemetry or planner, as in the reference) and returns the summary
+    dict, equal to the offline summary but for its wall-clock keys. ``planner_config``
     (a mapping, JSON text or a path; the keys ``servesim predict --planner-config`` takes) puts
     Dynamo's planner in the loop and fills ``ReplayReport.planner``. ``telemetry_options``
     (:class:`TelemetryOptions`, offline only) samples the cluster on the virtual clock.
@@ -398,7 +400,7 @@ def run_trace_replay(
             )
         if trace_format == "dynamo" and not trace_files:
             raise ValueError("planner_config replay with trace_format='dynamo' requires at least one trace file")
-    _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
+    _check_common(replay_mode, ais_perf_config)
     telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
     if not trace_files:
         raise Exception("trace replay requires at least one trace file")
@@ -429,6 +431,7 @@ def run_trace_replay(
         max_sim_time_ms=None if max_sim_time_ms is None else float(max_sim_time_ms),
         planner_config=_config_text(planner_config, "planner_config"),
         model_name=model_name,
+        online=replay_mode == "online",
         **telemetry,
     )
     return _report(
@@ -476,13 +479,14 @@ def run_synthetic_trace_replay(
     """Replay generated load (``request_count`` sessions of ``input_tokens`` prompt and
     ``output_tokens`` output tokens) at ``request_rate`` (Poisson), every
     ``arrival_interval_ms``, or as a closed loop of ``replay_concurrency`` sessions.
-    ``telemetry_options`` and ``router_config``'s ``router_policy_config`` work as in
+    ``telemetry_options``, ``router_config``'s ``router_policy_config`` and
+    ``replay_mode="online"`` (wall-clock pacing, returns the summary dict) work as in
     :func:`run_trace_replay`."""
     if capture_per_request and replay_mode == "online":
         raise ValueError("capture_per_request only supports replay_mode='offline'")
     if planner_config is not None and replay_mode != "offline":
         raise ValueError("planner_config replay only supports replay_mode='offline'")
-    _check_common(replay_mode, max_sim_time_ms, None, telemetry_options, ais_perf_config)
+    _check_common(replay_mode, ais_perf_config)
     telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
     synthetic = (
         int(input_tokens),
@@ -514,6 +518,7 @@ def run_synthetic_trace_replay(
         synthetic=synthetic,
         planner_config=_config_text(planner_config, "planner_config"),
         model_name=model_name,
+        online=replay_mode == "online",
         **telemetry,
     )
     return _report(

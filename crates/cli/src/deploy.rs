@@ -77,6 +77,7 @@ const CONFIG_MODE_FLAGS: &[&str] = &[
     "--ensemble",
     "--timing-jitter-cv",
     "--threads",
+    "--online",
 ];
 
 fn check_no_other_flags() -> Result<(), Failure> {
@@ -89,14 +90,14 @@ fn check_no_other_flags() -> Result<(), Failure> {
         }
         let name = a.split('=').next().unwrap_or(a);
         if CONFIG_MODE_FLAGS.contains(&name) {
-            skip_value =
-                !a.contains('=') && !matches!(name, "--overwrite" | "--capture-per-request" | "--ttft-breakdown");
+            skip_value = !a.contains('=')
+                && !matches!(name, "--overwrite" | "--capture-per-request" | "--ttft-breakdown" | "--online");
             continue;
         }
         return Err(Failure::input(format!(
             "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
-             --overwrite, --format, --capture-per-request, --stack, --ensemble, --timing-jitter-cv, --threads \
-             and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
+             --overwrite, --format, --capture-per-request, --stack, --ensemble, --timing-jitter-cv, --threads, \
+             --online and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
         )));
     }
     Ok(())
@@ -167,11 +168,13 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
 }
 
 /// What varies a `predict -c` run beyond the configuration file: `--ensemble`,
-/// `--timing-jitter-cv` and `--threads`.
+/// `--timing-jitter-cv`, `--threads` and `--online`.
 pub struct Variation {
     pub ensemble: Option<usize>,
     pub timing_jitter_cv: Option<f64>,
     pub threads: usize,
+    /// Pace the run on the wall clock.
+    pub online: bool,
 }
 
 pub fn predict(
@@ -231,7 +234,9 @@ pub fn predict(
         collector = collector.with_telemetry(*interval_ms, t);
     }
     let mut bar = Bar::new();
-    let result = servesim_deploy::run_planned_with(&prepared, planner.as_mut(), collector, &mut bar);
+    let clock = variation.online.then(servesim_replay::WallClock::start);
+    let pacer = clock.as_ref().map(|c| c as &dyn servesim_replay::Pacer);
+    let result = servesim_deploy::run_paced(&prepared, planner.as_mut(), collector, &mut bar, pacer);
     bar.finish();
     drop(telemetry_sink);
     if let (Some(Err(e)), Some(p)) = (telemetry_writer.map(|w| w.finish()), flags.telemetry.as_ref()) {

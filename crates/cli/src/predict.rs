@@ -8,9 +8,9 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
-    load_trace, request_json, request_json_with_breakdown, simulate, simulate_with, Arrivals, Autoscaler, Collector,
-    LoadMode, Overflow, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology,
-    TraceFormat, TraceOptions, Workload,
+    load_trace, request_json, request_json_with_breakdown, simulate_with, Arrivals, Autoscaler, Collector, LoadMode,
+    Overflow, Pacer, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology,
+    TraceFormat, TraceOptions, WallClock, Workload,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
 
@@ -222,6 +222,12 @@ pub struct PredictArgs {
     /// `<key>_p95` in JSON). Trace timestamps are replayed as they are.
     #[arg(long, value_name = "N", help_heading = "Output")]
     ensemble: Option<usize>,
+    /// Pace the replay on the wall clock, as aisimulate's `predict --online`: each simulated
+    /// millisecond takes a wall millisecond (engine speedup ratios included), so the run lasts
+    /// about its simulated duration. The report is the unpaced run's but for its wall-clock
+    /// values.
+    #[arg(long, help_heading = "Output")]
+    online: bool,
     /// Multiply every forward pass's modelled duration by a random factor with mean 1 and this
     /// coefficient of variation (log-normal; e.g. 0.05), drawn from a stream seeded by
     /// --arrival-seed (and per ensemble member). 0, the default, leaves timing exact.
@@ -508,10 +514,23 @@ fn print_out(text: &str) -> Result<(), Failure> {
     }
 }
 
+/// `--online` paces one run; an ensemble is many.
+pub(crate) fn check_online(online: bool, ensemble: Option<usize>) -> Result<(), Failure> {
+    if online && ensemble.is_some() {
+        return Err(Failure::input("--online paces one run on the wall clock; drop --ensemble (or --online)"));
+    }
+    Ok(())
+}
+
 pub fn run(a: PredictArgs) -> Result<(), Failure> {
+    check_online(a.online, a.ensemble)?;
     if a.deploy.config.is_some() {
-        let variation =
-            crate::deploy::Variation { ensemble: a.ensemble, timing_jitter_cv: a.timing_jitter_cv, threads: a.threads };
+        let variation = crate::deploy::Variation {
+            ensemble: a.ensemble,
+            timing_jitter_cv: a.timing_jitter_cv,
+            threads: a.threads,
+            online: a.online,
+        };
         return crate::deploy::predict(&a.deploy, &a.reports, a.format == Format::Json, &variation);
     }
     a.deploy.check_flag_form()?;
@@ -618,13 +637,13 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         collector = collector.with_telemetry(*interval_ms, t);
     }
     let mut bar = Bar::new();
-    let result = match planner.as_mut() {
-        Some(run) => {
-            let options = RunOptions { autoscaler: Some(run as &mut dyn Autoscaler), stop_at_ms: None };
-            simulate_with(&workload, &config, collector, &mut bar, options)
-        }
-        None => simulate(&workload, &config, collector, &mut bar),
+    let clock = a.online.then(WallClock::start);
+    let options = RunOptions {
+        autoscaler: planner.as_mut().map(|run| run as &mut dyn Autoscaler),
+        stop_at_ms: None,
+        pacer: clock.as_ref().map(|c| c as &dyn Pacer),
     };
+    let result = simulate_with(&workload, &config, collector, &mut bar, options);
     bar.finish();
     drop(telemetry_sink);
     let telemetry_error = telemetry_writer.map(|w| w.finish().err()).unwrap_or_default();

@@ -430,3 +430,60 @@ fn deployment_config_runs_an_ensemble() {
         &["--ensemble", "--capture-per-request"],
     );
 }
+
+#[test]
+fn online_paces_the_run_on_the_wall_clock_and_changes_no_simulated_value() {
+    // 20 requests, one every 25 ms: about half a second simulated.
+    let synthetic = [
+        "predict",
+        "--input-tokens",
+        "256",
+        "--output-tokens",
+        "16",
+        "--request-count",
+        "20",
+        "--arrival-interval-ms",
+        "25",
+        "--num-workers",
+        "2",
+        "--format",
+        "json",
+        "--no-wall-clock",
+    ];
+    let offline = servesim(&synthetic);
+    let started = std::time::Instant::now();
+    let online = servesim(&[&synthetic[..], &["--online"]].concat());
+    let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(online.stdout, offline.stdout, "{}", String::from_utf8_lossy(&online.stderr));
+    let duration_ms = json_stdout(&online)["duration_ms"].as_f64().unwrap();
+    assert!(duration_ms > 450.0, "{duration_ms}");
+    assert!(
+        wall_ms >= duration_ms && wall_ms < 3.0 * duration_ms + 500.0,
+        "wall {wall_ms} ms, simulated {duration_ms}"
+    );
+
+    // The deployment-config form takes it too.
+    let config = tmp("online.yaml");
+    std::fs::write(
+        &config,
+        "traffic:\n  source: {type: synthetic, input_tokens: 128, output_tokens: 16}\n  load: {type: concurrency, concurrency: 4}\n  stop: {requests: 20}\nengine:\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n",
+    )
+    .unwrap();
+    let run = |dir: &str, extra: &[&str]| {
+        let out_dir = tmp(dir);
+        let args =
+            ["predict", "-c", config.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--overwrite"];
+        let started = std::time::Instant::now();
+        let out = servesim(&[&args[..], extra].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let summary: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        (simulated(summary), started.elapsed().as_secs_f64() * 1000.0)
+    };
+    let (unpaced, _) = run("online-off", &[]);
+    let (paced, wall_ms) = run("online-on", &["--online"]);
+    assert_eq!(paced, unpaced);
+    let duration_ms = paced["duration_ms"].as_f64().unwrap();
+    assert!(duration_ms > 100.0 && wall_ms >= duration_ms, "wall {wall_ms} ms, simulated {duration_ms}");
+
+    rejects(&[&synthetic[..], &["--online", "--ensemble", "3"]].concat(), &["--online", "--ensemble"]);
+}

@@ -152,9 +152,21 @@ pub fn run_planned_with(
     collector: Collector<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Report, String> {
+    run_paced(p, planner, collector, progress, None)
+}
+
+/// [`run_planned_with`] paced by `pacer` (`predict -c --online`).
+pub fn run_paced(
+    p: &Prepared,
+    planner: Option<&mut servesim_replay::planned::PlannerRun>,
+    collector: Collector<'_>,
+    progress: &mut dyn Progress,
+    pacer: Option<&dyn servesim_replay::Pacer>,
+) -> Result<Report, String> {
     let options = servesim_replay::RunOptions {
         autoscaler: planner.map(|r| r as &mut dyn servesim_replay::Autoscaler),
         stop_at_ms: p.config.traffic.stop.max_virtual_time_seconds.map(|s| s * 1000.0),
+        pacer,
     };
     servesim_replay::simulate_with(&p.workload, &p.sim, collector, progress, options).map_err(|e| e.to_string())
 }

@@ -10,6 +10,8 @@
 //! A replay runs with the GIL released. The driver asks [`Progress::cancelled`] now and then;
 //! the binding answers by briefly taking the GIL and running Python's signal handlers, so
 //! Ctrl-C raises `KeyboardInterrupt` within a fraction of a second and the run stops cleanly.
+//! An online replay (`online=True`) is the same run paced by a [`WallClock`]: the driver
+//! sleeps until each virtual instant is due, asking [`Progress::cancelled`] while it sleeps.
 
 mod live;
 
@@ -28,7 +30,7 @@ use servesim_replay::telemetry::dynamo_sample_jsonl;
 use servesim_replay::{
     load_trace, request_json, simulate_with, Arrivals, ClusterSample, Collector, LoadMode, Progress, RequestRecord,
     RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec, TelemetrySink, Topology, TraceFormat,
-    TraceOptions, WorkerSample, Workload,
+    TraceOptions, WallClock, WorkerSample, Workload,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
 
@@ -184,6 +186,9 @@ struct Job {
     /// Picks the model's profile in a router policy file.
     model_name: Option<String>,
     telemetry: Option<TelemetryJob>,
+    /// `replay_mode="online"`: pace the run on the wall clock (virtual ms = wall ms from the
+    /// start of the simulation).
+    online: bool,
 }
 
 enum Failure {
@@ -348,9 +353,11 @@ impl Job {
             collector = collector.with_telemetry(t.interval_ms, sink).with_dynamo_samples();
         }
         let mut interrupts = Interrupts { last: Instant::now(), error: None, callback_error: callback_error.clone() };
+        let clock = self.online.then(WallClock::start);
         let options = RunOptions {
             stop_at_ms: self.stop_at_ms,
             autoscaler: planner.as_mut().map(|r| r as &mut dyn servesim_replay::Autoscaler),
+            pacer: clock.as_ref().map(|c| c as &dyn servesim_replay::Pacer),
         };
         let result = simulate_with(&workload, &config, collector, &mut interrupts, options);
         let mut report = match result {
@@ -425,9 +432,9 @@ fn parse_format(name: &str) -> PyResult<TraceFormat> {
     })
 }
 
-/// Runs a replay on the virtual clock. Engine and router configurations are JSON text (the
-/// Python side serialises mappings). Returns `(summary_json, per_request_json_lines | None,
-/// planner_json | None)`.
+/// Runs a replay on the virtual clock, paced on the wall clock when `online`. Engine and router
+/// configurations are JSON text (the Python side serialises mappings). Returns
+/// `(summary_json, per_request_json_lines | None, planner_json | None, telemetry_json_lines | None)`.
 /// Errors in the input raise `Exception` with the driver's message; Ctrl-C raises
 /// `KeyboardInterrupt`.
 #[pyfunction]
@@ -440,7 +447,7 @@ fn parse_format(name: &str) -> PyResult<TraceFormat> {
     sla_ttft_ms=None, sla_itl_ms=None, sla_e2e_ms=None, capture_per_request=false,
     report_jsonl_path=None, kv_event_lag_ms=None, router_seed=42, synthetic=None, max_sim_time_ms=None,
     planner_config=None, model_name=None, telemetry_sample_interval_ms=None, capture_telemetry=false,
-    telemetry_callback=None, telemetry_jsonl_path=None
+    telemetry_callback=None, telemetry_jsonl_path=None, online=false
 ))]
 #[allow(clippy::too_many_arguments)]
 fn run_replay(
@@ -479,9 +486,17 @@ fn run_replay(
     capture_telemetry: bool,
     telemetry_callback: Option<Py<PyAny>>,
     telemetry_jsonl_path: Option<PathBuf>,
+    online: bool,
 ) -> PyResult<Replayed> {
-    if max_sim_time_ms.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
-        return Err(PyException::new_err("max_sim_time_ms must be a finite, non-negative value"));
+    // The reference's checks, in its order (for the first error of several).
+    let kv_event_lag_ms = kv_event_lag_ms.unwrap_or(0.0);
+    if !(kv_event_lag_ms.is_finite() && kv_event_lag_ms >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "kv_event_lag_ms must be finite and non-negative, got {kv_event_lag_ms}"
+        )));
+    }
+    if online && kv_event_lag_ms > 0.0 {
+        return Err(PyValueError::new_err("kv_event_lag_ms only supports replay_mode='offline'"));
     }
     let kv_router = match router_mode {
         "round_robin" => false,
@@ -493,6 +508,15 @@ fn run_replay(
         }
     };
     let trace_format = parse_format(trace_format)?;
+    if max_sim_time_ms.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+        return Err(PyValueError::new_err("max_sim_time_ms must be a finite, non-negative value"));
+    }
+    if online && max_sim_time_ms.is_some() {
+        return Err(PyValueError::new_err("max_sim_time_ms only supports replay_mode='offline'"));
+    }
+    if online && telemetry_sample_interval_ms.is_some() {
+        return Err(PyValueError::new_err("replay telemetry only supports replay_mode='offline'"));
+    }
     let weka_basis = match weka_nested_timestamp_basis.as_deref() {
         None => None,
         Some("auto") => Some(WekaBasis::Auto),
@@ -504,6 +528,13 @@ fn run_replay(
     };
     if replay_concurrency == Some(0) {
         return Err(PyException::new_err("replay_concurrency must be at least 1"));
+    }
+    // The reference's online replay serves aggregated workers only.
+    if online && disaggregated {
+        return Err(PyException::new_err("disagg replay only supports replay_mode='offline'"));
+    }
+    if online && num_workers == 0 {
+        return Err(PyException::new_err("online replay requires num_workers >= 1"));
     }
     if !(arrival_speedup_ratio.is_finite() && arrival_speedup_ratio > 0.0) {
         return Err(PyException::new_err(format!(
@@ -530,10 +561,6 @@ fn run_replay(
             })
         }
     };
-    let kv_event_lag_ms = kv_event_lag_ms.unwrap_or(0.0);
-    if !(kv_event_lag_ms.is_finite() && kv_event_lag_ms >= 0.0) {
-        return Err(PyException::new_err("kv_event_lag_ms must be a finite, non-negative value"));
-    }
     let synthetic =
         synthetic.map(|(input_tokens, output_tokens, sessions, rate, interval, seed, turns, shared, groups, delay)| {
             SyntheticSpec {
@@ -583,6 +610,7 @@ fn run_replay(
         planner_config,
         model_name,
         telemetry,
+        online,
     };
     match py.allow_threads(move || job.run()) {
         Ok(out) => Ok(out),

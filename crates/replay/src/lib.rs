@@ -27,8 +27,8 @@ pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, 
 pub use report::{request_json, request_json_with_breakdown, Report, WALL_CLOCK_KEYS};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{
-    simulate, simulate_with, Autoscaler, LifecycleOp, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
-    Transition,
+    simulate, simulate_with, Autoscaler, LifecycleOp, Pacer, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
+    Transition, WallClock,
 };
 pub use synthetic::{Arrivals, SyntheticSpec};
 pub use telemetry::{ClusterSample, TelemetrySink, WorkerSample};

@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::metrics::Collector;
 use servesim_cluster::RouterMode;
 
-use crate::sim::{simulate_shard, work_only_at_releases, Progress, Shard, SimConfig, SimError};
+use crate::sim::{simulate_shard, work_only_at_releases, Pacer, Progress, Shard, SimConfig, SimError};
 use crate::workload::Workload;
 
 /// Most shards a run is split into.
@@ -47,18 +47,21 @@ pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Colle
 }
 
 /// Runs every worker's shard and merges them into `collector`; returns the time of the last
-/// event of the run.
+/// event of the run. A paced run gives every shard its own thread: each follows the wall clock
+/// from the start (mostly asleep), and a shard that waited for a thread would start behind it.
 pub(crate) fn simulate(
     workload: &Workload,
     config: &SimConfig,
     collector: &mut Collector<'_>,
     progress: &mut dyn Progress,
+    pacer: Option<&dyn Pacer>,
 ) -> Result<f64, SimError> {
     let [pool] = config.topology.pools() else { unreachable!("split runs are aggregated") };
     let count = (pool.workers as usize).min(MAX_SHARDS);
-    let threads = match config.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
+    let threads = match (pacer, config.threads) {
+        (Some(_), _) => count,
+        (None, 0) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        (None, n) => n,
     }
     .min(count);
     let total = workload.num_requests();
@@ -81,7 +84,7 @@ pub(crate) fn simulate(
             if breakdown {
                 collector = collector.with_ttft_breakdown();
             }
-            let result = simulate_shard(workload, config, shard, collector, &mut shard_progress);
+            let result = simulate_shard(workload, config, shard, collector, &mut shard_progress, pacer);
             if done_tx.send((index, result)).is_err() {
                 break;
             }
@@ -224,7 +227,7 @@ mod tests {
             Some(count) => {
                 for index in 0..count {
                     let collector = Collector::new(config.sla, Some(&mut sink));
-                    simulate_shard(workload, config, Shard { index, count }, collector, &mut ()).unwrap();
+                    simulate_shard(workload, config, Shard { index, count }, collector, &mut (), None).unwrap();
                 }
             }
         }

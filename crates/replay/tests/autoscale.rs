@@ -72,7 +72,7 @@ fn workload() -> Workload {
 fn run(script: &mut Script, startup: Option<f64>) -> (servesim_replay::Report, Vec<RequestRecord>) {
     let mut records = Vec::new();
     let mut sink = |r: &RequestRecord| records.push(r.clone());
-    let options = RunOptions { autoscaler: Some(script), stop_at_ms: None };
+    let options = RunOptions { autoscaler: Some(script), stop_at_ms: None, pacer: None };
     let cfg = config(startup);
     let report =
         simulate_with(&workload(), &cfg, Collector::new(Sla::default(), Some(&mut sink)), &mut (), options).unwrap();
@@ -137,7 +137,7 @@ fn a_started_worker_takes_requests_only_after_its_startup_time() {
 
 #[test]
 fn a_virtual_time_stop_counts_requests_in_flight_as_incomplete() {
-    let options = RunOptions { autoscaler: None, stop_at_ms: Some(5000.0) };
+    let options = RunOptions { autoscaler: None, stop_at_ms: Some(5000.0), pacer: None };
     let report =
         simulate_with(&workload(), &config(None), Collector::new(Sla::default(), None), &mut (), options).unwrap();
     // Arrivals at 0, 50, ..., 5000 ms: 101 requests; the last one or few are still running.

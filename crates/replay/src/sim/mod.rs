@@ -17,10 +17,12 @@
 //! worker between its passes (a command for a busy worker waits for its pass to end).
 
 mod handoff;
+mod pace;
 mod scaling;
 mod stretch;
 mod telemetry;
 
+pub use pace::{Pacer, WallClock};
 pub use scaling::{Autoscaler, LifecycleOp, ScaleDecision, Transition};
 
 use std::cmp::Reverse;
@@ -173,6 +175,10 @@ pub struct RunOptions<'h> {
     /// Stop the virtual clock here (aisimulate's `max_virtual_time_seconds`): later arrivals
     /// never come, requests in flight are reported incomplete.
     pub stop_at_ms: Option<f64>,
+    /// Paces the run (online replay): whenever the virtual clock moves forward, the loop waits
+    /// as long as the pacer says, asking [`Progress::cancelled`] while it waits. The results
+    /// are those of the unpaced run.
+    pub pacer: Option<&'h dyn Pacer>,
 }
 
 /// [`simulate`] with [`RunOptions`].
@@ -191,6 +197,7 @@ pub fn simulate_with(
             sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
         }
         sim.stop_at_ms = options.stop_at_ms;
+        sim.pacer = options.pacer;
         if options.stop_at_ms.is_some() {
             sim.collector.defer_token_gaps();
         }
@@ -202,10 +209,11 @@ pub fn simulate_with(
         return Ok(report);
     }
     if split::applies(workload, config, &collector) {
-        let end_ms = split::simulate(workload, config, &mut collector, progress)?;
+        let end_ms = split::simulate(workload, config, &mut collector, progress, options.pacer)?;
         return Ok(Report::build(config, &collector, end_ms));
     }
     let mut sim = Simulation::new(workload, config, collector, None);
+    sim.pacer = options.pacer;
     sim.run(progress)?;
     Ok(Report::build(config, &sim.collector, sim.now))
 }
@@ -219,8 +227,10 @@ pub(crate) fn simulate_shard<'c>(
     shard: Shard,
     collector: Collector<'c>,
     progress: &mut dyn Progress,
+    pacer: Option<&dyn Pacer>,
 ) -> Result<(Collector<'c>, f64), SimError> {
     let mut sim = Simulation::new(workload, config, collector, Some(shard));
+    sim.pacer = pacer;
     sim.run(progress)?;
     Ok((sim.collector, sim.now))
 }
@@ -334,6 +344,8 @@ struct Simulation<'a, 'c> {
     scaling: Option<scaling::Scaling<'a>>,
     /// The virtual-time stop, if any.
     stop_at_ms: Option<f64>,
+    /// Paces the run on the wall clock, if any.
+    pacer: Option<&'a dyn Pacer>,
     /// A request the router refused (its policy class's queue was full): the run stops with
     /// this, as Dynamo's replay does.
     rejected: Option<String>,
@@ -388,6 +400,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             unplaced: Vec::new(),
             scaling: None,
             stop_at_ms: None,
+            pacer: None,
             rejected: None,
         }
     }
@@ -447,6 +460,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     self.finish_telemetry();
                     self.collector.close_incomplete();
                     return Ok(());
+                }
+                if self.now > last {
+                    self.pace(progress)?;
                 }
                 if self.collector.telemetry.is_some() {
                     self.sample_telemetry(self.now);
@@ -520,6 +536,22 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         self.collector.close_incomplete();
         Ok(())
+    }
+
+    /// Waits until the pacer lets the run go on at `self.now`, in slices of at most
+    /// [`pace::PACE_SLICE`], stopping with [`SimError::Cancelled`] if the caller cancels.
+    fn pace(&self, progress: &mut dyn Progress) -> Result<(), SimError> {
+        let Some(pacer) = self.pacer else { return Ok(()) };
+        loop {
+            let wait = pacer.wait(self.now);
+            if wait.is_zero() {
+                return Ok(());
+            }
+            if progress.cancelled() {
+                return Err(SimError::Cancelled { at_ms: self.now });
+            }
+            std::thread::sleep(wait.min(pace::PACE_SLICE));
+        }
     }
 
     /// Starts a pass (or a fast-forwarded stretch) on every idle worker that has work. Returns
