@@ -30,8 +30,31 @@ impl RouterMode {
 }
 
 enum Kind {
-    RoundRobin(RoundRobin),
+    RoundRobin(Rotation),
     Kv(Box<KvRouter>),
+}
+
+/// Round robin over (worker, rank) targets as Dynamo's aggregated replay places: a counter
+/// picks the next active worker, then that worker's own counter picks its rank. With a fixed
+/// set of workers this visits every worker's rank 0, then every worker's rank 1, and so on; a
+/// worker that joins starts at its rank 0 while the others go on from where they were.
+#[derive(Clone, Debug, Default)]
+struct Rotation {
+    workers: RoundRobin,
+    /// The next rank of each worker slot.
+    next_rank: Vec<u32>,
+}
+
+impl Rotation {
+    fn pick(&mut self, active: &[usize], dp: usize) -> usize {
+        let worker = active[self.workers.pick(active.len())];
+        if self.next_rank.len() <= worker {
+            self.next_rank.resize(worker + 1, 0);
+        }
+        let rank = self.next_rank[worker] as usize % dp;
+        self.next_rank[worker] = rank as u32 + 1;
+        worker * dp + rank
+    }
 }
 
 /// Places the requests of one pool.
@@ -67,7 +90,7 @@ impl Placer {
         let slots = pool.workers as usize;
         let dp = pool.dp();
         let kind = match mode {
-            RouterMode::RoundRobin => Kind::RoundRobin(RoundRobin::default()),
+            RouterMode::RoundRobin => Kind::RoundRobin(Rotation::default()),
             RouterMode::KvRouter(rc) => {
                 let budget = pool.engine.max_num_batched_tokens.unwrap_or(8192);
                 let rc = router_config_for(pool.role, rc);
@@ -108,7 +131,7 @@ impl Placer {
         debug_assert!(self.has_active(), "placing a request with no active worker");
         match &mut self.kind {
             Kind::RoundRobin(rr) => {
-                let target = rr_target(rr, &self.active, self.dp);
+                let target = rr.pick(&self.active, self.dp);
                 Routed::Placed(Placement {
                     id: req.id,
                     target,
@@ -125,7 +148,7 @@ impl Placer {
     /// The target round robin would pick next, without picking it (None for the KV router).
     pub fn peek_round_robin(&self) -> Option<usize> {
         match &self.kind {
-            Kind::RoundRobin(rr) => Some(rr_target(&mut rr.clone(), &self.active, self.dp)),
+            Kind::RoundRobin(rr) => Some(rr.clone().pick(&self.active, self.dp)),
             Kind::Kv(_) => None,
         }
     }
@@ -133,7 +156,7 @@ impl Placer {
     /// Moves round robin past its next target (a request placed elsewhere took that turn).
     pub fn skip_round_robin(&mut self) {
         if let Kind::RoundRobin(rr) = &mut self.kind {
-            rr_target(rr, &self.active, self.dp);
+            rr.pick(&self.active, self.dp);
         }
     }
 
@@ -212,13 +235,6 @@ impl Placer {
     }
 }
 
-/// Round robin cycles through the active workers first, then their ranks.
-fn rr_target(rr: &mut RoundRobin, active: &[usize], dp: usize) -> usize {
-    let n = active.len();
-    let k = rr.pick(n * dp);
-    active[k % n] * dp + k / n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +280,19 @@ mod tests {
         let targets: Vec<usize> = (0..4).map(|i| place(&mut p, 10 + i)).collect();
         assert!(targets.iter().all(|t| t / 2 != 0), "draining worker 0 gets nothing: {targets:?}");
         assert!(targets.iter().any(|t| t / 2 == 2), "the new worker gets requests: {targets:?}");
+    }
+
+    #[test]
+    fn a_joining_worker_starts_at_its_first_rank_and_the_others_keep_their_own_rank() {
+        // Dynamo's aggregated round robin: the worker counter goes on from where it was in the
+        // new active set, and each worker keeps the rank it would serve next.
+        let mut p = Placer::new(&pool(1, 2), &RouterMode::RoundRobin, 0);
+        assert_eq!((0..4).map(|i| place(&mut p, i)).collect::<Vec<_>>(), vec![0, 1, 0, 1]);
+        let w = p.add_worker();
+        p.set_active(w, true);
+        // Worker 1 rank 0 (target 2), worker 0 rank 0 (0), worker 1 rank 1 (3), worker 0 rank 1.
+        // (One counter over the four targets would have gone on with 1, 3, 0, 2.)
+        assert_eq!((10..14).map(|i| place(&mut p, i)).collect::<Vec<_>>(), vec![2, 0, 3, 1]);
     }
 
     #[test]
