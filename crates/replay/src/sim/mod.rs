@@ -268,7 +268,8 @@ struct Rank {
 struct Worker {
     ranks: Vec<Rank>,
     busy: bool,
-    /// End of the pass in flight.
+    /// Start and end of the pass in flight.
+    pass_start: f64,
     pass_end: f64,
     /// The pass in flight is a fast-forwarded stretch of decode passes.
     stretch: Option<Stretch>,
@@ -590,8 +591,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // slowest rank's does, and all its tokens are stamped then.
                 let mut end = now;
                 let mut effect = false;
+                worker.pass_start = now;
                 for rank in &mut worker.ranks {
                     rank.ran = rank.engine.has_work();
+                    if scaled && !rank.ran {
+                        rank.queue = rank.engine.queue_load();
+                    }
                     if rank.ran {
                         if dynamo_gauges {
                             let before = telemetry::Gauges::of(&rank.engine);
@@ -835,8 +840,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
             if std::mem::take(&mut rank.ran) {
                 let out = std::mem::take(&mut rank.output);
                 self.apply_rank_pass(pool, w * dp + r, &out);
-                self.record_fpm(pool, w, r, &out);
+                self.record_fpm(pool, w, r, Some(&out));
                 self.pools[pool].workers[w].ranks[r].output = out;
+            } else {
+                // An attention-DP rank with nothing to do still takes part in its worker's
+                // pass, and the planner sees an empty pass of it.
+                self.record_fpm(pool, w, r, None);
             }
         }
         // A decode worker tries its oldest waiting destination at the end of every pass; then
@@ -948,6 +957,7 @@ fn new_worker(
             })
             .collect(),
         busy: false,
+        pass_start: 0.0,
         pass_end: 0.0,
         stretch: None,
         pending_releases: Vec::new(),

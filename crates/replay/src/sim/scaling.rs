@@ -113,16 +113,15 @@ fn u32_sat(x: u64) -> u32 {
 }
 
 impl Simulation<'_, '_> {
-    /// Records rank `rank` of worker `w`'s pass for the planner.
-    pub(super) fn record_fpm(&mut self, pool: usize, w: usize, rank: usize, out: &PassOutput) {
+    /// Records rank `rank` of worker `w`'s pass for the planner, at the pass's end (now):
+    /// what the rank ran (`None`: it took part with nothing to run).
+    pub(super) fn record_fpm(&mut self, pool: usize, w: usize, rank: usize, out: Option<&PassOutput>) {
         let Some(s) = self.scaling.as_mut() else { return };
+        let worker = &self.pools[pool].workers[w];
         // The queue as it was when the pass was scheduled.
-        let q = self.pools[pool].workers[w].ranks[rank].queue;
-        let fpm = Fpm {
-            worker: w as u32,
-            dp_rank: rank as u32,
-            wall_time: (out.end_ms - out.start_ms) / 1000.0,
-            scheduled: Scheduled {
+        let q = worker.ranks[rank].queue;
+        let scheduled = match out {
+            Some(out) => Scheduled {
                 num_prefill_requests: out.prefill.batch,
                 sum_prefill_tokens: u32_sat(out.prefill_tokens),
                 var_prefill_length: 0.0,
@@ -131,6 +130,15 @@ impl Simulation<'_, '_> {
                 sum_decode_kv_tokens: u32_sat(out.decode.context_tokens),
                 var_decode_kv_tokens: 0.0,
             },
+            None => Scheduled::default(),
+        };
+        let fpm = Fpm {
+            worker: w as u32,
+            dp_rank: rank as u32,
+            // Attention-DP ranks step together: every rank's pass lasts as long as the
+            // worker's, which ends with its slowest rank.
+            wall_time: (self.now - worker.pass_start) / 1000.0,
+            scheduled,
             queued: Queued {
                 num_prefill_requests: q.prefill_requests,
                 sum_prefill_tokens: u32_sat(q.prefill_tokens),
