@@ -92,6 +92,7 @@ fn planner_examples_match_the_reference() {
         "planner_disagg_hybrid_kalman",
         "planner_disagg_sla_load",
         "planner_agg_sglang_hybrid",
+        "planner_agg_adp_kalman",
     ] {
         let out_dir = tmp(name);
         let out = predict_config(&planner_dir().join(format!("{name}.yaml")), &out_dir);

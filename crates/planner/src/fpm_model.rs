@@ -496,16 +496,16 @@ impl FpmModel {
         out
     }
 
-    /// Seeds the model with benchmark passes (`load_benchmark_fpms`). Attention-DP engines
-    /// keep the running averages but skip the fit (flat benchmark passes carry no rank groups).
+    /// Seeds the model with benchmark passes (`load_benchmark_fpms`), each one pass. (The
+    /// reference skips this fit for attention-DP engines only when a profiled
+    /// `ais_perf_model` names their rank count; its default unprofiled model, the one built
+    /// here, treats every rank as an engine of its own and fits them all.)
     pub fn bootstrap(&mut self, passes: &[Fpm]) {
         for f in passes {
             self.note_next_request(f);
         }
-        if self.caps.dp_size <= 1 {
-            let its: Vec<Vec<Fpm>> = passes.iter().map(|f| vec![*f]).collect();
-            self.tune(&its);
-        }
+        let its: Vec<Vec<Fpm>> = passes.iter().map(|f| vec![*f]).collect();
+        self.tune(&its);
     }
 
     /// Feeds one tick's snapshots (`add_observations`): the running averages in snapshot

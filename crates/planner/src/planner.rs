@@ -417,8 +417,12 @@ impl Planner {
         }
     }
 
+    /// The capacity search's view of an engine: the fitted model, queried as one rank. (The
+    /// reference's unprofiled planner model has no attention-DP grouping: it puts a synthetic
+    /// batch on a single rank, with the engine's whole KV capacity.)
     fn query<'a>(&'a self, role: &'a Role, worker: Worker) -> Option<EngineQuery<'a>> {
-        self.fpm(worker).map(|m| EngineQuery { model: m as &dyn PassModel, caps: role.caps, worker })
+        let caps = EngineCaps { dp_size: 1, ..role.caps };
+        self.fpm(worker).map(|m| EngineQuery { model: m as &dyn PassModel, caps, worker })
     }
 
     fn capacity(&self, worker: Worker, isl: f64, osl: f64, hit: Option<f64>) -> Option<Capacity> {
@@ -585,6 +589,8 @@ impl Planner {
                 return None;
             }
             let n = self.num_d;
+            let refused_label = "scale_down_refused_consolidation";
+            let mut any_refused = false;
             let desired = if easy {
                 self.kv_easy(&snap.decode_fpms, n, true)?
             } else {
@@ -592,7 +598,9 @@ impl Planner {
                     return None;
                 }
                 let p = self.agg_prefill_sla(&snap.decode_fpms, n);
+                any_refused |= self.diag.load_decision_reason.as_deref() == Some(refused_label);
                 let d = self.agg_decode_sla(&snap.decode_fpms, n);
+                any_refused |= self.diag.load_decision_reason.as_deref() == Some(refused_label);
                 match (p, d) {
                     (Some(p), _) if p > n => p,
                     (_, Some(d)) if d > n => d,
@@ -614,14 +622,24 @@ impl Planner {
                 self.cfg.max_gpu_budget,
                 self.min_ep(false),
             );
+            // The SLA target keeps "load wanted fewer, the throughput floor held it" as its own
+            // reason even when nothing changes, and a refused consolidation unless the floor
+            // held the count anyway.
+            let floor_capped = if easy { desired > original } else { desired > original && original < n };
             let reason = if desired < n {
-                if desired > original {
+                if floor_capped {
                     "scale_down_capped_by_throughput"
                 } else {
                     "scale_down"
                 }
             } else if desired > n {
                 "scale_up"
+            } else if easy {
+                "no_change"
+            } else if any_refused && !floor_capped {
+                refused_label
+            } else if floor_capped {
+                "scale_down_capped_by_throughput"
             } else {
                 "no_change"
             };
