@@ -283,6 +283,15 @@ impl PlannerConfig {
                 return Err(ConfigError::new(k.clone(), "Extra inputs are not permitted"));
             }
         }
+        // A profiled model changes every SLA estimate; replaying without it would give other
+        // decisions than the reference's, silently.
+        if m.get("ais_perf_model").is_some_and(|v| !v.is_null()) {
+            return Err(ConfigError::new(
+                "ais_perf_model".to_string(),
+                "a profiled AISimulate planner model is not supported by servesim (leave it null: the planner \
+                 then fits its own forward-pass model online, as the reference does without one)",
+            ));
+        }
         let r = Reader { m, prefix: "" };
         let mode = match r.choice("mode", &["disagg", "prefill", "decode", "agg"])?.unwrap_or("disagg") {
             "agg" => Mode::Agg,
@@ -612,5 +621,8 @@ mod tests {
         assert_eq!(err(json!({"max_gpus": 4})), "max_gpus: Extra inputs are not permitted");
         assert_eq!(err(json!({"scheduling": {"x": 1}})), "scheduling.x: Extra inputs are not permitted");
         assert!(err(json!({"load_scaling_down_sensitivity": 101})).starts_with("load_scaling_down_sensitivity: "));
+        assert!(err(json!({"ais_perf_model": {"roles": {}}}))
+            .starts_with("ais_perf_model: a profiled AISimulate planner model is not supported by servesim"));
+        assert!(PlannerConfig::from_json(&json!({"ais_perf_model": null})).is_ok());
     }
 }
