@@ -1156,7 +1156,7 @@ impl Cache {
             if v.get("key").and_then(Value::as_str) != Some(key) {
                 continue;
             }
-            let Some(t) = trial_fields(&v, tree.clone(), true) else { continue };
+            let Some(t) = trial_fields(&v, tree.clone()) else { continue };
             if *dir != self.write {
                 self.store(key, &bytes);
             }
@@ -1177,7 +1177,6 @@ impl Cache {
         let o = v.as_object_mut().expect("an object");
         o.remove("index");
         o.insert("key".into(), json!(key));
-        o.insert("summary".into(), exact_floats(&o["summary"]));
         self.store(key, &serde_json::to_vec(&v).expect("serialises"));
     }
 
@@ -1609,7 +1608,9 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
 }
 
 /// A trial as a shard file keeps it (the candidate is named by its index; the tree is rebuilt
-/// from the configuration when shards are merged).
+/// from the configuration when shards are merged). Floats are kept as their exact bits:
+/// serde_json's default parser can read a printed float back one ulp off, and merged shards
+/// must equal one run byte for byte.
 pub fn trial_json(index: usize, t: &Trial) -> Value {
     json!({
         "index": index,
@@ -1617,7 +1618,7 @@ pub fn trial_json(index: usize, t: &Trial) -> Value {
         "reason_category": t.reason_category,
         "reason": t.reason,
         "used_gpus": t.used_gpus,
-        "summary": Value::Object(t.summary.clone()),
+        "summary": exact_floats(&Value::Object(t.summary.clone())),
     })
 }
 
@@ -1644,11 +1645,11 @@ const CATEGORIES: [&str; 15] = [
 pub fn trial_from_json(search: &Search, v: &Value) -> Option<(usize, Trial)> {
     let index = v.get("index")?.as_u64()? as usize;
     let tree = search.candidates.get(index)?.clone();
-    Some((index, trial_fields(v, tree, false)?))
+    Some((index, trial_fields(v, tree)?))
 }
 
-/// A trial's fields from a shard record or a cache entry (`exact`: floats kept as bits).
-fn trial_fields(v: &Value, tree: Value, exact: bool) -> Option<Trial> {
+/// A trial's fields from a shard record or a cache entry (floats kept as bits).
+fn trial_fields(v: &Value, tree: Value) -> Option<Trial> {
     let status = STATUSES.iter().copied().find(|s| v.get("status").and_then(Value::as_str) == Some(*s))?;
     let reason_category = match v.get("reason_category")? {
         Value::Null => None,
@@ -1657,7 +1658,7 @@ fn trial_fields(v: &Value, tree: Value, exact: bool) -> Option<Trial> {
     let reason = v.get("reason")?.as_str().map(str::to_string);
     let used_gpus = v.get("used_gpus")?.as_u64()?;
     let summary = v.get("summary")?;
-    let summary = if exact { from_exact_floats(summary)? } else { summary.clone() };
+    let summary = from_exact_floats(summary)?;
     let summary = summary.as_object()?.clone();
     Some(Trial { tree, used_gpus, status, reason_category, reason, summary })
 }
