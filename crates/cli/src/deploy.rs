@@ -253,10 +253,7 @@ pub fn predict(
     if let Some(mut w) = records.take() {
         w.flush().map_err(|e| Failure::run(format!("requests.jsonl: write failed: {e}")))?;
     }
-    let mut summary_map = servesim_deploy::prediction_summary(&prepared, &report);
-    if let Some(run) = &planner {
-        summary_map.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
-    }
+    let summary_map = servesim_deploy::planned_summary(&prepared, &report, planner.as_ref());
     let summary = servesim_deploy::sorted(&serde_json::Value::Object(summary_map));
     // With a planner, the reference's `--stack dynamo` layout: the summary beside the planner.
     let document = match &planner {

@@ -79,8 +79,13 @@ fn parse_shard(s: &str) -> Result<(usize, usize), Failure> {
     Ok((k, n))
 }
 
-fn read_search(tree: &serde_json::Value, file: &str) -> Result<servesim_deploy::recommend::Search, Failure> {
-    let search = servesim_deploy::recommend::read_search(tree).map_err(|e| Failure::input(format!("{file}: {e}")))?;
+fn read_search(
+    tree: &serde_json::Value,
+    file: &str,
+    base: &Path,
+) -> Result<servesim_deploy::recommend::Search, Failure> {
+    let search =
+        servesim_deploy::recommend::read_search(tree, base).map_err(|e| Failure::input(format!("{file}: {e}")))?;
     // The base configuration must be a valid predict configuration apart from its domains:
     // check the first candidate strictly before spending time on the rest.
     servesim_deploy::schema::read_predict(&search.first_tree()).map_err(|e| Failure::input(format!("{file}: {e}")))?;
@@ -124,7 +129,7 @@ fn merge(
     let n = first["of"].as_u64().unwrap_or(0) as usize;
     let tree = first["config"].clone();
     let base = PathBuf::from(first["config_dir"].as_str().unwrap_or("."));
-    let search = read_search(&tree, &first_path.display().to_string())?;
+    let search = read_search(&tree, &first_path.display().to_string(), &base)?;
     let mut trials: Vec<Option<servesim_deploy::recommend::Trial>> = vec![None; search.candidates.len()];
     let mut seen = vec![false; n];
     for (f, v) in &shards {
@@ -179,9 +184,9 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     }
     let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
     let file = config.display().to_string();
-    let search = read_search(&tree, &file)?;
     let base = config.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+    let search = read_search(&tree, &file, &base)?;
     if let Some(spec) = &a.shard {
         let (k, n) = parse_shard(spec)?;
         if search.optimizer.algorithm == "bayesian" {
@@ -307,13 +312,20 @@ fn finish(
     Ok(())
 }
 
-/// The workers of a candidate, and its router when the search sets one.
+/// The workers of a candidate, and its router and planner when the search sets them.
 fn knobs(tree: &serde_json::Value) -> serde_json::Value {
     let workers = tree.pointer("/engine/workers").cloned().unwrap_or_default();
-    match tree.get("router") {
-        Some(r) => serde_json::json!({"workers": workers, "router": r}),
-        None => workers,
+    if tree.get("router").is_none() && tree.get("planner").is_none() {
+        return workers;
     }
+    let mut m = serde_json::Map::new();
+    m.insert("workers".into(), workers);
+    for section in ["router", "planner"] {
+        if let Some(v) = tree.get(section) {
+            m.insert(section.into(), v.clone());
+        }
+    }
+    serde_json::Value::Object(m)
 }
 
 /// The HTML page of a ranked search.
@@ -379,9 +391,11 @@ fn knob_summary(tree: &serde_json::Value) -> String {
             parts.push(format!("{role}: {}", knobs.join(" ")));
         }
     }
-    if let Some(r) = tree.get("router").and_then(serde_json::Value::as_object) {
-        let knobs: Vec<String> = r.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        parts.push(format!("router: {}", knobs.join(" ")));
+    for section in ["router", "planner"] {
+        if let Some(r) = tree.get(section).and_then(serde_json::Value::as_object) {
+            let knobs: Vec<String> = r.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            parts.push(format!("{section}: {}", knobs.join(" ")));
+        }
     }
     parts.join("; ")
 }

@@ -769,3 +769,212 @@ fn shapes_whose_kv_cache_cannot_hold_one_sequence_are_filtered() {
         stderr(&out)
     );
 }
+
+/// `planner:` in a recommend configuration: the Planner's settings are a search dimension
+/// (planner disabled, and each scaling policy x load sensitivity), every candidate's record,
+/// CSV row and recommendations/NNNN.yaml carry its concrete planner section, each of those
+/// replays with `predict -c` to the same metrics, and the score reads the planner's GPU-hours.
+#[test]
+fn recommend_searches_planner_settings_and_each_replays_through_predict() {
+    let cfg = deploy_dir().join("recommend_planner_fixed.yaml");
+    let dir = tmp("rec-planner");
+    let out = recommend(&cfg, &dir, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d = doc(&dir);
+    let candidates = d["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 10);
+    assert_eq!(d["counts"]["feasible"], 10);
+    assert_eq!(d["provenance"]["planner_load_predictor"]["reason"], "no_throughput_scaling_candidate");
+    // Per shape: disabled, then (load interval, sensitivity) (5, 70), (5, 80), (10, 70), (10, 80).
+    let knobs = |c: &Value| {
+        let k = &c["config"];
+        (
+            k["aggregated.parallelism.replicas"].as_u64().unwrap(),
+            k["planner.policy"].as_str().unwrap().to_string(),
+            k["planner.load_adjustment_interval_seconds"].as_u64(),
+            k["planner.load_scaling_down_sensitivity"].as_u64(),
+        )
+    };
+    let mut want = Vec::new();
+    for replicas in [1, 2] {
+        want.push((replicas, "disabled".to_string(), None, None));
+        for (interval, sensitivity) in [(5, 70), (5, 80), (10, 70), (10, 80)] {
+            want.push((replicas, "enabled".to_string(), Some(interval), Some(sensitivity)));
+        }
+    }
+    assert_eq!(candidates.iter().map(knobs).collect::<Vec<_>>(), want);
+    for c in candidates {
+        let p = &c["prediction_config"]["planner"];
+        if p["policy"] == "enabled" {
+            // The concrete section: the Planner's resolved target (throughput), budget and
+            // defaults, as the reference's adapter writes it.
+            assert_eq!(p["target"], "throughput");
+            assert_eq!(p["max_num_gpus"], 4);
+            assert_eq!(p["enable_throughput_scaling"], false);
+            assert_eq!(p["min_workers"], 1);
+            assert!(c["metrics"]["planner_total_ticks"].as_u64().unwrap() > 0);
+        } else {
+            assert_eq!(*p, serde_json::json!({"policy": "disabled"}));
+            assert!(c["metrics"].get("planner_total_ticks").is_none());
+        }
+        // The score is throughput per time-averaged GPU: gpu_hours over the run's duration.
+        let m = &c["metrics"];
+        let avg_gpu = m["gpu_hours"].as_f64().unwrap() / (m["duration_ms"].as_f64().unwrap() / 3.6e6);
+        let score = m["output_throughput_tok_s"].as_f64().unwrap() / avg_gpu;
+        assert!((c["score"].as_f64().unwrap() - score).abs() <= 1e-9 * score, "{}", c["candidate_id"]);
+    }
+    // The planner adds workers under this load: more GPUs on average than the shape starts with.
+    let scaled = candidates.iter().filter(|c| {
+        let m = &c["metrics"];
+        let avg = m["gpu_hours"].as_f64().unwrap() / (m["duration_ms"].as_f64().unwrap() / 3.6e6);
+        c["config"]["planner.policy"] == "enabled" && avg > c["used_gpus"].as_f64().unwrap() + 0.1
+    });
+    assert!(scaled.count() >= 4, "the enabled candidates scale up");
+    let csv = String::from_utf8(std::fs::read(dir.join("recommendation.csv")).unwrap()).unwrap();
+    assert_eq!(csv.lines().skip(1).filter(|l| l.contains("\"\"planner.policy\"\":\"\"enabled\"\"")).count(), 8);
+    // Every recommended configuration replays with predict -c to the candidate's metrics.
+    let top: Vec<&str> = d["views"]["top_n"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(top.len(), 10);
+    for (rank, id) in top.iter().enumerate() {
+        let c = candidates.iter().find(|c| c["candidate_id"] == *id).unwrap();
+        let yaml = dir.join(format!("recommendations/{:04}.yaml", rank + 1));
+        let out_dir = tmp(&format!("rec-planner-replay-{rank}"));
+        let out = predict(&yaml, &out_dir, &["--format", "json"]);
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+        let doc: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let ours = if doc.get("summary").is_some() { &doc["summary"] } else { &doc };
+        assert_eq!(doc.get("planner").is_some(), c["config"]["planner.policy"] == "enabled", "{id}");
+        for (key, want) in c["metrics"].as_object().unwrap() {
+            if key == "power_w" || key == "power_coverage" {
+                continue;
+            }
+            assert_eq!(ours[key], *want, "{id}: {key}");
+        }
+    }
+    // Shards and merge give the same files (the planner's settings are rebuilt from the shard's
+    // configuration).
+    let shards = tmp("rec-planner-shards");
+    let _ = std::fs::remove_dir_all(&shards);
+    for k in 0..2 {
+        let spec = format!("{k}/2");
+        let out = servesim(&[
+            "recommend",
+            "-c",
+            cfg.to_str().unwrap(),
+            "--shard",
+            &spec,
+            "--output-dir",
+            shards.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let merged = tmp("rec-planner-merged");
+    let out = servesim(&[
+        "recommend",
+        "merge",
+        shards.to_str().unwrap(),
+        "--output-dir",
+        merged.to_str().unwrap(),
+        "--overwrite",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(files_under(&dir) == files_under(&merged), "merged shards differ from one run");
+}
+
+/// A bad `planner:` recommend section: exit 2, one line naming the file and the key path, the
+/// reference's message where it has one, and no output directory.
+#[test]
+fn bad_planner_search_sections_name_the_key_and_exit_2() {
+    let base = std::fs::read_to_string(deploy_dir().join("recommend_planner_fixed.yaml")).unwrap();
+    let base = base.split("planner:\n").next().unwrap().to_string();
+    for (name, planner, target, wants) in [
+        ("bogus", "  bogus_knob: 3\n", "throughput", &["planner.bogus_knob: Extra inputs are not permitted"][..]),
+        (
+            "target",
+            "  target: sla\n",
+            "throughput",
+            &["planner.target: Extra inputs are not permitted (recommend takes the Planner's target from optimization.target)"][..],
+        ),
+        (
+            "mixed",
+            "  fpm_sampling: {preset: [small]}\n  max_num_fpm_samples: 32\n",
+            "throughput",
+            &["planner.fpm_sampling: planner.fpm_sampling.preset cannot be combined with independent knobs ['max_num_fpm_samples']"][..],
+        ),
+        (
+            "default-knob",
+            "  load_min_observations: {choices: [3, 4]}\n",
+            "throughput",
+            &["planner.load_sensitivity uses the default preset and cannot be combined with independent knobs ['load_min_observations']"][..],
+        ),
+        (
+            "sensitivity",
+            "  load_sensitivity: {preset: false}\n  load_scaling_down_sensitivity: {choices: [50, 120]}\n",
+            "throughput",
+            &["planner.load_scaling_down_sensitivity: load_scaling_down_sensitivity must be <= 100"][..],
+        ),
+        (
+            "bucket",
+            "  fpm_sampling: {preset: false}\n  fpm_sample_bucket_size: {range: {min: 5, max: 8, step: 1}}\n",
+            "throughput",
+            &["fpm_sample_bucket_size range contains no perfect squares"][..],
+        ),
+        (
+            "policy",
+            "  policy: {choices: [enabled, auto]}\n",
+            "throughput",
+            &["planner.policy choices must be disabled or enabled; got ['auto']"][..],
+        ),
+        (
+            "min-workers",
+            "  min_workers: {range: {min: -1, max: 1, step: 1}}\n",
+            "throughput",
+            &["planner.min_workers choices must be >= 0; got [-1]"][..],
+        ),
+        (
+            "unknown-preset",
+            "  scaling_policy: {preset: [load_180_5, load_60_5]}\n",
+            "throughput",
+            &["planner.scaling_policy.preset[1]: scaling_policy.preset has invalid choice 'load_60_5'"][..],
+        ),
+        (
+            "throughput-needs-goodput",
+            "  scaling_policy: {preset: [load_180_5, throughput_180_5]}\n",
+            "throughput",
+            &["Planner scaling_policy contains choices that are incompatible with the selected optimization target/SLA: ['throughput_180_5']"][..],
+        ),
+        (
+            "arima",
+            "  scaling_policy: {preset: [throughput_180_5]}\n  load_predictor: {preset: [kalman_default_raw, arima_raw]}\n",
+            "goodput",
+            &["planner.load_predictor.preset[1]: load predictor preset 'arima_raw' is not supported by servesim"][..],
+        ),
+        (
+            "prophet-type",
+            "  load_predictor: {preset: false, type: {choices: [kalman, prophet]}}\n",
+            "goodput",
+            &["planner.load_predictor.type: load_predictor 'prophet' is not supported by servesim"][..],
+        ),
+        (
+            "min-gpus",
+            "  policy: enabled\n",
+            "min_gpus",
+            &["planner: optimization.target 'min_gpus' has no Planner target"][..],
+        ),
+    ] {
+        let text = base.replace("target: throughput_per_gpu", &format!("target: {target}"))
+            + "evaluation:\n  sla: {ttft_ms: 2000, itl_ms: 50}\nplanner:\n"
+            + planner;
+        let cfg = write(&format!("rec-planner-bad-{name}.yaml"), &text);
+        let out_dir = tmp(&format!("rec-planner-bad-{name}-out"));
+        let out = recommend(&cfg, &out_dir, &[]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+        assert!(err.contains(cfg.to_str().unwrap()), "{name}: {err}");
+        for w in wants {
+            assert!(err.contains(w), "{name}: {err:?} lacks {w:?}");
+        }
+        assert!(!out_dir.exists(), "{name}: an output directory was left behind");
+    }
+}

@@ -6,6 +6,7 @@
 
 mod bayes;
 pub mod lower;
+pub mod planner_search;
 pub mod reader;
 pub mod recommend;
 pub mod schema;
@@ -203,6 +204,20 @@ pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
     s.insert("kv_eviction_policy".into(), json!("lru"));
     s.insert("power_w".into(), Value::Null);
     s.insert("power_coverage".into(), Value::Null);
+    s
+}
+
+/// [`prediction_summary`] of a run with its planner, if it had one: `planner_total_ticks`
+/// beside the replay's keys (what the ranking reads with `gpu_hours`).
+pub fn planned_summary(
+    p: &Prepared,
+    report: &Report,
+    planner: Option<&servesim_replay::planned::PlannerRun>,
+) -> Map<String, Value> {
+    let mut s = prediction_summary(p, report);
+    if let Some(run) = planner {
+        s.insert("planner_total_ticks".into(), json!(run.total_ticks()));
+    }
     s
 }
 

@@ -62,8 +62,9 @@ struct Knob {
 }
 
 /// The search space: every candidate is a mixed-radix index over the parallel-shape sets, the
-/// knobs (the last one fastest) and the router settings (innermost), and its concrete predict
-/// tree is made when it is needed, so a large space costs no memory until it is evaluated.
+/// knobs (the last one fastest), the router settings and the planner settings (innermost), and
+/// its concrete predict tree is made when it is needed, so a large space costs no memory until
+/// it is evaluated.
 #[derive(Clone, Debug)]
 pub struct Space {
     base: Value,
@@ -72,11 +73,15 @@ pub struct Space {
     knobs: Vec<Knob>,
     /// Concrete `router:` sections; empty when the configuration has none.
     routers: Vec<Value>,
+    /// Concrete `planner:` sections; empty when the configuration has none.
+    planners: Vec<crate::planner_search::Setting>,
 }
 
 impl Space {
     fn per_shape(&self) -> usize {
-        self.knobs.iter().map(|k| k.values.len()).product::<usize>() * self.routers.len().max(1)
+        self.knobs.iter().map(|k| k.values.len()).product::<usize>()
+            * self.routers.len().max(1)
+            * self.planners.len().max(1)
     }
 
     /// The number of candidates.
@@ -88,10 +93,13 @@ impl Space {
         self.len() == 0
     }
 
-    /// Candidate `i` as (shape set, knob value indexes, router index).
-    fn split(&self, i: usize) -> (usize, Vec<usize>, usize) {
+    /// Candidate `i` as (shape set, knob value indexes, router index, planner index).
+    fn split(&self, i: usize) -> (usize, Vec<usize>, usize, usize) {
         let nr = self.routers.len().max(1);
+        let np = self.planners.len().max(1);
         let mut rest = i;
+        let p = rest % np;
+        rest /= np;
         let r = rest % nr;
         rest /= nr;
         let mut ks = vec![0; self.knobs.len()];
@@ -99,12 +107,12 @@ impl Space {
             ks[j] = rest % k.values.len();
             rest /= k.values.len();
         }
-        (rest, ks, r)
+        (rest, ks, r, p)
     }
 
     /// Candidate `i`'s concrete predict tree.
     pub fn tree(&self, i: usize) -> Value {
-        let (s, ks, r) = self.split(i);
+        let (s, ks, r, pl) = self.split(i);
         let mut t = self.base.clone();
         for (role, (rep, tp, dp)) in self.roles.iter().zip(&self.shape_sets[s]) {
             let mut p = get(&t, &["engine", "workers", role, "parallelism"]).cloned().unwrap_or(json!({}));
@@ -120,14 +128,27 @@ impl Space {
         if let Some(router) = self.routers.get(r) {
             set(&mut t, &["router".into()], router.clone());
         }
+        if let Some(planner) = self.planners.get(pl) {
+            set(&mut t, &["planner".into()], planner.section.clone());
+        }
         t
+    }
+
+    /// The concrete planner settings the space searches (empty without a `planner:` section).
+    pub fn planner_settings(&self) -> &[crate::planner_search::Setting] {
+        &self.planners
+    }
+
+    /// Why the Planner refuses candidate `i`'s settings, if it does.
+    fn planner_refusal(&self, i: usize) -> Option<String> {
+        self.planners.get(self.split(i).3).and_then(|p| p.infeasible.clone())
     }
 
     /// Candidate `i`'s point for the surrogate model, before scaling: log2 of every integer knob
     /// (parallel sizes, scheduler limits), the router's policy and load model as 0/1 and its
     /// numeric knobs (the load scale as log2(1 + x)).
     fn raw_features(&self, i: usize) -> Vec<f64> {
-        let (s, ks, r) = self.split(i);
+        let (s, ks, r, pl) = self.split(i);
         let mut f = Vec::new();
         for &(rep, tp, dp) in &self.shape_sets[s] {
             f.extend([(rep as f64).log2(), (tp as f64).log2(), (dp as f64).log2()]);
@@ -144,6 +165,26 @@ impl Space {
                 0.0
             });
             f.extend([num("overlap_score_credit"), (1.0 + num("prefill_load_scale")).log2(), num("temperature")]);
+        }
+        // The planner: on or off, its loops, their intervals (log2), FPM sampling, load
+        // sensitivity and worker minimum; a disabled planner is all zeros.
+        if let Some(p) = self.planners.get(pl) {
+            let s = &p.section;
+            let on = |k: &str| if s.get(k) == Some(&json!(true)) { 1.0 } else { 0.0 };
+            let lg = |k: &str| s.get(k).and_then(Value::as_f64).map_or(0.0, |x| (1.0 + x.max(0.0)).log2());
+            f.push(if s["policy"] == "enabled" { 1.0 } else { 0.0 });
+            f.extend([on("enable_throughput_scaling"), on("enable_load_scaling")]);
+            for k in [
+                "throughput_adjustment_interval_seconds",
+                "load_adjustment_interval_seconds",
+                "max_num_fpm_samples",
+                "fpm_sample_bucket_size",
+                "load_min_observations",
+                "min_workers",
+            ] {
+                f.push(lg(k));
+            }
+            f.push(s.get("load_scaling_down_sensitivity").and_then(Value::as_f64).unwrap_or(0.0) / 100.0);
         }
         f
     }
@@ -171,17 +212,32 @@ pub struct Search {
     /// Candidates the KV filter marked infeasible (grid) or left out of the pool sampled
     /// (random, bayesian).
     pub kv_excluded: usize,
+    /// What the planner's load-predictor backtest found (`planner:` searches only).
+    pub planner_backtest: Option<Value>,
 }
 
 impl Search {
-    /// The first candidate's tree (the one checked strictly before a run starts).
+    /// The first candidate's tree (the one checked strictly before a run starts), without its
+    /// planner section when the Planner refuses that (the candidate is then infeasible, not the
+    /// configuration wrong).
     pub fn first_tree(&self) -> Value {
-        self.candidates.first().cloned().unwrap_or_else(|| self.space.tree(self.selected[0]))
+        let i = self.selected[0];
+        let mut t = self.candidates.first().cloned().unwrap_or_else(|| self.space.tree(i));
+        if self.space.planner_refusal(i).is_some() {
+            t.as_object_mut().expect("a mapping").remove("planner");
+        }
+        t
     }
 
-    /// Why candidate `i` of the space is infeasible before it runs (its KV cache), if it is.
-    fn kv_reason(&self, i: usize) -> Option<String> {
-        self.kv_short[self.space.split(i).0].clone()
+    /// Why candidate `i` of the space is infeasible before it runs (its KV cache, or planner
+    /// settings the Planner refuses), if it is: (reason category, reason).
+    fn blocked(&self, i: usize) -> Option<(&'static str, String)> {
+        if let Some(why) = self.kv_short[self.space.split(i).0].clone() {
+            return Some(("kv_capacity", why));
+        }
+        self.space
+            .planner_refusal(i)
+            .map(|why| ("adapter_constraint", format!("candidate adapter selection infeasible: {why}")))
     }
 }
 
@@ -541,8 +597,9 @@ fn read_optimizer(o: Option<Obj>) -> Result<Optimizer, DeployError> {
     Ok(out)
 }
 
-/// Reads a recommend configuration and lists its candidates.
-pub fn read_search(root: &Value) -> Result<Search, DeployError> {
+/// Reads a recommend configuration and lists its candidates; `base_dir` is where relative trace
+/// paths start (the planner's load-predictor backtest reads the trace).
+pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError> {
     let mut top = Obj::new("", root)?;
     let optimization = read_optimization(top.obj("optimization")?)?;
     let optimizer = read_optimizer(top.obj("optimizer")?)?;
@@ -551,14 +608,7 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
     let obj = base.as_object_mut().expect("checked");
     obj.remove("optimization");
     obj.remove("optimizer");
-    if obj.contains_key("planner") {
-        // Refused rather than ignored: every candidate would otherwise replay without it.
-        return Err(DeployError::new(
-            "planner",
-            "the recommend search over planner settings is not supported yet (predict -c replays one planner \
-             configuration)",
-        ));
-    }
+    let planner_section = obj.remove("planner");
     let mode = get(&base, &["engine", "mode"]).and_then(Value::as_str).unwrap_or("aggregated").to_string();
     let roles: &[&str] = if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
     // Per role: the parallel shapes (replicas, tp, dp) and the scheduler knobs.
@@ -684,7 +734,23 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
         .into_iter()
         .filter(|s| s.iter().map(|(r, t, d)| r * t * d).sum::<u64>() >= optimization.min_gpus as u64)
         .collect();
-    let space = Space { base: base.clone(), roles: roles.to_vec(), shape_sets, knobs, routers };
+    // The planner's settings, when the configuration has a `planner:` section.
+    let (planners, planner_backtest) = match planner_section {
+        Some(section) => {
+            let ctx = crate::planner_search::Context {
+                target: optimization.target,
+                pareto_objectives: &optimization.pareto_objectives,
+                sla: &sla,
+                disaggregated: mode == "disaggregated",
+                source: get(&base, &["traffic", "source"]),
+                base_dir,
+            };
+            let p = crate::planner_search::expand(&section, &ctx)?;
+            (p.settings, p.load_predictor)
+        }
+        None => (Vec::new(), None),
+    };
+    let space = Space { base: base.clone(), roles: roles.to_vec(), shape_sets, knobs, routers, planners };
     if space.is_empty() {
         return Err(DeployError::new("optimization.constraints", "no candidate fits the GPU budget"));
     }
@@ -732,7 +798,18 @@ pub fn read_search(root: &Value) -> Result<Search, DeployError> {
     };
     let candidates =
         if optimizer.algorithm == "bayesian" { Vec::new() } else { selected.iter().map(|&i| space.tree(i)).collect() };
-    Ok(Search { base, optimization, optimizer, sla, space, selected, candidates, kv_short, kv_excluded })
+    Ok(Search {
+        base,
+        optimization,
+        optimizer,
+        sla,
+        space,
+        selected,
+        candidates,
+        kv_short,
+        kv_excluded,
+        planner_backtest,
+    })
 }
 
 /// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
@@ -754,7 +831,10 @@ fn kv_filter(space: &Space) -> Vec<Option<String>> {
     for (s, shapes) in space.shape_sets.iter().enumerate() {
         let missing = shapes.iter().enumerate().any(|(j, &(_, t, d))| !memo.contains_key(&(j, t, d)));
         if missing {
-            let config = schema::read_predict(&space.tree(s * per_shape)).ok();
+            // The capacity depends on the engine alone (not on the planner settings).
+            let mut tree = space.tree(s * per_shape);
+            tree.as_object_mut().expect("a mapping").remove("planner");
+            let config = schema::read_predict(&tree).ok();
             for (j, &(_, t, d)) in shapes.iter().enumerate() {
                 if memo.contains_key(&(j, t, d)) {
                     continue;
@@ -883,7 +963,7 @@ fn run_jobs(
                     break;
                 }
                 let (tree, index) = job(jobs[i]);
-                let (t, hit) = trial(tree, search.kv_reason(index), search, base_dir, cache);
+                let (t, hit) = trial(tree, search.blocked(index), search, base_dir, cache);
                 if hit {
                     hits.fetch_add(1, Ordering::Relaxed);
                 }
@@ -911,7 +991,7 @@ fn used_gpus(tree: &Value) -> u64 {
 /// Evaluates one candidate; `true` when its result came from the cache.
 fn trial(
     tree: Value,
-    kv_short: Option<String>,
+    blocked: Option<(&'static str, String)>,
     search: &Search,
     base_dir: &Path,
     cache: Option<&Cache>,
@@ -925,9 +1005,9 @@ fn trial(
         t.reason = Some(format!("used_gpus={used} > gpu_budget={}", search.optimization.budget));
         return (t, false);
     }
-    if let Some(why) = kv_short {
+    if let Some((category, why)) = blocked {
         t.status = "infeasible";
-        t.reason_category = Some("kv_capacity");
+        t.reason_category = Some(category);
         t.reason = Some(why);
         return (t, false);
     }
@@ -960,9 +1040,19 @@ fn simulate(t: &mut Trial, base_dir: &Path) {
     };
     let mut p = prepared;
     p.sim.threads = 1;
-    match crate::run_prediction(&p, None, &mut ()) {
+    // With a `planner:` section the Planner runs in the loop, as `predict -c` runs it.
+    let mut planner = match crate::planner_run(&p) {
+        Ok(r) => r,
+        Err(e) => {
+            t.status = "unsupported";
+            t.reason_category = Some("candidate_materialization");
+            t.reason = Some(e);
+            return;
+        }
+    };
+    match crate::run_planned(&p, planner.as_mut(), None, &mut ()) {
         Ok(report) => {
-            t.summary = crate::prediction_summary(&p, &report);
+            t.summary = crate::planned_summary(&p, &report, planner.as_ref());
         }
         Err(e) => {
             t.status = "failed";
@@ -1156,7 +1246,7 @@ impl Cache {
             if v.get("key").and_then(Value::as_str) != Some(key) {
                 continue;
             }
-            let Some(t) = trial_fields(&v, tree.clone(), true) else { continue };
+            let Some(t) = trial_fields(&v, tree.clone()) else { continue };
             if *dir != self.write {
                 self.store(key, &bytes);
             }
@@ -1177,7 +1267,6 @@ impl Cache {
         let o = v.as_object_mut().expect("an object");
         o.remove("index");
         o.insert("key".into(), json!(key));
-        o.insert("summary".into(), exact_floats(&o["summary"]));
         self.store(key, &serde_json::to_vec(&v).expect("serialises"));
     }
 
@@ -1256,7 +1345,7 @@ fn from_exact_floats(v: &Value) -> Option<Value> {
     })
 }
 
-const METRIC_KEYS: [&str; 19] = [
+const METRIC_KEYS: [&str; 20] = [
     "completed_requests",
     "num_ttft_samples",
     "num_tpot_samples",
@@ -1274,6 +1363,7 @@ const METRIC_KEYS: [&str; 19] = [
     "duration_ms",
     "power_w",
     "power_coverage",
+    "planner_total_ticks",
     "mean_handoff_to_first_token_ms",
     "total_gpus",
 ];
@@ -1493,16 +1583,18 @@ fn knobs_of(t: &Trial) -> Value {
             }
         }
     }
-    if let Some(r) = t.tree.get("router").and_then(Value::as_object) {
-        for (k, v) in r {
-            match v {
-                Value::Object(o) => {
-                    for (k2, v2) in o {
-                        m.insert(format!("router.{k}.{k2}"), v2.clone());
+    for section in ["router", "planner"] {
+        if let Some(r) = t.tree.get(section).and_then(Value::as_object) {
+            for (k, v) in r {
+                match v {
+                    Value::Object(o) => {
+                        for (k2, v2) in o {
+                            m.insert(format!("{section}.{k}.{k2}"), v2.clone());
+                        }
                     }
-                }
-                v => {
-                    m.insert(format!("router.{k}"), v.clone());
+                    v => {
+                        m.insert(format!("{section}.{k}"), v.clone());
+                    }
                 }
             }
         }
@@ -1577,7 +1669,7 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
         ));
         candidates.push(c);
     }
-    let doc = json!({
+    let mut doc = json!({
         "schema_version": "1.1",
         "candidate_retention": "all",
         "counts": counts,
@@ -1596,6 +1688,9 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
             "kv_excluded": search.kv_excluded,
         },
     });
+    if let Some(b) = &search.planner_backtest {
+        doc["provenance"]["planner_load_predictor"] = b.clone();
+    }
     let mut files = vec![
         ("recommendation.json".to_string(), serde_json::to_vec_pretty(&doc).expect("serialises")),
         ("recommendation.csv".to_string(), csv.into_bytes()),
@@ -1608,8 +1703,17 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
     files
 }
 
+/// Evaluates chosen candidates of the space (indexes into it, in that order), without a cache.
+pub fn evaluate_indices(search: &Search, indices: &[usize], base_dir: &Path, threads: usize) -> Vec<Trial> {
+    let jobs: Vec<usize> = (0..indices.len()).collect();
+    let job = |k: usize| (search.space.tree(indices[k]), indices[k]);
+    run_jobs(search, &jobs, &job, base_dir, threads, None, &Progress::silent()).trials
+}
+
 /// A trial as a shard file keeps it (the candidate is named by its index; the tree is rebuilt
-/// from the configuration when shards are merged).
+/// from the configuration when shards are merged). Floats are kept as their exact bits:
+/// serde_json's default parser can read a printed float back one ulp off, and merged shards
+/// must equal one run byte for byte.
 pub fn trial_json(index: usize, t: &Trial) -> Value {
     json!({
         "index": index,
@@ -1617,7 +1721,7 @@ pub fn trial_json(index: usize, t: &Trial) -> Value {
         "reason_category": t.reason_category,
         "reason": t.reason,
         "used_gpus": t.used_gpus,
-        "summary": Value::Object(t.summary.clone()),
+        "summary": exact_floats(&Value::Object(t.summary.clone())),
     })
 }
 
@@ -1644,11 +1748,11 @@ const CATEGORIES: [&str; 15] = [
 pub fn trial_from_json(search: &Search, v: &Value) -> Option<(usize, Trial)> {
     let index = v.get("index")?.as_u64()? as usize;
     let tree = search.candidates.get(index)?.clone();
-    Some((index, trial_fields(v, tree, false)?))
+    Some((index, trial_fields(v, tree)?))
 }
 
-/// A trial's fields from a shard record or a cache entry (`exact`: floats kept as bits).
-fn trial_fields(v: &Value, tree: Value, exact: bool) -> Option<Trial> {
+/// A trial's fields from a shard record or a cache entry (floats kept as bits).
+fn trial_fields(v: &Value, tree: Value) -> Option<Trial> {
     let status = STATUSES.iter().copied().find(|s| v.get("status").and_then(Value::as_str) == Some(*s))?;
     let reason_category = match v.get("reason_category")? {
         Value::Null => None,
@@ -1657,7 +1761,7 @@ fn trial_fields(v: &Value, tree: Value, exact: bool) -> Option<Trial> {
     let reason = v.get("reason")?.as_str().map(str::to_string);
     let used_gpus = v.get("used_gpus")?.as_u64()?;
     let summary = v.get("summary")?;
-    let summary = if exact { from_exact_floats(summary)? } else { summary.clone() };
+    let summary = from_exact_floats(summary)?;
     let summary = summary.as_object()?.clone();
     Some(Trial { tree, used_gpus, status, reason_category, reason, summary })
 }
@@ -1718,7 +1822,7 @@ mod tests {
             "router": {"policy": {"choices": ["round_robin", "kv_router"]}, "prefill_load_model": {"type": "none"},
                        "overlap_score_credit": 1, "prefill_load_scale": 1, "temperature": {"choices": [0, 1]}},
         });
-        let s = read_search(&root).unwrap();
+        let s = read_search(&root, Path::new(".")).unwrap();
         assert_eq!(s.space.len(), 2 * 2 * 3);
         assert_eq!(s.candidates.len(), 12);
         let knob = |i: usize, p: &str| s.candidates[i].pointer(p).cloned().unwrap();
