@@ -508,7 +508,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     }
                 }
             }
-            if self.collector.telemetry.is_some() {
+            // Dynamo samples the cluster once the arrivals of the instant are placed:
+            // disaggregated, at the next round (see `unplaced`).
+            if self.collector.telemetry.is_some() && self.unplaced.is_empty() {
                 self.sample_after_arrivals(now);
             }
             for pool in &self.pools {
