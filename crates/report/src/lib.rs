@@ -308,7 +308,7 @@ fn summary_tables(out: &mut String, s: &Map<String, Value>) {
 
 /// The CDF of `values` as at most 400 points of (value, fraction ≤ value).
 fn cdf(name: &str, values: &mut [f64]) -> Series {
-    values.sort_by(f64::total_cmp);
+    values.sort_unstable_by(f64::total_cmp);
     let n = values.len();
     let k = n.min(400);
     let points = (0..k)
@@ -347,8 +347,8 @@ fn over_time(points: &[RequestPoint]) -> Vec<Series> {
             continue;
         }
         let x = (t0 + (b as f64 + 0.5) * width) / 1000.0;
-        ttft[b].sort_by(f64::total_cmp);
-        e2e[b].sort_by(f64::total_cmp);
+        ttft[b].sort_unstable_by(f64::total_cmp);
+        e2e[b].sort_unstable_by(f64::total_cmp);
         series[0].points.push((x, quantile(&ttft[b], 0.5)));
         series[1].points.push((x, quantile(&ttft[b], 0.9)));
         series[2].points.push((x, quantile(&e2e[b], 0.5)));
