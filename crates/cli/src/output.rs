@@ -33,6 +33,11 @@ fn place(path: &Path) -> Place {
     Place::Path(path.file_name().map_or(dir.clone(), |n| dir.join(n)))
 }
 
+/// Whether two paths name the same file or directory (existing or not).
+pub fn same_place(a: &Path, b: &Path) -> bool {
+    place(a) == place(b)
+}
+
 /// Refuses report paths that are one of `inputs` (trace files, configuration files) or the same
 /// file as each other. Runs before anything is opened for writing.
 pub fn check_report_paths(reports: &[(&str, &Path)], inputs: &[&Path]) -> Result<(), Failure> {

@@ -39,9 +39,16 @@ pub struct RecommendArgs {
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
     /// Also write a self-contained HTML page: the candidates against the Pareto front and a
-    /// table sortable by any column.
+    /// table sortable by any column, linking the chosen candidates (--report-candidates) to
+    /// their own run pages in a directory beside it (`rec.html` → `rec/candidate-NNNNNN.html`).
     #[arg(long, value_name = "PATH")]
     pub report_html: Option<PathBuf>,
+    /// Which candidates of --report-html get a run page, each replayed again after the search
+    /// with telemetry on: N (the first N of the ranked view, as the table prints them; for
+    /// target pareto the front; 0 for none) or `all` (every candidate that replayed, feasible
+    /// or not: one more replay and about 50 KB to 0.3 MB each).
+    #[arg(long, value_name = "N|all", default_value = "10", value_parser = crate::candidate_pages::parse_choice)]
+    pub report_candidates: crate::candidate_pages::Choice,
     /// The content-addressed trial cache: a candidate already evaluated with the same inputs is
     /// read from here instead of replayed, and new results are added. Default: `cache/` in the
     /// output directory (the previous run's entries are re-used, this run's are kept).
@@ -63,9 +70,13 @@ pub enum MergeCommand {
         output_dir: PathBuf,
         #[arg(long)]
         overwrite: bool,
-        /// Also write the HTML page of the merged result.
+        /// Also write the HTML page of the merged result (and its candidates' pages, as
+        /// `recommend --report-html` does).
         #[arg(long, value_name = "PATH")]
         report_html: Option<PathBuf>,
+        /// As for `recommend`: N or `all`.
+        #[arg(long, value_name = "N|all", default_value = "10", value_parser = crate::candidate_pages::parse_choice)]
+        report_candidates: crate::candidate_pages::Choice,
     },
 }
 
@@ -87,13 +98,40 @@ fn read_search(tree: &serde_json::Value, file: &str) -> Result<servesim_deploy::
     Ok(search)
 }
 
+/// Where the HTML pages go: the recommend page, which candidates get their own, and the
+/// directory candidate trace paths are relative to.
+struct Pages<'a> {
+    page: &'a Path,
+    choice: crate::candidate_pages::Choice,
+    base: PathBuf,
+    threads: usize,
+}
+
+/// Checks the HTML paths before the search runs.
+fn check_pages(
+    page: &Path,
+    choice: crate::candidate_pages::Choice,
+    output_dir: &Path,
+    inputs: &[&Path],
+) -> Result<(), Failure> {
+    crate::output::check_report_paths(&[("report-html", page)], inputs)?;
+    if choice != crate::candidate_pages::Choice::Best(0) {
+        crate::candidate_pages::check_pages_dir(page, output_dir)?;
+    }
+    Ok(())
+}
+
 fn merge(
     dirs: &[PathBuf],
     output_dir: &Path,
     overwrite: bool,
     json: bool,
     report_html: Option<&Path>,
+    choice: crate::candidate_pages::Choice,
 ) -> Result<(), Failure> {
+    if let Some(p) = report_html {
+        check_pages(p, choice, output_dir, &[])?;
+    }
     let mut shards = Vec::new();
     for d in dirs {
         let files: Vec<PathBuf> = if d.is_dir() {
@@ -156,13 +194,14 @@ fn merge(
     for t in &trials {
         cache.record(t);
     }
-    finish(&search, trials, 0, staged, output_dir, json, None, report_html)
+    let pages = report_html.map(|page| Pages { page, choice, base, threads: 0 });
+    finish(&search, trials, 0, staged, output_dir, json, None, pages)
 }
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let json = a.format == crate::predict::Format::Json;
-    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, report_html }) = &a.merge {
-        return merge(dirs, output_dir, *overwrite, json, report_html.as_deref());
+    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, report_html, report_candidates }) = &a.merge {
+        return merge(dirs, output_dir, *overwrite, json, report_html.as_deref(), *report_candidates);
     }
     let started = Instant::now();
     let config = a
@@ -170,12 +209,12 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         .as_deref()
         .ok_or_else(|| Failure::input("recommend needs -c/--config FILE (or `recommend merge DIR...`)"))?;
     if let Some(p) = &a.report_html {
-        crate::output::check_report_paths(&[("report-html", p.as_path())], &[config])?;
         if a.shard.is_some() {
             return Err(Failure::input(
                 "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
             ));
         }
+        check_pages(p, a.report_candidates, &a.output_dir, &[config])?;
     }
     let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
     let file = config.display().to_string();
@@ -232,7 +271,9 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let progress = servesim_deploy::recommend::Progress::new(servesim_deploy::recommend::trial_count(&search), &report);
     let done = servesim_deploy::recommend::evaluate(&search, &base, a.threads, cache.as_ref(), &progress);
     bar.finish();
-    finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), a.report_html.as_deref())
+    let pages =
+        a.report_html.as_deref().map(|page| Pages { page, choice: a.report_candidates, base, threads: a.threads });
+    finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), pages)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -244,21 +285,42 @@ fn finish(
     output_dir: &Path,
     json: bool,
     started: Option<Instant>,
-    report_html: Option<&Path>,
+    pages: Option<Pages>,
 ) -> Result<(), Failure> {
     let n = trials.len();
     let mut ranked = servesim_deploy::recommend::rank(search, trials);
     ranked.cache_hits = cache_hits;
     let files = servesim_deploy::recommend::outputs(search, &ranked);
-    let html =
-        report_html.map(|p| crate::output::ReportFile::create(p).map(|f| (f, page(search, &ranked)))).transpose()?;
+    let html = pages.as_ref().map(|p| crate::output::ReportFile::create(p.page)).transpose()?;
     std::fs::create_dir_all(staged.path("recommendations")).map_err(|e| Failure::run(format!("cannot create: {e}")))?;
     for (name, bytes) in &files {
         let p = staged.path(name);
         std::fs::write(&p, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", p.display())))?;
     }
+    // The search's results are kept whatever happens to the pages drawn after it.
     staged.commit()?;
-    if let Some((mut file, page)) = html {
+    let mut pages_written = None;
+    if let (Some(mut file), Some(pages)) = (html, pages) {
+        let mut rows = candidate_rows(search, &ranked);
+        let chosen = crate::candidate_pages::chosen(&ranked, &rows, pages.choice);
+        if !chosen.is_empty() {
+            crate::candidate_pages::check_pages_dir(pages.page, output_dir)?;
+            let links = crate::candidate_pages::write_pages(
+                search,
+                &ranked,
+                &rows,
+                &chosen,
+                &pages.base,
+                pages.page,
+                pages.threads,
+            )?;
+            for (i, href) in links {
+                rows[i].page = Some(href);
+            }
+            pages_written = Some((chosen.len(), crate::candidate_pages::pages_dir(pages.page)));
+        }
+        let page =
+            servesim_report::render_recommend("servesim recommend", search.optimization.target, &rows, &search.base);
         std::io::Write::write_all(file.writer(), page.as_bytes())
             .map_err(|e| Failure::run(format!("{}: write failed: {e}", file.path().display())))?;
         file.commit().map_err(Failure::run)?;
@@ -301,6 +363,9 @@ fn finish(
                 );
             }
             let _ = writeln!(text, "Saved recommendation to: {}", output_dir.join("recommendation.json").display());
+            if let Some((count, dir)) = &pages_written {
+                let _ = writeln!(text, "Saved {count} candidate pages to: {}", dir.display());
+            }
         }
     }
     let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
@@ -316,8 +381,11 @@ fn knobs(tree: &serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// The HTML page of a ranked search.
-fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::recommend::Ranked) -> String {
+/// The rows of the recommend page, in trial order (no candidate page linked yet).
+fn candidate_rows(
+    search: &servesim_deploy::recommend::Search,
+    ranked: &servesim_deploy::recommend::Ranked,
+) -> Vec<servesim_report::Candidate> {
     use servesim_deploy::recommend::objective;
     let o = &search.optimization;
     let view = if o.target == "pareto" { &ranked.pareto } else { &ranked.top_n };
@@ -336,7 +404,7 @@ fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::r
                 b.0 >= a.0 && b.1 >= a.1 && (b.0 > a.0 || b.1 > a.1)
             })
     };
-    let candidates: Vec<servesim_report::Candidate> = ranked
+    ranked
         .trials
         .iter()
         .enumerate()
@@ -354,10 +422,10 @@ fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::r
                 knobs: serde_json::Value::String(knob_summary(&t.tree)),
                 pareto: on_front(i),
                 rank: view.iter().position(|&j| j == i).map(|r| r + 1),
+                page: None,
             }
         })
-        .collect();
-    servesim_report::render_recommend("servesim recommend", o.target, &candidates, &search.base)
+        .collect()
 }
 
 /// The knobs a candidate sets, in one line: `aggregated: replicas=2 tensor=1 ...`.
