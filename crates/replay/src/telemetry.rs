@@ -286,6 +286,7 @@ impl<'s> Telemetry<'s> {
     /// It is counted when it starts; each pass goes to the sample its end falls in, later
     /// samples' shares wait in `ahead`.
     pub(crate) fn stretch(&mut self, pool: usize, target: usize, start_ms: f64, ends: &[f64], requests: usize) {
+        debug_assert!(ends.windows(2).all(|w| w[0] <= w[1]), "a stretch's passes end in order");
         let mut previous = start_ms;
         let mut i = 0;
         while i < ends.len() {
@@ -300,11 +301,13 @@ impl<'s> Telemetry<'s> {
             previous = ends[i];
             i += 1;
             loop {
-                while i < ends.len() && ends[i] < inside {
-                    busy_ms += ends[i] - previous;
-                    previous = ends[i];
-                    i += 1;
+                // Pass ends increase (each pass starts when the one before ends).
+                let below = i + ends[i..].partition_point(|&end| end < inside);
+                for &end in &ends[i..below] {
+                    busy_ms += end - previous;
+                    previous = end;
                 }
+                i = below;
                 if i < ends.len() && self.bucket(ends[i]).max(self.index) == k {
                     busy_ms += ends[i] - previous;
                     previous = ends[i];
