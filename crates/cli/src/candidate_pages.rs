@@ -172,9 +172,10 @@ fn draw(
     Ok((servesim_report::render_run(&page), same))
 }
 
-/// Draws the pages of `chosen` on `threads` threads (0: every core) into a new pages directory
-/// beside `page` and moves it into place; returns each chosen candidate's `href` from the
-/// recommend page. A replay that fails (it replayed in the search) is an error.
+/// Draws the pages of `chosen` on `threads` threads (0: every core) into `staged` (the pages
+/// directory of recommend page `page`, opened before the search) and moves it into place;
+/// returns each chosen candidate's `href` from the recommend page. A replay that fails (it
+/// replayed in the search) is an error.
 #[allow(clippy::too_many_arguments)]
 pub fn write_pages(
     search: &Search,
@@ -184,12 +185,12 @@ pub fn write_pages(
     base: &Path,
     page: &Path,
     threads: usize,
+    staged: crate::deploy::Staged,
 ) -> Result<Vec<(usize, String)>, Failure> {
     let dir = pages_dir(page);
     let dir_name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let page_name = page.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let search_href = format!("../{}", href_segment(&page_name));
-    let staged = crate::deploy::Staged::new(&dir, true)?;
     let bar = crate::progress::SearchBar::pages(chosen.len() as u64);
     let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads }
         .min(chosen.len())

@@ -98,27 +98,38 @@ fn read_search(tree: &serde_json::Value, file: &str) -> Result<servesim_deploy::
     Ok(search)
 }
 
-/// Where the HTML pages go: the recommend page, which candidates get their own, and the
-/// directory candidate trace paths are relative to.
+/// The HTML outputs of a search, opened before it runs so that a bad path costs nothing: the
+/// recommend page, the staging directory of its candidates' pages (none with
+/// `--report-candidates 0`), which candidates get one, the directory candidate trace paths are
+/// relative to, and the threads that replay them.
 struct Pages<'a> {
     page: &'a Path,
+    file: crate::output::ReportFile,
+    stage: Option<Staged>,
     choice: crate::candidate_pages::Choice,
     base: PathBuf,
     threads: usize,
 }
 
-/// Checks the HTML paths before the search runs.
-fn check_pages(
-    page: &Path,
-    choice: crate::candidate_pages::Choice,
-    output_dir: &Path,
-    inputs: &[&Path],
-) -> Result<(), Failure> {
-    crate::output::check_report_paths(&[("report-html", page)], inputs)?;
-    if choice != crate::candidate_pages::Choice::Best(0) {
-        crate::candidate_pages::check_pages_dir(page, output_dir)?;
+impl<'a> Pages<'a> {
+    fn open(
+        page: &'a Path,
+        choice: crate::candidate_pages::Choice,
+        output_dir: &Path,
+        inputs: &[&Path],
+        base: PathBuf,
+        threads: usize,
+    ) -> Result<Pages<'a>, Failure> {
+        crate::output::check_report_paths(&[("report-html", page)], inputs)?;
+        let stage = if choice == crate::candidate_pages::Choice::Best(0) {
+            None
+        } else {
+            crate::candidate_pages::check_pages_dir(page, output_dir)?;
+            Some(Staged::new(&crate::candidate_pages::pages_dir(page), true)?)
+        };
+        let file = crate::output::ReportFile::create(page)?;
+        Ok(Pages { page, file, stage, choice, base, threads })
     }
-    Ok(())
 }
 
 fn merge(
@@ -129,9 +140,6 @@ fn merge(
     report_html: Option<&Path>,
     choice: crate::candidate_pages::Choice,
 ) -> Result<(), Failure> {
-    if let Some(p) = report_html {
-        check_pages(p, choice, output_dir, &[])?;
-    }
     let mut shards = Vec::new();
     for d in dirs {
         let files: Vec<PathBuf> = if d.is_dir() {
@@ -194,7 +202,7 @@ fn merge(
     for t in &trials {
         cache.record(t);
     }
-    let pages = report_html.map(|page| Pages { page, choice, base, threads: 0 });
+    let pages = report_html.map(|page| Pages::open(page, choice, output_dir, &[], base, 0)).transpose()?;
     finish(&search, trials, 0, staged, output_dir, json, None, pages)
 }
 
@@ -208,13 +216,10 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         .config
         .as_deref()
         .ok_or_else(|| Failure::input("recommend needs -c/--config FILE (or `recommend merge DIR...`)"))?;
-    if let Some(p) = &a.report_html {
-        if a.shard.is_some() {
-            return Err(Failure::input(
-                "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
-            ));
-        }
-        check_pages(p, a.report_candidates, &a.output_dir, &[config])?;
+    if a.report_html.is_some() && a.shard.is_some() {
+        return Err(Failure::input(
+            "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
+        ));
     }
     let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
     let file = config.display().to_string();
@@ -255,6 +260,11 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         println!("shard {k}/{n}: {} candidates -> {}", trials.len(), name.display());
         return Ok(());
     }
+    let pages = a
+        .report_html
+        .as_deref()
+        .map(|page| Pages::open(page, a.report_candidates, &a.output_dir, &[config], base.clone(), a.threads))
+        .transpose()?;
     let staged = Staged::new(&a.output_dir, a.overwrite)?;
     let cache = if a.no_cache {
         None
@@ -271,8 +281,6 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let progress = servesim_deploy::recommend::Progress::new(servesim_deploy::recommend::trial_count(&search), &report);
     let done = servesim_deploy::recommend::evaluate(&search, &base, a.threads, cache.as_ref(), &progress);
     bar.finish();
-    let pages =
-        a.report_html.as_deref().map(|page| Pages { page, choice: a.report_candidates, base, threads: a.threads });
     finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), pages)
 }
 
@@ -291,7 +299,6 @@ fn finish(
     let mut ranked = servesim_deploy::recommend::rank(search, trials);
     ranked.cache_hits = cache_hits;
     let files = servesim_deploy::recommend::outputs(search, &ranked);
-    let html = pages.as_ref().map(|p| crate::output::ReportFile::create(p.page)).transpose()?;
     std::fs::create_dir_all(staged.path("recommendations")).map_err(|e| Failure::run(format!("cannot create: {e}")))?;
     for (name, bytes) in &files {
         let p = staged.path(name);
@@ -300,24 +307,18 @@ fn finish(
     // The search's results are kept whatever happens to the pages drawn after it.
     staged.commit()?;
     let mut pages_written = None;
-    if let (Some(mut file), Some(pages)) = (html, pages) {
+    if let Some(Pages { page, mut file, stage, choice, base, threads }) = pages {
         let mut rows = candidate_rows(search, &ranked);
-        let chosen = crate::candidate_pages::chosen(&ranked, &rows, pages.choice);
-        if !chosen.is_empty() {
-            crate::candidate_pages::check_pages_dir(pages.page, output_dir)?;
-            let links = crate::candidate_pages::write_pages(
-                search,
-                &ranked,
-                &rows,
-                &chosen,
-                &pages.base,
-                pages.page,
-                pages.threads,
-            )?;
+        let chosen = crate::candidate_pages::chosen(&ranked, &rows, choice);
+        if let (false, Some(stage)) = (chosen.is_empty(), stage) {
+            // Checked again: the directory is replaced whole.
+            crate::candidate_pages::check_pages_dir(page, output_dir)?;
+            let links =
+                crate::candidate_pages::write_pages(search, &ranked, &rows, &chosen, &base, page, threads, stage)?;
             for (i, href) in links {
                 rows[i].page = Some(href);
             }
-            pages_written = Some((chosen.len(), crate::candidate_pages::pages_dir(pages.page)));
+            pages_written = Some((chosen.len(), crate::candidate_pages::pages_dir(page)));
         }
         let page =
             servesim_report::render_recommend("servesim recommend", search.optimization.target, &rows, &search.base);
