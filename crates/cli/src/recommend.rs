@@ -47,7 +47,13 @@ pub struct RecommendArgs {
     /// with telemetry on: N (the first N of the ranked view, as the table prints them; for
     /// target pareto the front; 0 for none) or `all` (every candidate that replayed, feasible
     /// or not: one more replay and about 50 KB to 0.3 MB each).
-    #[arg(long, value_name = "N|all", default_value = "10", value_parser = crate::candidate_pages::parse_choice)]
+    #[arg(
+        long,
+        value_name = "N|all",
+        default_value = "10",
+        value_parser = crate::candidate_pages::parse_choice,
+        requires = "report_html"
+    )]
     pub report_candidates: crate::candidate_pages::Choice,
     /// The content-addressed trial cache: a candidate already evaluated with the same inputs is
     /// read from here instead of replayed, and new results are added. Default: `cache/` in the
@@ -75,7 +81,13 @@ pub enum MergeCommand {
         #[arg(long, value_name = "PATH")]
         report_html: Option<PathBuf>,
         /// As for `recommend`: N or `all`.
-        #[arg(long, value_name = "N|all", default_value = "10", value_parser = crate::candidate_pages::parse_choice)]
+        #[arg(
+            long,
+            value_name = "N|all",
+            default_value = "10",
+            value_parser = crate::candidate_pages::parse_choice,
+            requires = "report_html"
+        )]
         report_candidates: crate::candidate_pages::Choice,
     },
 }

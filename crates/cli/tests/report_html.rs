@@ -486,4 +486,11 @@ fn candidate_pages_refuse_a_directory_they_would_clobber() {
     let out = run(&d.join("x.html"), &["--report-candidates", "best"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected a number of candidates or `all`, got \"best\""));
+    // It applies to --report-html only.
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["recommend", "-c", config, "--output-dir", out_dir.to_str().unwrap(), "--report-candidates", "3"])
+        .output()
+        .expect("run servesim");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--report-html <PATH>"));
 }
