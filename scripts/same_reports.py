@@ -7,8 +7,13 @@
 Every case (a parity case file, see scripts/parity.py; `"repeat": N` is expanded as
 scripts/bench.py does) runs through both binaries with `servesim predict`, writing the summary
 (`--report-json`) and the per-request records (`--report-jsonl`). The summaries must be equal
-but for the wall-clock fields; the per-request records must be byte-identical. Prints one line
-per case and exits 1 if any case differs.
+but for the wall-clock fields; the per-request records must be byte-identical. With
+`--reports jsonl` (or `csv`) each run also writes `--telemetry` in that format and
+`--report-html`, and both must be byte-identical too (the two binaries write to the same paths,
+one after the other, since the page shows the command line). Prints one line per case and exits
+1 if any case differs.
+
+  scripts/same_reports.py --reports jsonl BEFORE AFTER benchmarks/*.json
 """
 import argparse, glob, json, os, shutil, subprocess, sys, tempfile
 
@@ -35,16 +40,29 @@ def strip_wall_clock(value):
     return value
 
 
-def run(binary, case, out_dir):
+def run(binary, case, out_dir, reports=None):
+    """The summary without wall-clock fields, and the bytes of the other reports (the
+    per-request records, then the telemetry file and the HTML page if `reports` names a
+    telemetry format)."""
     summary, records = os.path.join(out_dir, "summary.json"), os.path.join(out_dir, "requests.jsonl")
     argv = [binary] + parity.servesim_args(case) + ["--report-json", summary, "--report-jsonl", records]
+    files = [records]
+    if reports:
+        files += [os.path.join(out_dir, f"telemetry.{reports}"), os.path.join(out_dir, "report.html")]
+        argv += ["--telemetry", files[1], "--report-html", files[2]]
+    for f in [summary] + files:
+        if os.path.exists(f):
+            os.remove(f)
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"status": proc.returncode, "stderr": proc.stderr.strip()}, None
     with open(summary) as f:
         report = strip_wall_clock(json.load(f))
-    with open(records, "rb") as f:
-        return report, f.read()
+    out = []
+    for path in files:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return report, out
 
 
 def first_difference(a, b, path=""):
@@ -66,6 +84,8 @@ def main():
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("cases", nargs="*")
+    p.add_argument("--reports", choices=["jsonl", "csv"],
+                   help="also compare the telemetry file (in this format) and the HTML report")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="servesim-same-")
     failed = 0
@@ -76,16 +96,20 @@ def main():
             case["trace"] = bench.repeated_trace(case["trace"], case["repeat"], tmp)
         case.pop("repeat", None)
         results = []
-        for side, binary in (("before", a.before), ("after", a.after)):
-            out_dir = os.path.join(tmp, side)
-            os.makedirs(out_dir, exist_ok=True)
-            results.append(run(binary, case, out_dir))
-        (rep_a, rec_a), (rep_b, rec_b) = results
+        out_dir = os.path.join(tmp, "out")
+        os.makedirs(out_dir, exist_ok=True)
+        for binary in (a.before, a.after):
+            results.append(run(binary, case, out_dir, a.reports))
+        (rep_a, files_a), (rep_b, files_b) = results
         diff = first_difference(rep_a, rep_b)
-        if diff is None and rec_a != rec_b:
-            lines_a, lines_b = rec_a.splitlines(), rec_b.splitlines()
-            at = next((i for i, (x, y) in enumerate(zip(lines_a, lines_b)) if x != y), min(len(lines_a), len(lines_b)))
-            diff = f"per-request records differ from line {at + 1}"
+        names = ["per-request records", "telemetry", "HTML report"]
+        for name_, x, y in zip(names, files_a or [], files_b or []):
+            if diff is None and x != y:
+                lines_a, lines_b = x.splitlines(), y.splitlines()
+                at = next((i for i, (u, v) in enumerate(zip(lines_a, lines_b)) if u != v),
+                          min(len(lines_a), len(lines_b)))
+                diff = f"{name_} differ from line {at + 1}"
+        rec_a = files_a[0] if files_a else None
         name = os.path.relpath(c, ROOT)
         if diff:
             failed += 1
@@ -93,7 +117,8 @@ def main():
         else:
             requests = rec_a.count(b"\n") if rec_a is not None else 0
             status = "same" if rec_a is not None else f"same failure (status {rep_a['status']})"
-            print(f"{status:10} {name} ({requests} request records)")
+            extra = f", {len(files_a[1])} telemetry bytes, {len(files_a[2])} HTML bytes" if a.reports and files_a else ""
+            print(f"{status:10} {name} ({requests} request records{extra})")
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(cases) - failed} of {len(cases)} cases identical")
     return 1 if failed else 0

@@ -3,6 +3,7 @@
 //! in `servesim-live`.
 
 mod ais;
+mod candidate_pages;
 mod deploy;
 mod output;
 mod perf;

@@ -33,6 +33,11 @@ fn place(path: &Path) -> Place {
     Place::Path(path.file_name().map_or(dir.clone(), |n| dir.join(n)))
 }
 
+/// Whether two paths name the same file or directory (existing or not).
+pub fn same_place(a: &Path, b: &Path) -> bool {
+    place(a) == place(b)
+}
+
 /// Refuses report paths that are one of `inputs` (trace files, configuration files) or the same
 /// file as each other. Runs before anything is opened for writing.
 pub fn check_report_paths(reports: &[(&str, &Path)], inputs: &[&Path]) -> Result<(), Failure> {
@@ -53,6 +58,12 @@ pub fn check_report_paths(reports: &[(&str, &Path)], inputs: &[&Path]) -> Result
         }
     }
     Ok(())
+}
+
+/// Report files are written in 256 KiB writes: a long run's telemetry file is tens of MB, which
+/// 8 KiB writes (BufWriter's default) make thousands of system calls.
+fn buffered(file: File) -> BufWriter<File> {
+    BufWriter::with_capacity(256 << 10, file)
 }
 
 /// A report being written. Until [`ReportFile::commit`] its bytes are in a temporary file in the
@@ -76,7 +87,7 @@ impl ReportFile {
         // Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename: write to them.
         if existing.as_ref().is_some_and(|m| !m.is_file()) {
             let file = std::fs::OpenOptions::new().write(true).open(&target).map_err(cannot)?;
-            return Ok(ReportFile { shown: path.to_path_buf(), target, out: BufWriter::new(file), temp: None });
+            return Ok(ReportFile { shown: path.to_path_buf(), target, out: buffered(file), temp: None });
         }
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
@@ -94,7 +105,7 @@ impl ReportFile {
             temp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(cannot)?;
         }
         let (file, temp) = temp.into_parts();
-        Ok(ReportFile { shown: path.to_path_buf(), target, out: BufWriter::new(file), temp: Some(temp) })
+        Ok(ReportFile { shown: path.to_path_buf(), target, out: buffered(file), temp: Some(temp) })
     }
 
     pub fn writer(&mut self) -> &mut BufWriter<File> {

@@ -55,13 +55,18 @@ pub struct SearchBar {
 
 impl SearchBar {
     pub fn new(total: u64) -> Self {
+        SearchBar::with_template(total, "{spinner} searching [{bar:30}] {pos}/{len} trials ({eta} left) {msg}")
+    }
+
+    /// The bar of the candidate pages replayed after a search.
+    pub fn pages(total: u64) -> Self {
+        SearchBar::with_template(total, "{spinner} candidate pages [{bar:30}] {pos}/{len} replayed ({eta} left)")
+    }
+
+    fn with_template(total: u64, template: &str) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total);
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} searching [{bar:30}] {pos}/{len} trials ({eta} left) {msg}")
-                    .expect("valid template")
-                    .progress_chars("=> "),
-            );
+            bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
             bar
         });
         SearchBar { bar }

@@ -39,9 +39,22 @@ pub struct RecommendArgs {
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
     /// Also write a self-contained HTML page: the candidates against the Pareto front and a
-    /// table sortable by any column.
+    /// table sortable by any column, linking the chosen candidates (--report-candidates) to
+    /// their own run pages in a directory beside it (`rec.html` → `rec/candidate-NNNNNN.html`).
     #[arg(long, value_name = "PATH")]
     pub report_html: Option<PathBuf>,
+    /// Which candidates of --report-html get a run page, each replayed again after the search
+    /// with telemetry on: N (the first N of the ranked view, as the table prints them; for
+    /// target pareto the front; 0 for none) or `all` (every candidate that replayed, feasible
+    /// or not: one more replay and about 50 KB to 0.3 MB each).
+    #[arg(
+        long,
+        value_name = "N|all",
+        default_value = "10",
+        value_parser = crate::candidate_pages::parse_choice,
+        requires = "report_html"
+    )]
+    pub report_candidates: crate::candidate_pages::Choice,
     /// The content-addressed trial cache: a candidate already evaluated with the same inputs is
     /// read from here instead of replayed, and new results are added. Default: `cache/` in the
     /// output directory (the previous run's entries are re-used, this run's are kept).
@@ -63,9 +76,19 @@ pub enum MergeCommand {
         output_dir: PathBuf,
         #[arg(long)]
         overwrite: bool,
-        /// Also write the HTML page of the merged result.
+        /// Also write the HTML page of the merged result (and its candidates' pages, as
+        /// `recommend --report-html` does).
         #[arg(long, value_name = "PATH")]
         report_html: Option<PathBuf>,
+        /// As for `recommend`: N or `all`.
+        #[arg(
+            long,
+            value_name = "N|all",
+            default_value = "10",
+            value_parser = crate::candidate_pages::parse_choice,
+            requires = "report_html"
+        )]
+        report_candidates: crate::candidate_pages::Choice,
     },
 }
 
@@ -92,12 +115,47 @@ fn read_search(
     Ok(search)
 }
 
+/// The HTML outputs of a search, opened before it runs so that a bad path costs nothing: the
+/// recommend page, the staging directory of its candidates' pages (none with
+/// `--report-candidates 0`), which candidates get one, the directory candidate trace paths are
+/// relative to, and the threads that replay them.
+struct Pages<'a> {
+    page: &'a Path,
+    file: crate::output::ReportFile,
+    stage: Option<Staged>,
+    choice: crate::candidate_pages::Choice,
+    base: PathBuf,
+    threads: usize,
+}
+
+impl<'a> Pages<'a> {
+    fn open(
+        page: &'a Path,
+        choice: crate::candidate_pages::Choice,
+        output_dir: &Path,
+        inputs: &[&Path],
+        base: PathBuf,
+        threads: usize,
+    ) -> Result<Pages<'a>, Failure> {
+        crate::output::check_report_paths(&[("report-html", page)], inputs)?;
+        let stage = if choice == crate::candidate_pages::Choice::Best(0) {
+            None
+        } else {
+            crate::candidate_pages::check_pages_dir(page, output_dir)?;
+            Some(Staged::new(&crate::candidate_pages::pages_dir(page), true)?)
+        };
+        let file = crate::output::ReportFile::create(page)?;
+        Ok(Pages { page, file, stage, choice, base, threads })
+    }
+}
+
 fn merge(
     dirs: &[PathBuf],
     output_dir: &Path,
     overwrite: bool,
     json: bool,
     report_html: Option<&Path>,
+    choice: crate::candidate_pages::Choice,
 ) -> Result<(), Failure> {
     let mut shards = Vec::new();
     for d in dirs {
@@ -161,26 +219,24 @@ fn merge(
     for t in &trials {
         cache.record(t);
     }
-    finish(&search, trials, 0, staged, output_dir, json, None, report_html)
+    let pages = report_html.map(|page| Pages::open(page, choice, output_dir, &[], base, 0)).transpose()?;
+    finish(&search, trials, 0, staged, output_dir, json, None, pages)
 }
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let json = a.format == crate::predict::Format::Json;
-    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, report_html }) = &a.merge {
-        return merge(dirs, output_dir, *overwrite, json, report_html.as_deref());
+    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, report_html, report_candidates }) = &a.merge {
+        return merge(dirs, output_dir, *overwrite, json, report_html.as_deref(), *report_candidates);
     }
     let started = Instant::now();
     let config = a
         .config
         .as_deref()
         .ok_or_else(|| Failure::input("recommend needs -c/--config FILE (or `recommend merge DIR...`)"))?;
-    if let Some(p) = &a.report_html {
-        crate::output::check_report_paths(&[("report-html", p.as_path())], &[config])?;
-        if a.shard.is_some() {
-            return Err(Failure::input(
-                "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
-            ));
-        }
+    if a.report_html.is_some() && a.shard.is_some() {
+        return Err(Failure::input(
+            "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
+        ));
     }
     let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
     let file = config.display().to_string();
@@ -221,6 +277,11 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         println!("shard {k}/{n}: {} candidates -> {}", trials.len(), name.display());
         return Ok(());
     }
+    let pages = a
+        .report_html
+        .as_deref()
+        .map(|page| Pages::open(page, a.report_candidates, &a.output_dir, &[config], base.clone(), a.threads))
+        .transpose()?;
     let staged = Staged::new(&a.output_dir, a.overwrite)?;
     let cache = if a.no_cache {
         None
@@ -237,7 +298,7 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let progress = servesim_deploy::recommend::Progress::new(servesim_deploy::recommend::trial_count(&search), &report);
     let done = servesim_deploy::recommend::evaluate(&search, &base, a.threads, cache.as_ref(), &progress);
     bar.finish();
-    finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), a.report_html.as_deref())
+    finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), pages)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -249,21 +310,35 @@ fn finish(
     output_dir: &Path,
     json: bool,
     started: Option<Instant>,
-    report_html: Option<&Path>,
+    pages: Option<Pages>,
 ) -> Result<(), Failure> {
     let n = trials.len();
     let mut ranked = servesim_deploy::recommend::rank(search, trials);
     ranked.cache_hits = cache_hits;
     let files = servesim_deploy::recommend::outputs(search, &ranked);
-    let html =
-        report_html.map(|p| crate::output::ReportFile::create(p).map(|f| (f, page(search, &ranked)))).transpose()?;
     std::fs::create_dir_all(staged.path("recommendations")).map_err(|e| Failure::run(format!("cannot create: {e}")))?;
     for (name, bytes) in &files {
         let p = staged.path(name);
         std::fs::write(&p, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", p.display())))?;
     }
+    // The search's results are kept whatever happens to the pages drawn after it.
     staged.commit()?;
-    if let Some((mut file, page)) = html {
+    let mut pages_written = None;
+    if let Some(Pages { page, mut file, stage, choice, base, threads }) = pages {
+        let mut rows = candidate_rows(search, &ranked);
+        let chosen = crate::candidate_pages::chosen(&ranked, &rows, choice);
+        if let (false, Some(stage)) = (chosen.is_empty(), stage) {
+            // Checked again: the directory is replaced whole.
+            crate::candidate_pages::check_pages_dir(page, output_dir)?;
+            let links =
+                crate::candidate_pages::write_pages(search, &ranked, &rows, &chosen, &base, page, threads, stage)?;
+            for (i, href) in links {
+                rows[i].page = Some(href);
+            }
+            pages_written = Some((chosen.len(), crate::candidate_pages::pages_dir(page)));
+        }
+        let page =
+            servesim_report::render_recommend("servesim recommend", search.optimization.target, &rows, &search.base);
         std::io::Write::write_all(file.writer(), page.as_bytes())
             .map_err(|e| Failure::run(format!("{}: write failed: {e}", file.path().display())))?;
         file.commit().map_err(Failure::run)?;
@@ -306,6 +381,9 @@ fn finish(
                 );
             }
             let _ = writeln!(text, "Saved recommendation to: {}", output_dir.join("recommendation.json").display());
+            if let Some((count, dir)) = &pages_written {
+                let _ = writeln!(text, "Saved {count} candidate pages to: {}", dir.display());
+            }
         }
     }
     let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
@@ -328,8 +406,11 @@ fn knobs(tree: &serde_json::Value) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
-/// The HTML page of a ranked search.
-fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::recommend::Ranked) -> String {
+/// The rows of the recommend page, in trial order (no candidate page linked yet).
+fn candidate_rows(
+    search: &servesim_deploy::recommend::Search,
+    ranked: &servesim_deploy::recommend::Ranked,
+) -> Vec<servesim_report::Candidate> {
     use servesim_deploy::recommend::objective;
     let o = &search.optimization;
     let view = if o.target == "pareto" { &ranked.pareto } else { &ranked.top_n };
@@ -348,7 +429,7 @@ fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::r
                 b.0 >= a.0 && b.1 >= a.1 && (b.0 > a.0 || b.1 > a.1)
             })
     };
-    let candidates: Vec<servesim_report::Candidate> = ranked
+    ranked
         .trials
         .iter()
         .enumerate()
@@ -366,10 +447,10 @@ fn page(search: &servesim_deploy::recommend::Search, ranked: &servesim_deploy::r
                 knobs: serde_json::Value::String(knob_summary(&t.tree)),
                 pareto: on_front(i),
                 rank: view.iter().position(|&j| j == i).map(|r| r + 1),
+                page: None,
             }
         })
-        .collect();
-    servesim_report::render_recommend("servesim recommend", o.target, &candidates, &search.base)
+        .collect()
 }
 
 /// The knobs a candidate sets, in one line: `aggregated: replicas=2 tensor=1 ...`.

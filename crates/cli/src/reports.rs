@@ -113,6 +113,7 @@ impl Outputs {
                 requests: &self.requests,
                 telemetry: Some(&self.series).filter(|s| s.num_samples() > 0),
                 planner,
+                candidate: None,
             };
             let html = servesim_report::render_run(&page);
             std::io::Write::write_all(file.writer(), html.as_bytes())

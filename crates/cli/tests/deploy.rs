@@ -405,6 +405,49 @@ fn four_shards_and_merge_equal_one_run_byte_for_byte() {
     assert!(!tmp("rec-bad").exists());
 }
 
+#[test]
+fn merged_shards_draw_the_candidate_pages_one_run_draws() {
+    let cfg = deploy_dir().join("recommend_grid_fixed.yaml");
+    let (one, merged) = (tmp("pages-one"), tmp("pages-merged"));
+    for d in [&one, &merged] {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let page = |d: &Path| d.join("rec.html").to_str().unwrap().to_string();
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        one.join("out").to_str().unwrap(),
+        "--report-html",
+        &page(&one),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shards = merged.join("shards");
+    for k in 0..3 {
+        let spec = format!("{k}/3");
+        let args =
+            ["recommend", "-c", cfg.to_str().unwrap(), "--shard", &spec, "--output-dir", shards.to_str().unwrap()];
+        let out = servesim(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = servesim(&[
+        "recommend",
+        "merge",
+        shards.to_str().unwrap(),
+        "--output-dir",
+        merged.join("out").to_str().unwrap(),
+        "--report-html",
+        &page(&merged),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pages = files_under(&one.join("rec"));
+    assert_eq!(pages.len(), 10, "the ten best candidates' pages");
+    assert!(pages == files_under(&merged.join("rec")), "merged shards drew different candidate pages");
+    assert!(std::fs::read(one.join("rec.html")).unwrap() == std::fs::read(merged.join("rec.html")).unwrap());
+}
+
 /// `servesim recommend -c CONFIG --output-dir DIR --overwrite` with `--set` for each of `sets`.
 fn recommend(config: &std::path::Path, dir: &std::path::Path, sets: &[&str]) -> std::process::Output {
     let mut args =

@@ -269,3 +269,263 @@ fn ensemble_page_shows_every_interval() {
     assert!(second == html, "two runs of the same inputs wrote different pages");
     assert!(!html.contains("http") && !html.contains(" src=") && !html.contains("<link"));
 }
+
+/// `servesim recommend` on the 54-candidate fixed-timing grid with `--report-html DIR/rec.html`
+/// and `extra` flags; returns the output's stdout and stderr.
+fn recommend_pages(d: &Path, extra: &[&str]) -> (String, String) {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/deploy/recommend_grid_fixed.yaml");
+    let (out_dir, page) = (d.join("out"), d.join("rec.html"));
+    let mut args = vec!["recommend", "-c", config, "--output-dir", out_dir.to_str().unwrap(), "--overwrite"];
+    args.extend(["--report-html", page.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().expect("run servesim");
+    assert!(out.status.success(), "servesim {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The `href`s of the candidate table's links.
+fn candidate_links(html: &str) -> Vec<String> {
+    let table = &html[html.find("data-table=\"candidates\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    table.split("<a href=\"").skip(1).map(|s| s[..s.find('"').unwrap()].to_string()).collect()
+}
+
+fn page_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// The value the page's "every summary value" table shows for `key`.
+fn summary_cell(html: &str, key: &str) -> String {
+    let table = &html[html.find("data-table=\"summary\"").unwrap()..];
+    let row = &table[table.find(&format!("<tr><td>{key}</td><td>")).unwrap_or_else(|| panic!("no {key}"))..];
+    let cell = &row[format!("<tr><td>{key}</td><td>").len()..];
+    cell[..cell.find("</td>").unwrap()].to_string()
+}
+
+#[test]
+fn recommend_links_its_ten_best_candidates_to_their_run_pages() {
+    let d = dir().join("rec-pages");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let (stdout, _) = recommend_pages(&d, &[]);
+    let pages = d.join("rec");
+    assert!(stdout.contains(&format!("Saved 10 candidate pages to: {}", pages.display())), "{stdout}");
+    let html = std::fs::read_to_string(d.join("rec.html")).unwrap();
+    let links = candidate_links(&html);
+    // The ten best of the ranked view, each page a file that exists, and nothing else there.
+    assert_eq!(links.len(), 10, "{links:?}");
+    let mut linked: Vec<String> =
+        links.iter().map(|l| l.strip_prefix("rec/").expect("beside the page").to_string()).collect();
+    linked.sort();
+    assert_eq!(linked, page_files(&pages));
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("out/recommendation.json")).unwrap()).unwrap();
+    let top: Vec<String> = rec["views"]["top_n"].as_array().unwrap()[..10]
+        .iter()
+        .map(|v| format!("{}.html", v.as_str().unwrap()))
+        .collect();
+    let mut top_sorted = top.clone();
+    top_sorted.sort();
+    assert_eq!(linked, top_sorted, "the pages are the ten best");
+    assert_eq!(links[0], format!("rec/{}", top[0]), "the table lists the best first");
+
+    let (dom, console) = browse(&d.join("rec.html"));
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert_eq!(candidate_links(&dom).len(), 10);
+
+    // The best and the tenth: every chart of a predict page, one heatmap row per worker.
+    for (rank, name) in [(1, &top[0]), (10, &top[9])] {
+        let page = pages.join(name);
+        let (dom, console) = browse(&page);
+        assert!(console.is_empty(), "{name}: console messages: {console:?}");
+        assert_eq!(dom.matches("data-chart=").count(), 13, "{name}");
+        for (chart, series) in [
+            ("ttft-cdf", 1),
+            ("itl-cdf", 1),
+            ("e2e-cdf", 1),
+            ("ttft-hist", 1),
+            ("itl-hist", 1),
+            ("e2e-hist", 1),
+            ("ttft-over-time", 2),
+            ("e2e-over-time", 2),
+            ("ttft-breakdown", 5),
+            ("cluster-load", 4),
+            ("throughput", 1),
+        ] {
+            assert_eq!(count_in_chart(&dom, chart, "data-series="), series, "{name} {chart}");
+        }
+        let id = name.trim_end_matches(".html");
+        let c = rec["candidates"].as_array().unwrap().iter().find(|c| c["candidate_id"] == id).unwrap();
+        let replicas = c["prediction_config"]["engine"]["workers"]["aggregated"]["parallelism"]["replicas"]
+            .as_u64()
+            .unwrap() as usize;
+        for chart in ["heatmap-running", "heatmap-kv"] {
+            assert_eq!(count_in_chart(&dom, chart, "data-row="), replicas, "{name} {chart}");
+        }
+        assert!(dom.contains(&format!("rank {rank}, feasible")), "{name}");
+        assert!(dom.contains("the replay gave the summary the search ranked"), "{name}");
+        // The summary is the one the search ranked.
+        for key in ["completed_requests", "mean_ttft_ms", "output_throughput_tok_s"] {
+            let v = &c["metrics"][key];
+            let shown = match v.as_u64() {
+                Some(n) => n.to_string(),
+                None => format!("{:.3}", v.as_f64().unwrap()),
+            };
+            assert_eq!(summary_cell(&dom, key), shown, "{name} {key}");
+        }
+        // Its link back resolves to the recommend page.
+        let back = dom.split("<a href=\"").nth(1).map(|s| s[..s.find('"').unwrap()].to_string()).unwrap();
+        assert_eq!(back, "../rec.html");
+        assert!(pages.join(&back).exists());
+    }
+
+    // Deterministic: a second search writes the same pages.
+    let again = dir().join("rec-pages-again");
+    let _ = std::fs::remove_dir_all(&again);
+    std::fs::create_dir_all(&again).unwrap();
+    recommend_pages(&again, &["--no-cache"]);
+    assert_eq!(page_files(&again.join("rec")), page_files(&pages));
+    for f in page_files(&pages) {
+        assert!(std::fs::read(pages.join(&f)).unwrap() == std::fs::read(again.join("rec").join(&f)).unwrap(), "{f}");
+    }
+    assert!(std::fs::read(d.join("rec.html")).unwrap() == std::fs::read(again.join("rec.html")).unwrap());
+
+    // `0`: no pages, no links; the old pages are left alone.
+    recommend_pages(&d, &["--report-candidates", "0"]);
+    assert!(candidate_links(&std::fs::read_to_string(d.join("rec.html")).unwrap()).is_empty());
+}
+
+#[test]
+fn every_replayed_candidate_gets_a_page_with_all_including_infeasible_ones() {
+    let d = dir().join("rec-all");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    // Every candidate's TTFT is 30 ms: a strict 20 ms SLA makes all 54 infeasible after replaying.
+    let sla = ["--set", "optimization.strict_sla=true", "--set", "evaluation.sla.ttft_ms=20"];
+    let mut args = sla.to_vec();
+    args.extend(["--report-candidates", "all"]);
+    recommend_pages(&d, &args);
+    let files = page_files(&d.join("rec"));
+    assert_eq!(files.len(), 54);
+    let html = std::fs::read_to_string(d.join("rec.html")).unwrap();
+    assert_eq!(candidate_links(&html).len(), 54);
+    for f in &files {
+        let page = std::fs::read_to_string(d.join("rec").join(f)).unwrap();
+        assert!(page.contains("not ranked, infeasible (mean_ttft_ms="), "{f}");
+    }
+    let (dom, console) = browse(&d.join("rec").join(&files[0]));
+    assert!(console.is_empty(), "console messages: {console:?}");
+    assert_eq!(dom.matches("data-chart=").count(), 13);
+    // By default only ranked candidates get one: none here, and the old pages stay.
+    let (stdout, _) = recommend_pages(&d, &sla);
+    assert!(!stdout.contains("candidate pages"), "{stdout}");
+    assert!(candidate_links(&std::fs::read_to_string(d.join("rec.html")).unwrap()).is_empty());
+    assert_eq!(page_files(&d.join("rec")).len(), 54);
+}
+
+#[test]
+fn a_stale_cache_entry_is_named_on_the_page_it_differs_from() {
+    let d = dir().join("rec-stale");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    recommend_pages(&d, &["--report-candidates", "0"]);
+    // Every cached trial now claims one more output token than its replay makes.
+    let mut changed = 0;
+    for shard in std::fs::read_dir(d.join("out/cache")).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let p = entry.unwrap().path();
+            let text = std::fs::read_to_string(&p).unwrap();
+            let stale = text.replace("\"total_output_tokens\":3200,", "\"total_output_tokens\":3201,");
+            assert_ne!(stale, text, "{}", p.display());
+            std::fs::write(&p, stale).unwrap();
+            changed += 1;
+        }
+    }
+    assert_eq!(changed, 54);
+    let (_, stderr) = recommend_pages(&d, &["--report-candidates", "3"]);
+    assert_eq!(stderr.matches("a fresh replay differs from the result the search ranked").count(), 3, "{stderr}");
+    for f in page_files(&d.join("rec")) {
+        let page = std::fs::read_to_string(d.join("rec").join(&f)).unwrap();
+        assert!(page.contains("the replay differs from the result the search ranked"), "{f}");
+        assert_eq!(summary_cell(&page, "total_output_tokens"), "3200", "{f}: the page shows the replay");
+    }
+}
+
+#[test]
+fn candidate_pages_refuse_a_directory_they_would_clobber() {
+    let d = dir().join("rec-refuse");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join("rec")).unwrap();
+    std::fs::write(d.join("rec/notes.txt"), "mine").unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/deploy/recommend_grid_fixed.yaml");
+    let out_dir = d.join("out");
+    let run = |page: &Path, extra: &[&str]| {
+        let mut args = vec!["recommend", "-c", config, "--output-dir", out_dir.to_str().unwrap()];
+        args.extend(["--report-html", page.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().expect("run servesim")
+    };
+    let out = run(&d.join("rec.html"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("writes its candidate pages into {}, which holds notes.txt", d.join("rec").display())),
+        "{stderr}"
+    );
+    assert!(!d.join("out").exists(), "refused before the search ran");
+    assert_eq!(std::fs::read_to_string(d.join("rec/notes.txt")).unwrap(), "mine");
+    // With no pages asked for, the directory is not touched and the search runs.
+    assert!(run(&d.join("rec.html"), &["--report-candidates", "0"]).status.success());
+    // A page whose pages directory would be the output directory.
+    let out = run(&d.join("out.html"), &["--overwrite"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("which is the output directory"));
+    let out = run(&d.join("x.html"), &["--report-candidates", "best"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a number of candidates or `all`, got \"best\""));
+    // It applies to --report-html only.
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["recommend", "-c", config, "--output-dir", out_dir.to_str().unwrap(), "--report-candidates", "3"])
+        .output()
+        .expect("run servesim");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--report-html <PATH>"));
+}
+
+#[test]
+fn a_planner_candidates_page_replays_it_with_its_planner() {
+    let d = dir().join("rec-planner-pages");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/deploy/recommend_planner_fixed.yaml");
+    let (out_dir, page) = (d.join("out"), d.join("rec.html"));
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["recommend", "-c", config, "--output-dir", out_dir.to_str().unwrap(), "--overwrite"])
+        .args(["--report-html", page.to_str().unwrap(), "--report-candidates", "all"])
+        .output()
+        .expect("run servesim");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Every page's replay is the one the search ranked (a page replayed without its planner
+    // would differ, and say so).
+    assert!(!stderr.contains("differs"), "{stderr}");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("recommendation.json")).unwrap()).unwrap();
+    let enabled: Vec<&serde_json::Value> = rec["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["prediction_config"]["planner"]["policy"] == "enabled")
+        .collect();
+    assert!(!enabled.is_empty(), "the space has planner-enabled candidates");
+    for c in enabled {
+        let id = c["candidate_id"].as_str().unwrap();
+        let (dom, console) = browse(&d.join("rec").join(format!("{id}.html")));
+        assert!(console.is_empty(), "{id}: console messages: {console:?}");
+        assert!(dom.contains("the replay gave the summary the search ranked"), "{id}");
+        assert_eq!(count_in_chart(&dom, "planner-workers", "data-series="), 1, "{id}");
+    }
+}

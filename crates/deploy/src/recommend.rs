@@ -1026,9 +1026,16 @@ fn trial(
     (t, false)
 }
 
+/// A candidate's replay as the search runs it (one thread per candidate: the search spreads
+/// candidates over the cores). A candidate's report page replays it the same way.
+pub fn prepare_candidate(tree: &Value, base_dir: &Path) -> Result<crate::Prepared, DeployError> {
+    let mut p = crate::prepare(schema::read_predict(tree)?, base_dir)?;
+    p.sim.threads = 1;
+    Ok(p)
+}
+
 fn simulate(t: &mut Trial, base_dir: &Path) {
-    let prepared = schema::read_predict(&t.tree).and_then(|c| crate::prepare(c, base_dir));
-    let prepared = match prepared {
+    let p = match prepare_candidate(&t.tree, base_dir) {
         Ok(p) => p,
         Err(e) => {
             let kv = e.message.contains("KV") || e.key.contains("kv_cache");
@@ -1038,8 +1045,6 @@ fn simulate(t: &mut Trial, base_dir: &Path) {
             return;
         }
     };
-    let mut p = prepared;
-    p.sim.threads = 1;
     // With a `planner:` section the Planner runs in the loop, as `predict -c` runs it.
     let mut planner = match crate::planner_run(&p) {
         Ok(r) => r,

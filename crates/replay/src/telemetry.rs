@@ -286,41 +286,39 @@ impl<'s> Telemetry<'s> {
     /// It is counted when it starts; each pass goes to the sample its end falls in, later
     /// samples' shares wait in `ahead`.
     pub(crate) fn stretch(&mut self, pool: usize, target: usize, start_ms: f64, ends: &[f64], requests: usize) {
+        debug_assert!(ends.windows(2).all(|w| w[0] <= w[1]), "a stretch's passes end in order");
         let mut previous = start_ms;
-        let mut run: Option<(u64, Counters)> = None;
-        // Passes ending below `inside` (a relative hair under the end of the run's bucket, so
-        // that a division rounding up at the boundary is still settled by `bucket`) share the
-        // run's bucket without a division each.
-        let mut inside = f64::NEG_INFINITY;
-        for &end in ends {
-            let k = match &run {
-                Some((bucket, _)) if end < inside => *bucket,
-                _ => self.bucket(end).max(self.index),
-            };
-            match &mut run {
-                Some((bucket, c)) if *bucket == k => {
-                    c.passes += 1;
-                    c.output_tokens += requests as u64;
-                    c.busy_ms += end - previous;
+        let mut i = 0;
+        while i < ends.len() {
+            // A run of passes in one bucket: the first settles it with a division, then passes
+            // ending below `inside` (a relative hair under the end of the bucket, so that a
+            // division rounding up at the boundary is still settled by `bucket`) share it
+            // without one; past it, each pass's own bucket decides.
+            let k = self.bucket(ends[i]).max(self.index);
+            let inside = k as f64 * self.interval_ms * (1.0 - 1e-12);
+            let first = i;
+            let mut busy_ms = ends[i] - previous;
+            previous = ends[i];
+            i += 1;
+            loop {
+                // Pass ends increase (each pass starts when the one before ends).
+                let below = i + ends[i..].partition_point(|&end| end < inside);
+                for &end in &ends[i..below] {
+                    busy_ms += end - previous;
+                    previous = end;
                 }
-                _ => {
-                    if let Some((bucket, c)) = run.take() {
-                        self.add(pool, target, bucket, c);
-                    }
-                    let c = Counters {
-                        passes: 1,
-                        output_tokens: requests as u64,
-                        prefill_tokens: 0,
-                        busy_ms: end - previous,
-                    };
-                    run = Some((k, c));
-                    inside = k as f64 * self.interval_ms * (1.0 - 1e-12);
+                i = below;
+                if i < ends.len() && self.bucket(ends[i]).max(self.index) == k {
+                    busy_ms += ends[i] - previous;
+                    previous = ends[i];
+                    i += 1;
+                    continue;
                 }
+                break;
             }
-            previous = end;
-        }
-        if let Some((bucket, c)) = run {
-            self.add(pool, target, bucket, c);
+            let passes = (i - first) as u64;
+            let c = Counters { passes, output_tokens: passes * requests as u64, prefill_tokens: 0, busy_ms };
+            self.add(pool, target, k, c);
         }
     }
 
@@ -429,9 +427,15 @@ pub fn sample_json(cluster: &ClusterSample, workers: &[WorkerSample]) -> Value {
     Value::Object(m)
 }
 
-/// A float as serde_json writes it (shortest round trip, `.0` on integers, null if not finite).
+/// A float as ryu writes it (shortest round trip, `.0` on integers, as serde_json below 1e16;
+/// null if not finite).
+/// Whole numbers below 10^15 (counts, times on a millisecond grid, idle gauges) are written as
+/// integers with `.0`, the same text ryu gives them, without its digit search.
 fn push_f64(out: &mut String, x: f64) {
-    if x.is_finite() {
+    if (0.0..1e15).contains(&x) && x.fract() == 0.0 && x.is_sign_positive() {
+        push_u64(out, x as u64);
+        out.push_str(".0");
+    } else if x.is_finite() {
         out.push_str(ryu::Buffer::new().format_finite(x));
     } else {
         out.push_str("null");
@@ -445,39 +449,57 @@ fn push_opt(out: &mut String, x: Option<f64>) {
     }
 }
 
+fn push_u64(out: &mut String, x: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(x));
+}
+
 /// A sample as one JSON line, the text of [`sample_json`] written without building it (the
-/// telemetry file of a long run has many samples).
+/// telemetry file of a long run has many samples). Numbers are pushed as itoa and ryu format
+/// them rather than through `write!`: a line per sample and worker rank is most of what
+/// telemetry costs a replay.
 pub fn sample_jsonl(c: &ClusterSample, workers: &[WorkerSample], out: &mut String) {
     out.push_str("{\"t_ms\":");
     push_f64(out, c.t_ms);
     out.push_str(",\"interval_ms\":");
     push_f64(out, c.interval_ms);
-    let _ = write!(
-        out,
-        ",\"arrivals\":{},\"completions\":{},\"rejections\":{},\"router_queue\":{},\"waiting_admission\":{},\"prefill_workers\":{},\"decode_workers\":{},\"workers\":[",
-        c.arrivals, c.completions, c.rejections, c.router_queue, c.waiting_admission, c.prefill_workers, c.decode_workers
-    );
+    for (key, v) in [
+        (",\"arrivals\":", c.arrivals),
+        (",\"completions\":", c.completions),
+        (",\"rejections\":", c.rejections),
+        (",\"router_queue\":", c.router_queue),
+        (",\"waiting_admission\":", c.waiting_admission),
+        (",\"prefill_workers\":", c.prefill_workers as u64),
+        (",\"decode_workers\":", c.decode_workers as u64),
+    ] {
+        out.push_str(key);
+        push_u64(out, v);
+    }
+    out.push_str(",\"workers\":[");
     for (i, w) in workers.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        let _ = write!(
-            out,
-            "{{\"pool\":\"{}\",\"worker\":{},\"dp_rank\":{},\"running\":{},\"waiting\":{},\"kv_usage\":",
-            pool_name(w.pool),
-            w.worker,
-            w.dp_rank,
-            w.running,
-            w.waiting
-        );
+        out.push_str("{\"pool\":\"");
+        out.push_str(pool_name(w.pool));
+        out.push_str("\",\"worker\":");
+        push_u64(out, w.worker);
+        out.push_str(",\"dp_rank\":");
+        push_u64(out, w.dp_rank);
+        out.push_str(",\"running\":");
+        push_u64(out, w.running);
+        out.push_str(",\"waiting\":");
+        push_u64(out, w.waiting);
+        out.push_str(",\"kv_usage\":");
         push_f64(out, w.kv_usage);
         out.push_str(",\"prefix_hit_rate\":");
         push_opt(out, w.prefix_hit_rate());
-        let _ = write!(
-            out,
-            ",\"passes\":{},\"output_tokens\":{},\"prefill_tokens\":{},\"tokens_per_pass\":",
-            w.passes, w.output_tokens, w.prefill_tokens
-        );
+        out.push_str(",\"passes\":");
+        push_u64(out, w.passes);
+        out.push_str(",\"output_tokens\":");
+        push_u64(out, w.output_tokens);
+        out.push_str(",\"prefill_tokens\":");
+        push_u64(out, w.prefill_tokens);
+        out.push_str(",\"tokens_per_pass\":");
         push_opt(out, w.tokens_per_pass());
         out.push_str(",\"mean_pass_ms\":");
         push_opt(out, w.mean_pass_ms());
@@ -718,6 +740,24 @@ mod tests {
             sample_jsonl(&c, &workers, &mut line);
             assert_eq!(line, format!("{}\n", sample_json(&c, &workers)));
         }
+    }
+
+    #[test]
+    fn whole_numbers_are_written_as_ryu_writes_them() {
+        let mut values = vec![0.0, -0.0, 1.0, -1.0, 0.5, 1e15 - 1.0, 1e15, 1e16, 123456789012345.0, 2f64.powi(52)];
+        values.extend([f64::MIN_POSITIVE, 5e-324, 1.1304347826086956, 6.364607630439265, 999999999999999.9]);
+        for i in 0..2000 {
+            values.push(i as f64 * 1000.0);
+            values.push(i as f64 / 7.0);
+        }
+        for x in values {
+            let mut s = String::new();
+            push_f64(&mut s, x);
+            assert_eq!(s, ryu::Buffer::new().format_finite(x), "{x:e}");
+        }
+        let mut s = String::new();
+        push_f64(&mut s, f64::NAN);
+        assert_eq!(s, "null");
     }
 
     #[test]

@@ -215,6 +215,25 @@ pub struct RunPage<'a> {
     pub requests: &'a Requests,
     pub telemetry: Option<&'a TelemetrySeries>,
     pub planner: Option<&'a PlannerView>,
+    /// When the run is a candidate of a recommend search: where it stands in it.
+    pub candidate: Option<&'a CandidateContext<'a>>,
+}
+
+/// A recommend candidate's place in its search, shown at the top of its run page.
+pub struct CandidateContext<'a> {
+    /// Rank in the ranked view (1 = best), if in it.
+    pub rank: Option<usize>,
+    pub status: &'a str,
+    /// Why it is not feasible, if it is not.
+    pub reason: Option<&'a str>,
+    pub score: f64,
+    /// What the score measures (the search's target).
+    pub target: &'a str,
+    /// The recommend page, relative to this page.
+    pub search_href: &'a str,
+    /// Whether this page's replay gave the summary the search ranked (it differs only when the
+    /// search read a stale entry of its trial cache).
+    pub matches_search: bool,
 }
 
 /// What a planner in the loop did, for the run page.
@@ -308,7 +327,7 @@ fn summary_tables(out: &mut String, s: &Map<String, Value>) {
 
 /// The CDF of `values` as at most 400 points of (value, fraction ≤ value).
 fn cdf(name: &str, values: &mut [f64]) -> Series {
-    values.sort_by(f64::total_cmp);
+    values.sort_unstable_by(f64::total_cmp);
     let n = values.len();
     let k = n.min(400);
     let points = (0..k)
@@ -347,8 +366,8 @@ fn over_time(points: &[RequestPoint]) -> Vec<Series> {
             continue;
         }
         let x = (t0 + (b as f64 + 0.5) * width) / 1000.0;
-        ttft[b].sort_by(f64::total_cmp);
-        e2e[b].sort_by(f64::total_cmp);
+        ttft[b].sort_unstable_by(f64::total_cmp);
+        e2e[b].sort_unstable_by(f64::total_cmp);
         series[0].points.push((x, quantile(&ttft[b], 0.5)));
         series[1].points.push((x, quantile(&ttft[b], 0.9)));
         series[2].points.push((x, quantile(&e2e[b], 0.5)));
@@ -370,6 +389,23 @@ pub fn render_run(page: &RunPage<'_>) -> String {
     let mut out = String::new();
     page_head(&mut out, page.title);
     let _ = write!(out, "<h1>{}</h1>", escape(page.title));
+    if let Some(c) = page.candidate {
+        let rank = c.rank.map_or_else(|| "not ranked".to_string(), |r| format!("rank {r}"));
+        let reason = c.reason.map(|r| format!(" ({})", escape(r))).unwrap_or_default();
+        let _ = write!(
+            out,
+            r#"<p class="note" data-candidate="{status}">A candidate of a <a href="{href}">recommend search</a>: {rank}, {status}{reason}, score {score} (target {target}). {replay}</p>"#,
+            replay = if c.matches_search {
+                "Replayed again after the search with telemetry on; the replay gave the summary the search ranked."
+            } else {
+                "Replayed again after the search with telemetry on: <b>the replay differs from the result the search ranked</b> (read from its trial cache); what is shown here is the replay."
+            },
+            href = escape(c.search_href),
+            status = escape(c.status),
+            score = escape(&fmt_value(&serde_json::json!(c.score))),
+            target = escape(c.target),
+        );
+    }
     out.push_str(r#"<p class="note">servesim replay report: every time is simulated (virtual clock). Latency charts cover completed requests.</p>"#);
     summary_tables(&mut out, page.summary);
 
@@ -693,6 +729,8 @@ pub struct Candidate {
     pub pareto: bool,
     /// Rank in the ranked view (1 = best), if in it.
     pub rank: Option<usize>,
+    /// Its run page, relative to the recommend page, if it has one.
+    pub page: Option<String>,
 }
 
 const SORT_SCRIPT: &str = "document.querySelectorAll('table.sortable').forEach(function(t){\
@@ -710,10 +748,17 @@ pub fn render_recommend(title: &str, target: &str, candidates: &[Candidate], con
     page_head(&mut out, title);
     let _ = write!(
         out,
-        r#"<h1>{}</h1><p class="note">servesim recommend: {} candidates, target <b>{}</b>. Click a column header to sort.</p>"#,
+        r#"<h1>{}</h1><p class="note">servesim recommend: {} candidates, target <b>{}</b>. Click a column header to sort.{}</p>"#,
         escape(title),
         candidates.len(),
-        escape(target)
+        escape(target),
+        match candidates.iter().filter(|c| c.page.is_some()).count() {
+            0 => String::new(),
+            1 => " 1 candidate links to its own run page (replayed again after the search with telemetry on).".into(),
+            n => format!(
+                " {n} candidates link to their own run pages (replayed again after the search with telemetry on)."
+            ),
+        }
     );
     let point = |c: &Candidate| (c.throughput_per_user, c.throughput_per_gpu);
     let pick = |f: &dyn Fn(&Candidate) -> bool| candidates.iter().filter(|c| f(c)).map(point).collect::<Vec<_>>();
@@ -743,7 +788,19 @@ pub fn render_recommend(title: &str, target: &str, candidates: &[Candidate], con
     let mut order: Vec<&Candidate> = candidates.iter().collect();
     order.sort_by_key(|c| (c.rank.is_none(), c.rank, c.id.clone()));
     for c in order {
-        let _ = write!(out, r#"<tr><td data-v="{id}">{id}</td>"#, id = escape(&c.id));
+        match &c.page {
+            Some(href) => {
+                let _ = write!(
+                    out,
+                    r#"<tr><td data-v="{id}"><a href="{href}">{id}</a></td>"#,
+                    id = escape(&c.id),
+                    href = escape(href)
+                );
+            }
+            None => {
+                let _ = write!(out, r#"<tr><td data-v="{id}">{id}</td>"#, id = escape(&c.id));
+            }
+        }
         let rank = c.rank.map_or((String::new(), "–".to_string()), |r| (r.to_string(), r.to_string()));
         let _ = write!(out, r#"<td data-v="{}">{}</td>"#, rank.0, rank.1);
         let _ = write!(out, r#"<td data-v="{s}">{s}</td>"#, s = escape(&c.status));
@@ -827,11 +884,52 @@ mod tests {
             requests: &requests,
             telemetry: None,
             planner: None,
+            candidate: None,
         };
         let a = render_run(&page);
         assert_eq!(a, render_run(&page));
         assert!(!a.contains("http"), "nothing is fetched when the page is viewed");
         assert!(!a.contains("<script"));
         assert_eq!(a.matches("data-chart=").count(), 9);
+        assert!(!a.contains("data-candidate"));
+        // A recommend candidate's page says where it stands and links back.
+        let context = CandidateContext {
+            rank: None,
+            status: "infeasible",
+            reason: Some("mean_ttft_ms=30 > 20"),
+            score: 2.5,
+            target: "throughput",
+            search_href: "../my%20rec.html",
+            matches_search: false,
+        };
+        let b = render_run(&RunPage { candidate: Some(&context), ..page });
+        assert!(b.contains(r#"<a href="../my%20rec.html">recommend search</a>: not ranked, infeasible (mean_ttft_ms=30 &gt; 20), score 2.500 (target throughput)"#), "{b}");
+        assert!(b.contains("the replay differs from the result the search ranked"));
+    }
+
+    #[test]
+    fn the_candidate_table_links_the_pages_there_are() {
+        let row = |id: &str, page: Option<&str>| Candidate {
+            id: id.into(),
+            status: "feasible".into(),
+            score: 1.0,
+            gpus: 1,
+            throughput_per_gpu: 10.0,
+            throughput_per_user: 5.0,
+            mean_ttft_ms: Some(1.0),
+            mean_tpot_ms: None,
+            knobs: Value::String("agg".into()),
+            pareto: false,
+            rank: None,
+            page: page.map(String::from),
+        };
+        let rows = [row("candidate-000001", Some("rec/candidate-000001.html")), row("candidate-000002", None)];
+        let html = render_recommend("t", "throughput", &rows, &serde_json::json!({}));
+        assert!(html.contains(
+            r#"<td data-v="candidate-000001"><a href="rec/candidate-000001.html">candidate-000001</a></td>"#
+        ));
+        assert!(html.contains(r#"<td data-v="candidate-000002">candidate-000002</td>"#));
+        assert_eq!(html.matches("<a href=").count(), 1);
+        assert!(html.contains("1 candidate links to its own run page"));
     }
 }
