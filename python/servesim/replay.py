@@ -455,8 +455,9 @@ def run_synthetic_trace_replay(
     replay_concurrency=None,
     replay_mode="offline",
     router_mode="round_robin",
-    arrival_interval_ms=None,
+    arrival_speedup_ratio=1.0,
     request_rate=None,
+    arrival_interval_ms=None,
     arrival_seed=42,
     turns_per_session=1,
     shared_prefix_ratio=0.0,
@@ -500,6 +501,8 @@ def run_synthetic_trace_replay(
         int(num_prefix_groups),
         float(inter_turn_delay_ms),
     )
+    if sum(x is not None for x in (replay_concurrency, request_rate, arrival_interval_ms)) != 1:
+        raise Exception("synthetic replay requires exactly one of replay_concurrency, request_rate, or arrival_interval_ms")
     summary, lines, planner, samples = _core.run_replay(
         [],
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
@@ -508,6 +511,7 @@ def run_synthetic_trace_replay(
         num_decode_workers=num_decode_workers,
         replay_concurrency=replay_concurrency,
         router_mode=router_mode,
+        arrival_speedup_ratio=arrival_speedup_ratio,
         sla_ttft_ms=sla_ttft_ms,
         sla_itl_ms=sla_itl_ms,
         sla_e2e_ms=sla_e2e_ms,

@@ -180,3 +180,35 @@ def test_prefetch_model_resolves_local_paths_and_the_hugging_face_cache(tmp_path
 
     # Not local, not cached: returned as given (servesim never downloads).
     assert asyncio.run(prefetch_model("acme/absent")) == "acme/absent"
+
+
+# Recorded from Dynamo 1.6.1 (the reference venv of ../shared/parity/setup.sh) with
+#   run_synthetic_trace_replay(256, 16, 50, request_rate=5.0, arrival_speedup_ratio=2.0)
+#   run_synthetic_trace_replay(256, 16, 50, arrival_interval_ms=100.0, arrival_speedup_ratio=4.0)
+# (duration_ms 9066.80213573226 at speedup 1: the speedup divides the generated arrivals).
+def test_synthetic_arrival_speedup_ratio_compresses_the_generated_arrivals():
+    s = run_synthetic_trace_replay(256, 16, 50, request_rate=5.0, arrival_speedup_ratio=2.0).summary
+    assert s["duration_ms"] == pytest.approx(4586.761025366127, rel=1e-12)
+    assert s["mean_ttft_ms"] == pytest.approx(29.681790367692173, rel=1e-9)
+    s = run_synthetic_trace_replay(256, 16, 50, arrival_interval_ms=100.0, arrival_speedup_ratio=4.0).summary
+    assert s["duration_ms"] == pytest.approx(1359.7073919999996, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"request_rate": 5.0, "arrival_interval_ms": 10.0}, {"request_rate": 5.0, "replay_concurrency": 2}],
+)
+def test_synthetic_replay_needs_exactly_one_load_control(kw):
+    with pytest.raises(Exception) as e:
+        run_synthetic_trace_replay(256, 16, 50, **kw)
+    assert type(e.value) is Exception
+    assert str(e.value) == (
+        "synthetic replay requires exactly one of replay_concurrency, request_rate, or arrival_interval_ms"
+    )
+
+
+@pytest.mark.parametrize("ratio, shown", [(0.0, "0"), (-1.0, "-1"), (float("nan"), "NaN")])
+def test_synthetic_arrival_speedup_ratio_must_be_positive(ratio, shown):
+    with pytest.raises(Exception) as e:
+        run_synthetic_trace_replay(256, 16, 5, request_rate=5.0, arrival_speedup_ratio=ratio)
+    assert str(e.value) == f"arrival_speedup_ratio must be a finite positive number, got {shown}"

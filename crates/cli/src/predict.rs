@@ -150,7 +150,8 @@ pub struct PredictArgs {
     /// Overload: warn once on stderr when more than N requests wait for admission.
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     queue_warning: u64,
-    /// Divide trace timestamps and think times by X (trace timestamps mode only).
+    /// Divide arrival times (trace timestamps, or the generated synthetic arrivals) and think
+    /// times by X (not with --replay-concurrency).
     #[arg(long, value_name = "X")]
     arrival_speedup_ratio: Option<f64>,
 
@@ -404,9 +405,6 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
             "a synthetic load needs exactly one of --request-rate, --arrival-interval-ms, --replay-concurrency",
         ));
     }
-    if a.arrival_speedup_ratio.is_some() {
-        return Err(Failure::input("--arrival-speedup-ratio applies to trace replay only"));
-    }
     if a.agentic_lanes.is_some() || a.execution_model.is_some() || a.weka_nested_timestamp_basis.is_some() {
         return Err(Failure::input(
             "--agentic-lanes, --execution-model and --weka-nested-timestamp-basis apply to agentic traces",
@@ -431,9 +429,11 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
     };
     spec.validate().map_err(|e| Failure::input(format!("--{e}")))?;
     let workload = Workload::Synthetic(spec);
+    // As in Dynamo's synthetic replay, the speedup divides the generated arrival times and
+    // think times.
     let load = match a.replay_concurrency {
         Some(c) => LoadMode::Concurrency { max_sessions: c },
-        None => LoadMode::Timestamps { speedup: 1.0 },
+        None => LoadMode::Timestamps { speedup: a.arrival_speedup_ratio.unwrap_or(1.0) },
     };
     Ok((workload, load))
 }
