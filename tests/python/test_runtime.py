@@ -212,3 +212,17 @@ def test_synthetic_arrival_speedup_ratio_must_be_positive(ratio, shown):
     with pytest.raises(Exception) as e:
         run_synthetic_trace_replay(256, 16, 5, request_rate=5.0, arrival_speedup_ratio=ratio)
     assert str(e.value) == f"arrival_speedup_ratio must be a finite positive number, got {shown}"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_num_workers_is_refused_for_a_disaggregated_replay(num_workers):
+    # Dynamo 1.6.1's message for the same call.
+    prefill = {"engine": {"block_size": 64, "num_gpu_blocks": 8192, "worker_type": "prefill"}}
+    decode = {"engine": {"block_size": 64, "num_gpu_blocks": 4096, "worker_type": "decode"}}
+    with pytest.raises(Exception) as e:
+        run_synthetic_trace_replay(
+            256, 16, 5, request_rate=5.0, prefill_engine_args=prefill, decode_engine_args=decode, num_workers=num_workers
+        )
+    assert str(e.value) == (
+        "num_workers is only used for aggregated replay; use num_prefill_workers and num_decode_workers for disagg replay"
+    )

@@ -529,6 +529,11 @@ fn run_replay(
     if replay_concurrency == Some(0) {
         return Err(PyException::new_err("replay_concurrency must be at least 1"));
     }
+    if disaggregated && num_workers != 1 {
+        return Err(PyException::new_err(
+            "num_workers is only used for aggregated replay; use num_prefill_workers and num_decode_workers for disagg replay",
+        ));
+    }
     // The reference's online replay serves aggregated workers only.
     if online && disaggregated {
         return Err(PyException::new_err("disagg replay only supports replay_mode='offline'"));
