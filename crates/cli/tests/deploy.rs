@@ -4,7 +4,10 @@
 //! The goldens in tests/deploy/ are the reference's example configs and outputs, copied from
 //! ../shared/parity/aisimulate-examples/ (made there by `run_examples.sh`, i.e.
 //! `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py NAME.yaml
-//! --stack engine`, aisimulate 0.13.0.dev202610270000000085).
+//! --stack engine`, aisimulate 0.13.0.dev202610270000000085; `predict_round_robin_dynamo` with
+//! `$(../shared/parity/setup_aisimulate.sh --with-dynamo)` and `--stack dynamo`, aisimulate
+//! 0.13.0.dev202610130000000070 + ai-dynamo 1.6.1). The trace examples read the trace from
+//! ../shared/traces/ (paths rewritten relative to tests/deploy).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -92,9 +95,46 @@ fn examples_match_the_reference_within_two_percent() {
     eprintln!("worst deviation {:.4} %", worst * 100.0);
 }
 
-/// Every candidate the reference reported in its random-search and planner recommend examples,
-/// replayed here from the `prediction_config` it wrote: the same completions, every compared
-/// metric within 2 % (tests/deploy/recommend_candidates.golden.json says where they come from).
+/// The reference's trace examples: the first 300 s of the Mooncake conversation trace (stopped
+/// by `max_virtual_time_seconds`, requests in flight counted, not completed) on four TP2 replicas,
+/// as the engine stack and as Dynamo's round-robin replay (`--stack dynamo`, whose summary sits
+/// under `summary`) predict it. The kv_router example is left out: the reference's own runs of it
+/// differ by a completion.
+#[test]
+fn trace_examples_match_the_reference_within_two_percent() {
+    let trace = deploy_dir().join("../../../shared/traces/mooncake_conversation_trace.jsonl");
+    if !trace.exists() {
+        eprintln!("NOTICE: {} is missing; skipping the trace examples", trace.display());
+        return;
+    }
+    for name in ["predict_mooncake_trace", "predict_round_robin_dynamo"] {
+        let out_dir = tmp(name);
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the trace examples");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let doc: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        let reference = doc.get("summary").unwrap_or(&doc);
+        for key in METRICS {
+            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+            let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+            assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
+        }
+        for key in ["completed_requests", "num_requests", "prefill_gpus_per_worker", "decode_gpus_per_worker"] {
+            assert_eq!(ours[key], reference[key], "{name}: {key}");
+        }
+    }
+}
+
+/// Every candidate the reference reported in its random-search (aggregated and disaggregated) and
+/// planner recommend examples, replayed here from the `prediction_config` it wrote: the same
+/// completions, every compared metric within 2 % (tests/deploy/recommend_candidates.golden.json
+/// says where they come from).
 /// The router example is left out: its kv_router candidates sample workers at temperature 1.
 #[test]
 fn the_references_recommended_candidates_replay_within_two_percent() {
