@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Replays every candidate of the reference's recommend examples with `servesim predict -c`.
 
-  SERVESIM_AIS_SYSTEMS=.../aisimulate_core/systems scripts/recommend_parity.py [--binary B]
+  SERVESIM_AIS_SYSTEMS=.../aisimulate_core/systems scripts/recommend_parity.py [--binary B] [EXPECTED.json ...]
 
-For each ../shared/parity/aisimulate-examples/recommend_*.expected.json, each candidate's
+For each ../shared/parity/aisimulate-examples/recommend_*.expected.json (or each file named, the
+stdout of ../shared/parity/aisimulate_predict.py for a recommend config; relative trace paths are
+read from that file's directory), each candidate's
 `prediction_config` (the configuration the reference says it evaluated; systems_paths dropped,
 trace paths made absolute) runs through servesim. Printed per example: each candidate's largest
 deviation among TTFT/ITL/E2E means and p90s, output throughput and GPU-hours, and the order of
@@ -32,9 +34,10 @@ def without_systems_paths(o):
 def main():
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "servesim"))
+    a.add_argument("expected", nargs="*", help="recommend outputs of the reference (default: the examples)")
     args = a.parse_args()
     tmp = tempfile.mkdtemp(prefix="servesim-recommend-parity-")
-    for path in sorted(glob.glob(os.path.join(EXAMPLES, "recommend_*.expected.json"))):
+    for path in args.expected or sorted(glob.glob(os.path.join(EXAMPLES, "recommend_*.expected.json"))):
         name = os.path.basename(path)[: -len(".expected.json")]
         doc = json.load(open(path))
         worst, ours, refs = [], [], []
@@ -42,7 +45,7 @@ def main():
             config = without_systems_paths(c["prediction_config"])
             source = config["traffic"]["source"]
             if source.get("paths"):
-                source["paths"] = [os.path.normpath(os.path.join(EXAMPLES, p)) for p in source["paths"]]
+                source["paths"] = [os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), p)) for p in source["paths"]]
             cfg = os.path.join(tmp, "candidate.yaml")
             json.dump(config, open(cfg, "w"))  # JSON is YAML
             out = os.path.join(tmp, "out")
