@@ -22,6 +22,7 @@ DefaultHFModels list (Mixtral) are passed to both sides as a local directory hol
 packaged config.json.
 """
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -129,6 +130,7 @@ def main():
     a = ap.parse_args()
     rows = []
     local_root = tempfile.mkdtemp(prefix="ais_parity_models_")
+    atexit.register(shutil.rmtree, local_root, ignore_errors=True)
     for model_name in a.models.split(","):
         model_arg = model_name
         if model_name in LOCAL:

@@ -16,7 +16,7 @@ both alike) and records whole-call wall time and peak RSS. Wall time is the whol
 resident set. The table shows medians over the rounds and checks that both sides completed the
 same number of requests. Build first: cargo build --release.
 """
-import argparse, glob, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, glob, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity  # noqa: E402
@@ -69,6 +69,7 @@ def main():
         ref_py = subprocess.run([os.path.join(parity.SHARED, "parity", "setup.sh")], check=True,
                                 capture_output=True, text=True).stdout.strip()
     tmp = tempfile.mkdtemp(prefix="servesim-bench-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     cases = {}
     for c in a.cases:
         case = parity.resolve(c)

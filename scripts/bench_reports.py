@@ -23,7 +23,7 @@ With --instructions each case runs once one-loop and once with the reports under
 callgrind, which counts the instructions executed: the same for every run of the same binary,
 whatever else the machine is doing (about 50 times slower than a run).
 """
-import argparse, glob, os, re, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, glob, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
@@ -64,6 +64,7 @@ def main():
     p.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead of timing")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="servesim-bench-reports-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     cases = a.cases or sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.json")))
     if a.instructions:
         print(f"{'case':<36} {'1-loop instructions':>20} {'reports instructions':>21} {'vs 1-loop':>10}")

@@ -14,7 +14,7 @@ mark (VmHWM, sampled every 2 ms until it exits): wait4's ru_maxrss would also co
 image the child was forked from. Both runs must complete the same number of
 requests.
 """
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, atexit, json, os, shutil, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -75,6 +75,7 @@ def main():
     py = subprocess.run([os.path.join(parity.SHARED, "parity", "setup.sh")], check=True, capture_output=True,
                         text=True).stdout.strip()
     tmp = tempfile.mkdtemp(prefix="servesim-bench-traces-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     one = os.path.join(tmp, "one.jsonl")
     open(one, "w").write('{"timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [1]}\n')
     one_case = {"traces": [one], "engine": ENGINE, "num_workers": 4}

@@ -13,7 +13,7 @@ the candidates by the reference's score beside the order by servesim's value of 
 target. The router example's kv_router candidates sample workers at temperature 1 in the
 reference: expect noise there.
 """
-import argparse, glob, json, os, subprocess, sys, tempfile
+import argparse, atexit, glob, json, os, shutil, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "..", "shared", "parity", "aisimulate-examples")
@@ -37,6 +37,7 @@ def main():
     a.add_argument("expected", nargs="*", help="recommend outputs of the reference (default: the examples)")
     args = a.parse_args()
     tmp = tempfile.mkdtemp(prefix="servesim-recommend-parity-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     for path in args.expected or sorted(glob.glob(os.path.join(EXAMPLES, "recommend_*.expected.json"))):
         name = os.path.basename(path)[: -len(".expected.json")]
         doc = json.load(open(path))

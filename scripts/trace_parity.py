@@ -10,7 +10,7 @@ equal, every numeric summary key both report (wall-clock keys aside) is within t
 equal, and — for agentic formats — every request's arrival time equals the reference's (to 1e-6
 ms). Prints one row per case: completed, the worst metric and its deviation.
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse, atexit, json, os, shutil, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity  # noqa: E402
@@ -23,6 +23,7 @@ SKIP = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s
 
 def run_both(case, binary):
     tmp = tempfile.mkdtemp(prefix="servesim-trace-parity-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     ref_pr = os.path.join(tmp, "ref.json")
     py = subprocess.run([os.path.join(parity.SHARED, "parity", "setup.sh")], check=True, capture_output=True,
                         text=True).stdout.strip()
