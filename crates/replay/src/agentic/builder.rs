@@ -2,6 +2,7 @@
 //! sharing between nodes, and the graph's digest.
 
 use super::*;
+use rustc_hash::FxHashSet;
 
 /// Where a row came from.
 #[derive(Clone, Copy, Debug, Default)]
@@ -10,8 +11,10 @@ pub struct Loc {
     pub line: u32,
 }
 
+/// A validated row. The row is boxed: a `Vec<Draft>` then grows by pointers, not by 280-byte
+/// rows, and `finish` frees each row as it turns it into a node.
 struct Draft {
-    row: AgenticRow,
+    row: Box<AgenticRow>,
     input_length: u32,
     output_length: u32,
     loc: Loc,
@@ -23,7 +26,7 @@ pub struct GraphBuilder {
     source: Provenance,
     files: Vec<PathBuf>,
     drafts: Vec<Draft>,
-    ids: HashSet<String>,
+    ids: FxHashSet<String>,
 }
 
 impl GraphBuilder {
@@ -47,7 +50,7 @@ impl GraphBuilder {
         if header.source.format.trim().is_empty() || header.source.digest.trim().is_empty() {
             return Err(at("agentic Mooncake source provenance requires nonempty format and digest".into()));
         }
-        Ok(GraphBuilder { block_tokens, source: header.source, files, drafts: Vec::new(), ids: HashSet::new() })
+        Ok(GraphBuilder { block_tokens, source: header.source, files, drafts: Vec::new(), ids: FxHashSet::default() })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -130,7 +133,7 @@ impl GraphBuilder {
         let output_length =
             u32::try_from(output_length).map_err(|_| err(format!("output_length {output_length} is too large")))?;
         self.ids.insert(row.request_id.clone());
-        self.drafts.push(Draft { row, input_length, output_length, loc });
+        self.drafts.push(Draft { row: Box::new(row), input_length, output_length, loc });
         Ok(())
     }
 
@@ -138,6 +141,7 @@ impl GraphBuilder {
     /// `not_before_ms` at 0, then divided by `speedup`), computes its digest and interns its
     /// hash ids.
     pub fn finish(mut self, speedup: f64) -> Result<AgenticGraph, InputError> {
+        drop(std::mem::take(&mut self.ids));
         let files = std::mem::take(&mut self.files);
         let first_file = files.first().cloned().unwrap_or_default();
         let in_file = |msg: String| InputError::in_file(&first_file, msg);
@@ -145,9 +149,9 @@ impl GraphBuilder {
             return Err(in_file("agentic trace did not contain any requests".into()));
         }
         self.drafts.sort_by(|a, b| a.row.request_id.cmp(&b.row.request_id));
-        let index: HashMap<&str, u32> =
+        let index: FxHashMap<&str, u32> =
             self.drafts.iter().enumerate().map(|(i, d)| (d.row.request_id.as_str(), i as u32)).collect();
-        let mut play_index: HashMap<&str, u32> = HashMap::new();
+        let mut play_index: FxHashMap<&str, u32> = FxHashMap::default();
         let mut play_names: Vec<&str> = Vec::new();
         let mut play_nodes: Vec<Vec<u32>> = Vec::new();
         let mut deps: Vec<Vec<Edge>> = Vec::with_capacity(self.drafts.len());
@@ -264,9 +268,9 @@ impl GraphBuilder {
             .map(|p| (p.roots.len() == 1).then(|| Arc::from(self.drafts[p.roots[0] as usize].row.request_id.as_str())))
             .collect();
         let mut models: Vec<String> = Vec::new();
-        let mut model_index: HashMap<String, u32> = HashMap::new();
+        let mut model_index: FxHashMap<String, u32> = FxHashMap::default();
         let mut interner: FxHashMap<u64, u32> = FxHashMap::default();
-        let mut sessions: HashMap<String, Arc<str>> = HashMap::new();
+        let mut sessions: FxHashMap<String, Arc<str>> = FxHashMap::default();
         let mut nodes = Vec::with_capacity(n);
         let request_ids: Vec<Arc<str>> = self.drafts.iter().map(|d| Arc::from(d.row.request_id.as_str())).collect();
         for (i, (d, edges)) in self.drafts.into_iter().zip(deps).enumerate() {
@@ -346,7 +350,7 @@ impl GraphBuilder {
 /// whose blocks are a prefix of a longer node's in its session shares that node's list (a
 /// prompt is cut at its own `input_length`).
 fn share_prompt_prefixes(nodes: &mut [Node]) {
-    let mut by_session: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+    let mut by_session: FxHashMap<Arc<str>, Vec<usize>> = FxHashMap::default();
     for (i, n) in nodes.iter().enumerate() {
         by_session.entry(n.session_id.clone()).or_default().push(i);
     }
@@ -410,14 +414,17 @@ mod erased {
 /// blake3 over the canonical JSON of the graph (`{"block_size", "nodes"}`, dependencies sorted),
 /// as the reference computes `graph_digest`.
 fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
-    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    // The nodes are written into one buffer hashed 64 KiB at a time: BLAKE3 hashes large inputs
+    // many chunks at once, where a node's few hundred bytes would go one 64-byte block at a time.
+    const FLUSH: usize = 1 << 16;
+    let mut buf: Vec<u8> = Vec::with_capacity(FLUSH + 4096);
     let rank_t = |t: Trigger| t as u8;
     let rank_r = |r: Relation| r as u8;
     let mut h = blake3::Hasher::new();
-    h.update(format!("{{\"block_size\":{block_size},\"nodes\":[").as_bytes());
+    buf.extend_from_slice(format!("{{\"block_size\":{block_size},\"nodes\":[").as_bytes());
     for (i, d) in drafts.iter_mut().enumerate() {
         if i > 0 {
-            h.update(b",");
+            buf.push(b',');
         }
         let r = &mut d.row;
         r.dependencies.sort_by(|a, b| {
@@ -428,7 +435,6 @@ fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
                 .then(a.delay_ms.total_cmp(&b.delay_ms))
         });
         // The node as the reference's serde derive writes it (field order, skipped options).
-        buf.clear();
         let mut w = &mut buf;
         let put = |w: &mut &mut Vec<u8>, key: &str, v: &dyn erased::Ser| {
             let _ = std::io::Write::write_all(w, key.as_bytes());
@@ -463,8 +469,12 @@ fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
                 std::io::Write::write_all(&mut w, format!(",\"relation\":\"{}\"}}", dep.relation.name()).as_bytes());
         }
         let _ = std::io::Write::write_all(&mut w, b"]}");
-        h.update(&buf);
+        if buf.len() >= FLUSH {
+            h.update(&buf);
+            buf.clear();
+        }
     }
-    h.update(b"]}");
+    buf.extend_from_slice(b"]}");
+    h.update(&buf);
     h.finalize().to_hex().to_string()
 }

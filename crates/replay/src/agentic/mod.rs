@@ -15,7 +15,7 @@ pub mod driver;
 
 pub use builder::{row_error, AgenticIds, GraphBuilder, Loc};
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
