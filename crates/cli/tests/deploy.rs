@@ -97,9 +97,9 @@ fn examples_match_the_reference_within_two_percent() {
 
 /// The reference's trace examples: the first 300 s of the Mooncake conversation trace (stopped
 /// by `max_virtual_time_seconds`, requests in flight counted, not completed) on four TP2 replicas,
-/// as the engine stack and as Dynamo's round-robin replay (`--stack dynamo`, whose summary sits
-/// under `summary`) predict it. The kv_router example is left out: the reference's own runs of it
-/// differ by a completion.
+/// as the reference's engine stack and Dynamo's round-robin replay (`--stack dynamo`, whose output
+/// nests the summary under `summary`) predict it. The kv_router example is left out: the
+/// reference's KV-router runs are not repeatable.
 #[test]
 fn trace_examples_match_the_reference_within_two_percent() {
     let trace = deploy_dir().join("../../../shared/traces/mooncake_conversation_trace.jsonl");
