@@ -144,6 +144,12 @@ fn disaggregated_serving_reports_both_pools() {
         assert!(t("decode_admit_ms") >= t("destination_activated_ms"));
         assert!(t("first_token_ms") > t("decode_admit_ms"));
         assert!(r["prefill_worker_idx"].as_u64().unwrap() < 2 && r["decode_worker_idx"].as_u64().unwrap() < 3);
+        // A request admitted once by each pool has no readmission (Dynamo 1.6.1 counts the
+        // admissions after a pool's first one, the entries flagged `is_readmission`).
+        let history = r["admission_history"].as_array().unwrap();
+        let flagged = history.iter().filter(|a| a["is_readmission"] == true).count();
+        assert_eq!(r["readmission_count"], flagged, "{r}");
+        assert_eq!(r["admission_count"], history.len(), "{r}");
     }
     let b = json_stdout(&servesim(&args));
     assert_eq!(simulated(a), simulated(b));

@@ -329,7 +329,9 @@ pub fn request_json(r: &RequestRecord) -> Value {
         .collect();
     put("admission_history", Value::Array(admissions));
     put("admission_count", json!(r.admissions));
-    put("readmission_count", json!(r.admissions.saturating_sub(1)));
+    // Admissions after a pool's first one (a disaggregated request's decode admission is its
+    // decode pool's first, not a readmission).
+    put("readmission_count", json!(r.admission_history.iter().filter(|a| a.pool_ordinal > 0).count()));
     put("pressure_record_ordinals", json!([]));
     put("terminal_status", json!(r.status.name()));
     if let Status::Rejected(reason) = r.status {
