@@ -424,8 +424,10 @@ def gen_cluster_extras(rng, case):
                 case[key] = sla[key]
 
 
-def generate_case(seed, index, traces):
-    """Case `index` of `seed`: the same whatever --count is."""
+def generate_case(seed, index, traces, disagg_dp=0.0):
+    """Case `index` of `seed`: the same whatever --count is. With `disagg_dp` > 0, each side of
+    a disaggregated case gets 2 attention-DP ranks with that probability, drawn from a stream of
+    its own so the rest of the case is what it would have been without."""
     rng = random.Random(f"difffuzz/{seed}/{index}")
     regime = pick(rng, [("aggregated", 50), ("disaggregated", 25), ("kv_router", 25)])
     if regime == "disaggregated":
@@ -439,6 +441,11 @@ def generate_case(seed, index, traces):
     else:
         gen_aggregated(rng, case, backend, load, regime == "kv_router")
     gen_cluster_extras(rng, case)
+    if regime == "disaggregated" and disagg_dp > 0:
+        dp_rng = random.Random(f"difffuzz/{seed}/{index}/disagg-dp")
+        for side in ["prefill", "decode"]:
+            if chance(dp_rng, disagg_dp):
+                case[f"{side}_dp_size"] = 2
     return case
 
 
@@ -510,8 +517,9 @@ def describe(case):
     parts = [backend_of(case)]
     if case.get("prefill_engine") or case.get("decode_engine"):
         parts.append(f"{case.get('num_prefill_workers', 1)}p{case.get('num_decode_workers', 1)}d")
-        parts.append("P[" + describe_engine(case.get("prefill_engine") or {}) + "]")
-        parts.append("D[" + describe_engine(case.get("decode_engine") or {}) + "]")
+        for side, tag in [("prefill", "P"), ("decode", "D")]:
+            dp = f"dp{case[side + '_dp_size']} " if case.get(side + "_dp_size", 1) != 1 else ""
+            parts.append(f"{tag}[{dp}" + describe_engine(case.get(side + "_engine") or {}) + "]")
     else:
         parts.append(f"w{case.get('num_workers', 1)}")
         if case.get("dp_size", 1) != 1:
@@ -610,7 +618,8 @@ class Runner:
 
     @staticmethod
     def reference_script(case):
-        if case.get("router_config") is not None or case.get("kv_event_lag_ms") is not None:
+        ours_only = ["router_config", "kv_event_lag_ms", "prefill_dp_size", "decode_dp_size"]
+        if any(case.get(k) is not None for k in ours_only):
             return REFERENCE_REPLAY
         return DYNAMO_REPLAY
 
@@ -1344,7 +1353,7 @@ def build_items(args, traces):
     if args.case:
         return [{"id": os.path.basename(p).removesuffix(".json"), "case": load_case(p)} for p in args.case]
     indices = parse_only(args.only) or range(args.start, args.start + args.count)
-    return [{"id": f"{args.seed}-{k:03d}", "case": generate_case(args.seed, k, traces)} for k in indices]
+    return [{"id": f"{args.seed}-{k:03d}", "case": generate_case(args.seed, k, traces, args.disagg_dp)} for k in indices]
 
 
 def wait_for_binary(path, seconds=900):
@@ -1368,6 +1377,9 @@ def parse_args(argv):
     what.add_argument("--per-request", metavar="CASE.json", help="compare one case request by request")
     what.add_argument("--minimise-case", metavar="CASE.json", help="minimise this case")
     what.add_argument("--dry-run", action="store_true", help="print the cases (JSON lines) and stop")
+    what.add_argument("--disagg-dp", type=float, default=0.0, metavar="P",
+                      help="give each side of a disaggregated case 2 attention-DP ranks with probability P "
+                           "(default 0: the cases of earlier runs)")
     how = p.add_argument_group("how")
     how.add_argument("--binary", default=DEFAULT_BINARY)
     how.add_argument("--cache-dir", default=DEFAULT_CACHE)

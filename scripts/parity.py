@@ -88,8 +88,12 @@ def servesim_args(case):
             eng["dp_size"] = case["dp_size"]
         args += ["--extra-engine-args", json.dumps(eng)]
     if case.get("prefill_engine") is not None or case.get("decode_engine") is not None:
-        args += ["--prefill-engine-args", json.dumps({"engine": case.get("prefill_engine", {})}),
-                 "--decode-engine-args", json.dumps({"engine": case.get("decode_engine", {})}),
+        def side(role):
+            eng = {"engine": case.get(f"{role}_engine", {})}
+            if case.get(f"{role}_dp_size", 1) != 1:
+                eng["dp_size"] = case[f"{role}_dp_size"]
+            return json.dumps(eng)
+        args += ["--prefill-engine-args", side("prefill"), "--decode-engine-args", side("decode"),
                  "--num-prefill-workers", str(case.get("num_prefill_workers", 1)),
                  "--num-decode-workers", str(case.get("num_decode_workers", 1))]
     else:

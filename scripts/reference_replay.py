@@ -6,6 +6,7 @@ summary as JSON. Like ../shared/parity/dynamo_replay.py, plus the keys that scri
   "kv_event_lag_ms": 5.0       delay of KV events seen by the router
   "model_name": "m"            picks the model profile of a router policy config
   "traces": [...]              several trace files (Dynamo shards) instead of "trace"
+  "prefill_dp_size", "decode_dp_size"  attention-DP ranks per prefill / decode worker
   "trace_format", "trace_block_size" (null: the format's own), "agentic_lanes",
   "execution_model", "weka_nested_timestamp_basis", "trace_shared_prefix_ratio",
   "trace_num_prefix_groups"    the trace-format options of run_trace_replay
@@ -37,8 +38,8 @@ def main():
         router_config = KvRouterConfig.from_json(json.dumps(router_config))
     common = dict(
         extra_engine_args=engine_args(case.get("engine"), case.get("dp_size")),
-        prefill_engine_args=engine_args(case.get("prefill_engine"), 1),
-        decode_engine_args=engine_args(case.get("decode_engine"), 1),
+        prefill_engine_args=engine_args(case.get("prefill_engine"), case.get("prefill_dp_size", 1)),
+        decode_engine_args=engine_args(case.get("decode_engine"), case.get("decode_dp_size", 1)),
         router_config=router_config,
         num_workers=case.get("num_workers", 1),
         num_prefill_workers=case.get("num_prefill_workers", 1),

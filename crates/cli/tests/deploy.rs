@@ -6,7 +6,8 @@
 //! `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py NAME.yaml
 //! --stack engine`, aisimulate 0.13.0.dev202610270000000085; `predict_round_robin_dynamo` with
 //! `$(../shared/parity/setup_aisimulate.sh --with-dynamo)` and `--stack dynamo`, aisimulate
-//! 0.13.0.dev202610130000000070 + ai-dynamo 1.6.1). The trace examples read the trace from
+//! 0.13.0.dev202610130000000070 + ai-dynamo 1.6.1). `predict_disagg_dep_moe` is not a reference
+//! example; its YAML says how its output was recorded. The trace examples read the trace from
 //! ../shared/traces/ (paths rewritten relative to tests/deploy).
 
 use std::path::{Path, PathBuf};
@@ -66,6 +67,7 @@ fn examples_match_the_reference_within_two_percent() {
         "predict_agg_vllm_default",
         "predict_agg_sglang",
         "predict_disagg_vllm",
+        "predict_disagg_dep_moe",
     ] {
         let out_dir = tmp(name);
         let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);

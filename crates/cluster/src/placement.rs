@@ -34,12 +34,17 @@ enum Kind {
     Kv(Box<KvRouter>),
 }
 
-/// Round robin over (worker, rank) targets as Dynamo's aggregated replay places: a counter
-/// picks the next active worker, then that worker's own counter picks its rank. With a fixed
-/// set of workers this visits every worker's rank 0, then every worker's rank 1, and so on; a
-/// worker that joins starts at its rank 0 while the others go on from where they were.
+/// Round robin over (worker, rank) targets, in the two orders Dynamo's replay uses.
+///
+/// - Aggregated pools: a counter picks the next active worker, then that worker's own counter
+///   picks its rank. With a fixed set of workers this visits every worker's rank 0, then every
+///   worker's rank 1, and so on; a worker that joins starts at its rank 0 while the others go
+///   on from where they were.
+/// - Prefill and decode pools (`flat`): one counter over the active workers' targets in order,
+///   every rank of a worker before the next worker (0.0, 0.1, 1.0, 1.1).
 #[derive(Clone, Debug, Default)]
 struct Rotation {
+    flat: bool,
     workers: RoundRobin,
     /// The next rank of each worker slot.
     next_rank: Vec<u32>,
@@ -47,6 +52,10 @@ struct Rotation {
 
 impl Rotation {
     fn pick(&mut self, active: &[usize], dp: usize) -> usize {
+        if self.flat {
+            let i = self.workers.pick(active.len() * dp);
+            return active[i / dp] * dp + i % dp;
+        }
         let worker = active[self.workers.pick(active.len())];
         if self.next_rank.len() <= worker {
             self.next_rank.resize(worker + 1, 0);
@@ -90,7 +99,9 @@ impl Placer {
         let slots = pool.workers as usize;
         let dp = pool.dp();
         let kind = match mode {
-            RouterMode::RoundRobin => Kind::RoundRobin(Rotation::default()),
+            RouterMode::RoundRobin => {
+                Kind::RoundRobin(Rotation { flat: pool.role != Role::Aggregated, ..Rotation::default() })
+            }
             RouterMode::KvRouter(rc) => {
                 let budget = pool.engine.max_num_batched_tokens.unwrap_or(8192);
                 let rc = router_config_for(pool.role, rc);
@@ -293,6 +304,21 @@ mod tests {
         // Worker 1 rank 0 (target 2), worker 0 rank 0 (0), worker 1 rank 1 (3), worker 0 rank 1.
         // (One counter over the four targets would have gone on with 1, 3, 0, 2.)
         assert_eq!((10..14).map(|i| place(&mut p, i)).collect::<Vec<_>>(), vec![2, 0, 3, 1]);
+    }
+
+    #[test]
+    fn disaggregated_pools_go_through_every_rank_of_a_worker_before_the_next_worker() {
+        // Dynamo 1.6.1's disaggregated replay, two decode workers of two ranks: decode
+        // placements 0.0, 0.1, 1.0, 1.1, 0.0, ...
+        let p = WorkerArgs::parse_json(r#"{"dp_size": 1}"#).unwrap();
+        let d = WorkerArgs::parse_json(r#"{"dp_size": 2}"#).unwrap();
+        let topology = Topology::disaggregated((p, 1), (d, 2)).unwrap();
+        let mut placer = Placer::new(&topology.pools()[1], &RouterMode::RoundRobin, 0);
+        assert_eq!((0..6).map(|i| place(&mut placer, i)).collect::<Vec<_>>(), vec![0, 1, 2, 3, 0, 1]);
+        // Worker 0 drains: only worker 1's ranks are left.
+        placer.set_active(0, false);
+        let targets: Vec<usize> = (10..14).map(|i| place(&mut placer, i)).collect();
+        assert!(targets.iter().all(|t| t / 2 == 1), "{targets:?}");
     }
 
     #[test]

@@ -84,9 +84,6 @@ impl Topology {
     pub fn disaggregated(prefill: (WorkerArgs, u32), decode: (WorkerArgs, u32)) -> Result<Topology, TopologyError> {
         let prefill = pool(Role::Prefill, prefill.0, prefill.1, "num_prefill_workers")?;
         let decode = pool(Role::Decode, decode.0, decode.1, "num_decode_workers")?;
-        if prefill.deployment.dp_size != 1 || decode.deployment.dp_size != 1 {
-            return Err(error("dp_size", "disaggregated pools need dp_size 1"));
-        }
         if prefill.engine.block_size != decode.engine.block_size {
             return Err(error(
                 "block_size",
@@ -151,8 +148,8 @@ mod tests {
         assert_eq!(e.field, "worker_type");
         let e = Topology::disaggregated((args(r#"{"block_size": 16}"#), 1), (args("{}"), 1)).unwrap_err();
         assert_eq!(e.field, "block_size");
-        let e = Topology::disaggregated((args(r#"{"dp_size": 2}"#), 1), (args("{}"), 1)).unwrap_err();
-        assert_eq!(e.field, "dp_size");
+        let t = Topology::disaggregated((args(r#"{"dp_size": 2}"#), 1), (args(r#"{"dp_size": 4}"#), 1)).unwrap();
+        assert_eq!((t.pools()[0].dp(), t.pools()[1].dp()), (2, 4));
         let e = Topology::aggregated(args("{}"), 0).unwrap_err();
         assert_eq!((e.field, e.message.as_str()), ("num_workers", "must be at least 1"));
         let e = Topology::aggregated(args(r#"{"is_prefill": true}"#), 1).unwrap_err();

@@ -45,8 +45,8 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     let count = |k: &str| case.get(k).and_then(Value::as_u64).unwrap_or(1) as u32;
     let cluster = if case.get("prefill_engine").is_some() || case.get("decode_engine").is_some() {
         Topology::disaggregated(
-            (worker_args(case.get("prefill_engine"), None), count("num_prefill_workers")),
-            (worker_args(case.get("decode_engine"), None), count("num_decode_workers")),
+            (worker_args(case.get("prefill_engine"), case.get("prefill_dp_size")), count("num_prefill_workers")),
+            (worker_args(case.get("decode_engine"), case.get("decode_dp_size")), count("num_decode_workers")),
         )
     } else {
         Topology::aggregated(worker_args(case.get("engine"), case.get("dp_size")), count("num_workers"))
@@ -341,4 +341,7 @@ parity_cases! {
     disagg_followup_turn_misses_the_passes_starting_at_its_arrival => "x_disagg_followup_misses_passes",
     trtllm_disagg_speedup_rounds_pass_times_twice => "x_trtllm_disagg_speedup_rounds_twice",
     kv_router_queue_release_edges => "x_kv_queue_release_edges",
+    disaggregated_data_parallel_sessions => "x_disagg_dp_sessions_2p2d",
+    disaggregated_data_parallel_sglang_under_pressure => "x_disagg_dp_sglang_1p2d",
+    disaggregated_data_parallel_trace => "x_disagg_dp_trace_1p3d",
 }

@@ -4,16 +4,28 @@
 use super::*;
 
 impl Simulation<'_, '_> {
-    /// Decode worker `w` tries to reserve blocks for the oldest request waiting there; true if
-    /// it did.
-    pub(super) fn retry_destination(&mut self, pool: usize, w: usize) -> bool {
-        let Some(Reserved { request, reused_tokens }) = self.pools[pool].workers[w].ranks[0].engine.retry_destination()
-        else {
+    /// Decode target `t` (a rank of a decode worker) tries to reserve blocks for the oldest
+    /// request waiting there; true if it did.
+    pub(super) fn retry_destination(&mut self, pool: usize, t: usize) -> bool {
+        let dp = self.pools[pool].spec.dp();
+        let engine = &mut self.pools[pool].workers[t / dp].ranks[t % dp].engine;
+        let Some(Reserved { request, reused_tokens }) = engine.retry_destination() else {
             return false;
         };
         self.collector.destination_reserved(request, self.now);
         self.handoff(request, Fact::DestinationReserved { reused_tokens });
         true
+    }
+
+    /// Every rank of decode worker `w` tries its oldest waiting destination, as each rank's
+    /// pass end does; true if any reserved one.
+    pub(super) fn retry_destinations(&mut self, pool: usize, w: usize) -> bool {
+        let dp = self.pools[pool].spec.dp();
+        let mut reserved = false;
+        for r in 0..dp {
+            reserved |= self.retry_destination(pool, w * dp + r);
+        }
+        reserved
     }
 
     /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.
@@ -33,12 +45,13 @@ impl Simulation<'_, '_> {
             Step::StartTransfer { delay_ms } => self.schedule(self.now + delay_ms, Event::TransferDone { request: id }),
             Step::Activate => {
                 // Like every command to an engine, an activation waits for the pass in flight.
-                let w = self.flights[&id].decode_target.expect("routed to a decode worker");
-                let worker = &mut self.pools[1].workers[w];
+                let t = self.flights[&id].decode_target.expect("routed to a decode worker");
+                let dp = self.pools[1].spec.dp();
+                let worker = &mut self.pools[1].workers[t / dp];
                 if worker.busy {
-                    worker.pending_activations.push(id);
+                    worker.pending_activations.push((id, t));
                 } else {
-                    self.activate(w, id);
+                    self.activate(t, id);
                 }
             }
             Step::ReleaseSource => self.release_source(id),
@@ -47,41 +60,45 @@ impl Simulation<'_, '_> {
                 self.finish(id, Finish::Rejected(reason));
             }
             Step::AbortSource => {
-                let w = self.flights[&id].prefill_target.expect("placed on a prefill worker");
-                self.pools[0].workers[w].ranks[0].engine.abort(id);
-                self.wake(0, w);
+                let t = self.flights[&id].prefill_target.expect("placed on a prefill worker");
+                let dp = self.pools[0].spec.dp();
+                self.pools[0].workers[t / dp].ranks[t % dp].engine.abort(id);
+                self.wake(0, t / dp);
             }
             Step::AbortDestination => {
-                let w = self.flights[&id].decode_target.expect("placed on a decode worker");
-                self.pools[1].workers[w].ranks[0].engine.abort(id);
-                self.wake(1, w);
+                let t = self.flights[&id].decode_target.expect("placed on a decode worker");
+                let dp = self.pools[1].spec.dp();
+                self.pools[1].workers[t / dp].ranks[t % dp].engine.abort(id);
+                self.wake(1, t / dp);
             }
         }
     }
 
-    /// The decode worker takes the transferred KV.
-    pub(super) fn activate(&mut self, decode: usize, id: u64) {
-        self.pools[1].workers[decode].ranks[0].engine.activate(id);
-        self.wake(1, decode);
+    /// Decode target `t` takes the transferred KV.
+    pub(super) fn activate(&mut self, t: usize, id: u64) {
+        let dp = self.pools[1].spec.dp();
+        self.pools[1].workers[t / dp].ranks[t % dp].engine.activate(id);
+        self.wake(1, t / dp);
         self.collector.destination_activated(id, self.now);
-        self.retry_destination(1, decode);
+        self.retry_destination(1, t);
         self.handoff(id, Fact::Activated);
     }
 
     /// The prefill worker may free the KV it holds for `id` (at the end of its current pass).
     pub(super) fn release_source(&mut self, id: u64) {
-        let prefill = self.flights[&id].prefill_target.expect("prefilled");
-        let worker = &mut self.pools[0].workers[prefill];
+        let t = self.flights[&id].prefill_target.expect("prefilled");
+        let dp = self.pools[0].spec.dp();
+        let worker = &mut self.pools[0].workers[t / dp];
         if worker.busy {
             // Recorded now: the request may be gone by the time the pass ends.
             self.collector.source_released(id, worker.pass_end);
-            worker.pending_releases.push(id);
+            worker.pending_releases.push((id, t % dp));
         } else {
-            worker.ranks[0].engine.release_held(id);
+            worker.ranks[t % dp].engine.release_held(id);
             self.collector.source_released(id, self.now);
-            self.wake(0, prefill);
+            self.wake(0, t / dp);
             if self.scaling.is_some() {
-                self.retire_if_drained(0, prefill);
+                self.retire_if_drained(0, t / dp);
             }
         }
     }

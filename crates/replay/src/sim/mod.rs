@@ -275,8 +275,9 @@ struct Worker {
     stretch: Option<Stretch>,
     /// Commands that wait for the pass in flight to end: held requests to release (prefill
     /// worker), transferred requests to activate (decode worker).
-    pending_releases: Vec<u64>,
-    pending_activations: Vec<u64>,
+    /// Releases by (request, rank); activations by (request, decode target).
+    pending_releases: Vec<(u64, usize)>,
+    pending_activations: Vec<(u64, usize)>,
 }
 
 struct Pool {
@@ -630,7 +631,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
-                } else if self.pools[p].spec.role == Role::Decode && self.retry_destination(p, w) {
+                } else if self.pools[p].spec.role == Role::Decode && self.retry_destinations(p, w) {
                     // The empty pass still ends, and its end tries a waiting destination, as
                     // every pass end does; a reservation is progress, so another pass follows
                     // at this instant.
@@ -799,7 +800,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
         // The request waits on the decode worker for its blocks; an idle worker tries at once, a
         // busy one when its pass ends.
-        match worker.ranks[0].engine.accept_destination(request) {
+        match worker.ranks[p.target % dp].engine.accept_destination(request) {
             Err(reason) => self.handoff(p.id, Fact::DestinationRefused(reason)),
             Ok(()) if !worker.busy => {
                 self.retry_destination(pool, p.target);
@@ -853,13 +854,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
         // A decode worker tries its oldest waiting destination at the end of every pass; then
         // the commands that waited for the pass to end are applied.
         if self.pools[pool].spec.role == Role::Decode {
-            self.retry_destination(pool, w);
+            self.retry_destinations(pool, w);
         }
-        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
-            self.pools[pool].workers[w].ranks[0].engine.release_held(id);
+        for (id, r) in std::mem::take(&mut self.pools[pool].workers[w].pending_releases) {
+            self.pools[pool].workers[w].ranks[r].engine.release_held(id);
         }
-        for id in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
-            self.activate(w, id);
+        for (id, t) in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
+            self.activate(t, id);
         }
         if self.scaling.is_some() {
             self.retire_if_drained(pool, w);
