@@ -27,8 +27,8 @@ block_size (the reference rejects an `sglang.page_size` key). Trace cuts are wri
 Running. servesim is --binary (default target/release/servesim of this checkout), with the CLI arguments of
 scripts/parity.py (servesim_args). The reference runs with the venv python from
 ../shared/parity/setup.sh: dynamo_replay.py, or scripts/reference_replay.py for cases with
-router_config or kv_event_lag_ms (dynamo_replay.py cannot pass them). Reference results are
-cached in --cache-dir keyed by the case and the trace's content, so a re-run only runs servesim.
+router_config, kv_event_lag_ms or a disaggregated side's dp_size (dynamo_replay.py cannot pass
+them). Reference results are cached in --cache-dir keyed by the case and the trace's content, so a re-run only runs servesim.
 A reference run longer than --timeout is recorded as a hang (and cached as such).
 
 Comparison. num_requests, completed_requests (and rejected/incomplete counts where both report
@@ -618,8 +618,9 @@ class Runner:
 
     @staticmethod
     def reference_script(case):
-        ours_only = ["router_config", "kv_event_lag_ms", "prefill_dp_size", "decode_dp_size"]
-        if any(case.get(k) is not None for k in ours_only):
+        # Keys ../shared/parity/dynamo_replay.py cannot pass on.
+        beyond_dynamo_replay = ["router_config", "kv_event_lag_ms", "prefill_dp_size", "decode_dp_size"]
+        if any(case.get(k) is not None for k in beyond_dynamo_replay):
             return REFERENCE_REPLAY
         return DYNAMO_REPLAY
 
