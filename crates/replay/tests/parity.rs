@@ -344,4 +344,5 @@ parity_cases! {
     disaggregated_data_parallel_sessions => "x_disagg_dp_sessions_2p2d",
     disaggregated_data_parallel_sglang_under_pressure => "x_disagg_dp_sglang_1p2d",
     disaggregated_data_parallel_trace => "x_disagg_dp_trace_1p3d",
+    sglang_decode_rank_waits_for_reserved_pages => "x_disagg_sglang_dp_decode_waits_for_room",
 }
