@@ -38,23 +38,8 @@ pub struct RecommendArgs {
     /// Threads evaluating candidates (0: every core).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
-    /// Also write a self-contained HTML page: the candidates against the Pareto front and a
-    /// table sortable by any column, linking the chosen candidates (--report-candidates) to
-    /// their own run pages in a directory beside it (`rec.html` → `rec/candidate-NNNNNN.html`).
-    #[arg(long, value_name = "PATH")]
-    pub report_html: Option<PathBuf>,
-    /// Which candidates of --report-html get a run page, each replayed again after the search
-    /// with telemetry on: N (the first N of the ranked view, as the table prints them; for
-    /// target pareto the front; 0 for none) or `all` (every candidate that replayed, feasible
-    /// or not: one more replay and about 50 KB to 0.3 MB each).
-    #[arg(
-        long,
-        value_name = "N|all",
-        default_value = "10",
-        value_parser = crate::candidate_pages::parse_choice,
-        requires = "report_html"
-    )]
-    pub report_candidates: crate::candidate_pages::Choice,
+    #[command(flatten)]
+    pub pages: PageArgs,
     /// The content-addressed trial cache: a candidate already evaluated with the same inputs is
     /// read from here instead of replayed, and new results are added. Default: `cache/` in the
     /// output directory (the previous run's entries are re-used, this run's are kept).
@@ -76,20 +61,31 @@ pub enum MergeCommand {
         output_dir: PathBuf,
         #[arg(long)]
         overwrite: bool,
-        /// Also write the HTML page of the merged result (and its candidates' pages, as
-        /// `recommend --report-html` does).
-        #[arg(long, value_name = "PATH")]
-        report_html: Option<PathBuf>,
-        /// As for `recommend`: N or `all`.
-        #[arg(
-            long,
-            value_name = "N|all",
-            default_value = "10",
-            value_parser = crate::candidate_pages::parse_choice,
-            requires = "report_html"
-        )]
-        report_candidates: crate::candidate_pages::Choice,
+        #[command(flatten)]
+        pages: PageArgs,
     },
+}
+
+/// The HTML report of a search (or of merged shards) and its candidates' run pages.
+#[derive(Args, Debug)]
+pub struct PageArgs {
+    /// Also write a self-contained HTML page: the candidates against the Pareto front and a
+    /// table sortable by any column, linking the chosen candidates (--report-candidates) to
+    /// their own run pages in a directory beside it (`rec.html` → `rec/candidate-NNNNNN.html`).
+    #[arg(long, value_name = "PATH")]
+    pub report_html: Option<PathBuf>,
+    /// Which candidates of --report-html get a run page, each replayed again after the search
+    /// with telemetry on: N (the first N of the ranked view, as the table prints them; for
+    /// target pareto the front; 0 for none) or `all` (every candidate that replayed, feasible
+    /// or not: one more replay and about 50 KB to 0.3 MB each).
+    #[arg(
+        long,
+        value_name = "N|all",
+        default_value = "10",
+        value_parser = crate::candidate_pages::parse_choice,
+        requires = "report_html"
+    )]
+    pub report_candidates: crate::candidate_pages::Choice,
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize), Failure> {
@@ -225,15 +221,15 @@ fn merge(
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let json = a.format == crate::predict::Format::Json;
-    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, report_html, report_candidates }) = &a.merge {
-        return merge(dirs, output_dir, *overwrite, json, report_html.as_deref(), *report_candidates);
+    if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, pages }) = &a.merge {
+        return merge(dirs, output_dir, *overwrite, json, pages.report_html.as_deref(), pages.report_candidates);
     }
     let started = Instant::now();
     let config = a
         .config
         .as_deref()
         .ok_or_else(|| Failure::input("recommend needs -c/--config FILE (or `recommend merge DIR...`)"))?;
-    if a.report_html.is_some() && a.shard.is_some() {
+    if a.pages.report_html.is_some() && a.shard.is_some() {
         return Err(Failure::input(
             "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
         ));
@@ -278,9 +274,10 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let pages = a
+        .pages
         .report_html
         .as_deref()
-        .map(|page| Pages::open(page, a.report_candidates, &a.output_dir, &[config], base.clone(), a.threads))
+        .map(|page| Pages::open(page, a.pages.report_candidates, &a.output_dir, &[config], base.clone(), a.threads))
         .transpose()?;
     let staged = Staged::new(&a.output_dir, a.overwrite)?;
     let cache = if a.no_cache {

@@ -58,6 +58,35 @@ const METRICS: &[&str] = &[
     "decode_worker_seconds",
 ];
 
+/// Predicts `tests/deploy/<name>.yaml` and compares it with `<name>.expected.json` (whose
+/// summary is nested under `summary` for `--stack dynamo` outputs): the metrics within 2 %, the
+/// counts and GPUs per worker equal. Returns our prediction, the reference's summary and the
+/// largest deviation, or None without AIS data.
+fn compare_with_reference(name: &str) -> Option<(Value, Value, f64)> {
+    let out_dir = tmp(name);
+    let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+        return None;
+    }
+    assert!(out.status.success(), "{name}: {}", stderr(&out));
+    let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap()).unwrap();
+    let reference = doc.get("summary").cloned().unwrap_or(doc);
+    let mut worst = 0.0f64;
+    for key in METRICS {
+        let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+        let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+        assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
+        worst = worst.max(dev);
+    }
+    for key in ["prefill_gpus_per_worker", "decode_gpus_per_worker", "completed_requests", "num_requests"] {
+        assert_eq!(ours[key], reference[key], "{name}: {key}");
+    }
+    Some((ours, reference, worst))
+}
+
 #[test]
 fn examples_match_the_reference_within_two_percent() {
     let mut worst = 0.0f64;
@@ -69,26 +98,8 @@ fn examples_match_the_reference_within_two_percent() {
         "predict_disagg_vllm",
         "predict_disagg_dep_moe",
     ] {
-        let out_dir = tmp(name);
-        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
-        if data_missing(&out) {
-            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the predict -c goldens");
-            return;
-        }
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
-        let reference: Value =
-            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
-                .unwrap();
-        for key in METRICS {
-            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
-            let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
-            assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
-            worst = worst.max(dev);
-        }
-        for key in ["prefill_gpus_per_worker", "decode_gpus_per_worker", "completed_requests", "num_requests"] {
-            assert_eq!(ours[key], reference[key], "{name}: {key}");
-        }
+        let Some((ours, reference, dev)) = compare_with_reference(name) else { return };
+        worst = worst.max(dev);
         assert_eq!(
             ours["prediction_provenance"].as_object().unwrap().len(),
             reference["prediction_provenance"].as_object().unwrap().len()
@@ -110,25 +121,8 @@ fn trace_examples_match_the_reference_within_two_percent() {
         return;
     }
     for name in ["predict_mooncake_trace", "predict_round_robin_dynamo"] {
-        let out_dir = tmp(name);
-        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
-        if data_missing(&out) {
-            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the trace examples");
+        if compare_with_reference(name).is_none() {
             return;
-        }
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
-        let doc: Value =
-            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
-                .unwrap();
-        let reference = doc.get("summary").unwrap_or(&doc);
-        for key in METRICS {
-            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
-            let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
-            assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
-        }
-        for key in ["completed_requests", "num_requests", "prefill_gpus_per_worker", "decode_gpus_per_worker"] {
-            assert_eq!(ours[key], reference[key], "{name}: {key}");
         }
     }
 }

@@ -35,6 +35,22 @@ fn browse(page: &Path) -> (String, Vec<String>) {
     (String::from_utf8(out.stdout).unwrap(), console)
 }
 
+/// The series each chart of a predict page draws, for the runs these tests make (the
+/// per-worker charts are checked where they are drawn).
+const PREDICT_PAGE_SERIES: [(&str, usize); 11] = [
+    ("ttft-cdf", 1),
+    ("itl-cdf", 1),
+    ("e2e-cdf", 1),
+    ("ttft-hist", 1),
+    ("itl-hist", 1),
+    ("e2e-hist", 1),
+    ("ttft-over-time", 2),
+    ("e2e-over-time", 2),
+    ("ttft-breakdown", 5),
+    ("cluster-load", 4),
+    ("throughput", 1),
+];
+
 /// The number of `marker` attributes inside the `<svg data-chart="id">` element.
 fn count_in_chart(dom: &str, id: &str, marker: &str) -> usize {
     let start = dom.find(&format!("data-chart=\"{id}\"")).unwrap_or_else(|| panic!("no chart {id}"));
@@ -87,19 +103,7 @@ fn predict_page_renders_every_chart() {
     let (dom, console) = browse(&page);
     assert!(console.is_empty(), "console messages: {console:?}");
     assert_eq!(dom.matches("data-chart=").count(), 13);
-    for (chart, series) in [
-        ("ttft-cdf", 1),
-        ("itl-cdf", 1),
-        ("e2e-cdf", 1),
-        ("ttft-hist", 1),
-        ("itl-hist", 1),
-        ("e2e-hist", 1),
-        ("ttft-over-time", 2),
-        ("e2e-over-time", 2),
-        ("ttft-breakdown", 5),
-        ("cluster-load", 4),
-        ("throughput", 1),
-    ] {
+    for (chart, series) in PREDICT_PAGE_SERIES {
         assert_eq!(count_in_chart(&dom, chart, "data-series="), series, "{chart}");
     }
     // One heatmap row per worker rank.
@@ -342,19 +346,7 @@ fn recommend_links_its_ten_best_candidates_to_their_run_pages() {
         let (dom, console) = browse(&page);
         assert!(console.is_empty(), "{name}: console messages: {console:?}");
         assert_eq!(dom.matches("data-chart=").count(), 13, "{name}");
-        for (chart, series) in [
-            ("ttft-cdf", 1),
-            ("itl-cdf", 1),
-            ("e2e-cdf", 1),
-            ("ttft-hist", 1),
-            ("itl-hist", 1),
-            ("e2e-hist", 1),
-            ("ttft-over-time", 2),
-            ("e2e-over-time", 2),
-            ("ttft-breakdown", 5),
-            ("cluster-load", 4),
-            ("throughput", 1),
-        ] {
+        for (chart, series) in PREDICT_PAGE_SERIES {
             assert_eq!(count_in_chart(&dom, chart, "data-series="), series, "{name} {chart}");
         }
         let id = name.trim_end_matches(".html");
