@@ -79,16 +79,14 @@ impl SglangEngine {
             let need = (growth(self) / self.page as u64) as u32;
             if self.make_room(need) {
                 end = self.decode_running(decode_start, out);
-            } else if self.cfg.role == Role::Decode && !self.lone_request_exceeds_capacity() {
+            } else if self.cfg.role == Role::Decode && !self.running.iter().any(|&s| self.exceeds_capacity(s)) {
                 // A disaggregated decode engine whose other pages are reserved for incoming
                 // prompts: the request keeps its place and the pass does nothing, as Dynamo's
                 // does; those prompts arrive, join the batch and retraction makes room.
             } else {
                 // A lone request the cache cannot grow: SGLang would stop here for good.
                 for slot in std::mem::take(&mut self.running) {
-                    let r = &self.reqs[slot];
-                    let own = r.len() as u64 + max_burst.min(r.remaining_output()) as u64;
-                    let reason = if own > self.cfg.kv_capacity_tokens() {
+                    let reason = if self.exceeds_capacity(slot) {
                         RejectReason::ExceedsKvCapacity
                     } else {
                         RejectReason::KvHeldElsewhere
@@ -102,13 +100,10 @@ impl SglangEngine {
         end
     }
 
-    /// Whether the running requests (one, when retraction stopped) need more KV than the
-    /// whole cache holds.
-    fn lone_request_exceeds_capacity(&self) -> bool {
-        self.running.iter().any(|&slot| {
-            let r = &self.reqs[slot];
-            r.len() as u64 + self.max_burst.min(r.remaining_output()) as u64 > self.cfg.kv_capacity_tokens()
-        })
+    /// Whether `slot` with its next burst needs more KV than the whole cache holds.
+    fn exceeds_capacity(&self, slot: u32) -> bool {
+        let r = &self.reqs[slot];
+        r.len() as u64 + self.max_burst.min(r.remaining_output()) as u64 > self.cfg.kv_capacity_tokens()
     }
 
     /// Every running request samples its burst, each token with its KV slot; returns the end of
