@@ -202,8 +202,9 @@ pub struct PredictArgs {
     /// exists to check fast-forwarding. Identical to a default run: every per-request record
     /// (byte for byte, though requests finishing at the same instant may be listed in another
     /// order) and every summary value except the pooled token-gap statistics (`mean_itl_ms`,
-    /// `std_itl_ms`, `std_output_token_throughput_per_user`), which are summed in another order
-    /// and may differ in the last digits; and the wall-clock values.
+    /// `std_itl_ms`, `mean_output_token_throughput_per_user`,
+    /// `std_output_token_throughput_per_user`), which are summed in another order and may differ
+    /// in the last digits; and the wall-clock values.
     #[arg(long, help_heading = "Output")]
     no_fast_forward: bool,
     /// Leave out the values measured on the host's clock (`wall_time_ms`,

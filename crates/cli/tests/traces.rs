@@ -426,3 +426,108 @@ fn weka_and_other_format_errors() {
     );
     rejects(&["predict", &a, "--trace-format", "nope"], &["unknown trace format"]);
 }
+
+/// A seeded agentic graph busy enough to keep several workers decoding: plays of sequential
+/// turns whose prompts grow, some with a sub-agent spawned at a turn's dispatch and joined by
+/// the next turn, and completion delays of 0 to 30 ms (some exactly 0: a follow-up arrives at
+/// the instant its parent ends).
+fn busy_agentic_graph(plays: u32, seed: u64) -> String {
+    let mut state = seed;
+    let mut next = move |n: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let dep = |id: &str, trigger: &str, delay: u64, relation: &str| {
+        format!(r#"{{"request_id":"{id}","trigger":"{trigger}","delay_ms":{delay},"relation":"{relation}"}}"#)
+    };
+    let mut text = format!("{HEADER}\n");
+    for p in 0..plays {
+        let mut hashes: Vec<u64> = Vec::new();
+        let mut deps: Vec<String> = Vec::new();
+        for t in 0..3 + next(4) {
+            let id = format!("p{p:03}-r{t}");
+            for _ in 0..1 + next(6) {
+                hashes.push(p as u64 * 1000 + hashes.len() as u64);
+            }
+            let not_before = if t == 0 { next(2000) } else { 0 };
+            text.push_str(&format!(
+                r#"{{"request_id":"{id}","play_id":"play{p:03}","session_id":"s{p}","model":"m","input_length":{},"output_length":{},"hash_ids":{hashes:?},"not_before_ms":{not_before},"dependencies":[{}]}}"#,
+                hashes.len() * 16,
+                1 + next(200),
+                deps.join(","),
+            ));
+            text.push('\n');
+            let delay = if next(3) == 0 { 0 } else { next(30) };
+            deps = vec![dep(&id, "completion", delay, "sequence")];
+            if next(3) == 0 {
+                let child = format!("{id}-sub");
+                text.push_str(&format!(
+                    r#"{{"request_id":"{child}","play_id":"play{p:03}","session_id":"s{p}-sub","model":"m","input_length":32,"output_length":{},"hash_ids":[{},{}],"not_before_ms":0,"dependencies":[{}]}}"#,
+                    1 + next(100),
+                    900_000 + 2 * p as u64,
+                    900_001 + 2 * p as u64,
+                    dep(&id, "dispatch", next(20), "spawn"),
+                ));
+                text.push('\n');
+                deps.push(dep(&child, "completion", 0, "join"));
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn agentic_fast_forward_changes_no_record() {
+    // Fast-forwarded stretches on graph workloads run until work reaches their worker, then are
+    // cut at that instant: the records must be those of stepping every pass. (The replay
+    // crate's `fast_forward` test covers the instants' orderings on random session workloads.)
+    let trace = write("busy-agentic.jsonl", busy_agentic_graph(120, 7).as_bytes());
+    let d = dir();
+    let engine = r#"{"block_size": 16, "num_gpu_blocks": 150, "max_num_seqs": 8}"#;
+    for (workers, router) in [("3", "round_robin"), ("2", "kv_router")] {
+        let run = |extra: &[&str], tag: &str| {
+            let records = d.join(format!("ff-{tag}-{router}.jsonl"));
+            let mut args = vec![
+                "predict",
+                &trace,
+                "--trace-format",
+                "agentic_mooncake",
+                "--execution-model",
+                "t",
+                "--num-workers",
+                workers,
+                "--router-mode",
+                router,
+                "--extra-engine-args",
+                engine,
+                "--format",
+                "json",
+                "--no-wall-clock",
+            ];
+            let r = records.to_str().unwrap().to_string();
+            args.extend(["--report-jsonl", &r]);
+            args.extend(extra);
+            let s = summary(&servesim(&args));
+            (s, std::fs::read_to_string(&records).unwrap())
+        };
+        let (fast, fast_records) = run(&[], "fast");
+        let (slow, slow_records) = run(&["--no-fast-forward"], "slow");
+        assert!(fast["completed_requests"].as_u64().unwrap() > 400, "{router}: {}", fast["completed_requests"]);
+        assert!(fast["num_preemptions"].as_u64().unwrap() > 0, "{router}: the cache is under pressure");
+        assert!(fast_records == slow_records, "{router}: per-request records are byte-identical");
+        let pooled = [
+            "mean_itl_ms",
+            "std_itl_ms",
+            "mean_output_token_throughput_per_user",
+            "std_output_token_throughput_per_user",
+        ];
+        for (key, v) in fast.as_object().unwrap() {
+            if pooled.contains(&key.as_str()) {
+                let (a, b) = (v.as_f64().unwrap(), slow[key].as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-12 * a.abs().max(1.0), "{router} {key}: {a} vs {b}");
+            } else {
+                assert!(*v == slow[key], "{router} {key}: {v} vs {}", slow[key]);
+            }
+        }
+    }
+}

@@ -273,6 +273,12 @@ struct Worker {
     pass_end: f64,
     /// The pass in flight is a fast-forwarded stretch of decode passes.
     stretch: Option<Stretch>,
+    /// The stretch's passes are not yet committed to the engine (see
+    /// [`Simulation::settle_stretch`]).
+    stretch_pending: bool,
+    /// Sequence number of the `PassEnd` event of the pass in flight: a stretch cut short leaves
+    /// its first `PassEnd` in the heap, which is then stale and skipped.
+    pass_seq: u64,
     /// Commands that wait for the pass in flight to end: held requests to release (prefill
     /// worker), transferred requests to activate (decode worker).
     /// Releases by (request, rank); activations by (request, decode target).
@@ -330,6 +336,8 @@ struct Simulation<'a, 'c> {
     /// no router queue, no handoffs): a worker can run ahead until the next release.
     work_only_at_releases: bool,
     spare_stretch: Stretch,
+    /// The instant of the last start of passes (see [`Simulation::settle_stretch`]).
+    passes_started_ms: f64,
     shard: Option<Shard>,
     /// Workers that may start a pass: (pool, worker). Only they are visited at an instant, so
     /// idle workers cost nothing.
@@ -396,6 +404,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             finished: 0,
             work_only_at_releases: work_only_at_releases(workload, config),
             spare_stretch: Stretch::default(),
+            passes_started_ms: f64::NEG_INFINITY,
             shard,
             awake: BTreeSet::new(),
             ended: Vec::new(),
@@ -432,6 +441,31 @@ impl<'a, 'c> Simulation<'a, 'c> {
         self.seq += 1;
     }
 
+    /// Schedules the end of worker `w`'s pass in flight (the one `PassEnd` of it that counts).
+    fn schedule_pass_end(&mut self, pool: usize, w: usize, at: f64) {
+        self.pools[pool].workers[w].pass_seq = self.seq;
+        self.schedule(at, Event::PassEnd { pool: pool as u8, worker: w as u32 });
+    }
+
+    /// Whether a scheduled event no longer counts (the `PassEnd` of a stretch cut short).
+    fn is_stale(&self, seq: u64, event: Event) -> bool {
+        match event {
+            Event::PassEnd { pool, worker } => self.pools[pool as usize].workers[worker as usize].pass_seq != seq,
+            _ => false,
+        }
+    }
+
+    /// The time of the next event that counts, dropping stale ones on the way.
+    fn next_event_ms(&mut self) -> Option<f64> {
+        while let Some(&Reverse((Time(t), seq, event))) = self.events.peek() {
+            if !self.is_stale(seq, event) {
+                return Some(t);
+            }
+            self.events.pop();
+        }
+        None
+    }
+
     fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
         let total = self.workload.num_requests();
         let mut ready = Vec::new();
@@ -445,7 +479,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
             if !again {
                 let last = self.now;
-                let next_event = self.events.peek().map(|Reverse((t, _, _))| t.0);
+                let next_event = self.next_event_ms();
                 self.now = match (next_event, self.driver.next_ready_ms()) {
                     (None, None) => break,
                     (Some(a), Some(b)) => a.min(b),
@@ -471,18 +505,27 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
             }
             let now = self.now;
-            while let Some(&Reverse((Time(t), _, event))) = self.events.peek() {
+            while let Some(&Reverse((Time(t), seq, event))) = self.events.peek() {
                 if t > now {
                     break;
                 }
                 self.events.pop();
+                if self.is_stale(seq, event) {
+                    continue;
+                }
                 match event {
                     Event::PassEnd { pool, worker } => {
                         self.wake(pool as usize, worker as usize);
                         let w = &mut self.pools[pool as usize].workers[worker as usize];
                         w.busy = false;
+                        w.pass_seq = u64::MAX;
                         match w.stretch.take() {
-                            Some(stretch) => self.apply_stretch(stretch),
+                            Some(stretch) => {
+                                if std::mem::take(&mut w.stretch_pending) {
+                                    w.ranks[0].engine.commit_stretch(stretch.ends.len() as u32);
+                                }
+                                self.apply_stretch(stretch)
+                            }
                             None => self.apply_pass(pool as usize, worker as usize),
                         }
                     }
@@ -562,6 +605,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// whether a pass took no time and created work at this instant.
     fn start_passes(&mut self) -> Result<bool, SimError> {
         let now = self.now;
+        self.passes_started_ms = now;
         let mut again = false;
         // Workers that could run a stretch of decode passes wait until every other worker has
         // started its pass: work created at this instant must bound their stretches.
@@ -623,7 +667,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 if end > now {
                     worker.busy = true;
                     worker.pass_end = end;
-                    self.schedule(end, Event::PassEnd { pool: p as u8, worker: w as u32 });
+                    self.schedule_pass_end(p, w, end);
                 } else if effect {
                     self.apply_pass(p, w);
                     self.wake(p, w);
@@ -658,7 +702,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             let mut first_ends: Vec<f64> = stretches.iter().map(|(_, _, s)| s.ends[0]).collect();
             for (i, (p, w, stretch)) in stretches.into_iter().enumerate() {
                 first_ends[i] = f64::INFINITY;
-                let others = if self.work_only_at_releases {
+                let others = if self.work_only_at_releases || self.lazy_stretches() {
                     f64::INFINITY
                 } else {
                     first_ends.iter().copied().fold(f64::INFINITY, f64::min)
@@ -792,6 +836,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             Role::Decode => flight.decode_target = Some(p.target),
         }
         let request = flight.engine_request(role);
+        self.settle_stretch(pool, p.target / dp);
         self.wake(pool, p.target / dp);
         let worker = &mut self.pools[pool].workers[p.target / dp];
         if role != Role::Decode {
@@ -963,6 +1008,8 @@ fn new_worker(
         pass_start: 0.0,
         pass_end: 0.0,
         stretch: None,
+        stretch_pending: false,
+        pass_seq: u64::MAX,
         pending_releases: Vec::new(),
         pending_activations: Vec::new(),
     }

@@ -18,11 +18,60 @@ impl Simulation<'_, '_> {
             return None;
         }
         let release = self.driver.next_ready_ms().unwrap_or(f64::INFINITY);
-        if self.work_only_at_releases {
+        if self.work_only_at_releases || self.lazy_stretches() {
             return Some(release);
         }
         let event = self.events.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
         Some(release.min(event))
+    }
+
+    /// Whether stretches are committed lazily and cut short when work reaches their worker.
+    ///
+    /// With closed-loop turns (or agentic dependencies), a request ending on one worker can
+    /// release work for any other, so a stretch planned up front would have to end before any
+    /// other worker's next pass end, which in a busy cluster is about one pass. Instead the
+    /// stretch runs to the next known release, its passes stay uncommitted, and when work is
+    /// placed on its worker mid-stretch [`Simulation::settle_stretch`] keeps only the passes
+    /// that started before that instant, as stepping pass by pass would have. Nothing else
+    /// reads a worker's engine mid-pass, except telemetry samples and the autoscaler, which
+    /// keep the planned-up-front stretches.
+    pub(super) fn lazy_stretches(&self) -> bool {
+        !self.work_only_at_releases && self.scaling.is_none() && self.collector.telemetry.is_none()
+    }
+
+    /// Before work reaches worker `w` of `pool` at this instant: if it runs an uncommitted
+    /// stretch, the passes that started before now are committed and the rest dropped. The
+    /// pass in flight then ends the worker's pass; if it ends now, it is applied now, as its
+    /// `PassEnd` would have been before the arrivals of this instant.
+    pub(super) fn settle_stretch(&mut self, pool: usize, w: usize) {
+        let now = self.now;
+        let worker = &mut self.pools[pool].workers[w];
+        if !std::mem::take(&mut worker.stretch_pending) {
+            return;
+        }
+        let stretch = worker.stretch.as_mut().expect("a pending stretch is in flight");
+        // Pass j starts when pass j-1 ends. A pass ending now was followed by the next one
+        // once this instant's passes have started (work placed by a zero-time pass of another
+        // worker comes after that).
+        let started = self.passes_started_ms == now;
+        let keep = 1 + stretch.ends.iter().take_while(|&&end| end < now || (started && end == now)).count();
+        let keep = keep.min(stretch.ends.len());
+        worker.ranks[0].engine.commit_stretch(keep as u32);
+        if keep == stretch.ends.len() {
+            return;
+        }
+        stretch.ends.truncate(keep);
+        let end = stretch.ends[keep - 1];
+        worker.pass_end = end;
+        if end > now {
+            self.schedule_pass_end(pool, w, end);
+            return;
+        }
+        worker.busy = false;
+        worker.pass_seq = u64::MAX;
+        let stretch = worker.stretch.take().expect("checked above");
+        self.apply_stretch(stretch);
+        self.wake(pool, w);
     }
 
     /// Plans a stretch of decode passes for an idle single-rank worker, if it can run one.
@@ -46,7 +95,6 @@ impl Simulation<'_, '_> {
         let keep = 1 + stretch.ends.iter().take_while(|&&end| end < horizon).count();
         stretch.ends.truncate(keep.min(stretch.ends.len()));
         let worker = &mut self.pools[pool].workers[w];
-        let engine = &mut worker.ranks[0].engine;
         if stretch.ends.len() < 2 {
             // The first planned pass is exactly this step, and it takes time.
             self.spare_stretch = stretch;
@@ -57,10 +105,16 @@ impl Simulation<'_, '_> {
             debug_assert!(end > now);
             worker.busy = true;
             worker.pass_end = end;
-            self.schedule(end, Event::PassEnd { pool: pool as u8, worker: w as u32 });
+            self.schedule_pass_end(pool, w, end);
             return;
         }
-        engine.commit_stretch(stretch.ends.len() as u32);
+        let lazy = self.lazy_stretches();
+        let worker = &mut self.pools[pool].workers[w];
+        if lazy {
+            worker.stretch_pending = true;
+        } else {
+            worker.ranks[0].engine.commit_stretch(stretch.ends.len() as u32);
+        }
         if let Some(t) = self.collector.telemetry.as_mut() {
             t.stretch(pool, w, now, &stretch.ends, stretch.requests.len());
         }
@@ -68,7 +122,7 @@ impl Simulation<'_, '_> {
         worker.busy = true;
         worker.pass_end = end;
         worker.stretch = Some(stretch);
-        self.schedule(end, Event::PassEnd { pool: pool as u8, worker: w as u32 });
+        self.schedule_pass_end(pool, w, end);
     }
 
     /// Records the tokens of a fast-forwarded stretch, pass by pass as single steps would.
