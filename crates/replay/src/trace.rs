@@ -187,24 +187,9 @@ fn load_mooncake_rows(
         read_file(input, trace_block_size, &mut ids, &mut sessions)?;
     }
     if accumulate {
-        plan_outputs(&mut sessions);
         return Ok(Workload::Accumulating { sessions, block_tokens: trace_block_size });
     }
     Ok(Workload::Trace { sessions, block_tokens: trace_block_size })
-}
-
-/// Delta sessions: every turn without `output_token_ids` gets planned output tokens (seeded),
-/// since what a turn generates is part of the next turn's prompt.
-fn plan_outputs(sessions: &mut [SessionSpec]) {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(0xD37A_0A7E_5EED);
-    for s in sessions {
-        for t in &mut s.turns {
-            if t.output_tokens.is_none() {
-                t.output_tokens = Some((0..t.output_length).map(|_| rng.random::<u32>()).collect());
-            }
-        }
-    }
 }
 
 /// A `session_id` as written: `1` and `"1"` are different sessions.

@@ -243,6 +243,8 @@ struct Active<'w> {
     next_turn: u32,
     /// Delta traces: everything the session said and generated so far.
     history: Vec<u32>,
+    /// Delta traces: the output drawn for the turn in flight (see [`LoadDriver::planned_output`]).
+    output: Option<Arc<[u32]>>,
 }
 
 impl<'w> LoadDriver<'w> {
@@ -282,7 +284,7 @@ impl<'w> LoadDriver<'w> {
             return true;
         }
         self.active_sessions += 1;
-        self.active.insert(number, Active { spec: session, next_turn: 0, history: Vec::new() });
+        self.active.insert(number, Active { spec: session, next_turn: 0, history: Vec::new(), output: None });
         self.ready.push(Reverse((Time(at_ms), number)));
         true
     }
@@ -362,6 +364,27 @@ impl<'w> LoadDriver<'w> {
         Prompt::Tokens(active.history.as_slice().into())
     }
 
+    /// The output tokens a released turn is to generate, when they are fixed: the trace's
+    /// `output_token_ids`, or, in a delta trace, tokens drawn now (what a turn generates is part
+    /// of its session's next prompt). The draw is seeded by the session's start ordinal and the
+    /// turn, so only turns in flight hold their tokens, and every run draws the same ones.
+    pub fn planned_output(&mut self, r: &Ready) -> Option<Arc<[u32]>> {
+        if let Some(out) = &self.session(r.session).turns[r.turn as usize].output_tokens {
+            return Some(out.clone());
+        }
+        if !self.accumulate {
+            return None;
+        }
+        use rand::{Rng, SeedableRng};
+        let active = self.active.get_mut(&r.session).expect("released sessions are active");
+        let seed = 0xD37A_0A7E_5EED_u64 ^ (u64::from(r.session) << 32 | u64::from(r.turn));
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+        let len = active.spec.turns[r.turn as usize].output_length;
+        let out: Arc<[u32]> = (0..len).map(|_| rng.random::<u32>()).collect();
+        active.output = Some(out.clone());
+        Some(out)
+    }
+
     /// Records that the in-flight turn of `session` ended at `now`: completed, or not (rejected).
     /// A rejected agentic request fails its play.
     pub fn on_complete(&mut self, session: u32, now: f64, completed: bool) {
@@ -372,10 +395,11 @@ impl<'w> LoadDriver<'w> {
         self.in_flight -= 1;
         let active = self.active.get_mut(&session).expect("completed sessions are active");
         let next = active.next_turn;
+        let drawn = active.output.take();
         if let Some(turn) = active.spec.turns.get(next as usize) {
             if self.accumulate && completed {
                 // The output the previous turn generated is part of the next prompt.
-                if let Some(out) = &active.spec.turns[next as usize - 1].output_tokens {
+                if let Some(out) = active.spec.turns[next as usize - 1].output_tokens.as_ref().or(drawn.as_ref()) {
                     active.history.extend_from_slice(out);
                 }
             }

@@ -747,6 +747,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             s.arrival();
         }
         let prompt = self.driver.prompt(r);
+        let planned_output = self.driver.planned_output(r);
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];
         let id = self.collector.arrive(
@@ -773,7 +774,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             hashes,
             max_output: turn.output_length,
             token_seed: token_seed(self.config.seed, id),
-            planned_output: turn.output_tokens.clone(),
+            planned_output,
             priority: turn.priority,
             strict_priority: turn.strict_priority,
             arrival_ms: r.arrival_ms,
