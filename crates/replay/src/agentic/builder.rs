@@ -14,7 +14,9 @@ pub struct Loc {
 /// A validated row. The row is boxed: a `Vec<Draft>` then grows by pointers, not by 280-byte
 /// rows, and `finish` frees each row as it turns it into a node.
 struct Draft {
+    /// The row without its `hash_ids`, which are interned into `blocks` as it is pushed.
     row: Box<AgenticRow>,
+    blocks: Arc<[u32]>,
     input_length: u32,
     output_length: u32,
     loc: Loc,
@@ -27,6 +29,9 @@ pub struct GraphBuilder {
     files: Vec<PathBuf>,
     drafts: Vec<Draft>,
     ids: FxHashSet<String>,
+    /// Hash ids interned to compact block ids in the order rows come, and back.
+    interner: FxHashMap<u64, u32>,
+    hash_values: Vec<u64>,
 }
 
 impl GraphBuilder {
@@ -50,7 +55,15 @@ impl GraphBuilder {
         if header.source.format.trim().is_empty() || header.source.digest.trim().is_empty() {
             return Err(at("agentic Mooncake source provenance requires nonempty format and digest".into()));
         }
-        Ok(GraphBuilder { block_tokens, source: header.source, files, drafts: Vec::new(), ids: FxHashSet::default() })
+        Ok(GraphBuilder {
+            block_tokens,
+            source: header.source,
+            files,
+            drafts: Vec::new(),
+            ids: FxHashSet::default(),
+            interner: FxHashMap::default(),
+            hash_values: Vec::new(),
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -62,7 +75,7 @@ impl GraphBuilder {
     }
 
     /// Validates one row (the rules of the reference's row checks).
-    pub fn push(&mut self, loc: Loc, row: AgenticRow) -> Result<(), InputError> {
+    pub fn push(&mut self, loc: Loc, mut row: AgenticRow) -> Result<(), InputError> {
         let err = |msg: String| at(&self.files, loc, msg);
         for (name, v) in [("request_id", &row.request_id), ("play_id", &row.play_id), ("session_id", &row.session_id)] {
             if v.trim().is_empty() {
@@ -133,7 +146,20 @@ impl GraphBuilder {
         let output_length =
             u32::try_from(output_length).map_err(|_| err(format!("output_length {output_length} is too large")))?;
         self.ids.insert(row.request_id.clone());
-        self.drafts.push(Draft { row: Box::new(row), input_length, output_length, loc });
+        let (interner, values) = (&mut self.interner, &mut self.hash_values);
+        let blocks: Arc<[u32]> = row
+            .hash_ids
+            .take()
+            .unwrap_or_default()
+            .iter()
+            .map(|&h| {
+                *interner.entry(h).or_insert_with(|| {
+                    values.push(h);
+                    (values.len() - 1) as u32
+                })
+            })
+            .collect();
+        self.drafts.push(Draft { row: Box::new(row), blocks, input_length, output_length, loc });
         Ok(())
     }
 
@@ -261,7 +287,9 @@ impl GraphBuilder {
                 rd.delay_ms = e.delay_ms;
             }
         }
-        let graph_digest = digest(self.block_tokens, &mut self.drafts);
+        drop(std::mem::take(&mut self.interner));
+        let graph_digest = digest(self.block_tokens, &mut self.drafts, &self.hash_values);
+        drop(std::mem::take(&mut self.hash_values));
         // Identities and interned prompts.
         let root_id: Vec<Option<Arc<str>>> = plays
             .iter()
@@ -269,7 +297,6 @@ impl GraphBuilder {
             .collect();
         let mut models: Vec<String> = Vec::new();
         let mut model_index: FxHashMap<String, u32> = FxHashMap::default();
-        let mut interner: FxHashMap<u64, u32> = FxHashMap::default();
         let mut sessions: FxHashMap<String, Arc<str>> = FxHashMap::default();
         let mut nodes = Vec::with_capacity(n);
         let request_ids: Vec<Arc<str>> = self.drafts.iter().map(|d| Arc::from(d.row.request_id.as_str())).collect();
@@ -278,14 +305,7 @@ impl GraphBuilder {
                 models.push(d.row.model.clone());
                 (models.len() - 1) as u32
             });
-            let hash_ids = d.row.hash_ids.unwrap_or_default();
-            let blocks: Arc<[u32]> = hash_ids
-                .iter()
-                .map(|h| {
-                    let next = interner.len() as u32;
-                    *interner.entry(*h).or_insert(next)
-                })
-                .collect();
+            let blocks = d.blocks;
             let session: Arc<str> =
                 sessions.entry(d.row.session_id.clone()).or_insert_with(|| d.row.session_id.as_str().into()).clone();
             let parent_id = edges
@@ -413,7 +433,7 @@ mod erased {
 
 /// blake3 over the canonical JSON of the graph (`{"block_size", "nodes"}`, dependencies sorted),
 /// as the reference computes `graph_digest`.
-fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
+fn digest(block_size: u32, drafts: &mut [Draft], hash_values: &[u64]) -> String {
     // The nodes are written into one buffer hashed 64 KiB at a time: BLAKE3 hashes large inputs
     // many chunks at once, where a node's few hundred bytes would go one 64-byte block at a time.
     const FLUSH: usize = 1 << 16;
@@ -451,7 +471,12 @@ fn digest(block_size: u32, drafts: &mut [Draft]) -> String {
         put(&mut w, ",\"max_output_tokens\":", &d.output_length);
         put(&mut w, ",\"output_token_ids\":", &r.output_token_ids);
         put(&mut w, ",\"replay_key\":", &r.output_token_ids.as_ref().map(|_| r.request_id.as_str()));
-        put(&mut w, ",\"hash_ids\":", &r.hash_ids);
+        // The row's hash_ids, as serde writes a list of integers.
+        let _ = std::io::Write::write_all(&mut w, b",\"hash_ids\":[");
+        for (k, &b) in d.blocks.iter().enumerate() {
+            put(&mut w, if k == 0 { "" } else { "," }, &hash_values[b as usize]);
+        }
+        let _ = std::io::Write::write_all(&mut w, b"]");
         put(&mut w, ",\"not_before_ms\":", &r.not_before_ms);
         if let Some(t) = r.recorded_api_time_ms {
             put(&mut w, ",\"recorded_api_time_ms\":", &t);
