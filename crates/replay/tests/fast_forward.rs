@@ -6,7 +6,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use servesim_engine::WorkerArgs;
 use servesim_replay::workload::{SessionSpec, TurnSpec};
-use servesim_replay::{simulate, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla, Topology, Workload};
+use servesim_replay::{
+    load_trace, simulate, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla, Topology, TraceFormat,
+    TraceOptions, Workload,
+};
 use servesim_router::RouterConfig;
 
 fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
@@ -147,4 +150,103 @@ fn fast_forward_gives_identical_records() {
     assert!(std::env::var("FFDEBUG").is_ok() || stretched_runs > 30, "the random workloads exercise long decodes");
     assert!(std::env::var("FFDEBUG").is_ok() || stretched_passes > 20_000, "stretches ran: {stretched_passes} passes");
     eprintln!("{stretched_passes} passes fast-forwarded");
+}
+
+/// A seeded agentic graph busy enough to keep several workers decoding: plays of sequential
+/// turns whose prompts grow, some with a sub-agent spawned at a turn's dispatch and joined by
+/// the next turn, and completion delays of 0 to 30 ms (some exactly 0: a follow-up arrives at
+/// the instant its parent ends).
+fn busy_agentic_graph(plays: u32, seed: u64) -> String {
+    let mut state = seed;
+    let mut next = move |n: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let dep = |id: &str, trigger: &str, delay: u64, relation: &str| {
+        format!(r#"{{"request_id":"{id}","trigger":"{trigger}","delay_ms":{delay},"relation":"{relation}"}}"#)
+    };
+    let mut text = String::from(
+        r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":16,"hash_id_scope":"local","source":{"format":"f","digest":"d"}}"#,
+    );
+    text.push('\n');
+    for p in 0..plays {
+        let mut hashes: Vec<u64> = Vec::new();
+        let mut deps: Vec<String> = Vec::new();
+        for t in 0..3 + next(4) {
+            let id = format!("p{p:03}-r{t}");
+            for _ in 0..1 + next(6) {
+                hashes.push(p as u64 * 1000 + hashes.len() as u64);
+            }
+            let not_before = if t == 0 { next(2000) } else { 0 };
+            text.push_str(&format!(
+                r#"{{"request_id":"{id}","play_id":"play{p:03}","session_id":"s{p}","model":"m","input_length":{},"output_length":{},"hash_ids":{hashes:?},"not_before_ms":{not_before},"dependencies":[{}]}}"#,
+                hashes.len() * 16,
+                1 + next(200),
+                deps.join(","),
+            ));
+            text.push('\n');
+            let delay = if next(3) == 0 { 0 } else { next(30) };
+            deps = vec![dep(&id, "completion", delay, "sequence")];
+            if next(3) == 0 {
+                let child = format!("{id}-sub");
+                text.push_str(&format!(
+                    r#"{{"request_id":"{child}","play_id":"play{p:03}","session_id":"s{p}-sub","model":"m","input_length":32,"output_length":{},"hash_ids":[{},{}],"not_before_ms":0,"dependencies":[{}]}}"#,
+                    1 + next(100),
+                    900_000 + 2 * p as u64,
+                    900_001 + 2 * p as u64,
+                    dep(&id, "dispatch", next(20), "spawn"),
+                ));
+                text.push('\n');
+                deps.push(dep(&child, "completion", 0, "join"));
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn agentic_graph_stretches_are_cut_where_work_arrives() {
+    // On a graph workload a completion anywhere can release work for any worker, so stretches
+    // run until work is placed on their worker and are cut there. The records must be those of
+    // stepping every pass, and the stretches must be long: planned up front (ending at every
+    // other worker's next pass end) they covered 340 passes with round robin and 151 with the KV
+    // router here, against 7,061 and 1,323 cut where work arrives.
+    let path = std::env::temp_dir().join(format!("servesim-ff-agentic-{}.jsonl", std::process::id()));
+    std::fs::write(&path, busy_agentic_graph(120, 7)).unwrap();
+    let options = TraceOptions { execution_model: Some("t".into()), ..TraceOptions::new(TraceFormat::AgenticMooncake) };
+    let (workload, load) = load_trace(std::slice::from_ref(&path), &options).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let engine = WorkerArgs::parse_json(r#"{"block_size": 16, "num_gpu_blocks": 150, "max_num_seqs": 8}"#).unwrap();
+    for (workers, router, min_stretched) in
+        [(3, RouterMode::RoundRobin, 5_000), (2, RouterMode::KvRouter(RouterConfig::default()), 1_000)]
+    {
+        let mut config = SimConfig {
+            topology: Topology::aggregated(engine.clone(), workers).unwrap(),
+            router,
+            prefill_load_estimator: None,
+            router_seed: 7,
+            kv_event_lag_ms: 0.0,
+            load,
+            sla: Sla::default(),
+            seed: 7,
+            fast_forward: false,
+            split_workers: true,
+            threads: 1,
+            timing_jitter_cv: 0.0,
+        };
+        let (stepped, stepped_summary, _) = records(&workload, &config);
+        config.fast_forward = true;
+        let (fast, fast_summary, stretched) = records(&workload, &config);
+        let what = format!("{workers} workers, {:?}", config.router);
+        assert_eq!(stepped.len(), 766, "{what}");
+        assert!(stepped.iter().map(|r| r.admissions).sum::<u32>() > 766, "{what}: the cache is under pressure");
+        assert!(stretched >= min_stretched, "{what}: {stretched} passes fast-forwarded");
+        for (a, b) in stepped.iter().zip(&fast) {
+            assert_eq!(a, b, "{what}: request {} differs", a.ordinal);
+        }
+        for key in ["completed_requests", "total_output_tokens", "duration_ms", "p99_ttft_ms", "median_e2e_latency_ms"]
+        {
+            assert_eq!(stepped_summary[key], fast_summary[key], "{what}: {key}");
+        }
+    }
 }
