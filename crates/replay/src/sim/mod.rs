@@ -697,12 +697,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.start_stretch(p, w, stretch, now);
             }
         } else {
-            // Unless only releases bring work, a stretch must also end before any other worker
-            // starting now could finish a pass (and create work for this one).
+            // Unless only releases bound stretches, a stretch must also end before any other
+            // worker starting now could finish a pass (and create work for this one).
             let mut first_ends: Vec<f64> = stretches.iter().map(|(_, _, s)| s.ends[0]).collect();
             for (i, (p, w, stretch)) in stretches.into_iter().enumerate() {
                 first_ends[i] = f64::INFINITY;
-                let others = if self.work_only_at_releases || self.lazy_stretches() {
+                let others = if self.only_releases_bound_stretches() {
                     f64::INFINITY
                 } else {
                     first_ends.iter().copied().fold(f64::INFINITY, f64::min)

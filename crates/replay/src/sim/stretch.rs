@@ -18,7 +18,7 @@ impl Simulation<'_, '_> {
             return None;
         }
         let release = self.driver.next_ready_ms().unwrap_or(f64::INFINITY);
-        if self.work_only_at_releases || self.lazy_stretches() {
+        if self.only_releases_bound_stretches() {
             return Some(release);
         }
         let event = self.events.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
@@ -37,6 +37,12 @@ impl Simulation<'_, '_> {
     /// keep the planned-up-front stretches.
     pub(super) fn lazy_stretches(&self) -> bool {
         !self.work_only_at_releases && self.scaling.is_none() && self.collector.telemetry.is_none()
+    }
+
+    /// Whether a stretch need only end before the next release (not before other workers'
+    /// pass ends): only releases bring work, or stretches are cut when work reaches them.
+    pub(super) fn only_releases_bound_stretches(&self) -> bool {
+        self.work_only_at_releases || self.lazy_stretches()
     }
 
     /// Before work reaches worker `w` of `pool` at this instant: if it runs an uncommitted
