@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use servesim_replay::{request_json, request_json_with_breakdown, RequestRecord};
 
+use crate::outdir::OutputDir;
 use crate::progress::Bar;
 use crate::table;
 use crate::Failure;
@@ -78,6 +79,7 @@ const CONFIG_MODE_FLAGS: &[&str] = &[
     "--timing-jitter-cv",
     "--threads",
     "--online",
+    "--no-wall-clock",
 ];
 
 fn check_no_other_flags() -> Result<(), Failure> {
@@ -91,20 +93,25 @@ fn check_no_other_flags() -> Result<(), Failure> {
         let name = a.split('=').next().unwrap_or(a);
         if CONFIG_MODE_FLAGS.contains(&name) {
             skip_value = !a.contains('=')
-                && !matches!(name, "--overwrite" | "--capture-per-request" | "--ttft-breakdown" | "--online");
+                && !matches!(
+                    name,
+                    "--overwrite" | "--capture-per-request" | "--ttft-breakdown" | "--online" | "--no-wall-clock"
+                );
             continue;
         }
         return Err(Failure::input(format!(
             "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
              --overwrite, --format, --capture-per-request, --stack, --ensemble, --timing-jitter-cv, --threads, \
-             --online and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
+             --online, --no-wall-clock and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
         )));
     }
     Ok(())
 }
 
-/// A directory written under a temporary name and renamed into place when complete, so an
-/// error never leaves a directory that looks like a finished run.
+/// A directory of servesim's alone (the candidate pages beside a recommend page), written under
+/// a temporary name and renamed into place when complete, so an error never leaves a directory
+/// that looks like a finished run. Output directories, which may hold the user's files too, are
+/// [`crate::outdir::OutputDir`]s.
 pub struct Staged {
     tmp: PathBuf,
     target: PathBuf,
@@ -128,15 +135,12 @@ impl Staged {
         let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
         let _ = fs::remove_dir_all(&tmp);
         fs::create_dir(&tmp).map_err(|e| Failure::input(format!("{}: cannot create: {e}", tmp.display())))?;
+        servesim_replay::scratch::register(&tmp);
         Ok(Staged { tmp, target: target.to_path_buf(), done: false })
     }
 
     pub fn path(&self, file: &str) -> PathBuf {
         self.tmp.join(file)
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.tmp
     }
 
     /// Moves the finished directory into place (replacing an old one).
@@ -150,6 +154,7 @@ impl Staged {
         } else {
             fs::rename(&self.tmp, &self.target).map_err(fail)?;
         }
+        servesim_replay::scratch::unregister(&self.tmp);
         self.done = true;
         Ok(())
     }
@@ -159,6 +164,7 @@ impl Drop for Staged {
     fn drop(&mut self) {
         if !self.done {
             let _ = fs::remove_dir_all(&self.tmp);
+            servesim_replay::scratch::unregister(&self.tmp);
         }
     }
 }
@@ -175,6 +181,21 @@ pub struct Variation {
     pub threads: usize,
     /// Pace the run on the wall clock.
     pub online: bool,
+    /// Leave the values measured on the host's clock out of prediction.json.
+    pub no_wall_clock: bool,
+}
+
+/// Everything a `-c` run reads: the configuration file and the paths its tree names.
+pub fn run_inputs(config: &Path, tree: &serde_json::Value) -> Vec<PathBuf> {
+    let mut inputs = vec![config.to_path_buf()];
+    inputs.extend(servesim_deploy::input_paths(tree, &servesim_deploy::config_base(config)));
+    inputs
+}
+
+/// Refuses reports that would overwrite an input or land on one of servesim's outputs.
+pub fn check_reports(reports: &[(&str, &Path)], inputs: &[PathBuf], output_dir: &Path) -> Result<(), Failure> {
+    crate::output::check_report_paths(reports, inputs)?;
+    crate::outdir::check_reports_clear_of_outputs(reports, output_dir)
 }
 
 pub fn predict(
@@ -190,12 +211,15 @@ pub fn predict(
     let mut prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
     prepared.sim.timing_jitter_cv = cv;
     prepared.sim.threads = variation.threads;
-    crate::output::check_report_paths(&flags.paths(), &[path])?;
+    let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
+    let inputs = run_inputs(path, &tree);
+    check_reports(&flags.paths(), &inputs, &f.output_dir)?;
     if let Some(n) = variation.ensemble {
-        return predict_ensemble(f, flags, json, &prepared, n);
+        return predict_ensemble(f, flags, json, &prepared, n, &inputs, &tree);
     }
+    // The output directory first: reports may be written inside it.
+    let staged = OutputDir::open(&f.output_dir, f.overwrite, &inputs)?;
     let mut outputs = crate::reports::Outputs::open(flags)?;
-    let staged = Staged::new(&f.output_dir, f.overwrite)?;
     let mut records = if f.capture_per_request {
         let p = staged.path("requests.jsonl");
         Some(BufWriter::new(
@@ -253,7 +277,12 @@ pub fn predict(
     if let Some(mut w) = records.take() {
         w.flush().map_err(|e| Failure::run(format!("requests.jsonl: write failed: {e}")))?;
     }
-    let summary_map = servesim_deploy::planned_summary(&prepared, &report, planner.as_ref());
+    let mut summary_map = servesim_deploy::planned_summary(&prepared, &report, planner.as_ref());
+    if variation.no_wall_clock {
+        for key in servesim_replay::WALL_CLOCK_KEYS {
+            summary_map.remove(key);
+        }
+    }
     let summary = servesim_deploy::sorted(&serde_json::Value::Object(summary_map));
     // With a planner, the reference's `--stack dynamo` layout: the summary beside the planner.
     let document = match &planner {
@@ -262,17 +291,16 @@ pub fn predict(
     };
     let compact = serde_json::to_string(&document).expect("summary serialises");
     write_file(&staged.path("prediction.json"), compact.as_bytes())?;
-    let _ = staged.dir();
+    // The results first, then the reports (which may sit in the output directory).
+    staged.commit()?;
     // The page shows the configuration file as read (with --set applied), and no values
     // measured on the host's clock.
-    let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
     let mut page_summary = summary.as_object().cloned().unwrap_or_default();
     for key in servesim_replay::WALL_CLOCK_KEYS {
         page_summary.remove(key);
     }
     let view = planner.as_ref().map(|run| crate::reports::planner_view(run, run.is_agg(), report.totals.duration_ms));
     let written = outputs.finish("servesim predict -c", &page_summary, &tree, view.as_ref()).map_err(Failure::run)?;
-    staged.commit()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
     } else {
@@ -296,6 +324,8 @@ fn predict_ensemble(
     json: bool,
     prepared: &servesim_deploy::Prepared,
     n: usize,
+    inputs: &[PathBuf],
+    tree: &serde_json::Value,
 ) -> Result<(), Failure> {
     crate::predict::check_ensemble(n, f.capture_per_request, flags)?;
     if prepared.config.planner.is_some() {
@@ -303,8 +333,8 @@ fn predict_ensemble(
             "--ensemble does not run a planner yet: remove `planner:` from the configuration, or drop --ensemble",
         ));
     }
+    let staged = OutputDir::open(&f.output_dir, f.overwrite, inputs)?;
     let html = flags.report_html.as_deref().map(crate::output::ReportFile::create).transpose()?;
-    let staged = Staged::new(&f.output_dir, f.overwrite)?;
     let reports = servesim_replay::ensemble::run(
         &prepared.workload,
         &prepared.sim,
@@ -331,23 +361,19 @@ fn predict_ensemble(
     let summary = servesim_deploy::sorted(&serde_json::Value::Object(servesim_replay::ensemble::summarize(&summaries)));
     let compact = serde_json::to_string(&summary).expect("summary serialises");
     write_file(&staged.path("prediction.json"), compact.as_bytes())?;
+    staged.commit()?;
     let page = match html {
-        Some(file) => {
-            // The page shows the configuration file as read (with --set applied).
-            let path = f.config.as_deref().expect("called with -c");
-            let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
-            Some(crate::reports::write_ensemble_page(
-                file,
-                "servesim predict -c --ensemble",
-                summary.as_object().expect("the summary is an object"),
-                &summaries,
-                &crate::reports::ensemble_variation(prepared.sim.timing_jitter_cv),
-                &tree,
-            )?)
-        }
+        // The page shows the configuration file as read (with --set applied).
+        Some(file) => Some(crate::reports::write_ensemble_page(
+            file,
+            "servesim predict -c --ensemble",
+            summary.as_object().expect("the summary is an object"),
+            &summaries,
+            &crate::reports::ensemble_variation(prepared.sim.timing_jitter_cv),
+            tree,
+        )?),
         None => None,
     };
-    staged.commit()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
     } else {

@@ -38,16 +38,42 @@ pub fn same_place(a: &Path, b: &Path) -> bool {
     place(a) == place(b)
 }
 
-/// Refuses report paths that are one of `inputs` (trace files, configuration files) or the same
-/// file as each other. Runs before anything is opened for writing.
-pub fn check_report_paths(reports: &[(&str, &Path)], inputs: &[&Path]) -> Result<(), Failure> {
+/// `path` resolved (its directory canonical when the file does not exist yet).
+fn resolved(path: &Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    path.file_name().map_or(dir.clone(), |n| dir.join(n))
+}
+
+/// Refuses report paths that are one of `inputs` (trace files, configuration files, shard
+/// files) or lie inside an input directory (a corpus the next run would read), or that name the
+/// same file as each other. Runs before anything is opened for writing.
+pub fn check_report_paths<P: AsRef<Path>>(reports: &[(&str, &Path)], inputs: &[P]) -> Result<(), Failure> {
     for (i, (flag, path)) in reports.iter().enumerate() {
         let here = place(path);
-        if let Some(input) = inputs.iter().find(|input| place(input) == here) {
+        if let Some(input) = inputs.iter().map(AsRef::as_ref).find(|input| place(input) == here) {
             return Err(Failure::input(format!(
                 "--{flag} {} is the input {}; refusing to overwrite an input with a report",
                 path.display(),
                 input.display()
+            )));
+        }
+        let at = resolved(path);
+        if let Some(dir) = inputs
+            .iter()
+            .map(AsRef::as_ref)
+            .find(|input| input.is_dir() && std::fs::canonicalize(input).is_ok_and(|d| at.starts_with(d)))
+        {
+            return Err(Failure::input(format!(
+                "--{flag} {} is inside the input directory {}; refusing to write a report among a run's inputs",
+                path.display(),
+                dir.display()
             )));
         }
         if let Some((other, _)) = reports[..i].iter().find(|(_, p)| place(p) == here) {
@@ -126,4 +152,13 @@ impl ReportFile {
         }
         Ok(())
     }
+}
+
+/// `s` cut to about `max` characters for a message, saying how long it was.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(max).collect();
+    format!("{head}… ({} characters)", s.chars().count())
 }

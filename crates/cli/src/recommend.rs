@@ -7,6 +7,7 @@ use std::time::Instant;
 use clap::Args;
 
 use crate::deploy::{Stack, Staged};
+use crate::outdir::OutputDir;
 use crate::Failure;
 
 #[derive(Args, Debug)]
@@ -129,11 +130,11 @@ impl<'a> Pages<'a> {
         page: &'a Path,
         choice: crate::candidate_pages::Choice,
         output_dir: &Path,
-        inputs: &[&Path],
+        inputs: &[PathBuf],
         base: PathBuf,
         threads: usize,
     ) -> Result<Pages<'a>, Failure> {
-        crate::output::check_report_paths(&[("report-html", page)], inputs)?;
+        crate::deploy::check_reports(&[("report-html", page)], inputs, output_dir)?;
         let stage = if choice == crate::candidate_pages::Choice::Best(0) {
             None
         } else {
@@ -154,6 +155,7 @@ fn merge(
     choice: crate::candidate_pages::Choice,
 ) -> Result<(), Failure> {
     let mut shards = Vec::new();
+    let mut inputs: Vec<PathBuf> = Vec::new();
     for d in dirs {
         let files: Vec<PathBuf> = if d.is_dir() {
             let mut v: Vec<PathBuf> = std::fs::read_dir(d)
@@ -171,6 +173,7 @@ fn merge(
             vec![d.clone()]
         };
         for f in files {
+            inputs.push(f.clone());
             let text = std::fs::read(&f).map_err(|e| Failure::input(format!("{}: cannot read: {e}", f.display())))?;
             let v: serde_json::Value = serde_json::from_slice(&text)
                 .map_err(|e| Failure::input(format!("{}: not a shard file: {e}", f.display())))?;
@@ -184,11 +187,27 @@ fn merge(
     let tree = first["config"].clone();
     let base = PathBuf::from(first["config_dir"].as_str().unwrap_or("."));
     let search = read_search(&tree, &first_path.display().to_string(), &base)?;
-    let mut trials: Vec<Option<servesim_deploy::recommend::Trial>> = vec![None; search.candidates.len()];
+    let mut trials: Vec<Option<servesim_deploy::recommend::Trial>> = vec![None; search.candidate_count()];
     let mut seen = vec![false; n];
     for (f, v) in &shards {
         if v["config"] != tree || v["of"].as_u64() != Some(n as u64) {
             return Err(Failure::input(format!("{}: a shard of a different search", f.display())));
+        }
+        if !servesim_deploy::recommend::digest_holds(v) {
+            return Err(Failure::input(format!(
+                "{}: the shard file was changed or damaged after it was written (its digest does not match); run \
+                 that shard again",
+                f.display()
+            )));
+        }
+        if v["inputs"] != first["inputs"] {
+            return Err(Failure::input(format!(
+                "{}: shard {} was run on other inputs than {} (the trace contents or the performance data differ); \
+                 run every shard on the same inputs",
+                f.display(),
+                v["shard"],
+                first_path.display()
+            )));
         }
         let k = v["shard"].as_u64().unwrap_or(u64::MAX) as usize;
         if k >= n || seen[k] {
@@ -209,14 +228,28 @@ fn merge(
         .enumerate()
         .map(|(i, t)| t.ok_or_else(|| Failure::input(format!("candidate {i} was evaluated by no shard"))))
         .collect::<Result<_, _>>()?;
-    let staged = Staged::new(output_dir, overwrite)?;
-    // The cache one run would have left beside its results.
-    let cache = servesim_deploy::recommend::Cache::new(&search, &base, Vec::new(), staged.path("cache"));
-    for t in &trials {
-        cache.record(t);
+    if let Some(page) = report_html {
+        crate::deploy::check_reports(&[("report-html", page)], &inputs, output_dir)?;
     }
-    let pages = report_html.map(|page| Pages::open(page, choice, output_dir, &[], base, 0)).transpose()?;
-    finish(&search, trials, 0, staged, output_dir, json, None, pages)
+    let staged = OutputDir::open(output_dir, overwrite, &inputs)?;
+    let pages = report_html.map(|page| Pages::open(page, choice, output_dir, &inputs, base.clone(), 0)).transpose()?;
+    // The cache one run would have left beside its results (keyed by the shards' inputs).
+    let cache = match servesim_deploy::recommend::Cache::new(&search, &base, Vec::new(), staged.path("cache")) {
+        Ok(c) => Some(c),
+        Err(why) => {
+            eprintln!("notice: no trial cache is written ({why})");
+            None
+        }
+    };
+    if let Some(c) = &cache {
+        if first["inputs"].as_str() == Some(c.inputs()) {
+            for t in &trials {
+                c.record(t);
+            }
+        }
+    }
+    let keep = cache.as_ref().map(|c| (output_dir.join("cache"), c.used_keys()));
+    finish(&search, trials, 0, staged, keep, json, None, pages)
 }
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
@@ -247,6 +280,20 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
                  cannot be split into --shard slices; use grid or random"
             )));
         }
+        match std::fs::symlink_metadata(&a.output_dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(Failure::input(format!(
+                    "{}: the output directory is a symbolic link; name the directory it points to",
+                    a.output_dir.display()
+                )))
+            }
+            Ok(m) if !m.is_dir() => {
+                return Err(Failure::input(format!("{}: exists and is not a directory", a.output_dir.display())))
+            }
+            _ => {}
+        }
+        let inputs_digest = servesim_deploy::recommend::inputs_digest(&search.base, &base)
+            .map_err(|e| Failure::input(format!("{file}: traffic.source.paths: {e}")))?;
         std::fs::create_dir_all(&a.output_dir)
             .map_err(|e| Failure::input(format!("{}: cannot create: {e}", a.output_dir.display())))?;
         let name = a.output_dir.join(format!("shard-{k}-of-{n}.json"));
@@ -257,45 +304,100 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         let cache = a
             .cache_dir
             .as_ref()
-            .map(|d| servesim_deploy::recommend::Cache::new(&search, &base, vec![d.clone()], d.clone()));
+            .map(|d| servesim_deploy::recommend::Cache::new(&search, &base, vec![d.clone()], d.clone()))
+            .transpose()
+            .map_err(|e| Failure::input(format!("--cache-dir: {e}")))?;
         let trials = servesim_deploy::recommend::evaluate_shard(&search, &base, a.threads, k, n, cache.as_ref());
-        let doc = serde_json::json!({
+        check_not_all_failed(trials.iter().map(|(_, t)| t))?;
+        // The inputs' digest lets merge refuse shards run on different traces or data; the
+        // document's digest, shards edited or damaged since.
+        let doc = servesim_deploy::recommend::with_digest(serde_json::json!({
             "shard": k,
             "of": n,
             "config": tree,
             "config_dir": std::fs::canonicalize(&base).unwrap_or(base.clone()),
+            "inputs": inputs_digest,
             "trials": trials.iter().map(|(i, t)| servesim_deploy::recommend::trial_json(*i, t)).collect::<Vec<_>>(),
-        });
+        }));
         let tmp = a.output_dir.join(format!(".shard-{k}-of-{n}.json.partial"));
-        std::fs::write(&tmp, serde_json::to_vec(&doc).expect("serialises"))
+        servesim_replay::scratch::register(&tmp);
+        let written = std::fs::write(&tmp, serde_json::to_vec(&doc).expect("serialises"))
             .and_then(|_| std::fs::rename(&tmp, &name))
-            .map_err(|e| Failure::run(format!("{}: write failed: {e}", name.display())))?;
+            .map_err(|e| Failure::run(format!("{}: write failed: {e}", name.display())));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        servesim_replay::scratch::unregister(&tmp);
+        written?;
         println!("shard {k}/{n}: {} candidates -> {}", trials.len(), name.display());
         return Ok(());
     }
+    let inputs = crate::deploy::run_inputs(config, &tree);
+    if let Some(page) = &a.pages.report_html {
+        crate::deploy::check_reports(&[("report-html", page)], &inputs, &a.output_dir)?;
+    }
+    // The output directory first: the page may be written inside it.
+    let staged = OutputDir::open(&a.output_dir, a.overwrite, &inputs)?;
     let pages = a
         .pages
         .report_html
         .as_deref()
-        .map(|page| Pages::open(page, a.pages.report_candidates, &a.output_dir, &[config], base.clone(), a.threads))
+        .map(|page| Pages::open(page, a.pages.report_candidates, &a.output_dir, &inputs, base.clone(), a.threads))
         .transpose()?;
-    let staged = Staged::new(&a.output_dir, a.overwrite)?;
     let cache = if a.no_cache {
         None
     } else if let Some(d) = &a.cache_dir {
-        Some(servesim_deploy::recommend::Cache::new(&search, &base, vec![d.clone()], d.clone()))
+        let c = servesim_deploy::recommend::Cache::new(&search, &base, vec![d.clone()], d.clone())
+            .map_err(|e| Failure::input(format!("--cache-dir: {e}")))?;
+        Some(c)
     } else {
-        // The output directory's cache: the previous run's entries are read, this run's written
-        // into the new directory, so it holds exactly the candidates of the run it sits beside.
-        let old = a.output_dir.join("cache");
-        Some(servesim_deploy::recommend::Cache::new(&search, &base, vec![old], staged.path("cache")))
+        // The output directory's cache, written as trials finish: an interrupted run's trials
+        // are read by the next one. After a run it holds exactly that run's candidates.
+        let dir = a.output_dir.join("cache");
+        match servesim_deploy::recommend::Cache::new(&search, &base, vec![dir.clone()], dir) {
+            Ok(c) => Some(c),
+            Err(why) => {
+                eprintln!("notice: the trial cache is off for this run ({why})");
+                None
+            }
+        }
     };
     let bar = crate::progress::SearchBar::new(servesim_deploy::recommend::trial_count(&search) as u64);
     let report = |done: usize, _total: usize, best: Option<f64>| bar.update(done, best);
     let progress = servesim_deploy::recommend::Progress::new(servesim_deploy::recommend::trial_count(&search), &report);
     let done = servesim_deploy::recommend::evaluate(&search, &base, a.threads, cache.as_ref(), &progress);
     bar.finish();
-    finish(&search, done.trials, done.cache_hits, staged, &a.output_dir, json, Some(started), pages)
+    check_not_all_failed(done.trials.iter())?;
+    let keep = match (&cache, a.cache_dir.is_none()) {
+        (Some(c), true) => Some((a.output_dir.join("cache"), c.used_keys())),
+        _ => None,
+    };
+    finish(&search, done.trials, done.cache_hits, staged, keep, json, Some(started), pages)
+}
+
+/// Refuses a search whose every candidate failed for one reason outside the candidates (an
+/// input error: a trace that cannot be read, data that is missing): exit 2 with that reason,
+/// instead of a ranking of failures.
+fn check_not_all_failed<'t>(
+    trials: impl Iterator<Item = &'t servesim_deploy::recommend::Trial>,
+) -> Result<(), Failure> {
+    let mut reason: Option<&str> = None;
+    let mut count = 0;
+    for t in trials {
+        match (t.status, t.reason_category, t.reason.as_deref()) {
+            ("unsupported", Some("candidate_materialization"), Some(why)) if reason.is_none_or(|r| r == why) => {
+                reason = Some(why);
+                count += 1;
+            }
+            _ => return Ok(()),
+        }
+    }
+    match reason {
+        Some(why) if count > 1 => {
+            Err(Failure::input(format!("every candidate ({count}) failed for the same reason, an input error: {why}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -303,8 +405,8 @@ fn finish(
     search: &servesim_deploy::recommend::Search,
     trials: Vec<servesim_deploy::recommend::Trial>,
     cache_hits: usize,
-    staged: Staged,
-    output_dir: &Path,
+    staged: OutputDir,
+    prune: Option<(PathBuf, std::collections::HashSet<String>)>,
     json: bool,
     started: Option<Instant>,
     pages: Option<Pages>,
@@ -319,7 +421,12 @@ fn finish(
         std::fs::write(&p, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", p.display())))?;
     }
     // The search's results are kept whatever happens to the pages drawn after it.
+    let output_dir = staged.target().to_path_buf();
+    let output_dir = output_dir.as_path();
     staged.commit()?;
+    if let Some((dir, keep)) = prune {
+        crate::outdir::prune_cache(&dir, &keep);
+    }
     let mut pages_written = None;
     if let Some(Pages { page, mut file, stage, choice, base, threads }) = pages {
         let mut rows = candidate_rows(search, &ranked);

@@ -360,9 +360,11 @@ fn an_existing_output_directory_needs_overwrite() {
     let cfg = write("exists.yaml", BASE);
     let out_dir = tmp("exists-out");
     std::fs::create_dir_all(&out_dir).unwrap();
+    std::fs::write(out_dir.join("prediction.json"), "{}").unwrap();
     let out = servesim(&["predict", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--overwrite"));
+    assert_eq!(std::fs::read_to_string(out_dir.join("prediction.json")).unwrap(), "{}");
 }
 
 #[test]

@@ -12,7 +12,7 @@ pub mod recommend;
 pub mod schema;
 pub mod tree;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
@@ -53,6 +53,29 @@ pub fn load_tree(path: &Path, sets: &[String]) -> Result<Value, String> {
         tree::apply_set(&mut tree, s).map_err(|e| format!("--set {s}: {e}"))?;
     }
     Ok(tree)
+}
+
+/// The files and directories a configuration tree reads besides itself: its trace paths
+/// (`traffic.source.paths`) and performance-data paths (`engine.systems_paths`), resolved
+/// against `base`, the configuration's directory. Front ends refuse to write over them.
+pub fn input_paths(tree: &Value, base: &Path) -> Vec<PathBuf> {
+    let list = |p: &str| tree.pointer(p).and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    for v in list("/traffic/source/paths").iter().chain(list("/engine/systems_paths").iter()) {
+        if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
+            let p = Path::new(s);
+            out.push(if p.is_absolute() { p.to_path_buf() } else { base.join(p) });
+        }
+    }
+    out
+}
+
+/// The directory a configuration file's relative paths start from.
+pub fn config_base(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// A predict configuration ready to run.

@@ -300,6 +300,9 @@ fn domain(path: &str, v: &Value, kind: Kind) -> Result<Vec<Value>, DeployError> 
                 return Err(DeployError::new(&rpath, format!("{pre}log range rejects step")));
             }
             let ints = integer || (r["min"].is_i64() && r["max"].is_i64());
+            if ints && max - min >= crate::recommend::MAX_DOMAIN_VALUES as f64 {
+                return Err(crate::recommend::too_many_values(&rpath, max - min + 1.0));
+            }
             return Ok(if ints {
                 (min as i64..=max as i64).map(|i| num(i as f64, integer)).collect()
             } else {
@@ -314,6 +317,9 @@ fn domain(path: &str, v: &Value, kind: Kind) -> Result<Vec<Value>, DeployError> 
             };
             return Err(DeployError::new(rpath, msg));
         };
+        if (max - min) / step >= crate::recommend::MAX_DOMAIN_VALUES as f64 {
+            return Err(crate::recommend::too_many_values(&rpath, ((max - min) / step).floor() + 1.0));
+        }
         let mut vals = Vec::new();
         let mut x = min;
         while x <= max {
@@ -1318,8 +1324,9 @@ fn trace_rows(ctx: &Context) -> Result<Option<(Vec<(f64, u64, u64)>, f64)>, Depl
     let mut rows = Vec::new();
     for (k, p) in paths.iter().enumerate() {
         let full = if Path::new(p).is_absolute() { PathBuf::from(p) } else { ctx.base_dir.join(p) };
-        let files = if full.is_dir() { jsonl_under(&full) } else { vec![full] };
         let here = format!("traffic.source.paths[{k}]");
+        let files =
+            if full.is_dir() { jsonl_under(&full).map_err(|e| DeployError::new(&here, e))? } else { vec![full] };
         for f in files {
             read_rows(&f, format, &mut rows)
                 .map_err(|e| DeployError::new(&here, format!("{e} (read by the planner's load-predictor backtest)")))?;
@@ -1329,13 +1336,21 @@ fn trace_rows(ctx: &Context) -> Result<Option<(Vec<(f64, u64, u64)>, f64)>, Depl
     Ok(Some((rows, if origin.is_finite() { origin } else { 0.0 })))
 }
 
-fn jsonl_under(dir: &Path) -> Vec<PathBuf> {
+/// The trace files under `dir`, sorted. Symbolic links are refused, as the trace readers refuse
+/// them in a corpus: followed, a link to an ancestor would make the walk endless.
+fn jsonl_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("{}: cannot read: {e}", d.display()))?;
+        for e in entries {
+            let e = e.map_err(|e| format!("{}: cannot read: {e}", d.display()))?;
             let p = e.path();
-            if p.is_dir() {
+            let ty = e.file_type().map_err(|e| format!("{}: {e}", p.display()))?;
+            if ty.is_symlink() {
+                return Err(format!("{}: a trace directory may not contain symbolic links", p.display()));
+            }
+            if ty.is_dir() {
                 stack.push(p);
             } else if p
                 .file_name()
@@ -1347,7 +1362,7 @@ fn jsonl_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out.sort();
-    out
+    Ok(out)
 }
 
 fn read_rows(path: &Path, format: &str, rows: &mut Vec<(f64, u64, u64)>) -> Result<(), String> {

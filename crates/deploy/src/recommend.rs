@@ -204,8 +204,9 @@ pub struct Search {
     /// Grid and random: the candidates to evaluate (indexes into the space), in order; bayesian:
     /// the pool it chooses from (within the budget and KV-feasible).
     pub selected: Vec<usize>,
-    /// Grid and random: each selected candidate's concrete predict tree.
-    pub candidates: Vec<Value>,
+    /// Candidates of explicit parallelism domains over the GPU budget, dropped before they
+    /// were built (the preset pool never holds any).
+    pub over_budget: u64,
     /// Per shape set: why its KV cache cannot hold one longest sequence (the reference's
     /// KV-feasibility filter), if it cannot.
     kv_short: Vec<Option<String>>,
@@ -216,13 +217,29 @@ pub struct Search {
     pub planner_backtest: Option<Value>,
 }
 
+/// The most candidates a grid replays.
+pub const MAX_GRID_CANDIDATES: u128 = 1_000_000;
+/// The most candidates random and bayesian searches choose from.
+pub const MAX_POOL_CANDIDATES: u128 = 20_000_000;
+
 impl Search {
+    /// The number of candidates chosen for evaluation (grid and random; bayesian's pool).
+    pub fn candidate_count(&self) -> usize {
+        self.selected.len()
+    }
+
+    /// Candidate `k`'s concrete predict tree, made when it is asked for (a large grid holds
+    /// none of them at once).
+    pub fn candidate(&self, k: usize) -> Option<Value> {
+        self.selected.get(k).map(|&i| self.space.tree(i))
+    }
+
     /// The first candidate's tree (the one checked strictly before a run starts), without its
     /// planner section when the Planner refuses that (the candidate is then infeasible, not the
     /// configuration wrong).
     pub fn first_tree(&self) -> Value {
         let i = self.selected[0];
-        let mut t = self.candidates.first().cloned().unwrap_or_else(|| self.space.tree(i));
+        let mut t = self.space.tree(i);
         if self.space.planner_refusal(i).is_some() {
             t.as_object_mut().expect("a mapping").remove("planner");
         }
@@ -399,7 +416,11 @@ fn router_numbers(path: &str, key: &str, v: Option<&Value>, default: &[f64]) -> 
             match step {
                 Some(s) if s > 0.0 && s.is_finite() && scale == "linear" => {
                     // Decimal steps without drift: count the steps, then round each value.
-                    let n = ((max - min) / s + 1e-9).floor() as usize;
+                    let steps = ((max - min) / s + 1e-9).floor();
+                    if steps >= MAX_DOMAIN_VALUES as f64 {
+                        return Err(too_many_values(&here, steps + 1.0));
+                    }
+                    let n = steps as usize;
                     Ok((0..=n).map(|i| ((min + s * i as f64) * 1e12).round() / 1e12).collect())
                 }
                 _ => Err(DeployError::new(
@@ -413,12 +434,30 @@ fn router_numbers(path: &str, key: &str, v: Option<&Value>, default: &[f64]) -> 
     }
 }
 
-fn domain(path: &str, v: &Value) -> Result<Vec<u64>, DeployError> {
+/// The most values one search domain may hold: a million candidates along one axis is already
+/// more than a search can replay, and each value costs memory before the first trial.
+pub const MAX_DOMAIN_VALUES: u64 = 1_000_000;
+
+/// The refusal of a domain of `count` values.
+pub fn too_many_values(path: &str, count: impl std::fmt::Display) -> DeployError {
+    DeployError::new(
+        path,
+        format!(
+            "holds {count} values; a search domain holds at most {MAX_DOMAIN_VALUES} (narrow it or raise its step)"
+        ),
+    )
+}
+
+/// A positive integer knob's values. Values above `limit` are left out as they are generated
+/// (a parallel size above the GPU budget can never fit it), so a range up to a billion costs
+/// nothing when only the first few values can be used.
+/// Returns the values and how many the domain holds in all (those above `limit` included).
+fn domain(path: &str, v: &Value, limit: u64) -> Result<(Vec<u64>, u64), DeployError> {
     match v {
         Value::Number(n) => n
             .as_u64()
             .filter(|&x| x > 0)
-            .map(|x| vec![x])
+            .map(|x| (if x <= limit { vec![x] } else { Vec::new() }, 1))
             .ok_or_else(|| DeployError::new(path, "must be a positive integer")),
         Value::Object(_) => {
             let mut o = Obj::new(path, v)?;
@@ -438,7 +477,9 @@ fn domain(path: &str, v: &Value) -> Result<Vec<u64>, DeployError> {
                 if vals.is_empty() {
                     return Err(DeployError::new(format!("{path}.choices"), "choices must be non-empty"));
                 }
-                vals
+                let all = vals.len() as u64;
+                vals.retain(|&x| x <= limit);
+                (vals, all)
             } else if let Some(mut r) = o.obj("range")? {
                 let min = r.positive("min")?.ok_or_else(|| r.err("min", "missing (required)"))? as u64;
                 let max = r.positive("max")?.ok_or_else(|| r.err("max", "missing (required)"))? as u64;
@@ -449,6 +490,7 @@ fn domain(path: &str, v: &Value) -> Result<Vec<u64>, DeployError> {
                     return Err(DeployError::new(format!("{path}.range"), "min <= max required"));
                 }
                 let mut vals = Vec::new();
+                let all;
                 match (scale, step) {
                     ("linear", None) => {
                         return Err(DeployError::new(format!("{path}.range"), "integer linear range requires step"))
@@ -457,22 +499,32 @@ fn domain(path: &str, v: &Value) -> Result<Vec<u64>, DeployError> {
                         return Err(DeployError::new(format!("{path}.range"), "log ranges reject step"))
                     }
                     ("linear", Some(s)) => {
+                        let top = max.min(limit);
+                        if top >= min && (top - min) / s as u64 >= MAX_DOMAIN_VALUES {
+                            return Err(too_many_values(&format!("{path}.range"), (top - min) / s as u64 + 1));
+                        }
                         let mut x = min;
-                        while x <= max {
+                        while x <= top {
                             vals.push(x);
                             x += s as u64;
                         }
+                        all = (max - min) / s as u64 + 1;
                     }
                     _ => {
                         // Integer log range: powers of two between the bounds.
                         let mut x = min;
+                        let mut n = 0;
                         while x <= max {
-                            vals.push(x);
+                            if x <= limit {
+                                vals.push(x);
+                            }
+                            n += 1;
                             x *= 2;
                         }
+                        all = n;
                     }
                 }
-                vals
+                (vals, all)
             } else {
                 return Err(DeployError::new(path, "a search domain is {choices: [...]} or {range: {...}}"));
             };
@@ -613,7 +665,8 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let roles: &[&str] = if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
     // Per role: the parallel shapes (replicas, tp, dp) and the scheduler knobs.
     let mut role_shapes: Vec<Vec<(u64, u64, u64)>> = Vec::new();
-    let mut all_preset = true;
+    // How many shape sets the domains hold in all, over the budget or not.
+    let mut shapes_in_all: u128 = 1;
     let mut knobs: Vec<Knob> = Vec::new();
     for role in roles {
         let wpath = ["engine", "workers", role];
@@ -628,8 +681,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             .into_iter()
             .filter(|k| par.as_ref().and_then(|p| p.get(*k)).is_some())
             .collect();
-        all_preset &= preset;
-        let shapes = if preset {
+        let shapes: Vec<(u64, u64, u64)> = if preset {
             if !explicit.is_empty() {
                 return Err(DeployError::new(
                     &ppath,
@@ -644,13 +696,15 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             }
             s
         } else {
-            let d = |k: &str| -> Result<Vec<u64>, DeployError> {
+            let d = |k: &str| -> Result<(Vec<u64>, u64), DeployError> {
                 match par.as_ref().and_then(|p| p.get(k)) {
-                    Some(v) => domain(&format!("{ppath}.{k}"), v),
-                    None => Ok(vec![1]),
+                    Some(v) => domain(&format!("{ppath}.{k}"), v, optimization.budget as u64),
+                    None => Ok((vec![1], 1)),
                 }
             };
-            let (rs, ts, ds) = (d("replicas")?, d("tensor")?, d("attention_data")?);
+            let ((rs, rn), (ts, tn), (ds, dn)) = (d("replicas")?, d("tensor")?, d("attention_data")?);
+            // Shapes with a size above the budget were never made: counted here.
+            shapes_in_all = shapes_in_all.saturating_mul(rn as u128 * tn as u128 * dn as u128);
             let mut s = Vec::new();
             for &t in &ts {
                 for &dp in &ds {
@@ -665,6 +719,9 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         {
             p.remove("preset");
         }
+        if preset {
+            shapes_in_all = shapes_in_all.saturating_mul(shapes.len() as u128);
+        }
         role_shapes.push(shapes);
         let (mbt, seqs): (&[u64], &[u64]) = match *role {
             "prefill" => (&[8192, 16384, 32768], &[1, 2, 4, 8, 16, 32, 64, 128, 256]),
@@ -674,7 +731,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         for (key, default) in [("max_batched_tokens", mbt), ("max_sequences", seqs)] {
             let kpath = ["engine", "workers", role, "scheduler", key];
             let values = match get(&base, &kpath) {
-                Some(v) => domain(&kpath.join("."), v)?,
+                Some(v) => domain(&kpath.join("."), v, u64::MAX)?.0,
                 None => default.to_vec(),
             };
             let values = values.into_iter().map(|v| json!(v)).collect();
@@ -682,23 +739,26 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         }
     }
     // Shapes across roles under the budget (disaggregated: every prefill/decode pair).
+    // Shapes over the budget are dropped before any candidate is made of them (as the preset
+    // pool never holds them): counted, never built, so a domain of a million replicas costs
+    // no memory.
     let mut shape_sets: Vec<Vec<(u64, u64, u64)>> = vec![Vec::new()];
     for shapes in &role_shapes {
         let mut next = Vec::new();
         for prefix in &shape_sets {
+            let used: u64 = prefix.iter().map(|(r, t, d)| r * t * d).sum();
             for s in shapes {
-                let mut v = prefix.clone();
-                v.push(*s);
-                let gpus: u64 = v.iter().map(|(r, t, d)| r * t * d).sum();
-                // Explicit domains keep over-budget shapes (reported infeasible); the preset pool
-                // only holds shapes that fit.
-                if gpus <= optimization.budget as u64 || !all_preset {
+                let gpus = used.saturating_add(s.0.saturating_mul(s.1).saturating_mul(s.2));
+                if gpus <= optimization.budget as u64 {
+                    let mut v = prefix.clone();
+                    v.push(*s);
                     next.push(v);
                 }
             }
         }
         shape_sets = next;
     }
+    let over_budget_shapes = shapes_in_all.saturating_sub(shape_sets.len() as u128);
     // Read on its own: the whole base does not read as a predict configuration while it still
     // holds search domains (every candidate is validated in full when it runs).
     let sla = match get(&base, &["evaluation", "sla"]) {
@@ -751,8 +811,36 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         None => (Vec::new(), None),
     };
     let space = Space { base: base.clone(), roles: roles.to_vec(), shape_sets, knobs, routers, planners };
-    if space.is_empty() {
-        return Err(DeployError::new("optimization.constraints", "no candidate fits the GPU budget"));
+    let total = space.shape_sets.len() as u128
+        * space.knobs.iter().map(|k| k.values.len() as u128).product::<u128>()
+        * space.routers.len().max(1) as u128
+        * space.planners.len().max(1) as u128;
+    if total == 0 {
+        return Err(DeployError::new(
+            "optimization.constraints",
+            format!(
+                "no candidate fits the GPU budget of {} GPUs ({over_budget_shapes} parallel shapes over it)",
+                optimization.budget
+            ),
+        ));
+    }
+    // A grid replays every candidate and the others choose from an index of the pool: past
+    // these sizes the search could not finish, so it is refused before anything is built.
+    let cap: u128 = if optimizer.algorithm == "grid" { MAX_GRID_CANDIDATES } else { MAX_POOL_CANDIDATES };
+    if total > cap {
+        return Err(DeployError::new(
+            "optimizer",
+            format!(
+                "the search space holds {total} candidates within the GPU budget; {} searches at most {cap} \
+                 (narrow the domains{})",
+                if optimizer.algorithm == "grid" { "a grid" } else { "a search" },
+                if optimizer.algorithm == "grid" {
+                    ", or use algorithm random or bayesian with max_trials"
+                } else {
+                    ""
+                }
+            ),
+        ));
     }
     let kv_short = kv_filter(&space);
     let budget = optimization.budget as u64;
@@ -796,8 +884,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         }
         (pool, excluded)
     };
-    let candidates =
-        if optimizer.algorithm == "bayesian" { Vec::new() } else { selected.iter().map(|&i| space.tree(i)).collect() };
+    let over_budget = u64::try_from(over_budget_shapes.saturating_mul(per_shape as u128)).unwrap_or(u64::MAX);
     Ok(Search {
         base,
         optimization,
@@ -805,9 +892,9 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         sla,
         space,
         selected,
-        candidates,
         kv_short,
         kv_excluded,
+        over_budget,
         planner_backtest,
     })
 }
@@ -934,8 +1021,16 @@ pub fn evaluate(
     if search.optimizer.algorithm == "bayesian" {
         return bayesian(search, base_dir, threads, cache, progress);
     }
-    let jobs: Vec<usize> = (0..search.candidates.len()).collect();
-    run_jobs(search, &jobs, &|k| (search.candidates[k].clone(), search.selected[k]), base_dir, threads, cache, progress)
+    let jobs: Vec<usize> = (0..search.selected.len()).collect();
+    run_jobs(
+        search,
+        &jobs,
+        &|k| (search.space.tree(search.selected[k]), search.selected[k]),
+        base_dir,
+        threads,
+        cache,
+        progress,
+    )
 }
 
 /// Evaluates jobs `0..jobs.len()` (each named by `job(k)` as its tree and space index); results
@@ -1212,22 +1307,42 @@ fn observations(search: &Search, trials: &[Trial], rng: &mut rand_chacha::ChaCha
 }
 
 /// The content-addressed trial cache: a trial's result is stored under a hash of what decides it
-/// (the candidate's concrete tree, the contents of the trace files it reads, servesim's
-/// version), so a re-run, or a search that overlaps an earlier one, replays only what is new.
-/// Entries are JSON files `<dir>/<2 hex>/<64 hex>.json`, floats kept as their exact bits.
+/// (the candidate's concrete tree, the contents of the trace files it reads, the performance
+/// data, servesim's version), so a re-run, or a search that overlaps an earlier one, replays
+/// only what is new. Entries are JSON files `<dir>/<2 hex>/<64 hex>.json`, floats kept as their
+/// exact bits, each carrying a digest of its values: an entry edited or damaged since it was
+/// written, or one whose GPU count does not match its candidate, is replayed again.
 pub struct Cache {
     /// Directories looked in, in order.
     lookup: Vec<std::path::PathBuf>,
     /// Where entries are written (a hit found elsewhere is copied here too).
     write: std::path::PathBuf,
     inputs: String,
+    /// The keys this run read or wrote.
+    used: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Cache {
     /// A cache over `lookup` writing into `write`, for the inputs of `search` (trace paths
-    /// relative to `base_dir`).
-    pub fn new(search: &Search, base_dir: &Path, lookup: Vec<std::path::PathBuf>, write: std::path::PathBuf) -> Cache {
-        Cache { lookup, write, inputs: inputs_digest(&search.base, base_dir) }
+    /// relative to `base_dir`). Fails, saying why, when an input cannot be digested (a pipe or
+    /// a device, whose contents a digest would consume or never finish reading).
+    pub fn new(
+        search: &Search,
+        base_dir: &Path,
+        lookup: Vec<std::path::PathBuf>,
+        write: std::path::PathBuf,
+    ) -> Result<Cache, String> {
+        Ok(Cache { lookup, write, inputs: inputs_digest(&search.base, base_dir)?, used: Default::default() })
+    }
+
+    /// The digest of everything outside the candidate's tree that decides its result.
+    pub fn inputs(&self) -> &str {
+        &self.inputs
+    }
+
+    /// The keys of the entries this run read or wrote.
+    pub fn used_keys(&self) -> std::collections::HashSet<String> {
+        self.used.lock().expect("used keys").clone()
     }
 
     fn key(&self, tree: &Value) -> String {
@@ -1248,13 +1363,14 @@ impl Cache {
             let path = Cache::file(dir, key);
             let Ok(bytes) = std::fs::read(&path) else { continue };
             let Ok(v) = serde_json::from_slice::<Value>(&bytes) else { continue };
-            if v.get("key").and_then(Value::as_str) != Some(key) {
+            if v.get("key").and_then(Value::as_str) != Some(key) || !digest_holds(&v) {
                 continue;
             }
             let Some(t) = trial_fields(&v, tree.clone()) else { continue };
             if *dir != self.write {
                 self.store(key, &bytes);
             }
+            self.used.lock().expect("used keys").insert(key.to_string());
             return Some(t);
         }
         None
@@ -1271,8 +1387,11 @@ impl Cache {
         let mut v = trial_json(0, t);
         let o = v.as_object_mut().expect("an object");
         o.remove("index");
+        o.remove("digest");
         o.insert("key".into(), json!(key));
+        let v = with_digest(v);
         self.store(key, &serde_json::to_vec(&v).expect("serialises"));
+        self.used.lock().expect("used keys").insert(key.to_string());
     }
 
     /// Writes an entry under a temporary name and renames it into place; a cache that cannot
@@ -1290,23 +1409,62 @@ impl Cache {
     }
 }
 
-/// The digest of the files a configuration reads (its trace paths, relative to `base_dir`;
-/// a directory by every file under it): the cache key's inputs beside the tree itself.
-fn inputs_digest(base: &Value, base_dir: &Path) -> String {
+/// `v` (an object) with a `digest` of its other values added.
+pub fn with_digest(mut v: Value) -> Value {
+    let d = content_digest(&v);
+    v.as_object_mut().expect("an object").insert("digest".into(), json!(d));
+    v
+}
+
+/// The digest of an object's values other than its own `digest`.
+fn content_digest(v: &Value) -> String {
+    let mut rest = v.clone();
+    if let Some(o) = rest.as_object_mut() {
+        o.remove("digest");
+    }
+    blake3::hash(canonical(&rest).as_bytes()).to_hex().to_string()
+}
+
+/// Whether an object's `digest` matches its values (it was not edited or damaged since).
+pub fn digest_holds(v: &Value) -> bool {
+    v.get("digest").and_then(Value::as_str).is_some_and(|d| d == content_digest(v))
+}
+
+/// How deep a digest walks into a trace directory.
+const MAX_INPUT_DEPTH: usize = 64;
+
+/// The digest of everything a configuration reads: its trace paths (relative to `base_dir`; a
+/// directory by every file under it) and the performance data its timing reads from. The
+/// cache key's inputs beside the tree itself, and what shards of one search must agree on.
+/// Symbolic links inside a directory are digested by their target's name (never followed: a
+/// link to an ancestor would make the walk endless), and a pipe or device makes it fail.
+pub fn inputs_digest(base: &Value, base_dir: &Path) -> Result<String, String> {
     let mut h = blake3::Hasher::new();
     let paths = get(base, &["traffic", "source", "paths"]).and_then(Value::as_array).cloned().unwrap_or_default();
     // Named as the configuration spells them (the tree holds that already) and, inside a
     // directory, by their names there: where the files sit does not change the key.
-    fn add(h: &mut blake3::Hasher, p: &Path) {
-        if p.is_dir() {
+    fn add(h: &mut blake3::Hasher, p: &Path, depth: usize, top: bool) -> Result<(), String> {
+        let meta = if top { std::fs::metadata(p) } else { std::fs::symlink_metadata(p) };
+        let Ok(meta) = meta else {
+            h.update(b"\0unreadable");
+            return Ok(());
+        };
+        if meta.file_type().is_symlink() {
+            h.update(b"\0symlink");
+            let target = std::fs::read_link(p).map(|t| t.to_string_lossy().into_owned()).unwrap_or_default();
+            h.update(target.as_bytes());
+        } else if meta.is_dir() {
+            if depth >= MAX_INPUT_DEPTH {
+                return Err(format!("{}: more than {MAX_INPUT_DEPTH} directories deep", p.display()));
+            }
             let mut entries: Vec<_> =
                 std::fs::read_dir(p).into_iter().flatten().filter_map(|e| e.ok().map(|e| e.path())).collect();
             entries.sort();
             for e in entries {
                 h.update(e.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
-                add(h, &e);
+                add(h, &e, depth + 1, false)?;
             }
-        } else {
+        } else if meta.is_file() {
             match std::fs::File::open(p) {
                 Ok(mut f) => {
                     let _ = std::io::copy(&mut f, h);
@@ -1315,15 +1473,28 @@ fn inputs_digest(base: &Value, base_dir: &Path) -> String {
                     h.update(b"\0unreadable");
                 }
             }
+        } else {
+            return Err(format!("{} is not a regular file (a pipe or a device cannot be digested)", p.display()));
         }
+        Ok(())
     }
     for p in paths.iter().filter_map(Value::as_str) {
         let path = Path::new(p);
         let full = if path.is_absolute() { path.to_path_buf() } else { base_dir.join(path) };
         h.update(p.as_bytes());
-        add(&mut h, &full);
+        add(&mut h, &full, 0, true)?;
     }
-    h.finalize().to_hex().to_string()
+    h.update(b"\0performance data");
+    h.update(servesim_perf::systems::data_fingerprint(&systems_paths(base)).as_bytes());
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// The configuration's `engine.systems_paths`, if it names any.
+fn systems_paths(base: &Value) -> Vec<String> {
+    get(base, &["engine", "systems_paths"])
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 /// Floats as `{"f64": "<16 hex digits>"}` so a cached summary reads back bit for bit.
@@ -1691,6 +1862,7 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
             "gpu_budget": o.budget,
             "target": o.target,
             "kv_excluded": search.kv_excluded,
+            "over_budget_excluded": search.over_budget,
         },
     });
     if let Some(b) = &search.planner_backtest {
@@ -1720,14 +1892,14 @@ pub fn evaluate_indices(search: &Search, indices: &[usize], base_dir: &Path, thr
 /// serde_json's default parser can read a printed float back one ulp off, and merged shards
 /// must equal one run byte for byte.
 pub fn trial_json(index: usize, t: &Trial) -> Value {
-    json!({
+    with_digest(json!({
         "index": index,
         "status": t.status,
         "reason_category": t.reason_category,
         "reason": t.reason,
         "used_gpus": t.used_gpus,
         "summary": exact_floats(&Value::Object(t.summary.clone())),
-    })
+    }))
 }
 
 const STATUSES: [&str; 6] = ["feasible", "infeasible", "unsupported", "timed_out", "failed", "resource_limited"];
@@ -1749,10 +1921,14 @@ const CATEGORIES: [&str; 15] = [
     "unknown",
 ];
 
-/// Reads a trial back; `None` when the record is malformed.
+/// Reads a trial back; `None` when the record is malformed, or was edited or damaged since it
+/// was written (its digest does not match).
 pub fn trial_from_json(search: &Search, v: &Value) -> Option<(usize, Trial)> {
+    if !digest_holds(v) {
+        return None;
+    }
     let index = v.get("index")?.as_u64()? as usize;
-    let tree = search.candidates.get(index)?.clone();
+    let tree = search.candidate(index)?;
     Some((index, trial_fields(v, tree)?))
 }
 
@@ -1765,6 +1941,10 @@ fn trial_fields(v: &Value, tree: Value) -> Option<Trial> {
     };
     let reason = v.get("reason")?.as_str().map(str::to_string);
     let used_gpus = v.get("used_gpus")?.as_u64()?;
+    // The GPU count is the candidate's own: a record that says otherwise is not its record.
+    if used_gpus != self::used_gpus(&tree) {
+        return None;
+    }
     let summary = v.get("summary")?;
     let summary = from_exact_floats(summary)?;
     let summary = summary.as_object()?.clone();
@@ -1780,14 +1960,14 @@ pub fn evaluate_shard(
     n: usize,
     cache: Option<&Cache>,
 ) -> Vec<(usize, Trial)> {
-    let indices: Vec<usize> = (0..search.candidates.len()).filter(|i| i % n == k).collect();
+    let indices: Vec<usize> = (0..search.selected.len()).filter(|i| i % n == k).collect();
     if indices.is_empty() {
         return Vec::new();
     }
     let done = run_jobs(
         search,
         &indices,
-        &|i| (search.candidates[i].clone(), search.selected[i]),
+        &|i| (search.space.tree(search.selected[i]), search.selected[i]),
         base_dir,
         threads,
         cache,
@@ -1829,14 +2009,14 @@ mod tests {
         });
         let s = read_search(&root, Path::new(".")).unwrap();
         assert_eq!(s.space.len(), 2 * 2 * 3);
-        assert_eq!(s.candidates.len(), 12);
-        let knob = |i: usize, p: &str| s.candidates[i].pointer(p).cloned().unwrap();
+        assert_eq!(s.candidate_count(), 12);
+        let knob = |i: usize, p: &str| s.candidate(i).unwrap().pointer(p).cloned().unwrap();
         assert_eq!(knob(0, "/engine/workers/aggregated/parallelism/tensor"), 1);
         assert_eq!(knob(6, "/engine/workers/aggregated/parallelism/tensor"), 2);
         assert_eq!(knob(3, "/engine/workers/aggregated/scheduler/max_sequences"), 128);
         assert_eq!(knob(1, "/router/temperature"), 0.0);
         assert_eq!(knob(2, "/router/temperature"), 1.0);
-        assert!(s.candidates[0]["engine"]["workers"]["aggregated"]["parallelism"].get("preset").is_none());
+        assert!(s.candidate(0).unwrap()["engine"]["workers"]["aggregated"]["parallelism"].get("preset").is_none());
     }
 
     #[test]

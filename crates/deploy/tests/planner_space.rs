@@ -265,12 +265,13 @@ fn every_candidate_carries_one_planner_setting() {
     let s = read_search(&c, &deploy_dir()).unwrap();
     let settings = s.space.planner_settings();
     assert_eq!(settings.len(), 3, "disabled, and enabled with each load interval");
-    assert_eq!(s.candidates.len(), 2 * 3);
-    for (i, t) in s.candidates.iter().enumerate() {
+    assert_eq!(s.candidate_count(), 2 * 3);
+    for i in 0..s.candidate_count() {
+        let t = s.candidate(i).unwrap();
         assert_eq!(t["planner"], settings[i % 3].section, "the planner is the innermost dimension");
         assert_eq!(t["engine"]["workers"]["aggregated"]["parallelism"]["tensor"], json!(1 + i / 3));
     }
-    assert_eq!(s.candidates[1]["planner"]["load_adjustment_interval_seconds"], 5);
-    assert_eq!(s.candidates[2]["planner"]["load_adjustment_interval_seconds"], 10);
-    assert_eq!(s.candidates[1]["planner"]["target"], "throughput");
+    assert_eq!(s.candidate(1).unwrap()["planner"]["load_adjustment_interval_seconds"], 5);
+    assert_eq!(s.candidate(2).unwrap()["planner"]["load_adjustment_interval_seconds"], 10);
+    assert_eq!(s.candidate(1).unwrap()["planner"]["target"], "throughput");
 }

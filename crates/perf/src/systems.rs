@@ -58,6 +58,38 @@ pub fn systems_roots(configured: &[String]) -> Result<Vec<(PathBuf, String)>> {
     Ok(out)
 }
 
+/// A fingerprint of the performance data a configuration's timing would read (the `systems/`
+/// roots found as [`systems_roots`] finds them): every file's path, size and modification time
+/// under each root. Installing another version of the data package, or editing one of its
+/// files, changes it; reading it costs a directory walk, not the data. "none" when no data is
+/// found.
+pub fn data_fingerprint(configured: &[String]) -> String {
+    let Ok(roots) = systems_roots(configured) else { return "none".to_string() };
+    let mut h = blake3::Hasher::new();
+    for (root, _) in roots {
+        h.update(root.to_string_lossy().as_bytes());
+        let mut stack = vec![(root, 0usize)];
+        while let Some((dir, depth)) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let mut entries: Vec<_> = entries.flatten().collect();
+            entries.sort_by_key(|e| e.file_name());
+            for e in entries {
+                let Ok(meta) = e.metadata() else { continue };
+                h.update(e.path().to_string_lossy().as_bytes());
+                // Symbolic links are not followed (a link to an ancestor has no end).
+                if e.file_type().is_ok_and(|t| t.is_dir()) && depth < 32 {
+                    stack.push((e.path(), depth + 1));
+                } else {
+                    h.update(&meta.len().to_le_bytes());
+                    let mtime = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                    h.update(&mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
+                }
+            }
+        }
+    }
+    h.finalize().to_hex().to_string()
+}
+
 /// `systems/` directories of installed packages, asked of each Python we can find.
 fn installed_roots() -> Vec<(PathBuf, String)> {
     let mut pythons: Vec<String> = Vec::new();
