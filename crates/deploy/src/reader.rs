@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::tree::shown;
 use crate::DeployError;
 
 pub struct Obj<'a> {
@@ -11,12 +12,21 @@ pub struct Obj<'a> {
     taken: Vec<&'static str>,
 }
 
+/// `path.key` for messages; a key too long to show, or with control characters, is quoted
+/// (and cut: [`shown`]).
 pub fn join(path: &str, key: &str) -> String {
+    let key =
+        if key.chars().nth(80).is_some() || key.chars().any(char::is_control) { shown(key) } else { key.to_string() };
     if path.is_empty() {
-        key.to_string()
+        key
     } else {
         format!("{path}.{key}")
     }
+}
+
+/// A string that reads as a number too large for a float (`1e400`): YAML keeps it a string.
+fn out_of_range(s: &str) -> bool {
+    s.trim().parse::<f64>().is_ok_and(f64::is_infinite) && !s.to_ascii_lowercase().contains("inf")
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -88,12 +98,9 @@ impl<'a> Obj<'a> {
 
     pub fn choice(&mut self, key: &'static str, allowed: &[&'static str]) -> Result<Option<&'static str>, DeployError> {
         let Some(s) = self.string(key)? else { return Ok(None) };
-        allowed
-            .iter()
-            .find(|a| **a == s)
-            .copied()
-            .map(Some)
-            .ok_or_else(|| self.err(key, format!("unknown value {s:?}; expected one of {}", allowed.join(", "))))
+        allowed.iter().find(|a| **a == s).copied().map(Some).ok_or_else(|| {
+            self.err(key, format!("unknown value {}; expected one of {}", shown(&s), allowed.join(", ")))
+        })
     }
 
     pub fn bool(&mut self, key: &'static str) -> Result<Option<bool>, DeployError> {
@@ -108,6 +115,9 @@ impl<'a> Obj<'a> {
         match self.raw(key) {
             None => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(Value::String(s)) if out_of_range(s) => {
+                Err(self.err(key, format!("{} is out of range: a number must be finite", shown(s))))
+            }
             Some(v) => Err(self.err(key, format!("must be a number, got {}", kind(v)))),
         }
     }
@@ -125,11 +135,29 @@ impl<'a> Obj<'a> {
         Ok(v)
     }
 
+    /// A non-negative integer. A float with no fractional part (`2.0`) is one, as in pydantic's
+    /// lax mode; one beyond u64 (YAML's `99999999999999999999` reads as a float) is too large.
     pub fn u64(&mut self, key: &'static str) -> Result<Option<u64>, DeployError> {
+        const TOO_LARGE: &str = "is too large: an integer here is at most 18446744073709551615";
         match self.raw(key) {
             None => Ok(None),
             Some(Value::Number(n)) => {
-                n.as_u64().map(Some).ok_or_else(|| self.err(key, format!("must be a non-negative integer, got {n}")))
+                if let Some(u) = n.as_u64() {
+                    return Ok(Some(u));
+                }
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                if n.is_i64() || x < 0.0 {
+                    Err(self.err(key, format!("must be a non-negative integer, got {n}")))
+                } else if x.fract() != 0.0 {
+                    Err(self.err(key, format!("must be an integer, got {n}")))
+                } else if x >= 18446744073709551616.0 {
+                    Err(self.err(key, TOO_LARGE))
+                } else {
+                    Ok(Some(x as u64))
+                }
+            }
+            Some(Value::String(s)) if out_of_range(s) && !s.trim().starts_with('-') => {
+                Err(self.err(key, format!("{} {TOO_LARGE}", shown(s))))
             }
             Some(v) => Err(self.err(key, format!("must be an integer, got {}", kind(v)))),
         }
@@ -140,6 +168,9 @@ impl<'a> Obj<'a> {
         match self.u64(key)? {
             None => Ok(None),
             Some(n) if n >= min as u64 && n <= u32::MAX as u64 => Ok(Some(n as u32)),
+            Some(n) if n > u32::MAX as u64 => {
+                Err(self.err(key, format!("{n} is too large: an integer here is at most {}", u32::MAX)))
+            }
             Some(n) => Err(self.err(key, format!("must be an integer ≥ {min}, got {n}"))),
         }
     }
@@ -162,5 +193,66 @@ impl<'a> Obj<'a> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{apply_set, parse_yaml};
+
+    fn read_u64(yaml: &str) -> Result<Option<u64>, String> {
+        let v = parse_yaml(yaml).unwrap();
+        let mut o = Obj::new("stop", &v["stop"]).unwrap();
+        o.u64("requests").map_err(|e| e.to_string())
+    }
+
+    /// N20: integers too large, out-of-range numbers written as strings, and integral floats.
+    #[test]
+    fn integers_get_clear_messages() {
+        let too_large = "stop.requests: is too large: an integer here is at most 18446744073709551615";
+        assert_eq!(read_u64("stop: {requests: 99999999999999999999}"), Err(too_large.to_string()));
+        assert_eq!(read_u64("stop: {requests: 1.0e+30}"), Err(too_large.to_string()));
+        assert_eq!(read_u64("stop: {requests: 2.0}"), Ok(Some(2)));
+        assert_eq!(read_u64("stop: {requests: 2.5}"), Err("stop.requests: must be an integer, got 2.5".into()));
+        assert_eq!(
+            read_u64("stop: {requests: -3}"),
+            Err("stop.requests: must be a non-negative integer, got -3".into())
+        );
+        assert_eq!(
+            read_u64("stop: {requests: -3.0}"),
+            Err("stop.requests: must be a non-negative integer, got -3.0".into())
+        );
+        let mut v = parse_yaml("stop: {}").unwrap();
+        apply_set(&mut v, "stop.requests=1e400").unwrap();
+        let mut o = Obj::new("stop", &v["stop"]).unwrap();
+        assert_eq!(
+            o.u64("requests").unwrap_err().to_string(),
+            "stop.requests: \"1e400\" is too large: an integer here is at most 18446744073709551615"
+        );
+        let v = parse_yaml("stop: {rate: 1e400, n: 4294967296}").unwrap();
+        let mut o = Obj::new("stop", &v["stop"]).unwrap();
+        assert_eq!(
+            o.f64("rate").unwrap_err().to_string(),
+            "stop.rate: \"1e400\" is out of range: a number must be finite"
+        );
+        assert_eq!(
+            o.positive("n").unwrap_err().to_string(),
+            "stop.n: 4294967296 is too large: an integer here is at most 4294967295"
+        );
+    }
+
+    /// N17: an unknown value and an unknown key are shown cut to 80 characters.
+    #[test]
+    fn long_values_and_keys_are_cut() {
+        let long = "v".repeat(1000);
+        let v = parse_yaml(&format!("e: {{backend: {long}, {long}: 1}}")).unwrap();
+        let mut o = Obj::new("e", &v["e"]).unwrap();
+        let cut = format!("{:?}… (1000 bytes)", "v".repeat(80));
+        assert_eq!(
+            o.choice("backend", &["vllm", "sglang"]).unwrap_err().to_string(),
+            format!("e.backend: unknown value {cut}; expected one of vllm, sglang")
+        );
+        assert_eq!(o.finish().unwrap_err().to_string(), format!("e.{cut}: unknown key; expected one of: backend"));
     }
 }
