@@ -2,11 +2,12 @@
 # The project's test command (what CI runs): the Rust test suite, then the live server's
 # Python suite with real clients (openai SDK, prometheus_client, pyzmq) in a local venv, then
 # the Python package (servesim.mocker) built into the same venv and its pytest suite.
+# Everything the tests need besides Rust (.venv, chromium, the reference aisimulate venv) is set
+# up first by scripts/setup_test_env.sh: quiet and quick when it is in place already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv || { echo "python3 cannot create a venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
-fi
+command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust (https://rustup.rs), or run .ci/run" >&2; exit 1; }
+. scripts/setup_test_env.sh
 # crates/python is built once, by maturin below (its pyo3 build differs from a plain cargo
 # build, so building it here too would compile it twice).
 # Formatting and lints first: cheap, and a failure names the file and line. Skipped with a notice
