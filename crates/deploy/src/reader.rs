@@ -138,7 +138,7 @@ impl<'a> Obj<'a> {
     /// A non-negative integer. A float with no fractional part (`2.0`) is one, as in pydantic's
     /// lax mode; one beyond u64 (YAML's `99999999999999999999` reads as a float) is too large.
     pub fn u64(&mut self, key: &'static str) -> Result<Option<u64>, DeployError> {
-        const TOO_LARGE: &str = "is too large: an integer here is at most 18446744073709551615";
+        const TOO_LARGE: &str = "is too large (an integer here is at most 18446744073709551615)";
         match self.raw(key) {
             None => Ok(None),
             Some(Value::Number(n)) => {
@@ -151,7 +151,7 @@ impl<'a> Obj<'a> {
                 } else if x.fract() != 0.0 {
                     Err(self.err(key, format!("must be an integer, got {n}")))
                 } else if x >= 18446744073709551616.0 {
-                    Err(self.err(key, TOO_LARGE))
+                    Err(self.err(key, format!("the number {TOO_LARGE}")))
                 } else {
                     Ok(Some(x as u64))
                 }
@@ -169,7 +169,7 @@ impl<'a> Obj<'a> {
             None => Ok(None),
             Some(n) if n >= min as u64 && n <= u32::MAX as u64 => Ok(Some(n as u32)),
             Some(n) if n > u32::MAX as u64 => {
-                Err(self.err(key, format!("{n} is too large: an integer here is at most {}", u32::MAX)))
+                Err(self.err(key, format!("{n} is too large (an integer here is at most {})", u32::MAX)))
             }
             Some(n) => Err(self.err(key, format!("must be an integer ≥ {min}, got {n}"))),
         }
@@ -210,7 +210,7 @@ mod tests {
     /// N20: integers too large, out-of-range numbers written as strings, and integral floats.
     #[test]
     fn integers_get_clear_messages() {
-        let too_large = "stop.requests: is too large: an integer here is at most 18446744073709551615";
+        let too_large = "stop.requests: the number is too large (an integer here is at most 18446744073709551615)";
         assert_eq!(read_u64("stop: {requests: 99999999999999999999}"), Err(too_large.to_string()));
         assert_eq!(read_u64("stop: {requests: 1.0e+30}"), Err(too_large.to_string()));
         assert_eq!(read_u64("stop: {requests: 2.0}"), Ok(Some(2)));
@@ -228,7 +228,7 @@ mod tests {
         let mut o = Obj::new("stop", &v["stop"]).unwrap();
         assert_eq!(
             o.u64("requests").unwrap_err().to_string(),
-            "stop.requests: \"1e400\" is too large: an integer here is at most 18446744073709551615"
+            "stop.requests: \"1e400\" is too large (an integer here is at most 18446744073709551615)"
         );
         let v = parse_yaml("stop: {rate: 1e400, n: 4294967296}").unwrap();
         let mut o = Obj::new("stop", &v["stop"]).unwrap();
@@ -238,7 +238,7 @@ mod tests {
         );
         assert_eq!(
             o.positive("n").unwrap_err().to_string(),
-            "stop.n: 4294967296 is too large: an integer here is at most 4294967295"
+            "stop.n: 4294967296 is too large (an integer here is at most 4294967295)"
         );
     }
 
