@@ -2,6 +2,9 @@
 a chat template: token counts, rendering and generated text follow the model's files."""
 
 import json
+import threading
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -147,3 +150,74 @@ def test_tools_and_chat_template_kwargs_reach_the_template(model_dir, tmp_path):
         assert prompt_tokens(extra_body={"add_generation_prompt": False}) == count("<|user|>the brown fox\n")
         with pytest.raises(openai.BadRequestError):
             prompt_tokens(extra_body={"chat_template_kwargs": "yes"})
+
+
+def peak_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) / 1024 for l in f if l.startswith("VmHWM:"))
+
+
+def post_raw(srv, path, body):
+    req = urllib.request.Request(srv.url + path, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_huge_prompts_are_refused_in_bounded_memory(model_dir):
+    # N4: the whole prompt was tokenized before the context check; the tokenizers crate needs
+    # ~150 bytes per byte of text, so one 31 MB message took 4.8 GB and 4 at once 17.5 GB.
+    # Now a large text is counted 64 KiB at a time and refused once it is over the limit.
+    words = (32 * 1024 * 1024 - 200) // 5
+    chat = json.dumps({"messages": [{"role": "user", "content": "word " * words}], "max_tokens": 1}).encode()
+    completion = json.dumps({"prompt": "word " * words, "max_tokens": 1}).encode()
+    assert len(chat) > 32_000_000 and len(completion) > 32_000_000
+    with Server("--speedup-ratio", "0", "--model-path", model_dir) as s:
+        jobs = [("/v1/chat/completions", chat)] * 4 + [("/v1/completions", completion)] * 4
+        results = [None] * len(jobs)
+
+        def run(i):
+            results[i] = post_raw(s, *jobs[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        peak = peak_rss_mb(s.proc.pid)
+        for (path, _), (code, payload) in zip(jobs, results):
+            assert code == 400, payload
+            err = payload["error"]
+            assert err["param"] == ("messages" if "chat" in path else "prompt"), err
+            assert err["message"].startswith("This model's maximum context length is 2048 tokens. However, your request has at least "), err
+        assert peak < 1024, f"peak RSS {peak:.0f} MB for 8 concurrent 32 MiB prompts"
+
+
+def test_prompts_past_the_whole_text_size_within_the_limit_count_exactly(model_dir):
+    # Texts over 256 KiB are counted in pieces first; one within the context limit must still
+    # get exactly the whole text's tokens, as before.
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    words = "the quick brown fox jumps over a lazy dog, while seven wizards quietly hex jolly boxers.\n".split(" ")
+    text = " ".join(words[(i * 7) % len(words)] for i in range(60_000))
+    assert len(text) > 300 * 1024
+    expected = len(tok.encode(text).ids)
+    rendered = "<|bos|><|user|>" + text.strip() + "\n<|assistant|>"
+    expected_chat = len(tok.encode(rendered, add_special_tokens=False).ids)
+    limit = max(expected, expected_chat) + 10
+    args = ["--speedup-ratio", "0", "--model-path", model_dir, "--max-model-len", limit,
+            "--num-gpu-blocks-override", limit // 16 + 100]
+    with Server(*args, engine={"block_size": 16}) as s:
+        r = client(s).completions.create(model=model_dir.name, prompt=text, max_tokens=1)
+        assert r.usage.prompt_tokens == expected
+        r = client(s).chat.completions.create(model=model_dir.name, messages=[{"role": "user", "content": text}], max_tokens=1)
+        assert r.usage.prompt_tokens == expected_chat
+        # A little over the limit: refused with the exact count (the pieces' count less the
+        # slack per cut is under the limit, so the text is counted whole).
+        over = text + " fox" * 12
+        exact = len(tok.encode("<|bos|><|user|>" + over.strip() + "\n<|assistant|>", add_special_tokens=False).ids)
+        assert limit <= exact < limit + 20
+        body = {"messages": [{"role": "user", "content": over}], "max_tokens": 1}
+        code, payload = post_raw(s, "/v1/chat/completions", json.dumps(body).encode())
+        assert code == 400 and f"However, your request has {exact} input tokens." in payload["error"]["message"], payload

@@ -124,12 +124,37 @@ impl Tokenizer {
     /// for completion prompts.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizeError> {
         match &self.kind {
-            Kind::Hf(tok) => tok
-                .encode_fast(text, special)
-                .map(|e| e.get_ids().to_vec())
-                .map_err(|e| TokenizeError::Encode(e.to_string())),
-            Kind::Approx => Ok(approx_encode(text)),
+            Kind::Hf(tok) => hf_encode(tok, text, special),
+            Kind::Approx => {
+                let mut e = ApproxEncoder::new(usize::MAX);
+                e.feed(text);
+                Ok(e.finish().ids)
+            }
         }
+    }
+
+    /// Token ids of a prompt that must have fewer than `limit` tokens, in memory that does not
+    /// grow with a text far over the limit. A text with fewer than `limit` tokens gets exactly
+    /// the ids of [`Self::encode`]. Otherwise `count` is at least `limit`: exact with the
+    /// approximate tokenizer (which counts every token but keeps only `limit` ids) and with a
+    /// model's tokenizer for texts of up to [`WHOLE_TEXT_BYTES`]; beyond that a lower bound,
+    /// as counting stops once it passes the limit (see [`hf_encode_within`]).
+    pub fn encode_within(&self, text: &str, special: bool, limit: u32) -> Result<Counted, TokenizeError> {
+        match &self.kind {
+            Kind::Hf(tok) => hf_encode_within(tok, text, special, limit),
+            Kind::Approx => {
+                let mut e = ApproxEncoder::new(limit as usize);
+                e.feed(text);
+                Ok(e.finish())
+            }
+        }
+    }
+
+    /// Whether a chat's prompt is the plain `<|role|>` layout counted by the approximate
+    /// tokenizer, which [`ApproxEncoder`] can count one message at a time as the body is read
+    /// (the exact ids, without keeping the messages' text).
+    pub fn counts_chat_per_message(&self) -> bool {
+        matches!(self.kind, Kind::Approx) && self.template.is_none()
     }
 
     /// Text of one generated token.
@@ -162,21 +187,216 @@ impl Tokenizer {
         match &self.template {
             Some(t) => t.render(messages, vars),
             None => {
-                let mut out = String::new();
+                let len =
+                    messages.iter().map(|m| plain_message(m).iter().map(|p| p.len()).sum::<usize>()).sum::<usize>();
+                let mut out = String::with_capacity(len + PLAIN_END.len());
                 for m in &messages {
-                    let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
-                    let content = m.get("content").and_then(Value::as_str).unwrap_or("");
-                    out.push_str(&format!("<|{role}|>\n{content}\n"));
+                    out.extend(plain_message(m));
                 }
-                out.push_str("<|assistant|>\n");
+                out.push_str(PLAIN_END);
                 Ok(out)
             }
         }
     }
 }
 
-/// Splits text into words (leading whitespace included) and punctuation; a word costs one token
-/// per four characters. Ids are a hash of the piece, so equal text gives equal tokens.
+/// A chat message in the plain layout used without a chat template: `<|role|>\ncontent\n`.
+fn plain_message(m: &Value) -> [&str; 5] {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("user");
+    let content = m.get("content").and_then(Value::as_str).unwrap_or("");
+    ["<|", role, "|>\n", content, "\n"]
+}
+
+/// What ends a chat in the plain layout.
+const PLAIN_END: &str = "<|assistant|>\n";
+
+/// The tokens of a chat in the plain layout under the approximate tokenizer, counted one message
+/// at a time: the same ids as rendering the whole chat and encoding it, without its text.
+pub struct PlainChat(ApproxEncoder);
+
+impl PlainChat {
+    /// Keeps the first `keep` ids (and counts them all).
+    pub fn new(keep: usize) -> Self {
+        PlainChat(ApproxEncoder::new(keep))
+    }
+
+    pub fn message(&mut self, m: &Value) {
+        for part in plain_message(m) {
+            self.0.feed(part);
+        }
+    }
+
+    pub fn finish(mut self) -> Counted {
+        self.0.feed(PLAIN_END);
+        self.0.finish()
+    }
+}
+
+/// A prompt's tokens: the first ids (all of them when `count` is under the limit the prompt
+/// was counted against), how many there are, and whether that count is exact or a lower bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counted {
+    pub ids: Vec<u32>,
+    pub count: u64,
+    pub exact: bool,
+}
+
+fn hf_encode(tok: &tokenizers::Tokenizer, text: &str, special: bool) -> Result<Vec<u32>, TokenizeError> {
+    tok.encode_fast(text, special).map(|e| e.get_ids().to_vec()).map_err(|e| TokenizeError::Encode(e.to_string()))
+}
+
+/// Texts of up to this many bytes are tokenized whole. The `tokenizers` crate's working memory
+/// is about 150 bytes per byte of text (each byte's alignment, every pre-token's copy, every
+/// token's string), so a 31 MB prompt took 4.8 GB: larger texts are first counted piece by
+/// piece.
+pub const WHOLE_TEXT_BYTES: usize = 256 * 1024;
+/// Size of the pieces a larger text is counted in (about 10 MB of working memory each).
+const PIECE_BYTES: usize = 64 * 1024;
+/// Tokens one cut between pieces may add to a count. A cut is made before a space that follows
+/// a non-space, which is a pre-token boundary for the byte-level BPE tokenizers (GPT-2, Llama 3,
+/// Qwen: ` ?\p{L}+` starts a pre-token at the space), Metaspace and whitespace-splitting ones,
+/// where it changes nothing; a normalizer that prepends `▁` to every sequence (Llama 2's
+/// tokenizer.json) adds one `▁` per piece, one or two tokens.
+const SEAM_SLACK: u64 = 4;
+
+/// [`Tokenizer::encode_within`] for a model's tokenizer. A text of up to [`WHOLE_TEXT_BYTES`]
+/// is encoded whole. A larger one is counted [`PIECE_BYTES`] at a time (so memory stays a
+/// fixed amount above the text itself) and refused as soon as the pieces' count, less
+/// [`SEAM_SLACK`] per cut, reaches `limit`: the whole text cannot then have fewer tokens. If the
+/// count stays under that bound to the end, the text is encoded whole after all, so a prompt
+/// within the limit always gets exactly the ids (and count) of the whole text; that only
+/// happens for texts of few, long tokens, whose size the context limit bounds.
+fn hf_encode_within(
+    tok: &tokenizers::Tokenizer,
+    text: &str,
+    special: bool,
+    limit: u32,
+) -> Result<Counted, TokenizeError> {
+    if text.len() > WHOLE_TEXT_BYTES {
+        let (mut counted, mut pieces, mut rest) = (0u64, 0u64, text);
+        while !rest.is_empty() {
+            let (piece, tail) = rest.split_at(piece_end(rest, PIECE_BYTES));
+            let n =
+                tok.encode_fast(piece, special && pieces == 0).map_err(|e| TokenizeError::Encode(e.to_string()))?.len()
+                    as u64;
+            counted += n;
+            pieces += 1;
+            rest = tail;
+            let at_least = counted.saturating_sub(SEAM_SLACK * pieces);
+            if at_least >= limit as u64 {
+                return Ok(Counted { ids: Vec::new(), count: at_least, exact: false });
+            }
+        }
+    }
+    let ids = hf_encode(tok, text, special)?;
+    Ok(Counted { count: ids.len() as u64, ids, exact: true })
+}
+
+/// Where the first piece of `text` (at most `max` bytes) ends: before the last space in its
+/// second half that follows a non-whitespace byte; else before the last such ASCII whitespace;
+/// else at the last char boundary.
+fn piece_end(text: &str, max: usize) -> usize {
+    if text.len() <= max {
+        return text.len();
+    }
+    let b = text.as_bytes();
+    let ws = |c: u8| matches!(c, b' ' | b'\n' | b'\t' | b'\r');
+    let lo = (max / 2).max(1);
+    let before = |pred: &dyn Fn(u8) -> bool| (lo..=max).rev().find(|&p| pred(b[p]) && !ws(b[p - 1]));
+    before(&|c| c == b' ')
+        .or_else(|| before(&ws))
+        .unwrap_or_else(|| (1..=max).rev().find(|&p| text.is_char_boundary(p)).unwrap_or(max))
+}
+
+const FNV_INIT: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a, continued over `bytes`: a stable hash for the approximate tokenizer's ids.
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The approximate tokenizer, fed text in any number of parts with the same result as the
+/// whole: words (leading whitespace included) cost one token per four characters, punctuation
+/// one each, a run of whitespace before punctuation or the end one. Ids are a hash of the
+/// token's text, so equal text gives equal tokens. It holds no text (each token's hash is
+/// computed as its characters arrive) and keeps at most `keep` ids, counting the rest.
+pub struct ApproxEncoder {
+    ids: Vec<u32>,
+    keep: usize,
+    count: u64,
+    /// Hash of the open token's text so far.
+    token: u64,
+    /// A token is open (whitespace, or a word's characters).
+    open: bool,
+    in_word: bool,
+    /// Characters of the word in the open token (1 to 4).
+    group: u8,
+}
+
+impl ApproxEncoder {
+    pub fn new(keep: usize) -> Self {
+        ApproxEncoder { ids: Vec::new(), keep, count: 0, token: FNV_INIT, open: false, in_word: false, group: 0 }
+    }
+
+    fn emit(&mut self, h: u64) {
+        if self.ids.len() < self.keep {
+            self.ids.push(APPROX_FIRST_ID + (h % APPROX_VOCAB as u64) as u32);
+        }
+        self.count += 1;
+    }
+
+    /// Ends the open token.
+    fn flush(&mut self) {
+        if self.open {
+            self.emit(self.token);
+        }
+        (self.token, self.open, self.in_word, self.group) = (FNV_INIT, false, false, 0);
+    }
+
+    pub fn feed(&mut self, text: &str) {
+        if self.ids.capacity() == 0 {
+            self.ids.reserve((text.len() / 4 + 1).min(self.keep).min(1 << 20));
+        }
+        let mut utf8 = [0u8; 4];
+        for c in text.chars() {
+            let bytes = c.encode_utf8(&mut utf8).as_bytes();
+            if c.is_alphanumeric() {
+                if self.in_word && self.group == 4 {
+                    self.emit(self.token);
+                    (self.token, self.group) = (FNV_INIT, 0);
+                }
+                (self.in_word, self.open) = (true, true);
+                self.token = fnv(self.token, bytes);
+                self.group += 1;
+            } else if c.is_whitespace() {
+                // Whitespace ends a word and rides with the next one.
+                if self.in_word {
+                    self.flush();
+                }
+                self.open = true;
+                self.token = fnv(self.token, bytes);
+            } else {
+                // Punctuation stands alone (after any open token).
+                self.flush();
+                self.emit(fnv(FNV_INIT, bytes));
+            }
+        }
+    }
+
+    pub fn finish(mut self) -> Counted {
+        self.flush();
+        Counted { ids: self.ids, count: self.count, exact: true }
+    }
+}
+
+/// The approximate tokenizer as it was written before [`ApproxEncoder`], kept as the oracle of
+/// its tests: splits text into words (leading whitespace included) and punctuation; a word
+/// costs one token per four characters.
+#[cfg(test)]
 fn approx_encode(text: &str) -> Vec<u32> {
     let mut out = Vec::with_capacity(text.len() / 4 + 1);
     let mut piece = String::new();
@@ -222,14 +442,9 @@ fn approx_encode(text: &str) -> Vec<u32> {
     out
 }
 
-/// FNV-1a: a stable hash for the approximate tokenizer's ids.
+#[cfg(test)]
 fn xxhash_rust_like(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    fnv(FNV_INIT, bytes)
 }
 
 impl ChatTemplate {
@@ -392,5 +607,178 @@ mod tests {
         std::fs::write(dir.join("config.json"), "{not json").unwrap();
         assert!(model_facts(&dir).unwrap_err().to_string().contains("config.json"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Text of `bytes` bytes or a little more: words, numbers, punctuation, newlines and runs of
+    /// spaces, from a fixed generator.
+    fn sample_text(bytes: usize) -> String {
+        const WORDS: &[&str] =
+            &["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "tokens", "are", "counted", "here"];
+        const GLUE: &[&str] = &[" ", " ", " ", " ", ", ", ". ", "\n", "  ", "! ", " 1234 ", "\n\n", " (", ") "];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut out = String::with_capacity(bytes + 16);
+        while out.len() < bytes {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
+            out.push_str(GLUE[((x >> 20) % GLUE.len() as u64) as usize]);
+        }
+        out
+    }
+
+    /// A byte-level BPE tokenizer (GPT-2 style pre-tokenizer, a BOS post-processor) that knows
+    /// the words of [`sample_text`], written to a model directory and loaded as a server does.
+    fn byte_level_tokenizer() -> Tokenizer {
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+        alphabet.sort();
+        let mut vocab: Vec<String> = vec!["<|bos|>".into()];
+        vocab.extend(alphabet.iter().map(|c| c.to_string()));
+        let mut merges: Vec<String> = Vec::new();
+        for word in ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "tokens", "are", "counted", "here"]
+        {
+            for spaced in [false, true] {
+                let mut chars: Vec<String> = word.chars().map(|c| c.to_string()).collect();
+                if spaced {
+                    chars.insert(0, "\u{120}".into());
+                }
+                let mut cur = chars[0].clone();
+                for c in &chars[1..] {
+                    let merged = format!("{cur}{c}");
+                    if !vocab.contains(&merged) {
+                        merges.push(format!("{cur} {c}"));
+                        vocab.push(merged.clone());
+                    }
+                    cur = merged;
+                }
+            }
+        }
+        let vocab: serde_json::Map<String, Value> =
+            vocab.into_iter().enumerate().map(|(i, t)| (t, Value::from(i as u64))).collect();
+        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+        let file = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 0, "content": "<|bos|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": byte_level,
+            "post_processor": {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<|bos|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<|bos|>": {"id": "<|bos|>", "ids": [0], "tokens": ["<|bos|>"]}}},
+            "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": merges},
+        });
+        let dir =
+            std::env::temp_dir().join(format!("servesim-bpe-{}-{:?}", std::process::id(), std::thread::current().id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), file.to_string()).unwrap();
+        let t = Tokenizer::from_dir(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        t
+    }
+
+    #[test]
+    fn large_prompts_are_counted_in_pieces_and_within_the_limit_get_the_whole_texts_ids() {
+        let t = byte_level_tokenizer();
+        let text = sample_text(1 << 20);
+        let whole = t.encode(&text, true).unwrap();
+        assert_eq!(whole[0], 0, "BOS");
+        assert!(whole.len() > 100_000 && whole.len() < text.len() / 2, "{} tokens", whole.len());
+        // A cut before a space that follows a non-space is a pre-token boundary of byte-level
+        // BPE: the pieces' counts add up to the whole text's exactly (SEAM_SLACK is for others).
+        let (mut rest, mut sum, mut pieces) = (text.as_str(), 0, 0);
+        while !rest.is_empty() {
+            let (piece, tail) = rest.split_at(piece_end(rest, PIECE_BYTES));
+            assert!(piece.len() <= PIECE_BYTES && (tail.is_empty() || piece.len() > PIECE_BYTES / 2));
+            sum += t.encode(piece, pieces == 0).unwrap().len();
+            (rest, pieces) = (tail, pieces + 1);
+        }
+        assert_eq!(sum, whole.len());
+        assert!(pieces >= 16, "{pieces} pieces");
+        // Within the limit (by one token): exactly the whole text's ids.
+        let n = whole.len() as u64;
+        let within = t.encode_within(&text, true, n as u32 + 1).unwrap();
+        assert_eq!(within, Counted { ids: whole.clone(), count: n, exact: true });
+        // At the limit the bound cannot tell (the slack): counted whole, exactly, and refused by the caller.
+        assert_eq!(t.encode_within(&text, true, n as u32).unwrap().count, n);
+        // Far over it: refused after the first pieces, with a true lower bound.
+        let over = t.encode_within(&text, true, 1000).unwrap();
+        assert!(!over.exact && over.ids.is_empty() && (1000..n).contains(&over.count), "{over:?}");
+        assert!(over.count < 40_000, "counting stopped after the first piece or two: {}", over.count);
+        // Small texts are encoded whole, as before.
+        let small = &text[..10_000];
+        let c = t.encode_within(small, false, 1_000_000).unwrap();
+        assert_eq!((c.ids, c.exact), (t.encode(small, false).unwrap(), true));
+        let c = t.encode_within(small, false, 10).unwrap();
+        assert!(c.exact && c.count as usize == t.encode(small, false).unwrap().len());
+    }
+
+    #[test]
+    fn pieces_end_before_a_space_after_a_word_or_at_a_char_boundary() {
+        assert_eq!(piece_end("short", 16), 5);
+        assert_eq!(piece_end("aaaa bbbb cccc dddd", 12), 9, "before the space of ' cccc'");
+        assert_eq!(piece_end("aaaa\nbbbbbbbbbbbbbb", 8), 4, "any whitespace when no space");
+        let wide = "日本語".repeat(10);
+        let end = piece_end(&wide, 8);
+        assert!(wide.is_char_boundary(end) && end <= 8 && end > 0, "{end}");
+    }
+
+    #[test]
+    fn the_approximate_encoder_counts_text_fed_in_parts_as_the_whole() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let alphabet: Vec<char> = "ab1Zé日 \n\t\u{3000}.,<|>€_-".chars().collect();
+        let strategy = (
+            proptest::collection::vec(0..alphabet.len(), 0..60),
+            proptest::collection::vec(0usize..60, 0..4),
+            0usize..30,
+        );
+        let mut runner = TestRunner::new(Config { cases: 3000, failure_persistence: None, ..Config::default() });
+        runner
+            .run(&strategy, |(chars, cuts, keep)| {
+                let text: String = chars.iter().map(|&i| alphabet[i]).collect();
+                let expected = approx_encode(&text);
+                let mut e = ApproxEncoder::new(keep);
+                let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(chars.len())).collect();
+                cuts.sort();
+                let mut at = 0;
+                let chars: Vec<char> = text.chars().collect();
+                for c in cuts.into_iter().chain([chars.len()]) {
+                    let part: String = chars[at..c].iter().collect();
+                    e.feed(&part);
+                    at = c;
+                }
+                let got = e.finish();
+                prop_assert_eq!(got.count, expected.len() as u64);
+                prop_assert_eq!(&got.ids[..], &expected[..keep.min(expected.len())]);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn plain_chats_counted_per_message_match_the_rendered_text() {
+        let t = Tokenizer::approximate();
+        let messages: Vec<Value> = vec![
+            serde_json::json!({"role": "system", "content": "Be brief."}),
+            serde_json::json!({"role": "user", "content": "  hello,\nworld  "}),
+            serde_json::json!({"role": "we ird|>", "content": ""}),
+        ];
+        let text = t.render_chat(messages.clone(), serde_json::Map::new()).unwrap();
+        let whole = t.encode(&text, false).unwrap();
+        let mut plain = PlainChat::new(usize::MAX);
+        for m in &messages {
+            plain.message(m);
+        }
+        assert_eq!(plain.finish(), Counted { count: whole.len() as u64, ids: whole.clone(), exact: true });
+        let mut capped = PlainChat::new(5);
+        for m in &messages {
+            capped.message(m);
+        }
+        let capped = capped.finish();
+        assert_eq!((&capped.ids[..], capped.count), (&whole[..5], whole.len() as u64));
     }
 }

@@ -19,6 +19,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+pub use super::messages::ChatMessages;
 use super::messages::MessagesSeed;
 use super::prompt::MaybePromptSeed;
 pub use super::prompt::PromptIn;
@@ -68,7 +69,7 @@ pub struct Body {
     /// Scalar and small object fields by name (the last occurrence of a key wins).
     pub fields: Vec<(&'static str, Raw)>,
     pub prompt: Option<PromptIn>,
-    pub messages: Option<Result<Vec<Value>, ApiError>>,
+    pub messages: Option<Result<ChatMessages, ApiError>>,
     pub tools: Option<Value>,
     pub chat_template_kwargs: Option<Value>,
 }
@@ -111,7 +112,9 @@ const OBJECTS: &[(&str, &[&str])] = &[
 ];
 
 /// Reads `body`. `Err` is a body that is not a JSON object (or not JSON), or one over a limit.
-pub fn read(body: &[u8], chat: bool, max_model_len: u32) -> Result<Body, ApiError> {
+/// `count_chat`: count the messages' tokens in the plain layout as they are read
+/// ([`ChatMessages::Counted`]) instead of keeping them for a chat template.
+pub fn read(body: &[u8], chat: bool, max_model_len: u32, count_chat: bool) -> Result<Body, ApiError> {
     let limits = Limits { fatal: RefCell::new(None), kept: Cell::new(MAX_KEPT_VALUES) };
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     let not_json = |e: serde_json::Error| ApiError::bad(format!("the request body is not valid JSON: {e}"));
@@ -125,7 +128,8 @@ pub fn read(body: &[u8], chat: bool, max_model_len: u32) -> Result<Body, ApiErro
         ApiError::bad(format!("the request body is not valid JSON: invalid UTF-8 at byte {}", e.valid_up_to()))
     })?;
     let mut de = serde_json::Deserializer::from_str(text);
-    let result = (&mut de).deserialize_map(BodyVisitor { limits: &limits, chat, max_model_len }).and_then(|b| {
+    let visitor = BodyVisitor { limits: &limits, chat, max_model_len, count_chat };
+    let result = (&mut de).deserialize_map(visitor).and_then(|b| {
         de.end()?;
         Ok(b)
     });
@@ -167,6 +171,7 @@ struct BodyVisitor<'l> {
     limits: &'l Limits,
     chat: bool,
     max_model_len: u32,
+    count_chat: bool,
 }
 
 impl<'de> Visitor<'de> for BodyVisitor<'_> {
@@ -188,7 +193,8 @@ impl<'de> Visitor<'de> for BodyVisitor<'_> {
             } else if let Some(&(k, keep)) = OBJECTS.iter().find(|(k, _)| *k == key) {
                 body.fields.push((k, map.next_value_seed(Shallow { keep })?));
             } else if chat && key == "messages" {
-                body.messages = Some(map.next_value_seed(MessagesSeed { limits: self.limits })?);
+                let count = self.count_chat.then_some(self.max_model_len as usize);
+                body.messages = Some(map.next_value_seed(MessagesSeed { limits: self.limits, count })?);
             } else if chat && (key == "tools" || key == "chat_template_kwargs") {
                 let param = if key == "tools" { "tools" } else { "chat_template_kwargs" };
                 let v = map.next_value_seed(Kept { limits: self.limits, param })?;

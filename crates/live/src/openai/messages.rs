@@ -1,6 +1,8 @@
 //! Chat `messages` read in one pass: each an object with a string `role` and its `content`
 //! flattened to text, at most [`MAX_MESSAGES`] of them, every value kept counted by the body's
-//! [`Limits`].
+//! [`Limits`]. With a chat template the messages are kept for it; without one (the built-in
+//! tokenizer's plain layout) each is counted into the prompt's tokens as soon as it is read and
+//! then dropped, so the request never holds the messages' text.
 
 use std::fmt;
 
@@ -9,6 +11,16 @@ use serde_json::{Map, Value};
 
 use super::body::{drain_map, drain_seq, Kept, Limits, Raw, Shallow};
 use super::ApiError;
+use crate::tokenizer::{Counted, PlainChat};
+
+/// A chat's messages as read.
+#[derive(Debug)]
+pub enum ChatMessages {
+    /// Kept for the chat template.
+    Kept(Vec<Value>),
+    /// The prompt's tokens in the plain layout, counted as the messages were read.
+    Counted(Counted),
+}
 
 /// Most chat messages one request may have.
 pub const MAX_MESSAGES: usize = 65_536;
@@ -22,46 +34,60 @@ const NOT_A_LIST: &str = "'messages' must be a non-empty list of messages";
 /// `messages`: each an object with a string `role`, its `content` flattened to text.
 pub(super) struct MessagesSeed<'l> {
     pub(super) limits: &'l Limits,
+    /// Count the plain layout's tokens as messages arrive, keeping this many ids, instead of
+    /// keeping the messages.
+    pub(super) count: Option<usize>,
 }
 
 impl<'de> DeserializeSeed<'de> for MessagesSeed<'_> {
-    type Value = Result<Vec<Value>, ApiError>;
+    type Value = Result<ChatMessages, ApiError>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        match d.deserialize_any(self)? {
-            Ok(m) if m.is_empty() => Ok(Err(messages_error(NOT_A_LIST))),
-            other => Ok(other),
-        }
+        d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for MessagesSeed<'_> {
-    type Value = Result<Vec<Value>, ApiError>;
+    type Value = Result<ChatMessages, ApiError>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list of messages")
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut out = Vec::new();
+        let mut kept = Vec::new();
+        let mut plain = self.count.map(PlainChat::new);
+        let mut n = 0;
         loop {
-            if out.len() == MAX_MESSAGES {
+            if n == MAX_MESSAGES {
                 if seq.next_element::<IgnoredAny>()?.is_none() {
                     break;
                 }
                 let message = format!("a request may have at most {MAX_MESSAGES} messages");
                 return Err(self.limits.fail(messages_error(message)));
             }
-            match seq.next_element_seed(MessageSeed { limits: self.limits, index: out.len() })? {
+            match seq.next_element_seed(MessageSeed { limits: self.limits, index: n })? {
                 None => break,
-                Some(Ok(m)) => out.push(m),
+                Some(Ok(m)) => {
+                    n += 1;
+                    match plain.as_mut() {
+                        Some(p) => p.message(&m),
+                        None => kept.push(m),
+                    }
+                }
                 Some(Err(e)) => {
                     drain_seq(seq)?;
                     return Ok(Err(e));
                 }
             }
         }
-        Ok(Ok(out))
+        if n == 0 {
+            return Ok(Err(messages_error(NOT_A_LIST)));
+        }
+        Ok(Ok(match plain {
+            Some(p) => ChatMessages::Counted(p.finish()),
+            None => ChatMessages::Kept(kept),
+        }))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {

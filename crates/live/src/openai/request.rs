@@ -5,9 +5,9 @@
 
 use serde_json::Value;
 
-use super::body::{self, Body, PromptIn, Raw};
+use super::body::{self, Body, ChatMessages, PromptIn, Raw};
 use super::ApiError;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Counted, Tokenizer};
 
 /// A parsed generation request.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,15 +105,13 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn completion_prompt(p: Option<PromptIn>, tok: &Tokenizer) -> Result<(Vec<u32>, u64), ApiError> {
-    let (prompt, count) = match p {
+fn completion_prompt(p: Option<PromptIn>, tok: &Tokenizer, max_model_len: u32) -> Result<Counted, ApiError> {
+    let counted = match p {
         None => return Err(ApiError::field("prompt", "'prompt' is required")),
         Some(PromptIn::Text(s)) => {
-            let ids = tok.encode(&s, true).map_err(|e| ApiError::bad(e.to_string()))?;
-            let n = ids.len() as u64;
-            (ids, n)
+            tok.encode_within(&s, true, max_model_len).map_err(|e| ApiError::bad(e.to_string()))?
         }
-        Some(PromptIn::Tokens { ids, count }) => (ids, count),
+        Some(PromptIn::Tokens { ids, count }) => Counted { ids, count, exact: true },
         Some(PromptIn::BadId(v)) => {
             return Err(ApiError::field("prompt", format!("'prompt' token ids must be integers in [0, 2^32), got {v}")))
         }
@@ -125,16 +123,19 @@ fn completion_prompt(p: Option<PromptIn>, tok: &Tokenizer) -> Result<(Vec<u32>, 
             ))
         }
     };
-    if count == 0 {
+    if counted.count == 0 {
         return Err(ApiError::field("prompt", "the prompt is empty"));
     }
-    Ok((prompt, count))
+    Ok(counted)
 }
 
 /// Parses a `/v1/completions` (`chat` false) or `/v1/chat/completions` body. `max_model_len`
-/// bounds prompt plus output.
-pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Result<GenRequest, ApiError> {
-    let mut b = body::read(body, chat, max_model_len)?;
+/// bounds prompt plus output. The body is dropped as soon as it has been read: what is built
+/// from it afterwards (the chat template's text, the tokens) does not stack on top of it.
+pub fn parse<B: AsRef<[u8]>>(body: B, chat: bool, tok: &Tokenizer, max_model_len: u32) -> Result<GenRequest, ApiError> {
+    let b = body::read(body.as_ref(), chat, max_model_len, tok.counts_chat_per_message());
+    drop(body);
+    let mut b = b?;
     let (prompt_in, messages, tools, kwargs) =
         (b.prompt.take(), b.messages.take(), b.tools.take(), b.chat_template_kwargs.take());
     let f = Fields::of(&b);
@@ -199,7 +200,7 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
         None => false,
     };
 
-    let (prompt, p) = if chat {
+    let counted = if chat {
         let messages = messages
             .unwrap_or_else(|| Err(ApiError::field("messages", "'messages' must be a non-empty list of messages")))?;
         let mut vars = serde_json::Map::new();
@@ -218,23 +219,29 @@ pub fn parse(body: &[u8], chat: bool, tok: &Tokenizer, max_model_len: u32) -> Re
             Some(Value::Object(kwargs)) => vars.extend(kwargs),
             Some(_) => return Err(ApiError::field("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
         }
-        let text = tok.render_chat(messages, vars).map_err(|e| ApiError::bad(e.to_string()))?;
-        // The template writes any BOS itself, as vLLM assumes.
-        let ids = tok.encode(&text, false).map_err(|e| ApiError::bad(e.to_string()))?;
-        let n = ids.len() as u64;
-        (ids, n)
+        match messages {
+            ChatMessages::Counted(counted) => counted,
+            ChatMessages::Kept(messages) => {
+                let text = tok.render_chat(messages, vars).map_err(|e| ApiError::bad(e.to_string()))?;
+                // The template writes any BOS itself, as vLLM assumes.
+                tok.encode_within(&text, false, max_model_len).map_err(|e| ApiError::bad(e.to_string()))?
+            }
+        }
     } else {
-        completion_prompt(prompt_in, tok)?
+        completion_prompt(prompt_in, tok, max_model_len)?
     };
+    let p = counted.count;
     if p >= max_model_len as u64 {
+        let has = if counted.exact { format!("{p}") } else { format!("at least {p}") };
         return Err(ApiError::field(
             if chat { "messages" } else { "prompt" },
             format!(
-                "This model's maximum context length is {max_model_len} tokens. However, your request has {p} input tokens. \
+                "This model's maximum context length is {max_model_len} tokens. However, your request has {has} input tokens. \
                  Please reduce the length of the input."
             ),
         ));
     }
+    let prompt = counted.ids;
     let requested = match (f.int("max_completion_tokens")?, f.int("max_tokens")?) {
         (Some(m), _) if chat => Some(("max_completion_tokens", m)),
         (_, Some(m)) => Some(("max_tokens", m)),
