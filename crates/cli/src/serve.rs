@@ -96,8 +96,9 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     write_timeout: f64,
-    /// On SIGINT/SIGTERM: seconds in-flight responses may go on before they are dropped (a
-    /// second signal stops at once).
+    /// On SIGINT/SIGTERM: seconds in-flight responses may go on before they are cut (a second
+    /// signal cuts them at once). A cut stream ends with an error event and [DONE], and the
+    /// process then exits 1 instead of 0. Connections with no request in flight close at once.
     #[arg(
         long,
         default_value_t = 30.0,
@@ -106,6 +107,17 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     shutdown_timeout: f64,
+    /// Most engine ranks a /metrics scrape lists one series set each (about 22 KB a rank);
+    /// with more, the scrape sums them into one set labelled engine="all", worker_id="all"
+    /// (counters, histograms and running/waiting summed, KV usage averaged). Each worker's own
+    /// port (--worker-base-port) applies the same cap to its ranks.
+    #[arg(
+        long,
+        default_value_t = servesim_live::metrics::DEFAULT_METRICS_MAX_RANKS as u32,
+        value_name = "N",
+        help_heading = "Server"
+    )]
+    metrics_max_ranks: u32,
 
     #[arg(long, value_enum, help_heading = "Engine")]
     engine_type: Option<EngineType>,
@@ -467,6 +479,9 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     } else {
         seconds("shutdown-timeout", a.shutdown_timeout)?
     };
+    if a.metrics_max_ranks == 0 {
+        return Err(Failure::input("--metrics-max-ranks must be at least 1"));
+    }
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,
@@ -488,6 +503,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         seed: a.seed,
         timeouts,
         shutdown_timeout,
+        metrics_max_ranks: a.metrics_max_ranks as usize,
     };
     servesim_live::serve(opts, tokenizer).map_err(Failure::run)
 }

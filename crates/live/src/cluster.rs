@@ -93,6 +93,16 @@ impl Sink {
 
     /// Sends the tokens of one pass, or keeps them until there is room.
     pub fn tokens(&mut self, ids: impl ExactSizeIterator<Item = u32>) -> Result<(), ClientGone> {
+        if self.tx.is_closed() {
+            return Err(ClientGone);
+        }
+        if self.tx.capacity() == 0 {
+            // Still full: the tokens join the backlog, which grows amortised. (Boxing it for a
+            // send that fails, then unboxing it, copied it whole every pass: quadratic in the
+            // tokens of a stream whose client has stopped reading.)
+            self.backlog.extend(ids);
+            return Ok(());
+        }
         let msg = if !self.backlog.is_empty() {
             self.backlog.extend(ids);
             Out::Tokens(std::mem::take(&mut self.backlog).into_boxed_slice())

@@ -14,7 +14,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -49,9 +49,28 @@ impl Default for Timeouts {
     }
 }
 
+/// Set by a handler whose response the shutdown cut (a stream ended with an error event, a 503):
+/// its connection counts as dropped with a request in flight, even if the cut response was
+/// written and the connection closed before the connection's task saw the shutdown. It reaches
+/// handlers as a request extension.
+#[derive(Clone, Debug, Default)]
+pub struct CutMark(Arc<AtomicBool>);
+
+impl CutMark {
+    pub fn set(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// What the service tells the socket about one connection.
 #[derive(Debug)]
 pub struct ConnState {
+    /// A response of this connection was cut at shutdown.
+    pub cut: CutMark,
     /// Requests in flight (their responses not yet written).
     active: AtomicUsize,
     /// Requests begun so far.
@@ -66,6 +85,7 @@ pub struct ConnState {
 impl ConnState {
     pub fn new() -> Arc<Self> {
         Arc::new(ConnState {
+            cut: CutMark::default(),
             active: AtomicUsize::new(0),
             begun: AtomicU64::new(0),
             idle_since: Mutex::new(Instant::now()),

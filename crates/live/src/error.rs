@@ -35,6 +35,12 @@ pub enum LiveError {
     },
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The shutdown timeout passed with responses still in flight: they were cut.
+    #[error("shutdown timeout ({seconds} s) passed; {dropped} connection(s) dropped, their requests aborted")]
+    ShutdownTimeout { seconds: f64, dropped: usize },
+    /// A second signal cut the responses still in flight.
+    #[error("stopped at once by a second signal; {dropped} connection(s) dropped, their requests aborted")]
+    StoppedAtOnce { dropped: usize },
 }
 
 /// A model directory that cannot be used.

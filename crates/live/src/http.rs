@@ -3,6 +3,7 @@
 //! and `/metrics`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,8 +19,10 @@ use futures_util::Stream;
 use serde::Serialize;
 use servesim_engine::{RejectReason, Role};
 use tokio::sync::mpsc::Receiver;
+use tokio::sync::watch;
 
 use crate::cluster::{AbortGuard, Cluster, Done, Out};
+use crate::conn::CutMark;
 use crate::openai::response::{self as wire, Choice, Completion, Health, KvTransferParams, Nvext, Usage, WorkerIds};
 use crate::openai::{self, ApiError, ErrorKind, GenRequest};
 use crate::tokenizer::Tokenizer;
@@ -45,6 +48,36 @@ pub struct Service {
     pub port: u16,
     /// How long a request's body may take to arrive once its headers are in.
     pub body_timeout: std::time::Duration,
+    /// Set when the shutdown's grace period is over: responses still in flight end now, a
+    /// stream with an error event and `[DONE]`, any other with a 503.
+    pub aborting: watch::Receiver<bool>,
+    /// Most ranks `/metrics` lists one by one (see [`crate::metrics::render`]).
+    pub metrics_max_ranks: usize,
+}
+
+/// Resolves once the shutdown's grace period is over (never if the server is gone without one).
+async fn aborting(flag: watch::Receiver<bool>) {
+    let mut flag = flag;
+    if flag.wait_for(|set| *set).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// What a response still in flight when the shutdown's grace period ends becomes.
+fn shutting_down() -> ApiError {
+    ApiError::new(ErrorKind::Unavailable, "the server is shutting down: the request was aborted")
+}
+
+/// Runs `fut` unless the shutdown's grace period ends first: then the 503 of [`shutting_down`],
+/// and `cut` marks the connection as dropped with a request in flight.
+async fn unless_aborted<T>(s: &Service, cut: &CutMark, fut: impl Future<Output = T>) -> Result<T, ApiError> {
+    tokio::select! {
+        out = fut => Ok(out),
+        _ = aborting(s.aborting.clone()) => {
+            cut.set();
+            Err(shutting_down())
+        }
+    }
 }
 
 impl Service {
@@ -125,7 +158,8 @@ async fn health(State(s): State<Arc<Service>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<Service>>) -> Response {
-    let text = crate::metrics::render(&s.cluster.metrics_of(s.worker), &s.model, s.cluster.backend);
+    let text =
+        crate::metrics::render(&s.cluster.metrics_of(s.worker), &s.model, s.cluster.backend, s.metrics_max_ranks);
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r
@@ -215,46 +249,99 @@ fn closing(e: ApiError) -> Response {
 
 /// Reads the request body: refused before reading when its declared length is over the limit,
 /// and when it takes longer than the body timeout.
-async fn read_body(s: &Service, req: Request) -> Result<Bytes, Response> {
+async fn read_body(s: &Service, req: Request) -> Result<Vec<u8>, Response> {
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > BODY_LIMIT as u64) {
-        let message = format!("the request body is larger than {BODY_LIMIT} bytes");
-        return Err(closing(ApiError::new(ErrorKind::PayloadTooLarge, message)));
+        return Err(closing(too_large()));
     }
-    let read = axum::body::to_bytes(req.into_body(), BODY_LIMIT);
+    let read = collect(req.into_body(), declared.unwrap_or(0) as usize);
     let Ok(body) = tokio::time::timeout(s.body_timeout, read).await else {
         let message = format!("the request body did not arrive within {} s", s.body_timeout.as_secs_f64());
         return Err(closing(ApiError::new(ErrorKind::RequestTimeout, message)));
     };
-    body.map_err(|e| {
-        // Over the limit, or a body that could not be read (the client went away, a broken
-        // chunked encoding).
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-        while let Some(err) = source {
-            if err.is::<http_body_util::LengthLimitError>() {
-                let message = format!("the request body is larger than {BODY_LIMIT} bytes");
-                return ApiError::new(ErrorKind::PayloadTooLarge, message);
+    body.map_err(closing)
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(ErrorKind::PayloadTooLarge, format!("the request body is larger than {BODY_LIMIT} bytes"))
+}
+
+/// The body's bytes, copied once into one buffer of its declared length (collecting frames and
+/// then joining them, as `axum::body::to_bytes` does, holds the body twice).
+async fn collect(body: Body, declared: usize) -> Result<Vec<u8>, ApiError> {
+    use http_body_util::BodyExt;
+    // Only the pages written are resident, so a declared length that is a lie costs nothing.
+    let mut out = Vec::with_capacity(declared.min(BODY_LIMIT));
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        // A body that could not be read: the client went away, a broken chunked encoding.
+        let frame = frame.map_err(|e| ApiError::bad(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > BODY_LIMIT {
+                return Err(too_large());
             }
-            source = err.source();
+            out.extend_from_slice(&data);
         }
-        ApiError::bad(format!("cannot read the request body: {e}"))
+    }
+    Ok(out)
+}
+
+/// Bodies larger than this are parsed (and their prompts tokenized) on the blocking pool, at
+/// most [`heavy_parses`] at a time.
+const HEAVY_BODY: usize = 64 * 1024;
+
+/// How many large bodies are parsed at once: one per core (at least 2). Parsing is CPU-bound,
+/// so more at once would not finish sooner, but each holds a few times its body in memory; this
+/// bounds that to a few times [`BODY_LIMIT`] per core whatever the number of clients. Bodies
+/// waiting their turn hold only themselves.
+fn heavy_parses() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::sync::Semaphore::new(cores.max(2))
     })
-    .map_err(closing)
+}
+
+/// Gives memory freed by a large request back to the system. glibc keeps freed memory in its
+/// arenas (a parse allocates from whichever thread's arena), so without this the peak of a few
+/// large bodies stays resident; `malloc_trim` also releases free pages inside the heaps.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim only returns free memory to the system; it is safe to call at any
+        // time from any thread.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
 }
 
 async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response, ApiError> {
+    // Set if the shutdown cuts this response (the server's accept loop puts it on each request).
+    let cut = req.extensions().get::<CutMark>().cloned().unwrap_or_default();
     let body = match read_body(&s, req).await {
         Ok(b) => b,
         Err(r) => return Ok(r),
     };
     // Tokenizing a large prompt takes a while: keep it off the threads that serve streams.
-    let g: GenRequest = if body.len() > 64 * 1024 {
+    let g: GenRequest = if body.len() > HEAVY_BODY {
+        let permit = unless_aborted(&s, &cut, heavy_parses().acquire())
+            .await?
+            .map_err(|_| ApiError::new(ErrorKind::Internal, "request parsing failed"))?;
         let (tok, max_len) = (s.tokenizer.clone(), s.max_model_len);
-        tokio::task::spawn_blocking(move || openai::parse(&body, chat, &tok, max_len))
-            .await
-            .map_err(|_| ApiError::new(ErrorKind::Internal, "request parsing failed"))??
+        let parsed = tokio::task::spawn_blocking(move || {
+            let g = openai::parse(body, chat, &tok, max_len);
+            release_freed_memory();
+            g
+        })
+        .await;
+        drop(permit);
+        parsed.map_err(|_| ApiError::new(ErrorKind::Internal, "request parsing failed"))??
     } else {
-        openai::parse(&body, chat, &s.tokenizer, s.max_model_len)?
+        openai::parse(body, chat, &s.tokenizer, s.max_model_len)?
     };
     if let Some(m) = &g.model {
         if *m != s.model {
@@ -283,7 +370,7 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         }
         _ => {}
     }
-    tokio::time::sleep_until(s.ready_at().into()).await;
+    unless_aborted(&s, &cut, tokio::time::sleep_until(s.ready_at().into())).await?;
     let prompt_tokens = g.prompt.len() as u32;
     let sub = s.cluster.submit(g.prompt.into(), g.max_tokens, pin).map_err(|_| ApiError::bad("unknown worker"))?;
     let frame = Frame {
@@ -311,11 +398,22 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         Some(o) => Ok(o),
     };
     // Wait for the first news so a refused request still gets a proper error status.
-    let first = progress(rx.recv().await)?;
+    let first = progress(unless_aborted(&frame.service, &cut, rx.recv()).await?)?;
     if g.stream {
         let worker = guard.worker();
-        let stream =
-            SseStream { rx, guard: Some(guard), frame, pending: Some(first), tokens: 0, started: false, done: false };
+        let aborting = Some(Box::pin(aborting(frame.service.aborting.clone())) as Aborting);
+        let stream = SseStream {
+            rx,
+            guard: Some(guard),
+            frame,
+            pending: Some(first),
+            next: 0,
+            tokens: 0,
+            started: false,
+            done: false,
+            aborting,
+            cut,
+        };
         let mut r = Response::new(Body::from_stream(stream));
         let h = r.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -337,7 +435,7 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
             }
             Out::Failed(_) => unreachable!("failures end the request in `progress`"),
         }
-        next = progress(rx.recv().await)?;
+        next = progress(unless_aborted(&frame.service, &cut, rx.recv()).await?)?;
     };
     guard.finish();
     let text = frame.service.tokenizer.decode(&tokens);
@@ -365,16 +463,31 @@ fn rand_suffix() -> u64 {
     z ^ (z >> 31)
 }
 
-/// The SSE body: every message the stream has received becomes chunks, written together.
+/// Most bytes of events one write of a stream holds. A stream renders its tokens only as fast
+/// as its client takes them: hyper polls the body for more only once its write buffer (at most
+/// [`crate::server::WRITE_BUFFER`]) has room, and tokens not yet rendered wait as ids, 4 bytes
+/// each (never more than the request's `max_tokens`), instead of as ~150 bytes of JSON.
+pub const SSE_WRITE_BYTES: usize = 16 * 1024;
+
+type Aborting = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The SSE body: messages the stream has received become chunks, at most [`SSE_WRITE_BYTES`]
+/// of them a write.
 struct SseStream {
     rx: Receiver<Out>,
     guard: Option<AbortGuard>,
     frame: Frame,
-    /// The first message, received before the response started.
+    /// A message not yet written out in full: the first one, received before the response
+    /// started, or one that did not fit in the last write.
     pending: Option<Out>,
+    /// How many tokens of `pending` have been written.
+    next: usize,
     tokens: u32,
     started: bool,
     done: bool,
+    /// Resolves when the shutdown's grace period is over (taken once it has).
+    aborting: Option<Aborting>,
+    cut: CutMark,
 }
 
 impl SseStream {
@@ -426,20 +539,39 @@ impl SseStream {
         }
     }
 
+    /// The shutdown's grace period is over: the stream ends with an error event and `[DONE]`,
+    /// and its request is aborted (the guard is dropped unfinished, which frees its KV).
+    fn cut(&mut self, buf: &mut Vec<u8>) {
+        self.cut.set();
+        Self::event(buf, &shutting_down().body());
+        buf.extend_from_slice(b"data: [DONE]\n\n");
+        self.done = true;
+        self.pending = None;
+        drop(self.guard.take());
+    }
+
+    /// Writes what `out` holds from token `self.next` on, stopping once `buf` holds
+    /// [`SSE_WRITE_BYTES`]; what is left goes back to `pending`.
     fn write(&mut self, buf: &mut Vec<u8>, out: Out) {
+        let ids: &[u32] = match &out {
+            Out::Token(t) => std::slice::from_ref(t),
+            Out::Tokens(ts) => ts,
+            Out::Done { tail, .. } => tail,
+            Out::Failed(_) => &[],
+        };
+        while self.next < ids.len() {
+            if buf.len() >= SSE_WRITE_BYTES {
+                self.pending = Some(out);
+                return;
+            }
+            let id = ids[self.next];
+            self.next += 1;
+            self.token(buf, id);
+        }
+        self.next = 0;
         match out {
-            Out::Token(t) => self.token(buf, t),
-            Out::Tokens(ts) => {
-                for &t in ts.iter() {
-                    self.token(buf, t);
-                }
-            }
-            Out::Done { tail, done } => {
-                for &t in tail.iter() {
-                    self.token(buf, t);
-                }
-                self.finish(buf, &done);
-            }
+            Out::Token(_) | Out::Tokens(_) => {}
+            Out::Done { done, .. } => self.finish(buf, &done),
             Out::Failed(reason) => self.fail(buf, ApiError::new(ErrorKind::Internal, rejected(reason).message)),
         }
     }
@@ -454,10 +586,18 @@ impl Stream for SseStream {
             return Poll::Ready(None);
         }
         let mut buf = Vec::new();
-        if let Some(first) = this.pending.take() {
-            this.write(&mut buf, first);
+        if let Some(a) = this.aborting.as_mut() {
+            if a.as_mut().poll(cx).is_ready() {
+                this.aborting = None;
+                this.cut(&mut buf);
+                return Poll::Ready(Some(Ok(Bytes::from(buf))));
+            }
         }
-        while !this.done {
+        while !this.done && buf.len() < SSE_WRITE_BYTES {
+            if let Some(out) = this.pending.take() {
+                this.write(&mut buf, out);
+                continue;
+            }
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(out)) => this.write(&mut buf, out),
                 Poll::Ready(None) => this.fail(&mut buf, engine_stopped()),

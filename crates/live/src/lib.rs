@@ -67,6 +67,9 @@ pub struct ServeOptions {
     pub timeouts: Timeouts,
     /// After the first SIGINT/SIGTERM, how long in-flight responses may go on.
     pub shutdown_timeout: Duration,
+    /// Most engine ranks a `/metrics` scrape lists one by one; beyond, their series are summed
+    /// into one set labelled `"all"` (see [`metrics::render`]).
+    pub metrics_max_ranks: usize,
 }
 
 /// When each worker starts serving: after the startup time, workers `stagger` apart, with a
@@ -135,16 +138,22 @@ pub fn serve(opts: ServeOptions, tokenizer: Tokenizer) -> Result<(), LiveError> 
             grace.as_secs_f64()
         );
         let report = server.shutdown(grace, signals.next()).await;
-        if report.forced {
-            eprintln!("servesim: stopped at once; {} connection(s) dropped", report.aborted_connections);
-        } else if !report.drained {
-            eprintln!(
-                "servesim: shutdown timeout ({} s) passed; {} connection(s) dropped, their requests aborted",
-                grace.as_secs_f64(),
-                report.aborted_connections
-            );
-        }
-        Ok(())
+        shutdown_outcome(report, grace)
+    })
+}
+
+/// How a shutdown ends the process: `Ok` when no request was cut (every in-flight response
+/// finished, or nothing was in flight when the grace period ended or a second signal came);
+/// an error, so a non-zero exit, when responses were dropped with their requests aborted.
+pub fn shutdown_outcome(report: Shutdown, grace: Duration) -> Result<(), LiveError> {
+    let dropped = report.aborted_connections;
+    if dropped == 0 {
+        return Ok(());
+    }
+    Err(if report.forced {
+        LiveError::StoppedAtOnce { dropped }
+    } else {
+        LiveError::ShutdownTimeout { seconds: grace.as_secs_f64(), dropped }
     })
 }
 

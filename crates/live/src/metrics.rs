@@ -82,6 +82,15 @@ impl Histogram {
         self.sum.add(v * n as f64);
     }
 
+    /// Adds `other`'s observations (same buckets) to this histogram.
+    fn absorb(&self, other: &Histogram) {
+        let (counts, sum) = other.snapshot();
+        for (mine, c) in self.counts.iter().zip(counts) {
+            mine.fetch_add(c, Ordering::Relaxed);
+        }
+        self.sum.add(sum);
+    }
+
     fn snapshot(&self) -> (Vec<u64>, f64) {
         (self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect(), self.sum.get())
     }
@@ -140,6 +149,41 @@ impl RankMetrics {
     }
 }
 
+impl RankMetrics {
+    /// One set of series for all of `ranks`: counters, histograms and the running and waiting
+    /// gauges summed, KV usage averaged over the ranks.
+    fn aggregate(ranks: &[&RankMetrics], backend: Backend) -> RankMetrics {
+        let all = RankMetrics::new(backend, 0, 0);
+        for m in ranks {
+            for (to, from) in [
+                (&all.running, &m.running),
+                (&all.waiting, &m.waiting),
+                (&all.kv_usage, &m.kv_usage),
+                (&all.preemptions, &m.preemptions),
+                (&all.prefix_queries, &m.prefix_queries),
+                (&all.prefix_hits, &m.prefix_hits),
+                (&all.requests_finished, &m.requests_finished),
+            ] {
+                to.add(from.get());
+            }
+            for (to, from) in [
+                (&all.ttft, &m.ttft),
+                (&all.itl, &m.itl),
+                (&all.e2e, &m.e2e),
+                (&all.queue_time, &m.queue_time),
+                (&all.prefill_time, &m.prefill_time),
+                (&all.decode_time, &m.decode_time),
+                (&all.inference_time, &m.inference_time),
+                (&all.lateness, &m.lateness),
+            ] {
+                to.absorb(from);
+            }
+        }
+        all.kv_usage.set(all.kv_usage.get() / ranks.len().max(1) as f64);
+        all
+    }
+}
+
 /// Writes a label value with the format's escapes.
 fn escape(out: &mut String, v: &str) {
     for c in v.chars() {
@@ -166,6 +210,8 @@ struct Encoder<'a> {
     out: String,
     model: &'a str,
     backend: Backend,
+    /// The series stand for many ranks: their rank and worker labels say `"all"`.
+    aggregate: bool,
 }
 
 impl Encoder<'_> {
@@ -175,19 +221,34 @@ impl Encoder<'_> {
             Backend::Sglang => {
                 self.out.push_str("engine_type=\"sglang\",model_name=\"");
                 escape(&mut self.out, self.model);
-                let _ = write!(self.out, "\",pp_rank=\"0\",tp_rank=\"0\",dp_rank=\"{}\"", m.rank);
+                self.out.push_str("\",pp_rank=\"0\",tp_rank=\"0\",dp_rank=\"");
+                self.id(m.rank);
+                self.out.push('"');
             }
             _ => {
-                let _ = write!(self.out, "engine=\"{}\",model_name=\"", m.rank);
+                self.out.push_str("engine=\"");
+                self.id(m.rank);
+                self.out.push_str("\",model_name=\"");
                 escape(&mut self.out, self.model);
                 self.out.push('"');
             }
         }
-        let _ = write!(self.out, ",worker_id=\"{}\"", m.worker);
+        self.out.push_str(",worker_id=\"");
+        self.id(m.worker);
+        self.out.push('"');
         if let Some((k, v)) = extra {
             let _ = write!(self.out, ",{k}=\"{v}\"");
         }
         self.out.push('}');
+    }
+
+    /// A rank or worker number, or `all` for aggregated series.
+    fn id(&mut self, n: u32) {
+        if self.aggregate {
+            self.out.push_str("all");
+        } else {
+            let _ = write!(self.out, "{n}");
+        }
     }
 
     fn header(&mut self, name: &str, kind: &str, help: &str) {
@@ -235,10 +296,35 @@ impl Encoder<'_> {
     }
 }
 
+/// Default of `--metrics-max-ranks`: a scrape is about 22 KB per rank listed, so at most about
+/// 2.8 MB.
+pub const DEFAULT_METRICS_MAX_RANKS: usize = 128;
+
 /// Renders the metrics of `ranks` in the Prometheus text format (version 0.0.4), under the
-/// metric names of `backend`'s engine.
-pub fn render(ranks: &[&RankMetrics], model: &str, backend: Backend) -> String {
-    let mut e = Encoder { out: String::with_capacity(8192), model, backend };
+/// metric names of `backend`'s engine: one series per rank (labelled with its rank and worker,
+/// as vLLM labels each engine of a process) for up to `max_ranks` ranks. With more, a scrape
+/// would grow by about 22 KB a rank (90 MB for 4,096), so the ranks are summed into one set of
+/// series whose rank and worker labels are `"all"`: counters, histograms and the running and
+/// waiting gauges are sums, KV usage is the mean. Queries that sum over ranks
+/// (`sum(vllm:num_requests_running)`, `histogram_quantile(0.99, sum by (le) (rate(..)))`) give
+/// the same answer either way; a comment line says how many ranks were aggregated.
+pub fn render(ranks: &[&RankMetrics], model: &str, backend: Backend, max_ranks: usize) -> String {
+    let mut e = Encoder { out: String::with_capacity(8192), model, backend, aggregate: false };
+    let all;
+    let one;
+    let ranks = if ranks.len() > max_ranks {
+        let _ = writeln!(
+            e.out,
+            "# servesim: {} engine ranks aggregated into the series labelled \"all\" (--metrics-max-ranks {max_ranks})",
+            ranks.len()
+        );
+        all = RankMetrics::aggregate(ranks, backend);
+        one = [&all];
+        e.aggregate = true;
+        &one[..]
+    } else {
+        ranks
+    };
     match backend {
         Backend::Sglang => {
             e.scalar(ranks, "sglang:num_running_reqs", "gauge", "The number of running requests.", |m| m.running.get());
@@ -364,7 +450,7 @@ mod tests {
         m.ttft.observe(0.003);
         m.ttft.observe_n(0.03, 2);
         m.ttft.observe(1e6);
-        let text = render(&[&m], "m\"x", Backend::Vllm);
+        let text = render(&[&m], "m\"x", Backend::Vllm, 8);
         let line = |prefix: &str| {
             text.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} in\n{text}")).to_string()
         };
@@ -385,12 +471,45 @@ mod tests {
     #[test]
     fn engine_types_pick_their_names() {
         let m = RankMetrics::new(Backend::Trtllm, 2, 0);
-        let text = render(&[&m], "x", Backend::Trtllm);
+        let text = render(&[&m], "x", Backend::Trtllm, 8);
         assert!(text.contains("trtllm:num_requests_running{"));
         assert!(!text.contains("prefix_cache"), "TRT-LLM exports no prefix cache counters");
         let m = RankMetrics::new(Backend::Sglang, 0, 0);
-        let text = render(&[&m], "x", Backend::Sglang);
+        let text = render(&[&m], "x", Backend::Sglang, 8);
         assert!(text.contains("sglang:num_queue_reqs{engine_type=\"sglang\""));
         assert!(text.contains("sglang:inter_token_latency_seconds_bucket{engine_type=\"sglang\",model_name=\"x\",pp_rank=\"0\",tp_rank=\"0\",dp_rank=\"0\",worker_id=\"0\",le=\"0.002\"} 0.0"));
+    }
+
+    #[test]
+    fn many_ranks_are_aggregated_into_one_bounded_set_of_series() {
+        let ranks: Vec<RankMetrics> = (0..300).map(|i| RankMetrics::new(Backend::Vllm, i / 2, i % 2)).collect();
+        for (i, m) in ranks.iter().enumerate() {
+            m.running.set(1.0);
+            m.kv_usage.set(if i % 2 == 0 { 0.5 } else { 0.0 });
+            m.ttft.observe(0.003);
+            m.requests_finished.set(2.0);
+        }
+        let refs: Vec<&RankMetrics> = ranks.iter().collect();
+        let listed = render(&refs[..128], "m", Backend::Vllm, 128);
+        assert_eq!(listed.matches("vllm:num_requests_running{").count(), 128, "up to the cap, one series a rank");
+        let text = render(&refs, "m", Backend::Vllm, 128);
+        assert!(text.len() < 30_000, "one rank's worth of series, not 300: {} bytes", text.len());
+        assert!(listed.len() > 100 * text.len() / 2, "the cap is what bounds it: {} vs {}", listed.len(), text.len());
+        let all = r#"engine="all",model_name="m",worker_id="all""#;
+        assert!(text.starts_with("# servesim: 300 engine ranks aggregated"), "{}", &text[..100]);
+        assert!(text.contains(&format!("vllm:num_requests_running{{{all}}} 300.0\n")), "gauges are summed");
+        assert!(text.contains(&format!("vllm:kv_cache_usage_perc{{{all}}} 0.25\n")), "KV usage is the mean");
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_bucket{{{all},le=\"0.005\"}} 300.0\n")));
+        assert!(text.contains(&format!("vllm:time_to_first_token_seconds_count{{{all}}} 300.0\n")));
+        assert_eq!(text.matches("vllm:num_requests_running{").count(), 1);
+        let parsed_sum: f64 = text
+            .lines()
+            .find(|l| l.starts_with("vllm:time_to_first_token_seconds_sum{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap();
+        assert!((parsed_sum - 0.9).abs() < 1e-9, "{parsed_sum}");
+        let sglang: Vec<RankMetrics> = (0..3).map(|i| RankMetrics::new(Backend::Sglang, 0, i)).collect();
+        let text = render(&sglang.iter().collect::<Vec<_>>(), "m", Backend::Sglang, 2);
+        assert!(text.contains(r#"sglang:num_running_reqs{engine_type="sglang",model_name="m",pp_rank="0",tp_rank="0",dp_rank="all",worker_id="all"} 0.0"#));
     }
 }

@@ -194,6 +194,8 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
             created,
             id_salt,
             body_timeout: opts.timeouts.body,
+            aborting: abort_rx.clone(),
+            metrics_max_ranks: opts.metrics_max_ranks,
         }));
         listeners.spawn(accept_loop(listener, app, opts.timeouts, stop_rx.clone(), abort_rx.clone()));
     }
@@ -207,6 +209,12 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
         listeners,
     })
 }
+
+/// Most bytes hyper buffers per connection, each way: written response bytes the client has not
+/// taken yet (beyond the kernel's socket buffer), and a request's headers (larger ones get
+/// 431). With [`http::SSE_WRITE_BYTES`] per write, a stream whose client stops reading holds
+/// at most about 80 KiB of rendered events in the server; the tokens behind them wait as ids.
+pub const WRITE_BUFFER: usize = 64 * 1024;
 
 /// Accepts connections until told to stop, then waits for them to end.
 async fn accept_loop(
@@ -253,7 +261,8 @@ async fn connection(
     let in_flight = state.clone();
     let io = TokioIo::new(TimedIo::new(tcp, state.clone(), timeouts));
     let tower = TowerToHyperService::new(app);
-    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(state.cut.clone());
         let guard = state.begin();
         let response = hyper::service::Service::call(&tower, req);
         async move {
@@ -261,18 +270,41 @@ async fn connection(
             Ok::<_, Infallible>(response.map(|inner| axum::body::Body::new(Tracked { inner, guard })))
         }
     });
-    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    let conn = hyper::server::conn::http1::Builder::new().max_buf_size(WRITE_BUFFER).serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return false,
         _ = until(&mut stop) => {}
-        _ = until(&mut abort) => return in_flight.in_flight(),
+        _ = until(&mut abort) => return cut(conn.as_mut(), &in_flight).await,
+    }
+    // No request in flight: an idle keep-alive connection, or one whose request headers are
+    // still arriving. Nothing would be lost by waiting for it, so it is closed now instead of
+    // holding the shutdown until its header or idle timeout. (hyper calls the service as soon
+    // as a request's headers are in, so a request that has begun is always seen here.)
+    if !in_flight.in_flight() {
+        return false;
     }
     conn.as_mut().graceful_shutdown();
     tokio::select! {
-        _ = conn.as_mut() => false,
-        _ = until(&mut abort) => in_flight.in_flight(),
+        // The response may have been cut and written before this task saw the abort.
+        _ = conn.as_mut() => in_flight.cut.is_set(),
+        _ = until(&mut abort) => cut(conn.as_mut(), &in_flight).await,
     }
+}
+
+/// How long a connection cut at shutdown may take to write its last bytes: the error event
+/// that ends a stream (see `http::SseStream`), or a 503 for a response still being prepared.
+pub const FLUSH_AT_ABORT: Duration = Duration::from_millis(500);
+
+/// The grace period is over: the connection's response ends now (a stream with an error event
+/// and `[DONE]`), which gets [`FLUSH_AT_ABORT`] to reach the client before the connection is
+/// dropped. True if a request was in flight (it is aborted and its KV freed).
+async fn cut<F: Future>(conn: std::pin::Pin<&mut F>, state: &ConnState) -> bool {
+    if state.in_flight() {
+        let _ = tokio::time::timeout(FLUSH_AT_ABORT, conn).await;
+        return true;
+    }
+    state.cut.is_set()
 }
 
 /// Waits until `flag` is set (or its sender is gone).

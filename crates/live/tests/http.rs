@@ -170,11 +170,64 @@ async fn shutdown_drains_then_drops_what_is_left() {
     assert!(!report.drained && !report.forced, "{report:?}");
     assert_eq!(report.aborted_connections, 1);
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-    // The stream ends without [DONE]: its body errors or ends early.
+    // The cut stream says so: an error event, then [DONE] (as vLLM ends a stream that fails).
     let mut rest = Vec::new();
     while let Some(Ok(frame)) = body.frame().await {
         rest.extend_from_slice(frame.data_ref().map(|d| &d[..]).unwrap_or_default());
     }
-    assert!(!String::from_utf8_lossy(&rest).contains("[DONE]"));
+    let rest = String::from_utf8_lossy(&rest);
+    let events: Vec<&str> = rest.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{rest}");
+    let error: serde_json::Value = serde_json::from_str(events[events.len() - 2]).expect("a JSON event");
+    assert_eq!(error["error"]["type"], "ServiceUnavailableError", "{error}");
+    assert_eq!(error["error"]["code"], 503);
+    assert_eq!(error["error"]["message"], "the server is shutting down: the request was aborted");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer accepting");
+    assert!(
+        servesim_live::shutdown_outcome(report, Duration::from_millis(300)).is_err(),
+        "a cut stream fails the exit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_a_request_still_waiting_with_503() {
+    let server = start(json!({"timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 10.0}}), 1).await;
+    let addr = server.addr();
+    let waiting = tokio::spawn(post(addr, "/v1/completions", json!({"prompt": [1, 2, 3], "max_tokens": 5000})));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let report = server.shutdown(Duration::from_millis(100), std::future::pending()).await;
+    assert_eq!(report.aborted_connections, 1, "{report:?}");
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!((status, body["error"]["type"].as_str()), (503, Some("ServiceUnavailableError")), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_and_half_sent_connections_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(json!({"speedup_ratio": 0.0}), 1).await;
+    let addr = server.addr();
+    // One connection that sent nothing, one halfway through its headers, one kept alive after
+    // a response: none has a request in flight (the header timeout is 10 s, the idle one 60 s).
+    let mut quiet = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let mut kept = Conn::open(addr).await;
+    let resp = kept.send("POST", "/v1/completions", Some(&json!({"prompt": [1, 2], "max_tokens": 2}))).await;
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let report = server.shutdown(Duration::from_secs(5), std::future::pending()).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "waited {:?} for connections with nothing in flight",
+        started.elapsed()
+    );
+    assert_eq!((report.drained, report.aborted_connections), (true, 0), "{report:?}");
+    assert!(servesim_live::shutdown_outcome(report, Duration::from_secs(5)).is_ok());
+    for s in [&mut quiet, &mut half] {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await.expect("closed, not waiting");
+        assert!(matches!(n, Ok(0) | Err(_)), "closed without a response: {n:?}");
+    }
 }

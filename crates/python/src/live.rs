@@ -206,6 +206,7 @@ impl LiveServer {
                 write: Duration::from_secs(30),
             },
             shutdown_timeout: grace,
+            metrics_max_ranks: servesim_live::metrics::DEFAULT_METRICS_MAX_RANKS,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
