@@ -1059,3 +1059,43 @@ fn bad_planner_search_sections_name_the_key_and_exit_2() {
         assert!(!out_dir.exists(), "{name}: an output directory was left behind");
     }
 }
+
+/// The YAML path refuses, before building anything, worker counts and synthetic loads this
+/// machine cannot hold, and prompts no worker can take (audit N7, D9): exit 2 naming the key,
+/// not an allocation failure, and not a run reporting 0 requests.
+#[test]
+fn sizes_beyond_memory_or_any_worker_are_refused_by_key() {
+    refused(
+        "huge-replicas",
+        BASE,
+        &["engine.workers.aggregated.parallelism={replicas: 4000000000}"],
+        &["engine.workers.aggregated.parallelism.replicas: 4000000000 engine ranks need about"],
+    );
+    refused(
+        "huge-concurrency",
+        BASE,
+        &["traffic.load.concurrency=4294967295", "traffic.stop.requests=4000000000"],
+        &["traffic.source.input_tokens: 64 tokens × 1 turn(s) × 4000000000 session(s) in flight", "of memory"],
+    );
+    refused(
+        "huge-prompt",
+        BASE,
+        &["traffic.source.input_tokens=4000000000"],
+        &["traffic.source.input_tokens: 4000000000"],
+    );
+    refused(
+        "prompt-over-context",
+        BASE,
+        &["traffic.source.input_tokens=5000"],
+        &["traffic.source.input_tokens: 5000: a prompt must be shorter than the workers' context length (4096)"],
+    );
+    refused(
+        "prompt-over-kv",
+        BASE,
+        &[
+            "engine.workers.aggregated.kv_cache={capacity: {type: fixed, blocks: 2}}",
+            "traffic.source.input_tokens=1000",
+        ],
+        &["traffic.source.input_tokens: 1000: a prompt of", "cannot fit the workers' KV cache (2 blocks"],
+    );
+}

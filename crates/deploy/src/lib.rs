@@ -97,10 +97,129 @@ impl PrefillLoadEstimator for AisPrefillLoad {
     }
 }
 
+/// Memory the system can give this process without swapping (Linux `MemAvailable`).
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Bytes of simulator state an idle worker rank holds (measured: about 1.8 KB; doubled).
+const WORKER_BYTES: u64 = 4096;
+/// Bytes a synthetic turn holds besides its prompt's block ids (4 bytes each).
+const TURN_BYTES: u64 = 128;
+/// Bytes a prompt block of a request in flight takes in the engine and the router.
+const PROMPT_BLOCK_BYTES: u64 = 64;
+/// Bytes a finished request's record keeps until the summary is made.
+const RECORD_BYTES: u64 = 64;
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Refuses, before anything is built for them, worker counts and synthetic sessions whose
+/// simulator state cannot fit in `memory` bytes (the flag form's guards, on the YAML's keys):
+/// a run that would abort out of memory halfway is an input error named by its key.
+pub fn check_memory(config: &Config, memory: u64) -> Result<(), DeployError> {
+    let e = &config.engine;
+    let mut ranks: u64 = 0;
+    for (role, w) in [("aggregated", &e.aggregated), ("prefill", &e.prefill), ("decode", &e.decode)] {
+        let Some(w) = w else { continue };
+        let p = &w.parallelism;
+        let here = (p.replicas as u64).saturating_mul(p.attention_data.max(1) as u64);
+        ranks = ranks.saturating_add(here);
+        if ranks.saturating_mul(WORKER_BYTES) > memory {
+            return Err(DeployError::new(
+                format!("engine.workers.{role}.parallelism.replicas"),
+                format!(
+                    "{ranks} engine ranks need about {} of memory; this machine has {} available (at most {} ranks)",
+                    gib(ranks.saturating_mul(WORKER_BYTES)),
+                    gib(memory),
+                    memory / WORKER_BYTES
+                ),
+            ));
+        }
+    }
+    let (input, turns, key) = match &config.traffic.source {
+        schema::Source::Synthetic { input_tokens, .. } => (*input_tokens, 1, "traffic.source.input_tokens"),
+        schema::Source::Session { new_input_tokens, turns, .. } => {
+            (*new_input_tokens, *turns, "traffic.source.new_input_tokens")
+        }
+        schema::Source::Trace { .. } => return Ok(()),
+    };
+    let count = config.traffic.stop.count.unwrap_or(100) as u64;
+    let in_flight = match config.traffic.load {
+        schema::Load::Concurrency(c) => (c as u64).min(count).max(1),
+        _ => 1,
+    };
+    // A session's prompt grows with its turns: the last turn holds all of them.
+    let blocks = (input as u64).saturating_mul(turns as u64).div_ceil(16);
+    let per_session = (turns as u64)
+        .saturating_mul(TURN_BYTES.saturating_add(blocks.saturating_mul(4)))
+        .saturating_add(blocks.saturating_mul(PROMPT_BLOCK_BYTES));
+    let need = per_session
+        .saturating_mul(in_flight)
+        .saturating_add(count.saturating_mul(turns as u64).saturating_mul(RECORD_BYTES));
+    if need > memory {
+        return Err(DeployError::new(
+            key,
+            format!(
+                "{input} tokens × {turns} turn(s) × {in_flight} session(s) in flight ({count} in all) need about {} of \
+                 memory; this machine has {} available",
+                gib(need),
+                gib(memory)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a synthetic prompt no worker can ever take (it would be generated, then rejected,
+/// and the run would report nothing): one that reaches a worker's context length or needs more
+/// KV blocks than its cache has. Disaggregated requests pass through both pools.
+fn check_prompt_fits(config: &Config, topology: &servesim_replay::Topology) -> Result<(), DeployError> {
+    let (input, turns, key) = match &config.traffic.source {
+        schema::Source::Synthetic { input_tokens, .. } => (*input_tokens as u64, 1u64, "traffic.source.input_tokens"),
+        schema::Source::Session { new_input_tokens, .. } => {
+            (*new_input_tokens as u64, 1, "traffic.source.new_input_tokens")
+        }
+        schema::Source::Trace { .. } => return Ok(()),
+    };
+    let prompt = input.saturating_mul(turns);
+    for pool in topology.pools() {
+        let engine = pool.rank_engine();
+        if let Some(max) = engine.max_model_len.filter(|&m| prompt >= m as u64) {
+            return Err(DeployError::new(
+                key,
+                format!(
+                    "{input}: a prompt must be shorter than the workers' context length ({max}); no request could run"
+                ),
+            ));
+        }
+        let blocks = prompt.div_ceil(engine.block_size.max(1) as u64);
+        if blocks > engine.num_gpu_blocks as u64 {
+            return Err(DeployError::new(
+                key,
+                format!(
+                    "{input}: a prompt of {blocks} KV blocks cannot fit the workers' KV cache ({} blocks of {} tokens); \
+                     no request could run",
+                    engine.num_gpu_blocks, engine.block_size
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Lowers a read configuration. `base`: the directory relative trace paths start from.
 pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
+    if let Some(memory) = available_memory() {
+        check_memory(&config, memory)?;
+    }
     let engine = lower::lower_engine(&config.engine)?;
     let topology = lower::topology(&engine)?;
+    check_prompt_fits(&config, &topology)?;
     let (workload, load) = lower::workload(&config, base, topology.block_size())?;
     let mut router = lower::router(&config);
     let mut estimator: Option<Arc<dyn PrefillLoadEstimator>> = None;
