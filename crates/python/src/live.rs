@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use servesim_cluster::{RouterMode, Topology};
@@ -52,6 +52,9 @@ fn live_error(e: LiveError) -> PyErr {
         LiveError::Model(_) | LiveError::WorkerPort { .. } | LiveError::ZmqPort { .. } => {
             PyValueError::new_err(e.to_string())
         }
+        // Shutdown outcomes (responses cut at the timeout or at a second signal): not a start
+        // error, but the match must name them.
+        LiveError::ShutdownTimeout { .. } | LiveError::StoppedAtOnce { .. } => PyRuntimeError::new_err(e.to_string()),
     }
 }
 
