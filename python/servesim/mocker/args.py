@@ -59,7 +59,12 @@ def _is_mocker_npz(p: Path) -> bool:
         return False
     try:
         import numpy as np
-
+    except ImportError as e:
+        # Without numpy a valid profile would be reported as "neither a mocker-format NPZ ...".
+        raise ImportError(
+            f"reading the planner profile data '{p}' needs numpy: pip install 'servesim[npz]' (or numpy)"
+        ) from e
+    try:
         with np.load(p) as data:
             return all(k in data.files for k in _NPZ_KEYS)
     except Exception:
