@@ -99,6 +99,9 @@ pub struct ReportFile {
     target: PathBuf,
     out: BufWriter<File>,
     temp: Option<tempfile::TempPath>,
+    /// The temporary file, registered for removal if a signal ends the process (a signal
+    /// skips `TempPath`'s own clean-up).
+    _scratch: Option<servesim_replay::scratch::Registered>,
 }
 
 impl ReportFile {
@@ -113,7 +116,13 @@ impl ReportFile {
         // Devices and pipes (/dev/stdout, a FIFO) cannot be replaced by a rename: write to them.
         if existing.as_ref().is_some_and(|m| !m.is_file()) {
             let file = std::fs::OpenOptions::new().write(true).open(&target).map_err(cannot)?;
-            return Ok(ReportFile { shown: path.to_path_buf(), target, out: buffered(file), temp: None });
+            return Ok(ReportFile {
+                shown: path.to_path_buf(),
+                target,
+                out: buffered(file),
+                temp: None,
+                _scratch: None,
+            });
         }
         let dir = match target.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
@@ -131,7 +140,8 @@ impl ReportFile {
             temp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(cannot)?;
         }
         let (file, temp) = temp.into_parts();
-        Ok(ReportFile { shown: path.to_path_buf(), target, out: buffered(file), temp: Some(temp) })
+        let scratch = Some(servesim_replay::scratch::Registered::new(&temp));
+        Ok(ReportFile { shown: path.to_path_buf(), target, out: buffered(file), temp: Some(temp), _scratch: scratch })
     }
 
     pub fn writer(&mut self) -> &mut BufWriter<File> {

@@ -399,3 +399,31 @@ fn a_corpus_with_a_link_loop_is_refused_by_every_search_path() {
         assert!(started.elapsed().as_secs() < 20);
     }
 }
+
+/// SIGINT removes the reports being written (a signal skips their clean-up on drop) and
+/// exits 130; the previous reports stay (N13).
+#[test]
+fn an_interrupted_run_leaves_no_temporary_reports() {
+    let dir = scratch("sigint");
+    std::fs::write(dir.join("r.jsonl"), "previous").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["predict", "--input-tokens", "1000", "--output-tokens", "1000", "--request-count", "2000000"])
+        .args(["--request-rate", "1000", "--max-queued", "10000000"])
+        .args(["--report-jsonl", s(&dir.join("r.jsonl")), "--telemetry", s(&dir.join("t.csv"))])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let hidden = || names(&dir).into_iter().filter(|n| n.starts_with('.')).count();
+    let started = std::time::Instant::now();
+    while hidden() < 2 && started.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(hidden(), 2, "{:?}", names(&dir));
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let code = child.wait().unwrap().code();
+    assert_eq!(code, Some(130));
+    assert_eq!(names(&dir), ["r.jsonl"]);
+    assert_eq!(std::fs::read_to_string(dir.join("r.jsonl")).unwrap(), "previous");
+}
