@@ -12,6 +12,7 @@ pub mod input;
 pub mod metrics;
 pub mod planned;
 pub mod report;
+pub mod scratch;
 pub mod sim;
 mod split;
 pub mod stats;

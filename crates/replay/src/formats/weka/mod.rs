@@ -276,8 +276,13 @@ fn for_each_trace(
         let mut count = 0;
         if !jsonl {
             // One object: read whole (it is held whole once parsed anyway).
+            let max = input.max_line_bytes();
             let mut text = Vec::new();
-            std::io::Read::read_to_end(&mut reader, &mut text).map_err(|e| err(file, format!("cannot read: {e}")))?;
+            std::io::Read::read_to_end(&mut std::io::Read::take(&mut reader, max + 1), &mut text)
+                .map_err(|e| err(file, format!("cannot read: {e}")))?;
+            if text.len() as u64 > max {
+                return Err(input.line_too_long(None, "the Weka JSON object"));
+            }
             let mut objects = serde_json::Deserializer::from_slice(&text).into_iter::<serde::de::IgnoredAny>();
             let mut end = 0;
             while let Some(next) = objects.next() {
@@ -303,12 +308,20 @@ fn for_each_trace(
         } else {
             // One object per line; an object written over several lines is gathered until it
             // parses.
+            let max = input.max_line_bytes();
             let mut buf: Vec<u8> = Vec::new();
             let mut line = Vec::new();
+            let mut lineno = 0;
             loop {
-                line.clear();
-                let n = std::io::BufRead::read_until(&mut reader, b'\n', &mut line)
-                    .map_err(|e| err(file, format!("cannot read: {e}")))?;
+                if buf.is_empty() {
+                    lineno +=
+                        crate::input::skip_blanks(&mut reader).map_err(|e| err(file, format!("cannot read: {e}")))?;
+                }
+                lineno += 1;
+                let left = max.saturating_sub(buf.len() as u64);
+                let n = crate::input::read_line_capped(&mut reader, &mut line, left)
+                    .map_err(|e| err(file, format!("cannot read: {e}")))?
+                    .ok_or_else(|| input.line_too_long(Some(lineno), "the Weka JSONL object read up to this line"))?;
                 if n > 0 {
                     buf.extend_from_slice(&line);
                 }
