@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fuzzes the input readers (every trace format, the engine and router configuration readers)
-# with proptest: each target runs PROPTEST_CASES generated inputs (default 10000 here; the
-# ordinary `cargo test` run uses 64). A crash or a broken property fails with the shrunk input.
+# Fuzzes the input readers (every trace format, Weka as .json and .jsonl, plain, gzip, zstd and
+# truncated compressed files, several Mooncake files or Dynamo shards; the engine and router
+# configuration readers) with proptest: each target runs PROPTEST_CASES generated inputs
+# (default 10000 here; the ordinary `cargo test` run uses 64). A crash or a broken property fails with the shrunk input.
 #
 #   scripts/fuzz.sh                  # 10000 cases per target
 #   PROPTEST_CASES=200000 scripts/fuzz.sh

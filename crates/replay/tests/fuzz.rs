@@ -1,13 +1,15 @@
-//! Property-based fuzzing of the input readers: every trace format, and the engine and router
-//! configuration readers. Whatever the bytes, a reader returns a value or an error naming the
-//! file (and a line inside the input when it gives one); it never panics. Unknown configuration
-//! keys are always rejected by name.
+//! Property-based fuzzing of the input readers: every trace format (Weka as `.json` and
+//! `.jsonl`; plain, gzip, zstd and cut-short compressed files; several Mooncake files or Dynamo
+//! shards), and the engine and router configuration readers. Whatever the bytes, a reader
+//! returns a value or a one-line error naming the file (and a line inside the input when it
+//! gives one) with no control characters; it never panics. Unknown configuration keys are
+//! always rejected by name.
 //!
 //! The ordinary test run uses a few cases per target; `scripts/fuzz.sh` runs many
 //! (`PROPTEST_CASES`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
@@ -33,14 +35,55 @@ fn file(name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
-const FORMATS: [(&str, &str); 6] = [
+/// Every reader: a format and the file name it reads (Weka reads `.json` as one object and
+/// `.jsonl` as objects gathered line by line).
+const FORMATS: [(&str, &str); 7] = [
     ("mooncake", "t.jsonl"),
     ("mooncake-delta", "t.jsonl"),
     ("applied_compute_agentic", "t.jsonl"),
     ("agentic_mooncake", "t.jsonl"),
     ("dynamo", "t.jsonl"),
     ("weka", "t.json"),
+    ("weka", "t.jsonl"),
 ];
+
+/// How a generated text is stored: as it is, or compressed (whole or cut short).
+#[derive(Clone, Copy, Debug)]
+enum Packing {
+    Plain,
+    Gzip,
+    Zstd,
+    /// Compressed, then cut after this fraction of its bytes.
+    TruncatedGzip(f64),
+    TruncatedZstd(f64),
+}
+
+fn packing() -> impl Strategy<Value = Packing> {
+    prop_oneof![
+        Just(Packing::Plain),
+        Just(Packing::Gzip),
+        Just(Packing::Zstd),
+        (0.0..1.0f64).prop_map(Packing::TruncatedGzip),
+        (0.0..1.0f64).prop_map(Packing::TruncatedZstd),
+    ]
+}
+
+fn pack(bytes: &[u8], packing: Packing) -> Vec<u8> {
+    let gzip = || {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    };
+    let zstd = || zstd::encode_all(bytes, 1).unwrap();
+    let cut = |v: Vec<u8>, f: f64| v[..(v.len() as f64 * f) as usize].to_vec();
+    match packing {
+        Packing::Plain => bytes.to_vec(),
+        Packing::Gzip => gzip(),
+        Packing::Zstd => zstd(),
+        Packing::TruncatedGzip(f) => cut(gzip(), f),
+        Packing::TruncatedZstd(f) => cut(zstd(), f),
+    }
+}
 
 /// Counts per outcome, printed by the fuzz script (`--nocapture`).
 static PARSED: AtomicU64 = AtomicU64::new(0);
@@ -49,32 +92,44 @@ static CONFIGS: AtomicU64 = AtomicU64::new(0);
 
 /// Reads `bytes` as a trace of every format and checks the outcome.
 fn read_everywhere(bytes: &[u8]) {
+    read_packed(bytes, Packing::Plain);
+}
+
+/// Reads `bytes`, stored as `packing` says, as a trace of every format and checks the outcome.
+fn read_packed(bytes: &[u8], packing: Packing) {
     let lines = bytes.split(|&b| b == b'\n').count();
+    let stored = pack(bytes, packing);
     for (format, name) in FORMATS {
-        let path = file(name, bytes);
-        let mut options = TraceOptions::new(TraceFormat::parse(format).unwrap());
-        options.execution_model = Some("model".into());
-        if format == "applied_compute_agentic" {
-            options.replay_concurrency = Some(2);
-        }
-        match load_trace(std::slice::from_ref(&path), &options) {
-            Ok(_) => {
-                PARSED.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                REJECTED.fetch_add(1, Ordering::Relaxed);
-                check_error(&e, &path, lines);
-            }
-        }
+        let path = file(name, &stored);
+        load_and_check(format, std::slice::from_ref(&path), lines);
         let _ = std::fs::remove_file(&path);
     }
 }
 
-fn check_error(e: &InputError, path: &Path, lines: usize) {
+fn load_and_check(format: &str, paths: &[PathBuf], lines: usize) {
+    let mut options = TraceOptions::new(TraceFormat::parse(format).unwrap());
+    options.execution_model = Some("model".into());
+    if format == "applied_compute_agentic" {
+        options.replay_concurrency = Some(2);
+    }
+    match load_trace(paths, &options) {
+        Ok(_) => {
+            PARSED.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            REJECTED.fetch_add(1, Ordering::Relaxed);
+            check_error(&e, paths, lines);
+        }
+    }
+}
+
+fn check_error(e: &InputError, paths: &[PathBuf], lines: usize) {
     let text = e.to_string();
     assert!(!e.message.is_empty(), "an empty message: {e:?}");
     assert!(!text.contains('\n'), "one line: {text}");
-    assert!(text.contains(&*path.to_string_lossy()), "names the file: {text}");
+    // Input bytes echoed in a message never reach the terminal as control characters.
+    assert!(!text.chars().any(char::is_control), "control characters: {text:?}");
+    assert!(paths.iter().any(|p| text.contains(&*p.to_string_lossy())), "names the file: {text}");
     if let Some(line) = e.line {
         assert!((1..=lines.max(1)).contains(&line), "line {line} of {lines}: {text}");
     }
@@ -167,6 +222,23 @@ proptest! {
     #[test]
     fn trace_readers_survive_arbitrary_rows(bytes in rows()) {
         read_everywhere(&bytes);
+    }
+
+    #[test]
+    fn trace_readers_survive_compressed_and_truncated_rows(bytes in rows(), packing in packing()) {
+        read_packed(&bytes, packing);
+    }
+
+    #[test]
+    fn multi_file_readers_survive_several_files(a in rows(), b in rows(), packing in packing()) {
+        let lines = a.split(|&x| x == b'\n').count().max(b.split(|&x| x == b'\n').count());
+        let paths = [file("shard-0.jsonl", &pack(&a, packing)), file("shard-1.jsonl", &b)];
+        for format in ["mooncake", "dynamo"] {
+            load_and_check(format, &paths, lines);
+        }
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     #[test]
