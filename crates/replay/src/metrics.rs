@@ -270,11 +270,15 @@ pub struct QueueLimit {
     pub warn_at: u64,
     /// At most this many waiting requests, and what happens to an arrival beyond them.
     pub max: Option<(u64, Overflow)>,
+    /// Without `max`: stop the run ([`crate::SimError::QueueRunaway`]) when an arrival finds
+    /// this many requests waiting (in a split run, at one shard's workers): a queue that keeps
+    /// growing takes all memory. `servesim predict` sets 100 × `warn_at`.
+    pub runaway: Option<u64>,
 }
 
 impl Default for QueueLimit {
     fn default() -> Self {
-        QueueLimit { warn_at: 100_000, max: None }
+        QueueLimit { warn_at: 100_000, max: None, runaway: None }
     }
 }
 
@@ -432,6 +436,11 @@ impl<'s> Collector<'s> {
     /// queue is full.
     pub fn overflow(&self) -> Option<(u64, Overflow)> {
         self.queue.max.filter(|&(max, _)| self.queued >= max)
+    }
+
+    /// The runaway bound an arrival now would pass (see [`QueueLimit::runaway`]).
+    pub fn runaway(&self) -> Option<u64> {
+        self.queue.runaway.filter(|&n| self.queue.max.is_none() && self.queued >= n)
     }
 
     /// Counts an arrival dropped because the queue was full.

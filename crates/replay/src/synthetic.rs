@@ -10,7 +10,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-use crate::error::InputError;
+use crate::error::{short_number as short, InputError};
+use crate::trace::MAX_TIME_MS;
 use crate::workload::{SessionSpec, TurnSpec};
 
 /// Seed of the prefix-group stream, whatever the arrival seed.
@@ -59,17 +60,80 @@ impl SyntheticSpec {
             return bad("shared-prefix-ratio", "must be between 0 and 1");
         }
         if !self.inter_turn_delay_ms.is_finite() || self.inter_turn_delay_ms < 0.0 {
-            return bad("inter-turn-delay-ms", "must be a finite number ≥ 0");
+            return bad(
+                "inter-turn-delay-ms",
+                &format!("must be a finite number ≥ 0, got {}", self.inter_turn_delay_ms),
+            );
         }
         match self.arrivals {
             Arrivals::Poisson { rate_per_s } if !(rate_per_s.is_finite() && rate_per_s > 0.0) => {
-                bad("request-rate", "must be a positive number")
+                bad("request-rate", &format!("must be a positive number, got {rate_per_s}"))
             }
             Arrivals::Interval { interval_ms } if !(interval_ms.is_finite() && interval_ms >= 0.0) => {
-                bad("arrival-interval-ms", "must be a finite number ≥ 0")
+                bad("arrival-interval-ms", &format!("must be a finite number ≥ 0, got {interval_ms}"))
             }
             _ => Ok(()),
         }
+    }
+
+    /// Refuses arrivals and think times that would put the run's clock past
+    /// [`MAX_TIME_MS`], where times lose sub-microsecond precision (or overflow), once divided
+    /// by `speedup` (1 in a closed loop, whose think times are not scaled). The field is the
+    /// flag to change. Poisson arrivals are bounded by their mean plus ten standard deviations.
+    pub fn check_times(&self, speedup: f64) -> Result<(), InputError> {
+        let gaps = f64::from(self.sessions.saturating_sub(1));
+        let (field, span, what) = match self.arrivals {
+            Arrivals::Poisson { rate_per_s } => (
+                "request-rate",
+                1000.0 / rate_per_s * (gaps + 10.0 * gaps.sqrt()),
+                format!(
+                    "is too small: {} per second spreads {} sessions' arrivals over",
+                    short(rate_per_s),
+                    self.sessions
+                ),
+            ),
+            Arrivals::Interval { interval_ms } => (
+                "arrival-interval-ms",
+                interval_ms * gaps,
+                format!("is too large: {} ms apart, {} sessions' arrivals span", short(interval_ms), self.sessions),
+            ),
+            Arrivals::AllAtOnce => ("request-count", 0.0, String::new()),
+        };
+        // A gap of NaN (0 × ∞: one session at a rate whose gap overflows) draws nothing.
+        let span = if gaps == 0.0 { 0.0 } else { span };
+        let think = self.inter_turn_delay_ms * f64::from(self.turns_per_session.saturating_sub(1));
+        let beyond = |t: f64| t.is_nan() || t > MAX_TIME_MS;
+        let limit = format!(
+            "past {MAX_TIME_MS} ms (about 278 years), beyond which simulated times lose sub-microsecond precision"
+        );
+        let fail = |field: &str, msg: String| Err(InputError::new(msg).with_field(field));
+        if beyond(span) {
+            return fail(field, format!("{what} about {span:e} ms, {limit}"));
+        }
+        let delay = self.inter_turn_delay_ms;
+        if beyond(think) || beyond(span + think) {
+            return fail(
+                "inter-turn-delay-ms",
+                format!(
+                    "is too large: {} think times of {} ms after arrivals spanning {span:e} ms reach about {:e} \
+                     ms, {limit}",
+                    self.turns_per_session - 1,
+                    short(delay),
+                    span + think
+                ),
+            );
+        }
+        if beyond((span + think) / speedup) {
+            return fail(
+                "arrival-speedup-ratio",
+                format!(
+                    "is too small: {} stretches the arrivals and think times to about {:e} ms, {limit}",
+                    short(speedup),
+                    (span + think) / speedup
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// The sessions, generated one at a time in start order.
@@ -186,6 +250,53 @@ mod tests {
             inter_turn_delay_ms: 0.0,
             block_tokens: 16,
         }
+    }
+
+    #[test]
+    fn arrivals_past_the_clock_precision_are_refused_by_flag() {
+        let check = |arrivals, sessions, turns, delay, speedup| {
+            let s =
+                SyntheticSpec { arrivals, sessions, turns_per_session: turns, inter_turn_delay_ms: delay, ..spec() };
+            s.check_times(speedup).map_err(|e| e.to_string())
+        };
+        let past =
+            "past 8796093022208 ms (about 278 years), beyond which simulated times lose sub-microsecond precision";
+        let interval = |ms| Arrivals::Interval { interval_ms: ms };
+        assert_eq!(
+            check(interval(1e308), 2, 1, 0.0, 1.0),
+            Err(format!(
+                "`arrival-interval-ms`: is too large: 1e308 ms apart, 2 sessions' arrivals span about 1e308 ms, {past}"
+            ))
+        );
+        assert_eq!(
+            check(interval(1e13), 2, 1, 0.0, 1.0),
+            Err(format!(
+                "`arrival-interval-ms`: is too large: 1e13 ms apart, 2 sessions' arrivals span about 1e13 ms, {past}"
+            ))
+        );
+        // Up to the limit, and one session at any interval (no gap is drawn).
+        assert_eq!(check(interval(8e12), 2, 1, 0.0, 1.0), Ok(()));
+        assert_eq!(check(interval(1e308), 1, 1, 0.0, 1.0), Ok(()));
+        assert_eq!(
+            check(Arrivals::Poisson { rate_per_s: 1e-308 }, 2, 1, 0.0, 1.0),
+            Err(format!("`request-rate`: is too small: 1e-308 per second spreads 2 sessions' arrivals over about inf ms, {past}"))
+        );
+        assert_eq!(check(Arrivals::Poisson { rate_per_s: 1e-308 }, 1, 1, 0.0, 1.0), Ok(()));
+        assert_eq!(
+            check(interval(1.0), 2, 3, 1e308, 1.0),
+            Err(format!(
+                "`inter-turn-delay-ms`: is too large: 2 think times of 1e308 ms after arrivals spanning 1e0 ms reach \
+                 about inf ms, {past}"
+            ))
+        );
+        assert_eq!(
+            check(interval(1.0), 2, 1, 0.0, 1e-310),
+            Err(format!(
+                "`arrival-speedup-ratio`: is too small: 1e-310 stretches the arrivals and think times to about inf ms, \
+                 {past}"
+            ))
+        );
+        assert_eq!(check(Arrivals::AllAtOnce, 1000, 2, 1e12, 1.0), Ok(()));
     }
 
     #[test]

@@ -22,6 +22,11 @@ use std::io::Write;
 use serde_json::{json, Map, Value};
 use servesim_engine::{PassOutput, Role};
 
+/// The finest sample interval `servesim predict` accepts, in simulated ms: a forward pass takes
+/// milliseconds, so finer samples repeat the state between passes, and at a microsecond a run's
+/// telemetry file grows by gigabytes per simulated minute.
+pub const MIN_INTERVAL_MS: f64 = 1.0;
+
 /// One rank of one worker over one interval.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkerSample {

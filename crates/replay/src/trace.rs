@@ -98,10 +98,12 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
     (None, format!("invalid row: {serde_msg}"))
 }
 
-/// Timestamps, delays and `not_before_ms` beyond this many milliseconds (about 3,000 years) are
-/// rejected: at that size a float no longer resolves the few milliseconds a pass takes, and
-/// such values are nearly always microseconds or nanoseconds written as milliseconds.
-pub const MAX_TIME_MS: f64 = 1e14;
+/// Times on the run's clock, trace timestamps, delays and `not_before_ms` may reach 2^43 ms
+/// (about 278 years; Unix-epoch milliseconds fit). Virtual time is an `f64` of milliseconds,
+/// which below 2^43 resolves better than a microsecond (2^-10 ms); past it latencies are
+/// quantised (at 1e13 ms a 18.023974 ms TTFT reads 18.0234375), and such values are nearly
+/// always microseconds or nanoseconds written as milliseconds.
+pub const MAX_TIME_MS: f64 = 8_796_093_022_208.0;
 
 /// Hash ids as prompt tokens. Ids that all fit in 32 bits are used as they are; otherwise
 /// every id is interned into a compact id in first-seen order (as the reference always does),

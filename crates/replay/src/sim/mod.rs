@@ -127,6 +127,12 @@ pub enum SimError {
     Cancelled { at_ms: f64 },
     /// More requests waited for admission than the queue limit allows (`Overflow::Fail`).
     QueueFull { at_ms: f64, max: u64 },
+    /// Without a queue maximum, an arrival found [`crate::QueueLimit::runaway`] requests
+    /// waiting for admission.
+    QueueRunaway { at_ms: f64, queued: u64, warn_at: u64 },
+    /// The clock would pass [`crate::trace::MAX_TIME_MS`], beyond which times lose
+    /// sub-microsecond precision (or are not finite).
+    TimeRange { at_ms: f64 },
 }
 
 impl std::fmt::Display for SimError {
@@ -143,6 +149,20 @@ impl std::fmt::Display for SimError {
                 "overloaded: at t={at_ms} ms a request arrived while {max} requests already waited for admission \
                  (--max-queued {max}); the workers cannot keep up with this load (lower the rate, add workers, \
                  or use --max-queued-policy shed to drop such arrivals)"
+            ),
+            SimError::QueueRunaway { at_ms, queued, warn_at } => write!(
+                f,
+                "overloaded: at t={at_ms} ms {queued} requests waited for admission, 100 times the warning \
+                 threshold (--queue-warning {warn_at}); the workers cannot keep up with this load and memory grows \
+                 with the queue, so the run stops (lower the rate or add workers; to let the queue grow, give \
+                 --max-queued N, with --max-queued-policy shed to drop arrivals past it)"
+            ),
+            SimError::TimeRange { at_ms } => write!(
+                f,
+                "the run's clock would reach t={at_ms} ms, past {} ms (about 278 years), beyond which simulated \
+                 times lose sub-microsecond precision: arrival times or delays are too far apart for this run \
+                 (compress them with a larger arrival speedup ratio)",
+                crate::trace::MAX_TIME_MS
             ),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
@@ -489,6 +509,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 if let Some(t) = self.scaling.as_ref().and_then(|s| s.next_tick_ms) {
                     self.now = self.now.min(t);
                 }
+                if self.now.is_nan() || self.now > crate::trace::MAX_TIME_MS {
+                    return Err(SimError::TimeRange { at_ms: self.now });
+                }
                 if self.stop_at_ms.is_some_and(|stop| self.now > stop) {
                     // Nothing happens after the cutoff: the run ends at its last instant
                     // before it (the reference's duration does too).
@@ -543,6 +566,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
             for r in &ready {
+                if let Some(queued) = self.collector.runaway() {
+                    let warn_at = self.collector.queue_limit().warn_at;
+                    return Err(SimError::QueueRunaway { at_ms: now, queued, warn_at });
+                }
                 match self.collector.overflow() {
                     None => self.release(r),
                     Some((max, Overflow::Fail)) => return Err(SimError::QueueFull { at_ms: now, max }),
