@@ -5,6 +5,7 @@
 mod ais;
 mod candidate_pages;
 mod deploy;
+mod outdir;
 mod output;
 mod perf;
 mod predict;
@@ -16,7 +17,7 @@ mod table;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "servesim", version, about = "GPU-free simulator of LLM inference serving")]
@@ -92,12 +93,68 @@ fn stray_backticks(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Fai
     None
 }
 
+/// Every option value that looks like a negative number is taken as that value (`--num-workers
+/// -1`), so it is refused as out of range rather than reported as an unknown flag `-1`.
+fn negatives_as_values(cmd: clap::Command) -> clap::Command {
+    let names: Vec<String> = cmd.get_subcommands().map(|c| c.get_name().to_string()).collect();
+    let cmd = cmd.mut_args(|a| if a.get_action().takes_values() { a.allow_negative_numbers(true) } else { a });
+    names.iter().fold(cmd, |cmd, name| cmd.mut_subcommand(name, negatives_as_values))
+}
+
+/// A negative number given to an option that counts or sizes something: one line naming the
+/// option (clap's own message says only "invalid digit found in string").
+fn negative_count(e: &clap::Error) -> Option<Failure> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(e.kind(), ErrorKind::ValueValidation | ErrorKind::InvalidValue) {
+        return None;
+    }
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) =
+        (e.get(ContextKind::InvalidArg), e.get(ContextKind::InvalidValue))
+    else {
+        return None;
+    };
+    let negative = value.trim().strip_prefix('-').is_some_and(|v| v.parse::<f64>().is_ok());
+    negative.then(|| {
+        let flag = arg.split_whitespace().next().unwrap_or(arg);
+        Failure::input(format!("{flag} {value}: must not be negative (it takes a whole number, 0 or more)"))
+    })
+}
+
+/// SIGINT and SIGTERM delete the temporary files the run registered (spools of piped traces,
+/// reports being written) and end the process with 130 or 143, as the default action would
+/// have, which leaves them behind. Not for `serve`, which shuts down gracefully on them.
+fn remove_scratch_on_signals() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else { return };
+    // If the thread cannot start, `signals` is dropped with the closure and the default
+    // actions come back.
+    let _ = std::thread::Builder::new().name("signals".into()).spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            servesim_replay::scratch::remove_all();
+            std::process::exit(128 + signal);
+        }
+    });
+}
+
 fn main() -> ExitCode {
     if let Some(f) = stray_backticks(std::env::args_os().skip(1)) {
         eprintln!("error: {}", f.message);
         return ExitCode::from(f.code);
     }
-    let cli = Cli::parse();
+    let matches = match negatives_as_values(Cli::command()).try_get_matches() {
+        Ok(m) => m,
+        Err(e) => match negative_count(&e) {
+            Some(f) => {
+                eprintln!("error: {}", f.message);
+                return ExitCode::from(f.code);
+            }
+            None => e.exit(),
+        },
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if matches!(cli.command, Command::Predict(_) | Command::Recommend(_)) {
+        remove_scratch_on_signals();
+    }
     let result = match cli.command {
         Command::Predict(args) => predict::run(*args),
         Command::Recommend(args) => recommend::run(*args),

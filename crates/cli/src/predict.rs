@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
+use servesim_replay::error::short_number;
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
     load_trace, request_json, request_json_with_breakdown, simulate_with, Arrivals, Autoscaler, Collector, LoadMode,
-    Overflow, Pacer, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, Sla, SyntheticSpec, Topology,
-    TraceFormat, TraceOptions, WallClock, Workload,
+    Overflow, Pacer, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec,
+    Topology, TraceFormat, TraceOptions, WallClock, Workload,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
 
@@ -57,7 +58,10 @@ pub enum Format {
 #[derive(Args, Debug)]
 pub struct PredictArgs {
     /// Trace files to replay (plain, gzip or zstd; a pipe works too). Several Mooncake files or
-    /// Dynamo shards are replayed together; a Weka source may be a directory.
+    /// Dynamo shards are replayed together; a Weka source may be a directory. Limits: a line
+    /// may hold 256 MiB ($SERVESIM_MAX_LINE_BYTES), a compressed file may decompress to 1000
+    /// times its size or 1 GiB ($SERVESIM_MAX_DECOMPRESSED_BYTES), a pipe is copied to $TMPDIR
+    /// up to 16 GiB ($SERVESIM_MAX_SPOOL_BYTES); values in bytes, or with a K, M, G suffix.
     #[arg(value_name = "TRACE")]
     traces: Vec<PathBuf>,
     /// mooncake | mooncake-delta | applied_compute_agentic | agentic_mooncake | dynamo | weka.
@@ -140,7 +144,9 @@ pub struct PredictArgs {
     #[arg(long, value_name = "N")]
     replay_concurrency: Option<u32>,
     /// Overload: at most N requests may wait for admission (arrived, not yet admitted by an
-    /// engine); what happens beyond is --max-queued-policy.
+    /// engine); what happens beyond is --max-queued-policy. Without it, an open-loop run stops
+    /// (exit 1) when 100 × --queue-warning requests wait: give --max-queued to let the queue
+    /// grow further.
     #[arg(long, value_name = "N")]
     max_queued: Option<u64>,
     /// Overload: `fail` stops the run with an error (exit 1) when a request arrives at a full
@@ -301,7 +307,19 @@ pub(crate) fn json_arg<T>(
     if arg.trim_start().starts_with('{') {
         return parse(arg, Path::new(".")).map_err(|e| Failure::input(format!("--{flag}: {e}")));
     }
-    let text = std::fs::read_to_string(arg).map_err(|e| Failure::input(format!("{arg}: cannot read: {e}")))?;
+    let neither = |why: String| {
+        Failure::input(format!(
+            "--{flag} {arg}: neither inline JSON (a JSON object, {{...}}) nor a readable JSON file ({why})",
+            arg = servesim_replay::error::escape_controls(arg)
+        ))
+    };
+    if arg.trim_start().starts_with('[') && !Path::new(arg).exists() {
+        return Err(neither("a JSON array is not a configuration object".into()));
+    }
+    let text = std::fs::read_to_string(arg).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => neither(format!("cannot read: {e}")),
+        _ => Failure::input(format!("{arg}: cannot read: {e}")),
+    })?;
     let dir = Path::new(arg).parent().unwrap_or(Path::new("."));
     parse(&text, dir).map_err(|e| Failure::input(format!("{arg}: {e}")))
 }
@@ -428,21 +446,29 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
         inter_turn_delay_ms: a.inter_turn_delay_ms,
         block_tokens: block_size,
     };
-    spec.validate().map_err(|e| Failure::input(format!("--{e}")))?;
-    let workload = Workload::Synthetic(spec);
     // As in Dynamo's synthetic replay, the speedup divides the generated arrival times and
     // think times.
     let load = match a.replay_concurrency {
         Some(c) => LoadMode::Concurrency { max_sessions: c },
         None => LoadMode::Timestamps { speedup: a.arrival_speedup_ratio.unwrap_or(1.0) },
     };
-    Ok((workload, load))
+    let flag_error = |e: servesim_replay::InputError| match &e.field {
+        Some(field) => Failure::input(format!("--{field} {}", e.message)),
+        None => Failure::input(e),
+    };
+    spec.validate().map_err(flag_error)?;
+    spec.check_times(a.arrival_speedup_ratio.filter(|_| a.replay_concurrency.is_none()).unwrap_or(1.0))
+        .map_err(flag_error)?;
+    Ok((Workload::Synthetic(spec), load))
 }
 
 /// Bytes of simulator state an idle worker rank holds (measured: about 1.8 KB; doubled).
 const WORKER_BYTES: u64 = 4096;
 /// Bytes a synthetic turn holds besides its prompt's block ids (4 bytes each).
 const TURN_BYTES: u64 = 128;
+/// Bytes a prompt block of a request in flight takes in the engine and the router (its hashes
+/// and sequence state; measured: about 57 with 64-token blocks, 20M-token prompts).
+const PROMPT_BLOCK_BYTES: u64 = 64;
 
 /// Memory the system can give this process without swapping (Linux `MemAvailable`).
 fn available_memory() -> Option<u64> {
@@ -471,11 +497,19 @@ fn check_counts(a: &PredictArgs, memory: Option<u64>) -> Result<(), Failure> {
             memory / WORKER_BYTES
         )));
     }
+    Ok(())
+}
+
+/// Refuses synthetic sessions whose prompts cannot fit in this machine's memory, before any is
+/// generated: each turn's prompt as block ids of `block_size` tokens, and the engine's state of
+/// the turn in flight; closed-loop runs hold that many sessions at once.
+fn check_sessions(a: &PredictArgs, block_size: u32, memory: Option<u64>) -> Result<(), Failure> {
+    let Some(memory) = memory else { return Ok(()) };
     if let (Some(input), true) = (a.input_tokens, a.traces.is_empty()) {
-        // A synthetic session holds each turn's prompt as block ids (block size 16 at the
-        // least); closed-loop runs hold that many sessions at once.
-        let blocks = (input as u64).div_ceil(16);
-        let per_session = (a.turns_per_session as u64).saturating_mul(TURN_BYTES.saturating_add(blocks * 4));
+        let blocks = (input as u64).div_ceil(block_size.max(1) as u64);
+        let per_session = (a.turns_per_session as u64)
+            .saturating_mul(TURN_BYTES.saturating_add(blocks * 4))
+            .saturating_add(blocks * PROMPT_BLOCK_BYTES);
         let sessions = a.replay_concurrency.unwrap_or(1).min(a.request_count.unwrap_or(1)).max(1) as u64;
         let need = per_session.saturating_mul(sessions);
         if need > memory {
@@ -486,6 +520,51 @@ fn check_counts(a: &PredictArgs, memory: Option<u64>) -> Result<(), Failure> {
                 if sessions > 1 { format!(" × --replay-concurrency {sessions}") } else { String::new() },
                 gib(need),
                 gib(memory)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a telemetry interval below [`MIN_INTERVAL_MS`](servesim_replay::telemetry::MIN_INTERVAL_MS):
+/// finer samples show nothing a forward pass (milliseconds) does not, and write gigabytes per
+/// simulated minute.
+fn check_telemetry_interval(ms: Option<f64>) -> Result<(), Failure> {
+    let min = servesim_replay::telemetry::MIN_INTERVAL_MS;
+    match ms {
+        Some(ms) if ms < min => Err(Failure::input(format!(
+            "--telemetry-interval-ms must be at least {min} (one sample per simulated millisecond), got {}: finer \
+             samples only repeat the state between forward passes, and fill the disk",
+            short_number(ms)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a synthetic prompt that no worker can ever take (it would be generated, then
+/// rejected): one that reaches an engine's `max_model_len`, or needs more KV blocks than its
+/// cache has. Disaggregated requests pass through both pools, so each must take it.
+fn check_prompt_fits(a: &PredictArgs, topology: &Topology) -> Result<(), Failure> {
+    let (Some(input), true) = (a.input_tokens, a.traces.is_empty()) else { return Ok(()) };
+    let disaggregated = topology.pools().len() > 1;
+    for pool in topology.pools() {
+        let engine = pool.rank_engine();
+        let workers = if disaggregated { format!("the {} workers'", pool.role.name()) } else { "the workers'".into() };
+        if let Some(max) = engine.max_model_len.filter(|&m| input >= m) {
+            return Err(Failure::input(format!(
+                "--input-tokens {input}: a prompt must be shorter than {workers} max_model_len ({max}); no request \
+                 could run"
+            )));
+        }
+        let blocks = input.div_ceil(engine.block_size.max(1));
+        if blocks > engine.num_gpu_blocks {
+            return Err(Failure::input(format!(
+                "--input-tokens {input}: a prompt needs {blocks} KV blocks of {} tokens, more than {workers} cache \
+                 holds ({} blocks, {} tokens); no request could run (raise num_gpu_blocks in the engine \
+                 arguments, or lower --input-tokens)",
+                engine.block_size,
+                engine.num_gpu_blocks,
+                engine.num_gpu_blocks as u64 * engine.block_size as u64
             )));
         }
     }
@@ -531,6 +610,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             timing_jitter_cv: a.timing_jitter_cv,
             threads: a.threads,
             online: a.online,
+            no_wall_clock: a.no_wall_clock,
         };
         return crate::deploy::predict(&a.deploy, &a.reports, a.format == Format::Json, &variation);
     }
@@ -548,9 +628,12 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         .collect();
     reports.extend(a.reports.paths());
     a.reports.check()?;
+    check_telemetry_interval(a.reports.telemetry_interval_ms)?;
     check_report_paths(&reports, &inputs(&a))?;
     check_counts(&a, available_memory())?;
     let cluster = cluster(&a)?;
+    check_prompt_fits(&a, &cluster)?;
+    check_sessions(&a, cluster.block_size(), available_memory())?;
     for (name, v) in [("sla-ttft-ms", a.sla_ttft_ms), ("sla-itl-ms", a.sla_itl_ms), ("sla-e2e-ms", a.sla_e2e_ms)] {
         positive(name, v)?;
     }
@@ -650,7 +733,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     bar.finish();
     drop(telemetry_sink);
     let telemetry_error = telemetry_writer.map(|w| w.finish().err()).unwrap_or_default();
-    let mut report = result.map_err(Failure::run)?;
+    let mut report = result.map_err(|e| sim_failure(&a, e))?;
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
 
     let mut summary = report.summary_json();
@@ -756,7 +839,30 @@ fn queue_limit(a: &PredictArgs) -> QueueLimit {
         QueuePolicy::Fail => Overflow::Fail,
         QueuePolicy::Shed => Overflow::Shed,
     };
-    QueueLimit { warn_at: a.queue_warning, max: a.max_queued.map(|n| (n, overflow)) }
+    QueueLimit {
+        warn_at: a.queue_warning,
+        max: a.max_queued.map(|n| (n, overflow)),
+        // Without a maximum a queue that keeps growing takes all memory: stop it far past the
+        // warning instead.
+        runaway: a.max_queued.is_none().then(|| a.queue_warning.saturating_mul(RUNAWAY_FACTOR).max(RUNAWAY_FACTOR)),
+    }
+}
+
+/// Without --max-queued, an open-loop run stops when this many times --queue-warning requests
+/// wait for admission.
+const RUNAWAY_FACTOR: u64 = 100;
+
+/// A failed run's message and exit code: times out of the clock's range come from the input
+/// (the trace's timestamps, or --arrival-speedup-ratio), the rest from the run.
+fn sim_failure(a: &PredictArgs, e: SimError) -> Failure {
+    match e {
+        SimError::TimeRange { .. } => match a.arrival_speedup_ratio {
+            Some(r) => Failure::input(format!("--arrival-speedup-ratio {}: {e}", short_number(r))),
+            None if !a.traces.is_empty() => Failure::input(format!("the trace's timestamps and delays: {e}")),
+            None => Failure::input(e),
+        },
+        e => Failure::run(e),
+    }
 }
 
 /// The planner `--planner-config` describes, sized against the cluster's engines.
@@ -803,7 +909,7 @@ fn run_ensemble(
     let queue = queue_limit(a);
     let reports =
         servesim_replay::ensemble::run(workload, config, config.sla, queue, a.reports.ttft_breakdown, n, a.threads)
-            .map_err(Failure::run)?;
+            .map_err(|e| sim_failure(a, e))?;
     let summaries: Vec<_> = reports
         .iter()
         .map(|r| {
@@ -850,4 +956,44 @@ fn run_ensemble(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: PredictArgs,
+    }
+
+    fn args(flags: &[&str]) -> PredictArgs {
+        Cli::try_parse_from([&["predict"], flags].concat()).unwrap().args
+    }
+
+    #[test]
+    fn the_memory_estimate_covers_the_engine_state_of_prompts_in_flight() {
+        // 16 sessions of 2e9-token prompts in 64-token blocks: 31.25M blocks each, 4 bytes in
+        // the session and 64 in the engine: about 34 GB, refused on a machine with 8 GiB.
+        let a = args(&[
+            "--input-tokens",
+            "2000000000",
+            "--output-tokens",
+            "1",
+            "--request-count",
+            "16",
+            "--replay-concurrency",
+            "16",
+        ]);
+        let e = check_sessions(&a, 64, Some(8 << 30)).expect_err("refused");
+        assert_eq!(
+            e.message,
+            "--turns-per-session 1 × --input-tokens 2000000000 × --replay-concurrency 16: the sessions in flight need \
+             about 31.7 GiB of memory; this machine has 8.0 GiB available"
+        );
+        assert_eq!(e.code, 2);
+        assert!(check_sessions(&a, 64, Some(40 << 30)).is_ok());
+    }
 }

@@ -368,7 +368,16 @@ fn counts_beyond_the_machine_are_refused_up_front() {
     let mut args = vec!["predict", "--turns-per-session", "4000000000"];
     args.extend(synthetic);
     rejects(&args, &["--turns-per-session 4000000000", "available"]);
-    let mut args = vec!["predict", "--input-tokens", "4000000000", "--turns-per-session", "1000"];
+    // (In a cache that holds such a prompt: otherwise it is refused as one no worker can take.)
+    let mut args = vec![
+        "predict",
+        "--input-tokens",
+        "4000000000",
+        "--turns-per-session",
+        "1000",
+        "--extra-engine-args",
+        r#"{"num_gpu_blocks": 100000000}"#,
+    ];
     args.extend(&synthetic[2..]);
     rejects(&args, &["--input-tokens 4000000000", "available"]);
     // An ordinary count still runs.
