@@ -57,6 +57,14 @@ impl ReportFlags {
             Some(ms) if !(ms.is_finite() && ms > 0.0) => {
                 Err(Failure::input(format!("--telemetry-interval-ms must be a positive number, got {ms}")))
             }
+            // Finer samples only repeat the state between forward passes (milliseconds), and
+            // write gigabytes per simulated minute.
+            Some(ms) if ms < servesim_replay::telemetry::MIN_INTERVAL_MS => Err(Failure::input(format!(
+                "--telemetry-interval-ms must be at least {} (one sample per simulated millisecond), got {ms}: finer \
+                 samples only repeat the state between forward passes, and fill the disk",
+                servesim_replay::telemetry::MIN_INTERVAL_MS,
+                ms = servesim_replay::error::short_number(ms)
+            ))),
             Some(_) if !self.sampled() => {
                 Err(Failure::input("--telemetry-interval-ms applies to --telemetry or --report-html"))
             }

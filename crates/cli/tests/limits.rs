@@ -373,7 +373,8 @@ fn a_runaway_open_loop_queue_stops_unless_max_queued_allows_it() {
     assert!(last.starts_with("error: overloaded: at t="), "{err}");
     assert!(
         last.ends_with(
-            " ms 100 requests waited for admission, 100 times the warning threshold (--queue-warning 1); the workers \
+            " ms 100 requests waited for admission, far past the warning threshold (--queue-warning 1: 100 times it, \
+             or what a quarter of the memory holds); the workers \
              cannot keep up with this load and memory grows with the queue, so the run stops (lower the rate or add \
              workers; to let the queue grow, give --max-queued N, with --max-queued-policy shed to drop arrivals past \
              it)"

@@ -427,3 +427,34 @@ fn an_interrupted_run_leaves_no_temporary_reports() {
     assert_eq!(names(&dir), ["r.jsonl"]);
     assert_eq!(std::fs::read_to_string(dir.join("r.jsonl")).unwrap(), "previous");
 }
+
+/// The flag form's limits hold on the YAML path too: a telemetry interval below a millisecond
+/// (N14) and arrival times past what the clock holds precisely (N18), by their key.
+#[test]
+fn the_yaml_path_keeps_the_flag_forms_limits() {
+    let dir = scratch("yaml-limits");
+    let cfg = dir.join("cfg.yaml");
+    std::fs::write(
+        &cfg,
+        CONFIG.replace(
+            "source: {type: trace, format: mooncake, paths: [trace.jsonl], block_size: 512}\n  load: {type: trace_timestamps}",
+            "source: {type: synthetic, input_tokens: 64, output_tokens: 4}\n  load: {type: constant_rate, requests_per_second: 1e-300}\n  stop: {requests: 3}",
+        ),
+    )
+    .unwrap();
+    let out = servesim(&[
+        "predict",
+        "-c",
+        s(&project("yaml-limits-telemetry", CONFIG).1),
+        "--output-dir",
+        s(&dir.join("o")),
+        "--telemetry",
+        s(&dir.join("t.csv")),
+        "--telemetry-interval-ms",
+        "1e-9",
+    ]);
+    refused(&out, "--telemetry-interval-ms must be at least 1 (one sample per simulated millisecond), got 1e-9");
+    let out = servesim(&["predict", "-c", s(&cfg), "--output-dir", s(&dir.join("o"))]);
+    refused(&out, "traffic.load.requests_per_second: is too small: 1e303 ms apart");
+    assert!(!dir.join("t.csv").exists());
+}

@@ -288,6 +288,20 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
                 block_tokens: block_size,
             };
             spec.validate().map_err(|e| DeployError::new("traffic", e))?;
+            // Arrivals or think times past what the clock holds precisely: named by their key.
+            spec.check_times(1.0).map_err(|e| {
+                let rate =
+                    if turns > 1 { "traffic.load.sessions_per_second" } else { "traffic.load.requests_per_second" };
+                match e.field.as_deref() {
+                    Some("inter-turn-delay-ms") => DeployError::new("traffic.source.inter_turn_delay_ms", &e.message),
+                    // The flag form words a constant rate as an interval: here it is a rate.
+                    Some("request-rate" | "arrival-interval-ms") => {
+                        let rest = e.message.trim_start_matches("is too large: ").trim_start_matches("is too small: ");
+                        DeployError::new(rate, format!("is too small: {rest}"))
+                    }
+                    _ => DeployError::new("traffic", &e.message),
+                }
+            })?;
             Ok((Workload::Synthetic(spec), load))
         }
     }

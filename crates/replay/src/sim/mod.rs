@@ -152,8 +152,8 @@ impl std::fmt::Display for SimError {
             ),
             SimError::QueueRunaway { at_ms, queued, warn_at } => write!(
                 f,
-                "overloaded: at t={at_ms} ms {queued} requests waited for admission, 100 times the warning \
-                 threshold (--queue-warning {warn_at}); the workers cannot keep up with this load and memory grows \
+                "overloaded: at t={at_ms} ms {queued} requests waited for admission, far past the warning \
+                 threshold (--queue-warning {warn_at}: 100 times it, or what a quarter of the memory holds); the workers cannot keep up with this load and memory grows \
                  with the queue, so the run stops (lower the rate or add workers; to let the queue grow, give \
                  --max-queued N, with --max-queued-policy shed to drop arrivals past it)"
             ),
