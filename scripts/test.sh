@@ -23,6 +23,8 @@ else
   echo "notice: clippy not installed; lints not checked" >&2
 fi
 cargo test --release --workspace --exclude servesim-python
+# A short bounded fuzz pass over every input reader (scripts/fuzz.sh runs longer ones).
+PROPTEST_CASES="${SERVESIM_FUZZ_CASES:-300}" scripts/fuzz.sh
 cargo build --release -p servesim
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/live/requirements.txt
 .venv/bin/python -m pytest -q tests/live

@@ -29,6 +29,7 @@ pub mod indexer;
 pub mod load;
 pub mod policy;
 pub mod queue;
+pub mod yaml_scan;
 
 use std::sync::Arc;
 use std::time::Duration;
