@@ -78,18 +78,12 @@ fn remove_owned_dir(dir: &Path, sub: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Whether `path` (existing) lies inside directory `dir` (existing), both resolved.
-fn inside(path: &Path, dir: &Path) -> bool {
-    match (fs::canonicalize(path), fs::canonicalize(dir)) {
-        (Ok(p), Ok(d)) => p.starts_with(&d),
-        _ => false,
-    }
-}
-
 /// An output directory being written.
 pub struct OutputDir {
     target: PathBuf,
     stage: PathBuf,
+    /// Whether this run created `target` (a failed run then leaves no empty directory behind).
+    created: bool,
     done: bool,
 }
 
@@ -99,6 +93,7 @@ impl OutputDir {
     /// `overwrite`, a directory with anything in it but the trial cache an interrupted run left.
     pub fn open(target: &Path, overwrite: bool, inputs: &[PathBuf]) -> Result<OutputDir, Failure> {
         let shown = target.display();
+        let mut created = false;
         match fs::symlink_metadata(target) {
             Ok(m) if m.file_type().is_symlink() => {
                 return Err(Failure::input(format!(
@@ -109,7 +104,8 @@ impl OutputDir {
                 return Err(Failure::input(format!("{shown}: exists and is not a directory")));
             }
             Ok(_) => {
-                if let Some(input) = inputs.iter().find(|i| inside(i, target)) {
+                if let Some(input) = inputs.iter().find(|i| i.exists() && servesim_replay::paths::inside_dir(i, target))
+                {
                     return Err(Failure::input(format!(
                         "{shown}: the output directory holds {}, an input of this run; choose another --output-dir",
                         input.display()
@@ -141,13 +137,14 @@ impl OutputDir {
             }
             Err(_) => {
                 fs::create_dir_all(target).map_err(|e| Failure::input(format!("{shown}: cannot create: {e}")))?;
+                created = true;
             }
         }
         let stage = target.join(format!("{STAGE_PREFIX}{}", std::process::id()));
         let _ = fs::remove_dir_all(&stage);
         fs::create_dir(&stage).map_err(|e| Failure::input(format!("{}: cannot create: {e}", stage.display())))?;
         servesim_replay::scratch::register(&stage);
-        Ok(OutputDir { target: target.to_path_buf(), stage, done: false })
+        Ok(OutputDir { target: target.to_path_buf(), stage, created, done: false })
     }
 
     /// Where a staged output is written (it moves to the same name in the output directory).
@@ -203,6 +200,10 @@ impl Drop for OutputDir {
         if !self.done {
             let _ = fs::remove_dir_all(&self.stage);
             servesim_replay::scratch::unregister(&self.stage);
+            if self.created {
+                // Only if nothing else was put there meanwhile.
+                let _ = fs::remove_dir(&self.target);
+            }
         }
     }
 }

@@ -8,47 +8,9 @@ use std::path::{Path, PathBuf};
 
 use crate::Failure;
 
-/// Where a path lives: its device and inode when it exists (following symlinks, so links and
-/// hard links to one file compare equal), else its canonical directory and file name.
-#[derive(PartialEq, Eq)]
-enum Place {
-    Inode(u64, u64),
-    Path(PathBuf),
-}
-
-fn place(path: &Path) -> Place {
-    #[cfg(unix)]
-    if let Ok(m) = std::fs::metadata(path) {
-        use std::os::unix::fs::MetadataExt;
-        return Place::Inode(m.dev(), m.ino());
-    }
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return Place::Path(p);
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    Place::Path(path.file_name().map_or(dir.clone(), |n| dir.join(n)))
-}
-
 /// Whether two paths name the same file or directory (existing or not).
 pub fn same_place(a: &Path, b: &Path) -> bool {
-    place(a) == place(b)
-}
-
-/// `path` resolved (its directory canonical when the file does not exist yet).
-fn resolved(path: &Path) -> PathBuf {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return p;
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    path.file_name().map_or(dir.clone(), |n| dir.join(n))
+    servesim_replay::paths::same_file(a, b)
 }
 
 /// Refuses report paths that are one of `inputs` (trace files, configuration files, shard
@@ -56,19 +18,15 @@ fn resolved(path: &Path) -> PathBuf {
 /// same file as each other. Runs before anything is opened for writing.
 pub fn check_report_paths<P: AsRef<Path>>(reports: &[(&str, &Path)], inputs: &[P]) -> Result<(), Failure> {
     for (i, (flag, path)) in reports.iter().enumerate() {
-        let here = place(path);
-        if let Some(input) = inputs.iter().map(AsRef::as_ref).find(|input| place(input) == here) {
+        if let Some(input) = inputs.iter().map(AsRef::as_ref).find(|input| same_place(path, input)) {
             return Err(Failure::input(format!(
                 "--{flag} {} is the input {}; refusing to overwrite an input with a report",
                 path.display(),
                 input.display()
             )));
         }
-        let at = resolved(path);
-        if let Some(dir) = inputs
-            .iter()
-            .map(AsRef::as_ref)
-            .find(|input| input.is_dir() && std::fs::canonicalize(input).is_ok_and(|d| at.starts_with(d)))
+        if let Some(dir) =
+            inputs.iter().map(AsRef::as_ref).find(|input| servesim_replay::paths::inside_dir(path, input))
         {
             return Err(Failure::input(format!(
                 "--{flag} {} is inside the input directory {}; refusing to write a report among a run's inputs",
@@ -76,7 +34,7 @@ pub fn check_report_paths<P: AsRef<Path>>(reports: &[(&str, &Path)], inputs: &[P
                 dir.display()
             )));
         }
-        if let Some((other, _)) = reports[..i].iter().find(|(_, p)| place(p) == here) {
+        if let Some((other, _)) = reports[..i].iter().find(|(_, p)| same_place(p, path)) {
             return Err(Failure::input(format!(
                 "--{other} and --{flag} name the same file ({}); give each report its own path",
                 path.display()

@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::error::short_number;
 use servesim_replay::formats::WekaBasis;
+use servesim_replay::memory::{available as available_memory, gib, session_bytes, WORKER_BYTES};
 use servesim_replay::{
     load_trace, request_json, request_json_with_breakdown, simulate_with, Arrivals, Autoscaler, Collector, LoadMode,
     Overflow, Pacer, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec,
@@ -462,26 +463,6 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
     Ok((Workload::Synthetic(spec), load))
 }
 
-/// Bytes of simulator state an idle worker rank holds (measured: about 1.8 KB; doubled).
-const WORKER_BYTES: u64 = 4096;
-/// Bytes a synthetic turn holds besides its prompt's block ids (4 bytes each).
-const TURN_BYTES: u64 = 128;
-/// Bytes a prompt block of a request in flight takes in the engine and the router (its hashes
-/// and sequence state; measured: about 57 with 64-token blocks, 20M-token prompts).
-const PROMPT_BLOCK_BYTES: u64 = 64;
-
-/// Memory the system can give this process without swapping (Linux `MemAvailable`).
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
-}
-
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
 /// Refuses counts whose state cannot fit in this machine's memory, before anything is allocated
 /// for them (instead of aborting out of memory later).
 fn check_counts(a: &PredictArgs, memory: Option<u64>) -> Result<(), Failure> {
@@ -506,10 +487,7 @@ fn check_counts(a: &PredictArgs, memory: Option<u64>) -> Result<(), Failure> {
 fn check_sessions(a: &PredictArgs, block_size: u32, memory: Option<u64>) -> Result<(), Failure> {
     let Some(memory) = memory else { return Ok(()) };
     if let (Some(input), true) = (a.input_tokens, a.traces.is_empty()) {
-        let blocks = (input as u64).div_ceil(block_size.max(1) as u64);
-        let per_session = (a.turns_per_session as u64)
-            .saturating_mul(TURN_BYTES.saturating_add(blocks * 4))
-            .saturating_add(blocks * PROMPT_BLOCK_BYTES);
+        let per_session = session_bytes(input as u64, a.turns_per_session as u64, block_size as u64);
         let sessions = a.replay_concurrency.unwrap_or(1).min(a.request_count.unwrap_or(1)).max(1) as u64;
         let need = per_session.saturating_mul(sessions);
         if need > memory {

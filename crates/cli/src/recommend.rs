@@ -126,6 +126,21 @@ struct Pages<'a> {
 }
 
 impl<'a> Pages<'a> {
+    /// The checks of [`Pages::open`] that touch nothing: run before the output directory is
+    /// created, so a refused page leaves no trace.
+    fn check(
+        page: &Path,
+        choice: crate::candidate_pages::Choice,
+        output_dir: &Path,
+        inputs: &[PathBuf],
+    ) -> Result<(), Failure> {
+        crate::deploy::check_reports(&[("report-html", page)], inputs, output_dir)?;
+        if choice != crate::candidate_pages::Choice::Best(0) {
+            crate::candidate_pages::check_pages_dir(page, output_dir)?;
+        }
+        Ok(())
+    }
+
     fn open(
         page: &'a Path,
         choice: crate::candidate_pages::Choice,
@@ -134,11 +149,10 @@ impl<'a> Pages<'a> {
         base: PathBuf,
         threads: usize,
     ) -> Result<Pages<'a>, Failure> {
-        crate::deploy::check_reports(&[("report-html", page)], inputs, output_dir)?;
+        Pages::check(page, choice, output_dir, inputs)?;
         let stage = if choice == crate::candidate_pages::Choice::Best(0) {
             None
         } else {
-            crate::candidate_pages::check_pages_dir(page, output_dir)?;
             Some(Staged::new(&crate::candidate_pages::pages_dir(page), true)?)
         };
         let file = crate::output::ReportFile::create(page)?;
@@ -229,7 +243,7 @@ fn merge(
         .map(|(i, t)| t.ok_or_else(|| Failure::input(format!("candidate {i} was evaluated by no shard"))))
         .collect::<Result<_, _>>()?;
     if let Some(page) = report_html {
-        crate::deploy::check_reports(&[("report-html", page)], &inputs, output_dir)?;
+        Pages::check(page, choice, output_dir, &inputs)?;
     }
     let staged = OutputDir::open(output_dir, overwrite, &inputs)?;
     let pages = report_html.map(|page| Pages::open(page, choice, output_dir, &inputs, base.clone(), 0)).transpose()?;
@@ -334,7 +348,7 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     }
     let inputs = crate::deploy::run_inputs(config, &tree);
     if let Some(page) = &a.pages.report_html {
-        crate::deploy::check_reports(&[("report-html", page)], &inputs, &a.output_dir)?;
+        Pages::check(page, a.pages.report_candidates, &a.output_dir, &inputs)?;
     }
     // The output directory first: the page may be written inside it.
     let staged = OutputDir::open(&a.output_dir, a.overwrite, &inputs)?;

@@ -397,6 +397,7 @@ fn a_corpus_with_a_link_loop_is_refused_by_every_search_path() {
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("symlink") || stderr(&out).contains("symbolic link"), "{}", stderr(&out));
         assert!(started.elapsed().as_secs() < 20);
+        assert!(!dir.join("out").exists(), "{extra:?}: a failed run leaves no output directory it created");
     }
 }
 

@@ -424,19 +424,32 @@ fn a_stale_cache_entry_is_named_on_the_page_it_differs_from() {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     recommend_pages(&d, &["--report-candidates", "0"]);
-    // Every cached trial now claims one more output token than its replay makes.
-    let mut changed = 0;
-    for shard in std::fs::read_dir(d.join("out/cache")).unwrap() {
-        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
-            let p = entry.unwrap().path();
-            let text = std::fs::read_to_string(&p).unwrap();
-            let stale = text.replace("\"total_output_tokens\":3200,", "\"total_output_tokens\":3201,");
-            assert_ne!(stale, text, "{}", p.display());
-            std::fs::write(&p, stale).unwrap();
-            changed += 1;
+    // Every cached trial now claims one more output token than its replay makes. `redigest`
+    // says whether the entry's own digest is brought up to date, as an entry written by another
+    // build of the same version would be; an entry edited without it is not trusted at all.
+    let make_stale = |redigest: bool| {
+        let mut changed = 0;
+        for shard in std::fs::read_dir(d.join("out/cache")).unwrap() {
+            for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+                let p = entry.unwrap().path();
+                let text = std::fs::read_to_string(&p).unwrap();
+                let stale = text.replace("\"total_output_tokens\":3200,", "\"total_output_tokens\":3201,");
+                assert_ne!(stale, text, "{}", p.display());
+                let mut v: serde_json::Value = serde_json::from_str(&stale).unwrap();
+                if redigest {
+                    v.as_object_mut().unwrap().remove("digest");
+                    v = servesim_deploy::recommend::with_digest(v);
+                }
+                std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+                changed += 1;
+            }
         }
-    }
-    assert_eq!(changed, 54);
+        assert_eq!(changed, 54);
+    };
+    make_stale(false);
+    let (_, stderr) = recommend_pages(&d, &["--report-candidates", "3"]);
+    assert!(!stderr.contains("differs from the result the search ranked"), "{stderr}");
+    make_stale(true);
     let (_, stderr) = recommend_pages(&d, &["--report-candidates", "3"]);
     assert_eq!(stderr.matches("a fresh replay differs from the result the search ranked").count(), 3, "{stderr}");
     for f in page_files(&d.join("rec")) {

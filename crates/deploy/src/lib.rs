@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
+use servesim_replay::memory::{gib, session_bytes, WORKER_BYTES};
 use servesim_replay::{Collector, LoadMode, Progress, Report, RequestRecord, SimConfig, Workload};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
 
@@ -97,26 +98,8 @@ impl PrefillLoadEstimator for AisPrefillLoad {
     }
 }
 
-/// Memory the system can give this process without swapping (Linux `MemAvailable`).
-pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
-}
-
-/// Bytes of simulator state an idle worker rank holds (measured: about 1.8 KB; doubled).
-const WORKER_BYTES: u64 = 4096;
-/// Bytes a synthetic turn holds besides its prompt's block ids (4 bytes each).
-const TURN_BYTES: u64 = 128;
-/// Bytes a prompt block of a request in flight takes in the engine and the router.
-const PROMPT_BLOCK_BYTES: u64 = 64;
 /// Bytes a finished request's record keeps until the summary is made.
 const RECORD_BYTES: u64 = 64;
-
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
 
 /// Refuses, before anything is built for them, worker counts and synthetic sessions whose
 /// simulator state cannot fit in `memory` bytes (the flag form's guards, on the YAML's keys):
@@ -153,11 +136,8 @@ pub fn check_memory(config: &Config, memory: u64) -> Result<(), DeployError> {
         schema::Load::Concurrency(c) => (c as u64).min(count).max(1),
         _ => 1,
     };
-    // A session's prompt grows with its turns: the last turn holds all of them.
-    let blocks = (input as u64).saturating_mul(turns as u64).div_ceil(16);
-    let per_session = (turns as u64)
-        .saturating_mul(TURN_BYTES.saturating_add(blocks.saturating_mul(4)))
-        .saturating_add(blocks.saturating_mul(PROMPT_BLOCK_BYTES));
+    // Blocks of the smallest size an engine uses: the estimate errs high.
+    let per_session = session_bytes(input as u64, turns as u64, 16);
     let need = per_session
         .saturating_mul(in_flight)
         .saturating_add(count.saturating_mul(turns as u64).saturating_mul(RECORD_BYTES));
@@ -214,7 +194,7 @@ fn check_prompt_fits(config: &Config, topology: &servesim_replay::Topology) -> R
 
 /// Lowers a read configuration. `base`: the directory relative trace paths start from.
 pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
-    if let Some(memory) = available_memory() {
+    if let Some(memory) = servesim_replay::memory::available() {
         check_memory(&config, memory)?;
     }
     let engine = lower::lower_engine(&config.engine)?;

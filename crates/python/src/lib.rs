@@ -556,8 +556,10 @@ fn run_replay(
     // Outputs inside a trace directory (a corpus the run walks) are refused too.
     let outputs: Vec<&PathBuf> = report_jsonl_path.iter().chain(telemetry_jsonl_path.iter()).collect();
     for (i, out) in outputs.iter().enumerate() {
-        let clash = outputs[..i].iter().any(|other| same_file(out, other))
-            || trace_files.iter().any(|trace| same_file(out, trace) || inside_dir(out, trace));
+        let clash = outputs[..i].iter().any(|other| servesim_replay::paths::same_file(out, other))
+            || trace_files.iter().any(|trace| {
+                servesim_replay::paths::same_file(out, trace) || servesim_replay::paths::inside_dir(out, trace)
+            });
         if clash {
             return Err(PyValueError::new_err("replay output paths must differ from each other and trace files"));
         }
@@ -636,40 +638,6 @@ fn run_replay(
         Err(Failure::Value(message)) => Err(PyValueError::new_err(message)),
         Err(Failure::Interrupted(e)) => Err(e),
     }
-}
-
-/// `path` with its directory made canonical (all of it when it exists): two spellings of one
-/// place, symbolic links included, come out equal.
-fn resolved(path: &Path) -> PathBuf {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return p;
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    path.file_name().map_or(dir.clone(), |n| dir.join(n))
-}
-
-/// Whether `a` and `b` are one file: the same resolved path, or (hard links) the same inode.
-fn same_file(a: &Path, b: &Path) -> bool {
-    if resolved(a) == resolved(b) {
-        return true;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return x.dev() == y.dev() && x.ino() == y.ino();
-        }
-    }
-    false
-}
-
-/// Whether `path` lies inside `dir`, an existing directory.
-fn inside_dir(path: &Path, dir: &Path) -> bool {
-    dir.is_dir() && resolved(path).starts_with(resolved(dir))
 }
 
 #[pymodule]
