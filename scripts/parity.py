@@ -13,6 +13,9 @@ random (KV-router ties, softmax sampling) says so with
   "check": {"runs": 3, "tolerances": {"median_ttft_ms": 0.05, ...}}
 its golden file then holds the per-key median of that many reference runs, and only the listed
 metrics (plus completed_requests) are compared, each with its own relative tolerance.
+A case may add "launch": {...}, top-level engine-args keys besides "engine" (the memory
+fractions, {"dynamo": {"router_queue_policy": ...}}), and "reference": "dynamo+aisimulate" when
+its engine uses AIS timing (recorded with ../shared/parity/setup_aisimulate.sh --with-dynamo).
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
@@ -82,14 +85,15 @@ def servesim_args(case):
                     "inter_turn_delay_ms"]:
             if key in s:
                 args += ["--" + key.replace("_", "-"), str(s[key])]
+    launch = case.get("launch") or {}
     if case.get("engine") is not None:
-        eng = {"engine": case["engine"]}
+        eng = {**launch, "engine": case["engine"]}
         if case.get("dp_size", 1) != 1:
             eng["dp_size"] = case["dp_size"]
         args += ["--extra-engine-args", json.dumps(eng)]
     if case.get("prefill_engine") is not None or case.get("decode_engine") is not None:
         def side(role):
-            eng = {"engine": case.get(f"{role}_engine", {})}
+            eng = {**launch, "engine": case.get(f"{role}_engine", {})}
             if case.get(f"{role}_dp_size", 1) != 1:
                 eng["dp_size"] = case[f"{role}_dp_size"]
             return json.dumps(eng)
@@ -125,7 +129,9 @@ def run_servesim(case, binary):
 
 
 def run_reference(case):
-    py = subprocess.run([os.path.join(SHARED, "parity", "setup.sh")], check=True, capture_output=True,
+    # AIS timing in engine arguments needs aisimulate beside Dynamo (the --with-dynamo venv).
+    setup = ["setup_aisimulate.sh", "--with-dynamo"] if case.get("reference") == "dynamo+aisimulate" else ["setup.sh"]
+    py = subprocess.run([os.path.join(SHARED, "parity", setup[0])] + setup[1:], check=True, capture_output=True,
                         text=True).stdout.strip()
     with open("/tmp/servesim-parity-case.json", "w") as f:
         json.dump(case, f)

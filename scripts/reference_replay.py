@@ -10,6 +10,9 @@ summary as JSON. Like ../shared/parity/dynamo_replay.py, plus the keys that scri
   "trace_format", "trace_block_size" (null: the format's own), "agentic_lanes",
   "execution_model", "weka_nested_timestamp_basis", "trace_shared_prefix_ratio",
   "trace_num_prefix_groups"    the trace-format options of run_trace_replay
+  "launch": {...}              top-level keys of every engine-args object besides "engine"
+                               (e.g. {"dynamo": {"router_queue_policy": "lcfs"}},
+                               {"gpu_memory_utilization": 0.8})
 
 Run it with the reference's interpreter:
   $(../shared/parity/setup.sh) scripts/reference_replay.py CASE.json [--per-request OUT.json]
@@ -21,10 +24,13 @@ from dynamo._core import KvRouterConfig  # noqa: E402
 from dynamo.replay.api import run_trace_replay, run_synthetic_trace_replay  # noqa: E402
 
 
+LAUNCH = {}
+
+
 def engine_args(engine, dp_size):
     if engine is None:
         return None
-    args = {"engine": dict(engine)}
+    args = {**LAUNCH, "engine": dict(engine)}
     if dp_size and dp_size != 1:
         args["dp_size"] = dp_size
     return args
@@ -32,6 +38,7 @@ def engine_args(engine, dp_size):
 
 def main():
     case = json.load(open(sys.argv[1]))
+    LAUNCH.update(case.get("launch") or {})
     per_request_out = sys.argv[sys.argv.index("--per-request") + 1] if "--per-request" in sys.argv else None
     router_config = case.get("router_config")
     if router_config is not None:

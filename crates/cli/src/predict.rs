@@ -831,6 +831,8 @@ fn sim_failure(a: &PredictArgs, e: SimError) -> Failure {
             None if !a.traces.is_empty() => Failure::input(format!("the trace's timestamps and delays: {e}")),
             None => Failure::input(e),
         },
+        // The engine arguments cannot serve the workload: an input error.
+        e @ SimError::Unschedulable { .. } => Failure::input(e),
         e => Failure::run(e),
     }
 }

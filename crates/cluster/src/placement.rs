@@ -8,7 +8,9 @@
 use servesim_engine::{KvEvent, Role};
 use std::sync::Arc;
 
-use servesim_router::{KvRouter, Placement, PrefillLoadEstimator, RoundRobin, RouteRequest, Routed, RouterConfig};
+use servesim_router::{
+    KvRouter, Placement, PrefillLoadEstimator, QueuePolicy, RoundRobin, RouteRequest, Routed, RouterConfig,
+};
 
 use crate::topology::PoolSpec;
 
@@ -93,6 +95,20 @@ pub fn router_config_for(role: Role, config: &RouterConfig) -> RouterConfig {
     }
 }
 
+/// The router configuration in front of `pool`: its role's, with the queue policy its workers'
+/// arguments name (Dynamo's `dynamo.router_queue_policy` replaces the router configuration's).
+pub fn pool_router_config(pool: &PoolSpec, config: &RouterConfig) -> RouterConfig {
+    let mut rc = router_config_for(pool.role, config);
+    if let Some(policy) = pool.deployment.router_queue_policy {
+        rc.queue_policy = match policy {
+            "lcfs" => QueuePolicy::Lcfs,
+            "wspt" => QueuePolicy::Wspt,
+            _ => QueuePolicy::Fcfs,
+        };
+    }
+    rc
+}
+
 impl Placer {
     /// A placer for `pool`'s initial workers, all active.
     pub fn new(pool: &PoolSpec, mode: &RouterMode, seed: u64) -> Placer {
@@ -104,7 +120,7 @@ impl Placer {
             }
             RouterMode::KvRouter(rc) => {
                 let budget = pool.engine.max_num_batched_tokens.unwrap_or(8192);
-                let rc = router_config_for(pool.role, rc);
+                let rc = pool_router_config(pool, rc);
                 Kind::Kv(Box::new(KvRouter::new(rc, slots * dp, pool.engine.block_size, budget, seed)))
             }
         };

@@ -34,5 +34,6 @@ pub use output::{
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
 pub use speculative::SpeculativeConfig;
 pub use timing::{
-    DecodeShape, ExternalTimer, PassTimer, PrefillShape, TimerFactory, TimingJitter, TimingModel, MAX_TIMING_JITTER_CV,
+    DecodeShape, ExternalTimer, KvMemory, MemoryLimits, PassTimer, PrefillShape, TimerFactory, TimingJitter,
+    TimingModel, MAX_TIMING_JITTER_CV,
 };

@@ -37,6 +37,34 @@ pub trait PassTimer: Send + Sync + std::fmt::Debug {
     fn decode_ms(&self, batch: u32, context_tokens: u64, capacity_tokens: u64) -> std::result::Result<f64, String>;
     /// The provider's configuration, for the canonical dump of the engine configuration.
     fn config(&self) -> serde_json::Value;
+    /// KV-cache blocks of one rank sized from the GPU's memory, as the reference sizes them
+    /// when the configuration gives no `num_gpu_blocks`. `None`: the model knows nothing of
+    /// memory, and the engine's default capacity stays.
+    fn kv_cache_blocks(&self, _memory: &KvMemory) -> Option<std::result::Result<u64, String>> {
+        None
+    }
+}
+
+/// What sizing a KV cache from memory takes from the engine's configuration (Dynamo's
+/// `capacity_estimation_options`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KvMemory {
+    pub block_size: u32,
+    /// The per-pass token budget (activation memory); None when unbounded.
+    pub max_num_batched_tokens: Option<u32>,
+    pub max_num_seqs: Option<u32>,
+    pub limits: MemoryLimits,
+}
+
+/// The memory knobs of a launch: vLLM's, SGLang's and TRT-LLM's memory fractions (each
+/// backend reads its own; None: the backend's default) and bytes reserved outside the KV pool
+/// for CUDA graphs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemoryLimits {
+    pub gpu_memory_utilization: Option<f64>,
+    pub mem_fraction_static: Option<f64>,
+    pub free_gpu_memory_fraction: Option<f64>,
+    pub cuda_graph_reserved_bytes: Option<u64>,
 }
 
 /// Builds a [`PassTimer`] from `{"provider": NAME, "config": {...}}`; `key` is the key path of

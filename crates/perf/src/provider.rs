@@ -302,12 +302,28 @@ fn lane_order(
 ) -> Result<Vec<String>> {
     let mut lanes: Vec<(String, usize, usize)> = db.attention_lanes(generation)?;
     let mut out: Vec<String> = Vec::new();
-    let pin = match pin {
-        Some(p) => Some(p.to_string()),
-        None => framework_default_lane(root, &db.backend, &db.version, db.spec.sm_version, arch),
-    };
-    if let Some(p) = pin.filter(|p| p != "default") {
-        out.push(p);
+    match pin {
+        Some(p) if p != "default" => {
+            // The user's choice: its stored lanes first, and an error if the tables hold none.
+            let wanted = override_lanes(&db.backend, p)?;
+            if !wanted.iter().any(|w| lanes.iter().any(|(l, _, _)| l == w)) {
+                let mut available: Vec<&str> = lanes.iter().map(|(l, _, _)| l.as_str()).collect();
+                available.sort_unstable();
+                return Err(PerfError::unsupported(format!(
+                    "attention_backend={p:?} has no {} attention measurements for system {:?}, backend {:?}, \
+                     version {:?}; expected at least one stored lane of {wanted:?}, available lanes: {available:?}",
+                    if generation { "generation" } else { "context" },
+                    db.spec.name,
+                    db.backend,
+                    db.version,
+                )));
+            }
+            out.extend(wanted.iter().map(|w| w.to_string()));
+        }
+        Some(_) => {}
+        None => out.extend(
+            framework_default_lane(root, &db.backend, &db.version, db.spec.sm_version, arch).filter(|p| p != "default"),
+        ),
     }
     lanes.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)));
     for (l, _, _) in lanes {
@@ -319,6 +335,37 @@ fn lane_order(
         out.push("default".into());
     }
     Ok(out)
+}
+
+/// The stored lanes (kernel sources) a user's `attention_backend` names on `backend`, most
+/// specific first: SGLang stores its lanes under the user-facing names, vLLM under its own
+/// labels (flashinfer's differ across versions), TRT-LLM under none of them.
+fn override_lanes(backend: &str, choice: &str) -> Result<&'static [&'static str]> {
+    let table: &[(&str, &[&str])] = match backend {
+        "sglang" => &[
+            ("fa3", &["fa3"]),
+            ("triton", &["triton"]),
+            ("trtllm_mha", &["trtllm_mha"]),
+            ("flashinfer", &["flashinfer"]),
+            ("fla", &["fla"]),
+        ],
+        "vllm" => &[
+            ("triton", &["vllm_triton_attn"]),
+            ("flashinfer", &["vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode", "vllm_flashinfer"]),
+        ],
+        _ => &[],
+    };
+    match table.iter().find(|(name, _)| *name == choice) {
+        Some((_, lanes)) => Ok(lanes),
+        None => {
+            let mut supported: Vec<&str> = table.iter().map(|(name, _)| *name).collect();
+            supported.sort_unstable();
+            supported.push("default");
+            Err(PerfError::unsupported(format!(
+                "attention_backend={choice:?} is not supported on backend {backend:?}; supported values: {supported:?}"
+            )))
+        }
+    }
 }
 
 fn framework_default_lane(
@@ -489,6 +536,23 @@ impl PassTimer for AisTimer {
 
     fn config(&self) -> Value {
         self.config.raw.clone()
+    }
+
+    fn kv_cache_blocks(&self, memory: &servesim_engine::KvMemory) -> Option<std::result::Result<u64, String>> {
+        let limits = &memory.limits;
+        let fraction = match self.config.backend.as_str() {
+            "vllm" => limits.gpu_memory_utilization,
+            "sglang" => limits.mem_fraction_static,
+            _ => limits.free_gpu_memory_fraction,
+        };
+        // An unbounded per-pass budget is no activation size; the estimator's default stands in.
+        let budget = memory.max_num_batched_tokens.unwrap_or(8192) as u64;
+        let reserved = limits.cuda_graph_reserved_bytes.unwrap_or(0) as f64;
+        Some(
+            crate::memory::kv_capacity(&self.estimator, fraction, budget, memory.block_size, reserved)
+                .map(|c| c.blocks)
+                .map_err(|e| e.message),
+        )
     }
 }
 

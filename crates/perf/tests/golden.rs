@@ -191,3 +191,30 @@ fn kv_capacity_goldens() {
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
     }
 }
+
+/// An explicit `attention_backend` times the lanes the reference maps it to, and fails as the
+/// reference does when the tables hold none of them (probed on Dynamo 1.6.1 + aisimulate:
+/// `_normalize_mocker_config` raises UnsupportedAttentionBackendError for all three below).
+#[test]
+fn attention_backend_overrides_need_their_lanes() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    let with = |backend: &str, ab: &str| {
+        let cfg = json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": backend,
+                         "worker_type": "aggregated", "attention_backend": ab});
+        estimator(&AisConfig::from_json("config", &cfg).unwrap()).map(|_| ()).map_err(|e| e.message)
+    };
+    let e = with("vllm", "flashinfer").unwrap_err();
+    assert!(e.contains("has no context attention measurements") && e.contains("vllm_flash_attn_fa3"), "{e}");
+    let e = with("vllm", "triton").unwrap_err();
+    assert!(e.contains("expected at least one stored lane of [\"vllm_triton_attn\"]"), "{e}");
+    let e = with("vllm", "fa3").unwrap_err();
+    assert!(
+        e.contains("not supported on backend \"vllm\"; supported values: [\"flashinfer\", \"triton\", \"default\"]"),
+        "{e}"
+    );
+    with("vllm", "default").unwrap();
+    with("sglang", "fa3").unwrap();
+}

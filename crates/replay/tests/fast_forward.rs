@@ -60,15 +60,15 @@ fn random_engine(rng: &mut ChaCha12Rng) -> WorkerArgs {
             rng.random_range(1..20)
         )
     };
+    let (max_seqs, budget, caching, chunking) =
+        (rng.random_range(1..64), rng.random_range(16..8192), rng.random_bool(0.7), rng.random_bool(0.8));
+    // Without chunking every prompt (under 2,500 tokens) must fit one pass, or the run stops.
+    let budget = if chunking { budget } else { budget.max(2500) };
     let json = format!(
         r#"{{"engine_type": "{backend}", "block_size": {bs}, "num_gpu_blocks": {blocks},
-            "max_num_seqs": {}, "max_num_batched_tokens": {}, "enable_prefix_caching": {},
-            "enable_chunked_prefill": {}, "preemption_mode": "{}", "timing_model": {timing},
+            "max_num_seqs": {max_seqs}, "max_num_batched_tokens": {budget}, "enable_prefix_caching": {caching},
+            "enable_chunked_prefill": {chunking}, "preemption_mode": "{}", "timing_model": {timing},
             "speedup_ratio": {}}}"#,
-        rng.random_range(1..64),
-        rng.random_range(16..8192),
-        rng.random_bool(0.7),
-        rng.random_bool(0.8),
         if rng.random_bool(0.5) { "lifo" } else { "fifo" },
         [0.5, 1.0, 2.0][rng.random_range(0..3)],
     );

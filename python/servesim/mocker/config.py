@@ -51,28 +51,31 @@ def normalize_mocker_config(config: Mapping[str, Any] | str | None = None) -> di
         raise TypeError(f"'{type(config).__name__}' object cannot be converted to 'Mapping'")
     normalized = _schema.normalize(value)
     # The simulator must be able to run what was accepted (timing profiles, AIS models).
-    _core.normalize_mocker_config_json(json.dumps(_for_core(normalized)))
+    core = json.loads(_core.normalize_mocker_config_json(json.dumps(_for_core(normalized))))
+    if performance_config(normalized) is not None:
+        # AIS timing decides what the launch left open: the KV capacity from GPU memory (unless
+        # it was the user's), tensor parallelism, data-parallel ranks and the MTP depth.
+        normalized["engine"]["num_gpu_blocks"] = core["engine"]["num_gpu_blocks"]
+        if normalized["engine"]["aic_nextn"] != core["engine"]["aic_nextn"]:
+            normalized["engine"]["aic_nextn"] = core["engine"]["aic_nextn"]
+            normalized["engine"]["aic_nextn_accept_rates"] = core["engine"]["aic_nextn_accept_rates"]
+        normalized["tensor_parallel_size"] = core["tensor_parallel_size"]
+        normalized["dp_size"] = core["dp_size"]
     return normalized
 
 
-# Keys of the canonical form that only matter to a live deployment (capacity estimation from
-# GPU memory, ports, indexer) and that the simulator's reader does not take.
-_NOT_SIMULATED = (
-    "num_gpu_blocks_is_explicit",
-    "gpu_memory_utilization",
-    "mem_fraction_static",
-    "free_gpu_memory_fraction",
-    "cuda_graph_reserved_bytes",
-    "dynamo",
-)
+# The `dynamo` keys that change what a simulation computes; the others (ports, indexer,
+# handoff timeout) only matter to a live deployment. The memory fractions stay: with AIS timing
+# they size the KV cache.
+_SIMULATED_DYNAMO = ("reasoning", "router_queue_policy")
 
 
 def _for_core(config: dict) -> dict:
     """The parts of a normalized configuration the Rust reader takes."""
-    out = {k: v for k, v in config.items() if k not in _NOT_SIMULATED}
-    reasoning = (config.get("dynamo") or {}).get("reasoning")
-    if reasoning is not None:
-        out["dynamo"] = {"reasoning": reasoning}
+    out = {k: v for k, v in config.items() if k != "dynamo"}
+    dynamo = {k: v for k, v in (config.get("dynamo") or {}).items() if k in _SIMULATED_DYNAMO and v is not None}
+    if dynamo:
+        out["dynamo"] = dynamo
     return out
 
 
@@ -139,10 +142,10 @@ _AIS_IDENTITY = (
     ("ais_backend", "backend"),
     ("ais_system", "system"),
     ("ais_backend_version", "backend_version"),
-    ("ais_tp_size", "tp_size"),
+    ("ais_tp_size", "tp"),
     ("ais_moe_tp_size", "moe_tp_size"),
     ("ais_moe_ep_size", "moe_ep_size"),
-    ("ais_attention_dp_size", "attention_dp_size"),
+    ("ais_attention_dp_size", "attention_dp"),
     ("ais_nextn", "nextn"),
 )
 _TOP_LEVEL = ("dp_size", "startup_time", "gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction")

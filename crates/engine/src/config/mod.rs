@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use crate::json::{Field, Result};
 use crate::request::ReasoningConfig;
 use crate::speculative::SpeculativeConfig;
-use crate::timing::{TimerFactory, TimingModel, Unresolved};
+use crate::timing::{MemoryLimits, TimerFactory, TimingModel, Unresolved};
 
 pub use worker::{Deployment, KvTransfer, KvTransferTimingMode, WorkerArgs};
 
@@ -268,6 +268,11 @@ struct RawConfig {
     accept_rates: Option<(String, Vec<f64>)>,
     mtp_seed: Field<u64>,
     reasoning: Option<ReasoningConfig>,
+    memory: MemoryLimits,
+    num_gpu_blocks_is_explicit: Field<bool>,
+    router_queue_policy: Field<usize>,
+    emit_kv_events: Field<bool>,
+    emit_kv_token_ids: Field<bool>,
 }
 
 const WORKER_TYPES: [&str; 3] = ["aggregated", "prefill", "decode"];

@@ -1,17 +1,88 @@
 //! From raw fields to a [`WorkerArgs`]: defaults, the checks across keys, and timing models
 //! resolved (profiles read, external models built).
 
+use super::read::QUEUE_POLICIES;
 use super::{
     Backend, ConfigEnv, Deployment, EngineConfig, KvTransfer, KvTransferTimingMode, PreemptionMode, RawConfig, Role,
-    WorkerArgs,
+    WorkerArgs, WORKER_TYPES,
 };
 use crate::json::{ConfigError, Field, Result};
 use crate::profile::Profile;
 use crate::speculative::SpeculativeConfig;
-use crate::timing::{ExternalTimer, TimingModel, Unresolved};
+use crate::timing::{ExternalTimer, KvMemory, TimingModel, Unresolved};
 
 impl RawConfig {
-    pub(super) fn normalise(self, env: ConfigEnv) -> Result<WorkerArgs> {
+    /// Dynamo's launch rules for AIS timing: the timing config's `tp`, `attention_dp` and
+    /// `nextn` are the launch's tensor parallelism, data-parallel ranks and MTP depth unless
+    /// given, and must agree with them when given; only `pp` 1 launches; the timing config
+    /// describes the same role as the engine.
+    fn take_ais_identity(&mut self, key: &str, config: &serde_json::Value) -> Result<()> {
+        let at = |k: &str| format!("{key}.{k}");
+        let count = |k: &str| -> Result<u32> {
+            match config.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(if k == "nextn" { 0 } else { 1 }),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| ConfigError::new(at(k), format!("expected a non-negative integer, got {v}"))),
+            }
+        };
+        let pp = count("pp")?;
+        if pp != 1 {
+            return Err(ConfigError::new(at("pp"), format!("engine launch supports only pp=1; got pp={pp}")));
+        }
+        let agree = |field: &mut Field<u32>, name: &str, k: &str, v: u32| -> Result<()> {
+            match field.set() {
+                Some(given) if given != v => Err(ConfigError::new(
+                    name,
+                    format!("{name} ({given}) conflicts with the AIS timing config's {k} ({v})"),
+                )),
+                _ => {
+                    *field = Field::Set(v);
+                    Ok(())
+                }
+            }
+        };
+        agree(&mut self.tensor_parallel_size, "tensor_parallel_size", "tp", count("tp")?)?;
+        agree(&mut self.dp_size, "dp_size", "attention_dp", count("attention_dp")?)?;
+        let nextn = count("nextn")?;
+        match self.nextn.set() {
+            Some(given) if given != nextn => {
+                return Err(ConfigError::new(
+                    "engine.aic_nextn",
+                    format!("aic_nextn ({given}) conflicts with the AIS timing config's nextn ({nextn})"),
+                ))
+            }
+            None if nextn > 0 => self.nextn = Field::Set(nextn),
+            _ => {}
+        }
+        let role = WORKER_TYPES[self.role.or(0)];
+        let Some(ais_role) = config.get("worker_type").and_then(serde_json::Value::as_str) else {
+            return Err(ConfigError::new(
+                at("worker_type"),
+                "missing (required by Dynamo: aggregated, prefill or decode)",
+            ));
+        };
+        if ais_role != role {
+            return Err(ConfigError::new(
+                at("worker_type"),
+                format!(
+                    "AIS worker_type must match engine role: the timing config says {ais_role:?}, the engine {role:?}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn normalise(mut self, env: ConfigEnv) -> Result<WorkerArgs> {
+        if self.emit_kv_token_ids == Field::Set(true) && self.emit_kv_events != Field::Set(true) {
+            return Err(ConfigError::new("engine.emit_kv_token_ids", "emit_kv_token_ids requires emit_kv_events"));
+        }
+        if let Some(Unresolved::Timer(t)) = &self.timing {
+            if t.provider == "ais" || t.provider == "aic" {
+                self.take_ais_identity(&t.key.clone(), &t.config.clone())?;
+            }
+        }
         let (timing, timing_fallback) = match self.timing {
             None => (TimingModel::Polynomial, None),
             Some(Unresolved::Model(model)) => (model, None),
@@ -140,6 +211,38 @@ impl RawConfig {
                 Some(SpeculativeConfig { nextn: n, accept_rates: rates, seed: self.mtp_seed.or(42) })
             }
         };
+        let max_num_seqs = self.max_num_seqs.nullable_or(Some(256));
+        let max_num_batched_tokens = self.max_num_batched_tokens.nullable_or(Some(8192));
+        let num_gpu_blocks_is_explicit = self.num_gpu_blocks_is_explicit.or(self.num_gpu_blocks.is_set());
+        let num_gpu_blocks = match &timing {
+            // Like Dynamo: a timing model that knows the GPU sizes the cache from its memory
+            // unless the user gave the capacity.
+            TimingModel::External(e) if !num_gpu_blocks_is_explicit => {
+                let memory = KvMemory { block_size, max_num_batched_tokens, max_num_seqs, limits: self.memory };
+                match e.timer().kv_cache_blocks(&memory) {
+                    None => self.num_gpu_blocks.or(16384),
+                    Some(Ok(blocks)) => match u32::try_from(blocks) {
+                        Ok(b) if b > 0 => b,
+                        _ => {
+                            return Err(ConfigError::new(
+                                "engine.num_gpu_blocks",
+                                format!(
+                                    "the KV cache sized from GPU memory holds {blocks} blocks of {block_size} tokens; \
+                                     it must hold at least one (and fewer than 2^32)"
+                                ),
+                            ))
+                        }
+                    },
+                    Some(Err(why)) => {
+                        return Err(ConfigError::new(
+                            "engine.num_gpu_blocks",
+                            format!("not given, and the KV cache cannot be sized from GPU memory: {why}"),
+                        ))
+                    }
+                }
+            }
+            _ => self.num_gpu_blocks.or(16384),
+        };
         let deployment = Deployment {
             dp_size,
             tensor_parallel_size: self.tensor_parallel_size.or(1),
@@ -153,14 +256,17 @@ impl RawConfig {
                     KvTransferTimingMode::DestinationMissing
                 },
             },
+            router_queue_policy: self.router_queue_policy.set().map(|i| QUEUE_POLICIES[i]),
+            memory: self.memory,
+            num_gpu_blocks_is_explicit,
         };
         let engine = EngineConfig {
             backend,
-            num_gpu_blocks: self.num_gpu_blocks.or(16384),
+            num_gpu_blocks,
             block_size,
             max_model_len: self.max_model_len.set(),
-            max_num_seqs: self.max_num_seqs.nullable_or(Some(256)),
-            max_num_batched_tokens: self.max_num_batched_tokens.nullable_or(Some(8192)),
+            max_num_seqs,
+            max_num_batched_tokens,
             enable_prefix_caching: self.enable_prefix_caching.or(true),
             enable_chunked_prefill: self.enable_chunked_prefill.or(true),
             speedup_ratio: ratio(self.speedup_ratio, "speedup_ratio")?,

@@ -31,6 +31,8 @@ fn parse_rates(path: &str, v: &Value) -> Result<Vec<f64>> {
 
 const PREEMPTION_MODES: [&str; 2] = ["lifo", "fifo"];
 const TRANSFER_MODES: [&str; 2] = ["full_prompt", "destination_missing"];
+/// Dynamo's `RouterQueuePolicy` values.
+pub(super) const QUEUE_POLICIES: [&str; 3] = ["fcfs", "lcfs", "wspt"];
 
 impl RawConfig {
     /// Keys shared by the flat form and the canonical `engine` section.
@@ -72,6 +74,22 @@ impl RawConfig {
             )?;
             t.finish()?;
         }
+        Ok(())
+    }
+
+    /// The backends' memory fractions, each finite and in [0, 1] as Dynamo checks them.
+    fn read_memory_fractions(&mut self, r: &mut ObjectReader) -> Result<()> {
+        let mut fraction = |key: &'static str| -> Result<Option<f64>> {
+            match r.f64(key)?.set() {
+                Some(v) if !(v.is_finite() && (0.0..=1.0).contains(&v)) => {
+                    Err(ConfigError::new(r.path(key), format!("must be finite and in [0, 1], got {v}")))
+                }
+                v => Ok(v),
+            }
+        };
+        self.memory.gpu_memory_utilization = fraction("gpu_memory_utilization")?;
+        self.memory.mem_fraction_static = fraction("mem_fraction_static")?;
+        self.memory.free_gpu_memory_fraction = fraction("free_gpu_memory_fraction")?;
         Ok(())
     }
 
@@ -169,9 +187,7 @@ impl RawConfig {
         if let Some(path) = r.string("planner_profile_data")?.set() {
             self.timing = Some(Unresolved::Profile(ProfileRef { key, path: path.to_string(), fallback: false }));
         }
-        for key in ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction"] {
-            r.unsupported(key, &[], "KV capacity estimation")?;
-        }
+        self.read_memory_fractions(&mut r)?;
         for key in ["num_g2_blocks", "num_g3_blocks", "offload_batch_size"] {
             r.unsupported(key, &[json!(0)], "host KV offload")?;
         }
@@ -196,11 +212,11 @@ impl RawConfig {
             "handoff_session_timeout_ms",
             "zmq_kv_events_port",
             "zmq_replay_port",
-            "router_queue_policy",
             "has_perf_model",
         ] {
             r.ignored(key);
         }
+        self.router_queue_policy = r.choice("router_queue_policy", &QUEUE_POLICIES)?;
         r.finish()
     }
 
@@ -215,8 +231,9 @@ impl RawConfig {
         }
         e.unsupported("prefill_schedule_interval", &[json!(1)], "prefill_schedule_interval other than 1")?;
         e.unsupported("prefill_decode_interval", &[json!(0)], "prefill_decode_interval other than 0")?;
-        e.ignored("emit_kv_events");
-        e.ignored("emit_kv_token_ids");
+        // Live KV-event publishing: no effect on a replay, but Dynamo's rule between them holds.
+        self.emit_kv_events = e.bool("emit_kv_events")?;
+        self.emit_kv_token_ids = e.bool("emit_kv_token_ids")?;
         for key in [
             "kv_cache_bytes_per_token",
             "kv_cache_groups",
@@ -233,12 +250,9 @@ impl RawConfig {
         self.dp_size = top.u32("dp_size")?;
         self.tensor_parallel_size = top.u32("tensor_parallel_size")?;
         self.startup_time = top.f64("startup_time")?;
-        top.ignored("num_gpu_blocks_is_explicit");
-        for key in
-            ["gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction", "cuda_graph_reserved_bytes"]
-        {
-            top.unsupported(key, &[], "KV capacity estimation")?;
-        }
+        self.num_gpu_blocks_is_explicit = top.bool("num_gpu_blocks_is_explicit")?;
+        self.read_memory_fractions(&mut top)?;
+        self.memory.cuda_graph_reserved_bytes = top.u64("cuda_graph_reserved_bytes")?.set();
         if let Some(mut d) = top.object("dynamo")? {
             for key in [
                 "enable_local_indexer",
@@ -246,10 +260,10 @@ impl RawConfig {
                 "handoff_session_timeout_ms",
                 "zmq_kv_events_port",
                 "zmq_replay_port",
-                "router_queue_policy",
             ] {
                 d.ignored(key);
             }
+            self.router_queue_policy = d.choice("router_queue_policy", &QUEUE_POLICIES)?;
             self.read_reasoning(&mut d)?;
             d.unsupported("response_replay_trace_path", &[], "response replay traces")?;
             d.finish()?;

@@ -249,3 +249,115 @@ fn bad_values_are_named() {
     assert!(parse(r#"{"block_size":16} true"#).unwrap_err().message.contains("trailing"));
     assert_eq!(parse(r#"{"is_prefill":true,"is_decode":true}"#).unwrap_err().path, "is_prefill");
 }
+
+/// A stand-in for the AIS model: a GPU whose memory fraction `f` leaves `f × 100,000` KV tokens
+/// less one token per 100 tokens of per-pass budget.
+#[derive(Debug)]
+struct MemoryAware;
+
+impl crate::timing::PassTimer for MemoryAware {
+    fn prefill_ms(&self, _: u32, _: u64, _: u64) -> std::result::Result<f64, String> {
+        Ok(1.0)
+    }
+    fn decode_ms(&self, _: u32, _: u64, _: u64) -> std::result::Result<f64, String> {
+        Ok(1.0)
+    }
+    fn config(&self) -> Value {
+        serde_json::json!({"model": "m", "system": "s", "backend": "vllm", "worker_type": "aggregated"})
+    }
+    fn kv_cache_blocks(&self, m: &crate::timing::KvMemory) -> Option<std::result::Result<u64, String>> {
+        let f = m.limits.gpu_memory_utilization.unwrap_or(0.9);
+        let tokens = f * 100_000.0 - m.max_num_batched_tokens.unwrap_or(8192) as f64 / 100.0;
+        let tokens = tokens - m.limits.cuda_graph_reserved_bytes.unwrap_or(0) as f64;
+        Some(if tokens > 0.0 { Ok(tokens as u64 / m.block_size as u64) } else { Err("no KV budget".into()) })
+    }
+}
+
+fn with_ais(json: &str) -> Result<WorkerArgs> {
+    let factory = |_: &str, _: &str, _: &Value| -> Result<std::sync::Arc<dyn crate::timing::PassTimer>> {
+        Ok(std::sync::Arc::new(MemoryAware))
+    };
+    let env = ConfigEnv { files: &no_files, timers: Some(&factory) };
+    WorkerArgs::parse_json_env(json, env)
+}
+
+fn ais_engine(extra_top: &str, extra_engine: &str, ais: &str) -> String {
+    format!(
+        r#"{{{extra_top}"engine":{{{extra_engine}"block_size":16,"timing_model":{{"type":"external","provider":"ais",
+        "config":{{"model":"m","system":"s","backend":"vllm","worker_type":"aggregated"{ais}}}}}}}}}"#
+    )
+}
+
+/// Dynamo 1.6.1 (`_normalize_mocker_config` with aisimulate installed) sizes the KV cache from GPU
+/// memory under AIS timing unless the capacity is the user's: 3,904 blocks of 64 for
+/// Qwen3-32B TP1 on H200 where the mocker default is 16,384 (census 2026-12, §0 finding 1).
+#[test]
+fn ais_timing_sizes_the_kv_cache_unless_it_is_given() {
+    let w = with_ais(&ais_engine("", "", "")).unwrap();
+    assert_eq!(w.engine.num_gpu_blocks, (90_000 - 81) / 16);
+    assert!(!w.deployment.num_gpu_blocks_is_explicit);
+    let w = with_ais(&ais_engine(r#""gpu_memory_utilization":0.5,"cuda_graph_reserved_bytes":919,"#, "", "")).unwrap();
+    assert_eq!(w.engine.num_gpu_blocks, (50_000 - 81 - 919) / 16);
+    let w = with_ais(&ais_engine("", r#""max_num_batched_tokens":2048,"#, "")).unwrap();
+    assert_eq!(w.engine.num_gpu_blocks, (90_000 - 20) / 16);
+    // Given: kept, unless the launch says it was not the user's.
+    let w = with_ais(&ais_engine("", r#""num_gpu_blocks":1000,"#, "")).unwrap();
+    assert_eq!(w.engine.num_gpu_blocks, 1000);
+    assert!(w.deployment.num_gpu_blocks_is_explicit);
+    let w = with_ais(&ais_engine(r#""num_gpu_blocks_is_explicit":false,"#, r#""num_gpu_blocks":1000,"#, "")).unwrap();
+    assert_eq!(w.engine.num_gpu_blocks, (90_000 - 81) / 16);
+    // The canonical dump keeps the knobs, so it normalises to the same thing again.
+    let w = with_ais(&ais_engine(r#""gpu_memory_utilization":0.5,"#, "", "")).unwrap();
+    let again = with_ais(&w.to_canonical_json().to_string()).unwrap();
+    assert_eq!(again.engine.num_gpu_blocks, w.engine.num_gpu_blocks);
+    assert_eq!(again.deployment.memory, w.deployment.memory);
+    // A budget that leaves no room names the key.
+    let e = with_ais(&ais_engine(r#""cuda_graph_reserved_bytes":100000000,"#, "", "")).unwrap_err();
+    assert_eq!(e.path, "engine.num_gpu_blocks");
+    assert!(e.message.contains("cannot be sized from GPU memory: no KV budget"), "{e}");
+    // Without a timing model that knows the GPU the fractions change nothing, as in Dynamo.
+    let w = WorkerArgs::parse_json(r#"{"gpu_memory_utilization":0.5,"engine":{}}"#).unwrap();
+    assert_eq!(w.engine.num_gpu_blocks, 16384);
+    for bad in [r#"{"gpu_memory_utilization":1.5,"engine":{}}"#, r#"{"mem_fraction_static":-0.1}"#] {
+        let e = WorkerArgs::parse_json(bad).unwrap_err();
+        assert!(e.message.contains("must be finite and in [0, 1]"), "{e}");
+    }
+}
+
+/// Dynamo's launch rules for an AIS timing config (its messages, probed on 1.6.1).
+#[test]
+fn ais_identity_sets_and_must_agree_with_the_launch() {
+    let w = with_ais(&ais_engine("", "", r#","tp":2,"attention_dp":2,"nextn":2"#)).unwrap();
+    assert_eq!((w.deployment.tensor_parallel_size, w.deployment.dp_size), (2, 2));
+    assert_eq!(w.engine.speculative.as_ref().map(|s| s.nextn), Some(2));
+    let cases = [
+        (ais_engine("", "", r#","pp":2"#), "engine launch supports only pp=1; got pp=2"),
+        (ais_engine(r#""tensor_parallel_size":2,"#, "", ""), "conflicts with the AIS timing config's tp (1)"),
+        (ais_engine(r#""dp_size":2,"#, "", ""), "conflicts with the AIS timing config's attention_dp (1)"),
+        (ais_engine("", r#""aic_nextn":1,"#, r#","nextn":2"#), "conflicts with the AIS timing config's nextn (2)"),
+        (ais_engine("", r#""worker_type":"prefill","#, ""), "AIS worker_type must match engine role"),
+        (
+            ais_engine("", "", "").replace(r#","worker_type":"aggregated""#, ""),
+            "worker_type`: missing (required by Dynamo: aggregated, prefill or decode)",
+        ),
+    ];
+    for (json, want) in cases {
+        let e = with_ais(&json).unwrap_err();
+        assert!(e.to_string().contains(want), "{json}: {e}");
+    }
+}
+
+#[test]
+fn kv_event_flags_follow_dynamos_rule_and_the_queue_policy_is_kept() {
+    let e = parse(r#"{"engine":{"emit_kv_token_ids":true}}"#).unwrap_err();
+    assert_eq!(
+        (e.path.as_str(), e.message.as_str()),
+        ("engine.emit_kv_token_ids", "emit_kv_token_ids requires emit_kv_events")
+    );
+    parse(r#"{"engine":{"emit_kv_token_ids":true,"emit_kv_events":true}}"#).unwrap();
+    let w = WorkerArgs::parse_json(r#"{"engine":{},"dynamo":{"router_queue_policy":"lcfs"}}"#).unwrap();
+    assert_eq!(w.deployment.router_queue_policy, Some("lcfs"));
+    assert_eq!(w.to_canonical_json()["dynamo"]["router_queue_policy"], "lcfs");
+    let e = WorkerArgs::parse_json(r#"{"engine":{},"dynamo":{"router_queue_policy":"lifo"}}"#).unwrap_err();
+    assert_eq!(e.path, "dynamo.router_queue_policy");
+}

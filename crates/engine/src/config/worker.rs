@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 
 use super::{ConfigEnv, EngineConfig, RawConfig};
 use crate::json::{ConfigError, Result};
+use crate::timing::MemoryLimits;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvTransferTimingMode {
@@ -44,6 +45,14 @@ pub struct Deployment {
     /// Seconds a worker takes to start (used when workers are added during a run).
     pub startup_time_s: Option<f64>,
     pub kv_transfer: KvTransfer,
+    /// The queue policy of the router in front of these workers, replacing the router
+    /// configuration's (Dynamo's replay-only `dynamo.router_queue_policy`): fcfs, lcfs or wspt.
+    pub router_queue_policy: Option<&'static str>,
+    /// The memory knobs a KV cache sized from memory uses (kept for the canonical form).
+    pub memory: MemoryLimits,
+    /// Whether `num_gpu_blocks` was the user's (false: sized from memory when the timing
+    /// model knows the GPU, else the default).
+    pub num_gpu_blocks_is_explicit: bool,
 }
 
 impl Deployment {
@@ -123,7 +132,13 @@ impl WorkerArgs {
             "dp_size": d.dp_size,
             "tensor_parallel_size": d.tensor_parallel_size,
             "startup_time": d.startup_time_s,
+            "num_gpu_blocks_is_explicit": d.num_gpu_blocks_is_explicit,
+            "gpu_memory_utilization": d.memory.gpu_memory_utilization,
+            "mem_fraction_static": d.memory.mem_fraction_static,
+            "free_gpu_memory_fraction": d.memory.free_gpu_memory_fraction,
+            "cuda_graph_reserved_bytes": d.memory.cuda_graph_reserved_bytes,
             "dynamo": {
+                "router_queue_policy": d.router_queue_policy,
                 "reasoning": e.reasoning.map(|r| json!({
                     "start_thinking_token_id": r.start_thinking_token_id,
                     "end_thinking_token_id": r.end_thinking_token_id,

@@ -34,7 +34,9 @@ use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
     WorkerState, Workers,
 };
-use servesim_engine::{Engine, EngineOptions, Finish, KvEvent, PassOutput, Reserved, Role, Stretch, TimingJitter};
+use servesim_engine::{
+    Engine, EngineOptions, Finish, KvEvent, PassOutput, RejectReason, Reserved, Role, Stretch, TimingJitter,
+};
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
 use crate::metrics::{Collector, Overflow, Sla};
@@ -133,6 +135,10 @@ pub enum SimError {
     /// The clock would pass [`crate::trace::MAX_TIME_MS`], beyond which times lose
     /// sub-microsecond precision (or are not finite).
     TimeRange { at_ms: f64 },
+    /// A request no pass can ever schedule: its prompt is over the per-pass token budget and
+    /// chunked prefill is off. Dynamo's replay stops such a run ("effect-free zero-duration
+    /// pass"), so servesim does too rather than report it as rejected.
+    Unschedulable { at_ms: f64, request: u64 },
 }
 
 impl std::fmt::Display for SimError {
@@ -163,6 +169,12 @@ impl std::fmt::Display for SimError {
                  times lose sub-microsecond precision: arrival times or delays are too far apart for this run \
                  (compress them with a larger arrival speedup ratio)",
                 crate::trace::MAX_TIME_MS
+            ),
+            SimError::Unschedulable { at_ms, request } => write!(
+                f,
+                "request {request} at t={at_ms} ms: its prompt exceeds max_num_batched_tokens with chunked prefill \
+                 off, so no forward pass can schedule it (Dynamo 1.6.1 stops such a run as well): enable chunked \
+                 prefill or raise max_num_batched_tokens"
             ),
             SimError::Deadlock { at_ms, in_flight } => write!(
                 f,
@@ -379,6 +391,8 @@ struct Simulation<'a, 'c> {
     /// A request the router refused (its policy class's queue was full): the run stops with
     /// this, as Dynamo's replay does.
     rejected: Option<String>,
+    /// The first request no pass could schedule (see [`SimError::Unschedulable`]).
+    unschedulable: Option<u64>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -433,6 +447,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             stop_at_ms: None,
             pacer: None,
             rejected: None,
+            unschedulable: None,
         }
     }
 
@@ -593,6 +608,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 return Err(SimError::Router { at_ms: now, why });
             }
             again = self.start_passes()?;
+            if let Some(request) = self.unschedulable {
+                return Err(SimError::Unschedulable { at_ms: now, request });
+            }
             if (!again || !self.unplaced.is_empty()) && self.scaling.is_some() {
                 // The cluster has settled at this instant (but for arrivals still to be
                 // placed): the autoscaler's tick, then passes on what it changed.
@@ -884,6 +902,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// A request left the system: metrics, load driver.
     fn finish(&mut self, id: u64, finish: Finish) {
+        if finish == Finish::Rejected(RejectReason::ExceedsBatchBudget) {
+            self.unschedulable.get_or_insert(id);
+        }
         self.record_finish(id, finish == Finish::Completed);
         let flight = self.flights.remove(&id).expect("finished request is in flight");
         self.collector.finish(id, self.now, finish);

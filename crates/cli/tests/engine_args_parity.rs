@@ -1,0 +1,90 @@
+//! Engine arguments Dynamo 1.6.1 turns into something else than their face value, replayed
+//! through `servesim predict` against the reference's recorded summaries
+//! (`tests/parity/engine_args/*.golden.json`, each recorded with
+//! `scripts/parity.py tests/parity/engine_args/<case>.json --record`):
+//!
+//! - AIS timing without `num_gpu_blocks` sizes the KV cache from GPU memory, with the memory
+//!   fractions and `cuda_graph_reserved_bytes` of the launch (census 2026-12, §0 finding 1);
+//! - `dynamo.router_queue_policy` replaces the router configuration's queue policy (finding 4).
+//!
+//! `scripts/parity.py` builds the command line and compares (exact where the reference is
+//! deterministic, the listed tolerances against the median of its runs where it is not). The AIS
+//! cases need the AIS data (`SERVESIM_AIS_SYSTEMS`, or the aisimulate venv the test command sets
+//! up); without it they say so and skip.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn check(case: &str) {
+    let path = root().join("tests/parity/engine_args").join(format!("{case}.json"));
+    let out = Command::new("python3")
+        .arg(root().join("scripts/parity.py"))
+        .arg(&path)
+        .args(["--binary", env!("CARGO_BIN_EXE_servesim")])
+        .output()
+        .expect("python3 runs scripts/parity.py");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if stderr.contains("no AIS performance data found") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {case}");
+        return;
+    }
+    assert!(out.status.success(), "{case} differs from Dynamo 1.6.1:\n{stdout}\n{stderr}");
+}
+
+macro_rules! cases {
+    ($($test:ident),* $(,)?) => {
+        $(#[test] fn $test() { check(stringify!($test)); })*
+
+        #[test]
+        fn every_case_has_a_test_and_a_golden() {
+            let listed = [$(stringify!($test)),*];
+            let dir = root().join("tests/parity/engine_args");
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+                if let Some(case) = name.strip_suffix(".json").filter(|c| !c.ends_with(".golden")) {
+                    assert!(listed.contains(&case), "{case} has no test");
+                    assert!(dir.join(format!("{case}.golden.json")).exists(), "{case} has no golden");
+                }
+            }
+        }
+    };
+}
+
+cases!(
+    ais_kv_from_memory_vllm,
+    ais_kv_from_memory_vllm_fraction,
+    ais_kv_from_memory_sglang_fraction,
+    ais_kv_from_memory_trtllm_fraction,
+    router_queue_policy_lcfs,
+);
+
+/// A prompt over `max_num_batched_tokens` with chunked prefill off can never be scheduled:
+/// Dynamo 1.6.1's replay fails the run ("effect-free zero-duration pass with 5 in-flight
+/// requests remaining"), so servesim stops with an input error instead of reporting rejections.
+#[test]
+fn a_prompt_over_the_pass_budget_without_chunking_stops_the_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["predict", "--input-tokens", "1000", "--output-tokens", "5", "--request-count", "5"])
+        .args(["--request-rate", "10", "--extra-engine-args"])
+        .arg(r#"{"engine":{"enable_chunked_prefill":false,"max_num_batched_tokens":512}}"#)
+        .output()
+        .expect("run servesim");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("request 0 at t=0 ms: its prompt exceeds max_num_batched_tokens with chunked prefill off"),
+        "{stderr}"
+    );
+    // A budget that holds the prompt runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["predict", "--input-tokens", "500", "--output-tokens", "5", "--request-count", "5"])
+        .args(["--request-rate", "10", "--extra-engine-args"])
+        .arg(r#"{"engine":{"enable_chunked_prefill":false,"max_num_batched_tokens":512}}"#)
+        .output()
+        .expect("run servesim");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
