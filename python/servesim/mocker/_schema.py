@@ -336,8 +336,16 @@ def _normalize(config: Any) -> dict:
         dynamo = _struct("", dynamo_in, _DYNAMO, "MockerRuntimeOptions")
     except ConfigPathError as e:
         raise _Plain(f"{e.path}: {e.message}") from None
-    if "num_gpu_blocks" in engine_in:
+    if "num_gpu_blocks" in engine_in and "num_gpu_blocks_is_explicit" not in config:
         top["num_gpu_blocks_is_explicit"] = True
+    timing = engine.get("timing_model") or {}
+    if timing.get("type") == "external" and timing.get("provider") in ("ais", "aic"):
+        # Dynamo's launch takes what it leaves open from the AIS config (and checks the rest).
+        ais = timing.get("config") or {}
+        if "tensor_parallel_size" not in config:
+            top["tensor_parallel_size"] = ais.get("tp") or 1
+        if "dp_size" not in config:
+            top["dp_size"] = ais.get("attention_dp") or 1
     for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
         if engine.get(name) == 0:
             raise _Plain(f"{name} must be positive")
