@@ -78,12 +78,13 @@ impl RawConfig {
         if self.emit_kv_token_ids == Field::Set(true) && self.emit_kv_events != Field::Set(true) {
             return Err(ConfigError::new("engine.emit_kv_token_ids", "emit_kv_token_ids requires emit_kv_events"));
         }
-        if let Some(Unresolved::Timer(t)) = &self.timing {
-            if t.provider == "ais" || t.provider == "aic" {
-                self.take_ais_identity(&t.key.clone(), &t.config.clone())?;
+        let ais_identity = match &self.timing {
+            Some(Unresolved::Timer(t)) if t.provider == "ais" || t.provider == "aic" => {
+                Some((t.key.clone(), t.config.clone()))
             }
-        }
-        let (timing, timing_fallback) = match self.timing {
+            _ => None,
+        };
+        let (timing, timing_fallback) = match self.timing.take() {
             None => (TimingModel::Polynomial, None),
             Some(Unresolved::Model(model)) => (model, None),
             Some(Unresolved::Timer(t)) => {
@@ -106,6 +107,10 @@ impl RawConfig {
                 }
             }
         };
+        // After the model is built, so a bad key in its config is named first.
+        if let Some((key, config)) = ais_identity {
+            self.take_ais_identity(&key, &config)?;
+        }
         let backend = match self.backend.or(0) {
             0 => Backend::Vllm,
             1 => Backend::Sglang,
