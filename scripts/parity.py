@@ -122,8 +122,12 @@ def servesim_args(case):
 
 def run_servesim(case, binary):
     start = time.perf_counter()
-    out = subprocess.run([binary] + servesim_args(case), check=True, capture_output=True, text=True).stdout
-    summary = json.loads(out)
+    proc = subprocess.run([binary] + servesim_args(case), capture_output=True, text=True)
+    if proc.returncode != 0:
+        # servesim's own message (e.g. "no AIS performance data found"), not a traceback.
+        sys.stderr.write(proc.stderr)
+        sys.exit(f"servesim exited with {proc.returncode}")
+    summary = json.loads(proc.stdout)
     summary["call_wall_ms"] = (time.perf_counter() - start) * 1000.0
     return summary
 

@@ -67,12 +67,15 @@ cases!(
 /// requests remaining"), so servesim stops with an input error instead of reporting rejections.
 #[test]
 fn a_prompt_over_the_pass_budget_without_chunking_stops_the_run() {
-    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
-        .args(["predict", "--input-tokens", "1000", "--output-tokens", "5", "--request-count", "5"])
-        .args(["--request-rate", "10", "--extra-engine-args"])
-        .arg(r#"{"engine":{"enable_chunked_prefill":false,"max_num_batched_tokens":512}}"#)
-        .output()
-        .expect("run servesim");
+    let run = |input_tokens: &str| {
+        Command::new(env!("CARGO_BIN_EXE_servesim"))
+            .args(["predict", "--input-tokens", input_tokens, "--output-tokens", "5", "--request-count", "5"])
+            .args(["--request-rate", "10", "--extra-engine-args"])
+            .arg(r#"{"engine":{"enable_chunked_prefill":false,"max_num_batched_tokens":512}}"#)
+            .output()
+            .expect("run servesim")
+    };
+    let out = run("1000");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -80,11 +83,6 @@ fn a_prompt_over_the_pass_budget_without_chunking_stops_the_run() {
         "{stderr}"
     );
     // A budget that holds the prompt runs.
-    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
-        .args(["predict", "--input-tokens", "500", "--output-tokens", "5", "--request-count", "5"])
-        .args(["--request-rate", "10", "--extra-engine-args"])
-        .arg(r#"{"engine":{"enable_chunked_prefill":false,"max_num_batched_tokens":512}}"#)
-        .output()
-        .expect("run servesim");
+    let out = run("500");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

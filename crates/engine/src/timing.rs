@@ -52,7 +52,6 @@ pub struct KvMemory {
     pub block_size: u32,
     /// The per-pass token budget (activation memory); None when unbounded.
     pub max_num_batched_tokens: Option<u32>,
-    pub max_num_seqs: Option<u32>,
     pub limits: MemoryLimits,
 }
 

@@ -223,7 +223,7 @@ impl RawConfig {
             // Like Dynamo: a timing model that knows the GPU sizes the cache from its memory
             // unless the user gave the capacity.
             TimingModel::External(e) if !num_gpu_blocks_is_explicit => {
-                let memory = KvMemory { block_size, max_num_batched_tokens, max_num_seqs, limits: self.memory };
+                let memory = KvMemory { block_size, max_num_batched_tokens, limits: self.memory };
                 match e.timer().kv_cache_blocks(&memory) {
                     None => self.num_gpu_blocks.or(16384),
                     Some(Ok(blocks)) => match u32::try_from(blocks) {
