@@ -13,6 +13,9 @@ summary as JSON. Like ../shared/parity/dynamo_replay.py, plus the keys that scri
   "launch": {...}              top-level keys of every engine-args object besides "engine"
                                (e.g. {"dynamo": {"router_queue_policy": "lcfs"}},
                                {"gpu_memory_utilization": 0.8})
+  "record_cache_tiers": true   add "x_cache_tiers" to the summary: where each request's first
+                               admission found its reused prompt (device G1 or host G2 offload),
+                               which the reference reports only per request
 
 Run it with the reference's interpreter:
   $(../shared/parity/setup.sh) scripts/reference_replay.py CASE.json [--per-request OUT.json]
@@ -36,6 +39,22 @@ def engine_args(engine, dp_size):
     return args
 
 
+def cache_tiers(per_request):
+    """Totals and per-request rows of the reference's first-admission cache-tier attribution
+    (`first_admission_{g1,host}_reused_input_tokens`), in the reference's request order."""
+    rows = [{"arrival_time_ms": r["arrival_time_ms"], "first_admit_ms": r["first_admit_ms"],
+             "ttft_ms": r["ttft_ms"], "reused_input_tokens": r["reused_input_tokens"],
+             "g1_reused_input_tokens": r.get("first_admission_g1_reused_input_tokens"),
+             "host_reused_input_tokens": r.get("first_admission_host_reused_input_tokens")}
+            for r in per_request]
+    return {
+        "g1_reused_input_tokens": sum(r["g1_reused_input_tokens"] or 0 for r in rows),
+        "host_reused_input_tokens": sum(r["host_reused_input_tokens"] or 0 for r in rows),
+        "requests_with_host_hits": sum(1 for r in rows if r["host_reused_input_tokens"]),
+        "requests": rows,
+    }
+
+
 def main():
     case = json.load(open(sys.argv[1]))
     LAUNCH.update(case.get("launch") or {})
@@ -56,7 +75,7 @@ def main():
         arrival_speedup_ratio=case.get("arrival_speedup_ratio", 1.0),
         sla_ttft_ms=case.get("sla_ttft_ms"), sla_itl_ms=case.get("sla_itl_ms"),
         sla_e2e_ms=case.get("sla_e2e_ms"),
-        capture_per_request=per_request_out is not None,
+        capture_per_request=per_request_out is not None or bool(case.get("record_cache_tiers")),
     )
     if case.get("model_name") is not None:
         common["model_name"] = case["model_name"]
@@ -84,6 +103,8 @@ def main():
             inter_turn_delay_ms=s.get("inter_turn_delay_ms", 0.0), **common)
     summary = dict(report.summary)
     summary["call_wall_ms"] = (time.perf_counter() - start) * 1000.0
+    if case.get("record_cache_tiers"):
+        summary["x_cache_tiers"] = cache_tiers(report.per_request)
     if per_request_out:
         json.dump(report.per_request, open(per_request_out, "w"))
     json.dump(summary, sys.stdout, indent=1, sort_keys=True)
