@@ -10,6 +10,7 @@ pub mod engine;
 pub mod handoff;
 pub mod hash;
 pub mod json;
+pub mod offload;
 pub mod output;
 pub mod pool;
 pub mod profile;

@@ -1,0 +1,283 @@
+//! HostTier behaviour with hand-computed times.
+//!
+//! Blocks here are 16 MB (16 tokens of 1 MB), so at 1 GB/s one block takes 16 ms.
+
+use super::*;
+
+const MB: u64 = 1_000_000;
+
+fn tier(capacity: usize, d2h: f64, h2d: f64, latency: f64) -> HostTier {
+    HostTier::new(HostTierConfig::new(capacity, 16, MB, d2h, h2d, latency).unwrap())
+}
+
+/// Prepare a store of `keys` at `at`, submit it there and complete it; returns its completion time.
+fn store(tier: &mut HostTier, keys: &[BlockKey], at: f64) -> f64 {
+    assert!(matches!(tier.prepare_store(0, keys, at), StoreOutcome::Prepared { .. }));
+    let [(_, done)] = tier.submit_prepared(at)[..] else { panic!("one store") };
+    assert_eq!(tier.tick(done).len(), 1);
+    done
+}
+
+#[test]
+fn config_derives_block_bytes_and_rejects_bad_keys_with_the_reference_messages() {
+    let ok = HostTierConfig::new(8, 64, 131_072, 32.0, 0.0, 0.5).unwrap();
+    assert_eq!((ok.capacity_blocks, ok.block_bytes), (8, 8 * 1024 * 1024));
+    let err = |r: Result<HostTierConfig, String>| r.unwrap_err();
+    assert_eq!(
+        err(HostTierConfig::new(0, 64, 1, 1.0, 1.0, 0.0)),
+        "native_host_offload.num_host_blocks must be positive"
+    );
+    assert_eq!(
+        err(HostTierConfig::new(1, 64, 1, -1.0, 1.0, 0.0)),
+        "native_host_offload.d2h_bandwidth_gbps must be finite and non-negative"
+    );
+    assert_eq!(
+        err(HostTierConfig::new(1, 64, 1, 1.0, f64::NAN, 0.0)),
+        "native_host_offload.h2d_bandwidth_gbps must be finite and non-negative"
+    );
+    assert_eq!(
+        err(HostTierConfig::new(1, 64, 1, 1.0, 1.0, f64::INFINITY)),
+        "native_host_offload.latency_to_first_byte_ms must be finite and non-negative"
+    );
+    assert_eq!(
+        err(HostTierConfig::new(1, 64, u64::MAX, 1.0, 1.0, 0.0)),
+        "native_host_offload requires block_size * kv_cache_bytes_per_token to produce a positive, representable block size"
+    );
+    assert_eq!(
+        err(HostTierConfig::new(usize::MAX, 64, 1, 1.0, 1.0, 0.0)),
+        "native_host_offload capacity in bytes overflowed"
+    );
+    assert_eq!(
+        err(HostTierConfig::new(1, 64, 1, 1e308, 1.0, 0.0)),
+        "native_host_offload.d2h_bandwidth_gbps produces an unrepresentable transfer duration"
+    );
+}
+
+#[test]
+fn a_store_reserves_at_preparation_and_lands_after_its_copy() {
+    let mut t = tier(8, 1.0, 1.0, 0.0);
+    let StoreOutcome::Prepared { transfer, blocks: 4 } = t.prepare_store(7, &[1, 2, 3, 4], 0.0) else { panic!() };
+    // Reserved but not loadable; not on the lane until the pass boundary.
+    assert_eq!(t.lookup(1), Lookup::Pending(transfer));
+    assert_eq!(t.occupancy(), (0, 4));
+    assert_eq!((t.completes_at(transfer), t.next_deadline()), (None, None));
+    assert!(t.has_work());
+    assert_eq!(t.submit_prepared(40.0), [(transfer, 104.0)]); // 64 MB at 1 GB/s
+    assert_eq!(t.completes_at(transfer), Some(104.0));
+    assert!(t.tick(103.9).is_empty());
+    let done = t.tick(104.0);
+    assert_eq!(done, [Completed { kind: Kind::Store, transfer, request: 7, blocks: vec![1, 2, 3, 4], at_ms: 104.0 }]);
+    assert_eq!(t.lookup(4), Lookup::Hit);
+    assert_eq!(t.occupancy(), (4, 4));
+    assert!(!t.has_work() && !t.is_in_flight(transfer));
+    let s = t.stats();
+    assert_eq!((s.stores_completed, s.blocks_stored, s.bytes_stored), (1, 4, 64 * MB));
+}
+
+#[test]
+fn a_store_copies_only_the_missing_blocks_and_skips_a_present_cohort() {
+    let mut t = tier(8, 1.0, 1.0, 0.0);
+    store(&mut t, &[1, 2], 0.0);
+    assert!(matches!(t.prepare_store(0, &[1, 2, 3, 3], 100.0), StoreOutcome::Prepared { blocks: 1, .. }));
+    assert_eq!(t.prepare_store(0, &[1, 2, 3], 100.0), StoreOutcome::AlreadyPresent);
+    assert_eq!(t.submit_prepared(100.0)[0].1, 116.0);
+}
+
+#[test]
+fn stores_share_one_fifo_lane() {
+    // Two requests' stores submitted at one boundary: 32 MB then 16 MB at 1 GB/s.
+    let mut t = tier(8, 1.0, 1.0, 2.0);
+    let a = t.prepare_store(0, &[1, 2], 10.0);
+    let b = t.prepare_store(1, &[3], 10.0);
+    let (StoreOutcome::Prepared { transfer: a, .. }, StoreOutcome::Prepared { transfer: b, .. }) = (a, b) else {
+        panic!()
+    };
+    // First byte 2 ms after the boundary; the second waits for the first.
+    assert_eq!(t.submit_prepared(10.0), [(a, 44.0), (b, 60.0)]);
+    // A later store queues behind the tail even though its first byte is ready earlier.
+    t.prepare_store(2, &[4], 20.0);
+    assert_eq!(t.submit_prepared(20.0)[0].1, 76.0);
+    assert_eq!(t.next_deadline(), Some(44.0));
+}
+
+#[test]
+fn a_full_cache_evicts_the_least_recently_used_resident_blocks() {
+    let mut t = tier(4, 0.0, 0.0, 0.0);
+    store(&mut t, &[1, 2], 0.0);
+    store(&mut t, &[3, 4], 1.0);
+    t.touch_prompt(&[1, 2]); // vLLM order: 2 then 1, so 1 is the most recent
+    let StoreOutcome::Prepared { blocks: 2, .. } = t.prepare_store(0, &[5, 6], 2.0) else { panic!() };
+    assert_eq!([3, 4, 2, 1].map(|k| t.lookup(k) == Lookup::Hit), [false, false, true, true]);
+    assert_eq!(t.stats().blocks_evicted, 2);
+    // One more: the oldest resident is now 2 (5 and 6 are still being stored).
+    t.prepare_store(0, &[7], 2.0);
+    assert_eq!(t.lookup(2), Lookup::Miss);
+    assert_eq!(t.lookup(1), Lookup::Hit);
+}
+
+#[test]
+fn a_completed_store_is_one_recency_epoch_ordered_by_key() {
+    let mut t = tier(4, 0.0, 0.0, 0.0);
+    store(&mut t, &[40, 10, 30, 20], 0.0);
+    t.prepare_store(0, &[50, 60], 1.0);
+    // Same epoch: the smaller keys go first, whatever the cohort order.
+    assert_eq!([10, 20, 30, 40].map(|k| t.lookup(k) == Lookup::Hit), [false, false, true, true]);
+}
+
+#[test]
+fn blocks_being_stored_loaded_or_in_the_cohort_are_not_evicted() {
+    let mut t = tier(4, 0.0, 1.0, 0.0);
+    store(&mut t, &[1, 2], 0.0);
+    let (load, _) = t.schedule_load(9, &[1], 1.0, 1.0).unwrap(); // pins 1 until 17 ms
+    t.prepare_store(0, &[3], 1.0); // storing, not yet resident
+                                   // Needs 2 victims beyond the 0 free: 1 is pinned, 3 is storing, 2 is in the cohort.
+    assert_eq!(t.prepare_store(0, &[2, 4, 5], 1.0), StoreOutcome::RetryCapacity { unfittable: false });
+    assert_eq!(t.stats().capacity_retries, 1);
+    assert_eq!(t.occupancy(), (2, 3)); // nothing changed
+    assert_eq!(t.prepare_store(0, &[1, 2, 3, 4, 5], 1.0), StoreOutcome::RetryCapacity { unfittable: true });
+    // With the load done, 1 is evictable again.
+    assert_eq!(t.tick(17.0).len(), 1);
+    assert!(!t.is_in_flight(load));
+    assert!(matches!(t.prepare_store(0, &[2, 4, 5], 17.0), StoreOutcome::Prepared { blocks: 2, .. }));
+    assert_eq!(t.lookup(1), Lookup::Miss);
+}
+
+#[test]
+fn a_load_needs_resident_distinct_blocks() {
+    let mut t = tier(4, 1.0, 1.0, 0.0);
+    store(&mut t, &[1, 2], 0.0);
+    t.prepare_store(0, &[3], 32.0);
+    assert_eq!(t.schedule_load(0, &[], 32.0, 0.0), None);
+    assert_eq!(t.schedule_load(0, &[1, 1], 32.0, 0.0), None);
+    assert_eq!(t.schedule_load(0, &[1, 3], 32.0, 0.0), None); // 3 is still being stored
+    assert_eq!(t.schedule_load(0, &[1, 9], 32.0, 0.0), None);
+    assert!(t.schedule_load(0, &[1, 2], 32.0, 0.0).is_some());
+}
+
+#[test]
+fn loads_wait_for_their_fence_and_the_lane_and_the_first_byte() {
+    // The fixed_d2h_fence golden: 16 MB blocks, D2H 0.1 GB/s, H2D 1 GB/s, 5 ms first byte.
+    let mut t = tier(16, 0.1, 1.0, 5.0);
+    t.prepare_store(0, &[1, 2, 3, 4], 0.0);
+    assert_eq!(t.submit_prepared(40.0)[0].1, 685.0); // 40 + 5 + 64 MB / 0.1 GB/s
+    t.tick(685.0);
+    t.prepare_store(1, &[5, 6, 7, 8], 725.0);
+    assert_eq!(t.submit_prepared(735.0)[0].1, 1380.0);
+    // A' loads 3 of A's blocks into device blocks freed by B, whose store ends at 1380.
+    let (load, at) = t.schedule_load(2, &[2, 3, 4], 735.0, 1380.0).unwrap();
+    assert_eq!(at, 1433.0); // 1380 + 5 + 48 MB / 1 GB/s
+    assert_eq!(t.next_deadline(), Some(1380.0));
+    assert_eq!(t.tick(1380.0)[0].kind, Kind::Store);
+    let done = t.tick(1433.0);
+    assert_eq!((done[0].kind, done[0].transfer, done[0].request), (Kind::Load, load, 2));
+    let s = t.stats();
+    assert_eq!((s.loads_completed, s.blocks_loaded, s.bytes_loaded), (1, 3, 48 * MB));
+}
+
+#[test]
+fn loads_share_one_fifo_lane() {
+    let mut t = tier(8, 0.0, 1.0, 0.0);
+    store(&mut t, &[1, 2, 3], 0.0);
+    assert_eq!(t.schedule_load(0, &[1, 2], 0.0, 0.0).unwrap().1, 32.0);
+    // The same block may be read by two loads at once.
+    assert_eq!(t.schedule_load(1, &[2, 3], 0.0, 0.0).unwrap().1, 64.0);
+}
+
+#[test]
+fn same_instant_completions_apply_stores_before_loads() {
+    let mut t = tier(8, 1.0, 1.0, 0.0);
+    store(&mut t, &[1], 0.0);
+    let (load, _) = t.schedule_load(0, &[1], 16.0, 16.0).unwrap(); // 16 -> 32
+    t.prepare_store(1, &[2], 16.0);
+    let [(store_id, 32.0)] = t.submit_prepared(16.0)[..] else { panic!() };
+    assert!(load < store_id);
+    let kinds: Vec<_> = t.tick(40.0).iter().map(|c| (c.kind, c.at_ms)).collect();
+    assert_eq!(kinds, [(Kind::Store, 32.0), (Kind::Load, 32.0)]);
+}
+
+#[test]
+fn a_cancelled_load_unpins_but_keeps_its_lane_time() {
+    let mut t = tier(2, 0.0, 1.0, 0.0);
+    store(&mut t, &[1, 2], 0.0);
+    let (a, _) = t.schedule_load(0, &[1], 0.0, 0.0).unwrap(); // 0 -> 16
+    assert!(t.cancel_load(a, 5.0));
+    assert!(!t.cancel_load(a, 5.0));
+    assert_eq!(t.next_deadline(), None);
+    // The lane stays booked to 16 ms.
+    assert_eq!(t.schedule_load(1, &[2], 5.0, 5.0).unwrap().1, 32.0);
+    // Block 1 is unpinned again while 2 is pinned by the new load: storing 3 evicts 1.
+    assert!(matches!(t.prepare_store(0, &[3], 6.0), StoreOutcome::Prepared { .. }));
+    assert_eq!((t.lookup(1), t.lookup(2)), (Lookup::Miss, Lookup::Hit));
+    assert_eq!(t.stats().loads_cancelled, 1);
+    // A load that already completed cannot be cancelled.
+    let done = t.tick(32.0);
+    assert!(!t.cancel_load(done[0].transfer, 32.0));
+}
+
+#[test]
+fn a_finished_load_makes_its_sources_the_most_recent() {
+    let mut t = tier(3, 0.0, 1.0, 0.0);
+    store(&mut t, &[1], 0.0);
+    store(&mut t, &[2], 0.0);
+    store(&mut t, &[3], 0.0);
+    t.schedule_load(0, &[1], 0.0, 0.0);
+    t.touch(1); // pinned: ignored
+    t.tick(16.0);
+    // Recency now 2, 3, 1: the next store evicts 2.
+    t.prepare_store(0, &[4], 16.0);
+    assert_eq!([1, 2, 3].map(|k| t.lookup(k) == Lookup::Hit), [true, false, true]);
+}
+
+#[test]
+fn zero_bandwidth_transfers_complete_at_their_first_byte() {
+    let mut t = tier(4, 0.0, 0.0, 0.0);
+    t.prepare_store(0, &[1], 3.0);
+    assert_eq!(t.submit_prepared(3.0)[0].1, 3.0);
+    assert_eq!(t.tick(3.0).len(), 1);
+    assert_eq!(t.schedule_load(0, &[1], 3.0, 0.0).unwrap().1, 3.0);
+    let mut slow = tier(4, 0.0, 0.0, 0.25);
+    slow.prepare_store(0, &[1], 3.0);
+    assert_eq!(slow.submit_prepared(3.0)[0].1, 3.25);
+}
+
+#[test]
+fn an_earlier_command_acts_at_the_tiers_present() {
+    let mut t = tier(4, 0.0, 1.0, 0.0);
+    store(&mut t, &[1], 0.0);
+    t.tick(50.0);
+    assert_eq!(t.schedule_load(0, &[1], 10.0, 0.0).unwrap().1, 66.0);
+}
+
+#[test]
+#[should_panic(expected = "must be ticked first")]
+fn a_change_past_an_unticked_completion_is_a_driver_bug() {
+    let mut t = tier(4, 1.0, 1.0, 0.0);
+    t.prepare_store(0, &[1], 0.0);
+    t.submit_prepared(0.0);
+    t.prepare_store(0, &[2], 20.0);
+}
+
+#[test]
+fn identical_inputs_give_identical_runs() {
+    let run = || {
+        let mut t = tier(6, 2.0, 1.5, 0.3);
+        let mut log = Vec::new();
+        let mut now = 0.0;
+        for step in 0..40u64 {
+            for c in t.tick(now) {
+                log.push(format!("{:?} {} {}", c.kind, c.transfer.0, c.at_ms));
+            }
+            let keys: Vec<BlockKey> = (0..3).map(|i| (step * 7 + i * 3) % 11).collect();
+            log.push(format!("{:?}", t.prepare_store(step, &keys, now)));
+            if let Some((id, at)) = t.schedule_load(step, &keys[..1], now, now) {
+                log.push(format!("load {} {at}", id.0));
+            }
+            for (id, at) in t.submit_prepared(now) {
+                log.push(format!("store {} {at}", id.0));
+            }
+            now = t.next_deadline().map_or(now + 1.0, |at| at.min(now + 5.0));
+        }
+        (log, t.stats())
+    };
+    assert_eq!(run(), run());
+}
