@@ -150,6 +150,39 @@ pub struct EngineConfig {
     pub reasoning: Option<ReasoningConfig>,
     /// Why a timing profile was replaced by the polynomial model (the user allowed it).
     pub timing_fallback: Option<String>,
+    /// Physical KV bytes of one token (`kv_cache_bytes_per_token`): sizes host blocks.
+    pub kv_cache_bytes_per_token: Option<u64>,
+    /// vLLM's host (G2) KV cache, per DP rank (`native_host_offload`, scope `dp_rank_local`).
+    pub host_offload: Option<HostOffload>,
+}
+
+/// The `native_host_offload` section: a private host KV cache per DP rank (see
+/// `docs/host-offload.md`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostOffload {
+    pub num_host_blocks: u64,
+    /// Device-to-host rate in decimal GB/s; zero is unlimited.
+    pub d2h_bandwidth_gbps: f64,
+    /// Host-to-device rate in decimal GB/s; zero is unlimited.
+    pub h2d_bandwidth_gbps: f64,
+    pub latency_to_first_byte_ms: f64,
+}
+
+impl HostOffload {
+    pub const DEFAULT_BANDWIDTH_GBPS: f64 = 32.0;
+
+    /// The section as Dynamo 1.6.1 normalises it: the latency only when it is not zero.
+    fn canonical_json(&self) -> Value {
+        let mut v = json!({
+            "num_host_blocks": self.num_host_blocks,
+            "d2h_bandwidth_gbps": self.d2h_bandwidth_gbps,
+            "h2d_bandwidth_gbps": self.h2d_bandwidth_gbps,
+        });
+        if self.latency_to_first_byte_ms != 0.0 {
+            v["latency_to_first_byte_ms"] = json!(self.latency_to_first_byte_ms);
+        }
+        v
+    }
 }
 
 impl Default for EngineConfig {
@@ -214,7 +247,7 @@ impl EngineConfig {
                 json!({"type": "external", "provider": e.provider, "config": e.timer().config()})
             }
         };
-        json!({
+        let mut engine = json!({
                 "backend": self.backend.name(),
                 "num_gpu_blocks": self.num_gpu_blocks,
                 "block_size": self.block_size,
@@ -236,7 +269,15 @@ impl EngineConfig {
                     s.accept_rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
                 }),
                 "aic_mtp_seed": self.speculative.as_ref().map_or(42, |s| s.seed),
-        })
+        });
+        // Dynamo prints these two only when they are set.
+        if let Some(bytes) = self.kv_cache_bytes_per_token {
+            engine["kv_cache_bytes_per_token"] = json!(bytes);
+        }
+        if let Some(host) = &self.host_offload {
+            engine["native_host_offload"] = host.canonical_json();
+        }
+        engine
     }
 }
 
@@ -273,6 +314,20 @@ struct RawConfig {
     router_queue_policy: Field<usize>,
     emit_kv_events: Field<bool>,
     emit_kv_token_ids: Field<bool>,
+    kv_cache_bytes_per_token: Field<u64>,
+    host_offload: Option<RawHostOffload>,
+}
+
+/// `native_host_offload` as read (types checked), before the checks across keys.
+struct RawHostOffload {
+    cluster_shared: bool,
+    num_host_blocks: u64,
+    d2h_bandwidth_gbps: f64,
+    h2d_bandwidth_gbps: f64,
+    shared_d2h_bandwidth_gbps: f64,
+    shared_h2d_bandwidth_gbps: f64,
+    latency_to_first_byte_ms: f64,
+    kv_layout_id: Option<String>,
 }
 
 const WORKER_TYPES: [&str; 3] = ["aggregated", "prefill", "decode"];

@@ -265,6 +265,19 @@ impl RawConfig {
             memory: self.memory,
             num_gpu_blocks_is_explicit,
         };
+        let host_offload = check_host_offload(
+            self.host_offload.as_ref(),
+            self.kv_cache_bytes_per_token,
+            backend,
+            block_size,
+            (self.enable_prefix_caching, self.nextn.is_set()),
+        )?;
+        if host_offload.is_some() && role != Role::Aggregated {
+            return Err(ConfigError::new(
+                "engine.native_host_offload",
+                format!("native_host_offload on {} workers is not modelled by servesim yet", role.name()),
+            ));
+        }
         let engine = EngineConfig {
             backend,
             num_gpu_blocks,
@@ -283,7 +296,91 @@ impl RawConfig {
             speculative,
             reasoning: self.reasoning,
             timing_fallback,
+            kv_cache_bytes_per_token: self.kv_cache_bytes_per_token.set(),
+            host_offload,
         };
         Ok(WorkerArgs { engine, deployment })
     }
+}
+
+/// Dynamo 1.6.1's checks of `kv_cache_bytes_per_token` and `native_host_offload`, with its
+/// messages and in its order; then what servesim does not model yet (the shared scope).
+fn check_host_offload(
+    raw: Option<&super::RawHostOffload>,
+    kv_cache_bytes_per_token: Field<u64>,
+    backend: Backend,
+    block_size: u32,
+    (prefix_caching, nextn): (Field<bool>, bool),
+) -> Result<Option<super::HostOffload>> {
+    const KEY: &str = "engine.native_host_offload";
+    if kv_cache_bytes_per_token == Field::Set(0) {
+        return Err(ConfigError::new("engine.kv_cache_bytes_per_token", "kv_cache_bytes_per_token must be positive"));
+    }
+    let Some(h) = raw else { return Ok(None) };
+    let fail = |message: String| Err(ConfigError::new(KEY, message));
+    if h.num_host_blocks == 0 {
+        return fail("native_host_offload.num_host_blocks must be positive".into());
+    }
+    for (name, value) in [
+        ("d2h_bandwidth_gbps", h.d2h_bandwidth_gbps),
+        ("h2d_bandwidth_gbps", h.h2d_bandwidth_gbps),
+        ("shared_d2h_bandwidth_gbps", h.shared_d2h_bandwidth_gbps),
+        ("shared_h2d_bandwidth_gbps", h.shared_h2d_bandwidth_gbps),
+        ("latency_to_first_byte_ms", h.latency_to_first_byte_ms),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            return fail(format!("native_host_offload.{name} must be finite and non-negative"));
+        }
+    }
+    if h.cluster_shared && h.kv_layout_id.as_deref().is_none_or(|id| id.trim().is_empty()) {
+        return fail("cluster_shared native_host_offload requires a nonempty kv_layout_id".into());
+    }
+    if backend != Backend::Vllm {
+        return fail("native_host_offload is supported only for backend=vllm".into());
+    }
+    if prefix_caching == Field::Set(false) {
+        return fail("native_host_offload requires enable_prefix_caching=true".into());
+    }
+    if nextn {
+        return fail("native_host_offload does not support aic_nextn in the initial implementation".into());
+    }
+    let Some(bytes_per_token) = kv_cache_bytes_per_token.set() else {
+        return fail(
+            "native_host_offload requires kv_cache_bytes_per_token to derive the physical host block size".into(),
+        );
+    };
+    let Some(block_bytes) = (block_size as u64).checked_mul(bytes_per_token).filter(|&b| b > 0) else {
+        return fail(
+            "native_host_offload requires block_size * kv_cache_bytes_per_token to produce a positive, \
+             representable block size"
+                .into(),
+        );
+    };
+    let Some(capacity_bytes) = h.num_host_blocks.checked_mul(block_bytes) else {
+        return fail("native_host_offload capacity in bytes overflowed".into());
+    };
+    for (name, gbps) in [
+        ("d2h_bandwidth_gbps", h.d2h_bandwidth_gbps),
+        ("h2d_bandwidth_gbps", h.h2d_bandwidth_gbps),
+        ("shared_d2h_bandwidth_gbps", h.shared_d2h_bandwidth_gbps),
+        ("shared_h2d_bandwidth_gbps", h.shared_h2d_bandwidth_gbps),
+    ] {
+        let bytes_per_ms = gbps * 1e6;
+        if !(bytes_per_ms.is_finite() && (gbps == 0.0 || (capacity_bytes as f64 / bytes_per_ms).is_finite())) {
+            return fail(format!("native_host_offload.{name} produces an unrepresentable transfer duration"));
+        }
+    }
+    if h.cluster_shared {
+        return fail(
+            "native_host_offload scope `cluster_shared` (one host pool shared by workers) is not modelled by \
+             servesim yet; use `dp_rank_local`"
+                .into(),
+        );
+    }
+    Ok(Some(super::HostOffload {
+        num_host_blocks: h.num_host_blocks,
+        d2h_bandwidth_gbps: h.d2h_bandwidth_gbps,
+        h2d_bandwidth_gbps: h.h2d_bandwidth_gbps,
+        latency_to_first_byte_ms: h.latency_to_first_byte_ms,
+    }))
 }

@@ -34,6 +34,115 @@ const TRANSFER_MODES: [&str; 2] = ["full_prompt", "destination_missing"];
 /// Dynamo's `RouterQueuePolicy` values.
 pub(super) const QUEUE_POLICIES: [&str; 3] = ["fcfs", "lcfs", "wspt"];
 
+/// The fields of `native_host_offload`, in Dynamo's order (its error messages list them so).
+const HOST_OFFLOAD_KEYS: [&str; 8] = [
+    "scope",
+    "num_host_blocks",
+    "d2h_bandwidth_gbps",
+    "h2d_bandwidth_gbps",
+    "shared_d2h_bandwidth_gbps",
+    "shared_h2d_bandwidth_gbps",
+    "latency_to_first_byte_ms",
+    "kv_layout_id",
+];
+
+/// A JSON value as serde names it in a type error (`string "8"`, `integer `-1``).
+fn serde_unexpected(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("boolean `{b}`"),
+        Value::Number(n) if n.is_u64() || n.is_i64() => format!("integer `{n}`"),
+        Value::Number(n) => format!("floating point `{n}`"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Array(_) => "sequence".into(),
+        Value::Object(_) => "map".into(),
+    }
+}
+
+/// `native_host_offload`, with Dynamo 1.6.1's messages for its shape: unknown keys, types,
+/// the scope's values and the required `num_host_blocks` (in that order, as serde reports them).
+fn read_host_offload(path: &str, v: &Value) -> Result<super::RawHostOffload> {
+    let Value::Object(map) = v else {
+        return Err(ConfigError::new(
+            path,
+            format!("invalid type: {}, expected struct NativeHostOffloadConfig", serde_unexpected(v)),
+        ));
+    };
+    let at = |key: &str| format!("{path}.{key}");
+    let default_gbps = super::HostOffload::DEFAULT_BANDWIDTH_GBPS;
+    let mut out = super::RawHostOffload {
+        cluster_shared: false,
+        num_host_blocks: 0,
+        d2h_bandwidth_gbps: default_gbps,
+        h2d_bandwidth_gbps: default_gbps,
+        shared_d2h_bandwidth_gbps: 80.0,
+        shared_h2d_bandwidth_gbps: 80.0,
+        latency_to_first_byte_ms: 0.0,
+        kv_layout_id: None,
+    };
+    let mut blocks = None;
+    for (key, value) in map {
+        let float = |value: &Value| {
+            value.as_f64().ok_or_else(|| {
+                ConfigError::new(at(key), format!("invalid type: {}, expected f64", serde_unexpected(value)))
+            })
+        };
+        match key.as_str() {
+            "scope" => match value.as_str() {
+                Some("dp_rank_local") => out.cluster_shared = false,
+                Some("cluster_shared") => out.cluster_shared = true,
+                Some("worker_local") => return Err(ConfigError::new(
+                    at(key),
+                    "host_offload.scope `worker_local` is a G3 scope; use `dp_rank_local` for per-DP-rank G2 caches",
+                )),
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        at(key),
+                        format!("unknown host_offload.scope `{other}`; expected `dp_rank_local` or `cluster_shared`"),
+                    ))
+                }
+                None => {
+                    return Err(ConfigError::new(
+                        at(key),
+                        format!("invalid type: {}, expected a string", serde_unexpected(value)),
+                    ))
+                }
+            },
+            "num_host_blocks" => {
+                blocks = Some(value.as_u64().ok_or_else(|| {
+                    ConfigError::new(at(key), format!("invalid type: {}, expected usize", serde_unexpected(value)))
+                })?)
+            }
+            "d2h_bandwidth_gbps" => out.d2h_bandwidth_gbps = float(value)?,
+            "h2d_bandwidth_gbps" => out.h2d_bandwidth_gbps = float(value)?,
+            "shared_d2h_bandwidth_gbps" => out.shared_d2h_bandwidth_gbps = float(value)?,
+            "shared_h2d_bandwidth_gbps" => out.shared_h2d_bandwidth_gbps = float(value)?,
+            "latency_to_first_byte_ms" => out.latency_to_first_byte_ms = float(value)?,
+            "kv_layout_id" => {
+                out.kv_layout_id = match value {
+                    Value::Null => None,
+                    Value::String(s) => Some(s.clone()),
+                    other => {
+                        return Err(ConfigError::new(
+                            at(key),
+                            format!("invalid type: {}, expected a string", serde_unexpected(other)),
+                        ))
+                    }
+                }
+            }
+            other => {
+                let expected = HOST_OFFLOAD_KEYS.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+                return Err(ConfigError::new(
+                    at(other),
+                    format!("unknown field `{other}`, expected one of {expected}"),
+                ));
+            }
+        }
+    }
+    out.num_host_blocks = blocks.ok_or_else(|| ConfigError::new(path, "missing field `num_host_blocks`"))?;
+    Ok(out)
+}
+
 impl RawConfig {
     /// Keys shared by the flat form and the canonical `engine` section.
     fn read_engine_keys(&mut self, r: &mut ObjectReader) -> Result<()> {
@@ -61,6 +170,19 @@ impl RawConfig {
             Some(v) => Some((rates_path.clone(), parse_rates(&rates_path, v)?)),
         };
         self.mtp_seed = r.u64("aic_mtp_seed")?;
+        self.kv_cache_bytes_per_token = r.u64("kv_cache_bytes_per_token")?;
+        let host_path = r.path("native_host_offload");
+        self.host_offload = match r.raw("native_host_offload") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(read_host_offload(&host_path, v)?),
+        };
+        let g3_path = r.path("g3_offload");
+        if !matches!(r.raw("g3_offload"), None | Some(Value::Null)) {
+            return Err(ConfigError::new(
+                g3_path,
+                "g3_offload (a G3 tier below the host cache) is not modelled by servesim yet",
+            ));
+        }
         // Sections for the other backends may be present (Dynamo prints them with defaults).
         if let Some(mut sg) = r.object("sglang")? {
             self.read_sglang(&mut sg)?;
@@ -234,15 +356,7 @@ impl RawConfig {
         // Live KV-event publishing: no effect on a replay, but Dynamo's rule between them holds.
         self.emit_kv_events = e.bool("emit_kv_events")?;
         self.emit_kv_token_ids = e.bool("emit_kv_token_ids")?;
-        for key in [
-            "kv_cache_bytes_per_token",
-            "kv_cache_groups",
-            "kv_cache_capacity_bytes",
-            "native_host_offload",
-            "state_cache",
-            "prefix_match_unit",
-            "g3_offload",
-        ] {
+        for key in ["kv_cache_groups", "kv_cache_capacity_bytes", "state_cache", "prefix_match_unit"] {
             e.unsupported(key, &[], key)?;
         }
         e.finish()?;

@@ -361,3 +361,105 @@ fn kv_event_flags_follow_dynamos_rule_and_the_queue_policy_is_kept() {
     let e = WorkerArgs::parse_json(r#"{"engine":{},"dynamo":{"router_queue_policy":"lifo"}}"#).unwrap_err();
     assert_eq!(e.path, "dynamo.router_queue_policy");
 }
+
+/// `native_host_offload` with `kv_cache_bytes_per_token`, canonical form.
+fn offload(host: &str, extra: &str) -> Result<EngineConfig> {
+    parse(&format!(r#"{{"engine": {{"kv_cache_bytes_per_token": 1000, "native_host_offload": {host}{extra}}}}}"#))
+}
+
+#[test]
+fn host_offload_is_read_in_both_forms_and_dumped_as_dynamo_normalises_it() {
+    let c = offload(r#"{"num_host_blocks": 8}"#, "").unwrap();
+    let host = c.host_offload.unwrap();
+    assert_eq!((host.num_host_blocks, host.d2h_bandwidth_gbps, host.h2d_bandwidth_gbps), (8, 32.0, 32.0));
+    assert_eq!(host.latency_to_first_byte_ms, 0.0);
+    let flat = parse(r#"{"kv_cache_bytes_per_token": 1000, "native_host_offload": {"num_host_blocks": 8}}"#).unwrap();
+    assert_eq!(flat, c);
+    let engine = &dump(&c)["engine"];
+    assert_eq!(engine["kv_cache_bytes_per_token"], 1000);
+    // Dynamo 1.6.1 prints the bandwidths always and the latency only when it is not zero.
+    assert_eq!(
+        engine["native_host_offload"],
+        serde_json::json!({"num_host_blocks": 8, "d2h_bandwidth_gbps": 32.0, "h2d_bandwidth_gbps": 32.0})
+    );
+    let c = offload(r#"{"num_host_blocks": 8, "latency_to_first_byte_ms": 0.5}"#, "").unwrap();
+    assert_eq!(dump(&c)["engine"]["native_host_offload"]["latency_to_first_byte_ms"], 0.5);
+    assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
+    // Without offload neither key is printed; the byte size alone changes nothing.
+    let plain = parse("{}").unwrap();
+    assert!(dump(&plain)["engine"].get("native_host_offload").is_none());
+    assert!(dump(&plain)["engine"].get("kv_cache_bytes_per_token").is_none());
+    let bytes_only = parse(r#"{"engine": {"kv_cache_bytes_per_token": 1000}}"#).unwrap();
+    assert_eq!(bytes_only.host_offload, None);
+}
+
+#[test]
+fn host_offload_errors_are_dynamos_in_its_order() {
+    let err = |host: &str, extra: &str| offload(host, extra).unwrap_err().to_string();
+    assert_eq!(err("{}", ""), "`engine.native_host_offload`: missing field `num_host_blocks`");
+    assert_eq!(
+        err(r#"{"num_host_blocks": 8, "foo": 1}"#, ""),
+        "`engine.native_host_offload.foo`: unknown field `foo`, expected one of `scope`, `num_host_blocks`, \
+         `d2h_bandwidth_gbps`, `h2d_bandwidth_gbps`, `shared_d2h_bandwidth_gbps`, `shared_h2d_bandwidth_gbps`, \
+         `latency_to_first_byte_ms`, `kv_layout_id`"
+    );
+    assert_eq!(
+        err(r#"{"num_host_blocks": "8"}"#, ""),
+        "`engine.native_host_offload.num_host_blocks`: invalid type: string \"8\", expected usize"
+    );
+    assert!(err(r#"{"num_host_blocks": 8, "scope": "worker_local"}"#, "").contains("is a G3 scope"));
+    assert!(err(r#"{"num_host_blocks": 8, "scope": "x"}"#, "").contains("unknown host_offload.scope `x`"));
+    let msg = |host: &str, extra: &str| offload(host, extra).unwrap_err().message;
+    assert_eq!(msg(r#"{"num_host_blocks": 0}"#, ""), "native_host_offload.num_host_blocks must be positive");
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 8, "h2d_bandwidth_gbps": -1, "latency_to_first_byte_ms": -1}"#, ""),
+        "native_host_offload.h2d_bandwidth_gbps must be finite and non-negative"
+    );
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 8, "scope": "cluster_shared"}"#, ""),
+        "cluster_shared native_host_offload requires a nonempty kv_layout_id"
+    );
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 8}"#, r#", "backend": "sglang""#),
+        "native_host_offload is supported only for backend=vllm"
+    );
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 8}"#, r#", "enable_prefix_caching": false"#),
+        "native_host_offload requires enable_prefix_caching=true"
+    );
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 8}"#, r#", "aic_nextn": 1"#),
+        "native_host_offload does not support aic_nextn in the initial implementation"
+    );
+    assert_eq!(
+        parse(r#"{"engine": {"native_host_offload": {"num_host_blocks": 8}}}"#).unwrap_err().message,
+        "native_host_offload requires kv_cache_bytes_per_token to derive the physical host block size"
+    );
+    assert_eq!(
+        parse(r#"{"engine": {"kv_cache_bytes_per_token": 0}}"#).unwrap_err().message,
+        "kv_cache_bytes_per_token must be positive"
+    );
+    assert_eq!(
+        parse(r#"{"engine": {"kv_cache_bytes_per_token": 18446744073709551615, "native_host_offload": {"num_host_blocks": 8}}}"#)
+            .unwrap_err()
+            .message,
+        "native_host_offload requires block_size * kv_cache_bytes_per_token to produce a positive, representable block size"
+    );
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 18446744073709551615}"#, ""),
+        "native_host_offload capacity in bytes overflowed"
+    );
+    assert_eq!(
+        msg(r#"{"num_host_blocks": 8, "d2h_bandwidth_gbps": 1e308}"#, ""),
+        "native_host_offload.d2h_bandwidth_gbps produces an unrepresentable transfer duration"
+    );
+    // Valid for Dynamo, not modelled here: refused, never ignored.
+    assert!(msg(r#"{"num_host_blocks": 8, "scope": "cluster_shared", "kv_layout_id": "a"}"#, "")
+        .contains("`cluster_shared` (one host pool shared by workers) is not modelled by servesim yet"));
+    assert!(msg(r#"{"num_host_blocks": 8}"#, r#", "worker_type": "prefill""#)
+        .contains("native_host_offload on prefill workers is not modelled by servesim yet"));
+    assert!(parse(r#"{"engine": {"g3_offload": {"num_g3_blocks": 8}}}"#)
+        .unwrap_err()
+        .message
+        .contains("g3_offload (a G3 tier below the host cache) is not modelled by servesim yet"));
+}
