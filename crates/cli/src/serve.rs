@@ -482,6 +482,12 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     if a.metrics_max_ranks == 0 {
         return Err(Failure::input("--metrics-max-ranks must be at least 1"));
     }
+    if topology.pools().iter().any(|p| p.engine.host_offload.is_some()) {
+        // The live actor has no wakeup for a host transfer that completes while it is idle.
+        return Err(Failure::input(
+            "native_host_offload is not supported by `servesim serve` yet; `servesim predict` and replays model it",
+        ));
+    }
     let opts = ServeOptions {
         host: a.host.clone(),
         port: a.port,

@@ -121,6 +121,33 @@ impl Engine {
         delegate!(self, e => e.counters())
     }
 
+    /// When the next host (G2) KV transfer completes; None without host offload or transfers.
+    /// The engine has no clock: a driver wakes an idle engine then and calls
+    /// [`Engine::advance_transfers`] (a busy one applies completions at its pass boundary).
+    pub fn next_transfer_deadline(&self) -> Option<f64> {
+        match self {
+            Engine::Vllm(e) => e.next_transfer_deadline(),
+            Engine::Sglang(_) => None,
+        }
+    }
+
+    /// Completes the host transfers due by `now_ms` on an idle engine; true if any did (the
+    /// engine may then have work).
+    pub fn advance_transfers(&mut self, now_ms: f64) -> bool {
+        match self {
+            Engine::Vllm(e) => e.advance_transfers(now_ms),
+            Engine::Sglang(_) => false,
+        }
+    }
+
+    /// Host-offload counters, when the engine has a host cache.
+    pub fn host_counters(&self) -> Option<crate::vllm::HostCounters> {
+        match self {
+            Engine::Vllm(e) => e.host_counters(),
+            Engine::Sglang(_) => None,
+        }
+    }
+
     /// Plans several decode-only passes to run at once, if nothing can change during them and
     /// they all start before `horizon_ms`; false when a normal step is needed. Nothing changes
     /// until [`Engine::commit_stretch`].

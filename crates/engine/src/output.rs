@@ -79,6 +79,9 @@ pub struct Admission {
     pub reused_tokens: u32,
     /// Whether the request had been preempted before.
     pub readmission: bool,
+    /// With a host cache, at the first admission: the reused tokens found on the device and
+    /// those loaded from the host.
+    pub tiers: Option<(u32, u32)>,
 }
 
 /// Decode-only passes run in one go: every listed request generated one token in each pass,

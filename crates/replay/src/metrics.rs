@@ -55,6 +55,9 @@ pub struct RequestRecord {
     /// Largest prefix-cache hit over its admissions.
     pub reused_input_tokens: u32,
     pub first_admission_reused_input_tokens: u32,
+    /// With host offload: the first admission's reused tokens found on the device and those
+    /// loaded from the host (the reference's `first_admission_{g1,host}_reused_input_tokens`).
+    pub first_admission_tiers: Option<(u32, u32)>,
     pub admissions: u32,
     pub status: Status,
     /// The worker that computed the prompt (disaggregated), and the one that decoded.
@@ -315,6 +318,57 @@ pub struct Totals {
     pub stretched_passes: u64,
     /// Arrivals dropped because the admission queue was full (`QueueLimit` with `Shed`).
     pub shed: u64,
+    /// Host (G2) KV offload counters over every rank, when any has a host cache.
+    pub host_offload: Option<HostOffloadTotals>,
+}
+
+/// What the host caches did over a run (servesim's own counters: the reference reports none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostOffloadTotals {
+    /// Prompt tokens first admissions reused from blocks loaded from the host.
+    pub hit_tokens: u64,
+    pub stores: u64,
+    pub d2h_bytes: u64,
+    pub loads: u64,
+    pub h2d_bytes: u64,
+    pub loads_cancelled: u64,
+    pub evicted_blocks: u64,
+    /// Store preparations that found no room and were retried at a later pass.
+    pub capacity_retries: u64,
+}
+
+impl HostOffloadTotals {
+    pub fn add(&mut self, c: &servesim_engine::vllm::HostCounters) {
+        self.hit_tokens += c.host_hit_tokens;
+        self.stores += c.tier.stores_completed;
+        self.d2h_bytes += c.tier.bytes_stored;
+        self.loads += c.tier.loads_completed;
+        self.h2d_bytes += c.tier.bytes_loaded;
+        self.loads_cancelled += c.tier.loads_cancelled;
+        self.evicted_blocks += c.tier.blocks_evicted;
+        self.capacity_retries += c.tier.capacity_retries;
+    }
+
+    fn merge(&mut self, o: &HostOffloadTotals) {
+        let HostOffloadTotals {
+            hit_tokens,
+            stores,
+            d2h_bytes,
+            loads,
+            h2d_bytes,
+            loads_cancelled,
+            evicted_blocks,
+            capacity_retries,
+        } = *o;
+        self.hit_tokens += hit_tokens;
+        self.stores += stores;
+        self.d2h_bytes += d2h_bytes;
+        self.loads += loads;
+        self.h2d_bytes += h2d_bytes;
+        self.loads_cancelled += loads_cancelled;
+        self.evicted_blocks += evicted_blocks;
+        self.capacity_retries += capacity_retries;
+    }
 }
 
 impl Totals {
@@ -338,7 +392,11 @@ impl Totals {
             decode_tokens,
             stretched_passes,
             shed,
+            host_offload,
         } = *other;
+        if let Some(h) = host_offload {
+            self.host_offload.get_or_insert_with(HostOffloadTotals::default).merge(&h);
+        }
         self.num_requests += num_requests;
         self.completed += completed;
         self.rejected += rejected;
@@ -473,6 +531,7 @@ impl<'s> Collector<'s> {
             output_length: 0,
             reused_input_tokens: 0,
             first_admission_reused_input_tokens: 0,
+            first_admission_tiers: None,
             admissions: 0,
             status: Status::Incomplete,
             prefill_worker: None,
@@ -631,6 +690,12 @@ impl<'s> Collector<'s> {
         r.reused_input_tokens = r.reused_input_tokens.max(reused);
         let pool = r.routing.first().map_or(Role::Aggregated, |p| p.pool);
         r.push_admission(pool, at_ms, reused);
+    }
+
+    /// Where the first admission's reused tokens came from (with host offload).
+    pub fn admit_tiers(&mut self, id: u64, tiers: (u32, u32)) {
+        let r = self.get(id);
+        r.first_admission_tiers.get_or_insert(tiers);
     }
 
     /// Records a visible token; returns whether it was the request's first.

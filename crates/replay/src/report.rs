@@ -171,6 +171,17 @@ impl Report {
         put("first_admission_prefix_cache_reused_ratio", json!(ratio(t.first_admission_reused_tokens)));
         put("committed_prefill_tokens", json!(t.prefill_tokens));
         put("num_preemptions", json!(t.preemptions));
+        if let Some(h) = &t.host_offload {
+            // servesim's own host-offload counters, under names the reference does not use.
+            put("host_offload_hit_tokens", json!(h.hit_tokens));
+            put("host_offload_stores", json!(h.stores));
+            put("host_offload_d2h_bytes", json!(h.d2h_bytes));
+            put("host_offload_loads", json!(h.loads));
+            put("host_offload_h2d_bytes", json!(h.h2d_bytes));
+            put("host_offload_loads_cancelled", json!(h.loads_cancelled));
+            put("host_offload_evicted_blocks", json!(h.evicted_blocks));
+            put("host_offload_capacity_retries", json!(h.capacity_retries));
+        }
         if self.speculative {
             put("decode_forwards", json!(t.decode_forwards));
             put("mean_accept_length", json!(self.mean_accept_length()));
@@ -338,6 +349,11 @@ pub fn request_json(r: &RequestRecord) -> Value {
         put("rejection_reason", json!(reason.describe()));
     }
     put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));
+    if let Some((g1, host)) = r.first_admission_tiers {
+        // Only with host offload, as in the reference.
+        put("first_admission_g1_reused_input_tokens", json!(g1));
+        put("first_admission_host_reused_input_tokens", json!(host));
+    }
     put("dp_rank", json!(r.dp_rank));
     put("route_overlap_tokens", json!(r.route_overlap_tokens));
     put("queue_wait_ms", json!(r.queue_wait_ms));

@@ -277,7 +277,12 @@ impl SglangEngine {
         while self.running.len() < max_running {
             let Some(slot) = self.arrived.pop_front() else { break };
             self.running.push(slot);
-            out.admissions.push(Admission { request: self.reqs[slot].id, reused_tokens: 0, readmission: false });
+            out.admissions.push(Admission {
+                request: self.reqs[slot].id,
+                reused_tokens: 0,
+                readmission: false,
+                tiers: None,
+            });
         }
         self.reject_too_long(out);
         self.order_waiting();

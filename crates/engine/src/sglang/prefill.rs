@@ -145,7 +145,7 @@ impl SglangEngine {
                 req.state.admitted_before = true;
                 self.counters.prefix_queries += req.len() as u64;
                 self.counters.prefix_hits += before as u64;
-                out.admissions.push(Admission { request: req.id, reused_tokens: before, readmission });
+                out.admissions.push(Admission { request: req.id, reused_tokens: before, readmission, tiers: None });
             }
             req.computed = chunk_end;
             out.computed_tokens += chunk as u64;

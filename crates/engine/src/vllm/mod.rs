@@ -24,6 +24,7 @@
 
 mod decode;
 mod handoff;
+mod offload;
 mod policy;
 mod stretch;
 
@@ -42,6 +43,8 @@ use crate::sequence::{Sequence, SequenceTable};
 use crate::speculative::BurstSampler;
 use crate::timing::{jittered, pass_duration_ms, PassJitter};
 use policy::Policy;
+
+pub use offload::{CacheTiers, HostCounters};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
@@ -141,6 +144,8 @@ pub struct VllmEngine {
     /// Buffers of the fast-forward's room check (see `stretch.rs`).
     stretch_firsts: Vec<u32>,
     stretch_positions: FxHashMap<u64, u64>,
+    /// The host (G2) KV cache and its connector state (`native_host_offload`).
+    host: Option<Box<offload::HostState>>,
 }
 
 impl VllmEngine {
@@ -148,6 +153,7 @@ impl VllmEngine {
         let sampler = cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index));
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
+        let host = offload::HostState::new(&cfg);
         VllmEngine {
             policy: Policy::of(&cfg),
             pool: BlockPool::new(cfg.num_gpu_blocks, record),
@@ -170,6 +176,7 @@ impl VllmEngine {
             stored_tokens: Vec::new(),
             stretch_firsts: Vec::new(),
             stretch_positions: FxHashMap::default(),
+            host,
         }
     }
 
@@ -196,7 +203,9 @@ impl VllmEngine {
             .remove(&id)
             .or_else(|| self.reqs.take_from(&mut self.running, id))
             .or_else(|| self.reqs.take_from(&mut self.waiting, id));
+        let found = found.or_else(|| self.host_connector_slot(id));
         let Some(slot) = found else { return false };
+        self.host_abort(slot);
         let req = self.reqs.remove(slot);
         self.pool.release_lease(&req.blocks);
         true
@@ -229,7 +238,7 @@ impl VllmEngine {
 
     /// Whether a pass would have anything to do.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || self.host_has_ready_waiter()
     }
 
     pub fn num_running(&self) -> usize {
@@ -256,7 +265,7 @@ impl VllmEngine {
     }
 
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + self.destinations.len()
+        self.waiting.len() + self.destinations.len() + self.host_connector_len()
     }
 
     /// Blocks held by requests.
@@ -286,15 +295,22 @@ impl VllmEngine {
             s.pass_prefill = None;
         }
 
+        self.host_pass_start(now_ms);
         self.schedule_running(out);
-        self.admit_waiting(out);
+        if self.host.is_some() {
+            self.admit_waiting_host(now_ms, out);
+        } else {
+            self.admit_waiting(out);
+        }
+        let compute_start = self.host_after_scheduling(now_ms);
 
         if let Some(j) = self.jitter.as_mut() {
             j.next_pass();
         }
         let prefill_ms = jittered(&self.jitter, self.cfg.timing.prefill_ms(&out.prefill));
-        let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
+        let decode_start = compute_start + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = self.decode(decode_start, out);
+        self.host_boundary(out.end_ms, out);
         self.pool.drain_events(&mut out.kv_events);
         out.stored_tokens.append(&mut self.stored_tokens);
     }
@@ -338,8 +354,12 @@ impl VllmEngine {
     }
 
     fn leave_waiting(&mut self, slot: u32) {
-        let pos = self.waiting.iter().position(|&s| s == slot).expect("slot is waiting");
-        self.waiting.remove(pos);
+        match self.waiting.iter().position(|&s| s == slot) {
+            Some(pos) => {
+                self.waiting.remove(pos);
+            }
+            None => assert!(self.host.as_mut().is_some_and(|h| h.leave_connector(slot)), "slot is waiting"),
+        }
     }
 
     /// Whether the waiting head can be admitted now.
@@ -440,14 +460,14 @@ impl VllmEngine {
 
         // Allocate blocks through `target`, reusing the cached prefix on first allocation.
         let hit_blocks = (cached / bs) as usize;
-        loop {
+        let allocated = loop {
             let req = &mut self.reqs[slot];
             let held = req.blocks.len().max(hit_blocks) as u32;
             let fresh = target.div_ceil(bs).saturating_sub(held);
             let hits = if req.blocks.is_empty() { &req.hashes.seq[..hit_blocks] } else { &[][..] };
             // Most decode tokens land in a block the request already holds.
             if (fresh == 0 && hits.is_empty()) || self.pool.allocate(hits, fresh, &mut req.blocks) {
-                break;
+                break fresh;
             }
             let Some(victim) = self.policy.victim(&self.running) else {
                 return Scheduled::Blocked;
@@ -456,8 +476,9 @@ impl VllmEngine {
             if victim == slot {
                 return Scheduled::SelfPreempted;
             }
-        }
+        };
 
+        self.host_allocated(slot, allocated);
         if self.cfg.enable_prefix_caching {
             self.publish_computed_blocks(slot, eff_before, target);
         }
@@ -490,7 +511,8 @@ impl VllmEngine {
             self.counters.prefix_hits += cost.reported as u64;
             self.leave_waiting(slot);
             self.running.push(slot);
-            out.admissions.push(Admission { request: id, reused_tokens: cost.reported, readmission });
+            let tiers = self.host_admitted(slot, cost.reported);
+            out.admissions.push(Admission { request: id, reused_tokens: cost.reported, readmission, tiers });
         }
         Scheduled::Yes(desired)
     }
@@ -544,6 +566,7 @@ impl VllmEngine {
         // A victim already scheduled in this pass (FIFO preemption) leaves the list without the
         // cursor moving back, so the request after the one being scheduled is passed over until
         // the next pass — as in the reference's scheduling loop.
+        self.host_preempted(self.reqs[slot].id);
         let req = &mut self.reqs[slot];
         self.pool.release_lease(&req.blocks);
         req.blocks.clear();

@@ -27,6 +27,8 @@ impl VllmEngine {
             // Jittered passes are drawn one by one.
             || self.jitter.is_some()
             || self.cfg.role != Role::Aggregated
+            // Host transfers complete at pass boundaries, one pass at a time.
+            || self.host.is_some()
             || k > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX)
         {
             return false;

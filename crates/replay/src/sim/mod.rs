@@ -316,6 +316,8 @@ struct Worker {
     /// Releases by (request, rank); activations by (request, decode target).
     pending_releases: Vec<(u64, usize)>,
     pending_activations: Vec<(u64, usize)>,
+    /// The host-transfer wakeup scheduled for this idle worker, if any.
+    host_wake_at: Option<f64>,
 }
 
 struct Pool {
@@ -341,6 +343,11 @@ enum Event {
     },
     /// A worker the autoscaler added has started.
     WorkerReady {
+        pool: u8,
+        worker: u32,
+    },
+    /// A host (G2) KV transfer of an idle worker completes.
+    HostWake {
         pool: u8,
         worker: u32,
     },
@@ -573,6 +580,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         self.pools[pool].placer.kv_events(target, &events);
                     }
                     Event::WorkerReady { pool, worker } => self.worker_ready(pool as usize, worker as usize, None),
+                    Event::HostWake { pool, worker } => self.host_wake(pool as usize, worker as usize),
                 }
             }
             for (id, step) in std::mem::take(&mut self.unplaced) {
@@ -623,6 +631,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
         }
         self.finish_telemetry();
+        self.record_host_offload();
         if !self.flights.is_empty() {
             return Err(SimError::Deadlock { at_ms: self.now, in_flight: self.flights.len() });
         }
@@ -644,6 +653,51 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
             std::thread::sleep(wait.min(pace::PACE_SLICE));
         }
+    }
+
+    /// Adds the host caches' counters to the run's totals (when any rank has one).
+    fn record_host_offload(&mut self) {
+        for pool in &self.pools {
+            for worker in &pool.workers {
+                for rank in &worker.ranks {
+                    if let Some(c) = rank.engine.host_counters() {
+                        self.collector.totals.host_offload.get_or_insert_with(Default::default).add(&c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wakes idle worker `w` when its next host transfer completes (the engine has no clock).
+    fn schedule_host_wake(&mut self, pool: usize, w: usize) {
+        let worker = &self.pools[pool].workers[w];
+        let Some(at) = worker.ranks.iter().filter_map(|r| r.engine.next_transfer_deadline()).min_by(f64::total_cmp)
+        else {
+            return;
+        };
+        let at = at.max(self.now);
+        if worker.host_wake_at.is_some_and(|t| t <= at && t >= self.now) {
+            return;
+        }
+        self.pools[pool].workers[w].host_wake_at = Some(at);
+        self.schedule(at, Event::HostWake { pool: pool as u8, worker: w as u32 });
+    }
+
+    /// An idle worker's host transfers complete: loads become admissible, deferred requests
+    /// wake. A busy worker applies them at its pass boundary instead.
+    fn host_wake(&mut self, pool: usize, w: usize) {
+        let now = self.now;
+        let worker = &mut self.pools[pool].workers[w];
+        if worker.host_wake_at.is_some_and(|t| t <= now) {
+            worker.host_wake_at = None;
+        }
+        if worker.busy {
+            return;
+        }
+        for rank in &mut worker.ranks {
+            rank.engine.advance_transfers(now);
+        }
+        self.wake(pool, w);
     }
 
     /// Starts a pass (or a fast-forwarded stretch) on every idle worker that has work. Returns
@@ -672,6 +726,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             {
                 let worker = &mut self.pools[p].workers[w];
                 if worker.busy || !worker.ranks.iter().any(|r| r.engine.has_work()) {
+                    if !worker.busy {
+                        self.schedule_host_wake(p, w);
+                    }
                     continue;
                 }
                 if let Some(stretch) = self.plan_stretch(p, w) {
@@ -717,6 +774,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     self.apply_pass(p, w);
                     self.wake(p, w);
                     again = true;
+                } else if self.pools[p].workers[w].ranks.iter().any(|r| r.engine.next_transfer_deadline().is_some()) {
+                    // A host transfer the pass started (or waits for) brings the next change.
+                    self.schedule_host_wake(p, w);
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
@@ -979,6 +1039,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             } else {
                 self.collector.admit(a.request, out.start_ms, a.reused_tokens);
             }
+            if let Some(tiers) = a.tiers {
+                self.collector.admit_tiers(a.request, tiers);
+            }
         }
         let routed = self.pools[pool].placer.is_kv();
         // An aggregated request's last token of its final pass is its terminal signal: the
@@ -1061,5 +1124,6 @@ fn new_worker(
         pass_seq: u64::MAX,
         pending_releases: Vec::new(),
         pending_activations: Vec::new(),
+        host_wake_at: None,
     }
 }

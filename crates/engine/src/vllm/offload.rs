@@ -1,0 +1,666 @@
+//! vLLM's `native_host_offload` (private scope): the connector policy over [`HostTier`].
+//!
+//! Dynamo 1.6.1's semantics (`docs/host-offload.md` §4–6): write-through stores of complete
+//! prompt blocks, prepared after the scheduling loop and put on the D2H lane at the pass
+//! boundary; allocation fences on device blocks whose copy is still running; a host lookup
+//! after the device prefix match, loads into reserved device blocks, and a connector queue for
+//! requests that wait on transfers. The scheduler calls the hooks here; with offload off none of
+//! them runs.
+
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
+use crate::config::EngineConfig;
+use crate::offload::{Completed, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
+use crate::output::{Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock};
+use crate::pool::Residency;
+
+/// First-admission attribution of reused prompt tokens: (device, host).
+pub type CacheTiers = (u32, u32);
+
+enum Load {
+    Loading {
+        transfer: TransferId,
+        keys: Vec<u64>,
+        /// Device blocks held for the G1 prefix and the loaded blocks.
+        reserved: Vec<u32>,
+        original_g1_tokens: u32,
+        loaded_prefix_blocks: u32,
+        footprint_blocks: u32,
+    },
+    Activated {
+        original_g1_tokens: u32,
+        loaded_prefix_blocks: u32,
+        footprint_blocks: u32,
+    },
+}
+
+/// The connector's state of one request.
+struct HostReq {
+    /// Sequence hashes of the complete prompt blocks.
+    keys: Vec<u64>,
+    next_store: usize,
+    latest_store: Option<TransferId>,
+    load: Option<Load>,
+    first_admission_recorded: bool,
+}
+
+impl HostReq {
+    fn reserved_blocks(&self) -> u32 {
+        match &self.load {
+            Some(Load::Loading { loaded_prefix_blocks, .. } | Load::Activated { loaded_prefix_blocks, .. }) => {
+                *loaded_prefix_blocks
+            }
+            None => 0,
+        }
+    }
+
+    fn unreserved_tail_blocks(&self) -> u32 {
+        match &self.load {
+            Some(
+                Load::Loading { loaded_prefix_blocks, footprint_blocks, .. }
+                | Load::Activated { loaded_prefix_blocks, footprint_blocks, .. },
+            ) => footprint_blocks.saturating_sub(*loaded_prefix_blocks),
+            None => 0,
+        }
+    }
+}
+
+struct Hit {
+    keys: Vec<u64>,
+    base_blocks: u32,
+    original_g1_tokens: u32,
+    footprint_blocks: u32,
+}
+
+enum HostLookup {
+    Miss,
+    Hit(Hit),
+    Deferred,
+}
+
+enum StartLoad {
+    Queued,
+    Deferred,
+    Retry,
+    CapacityBlocked,
+}
+
+/// Cumulative host-offload counters of one rank (servesim's own; the reference reports none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCounters {
+    pub tier: HostStats,
+    /// Prompt tokens whose first admission reused a host-loaded block.
+    pub host_hit_tokens: u64,
+}
+
+/// The host tier of one rank and the connector state around it.
+#[derive(Default)]
+pub(super) struct HostState {
+    tier: Option<HostTier>,
+    /// Pending D2H of a physical device block (pool slot): reusing its capacity must wait.
+    slot_deps: FxHashMap<u32, TransferId>,
+    deps_by_transfer: FxHashMap<TransferId, Vec<u32>>,
+    load_by_key: FxHashMap<u64, TransferId>,
+    compute_not_before: f64,
+    reqs: FxHashMap<u64, HostReq>,
+    /// vLLM's `skipped_waiting`, in order; `sleeping` members wait for a transfer to complete.
+    connector: VecDeque<u32>,
+    members: FxHashSet<u32>,
+    sleeping: FxHashSet<u32>,
+    /// Running requests scheduled in the current pass.
+    scheduled: FxHashSet<u32>,
+    host_hit_tokens: u64,
+}
+
+impl std::fmt::Debug for HostState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostState").field("requests", &self.reqs.len()).finish()
+    }
+}
+
+impl HostState {
+    pub(super) fn new(cfg: &EngineConfig) -> Option<Box<Self>> {
+        let h = cfg.host_offload?;
+        let tier = HostTierConfig::new(
+            h.num_host_blocks as usize,
+            cfg.block_size as usize,
+            cfg.kv_cache_bytes_per_token.expect("validated: offload has kv_cache_bytes_per_token"),
+            h.d2h_bandwidth_gbps,
+            h.h2d_bandwidth_gbps,
+            h.latency_to_first_byte_ms,
+        )
+        .expect("validated host offload configuration");
+        Some(Box::new(HostState { tier: Some(HostTier::new(tier)), ..Default::default() }))
+    }
+
+    fn tier(&mut self) -> &mut HostTier {
+        self.tier.as_mut().expect("host tier")
+    }
+
+    fn has_ready_waiter(&self) -> bool {
+        self.members.len() > self.sleeping.len()
+    }
+
+    fn req(&mut self, req: &Req, bs: u32) -> &mut HostReq {
+        self.reqs.entry(req.id).or_insert_with(|| {
+            let blocks = ((req.prompt_len / bs) as usize).min(req.hashes.len());
+            HostReq {
+                keys: req.hashes.seq[..blocks].to_vec(),
+                next_store: 0,
+                latest_store: None,
+                load: None,
+                first_admission_recorded: false,
+            }
+        })
+    }
+
+    /// Moves a skipped request into the connector queue (at its back if new) to sleep until a
+    /// transfer completes; a retry wakes at the end of the admission loop.
+    fn skip(&mut self, slot: u32, waiting: &mut VecDeque<u32>, retry: Option<&mut Vec<u32>>) {
+        if self.members.insert(slot) {
+            if let Some(pos) = waiting.iter().position(|&s| s == slot) {
+                waiting.remove(pos);
+            }
+            self.connector.push_back(slot);
+        }
+        self.sleeping.insert(slot);
+        if let Some(retry) = retry {
+            retry.push(slot);
+        }
+    }
+
+    pub(super) fn leave_connector(&mut self, slot: u32) -> bool {
+        if !self.members.remove(&slot) {
+            return false;
+        }
+        self.sleeping.remove(&slot);
+        self.connector.retain(|&s| s != slot);
+        true
+    }
+
+    fn completes_at(&self, transfer: TransferId) -> Option<f64> {
+        self.tier.as_ref().and_then(|t| t.completes_at(transfer))
+    }
+
+    fn pending_dep(&self, slot: u32) -> Option<f64> {
+        self.slot_deps.get(&slot).and_then(|&t| self.completes_at(t))
+    }
+}
+
+impl VllmEngine {
+    /// When the next host transfer completes (the driver wakes an idle worker then).
+    pub fn next_transfer_deadline(&self) -> Option<f64> {
+        self.host.as_ref()?.tier.as_ref()?.next_deadline()
+    }
+
+    /// Completes the host transfers due by `now_ms` on an idle rank (loads become admissible
+    /// prefixes); true if any completed.
+    pub fn advance_transfers(&mut self, now_ms: f64) -> bool {
+        if self.host.is_none() {
+            return false;
+        }
+        let done = self.host.as_mut().unwrap().tier().tick(now_ms);
+        let any = !done.is_empty();
+        self.host_completed(done);
+        any
+    }
+
+    /// Host counters, when the rank has a host cache.
+    pub fn host_counters(&self) -> Option<HostCounters> {
+        let h = self.host.as_ref()?;
+        Some(HostCounters { tier: h.tier.as_ref()?.stats(), host_hit_tokens: h.host_hit_tokens })
+    }
+
+    pub(super) fn host_has_ready_waiter(&self) -> bool {
+        self.host.as_ref().is_some_and(|h| h.has_ready_waiter())
+    }
+
+    pub(super) fn host_connector_slot(&self, id: u64) -> Option<u32> {
+        self.host.as_ref()?.members.iter().copied().find(|&s| self.reqs[s].id == id)
+    }
+
+    pub(super) fn host_connector_len(&self) -> usize {
+        self.host.as_ref().map_or(0, |h| h.members.len())
+    }
+
+    fn host_completed(&mut self, done: Vec<Completed>) {
+        if done.is_empty() {
+            return;
+        }
+        let h = self.host.as_mut().unwrap();
+        h.sleeping.clear();
+        let mut activate = Vec::new();
+        for c in done {
+            match c.kind {
+                Kind::Store => {
+                    for slot in h.deps_by_transfer.remove(&c.transfer).unwrap_or_default() {
+                        if h.slot_deps.get(&slot) == Some(&c.transfer) {
+                            h.slot_deps.remove(&slot);
+                        }
+                    }
+                }
+                Kind::Load => {
+                    for key in &c.blocks {
+                        h.load_by_key.remove(key);
+                    }
+                    activate.push(c.request);
+                }
+            }
+        }
+        for id in activate {
+            self.activate_load(id);
+        }
+    }
+
+    /// A completed load: its reserved device blocks become the request's cached prefix.
+    fn activate_load(&mut self, id: u64) {
+        let bs = self.cfg.block_size;
+        let h = self.host.as_mut().unwrap();
+        let hreq = h.reqs.get_mut(&id).expect("loading request");
+        let Some(Load::Loading { keys, reserved, original_g1_tokens, loaded_prefix_blocks, footprint_blocks, .. }) =
+            hreq.load.take()
+        else {
+            panic!("completed load without a loading request")
+        };
+        hreq.load = Some(Load::Activated { original_g1_tokens, loaded_prefix_blocks, footprint_blocks });
+        let slot = *h.members.iter().find(|&&s| self.reqs[s].id == id).expect("a loading request waits");
+        let base = loaded_prefix_blocks as usize - keys.len();
+        let record = self.pool.records_events();
+        let mut run: Vec<StoredBlock> = Vec::new();
+        let mut parent = None;
+        let mut events = Vec::new();
+        let req = &self.reqs[slot];
+        for (b, &copy) in reserved.iter().enumerate().take(loaded_prefix_blocks as usize).skip(base) {
+            let hash = req.hashes.seq[b];
+            if self.pool.cache(copy, hash) {
+                if run.is_empty() {
+                    parent = b.checked_sub(1).map(|p| req.hashes.seq[p]);
+                }
+                if record && self.record_tokens {
+                    let start = b as u32 * bs;
+                    self.stored_tokens.extend((start..start + bs).map(|pos| req.token_at(pos)));
+                }
+                run.push(StoredBlock { hash, local: req.hashes.local[b] });
+            } else if !run.is_empty() {
+                events.push(KvEvent::Stored { parent, blocks: std::mem::take(&mut run) });
+            }
+        }
+        if !run.is_empty() {
+            events.push(KvEvent::Stored { parent, blocks: run });
+        }
+        for e in events {
+            self.pool.push_event(e);
+        }
+        debug_assert!(self.reqs[slot].blocks.is_empty());
+        self.reqs[slot].blocks = reserved;
+    }
+
+    /// Pass start: completions due by now (an idle rank's were applied when it woke).
+    pub(super) fn host_pass_start(&mut self, now_ms: f64) {
+        if self.host.is_some() {
+            self.advance_transfers(now_ms);
+            self.host.as_mut().unwrap().scheduled.clear();
+        }
+    }
+
+    /// After an allocation of `fresh` new blocks for `slot`: fence on capacity whose copy to
+    /// the host is still running, and note the request as scheduled in this pass.
+    pub(super) fn host_allocated(&mut self, slot: u32, fresh: u32) {
+        let Some(h) = self.host.as_mut() else { return };
+        h.scheduled.insert(slot);
+        let blocks = &self.reqs[slot].blocks;
+        for &b in &blocks[blocks.len() - fresh as usize..] {
+            if let Some(t) = h.pending_dep(b) {
+                h.compute_not_before = h.compute_not_before.max(t);
+            }
+        }
+    }
+
+    /// A preempted request's stores are flushed before its blocks are freed.
+    pub(super) fn host_preempted(&mut self, id: u64) {
+        let Some(h) = self.host.as_mut() else { return };
+        if let Some(t) = h.reqs.get(&id).and_then(|r| r.latest_store).and_then(|t| h.completes_at(t)) {
+            h.compute_not_before = h.compute_not_before.max(t);
+        }
+    }
+
+    /// A newly admitted request: the store cursor jumps past a loaded prefix; the first
+    /// admission says where its reused tokens came from.
+    pub(super) fn host_admitted(&mut self, slot: u32, reused: u32) -> Option<CacheTiers> {
+        let bs = self.cfg.block_size;
+        let h = self.host.as_mut()?;
+        let req = &self.reqs[slot];
+        let hreq = h.req(req, bs);
+        let tiers = match hreq.load.take() {
+            Some(Load::Activated { original_g1_tokens, .. }) => {
+                let g1 = original_g1_tokens.min(reused);
+                hreq.next_store = (reused / bs) as usize;
+                (g1, reused - g1)
+            }
+            Some(Load::Loading { .. }) => panic!("a loading request cannot be admitted"),
+            None => (reused, 0),
+        };
+        if hreq.first_admission_recorded {
+            return None;
+        }
+        hreq.first_admission_recorded = true;
+        h.host_hit_tokens += tiers.1 as u64;
+        Some(tiers)
+    }
+
+    /// After the scheduling loop: prepare the write-through stores of the scheduled running
+    /// requests, in running order. Returns when the pass's compute may start.
+    pub(super) fn host_after_scheduling(&mut self, now_ms: f64) -> f64 {
+        let Some(h) = self.host.as_mut() else { return now_ms };
+        let bs = self.cfg.block_size;
+        for &slot in &self.running {
+            if !h.scheduled.contains(&slot) {
+                continue;
+            }
+            let req = &self.reqs[slot];
+            let hreq = h.req(req, bs);
+            let end = ((req.computed.min(req.prompt_len) / bs) as usize).min(hreq.keys.len());
+            let start = hreq.next_store;
+            if end <= start {
+                continue;
+            }
+            let keys = hreq.keys[start..end].to_vec();
+            let tier = h.tier.as_ref().unwrap();
+            let missing: Vec<usize> = (start..end).filter(|&i| tier.lookup(keys[i - start]) == Lookup::Miss).collect();
+            if missing.is_empty() {
+                h.reqs.get_mut(&req.id).unwrap().next_store = end;
+                continue;
+            }
+            // The sources must be settled device blocks: none still being copied itself.
+            if missing.iter().any(|&i| i >= req.blocks.len() || h.pending_dep(req.blocks[i]).is_some()) {
+                continue;
+            }
+            match h.tier().prepare_store(req.id, &keys, now_ms) {
+                StoreOutcome::AlreadyPresent => h.reqs.get_mut(&req.id).unwrap().next_store = end,
+                StoreOutcome::RetryCapacity { .. } => {}
+                StoreOutcome::Prepared { transfer, .. } => {
+                    let sources: Vec<u32> = missing.iter().map(|&i| req.blocks[i]).collect();
+                    for &s in &sources {
+                        h.slot_deps.insert(s, transfer);
+                    }
+                    h.deps_by_transfer.insert(transfer, sources);
+                    let hreq = h.reqs.get_mut(&req.id).unwrap();
+                    hreq.latest_store = Some(transfer);
+                    hreq.next_store = end;
+                    let all = hreq.keys.clone();
+                    h.tier().touch_prompt(&all);
+                }
+            }
+        }
+        h.compute_not_before.max(now_ms)
+    }
+
+    /// The pass boundary at `end_ms`: completions due, the pass's stores on the D2H lane,
+    /// completions again (zero-time stores land now); finished requests leave the connector.
+    pub(super) fn host_boundary(&mut self, end_ms: f64, out: &PassOutput) {
+        if self.host.is_none() {
+            return;
+        }
+        self.advance_transfers(end_ms);
+        self.host.as_mut().unwrap().tier().submit_prepared(end_ms);
+        self.advance_transfers(end_ms);
+        let h = self.host.as_mut().unwrap();
+        for f in &out.finished {
+            h.reqs.remove(&f.request);
+        }
+    }
+
+    /// A request leaves the engine (abort): its queued load is cancelled.
+    pub(super) fn host_abort(&mut self, slot: u32) {
+        let Some(h) = self.host.as_mut() else { return };
+        h.leave_connector(slot);
+        let id = self.reqs[slot].id;
+        if let Some(mut hreq) = h.reqs.remove(&id) {
+            if let Some(Load::Loading { transfer, keys, reserved, .. }) = hreq.load.take() {
+                for k in &keys {
+                    h.load_by_key.remove(k);
+                }
+                h.tier().cancel_load(transfer, 0.0);
+                h.sleeping.clear();
+                self.pool.release_lease(&reserved);
+            }
+        }
+    }
+
+    /// Uncapped device prefix match (complete known blocks), as the host lookup sees it.
+    fn raw_g1(&self, req: &Req) -> (u32, u32) {
+        let limit = ((req.len() / self.cfg.block_size) as usize).min(req.hashes.len());
+        let (mut hits, mut active) = (0, 0);
+        for &h in &req.hashes.seq[..limit] {
+            match self.pool.lookup(h) {
+                Residency::Missing => break,
+                Residency::Active => {
+                    hits += 1;
+                    active += 1;
+                }
+                Residency::Inactive => hits += 1,
+            }
+        }
+        (hits, active)
+    }
+
+    fn host_lookup(&mut self, slot: u32, base_blocks: u32, original_g1_tokens: u32) -> HostLookup {
+        let bs = self.cfg.block_size;
+        let footprint_blocks = self.reqs[slot].len().div_ceil(bs);
+        let h = self.host.as_mut().unwrap();
+        let hreq = h.req(&self.reqs[slot], bs);
+        match hreq.load {
+            Some(Load::Activated { .. }) => return HostLookup::Miss,
+            Some(Load::Loading { .. }) => return HostLookup::Deferred,
+            None => {}
+        }
+        if let Some(t) = hreq.latest_store {
+            if h.tier.as_ref().unwrap().is_in_flight(t) {
+                return HostLookup::Deferred;
+            }
+            h.reqs.get_mut(&self.reqs[slot].id).unwrap().latest_store = None;
+        }
+        let hreq = &h.reqs[&self.reqs[slot].id];
+        let keys = hreq.keys.clone();
+        let tier = h.tier.as_ref().unwrap();
+        let base = base_blocks as usize;
+        let outcome = if base >= keys.len() {
+            HostLookup::Miss
+        } else {
+            let (mut matched, mut deferred) = (0, false);
+            for &key in &keys[base..] {
+                match tier.lookup(key) {
+                    Lookup::Hit => deferred |= h.load_by_key.contains_key(&key),
+                    Lookup::Pending(_) => deferred = true,
+                    Lookup::Miss => break,
+                }
+                matched += 1;
+            }
+            if matched == 0 {
+                HostLookup::Miss
+            } else if deferred {
+                HostLookup::Deferred
+            } else {
+                HostLookup::Hit(Hit {
+                    keys: keys[base..base + matched].to_vec(),
+                    base_blocks,
+                    original_g1_tokens,
+                    footprint_blocks,
+                })
+            }
+        };
+        h.tier().touch_prompt(&keys);
+        outcome
+    }
+
+    fn start_load(&mut self, slot: u32, hit: Hit, now_ms: f64) -> StartLoad {
+        let h = self.host.as_mut().unwrap();
+        if hit.keys.iter().any(|k| h.load_by_key.contains_key(k)) {
+            return StartLoad::Deferred;
+        }
+        let req = &self.reqs[slot];
+        let base = hit.base_blocks as usize;
+        let mut reserved = Vec::new();
+        if !self.pool.allocate(&req.hashes.seq[..base], hit.keys.len() as u32, &mut reserved) {
+            return StartLoad::CapacityBlocked;
+        }
+        let not_before = reserved[base..].iter().filter_map(|&b| h.pending_dep(b)).fold(now_ms, f64::max);
+        let Some((transfer, _)) = h.tier().schedule_load(req.id, &hit.keys, now_ms, not_before) else {
+            self.pool.release_lease(&reserved);
+            return StartLoad::Retry;
+        };
+        for &k in &hit.keys {
+            h.load_by_key.insert(k, transfer);
+        }
+        let loaded_prefix_blocks = hit.base_blocks + hit.keys.len() as u32;
+        h.reqs.get_mut(&req.id).unwrap().load = Some(Load::Loading {
+            transfer,
+            keys: hit.keys,
+            reserved,
+            original_g1_tokens: hit.original_g1_tokens,
+            loaded_prefix_blocks,
+            footprint_blocks: hit.footprint_blocks,
+        });
+        StartLoad::Queued
+    }
+
+    /// Blocks this request still reserves as headroom in the pass: the rest of a running
+    /// chunked prefill, or the unreserved tail of a load.
+    fn host_reservation(&self, slot: u32) -> u32 {
+        let bs = self.cfg.block_size;
+        let req = &self.reqs[slot];
+        let running = if req.state.status == Status::Running && req.computed < req.prompt_len {
+            req.len().div_ceil(bs).saturating_sub(req.blocks.len() as u32)
+        } else {
+            0
+        };
+        let tail = self.host.as_ref().unwrap().reqs.get(&req.id).map_or(0, HostReq::unreserved_tail_blocks);
+        running + tail
+    }
+
+    /// The waiting loop with a host cache (`admit_waiting` otherwise).
+    pub(super) fn admit_waiting_host(&mut self, now_ms: f64, out: &mut PassOutput) {
+        let bs = self.cfg.block_size;
+        let max_seqs = self.cfg.max_num_seqs.map_or(usize::MAX, |m| m as usize);
+        let mut retry = Vec::new();
+        let mut headroom: u32 = self.running.iter().map(|&s| self.host_reservation(s)).sum::<u32>()
+            + self.host.as_ref().unwrap().reqs.values().map(HostReq::unreserved_tail_blocks).sum::<u32>();
+        while !self.preempted_any && self.running.len() < max_seqs && self.budget > 0 {
+            let h = self.host.as_ref().unwrap();
+            let next = if h.has_ready_waiter() {
+                h.connector.iter().copied().find(|s| !h.sleeping.contains(s))
+            } else {
+                self.waiting.front().copied()
+            };
+            let Some(slot) = next else { break };
+            let before = self.host_reservation(slot);
+            let req = &self.reqs[slot];
+            if self.cfg.max_model_len.is_some_and(|m| req.prompt_len >= m) {
+                self.host_reject(slot, RejectReason::ExceedsMaxModelLen, out);
+                headroom -= before;
+                continue;
+            }
+            // The device match, frozen to the loaded prefix after a load; then the host.
+            let (g1, g1_active) = self.raw_g1(req);
+            let (mut cached, mut active) = (g1 * bs, g1_active * bs);
+            let hreq = self.host.as_mut().unwrap().req(&self.reqs[slot], bs);
+            let reserved_blocks = hreq.reserved_blocks();
+            if let Some(Load::Activated { loaded_prefix_blocks, .. }) = hreq.load {
+                cached = loaded_prefix_blocks * bs;
+                active = cached;
+            }
+            let hit = match self.host_lookup(slot, cached / bs, cached) {
+                HostLookup::Miss => None,
+                HostLookup::Hit(hit) => Some(hit),
+                HostLookup::Deferred => {
+                    self.host.as_mut().unwrap().skip(slot, &mut self.waiting, None);
+                    continue;
+                }
+            };
+            let req = &self.reqs[slot];
+            let capacity = self.cfg.num_gpu_blocks;
+            let footprint = self.policy.footprint_tokens(req.len(), req.prompt_len, req.max_output).div_ceil(bs);
+            if req.state.status == Status::Waiting && self.policy.never_fits(footprint, req.prompt_len, capacity, bs) {
+                self.host_reject(slot, RejectReason::ExceedsKvCapacity, out);
+                headroom -= before;
+                continue;
+            }
+            if self.policy.recomputes_last_token() && !self.generation_done(req) {
+                let max = (req.len().saturating_sub(1) / bs) * bs;
+                if cached > max {
+                    cached = max;
+                    active = active.min(max);
+                }
+            }
+            let cost = PrefixCost { cached_tokens: cached, active_cached_tokens: active, reported: cached };
+            if !self.cfg.enable_chunked_prefill {
+                let uncached = req.prompt_len - cost.cached_tokens.min(req.prompt_len);
+                if uncached > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX) {
+                    self.host_reject(slot, RejectReason::ExceedsBatchBudget, out);
+                    headroom -= before;
+                    continue;
+                }
+            }
+            let promised =
+                self.policy.promised_blocks(bs, self.running.iter().map(|&s| super::lifetime(&self.reqs[s])));
+            let mut available = (capacity - self.pool.num_active()).saturating_sub(promised);
+            if hit.is_some() {
+                available = available.saturating_sub(headroom);
+            }
+            let needed = footprint.saturating_sub((cost.active_cached_tokens / bs).max(reserved_blocks));
+            let decision = if needed > available {
+                if self.running.is_empty() && self.pool.num_active() == 0 {
+                    AdmissionDecision::Reject(RejectReason::ExceedsKvCapacity)
+                } else {
+                    AdmissionDecision::Wait
+                }
+            } else {
+                AdmissionDecision::Admit(cost)
+            };
+            let cost = match decision {
+                AdmissionDecision::Admit(cost) => cost,
+                AdmissionDecision::Wait => break,
+                AdmissionDecision::Reject(reason) => {
+                    self.host_reject(slot, reason, out);
+                    headroom -= before;
+                    continue;
+                }
+            };
+            if let Some(hit) = hit {
+                match self.start_load(slot, hit, now_ms) {
+                    StartLoad::Queued => {
+                        headroom = headroom - before + self.host_reservation(slot);
+                        self.host.as_mut().unwrap().skip(slot, &mut self.waiting, None);
+                    }
+                    StartLoad::Deferred => self.host.as_mut().unwrap().skip(slot, &mut self.waiting, None),
+                    StartLoad::Retry => self.host.as_mut().unwrap().skip(slot, &mut self.waiting, Some(&mut retry)),
+                    StartLoad::CapacityBlocked => break,
+                }
+                continue;
+            }
+            let outcome = self.schedule(slot, Some(cost), out);
+            headroom = headroom.saturating_sub(before) + self.host_reservation(slot);
+            match outcome {
+                Scheduled::Yes(used) if !(used == 0 && self.budget == 0) => {}
+                _ => break,
+            }
+        }
+        let h = self.host.as_mut().unwrap();
+        for slot in retry {
+            h.sleeping.remove(&slot);
+        }
+    }
+
+    fn host_reject(&mut self, slot: u32, reason: RejectReason, out: &mut PassOutput) {
+        self.host_abort(slot);
+        if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
+            self.waiting.remove(pos);
+        }
+        let req = self.reqs.remove(slot);
+        self.pool.release_lease(&req.blocks);
+        out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
+    }
+}
