@@ -345,4 +345,12 @@ parity_cases! {
     disaggregated_data_parallel_sglang_under_pressure => "x_disagg_dp_sglang_1p2d",
     disaggregated_data_parallel_trace => "x_disagg_dp_trace_1p3d",
     sglang_decode_rank_waits_for_reserved_pages => "x_disagg_sglang_dp_decode_waits_for_room",
+    host_offload_h2d_load_after_device_eviction => "offload_fixed_h2d_load",
+    host_offload_d2h_fences_reused_device_blocks => "offload_fixed_d2h_fence",
+    host_offload_session_turns_hit_the_host => "offload_sessions_host_hits",
+    host_offload_h2d_bandwidth_bound => "offload_sessions_h2d_bound",
+    host_offload_lru_eviction => "offload_sessions_host_lru",
+    host_offload_chunked_prefill_small_budget => "offload_chunked_small_budget",
+    host_offload_preemption_under_pressure => "offload_preemption_pressure",
+    host_offload_kv_router_3_workers => "offload_kv_router_3w",
 }
