@@ -354,6 +354,19 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
             e["aic_nextn_accept_rates"] = ",".join(str(r) for r in rates)
     if backend == "vllm" and chance(rng, 0.05):  # servesim: vLLM only
         e["max_model_len"] = load.max_total + rng.randint(1, 4096)
+    if backend == "vllm" and role == "aggregated" and e.get("enable_prefix_caching", True) and "aic_nextn" not in e:
+        # Host (G2) offload (servesim models scope dp_rank_local on aggregated vLLM workers).
+        sub = rng
+        if chance(sub, 0.3):
+            e["kv_cache_bytes_per_token"] = sub.choice([16384, 32768, 65536, 131072, 262144])
+            host = {"num_host_blocks": max(1, int(e["num_gpu_blocks"] * sub.choice([0.25, 0.5, 1, 2, 4, 16])))}
+            if chance(sub, 0.7):
+                host["d2h_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
+            if chance(sub, 0.7):
+                host["h2d_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
+            if chance(sub, 0.4):
+                host["latency_to_first_byte_ms"] = sub.choice([0.1, 0.5, 1.0, 2.0])
+            e["native_host_offload"] = host
     return e
 
 
