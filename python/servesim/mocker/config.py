@@ -52,6 +52,9 @@ def normalize_mocker_config(config: Mapping[str, Any] | str | None = None) -> di
     normalized = _schema.normalize(value)
     # The simulator must be able to run what was accepted (timing profiles, AIS models).
     core = json.loads(_core.normalize_mocker_config_json(json.dumps(_for_core(normalized))))
+    if normalized["engine"].get("native_host_offload") is not None:
+        # The host-offload section as Dynamo normalises it (default bandwidths filled in).
+        normalized["engine"]["native_host_offload"] = core["engine"]["native_host_offload"]
     if performance_config(normalized) is not None:
         # AIS timing decides what the launch left open: the KV capacity from GPU memory (unless
         # it was the user's), tensor parallelism, data-parallel ranks and the MTP depth.

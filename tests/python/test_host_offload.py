@@ -1,0 +1,79 @@
+"""Host (G2) KV offload from the mocker's flags: ``--num-host-blocks``,
+``--host-offload-{d2h,h2d}-bandwidth-gbps`` and ``--kv-bytes-per-token`` map to the engine's
+``native_host_offload`` and ``kv_cache_bytes_per_token`` as Dynamo 1.6.1's
+``dynamo.mocker.config._build_native_host_offload`` maps them, the normalised section is
+Dynamo's (default bandwidths 32 GB/s, the latency only when set), and a replay with it runs
+the host tier (``first_admission_host_reused_input_tokens`` in the per-request records).
+
+The replay numbers are those of ``tests/parity/offload_fixed_h2d_load.golden.json``
+(recorded from Dynamo 1.6.1 with ``scripts/parity.py tests/parity/offload_fixed_h2d_load.json
+--record``): request A' keeps 1 block in G1 and loads 3 from the host, TTFT 88 ms."""
+
+from pathlib import Path
+
+import pytest
+
+from servesim import replay
+from servesim.mocker.args import parse_args
+from servesim.mocker.config import build_mocker_engine_args, normalize_mocker_config
+
+PARITY = Path(__file__).resolve().parents[1] / "parity"
+
+
+def test_flags_map_as_dynamo_maps_them():
+    args = parse_args([
+        "--num-host-blocks", "64",
+        "--host-offload-d2h-bandwidth-gbps", "4",
+        "--kv-bytes-per-token", "131072",
+    ])
+    engine = build_mocker_engine_args(args)["engine"]
+    # Dynamo normalises what the flags build: the bandwidth not given gets its default.
+    assert engine["native_host_offload"] == {"num_host_blocks": 64, "d2h_bandwidth_gbps": 4.0, "h2d_bandwidth_gbps": 32.0}
+    assert engine["kv_cache_bytes_per_token"] == 131072
+    # Dynamo also passes --kv-bytes-per-token on as the transfer geometry.
+    assert engine["kv_transfer_bytes_per_token"] == 131072
+
+
+def test_bandwidth_flags_need_host_blocks():
+    with pytest.raises(ValueError, match="--host-offload-\\* flags require --num-host-blocks"):
+        build_mocker_engine_args(parse_args(["--host-offload-h2d-bandwidth-gbps", "4"]))
+
+
+def test_normalised_section_is_dynamos():
+    engine = normalize_mocker_config(
+        {"engine": {"kv_cache_bytes_per_token": 1000, "native_host_offload": {"num_host_blocks": 8}}}
+    )["engine"]
+    assert engine["native_host_offload"] == {"num_host_blocks": 8, "d2h_bandwidth_gbps": 32.0, "h2d_bandwidth_gbps": 32.0}
+    assert engine["kv_cache_bytes_per_token"] == 1000
+
+
+@pytest.mark.parametrize(
+    "host, message",
+    [
+        ({}, "missing field `num_host_blocks`"),
+        ({"num_host_blocks": 0}, "native_host_offload.num_host_blocks must be positive"),
+        ({"num_host_blocks": 8, "scope": "worker_local"}, "is a G3 scope"),
+    ],
+)
+def test_bad_sections_are_refused_with_dynamos_messages(host, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_mocker_config({"engine": {"kv_cache_bytes_per_token": 1000, "native_host_offload": host}})
+
+
+def test_replay_loads_from_the_host():
+    engine = {
+        "backend": "vllm", "block_size": 16, "num_gpu_blocks": 6,
+        "timing_model": {"type": "fixed", "prefill_ms": 40.0, "decode_ms": 10.0},
+        "kv_cache_bytes_per_token": 1_000_000,
+        "native_host_offload": {"num_host_blocks": 16, "d2h_bandwidth_gbps": 1.0, "h2d_bandwidth_gbps": 1.0},
+    }
+    report = replay.run_trace_replay(
+        str(PARITY / "offload_fixed_probe.jsonl"),
+        extra_engine_args={"engine": engine},
+        trace_block_size=16,
+        capture_per_request=True,
+    )
+    records = sorted(report.per_request, key=lambda r: r["arrival_time_ms"])
+    last = records[-1]
+    assert (last["first_admission_g1_reused_input_tokens"], last["first_admission_host_reused_input_tokens"]) == (16, 48)
+    assert last["first_token_ms"] - last["arrival_time_ms"] == pytest.approx(88.0)
