@@ -54,43 +54,28 @@ class ProfileDataResult:
                 pass
 
 
-def _is_mocker_npz(p: Path) -> bool:
-    if p.suffix != ".npz" or not p.is_file():
-        return False
-    try:
-        import numpy as np
-    except ImportError as e:
-        # Without numpy a valid profile would be reported as "neither a mocker-format NPZ ...".
-        raise ImportError(
-            f"reading the planner profile data '{p}' needs numpy: pip install 'servesim[npz]' (or numpy)"
-        ) from e
-    try:
-        with np.load(p) as data:
-            return all(k in data.files for k in _NPZ_KEYS)
-    except Exception:
-        return False
-
-
-def _is_profile_results_dir(p: Path) -> bool:
-    if not p.is_dir():
-        return False
-    prefill = (p / "selected_prefill_interpolation" / "raw_data.npz").exists() or (p / "prefill_raw_data.json").exists()
-    decode = (p / "selected_decode_interpolation" / "raw_data.npz").exists() or (p / "decode_raw_data.json").exists()
-    return prefill and decode
-
-
-def resolve_planner_profile_data(p: Optional[Path]) -> ProfileDataResult:
-    """``None``, a mocker-format NPZ, or (not supported by servesim yet) a profiler results
-    directory; anything else raises the reference's ``FileNotFoundError``."""
-    if p is None:
+def resolve_planner_profile_data(planner_profile_data: Optional[Path]) -> ProfileDataResult:
+    """Resolves ``--planner-profile-data`` to a mocker NPZ as Dynamo does: ``None`` stays
+    ``None``; a mocker-format NPZ is used as it is; a profiler results directory is converted
+    (:mod:`servesim.mocker.utils.planner_profiler_perf_data_converter`) to ``perf_data.npz`` in
+    a temporary directory that lives as long as the result; anything else raises the
+    reference's ``FileNotFoundError``. Needs no numpy."""
+    if planner_profile_data is None:
         return ProfileDataResult(None, None)
-    p = Path(p)
-    if _is_mocker_npz(p):
+    from .utils.planner_profiler_perf_data_converter import (
+        convert_profile_results_to_npz,
+        is_mocker_format_npz,
+        is_profile_results_dir,
+    )
+
+    p = planner_profile_data
+    if is_mocker_format_npz(p):
         return ProfileDataResult(p, None)
-    if _is_profile_results_dir(p):
-        raise NotImplementedError(
-            "servesim cannot convert profiler results directories yet; convert them to a mocker NPZ with Dynamo"
-        )
+    if is_profile_results_dir(p):
+        tmpdir = tempfile.TemporaryDirectory(prefix="mocker_perf_data_")
+        npz_path = Path(tmpdir.name) / "perf_data.npz"
+        convert_profile_results_to_npz(p, npz_path)
+        return ProfileDataResult(npz_path, tmpdir)
     raise FileNotFoundError(
         f"Path '{p}' is neither a mocker-format NPZ file nor a valid profiler results directory.\n"
         "Expected either:\n"
