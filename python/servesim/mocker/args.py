@@ -104,7 +104,7 @@ def validate_worker_type_args(args) -> None:
     if legacy_prefill or legacy_decode:
         flag, mode = ("--is-prefill-worker", "prefill") if legacy_prefill else ("--is-decode-worker", "decode")
         warnings.warn(
-            f"{flag} is deprecated; use --disaggregation-mode {mode}", DeprecationWarning, stacklevel=2
+            f"{flag} is deprecated, use --disaggregation-mode={mode}", DeprecationWarning, stacklevel=2
         )
     if mode is None:
         mode = "agg"
@@ -153,8 +153,9 @@ def _conditional_disagg_config(value: str):
 class _Deprecated(argparse.Action):
     """A flag that still works but warns (``--no-X`` spellings store False)."""
 
-    def __init__(self, option_strings, dest, nargs=None, boolean=False, **kwargs):
+    def __init__(self, option_strings, dest, nargs=None, boolean=False, replacement=None, **kwargs):
         self.boolean = boolean
+        self.replacement = replacement
         if boolean:
             nargs = 0
         super().__init__(option_strings, dest, nargs=nargs, **kwargs)
@@ -164,7 +165,11 @@ class _Deprecated(argparse.Action):
         return " | ".join(self.option_strings) if self.boolean else self.option_strings[0]
 
     def __call__(self, parser, namespace, values, option_string=None):
-        warnings.warn(f"{option_string} is deprecated", FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"{option_string} is deprecated and will be removed in v1.7; use {self.replacement}.",
+            FutureWarning,
+            stacklevel=2,
+        )
         if self.boolean:
             values = not option_string.startswith("--no-")
         setattr(namespace, self.dest, values)
@@ -201,16 +206,16 @@ def _add_router_arguments(p: argparse.ArgumentParser) -> None:
     add("--active-decode-blocks-threshold", type=_nullable(float), default=None)
     add("--active-prefill-tokens-threshold", type=_nullable(int), default=None)
     add("--active-prefill-tokens-threshold-frac", type=_nullable(float), default=None)
-    add("--load-aware", "--no-load-aware", dest="load_aware", action=_Deprecated, boolean=True, default=False)
-    add("--router-kv-overlap-score-credit", dest="overlap_score_credit", action=_Deprecated, type=float, default=1.0)
-    add("--router-kv-overlap-score-credit-decay", dest="overlap_score_credit_decay", action=_Deprecated, type=float, default=0.0)
+    add("--load-aware", "--no-load-aware", dest="load_aware", action=_Deprecated, replacement="the load-only policy and router tracking settings in --router-policy-config", boolean=True, default=False)
+    add("--router-kv-overlap-score-credit", dest="overlap_score_credit", action=_Deprecated, replacement="overlap_score_credit in the default policy parameters in --router-policy-config", type=float, default=1.0)
+    add("--router-kv-overlap-score-credit-decay", dest="overlap_score_credit_decay", action=_Deprecated, replacement="overlap_score_credit_decay in the default policy parameters in --router-policy-config", type=float, default=0.0)
     add("--router-kv-overlap-score-weight", "--kv-overlap-score-weight", dest="overlap_score_weight",
-        action=_Deprecated, type=float, default=None, help=argparse.SUPPRESS)
-    add("--router-prefill-load-scale", dest="prefill_load_scale", action=_Deprecated, type=float, default=1.0)
-    add("--router-decode-active-request-weight", dest="decode_active_request_weight", action=_Deprecated, type=float, default=0.0)
+        action=_Deprecated, replacement="prefill_load_scale in the default policy parameters in --router-policy-config", type=float, default=None, help=argparse.SUPPRESS)
+    add("--router-prefill-load-scale", dest="prefill_load_scale", action=_Deprecated, replacement="prefill_load_scale in the default policy parameters in --router-policy-config", type=float, default=1.0)
+    add("--router-decode-active-request-weight", dest="decode_active_request_weight", action=_Deprecated, replacement="decode_active_request_weight in the default policy parameters in --router-policy-config", type=float, default=0.0)
     add("--router-host-cache-hit-weight", dest="host_cache_hit_weight", type=float, default=0.75)
     add("--router-disk-cache-hit-weight", dest="disk_cache_hit_weight", type=float, default=0.25)
-    add("--router-temperature", dest="router_temperature", action=_Deprecated, type=float, default=0.0)
+    add("--router-temperature", dest="router_temperature", action=_Deprecated, replacement="router_temperature in the default policy parameters in --router-policy-config", type=float, default=0.0)
     add("--router-kv-events", "--kv-events", dest="use_kv_events", action=g, default=True)
     add("--router-replica-sync", dest="router_replica_sync", action=g, default=False)
     add("--router-track-active-blocks", "--track-active-blocks", dest="router_track_active_blocks", action=g, default=True)
@@ -223,18 +228,18 @@ def _add_router_arguments(p: argparse.ArgumentParser) -> None:
     add("--router-prefill-load-model", type=str, default="none", choices=["none", "ais"])
     add("--router-ttl-secs", type=float, default=120.0)
     add("--router-approximate-cache-policy", type=str, default="ttl", choices=["ttl", "lru"])
-    add("--router-queue-threshold", action=_Deprecated, type=_nullable(float), default=None)
+    add("--router-queue-threshold", action=_Deprecated, replacement="policy_classes[].prefill_busy_threshold_frac in --router-policy-config", type=_nullable(float), default=None)
     add("--router-policy-config", type=str, default=None)
     add("--router-conditional-disagg", dest="conditional_disagg_enabled", action=g, default=False)
     add("--router-conditional-disagg-config", dest="conditional_disagg_config", type=_conditional_disagg_config, default=None,
         metavar="JSON")
-    add("--router-prefill-policy", action=_Deprecated, type=str, default=None)
-    add("--router-decode-policy", action=_Deprecated, type=str, default=None)
+    add("--router-prefill-policy", action=_Deprecated, replacement="worker_selection.prefill in --router-policy-config", type=str, default=None)
+    add("--router-decode-policy", action=_Deprecated, replacement="worker_selection.decode in --router-policy-config", type=str, default=None)
     add("--router-event-threads", type=int, default=4)
-    add("--router-queue-policy", action=_Deprecated, type=str, default="fcfs", choices=["fcfs", "wspt"])
+    add("--router-queue-policy", action=_Deprecated, replacement="policy_classes[].queue_policy in --router-policy-config", type=str, default="fcfs", choices=["fcfs", "wspt"])
     add("--use-remote-indexer", action=g, default=False)
     add("--enable-session-prefix-index", action=g, default=False)
-    add("--shared-cache-multiplier", action=_Deprecated, type=float, default=None)
+    add("--shared-cache-multiplier", action=_Deprecated, replacement="shared_cache_multiplier in the default policy parameters in --router-policy-config", type=float, default=None)
     add("--shared-cache-type", type=str, default="none", choices=["none", "hicache"])
     add("--router-predicted-ttl-secs", type=float, default=None)
 
@@ -350,7 +355,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
         args.sglang_schedule_policy = "fifo"
     if args.sglang_page_size is not None:
-        warnings.warn("--sglang-page-size is deprecated; use --block-size", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "--sglang-page-size is deprecated and will be removed in Dynamo 1.8.0 (two releases after 1.6.0); "
+            "use --block-size.",
+            FutureWarning,
+            stacklevel=2,
+        )
         if args.engine_type == "sglang":
             if args.block_size is not None and args.block_size != args.sglang_page_size:
                 parser.error("--sglang-page-size and --block-size must match")

@@ -100,26 +100,26 @@ def _cached_snapshot(repo_id: str):
     return found[0] if len(found) == 1 else None
 
 
-async def prefetch_model(path: str) -> str:
-    """The model path workers should load: ``path`` itself when it exists locally, else the
+async def prefetch_model(model_path: str) -> str:
+    """The model path workers should load: ``model_path`` itself when it exists locally, else the
     snapshot of that Hugging Face repository already in the local cache. servesim never
     downloads (the reference fetches the repository's configuration from the hub here); like
     the reference, a path it cannot resolve is logged as a warning and returned unchanged."""
-    if os.path.exists(path):
-        return path
+    if os.path.exists(model_path):
+        return model_path
     try:
-        snapshot = _cached_snapshot(path)
+        snapshot = _cached_snapshot(model_path)
     except OSError as e:
-        logger.warning("Failed to prefetch model %s: %s", path, e)
-        return path
+        logger.warning("Failed to prefetch model %s: %s", model_path, e)
+        return model_path
     if snapshot is None:
         logger.warning(
             "Failed to prefetch model %s: not a local path and not in the Hugging Face cache at %s "
             "(servesim does not download models)",
-            path,
+            model_path,
             _hf_hub_cache(),
         )
-        return path
+        return model_path
     return str(snapshot)
 
 
