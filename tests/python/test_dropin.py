@@ -356,3 +356,25 @@ def test_planner_details_defaults_and_plain_to_dict():
     report = ReplayReport(summary={}, per_request=None, coverage={}, planner=details)
     assert report.to_dict()["planner"]["scaling_events"] == [{"at_s": 1.0, "outcome": "applied"}]
     assert json.dumps(report.to_dict())
+
+
+def test_worker_takes_its_steps_from_the_module(monkeypatch):
+    # As Dynamo's own worker() test does: every step is looked up on servesim.mocker.main.
+    import servesim.mocker.main as mocker_main
+
+    args = parse_args(["--model-path", "test-model", "--num-workers", "2"])
+    captured = []
+
+    async def fake_prefetch(model_path):
+        return "/test-model"
+
+    async def fake_launch(_args, config):
+        captured.append(config)
+
+    monkeypatch.setattr(mocker_main, "parse_args", lambda: args)
+    monkeypatch.setattr(mocker_main, "prefetch_model", fake_prefetch)
+    monkeypatch.setattr(mocker_main, "compute_kv_bytes_per_token", lambda *_: 2048)
+    monkeypatch.setattr(mocker_main, "launch_workers", fake_launch)
+    asyncio.run(mocker_main.worker())
+    assert len(captured) == 1
+    assert captured[0]["engine"]["kv_transfer_bytes_per_token"] == 2048

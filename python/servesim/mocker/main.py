@@ -35,6 +35,15 @@ from pathlib import Path
 
 os.environ.setdefault("DYN_COMPUTE_THREADS", "0")
 
+# Module-level, as in the reference: worker() looks them up here (tests and wrappers patch them).
+from servesim.mocker.args import parse_args, resolve_planner_profile_data  # noqa: E402
+from servesim.mocker.config import (  # noqa: E402
+    apply_worker_engine_args_overrides,
+    build_runtime_config,
+    load_mocker_engine_args,
+)
+from servesim.mocker.utils.kv_cache import compute_kv_bytes_per_token  # noqa: E402
+
 __all__ = [
     "compute_stagger_delay",
     "graceful_shutdown",
@@ -344,10 +353,6 @@ async def worker():
     """Parse the mocker's flags and serve its workers until SIGTERM/SIGINT (the reference's
     steps: planner profile, model prefetch, KV bytes per token from ``config.json``, engine
     configuration, per-worker overrides, launch)."""
-    from servesim.mocker.args import parse_args, resolve_planner_profile_data
-    from servesim.mocker.config import apply_worker_engine_args_overrides, load_mocker_engine_args
-    from servesim.mocker.utils.kv_cache import compute_kv_bytes_per_token
-
     args = parse_args()
     profile_data_result = resolve_planner_profile_data(args.planner_profile_data)
     args.planner_profile_data = profile_data_result.npz_path
