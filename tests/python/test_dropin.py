@@ -378,3 +378,13 @@ def test_worker_takes_its_steps_from_the_module(monkeypatch):
     asyncio.run(mocker_main.worker())
     assert len(captured) == 1
     assert captured[0]["engine"]["kv_transfer_bytes_per_token"] == 2048
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": 2**32 - 1}, r"^num_workers: 4294967295 workers need about 16384\.0 GiB of memory; this machine has "),
+    ({"turns_per_session": 10**9}, r"^turns_per_session 1000000000 × input_tokens 128: the sessions in flight need about "),
+])
+def test_counts_beyond_memory_are_refused_instead_of_aborting(kwargs, message):
+    # The reference (and servesim before) aborted the interpreter out of memory here.
+    with pytest.raises(Exception, match=message):
+        run_synthetic_trace_replay(128, 8, 4, request_rate=10.0, **kwargs)
