@@ -100,6 +100,15 @@ def test_dynamo_profile_errors(tmp_path):
         normalize_mocker_config(timing({"path": path, "extra": 1}))
     with pytest.raises(ValueError, match="engine.timing_model.config.path"):
         normalize_mocker_config(timing({}))
+    with pytest.raises(ValueError, match=r"engine\.timing_model\.config\.path: invalid type: integer `3`, expected path string"):
+        normalize_mocker_config(timing({"path": 3}))
+    with pytest.raises(ValueError, match='unknown external timing provider "bogus"; expected "ais", "aic" or "dynamo_profile"'):
+        normalize_mocker_config({"engine": {"timing_model": {"type": "external", "provider": "bogus", "config": {}}}})
+
+
+def test_usize_fields_say_usize():
+    with pytest.raises(ValueError, match="^invalid engine launch config: tensor_parallel_size: invalid value: integer `-1`, expected usize$"):
+        normalize_mocker_config({"tensor_parallel_size": -1})
 
 
 # --- parameter names as the API page spells them ------------------------------------------
