@@ -54,6 +54,13 @@ def resolve(case_path):
                     dst.write(line)
             atexit.register(lambda: os.path.exists(cut) and os.unlink(cut))
             case["trace"] = cut
+    # A profile NPZ named by an engine's timing model (Dynamo's `dynamo_profile` form) is
+    # relative to the case file.
+    for role in ("engine", "prefill_engine", "decode_engine"):
+        timing = (case.get(role) or {}).get("timing_model") or {}
+        config = timing.get("config") if timing.get("provider") == "dynamo_profile" else None
+        if isinstance(config, dict) and isinstance(config.get("path"), str) and not os.path.isabs(config["path"]):
+            config["path"] = os.path.join(base, config["path"])
     # A router policy file named in the router configuration is relative to the case file.
     rc = case.get("router_config") or {}
     if rc.get("router_policy_config") and not os.path.isabs(rc["router_policy_config"]):

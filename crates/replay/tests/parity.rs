@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
-use servesim_engine::WorkerArgs;
+use servesim_engine::{ConfigEnv, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
     load_mooncake, load_trace, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, SyntheticSpec,
@@ -33,12 +33,16 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// An engine's arguments; a profile NPZ it names (Dynamo's `dynamo_profile` timing) is read
+/// relative to the case file, as `scripts/parity.py` passes it to the reference.
 fn worker_args(engine: Option<&Value>, dp_size: Option<&Value>) -> WorkerArgs {
     let mut v = json!({ "engine": engine.cloned().unwrap_or(json!({})) });
     if let Some(dp) = dp_size {
         v["dp_size"] = dp.clone();
     }
-    WorkerArgs::from_value(&v).expect("engine config")
+    let dir = root().join("tests/parity");
+    let files = |p: &str| std::fs::read(dir.join(p)).map_err(|e| format!("{p}: {e}"));
+    WorkerArgs::from_value_env(&v, ConfigEnv { files: &files, timers: None }).expect("engine config")
 }
 
 fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
@@ -286,6 +290,8 @@ parity_cases! {
     sglang_speculative_decoding => "v_synthetic_trace_sglang_mtp",
     sglang_disaggregated => "w_synthetic_trace_sglang_disagg",
     probe_fixed_timing => "probe_c1_fixed_timing",
+    conversation_dynamo_profile_4_workers => "y_conversation_dynamo_profile_4w",
+    synthetic_dynamo_profile_sglang => "y_synthetic_dynamo_profile_sglang",
     probe_token_stamps => "probe_c2_token_stamps",
     probe_polynomial_timing => "probe_c3_polynomial",
     probe_chunked_prefill => "probe_c4_chunked_prefill",

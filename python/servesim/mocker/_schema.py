@@ -173,8 +173,10 @@ def _timing_model(path: str, v: Any):
         _missing(path, "provider")
     config = v.get("config", {})
     if provider == "dynamo_profile":
-        npz = (config or {}).get("path")
-        if npz is not None and not os.path.exists(str(npz)):
+        npz = config.get("path") if isinstance(config, dict) else None
+        if npz is not None and not isinstance(npz, str):
+            raise ConfigPathError(_join(_join(path, "config"), "path"), f"invalid type: {_describe(npz)}, expected path string")
+        if npz is not None and not os.path.exists(npz):
             raise _Plain(
                 f"Failed to open NPZ file: {json.dumps(str(npz))}: No such file or directory (os error 2)"
             )
@@ -238,7 +240,7 @@ _ENGINE_KEY_ORDER = (
 
 _TOP = (
     ("dp_size", _uint("u32"), 1),
-    ("tensor_parallel_size", _uint("u32"), 1),
+    ("tensor_parallel_size", _uint("usize"), 1),
     ("startup_time", _optional(_f64), None),
     ("num_gpu_blocks_is_explicit", _bool, False),
     ("gpu_memory_utilization", _optional(_f64), None),

@@ -209,6 +209,9 @@ impl EngineConfig {
             TimingModel::Fixed { prefill_ms, decode_ms } => {
                 json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
             }
+            TimingModel::Interpolated { path, dynamo_form: true, .. } => {
+                json!({"type": "external", "provider": crate::timing::DYNAMO_PROFILE_PROVIDER, "config": {"path": path}})
+            }
             TimingModel::Interpolated { path, .. } => json!({"type": "interpolated", "path": path}),
             TimingModel::External(e) => {
                 json!({"type": "external", "provider": e.provider, "config": e.timer().config()})

@@ -101,7 +101,10 @@ impl RawConfig {
                 let loaded = (env.files)(&r.path)
                     .and_then(|bytes| Profile::from_npz(&bytes).map_err(|e| format!("{}: {e}", r.path)));
                 match loaded {
-                    Ok(profile) => (TimingModel::Interpolated { path: r.path, profile: profile.into() }, None),
+                    Ok(profile) => (
+                        TimingModel::Interpolated { path: r.path, profile: profile.into(), dynamo_form: r.dynamo_form },
+                        None,
+                    ),
                     Err(why) if r.fallback => (TimingModel::Polynomial, Some(why)),
                     Err(why) => return Err(ConfigError::new(r.key, why)),
                 }

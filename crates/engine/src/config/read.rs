@@ -185,7 +185,12 @@ impl RawConfig {
         }
         let key = r.path("planner_profile_data");
         if let Some(path) = r.string("planner_profile_data")?.set() {
-            self.timing = Some(Unresolved::Profile(ProfileRef { key, path: path.to_string(), fallback: false }));
+            self.timing = Some(Unresolved::Profile(ProfileRef {
+                key,
+                path: path.to_string(),
+                fallback: false,
+                dynamo_form: false,
+            }));
         }
         self.read_memory_fractions(&mut r)?;
         for key in ["num_g2_blocks", "num_g3_blocks", "offload_batch_size"] {

@@ -204,6 +204,58 @@ fn profiled_timing_reads_through_the_loader() {
     assert!(e.message.contains("not an NPZ archive"), "{e}");
 }
 
+/// Dynamo's form of profile timing (what `--planner-profile-data` writes): the same interpolated
+/// model, its errors keyed to the config's path, and its canonical form kept on a round trip.
+#[test]
+fn dynamo_profile_provider_is_the_interpolated_model() {
+    let profile = Profile {
+        prefill_isl: vec![128.0, 256.0],
+        prefill_ttft_ms: vec![4.0, 8.0],
+        decode_active_kv_tokens: vec![1024.0, 2048.0],
+        decode_context_length: vec![128.0, 256.0],
+        decode_itl: vec![1.0, 1.5, 2.0, 2.5],
+    };
+    let bytes = profile.to_npz();
+    let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
+    let env = || ConfigEnv { files: &files, timers: None };
+    let dynamo = |config: &str| {
+        let text = format!(
+            r#"{{"engine": {{"timing_model": {{"type": "external", "provider": "dynamo_profile"{config}}}}}}}"#
+        );
+        WorkerArgs::parse_json_env(&text, env())
+    };
+    let w = dynamo(r#", "config": {"path": "p.npz"}"#).unwrap();
+    let TimingModel::Interpolated { profile: p, path, dynamo_form } = &w.engine.timing else {
+        panic!("{:?}", w.engine.timing)
+    };
+    assert_eq!((&**p, path.as_str(), *dynamo_form), (&profile, "p.npz", true));
+    let canonical = w.to_canonical_json();
+    assert_eq!(
+        canonical["engine"]["timing_model"],
+        serde_json::json!({"type": "external", "provider": "dynamo_profile", "config": {"path": "p.npz"}})
+    );
+    assert_eq!(WorkerArgs::from_value_env(&canonical, env()).unwrap(), w);
+    // Times exactly as servesim's own interpolated form of the same file.
+    let own = EngineConfig::parse_json_with(
+        r#"{"engine": {"timing_model": {"type": "interpolated", "path": "p.npz"}}}"#,
+        &files,
+    )
+    .unwrap();
+    let TimingModel::Interpolated { profile: q, .. } = &own.timing else { panic!() };
+    assert_eq!(q, p);
+    // Errors name the key; no fallback to the polynomial model.
+    let e = dynamo(r#", "config": {"path": "q.npz"}"#).unwrap_err();
+    assert_eq!((e.path.as_str(), e.message.as_str()), ("engine.timing_model.config.path", "cannot read q.npz"));
+    let e = dynamo("").unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config");
+    let e = dynamo(r#", "config": {}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config.path");
+    let e = dynamo(r#", "config": {"path": "p.npz", "extra": 1}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config.extra");
+    let e = dynamo(r#", "config": {"path": 3}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config.path");
+}
+
 #[test]
 fn kv_transfer_delay() {
     let transfer = |json: &str| WorkerArgs::parse_json(json).unwrap().deployment.kv_transfer;
