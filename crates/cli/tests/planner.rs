@@ -277,3 +277,34 @@ fn arima_runs_the_reference_predictor_through_python() {
         assert!(dev <= 0.02, "{key} = {x}, reference {y}");
     }
 }
+
+/// If the reference's ARIMA predictor stops answering mid-run, the run stops with that error:
+/// forecasts after it would be stand-ins, not the reference's. A stand-in "interpreter" starts
+/// like the real one, takes one observation and exits.
+#[test]
+fn a_python_predictor_that_dies_stops_the_run() {
+    let trace = shared_trace();
+    if !trace.exists() {
+        eprintln!("NOTICE: ../shared/traces is missing beside the checkout; skipping");
+        return;
+    }
+    let fake = tmp("dying-python");
+    std::fs::write(&fake, "#!/bin/sh\necho 'ok ai-dynamo stand-in (stand-in)'\nread line\nexit 0\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cfg =
+        r#"{"mode": "agg", "optimization_target": "sla", "load_predictor": "arima", "enable_load_scaling": false}"#;
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["predict", trace.to_str().unwrap(), "--format", "json", "--planner-config", cfg])
+        .args(["--sla-ttft-ms", "2000", "--sla-itl-ms", "50"])
+        .env("SERVESIM_PLANNER_PYTHON", &fake)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "no report of a run that stopped");
+    assert!(
+        stderr(&out).contains("planner at t=")
+            && stderr(&out).contains("the ARIMA load predictor (Dynamo's, through Python) failed"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -95,8 +95,7 @@ impl PlannerRun {
     }
 
     /// Which load predictor ran, and whose code: servesim's own (constant, Kalman), or the
-    /// reference's ARIMA through Python (with the versions, and any failure mid-run, after which
-    /// forecasts fell back to the last value). Null when throughput scaling is off.
+    /// reference's ARIMA through Python (with the versions). Null when throughput scaling is off.
     fn predictor_json(&self) -> Value {
         let cfg = self.planner.config();
         if !cfg.enable_throughput_scaling {
@@ -108,7 +107,6 @@ impl PlannerRun {
                 "name": name,
                 "log1p": cfg.load_predictor_log1p,
                 "implementation": a.description,
-                "failure": a.failure(),
             }),
             None => json!({"name": name, "log1p": cfg.load_predictor_log1p, "implementation": "servesim"}),
         }
@@ -247,6 +245,13 @@ impl Autoscaler for PlannerRun {
             self.timeline.push((t.at_s, p, d));
         }
         decision
+    }
+
+    /// The reference's ARIMA predictor failed mid-run: the forecasts after it would be
+    /// stand-ins, not the reference's, so the run stops instead of reporting them.
+    fn error(&self) -> Option<String> {
+        let why = self.arima.as_ref()?.failure()?;
+        Some(format!("the ARIMA load predictor (Dynamo's, through Python) failed: {why}"))
     }
 
     fn lifecycle(&mut self, op: &LifecycleOp) {

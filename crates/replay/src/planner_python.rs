@@ -54,7 +54,8 @@ struct Process {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    /// The first failure after start-up; later forecasts fall back to the last value.
+    /// The first failure after start-up. The run stops at its next check
+    /// ([`crate::sim::Autoscaler::error`]); until then forecasts repeat the last value.
     failed: Option<String>,
 }
 

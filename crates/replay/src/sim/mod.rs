@@ -135,6 +135,8 @@ pub enum SimError {
     /// The clock would pass [`crate::trace::MAX_TIME_MS`], beyond which times lose
     /// sub-microsecond precision (or are not finite).
     TimeRange { at_ms: f64 },
+    /// The autoscaler failed (the reference's own predictor stopped answering, say).
+    Planner { at_ms: f64, why: String },
     /// A request no pass can ever schedule: its prompt is over the per-pass token budget and
     /// chunked prefill is off. Dynamo's replay stops such a run ("effect-free zero-duration
     /// pass"), so servesim does too rather than report it as rejected.
@@ -149,6 +151,7 @@ impl std::fmt::Display for SimError {
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
             SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
+            SimError::Planner { at_ms, why } => write!(f, "planner at t={at_ms} ms: {why}"),
             SimError::Cancelled { at_ms } => write!(f, "replay cancelled at t={at_ms} ms"),
             SimError::QueueFull { at_ms, max } => write!(
                 f,
@@ -606,6 +609,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
             if let Some(why) = self.rejected.take() {
                 return Err(SimError::Router { at_ms: now, why });
+            }
+            if let Some(why) = self.scaling.as_ref().and_then(|s| s.hook.error()) {
+                return Err(SimError::Planner { at_ms: now, why });
             }
             again = self.start_passes()?;
             if let Some(request) = self.unschedulable {

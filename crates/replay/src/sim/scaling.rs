@@ -20,6 +20,12 @@ pub trait Autoscaler {
 
     /// A worker changed state (added, ready, draining, stopped).
     fn lifecycle(&mut self, _op: &LifecycleOp) {}
+
+    /// Why the autoscaler cannot go on (its decisions would no longer be the ones it models);
+    /// the run stops with it.
+    fn error(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Targets are non-draining workers (starting + active); `None` leaves a pool as it is.
