@@ -493,9 +493,26 @@ def generate_case(seed, index, traces, disagg_dp=0.0, engine_args=0.0):
         for side in ["prefill", "decode"]:
             if chance(dp_rng, disagg_dp):
                 case[f"{side}_dp_size"] = 2
+    gen_prefill_intervals(random.Random(f"difffuzz/{seed}/{index}/intervals"), case)
     if engine_args > 0:
         gen_engine_args(random.Random(f"difffuzz/{seed}/{index}/engine-args"), case, engine_args)
     return case
+
+
+def gen_prefill_intervals(rng, case):
+    """The prefill cadences, from a stream of their own (the rest of a case is what it was
+    before they were drawn): vLLM's prefill_schedule_interval, which acts only with attention DP
+    (drawn more often there), and SGLang's prefill_decode_interval."""
+    for section, dp_key in (("engine", "dp_size"), ("prefill_engine", "prefill_dp_size"),
+                            ("decode_engine", "decode_dp_size")):
+        e = case.get(section)
+        if not e:
+            continue
+        backend = e.get("backend", "vllm")
+        if backend == "vllm" and chance(rng, 0.4 if case.get(dp_key, 1) > 1 else 0.08):
+            e["prefill_schedule_interval"] = rng.choice([2, 3, 4, 8])
+        elif backend == "sglang" and chance(rng, 0.15):
+            e["prefill_decode_interval"] = rng.choice([1, 2, 3, 5])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,7 +541,8 @@ def describe_engine(e):
         config = timing.get("config") or {}
         parts.append(f"ais:{config.get('model', '?').split('/')[-1]}@{config.get('system', '?')}")
     short = {"max_num_seqs": "seqs", "max_num_batched_tokens": "mnbt", "speedup_ratio": "su",
-             "decode_speedup_ratio": "dsu", "max_model_len": "mml", "aic_nextn": "mtp"}
+             "decode_speedup_ratio": "dsu", "max_model_len": "mml", "aic_nextn": "mtp",
+             "prefill_schedule_interval": "psi", "prefill_decode_interval": "pdi"}
     for key, tag in short.items():
         if key in e:
             parts.append(f"{tag}{e[key]}")

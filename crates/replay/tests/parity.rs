@@ -351,4 +351,14 @@ parity_cases! {
     disaggregated_data_parallel_sglang_under_pressure => "x_disagg_dp_sglang_1p2d",
     disaggregated_data_parallel_trace => "x_disagg_dp_trace_1p3d",
     sglang_decode_rank_waits_for_reserved_pages => "x_disagg_sglang_dp_decode_waits_for_room",
+    // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
+    // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
+    // disaggregated sides).
+    vllm_prefill_schedule_interval_attention_dp4_trace => "y_vllm_schedule_interval_3_dp4_trace",
+    vllm_prefill_schedule_interval_shared_prefixes => "y_vllm_schedule_interval_4_dp2_shared_prefix",
+    vllm_prefill_schedule_interval_without_attention_dp => "y_vllm_schedule_interval_4_dp1_no_effect",
+    sglang_prefill_decode_interval_attention_dp2_trace => "y_sglang_decode_interval_2_dp2_trace",
+    sglang_prefill_decode_interval_idle_gaps => "y_sglang_decode_interval_3_idle_gaps",
+    sglang_prefill_decode_interval_tight_kv => "y_sglang_decode_interval_2_tight_kv",
+    sglang_prefill_decode_interval_disaggregated_dp2 => "y_sglang_decode_interval_disagg_dp2",
 }

@@ -351,6 +351,12 @@ def _normalize(config: Any) -> dict:
     for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
         if engine.get(name) == 0:
             raise _Plain(f"{name} must be positive")
+    if engine["prefill_schedule_interval"] == 0:
+        raise _Plain("prefill_schedule_interval must be positive")
+    if engine["prefill_schedule_interval"] != 1 and backend != "vllm":
+        raise _Plain(
+            "prefill_schedule_interval is supported only for backend=vllm; use prefill_decode_interval for backend=sglang"
+        )
     if engine["prefill_decode_interval"] != 0 and backend != "sglang":
         raise _Plain("prefill_decode_interval is supported only for backend=sglang")
     if top["dp_size"] == 0:

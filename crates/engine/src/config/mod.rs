@@ -148,6 +148,14 @@ pub struct EngineConfig {
     pub speculative: Option<SpeculativeConfig>,
     /// Thinking tokens around the start of every generated output.
     pub reasoning: Option<ReasoningConfig>,
+    /// vLLM with attention DP: new prefill work starts only on every n-th pass of the worker's
+    /// ranks while they decode (1 = every pass; see [`crate::vllm`]). Always 1 for the other
+    /// backends.
+    pub prefill_schedule_interval: u64,
+    /// SGLang: passes after a prefill (on any attention-DP rank of the worker) that only decode
+    /// before the next prefill may start (0 = none; see [`crate::sglang`]). Always 0 for the
+    /// other backends.
+    pub prefill_decode_interval: u64,
     /// Why a timing profile was replaced by the polynomial model (the user allowed it).
     pub timing_fallback: Option<String>,
 }
@@ -224,6 +232,8 @@ impl EngineConfig {
                 "max_model_len": self.max_model_len,
                 "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
+                "prefill_schedule_interval": self.prefill_schedule_interval,
+                "prefill_decode_interval": self.prefill_decode_interval,
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "enable_chunked_prefill": self.enable_chunked_prefill,
                 "speedup_ratio": self.speedup_ratio,
@@ -276,6 +286,8 @@ struct RawConfig {
     router_queue_policy: Field<usize>,
     emit_kv_events: Field<bool>,
     emit_kv_token_ids: Field<bool>,
+    prefill_schedule_interval: Option<u64>,
+    prefill_decode_interval: Option<u64>,
 }
 
 const WORKER_TYPES: [&str; 3] = ["aggregated", "prefill", "decode"];

@@ -413,3 +413,70 @@ fn kv_event_flags_follow_dynamos_rule_and_the_queue_policy_is_kept() {
     let e = WorkerArgs::parse_json(r#"{"engine":{},"dynamo":{"router_queue_policy":"lifo"}}"#).unwrap_err();
     assert_eq!(e.path, "dynamo.router_queue_policy");
 }
+
+#[test]
+fn prefill_intervals_are_read_checked_and_dumped_as_dynamo_does() {
+    let c = parse(r#"{"engine": {"prefill_schedule_interval": 4}}"#).unwrap();
+    assert_eq!((c.prefill_schedule_interval, c.prefill_decode_interval), (4, 0));
+    assert_eq!(dump(&c)["engine"]["prefill_schedule_interval"], 4);
+    let c = parse(r#"{"engine": {"backend": "sglang", "prefill_decode_interval": 3}}"#).unwrap();
+    assert_eq!((c.prefill_schedule_interval, c.prefill_decode_interval), (1, 3));
+    assert_eq!(dump(&c)["engine"]["prefill_decode_interval"], 3);
+    let d = parse("{}").unwrap();
+    assert_eq!((d.prefill_schedule_interval, d.prefill_decode_interval), (1, 0));
+    assert_eq!(WorkerArgs::from_value(&dump(&c)).unwrap().engine, c, "the dump reads back");
+    // Dynamo 1.6.1's errors (`_normalize_mocker_config`), value by value.
+    let err = |engine: &str| {
+        let e = parse(&format!(r#"{{"engine": {engine}}}"#)).unwrap_err();
+        (e.path, e.message)
+    };
+    let psi = "engine.prefill_schedule_interval".to_string();
+    let pdi = "engine.prefill_decode_interval".to_string();
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": 0}"#),
+        (psi.clone(), "prefill_schedule_interval must be positive".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": -1}"#),
+        (psi.clone(), "invalid value: integer `-1`, expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": 1.5}"#),
+        (psi.clone(), "invalid type: floating point `1.5`, expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": "2"}"#),
+        (psi.clone(), "invalid type: string \"2\", expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": null}"#),
+        (psi.clone(), "invalid type: null, expected usize".into())
+    );
+    let vllm_only = "prefill_schedule_interval is supported only for backend=vllm; use prefill_decode_interval for \
+                     backend=sglang";
+    for backend in ["sglang", "trtllm"] {
+        assert_eq!(
+            err(&format!(r#"{{"backend": "{backend}", "prefill_schedule_interval": 2}}"#)),
+            (psi.clone(), vllm_only.into())
+        );
+    }
+    assert_eq!(
+        err(r#"{"backend": "sglang", "prefill_decode_interval": -1}"#),
+        (pdi.clone(), "invalid value: integer `-1`, expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"backend": "sglang", "prefill_decode_interval": true}"#),
+        (pdi.clone(), "invalid type: boolean `true`, expected usize".into())
+    );
+    for backend in ["vllm", "trtllm"] {
+        assert_eq!(
+            err(&format!(r#"{{"backend": "{backend}", "prefill_decode_interval": 2}}"#)),
+            (pdi.clone(), "prefill_decode_interval is supported only for backend=sglang".into())
+        );
+    }
+    // Neutral values are accepted everywhere.
+    assert!(parse(
+        r#"{"engine": {"backend": "trtllm", "prefill_schedule_interval": 1, "prefill_decode_interval": 0}}"#
+    )
+    .is_ok());
+}

@@ -319,6 +319,18 @@ struct Worker {
     /// Releases by (request, rank); activations by (request, decode target).
     pending_releases: Vec<(u64, usize)>,
     pending_activations: Vec<(u64, usize)>,
+    /// The number of the worker's next pass, from 0 again once every rank is drained (the
+    /// ranks' prefill cadence counts it; see [`Engine::begin_group_pass`]).
+    wave_step: u64,
+}
+
+impl Worker {
+    /// The wave restarts when no rank has anything left.
+    fn reset_wave_if_drained(&mut self) {
+        if !self.busy && self.ranks.iter().all(|r| r.engine.is_drained()) {
+            self.wave_step = 0;
+        }
+    }
 }
 
 struct Pool {
@@ -690,6 +702,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let mut end = now;
                 let mut effect = false;
                 worker.pass_start = now;
+                let dp = worker.ranks.len() as u32;
+                for rank in &mut worker.ranks {
+                    rank.engine.begin_group_pass(worker.wave_step, dp);
+                }
                 for rank in &mut worker.ranks {
                     rank.ran = rank.engine.has_work();
                     if scaled && !rank.ran {
@@ -715,11 +731,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         effect |= !rank.output.is_empty();
                     }
                 }
+                let ranks = &worker.ranks;
+                let any_prefilled = ranks.iter().any(|r| r.ran && r.engine.prefilled_in_pass());
+                let any_ran_model = ranks.iter().any(|r| r.ran && r.engine.ran_model_in_pass());
+                let deferred = ranks.iter().any(|r| r.ran && r.engine.deferred_in_pass());
+                for rank in &mut worker.ranks {
+                    rank.engine.end_group_pass(any_prefilled, any_ran_model);
+                }
+                worker.wave_step += 1;
                 if end > now {
                     worker.busy = true;
                     worker.pass_end = end;
                     self.schedule_pass_end(p, w, end);
-                } else if effect {
+                } else if effect || deferred {
+                    // A deferred round of SGLang's prefill/decode interval counts down even when
+                    // it does nothing; the next round follows at once.
                     self.apply_pass(p, w);
                     self.wake(p, w);
                     again = true;
@@ -962,6 +988,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         for (id, t) in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
             self.activate(t, id);
         }
+        self.pools[pool].workers[w].reset_wave_if_drained();
         if self.scaling.is_some() {
             self.retire_if_drained(pool, w);
         }
@@ -1065,6 +1092,7 @@ fn new_worker(
         stretch: None,
         stretch_pending: false,
         pass_seq: u64::MAX,
+        wave_step: 0,
         pending_releases: Vec::new(),
         pending_activations: Vec::new(),
     }
