@@ -172,7 +172,7 @@ impl Planner {
             };
             Predictor::with_external(cfg, ext).map(Some).map_err(SetupError::Predictor)
         };
-        let fitted = |role: &Role, worker: Worker| -> Option<FpmModel> {
+        let fitted = |role: &Role, worker: Worker| -> FpmModel {
             let mut m = FpmModel::new(
                 worker,
                 role.caps,
@@ -185,11 +185,11 @@ impl Planner {
                 let passes = m.bootstrap_passes(hw, role.nextn);
                 m.bootstrap(&passes);
             }
-            Some(m)
+            m
         };
         let (fpm_p, fpm_d) = if needs_model {
             let d = fitted(&decode, if cfg.mode == Mode::Agg { Worker::Aggregated } else { Worker::Decode });
-            (prefill.as_ref().and_then(|p| fitted(p, Worker::Prefill)), d)
+            (prefill.as_ref().map(|p| fitted(p, Worker::Prefill)), Some(d))
         } else {
             (None, None)
         };

@@ -120,13 +120,12 @@ impl Predictor {
         config: &PlannerConfig,
         external: Option<Box<dyn ExternalSeries>>,
     ) -> Result<Predictor, Unsupported> {
-        let (kind, min_points) = match config.load_predictor {
-            PredictorKind::Arima if external.is_some() => {
-                let e = external.expect("checked");
+        let (kind, min_points) = match (config.load_predictor, external) {
+            (PredictorKind::Arima, Some(e)) => {
                 (Kind::External(External(std::sync::Arc::new(std::sync::Mutex::new(e)))), 0)
             }
-            PredictorKind::Constant => (Kind::Constant, 1),
-            PredictorKind::Kalman => (
+            (PredictorKind::Constant, _) => (Kind::Constant, 1),
+            (PredictorKind::Kalman, _) => (
                 Kind::Kalman(Box::new(Kalman {
                     x: [0.0, 0.0],
                     p: [[1000.0, 0.0], [0.0, 1000.0]],
@@ -138,8 +137,8 @@ impl Predictor {
                 })),
                 config.kalman_min_points.max(0) as usize,
             ),
-            PredictorKind::Arima => return Err(Unsupported("arima")),
-            PredictorKind::Prophet => return Err(Unsupported("prophet")),
+            (PredictorKind::Arima, None) => return Err(Unsupported("arima")),
+            (PredictorKind::Prophet, _) => return Err(Unsupported("prophet")),
         };
         Ok(Predictor { data: Vec::new(), seen_nonzero: false, min_points, kind })
     }

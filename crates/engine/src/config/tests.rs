@@ -164,8 +164,8 @@ fn reasoning_settings() {
     assert_eq!(e.path, "reasoning.end_thinking_token_id");
 }
 
-#[test]
-fn profiled_timing_reads_through_the_loader() {
+/// A two-point NPZ profile and its bytes (read back as "p.npz" by the tests' file readers).
+fn small_profile() -> (Profile, Vec<u8>) {
     let profile = Profile {
         prefill_isl: vec![128.0, 256.0],
         prefill_ttft_ms: vec![4.0, 8.0],
@@ -174,6 +174,12 @@ fn profiled_timing_reads_through_the_loader() {
         decode_itl: vec![1.0, 1.5, 2.0, 2.5],
     };
     let bytes = profile.to_npz();
+    (profile, bytes)
+}
+
+#[test]
+fn profiled_timing_reads_through_the_loader() {
+    let (profile, bytes) = small_profile();
     let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
     let c = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &files).unwrap();
     assert!(matches!(&c.timing, TimingModel::Interpolated { profile: p, .. } if **p == profile));
@@ -208,14 +214,7 @@ fn profiled_timing_reads_through_the_loader() {
 /// model, its errors keyed to the config's path, and its canonical form kept on a round trip.
 #[test]
 fn dynamo_profile_provider_is_the_interpolated_model() {
-    let profile = Profile {
-        prefill_isl: vec![128.0, 256.0],
-        prefill_ttft_ms: vec![4.0, 8.0],
-        decode_active_kv_tokens: vec![1024.0, 2048.0],
-        decode_context_length: vec![128.0, 256.0],
-        decode_itl: vec![1.0, 1.5, 2.0, 2.5],
-    };
-    let bytes = profile.to_npz();
+    let (profile, bytes) = small_profile();
     let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
     let env = || ConfigEnv { files: &files, timers: None };
     let dynamo = |config: &str| {
