@@ -24,6 +24,13 @@ KV pools range from just above the largest request to ample. SGLang's page size 
 block_size (the reference rejects an `sglang.page_size` key). Trace cuts are written to
 <cache-dir>/traces, never into the repository.
 
+--engine-args P also draws Dynamo's launch path on a stream of its own: with probability P the
+engines are timed by AIS (a few model/GPU pairs; mostly without num_gpu_blocks, so the cache is
+sized from GPU memory, often with the backend's memory fraction), and a kv_router case gets
+`dynamo.router_queue_policy` in its engine arguments. AIS cases run the reference from
+../shared/parity/setup_aisimulate.sh --with-dynamo, and servesim with AISIM_REF_VENV pointing at
+that venv unless set.
+
 Running. servesim is --binary (default target/release/servesim of this checkout), with the CLI arguments of
 scripts/parity.py (servesim_args). The reference runs with the venv python from
 ../shared/parity/setup.sh: dynamo_replay.py, or scripts/reference_replay.py for cases with
@@ -90,6 +97,7 @@ TRACE_SOURCES = {
 DYNAMO_REPLAY = os.path.join(SHARED, "parity", "dynamo_replay.py")
 REFERENCE_REPLAY = os.path.join(SCRIPTS, "reference_replay.py")
 SETUP = os.path.join(SHARED, "parity", "setup.sh")
+SETUP_AIS = os.path.join(SHARED, "parity", "setup_aisimulate.sh")
 DEFAULT_BINARY = os.path.join(parity.ROOT, "target", "release", "servesim")
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "servesim-difffuzz")
 
@@ -437,10 +445,49 @@ def gen_cluster_extras(rng, case):
                 case[key] = sla[key]
 
 
-def generate_case(seed, index, traces, disagg_dp=0.0):
+# Models and GPUs whose AIS data serves every backend (Qwen3-32B on H200 is the engine-args
+# goldens' case; the others widen the memory arithmetic: a smaller model, another GPU).
+AIS_TARGETS = [("Qwen/Qwen3-32B", "h200_sxm"), ("Qwen/Qwen3-8B", "h200_sxm"), ("Qwen/Qwen3-32B", "h100_sxm")]
+# The memory fraction each backend reads when its KV cache is sized from GPU memory.
+MEMORY_FRACTION = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
+                   "trtllm": "free_gpu_memory_fraction"}
+
+
+def gen_engine_args(rng, case, p):
+    """Dynamo's engine-argument launch path (drawn with --engine-args P): AIS timing, mostly
+    without num_gpu_blocks so that the KV cache is sized from GPU memory, a memory fraction,
+    and for a kv_router case `dynamo.router_queue_policy` (replacing the router config's)."""
+    engines = [(k, case[k]) for k in ("engine", "prefill_engine", "decode_engine") if case.get(k) is not None]
+    if engines and chance(rng, p):
+        model, system = rng.choice(AIS_TARGETS)
+        implicit = chance(rng, 0.8)
+        for key, e in engines:
+            role = {"engine": "aggregated", "prefill_engine": "prefill", "decode_engine": "decode"}[key]
+            config = {"model": model, "system": system, "backend": e["backend"], "worker_type": role}
+            dp = case.get("dp_size" if key == "engine" else key.replace("engine", "dp_size"), 1)
+            if dp != 1:
+                config["attention_dp"] = dp
+            e["timing_model"] = {"type": "external", "provider": "ais", "config": config}
+            # The AIS config owns the MTP depth; the engine's own would have to agree with it.
+            e.pop("aic_nextn", None)
+            e.pop("aic_nextn_accept_rates", None)
+            if implicit:
+                e.pop("num_gpu_blocks", None)
+        if implicit and chance(rng, 0.6):
+            backend = engines[0][1]["backend"]
+            case.setdefault("launch", {})[MEMORY_FRACTION[backend]] = round(rng.uniform(0.3, 0.95), 2)
+        case["reference"] = "dynamo+aisimulate"
+    if case.get("router_mode") == "kv_router" and chance(rng, p):
+        case.setdefault("launch", {})["dynamo"] = {"router_queue_policy": rng.choice(["fcfs", "lcfs", "wspt"])}
+        rc = case.setdefault("router_config", {})
+        rc.setdefault("router_queue_threshold", rng.choice([0.25, 0.5, 1.0]))
+
+
+def generate_case(seed, index, traces, disagg_dp=0.0, engine_args=0.0):
     """Case `index` of `seed`: the same whatever --count is. With `disagg_dp` > 0, each side of
     a disaggregated case gets 2 attention-DP ranks with that probability, drawn from a stream of
-    its own so the rest of the case is what it would have been without."""
+    its own so the rest of the case is what it would have been without; `engine_args` > 0 draws
+    the launch path (`gen_engine_args`) from another such stream."""
     rng = random.Random(f"difffuzz/{seed}/{index}")
     regime = pick(rng, [("aggregated", 50), ("disaggregated", 25), ("kv_router", 25)])
     if regime == "disaggregated":
@@ -459,7 +506,26 @@ def generate_case(seed, index, traces, disagg_dp=0.0):
         for side in ["prefill", "decode"]:
             if chance(dp_rng, disagg_dp):
                 case[f"{side}_dp_size"] = 2
+    gen_prefill_intervals(random.Random(f"difffuzz/{seed}/{index}/intervals"), case)
+    if engine_args > 0:
+        gen_engine_args(random.Random(f"difffuzz/{seed}/{index}/engine-args"), case, engine_args)
     return case
+
+
+def gen_prefill_intervals(rng, case):
+    """The prefill cadences, from a stream of their own (the rest of a case is what it was
+    before they were drawn): vLLM's prefill_schedule_interval, which acts only with attention DP
+    (drawn more often there), and SGLang's prefill_decode_interval."""
+    for section, dp_key in (("engine", "dp_size"), ("prefill_engine", "prefill_dp_size"),
+                            ("decode_engine", "decode_dp_size")):
+        e = case.get(section)
+        if not e:
+            continue
+        backend = e.get("backend", "vllm")
+        if backend == "vllm" and chance(rng, 0.4 if case.get(dp_key, 1) > 1 else 0.08):
+            e["prefill_schedule_interval"] = rng.choice([2, 3, 4, 8])
+        elif backend == "sglang" and chance(rng, 0.15):
+            e["prefill_decode_interval"] = rng.choice([1, 2, 3, 5])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,9 +545,17 @@ def backend_of(case):
 
 def describe_engine(e):
     b = e.get("backend", "vllm")
-    parts = [f"bs{e.get('block_size', DEFAULT_BLOCK_SIZE[b])}", f"blk{e.get('num_gpu_blocks', DEFAULT_NUM_GPU_BLOCKS)}"]
+    timing = e.get("timing_model") or {}
+    ais = timing.get("provider") == "ais"
+    # An AIS-timed engine without num_gpu_blocks sizes its cache from GPU memory ("blkmem").
+    blocks = e.get("num_gpu_blocks", "mem" if ais else DEFAULT_NUM_GPU_BLOCKS)
+    parts = [f"bs{e.get('block_size', DEFAULT_BLOCK_SIZE[b])}", f"blk{blocks}"]
+    if ais:
+        config = timing.get("config") or {}
+        parts.append(f"ais:{config.get('model', '?').split('/')[-1]}@{config.get('system', '?')}")
     short = {"max_num_seqs": "seqs", "max_num_batched_tokens": "mnbt", "speedup_ratio": "su",
-             "decode_speedup_ratio": "dsu", "max_model_len": "mml", "aic_nextn": "mtp"}
+             "decode_speedup_ratio": "dsu", "max_model_len": "mml", "aic_nextn": "mtp",
+             "prefill_schedule_interval": "psi", "prefill_decode_interval": "pdi"}
     for key, tag in short.items():
         if key in e:
             parts.append(f"{tag}{e[key]}")
@@ -543,6 +617,11 @@ def describe(case):
         parts.append("kv" + ("{" + ",".join(f"{k}={v}" for k, v in rc.items()) + "}" if rc else ""))
         if case.get("kv_event_lag_ms") is not None:
             parts.append(f"lag{case['kv_event_lag_ms']:g}")
+    launch = dict(case.get("launch") or {})
+    policy = (launch.pop("dynamo", None) or {}).get("router_queue_policy")
+    if policy:
+        parts.append(f"launch-queue={policy}")
+    parts.extend(f"{key}={value:g}" for key, value in launch.items())
     if case.get("replay_concurrency") is not None:
         parts.append(f"conc{case['replay_concurrency']}")
     if case.get("arrival_speedup_ratio") not in (None, 1.0):
@@ -592,12 +671,28 @@ class Runner:
         os.makedirs(self.cache_dir, exist_ok=True)
         os.makedirs(self.tmp_dir, exist_ok=True)
         self.py = None
+        self.ais_py = None
         self._servesim_extra = None
 
-    def reference_python(self):
+    def reference_python(self, case=None):
+        """The reference's interpreter: Dynamo's venv, or for a case timed by AIS
+        (`"reference": "dynamo+aisimulate"`) the venv with aisimulate beside Dynamo."""
+        if case is not None and case.get("reference") == "dynamo+aisimulate":
+            if self.ais_py is None:
+                self.ais_py = subprocess.run([SETUP_AIS, "--with-dynamo"], check=True, capture_output=True,
+                                             text=True).stdout.strip()
+            return self.ais_py
         if self.py is None:
             self.py = subprocess.run([SETUP], check=True, capture_output=True, text=True).stdout.strip()
         return self.py
+
+    def servesim_env(self, case):
+        """servesim finds AIS data through AISIM_REF_VENV; point it at the reference's venv
+        unless the caller chose one."""
+        if case.get("reference") != "dynamo+aisimulate" or os.environ.get("AISIM_REF_VENV"):
+            return None
+        venv = os.path.dirname(os.path.dirname(self.reference_python(case)))
+        return {**os.environ, "AISIM_REF_VENV": venv}
 
     def servesim_extra_args(self):
         """--threads 1 when the binary knows it (the machine is shared)."""
@@ -616,7 +711,7 @@ class Runner:
             cmd += ["--report-jsonl", report_jsonl]
         start = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, env=self.servesim_env(case))
         except subprocess.TimeoutExpired:
             return {"status": "hang", "error": f"servesim timed out after {self.timeout:g} s", "seconds": self.timeout}
         seconds = time.perf_counter() - start
@@ -632,7 +727,8 @@ class Runner:
     @staticmethod
     def reference_script(case):
         # Keys ../shared/parity/dynamo_replay.py cannot pass on.
-        beyond_dynamo_replay = ["router_config", "kv_event_lag_ms", "prefill_dp_size", "decode_dp_size"]
+        beyond_dynamo_replay = ["router_config", "kv_event_lag_ms", "prefill_dp_size", "decode_dp_size", "launch",
+                                "reference"]
         if any(case.get(k) is not None for k in beyond_dynamo_replay):
             return REFERENCE_REPLAY
         return DYNAMO_REPLAY
@@ -655,7 +751,7 @@ class Runner:
     def run_reference_process(self, case, per_request_out=None, timeout=None):
         timeout = timeout or self.timeout
         path = self.write_temp_case(case)
-        cmd = [self.reference_python(), self.reference_script(case), path]
+        cmd = [self.reference_python(case), self.reference_script(case), path]
         if per_request_out:
             cmd += ["--per-request", per_request_out]
         start = time.perf_counter()
@@ -1369,7 +1465,7 @@ def build_items(args, traces):
     if args.case:
         return [{"id": os.path.basename(p).removesuffix(".json"), "case": load_case(p)} for p in args.case]
     indices = parse_only(args.only) or range(args.start, args.start + args.count)
-    return [{"id": f"{args.seed}-{k:03d}", "case": generate_case(args.seed, k, traces, args.disagg_dp)} for k in indices]
+    return [{"id": f"{args.seed}-{k:03d}", "case": generate_case(args.seed, k, traces, args.disagg_dp, args.engine_args)} for k in indices]
 
 
 def wait_for_binary(path, seconds=900):
@@ -1396,6 +1492,11 @@ def parse_args(argv):
     what.add_argument("--disagg-dp", type=float, default=0.0, metavar="P",
                       help="give each side of a disaggregated case 2 attention-DP ranks with probability P "
                            "(default 0: the cases of earlier runs)")
+    what.add_argument("--engine-args", type=float, default=0.0, metavar="P",
+                      help="with probability P each, time a case's engines with AIS (mostly without "
+                           "num_gpu_blocks, with a memory fraction) and give a kv_router case "
+                           "dynamo.router_queue_policy; AIS cases run the reference from "
+                           "setup_aisimulate.sh --with-dynamo (default 0: the cases of earlier runs)")
     how = p.add_argument_group("how")
     how.add_argument("--binary", default=DEFAULT_BINARY)
     how.add_argument("--cache-dir", default=DEFAULT_CACHE)

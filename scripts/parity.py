@@ -17,7 +17,7 @@ A case may add "launch": {...}, top-level engine-args keys besides "engine" (the
 fractions, {"dynamo": {"router_queue_policy": ...}}), and "reference": "dynamo+aisimulate" when
 its engine uses AIS timing (recorded with ../shared/parity/setup_aisimulate.sh --with-dynamo).
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, json, os, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
@@ -52,7 +52,15 @@ def resolve(case_path):
             with open(case["trace"]) as src, open(cut, "w") as dst:
                 for _, line in zip(range(lines), src):
                     dst.write(line)
+            atexit.register(lambda: os.path.exists(cut) and os.unlink(cut))
             case["trace"] = cut
+    # A profile NPZ named by an engine's timing model (Dynamo's `dynamo_profile` form) is
+    # relative to the case file.
+    for role in ("engine", "prefill_engine", "decode_engine"):
+        timing = (case.get(role) or {}).get("timing_model") or {}
+        config = timing.get("config") if timing.get("provider") == "dynamo_profile" else None
+        if isinstance(config, dict) and isinstance(config.get("path"), str) and not os.path.isabs(config["path"]):
+            config["path"] = os.path.join(base, config["path"])
     # A router policy file named in the router configuration is relative to the case file.
     rc = case.get("router_config") or {}
     if rc.get("router_policy_config") and not os.path.isabs(rc["router_policy_config"]):
@@ -137,10 +145,15 @@ def run_reference(case):
     setup = ["setup_aisimulate.sh", "--with-dynamo"] if case.get("reference") == "dynamo+aisimulate" else ["setup.sh"]
     py = subprocess.run([os.path.join(SHARED, "parity", setup[0])] + setup[1:], check=True, capture_output=True,
                         text=True).stdout.strip()
-    with open("/tmp/servesim-parity-case.json", "w") as f:
-        json.dump(case, f)
-    out = subprocess.run([py, os.path.join(ROOT, "scripts", "reference_replay.py"), "/tmp/servesim-parity-case.json"],
-                         check=True, capture_output=True, text=True).stdout
+    # A file of this run's own: parallel recordings must not read each other's case.
+    fd, path = tempfile.mkstemp(prefix="servesim-parity-case-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(case, f)
+        out = subprocess.run([py, os.path.join(ROOT, "scripts", "reference_replay.py"), path],
+                             check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(path)
     return json.loads(out)
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import operator
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
+from enum import Enum
 from typing import Any
 
 from servesim import _core
@@ -44,6 +46,19 @@ class TelemetryOptions:
     jsonl_path: str | os.PathLike[str] | None = None
 
 
+def _to_primitive(value: Any) -> Any:
+    """Dataclasses, enums, mappings and sequences as plain data (what ``to_dict`` returns)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return _to_primitive(asdict(value))
+    if isinstance(value, Enum):
+        return _to_primitive(value.value)
+    if isinstance(value, dict):
+        return {str(k): _to_primitive(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_primitive(v) for v in value]
+    return value
+
+
 @dataclass
 class ReplayTelemetryDetails:
     """The samples an offline replay kept in memory, in time order."""
@@ -52,7 +67,7 @@ class ReplayTelemetryDetails:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sample_interval_ms": self.sample_interval_ms, "samples": self.samples}
+        return {"sample_interval_ms": self.sample_interval_ms, "samples": _to_primitive(self.samples)}
 
 
 @dataclass
@@ -62,19 +77,19 @@ class PlannerReplayDetails:
     operations (empty unless capturing) and tick count. servesim writes no planner HTML here
     (``html_report_path`` stays ``None``; ``servesim predict --report-html`` draws the run)."""
 
-    metadata: dict[str, Any]
-    ticks: list[dict[str, Any]]
-    scaling_events: list[dict[str, Any]]
-    lifecycle_operations: list[dict[str, Any]]
-    total_ticks: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+    ticks: list[dict[str, Any]] = field(default_factory=list)
+    scaling_events: list[Any] = field(default_factory=list)
+    lifecycle_operations: list[dict[str, Any]] = field(default_factory=list)
+    total_ticks: int = 0
     html_report_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "metadata": self.metadata,
-            "ticks": self.ticks,
-            "scaling_events": self.scaling_events,
-            "lifecycle_operations": self.lifecycle_operations,
+            "metadata": _to_primitive(self.metadata),
+            "ticks": _to_primitive(self.ticks),
+            "scaling_events": _to_primitive(self.scaling_events),
+            "lifecycle_operations": _to_primitive(self.lifecycle_operations),
             "total_ticks": self.total_ticks,
             "html_report_path": self.html_report_path,
         }
@@ -273,6 +288,76 @@ def _planner_details(planner_json: str | None, capture: bool) -> PlannerReplayDe
     )
 
 
+def _rust_number(v: float) -> str:
+    """A float as Rust's ``Display`` writes it (the reference's messages): ``-1``, ``2.5``,
+    ``inf``, ``NaN``."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == int(v) and abs(v) < 1e16:
+        return str(int(v))
+    return repr(v)
+
+
+def _real_arg(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"argument '{name}': must be real number, not {type(value).__name__}")
+
+
+def _uint_arg(name: str, value: Any) -> int:
+    """An unsigned integer argument, with the reference's (pyo3's) errors."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"argument '{name}': '{type(value).__name__}' object cannot be interpreted as an integer") from None
+    if n < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    return n
+
+
+def _count_arg(name: str, value: Any) -> int | None:
+    """``replay_concurrency`` / ``agentic_lanes``: None, or an integer of at least 1."""
+    if value is None:
+        return None
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"argument '{name}': '{type(value).__name__}' object cannot be interpreted as an integer") from None
+    if not -(2**63) <= n < 2**63:
+        raise OverflowError("Python int too large to convert to C long")
+    if n < 1:
+        raise Exception(f"{name} must be at least 1")
+    return n
+
+
+def _bool_arg(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"argument '{name}': '{type(value).__name__}' object cannot be converted to 'PyBool'")
+    return value
+
+
+def _check_sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms) -> None:
+    """The reference's SLA checks, in its order: each a finite number ≥ 0 (``ValueError``),
+    end-to-end exclusive of the other two, then each > 0 (``Exception``)."""
+    values = {
+        "ttft_ms": _real_arg("sla_ttft_ms", sla_ttft_ms),
+        "itl_ms": _real_arg("sla_itl_ms", sla_itl_ms),
+        "e2e_ms": _real_arg("sla_e2e_ms", sla_e2e_ms),
+    }
+    for key, v in values.items():
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"sla_{key} must be a finite, non-negative value, got {_rust_number(v)}")
+    if values["e2e_ms"] is not None and (values["ttft_ms"] is not None or values["itl_ms"] is not None):
+        raise Exception("invalid replay spec: sla.e2e_ms is mutually exclusive with sla.ttft_ms/itl_ms")
+    for key, v in values.items():
+        if v is not None and v <= 0:
+            raise Exception(f"invalid replay spec: sla.{key} must be finite and positive, got {_rust_number(v)}")
+
+
 def _report(
     summary_json: str,
     lines: list[str] | None,
@@ -406,6 +491,12 @@ def run_trace_replay(
         raise Exception("trace replay requires at least one trace file")
     if trace_format != "dynamo" and len(trace_files) != 1:
         raise Exception(f"trace_format={trace_format!r} requires exactly one trace file, got {len(trace_files)}")
+    capture_per_request = _bool_arg("capture_per_request", capture_per_request)
+    replay_concurrency = _count_arg("replay_concurrency", replay_concurrency)
+    agentic_lanes = _count_arg("agentic_lanes", agentic_lanes)
+    _check_sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms)
+    # As the reference: records written to a file are kept in the report too (offline).
+    capture_per_request = capture_per_request or (report_jsonl_path is not None and replay_mode == "offline")
     summary, lines, planner, samples = _core.run_replay(
         trace_files,
         **_engine_kwargs(extra_engine_args, prefill_engine_args, decode_engine_args, router_config),
@@ -489,17 +580,37 @@ def run_synthetic_trace_replay(
         raise ValueError("planner_config replay only supports replay_mode='offline'")
     _check_common(replay_mode, ais_perf_config)
     telemetry = _telemetry_kwargs(telemetry_options, replay_mode)
+    # The reference's argument types (pyo3 conversions) and its checks.
+    input_tokens = _uint_arg("input_tokens", input_tokens)
+    output_tokens = _uint_arg("output_tokens", output_tokens)
+    request_count = _uint_arg("request_count", request_count)
+    replay_concurrency = _count_arg("replay_concurrency", replay_concurrency)
+    request_rate = _real_arg("request_rate", request_rate)
+    arrival_interval_ms = _real_arg("arrival_interval_ms", arrival_interval_ms)
+    arrival_seed = _uint_arg("arrival_seed", arrival_seed)
+    turns_per_session = _uint_arg("turns_per_session", turns_per_session)
+    shared_prefix_ratio = _real_arg("shared_prefix_ratio", shared_prefix_ratio)
+    num_prefix_groups = _uint_arg("num_prefix_groups", num_prefix_groups)
+    inter_turn_delay_ms = _real_arg("inter_turn_delay_ms", inter_turn_delay_ms)
+    capture_per_request = _bool_arg("capture_per_request", capture_per_request)
+    for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens),
+                        ("request_count", request_count)):
+        if value < 1:
+            raise Exception(f"{name} must be at least 1")
+    _check_sla(sla_ttft_ms, sla_itl_ms, sla_e2e_ms)
+    capture_per_request = capture_per_request or (report_jsonl_path is not None and replay_mode == "offline")
     synthetic = (
-        int(input_tokens),
-        int(output_tokens),
-        int(request_count),
-        None if request_rate is None else float(request_rate),
-        None if arrival_interval_ms is None else float(arrival_interval_ms),
-        int(arrival_seed),
-        int(turns_per_session),
-        float(shared_prefix_ratio),
-        int(num_prefix_groups),
-        float(inter_turn_delay_ms),
+        input_tokens,
+        output_tokens,
+        request_count,
+        request_rate,
+        arrival_interval_ms,
+        arrival_seed,
+        # The reference runs sessions of 0 turns as single-turn sessions.
+        max(1, turns_per_session),
+        shared_prefix_ratio,
+        num_prefix_groups,
+        inter_turn_delay_ms,
     )
     if sum(x is not None for x in (replay_concurrency, request_rate, arrival_interval_ms)) != 1:
         raise Exception("synthetic replay requires exactly one of replay_concurrency, request_rate, or arrival_interval_ms")

@@ -88,3 +88,33 @@ def test_client_ttft_and_itl_match_predict(case):
           f"ITL live {live_itl:.2f} ms vs predict {expected['mean_itl_ms']:.2f}")
     assert abs(live_ttft - expected["mean_ttft_ms"]) <= 0.10 * expected["mean_ttft_ms"]
     assert abs(live_itl - expected["mean_itl_ms"]) <= 0.10 * expected["mean_itl_ms"]
+
+
+def test_sglang_prefill_decode_interval_idle_rounds_do_not_stall_the_next_request():
+    """A one-token request finishes in its prefill pass, leaving rounds of the interval to count
+    down with nothing to do: they take no time and must not leave the next request waiting for
+    some other news (each request here comes alone)."""
+    from conftest import post
+
+    engine = {"engine": {"backend": "sglang", "block_size": 16, "timing_model": FIXED, "speedup_ratio": 1.0,
+                         "prefill_decode_interval": 3}}
+    with Server(engine=engine) as srv:
+        for i in range(4):
+            began = time.perf_counter()
+            prompt = [i * 1000 + t for t in range(50)]
+            status, body, _ = post(srv.api + "/completions", {"prompt": prompt, "max_tokens": 1}, timeout=5)
+            assert status == 200, body
+            # One 40 ms prefill pass; the interval's idle rounds cost nothing.
+            assert time.perf_counter() - began < 1.0
+
+
+def test_prefill_intervals_with_attention_dp_are_refused_live():
+    for engine in (
+        {"engine": {"prefill_schedule_interval": 2}, "dp_size": 2},
+        {"engine": {"backend": "sglang", "prefill_decode_interval": 1}, "dp_size": 2},
+    ):
+        out = subprocess.run([str(binary()), "serve", "--port", "0", "--extra-engine-args", json.dumps(engine)],
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 2, out.stderr
+        key = next(k for k in engine["engine"] if "interval" in k)
+        assert f"engine.{key} with data-parallel size 2 is not supported by the live server" in out.stderr

@@ -134,6 +134,8 @@ NORMALIZE_OK = [
     {"engine": []},
     '{"engine": {"block_size": 32}}',
     "{}",
+    {"engine": {"prefill_schedule_interval": 4}, "dp_size": 2},
+    {"engine": {"backend": "sglang", "prefill_decode_interval": 3}},
 ]
 
 # --- normalize_mocker_config: rejected configurations --------------------------------------
@@ -182,6 +184,15 @@ NORMALIZE_BAD = [
     {"engine": None},
     {"dynamo": {"router_queue_policy": "x"}},
     5,
+    # The prefill cadences' checks, in Dynamo's order and words.
+    {"engine": {"prefill_schedule_interval": 0}},
+    {"engine": {"prefill_schedule_interval": -1}},
+    {"engine": {"prefill_schedule_interval": 1.5}},
+    {"engine": {"prefill_schedule_interval": None}},
+    {"engine": {"backend": "sglang", "prefill_schedule_interval": 2}},
+    {"engine": {"backend": "trtllm", "prefill_schedule_interval": 4}},
+    {"engine": {"backend": "sglang", "prefill_decode_interval": -1}},
+    {"engine": {"backend": "trtllm", "prefill_decode_interval": 2}},
 ]
 
 # --- parse_args ------------------------------------------------------------------------------

@@ -1,11 +1,9 @@
-"""Output paths of the replay API that would overwrite an input, and the optional numpy."""
+"""Output paths of the replay API that would overwrite an input."""
 
 import os
-import sys
 
 import pytest
 
-from servesim.mocker.args import resolve_planner_profile_data
 from servesim.replay import run_synthetic_trace_replay, run_trace_replay
 
 REFUSED = "replay output paths must differ from each other and trace files"
@@ -71,12 +69,3 @@ def test_a_distinct_report_path_is_written(trace, tmp_path):
     assert report.summary["completed_requests"] == 4
     assert len(out.read_text().splitlines()) == 4
     assert trace.read_text() == ROWS
-
-
-def test_an_npz_profile_without_numpy_says_to_install_it(tmp_path, monkeypatch):
-    npz = tmp_path / "profile.npz"
-    npz.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: what np.savez writes starts so
-    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` raises ImportError
-    with pytest.raises(ImportError) as e:
-        resolve_planner_profile_data(npz)
-    assert str(e.value) == f"reading the planner profile data '{npz}' needs numpy: pip install 'servesim[npz]' (or numpy)"

@@ -402,6 +402,9 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         Topology::one_side(role, args, a.num_workers.unwrap_or(1))
     }
     .map_err(crate::topology_error)?;
+    if let Some(why) = servesim_live::unsupported_live(&topology) {
+        return Err(Failure::input(why));
+    }
     let workers: u32 = topology.pools().iter().map(|p| p.workers).sum();
     // Each rank is a thread with its own engine: refuse what cannot run before allocating.
     let ranks: u64 = topology.pools().iter().map(|p| p.workers as u64 * p.deployment.dp_size as u64).sum();

@@ -5,7 +5,9 @@
 //!
 //! - AIS timing without `num_gpu_blocks` sizes the KV cache from GPU memory, with the memory
 //!   fractions and `cuda_graph_reserved_bytes` of the launch (census 2026-12, §0 finding 1);
-//! - `dynamo.router_queue_policy` replaces the router configuration's queue policy (finding 4).
+//! - `dynamo.router_queue_policy` replaces the router configuration's queue policy (finding 4);
+//! - `prefill_schedule_interval` (vLLM, attention DP) and `prefill_decode_interval` (SGLang) hold
+//!   prefills back (census item 26).
 //!
 //! `scripts/parity.py` builds the command line and compares (exact where the reference is
 //! deterministic, the listed tolerances against the median of its runs where it is not). The AIS
@@ -60,7 +62,45 @@ cases!(
     ais_kv_from_memory_sglang_fraction,
     ais_kv_from_memory_trtllm_fraction,
     router_queue_policy_lcfs,
+    vllm_prefill_schedule_interval_2_dp2,
+    vllm_prefill_schedule_interval_4_dp2,
+    sglang_prefill_decode_interval_1,
+    sglang_prefill_decode_interval_3,
 );
+
+/// Bad prefill intervals stop `servesim predict` with Dynamo 1.6.1's message for each and exit
+/// status 2.
+#[test]
+fn bad_prefill_intervals_are_refused_with_dynamos_messages() {
+    let run = |engine: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+            .args(["predict", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "2"])
+            .args(["--request-rate", "10", "--extra-engine-args"])
+            .arg(format!(r#"{{"engine":{engine}}}"#))
+            .output()
+            .expect("run servesim");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for (engine, message) in [
+        (r#"{"prefill_schedule_interval":0}"#, "prefill_schedule_interval must be positive"),
+        (r#"{"prefill_schedule_interval":-2}"#, "invalid value: integer `-2`, expected usize"),
+        (r#"{"prefill_schedule_interval":2.5}"#, "invalid type: floating point `2.5`, expected usize"),
+        (
+            r#"{"backend":"sglang","prefill_schedule_interval":2}"#,
+            "prefill_schedule_interval is supported only for backend=vllm; use prefill_decode_interval for backend=sglang",
+        ),
+        (r#"{"backend":"sglang","prefill_decode_interval":-1}"#, "invalid value: integer `-1`, expected usize"),
+        (r#"{"prefill_decode_interval":1}"#, "prefill_decode_interval is supported only for backend=sglang"),
+    ] {
+        let (code, stderr) = run(engine);
+        assert_eq!(code, Some(2), "{engine}: {stderr}");
+        assert!(stderr.contains(message), "{engine}: {stderr}");
+        assert!(stderr.contains("engine.prefill_"), "{engine}: the key is named: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{engine}: one line: {stderr}");
+    }
+    let (code, stderr) = run(r#"{"prefill_schedule_interval":3,"max_num_batched_tokens":4096}"#);
+    assert_eq!(code, Some(0), "{stderr}");
+}
 
 /// A prompt over `max_num_batched_tokens` with chunked prefill off can never be scheduled:
 /// Dynamo 1.6.1's replay fails the run ("effect-free zero-duration pass with 5 in-flight

@@ -89,6 +89,59 @@ impl Engine {
         delegate!(self, e => e.step(now_ms, out))
     }
 
+    /// A pass shared by the `dp_size` attention-DP ranks of a worker begins; it is the worker's
+    /// pass number `wave_step` (counted from 0, and again from 0 once every rank is drained).
+    /// Drivers that run a worker's ranks in lockstep call this on every rank before the ranks
+    /// with work [`Engine::step`], and [`Engine::end_group_pass`] on every rank after; a rank
+    /// stepped without them is a worker of its own. The prefill cadences need it: vLLM's
+    /// `prefill_schedule_interval` and SGLang's `prefill_decode_interval`.
+    pub fn begin_group_pass(&mut self, wave_step: u64, dp_size: u32) {
+        match self {
+            Engine::Vllm(e) => e.begin_group_pass(wave_step, dp_size),
+            Engine::Sglang(e) => e.begin_group_pass(),
+        }
+    }
+
+    /// Whether this rank computed prompt tokens in the current shared pass (false if it did
+    /// not step).
+    pub fn prefilled_in_pass(&self) -> bool {
+        match self {
+            Engine::Vllm(_) => false,
+            Engine::Sglang(e) => e.prefilled_in_pass(),
+        }
+    }
+
+    /// Whether this rank ran the model in the current shared pass (false if it did not step).
+    pub fn ran_model_in_pass(&self) -> bool {
+        match self {
+            Engine::Vllm(_) => false,
+            Engine::Sglang(e) => e.ran_model_in_pass(),
+        }
+    }
+
+    /// The shared pass ended; `any_prefilled` and `any_ran_model` are over all of the worker's
+    /// ranks ([`Engine::prefilled_in_pass`], [`Engine::ran_model_in_pass`]).
+    pub fn end_group_pass(&mut self, any_prefilled: bool, any_ran_model: bool) {
+        match self {
+            Engine::Vllm(_) => {}
+            Engine::Sglang(e) => e.end_group_pass(any_prefilled, any_ran_model),
+        }
+    }
+
+    /// Whether the last pass only counted down SGLang's prefill/decode interval: it may take no
+    /// time and have no effect, and the next pass is due at once.
+    pub fn deferred_in_pass(&self) -> bool {
+        match self {
+            Engine::Vllm(_) => false,
+            Engine::Sglang(e) => e.deferred_in_pass(),
+        }
+    }
+
+    /// Whether nothing is left on this rank: no request queued, running, held or reserved.
+    pub fn is_drained(&self) -> bool {
+        delegate!(self, e => e.is_drained())
+    }
+
     /// Whether a pass would have anything to do.
     pub fn has_work(&self) -> bool {
         delegate!(self, e => e.has_work())
@@ -137,6 +190,17 @@ impl Engine {
         match self {
             Engine::Vllm(e) => e.advance_transfers(now_ms),
             Engine::Sglang(_) => false,
+        }
+    }
+
+    /// The shared pass of the worker's attention-DP ranks ends at `end_ms`: with a host cache,
+    /// every rank (stepped or idle) reaches its transfer boundary there; the KV events of loads
+    /// that complete go to `out`. Drivers call it on every rank of a group right after the
+    /// ranks' steps, once the group's end is known.
+    pub fn finish_group_pass(&mut self, end_ms: f64, out: &mut PassOutput) {
+        match self {
+            Engine::Vllm(e) => e.finish_group_pass(end_ms, out),
+            Engine::Sglang(_) => {}
         }
     }
 

@@ -19,8 +19,10 @@ pub enum TimingModel {
     Polynomial,
     /// Constant per-pass costs.
     Fixed { prefill_ms: f64, decode_ms: f64 },
-    /// Interpolated from a measured profile (`path` is where it was read from).
-    Interpolated { path: String, profile: Arc<Profile> },
+    /// Interpolated from a measured profile (`path` is where it was read from). `dynamo_form`:
+    /// the configuration named it as Dynamo does, `{"type": "external", "provider":
+    /// "dynamo_profile", "config": {"path": ...}}`, and its canonical form says so again.
+    Interpolated { path: String, profile: Arc<Profile>, dynamo_form: bool },
     /// A model implemented outside the engine.
     External(ExternalTimer),
 }
@@ -122,7 +124,12 @@ pub(crate) struct ProfileRef {
     pub path: String,
     /// Use the polynomial model if the profile cannot be read.
     pub fallback: bool,
+    /// Given as Dynamo's `provider: "dynamo_profile"` (see [`TimingModel::Interpolated`]).
+    pub dynamo_form: bool,
 }
+
+/// Dynamo's name for profile timing: an external model whose config holds only the NPZ's path.
+pub const DYNAMO_PROFILE_PROVIDER: &str = "dynamo_profile";
 
 /// Prefill shape of one pass, in Dynamo's aggregate form.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -174,6 +181,23 @@ impl TimingModel {
                     .set()
                     .ok_or_else(|| ConfigError::new(r.path("provider"), "missing (the external timing model's name)"))?
                     .to_string();
+                if provider == DYNAMO_PROFILE_PROVIDER {
+                    // Dynamo's `--planner-profile-data`: the same interpolated model, read now.
+                    let Some(mut c) = r.object("config")? else {
+                        return Err(ConfigError::new(
+                            r.path("config"),
+                            "missing (the dynamo_profile timing model needs {\"path\": NPZ})",
+                        ));
+                    };
+                    let key = c.path("path");
+                    let path = c
+                        .string("path")?
+                        .set()
+                        .ok_or_else(|| ConfigError::new(&key, "missing (the profile NPZ to interpolate)"))?
+                        .to_string();
+                    c.finish()?;
+                    return Ok(Unresolved::Profile(ProfileRef { key, path, fallback: false, dynamo_form: true }));
+                }
                 let config = r.raw("config").cloned().unwrap_or(serde_json::Value::Object(Default::default()));
                 Ok(Unresolved::Timer(TimerRef { key: r.path("config"), provider, config }))
             }
@@ -193,7 +217,7 @@ impl TimingModel {
                         ))
                     }
                 };
-                Ok(Unresolved::Profile(ProfileRef { key: r.path("path"), path, fallback }))
+                Ok(Unresolved::Profile(ProfileRef { key: r.path("path"), path, fallback, dynamo_form: false }))
             }
             Some(_) => {
                 let mut get = |key: &'static str| -> Result<f64> {

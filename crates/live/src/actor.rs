@@ -184,7 +184,9 @@ impl Actor {
                 std::thread::yield_now();
             }
             self.last_end = out.end_ms;
-            busy = reserved || !out.is_empty() || out.end_ms > out.start_ms;
+            // A round of SGLang's prefill/decode interval counts down even when it does nothing:
+            // the next one follows at once (its work may be waiting behind it).
+            busy = reserved || !out.is_empty() || out.end_ms > out.start_ms || self.engine.deferred_in_pass();
             self.release(&out);
             self.out = out;
         }

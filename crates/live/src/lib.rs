@@ -37,6 +37,30 @@ pub const DEFAULT_MAX_MODEL_LEN: u32 = 32_768;
 /// with its own engine, so far more would exhaust threads or memory before serving anything.
 pub const MAX_ENGINE_RANKS: u32 = 4_096;
 
+/// Why `topology` cannot be served live, if it cannot: the ranks of a worker run on their own
+/// threads, not in lockstep, so the prefill cadences that Dynamo synchronises across a worker's
+/// attention-DP ranks (`prefill_schedule_interval`, `prefill_decode_interval`) cannot be
+/// modelled with more than one rank per worker. (With one rank they are: the rank is its
+/// worker.) Offline replay models them.
+pub fn unsupported_live(topology: &Topology) -> Option<String> {
+    topology.pools().iter().find_map(|pool| {
+        let (dp, e) = (pool.deployment.dp_size, &pool.engine);
+        let key = if e.prefill_schedule_interval != 1 {
+            "prefill_schedule_interval"
+        } else if e.prefill_decode_interval != 0 {
+            "prefill_decode_interval"
+        } else {
+            return None;
+        };
+        (dp > 1).then(|| {
+            format!(
+                "engine.{key} with data-parallel size {dp} is not supported by the live server: its attention-DP \
+                 ranks do not run passes in lockstep (offline replay models it; live, use dp_size 1)"
+            )
+        })
+    })
+}
+
 /// Everything `servesim serve` needs, already validated by the caller.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {

@@ -561,7 +561,7 @@ pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Re
     if provider != "ais" && provider != "aic" {
         return Err(ConfigError::new(
             key.trim_end_matches(".config").to_string() + ".provider",
-            format!("unknown external timing provider {provider:?}; expected \"ais\" or \"aic\""),
+            format!("unknown external timing provider {provider:?}; expected \"ais\", \"aic\" or \"dynamo_profile\""),
         ));
     }
     let cfg = AisConfig::from_json(key, config).map_err(|e| match e.message.split_once(": ") {

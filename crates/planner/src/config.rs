@@ -67,6 +67,17 @@ pub enum PredictorKind {
     Kalman,
 }
 
+impl PredictorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PredictorKind::Constant => "constant",
+            PredictorKind::Arima => "arima",
+            PredictorKind::Prophet => "prophet",
+            PredictorKind::Kalman => "kalman",
+        }
+    }
+}
+
 /// The validated configuration. Budgets use −1 for "off", as the reference does.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannerConfig {

@@ -16,8 +16,8 @@ pub mod types;
 pub use capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
 pub use config::{ConfigError, Mode, PlannerConfig, PredictorKind, Target};
 pub use fpm_model::FpmModel;
-pub use planner::{idle_fpm, Diagnostics, Planner, Role, SetupError, Tick};
-pub use predict::Predictor;
+pub use planner::{idle_fpm, Diagnostics, ExternalFactory, Planner, Role, SetupError, Tick};
+pub use predict::{ExternalSeries, Predictor};
 pub use types::{EngineCaps, Fpm, Queued, Scheduled, Snapshot, Traffic};
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::budget;
 use crate::capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
 use crate::config::{Mode, PlannerConfig, Target};
 use crate::fpm_model::FpmModel;
-use crate::predict::{Predictor, Unsupported};
+use crate::predict::{ExternalSeries, Predictor, Unsupported};
 use crate::types::{EngineCaps, Fpm, Scheduled, Snapshot, Traffic};
 
 /// One role's engines as the planner sizes them.
@@ -19,8 +19,11 @@ pub struct Role {
     pub caps: EngineCaps,
     /// GPUs one replica occupies (the budget's cost per replica).
     pub gpus_per_replica: i64,
-    /// The hardware's forward-pass model (`None`: easy targets). The planner does not query it
-    /// directly: it times the benchmark passes its own fitted model starts from.
+    /// The hardware's forward-pass model when the workers have one (AIS timing). The planner
+    /// does not query it directly: it times the benchmark passes its own fitted model starts
+    /// from. Without it (fixed or polynomial timing) the fit starts empty and learns from the
+    /// observed passes only, as the reference's replay does when it has no AIS model to
+    /// bootstrap from.
     pub model: Option<Arc<dyn PassModel + Send + Sync>>,
     /// Speculative tokens per decode step (MTP), which the decode benchmark passes carry.
     pub nextn: u64,
@@ -38,8 +41,8 @@ pub enum SetupError {
     Predictor(Unsupported),
     /// Only aggregated and disaggregated deployments replay.
     Mode(&'static str),
-    /// Throughput scaling and the `sla` target need a timing model.
-    NoModel(&'static str),
+    /// The external forecaster could not start (its message says what to install).
+    External(String),
 }
 
 impl std::fmt::Display for SetupError {
@@ -47,11 +50,7 @@ impl std::fmt::Display for SetupError {
         match self {
             SetupError::Predictor(u) => u.fmt(f),
             SetupError::Mode(m) => write!(f, "planner mode '{m}' cannot replay: use agg or disagg"),
-            SetupError::NoModel(role) => write!(
-                f,
-                "the planner's sla target and throughput scaling need the data-driven timing model \
-                 (timing type default / ais) on the {role} workers"
-            ),
+            SetupError::External(m) => f.write_str(m),
         }
     }
 }
@@ -91,6 +90,9 @@ pub struct Tick {
     pub diagnostics: Diagnostics,
 }
 
+/// Makes the external forecaster of one series (see [`Planner::with_external`]).
+pub type ExternalFactory<'a> = &'a dyn Fn(&PlannerConfig, usize) -> Result<Box<dyn ExternalSeries>, String>;
+
 /// A role's proposal: `None` = no change.
 type Proposal = (Option<i64>, Option<i64>);
 
@@ -117,9 +119,12 @@ pub struct Planner {
     last_load: f64,
     last_throughput: f64,
     pending: Option<Traffic>,
-    /// Current counts during a tick.
+    /// Current counts during a tick: ready (active) workers, and non-draining ones (active
+    /// and starting).
     num_p: i64,
     num_d: i64,
+    cur_p: i64,
+    cur_d: i64,
     diag: Diagnostics,
     /// The fitted forward-pass models the SLA estimates and the capacity search query
     /// (prefill role; decode or aggregated role).
@@ -136,29 +141,38 @@ impl std::fmt::Debug for Planner {
 impl Planner {
     /// `prefill` is `None` for an aggregated deployment (`mode: agg`).
     pub fn new(cfg: PlannerConfig, prefill: Option<Role>, decode: Role) -> Result<Planner, SetupError> {
+        Planner::with_external(cfg, prefill, decode, None)
+    }
+
+    /// As [`Planner::new`]; `external` makes the forecaster of each series (0 = number of
+    /// requests, 1 = ISL, 2 = OSL) for a `load_predictor` servesim does not implement (ARIMA).
+    /// It is called only when throughput scaling predicts with such a predictor.
+    pub fn with_external(
+        cfg: PlannerConfig,
+        prefill: Option<Role>,
+        decode: Role,
+        external: Option<ExternalFactory<'_>>,
+    ) -> Result<Planner, SetupError> {
         match cfg.mode {
             Mode::Prefill => return Err(SetupError::Mode("prefill")),
             Mode::Decode => return Err(SetupError::Mode("decode")),
             _ => {}
         }
         let needs_model = cfg.enable_throughput_scaling || cfg.optimization_target == Target::Sla;
-        if needs_model {
-            if decode.model.is_none() {
-                return Err(SetupError::NoModel(if cfg.mode == Mode::Agg { "aggregated" } else { "decode" }));
+        let bootstrap = decode.model.is_some() && prefill.as_ref().is_none_or(|p| p.model.is_some());
+        let predictor = |cfg: &PlannerConfig, series: usize| -> Result<Option<Predictor>, SetupError> {
+            if !cfg.enable_throughput_scaling {
+                return Ok(None);
             }
-            if prefill.as_ref().is_some_and(|p| p.model.is_none()) {
-                return Err(SetupError::NoModel("prefill"));
-            }
-        }
-        let predictor = |cfg: &PlannerConfig| -> Result<Option<Predictor>, SetupError> {
-            if cfg.enable_throughput_scaling {
-                Predictor::new(cfg).map(Some).map_err(SetupError::Predictor)
-            } else {
-                Ok(None)
-            }
+            let ext = match external {
+                Some(make) if cfg.load_predictor == crate::config::PredictorKind::Arima => {
+                    Some(make(cfg, series).map_err(SetupError::External)?)
+                }
+                _ => None,
+            };
+            Predictor::with_external(cfg, ext).map(Some).map_err(SetupError::Predictor)
         };
-        let fitted = |role: &Role, worker: Worker| -> Option<FpmModel> {
-            let hw = role.model.as_deref()?;
+        let fitted = |role: &Role, worker: Worker| -> FpmModel {
             let mut m = FpmModel::new(
                 worker,
                 role.caps,
@@ -166,22 +180,25 @@ impl Planner {
                 cfg.fpm_sample_bucket_size.max(1) as usize,
                 cfg.load_min_observations.max(1) as usize,
             );
-            let passes = m.bootstrap_passes(hw, role.nextn);
-            m.bootstrap(&passes);
-            Some(m)
+            // `prepare_planner_replay` bootstraps only when both roles have an AIS model.
+            if let Some(hw) = role.model.as_deref().filter(|_| bootstrap) {
+                let passes = m.bootstrap_passes(hw, role.nextn);
+                m.bootstrap(&passes);
+            }
+            m
         };
         let (fpm_p, fpm_d) = if needs_model {
             let d = fitted(&decode, if cfg.mode == Mode::Agg { Worker::Aggregated } else { Worker::Decode });
-            (prefill.as_ref().and_then(|p| fitted(p, Worker::Prefill)), d)
+            (prefill.as_ref().map(|p| fitted(p, Worker::Prefill)), Some(d))
         } else {
             (None, None)
         };
         Ok(Planner {
             fpm_p,
             fpm_d,
-            num_req: predictor(&cfg)?,
-            isl: predictor(&cfg)?,
-            osl: predictor(&cfg)?,
+            num_req: predictor(&cfg, 0)?,
+            isl: predictor(&cfg, 1)?,
+            osl: predictor(&cfg, 2)?,
             last_isl: None,
             last_osl: None,
             seen_live: false,
@@ -199,6 +216,8 @@ impl Planner {
             pending: None,
             num_p: 0,
             num_d: 0,
+            cur_p: 0,
+            cur_d: 0,
             diag: Diagnostics::default(),
             cfg,
             prefill,
@@ -251,6 +270,7 @@ impl Planner {
         if self.target_d == Some(cur_d) {
             self.target_d = None;
         }
+        (self.cur_p, self.cur_d) = (cur_p, cur_d);
         self.pending = Some(match self.pending.take() {
             None => snap.traffic,
             Some(p) => p.merge(&snap.traffic),
@@ -363,12 +383,20 @@ impl Planner {
         (tp != p || td != d).then_some((tp, td))
     }
 
+    /// `_scaling_in_progress` on the replay adapter's worker counts: a requested target not yet
+    /// reached by the non-draining count, or an expected count (that target, else the
+    /// non-draining count) other than the ready count, i.e. a worker of the role still starting.
+    /// (Aggregated deployments report no prefill counts, so their prefill side never is.)
     fn scaling_in_progress(&self, prefill: bool) -> bool {
-        if prefill {
-            self.target_p.is_some_and(|t| t != self.num_p)
+        let (target, cur, ready) = if prefill {
+            if self.is_agg() {
+                return false;
+            }
+            (self.target_p, self.cur_p, self.num_p)
         } else {
-            self.target_d.is_some_and(|t| t != self.num_d)
-        }
+            (self.target_d, self.cur_d, self.num_d)
+        };
+        target.is_some_and(|t| t != cur) || target.unwrap_or(cur) != ready
     }
 
     // ----------------------------------------------------------------------------------------

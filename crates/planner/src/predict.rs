@@ -1,5 +1,7 @@
 //! Load predictors (`dynamo/planner/core/load/predictors.py`): `constant` and `kalman`, exactly.
-//! ARIMA and Prophet are refused by name (see the crate README).
+//! ARIMA runs outside servesim when the driver supplies an [`ExternalSeries`] (the reference's
+//! own predictor through Python); otherwise it is refused by name, as Prophet always is (see the
+//! crate README).
 
 use crate::config::{PlannerConfig, PredictorKind};
 
@@ -17,6 +19,31 @@ pub struct Predictor {
 enum Kind {
     Constant,
     Kalman(Box<Kalman>),
+    External(External),
+}
+
+/// A forecaster servesim does not implement itself (pmdarima's `auto_arima`), run by the
+/// driver: it receives every observation as the reference's predictor would (raw, before the
+/// idle zeros are skipped, which it does itself) and answers each forecast.
+pub trait ExternalSeries: Send {
+    fn add(&mut self, value: f64);
+    fn predict_next(&mut self) -> f64;
+}
+
+#[derive(Clone)]
+struct External(std::sync::Arc<std::sync::Mutex<Box<dyn ExternalSeries>>>);
+
+impl std::fmt::Debug for External {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("External")
+    }
+}
+
+impl External {
+    fn with<T>(&self, f: impl FnOnce(&mut dyn ExternalSeries) -> T) -> T {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(guard.as_mut())
+    }
 }
 
 /// A local linear trend filter: state `[level, trend]`, `F = [[1,1],[0,1]]`, `H = [1,0]`.
@@ -85,9 +112,20 @@ impl std::fmt::Display for Unsupported {
 
 impl Predictor {
     pub fn new(config: &PlannerConfig) -> Result<Predictor, Unsupported> {
-        let (kind, min_points) = match config.load_predictor {
-            PredictorKind::Constant => (Kind::Constant, 1),
-            PredictorKind::Kalman => (
+        Predictor::with_external(config, None)
+    }
+
+    /// As [`Predictor::new`], with `external` running the ARIMA forecasts.
+    pub fn with_external(
+        config: &PlannerConfig,
+        external: Option<Box<dyn ExternalSeries>>,
+    ) -> Result<Predictor, Unsupported> {
+        let (kind, min_points) = match (config.load_predictor, external) {
+            (PredictorKind::Arima, Some(e)) => {
+                (Kind::External(External(std::sync::Arc::new(std::sync::Mutex::new(e)))), 0)
+            }
+            (PredictorKind::Constant, _) => (Kind::Constant, 1),
+            (PredictorKind::Kalman, _) => (
                 Kind::Kalman(Box::new(Kalman {
                     x: [0.0, 0.0],
                     p: [[1000.0, 0.0], [0.0, 1000.0]],
@@ -99,14 +137,17 @@ impl Predictor {
                 })),
                 config.kalman_min_points.max(0) as usize,
             ),
-            PredictorKind::Arima => return Err(Unsupported("arima")),
-            PredictorKind::Prophet => return Err(Unsupported("prophet")),
+            (PredictorKind::Arima, None) => return Err(Unsupported("arima")),
+            (PredictorKind::Prophet, _) => return Err(Unsupported("prophet")),
         };
         Ok(Predictor { data: Vec::new(), seen_nonzero: false, min_points, kind })
     }
 
     /// Adds an observation. Leading zeros (the idle start) are skipped; NaN counts as 0.
     pub fn add(&mut self, value: f64) {
+        if let Kind::External(e) = &self.kind {
+            e.with(|e| e.add(value));
+        }
         let value = if value.is_nan() { 0.0 } else { value };
         if value == 0.0 && !self.seen_nonzero {
             return;
@@ -147,6 +188,7 @@ impl Predictor {
         let enough = self.data.len() >= self.min_points;
         match &mut self.kind {
             Kind::Constant => self.data.last().copied().unwrap_or(0.0),
+            Kind::External(e) => e.with(|e| e.predict_next()),
             Kind::Kalman(k) => {
                 if !k.initialized || !enough {
                     return self.data.last().copied().unwrap_or(0.0);

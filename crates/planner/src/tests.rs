@@ -123,6 +123,49 @@ fn a_worker_count_mismatch_blocks_load_scaling() {
 }
 
 #[test]
+fn load_scaling_waits_while_a_worker_is_starting() {
+    // The replay adapter's worker counts: a role whose non-draining count (active + starting)
+    // differs from its ready count is still scaling, even once the requested target is reached.
+    let cfg = PlannerConfig::from_json(&json!({
+        "mode": "agg", "optimization_target": "load",
+        "decode_scale_up_kv_rate": 90, "decode_scale_down_kv_rate": 70
+    }))
+    .unwrap();
+    let mut p = Planner::new(cfg, None, role(1000, 1, None)).unwrap();
+    assert_eq!(p.on_tick(&agg_snapshot(1, 950)).target_decode, Some(2));
+    // The new worker is starting: the target (2 non-draining) is reached, 1 is ready.
+    let starting = Snapshot { starting_decode: vec![1], ..agg_snapshot(1, 950) };
+    let t = p.on_tick(&starting);
+    assert_eq!(t.target_decode, None);
+    assert_eq!(t.diagnostics.load_decision_reason.as_deref(), Some("scaling_in_progress"));
+    // Ready: decisions resume.
+    assert_eq!(p.on_tick(&agg_snapshot(2, 950)).target_decode, Some(3));
+}
+
+#[test]
+fn sla_without_a_hardware_model_starts_the_fit_empty() {
+    // No AIS model to bootstrap from: the fitted models start empty, so the SLA loops answer
+    // "insufficient data" / "model not ready" until the observed passes fill them.
+    let cfg = PlannerConfig::from_json(&json!({
+        "mode": "agg", "optimization_target": "sla", "enable_load_scaling": true,
+        "throughput_adjustment_interval_seconds": 10, "load_adjustment_interval_seconds": 5,
+        "load_predictor": "constant", "load_min_observations": 5
+    }))
+    .unwrap();
+    let mut p = Planner::new(cfg, None, role(100_000, 1, None)).unwrap();
+    let t = p.on_tick(&agg_snapshot(1, 500));
+    assert_eq!(t.diagnostics.load_decision_reason.as_deref(), Some("insufficient_data"));
+    let busy = Snapshot {
+        traffic: Traffic { duration_s: 10.0, num_req: 100.0, avg_isl: 1000.0, avg_osl: 100.0, ..Default::default() },
+        ..agg_snapshot(1, 500)
+    };
+    let t = p.on_tick(&busy);
+    assert!(t.run_throughput_scaling);
+    assert_eq!(t.diagnostics.throughput_decision_reason.as_deref(), Some("model_not_ready"));
+    assert_eq!((t.target_prefill, t.target_decode), (None, None));
+}
+
+#[test]
 fn easy_disagg_throughput_target_scales_prefill_on_queue_depth() {
     // target throughput: prefill up when a queue holds ≥ one context (40960 tokens), down
     // when all hold < 10 %; decode up when KV > 100 %, down when all < 60 %.

@@ -213,6 +213,45 @@ pub(crate) fn load_router_policy(rc: &mut RouterConfig, model_name: Option<&str>
     Ok(())
 }
 
+/// Refuses worker counts whose state cannot fit in this machine's memory before anything is
+/// allocated for them (the CLI's check; the process would otherwise abort out of memory).
+fn check_workers((count, name): (u64, &str), memory: Option<u64>) -> Result<(), String> {
+    use servesim_replay::memory::{gib, WORKER_BYTES};
+    let Some(memory) = memory else { return Ok(()) };
+    let need = count.saturating_mul(WORKER_BYTES);
+    if need > memory {
+        return Err(format!(
+            "{name}: {count} workers need about {} of memory; this machine has {} available (at most {} workers)",
+            gib(need),
+            gib(memory),
+            memory / WORKER_BYTES
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses synthetic sessions whose prompts cannot fit in this machine's memory before any is
+/// generated (the CLI's check): closed-loop runs hold `replay_concurrency` sessions at once.
+fn check_sessions(spec: &SyntheticSpec, concurrency: Option<u32>, memory: Option<u64>) -> Result<(), String> {
+    use servesim_replay::memory::{gib, session_bytes};
+    let Some(memory) = memory else { return Ok(()) };
+    let per_session = session_bytes(spec.input_tokens as u64, spec.turns_per_session as u64, spec.block_tokens as u64);
+    let sessions = concurrency.unwrap_or(1).min(spec.sessions).max(1) as u64;
+    let need = per_session.saturating_mul(sessions);
+    if need > memory {
+        return Err(format!(
+            "turns_per_session {} × input_tokens {}{}: the sessions in flight need about {} of memory; this \
+             machine has {} available",
+            spec.turns_per_session,
+            spec.input_tokens,
+            if sessions > 1 { format!(" × replay_concurrency {sessions}") } else { String::new() },
+            gib(need),
+            gib(memory)
+        ));
+    }
+    Ok(())
+}
+
 impl Job {
     fn engine(arg: Option<&str>) -> Result<WorkerArgs, Failure> {
         match arg {
@@ -242,6 +281,8 @@ impl Job {
         if let Some(spec) = &self.synthetic {
             let spec = SyntheticSpec { block_tokens: block_size, ..spec.clone() };
             spec.validate().map_err(|e| Failure::Input(e.to_string()))?;
+            check_sessions(&spec, self.replay_concurrency, servesim_replay::memory::available())
+                .map_err(Failure::Input)?;
             let load = match self.replay_concurrency {
                 Some(c) => LoadMode::Concurrency { max_sessions: c },
                 None => LoadMode::Timestamps { speedup: self.arrival_speedup_ratio },
@@ -266,6 +307,15 @@ impl Job {
     /// as JSON text.
     fn run(self) -> Result<Replayed, Failure> {
         let started = Instant::now();
+        let workers = if self.disaggregated {
+            (
+                self.num_prefill_workers as u64 + self.num_decode_workers as u64,
+                "num_prefill_workers + num_decode_workers",
+            )
+        } else {
+            (self.num_workers as u64, "num_workers")
+        };
+        check_workers(workers, servesim_replay::memory::available()).map_err(Failure::Input)?;
         let topology = self.topology()?;
         let router = if self.kv_router {
             RouterMode::KvRouter(match &self.router_config {

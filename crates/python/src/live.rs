@@ -110,6 +110,9 @@ impl LiveServer {
         }
         let topology = Topology::one_side(args.engine.role, args.clone(), num_workers)
             .map_err(|e| PyValueError::new_err(format!("{} {}", e.field, e.message)))?;
+        if let Some(why) = servesim_live::unsupported_live(&topology) {
+            return Err(PyValueError::new_err(why));
+        }
         let pools = topology.pools();
         let workers: u32 = pools.iter().map(|p| p.workers).sum();
         let ranks: u64 = pools.iter().map(|p| p.workers as u64 * p.deployment.dp_size as u64).sum();

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod metrics;
 pub mod paths;
 pub mod planned;
+pub mod planner_python;
 pub mod report;
 pub mod scratch;
 pub mod sim;

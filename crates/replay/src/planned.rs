@@ -25,6 +25,8 @@ pub struct PlannerRun {
     /// (time s, non-draining prefill workers, non-draining decode workers) after each change.
     pub timeline: Vec<(f64, usize, usize)>,
     initial: (usize, usize),
+    /// The reference's ARIMA predictor, when the run uses it.
+    arima: Option<crate::planner_python::PythonArima>,
 }
 
 fn opt(x: Option<f64>) -> Value {
@@ -41,6 +43,7 @@ impl PlannerRun {
             lifecycle: Vec::new(),
             timeline: vec![(0.0, initial.0, initial.1)],
             initial,
+            arima: None,
         }
     }
 
@@ -77,12 +80,36 @@ impl PlannerRun {
             [p, d, ..] => (p.workers as usize, d.workers as usize),
             [] => (0, 0),
         };
-        let planner = Planner::new(cfg, prefill, decode).map_err(|e| e.to_string())?;
-        Ok(PlannerRun::new(planner, initial))
+        // ARIMA forecasts come from the reference's own predictor, run through Python.
+        let arima = std::cell::RefCell::new(crate::planner_python::PythonArima::new());
+        let make = |cfg: &servesim_planner::PlannerConfig, series: usize| arima.borrow_mut().series(cfg, series);
+        let planner = Planner::with_external(cfg, prefill, decode, Some(&make)).map_err(|e| e.to_string())?;
+        let arima = arima.into_inner();
+        let mut run = PlannerRun::new(planner, initial);
+        run.arima = arima.description.is_some().then_some(arima);
+        Ok(run)
     }
 
     pub fn total_ticks(&self) -> usize {
         self.ticks.len()
+    }
+
+    /// Which load predictor ran, and whose code: servesim's own (constant, Kalman), or the
+    /// reference's ARIMA through Python (with the versions). Null when throughput scaling is off.
+    fn predictor_json(&self) -> Value {
+        let cfg = self.planner.config();
+        if !cfg.enable_throughput_scaling {
+            return Value::Null;
+        }
+        let name = cfg.load_predictor.name();
+        match &self.arima {
+            Some(a) => json!({
+                "name": name,
+                "log1p": cfg.load_predictor_log1p,
+                "implementation": a.description,
+            }),
+            None => json!({"name": name, "log1p": cfg.load_predictor_log1p, "implementation": "servesim"}),
+        }
     }
 
     /// The report's `planner` object.
@@ -94,6 +121,7 @@ impl PlannerRun {
                 "optimization_target": cfg.optimization_target.name(),
                 "scale_interval_seconds": cfg.scale_interval_seconds,
                 "initial_workers": {"prefill": self.initial.0, "decode": self.initial.1},
+                "load_predictor": self.predictor_json(),
             },
             "ticks": self.ticks,
             "scaling_events": self.events.iter().map(|e| json!({
@@ -217,6 +245,13 @@ impl Autoscaler for PlannerRun {
             self.timeline.push((t.at_s, p, d));
         }
         decision
+    }
+
+    /// The reference's ARIMA predictor failed mid-run: the forecasts after it would be
+    /// stand-ins, not the reference's, so the run stops instead of reporting them.
+    fn error(&self) -> Option<String> {
+        let why = self.arima.as_ref()?.failure()?;
+        Some(format!("the ARIMA load predictor (Dynamo's, through Python) failed: {why}"))
     }
 
     fn lifecycle(&mut self, op: &LifecycleOp) {

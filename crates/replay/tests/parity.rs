@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
-use servesim_engine::WorkerArgs;
+use servesim_engine::{ConfigEnv, WorkerArgs};
 use servesim_replay::formats::WekaBasis;
 use servesim_replay::{
     load_mooncake, load_trace, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, SyntheticSpec,
@@ -33,12 +33,16 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// An engine's arguments; a profile NPZ it names (Dynamo's `dynamo_profile` timing) is read
+/// relative to the case file, as `scripts/parity.py` passes it to the reference.
 fn worker_args(engine: Option<&Value>, dp_size: Option<&Value>) -> WorkerArgs {
     let mut v = json!({ "engine": engine.cloned().unwrap_or(json!({})) });
     if let Some(dp) = dp_size {
         v["dp_size"] = dp.clone();
     }
-    WorkerArgs::from_value(&v).expect("engine config")
+    let dir = root().join("tests/parity");
+    let files = |p: &str| std::fs::read(dir.join(p)).map_err(|e| format!("{p}: {e}"));
+    WorkerArgs::from_value_env(&v, ConfigEnv { files: &files, timers: None }).expect("engine config")
 }
 
 fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
@@ -286,6 +290,8 @@ parity_cases! {
     sglang_speculative_decoding => "v_synthetic_trace_sglang_mtp",
     sglang_disaggregated => "w_synthetic_trace_sglang_disagg",
     probe_fixed_timing => "probe_c1_fixed_timing",
+    conversation_dynamo_profile_4_workers => "y_conversation_dynamo_profile_4w",
+    synthetic_dynamo_profile_sglang => "y_synthetic_dynamo_profile_sglang",
     probe_token_stamps => "probe_c2_token_stamps",
     probe_polynomial_timing => "probe_c3_polynomial",
     probe_chunked_prefill => "probe_c4_chunked_prefill",
@@ -353,4 +359,18 @@ parity_cases! {
     host_offload_chunked_prefill_small_budget => "offload_chunked_small_budget",
     host_offload_preemption_under_pressure => "offload_preemption_pressure",
     host_offload_kv_router_3_workers => "offload_kv_router_3w",
+    host_offload_attention_dp_schedule_interval => "offload_dp2_schedule_interval4",
+    host_offload_attention_dp_two_workers => "offload_dp2_2w_synthetic",
+    host_offload_attention_dp_two_workers_sessions => "offload_dp2_2w_sessions",
+    host_offload_attention_dp_kv_router => "offload_dp2_2w_kv_router",
+    // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
+    // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
+    // disaggregated sides).
+    vllm_prefill_schedule_interval_attention_dp4_trace => "y_vllm_schedule_interval_3_dp4_trace",
+    vllm_prefill_schedule_interval_shared_prefixes => "y_vllm_schedule_interval_4_dp2_shared_prefix",
+    vllm_prefill_schedule_interval_without_attention_dp => "y_vllm_schedule_interval_4_dp1_no_effect",
+    sglang_prefill_decode_interval_attention_dp2_trace => "y_sglang_decode_interval_2_dp2_trace",
+    sglang_prefill_decode_interval_idle_gaps => "y_sglang_decode_interval_3_idle_gaps",
+    sglang_prefill_decode_interval_tight_kv => "y_sglang_decode_interval_2_tight_kv",
+    sglang_prefill_decode_interval_disaggregated_dp2 => "y_sglang_decode_interval_disagg_dp2",
 }

@@ -107,7 +107,11 @@ impl ActiveLoad {
         }
         let t = &self.targets[target];
         if self.assume_reuse {
-            hashes.iter().filter(|h| !t.blocks.contains_key(h)).count() as u64
+            // Sequence hashes are chained, and a target holds the whole chain of every request
+            // placed on it, so the hashes it holds form a prefix of `hashes`: find its end by
+            // bisection instead of looking up every block.
+            let held = hashes.partition_point(|h| t.blocks.contains_key(h));
+            (hashes.len() - held) as u64
         } else {
             hashes.len() as u64
         }
@@ -219,6 +223,31 @@ mod tests {
         load.free(1, T0);
         assert_eq!(load.blocks(0), 0);
         assert_eq!(load.free(1, T0), None);
+    }
+
+    #[test]
+    fn new_blocks_of_chained_hashes_count_every_missing_block() {
+        // Requests are chains (a block's hash names its whole prefix): branches of a small tree
+        // of prompts, placed and freed in a scrambled order. The bisection must count what a
+        // lookup of every block counts.
+        let chain = |branch: u64, len: u64| -> Vec<u64> {
+            (0..len).map(|i| if i < 3 { i + 1 } else { branch * 1000 + i }).collect()
+        };
+        let mut load = ActiveLoad::new(1, true, true);
+        let mut live = Vec::new();
+        for step in 0..200u64 {
+            let (branch, len) = (step % 5, 1 + (step * 7) % 11);
+            let hashes = chain(branch, len);
+            let t = &load.targets[0];
+            let counted = hashes.iter().filter(|h| !t.blocks.contains_key(h)).count() as u64;
+            assert_eq!(load.new_blocks(0, &hashes), counted, "step {step}");
+            load.add(step, 0, &hashes, 0, None, T0);
+            live.push(step);
+            if step % 3 == 0 {
+                let gone = live.remove((step as usize * 5) % live.len());
+                load.free(gone, T0);
+            }
+        }
     }
 
     #[test]

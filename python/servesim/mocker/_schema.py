@@ -173,8 +173,10 @@ def _timing_model(path: str, v: Any):
         _missing(path, "provider")
     config = v.get("config", {})
     if provider == "dynamo_profile":
-        npz = (config or {}).get("path")
-        if npz is not None and not os.path.exists(str(npz)):
+        npz = config.get("path") if isinstance(config, dict) else None
+        if npz is not None and not isinstance(npz, str):
+            raise ConfigPathError(_join(_join(path, "config"), "path"), f"invalid type: {_describe(npz)}, expected path string")
+        if npz is not None and not os.path.exists(npz):
             raise _Plain(
                 f"Failed to open NPZ file: {json.dumps(str(npz))}: No such file or directory (os error 2)"
             )
@@ -238,7 +240,7 @@ _ENGINE_KEY_ORDER = (
 
 _TOP = (
     ("dp_size", _uint("u32"), 1),
-    ("tensor_parallel_size", _uint("u32"), 1),
+    ("tensor_parallel_size", _uint("usize"), 1),
     ("startup_time", _optional(_f64), None),
     ("num_gpu_blocks_is_explicit", _bool, False),
     ("gpu_memory_utilization", _optional(_f64), None),
@@ -349,6 +351,12 @@ def _normalize(config: Any) -> dict:
     for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
         if engine.get(name) == 0:
             raise _Plain(f"{name} must be positive")
+    if engine["prefill_schedule_interval"] == 0:
+        raise _Plain("prefill_schedule_interval must be positive")
+    if engine["prefill_schedule_interval"] != 1 and backend != "vllm":
+        raise _Plain(
+            "prefill_schedule_interval is supported only for backend=vllm; use prefill_decode_interval for backend=sglang"
+        )
     if engine["prefill_decode_interval"] != 0 and backend != "sglang":
         raise _Plain("prefill_decode_interval is supported only for backend=sglang")
     if top["dp_size"] == 0:

@@ -54,43 +54,28 @@ class ProfileDataResult:
                 pass
 
 
-def _is_mocker_npz(p: Path) -> bool:
-    if p.suffix != ".npz" or not p.is_file():
-        return False
-    try:
-        import numpy as np
-    except ImportError as e:
-        # Without numpy a valid profile would be reported as "neither a mocker-format NPZ ...".
-        raise ImportError(
-            f"reading the planner profile data '{p}' needs numpy: pip install 'servesim[npz]' (or numpy)"
-        ) from e
-    try:
-        with np.load(p) as data:
-            return all(k in data.files for k in _NPZ_KEYS)
-    except Exception:
-        return False
-
-
-def _is_profile_results_dir(p: Path) -> bool:
-    if not p.is_dir():
-        return False
-    prefill = (p / "selected_prefill_interpolation" / "raw_data.npz").exists() or (p / "prefill_raw_data.json").exists()
-    decode = (p / "selected_decode_interpolation" / "raw_data.npz").exists() or (p / "decode_raw_data.json").exists()
-    return prefill and decode
-
-
-def resolve_planner_profile_data(p: Optional[Path]) -> ProfileDataResult:
-    """``None``, a mocker-format NPZ, or (not supported by servesim yet) a profiler results
-    directory; anything else raises the reference's ``FileNotFoundError``."""
-    if p is None:
+def resolve_planner_profile_data(planner_profile_data: Optional[Path]) -> ProfileDataResult:
+    """Resolves ``--planner-profile-data`` to a mocker NPZ as Dynamo does: ``None`` stays
+    ``None``; a mocker-format NPZ is used as it is; a profiler results directory is converted
+    (:mod:`servesim.mocker.utils.planner_profiler_perf_data_converter`) to ``perf_data.npz`` in
+    a temporary directory that lives as long as the result; anything else raises the
+    reference's ``FileNotFoundError``. Needs no numpy."""
+    if planner_profile_data is None:
         return ProfileDataResult(None, None)
-    p = Path(p)
-    if _is_mocker_npz(p):
+    from .utils.planner_profiler_perf_data_converter import (
+        convert_profile_results_to_npz,
+        is_mocker_format_npz,
+        is_profile_results_dir,
+    )
+
+    p = planner_profile_data
+    if is_mocker_format_npz(p):
         return ProfileDataResult(p, None)
-    if _is_profile_results_dir(p):
-        raise NotImplementedError(
-            "servesim cannot convert profiler results directories yet; convert them to a mocker NPZ with Dynamo"
-        )
+    if is_profile_results_dir(p):
+        tmpdir = tempfile.TemporaryDirectory(prefix="mocker_perf_data_")
+        npz_path = Path(tmpdir.name) / "perf_data.npz"
+        convert_profile_results_to_npz(p, npz_path)
+        return ProfileDataResult(npz_path, tmpdir)
     raise FileNotFoundError(
         f"Path '{p}' is neither a mocker-format NPZ file nor a valid profiler results directory.\n"
         "Expected either:\n"
@@ -119,7 +104,7 @@ def validate_worker_type_args(args) -> None:
     if legacy_prefill or legacy_decode:
         flag, mode = ("--is-prefill-worker", "prefill") if legacy_prefill else ("--is-decode-worker", "decode")
         warnings.warn(
-            f"{flag} is deprecated; use --disaggregation-mode {mode}", DeprecationWarning, stacklevel=2
+            f"{flag} is deprecated, use --disaggregation-mode={mode}", DeprecationWarning, stacklevel=2
         )
     if mode is None:
         mode = "agg"
@@ -168,8 +153,9 @@ def _conditional_disagg_config(value: str):
 class _Deprecated(argparse.Action):
     """A flag that still works but warns (``--no-X`` spellings store False)."""
 
-    def __init__(self, option_strings, dest, nargs=None, boolean=False, **kwargs):
+    def __init__(self, option_strings, dest, nargs=None, boolean=False, replacement=None, **kwargs):
         self.boolean = boolean
+        self.replacement = replacement
         if boolean:
             nargs = 0
         super().__init__(option_strings, dest, nargs=nargs, **kwargs)
@@ -179,7 +165,11 @@ class _Deprecated(argparse.Action):
         return " | ".join(self.option_strings) if self.boolean else self.option_strings[0]
 
     def __call__(self, parser, namespace, values, option_string=None):
-        warnings.warn(f"{option_string} is deprecated", FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"{option_string} is deprecated and will be removed in v1.7; use {self.replacement}.",
+            FutureWarning,
+            stacklevel=2,
+        )
         if self.boolean:
             values = not option_string.startswith("--no-")
         setattr(namespace, self.dest, values)
@@ -216,16 +206,16 @@ def _add_router_arguments(p: argparse.ArgumentParser) -> None:
     add("--active-decode-blocks-threshold", type=_nullable(float), default=None)
     add("--active-prefill-tokens-threshold", type=_nullable(int), default=None)
     add("--active-prefill-tokens-threshold-frac", type=_nullable(float), default=None)
-    add("--load-aware", "--no-load-aware", dest="load_aware", action=_Deprecated, boolean=True, default=False)
-    add("--router-kv-overlap-score-credit", dest="overlap_score_credit", action=_Deprecated, type=float, default=1.0)
-    add("--router-kv-overlap-score-credit-decay", dest="overlap_score_credit_decay", action=_Deprecated, type=float, default=0.0)
+    add("--load-aware", "--no-load-aware", dest="load_aware", action=_Deprecated, replacement="the load-only policy and router tracking settings in --router-policy-config", boolean=True, default=False)
+    add("--router-kv-overlap-score-credit", dest="overlap_score_credit", action=_Deprecated, replacement="overlap_score_credit in the default policy parameters in --router-policy-config", type=float, default=1.0)
+    add("--router-kv-overlap-score-credit-decay", dest="overlap_score_credit_decay", action=_Deprecated, replacement="overlap_score_credit_decay in the default policy parameters in --router-policy-config", type=float, default=0.0)
     add("--router-kv-overlap-score-weight", "--kv-overlap-score-weight", dest="overlap_score_weight",
-        action=_Deprecated, type=float, default=None, help=argparse.SUPPRESS)
-    add("--router-prefill-load-scale", dest="prefill_load_scale", action=_Deprecated, type=float, default=1.0)
-    add("--router-decode-active-request-weight", dest="decode_active_request_weight", action=_Deprecated, type=float, default=0.0)
+        action=_Deprecated, replacement="prefill_load_scale in the default policy parameters in --router-policy-config", type=float, default=None, help=argparse.SUPPRESS)
+    add("--router-prefill-load-scale", dest="prefill_load_scale", action=_Deprecated, replacement="prefill_load_scale in the default policy parameters in --router-policy-config", type=float, default=1.0)
+    add("--router-decode-active-request-weight", dest="decode_active_request_weight", action=_Deprecated, replacement="decode_active_request_weight in the default policy parameters in --router-policy-config", type=float, default=0.0)
     add("--router-host-cache-hit-weight", dest="host_cache_hit_weight", type=float, default=0.75)
     add("--router-disk-cache-hit-weight", dest="disk_cache_hit_weight", type=float, default=0.25)
-    add("--router-temperature", dest="router_temperature", action=_Deprecated, type=float, default=0.0)
+    add("--router-temperature", dest="router_temperature", action=_Deprecated, replacement="router_temperature in the default policy parameters in --router-policy-config", type=float, default=0.0)
     add("--router-kv-events", "--kv-events", dest="use_kv_events", action=g, default=True)
     add("--router-replica-sync", dest="router_replica_sync", action=g, default=False)
     add("--router-track-active-blocks", "--track-active-blocks", dest="router_track_active_blocks", action=g, default=True)
@@ -238,18 +228,18 @@ def _add_router_arguments(p: argparse.ArgumentParser) -> None:
     add("--router-prefill-load-model", type=str, default="none", choices=["none", "ais"])
     add("--router-ttl-secs", type=float, default=120.0)
     add("--router-approximate-cache-policy", type=str, default="ttl", choices=["ttl", "lru"])
-    add("--router-queue-threshold", action=_Deprecated, type=_nullable(float), default=None)
+    add("--router-queue-threshold", action=_Deprecated, replacement="policy_classes[].prefill_busy_threshold_frac in --router-policy-config", type=_nullable(float), default=None)
     add("--router-policy-config", type=str, default=None)
     add("--router-conditional-disagg", dest="conditional_disagg_enabled", action=g, default=False)
     add("--router-conditional-disagg-config", dest="conditional_disagg_config", type=_conditional_disagg_config, default=None,
         metavar="JSON")
-    add("--router-prefill-policy", action=_Deprecated, type=str, default=None)
-    add("--router-decode-policy", action=_Deprecated, type=str, default=None)
+    add("--router-prefill-policy", action=_Deprecated, replacement="worker_selection.prefill in --router-policy-config", type=str, default=None)
+    add("--router-decode-policy", action=_Deprecated, replacement="worker_selection.decode in --router-policy-config", type=str, default=None)
     add("--router-event-threads", type=int, default=4)
-    add("--router-queue-policy", action=_Deprecated, type=str, default="fcfs", choices=["fcfs", "wspt"])
+    add("--router-queue-policy", action=_Deprecated, replacement="policy_classes[].queue_policy in --router-policy-config", type=str, default="fcfs", choices=["fcfs", "wspt"])
     add("--use-remote-indexer", action=g, default=False)
     add("--enable-session-prefix-index", action=g, default=False)
-    add("--shared-cache-multiplier", action=_Deprecated, type=float, default=None)
+    add("--shared-cache-multiplier", action=_Deprecated, replacement="shared_cache_multiplier in the default policy parameters in --router-policy-config", type=float, default=None)
     add("--shared-cache-type", type=str, default="none", choices=["none", "hicache"])
     add("--router-predicted-ttl-secs", type=float, default=None)
 
@@ -365,7 +355,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
         args.sglang_schedule_policy = "fifo"
     if args.sglang_page_size is not None:
-        warnings.warn("--sglang-page-size is deprecated; use --block-size", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "--sglang-page-size is deprecated and will be removed in Dynamo 1.8.0 (two releases after 1.6.0); "
+            "use --block-size.",
+            FutureWarning,
+            stacklevel=2,
+        )
         if args.engine_type == "sglang":
             if args.block_size is not None and args.block_size != args.sglang_page_size:
                 parser.error("--sglang-page-size and --block-size must match")

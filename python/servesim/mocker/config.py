@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ def normalize_mocker_config(config: Mapping[str, Any] | str | None = None) -> di
             raise ValueError(f"{e.msg} at line {e.lineno} column {e.colno}") from None
     else:
         raise TypeError(f"'{type(config).__name__}' object cannot be converted to 'Mapping'")
+    _check_finite(value, "")
     normalized = _schema.normalize(value)
     # The simulator must be able to run what was accepted (timing profiles, AIS models).
     core = json.loads(_core.normalize_mocker_config_json(json.dumps(_for_core(normalized))))
@@ -65,6 +67,18 @@ def normalize_mocker_config(config: Mapping[str, Any] | str | None = None) -> di
         normalized["tensor_parallel_size"] = core["tensor_parallel_size"]
         normalized["dp_size"] = core["dp_size"]
     return normalized
+
+
+def _check_finite(value: Any, path: str) -> None:
+    """NaN and infinities cannot be written as JSON: the reference's ``ValueError``, naming the key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"Out of range float values are not JSON compliant: {path or 'the configuration'} is {value}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{path}[{i}]")
 
 
 # The `dynamo` keys that change what a simulation computes; the others (ports, indexer,
@@ -288,7 +302,8 @@ def apply_worker_engine_args_overrides(
 @dataclass
 class RuntimeConfig:
     """The fields of Dynamo's ``ModelRuntimeConfig`` that the mocker sets (a plain object:
-    servesim has no distributed runtime)."""
+    servesim has no distributed runtime). A prefill worker with a bootstrap port names its
+    disaggregated endpoint in ``bootstrap_host`` / ``bootstrap_port``, as Dynamo's does."""
 
     context_length: int = 0
     total_kv_blocks: int | None = None
@@ -298,7 +313,8 @@ class RuntimeConfig:
     enable_local_indexer: bool = False
     kv_event_publishing_enabled: bool = False
     engine_specific: dict[str, str] = field(default_factory=dict)
-    disaggregated_endpoint: tuple[str, int] | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
 
     def set_engine_specific(self, key: str, value: str) -> None:
         self.engine_specific[key] = value
@@ -306,14 +322,22 @@ class RuntimeConfig:
     def get_engine_specific(self, key: str) -> str | None:
         return self.engine_specific.get(key)
 
-    def set_disaggregated_endpoint(self, host: str, port: int) -> None:
-        self.disaggregated_endpoint = (host, port)
+    def set_disaggregated_endpoint(self, bootstrap_host: str | None = None, bootstrap_port: int | None = None) -> None:
+        self.bootstrap_host = bootstrap_host
+        self.bootstrap_port = bootstrap_port
+
+    @property
+    def disaggregated_endpoint(self) -> tuple[str, int] | None:
+        """``(bootstrap_host, bootstrap_port)`` once both are set (servesim's earlier name)."""
+        if self.bootstrap_host is None or self.bootstrap_port is None:
+            return None
+        return (self.bootstrap_host, self.bootstrap_port)
 
 
-def build_runtime_config(config: Mapping[str, Any]) -> tuple[int, RuntimeConfig]:
+def build_runtime_config(engine_args: Mapping[str, Any]) -> tuple[int, RuntimeConfig]:
     """``(engine.block_size, runtime config)`` for a normalized configuration."""
-    engine = config["engine"]
-    dynamo = config.get("dynamo", {})
+    engine = engine_args["engine"]
+    dynamo = engine_args.get("dynamo", {})
     worker_type = engine.get("worker_type")
     decode = worker_type == "decode"
     rc = RuntimeConfig(
@@ -321,7 +345,7 @@ def build_runtime_config(config: Mapping[str, Any]) -> tuple[int, RuntimeConfig]
         total_kv_blocks=engine.get("num_gpu_blocks"),
         max_num_seqs=engine.get("max_num_seqs"),
         max_num_batched_tokens=engine.get("max_num_batched_tokens"),
-        data_parallel_size=config.get("dp_size", 1),
+        data_parallel_size=engine_args.get("dp_size", 1),
         enable_local_indexer=bool(dynamo.get("enable_local_indexer")) and not decode,
         kv_event_publishing_enabled=bool(engine.get("enable_prefix_caching")) and not decode,
     )
@@ -329,5 +353,5 @@ def build_runtime_config(config: Mapping[str, Any]) -> tuple[int, RuntimeConfig]
     port = dynamo.get("bootstrap_port")
     if worker_type == "prefill" and port is not None:
         host = os.environ.get("DYN_HTTP_RPC_HOST") or socket.gethostbyname(socket.gethostname())
-        rc.set_disaggregated_endpoint(host, port)
+        rc.set_disaggregated_endpoint(bootstrap_host=host, bootstrap_port=port)
     return engine["block_size"], rc

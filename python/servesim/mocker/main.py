@@ -35,6 +35,15 @@ from pathlib import Path
 
 os.environ.setdefault("DYN_COMPUTE_THREADS", "0")
 
+# Module-level, as in the reference: worker() looks them up here (tests and wrappers patch them).
+from servesim.mocker.args import parse_args, resolve_planner_profile_data  # noqa: E402
+from servesim.mocker.config import (  # noqa: E402
+    apply_worker_engine_args_overrides,
+    build_runtime_config,
+    load_mocker_engine_args,
+)
+from servesim.mocker.utils.kv_cache import compute_kv_bytes_per_token  # noqa: E402
+
 __all__ = [
     "compute_stagger_delay",
     "graceful_shutdown",
@@ -100,26 +109,26 @@ def _cached_snapshot(repo_id: str):
     return found[0] if len(found) == 1 else None
 
 
-async def prefetch_model(path: str) -> str:
-    """The model path workers should load: ``path`` itself when it exists locally, else the
+async def prefetch_model(model_path: str) -> str:
+    """The model path workers should load: ``model_path`` itself when it exists locally, else the
     snapshot of that Hugging Face repository already in the local cache. servesim never
     downloads (the reference fetches the repository's configuration from the hub here); like
     the reference, a path it cannot resolve is logged as a warning and returned unchanged."""
-    if os.path.exists(path):
-        return path
+    if os.path.exists(model_path):
+        return model_path
     try:
-        snapshot = _cached_snapshot(path)
+        snapshot = _cached_snapshot(model_path)
     except OSError as e:
-        logger.warning("Failed to prefetch model %s: %s", path, e)
-        return path
+        logger.warning("Failed to prefetch model %s: %s", model_path, e)
+        return model_path
     if snapshot is None:
         logger.warning(
             "Failed to prefetch model %s: not a local path and not in the Hugging Face cache at %s "
             "(servesim does not download models)",
-            path,
+            model_path,
             _hf_hub_cache(),
         )
-        return path
+        return model_path
     return str(snapshot)
 
 
@@ -344,10 +353,6 @@ async def worker():
     """Parse the mocker's flags and serve its workers until SIGTERM/SIGINT (the reference's
     steps: planner profile, model prefetch, KV bytes per token from ``config.json``, engine
     configuration, per-worker overrides, launch)."""
-    from servesim.mocker.args import parse_args, resolve_planner_profile_data
-    from servesim.mocker.config import apply_worker_engine_args_overrides, load_mocker_engine_args
-    from servesim.mocker.utils.kv_cache import compute_kv_bytes_per_token
-
     args = parse_args()
     profile_data_result = resolve_planner_profile_data(args.planner_profile_data)
     args.planner_profile_data = profile_data_result.npz_path

@@ -148,6 +148,14 @@ pub struct EngineConfig {
     pub speculative: Option<SpeculativeConfig>,
     /// Thinking tokens around the start of every generated output.
     pub reasoning: Option<ReasoningConfig>,
+    /// vLLM with attention DP: new prefill work starts only on every n-th pass of the worker's
+    /// ranks while they decode (1 = every pass; see [`crate::vllm`]). Always 1 for the other
+    /// backends.
+    pub prefill_schedule_interval: u64,
+    /// SGLang: passes after a prefill (on any attention-DP rank of the worker) that only decode
+    /// before the next prefill may start (0 = none; see [`crate::sglang`]). Always 0 for the
+    /// other backends.
+    pub prefill_decode_interval: u64,
     /// Why a timing profile was replaced by the polynomial model (the user allowed it).
     pub timing_fallback: Option<String>,
     /// Physical KV bytes of one token (`kv_cache_bytes_per_token`): sizes host blocks.
@@ -242,6 +250,9 @@ impl EngineConfig {
             TimingModel::Fixed { prefill_ms, decode_ms } => {
                 json!({"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms})
             }
+            TimingModel::Interpolated { path, dynamo_form: true, .. } => {
+                json!({"type": "external", "provider": crate::timing::DYNAMO_PROFILE_PROVIDER, "config": {"path": path}})
+            }
             TimingModel::Interpolated { path, .. } => json!({"type": "interpolated", "path": path}),
             TimingModel::External(e) => {
                 json!({"type": "external", "provider": e.provider, "config": e.timer().config()})
@@ -254,6 +265,8 @@ impl EngineConfig {
                 "max_model_len": self.max_model_len,
                 "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
+                "prefill_schedule_interval": self.prefill_schedule_interval,
+                "prefill_decode_interval": self.prefill_decode_interval,
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "enable_chunked_prefill": self.enable_chunked_prefill,
                 "speedup_ratio": self.speedup_ratio,
@@ -316,6 +329,8 @@ struct RawConfig {
     emit_kv_token_ids: Field<bool>,
     kv_cache_bytes_per_token: Field<u64>,
     host_offload: Option<RawHostOffload>,
+    prefill_schedule_interval: Option<u64>,
+    prefill_decode_interval: Option<u64>,
 }
 
 /// `native_host_offload` as read (types checked), before the checks across keys.

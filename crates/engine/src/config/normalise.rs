@@ -101,7 +101,10 @@ impl RawConfig {
                 let loaded = (env.files)(&r.path)
                     .and_then(|bytes| Profile::from_npz(&bytes).map_err(|e| format!("{}: {e}", r.path)));
                 match loaded {
-                    Ok(profile) => (TimingModel::Interpolated { path: r.path, profile: profile.into() }, None),
+                    Ok(profile) => (
+                        TimingModel::Interpolated { path: r.path, profile: profile.into(), dynamo_form: r.dynamo_form },
+                        None,
+                    ),
                     Err(why) if r.fallback => (TimingModel::Polynomial, Some(why)),
                     Err(why) => return Err(ConfigError::new(r.key, why)),
                 }
@@ -151,6 +154,28 @@ impl RawConfig {
         positive(self.max_num_seqs, "max_num_seqs")?;
         positive(self.max_num_batched_tokens, "max_num_batched_tokens")?;
         positive(self.dp_size, "dp_size")?;
+        // Dynamo's checks, in its order and words.
+        let prefill_schedule_interval = self.prefill_schedule_interval.unwrap_or(1);
+        let prefill_decode_interval = self.prefill_decode_interval.unwrap_or(0);
+        if prefill_schedule_interval == 0 {
+            return Err(ConfigError::new(
+                "engine.prefill_schedule_interval",
+                "prefill_schedule_interval must be positive",
+            ));
+        }
+        if backend != Backend::Vllm && prefill_schedule_interval != 1 {
+            return Err(ConfigError::new(
+                "engine.prefill_schedule_interval",
+                "prefill_schedule_interval is supported only for backend=vllm; use prefill_decode_interval for \
+                 backend=sglang",
+            ));
+        }
+        if backend != Backend::Sglang && prefill_decode_interval != 0 {
+            return Err(ConfigError::new(
+                "engine.prefill_decode_interval",
+                "prefill_decode_interval is supported only for backend=sglang",
+            ));
+        }
         positive(self.tensor_parallel_size, "tensor_parallel_size")?;
         let ratio = |field: Field<f64>, name: &str| -> Result<f64> {
             let v = field.or(1.0);
@@ -295,6 +320,8 @@ impl RawConfig {
             sglang: self.sglang,
             speculative,
             reasoning: self.reasoning,
+            prefill_schedule_interval,
+            prefill_decode_interval,
             timing_fallback,
             kv_cache_bytes_per_token: self.kv_cache_bytes_per_token.set(),
             host_offload,

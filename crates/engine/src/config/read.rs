@@ -29,6 +29,25 @@ fn parse_rates(path: &str, v: &Value) -> Result<Vec<f64>> {
     Ok(items)
 }
 
+/// A key Dynamo reads as a Rust `usize` (no null, no default on null): its messages are
+/// serde's, as Dynamo 1.6.1 prints them (`invalid value: integer `-1`, expected usize`).
+fn usize_key(r: &mut ObjectReader, key: &'static str) -> Result<Option<u64>> {
+    let Some(v) = r.raw(key) else { return Ok(None) };
+    let why = match v {
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(x), _) => return Ok(Some(x)),
+            (None, Some(i)) => format!("invalid value: integer `{i}`, expected usize"),
+            _ => format!("invalid type: floating point `{n}`, expected usize"),
+        },
+        Value::Null => "invalid type: null, expected usize".to_string(),
+        Value::Bool(b) => format!("invalid type: boolean `{b}`, expected usize"),
+        Value::String(s) => format!("invalid type: string {s:?}, expected usize"),
+        Value::Array(_) => "invalid type: sequence, expected usize".to_string(),
+        Value::Object(_) => "invalid type: map, expected usize".to_string(),
+    };
+    Err(ConfigError::new(r.path(key), why))
+}
+
 const PREEMPTION_MODES: [&str; 2] = ["lifo", "fifo"];
 const TRANSFER_MODES: [&str; 2] = ["full_prompt", "destination_missing"];
 /// Dynamo's `RouterQueuePolicy` values.
@@ -307,7 +326,12 @@ impl RawConfig {
         }
         let key = r.path("planner_profile_data");
         if let Some(path) = r.string("planner_profile_data")?.set() {
-            self.timing = Some(Unresolved::Profile(ProfileRef { key, path: path.to_string(), fallback: false }));
+            self.timing = Some(Unresolved::Profile(ProfileRef {
+                key,
+                path: path.to_string(),
+                fallback: false,
+                dynamo_form: false,
+            }));
         }
         self.read_memory_fractions(&mut r)?;
         for key in ["num_g2_blocks", "num_g3_blocks", "offload_batch_size"] {
@@ -351,8 +375,8 @@ impl RawConfig {
         if e.has("kv_bytes_per_token") {
             self.kv_bytes_per_token = e.u64("kv_bytes_per_token")?;
         }
-        e.unsupported("prefill_schedule_interval", &[json!(1)], "prefill_schedule_interval other than 1")?;
-        e.unsupported("prefill_decode_interval", &[json!(0)], "prefill_decode_interval other than 0")?;
+        self.prefill_schedule_interval = usize_key(&mut e, "prefill_schedule_interval")?;
+        self.prefill_decode_interval = usize_key(&mut e, "prefill_decode_interval")?;
         // Live KV-event publishing: no effect on a replay, but Dynamo's rule between them holds.
         self.emit_kv_events = e.bool("emit_kv_events")?;
         self.emit_kv_token_ids = e.bool("emit_kv_token_ids")?;

@@ -164,8 +164,8 @@ fn reasoning_settings() {
     assert_eq!(e.path, "reasoning.end_thinking_token_id");
 }
 
-#[test]
-fn profiled_timing_reads_through_the_loader() {
+/// A two-point NPZ profile and its bytes (read back as "p.npz" by the tests' file readers).
+fn small_profile() -> (Profile, Vec<u8>) {
     let profile = Profile {
         prefill_isl: vec![128.0, 256.0],
         prefill_ttft_ms: vec![4.0, 8.0],
@@ -174,6 +174,12 @@ fn profiled_timing_reads_through_the_loader() {
         decode_itl: vec![1.0, 1.5, 2.0, 2.5],
     };
     let bytes = profile.to_npz();
+    (profile, bytes)
+}
+
+#[test]
+fn profiled_timing_reads_through_the_loader() {
+    let (profile, bytes) = small_profile();
     let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
     let c = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &files).unwrap();
     assert!(matches!(&c.timing, TimingModel::Interpolated { profile: p, .. } if **p == profile));
@@ -202,6 +208,51 @@ fn profiled_timing_reads_through_the_loader() {
     let garbage = |_: &str| Ok(b"not a zip".to_vec());
     let e = EngineConfig::parse_json_with(r#"{"planner_profile_data": "p.npz"}"#, &garbage).unwrap_err();
     assert!(e.message.contains("not an NPZ archive"), "{e}");
+}
+
+/// Dynamo's form of profile timing (what `--planner-profile-data` writes): the same interpolated
+/// model, its errors keyed to the config's path, and its canonical form kept on a round trip.
+#[test]
+fn dynamo_profile_provider_is_the_interpolated_model() {
+    let (profile, bytes) = small_profile();
+    let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
+    let env = || ConfigEnv { files: &files, timers: None };
+    let dynamo = |config: &str| {
+        let text = format!(
+            r#"{{"engine": {{"timing_model": {{"type": "external", "provider": "dynamo_profile"{config}}}}}}}"#
+        );
+        WorkerArgs::parse_json_env(&text, env())
+    };
+    let w = dynamo(r#", "config": {"path": "p.npz"}"#).unwrap();
+    let TimingModel::Interpolated { profile: p, path, dynamo_form } = &w.engine.timing else {
+        panic!("{:?}", w.engine.timing)
+    };
+    assert_eq!((&**p, path.as_str(), *dynamo_form), (&profile, "p.npz", true));
+    let canonical = w.to_canonical_json();
+    assert_eq!(
+        canonical["engine"]["timing_model"],
+        serde_json::json!({"type": "external", "provider": "dynamo_profile", "config": {"path": "p.npz"}})
+    );
+    assert_eq!(WorkerArgs::from_value_env(&canonical, env()).unwrap(), w);
+    // Times exactly as servesim's own interpolated form of the same file.
+    let own = EngineConfig::parse_json_with(
+        r#"{"engine": {"timing_model": {"type": "interpolated", "path": "p.npz"}}}"#,
+        &files,
+    )
+    .unwrap();
+    let TimingModel::Interpolated { profile: q, .. } = &own.timing else { panic!() };
+    assert_eq!(q, p);
+    // Errors name the key; no fallback to the polynomial model.
+    let e = dynamo(r#", "config": {"path": "q.npz"}"#).unwrap_err();
+    assert_eq!((e.path.as_str(), e.message.as_str()), ("engine.timing_model.config.path", "cannot read q.npz"));
+    let e = dynamo("").unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config");
+    let e = dynamo(r#", "config": {}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config.path");
+    let e = dynamo(r#", "config": {"path": "p.npz", "extra": 1}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config.extra");
+    let e = dynamo(r#", "config": {"path": 3}"#).unwrap_err();
+    assert_eq!(e.path, "engine.timing_model.config.path");
 }
 
 #[test]
@@ -462,4 +513,71 @@ fn host_offload_errors_are_dynamos_in_its_order() {
         .unwrap_err()
         .message
         .contains("g3_offload (a G3 tier below the host cache) is not modelled by servesim yet"));
+}
+
+#[test]
+fn prefill_intervals_are_read_checked_and_dumped_as_dynamo_does() {
+    let c = parse(r#"{"engine": {"prefill_schedule_interval": 4}}"#).unwrap();
+    assert_eq!((c.prefill_schedule_interval, c.prefill_decode_interval), (4, 0));
+    assert_eq!(dump(&c)["engine"]["prefill_schedule_interval"], 4);
+    let c = parse(r#"{"engine": {"backend": "sglang", "prefill_decode_interval": 3}}"#).unwrap();
+    assert_eq!((c.prefill_schedule_interval, c.prefill_decode_interval), (1, 3));
+    assert_eq!(dump(&c)["engine"]["prefill_decode_interval"], 3);
+    let d = parse("{}").unwrap();
+    assert_eq!((d.prefill_schedule_interval, d.prefill_decode_interval), (1, 0));
+    assert_eq!(WorkerArgs::from_value(&dump(&c)).unwrap().engine, c, "the dump reads back");
+    // Dynamo 1.6.1's errors (`_normalize_mocker_config`), value by value.
+    let err = |engine: &str| {
+        let e = parse(&format!(r#"{{"engine": {engine}}}"#)).unwrap_err();
+        (e.path, e.message)
+    };
+    let psi = "engine.prefill_schedule_interval".to_string();
+    let pdi = "engine.prefill_decode_interval".to_string();
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": 0}"#),
+        (psi.clone(), "prefill_schedule_interval must be positive".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": -1}"#),
+        (psi.clone(), "invalid value: integer `-1`, expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": 1.5}"#),
+        (psi.clone(), "invalid type: floating point `1.5`, expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": "2"}"#),
+        (psi.clone(), "invalid type: string \"2\", expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"prefill_schedule_interval": null}"#),
+        (psi.clone(), "invalid type: null, expected usize".into())
+    );
+    let vllm_only = "prefill_schedule_interval is supported only for backend=vllm; use prefill_decode_interval for \
+                     backend=sglang";
+    for backend in ["sglang", "trtllm"] {
+        assert_eq!(
+            err(&format!(r#"{{"backend": "{backend}", "prefill_schedule_interval": 2}}"#)),
+            (psi.clone(), vllm_only.into())
+        );
+    }
+    assert_eq!(
+        err(r#"{"backend": "sglang", "prefill_decode_interval": -1}"#),
+        (pdi.clone(), "invalid value: integer `-1`, expected usize".into())
+    );
+    assert_eq!(
+        err(r#"{"backend": "sglang", "prefill_decode_interval": true}"#),
+        (pdi.clone(), "invalid type: boolean `true`, expected usize".into())
+    );
+    for backend in ["vllm", "trtllm"] {
+        assert_eq!(
+            err(&format!(r#"{{"backend": "{backend}", "prefill_decode_interval": 2}}"#)),
+            (pdi.clone(), "prefill_decode_interval is supported only for backend=sglang".into())
+        );
+    }
+    // Neutral values are accepted everywhere.
+    assert!(parse(
+        r#"{"engine": {"backend": "trtllm", "prefill_schedule_interval": 1, "prefill_decode_interval": 0}}"#
+    )
+    .is_ok());
 }

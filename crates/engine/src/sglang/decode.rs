@@ -62,7 +62,10 @@ impl SglangEngine {
             self.counters.preemptions += 1;
             retracted.push(slot);
         }
-        if retracted.is_empty() {
+        if self.interval_idle_in_pass {
+            // An idle round of the prefill/decode interval is no decode step: the ratio stays
+            // (see `end_group_pass`).
+        } else if retracted.is_empty() {
             self.new_token_ratio = (self.new_token_ratio - self.decay_step).max(self.min_ratio);
         } else {
             // SGLang's `retract_decode`: headroom for the survivors from what they generated.

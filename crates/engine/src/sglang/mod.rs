@@ -17,6 +17,14 @@
 //!   cache are freed and it goes to the back of the queue, to re-prefill later) until they fit,
 //!   and `new_token_ratio` is re-estimated from the survivors; otherwise the ratio decays.
 //!
+//! **Prefill/decode interval** (`prefill_decode_interval` n > 0, SGLang's `_should_defer_prefill`):
+//! after a pass in which any attention-DP rank of the worker prefilled, the next n passes admit
+//! nothing new (nor continue a chunked prompt); they only decode. A deferred pass with nothing
+//! to decode takes no time, and when no rank of the worker ran the model in it, SGLang's
+//! `on_idle` resets `new_token_ratio` to its initial value. Drivers of attention-DP ranks tell
+//! every rank when a shared pass begins and ends ([`SglangEngine::begin_group_pass`],
+//! [`SglangEngine::end_group_pass`]); a rank driven alone is a group of one.
+//!
 //! Full pages enter the radix tree as soon as their tokens have slots ([`cache`]; see [`radix`]
 //! for the least-recently-used order); KV events are reported for pages entering and leaving
 //! the tree. Disaggregated workers use the hooks in [`handoff`].
@@ -95,6 +103,19 @@ pub struct SglangEngine {
     /// Record the tokens of stored pages, drained into [`PassOutput::stored_tokens`].
     record_tokens: bool,
     stored_tokens: Vec<u32>,
+    /// This pass is deferred by the prefill/decode interval.
+    deferred: bool,
+    /// `new_token_ratio` at launch (restored on idle rounds of the interval).
+    init_ratio: f64,
+    /// Passes that may still not prefill (the prefill/decode interval).
+    prefill_rounds_remaining: u64,
+    /// The driver began a shared pass ([`SglangEngine::begin_group_pass`]) and will end it.
+    grouped: bool,
+    /// Of the current pass: prompt tokens were computed; the model ran (a prefill, or a decode
+    /// that sampled); it was deferred with nothing to decode.
+    prefill_in_pass: bool,
+    model_work_in_pass: bool,
+    interval_idle_in_pass: bool,
 }
 
 impl SglangEngine {
@@ -133,8 +154,61 @@ impl SglangEngine {
             vocabulary: None,
             record_tokens: false,
             stored_tokens: Vec::new(),
+            deferred: false,
+            init_ratio,
+            prefill_rounds_remaining: 0,
+            grouped: false,
+            prefill_in_pass: false,
+            model_work_in_pass: false,
+            interval_idle_in_pass: false,
             cfg,
         }
+    }
+
+    /// A pass shared by the attention-DP ranks of a worker begins (called on every rank,
+    /// whether it steps or not); [`SglangEngine::end_group_pass`] follows.
+    pub fn begin_group_pass(&mut self) {
+        self.grouped = true;
+        self.prefill_in_pass = false;
+        self.model_work_in_pass = false;
+        self.interval_idle_in_pass = false;
+    }
+
+    /// Whether this rank computed prompt tokens in the current pass.
+    pub fn prefilled_in_pass(&self) -> bool {
+        self.prefill_in_pass
+    }
+
+    /// Whether this rank ran the model in the current pass.
+    pub fn ran_model_in_pass(&self) -> bool {
+        self.model_work_in_pass
+    }
+
+    /// The shared pass ended: `any_prefilled` and `any_ran_model` over all the worker's ranks.
+    /// A prefill anywhere restarts the interval; otherwise one round of it has passed.
+    pub fn end_group_pass(&mut self, any_prefilled: bool, any_ran_model: bool) {
+        if self.interval_idle_in_pass && !any_ran_model {
+            self.new_token_ratio = self.init_ratio;
+        }
+        self.prefill_rounds_remaining = if any_prefilled {
+            self.cfg.prefill_decode_interval
+        } else {
+            self.prefill_rounds_remaining.saturating_sub(1)
+        };
+        self.grouped = false;
+        self.interval_idle_in_pass = false;
+    }
+
+    /// Whether the current pass was held back by the prefill/decode interval (a deferred pass
+    /// with no effect still counts the interval down: drivers run the next one at once).
+    pub fn deferred_in_pass(&self) -> bool {
+        self.deferred
+    }
+
+    /// Whether nothing is left here: no request queued, running, held or reserved, and no
+    /// round of the interval still to run.
+    pub fn is_drained(&self) -> bool {
+        !self.has_work() && self.parked.is_empty() && self.destinations.is_empty()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -188,8 +262,13 @@ impl SglangEngine {
         self.waiting.push_back(slot);
     }
 
+    /// Whether a pass would have anything to do (a round of the interval still to count down
+    /// is something).
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty() || !self.arrived.is_empty()
+        !self.running.is_empty()
+            || !self.waiting.is_empty()
+            || !self.arrived.is_empty()
+            || self.prefill_rounds_remaining > 0
     }
 
     pub fn num_running(&self) -> usize {
@@ -271,6 +350,11 @@ impl SglangEngine {
     pub fn step(&mut self, now_ms: f64, out: &mut PassOutput) {
         out.clear();
         out.start_ms = now_ms;
+        let grouped = std::mem::take(&mut self.grouped);
+        if !grouped {
+            self.begin_group_pass();
+        }
+        self.deferred = self.prefill_rounds_remaining > 0;
         // Transferred requests (decode worker) join the batch; while some still wait for a
         // slot, nothing new is prefilled.
         let max_running = self.cfg.max_num_seqs.map_or(usize::MAX, |m| m as usize);
@@ -288,13 +372,14 @@ impl SglangEngine {
         self.order_waiting();
         // Nothing is prefilled while transferred requests wait for a running slot, nor, on a
         // decode worker, while accepted requests wait for pages.
-        let admitted = if self.arrived.is_empty() && self.destinations.is_empty() {
+        // Nor during the prefill/decode interval.
+        let admitted = if self.arrived.is_empty() && self.destinations.is_empty() && !self.deferred {
             self.build_prefill_batch(out, max_running)
         } else {
             Vec::new()
         };
         let held = !self.parked.is_empty() || !self.destinations.is_empty();
-        if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && !held {
+        if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && !held && !self.deferred {
             if let Some(slot) = self.waiting.pop_front() {
                 // Nothing runs, nothing holds pages that will come back, and the head still
                 // cannot be admitted: it never will be.
@@ -307,13 +392,24 @@ impl SglangEngine {
         }
         let prefill_ms = jittered(&self.jitter, self.cfg.timing.prefill_ms(&out.prefill));
         let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
+        self.prefill_in_pass = out.prefill_tokens > 0;
         out.end_ms = if admitted.is_empty() {
-            self.decode(decode_start, out)
+            // A deferred pass with nothing to decode is an idle round of the interval.
+            self.interval_idle_in_pass =
+                self.deferred && self.running.iter().all(|&s| self.reqs[s].remaining_output() == 0);
+            let end = self.decode(decode_start, out);
+            self.model_work_in_pass = self.prefill_in_pass || out.decode_tokens > 0;
+            end
         } else {
             self.finish_prefill(&admitted, out);
+            self.model_work_in_pass = self.prefill_in_pass;
             decode_start
         };
         out.kv_events.append(&mut self.events);
         out.stored_tokens.append(&mut self.stored_tokens);
+        if !grouped {
+            // Alone, this rank is its worker's only one.
+            self.end_group_pass(self.prefill_in_pass, self.model_work_in_pass);
+        }
     }
 }

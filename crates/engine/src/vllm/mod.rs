@@ -17,6 +17,14 @@
 //! computes it. Computed full blocks become visible to the prefix cache immediately, so a
 //! request admitted later in the same pass can reuse them.
 //!
+//! **Prefill cadence** (`prefill_schedule_interval` n > 1, vLLM with attention DP only): the
+//! ranks of a worker count their shared passes (the wave, from 0, restarted when every rank is
+//! empty); on a pass whose wave step is not a multiple of n, a rank that has a decoding request
+//! starts no prefill work — running requests still in their prompt are skipped, and admission
+//! stops at the first waiting request with more than one token to compute — unless its last
+//! full scheduling pass left requests waiting (it is capacity-bound, and throttling would only
+//! idle it). Drivers tell the engine the wave step with [`VllmEngine::begin_group_pass`].
+//!
 //! This module holds the pass and its scheduling (steps 1 and 2); step 3 is in [`decode`].
 //! TRT-LLM runs the same core under another [`policy::Policy`] (guaranteed-no-evict admission,
 //! no preemption, outputs clamped to the cache). Runs of decode-only passes can be planned and
@@ -146,6 +154,14 @@ pub struct VllmEngine {
     stretch_positions: FxHashMap<u64, u64>,
     /// The host (G2) KV cache and its connector state (`native_host_offload`).
     host: Option<Box<offload::HostState>>,
+    /// The prefill cadence: the worker's pass count and ranks, as the driver last said (a rank
+    /// driven alone is a group of one, which never throttles).
+    wave_step: u64,
+    group_ranks: u32,
+    /// The last pass that scheduled without throttling or preempting left requests waiting.
+    prefill_capacity_bound: bool,
+    /// This pass throttles new prefill work.
+    defer_prefills: bool,
 }
 
 impl VllmEngine {
@@ -177,7 +193,33 @@ impl VllmEngine {
             stretch_firsts: Vec::new(),
             stretch_positions: FxHashMap::default(),
             host,
+            wave_step: 0,
+            group_ranks: 1,
+            prefill_capacity_bound: false,
+            defer_prefills: false,
         }
+    }
+
+    /// The next pass is pass `wave_step` of a worker of `dp_size` attention-DP ranks that run
+    /// their passes together (see the prefill cadence in the module documentation).
+    pub fn begin_group_pass(&mut self, wave_step: u64, dp_size: u32) {
+        self.wave_step = wave_step;
+        self.group_ranks = dp_size;
+    }
+
+    /// Whether nothing is left here: no request queued, running, held or reserved.
+    pub fn is_drained(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.parked.is_empty() && self.destinations.is_empty()
+    }
+
+    /// Whether this pass throttles new prefill work (see the module documentation).
+    fn throttles_prefill(&self) -> bool {
+        let interval = self.cfg.prefill_schedule_interval.max(1);
+        self.group_ranks > 1
+            && self.cfg.backend == crate::config::Backend::Vllm
+            && !self.wave_step.is_multiple_of(interval)
+            && !self.prefill_capacity_bound
+            && self.running.iter().any(|&s| self.prompt_in_place(&self.reqs[s]))
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -295,12 +337,16 @@ impl VllmEngine {
             s.pass_prefill = None;
         }
 
+        self.defer_prefills = self.throttles_prefill();
         self.host_pass_start(now_ms);
         self.schedule_running(out);
         if self.host.is_some() {
             self.admit_waiting_host(now_ms, out);
         } else {
             self.admit_waiting(out);
+        }
+        if !self.defer_prefills && !self.preempted_any {
+            self.prefill_capacity_bound = !self.waiting.is_empty();
         }
         let compute_start = self.host_after_scheduling(now_ms);
 
@@ -319,6 +365,11 @@ impl VllmEngine {
         let mut cursor = 0;
         while cursor < self.running.len() && self.budget > 0 {
             let slot = self.running[cursor];
+            if self.defer_prefills && !self.prompt_in_place(&self.reqs[slot]) {
+                // A throttled pass continues no prompt.
+                cursor += 1;
+                continue;
+            }
             match self.schedule(slot, None, out) {
                 Scheduled::Yes(_) => cursor += 1,
                 Scheduled::Blocked => break,
@@ -341,6 +392,7 @@ impl VllmEngine {
                     out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
                 }
                 AdmissionDecision::Wait => break,
+                AdmissionDecision::Admit(cost) if self.defer_prefills && self.new_tokens(slot, cost) > 1 => break,
                 AdmissionDecision::Admit(cost) => match self.schedule(slot, Some(cost), out) {
                     Scheduled::Yes(used) => {
                         if used == 0 && self.budget == 0 {
@@ -350,6 +402,16 @@ impl VllmEngine {
                     _ => break,
                 },
             }
+        }
+    }
+
+    /// Tokens admitting `slot` with `cost` would compute: none for a prompt already in place.
+    fn new_tokens(&self, slot: u32, cost: PrefixCost) -> u32 {
+        let req = &self.reqs[slot];
+        if self.prompt_in_place(req) {
+            0
+        } else {
+            req.len() - cost.cached_tokens.min(req.len())
         }
     }
 

@@ -398,19 +398,38 @@ impl VllmEngine {
         h.compute_not_before.max(now_ms)
     }
 
-    /// The pass boundary at `end_ms`: completions due, the pass's stores on the D2H lane,
-    /// completions again (zero-time stores land now); finished requests leave the connector.
+    /// The end of a pass: finished requests leave the connector; a rank that is a worker of
+    /// its own reaches its transfer boundary at `end_ms` now, a rank of an attention-DP group
+    /// when the group's pass ends ([`VllmEngine::finish_group_pass`]).
     pub(super) fn host_boundary(&mut self, end_ms: f64, out: &PassOutput) {
-        if self.host.is_none() {
-            return;
-        }
-        self.advance_transfers(end_ms);
-        self.host.as_mut().unwrap().tier().submit_prepared(end_ms);
-        self.advance_transfers(end_ms);
-        let h = self.host.as_mut().unwrap();
+        let Some(h) = self.host.as_mut() else { return };
         for f in &out.finished {
             h.reqs.remove(&f.request);
         }
+        if self.group_ranks <= 1 {
+            self.transfer_boundary(end_ms);
+        }
+    }
+
+    /// The transfer boundary at `end_ms`: completions due, the pass's stores on the D2H lane,
+    /// completions again (zero-time stores land now).
+    fn transfer_boundary(&mut self, end_ms: f64) {
+        self.advance_transfers(end_ms);
+        self.host.as_mut().unwrap().tier().submit_prepared(end_ms);
+        self.advance_transfers(end_ms);
+    }
+
+    /// The shared pass of this rank's attention-DP group ends at `end_ms` (the slowest rank's
+    /// end): every rank, whether it stepped or idled, reaches its transfer boundary then, as
+    /// Dynamo 1.6.1 completes each rank at the group's barrier. KV events of loads that complete
+    /// go to `out`.
+    pub fn finish_group_pass(&mut self, end_ms: f64, out: &mut PassOutput) {
+        if self.host.is_none() || self.group_ranks <= 1 {
+            return;
+        }
+        self.transfer_boundary(end_ms);
+        self.pool.drain_events(&mut out.kv_events);
+        out.stored_tokens.append(&mut self.stored_tokens);
     }
 
     /// A request leaves the engine (abort): its queued load is cancelled.
@@ -640,6 +659,11 @@ impl VllmEngine {
                     StartLoad::CapacityBlocked => break,
                 }
                 continue;
+            }
+            // The prefill cadence is checked where local compute would start: host loads above
+            // begin on throttled passes too.
+            if self.defer_prefills && self.new_tokens(slot, cost) > 1 {
+                break;
             }
             let outcome = self.schedule(slot, Some(cost), out);
             headroom = headroom.saturating_sub(before) + self.host_reservation(slot);

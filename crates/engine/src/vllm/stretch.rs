@@ -69,6 +69,9 @@ impl VllmEngine {
             }
         }
         let capacity = self.cfg.kv_capacity_tokens();
+        // A decode-only pass has no prefill part: it starts after a zero-length one.
+        let prefill_part = pass_duration_ms(0.0, self.cfg.speedup_ratio);
+        let decode_ratio = self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio;
         let mut t = now_ms;
         for j in 0..passes {
             if t >= horizon_ms {
@@ -76,8 +79,8 @@ impl VllmEngine {
             }
             let shape = DecodeShape { batch: k, context_tokens: context + (j * k) as u64, capacity_tokens: capacity };
             let decode_ms = self.cfg.timing.decode_ms(&shape);
-            let decode_start = t + pass_duration_ms(0.0, self.cfg.speedup_ratio);
-            t = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
+            let decode_start = t + prefill_part;
+            t = decode_start + pass_duration_ms(decode_ms, decode_ratio);
             if !t.is_finite() {
                 // The timing model cannot time this pass: let a normal step report it.
                 out.clear();

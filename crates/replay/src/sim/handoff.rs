@@ -62,13 +62,17 @@ impl Simulation<'_, '_> {
             Step::AbortSource => {
                 let t = self.flights[&id].prefill_target.expect("placed on a prefill worker");
                 let dp = self.pools[0].spec.dp();
-                self.pools[0].workers[t / dp].ranks[t % dp].engine.abort(id);
+                let worker = &mut self.pools[0].workers[t / dp];
+                worker.ranks[t % dp].engine.abort(id);
+                worker.reset_wave_if_drained();
                 self.wake(0, t / dp);
             }
             Step::AbortDestination => {
                 let t = self.flights[&id].decode_target.expect("placed on a decode worker");
                 let dp = self.pools[1].spec.dp();
-                self.pools[1].workers[t / dp].ranks[t % dp].engine.abort(id);
+                let worker = &mut self.pools[1].workers[t / dp];
+                worker.ranks[t % dp].engine.abort(id);
+                worker.reset_wave_if_drained();
                 self.wake(1, t / dp);
             }
         }
@@ -95,6 +99,7 @@ impl Simulation<'_, '_> {
             worker.pending_releases.push((id, t % dp));
         } else {
             worker.ranks[t % dp].engine.release_held(id);
+            worker.reset_wave_if_drained();
             self.collector.source_released(id, self.now);
             self.wake(0, t / dp);
             if self.scaling.is_some() {

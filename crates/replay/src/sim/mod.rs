@@ -135,6 +135,8 @@ pub enum SimError {
     /// The clock would pass [`crate::trace::MAX_TIME_MS`], beyond which times lose
     /// sub-microsecond precision (or are not finite).
     TimeRange { at_ms: f64 },
+    /// The autoscaler failed (the reference's own predictor stopped answering, say).
+    Planner { at_ms: f64, why: String },
     /// A request no pass can ever schedule: its prompt is over the per-pass token budget and
     /// chunked prefill is off. Dynamo's replay stops such a run ("effect-free zero-duration
     /// pass"), so servesim does too rather than report it as rejected.
@@ -149,6 +151,7 @@ impl std::fmt::Display for SimError {
             }
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
             SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
+            SimError::Planner { at_ms, why } => write!(f, "planner at t={at_ms} ms: {why}"),
             SimError::Cancelled { at_ms } => write!(f, "replay cancelled at t={at_ms} ms"),
             SimError::QueueFull { at_ms, max } => write!(
                 f,
@@ -318,6 +321,18 @@ struct Worker {
     pending_activations: Vec<(u64, usize)>,
     /// The host-transfer wakeup scheduled for this idle worker, if any.
     host_wake_at: Option<f64>,
+    /// The number of the worker's next pass, from 0 again once every rank is drained (the
+    /// ranks' prefill cadence counts it; see [`Engine::begin_group_pass`]).
+    wave_step: u64,
+}
+
+impl Worker {
+    /// The wave restarts when no rank has anything left.
+    fn reset_wave_if_drained(&mut self) {
+        if !self.busy && self.ranks.iter().all(|r| r.engine.is_drained()) {
+            self.wave_step = 0;
+        }
+    }
 }
 
 struct Pool {
@@ -615,6 +630,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
             if let Some(why) = self.rejected.take() {
                 return Err(SimError::Router { at_ms: now, why });
             }
+            if let Some(why) = self.scaling.as_ref().and_then(|s| s.hook.error()) {
+                return Err(SimError::Planner { at_ms: now, why });
+            }
             again = self.start_passes()?;
             if let Some(request) = self.unschedulable {
                 return Err(SimError::Unschedulable { at_ms: now, request });
@@ -741,6 +759,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let mut end = now;
                 let mut effect = false;
                 worker.pass_start = now;
+                let dp = worker.ranks.len() as u32;
+                for rank in &mut worker.ranks {
+                    rank.engine.begin_group_pass(worker.wave_step, dp);
+                }
                 for rank in &mut worker.ranks {
                     rank.ran = rank.engine.has_work();
                     if scaled && !rank.ran {
@@ -766,11 +788,31 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         effect |= !rank.output.is_empty();
                     }
                 }
+                let ranks = &worker.ranks;
+                let any_prefilled = ranks.iter().any(|r| r.ran && r.engine.prefilled_in_pass());
+                let any_ran_model = ranks.iter().any(|r| r.ran && r.engine.ran_model_in_pass());
+                let deferred = ranks.iter().any(|r| r.ran && r.engine.deferred_in_pass());
+                if dp > 1 {
+                    // Every rank reaches the group's barrier; an idle rank's output carries only
+                    // what that boundary produced.
+                    for rank in &mut worker.ranks {
+                        if !rank.ran {
+                            rank.output.clear();
+                        }
+                        rank.engine.finish_group_pass(end, &mut rank.output);
+                    }
+                }
+                for rank in &mut worker.ranks {
+                    rank.engine.end_group_pass(any_prefilled, any_ran_model);
+                }
+                worker.wave_step += 1;
                 if end > now {
                     worker.busy = true;
                     worker.pass_end = end;
                     self.schedule_pass_end(p, w, end);
-                } else if effect {
+                } else if effect || deferred {
+                    // A deferred round of SGLang's prefill/decode interval counts down even when
+                    // it does nothing; the next round follows at once.
                     self.apply_pass(p, w);
                     self.wake(p, w);
                     again = true;
@@ -1001,7 +1043,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.pools[pool].workers[w].ranks[r].output = out;
             } else {
                 // An attention-DP rank with nothing to do still takes part in its worker's
-                // pass, and the planner sees an empty pass of it.
+                // pass, and the planner sees an empty pass of it. Host loads that completed at
+                // the group's barrier publish their blocks.
+                let events = std::mem::take(&mut self.pools[pool].workers[w].ranks[r].output.kv_events);
+                self.publish_kv_events(pool, w * dp + r, &events);
+                self.pools[pool].workers[w].ranks[r].output.kv_events = events;
                 self.record_fpm(pool, w, r, None);
             }
         }
@@ -1016,23 +1062,30 @@ impl<'a, 'c> Simulation<'a, 'c> {
         for (id, t) in std::mem::take(&mut self.pools[pool].workers[w].pending_activations) {
             self.activate(t, id);
         }
+        self.pools[pool].workers[w].reset_wave_if_drained();
         if self.scaling.is_some() {
             self.retire_if_drained(pool, w);
+        }
+    }
+
+    /// A rank's KV events reach the router now, or after the configured lag.
+    fn publish_kv_events(&mut self, pool: usize, target: usize, events: &[KvEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        if self.config.kv_event_lag_ms > 0.0 {
+            let batch = self.seq;
+            self.lagged.insert(batch, (pool, target, events.to_vec()));
+            self.schedule(self.now + self.config.kv_event_lag_ms, Event::KvVisible { batch });
+        } else {
+            self.pools[pool].placer.kv_events(target, events);
         }
     }
 
     fn apply_rank_pass(&mut self, pool: usize, target: usize, out: &PassOutput) {
         let role = self.pools[pool].spec.role;
         let now = self.now;
-        if !out.kv_events.is_empty() {
-            if self.config.kv_event_lag_ms > 0.0 {
-                let batch = self.seq;
-                self.lagged.insert(batch, (pool, target, out.kv_events.clone()));
-                self.schedule(now + self.config.kv_event_lag_ms, Event::KvVisible { batch });
-            } else {
-                self.pools[pool].placer.kv_events(target, &out.kv_events);
-            }
-        }
+        self.publish_kv_events(pool, target, &out.kv_events);
         for a in &out.admissions {
             if role == Role::Decode {
                 self.collector.decode_admit(a.request, out.start_ms, a.reused_tokens);
@@ -1122,6 +1175,7 @@ fn new_worker(
         stretch: None,
         stretch_pending: false,
         pass_seq: u64::MAX,
+        wave_step: 0,
         pending_releases: Vec::new(),
         pending_activations: Vec::new(),
         host_wake_at: None,

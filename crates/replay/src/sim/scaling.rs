@@ -20,6 +20,12 @@ pub trait Autoscaler {
 
     /// A worker changed state (added, ready, draining, stopped).
     fn lifecycle(&mut self, _op: &LifecycleOp) {}
+
+    /// Why the autoscaler cannot go on (its decisions would no longer be the ones it models);
+    /// the run stops with it.
+    fn error(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Targets are non-draining workers (starting + active); `None` leaves a pool as it is.
@@ -64,13 +70,17 @@ pub struct LifecycleOp {
 /// An idle rank republishes an empty snapshot this often (the reference's idle cadence).
 const IDLE_FPM_INTERVAL_MS: f64 = 1000.0;
 
+/// A rank's last published snapshot (`None`: none yet) and when it was published, ms.
+type Published = (Option<Fpm>, f64);
+
 /// The loop's side of an autoscaled run.
 pub(super) struct Scaling<'a> {
     pub hook: &'a mut dyn Autoscaler,
     pub next_tick_ms: Option<f64>,
     ordinal: u64,
-    /// Per pool: (worker, rank) → (last snapshot, when it was published).
-    fpms: Vec<BTreeMap<(u32, u32), (Fpm, f64)>>,
+    /// Per pool: (worker, rank) → (last snapshot, when it was published); `None` until a
+    /// worker that has just become ready publishes its first one.
+    fpms: Vec<BTreeMap<(u32, u32), Published>>,
     window: Window,
 }
 
@@ -148,7 +158,7 @@ impl Simulation<'_, '_> {
                 var_decode_kv_tokens: 0.0,
             },
         };
-        s.fpms[pool].insert((w as u32, rank as u32), (fpm, self.now));
+        s.fpms[pool].insert((w as u32, rank as u32), (Some(fpm), self.now));
     }
 
     /// A request leaves: its shape and latencies join the window (completed requests only).
@@ -211,7 +221,9 @@ impl Simulation<'_, '_> {
                 }
             }
             // Latest snapshot of every active rank; a rank silent for a second republishes
-            // an idle one.
+            // an idle one. A worker that became ready less than a second ago and has not
+            // finished a pass has published nothing yet (the planner then sees fewer
+            // snapshots than ready workers: `worker_count_mismatch`).
             let buf = &mut s.fpms[p];
             buf.retain(|(wk, r), _| *r < dp && active.binary_search(wk).is_ok());
             let mut fpms = Vec::new();
@@ -221,13 +233,13 @@ impl Simulation<'_, '_> {
                         WorkerState::Active { since_ms } => since_ms,
                         _ => now,
                     };
-                    let entry = buf.entry((wk, r)).or_insert((servesim_planner::idle_fpm(wk, r), since));
+                    let entry = buf.entry((wk, r)).or_insert((None, since));
                     let elapsed = now - entry.1;
                     if elapsed >= IDLE_FPM_INTERVAL_MS {
                         entry.1 += (elapsed / IDLE_FPM_INTERVAL_MS).floor() * IDLE_FPM_INTERVAL_MS;
-                        entry.0 = servesim_planner::idle_fpm(wk, r);
+                        entry.0 = Some(servesim_planner::idle_fpm(wk, r));
                     }
-                    fpms.push(entry.0);
+                    fpms.extend(entry.0);
                 }
             }
             let decode_side = p + 1 == n_pools;
@@ -299,8 +311,10 @@ impl Simulation<'_, '_> {
         if self.pools[p].lifecycle.ready(w, now) {
             self.pools[p].placer.set_active(w, true);
             if let Some(s) = self.scaling.as_mut() {
+                // Its ranks publish their first snapshot at the end of their first pass, or
+                // an idle one after a second without passes.
                 for r in 0..self.pools[p].spec.dp() as u32 {
-                    s.fpms[p].insert((w as u32, r), (servesim_planner::idle_fpm(w as u32, r), now));
+                    s.fpms[p].insert((w as u32, r), (None, now));
                 }
             }
             self.op(p, w, Transition::Ready, tick);
