@@ -15,16 +15,17 @@ impl SglangEngine {
     pub(super) fn growth(&self, slot: u32, burst: u32) -> u32 {
         let r = &self.reqs[slot];
         let burst = burst.min(r.remaining_output());
-        self.ceil_page(r.len() + burst).saturating_sub(r.blocks.len() as u32 * self.page)
+        self.ceil_page(r.len() + burst).saturating_sub(r.state.pages * self.page)
     }
 
     /// Samples the next token of `slot` and gives it a KV slot (a new page at a page boundary).
     pub(super) fn sample_with_slot(&mut self, slot: u32, out: &mut PassOutput) {
         let page = self.page;
         let req = &mut self.reqs[slot];
-        if req.computed.is_multiple_of(page) && req.computed / page >= req.blocks.len() as u32 {
-            let ok = self.pool.alloc(1, &mut req.blocks);
+        if req.computed.is_multiple_of(page) && req.computed / page >= req.state.pages {
+            let ok = self.pool.alloc(1);
             debug_assert!(ok, "room was made for every slot");
+            req.state.pages += 1;
         }
         req.computed += 1;
         out.tokens.push(req.next_token());
@@ -57,7 +58,8 @@ impl SglangEngine {
             let slot = self.running.remove(pos);
             self.release(slot);
             let req = &mut self.reqs[slot];
-            req.hashes.local = Vec::new();
+            req.state.keys = Vec::new();
+            req.state.key_pages = 0;
             out.preempted.push(req.id);
             self.counters.preemptions += 1;
             retracted.push(slot);

@@ -48,13 +48,19 @@ use crate::request::EngineRequest;
 use crate::sequence::{Sequence, SequenceTable};
 use crate::speculative::BurstSampler;
 use crate::timing::{jittered, pass_duration_ms, PassJitter};
-use radix::{NodeId, PagePool, RadixCache, ROOT};
+use radix::{NodeId, PagePool, RadixCache, Run, ROOT};
 
-/// What the SGLang core tracks of a request besides its [`Sequence`] (whose `blocks` are its
-/// pages, backing tokens `[0, pages × page)`, and whose `computed` tokens are those with a KV
-/// slot: computed prompt tokens and sampled tokens).
+/// What the SGLang core tracks of a request besides its [`Sequence`] (whose `computed` tokens
+/// are those with a KV slot: computed prompt tokens and sampled tokens; its `blocks` stay
+/// empty: pages are interchangeable, so only their number is kept).
 #[derive(Debug)]
 struct Sched {
+    /// Pages it holds, backing tokens `[0, pages × page)`.
+    pages: u32,
+    /// Local hashes of its leading `key_pages` full pages (run-length encoded), computed when
+    /// it is matched against the cache while waiting and dropped once it is admitted.
+    keys: Vec<Run>,
+    key_pages: usize,
     /// Leading pages owned by the radix tree (locked through `lock_node`); the rest are the
     /// request's own.
     tree_pages: usize,
@@ -96,7 +102,7 @@ pub struct SglangEngine {
     /// The last single-token page hashed (see [`Sequence::block_keys`]).
     key_memo: (u32, u64),
     /// Keys and sequence hashes of the pages of one radix insertion.
-    scratch_keys: Vec<u64>,
+    scratch_keys: Vec<Run>,
     scratch_seqs: Vec<u64>,
     /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
     vocabulary: Option<Arc<[u32]>>,
@@ -131,7 +137,7 @@ impl SglangEngine {
         SglangEngine {
             page,
             pool: PagePool::new(cfg.num_gpu_blocks),
-            tree: RadixCache::new(page, cfg.num_gpu_blocks, record_events),
+            tree: RadixCache::new(page, record_events),
             reqs: SequenceTable::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -244,11 +250,14 @@ impl SglangEngine {
     /// A request as this engine tracks it: its output limited by `max_model_len`, its cache
     /// keys (local page hashes) as the caller gave them, if it did.
     fn sequence(&self, mut request: EngineRequest) -> Req {
-        if let Some(hashes) = &mut request.hashes {
-            // The radix tree is keyed by local hashes alone.
-            hashes.seq = Vec::new();
+        // The radix tree is keyed by local hashes alone.
+        let given = request.hashes.take().map(|h| h.local).unwrap_or_default();
+        let mut keys = Vec::new();
+        for &key in &given {
+            radix::push_run(&mut keys, key, 1);
         }
-        let sched = Sched { tree_pages: 0, lock_node: ROOT, admitted_before: false };
+        let sched =
+            Sched { pages: 0, keys, key_pages: given.len(), tree_pages: 0, lock_node: ROOT, admitted_before: false };
         let mut req = Sequence::new(request, self.cfg.reasoning.as_ref(), self.vocabulary.clone(), sched);
         if let Some(limit) = self.cfg.max_model_len {
             req.max_output = req.max_output.min(limit.saturating_sub(req.prompt_len));
