@@ -75,6 +75,8 @@ type Req = Sequence<Sched>;
 pub struct SglangEngine {
     cfg: EngineConfig,
     page: u32,
+    /// log2 of the page size, if it is a power of two.
+    page_shift: Option<u32>,
     pool: PagePool,
     tree: RadixCache,
     reqs: SequenceTable<Sched>,
@@ -136,6 +138,7 @@ impl SglangEngine {
         let record_events = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         SglangEngine {
             page,
+            page_shift: page.is_power_of_two().then(|| page.trailing_zeros()),
             pool: PagePool::new(cfg.num_gpu_blocks),
             tree: RadixCache::new(page, record_events),
             reqs: SequenceTable::default(),
@@ -325,8 +328,23 @@ impl SglangEngine {
         self.counters
     }
 
+    /// `tokens / page`: a shift when the page size is a power of two (the per-token paths
+    /// divide by it several times per token).
+    fn floor_pages(&self, tokens: u32) -> u32 {
+        match self.page_shift {
+            Some(shift) => tokens >> shift,
+            None => tokens / self.page,
+        }
+    }
+
+    /// `tokens` rounded up to whole pages.
     fn ceil_page(&self, tokens: u32) -> u32 {
-        tokens.div_ceil(self.page) * self.page
+        let whole = self.floor_pages(tokens) * self.page;
+        if whole == tokens {
+            tokens
+        } else {
+            whole + self.page
+        }
     }
 
     /// A request that is done: its full pages with KV slots join the cache and it leaves (a
@@ -344,7 +362,7 @@ impl SglangEngine {
     fn retire(&mut self, slot: u32) {
         self.destinations.bump();
         let req = &self.reqs[slot];
-        let full = (req.len().min(req.computed) / self.page) as usize;
+        let full = self.floor_pages(req.len().min(req.computed)) as usize;
         self.cache_pages(slot, full);
         self.release(slot);
         self.reqs.remove(slot);

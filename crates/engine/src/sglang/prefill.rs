@@ -179,7 +179,7 @@ impl SglangEngine {
         for &slot in admitted {
             let req = &self.reqs[slot];
             if req.computed < req.len() {
-                let full = (req.computed / self.page) as usize;
+                let full = self.floor_pages(req.computed) as usize;
                 self.cache_pages(slot, full);
                 self.waiting.push_front(slot);
             } else {
@@ -206,7 +206,7 @@ impl SglangEngine {
         if self.make_room(page_need) {
             for &slot in &fresh {
                 self.sample_with_slot(slot, out);
-                let full = (self.reqs[slot].computed / self.page) as usize;
+                let full = self.floor_pages(self.reqs[slot].computed) as usize;
                 self.cache_pages(slot, full);
             }
         }
