@@ -107,11 +107,18 @@ impl<S> Sequence<S> {
         local_block_hash(scratch)
     }
 
-    /// Appends the local hashes of full blocks `blocks` of the known sequence to `out`
-    /// (`scratch` holds one block). Blocks made of one repeated token (a trace block cut into
-    /// smaller blocks) share a hash, computed once per trace block; `memo` carries the last one
-    /// across calls.
-    pub fn block_keys(&self, blocks: Range<usize>, scratch: &mut [u32], memo: &mut (u32, u64), out: &mut Vec<u64>) {
+    /// Hands the local hashes of full blocks `blocks` of the known sequence, in order, to
+    /// `emit(hash, count)` as runs of `count` consecutive blocks with that hash (`scratch` holds
+    /// one block). Blocks made of one repeated token (a trace block cut into smaller blocks)
+    /// share a hash, computed once per trace block and handed over as one run; `memo` carries
+    /// the last one across calls.
+    pub fn block_keys(
+        &self,
+        blocks: Range<usize>,
+        scratch: &mut [u32],
+        memo: &mut (u32, u64),
+        mut emit: impl FnMut(u64, usize),
+    ) {
         let size = scratch.len() as u32;
         let mut i = blocks.start;
         while i < blocks.end {
@@ -128,12 +135,12 @@ impl<S> Sequence<S> {
                     let run_end = ((start / run + 1) * run).min(self.prompt_len);
                     let same = ((run_end - start) / size) as usize;
                     let n = same.min(blocks.end - i).max(1);
-                    out.extend(std::iter::repeat_n(memo.1, n));
+                    emit(memo.1, n);
                     i += n;
                     continue;
                 }
             }
-            out.push(self.block_key(i as u32, scratch));
+            emit(self.block_key(i as u32, scratch), 1);
             i += 1;
         }
     }
@@ -244,8 +251,9 @@ mod tests {
             let mut keys = Vec::new();
             let mut memo = (0, 0);
             let mut scratch = vec![0; size];
-            s.block_keys(0..2, &mut scratch, &mut memo, &mut keys);
-            s.block_keys(2..24 / size, &mut scratch, &mut memo, &mut keys);
+            let mut push = |key, n| keys.extend(std::iter::repeat_n(key, n));
+            s.block_keys(0..2, &mut scratch, &mut memo, &mut push);
+            s.block_keys(2..24 / size, &mut scratch, &mut memo, &mut push);
             assert_eq!(keys, p.block_hashes(size as u32).local, "block size {size}");
             let last = keys.len() as u32 - 1;
             assert_eq!(s.block_key(last, &mut scratch), keys[last as usize]);

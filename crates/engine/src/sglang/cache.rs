@@ -1,7 +1,7 @@
 //! Pages and the radix cache: which pages a request holds, when its full pages join the tree,
 //! and how room is made by evicting unlocked cache.
 
-use super::radix::ROOT;
+use super::radix::{self, ROOT};
 use super::SglangEngine;
 use crate::hash::chain_hash;
 use crate::output::{KvEvent, StoredBlock};
@@ -13,11 +13,13 @@ impl SglangEngine {
         let page = self.page;
         let req = &mut self.reqs[slot];
         let pages = pages.min((req.len() / page) as usize);
-        if req.hashes.local.len() < pages {
-            let mut keys = std::mem::take(&mut req.hashes.local);
-            keys.reserve_exact(pages - keys.len());
-            req.block_keys(keys.len()..pages, &mut self.scratch_tokens, &mut self.key_memo, &mut keys);
-            req.hashes.local = keys;
+        if req.state.key_pages < pages {
+            let mut keys = std::mem::take(&mut req.state.keys);
+            req.block_keys(req.state.key_pages..pages, &mut self.scratch_tokens, &mut self.key_memo, |key, n| {
+                radix::push_run(&mut keys, key, n as u32)
+            });
+            req.state.keys = keys;
+            req.state.key_pages = pages;
         }
     }
 
@@ -33,10 +35,10 @@ impl SglangEngine {
             return true;
         }
         let mut freed = Vec::new();
-        self.tree.evict((pages - available) as u64 * self.page as u64, &mut freed);
-        self.pool.free(&freed);
-        if self.record_events && !freed.is_empty() {
-            self.events.push(KvEvent::Removed { hashes: freed.iter().map(|&p| self.tree.seq_of(p)).collect() });
+        let evicted = self.tree.evict((pages - available) as u64 * self.page as u64, &mut freed);
+        self.pool.free((evicted / self.page as u64) as u32);
+        if self.record_events && evicted > 0 {
+            self.events.push(KvEvent::Removed { hashes: freed });
         }
         pages <= self.pool.available()
     }
@@ -53,25 +55,24 @@ impl SglangEngine {
         let (keys, seqs) = (&mut self.scratch_keys, &mut self.scratch_seqs);
         keys.clear();
         seqs.clear();
-        keys.reserve(full - first);
-        req.block_keys(first..full, &mut self.scratch_tokens, &mut self.key_memo, keys);
-        // The pages before `first` are the tree's: their sequence hashes are known.
-        let parent = (self.record_events && first > 0).then(|| self.tree.seq_of(req.blocks[first - 1]));
+        req.block_keys(first..full, &mut self.scratch_tokens, &mut self.key_memo, |key, n| {
+            radix::push_run(keys, key, n as u32)
+        });
+        // The pages before `first` are the tree's (the path to the request's lock node): their
+        // sequence hashes are known.
+        let parent = (self.record_events && first > 0).then(|| self.tree.last_seq(req.state.lock_node));
         if self.record_events {
             let mut last = parent;
-            for &key in keys.iter() {
+            for key in radix::expand(keys) {
                 let seq = chain_hash(last, key);
                 seqs.push(seq);
                 last = Some(seq);
             }
         }
-        let inserted = self.tree.insert(req.state.lock_node, keys, &req.blocks[first..full], seqs);
-        if !inserted.duplicates.is_empty() {
-            // Another request cached these pages first: use the tree's copies.
-            self.pool.free(&inserted.duplicates);
-            let tree_pages = self.tree.path_pages(inserted.node);
-            req.blocks[..full].copy_from_slice(&tree_pages[..full]);
-        }
+        let inserted = self.tree.insert(req.state.lock_node, keys, seqs);
+        // Pages another request cached first: the request uses the tree's copies and frees its
+        // own.
+        self.pool.free(inserted.duplicates as u32);
         if inserted.node != req.state.lock_node {
             self.tree.lock(inserted.node);
             self.tree.unlock(req.state.lock_node);
@@ -81,7 +82,8 @@ impl SglangEngine {
         if self.record_events && inserted.new_pages > 0 {
             let new = full - inserted.new_pages - first..full - first;
             let parent = if new.start == 0 { parent } else { Some(seqs[new.start - 1]) };
-            let blocks = new.clone().map(|j| StoredBlock { hash: seqs[j], local: keys[j] }).collect();
+            let locals = radix::expand(keys).skip(new.start);
+            let blocks = new.clone().zip(locals).map(|(j, local)| StoredBlock { hash: seqs[j], local }).collect();
             self.events.push(KvEvent::Stored { parent, blocks });
             if self.record_tokens {
                 let tokens = (first + new.start) as u32 * page..full as u32 * page;
@@ -93,8 +95,8 @@ impl SglangEngine {
     /// Frees the request's own pages and unlocks its cached prefix.
     pub(super) fn release(&mut self, slot: u32) {
         let req = &mut self.reqs[slot];
-        self.pool.free(&req.blocks[req.state.tree_pages..]);
-        req.blocks.clear();
+        self.pool.free(req.state.pages - req.state.tree_pages as u32);
+        req.state.pages = 0;
         self.tree.unlock(req.state.lock_node);
         req.state.lock_node = ROOT;
         req.state.tree_pages = 0;

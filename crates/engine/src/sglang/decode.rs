@@ -15,16 +15,18 @@ impl SglangEngine {
     pub(super) fn growth(&self, slot: u32, burst: u32) -> u32 {
         let r = &self.reqs[slot];
         let burst = burst.min(r.remaining_output());
-        self.ceil_page(r.len() + burst).saturating_sub(r.blocks.len() as u32 * self.page)
+        self.ceil_page(r.len() + burst).saturating_sub(r.state.pages * self.page)
     }
 
     /// Samples the next token of `slot` and gives it a KV slot (a new page at a page boundary).
     pub(super) fn sample_with_slot(&mut self, slot: u32, out: &mut PassOutput) {
         let page = self.page;
+        let whole = self.floor_pages(self.reqs[slot].computed);
         let req = &mut self.reqs[slot];
-        if req.computed.is_multiple_of(page) && req.computed / page >= req.blocks.len() as u32 {
-            let ok = self.pool.alloc(1, &mut req.blocks);
+        if whole * page == req.computed && whole >= req.state.pages {
+            let ok = self.pool.alloc(1);
             debug_assert!(ok, "room was made for every slot");
+            req.state.pages += 1;
         }
         req.computed += 1;
         out.tokens.push(req.next_token());
@@ -47,7 +49,8 @@ impl SglangEngine {
         let max_burst = self.max_burst;
         let growth = |e: &SglangEngine| -> u64 { e.running.iter().map(|&s| e.growth(s, max_burst) as u64).sum() };
         let mut retracted = Vec::new();
-        while growth(self) > self.reservable_tokens() && self.running.len() > 1 {
+        let mut total_growth = growth(self);
+        while total_growth > self.reservable_tokens() && self.running.len() > 1 {
             let (pos, _) = self
                 .running
                 .iter()
@@ -57,10 +60,12 @@ impl SglangEngine {
             let slot = self.running.remove(pos);
             self.release(slot);
             let req = &mut self.reqs[slot];
-            req.hashes.local = Vec::new();
+            req.state.keys = Vec::new();
+            req.state.key_pages = 0;
             out.preempted.push(req.id);
             self.counters.preemptions += 1;
             retracted.push(slot);
+            total_growth = growth(self);
         }
         if self.interval_idle_in_pass {
             // An idle round of the prefill/decode interval is no decode step: the ratio stays
@@ -79,7 +84,8 @@ impl SglangEngine {
         }
         let mut end = decode_start;
         if !self.running.is_empty() {
-            let need = (growth(self) / self.page as u64) as u32;
+            // Retraction is over: the running batch and its growth are as computed last.
+            let need = (total_growth / self.page as u64) as u32;
             if self.make_room(need) {
                 end = self.decode_running(decode_start, out);
             } else if self.cfg.role == Role::Decode && !self.running.iter().any(|&s| self.exceeds_capacity(s)) {
@@ -141,7 +147,7 @@ impl SglangEngine {
                     completed.push(slot);
                     break;
                 }
-                let full = (self.reqs[slot].computed / self.page) as usize;
+                let full = self.floor_pages(self.reqs[slot].computed) as usize;
                 self.cache_pages(slot, full);
             }
         }

@@ -36,12 +36,14 @@ impl SglangEngine {
         let slot = self.reqs.insert(self.sequence(request.clone()));
         let m = if self.cfg.enable_prefix_caching {
             self.fill_keys(slot, usize::MAX);
-            let keys = std::mem::take(&mut self.reqs[slot].hashes.local);
-            self.tree.match_and_lock(&keys)
+            let state = &mut self.reqs[slot].state;
+            let keys = std::mem::take(&mut state.keys);
+            let key_pages = std::mem::take(&mut state.key_pages);
+            self.tree.match_and_lock(&keys, key_pages)
         } else {
-            radix::Match { pages: Vec::new(), node: ROOT }
+            radix::Match { pages: 0, node: ROOT }
         };
-        let hit = m.pages.len();
+        let hit = m.pages;
         let need = prompt_pages - hit as u32;
         if need as u64 * page as u64 > self.reservable_tokens() {
             self.tree.unlock(m.node);
@@ -51,10 +53,10 @@ impl SglangEngine {
         let room = self.make_room(need);
         debug_assert!(room, "room was checked");
         let req = &mut self.reqs[slot];
-        req.blocks = m.pages;
         req.state.tree_pages = hit;
         req.state.lock_node = m.node;
-        self.pool.alloc(need, &mut req.blocks);
+        self.pool.alloc(need);
+        req.state.pages = (hit as u32) + need;
         req.transferred = true;
         self.parked.insert(id, slot);
         Ok(Reserved { request: id, reused_tokens: hit as u32 * page })

@@ -48,13 +48,19 @@ use crate::request::EngineRequest;
 use crate::sequence::{Sequence, SequenceTable};
 use crate::speculative::BurstSampler;
 use crate::timing::{jittered, pass_duration_ms, PassJitter};
-use radix::{NodeId, PagePool, RadixCache, ROOT};
+use radix::{NodeId, PagePool, RadixCache, Run, ROOT};
 
-/// What the SGLang core tracks of a request besides its [`Sequence`] (whose `blocks` are its
-/// pages, backing tokens `[0, pages × page)`, and whose `computed` tokens are those with a KV
-/// slot: computed prompt tokens and sampled tokens).
+/// What the SGLang core tracks of a request besides its [`Sequence`] (whose `computed` tokens
+/// are those with a KV slot: computed prompt tokens and sampled tokens; its `blocks` stay
+/// empty: pages are interchangeable, so only their number is kept).
 #[derive(Debug)]
 struct Sched {
+    /// Pages it holds, backing tokens `[0, pages × page)`.
+    pages: u32,
+    /// Local hashes of its leading `key_pages` full pages (run-length encoded), computed when
+    /// it is matched against the cache while waiting and dropped once it is admitted.
+    keys: Vec<Run>,
+    key_pages: usize,
     /// Leading pages owned by the radix tree (locked through `lock_node`); the rest are the
     /// request's own.
     tree_pages: usize,
@@ -69,6 +75,8 @@ type Req = Sequence<Sched>;
 pub struct SglangEngine {
     cfg: EngineConfig,
     page: u32,
+    /// log2 of the page size, if it is a power of two.
+    page_shift: Option<u32>,
     pool: PagePool,
     tree: RadixCache,
     reqs: SequenceTable<Sched>,
@@ -96,7 +104,7 @@ pub struct SglangEngine {
     /// The last single-token page hashed (see [`Sequence::block_keys`]).
     key_memo: (u32, u64),
     /// Keys and sequence hashes of the pages of one radix insertion.
-    scratch_keys: Vec<u64>,
+    scratch_keys: Vec<Run>,
     scratch_seqs: Vec<u64>,
     /// Ids generated tokens are drawn from (see [`crate::Engine::set_output_vocabulary`]).
     vocabulary: Option<Arc<[u32]>>,
@@ -130,8 +138,9 @@ impl SglangEngine {
         let record_events = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         SglangEngine {
             page,
+            page_shift: page.is_power_of_two().then(|| page.trailing_zeros()),
             pool: PagePool::new(cfg.num_gpu_blocks),
-            tree: RadixCache::new(page, cfg.num_gpu_blocks, record_events),
+            tree: RadixCache::new(page, record_events),
             reqs: SequenceTable::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -244,11 +253,14 @@ impl SglangEngine {
     /// A request as this engine tracks it: its output limited by `max_model_len`, its cache
     /// keys (local page hashes) as the caller gave them, if it did.
     fn sequence(&self, mut request: EngineRequest) -> Req {
-        if let Some(hashes) = &mut request.hashes {
-            // The radix tree is keyed by local hashes alone.
-            hashes.seq = Vec::new();
+        // The radix tree is keyed by local hashes alone.
+        let given = request.hashes.take().map(|h| h.local).unwrap_or_default();
+        let mut keys = Vec::new();
+        for &key in &given {
+            radix::push_run(&mut keys, key, 1);
         }
-        let sched = Sched { tree_pages: 0, lock_node: ROOT, admitted_before: false };
+        let sched =
+            Sched { pages: 0, keys, key_pages: given.len(), tree_pages: 0, lock_node: ROOT, admitted_before: false };
         let mut req = Sequence::new(request, self.cfg.reasoning.as_ref(), self.vocabulary.clone(), sched);
         if let Some(limit) = self.cfg.max_model_len {
             req.max_output = req.max_output.min(limit.saturating_sub(req.prompt_len));
@@ -316,8 +328,23 @@ impl SglangEngine {
         self.counters
     }
 
+    /// `tokens / page`: a shift when the page size is a power of two (the per-token paths
+    /// divide by it several times per token).
+    fn floor_pages(&self, tokens: u32) -> u32 {
+        match self.page_shift {
+            Some(shift) => tokens >> shift,
+            None => tokens / self.page,
+        }
+    }
+
+    /// `tokens` rounded up to whole pages.
     fn ceil_page(&self, tokens: u32) -> u32 {
-        tokens.div_ceil(self.page) * self.page
+        let whole = self.floor_pages(tokens) * self.page;
+        if whole == tokens {
+            tokens
+        } else {
+            whole + self.page
+        }
     }
 
     /// A request that is done: its full pages with KV slots join the cache and it leaves (a
@@ -335,7 +362,7 @@ impl SglangEngine {
     fn retire(&mut self, slot: u32) {
         self.destinations.bump();
         let req = &self.reqs[slot];
-        let full = (req.len().min(req.computed) / self.page) as usize;
+        let full = self.floor_pages(req.len().min(req.computed)) as usize;
         self.cache_pages(slot, full);
         self.release(slot);
         self.reqs.remove(slot);

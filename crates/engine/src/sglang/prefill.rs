@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashSet;
 
-use super::SglangEngine;
+use super::{radix, SglangEngine};
 use crate::config::Role;
 use crate::hash::chain_hash;
 use crate::output::{Admission, PassOutput, RejectReason};
@@ -29,11 +29,12 @@ impl SglangEngine {
         for i in 0..self.waiting.len() {
             let slot = self.waiting[i];
             self.fill_keys(slot, usize::MAX);
-            let keys = &self.reqs[slot].hashes.local;
-            let prefix = self.tree.peek(keys);
+            let (keys, key_pages) = (&self.reqs[slot].state.keys, self.reqs[slot].state.key_pages);
+            let prefix = self.tree.peek(keys, key_pages);
             let mut later = false;
-            if prefix as u32 * self.page <= IN_BATCH_PREFIX_TOKENS && keys.len() >= probe_pages {
-                let identity = keys[..probe_pages].iter().fold(None, |parent, &k| Some(chain_hash(parent, k)));
+            if prefix as u32 * self.page <= IN_BATCH_PREFIX_TOKENS && key_pages >= probe_pages {
+                let identity =
+                    radix::expand(keys).take(probe_pages).fold(None, |parent, k| Some(chain_hash(parent, k)));
                 later = !seen.insert(identity);
             }
             keyed.push((later, std::cmp::Reverse(prefix), slot));
@@ -99,9 +100,9 @@ impl SglangEngine {
                 let req = &self.reqs[slot];
                 let match_len = if req.output_done() { req.len() } else { req.len() - 1 };
                 self.fill_keys(slot, (match_len / page) as usize);
-                let keys = &self.reqs[slot].hashes.local;
-                let limit = ((match_len / page) as usize).min(keys.len());
-                self.tree.peek(&keys[..limit])
+                let state = &self.reqs[slot].state;
+                let limit = ((match_len / page) as usize).min(state.key_pages);
+                self.tree.peek(&state.keys, limit)
             } else {
                 0
             };
@@ -123,14 +124,15 @@ impl SglangEngine {
             }
             let chunk_end = start + chunk;
             if fresh {
-                let m = self.tree.match_and_lock(&self.reqs[slot].hashes.local[..cached]);
+                let m = self.tree.match_and_lock(&self.reqs[slot].state.keys, cached);
                 let req = &mut self.reqs[slot];
-                req.hashes.local = Vec::new();
-                req.blocks = m.pages;
+                req.state.keys = Vec::new();
+                req.state.key_pages = 0;
+                req.state.pages = m.pages as u32;
                 req.state.tree_pages = cached;
                 req.state.lock_node = m.node;
             }
-            let need = chunk_end.div_ceil(page) - self.reqs[slot].blocks.len() as u32;
+            let need = chunk_end.div_ceil(page) - self.reqs[slot].state.pages;
             if need as u64 * page as u64 > self.reservable_tokens() || !self.make_room(need) {
                 if fresh {
                     self.release(slot);
@@ -138,7 +140,8 @@ impl SglangEngine {
                 break;
             }
             let req = &mut self.reqs[slot];
-            self.pool.alloc(need, &mut req.blocks);
+            self.pool.alloc(need);
+            req.state.pages += need;
             let before = req.computed.max(cached as u32 * page);
             if fresh {
                 let readmission = req.state.admitted_before;
@@ -176,7 +179,7 @@ impl SglangEngine {
         for &slot in admitted {
             let req = &self.reqs[slot];
             if req.computed < req.len() {
-                let full = (req.computed / self.page) as usize;
+                let full = self.floor_pages(req.computed) as usize;
                 self.cache_pages(slot, full);
                 self.waiting.push_front(slot);
             } else {
@@ -203,7 +206,7 @@ impl SglangEngine {
         if self.make_room(page_need) {
             for &slot in &fresh {
                 self.sample_with_slot(slot, out);
-                let full = (self.reqs[slot].computed / self.page) as usize;
+                let full = self.floor_pages(self.reqs[slot].computed) as usize;
                 self.cache_pages(slot, full);
             }
         }

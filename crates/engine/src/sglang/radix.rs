@@ -11,9 +11,12 @@
 //! and a node created by an insert takes one more, so leaves touched by different operations of
 //! the same forward pass are ordered by operation.
 //!
-//! A page id is in the tree at most once, so a page's hashes live in arrays indexed by page id
-//! and a node holds only its page ids: at page size 1 a cached token costs 12 bytes (4 without
-//! KV events) rather than three vectors' worth per node.
+//! Keys are stored run-length encoded: an edge holds [`Run`]s of consecutive pages with the same
+//! local hash (a trace block cut into pages of one token is one run), and callers pass keys the
+//! same way, so matching, inserting, splitting and trimming cost per run, not per page. Pages
+//! are interchangeable, so the tree keeps no page ids: the pool is a count, and a request knows
+//! how many pages it holds. With KV events the tree keeps each page's sequence (chained) hash,
+//! which events name pages by.
 
 use std::collections::BTreeSet;
 
@@ -22,10 +25,93 @@ use rustc_hash::FxHashMap;
 pub type NodeId = u32;
 pub const ROOT: NodeId = 0;
 
+/// `n` consecutive pages whose local hash is `key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub key: u64,
+    pub n: u32,
+}
+
+/// Appends `n` pages of `key` to `runs`, growing the last run if it has the same key.
+pub fn push_run(runs: &mut Vec<Run>, key: u64, n: u32) {
+    match runs.last_mut() {
+        Some(last) if last.key == key => last.n += n,
+        _ => runs.push(Run { key, n }),
+    }
+}
+
+/// Pages in `runs`.
+pub fn pages_of(runs: &[Run]) -> usize {
+    runs.iter().map(|r| r.n as usize).sum()
+}
+
+/// The local hash of every page of `runs`, in order.
+pub fn expand(runs: &[Run]) -> impl Iterator<Item = u64> + '_ {
+    runs.iter().flat_map(|r| std::iter::repeat_n(r.key, r.n as usize))
+}
+
+/// A position in a run-encoded key sequence, limited to a number of pages.
+#[derive(Clone, Copy)]
+struct Cursor<'a> {
+    runs: &'a [Run],
+    /// Pages of `runs[0]` already passed.
+    off: u32,
+    /// Pages left.
+    left: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(runs: &'a [Run], pages: usize) -> Self {
+        Cursor { runs, off: 0, left: pages }
+    }
+
+    /// Key of the next page and how many pages from here have it (within the limit).
+    fn head(&self) -> Option<(u64, u32)> {
+        if self.left == 0 {
+            return None;
+        }
+        let r = self.runs[0];
+        Some((r.key, ((r.n - self.off) as usize).min(self.left) as u32))
+    }
+
+    fn advance(&mut self, mut pages: usize) {
+        self.left -= pages;
+        while pages > 0 {
+            let here = (self.runs[0].n - self.off) as usize;
+            if pages < here {
+                self.off += pages as u32;
+                return;
+            }
+            pages -= here;
+            self.runs = &self.runs[1..];
+            self.off = 0;
+        }
+    }
+
+    /// Appends the remaining pages to `out`.
+    fn append_to(&self, out: &mut Vec<Run>) {
+        let mut left = self.left;
+        let mut off = self.off;
+        for r in self.runs {
+            if left == 0 {
+                break;
+            }
+            let n = ((r.n - off) as usize).min(left);
+            push_run(out, r.key, n as u32);
+            left -= n;
+            off = 0;
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Node {
-    /// Page ids on the edge into this node; their local hashes are the edge's key.
-    value: Vec<u32>,
+    /// Local hashes of the pages on the edge into this node (run-length encoded).
+    keys: Vec<Run>,
+    /// Pages on the edge.
+    len: u32,
+    /// Sequence hash of each page on the edge (empty unless the tree keeps them).
+    seqs: Vec<u64>,
     /// Children by the local hash of their first page.
     children: FxHashMap<u64, NodeId>,
     parent: NodeId,
@@ -36,46 +122,38 @@ struct Node {
     indexed: bool,
 }
 
-/// Page ids handed out newest-freed first, then never-used ones in order.
+/// The pool of physical pages: only how many are free matters.
 #[derive(Clone, Debug)]
 pub struct PagePool {
     total: u32,
-    next_fresh: u32,
-    free: Vec<u32>,
+    available: u32,
 }
 
 impl PagePool {
     pub fn new(total: u32) -> Self {
-        PagePool { total, next_fresh: 0, free: Vec::new() }
+        PagePool { total, available: total }
     }
 
     pub fn available(&self) -> u32 {
-        self.free.len() as u32 + (self.total - self.next_fresh)
+        self.available
     }
 
     pub fn total(&self) -> u32 {
         self.total
     }
 
-    pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) -> bool {
-        if n > self.available() {
+    /// Takes `n` pages; false (taking none) if fewer are free.
+    pub fn alloc(&mut self, n: u32) -> bool {
+        if n > self.available {
             return false;
         }
-        for _ in 0..n {
-            let page = match self.free.pop() {
-                Some(p) => p,
-                None => {
-                    self.next_fresh += 1;
-                    self.next_fresh - 1
-                }
-            };
-            out.push(page);
-        }
+        self.available -= n;
         true
     }
 
-    pub fn free(&mut self, pages: &[u32]) {
-        self.free.extend_from_slice(pages);
+    pub fn free(&mut self, n: u32) {
+        self.available += n;
+        debug_assert!(self.available <= self.total, "more pages freed than taken");
     }
 }
 
@@ -84,11 +162,8 @@ pub struct RadixCache {
     nodes: Vec<Node>,
     free_nodes: Vec<NodeId>,
     page_size: u32,
-    /// Local hash of each page in the tree, by page id.
-    page_key: Vec<u64>,
-    /// Sequence (chained) hash of each page in the tree, by page id; empty unless the owner
-    /// reports KV events.
-    page_seq: Vec<u64>,
+    /// Whether nodes keep their pages' sequence hashes.
+    with_seq: bool,
     /// The last stamp handed out (see the module documentation).
     clock: u64,
     /// Unlocked childless nodes by (last access, id).
@@ -97,33 +172,32 @@ pub struct RadixCache {
     evictable_tokens: u64,
 }
 
-/// Result of a prefix match: matched pages (in order) and the deepest node reached.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Result of a prefix match: how many pages matched and the deepest node reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Match {
-    pub pages: Vec<u32>,
+    pub pages: usize,
     pub node: NodeId,
 }
 
-/// Result of an insertion: the deepest node now covering the inserted pages, which of the
+/// Result of an insertion: the deepest node now covering the inserted pages, how many of the
 /// caller's pages the tree already had under the same key (a prefix of them: the caller frees
 /// those and uses the tree's), and how many were new (the rest).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Inserted {
     pub node: NodeId,
-    pub duplicates: Vec<u32>,
+    pub duplicates: usize,
     pub new_pages: usize,
 }
 
 impl RadixCache {
-    /// A tree over `pages` physical pages; `with_seq` keeps each page's sequence hash.
-    pub fn new(page_size: u32, pages: u32, with_seq: bool) -> Self {
+    /// An empty tree; `with_seq` keeps each page's sequence hash.
+    pub fn new(page_size: u32, with_seq: bool) -> Self {
         let root = Node { lock_ref: 1, ..Node::default() };
         RadixCache {
             nodes: vec![root],
             free_nodes: Vec::new(),
             page_size,
-            page_key: vec![0; pages as usize],
-            page_seq: if with_seq { vec![0; pages as usize] } else { Vec::new() },
+            with_seq,
             clock: 0,
             evictable_leaves: BTreeSet::new(),
             evictable_tokens: 0,
@@ -134,17 +208,17 @@ impl RadixCache {
         self.evictable_tokens
     }
 
-    /// Sequence hash of a page in the tree (with `with_seq`).
-    pub fn seq_of(&self, page: u32) -> u64 {
-        self.page_seq[page as usize]
+    /// Sequence hash of the last page on the path to `node` (not the root; with `with_seq`).
+    pub fn last_seq(&self, node: NodeId) -> u64 {
+        *self.nodes[node as usize].seqs.last().expect("a node with sequence hashes")
     }
 
     fn tokens(&self, id: NodeId) -> u64 {
-        self.nodes[id as usize].value.len() as u64 * self.page_size as u64
+        self.nodes[id as usize].len as u64 * self.page_size as u64
     }
 
     fn first_key(&self, id: NodeId) -> u64 {
-        self.page_key[self.nodes[id as usize].value[0] as usize]
+        self.nodes[id as usize].keys[0].key
     }
 
     fn tick(&mut self) -> u64 {
@@ -192,57 +266,87 @@ impl RadixCache {
         }
     }
 
-    /// Pages at the start of `child`'s edge whose keys are the start of `keys`.
-    fn common_prefix(&self, child: NodeId, keys: &[u64]) -> usize {
-        let value = &self.nodes[child as usize].value;
-        value.iter().zip(keys).take_while(|&(&page, key)| self.page_key[page as usize] == *key).count()
+    /// Pages at the start of `child`'s edge whose keys are the next ones of `keys`.
+    fn common_prefix(&self, child: NodeId, mut keys: Cursor) -> usize {
+        let mut common = 0;
+        for r in &self.nodes[child as usize].keys {
+            let mut n = r.n;
+            while n > 0 {
+                let Some((key, avail)) = keys.head() else { return common };
+                if key != r.key {
+                    return common;
+                }
+                let step = n.min(avail);
+                keys.advance(step as usize);
+                common += step as usize;
+                n -= step;
+            }
+        }
+        common
     }
 
-    /// Length in pages of the cached prefix of `keys`, without changing anything (LPM scoring).
-    pub fn peek(&self, keys: &[u64]) -> usize {
+    /// Length in pages of the cached prefix of the first `pages` pages of `keys`, without
+    /// changing anything (LPM scoring).
+    pub fn peek(&self, keys: &[Run], pages: usize) -> usize {
+        let mut cur = Cursor::new(keys, pages);
         let (mut node, mut i) = (ROOT, 0);
-        while i < keys.len() {
-            let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else { break };
-            let common = self.common_prefix(child, &keys[i..]);
+        while let Some((key, _)) = cur.head() {
+            let Some(&child) = self.nodes[node as usize].children.get(&key) else { break };
+            let common = self.common_prefix(child, cur);
             i += common;
-            if common < self.nodes[child as usize].value.len() {
+            if common < self.nodes[child as usize].len as usize {
                 break;
             }
+            cur.advance(common);
             node = child;
         }
         i
     }
 
-    /// Matches the longest cached prefix of `keys` and locks it. Every fully matched node is
-    /// marked as used now; a partially matched edge is split so the match ends on a node, which
-    /// keeps the edge's old stamp.
-    pub fn match_and_lock(&mut self, keys: &[u64]) -> Match {
+    /// Matches the longest cached prefix of the first `pages` pages of `keys` and locks it.
+    /// Every fully matched node is marked as used now; a partially matched edge is split so the
+    /// match ends on a node, which keeps the edge's old stamp.
+    pub fn match_and_lock(&mut self, keys: &[Run], pages: usize) -> Match {
         let stamp = self.tick();
+        let mut cur = Cursor::new(keys, pages);
         let (mut node, mut i) = (ROOT, 0);
-        let mut pages = Vec::new();
-        while i < keys.len() {
-            let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else { break };
-            let common = self.common_prefix(child, &keys[i..]);
-            if common < self.nodes[child as usize].value.len() {
+        while let Some((key, _)) = cur.head() {
+            let Some(&child) = self.nodes[node as usize].children.get(&key) else { break };
+            let common = self.common_prefix(child, cur);
+            i += common;
+            if common < self.nodes[child as usize].len as usize {
                 node = self.split(child, common);
-                pages.extend_from_slice(&self.nodes[node as usize].value);
                 break;
             }
             self.touch(child, stamp);
-            pages.extend_from_slice(&self.nodes[child as usize].value);
-            i += common;
+            cur.advance(common);
             node = child;
         }
         self.lock(node);
-        Match { pages, node }
+        Match { pages: i, node }
     }
 
     /// Splits `id` after `at` pages: a new node takes the first `at` pages (and the lock count
     /// and access stamp), `id` keeps the rest as its child. Returns the new node.
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
         let n = &mut self.nodes[id as usize];
+        // Runs wholly before the split point, and how far into the next one it falls.
+        let (mut whole, mut into) = (0, at as u32);
+        while into >= n.keys[whole].n {
+            into -= n.keys[whole].n;
+            whole += 1;
+        }
+        let mut head_keys: Vec<Run> = n.keys.drain(..whole).collect();
+        if into > 0 {
+            head_keys.push(Run { key: n.keys[0].key, n: into });
+            n.keys[0].n -= into;
+        }
+        let head_seqs = if n.seqs.is_empty() { Vec::new() } else { n.seqs.drain(..at).collect() };
+        n.len -= at as u32;
         let head = Node {
-            value: n.value.drain(..at).collect(),
+            keys: head_keys,
+            len: at as u32,
+            seqs: head_seqs,
             children: FxHashMap::default(),
             parent: n.parent,
             lock_ref: n.lock_ref,
@@ -282,26 +386,15 @@ impl RadixCache {
         }
     }
 
-    /// Records the identity of pages entering the tree.
-    fn adopt(&mut self, keys: &[u64], values: &[u32], seqs: &[u64]) {
-        for (&page, &key) in values.iter().zip(keys) {
-            self.page_key[page as usize] = key;
-        }
-        if !self.page_seq.is_empty() {
-            for (&page, &seq) in values.iter().zip(seqs) {
-                self.page_seq[page as usize] = seq;
-            }
-        }
-    }
-
-    /// Inserts pages (`keys` local hashes, `values` page ids, `seqs` chained hashes — empty
-    /// when the tree keeps none) below `start`, which ends exactly where they start, and marks
-    /// the path from the root as used now. A childless node on the way that nobody else depends
-    /// on (unlocked, or `start` locked only by the caller) grows in place instead of getting a
+    /// Inserts pages (`keys` their local hashes, `seqs` their chained hashes — empty when the
+    /// tree keeps none) below `start`, which ends exactly where they start, and marks the path
+    /// from the root as used now. A childless node on the way that nobody else depends on
+    /// (unlocked, or `start` locked only by the caller) grows in place instead of getting a
     /// child.
-    pub fn insert(&mut self, start: NodeId, keys: &[u64], values: &[u32], seqs: &[u64]) -> Inserted {
-        let mut out = Inserted { node: start, duplicates: Vec::new(), new_pages: 0 };
-        if keys.is_empty() {
+    pub fn insert(&mut self, start: NodeId, keys: &[Run], seqs: &[u64]) -> Inserted {
+        let total = pages_of(keys);
+        let mut out = Inserted { node: start, duplicates: 0, new_pages: 0 };
+        if total == 0 {
             return out;
         }
         let stamp = self.tick();
@@ -310,31 +403,33 @@ impl RadixCache {
             self.touch(up, stamp);
             up = self.nodes[up as usize].parent;
         }
+        let mut cur = Cursor::new(keys, total);
         let (mut node, mut i) = (start, 0);
-        while i < keys.len() {
+        let seqs_from = |i: usize| if seqs.is_empty() { seqs } else { &seqs[i..] };
+        while let Some((key, _)) = cur.head() {
             let n = &self.nodes[node as usize];
             let own_leaf =
                 node != ROOT && n.children.is_empty() && (n.lock_ref == 0 || (node == start && n.lock_ref == 1));
-            let seqs_from = |i: usize| if seqs.is_empty() { seqs } else { &seqs[i..] };
             if own_leaf {
-                self.extend_leaf(node, &keys[i..], &values[i..], seqs_from(i), stamp);
+                self.extend_leaf(node, cur, seqs_from(i), stamp);
                 out.node = node;
-                out.new_pages = keys.len() - i;
+                out.new_pages = total - i;
                 return out;
             }
-            let Some(&child) = self.nodes[node as usize].children.get(&keys[i]) else {
-                out.node = self.new_leaf(node, &keys[i..], &values[i..], seqs_from(i));
-                out.new_pages = keys.len() - i;
+            let Some(&child) = self.nodes[node as usize].children.get(&key) else {
+                out.node = self.new_leaf(node, cur, seqs_from(i));
+                out.new_pages = total - i;
                 return out;
             };
-            let common = self.common_prefix(child, &keys[i..]);
-            out.duplicates.extend_from_slice(&values[i..i + common]);
+            let common = self.common_prefix(child, cur);
+            out.duplicates += common;
             i += common;
-            if common < self.nodes[child as usize].value.len() {
+            cur.advance(common);
+            if common < self.nodes[child as usize].len as usize {
                 let mid = self.split(child, common);
-                out.node = if i < keys.len() {
-                    out.new_pages = keys.len() - i;
-                    self.new_leaf(mid, &keys[i..], &values[i..], seqs_from(i))
+                out.node = if i < total {
+                    out.new_pages = total - i;
+                    self.new_leaf(mid, cur, seqs_from(i))
                 } else {
                     mid
                 };
@@ -347,29 +442,36 @@ impl RadixCache {
         out
     }
 
-    fn extend_leaf(&mut self, id: NodeId, keys: &[u64], values: &[u32], seqs: &[u64], stamp: u64) {
+    fn extend_leaf(&mut self, id: NodeId, keys: Cursor, seqs: &[u64], stamp: u64) {
         self.touch(id, stamp);
-        self.adopt(keys, values, seqs);
         let n = &mut self.nodes[id as usize];
-        n.value.extend_from_slice(values);
+        keys.append_to(&mut n.keys);
+        n.len += keys.left as u32;
+        if self.with_seq {
+            n.seqs.extend_from_slice(seqs);
+        }
         if n.lock_ref == 0 {
-            self.evictable_tokens += values.len() as u64 * self.page_size as u64;
+            self.evictable_tokens += keys.left as u64 * self.page_size as u64;
         }
     }
 
     /// A new unlocked leaf below `parent`, stamped with an operation of its own.
-    fn new_leaf(&mut self, parent: NodeId, keys: &[u64], values: &[u32], seqs: &[u64]) -> NodeId {
+    fn new_leaf(&mut self, parent: NodeId, keys: Cursor, seqs: &[u64]) -> NodeId {
         let stamp = self.tick();
-        self.adopt(keys, values, seqs);
+        let mut runs = Vec::new();
+        keys.append_to(&mut runs);
+        let first = runs[0].key;
         let leaf = self.new_node(Node {
-            value: values.to_vec(),
+            keys: runs,
+            len: keys.left as u32,
+            seqs: if self.with_seq { seqs.to_vec() } else { Vec::new() },
             children: FxHashMap::default(),
             parent,
             lock_ref: 0,
             last_access: stamp,
             indexed: false,
         });
-        self.nodes[parent as usize].children.insert(keys[0], leaf);
+        self.nodes[parent as usize].children.insert(first, leaf);
         self.evictable_tokens += self.tokens(leaf);
         self.sync_leaf(parent);
         self.sync_leaf(leaf);
@@ -377,9 +479,9 @@ impl RadixCache {
     }
 
     /// Evicts at least `tokens` tokens of unlocked cache, least recently used leaves first,
-    /// newest pages of a leaf first. Appends the freed pages to `freed`; returns the tokens
-    /// evicted.
-    pub fn evict(&mut self, tokens: u64, freed: &mut Vec<u32>) -> u64 {
+    /// newest pages of a leaf first. With sequence hashes, appends those of the freed pages to
+    /// `freed` (a leaf's in order); returns the tokens evicted.
+    pub fn evict(&mut self, tokens: u64, freed: &mut Vec<u64>) -> u64 {
         let page = self.page_size as u64;
         let mut done = 0;
         while done < tokens {
@@ -387,10 +489,22 @@ impl RadixCache {
             let size = self.tokens(leaf);
             let need_pages = (tokens - done).div_ceil(page) as usize;
             let n = &mut self.nodes[leaf as usize];
-            if need_pages < n.value.len() {
+            if need_pages < n.len as usize {
                 // Give up only the newest pages of a large leaf.
-                let keep = n.value.len() - need_pages;
-                freed.extend(n.value.drain(keep..));
+                let keep = n.len as usize - need_pages;
+                let mut cut = need_pages as u32;
+                while let Some(last) = n.keys.last_mut() {
+                    if last.n > cut {
+                        last.n -= cut;
+                        break;
+                    }
+                    cut -= last.n;
+                    n.keys.pop();
+                }
+                n.len = keep as u32;
+                if !n.seqs.is_empty() {
+                    freed.extend(n.seqs.drain(keep..));
+                }
                 let gone = need_pages as u64 * page;
                 self.evictable_tokens -= gone;
                 done += gone;
@@ -399,8 +513,10 @@ impl RadixCache {
             self.evictable_leaves.remove(&(stamp, leaf));
             n.indexed = false;
             let parent = n.parent;
-            let first = self.page_key[n.value[0] as usize];
-            freed.append(&mut n.value);
+            let first = n.keys[0].key;
+            freed.append(&mut n.seqs);
+            n.keys = Vec::new();
+            n.len = 0;
             self.nodes[parent as usize].children.remove(&first);
             self.evictable_tokens -= size;
             done += size;
@@ -409,76 +525,130 @@ impl RadixCache {
         }
         done
     }
-
-    /// Pages from the root to `node`.
-    pub fn path_pages(&self, mut node: NodeId) -> Vec<u32> {
-        let mut parts = Vec::new();
-        while node != ROOT {
-            parts.push(&self.nodes[node as usize].value[..]);
-            node = self.nodes[node as usize].parent;
-        }
-        parts.into_iter().rev().flatten().copied().collect()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Run-length keys of a page-by-page key list.
+    fn runs(keys: &[u64]) -> Vec<Run> {
+        let mut out = Vec::new();
+        for &k in keys {
+            push_run(&mut out, k, 1);
+        }
+        out
+    }
+
+    /// Sequence hashes along the path to `node` (the tests use them as page identities).
+    fn path_seqs(t: &RadixCache, mut node: NodeId) -> Vec<u64> {
+        let mut parts = Vec::new();
+        while node != ROOT {
+            parts.push(t.nodes[node as usize].seqs.clone());
+            node = t.nodes[node as usize].parent;
+        }
+        parts.into_iter().rev().flatten().collect()
+    }
+
+    fn insert(t: &mut RadixCache, start: NodeId, keys: &[u64], seqs: &[u64]) -> Inserted {
+        t.insert(start, &runs(keys), seqs)
+    }
+
+    fn match_lock(t: &mut RadixCache, keys: &[u64]) -> Match {
+        t.match_and_lock(&runs(keys), keys.len())
+    }
+
     /// A tree built by requests that each match their keys, insert the rest and finish.
-    fn tree_with(paths: &[(&[u64], &[u32])]) -> RadixCache {
-        let mut t = RadixCache::new(4, 256, false);
-        for (keys, values) in paths {
-            let m = t.match_and_lock(keys);
-            let n = m.pages.len();
-            t.insert(m.node, &keys[n..], &values[n..], &[]);
+    fn tree_with(paths: &[(&[u64], &[u64])]) -> RadixCache {
+        let mut t = RadixCache::new(4, true);
+        for (keys, seqs) in paths {
+            let m = match_lock(&mut t, keys);
+            insert(&mut t, m.node, &keys[m.pages..], &seqs[m.pages..]);
             t.unlock(m.node);
         }
         t
     }
 
     #[test]
+    fn runs_merge_equal_neighbours_and_cursors_walk_them() {
+        let r = runs(&[7, 7, 7, 8, 7, 7]);
+        assert_eq!(r, vec![Run { key: 7, n: 3 }, Run { key: 8, n: 1 }, Run { key: 7, n: 2 }]);
+        assert_eq!(pages_of(&r), 6);
+        assert_eq!(expand(&r).collect::<Vec<_>>(), vec![7, 7, 7, 8, 7, 7]);
+        let mut c = Cursor::new(&r, 5);
+        c.advance(2);
+        assert_eq!(c.head(), Some((7, 1)));
+        c.advance(2);
+        assert_eq!(c.head(), Some((7, 1)), "limited to 5 pages");
+        let mut rest = Vec::new();
+        c.append_to(&mut rest);
+        assert_eq!(rest, vec![Run { key: 7, n: 1 }]);
+        c.advance(1);
+        assert_eq!(c.head(), None);
+    }
+
+    #[test]
     fn partial_matches_split_the_edge() {
         let mut t = tree_with(&[(&[1, 2, 3, 4], &[10, 11, 12, 13])]);
-        assert_eq!(t.peek(&[1, 2, 9]), 2, "peek does not split");
-        let m = t.match_and_lock(&[1, 2, 9]);
-        assert_eq!(m.pages, vec![10, 11]);
+        assert_eq!(t.peek(&runs(&[1, 2, 9]), 3), 2, "peek does not split");
+        assert_eq!(t.peek(&runs(&[1, 2, 9]), 1), 1, "peek stops at the page limit");
+        let m = match_lock(&mut t, &[1, 2, 9]);
+        assert_eq!(m.pages, 2);
         // The split node holds the shared prefix; the old node keeps the rest as its child.
-        assert_eq!(t.path_pages(m.node), vec![10, 11]);
-        let ins = t.insert(m.node, &[9], &[20], &[]);
-        assert!(ins.duplicates.is_empty());
-        assert_eq!(t.path_pages(ins.node), vec![10, 11, 20]);
+        assert_eq!(path_seqs(&t, m.node), vec![10, 11]);
+        let ins = insert(&mut t, m.node, &[9], &[20]);
+        assert_eq!(ins.duplicates, 0);
+        assert_eq!(path_seqs(&t, ins.node), vec![10, 11, 20]);
         t.unlock(m.node);
-        let full = t.match_and_lock(&[1, 2, 3, 4]);
-        assert_eq!(full.pages, vec![10, 11, 12, 13]);
+        let full = match_lock(&mut t, &[1, 2, 3, 4]);
+        assert_eq!(full.pages, 4);
+        assert_eq!(path_seqs(&t, full.node), vec![10, 11, 12, 13]);
         t.unlock(full.node);
         assert_eq!(t.evictable_tokens(), 5 * 4);
     }
 
     #[test]
+    fn runs_split_inside_a_run() {
+        // One edge of 5 pages with key 3, then 2 with key 4; a request shares 2 pages of it.
+        let mut t = tree_with(&[(&[3, 3, 3, 3, 3, 4, 4], &[1, 2, 3, 4, 5, 6, 7])]);
+        let m = match_lock(&mut t, &[3, 3, 5]);
+        assert_eq!(m.pages, 2);
+        assert_eq!(t.nodes[m.node as usize].keys, vec![Run { key: 3, n: 2 }]);
+        let rest = *t.nodes[m.node as usize].children.values().next().unwrap();
+        assert_eq!(t.nodes[rest as usize].keys, vec![Run { key: 3, n: 3 }, Run { key: 4, n: 2 }]);
+        assert_eq!(t.nodes[rest as usize].len, 5);
+        t.unlock(m.node);
+        // Longer than the cached run: the match stops where the run ends.
+        assert_eq!(t.peek(&runs(&[3; 9]), 9), 5);
+        assert_eq!(t.peek(&runs(&[3, 3, 3, 3, 3, 4, 4, 4]), 8), 7);
+    }
+
+    #[test]
     fn inserting_cached_pages_reports_duplicates() {
         let mut t = tree_with(&[(&[1, 2], &[10, 11])]);
-        let ins = t.insert(ROOT, &[1, 2, 3], &[50, 51, 52], &[]);
-        assert_eq!((ins.duplicates, ins.new_pages), (vec![50, 51], 1), "only the last page is new");
+        let ins = insert(&mut t, ROOT, &[1, 2, 3], &[50, 51, 52]);
+        assert_eq!((ins.duplicates, ins.new_pages), (2, 1), "only the last page is new");
         // The unlocked leaf [1, 2] grows in place rather than getting a child.
-        assert_eq!(t.path_pages(ins.node), vec![10, 11, 52]);
-        assert_eq!(t.nodes[ins.node as usize].value, vec![10, 11, 52]);
+        assert_eq!(path_seqs(&t, ins.node), vec![10, 11, 52]);
+        assert_eq!(t.nodes[ins.node as usize].seqs, vec![10, 11, 52]);
+        assert_eq!(t.nodes[ins.node as usize].len, 3);
     }
 
     #[test]
     fn a_leaf_another_request_depends_on_gets_a_child() {
         let mut t = tree_with(&[(&[1, 2], &[10, 11])]);
-        let other = t.match_and_lock(&[1, 2]);
-        let mine = t.match_and_lock(&[1, 2]);
-        let ins = t.insert(mine.node, &[3], &[12], &[]);
+        let other = match_lock(&mut t, &[1, 2]);
+        let mine = match_lock(&mut t, &[1, 2]);
+        let ins = insert(&mut t, mine.node, &[3], &[12]);
         assert_ne!(ins.node, mine.node, "shared by two requests: not extended in place");
-        assert_eq!(t.path_pages(ins.node), vec![10, 11, 12]);
+        assert_eq!(path_seqs(&t, ins.node), vec![10, 11, 12]);
         t.unlock(other.node);
         // Locked only by this request now: it grows in place.
-        let mine2 = t.match_and_lock(&[1, 2, 3]);
+        let mine2 = match_lock(&mut t, &[1, 2, 3]);
         t.unlock(mine.node);
-        let ins2 = t.insert(mine2.node, &[4], &[13], &[]);
+        let ins2 = insert(&mut t, mine2.node, &[4], &[13]);
         assert_eq!(ins2.node, mine2.node);
+        assert_eq!(t.last_seq(ins2.node), 13);
     }
 
     #[test]
@@ -486,7 +656,7 @@ mod tests {
         // Three requests in turn; the third splits [1,2,3] after [1,2].
         let mut t = tree_with(&[(&[1, 2, 3], &[10, 11, 12]), (&[5, 6], &[20, 21]), (&[1, 2, 7], &[0, 0, 30])]);
         // Leaves: [3] (first request), [5,6], [7]. Lock the [5,6] path.
-        let m = t.match_and_lock(&[5, 6]);
+        let m = match_lock(&mut t, &[5, 6]);
         let mut freed = Vec::new();
         // One page from the least recently used unlocked leaf ([3]).
         assert_eq!(t.evict(4, &mut freed), 4);
@@ -495,24 +665,47 @@ mod tests {
         freed.clear();
         assert_eq!(t.evict(8, &mut freed), 8);
         assert_eq!(freed, vec![30, 11]);
-        assert_eq!(t.peek(&[1, 2]), 1);
+        assert_eq!(t.peek(&runs(&[1, 2]), 2), 1);
         // The locked path survives any eviction.
         freed.clear();
         t.evict(1000, &mut freed);
         assert_eq!(freed, vec![10]);
-        assert_eq!(t.peek(&[5, 6]), 2);
+        assert_eq!(t.peek(&runs(&[5, 6]), 2), 2);
         t.unlock(m.node);
+        freed.clear();
         assert_eq!(t.evict(1000, &mut freed), 8);
+        assert_eq!(freed, vec![20, 21]);
+    }
+
+    #[test]
+    fn trimming_cuts_runs_from_the_end() {
+        let mut t = tree_with(&[(&[1, 1, 1, 2, 2, 2], &[1, 2, 3, 4, 5, 6])]);
+        let mut freed = Vec::new();
+        assert_eq!(t.evict(4 * 4, &mut freed), 16);
+        assert_eq!(freed, vec![3, 4, 5, 6]);
+        assert_eq!(t.peek(&runs(&[1, 1, 1, 2]), 4), 2);
+        let node = t.match_and_lock(&runs(&[1, 1]), 2).node;
+        assert_eq!(t.nodes[node as usize].keys, vec![Run { key: 1, n: 2 }]);
+    }
+
+    #[test]
+    fn without_sequence_hashes_nothing_is_reported() {
+        let mut t = RadixCache::new(1, false);
+        t.insert(ROOT, &runs(&[4, 4, 4]), &[]);
+        let mut freed = Vec::new();
+        assert_eq!(t.evict(2, &mut freed), 2);
+        assert!(freed.is_empty());
+        assert_eq!(t.evictable_tokens(), 1);
     }
 
     #[test]
     fn leaves_are_ordered_by_operation_not_by_creation() {
         // Leaves created in the order 1, 2, 3; then 1 is matched again: it is the most recent.
-        let mut t = RadixCache::new(4, 256, false);
-        for (k, v) in [(1u64, 10u32), (2, 20), (3, 30)] {
-            t.insert(ROOT, &[k], &[v], &[]);
+        let mut t = RadixCache::new(4, true);
+        for (k, v) in [(1u64, 10u64), (2, 20), (3, 30)] {
+            insert(&mut t, ROOT, &[k], &[v]);
         }
-        let m = t.match_and_lock(&[1]);
+        let m = match_lock(&mut t, &[1]);
         t.unlock(m.node);
         let mut freed = Vec::new();
         t.evict(8, &mut freed);
@@ -523,10 +716,10 @@ mod tests {
     fn an_insertion_marks_its_whole_path_as_used() {
         // [1] then [1,2] (a child of [1] after a split by [1,3]); [9] is inserted later.
         let mut t = tree_with(&[(&[1, 2], &[10, 11]), (&[1, 3], &[0, 13])]);
-        t.insert(ROOT, &[9], &[90], &[]);
+        insert(&mut t, ROOT, &[9], &[90]);
         // Extending [1,3]'s leaf touches [1] too, so [1,2]'s leaf is the oldest, then [9].
-        let m = t.match_and_lock(&[1, 3]);
-        t.insert(m.node, &[4], &[14], &[]);
+        let m = match_lock(&mut t, &[1, 3]);
+        insert(&mut t, m.node, &[4], &[14]);
         t.unlock(m.node);
         let mut freed = Vec::new();
         t.evict(8, &mut freed);
@@ -534,16 +727,13 @@ mod tests {
     }
 
     #[test]
-    fn page_pool_reuses_freed_pages_first() {
+    fn page_pool_counts_pages() {
         let mut pool = PagePool::new(3);
-        let mut pages = Vec::new();
-        assert!(pool.alloc(2, &mut pages));
-        assert_eq!(pages, vec![0, 1]);
-        pool.free(&[0]);
+        assert!(pool.alloc(2));
+        pool.free(1);
         assert_eq!(pool.available(), 2);
-        pages.clear();
-        assert!(pool.alloc(2, &mut pages));
-        assert_eq!(pages, vec![0, 2]);
-        assert!(!pool.alloc(1, &mut pages));
+        assert!(pool.alloc(2));
+        assert!(!pool.alloc(1));
+        assert_eq!((pool.available(), pool.total()), (0, 3));
     }
 }
