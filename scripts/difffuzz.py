@@ -24,6 +24,9 @@ KV pools range from just above the largest request to ample. SGLang's page size 
 block_size (the reference rejects an `sglang.page_size` key). Trace cuts are written to
 <cache-dir>/traces, never into the repository.
 
+--speculation P draws MTP speculation on a stream of its own: an MTP depth with per-position
+accept rates and an aic_mtp_seed (the depth in the AIS config's nextn for AIS-timed engines).
+
 --engine-args P also draws Dynamo's launch path on a stream of its own: with probability P the
 engines are timed by AIS (a few model/GPU pairs; mostly without num_gpu_blocks, so the cache is
 sized from GPU memory, often with the backend's memory fraction), and a kv_router case gets
@@ -483,11 +486,12 @@ def gen_engine_args(rng, case, p):
         rc.setdefault("router_queue_threshold", rng.choice([0.25, 0.5, 1.0]))
 
 
-def generate_case(seed, index, traces, disagg_dp=0.0, engine_args=0.0):
+def generate_case(seed, index, traces, disagg_dp=0.0, engine_args=0.0, speculation=0.0):
     """Case `index` of `seed`: the same whatever --count is. With `disagg_dp` > 0, each side of
     a disaggregated case gets 2 attention-DP ranks with that probability, drawn from a stream of
     its own so the rest of the case is what it would have been without; `engine_args` > 0 draws
-    the launch path (`gen_engine_args`) from another such stream."""
+    the launch path (`gen_engine_args`) from another such stream, and `speculation` > 0 the
+    speculative-decoding settings (`gen_speculation`) from a third."""
     rng = random.Random(f"difffuzz/{seed}/{index}")
     regime = pick(rng, [("aggregated", 50), ("disaggregated", 25), ("kv_router", 25)])
     if regime == "disaggregated":
@@ -509,7 +513,38 @@ def generate_case(seed, index, traces, disagg_dp=0.0, engine_args=0.0):
     gen_prefill_intervals(random.Random(f"difffuzz/{seed}/{index}/intervals"), case)
     if engine_args > 0:
         gen_engine_args(random.Random(f"difffuzz/{seed}/{index}/engine-args"), case, engine_args)
+    if speculation > 0:
+        gen_speculation(random.Random(f"difffuzz/{seed}/{index}/speculation"), case, speculation)
     return case
+
+
+def gen_speculation(rng, case, p):
+    """Speculative decoding as Dynamo's engine arguments carry it (drawn with --speculation P, on
+    a stream of its own): with probability P per decoding engine, an MTP depth with per-position
+    accept rates (often with a certain first position, which the reference's sampler draws no
+    number for) and an `aic_mtp_seed`; an AIS-timed engine takes the depth in its timing
+    config's `nextn` instead, as Dynamo's launch reads it. Engines that already speculate get a
+    seed and sometimes rates."""
+    for key in ("engine", "prefill_engine", "decode_engine"):
+        e = case.get(key)
+        if not e or key == "prefill_engine":
+            continue
+        timing = e.get("timing_model") or {}
+        ais = timing.get("config") if timing.get("provider") in ("ais", "aic") else None
+        if "aic_nextn" not in e and not chance(rng, p):
+            continue
+        n = e.get("aic_nextn") or rng.randint(1, 5)
+        e.pop("decode_speedup_ratio", None)  # both tools require 1 with MTP
+        if ais is not None:
+            ais["nextn"] = n
+            e.pop("aic_nextn", None)
+        else:
+            e["aic_nextn"] = n
+        if chance(rng, 0.7):
+            first = 1.0 if chance(rng, 0.3) else round(rng.uniform(0.3, 0.95), 2)
+            rest = sorted((round(rng.uniform(0.0, 0.95), 2) for _ in range(rng.randint(0, n))), reverse=True)
+            e["aic_nextn_accept_rates"] = ",".join(str(r) for r in [first] + rest)
+        e["aic_mtp_seed"] = rng.choice([0, 1, 7, 42, 1234, 2**64 - 1, rng.randrange(2**32)])
 
 
 def gen_prefill_intervals(rng, case):
@@ -1465,7 +1500,8 @@ def build_items(args, traces):
     if args.case:
         return [{"id": os.path.basename(p).removesuffix(".json"), "case": load_case(p)} for p in args.case]
     indices = parse_only(args.only) or range(args.start, args.start + args.count)
-    return [{"id": f"{args.seed}-{k:03d}", "case": generate_case(args.seed, k, traces, args.disagg_dp, args.engine_args)} for k in indices]
+    return [{"id": f"{args.seed}-{k:03d}", "case": generate_case(args.seed, k, traces, args.disagg_dp, args.engine_args,
+                                                                args.speculation)} for k in indices]
 
 
 def wait_for_binary(path, seconds=900):
@@ -1497,6 +1533,10 @@ def parse_args(argv):
                            "num_gpu_blocks, with a memory fraction) and give a kv_router case "
                            "dynamo.router_queue_policy; AIS cases run the reference from "
                            "setup_aisimulate.sh --with-dynamo (default 0: the cases of earlier runs)")
+    what.add_argument("--speculation", type=float, default=0.0, metavar="P",
+                      help="with probability P per decoding engine, draw MTP speculation (aic_nextn or an AIS "
+                           "config's nextn, per-position accept rates, aic_mtp_seed) on a stream of its own "
+                           "(default 0: the cases of earlier runs)")
     how = p.add_argument_group("how")
     how.add_argument("--binary", default=DEFAULT_BINARY)
     how.add_argument("--cache-dir", default=DEFAULT_CACHE)

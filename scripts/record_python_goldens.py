@@ -8,7 +8,11 @@ pydantic<=2.13.5, uvloop), e.g.
 
 (/tmp/servesim-ref2 is a venv whose site-packages has a .pth pointing at the reference venv's
 site-packages). Writes tests/python/goldens/{calls,replays,extras}.json; with ``--extras`` only
-extras.json (router policy classes and telemetry options, run in a scratch directory).
+extras.json (router policy classes and telemetry options, run in a scratch directory); with
+``--speculation`` only speculation.json (aic_nextn, its rates and seed, an AIS config's nextn and
+draft scheme), which needs aisimulate beside the reference:
+
+    $(../shared/parity/setup_aisimulate.sh --with-dynamo) scripts/record_python_goldens.py --speculation
 """
 
 import sys
@@ -22,6 +26,14 @@ import cases  # noqa: E402
 
 def main() -> None:
     import dynamo.mocker  # noqa: F401 - fail early without the reference
+
+    if "--speculation" in sys.argv[1:]:
+        import aisimulate_core  # noqa: F401 - the AIS cases need it
+
+        out = {case_id: cases.speculation_outcome("dynamo", kind, payload)
+               for case_id, kind, payload in cases.speculation_cases()}
+        cases.dump(cases.GOLDENS / "speculation.json", out)
+        return
 
     with tempfile.TemporaryDirectory(prefix="servesim-extras-") as scratch:
         cases.dump(cases.GOLDENS / "extras.json", cases.extras_outcomes("dynamo.mocker", Path(scratch)))

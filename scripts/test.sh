@@ -30,6 +30,7 @@ cargo build --release -p servesim
 .venv/bin/python -m pytest -q tests/live
 # servesim.mocker: `maturin develop --release` builds crates/python with the workspace's
 # release profile and target dir and installs it into .venv (editable Python sources).
-.venv/bin/pip install --quiet --disable-pip-version-check 'maturin>=1.5,<2' pytest
+# numpy and pytest-asyncio: Dynamo's own mocker tests import them (tests/python/test_upstream.py).
+.venv/bin/pip install --quiet --disable-pip-version-check 'maturin>=1.5,<2' pytest pytest-asyncio numpy
 VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release --quiet
 .venv/bin/python -m pytest -q tests/python

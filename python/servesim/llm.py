@@ -68,7 +68,10 @@ _DEFAULTS: dict[str, Any] = {
 }
 # Keys the reference's JSON form takes (from_json's list; the per-phase policies are
 # constructor arguments only).
-_JSON_KEYS = [k for k in _DEFAULTS if k not in ("router_prefill_policy", "router_decode_policy")]
+# The approximate-cache policy is a constructor argument only as well (probed on Dynamo 1.6.1:
+# from_json refuses it as an unknown field).
+_JSON_KEYS = [k for k in _DEFAULTS
+              if k not in ("router_prefill_policy", "router_decode_policy", "router_approximate_cache_policy")]
 _FLOATS = {k for k, v in _DEFAULTS.items() if isinstance(v, float)} | {
     "router_queue_threshold", "shared_cache_multiplier", "router_predicted_ttl_secs",
     "conditional_disagg_prefill_busy_threshold", "conditional_disagg_decode_busy_threshold",
@@ -153,6 +156,19 @@ class KvRouterConfig:
 
     def _validate(self) -> None:
         v = self._values
+        # Dynamo 1.6.1's own checks (probed), in its words.
+        tracking = v["router_tracking_hash"]
+        if tracking not in ("public-xxh3-v1", "keyed-xxh3-v1"):
+            raise ValueError(f"router_tracking_hash must be public-xxh3-v1 or keyed-xxh3-v1, got {json.dumps(tracking)}")
+        if tracking == "keyed-xxh3-v1":
+            if not v["router_tracking_key_file"]:
+                raise ValueError("keyed-xxh3-v1 requires router_tracking_key_file")
+            if not v["router_tracking_key_id"]:
+                raise ValueError("keyed-xxh3-v1 requires a nonempty router_tracking_key_id")
+        elif v["router_tracking_key_file"] is not None or v["router_tracking_key_id"] is not None:
+            raise ValueError("router tracking key options require router_tracking_hash=keyed-xxh3-v1")
+        if v["shared_cache_type"] not in ("none", "hicache"):
+            raise ValueError(f"unknown shared_cache_type: {json.dumps(v['shared_cache_type'])}, expected 'none' or 'hicache'")
         if not (math.isfinite(v["overlap_score_credit"]) and v["overlap_score_credit"] >= 0):
             raise ValueError("overlap_score_credit must be a finite, non-negative number")
         if not (math.isfinite(v["router_temperature"]) and v["router_temperature"] >= 0):
@@ -178,6 +194,8 @@ class KvRouterConfig:
             if key not in _JSON_KEYS:
                 expected = ", ".join(f"`{k}`" for k in _JSON_KEYS)
                 raise ValueError(f"Failed to parse KvRouterConfig JSON: unknown field `{key}`, expected one of {expected}")
+        if data.get("durable_kv_events") is True:
+            raise ValueError("Failed to parse KvRouterConfig JSON: durable_kv_events=true is not supported by this runtime")
         out = KvRouterConfig.__new__(KvRouterConfig)
         out._values = dict(_DEFAULTS)
         for key, value in data.items():
@@ -185,7 +203,10 @@ class KvRouterConfig:
                 out._values[key] = _real(key, value) if key in _FLOATS else value
         if out._values["overlap_score_weight"] is not None:
             out._apply_overlap_score_weight(out._values["overlap_score_weight"])
-        out._validate()
+        try:
+            out._validate()
+        except ValueError as e:
+            raise ValueError(f"Failed to parse KvRouterConfig JSON: {e}") from None
         return out
 
     def copy(self) -> "KvRouterConfig":

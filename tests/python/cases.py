@@ -605,3 +605,154 @@ def extras_outcomes(package: str, directory: Path) -> dict:
     finally:
         os.chdir(cwd)
     return out
+
+
+# --- speculative decoding: aic_nextn, its rates and seed, an AIS config's nextn/speculation ---
+# goldens/speculation.json, recorded with `scripts/record_python_goldens.py --speculation` by a
+# Python that has Dynamo 1.6.1 and aisimulate (../shared/parity/setup_aisimulate.sh --with-dynamo).
+def _spec_ais(**extra):
+    config = {"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "worker_type": "aggregated"}
+    config.update(extra)
+    return {"type": "external", "provider": "ais", "config": config}
+
+
+_NGRAM = {"kind": "ngram", "params": {"num_speculative_tokens": 2}}
+SPEC_NORMALIZE = [
+    {"engine": {"aic_nextn": 2}},
+    {"engine": {"aic_nextn": 3, "aic_nextn_accept_rates": "1,1"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5,0.25"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": " 0.9 , 0.5 "}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": ""}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "5e-1,.25"}},
+    {"engine": {"aic_nextn": 4, "aic_nextn_accept_rates": "1e-7,INF"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "1_0"}},
+    {"engine": {"aic_nextn": 1, "aic_mtp_seed": 7}},
+    {"engine": {"aic_mtp_seed": 3, "decode_speedup_ratio": 2.0}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "1.5,0.5"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "0.9,2"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "nan"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "abc"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": "0.9,"}},
+    {"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": [0.9, 0.5]}},
+    {"engine": {"aic_nextn_accept_rates": "0.5"}},
+    {"engine": {"aic_nextn": 0}},
+    {"engine": {"aic_nextn": 6, "decode_speedup_ratio": 2.0}},
+    {"engine": {"aic_nextn": 0, "aic_nextn_accept_rates": "abc"}},
+    {"engine": {"aic_nextn": 2, "decode_speedup_ratio": 2.0}},
+    {"engine": {"aic_nextn": 2, "decode_speedup_ratio": 2.0, "aic_nextn_accept_rates": "abc"}},
+    {"engine": {"aic_nextn": 2, "aic_mtp_seed": -1}},
+    {"engine": {"aic_nextn": "2"}},
+    {"engine": {"aic_nextn": 9, "max_model_len": 0}},
+    {"engine": {"aic_nextn": 9}, "dp_size": 0},
+    {"engine": {"aic_nextn": 9}, "tensor_parallel_size": 0},
+    {"engine": {"aic_nextn": 9}, "gpu_memory_utilization": 1.5},
+    {"engine": {"aic_nextn": 9, "native_host_offload": {"num_host_blocks": 4}}},
+    {"engine": {"aic_nextn": 2, "decode_speedup_ratio": -1.0}},
+    {"engine": {"max_model_len": 0, "decode_speedup_ratio": -1.0}},
+    {"engine": {}, "startup_time": -1.0},
+    {"engine": {}, "mem_fraction_static": 1.5},
+    # An AIS timing config: its nextn is the launch's unless given, and must agree with it.
+    {"engine": {"timing_model": _spec_ais(nextn=2)}},
+    {"engine": {"aic_nextn_accept_rates": "0.5", "timing_model": _spec_ais(nextn=2)}},
+    {"engine": {"aic_nextn": 1, "timing_model": _spec_ais(nextn=2)}},
+    {"engine": {"aic_nextn": 2, "timing_model": _spec_ais()}},
+    {"engine": {"aic_nextn": 6, "timing_model": _spec_ais(nextn=2)}},
+    {"engine": {"aic_nextn": 1, "decode_speedup_ratio": 2.0, "timing_model": _spec_ais(nextn=2)}},
+    {"engine": {"timing_model": _spec_ais(nextn=6)}},
+    {"engine": {"aic_nextn": 1, "timing_model": _spec_ais(worker_type="decode")}},
+    # Draft schemes: only ngram is known; a valid one is refused by the engine launch.
+    {"engine": {"timing_model": _spec_ais(speculation=_NGRAM)}},
+    {"engine": {"aic_nextn": 2, "timing_model": _spec_ais(speculation=_NGRAM)}},
+    {"engine": {"timing_model": _spec_ais(nextn=2, speculation=_NGRAM)}},
+    {"engine": {"backend": "sglang", "timing_model": _spec_ais(backend="sglang", speculation=_NGRAM)}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "ngram", "params": {"num_speculative_tokens": 6}})}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "mtp", "params": {"num_speculative_tokens": 2}})}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "eagle3", "params": {"num_speculative_tokens": 2}})}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "draft_model", "params": {"num_speculative_tokens": 2}})}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "ngram", "params": {"num_speculative_tokens": 2, "trigger_rate": 0.5}})}},
+    {"engine": {"timing_model": _spec_ais(speculation="ngram")}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "ngram"})}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "ngram", "params": {"num_speculative_tokens": 2.0}})}},
+    {"engine": {"timing_model": _spec_ais(speculation={"kind": "ngram", "params": {"num_speculative_tokens": 2}, "x": 1})}},
+    {"engine": {"timing_model": _spec_ais(speculation=_NGRAM)}, "gpu_memory_utilization": 1.5},
+    {"engine": {"timing_model": _spec_ais(pp=2, speculation=_NGRAM)}},
+    {"engine": {"timing_model": _spec_ais(worker_type="decode", speculation=_NGRAM)}},
+    {"engine": {"timing_model": _spec_ais(speculation=_NGRAM)}, "tensor_parallel_size": 2},
+    {"engine": {"timing_model": _spec_ais(estimation_mode="op_level", speculation=_NGRAM)}},
+]
+SPEC_ARGV = [
+    ["--ais-nextn", "2"],
+    ["--ais-nextn", "3", "--ais-nextn-accept-rates", "0.9,0.5"],
+    ["--aic-nextn", "1", "--aic-mtp-seed", "5"],
+    ["--ais-nextn", "2", "--ais-nextn-accept-rates", "2"],
+    ["--ais-nextn-accept-rates", "0.5"],
+    ["--ais-nextn", "0"],
+    ["--engine-type", "sglang", "--ais-nextn", "2"],
+    ["--engine-type", "trtllm", "--ais-nextn", "1", "--ais-nextn-accept-rates", ""],
+    ["--disaggregation-mode", "decode", "--ais-nextn", "2"],
+    ["--disaggregation-mode", "prefill", "--ais-nextn", "2"],
+    ["--ais-perf-config", json.dumps({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm",
+                                      "speculation": _NGRAM})],
+    ["--ais-perf-config", json.dumps({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "nextn": 2})],
+]
+_SPEC_ENGINE = {"num_gpu_blocks": 512, "block_size": 16}
+SPEC_REPLAYS = [
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, aic_nextn=2)}},
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, aic_nextn=2, aic_nextn_accept_rates="0.9,0.5", aic_mtp_seed=7)}},
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, aic_nextn=1, aic_mtp_seed=2**64 - 1)}},
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, aic_nextn=3, aic_nextn_accept_rates="1,1")}},
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, aic_nextn=2, aic_nextn_accept_rates="0.6,0.6")}, "num_workers": 2},
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, backend="sglang", aic_nextn=2, aic_nextn_accept_rates="0.7,0.4",
+                                          aic_mtp_seed=3)}},
+    {"extra_engine_args": {"engine": dict(_SPEC_ENGINE, backend="trtllm", aic_nextn=2, aic_nextn_accept_rates="0.7,0.4",
+                                          aic_mtp_seed=3)}},
+    {"prefill_engine_args": {"engine": dict(_SPEC_ENGINE, worker_type="prefill")},
+     "decode_engine_args": {"engine": dict(_SPEC_ENGINE, worker_type="decode", aic_nextn=2, aic_nextn_accept_rates="0.8,0.6",
+                                           aic_mtp_seed=5)}, "num_decode_workers": 2},
+    {"prefill_engine_args": {"engine": dict(_SPEC_ENGINE, worker_type="prefill", aic_nextn=2)},
+     "decode_engine_args": {"engine": dict(_SPEC_ENGINE, worker_type="decode")}},
+    {"extra_engine_args": {"engine": {"timing_model": _spec_ais(nextn=2)}}},
+]
+SPEC_SUMMARY = ["completed_requests", "total_output_tokens", "duration_ms", "mean_ttft_ms", "p99_ttft_ms",
+                "mean_itl_ms", "mean_tpot_ms", "mean_e2e_latency_ms"]
+
+
+def speculation_cases():
+    """Every speculation case, with a stable id: ``(id, kind, payload)``."""
+    out = [(f"normalize_{i}", "normalize", c) for i, c in enumerate(SPEC_NORMALIZE)]
+    out += [(f"argv_{i}", "argv", a) for i, a in enumerate(SPEC_ARGV)]
+    out += [(f"replay_{i}", "replay", r) for i, r in enumerate(SPEC_REPLAYS)]
+    return out
+
+
+def speculation_outcome(package: str, kind: str, payload) -> dict:
+    """The speculative keys of an accepted configuration (``engine`` and, for AIS, its
+    timing config's ``nextn``), or a replay's summary values, or the error's type and message.
+    ``package`` is ``dynamo`` or ``servesim``."""
+    import warnings
+
+    config = importlib.import_module(f"{package}.mocker.config")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if kind == "normalize":
+                result = config.normalize_mocker_config(payload)
+            elif kind == "argv":
+                args = importlib.import_module(f"{package}.mocker.args")
+                result = config.build_mocker_engine_args(args.parse_args(payload))
+            else:
+                replay = importlib.import_module(f"{package}.replay")
+                report = replay.run_synthetic_trace_replay(256, 64, 20, replay_concurrency=4, **payload)
+                return {"ok": {k: report.summary[k] for k in SPEC_SUMMARY}}
+        except SystemExit as e:
+            return {"error": ["SystemExit", str(e.code)]}
+        except Exception as e:  # noqa: BLE001 - the type and message are what is compared
+            return {"error": [type(e).__name__, str(e)]}
+    engine = result["engine"]
+    timing = engine.get("timing_model") or {}
+    out = {k: engine.get(k) for k in ("aic_nextn", "aic_nextn_accept_rates", "aic_mtp_seed", "worker_type",
+                                       "decode_speedup_ratio")}
+    if isinstance(timing.get("config"), dict):
+        out["ais_nextn"] = timing["config"].get("nextn")
+        out["ais_speculation"] = timing["config"].get("speculation")
+    return {"ok": out}

@@ -397,3 +397,88 @@ def test_counts_beyond_memory_are_refused_instead_of_aborting(kwargs, message):
     # The reference (and servesim before) aborted the interpreter out of memory here.
     with pytest.raises(Exception, match=message):
         run_synthetic_trace_replay(128, 8, 4, request_rate=10.0, **kwargs)
+
+
+# --- KvRouterConfig's own checks (probed on Dynamo 1.6.1) --------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ('{"router_approximate_cache_policy": "lru", "use_kv_events": false}',
+     "unknown field `router_approximate_cache_policy`, expected one of"),
+    ('{"durable_kv_events": true}', "durable_kv_events=true is not supported by this runtime"),
+    ('{"router_tracking_hash": "keyed-xxh3-v1"}', "keyed-xxh3-v1 requires router_tracking_key_file"),
+    ('{"router_tracking_hash": "keyed-xxh3-v1", "router_tracking_key_file": "/k"}',
+     "keyed-xxh3-v1 requires a nonempty router_tracking_key_id"),
+    ('{"router_tracking_key_id": "k"}', "router tracking key options require router_tracking_hash=keyed-xxh3-v1"),
+])
+def test_kv_router_config_json_refusals(text, message):
+    with pytest.raises(ValueError) as e:
+        KvRouterConfig.from_json(text)
+    assert str(e.value).startswith("Failed to parse KvRouterConfig JSON: " + message)
+
+
+def test_kv_router_config_constructor_refusals():
+    with pytest.raises(ValueError, match="^keyed-xxh3-v1 requires router_tracking_key_file$"):
+        KvRouterConfig(router_tracking_hash="keyed-xxh3-v1")
+    with pytest.raises(ValueError, match='^router_tracking_hash must be public-xxh3-v1 or keyed-xxh3-v1, got "x"$'):
+        KvRouterConfig(router_tracking_hash="x")
+    with pytest.raises(ValueError, match="^unknown shared_cache_type: \"host\", expected 'none' or 'hicache'$"):
+        KvRouterConfig(shared_cache_type="host")
+    KvRouterConfig(router_tracking_hash="keyed-xxh3-v1", router_tracking_key_file="/k", router_tracking_key_id="k")
+
+
+# Keys that tune a live deployment: Dynamo 1.6.1's offline replay accepts them and gives the
+# same run as without them (probed on the p_router_queue_fcfs_priorities workload, whose
+# reference runs are deterministic: every summary value identical), and so does servesim.
+DEPLOYMENT_ONLY = {
+    "host_cache_hit_weight": 0.1, "disk_cache_hit_weight": 0.9, "router_replica_sync": True,
+    "router_snapshot_threshold": 10, "router_reset_states": True, "router_ttl_secs": 0.5,
+    "router_event_threads": 1, "skip_initial_worker_wait": True, "use_remote_indexer": True,
+    "serve_indexer": True, "durable_kv_events": False,
+}
+
+
+def test_deployment_only_router_keys_leave_the_replay_unchanged(tmp_path):
+    import os
+
+    trace = os.path.join(os.path.dirname(__file__), "..", "parity", "policy_classes.jsonl")
+    engine = {"engine": {"block_size": 64, "num_gpu_blocks": 4096, "max_num_batched_tokens": 1024}}
+
+    def run(extra):
+        config = KvRouterConfig.from_json(json.dumps({"router_queue_threshold": 0.25, **extra}))
+        report = run_trace_replay(trace, trace_block_size=128, router_config=config, router_mode="kv_router",
+                                  num_workers=2, extra_engine_args=engine)
+        return _simulated(report.summary)
+
+    plain = run({})
+    # Dynamo 1.6.1's mean TTFT for this run (its golden, tests/parity/p_router_queue_fcfs_priorities).
+    assert abs(plain["mean_ttft_ms"] - 1541.1058096949982) < 1e-6 * 1541.1
+    for key, value in DEPLOYMENT_ONLY.items():
+        assert run({key: value}) == plain, key
+
+
+# --- per-request session ids ---------------------------------------------------------------
+
+def test_per_request_session_ids_are_dynamos(tmp_path):
+    # Dynamo 1.6.1 reports session_id and turn_index null for a request outside a session (a
+    # trace row without session_id, a one-turn synthetic request); sessions keep their names.
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"timestamp": i * 50, "input_length": 100, "output_length": 3,
+                                         "hash_ids": [i]}) + "\n" for i in range(3)))
+    sessions = tmp_path / "sessions.jsonl"
+    rows = []
+    for i in range(4):
+        row = {"session_id": f"s{i // 2}", "input_length": 100, "output_length": 3, "hash_ids": [i]}
+        row.update({"delay": 5} if i % 2 else {"timestamp": 0})
+        rows.append(json.dumps(row) + "\n")
+    sessions.write_text("".join(rows))
+
+    def ids(report):
+        return sorted(((r["session_id"] or ""), r["turn_index"] if r["turn_index"] is not None else -1)
+                      for r in report.per_request)
+
+    assert ids(run_trace_replay(str(plain), capture_per_request=True)) == [("", -1)] * 3
+    assert ids(run_trace_replay(str(sessions), capture_per_request=True)) == [("s0", 0), ("s0", 1), ("s1", 0), ("s1", 1)]
+    single = run_synthetic_trace_replay(100, 3, 3, capture_per_request=True, arrival_interval_ms=10)
+    assert ids(single) == [("", -1)] * 3
+    turns = run_synthetic_trace_replay(100, 3, 2, turns_per_session=2, capture_per_request=True, arrival_interval_ms=10)
+    assert ids(turns) == [("session_0", 0), ("session_0", 1), ("session_1", 0), ("session_1", 1)]

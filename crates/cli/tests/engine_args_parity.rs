@@ -7,7 +7,10 @@
 //!   fractions and `cuda_graph_reserved_bytes` of the launch (census 2026-12, §0 finding 1);
 //! - `dynamo.router_queue_policy` replaces the router configuration's queue policy (finding 4);
 //! - `prefill_schedule_interval` (vLLM, attention DP) and `prefill_decode_interval` (SGLang) hold
-//!   prefills back (census item 26).
+//!   prefills back (census item 26);
+//! - MTP speculation: per-position `aic_nextn_accept_rates` (short lists padded with zeros, a
+//!   certain first position) with `aic_mtp_seed` on vLLM, SGLang, TRT-LLM and a disaggregated
+//!   decode pool, and the depth an AIS timing config's `nextn` gives the launch.
 //!
 //! `scripts/parity.py` builds the command line and compares (exact where the reference is
 //! deterministic, the listed tolerances against the median of its runs where it is not). The AIS
@@ -66,7 +69,80 @@ cases!(
     vllm_prefill_schedule_interval_4_dp2,
     sglang_prefill_decode_interval_1,
     sglang_prefill_decode_interval_3,
+    mtp_rates_seed_vllm,
+    mtp_rates_seed_sglang,
+    mtp_rates_seed_trtllm,
+    mtp_rates_seed_disagg,
+    ais_nextn_from_timing_config,
 );
+
+/// Speculation settings Dynamo 1.6.1 refuses stop `servesim predict` with its message (probed on
+/// the reference's replay entry points), the key named, exit status 2.
+#[test]
+fn bad_speculation_settings_are_refused_with_dynamos_messages() {
+    let run = |engine: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+            .args(["predict", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "2"])
+            .args(["--request-rate", "10", "--extra-engine-args"])
+            .arg(format!(r#"{{"engine":{engine}}}"#))
+            .output()
+            .expect("run servesim");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let ais = |extra: &str| {
+        format!(
+            r#"{{"type":"external","provider":"ais","config":{{"model":"m","system":"s","backend":"vllm","worker_type":"aggregated"{extra}}}}}"#
+        )
+    };
+    for (engine, key, message) in [
+        (r#"{"aic_nextn":0}"#.to_string(), "aic_nextn", "aic_nextn must be in 1..=5, got 0"),
+        (r#"{"aic_nextn":6}"#.to_string(), "aic_nextn", "aic_nextn must be in 1..=5, got 6"),
+        (
+            r#"{"aic_nextn_accept_rates":"0.5"}"#.to_string(),
+            "engine.aic_nextn_accept_rates",
+            "aic_nextn_accept_rates requires aic_nextn",
+        ),
+        (
+            r#"{"aic_nextn":2,"aic_nextn_accept_rates":"0.9,2"}"#.to_string(),
+            "engine.aic_nextn_accept_rates",
+            "aic_nextn_accept_rates[1] must be finite and in [0, 1], got 2",
+        ),
+        (
+            r#"{"aic_nextn":2,"aic_nextn_accept_rates":"abc"}"#.to_string(),
+            "engine.aic_nextn_accept_rates",
+            r#"invalid aic_nextn_accept_rates value "abc": invalid float literal"#,
+        ),
+        (
+            r#"{"aic_nextn":2,"aic_nextn_accept_rates":[0.5,0.5]}"#.to_string(),
+            "engine.aic_nextn_accept_rates",
+            "invalid type: sequence, expected a string",
+        ),
+        (
+            r#"{"aic_nextn":2,"decode_speedup_ratio":2.0}"#.to_string(),
+            "decode_speedup_ratio",
+            "aic_nextn requires decode_speedup_ratio=1.0 because MTP output acceleration is modeled by burst sampling",
+        ),
+        (
+            format!(r#"{{"timing_model":{}}}"#, ais(r#","speculation":{"kind":"mtp","params":{"num_speculative_tokens":2}}"#)),
+            "engine.timing_model.config.speculation",
+            "invalid AIS performance config: unknown variant `mtp`, expected `ngram`",
+        ),
+        (
+            format!(r#"{{"timing_model":{}}}"#, ais(r#","nextn":1,"speculation":{"kind":"ngram","params":{"num_speculative_tokens":2}}"#)),
+            "engine.timing_model.config.speculation",
+            "invalid engine config: invalid forward pass perf model config: ngram speculation cannot be combined with nextn",
+        ),
+    ] {
+        let (code, stderr) = run(&engine);
+        assert_eq!(code, Some(2), "{engine}: {stderr}");
+        assert!(stderr.contains(message), "{engine}: {stderr}");
+        assert!(stderr.contains(&format!("`{key}`")), "{engine}: the key is named: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{engine}: one line: {stderr}");
+    }
+    // A blank rate list is the default rates, as in the reference.
+    let (code, stderr) = run(r#"{"aic_nextn":2,"aic_nextn_accept_rates":" "}"#);
+    assert_eq!(code, Some(0), "{stderr}");
+}
 
 /// Bad prefill intervals stop `servesim predict` with Dynamo 1.6.1's message for each and exit
 /// status 2.

@@ -90,6 +90,14 @@ fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
 impl AisConfig {
     /// Reads a configuration object; `path` is its key path, for errors.
     pub fn from_json(path: &str, v: &Value) -> Result<AisConfig> {
+        Self::read(path, v, false)
+    }
+
+    /// Reads a configuration; a valid ngram `speculation` is accepted only for an engine launch
+    /// (`for_launch`), which refuses it itself with Dynamo's message right after (Dynamo's engine
+    /// launch has no ngram draft scheduler). Elsewhere it is refused here: servesim does not
+    /// time ngram verification.
+    fn read(path: &str, v: &Value, for_launch: bool) -> Result<AisConfig> {
         let obj = v.as_object().ok_or_else(|| PerfError::config(format!("{path}: must be an object")))?;
         for k in obj.keys() {
             if !KEYS.contains(&k.as_str()) {
@@ -153,7 +161,6 @@ impl AisConfig {
         // Options servesim does not model: only their neutral values are accepted.
         for (k, ok) in [
             ("fpm_profile", is_null("fpm_profile")),
-            ("speculation", is_null("speculation")),
             ("moe_kernel_source", is_null("moe_kernel_source")),
             ("wideep_num_slots", is_null("wideep_num_slots")),
             ("encoder_parallel", is_null("encoder_parallel")),
@@ -224,9 +231,38 @@ impl AisConfig {
             None | Some(Value::Null) => 0,
             Some(x) => match x.as_u64() {
                 Some(n) if n <= 5 => n as u32,
-                _ => return Err(cfg_err(path, "nextn", format!("must be an integer from 0 to 5, got {x}"))),
+                _ => return Err(cfg_err(path, "nextn", format!("nextn must be in 0..=5, got {x}"))),
             },
         };
+        // Dynamo's `ForwardPassSpeculationConfig` and its checks, in its order and words.
+        if let Some(spec) = obj.get("speculation").filter(|v| !v.is_null()) {
+            let tokens = servesim_engine::speculative::ais_speculation_tokens(spec)
+                .map_err(|e| cfg_err(path, "speculation", format!("invalid AIS performance config: {e}")))?;
+            let invalid = |why: &str| {
+                cfg_err(
+                    path,
+                    "speculation",
+                    format!("invalid engine config: invalid forward pass perf model config: {why}"),
+                )
+            };
+            if nextn != 0 {
+                return Err(invalid("ngram speculation cannot be combined with nextn"));
+            }
+            if backend != "vllm" {
+                return Err(invalid("ngram speculation requires backend=vllm"));
+            }
+            if !(1..=5).contains(&tokens) {
+                return Err(invalid("ngram num_speculative_tokens must be in 1..=5"));
+            }
+            if !for_launch {
+                return Err(cfg_err(
+                    path,
+                    "speculation",
+                    "ngram draft timing is not modelled by servesim (Dynamo's engine launch refuses it too: \
+                     \"engine launch does not implement ngram draft scheduling\")",
+                ));
+            }
+        }
         if let Some(x) = obj.get("kv_block_size") {
             if !x.is_null() && x.as_u64().is_none_or(|n| n == 0) {
                 return Err(cfg_err(path, "kv_block_size", format!("must be a positive integer, got {x}")));
@@ -564,7 +600,7 @@ pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Re
             format!("unknown external timing provider {provider:?}; expected \"ais\", \"aic\" or \"dynamo_profile\""),
         ));
     }
-    let cfg = AisConfig::from_json(key, config).map_err(|e| match e.message.split_once(": ") {
+    let cfg = AisConfig::read(key, config, true).map_err(|e| match e.message.split_once(": ") {
         Some((path, why)) if path.starts_with(key) => ConfigError::new(path, why),
         _ => ConfigError::new(key, e.message),
     })?;

@@ -39,8 +39,8 @@ impl Status {
 pub struct RequestRecord {
     /// Release order, from 0.
     pub ordinal: u64,
-    /// The session's name (`session_id`) and the turn's index in it.
-    pub session: Arc<str>,
+    /// The session's name (`session_id`; `None` outside a session) and the turn's index in it.
+    pub session: Option<Arc<str>>,
     pub turn: u32,
     pub arrival_ms: f64,
     pub first_admit_ms: Option<f64>,
@@ -509,7 +509,7 @@ impl<'s> Collector<'s> {
     /// Registers a released request; returns its id (its release ordinal).
     pub fn arrive(
         &mut self,
-        session: Arc<str>,
+        session: Option<Arc<str>>,
         turn: u32,
         arrival_ms: f64,
         input: u32,

@@ -255,7 +255,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
     if let Some(a) = agentic {
         put("request_id", json!(&*a.request_id));
         put("play_id", json!(&*a.play_id));
-        put("session_id", json!(&*r.session));
+        put("session_id", json!(r.session.as_deref()));
         put("turn_index", Value::Null);
         let mut ids = Map::new();
         ids.insert("request_id".into(), json!(&*a.request_id));
@@ -271,8 +271,8 @@ pub fn request_json(r: &RequestRecord) -> Value {
         put("agentic", Value::Object(ids));
         put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", a.node as u64 + 1)));
     } else {
-        put("session_id", json!(&*r.session));
-        put("turn_index", json!(r.turn));
+        put("session_id", json!(r.session.as_deref()));
+        put("turn_index", if r.session.is_some() { json!(r.turn) } else { Value::Null });
         put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", r.ordinal + 1)));
     }
     put("arrival_time_ms", json!(r.arrival_ms));

@@ -176,7 +176,7 @@ mod tests {
                     output_tokens: None,
                     meta: None,
                 };
-                SessionSpec { name: format!("s{s}").into(), start_ms: t, turns: vec![turn] }
+                SessionSpec { name: Some(format!("s{s}").into()), start_ms: t, turns: vec![turn] }
             })
             .collect();
         Workload::Trace { sessions, block_tokens: 64 }

@@ -222,7 +222,9 @@ impl Iterator for SyntheticSessions {
                 }
             })
             .collect();
-        Some(SessionSpec { name: format!("session_{s}").into(), start_ms: self.t, turns })
+        // Dynamo names multi-turn sessions; a one-turn request has no session (`null`).
+        let name = (self.spec.turns_per_session > 1).then(|| format!("session_{s}").into());
+        Some(SessionSpec { name, start_ms: self.t, turns })
     }
 }
 

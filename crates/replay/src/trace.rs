@@ -212,12 +212,9 @@ struct ParsedRow {
 
 impl ParsedRow {
     /// The row as a session of its own (its start is its timestamp, 0 without one).
-    fn into_session(self, lineno: usize, blocks: Arc<[u32]>) -> SessionSpec {
+    fn into_session(self, blocks: Arc<[u32]>) -> SessionSpec {
         SessionSpec {
-            name: match self.session_id {
-                Some(id) => id.name.into(),
-                None => format!("request_{lineno}").into(),
-            },
+            name: self.session_id.map(|id| id.name.into()),
             start_ms: self.timestamp.unwrap_or(0.0),
             turns: vec![TurnSpec { blocks, ..self.turn }],
         }
@@ -393,7 +390,7 @@ fn read_file(input: &TraceInput, tbs: u32, ids: &mut Ids, sessions: &mut Vec<Ses
         let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
         let blocks = ids.blocks(&row.hash_ids).map_err(|e| err(Some("hash_ids"), e))?;
         let Some(id) = row.session_id.clone() else {
-            sessions.push(row.into_session(lineno, blocks));
+            sessions.push(row.into_session(blocks));
             continue;
         };
         let Some((index, last_ts)) = by_id.get_mut(&id) else {
@@ -401,7 +398,7 @@ fn read_file(input: &TraceInput, tbs: u32, ids: &mut Ids, sessions: &mut Vec<Ses
                 return Err(err(Some("delay"), format!("the first turn of session {} cannot have a delay", id.name)));
             }
             by_id.insert(id, (sessions.len(), row.timestamp));
-            sessions.push(row.into_session(lineno, blocks));
+            sessions.push(row.into_session(blocks));
             continue;
         };
         let delay = match (row.delay, row.timestamp, *last_ts) {
@@ -526,7 +523,7 @@ impl StreamedSessions {
             Some(Ok((lineno, row))) => {
                 f.read += 1;
                 match self.ids.blocks(&row.hash_ids) {
-                    Ok(blocks) => Some(row.into_session(lineno, blocks)),
+                    Ok(blocks) => Some(row.into_session(blocks)),
                     Err(e) => {
                         record_error(
                             &self.error,
@@ -598,10 +595,10 @@ mod tests {
         .unwrap();
         assert_eq!(w.len(), 2);
         let r = &w[0];
-        assert_eq!((&*r.name, r.turns[0].input_length), ("request_1", 600));
+        assert_eq!((r.name.as_deref(), r.turns[0].input_length), (None, 600));
         assert_eq!(&*r.turns[0].blocks, &[1, 2], "only the blocks the prompt reaches are kept");
         let a = &w[1];
-        assert_eq!((&*a.name, a.start_ms, a.turns.len()), ("a", 1000.0, 3));
+        assert_eq!((a.name.as_deref(), a.start_ms, a.turns.len()), (Some("a"), 1000.0, 3));
         assert_eq!(a.turns[1].delay_ms, 50.0);
         // No delay given: the timestamp gap to the last row that had one.
         assert_eq!(a.turns[2].delay_ms, 300.0);
@@ -609,7 +606,10 @@ mod tests {
     }
 
     fn summary(sessions: impl IntoIterator<Item = SessionSpec>) -> Vec<(String, f64, u32, usize)> {
-        sessions.into_iter().map(|s| (s.name.to_string(), s.start_ms, s.turns[0].input_length, s.turns.len())).collect()
+        sessions
+            .into_iter()
+            .map(|s| (s.name.as_deref().unwrap_or("-").to_string(), s.start_ms, s.turns[0].input_length, s.turns.len()))
+            .collect()
     }
 
     #[test]
@@ -642,7 +642,8 @@ mod tests {
         assert_eq!(streamed, summary(loaded));
         let lengths: Vec<u32> = streamed.iter().map(|s| s.2).collect();
         assert_eq!(lengths, [1, 2, 5, 3, 6, 7, 4], "by start, ties to the earlier file then line");
-        assert_eq!(streamed[0].0, "request_1");
+        assert_eq!(streamed[0].0, "-", "a row without session_id is in no session");
+        assert!(streamed.iter().any(|s| s.0 == "s"), "a named session keeps its name");
         assert_eq!(summary(trace.sessions_iter()), streamed, "every stream reads the files afresh");
         assert!(trace.take_error().is_none());
     }

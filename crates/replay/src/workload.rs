@@ -61,8 +61,10 @@ impl TurnSpec {
 
 #[derive(Clone, Debug)]
 pub struct SessionSpec {
-    /// `session_id` from the trace, or a generated name (reported as the records' `session_id`).
-    pub name: Arc<str>,
+    /// `session_id` from the trace or a generated name, reported as the records' `session_id`;
+    /// `None` for a request that is not part of a session (a trace row without `session_id`, a
+    /// one-turn synthetic request): Dynamo reports `null` for its `session_id` and `turn_index`.
+    pub name: Option<Arc<str>>,
     /// First arrival (trace timestamp, ms).
     pub start_ms: f64,
     pub turns: Vec<TurnSpec>,
@@ -432,7 +434,7 @@ mod tests {
 
     fn session(start: f64, delays: &[f64]) -> SessionSpec {
         SessionSpec {
-            name: "s".into(),
+            name: Some("s".into()),
             start_ms: start,
             turns: delays
                 .iter()

@@ -41,7 +41,7 @@ fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
                     }
                 })
                 .collect();
-            SessionSpec { name: format!("s{s}").into(), start_ms: t, turns }
+            SessionSpec { name: Some(format!("s{s}").into()), start_ms: t, turns }
         })
         .collect();
     Workload::Trace { sessions, block_tokens: 64 }

@@ -138,19 +138,26 @@ impl RouterConfig {
             0 => PrefillLoadModel::None,
             _ => PrefillLoadModel::Ais,
         };
-        // Accepted with any value: they tune a live deployment, not what is simulated here.
+        // Accepted with any value: they tune a live deployment, not what is simulated here. Dynamo
+        // 1.6.1's offline replay takes them too and runs exactly as without them (probed on a
+        // workload whose reference runs are deterministic: every summary value identical).
         for key in [
             "host_cache_hit_weight",
             "disk_cache_hit_weight",
             "router_replica_sync",
+            "router_snapshot_threshold",
+            "router_reset_states",
             "router_ttl_secs",
             "router_approximate_cache_policy",
             "router_event_threads",
+            "skip_initial_worker_wait",
             "use_remote_indexer",
             "serve_indexer",
         ] {
             r.ignored(key);
         }
+        // Dynamo refuses durable KV events ("durable_kv_events=true is not supported by this runtime").
+        r.unsupported("durable_kv_events", &[json!(false)], "durable KV events (durable_kv_events: true)")?;
         // Features servesim does not model: only their neutral value is accepted.
         r.unsupported("use_kv_events", &[json!(true)], "approximate routing without KV events (use_kv_events: false)")?;
         r.unsupported("router_track_output_blocks", &[json!(false)], "router_track_output_blocks")?;
@@ -232,6 +239,18 @@ mod tests {
         assert_eq!(e.path, "router_temperature");
         let e = RouterConfig::parse_json(r#"{"router_prefill_load_model": "aiss"}"#).unwrap_err();
         assert_eq!(e.path, "router_prefill_load_model");
+    }
+
+    /// Keys Dynamo's `KvRouterConfig.from_json` takes that only tune a live deployment.
+    #[test]
+    fn deployment_only_keys_are_accepted() {
+        let c = RouterConfig::parse_json(
+            r#"{"router_snapshot_threshold": 10, "router_reset_states": true, "skip_initial_worker_wait": true,
+                "durable_kv_events": false, "router_replica_sync": true, "router_event_threads": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(c, RouterConfig::default());
+        assert_eq!(RouterConfig::parse_json(r#"{"durable_kv_events": true}"#).unwrap_err().path, "durable_kv_events");
     }
 
     #[test]

@@ -7,9 +7,11 @@ the Rust core (``servesim._core``), which accepts this canonical form.
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import os
+import re
 from typing import Any
 
 __all__ = ["normalize", "ConfigPathError"]
@@ -323,11 +325,6 @@ def _normalize(config: Any) -> dict:
     if engine.get("kv_transfer_bytes_per_token") is None and "kv_bytes_per_token" in engine:
         engine["kv_transfer_bytes_per_token"] = engine.pop("kv_bytes_per_token")
     engine.pop("kv_bytes_per_token", None)
-    rates, nextn = engine["aic_nextn_accept_rates"], engine["aic_nextn"]
-    if rates is not None and nextn:
-        # The reference pads the per-position accept rates with zeros up to nextn positions.
-        parts = [p.strip() for p in rates.split(",")]
-        engine["aic_nextn_accept_rates"] = ",".join(parts + ["0"] * (nextn - len(parts)))
     for name, (check, default) in (("sglang", (_SGLANG, "SglangConfig")), ("trtllm", (_TRTLLM, "TrtllmConfig"))):
         if engine[name] is None:
             engine[name] = _struct(f"engine.{name}", {}, check, default)
@@ -348,6 +345,10 @@ def _normalize(config: Any) -> dict:
             top["tensor_parallel_size"] = ais.get("tp") or 1
         if "dp_size" not in config:
             top["dp_size"] = ais.get("attention_dp") or 1
+        # ... and the MTP depth, which then goes through the engine's own checks.
+        nextn = ais.get("nextn") if isinstance(ais, dict) else None
+        if engine["aic_nextn"] is None and type(nextn) is int and nextn > 0:
+            engine["aic_nextn"] = nextn
     for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
         if engine.get(name) == 0:
             raise _Plain(f"{name} must be positive")
@@ -359,14 +360,17 @@ def _normalize(config: Any) -> dict:
         )
     if engine["prefill_decode_interval"] != 0 and backend != "sglang":
         raise _Plain("prefill_decode_interval is supported only for backend=sglang")
-    if top["dp_size"] == 0:
-        raise _Plain("dp_size must be positive")
+    if engine.get("max_model_len") == 0:
+        raise _Plain("max_model_len must be positive")
     for name in ("speedup_ratio", "decode_speedup_ratio"):
         if not (math.isfinite(engine[name]) and engine[name] >= 0):
             raise _Plain(f"{name} must be finite and non-negative")
     unit = engine.get("prefix_match_unit")
     if unit is not None and (unit == 0 or engine["block_size"] % unit):
         raise ConfigPathError("engine", "prefix_match_unit must be a positive divisor of block_size")
+    _speculative(engine)
+    if top["dp_size"] == 0:
+        raise _Plain("dp_size must be positive")
     if "native_host_offload" in engine:
         if backend != "vllm":
             raise _Plain("native_host_offload is supported only for backend=vllm")
@@ -374,7 +378,156 @@ def _normalize(config: Any) -> dict:
             raise _Plain(
                 "native_host_offload requires kv_cache_bytes_per_token to derive the physical host block size"
             )
+    _launch(top)
+    if timing.get("type") == "external" and timing.get("provider") in ("ais", "aic"):
+        _ais_launch(timing.get("config"), engine, top, config)
     out = {"engine": engine}
     out.update(top)
     out["dynamo"] = dynamo
     return out
+
+
+_DEFAULT_ACCEPT_RATES = [0.85, 0.3, 0.0, 0.0, 0.0]
+# Rust's `f64::from_str` syntax (the reference parses the rates with it): no underscores, no
+# inner spaces, `inf`/`infinity`/`nan` in any case.
+_RUST_FLOAT = re.compile(r"[+-]?(?:inf|infinity|nan|(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)", re.IGNORECASE)
+
+
+def _rust_float(v: float) -> str:
+    """Rust's ``Display`` of an ``f64``: shortest round-trip digits, never an exponent."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == int(v):
+        return ("-" if math.copysign(1.0, v) < 0 else "") + str(abs(int(v)))
+    text = repr(v)
+    return format(decimal.Decimal(text), "f") if "e" in text else text
+
+
+def _speculative(engine: dict) -> None:
+    """``aic_nextn`` and its rates, checked in the reference's order and words; the rates are
+    stored as the reference stores them: ``aic_nextn`` positions, defaults when blank, Rust's
+    rendering of each number."""
+    nextn, rates = engine["aic_nextn"], engine["aic_nextn_accept_rates"]
+    if nextn is None:
+        if rates is not None:
+            raise _Plain("aic_nextn_accept_rates requires aic_nextn")
+        return
+    if not 1 <= nextn <= 5:
+        raise _Plain(f"aic_nextn must be in 1..=5, got {nextn}")
+    text = rates.strip() if rates is not None else ""
+    if text:
+        parsed = []
+        for part in text.split(","):
+            item = part.strip()
+            if not item:
+                raise _Plain(f'invalid aic_nextn_accept_rates value {json.dumps(part)}: cannot parse float from empty string')
+            if not _RUST_FLOAT.fullmatch(item):
+                raise _Plain(f"invalid aic_nextn_accept_rates value {json.dumps(part)}: invalid float literal")
+            parsed.append(float(item))
+    else:
+        parsed = list(_DEFAULT_ACCEPT_RATES)
+    for i, r in enumerate(parsed):
+        if not (math.isfinite(r) and 0.0 <= r <= 1.0):
+            raise _Plain(f"aic_nextn_accept_rates[{i}] must be finite and in [0, 1], got {_rust_float(r)}")
+    parsed = (parsed + [0.0] * nextn)[:nextn]
+    if engine["decode_speedup_ratio"] != 1.0:
+        raise _Plain(
+            "aic_nextn requires decode_speedup_ratio=1.0 because MTP output acceleration is modeled by burst sampling"
+        )
+    engine["aic_nextn_accept_rates"] = ",".join(_rust_float(r) for r in parsed)
+
+
+def _ais_speculation_tokens(v: Any) -> int:
+    """serde's reading of ``ForwardPassSpeculationConfig`` (only ``ngram``), its messages."""
+    where = "adjacently tagged enum ForwardPassSpeculationConfig"
+    if isinstance(v, list):
+        raise _Plain(f"invalid AIS performance config: invalid length {len(v)}, expected {where}")
+    if not isinstance(v, dict):
+        raise _Plain(f"invalid AIS performance config: invalid type: {_describe(v)}, expected {where}")
+    for k in v:
+        if k not in ("kind", "params"):
+            raise _Plain(f'invalid AIS performance config: invalid value: string {json.dumps(k)}, expected "kind" or "params"')
+    if "kind" not in v:
+        raise _Plain("invalid AIS performance config: missing field `kind`")
+    kind = v["kind"]
+    if not isinstance(kind, str):
+        raise _Plain(f"invalid AIS performance config: invalid type: {_describe(kind)}, expected string or map")
+    if kind != "ngram":
+        raise _Plain(f"invalid AIS performance config: unknown variant `{kind}`, expected `ngram`")
+    if "params" not in v:
+        raise _Plain("invalid AIS performance config: missing field `params`")
+    params = v["params"]
+    if not isinstance(params, dict):
+        raise _Plain(
+            f"invalid AIS performance config: invalid type: {_describe(params)}, "
+            "expected struct variant ForwardPassSpeculationConfig::Ngram"
+        )
+    for k in params:
+        if k != "num_speculative_tokens":
+            raise _Plain(f"invalid AIS performance config: unknown field `{k}`, expected `num_speculative_tokens`")
+    if "num_speculative_tokens" not in params:
+        raise _Plain("invalid AIS performance config: missing field `num_speculative_tokens`")
+    n = params["num_speculative_tokens"]
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise _Plain(f"invalid AIS performance config: invalid type: {_describe(n)}, expected u32")
+    if not 0 <= n < 2**32:
+        raise _Plain(f"invalid AIS performance config: invalid value: integer `{n}`, expected u32")
+    return n
+
+
+def _launch(top: dict) -> None:
+    """Dynamo's engine-launch checks of the deployment keys, in its order and words."""
+    if top["tensor_parallel_size"] == 0:
+        raise _Plain("tensor_parallel_size must be positive")
+    startup = top.get("startup_time")
+    if startup is not None and not (math.isfinite(startup) and startup >= 0):
+        raise _Plain("startup_time must be finite and non-negative")
+    for key in ("gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction"):
+        value = top.get(key)
+        if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise _Plain(f"{key} must be finite and in [0, 1]")
+
+
+def _ais_launch(ais: Any, engine: dict, top: dict, given: dict) -> None:
+    """An AIS timing config against the launch, as Dynamo's engine launch checks it (its order
+    and words): pipeline parallelism, the parallel shape and the role must match; a malformed
+    or invalid ``speculation`` is named, a valid ngram scheme is refused (Dynamo's engine launch
+    has no ngram draft scheduler), and the MTP depths must agree. The rest of the AIS config is
+    checked by the timing model itself."""
+    if not isinstance(ais, dict):
+        return
+    spec = ais.get("speculation")
+    _ais_speculation(ais, spec)
+    count = lambda k: ais.get(k) if type(ais.get(k)) is int else 1  # noqa: E731
+    if count("pp") != 1:
+        raise _Plain(f"engine launch supports only pp=1; got pp={count('pp')}")
+    if "tensor_parallel_size" in given and top["tensor_parallel_size"] != count("tp"):
+        raise _Plain("tensor_parallel_size conflicts with canonical tp")
+    if "dp_size" in given and top["dp_size"] != count("attention_dp"):
+        raise _Plain("dp_size conflicts with canonical attention_dp")
+    if ais.get("worker_type", "aggregated") != engine["worker_type"]:
+        raise _Plain("AIS worker_type must match engine role")
+    if spec is not None:
+        raise _Plain("engine launch does not implement ngram draft scheduling")
+    nextn = ais.get("nextn")
+    if (nextn if type(nextn) is int else 0) != (engine["aic_nextn"] or 0):
+        raise _Plain("canonical nextn conflicts with scheduler aic_nextn")
+
+
+def _ais_speculation(ais: dict, spec: Any) -> None:
+    """The AIS config's own checks of its draft scheme (``ForwardPassPerfModelConfig::validate``)."""
+    if spec is None:
+        return
+    tokens = _ais_speculation_tokens(spec)
+    invalid = "invalid engine config: invalid forward pass perf model config: "
+    nextn = ais.get("nextn")
+    if type(nextn) is int and nextn != 0:
+        raise _Plain(invalid + "ngram speculation cannot be combined with nextn")
+    if ais.get("backend") != "vllm":
+        raise _Plain(invalid + "ngram speculation requires backend=vllm")
+    if not 1 <= tokens <= 5:
+        raise _Plain(invalid + "ngram num_speculative_tokens must be in 1..=5")
+    if ais.get("estimation_mode") not in (None, "auto", "op_level"):
+        raise _Plain(invalid + "ngram speculation requires op_level timing")

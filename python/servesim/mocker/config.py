@@ -201,6 +201,8 @@ def _timing_model(args, worker_type: str) -> dict | None:
         if get("ais_perf_model") or identity:
             raise ValueError("--ais-perf-config cannot be combined with flat AIS/AIC identity flags")
         ais = _ais_perf_config_value(perf_config)
+        if isinstance(ais, dict):
+            ais.setdefault("worker_type", worker_type)  # as the reference fills it
     elif get("ais_perf_model"):
         ais = {
             "model": get("model_path"),

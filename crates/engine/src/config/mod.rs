@@ -319,7 +319,8 @@ struct RawConfig {
     sglang: SglangSettings,
     sglang_page_size: Field<u32>,
     nextn: Field<u32>,
-    accept_rates: Option<(String, Vec<f64>)>,
+    /// `aic_nextn_accept_rates` (its key path, its text).
+    accept_rates: Option<(String, String)>,
     mtp_seed: Field<u64>,
     reasoning: Option<ReasoningConfig>,
     memory: MemoryLimits,

@@ -16,7 +16,9 @@ impl RawConfig {
     /// `nextn` are the launch's tensor parallelism, data-parallel ranks and MTP depth unless
     /// given, and must agree with them when given; only `pp` 1 launches; the timing config
     /// describes the same role as the engine.
-    fn take_ais_identity(&mut self, key: &str, config: &serde_json::Value) -> Result<()> {
+    /// Returns the timing config's MTP depth, which the engine's must match (checked later, as
+    /// Dynamo checks it after the speculative settings themselves).
+    fn take_ais_identity(&mut self, key: &str, config: &serde_json::Value) -> Result<Option<u32>> {
         let at = |k: &str| format!("{key}.{k}");
         let count = |k: &str| -> Result<u32> {
             match config.get(k) {
@@ -47,12 +49,7 @@ impl RawConfig {
         agree(&mut self.dp_size, "dp_size", "attention_dp", count("attention_dp")?)?;
         let nextn = count("nextn")?;
         match self.nextn.set() {
-            Some(given) if given != nextn => {
-                return Err(ConfigError::new(
-                    "engine.aic_nextn",
-                    format!("aic_nextn ({given}) conflicts with the AIS timing config's nextn ({nextn})"),
-                ))
-            }
+            // Dynamo takes a depth the launch left open from the timing config.
             None if nextn > 0 => self.nextn = Field::Set(nextn),
             _ => {}
         }
@@ -71,7 +68,12 @@ impl RawConfig {
                 ),
             ));
         }
-        Ok(())
+        // The timing config (already checked by its provider) may time ngram drafts, but
+        // Dynamo's engine launch has no ngram draft scheduler.
+        if config.get("speculation").is_some_and(|v| !v.is_null()) {
+            return Err(ConfigError::new(at("speculation"), "engine launch does not implement ngram draft scheduling"));
+        }
+        Ok(Some(nextn))
     }
 
     pub(super) fn normalise(mut self, env: ConfigEnv) -> Result<WorkerArgs> {
@@ -111,9 +113,10 @@ impl RawConfig {
             }
         };
         // After the model is built, so a bad key in its config is named first.
-        if let Some((key, config)) = ais_identity {
-            self.take_ais_identity(&key, &config)?;
-        }
+        let ais_nextn = match ais_identity {
+            Some((key, config)) => self.take_ais_identity(&key, &config)?,
+            None => None,
+        };
         let backend = match self.backend.or(0) {
             0 => Backend::Vllm,
             1 => Backend::Sglang,
@@ -221,26 +224,31 @@ impl RawConfig {
                 return Err(ConfigError::new("kv_transfer_bandwidth", "must be a finite number of GB/s ≥ 0"));
             }
         }
+        // Dynamo's checks, in its order and words: rates need a depth, the depth is 1..=5, then
+        // the rates themselves, then the decode speedup (bursts already model it).
         let speculative = match (self.nextn.set(), self.accept_rates) {
-            (None, Some((path, _))) => {
-                return Err(ConfigError::new(path, "accept rates need aic_nextn (speculative decoding) to be set"))
-            }
+            (None, Some((path, _))) => return Err(ConfigError::new(path, "aic_nextn_accept_rates requires aic_nextn")),
             (None, None) => None,
             (Some(n), rates) => {
-                if !(1..=5).contains(&n) {
-                    return Err(ConfigError::new("aic_nextn", format!("must be between 1 and 5, got {n}")));
-                }
+                let (path, text) = match &rates {
+                    Some((path, text)) => (path.as_str(), Some(text.as_str())),
+                    None => ("aic_nextn", None),
+                };
+                let rates = crate::speculative::conditional_accept_rates(n, text)
+                    .map_err(|why| ConfigError::new(if (1..=5).contains(&n) { path } else { "aic_nextn" }, why))?;
                 if self.decode_speedup_ratio.or(1.0) != 1.0 {
                     return Err(ConfigError::new(
                         "decode_speedup_ratio",
-                        "must stay 1.0 with aic_nextn: speculative decoding already models the speedup",
+                        "aic_nextn requires decode_speedup_ratio=1.0 because MTP output acceleration is modeled by \
+                         burst sampling",
                     ));
                 }
-                let mut rates = rates.map_or_else(|| SpeculativeConfig::DEFAULT_RATES.to_vec(), |(_, r)| r);
-                rates.resize(n as usize, 0.0);
                 Some(SpeculativeConfig { nextn: n, accept_rates: rates, seed: self.mtp_seed.or(42) })
             }
         };
+        if ais_nextn.is_some_and(|n| n != speculative.as_ref().map_or(0, |s| s.nextn)) {
+            return Err(ConfigError::new("engine.aic_nextn", "canonical nextn conflicts with scheduler aic_nextn"));
+        }
         let max_num_seqs = self.max_num_seqs.nullable_or(Some(256));
         let max_num_batched_tokens = self.max_num_batched_tokens.nullable_or(Some(8192));
         let num_gpu_blocks_is_explicit = self.num_gpu_blocks_is_explicit.or(self.num_gpu_blocks.is_set());

@@ -8,25 +8,19 @@ use crate::json::{ConfigError, Field, ObjectReader, Result};
 use crate::request::ReasoningConfig;
 use crate::timing::{ProfileRef, TimingModel, Unresolved};
 
-/// Acceptance rates as Dynamo writes them (`"0.85,0.3,0"`) or as a JSON array.
-fn parse_rates(path: &str, v: &Value) -> Result<Vec<f64>> {
-    let bad = |what: String| ConfigError::new(path, what);
-    let items: Vec<f64> = match v {
-        Value::String(s) => s
-            .split(',')
-            .map(|x| x.trim().parse::<f64>().map_err(|_| bad(format!("{x:?} is not a number"))))
-            .collect::<Result<_>>()?,
-        Value::Array(a) => {
-            a.iter().map(|x| x.as_f64().ok_or_else(|| bad(format!("{x} is not a number")))).collect::<Result<_>>()?
-        }
-        other => return Err(bad(format!("expected a comma-separated string or an array of numbers, got {other}"))),
+/// `aic_nextn_accept_rates` as Dynamo reads it: a string (`"0.85,0.3,0"`), parsed later against
+/// `aic_nextn` (see [`crate::speculative::conditional_accept_rates`]).
+fn rates_text(path: &str, v: &Value) -> Result<String> {
+    let kind = match v {
+        Value::String(s) => return Ok(s.clone()),
+        Value::Bool(b) => format!("boolean `{b}`"),
+        Value::Number(n) if n.is_f64() => format!("floating point `{n}`"),
+        Value::Number(n) => format!("integer `{n}`"),
+        Value::Array(_) => "sequence".to_string(),
+        Value::Object(_) => "map".to_string(),
+        Value::Null => "null".to_string(),
     };
-    for r in &items {
-        if !(r.is_finite() && (0.0..=1.0).contains(r)) {
-            return Err(bad(format!("every rate must be in [0, 1], got {r}")));
-        }
-    }
-    Ok(items)
+    Err(ConfigError::new(path, format!("invalid type: {kind}, expected a string")))
 }
 
 /// A key Dynamo reads as a Rust `usize` (no null, no default on null): its messages are
@@ -186,7 +180,7 @@ impl RawConfig {
         let rates_path = r.path("aic_nextn_accept_rates");
         self.accept_rates = match r.raw("aic_nextn_accept_rates") {
             None | Some(Value::Null) => None,
-            Some(v) => Some((rates_path.clone(), parse_rates(&rates_path, v)?)),
+            Some(v) => Some((rates_path.clone(), rates_text(&rates_path, v)?)),
         };
         self.mtp_seed = r.u64("aic_mtp_seed")?;
         self.kv_cache_bytes_per_token = r.u64("kv_cache_bytes_per_token")?;

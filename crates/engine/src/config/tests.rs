@@ -122,25 +122,51 @@ fn engine_family_defaults_and_constraints() {
     );
 }
 
+/// `aic_nextn` and its rates as Dynamo 1.6.1 reads them (messages probed on the reference's
+/// `normalize_mocker_config` and replay entry points).
 #[test]
 fn speculative_decoding_settings() {
     let spec = |json: &str| parse(json).unwrap().speculative.unwrap();
     assert_eq!(spec(r#"{"aic_nextn": 3}"#).accept_rates, vec![0.85, 0.3, 0.0]);
     assert_eq!(spec(r#"{"aic_nextn": 3, "aic_nextn_accept_rates": "1,0.5"}"#).accept_rates, vec![1.0, 0.5, 0.0]);
     assert_eq!(spec(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5,0.25"}"#).accept_rates, vec![1.0, 0.5]);
-    assert_eq!(spec(r#"{"engine": {"aic_nextn": 2, "aic_nextn_accept_rates": [0.5, 0.5]}}"#).seed, 42);
+    assert_eq!(spec(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": " 5e-1 , .25 "}"#).accept_rates, vec![0.5, 0.25]);
+    // A blank string is the default rates.
+    assert_eq!(spec(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": " "}"#).accept_rates, vec![0.85, 0.3]);
+    assert_eq!(spec(r#"{"engine": {"aic_nextn": 2}}"#).seed, 42);
     assert_eq!(spec(r#"{"aic_nextn": 1, "aic_mtp_seed": 7}"#).seed, 7);
-    for bad in ["0", "6"] {
-        assert_eq!(parse(&format!(r#"{{"aic_nextn": {bad}}}"#)).unwrap_err().path, "aic_nextn");
+    let err = |json: &str| parse(json).unwrap_err();
+    for bad in [0, 6] {
+        let e = err(&format!(r#"{{"aic_nextn": {bad}, "aic_nextn_accept_rates": "x"}}"#));
+        assert_eq!(
+            (e.path.as_str(), e.message.clone()),
+            ("aic_nextn", format!("aic_nextn must be in 1..=5, got {bad}"))
+        );
     }
-    for bad in [r#""nan""#, r#""inf""#, r#""-0.1""#, r#""1.1""#, r#""bad""#, "3"] {
-        let e = parse(&format!(r#"{{"aic_nextn": 2, "aic_nextn_accept_rates": {bad}}}"#)).unwrap_err();
-        assert_eq!(e.path, "aic_nextn_accept_rates", "{bad}");
+    for (bad, want) in [
+        (r#""nan""#, "aic_nextn_accept_rates[0] must be finite and in [0, 1], got NaN"),
+        (r#""inf""#, "aic_nextn_accept_rates[0] must be finite and in [0, 1], got inf"),
+        (r#""0.5,-0.1""#, "aic_nextn_accept_rates[1] must be finite and in [0, 1], got -0.1"),
+        (r#""1.1""#, "aic_nextn_accept_rates[0] must be finite and in [0, 1], got 1.1"),
+        (r#""bad""#, r#"invalid aic_nextn_accept_rates value "bad": invalid float literal"#),
+        (r#""0.5,""#, r#"invalid aic_nextn_accept_rates value "": cannot parse float from empty string"#),
+        ("3", "invalid type: integer `3`, expected a string"),
+        ("[0.5, 0.5]", "invalid type: sequence, expected a string"),
+    ] {
+        let e = err(&format!(r#"{{"aic_nextn": 2, "aic_nextn_accept_rates": {bad}}}"#));
+        assert_eq!((e.path.as_str(), e.message.as_str()), ("aic_nextn_accept_rates", want), "{bad}");
     }
-    let e = parse(r#"{"aic_nextn_accept_rates": "0.5"}"#).unwrap_err();
-    assert!(e.message.contains("need aic_nextn"), "{e}");
-    let e = parse(r#"{"aic_nextn": 2, "decode_speedup_ratio": 2.0}"#).unwrap_err();
+    assert_eq!(err(r#"{"aic_nextn_accept_rates": "0.5"}"#).message, "aic_nextn_accept_rates requires aic_nextn");
+    let e = err(r#"{"aic_nextn": 2, "decode_speedup_ratio": 2.0}"#);
     assert_eq!(e.path, "decode_speedup_ratio");
+    assert_eq!(
+        e.message,
+        "aic_nextn requires decode_speedup_ratio=1.0 because MTP output acceleration is modeled by burst sampling"
+    );
+    // The depth is checked before the rates, the rates before the speedup.
+    assert!(err(r#"{"aic_nextn": 2, "decode_speedup_ratio": 2.0, "aic_nextn_accept_rates": "x"}"#)
+        .message
+        .starts_with("invalid aic_nextn_accept_rates value"));
     let c = parse(r#"{"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.5"}"#).unwrap();
     assert_eq!(EngineConfig::from_value(&dump(&c)).unwrap(), c);
 }
@@ -385,7 +411,18 @@ fn ais_identity_sets_and_must_agree_with_the_launch() {
         (ais_engine("", "", r#","pp":2"#), "engine launch supports only pp=1; got pp=2"),
         (ais_engine(r#""tensor_parallel_size":2,"#, "", ""), "conflicts with the AIS timing config's tp (1)"),
         (ais_engine(r#""dp_size":2,"#, "", ""), "conflicts with the AIS timing config's attention_dp (1)"),
-        (ais_engine("", r#""aic_nextn":1,"#, r#","nextn":2"#), "conflicts with the AIS timing config's nextn (2)"),
+        (ais_engine("", r#""aic_nextn":1,"#, r#","nextn":2"#), "canonical nextn conflicts with scheduler aic_nextn"),
+        (ais_engine("", r#""aic_nextn":2,"#, ""), "canonical nextn conflicts with scheduler aic_nextn"),
+        // The depth's own range comes first, and the speculation scheme before the conflict.
+        (ais_engine("", r#""aic_nextn":6,"#, r#","nextn":2"#), "aic_nextn must be in 1..=5, got 6"),
+        (
+            ais_engine(
+                "",
+                r#""aic_nextn":2,"#,
+                r#","speculation":{"kind":"ngram","params":{"num_speculative_tokens":2}}"#,
+            ),
+            "engine launch does not implement ngram draft scheduling",
+        ),
         (ais_engine("", r#""worker_type":"prefill","#, ""), "AIS worker_type must match engine role"),
         (
             ais_engine("", "", "").replace(r#","worker_type":"aggregated""#, ""),

@@ -280,7 +280,7 @@ impl GraphState {
                 turn.meta = Some(Arc::new(meta));
             }
         }
-        SessionSpec { name: n.session_id.clone(), start_ms: ready_at, turns: vec![turn] }
+        SessionSpec { name: Some(n.session_id.clone()), start_ms: ready_at, turns: vec![turn] }
     }
 
     pub fn session(&self, node: u32) -> &SessionSpec {

@@ -125,7 +125,7 @@ pub fn load(path: &Path, tbs: u32, shared_prefix_ratio: f64, groups: u32) -> Res
             });
         }
         sessions.push(SessionSpec {
-            name: Arc::from(format!("applied_compute_agentic_session_{lineno}")),
+            name: Some(Arc::from(format!("applied_compute_agentic_session_{lineno}"))),
             start_ms: 0.0,
             turns,
         });

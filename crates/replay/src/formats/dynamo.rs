@@ -348,7 +348,7 @@ fn lower_standard(entries: Vec<Entry>, tbs: u32, paths: &[PathBuf]) -> Result<Wo
             return Err(at(format!("request start {t} ms after the first is outside the supported range")));
         }
         sessions.push(SessionSpec {
-            name: Arc::from(format!("request_{}", i + 1)),
+            name: Some(Arc::from(format!("request_{}", i + 1))),
             start_ms: t,
             turns: vec![TurnSpec {
                 input_length: e.input_length as u32,
