@@ -53,7 +53,7 @@ def test_ais_timing_sizes_the_kv_cache_as_dynamo_does(config, blocks, tp, dp):
 def test_ais_launch_rules_are_dynamos():
     _normalize_or_skip({"engine": {"timing_model": _ais()}})
     for config, message in [
-        ({"tensor_parallel_size": 2, "engine": {"timing_model": _ais()}}, "conflicts with the AIS timing config's tp"),
+        ({"tensor_parallel_size": 2, "engine": {"timing_model": _ais()}}, "tensor_parallel_size conflicts with canonical tp"),
         ({"engine": {"timing_model": _ais(pp=2)}}, "engine launch supports only pp=1; got pp=2"),
         ({"engine": {"worker_type": "prefill", "timing_model": _ais()}}, "AIS worker_type must match engine role"),
     ]:

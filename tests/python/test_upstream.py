@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "upstream_tests.py"
-# Upstream tests servesim does not pass yet, with why.
-KNOWN_FAILING = {
-    # Native host offload (`--num-host-blocks`, `native_host_offload`) is not modelled on this
-    # branch: servesim refuses kv_cache_bytes_per_token.
-    "test_mocker_config.py::test_mocker_cli_maps_native_host_offload_flags",
-    "test_mocker_config.py::test_native_host_offload_resolves_model_geometry_before_validation",
-}
+# Upstream tests servesim does not pass yet, with why (none since native host offload landed).
+KNOWN_FAILING: set[str] = set()
 
 
 def test_upstream_unit_tests_pass_on_servesim():
