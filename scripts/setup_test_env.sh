@@ -9,6 +9,9 @@
 #   - the reference aisimulate venv for the AIS parity tests: ../shared/parity/setup_aisimulate.sh
 #     beside the checkout (about 3 minutes and 1.5 GB the first time), exported as
 #     $AISIM_REF_VENV. Without ../shared those tests print a notice and skip.
+#   - Dynamo 1.6.1's replay venv (../shared/parity/setup.sh, about a minute the first time),
+#     exported as $DYNAMO_REF_VENV: its wheel ships the mocker's own unit tests, which
+#     tests/python/test_upstream.py runs against servesim.mocker (skipped without it).
 #
 # System packages are installed with apt-get (as root, else with sudo). Where that is not
 # possible the step prints a notice; the tests that need it then fail or skip with their own
@@ -48,6 +51,18 @@ if [ -x ../shared/parity/setup_aisimulate.sh ]; then
     export AISIM_REF_VENV
   else
     echo "notice: could not install aisimulate (../shared/parity/setup_aisimulate.sh); the AIS parity tests will skip" >&2
+  fi
+  unset _servesim_py
+fi
+if [ -x ../shared/parity/setup.sh ]; then
+  if [ ! -x "${DYNAMO_REF_VENV:-/tmp/servesim-dynamo-ref}/bin/python" ]; then
+    echo "setup: installing the reference Dynamo venv (once; about a minute)" >&2
+  fi
+  if _servesim_py=$(../shared/parity/setup.sh 2>/dev/null); then
+    DYNAMO_REF_VENV="$(cd "$(dirname "$_servesim_py")/.." && pwd)"
+    export DYNAMO_REF_VENV
+  else
+    echo "notice: could not install Dynamo (../shared/parity/setup.sh); Dynamo's own mocker tests will skip" >&2
   fi
   unset _servesim_py
 fi

@@ -10,7 +10,7 @@ Dynamo's native module, not the mocker API), and runs pytest on the copies with 
     scripts/upstream_tests.py [--reference SITE_PACKAGES] [pytest args...]
 
 SITE_PACKAGES is where the reference's `dynamo` package is installed (default: the parity venv
-of ../shared/parity/setup.sh, /tmp/servesim-dynamo-ref). The tests need pytest, pytest-asyncio
+of ../shared/parity/setup.sh, $DYNAMO_REF_VENV or /tmp/servesim-dynamo-ref). The tests need pytest, pytest-asyncio
 and numpy. The exit status is pytest's; 3 when the reference's tests are not found.
 """
 import ast
@@ -29,7 +29,8 @@ SWAPS = [
 
 
 def default_site_packages():
-    found = sorted(glob.glob("/tmp/servesim-dynamo-ref/lib/python3*/site-packages"))
+    venv = os.environ.get("DYNAMO_REF_VENV", "/tmp/servesim-dynamo-ref")
+    found = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages")))
     return found[-1] if found else None
 
 
