@@ -76,19 +76,22 @@ cases!(
     ais_nextn_from_timing_config,
 );
 
+/// A small synthetic `servesim predict` with `{"engine": ENGINE}` as its engine arguments: its exit
+/// status and standard error.
+fn run_with_engine(engine: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["predict", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "2"])
+        .args(["--request-rate", "10", "--extra-engine-args"])
+        .arg(format!(r#"{{"engine":{engine}}}"#))
+        .output()
+        .expect("run servesim");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// Speculation settings Dynamo 1.6.1 refuses stop `servesim predict` with its message (probed on
 /// the reference's replay entry points), the key named, exit status 2.
 #[test]
 fn bad_speculation_settings_are_refused_with_dynamos_messages() {
-    let run = |engine: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
-            .args(["predict", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "2"])
-            .args(["--request-rate", "10", "--extra-engine-args"])
-            .arg(format!(r#"{{"engine":{engine}}}"#))
-            .output()
-            .expect("run servesim");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-    };
     let ais = |extra: &str| {
         format!(
             r#"{{"type":"external","provider":"ais","config":{{"model":"m","system":"s","backend":"vllm","worker_type":"aggregated"{extra}}}}}"#
@@ -133,14 +136,14 @@ fn bad_speculation_settings_are_refused_with_dynamos_messages() {
             "invalid engine config: invalid forward pass perf model config: ngram speculation cannot be combined with nextn",
         ),
     ] {
-        let (code, stderr) = run(&engine);
+        let (code, stderr) = run_with_engine(&engine);
         assert_eq!(code, Some(2), "{engine}: {stderr}");
         assert!(stderr.contains(message), "{engine}: {stderr}");
         assert!(stderr.contains(&format!("`{key}`")), "{engine}: the key is named: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{engine}: one line: {stderr}");
     }
     // A blank rate list is the default rates, as in the reference.
-    let (code, stderr) = run(r#"{"aic_nextn":2,"aic_nextn_accept_rates":" "}"#);
+    let (code, stderr) = run_with_engine(r#"{"aic_nextn":2,"aic_nextn_accept_rates":" "}"#);
     assert_eq!(code, Some(0), "{stderr}");
 }
 
@@ -148,15 +151,6 @@ fn bad_speculation_settings_are_refused_with_dynamos_messages() {
 /// status 2.
 #[test]
 fn bad_prefill_intervals_are_refused_with_dynamos_messages() {
-    let run = |engine: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
-            .args(["predict", "--input-tokens", "100", "--output-tokens", "5", "--request-count", "2"])
-            .args(["--request-rate", "10", "--extra-engine-args"])
-            .arg(format!(r#"{{"engine":{engine}}}"#))
-            .output()
-            .expect("run servesim");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-    };
     for (engine, message) in [
         (r#"{"prefill_schedule_interval":0}"#, "prefill_schedule_interval must be positive"),
         (r#"{"prefill_schedule_interval":-2}"#, "invalid value: integer `-2`, expected usize"),
@@ -168,13 +162,13 @@ fn bad_prefill_intervals_are_refused_with_dynamos_messages() {
         (r#"{"backend":"sglang","prefill_decode_interval":-1}"#, "invalid value: integer `-1`, expected usize"),
         (r#"{"prefill_decode_interval":1}"#, "prefill_decode_interval is supported only for backend=sglang"),
     ] {
-        let (code, stderr) = run(engine);
+        let (code, stderr) = run_with_engine(engine);
         assert_eq!(code, Some(2), "{engine}: {stderr}");
         assert!(stderr.contains(message), "{engine}: {stderr}");
         assert!(stderr.contains("engine.prefill_"), "{engine}: the key is named: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{engine}: one line: {stderr}");
     }
-    let (code, stderr) = run(r#"{"prefill_schedule_interval":3,"max_num_batched_tokens":4096}"#);
+    let (code, stderr) = run_with_engine(r#"{"prefill_schedule_interval":3,"max_num_batched_tokens":4096}"#);
     assert_eq!(code, Some(0), "{stderr}");
 }
 

@@ -356,13 +356,13 @@ fn check_host_offload(
     if h.num_host_blocks == 0 {
         return fail("native_host_offload.num_host_blocks must be positive".into());
     }
-    for (name, value) in [
+    let rates = [
         ("d2h_bandwidth_gbps", h.d2h_bandwidth_gbps),
         ("h2d_bandwidth_gbps", h.h2d_bandwidth_gbps),
         ("shared_d2h_bandwidth_gbps", h.shared_d2h_bandwidth_gbps),
         ("shared_h2d_bandwidth_gbps", h.shared_h2d_bandwidth_gbps),
-        ("latency_to_first_byte_ms", h.latency_to_first_byte_ms),
-    ] {
+    ];
+    for (name, value) in rates.into_iter().chain([("latency_to_first_byte_ms", h.latency_to_first_byte_ms)]) {
         if !(value.is_finite() && value >= 0.0) {
             return fail(format!("native_host_offload.{name} must be finite and non-negative"));
         }
@@ -394,12 +394,7 @@ fn check_host_offload(
     let Some(capacity_bytes) = h.num_host_blocks.checked_mul(block_bytes) else {
         return fail("native_host_offload capacity in bytes overflowed".into());
     };
-    for (name, gbps) in [
-        ("d2h_bandwidth_gbps", h.d2h_bandwidth_gbps),
-        ("h2d_bandwidth_gbps", h.h2d_bandwidth_gbps),
-        ("shared_d2h_bandwidth_gbps", h.shared_d2h_bandwidth_gbps),
-        ("shared_h2d_bandwidth_gbps", h.shared_h2d_bandwidth_gbps),
-    ] {
+    for (name, gbps) in rates {
         let bytes_per_ms = gbps * 1e6;
         if !(bytes_per_ms.is_finite() && (gbps == 0.0 || (capacity_bytes as f64 / bytes_per_ms).is_finite())) {
             return fail(format!("native_host_offload.{name} produces an unrepresentable transfer duration"));

@@ -464,6 +464,23 @@ impl VllmEngine {
         AdmissionDecision::Admit(cost)
     }
 
+    /// The leading blocks of `hashes` resident on the device, and how many of them requests
+    /// hold (active); the scan stops at the first missing block.
+    fn resident_prefix(&self, hashes: &[u64]) -> (u32, u32) {
+        let (mut hits, mut active) = (0, 0);
+        for &h in hashes {
+            match self.pool.lookup(h) {
+                Residency::Missing => break,
+                Residency::Active => {
+                    hits += 1;
+                    active += 1;
+                }
+                Residency::Inactive => hits += 1,
+            }
+        }
+        (hits, active)
+    }
+
     /// The cached prefix a waiting request would reuse. At least the last known token is
     /// recomputed when the policy says so and the request still has tokens to generate.
     fn prefix_cost(&self, req: &Req) -> PrefixCost {
@@ -475,17 +492,7 @@ impl VllmEngine {
         let recompute = self.policy.recomputes_last_token() && !self.generation_done(req);
         let max_blocks = if recompute { len.saturating_sub(1) / bs } else { len / bs };
         let limit = (max_blocks as usize).min(req.hashes.len());
-        let (mut hits, mut active) = (0u32, 0u32);
-        for &h in &req.hashes.seq[..limit] {
-            match self.pool.lookup(h) {
-                Residency::Missing => break,
-                Residency::Active => {
-                    hits += 1;
-                    active += 1;
-                }
-                Residency::Inactive => hits += 1,
-            }
-        }
+        let (mut hits, mut active) = self.resident_prefix(&req.hashes.seq[..limit]);
         if recompute && self.sampler.is_some() && hits > 0 {
             // vLLM's drafter needs the hidden states of the last matched block: recompute it.
             // TRT-LLM (and a request with nothing left to generate) keeps the whole hit: the

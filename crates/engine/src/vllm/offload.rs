@@ -15,7 +15,6 @@ use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
 use crate::config::EngineConfig;
 use crate::offload::{Completed, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
 use crate::output::{Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock};
-use crate::pool::Residency;
 
 /// First-admission attribution of reused prompt tokens: (device, host).
 pub type CacheTiers = (u32, u32);
@@ -452,18 +451,7 @@ impl VllmEngine {
     /// Uncapped device prefix match (complete known blocks), as the host lookup sees it.
     fn raw_g1(&self, req: &Req) -> (u32, u32) {
         let limit = ((req.len() / self.cfg.block_size) as usize).min(req.hashes.len());
-        let (mut hits, mut active) = (0, 0);
-        for &h in &req.hashes.seq[..limit] {
-            match self.pool.lookup(h) {
-                Residency::Missing => break,
-                Residency::Active => {
-                    hits += 1;
-                    active += 1;
-                }
-                Residency::Inactive => hits += 1,
-            }
-        }
-        (hits, active)
+        self.resident_prefix(&req.hashes.seq[..limit])
     }
 
     fn host_lookup(&mut self, slot: u32, base_blocks: u32, original_g1_tokens: u32) -> HostLookup {
