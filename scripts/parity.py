@@ -179,7 +179,11 @@ def median_summary(runs):
     out = dict(runs[0])
     for key, value in runs[0].items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = statistics.median(r[key] for r in runs)
+            median = statistics.median(r[key] for r in runs)
+            # An even number of runs averages the middle two; counts stay integers when they can.
+            if all(isinstance(r[key], int) for r in runs) and float(median).is_integer():
+                median = int(median)
+            out[key] = median
     return out
 
 

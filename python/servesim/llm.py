@@ -171,6 +171,10 @@ class KvRouterConfig:
             raise ValueError(f"unknown shared_cache_type: {json.dumps(v['shared_cache_type'])}, expected 'none' or 'hicache'")
         if not (math.isfinite(v["overlap_score_credit"]) and v["overlap_score_credit"] >= 0):
             raise ValueError("overlap_score_credit must be a finite, non-negative number")
+        # Dynamo 1.6.1's order: credit, host weight, disk weight, temperature.
+        for weight in ("host_cache_hit_weight", "disk_cache_hit_weight"):
+            if not 0.0 <= v[weight] <= 1.0:
+                raise ValueError(f"{weight} must be between 0 and 1")
         if not (math.isfinite(v["router_temperature"]) and v["router_temperature"] >= 0):
             raise ValueError("router_temperature must be finite and non-negative")
         policy = v["router_approximate_cache_policy"]

@@ -213,6 +213,8 @@ def test_kv_router_config_behaves_as_dynamos():
     assert (k.prefill_load_scale, k.overlap_score_weight) == (2.0, 2.0)
     with pytest.raises(ValueError, match=r"^Failed to parse KvRouterConfig JSON: unknown field `bogus`, expected one of"):
         KvRouterConfig.from_json('{"bogus": 1}')
+    with pytest.raises(ValueError, match=r"^Failed to parse KvRouterConfig JSON: disk_cache_hit_weight must be between 0 and 1$"):
+        KvRouterConfig.from_json('{"disk_cache_hit_weight": 3}')
     k = KvRouterConfig().with_overrides(prefill_load_scale=5.0, overlap_score_credit=0.5)
     assert (k.prefill_load_scale, k.overlap_score_credit) == (5.0, 0.5)
     assert KvRouterConfig(prefill_load_scale=3.0).with_overrides(2.0).prefill_load_scale == 2.0
@@ -230,6 +232,12 @@ def test_kv_router_config_behaves_as_dynamos():
         ({"router_approximate_cache_policy": "lru"},
          "router_approximate_cache_policy=lru requires use_kv_events=false; the local side indexer is TTL-only"),
         ({"router_temperature": -1.0}, "router_temperature must be finite and non-negative"),
+        # Dynamo 1.6.1's order: credit, host weight, disk weight, temperature.
+        ({"host_cache_hit_weight": -1.0, "router_temperature": -1.0}, "host_cache_hit_weight must be between 0 and 1"),
+        ({"host_cache_hit_weight": -1.0, "overlap_score_credit": -1.0},
+         "overlap_score_credit must be a finite, non-negative number"),
+        ({"disk_cache_hit_weight": 3.0, "host_cache_hit_weight": 3.0}, "host_cache_hit_weight must be between 0 and 1"),
+        ({"disk_cache_hit_weight": 3.0, "router_temperature": -1.0}, "disk_cache_hit_weight must be between 0 and 1"),
     ]:
         with pytest.raises(ValueError) as e:
             KvRouterConfig(**kwargs)

@@ -5,7 +5,7 @@
 //! (round robin cycles through the active workers only; the KV router scores only their
 //! ranks), and requests already placed on a draining worker finish there.
 
-use servesim_engine::{KvEvent, Role};
+use servesim_engine::{HostKvEvent, KvEvent, Role};
 use std::sync::Arc;
 
 use servesim_router::{
@@ -191,6 +191,13 @@ impl Placer {
     pub fn kv_events(&mut self, target: usize, events: &[KvEvent]) {
         if let Kind::Kv(router) = &mut self.kind {
             router.apply_events(target, events);
+        }
+    }
+
+    /// Host (G2) residency changes of `target` reach the router.
+    pub fn host_kv_events(&mut self, target: usize, events: &[HostKvEvent]) {
+        if let Kind::Kv(router) = &mut self.kind {
+            router.apply_host_events(target, events);
         }
     }
 

@@ -185,10 +185,16 @@ impl Engine {
     }
 
     /// Completes the host transfers due by `now_ms` on an idle engine; true if any did (the
-    /// engine may then have work).
-    pub fn advance_transfers(&mut self, now_ms: f64) -> bool {
+    /// engine may then have work). The KV events they cause (loaded blocks cached on the
+    /// device, host residency) go to `events` at once, as Dynamo 1.6.1 publishes them when it
+    /// wakes an idle rank, not with its next pass.
+    pub fn advance_transfers(&mut self, now_ms: f64, events: &mut PassOutput) -> bool {
         match self {
-            Engine::Vllm(e) => e.advance_transfers(now_ms),
+            Engine::Vllm(e) => {
+                let any = e.advance_transfers(now_ms);
+                e.drain_kv_events(events);
+                any
+            }
             Engine::Sglang(_) => false,
         }
     }

@@ -30,7 +30,8 @@ pub use handoff::Reserved;
 pub use hash::BlockHashes;
 pub use json::ConfigError;
 pub use output::{
-    Admission, Finish, Finished, KvEvent, PassOutput, QueueLoad, RejectReason, StoredBlock, Stretch, TokenOut,
+    Admission, Finish, Finished, HostKvEvent, KvEvent, PassOutput, QueueLoad, RejectReason, StoredBlock, Stretch,
+    TokenOut,
 };
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
 pub use speculative::SpeculativeConfig;

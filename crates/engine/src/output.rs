@@ -21,6 +21,16 @@ pub enum KvEvent {
     Removed { hashes: Vec<u64> },
 }
 
+/// A change in which blocks a rank's host (G2) cache holds, as Dynamo 1.6.1 publishes it to
+/// the router in `HostPinned`-tier KV events: blocks become resident when their store to host
+/// memory completes and leave when the host cache evicts them. Blocks are named by sequence
+/// hash, in the order the tier handled them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostKvEvent {
+    Stored { hashes: Vec<u64> },
+    Removed { hashes: Vec<u64> },
+}
+
 /// A generated token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenOut {
@@ -126,6 +136,9 @@ pub struct PassOutput {
     pub preempted: Vec<u64>,
     /// KV cache changes (empty unless the engine records them).
     pub kv_events: Vec<KvEvent>,
+    /// Host (G2) cache residency changes, recorded with `kv_events` when the rank has a host
+    /// cache.
+    pub host_kv_events: Vec<HostKvEvent>,
     /// With [`crate::Engine::set_record_block_tokens`]: the token ids of every block in this
     /// pass's `Stored` events, in event order, `block_size` per block.
     pub stored_tokens: Vec<u32>,
@@ -149,6 +162,7 @@ impl PassOutput {
         self.admissions.clear();
         self.preempted.clear();
         self.kv_events.clear();
+        self.host_kv_events.clear();
         self.stored_tokens.clear();
         self.prefill = PrefillShape::default();
         self.decode = DecodeShape::default();

@@ -363,6 +363,9 @@ parity_cases! {
     host_offload_attention_dp_two_workers => "offload_dp2_2w_synthetic",
     host_offload_attention_dp_two_workers_sessions => "offload_dp2_2w_sessions",
     host_offload_attention_dp_kv_router => "offload_dp2_2w_kv_router",
+    // The router scores host-resident blocks that continue a worker's device prefix (at
+    // host_cache_hit_weight); without that, prefix reuse sits far below the reference's spread.
+    host_offload_kv_router_scores_host_blocks => "offload_kv_router_host_tier",
     // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
     // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
     // disaggregated sides).

@@ -39,6 +39,9 @@ pub struct RouterConfig {
     pub prefill_load_scale: f64,
     /// Block-equivalent cost per active request on a worker.
     pub decode_active_request_weight: f64,
+    /// What one host-resident (G2) block continuing a worker's device prefix counts for in its
+    /// cached prefix, against 1 for a device block (Dynamo's `host_cache_hit_weight`).
+    pub host_cache_hit_weight: f64,
     /// 0 picks the cheapest worker; > 0 samples from a softmax over normalised costs.
     pub temperature: f64,
     /// Count active KV blocks of each worker's requests in the cost.
@@ -68,6 +71,7 @@ impl Default for RouterConfig {
             overlap_score_credit_decay: 0.0,
             prefill_load_scale: 1.0,
             decode_active_request_weight: 0.0,
+            host_cache_hit_weight: 0.75,
             temperature: 0.0,
             track_active_blocks: true,
             assume_kv_reuse: true,
@@ -78,6 +82,15 @@ impl Default for RouterConfig {
             policy_config_path: None,
             policy_profile: None,
         }
+    }
+}
+
+/// A cache-hit weight: Dynamo's range and words.
+fn unit_weight(r: &ObjectReader, key: &'static str, v: f64) -> Result<f64> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ConfigError::new(r.path(key), format!("{key} must be between 0 and 1, got {v}")))
     }
 }
 
@@ -119,6 +132,14 @@ impl RouterConfig {
         if let Some(v) = r.f64("decode_active_request_weight")?.set() {
             c.decode_active_request_weight = non_negative(&r, "decode_active_request_weight", v)?;
         }
+        if let Some(v) = r.f64("host_cache_hit_weight")?.set() {
+            c.host_cache_hit_weight = unit_weight(&r, "host_cache_hit_weight", v)?;
+        }
+        // Disk and external tiers: nothing in Dynamo 1.6.1's mocker publishes them (its G3 tier
+        // sends no KV events), so the weight is checked as Dynamo checks it and changes nothing.
+        if let Some(v) = r.f64("disk_cache_hit_weight")?.set() {
+            unit_weight(&r, "disk_cache_hit_weight", v)?;
+        }
         if let Some(v) = r.f64("router_temperature")?.set() {
             c.temperature = non_negative(&r, "router_temperature", v)?;
         }
@@ -142,8 +163,6 @@ impl RouterConfig {
         // 1.6.1's offline replay takes them too and runs exactly as without them (probed on a
         // workload whose reference runs are deterministic: every summary value identical).
         for key in [
-            "host_cache_hit_weight",
-            "disk_cache_hit_weight",
             "router_replica_sync",
             "router_snapshot_threshold",
             "router_reset_states",
@@ -251,6 +270,20 @@ mod tests {
         .unwrap();
         assert_eq!(c, RouterConfig::default());
         assert_eq!(RouterConfig::parse_json(r#"{"durable_kv_events": true}"#).unwrap_err().path, "durable_kv_events");
+    }
+
+    #[test]
+    fn cache_hit_weights_are_checked_as_dynamo_checks_them() {
+        let c = RouterConfig::parse_json(r#"{"host_cache_hit_weight": 0.5, "disk_cache_hit_weight": 1}"#).unwrap();
+        assert_eq!(c.host_cache_hit_weight, 0.5);
+        assert_eq!(RouterConfig::default().host_cache_hit_weight, 0.75);
+        for (key, value) in
+            [("host_cache_hit_weight", "1.5"), ("host_cache_hit_weight", "-0.1"), ("disk_cache_hit_weight", "2")]
+        {
+            let e = RouterConfig::parse_json(&format!(r#"{{"{key}": {value}}}"#)).unwrap_err();
+            assert_eq!(e.path, key);
+            assert!(e.message.starts_with(&format!("{key} must be between 0 and 1")), "{}", e.message);
+        }
     }
 
     #[test]

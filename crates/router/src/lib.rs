@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
-use servesim_engine::KvEvent;
+use servesim_engine::{HostKvEvent, KvEvent};
 
 pub use config::{PrefillLoadModel, QueuePolicy, RouterConfig};
 pub use indexer::Indexer;
@@ -88,12 +88,33 @@ pub struct RouteRequest<'a> {
     pub policy_class: Option<&'a str>,
 }
 
+/// A target's cached prefix of a request: blocks its device holds from the first, and the
+/// blocks its host (G2) cache holds right after those.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedPrefix {
+    pub device: u32,
+    pub host: u32,
+}
+
+impl CachedPrefix {
+    /// The prefix in device-block equivalents: host blocks count `host_weight` each (Dynamo's
+    /// effective overlap).
+    pub fn effective(self, host_weight: f64) -> f64 {
+        let device = self.device as f64;
+        if self.host == 0 {
+            device
+        } else {
+            device + self.host as f64 * host_weight
+        }
+    }
+}
+
 /// Where a request went and why.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Placement {
     pub id: u64,
     pub target: usize,
-    /// Prefix blocks the router believed the target had cached.
+    /// Prefix blocks the router believed the target had cached on its device.
     pub overlap_blocks: u32,
     /// The most prefix blocks any eligible target had cached (`overlap_blocks` short of it is
     /// the placement's overlap regret); `None` when no cache was consulted (round robin).
@@ -123,8 +144,8 @@ pub struct KvRouter {
     load: ActiveLoad,
     queue: RouterQueue,
     rng: ChaCha12Rng,
-    /// Per-target (cost, overlap) of the request being placed.
-    scores: Vec<(f64, u32)>,
+    /// Per-target (cost, cached prefix) of the request being placed.
+    scores: Vec<(f64, CachedPrefix)>,
     estimator: Option<Arc<dyn PrefillLoadEstimator>>,
     /// Why a placed prompt's prefill time could not be predicted (the first time it happened).
     error: Option<String>,
@@ -212,19 +233,38 @@ impl KvRouter {
         }
     }
 
+    /// Feeds host (G2) residency changes a target published.
+    pub fn apply_host_events(&mut self, target: usize, events: &[HostKvEvent]) {
+        for e in events {
+            self.indexer.apply_host(target, e);
+        }
+    }
+
     /// Whether every eligible target is busy for `class` (true when none is eligible).
     fn all_busy(&self, class: &PolicyClass, now: Duration) -> bool {
         all_busy(&self.load, &self.eligible, self.max_num_batched_tokens, class, now)
     }
 
-    /// Each target's cached prefix of `hashes`, in blocks.
-    fn overlaps(&self, hashes: &[u64]) -> Vec<u32> {
-        (0..self.num_targets).map(|t| self.indexer.overlap(t, hashes)).collect()
+    /// `target`'s cached prefix of `hashes`. Host blocks are looked up only when some target
+    /// reports them and they carry weight (Dynamo skips a tier of weight 0).
+    fn cached_prefix(&self, target: usize, hashes: &[u64]) -> CachedPrefix {
+        let device = self.indexer.overlap(target, hashes);
+        let host = if self.indexer.has_host_tier() && self.cfg.host_cache_hit_weight > 0.0 {
+            self.indexer.host_hits(target, hashes, device)
+        } else {
+            0
+        };
+        CachedPrefix { device, host }
     }
 
-    /// Prompt tokens the eligible target with the longest cached prefix holds.
-    fn best_cached_tokens(&self, overlaps: &[u32], isl: u32) -> u32 {
-        let best = (0..self.num_targets).filter(|&t| self.eligible[t]).map(|t| overlaps[t]).max().unwrap_or(0);
+    /// Each target's cached prefix of `hashes`.
+    fn overlaps(&self, hashes: &[u64]) -> Vec<CachedPrefix> {
+        (0..self.num_targets).map(|t| self.cached_prefix(t, hashes)).collect()
+    }
+
+    /// Prompt tokens the eligible target with the longest device-cached prefix holds.
+    fn best_cached_tokens(&self, overlaps: &[CachedPrefix], isl: u32) -> u32 {
+        let best = (0..self.num_targets).filter(|&t| self.eligible[t]).map(|t| overlaps[t].device).max().unwrap_or(0);
         best.saturating_mul(self.block_size).min(isl)
     }
 
@@ -296,21 +336,24 @@ impl KvRouter {
         &mut self,
         req: RouteRequest<'_>,
         queued_at_ms: Option<f64>,
-        overlaps: Option<&[u32]>,
+        overlaps: Option<&[CachedPrefix]>,
         now: Duration,
     ) -> Placement {
         self.score(&req, overlaps, now);
         let target = self.choose();
-        let (cost, overlap_blocks) = self.scores[target];
-        let cached_tokens = (overlap_blocks * self.block_size).min(req.isl);
+        let (cost, prefix) = self.scores[target];
+        let overlap_blocks = prefix.device;
+        // Dynamo rounds the effective prefix to tokens.
+        let effective_tokens = (prefix.effective(self.cfg.host_cache_hit_weight) * self.block_size as f64).round();
+        let cached_tokens = (effective_tokens as u32).min(req.isl);
         let pending = if self.cfg.track_prefill_tokens { req.isl - cached_tokens } else { 0 };
         let expected = self.expected_prefill(pending, cached_tokens);
         self.load.add(req.id, target, req.hashes, pending, expected, now);
-        let best = self.scores.iter().filter(|s| s.0.is_finite()).map(|s| s.1).max().unwrap_or(overlap_blocks);
+        let best = self.scores.iter().filter(|s| s.0.is_finite()).map(|s| s.1.device).max().unwrap_or(overlap_blocks);
         Placement { id: req.id, target, overlap_blocks, best_overlap_blocks: Some(best), cost, queued_at_ms }
     }
 
-    fn score(&mut self, req: &RouteRequest<'_>, overlaps: Option<&[u32]>, now: Duration) {
+    fn score(&mut self, req: &RouteRequest<'_>, overlaps: Option<&[CachedPrefix]>, now: Duration) {
         let bs = self.block_size as f64;
         let cfg = &self.cfg;
         let incoming_blocks = req.isl as f64 / bs;
@@ -322,13 +365,13 @@ impl KvRouter {
         self.scores.clear();
         for t in 0..self.num_targets {
             if !self.eligible[t] {
-                self.scores.push((f64::INFINITY, 0));
+                self.scores.push((f64::INFINITY, CachedPrefix::default()));
                 continue;
             }
             let overlap = match overlaps {
                 // A target added since the request was queued had nothing cached for it then.
-                Some(frozen) => frozen.get(t).copied().unwrap_or(0),
-                None => self.indexer.overlap(t, req.hashes),
+                Some(frozen) => frozen.get(t).copied().unwrap_or_default(),
+                None => self.cached_prefix(t, req.hashes),
             };
             let mut cost = 0.0;
             if cfg.track_prefill_tokens {
@@ -340,7 +383,7 @@ impl KvRouter {
                     1.0
                 };
                 let raw = (active_prefill + req.isl as u64) as f64 / bs;
-                let credit = cfg.overlap_score_credit * decay * overlap as f64;
+                let credit = cfg.overlap_score_credit * decay * overlap.effective(cfg.host_cache_hit_weight);
                 cost += cfg.prefill_load_scale * (raw - credit).max(0.0);
             }
             if cfg.track_active_blocks {
@@ -371,7 +414,7 @@ impl KvRouter {
 
     /// Softmax over costs normalised by their range: `p ∝ exp(−cost / range / T)`.
     fn sample_softmax(&mut self) -> usize {
-        let eligible = |s: &(f64, u32)| s.0.is_finite();
+        let eligible = |s: &(f64, CachedPrefix)| s.0.is_finite();
         let (lo, hi) = self
             .scores
             .iter()
@@ -516,6 +559,34 @@ mod tests {
         };
         assert_eq!(draws(3), draws(3), "same seed, same choices");
         assert_ne!(draws(3), draws(4));
+    }
+
+    #[test]
+    fn host_blocks_after_the_device_prefix_count_at_their_weight() {
+        // Target 0 holds blocks 1-2 on its device and 3-5 in host memory; target 1 holds 1-3
+        // on its device. Six 16-token blocks: raw prefill 6 blocks, 6 new active blocks each.
+        let hashes: Vec<u64> = (1..=6).collect();
+        let setup = |cfg: RouterConfig| {
+            let mut r = KvRouter::new(cfg, 2, 16, 8192, 1);
+            r.apply_events(0, &[stored(&[1, 2])]);
+            r.apply_host_events(0, &[HostKvEvent::Stored { hashes: vec![1, 2, 3, 4, 5] }]);
+            r.apply_events(1, &[stored(&[1, 2, 3])]);
+            r
+        };
+        // Default weight 0.75: target 0's prefix is 2 + 3 × 0.75 = 4.25 blocks, cost
+        // (6 − 4.25) + 6 = 7.75 against (6 − 3) + 6 = 9.
+        let mut r = setup(RouterConfig::default());
+        let p = placed(r.route(req(1, &hashes, 96), 0.0));
+        assert_eq!((p.target, p.overlap_blocks, p.best_overlap_blocks, p.cost), (0, 2, Some(3), 7.75));
+        // Its pending prompt is what the effective prefix leaves: 96 − round(4.25 × 16) = 28.
+        assert_eq!(r.load().prefill_tokens(0), 28);
+        // Weight 0 ignores host memory: 10 against 9.
+        let mut r = setup(RouterConfig { host_cache_hit_weight: 0.0, ..RouterConfig::default() });
+        assert_eq!(placed(r.route(req(1, &hashes, 96), 0.0)).target, 1);
+        // Evicting block 3 from host memory breaks the continuation: 2 blocks, cost 10.
+        let mut r = setup(RouterConfig::default());
+        r.apply_host_events(0, &[HostKvEvent::Removed { hashes: vec![3] }]);
+        assert_eq!(placed(r.route(req(1, &hashes, 96), 0.0)).target, 1);
     }
 
     #[test]

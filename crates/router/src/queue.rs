@@ -28,9 +28,9 @@ pub struct Pending {
     pub queued_at_ms: f64,
     /// Prompt tokens the best eligible target had cached when the request was queued.
     pub cached_tokens: u32,
-    /// Each target's cached prefix (blocks) when the request was queued: Dynamo scores a
-    /// released request on these, with fresh loads.
-    pub overlaps: Vec<u32>,
+    /// Each target's cached prefix when the request was queued: Dynamo scores a released
+    /// request on these, with fresh loads.
+    pub overlaps: Vec<crate::CachedPrefix>,
 }
 
 impl Pending {

@@ -281,3 +281,23 @@ fn identical_inputs_give_identical_runs() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn residency_is_published_when_stores_land_and_when_blocks_are_evicted() {
+    use crate::output::HostKvEvent;
+    let mut t = tier(2, 1.0, 1.0, 0.0);
+    store(&mut t, &[1, 2], 0.0);
+    let mut events = Vec::new();
+    t.drain_residency(&mut events);
+    assert!(events.is_empty(), "nothing is recorded until the rank publishes");
+    t.publish_residency();
+    // Preparing a store of 3 evicts the oldest block (1) at once; 3 is resident when its copy
+    // lands, not when it is prepared.
+    assert!(matches!(t.prepare_store(0, &[3], 20.0), StoreOutcome::Prepared { .. }));
+    t.drain_residency(&mut events);
+    assert_eq!(events, [HostKvEvent::Removed { hashes: vec![1] }]);
+    let [(_, done)] = t.submit_prepared(20.0)[..] else { panic!("one store") };
+    t.tick(done);
+    t.drain_residency(&mut events);
+    assert_eq!(events[1..], [HostKvEvent::Stored { hashes: vec![3] }]);
+}

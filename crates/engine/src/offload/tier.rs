@@ -8,6 +8,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::lane::FifoLane;
 use super::lru::Lru;
 use super::BlockKey;
+use crate::output::HostKvEvent;
 
 /// Physical parameters of one private host cache.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -190,6 +191,8 @@ pub struct HostTier {
     now_ms: f64,
     next_id: u64,
     stats: HostStats,
+    /// Residency changes not yet taken, when they are published ([`Self::publish_residency`]).
+    residency: Option<Vec<HostKvEvent>>,
 }
 
 impl HostTier {
@@ -207,6 +210,20 @@ impl HostTier {
             now_ms: 0.0,
             next_id: 0,
             stats: HostStats::default(),
+            residency: None,
+        }
+    }
+
+    /// Record residency changes from now on, for the router (Dynamo 1.6.1 subscribes a rank to
+    /// its private host cache when the rank publishes KV events).
+    pub fn publish_residency(&mut self) {
+        self.residency.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves the residency changes recorded since the last call to `out`.
+    pub fn drain_residency(&mut self, out: &mut Vec<HostKvEvent>) {
+        if let Some(events) = self.residency.as_mut() {
+            out.append(events);
         }
     }
 
@@ -268,10 +285,13 @@ impl HostTier {
             self.stats.capacity_retries += 1;
             return StoreOutcome::RetryCapacity { unfittable: protected.len() > self.config.capacity_blocks };
         }
-        for victim in victims {
+        for &victim in &victims {
             self.entries.remove(&victim);
             self.lru.remove(victim);
             self.stats.blocks_evicted += 1;
+        }
+        if let Some(events) = self.residency.as_mut().filter(|_| !victims.is_empty()) {
+            events.push(HostKvEvent::Removed { hashes: victims });
         }
         let transfer = self.allocate_id();
         for &key in &missing {
@@ -370,6 +390,9 @@ impl HostTier {
                         entry.state = State::Resident;
                     }
                     self.lru.touch_together(&blocks);
+                    if let Some(events) = self.residency.as_mut() {
+                        events.push(HostKvEvent::Stored { hashes: blocks.clone() });
+                    }
                     self.stats.stores_completed += 1;
                     self.stats.blocks_stored += blocks.len() as u64;
                     self.stats.bytes_stored += bytes;

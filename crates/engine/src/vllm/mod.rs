@@ -169,7 +169,7 @@ impl VllmEngine {
         let sampler = cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index));
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
-        let host = offload::HostState::new(&cfg);
+        let host = offload::HostState::new(&cfg, record);
         VllmEngine {
             policy: Policy::of(&cfg),
             pool: BlockPool::new(cfg.num_gpu_blocks, record),
@@ -357,7 +357,14 @@ impl VllmEngine {
         let decode_start = compute_start + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         out.end_ms = self.decode(decode_start, out);
         self.host_boundary(out.end_ms, out);
+        self.drain_kv_events(out);
+    }
+
+    /// Moves the KV events recorded since the last pass (device and host) to `out`: at the end
+    /// of a pass, and when an idle rank's transfers complete (Dynamo publishes those at once).
+    pub fn drain_kv_events(&mut self, out: &mut PassOutput) {
         self.pool.drain_events(&mut out.kv_events);
+        self.host_drain_residency(&mut out.host_kv_events);
         out.stored_tokens.append(&mut self.stored_tokens);
     }
 

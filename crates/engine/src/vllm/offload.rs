@@ -14,7 +14,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
 use crate::config::EngineConfig;
 use crate::offload::{Completed, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
-use crate::output::{Finish, Finished, KvEvent, PassOutput, RejectReason, StoredBlock};
+use crate::output::{Finish, Finished, HostKvEvent, KvEvent, PassOutput, RejectReason, StoredBlock};
 
 /// First-admission attribution of reused prompt tokens: (device, host).
 pub type CacheTiers = (u32, u32);
@@ -121,7 +121,9 @@ impl std::fmt::Debug for HostState {
 }
 
 impl HostState {
-    pub(super) fn new(cfg: &EngineConfig) -> Option<Box<Self>> {
+    /// The rank's host cache, if configured; `publish_residency`: the rank publishes KV events,
+    /// so its host residency goes to the router too.
+    pub(super) fn new(cfg: &EngineConfig, publish_residency: bool) -> Option<Box<Self>> {
         let h = cfg.host_offload?;
         let tier = HostTierConfig::new(
             h.num_host_blocks as usize,
@@ -132,7 +134,11 @@ impl HostState {
             h.latency_to_first_byte_ms,
         )
         .expect("validated host offload configuration");
-        Some(Box::new(HostState { tier: Some(HostTier::new(tier)), ..Default::default() }))
+        let mut tier = HostTier::new(tier);
+        if publish_residency {
+            tier.publish_residency();
+        }
+        Some(Box::new(HostState { tier: Some(tier), ..Default::default() }))
     }
 
     fn tier(&mut self) -> &mut HostTier {
@@ -211,6 +217,13 @@ impl VllmEngine {
     pub fn host_counters(&self) -> Option<HostCounters> {
         let h = self.host.as_ref()?;
         Some(HostCounters { tier: h.tier.as_ref()?.stats(), host_hit_tokens: h.host_hit_tokens })
+    }
+
+    /// Host residency changes since the last call (recorded when the rank publishes KV events).
+    pub(super) fn host_drain_residency(&mut self, out: &mut Vec<HostKvEvent>) {
+        if let Some(tier) = self.host.as_mut().and_then(|h| h.tier.as_mut()) {
+            tier.drain_residency(out);
+        }
     }
 
     pub(super) fn host_has_ready_waiter(&self) -> bool {
@@ -427,8 +440,7 @@ impl VllmEngine {
             return;
         }
         self.transfer_boundary(end_ms);
-        self.pool.drain_events(&mut out.kv_events);
-        out.stored_tokens.append(&mut self.stored_tokens);
+        self.drain_kv_events(out);
     }
 
     /// A request leaves the engine (abort): its queued load is cancelled.

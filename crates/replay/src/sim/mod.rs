@@ -35,7 +35,8 @@ use servesim_cluster::{
     WorkerState, Workers,
 };
 use servesim_engine::{
-    Engine, EngineOptions, Finish, KvEvent, PassOutput, RejectReason, Reserved, Role, Stretch, TimingJitter,
+    Engine, EngineOptions, Finish, HostKvEvent, KvEvent, PassOutput, RejectReason, Reserved, Role, Stretch,
+    TimingJitter,
 };
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
@@ -382,8 +383,9 @@ struct Simulation<'a, 'c> {
     seq: u64,
     now: f64,
     flights: FxHashMap<u64, ReplayFlight>,
-    /// KV events waiting out the router's lag: batch id -> (pool, target, events).
-    lagged: FxHashMap<u64, (usize, usize, Vec<KvEvent>)>,
+    /// KV events waiting out the router's lag: batch id -> (pool, target, device events, host
+    /// residency events).
+    lagged: FxHashMap<u64, (usize, usize, Vec<KvEvent>, Vec<HostKvEvent>)>,
     collector: Collector<'c>,
     finished: u64,
     /// New work reaches workers only when the load driver releases it (no closed-loop turns,
@@ -591,8 +593,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     }
                     Event::TransferDone { request } => self.handoff(request, Fact::TransferLanded),
                     Event::KvVisible { batch } => {
-                        let (pool, target, events) = self.lagged.remove(&batch).expect("lagged batch");
+                        let (pool, target, events, host) = self.lagged.remove(&batch).expect("lagged batch");
                         self.pools[pool].placer.kv_events(target, &events);
+                        self.pools[pool].placer.host_kv_events(target, &host);
                     }
                     Event::WorkerReady { pool, worker } => self.worker_ready(pool as usize, worker as usize, None),
                     Event::HostWake { pool, worker } => self.host_wake(pool as usize, worker as usize),
@@ -712,8 +715,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if worker.busy {
             return;
         }
-        for rank in &mut worker.ranks {
-            rank.engine.advance_transfers(now);
+        let dp = self.pools[pool].spec.dp();
+        let mut events = PassOutput::default();
+        for r in 0..dp {
+            self.pools[pool].workers[w].ranks[r].engine.advance_transfers(now, &mut events);
+            self.publish_kv_events(pool, w * dp + r, &events);
+            events.clear();
         }
         self.wake(pool, w);
     }
@@ -1045,9 +1052,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // An attention-DP rank with nothing to do still takes part in its worker's
                 // pass, and the planner sees an empty pass of it. Host loads that completed at
                 // the group's barrier publish their blocks.
-                let events = std::mem::take(&mut self.pools[pool].workers[w].ranks[r].output.kv_events);
+                let events = std::mem::take(&mut self.pools[pool].workers[w].ranks[r].output);
                 self.publish_kv_events(pool, w * dp + r, &events);
-                self.pools[pool].workers[w].ranks[r].output.kv_events = events;
+                self.pools[pool].workers[w].ranks[r].output = events;
                 self.record_fpm(pool, w, r, None);
             }
         }
@@ -1069,23 +1076,28 @@ impl<'a, 'c> Simulation<'a, 'c> {
     }
 
     /// A rank's KV events reach the router now, or after the configured lag.
-    fn publish_kv_events(&mut self, pool: usize, target: usize, events: &[KvEvent]) {
-        if events.is_empty() {
+    /// Hands the KV events of a rank's pass (device and host tiers) to its pool's router, now
+    /// or after the configured lag.
+    fn publish_kv_events(&mut self, pool: usize, target: usize, out: &PassOutput) {
+        let (events, host) = (&out.kv_events, &out.host_kv_events);
+        if events.is_empty() && host.is_empty() {
             return;
         }
         if self.config.kv_event_lag_ms > 0.0 {
             let batch = self.seq;
-            self.lagged.insert(batch, (pool, target, events.to_vec()));
+            self.lagged.insert(batch, (pool, target, events.clone(), host.clone()));
             self.schedule(self.now + self.config.kv_event_lag_ms, Event::KvVisible { batch });
         } else {
-            self.pools[pool].placer.kv_events(target, events);
+            let placer = &mut self.pools[pool].placer;
+            placer.kv_events(target, events);
+            placer.host_kv_events(target, host);
         }
     }
 
     fn apply_rank_pass(&mut self, pool: usize, target: usize, out: &PassOutput) {
         let role = self.pools[pool].spec.role;
         let now = self.now;
-        self.publish_kv_events(pool, target, &out.kv_events);
+        self.publish_kv_events(pool, target, out);
         for a in &out.admissions {
             if role == Role::Decode {
                 self.collector.decode_admit(a.request, out.start_ms, a.reused_tokens);
