@@ -105,9 +105,12 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
 /// always microseconds or nanoseconds written as milliseconds.
 pub const MAX_TIME_MS: f64 = 8_796_093_022_208.0;
 
-/// Hash ids as prompt tokens. Ids that all fit in 32 bits are used as they are; otherwise
-/// every id is interned into a compact id in first-seen order (as the reference always does),
-/// so distinct ids never alias.
+/// Hash ids as prompt tokens. The reference always interns ids into compact ids in first-seen
+/// order (the first new id is 0, the next 1, ...), and the ids become the prompt's tokens, so
+/// block hashes, and the orders that break ties by hash (the host cache's LRU), depend on that
+/// numbering. A trace already numbered that way (the public Mooncake traces are) is used as it
+/// is, with no map; any other is interned as the reference does, and so is one whose ids do not
+/// fit in 32 bits, so distinct ids never alias.
 pub(crate) enum Ids {
     Verbatim,
     Interned(FxHashMap<u64, u32>),
@@ -122,22 +125,31 @@ impl Ids {
         }
     }
 
-    pub(crate) fn blocks(&mut self, ids: &[u64]) -> Result<Arc<[u32]>, String> {
+    /// The first `reached` of a row's ids as tokens; an interned trace numbers all of them, in
+    /// order, as the reference does (ids past the prompt still take their number).
+    pub(crate) fn blocks(&mut self, ids: &[u64], reached: usize) -> Result<Arc<[u32]>, String> {
+        let reached = reached.min(ids.len());
         match self {
-            Ids::Verbatim => Ok(ids.iter().map(|&h| h as u32).collect()),
-            Ids::Interned(map) => ids
-                .iter()
-                .map(|&h| {
+            Ids::Verbatim => Ok(ids[..reached].iter().map(|&h| h as u32).collect()),
+            Ids::Interned(map) => {
+                let mut blocks = Vec::with_capacity(reached);
+                for (i, &h) in ids.iter().enumerate() {
                     let next = map.len();
-                    if let Some(&v) = map.get(&h) {
-                        return Ok(v);
+                    let v = match map.get(&h) {
+                        Some(&v) => v,
+                        None => {
+                            let v = u32::try_from(next)
+                                .map_err(|_| "the trace has more unique hash ids than 2^32".to_string())?;
+                            map.insert(h, v);
+                            v
+                        }
+                    };
+                    if i < reached {
+                        blocks.push(v);
                     }
-                    let v =
-                        u32::try_from(next).map_err(|_| "the trace has more unique hash ids than 2^32".to_string())?;
-                    map.insert(h, v);
-                    Ok(v)
-                })
-                .collect(),
+                }
+                Ok(blocks.into())
+            }
         }
     }
 }
@@ -172,19 +184,21 @@ fn load_mooncake_rows(
     let mut rows = Vec::with_capacity(paths.len());
     let mut streamable = !accumulate;
     let mut wide_ids = false;
+    let mut order = IdOrder::default();
     for path in paths {
         let input = TraceInput::open(path.as_ref())?;
-        let scan = scan_file(&input, trace_block_size)?;
+        let scan = scan_file(&input, trace_block_size, &mut order)?;
         rows.push(scan.rows);
         streamable &= scan.streamable;
         wide_ids |= scan.wide_ids;
         inputs.push(input);
     }
+    let interned = wide_ids || !order.first_seen;
     if streamable {
-        return Ok(Workload::Streamed(StreamedTrace::new(inputs, trace_block_size, rows, wide_ids)));
+        return Ok(Workload::Streamed(StreamedTrace::new(inputs, trace_block_size, rows, interned)));
     }
     let mut sessions = Vec::new();
-    let mut ids = Ids::new(wide_ids);
+    let mut ids = Ids::new(interned);
     for input in &inputs {
         read_file(input, trace_block_size, &mut ids, &mut sessions)?;
     }
@@ -203,7 +217,10 @@ struct SessionKey {
 
 /// One validated row.
 struct ParsedRow {
+    /// Every id the row lists, reached by its prompt or not (the reference numbers them all).
     hash_ids: Vec<u64>,
+    /// How many leading ids the prompt reaches: its blocks.
+    reached: usize,
     turn: TurnSpec,
     session_id: Option<SessionKey>,
     timestamp: Option<f64>,
@@ -258,7 +275,7 @@ fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32, first: bool) -> 
         err(field, msg)
     })?;
 
-    let mut hash_ids = match row.hash_ids {
+    let hash_ids = match row.hash_ids {
         Some(ids) if !ids.is_empty() => ids,
         Some(_) => return Err(err(Some("hash_ids"), "must not be empty".into())),
         None => return Err(err(Some("hash_ids"), "missing (required)".into())),
@@ -316,7 +333,7 @@ fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32, first: bool) -> 
     if session_id.is_none() && row.delay.is_some_and(|d| d != 0.0) {
         return Err(err(Some("delay"), "a request without session_id cannot have a delay".into()));
     }
-    hash_ids.truncate(input_length.div_ceil(tbs) as usize);
+    let reached = input_length.div_ceil(tbs) as usize;
     let meta = (row.request_id.is_some() || row.policy_class.is_some()).then(|| {
         Arc::new(TurnMeta {
             request_id: row.request_id.map(Into::into),
@@ -334,7 +351,34 @@ fn parse_row(text: &[u8], path: &Path, lineno: usize, tbs: u32, first: bool) -> 
         output_tokens: row.output_token_ids.map(Into::into),
         meta,
     };
-    Ok(ParsedRow { hash_ids, turn, session_id, timestamp: row.timestamp, delay: row.delay })
+    Ok(ParsedRow { hash_ids, reached, turn, session_id, timestamp: row.timestamp, delay: row.delay })
+}
+
+/// Whether the hash ids met so far are numbered in first-seen order: each id is one already
+/// met or the next number (then interning maps every id to itself).
+struct IdOrder {
+    /// How many distinct ids were met (they are 0..next while `first_seen` holds).
+    next: u64,
+    first_seen: bool,
+}
+
+impl Default for IdOrder {
+    fn default() -> Self {
+        IdOrder { next: 0, first_seen: true }
+    }
+}
+
+impl IdOrder {
+    fn see(&mut self, ids: &[u64]) {
+        for &id in ids {
+            if id == self.next {
+                self.next += 1;
+            } else if id > self.next {
+                self.first_seen = false;
+                return;
+            }
+        }
+    }
 }
 
 /// What a validating pass over a file found.
@@ -347,8 +391,9 @@ struct Scan {
 }
 
 /// Validates every row of a file without keeping them. A `session_id` seen twice makes the
-/// file not streamable (its turns are then checked by [`read_file`]).
-fn scan_file(input: &TraceInput, tbs: u32) -> Result<Scan, InputError> {
+/// file not streamable (its turns are then checked by [`read_file`]). `order` follows the
+/// numbering of hash ids across the files of a trace, in file order.
+fn scan_file(input: &TraceInput, tbs: u32, order: &mut IdOrder) -> Result<Scan, InputError> {
     let path = input.path();
     let mut seen: HashSet<SessionKey> = HashSet::new();
     let mut rows = 0;
@@ -359,6 +404,9 @@ fn scan_file(input: &TraceInput, tbs: u32) -> Result<Scan, InputError> {
         let (lineno, row) = row?;
         rows += 1;
         wide_ids |= row.hash_ids.iter().any(|&h| h > u32::MAX as u64);
+        if order.first_seen {
+            order.see(&row.hash_ids);
+        }
         if let Some(id) = &row.session_id {
             if !seen.insert(id.clone()) {
                 streamable = false;
@@ -388,7 +436,7 @@ fn read_file(input: &TraceInput, tbs: u32, ids: &mut Ids, sessions: &mut Vec<Ses
     for row in Rows::open(input, tbs)? {
         let (lineno, row) = row?;
         let err = |field: Option<&str>, msg: String| InputError::at_line(path, lineno, field, msg);
-        let blocks = ids.blocks(&row.hash_ids).map_err(|e| err(Some("hash_ids"), e))?;
+        let blocks = ids.blocks(&row.hash_ids, row.reached).map_err(|e| err(Some("hash_ids"), e))?;
         let Some(id) = row.session_id.clone() else {
             sessions.push(row.into_session(blocks));
             continue;
@@ -437,14 +485,15 @@ pub struct StreamedTrace {
     block_tokens: u32,
     /// Rows of each file, as validated.
     rows: Vec<u64>,
-    wide_ids: bool,
+    /// Hash ids are interned (see [`Ids`]).
+    interned: bool,
     /// A file that changed since it was validated stops its stream; the error is kept here.
     error: Arc<Mutex<Option<InputError>>>,
 }
 
 impl StreamedTrace {
-    fn new(inputs: Vec<TraceInput>, block_tokens: u32, rows: Vec<u64>, wide_ids: bool) -> Self {
-        StreamedTrace { inputs, block_tokens, rows, wide_ids, error: Arc::default() }
+    fn new(inputs: Vec<TraceInput>, block_tokens: u32, rows: Vec<u64>, interned: bool) -> Self {
+        StreamedTrace { inputs, block_tokens, rows, interned, error: Arc::default() }
     }
 
     pub fn block_tokens(&self) -> u32 {
@@ -465,7 +514,7 @@ impl StreamedTrace {
                 Err(e) => self.fail(e),
             }
         }
-        let mut stream = StreamedSessions { files, ids: Ids::new(self.wide_ids), error: self.error.clone() };
+        let mut stream = StreamedSessions { files, ids: Ids::new(self.interned), error: self.error.clone() };
         for i in 0..stream.files.len() {
             stream.advance(i);
         }
@@ -522,7 +571,7 @@ impl StreamedSessions {
             }
             Some(Ok((lineno, row))) => {
                 f.read += 1;
-                match self.ids.blocks(&row.hash_ids) {
+                match self.ids.blocks(&row.hash_ids, row.reached) {
                     Ok(blocks) => Some(row.into_session(blocks)),
                     Err(e) => {
                         record_error(
@@ -596,7 +645,10 @@ mod tests {
         assert_eq!(w.len(), 2);
         let r = &w[0];
         assert_eq!((r.name.as_deref(), r.turns[0].input_length), (None, 600));
-        assert_eq!(&*r.turns[0].blocks, &[1, 2], "only the blocks the prompt reaches are kept");
+        // Ids 1, 2, 3, 9, ... are not numbered in first-seen order, so they are interned: 1 → 0,
+        // 2 → 1, and 3 (past the prompt) still takes 2, so 9 is 3.
+        assert_eq!(&*r.turns[0].blocks, &[0, 1], "only the blocks the prompt reaches are kept");
+        assert_eq!(&*w[1].turns[0].blocks, &[3]);
         let a = &w[1];
         assert_eq!((a.name.as_deref(), a.start_ms, a.turns.len()), (Some("a"), 1000.0, 3));
         assert_eq!(a.turns[1].delay_ms, 50.0);
@@ -716,6 +768,33 @@ mod tests {
         assert_eq!(&*w[1].turns[0].blocks, &[1, 0]);
         let e = error("array", "[0, 100, 1, [1]]");
         assert!(e.contains("t.jsonl:1: expected one JSON object per line, found a JSON array"), "{e}");
+    }
+
+    #[test]
+    fn ids_are_numbered_in_first_seen_order_as_the_reference_does() {
+        // Already numbered that way: kept as they are.
+        let w = load(
+            "first-seen",
+            r#"{"timestamp": 0, "output_length": 1, "hash_ids": [0, 1, 0]}
+{"timestamp": 5, "output_length": 1, "hash_ids": [2, 1]}
+"#,
+        )
+        .unwrap();
+        assert_eq!((&*w[0].turns[0].blocks, &*w[1].turns[0].blocks), (&[0, 1, 0][..], &[2, 1][..]));
+        // Any other numbering is interned: 7 is the first id met, 3 the second.
+        let w = load(
+            "renumbered",
+            r#"{"timestamp": 0, "output_length": 1, "hash_ids": [7, 3]}
+{"timestamp": 5, "output_length": 1, "hash_ids": [3, 9, 7]}
+"#,
+        )
+        .unwrap();
+        assert_eq!((&*w[0].turns[0].blocks, &*w[1].turns[0].blocks), (&[0, 1][..], &[1, 2, 0][..]));
+        let mut order = IdOrder::default();
+        order.see(&[0, 1, 1, 2]);
+        assert!(order.first_seen);
+        order.see(&[4]);
+        assert!(!order.first_seen, "3 was skipped");
     }
 
     #[test]

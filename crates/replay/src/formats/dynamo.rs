@@ -342,7 +342,7 @@ fn lower_standard(entries: Vec<Entry>, tbs: u32, paths: &[PathBuf]) -> Result<Wo
         }
         let output = output_tokens(&e, paths)?;
         let used = e.input_length.div_ceil(tbs as u64) as usize;
-        let blocks = ids.blocks(&e.hashes[..used]).map_err(&at)?;
+        let blocks = ids.blocks(&e.hashes, used).map_err(&at)?;
         let t = (e.start - first) as f64;
         if t > MAX_TIME_MS {
             return Err(at(format!("request start {t} ms after the first is outside the supported range")));
