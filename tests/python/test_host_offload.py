@@ -76,4 +76,12 @@ def test_replay_loads_from_the_host():
     records = sorted(report.per_request, key=lambda r: r["arrival_time_ms"])
     last = records[-1]
     assert (last["first_admission_g1_reused_input_tokens"], last["first_admission_host_reused_input_tokens"]) == (16, 48)
+    # Each first admission splits its reuse too (Dynamo 1.6.1 writes the split on first
+    # admissions only; recorded with scripts/reference_replay.py --per-request).
+    assert last["admission_history"] == [{
+        "admission_ordinal": 0, "pool_admission_ordinal": 0, "pool": "agg", "at_ms": 448.0,
+        "reused_input_tokens": 64, "g1_reused_input_tokens": 16, "host_reused_input_tokens": 48,
+        "is_readmission": False,
+    }]
+    assert list(records[0]["admission_history"][0]) == list(last["admission_history"][0]), "the reference's key order"
     assert last["first_token_ms"] - last["arrival_time_ms"] == pytest.approx(88.0)

@@ -101,6 +101,9 @@ pub struct Admission {
     pub reused_tokens: u32,
     /// Its index among the request's admissions in this pool.
     pub pool_ordinal: u32,
+    /// `reused_tokens` split into device (G1) and host tokens, on a rank with a host cache; the
+    /// reference writes the split for a request's first admission only.
+    pub tiers: Option<(u32, u32)>,
 }
 
 /// Milestones of the prefill-to-decode handoff of a disaggregated request.
@@ -123,7 +126,7 @@ pub struct Handoff {
 impl RequestRecord {
     fn push_admission(&mut self, pool: Role, at_ms: f64, reused_tokens: u32) {
         let pool_ordinal = self.admission_history.iter().filter(|a| a.pool == pool).count() as u32;
-        self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal });
+        self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal, tiers: None });
     }
 
     pub fn ttft_ms(&self) -> Option<f64> {
@@ -692,10 +695,14 @@ impl<'s> Collector<'s> {
         r.push_admission(pool, at_ms, reused);
     }
 
-    /// Where the first admission's reused tokens came from (with host offload).
+    /// Where the reused tokens of the admission just recorded came from (with host offload,
+    /// reported for first admissions).
     pub fn admit_tiers(&mut self, id: u64, tiers: (u32, u32)) {
         let r = self.get(id);
         r.first_admission_tiers.get_or_insert(tiers);
+        if let Some(last) = r.admission_history.last_mut() {
+            last.tiers = Some(tiers);
+        }
     }
 
     /// Records a visible token; returns whether it was the request's first.

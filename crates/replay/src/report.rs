@@ -328,14 +328,19 @@ pub fn request_json(r: &RequestRecord) -> Value {
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            json!({
+            let mut entry = json!({
                 "admission_ordinal": i,
                 "pool_admission_ordinal": a.pool_ordinal,
                 "pool": pool_name(a.pool),
                 "at_ms": a.at_ms,
                 "reused_input_tokens": a.reused_tokens,
-                "is_readmission": a.pool_ordinal > 0,
-            })
+            });
+            if let (Some((g1, host)), Some(map)) = (a.tiers, entry.as_object_mut()) {
+                map.insert("g1_reused_input_tokens".into(), json!(g1));
+                map.insert("host_reused_input_tokens".into(), json!(host));
+            }
+            entry["is_readmission"] = json!(a.pool_ordinal > 0);
+            entry
         })
         .collect();
     put("admission_history", Value::Array(admissions));
