@@ -186,12 +186,15 @@ impl G3Tier {
     /// Submit a transfer at `now_ms`; returns its job id, or `None` when nothing is accepted.
     ///
     /// A write keeps the leading blocks the tier lacks that fit in its free capacity plus its
-    /// evictable blocks (resident, unpinned, not among `keys`; least recent first, then by key),
+    /// evictable blocks (resident, unpinned, none of `keys`, held or not; least recent first,
+    /// then by key),
     /// evicts what it must and reserves pending entries for them. A read needs every block
     /// resident and pins them until it completes.
     pub fn submit(&mut self, direction: Direction, keys: &[BlockKey], now_ms: f64) -> Option<u64> {
         self.advance(now_ms);
-        let mut keys = match direction {
+        // Every block of a write is protected from its eviction, the ones G3 holds already too.
+        let protected: FxHashSet<BlockKey> = keys.iter().copied().collect();
+        let mut keys: Vec<BlockKey> = match direction {
             Direction::Write => keys.iter().copied().filter(|key| !self.entries.contains_key(key)).collect(),
             Direction::Read => keys.to_vec(),
         };
@@ -200,7 +203,6 @@ impl G3Tier {
         }
         match direction {
             Direction::Write => {
-                let protected: FxHashSet<BlockKey> = keys.iter().copied().collect();
                 let free = self.config.capacity_blocks - self.entries.len();
                 let mut victims: Vec<(u64, BlockKey)> = self
                     .entries
