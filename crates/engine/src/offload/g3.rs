@@ -125,6 +125,8 @@ pub struct G3Tier {
     completed: Vec<G3Completion>,
     /// Counts probes, submissions and completions; orders recency and names jobs.
     ordinal: u64,
+    /// When each transfer completed, in order.
+    completion_times: Vec<f64>,
     stats: G3Stats,
 }
 
@@ -139,6 +141,7 @@ impl G3Tier {
             link: FairLink::new(0.0),
             completed: Vec::new(),
             ordinal: 0,
+            completion_times: Vec::new(),
             stats: G3Stats::default(),
         }
     }
@@ -275,6 +278,20 @@ impl G3Tier {
         self.link.next_event().into_iter().chain(self.completed.iter().map(|c| c.at_ms)).min_by(f64::total_cmp)
     }
 
+    /// Serve transfers up to `now_ms` without delivering them; returns how many transfers had
+    /// completed by `now_ms` (the tier may have been served further already).
+    pub fn sync(&mut self, now_ms: f64) -> u64 {
+        self.advance(now_ms);
+        self.completion_times.partition_point(|&at| at <= now_ms) as u64
+    }
+
+    /// The first completion after `after_ms` (served already or not), or the link's next first
+    /// byte.
+    pub fn next_event_after(&self, after_ms: f64) -> Option<f64> {
+        let i = self.completion_times.partition_point(|&at| at <= after_ms);
+        self.link.next_event().into_iter().chain(self.completion_times.get(i).copied()).min_by(f64::total_cmp)
+    }
+
     /// Transfers are running or completions wait for delivery.
     pub fn has_work(&self) -> bool {
         !self.jobs.is_empty() || !self.completed.is_empty()
@@ -306,6 +323,7 @@ impl G3Tier {
             io.completed_bytes += bytes;
             io.transfer_ms += at_ms - submitted_ms;
             self.completed.push(G3Completion { job, direction, keys, at_ms });
+            self.completion_times.push(at_ms);
         }
     }
 

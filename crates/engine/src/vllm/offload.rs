@@ -80,6 +80,13 @@ struct G3State {
     attempted: FxHashSet<(u64, BlockKey)>,
     /// Passes in which the rank scheduled work or emitted tokens.
     rank_progress: u64,
+    /// A G3 transfer elsewhere in the deployment completed since the last advance.
+    deployment_progress: bool,
+    /// Counts what may unblock a waiting request: G3 writes accepted, promotions started, G3
+    /// and host completions, loads started. A pass that takes no time but moves it is run
+    /// again at the same instant.
+    epoch: u64,
+    epoch_at_pass_start: u64,
 }
 
 impl HostReq {
@@ -187,6 +194,9 @@ impl HostState {
                 attempted_at: 0.0,
                 attempted: FxHashSet::default(),
                 rank_progress: 0,
+                deployment_progress: false,
+                epoch: 0,
+                epoch_at_pass_start: 0,
             }
         });
         Some(Box::new(HostState { tier: Some(host), g3, ..Default::default() }))
@@ -308,6 +318,7 @@ impl HostState {
         }
         g3.attempted.extend(missing.iter().map(|&k| (request, k)));
         g3.stages.insert(job, reservations);
+        g3.epoch += 1;
         true
     }
 }
@@ -330,6 +341,8 @@ impl VllmEngine {
         let done = h.tier().tick(now_ms);
         let mut any = !done.is_empty();
         if let Some(g3) = h.g3.as_mut() {
+            any |= std::mem::take(&mut g3.deployment_progress);
+            g3.epoch += done.len() as u64;
             let tier = h.tier.as_mut().unwrap();
             // Completed stores are handed down to G3 (write-through); the blocks it declines
             // are released now, the others when their write completes.
@@ -337,10 +350,12 @@ impl VllmEngine {
                 let accepted = g3.tier.submit(Direction::Write, &c.blocks, now_ms);
                 let accepted = accepted.map_or(&[][..], |job| g3.tier.job_keys(job));
                 let declined: Vec<u64> = c.blocks.iter().copied().filter(|k| !accepted.contains(k)).collect();
+                g3.epoch += u64::from(!accepted.is_empty());
                 tier.unpin_external(&declined);
             }
             for c in g3.tier.take_completed(now_ms) {
                 any = true;
+                g3.epoch += 1;
                 match c.direction {
                     Direction::Write => tier.unpin_external(&c.keys),
                     Direction::Read => {
@@ -353,6 +368,30 @@ impl VllmEngine {
         }
         self.host_completed(done, any);
         any
+    }
+
+    /// See [`crate::Engine::g3_sync`].
+    pub fn g3_sync(&mut self, now_ms: f64) -> Option<u64> {
+        let g3 = self.host.as_mut()?.g3.as_mut()?;
+        Some(g3.tier.sync(now_ms))
+    }
+
+    /// See [`crate::Engine::g3_next_event_after`].
+    pub fn g3_next_event_after(&self, after_ms: f64) -> Option<f64> {
+        self.host.as_ref()?.g3.as_ref()?.tier.next_event_after(after_ms)
+    }
+
+    /// See [`crate::Engine::g3_retry_now`].
+    pub fn g3_retry_now(&self, now_ms: f64) -> bool {
+        let Some(g3) = self.host.as_ref().and_then(|h| h.g3.as_ref()) else { return false };
+        g3.epoch != g3.epoch_at_pass_start || self.next_transfer_deadline().is_some_and(|at| at <= now_ms)
+    }
+
+    /// See [`crate::Engine::note_g3_deployment_progress`].
+    pub fn note_g3_deployment_progress(&mut self) {
+        if let Some(g3) = self.host.as_mut().and_then(|h| h.g3.as_mut()) {
+            g3.deployment_progress = true;
+        }
     }
 
     /// Host counters, when the rank has a host cache.
@@ -454,6 +493,9 @@ impl VllmEngine {
 
     /// Pass start: completions due by now (an idle rank's were applied when it woke).
     pub(super) fn host_pass_start(&mut self, now_ms: f64) {
+        if let Some(g3) = self.host.as_mut().and_then(|h| h.g3.as_mut()) {
+            g3.epoch_at_pass_start = g3.epoch;
+        }
         if self.host.is_some() {
             self.advance_transfers(now_ms);
             self.host.as_mut().unwrap().scheduled.clear();
@@ -687,6 +729,9 @@ impl VllmEngine {
         };
         for &k in &hit.keys {
             h.load_by_key.insert(k, transfer);
+        }
+        if let Some(g3) = h.g3.as_mut() {
+            g3.epoch += 1;
         }
         let loaded_prefix_blocks = hit.base_blocks + hit.keys.len() as u32;
         h.reqs.get_mut(&req.id).unwrap().load = Some(Load::Loading {
