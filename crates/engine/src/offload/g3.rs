@@ -334,3 +334,113 @@ impl G3Tier {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1_000_000;
+
+    /// 1 MB blocks; at 1 GB/s one block takes 1 ms.
+    fn tier(capacity: usize, latency: f64, gbps: f64) -> G3Tier {
+        G3Tier::new(G3TierConfig {
+            capacity_blocks: capacity,
+            block_bytes: MB,
+            latency_to_first_byte_ms: latency,
+            read_gbps: gbps,
+            write_gbps: gbps,
+        })
+    }
+
+    /// Write `keys` at `at` and serve it until it completes; returns the completion.
+    fn write(t: &mut G3Tier, keys: &[BlockKey], at: f64) -> G3Completion {
+        t.submit(Direction::Write, keys, at).expect("accepted");
+        loop {
+            let mut done = t.take_completed(t.next_deadline().expect("the write is on the link"));
+            if let Some(c) = done.pop() {
+                assert!(done.is_empty());
+                return c;
+            }
+        }
+    }
+
+    #[test]
+    fn writes_are_pending_until_their_bytes_arrive_then_resident() {
+        let mut t = tier(4, 0.5, 1.0);
+        let job = t.submit(Direction::Write, &[1, 2], 10.0).unwrap();
+        assert_eq!(t.job_keys(job), [1, 2]);
+        assert_eq!(t.probe(1), Probe::Pending);
+        // First byte at 10.5, two 1 MB blocks at 1 GB/s: done at 12.5.
+        assert_eq!(t.next_deadline(), Some(10.5));
+        assert!(t.take_completed(12.4).is_empty());
+        let done = t.take_completed(12.5);
+        assert_eq!(done, [G3Completion { job, direction: Direction::Write, keys: vec![1, 2], at_ms: 12.5 }]);
+        assert_eq!((t.probe(1), t.probe(3)), (Probe::Resident, Probe::Miss));
+        let s = t.stats();
+        assert_eq!((s.lookup_probes, s.lookup_hits, s.lookup_pending), (3, 1, 1));
+        assert_eq!((s.write.submitted_jobs, s.write.completed_jobs, s.write.completed_bytes), (1, 1, 2 * MB));
+        assert_eq!((s.write.transfer_ms, s.resident_blocks, s.pending_blocks), (2.5, 2, 0));
+    }
+
+    #[test]
+    fn a_write_evicts_the_least_recent_blocks_outside_its_own_cohort() {
+        let mut t = tier(3, 0.0, 0.0);
+        write(&mut t, &[10, 11], 0.0);
+        write(&mut t, &[12], 1.0);
+        // 10 and 11 completed together (key order breaks the tie); a probe makes 10 recent.
+        assert_eq!(t.probe(10), Probe::Resident);
+        // [11, 20]: 11 is present and protected, so 20 evicts 12, the oldest other block.
+        let job = t.submit(Direction::Write, &[11, 20], 2.0).unwrap();
+        assert_eq!(t.job_keys(job), [20]);
+        assert_eq!(t.stats().evictions, 1);
+        assert!(t.contains(10) && t.contains(11) && !t.contains(12) && t.contains(20));
+        // Already present: nothing to write.
+        t.take_completed(2.0);
+        assert_eq!(t.submit(Direction::Write, &[10, 20], 3.0), None);
+    }
+
+    #[test]
+    fn a_write_keeps_its_leading_blocks_when_pending_and_pinned_blocks_leave_no_room() {
+        let mut t = tier(3, 0.0, 1.0);
+        write(&mut t, &[1], 0.0);
+        t.submit(Direction::Write, &[2], 10.0).unwrap(); // pending until 11
+        let read = t.submit(Direction::Read, &[1], 10.0).unwrap(); // pins 1 until 11
+        let job = t.submit(Direction::Write, &[5, 6, 7], 10.0).unwrap();
+        assert_eq!(t.job_keys(job), [5], "one free block, no evictable one");
+        assert_eq!(t.submit(Direction::Write, &[8], 10.0), None, "full");
+        assert_eq!(t.stats().evictions, 0);
+        let done: Vec<u64> = t.take_completed(20.0).iter().map(|c| c.job).collect();
+        assert!(done.contains(&read) && done.contains(&job));
+    }
+
+    #[test]
+    fn reads_need_resident_blocks_and_pin_them() {
+        let mut t = tier(2, 0.0, 1.0);
+        write(&mut t, &[1], 0.0);
+        t.submit(Direction::Write, &[2], 1.0).unwrap();
+        assert_eq!(t.submit(Direction::Read, &[1, 2], 1.0), None, "2 is still pending");
+        assert_eq!(t.submit(Direction::Read, &[3], 1.0), None);
+        t.take_completed(2.0);
+        let read = t.submit(Direction::Read, &[1], 2.0).unwrap();
+        // 1 is pinned, 2 is the only victim.
+        let job = t.submit(Direction::Write, &[3], 2.0).unwrap();
+        assert_eq!(t.job_keys(job), [3]);
+        assert!(t.contains(1) && !t.contains(2));
+        assert!(t.cancel(read, 2.5) && !t.cancel(read, 2.5));
+        assert_eq!(t.stats().read.cancelled_jobs, 1);
+    }
+
+    #[test]
+    fn transfers_of_one_direction_share_the_worker_rate_and_directions_do_not() {
+        // Two 1 MB reads at 1 GB/s share it: both done at 2 ms; the write runs beside them.
+        let mut t = tier(8, 0.0, 1.0);
+        write(&mut t, &[1], 0.0);
+        write(&mut t, &[2], 0.0);
+        let (a, b) = (t.submit(Direction::Read, &[1], 5.0).unwrap(), t.submit(Direction::Read, &[2], 5.0).unwrap());
+        let w = t.submit(Direction::Write, &[3], 5.0).unwrap();
+        let done: Vec<(u64, f64)> = t.take_completed(10.0).iter().map(|c| (c.job, c.at_ms)).collect();
+        assert_eq!(done, [(w, 6.0), (a, 7.0), (b, 7.0)]);
+        assert_eq!(t.sync(6.5), 3, "completed by 6.5: the two seeding writes and the third");
+        assert_eq!(t.next_event_after(6.0), Some(7.0));
+    }
+}
