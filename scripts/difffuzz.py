@@ -378,6 +378,16 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
             if chance(sub, 0.4):
                 host["latency_to_first_byte_ms"] = sub.choice([0.1, 0.5, 1.0, 2.0])
             e["native_host_offload"] = host
+            # G3 below it (servesim models scope worker_local; Dynamo allows it at dp_size 1 only).
+            if dp == 1 and chance(sub, 0.35):
+                g3 = {"scope": "worker_local",
+                      "num_g3_blocks": max(1, int(host["num_host_blocks"] * sub.choice([0.5, 1, 2, 4, 16])))}
+                for key in ["read_bandwidth_gbps", "write_bandwidth_gbps"]:
+                    if chance(sub, 0.6):
+                        g3[key] = sub.choice([0.0, 0.5, 1.0, 4.0, 10.0, 40.0])
+                if chance(sub, 0.5):
+                    g3["latency_to_first_byte_ms"] = sub.choice([0.0, 0.1, 1.0, 5.0])
+                e["g3_offload"] = g3
     return e
 
 

@@ -47,6 +47,20 @@ def test_normalised_section_is_dynamos():
     assert engine["kv_cache_bytes_per_token"] == 1000
 
 
+def test_normalised_g3_section_is_dynamos():
+    engine = normalize_mocker_config(
+        {"engine": {"kv_cache_bytes_per_token": 1000, "native_host_offload": {"num_host_blocks": 8},
+                    "g3_offload": {"scope": "worker_local", "num_g3_blocks": 8}}}
+    )["engine"]
+    assert engine["g3_offload"] == {
+        "scope": "worker_local", "num_g3_blocks": 8, "latency_to_first_byte_ms": 0.1,
+        "read_bandwidth_gbps": 10.0, "write_bandwidth_gbps": 10.0,
+        "shared_read_bandwidth_gbps": 80.0, "shared_write_bandwidth_gbps": 80.0,
+    }
+    with pytest.raises(ValueError, match="g3_offload requires native_host_offload"):
+        normalize_mocker_config({"engine": {"g3_offload": {"scope": "worker_local", "num_g3_blocks": 8}}})
+
+
 @pytest.mark.parametrize(
     "host, message",
     [

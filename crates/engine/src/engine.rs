@@ -210,6 +210,42 @@ impl Engine {
         }
     }
 
+    /// With a G3 tier: serves its transfers up to `now_ms` (applied to the tier, handed to the
+    /// host cache at the next advance) and returns how many it has completed so far.
+    pub fn g3_sync(&mut self, now_ms: f64) -> Option<u64> {
+        match self {
+            Engine::Vllm(e) => e.g3_sync(now_ms),
+            Engine::Sglang(_) => None,
+        }
+    }
+
+    /// With a G3 tier: its first completion after `after_ms` (possibly served already by a pass
+    /// computed ahead), or its next first byte.
+    pub fn g3_next_event_after(&self, after_ms: f64) -> Option<f64> {
+        match self {
+            Engine::Vllm(e) => e.g3_next_event_after(after_ms),
+            Engine::Sglang(_) => None,
+        }
+    }
+
+    /// With a G3 tier, after a pass that took no time and had no effect: whether it moved a
+    /// transfer (or one is due now), so that Dynamo 1.6.1 runs the pass again at once.
+    pub fn g3_retry_now(&self, now_ms: f64) -> bool {
+        match self {
+            Engine::Vllm(e) => e.g3_retry_now(now_ms),
+            Engine::Sglang(_) => false,
+        }
+    }
+
+    /// Another worker's G3 tier completed a transfer since this engine last looked: at its next
+    /// advance, the requests waiting on a transfer try again (Dynamo 1.6.1 wakes them on any
+    /// completion in the deployment's G3 registry).
+    pub fn note_g3_deployment_progress(&mut self) {
+        if let Engine::Vllm(e) = self {
+            e.note_g3_deployment_progress();
+        }
+    }
+
     /// Host-offload counters, when the engine has a host cache.
     pub fn host_counters(&self) -> Option<crate::vllm::HostCounters> {
         match self {

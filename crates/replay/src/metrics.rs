@@ -325,8 +325,9 @@ pub struct Totals {
     pub host_offload: Option<HostOffloadTotals>,
 }
 
-/// What the host caches did over a run (servesim's own counters: the reference reports none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What the host caches did over a run (servesim's own counters: the reference reports none),
+/// and the G3 tiers below them (reported as the reference does).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostOffloadTotals {
     /// Prompt tokens first admissions reused from blocks loaded from the host.
     pub hit_tokens: u64,
@@ -338,6 +339,8 @@ pub struct HostOffloadTotals {
     pub evicted_blocks: u64,
     /// Store preparations that found no room and were retried at a later pass.
     pub capacity_retries: u64,
+    /// The G3 tiers' counters summed over workers, when they have G3.
+    pub g3: Option<servesim_engine::offload::G3Stats>,
 }
 
 impl HostOffloadTotals {
@@ -350,6 +353,9 @@ impl HostOffloadTotals {
         self.loads_cancelled += c.tier.loads_cancelled;
         self.evicted_blocks += c.tier.blocks_evicted;
         self.capacity_retries += c.tier.capacity_retries;
+        if let Some(g3) = &c.g3 {
+            self.g3.get_or_insert_with(Default::default).merge(g3);
+        }
     }
 
     fn merge(&mut self, o: &HostOffloadTotals) {
@@ -362,7 +368,11 @@ impl HostOffloadTotals {
             loads_cancelled,
             evicted_blocks,
             capacity_retries,
+            g3,
         } = *o;
+        if let Some(g3) = &g3 {
+            self.g3.get_or_insert_with(Default::default).merge(g3);
+        }
         self.hit_tokens += hit_tokens;
         self.stores += stores;
         self.d2h_bytes += d2h_bytes;

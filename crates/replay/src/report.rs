@@ -181,6 +181,10 @@ impl Report {
             put("host_offload_loads_cancelled", json!(h.loads_cancelled));
             put("host_offload_evicted_blocks", json!(h.evicted_blocks));
             put("host_offload_capacity_retries", json!(h.capacity_retries));
+            if let Some(g3) = &h.g3 {
+                // Dynamo's own section, under its names.
+                put("g3_offload", g3_json(g3));
+            }
         }
         if self.speculative {
             put("decode_forwards", json!(t.decode_forwards));
@@ -363,4 +367,33 @@ pub fn request_json(r: &RequestRecord) -> Value {
     put("route_overlap_tokens", json!(r.route_overlap_tokens));
     put("queue_wait_ms", json!(r.queue_wait_ms));
     Value::Object(m)
+}
+
+/// A G3 summary as Dynamo 1.6.1's replay report writes it (`bypassed_restores` only when some
+/// request gave up restoring).
+fn g3_json(g: &servesim_engine::offload::G3Stats) -> Value {
+    let io = |io: &servesim_engine::offload::G3IoStats| {
+        json!({
+            "submitted_jobs": io.submitted_jobs,
+            "completed_jobs": io.completed_jobs,
+            "cancelled_jobs": io.cancelled_jobs,
+            "completed_bytes": io.completed_bytes,
+            "transfer_ms": io.transfer_ms,
+        })
+    };
+    let mut v = json!({
+        "lookup_probes": g.lookup_probes,
+        "lookup_hits": g.lookup_hits,
+        "lookup_pending": g.lookup_pending,
+        "read": io(&g.read),
+        "write": io(&g.write),
+        "evictions": g.evictions,
+        "cross_worker_read_blocks": g.cross_worker_read_blocks,
+        "resident_blocks": g.resident_blocks,
+        "pending_blocks": g.pending_blocks,
+    });
+    if g.bypassed_restores > 0 {
+        v["bypassed_restores"] = json!(g.bypassed_restores);
+    }
+    v
 }

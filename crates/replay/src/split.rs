@@ -36,6 +36,8 @@ pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Colle
     };
     config.split_workers
         && pool.workers > 1
+        // Workers with G3 see each other's completions (one registry per deployment).
+        && pool.engine.g3_offload.is_none()
         && config.router == RouterMode::RoundRobin
         && work_only_at_releases(workload, config)
         // Per-request records are written in completion order as the run goes.

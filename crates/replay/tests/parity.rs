@@ -185,6 +185,14 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     summary
 }
 
+/// The numbers of a nested JSON object, by dotted path.
+fn numeric_leaves(path: &str, v: &Value, out: &mut Vec<(String, f64)>) {
+    match v {
+        Value::Object(m) => m.iter().for_each(|(k, v)| numeric_leaves(&format!("{path}.{k}"), v, out)),
+        v => out.extend(v.as_f64().map(|x| (path.to_string(), x))),
+    }
+}
+
 fn check(name: &str) {
     let dir = root().join("tests/parity");
     let case: Value =
@@ -221,6 +229,20 @@ fn check(name: &str) {
             }
             if (got - want).abs() > 1e-9_f64.max(1e-6 * want.abs()) {
                 problems.push(format!("{key}: servesim {got} vs reference {want}"));
+            }
+        }
+        // Dynamo's nested G3 section: every counter, and the sums of transfer times.
+        if let Some(want) = golden.get("g3_offload") {
+            let mut leaves = Vec::new();
+            numeric_leaves("g3_offload", want, &mut leaves);
+            for (path, want) in leaves {
+                let mut keys = path.split('.');
+                let first = ours.get(keys.next().unwrap());
+                let got = keys.fold(first, |v, k| v.and_then(|v| v.get(k)));
+                match got.and_then(|v| v.as_f64()) {
+                    Some(got) if (got - want).abs() <= 1e-9_f64.max(1e-6 * want.abs()) => {}
+                    got => problems.push(format!("{path}: servesim {got:?} vs reference {want}")),
+                }
             }
         }
     }
@@ -370,6 +392,11 @@ parity_cases! {
     // The router scores host-resident blocks that continue a worker's device prefix (at
     // host_cache_hit_weight); without that, prefix reuse sits far below the reference's spread.
     host_offload_kv_router_scores_host_blocks => "offload_kv_router_host_tier",
+    g3_offload_session_turns_promote_from_g3 => "g3_sessions_worker_local",
+    g3_offload_tight_g3_evicts => "g3_sessions_tight",
+    g3_offload_instant_lanes => "g3_sessions_instant",
+    g3_offload_slow_lanes_and_latency => "g3_sessions_slow_lanes",
+    g3_offload_two_workers_round_robin => "g3_2w_round_robin",
     // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
     // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
     // disaggregated sides).

@@ -57,6 +57,9 @@ def normalize_mocker_config(config: Mapping[str, Any] | str | None = None) -> di
     if normalized["engine"].get("native_host_offload") is not None:
         # The host-offload section as Dynamo normalises it (default bandwidths filled in).
         normalized["engine"]["native_host_offload"] = core["engine"]["native_host_offload"]
+    if normalized["engine"].get("g3_offload") is not None:
+        # The G3 section as Dynamo normalises it: all seven keys.
+        normalized["engine"]["g3_offload"] = core["engine"]["g3_offload"]
     if performance_config(normalized) is not None:
         # AIS timing decides what the launch left open: the KV capacity from GPU memory (unless
         # it was the user's), tensor parallelism, data-parallel ranks and the MTP depth.

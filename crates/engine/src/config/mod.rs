@@ -162,6 +162,8 @@ pub struct EngineConfig {
     pub kv_cache_bytes_per_token: Option<u64>,
     /// vLLM's host (G2) KV cache, per DP rank (`native_host_offload`, scope `dp_rank_local`).
     pub host_offload: Option<HostOffload>,
+    /// A G3 tier below each worker's host cache (`g3_offload`, scope `worker_local`).
+    pub g3_offload: Option<G3Offload>,
 }
 
 /// The `native_host_offload` section: a private host KV cache per DP rank (see
@@ -190,6 +192,39 @@ impl HostOffload {
             v["latency_to_first_byte_ms"] = json!(self.latency_to_first_byte_ms);
         }
         v
+    }
+}
+
+/// The `g3_offload` section with scope `worker_local`: secondary storage of each worker, staged
+/// through its host cache (see `docs/host-offload.md` §8).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct G3Offload {
+    pub num_g3_blocks: u64,
+    pub latency_to_first_byte_ms: f64,
+    /// Per-worker rates in decimal GB/s; zero is unlimited.
+    pub read_bandwidth_gbps: f64,
+    pub write_bandwidth_gbps: f64,
+    /// Pool caps of the `cluster_shared` scope; a worker-local tier does not use them.
+    pub shared_read_bandwidth_gbps: f64,
+    pub shared_write_bandwidth_gbps: f64,
+}
+
+impl G3Offload {
+    pub const DEFAULT_LATENCY_MS: f64 = 0.1;
+    pub const DEFAULT_BANDWIDTH_GBPS: f64 = 10.0;
+    pub const DEFAULT_SHARED_BANDWIDTH_GBPS: f64 = 80.0;
+
+    /// The section as Dynamo 1.6.1 normalises it: every key.
+    fn canonical_json(&self) -> Value {
+        json!({
+            "scope": "worker_local",
+            "num_g3_blocks": self.num_g3_blocks,
+            "latency_to_first_byte_ms": self.latency_to_first_byte_ms,
+            "read_bandwidth_gbps": self.read_bandwidth_gbps,
+            "write_bandwidth_gbps": self.write_bandwidth_gbps,
+            "shared_read_bandwidth_gbps": self.shared_read_bandwidth_gbps,
+            "shared_write_bandwidth_gbps": self.shared_write_bandwidth_gbps,
+        })
     }
 }
 
@@ -290,6 +325,9 @@ impl EngineConfig {
         if let Some(host) = &self.host_offload {
             engine["native_host_offload"] = host.canonical_json();
         }
+        if let Some(g3) = &self.g3_offload {
+            engine["g3_offload"] = g3.canonical_json();
+        }
         engine
     }
 }
@@ -330,6 +368,7 @@ struct RawConfig {
     emit_kv_token_ids: Field<bool>,
     kv_cache_bytes_per_token: Field<u64>,
     host_offload: Option<RawHostOffload>,
+    g3_offload: Option<RawG3Offload>,
     prefill_schedule_interval: Option<u64>,
     prefill_decode_interval: Option<u64>,
 }
@@ -344,6 +383,17 @@ struct RawHostOffload {
     shared_h2d_bandwidth_gbps: f64,
     latency_to_first_byte_ms: f64,
     kv_layout_id: Option<String>,
+}
+
+/// `g3_offload` as read (types checked), before the checks across keys.
+struct RawG3Offload {
+    cluster_shared: bool,
+    num_g3_blocks: u64,
+    latency_to_first_byte_ms: f64,
+    read_bandwidth_gbps: f64,
+    write_bandwidth_gbps: f64,
+    shared_read_bandwidth_gbps: f64,
+    shared_write_bandwidth_gbps: f64,
 }
 
 const WORKER_TYPES: [&str; 3] = ["aggregated", "prefill", "decode"];

@@ -304,6 +304,7 @@ impl RawConfig {
             backend,
             block_size,
             (self.enable_prefix_caching, self.nextn.is_set()),
+            (self.g3_offload.as_ref(), role == Role::Aggregated),
         )?;
         if host_offload.is_some() && role != Role::Aggregated {
             return Err(ConfigError::new(
@@ -311,6 +312,12 @@ impl RawConfig {
                 format!("native_host_offload on {} workers is not modelled by servesim yet", role.name()),
             ));
         }
+        let g3_offload = check_g3_offload(
+            self.g3_offload.as_ref(),
+            host_offload.is_some(),
+            block_size as u64 * self.kv_cache_bytes_per_token.or(0),
+            dp_size,
+        )?;
         let engine = EngineConfig {
             backend,
             num_gpu_blocks,
@@ -333,9 +340,44 @@ impl RawConfig {
             timing_fallback,
             kv_cache_bytes_per_token: self.kv_cache_bytes_per_token.set(),
             host_offload,
+            g3_offload,
         };
         Ok(WorkerArgs { engine, deployment })
     }
+}
+
+/// The checks of `g3_offload` that Dynamo 1.6.1 makes when it builds the replay (after the
+/// engine section's own, [`check_host_offload`]), with its messages; then what servesim does
+/// not model yet (the shared scope).
+fn check_g3_offload(
+    raw: Option<&super::RawG3Offload>,
+    has_host: bool,
+    block_bytes: u64,
+    dp_size: u32,
+) -> Result<Option<super::G3Offload>> {
+    let Some(g3) = raw else { return Ok(None) };
+    debug_assert!(has_host, "checked: g3_offload requires native_host_offload");
+    if dp_size != 1 {
+        return Err(ConfigError::new("dp_size", "g3_offload supports only dp_size=1"));
+    }
+    if g3.num_g3_blocks.checked_mul(block_bytes).is_none_or(|bytes| usize::try_from(bytes).is_err()) {
+        return Err(ConfigError::new("engine.g3_offload.num_g3_blocks", "G3 capacity bytes overflow"));
+    }
+    if g3.cluster_shared {
+        return Err(ConfigError::new(
+            "engine.g3_offload.scope",
+            "g3_offload scope `cluster_shared` (one G3 pool shared by a deployment's workers) is not modelled by \
+             servesim yet; use `worker_local`",
+        ));
+    }
+    Ok(Some(super::G3Offload {
+        num_g3_blocks: g3.num_g3_blocks,
+        latency_to_first_byte_ms: g3.latency_to_first_byte_ms,
+        read_bandwidth_gbps: g3.read_bandwidth_gbps,
+        write_bandwidth_gbps: g3.write_bandwidth_gbps,
+        shared_read_bandwidth_gbps: g3.shared_read_bandwidth_gbps,
+        shared_write_bandwidth_gbps: g3.shared_write_bandwidth_gbps,
+    }))
 }
 
 /// Dynamo 1.6.1's checks of `kv_cache_bytes_per_token` and `native_host_offload`, with its
@@ -346,10 +388,34 @@ fn check_host_offload(
     backend: Backend,
     block_size: u32,
     (prefix_caching, nextn): (Field<bool>, bool),
+    (g3, aggregated): (Option<&super::RawG3Offload>, bool),
 ) -> Result<Option<super::HostOffload>> {
     const KEY: &str = "engine.native_host_offload";
     if kv_cache_bytes_per_token == Field::Set(0) {
         return Err(ConfigError::new("engine.kv_cache_bytes_per_token", "kv_cache_bytes_per_token must be positive"));
+    }
+    // Dynamo checks the G3 section before the host section it requires.
+    if let Some(g3) = g3 {
+        let fail = |message: &str| Err(ConfigError::new("engine.g3_offload", message));
+        if g3.num_g3_blocks == 0 {
+            return fail("g3_offload.num_g3_blocks must be positive");
+        }
+        let timing = [
+            g3.latency_to_first_byte_ms,
+            g3.read_bandwidth_gbps,
+            g3.write_bandwidth_gbps,
+            g3.shared_read_bandwidth_gbps,
+            g3.shared_write_bandwidth_gbps,
+        ];
+        if timing.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+            return fail("g3_offload timing must be finite and non-negative");
+        }
+        if raw.is_none() {
+            return fail("g3_offload requires native_host_offload");
+        }
+        if !aggregated {
+            return fail("g3_offload is supported only for worker_type=aggregated");
+        }
     }
     let Some(h) = raw else { return Ok(None) };
     let fail = |message: String| Err(ConfigError::new(KEY, message));

@@ -156,6 +156,89 @@ fn read_host_offload(path: &str, v: &Value) -> Result<super::RawHostOffload> {
     Ok(out)
 }
 
+const G3_OFFLOAD_KEYS: [&str; 7] = [
+    "scope",
+    "num_g3_blocks",
+    "latency_to_first_byte_ms",
+    "read_bandwidth_gbps",
+    "write_bandwidth_gbps",
+    "shared_read_bandwidth_gbps",
+    "shared_write_bandwidth_gbps",
+];
+
+/// `g3_offload`, with Dynamo 1.6.1's messages for its shape: unknown keys, types, the scope's
+/// values, then the required `scope` and `num_g3_blocks` (in that order, as serde reports them).
+fn read_g3_offload(path: &str, v: &Value) -> Result<super::RawG3Offload> {
+    let Value::Object(map) = v else {
+        let message = match v {
+            Value::Array(items) => {
+                format!("invalid length {}, expected struct G3OffloadConfig with 7 elements", items.len())
+            }
+            other => format!("invalid type: {}, expected struct G3OffloadConfig", serde_unexpected(other)),
+        };
+        return Err(ConfigError::new(path, message));
+    };
+    let at = |key: &str| format!("{path}.{key}");
+    let mut out = super::RawG3Offload {
+        cluster_shared: false,
+        num_g3_blocks: 0,
+        latency_to_first_byte_ms: super::G3Offload::DEFAULT_LATENCY_MS,
+        read_bandwidth_gbps: super::G3Offload::DEFAULT_BANDWIDTH_GBPS,
+        write_bandwidth_gbps: super::G3Offload::DEFAULT_BANDWIDTH_GBPS,
+        shared_read_bandwidth_gbps: super::G3Offload::DEFAULT_SHARED_BANDWIDTH_GBPS,
+        shared_write_bandwidth_gbps: super::G3Offload::DEFAULT_SHARED_BANDWIDTH_GBPS,
+    };
+    let (mut scope, mut blocks) = (None, None);
+    for (key, value) in map {
+        let float = |value: &Value| {
+            value.as_f64().ok_or_else(|| {
+                ConfigError::new(at(key), format!("invalid type: {}, expected f64", serde_unexpected(value)))
+            })
+        };
+        match key.as_str() {
+            "scope" => {
+                scope = Some(match value.as_str() {
+                    Some("worker_local") => false,
+                    Some("cluster_shared") => true,
+                    Some(other) => {
+                        return Err(ConfigError::new(
+                            at(key),
+                            format!("unknown variant `{other}`, expected `worker_local` or `cluster_shared`"),
+                        ))
+                    }
+                    None => {
+                        return Err(ConfigError::new(
+                            at(key),
+                            format!("invalid type: {}, expected string or map", serde_unexpected(value)),
+                        ))
+                    }
+                })
+            }
+            "num_g3_blocks" => {
+                blocks = Some(value.as_u64().ok_or_else(|| {
+                    let kind = if value.is_i64() { "invalid value" } else { "invalid type" };
+                    ConfigError::new(at(key), format!("{kind}: {}, expected usize", serde_unexpected(value)))
+                })?)
+            }
+            "latency_to_first_byte_ms" => out.latency_to_first_byte_ms = float(value)?,
+            "read_bandwidth_gbps" => out.read_bandwidth_gbps = float(value)?,
+            "write_bandwidth_gbps" => out.write_bandwidth_gbps = float(value)?,
+            "shared_read_bandwidth_gbps" => out.shared_read_bandwidth_gbps = float(value)?,
+            "shared_write_bandwidth_gbps" => out.shared_write_bandwidth_gbps = float(value)?,
+            other => {
+                let expected = G3_OFFLOAD_KEYS.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+                return Err(ConfigError::new(
+                    at(other),
+                    format!("unknown field `{other}`, expected one of {expected}"),
+                ));
+            }
+        }
+    }
+    out.cluster_shared = scope.ok_or_else(|| ConfigError::new(path, "missing field `scope`"))?;
+    out.num_g3_blocks = blocks.ok_or_else(|| ConfigError::new(path, "missing field `num_g3_blocks`"))?;
+    Ok(out)
+}
+
 impl RawConfig {
     /// Keys shared by the flat form and the canonical `engine` section.
     fn read_engine_keys(&mut self, r: &mut ObjectReader) -> Result<()> {
@@ -190,12 +273,10 @@ impl RawConfig {
             Some(v) => Some(read_host_offload(&host_path, v)?),
         };
         let g3_path = r.path("g3_offload");
-        if !matches!(r.raw("g3_offload"), None | Some(Value::Null)) {
-            return Err(ConfigError::new(
-                g3_path,
-                "g3_offload (a G3 tier below the host cache) is not modelled by servesim yet",
-            ));
-        }
+        self.g3_offload = match r.raw("g3_offload") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(read_g3_offload(&g3_path, v)?),
+        };
         // Sections for the other backends may be present (Dynamo prints them with defaults).
         if let Some(mut sg) = r.object("sglang")? {
             self.read_sglang(&mut sg)?;

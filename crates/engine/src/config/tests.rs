@@ -546,10 +546,111 @@ fn host_offload_errors_are_dynamos_in_its_order() {
         .contains("`cluster_shared` (one host pool shared by workers) is not modelled by servesim yet"));
     assert!(msg(r#"{"num_host_blocks": 8}"#, r#", "worker_type": "prefill""#)
         .contains("native_host_offload on prefill workers is not modelled by servesim yet"));
-    assert!(parse(r#"{"engine": {"g3_offload": {"num_g3_blocks": 8}}}"#)
-        .unwrap_err()
-        .message
-        .contains("g3_offload (a G3 tier below the host cache) is not modelled by servesim yet"));
+}
+
+/// `g3_offload` with Dynamo 1.6.1's messages (probed with `normalize_mocker_config` and its
+/// replay), checked in its order: shape, G3 values, host offload present, aggregated, then the
+/// host section's own checks, then dp_size and capacity as its replay checks them.
+#[test]
+fn g3_offload_is_read_checked_and_dumped_as_dynamo_does() {
+    let host = r#""kv_cache_bytes_per_token": 131072, "native_host_offload": {"num_host_blocks": 64}"#;
+    let err = |g3: &str, extra: &str| {
+        let e = parse(&format!(r#"{{"engine": {{{host}, "g3_offload": {g3}{extra}}}}}"#)).unwrap_err();
+        (e.path, e.message)
+    };
+    let c =
+        parse(&format!(r#"{{"engine": {{{host}, "g3_offload": {{"scope": "worker_local", "num_g3_blocks": 8}}}}}}"#))
+            .unwrap();
+    let g3 = c.g3_offload.unwrap();
+    assert_eq!((g3.num_g3_blocks, g3.latency_to_first_byte_ms, g3.read_bandwidth_gbps), (8, 0.1, 10.0));
+    assert_eq!(
+        (g3.write_bandwidth_gbps, g3.shared_read_bandwidth_gbps, g3.shared_write_bandwidth_gbps),
+        (10.0, 80.0, 80.0)
+    );
+    assert_eq!(
+        dump(&c)["engine"]["g3_offload"],
+        json!({"scope": "worker_local", "num_g3_blocks": 8, "latency_to_first_byte_ms": 0.1,
+               "read_bandwidth_gbps": 10.0, "write_bandwidth_gbps": 10.0,
+               "shared_read_bandwidth_gbps": 80.0, "shared_write_bandwidth_gbps": 80.0})
+    );
+    assert_eq!(parse(&format!(r#"{{"engine": {{{host}, "g3_offload": null}}}}"#)).unwrap().g3_offload, None);
+    let at = |key: &str| format!("engine.g3_offload{key}");
+    assert_eq!(err(r#"{"num_g3_blocks": 8}"#, ""), (at(""), "missing field `scope`".into()));
+    assert_eq!(err(r#"{"scope": "worker_local"}"#, ""), (at(""), "missing field `num_g3_blocks`".into()));
+    assert_eq!(
+        err(r#"{"scope": "dp_rank_local", "num_g3_blocks": 8}"#, ""),
+        (at(".scope"), "unknown variant `dp_rank_local`, expected `worker_local` or `cluster_shared`".into())
+    );
+    assert_eq!(err(r#"{"scope": 5, "num_g3_blocks": 8}"#, "").1, "invalid type: integer `5`, expected string or map");
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": 8, "foo": 1}"#, ""),
+        (
+            at(".foo"),
+            "unknown field `foo`, expected one of `scope`, `num_g3_blocks`, `latency_to_first_byte_ms`, \
+             `read_bandwidth_gbps`, `write_bandwidth_gbps`, `shared_read_bandwidth_gbps`, `shared_write_bandwidth_gbps`"
+                .into()
+        )
+    );
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": "8"}"#, "").1,
+        r#"invalid type: string "8", expected usize"#
+    );
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": -1}"#, "").1,
+        "invalid value: integer `-1`, expected usize"
+    );
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": 8, "read_bandwidth_gbps": null}"#, "").1,
+        "invalid type: null, expected f64"
+    );
+    assert_eq!(err("5", "").1, "invalid type: integer `5`, expected struct G3OffloadConfig");
+    assert_eq!(err("[]", "").1, "invalid length 0, expected struct G3OffloadConfig with 7 elements");
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": 0}"#, ""),
+        (at(""), "g3_offload.num_g3_blocks must be positive".into())
+    );
+    // The block count first, then the timing, whatever else is wrong.
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": 0, "latency_to_first_byte_ms": -1}"#, "").1,
+        "g3_offload.num_g3_blocks must be positive"
+    );
+    for key in ["latency_to_first_byte_ms", "read_bandwidth_gbps", "shared_write_bandwidth_gbps"] {
+        assert_eq!(
+            err(&format!(r#"{{"scope": "worker_local", "num_g3_blocks": 8, "{key}": -1}}"#), "").1,
+            "g3_offload timing must be finite and non-negative"
+        );
+    }
+    let g3 = r#"{"scope": "worker_local", "num_g3_blocks": 8}"#;
+    let without_host = |g3: &str, extra: &str| {
+        parse(&format!(r#"{{"engine": {{"kv_cache_bytes_per_token": 131072, "g3_offload": {g3}{extra}}}}}"#))
+            .unwrap_err()
+            .message
+    };
+    assert_eq!(without_host(g3, ""), "g3_offload requires native_host_offload");
+    assert_eq!(without_host(g3, r#", "worker_type": "prefill""#), "g3_offload requires native_host_offload");
+    assert_eq!(
+        without_host(r#"{"scope": "worker_local", "num_g3_blocks": 0}"#, ""),
+        "g3_offload.num_g3_blocks must be positive"
+    );
+    assert_eq!(err(g3, r#", "worker_type": "decode""#).1, "g3_offload is supported only for worker_type=aggregated");
+    // The G3 section is checked before the host section it needs.
+    let bad_host = r#""kv_cache_bytes_per_token": 131072, "native_host_offload": {"num_host_blocks": 0}"#;
+    let both = |g3: &str| parse(&format!(r#"{{"engine": {{{bad_host}, "g3_offload": {g3}}}}}"#)).unwrap_err().message;
+    assert_eq!(both(r#"{"scope": "worker_local", "num_g3_blocks": 0}"#), "g3_offload.num_g3_blocks must be positive");
+    assert_eq!(both(g3), "native_host_offload.num_host_blocks must be positive");
+    assert_eq!(err(g3, r#", "backend": "sglang""#).1, "native_host_offload is supported only for backend=vllm");
+    // What Dynamo's replay checks when it builds the deployment.
+    let e = parse(&format!(r#"{{"engine": {{{host}, "g3_offload": {g3}}}, "dp_size": 2}}"#)).unwrap_err();
+    assert_eq!((e.path.as_str(), e.message.as_str()), ("dp_size", "g3_offload supports only dp_size=1"));
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": 4611686018427387904}"#, ""),
+        (at(".num_g3_blocks"), "G3 capacity bytes overflow".into())
+    );
+    // Valid for Dynamo, not modelled here: refused, never ignored.
+    let (path, message) = err(r#"{"scope": "cluster_shared", "num_g3_blocks": 8}"#, "");
+    assert_eq!(path, at(".scope"));
+    assert!(message
+        .contains("`cluster_shared` (one G3 pool shared by a deployment's workers) is not modelled by servesim yet"));
 }
 
 #[test]

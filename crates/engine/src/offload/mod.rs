@@ -8,6 +8,7 @@
 //! store, look up and load, and when, belongs to the scheduler that drives [`HostTier`].
 
 mod fair;
+mod g3;
 mod lane;
 mod lru;
 mod tier;
@@ -16,6 +17,7 @@ mod tier;
 mod tests;
 
 pub use fair::FairLink;
+pub use g3::{Direction, G3Completion, G3IoStats, G3Stats, G3Tier, G3TierConfig, Probe};
 pub use lane::{bytes_per_ms, FifoLane};
 pub use tier::{Completed, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
 

@@ -300,4 +300,46 @@ fn residency_is_published_when_stores_land_and_when_blocks_are_evicted() {
     t.tick(done);
     t.drain_residency(&mut events);
     assert_eq!(events[1..], [HostKvEvent::Stored { hashes: vec![3] }]);
+    // A block that arrives from outside the device (a promotion from G3) is published when it
+    // lands; a reservation rolled back publishes nothing.
+    let StoreOutcome::Prepared { transfer, .. } = t.reserve_external(0, &[4], 30.0) else { panic!("room") };
+    t.complete_external(transfer);
+    t.drain_residency(&mut events);
+    assert_eq!(events[2..], [HostKvEvent::Removed { hashes: vec![2] }, HostKvEvent::Stored { hashes: vec![4] }]);
+}
+
+#[test]
+fn held_store_sources_stay_pinned_until_released_then_become_recent_together() {
+    let mut t = tier(2, 0.0, 0.0, 0.0);
+    t.hold_completed_sources();
+    store(&mut t, &[1], 0.0);
+    assert_eq!(t.pins(1), 1);
+    // Held, so not a victim: a second block fits, a third does not.
+    store(&mut t, &[2], 0.0);
+    assert_eq!(t.prepare_store(0, &[3], 0.0), StoreOutcome::RetryCapacity { unfittable: false });
+    t.unpin_external(&[2, 1]);
+    assert_eq!(t.pins(1), 0);
+    // Released in one cohort: the smaller key is the older.
+    assert!(matches!(t.prepare_store(0, &[3], 0.0), StoreOutcome::Prepared { .. }));
+    assert_eq!((t.lookup(1), t.lookup(2)), (Lookup::Miss, Lookup::Hit));
+}
+
+#[test]
+fn external_reservations_take_capacity_without_a_lane_and_complete_or_roll_back() {
+    let mut t = tier(2, 1.0, 1.0, 0.0);
+    store(&mut t, &[1], 0.0);
+    let StoreOutcome::Prepared { transfer: a, .. } = t.reserve_external(7, &[2], 100.0) else { panic!("free block") };
+    assert_eq!(t.lookup(2), Lookup::Pending(a));
+    assert!(t.is_in_flight(a) && t.completes_at(a).is_none() && t.next_deadline().is_none());
+    assert!(!t.can_reserve_external_prefix(&[1, 3]), "1 is protected and 2 is pending");
+    assert!(t.can_reserve_external_prefix(&[3]), "1 could be evicted");
+    assert_eq!(t.lookup(1), Lookup::Hit, "the check changes nothing");
+    // Reserving 3 evicts 1, the only resident block.
+    let StoreOutcome::Prepared { transfer: b, .. } = t.reserve_external(7, &[3], 100.0) else { panic!("evicts 1") };
+    assert_eq!((t.lookup(1), t.stats().blocks_evicted), (Lookup::Miss, 1));
+    t.complete_external(a);
+    t.cancel_external(b);
+    assert_eq!((t.lookup(2), t.lookup(3)), (Lookup::Hit, Lookup::Miss));
+    assert_eq!(t.stats().stores_completed, 1, "only the seeding store copied from the device");
+    assert!(!t.has_work());
 }

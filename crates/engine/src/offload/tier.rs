@@ -105,6 +105,9 @@ pub enum Kind {
     Store,
     /// Host to device (H2D).
     Load,
+    /// Entries reserved for blocks that arrive from outside the device (a G3 promotion); never
+    /// on a lane, completed by their owner.
+    External,
 }
 
 /// Cumulative counts of one tier.
@@ -193,6 +196,9 @@ pub struct HostTier {
     stats: HostStats,
     /// Residency changes not yet taken, when they are published ([`Self::publish_residency`]).
     residency: Option<Vec<HostKvEvent>>,
+    /// Completed stores keep a pin on their blocks until [`HostTier::unpin_external`] (a G3
+    /// below this tier takes them first).
+    hold_completed: bool,
 }
 
 impl HostTier {
@@ -211,6 +217,7 @@ impl HostTier {
             next_id: 0,
             stats: HostStats::default(),
             residency: None,
+            hold_completed: false,
         }
     }
 
@@ -225,6 +232,70 @@ impl HostTier {
         if let Some(events) = self.residency.as_mut() {
             out.append(events);
         }
+    }
+
+    /// From now on a completed store's blocks stay pinned, outside the LRU order, until
+    /// [`Self::unpin_external`] releases them.
+    pub fn hold_completed_sources(&mut self) {
+        self.hold_completed = true;
+    }
+
+    /// Release one pin of each block (held store sources); the blocks this leaves unpinned
+    /// become the most recent, together.
+    pub fn unpin_external(&mut self, keys: &[BlockKey]) {
+        self.unpin(keys);
+    }
+
+    /// Whether entries for `keys` could be reserved now without touching anything: the blocks
+    /// missing fit in the free capacity plus the evictable blocks outside `keys`.
+    pub fn can_reserve_external_prefix(&self, keys: &[BlockKey]) -> bool {
+        let protected: FxHashSet<BlockKey> = keys.iter().copied().collect();
+        let missing = protected.iter().filter(|key| !self.entries.contains_key(key)).count();
+        let needed = missing.saturating_sub(self.config.capacity_blocks - self.entries.len());
+        let entries = &self.entries;
+        let victims = self.lru.oldest(needed, |key| {
+            !protected.contains(&key) && entries.get(&key).is_some_and(|e| e.state == State::Resident && e.pins == 0)
+        });
+        victims.len() == needed
+    }
+
+    /// Reserve entries for blocks that will arrive from outside the device, as store admission
+    /// does (evicting if it must) but with no copy on a lane: the owner completes or cancels it.
+    pub fn reserve_external(&mut self, request: u64, keys: &[BlockKey], now_ms: f64) -> StoreOutcome {
+        self.reserve(request, keys, now_ms, Kind::External)
+    }
+
+    /// The external blocks arrived: they become resident, each in turn the most recent.
+    pub fn complete_external(&mut self, transfer: TransferId) {
+        let t = self.transfers.remove(&transfer).expect("external reservation");
+        assert_eq!(t.kind, Kind::External, "not an external reservation");
+        for &key in &t.blocks {
+            let entry = self.entries.get_mut(&key).expect("reserved entry");
+            debug_assert_eq!(entry.state, State::Storing(transfer));
+            entry.state = State::Resident;
+            if entry.pins == 0 {
+                self.lru.touch(key);
+            }
+        }
+        // A promotion landing here is host residency like a completed store (Dynamo publishes
+        // it in the same advance).
+        if let Some(events) = self.residency.as_mut() {
+            events.push(HostKvEvent::Stored { hashes: t.blocks });
+        }
+    }
+
+    /// Roll back an external reservation.
+    pub fn cancel_external(&mut self, transfer: TransferId) {
+        let t = self.transfers.remove(&transfer).expect("external reservation");
+        assert_eq!(t.kind, Kind::External, "not an external reservation");
+        for key in &t.blocks {
+            self.entries.remove(key);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn pins(&self, key: BlockKey) -> u32 {
+        self.entries.get(&key).map_or(0, |e| e.pins)
     }
 
     pub fn config(&self) -> &HostTierConfig {
@@ -268,6 +339,10 @@ impl HostTier {
     /// recently used resident, unpinned blocks outside the cohort when the cache is full. The
     /// copy is queued by the next [`Self::submit_prepared`]. All or nothing.
     pub fn prepare_store(&mut self, request: u64, cohort: &[BlockKey], now_ms: f64) -> StoreOutcome {
+        self.reserve(request, cohort, now_ms, Kind::Store)
+    }
+
+    fn reserve(&mut self, request: u64, cohort: &[BlockKey], now_ms: f64, kind: Kind) -> StoreOutcome {
         self.mutate_at(now_ms);
         let mut protected = FxHashSet::default();
         let missing: Vec<BlockKey> =
@@ -282,7 +357,9 @@ impl HostTier {
             !protected.contains(&key) && entries.get(&key).is_some_and(|e| e.state == State::Resident && e.pins == 0)
         });
         if victims.len() < needed {
-            self.stats.capacity_retries += 1;
+            if kind == Kind::Store {
+                self.stats.capacity_retries += 1;
+            }
             return StoreOutcome::RetryCapacity { unfittable: protected.len() > self.config.capacity_blocks };
         }
         for &victim in &victims {
@@ -298,9 +375,10 @@ impl HostTier {
             self.entries.insert(key, Entry { state: State::Storing(transfer), pins: 0 });
         }
         let blocks = missing.len();
-        self.transfers
-            .insert(transfer, Transfer { kind: Kind::Store, request, blocks: missing, completes_at_ms: None });
-        self.prepared.push(transfer);
+        self.transfers.insert(transfer, Transfer { kind, request, blocks: missing, completes_at_ms: None });
+        if kind == Kind::Store {
+            self.prepared.push(transfer);
+        }
         StoreOutcome::Prepared { transfer, blocks }
     }
 
@@ -388,8 +466,11 @@ impl HostTier {
                         let entry = self.entries.get_mut(key).expect("stored block keeps its entry");
                         debug_assert_eq!(entry.state, State::Storing(due.transfer));
                         entry.state = State::Resident;
+                        entry.pins += u32::from(self.hold_completed);
                     }
-                    self.lru.touch_together(&blocks);
+                    if !self.hold_completed {
+                        self.lru.touch_together(&blocks);
+                    }
                     if let Some(events) = self.residency.as_mut() {
                         events.push(HostKvEvent::Stored { hashes: blocks.clone() });
                     }
@@ -397,6 +478,7 @@ impl HostTier {
                     self.stats.blocks_stored += blocks.len() as u64;
                     self.stats.bytes_stored += bytes;
                 }
+                Kind::External => unreachable!("external reservations are not on a lane"),
                 Kind::Load => {
                     self.unpin(&blocks);
                     self.stats.loads_completed += 1;

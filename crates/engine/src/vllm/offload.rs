@@ -13,7 +13,10 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
 use crate::config::EngineConfig;
-use crate::offload::{Completed, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
+use crate::offload::{
+    BlockKey, Completed, Direction, G3Stats, G3Tier, G3TierConfig, HostStats, HostTier, HostTierConfig, Kind, Lookup,
+    Probe, StoreOutcome, TransferId,
+};
 use crate::output::{Finish, Finished, HostKvEvent, KvEvent, PassOutput, RejectReason, StoredBlock};
 
 /// First-admission attribution of reused prompt tokens: (device, host).
@@ -44,6 +47,46 @@ struct HostReq {
     latest_store: Option<TransferId>,
     load: Option<Load>,
     first_admission_recorded: bool,
+    restore: Restore,
+}
+
+/// Restore rounds (lookups that start G3 promotions) a waiting request may make while its rank
+/// schedules nothing and emits nothing; past it the request stops restoring from G3 (a prefix
+/// larger than the host cache could otherwise evict its own promotions forever).
+const MAX_RESTORE_ROUNDS_WITHOUT_PROGRESS: u32 = 1024;
+
+/// A request's G3 restore rounds since its rank last made progress.
+#[derive(Default)]
+struct Restore {
+    rounds: u32,
+    /// The rank's progress count at the last round.
+    rank_progress: u64,
+}
+
+impl Restore {
+    fn bypassed(&self) -> bool {
+        self.rounds >= MAX_RESTORE_ROUNDS_WITHOUT_PROGRESS
+    }
+}
+
+/// The worker's G3 tier and the promotions in flight from it into the host cache.
+struct G3State {
+    tier: G3Tier,
+    /// Read job → the host reservations it fills.
+    stages: FxHashMap<u64, Vec<TransferId>>,
+    /// Blocks each request promoted at `attempted_at` (a zero-time promotion may be evicted
+    /// again at the same instant; it is retried only when its prefix fits).
+    attempted_at: f64,
+    attempted: FxHashSet<(u64, BlockKey)>,
+    /// Passes in which the rank scheduled work or emitted tokens.
+    rank_progress: u64,
+    /// A G3 transfer elsewhere in the deployment completed since the last advance.
+    deployment_progress: bool,
+    /// Counts what may unblock a waiting request: G3 writes accepted, promotions started, G3
+    /// and host completions, loads started. A pass that takes no time but moves it is run
+    /// again at the same instant.
+    epoch: u64,
+    epoch_at_pass_start: u64,
 }
 
 impl HostReq {
@@ -88,17 +131,20 @@ enum StartLoad {
 }
 
 /// Cumulative host-offload counters of one rank (servesim's own; the reference reports none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct HostCounters {
     pub tier: HostStats,
     /// Prompt tokens whose first admission reused a host-loaded block.
     pub host_hit_tokens: u64,
+    /// The worker's G3 tier, when it has one.
+    pub g3: Option<G3Stats>,
 }
 
 /// The host tier of one rank and the connector state around it.
 #[derive(Default)]
 pub(super) struct HostState {
     tier: Option<HostTier>,
+    g3: Option<G3State>,
     /// Pending D2H of a physical device block (pool slot): reusing its capacity must wait.
     slot_deps: FxHashMap<u32, TransferId>,
     deps_by_transfer: FxHashMap<TransferId, Vec<u32>>,
@@ -134,11 +180,31 @@ impl HostState {
             h.latency_to_first_byte_ms,
         )
         .expect("validated host offload configuration");
-        let mut tier = HostTier::new(tier);
+        let mut host = HostTier::new(tier);
         if publish_residency {
-            tier.publish_residency();
+            host.publish_residency();
         }
-        Some(Box::new(HostState { tier: Some(tier), ..Default::default() }))
+        let g3 = cfg.g3_offload.map(|g| {
+            // Completed stores wait for their handoff to G3 before they may be evicted.
+            host.hold_completed_sources();
+            G3State {
+                tier: G3Tier::new(G3TierConfig {
+                    capacity_blocks: g.num_g3_blocks as usize,
+                    block_bytes: tier.block_bytes,
+                    latency_to_first_byte_ms: g.latency_to_first_byte_ms,
+                    read_gbps: g.read_bandwidth_gbps,
+                    write_gbps: g.write_bandwidth_gbps,
+                }),
+                stages: FxHashMap::default(),
+                attempted_at: 0.0,
+                attempted: FxHashSet::default(),
+                rank_progress: 0,
+                deployment_progress: false,
+                epoch: 0,
+                epoch_at_pass_start: 0,
+            }
+        });
+        Some(Box::new(HostState { tier: Some(host), g3, ..Default::default() }))
     }
 
     fn tier(&mut self) -> &mut HostTier {
@@ -158,6 +224,7 @@ impl HostState {
                 latest_store: None,
                 load: None,
                 first_admission_recorded: false,
+                restore: Restore::default(),
             }
         })
     }
@@ -193,12 +260,80 @@ impl HostState {
     fn pending_dep(&self, slot: u32) -> Option<f64> {
         self.slot_deps.get(&slot).and_then(|&t| self.completes_at(t))
     }
+
+    /// The G3 step of a lookup: walk `keys` (the prompt blocks past the device prefix) and
+    /// promote into the host cache, in one read, each block the host lacks and G3 holds, until
+    /// a block neither has (or the host cannot take one). True when the request must wait for a
+    /// transfer: a promotion started, or a block it needs is still being written somewhere.
+    fn stage(&mut self, request: u64, keys: &[BlockKey], now_ms: f64) -> bool {
+        let tier = self.tier.as_mut().unwrap();
+        let g3 = self.g3.as_mut().unwrap();
+        if now_ms > g3.attempted_at {
+            g3.attempted_at = now_ms;
+            g3.attempted.clear();
+        }
+        let (mut missing, mut reservations, mut deferred) = (Vec::new(), Vec::new(), false);
+        for &key in keys {
+            match tier.lookup(key) {
+                Lookup::Hit => {}
+                Lookup::Pending(_) => deferred = true,
+                Lookup::Miss => match g3.tier.probe(key) {
+                    Probe::Resident => {
+                        if g3.attempted.contains(&(request, key)) {
+                            // Promoted at this instant already and evicted since: again only if
+                            // the whole recoverable prefix fits now.
+                            let prefix: Vec<BlockKey> = keys
+                                .iter()
+                                .copied()
+                                .take_while(|&k| tier.lookup(k) != Lookup::Miss || g3.tier.contains(k))
+                                .collect();
+                            if !tier.can_reserve_external_prefix(&prefix) {
+                                break;
+                            }
+                        }
+                        let StoreOutcome::Prepared { transfer, .. } = tier.reserve_external(request, &[key], now_ms)
+                        else {
+                            break;
+                        };
+                        missing.push(key);
+                        reservations.push(transfer);
+                    }
+                    Probe::Pending => deferred = true,
+                    Probe::Miss => break,
+                },
+            }
+        }
+        if missing.is_empty() {
+            return deferred;
+        }
+        let Some(job) = g3.tier.submit(Direction::Read, &missing, now_ms) else {
+            for reservation in reservations {
+                tier.cancel_external(reservation);
+            }
+            return deferred;
+        };
+        let restore = &mut self.reqs.get_mut(&request).expect("a looked-up request").restore;
+        if restore.rank_progress != g3.rank_progress {
+            restore.rank_progress = g3.rank_progress;
+            restore.rounds = 0;
+        }
+        restore.rounds += 1;
+        if restore.bypassed() {
+            g3.tier.note_bypassed_restore();
+        }
+        g3.attempted.extend(missing.iter().map(|&k| (request, k)));
+        g3.stages.insert(job, reservations);
+        g3.epoch += 1;
+        true
+    }
 }
 
 impl VllmEngine {
     /// When the next host transfer completes (the driver wakes an idle worker then).
     pub fn next_transfer_deadline(&self) -> Option<f64> {
-        self.host.as_ref()?.tier.as_ref()?.next_deadline()
+        let h = self.host.as_ref()?;
+        let g3 = h.g3.as_ref().and_then(|g| g.tier.next_deadline());
+        h.tier.as_ref()?.next_deadline().into_iter().chain(g3).min_by(f64::total_cmp)
     }
 
     /// Completes the host transfers due by `now_ms` on an idle rank (loads become admissible
@@ -207,16 +342,71 @@ impl VllmEngine {
         if self.host.is_none() {
             return false;
         }
-        let done = self.host.as_mut().unwrap().tier().tick(now_ms);
-        let any = !done.is_empty();
-        self.host_completed(done);
+        let h = self.host.as_mut().unwrap();
+        let done = h.tier().tick(now_ms);
+        let mut any = !done.is_empty();
+        if let Some(g3) = h.g3.as_mut() {
+            any |= std::mem::take(&mut g3.deployment_progress);
+            g3.epoch += done.len() as u64;
+            let tier = h.tier.as_mut().unwrap();
+            // Completed stores are handed down to G3 (write-through); the blocks it declines
+            // are released now, the others when their write completes.
+            for c in done.iter().filter(|c| c.kind == Kind::Store) {
+                let accepted = g3.tier.submit(Direction::Write, &c.blocks, now_ms);
+                let accepted = accepted.map_or(&[][..], |job| g3.tier.job_keys(job));
+                let declined: Vec<u64> = c.blocks.iter().copied().filter(|k| !accepted.contains(k)).collect();
+                g3.epoch += u64::from(!accepted.is_empty());
+                tier.unpin_external(&declined);
+            }
+            for c in g3.tier.take_completed(now_ms) {
+                any = true;
+                g3.epoch += 1;
+                match c.direction {
+                    Direction::Write => tier.unpin_external(&c.keys),
+                    Direction::Read => {
+                        for reservation in g3.stages.remove(&c.job).expect("a promotion fills reservations") {
+                            tier.complete_external(reservation);
+                        }
+                    }
+                }
+            }
+        }
+        self.host_completed(done, any);
         any
+    }
+
+    /// See [`crate::Engine::g3_sync`].
+    pub fn g3_sync(&mut self, now_ms: f64) -> Option<u64> {
+        let g3 = self.host.as_mut()?.g3.as_mut()?;
+        Some(g3.tier.sync(now_ms))
+    }
+
+    /// See [`crate::Engine::g3_next_event_after`].
+    pub fn g3_next_event_after(&self, after_ms: f64) -> Option<f64> {
+        self.host.as_ref()?.g3.as_ref()?.tier.next_event_after(after_ms)
+    }
+
+    /// See [`crate::Engine::g3_retry_now`].
+    pub fn g3_retry_now(&self, now_ms: f64) -> bool {
+        let Some(g3) = self.host.as_ref().and_then(|h| h.g3.as_ref()) else { return false };
+        g3.epoch != g3.epoch_at_pass_start || self.next_transfer_deadline().is_some_and(|at| at <= now_ms)
+    }
+
+    /// See [`crate::Engine::note_g3_deployment_progress`].
+    pub fn note_g3_deployment_progress(&mut self) {
+        if let Some(g3) = self.host.as_mut().and_then(|h| h.g3.as_mut()) {
+            g3.deployment_progress = true;
+        }
     }
 
     /// Host counters, when the rank has a host cache.
     pub fn host_counters(&self) -> Option<HostCounters> {
         let h = self.host.as_ref()?;
-        Some(HostCounters { tier: h.tier.as_ref()?.stats(), host_hit_tokens: h.host_hit_tokens })
+        Some(HostCounters {
+            tier: h.tier.as_ref()?.stats(),
+            host_hit_tokens: h.host_hit_tokens,
+            g3: h.g3.as_ref().map(|g| g.tier.stats()),
+        })
     }
 
     /// Host residency changes since the last call (recorded when the rank publishes KV events).
@@ -238,8 +428,10 @@ impl VllmEngine {
         self.host.as_ref().map_or(0, |h| h.members.len())
     }
 
-    fn host_completed(&mut self, done: Vec<Completed>) {
-        if done.is_empty() {
+    /// Applies completed host transfers; `woke`: some transfer (host or G3) completed, so the
+    /// requests waiting on one are tried again.
+    fn host_completed(&mut self, done: Vec<Completed>, woke: bool) {
+        if !woke {
             return;
         }
         let h = self.host.as_mut().unwrap();
@@ -260,6 +452,7 @@ impl VllmEngine {
                     }
                     activate.push(c.request);
                 }
+                Kind::External => unreachable!("external reservations do not complete on a lane"),
             }
         }
         for id in activate {
@@ -312,6 +505,9 @@ impl VllmEngine {
 
     /// Pass start: completions due by now (an idle rank's were applied when it woke).
     pub(super) fn host_pass_start(&mut self, now_ms: f64) {
+        if let Some(g3) = self.host.as_mut().and_then(|h| h.g3.as_mut()) {
+            g3.epoch_at_pass_start = g3.epoch;
+        }
         if self.host.is_some() {
             self.advance_transfers(now_ms);
             self.host.as_mut().unwrap().scheduled.clear();
@@ -334,6 +530,9 @@ impl VllmEngine {
     /// A preempted request's stores are flushed before its blocks are freed.
     pub(super) fn host_preempted(&mut self, id: u64) {
         let Some(h) = self.host.as_mut() else { return };
+        if let Some(r) = h.reqs.get_mut(&id) {
+            r.restore.rounds = 0;
+        }
         if let Some(t) = h.reqs.get(&id).and_then(|r| r.latest_store).and_then(|t| h.completes_at(t)) {
             h.compute_not_before = h.compute_not_before.max(t);
         }
@@ -346,6 +545,7 @@ impl VllmEngine {
         let h = self.host.as_mut()?;
         let req = &self.reqs[slot];
         let hreq = h.req(req, bs);
+        hreq.restore.rounds = 0;
         let tiers = match hreq.load.take() {
             Some(Load::Activated { original_g1_tokens, .. }) => {
                 let g1 = original_g1_tokens.min(reused);
@@ -418,6 +618,11 @@ impl VllmEngine {
         for f in &out.finished {
             h.reqs.remove(&f.request);
         }
+        if let Some(g3) = h.g3.as_mut() {
+            if !h.scheduled.is_empty() || !out.tokens.is_empty() {
+                g3.rank_progress += 1;
+            }
+        }
         if self.group_ranks <= 1 {
             self.transfer_boundary(end_ms);
         }
@@ -466,7 +671,7 @@ impl VllmEngine {
         self.resident_prefix(&req.hashes.seq[..limit])
     }
 
-    fn host_lookup(&mut self, slot: u32, base_blocks: u32, original_g1_tokens: u32) -> HostLookup {
+    fn host_lookup(&mut self, slot: u32, base_blocks: u32, original_g1_tokens: u32, now_ms: f64) -> HostLookup {
         let bs = self.cfg.block_size;
         let footprint_blocks = self.reqs[slot].len().div_ceil(bs);
         let h = self.host.as_mut().unwrap();
@@ -482,13 +687,15 @@ impl VllmEngine {
             }
             h.reqs.get_mut(&self.reqs[slot].id).unwrap().latest_store = None;
         }
-        let hreq = &h.reqs[&self.reqs[slot].id];
-        let keys = hreq.keys.clone();
-        let tier = h.tier.as_ref().unwrap();
+        let keys = h.reqs[&self.reqs[slot].id].keys.clone();
         let base = base_blocks as usize;
+        let id = self.reqs[slot].id;
         let outcome = if base >= keys.len() {
             HostLookup::Miss
+        } else if h.g3.is_some() && !h.reqs[&id].restore.bypassed() && h.stage(id, &keys[base..], now_ms) {
+            HostLookup::Deferred
         } else {
+            let tier = h.tier.as_ref().unwrap();
             let (mut matched, mut deferred) = (0, false);
             for &key in &keys[base..] {
                 match tier.lookup(key) {
@@ -534,6 +741,9 @@ impl VllmEngine {
         for &k in &hit.keys {
             h.load_by_key.insert(k, transfer);
         }
+        if let Some(g3) = h.g3.as_mut() {
+            g3.epoch += 1;
+        }
         let loaded_prefix_blocks = hit.base_blocks + hit.keys.len() as u32;
         h.reqs.get_mut(&req.id).unwrap().load = Some(Load::Loading {
             transfer,
@@ -569,7 +779,16 @@ impl VllmEngine {
             + self.host.as_ref().unwrap().reqs.values().map(HostReq::unreserved_tail_blocks).sum::<u32>();
         while !self.preempted_any && self.running.len() < max_seqs && self.budget > 0 {
             let h = self.host.as_ref().unwrap();
-            let next = if h.has_ready_waiter() {
+            // With G3, a ready connector waiter that holds device blocks (its load is in flight
+            // or done) goes first, ahead of older ready waiters.
+            let holder = || {
+                h.connector.iter().copied().find(|s| {
+                    !h.sleeping.contains(s) && h.reqs.get(&self.reqs[*s].id).is_some_and(|r| r.reserved_blocks() > 0)
+                })
+            };
+            let next = if h.g3.is_some() && h.has_ready_waiter() && holder().is_some() {
+                holder()
+            } else if h.has_ready_waiter() {
                 h.connector.iter().copied().find(|s| !h.sleeping.contains(s))
             } else {
                 self.waiting.front().copied()
@@ -591,7 +810,7 @@ impl VllmEngine {
                 cached = loaded_prefix_blocks * bs;
                 active = cached;
             }
-            let hit = match self.host_lookup(slot, cached / bs, cached) {
+            let hit = match self.host_lookup(slot, cached / bs, cached, now_ms) {
                 HostLookup::Miss => None,
                 HostLookup::Hit(hit) => Some(hit),
                 HostLookup::Deferred => {

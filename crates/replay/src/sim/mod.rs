@@ -322,6 +322,8 @@ struct Worker {
     pending_activations: Vec<(u64, usize)>,
     /// The host-transfer wakeup scheduled for this idle worker, if any.
     host_wake_at: Option<f64>,
+    /// G3 completions of the pool that this worker has seen.
+    g3_seen: u64,
     /// The number of the worker's next pass, from 0 again once every rank is drained (the
     /// ranks' prefill cadence counts it; see [`Engine::begin_group_pass`]).
     wave_step: u64,
@@ -342,6 +344,8 @@ struct Pool {
     placer: Placer,
     /// Which workers start, serve, drain or have stopped (all serve without an autoscaler).
     lifecycle: Workers,
+    /// Workers with G3 tiers that see each other's completions (see [`Simulation::g3_observe`]).
+    g3_coupled: bool,
 }
 
 /// Something scheduled for a later instant.
@@ -363,6 +367,10 @@ enum Event {
         worker: u32,
     },
     /// A host (G2) KV transfer of an idle worker completes.
+    /// A G3 transfer of some worker of the pool completes: idle workers see it.
+    G3Tick {
+        pool: u8,
+    },
     HostWake {
         pool: u8,
         worker: u32,
@@ -398,6 +406,8 @@ struct Simulation<'a, 'c> {
     /// Workers that may start a pass: (pool, worker). Only they are visited at an instant, so
     /// idle workers cost nothing.
     awake: BTreeSet<(usize, usize)>,
+    /// The `G3Tick` events scheduled, by pool.
+    g3_ticks: BTreeSet<(usize, Time)>,
     /// Disaggregated: the sessions of requests that ended at this instant (and whether they
     /// completed), told to the load driver after the workers idle now have started their
     /// passes (see [`Simulation::tell_ended_sessions`]).
@@ -440,7 +450,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let workers = (0..spec.workers)
                     .map(|w| new_worker(&rank_engine, w, if served(w) { dp } else { 0 }, record_kv_events, jitter))
                     .collect();
-                Pool { spec: spec.clone(), workers, placer, lifecycle: Workers::new(spec.workers as usize) }
+                Pool {
+                    spec: spec.clone(),
+                    workers,
+                    placer,
+                    lifecycle: Workers::new(spec.workers as usize),
+                    g3_coupled: spec.engine.g3_offload.is_some(),
+                }
             })
             .collect();
         let transfer = config.topology.is_disaggregated().then(|| {
@@ -465,6 +481,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             passes_started_ms: f64::NEG_INFINITY,
             shard,
             awake: BTreeSet::new(),
+            g3_ticks: BTreeSet::new(),
             ended: Vec::new(),
             unplaced: Vec::new(),
             scaling: None,
@@ -578,6 +595,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 match event {
                     Event::PassEnd { pool, worker } => {
                         self.wake(pool as usize, worker as usize);
+                        // The pass's transfer boundary was computed with the pass; what the
+                        // pool's G3 tiers completed by its end is seen now.
+                        if self.g3_observe(pool as usize, worker as usize, now) {
+                            self.advance_transfers(pool as usize, worker as usize);
+                        }
                         let w = &mut self.pools[pool as usize].workers[worker as usize];
                         w.busy = false;
                         w.pass_seq = u64::MAX;
@@ -599,6 +621,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     }
                     Event::WorkerReady { pool, worker } => self.worker_ready(pool as usize, worker as usize, None),
                     Event::HostWake { pool, worker } => self.host_wake(pool as usize, worker as usize),
+                    Event::G3Tick { pool } => self.g3_tick(pool as usize),
                 }
             }
             for (id, step) in std::mem::take(&mut self.unplaced) {
@@ -637,6 +660,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 return Err(SimError::Planner { at_ms: now, why });
             }
             again = self.start_passes()?;
+            self.schedule_g3_ticks();
             if let Some(request) = self.unschedulable {
                 return Err(SimError::Unschedulable { at_ms: now, request });
             }
@@ -689,6 +713,70 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
     }
 
+    /// Dynamo 1.6.1 keeps one G3 registry per deployment: with scope `worker_local` each worker
+    /// has its own pool of blocks and its own rates, but a completion anywhere bumps one epoch,
+    /// and a worker that has not seen the latest epoch wakes its requests waiting on a transfer
+    /// at its next advance (an idle worker at once). Called before worker `w` advances its
+    /// transfers at `now`.
+    fn g3_observe(&mut self, pool: usize, w: usize, now: f64) -> bool {
+        if !self.pools[pool].g3_coupled {
+            return false;
+        }
+        let total: u64 = self.pools[pool]
+            .workers
+            .iter_mut()
+            .flat_map(|worker| worker.ranks.iter_mut())
+            .filter_map(|rank| rank.engine.g3_sync(now))
+            .sum();
+        let worker = &mut self.pools[pool].workers[w];
+        if worker.g3_seen == total {
+            return false;
+        }
+        worker.g3_seen = total;
+        for rank in &mut worker.ranks {
+            rank.engine.note_g3_deployment_progress();
+        }
+        true
+    }
+
+    /// Schedules the next G3 event of a coupled pool (idle workers observe it then).
+    fn schedule_g3_ticks(&mut self) {
+        let now = self.now;
+        let mut ticks = Vec::new();
+        for (p, pool) in self.pools.iter().enumerate() {
+            if !pool.g3_coupled {
+                continue;
+            }
+            let next = pool
+                .workers
+                .iter()
+                .flat_map(|worker| worker.ranks.iter())
+                .filter_map(|rank| rank.engine.g3_next_event_after(now))
+                .min_by(f64::total_cmp);
+            if let Some(at) = next {
+                ticks.push((p, at));
+            }
+        }
+        for (p, at) in ticks {
+            if self.g3_ticks.insert((p, Time(at))) {
+                self.schedule(at, Event::G3Tick { pool: p as u8 });
+            }
+        }
+    }
+
+    /// A G3 event of the pool: every idle worker that has not seen a completion advances.
+    fn g3_tick(&mut self, pool: usize) {
+        let now = self.now;
+        self.g3_ticks.retain(|&(p, Time(at))| p != pool || at > now);
+        for w in 0..self.pools[pool].workers.len() {
+            if self.pools[pool].workers[w].busy || !self.g3_observe(pool, w, now) {
+                continue;
+            }
+            self.advance_transfers(pool, w);
+            self.wake(pool, w);
+        }
+    }
+
     /// Wakes idle worker `w` when its next host transfer completes (the engine has no clock).
     fn schedule_host_wake(&mut self, pool: usize, w: usize) {
         let worker = &self.pools[pool].workers[w];
@@ -715,14 +803,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if worker.busy {
             return;
         }
+        self.g3_observe(pool, w, now);
+        self.advance_transfers(pool, w);
+        self.wake(pool, w);
+    }
+
+    /// Completes the host transfers due now on every rank of idle worker `w`; the KV events
+    /// they cause reach the router at once (Dynamo publishes them when it wakes the rank).
+    fn advance_transfers(&mut self, pool: usize, w: usize) {
         let dp = self.pools[pool].spec.dp();
         let mut events = PassOutput::default();
         for r in 0..dp {
-            self.pools[pool].workers[w].ranks[r].engine.advance_transfers(now, &mut events);
+            self.pools[pool].workers[w].ranks[r].engine.advance_transfers(self.now, &mut events);
             self.publish_kv_events(pool, w * dp + r, &events);
             events.clear();
         }
-        self.wake(pool, w);
     }
 
     /// Starts a pass (or a fast-forwarded stretch) on every idle worker that has work. Returns
@@ -760,6 +855,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     stretches.push((p, w, stretch));
                     continue;
                 }
+                self.g3_observe(p, w, now);
                 let worker = &mut self.pools[p].workers[w];
                 // Every rank with work starts a pass now; the worker's pass ends when the
                 // slowest rank's does, and all its tokens are stamped then.
@@ -799,6 +895,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let any_prefilled = ranks.iter().any(|r| r.ran && r.engine.prefilled_in_pass());
                 let any_ran_model = ranks.iter().any(|r| r.ran && r.engine.ran_model_in_pass());
                 let deferred = ranks.iter().any(|r| r.ran && r.engine.deferred_in_pass());
+                // A pass that moved only G3 work is retried at this instant, as Dynamo does.
+                let g3_retry = end == now && !effect && ranks.iter().any(|r| r.ran && r.engine.g3_retry_now(now));
                 if dp > 1 {
                     // Every rank reaches the group's barrier; an idle rank's output carries only
                     // what that boundary produced.
@@ -817,7 +915,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     worker.busy = true;
                     worker.pass_end = end;
                     self.schedule_pass_end(p, w, end);
-                } else if effect || deferred {
+                } else if effect || deferred || g3_retry {
                     // A deferred round of SGLang's prefill/decode interval counts down even when
                     // it does nothing; the next round follows at once.
                     self.apply_pass(p, w);
@@ -1191,5 +1289,6 @@ fn new_worker(
         pending_releases: Vec::new(),
         pending_activations: Vec::new(),
         host_wake_at: None,
+        g3_seen: 0,
     }
 }
