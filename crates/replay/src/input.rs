@@ -492,10 +492,9 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("servesim-input-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A scratch directory that goes away with the test.
+    fn dir() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("servesim-input-").tempdir().unwrap()
     }
 
     fn read_all(input: &TraceInput) -> Result<String, InputError> {
@@ -506,18 +505,19 @@ mod tests {
 
     #[test]
     fn gzip_zstd_and_bom_are_read_as_text() {
+        let tmp = dir();
         let text = "{\"a\": 1}\n";
-        let plain = dir().join("plain.jsonl");
+        let plain = tmp.path().join("plain.jsonl");
         std::fs::write(&plain, format!("\u{feff}{text}")).unwrap();
         assert_eq!(read_all(&TraceInput::open(&plain).unwrap()).unwrap(), text);
-        let gz = dir().join("named-without-extension");
+        let gz = tmp.path().join("named-without-extension");
         let mut enc = flate2::write::GzEncoder::new(File::create(&gz).unwrap(), flate2::Compression::fast());
         enc.write_all(text.as_bytes()).unwrap();
         enc.finish().unwrap();
         let input = TraceInput::open(&gz).unwrap();
         assert_eq!(input.compression(), Compression::Gzip);
         assert_eq!(read_all(&input).unwrap(), text);
-        let zst = dir().join("t.jsonl.zst");
+        let zst = tmp.path().join("t.jsonl.zst");
         std::fs::write(&zst, zstd::encode_all(text.as_bytes(), 3).unwrap()).unwrap();
         assert_eq!(read_all(&TraceInput::open(&zst).unwrap()).unwrap(), text);
     }
@@ -537,7 +537,8 @@ mod tests {
 
     #[test]
     fn a_line_longer_than_the_limit_is_refused_naming_file_and_line() {
-        let p = dir().join("long-line.jsonl");
+        let tmp = dir();
+        let p = tmp.path().join("long-line.jsonl");
         std::fs::write(&p, format!("{{\"a\": 1}}\n\n{{\"hash_ids\": [{}]}}\n", "1,".repeat(40))).unwrap();
         let limits = Limits { max_line_bytes: 64, ..Limits::default() };
         let got = lines_of(&TraceInput::open_with(&p, limits).unwrap());
@@ -559,7 +560,8 @@ mod tests {
 
     #[test]
     fn blank_runs_are_skipped_with_their_line_numbers() {
-        let p = dir().join("blanks.jsonl");
+        let tmp = dir();
+        let p = tmp.path().join("blanks.jsonl");
         let text =
             format!("\n{}\n  \t\r\n{}{{\"a\": 1}}\n{}\n{{\"b\": 2}}", " ".repeat(100), "\n".repeat(20), "\n".repeat(9));
         std::fs::write(&p, text).unwrap();
@@ -569,7 +571,8 @@ mod tests {
 
     #[test]
     fn a_decompression_bomb_stops_at_the_limit() {
-        let p = dir().join("bomb.jsonl.zst");
+        let tmp = dir();
+        let p = tmp.path().join("bomb.jsonl.zst");
         let bomb = zstd::encode_all(&vec![b' '; 8 << 20][..], 3).unwrap();
         std::fs::write(&p, &bomb).unwrap();
         let limits = Limits { max_decompressed_bytes: Some(1 << 20), ..Limits::default() };
@@ -604,7 +607,8 @@ mod tests {
 
     #[test]
     fn utf16_is_refused_by_name() {
-        let p = dir().join("utf16.jsonl");
+        let tmp = dir();
+        let p = tmp.path().join("utf16.jsonl");
         let bytes: Vec<u8> = "{\"a\": 1}\n".encode_utf16().flat_map(|u| u.to_le_bytes()).collect();
         std::fs::write(&p, &bytes).unwrap();
         let e = TraceInput::open(&p).unwrap().reader().err().unwrap().to_string();

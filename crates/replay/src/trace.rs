@@ -614,12 +614,30 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn write_trace(name: &str, text: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("servesim-trace-{}-{}", std::process::id(), name));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("t.jsonl");
-        std::fs::File::create(&p).unwrap().write_all(text.as_bytes()).unwrap();
-        p
+    /// A trace file in a temporary directory that goes away with it.
+    struct TempTrace {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+    }
+
+    impl AsRef<Path> for TempTrace {
+        fn as_ref(&self) -> &Path {
+            &self.path
+        }
+    }
+
+    impl std::ops::Deref for TempTrace {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.path
+        }
+    }
+
+    fn write_trace(name: &str, text: &str) -> TempTrace {
+        let dir = tempfile::Builder::new().prefix(&format!("servesim-trace-{name}-")).tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        std::fs::File::create(&path).unwrap().write_all(text.as_bytes()).unwrap();
+        TempTrace { _dir: dir, path }
     }
 
     fn load(name: &str, text: &str) -> Result<Vec<SessionSpec>, InputError> {
