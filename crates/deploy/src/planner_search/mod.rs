@@ -31,7 +31,7 @@
 //!
 //! Files: [`presets`] (the adapter's preset tables and key lists), [`section`] (the context the
 //! section is read in, each knob's domain, each composite group's presets or knobs),
-//! [`backtest`] (the load-predictor backtest on the trace) and [`expand`] (the space's points,
+//! [`backtest`] (the load-predictor backtest on the trace) and [`mod@expand`] (the space's points,
 //! materialised through the Planner's configuration).
 
 pub mod backtest;

@@ -13,7 +13,7 @@
 //! The module's files, in dependency order (each uses only files listed before it):
 //! [`limits`] (how large a search may be), [`space`] (the space and the search), [`read`]
 //! (reading the recommend sections), [`record`] (a trial and its stored form), [`cache`],
-//! [`rank`] (scores, ranking and the output files), `bayes` (the surrogate model, a leaf),
+//! [`mod@rank`] (scores, ranking and the output files), `bayes` (the surrogate model, a leaf),
 //! [`trials`] (running candidates; the bayesian rounds) and [`shard`]; `evaluate` here picks
 //! the search's way of running.
 

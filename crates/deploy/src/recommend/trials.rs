@@ -1,6 +1,6 @@
 //! Running candidates: one trial each (GPU budget and pre-run refusals first, then the cache,
 //! then the replay with its planner), spread over threads and kept in candidate order, with
-//! progress for a front end; and the bayesian search's rounds over the surrogate in [`super::bayes`].
+//! progress for a front end; and the bayesian search's rounds over the surrogate in `bayes`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
