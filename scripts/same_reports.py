@@ -14,6 +14,14 @@ one after the other, since the page shows the command line). Prints one line per
 1 if any case differs.
 
   scripts/same_reports.py --reports jsonl BEFORE AFTER benchmarks/*.json
+
+A case may also be a deployment YAML (`predict -c` / `recommend -c`; a file with an
+`optimization` or `optimizer` section is a recommend search). A predict configuration runs with
+`--no-wall-clock --capture-per-request`: its `prediction.json` and `requests.jsonl` must be
+byte-identical. A search runs with `--no-cache --format json`: every file it writes
+(`recommendation.json`, `recommendation.csv`, `recommendations/*.yaml`) must be byte-identical.
+
+  scripts/same_reports.py BEFORE AFTER tests/deploy/*.yaml benchmarks/*.yaml
 """
 import argparse, glob, json, os, shutil, subprocess, sys, tempfile
 
@@ -38,6 +46,45 @@ def strip_wall_clock(value):
     if isinstance(value, list):
         return [strip_wall_clock(v) for v in value]
     return value
+
+
+def is_search(path):
+    """Whether a deployment YAML is a recommend search (it has its own top-level sections)."""
+    with open(path) as f:
+        return any(line.startswith(("optimization:", "optimizer:")) for line in f)
+
+
+def run_config(binary, path, out_dir, reports=None):
+    """`predict -c` / `recommend -c` of a deployment YAML: (the summary, the bytes of every
+    file written, by name)."""
+    out = os.path.join(out_dir, "deploy")
+    if is_search(path):
+        argv = [binary, "recommend", "-c", path, "--no-cache", "--format", "json"]
+    else:
+        argv = [binary, "predict", "-c", path, "--no-wall-clock", "--capture-per-request", "--format", "json"]
+    argv += ["--output-dir", out, "--overwrite"]
+    extra = []
+    if reports and not is_search(path):
+        extra = [os.path.join(out_dir, f"telemetry.{reports}"), os.path.join(out_dir, "report.html")]
+        argv += ["--telemetry", extra[0], "--report-html", extra[1]]
+    for f in extra:
+        if os.path.exists(f):
+            os.remove(f)
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"status": proc.returncode, "stderr": proc.stderr.strip()}, None
+    report = strip_wall_clock(json.loads(proc.stdout))
+    files = {}
+    for root, _, names in os.walk(out):
+        for n in names:
+            full = os.path.join(root, n)
+            with open(full, "rb") as f:
+                files[os.path.relpath(full, out)] = f.read()
+    for f in extra:
+        with open(f, "rb") as fh:
+            files[os.path.basename(f)] = fh.read()
+    return report, dict(sorted(files.items()))
 
 
 def run(binary, case, out_dir, reports=None):
@@ -79,6 +126,31 @@ def first_difference(a, b, path=""):
     return None
 
 
+def compare_config(a, path, tmp):
+    """Runs a deployment YAML through both binaries; prints its line and returns 1 if they differ."""
+    out_dir = os.path.join(tmp, "out")
+    os.makedirs(out_dir, exist_ok=True)
+    (rep_a, files_a), (rep_b, files_b) = [run_config(b, os.path.abspath(path), out_dir, a.reports)
+                                          for b in (a.before, a.after)]
+    name = os.path.relpath(os.path.abspath(path), ROOT)
+    diff = first_difference(rep_a, rep_b)
+    if diff is None and files_a is not None:
+        if list(files_a) != list(files_b):
+            diff = f"written files differ: {sorted(set(files_a) ^ set(files_b))}"
+        else:
+            diff = next((f"{n} differs" for n in files_a if files_a[n] != files_b[n]), None)
+    if diff:
+        print(f"DIFFERENT {name}: {diff}")
+        return 1
+    if files_a is None:
+        print(f"{'same failure (status ' + str(rep_a['status']) + ')':10} {name}")
+    else:
+        records = files_a.get("requests.jsonl", b"").count(b"\n")
+        total = sum(len(v) for v in files_a.values())
+        print(f"{'same':10} {name} ({len(files_a)} files, {total} bytes, {records} request records)")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("before")
@@ -91,6 +163,9 @@ def main():
     failed = 0
     cases = a.cases or default_cases()
     for c in cases:
+        if c.endswith((".yaml", ".yml")):
+            failed += compare_config(a, c, tmp)
+            continue
         case = parity.resolve(c)
         if case.get("repeat", 1) > 1:
             case["trace"] = bench.repeated_trace(case["trace"], case["repeat"], tmp)

@@ -4,7 +4,7 @@
 //! `--set PATH=VALUE` ([`tree`]), and lowered into servesim's replay ([`lower`]). `predict -c`
 //! runs one such deployment ([`run_prediction`]).
 
-mod bayes;
+mod error;
 pub mod lower;
 pub mod planner_search;
 pub mod reader;
@@ -20,30 +20,8 @@ use servesim_replay::memory::{gib, session_bytes, WORKER_BYTES};
 use servesim_replay::{Collector, LoadMode, Progress, Report, RequestRecord, SimConfig, Workload};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
 
+pub use error::DeployError;
 pub use schema::Config;
-
-/// A configuration error: the key path it is about (empty: the whole document) and why.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DeployError {
-    pub key: String,
-    pub message: String,
-}
-
-impl DeployError {
-    pub fn new(key: impl Into<String>, message: impl std::fmt::Display) -> DeployError {
-        DeployError { key: key.into(), message: message.to_string() }
-    }
-}
-
-impl std::fmt::Display for DeployError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.key.is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.key, self.message)
-        }
-    }
-}
 
 /// Reads a configuration file and applies `--set` overrides, giving the tree.
 pub fn load_tree(path: &Path, sets: &[String]) -> Result<Value, String> {

@@ -16,8 +16,8 @@ use servesim_replay::formats::WekaBasis;
 use servesim_replay::{load_trace, Arrivals, LoadMode, Sla, SyntheticSpec, TraceFormat, TraceOptions, Workload};
 use servesim_router::RouterConfig;
 
+use crate::error::DeployError;
 use crate::schema::{Capacity, Config, Engine, Load, Mode, RouterPolicy, Source, Timing, Worker};
-use crate::DeployError;
 
 /// One role's lowered engine: the arguments and what the report says about its timing.
 #[derive(Clone, Debug)]

@@ -3,25 +3,14 @@
 
 use serde_json::{Map, Value};
 
+use crate::error::DeployError;
+pub use crate::tree::join;
 use crate::tree::shown;
-use crate::DeployError;
 
 pub struct Obj<'a> {
     path: String,
     map: &'a Map<String, Value>,
     taken: Vec<&'static str>,
-}
-
-/// `path.key` for messages; a key too long to show, or with control characters, is quoted
-/// (and cut: [`shown`]).
-pub fn join(path: &str, key: &str) -> String {
-    let key =
-        if key.chars().nth(80).is_some() || key.chars().any(char::is_control) { shown(key) } else { key.to_string() };
-    if path.is_empty() {
-        key
-    } else {
-        format!("{path}.{key}")
-    }
 }
 
 /// A string that reads as a number too large for a float (`1e400`): YAML keeps it a string.

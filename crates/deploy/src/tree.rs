@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::DeployError;
+use crate::error::DeployError;
 
 /// The deepest nesting of lists and mappings accepted.
 pub const MAX_DEPTH: usize = 64;
@@ -27,6 +27,18 @@ pub fn shown(s: &str) -> String {
     match s.char_indices().nth(SHOWN_CHARS) {
         None => format!("{s:?}"),
         Some((end, _)) => format!("{:?}… ({} bytes)", &s[..end], s.len()),
+    }
+}
+
+/// `path.key` for messages; a key too long to show, or with control characters, is quoted
+/// (and cut: [`shown`]).
+pub fn join(path: &str, key: &str) -> String {
+    let key =
+        if key.chars().nth(80).is_some() || key.chars().any(char::is_control) { shown(key) } else { key.to_string() };
+    if path.is_empty() {
+        key
+    } else {
+        format!("{path}.{key}")
     }
 }
 
@@ -142,7 +154,7 @@ fn first_tag(path: &str, v: &serde_yaml_ng::Value) -> Option<(String, String)> {
                 Y::Tagged(t) => return Some((path.to_string(), t.tag.to_string())),
                 _ => "?",
             };
-            first_tag(&crate::reader::join(path, key), x)
+            first_tag(&join(path, key), x)
         }),
         _ => None,
     }
@@ -267,7 +279,7 @@ fn to_json(path: &str, v: serde_yaml_ng::Value) -> Result<Value, DeployError> {
             // PyYAML's merge: the merged mappings first (of a list of them, the earlier wins),
             // then the mapping's own keys over them.
             let mut out = Map::new();
-            let at = crate::reader::join(path, "<<");
+            let at = join(path, "<<");
             for merge in merges {
                 match merge {
                     m @ Y::Mapping(_) => {
@@ -304,7 +316,7 @@ fn to_json(path: &str, v: serde_yaml_ng::Value) -> Result<Value, DeployError> {
                 }
             }
             for (key, v) in explicit {
-                let v = to_json(&crate::reader::join(path, &key), v)?;
+                let v = to_json(&join(path, &key), v)?;
                 out.insert(key, v);
             }
             Value::Object(out)

@@ -139,17 +139,35 @@ const INERT_KEYS: &[&str] = &[
     "ais_perf_model",
 ];
 
-const KNOWN_KEYS: &[&str] = &[
-    "mode",
-    "optimization_target",
+/// The keys of the deployment file's `planner:` section (aisimulate's Dynamo Planner adapter)
+/// that are this configuration's fields under the same names, in the adapter's order. The
+/// deploy crate passes them through from a `planner:` section and from a searched candidate.
+pub const PASSTHROUGH_KEYS: [&str; 16] = [
     "enable_throughput_scaling",
     "enable_load_scaling",
     "throughput_adjustment_interval_seconds",
-    "throughput_adjustment_interval",
     "load_adjustment_interval_seconds",
+    "max_throughput_scaling_replicas",
+    "max_num_fpm_samples",
+    "fpm_sample_bucket_size",
+    "load_scaling_down_sensitivity",
+    "load_min_observations",
+    "load_predictor",
+    "load_predictor_log1p",
+    "prophet_window_size",
+    "kalman_q_level",
+    "kalman_q_trend",
+    "kalman_r",
+    "kalman_min_points",
+];
+
+/// The other keys the configuration reads (besides [`PASSTHROUGH_KEYS`]).
+const KNOWN_KEYS: &[&str] = &[
+    "mode",
+    "optimization_target",
+    "throughput_adjustment_interval",
     "load_adjustment_interval",
     "scheduling",
-    "max_throughput_scaling_replicas",
     "max_gpu_budget",
     "min_gpu_budget",
     "min_endpoint",
@@ -163,17 +181,6 @@ const KNOWN_KEYS: &[&str] = &[
     "itl",
     "isl",
     "osl",
-    "load_predictor",
-    "load_predictor_log1p",
-    "prophet_window_size",
-    "kalman_q_level",
-    "kalman_q_trend",
-    "kalman_r",
-    "kalman_min_points",
-    "max_num_fpm_samples",
-    "fpm_sample_bucket_size",
-    "load_min_observations",
-    "load_scaling_down_sensitivity",
     "prefill_scale_up_queue_tokens",
     "prefill_scale_down_queue_tokens",
     "decode_scale_up_kv_rate",
@@ -290,7 +297,10 @@ impl PlannerConfig {
             ));
         }
         for k in m.keys() {
-            if !KNOWN_KEYS.contains(&k.as_str()) && !INERT_KEYS.contains(&k.as_str()) {
+            if !PASSTHROUGH_KEYS.contains(&k.as_str())
+                && !KNOWN_KEYS.contains(&k.as_str())
+                && !INERT_KEYS.contains(&k.as_str())
+            {
                 return Err(ConfigError::new(k.clone(), "Extra inputs are not permitted"));
             }
         }

@@ -14,7 +14,7 @@ pub mod predict;
 pub mod types;
 
 pub use capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
-pub use config::{ConfigError, Mode, PlannerConfig, PredictorKind, Target};
+pub use config::{ConfigError, Mode, PlannerConfig, PredictorKind, Target, PASSTHROUGH_KEYS};
 pub use fpm_model::FpmModel;
 pub use planner::{idle_fpm, Diagnostics, ExternalFactory, Planner, Role, SetupError, Tick};
 pub use predict::{ExternalSeries, Predictor};

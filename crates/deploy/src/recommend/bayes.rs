@@ -135,7 +135,7 @@ fn expected_improvement(mu: f64, var: f64, best: f64) -> f64 {
 
 /// Picks `want` of `cands` (by index, each at most once) to evaluate next, given the points seen
 /// (`xs`) and their values (`ys`, higher is better).
-pub fn propose(xs: &[&[f64]], ys: &[f64], cands: &[&[f64]], want: usize) -> Vec<usize> {
+pub(super) fn propose(xs: &[&[f64]], ys: &[f64], cands: &[&[f64]], want: usize) -> Vec<usize> {
     let want = want.min(cands.len());
     if want == 0 {
         return Vec::new();

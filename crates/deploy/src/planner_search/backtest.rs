@@ -1,0 +1,358 @@
+//! The load-predictor backtest (`sweep_load_predictor`): the trace's requests in windows of a
+//! throughput interval, each supported predictor preset's one-step-ahead loss, the lowest
+//! winning; and the trace reader it needs (Mooncake and Dynamo request traces).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use super::presets::{scaling_fields, Predictor};
+use super::section::Context;
+use crate::error::DeployError;
+
+/// What the backtest chose: the winner per throughput interval and the state for the record.
+pub(super) struct Backtest {
+    pub(super) winners: Vec<(i64, Predictor)>,
+    pub(super) state: Value,
+}
+
+/// One aggregated traffic window: requests, mean ISL, mean OSL.
+type Window = (f64, f64, f64);
+
+/// The load-predictor backtest (`sweep_load_predictor`): per distinct throughput interval of
+/// the kept policies, every supported candidate's mean one-step-ahead loss over the trace's
+/// windows after the common warmup; the lowest wins (the first on ties), the first candidate
+/// when none has a loss (or the traffic is not a Mooncake / Dynamo trace).
+pub(super) fn sweep_load_predictor(
+    policies: &[Value],
+    candidates: &[Value],
+    ctx: &Context,
+) -> Result<Backtest, DeployError> {
+    let mut intervals: Vec<i64> = policies.iter().map(scaling_fields).filter(|f| f.0).filter_map(|f| f.2).collect();
+    intervals.sort_unstable();
+    intervals.dedup();
+    let label = |i: usize| candidates[i].as_str().map_or_else(|| format!("custom_{i}"), str::to_string);
+    let preds: Vec<Predictor> = candidates.iter().map(Predictor::of).collect();
+    let skipped: Vec<Value> = (0..preds.len()).filter(|&i| !preds[i].supported()).map(|i| json!(label(i))).collect();
+    let entry_of = |i: usize| candidates[i].clone();
+    let Some(first) = (0..preds.len()).find(|&i| preds[i].supported()) else {
+        return Err(DeployError::new("planner.load_predictor", "no constant or kalman load predictor to choose from"));
+    };
+    if intervals.is_empty() {
+        return Ok(Backtest {
+            winners: Vec::new(),
+            state: json!({"best_by_interval": {}, "losses": {}, "reason": "no_throughput_scaling_candidate"}),
+        });
+    }
+    let (rows, origin) = match trace_rows(ctx)? {
+        Some(rows) => rows,
+        None => {
+            let best: Map<String, Value> = intervals.iter().map(|i| (i.to_string(), entry_of(first))).collect();
+            return Ok(Backtest {
+                winners: intervals.iter().map(|&i| (i, preds[first].clone())).collect(),
+                state: json!({"best_by_interval": best, "losses": {}, "reason": "static_workload_configured_fallback",
+                              "skipped": skipped}),
+            });
+        }
+    };
+    let warmup = preds.iter().map(Predictor::min_points).max().unwrap_or(0).max(0) as usize;
+    let mut winners = Vec::new();
+    let mut best_map = Map::new();
+    let mut losses_map = Map::new();
+    let mut fallback = Vec::new();
+    for &interval in &intervals {
+        let windows = build_windows(&rows, origin, interval);
+        let mut losses = Map::new();
+        let mut best: Option<(usize, f64)> = None;
+        for (i, p) in preds.iter().enumerate() {
+            if !p.supported() {
+                continue;
+            }
+            let loss = evaluate(&windows, p, warmup);
+            losses.insert(label(i), if loss.is_finite() { json!(loss) } else { Value::Null });
+            if best.is_none_or(|(_, b)| loss < b) && loss.is_finite() {
+                best = Some((i, loss));
+            }
+        }
+        let w = match best {
+            Some((i, _)) => i,
+            None => {
+                fallback.push(interval);
+                first
+            }
+        };
+        winners.push((interval, preds[w].clone()));
+        best_map.insert(interval.to_string(), entry_of(w));
+        losses_map.insert(interval.to_string(), Value::Object(losses));
+    }
+    let reason = if fallback.is_empty() {
+        "swept".to_string()
+    } else {
+        format!(
+            "swept; no_winner_configured_fallback@[{}]",
+            fallback.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+        )
+    };
+    Ok(Backtest {
+        winners,
+        state: json!({"best_by_interval": best_map, "losses": losses_map, "reason": reason, "skipped": skipped}),
+    })
+}
+
+/// The weighted one-step-ahead loss of one window (`window_loss`).
+fn window_loss(n_hat: f64, i_hat: f64, o_hat: f64, w: Window) -> f64 {
+    let e = |p: f64, a: f64| (p.max(0.0).ln_1p() - a.max(0.0).ln_1p()).abs();
+    let (n_hat, i_hat, o_hat) = (n_hat.max(0.0), i_hat.max(0.0), o_hat.max(0.0));
+    let (n, isl, osl) = w;
+    0.4 * e(n_hat * i_hat, n * isl) + 0.4 * e(n_hat * o_hat, n * osl) + 0.1 * e(i_hat, isl) + 0.1 * e(o_hat, osl)
+}
+
+/// The mean loss of one predictor over the windows, forecasting before each window is observed
+/// (`evaluate_preset`); infinite when no window counts.
+fn evaluate(windows: &[Window], p: &Predictor, warmup: usize) -> f64 {
+    let (mut n, mut i, mut o) = (p.series(), p.series(), p.series());
+    let mut losses = Vec::new();
+    for (k, w) in windows.iter().enumerate() {
+        let (nh, ih, oh) = (n.predict_next(), i.predict_next(), o.predict_next());
+        if k >= warmup {
+            losses.push(window_loss(nh, ih, oh, *w));
+        }
+        n.add(w.0);
+        i.add(w.1);
+        o.add(w.2);
+    }
+    if losses.is_empty() {
+        f64::INFINITY
+    } else {
+        exact_sum(&losses) / losses.len() as f64
+    }
+}
+
+/// A sum without intermediate rounding (Shewchuk's partials, as Python's `math.fsum`).
+fn exact_sum(xs: &[f64]) -> f64 {
+    let mut partials: Vec<f64> = Vec::new();
+    for &x0 in xs {
+        let mut x = x0;
+        let mut keep = Vec::with_capacity(partials.len() + 1);
+        for &p in &partials {
+            let (hi, lo) = if x.abs() < p.abs() { (p, x) } else { (x, p) };
+            let s = hi + lo;
+            let err = lo - (s - hi);
+            if err != 0.0 {
+                keep.push(err);
+            }
+            x = s;
+        }
+        keep.push(x);
+        partials = keep;
+    }
+    partials.iter().sum()
+}
+
+/// The trace's windows of `interval_s` seconds from its first to its last (`_extract_metrics`):
+/// requests, mean ISL and mean OSL per window, empty windows as zeros.
+fn build_windows(rows: &[(f64, u64, u64)], origin: f64, interval_s: i64) -> Vec<Window> {
+    let interval_ms = interval_s as f64 * 1000.0;
+    let mut groups: std::collections::BTreeMap<i64, (u64, u64, u64)> = Default::default();
+    for &(t, isl, osl) in rows {
+        let index = ((t - origin) / interval_ms).floor() as i64;
+        let g = groups.entry(index).or_default();
+        g.0 += 1;
+        g.1 += isl;
+        g.2 += osl;
+    }
+    let (Some((&lo, _)), Some((&hi, _))) = (groups.first_key_value(), groups.last_key_value()) else {
+        return Vec::new();
+    };
+    (lo..=hi)
+        .map(|k| match groups.get(&k) {
+            Some(&(n, isl, osl)) => (n as f64, isl as f64 / n as f64, osl as f64 / n as f64),
+            None => (0.0, 0.0, 0.0),
+        })
+        .collect()
+}
+
+/// The trace's `(timestamp ms, input length, output length)` rows as the Planner's trace
+/// utility reads them (`trace_data.py`): Mooncake rows, or the `request_end` events of a Dynamo
+/// request trace, and the origin of their timestamps (0 for Mooncake, whose timestamps are
+/// relative; the earliest for Dynamo's absolute ones). `None` when the traffic is not such a
+/// trace.
+#[allow(clippy::type_complexity)]
+fn trace_rows(ctx: &Context) -> Result<Option<(Vec<(f64, u64, u64)>, f64)>, DeployError> {
+    let Some(source) = ctx.source else { return Ok(None) };
+    if source.get("type").and_then(Value::as_str) != Some("trace") {
+        return Ok(None);
+    }
+    let format = source.get("format").and_then(Value::as_str).unwrap_or("mooncake");
+    if format != "mooncake" && format != "dynamo" {
+        return Ok(None);
+    }
+    let paths: Vec<&str> = source
+        .get("paths")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut rows = Vec::new();
+    for (k, p) in paths.iter().enumerate() {
+        let full = if Path::new(p).is_absolute() { PathBuf::from(p) } else { ctx.base_dir.join(p) };
+        let here = format!("traffic.source.paths[{k}]");
+        let files =
+            if full.is_dir() { jsonl_under(&full).map_err(|e| DeployError::new(&here, e))? } else { vec![full] };
+        for f in files {
+            read_rows(&f, format, &mut rows)
+                .map_err(|e| DeployError::new(&here, format!("{e} (read by the planner's load-predictor backtest)")))?;
+        }
+    }
+    let origin = if format == "dynamo" { rows.iter().map(|r| r.0).fold(f64::INFINITY, f64::min) } else { 0.0 };
+    Ok(Some((rows, if origin.is_finite() { origin } else { 0.0 })))
+}
+
+/// The trace files under `dir`, sorted. Symbolic links are refused, as the trace readers refuse
+/// them in a corpus: followed, a link to an ancestor would make the walk endless.
+fn jsonl_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("{}: cannot read: {e}", d.display()))?;
+        for e in entries {
+            let e = e.map_err(|e| format!("{}: cannot read: {e}", d.display()))?;
+            let p = e.path();
+            let ty = e.file_type().map_err(|e| format!("{}: {e}", p.display()))?;
+            if ty.is_symlink() {
+                return Err(format!("{}: a trace directory may not contain symbolic links", p.display()));
+            }
+            if ty.is_dir() {
+                stack.push(p);
+            } else if p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".jsonl") || n.ends_with(".jsonl.gz"))
+            {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn read_rows(path: &Path, format: &str, rows: &mut Vec<(f64, u64, u64)>) -> Result<(), String> {
+    let input = servesim_replay::input::TraceInput::open(path).map_err(|e| e.to_string())?;
+    let mut lines = servesim_replay::input::Lines::open(&input).map_err(|e| e.to_string())?;
+    while let Some(line) = lines.next_line() {
+        let (n, bytes) = line.map_err(|e| e.to_string())?;
+        let text = std::str::from_utf8(bytes).map_err(|_| format!("{}:{n}: not UTF-8", path.display()))?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let at = format!("{}:{n}", path.display());
+        let v: Value = serde_json::from_str(text).map_err(|e| format!("Invalid JSON at {at}: {e}"))?;
+        let record = v.as_object().ok_or_else(|| format!("Trace row at {at} must be a JSON object"))?;
+        let event = match record.get("event") {
+            Some(Value::Object(e)) => e,
+            _ => record,
+        };
+        let number = |m: &Map<String, Value>, k: &str| -> Result<f64, String> {
+            match m.get(k) {
+                Some(Value::Number(x)) if x.as_f64().is_some_and(f64::is_finite) => Ok(x.as_f64().unwrap_or(0.0)),
+                _ => Err(format!("{k} must be numeric at {at}")),
+            }
+        };
+        let length = |m: &Map<String, Value>, k: &str| -> Result<u64, String> {
+            m.get(k).and_then(Value::as_u64).ok_or_else(|| format!("{k} must be a non-negative integer at {at}"))
+        };
+        let dynamo = event.get("schema").and_then(Value::as_str) == Some("dynamo.request.trace.v1");
+        if format == "dynamo" {
+            let kind = event.get("event_type").and_then(Value::as_str);
+            if kind.is_some() && kind != Some("request_end") {
+                continue;
+            }
+            if !dynamo {
+                return Err(format!("Mixed or unsupported warmup trace format at {at}: expected dynamo"));
+            }
+            if kind != Some("request_end") {
+                continue;
+            }
+            let request = event
+                .get("request")
+                .and_then(Value::as_object)
+                .ok_or_else(|| format!("request_end is missing request payload at {at}"))?;
+            let replay = request
+                .get("replay")
+                .and_then(Value::as_object)
+                .ok_or_else(|| format!("request payload is missing replay metrics at {at}"))?;
+            let t = if request.get("request_received_ms").is_some_and(|v| !v.is_null()) {
+                number(request, "request_received_ms")?
+            } else {
+                number(event, "event_time_unix_ms")?
+            };
+            rows.push((t, length(replay, "input_length")?, length(request, "output_tokens")?));
+        } else {
+            if dynamo || !["timestamp", "input_length", "output_length"].iter().all(|k| record.contains_key(*k)) {
+                return Err(format!("Mixed or unsupported warmup trace format at {at}: expected mooncake"));
+            }
+            rows.push((
+                number(record, "timestamp")?,
+                length(record, "input_length")?,
+                length(record, "output_length")?,
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::Sla;
+
+    #[test]
+    fn windows_follow_the_planners_trace_utility() {
+        // Mooncake: buckets from 0 (timestamps are relative), from the first non-empty one to
+        // the last, empty ones as zeros.
+        let rows = [(100_000.0, 100, 10), (200_000.0, 300, 30), (700_000.0, 50, 5)];
+        let w = build_windows(&rows, 0.0, 180);
+        assert_eq!(w, vec![(1.0, 100.0, 10.0), (1.0, 300.0, 30.0), (0.0, 0.0, 0.0), (1.0, 50.0, 5.0)]);
+        // Dynamo: from the earliest request.
+        let w = build_windows(&rows, 100_000.0, 180);
+        assert_eq!(w, vec![(2.0, 200.0, 20.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (1.0, 50.0, 5.0)]);
+        assert!(build_windows(&[], 0.0, 60).is_empty());
+    }
+
+    #[test]
+    fn the_loss_and_its_mean_are_the_backtests() {
+        // A perfect forecast costs nothing; negative forecasts count as 0.
+        assert_eq!(window_loss(3.0, 100.0, 10.0, (3.0, 100.0, 10.0)), 0.0);
+        let l = window_loss(-1.0, -5.0, 10.0, (2.0, 100.0, 10.0));
+        let want = 0.4 * (200.0f64).ln_1p() + 0.4 * (20.0f64).ln_1p() + 0.1 * (100.0f64).ln_1p();
+        assert!((l - want).abs() < 1e-12, "{l} vs {want}");
+        // The mean is taken over an exact sum.
+        assert_eq!(exact_sum(&[1e16, 1.0, -1e16]), 1.0);
+        assert_eq!(exact_sum(&[0.1; 10]), 1.0);
+    }
+
+    #[test]
+    fn trace_rows_name_the_file_and_line_of_a_bad_row() {
+        let dir = std::env::temp_dir().join(format!("servesim-planner-search-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("bad.jsonl");
+        std::fs::write(&f, "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2}\n\n{\"timestamp\": 5}\n")
+            .unwrap();
+        let source = json!({"type": "trace", "paths": ["bad.jsonl"], "format": "mooncake"});
+        let sla = Sla::default();
+        let ctx = Context {
+            target: "goodput",
+            pareto_objectives: &[],
+            sla: &sla,
+            disaggregated: false,
+            source: Some(&source),
+            base_dir: &dir,
+        };
+        let e = trace_rows(&ctx).unwrap_err();
+        assert_eq!(e.key, "traffic.source.paths[0]");
+        assert!(e.message.contains("bad.jsonl:3: expected mooncake"), "{e}");
+        // Traffic that is not a Mooncake or Dynamo trace has no windows.
+        let synthetic = json!({"type": "synthetic"});
+        assert!(trace_rows(&Context { source: Some(&synthetic), ..ctx }).unwrap().is_none());
+    }
+}

@@ -1,0 +1,203 @@
+//! `engine`: model, hardware, backend, mode, the worker roles and the KV transfer between them.
+
+use serde_json::Value;
+
+use super::unsupported::{estimator_defaults, only_defaults};
+use super::worker::{read_worker, Worker};
+use crate::error::DeployError;
+use crate::reader::Obj;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Aggregated,
+    Disaggregated,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvTransfer {
+    pub bytes_per_token: Option<u64>,
+    pub bandwidth_gb_per_second: Option<f64>,
+    pub timing_mode: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Engine {
+    pub mode: Mode,
+    pub model: String,
+    pub hardware: String,
+    pub backend: &'static str,
+    pub backend_version: Option<String>,
+    pub context_length: Option<u32>,
+    pub aggregated: Option<Worker>,
+    pub prefill: Option<Worker>,
+    pub decode: Option<Worker>,
+    pub kv_transfer: Option<KvTransfer>,
+    pub enable_chunked_prefill: Option<bool>,
+    pub systems_paths: Option<Vec<String>>,
+}
+
+pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
+    let mode = match e.choice("mode", &["aggregated", "disaggregated", "afd"])?.unwrap_or("aggregated") {
+        "aggregated" => Mode::Aggregated,
+        "disaggregated" => Mode::Disaggregated,
+        _ => return Err(e.err("mode", "afd (attention-FFN disaggregation) is not supported by servesim yet")),
+    };
+    let model = e.nonempty("model")?.ok_or_else(|| e.err("model", "missing (required)"))?;
+    let hardware = e.nonempty("hardware")?.ok_or_else(|| e.err("hardware", "missing (required)"))?;
+    if hardware == "auto" {
+        return Err(e.err("hardware", "engine.hardware='auto' is recommendation-only"));
+    }
+    let backend = e.choice("backend", &["vllm", "sglang", "trtllm"])?.unwrap_or("vllm");
+    let backend_version = e.nonempty("backend_version")?;
+    let context_length = match e.raw("context_length") {
+        None => None,
+        Some(Value::String(s)) if s == "max" => None,
+        Some(_) => Some(e.positive("context_length")?.expect("present")),
+    };
+    let nextn = e.u32_min("nextn", 0)?.unwrap_or(0);
+    if nextn > 0 {
+        return Err(
+            e.err("nextn", "MTP speculation (nextn > 0) in the unified config is not supported by servesim yet")
+        );
+    }
+    e.nonneg("nextn_accepted", false)?;
+    let enable_chunked_prefill = e.bool("enable_chunked_prefill")?;
+    if e.bool("enable_eplb")? == Some(true) {
+        return Err(e.err("enable_eplb", "expert-parallel load balancing is not supported by servesim yet"));
+    }
+    let systems_paths = match e.raw("systems_paths") {
+        None => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|p| match p.as_str() {
+                    Some(s) if !s.is_empty() && !s.contains(',') => Ok(s.to_string()),
+                    _ => Err(e.err("systems_paths", "every entry must be a nonempty path without commas")),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        Some(_) => return Err(e.err("systems_paths", "must be a list of paths")),
+    };
+    if let Some(m) =
+        e.choice("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
+    {
+        if !m.eq_ignore_ascii_case("silicon") {
+            return Err(e.err("database_mode", format!("{m} is not supported by servesim yet (SILICON only)")));
+        }
+    }
+    if let Some(m) = e.choice("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
+        if !matches!(m, "auto" | "op_level") {
+            return Err(e.err("estimation_mode", format!("{m} is not supported by servesim yet (op_level only)")));
+        }
+    }
+    e.choice("fallback_policy", &["deny", "allow"])?;
+    for k in [
+        "speculation",
+        "tokenization",
+        "afd",
+        "fpm_profile",
+        "decoder_replay",
+        "enable_shared_layer",
+        "strict_provenance",
+        "transfer_policy",
+        "wideep_num_slots",
+        "moe_backend",
+        "moe_kernel_source",
+        "attention_backend",
+        "gemm_quant_mode",
+        "moe_quant_mode",
+        "kvcache_quant_mode",
+        "fmha_quant_mode",
+        "comm_quant_mode",
+    ] {
+        if let Some(v) = e.raw(k) {
+            if v != &Value::Bool(false) {
+                return Err(e.err(k, "this key is not supported by servesim yet"));
+            }
+        }
+    }
+    if let Some(v) = e.raw("estimator_config") {
+        only_defaults(&e.path("estimator_config"), v, &estimator_defaults())?;
+    }
+    let kv_transfer = match e.obj("kv_transfer")? {
+        Some(mut t) => {
+            let bytes_per_token = match t.raw("bytes_per_token") {
+                None => None,
+                Some(Value::String(s)) if s == "auto" => None,
+                Some(_) => Some(
+                    t.u64("bytes_per_token")?
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| t.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
+                ),
+            };
+            let bandwidth = t.nonneg("bandwidth_gb_per_second", true)?;
+            let mode =
+                t.choice("timing_mode", &["full_prompt", "destination_missing"])?.unwrap_or("destination_missing");
+            t.finish()?;
+            Some(KvTransfer { bytes_per_token, bandwidth_gb_per_second: bandwidth, timing_mode: mode })
+        }
+        None => None,
+    };
+    let workers_path = e.path("workers");
+    let (mut aggregated, mut prefill, mut decode) = (None, None, None);
+    if let Some(mut w) = e.obj("workers")? {
+        if w.raw("encoder").is_some() {
+            return Err(w.err("encoder", "encoder pools are not supported by servesim yet"));
+        }
+        if let Some(o) = w.obj("aggregated")? {
+            aggregated = Some(read_worker(o, "aggregated", backend)?);
+        }
+        if let Some(o) = w.obj("prefill")? {
+            prefill = Some(read_worker(o, "prefill", backend)?);
+        }
+        if let Some(o) = w.obj("decode")? {
+            decode = Some(read_worker(o, "decode", backend)?);
+        }
+        w.finish()?;
+    }
+    match mode {
+        Mode::Aggregated => {
+            if prefill.is_some() || decode.is_some() {
+                return Err(DeployError::new(&workers_path, "aggregated mode takes workers.aggregated only"));
+            }
+            if kv_transfer.is_some() {
+                return Err(e.err("kv_transfer", "kv_transfer applies to disaggregated mode"));
+            }
+            if aggregated.is_none() {
+                aggregated = Some(read_worker(
+                    Obj::new(&format!("{workers_path}.aggregated"), &Value::Null)?,
+                    "aggregated",
+                    backend,
+                )?);
+            }
+        }
+        Mode::Disaggregated => {
+            if aggregated.is_some() {
+                return Err(DeployError::new(
+                    &workers_path,
+                    "disaggregated mode takes workers.prefill and workers.decode, not aggregated",
+                ));
+            }
+            if prefill.is_none() || decode.is_none() {
+                return Err(DeployError::new(
+                    &workers_path,
+                    "disaggregated mode requires workers.prefill and workers.decode",
+                ));
+            }
+        }
+    }
+    e.finish()?;
+    Ok(Engine {
+        mode,
+        model,
+        hardware,
+        backend,
+        backend_version,
+        context_length,
+        aggregated,
+        prefill,
+        decode,
+        kv_transfer,
+        enable_chunked_prefill,
+        systems_paths,
+    })
+}

@@ -1,0 +1,107 @@
+//! The predict configuration (aisimulate 0.13's unified YAML: `traffic`, `engine`, `evaluation`,
+//! `execution`, and the `router:` / `planner:` adapter sections), read strictly: every key by
+//! name, unknown keys rejected with their path, values and cross-key rules checked with the
+//! reference's messages. Keys the reference accepts for features servesim does not model are
+//! recognised and refused as unsupported (naming the key), never silently ignored.
+//!
+//! Files: [`unsupported`] (refusing what servesim does not model), [`traffic`], [`worker`] (one
+//! worker role), [`engine`], [`evaluation`] (the SLA), [`router`] and [`planner`] (the adapter
+//! sections); [`Config`] here is the whole file, read by [`read_predict`] / [`read_sections`].
+
+pub mod engine;
+pub mod evaluation;
+pub mod planner;
+pub mod router;
+pub mod traffic;
+pub mod unsupported;
+pub mod worker;
+
+use serde_json::Value;
+
+pub use engine::{Engine, KvTransfer, Mode};
+pub(crate) use evaluation::read_sla;
+pub use evaluation::Sla;
+pub use router::RouterPolicy;
+pub use traffic::{Load, Source, Stop, Traffic};
+pub use worker::{Capacity, Parallelism, Timing, Worker};
+
+use engine::read_engine;
+use planner::read_planner;
+use router::read_router;
+use traffic::read_traffic;
+
+use crate::error::DeployError;
+use crate::reader::Obj;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub traffic: Traffic,
+    pub engine: Engine,
+    pub sla: Sla,
+    pub router: RouterPolicy,
+    /// The planner (`planner: {policy: enabled}`), validated.
+    pub planner: Option<servesim_planner::PlannerConfig>,
+}
+
+/// Reads a predict configuration. `recommend` sections are refused here (the caller reads them).
+pub fn read_predict(root: &Value) -> Result<Config, DeployError> {
+    let mut top = Obj::new("", root)?;
+    for k in ["optimization", "optimizer"] {
+        if top.has(k) {
+            return Err(
+                top.err(k, "predict does not accept ['optimization', 'optimizer'] sections (they belong to recommend)")
+            );
+        }
+        top.raw(if k == "optimization" { "optimization" } else { "optimizer" });
+    }
+    read_sections(top)
+}
+
+/// Reads the sections both commands share from `top` (recommend has taken its own already).
+pub fn read_sections(mut top: Obj) -> Result<Config, DeployError> {
+    let traffic = read_traffic(top.obj("traffic")?)?;
+    let engine = match top.obj("engine")? {
+        Some(e) => read_engine(e)?,
+        None => return Err(top.err("engine", "missing (required: model, hardware and workers)")),
+    };
+    let sla = match top.obj("evaluation")? {
+        Some(mut ev) => {
+            let sla = match ev.obj("sla")? {
+                Some(s) => read_sla(s)?,
+                None => Sla::default(),
+            };
+            ev.finish()?;
+            sla
+        }
+        None => Sla::default(),
+    };
+    if let Some(mut ex) = top.obj("execution")? {
+        if let Some(mut r) = ex.obj("resources")? {
+            // Host limits of the reference's worker processes: nothing to simulate.
+            r.nonneg("initialization_timeout_seconds", true)?;
+            r.nonneg("shutdown_timeout_seconds", false)?;
+            for k in ["memory_limit_gb", "cpu_limit"] {
+                if let Some(v) = r.raw(k) {
+                    if !(v.as_str() == Some("auto") || v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)) {
+                        return Err(r.err(k, format!("must be \"auto\" or a positive number, got {v}")));
+                    }
+                }
+            }
+            r.nonneg("reserve_memory_gb", false)?;
+            r.nonneg("reserve_memory_fraction", false)?;
+            r.nonneg("available_memory_fraction", true)?;
+            r.finish()?;
+        }
+        ex.finish()?;
+    }
+    let router = match top.obj("router")? {
+        Some(r) => read_router(r)?,
+        None => RouterPolicy::RoundRobin,
+    };
+    let planner = match top.raw("planner") {
+        Some(v) => read_planner(v, &engine, &sla)?,
+        None => None,
+    };
+    top.finish()?;
+    Ok(Config { traffic, engine, sla, router, planner })
+}

@@ -1,0 +1,356 @@
+//! `traffic`: the source (synthetic, synthetic sessions, traces), the load (concurrency,
+//! Poisson, constant rate, trace timestamps) and the stop conditions.
+
+use serde_json::Value;
+
+use super::unsupported::unsupported;
+use crate::error::DeployError;
+use crate::reader::Obj;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    Synthetic {
+        input_tokens: u32,
+        output_tokens: u32,
+    },
+    Session {
+        new_input_tokens: u32,
+        output_tokens: u32,
+        turns: u32,
+        shared_prefix_ratio: f64,
+        prefix_groups: u32,
+        inter_turn_delay_ms: f64,
+    },
+    Trace {
+        paths: Vec<String>,
+        format: &'static str,
+        block_size: Option<u32>,
+        nested_timestamp_basis: Option<&'static str>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Load {
+    Concurrency(u32),
+    /// Rate per second (requests or sessions, per the source), seed.
+    Poisson {
+        rate: f64,
+        seed: u64,
+    },
+    ConstantRate {
+        rate: f64,
+    },
+    TraceTimestamps {
+        speedup: f64,
+        agentic_lanes: Option<u32>,
+    },
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stop {
+    /// Requests (synthetic) or sessions (synthetic-session).
+    pub count: Option<u32>,
+    pub count_per_load_unit: Option<f64>,
+    pub max_virtual_time_seconds: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Traffic {
+    pub source: Source,
+    pub load: Load,
+    pub stop: Stop,
+}
+
+const FORMATS: [&str; 6] =
+    ["mooncake", "mooncake-delta", "agentic_mooncake", "applied_compute_agentic", "dynamo", "weka"];
+
+pub(super) fn read_traffic(t: Option<Obj>) -> Result<Traffic, DeployError> {
+    let Some(mut t) = t else {
+        // Predict's default traffic: synthetic 1024/128, concurrency 10, 100 requests.
+        return Ok(Traffic {
+            source: Source::Synthetic { input_tokens: 1024, output_tokens: 128 },
+            load: Load::Concurrency(10),
+            stop: Stop { count: Some(100), ..Stop::default() },
+        });
+    };
+    let here = t.here().to_string();
+    let source = match t.obj("source")? {
+        Some(s) => read_source(s)?,
+        None => Source::Synthetic { input_tokens: 1024, output_tokens: 128 },
+    };
+    let (load, load_path, lanes) = match t.obj("load")? {
+        Some(l) => {
+            let p = l.here().to_string();
+            let (load, lanes) = read_load(l)?;
+            (load, p, lanes)
+        }
+        None => (Load::Concurrency(10), format!("{here}.load"), None),
+    };
+    let mut stop = Stop::default();
+    let mut stop_keys = Vec::new();
+    let stop_path = format!("{here}.stop");
+    if let Some(mut s) = t.obj("stop")? {
+        let requests = s.positive("requests")?;
+        let rpl = s.nonneg("requests_per_load_unit", true)?;
+        let sessions = s.positive("sessions")?;
+        let spl = s.nonneg("sessions_per_load_unit", true)?;
+        let mvt = s.nonneg("max_virtual_time_seconds", true)?;
+        s.finish()?;
+        for (k, set) in [
+            ("requests", requests.is_some()),
+            ("requests_per_load_unit", rpl.is_some()),
+            ("sessions", sessions.is_some()),
+            ("sessions_per_load_unit", spl.is_some()),
+            ("max_virtual_time_seconds", mvt.is_some()),
+        ] {
+            if set {
+                stop_keys.push(k);
+            }
+        }
+        stop.max_virtual_time_seconds = mvt;
+        let session_source = matches!(source, Source::Session { .. });
+        let counts = stop_keys.iter().filter(|k| **k != "max_virtual_time_seconds").count();
+        if counts > 1 {
+            return Err(DeployError::new(&stop_path, "traffic.stop requires exactly one count condition"));
+        }
+        match &source {
+            Source::Trace { .. } => {}
+            _ if session_source => {
+                if requests.is_some() || rpl.is_some() {
+                    return Err(DeployError::new(&stop_path, "synthetic session traffic requires a session stop"));
+                }
+                stop.count = sessions;
+                stop.count_per_load_unit = spl;
+            }
+            _ => {
+                if sessions.is_some() || spl.is_some() {
+                    return Err(DeployError::new(&stop_path, "synthetic request traffic requires a request stop"));
+                }
+                stop.count = requests;
+                stop.count_per_load_unit = rpl;
+            }
+        }
+    }
+    t.finish()?;
+    match &source {
+        Source::Trace { format, .. } => {
+            if !matches!(load, Load::TraceTimestamps { .. } | Load::Concurrency(_)) {
+                return Err(DeployError::new(
+                    &load_path,
+                    "trace traffic requires trace_timestamps or concurrency load",
+                ));
+            }
+            if stop_keys.iter().any(|k| *k != "max_virtual_time_seconds") {
+                return Err(DeployError::new(&stop_path, "trace traffic only accepts max_virtual_time_seconds"));
+            }
+            if matches!(*format, "agentic_mooncake" | "weka") {
+                if !matches!(load, Load::TraceTimestamps { .. }) {
+                    return Err(DeployError::new(&load_path, format!("{format} requires trace_timestamps load")));
+                }
+                if stop.max_virtual_time_seconds.is_some() {
+                    return Err(DeployError::new(
+                        &stop_path,
+                        format!("{format} does not support max_virtual_time_seconds"),
+                    ));
+                }
+            }
+            if *format == "applied_compute_agentic" && !matches!(load, Load::Concurrency(_)) {
+                return Err(DeployError::new(&load_path, "applied_compute_agentic requires concurrency load"));
+            }
+            if lanes.is_some() && !matches!(*format, "weka" | "agentic_mooncake" | "dynamo") {
+                return Err(DeployError::new(
+                    &load_path,
+                    "agentic_lanes requires weka, agentic_mooncake, or agentic dynamo input",
+                ));
+            }
+        }
+        _ => {
+            if matches!(load, Load::TraceTimestamps { .. }) {
+                return Err(DeployError::new(&load_path, "synthetic traffic does not accept trace_timestamps load"));
+            }
+            if stop.max_virtual_time_seconds.is_some() {
+                return Err(DeployError::new(&stop_path, "max_virtual_time_seconds is trace-only"));
+            }
+            if stop_keys.is_empty() {
+                return Err(DeployError::new(&stop_path, "synthetic traffic requires a stop condition"));
+            }
+            if let Some(ratio) = stop.count_per_load_unit {
+                let unit = match load {
+                    Load::Concurrency(c) => c as f64,
+                    Load::Poisson { rate, .. } | Load::ConstantRate { rate } => rate,
+                    Load::TraceTimestamps { .. } => 0.0,
+                };
+                stop.count = Some(((ratio * unit).round() as u32).max(1));
+            }
+        }
+    }
+    Ok(Traffic { source, load, stop })
+}
+
+fn read_source(mut s: Obj) -> Result<Source, DeployError> {
+    let ty = s.choice("type", &["synthetic", "synthetic-session", "trace"])?.unwrap_or("synthetic");
+    let here = s.here().to_string();
+    let source = match ty {
+        "synthetic" => {
+            let input_tokens = s.positive("input_tokens")?.unwrap_or(1024);
+            let output_tokens = s.positive("output_tokens")?.unwrap_or(128);
+            if s.u64("cached_prefix_tokens")?.unwrap_or(0) != 0 {
+                return Err(s.err(
+                    "cached_prefix_tokens",
+                    "a cached prefix in synthetic requests is not supported by servesim yet",
+                ));
+            }
+            unsupported(&mut s, "images", "multimodal (image) traffic")?;
+            Source::Synthetic { input_tokens, output_tokens }
+        }
+        "synthetic-session" => {
+            let new_input_tokens = s.positive("new_input_tokens_per_turn")?.unwrap_or(1024);
+            let output_tokens = s.positive("output_tokens_per_turn")?.unwrap_or(128);
+            let (mut turns, mut ratio, mut groups, mut delay) = (4, 0.0, 0, 0.0);
+            if let Some(mut ss) = s.obj("session")? {
+                turns = ss.u32_min("turns", 2)?.unwrap_or(4);
+                ratio = ss.nonneg("shared_prefix_ratio", false)?.unwrap_or(0.0);
+                if ratio > 1.0 {
+                    return Err(ss.err("shared_prefix_ratio", format!("must be in [0, 1], got {ratio}")));
+                }
+                groups = ss.u32_min("prefix_groups", 0)?.unwrap_or(0);
+                delay = ss.nonneg("inter_turn_delay_ms", false)?.unwrap_or(0.0);
+                ss.finish()?;
+            }
+            Source::Session {
+                new_input_tokens,
+                output_tokens,
+                turns,
+                shared_prefix_ratio: ratio,
+                prefix_groups: groups,
+                inter_turn_delay_ms: delay,
+            }
+        }
+        _ => {
+            let paths = match s.raw("paths") {
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|p| {
+                        p.as_str().map(str::to_string).ok_or_else(|| s.err("paths", "every path must be a string"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+                Some(_) => return Err(s.err("paths", "must be a list of paths")),
+                None => Vec::new(),
+            };
+            if paths.iter().all(|p| p.is_empty()) || paths.iter().any(|p| p.is_empty()) {
+                return Err(s.err("paths", "trace paths must contain at least one nonempty path"));
+            }
+            let format = s.choice("format", &FORMATS)?.unwrap_or("mooncake");
+            if format != "dynamo" && paths.len() != 1 {
+                return Err(s.err("paths", format!("trace format '{format}' requires exactly one path")));
+            }
+            let block_size = s.positive("block_size")?;
+            let basis = s.choice("nested_timestamp_basis", &["auto", "absolute", "relative"])?;
+            if basis.is_some() && format != "weka" {
+                return Err(
+                    s.err("nested_timestamp_basis", "nested_timestamp_basis is only valid for trace format 'weka'")
+                );
+            }
+            Source::Trace { paths, format, block_size, nested_timestamp_basis: basis }
+        }
+    };
+    let _ = here;
+    s.finish()?;
+    Ok(source)
+}
+
+fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
+    let ty = l
+        .choice("type", &["concurrency", "poisson", "constant_rate", "trace_timestamps", "kv_capacity_fraction"])?
+        .unwrap_or("concurrency");
+    let allowed: &[&str] = match ty {
+        "concurrency" => &["type", "concurrency"],
+        "poisson" => &["type", "requests_per_second", "sessions_per_second", "seed"],
+        "constant_rate" => &["type", "requests_per_second", "sessions_per_second"],
+        "trace_timestamps" => &[
+            "type",
+            "speedup",
+            "agentic_lanes",
+            "agentic_snapshot",
+            "agentic_warmup",
+            "agentic_warmup_policy",
+            "agentic_profile",
+        ],
+        _ => &["type", "fraction"],
+    };
+    let all = [
+        "concurrency",
+        "requests_per_second",
+        "sessions_per_second",
+        "seed",
+        "speedup",
+        "agentic_lanes",
+        "agentic_snapshot",
+        "agentic_warmup",
+        "agentic_warmup_policy",
+        "agentic_profile",
+        "fraction",
+    ];
+    // As the reference counts them: a key is used when it is set (not null), except that
+    // `agentic_warmup: false` and the default warmup policy are no use at all; its own
+    // canonical dumps (`prediction_config`, `recommendations/*.yaml`) write them on every load.
+    let warmup = l.bool("agentic_warmup")?.unwrap_or(false);
+    let policy = l.choice("agentic_warmup_policy", &["repeated_prefixes", "live_trajectory_v1"])?;
+    let used = |k: &str| match k {
+        "agentic_warmup" => warmup,
+        "agentic_warmup_policy" => policy.is_some_and(|p| p != "repeated_prefixes"),
+        _ => l.has(k),
+    };
+    let extra: Vec<&str> = all.iter().copied().filter(|k| used(k) && !allowed.contains(k)).collect();
+    if !extra.is_empty() {
+        return Err(DeployError::new(l.here(), format!("traffic.load.type='{ty}' does not accept {extra:?}")));
+    }
+    // Null fields of the load model are no use either, whatever the type.
+    for k in all {
+        if !l.has(k) {
+            l.raw(k);
+        }
+    }
+    let mut lanes = None;
+    let load = match ty {
+        "concurrency" => Load::Concurrency(l.positive("concurrency")?.unwrap_or(10)),
+        "poisson" | "constant_rate" => {
+            let r = l.nonneg("requests_per_second", true)?;
+            let s = l.nonneg("sessions_per_second", true)?;
+            let rate = match (r, s) {
+                (Some(x), None) | (None, Some(x)) => x,
+                (Some(_), Some(_)) => {
+                    return Err(
+                        l.err("requests_per_second", "give requests_per_second or sessions_per_second, not both")
+                    )
+                }
+                (None, None) => {
+                    return Err(DeployError::new(
+                        l.here(),
+                        format!("{ty} synthetic traffic requires requests_per_second"),
+                    ))
+                }
+            };
+            if ty == "poisson" {
+                Load::Poisson { rate, seed: l.u64("seed")?.unwrap_or(42) }
+            } else {
+                Load::ConstantRate { rate }
+            }
+        }
+        "trace_timestamps" => {
+            let speedup = l.nonneg("speedup", true)?.unwrap_or(1.0);
+            lanes = l.positive("agentic_lanes")?;
+            for k in ["agentic_snapshot", "agentic_profile"] {
+                unsupported(&mut l, k, "agentic snapshots, warmup and profiles")?;
+            }
+            if warmup || policy.is_some_and(|p| p != "repeated_prefixes") {
+                let k = if warmup { "agentic_warmup" } else { "agentic_warmup_policy" };
+                return Err(l.err(k, "agentic snapshots, warmup and profiles is not supported by servesim yet"));
+            }
+            Load::TraceTimestamps { speedup, agentic_lanes: lanes }
+        }
+        _ => return Err(l.err("type", "kv_capacity_fraction load is recommend-only")),
+    };
+    l.finish()?;
+    Ok((load, lanes))
+}

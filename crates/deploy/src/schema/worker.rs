@@ -1,0 +1,230 @@
+//! One worker role of `engine.workers` (aggregated, prefill, decode): parallelism, scheduler
+//! limits, KV cache, timing model.
+
+use serde_json::{json, Value};
+
+use super::unsupported::{estimator_defaults, only_defaults, unsupported};
+use crate::error::DeployError;
+use crate::reader::Obj;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parallelism {
+    pub replicas: u32,
+    pub tensor: u32,
+    pub pipeline: u32,
+    pub attention_data: u32,
+    pub moe_tensor: u32,
+    pub moe_expert: u32,
+}
+
+impl Parallelism {
+    /// GPUs one worker occupies.
+    pub fn gpus(&self) -> u32 {
+        self.tensor * self.pipeline * self.attention_data
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Timing {
+    Default,
+    Fixed { prefill_ms: f64, decode_ms: f64 },
+    Polynomial,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Capacity {
+    Default { memory_fraction: Option<f64>, cuda_graph_reserved_bytes: u64 },
+    Blocks(u64),
+    Bytes(u64),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Worker {
+    pub role: &'static str,
+    pub hardware: Option<String>,
+    pub context_length: Option<u32>,
+    pub parallelism: Parallelism,
+    pub max_batched_tokens: u32,
+    pub max_sequences: u32,
+    pub block_size: Option<u32>,
+    pub prefix_caching: bool,
+    pub bytes_per_token: Option<u64>,
+    pub capacity: Capacity,
+    pub timing: Timing,
+    pub startup_seconds: f64,
+}
+
+pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
+    let hardware = w.nonempty("hardware")?;
+    let context_length = w.positive("context_length")?;
+    let mut p = Parallelism { replicas: 1, tensor: 1, pipeline: 1, attention_data: 1, moe_tensor: 1, moe_expert: 1 };
+    if let Some(mut o) = w.obj("parallelism")? {
+        p.replicas = o.positive("replicas")?.unwrap_or(1);
+        p.tensor = o.positive("tensor")?.unwrap_or(1);
+        p.pipeline = o.positive("pipeline")?.unwrap_or(1);
+        p.attention_data = o.positive("attention_data")?.unwrap_or(1);
+        p.moe_tensor = o.positive("moe_tensor")?.unwrap_or(1);
+        p.moe_expert = o.positive("moe_expert")?.unwrap_or(1);
+        for k in ["prefill_context", "decode_context"] {
+            if o.positive(k)?.is_some_and(|v| v != 1) {
+                return Err(o.err(k, "context parallelism is not supported by servesim yet"));
+            }
+        }
+        if p.pipeline != 1 {
+            return Err(o.err("pipeline", "pipeline parallelism is not supported by servesim yet"));
+        }
+        o.finish()?;
+    }
+    let default_seqs = if role == "prefill" { 1 } else { 256 };
+    let (mut mbt, mut seqs) = (8192, default_seqs);
+    if let Some(mut s) = w.obj("scheduler")? {
+        mbt = s.positive("max_batched_tokens")?.unwrap_or(8192);
+        seqs = s.positive("max_sequences")?.unwrap_or(default_seqs);
+        if s.positive("prefill_schedule_interval")?.is_some_and(|v| v != 1) {
+            return Err(s.err("prefill_schedule_interval", "values other than 1 are not supported by servesim yet"));
+        }
+        if s.u32_min("prefill_decode_interval", 0)?.is_some_and(|v| v != 0) {
+            return Err(s.err("prefill_decode_interval", "values other than 0 are not supported by servesim yet"));
+        }
+        s.finish()?;
+    }
+    let (mut block_size, mut prefix_caching, mut bytes_per_token) = (None, true, None);
+    let mut capacity = Capacity::Default { memory_fraction: None, cuda_graph_reserved_bytes: 0 };
+    if let Some(mut k) = w.obj("kv_cache")? {
+        block_size = k.positive("block_size")?;
+        prefix_caching = k.bool("prefix_caching")?.unwrap_or(true);
+        bytes_per_token = match k.raw("bytes_per_token") {
+            None => None,
+            Some(Value::String(s)) if s == "auto" => None,
+            Some(_) => Some(
+                k.u64("bytes_per_token")?
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| k.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
+            ),
+        };
+        for key in ["prefix_match_unit", "host_offload", "g3_offload", "kvcr", "state_cache"] {
+            unsupported(&mut k, key, key)?;
+        }
+        if let Some(mut c) = k.obj("capacity")? {
+            let ty = c.choice("type", &["default", "fixed"])?.unwrap_or("default");
+            let frac = c.nonneg("memory_fraction", true)?;
+            if frac.is_some_and(|f| f > 1.0) {
+                return Err(c.err("memory_fraction", "must be in (0, 1]"));
+            }
+            let blocks = c.u64("blocks")?;
+            let bytes = c.u64("bytes")?;
+            let cg = c.u64("cuda_graph_reserved_bytes")?.unwrap_or(0);
+            let here = c.here().to_string();
+            c.finish()?;
+            capacity = if ty == "fixed" {
+                match (blocks, bytes) {
+                    (None, None) => return Err(DeployError::new(here, "fixed KV capacity requires blocks or bytes")),
+                    (Some(_), Some(_)) => {
+                        return Err(DeployError::new(here, "fixed KV capacity accepts only one of blocks or bytes"))
+                    }
+                    _ if frac.is_some() => {
+                        return Err(DeployError::new(here, "fixed KV capacity rejects memory_fraction"))
+                    }
+                    _ if cg != 0 => {
+                        return Err(DeployError::new(here, "fixed KV capacity rejects cuda_graph_reserved_bytes"))
+                    }
+                    (Some(0), _) | (_, Some(0)) => {
+                        return Err(DeployError::new(here, "fixed KV capacity must be positive"))
+                    }
+                    (Some(b), None) => Capacity::Blocks(b),
+                    (None, Some(b)) => {
+                        if bytes_per_token.is_none() {
+                            return Err(DeployError::new(
+                                here,
+                                "fixed KV capacity in bytes requires kv_cache.bytes_per_token",
+                            ));
+                        }
+                        Capacity::Bytes(b)
+                    }
+                }
+            } else {
+                if blocks.is_some() || bytes.is_some() {
+                    return Err(DeployError::new(here, "default KV capacity rejects blocks or bytes"));
+                }
+                Capacity::Default { memory_fraction: frac, cuda_graph_reserved_bytes: cg }
+            };
+        }
+        k.finish()?;
+    }
+    let _ = backend;
+    let timing = match w.obj("timing")? {
+        None => Timing::Default,
+        Some(mut t) => {
+            let ty = t.choice("type", &["default", "fixed", "polynomial"])?.unwrap_or("default");
+            let pre = t.nonneg("prefill_ms", false)?;
+            let dec = t.nonneg("decode_ms", false)?;
+            let here = t.here().to_string();
+            let mut identity = false;
+            for k in [
+                "gemm_quant_mode",
+                "moe_quant_mode",
+                "fmha_quant_mode",
+                "kvcache_quant_mode",
+                "comm_quant_mode",
+                "attention_backend",
+            ] {
+                identity |= t.raw(k).is_some();
+            }
+            if identity && ty != "default" {
+                return Err(DeployError::new(&here, "quantization and backend identity require default timing"));
+            }
+            if identity {
+                return Err(DeployError::new(
+                    &here,
+                    "quantization and attention-backend overrides are not supported by servesim yet",
+                ));
+            }
+            for k in ["forward_model", "fpm_parquet_path", "systems_paths"] {
+                unsupported(&mut t, k, k)?;
+            }
+            // The reference writes its defaults for these into every canonical dump.
+            if let Some(v) = t.raw("estimator_config") {
+                only_defaults(&t.path("estimator_config"), v, &estimator_defaults())?;
+            }
+            if let Some(v) = t.raw("transfer_policy") {
+                only_defaults(&t.path("transfer_policy"), v, &json!(["xshape", "xquant", "xprofile", "xop"]))?;
+            }
+            t.choice("estimation_mode", &["auto", "op_level"])?;
+            t.choice("fallback_policy", &["deny", "allow"])?;
+            t.choice("database_mode", &["SILICON", "silicon"])?;
+            t.finish()?;
+            match ty {
+                "fixed" => match (pre, dec) {
+                    (Some(p), Some(d)) => Timing::Fixed { prefill_ms: p, decode_ms: d },
+                    _ => return Err(DeployError::new(here, "fixed timing requires prefill_ms and decode_ms")),
+                },
+                other => {
+                    if pre.is_some() || dec.is_some() {
+                        return Err(DeployError::new(here, format!("{other} timing rejects fixed timing values")));
+                    }
+                    if other == "polynomial" {
+                        Timing::Polynomial
+                    } else {
+                        Timing::Default
+                    }
+                }
+            }
+        }
+    };
+    let startup_seconds = w.nonneg("startup_seconds", false)?.unwrap_or(0.0);
+    w.finish()?;
+    Ok(Worker {
+        role,
+        hardware,
+        context_length,
+        parallelism: p,
+        max_batched_tokens: mbt,
+        max_sequences: seqs,
+        block_size,
+        prefix_caching,
+        bytes_per_token,
+        capacity,
+        timing,
+        startup_seconds,
+    })
+}
