@@ -13,6 +13,8 @@
 //!        + decode_active_request_weight × active requests
 //! ```
 //!
+//! (with a host (G2) KV cache, the cached prefix counts the host-resident blocks that continue
+//! the device prefix at `host_cache_hit_weight` each, as [`CachedPrefix::effective`] does)
 //! and picks the cheapest (ties: a seeded uniform draw) or samples a softmax when
 //! a temperature is set. With a queue threshold, requests wait in a [`RouterQueue`] while every
 //! target is busy prefilling; a [`PolicyProfile`] splits that queue into policy classes
