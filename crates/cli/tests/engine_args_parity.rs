@@ -10,7 +10,9 @@
 //!   prefills back (census item 26);
 //! - MTP speculation: per-position `aic_nextn_accept_rates` (short lists padded with zeros, a
 //!   certain first position) with `aic_mtp_seed` on vLLM, SGLang, TRT-LLM and a disaggregated
-//!   decode pool, and the depth an AIS timing config's `nextn` gives the launch.
+//!   decode pool, and the depth an AIS timing config's `nextn` gives the launch;
+//! - SGLang decode passes timed on the whole Σ of the running sequence lengths even where shared
+//!   prefixes make it exceed the KV pool (servesim capped it at the pool: ITL 35 % short).
 //!
 //! `scripts/parity.py` builds the command line and compares (exact where the reference is
 //! deterministic, the listed tolerances against the median of its runs where it is not). The AIS
@@ -74,6 +76,7 @@ cases!(
     mtp_rates_seed_trtllm,
     mtp_rates_seed_disagg,
     ais_nextn_from_timing_config,
+    sglang_ais_decode_context_over_capacity,
 );
 
 /// A small synthetic `servesim predict` with `{"engine": ENGINE}` as its engine arguments: its exit

@@ -118,12 +118,14 @@ impl SglangEngine {
     /// Every running request samples its burst, each token with its KV slot; returns the end of
     /// the pass.
     fn decode_running(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
-        let capacity = self.cfg.kv_capacity_tokens();
+        // Σ sequence lengths, not capped at the capacity: requests that share a cached prefix
+        // count it once each, so the sum may exceed the pool, and the reference times the pass
+        // on the whole sum (its mean context) as well.
         let context: u64 = self.running.iter().map(|&s| self.reqs[s].len() as u64).sum();
         let shape = DecodeShape {
             batch: self.running.len() as u32,
-            context_tokens: context.min(capacity),
-            capacity_tokens: capacity,
+            context_tokens: context,
+            capacity_tokens: self.cfg.kv_capacity_tokens(),
         };
         out.decode = shape;
         let prefill_worker = self.cfg.role == Role::Prefill;
