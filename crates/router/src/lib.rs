@@ -102,12 +102,7 @@ impl CachedPrefix {
     /// The prefix in device-block equivalents: host blocks count `host_weight` each (Dynamo's
     /// effective overlap).
     pub fn effective(self, host_weight: f64) -> f64 {
-        let device = self.device as f64;
-        if self.host == 0 {
-            device
-        } else {
-            device + self.host as f64 * host_weight
-        }
+        self.device as f64 + self.host as f64 * host_weight
     }
 }
 

@@ -95,11 +95,7 @@ fn read_host_offload(path: &str, v: &Value) -> Result<super::RawHostOffload> {
     };
     let mut blocks = None;
     for (key, value) in map {
-        let float = |value: &Value| {
-            value.as_f64().ok_or_else(|| {
-                ConfigError::new(at(key), format!("invalid type: {}, expected f64", serde_unexpected(value)))
-            })
-        };
+        let float = |value: &Value| f64_field(at(key), value);
         match key.as_str() {
             "scope" => match value.as_str() {
                 Some("dp_rank_local") => out.cluster_shared = false,
@@ -166,6 +162,13 @@ const G3_OFFLOAD_KEYS: [&str; 7] = [
     "shared_write_bandwidth_gbps",
 ];
 
+/// A number field of an offload section, with serde's message for anything else.
+fn f64_field(path: String, value: &Value) -> Result<f64> {
+    value
+        .as_f64()
+        .ok_or_else(|| ConfigError::new(path, format!("invalid type: {}, expected f64", serde_unexpected(value))))
+}
+
 /// `g3_offload`, with Dynamo 1.6.1's messages for its shape: unknown keys, types, the scope's
 /// values, then the required `scope` and `num_g3_blocks` (in that order, as serde reports them).
 fn read_g3_offload(path: &str, v: &Value) -> Result<super::RawG3Offload> {
@@ -190,11 +193,7 @@ fn read_g3_offload(path: &str, v: &Value) -> Result<super::RawG3Offload> {
     };
     let (mut scope, mut blocks) = (None, None);
     for (key, value) in map {
-        let float = |value: &Value| {
-            value.as_f64().ok_or_else(|| {
-                ConfigError::new(at(key), format!("invalid type: {}, expected f64", serde_unexpected(value)))
-            })
-        };
+        let float = |value: &Value| f64_field(at(key), value);
         match key.as_str() {
             "scope" => {
                 scope = Some(match value.as_str() {
