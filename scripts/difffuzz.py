@@ -366,7 +366,7 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
     if backend == "vllm" and chance(rng, 0.05):  # servesim: vLLM only
         e["max_model_len"] = load.max_total + rng.randint(1, 4096)
     if backend == "vllm" and role == "aggregated" and e.get("enable_prefix_caching", True) and "aic_nextn" not in e:
-        # Host (G2) offload (servesim models scope dp_rank_local on aggregated vLLM workers).
+        # Host (G2) offload (servesim models both scopes on aggregated vLLM workers).
         sub = rng
         if chance(sub, 0.3):
             e["kv_cache_bytes_per_token"] = sub.choice([16384, 32768, 65536, 131072, 262144])
@@ -377,9 +377,17 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
                 host["h2d_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
             if chance(sub, 0.4):
                 host["latency_to_first_byte_ms"] = sub.choice([0.1, 0.5, 1.0, 2.0])
+            if chance(sub, 0.3):
+                # One pool for the deployment: its capacity is the pool's, its caps over all ranks.
+                host["scope"] = "cluster_shared"
+                host["kv_layout_id"] = "tp1"
+                for key in ["shared_d2h_bandwidth_gbps", "shared_h2d_bandwidth_gbps"]:
+                    if chance(sub, 0.6):
+                        host[key] = sub.choice([0.0, 0.5, 1.0, 4.0, 16.0, 80.0])
             e["native_host_offload"] = host
-            # G3 below it (servesim models scope worker_local; Dynamo allows it at dp_size 1 only).
-            if dp == 1 and chance(sub, 0.35):
+            # G3 below it (servesim models scope worker_local below a private host cache; Dynamo
+            # allows it at dp_size 1 only).
+            if dp == 1 and "scope" not in host and chance(sub, 0.35):
                 g3 = {"scope": "worker_local",
                       "num_g3_blocks": max(1, int(host["num_host_blocks"] * sub.choice([0.5, 1, 2, 4, 16])))}
                 for key in ["read_bandwidth_gbps", "write_bandwidth_gbps"]:

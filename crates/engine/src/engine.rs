@@ -210,6 +210,25 @@ impl Engine {
         }
     }
 
+    /// Makes this engine a client of a deployment's shared host pool (`cluster_shared`), before
+    /// it sees a request. Only vLLM engines have host offload (the configuration refuses the
+    /// others).
+    pub fn join_shared_host(&mut self, pool: &crate::offload::SharedHostPool) {
+        if let Engine::Vllm(e) = self {
+            e.join_shared_host(pool);
+        }
+    }
+
+    /// Whether the driver must call [`Engine::finish_group_pass`] at the end of each pass (in
+    /// virtual time, after the passes that end earlier elsewhere), even for a rank driven alone:
+    /// true with a shared host pool, which every rank advances.
+    pub fn defers_transfer_boundary(&self) -> bool {
+        match self {
+            Engine::Vllm(e) => e.defers_transfer_boundary(),
+            Engine::Sglang(_) => false,
+        }
+    }
+
     /// With a G3 tier: serves its transfers up to `now_ms` (applied to the tier, handed to the
     /// host cache at the next advance) and returns how many it has completed so far.
     pub fn g3_sync(&mut self, now_ms: f64) -> Option<u64> {

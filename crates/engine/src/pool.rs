@@ -8,6 +8,7 @@
 //! before either was visible); a hash is reported removed only when its last copy goes.
 
 use hashbrown::HashTable;
+use rustc_hash::FxHashSet;
 
 use crate::output::KvEvent;
 
@@ -59,6 +60,12 @@ pub struct BlockPool {
     by_hash: HashTable<u32>,
     record_events: bool,
     events: Vec<KvEvent>,
+    /// Copies a store to a shared host pool still reads ([`Self::hold`]): released, they keep
+    /// their capacity (a cached one stays a prefix hit but out of the LRU) until the store
+    /// completes.
+    held: FxHashSet<u32>,
+    /// Held private copies whose last reference went: freed when their hold ends.
+    released_held: FxHashSet<u32>,
 }
 
 impl BlockPool {
@@ -74,6 +81,33 @@ impl BlockPool {
             by_hash: HashTable::new(),
             record_events,
             events: Vec::new(),
+            held: FxHashSet::default(),
+            released_held: FxHashSet::default(),
+        }
+    }
+
+    /// A store to a shared host pool reads `copies`: until [`Self::release_held`], releasing
+    /// one does not free its capacity.
+    pub fn hold(&mut self, copies: &[u32]) {
+        for &copy in copies {
+            debug_assert!(self.copies[copy as usize].refs > 0, "a held copy is in use");
+            self.held.insert(copy);
+        }
+    }
+
+    /// The store that held `copies` completed: each released one becomes free (private) or the
+    /// newest LRU entry (cached), the last copy first, so a shared prefix is evicted last.
+    pub fn release_held(&mut self, copies: &[u32]) {
+        for &copy in copies.iter().rev() {
+            if !self.held.remove(&copy) {
+                continue;
+            }
+            if self.released_held.remove(&copy) {
+                self.free_slot(copy);
+            } else if self.copies[copy as usize].refs == 0 {
+                self.lru_push_back(copy);
+                self.num_inactive += 1;
+            }
         }
     }
 
@@ -103,7 +137,8 @@ impl BlockPool {
         };
         while c != NIL {
             let copy = &self.copies[c as usize];
-            if copy.refs > 0 {
+            // A held copy is outside the LRU: reusing it takes no evictable block.
+            if copy.refs > 0 || (!self.held.is_empty() && self.held.contains(&c)) {
                 return Residency::Active;
             }
             c = copy.next_same;
@@ -213,7 +248,14 @@ impl BlockPool {
         if c.refs > 0 {
             return;
         }
-        if !c.is_cached() {
+        let cached = c.is_cached();
+        if !self.held.is_empty() && self.held.contains(&copy) {
+            if !cached {
+                self.released_held.insert(copy);
+            }
+            return;
+        }
+        if !cached {
             self.free_slot(copy);
             return;
         }
@@ -240,8 +282,10 @@ impl BlockPool {
             }
             c = self.copies[c as usize].next_same;
         }
-        self.lru_unlink(first);
-        self.num_inactive -= 1;
+        if self.held.is_empty() || !self.held.contains(&first) {
+            self.lru_unlink(first);
+            self.num_inactive -= 1;
+        }
         self.copies[first as usize].refs = 1;
         first
     }
@@ -410,5 +454,29 @@ mod tests {
         pool.release(a);
         assert_eq!(pool.lookup(5), Residency::Inactive);
         assert_eq!(pool.num_active(), 0);
+    }
+
+    #[test]
+    fn held_sources_keep_their_capacity_until_the_store_completes() {
+        let mut pool = BlockPool::new(3, false);
+        let a = cached_block(&mut pool, 1);
+        let mut private = Vec::new();
+        assert!(pool.allocate(&[], 1, &mut private));
+        let b = cached_block(&mut pool, 2);
+        pool.hold(&[a, private[0], b]);
+        pool.release_lease(&[a, private[0], b]);
+        // Released but held: not free, not evictable, and a cached one is still a hit.
+        assert_eq!((pool.num_free(), pool.num_inactive(), pool.num_active()), (0, 0, 3));
+        assert!(!pool.can_allocate(1));
+        assert_eq!(pool.lookup(1), Residency::Active);
+        // Reusing a held hit takes no evictable block, and releasing it keeps it held.
+        let mut lease = Vec::new();
+        assert!(pool.allocate(&[1], 0, &mut lease));
+        pool.release(a);
+        // The store completes: the private copy is freed, the cached ones join the LRU, the
+        // last first, so the prefix (1) is the most recent.
+        pool.release_held(&[a, private[0], b]);
+        assert_eq!((pool.num_free(), pool.num_inactive()), (1, 2));
+        assert_eq!(pool.eviction_order().collect::<Vec<_>>(), [2, 1]);
     }
 }

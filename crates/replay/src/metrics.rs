@@ -341,6 +341,9 @@ pub struct HostOffloadTotals {
     pub capacity_retries: u64,
     /// The G3 tiers' counters summed over workers, when they have G3.
     pub g3: Option<servesim_engine::offload::G3Stats>,
+    /// A shared (`cluster_shared`) pool's `(capacity, resident, used)` blocks at the end, as
+    /// Dynamo's `g2_domains` reports them.
+    pub g2_domain: Option<(usize, usize, usize)>,
 }
 
 impl HostOffloadTotals {
@@ -369,7 +372,9 @@ impl HostOffloadTotals {
             evicted_blocks,
             capacity_retries,
             g3,
+            g2_domain,
         } = *o;
+        self.g2_domain = self.g2_domain.or(g2_domain);
         if let Some(g3) = &g3 {
             self.g3.get_or_insert_with(Default::default).merge(g3);
         }

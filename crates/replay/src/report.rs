@@ -185,6 +185,12 @@ impl Report {
                 // Dynamo's own section, under its names.
                 put("g3_offload", g3_json(g3));
             }
+            if let Some((capacity, resident, used)) = h.g2_domain {
+                put(
+                    "g2_domains",
+                    json!([{"capacity_blocks": capacity, "resident_blocks": resident, "used_blocks": used}]),
+                );
+            }
         }
         if self.speculative {
             put("decode_forwards", json!(t.decode_forwards));

@@ -38,6 +38,8 @@ pub(crate) fn applies(workload: &Workload, config: &SimConfig, collector: &Colle
         && pool.workers > 1
         // Workers with G3 see each other's completions (one registry per deployment).
         && pool.engine.g3_offload.is_none()
+        // Workers of a shared host pool advance each other's transfers.
+        && !pool.engine.host_offload.as_ref().is_some_and(|h| h.cluster_shared)
         && config.router == RouterMode::RoundRobin
         && work_only_at_releases(workload, config)
         // Per-request records are written in completion order as the run goes.

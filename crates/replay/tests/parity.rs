@@ -231,6 +231,21 @@ fn check(name: &str) {
                 problems.push(format!("{key}: servesim {got} vs reference {want}"));
             }
         }
+        // Host reuse of first admissions (Dynamo's cache-tier record) and a shared pool's final
+        // occupancy.
+        if let Some(want) = golden.pointer("/x_cache_tiers/host_reused_input_tokens") {
+            if ours.get("host_offload_hit_tokens") != Some(want) {
+                problems.push(format!(
+                    "host_offload_hit_tokens: servesim {:?} vs reference host_reused_input_tokens {want}",
+                    ours.get("host_offload_hit_tokens")
+                ));
+            }
+        }
+        if let Some(want) = golden.get("g2_domains") {
+            if ours.get("g2_domains") != Some(want) {
+                problems.push(format!("g2_domains: servesim {:?} vs reference {want}", ours.get("g2_domains")));
+            }
+        }
         // Dynamo's nested G3 section: every counter, and the sums of transfer times.
         if let Some(want) = golden.get("g3_offload") {
             let mut leaves = Vec::new();
@@ -397,6 +412,15 @@ parity_cases! {
     g3_offload_instant_lanes => "g3_sessions_instant",
     g3_offload_slow_lanes_and_latency => "g3_sessions_slow_lanes",
     g3_offload_two_workers_round_robin => "g3_2w_round_robin",
+    // One host pool for the deployment (`cluster_shared`): cross-worker host hits, held device
+    // sources, processor-shared links under the pool's caps, attention DP, the KV router.
+    host_offload_shared_pool_sessions_dp2 => "offload_shared_sessions_dp2",
+    host_offload_shared_pool_cross_worker_hits => "offload_shared_cross_3w",
+    host_offload_shared_pool_attention_dp => "offload_shared_cross_dp2",
+    host_offload_shared_pool_slow_links => "offload_shared_cross_slow_links",
+    host_offload_shared_pool_tight => "offload_shared_cross_tight",
+    host_offload_shared_pool_two_workers => "offload_shared_tier_2w",
+    host_offload_shared_pool_kv_router => "offload_shared_kv_router",
     // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
     // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
     // disaggregated sides).

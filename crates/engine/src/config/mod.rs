@@ -160,38 +160,62 @@ pub struct EngineConfig {
     pub timing_fallback: Option<String>,
     /// Physical KV bytes of one token (`kv_cache_bytes_per_token`): sizes host blocks.
     pub kv_cache_bytes_per_token: Option<u64>,
-    /// vLLM's host (G2) KV cache, per DP rank (`native_host_offload`, scope `dp_rank_local`).
+    /// vLLM's host (G2) KV cache (`native_host_offload`): per DP rank, or one pool for the
+    /// deployment (`cluster_shared`).
     pub host_offload: Option<HostOffload>,
     /// A G3 tier below each worker's host cache (`g3_offload`, scope `worker_local`).
     pub g3_offload: Option<G3Offload>,
 }
 
-/// The `native_host_offload` section: a private host KV cache per DP rank (see
-/// `docs/host-offload.md`).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The `native_host_offload` section: a host KV cache private to each DP rank, or one pool
+/// the deployment's ranks share (see `docs/host-offload.md`).
+#[derive(Clone, Debug, PartialEq)]
 pub struct HostOffload {
+    /// One pool for the deployment (`cluster_shared`) rather than one cache per DP rank.
+    pub cluster_shared: bool,
+    /// Capacity in blocks: per DP rank, or of the shared pool.
     pub num_host_blocks: u64,
-    /// Device-to-host rate in decimal GB/s; zero is unlimited.
+    /// Device-to-host rate of a rank in decimal GB/s; zero is unlimited.
     pub d2h_bandwidth_gbps: f64,
-    /// Host-to-device rate in decimal GB/s; zero is unlimited.
+    /// Host-to-device rate of a rank in decimal GB/s; zero is unlimited.
     pub h2d_bandwidth_gbps: f64,
+    /// Caps of a shared pool over all its ranks (a private cache does not use them).
+    pub shared_d2h_bandwidth_gbps: f64,
+    pub shared_h2d_bandwidth_gbps: f64,
     pub latency_to_first_byte_ms: f64,
+    /// Identity of the stored layout (required for `cluster_shared`).
+    pub kv_layout_id: Option<String>,
 }
 
 impl HostOffload {
     pub const DEFAULT_BANDWIDTH_GBPS: f64 = 32.0;
+    pub const DEFAULT_SHARED_BANDWIDTH_GBPS: f64 = 80.0;
 
-    /// The section as Dynamo 1.6.1 normalises it: the latency only when it is not zero.
+    /// The section as Dynamo 1.6.1 normalises it: the scope only when shared, the pool caps
+    /// only when not the default, the latency only when it is not zero, the layout id when set.
     fn canonical_json(&self) -> Value {
-        let mut v = json!({
-            "num_host_blocks": self.num_host_blocks,
-            "d2h_bandwidth_gbps": self.d2h_bandwidth_gbps,
-            "h2d_bandwidth_gbps": self.h2d_bandwidth_gbps,
-        });
-        if self.latency_to_first_byte_ms != 0.0 {
-            v["latency_to_first_byte_ms"] = json!(self.latency_to_first_byte_ms);
+        let mut v = serde_json::Map::new();
+        if self.cluster_shared {
+            v.insert("scope".into(), json!("cluster_shared"));
         }
-        v
+        v.insert("num_host_blocks".into(), json!(self.num_host_blocks));
+        v.insert("d2h_bandwidth_gbps".into(), json!(self.d2h_bandwidth_gbps));
+        v.insert("h2d_bandwidth_gbps".into(), json!(self.h2d_bandwidth_gbps));
+        for (key, gbps) in [
+            ("shared_d2h_bandwidth_gbps", self.shared_d2h_bandwidth_gbps),
+            ("shared_h2d_bandwidth_gbps", self.shared_h2d_bandwidth_gbps),
+        ] {
+            if gbps != Self::DEFAULT_SHARED_BANDWIDTH_GBPS {
+                v.insert(key.into(), json!(gbps));
+            }
+        }
+        if self.latency_to_first_byte_ms != 0.0 {
+            v.insert("latency_to_first_byte_ms".into(), json!(self.latency_to_first_byte_ms));
+        }
+        if let Some(id) = &self.kv_layout_id {
+            v.insert("kv_layout_id".into(), json!(id));
+        }
+        Value::Object(v)
     }
 }
 

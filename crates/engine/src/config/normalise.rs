@@ -318,6 +318,13 @@ impl RawConfig {
             block_size as u64 * self.kv_cache_bytes_per_token.or(0),
             dp_size,
         )?;
+        if g3_offload.is_some() && host_offload.as_ref().is_some_and(|h| h.cluster_shared) {
+            return Err(ConfigError::new(
+                "engine.g3_offload",
+                "g3_offload below a cluster_shared native_host_offload is not modelled by servesim yet; \
+                 use host scope `dp_rank_local`",
+            ));
+        }
         let engine = EngineConfig {
             backend,
             num_gpu_blocks,
@@ -466,17 +473,14 @@ fn check_host_offload(
             return fail(format!("native_host_offload.{name} produces an unrepresentable transfer duration"));
         }
     }
-    if h.cluster_shared {
-        return fail(
-            "native_host_offload scope `cluster_shared` (one host pool shared by workers) is not modelled by \
-             servesim yet; use `dp_rank_local`"
-                .into(),
-        );
-    }
     Ok(Some(super::HostOffload {
+        cluster_shared: h.cluster_shared,
         num_host_blocks: h.num_host_blocks,
         d2h_bandwidth_gbps: h.d2h_bandwidth_gbps,
         h2d_bandwidth_gbps: h.h2d_bandwidth_gbps,
+        shared_d2h_bandwidth_gbps: h.shared_d2h_bandwidth_gbps,
+        shared_h2d_bandwidth_gbps: h.shared_h2d_bandwidth_gbps,
         latency_to_first_byte_ms: h.latency_to_first_byte_ms,
+        kv_layout_id: h.kv_layout_id.clone(),
     }))
 }

@@ -19,7 +19,63 @@ mod tests;
 pub use fair::FairLink;
 pub use g3::{Direction, G3Completion, G3IoStats, G3Stats, G3Tier, G3TierConfig, Probe};
 pub use lane::{bytes_per_ms, FifoLane};
-pub use tier::{Completed, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
+pub use tier::{Completed, HostLink, HostStats, HostTier, HostTierConfig, Kind, Lookup, StoreOutcome, TransferId};
 
 /// A block's identity in both device and host caches: its sequence hash.
 pub type BlockKey = u64;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A host cache that several DP ranks join: Dynamo's `cluster_shared` G2 pool. The replay
+/// driver makes one per deployment and hands it to each rank it builds.
+#[derive(Clone)]
+pub struct SharedHostPool(Arc<Mutex<HostTier>>);
+
+impl SharedHostPool {
+    /// An empty pool; `config`'s rates are the pool's caps over all its clients.
+    pub fn new(config: HostTierConfig) -> Self {
+        Self(Arc::new(Mutex::new(HostTier::shared(config))))
+    }
+
+    /// `(capacity, resident, used)` blocks, as Dynamo's `g2_domains` reports them.
+    pub fn occupancy(&self) -> (usize, usize, usize) {
+        let tier = self.0.lock().expect("host pool lock");
+        let (resident, used) = tier.occupancy();
+        (tier.config().capacity_blocks, resident, used)
+    }
+
+    pub fn stats(&self) -> HostStats {
+        self.0.lock().expect("host pool lock").stats()
+    }
+}
+
+/// One rank's handle on its host cache: a private cache, or its client id in a shared pool.
+pub struct HostClient {
+    tier: Arc<Mutex<HostTier>>,
+    id: usize,
+    shared: bool,
+}
+
+impl HostClient {
+    pub fn private(config: HostTierConfig) -> Self {
+        Self { tier: Arc::new(Mutex::new(HostTier::new(config))), id: 0, shared: false }
+    }
+
+    /// Joins `pool` with the rank's own link.
+    pub fn join(pool: &SharedHostPool, link: HostLink) -> Self {
+        let id = pool.0.lock().expect("host pool lock").register(link);
+        Self { tier: Arc::clone(&pool.0), id, shared: true }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, HostTier> {
+        self.tier.lock().expect("host cache lock")
+    }
+
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+}

@@ -1,4 +1,5 @@
-//! vLLM's `native_host_offload` (private scope): the connector policy over [`HostTier`].
+//! vLLM's `native_host_offload`: the connector policy over [`HostTier`], private to the rank
+//! (`dp_rank_local`) or a client of a pool shared by the deployment (`cluster_shared`).
 //!
 //! Dynamo 1.6.1's semantics (`docs/host-offload.md` §4–6): write-through stores of complete
 //! prompt blocks, prepared after the scheduling loop and put on the D2H lane at the pass
@@ -14,8 +15,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
 use crate::config::EngineConfig;
 use crate::offload::{
-    BlockKey, Completed, Direction, G3Stats, G3Tier, G3TierConfig, HostStats, HostTier, HostTierConfig, Kind, Lookup,
-    Probe, StoreOutcome, TransferId,
+    BlockKey, Completed, Direction, G3Stats, G3Tier, G3TierConfig, HostClient, HostLink, HostStats, HostTier,
+    HostTierConfig, Kind, Lookup, Probe, SharedHostPool, StoreOutcome, TransferId,
 };
 use crate::output::{Finish, Finished, HostKvEvent, KvEvent, PassOutput, RejectReason, StoredBlock};
 
@@ -143,7 +144,7 @@ pub struct HostCounters {
 /// The host tier of one rank and the connector state around it.
 #[derive(Default)]
 pub(super) struct HostState {
-    tier: Option<HostTier>,
+    tier: Option<HostClient>,
     g3: Option<G3State>,
     /// Pending D2H of a physical device block (pool slot): reusing its capacity must wait.
     slot_deps: FxHashMap<u32, TransferId>,
@@ -167,10 +168,15 @@ impl std::fmt::Debug for HostState {
 }
 
 impl HostState {
-    /// The rank's host cache, if configured; `publish_residency`: the rank publishes KV events,
-    /// so its host residency goes to the router too.
-    pub(super) fn new(cfg: &EngineConfig, publish_residency: bool) -> Option<Box<Self>> {
-        let h = cfg.host_offload?;
+    /// The rank's host cache, if configured: private, or its client of `shared`.
+    /// `publish_residency`: the rank publishes KV events, so host residency goes to the router
+    /// too (every block of a shared pool).
+    pub(super) fn new(
+        cfg: &EngineConfig,
+        publish_residency: bool,
+        shared: Option<&SharedHostPool>,
+    ) -> Option<Box<Self>> {
+        let h = cfg.host_offload.as_ref()?;
         let tier = HostTierConfig::new(
             h.num_host_blocks as usize,
             cfg.block_size as usize,
@@ -180,13 +186,23 @@ impl HostState {
             h.latency_to_first_byte_ms,
         )
         .expect("validated host offload configuration");
-        let mut host = HostTier::new(tier);
+        let host = match shared {
+            Some(pool) => HostClient::join(
+                pool,
+                HostLink {
+                    d2h_gbps: tier.d2h_gbps,
+                    h2d_gbps: tier.h2d_gbps,
+                    latency_to_first_byte_ms: tier.latency_to_first_byte_ms,
+                },
+            ),
+            None => HostClient::private(tier),
+        };
         if publish_residency {
-            host.publish_residency();
+            host.lock().publish_residency(host.id());
         }
         let g3 = cfg.g3_offload.map(|g| {
             // Completed stores wait for their handoff to G3 before they may be evicted.
-            host.hold_completed_sources();
+            host.lock().hold_completed_sources(host.id());
             G3State {
                 tier: G3Tier::new(G3TierConfig {
                     capacity_blocks: g.num_g3_blocks as usize,
@@ -207,8 +223,17 @@ impl HostState {
         Some(Box::new(HostState { tier: Some(host), g3, ..Default::default() }))
     }
 
-    fn tier(&mut self) -> &mut HostTier {
-        self.tier.as_mut().expect("host tier")
+    fn tier(&self) -> std::sync::MutexGuard<'_, HostTier> {
+        self.tier.as_ref().expect("host tier").lock()
+    }
+
+    /// This rank's id in its host cache.
+    fn client(&self) -> usize {
+        self.tier.as_ref().expect("host tier").id()
+    }
+
+    fn is_shared(&self) -> bool {
+        self.tier.as_ref().is_some_and(HostClient::is_shared)
     }
 
     fn has_ready_waiter(&self) -> bool {
@@ -254,7 +279,17 @@ impl HostState {
     }
 
     fn completes_at(&self, transfer: TransferId) -> Option<f64> {
-        self.tier.as_ref().and_then(|t| t.completes_at(transfer))
+        self.tier.as_ref().and_then(|t| t.lock().completes_at(transfer))
+    }
+
+    /// Whether device block `slot` is the source of a store still running. A private lane
+    /// knows it by the store's fixed completion time; a shared pool has none.
+    fn source_pending(&self, slot: u32) -> bool {
+        if self.is_shared() {
+            self.slot_deps.get(&slot).is_some_and(|&t| self.tier().is_in_flight(t))
+        } else {
+            self.pending_dep(slot).is_some()
+        }
     }
 
     fn pending_dep(&self, slot: u32) -> Option<f64> {
@@ -266,7 +301,8 @@ impl HostState {
     /// a block neither has (or the host cannot take one). True when the request must wait for a
     /// transfer: a promotion started, or a block it needs is still being written somewhere.
     fn stage(&mut self, request: u64, keys: &[BlockKey], now_ms: f64) -> bool {
-        let tier = self.tier.as_mut().unwrap();
+        let client = self.client();
+        let mut tier = self.tier.as_ref().unwrap().lock();
         let g3 = self.g3.as_mut().unwrap();
         if now_ms > g3.attempted_at {
             g3.attempted_at = now_ms;
@@ -291,7 +327,8 @@ impl HostState {
                                 break;
                             }
                         }
-                        let StoreOutcome::Prepared { transfer, .. } = tier.reserve_external(request, &[key], now_ms)
+                        let StoreOutcome::Prepared { transfer, .. } =
+                            tier.reserve_external(client, request, &[key], now_ms)
                         else {
                             break;
                         };
@@ -329,11 +366,26 @@ impl HostState {
 }
 
 impl VllmEngine {
+    /// Makes this rank a client of the deployment's shared host pool (`cluster_shared`) instead
+    /// of a private cache. Called before the engine has seen a request.
+    pub fn join_shared_host(&mut self, pool: &SharedHostPool) {
+        assert!(self.waiting.is_empty() && self.running.is_empty(), "a rank joins its host pool before it runs");
+        let record = self.pool.records_events();
+        self.host = HostState::new(&self.cfg, record, Some(pool));
+    }
+
+    /// Whether the pass boundary's host transfers wait for [`Self::finish_group_pass`] from the
+    /// driver at the pass's end: a shared pool is advanced by every rank, so a pass's boundary
+    /// must not run ahead of the others' present.
+    pub fn defers_transfer_boundary(&self) -> bool {
+        self.host.as_ref().is_some_and(|h| h.is_shared())
+    }
+
     /// When the next host transfer completes (the driver wakes an idle worker then).
     pub fn next_transfer_deadline(&self) -> Option<f64> {
         let h = self.host.as_ref()?;
         let g3 = h.g3.as_ref().and_then(|g| g.tier.next_deadline());
-        h.tier.as_ref()?.next_deadline().into_iter().chain(g3).min_by(f64::total_cmp)
+        h.tier.as_ref()?.lock().next_deadline(h.client()).into_iter().chain(g3).min_by(f64::total_cmp)
     }
 
     /// Completes the host transfers due by `now_ms` on an idle rank (loads become admissible
@@ -343,12 +395,11 @@ impl VllmEngine {
             return false;
         }
         let h = self.host.as_mut().unwrap();
-        let done = h.tier().tick(now_ms);
-        let mut any = !done.is_empty();
+        let (done, mut any) = h.tier().tick(h.client(), now_ms);
         if let Some(g3) = h.g3.as_mut() {
             any |= std::mem::take(&mut g3.deployment_progress);
             g3.epoch += done.len() as u64;
-            let tier = h.tier.as_mut().unwrap();
+            let mut tier = h.tier.as_ref().unwrap().lock();
             // Completed stores are handed down to G3 (write-through); the blocks it declines
             // are released now, the others when their write completes.
             for c in done.iter().filter(|c| c.kind == Kind::Store) {
@@ -403,7 +454,8 @@ impl VllmEngine {
     pub fn host_counters(&self) -> Option<HostCounters> {
         let h = self.host.as_ref()?;
         Some(HostCounters {
-            tier: h.tier.as_ref()?.stats(),
+            // A shared pool's counts are the deployment's: the driver reports them once.
+            tier: if h.is_shared() { HostStats::default() } else { h.tier().stats() },
             host_hit_tokens: h.host_hit_tokens,
             g3: h.g3.as_ref().map(|g| g.tier.stats()),
         })
@@ -411,8 +463,8 @@ impl VllmEngine {
 
     /// Host residency changes since the last call (recorded when the rank publishes KV events).
     pub(super) fn host_drain_residency(&mut self, out: &mut Vec<HostKvEvent>) {
-        if let Some(tier) = self.host.as_mut().and_then(|h| h.tier.as_mut()) {
-            tier.drain_residency(out);
+        if let Some(h) = self.host.as_ref().filter(|h| h.tier.is_some()) {
+            h.tier().drain_residency(h.client(), out);
         }
     }
 
@@ -428,22 +480,26 @@ impl VllmEngine {
         self.host.as_ref().map_or(0, |h| h.members.len())
     }
 
-    /// Applies completed host transfers; `woke`: some transfer (host or G3) completed, so the
-    /// requests waiting on one are tried again.
+    /// Applies the completed host transfers delivered to this rank; `woke`: some transfer (host
+    /// or G3, this rank's or, in a shared pool, a peer's) completed, so the requests waiting on
+    /// one are tried again.
     fn host_completed(&mut self, done: Vec<Completed>, woke: bool) {
-        if !woke {
-            return;
-        }
         let h = self.host.as_mut().unwrap();
-        h.sleeping.clear();
+        if woke {
+            h.sleeping.clear();
+        }
         let mut activate = Vec::new();
         for c in done {
             match c.kind {
                 Kind::Store => {
-                    for slot in h.deps_by_transfer.remove(&c.transfer).unwrap_or_default() {
-                        if h.slot_deps.get(&slot) == Some(&c.transfer) {
-                            h.slot_deps.remove(&slot);
+                    let sources = h.deps_by_transfer.remove(&c.transfer).unwrap_or_default();
+                    for slot in &sources {
+                        if h.slot_deps.get(slot) == Some(&c.transfer) {
+                            h.slot_deps.remove(slot);
                         }
+                    }
+                    if h.is_shared() {
+                        self.pool.release_held(&sources);
                     }
                 }
                 Kind::Load => {
@@ -580,23 +636,32 @@ impl VllmEngine {
                 continue;
             }
             let keys = hreq.keys[start..end].to_vec();
-            let tier = h.tier.as_ref().unwrap();
+            let tier = h.tier();
             let missing: Vec<usize> = (start..end).filter(|&i| tier.lookup(keys[i - start]) == Lookup::Miss).collect();
+            drop(tier);
             if missing.is_empty() {
                 h.reqs.get_mut(&req.id).unwrap().next_store = end;
                 continue;
             }
             // The sources must be settled device blocks: none still being copied itself.
-            if missing.iter().any(|&i| i >= req.blocks.len() || h.pending_dep(req.blocks[i]).is_some()) {
+            if missing.iter().any(|&i| i >= req.blocks.len() || h.source_pending(req.blocks[i])) {
                 continue;
             }
-            match h.tier().prepare_store(req.id, &keys, now_ms) {
+            let client = h.client();
+            let outcome = h.tier().prepare_store(client, req.id, &keys, now_ms);
+            match outcome {
                 StoreOutcome::AlreadyPresent => h.reqs.get_mut(&req.id).unwrap().next_store = end,
                 StoreOutcome::RetryCapacity { .. } => {}
                 StoreOutcome::Prepared { transfer, .. } => {
                     let sources: Vec<u32> = missing.iter().map(|&i| req.blocks[i]).collect();
                     for &s in &sources {
                         h.slot_deps.insert(s, transfer);
+                    }
+                    if h.is_shared() {
+                        // Like Mooncake Store and LMCache, a store into a shared pool keeps its
+                        // device sources until the copy completes, instead of fencing their
+                        // next owner (its completion time is not known when it starts).
+                        self.pool.hold(&sources);
                     }
                     h.deps_by_transfer.insert(transfer, sources);
                     let hreq = h.reqs.get_mut(&req.id).unwrap();
@@ -623,7 +688,7 @@ impl VllmEngine {
                 g3.rank_progress += 1;
             }
         }
-        if self.group_ranks <= 1 {
+        if self.group_ranks <= 1 && !self.defers_transfer_boundary() {
             self.transfer_boundary(end_ms);
         }
     }
@@ -632,7 +697,8 @@ impl VllmEngine {
     /// completions again (zero-time stores land now).
     fn transfer_boundary(&mut self, end_ms: f64) {
         self.advance_transfers(end_ms);
-        self.host.as_mut().unwrap().tier().submit_prepared(end_ms);
+        let h = self.host.as_ref().unwrap();
+        h.tier().submit_prepared(h.client(), end_ms);
         self.advance_transfers(end_ms);
     }
 
@@ -641,7 +707,7 @@ impl VllmEngine {
     /// Dynamo 1.6.1 completes each rank at the group's barrier. KV events of loads that complete
     /// go to `out`.
     pub fn finish_group_pass(&mut self, end_ms: f64, out: &mut PassOutput) {
-        if self.host.is_none() || self.group_ranks <= 1 {
+        if self.host.is_none() || (self.group_ranks <= 1 && !self.defers_transfer_boundary()) {
             return;
         }
         self.transfer_boundary(end_ms);
@@ -658,7 +724,8 @@ impl VllmEngine {
                 for k in &keys {
                     h.load_by_key.remove(k);
                 }
-                h.tier().cancel_load(transfer, 0.0);
+                let client = h.client();
+                h.tier().cancel_load(client, transfer, 0.0);
                 h.sleeping.clear();
                 self.pool.release_lease(&reserved);
             }
@@ -682,7 +749,7 @@ impl VllmEngine {
             None => {}
         }
         if let Some(t) = hreq.latest_store {
-            if h.tier.as_ref().unwrap().is_in_flight(t) {
+            if h.tier().is_in_flight(t) {
                 return HostLookup::Deferred;
             }
             h.reqs.get_mut(&self.reqs[slot].id).unwrap().latest_store = None;
@@ -695,7 +762,7 @@ impl VllmEngine {
         } else if h.g3.is_some() && !h.reqs[&id].restore.bypassed() && h.stage(id, &keys[base..], now_ms) {
             HostLookup::Deferred
         } else {
-            let tier = h.tier.as_ref().unwrap();
+            let tier = h.tier();
             let (mut matched, mut deferred) = (0, false);
             for &key in &keys[base..] {
                 match tier.lookup(key) {
@@ -734,7 +801,8 @@ impl VllmEngine {
             return StartLoad::CapacityBlocked;
         }
         let not_before = reserved[base..].iter().filter_map(|&b| h.pending_dep(b)).fold(now_ms, f64::max);
-        let Some((transfer, _)) = h.tier().schedule_load(req.id, &hit.keys, now_ms, not_before) else {
+        let client = h.client();
+        let Some((transfer, _)) = h.tier().schedule_load(client, req.id, &hit.keys, now_ms, not_before) else {
             self.pool.release_lease(&reserved);
             return StartLoad::Retry;
         };

@@ -34,6 +34,7 @@ use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
     WorkerState, Workers,
 };
+use servesim_engine::offload::{HostTierConfig, SharedHostPool};
 use servesim_engine::{
     Engine, EngineOptions, Finish, HostKvEvent, KvEvent, PassOutput, RejectReason, Reserved, Role, Stretch,
     TimingJitter,
@@ -324,6 +325,9 @@ struct Worker {
     host_wake_at: Option<f64>,
     /// G3 completions of the pool that this worker has seen.
     g3_seen: u64,
+    /// The pass in flight reaches its transfer boundary at its end (a shared host pool; see
+    /// [`Simulation::settle_boundary`]).
+    boundary_pending: bool,
     /// The number of the worker's next pass, from 0 again once every rank is drained (the
     /// ranks' prefill cadence counts it; see [`Engine::begin_group_pass`]).
     wave_step: u64,
@@ -346,6 +350,8 @@ struct Pool {
     lifecycle: Workers,
     /// Workers with G3 tiers that see each other's completions (see [`Simulation::g3_observe`]).
     g3_coupled: bool,
+    /// The host pool every rank of the pool shares (`cluster_shared`), if any.
+    shared_host: Option<SharedHostPool>,
 }
 
 /// Something scheduled for a later instant.
@@ -447,8 +453,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // a request.
                 let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
                 let jitter = pool_jitter(config, p);
+                let shared_host = shared_host_pool(&rank_engine);
                 let workers = (0..spec.workers)
-                    .map(|w| new_worker(&rank_engine, w, if served(w) { dp } else { 0 }, record_kv_events, jitter))
+                    .map(|w| {
+                        let ranks = if served(w) { dp } else { 0 };
+                        new_worker(&rank_engine, w, ranks, record_kv_events, jitter, shared_host.as_ref())
+                    })
                     .collect();
                 Pool {
                     spec: spec.clone(),
@@ -456,6 +466,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     placer,
                     lifecycle: Workers::new(spec.workers as usize),
                     g3_coupled: spec.engine.g3_offload.is_some(),
+                    shared_host,
                 }
             })
             .collect();
@@ -500,8 +511,14 @@ impl<'a, 'c> Simulation<'a, 'c> {
         let index = pool.lifecycle.add(self.now);
         debug_assert_eq!((w, index), (pool.workers.len(), pool.workers.len()));
         let jitter = pool_jitter(self.config, p);
-        let worker =
-            new_worker(&pool.spec.rank_engine(), w as u32, pool.spec.deployment.dp_size, pool.placer.is_kv(), jitter);
+        let worker = new_worker(
+            &pool.spec.rank_engine(),
+            w as u32,
+            pool.spec.deployment.dp_size,
+            pool.placer.is_kv(),
+            jitter,
+            pool.shared_host.as_ref(),
+        );
         pool.workers.push(worker);
         w
     }
@@ -600,6 +617,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         if self.g3_observe(pool as usize, worker as usize, now) {
                             self.advance_transfers(pool as usize, worker as usize);
                         }
+                        self.settle_boundary(pool as usize, worker as usize);
                         let w = &mut self.pools[pool as usize].workers[worker as usize];
                         w.busy = false;
                         w.pass_seq = u64::MAX;
@@ -661,6 +679,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
             again = self.start_passes()?;
             self.schedule_g3_ticks();
+            self.schedule_shared_host_wakes();
             if let Some(request) = self.unschedulable {
                 return Err(SimError::Unschedulable { at_ms: now, request });
             }
@@ -703,6 +722,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// Adds the host caches' counters to the run's totals (when any rank has one).
     fn record_host_offload(&mut self) {
         for pool in &self.pools {
+            if let Some(shared) = &pool.shared_host {
+                // The pool's transfers are counted once, not by each rank.
+                let totals = self.collector.totals.host_offload.get_or_insert_with(Default::default);
+                totals.add(&servesim_engine::vllm::HostCounters { tier: shared.stats(), host_hit_tokens: 0, g3: None });
+                totals.g2_domain = Some(shared.occupancy());
+            }
             for worker in &pool.workers {
                 for rank in &worker.ranks {
                     if let Some(c) = rank.engine.host_counters() {
@@ -774,6 +799,35 @@ impl<'a, 'c> Simulation<'a, 'c> {
             }
             self.advance_transfers(pool, w);
             self.wake(pool, w);
+        }
+    }
+
+    /// The end of worker `w`'s pass whose transfer boundary was deferred (a shared host pool):
+    /// every rank reaches it now, after the passes that ended earlier elsewhere.
+    fn settle_boundary(&mut self, pool: usize, w: usize) {
+        let worker = &mut self.pools[pool].workers[w];
+        if !std::mem::take(&mut worker.boundary_pending) {
+            return;
+        }
+        let end = self.now;
+        for rank in &mut worker.ranks {
+            rank.engine.finish_group_pass(end, &mut rank.output);
+        }
+    }
+
+    /// A shared host pool advances whenever any of its ranks acts, completing the others'
+    /// transfers or making them see a peer's: each idle worker of such a pool wakes at its
+    /// next deadline as the pool now stands.
+    fn schedule_shared_host_wakes(&mut self) {
+        for p in 0..self.pools.len() {
+            if self.pools[p].shared_host.is_none() {
+                continue;
+            }
+            for w in 0..self.pools[p].workers.len() {
+                if !self.pools[p].workers[w].busy {
+                    self.schedule_host_wake(p, w);
+                }
+            }
         }
     }
 
@@ -897,16 +951,25 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let deferred = ranks.iter().any(|r| r.ran && r.engine.deferred_in_pass());
                 // A pass that moved only G3 work is retried at this instant, as Dynamo does.
                 let g3_retry = end == now && !effect && ranks.iter().any(|r| r.ran && r.engine.g3_retry_now(now));
-                if dp > 1 {
+                // With a shared host pool the boundary waits for the pass's end in virtual time
+                // (see `settle_boundary`), unless the pass took none.
+                let deferred_boundary = end > now && worker.ranks[0].engine.defers_transfer_boundary();
+                if dp > 1 || deferred_boundary {
                     // Every rank reaches the group's barrier; an idle rank's output carries only
                     // what that boundary produced.
                     for rank in &mut worker.ranks {
                         if !rank.ran {
                             rank.output.clear();
                         }
-                        rank.engine.finish_group_pass(end, &mut rank.output);
+                        if !deferred_boundary {
+                            rank.engine.finish_group_pass(end, &mut rank.output);
+                        }
                     }
+                } else if worker.ranks[0].engine.defers_transfer_boundary() {
+                    let rank = &mut worker.ranks[0];
+                    rank.engine.finish_group_pass(end, &mut rank.output);
                 }
+                worker.boundary_pending = deferred_boundary;
                 for rank in &mut worker.ranks {
                     rank.engine.end_group_pass(any_prefilled, any_ran_model);
                 }
@@ -1259,20 +1322,43 @@ fn pool_jitter(config: &SimConfig, p: usize) -> Option<TimingJitter> {
     TimingJitter::new(config.timing_jitter_cv, seed).unwrap_or(None)
 }
 
+/// The pool a deployment's ranks share when its host offload is `cluster_shared` (Dynamo builds
+/// one per replay deployment): the configured capacity, capped by the shared rates.
+fn shared_host_pool(engine: &servesim_engine::EngineConfig) -> Option<SharedHostPool> {
+    let h = engine.host_offload.as_ref().filter(|h| h.cluster_shared)?;
+    let config = HostTierConfig::new(
+        h.num_host_blocks as usize,
+        engine.block_size as usize,
+        engine.kv_cache_bytes_per_token.expect("validated: host offload has kv_cache_bytes_per_token"),
+        h.shared_d2h_bandwidth_gbps,
+        h.shared_h2d_bandwidth_gbps,
+        h.latency_to_first_byte_ms,
+    )
+    .expect("validated host offload configuration");
+    Some(SharedHostPool::new(config))
+}
+
 fn new_worker(
     rank_engine: &servesim_engine::EngineConfig,
     w: u32,
     ranks: u32,
     record_kv_events: bool,
     timing_jitter: Option<TimingJitter>,
+    shared_host: Option<&SharedHostPool>,
 ) -> Worker {
     Worker {
         ranks: (0..ranks)
             .map(|rank| Rank {
-                engine: Engine::new(
-                    rank_engine.clone(),
-                    EngineOptions { record_kv_events, engine_index: w * ranks + rank, timing_jitter },
-                ),
+                engine: {
+                    let mut engine = Engine::new(
+                        rank_engine.clone(),
+                        EngineOptions { record_kv_events, engine_index: w * ranks + rank, timing_jitter },
+                    );
+                    if let Some(pool) = shared_host {
+                        engine.join_shared_host(pool);
+                    }
+                    engine
+                },
                 output: PassOutput::default(),
                 ran: false,
                 queue: Default::default(),
@@ -1290,5 +1376,6 @@ fn new_worker(
         pending_activations: Vec::new(),
         host_wake_at: None,
         g3_seen: 0,
+        boundary_pending: false,
     }
 }
