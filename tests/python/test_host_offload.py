@@ -99,3 +99,38 @@ def test_replay_loads_from_the_host():
     }]
     assert list(records[0]["admission_history"][0]) == list(last["admission_history"][0]), "the reference's key order"
     assert last["first_token_ms"] - last["arrival_time_ms"] == pytest.approx(88.0)
+
+
+def test_shared_pool_section_is_dynamos():
+    # Printed by Dynamo 1.6.1's normalize_mocker_config: the scope only when shared, a pool cap
+    # only when not 80 GB/s, the layout id last.
+    engine = normalize_mocker_config({"engine": {
+        "kv_cache_bytes_per_token": 1024,
+        "native_host_offload": {"num_host_blocks": 10, "scope": "cluster_shared", "kv_layout_id": "tp1",
+                                "shared_d2h_bandwidth_gbps": 5, "latency_to_first_byte_ms": 0.5},
+    }})["engine"]
+    section = engine["native_host_offload"]
+    assert list(section.items()) == [
+        ("scope", "cluster_shared"), ("num_host_blocks", 10), ("d2h_bandwidth_gbps", 32.0),
+        ("h2d_bandwidth_gbps", 32.0), ("shared_d2h_bandwidth_gbps", 5.0), ("latency_to_first_byte_ms", 0.5),
+        ("kv_layout_id", "tp1"),
+    ]
+    with pytest.raises(ValueError, match="cluster_shared native_host_offload requires a nonempty kv_layout_id"):
+        normalize_mocker_config({"engine": {"kv_cache_bytes_per_token": 1024,
+                                            "native_host_offload": {"num_host_blocks": 10, "scope": "cluster_shared"}}})
+
+
+def test_replay_shares_one_host_pool():
+    # tests/parity/offload_shared_sessions_dp2 through the Python replay: its golden's numbers.
+    import json
+
+    case = json.loads((PARITY / "offload_shared_sessions_dp2.json").read_text())
+    golden = json.loads((PARITY / "offload_shared_sessions_dp2.golden.json").read_text())
+    report = replay.run_trace_replay(
+        str(PARITY / case["trace"]),
+        extra_engine_args={"engine": case["engine"], "dp_size": case["dp_size"]},
+        trace_block_size=case["trace_block_size"],
+        num_workers=case["num_workers"],
+    )
+    assert report.summary["g2_domains"] == golden["g2_domains"]
+    assert report.summary["mean_ttft_ms"] == pytest.approx(golden["mean_ttft_ms"], rel=1e-9)

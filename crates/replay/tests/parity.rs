@@ -421,6 +421,7 @@ parity_cases! {
     host_offload_shared_pool_tight => "offload_shared_cross_tight",
     host_offload_shared_pool_two_workers => "offload_shared_tier_2w",
     host_offload_shared_pool_kv_router => "offload_shared_kv_router",
+    host_offload_shared_pool_peer_store_pending => "offload_shared_peer_store_pending",
     // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
     // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
     // disaggregated sides).

@@ -987,6 +987,10 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 } else if self.pools[p].workers[w].ranks.iter().any(|r| r.engine.next_transfer_deadline().is_some()) {
                     // A host transfer the pass started (or waits for) brings the next change.
                     self.schedule_host_wake(p, w);
+                } else if self.pools[p].shared_host.is_some() {
+                    // Its requests wait on a shared host pool's transfer that another worker
+                    // has yet to start (a store prepared in a pass still running): the pool's
+                    // progress wakes it (see `schedule_shared_host_wakes`).
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
