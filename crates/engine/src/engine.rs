@@ -210,12 +210,16 @@ impl Engine {
         }
     }
 
-    /// Makes this engine a client of a deployment's shared host pool (`cluster_shared`), before
-    /// it sees a request. Only vLLM engines have host offload (the configuration refuses the
-    /// others).
-    pub fn join_shared_host(&mut self, pool: &crate::offload::SharedHostPool) {
+    /// Makes this engine a client of a deployment's shared host pool and/or shared G3 pool
+    /// (`cluster_shared`), before it sees a request. Only vLLM engines have host offload (the
+    /// configuration refuses the others).
+    pub fn join_shared_pools(
+        &mut self,
+        host: Option<&crate::offload::SharedHostPool>,
+        g3: Option<&crate::offload::SharedG3Pool>,
+    ) {
         if let Engine::Vllm(e) = self {
-            e.join_shared_host(pool);
+            e.join_shared_pools(host, g3);
         }
     }
 

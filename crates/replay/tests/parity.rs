@@ -422,6 +422,11 @@ parity_cases! {
     host_offload_shared_pool_two_workers => "offload_shared_tier_2w",
     host_offload_shared_pool_kv_router => "offload_shared_kv_router",
     host_offload_shared_pool_peer_store_pending => "offload_shared_peer_store_pending",
+    // One G3 pool for the deployment (`cluster_shared`) below private host caches.
+    g3_offload_shared_pool_two_workers => "g3_shared_2w_round_robin",
+    g3_offload_shared_pool_cross_worker_reads => "g3_shared_cross_3w",
+    g3_offload_shared_pool_slow_links => "g3_shared_cross_slow_links",
+    g3_offload_shared_pool_tight => "g3_shared_sessions_3w_tight",
     // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
     // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
     // disaggregated sides).

@@ -219,10 +219,14 @@ impl HostOffload {
     }
 }
 
-/// The `g3_offload` section with scope `worker_local`: secondary storage of each worker, staged
-/// through its host cache (see `docs/host-offload.md` §8).
+/// The `g3_offload` section: secondary storage of each worker (`worker_local`) or one pool for
+/// the deployment (`cluster_shared`), staged through the host cache (see
+/// `docs/host-offload.md` §8).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct G3Offload {
+    /// One pool for the deployment (`cluster_shared`) rather than one per worker.
+    pub cluster_shared: bool,
+    /// Capacity in blocks: per worker, or of the shared pool.
     pub num_g3_blocks: u64,
     pub latency_to_first_byte_ms: f64,
     /// Per-worker rates in decimal GB/s; zero is unlimited.
@@ -234,6 +238,17 @@ pub struct G3Offload {
 }
 
 impl G3Offload {
+    /// The tier's sizes and per-worker rates, for host blocks of `block_bytes`.
+    pub fn tier_config(&self, block_bytes: u64) -> crate::offload::G3TierConfig {
+        crate::offload::G3TierConfig {
+            capacity_blocks: self.num_g3_blocks as usize,
+            block_bytes,
+            latency_to_first_byte_ms: self.latency_to_first_byte_ms,
+            read_gbps: self.read_bandwidth_gbps,
+            write_gbps: self.write_bandwidth_gbps,
+        }
+    }
+
     pub const DEFAULT_LATENCY_MS: f64 = 0.1;
     pub const DEFAULT_BANDWIDTH_GBPS: f64 = 10.0;
     pub const DEFAULT_SHARED_BANDWIDTH_GBPS: f64 = 80.0;
@@ -241,7 +256,7 @@ impl G3Offload {
     /// The section as Dynamo 1.6.1 normalises it: every key.
     fn canonical_json(&self) -> Value {
         json!({
-            "scope": "worker_local",
+            "scope": if self.cluster_shared { "cluster_shared" } else { "worker_local" },
             "num_g3_blocks": self.num_g3_blocks,
             "latency_to_first_byte_ms": self.latency_to_first_byte_ms,
             "read_bandwidth_gbps": self.read_bandwidth_gbps,

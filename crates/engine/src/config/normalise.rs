@@ -370,14 +370,8 @@ fn check_g3_offload(
     if g3.num_g3_blocks.checked_mul(block_bytes).is_none_or(|bytes| usize::try_from(bytes).is_err()) {
         return Err(ConfigError::new("engine.g3_offload.num_g3_blocks", "G3 capacity bytes overflow"));
     }
-    if g3.cluster_shared {
-        return Err(ConfigError::new(
-            "engine.g3_offload.scope",
-            "g3_offload scope `cluster_shared` (one G3 pool shared by a deployment's workers) is not modelled by \
-             servesim yet; use `worker_local`",
-        ));
-    }
     Ok(Some(super::G3Offload {
+        cluster_shared: g3.cluster_shared,
         num_g3_blocks: g3.num_g3_blocks,
         latency_to_first_byte_ms: g3.latency_to_first_byte_ms,
         read_bandwidth_gbps: g3.read_bandwidth_gbps,
@@ -388,7 +382,7 @@ fn check_g3_offload(
 }
 
 /// Dynamo 1.6.1's checks of `kv_cache_bytes_per_token` and `native_host_offload`, with its
-/// messages and in its order; then what servesim does not model yet (the shared scope).
+/// messages and in its order.
 fn check_host_offload(
     raw: Option<&super::RawHostOffload>,
     kv_cache_bytes_per_token: Field<u64>,

@@ -665,11 +665,16 @@ fn g3_offload_is_read_checked_and_dumped_as_dynamo_does() {
         err(r#"{"scope": "worker_local", "num_g3_blocks": 4611686018427387904}"#, ""),
         (at(".num_g3_blocks"), "G3 capacity bytes overflow".into())
     );
+    // One pool for the deployment: printed as Dynamo 1.6.1's normalize_mocker_config prints it.
+    let shared =
+        parse(&format!(r#"{{"engine": {{{host}, "g3_offload": {{"scope": "cluster_shared", "num_g3_blocks": 8}}}}}}"#))
+            .unwrap();
+    assert!(shared.g3_offload.unwrap().cluster_shared);
+    assert_eq!(
+        serde_json::to_string(&dump(&shared)["engine"]["g3_offload"]).unwrap(),
+        r#"{"scope":"cluster_shared","num_g3_blocks":8,"latency_to_first_byte_ms":0.1,"read_bandwidth_gbps":10.0,"write_bandwidth_gbps":10.0,"shared_read_bandwidth_gbps":80.0,"shared_write_bandwidth_gbps":80.0}"#
+    );
     // Valid for Dynamo, not modelled here: refused, never ignored.
-    let (path, message) = err(r#"{"scope": "cluster_shared", "num_g3_blocks": 8}"#, "");
-    assert_eq!(path, at(".scope"));
-    assert!(message
-        .contains("`cluster_shared` (one G3 pool shared by a deployment's workers) is not modelled by servesim yet"));
     let shared_host = r#""kv_cache_bytes_per_token": 131072,
         "native_host_offload": {"num_host_blocks": 64, "scope": "cluster_shared", "kv_layout_id": "tp1"}"#;
     let e = parse(&format!(

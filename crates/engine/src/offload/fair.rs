@@ -86,6 +86,12 @@ impl FairLink {
         self.event_times(&self.rates()).into_iter().min_by(f64::total_cmp)
     }
 
+    /// The next first byte or completion of `client`'s transfers (the others' set its rate).
+    pub fn next_event_of(&self, client: u64) -> Option<f64> {
+        let times = self.event_times(&self.rates());
+        self.jobs.iter().zip(times).filter(|(job, _)| job.client == client).map(|(_, at)| at).min_by(f64::total_cmp)
+    }
+
     /// Serve transfers up to `to_ms`; returns `(id, completion time)` in time order, and in
     /// submission order within one instant.
     pub fn advance(&mut self, to_ms: f64) -> Vec<(u64, f64)> {

@@ -79,3 +79,87 @@ impl HostClient {
         self.shared
     }
 }
+
+/// A G3 tier that a deployment's workers share (`g3_offload` scope `cluster_shared`).
+#[derive(Clone)]
+pub struct SharedG3Pool(Arc<Mutex<G3Tier>>);
+
+impl SharedG3Pool {
+    pub fn new(config: G3TierConfig, shared_read_gbps: f64, shared_write_gbps: f64) -> Self {
+        Self(Arc::new(Mutex::new(G3Tier::shared(config, shared_read_gbps, shared_write_gbps))))
+    }
+
+    pub fn stats(&self) -> G3Stats {
+        self.0.lock().expect("G3 pool lock").stats()
+    }
+}
+
+/// One worker's handle on its G3 tier: its own, or its id in a shared pool.
+pub struct G3Client {
+    tier: Arc<Mutex<G3Tier>>,
+    id: usize,
+    shared: bool,
+}
+
+impl G3Client {
+    pub fn probe(&self, key: BlockKey) -> Probe {
+        self.lock().probe(key)
+    }
+
+    pub fn contains(&self, key: BlockKey) -> bool {
+        self.lock().contains(key)
+    }
+
+    pub fn submit(&self, direction: Direction, keys: &[BlockKey], now_ms: f64) -> Option<u64> {
+        self.lock().submit(self.id, direction, keys, now_ms)
+    }
+
+    pub fn job_keys(&self, job: u64) -> Vec<BlockKey> {
+        self.lock().job_keys(job).to_vec()
+    }
+
+    pub fn take_completed(&self, now_ms: f64) -> Vec<G3Completion> {
+        self.lock().take_completed(self.id, now_ms)
+    }
+
+    pub fn next_deadline(&self) -> Option<f64> {
+        self.lock().next_deadline(self.id)
+    }
+
+    pub fn sync(&self, now_ms: f64) -> u64 {
+        self.lock().sync(now_ms)
+    }
+
+    pub fn next_event_after(&self, after_ms: f64) -> Option<f64> {
+        self.lock().next_event_after(after_ms)
+    }
+
+    pub fn stats(&self) -> G3Stats {
+        self.lock().stats()
+    }
+
+    pub fn note_bypassed_restore(&self) {
+        self.lock().note_bypassed_restore();
+    }
+
+    pub fn own(config: G3TierConfig) -> Self {
+        Self { tier: Arc::new(Mutex::new(G3Tier::new(config))), id: 0, shared: false }
+    }
+
+    pub fn join(pool: &SharedG3Pool) -> Self {
+        let id = pool.0.lock().expect("G3 pool lock").register();
+        Self { tier: Arc::clone(&pool.0), id, shared: true }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, G3Tier> {
+        self.tier.lock().expect("G3 tier lock")
+    }
+
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+}

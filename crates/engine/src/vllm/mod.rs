@@ -169,7 +169,7 @@ impl VllmEngine {
         let sampler = cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index));
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
-        let host = offload::HostState::new(&cfg, record, None);
+        let host = offload::HostState::new(&cfg, record, None, None);
         VllmEngine {
             policy: Policy::of(&cfg),
             pool: BlockPool::new(cfg.num_gpu_blocks, record),

@@ -15,8 +15,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
 use crate::config::EngineConfig;
 use crate::offload::{
-    BlockKey, Completed, Direction, G3Stats, G3Tier, G3TierConfig, HostClient, HostLink, HostStats, HostTier,
-    HostTierConfig, Kind, Lookup, Probe, SharedHostPool, StoreOutcome, TransferId,
+    BlockKey, Completed, Direction, G3Client, G3Stats, HostClient, HostLink, HostStats, HostTier, HostTierConfig, Kind,
+    Lookup, Probe, SharedG3Pool, SharedHostPool, StoreOutcome, TransferId,
 };
 use crate::output::{Finish, Finished, HostKvEvent, KvEvent, PassOutput, RejectReason, StoredBlock};
 
@@ -72,7 +72,7 @@ impl Restore {
 
 /// The worker's G3 tier and the promotions in flight from it into the host cache.
 struct G3State {
-    tier: G3Tier,
+    tier: G3Client,
     /// Read job → the host reservations it fills.
     stages: FxHashMap<u64, Vec<TransferId>>,
     /// Blocks each request promoted at `attempted_at` (a zero-time promotion may be evicted
@@ -168,13 +168,15 @@ impl std::fmt::Debug for HostState {
 }
 
 impl HostState {
-    /// The rank's host cache, if configured: private, or its client of `shared`.
+    /// The rank's host cache, if configured: private, or its client of `shared`; and its G3
+    /// tier, if configured: its own, or its client of `shared_g3`.
     /// `publish_residency`: the rank publishes KV events, so host residency goes to the router
     /// too (every block of a shared pool).
     pub(super) fn new(
         cfg: &EngineConfig,
         publish_residency: bool,
         shared: Option<&SharedHostPool>,
+        shared_g3: Option<&SharedG3Pool>,
     ) -> Option<Box<Self>> {
         let h = cfg.host_offload.as_ref()?;
         let tier = HostTierConfig::new(
@@ -204,13 +206,10 @@ impl HostState {
             // Completed stores wait for their handoff to G3 before they may be evicted.
             host.lock().hold_completed_sources(host.id());
             G3State {
-                tier: G3Tier::new(G3TierConfig {
-                    capacity_blocks: g.num_g3_blocks as usize,
-                    block_bytes: tier.block_bytes,
-                    latency_to_first_byte_ms: g.latency_to_first_byte_ms,
-                    read_gbps: g.read_bandwidth_gbps,
-                    write_gbps: g.write_bandwidth_gbps,
-                }),
+                tier: match shared_g3 {
+                    Some(pool) => G3Client::join(pool),
+                    None => G3Client::own(g.tier_config(tier.block_bytes)),
+                },
                 stages: FxHashMap::default(),
                 attempted_at: 0.0,
                 attempted: FxHashSet::default(),
@@ -366,19 +365,19 @@ impl HostState {
 }
 
 impl VllmEngine {
-    /// Makes this rank a client of the deployment's shared host pool (`cluster_shared`) instead
-    /// of a private cache. Called before the engine has seen a request.
-    pub fn join_shared_host(&mut self, pool: &SharedHostPool) {
-        assert!(self.waiting.is_empty() && self.running.is_empty(), "a rank joins its host pool before it runs");
+    /// Makes this rank a client of the deployment's shared host pool and/or shared G3 pool
+    /// (`cluster_shared`) instead of its own. Called before the engine has seen a request.
+    pub fn join_shared_pools(&mut self, host: Option<&SharedHostPool>, g3: Option<&SharedG3Pool>) {
+        assert!(self.waiting.is_empty() && self.running.is_empty(), "a rank joins its pools before it runs");
         let record = self.pool.records_events();
-        self.host = HostState::new(&self.cfg, record, Some(pool));
+        self.host = HostState::new(&self.cfg, record, host, g3);
     }
 
     /// Whether the pass boundary's host transfers wait for [`Self::finish_group_pass`] from the
-    /// driver at the pass's end: a shared pool is advanced by every rank, so a pass's boundary
-    /// must not run ahead of the others' present.
+    /// driver at the pass's end: a shared pool (host or G3) is advanced by every rank, so a
+    /// pass's boundary must not run ahead of the others' present.
     pub fn defers_transfer_boundary(&self) -> bool {
-        self.host.as_ref().is_some_and(|h| h.is_shared())
+        self.host.as_ref().is_some_and(|h| h.is_shared() || h.g3.as_ref().is_some_and(|g| g.tier.is_shared()))
     }
 
     /// When the next host transfer completes (the driver wakes an idle worker then).
@@ -404,7 +403,7 @@ impl VllmEngine {
             // are released now, the others when their write completes.
             for c in done.iter().filter(|c| c.kind == Kind::Store) {
                 let accepted = g3.tier.submit(Direction::Write, &c.blocks, now_ms);
-                let accepted = accepted.map_or(&[][..], |job| g3.tier.job_keys(job));
+                let accepted = accepted.map_or(Vec::new(), |job| g3.tier.job_keys(job));
                 let declined: Vec<u64> = c.blocks.iter().copied().filter(|k| !accepted.contains(k)).collect();
                 g3.epoch += u64::from(!accepted.is_empty());
                 tier.unpin_external(&declined);
@@ -457,7 +456,8 @@ impl VllmEngine {
             // A shared pool's counts are the deployment's: the driver reports them once.
             tier: if h.is_shared() { HostStats::default() } else { h.tier().stats() },
             host_hit_tokens: h.host_hit_tokens,
-            g3: h.g3.as_ref().map(|g| g.tier.stats()),
+            // A shared G3 pool's counts are the deployment's: the driver reports them once.
+            g3: h.g3.as_ref().map(|g| if g.tier.is_shared() { G3Stats::default() } else { g.tier.stats() }),
         })
     }
 

@@ -34,7 +34,7 @@ use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
     WorkerState, Workers,
 };
-use servesim_engine::offload::{HostTierConfig, SharedHostPool};
+use servesim_engine::offload::{HostTierConfig, SharedG3Pool, SharedHostPool};
 use servesim_engine::{
     Engine, EngineOptions, Finish, HostKvEvent, KvEvent, PassOutput, RejectReason, Reserved, Role, Stretch,
     TimingJitter,
@@ -352,6 +352,8 @@ struct Pool {
     g3_coupled: bool,
     /// The host pool every rank of the pool shares (`cluster_shared`), if any.
     shared_host: Option<SharedHostPool>,
+    /// The G3 pool every worker of the pool shares (`cluster_shared`), if any.
+    shared_g3: Option<SharedG3Pool>,
 }
 
 /// Something scheduled for a later instant.
@@ -453,11 +455,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // a request.
                 let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
                 let jitter = pool_jitter(config, p);
-                let shared_host = shared_host_pool(&rank_engine);
+                let shared = SharedPools::of(&rank_engine);
                 let workers = (0..spec.workers)
                     .map(|w| {
                         let ranks = if served(w) { dp } else { 0 };
-                        new_worker(&rank_engine, w, ranks, record_kv_events, jitter, shared_host.as_ref())
+                        new_worker(&rank_engine, w, ranks, record_kv_events, jitter, &shared)
                     })
                     .collect();
                 Pool {
@@ -466,7 +468,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     placer,
                     lifecycle: Workers::new(spec.workers as usize),
                     g3_coupled: spec.engine.g3_offload.is_some(),
-                    shared_host,
+                    shared_host: shared.host,
+                    shared_g3: shared.g3,
                 }
             })
             .collect();
@@ -517,7 +520,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             pool.spec.deployment.dp_size,
             pool.placer.is_kv(),
             jitter,
-            pool.shared_host.as_ref(),
+            &SharedPools { host: pool.shared_host.clone(), g3: pool.shared_g3.clone() },
         );
         pool.workers.push(worker);
         w
@@ -727,6 +730,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 let totals = self.collector.totals.host_offload.get_or_insert_with(Default::default);
                 totals.add(&servesim_engine::vllm::HostCounters { tier: shared.stats(), host_hit_tokens: 0, g3: None });
                 totals.g2_domain = Some(shared.occupancy());
+            }
+            if let Some(shared) = &pool.shared_g3 {
+                // Likewise the G3 pool's.
+                let totals = self.collector.totals.host_offload.get_or_insert_with(Default::default);
+                totals.g3.get_or_insert_with(Default::default).merge(&shared.stats());
             }
             for worker in &pool.workers {
                 for rank in &worker.ranks {
@@ -945,15 +953,22 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         effect |= !rank.output.is_empty();
                     }
                 }
+                // With a shared pool (host or G3) the transfer boundary waits for the pass's end
+                // in virtual time (see `settle_boundary`); a pass that takes no time reaches it
+                // now, as a rank with a private cache does inside its step.
+                let defers_boundary = worker.ranks[0].engine.defers_transfer_boundary();
+                if defers_boundary && end == now && dp == 1 {
+                    let rank = &mut worker.ranks[0];
+                    rank.engine.finish_group_pass(end, &mut rank.output);
+                    effect |= !rank.output.is_empty();
+                }
                 let ranks = &worker.ranks;
                 let any_prefilled = ranks.iter().any(|r| r.ran && r.engine.prefilled_in_pass());
                 let any_ran_model = ranks.iter().any(|r| r.ran && r.engine.ran_model_in_pass());
                 let deferred = ranks.iter().any(|r| r.ran && r.engine.deferred_in_pass());
                 // A pass that moved only G3 work is retried at this instant, as Dynamo does.
                 let g3_retry = end == now && !effect && ranks.iter().any(|r| r.ran && r.engine.g3_retry_now(now));
-                // With a shared host pool the boundary waits for the pass's end in virtual time
-                // (see `settle_boundary`), unless the pass took none.
-                let deferred_boundary = end > now && worker.ranks[0].engine.defers_transfer_boundary();
+                let deferred_boundary = end > now && defers_boundary;
                 if dp > 1 || deferred_boundary {
                     // Every rank reaches the group's barrier; an idle rank's output carries only
                     // what that boundary produced.
@@ -965,9 +980,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
                             rank.engine.finish_group_pass(end, &mut rank.output);
                         }
                     }
-                } else if worker.ranks[0].engine.defers_transfer_boundary() {
-                    let rank = &mut worker.ranks[0];
-                    rank.engine.finish_group_pass(end, &mut rank.output);
                 }
                 worker.boundary_pending = deferred_boundary;
                 for rank in &mut worker.ranks {
@@ -1326,20 +1338,37 @@ fn pool_jitter(config: &SimConfig, p: usize) -> Option<TimingJitter> {
     TimingJitter::new(config.timing_jitter_cv, seed).unwrap_or(None)
 }
 
-/// The pool a deployment's ranks share when its host offload is `cluster_shared` (Dynamo builds
-/// one per replay deployment): the configured capacity, capped by the shared rates.
-fn shared_host_pool(engine: &servesim_engine::EngineConfig) -> Option<SharedHostPool> {
-    let h = engine.host_offload.as_ref().filter(|h| h.cluster_shared)?;
-    let config = HostTierConfig::new(
-        h.num_host_blocks as usize,
-        engine.block_size as usize,
-        engine.kv_cache_bytes_per_token.expect("validated: host offload has kv_cache_bytes_per_token"),
-        h.shared_d2h_bandwidth_gbps,
-        h.shared_h2d_bandwidth_gbps,
-        h.latency_to_first_byte_ms,
-    )
-    .expect("validated host offload configuration");
-    Some(SharedHostPool::new(config))
+/// The pools a deployment's ranks share (Dynamo builds one per replay deployment): a host
+/// pool when `native_host_offload` is `cluster_shared`, a G3 pool when `g3_offload` is; each
+/// has the configured capacity and the shared rates as its caps.
+struct SharedPools {
+    host: Option<SharedHostPool>,
+    g3: Option<SharedG3Pool>,
+}
+
+impl SharedPools {
+    fn of(engine: &servesim_engine::EngineConfig) -> Self {
+        let block_bytes = || {
+            engine.block_size as u64
+                * engine.kv_cache_bytes_per_token.expect("validated: host offload has kv_cache_bytes_per_token")
+        };
+        let host = engine.host_offload.as_ref().filter(|h| h.cluster_shared).map(|h| {
+            let config = HostTierConfig::new(
+                h.num_host_blocks as usize,
+                engine.block_size as usize,
+                engine.kv_cache_bytes_per_token.expect("validated: host offload has kv_cache_bytes_per_token"),
+                h.shared_d2h_bandwidth_gbps,
+                h.shared_h2d_bandwidth_gbps,
+                h.latency_to_first_byte_ms,
+            )
+            .expect("validated host offload configuration");
+            SharedHostPool::new(config)
+        });
+        let g3 = engine.g3_offload.filter(|g| g.cluster_shared).map(|g| {
+            SharedG3Pool::new(g.tier_config(block_bytes()), g.shared_read_bandwidth_gbps, g.shared_write_bandwidth_gbps)
+        });
+        SharedPools { host, g3 }
+    }
 }
 
 fn new_worker(
@@ -1348,7 +1377,7 @@ fn new_worker(
     ranks: u32,
     record_kv_events: bool,
     timing_jitter: Option<TimingJitter>,
-    shared_host: Option<&SharedHostPool>,
+    shared: &SharedPools,
 ) -> Worker {
     Worker {
         ranks: (0..ranks)
@@ -1358,8 +1387,8 @@ fn new_worker(
                         rank_engine.clone(),
                         EngineOptions { record_kv_events, engine_index: w * ranks + rank, timing_jitter },
                     );
-                    if let Some(pool) = shared_host {
-                        engine.join_shared_host(pool);
+                    if shared.host.is_some() || shared.g3.is_some() {
+                        engine.join_shared_pools(shared.host.as_ref(), shared.g3.as_ref());
                     }
                     engine
                 },
