@@ -10,8 +10,8 @@
 //! When the anchor's prefill finishes, the next oldest becomes the anchor at that moment;
 //! prompts placed behind it keep their full weight until then (Dynamo's `PrefillLoadTracker`).
 
-use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -187,9 +187,7 @@ impl ActiveLoad {
         if self.assume_reuse {
             for &h in &p.hashes {
                 // One probe per block: the entry both decrements and, at zero, removes.
-                let Entry::Occupied(mut count) = t.blocks.entry(h) else {
-                    unreachable!("active block is tracked")
-                };
+                let Entry::Occupied(mut count) = t.blocks.entry(h) else { unreachable!("active block is tracked") };
                 *count.get_mut() -= 1;
                 if *count.get() == 0 {
                     count.remove();
