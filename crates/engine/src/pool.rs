@@ -163,8 +163,8 @@ impl BlockPool {
                 return false;
             }
         }
-        for i in start..lease.len() {
-            lease[i] = self.acquire(lease[i]);
+        for copy in &mut lease[start..] {
+            *copy = self.acquire(*copy);
         }
         if evictions > 0 {
             let mut removed = Vec::with_capacity(evictions as usize);
