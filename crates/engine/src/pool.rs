@@ -132,18 +132,11 @@ impl BlockPool {
     }
 
     pub fn lookup(&self, hash: u64) -> Residency {
-        let Some(mut c) = self.first_copy(hash) else {
-            return Residency::Missing;
-        };
-        while c != NIL {
-            let copy = &self.copies[c as usize];
-            // A held copy is outside the LRU: reusing it takes no evictable block.
-            if copy.refs > 0 || (!self.held.is_empty() && self.held.contains(&c)) {
-                return Residency::Active;
-            }
-            c = copy.next_same;
+        match self.first_copy(hash) {
+            None => Residency::Missing,
+            Some(first) if self.any_referenced(first) => Residency::Active,
+            Some(_) => Residency::Inactive,
         }
-        Residency::Inactive
     }
 
     /// Takes the events recorded since the last call.
@@ -189,19 +182,26 @@ impl BlockPool {
     pub fn allocate(&mut self, hits: &[u64], fresh: u32, lease: &mut Vec<u32>) -> bool {
         let free = self.capacity - self.num_copies;
         let evictions = fresh.saturating_sub(free);
+        // Each hit's first copy is found once: it tells whether the hit is inactive and is where
+        // acquiring it starts. They wait in `lease` until the allocation is known to fit.
+        let start = lease.len();
+        lease.reserve(hits.len() + fresh as usize);
+        for &h in hits {
+            lease.push(self.first_copy(h).expect("prefix hit must be resident"));
+        }
         if evictions > 0 {
             // Inactive hits are about to be reused, so they cannot make room for themselves.
-            let inactive_hits = hits.iter().filter(|h| self.lookup(**h) == Residency::Inactive).count() as u32;
+            let inactive_hits = lease[start..].iter().filter(|&&first| !self.any_referenced(first)).count() as u32;
             if evictions > self.num_inactive - inactive_hits {
+                lease.truncate(start);
                 return false;
             }
         }
-        for &h in hits {
-            let copy = self.acquire(h);
-            lease.push(copy);
+        for copy in &mut lease[start..] {
+            *copy = self.acquire(*copy);
         }
         if evictions > 0 {
-            let mut removed = Vec::new();
+            let mut removed = Vec::with_capacity(evictions as usize);
             for _ in 0..evictions {
                 if let Some(h) = self.evict_oldest() {
                     removed.push(h);
@@ -271,8 +271,23 @@ impl BlockPool {
         }
     }
 
-    fn acquire(&mut self, hash: u64) -> u32 {
-        let first = self.first_copy(hash).expect("prefix hit must be resident");
+    /// Whether a request references (or a running store holds) any copy in the chain that
+    /// starts at `first`.
+    fn any_referenced(&self, first: u32) -> bool {
+        let mut c = first;
+        while c != NIL {
+            let copy = &self.copies[c as usize];
+            // A held copy is outside the LRU: reusing it takes no evictable block.
+            if copy.refs > 0 || (!self.held.is_empty() && self.held.contains(&c)) {
+                return true;
+            }
+            c = copy.next_same;
+        }
+        false
+    }
+
+    /// Takes a reference to a cached hash whose first copy is `first`; returns the copy taken.
+    fn acquire(&mut self, first: u32) -> u32 {
         // Prefer a copy that is already referenced; otherwise reactivate an inactive one.
         let mut c = first;
         while c != NIL {
@@ -455,7 +470,6 @@ mod tests {
         assert_eq!(pool.lookup(5), Residency::Inactive);
         assert_eq!(pool.num_active(), 0);
     }
-
     #[test]
     fn held_sources_keep_their_capacity_until_the_store_completes() {
         let mut pool = BlockPool::new(3, false);

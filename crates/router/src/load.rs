@@ -10,6 +10,7 @@
 //! When the anchor's prefill finishes, the next oldest becomes the anchor at that moment;
 //! prompts placed behind it keep their full weight until then (Dynamo's `PrefillLoadTracker`).
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -184,11 +185,12 @@ impl ActiveLoad {
         let t = &mut self.targets[p.target as usize];
         t.requests -= 1;
         if self.assume_reuse {
-            for h in &p.hashes {
-                let count = t.blocks.get_mut(h).expect("active block is tracked");
-                *count -= 1;
-                if *count == 0 {
-                    t.blocks.remove(h);
+            for &h in &p.hashes {
+                // One probe per block: the entry both decrements and, at zero, removes.
+                let Entry::Occupied(mut count) = t.blocks.entry(h) else { unreachable!("active block is tracked") };
+                *count.get_mut() -= 1;
+                if *count.get() == 0 {
+                    count.remove();
                 }
             }
         } else {

@@ -608,9 +608,9 @@ impl VllmEngine {
             }
             return;
         }
-        let mut run: Vec<StoredBlock> = Vec::new();
+        // Sized for the common case: every block is new and forms one run.
+        let mut run: Vec<StoredBlock> = Vec::with_capacity(end - first);
         let mut run_parent = None;
-        let mut events = Vec::new();
         for b in first..end {
             let hash = req.hashes.seq[b];
             if self.pool.cache(req.blocks[b], hash) {
@@ -623,14 +623,11 @@ impl VllmEngine {
                 }
                 run.push(StoredBlock { hash, local: req.hashes.local[b] });
             } else if !run.is_empty() {
-                events.push(KvEvent::Stored { parent: run_parent, blocks: std::mem::take(&mut run) });
+                self.pool.push_event(KvEvent::Stored { parent: run_parent, blocks: std::mem::take(&mut run) });
             }
         }
         if !run.is_empty() {
-            events.push(KvEvent::Stored { parent: run_parent, blocks: run });
-        }
-        for e in events {
-            self.pool.push_event(e);
+            self.pool.push_event(KvEvent::Stored { parent: run_parent, blocks: run });
         }
     }
 

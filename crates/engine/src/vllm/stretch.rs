@@ -179,7 +179,9 @@ impl VllmEngine {
                     let fits = self.pool.allocate(&[], fresh, &mut req.blocks);
                     assert!(fits, "plan_stretch checked the room");
                 }
-                if self.cfg.enable_prefix_caching {
+                // A pass adds one token, so a block completes only when that token fills it:
+                // checked here, as this runs for every request in every pass of the stretch.
+                if self.cfg.enable_prefix_caching && target.is_multiple_of(bs) {
                     self.publish_computed_blocks(slot, before, target);
                 }
             }
