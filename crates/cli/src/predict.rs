@@ -886,7 +886,7 @@ fn run_ensemble(
         .iter()
         .map(|r| {
             let mut s = r.summary_json();
-            s.extend(servesim_replay::workload_keys(&workload));
+            s.extend(servesim_replay::workload_keys(workload));
             for key in servesim_replay::WALL_CLOCK_KEYS {
                 s.remove(key);
             }
