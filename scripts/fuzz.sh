@@ -14,7 +14,7 @@ trap 'rm -f "$log"' EXIT
 echo "fuzz: ${PROPTEST_CASES} cases per target"
 start=$(date +%s)
 status=0
-cargo test --release -p servesim-replay --test fuzz -- --test-threads 1 --nocapture >"$log" 2>&1 || status=$?
+cargo test --release -p servesim-workload --test fuzz -- --test-threads 1 --nocapture >"$log" 2>&1 || status=$?
 # The deployment YAML reader, and the shard and cache records recommend reads back.
 cargo test --release -p servesim-deploy --test fuzz_yaml --test fuzz_records -- --test-threads 1 --nocapture \
     >>"$log" 2>&1 || status=$?

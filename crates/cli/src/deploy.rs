@@ -135,7 +135,7 @@ impl Staged {
         let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
         let _ = fs::remove_dir_all(&tmp);
         fs::create_dir(&tmp).map_err(|e| Failure::input(format!("{}: cannot create: {e}", tmp.display())))?;
-        servesim_replay::scratch::register(&tmp);
+        servesim_workload::scratch::register(&tmp);
         Ok(Staged { tmp, target: target.to_path_buf(), done: false })
     }
 
@@ -154,7 +154,7 @@ impl Staged {
         } else {
             fs::rename(&self.tmp, &self.target).map_err(fail)?;
         }
-        servesim_replay::scratch::unregister(&self.tmp);
+        servesim_workload::scratch::unregister(&self.tmp);
         self.done = true;
         Ok(())
     }
@@ -164,7 +164,7 @@ impl Drop for Staged {
     fn drop(&mut self) {
         if !self.done {
             let _ = fs::remove_dir_all(&self.tmp);
-            servesim_replay::scratch::unregister(&self.tmp);
+            servesim_workload::scratch::unregister(&self.tmp);
         }
     }
 }

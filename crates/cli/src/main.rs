@@ -130,7 +130,7 @@ fn remove_scratch_on_signals() {
     // actions come back.
     let _ = std::thread::Builder::new().name("signals".into()).spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            servesim_replay::scratch::remove_all();
+            servesim_workload::scratch::remove_all();
             std::process::exit(128 + signal);
         }
     });

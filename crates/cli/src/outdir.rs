@@ -104,7 +104,8 @@ impl OutputDir {
                 return Err(Failure::input(format!("{shown}: exists and is not a directory")));
             }
             Ok(_) => {
-                if let Some(input) = inputs.iter().find(|i| i.exists() && servesim_replay::paths::inside_dir(i, target))
+                if let Some(input) =
+                    inputs.iter().find(|i| i.exists() && servesim_workload::paths::inside_dir(i, target))
                 {
                     return Err(Failure::input(format!(
                         "{shown}: the output directory holds {}, an input of this run; choose another --output-dir",
@@ -143,7 +144,7 @@ impl OutputDir {
         let stage = target.join(format!("{STAGE_PREFIX}{}", std::process::id()));
         let _ = fs::remove_dir_all(&stage);
         fs::create_dir(&stage).map_err(|e| Failure::input(format!("{}: cannot create: {e}", stage.display())))?;
-        servesim_replay::scratch::register(&stage);
+        servesim_workload::scratch::register(&stage);
         Ok(OutputDir { target: target.to_path_buf(), stage, created, done: false })
     }
 
@@ -176,7 +177,7 @@ impl OutputDir {
             move_merging(&e.path(), &self.target.join(e.file_name())).map_err(fail)?;
         }
         let _ = fs::remove_dir_all(&self.stage);
-        servesim_replay::scratch::unregister(&self.stage);
+        servesim_workload::scratch::unregister(&self.stage);
         self.done = true;
         Ok(())
     }
@@ -199,7 +200,7 @@ impl Drop for OutputDir {
     fn drop(&mut self) {
         if !self.done {
             let _ = fs::remove_dir_all(&self.stage);
-            servesim_replay::scratch::unregister(&self.stage);
+            servesim_workload::scratch::unregister(&self.stage);
             if self.created {
                 // Only if nothing else was put there meanwhile.
                 let _ = fs::remove_dir(&self.target);

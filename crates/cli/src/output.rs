@@ -10,7 +10,7 @@ use crate::Failure;
 
 /// Whether two paths name the same file or directory (existing or not).
 pub fn same_place(a: &Path, b: &Path) -> bool {
-    servesim_replay::paths::same_file(a, b)
+    servesim_workload::paths::same_file(a, b)
 }
 
 /// Refuses report paths that are one of `inputs` (trace files, configuration files, shard
@@ -26,7 +26,7 @@ pub fn check_report_paths<P: AsRef<Path>>(reports: &[(&str, &Path)], inputs: &[P
             )));
         }
         if let Some(dir) =
-            inputs.iter().map(AsRef::as_ref).find(|input| servesim_replay::paths::inside_dir(path, input))
+            inputs.iter().map(AsRef::as_ref).find(|input| servesim_workload::paths::inside_dir(path, input))
         {
             return Err(Failure::input(format!(
                 "--{flag} {} is inside the input directory {}; refusing to write a report among a run's inputs",
@@ -59,7 +59,7 @@ pub struct ReportFile {
     temp: Option<tempfile::TempPath>,
     /// The temporary file, registered for removal if a signal ends the process (a signal
     /// skips `TempPath`'s own clean-up).
-    _scratch: Option<servesim_replay::scratch::Registered>,
+    _scratch: Option<servesim_workload::scratch::Registered>,
 }
 
 impl ReportFile {
@@ -98,7 +98,7 @@ impl ReportFile {
             temp.as_file().set_permissions(std::fs::Permissions::from_mode(mode)).map_err(cannot)?;
         }
         let (file, temp) = temp.into_parts();
-        let scratch = Some(servesim_replay::scratch::Registered::new(&temp));
+        let scratch = Some(servesim_workload::scratch::Registered::new(&temp));
         Ok(ReportFile { shown: path.to_path_buf(), target, out: buffered(file), temp: Some(temp), _scratch: scratch })
     }
 

@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
-use servesim_replay::error::short_number;
-use servesim_replay::formats::WekaBasis;
 use servesim_replay::memory::{available as available_memory, gib, session_bytes, WORKER_BYTES};
 use servesim_replay::{
-    load_trace, request_json, request_json_with_breakdown, simulate_with, Arrivals, Autoscaler, Collector, LoadMode,
-    Overflow, Pacer, QueueLimit, RequestRecord, RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec,
-    Topology, TraceFormat, TraceOptions, WallClock, Workload,
+    request_json, request_json_with_breakdown, simulate_with, Autoscaler, Collector, Overflow, Pacer, QueueLimit,
+    RequestRecord, RouterMode, RunOptions, SimConfig, SimError, Sla, Topology, WallClock,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
+use servesim_workload::error::short_number;
+use servesim_workload::formats::WekaBasis;
+use servesim_workload::{load_trace, Arrivals, LoadMode, SyntheticSpec, TraceFormat, TraceOptions, Workload};
 
 use crate::output::{check_report_paths, ReportFile};
 use crate::progress::Bar;
@@ -311,7 +311,7 @@ pub(crate) fn json_arg<T>(
     let neither = |why: String| {
         Failure::input(format!(
             "--{flag} {arg}: neither inline JSON (a JSON object, {{...}}) nor a readable JSON file ({why})",
-            arg = servesim_replay::error::escape_controls(arg)
+            arg = servesim_workload::error::escape_controls(arg)
         ))
     };
     if arg.trim_start().starts_with('[') && !Path::new(arg).exists() {
@@ -453,7 +453,7 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
         Some(c) => LoadMode::Concurrency { max_sessions: c },
         None => LoadMode::Timestamps { speedup: a.arrival_speedup_ratio.unwrap_or(1.0) },
     };
-    let flag_error = |e: servesim_replay::InputError| match &e.field {
+    let flag_error = |e: servesim_workload::InputError| match &e.field {
         Some(field) => Failure::input(format!("--{field} {}", e.message)),
         None => Failure::input(e),
     };
@@ -699,7 +699,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
 
     let mut summary = report.summary_json();
-    summary.extend(workload.summary_keys());
+    summary.extend(servesim_replay::workload_keys(&workload));
     if a.no_wall_clock {
         for key in servesim_replay::WALL_CLOCK_KEYS {
             summary.remove(key);
@@ -886,7 +886,7 @@ fn run_ensemble(
         .iter()
         .map(|r| {
             let mut s = r.summary_json();
-            s.extend(workload.summary_keys());
+            s.extend(servesim_replay::workload_keys(workload));
             for key in servesim_replay::WALL_CLOCK_KEYS {
                 s.remove(key);
             }

@@ -334,14 +334,14 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
             "trials": trials.iter().map(|(i, t)| servesim_deploy::recommend::trial_json(*i, t)).collect::<Vec<_>>(),
         }));
         let tmp = a.output_dir.join(format!(".shard-{k}-of-{n}.json.partial"));
-        servesim_replay::scratch::register(&tmp);
+        servesim_workload::scratch::register(&tmp);
         let written = std::fs::write(&tmp, serde_json::to_vec(&doc).expect("serialises"))
             .and_then(|_| std::fs::rename(&tmp, &name))
             .map_err(|e| Failure::run(format!("{}: write failed: {e}", name.display())));
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
-        servesim_replay::scratch::unregister(&tmp);
+        servesim_workload::scratch::unregister(&tmp);
         written?;
         println!("shard {k}/{n}: {} candidates -> {}", trials.len(), name.display());
         return Ok(());

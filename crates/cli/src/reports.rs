@@ -63,7 +63,7 @@ impl ReportFlags {
                 "--telemetry-interval-ms must be at least {} (one sample per simulated millisecond), got {ms}: finer \
                  samples only repeat the state between forward passes, and fill the disk",
                 servesim_replay::telemetry::MIN_INTERVAL_MS,
-                ms = servesim_replay::error::short_number(ms)
+                ms = servesim_workload::error::short_number(ms)
             ))),
             Some(_) if !self.sampled() => {
                 Err(Failure::input("--telemetry-interval-ms applies to --telemetry or --report-html"))

@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 use servesim_replay::memory::{gib, session_bytes, WORKER_BYTES};
-use servesim_replay::{Collector, LoadMode, Progress, Report, RequestRecord, SimConfig, Workload};
+use servesim_replay::{Collector, Progress, Report, RequestRecord, SimConfig};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
+use servesim_workload::{LoadMode, Workload};
 
 pub use error::DeployError;
 pub use schema::Config;
@@ -295,7 +296,7 @@ pub fn run_prediction_with(
 /// prediction's own (timing provenance per role, eviction policy, power not modelled).
 pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
     let mut s = report.summary_json();
-    s.extend(p.workload.summary_keys());
+    s.extend(servesim_replay::workload_keys(&p.workload));
     let mut prov = Map::new();
     for w in &p.engine.workers {
         prov.insert(w.role.to_string(), w.provenance.clone());

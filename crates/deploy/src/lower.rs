@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 use servesim_cluster::{RouterMode, Topology};
 use servesim_engine::{ConfigEnv, WorkerArgs};
-use servesim_replay::formats::WekaBasis;
-use servesim_replay::{load_trace, Arrivals, LoadMode, Sla, SyntheticSpec, TraceFormat, TraceOptions, Workload};
+use servesim_replay::Sla;
 use servesim_router::RouterConfig;
+use servesim_workload::formats::WekaBasis;
+use servesim_workload::{load_trace, Arrivals, LoadMode, SyntheticSpec, TraceFormat, TraceOptions, Workload};
 
 use crate::error::DeployError;
 use crate::schema::{Capacity, Config, Engine, Load, Mode, RouterPolicy, Source, Timing, Worker};

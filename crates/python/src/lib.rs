@@ -24,15 +24,15 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use serde_json::Value;
 use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
-use servesim_replay::formats::WekaBasis;
 use servesim_replay::planned::PlannerRun;
 use servesim_replay::telemetry::dynamo_sample_jsonl;
 use servesim_replay::{
-    load_trace, request_json, simulate_with, Arrivals, ClusterSample, Collector, LoadMode, Progress, RequestRecord,
-    RouterMode, RunOptions, SimConfig, SimError, Sla, SyntheticSpec, TelemetrySink, Topology, TraceFormat,
-    TraceOptions, WallClock, WorkerSample, Workload,
+    request_json, simulate_with, ClusterSample, Collector, Progress, RequestRecord, RouterMode, RunOptions, SimConfig,
+    SimError, Sla, TelemetrySink, Topology, WallClock, WorkerSample,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
+use servesim_workload::formats::WekaBasis;
+use servesim_workload::{load_trace, Arrivals, LoadMode, SyntheticSpec, TraceFormat, TraceOptions, Workload};
 
 fn timer_factory(key: &str, provider: &str, config: &Value) -> Result<Arc<dyn PassTimer>, ConfigError> {
     servesim_perf::build_timer(key, provider, config)
@@ -438,7 +438,7 @@ impl Job {
         };
         report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
         let mut summary = report.summary_json();
-        summary.extend(workload.summary_keys());
+        summary.extend(servesim_replay::workload_keys(&workload));
         if let Some(run) = &planner {
             summary.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
         }
@@ -606,9 +606,9 @@ fn run_replay(
     // Outputs inside a trace directory (a corpus the run walks) are refused too.
     let outputs: Vec<&PathBuf> = report_jsonl_path.iter().chain(telemetry_jsonl_path.iter()).collect();
     for (i, out) in outputs.iter().enumerate() {
-        let clash = outputs[..i].iter().any(|other| servesim_replay::paths::same_file(out, other))
+        let clash = outputs[..i].iter().any(|other| servesim_workload::paths::same_file(out, other))
             || trace_files.iter().any(|trace| {
-                servesim_replay::paths::same_file(out, trace) || servesim_replay::paths::inside_dir(out, trace)
+                servesim_workload::paths::same_file(out, trace) || servesim_workload::paths::inside_dir(out, trace)
             });
         if clash {
             return Err(PyValueError::new_err("replay output paths must differ from each other and trace files"));

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use crate::metrics::{Collector, QueueLimit, Sla};
 use crate::report::Report;
 use crate::sim::{simulate, SimConfig, SimError};
-use crate::workload::Workload;
+use servesim_workload::Workload;
 
 /// The workload and configuration of member `i`.
 pub fn member(workload: &Workload, config: &SimConfig, i: u64) -> (Option<Workload>, SimConfig) {

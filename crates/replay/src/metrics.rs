@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 use servesim_engine::{Finish, PassOutput, RejectReason, Role};
 
 use crate::stats::{Samples, Sketch};
-use crate::workload::TurnMeta;
+use servesim_workload::TurnMeta;
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,9 @@ use servesim_engine::Role;
 
 use crate::metrics::{Collector, RequestRecord, Status, Totals, TtftBreakdown};
 use crate::sim::SimConfig;
-use crate::stats::Summary;
+use crate::stats::{Samples, Summary};
+use servesim_workload::agentic::AgenticGraph;
+use servesim_workload::Workload;
 
 /// Latency and throughput distributions of a run.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -402,4 +404,83 @@ fn g3_json(g: &servesim_engine::offload::G3Stats) -> Value {
         v["bypassed_restores"] = json!(g.bypassed_restores);
     }
     v
+}
+
+/// Summary keys the workload adds to the report (agentic runs: trajectories, graph, plays).
+/// Complete once the run that replayed it has finished.
+pub fn workload_keys(workload: &Workload) -> Map<String, Value> {
+    match workload {
+        Workload::Graph(g) => agentic_keys(g),
+        _ => Map::new(),
+    }
+}
+
+/// The summary keys agentic runs add, after the standard ones (the reference's names).
+fn agentic_keys(g: &AgenticGraph) -> Map<String, Value> {
+    let mut m = Map::new();
+    let outcome = g.outcome.lock().ok().and_then(|o| o.clone()).unwrap_or_default();
+    let mut samples = Samples::with_limit(usize::MAX);
+    for &v in &outcome.trajectory_e2e_ms {
+        samples.add(v);
+    }
+    let s = samples.summary();
+    let mut e2e: Vec<(&str, Value)> = s.fields().iter().map(|&(k, v)| (k, json!(v))).collect();
+    e2e.push(("p50", json!(s.median)));
+    m.insert("total_trajectories".into(), json!(g.plays.len()));
+    m.insert("completed_trajectories".into(), json!(outcome.trajectory_e2e_ms.len()));
+    m.insert("incomplete_trajectories".into(), json!(g.plays.len() - outcome.trajectory_e2e_ms.len()));
+    for (stat, v) in e2e {
+        m.insert(format!("{stat}_trajectory_e2e_latency_ms"), v);
+    }
+    let models = g.source_models();
+    m.insert(
+        "agentic_graph".into(),
+        json!({
+            "source": {"format": g.source.format, "digest": g.source.digest},
+            "graph_digest": g.graph_digest,
+            "block_size": g.block_tokens,
+            "node_count": g.nodes.len(),
+            "play_count": g.plays.len(),
+            "source_models": models,
+        }),
+    );
+    m.insert("agentic_lifecycle_event_count".into(), json!(outcome.lifecycle_events));
+    m.insert("agentic_lifecycle_digest".into(), json!(outcome.lifecycle_digest));
+    let plays: Vec<Value> = outcome
+        .plays
+        .iter()
+        .map(|p| {
+            let mut o = Map::new();
+            o.insert("play_id".into(), json!(p.play_id));
+            o.insert("status".into(), json!(p.status));
+            if let Some(t) = p.causal_terminal_ms {
+                o.insert("causal_terminal_ms".into(), json!(t));
+            }
+            if let Some(t) = p.settled_at_ms {
+                o.insert("settled_at_ms".into(), json!(t));
+            }
+            if let Some(r) = &p.failure_request_id {
+                o.insert("failure_request_id".into(), json!(r));
+            }
+            if let Some(s) = &p.failure_status {
+                o.insert("failure_status".into(), json!(s));
+            }
+            Value::Object(o)
+        })
+        .collect();
+    m.insert("agentic_play_outcomes".into(), Value::Array(plays));
+    if let Some(basis) = g.weka_basis {
+        m.insert("weka_nested_timestamp_basis".into(), json!(basis));
+    }
+    if let Some(target) = &g.execution_model {
+        m.insert(
+            "agentic_model_projection".into(),
+            json!({
+                "policy": "project_to_configured_target",
+                "source_models": models,
+                "target_model": target,
+            }),
+        );
+    }
+    m
 }

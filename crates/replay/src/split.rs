@@ -24,7 +24,7 @@ use crate::metrics::Collector;
 use servesim_cluster::RouterMode;
 
 use crate::sim::{simulate_shard, work_only_at_releases, Pacer, Progress, Shard, SimConfig, SimError};
-use crate::workload::Workload;
+use servesim_workload::Workload;
 
 /// Most shards a run is split into.
 pub const MAX_SHARDS: usize = 64;
@@ -158,9 +158,9 @@ mod tests {
     use crate::metrics::{RequestRecord, Sla};
     use crate::report::{request_json, WALL_CLOCK_KEYS};
     use crate::sim::simulate;
-    use crate::workload::{LoadMode, SessionSpec, TurnSpec};
     use servesim_cluster::Topology;
     use servesim_engine::WorkerArgs;
+    use servesim_workload::{LoadMode, SessionSpec, TurnSpec};
 
     fn workload(rng: &mut ChaCha12Rng) -> Workload {
         let mut t = 0.0;

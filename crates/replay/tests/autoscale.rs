@@ -5,9 +5,10 @@
 use servesim_engine::WorkerArgs;
 use servesim_planner::Snapshot;
 use servesim_replay::{
-    simulate_with, Arrivals, Autoscaler, Collector, LifecycleOp, LoadMode, RequestRecord, RouterMode, RunOptions,
-    ScaleDecision, SimConfig, Sla, SyntheticSpec, Topology, Transition, Workload,
+    simulate_with, Autoscaler, Collector, LifecycleOp, RequestRecord, RouterMode, RunOptions, ScaleDecision, SimConfig,
+    Sla, Topology, Transition,
 };
+use servesim_workload::{Arrivals, LoadMode, SyntheticSpec, Workload};
 
 /// Targets by tick: (tick time ms, target workers).
 struct Script {

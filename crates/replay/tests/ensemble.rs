@@ -5,9 +5,8 @@
 //! must cover about 90 % of that distribution.
 
 use servesim_engine::WorkerArgs;
-use servesim_replay::{
-    ensemble, Arrivals, LoadMode, QueueLimit, RouterMode, SimConfig, Sla, SyntheticSpec, Topology, Workload,
-};
+use servesim_replay::{ensemble, QueueLimit, RouterMode, SimConfig, Sla, Topology};
+use servesim_workload::{Arrivals, LoadMode, SyntheticSpec, Workload};
 
 /// P(X ≤ x) for X ~ Erlang(k, rate).
 fn erlang_cdf(x: f64, k: u32, rate: f64) -> f64 {

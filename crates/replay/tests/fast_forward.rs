@@ -5,12 +5,10 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use servesim_engine::WorkerArgs;
-use servesim_replay::workload::{SessionSpec, TurnSpec};
-use servesim_replay::{
-    load_trace, simulate, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla, Topology, TraceFormat,
-    TraceOptions, Workload,
-};
+use servesim_replay::{simulate, Collector, RequestRecord, RouterMode, SimConfig, Sla, Topology};
 use servesim_router::RouterConfig;
+use servesim_workload::{load_trace, LoadMode, TraceFormat, TraceOptions, Workload};
+use servesim_workload::{SessionSpec, TurnSpec};
 
 fn random_workload(rng: &mut ChaCha12Rng) -> Workload {
     let sessions = rng.random_range(5..120);

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use servesim_engine::WorkerArgs;
 use servesim_replay::{
-    simulate_with, Arrivals, Collector, LoadMode, Pacer, Progress, RouterMode, RunOptions, SimConfig, SimError, Sla,
-    SyntheticSpec, Topology, WallClock, Workload, WALL_CLOCK_KEYS,
+    simulate_with, Collector, Pacer, Progress, RouterMode, RunOptions, SimConfig, SimError, Sla, Topology, WallClock,
+    WALL_CLOCK_KEYS,
 };
+use servesim_workload::{Arrivals, LoadMode, SyntheticSpec, Workload};
 
 fn engine() -> WorkerArgs {
     WorkerArgs::parse_json(r#"{"block_size": 16, "num_gpu_blocks": 2000, "max_num_seqs": 8}"#).unwrap()

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 use servesim_engine::{ConfigEnv, WorkerArgs};
-use servesim_replay::formats::WekaBasis;
-use servesim_replay::{
-    load_mooncake, load_trace, simulate, Arrivals, Collector, LoadMode, RouterMode, SimConfig, Sla, SyntheticSpec,
-    Topology, TraceFormat, TraceOptions, Workload, WALL_CLOCK_KEYS,
-};
+use servesim_replay::{simulate, Collector, RouterMode, SimConfig, Sla, Topology, WALL_CLOCK_KEYS};
 use servesim_router::{PolicyConfig, RouterConfig};
+use servesim_workload::formats::WekaBasis;
+use servesim_workload::{
+    load_mooncake, load_trace, Arrivals, LoadMode, SyntheticSpec, TraceFormat, TraceOptions, Workload,
+};
 
 const HEADLINE: [&str; 9] = [
     "duration_ms",
@@ -181,7 +181,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
     };
     let mut summary =
         simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json();
-    summary.extend(workload.summary_keys());
+    summary.extend(servesim_replay::workload_keys(&workload));
     summary
 }
 

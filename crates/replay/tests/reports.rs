@@ -3,10 +3,11 @@
 use servesim_engine::WorkerArgs;
 use servesim_replay::telemetry::{TelemetryFormat, TelemetryWriter};
 use servesim_replay::{
-    request_json, simulate, Arrivals, ClusterSample, Collector, LoadMode, Report, RequestRecord, RouterMode, SimConfig,
-    Sla, Status, SyntheticSpec, TelemetrySink, Topology, WorkerSample, Workload,
+    request_json, simulate, ClusterSample, Collector, Report, RequestRecord, RouterMode, SimConfig, Sla, Status,
+    TelemetrySink, Topology, WorkerSample,
 };
 use servesim_router::RouterConfig;
+use servesim_workload::{Arrivals, LoadMode, SyntheticSpec, Workload};
 
 fn engine(extra: &str) -> WorkerArgs {
     WorkerArgs::parse_json(&format!(r#"{{"block_size": 16, "num_gpu_blocks": 4000, "max_num_seqs": 16{extra}}}"#))

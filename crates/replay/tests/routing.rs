@@ -3,10 +3,9 @@
 use std::path::PathBuf;
 
 use servesim_engine::WorkerArgs;
-use servesim_replay::{
-    load_mooncake, simulate, Collector, LoadMode, RequestRecord, RouterMode, SimConfig, Sla, Topology,
-};
+use servesim_replay::{simulate, Collector, RequestRecord, RouterMode, SimConfig, Sla, Topology};
 use servesim_router::RouterConfig;
+use servesim_workload::{load_mooncake, LoadMode};
 
 const FIXED: &str = r#""timing_model": {"type": "fixed", "prefill_ms": 40.0, "decode_ms": 10.0}"#;
 

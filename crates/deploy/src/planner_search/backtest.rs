@@ -1,10 +1,11 @@
 //! The load-predictor backtest (`sweep_load_predictor`): the trace's requests in windows of a
 //! throughput interval, each supported predictor preset's one-step-ahead loss, the lowest
-//! winning; and the trace reader it needs (Mooncake and Dynamo request traces).
+//! winning, over the trace's rows as `servesim_workload::rows` reads them.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
+use servesim_workload::rows::{self, Row, RowFormat};
 
 use super::presets::{scaling_fields, Predictor};
 use super::section::Context;
@@ -151,7 +152,7 @@ fn exact_sum(xs: &[f64]) -> f64 {
 
 /// The trace's windows of `interval_s` seconds from its first to its last (`_extract_metrics`):
 /// requests, mean ISL and mean OSL per window, empty windows as zeros.
-fn build_windows(rows: &[(f64, u64, u64)], origin: f64, interval_s: i64) -> Vec<Window> {
+fn build_windows(rows: &[Row], origin: f64, interval_s: i64) -> Vec<Window> {
     let interval_ms = interval_s as f64 * 1000.0;
     let mut groups: std::collections::BTreeMap<i64, (u64, u64, u64)> = Default::default();
     for &(t, isl, osl) in rows {
@@ -177,16 +178,16 @@ fn build_windows(rows: &[(f64, u64, u64)], origin: f64, interval_s: i64) -> Vec<
 /// request trace, and the origin of their timestamps (0 for Mooncake, whose timestamps are
 /// relative; the earliest for Dynamo's absolute ones). `None` when the traffic is not such a
 /// trace.
-#[allow(clippy::type_complexity)]
-fn trace_rows(ctx: &Context) -> Result<Option<(Vec<(f64, u64, u64)>, f64)>, DeployError> {
+fn trace_rows(ctx: &Context) -> Result<Option<(Vec<Row>, f64)>, DeployError> {
     let Some(source) = ctx.source else { return Ok(None) };
     if source.get("type").and_then(Value::as_str) != Some("trace") {
         return Ok(None);
     }
-    let format = source.get("format").and_then(Value::as_str).unwrap_or("mooncake");
-    if format != "mooncake" && format != "dynamo" {
-        return Ok(None);
-    }
+    let format = match source.get("format").and_then(Value::as_str).unwrap_or("mooncake") {
+        "mooncake" => RowFormat::Mooncake,
+        "dynamo" => RowFormat::Dynamo,
+        _ => return Ok(None),
+    };
     let paths: Vec<&str> = source
         .get("paths")
         .and_then(Value::as_array)
@@ -197,108 +198,14 @@ fn trace_rows(ctx: &Context) -> Result<Option<(Vec<(f64, u64, u64)>, f64)>, Depl
         let full = if Path::new(p).is_absolute() { PathBuf::from(p) } else { ctx.base_dir.join(p) };
         let here = format!("traffic.source.paths[{k}]");
         let files =
-            if full.is_dir() { jsonl_under(&full).map_err(|e| DeployError::new(&here, e))? } else { vec![full] };
+            if full.is_dir() { rows::trace_files(&full).map_err(|e| DeployError::new(&here, e))? } else { vec![full] };
         for f in files {
-            read_rows(&f, format, &mut rows)
+            rows::read(&f, format, &mut rows)
                 .map_err(|e| DeployError::new(&here, format!("{e} (read by the planner's load-predictor backtest)")))?;
         }
     }
-    let origin = if format == "dynamo" { rows.iter().map(|r| r.0).fold(f64::INFINITY, f64::min) } else { 0.0 };
+    let origin = if format == RowFormat::Dynamo { rows.iter().map(|r| r.0).fold(f64::INFINITY, f64::min) } else { 0.0 };
     Ok(Some((rows, if origin.is_finite() { origin } else { 0.0 })))
-}
-
-/// The trace files under `dir`, sorted. Symbolic links are refused, as the trace readers refuse
-/// them in a corpus: followed, a link to an ancestor would make the walk endless.
-fn jsonl_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| format!("{}: cannot read: {e}", d.display()))?;
-        for e in entries {
-            let e = e.map_err(|e| format!("{}: cannot read: {e}", d.display()))?;
-            let p = e.path();
-            let ty = e.file_type().map_err(|e| format!("{}: {e}", p.display()))?;
-            if ty.is_symlink() {
-                return Err(format!("{}: a trace directory may not contain symbolic links", p.display()));
-            }
-            if ty.is_dir() {
-                stack.push(p);
-            } else if p
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(".jsonl") || n.ends_with(".jsonl.gz"))
-            {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-fn read_rows(path: &Path, format: &str, rows: &mut Vec<(f64, u64, u64)>) -> Result<(), String> {
-    let input = servesim_replay::input::TraceInput::open(path).map_err(|e| e.to_string())?;
-    let mut lines = servesim_replay::input::Lines::open(&input).map_err(|e| e.to_string())?;
-    while let Some(line) = lines.next_line() {
-        let (n, bytes) = line.map_err(|e| e.to_string())?;
-        let text = std::str::from_utf8(bytes).map_err(|_| format!("{}:{n}: not UTF-8", path.display()))?;
-        if text.trim().is_empty() {
-            continue;
-        }
-        let at = format!("{}:{n}", path.display());
-        let v: Value = serde_json::from_str(text).map_err(|e| format!("Invalid JSON at {at}: {e}"))?;
-        let record = v.as_object().ok_or_else(|| format!("Trace row at {at} must be a JSON object"))?;
-        let event = match record.get("event") {
-            Some(Value::Object(e)) => e,
-            _ => record,
-        };
-        let number = |m: &Map<String, Value>, k: &str| -> Result<f64, String> {
-            match m.get(k) {
-                Some(Value::Number(x)) if x.as_f64().is_some_and(f64::is_finite) => Ok(x.as_f64().unwrap_or(0.0)),
-                _ => Err(format!("{k} must be numeric at {at}")),
-            }
-        };
-        let length = |m: &Map<String, Value>, k: &str| -> Result<u64, String> {
-            m.get(k).and_then(Value::as_u64).ok_or_else(|| format!("{k} must be a non-negative integer at {at}"))
-        };
-        let dynamo = event.get("schema").and_then(Value::as_str) == Some("dynamo.request.trace.v1");
-        if format == "dynamo" {
-            let kind = event.get("event_type").and_then(Value::as_str);
-            if kind.is_some() && kind != Some("request_end") {
-                continue;
-            }
-            if !dynamo {
-                return Err(format!("Mixed or unsupported warmup trace format at {at}: expected dynamo"));
-            }
-            if kind != Some("request_end") {
-                continue;
-            }
-            let request = event
-                .get("request")
-                .and_then(Value::as_object)
-                .ok_or_else(|| format!("request_end is missing request payload at {at}"))?;
-            let replay = request
-                .get("replay")
-                .and_then(Value::as_object)
-                .ok_or_else(|| format!("request payload is missing replay metrics at {at}"))?;
-            let t = if request.get("request_received_ms").is_some_and(|v| !v.is_null()) {
-                number(request, "request_received_ms")?
-            } else {
-                number(event, "event_time_unix_ms")?
-            };
-            rows.push((t, length(replay, "input_length")?, length(request, "output_tokens")?));
-        } else {
-            if dynamo || !["timestamp", "input_length", "output_length"].iter().all(|k| record.contains_key(*k)) {
-                return Err(format!("Mixed or unsupported warmup trace format at {at}: expected mooncake"));
-            }
-            rows.push((
-                number(record, "timestamp")?,
-                length(record, "input_length")?,
-                length(record, "output_length")?,
-            ));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -44,8 +44,8 @@ use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 use crate::metrics::{Collector, Overflow, Sla};
 use crate::report::Report;
 use crate::split;
-use crate::time::Time;
-use crate::workload::{LoadDriver, LoadMode, Ready, Workload};
+use servesim_workload::time::Time;
+use servesim_workload::{LoadDriver, LoadMode, Ready, Workload, MAX_TIME_MS};
 
 /// Everything that defines one simulated run besides the workload.
 #[derive(Clone, Debug)]
@@ -134,7 +134,7 @@ pub enum SimError {
     /// Without a queue maximum, an arrival found [`crate::QueueLimit::runaway`] requests
     /// waiting for admission.
     QueueRunaway { at_ms: f64, queued: u64, warn_at: u64 },
-    /// The clock would pass [`crate::trace::MAX_TIME_MS`], beyond which times lose
+    /// The clock would pass [`MAX_TIME_MS`], beyond which times lose
     /// sub-microsecond precision (or are not finite).
     TimeRange { at_ms: f64 },
     /// The autoscaler failed (the reference's own predictor stopped answering, say).
@@ -173,7 +173,7 @@ impl std::fmt::Display for SimError {
                 "the run's clock would reach t={at_ms} ms, past {} ms (about 278 years), beyond which simulated \
                  times lose sub-microsecond precision: arrival times or delays are too far apart for this run \
                  (compress them with a larger arrival speedup ratio)",
-                crate::trace::MAX_TIME_MS
+                MAX_TIME_MS
             ),
             SimError::Unschedulable { at_ms, request } => write!(
                 f,
@@ -585,7 +585,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 if let Some(t) = self.scaling.as_ref().and_then(|s| s.next_tick_ms) {
                     self.now = self.now.min(t);
                 }
-                if self.now.is_nan() || self.now > crate::trace::MAX_TIME_MS {
+                if self.now.is_nan() || self.now > MAX_TIME_MS {
                     return Err(SimError::TimeRange { at_ms: self.now });
                 }
                 if self.stop_at_ms.is_some_and(|stop| self.now > stop) {

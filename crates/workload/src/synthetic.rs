@@ -11,8 +11,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
 use crate::error::{short_number as short, InputError};
-use crate::trace::MAX_TIME_MS;
-use crate::workload::{SessionSpec, TurnSpec};
+use crate::ids::MAX_TIME_MS;
+use crate::session::{SessionSpec, TurnSpec};
 
 /// Seed of the prefix-group stream, whatever the arrival seed.
 pub const GROUP_SEED: u64 = 42;

@@ -1,7 +1,8 @@
-//! Virtual time in milliseconds, totally ordered so it can key a heap.
+//! Virtual time in milliseconds, totally ordered so it can key a heap (the load driver's and
+//! the simulation loop's).
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Time(pub f64);
+pub struct Time(pub f64);
 
 impl Eq for Time {}
 

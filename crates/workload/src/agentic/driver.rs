@@ -19,8 +19,8 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::{AgenticGraph, Trigger};
+use crate::session::{Ready, SessionSpec, TurnMeta};
 use crate::time::Time;
-use crate::workload::{SessionSpec, TurnMeta};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum NodeState {
@@ -243,7 +243,7 @@ impl GraphState {
     }
 
     /// Releases every request ready at or before `now` (dispatch edges may release more).
-    pub fn pop_ready(&mut self, now: f64, out: &mut Vec<crate::workload::Ready>) {
+    pub fn pop_ready(&mut self, now: f64, out: &mut Vec<Ready>) {
         self.flush();
         while let Some(&Reverse((Time(t), node))) = self.ready.peek() {
             if t > now {
@@ -263,7 +263,7 @@ impl GraphState {
             self.record(now, p, Some(node), "dispatch", None);
             self.in_flight += 1;
             self.released.insert(node, self.spec(node, t));
-            out.push(crate::workload::Ready { session: node, turn: 0, arrival_ms: t });
+            out.push(Ready { session: node, turn: 0, arrival_ms: t });
             self.release_edges(node, Trigger::Dispatch, now);
         }
     }

@@ -19,9 +19,10 @@ use crate::agentic::{
     RowDependency, Trigger,
 };
 use crate::error::InputError;
+use crate::ids::{Ids, MAX_TIME_MS};
 use crate::input::{Lines, TraceInput};
-use crate::trace::{Ids, MAX_TIME_MS};
-use crate::workload::{SessionSpec, TurnMeta, TurnSpec, Workload};
+use crate::session::{SessionSpec, TurnMeta, TurnSpec};
+use crate::workload::Workload;
 
 /// A Dynamo trace lowered to the load it describes (one value per file, so the size
 /// difference between the variants does not matter).

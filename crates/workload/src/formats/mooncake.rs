@@ -12,19 +12,19 @@
 //!
 //! Every row is validated before the replay starts. Traces of single requests in timestamp order
 //! are then read again row by row while the replay runs ([`StreamedTrace`]); others are held in
-//! memory at trace-block level.
+//! memory at trace-block level. [`crate::formats::load_mooncake`] makes either a [`crate::Workload`].
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rustc_hash::FxHashMap;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::InputError;
+use crate::ids::{Ids, MAX_TIME_MS};
 use crate::input::{not_an_object, Lines, TraceInput};
-use crate::workload::{SessionSpec, TurnMeta, TurnSpec, Workload};
+use crate::session::{SessionSpec, TurnMeta, TurnSpec};
 
 #[derive(Deserialize)]
 struct Row {
@@ -98,91 +98,66 @@ fn explain_row_error(line: &str, serde_msg: &str) -> (Option<&'static str>, Stri
     (None, format!("invalid row: {serde_msg}"))
 }
 
-/// Times on the run's clock, trace timestamps, delays and `not_before_ms` may reach 2^43 ms
-/// (about 278 years; Unix-epoch milliseconds fit). Virtual time is an `f64` of milliseconds,
-/// which below 2^43 resolves better than a microsecond (2^-10 ms); past it latencies are
-/// quantised (at 1e13 ms a 18.023974 ms TTFT reads 18.0234375), and such values are nearly
-/// always microseconds or nanoseconds written as milliseconds.
-pub const MAX_TIME_MS: f64 = 8_796_093_022_208.0;
-
-/// Hash ids as prompt tokens. The reference always interns ids into compact ids in first-seen
-/// order (the first new id is 0, the next 1, ...), and the ids become the prompt's tokens, so
-/// block hashes, and the orders that break ties by hash (the host cache's LRU), depend on that
-/// numbering. A trace already numbered that way (the public Mooncake traces are) is used as it
-/// is, with no map; any other is interned as the reference does, and so is one whose ids do not
-/// fit in 32 bits, so distinct ids never alias.
-pub(crate) enum Ids {
-    Verbatim,
-    Interned(FxHashMap<u64, u32>),
+/// A validated Mooncake trace, as [`load`] found it.
+pub enum Mooncake {
+    /// Single requests in timestamp order, read again row by row while the replay runs.
+    Streamed(StreamedTrace),
+    /// Every session, held at trace-block level.
+    Sessions(Vec<SessionSpec>),
 }
 
-impl Ids {
-    pub(crate) fn new(interned: bool) -> Ids {
-        if interned {
-            Ids::Interned(FxHashMap::default())
-        } else {
-            Ids::Verbatim
-        }
-    }
-
-    /// The first `reached` of a row's ids as tokens; an interned trace numbers all of them, in
-    /// order, as the reference does (ids past the prompt still take their number).
-    pub(crate) fn blocks(&mut self, ids: &[u64], reached: usize) -> Result<Arc<[u32]>, String> {
-        let reached = reached.min(ids.len());
-        match self {
-            Ids::Verbatim => Ok(ids[..reached].iter().map(|&h| h as u32).collect()),
-            Ids::Interned(map) => {
-                let mut blocks = Vec::with_capacity(reached);
-                for (i, &h) in ids.iter().enumerate() {
-                    let next = map.len();
-                    let v = match map.get(&h) {
-                        Some(&v) => v,
-                        None => {
-                            let v = u32::try_from(next)
-                                .map_err(|_| "the trace has more unique hash ids than 2^32".to_string())?;
-                            map.insert(h, v);
-                            v
-                        }
-                    };
-                    if i < reached {
-                        blocks.push(v);
-                    }
-                }
-                Ok(blocks.into())
-            }
-        }
-    }
-}
-
-/// Reads Mooncake traces (`mooncake`; with `accumulate`, `mooncake-delta`). Several files are
-/// replayed together: each file's sessions are kept apart (a `session_id` is local to its file)
-/// and all timestamps share one origin. Files may be gzip or zstd compressed, and may be pipes.
+/// Reads Mooncake traces (`mooncake`). Several files are replayed together: each file's
+/// sessions are kept apart (a `session_id` is local to its file) and all timestamps share one
+/// origin. Files may be gzip or zstd compressed, and may be pipes.
 ///
 /// Every row is validated before anything is replayed. A trace whose sessions are single
 /// requests in timestamp order — what Mooncake traces are — is then streamed from its files
-/// during the replay ([`Workload::Streamed`]), so memory follows the requests in flight rather
+/// during the replay ([`Mooncake::Streamed`]), so memory follows the requests in flight rather
 /// than the trace's length; any other trace is held in memory at trace-block level.
-pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
-    load_mooncake_rows(paths, trace_block_size, false)
+pub fn load(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Mooncake, InputError> {
+    let v = validate(paths, trace_block_size)?;
+    if v.streamable {
+        return Ok(Mooncake::Streamed(StreamedTrace::new(v.inputs, trace_block_size, v.rows, v.interned)));
+    }
+    Ok(Mooncake::Sessions(v.sessions(trace_block_size)?))
 }
 
 /// `mooncake-delta`: each row holds only the turn's new tokens; a turn's prompt is the
 /// session's earlier prompts and outputs followed by them (held in memory).
-pub fn load_mooncake_delta(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
-    load_mooncake_rows(paths, trace_block_size, true)
+pub fn load_delta(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Vec<SessionSpec>, InputError> {
+    validate(paths, trace_block_size)?.sessions(trace_block_size)
 }
 
-fn load_mooncake_rows(
-    paths: &[impl AsRef<Path>],
-    trace_block_size: u32,
-    accumulate: bool,
-) -> Result<Workload, InputError> {
+/// The files of a trace, every row validated.
+struct Validated {
+    inputs: Vec<TraceInput>,
+    /// Rows of each file.
+    rows: Vec<u64>,
+    /// Every session is one request and sessions start in file order.
+    streamable: bool,
+    /// Hash ids are interned (see [`Ids`]).
+    interned: bool,
+}
+
+impl Validated {
+    /// The sessions of every file, in file order.
+    fn sessions(&self, trace_block_size: u32) -> Result<Vec<SessionSpec>, InputError> {
+        let mut sessions = Vec::new();
+        let mut ids = Ids::new(self.interned);
+        for input in &self.inputs {
+            read_file(input, trace_block_size, &mut ids, &mut sessions)?;
+        }
+        Ok(sessions)
+    }
+}
+
+fn validate(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Validated, InputError> {
     if trace_block_size == 0 {
         return Err(InputError::new("trace block size must be at least 1").with_field("trace_block_size"));
     }
     let mut inputs = Vec::with_capacity(paths.len());
     let mut rows = Vec::with_capacity(paths.len());
-    let mut streamable = !accumulate;
+    let mut streamable = true;
     let mut wide_ids = false;
     let mut order = IdOrder::default();
     for path in paths {
@@ -194,18 +169,7 @@ fn load_mooncake_rows(
         inputs.push(input);
     }
     let interned = wide_ids || !order.first_seen;
-    if streamable {
-        return Ok(Workload::Streamed(StreamedTrace::new(inputs, trace_block_size, rows, interned)));
-    }
-    let mut sessions = Vec::new();
-    let mut ids = Ids::new(interned);
-    for input in &inputs {
-        read_file(input, trace_block_size, &mut ids, &mut sessions)?;
-    }
-    if accumulate {
-        return Ok(Workload::Accumulating { sessions, block_tokens: trace_block_size });
-    }
-    Ok(Workload::Trace { sessions, block_tokens: trace_block_size })
+    Ok(Validated { inputs, rows, streamable, interned })
 }
 
 /// A `session_id` as written: `1` and `"1"` are different sessions.
@@ -612,6 +576,8 @@ impl Iterator for StreamedSessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::load_mooncake;
+    use crate::workload::Workload;
     use std::io::Write;
 
     /// A trace file in a temporary directory that goes away with it.

@@ -507,7 +507,7 @@ fn validate_models(t: &WekaTrace, name: &str) -> Result<(), String> {
 }
 
 fn validate_request(r: &Request, name: &str) -> Result<(), String> {
-    if !r.t.is_finite() || r.t < 0.0 || r.t * 1000.0 > crate::trace::MAX_TIME_MS {
+    if !r.t.is_finite() || r.t < 0.0 || r.t * 1000.0 > crate::ids::MAX_TIME_MS {
         return Err(format!("Weka trace {name} has invalid request timestamp"));
     }
     if r.model.trim().is_empty() {

@@ -2,7 +2,7 @@
 //!
 //! | format | lowers to | held in memory |
 //! |---|---|---|
-//! | `mooncake` | sessions | nothing when its rows are single requests in time order (streamed); else every row at trace-block level |
+//! | `mooncake` ([`mooncake`]) | sessions | nothing when its rows are single requests in time order (streamed); else every row at trace-block level |
 //! | `mooncake-delta` | accumulating sessions | every row; a session's history while it runs |
 //! | `applied_compute_agentic` | sessions | every turn at trace-block level |
 //! | `agentic_mooncake` | dependency graph | the graph |
@@ -11,14 +11,17 @@
 
 pub mod applied;
 pub mod dynamo;
+pub mod mooncake;
 pub mod mooncake_v2;
 pub mod weka;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::agentic::AgenticGraph;
+use crate::driver::LoadMode;
 use crate::error::InputError;
-use crate::workload::{LoadMode, Workload};
+use crate::workload::Workload;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TraceFormat {
@@ -98,6 +101,21 @@ impl TraceOptions {
     }
 }
 
+/// Reads a Mooncake trace (see [`mooncake::load`]): streamed when its rows are single requests
+/// in time order, else held as sessions.
+pub fn load_mooncake(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
+    Ok(match mooncake::load(paths, trace_block_size)? {
+        mooncake::Mooncake::Streamed(trace) => Workload::Streamed(trace),
+        mooncake::Mooncake::Sessions(sessions) => Workload::Trace { sessions, block_tokens: trace_block_size },
+    })
+}
+
+/// Reads a `mooncake-delta` trace (see [`mooncake::load_delta`]).
+pub fn load_mooncake_delta(paths: &[impl AsRef<Path>], trace_block_size: u32) -> Result<Workload, InputError> {
+    let sessions = mooncake::load_delta(paths, trace_block_size)?;
+    Ok(Workload::Accumulating { sessions, block_tokens: trace_block_size })
+}
+
 fn bad(msg: impl Into<String>) -> InputError {
     InputError::new(msg)
 }
@@ -152,16 +170,14 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
         None => LoadMode::Timestamps { speedup: o.arrival_speedup_ratio },
     };
     let graph_mode = LoadMode::Timestamps { speedup: 1.0 };
-    let finish_graph = |mut g: crate::agentic::AgenticGraph| {
+    let finish_graph = |mut g: AgenticGraph| {
         g.lanes = o.agentic_lanes;
         g.execution_model = execution_model.clone();
         Workload::Graph(Arc::new(g))
     };
     match o.format {
-        Mooncake => Ok((crate::trace::load_mooncake(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode())),
-        MooncakeDelta => {
-            Ok((crate::trace::load_mooncake_delta(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode()))
-        }
+        Mooncake => Ok((load_mooncake(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode())),
+        MooncakeDelta => Ok((load_mooncake_delta(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode())),
         AppliedComputeAgentic => {
             if o.replay_concurrency.is_none() {
                 return Err(bad(

@@ -15,7 +15,8 @@ use serde::Deserialize;
 
 use crate::error::InputError;
 use crate::input::{not_an_object, Lines, TraceInput};
-use crate::workload::{SessionSpec, TurnSpec, Workload};
+use crate::session::{SessionSpec, TurnSpec};
+use crate::workload::Workload;
 
 #[derive(Deserialize)]
 struct Record {

@@ -1,9 +1,5 @@
-//! Workloads: sessions of requests, and the load driver that releases them over time.
-//!
-//! A workload is a list of sessions. A session is an ordered list of turns (requests); turn
-//! `k + 1` becomes ready `delay` ms after turn `k` completes (closed loop), while different
-//! sessions run independently. A request that is not part of a multi-turn conversation is a
-//! one-turn session.
+//! The load driver: releases the turns of a workload as the virtual clock advances and turns
+//! complete, by timestamp or under a closed-loop cap on active sessions.
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
@@ -15,190 +11,9 @@ use rustc_hash::FxHashMap;
 use servesim_engine::Prompt;
 
 use crate::agentic::driver::GraphState;
-use crate::agentic::{AgenticGraph, AgenticIds};
-use crate::synthetic::SyntheticSpec;
+use crate::session::{Ready, SessionSpec};
 use crate::time::Time;
-use crate::trace::StreamedTrace;
-
-/// What a trace says about a request besides its prompt and lengths: its ids (reported per
-/// request) and its router policy class.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TurnMeta {
-    /// `request_id` from the trace.
-    pub request_id: Option<Arc<str>>,
-    /// `policy_class` from the trace (carried, not reported, as in the reference).
-    pub policy_class: Option<Arc<str>>,
-    /// Agentic inputs: the request's place in its play.
-    pub agentic: Option<AgenticIds>,
-}
-
-/// One request as the workload describes it, at trace-block level.
-#[derive(Clone, Debug)]
-pub struct TurnSpec {
-    pub input_length: u32,
-    pub output_length: u32,
-    /// Prompt content: block `i` is `block_tokens` copies of token `blocks[i]`, truncated to
-    /// `input_length` tokens.
-    pub blocks: Arc<[u32]>,
-    /// Think time after the previous turn completes (0 for the first turn).
-    pub delay_ms: f64,
-    /// Router queue priority: like arriving this many seconds earlier (negative counts as 0).
-    pub priority: i32,
-    /// Router queue tier, compared before anything else (higher first).
-    pub strict_priority: u32,
-    /// Exact output token ids (`output_token_ids`), one per output token.
-    pub output_tokens: Option<Arc<[u32]>>,
-    /// Ids and policy class, when the trace gives them.
-    pub meta: Option<Arc<TurnMeta>>,
-}
-
-impl TurnSpec {
-    /// The prompt: block `i` is `block_tokens` copies of `blocks[i]`, cut at `input_length`.
-    pub fn prompt(&self, block_tokens: u32) -> Prompt {
-        Prompt::Runs { run: block_tokens, ids: self.blocks.clone(), len: self.input_length }
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct SessionSpec {
-    /// `session_id` from the trace or a generated name, reported as the records' `session_id`;
-    /// `None` for a request that is not part of a session (a trace row without `session_id`, a
-    /// one-turn synthetic request): Dynamo reports `null` for its `session_id` and `turn_index`.
-    pub name: Option<Arc<str>>,
-    /// First arrival (trace timestamp, ms).
-    pub start_ms: f64,
-    pub turns: Vec<TurnSpec>,
-}
-
-/// What to replay: sessions read from a trace, a trace streamed from its files, or a synthetic
-/// load generated as it is needed. Streamed and synthetic runs of any length hold only the
-/// sessions in flight.
-#[derive(Clone, Debug)]
-pub enum Workload {
-    Trace {
-        sessions: Vec<SessionSpec>,
-        /// Tokens each prompt block stands for.
-        block_tokens: u32,
-    },
-    Streamed(StreamedTrace),
-    Synthetic(SyntheticSpec),
-    /// Multi-turn sessions whose rows hold only each turn's new tokens (`mooncake-delta`):
-    /// a turn's prompt is everything the session said and generated before, plus its tokens.
-    /// Every turn has planned output tokens (they are part of the next prompt).
-    Accumulating {
-        sessions: Vec<SessionSpec>,
-        block_tokens: u32,
-    },
-    /// An agentic dependency graph.
-    Graph(Arc<AgenticGraph>),
-}
-
-impl Workload {
-    /// Tokens each prompt block stands for.
-    pub fn block_tokens(&self) -> u32 {
-        match self {
-            Workload::Trace { block_tokens, .. } | Workload::Accumulating { block_tokens, .. } => *block_tokens,
-            Workload::Streamed(trace) => trace.block_tokens(),
-            Workload::Synthetic(spec) => spec.block_tokens.max(1),
-            Workload::Graph(g) => g.block_tokens,
-        }
-    }
-
-    pub fn num_requests(&self) -> u64 {
-        match self {
-            Workload::Trace { sessions, .. } | Workload::Accumulating { sessions, .. } => {
-                sessions.iter().map(|s| s.turns.len() as u64).sum()
-            }
-            Workload::Streamed(trace) => trace.num_requests(),
-            Workload::Synthetic(spec) => spec.sessions as u64 * spec.turns_per_session as u64,
-            Workload::Graph(g) => g.num_requests(),
-        }
-    }
-
-    /// No session has a second turn (so nothing is released in response to a completion).
-    pub fn single_turn(&self) -> bool {
-        match self {
-            Workload::Trace { sessions, .. } => sessions.iter().all(|s| s.turns.len() <= 1),
-            Workload::Accumulating { sessions, .. } => sessions.iter().all(|s| s.turns.len() <= 1),
-            Workload::Streamed(_) => true,
-            Workload::Synthetic(spec) => spec.turns_per_session <= 1,
-            // Completions release dependents.
-            Workload::Graph(g) => g.nodes.iter().all(|n| n.deps.is_empty()) && g.lanes.is_none(),
-        }
-    }
-
-    /// Why a streamed trace ended early: a file changed or vanished after it was validated.
-    /// The replay then covers the requests read before the error.
-    pub fn take_error(&self) -> Option<crate::InputError> {
-        match self {
-            Workload::Streamed(trace) => trace.take_error(),
-            _ => None,
-        }
-    }
-
-    /// Summary keys the workload adds to the report (agentic runs: trajectories, graph, plays).
-    /// Complete once the run that replayed it has finished.
-    pub fn summary_keys(&self) -> serde_json::Map<String, serde_json::Value> {
-        match self {
-            Workload::Graph(g) => g.summary_keys(),
-            _ => serde_json::Map::new(),
-        }
-    }
-
-    /// The sessions in the order they start (by first arrival, ties in trace order).
-    fn stream(&self) -> SessionStream<'_> {
-        match self {
-            Workload::Graph(_) => SessionStream::Trace { sessions: &[], order: Vec::new(), next: 0 },
-            Workload::Trace { sessions, .. } | Workload::Accumulating { sessions, .. } => {
-                let mut order: Vec<u32> = (0..sessions.len() as u32).collect();
-                order.sort_by(|&a, &b| sessions[a as usize].start_ms.total_cmp(&sessions[b as usize].start_ms));
-                SessionStream::Trace { sessions, order, next: 0 }
-            }
-            Workload::Streamed(trace) => {
-                let mut generator: Box<dyn Iterator<Item = SessionSpec>> = Box::new(trace.sessions_iter());
-                SessionStream::Generated { head: generator.next(), generator }
-            }
-            Workload::Synthetic(spec) => {
-                let mut generator: Box<dyn Iterator<Item = SessionSpec>> = Box::new(spec.sessions_iter());
-                SessionStream::Generated { head: generator.next(), generator }
-            }
-        }
-    }
-}
-
-enum SessionStream<'w> {
-    Trace {
-        sessions: &'w [SessionSpec],
-        order: Vec<u32>,
-        next: usize,
-    },
-    /// `head` is the next session, generated (or read) one step ahead so its start can be
-    /// looked at.
-    Generated {
-        generator: Box<dyn Iterator<Item = SessionSpec>>,
-        head: Option<SessionSpec>,
-    },
-}
-
-impl<'w> SessionStream<'w> {
-    fn peek_start(&self) -> Option<f64> {
-        match self {
-            SessionStream::Trace { sessions, order, next } => order.get(*next).map(|&i| sessions[i as usize].start_ms),
-            SessionStream::Generated { head, .. } => head.as_ref().map(|s| s.start_ms),
-        }
-    }
-
-    fn next(&mut self) -> Option<Cow<'w, SessionSpec>> {
-        match self {
-            SessionStream::Trace { sessions, order, next } => {
-                let i = *order.get(*next)?;
-                *next += 1;
-                Some(Cow::Borrowed(&sessions[i as usize]))
-            }
-            SessionStream::Generated { generator, head } => std::mem::replace(head, generator.next()).map(Cow::Owned),
-        }
-    }
-}
+use crate::workload::{SessionStream, Workload};
 
 /// How requests are released.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -209,14 +24,6 @@ pub enum LoadMode {
     /// Closed loop: at most `max_sessions` sessions active; a new one starts when one finishes.
     /// Timestamps are ignored and think times are not scaled.
     Concurrency { max_sessions: u32 },
-}
-
-/// A request the driver releases.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Ready {
-    pub session: u32,
-    pub turn: u32,
-    pub arrival_ms: f64,
 }
 
 /// Releases the turns of a workload as time advances and turns complete. Sessions are taken
@@ -431,6 +238,7 @@ impl<'w> LoadDriver<'w> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::TurnSpec;
 
     fn session(start: f64, delays: &[f64]) -> SessionSpec {
         SessionSpec {

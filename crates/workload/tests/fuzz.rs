@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 use servesim_engine::WorkerArgs;
-use servesim_replay::{load_trace, InputError, TraceFormat, TraceOptions};
 use servesim_router::RouterConfig;
+use servesim_workload::{load_trace, InputError, TraceFormat, TraceOptions};
 
 /// Cases per target: `PROPTEST_CASES`, else a small number that keeps `cargo test` quick.
 fn config() -> ProptestConfig {

@@ -113,7 +113,7 @@ impl GraphBuilder {
                 )));
             }
         }
-        if !row.not_before_ms.is_finite() || row.not_before_ms < 0.0 || row.not_before_ms > crate::trace::MAX_TIME_MS {
+        if !row.not_before_ms.is_finite() || row.not_before_ms < 0.0 || row.not_before_ms > crate::ids::MAX_TIME_MS {
             return Err(err(format!("has invalid not_before_ms {}", row.not_before_ms)));
         }
         if row.recorded_api_time_ms.is_some_and(|d| !d.is_finite() || d < 0.0) {
@@ -123,7 +123,7 @@ impl GraphBuilder {
             if d.request_id.trim().is_empty() {
                 return Err(err("has a dependency with an empty request_id".into()));
             }
-            if !d.delay_ms.is_finite() || d.delay_ms < 0.0 || d.delay_ms > crate::trace::MAX_TIME_MS {
+            if !d.delay_ms.is_finite() || d.delay_ms < 0.0 || d.delay_ms > crate::ids::MAX_TIME_MS {
                 return Err(err(format!("has invalid dependency delay {}", d.delay_ms)));
             }
             let ok = matches!(
@@ -391,19 +391,6 @@ fn share_prompt_prefixes(nodes: &mut [Node]) {
             }
         }
     }
-}
-
-/// The agentic identity of a request, as per-request records report it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AgenticIds {
-    /// Graph ordinal (position in `request_id` order); the record's uuid is this + 1.
-    pub node: u32,
-    pub request_id: Arc<str>,
-    pub play_id: Arc<str>,
-    pub conversation_id: Arc<str>,
-    pub lane: Option<u32>,
-    pub root_id: Option<Arc<str>>,
-    pub parent_id: Option<Arc<str>>,
 }
 
 fn at(files: &[PathBuf], loc: Loc, msg: String) -> InputError {

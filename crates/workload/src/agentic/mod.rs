@@ -13,7 +13,8 @@
 mod builder;
 pub mod driver;
 
-pub use builder::{row_error, AgenticIds, GraphBuilder, Loc};
+pub use crate::session::AgenticIds;
+pub use builder::{row_error, GraphBuilder, Loc};
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -21,10 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
 
 use crate::error::InputError;
-use crate::workload::{TurnMeta, TurnSpec};
+use crate::session::{TurnMeta, TurnSpec};
 
 pub const AGENTIC_MOONCAKE_SCHEMA: &str = "dynamo.agentic_mooncake";
 
@@ -194,76 +194,6 @@ impl AgenticGraph {
         let mut m = self.models.clone();
         m.sort();
         m.dedup();
-        m
-    }
-
-    /// The summary keys agentic runs add, after the standard ones (the reference's names).
-    pub fn summary_keys(&self) -> Map<String, Value> {
-        let mut m = Map::new();
-        let outcome = self.outcome.lock().ok().and_then(|o| o.clone()).unwrap_or_default();
-        let mut samples = crate::stats::Samples::with_limit(usize::MAX);
-        for &v in &outcome.trajectory_e2e_ms {
-            samples.add(v);
-        }
-        let s = samples.summary();
-        let mut e2e: Vec<(&str, Value)> = s.fields().iter().map(|&(k, v)| (k, json!(v))).collect();
-        e2e.push(("p50", json!(s.median)));
-        m.insert("total_trajectories".into(), json!(self.plays.len()));
-        m.insert("completed_trajectories".into(), json!(outcome.trajectory_e2e_ms.len()));
-        m.insert("incomplete_trajectories".into(), json!(self.plays.len() - outcome.trajectory_e2e_ms.len()));
-        for (stat, v) in e2e {
-            m.insert(format!("{stat}_trajectory_e2e_latency_ms"), v);
-        }
-        let models = self.source_models();
-        m.insert(
-            "agentic_graph".into(),
-            json!({
-                "source": {"format": self.source.format, "digest": self.source.digest},
-                "graph_digest": self.graph_digest,
-                "block_size": self.block_tokens,
-                "node_count": self.nodes.len(),
-                "play_count": self.plays.len(),
-                "source_models": models,
-            }),
-        );
-        m.insert("agentic_lifecycle_event_count".into(), json!(outcome.lifecycle_events));
-        m.insert("agentic_lifecycle_digest".into(), json!(outcome.lifecycle_digest));
-        let plays: Vec<Value> = outcome
-            .plays
-            .iter()
-            .map(|p| {
-                let mut o = Map::new();
-                o.insert("play_id".into(), json!(p.play_id));
-                o.insert("status".into(), json!(p.status));
-                if let Some(t) = p.causal_terminal_ms {
-                    o.insert("causal_terminal_ms".into(), json!(t));
-                }
-                if let Some(t) = p.settled_at_ms {
-                    o.insert("settled_at_ms".into(), json!(t));
-                }
-                if let Some(r) = &p.failure_request_id {
-                    o.insert("failure_request_id".into(), json!(r));
-                }
-                if let Some(s) = &p.failure_status {
-                    o.insert("failure_status".into(), json!(s));
-                }
-                Value::Object(o)
-            })
-            .collect();
-        m.insert("agentic_play_outcomes".into(), Value::Array(plays));
-        if let Some(basis) = self.weka_basis {
-            m.insert("weka_nested_timestamp_basis".into(), json!(basis));
-        }
-        if let Some(target) = &self.execution_model {
-            m.insert(
-                "agentic_model_projection".into(),
-                json!({
-                    "policy": "project_to_configured_target",
-                    "source_models": models,
-                    "target_model": target,
-                }),
-            );
-        }
         m
     }
 }

@@ -1,7 +1,7 @@
 //! The registry of temporary paths a signal handler deletes (alone in this test binary, as
 //! `remove_all` takes every registered path of the process).
 
-use servesim_replay::scratch::{register, registered, remove_all, unregister};
+use servesim_workload::scratch::{register, registered, remove_all, unregister};
 
 #[test]
 fn remove_all_deletes_registered_files_and_directories_only() {
