@@ -385,11 +385,15 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
                     if chance(sub, 0.6):
                         host[key] = sub.choice([0.0, 0.5, 1.0, 4.0, 16.0, 80.0])
             e["native_host_offload"] = host
-            # G3 below it (servesim models scope worker_local below a private host cache; Dynamo
-            # allows it at dp_size 1 only).
+            # G3 below it (servesim models both scopes below a private host cache; Dynamo allows
+            # it at dp_size 1 only).
             if dp == 1 and "scope" not in host and chance(sub, 0.35):
-                g3 = {"scope": "worker_local",
+                g3 = {"scope": "cluster_shared" if chance(sub, 0.3) else "worker_local",
                       "num_g3_blocks": max(1, int(host["num_host_blocks"] * sub.choice([0.5, 1, 2, 4, 16])))}
+                if g3["scope"] == "cluster_shared":
+                    for key in ["shared_read_bandwidth_gbps", "shared_write_bandwidth_gbps"]:
+                        if chance(sub, 0.5):
+                            g3[key] = sub.choice([0.0, 1.0, 4.0, 16.0, 80.0])
                 for key in ["read_bandwidth_gbps", "write_bandwidth_gbps"]:
                     if chance(sub, 0.6):
                         g3[key] = sub.choice([0.0, 0.5, 1.0, 4.0, 10.0, 40.0])
