@@ -325,8 +325,8 @@ struct Worker {
     host_wake_at: Option<f64>,
     /// G3 completions of the pool that this worker has seen.
     g3_seen: u64,
-    /// The pass in flight reaches its transfer boundary at its end (a shared host pool; see
-    /// [`Simulation::settle_boundary`]).
+    /// The pass in flight reaches its transfer boundary at its end (a shared host or G3 pool;
+    /// see [`Simulation::settle_boundary`]).
     boundary_pending: bool,
     /// The number of the worker's next pass, from 0 again once every rank is drained (the
     /// ranks' prefill cadence counts it; see [`Engine::begin_group_pass`]).
@@ -810,7 +810,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
     }
 
-    /// The end of worker `w`'s pass whose transfer boundary was deferred (a shared host pool):
+    /// The end of worker `w`'s pass whose transfer boundary was deferred (a shared pool):
     /// every rank reaches it now, after the passes that ended earlier elsewhere.
     fn settle_boundary(&mut self, pool: usize, w: usize) {
         let worker = &mut self.pools[pool].workers[w];
@@ -999,10 +999,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 } else if self.pools[p].workers[w].ranks.iter().any(|r| r.engine.next_transfer_deadline().is_some()) {
                     // A host transfer the pass started (or waits for) brings the next change.
                     self.schedule_host_wake(p, w);
-                } else if self.pools[p].shared_host.is_some() {
-                    // Its requests wait on a shared host pool's transfer that another worker
-                    // has yet to start (a store prepared in a pass still running): the pool's
-                    // progress wakes it (see `schedule_shared_host_wakes`).
+                } else if self.pools[p].shared_host.is_some() || self.pools[p].shared_g3.is_some() {
+                    // Its requests wait on a shared pool's transfer that another worker has yet
+                    // to start or finish (a store prepared in a pass still running, a peer's G3
+                    // write): the pool's progress wakes it (`schedule_shared_host_wakes`, the
+                    // G3 ticks).
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
