@@ -188,6 +188,26 @@ pub struct HostOffload {
 }
 
 impl HostOffload {
+    /// The host tier these keys describe for blocks of `block_size` tokens of
+    /// `bytes_per_token`: a rank's private cache with its own rates, or (`pool`) the shared
+    /// pool with the pool's caps as its rates.
+    pub fn tier_config(&self, block_size: u32, bytes_per_token: u64, pool: bool) -> crate::offload::HostTierConfig {
+        let (d2h, h2d) = if pool {
+            (self.shared_d2h_bandwidth_gbps, self.shared_h2d_bandwidth_gbps)
+        } else {
+            (self.d2h_bandwidth_gbps, self.h2d_bandwidth_gbps)
+        };
+        crate::offload::HostTierConfig::new(
+            self.num_host_blocks as usize,
+            block_size as usize,
+            bytes_per_token,
+            d2h,
+            h2d,
+            self.latency_to_first_byte_ms,
+        )
+        .expect("validated host offload configuration")
+    }
+
     pub const DEFAULT_BANDWIDTH_GBPS: f64 = 32.0;
     pub const DEFAULT_SHARED_BANDWIDTH_GBPS: f64 = 80.0;
 

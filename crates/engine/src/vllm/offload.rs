@@ -15,8 +15,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
 use crate::config::EngineConfig;
 use crate::offload::{
-    BlockKey, Completed, Direction, G3Client, G3Stats, HostClient, HostLink, HostStats, HostTier, HostTierConfig, Kind,
-    Lookup, Probe, SharedG3Pool, SharedHostPool, StoreOutcome, TransferId,
+    BlockKey, Completed, Direction, G3Client, G3Stats, HostClient, HostLink, HostStats, HostTier, Kind, Lookup, Probe,
+    SharedG3Pool, SharedHostPool, StoreOutcome, TransferId,
 };
 use crate::output::{Finish, Finished, HostKvEvent, KvEvent, PassOutput, RejectReason, StoredBlock};
 
@@ -179,15 +179,8 @@ impl HostState {
         shared_g3: Option<&SharedG3Pool>,
     ) -> Option<Box<Self>> {
         let h = cfg.host_offload.as_ref()?;
-        let tier = HostTierConfig::new(
-            h.num_host_blocks as usize,
-            cfg.block_size as usize,
-            cfg.kv_cache_bytes_per_token.expect("validated: offload has kv_cache_bytes_per_token"),
-            h.d2h_bandwidth_gbps,
-            h.h2d_bandwidth_gbps,
-            h.latency_to_first_byte_ms,
-        )
-        .expect("validated host offload configuration");
+        let bytes_per_token = cfg.kv_cache_bytes_per_token.expect("validated: offload has kv_cache_bytes_per_token");
+        let tier = h.tier_config(cfg.block_size, bytes_per_token, false);
         let host = match shared {
             Some(pool) => HostClient::join(
                 pool,

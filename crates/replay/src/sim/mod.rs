@@ -34,7 +34,7 @@ use servesim_cluster::{
     token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
     WorkerState, Workers,
 };
-use servesim_engine::offload::{HostTierConfig, SharedG3Pool, SharedHostPool};
+use servesim_engine::offload::{SharedG3Pool, SharedHostPool};
 use servesim_engine::{
     Engine, EngineOptions, Finish, HostKvEvent, KvEvent, PassOutput, RejectReason, Reserved, Role, Stretch,
     TimingJitter,
@@ -1349,24 +1349,13 @@ struct SharedPools {
 
 impl SharedPools {
     fn of(engine: &servesim_engine::EngineConfig) -> Self {
-        let block_bytes = || {
-            engine.block_size as u64
-                * engine.kv_cache_bytes_per_token.expect("validated: host offload has kv_cache_bytes_per_token")
-        };
-        let host = engine.host_offload.as_ref().filter(|h| h.cluster_shared).map(|h| {
-            let config = HostTierConfig::new(
-                h.num_host_blocks as usize,
-                engine.block_size as usize,
-                engine.kv_cache_bytes_per_token.expect("validated: host offload has kv_cache_bytes_per_token"),
-                h.shared_d2h_bandwidth_gbps,
-                h.shared_h2d_bandwidth_gbps,
-                h.latency_to_first_byte_ms,
-            )
-            .expect("validated host offload configuration");
-            SharedHostPool::new(config)
-        });
+        // Offload is validated to come with the byte size of a token.
+        let bytes_per_token = engine.kv_cache_bytes_per_token.unwrap_or_default();
+        let host = engine.host_offload.as_ref().filter(|h| h.cluster_shared);
+        let host = host.map(|h| SharedHostPool::new(h.tier_config(engine.block_size, bytes_per_token, true)));
         let g3 = engine.g3_offload.filter(|g| g.cluster_shared).map(|g| {
-            SharedG3Pool::new(g.tier_config(block_bytes()), g.shared_read_bandwidth_gbps, g.shared_write_bandwidth_gbps)
+            let block_bytes = engine.block_size as u64 * bytes_per_token;
+            SharedG3Pool::new(g.tier_config(block_bytes), g.shared_read_bandwidth_gbps, g.shared_write_bandwidth_gbps)
         });
         SharedPools { host, g3 }
     }
