@@ -319,6 +319,47 @@ def gen_sglang_section(rng, block_size, load, dp):
     return sg
 
 
+def gen_host_offload(sub, e):
+    """Draws a host (G2) cache for engine `e` (its byte size of a token too) and returns it."""
+    e["kv_cache_bytes_per_token"] = sub.choice([16384, 32768, 65536, 131072, 262144])
+    host = {"num_host_blocks": max(1, int(e.get("num_gpu_blocks", 4096) * sub.choice([0.25, 0.5, 1, 2, 4, 16])))}
+    if chance(sub, 0.7):
+        host["d2h_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
+    if chance(sub, 0.7):
+        host["h2d_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
+    if chance(sub, 0.4):
+        host["latency_to_first_byte_ms"] = sub.choice([0.1, 0.5, 1.0, 2.0])
+    if chance(sub, 0.3):
+        # One pool for the deployment: its capacity is the pool's, its caps over all ranks.
+        host["scope"] = "cluster_shared"
+        host["kv_layout_id"] = "tp1"
+        for key in ["shared_d2h_bandwidth_gbps", "shared_h2d_bandwidth_gbps"]:
+            if chance(sub, 0.6):
+                host[key] = sub.choice([0.0, 0.5, 1.0, 4.0, 16.0, 80.0])
+    e["native_host_offload"] = host
+    return host
+
+
+def gen_disaggregated_host_offload(rng, pe, de):
+    """Host offload on either side of a disaggregated vLLM cluster. Drawn from a stream of its
+    own (seeded by the main stream's state, which it does not advance), so that every other draw
+    of a seed stays what it was before disaggregated offload was drawn."""
+    sub = random.Random(hashlib.sha256(repr(rng.getstate()).encode()).hexdigest())
+    for e in (pe, de):
+        if e.get("enable_prefix_caching", True) and "aic_nextn" not in e and chance(sub, 0.3):
+            gen_host_offload(sub, e)
+    hosts = [e.get("native_host_offload") or {} for e in (pe, de)]
+    if all(h.get("scope") == "cluster_shared" for h in hosts):
+        # Both sides join one pool, so they must agree on it (Dynamo refuses them otherwise);
+        # each keeps its own per-rank rates and latency.
+        contract = ["num_host_blocks", "kv_layout_id", "shared_d2h_bandwidth_gbps", "shared_h2d_bandwidth_gbps"]
+        de["kv_cache_bytes_per_token"] = pe["kv_cache_bytes_per_token"]
+        for key in contract:
+            hosts[1].pop(key, None)
+            if key in hosts[0]:
+                hosts[1][key] = hosts[0][key]
+
+
 def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
     e = {"backend": backend}
     if role != "aggregated":
@@ -369,22 +410,7 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
         # Host (G2) offload (servesim models both scopes on aggregated vLLM workers).
         sub = rng
         if chance(sub, 0.3):
-            e["kv_cache_bytes_per_token"] = sub.choice([16384, 32768, 65536, 131072, 262144])
-            host = {"num_host_blocks": max(1, int(e["num_gpu_blocks"] * sub.choice([0.25, 0.5, 1, 2, 4, 16])))}
-            if chance(sub, 0.7):
-                host["d2h_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
-            if chance(sub, 0.7):
-                host["h2d_bandwidth_gbps"] = sub.choice([0.5, 1.0, 2.0, 8.0, 32.0, 64.0])
-            if chance(sub, 0.4):
-                host["latency_to_first_byte_ms"] = sub.choice([0.1, 0.5, 1.0, 2.0])
-            if chance(sub, 0.3):
-                # One pool for the deployment: its capacity is the pool's, its caps over all ranks.
-                host["scope"] = "cluster_shared"
-                host["kv_layout_id"] = "tp1"
-                for key in ["shared_d2h_bandwidth_gbps", "shared_h2d_bandwidth_gbps"]:
-                    if chance(sub, 0.6):
-                        host[key] = sub.choice([0.0, 0.5, 1.0, 4.0, 16.0, 80.0])
-            e["native_host_offload"] = host
+            host = gen_host_offload(sub, e)
             # G3 below it (servesim models both scopes below a private host cache; Dynamo allows
             # it at dp_size 1 only).
             if dp == 1 and "scope" not in host and chance(sub, 0.35):
@@ -451,6 +477,8 @@ def gen_disaggregated(rng, case, backend, load):
     if chance(rng, 0.2):
         pe["kv_transfer_timing_mode"] = "destination_missing"
     case["prefill_engine"], case["decode_engine"] = pe, de
+    if backend == "vllm":
+        gen_disaggregated_host_offload(rng, pe, de)
     if chance(rng, 0.25):
         gen_router(rng, case)
 

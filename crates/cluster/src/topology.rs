@@ -93,6 +93,7 @@ impl Topology {
                 ),
             ));
         }
+        shared_host_agrees(&prefill, &decode)?;
         Ok(Topology { pools: vec![prefill, decode] })
     }
 
@@ -113,6 +114,42 @@ impl Topology {
     pub fn block_size(&self) -> u32 {
         self.pools[0].engine.block_size
     }
+}
+
+/// Prefill and decode workers whose host offload is `cluster_shared` join one pool for the
+/// deployment, as in Dynamo 1.6.1, which refuses participants that disagree on what the pool
+/// stores or how large and fast it is.
+fn shared_host_agrees(prefill: &PoolSpec, decode: &PoolSpec) -> Result<(), TopologyError> {
+    let contract = |p: &PoolSpec| {
+        let h = p.engine.host_offload.as_ref().filter(|h| h.cluster_shared)?;
+        let block_bytes = u64::from(p.engine.block_size) * p.engine.kv_cache_bytes_per_token.unwrap_or_default();
+        Some([
+            ("kv_layout_id", h.kv_layout_id.clone().unwrap_or_default()),
+            ("tensor_parallel_size", p.deployment.tensor_parallel_size.to_string()),
+            ("block bytes", block_bytes.to_string()),
+            ("num_host_blocks", h.num_host_blocks.to_string()),
+            ("shared_d2h_bandwidth_gbps", h.shared_d2h_bandwidth_gbps.to_string()),
+            ("shared_h2d_bandwidth_gbps", h.shared_h2d_bandwidth_gbps.to_string()),
+        ])
+    };
+    let (Some(p), Some(d)) = (contract(prefill), contract(decode)) else { return Ok(()) };
+    let differences: Vec<String> = p
+        .iter()
+        .zip(&d)
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|((key, a), (_, b))| format!("{key} {a} (prefill) vs {b} (decode)"))
+        .collect();
+    if differences.is_empty() {
+        return Ok(());
+    }
+    Err(error(
+        "native_host_offload",
+        format!(
+            "cluster_shared host_offload participants are incompatible: the prefill and decode workers \
+             share one pool and must agree on it ({})",
+            differences.join(", ")
+        ),
+    ))
 }
 
 fn pool(role: Role, mut args: WorkerArgs, workers: u32, count: &'static str) -> Result<PoolSpec, TopologyError> {
@@ -154,6 +191,29 @@ mod tests {
         assert_eq!((e.field, e.message.as_str()), ("num_workers", "must be at least 1"));
         let e = Topology::aggregated(args(r#"{"is_prefill": true}"#), 1).unwrap_err();
         assert!(e.message.contains("needs a disaggregated cluster"), "{e}");
+    }
+
+    #[test]
+    fn prefill_and_decode_share_one_host_pool_only_if_they_agree_on_it() {
+        let shared = |blocks: u32, layout: &str, tp: u32| {
+            args(&format!(
+                r#"{{"tensor_parallel_size": {tp}, "engine": {{"kv_cache_bytes_per_token": 1024, "native_host_offload":
+                    {{"num_host_blocks": {blocks}, "scope": "cluster_shared", "kv_layout_id": "{layout}"}}}}}}"#
+            ))
+        };
+        assert!(Topology::disaggregated((shared(64, "a", 1), 2), (shared(64, "a", 1), 1)).is_ok());
+        // A private cache on one side shares nothing.
+        let local =
+            args(r#"{"engine": {"kv_cache_bytes_per_token": 1024, "native_host_offload": {"num_host_blocks": 8}}}"#);
+        assert!(Topology::disaggregated((shared(64, "a", 1), 1), (local, 1)).is_ok());
+        let e = Topology::disaggregated((shared(64, "a", 1), 1), (shared(128, "b", 2), 1)).unwrap_err();
+        assert_eq!(e.field, "native_host_offload");
+        assert_eq!(
+            e.message,
+            "cluster_shared host_offload participants are incompatible: the prefill and decode workers share one \
+             pool and must agree on it (kv_layout_id a (prefill) vs b (decode), tensor_parallel_size 1 (prefill) vs \
+             2 (decode), num_host_blocks 64 (prefill) vs 128 (decode))"
+        );
     }
 
     #[test]

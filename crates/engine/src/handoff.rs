@@ -27,6 +27,9 @@ pub(crate) struct Destinations {
     /// Capacity generation in which the head last failed to reserve.
     head_failed_in: Option<u64>,
     generation: u64,
+    /// A host (G2) transfer completed while requests waited here: the rank runs a pass so
+    /// that its end tries the head again (see [`Destinations::wake`]).
+    retry_ready: bool,
 }
 
 impl Destinations {
@@ -63,6 +66,27 @@ impl Destinations {
     /// Capacity may have grown: the head is worth another attempt.
     pub fn bump(&mut self) {
         self.generation += 1;
+    }
+
+    /// A host transfer completed, which may have freed device capacity (a D2H copy no longer
+    /// pins the blocks it reads): the head is worth another attempt, and the rank must run a
+    /// pass for it even with nothing else to do, as Dynamo 1.6.1 readies a decode rank whose
+    /// idle transfer completion found destinations waiting.
+    pub fn wake(&mut self) {
+        if !self.pending.is_empty() {
+            self.bump();
+            self.retry_ready = true;
+        }
+    }
+
+    /// Whether a pass is owed to a [`Destinations::wake`].
+    pub fn retry_ready(&self) -> bool {
+        self.retry_ready
+    }
+
+    /// An attempt is being made: the pass owed to a wake has run.
+    pub fn attempting(&mut self) {
+        self.retry_ready = false;
     }
 
     /// The oldest request, if an attempt at it is due.

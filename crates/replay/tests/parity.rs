@@ -422,6 +422,17 @@ parity_cases! {
     host_offload_shared_pool_two_workers => "offload_shared_tier_2w",
     host_offload_shared_pool_kv_router => "offload_shared_kv_router",
     host_offload_shared_pool_peer_store_pending => "offload_shared_peer_store_pending",
+    // Host offload on disaggregated workers: prefill and decode ranks with their own caches,
+    // a decode rank that waits for a D2H copy before receiving KV into its blocks, and one
+    // `cluster_shared` pool that both roles join.
+    host_offload_disaggregated_prefill_side => "offload_disagg_prefill_host",
+    host_offload_disaggregated_decode_side => "offload_disagg_decode_host",
+    host_offload_disaggregated_decode_serves_arrived_kv_first => "offload_disagg_decode_pressure",
+    host_offload_disaggregated_decode_waits_for_d2h_copies => "offload_disagg_decode_slow_d2h",
+    host_offload_disaggregated_attention_dp => "offload_disagg_dp2_both",
+    host_offload_disaggregated_private_caches_cross_trace => "offload_disagg_local_cross",
+    host_offload_disaggregated_one_shared_pool => "offload_disagg_shared_cross",
+    host_offload_disaggregated_shared_pool_prefill_only => "offload_disagg_shared_prefill_only",
     // One G3 pool for the deployment (`cluster_shared`) below private host caches.
     g3_offload_shared_pool_two_workers => "g3_shared_2w_round_robin",
     g3_offload_shared_pool_cross_worker_reads => "g3_shared_cross_3w",

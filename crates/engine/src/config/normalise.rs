@@ -306,12 +306,6 @@ impl RawConfig {
             (self.enable_prefix_caching, self.nextn.is_set()),
             (self.g3_offload.as_ref(), role == Role::Aggregated),
         )?;
-        if host_offload.is_some() && role != Role::Aggregated {
-            return Err(ConfigError::new(
-                "engine.native_host_offload",
-                format!("native_host_offload on {} workers is not modelled by servesim yet", role.name()),
-            ));
-        }
         let g3_offload = check_g3_offload(
             self.g3_offload.as_ref(),
             host_offload.is_some(),

@@ -562,9 +562,14 @@ fn host_offload_errors_are_dynamos_in_its_order() {
         msg(r#"{"num_host_blocks": 8, "d2h_bandwidth_gbps": 1e308}"#, ""),
         "native_host_offload.d2h_bandwidth_gbps produces an unrepresentable transfer duration"
     );
-    // Valid for Dynamo, not modelled here: refused, never ignored.
-    assert!(msg(r#"{"num_host_blocks": 8}"#, r#", "worker_type": "prefill""#)
-        .contains("native_host_offload on prefill workers is not modelled by servesim yet"));
+    // Prefill and decode workers take host offload too, as in Dynamo 1.6.1.
+    for role in ["prefill", "decode"] {
+        let config = parse(&format!(
+            r#"{{"engine": {{"worker_type": "{role}", "kv_cache_bytes_per_token": 131072, "native_host_offload": {{"num_host_blocks": 8}}}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(config.host_offload.as_ref().map(|h| h.num_host_blocks), Some(8), "{role}");
+    }
 }
 
 /// `g3_offload` with Dynamo 1.6.1's messages (probed with `normalize_mocker_config` and its

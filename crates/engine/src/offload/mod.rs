@@ -47,6 +47,12 @@ impl SharedHostPool {
     pub fn stats(&self) -> HostStats {
         self.0.lock().expect("host pool lock").stats()
     }
+
+    /// Whether `self` and `other` are handles on one pool (a disaggregated deployment's
+    /// prefill and decode workers join the same one).
+    pub fn same_pool(&self, other: &SharedHostPool) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// One rank's handle on its host cache: a private cache, or its client id in a shared pool.

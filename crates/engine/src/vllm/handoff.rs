@@ -30,6 +30,7 @@ impl VllmEngine {
     /// Decode worker: tries to reserve blocks for the oldest accepted request, if an attempt is
     /// due (see [`crate::handoff`]).
     pub fn retry_destination(&mut self) -> Option<Reserved> {
+        self.destinations.attempting();
         self.destinations.due()?;
         let slots_full = self.cfg.max_num_seqs.is_some_and(|m| self.running.len() >= m as usize);
         if slots_full || !self.destination_fits() {
@@ -77,6 +78,12 @@ impl VllmEngine {
         let fresh = request.prompt.len().div_ceil(bs) - hits as u32;
         let mut lease = Vec::new();
         if !self.pool.allocate(&cached[..hits], fresh, &mut lease) {
+            return Err(request);
+        }
+        if self.host_copy_pending(&lease[hits..]) {
+            // Never receive handed-off KV into blocks whose old contents are still being
+            // copied to the host: give them back and try again when that copy completes.
+            self.pool.release_lease(&lease);
             return Err(request);
         }
         let reused = hits as u32 * bs;

@@ -280,7 +280,10 @@ impl VllmEngine {
 
     /// Whether a pass would have anything to do.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty() || self.host_has_ready_waiter()
+        !self.running.is_empty()
+            || !self.waiting.is_empty()
+            || self.host_has_ready_waiter()
+            || self.destinations.retry_ready()
     }
 
     pub fn num_running(&self) -> usize {

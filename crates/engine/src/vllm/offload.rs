@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{AdmissionDecision, PrefixCost, Req, Scheduled, Status, VllmEngine};
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, Role};
 use crate::offload::{
     BlockKey, Completed, Direction, G3Client, G3Stats, HostClient, HostLink, HostStats, HostTier, Kind, Lookup, Probe,
     SharedG3Pool, SharedHostPool, StoreOutcome, TransferId,
@@ -477,6 +477,7 @@ impl VllmEngine {
     /// or G3, this rank's or, in a shared pool, a peer's) completed, so the requests waiting on
     /// one are tried again.
     fn host_completed(&mut self, done: Vec<Completed>, woke: bool) {
+        let completed_any = !done.is_empty();
         let h = self.host.as_mut().unwrap();
         if woke {
             h.sleeping.clear();
@@ -507,6 +508,15 @@ impl VllmEngine {
         for id in activate {
             self.activate_load(id);
         }
+        if completed_any {
+            self.destinations.wake();
+        }
+    }
+
+    /// Whether any of `blocks` is the source of a host store still running (private scope:
+    /// a freed source goes back to the device pool before its copy ends).
+    pub(super) fn host_copy_pending(&self, blocks: &[u32]) -> bool {
+        self.host.as_ref().is_some_and(|h| blocks.iter().any(|&b| h.pending_dep(b).is_some()))
     }
 
     /// A completed load: its reserved device blocks become the request's cached prefix.
@@ -847,8 +857,17 @@ impl VllmEngine {
                     !h.sleeping.contains(s) && h.reqs.get(&self.reqs[*s].id).is_some_and(|r| r.reserved_blocks() > 0)
                 })
             };
+            // A decode rank serves the handed-off requests whose KV has arrived first: always
+            // while destinations wait for blocks, and, with a host cache, whenever it has any
+            // (Dynamo 1.6.1 models vLLM serving requests that received remote KV before the
+            // plain waiting queue, so a host load waiting for capacity cannot starve them).
+            let materialized = || self.waiting.iter().copied().find(|&s| self.prompt_in_place(&self.reqs[s]));
+            let prefer_materialized =
+                !self.destinations.is_empty() || (self.cfg.role == Role::Decode && materialized().is_some());
             let next = if h.g3.is_some() && h.has_ready_waiter() && holder().is_some() {
                 holder()
+            } else if prefer_materialized {
+                materialized()
             } else if h.has_ready_waiter() {
                 h.connector.iter().copied().find(|s| !h.sleeping.contains(s))
             } else {
@@ -856,6 +875,15 @@ impl VllmEngine {
             };
             let Some(slot) = next else { break };
             let before = self.host_reservation(slot);
+            if self.prompt_in_place(&self.reqs[slot]) {
+                // Its KV is in its blocks: no lookup, only a running slot (see `admission`).
+                let outcome = self.schedule(slot, Some(PrefixCost::default()), out);
+                headroom = headroom.saturating_sub(before) + self.host_reservation(slot);
+                match outcome {
+                    Scheduled::Yes(used) if !(used == 0 && self.budget == 0) => continue,
+                    _ => break,
+                }
+            }
             let req = &self.reqs[slot];
             if self.cfg.max_model_len.is_some_and(|m| req.prompt_len >= m) {
                 self.host_reject(slot, RejectReason::ExceedsMaxModelLen, out);

@@ -440,6 +440,9 @@ struct Simulation<'a, 'c> {
 impl<'a, 'c> Simulation<'a, 'c> {
     fn new(workload: &'a Workload, config: &'a SimConfig, mut collector: Collector<'c>, shard: Option<Shard>) -> Self {
         collector.expect_requests(workload.num_requests());
+        // One cluster-shared host pool for the whole deployment: a disaggregated one's prefill
+        // and decode workers join the same pool (the topology checked that they agree on it).
+        let mut deployment_host = None;
         let pools = config
             .topology
             .pools()
@@ -455,7 +458,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // a request.
                 let served = |w: u32| shard.is_none_or(|s| w as usize % s.count == s.index);
                 let jitter = pool_jitter(config, p);
-                let shared = SharedPools::of(&rank_engine);
+                let shared = SharedPools::of(&rank_engine, &mut deployment_host);
                 let workers = (0..spec.workers)
                     .map(|w| {
                         let ranks = if served(w) { dp } else { 0 };
@@ -724,9 +727,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     /// Adds the host caches' counters to the run's totals (when any rank has one).
     fn record_host_offload(&mut self) {
+        let mut counted: Vec<&SharedHostPool> = Vec::new();
         for pool in &self.pools {
-            if let Some(shared) = &pool.shared_host {
-                // The pool's transfers are counted once, not by each rank.
+            if let Some(shared) = pool.shared_host.as_ref().filter(|s| !counted.iter().any(|c| c.same_pool(s))) {
+                counted.push(shared);
+                // The pool's transfers are counted once, not by each rank (nor by each role
+                // of a disaggregated deployment).
                 let totals = self.collector.totals.host_offload.get_or_insert_with(Default::default);
                 totals.add(&servesim_engine::vllm::HostCounters { tier: shared.stats(), host_hit_tokens: 0, g3: None });
                 totals.g2_domain = Some(shared.occupancy());
@@ -996,6 +1002,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     self.apply_pass(p, w);
                     self.wake(p, w);
                     again = true;
+                } else if self.pools[p].spec.role == Role::Decode && self.retry_destinations(p, w) {
+                    // The empty pass still ends, and its end tries a waiting destination, as
+                    // every pass end does; a reservation is progress, so another pass follows
+                    // at this instant.
+                    self.wake(p, w);
+                    again = true;
                 } else if self.pools[p].workers[w].ranks.iter().any(|r| r.engine.next_transfer_deadline().is_some()) {
                     // A host transfer the pass started (or waits for) brings the next change.
                     self.schedule_host_wake(p, w);
@@ -1007,12 +1019,6 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 } else if self.pools[p].spec.role == Role::Aggregated {
                     // Nothing outside an aggregated engine frees its capacity.
                     return Err(SimError::Stalled { worker: w as u32, at_ms: now });
-                } else if self.pools[p].spec.role == Role::Decode && self.retry_destinations(p, w) {
-                    // The empty pass still ends, and its end tries a waiting destination, as
-                    // every pass end does; a reservation is progress, so another pass follows
-                    // at this instant.
-                    self.wake(p, w);
-                    again = true;
                 }
                 // Otherwise a disaggregated worker with nothing to do now waits for a hand-off
                 // (a source released, a destination activated); it tries again whenever the
@@ -1348,11 +1354,17 @@ struct SharedPools {
 }
 
 impl SharedPools {
-    fn of(engine: &servesim_engine::EngineConfig) -> Self {
+    /// The shared pools of a pool of workers running `engine`. `deployment_host` is the
+    /// deployment's host pool: made by the first pool of workers that joins one, joined by
+    /// the others.
+    fn of(engine: &servesim_engine::EngineConfig, deployment_host: &mut Option<SharedHostPool>) -> Self {
         // Offload is validated to come with the byte size of a token.
         let bytes_per_token = engine.kv_cache_bytes_per_token.unwrap_or_default();
-        let host = engine.host_offload.as_ref().filter(|h| h.cluster_shared);
-        let host = host.map(|h| SharedHostPool::new(h.tier_config(engine.block_size, bytes_per_token, true)));
+        let host = engine.host_offload.as_ref().filter(|h| h.cluster_shared).map(|h| {
+            let pool = deployment_host
+                .get_or_insert_with(|| SharedHostPool::new(h.tier_config(engine.block_size, bytes_per_token, true)));
+            pool.clone()
+        });
         let g3 = engine.g3_offload.filter(|g| g.cluster_shared).map(|g| {
             let block_bytes = engine.block_size as u64 * bytes_per_token;
             SharedG3Pool::new(g.tier_config(block_bytes), g.shared_read_bandwidth_gbps, g.shared_write_bandwidth_gbps)
