@@ -249,25 +249,20 @@ pub fn predict(
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
         if f.capture_per_request || want_html { Some(&mut sink) } else { None };
-    let mut planner = servesim_deploy::planner_run(&prepared).map_err(Failure::input)?;
-    let mut collector = servesim_replay::Collector::new(prepared.sim.sla, sink_ref);
-    if *breakdown {
-        collector = collector.with_ttft_breakdown();
-    }
+    let planner = servesim_deploy::planner_run(&prepared).map_err(Failure::input)?;
+    let mut run = prepared.run().records(sink_ref).ttft_breakdown(*breakdown).planner(planner).online(variation.online);
     if let Some(t) = telemetry_sink.as_mut() {
-        collector = collector.with_telemetry(*interval_ms, t);
+        run = run.telemetry(*interval_ms, t);
     }
     let mut bar = Bar::new();
-    let clock = variation.online.then(servesim_replay::WallClock::start);
-    let pacer = clock.as_ref().map(|c| c as &dyn servesim_replay::Pacer);
-    let result = servesim_deploy::run_paced(&prepared, planner.as_mut(), collector, &mut bar, pacer);
+    let result = run.go(&mut bar);
     bar.finish();
     drop(telemetry_sink);
     if let (Some(Err(e)), Some(p)) = (telemetry_writer.map(|w| w.finish()), flags.telemetry.as_ref()) {
         return Err(Failure::run(format!("{}: write failed: {e}", p.display())));
     }
-    let mut report = result.map_err(Failure::run)?;
-    report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut ran = result.map_err(Failure::run)?;
+    ran.report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
     if let Some(e) = prepared.workload.take_error() {
         return Err(Failure::run(format!("{e} (the trace changed during the replay)")));
     }
@@ -277,7 +272,8 @@ pub fn predict(
     if let Some(mut w) = records.take() {
         w.flush().map_err(|e| Failure::run(format!("requests.jsonl: write failed: {e}")))?;
     }
-    let mut summary_map = servesim_deploy::planned_summary(&prepared, &report, planner.as_ref());
+    let mut summary_map = servesim_deploy::planned_summary(&prepared, &ran);
+    let (report, planner) = (ran.report, ran.planner);
     if variation.no_wall_clock {
         for key in servesim_replay::WALL_CLOCK_KEYS {
             summary_map.remove(key);
@@ -335,16 +331,12 @@ fn predict_ensemble(
     }
     let staged = OutputDir::open(&f.output_dir, f.overwrite, inputs)?;
     let html = flags.report_html.as_deref().map(crate::output::ReportFile::create).transpose()?;
-    let reports = servesim_replay::ensemble::run(
-        &prepared.workload,
-        &prepared.sim,
-        prepared.sim.sla,
-        servesim_replay::QueueLimit::default(),
-        flags.ttft_breakdown,
-        n,
-        prepared.sim.threads,
-    )
-    .map_err(Failure::run)?;
+    // Members run to the end of the workload: `traffic.stop.max_virtual_time_seconds` does not
+    // apply to them (Prepared::run would set it).
+    let reports = servesim_replay::Run::new(&prepared.workload, &prepared.sim)
+        .ttft_breakdown(flags.ttft_breakdown)
+        .ensemble(n)
+        .map_err(Failure::run)?;
     if let Some(e) = prepared.workload.take_error() {
         return Err(Failure::run(format!("{e} (the trace changed during the replay)")));
     }

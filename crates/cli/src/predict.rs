@@ -8,8 +8,8 @@ use clap::{Args, ValueEnum};
 use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::memory::{available as available_memory, gib, session_bytes, WORKER_BYTES};
 use servesim_replay::{
-    request_json, request_json_with_breakdown, simulate_with, Autoscaler, Collector, Overflow, Pacer, QueueLimit,
-    RequestRecord, RouterMode, RunOptions, SimConfig, SimError, Sla, Topology, WallClock,
+    request_json, request_json_with_breakdown, Overflow, QueueLimit, RequestRecord, RouterMode, Run, SimConfig,
+    SimError, Sla, Topology,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
 use servesim_workload::error::short_number;
@@ -633,7 +633,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         }
         return run_ensemble(&a, &workload, &config, n, started);
     }
-    let mut planner = match a.planner_config.as_deref() {
+    let planner = match a.planner_config.as_deref() {
         Some(arg) => Some(planner_run(arg, &config.topology)?),
         None => None,
     };
@@ -676,27 +676,23 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     };
     let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
         if a.report_jsonl.is_some() || want_html { Some(&mut sink) } else { None };
-    let queue = queue_limit(&a);
-    let mut collector = Collector::new(config.sla, sink_ref).with_queue_limit(queue);
-    if *breakdown {
-        collector = collector.with_ttft_breakdown();
-    }
+    let mut run = Run::new(&workload, &config)
+        .queue_limit(queue_limit(&a))
+        .records(sink_ref)
+        .ttft_breakdown(*breakdown)
+        .planner(planner)
+        .online(a.online);
     if let Some(t) = telemetry_sink.as_mut() {
-        collector = collector.with_telemetry(*interval_ms, t);
+        run = run.telemetry(*interval_ms, t);
     }
     let mut bar = Bar::new();
-    let clock = a.online.then(WallClock::start);
-    let options = RunOptions {
-        autoscaler: planner.as_mut().map(|run| run as &mut dyn Autoscaler),
-        stop_at_ms: None,
-        pacer: clock.as_ref().map(|c| c as &dyn Pacer),
-    };
-    let result = simulate_with(&workload, &config, collector, &mut bar, options);
+    let result = run.go(&mut bar);
     bar.finish();
     drop(telemetry_sink);
     let telemetry_error = telemetry_writer.map(|w| w.finish().err()).unwrap_or_default();
-    let mut report = result.map_err(|e| sim_failure(&a, e))?;
-    report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut ran = result.map_err(|e| sim_failure(&a, e))?;
+    ran.report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let (report, planner) = (&ran.report, &ran.planner);
 
     let mut summary = report.summary_json();
     summary.extend(servesim_replay::workload_keys(&workload));
@@ -705,12 +701,10 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
             summary.remove(key);
         }
     }
-    if let Some(run) = &planner {
-        summary.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
-    }
+    ran.add_planner_keys(&mut summary);
     let summary = serde_json::Value::Object(summary);
     // With a planner: the summary beside what the planner did.
-    let document = match &planner {
+    let document = match planner {
         Some(run) => serde_json::json!({"summary": summary, "planner": run.to_json()}),
         None => summary.clone(),
     };
@@ -718,7 +712,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     match a.format {
         Format::Json => print_out(&format!("{pretty}\n"))?,
         Format::Table => {
-            print_out(&table::render(&report, !a.no_wall_clock))?;
+            print_out(&table::render(report, !a.no_wall_clock))?;
             if let Some(run) = &planner {
                 print_out(&table::worker_timeline(run))?;
             }
@@ -879,9 +873,11 @@ fn run_ensemble(
     let mut summary_file = a.report_json.as_deref().map(ReportFile::create).transpose()?;
     let html = a.reports.report_html.as_deref().map(ReportFile::create).transpose()?;
     let queue = queue_limit(a);
-    let reports =
-        servesim_replay::ensemble::run(workload, config, config.sla, queue, a.reports.ttft_breakdown, n, a.threads)
-            .map_err(|e| sim_failure(a, e))?;
+    let reports = Run::new(workload, config)
+        .queue_limit(queue)
+        .ttft_breakdown(a.reports.ttft_breakdown)
+        .ensemble(n)
+        .map_err(|e| sim_failure(a, e))?;
     let summaries: Vec<_> = reports
         .iter()
         .map(|r| {
