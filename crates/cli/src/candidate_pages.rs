@@ -13,7 +13,7 @@ use servesim_deploy::recommend::{Ranked, Search};
 use servesim_replay::{RequestRecord, WALL_CLOCK_KEYS};
 use servesim_report::{CandidateContext, Requests, RunPage, TelemetrySeries};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// Which candidates get a page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,13 +167,15 @@ fn draw(
     let ran = p
         .run()
         .records(Some(&mut sink))
-        .telemetry(crate::reports::DEFAULT_INTERVAL_MS, &mut series)
+        .telemetry(crate::flags::reports::DEFAULT_INTERVAL_MS, &mut series)
         .planner(planner)
         .go(&mut ())
         .map_err(|e| e.to_string())?;
     let summary = page_summary(&servesim_deploy::planned_summary(&p, &ran));
-    let view =
-        ran.planner.as_ref().map(|run| crate::reports::planner_view(run, run.is_agg(), ran.report.totals.duration_ms));
+    let view = ran
+        .planner
+        .as_ref()
+        .map(|run| crate::flags::reports::planner_view(run, run.is_agg(), ran.report.totals.duration_ms));
     let same = same_summary(&summary, &page_summary(&t.summary));
     let context = CandidateContext {
         rank: row.rank,
@@ -210,7 +212,7 @@ pub fn write_pages(
     base: &Path,
     page: &Path,
     threads: usize,
-    staged: crate::deploy::Staged,
+    staged: crate::outdir::Staged,
 ) -> Result<Vec<(usize, String)>, Failure> {
     let dir = pages_dir(page);
     let dir_name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
