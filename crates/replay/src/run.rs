@@ -34,16 +34,6 @@ struct Telemetry<'a> {
     dynamo: bool,
 }
 
-/// How the run follows the wall clock.
-enum Pacing<'a> {
-    /// The virtual clock jumps from event to event.
-    Unpaced,
-    /// Each virtual millisecond takes a wall millisecond from the moment the run starts.
-    Online,
-    /// The caller's pacer.
-    By(&'a dyn Pacer),
-}
-
 /// One replay of `workload` under `config`, built up from the defaults and run with
 /// [`Run::go`].
 pub struct Run<'a> {
@@ -55,7 +45,8 @@ pub struct Run<'a> {
     telemetry: Option<Telemetry<'a>>,
     planner: Option<PlannerRun>,
     stop_at_ms: Option<f64>,
-    pacing: Pacing<'a>,
+    /// Pace the run on the wall clock from the moment it starts.
+    online: bool,
 }
 
 /// A finished run: its report, and the planner with what it did (when one ran).
@@ -78,7 +69,7 @@ impl<'a> Run<'a> {
             telemetry: None,
             planner: None,
             stop_at_ms: None,
-            pacing: Pacing::Unpaced,
+            online: false,
         }
     }
 
@@ -133,13 +124,7 @@ impl<'a> Run<'a> {
     /// Online replay: paces the run on the wall clock from the moment it starts, each virtual
     /// millisecond taking a wall millisecond. The report is the unpaced run's.
     pub fn online(mut self, on: bool) -> Self {
-        self.pacing = if on { Pacing::Online } else { Pacing::Unpaced };
-        self
-    }
-
-    /// Paces the run by `pacer` instead of the wall clock from its start.
-    pub fn pacer(mut self, pacer: &'a dyn Pacer) -> Self {
-        self.pacing = Pacing::By(pacer);
+        self.online = on;
         self
     }
 
@@ -161,17 +146,12 @@ impl<'a> Run<'a> {
     /// Runs the replay, telling `progress` how it goes (and asking it whether to stop).
     pub fn go(mut self, progress: &mut dyn Progress) -> Result<Ran, SimError> {
         let collector = self.collector();
-        let clock = matches!(self.pacing, Pacing::Online).then(WallClock::start);
-        let pacer = match self.pacing {
-            Pacing::Unpaced => None,
-            Pacing::Online => clock.as_ref().map(|c| c as &dyn Pacer),
-            Pacing::By(p) => Some(p),
-        };
+        let clock = self.online.then(WallClock::start);
         let mut planner = self.planner;
         let options = RunOptions {
             autoscaler: planner.as_mut().map(|run| run as &mut dyn Autoscaler),
             stop_at_ms: self.stop_at_ms,
-            pacer,
+            pacer: clock.as_ref().map(|c| c as &dyn Pacer),
         };
         let report = simulate_with(self.workload, self.config, collector, progress, options)?;
         Ok(Ran { report, planner })
@@ -184,10 +164,7 @@ impl<'a> Run<'a> {
     /// run to the end of the workload (a stop time set here is not applied to them).
     pub fn ensemble(self, n: usize) -> Result<Vec<Report>, SimError> {
         debug_assert!(
-            self.records.is_none()
-                && self.telemetry.is_none()
-                && self.planner.is_none()
-                && matches!(self.pacing, Pacing::Unpaced),
+            self.records.is_none() && self.telemetry.is_none() && self.planner.is_none() && !self.online,
             "an ensemble keeps summaries only"
         );
         crate::ensemble::run(self.workload, self.config, self.queue, self.ttft_breakdown, n)
@@ -201,5 +178,64 @@ impl Ran {
         if let Some(run) = &self.planner {
             summary.insert("planner_total_ticks".into(), json!(run.total_ticks()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use servesim_engine::WorkerArgs;
+    use servesim_workload::{Arrivals, LoadMode, SyntheticSpec};
+
+    use super::*;
+    use crate::{simulate, RouterMode, Topology};
+
+    fn setup() -> (Workload, SimConfig) {
+        let engine = WorkerArgs::parse_json(
+            r#"{"block_size": 16, "num_gpu_blocks": 1000, "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 5}}"#,
+        )
+        .unwrap();
+        let workload = Workload::Synthetic(SyntheticSpec {
+            input_tokens: 64,
+            output_tokens: 8,
+            sessions: 20,
+            turns_per_session: 1,
+            arrivals: Arrivals::Interval { interval_ms: 10.0 },
+            seed: 3,
+            shared_prefix_ratio: 0.0,
+            num_prefix_groups: 0,
+            inter_turn_delay_ms: 0.0,
+            block_tokens: 16,
+        });
+        let config = SimConfig::new(
+            Topology::aggregated(engine, 2).unwrap(),
+            RouterMode::RoundRobin,
+            LoadMode::Timestamps { speedup: 1.0 },
+        );
+        (workload, config)
+    }
+
+    #[test]
+    fn a_run_with_the_defaults_is_the_plain_simulation() {
+        let (workload, config) = setup();
+        let ran = Run::new(&workload, &config).go(&mut ()).unwrap();
+        let plain = simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).unwrap();
+        assert_eq!(ran.report.summary_json(), plain.summary_json());
+        assert!(ran.planner.is_none());
+    }
+
+    #[test]
+    fn records_go_to_the_sink_and_a_stop_time_ends_the_run_early() {
+        let (workload, config) = setup();
+        let mut seen = 0;
+        let mut sink = |_: &RequestRecord| seen += 1;
+        let full = Run::new(&workload, &config).records(Some(&mut sink)).go(&mut ()).unwrap();
+        assert_eq!(seen, 20);
+        assert_eq!(full.report.summary_json()["completed_requests"], 20);
+        let stopped = Run::new(&workload, &config).stop_at_ms(Some(50.0)).go(&mut ()).unwrap();
+        let done = stopped.report.summary_json()["completed_requests"].as_u64().unwrap();
+        assert!(done < 20, "{done}");
+        let mut summary = Map::new();
+        stopped.add_planner_keys(&mut summary);
+        assert!(summary.is_empty(), "no planner, no planner keys");
     }
 }

@@ -30,8 +30,9 @@ fn check_ensemble(n: usize, per_request: bool, reports: &crate::flags::reports::
     Ok(())
 }
 
-/// `--ensemble N`: the members' summaries folded into medians and intervals.
-pub(super) fn run_ensemble(
+/// `predict ... --ensemble N` (the flag form): the members' summaries folded into medians and
+/// intervals.
+pub(super) fn flag_form(
     a: &PredictArgs,
     workload: &Workload,
     config: &SimConfig,
@@ -97,7 +98,7 @@ pub(super) fn run_ensemble(
 
 /// `predict -c ... --ensemble N`: prediction.json holds the members' medians with `<key>_p05`
 /// and `<key>_p95` beside each numeric key, as the flag form's ensemble summary does.
-pub(super) fn predict_ensemble(
+pub(super) fn file_form(
     f: &ConfigFlags,
     flags: &crate::flags::reports::ReportFlags,
     json: bool,

@@ -73,6 +73,8 @@ pub struct Variation {
     pub no_wall_clock: bool,
 }
 
+/// `predict -c FILE` (with `--set` overrides): one run of the configuration, or an ensemble of
+/// it, written to the output directory; the report flags add their files.
 pub fn predict(
     f: &ConfigFlags,
     flags: &crate::flags::reports::ReportFlags,
@@ -90,7 +92,7 @@ pub fn predict(
     let inputs = run_inputs(path, &tree);
     check_reports(&flags.paths(), &inputs, &f.output_dir)?;
     if let Some(n) = variation.ensemble {
-        return super::ensemble::predict_ensemble(f, flags, json, &prepared, n, &inputs, &tree);
+        return super::ensemble::file_form(f, flags, json, &prepared, n, &inputs, &tree);
     }
     // The output directory first: reports may be written inside it.
     let staged = OutputDir::open(&f.output_dir, f.overwrite, &inputs)?;

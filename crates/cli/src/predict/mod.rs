@@ -299,7 +299,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
                 "--ensemble does not run a planner yet: drop --planner-config, or run the planned replay alone",
             ));
         }
-        return ensemble::run_ensemble(&a, &workload, &config, n, started);
+        return ensemble::flag_form(&a, &workload, &config, n, started);
     }
     let planner = match a.planner_config.as_deref() {
         Some(arg) => Some(planner_run(arg, &config.topology)?),
