@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use servesim_deploy::recommend::{Ranked, Search};
-use servesim_replay::{Collector, RequestRecord, WALL_CLOCK_KEYS};
+use servesim_replay::{RequestRecord, WALL_CLOCK_KEYS};
 use servesim_report::{CandidateContext, Requests, RunPage, TelemetrySeries};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// Which candidates get a page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,13 +162,20 @@ fn draw(
     let mut requests = Requests::default();
     let mut series = TelemetrySeries::default();
     let mut sink = |r: &RequestRecord| requests.add(r);
-    let collector =
-        Collector::new(p.sim.sla, Some(&mut sink)).with_telemetry(crate::reports::DEFAULT_INTERVAL_MS, &mut series);
     // A candidate with a `planner:` section replays with its planner, as the search ran it.
-    let mut planner = servesim_deploy::planner_run(&p)?;
-    let report = servesim_deploy::run_planned_with(&p, planner.as_mut(), collector, &mut ())?;
-    let summary = page_summary(&servesim_deploy::planned_summary(&p, &report, planner.as_ref()));
-    let view = planner.as_ref().map(|run| crate::reports::planner_view(run, run.is_agg(), report.totals.duration_ms));
+    let planner = servesim_deploy::planner_run(&p)?;
+    let ran = p
+        .run()
+        .records(Some(&mut sink))
+        .telemetry(crate::flags::reports::DEFAULT_INTERVAL_MS, &mut series)
+        .planner(planner)
+        .go(&mut ())
+        .map_err(|e| e.to_string())?;
+    let summary = page_summary(&servesim_deploy::planned_summary(&p, &ran));
+    let view = ran
+        .planner
+        .as_ref()
+        .map(|run| crate::flags::reports::planner_view(run, run.is_agg(), ran.report.totals.duration_ms));
     let same = same_summary(&summary, &page_summary(&t.summary));
     let context = CandidateContext {
         rank: row.rank,
@@ -205,7 +212,7 @@ pub fn write_pages(
     base: &Path,
     page: &Path,
     threads: usize,
-    staged: crate::deploy::Staged,
+    staged: crate::outdir::Staged,
 ) -> Result<Vec<(usize, String)>, Failure> {
     let dir = pages_dir(page);
     let dir_name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

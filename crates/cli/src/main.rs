@@ -2,22 +2,23 @@
 //! the simulation lives in the `servesim-engine` and `servesim-replay` crates, the live server
 //! in `servesim-live`.
 
-mod ais;
 mod candidate_pages;
-mod deploy;
+mod failure;
+mod flags;
 mod outdir;
 mod output;
 mod perf;
 mod predict;
 mod progress;
 mod recommend;
-mod reports;
 mod serve;
 mod table;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use failure::Failure;
 
 #[derive(Parser)]
 #[command(name = "servesim", version, about = "GPU-free simulator of LLM inference serving")]
@@ -38,36 +39,6 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Predicted prefill / decode step times of the data-driven (AIS) timing model.
     Perf(Box<perf::PerfArgs>),
-}
-
-/// A failure to report to the user: a one-line message and an exit code.
-#[derive(Debug)]
-pub struct Failure {
-    pub code: u8,
-    pub message: String,
-}
-
-impl Failure {
-    /// Bad input (arguments, files, configuration): exit code 2.
-    pub fn input(message: impl std::fmt::Display) -> Self {
-        Failure { code: 2, message: message.to_string() }
-    }
-
-    /// The run itself failed: exit code 1.
-    pub fn run(message: impl std::fmt::Display) -> Self {
-        Failure { code: 1, message: message.to_string() }
-    }
-}
-
-/// The flag a topology error is about.
-pub fn topology_error(e: servesim_cluster::TopologyError) -> Failure {
-    let flag = match e.field {
-        "num_workers" => "--num-workers",
-        "num_prefill_workers" => "--num-prefill-workers",
-        "num_decode_workers" => "--num-decode-workers",
-        _ => return Failure::input(e.message),
-    };
-    Failure::input(format!("{flag} {}", e.message))
 }
 
 /// An argument with backticks around a flag (`` `--num-workers` ``, copied from Markdown) would

@@ -7,11 +7,15 @@
 //! moves them into place when it has finished, so an error leaves the previous results (or
 //! nothing) rather than half of new ones. The staging directory is registered for removal on
 //! SIGINT/SIGTERM; one left by a killed process is removed by the next run into the directory.
+//!
+//! Also here: [`Staged`], a directory that is servesim's alone (the candidate pages beside a
+//! recommend page), and what a `-c` run reads ([`run_inputs`]), which no output may overwrite
+//! ([`check_reports`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// The names servesim writes into an output directory: its files, the numbered YAMLs of
 /// `recommendations/` and the trial cache's entries in `cache/`. The directories are emptied
@@ -254,6 +258,80 @@ pub fn check_reports_clear_of_outputs(reports: &[(&str, &Path)], out_dir: &Path)
         }
     }
     Ok(())
+}
+
+/// A directory of servesim's alone (the candidate pages beside a recommend page), written under
+/// a temporary name and renamed into place when complete, so an error never leaves a directory
+/// that looks like a finished run. Output directories, which may hold the user's files too, are
+/// [`OutputDir`]s.
+pub struct Staged {
+    tmp: PathBuf,
+    target: PathBuf,
+    done: bool,
+}
+
+impl Staged {
+    pub fn new(target: &Path, overwrite: bool) -> Result<Staged, Failure> {
+        if target.exists() && !overwrite {
+            return Err(Failure::input(format!(
+                "{}: output directory exists; pass --overwrite to replace it",
+                target.display()
+            )));
+        }
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "output".into());
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(|e| Failure::input(format!("{}: cannot create: {e}", parent.display())))?;
+        let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir(&tmp).map_err(|e| Failure::input(format!("{}: cannot create: {e}", tmp.display())))?;
+        servesim_workload::scratch::register(&tmp);
+        Ok(Staged { tmp, target: target.to_path_buf(), done: false })
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.tmp.join(file)
+    }
+
+    /// Moves the finished directory into place (replacing an old one).
+    pub fn commit(mut self) -> Result<(), Failure> {
+        let fail = |e: std::io::Error| Failure::run(format!("{}: cannot move into place: {e}", self.target.display()));
+        if self.target.exists() {
+            let old = self.tmp.with_extension("old");
+            fs::rename(&self.target, &old).map_err(fail)?;
+            fs::rename(&self.tmp, &self.target).map_err(fail)?;
+            let _ = fs::remove_dir_all(&old);
+        } else {
+            fs::rename(&self.tmp, &self.target).map_err(fail)?;
+        }
+        servesim_workload::scratch::unregister(&self.tmp);
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_dir_all(&self.tmp);
+            servesim_workload::scratch::unregister(&self.tmp);
+        }
+    }
+}
+
+/// Everything a `-c` run reads: the configuration file and the paths its tree names.
+pub fn run_inputs(config: &Path, tree: &serde_json::Value) -> Vec<PathBuf> {
+    let mut inputs = vec![config.to_path_buf()];
+    inputs.extend(servesim_deploy::input_paths(tree, &servesim_deploy::config_base(config)));
+    inputs
+}
+
+/// Refuses reports that would overwrite an input or land on one of servesim's outputs.
+pub fn check_reports(reports: &[(&str, &Path)], inputs: &[PathBuf], output_dir: &Path) -> Result<(), Failure> {
+    crate::output::check_report_paths(reports, inputs)?;
+    crate::outdir::check_reports_clear_of_outputs(reports, output_dir)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// Whether two paths name the same file or directory (existing or not).
 pub fn same_place(a: &Path, b: &Path) -> bool {
@@ -129,4 +129,19 @@ pub fn clip(s: &str, max: usize) -> String {
     }
     let head: String = s.chars().take(max).collect();
     format!("{head}… ({} characters)", s.chars().count())
+}
+
+/// Prints to stdout. A reader that went away (`servesim predict ... | head`) is not an error:
+/// the rest of the output is dropped and the reports are still written.
+pub fn print_out(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::run(format!("stdout: {e}"))),
+        _ => Ok(()),
+    }
+}
+
+/// Writes a whole output file.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    std::fs::write(path, bytes).map_err(|e| Failure::run(format!("{}: write failed: {e}", path.display())))
 }

@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::{json, Value};
 use servesim_perf::{AisConfig, RankMetrics};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 #[derive(Args, Debug)]
 pub struct PerfArgs {

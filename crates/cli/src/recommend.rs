@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::deploy::{Stack, Staged};
+use crate::failure::Failure;
+use crate::flags::Stack;
 use crate::outdir::OutputDir;
-use crate::Failure;
+use crate::outdir::Staged;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -32,7 +33,7 @@ pub struct RecommendArgs {
     pub overwrite: bool,
     /// `table` prints the best candidates; `json` prints recommendation.json.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: crate::predict::Format,
+    pub format: crate::flags::Format,
     /// Accepted for compatibility: servesim has one stack.
     #[arg(long, value_enum, value_name = "NAME")]
     pub stack: Option<Stack>,
@@ -134,7 +135,7 @@ impl<'a> Pages<'a> {
         output_dir: &Path,
         inputs: &[PathBuf],
     ) -> Result<(), Failure> {
-        crate::deploy::check_reports(&[("report-html", page)], inputs, output_dir)?;
+        crate::outdir::check_reports(&[("report-html", page)], inputs, output_dir)?;
         if choice != crate::candidate_pages::Choice::Best(0) {
             crate::candidate_pages::check_pages_dir(page, output_dir)?;
         }
@@ -267,7 +268,7 @@ fn merge(
 }
 
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
-    let json = a.format == crate::predict::Format::Json;
+    let json = a.format == crate::flags::Format::Json;
     if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, pages }) = &a.merge {
         return merge(dirs, output_dir, *overwrite, json, pages.report_html.as_deref(), pages.report_candidates);
     }
@@ -346,7 +347,7 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         println!("shard {k}/{n}: {} candidates -> {}", trials.len(), name.display());
         return Ok(());
     }
-    let inputs = crate::deploy::run_inputs(config, &tree);
+    let inputs = crate::outdir::run_inputs(config, &tree);
     if let Some(page) = &a.pages.report_html {
         Pages::check(page, a.pages.report_candidates, &a.output_dir, &inputs)?;
     }

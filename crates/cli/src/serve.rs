@@ -8,8 +8,9 @@ use servesim_cluster::Topology;
 use servesim_engine::{Role, WorkerArgs};
 use servesim_live::{load_tokenizer, ServeOptions};
 
-use crate::predict::{json_arg, router_mode, Router};
-use crate::Failure;
+use crate::failure::Failure;
+use crate::flags::json_arg;
+use crate::flags::router::{router_mode, Router};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EngineType {
@@ -34,7 +35,7 @@ pub enum DisaggregationMode {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
-    ais: crate::ais::AisFlags,
+    ais: crate::flags::ais::AisFlags,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", help_heading = "Server")]
     host: String,
@@ -178,7 +179,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "JSON|PATH", help_heading = "Workers")]
     router_config: Option<String>,
     #[command(flatten)]
-    router_load: crate::ais::RouterLoadFlags,
+    router_load: crate::flags::ais::RouterLoadFlags,
     #[arg(long, default_value_t = 42, value_name = "SEED", help_heading = "Workers")]
     router_seed: u64,
 
@@ -334,7 +335,7 @@ fn worker_args(a: &ServeArgs, kv_bytes_from_model: Option<u64>) -> Result<Worker
         let full = base.join(path);
         std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
     };
-    let args = crate::ais::worker_args_from_value(&value, &files)
+    let args = crate::flags::workers::worker_args_from_value(&value, &files)
         .map_err(|e| Failure::input(format!("engine configuration: {e}")))?;
     if let Some(why) = &args.engine.timing_fallback {
         eprintln!("warning: engine configuration: {why}; using the polynomial timing model instead");
@@ -401,7 +402,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     } else {
         Topology::one_side(role, args, a.num_workers.unwrap_or(1))
     }
-    .map_err(crate::topology_error)?;
+    .map_err(crate::failure::topology_error)?;
     if let Some(why) = servesim_live::unsupported_live(&topology) {
         return Err(Failure::input(why));
     }
@@ -448,7 +449,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
     }
     let mut router = router_mode(a.router_mode, a.router_config.as_deref())?;
     // Requests over HTTP carry no policy class: they take the profile's default family.
-    crate::predict::router_policy(&mut router, None, a.model_name.as_deref())?;
+    crate::flags::router::router_policy(&mut router, None, a.model_name.as_deref())?;
     // The router's load model times prompts on the engines it places them on (the first pool:
     // aggregated or prefill).
     let prefill_load_estimator = a.router_load.resolve(router.kv_config_mut(), &topology.pools()[0].engine)?;

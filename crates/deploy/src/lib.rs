@@ -2,7 +2,7 @@
 //! (`traffic`, `engine`, `evaluation`, `execution`, `router:`; spec:
 //! `shared/reference/aisimulate.md` §3), read strictly ([`schema`]), overridden with
 //! `--set PATH=VALUE` ([`tree`]), and lowered into servesim's replay ([`lower`]). `predict -c`
-//! runs one such deployment ([`run_prediction`]).
+//! runs one such deployment ([`Prepared::run`]).
 
 mod error;
 pub mod lower;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 use servesim_replay::memory::{gib, session_bytes, WORKER_BYTES};
-use servesim_replay::{Collector, Progress, Report, RequestRecord, SimConfig};
+use servesim_replay::{Ran, Report, Run, SimConfig};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
 use servesim_workload::{LoadMode, Workload};
 
@@ -204,18 +204,10 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         unreachable!("trace load modes come from the trace reader");
     }
     let sim = SimConfig {
-        topology,
-        router: std::mem::replace(&mut router, servesim_replay::RouterMode::RoundRobin),
         prefill_load_estimator: estimator,
-        router_seed: 42,
-        kv_event_lag_ms: 0.0,
-        load,
         sla: lower::sla(&config),
         seed: lower::seed(&config),
-        fast_forward: true,
-        split_workers: true,
-        threads: 0,
-        timing_jitter_cv: 0.0,
+        ..SimConfig::new(topology, router, load)
     };
     Ok(Prepared { config, engine, sim, workload })
 }
@@ -236,60 +228,14 @@ pub fn planner_run(p: &Prepared) -> Result<Option<servesim_replay::planned::Plan
         .map_err(|e| format!("planner: {e}"))
 }
 
-/// Runs a prepared prediction with its planner, if it has one; `sink` receives per-request
-/// records.
-pub fn run_planned(
-    p: &Prepared,
-    planner: Option<&mut servesim_replay::planned::PlannerRun>,
-    sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
-    progress: &mut dyn Progress,
-) -> Result<Report, String> {
-    run_planned_with(p, planner, Collector::new(p.sim.sla, sink), progress)
-}
-
-/// [`run_planned`] with a collector the caller set up (telemetry, TTFT breakdown).
-pub fn run_planned_with(
-    p: &Prepared,
-    planner: Option<&mut servesim_replay::planned::PlannerRun>,
-    collector: Collector<'_>,
-    progress: &mut dyn Progress,
-) -> Result<Report, String> {
-    run_paced(p, planner, collector, progress, None)
-}
-
-/// [`run_planned_with`] paced by `pacer` (`predict -c --online`).
-pub fn run_paced(
-    p: &Prepared,
-    planner: Option<&mut servesim_replay::planned::PlannerRun>,
-    collector: Collector<'_>,
-    progress: &mut dyn Progress,
-    pacer: Option<&dyn servesim_replay::Pacer>,
-) -> Result<Report, String> {
-    let options = servesim_replay::RunOptions {
-        autoscaler: planner.map(|r| r as &mut dyn servesim_replay::Autoscaler),
-        stop_at_ms: p.config.traffic.stop.max_virtual_time_seconds.map(|s| s * 1000.0),
-        pacer,
-    };
-    servesim_replay::simulate_with(&p.workload, &p.sim, collector, progress, options).map_err(|e| e.to_string())
-}
-
-/// Runs a prepared prediction; `sink` receives per-request records.
-pub fn run_prediction(
-    p: &Prepared,
-    sink: Option<&mut (dyn FnMut(&RequestRecord) + Send)>,
-    progress: &mut dyn Progress,
-) -> Result<Report, String> {
-    run_planned(p, None, sink, progress)
-}
-
-/// Runs a prepared prediction with a collector the caller set up (telemetry, TTFT breakdown);
-/// build it with the prediction's SLA (`p.sim.sla`).
-pub fn run_prediction_with(
-    p: &Prepared,
-    collector: Collector<'_>,
-    progress: &mut dyn Progress,
-) -> Result<Report, String> {
-    run_planned_with(p, None, collector, progress)
+impl Prepared {
+    /// The prediction as a run, with what the configuration says beyond the engine and the
+    /// load: its stop time (`traffic.stop.max_virtual_time_seconds`). The front end adds its
+    /// planner ([`planner_run`]), record sink, reports and pacing, and runs it.
+    pub fn run(&self) -> Run<'_> {
+        Run::new(&self.workload, &self.sim)
+            .stop_at_ms(self.config.traffic.stop.max_virtual_time_seconds.map(|s| s * 1000.0))
+    }
 }
 
 /// The summary `prediction.json` holds: the replay report under the reference's keys plus the
@@ -310,15 +256,9 @@ pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
 
 /// [`prediction_summary`] of a run with its planner, if it had one: `planner_total_ticks`
 /// beside the replay's keys (what the ranking reads with `gpu_hours`).
-pub fn planned_summary(
-    p: &Prepared,
-    report: &Report,
-    planner: Option<&servesim_replay::planned::PlannerRun>,
-) -> Map<String, Value> {
-    let mut s = prediction_summary(p, report);
-    if let Some(run) = planner {
-        s.insert("planner_total_ticks".into(), json!(run.total_ticks()));
-    }
+pub fn planned_summary(p: &Prepared, ran: &Ran) -> Map<String, Value> {
+    let mut s = prediction_summary(p, &ran.report);
+    ran.add_planner_keys(&mut s);
     s
 }
 

@@ -10,7 +10,7 @@
 //! A replay runs with the GIL released. The driver asks [`Progress::cancelled`] now and then;
 //! the binding answers by briefly taking the GIL and running Python's signal handlers, so
 //! Ctrl-C raises `KeyboardInterrupt` within a fraction of a second and the run stops cleanly.
-//! An online replay (`online=True`) is the same run paced by a [`WallClock`]: the driver
+//! An online replay (`online=True`) is the same run paced by a [`servesim_replay::WallClock`]: the driver
 //! sleeps until each virtual instant is due, asking [`Progress::cancelled`] while it sleeps.
 
 mod live;
@@ -27,8 +27,8 @@ use servesim_engine::{ConfigEnv, ConfigError, PassTimer, WorkerArgs};
 use servesim_replay::planned::PlannerRun;
 use servesim_replay::telemetry::dynamo_sample_jsonl;
 use servesim_replay::{
-    request_json, simulate_with, ClusterSample, Collector, Progress, RequestRecord, RouterMode, RunOptions, SimConfig,
-    SimError, Sla, TelemetrySink, Topology, WallClock, WorkerSample,
+    request_json, ClusterSample, Progress, RequestRecord, RouterMode, Run, SimConfig, SimError, Sla, TelemetrySink,
+    Topology, WorkerSample,
 };
 use servesim_router::{PolicyConfig, RouterConfig};
 use servesim_workload::formats::WekaBasis;
@@ -332,18 +332,11 @@ impl Job {
         };
         let (workload, load) = self.workload(topology.block_size())?;
         let config = SimConfig {
-            topology,
-            router,
-            prefill_load_estimator: None,
             router_seed: self.router_seed,
             kv_event_lag_ms: self.kv_event_lag_ms,
-            load,
             sla: self.sla,
             seed: self.synthetic.as_ref().map_or(42, |s| s.seed),
-            fast_forward: true,
-            split_workers: true,
-            threads: 0,
-            timing_jitter_cv: 0.0,
+            ..SimConfig::new(topology, router, load)
         };
         let mut jsonl = match &self.report_jsonl_path {
             Some(path) => Some(std::io::BufWriter::new(
@@ -361,7 +354,7 @@ impl Job {
             records.push((node, r.ordinal, request_json(r)));
         };
         let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> = if keep { Some(&mut sink) } else { None };
-        let mut planner = match &self.planner_config {
+        let planner = match &self.planner_config {
             Some(text) => {
                 let v: Value = serde_json::from_str(text)
                     .map_err(|e| Failure::Input(format!("planner_config: malformed JSON: {e}")))?;
@@ -398,20 +391,17 @@ impl Job {
             }),
             None => None,
         };
-        let mut collector = Collector::new(config.sla, sink_ref);
+        let mut run = Run::new(&workload, &config)
+            .records(sink_ref)
+            .planner(planner)
+            .stop_at_ms(self.stop_at_ms)
+            .online(self.online);
         if let (Some(sink), Some(t)) = (telemetry.as_mut(), &self.telemetry) {
-            collector = collector.with_telemetry(t.interval_ms, sink).with_dynamo_samples();
+            run = run.telemetry(t.interval_ms, sink).dynamo_samples();
         }
         let mut interrupts = Interrupts { last: Instant::now(), error: None, callback_error: callback_error.clone() };
-        let clock = self.online.then(WallClock::start);
-        let options = RunOptions {
-            stop_at_ms: self.stop_at_ms,
-            autoscaler: planner.as_mut().map(|r| r as &mut dyn servesim_replay::Autoscaler),
-            pacer: clock.as_ref().map(|c| c as &dyn servesim_replay::Pacer),
-        };
-        let result = simulate_with(&workload, &config, collector, &mut interrupts, options);
-        let mut report = match result {
-            Ok(report) => report,
+        let mut ran = match run.go(&mut interrupts) {
+            Ok(ran) => ran,
             Err(SimError::Cancelled { .. }) => {
                 let e = interrupts.error.unwrap_or_else(|| pyo3::exceptions::PyKeyboardInterrupt::new_err(()));
                 return Err(Failure::Interrupted(e));
@@ -436,12 +426,10 @@ impl Job {
             }
             None => None,
         };
-        report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
-        let mut summary = report.summary_json();
+        ran.report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let mut summary = ran.report.summary_json();
         summary.extend(servesim_replay::workload_keys(&workload));
-        if let Some(run) = &planner {
-            summary.insert("planner_total_ticks".into(), serde_json::json!(run.total_ticks()));
-        }
+        ran.add_planner_keys(&mut summary);
         if let Some(e) = workload.take_error() {
             return Err(Failure::Input(e.to_string()));
         }
@@ -459,7 +447,12 @@ impl Job {
             write().map_err(|e| Failure::Input(format!("{}: write failed: {e}", path.display())))?;
         }
         let summary = Value::Object(summary).to_string();
-        Ok((summary, self.capture_per_request.then_some(lines), planner.map(|run| run.to_json().to_string()), samples))
+        Ok((
+            summary,
+            self.capture_per_request.then_some(lines),
+            ran.planner.map(|run| run.to_json().to_string()),
+            samples,
+        ))
     }
 }
 

@@ -11,9 +11,10 @@ use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 
-use crate::metrics::{Collector, QueueLimit, Sla};
+use crate::metrics::QueueLimit;
 use crate::report::Report;
-use crate::sim::{simulate, SimConfig, SimError};
+use crate::run::Run;
+use crate::sim::{SimConfig, SimError};
 use servesim_workload::Workload;
 
 /// The workload and configuration of member `i`.
@@ -34,18 +35,17 @@ pub fn member(workload: &Workload, config: &SimConfig, i: u64) -> (Option<Worklo
     (workload, config)
 }
 
-/// Runs `n` members on `threads` threads (0: every core); returns their reports in member
-/// order, or the first member's error.
-pub fn run(
+/// Runs `n` members of `run` on `config.threads` threads (0: every core), each with `run`'s
+/// queue limit and TTFT breakdown; returns their reports in member order, or the first
+/// member's error. [`crate::Run::ensemble`] is the way in.
+pub(crate) fn run(
     workload: &Workload,
     config: &SimConfig,
-    sla: Sla,
     queue: QueueLimit,
     ttft_breakdown: bool,
     n: usize,
-    threads: usize,
 ) -> Result<Vec<Report>, SimError> {
-    let threads = match threads {
+    let threads = match config.threads {
         0 => std::thread::available_parallelism().map_or(1, |t| t.get()),
         t => t,
     }
@@ -60,11 +60,11 @@ pub fn run(
                     break;
                 }
                 let (own, config) = member(workload, config, i as u64);
-                let mut collector = Collector::new(sla, None).with_queue_limit(queue);
-                if ttft_breakdown {
-                    collector = collector.with_ttft_breakdown();
-                }
-                let result = simulate(own.as_ref().unwrap_or(workload), &config, collector, &mut ());
+                let result = Run::new(own.as_ref().unwrap_or(workload), &config)
+                    .queue_limit(queue)
+                    .ttft_breakdown(ttft_breakdown)
+                    .go(&mut ())
+                    .map(|ran| ran.report);
                 results.lock().expect("no member panicked")[i] = Some(result);
             });
         }

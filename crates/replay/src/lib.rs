@@ -2,7 +2,8 @@
 //!
 //! Offline replay on a virtual clock: the event loop that runs a workload's requests (from
 //! `servesim-workload`, released by its load driver) through simulated workers, and the
-//! metrics, telemetry and report of the run.
+//! metrics, telemetry and report of the run. Front ends assemble a run with [`Run`]: the
+//! workload and its [`SimConfig`], then only what differs from the defaults.
 
 pub mod ensemble;
 pub mod memory;
@@ -10,6 +11,7 @@ pub mod metrics;
 pub mod planned;
 pub mod planner_python;
 pub mod report;
+mod run;
 pub mod sim;
 mod split;
 pub mod stats;
@@ -17,6 +19,7 @@ pub mod telemetry;
 
 pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status, TtftBreakdown};
 pub use report::{request_json, request_json_with_breakdown, workload_keys, Report, WALL_CLOCK_KEYS};
+pub use run::{Ran, RecordSink, Run};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{
     simulate, simulate_with, Autoscaler, LifecycleOp, Pacer, Progress, RunOptions, ScaleDecision, SimConfig, SimError,

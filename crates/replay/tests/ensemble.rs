@@ -5,7 +5,7 @@
 //! must cover about 90 % of that distribution.
 
 use servesim_engine::WorkerArgs;
-use servesim_replay::{ensemble, QueueLimit, RouterMode, SimConfig, Sla, Topology};
+use servesim_replay::{ensemble, RouterMode, Run, SimConfig, Topology};
 use servesim_workload::{Arrivals, LoadMode, SyntheticSpec, Workload};
 
 /// P(X ≤ x) for X ~ Erlang(k, rate).
@@ -54,8 +54,7 @@ fn ensemble_interval_covers_ninety_percent() {
                 LoadMode::Timestamps { speedup: 1.0 },
             )
         };
-        let reports =
-            ensemble::run(&workload, &config, Sla::default(), QueueLimit::default(), false, members, 0).unwrap();
+        let reports = Run::new(&workload, &config).ensemble(members).unwrap();
         let summaries: Vec<_> = reports.iter().map(|r| r.summary_json()).collect();
         let s = ensemble::summarize(&summaries);
         let (lo, hi) = (s["duration_ms_p05"].as_f64().unwrap(), s["duration_ms_p95"].as_f64().unwrap());
@@ -101,7 +100,7 @@ fn jittered_e2e(output_tokens: u32, cv: f64, members: usize) -> Vec<f64> {
             LoadMode::Timestamps { speedup: 1.0 },
         )
     };
-    let reports = ensemble::run(&workload, &config, Sla::default(), QueueLimit::default(), false, members, 0).unwrap();
+    let reports = Run::new(&workload, &config).ensemble(members).unwrap();
     reports.iter().map(|r| r.summary_json()["mean_e2e_latency_ms"].as_f64().unwrap()).collect()
 }
 

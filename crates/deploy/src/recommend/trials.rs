@@ -160,7 +160,7 @@ fn simulate(t: &mut Trial, base_dir: &Path) {
         }
     };
     // With a `planner:` section the Planner runs in the loop, as `predict -c` runs it.
-    let mut planner = match crate::planner_run(&p) {
+    let planner = match crate::planner_run(&p) {
         Ok(r) => r,
         Err(e) => {
             t.status = "unsupported";
@@ -169,14 +169,14 @@ fn simulate(t: &mut Trial, base_dir: &Path) {
             return;
         }
     };
-    match crate::run_planned(&p, planner.as_mut(), None, &mut ()) {
-        Ok(report) => {
-            t.summary = crate::planned_summary(&p, &report, planner.as_ref());
+    match p.run().planner(planner).go(&mut ()) {
+        Ok(ran) => {
+            t.summary = crate::planned_summary(&p, &ran);
         }
         Err(e) => {
             t.status = "failed";
             t.reason_category = Some("replay_runtime");
-            t.reason = Some(e);
+            t.reason = Some(e.to_string());
         }
     }
 }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Map, Value};
-use servesim_engine::{ConfigEnv, ConfigError, EngineConfig, FileLoader, PassTimer, TimingModel, WorkerArgs};
+use servesim_engine::{EngineConfig, TimingModel};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel, RouterConfig};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// Dynamo's mocker flags for the AIS timing model.
 #[derive(Args, Debug, Default, Clone)]
@@ -39,23 +39,6 @@ pub struct AisFlags {
     /// A complete timing config (ForwardPassPerfModelConfig keys) as JSON or a JSON/YAML file.
     #[arg(long = "ais-perf-config", alias = "aic-perf-config", help_heading = "AIS timing")]
     pub perf_config: Option<String>,
-}
-
-/// The factory the engine configuration resolves `external` timing models with.
-pub fn factory(key: &str, provider: &str, config: &Value) -> Result<Arc<dyn PassTimer>, ConfigError> {
-    servesim_perf::build_timer(key, provider, config)
-}
-
-/// Worker arguments (engine and deployment) from JSON text, resolving timing profiles through
-/// `files` and AIS timing models.
-pub fn parse_worker_json(text: &str, files: FileLoader) -> Result<WorkerArgs, ConfigError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("invalid JSON: {e}")))?;
-    worker_args_from_value(&value, files)
-}
-
-/// Worker arguments from a parsed value, resolving timing profiles and AIS timing models.
-pub fn worker_args_from_value(value: &Value, files: FileLoader) -> Result<WorkerArgs, ConfigError> {
-    WorkerArgs::from_value_env(value, ConfigEnv { files, timers: Some(&factory) })
 }
 
 impl AisFlags {
@@ -291,17 +274,5 @@ mod tests {
         };
         let e = bad.resolve(Some(&mut kv()), &engine).unwrap_err();
         assert!(e.message.contains("--router-ais-config: router_ais_config.tpp: unknown key"), "{}", e.message);
-    }
-
-    #[test]
-    fn unknown_timing_config_keys_are_rejected_by_path() {
-        let v = json!({"engine": {"timing_model": {"type": "external", "provider": "ais",
-                       "config": {"model": "m", "system": "s", "backend": "vllm", "bogus": 1}}}});
-        let e = worker_args_from_value(&v, &|_| Err("no files".into())).unwrap_err();
-        assert_eq!(e.path, "engine.timing_model.config.bogus");
-        assert!(e.message.starts_with("unknown key"), "{}", e.message);
-        let v = json!({"engine": {"timing_model": {"type": "external", "provider": "other", "config": {}}}});
-        let e = worker_args_from_value(&v, &|_| Err("no files".into())).unwrap_err();
-        assert!(e.message.contains("unknown external timing provider"), "{e}");
     }
 }

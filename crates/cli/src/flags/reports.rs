@@ -8,8 +8,8 @@ use servesim_replay::telemetry::{TelemetryFormat, TelemetryWriter};
 use servesim_replay::{TelemetrySink, Topology};
 use servesim_report::{Requests, TelemetrySeries};
 
+use crate::failure::Failure;
 use crate::output::ReportFile;
-use crate::Failure;
 
 /// Default telemetry interval (the reference's `sample_interval_ms`).
 pub const DEFAULT_INTERVAL_MS: f64 = 1000.0;

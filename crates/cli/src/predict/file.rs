@@ -1,0 +1,192 @@
+//! `servesim predict -c FILE`: the unified deployment YAML (servesim-deploy) run once, written
+//! to an output directory as the reference does (`prediction.json`, `requests.jsonl`).
+
+use std::fs;
+use std::io::{BufWriter, Write};
+use std::time::Instant;
+
+use servesim_replay::{request_json, request_json_with_breakdown, RequestRecord};
+
+use super::args::ConfigFlags;
+use crate::failure::Failure;
+use crate::outdir::{check_reports, run_inputs, OutputDir};
+use crate::output::write_file;
+use crate::progress::Bar;
+use crate::table;
+
+/// Flags of the flag form that mean nothing with `-c` (the configuration says it).
+const CONFIG_MODE_FLAGS: &[&str] = &[
+    "-c",
+    "--config",
+    "--set",
+    "--output-dir",
+    "--overwrite",
+    "--capture-per-request",
+    "--stack",
+    "--format",
+    "--ttft-breakdown",
+    "--telemetry",
+    "--telemetry-interval-ms",
+    "--report-html",
+    "--ensemble",
+    "--timing-jitter-cv",
+    "--threads",
+    "--online",
+    "--no-wall-clock",
+];
+
+fn check_no_other_flags() -> Result<(), Failure> {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let mut skip_value = false;
+    for a in &args {
+        if skip_value {
+            skip_value = false;
+            continue;
+        }
+        let name = a.split('=').next().unwrap_or(a);
+        if CONFIG_MODE_FLAGS.contains(&name) {
+            skip_value = !a.contains('=')
+                && !matches!(
+                    name,
+                    "--overwrite" | "--capture-per-request" | "--ttft-breakdown" | "--online" | "--no-wall-clock"
+                );
+            continue;
+        }
+        return Err(Failure::input(format!(
+            "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
+             --overwrite, --format, --capture-per-request, --stack, --ensemble, --timing-jitter-cv, --threads, \
+             --online, --no-wall-clock and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
+        )));
+    }
+    Ok(())
+}
+
+/// What varies a `predict -c` run beyond the configuration file: `--ensemble`,
+/// `--timing-jitter-cv`, `--threads` and `--online`.
+pub struct Variation {
+    pub ensemble: Option<usize>,
+    pub timing_jitter_cv: Option<f64>,
+    pub threads: usize,
+    /// Pace the run on the wall clock.
+    pub online: bool,
+    /// Leave the values measured on the host's clock out of prediction.json.
+    pub no_wall_clock: bool,
+}
+
+/// `predict -c FILE` (with `--set` overrides): one run of the configuration, or an ensemble of
+/// it, written to the output directory; the report flags add their files.
+pub fn predict(
+    f: &ConfigFlags,
+    flags: &crate::flags::reports::ReportFlags,
+    json: bool,
+    variation: &Variation,
+) -> Result<(), Failure> {
+    let started = Instant::now();
+    check_no_other_flags()?;
+    let path = f.config.as_deref().expect("called with -c");
+    let cv = super::args::timing_jitter_cv(variation.timing_jitter_cv)?;
+    let mut prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
+    prepared.sim.timing_jitter_cv = cv;
+    prepared.sim.threads = variation.threads;
+    let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
+    let inputs = run_inputs(path, &tree);
+    check_reports(&flags.paths(), &inputs, &f.output_dir)?;
+    if let Some(n) = variation.ensemble {
+        return super::ensemble::file_form(f, flags, json, &prepared, n, &inputs, &tree);
+    }
+    // The output directory first: reports may be written inside it.
+    let staged = OutputDir::open(&f.output_dir, f.overwrite, &inputs)?;
+    let mut outputs = crate::flags::reports::Outputs::open(flags)?;
+    let mut records = if f.capture_per_request {
+        let p = staged.path("requests.jsonl");
+        Some(BufWriter::new(
+            fs::File::create(&p).map_err(|e| Failure::run(format!("{}: cannot create: {e}", p.display())))?,
+        ))
+    } else {
+        None
+    };
+    let crate::flags::reports::Outputs { requests, series, telemetry, html, interval_ms, breakdown } = &mut outputs;
+    let want_html = html.is_some();
+    let record_json = if *breakdown { request_json_with_breakdown } else { request_json };
+    let mut telemetry_writer = crate::flags::reports::telemetry_writer(telemetry);
+    let mut telemetry_sink =
+        crate::flags::reports::telemetry_sink(telemetry_writer.as_mut(), want_html.then_some(series));
+    let mut write_error: Option<std::io::Error> = None;
+    let mut sink = |r: &RequestRecord| {
+        if want_html {
+            requests.add(r);
+        }
+        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
+            let line = record_json(r);
+            if let Err(e) =
+                serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
+            {
+                write_error = Some(e);
+            }
+        }
+    };
+    let sink_ref: Option<&mut (dyn FnMut(&RequestRecord) + Send)> =
+        if f.capture_per_request || want_html { Some(&mut sink) } else { None };
+    let planner = servesim_deploy::planner_run(&prepared).map_err(Failure::input)?;
+    let mut run = prepared.run().records(sink_ref).ttft_breakdown(*breakdown).planner(planner).online(variation.online);
+    if let Some(t) = telemetry_sink.as_mut() {
+        run = run.telemetry(*interval_ms, t);
+    }
+    let mut bar = Bar::new();
+    let result = run.go(&mut bar);
+    bar.finish();
+    drop(telemetry_sink);
+    if let (Some(Err(e)), Some(p)) = (telemetry_writer.map(|w| w.finish()), flags.telemetry.as_ref()) {
+        return Err(Failure::run(format!("{}: write failed: {e}", p.display())));
+    }
+    let mut ran = result.map_err(Failure::run)?;
+    ran.report.wall_time_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if let Some(e) = prepared.workload.take_error() {
+        return Err(Failure::run(format!("{e} (the trace changed during the replay)")));
+    }
+    if let Some(e) = write_error {
+        return Err(Failure::run(format!("requests.jsonl: write failed: {e}")));
+    }
+    if let Some(mut w) = records.take() {
+        w.flush().map_err(|e| Failure::run(format!("requests.jsonl: write failed: {e}")))?;
+    }
+    let mut summary_map = servesim_deploy::planned_summary(&prepared, &ran);
+    let (report, planner) = (ran.report, ran.planner);
+    if variation.no_wall_clock {
+        for key in servesim_replay::WALL_CLOCK_KEYS {
+            summary_map.remove(key);
+        }
+    }
+    let summary = servesim_deploy::sorted(&serde_json::Value::Object(summary_map));
+    // With a planner, the reference's `--stack dynamo` layout: the summary beside the planner.
+    let document = match &planner {
+        Some(run) => serde_json::json!({"summary": summary, "planner": servesim_deploy::sorted(&run.to_json())}),
+        None => summary.clone(),
+    };
+    let compact = serde_json::to_string(&document).expect("summary serialises");
+    write_file(&staged.path("prediction.json"), compact.as_bytes())?;
+    // The results first, then the reports (which may sit in the output directory).
+    staged.commit()?;
+    // The page shows the configuration file as read (with --set applied), and no values
+    // measured on the host's clock.
+    let mut page_summary = summary.as_object().cloned().unwrap_or_default();
+    for key in servesim_replay::WALL_CLOCK_KEYS {
+        page_summary.remove(key);
+    }
+    let view =
+        planner.as_ref().map(|run| crate::flags::reports::planner_view(run, run.is_agg(), report.totals.duration_ms));
+    let written = outputs.finish("servesim predict -c", &page_summary, &tree, view.as_ref()).map_err(Failure::run)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary).expect("summary serialises"));
+    } else {
+        print!("{}", table::render(&report, true));
+        if let Some(run) = &planner {
+            print!("{}", table::worker_timeline(run));
+        }
+        println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
+        for p in written {
+            println!("Saved report to: {}", p.display());
+        }
+    }
+    Ok(())
+}
