@@ -56,7 +56,7 @@ impl Simulation<'_, '_> {
             }
             Step::ReleaseSource => self.release_source(id),
             Step::Reject(reason) => {
-                self.router_edge(1, id, true);
+                self.router_edge(1, Edge::Free(id));
                 self.finish(id, Finish::Rejected(reason));
             }
             Step::AbortSource => {
