@@ -1,12 +1,14 @@
-//! The workers of one process and how requests reach them.
+//! The frontend of one process: its workers and how requests reach them.
 //!
-//! A [`Cluster`] is one aggregated pool of workers, or a prefill pool and a decode pool (or one
-//! side of them, for a single-role server), built from a [`Topology`]. Each worker has `dp_size`
-//! ranks; each rank is an [`crate::actor`] thread that owns one engine. Requests are placed by
-//! the pool's [`Placer`] (round robin or the KV router, fed with the pool's KV events), or
-//! pinned to a worker when they come in on that worker's own port. A disaggregated request
-//! follows its [`Handoff`]: this module carries out the steps that move it between ranks
-//! (placements, the transfer, releases), the ranks report the facts.
+//! A [`Frontend`] serves one aggregated pool of workers, or a prefill pool and a decode pool (or
+//! one side of them, for a single-role server), built from a [`Topology`]. Each worker has
+//! `dp_size` ranks; each rank is a [`crate::rank`] thread that owns one engine. Requests are
+//! placed by the pool's [`Placer`] (round robin or the KV router, fed with the pool's KV events
+//! and lifecycle edges), or pinned to a worker when they come in on that worker's own port. A
+//! disaggregated request follows its [`Handoff`](servesim_cluster::Handoff): the ranks report
+//! the facts ([`FrontendHandle`]), and [`Frontend::carry_out`], the one step interpreter,
+//! carries out the steps that move the request between ranks (placements, the transfer,
+//! releases, aborts).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender as RankSender;
@@ -15,165 +17,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-use servesim_cluster::{
-    token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
-};
-use servesim_engine::{Backend, BlockHashes, KvEvent, Prompt, RejectReason, Role};
+use servesim_cluster::{Edge, Fact, Flight, Handoff, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming};
+use servesim_engine::{Backend, BlockHashes, KvEvent, Prompt, Role};
 use servesim_router::{Placement, Routed};
-use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::mpsc::{OwnedPermit, Receiver, Sender};
+use tokio::sync::mpsc::Receiver;
 
-use crate::actor::{self, ActorSetup};
 use crate::metrics::RankMetrics;
-
-/// What a request's stream receives.
-#[derive(Debug)]
-pub enum Out {
-    /// Tokens released at the end of one pass (or of several, for a stream that fell behind).
-    Token(u32),
-    Tokens(Box<[u32]>),
-    /// The request generated all its tokens: the last ones that had not been sent yet, and how
-    /// it went.
-    Done {
-        tail: Box<[u32]>,
-        done: Done,
-    },
-    /// The engine (or the disaggregated handoff) refused the request.
-    Failed(RejectReason),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Done {
-    /// Prompt tokens served from the prefix cache (at prefill).
-    pub cached_tokens: u32,
-    pub prefill_worker: Option<u32>,
-    pub decode_worker: u32,
-    /// A prefill-only server finished the prompt: its KV blocks, for a remote decode worker.
-    pub remote_blocks: Option<u32>,
-}
-
-/// State a request's stream and the actors share.
-#[derive(Debug)]
-pub struct Shared {
-    pub cancelled: AtomicBool,
-    pub finished: AtomicBool,
-    /// Global index of the rank that has the request now (`NOWHERE` before placement).
-    pub location: AtomicUsize,
-}
-
-pub const NOWHERE: usize = usize::MAX;
-
-/// Messages a stream's channel holds before its tokens wait on the rank instead.
-pub const STREAM_BUFFER: usize = 64;
-
-/// The sending side of a request's stream, used by whichever rank has the request. It never
-/// waits: when the client falls behind and the channel is full, new tokens wait in `backlog`
-/// (4 bytes each) and go out together with the next ones that fit. The end of the stream has a
-/// slot reserved from the start, so it is always delivered, behind everything before it. A
-/// client that takes nothing for the write timeout has its connection closed, which drops the
-/// receiver: the next send reports [`ClientGone`] and the rank aborts the request.
-#[derive(Debug)]
-pub struct Sink {
-    tx: Sender<Out>,
-    last: Option<OwnedPermit<Out>>,
-    backlog: Vec<u32>,
-}
-
-/// The client of a request went away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientGone;
-
-impl Sink {
-    /// A stream's channel: its sink and its receiver.
-    pub fn channel() -> (Sink, Receiver<Out>) {
-        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER + 1);
-        let last = tx.clone().try_reserve_owned().ok();
-        (Sink { tx, last, backlog: Vec::new() }, rx)
-    }
-
-    /// Sends the tokens of one pass, or keeps them until there is room.
-    pub fn tokens(&mut self, ids: impl ExactSizeIterator<Item = u32>) -> Result<(), ClientGone> {
-        if self.tx.is_closed() {
-            return Err(ClientGone);
-        }
-        if self.tx.capacity() == 0 {
-            // Still full: the tokens join the backlog, which grows amortised. (Boxing it for a
-            // send that fails, then unboxing it, copied it whole every pass: quadratic in the
-            // tokens of a stream whose client has stopped reading.)
-            self.backlog.extend(ids);
-            return Ok(());
-        }
-        let msg = if !self.backlog.is_empty() {
-            self.backlog.extend(ids);
-            Out::Tokens(std::mem::take(&mut self.backlog).into_boxed_slice())
-        } else if ids.len() == 1 {
-            Out::Token(ids.into_iter().next().expect("one token"))
-        } else {
-            Out::Tokens(ids.collect())
-        };
-        match self.tx.try_send(msg) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(Out::Token(t))) => {
-                self.backlog.push(t);
-                Ok(())
-            }
-            Err(TrySendError::Full(Out::Tokens(ts))) => {
-                self.backlog = ts.into_vec();
-                Ok(())
-            }
-            Err(TrySendError::Full(_)) => unreachable!("only tokens are sent here"),
-            Err(TrySendError::Closed(_)) => Err(ClientGone),
-        }
-    }
-
-    /// Ends the stream: what is left of its tokens, then `done`.
-    pub fn done(&mut self, done: Done) {
-        let tail = std::mem::take(&mut self.backlog).into_boxed_slice();
-        self.end(Out::Done { tail, done });
-    }
-
-    /// Ends the stream with a refusal.
-    pub fn fail(&mut self, reason: RejectReason) {
-        self.end(Out::Failed(reason));
-    }
-
-    fn end(&mut self, out: Out) {
-        if let Some(permit) = self.last.take() {
-            permit.send(out);
-        }
-    }
-}
-
-/// What the live server keeps beside a request in flight: its client and where it is.
-#[derive(Debug)]
-pub struct Client {
-    pub sink: Sink,
-    pub arrival: Instant,
-    pub shared: Arc<Shared>,
-    /// Decode worker the request must use (it came in on that worker's port).
-    pub pin_decode: Option<usize>,
-    /// Global ranks holding the request on each side of a handoff, and the prefill worker.
-    pub prefill_rank: Option<usize>,
-    pub decode_rank: Option<usize>,
-    pub prefill_worker: Option<u32>,
-    /// Prefix hit at its first admission.
-    pub cached_tokens: Option<u32>,
-}
-
-/// A request travelling between ranks.
-pub type Job = Flight<Client>;
-
-pub enum Command {
-    Submit(Box<Job>),
-    /// Decode rank: a prompt computed (or being computed) elsewhere; it waits for KV blocks.
-    Accept(Box<Job>),
-    /// Decode rank: the KV of a request whose blocks this rank reserved lands after the delay.
-    Transfer(Box<Job>, Duration),
-    /// Prefill rank: the decode side has the KV of this request.
-    Release(u64),
-    Abort(u64),
-    Shutdown,
-}
+use crate::rank::stream::{RequestState, Sink, StreamMsg, NOWHERE};
+use crate::rank::{self, Client, Command, FrontendHandle, LiveFlight, RankSetup};
 
 pub struct RankHandle {
     pub tx: RankSender<Command>,
@@ -192,7 +43,7 @@ pub struct Pool {
     /// Whether the router's load model's first failure was reported.
     router_warned: AtomicBool,
     /// Requests waiting in the KV router's queue.
-    queued: Mutex<FxHashMap<u64, Box<Job>>>,
+    queued: Mutex<FxHashMap<u64, Box<LiveFlight>>>,
 }
 
 impl Pool {
@@ -204,13 +55,14 @@ impl Pool {
         self.spec.dp()
     }
 
+    /// The global index of the rank of `target`.
     fn rank(&self, target: usize) -> usize {
         self.first_rank + target
     }
 }
 
-/// How a cluster is built.
-pub struct ClusterSpec {
+/// How a frontend is built.
+pub struct FrontendSpec {
     pub topology: Topology,
     pub router: RouterMode,
     /// What `router_prefill_load_model: ais` predicts prompts' prefill times with.
@@ -226,7 +78,8 @@ pub struct ClusterSpec {
     pub seed: u64,
 }
 
-pub struct Cluster {
+pub struct Frontend {
+    topology: Topology,
     pub pools: Vec<Pool>,
     pub ranks: Vec<RankHandle>,
     /// Per worker: its pool and its global rank indices.
@@ -236,12 +89,13 @@ pub struct Cluster {
     pub origin: Instant,
     pub backend: Backend,
     pub block_size: u32,
-    /// How KV moves to a decode worker: the prefill side's settings (a decode-only server's own).
-    transfer: TransferTiming,
+    /// How KV moves to a decode worker (none for an aggregated server).
+    transfer: Option<TransferTiming>,
     speedup: f64,
     next_id: AtomicU64,
     seed: u64,
-    /// Whether requests need prompt block hashes (the KV router places by them).
+    /// Whether requests need prompt block hashes (the KV router places by them, and takes the
+    /// ranks' KV events and lifecycle edges).
     hash_prompts: bool,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -254,45 +108,45 @@ pub enum SubmitError {
 
 /// A submitted request: its output stream, and a guard that cancels it when dropped early.
 pub struct Submission {
-    pub rx: Receiver<Out>,
+    pub rx: Receiver<StreamMsg>,
     pub guard: AbortGuard,
 }
 
 pub struct AbortGuard {
     id: u64,
-    shared: Arc<Shared>,
-    cluster: Arc<Cluster>,
+    state: Arc<RequestState>,
+    frontend: Arc<Frontend>,
 }
 
 impl AbortGuard {
     /// The worker that has the request now (its decode worker once tokens flow).
     pub fn worker(&self) -> Option<u32> {
-        let at = self.shared.location.load(Ordering::SeqCst);
-        (at != NOWHERE).then(|| self.cluster.ranks[at].worker)
+        let at = self.state.location.load(Ordering::SeqCst);
+        (at != NOWHERE).then(|| self.frontend.ranks[at].worker)
     }
 
     /// The stream ended normally: nothing to cancel.
     pub fn finish(&self) {
-        self.shared.finished.store(true, Ordering::SeqCst);
+        self.state.finished.store(true, Ordering::SeqCst);
     }
 }
 
 impl Drop for AbortGuard {
     fn drop(&mut self) {
-        if self.shared.finished.load(Ordering::SeqCst) {
+        if self.state.finished.load(Ordering::SeqCst) {
             return;
         }
-        self.shared.cancelled.store(true, Ordering::SeqCst);
-        let at = self.shared.location.load(Ordering::SeqCst);
+        self.state.cancelled.store(true, Ordering::SeqCst);
+        let at = self.state.location.load(Ordering::SeqCst);
         if at != NOWHERE {
-            let _ = self.cluster.ranks[at].tx.send(Command::Abort(self.id));
+            let _ = self.frontend.ranks[at].tx.send(Command::Abort(self.id));
         }
     }
 }
 
-impl Cluster {
-    /// Builds the pools and starts one actor thread per rank.
-    pub fn start(spec: ClusterSpec) -> Result<Arc<Cluster>, crate::error::LiveError> {
+impl Frontend {
+    /// Builds the pools and starts one thread per engine rank.
+    pub fn start(spec: FrontendSpec) -> Result<Arc<Frontend>, crate::error::LiveError> {
         let origin = Instant::now();
         let mut pools = Vec::new();
         let mut worker_pool = Vec::new();
@@ -321,6 +175,8 @@ impl Cluster {
             });
         }
         let routed = matches!(spec.router, RouterMode::KvRouter(_));
+        let transfer = spec.topology.transfer_timing();
+        let has_decode_pool = spec.topology.pool_of(Role::Decode).is_some();
         let mut setups = Vec::new();
         let mut ranks = Vec::new();
         for (w, range) in worker_ranks.iter().enumerate() {
@@ -332,10 +188,15 @@ impl Cluster {
                 let publisher = spec.kv_publishers.get(w).and_then(|v| v.get(r).cloned()).flatten();
                 ranks.push(RankHandle { tx, metrics: metrics.clone(), worker: w as u32, pool: p });
                 let local_index = ranks.len() - 1 - pool.first_rank;
-                setups.push(ActorSetup {
+                setups.push(RankSetup {
                     rx,
+                    me: ranks.len() - 1,
+                    pool: p,
+                    origin,
                     engine: pool.spec.rank_engine(),
                     role: pool.role(),
+                    remote_decode: pool.role() == Role::Prefill && !has_decode_pool,
+                    transfer,
                     engine_index: local_index as u32,
                     dp_rank: r as u32,
                     worker: w as u32,
@@ -348,11 +209,11 @@ impl Cluster {
             }
         }
         let first = &spec.topology.pools()[0];
-        let cluster = Arc::new(Cluster {
+        let frontend = Arc::new(Frontend {
             worker_rr: worker_pool.iter().map(|_| AtomicUsize::new(0)).collect(),
             backend: first.engine.backend,
             block_size: first.engine.block_size,
-            transfer: TransferTiming { kv: first.deployment.kv_transfer, block_size: first.engine.block_size },
+            transfer,
             speedup: spec.speedup,
             pools,
             ranks,
@@ -363,27 +224,28 @@ impl Cluster {
             seed: spec.seed,
             hash_prompts: routed,
             threads: Mutex::new(Vec::new()),
+            topology: spec.topology,
         });
         let mut threads = Vec::new();
         for (i, setup) in setups.into_iter().enumerate() {
-            let c = cluster.clone();
+            let handle: Arc<dyn FrontendHandle> = frontend.clone();
             let spawned =
-                std::thread::Builder::new().name(format!("servesim-rank-{i}")).spawn(move || actor::run(c, i, setup));
+                std::thread::Builder::new().name(format!("servesim-rank-{i}")).spawn(move || rank::run(handle, setup));
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(source) => {
                     // Stop the ranks already running before giving up.
-                    *cluster.threads.lock().expect("threads lock") = threads;
-                    cluster.shutdown();
+                    *frontend.threads.lock().expect("threads lock") = threads;
+                    frontend.shutdown();
                     return Err(crate::error::LiveError::Spawn { rank: i, source });
                 }
             }
         }
-        *cluster.threads.lock().expect("threads lock") = threads;
-        Ok(cluster)
+        *frontend.threads.lock().expect("threads lock") = threads;
+        Ok(frontend)
     }
 
-    /// Stops every actor (after the requests they hold are dropped) and waits for them.
+    /// Stops every rank (after the requests they hold are dropped) and waits for them.
     pub fn shutdown(&self) {
         for r in &self.ranks {
             let _ = r.tx.send(Command::Shutdown);
@@ -409,10 +271,6 @@ impl Cluster {
         self.origin.elapsed().as_secs_f64() * 1000.0
     }
 
-    fn pool_of(&self, role: Role) -> Option<usize> {
-        self.pools.iter().position(|p| p.role() == role)
-    }
-
     /// Submits a request to the cluster, or to worker `pin` only.
     pub fn submit(
         self: &Arc<Self>,
@@ -425,150 +283,104 @@ impl Cluster {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (sink, rx) = Sink::channel();
-        let shared = Arc::new(Shared {
-            cancelled: AtomicBool::new(false),
-            finished: AtomicBool::new(false),
-            location: AtomicUsize::new(NOWHERE),
-        });
+        let state = Arc::new(RequestState::new());
         let hashes = if self.hash_prompts {
             BlockHashes::of_tokens(&prompt, self.block_size as usize)
         } else {
             BlockHashes::default()
         };
         let pin_pool = pin.map(|w| self.worker_pool[w]);
-        let decode = self.pool_of(Role::Decode);
-        let prompt_len = prompt.len() as u32;
-        let handoff = match (self.pool_of(Role::Prefill), decode) {
-            (Some(_), Some(d)) => Some(Handoff::new(Order::for_backend(self.pools[d].spec.engine.backend), prompt_len)),
-            // A decode-only server: the prompt was computed by a prefill server elsewhere.
-            (None, Some(_)) => Some(Handoff::remote_source(prompt_len)),
-            _ => None,
+        let decode = self.topology.pool_of(Role::Decode);
+        let client = Client {
+            sink,
+            arrival: Instant::now(),
+            state: state.clone(),
+            pin_decode: if decode.is_some() && pin_pool == decode { pin } else { None },
+            prefill_rank: None,
+            decode_rank: None,
+            prefill_worker: None,
+            cached_tokens: None,
         };
-        let job = Box::new(Flight {
-            id,
-            prompt: Prompt::Tokens(prompt),
+        let arrival_ms = self.now_ms();
+        let mut flight = Box::new(Flight {
             hashes,
-            max_output,
-            token_seed: token_seed(self.seed, id),
-            planned_output: None,
-            priority: 0,
-            strict_priority: 0,
-            arrival_ms: self.now_ms(),
-            policy_class: None,
-            prefill_target: None,
-            decode_target: None,
-            handoff,
-            extra: Client {
-                sink,
-                arrival: Instant::now(),
-                shared: shared.clone(),
-                pin_decode: if decode.is_some() && pin_pool == decode { pin } else { None },
-                prefill_rank: None,
-                decode_rank: None,
-                prefill_worker: None,
-                cached_tokens: None,
-            },
+            ..Flight::new(id, Prompt::Tokens(prompt), max_output, arrival_ms, self.seed, &self.topology, client)
         });
         let first_pin = if decode.is_none() || pin_pool != decode { pin } else { None };
-        let mut job = job;
-        match job.handoff.as_mut().map(Handoff::start) {
-            Some(step) => self.carry_out(job, vec![step]),
-            None => self.place(0, job, first_pin),
+        match flight.handoff.as_mut().map(Handoff::start) {
+            Some(step) => drop(self.carry_out(flight, vec![step])),
+            None => self.place(0, flight, first_pin),
         }
-        Ok(Submission { rx, guard: AbortGuard { id, shared, cluster: self.clone() } })
+        Ok(Submission { rx, guard: AbortGuard { id, state, frontend: self.clone() } })
     }
 
-    /// Reports `fact` to `job`'s handoff and carries out the steps it leads to.
-    pub fn handoff(&self, mut job: Box<Job>, fact: Fact) {
-        let steps = job.handoff.as_mut().expect("a disaggregated request").on(fact, &self.transfer);
-        self.carry_out(job, steps);
-    }
-
-    /// The transfer settings handoffs are timed with.
-    pub fn transfer(&self) -> &TransferTiming {
-        &self.transfer
-    }
-
-    /// Reports `fact` to the handoff of a request that stays on the rank calling (a decode
-    /// rank landing a transfer): the steps that only send commands are carried out; the
-    /// activation is the caller's.
-    pub fn settle(&self, job: &mut Job, fact: Fact) {
-        let steps = job.handoff.as_mut().expect("a disaggregated request").on(fact, &self.transfer);
+    /// Carries out handoff steps: the one place the live server does what a request's
+    /// [`Handoff`] asks. Steps that move the request (a placement, the transfer) come last; the
+    /// others only send commands by id. Returns the request unless a step moved it on (to a
+    /// rank or the router's queue): a rank that reported the transfer landing keeps it and
+    /// activates it ([`Step::Activate`] is its own); any other caller lets it go, which ends
+    /// its stream if the steps did not.
+    fn carry_out(&self, flight: Box<LiveFlight>, steps: Vec<Step>) -> Option<Box<LiveFlight>> {
+        let mut flight = Some(flight);
         for step in steps {
-            match step {
-                Step::Activate => {}
-                Step::ReleaseSource => {
-                    if let Some(rank) = job.extra.prefill_rank {
-                        self.release(rank, job.id);
-                    }
-                }
-                other => unreachable!("{other:?} after the transfer landed"),
-            }
-        }
-    }
-
-    /// Carries out handoff steps. Steps that move the request (a placement, the transfer) come
-    /// last; the others only send commands by id.
-    fn carry_out(&self, job: Box<Job>, steps: Vec<Step>) {
-        let mut job = Some(job);
-        for step in steps {
-            let j = job.as_mut().expect("a step after the request moved on");
-            let id = j.id;
+            let f = flight.as_mut().expect("a step after the request moved on");
+            let id = f.id;
             match step {
                 Step::PlaceOnPrefill => {
-                    let p = self.pool_of(Role::Prefill).expect("a prefill pool");
-                    self.place(p, job.take().expect("the request"), None);
+                    let p = self.topology.pool_of(Role::Prefill).expect("a prefill pool");
+                    self.place(p, flight.take().expect("the request"), None);
                 }
                 Step::PlaceOnDecode => {
-                    let p = self.pool_of(Role::Decode).expect("a decode pool");
-                    let pin = j.extra.pin_decode;
-                    self.place(p, job.take().expect("the request"), pin);
+                    let p = self.topology.pool_of(Role::Decode).expect("a decode pool");
+                    let pin = f.extra.pin_decode;
+                    self.place(p, flight.take().expect("the request"), pin);
                 }
                 Step::StartTransfer { delay_ms } => {
-                    let rank = j.extra.decode_rank.expect("reserved on a decode rank");
+                    let rank = f.extra.decode_rank.expect("reserved on a decode rank");
                     let delay =
                         if self.speedup > 0.0 { crate::wall_duration(delay_ms / 1000.0) } else { Duration::ZERO };
-                    self.send(rank, id, Command::Transfer(job.take().expect("the request"), delay));
+                    self.send(rank, id, Command::Transfer(flight.take().expect("the request"), delay));
                 }
-                // The decode rank activates the KV it receives itself.
-                Step::Activate => unreachable!("activation happens on the decode rank"),
+                // The decode rank that reported the landing activates the KV it holds.
+                Step::Activate => {}
                 Step::ReleaseSource => {
-                    if let Some(rank) = j.extra.prefill_rank {
-                        self.release(rank, id);
+                    if let Some(rank) = f.extra.prefill_rank {
+                        let _ = self.ranks[rank].tx.send(Command::Release(id));
                     }
                 }
                 Step::AbortSource => {
-                    if let Some(rank) = j.extra.prefill_rank {
+                    if let Some(rank) = f.extra.prefill_rank {
                         let _ = self.ranks[rank].tx.send(Command::Abort(id));
                     }
                 }
                 Step::AbortDestination => {
-                    if let Some(rank) = j.extra.decode_rank {
+                    if let Some(rank) = f.extra.decode_rank {
                         let _ = self.ranks[rank].tx.send(Command::Abort(id));
                     }
                 }
                 Step::Reject(reason) => {
-                    j.extra.sink.fail(reason);
-                    if let Some(p) = self.pool_of(Role::Decode) {
-                        self.router_free(p, id);
+                    f.extra.sink.fail(reason);
+                    if let Some(p) = self.topology.pool_of(Role::Decode) {
+                        self.router_edge(p, Edge::Free(id));
                     }
                 }
             }
         }
+        flight
     }
 
-    /// Places `job` on a rank of pool `p` (on worker `pin` if given) and sends it there.
-    fn place(&self, p: usize, job: Box<Job>, pin: Option<usize>) {
+    /// Places `flight` on a rank of pool `p` (on worker `pin` if given) and sends it there.
+    fn place(&self, p: usize, flight: Box<LiveFlight>, pin: Option<usize>) {
         let pool = &self.pools[p];
         let target = match pin {
             Some(w) => {
-                let first = self.worker_ranks[w].start - pool.first_rank;
-                first + self.worker_rr[w].fetch_add(1, Ordering::Relaxed) % pool.dp()
+                let worker_in_pool = w - pool.workers[0];
+                pool.spec.target(worker_in_pool, self.worker_rr[w].fetch_add(1, Ordering::Relaxed) % pool.dp())
             }
             None => {
                 let routed = {
                     let mut placer = pool.placer.lock().expect("placer lock");
-                    let routed = placer.route(job.route_request(), self.now_ms());
+                    let routed = placer.route(flight.route_request(), self.now_ms());
                     if let Some(why) = placer.error() {
                         if !pool.router_warned.swap(true, Ordering::Relaxed) {
                             // A live server keeps serving: like Dynamo, the prompt counts in
@@ -581,37 +393,37 @@ impl Cluster {
                 match routed {
                     Routed::Placed(pl) => pl.target,
                     Routed::Queued => {
-                        pool.queued.lock().expect("queue lock").insert(job.id, job);
+                        pool.queued.lock().expect("queue lock").insert(flight.id, flight);
                         return;
                     }
                     Routed::Rejected(why) => {
-                        // The client's stream ends when its job is dropped.
-                        eprintln!("warning: router: request {} refused: {why}", job.id);
+                        // The client's stream ends when its request is dropped.
+                        eprintln!("warning: router: request {} refused: {why}", flight.id);
                         return;
                     }
                 }
             }
         };
-        self.dispatch(p, target, job);
+        self.dispatch(p, target, flight);
     }
 
-    fn dispatch(&self, p: usize, target: usize, mut job: Box<Job>) {
+    fn dispatch(&self, p: usize, target: usize, mut flight: Box<LiveFlight>) {
         let pool = &self.pools[p];
         let rank = pool.rank(target);
-        let id = job.id;
+        let id = flight.id;
         let cmd = match pool.role() {
             Role::Decode => {
-                job.decode_target = Some(target);
-                job.extra.decode_rank = Some(rank);
-                Command::Accept(job)
+                flight.decode_target = Some(target);
+                flight.extra.decode_rank = Some(rank);
+                Command::Accept(flight)
             }
             _ => {
-                job.prefill_target = Some(target);
+                flight.prefill_target = Some(target);
                 if pool.role() == Role::Prefill {
-                    job.extra.prefill_rank = Some(rank);
-                    job.extra.prefill_worker = Some(self.ranks[rank].worker);
+                    flight.extra.prefill_rank = Some(rank);
+                    flight.extra.prefill_worker = Some(self.ranks[rank].worker);
                 }
-                Command::Submit(job)
+                Command::Submit(flight)
             }
         };
         self.send(rank, id, cmd);
@@ -619,17 +431,17 @@ impl Cluster {
 
     /// Sends a command that moves request `id` to `rank`.
     fn send(&self, rank: usize, id: u64, cmd: Command) {
-        let shared = match &cmd {
-            Command::Submit(job) | Command::Accept(job) | Command::Transfer(job, _) => job.extra.shared.clone(),
+        let state = match &cmd {
+            Command::Submit(f) | Command::Accept(f) | Command::Transfer(f, _) => f.extra.state.clone(),
             _ => unreachable!("only commands that carry the request move it"),
         };
         // The command goes first: an abort that reads the new location queues up behind it.
         let _ = self.ranks[rank].tx.send(cmd);
-        shared.location.store(rank, Ordering::SeqCst);
+        state.location.store(rank, Ordering::SeqCst);
         // A client that left between the two lines above read the old location; with
         // sequentially consistent atomics either it sees the new one or this sees its flag
         // (or both, and the second abort finds nothing).
-        if shared.cancelled.load(Ordering::SeqCst) {
+        if state.cancelled.load(Ordering::SeqCst) {
             let _ = self.ranks[rank].tx.send(Command::Abort(id));
         }
     }
@@ -637,33 +449,15 @@ impl Cluster {
     /// Places requests the KV router released from its queue.
     fn dispatch_released(&self, p: usize, released: Vec<Placement>) {
         for pl in released {
-            let job = self.pools[p].queued.lock().expect("queue lock").remove(&pl.id);
-            if let Some(job) = job {
-                if job.extra.shared.cancelled.load(Ordering::SeqCst) {
-                    self.router_free(p, job.id);
+            let flight = self.pools[p].queued.lock().expect("queue lock").remove(&pl.id);
+            if let Some(flight) = flight {
+                if flight.extra.state.cancelled.load(Ordering::SeqCst) {
+                    self.router_edge(p, Edge::Free(flight.id));
                     continue;
                 }
-                self.dispatch(p, pl.target, job);
+                self.dispatch(p, pl.target, flight);
             }
         }
-    }
-
-    /// Feeds a rank's KV events to its pool's router.
-    pub fn router_events(&self, p: usize, rank: usize, events: &[KvEvent]) {
-        let pool = &self.pools[p];
-        pool.placer.lock().expect("placer lock").kv_events(rank - pool.first_rank, events);
-    }
-
-    /// Router lifecycle edge: the request's prompt is done.
-    pub fn router_prefill_done(&self, p: usize, id: u64) {
-        let released = self.pools[p].placer.lock().expect("placer lock").prefill_done(id, self.now_ms());
-        self.dispatch_released(p, released);
-    }
-
-    /// Router lifecycle edge: the request left the pool.
-    pub fn router_free(&self, p: usize, id: u64) {
-        let released = self.pools[p].placer.lock().expect("placer lock").free(id, self.now_ms());
-        self.dispatch_released(p, released);
     }
 
     /// The role of a server whose workers all have one role other than aggregated.
@@ -671,27 +465,6 @@ impl Cluster {
         match self.pools.as_slice() {
             [p] if p.role() != Role::Aggregated => Some(p.role()),
             _ => None,
-        }
-    }
-
-    /// Prefill workers hand their requests to a decode pool in this process (false for a
-    /// prefill-only server, whose clients take the KV elsewhere).
-    pub fn has_decode_pool(&self) -> bool {
-        self.pool_of(Role::Decode).is_some()
-    }
-
-    /// Tells prefill rank `rank` that it may free the KV of `id`.
-    pub fn release(&self, rank: usize, id: u64) {
-        let _ = self.ranks[rank].tx.send(Command::Release(id));
-    }
-
-    /// Wall time a prefill-only server holds a finished prompt's KV (what sending it to a remote
-    /// decode server would take at this server's bandwidth).
-    pub fn hold_for_remote(&self, prompt_len: u32) -> Duration {
-        if self.speedup > 0.0 {
-            crate::wall_duration(self.transfer.delay_ms(prompt_len, 0) / 1000.0)
-        } else {
-            Duration::ZERO
         }
     }
 
@@ -706,5 +479,24 @@ impl Cluster {
     /// The smallest context any engine accepts (prompt plus output), if limited.
     pub fn max_model_len(&self) -> Option<u32> {
         self.pools.iter().filter_map(|p| p.spec.engine.max_model_len).min()
+    }
+}
+
+impl FrontendHandle for Frontend {
+    fn handoff(&self, flight: Box<LiveFlight>, fact: Fact) -> Option<Box<LiveFlight>> {
+        let mut flight = flight;
+        let timing = self.transfer.as_ref().expect("a server that hands requests off");
+        let steps = flight.handoff.as_mut().expect("a disaggregated request").on(fact, timing);
+        self.carry_out(flight, steps)
+    }
+
+    fn router_edge(&self, p: usize, edge: Edge) {
+        let released = self.pools[p].placer.lock().expect("placer lock").edge(edge, self.now_ms());
+        self.dispatch_released(p, released);
+    }
+
+    fn kv_events(&self, p: usize, rank: usize, events: &[KvEvent]) {
+        let pool = &self.pools[p];
+        pool.placer.lock().expect("placer lock").kv_events(rank - pool.first_rank, events);
     }
 }
