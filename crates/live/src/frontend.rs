@@ -5,8 +5,8 @@
 //! `dp_size` ranks; each rank is a [`crate::rank`] thread that owns one engine. Requests are
 //! placed by the pool's [`Placer`] (round robin or the KV router, fed with the pool's KV events
 //! and lifecycle edges), or pinned to a worker when they come in on that worker's own port. A
-//! disaggregated request follows its [`Handoff`](servesim_cluster::Handoff): the ranks report
-//! the facts ([`FrontendHandle`]), and [`Frontend::carry_out`], the one step interpreter,
+//! disaggregated request follows its [`Handoff`]: the ranks report
+//! the facts ([`FrontendHandle`]), and `Frontend::carry_out`, the one step interpreter,
 //! carries out the steps that move the request between ranks (placements, the transfer,
 //! releases, aborts).
 
