@@ -9,6 +9,7 @@ use servesim_engine::{BlockHashes, EngineRequest, Prompt, Role};
 use servesim_router::RouteRequest;
 
 use crate::handoff::Handoff;
+use crate::topology::Topology;
 
 /// The seed of a request's generated token ids: the run's seed mixed with the request id, so
 /// every request draws its own stream and the same run draws the same tokens.
@@ -40,6 +41,37 @@ pub struct Flight<T> {
 }
 
 impl<T> Flight<T> {
+    /// A request arriving at `arrival_ms`, not placed yet: its generated tokens seeded from the
+    /// run's `run_seed`, at default priority, with no exact output, routing hashes or policy
+    /// class (a driver that has them sets the fields), and the handoff `topology` gives it.
+    pub fn new(
+        id: u64,
+        prompt: Prompt,
+        max_output: u32,
+        arrival_ms: f64,
+        run_seed: u64,
+        topology: &Topology,
+        extra: T,
+    ) -> Flight<T> {
+        let handoff = topology.handoff(id, prompt.len());
+        Flight {
+            id,
+            prompt,
+            hashes: BlockHashes::default(),
+            max_output,
+            token_seed: token_seed(run_seed, id),
+            planned_output: None,
+            priority: 0,
+            strict_priority: 0,
+            arrival_ms,
+            policy_class: None,
+            prefill_target: None,
+            decode_target: None,
+            handoff,
+            extra,
+        }
+    }
+
     /// The request as an engine of `role` sees it: a prefill worker computes only the prompt (and
     /// one token nobody sees).
     pub fn engine_request(&self, role: Role) -> EngineRequest {
@@ -74,22 +106,14 @@ mod tests {
 
     #[test]
     fn a_prefill_worker_gets_only_the_prompt() {
+        let args = servesim_engine::WorkerArgs::parse_json("{}").unwrap();
+        let topology = Topology::disaggregated((args.clone(), 1), (args, 1)).unwrap();
         let f = Flight {
-            id: 7,
-            prompt: Prompt::Tokens(vec![1, 2, 3].into()),
-            hashes: BlockHashes::default(),
-            max_output: 20,
-            token_seed: token_seed(42, 7),
             planned_output: Some(vec![5, 6].into()),
-            priority: 0,
-            strict_priority: 0,
-            arrival_ms: 0.0,
-            policy_class: None,
-            prefill_target: None,
-            decode_target: None,
-            handoff: None,
-            extra: (),
+            ..Flight::new(7, Prompt::Tokens(vec![1, 2, 3].into()), 20, 0.0, 42, &topology, ())
         };
+        assert!(f.handoff.is_some(), "a disaggregated request is handed off");
+        assert_eq!(f.token_seed, token_seed(42, 7));
         let p = f.engine_request(Role::Prefill);
         assert_eq!((p.max_output, p.planned_output.is_none(), p.hashes.is_none()), (1, true, true));
         let d = f.engine_request(Role::Decode);

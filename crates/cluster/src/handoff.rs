@@ -18,6 +18,8 @@
 //! holds on either side. The machine knows nothing of time or threads: replay maps steps onto
 //! its event heap, the live server onto channels and timers.
 
+use std::sync::Arc;
+
 use servesim_engine::timing::whole_ns;
 use servesim_engine::{Backend, KvTransfer, KvTransferTimingMode, RejectReason};
 
@@ -57,6 +59,9 @@ pub enum Fact {
     Activated,
     /// The client went away.
     Aborted,
+    /// The prefill worker computed the prompt, but the client had gone meanwhile: the prompt
+    /// is held only to be released (a live server learns of the two at once).
+    SourceHeldAfterAbort,
 }
 
 /// What the driver must do next.
@@ -107,6 +112,34 @@ impl TransferTiming {
     }
 }
 
+/// Hears what every handoff is told and what it answers, with its request's id: the first
+/// step (`fact` None), then each fact and the steps it leads to. Tests use it to compare what
+/// two drivers do with one scenario; nothing listens by default. (See
+/// [`crate::Topology::tap_handoffs`].)
+#[derive(Clone)]
+pub struct HandoffTap(Arc<TapFn>);
+
+/// What a [`HandoffTap`] calls: request id, the fact (None for the first step), the steps.
+type TapFn = dyn Fn(u64, Option<Fact>, &[Step]) + Send + Sync;
+
+impl HandoffTap {
+    pub fn new(f: impl Fn(u64, Option<Fact>, &[Step]) + Send + Sync + 'static) -> HandoffTap {
+        HandoffTap(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for HandoffTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandoffTap")
+    }
+}
+
+impl PartialEq for HandoffTap {
+    fn eq(&self, other: &HandoffTap) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// The handoff state of one request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handoff {
@@ -121,6 +154,8 @@ pub struct Handoff {
     activated: bool,
     source_released: bool,
     ended: bool,
+    /// Who hears this handoff, and the request's id.
+    tap: Option<(u64, HandoffTap)>,
 }
 
 impl Handoff {
@@ -137,7 +172,13 @@ impl Handoff {
             activated: false,
             source_released: false,
             ended: false,
+            tap: None,
         }
+    }
+
+    /// The same handoff, heard by `tap` as request `id`'s.
+    pub fn tapped(self, id: u64, tap: Option<HandoffTap>) -> Handoff {
+        Handoff { tap: tap.map(|t| (id, t)), ..self }
     }
 
     /// A request whose prompt a prefill server elsewhere computed and holds (a decode-only
@@ -148,6 +189,14 @@ impl Handoff {
 
     /// The first step, when the request arrives.
     pub fn start(&mut self) -> Step {
+        let step = self.first_step();
+        if let Some((id, tap)) = &self.tap {
+            (tap.0)(*id, None, &[step]);
+        }
+        step
+    }
+
+    fn first_step(&mut self) -> Step {
         match self.order {
             Order::SourceFirst if !self.source_held => {
                 self.on_prefill = true;
@@ -172,6 +221,14 @@ impl Handoff {
 
     /// Records `fact` and returns the steps it leads to, in order.
     pub fn on(&mut self, fact: Fact, timing: &TransferTiming) -> Vec<Step> {
+        let steps = self.steps(fact, timing);
+        if let Some((id, tap)) = &self.tap {
+            (tap.0)(*id, Some(fact), &steps);
+        }
+        steps
+    }
+
+    fn steps(&mut self, fact: Fact, timing: &TransferTiming) -> Vec<Step> {
         if self.ended {
             return Vec::new();
         }
@@ -224,19 +281,26 @@ impl Handoff {
                 self.source_released = true;
                 vec![Step::ReleaseSource]
             }
-            Fact::Aborted => {
-                self.ended = true;
-                let mut steps = Vec::new();
-                if self.holds_source() {
-                    self.source_released = true;
-                    steps.push(if self.source_held { Step::ReleaseSource } else { Step::AbortSource });
-                }
-                if self.on_decode {
-                    steps.push(Step::AbortDestination);
-                }
-                steps
+            Fact::Aborted => self.abort(),
+            Fact::SourceHeldAfterAbort => {
+                self.source_held = true;
+                self.abort()
             }
         }
+    }
+
+    /// The client went away: undo what each side holds.
+    fn abort(&mut self) -> Vec<Step> {
+        self.ended = true;
+        let mut steps = Vec::new();
+        if self.holds_source() {
+            self.source_released = true;
+            steps.push(if self.source_held { Step::ReleaseSource } else { Step::AbortSource });
+        }
+        if self.on_decode {
+            steps.push(Step::AbortDestination);
+        }
+        steps
     }
 
     fn transfer(&mut self, timing: &TransferTiming) -> Vec<Step> {
@@ -371,6 +435,33 @@ mod tests {
         h.start();
         h.on(Fact::Aborted, &timing(KvTransferTimingMode::FullPrompt));
         assert!(h.on(Fact::SourceHeld, &timing(KvTransferTimingMode::FullPrompt)).is_empty());
+    }
+
+    #[test]
+    fn a_prompt_finished_after_the_client_left_is_only_released() {
+        // vLLM: nothing was asked of a decode worker yet, so only the prompt's KV is freed.
+        assert_eq!(run(Order::SourceFirst, &[Fact::SourceHeldAfterAbort])[1..], [Step::ReleaseSource]);
+        // SGLang: the decode worker's reserved pages go too; no transfer starts.
+        assert_eq!(
+            run(Order::DestinationFirst, &[Fact::DestinationReserved { reused_tokens: 0 }, Fact::SourceHeldAfterAbort])
+                [2..],
+            [Step::ReleaseSource, Step::AbortDestination]
+        );
+    }
+
+    #[test]
+    fn a_tap_hears_every_fact_and_step() {
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h2 = heard.clone();
+        let tap = HandoffTap::new(move |id, fact, steps: &[Step]| h2.lock().unwrap().push((id, fact, steps.to_vec())));
+        let t = timing(KvTransferTimingMode::FullPrompt);
+        let mut h = Handoff::new(Order::SourceFirst, 100).tapped(9, Some(tap));
+        h.start();
+        h.on(Fact::SourceHeld, &t);
+        assert_eq!(
+            *heard.lock().unwrap(),
+            vec![(9, None, vec![Step::PlaceOnPrefill]), (9, Some(Fact::SourceHeld), vec![Step::PlaceOnDecode])]
+        );
     }
 
     #[test]

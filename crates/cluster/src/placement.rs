@@ -12,6 +12,7 @@ use servesim_router::{
     KvRouter, Placement, PrefillLoadEstimator, QueuePolicy, RoundRobin, RouteRequest, Routed, RouterConfig,
 };
 
+use crate::edges::Edge;
 use crate::topology::PoolSpec;
 
 /// How requests are assigned to workers.
@@ -216,6 +217,14 @@ impl Placer {
         match &mut self.kind {
             Kind::Kv(router) => router.free(id, now_ms),
             Kind::RoundRobin(_) => Vec::new(),
+        }
+    }
+
+    /// Applies a router lifecycle edge at `now_ms`. Returns requests the queue releases.
+    pub fn edge(&mut self, edge: Edge, now_ms: f64) -> Vec<Placement> {
+        match edge {
+            Edge::PrefillDone(id) => self.prefill_done(id, now_ms),
+            Edge::Free(id) => self.free(id, now_ms),
         }
     }
 

@@ -1,8 +1,12 @@
 //! What a cluster is made of: one aggregated pool of workers, or a prefill pool and a decode
 //! pool, each with an engine configuration and a deployment (ranks per worker, GPUs, startup
-//! time, KV transfer). One validation serves `predict` and `serve`.
+//! time, KV transfer). One validation serves `predict` and `serve`. The topology also answers
+//! what both drivers ask of it: which pool a role's requests start in, the handoff a new
+//! request needs, and whose transfer settings time it.
 
 use servesim_engine::{Deployment, EngineConfig, Role, WorkerArgs};
+
+use crate::handoff::{Handoff, HandoffTap, Order, TransferTiming};
 
 /// A configuration that cannot make a cluster. `field` names what is wrong in the terms of the
 /// worker arguments (`num_workers`, `dp_size`, `block_size`, ...), for front ends to map onto
@@ -46,12 +50,24 @@ impl PoolSpec {
     pub fn rank_engine(&self) -> EngineConfig {
         self.engine.for_attention_dp(self.deployment.dp_size)
     }
+
+    /// The target of `worker`'s rank `rank`: targets number a pool's ranks worker after worker.
+    pub fn target(&self, worker: usize, rank: usize) -> usize {
+        worker * self.dp() + rank
+    }
+
+    /// The (worker, rank) of `target`.
+    pub fn locate(&self, target: usize) -> (usize, usize) {
+        (target / self.dp(), target % self.dp())
+    }
 }
 
 /// The pools of a cluster: `[aggregated]` or `[prefill, decode]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Topology {
     pools: Vec<PoolSpec>,
+    /// Hears every handoff of a run (see [`Topology::tap_handoffs`]).
+    tap: Option<HandoffTap>,
 }
 
 impl Topology {
@@ -66,7 +82,7 @@ impl Topology {
                 ),
             ));
         }
-        Ok(Topology { pools: vec![pool(Role::Aggregated, args, workers, "num_workers")?] })
+        Ok(Topology { pools: vec![pool(Role::Aggregated, args, workers, "num_workers")?], tap: None })
     }
 
     /// One pool of `workers` workers of a single role, for a server that is one side of a
@@ -76,7 +92,7 @@ impl Topology {
         if role == Role::Aggregated {
             return Topology::aggregated(args, workers);
         }
-        Ok(Topology { pools: vec![pool(role, args, workers, "num_workers")?] })
+        Ok(Topology { pools: vec![pool(role, args, workers, "num_workers")?], tap: None })
     }
 
     /// A prefill pool and a decode pool. Engines whose worker type is unset (aggregated) take
@@ -94,7 +110,7 @@ impl Topology {
             ));
         }
         shared_host_agrees(&prefill, &decode)?;
-        Ok(Topology { pools: vec![prefill, decode] })
+        Ok(Topology { pools: vec![prefill, decode], tap: None })
     }
 
     pub fn pools(&self) -> &[PoolSpec] {
@@ -113,6 +129,34 @@ impl Topology {
     /// The block size prompts are hashed at (every pool has the same).
     pub fn block_size(&self) -> u32 {
         self.pools[0].engine.block_size
+    }
+
+    /// How a handoff's KV transfer is timed: with the prefill pool's settings (the side the KV
+    /// leaves from), or a decode-only server's own, for the prefill server elsewhere. None for
+    /// an aggregated cluster, which hands nothing off.
+    pub fn transfer_timing(&self) -> Option<TransferTiming> {
+        let source = self.pool_of(Role::Prefill).or(self.pool_of(Role::Decode))?;
+        let pool = &self.pools[source];
+        Some(TransferTiming { kv: pool.deployment.kv_transfer, block_size: pool.engine.block_size })
+    }
+
+    /// The handoff request `id` with a `prompt_len`-token prompt starts with, if it moves
+    /// between workers here: in a disaggregated cluster, in the decode engine's order; on a
+    /// decode-only server, from the prefill server elsewhere that holds its prompt. None when
+    /// its workers keep it (aggregated) or hand it elsewhere (a prefill-only server).
+    pub fn handoff(&self, id: u64, prompt_len: u32) -> Option<Handoff> {
+        let decode = &self.pools[self.pool_of(Role::Decode)?];
+        let handoff = match self.pool_of(Role::Prefill) {
+            Some(_) => Handoff::new(Order::for_backend(decode.engine.backend), prompt_len),
+            None => Handoff::remote_source(prompt_len),
+        };
+        Some(handoff.tapped(id, self.tap.clone()))
+    }
+
+    /// The same cluster, with `tap` hearing every handoff [`Topology::handoff`] makes (the
+    /// conformance tests compare what the replay and the live driver tell their handoffs).
+    pub fn tap_handoffs(self, tap: HandoffTap) -> Topology {
+        Topology { tap: Some(tap), ..self }
     }
 }
 
@@ -181,6 +225,7 @@ mod tests {
         assert_eq!(t.pools()[1].engine.role, Role::Decode);
         assert_eq!(t.pool_of(Role::Decode), Some(1));
         assert!(t.is_disaggregated());
+        assert!(t.handoff(1, 100).is_some());
         let e = Topology::disaggregated((args(r#"{"is_decode": true}"#), 1), (args("{}"), 1)).unwrap_err();
         assert_eq!(e.field, "worker_type");
         let e = Topology::disaggregated((args(r#"{"block_size": 16}"#), 1), (args("{}"), 1)).unwrap_err();
@@ -224,6 +269,31 @@ mod tests {
         assert!(!t.is_disaggregated());
         let e = Topology::one_side(Role::Prefill, args(r#"{"is_decode": true}"#), 1).unwrap_err();
         assert_eq!(e.field, "worker_type");
+    }
+
+    #[test]
+    fn handoffs_are_timed_by_the_side_the_kv_leaves_from() {
+        let slow = args(r#"{"kv_transfer_bandwidth": 1.0, "kv_bytes_per_token": 1000000}"#);
+        let t = Topology::disaggregated((slow.clone(), 1), (args("{}"), 1)).unwrap();
+        assert_eq!(t.transfer_timing().unwrap().delay_ms(100, 0), 100.0, "the prefill pool's bandwidth");
+        let t = Topology::disaggregated((args("{}"), 1), (slow.clone(), 1)).unwrap();
+        assert_eq!(t.transfer_timing().unwrap().delay_ms(100, 0), 0.0);
+        // A decode-only server times the transfer from the prefill server elsewhere with its own.
+        let t = Topology::one_side(Role::Decode, slow.clone(), 1).unwrap();
+        assert_eq!(t.transfer_timing().unwrap().delay_ms(100, 0), 100.0);
+        let mut remote = t.handoff(1, 100).expect("a remote-source handoff");
+        assert_eq!(remote.start(), crate::Step::PlaceOnDecode);
+        assert!(Topology::one_side(Role::Prefill, slow.clone(), 1).unwrap().handoff(1, 100).is_none());
+        let agg = Topology::aggregated(slow, 1).unwrap();
+        assert!(agg.transfer_timing().is_none() && agg.handoff(1, 100).is_none());
+    }
+
+    #[test]
+    fn targets_number_ranks_worker_after_worker() {
+        let t = Topology::aggregated(args(r#"{"dp_size": 4}"#), 3).unwrap();
+        let pool = &t.pools()[0];
+        assert_eq!(pool.target(2, 1), 9);
+        assert_eq!(pool.locate(9), (2, 1));
     }
 
     #[test]

@@ -21,10 +21,11 @@ use servesim_engine::{RejectReason, Role};
 use tokio::sync::mpsc::Receiver;
 use tokio::sync::watch;
 
-use crate::cluster::{AbortGuard, Cluster, Done, Out};
 use crate::conn::CutMark;
+use crate::frontend::{AbortGuard, Frontend};
 use crate::openai::response::{self as wire, Choice, Completion, Health, KvTransferParams, Nvext, Usage, WorkerIds};
 use crate::openai::{self, ApiError, ErrorKind, GenRequest};
+use crate::rank::stream::{Done, StreamMsg};
 use crate::tokenizer::Tokenizer;
 
 /// Largest request body accepted.
@@ -32,7 +33,7 @@ pub const BODY_LIMIT: usize = 32 * 1024 * 1024;
 
 /// What every handler of one listener shares.
 pub struct Service {
-    pub cluster: Arc<Cluster>,
+    pub frontend: Arc<Frontend>,
     pub tokenizer: Arc<Tokenizer>,
     pub model: String,
     pub max_model_len: u32,
@@ -95,16 +96,16 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/health", get(health))
-        .route("/live", get(|| async { Json(Health { status: "live", error: None }) }))
+        .route("/live", get(|| async { JsonBody(Health { status: "live", error: None }) }))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
 }
 
-struct Json<T>(T);
+struct JsonBody<T>(T);
 
-impl<T: Serialize> IntoResponse for Json<T> {
+impl<T: Serialize> IntoResponse for JsonBody<T> {
     fn into_response(self) -> Response {
         let mut r = Response::new(Body::from(serde_json::to_vec(&self.0).expect("JSON serialises")));
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -114,7 +115,7 @@ impl<T: Serialize> IntoResponse for Json<T> {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = Json(self.body()).into_response();
+        let mut r = JsonBody(self.body()).into_response();
         *r.status_mut() = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         r
     }
@@ -142,16 +143,16 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn health(State(s): State<Arc<Service>>) -> Response {
-    if let Some(rank) = s.cluster.stopped_rank() {
+    if let Some(rank) = s.frontend.stopped_rank() {
         let error = Some(format!("engine rank {rank} stopped"));
-        let mut r = Json(Health { status: "unhealthy", error }).into_response();
+        let mut r = JsonBody(Health { status: "unhealthy", error }).into_response();
         *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         return r;
     }
     if Instant::now() >= s.ready_at() {
-        Json(Health { status: "ready", error: None }).into_response()
+        JsonBody(Health { status: "ready", error: None }).into_response()
     } else {
-        let mut r = Json(Health { status: "notready", error: None }).into_response();
+        let mut r = JsonBody(Health { status: "notready", error: None }).into_response();
         *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         r
     }
@@ -159,7 +160,7 @@ async fn health(State(s): State<Arc<Service>>) -> Response {
 
 async fn metrics(State(s): State<Arc<Service>>) -> Response {
     let text =
-        crate::metrics::render(&s.cluster.metrics_of(s.worker), &s.model, s.cluster.backend, s.metrics_max_ranks);
+        crate::metrics::render(&s.frontend.metrics_of(s.worker), &s.model, s.frontend.backend, s.metrics_max_ranks);
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r
@@ -176,7 +177,7 @@ async fn models(State(s): State<Arc<Service>>) -> Response {
         max_model_len: s.max_model_len,
         permission: [],
     };
-    Json(wire::ModelList { object: "list", data: [card] }).into_response()
+    JsonBody(wire::ModelList { object: "list", data: [card] }).into_response()
 }
 
 async fn completions(State(s): State<Arc<Service>>, req: Request) -> Response {
@@ -354,13 +355,13 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     }
     let pin = match (g.worker, s.worker) {
         (_, Some(w)) => Some(w),
-        (Some(w), None) if (w as usize) < s.cluster.num_workers() => Some(w as usize),
+        (Some(w), None) if (w as usize) < s.frontend.num_workers() => Some(w as usize),
         (Some(w), None) => {
-            return Err(ApiError::field("nvext", format!("no worker {w}: there are {}", s.cluster.num_workers())))
+            return Err(ApiError::field("nvext", format!("no worker {w}: there are {}", s.frontend.num_workers())))
         }
         (None, None) => None,
     };
-    match s.cluster.single_role() {
+    match s.frontend.single_role() {
         Some(Role::Decode) if !g.remote_prefill => {
             return Err(ApiError::field(
                 "kv_transfer_params",
@@ -372,7 +373,7 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     }
     unless_aborted(&s, &cut, tokio::time::sleep_until(s.ready_at().into())).await?;
     let prompt_tokens = g.prompt.len() as u32;
-    let sub = s.cluster.submit(g.prompt.into(), g.max_tokens, pin).map_err(|_| ApiError::bad("unknown worker"))?;
+    let sub = s.frontend.submit(g.prompt.into(), g.max_tokens, pin).map_err(|_| ApiError::bad("unknown worker"))?;
     let frame = Frame {
         chat,
         id: format!("{}-{:016x}{:016x}", if chat { "chatcmpl" } else { "cmpl" }, s.id_salt, rand_suffix()),
@@ -386,8 +387,8 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     let mut rx = sub.rx;
     let guard = sub.guard;
     // News that ends the request early, as the error the client gets (nothing left to cancel).
-    let progress = |news: Option<Out>| match news {
-        Some(Out::Failed(reason)) => {
+    let progress = |news: Option<StreamMsg>| match news {
+        Some(StreamMsg::Failed(reason)) => {
             guard.finish();
             Err(rejected(reason))
         }
@@ -427,13 +428,13 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
     let mut next = first;
     let done = loop {
         match next {
-            Out::Token(t) => tokens.push(t),
-            Out::Tokens(ts) => tokens.extend_from_slice(&ts),
-            Out::Done { tail, done } => {
+            StreamMsg::Token(t) => tokens.push(t),
+            StreamMsg::Tokens(ts) => tokens.extend_from_slice(&ts),
+            StreamMsg::Done { tail, done } => {
                 tokens.extend_from_slice(&tail);
                 break done;
             }
-            Out::Failed(_) => unreachable!("failures end the request in `progress`"),
+            StreamMsg::Failed(_) => unreachable!("failures end the request in `progress`"),
         }
         next = progress(unless_aborted(&frame.service, &cut, rx.recv()).await?)?;
     };
@@ -447,7 +448,7 @@ async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Result<Response,
         kv_transfer_params: frame.kv_transfer_params(&done),
         ..frame.completion(false, &choices)
     };
-    let mut r = Json(body).into_response();
+    let mut r = JsonBody(body).into_response();
     r.headers_mut().insert("x-servesim-worker", HeaderValue::from(done.decode_worker));
     Ok(r)
 }
@@ -474,12 +475,12 @@ type Aborting = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// The SSE body: messages the stream has received become chunks, at most [`SSE_WRITE_BYTES`]
 /// of them a write.
 struct SseStream {
-    rx: Receiver<Out>,
+    rx: Receiver<StreamMsg>,
     guard: Option<AbortGuard>,
     frame: Frame,
     /// A message not yet written out in full: the first one, received before the response
     /// started, or one that did not fit in the last write.
-    pending: Option<Out>,
+    pending: Option<StreamMsg>,
     /// How many tokens of `pending` have been written.
     next: usize,
     tokens: u32,
@@ -552,12 +553,12 @@ impl SseStream {
 
     /// Writes what `out` holds from token `self.next` on, stopping once `buf` holds
     /// [`SSE_WRITE_BYTES`]; what is left goes back to `pending`.
-    fn write(&mut self, buf: &mut Vec<u8>, out: Out) {
+    fn write(&mut self, buf: &mut Vec<u8>, out: StreamMsg) {
         let ids: &[u32] = match &out {
-            Out::Token(t) => std::slice::from_ref(t),
-            Out::Tokens(ts) => ts,
-            Out::Done { tail, .. } => tail,
-            Out::Failed(_) => &[],
+            StreamMsg::Token(t) => std::slice::from_ref(t),
+            StreamMsg::Tokens(ts) => ts,
+            StreamMsg::Done { tail, .. } => tail,
+            StreamMsg::Failed(_) => &[],
         };
         while self.next < ids.len() {
             if buf.len() >= SSE_WRITE_BYTES {
@@ -570,9 +571,9 @@ impl SseStream {
         }
         self.next = 0;
         match out {
-            Out::Token(_) | Out::Tokens(_) => {}
-            Out::Done { done, .. } => self.finish(buf, &done),
-            Out::Failed(reason) => self.fail(buf, ApiError::new(ErrorKind::Internal, rejected(reason).message)),
+            StreamMsg::Token(_) | StreamMsg::Tokens(_) => {}
+            StreamMsg::Done { done, .. } => self.finish(buf, &done),
+            StreamMsg::Failed(reason) => self.fail(buf, ApiError::new(ErrorKind::Internal, rejected(reason).message)),
         }
     }
 }

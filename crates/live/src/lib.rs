@@ -3,18 +3,18 @@
 //! The simulated engines on a wall clock, behind an OpenAI-compatible HTTP API: the mock
 //! engine people point gateways, routers, autoscalers and load generators at instead of a GPU.
 //! [`server::start`] binds the frontend (and each worker's own port; port 0 picks a free one),
-//! starts one actor thread per engine rank ([`cluster`], [`actor`]) and the ZMQ KV event
+//! starts one thread per engine rank ([`frontend`], [`rank`]) and the ZMQ KV event
 //! publishers ([`zmq`]), and serves until [`server::Server::shutdown`]. [`serve`] does both
 //! around the process's signals: the first SIGINT/SIGTERM stops accepting and lets in-flight
 //! responses finish for `shutdown_timeout`, then drops what is left; a second stops at once.
 
-pub mod actor;
-pub mod cluster;
 pub mod conn;
 pub mod error;
+pub mod frontend;
 pub mod http;
 pub mod metrics;
 pub mod openai;
+pub mod rank;
 pub mod server;
 pub mod tokenizer;
 pub mod zmq;
@@ -224,7 +224,7 @@ impl Signals {
 }
 
 /// The pool of global worker index `worker` (workers are numbered pool after pool).
-pub(crate) fn pool_of(pools: &[PoolSpec], worker: usize) -> &PoolSpec {
+pub(crate) fn pool_of_worker(pools: &[PoolSpec], worker: usize) -> &PoolSpec {
     let mut w = worker;
     for pool in pools {
         if w < pool.workers as usize {

@@ -1,6 +1,6 @@
 //! Prometheus metrics with the engines' own names, written in the text exposition format.
 //!
-//! Every engine rank owns one [`RankMetrics`]: its actor thread is the only writer, HTTP
+//! Every engine rank owns one [`RankMetrics`]: its rank thread is the only writer, HTTP
 //! handlers read it when `/metrics` is scraped. The encoder groups the series of any subset of
 //! ranks (one worker's, or the whole process's) under one `# HELP`/`# TYPE` header per family,
 //! which is why this module writes the format itself instead of concatenating registries.

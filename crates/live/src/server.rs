@@ -19,9 +19,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::cluster::{Cluster, ClusterSpec};
 use crate::conn::{ConnState, TimedIo, Timeouts, Tracked};
 use crate::error::LiveError;
+use crate::frontend::{Frontend, FrontendSpec};
 use crate::tokenizer::Tokenizer;
 use crate::{http, ready_offsets, zmq, ServeOptions, DEFAULT_MAX_MODEL_LEN};
 
@@ -29,7 +29,7 @@ use crate::{http, ready_offsets, zmq, ServeOptions, DEFAULT_MAX_MODEL_LEN};
 pub struct Server {
     addr: SocketAddr,
     worker_addrs: Vec<SocketAddr>,
-    cluster: Arc<Cluster>,
+    frontend: Arc<Frontend>,
     model: String,
     /// Stop accepting; connections finish their current response and close.
     stop: watch::Sender<bool>,
@@ -66,7 +66,7 @@ impl Server {
     }
 
     pub fn num_workers(&self) -> usize {
-        self.cluster.num_workers()
+        self.frontend.num_workers()
     }
 
     /// Stops accepting connections and lets in-flight responses finish for up to `grace`, or
@@ -92,7 +92,7 @@ impl Server {
                 aborted += n.unwrap_or(0);
             }
         }
-        let c = self.cluster.clone();
+        let c = self.frontend.clone();
         let _ = tokio::task::spawn_blocking(move || c.shutdown()).await;
         Shutdown { drained, forced, aborted_connections: aborted }
     }
@@ -115,7 +115,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
         }
     };
     // Bind everything before starting anything, so a busy port fails fast.
-    let frontend = listen(opts.port, None).await?;
+    let frontend_listener = listen(opts.port, None).await?;
     let mut worker_listeners = Vec::new();
     if let Some(base) = opts.worker_base_port {
         for w in 0..workers {
@@ -126,7 +126,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     let mut kv_publishers = Vec::new();
     for w in 0..workers {
         let Some(&base) = opts.zmq_kv_events_ports.get(w) else { break };
-        let dp = crate::pool_of(pools, w).deployment.dp_size;
+        let dp = crate::pool_of_worker(pools, w).deployment.dp_size;
         let mut ranks = Vec::new();
         for r in 0..dp {
             let port = u16::try_from(base as u32 + r).map_err(|_| LiveError::ZmqPort { base, rank: r })?;
@@ -140,7 +140,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     }
 
     let tokenizer = Arc::new(tokenizer);
-    let cluster = Cluster::start(ClusterSpec {
+    let frontend = Frontend::start(FrontendSpec {
         topology: opts.topology.clone(),
         router: opts.router.clone(),
         prefill_load_estimator: opts.prefill_load_estimator.clone(),
@@ -150,7 +150,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
         kv_publishers,
         seed: opts.seed,
     })?;
-    let mut max_model_len = opts.max_model_len.or(cluster.max_model_len()).unwrap_or(DEFAULT_MAX_MODEL_LEN);
+    let mut max_model_len = opts.max_model_len.or(frontend.max_model_len()).unwrap_or(DEFAULT_MAX_MODEL_LEN);
     // A request longer than one rank's KV cache could start, stream, and only then fail when it
     // can no longer grow; vLLM refuses such a context length at startup. Here the front door
     // refuses such requests with a 400 instead.
@@ -173,8 +173,8 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     let (abort, abort_rx) = watch::channel(false);
     let mut listeners = JoinSet::new();
     let mut addrs = Vec::new();
-    let all =
-        std::iter::once((frontend, None)).chain(worker_listeners.into_iter().enumerate().map(|(w, l)| (l, Some(w))));
+    let all = std::iter::once((frontend_listener, None))
+        .chain(worker_listeners.into_iter().enumerate().map(|(w, l)| (l, Some(w))));
     for (listener, worker) in all {
         let addr = listener.local_addr().map_err(|source| LiveError::Listen {
             addr: format!("{}:{}", opts.host, opts.port),
@@ -185,7 +185,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
         let app = http::router(Arc::new(http::Service {
             host: opts.host.clone(),
             port: addr.port(),
-            cluster: cluster.clone(),
+            frontend: frontend.clone(),
             tokenizer: tokenizer.clone(),
             model: opts.model_name.clone(),
             max_model_len,
@@ -202,7 +202,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     Ok(Server {
         addr: addrs[0],
         worker_addrs: addrs[1..].to_vec(),
-        cluster,
+        frontend,
         model: opts.model_name.clone(),
         stop,
         abort,

@@ -7,8 +7,8 @@ impl Simulation<'_, '_> {
     /// Decode target `t` (a rank of a decode worker) tries to reserve blocks for the oldest
     /// request waiting there; true if it did.
     pub(super) fn retry_destination(&mut self, pool: usize, t: usize) -> bool {
-        let dp = self.pools[pool].spec.dp();
-        let engine = &mut self.pools[pool].workers[t / dp].ranks[t % dp].engine;
+        let (w, r) = self.pools[pool].spec.locate(t);
+        let engine = &mut self.pools[pool].workers[w].ranks[r].engine;
         let Some(Reserved { request, reused_tokens }) = engine.retry_destination() else {
             return false;
         };
@@ -23,7 +23,8 @@ impl Simulation<'_, '_> {
         let dp = self.pools[pool].spec.dp();
         let mut reserved = false;
         for r in 0..dp {
-            reserved |= self.retry_destination(pool, w * dp + r);
+            let t = self.pools[pool].spec.target(w, r);
+            reserved |= self.retry_destination(pool, t);
         }
         reserved
     }
@@ -46,8 +47,8 @@ impl Simulation<'_, '_> {
             Step::Activate => {
                 // Like every command to an engine, an activation waits for the pass in flight.
                 let t = self.flights[&id].decode_target.expect("routed to a decode worker");
-                let dp = self.pools[1].spec.dp();
-                let worker = &mut self.pools[1].workers[t / dp];
+                let (w, _) = self.pools[1].spec.locate(t);
+                let worker = &mut self.pools[1].workers[w];
                 if worker.busy {
                     worker.pending_activations.push((id, t));
                 } else {
@@ -56,33 +57,33 @@ impl Simulation<'_, '_> {
             }
             Step::ReleaseSource => self.release_source(id),
             Step::Reject(reason) => {
-                self.router_edge(1, id, true);
+                self.router_edge(1, Edge::Free(id));
                 self.finish(id, Finish::Rejected(reason));
             }
             Step::AbortSource => {
                 let t = self.flights[&id].prefill_target.expect("placed on a prefill worker");
-                let dp = self.pools[0].spec.dp();
-                let worker = &mut self.pools[0].workers[t / dp];
-                worker.ranks[t % dp].engine.abort(id);
+                let (w, r) = self.pools[0].spec.locate(t);
+                let worker = &mut self.pools[0].workers[w];
+                worker.ranks[r].engine.abort(id);
                 worker.reset_wave_if_drained();
-                self.wake(0, t / dp);
+                self.wake(0, w);
             }
             Step::AbortDestination => {
                 let t = self.flights[&id].decode_target.expect("placed on a decode worker");
-                let dp = self.pools[1].spec.dp();
-                let worker = &mut self.pools[1].workers[t / dp];
-                worker.ranks[t % dp].engine.abort(id);
+                let (w, r) = self.pools[1].spec.locate(t);
+                let worker = &mut self.pools[1].workers[w];
+                worker.ranks[r].engine.abort(id);
                 worker.reset_wave_if_drained();
-                self.wake(1, t / dp);
+                self.wake(1, w);
             }
         }
     }
 
     /// Decode target `t` takes the transferred KV.
     pub(super) fn activate(&mut self, t: usize, id: u64) {
-        let dp = self.pools[1].spec.dp();
-        self.pools[1].workers[t / dp].ranks[t % dp].engine.activate(id);
-        self.wake(1, t / dp);
+        let (w, r) = self.pools[1].spec.locate(t);
+        self.pools[1].workers[w].ranks[r].engine.activate(id);
+        self.wake(1, w);
         self.collector.destination_activated(id, self.now);
         self.retry_destination(1, t);
         self.handoff(id, Fact::Activated);
@@ -91,19 +92,19 @@ impl Simulation<'_, '_> {
     /// The prefill worker may free the KV it holds for `id` (at the end of its current pass).
     pub(super) fn release_source(&mut self, id: u64) {
         let t = self.flights[&id].prefill_target.expect("prefilled");
-        let dp = self.pools[0].spec.dp();
-        let worker = &mut self.pools[0].workers[t / dp];
+        let (w, r) = self.pools[0].spec.locate(t);
+        let worker = &mut self.pools[0].workers[w];
         if worker.busy {
             // Recorded now: the request may be gone by the time the pass ends.
             self.collector.source_released(id, worker.pass_end);
-            worker.pending_releases.push((id, t % dp));
+            worker.pending_releases.push((id, r));
         } else {
-            worker.ranks[t % dp].engine.release_held(id);
+            worker.ranks[r].engine.release_held(id);
             worker.reset_wave_if_drained();
             self.collector.source_released(id, self.now);
-            self.wake(0, t / dp);
+            self.wake(0, w);
             if self.scaling.is_some() {
-                self.retire_if_drained(0, t / dp);
+                self.retire_if_drained(0, w);
             }
         }
     }

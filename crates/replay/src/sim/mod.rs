@@ -31,8 +31,8 @@ use std::ops::Bound::{Excluded, Unbounded};
 
 use rustc_hash::FxHashMap;
 use servesim_cluster::{
-    token_seed, Fact, Flight, Handoff, Order, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming,
-    WorkerState, Workers,
+    Edge, Fact, Flight, Handoff, PassEdges, Placer, PoolSpec, RouterMode, Step, Topology, TransferTiming, WorkerState,
+    Workers,
 };
 use servesim_engine::offload::{SharedG3Pool, SharedHostPool};
 use servesim_engine::{
@@ -476,10 +476,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
             })
             .collect();
-        let transfer = config.topology.is_disaggregated().then(|| {
-            let prefill = &config.topology.pools()[0];
-            TransferTiming { kv: prefill.deployment.kv_transfer, block_size: prefill.engine.block_size }
-        });
+        let transfer = config.topology.transfer_timing();
         Simulation {
             workload,
             config,
@@ -1102,25 +1099,21 @@ impl<'a, 'c> Simulation<'a, 'c> {
         } else {
             Default::default()
         };
-        let handoff = self.transfer.map(|_| {
-            let decode = &self.pools[1].spec.engine;
-            Handoff::new(Order::for_backend(decode.backend), prompt.len())
-        });
         let flight = Flight {
-            id,
-            prompt,
             hashes,
-            max_output: turn.output_length,
-            token_seed: token_seed(self.config.seed, id),
             planned_output,
             priority: turn.priority,
             strict_priority: turn.strict_priority,
-            arrival_ms: r.arrival_ms,
             policy_class: turn.meta.as_ref().and_then(|m| m.policy_class.clone()),
-            prefill_target: None,
-            decode_target: None,
-            handoff,
-            extra: r.session,
+            ..Flight::new(
+                id,
+                prompt,
+                turn.output_length,
+                r.arrival_ms,
+                self.config.seed,
+                &self.config.topology,
+                r.session,
+            )
         };
         self.flights.insert(id, flight);
         match self.flights.get_mut(&id).and_then(|f| f.handoff.as_mut()).map(Handoff::start) {
@@ -1210,12 +1203,12 @@ impl<'a, 'c> Simulation<'a, 'c> {
     }
 
     /// Router lifecycle edges; requests the router releases from its queue are placed now.
-    fn router_edge(&mut self, pool: usize, id: u64, finished: bool) {
+    fn router_edge(&mut self, pool: usize, edge: Edge) {
         let placer = &mut self.pools[pool].placer;
         if !placer.is_kv() {
             return;
         }
-        let released = if finished { placer.free(id, self.now) } else { placer.prefill_done(id, self.now) };
+        let released = placer.edge(edge, self.now);
         for p in released {
             self.place(pool, p);
         }
@@ -1292,29 +1285,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 self.collector.admit_tiers(a.request, tiers);
             }
         }
-        let routed = self.pools[pool].placer.is_kv();
-        // An aggregated request's last token of its final pass is its terminal signal: the
-        // router frees it there, in token order, and a request whose first token is also its
-        // last gets no prefill edge before that (Dynamo handles one output signal at a time,
-        // and a completed one only frees).
-        let mut terminal: Vec<(u64, usize)> = Vec::new();
-        if routed && role == Role::Aggregated && !out.finished.is_empty() {
-            terminal.extend(
-                out.finished
-                    .iter()
-                    .filter_map(|f| out.tokens.iter().rposition(|t| t.request == f.request).map(|i| (f.request, i))),
-            );
-        }
+        // The router's edges (servesim_cluster::edges), each acted on as it comes.
+        let edges = PassEdges::of(role, self.pools[pool].placer.is_kv(), out);
         for (i, t) in out.tokens.iter().enumerate() {
-            // The router's prefill edge: the prefill worker's only token, or the first visible one.
-            let edge = role == Role::Prefill || self.collector.token(t.request, now);
-            if !routed {
-                continue;
-            }
-            if terminal.contains(&(t.request, i)) {
-                self.router_edge(pool, t.request, true);
-            } else if edge {
-                self.router_edge(pool, t.request, false);
+            if let Some(edge) = edges.at_token(i, t.request, || self.collector.token(t.request, now)) {
+                self.router_edge(pool, edge);
             }
         }
         self.collector.count_pass(out, role != Role::Prefill);
@@ -1322,8 +1297,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
             t.pass(pool, target, out, role != Role::Prefill);
         }
         for f in &out.finished {
-            if !terminal.iter().any(|&(id, _)| id == f.request) {
-                self.router_edge(pool, f.request, true);
+            if let Some(edge) = edges.at_finish(f) {
+                self.router_edge(pool, edge);
             }
             match (role, f.finish) {
                 (Role::Prefill, Finish::Completed) => {
