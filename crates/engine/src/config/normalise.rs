@@ -361,8 +361,21 @@ fn check_g3_offload(
     if dp_size != 1 {
         return Err(ConfigError::new("dp_size", "g3_offload supports only dp_size=1"));
     }
-    if g3.num_g3_blocks.checked_mul(block_bytes).is_none_or(|bytes| usize::try_from(bytes).is_err()) {
+    let Some(bytes) = g3.num_g3_blocks.checked_mul(block_bytes).filter(|&b| usize::try_from(b).is_ok()) else {
         return Err(ConfigError::new("engine.g3_offload.num_g3_blocks", "G3 capacity bytes overflow"));
+    };
+    // A rate so small that moving the whole pool at it takes longer than an f64 of milliseconds
+    // holds (a subnormal rate): the pool's caps count only for the shared scope.
+    let mut rates =
+        vec![("read_bandwidth_gbps", g3.read_bandwidth_gbps), ("write_bandwidth_gbps", g3.write_bandwidth_gbps)];
+    if g3.cluster_shared {
+        rates.push(("shared_read_bandwidth_gbps", g3.shared_read_bandwidth_gbps));
+        rates.push(("shared_write_bandwidth_gbps", g3.shared_write_bandwidth_gbps));
+    }
+    for (key, gbps) in rates {
+        if gbps != 0.0 && !(bytes as f64 / (gbps * 1e6)).is_finite() {
+            return Err(ConfigError::new(format!("engine.g3_offload.{key}"), "G3 transfer duration overflow"));
+        }
     }
     Ok(Some(super::G3Offload {
         cluster_shared: g3.cluster_shared,

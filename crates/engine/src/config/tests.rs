@@ -670,6 +670,18 @@ fn g3_offload_is_read_checked_and_dumped_as_dynamo_does() {
         err(r#"{"scope": "worker_local", "num_g3_blocks": 4611686018427387904}"#, ""),
         (at(".num_g3_blocks"), "G3 capacity bytes overflow".into())
     );
+    // A rate at which the pool would take longer than an f64 holds (Dynamo's "G3 transfer
+    // duration overflow"); the pool's caps count only when the pool is shared.
+    assert_eq!(
+        err(r#"{"scope": "worker_local", "num_g3_blocks": 8, "write_bandwidth_gbps": 1e-310}"#, ""),
+        (at(".write_bandwidth_gbps"), "G3 transfer duration overflow".into())
+    );
+    let local_tiny_cap = r#"{"scope": "worker_local", "num_g3_blocks": 8, "shared_read_bandwidth_gbps": 1e-310}"#;
+    assert!(parse(&format!(r#"{{"engine": {{{host}, "g3_offload": {local_tiny_cap}}}}}"#)).is_ok());
+    assert_eq!(
+        err(r#"{"scope": "cluster_shared", "num_g3_blocks": 8, "shared_read_bandwidth_gbps": 1e-310}"#, ""),
+        (at(".shared_read_bandwidth_gbps"), "G3 transfer duration overflow".into())
+    );
     // One pool for the deployment: printed as Dynamo 1.6.1's normalize_mocker_config prints it.
     let shared =
         parse(&format!(r#"{{"engine": {{{host}, "g3_offload": {{"scope": "cluster_shared", "num_g3_blocks": 8}}}}}}"#))
