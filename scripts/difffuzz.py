@@ -662,6 +662,14 @@ def describe_engine(e):
         parts.append(f"xfer{e['kv_transfer_bandwidth']:g}GB/s")
     if e.get("kv_transfer_timing_mode") == "destination_missing":
         parts.append("dmiss")
+    host = e.get("native_host_offload") or {}
+    if host:
+        shared = "shared" if host.get("scope") == "cluster_shared" else ""
+        parts.append(f"g2{shared}:{host.get('num_host_blocks')}")
+    g3 = e.get("g3_offload") or {}
+    if g3:
+        shared = "shared" if g3.get("scope") == "cluster_shared" else ""
+        parts.append(f"g3{shared}:{g3.get('num_g3_blocks')}")
     return " ".join(parts)
 
 
