@@ -134,3 +134,36 @@ def test_replay_shares_one_host_pool():
     )
     assert report.summary["g2_domains"] == golden["g2_domains"]
     assert report.summary["mean_ttft_ms"] == pytest.approx(golden["mean_ttft_ms"], rel=1e-9)
+
+
+def test_replay_shares_one_host_pool_across_prefill_and_decode():
+    # tests/parity/offload_disagg_shared_cross through the Python replay: its golden's numbers.
+    import json
+
+    case = json.loads((PARITY / "offload_disagg_shared_cross.json").read_text())
+    golden = json.loads((PARITY / "offload_disagg_shared_cross.golden.json").read_text())
+    report = replay.run_trace_replay(
+        str(PARITY / case["trace"]),
+        prefill_engine_args={"engine": case["prefill_engine"]},
+        decode_engine_args={"engine": case["decode_engine"]},
+        trace_block_size=case["trace_block_size"],
+        num_prefill_workers=case["num_prefill_workers"],
+        num_decode_workers=case["num_decode_workers"],
+    )
+    assert report.summary["g2_domains"] == golden["g2_domains"]
+    assert report.summary["host_offload_hit_tokens"] == golden["x_cache_tiers"]["host_reused_input_tokens"]
+    assert report.summary["mean_ttft_ms"] == pytest.approx(golden["mean_ttft_ms"], rel=1e-6)
+
+
+def test_prefill_and_decode_must_agree_on_a_shared_pool():
+    # Dynamo 1.6.1 raises a plain Exception here too ("engine error: ... participants are
+    # incompatible: Contract {...} vs Contract {...}").
+    host = {"num_host_blocks": 64, "scope": "cluster_shared", "kv_layout_id": "tp1"}
+    engine = {"kv_cache_bytes_per_token": 131072, "native_host_offload": host}
+    with pytest.raises(Exception, match=r"participants are incompatible: .*num_host_blocks 64 \(prefill\) vs 128"):
+        replay.run_trace_replay(
+            str(PARITY / "offload_shared_cross.jsonl"),
+            prefill_engine_args={"engine": engine},
+            decode_engine_args={"engine": {**engine, "native_host_offload": {**host, "num_host_blocks": 128}}},
+            trace_block_size=64,
+        )
