@@ -16,7 +16,7 @@ pub mod types;
 pub use capacity::{Capacity, EngineQuery, PassModel, Shape, Worker};
 pub use config::{ConfigError, Mode, PlannerConfig, PredictorKind, Target, PASSTHROUGH_KEYS};
 pub use fpm_model::FpmModel;
-pub use planner::{idle_fpm, Diagnostics, ExternalFactory, Planner, Role, SetupError, Tick};
+pub use planner::{idle_fpm, Diagnostics, ExternalFactory, Planner, RoleEngines, SetupError, Tick};
 pub use predict::{ExternalSeries, Predictor};
 pub use types::{EngineCaps, Fpm, Queued, Scheduled, Snapshot, Traffic};
 

@@ -21,7 +21,7 @@ use crate::types::{EngineCaps, Fpm, Scheduled, Snapshot, Traffic};
 
 /// One role's engines as the planner sizes them.
 #[derive(Clone)]
-pub struct Role {
+pub struct RoleEngines {
     pub caps: EngineCaps,
     /// GPUs one replica occupies (the budget's cost per replica).
     pub gpus_per_replica: i64,
@@ -35,9 +35,12 @@ pub struct Role {
     pub nextn: u64,
 }
 
-impl std::fmt::Debug for Role {
+impl std::fmt::Debug for RoleEngines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Role").field("caps", &self.caps).field("gpus_per_replica", &self.gpus_per_replica).finish()
+        f.debug_struct("RoleEngines")
+            .field("caps", &self.caps)
+            .field("gpus_per_replica", &self.gpus_per_replica)
+            .finish()
     }
 }
 
@@ -104,9 +107,9 @@ type Proposal = (Option<i64>, Option<i64>);
 
 pub struct Planner {
     cfg: PlannerConfig,
-    prefill: Option<Role>,
+    prefill: Option<RoleEngines>,
     /// Decode workers, or the aggregated ones.
-    decode: Role,
+    decode: RoleEngines,
     num_req: Option<Predictor>,
     isl: Option<Predictor>,
     osl: Option<Predictor>,
@@ -146,7 +149,7 @@ impl std::fmt::Debug for Planner {
 
 impl Planner {
     /// `prefill` is `None` for an aggregated deployment (`mode: agg`).
-    pub fn new(cfg: PlannerConfig, prefill: Option<Role>, decode: Role) -> Result<Planner, SetupError> {
+    pub fn new(cfg: PlannerConfig, prefill: Option<RoleEngines>, decode: RoleEngines) -> Result<Planner, SetupError> {
         Planner::with_external(cfg, prefill, decode, None)
     }
 
@@ -155,8 +158,8 @@ impl Planner {
     /// It is called only when throughput scaling predicts with such a predictor.
     pub fn with_external(
         cfg: PlannerConfig,
-        prefill: Option<Role>,
-        decode: Role,
+        prefill: Option<RoleEngines>,
+        decode: RoleEngines,
         external: Option<ExternalFactory<'_>>,
     ) -> Result<Planner, SetupError> {
         match cfg.mode {
@@ -178,7 +181,7 @@ impl Planner {
             };
             Predictor::with_external(cfg, ext).map(Some).map_err(SetupError::Predictor)
         };
-        let fitted = |role: &Role, worker: Worker| -> FpmModel {
+        let fitted = |role: &RoleEngines, worker: Worker| -> FpmModel {
             let mut m = FpmModel::new(
                 worker,
                 role.caps,

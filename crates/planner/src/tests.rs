@@ -16,8 +16,8 @@ fn caps(max_kv: u64) -> EngineCaps {
     }
 }
 
-fn role(max_kv: u64, gpus: i64, model: Option<Arc<dyn PassModel + Send + Sync>>) -> Role {
-    Role { caps: caps(max_kv), gpus_per_replica: gpus, model, nextn: 0 }
+fn role(max_kv: u64, gpus: i64, model: Option<Arc<dyn PassModel + Send + Sync>>) -> RoleEngines {
+    RoleEngines { caps: caps(max_kv), gpus_per_replica: gpus, model, nextn: 0 }
 }
 
 fn fpm(worker: u32, sched_kv: u32, queued_prefill: u32) -> Fpm {

@@ -271,11 +271,11 @@ impl Autoscaler for PlannerRun {
 pub fn roles(
     topology: &servesim_cluster::Topology,
     model: impl Fn(&servesim_engine::EngineConfig) -> Option<std::sync::Arc<dyn servesim_planner::PassModel + Send + Sync>>,
-) -> (Option<servesim_planner::Role>, servesim_planner::Role) {
+) -> (Option<servesim_planner::RoleEngines>, servesim_planner::RoleEngines) {
     let role = |spec: &servesim_cluster::PoolSpec| {
         let e = spec.rank_engine();
         let dp = spec.deployment.dp_size.max(1);
-        servesim_planner::Role {
+        servesim_planner::RoleEngines {
             caps: servesim_planner::EngineCaps {
                 max_num_batched_tokens: e.max_num_batched_tokens.unwrap_or(8192) as u64,
                 max_num_seqs: e.max_num_seqs.unwrap_or(256) as u64,

@@ -24,7 +24,7 @@ impl Planner {
             let refused_label = "scale_down_refused_consolidation";
             let mut any_refused = false;
             let desired = if easy {
-                self.kv_easy(&snap.decode_fpms, n, true)?
+                self.kv_utilisation_scaling(&snap.decode_fpms, n, true)?
             } else {
                 if !self.model_ready(Worker::Aggregated, n) {
                     return None;
@@ -104,7 +104,7 @@ impl Planner {
         let d_desired = if df.is_empty() {
             None
         } else if easy {
-            self.kv_easy(df, self.num_d, false)
+            self.kv_utilisation_scaling(df, self.num_d, false)
         } else {
             self.decode_sla(df, self.num_d)
         };
@@ -155,7 +155,7 @@ impl Planner {
     }
 
     /// Easy decode/agg decision on KV utilisation values.
-    fn easy_kv(&mut self, utils: &[f64], n: i64) -> Option<i64> {
+    fn decide_on_kv_utilisation(&mut self, utils: &[f64], n: i64) -> Option<i64> {
         let (up, down) = match self.thresholds_decode() {
             Some(t) => t,
             None => {
@@ -183,7 +183,7 @@ impl Planner {
     /// Easy KV-utilisation scaling of decode (or aggregated) workers: each rank's scheduled and
     /// queued decode KV over the KV capacity; aggregated ranks also count the queued prefill
     /// tokens (they will need KV on the same worker).
-    fn kv_easy(&mut self, fpms: &[Fpm], n: i64, aggregated: bool) -> Option<i64> {
+    fn kv_utilisation_scaling(&mut self, fpms: &[Fpm], n: i64, aggregated: bool) -> Option<i64> {
         let max_kv = self.decode.caps.max_kv_tokens as f64;
         if max_kv <= 0.0 {
             self.diag.load_decision_reason = Some("insufficient_data".into());
@@ -197,7 +197,7 @@ impl Planner {
                     / max_kv
             })
             .collect();
-        self.easy_kv(&utils, n)
+        self.decide_on_kv_utilisation(&utils, n)
     }
 
     fn prefill_easy(&mut self, fpms: &[Fpm], n: i64) -> Option<i64> {
@@ -333,7 +333,7 @@ impl Planner {
     /// every engine's KV (scheduled and queued decode, and for aggregated engines queued
     /// prefill) times N/(N−1) to fit its cache and its estimated ITL there to stay under the
     /// sensitivity share of the SLA.
-    fn sla_itl(&mut self, role: &Role, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
+    fn sla_itl(&mut self, role: &RoleEngines, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
         let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
         let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
         let agg = worker == Worker::Aggregated;

@@ -44,7 +44,7 @@ impl Planner {
     /// The capacity search's view of an engine: the fitted model, queried as one rank. (The
     /// reference's unprofiled planner model has no attention-DP grouping: it puts a synthetic
     /// batch on a single rank, with the engine's whole KV capacity.)
-    fn query<'a>(&'a self, role: &'a Role, worker: Worker) -> Option<EngineQuery<'a>> {
+    fn query<'a>(&'a self, role: &'a RoleEngines, worker: Worker) -> Option<EngineQuery<'a>> {
         let caps = EngineCaps { dp_size: 1, ..role.caps };
         self.fpm(worker).map(|m| EngineQuery { model: m as &dyn PassModel, caps, worker })
     }
