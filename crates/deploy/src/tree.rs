@@ -22,25 +22,7 @@ pub const MAX_STRING: usize = 4096;
 /// How many characters of an input string a message shows.
 const SHOWN_CHARS: usize = 80;
 
-/// `s` quoted for a message, cut to its first 80 characters (then `…` and its length).
-pub fn shown(s: &str) -> String {
-    match s.char_indices().nth(SHOWN_CHARS) {
-        None => format!("{s:?}"),
-        Some((end, _)) => format!("{:?}… ({} bytes)", &s[..end], s.len()),
-    }
-}
-
-/// `path.key` for messages; a key too long to show, or with control characters, is quoted
-/// (and cut: [`shown`]).
-pub fn join(path: &str, key: &str) -> String {
-    let key =
-        if key.chars().nth(80).is_some() || key.chars().any(char::is_control) { shown(key) } else { key.to_string() };
-    if path.is_empty() {
-        key
-    } else {
-        format!("{path}.{key}")
-    }
-}
+pub use servesim_config::reader::{join, shown};
 
 /// Reads YAML text into a JSON value; the document must be one mapping.
 pub fn parse_yaml(text: &str) -> Result<Value, DeployError> {

@@ -9,7 +9,6 @@ pub mod config;
 pub mod engine;
 pub mod handoff;
 pub mod hash;
-pub mod json;
 pub mod offload;
 pub mod output;
 pub mod pool;
@@ -28,12 +27,12 @@ pub use config::{
 pub use engine::{Engine, EngineCounters, EngineOptions};
 pub use handoff::Reserved;
 pub use hash::BlockHashes;
-pub use json::ConfigError;
 pub use output::{
     Admission, Finish, Finished, HostKvEvent, KvEvent, PassOutput, QueueLoad, RejectReason, StoredBlock, Stretch,
     TokenOut,
 };
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
+pub use servesim_config::ConfigError;
 pub use speculative::SpeculativeConfig;
 pub use timing::{
     DecodeShape, ExternalTimer, KvMemory, MemoryLimits, PassTimer, PrefillShape, TimerFactory, TimingJitter,

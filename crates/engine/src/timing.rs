@@ -10,8 +10,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::json::{ConfigError, ObjectReader, Result};
 use crate::profile::Profile;
+use servesim_config::{ConfigError, Reader, Result};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum TimingModel {
@@ -168,7 +168,7 @@ pub struct DecodeShape {
 impl TimingModel {
     /// Reads a `timing_model` object; an interpolated model comes back as a reference to its
     /// profile file.
-    pub(crate) fn read(r: &mut ObjectReader) -> Result<Unresolved> {
+    pub(crate) fn read(r: &mut Reader) -> Result<Unresolved> {
         match r.choice("type", &["polynomial", "fixed", "interpolated", "external"])?.set() {
             None => Err(ConfigError::new(
                 r.path("type"),
@@ -578,7 +578,7 @@ mod external_tests {
         }
     }
 
-    fn with_linear(json: &str) -> crate::json::Result<EngineConfig> {
+    fn with_linear(json: &str) -> servesim_config::Result<EngineConfig> {
         let factory = |key: &str, provider: &str, config: &serde_json::Value| {
             if provider != "linear" {
                 return Err(ConfigError::new(key, format!("unknown provider {provider}")));

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{json, Map, Value};
-use servesim_engine::json::ConfigError;
+use servesim_engine::ConfigError;
 use servesim_engine::PassTimer;
 
 use crate::db::{Database, Dtype};

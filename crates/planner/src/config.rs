@@ -1,36 +1,9 @@
 //! The Planner's configuration: Dynamo 1.6.1's `PlannerConfig` keys, aliases, defaults and
 //! validation messages (`dynamo/planner/config/planner_config.py`, `config/defaults.py`).
 
-use serde_json::{Map, Value};
-
-/// A configuration error: the key path (empty for a whole-config rule) and the message.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConfigError {
-    pub key: String,
-    pub message: String,
-}
-
-impl ConfigError {
-    fn new(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError { key: key.into(), message: message.into() }
-    }
-
-    fn whole(message: impl Into<String>) -> ConfigError {
-        ConfigError::new("", message)
-    }
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.key.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.key, self.message)
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+use serde_json::Value;
+pub use servesim_config::ConfigError;
+use servesim_config::Reader;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -188,71 +161,6 @@ const KNOWN_KEYS: &[&str] = &[
     "speculative_nextn",
 ];
 
-struct Reader<'a> {
-    m: &'a Map<String, Value>,
-    prefix: &'a str,
-}
-
-impl Reader<'_> {
-    fn path(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    /// The value of the first of `keys` present (a key and its aliases).
-    fn get<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, &Value)> {
-        keys.iter().find_map(|k| self.m.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
-    }
-
-    fn int(&self, keys: &[&str]) -> Result<Option<i64>, ConfigError> {
-        match self.get(keys) {
-            None => Ok(None),
-            Some((k, v)) => match v.as_i64().or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64)) {
-                Some(i) => Ok(Some(i)),
-                None => Err(ConfigError::new(self.path(k), format!("Input should be a valid integer, got {v}"))),
-            },
-        }
-    }
-
-    fn num(&self, keys: &[&str]) -> Result<Option<f64>, ConfigError> {
-        match self.get(keys) {
-            None => Ok(None),
-            Some((k, v)) => match v.as_f64() {
-                Some(f) if f.is_finite() => Ok(Some(f)),
-                _ => Err(ConfigError::new(self.path(k), format!("Input should be a valid number, got {v}"))),
-            },
-        }
-    }
-
-    fn boolean(&self, key: &str) -> Result<Option<bool>, ConfigError> {
-        match self.get(&[key]) {
-            None => Ok(None),
-            Some((k, v)) => match v {
-                Value::Bool(b) => Ok(Some(*b)),
-                Value::String(s) if matches!(s.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on") => {
-                    Ok(Some(true))
-                }
-                Value::String(s) if matches!(s.to_ascii_lowercase().as_str(), "false" | "0" | "no" | "off") => {
-                    Ok(Some(false))
-                }
-                _ => Err(ConfigError::new(self.path(k), format!("Input should be a valid boolean, got {v}"))),
-            },
-        }
-    }
-
-    fn choice<'c>(&self, key: &str, choices: &[&'c str]) -> Result<Option<&'c str>, ConfigError> {
-        match self.get(&[key]) {
-            None => Ok(None),
-            Some((k, v)) => {
-                let s = v.as_str().unwrap_or("");
-                choices.iter().find(|c| **c == s).copied().map(Some).ok_or_else(|| {
-                    let list: Vec<String> = choices.iter().map(|c| format!("'{c}'")).collect();
-                    ConfigError::new(self.path(k), format!("Input should be {}, got {v}", list.join(", ")))
-                })
-            }
-        }
-    }
-}
-
 fn at_least(key: &str, v: Option<i64>, min: i64, strict: bool) -> Result<(), ConfigError> {
     match v {
         Some(x) if strict && x <= min => {
@@ -290,9 +198,9 @@ fn is_multiple(value: f64, step: f64) -> bool {
 impl PlannerConfig {
     /// Reads and validates a `PlannerConfig` object (the reference's field names).
     pub fn from_json(v: &Value) -> Result<PlannerConfig, ConfigError> {
-        let m = v.as_object().ok_or_else(|| ConfigError::whole("the planner configuration must be an object"))?;
+        let m = v.as_object().ok_or_else(|| ConfigError::new("", "the planner configuration must be an object"))?;
         if m.contains_key("aic_perf_model") {
-            return Err(ConfigError::whole(
+            return Err(ConfigError::new("", 
                 "aic_perf_model is no longer supported; use ais_perf_model.roles with canonical AISimulate configurations",
             ));
         }
@@ -313,46 +221,49 @@ impl PlannerConfig {
                  then fits its own forward-pass model online, as the reference does without one)",
             ));
         }
-        let r = Reader { m, prefix: "" };
-        let mode = match r.choice("mode", &["disagg", "prefill", "decode", "agg"])?.unwrap_or("disagg") {
+        let r = Reader::over("", m);
+        let mode = match r.pydantic_literal("mode", &["disagg", "prefill", "decode", "agg"])?.unwrap_or("disagg") {
             "agg" => Mode::Agg,
             "prefill" => Mode::Prefill,
             "decode" => Mode::Decode,
             _ => Mode::Disagg,
         };
-        let target =
-            match r.choice("optimization_target", &["throughput", "latency", "load", "sla"])?.unwrap_or("throughput") {
-                "latency" => Target::Latency,
-                "load" => Target::Load,
-                "sla" => Target::Sla,
-                _ => Target::Throughput,
-            };
+        let target = match r
+            .pydantic_literal("optimization_target", &["throughput", "latency", "load", "sla"])?
+            .unwrap_or("throughput")
+        {
+            "latency" => Target::Latency,
+            "load" => Target::Load,
+            "sla" => Target::Sla,
+            _ => Target::Throughput,
+        };
         let load_predictor =
-            match r.choice("load_predictor", &["constant", "arima", "prophet", "kalman"])?.unwrap_or("arima") {
+            match r.pydantic_literal("load_predictor", &["constant", "arima", "prophet", "kalman"])?.unwrap_or("arima")
+            {
                 "constant" => PredictorKind::Constant,
                 "prophet" => PredictorKind::Prophet,
                 "kalman" => PredictorKind::Kalman,
                 _ => PredictorKind::Arima,
             };
         let throughput_interval =
-            r.int(&["throughput_adjustment_interval_seconds", "throughput_adjustment_interval"])?;
-        let load_interval = r.int(&["load_adjustment_interval_seconds", "load_adjustment_interval"])?;
+            r.pydantic_int(&["throughput_adjustment_interval_seconds", "throughput_adjustment_interval"])?;
+        let load_interval = r.pydantic_int(&["load_adjustment_interval_seconds", "load_adjustment_interval"])?;
         at_least("load_adjustment_interval_seconds", load_interval, 0, true)?;
-        let max_tp = r.int(&["max_throughput_scaling_replicas"])?;
+        let max_tp = r.pydantic_int(&["max_throughput_scaling_replicas"])?;
         at_least("max_throughput_scaling_replicas", max_tp, 0, true)?;
-        let min_endpoint = r.int(&["min_endpoint"])?;
+        let min_endpoint = r.pydantic_int(&["min_endpoint"])?;
         at_least("min_endpoint", min_endpoint, 0, false)?;
-        let prefill_min_endpoint = r.int(&["prefill_min_endpoint"])?;
+        let prefill_min_endpoint = r.pydantic_int(&["prefill_min_endpoint"])?;
         at_least("prefill_min_endpoint", prefill_min_endpoint, 1, false)?;
-        let decode_min_endpoint = r.int(&["decode_min_endpoint"])?;
+        let decode_min_endpoint = r.pydantic_int(&["decode_min_endpoint"])?;
         at_least("decode_min_endpoint", decode_min_endpoint, 1, false)?;
-        let prophet_window_size = r.int(&["prophet_window_size"])?;
+        let prophet_window_size = r.pydantic_int(&["prophet_window_size"])?;
         at_least("prophet_window_size", prophet_window_size, 0, true)?;
-        let max_num_fpm_samples = r.int(&["max_num_fpm_samples"])?;
+        let max_num_fpm_samples = r.pydantic_int(&["max_num_fpm_samples"])?;
         at_least("max_num_fpm_samples", max_num_fpm_samples, 0, true)?;
-        let bucket = r.int(&["fpm_sample_bucket_size"])?;
+        let bucket = r.pydantic_int(&["fpm_sample_bucket_size"])?;
         at_least("fpm_sample_bucket_size", bucket, 0, true)?;
-        let sensitivity = r.int(&["load_scaling_down_sensitivity"])?;
+        let sensitivity = r.pydantic_int(&["load_scaling_down_sensitivity"])?;
         at_least("load_scaling_down_sensitivity", sensitivity, 0, false)?;
         if let Some(s) = sensitivity.filter(|s| *s > 100) {
             return Err(ConfigError::new(
@@ -360,49 +271,49 @@ impl PlannerConfig {
                 format!("Input should be less than or equal to 100, got {s}"),
             ));
         }
-        let p_up = r.int(&["prefill_scale_up_queue_tokens"])?;
+        let p_up = r.pydantic_int(&["prefill_scale_up_queue_tokens"])?;
         at_least("prefill_scale_up_queue_tokens", p_up, 0, false)?;
-        let p_down = r.int(&["prefill_scale_down_queue_tokens"])?;
+        let p_down = r.pydantic_int(&["prefill_scale_down_queue_tokens"])?;
         at_least("prefill_scale_down_queue_tokens", p_down, 0, false)?;
-        let d_up = r.num(&["decode_scale_up_kv_rate"])?;
-        let d_down = r.num(&["decode_scale_down_kv_rate"])?;
+        let d_up = r.pydantic_number(&["decode_scale_up_kv_rate"])?;
+        let d_down = r.pydantic_number(&["decode_scale_down_kv_rate"])?;
         for (k, v) in [("decode_scale_up_kv_rate", d_up), ("decode_scale_down_kv_rate", d_down)] {
             if let Some(x) = v.filter(|x| !(0.0..=100.0).contains(x)) {
                 return Err(ConfigError::new(k, format!("Input should be between 0 and 100, got {x}")));
             }
         }
-        let nextn = r.int(&["speculative_nextn"])?;
+        let nextn = r.pydantic_int(&["speculative_nextn"])?;
         at_least("speculative_nextn", nextn, 0, false)?;
         let mut cfg = PlannerConfig {
             mode,
             optimization_target: target,
-            enable_throughput_scaling: r.boolean("enable_throughput_scaling")?.unwrap_or(true),
-            enable_load_scaling: r.boolean("enable_load_scaling")?.unwrap_or(false),
+            enable_throughput_scaling: r.pydantic_bool("enable_throughput_scaling")?.unwrap_or(true),
+            enable_load_scaling: r.pydantic_bool("enable_load_scaling")?.unwrap_or(false),
             throughput_adjustment_interval_seconds: throughput_interval.unwrap_or(180),
             load_adjustment_interval_seconds: load_interval.unwrap_or(5),
             scale_interval_seconds: 5.0,
             max_throughput_scaling_replicas: max_tp.unwrap_or(8),
-            max_gpu_budget: r.int(&["max_gpu_budget"])?.unwrap_or(8),
-            min_gpu_budget: r.int(&["min_gpu_budget"])?.unwrap_or(-1),
+            max_gpu_budget: r.pydantic_int(&["max_gpu_budget"])?.unwrap_or(8),
+            min_gpu_budget: r.pydantic_int(&["min_gpu_budget"])?.unwrap_or(-1),
             min_endpoint: min_endpoint.unwrap_or(1),
             prefill_min_endpoint,
             decode_min_endpoint,
-            prefill_engine_num_gpu: r.int(&["prefill_engine_num_gpu"])?,
-            decode_engine_num_gpu: r.int(&["decode_engine_num_gpu"])?,
-            ttft_ms: r.num(&["ttft_ms", "ttft"])?.unwrap_or(500.0),
-            itl_ms: r.num(&["itl_ms", "itl"])?.unwrap_or(50.0),
-            isl: r.num(&["isl"])?.unwrap_or(3000.0),
-            osl: r.num(&["osl"])?.unwrap_or(150.0),
+            prefill_engine_num_gpu: r.pydantic_int(&["prefill_engine_num_gpu"])?,
+            decode_engine_num_gpu: r.pydantic_int(&["decode_engine_num_gpu"])?,
+            ttft_ms: r.pydantic_number(&["ttft_ms", "ttft"])?.unwrap_or(500.0),
+            itl_ms: r.pydantic_number(&["itl_ms", "itl"])?.unwrap_or(50.0),
+            isl: r.pydantic_number(&["isl"])?.unwrap_or(3000.0),
+            osl: r.pydantic_number(&["osl"])?.unwrap_or(150.0),
             load_predictor,
-            load_predictor_log1p: r.boolean("load_predictor_log1p")?.unwrap_or(false),
+            load_predictor_log1p: r.pydantic_bool("load_predictor_log1p")?.unwrap_or(false),
             prophet_window_size: prophet_window_size.unwrap_or(50),
-            kalman_q_level: r.num(&["kalman_q_level"])?.unwrap_or(1.0),
-            kalman_q_trend: r.num(&["kalman_q_trend"])?.unwrap_or(0.1),
-            kalman_r: r.num(&["kalman_r"])?.unwrap_or(10.0),
-            kalman_min_points: r.int(&["kalman_min_points"])?.unwrap_or(5),
+            kalman_q_level: r.pydantic_number(&["kalman_q_level"])?.unwrap_or(1.0),
+            kalman_q_trend: r.pydantic_number(&["kalman_q_trend"])?.unwrap_or(0.1),
+            kalman_r: r.pydantic_number(&["kalman_r"])?.unwrap_or(10.0),
+            kalman_min_points: r.pydantic_int(&["kalman_min_points"])?.unwrap_or(5),
             max_num_fpm_samples: max_num_fpm_samples.unwrap_or(64),
             fpm_sample_bucket_size: bucket.unwrap_or(16),
-            load_min_observations: r.int(&["load_min_observations"])?.unwrap_or(5),
+            load_min_observations: r.pydantic_int(&["load_min_observations"])?.unwrap_or(5),
             load_scaling_down_sensitivity: sensitivity.unwrap_or(80),
             prefill_scale_up_queue_tokens: p_up,
             prefill_scale_down_queue_tokens: p_down,
@@ -420,8 +331,8 @@ impl PlannerConfig {
                         return Err(ConfigError::new(format!("scheduling.{k}"), "Extra inputs are not permitted"));
                     }
                 }
-                let sr = Reader { m: s, prefix: "scheduling." };
-                let v = sr.num(&["scale_interval_seconds"])?;
+                let sr = Reader::over("scheduling", s);
+                let v = sr.pydantic_number(&["scale_interval_seconds"])?;
                 if let Some(x) = v.filter(|x| *x <= 0.0) {
                     return Err(ConfigError::new(
                         "scheduling.scale_interval_seconds",
@@ -448,36 +359,39 @@ impl PlannerConfig {
     /// The model validator of the reference, in its order.
     fn validate(&mut self) -> Result<(), ConfigError> {
         if self.ttft_ms <= 0.0 {
-            return Err(ConfigError::whole(format!("ttft_ms must be > 0, got {}", py_float(self.ttft_ms))));
+            return Err(ConfigError::new("", format!("ttft_ms must be > 0, got {}", py_float(self.ttft_ms))));
         }
         if self.mode == Mode::Prefill && self.decode_min_endpoint.is_some() {
-            return Err(ConfigError::whole("decode_min_endpoint is not supported when mode='prefill'"));
+            return Err(ConfigError::new("", "decode_min_endpoint is not supported when mode='prefill'"));
         }
         if self.mode == Mode::Decode && self.prefill_min_endpoint.is_some() {
-            return Err(ConfigError::whole("prefill_min_endpoint is not supported when mode='decode'"));
+            return Err(ConfigError::new("", "prefill_min_endpoint is not supported when mode='decode'"));
         }
         if self.mode == Mode::Agg && (self.prefill_min_endpoint.is_some() || self.decode_min_endpoint.is_some()) {
-            return Err(ConfigError::whole(
+            return Err(ConfigError::new(
+                "",
                 "prefill_min_endpoint and decode_min_endpoint are not supported when mode='agg'; use min_endpoint",
             ));
         }
         let b = self.fpm_sample_bucket_size;
         let root = (b as f64).sqrt().floor() as i64;
         if root * root != b {
-            return Err(ConfigError::whole(format!("fpm_sample_bucket_size must be a perfect square, got {b}")));
+            return Err(ConfigError::new("", format!("fpm_sample_bucket_size must be a perfect square, got {b}")));
         }
         if self.optimization_target == Target::Load {
             if matches!(self.mode, Mode::Disagg | Mode::Prefill) {
                 match (self.prefill_scale_up_queue_tokens, self.prefill_scale_down_queue_tokens) {
                     (Some(up), Some(down)) => {
                         if up <= down {
-                            return Err(ConfigError::whole(
+                            return Err(ConfigError::new(
+                                "",
                                 "prefill_scale_up_queue_tokens must be greater than prefill_scale_down_queue_tokens",
                             ));
                         }
                     }
                     _ => {
-                        return Err(ConfigError::whole(
+                        return Err(ConfigError::new(
+                            "",
                             "optimization_target='load' requires prefill_scale_up_queue_tokens and \
                              prefill_scale_down_queue_tokens for prefill scaling",
                         ))
@@ -488,13 +402,15 @@ impl PlannerConfig {
                 match (self.decode_scale_up_kv_rate, self.decode_scale_down_kv_rate) {
                     (Some(up), Some(down)) => {
                         if up <= down {
-                            return Err(ConfigError::whole(
+                            return Err(ConfigError::new(
+                                "",
                                 "decode_scale_up_kv_rate must be greater than decode_scale_down_kv_rate",
                             ));
                         }
                     }
                     _ => {
-                        return Err(ConfigError::whole(
+                        return Err(ConfigError::new(
+                            "",
                             "optimization_target='load' requires decode_scale_up_kv_rate and \
                              decode_scale_down_kv_rate for decode scaling",
                         ))
@@ -508,21 +424,24 @@ impl PlannerConfig {
             self.enable_throughput_scaling = false;
         }
         if !self.enable_throughput_scaling && !self.enable_load_scaling {
-            return Err(ConfigError::whole(
+            return Err(ConfigError::new(
+                "",
                 "At least one scaling mode must be enabled (enable_throughput_scaling or enable_load_scaling)",
             ));
         }
         let mut intervals = vec![self.load_adjustment_interval_seconds as f64];
         if self.enable_throughput_scaling {
             if self.throughput_adjustment_interval_seconds <= 0 {
-                return Err(ConfigError::whole(
+                return Err(ConfigError::new(
+                    "",
                     "throughput_adjustment_interval_seconds must be > 0 when throughput scaling is enabled",
                 ));
             }
             intervals.push(self.throughput_adjustment_interval_seconds as f64);
         }
         if intervals.iter().any(|i| !is_multiple(*i, self.scale_interval_seconds)) {
-            return Err(ConfigError::whole(
+            return Err(ConfigError::new(
+                "",
                 "scheduling.scale_interval_seconds must evenly divide load_adjustment_interval_seconds and, when \
                  throughput scaling is enabled, throughput_adjustment_interval_seconds",
             ));
@@ -531,11 +450,14 @@ impl PlannerConfig {
             && self.enable_throughput_scaling
             && self.load_adjustment_interval_seconds >= self.throughput_adjustment_interval_seconds
         {
-            return Err(ConfigError::whole(format!(
+            return Err(ConfigError::new(
+                "",
+                format!(
                 "load_adjustment_interval_seconds ({}s) must be shorter than throughput_adjustment_interval_seconds \
                  ({}s). Load-based scaling is the fast reactive loop; throughput-based is the slow predictive loop.",
                 self.load_adjustment_interval_seconds, self.throughput_adjustment_interval_seconds
-            )));
+            ),
+            ));
         }
         Ok(())
     }
@@ -562,7 +484,7 @@ mod tests {
     use serde_json::json;
 
     fn err(v: Value) -> String {
-        PlannerConfig::from_json(&v).unwrap_err().to_string()
+        PlannerConfig::from_json(&v).unwrap_err().plain()
     }
 
     #[test]

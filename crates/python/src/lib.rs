@@ -359,7 +359,7 @@ impl Job {
                 let v: Value = serde_json::from_str(text)
                     .map_err(|e| Failure::Input(format!("planner_config: malformed JSON: {e}")))?;
                 let cfg = servesim_planner::PlannerConfig::from_json(&v).map_err(|e| {
-                    let at = if e.key.is_empty() { String::new() } else { format!("{}: ", e.key) };
+                    let at = if e.path.is_empty() { String::new() } else { format!("{}: ", e.path) };
                     Failure::Input(format!("planner_config: {at}{}", e.message))
                 })?;
                 let run = PlannerRun::for_topology(cfg, &config.topology, servesim_perf::planner_model)

@@ -157,7 +157,8 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
                 case.get("router_config").map_or_else(RouterConfig::default, |c| RouterConfig::from_value(c).unwrap());
             // A router policy file is relative to the case; `model_name` picks its profile.
             if let Some(file) = &rc.policy_config_path {
-                let policies = PolicyConfig::load(&case_dir.join(file)).unwrap();
+                let text = std::fs::read_to_string(case_dir.join(file)).unwrap();
+                let policies = PolicyConfig::from_yaml(&text).unwrap();
                 rc.policy_profile =
                     policies.profile(case.get("model_name").and_then(Value::as_str)).cloned().map(std::sync::Arc::new);
             }

@@ -1,7 +1,7 @@
 //! Router configuration: Dynamo's `KvRouterConfig` JSON.
 
 use serde_json::{json, Value};
-use servesim_engine::json::{ConfigError, ObjectReader, Result};
+use servesim_config::{ConfigError, Reader, Result};
 
 use std::sync::Arc;
 
@@ -86,7 +86,7 @@ impl Default for RouterConfig {
 }
 
 /// A cache-hit weight: Dynamo's range and words.
-fn unit_weight(r: &ObjectReader, key: &'static str, v: f64) -> Result<f64> {
+fn unit_weight(r: &Reader, key: &'static str, v: f64) -> Result<f64> {
     if (0.0..=1.0).contains(&v) {
         Ok(v)
     } else {
@@ -94,7 +94,7 @@ fn unit_weight(r: &ObjectReader, key: &'static str, v: f64) -> Result<f64> {
     }
 }
 
-fn non_negative(r: &ObjectReader, key: &'static str, v: f64) -> Result<f64> {
+fn non_negative(r: &Reader, key: &'static str, v: f64) -> Result<f64> {
     if v.is_finite() && v >= 0.0 {
         Ok(v)
     } else {
@@ -112,7 +112,7 @@ impl RouterConfig {
     /// Reads a (partial) `KvRouterConfig`; missing keys keep Dynamo's defaults.
     pub fn from_value(value: &Value) -> Result<Self> {
         let mut c = RouterConfig::default();
-        let mut r = ObjectReader::new("", value)?;
+        let mut r = Reader::new("", value)?;
         if let Some(v) = r.f64("overlap_score_credit")?.set() {
             c.overlap_score_credit = non_negative(&r, "overlap_score_credit", v)?;
         }

@@ -16,7 +16,6 @@
 //! `router_queue_threshold` and `router_queue_policy` (the queue it always had).
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use serde::Deserialize;
 
@@ -227,12 +226,8 @@ fn identifier(path: String, name: &str) -> Result<(), PolicyError> {
 const MAX_DEPTH: usize = 64;
 
 impl PolicyConfig {
-    /// Reads and checks a policy configuration file; errors name the file and the key path.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        Self::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))
-    }
-
+    /// Reads and checks a policy configuration's YAML text (the caller reads the file: this
+    /// crate does no I/O); errors name the key path.
     pub fn from_yaml(text: &str) -> Result<Self, PolicyError> {
         // Parsing is quadratic in the nesting depth: a 200 KB file of brackets took 39 s.
         if let Err(deep) = crate::yaml_scan::scan(text, MAX_DEPTH) {

@@ -53,8 +53,14 @@ pub(crate) fn router_policy(
     let Some(path) = flag.map(str::to_string).or_else(|| rc.policy_config_path.clone()).or(env) else {
         return Ok(());
     };
-    let config = PolicyConfig::load(Path::new(&path)).map_err(Failure::input)?;
+    let config = load_policy(Path::new(&path)).map_err(Failure::input)?;
     rc.policy_profile = config.profile(model_name).cloned().map(std::sync::Arc::new);
     rc.policy_config_path = Some(path);
     Ok(())
+}
+
+/// Reads and checks a router policy file; errors name the file and the key path.
+fn load_policy(path: &Path) -> Result<PolicyConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    PolicyConfig::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -456,7 +456,7 @@ fn planner_run(arg: &str, topology: &Topology) -> Result<servesim_replay::planne
     let cfg = json_arg("planner-config", arg, |text, _| {
         let v: serde_json::Value =
             serde_json::from_str(text).map_err(|e| ConfigError::new("", format!("malformed JSON: {e}")))?;
-        servesim_planner::PlannerConfig::from_json(&v).map_err(|e| ConfigError::new(e.key, e.message))
+        servesim_planner::PlannerConfig::from_json(&v).map_err(|e| ConfigError::new(e.path, e.message))
     })?;
     servesim_replay::planned::PlannerRun::for_topology(cfg, topology, servesim_perf::planner_model)
         .map_err(|e| Failure::input(format!("--planner-config: {e}")))

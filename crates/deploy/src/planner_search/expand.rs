@@ -451,7 +451,7 @@ fn materialize(
     };
     let cfg = match PlannerConfig::from_json(&Value::Object(payload.clone())) {
         Ok(c) => c,
-        Err(e) => return refused(e.to_string()),
+        Err(e) => return refused(e.plain()),
     };
     for (key, on, given) in [
         ("throughput_adjustment_interval_seconds", cfg.enable_throughput_scaling, ti),

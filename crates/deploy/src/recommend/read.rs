@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 use super::limits::{too_many_values, MAX_DOMAIN_VALUES, MAX_GRID_CANDIDATES, MAX_POOL_CANDIDATES};
 use super::space::{get, Knob, Optimization, Optimizer, Search, Space};
 use crate::error::DeployError;
-use crate::reader::Obj;
+use crate::reader::ErrAt;
 use crate::schema;
+use servesim_config::Reader;
 
 pub const TARGETS: [&str; 9] = [
     "throughput",
@@ -34,7 +35,7 @@ pub const TARGETS: [&str; 9] = [
 /// concrete `router:` sections, round_robin first when searched, the kv_router knobs applying
 /// only under kv_router.
 fn router_settings(v: &Value) -> Result<Vec<Value>, DeployError> {
-    let mut r = Obj::new("router", v)?;
+    let mut r = Reader::mapping("router", v)?;
     let strings = |path: String, v: Option<&Value>, allowed: &[&str], default: &[&str]| {
         let Some(v) = v else { return Ok(default.iter().map(|s| s.to_string()).collect::<Vec<_>>()) };
         let one = |p: &str, x: &Value| match x.as_str() {
@@ -66,13 +67,18 @@ fn router_settings(v: &Value) -> Result<Vec<Value>, DeployError> {
             x => Ok(vec![one(&path, x)?]),
         }
     };
-    let policies =
-        strings("router.policy".into(), r.raw("policy"), &["round_robin", "kv_router"], &["round_robin", "kv_router"])?;
+    let policies = strings(
+        "router.policy".into(),
+        r.value("policy"),
+        &["round_robin", "kv_router"],
+        &["round_robin", "kv_router"],
+    )?;
     let rr_only = policies == ["round_robin"];
     let load_models = match r.obj("prefill_load_model")? {
         Some(mut m) => {
             let here = m.path("type");
-            let v = strings(here, m.raw("type"), &["none", "ais"], if rr_only { &["none"] } else { &["none", "ais"] })?;
+            let v =
+                strings(here, m.value("type"), &["none", "ais"], if rr_only { &["none"] } else { &["none", "ais"] })?;
             m.finish()?;
             v
         }
@@ -87,7 +93,7 @@ fn router_settings(v: &Value) -> Result<Vec<Value>, DeployError> {
         ("temperature", &[0.0, 0.2, 0.5, 1.0][..]),
     ] {
         let path = format!("router.{key}");
-        let value = r.raw(key);
+        let value = r.value(key);
         if value.is_some() {
             given.push(key);
         }
@@ -166,12 +172,12 @@ fn router_numbers(path: &str, key: &str, v: Option<&Value>, default: &[f64]) -> 
             Ok(vals)
         }
         Value::Object(m) if m.keys().eq(["range"]) => {
-            let mut r = Obj::new(&format!("{path}.range"), &m["range"])?;
+            let mut r = Reader::mapping(&format!("{path}.range"), &m["range"])?;
             let here = r.here().to_string();
-            let min = r.f64("min")?.ok_or_else(|| r.err("min", "missing (required)"))?;
-            let max = r.f64("max")?.ok_or_else(|| r.err("max", "missing (required)"))?;
-            let step = r.f64("step")?;
-            let scale = r.choice("scale", &["linear", "log"])?.unwrap_or("linear");
+            let min = r.number("min")?.ok_or_else(|| r.err("min", "missing (required)"))?;
+            let max = r.number("max")?.ok_or_else(|| r.err("max", "missing (required)"))?;
+            let step = r.number("step")?;
+            let scale = r.one_of("scale", &["linear", "log"])?.unwrap_or("linear");
             r.finish()?;
             if !(min.is_finite() && max.is_finite() && min <= max) {
                 return Err(DeployError::new(here, "Router range requires finite numeric min <= max"));
@@ -215,8 +221,8 @@ fn domain(path: &str, v: &Value, limit: u64) -> Result<(Vec<u64>, u64), DeployEr
             .map(|x| (if x <= limit { vec![x] } else { Vec::new() }, 1))
             .ok_or_else(|| DeployError::new(path, "must be a positive integer")),
         Value::Object(_) => {
-            let mut o = Obj::new(path, v)?;
-            let out = if let Some(c) = o.raw("choices") {
+            let mut o = Reader::mapping(path, v)?;
+            let out = if let Some(c) = o.value("choices") {
                 let items =
                     c.as_array().ok_or_else(|| DeployError::new(format!("{path}.choices"), "must be a list"))?;
                 let mut vals = Vec::new();
@@ -239,7 +245,7 @@ fn domain(path: &str, v: &Value, limit: u64) -> Result<(Vec<u64>, u64), DeployEr
                 let min = r.positive("min")?.ok_or_else(|| r.err("min", "missing (required)"))? as u64;
                 let max = r.positive("max")?.ok_or_else(|| r.err("max", "missing (required)"))? as u64;
                 let step = r.positive("step")?;
-                let scale = r.choice("scale", &["linear", "log"])?.unwrap_or("linear");
+                let scale = r.one_of("scale", &["linear", "log"])?.unwrap_or("linear");
                 r.finish()?;
                 if min > max {
                     return Err(DeployError::new(format!("{path}.range"), "min <= max required"));
@@ -290,7 +296,7 @@ fn domain(path: &str, v: &Value, limit: u64) -> Result<(Vec<u64>, u64), DeployEr
     }
 }
 
-fn read_optimization(o: Option<Obj>) -> Result<Optimization, DeployError> {
+fn read_optimization(o: Option<Reader>) -> Result<Optimization, DeployError> {
     let mut out = Optimization {
         target: "throughput",
         pareto_objectives: DEFAULT_PARETO_OBJECTIVES.to_vec(),
@@ -300,14 +306,14 @@ fn read_optimization(o: Option<Obj>) -> Result<Optimization, DeployError> {
         min_goodput_rps: None,
     };
     let Some(mut o) = o else { return Ok(out) };
-    out.target = o.choice("target", &TARGETS)?.unwrap_or("throughput");
-    out.strict_sla = o.bool("strict_sla")?.unwrap_or(false);
-    if let Some(h) = o.raw("hardware") {
+    out.target = o.one_of("target", &TARGETS)?.unwrap_or("throughput");
+    out.strict_sla = o.flag("strict_sla")?.unwrap_or(false);
+    if let Some(h) = o.value("hardware") {
         if h.as_str().is_none_or(|s| s.is_empty() || s == "auto") {
             return Err(o.err("hardware", "optimization.hardware must be a concrete nonempty identifier"));
         }
     }
-    if let Some(list) = o.raw("pareto_objectives") {
+    if let Some(list) = o.value("pareto_objectives") {
         out.pareto_objectives = read_pareto_objectives(&o, out.target, list)?;
     }
     if let Some(mut c) = o.obj("constraints")? {
@@ -332,7 +338,7 @@ pub const DEFAULT_PARETO_OBJECTIVES: [&str; 2] = ["throughput_per_gpu", "through
 
 /// `optimization.pareto_objectives`: two or more distinct scalar targets, only with the
 /// `pareto` target (aisimulate's rules and messages).
-fn read_pareto_objectives(o: &Obj, target: &str, list: &Value) -> Result<Vec<&'static str>, DeployError> {
+fn read_pareto_objectives(o: &Reader, target: &str, list: &Value) -> Result<Vec<&'static str>, DeployError> {
     let err = |msg: String| o.err("pareto_objectives", msg);
     let Some(items) = list.as_array() else {
         return Err(err(format!("must be a list of optimization targets, got {list}")));
@@ -372,14 +378,14 @@ fn read_pareto_objectives(o: &Obj, target: &str, list: &Value) -> Result<Vec<&'s
     Ok(objectives)
 }
 
-fn read_optimizer(o: Option<Obj>) -> Result<Optimizer, DeployError> {
+fn read_optimizer(o: Option<Reader>) -> Result<Optimizer, DeployError> {
     let mut out = Optimizer { algorithm: "grid", max_trials: 320, parallelism: 16, seed: 42 };
     let Some(mut o) = o else { return Ok(out) };
-    out.algorithm = o.choice("algorithm", &["grid", "random", "bayesian"])?.unwrap_or("grid");
+    out.algorithm = o.one_of("algorithm", &["grid", "random", "bayesian"])?.unwrap_or("grid");
     out.max_trials = o.positive("max_trials")?.unwrap_or(320);
     out.parallelism = o.positive("parallelism")?.unwrap_or(16);
     o.nonneg("candidate_timeout_seconds", true)?;
-    out.seed = o.u64("seed")?.unwrap_or(42);
+    out.seed = o.integer("seed")?.unwrap_or(42);
     o.finish()?;
     Ok(out)
 }
@@ -387,7 +393,7 @@ fn read_optimizer(o: Option<Obj>) -> Result<Optimizer, DeployError> {
 /// Reads a recommend configuration and lists its candidates; `base_dir` is where relative trace
 /// paths start (the planner's load-predictor backtest reads the trace).
 pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError> {
-    let mut top = Obj::new("", root)?;
+    let mut top = Reader::mapping("", root)?;
     let optimization = read_optimization(top.obj("optimization")?)?;
     let optimizer = read_optimizer(top.obj("optimizer")?)?;
     drop(top);
@@ -497,7 +503,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     // Read on its own: the whole base does not read as a predict configuration while it still
     // holds search domains (every candidate is validated in full when it runs).
     let sla = match get(&base, &["evaluation", "sla"]) {
-        Some(v) => schema::read_sla(Obj::new("evaluation.sla", v)?)?,
+        Some(v) => schema::read_sla(Reader::mapping("evaluation.sla", v)?)?,
         None => schema::Sla::default(),
     };
     // Goodput counts only requests within the SLA: a goodput objective needs a bound.

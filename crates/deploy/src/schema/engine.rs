@@ -5,7 +5,8 @@ use serde_json::Value;
 use super::unsupported::{estimator_defaults, only_defaults};
 use super::worker::{read_worker, Worker};
 use crate::error::DeployError;
-use crate::reader::Obj;
+use crate::reader::ErrAt;
+use servesim_config::Reader;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -36,8 +37,8 @@ pub struct Engine {
     pub systems_paths: Option<Vec<String>>,
 }
 
-pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
-    let mode = match e.choice("mode", &["aggregated", "disaggregated", "afd"])?.unwrap_or("aggregated") {
+pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
+    let mode = match e.one_of("mode", &["aggregated", "disaggregated", "afd"])?.unwrap_or("aggregated") {
         "aggregated" => Mode::Aggregated,
         "disaggregated" => Mode::Disaggregated,
         _ => return Err(e.err("mode", "afd (attention-FFN disaggregation) is not supported by servesim yet")),
@@ -47,9 +48,9 @@ pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
     if hardware == "auto" {
         return Err(e.err("hardware", "engine.hardware='auto' is recommendation-only"));
     }
-    let backend = e.choice("backend", &["vllm", "sglang", "trtllm"])?.unwrap_or("vllm");
+    let backend = e.one_of("backend", &["vllm", "sglang", "trtllm"])?.unwrap_or("vllm");
     let backend_version = e.nonempty("backend_version")?;
-    let context_length = match e.raw("context_length") {
+    let context_length = match e.value("context_length") {
         None => None,
         Some(Value::String(s)) if s == "max" => None,
         Some(_) => Some(e.positive("context_length")?.expect("present")),
@@ -61,11 +62,11 @@ pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
         );
     }
     e.nonneg("nextn_accepted", false)?;
-    let enable_chunked_prefill = e.bool("enable_chunked_prefill")?;
-    if e.bool("enable_eplb")? == Some(true) {
+    let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
+    if e.flag("enable_eplb")? == Some(true) {
         return Err(e.err("enable_eplb", "expert-parallel load balancing is not supported by servesim yet"));
     }
-    let systems_paths = match e.raw("systems_paths") {
+    let systems_paths = match e.value("systems_paths") {
         None => None,
         Some(Value::Array(a)) => Some(
             a.iter()
@@ -78,18 +79,18 @@ pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
         Some(_) => return Err(e.err("systems_paths", "must be a list of paths")),
     };
     if let Some(m) =
-        e.choice("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
+        e.one_of("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
     {
         if !m.eq_ignore_ascii_case("silicon") {
             return Err(e.err("database_mode", format!("{m} is not supported by servesim yet (SILICON only)")));
         }
     }
-    if let Some(m) = e.choice("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
+    if let Some(m) = e.one_of("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
         if !matches!(m, "auto" | "op_level") {
             return Err(e.err("estimation_mode", format!("{m} is not supported by servesim yet (op_level only)")));
         }
     }
-    e.choice("fallback_policy", &["deny", "allow"])?;
+    e.one_of("fallback_policy", &["deny", "allow"])?;
     for k in [
         "speculation",
         "tokenization",
@@ -109,29 +110,29 @@ pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
         "fmha_quant_mode",
         "comm_quant_mode",
     ] {
-        if let Some(v) = e.raw(k) {
+        if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
                 return Err(e.err(k, "this key is not supported by servesim yet"));
             }
         }
     }
-    if let Some(v) = e.raw("estimator_config") {
+    if let Some(v) = e.value("estimator_config") {
         only_defaults(&e.path("estimator_config"), v, &estimator_defaults())?;
     }
     let kv_transfer = match e.obj("kv_transfer")? {
         Some(mut t) => {
-            let bytes_per_token = match t.raw("bytes_per_token") {
+            let bytes_per_token = match t.value("bytes_per_token") {
                 None => None,
                 Some(Value::String(s)) if s == "auto" => None,
                 Some(_) => Some(
-                    t.u64("bytes_per_token")?
+                    t.integer("bytes_per_token")?
                         .filter(|&n| n > 0)
                         .ok_or_else(|| t.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
                 ),
             };
             let bandwidth = t.nonneg("bandwidth_gb_per_second", true)?;
             let mode =
-                t.choice("timing_mode", &["full_prompt", "destination_missing"])?.unwrap_or("destination_missing");
+                t.one_of("timing_mode", &["full_prompt", "destination_missing"])?.unwrap_or("destination_missing");
             t.finish()?;
             Some(KvTransfer { bytes_per_token, bandwidth_gb_per_second: bandwidth, timing_mode: mode })
         }
@@ -140,7 +141,7 @@ pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
     let workers_path = e.path("workers");
     let (mut aggregated, mut prefill, mut decode) = (None, None, None);
     if let Some(mut w) = e.obj("workers")? {
-        if w.raw("encoder").is_some() {
+        if w.value("encoder").is_some() {
             return Err(w.err("encoder", "encoder pools are not supported by servesim yet"));
         }
         if let Some(o) = w.obj("aggregated")? {
@@ -164,7 +165,7 @@ pub(super) fn read_engine(mut e: Obj) -> Result<Engine, DeployError> {
             }
             if aggregated.is_none() {
                 aggregated = Some(read_worker(
-                    Obj::new(&format!("{workers_path}.aggregated"), &Value::Null)?,
+                    Reader::mapping(&format!("{workers_path}.aggregated"), &Value::Null)?,
                     "aggregated",
                     backend,
                 )?);

@@ -1,7 +1,7 @@
 //! `evaluation.sla`: the latency targets a run is judged against.
 
 use crate::error::DeployError;
-use crate::reader::Obj;
+use servesim_config::Reader;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sla {
@@ -10,7 +10,7 @@ pub struct Sla {
     pub e2e_ms: Option<f64>,
 }
 
-pub(crate) fn read_sla(mut s: Obj) -> Result<Sla, DeployError> {
+pub(crate) fn read_sla(mut s: Reader) -> Result<Sla, DeployError> {
     let sla = Sla {
         ttft_ms: s.nonneg("ttft_ms", true)?,
         itl_ms: s.nonneg("itl_ms", true)?,

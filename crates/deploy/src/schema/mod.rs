@@ -31,7 +31,8 @@ use router::read_router;
 use traffic::read_traffic;
 
 use crate::error::DeployError;
-use crate::reader::Obj;
+use crate::reader::ErrAt;
+use servesim_config::Reader;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -45,20 +46,20 @@ pub struct Config {
 
 /// Reads a predict configuration. `recommend` sections are refused here (the caller reads them).
 pub fn read_predict(root: &Value) -> Result<Config, DeployError> {
-    let mut top = Obj::new("", root)?;
+    let mut top = Reader::mapping("", root)?;
     for k in ["optimization", "optimizer"] {
-        if top.has(k) {
+        if top.given(k) {
             return Err(
                 top.err(k, "predict does not accept ['optimization', 'optimizer'] sections (they belong to recommend)")
             );
         }
-        top.raw(if k == "optimization" { "optimization" } else { "optimizer" });
+        top.value(if k == "optimization" { "optimization" } else { "optimizer" });
     }
     read_sections(top)
 }
 
 /// Reads the sections both commands share from `top` (recommend has taken its own already).
-pub fn read_sections(mut top: Obj) -> Result<Config, DeployError> {
+pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
     let traffic = read_traffic(top.obj("traffic")?)?;
     let engine = match top.obj("engine")? {
         Some(e) => read_engine(e)?,
@@ -81,7 +82,7 @@ pub fn read_sections(mut top: Obj) -> Result<Config, DeployError> {
             r.nonneg("initialization_timeout_seconds", true)?;
             r.nonneg("shutdown_timeout_seconds", false)?;
             for k in ["memory_limit_gb", "cpu_limit"] {
-                if let Some(v) = r.raw(k) {
+                if let Some(v) = r.value(k) {
                     if !(v.as_str() == Some("auto") || v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)) {
                         return Err(r.err(k, format!("must be \"auto\" or a positive number, got {v}")));
                     }
@@ -98,7 +99,7 @@ pub fn read_sections(mut top: Obj) -> Result<Config, DeployError> {
         Some(r) => read_router(r)?,
         None => RouterPolicy::RoundRobin,
     };
-    let planner = match top.raw("planner") {
+    let planner = match top.value("planner") {
         Some(v) => read_planner(v, &engine, &sla)?,
         None => None,
     };

@@ -106,7 +106,7 @@ pub(super) fn read_planner(
     }
     let cfg = servesim_planner::PlannerConfig::from_json(&Value::Object(out)).map_err(|e| {
         // Report the user's key for a renamed field.
-        let key = PLANNER_RENAMES.iter().find(|(_, f)| *f == e.key).map_or(e.key.as_str(), |(p, _)| *p);
+        let key = PLANNER_RENAMES.iter().find(|(_, f)| *f == e.path).map_or(e.path.as_str(), |(p, _)| *p);
         if key.is_empty() {
             DeployError::new("planner", e.message)
         } else {

@@ -1,7 +1,7 @@
 //! The `router:` adapter section: round robin or Dynamo's KV router and its knobs.
 
 use crate::error::DeployError;
-use crate::reader::Obj;
+use servesim_config::Reader;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RouterPolicy {
@@ -9,19 +9,19 @@ pub enum RouterPolicy {
     KvRouter { overlap_score_credit: f64, prefill_load_scale: f64, temperature: f64, ais_load_model: bool },
 }
 
-pub(super) fn read_router(mut r: Obj) -> Result<RouterPolicy, DeployError> {
-    let policy = r.choice("policy", &["round_robin", "kv_router"])?.unwrap_or("round_robin");
+pub(super) fn read_router(mut r: Reader) -> Result<RouterPolicy, DeployError> {
+    let policy = r.one_of("policy", &["round_robin", "kv_router"])?.unwrap_or("round_robin");
     let load_model = match r.obj("prefill_load_model")? {
         Some(mut m) => {
-            let t = m.choice("type", &["none", "ais", "aic"])?.unwrap_or("none");
+            let t = m.one_of("type", &["none", "ais", "aic"])?.unwrap_or("none");
             m.finish()?;
             t
         }
         None => "none",
     };
-    let credit = r.f64("overlap_score_credit")?;
-    let scale = r.f64("prefill_load_scale")?;
-    let temp = r.f64("temperature")?;
+    let credit = r.number("overlap_score_credit")?;
+    let scale = r.number("prefill_load_scale")?;
+    let temp = r.number("temperature")?;
     let here = r.here().to_string();
     r.finish()?;
     if policy == "round_robin" {

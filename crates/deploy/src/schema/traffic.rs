@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::unsupported::unsupported;
 use crate::error::DeployError;
-use crate::reader::Obj;
+use crate::reader::ErrAt;
+use servesim_config::Reader;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
@@ -64,7 +65,7 @@ pub struct Traffic {
 const FORMATS: [&str; 6] =
     ["mooncake", "mooncake-delta", "agentic_mooncake", "applied_compute_agentic", "dynamo", "weka"];
 
-pub(super) fn read_traffic(t: Option<Obj>) -> Result<Traffic, DeployError> {
+pub(super) fn read_traffic(t: Option<Reader>) -> Result<Traffic, DeployError> {
     let Some(mut t) = t else {
         // Predict's default traffic: synthetic 1024/128, concurrency 10, 100 requests.
         return Ok(Traffic {
@@ -187,14 +188,14 @@ pub(super) fn read_traffic(t: Option<Obj>) -> Result<Traffic, DeployError> {
     Ok(Traffic { source, load, stop })
 }
 
-fn read_source(mut s: Obj) -> Result<Source, DeployError> {
-    let ty = s.choice("type", &["synthetic", "synthetic-session", "trace"])?.unwrap_or("synthetic");
+fn read_source(mut s: Reader) -> Result<Source, DeployError> {
+    let ty = s.one_of("type", &["synthetic", "synthetic-session", "trace"])?.unwrap_or("synthetic");
     let here = s.here().to_string();
     let source = match ty {
         "synthetic" => {
             let input_tokens = s.positive("input_tokens")?.unwrap_or(1024);
             let output_tokens = s.positive("output_tokens")?.unwrap_or(128);
-            if s.u64("cached_prefix_tokens")?.unwrap_or(0) != 0 {
+            if s.integer("cached_prefix_tokens")?.unwrap_or(0) != 0 {
                 return Err(s.err(
                     "cached_prefix_tokens",
                     "a cached prefix in synthetic requests is not supported by servesim yet",
@@ -227,7 +228,7 @@ fn read_source(mut s: Obj) -> Result<Source, DeployError> {
             }
         }
         _ => {
-            let paths = match s.raw("paths") {
+            let paths = match s.value("paths") {
                 Some(Value::Array(items)) => items
                     .iter()
                     .map(|p| {
@@ -240,12 +241,12 @@ fn read_source(mut s: Obj) -> Result<Source, DeployError> {
             if paths.iter().all(|p| p.is_empty()) || paths.iter().any(|p| p.is_empty()) {
                 return Err(s.err("paths", "trace paths must contain at least one nonempty path"));
             }
-            let format = s.choice("format", &FORMATS)?.unwrap_or("mooncake");
+            let format = s.one_of("format", &FORMATS)?.unwrap_or("mooncake");
             if format != "dynamo" && paths.len() != 1 {
                 return Err(s.err("paths", format!("trace format '{format}' requires exactly one path")));
             }
             let block_size = s.positive("block_size")?;
-            let basis = s.choice("nested_timestamp_basis", &["auto", "absolute", "relative"])?;
+            let basis = s.one_of("nested_timestamp_basis", &["auto", "absolute", "relative"])?;
             if basis.is_some() && format != "weka" {
                 return Err(
                     s.err("nested_timestamp_basis", "nested_timestamp_basis is only valid for trace format 'weka'")
@@ -259,9 +260,9 @@ fn read_source(mut s: Obj) -> Result<Source, DeployError> {
     Ok(source)
 }
 
-fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
+fn read_load(mut l: Reader) -> Result<(Load, Option<u32>), DeployError> {
     let ty = l
-        .choice("type", &["concurrency", "poisson", "constant_rate", "trace_timestamps", "kv_capacity_fraction"])?
+        .one_of("type", &["concurrency", "poisson", "constant_rate", "trace_timestamps", "kv_capacity_fraction"])?
         .unwrap_or("concurrency");
     let allowed: &[&str] = match ty {
         "concurrency" => &["type", "concurrency"],
@@ -294,12 +295,12 @@ fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
     // As the reference counts them: a key is used when it is set (not null), except that
     // `agentic_warmup: false` and the default warmup policy are no use at all; its own
     // canonical dumps (`prediction_config`, `recommendations/*.yaml`) write them on every load.
-    let warmup = l.bool("agentic_warmup")?.unwrap_or(false);
-    let policy = l.choice("agentic_warmup_policy", &["repeated_prefixes", "live_trajectory_v1"])?;
+    let warmup = l.flag("agentic_warmup")?.unwrap_or(false);
+    let policy = l.one_of("agentic_warmup_policy", &["repeated_prefixes", "live_trajectory_v1"])?;
     let used = |k: &str| match k {
         "agentic_warmup" => warmup,
         "agentic_warmup_policy" => policy.is_some_and(|p| p != "repeated_prefixes"),
-        _ => l.has(k),
+        _ => l.given(k),
     };
     let extra: Vec<&str> = all.iter().copied().filter(|k| used(k) && !allowed.contains(k)).collect();
     if !extra.is_empty() {
@@ -307,8 +308,8 @@ fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
     }
     // Null fields of the load model are no use either, whatever the type.
     for k in all {
-        if !l.has(k) {
-            l.raw(k);
+        if !l.given(k) {
+            l.value(k);
         }
     }
     let mut lanes = None;
@@ -332,7 +333,7 @@ fn read_load(mut l: Obj) -> Result<(Load, Option<u32>), DeployError> {
                 }
             };
             if ty == "poisson" {
-                Load::Poisson { rate, seed: l.u64("seed")?.unwrap_or(42) }
+                Load::Poisson { rate, seed: l.integer("seed")?.unwrap_or(42) }
             } else {
                 Load::ConstantRate { rate }
             }

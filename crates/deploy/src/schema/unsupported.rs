@@ -4,7 +4,8 @@
 use serde_json::{json, Value};
 
 use crate::error::DeployError;
-use crate::reader::Obj;
+use crate::reader::ErrAt;
+use servesim_config::Reader;
 
 /// The reference's estimator controls as its canonical dumps write them: online correction and
 /// FPM-regression settings (which tune the model from observed forward passes), feature weights,
@@ -56,8 +57,8 @@ pub(super) fn only_defaults(path: &str, given: &Value, default: &Value) -> Resul
     }
 }
 
-pub(super) fn unsupported(o: &mut Obj, key: &'static str, what: &str) -> Result<(), DeployError> {
-    if o.raw(key).is_some() {
+pub(super) fn unsupported(o: &mut Reader, key: &'static str, what: &str) -> Result<(), DeployError> {
+    if o.value(key).is_some() {
         return Err(o.err(key, format!("{what} is not supported by servesim yet")));
     }
     Ok(())

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 use super::unsupported::{estimator_defaults, only_defaults, unsupported};
 use crate::error::DeployError;
-use crate::reader::Obj;
+use crate::reader::ErrAt;
+use servesim_config::Reader;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parallelism {
@@ -54,7 +55,7 @@ pub struct Worker {
     pub startup_seconds: f64,
 }
 
-pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
+pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
     let hardware = w.nonempty("hardware")?;
     let context_length = w.positive("context_length")?;
     let mut p = Parallelism { replicas: 1, tensor: 1, pipeline: 1, attention_data: 1, moe_tensor: 1, moe_expert: 1 };
@@ -92,12 +93,12 @@ pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Resu
     let mut capacity = Capacity::Default { memory_fraction: None, cuda_graph_reserved_bytes: 0 };
     if let Some(mut k) = w.obj("kv_cache")? {
         block_size = k.positive("block_size")?;
-        prefix_caching = k.bool("prefix_caching")?.unwrap_or(true);
-        bytes_per_token = match k.raw("bytes_per_token") {
+        prefix_caching = k.flag("prefix_caching")?.unwrap_or(true);
+        bytes_per_token = match k.value("bytes_per_token") {
             None => None,
             Some(Value::String(s)) if s == "auto" => None,
             Some(_) => Some(
-                k.u64("bytes_per_token")?
+                k.integer("bytes_per_token")?
                     .filter(|&n| n > 0)
                     .ok_or_else(|| k.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
             ),
@@ -106,14 +107,14 @@ pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Resu
             unsupported(&mut k, key, key)?;
         }
         if let Some(mut c) = k.obj("capacity")? {
-            let ty = c.choice("type", &["default", "fixed"])?.unwrap_or("default");
+            let ty = c.one_of("type", &["default", "fixed"])?.unwrap_or("default");
             let frac = c.nonneg("memory_fraction", true)?;
             if frac.is_some_and(|f| f > 1.0) {
                 return Err(c.err("memory_fraction", "must be in (0, 1]"));
             }
-            let blocks = c.u64("blocks")?;
-            let bytes = c.u64("bytes")?;
-            let cg = c.u64("cuda_graph_reserved_bytes")?.unwrap_or(0);
+            let blocks = c.integer("blocks")?;
+            let bytes = c.integer("bytes")?;
+            let cg = c.integer("cuda_graph_reserved_bytes")?.unwrap_or(0);
             let here = c.here().to_string();
             c.finish()?;
             capacity = if ty == "fixed" {
@@ -155,7 +156,7 @@ pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Resu
     let timing = match w.obj("timing")? {
         None => Timing::Default,
         Some(mut t) => {
-            let ty = t.choice("type", &["default", "fixed", "polynomial"])?.unwrap_or("default");
+            let ty = t.one_of("type", &["default", "fixed", "polynomial"])?.unwrap_or("default");
             let pre = t.nonneg("prefill_ms", false)?;
             let dec = t.nonneg("decode_ms", false)?;
             let here = t.here().to_string();
@@ -168,7 +169,7 @@ pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Resu
                 "comm_quant_mode",
                 "attention_backend",
             ] {
-                identity |= t.raw(k).is_some();
+                identity |= t.value(k).is_some();
             }
             if identity && ty != "default" {
                 return Err(DeployError::new(&here, "quantization and backend identity require default timing"));
@@ -183,15 +184,15 @@ pub(super) fn read_worker(mut w: Obj, role: &'static str, backend: &str) -> Resu
                 unsupported(&mut t, k, k)?;
             }
             // The reference writes its defaults for these into every canonical dump.
-            if let Some(v) = t.raw("estimator_config") {
+            if let Some(v) = t.value("estimator_config") {
                 only_defaults(&t.path("estimator_config"), v, &estimator_defaults())?;
             }
-            if let Some(v) = t.raw("transfer_policy") {
+            if let Some(v) = t.value("transfer_policy") {
                 only_defaults(&t.path("transfer_policy"), v, &json!(["xshape", "xquant", "xprofile", "xop"]))?;
             }
-            t.choice("estimation_mode", &["auto", "op_level"])?;
-            t.choice("fallback_policy", &["deny", "allow"])?;
-            t.choice("database_mode", &["SILICON", "silicon"])?;
+            t.one_of("estimation_mode", &["auto", "op_level"])?;
+            t.one_of("fallback_policy", &["deny", "allow"])?;
+            t.one_of("database_mode", &["SILICON", "silicon"])?;
             t.finish()?;
             match ty {
                 "fixed" => match (pre, dec) {

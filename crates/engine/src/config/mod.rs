@@ -17,10 +17,10 @@ mod worker;
 
 use serde_json::{json, Value};
 
-use crate::json::{Field, Result};
 use crate::request::ReasoningConfig;
 use crate::speculative::SpeculativeConfig;
 use crate::timing::{MemoryLimits, TimerFactory, TimingModel, Unresolved};
+use servesim_config::{Field, Result};
 
 pub use worker::{Deployment, KvTransfer, KvTransferTimingMode, WorkerArgs};
 

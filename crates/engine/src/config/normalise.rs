@@ -6,10 +6,10 @@ use super::{
     Backend, ConfigEnv, Deployment, EngineConfig, KvTransfer, KvTransferTimingMode, PreemptionMode, RawConfig, Role,
     WorkerArgs, WORKER_TYPES,
 };
-use crate::json::{ConfigError, Field, Result};
 use crate::profile::Profile;
 use crate::speculative::SpeculativeConfig;
 use crate::timing::{ExternalTimer, KvMemory, TimingModel, Unresolved};
+use servesim_config::{ConfigError, Field, Result};
 
 impl RawConfig {
     /// Dynamo's launch rules for AIS timing: the timing config's `tp`, `attention_dp` and

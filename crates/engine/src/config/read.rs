@@ -4,9 +4,9 @@
 use serde_json::{json, Value};
 
 use super::{Backend, RawConfig, SglangSettings, WORKER_TYPES};
-use crate::json::{ConfigError, Field, ObjectReader, Result};
 use crate::request::ReasoningConfig;
 use crate::timing::{ProfileRef, TimingModel, Unresolved};
+use servesim_config::{ConfigError, Field, Reader, Result};
 
 /// `aic_nextn_accept_rates` as Dynamo reads it: a string (`"0.85,0.3,0"`), parsed later against
 /// `aic_nextn` (see [`crate::speculative::conditional_accept_rates`]).
@@ -25,7 +25,7 @@ fn rates_text(path: &str, v: &Value) -> Result<String> {
 
 /// A key Dynamo reads as a Rust `usize` (no null, no default on null): its messages are
 /// serde's, as Dynamo 1.6.1 prints them (`invalid value: integer `-1`, expected usize`).
-fn usize_key(r: &mut ObjectReader, key: &'static str) -> Result<Option<u64>> {
+fn usize_key(r: &mut Reader, key: &'static str) -> Result<Option<u64>> {
     let Some(v) = r.raw(key) else { return Ok(None) };
     let why = match v {
         Value::Number(n) => match (n.as_u64(), n.as_i64()) {
@@ -240,7 +240,7 @@ fn read_g3_offload(path: &str, v: &Value) -> Result<super::RawG3Offload> {
 
 impl RawConfig {
     /// Keys shared by the flat form and the canonical `engine` section.
-    fn read_engine_keys(&mut self, r: &mut ObjectReader) -> Result<()> {
+    fn read_engine_keys(&mut self, r: &mut Reader) -> Result<()> {
         self.num_gpu_blocks = r.u32("num_gpu_blocks")?;
         self.block_size = r.u32("block_size")?;
         self.max_model_len = r.u32("max_model_len")?;
@@ -293,7 +293,7 @@ impl RawConfig {
     }
 
     /// The backends' memory fractions, each finite and in [0, 1] as Dynamo checks them.
-    fn read_memory_fractions(&mut self, r: &mut ObjectReader) -> Result<()> {
+    fn read_memory_fractions(&mut self, r: &mut Reader) -> Result<()> {
         let mut fraction = |key: &'static str| -> Result<Option<f64>> {
             match r.f64(key)?.set() {
                 Some(v) if !(v.is_finite() && (0.0..=1.0).contains(&v)) => {
@@ -308,7 +308,7 @@ impl RawConfig {
         Ok(())
     }
 
-    fn read_reasoning(&mut self, r: &mut ObjectReader) -> Result<()> {
+    fn read_reasoning(&mut self, r: &mut Reader) -> Result<()> {
         if let Some(mut o) = r.object("reasoning")? {
             let mut id = |key: &'static str| -> Result<u32> {
                 o.u32(key)?.set().ok_or_else(|| ConfigError::new(o.path(key), "missing (required by reasoning)"))
@@ -332,7 +332,7 @@ impl RawConfig {
         Ok(())
     }
 
-    fn read_sglang(&mut self, r: &mut ObjectReader) -> Result<()> {
+    fn read_sglang(&mut self, r: &mut Reader) -> Result<()> {
         let d = SglangSettings::default();
         self.sglang.lpm = match r.string("schedule_policy")?.set() {
             None => false,
@@ -346,7 +346,7 @@ impl RawConfig {
             }
         };
         self.sglang_page_size = r.u32("page_size")?;
-        let positive = |r: &mut ObjectReader, key: &'static str, default: u32| -> Result<u32> {
+        let positive = |r: &mut Reader, key: &'static str, default: u32| -> Result<u32> {
             match r.u32(key)?.set() {
                 Some(0) => Err(ConfigError::new(r.path(key), "must be at least 1")),
                 Some(v) => Ok(v),
@@ -369,7 +369,7 @@ impl RawConfig {
     }
 
     pub(super) fn read_flat(&mut self, value: &Value) -> Result<()> {
-        let mut r = ObjectReader::new("", value)?;
+        let mut r = Reader::new("", value)?;
         self.backend = r.choice("engine_type", &Backend::NAMES)?;
         if r.has("backend") {
             self.backend = r.choice("backend", &Backend::NAMES)?;
@@ -441,7 +441,7 @@ impl RawConfig {
     }
 
     pub(super) fn read_canonical(&mut self, value: &Value) -> Result<()> {
-        let mut top = ObjectReader::new("", value)?;
+        let mut top = Reader::new("", value)?;
         let mut e = top.object("engine")?.ok_or_else(|| ConfigError::new("engine", "must be an object"))?;
         self.backend = e.choice("backend", &Backend::NAMES)?;
         self.read_engine_keys(&mut e)?;

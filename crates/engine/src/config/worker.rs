@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 
 use super::{ConfigEnv, EngineConfig, RawConfig};
-use crate::json::{ConfigError, Result};
 use crate::timing::MemoryLimits;
+use servesim_config::{ConfigError, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvTransferTimingMode {
