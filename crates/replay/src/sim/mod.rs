@@ -19,7 +19,7 @@
 //! The loop itself is here; `arrive` releases, routes, places and finishes requests,
 //! `pass` starts and applies passes (and the host-cache timing between them), `handoff`
 //! carries out the disaggregated handoff's steps, `stretch` fast-forwards decode passes,
-//! `scaling` runs the autoscaler and `telemetry` samples the gauges.
+//! `scaling` runs the autoscaler and `sampling` takes the telemetry samples.
 
 mod arrive;
 mod handoff;
@@ -27,7 +27,7 @@ mod pace;
 mod pass;
 mod scaling;
 mod stretch;
-mod telemetry;
+mod sampling;
 
 pub use pace::{Pacer, WallClock};
 pub use scaling::{Autoscaler, LifecycleOp, ScaleDecision, Transition};
@@ -305,7 +305,7 @@ struct Rank {
     queue: servesim_engine::QueueLoad,
     /// The engine's gauges just before the current pass was scheduled, and its requests just
     /// after (Dynamo-shaped telemetry only: a pass's admissions show once it ends).
-    before_pass: Option<(telemetry::Gauges, usize)>,
+    before_pass: Option<(sampling::Gauges, usize)>,
 }
 
 /// A worker: `dp_size` ranks that run passes together (the pass ends at the slowest rank).

@@ -195,7 +195,7 @@ impl Simulation<'_, '_> {
                     }
                     if rank.ran {
                         if dynamo_gauges {
-                            let before = telemetry::Gauges::of(&rank.engine);
+                            let before = sampling::Gauges::of(&rank.engine);
                             rank.engine.step(now, &mut rank.output);
                             rank.before_pass = Some((before, rank.engine.num_running() + rank.engine.num_waiting()));
                         } else {
