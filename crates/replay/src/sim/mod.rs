@@ -25,9 +25,9 @@ mod arrive;
 mod handoff;
 mod pace;
 mod pass;
+mod sampling;
 mod scaling;
 mod stretch;
-mod sampling;
 
 pub use pace::{Pacer, WallClock};
 pub use scaling::{Autoscaler, LifecycleOp, ScaleDecision, Transition};
