@@ -35,10 +35,22 @@ pub fn member(workload: &Workload, config: &SimConfig, i: u64) -> (Option<Worklo
     (workload, config)
 }
 
+impl Run<'_> {
+    /// Runs `n` seeded members of this run instead (see the module docs) on
+    /// `config.threads` threads, each with this run's queue limit and TTFT breakdown; returns
+    /// their reports in member order, or the first member's error. An ensemble describes
+    /// summaries: its members keep no records or telemetry, run no planner, are not paced, and
+    /// run to the end of the workload (a stop time set here is not applied to them).
+    pub fn ensemble(self, n: usize) -> Result<Vec<Report>, SimError> {
+        debug_assert!(self.summaries_only(), "an ensemble keeps summaries only");
+        run(self.workload, self.config, self.queue, self.ttft_breakdown, n)
+    }
+}
+
 /// Runs `n` members of `run` on `config.threads` threads (0: every core), each with `run`'s
 /// queue limit and TTFT breakdown; returns their reports in member order, or the first
-/// member's error. [`crate::Run::ensemble`] is the way in.
-pub(crate) fn run(
+/// member's error. [`Run::ensemble`] is the way in.
+fn run(
     workload: &Workload,
     config: &SimConfig,
     queue: QueueLimit,

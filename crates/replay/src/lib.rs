@@ -10,9 +10,11 @@ pub mod memory;
 pub mod metrics;
 pub mod planned;
 pub mod planner_python;
+pub mod record;
 pub mod report;
 mod run;
 pub mod sim;
+mod simulate;
 mod split;
 pub mod stats;
 pub mod telemetry;
@@ -22,7 +24,7 @@ pub use report::{request_json, request_json_with_breakdown, workload_keys, Repor
 pub use run::{Ran, RecordSink, Run};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{
-    simulate, simulate_with, Autoscaler, LifecycleOp, Pacer, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
-    Transition, WallClock,
+    Autoscaler, LifecycleOp, Pacer, Progress, RunOptions, ScaleDecision, SimConfig, SimError, Transition, WallClock,
 };
+pub use simulate::{simulate, simulate_with};
 pub use telemetry::{ClusterSample, TelemetrySink, WorkerSample};

@@ -21,7 +21,8 @@ use servesim_workload::Workload;
 use crate::metrics::{Collector, QueueLimit, RequestRecord};
 use crate::planned::PlannerRun;
 use crate::report::Report;
-use crate::sim::{simulate_with, Autoscaler, Pacer, Progress, RunOptions, SimConfig, SimError, WallClock};
+use crate::sim::{Autoscaler, Pacer, Progress, RunOptions, SimConfig, SimError, WallClock};
+use crate::simulate::simulate_with;
 use crate::telemetry::TelemetrySink;
 
 /// Where the per-request records go as requests finish.
@@ -37,11 +38,11 @@ struct Telemetry<'a> {
 /// One replay of `workload` under `config`, built up from the defaults and run with
 /// [`Run::go`].
 pub struct Run<'a> {
-    workload: &'a Workload,
-    config: &'a SimConfig,
-    queue: QueueLimit,
+    pub(crate) workload: &'a Workload,
+    pub(crate) config: &'a SimConfig,
+    pub(crate) queue: QueueLimit,
     records: Option<RecordSink<'a>>,
-    ttft_breakdown: bool,
+    pub(crate) ttft_breakdown: bool,
     telemetry: Option<Telemetry<'a>>,
     planner: Option<PlannerRun>,
     stop_at_ms: Option<f64>,
@@ -156,18 +157,13 @@ impl<'a> Run<'a> {
         let report = simulate_with(self.workload, self.config, collector, progress, options)?;
         Ok(Ran { report, planner })
     }
+}
 
-    /// Runs `n` seeded members of this run instead (see [`crate::ensemble`]) on
-    /// `config.threads` threads, each with this run's queue limit and TTFT breakdown; returns
-    /// their reports in member order, or the first member's error. An ensemble describes
-    /// summaries: its members keep no records or telemetry, run no planner, are not paced, and
-    /// run to the end of the workload (a stop time set here is not applied to them).
-    pub fn ensemble(self, n: usize) -> Result<Vec<Report>, SimError> {
-        debug_assert!(
-            self.records.is_none() && self.telemetry.is_none() && self.planner.is_none() && !self.online,
-            "an ensemble keeps summaries only"
-        );
-        crate::ensemble::run(self.workload, self.config, self.queue, self.ttft_breakdown, n)
+impl Run<'_> {
+    /// Whether the run keeps its summary only: no records, telemetry, planner or pacing (what
+    /// an ensemble's members are).
+    pub(crate) fn summaries_only(&self) -> bool {
+        self.records.is_none() && self.telemetry.is_none() && self.planner.is_none() && !self.online
     }
 }
 

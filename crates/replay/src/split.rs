@@ -157,7 +157,7 @@ mod tests {
     use super::*;
     use crate::metrics::{RequestRecord, Sla};
     use crate::report::{request_json, WALL_CLOCK_KEYS};
-    use crate::sim::simulate;
+    use crate::simulate::simulate;
     use servesim_cluster::Topology;
     use servesim_engine::WorkerArgs;
     use servesim_workload::{LoadMode, SessionSpec, TurnSpec};

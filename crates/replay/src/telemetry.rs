@@ -151,7 +151,7 @@ pub struct Traffic {
 impl Traffic {
     /// Folds in a completed request: its prompt and output lengths, TTFT and mean inter-token
     /// gap (the planner's traffic window counts the same way).
-    pub(crate) fn add_completion(&mut self, r: &crate::metrics::RequestRecord) {
+    pub(crate) fn add_completion(&mut self, r: &crate::record::RequestRecord) {
         self.completed_input_tokens += r.input_length as u64;
         self.completed_output_tokens += r.output_length as u64;
         if let Some(v) = r.ttft_ms() {

@@ -49,8 +49,6 @@ use servesim_engine::{
 use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 
 use crate::metrics::{Collector, Overflow, Sla};
-use crate::report::Report;
-use crate::split;
 use servesim_workload::time::Time;
 use servesim_workload::{LoadDriver, LoadMode, Ready, Workload, MAX_TIME_MS};
 
@@ -200,16 +198,6 @@ impl std::fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-/// Runs `workload` to completion and returns the report.
-pub fn simulate(
-    workload: &Workload,
-    config: &SimConfig,
-    collector: Collector<'_>,
-    progress: &mut dyn Progress,
-) -> Result<Report, SimError> {
-    simulate_with(workload, config, collector, progress, RunOptions::default())
-}
-
 /// What a run may do besides replaying its workload to the end.
 #[derive(Default)]
 pub struct RunOptions<'h> {
@@ -225,41 +213,36 @@ pub struct RunOptions<'h> {
     pub pacer: Option<&'h dyn Pacer>,
 }
 
-/// [`simulate`] with [`RunOptions`].
-pub fn simulate_with(
+/// What the loop left at its end: the collector, the time of its last event, and the worker
+/// seconds an autoscaled run used.
+pub(crate) struct Looped<'c> {
+    pub collector: Collector<'c>,
+    pub end_ms: f64,
+    pub worker_seconds: Option<(f64, f64)>,
+}
+
+/// Runs the loop over the whole cluster with `options` (see [`crate::simulate_with`], which
+/// also decides when a run is split by worker instead).
+pub(crate) fn run_loop<'c>(
     workload: &Workload,
     config: &SimConfig,
-    mut collector: Collector<'_>,
+    collector: Collector<'c>,
     progress: &mut dyn Progress,
     options: RunOptions<'_>,
-) -> Result<Report, SimError> {
-    if options.autoscaler.is_some() || options.stop_at_ms.is_some() {
-        let config = SimConfig { fast_forward: false, split_workers: false, ..config.clone() };
-        let mut sim = Simulation::new(workload, &config, collector, None);
-        let scaled = options.autoscaler.is_some();
-        if let Some(hook) = options.autoscaler {
-            sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
-        }
-        sim.stop_at_ms = options.stop_at_ms;
-        sim.pacer = options.pacer;
-        if options.stop_at_ms.is_some() {
-            sim.collector.defer_token_gaps();
-        }
-        sim.run(progress)?;
-        let mut report = Report::build(&config, &sim.collector, sim.now);
-        if scaled {
-            report.worker_seconds = Some(sim.worker_seconds());
-        }
-        return Ok(report);
-    }
-    if split::applies(workload, config, &collector) {
-        let end_ms = split::simulate(workload, config, &mut collector, progress, options.pacer)?;
-        return Ok(Report::build(config, &collector, end_ms));
-    }
+) -> Result<Looped<'c>, SimError> {
     let mut sim = Simulation::new(workload, config, collector, None);
+    let scaled = options.autoscaler.is_some();
+    if let Some(hook) = options.autoscaler {
+        sim.scaling = Some(scaling::Scaling::new(hook, sim.pools.len()));
+    }
+    sim.stop_at_ms = options.stop_at_ms;
     sim.pacer = options.pacer;
+    if options.stop_at_ms.is_some() {
+        sim.collector.defer_token_gaps();
+    }
     sim.run(progress)?;
-    Ok(Report::build(config, &sim.collector, sim.now))
+    let worker_seconds = scaled.then(|| sim.worker_seconds());
+    Ok(Looped { collector: sim.collector, end_ms: sim.now, worker_seconds })
 }
 
 /// Replays only the requests that round-robin places on the workers of one shard; the others

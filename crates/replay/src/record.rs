@@ -1,0 +1,199 @@
+//! A request's record: its timeline, placements, admissions and handoff milestones, as the
+//! per-request reports write it and the run's distributions are built from it. A leaf: the
+//! metrics collector fills records in, telemetry and reports read them.
+
+use std::sync::Arc;
+
+use servesim_engine::{RejectReason, Role};
+use servesim_workload::TurnMeta;
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Completed,
+    Rejected(RejectReason),
+    /// Still in flight when the run stopped.
+    Incomplete,
+}
+
+impl Status {
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Completed => "completed",
+            Status::Rejected(_) => "rejected",
+            Status::Incomplete => "incomplete",
+        }
+    }
+}
+
+/// The life of one request, as reported per request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestRecord {
+    /// Release order, from 0.
+    pub ordinal: u64,
+    /// The session's name (`session_id`; `None` outside a session) and the turn's index in it.
+    pub session: Option<Arc<str>>,
+    pub turn: u32,
+    pub arrival_ms: f64,
+    pub first_admit_ms: Option<f64>,
+    pub terminal_ms: Option<f64>,
+    pub first_token_ms: Option<f64>,
+    pub second_token_ms: Option<f64>,
+    pub last_token_ms: Option<f64>,
+    pub input_length: u32,
+    pub requested_output_length: u32,
+    /// Tokens actually generated.
+    pub output_length: u32,
+    /// Largest prefix-cache hit over its admissions.
+    pub reused_input_tokens: u32,
+    pub first_admission_reused_input_tokens: u32,
+    /// With host offload: the first admission's reused tokens found on the device and those
+    /// loaded from the host (the reference's `first_admission_{g1,host}_reused_input_tokens`).
+    pub first_admission_tiers: Option<(u32, u32)>,
+    pub admissions: u32,
+    pub status: Status,
+    /// The worker that computed the prompt (disaggregated), and the one that decoded.
+    pub prefill_worker: Option<u32>,
+    pub decode_worker: Option<u32>,
+    /// Attention data-parallel rank within the (aggregated) worker.
+    pub dp_rank: u32,
+    /// Prefix tokens the router believed cached on the worker it chose (first pool).
+    pub route_overlap_tokens: Option<u32>,
+    /// Time spent in the router queue.
+    pub queue_wait_ms: f64,
+    pub handoff: Option<Handoff>,
+    /// Ids from the trace (request id, agentic ids).
+    pub meta: Option<Arc<TurnMeta>>,
+    /// Every placement on a worker, in order.
+    pub routing: Vec<Routing>,
+    /// Every admission into a running batch, in order.
+    pub admission_history: Vec<Admission>,
+}
+
+/// One placement of a request on a worker (the reference's `routing_history` entries).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub pool: Role,
+    /// When it entered the router queue, if it waited there.
+    pub queued_at_ms: Option<f64>,
+    pub placed_at_ms: f64,
+    pub worker: u32,
+    pub dp_rank: u32,
+    pub overlap_tokens: u32,
+    /// The KV router's overlap: blocks cached on the chosen worker and the most on any eligible
+    /// one (`None` under round robin).
+    pub overlap_blocks: Option<(u32, u32)>,
+}
+
+/// One admission (the reference's `admission_history` entries).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    pub pool: Role,
+    pub at_ms: f64,
+    pub reused_tokens: u32,
+    /// Its index among the request's admissions in this pool.
+    pub pool_ordinal: u32,
+    /// `reused_tokens` split into device (G1) and host tokens, on a rank with a host cache; the
+    /// reference writes the split for a request's first admission only.
+    pub tiers: Option<(u32, u32)>,
+}
+
+/// Milestones of the prefill-to-decode handoff of a disaggregated request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Handoff {
+    /// Prefill done; the prefill worker holds the KV.
+    pub source_held_ms: Option<f64>,
+    pub destination_reserved_ms: Option<f64>,
+    /// The KV reached the decode worker.
+    pub destination_activated_ms: Option<f64>,
+    /// The prefill worker freed its copy (at the end of the pass it was running then).
+    pub source_released_ms: Option<f64>,
+    pub decode_admit_ms: Option<f64>,
+    /// Largest prefix-cache hit of the decode admissions: none for a transferred prompt, but a
+    /// readmission after a preemption there reuses cached blocks (the summary's reuse counts it).
+    pub decode_reused_input_tokens: Option<u32>,
+    pub decode_route_overlap_tokens: Option<u32>,
+}
+
+impl RequestRecord {
+    pub(crate) fn push_admission(&mut self, pool: Role, at_ms: f64, reused_tokens: u32) {
+        let pool_ordinal = self.admission_history.iter().filter(|a| a.pool == pool).count() as u32;
+        self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal, tiers: None });
+    }
+
+    pub fn ttft_ms(&self) -> Option<f64> {
+        self.first_token_ms.map(|t| t - self.arrival_ms)
+    }
+
+    /// Where the time to first token went (see [`TtftBreakdown`]); `None` without a first token.
+    pub fn ttft_breakdown_ms(&self) -> Option<TtftBreakdown> {
+        let first = self.first_token_ms?;
+        let arrival = self.arrival_ms;
+        // Each milestone is clamped to the one before it, so every part is ≥ 0 and they telescope.
+        let mut at = arrival;
+        let mut next = |t: Option<f64>| {
+            let t = t.unwrap_or(at).clamp(at, first);
+            let part = t - at;
+            at = t;
+            part
+        };
+        // The placement that led to the prompt's computation: the aggregated or prefill pool's
+        // (SGLang's destination-first handoff places on the decode pool before it).
+        let placed = self.routing.iter().find(|p| p.pool != Role::Decode).map(|p| p.placed_at_ms);
+        let router_queue = next(placed);
+        let engine_queue = next(self.first_admit_ms);
+        let h = self.handoff.as_ref();
+        let prefill = next(Some(h.and_then(|h| h.source_held_ms).unwrap_or(first)));
+        let kv_transfer = next(Some(h.and_then(|h| h.destination_activated_ms).unwrap_or(first)));
+        // The last part is what remains of TTFT, so that the parts add up to it.
+        let first_token = (first - arrival) - (router_queue + engine_queue + prefill + kv_transfer);
+        Some(TtftBreakdown { router_queue, engine_queue, prefill, kv_transfer, first_token: first_token.max(0.0) })
+    }
+
+    pub fn ttst_ms(&self) -> Option<f64> {
+        Some(self.second_token_ms? - self.first_token_ms?)
+    }
+
+    pub fn e2e_ms(&self) -> Option<f64> {
+        self.last_token_ms.map(|t| t - self.arrival_ms)
+    }
+
+    /// Mean gap between consecutive tokens of this request.
+    pub fn tpot_ms(&self) -> Option<f64> {
+        if self.output_length < 2 {
+            return None;
+        }
+        Some((self.last_token_ms? - self.first_token_ms?) / (self.output_length - 1) as f64)
+    }
+}
+
+/// A request's time to first token, split at its milestones (all in ms, each ≥ 0, summing to
+/// TTFT):
+/// * `router_queue`: arrival → placement on the worker that computes the prompt (time in the KV
+///   router's queue; 0 without one).
+/// * `engine_queue`: placement → first admission into a running batch (the engine's waiting
+///   queue; vLLM's `request_queue_time`).
+/// * `prefill`: first admission → prompt done. Aggregated, that is the pass that emits the first
+///   token (vLLM's `request_prefill_time`, preemptions included); disaggregated, the prefill
+///   worker holding the prompt's KV.
+/// * `kv_transfer`: prompt done → KV landed on the decode worker (waiting for a reservation
+///   there, the decode router's queue and the transfer itself); 0 aggregated.
+/// * `first_token`: KV landed → first token (the decode worker's queue and first pass); 0
+///   aggregated.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TtftBreakdown {
+    pub router_queue: f64,
+    pub engine_queue: f64,
+    pub prefill: f64,
+    pub kv_transfer: f64,
+    pub first_token: f64,
+}
+
+impl TtftBreakdown {
+    /// The parts' names, in the order of [`TtftBreakdown::parts`].
+    pub const NAMES: [&'static str; 5] = ["router_queue", "engine_queue", "prefill", "kv_transfer", "first_token"];
+
+    pub fn parts(&self) -> [f64; 5] {
+        [self.router_queue, self.engine_queue, self.prefill, self.kv_transfer, self.first_token]
+    }
+}
