@@ -402,3 +402,34 @@ fn a_reader_that_goes_away_is_not_a_crash() {
         assert!(out.status.success(), "{err}");
     }
 }
+
+/// A device or an endless pipe where a configuration file belongs stops at once with exit 2
+/// (it filled memory before: `/dev/zero` as engine arguments, a router policy or `-c` hung).
+#[test]
+fn a_configuration_file_that_never_ends_is_refused() {
+    if !Path::new("/dev/zero").exists() {
+        return;
+    }
+    let trace = example();
+    let trace = trace.to_str().unwrap();
+    let too_large = "larger than 67108864 bytes (64 MiB)";
+    rejects(&["predict", trace, "--extra-engine-args", "/dev/zero"], &["/dev/zero: cannot read", too_large]);
+    rejects(
+        &["predict", trace, "--router-mode", "kv_router", "--router-policy-config", "/dev/zero"],
+        &["/dev/zero: cannot read", too_large],
+    );
+    rejects(
+        &[
+            "predict",
+            trace,
+            "--router-mode",
+            "kv_router",
+            "--router-prefill-load-model",
+            "ais",
+            "--router-ais-config",
+            "/dev/zero",
+        ],
+        &["--router-ais-config", too_large],
+    );
+    rejects(&["predict", "-c", "/dev/zero"], &["could not read configuration /dev/zero", too_large]);
+}

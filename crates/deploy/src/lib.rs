@@ -26,8 +26,8 @@ pub use schema::Config;
 
 /// Reads a configuration file and applies `--set` overrides, giving the tree.
 pub fn load_tree(path: &Path, sets: &[String]) -> Result<Value, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("could not read configuration {}: {e}", path.display()))?;
+    let text = servesim_workload::input::read_config_text(path)
+        .map_err(|e| format!("could not read configuration {}: {e}", path.display()))?;
     let mut tree = tree::parse_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     for s in sets {
         tree::apply_set(&mut tree, s).map_err(|e| format!("--set {s}: {e}"))?;

@@ -205,8 +205,8 @@ enum Failure {
 /// `ValueError` messages.
 pub(crate) fn load_router_policy(rc: &mut RouterConfig, model_name: Option<&str>) -> Result<(), String> {
     let Some(path) = rc.policy_config_path.clone() else { return Ok(()) };
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| format!("failed to read router policy config {path}: {e}"))?;
+    let text = servesim_workload::input::read_config_text(&path)
+        .map_err(|e| format!("failed to read router policy config {path}: {e}"))?;
     let config =
         PolicyConfig::from_yaml(&text).map_err(|e| format!("failed to parse router policy config {path}: {e}"))?;
     rc.policy_profile = config.profile(model_name).cloned().map(Arc::new);

@@ -200,7 +200,7 @@ fn read_perf_config(flag: &str, arg: &str) -> Result<Value, Failure> {
     let text = if arg.trim_start().starts_with('{') {
         arg.to_string()
     } else {
-        std::fs::read_to_string(arg)
+        servesim_workload::input::read_config_text(arg)
             .map_err(|e| Failure::input(format!("{flag}: cannot read AIS config {arg:?}: {e}")))?
     };
     let v: Value = if text.trim_start().starts_with('{') {

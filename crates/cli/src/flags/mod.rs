@@ -53,7 +53,7 @@ pub(crate) fn json_arg<T>(
     if arg.trim_start().starts_with('[') && !Path::new(arg).exists() {
         return Err(neither("a JSON array is not a configuration object".into()));
     }
-    let text = std::fs::read_to_string(arg).map_err(|e| match e.kind() {
+    let text = servesim_workload::input::read_config_text(arg).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => neither(format!("cannot read: {e}")),
         _ => Failure::input(format!("{arg}: cannot read: {e}")),
     })?;

@@ -61,6 +61,7 @@ pub(crate) fn router_policy(
 
 /// Reads and checks a router policy file; errors name the file and the key path.
 fn load_policy(path: &Path) -> Result<PolicyConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    let text = servesim_workload::input::read_config_text(path)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
     PolicyConfig::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
