@@ -32,9 +32,7 @@ pub fn simulate_with(
         let config = SimConfig { fast_forward: false, split_workers: false, ..config.clone() };
         let looped = run_loop(workload, &config, collector, progress, options)?;
         let mut report = Report::build(&config, &looped.collector, looped.end_ms);
-        if looped.worker_seconds.is_some() {
-            report.worker_seconds = looped.worker_seconds;
-        }
+        report.worker_seconds = looped.worker_seconds;
         return Ok(report);
     }
     if split::applies(workload, config, &collector) {

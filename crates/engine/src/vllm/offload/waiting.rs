@@ -30,27 +30,29 @@ impl VllmEngine {
             let h = self.host.as_ref().unwrap();
             // With G3, a ready connector waiter that holds device blocks (its load is in flight
             // or done) goes first, ahead of older ready waiters.
-            let holder = || {
-                h.connector.iter().copied().find(|s| {
-                    !h.sleeping.contains(s) && h.reqs.get(&self.reqs[*s].id).is_some_and(|r| r.reserved_blocks() > 0)
+            let holder = (h.g3.is_some() && h.has_ready_waiter())
+                .then(|| {
+                    h.connector.iter().copied().find(|s| {
+                        !h.sleeping.contains(s)
+                            && h.reqs.get(&self.reqs[*s].id).is_some_and(|r| r.reserved_blocks() > 0)
+                    })
                 })
-            };
+                .flatten();
             // A decode rank serves the handed-off requests whose KV has arrived first: always
             // while destinations wait for blocks, and, with a host cache, whenever it has any
             // (Dynamo 1.6.1 models vLLM serving requests that received remote KV before the
-            // plain waiting queue, so a host load waiting for capacity cannot starve them).
-            let materialized = || self.waiting.iter().copied().find(|&s| self.prompt_in_place(&self.reqs[s]));
-            let prefer_materialized =
-                !self.destinations.is_empty() || (self.cfg.role == Role::Decode && materialized().is_some());
-            let next = if h.g3.is_some() && h.has_ready_waiter() && holder().is_some() {
-                holder()
-            } else if prefer_materialized {
-                materialized()
+            // plain waiting queue, so a host load waiting for capacity cannot starve them). Only
+            // a decode rank has such requests, or destinations.
+            let materialized = (self.cfg.role == Role::Decode)
+                .then(|| self.waiting.iter().copied().find(|&s| self.prompt_in_place(&self.reqs[s])))
+                .flatten();
+            let next = holder.or(if !self.destinations.is_empty() || materialized.is_some() {
+                materialized
             } else if h.has_ready_waiter() {
                 h.connector.iter().copied().find(|s| !h.sleeping.contains(s))
             } else {
                 self.waiting.front().copied()
-            };
+            });
             let Some(slot) = next else { break };
             let before = self.host_reservation(slot);
             if self.prompt_in_place(&self.reqs[slot]) {
