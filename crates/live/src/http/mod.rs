@@ -3,9 +3,9 @@
 //! and `/metrics`.
 //!
 //! This module wires the routes and holds what the handlers share: the listener's [`Service`],
-//! a response's [`Frame`], the errors a request can end with. A completion request takes the
-//! path of [`generate`] (read, parse, check, submit, answer); a streamed answer is the SSE body
-//! of [`sse`].
+//! a response's `Frame`, the errors a request can end with. A completion request takes the
+//! path of `generate.rs` (read, parse, check, submit, answer); a streamed answer is the SSE body
+//! of `sse.rs`.
 
 mod generate;
 mod sse;

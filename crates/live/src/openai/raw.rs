@@ -1,7 +1,7 @@
-//! The primitives the request readers ([`super::body`], [`super::messages`], [`super::prompt`])
-//! are built from: a field's value read shallowly ([`Raw`], and [`Shallow`] for a small object
-//! whose named entries are kept), a value kept whole for the chat template ([`Kept`]), the
-//! [`Limits`] a body is read under, and draining what is left of an array or object unread.
+//! The primitives the request readers ([`super::body`], `messages.rs`, `prompt.rs`) are built
+//! from: a field's value read shallowly ([`Raw`], and `Shallow` for a small object whose named
+//! entries are kept), a value kept whole for the chat template (`Kept`), the `Limits` a body is
+//! read under, and draining what is left of an array or object unread.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -29,7 +29,7 @@ pub enum Raw {
         all_strings: bool,
         worker_id: bool,
     },
-    /// An object (its entries when read with [`Shallow`], else none).
+    /// An object (its entries when read with `Shallow`, else none).
     Map(Vec<(String, Raw)>),
 }
 
@@ -38,7 +38,7 @@ impl Raw {
         matches!(self, Raw::Null)
     }
 
-    /// The entry `key` of an object read with [`Shallow`].
+    /// The entry `key` of an object read with `Shallow`.
     pub fn get(&self, key: &str) -> Option<&Raw> {
         match self {
             Raw::Map(entries) => entries.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
