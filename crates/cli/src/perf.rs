@@ -15,6 +15,9 @@ pub struct PerfArgs {
     /// with config.json, or a config.json file.
     #[arg(long)]
     pub model: Option<String>,
+    // The doc comment is the --help text, printed as written: `<system>` is a placeholder,
+    // not HTML.
+    #[allow(rustdoc::invalid_html_tags)]
     /// GPU system, as in the data package's systems/<system>.yaml.
     #[arg(long, default_value = "h200_sxm")]
     pub system: String,

@@ -97,6 +97,9 @@ pub struct ServeArgs {
         help_heading = "Server"
     )]
     write_timeout: f64,
+    // The doc comment is the --help text, printed as written: `[DONE]` is the SSE terminator,
+    // not a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// On SIGINT/SIGTERM: seconds in-flight responses may go on before they are cut (a second
     /// signal cuts them at once). A cut stream ends with an error event and [DONE], and the
     /// process then exits 1 instead of 0. Connections with no request in flight close at once.

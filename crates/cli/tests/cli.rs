@@ -437,6 +437,49 @@ fn deployment_config_runs_an_ensemble() {
     );
 }
 
+/// `traffic.stop.max_virtual_time_seconds` stops every ensemble member where the single run
+/// stops: without jitter the members replay the same run, so the ensemble's medians are the
+/// plain `predict -c` summary (until this was fixed, members ran to the end of the workload).
+#[test]
+fn deployment_config_ensemble_stops_at_the_virtual_time_limit() {
+    let rows: String = (0..40)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": 128, \"output_length\": 16, \"hash_ids\": [{i}]}}\n",
+                i * 50
+            )
+        })
+        .collect();
+    let rows = trace("ensemble-stop.jsonl", &rows);
+    let config = tmp("ensemble-stop.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "traffic:\n  source: {{type: trace, paths: [{rows}], format: mooncake}}\n  load: {{type: trace_timestamps}}\n  stop: {{max_virtual_time_seconds: 0.5}}\nengine:\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {{capacity: {{type: fixed, blocks: 1000}}}}\n      timing: {{type: fixed, prefill_ms: 10, decode_ms: 5}}\n"
+        ),
+    )
+    .unwrap();
+    let run = |out_dir: &str, extra: &[&str]| -> Value {
+        let out_dir = tmp(out_dir);
+        let mut args =
+            vec!["predict", "-c", config.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--overwrite"];
+        args.extend_from_slice(extra);
+        let out = servesim(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap()
+    };
+    let single = run("ensemble-stop-single", &["--no-wall-clock"]);
+    let ensemble = run("ensemble-stop-members", &["--ensemble", "3"]);
+    let completed = single["completed_requests"].as_u64().unwrap();
+    assert!(completed > 0 && completed < 40, "the stop time cuts the run: {completed} of 40");
+    assert_eq!(ensemble["ensemble_members"], 3);
+    for key in ["completed_requests", "incomplete_requests", "duration_ms", "mean_ttft_ms", "mean_e2e_latency_ms"] {
+        assert_eq!(ensemble[key], single[key], "{key}");
+        assert_eq!(ensemble[format!("{key}_p05")], single[key], "{key}_p05");
+        assert_eq!(ensemble[format!("{key}_p95")], single[key], "{key}_p95");
+    }
+}
+
 #[test]
 fn online_paces_the_run_on_the_wall_clock_and_changes_no_simulated_value() {
     // 20 requests, one every 25 ms: about half a second simulated.

@@ -293,7 +293,7 @@ async fn connection(
 }
 
 /// How long a connection cut at shutdown may take to write its last bytes: the error event
-/// that ends a stream (see `http::SseStream`), or a 503 for a response still being prepared.
+/// that ends a stream (see `http::sse::SseStream`), or a 503 for a response still being prepared.
 pub const FLUSH_AT_ABORT: Duration = Duration::from_millis(500);
 
 /// The grace period is over: the connection's response ends now (a stream with an error event

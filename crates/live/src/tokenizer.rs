@@ -138,7 +138,7 @@ impl Tokenizer {
     /// the ids of [`Self::encode`]. Otherwise `count` is at least `limit`: exact with the
     /// approximate tokenizer (which counts every token but keeps only `limit` ids) and with a
     /// model's tokenizer for texts of up to [`WHOLE_TEXT_BYTES`]; beyond that a lower bound,
-    /// as counting stops once it passes the limit (see [`hf_encode_within`]).
+    /// as counting stops once it passes the limit (see `hf_encode_within`).
     pub fn encode_within(&self, text: &str, special: bool, limit: u32) -> Result<Counted, TokenizeError> {
         match &self.kind {
             Kind::Hf(tok) => hf_encode_within(tok, text, special, limit),

@@ -1,6 +1,7 @@
 //! The measured tables of one `(system, backend, version)`, read lazily, and their queries.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
@@ -166,6 +167,22 @@ struct GenKey {
     n_kv: u32,
     head: u32,
     window: u32,
+}
+
+/// As an error names a missing context attention slice.
+impl fmt::Display for CtxKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let CtxKey { fmha, kv, n_kv, head, window } = self;
+        write!(f, "fmha={fmha} kv={kv} n_kv={n_kv} head_dim={head} window={window}")
+    }
+}
+
+/// As an error names a missing generation attention slice.
+impl fmt::Display for GenKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let GenKey { kv, n_kv, head, window } = self;
+        write!(f, "kv={kv} n_kv={n_kv} head_dim={head} window={window}")
+    }
 }
 
 /// The measured tables of one `(system, backend, version)`.
@@ -340,19 +357,17 @@ impl Database {
         let tables = self.gemm.get_or_init(|| self.load_gemm()).as_ref().map_err(Clone::clone)?;
         let sites = tables.get(dt.name()).ok_or_else(|| {
             PerfError::data(format!(
-                "no {} GEMM data for {} / {} {} (have: {})",
+                "no {} GEMM data for {} (have: {})",
                 dt.name(),
-                self.spec.name,
-                self.backend,
-                self.version,
+                self.which(),
                 tables.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
         })?;
         let spec = &self.spec;
         let sol = move |c: &[f64]| gemm_sol(spec, dt, flops, c[0], c[1], c[2]);
-        let v = sites.query(&GEMM_SPEC, &sol, &[m as f64, n as f64, k as f64]).map_err(|e| {
-            e.context(format!("GEMM {} on {} / {} {}", dt.name(), self.spec.name, self.backend, self.version))
-        })?;
+        let v = sites
+            .query(&GEMM_SPEC, &sol, &[m as f64, n as f64, k as f64])
+            .map_err(|e| e.context(format!("GEMM {} on {}", dt.name(), self.which())))?;
         if v.is_finite() {
             self.gemm_cache.lock().expect("gemm cache").insert((dt, m, n, k), v);
         }
@@ -509,6 +524,31 @@ impl Database {
         None
     }
 
+    /// The attention grid of `key` (`what`: "context attention", "generation attention") from
+    /// the first lane that has it, as [`Database::lane_slice`] orders them; an error names the
+    /// key and the kernel lanes there are.
+    fn attention_grid<'a, K: Ord + fmt::Display>(
+        &self,
+        tables: &'a Lanes<K>,
+        lanes: &[String],
+        key: &K,
+        what: &str,
+    ) -> Result<&'a Grid> {
+        let (_, grid) = Self::lane_slice(tables, lanes, key).ok_or_else(|| {
+            PerfError::data(format!(
+                "no {what} data for {key} on {} (kernel lanes {})",
+                self.which(),
+                tables.1.join(", ")
+            ))
+        })?;
+        Ok(grid)
+    }
+
+    /// This database as messages name it: `system / backend version`.
+    fn which(&self) -> String {
+        format!("{} / {} {}", self.spec.name, self.backend, self.version)
+    }
+
     /// Context attention table value (full attention over `full_s` tokens), ms.
     #[allow(clippy::too_many_arguments)]
     pub fn context_attention(
@@ -526,26 +566,12 @@ impl Database {
         let flops = fmha.flops(&self.spec)?;
         let tables = self.ctx_tables()?;
         let key = CtxKey { fmha: fmha.name().into(), kv: kv.name().into(), n_kv: mha_lookup(n, n_kv), head, window };
-        let (_, grid) = Self::lane_slice(tables, lanes, &key).ok_or_else(|| {
-            PerfError::data(format!(
-                "no context attention data for fmha={} kv={} n_kv={} head_dim={} window={} on {} / {} {} (kernel lanes {})",
-                key.fmha,
-                key.kv,
-                key.n_kv,
-                head,
-                window,
-                self.spec.name,
-                self.backend,
-                self.version,
-                tables.1.join(", ")
-            ))
-        })?;
+        let grid = self.attention_grid(tables, lanes, &key, "context attention")?;
         let spec = &self.spec;
         let n_kv_l = key.n_kv;
         let sol = move |c: &[f64]| ctx_attn_sol(spec, n_kv_l, head, window, kv, flops, c[0], c[1], c[2]);
-        grid.query(&CTX_SPEC, &sol, &[n as f64, full_s as f64, b as f64]).map_err(|e| {
-            e.context(format!("context attention on {} / {} {}", self.spec.name, self.backend, self.version))
-        })
+        grid.query(&CTX_SPEC, &sol, &[n as f64, full_s as f64, b as f64])
+            .map_err(|e| e.context(format!("context attention on {}", self.which())))
     }
 
     /// Generation attention table value, averaged over 5 KV lengths within ±10 % of `s`, ms.
@@ -564,19 +590,7 @@ impl Database {
         let flops = gen_attn_dtype(&self.spec, kv).flops(&self.spec)?;
         let tables = self.gen_tables()?;
         let key = GenKey { kv: kv.name().into(), n_kv: mha_lookup(n, n_kv), head, window };
-        let (_, grid) = Self::lane_slice(tables, lanes, &key).ok_or_else(|| {
-            PerfError::data(format!(
-                "no generation attention data for kv={} n_kv={} head_dim={} window={} on {} / {} {} (kernel lanes {})",
-                key.kv,
-                key.n_kv,
-                head,
-                window,
-                self.spec.name,
-                self.backend,
-                self.version,
-                tables.1.join(", ")
-            ))
-        })?;
+        let grid = self.attention_grid(tables, lanes, &key, "generation attention")?;
         let spec = &self.spec;
         let n_kv_l = key.n_kv;
         let sol = move |c: &[f64]| gen_attn_sol(spec, n_kv_l, head, window, kv, flops, c[0], c[1], c[2]);
@@ -585,9 +599,9 @@ impl Database {
         let mut sum = 0.0;
         for i in 0..5u64 {
             let si = s_min + ((u64::from(s_max - s_min) * i) / 4) as u32;
-            sum += grid.query(&GEN_SPEC, &sol, &[n as f64, b as f64, si as f64]).map_err(|e| {
-                e.context(format!("generation attention on {} / {} {}", self.spec.name, self.backend, self.version))
-            })?;
+            sum += grid
+                .query(&GEN_SPEC, &sol, &[n as f64, b as f64, si as f64])
+                .map_err(|e| e.context(format!("generation attention on {}", self.which())))?;
         }
         Ok(sum / 5.0)
     }
@@ -646,10 +660,8 @@ impl Database {
         let eff = fanout_slice(table.keys().copied(), tp, per_node).unwrap_or(tp.min(per_node));
         let curve = table.get(&eff).ok_or_else(|| {
             PerfError::data(format!(
-                "no custom all-reduce data for {eff} GPUs on {} / {} {} (have {:?})",
-                self.spec.name,
-                self.backend,
-                self.version,
+                "no custom all-reduce data for {eff} GPUs on {} (have {:?})",
+                self.which(),
                 table.keys().collect::<Vec<_>>()
             ))
         })?;

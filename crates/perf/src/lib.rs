@@ -5,7 +5,7 @@
 //! up in measured kernel-latency tables read from an installed `aisimulate_core` /
 //! `aiconfigurator_core` package ([`systems`], [`db`]) with the reference's interpolation
 //! rules ([`interp`]); the ops add up to prefill / decode step times and forward-pass times
-//! ([`estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
+//! ([`mod@estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
 
 pub mod db;
 pub mod error;

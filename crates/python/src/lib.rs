@@ -3,8 +3,8 @@
 //! The Python side (`python/servesim/`) does the argument plumbing and the reference's
 //! Python-side validation; this module does what needs the Rust core: normalising engine
 //! configurations, running a replay on the virtual clock, and running the live server in-process
-//! ([`live::LiveServer`], behind `servesim.mocker.main.launch_workers`). Values cross the boundary as JSON
-//! text, which keeps the key order of the summary and per-request records exactly as the
+//! (`live::LiveServer`, behind `servesim.mocker.main.launch_workers`). Values cross the boundary
+//! as JSON text, which keeps the key order of the summary and per-request records exactly as the
 //! report emits it (`json.loads` preserves order).
 //!
 //! A replay runs with the GIL released. The driver asks [`Progress::cancelled`] now and then;

@@ -37,26 +37,29 @@ pub fn member(workload: &Workload, config: &SimConfig, i: u64) -> (Option<Worklo
 
 impl Run<'_> {
     /// Runs `n` seeded members of this run instead (see the module docs) on
-    /// `config.threads` threads, each with this run's queue limit and TTFT breakdown; returns
-    /// their reports in member order, or the first member's error. An ensemble describes
-    /// summaries: its members keep no records or telemetry, run no planner, are not paced, and
-    /// run to the end of the workload (a stop time set here is not applied to them).
+    /// `config.threads` threads, each with this run's queue limit, TTFT breakdown and stop
+    /// time; returns their reports in member order, or the first member's error. An ensemble
+    /// describes summaries: its members keep no records or telemetry, run no planner and are
+    /// not paced.
     pub fn ensemble(self, n: usize) -> Result<Vec<Report>, SimError> {
         debug_assert!(self.summaries_only(), "an ensemble keeps summaries only");
-        run(self.workload, self.config, self.queue, self.ttft_breakdown, n)
+        let each = Member { queue: self.queue, ttft_breakdown: self.ttft_breakdown, stop_at_ms: self.stop_at_ms };
+        run(self.workload, self.config, each, n)
     }
 }
 
-/// Runs `n` members of `run` on `config.threads` threads (0: every core), each with `run`'s
-/// queue limit and TTFT breakdown; returns their reports in member order, or the first
-/// member's error. [`Run::ensemble`] is the way in.
-fn run(
-    workload: &Workload,
-    config: &SimConfig,
+/// What every member of an ensemble runs with, besides its seeds.
+#[derive(Clone, Copy)]
+struct Member {
     queue: QueueLimit,
     ttft_breakdown: bool,
-    n: usize,
-) -> Result<Vec<Report>, SimError> {
+    stop_at_ms: Option<f64>,
+}
+
+/// Runs `n` members of `workload` under `config` on `config.threads` threads (0: every core),
+/// each as `each` says; returns their reports in member order, or the first member's error.
+/// [`Run::ensemble`] is the way in.
+fn run(workload: &Workload, config: &SimConfig, each: Member, n: usize) -> Result<Vec<Report>, SimError> {
     let threads = match config.threads {
         0 => std::thread::available_parallelism().map_or(1, |t| t.get()),
         t => t,
@@ -73,8 +76,9 @@ fn run(
                 }
                 let (own, config) = member(workload, config, i as u64);
                 let result = Run::new(own.as_ref().unwrap_or(workload), &config)
-                    .queue_limit(queue)
-                    .ttft_breakdown(ttft_breakdown)
+                    .queue_limit(each.queue)
+                    .ttft_breakdown(each.ttft_breakdown)
+                    .stop_at_ms(each.stop_at_ms)
                     .go(&mut ())
                     .map(|ran| ran.report);
                 results.lock().expect("no member panicked")[i] = Some(result);
@@ -149,5 +153,52 @@ mod tests {
         assert_eq!(m["num_requests"], 10);
         assert_eq!(m["notes"], serde_json::json!(["x"]));
         assert_eq!(m["ensemble_members"], 21);
+    }
+
+    /// A summary without the values measured on the host's clock.
+    fn simulated(report: &Report) -> Map<String, Value> {
+        let mut s = report.summary_json();
+        for key in crate::WALL_CLOCK_KEYS {
+            s.remove(key);
+        }
+        s
+    }
+
+    #[test]
+    fn members_stop_where_the_run_stops_and_member_zero_is_the_run() {
+        use servesim_engine::WorkerArgs;
+        use servesim_workload::{Arrivals, LoadMode, SyntheticSpec};
+
+        use crate::{RouterMode, Topology};
+
+        let engine = WorkerArgs::parse_json(
+            r#"{"block_size": 16, "num_gpu_blocks": 1000, "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 5}}"#,
+        )
+        .unwrap();
+        let workload = Workload::Synthetic(SyntheticSpec {
+            input_tokens: 64,
+            output_tokens: 8,
+            sessions: 40,
+            turns_per_session: 1,
+            arrivals: Arrivals::Poisson { rate_per_s: 100.0 },
+            seed: 3,
+            shared_prefix_ratio: 0.0,
+            num_prefix_groups: 0,
+            inter_turn_delay_ms: 0.0,
+            block_tokens: 16,
+        });
+        let config = SimConfig::new(
+            Topology::aggregated(engine, 2).unwrap(),
+            RouterMode::RoundRobin,
+            LoadMode::Timestamps { speedup: 1.0 },
+        );
+        let stop = Some(150.0);
+        let plain = Run::new(&workload, &config).stop_at_ms(stop).go(&mut ()).unwrap().report;
+        let members = Run::new(&workload, &config).stop_at_ms(stop).ensemble(3).unwrap();
+        assert_eq!(simulated(&members[0]), simulated(&plain), "member 0 is the run itself");
+        for (i, m) in members.iter().enumerate() {
+            let done = m.summary_json()["completed_requests"].as_u64().unwrap();
+            assert!(done < 40, "member {i} stopped at 150 ms: {done} of 40 requests completed");
+        }
     }
 }

@@ -45,7 +45,7 @@ pub struct Run<'a> {
     pub(crate) ttft_breakdown: bool,
     telemetry: Option<Telemetry<'a>>,
     planner: Option<PlannerRun>,
-    stop_at_ms: Option<f64>,
+    pub(crate) stop_at_ms: Option<f64>,
     /// Pace the run on the wall clock from the moment it starts.
     online: bool,
 }

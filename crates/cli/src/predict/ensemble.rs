@@ -115,12 +115,8 @@ pub(super) fn file_form(
     }
     let staged = OutputDir::open(&f.output_dir, f.overwrite, inputs)?;
     let html = flags.report_html.as_deref().map(ReportFile::create).transpose()?;
-    // Members run to the end of the workload: `traffic.stop.max_virtual_time_seconds` does not
-    // apply to them (Prepared::run would set it).
-    let reports = servesim_replay::Run::new(&prepared.workload, &prepared.sim)
-        .ttft_breakdown(flags.ttft_breakdown)
-        .ensemble(n)
-        .map_err(Failure::run)?;
+    // Every member stops where the run would (`traffic.stop.max_virtual_time_seconds`).
+    let reports = prepared.run().ttft_breakdown(flags.ttft_breakdown).ensemble(n).map_err(Failure::run)?;
     if let Some(e) = prepared.workload.take_error() {
         return Err(Failure::run(format!("{e} (the trace changed during the replay)")));
     }

@@ -1,5 +1,5 @@
 //! `servesim predict`: parse arguments, build the workload and the cluster, run, print. The
-//! flags are [`args`]; `-c FILE` is [`file`]; `--ensemble N` (either form) is [`ensemble`].
+//! flags are [`args`]; `-c FILE` is [`mod@file`]; `--ensemble N` (either form) is [`ensemble`].
 
 mod args;
 mod ensemble;

@@ -3,7 +3,7 @@
 //!
 //! One call to [`SglangEngine::step`] is one forward pass, either
 //!
-//! * a **prefill** pass ([`prefill`]): waiting requests are admitted (FIFO, or
+//! * a **prefill** pass (`prefill.rs`): waiting requests are admitted (FIFO, or
 //!   longest-prefix-match first) while the page budget — free pages plus evictable cache, minus
 //!   the output still promised to running requests (scaled by the adaptive `new_token_ratio`) —
 //!   the per-pass prefill budget and the chunk budget allow. Prompts longer than the chunk
@@ -11,7 +11,7 @@
 //!   their first token from the prefill forward, and a KV slot for it right away (if the cache
 //!   has none, the token waits for the next decode pass); running requests wait. The pass costs
 //!   prefill time only.
-//! * or a **decode** pass ([`decode`]), when nothing was admitted: every running request samples
+//! * or a **decode** pass (`decode.rs`), when nothing was admitted: every running request samples
 //!   a token and gets its KV slot in the same step. If the pages to hold them are short, the
 //!   first running request with the fewest generated tokens is retracted (its pages outside the
 //!   cache are freed and it goes to the back of the queue, to re-prefill later) until they fit,
@@ -25,9 +25,9 @@
 //! every rank when a shared pass begins and ends ([`SglangEngine::begin_group_pass`],
 //! [`SglangEngine::end_group_pass`]); a rank driven alone is a group of one.
 //!
-//! Full pages enter the radix tree as soon as their tokens have slots ([`cache`]; see [`radix`]
+//! Full pages enter the radix tree as soon as their tokens have slots (`cache.rs`; see [`radix`]
 //! for the least-recently-used order); KV events are reported for pages entering and leaving
-//! the tree. Disaggregated workers use the hooks in [`handoff`].
+//! the tree. Disaggregated workers use the hooks in `handoff.rs`.
 
 mod cache;
 mod decode;

@@ -25,10 +25,10 @@
 //! full scheduling pass left requests waiting (it is capacity-bound, and throttling would only
 //! idle it). Drivers tell the engine the wave step with [`VllmEngine::begin_group_pass`].
 //!
-//! This module holds the pass and its scheduling (steps 1 and 2); step 3 is in [`decode`].
-//! TRT-LLM runs the same core under another [`policy::Policy`] (guaranteed-no-evict admission,
+//! This module holds the pass and its scheduling (steps 1 and 2); step 3 is in `decode.rs`.
+//! TRT-LLM runs the same core under another `policy::Policy` (guaranteed-no-evict admission,
 //! no preemption, outputs clamped to the cache). Runs of decode-only passes can be planned and
-//! committed at once ([`stretch`]); disaggregated workers use the hooks in [`handoff`].
+//! committed at once (`stretch.rs`); disaggregated workers use the hooks in `handoff.rs`.
 
 mod decode;
 mod handoff;

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::body::{drain_map, drain_seq, Kept, Limits, Raw, Shallow};
+use super::raw::{drain_map, drain_seq, Kept, Limits, Raw, Shallow};
 use super::ApiError;
 use crate::tokenizer::{Counted, PlainChat};
 

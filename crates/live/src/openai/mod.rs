@@ -1,9 +1,10 @@
-//! The OpenAI-compatible wire format: reading requests ([`request`], [`body`]), writing
-//! responses ([`response`]) and the errors clients get ([`ApiError`]).
+//! The OpenAI-compatible wire format: reading requests ([`request`], [`body`] over the [`raw`]
+//! primitives), writing responses ([`response`]) and the errors clients get ([`ApiError`]).
 
 pub mod body;
 mod messages;
 mod prompt;
+pub mod raw;
 pub mod request;
 pub mod response;
 

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::body::drain_map;
+use super::raw::drain_map;
 
 /// A completion prompt as given.
 #[derive(Clone, Debug, PartialEq)]

@@ -5,7 +5,8 @@
 
 use serde_json::Value;
 
-use super::body::{self, Body, ChatMessages, PromptIn, Raw};
+use super::body::{self, Body, ChatMessages, PromptIn};
+use super::raw::Raw;
 use super::ApiError;
 use crate::tokenizer::{Counted, Tokenizer};
 

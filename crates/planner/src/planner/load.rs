@@ -280,52 +280,37 @@ impl Planner {
     /// decode batch) within the sensitivity share of the SLA left after its own prefill.
     fn sla_ttft(&mut self, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
         let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
-        let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
+        let consolidation = consolidation(n);
         let agg = worker == Worker::Aggregated;
         let hit = self.last_kv_hit_rate;
         let model = self.fpm(worker)?;
-        let mut estimates = Vec::new();
-        let mut can_down = n > 1;
-        let mut refused = false;
+        let mut scan = SlaScan::new(n);
         for f in Self::groups(fpms) {
             let g = [f];
             if let Some(e) = model.queued_prefill_s(&g, hit, 1.0, 1.0, false) {
-                estimates.push(e * 1000.0);
+                scan.estimates.push(e * 1000.0);
             }
-            if !can_down {
+            if !scan.can_down {
                 continue;
             }
             let (ds, with_queued_decode) = if agg { (consolidation, true) } else { (1.0, false) };
             let Some(own) = model.queued_prefill_s(&g, hit, 0.0, ds, with_queued_decode) else {
-                can_down = false;
+                scan.can_down = false;
                 continue;
             };
             let budget = (self.cfg.ttft_ms - own * 1000.0) * sens;
             if budget <= 0.0 {
-                can_down = false;
-                refused = true;
+                scan.refuse();
                 continue;
             }
             match model.queued_prefill_s(&g, hit, consolidation, ds, with_queued_decode) {
-                None => can_down = false,
-                Some(post) if post * 1000.0 - own * 1000.0 >= budget => {
-                    can_down = false;
-                    refused = true;
-                }
+                None => scan.can_down = false,
+                Some(post) if post * 1000.0 - own * 1000.0 >= budget => scan.refuse(),
                 Some(_) => {}
             }
         }
-        if let Some(m) = estimates.iter().copied().reduce(f64::max) {
-            self.diag.estimated_ttft_ms = Some(m);
-        }
-        let d = self.sla_decision(&estimates, self.cfg.ttft_ms, n, min_ep, can_down);
-        if d.is_none() && refused {
-            self.diag.load_decision_reason = Some("scale_down_refused_consolidation".into());
-            if agg {
-                return Some(n);
-            }
-        }
-        d
+        let sla_ms = self.cfg.ttft_ms;
+        self.sla_outcome(scan, sla_ms, |d| &mut d.estimated_ttft_ms, n, min_ep, agg)
     }
 
     /// ITL load scaling (decode engines, or the decode side of aggregated ones): every
@@ -335,20 +320,18 @@ impl Planner {
     /// sensitivity share of the SLA.
     fn sla_itl(&mut self, role: &RoleEngines, worker: Worker, fpms: &[Fpm], n: i64, min_ep: i64) -> Option<i64> {
         let sens = self.cfg.load_scaling_down_sensitivity as f64 / 100.0;
-        let consolidation = if n > 1 { n as f64 / (n - 1) as f64 } else { 1.0 };
+        let consolidation = consolidation(n);
         let agg = worker == Worker::Aggregated;
         let max_kv = role.caps.max_kv_tokens as f64;
         let accept = self.last_accept_length;
         let model = self.fpm(worker)?;
-        let mut estimates = Vec::new();
-        let mut can_down = n > 1;
-        let mut refused = false;
+        let mut scan = SlaScan::new(n);
         for f in Self::groups(fpms) {
             let g = [f];
             if let Some(e) = model.decode_pass_s(&g, 1.0, true, false) {
-                estimates.push(e * 1000.0 / accept);
+                scan.estimates.push(e * 1000.0 / accept);
             }
-            if !can_down {
+            if !scan.can_down {
                 continue;
             }
             let mut kv = f64::from(f.scheduled.sum_decode_kv_tokens) + f64::from(f.queued.sum_decode_kv_tokens);
@@ -356,24 +339,37 @@ impl Planner {
                 kv += f64::from(f.queued.sum_prefill_tokens);
             }
             if max_kv > 0.0 && (kv * consolidation).floor() >= max_kv {
-                can_down = false;
-                refused = true;
+                scan.refuse();
                 continue;
             }
             match model.decode_pass_s(&g, consolidation, true, agg) {
-                None => can_down = false,
-                Some(post) if post * 1000.0 / accept >= self.cfg.itl_ms * sens => {
-                    can_down = false;
-                    refused = true;
-                }
+                None => scan.can_down = false,
+                Some(post) if post * 1000.0 / accept >= self.cfg.itl_ms * sens => scan.refuse(),
                 Some(_) => {}
             }
         }
-        if let Some(m) = estimates.iter().copied().reduce(f64::max) {
-            self.diag.estimated_itl_ms = Some(m);
+        let sla_ms = self.cfg.itl_ms;
+        self.sla_outcome(scan, sla_ms, |d| &mut d.estimated_itl_ms, n, min_ep, agg)
+    }
+
+    /// The decision of an SLA check (TTFT or ITL) against `sla_ms`: the largest estimate goes
+    /// into the diagnostics' `estimated` field, then [`Planner::sla_decision`]; a scale-down
+    /// refused because the engines left would miss the SLA is said, and holds an aggregated
+    /// role at `n`.
+    fn sla_outcome(
+        &mut self,
+        scan: SlaScan,
+        sla_ms: f64,
+        estimated: fn(&mut Diagnostics) -> &mut Option<f64>,
+        n: i64,
+        min_ep: i64,
+        agg: bool,
+    ) -> Option<i64> {
+        if let Some(m) = scan.estimates.iter().copied().reduce(f64::max) {
+            *estimated(&mut self.diag) = Some(m);
         }
-        let d = self.sla_decision(&estimates, self.cfg.itl_ms, n, min_ep, can_down);
-        if d.is_none() && refused {
+        let d = self.sla_decision(&scan.estimates, sla_ms, n, min_ep, scan.can_down);
+        if d.is_none() && scan.refused {
             self.diag.load_decision_reason = Some("scale_down_refused_consolidation".into());
             if agg {
                 return Some(n);
@@ -408,6 +404,37 @@ impl Planner {
         let role = self.decode.clone();
         let min_ep = self.min_ep(false);
         self.sla_itl(&role, Worker::Aggregated, fpms, n, min_ep)
+    }
+}
+
+/// What an SLA check found over a role's engines: each engine's estimate (ms) for a next
+/// request, whether scaling down is still possible, and whether it was refused because the
+/// engines left would miss the SLA (rather than for want of an estimate).
+struct SlaScan {
+    estimates: Vec<f64>,
+    can_down: bool,
+    refused: bool,
+}
+
+impl SlaScan {
+    /// Before any engine is looked at: scaling down is possible from `n` > 1 engines.
+    fn new(n: i64) -> SlaScan {
+        SlaScan { estimates: Vec::new(), can_down: n > 1, refused: false }
+    }
+
+    /// An engine could not take its share of a removed one's load within the SLA.
+    fn refuse(&mut self) {
+        self.can_down = false;
+        self.refused = true;
+    }
+}
+
+/// How much each of `n` engines' load grows when one is removed: N/(N−1) (1 for one engine).
+fn consolidation(n: i64) -> f64 {
+    if n > 1 {
+        n as f64 / (n - 1) as f64
+    } else {
+        1.0
     }
 }
 

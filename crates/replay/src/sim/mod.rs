@@ -72,7 +72,7 @@ pub struct SimConfig {
     /// are identical; off only to check that).
     pub fast_forward: bool,
     /// Replay each worker of a round-robin cluster on its own when nothing couples them (see
-    /// [`crate::split`]); the per-request results are identical, pooled means may differ in
+    /// `split.rs`); the per-request results are identical, pooled means may differ in
     /// the last bits. Off only to check that.
     pub split_workers: bool,
     /// Threads for split runs; 0 uses every core.

@@ -5,7 +5,7 @@
 //! (`tool_end`, `tool_error`) link parent and child agent sessions, `request_payload` and
 //! `tool_start` lines are skipped. Requests are sorted by (start, end, request_id) across
 //! shards. Without `agent_context` the trace replays like Mooncake (one request per session,
-//! at its start); with it, it lowers into a dependency graph (see [`lower_agentic`]).
+//! at its start); with it, it lowers into a dependency graph (see `lower_agentic`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
