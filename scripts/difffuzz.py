@@ -411,9 +411,9 @@ def gen_engine(rng, backend, load, role="aggregated", block_size="draw", dp=1):
         sub = rng
         if chance(sub, 0.3):
             host = gen_host_offload(sub, e)
-            # G3 below it (servesim models both scopes below a private host cache; Dynamo allows
-            # it at dp_size 1 only).
-            if dp == 1 and "scope" not in host and chance(sub, 0.35):
+            # G3 below it (both scopes, below a private or a shared host cache; Dynamo allows it
+            # at dp_size 1 only).
+            if dp == 1 and chance(sub, 0.35):
                 g3 = {"scope": "cluster_shared" if chance(sub, 0.3) else "worker_local",
                       "num_g3_blocks": max(1, int(host["num_host_blocks"] * sub.choice([0.5, 1, 2, 4, 16])))}
                 if g3["scope"] == "cluster_shared":

@@ -439,6 +439,12 @@ parity_cases! {
     g3_offload_shared_pool_cross_worker_reads => "g3_shared_cross_3w",
     g3_offload_shared_pool_slow_links => "g3_shared_cross_slow_links",
     g3_offload_shared_pool_tight => "g3_shared_sessions_3w_tight",
+    g3_offload_shared_pool_tight_cross_reads => "g3_shared_cross_3w_tight",
+    // G3 below a `cluster_shared` host pool: one worker, three with worker-local G3, three with
+    // both tiers shared.
+    g3_offload_below_shared_host_one_worker => "g3_below_shared_host_1w",
+    g3_offload_below_shared_host_worker_local => "g3_below_shared_host_local_3w",
+    g3_offload_below_shared_host_both_shared => "g3_below_shared_host_shared_3w",
     // Prefill cadences: vLLM's `prefill_schedule_interval` (attention DP only; dp 1 is
     // unaffected) and SGLang's `prefill_decode_interval` (idle rounds, attention DP, retraction,
     // disaggregated sides).

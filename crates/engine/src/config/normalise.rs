@@ -312,13 +312,6 @@ impl RawConfig {
             block_size as u64 * self.kv_cache_bytes_per_token.or(0),
             dp_size,
         )?;
-        if g3_offload.is_some() && host_offload.as_ref().is_some_and(|h| h.cluster_shared) {
-            return Err(ConfigError::new(
-                "engine.g3_offload",
-                "g3_offload below a cluster_shared native_host_offload is not modelled by servesim yet; \
-                 use host scope `dp_rank_local`",
-            ));
-        }
         let engine = EngineConfig {
             backend,
             num_gpu_blocks,

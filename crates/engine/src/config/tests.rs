@@ -691,17 +691,15 @@ fn g3_offload_is_read_checked_and_dumped_as_dynamo_does() {
         serde_json::to_string(&dump(&shared)["engine"]["g3_offload"]).unwrap(),
         r#"{"scope":"cluster_shared","num_g3_blocks":8,"latency_to_first_byte_ms":0.1,"read_bandwidth_gbps":10.0,"write_bandwidth_gbps":10.0,"shared_read_bandwidth_gbps":80.0,"shared_write_bandwidth_gbps":80.0}"#
     );
-    // Valid for Dynamo, not modelled here: refused, never ignored.
+    // Below a `cluster_shared` host pool too (the `g3_below_shared_host_*` goldens).
     let shared_host = r#""kv_cache_bytes_per_token": 131072,
         "native_host_offload": {"num_host_blocks": 64, "scope": "cluster_shared", "kv_layout_id": "tp1"}"#;
-    let e = parse(&format!(
+    let c = parse(&format!(
         r#"{{"engine": {{{shared_host}, "g3_offload": {{"scope": "worker_local", "num_g3_blocks": 8}}}}}}"#
     ))
-    .unwrap_err();
-    assert_eq!(e.path, "engine.g3_offload");
-    assert!(e
-        .message
-        .contains("g3_offload below a cluster_shared native_host_offload is not modelled by servesim yet"));
+    .unwrap();
+    assert!(c.host_offload.as_ref().is_some_and(|h| h.cluster_shared));
+    assert_eq!(c.g3_offload.as_ref().map(|g| g.num_g3_blocks), Some(8));
 }
 
 #[test]

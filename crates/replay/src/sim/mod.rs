@@ -404,6 +404,11 @@ struct Simulation<'a, 'c> {
     /// Workers that may start a pass: (pool, worker). Only they are visited at an instant, so
     /// idle workers cost nothing.
     awake: BTreeSet<(usize, usize)>,
+    /// Idle workers whose last pass did nothing though they had work (see
+    /// [`Simulation::retry_effect_free`]).
+    effect_free: BTreeSet<(usize, usize)>,
+    /// Something happened at this instant since the effect-free workers were last retried.
+    moved_since_retry: bool,
     /// The `G3Tick` events scheduled, by pool.
     g3_ticks: BTreeSet<(usize, Time)>,
     /// Disaggregated: the sessions of requests that ended at this instant (and whether they
@@ -485,6 +490,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
             passes_started_ms: f64::NEG_INFINITY,
             shard,
             awake: BTreeSet::new(),
+            effect_free: BTreeSet::new(),
+            moved_since_retry: false,
             g3_ticks: BTreeSet::new(),
             ended: Vec::new(),
             unplaced: Vec::new(),
@@ -588,6 +595,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
                 if self.now > last {
                     self.pace(progress)?;
+                    self.moved_since_retry = false;
                 }
                 if self.collector.telemetry.is_some() {
                     self.sample_telemetry(self.now);
@@ -602,6 +610,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 if self.is_stale(seq, event) {
                     continue;
                 }
+                self.moved_since_retry = true;
                 match event {
                     Event::PassEnd { pool, worker } => {
                         self.wake(pool as usize, worker as usize);
@@ -635,11 +644,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     Event::G3Tick { pool } => self.g3_tick(pool as usize),
                 }
             }
+            self.settle_due_shared_transfers();
             for (id, step) in std::mem::take(&mut self.unplaced) {
                 self.carry_out(id, step);
             }
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
+            self.moved_since_retry |= !ready.is_empty();
             for r in &ready {
                 if let Some(queued) = self.collector.runaway() {
                     let warn_at = self.collector.queue_limit().warn_at;

@@ -99,6 +99,26 @@ impl Simulation<'_, '_> {
         }
     }
 
+    /// Idle workers of a shared host pool whose next transfer deadline has come advance now,
+    /// before any pass starts at this instant: a peer's pass that ended may have moved the pool
+    /// (Dynamo settles its idle workers' due transfers right after the pass ends it applies).
+    pub(super) fn settle_due_shared_transfers(&mut self) {
+        let now = self.now;
+        for p in 0..self.pools.len() {
+            if self.pools[p].shared_host.is_none() {
+                continue;
+            }
+            for w in 0..self.pools[p].workers.len() {
+                let worker = &self.pools[p].workers[w];
+                let due = !worker.busy
+                    && worker.ranks.iter().filter_map(|r| r.engine.next_transfer_deadline()).any(|at| at <= now);
+                if due {
+                    self.host_wake(p, w);
+                }
+            }
+        }
+    }
+
     /// Wakes idle worker `w` when its next host transfer completes (the engine has no clock).
     fn schedule_host_wake(&mut self, pool: usize, w: usize) {
         let worker = &self.pools[pool].workers[w];
@@ -154,9 +174,10 @@ impl Simulation<'_, '_> {
         let scaled = self.scaling.is_some();
         let dynamo_gauges = self.collector.telemetry.as_ref().is_some_and(|t| t.dynamo);
         // The awake workers in pool and worker order, as a scan of every worker would visit
-        // them: one woken during the scan is visited now if it comes later, at the next call
-        // (at this instant) if not.
+        // them; after a pass that did something the scan starts again from the first, as
+        // Dynamo's coordinator does, so a worker that pass woke is visited in this call.
         let mut visited: Option<(usize, usize)> = None;
+        self.retry_effect_free();
         loop {
             let next = match visited {
                 None => self.awake.first().copied(),
@@ -246,7 +267,15 @@ impl Simulation<'_, '_> {
                     rank.engine.end_group_pass(any_prefilled, any_ran_model);
                 }
                 worker.wave_step += 1;
+                if end > now || effect || deferred || g3_retry {
+                    // Dynamo's coordinator scans its ready workers from the first again after
+                    // every pass that did something.
+                    self.moved_since_retry = true;
+                    self.retry_effect_free();
+                    visited = None;
+                }
                 if end > now {
+                    let worker = &mut self.pools[p].workers[w];
                     worker.busy = true;
                     worker.pass_end = end;
                     self.schedule_pass_end(p, w, end);
@@ -265,7 +294,9 @@ impl Simulation<'_, '_> {
                 } else if self.pools[p].workers[w].ranks.iter().any(|r| r.engine.next_transfer_deadline().is_some()) {
                     // A host transfer the pass started (or waits for) brings the next change.
                     self.schedule_host_wake(p, w);
+                    self.effect_free.insert((p, w));
                 } else if self.pools[p].shared_host.is_some() || self.pools[p].shared_g3.is_some() {
+                    self.effect_free.insert((p, w));
                     // Its requests wait on a shared pool's transfer that another worker has yet
                     // to start or finish (a store prepared in a pass still running, a peer's G3
                     // write): the pool's progress wakes it (`schedule_shared_host_wakes`, the
@@ -281,6 +312,11 @@ impl Simulation<'_, '_> {
         }
         again |= self.tell_ended_sessions();
         again |= !self.unplaced.is_empty();
+        if !self.effect_free.is_empty() && std::mem::take(&mut self.moved_since_retry) {
+            // Dynamo's coordinator goes round its instant again after a round that moved
+            // anything, and tries its effect-free workers once more then.
+            again = true;
+        }
         if again {
             // A pass that took no time created work at this instant. It reaches workers at the
             // next iteration, after the ones idle now have started: as pass-by-pass, they start
@@ -303,6 +339,21 @@ impl Simulation<'_, '_> {
             }
         }
         Ok(again)
+    }
+
+    /// Wakes the workers whose last pass did nothing though they had work: Dynamo's coordinator
+    /// tries such a worker again at its next drive (after any pass that did something, at this
+    /// instant or a later one), when what the others did may have changed what it finds (a
+    /// shared host pool's evictions, a G3 read that clears a promotion's retry guard). True if
+    /// there were any.
+    fn retry_effect_free(&mut self) -> bool {
+        if self.effect_free.is_empty() {
+            return false;
+        }
+        for key in std::mem::take(&mut self.effect_free) {
+            self.awake.insert(key);
+        }
+        true
     }
 
     /// Folds the results of a worker's last pass (every rank that ran) into the metrics, the

@@ -114,7 +114,7 @@ impl VllmEngine {
             panic!("completed load without a loading request")
         };
         hreq.load = Some(Load::Activated { original_g1_tokens, loaded_prefix_blocks, footprint_blocks });
-        let slot = *h.members.iter().find(|&&s| self.reqs[s].id == id).expect("a loading request waits");
+        let slot = h.members.iter().find(|&(_, &r)| r == id).map(|(&s, _)| s).expect("a loading request waits");
         let base = loaded_prefix_blocks as usize - keys.len();
         let record = self.pool.records_events();
         let mut run: Vec<StoredBlock> = Vec::new();

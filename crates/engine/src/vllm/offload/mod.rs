@@ -160,9 +160,13 @@ pub(super) struct HostState {
     load_by_key: FxHashMap<u64, TransferId>,
     compute_not_before: f64,
     reqs: FxHashMap<u64, HostReq>,
-    /// vLLM's `skipped_waiting`, in order; `sleeping` members wait for a transfer to complete.
-    connector: VecDeque<u32>,
-    members: FxHashSet<u32>,
+    /// vLLM's `skipped_waiting`, in order: (slot, request id) entries, of which those whose
+    /// slot is a member for that request are live. As in Dynamo, a request that leaves from
+    /// the middle leaves its entry behind (only the front is popped), and one that comes back
+    /// while that entry remains takes its old place. `sleeping` members wait for a transfer.
+    connector: VecDeque<(u32, u64)>,
+    /// The connector's members: slot → request id.
+    members: FxHashMap<u32, u64>,
     sleeping: FxHashSet<u32>,
     /// Running requests scheduled in the current pass.
     scheduled: FxHashSet<u32>,
@@ -256,12 +260,15 @@ impl HostState {
 
     /// Moves a skipped request into the connector queue (at its back if new) to sleep until a
     /// transfer completes; a retry wakes at the end of the admission loop.
-    fn skip(&mut self, slot: u32, waiting: &mut VecDeque<u32>, retry: Option<&mut Vec<u32>>) {
-        if self.members.insert(slot) {
+    fn skip(&mut self, slot: u32, id: u64, waiting: &mut VecDeque<u32>, retry: Option<&mut Vec<u32>>) {
+        if self.members.insert(slot, id).is_none() {
             if let Some(pos) = waiting.iter().position(|&s| s == slot) {
                 waiting.remove(pos);
             }
-            self.connector.push_back(slot);
+            while self.connector.front().is_some_and(|e| !self.is_live(e)) {
+                self.connector.pop_front();
+            }
+            self.connector.push_back((slot, id));
         }
         self.sleeping.insert(slot);
         if let Some(retry) = retry {
@@ -270,12 +277,23 @@ impl HostState {
     }
 
     pub(super) fn leave_connector(&mut self, slot: u32) -> bool {
-        if !self.members.remove(&slot) {
+        if self.members.remove(&slot).is_none() {
             return false;
         }
         self.sleeping.remove(&slot);
-        self.connector.retain(|&s| s != slot);
+        while self.connector.front().is_some_and(|e| !self.is_live(e)) {
+            self.connector.pop_front();
+        }
         true
+    }
+
+    fn is_live(&self, &(slot, id): &(u32, u64)) -> bool {
+        self.members.get(&slot) == Some(&id)
+    }
+
+    /// The connector's live members in queue order (a member listed twice, first place).
+    fn queued(&self) -> impl Iterator<Item = u32> + '_ {
+        self.connector.iter().filter(|e| self.is_live(e)).map(|&(slot, _)| slot)
     }
 
     fn completes_at(&self, transfer: TransferId) -> Option<f64> {
@@ -474,7 +492,7 @@ impl VllmEngine {
     }
 
     pub(super) fn host_connector_slot(&self, id: u64) -> Option<u32> {
-        self.host.as_ref()?.members.iter().copied().find(|&s| self.reqs[s].id == id)
+        self.host.as_ref()?.members.iter().find(|&(_, &r)| r == id).map(|(&s, _)| s)
     }
 
     pub(super) fn host_connector_len(&self) -> usize {

@@ -32,7 +32,7 @@ impl VllmEngine {
             // or done) goes first, ahead of older ready waiters.
             let holder = (h.g3.is_some() && h.has_ready_waiter())
                 .then(|| {
-                    h.connector.iter().copied().find(|s| {
+                    h.queued().find(|s| {
                         !h.sleeping.contains(s)
                             && h.reqs.get(&self.reqs[*s].id).is_some_and(|r| r.reserved_blocks() > 0)
                     })
@@ -49,7 +49,7 @@ impl VllmEngine {
             let next = holder.or(if !self.destinations.is_empty() || materialized.is_some() {
                 materialized
             } else if h.has_ready_waiter() {
-                h.connector.iter().copied().find(|s| !h.sleeping.contains(s))
+                h.queued().find(|s| !h.sleeping.contains(s))
             } else {
                 self.waiting.front().copied()
             });
@@ -83,7 +83,7 @@ impl VllmEngine {
                 HostLookup::Miss => None,
                 HostLookup::Hit(hit) => Some(hit),
                 HostLookup::Deferred => {
-                    self.host.as_mut().unwrap().skip(slot, &mut self.waiting, None);
+                    self.host.as_mut().unwrap().skip(slot, self.reqs[slot].id, &mut self.waiting, None);
                     continue;
                 }
             };
@@ -140,10 +140,14 @@ impl VllmEngine {
                 match self.start_load(slot, hit, now_ms) {
                     StartLoad::Queued => {
                         headroom = headroom - before + self.host_reservation(slot);
-                        self.host.as_mut().unwrap().skip(slot, &mut self.waiting, None);
+                        self.host.as_mut().unwrap().skip(slot, self.reqs[slot].id, &mut self.waiting, None);
                     }
-                    StartLoad::Deferred => self.host.as_mut().unwrap().skip(slot, &mut self.waiting, None),
-                    StartLoad::Retry => self.host.as_mut().unwrap().skip(slot, &mut self.waiting, Some(&mut retry)),
+                    StartLoad::Deferred => {
+                        self.host.as_mut().unwrap().skip(slot, self.reqs[slot].id, &mut self.waiting, None)
+                    }
+                    StartLoad::Retry => {
+                        self.host.as_mut().unwrap().skip(slot, self.reqs[slot].id, &mut self.waiting, Some(&mut retry))
+                    }
                     StartLoad::CapacityBlocked => break,
                 }
                 continue;
