@@ -7,16 +7,7 @@ use std::sync::Arc;
 
 use crate::policy::PolicyProfile;
 
-/// Order in which queued requests are released.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QueuePolicy {
-    /// First come, first served (priority moves a request earlier by `priority` seconds).
-    Fcfs,
-    /// Last come, first served: a deliberately bad policy for comparisons.
-    Lcfs,
-    /// Weighted shortest processing time (Smith's rule): short prompts first.
-    Wspt,
-}
+pub use crate::queue_policy::QueuePolicy;
 
 /// How the router models the prompt-side (prefill) load it has placed on a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

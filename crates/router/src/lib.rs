@@ -31,6 +31,7 @@ pub mod indexer;
 pub mod load;
 pub mod policy;
 pub mod queue;
+pub mod queue_policy;
 pub mod yaml_scan;
 
 use std::sync::Arc;

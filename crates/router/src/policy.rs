@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use crate::config::QueuePolicy;
+use crate::queue_policy::QueuePolicy;
 
 /// One physical queue of the router.
 #[derive(Clone, Debug, PartialEq)]

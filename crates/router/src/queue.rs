@@ -13,8 +13,8 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use crate::config::QueuePolicy;
 use crate::policy::{PolicyClass, PolicyProfile};
+use crate::queue_policy::QueuePolicy;
 
 /// A request waiting in the router.
 #[derive(Clone, Debug)]
