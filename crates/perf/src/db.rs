@@ -200,8 +200,22 @@ pub struct Database {
     gen: OnceLock<Result<Lanes<GenKey>>>,
     ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
     nccl: OnceLock<Result<NcclCurves>>,
-    pub(crate) moe: OnceLock<Result<crate::moe::MoeTable>>,
+    pub(crate) moe: OnceLock<Result<MoeTable>>,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
+}
+
+pub(crate) type ShapeKey = (u32, u32, u32, u32, u32, u32); // topk, experts, hidden, inter, moe_tp, moe_ep
+
+/// quant → distribution → shape → `V`.
+pub(crate) type ByQuant<V> = BTreeMap<String, BTreeMap<String, BTreeMap<ShapeKey, V>>>;
+
+/// The default-eligible rows of a system's `moe_perf` tables: quant → distribution → shape →
+/// token curve (sorted, first source wins per point). Loaded once per database, on first use
+/// (`moe.rs`).
+#[derive(Debug, Default)]
+pub struct MoeTable {
+    pub(crate) grids: ByQuant<Vec<(u32, f64)>>,
+    pub(crate) looked: Vec<String>,
 }
 
 impl std::fmt::Debug for Database {

@@ -14,6 +14,7 @@ pub mod interp;
 pub mod memory;
 pub mod model;
 pub mod moe;
+pub mod moe_ops;
 pub mod parquet_table;
 pub mod provider;
 pub mod systems;

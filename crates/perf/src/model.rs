@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::db::Dtype;
 use crate::error::{PerfError, Result};
+use crate::moe_ops::{DispatchOp, MoeOp, DISTRIBUTION};
 
 /// Which op-list builder a model uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,9 +349,9 @@ pub enum Op {
     /// Pipeline hand-off of `hidden` bf16 elements per token.
     P2P { name: String, scale: f64, hidden: u32, pp: u32 },
     /// Fused mixture-of-experts FFN.
-    Moe(crate::moe::MoeOp),
+    Moe(MoeOp),
     /// MoE token dispatch / combine communication.
-    MoeDispatch(crate::moe::DispatchOp),
+    MoeDispatch(DispatchOp),
 }
 
 impl Op {
@@ -458,7 +459,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             bytes_per_token: (2 * h + 2 * h) as f64 * act,
         });
         if moe {
-            crate::moe::push_moe_ops(list, m, l, ctx, layers * s)?;
+            push_moe_ops(list, m, l, ctx, layers * s)?;
         } else {
             list.push(Op::Gemm {
                 name: nm("gate_ffn1_gemm"),
@@ -500,4 +501,48 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
     }
     Ok(out)
+}
+
+/// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block).
+fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64) -> Result<()> {
+    let phase = if ctx { "context" } else { "generation" };
+    let h = m.hidden;
+    list.push(Op::Gemm {
+        name: format!("{phase}_router_gemm"),
+        scale,
+        n: m.experts,
+        k: h,
+        dtype: Dtype::Bfloat16,
+        logits: false,
+    });
+    let dispatch = |pre: bool| {
+        Op::MoeDispatch(DispatchOp {
+            name: format!("{phase}_moe_{}_dispatch", if pre { "pre" } else { "post" }),
+            scale,
+            hidden: h,
+            moe_tp: l.moe_tp,
+            moe_ep: l.moe_ep,
+            attention_dp: l.attention_dp,
+            pre,
+            backend: l.backend.clone(),
+            dtype: l.moe,
+        })
+    };
+    list.push(dispatch(true));
+    list.push(Op::Moe(MoeOp {
+        name: format!("{phase}_moe"),
+        scale,
+        hidden: h,
+        inter: m.moe_inter,
+        topk: m.topk,
+        experts: m.experts,
+        moe_tp: l.moe_tp,
+        moe_ep: l.moe_ep,
+        attention_dp: l.attention_dp,
+        dtype: l.moe,
+        distribution: DISTRIBUTION.to_string(),
+        gated: true,
+    }));
+    list.push(dispatch(false));
+    Ok(())
 }

@@ -19,90 +19,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::db::{keep_row, no_rows, Database, Dtype};
+use crate::db::{keep_row, no_rows, ByQuant, Database, Dtype, MoeTable};
 use crate::error::{PerfError, Result};
-use crate::model::{Layout, ModelSpec, Op};
+pub use crate::moe_ops::{DispatchOp, MoeOp, DISTRIBUTION};
 use crate::parquet_table::{key_u32, Table};
-
-/// The routing skew the reference's MoE models query the table at (`power_law` with α = 1.2).
-pub const DISTRIBUTION: &str = "power_law_1.2";
-
-/// Fused MoE FFN of one layer.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MoeOp {
-    pub name: String,
-    pub scale: f64,
-    pub hidden: u32,
-    pub inter: u32,
-    pub topk: u32,
-    pub experts: u32,
-    pub moe_tp: u32,
-    pub moe_ep: u32,
-    pub attention_dp: u32,
-    pub dtype: Dtype,
-    pub distribution: String,
-    /// Gated (SwiGLU: gate, up, down) expert FFN; `false` for two-GEMM experts.
-    pub gated: bool,
-}
-
-impl MoeOp {
-    fn gemms(&self) -> u64 {
-        if self.gated {
-            3
-        } else {
-            2
-        }
-    }
-
-    /// Resident expert weights of this op (all its layers) on one GPU, bytes: the reference's
-    /// `floor(floor(h · inter · E · bytes · gemms / ep) / tp) · scale`.
-    pub fn weight_bytes(&self) -> f64 {
-        let raw =
-            self.hidden as f64 * self.inter as f64 * self.experts as f64 * self.dtype.bytes() * self.gemms() as f64;
-        ((raw / self.moe_ep.max(1) as f64).floor() / self.moe_tp.max(1) as f64).floor() * self.scale
-    }
-
-    /// The MoE roofline at `tokens` (already multiplied by attention DP), ms.
-    pub fn sol_ms(&self, db: &Database, tokens: u32, flops: f64) -> f64 {
-        let total = tokens as u64 * self.topk as u64;
-        let ep = (self.moe_ep as u64).max(1);
-        let tp = (self.moe_tp as u64).max(1);
-        let (h, inter, ne, g) = (self.hidden as u64, self.inter as u64, self.experts as u64, self.gemms());
-        let ops = total * h * inter * g * 2 / ep / tp;
-        let mem = total / ep * h * 2 + total / ep * inter * g / tp + h * inter * g / tp * (ne / ep).min(total / ep);
-        let math_ms = ops as f64 / flops * 1000.0;
-        let mem_ms = mem as f64 * self.dtype.bytes() / db.spec.mem_bw * 1000.0;
-        math_ms.max(mem_ms)
-    }
-}
-
-/// MoE token dispatch (before the experts) or combine (after them).
-#[derive(Clone, Debug, PartialEq)]
-pub struct DispatchOp {
-    pub name: String,
-    pub scale: f64,
-    pub hidden: u32,
-    pub moe_tp: u32,
-    pub moe_ep: u32,
-    pub attention_dp: u32,
-    /// `true` before the experts, `false` for the combine after them.
-    pub pre: bool,
-    pub backend: String,
-    pub dtype: Dtype,
-}
-
-type ShapeKey = (u32, u32, u32, u32, u32, u32); // topk, experts, hidden, inter, moe_tp, moe_ep
-
-/// quant → distribution → shape → `V`.
-type ByQuant<V> = BTreeMap<String, BTreeMap<String, BTreeMap<ShapeKey, V>>>;
-
-/// The default-eligible rows of a system's `moe_perf` tables: quant → distribution → shape →
-/// token curve (sorted, first source wins per point).
-#[derive(Debug, Default)]
-pub struct MoeTable {
-    grids: ByQuant<Vec<(u32, f64)>>,
-    looked: Vec<String>,
-}
 
 /// Kernel lanes the reference files under their own quant name (one `moe_dtype` logged for two
 /// different kernels).
@@ -398,48 +318,4 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
         }
     };
     Ok(v.max(0.0) * d.scale)
-}
-
-/// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block).
-pub fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64) -> Result<()> {
-    let phase = if ctx { "context" } else { "generation" };
-    let h = m.hidden;
-    list.push(Op::Gemm {
-        name: format!("{phase}_router_gemm"),
-        scale,
-        n: m.experts,
-        k: h,
-        dtype: Dtype::Bfloat16,
-        logits: false,
-    });
-    let dispatch = |pre: bool| {
-        Op::MoeDispatch(DispatchOp {
-            name: format!("{phase}_moe_{}_dispatch", if pre { "pre" } else { "post" }),
-            scale,
-            hidden: h,
-            moe_tp: l.moe_tp,
-            moe_ep: l.moe_ep,
-            attention_dp: l.attention_dp,
-            pre,
-            backend: l.backend.clone(),
-            dtype: l.moe,
-        })
-    };
-    list.push(dispatch(true));
-    list.push(Op::Moe(MoeOp {
-        name: format!("{phase}_moe"),
-        scale,
-        hidden: h,
-        inter: m.moe_inter,
-        topk: m.topk,
-        experts: m.experts,
-        moe_tp: l.moe_tp,
-        moe_ep: l.moe_ep,
-        attention_dp: l.attention_dp,
-        dtype: l.moe,
-        distribution: DISTRIBUTION.to_string(),
-        gated: true,
-    }));
-    list.push(dispatch(false));
-    Ok(())
 }

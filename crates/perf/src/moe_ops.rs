@@ -1,0 +1,72 @@
+//! The mixture-of-experts ops of a model's op list: the fused expert FFN and the token
+//! dispatch / combine around it (data and rooflines). Their latencies come from the `moe_perf`
+//! table in `moe.rs`; `model.rs` lays them out.
+
+use crate::db::{Database, Dtype};
+
+/// The routing skew the reference's MoE models query the table at (`power_law` with α = 1.2).
+pub const DISTRIBUTION: &str = "power_law_1.2";
+
+/// Fused MoE FFN of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeOp {
+    pub name: String,
+    pub scale: f64,
+    pub hidden: u32,
+    pub inter: u32,
+    pub topk: u32,
+    pub experts: u32,
+    pub moe_tp: u32,
+    pub moe_ep: u32,
+    pub attention_dp: u32,
+    pub dtype: Dtype,
+    pub distribution: String,
+    /// Gated (SwiGLU: gate, up, down) expert FFN; `false` for two-GEMM experts.
+    pub gated: bool,
+}
+
+impl MoeOp {
+    fn gemms(&self) -> u64 {
+        if self.gated {
+            3
+        } else {
+            2
+        }
+    }
+
+    /// Resident expert weights of this op (all its layers) on one GPU, bytes: the reference's
+    /// `floor(floor(h · inter · E · bytes · gemms / ep) / tp) · scale`.
+    pub fn weight_bytes(&self) -> f64 {
+        let raw =
+            self.hidden as f64 * self.inter as f64 * self.experts as f64 * self.dtype.bytes() * self.gemms() as f64;
+        ((raw / self.moe_ep.max(1) as f64).floor() / self.moe_tp.max(1) as f64).floor() * self.scale
+    }
+
+    /// The MoE roofline at `tokens` (already multiplied by attention DP), ms.
+    pub fn sol_ms(&self, db: &Database, tokens: u32, flops: f64) -> f64 {
+        let total = tokens as u64 * self.topk as u64;
+        let ep = (self.moe_ep as u64).max(1);
+        let tp = (self.moe_tp as u64).max(1);
+        let (h, inter, ne, g) = (self.hidden as u64, self.inter as u64, self.experts as u64, self.gemms());
+        let ops = total * h * inter * g * 2 / ep / tp;
+        let mem = total / ep * h * 2 + total / ep * inter * g / tp + h * inter * g / tp * (ne / ep).min(total / ep);
+        let math_ms = ops as f64 / flops * 1000.0;
+        let mem_ms = mem as f64 * self.dtype.bytes() / db.spec.mem_bw * 1000.0;
+        math_ms.max(mem_ms)
+    }
+}
+
+/// MoE token dispatch (before the experts) or combine (after them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DispatchOp {
+    pub name: String,
+    pub scale: f64,
+    pub hidden: u32,
+    pub moe_tp: u32,
+    pub moe_ep: u32,
+    pub attention_dp: u32,
+    /// `true` before the experts, `false` for the combine after them.
+    pub pre: bool,
+    pub backend: String,
+    pub dtype: Dtype,
+}
