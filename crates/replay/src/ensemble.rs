@@ -166,32 +166,9 @@ mod tests {
 
     #[test]
     fn members_stop_where_the_run_stops_and_member_zero_is_the_run() {
-        use servesim_engine::WorkerArgs;
-        use servesim_workload::{Arrivals, LoadMode, SyntheticSpec};
+        use servesim_workload::Arrivals;
 
-        use crate::{RouterMode, Topology};
-
-        let engine = WorkerArgs::parse_json(
-            r#"{"block_size": 16, "num_gpu_blocks": 1000, "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 5}}"#,
-        )
-        .unwrap();
-        let workload = Workload::Synthetic(SyntheticSpec {
-            input_tokens: 64,
-            output_tokens: 8,
-            sessions: 40,
-            turns_per_session: 1,
-            arrivals: Arrivals::Poisson { rate_per_s: 100.0 },
-            seed: 3,
-            shared_prefix_ratio: 0.0,
-            num_prefix_groups: 0,
-            inter_turn_delay_ms: 0.0,
-            block_tokens: 16,
-        });
-        let config = SimConfig::new(
-            Topology::aggregated(engine, 2).unwrap(),
-            RouterMode::RoundRobin,
-            LoadMode::Timestamps { speedup: 1.0 },
-        );
+        let (workload, config) = crate::run::tests::two_workers(40, Arrivals::Poisson { rate_per_s: 100.0 });
         let stop = Some(150.0);
         let plain = Run::new(&workload, &config).stop_at_ms(stop).go(&mut ()).unwrap().report;
         let members = Run::new(&workload, &config).stop_at_ms(stop).ensemble(3).unwrap();

@@ -178,7 +178,7 @@ impl Ran {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use servesim_engine::WorkerArgs;
     use servesim_workload::{Arrivals, LoadMode, SyntheticSpec};
 
@@ -186,6 +186,12 @@ mod tests {
     use crate::{simulate, RouterMode, Topology};
 
     fn setup() -> (Workload, SimConfig) {
+        two_workers(20, Arrivals::Interval { interval_ms: 10.0 })
+    }
+
+    /// Two round-robin workers with fixed pass times (10 ms prefill, 5 ms decode) and `sessions`
+    /// one-turn synthetic requests of 64 + 8 tokens arriving as `arrivals` says.
+    pub(crate) fn two_workers(sessions: u32, arrivals: Arrivals) -> (Workload, SimConfig) {
         let engine = WorkerArgs::parse_json(
             r#"{"block_size": 16, "num_gpu_blocks": 1000, "timing_model": {"type": "fixed", "prefill_ms": 10, "decode_ms": 5}}"#,
         )
@@ -193,9 +199,9 @@ mod tests {
         let workload = Workload::Synthetic(SyntheticSpec {
             input_tokens: 64,
             output_tokens: 8,
-            sessions: 20,
+            sessions,
             turns_per_session: 1,
-            arrivals: Arrivals::Interval { interval_ms: 10.0 },
+            arrivals,
             seed: 3,
             shared_prefix_ratio: 0.0,
             num_prefix_groups: 0,
