@@ -344,16 +344,9 @@ impl Simulation<'_, '_> {
     /// Wakes the workers whose last pass did nothing though they had work: Dynamo's coordinator
     /// tries such a worker again at its next drive (after any pass that did something, at this
     /// instant or a later one), when what the others did may have changed what it finds (a
-    /// shared host pool's evictions, a G3 read that clears a promotion's retry guard). True if
-    /// there were any.
-    fn retry_effect_free(&mut self) -> bool {
-        if self.effect_free.is_empty() {
-            return false;
-        }
-        for key in std::mem::take(&mut self.effect_free) {
-            self.awake.insert(key);
-        }
-        true
+    /// shared host pool's evictions, a G3 read that clears a promotion's retry guard).
+    fn retry_effect_free(&mut self) {
+        self.awake.append(&mut self.effect_free);
     }
 
     /// Folds the results of a worker's last pass (every rank that ran) into the metrics, the
