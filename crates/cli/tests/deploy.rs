@@ -108,6 +108,27 @@ fn examples_match_the_reference_within_two_percent() {
     eprintln!("worst deviation {:.4} %", worst * 100.0);
 }
 
+/// Synthetic sessions and cached prefixes, recorded from the reference (each YAML says how).
+/// A session's later turn carries its history: the cache reuse and the input tokens counted are
+/// the reference's exactly, the timing metrics within 2 % (constant-time passes: to 1e-9).
+#[test]
+fn synthetic_sessions_and_cached_prefixes_match_the_reference() {
+    for (name, exact_timing) in [
+        ("predict_session_fixed", true),
+        ("predict_session_groups_poisson", false),
+        ("predict_synthetic_cached_prefix", false),
+    ] {
+        let Some((ours, reference, dev)) = compare_with_reference(name) else { return };
+        for key in ["prefix_cache_reused_ratio", "total_input_tokens", "total_output_tokens"] {
+            assert_eq!(ours[key], reference[key], "{name}: {key}");
+        }
+        if exact_timing {
+            assert!(dev < 1e-9, "{name}: {dev}");
+        }
+        assert!(ours["prefix_cache_reused_ratio"].as_f64().unwrap() > 0.3, "{name}");
+    }
+}
+
 /// The reference's trace examples: the first 300 s of the Mooncake conversation trace (stopped
 /// by `max_virtual_time_seconds`, requests in flight counted, not completed) on four TP2 replicas,
 /// as the reference's engine stack and Dynamo's round-robin replay (`--stack dynamo`, whose output
@@ -315,6 +336,45 @@ fn bad_configs_are_refused_with_their_key_path() {
     refused("bad-set", BASE, &["engine.model.x=1"], &["--set", "engine.model"]);
     refused("roles", BASE, &["engine.mode=disaggregated"], &["engine.workers", "prefill"]);
     refused("stop", BASE, &["traffic.stop.sessions=3"], &["traffic.stop"]);
+    // The rate's unit follows the source (the reference's messages).
+    let sessions = [
+        "traffic.source={type: synthetic-session, new_input_tokens_per_turn: 64, output_tokens_per_turn: 8}",
+        "traffic.stop={sessions: 4}",
+    ];
+    refused(
+        "session-rate",
+        BASE,
+        &[sessions[0], sessions[1], "traffic.load={type: poisson, requests_per_second: 2}"],
+        &["traffic.load", "poisson synthetic traffic requires sessions_per_second"],
+    );
+    refused(
+        "session-rate-both",
+        BASE,
+        &[
+            sessions[0],
+            sessions[1],
+            "traffic.load={type: constant_rate, sessions_per_second: 2, requests_per_second: 2}",
+        ],
+        &["traffic.load.requests_per_second", "traffic load rate unit does not match source type"],
+    );
+    refused(
+        "request-rate",
+        BASE,
+        &["traffic.load={type: poisson, sessions_per_second: 2}"],
+        &["traffic.load", "poisson synthetic traffic requires requests_per_second"],
+    );
+    refused(
+        "prefix-groups",
+        BASE,
+        &["traffic.source={type: synthetic-session, session: {shared_prefix_ratio: 0.5}}", sessions[1]],
+        &["traffic.source.session.prefix_groups", "must be positive when shared_prefix_ratio is positive"],
+    );
+    refused(
+        "cached-prefix",
+        BASE,
+        &["traffic.source.cached_prefix_tokens=65"],
+        &["traffic.source.cached_prefix_tokens", "cannot exceed input_tokens (65 > 64)"],
+    );
 }
 
 /// The reference writes its defaults into every canonical dump (`prediction_config` in
@@ -1076,6 +1136,21 @@ fn sizes_beyond_memory_or_any_worker_are_refused_by_key() {
         BASE,
         &["traffic.load.concurrency=4294967295", "traffic.stop.requests=4000000000"],
         &["traffic.source.input_tokens: 64 tokens × 1 turn(s) × 4000000000 session(s) in flight", "of memory"],
+    );
+    refused(
+        "huge-history",
+        BASE,
+        &[
+            "traffic.source={type: synthetic-session, new_input_tokens_per_turn: 1000, output_tokens_per_turn: 8, \
+             session: {turns: 4000000}}",
+            "traffic.load.concurrency=2000",
+            "traffic.stop={sessions: 2000}",
+        ],
+        &[
+            "traffic.source.new_input_tokens_per_turn: 1000 tokens × 4000000 turn(s) × 2000 session(s) in flight \
+             (2000 in all), with histories of up to 4032000000 tokens, need about",
+            "of memory",
+        ],
     );
     refused(
         "huge-prompt",

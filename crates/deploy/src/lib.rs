@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use servesim_replay::memory::{gib, session_bytes, WORKER_BYTES};
+use servesim_replay::memory::{gib, history_bytes, session_bytes, WORKER_BYTES};
 use servesim_replay::{Ran, Report, Run, SimConfig};
 use servesim_router::{PrefillLoadEstimator, PrefillLoadModel};
 use servesim_workload::{LoadMode, Workload};
@@ -103,11 +103,15 @@ pub fn check_memory(config: &Config, memory: u64) -> Result<(), DeployError> {
             ));
         }
     }
-    let (input, turns, key) = match &config.traffic.source {
-        schema::Source::Synthetic { input_tokens, .. } => (*input_tokens, 1, "traffic.source.input_tokens"),
-        schema::Source::Session { new_input_tokens, turns, .. } => {
-            (*new_input_tokens, *turns, "traffic.source.new_input_tokens")
-        }
+    let (input, turns, history, key) = match &config.traffic.source {
+        schema::Source::Synthetic { input_tokens, .. } => (*input_tokens, 1, 0, "traffic.source.input_tokens"),
+        // The last turn's prompt: every earlier prompt and output, and its own new tokens.
+        schema::Source::Session { new_input_tokens, output_tokens, turns, .. } => (
+            *new_input_tokens,
+            *turns,
+            (*turns as u64).saturating_mul(*new_input_tokens as u64 + *output_tokens as u64),
+            "traffic.source.new_input_tokens_per_turn",
+        ),
         schema::Source::Trace { .. } => return Ok(()),
     };
     let count = config.traffic.stop.count.unwrap_or(100) as u64;
@@ -116,7 +120,7 @@ pub fn check_memory(config: &Config, memory: u64) -> Result<(), DeployError> {
         _ => 1,
     };
     // Blocks of the smallest size an engine uses: the estimate errs high.
-    let per_session = session_bytes(input as u64, turns as u64, 16);
+    let per_session = session_bytes(input as u64, turns as u64, 16).saturating_add(history_bytes(history, 16));
     let need = per_session
         .saturating_mul(in_flight)
         .saturating_add(count.saturating_mul(turns as u64).saturating_mul(RECORD_BYTES));
@@ -124,8 +128,9 @@ pub fn check_memory(config: &Config, memory: u64) -> Result<(), DeployError> {
         return Err(DeployError::new(
             key,
             format!(
-                "{input} tokens × {turns} turn(s) × {in_flight} session(s) in flight ({count} in all) need about {} of \
-                 memory; this machine has {} available",
+                "{input} tokens × {turns} turn(s) × {in_flight} session(s) in flight ({count} in all){} need about {} \
+                 of memory; this machine has {} available",
+                if history > 0 { format!(", with histories of up to {history} tokens,") } else { String::new() },
                 gib(need),
                 gib(memory)
             ),
@@ -141,7 +146,7 @@ fn check_prompt_fits(config: &Config, topology: &servesim_replay::Topology) -> R
     let (input, turns, key) = match &config.traffic.source {
         schema::Source::Synthetic { input_tokens, .. } => (*input_tokens as u64, 1u64, "traffic.source.input_tokens"),
         schema::Source::Session { new_input_tokens, .. } => {
-            (*new_input_tokens as u64, 1, "traffic.source.new_input_tokens")
+            (*new_input_tokens as u64, 1, "traffic.source.new_input_tokens_per_turn")
         }
         schema::Source::Trace { .. } => return Ok(()),
     };

@@ -15,7 +15,9 @@ use servesim_engine::{ConfigEnv, WorkerArgs};
 use servesim_replay::Sla;
 use servesim_router::RouterConfig;
 use servesim_workload::formats::WekaBasis;
-use servesim_workload::{load_trace, Arrivals, LoadMode, SyntheticSpec, TraceFormat, TraceOptions, Workload};
+use servesim_workload::{
+    load_trace, Arrivals, LoadMode, SyntheticSpec, TraceFormat, TraceOptions, Workload, AISIMULATE_GROUP_SEED,
+};
 
 use crate::error::DeployError;
 use crate::schema::{Capacity, Config, Engine, Load, Mode, RouterPolicy, Source, Timing, Worker};
@@ -247,8 +249,10 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
             load_trace(&files, &opts).map_err(|e| DeployError::new("traffic.source", e))
         }
         source => {
-            let (input, output, turns, ratio, groups, delay) = match source {
-                Source::Synthetic { input_tokens, output_tokens } => (*input_tokens, *output_tokens, 1, 0.0, 0, 0.0),
+            let (input, output, turns, ratio, groups, delay, cached) = match source {
+                Source::Synthetic { input_tokens, output_tokens, cached_prefix_tokens } => {
+                    (*input_tokens, *output_tokens, 1, 0.0, 0, 0.0, *cached_prefix_tokens)
+                }
                 Source::Session {
                     new_input_tokens,
                     output_tokens,
@@ -263,6 +267,7 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
                     *shared_prefix_ratio,
                     *prefix_groups,
                     *inter_turn_delay_ms,
+                    0,
                 ),
                 Source::Trace { .. } => unreachable!(),
             };
@@ -287,6 +292,10 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
                 num_prefix_groups: groups,
                 inter_turn_delay_ms: delay,
                 block_tokens: block_size,
+                group_seed: AISIMULATE_GROUP_SEED,
+                cached_prefix_tokens: cached,
+                // A session's later turns carry its history (aisimulate's synthetic-session).
+                accumulate: matches!(source, Source::Session { .. }),
             };
             spec.validate().map_err(|e| DeployError::new("traffic", e))?;
             // Arrivals or think times past what the clock holds precisely: named by their key.

@@ -641,6 +641,9 @@ fn run_replay(
                 num_prefix_groups: groups,
                 inter_turn_delay_ms: delay,
                 block_tokens: 0,
+                group_seed: servesim_workload::GROUP_SEED,
+                cached_prefix_tokens: 0,
+                accumulate: false,
             }
         });
     let job = Job {

@@ -31,3 +31,10 @@ pub fn session_bytes(input_tokens: u64, turns: u64, block_tokens: u64) -> u64 {
         .saturating_mul(TURN_BYTES.saturating_add(blocks.saturating_mul(4)))
         .saturating_add(blocks.saturating_mul(PROMPT_BLOCK_BYTES))
 }
+
+/// Bytes the history of a session whose prompts accumulate holds at its longest: every token
+/// it said and generated (4 bytes each), and the engine's state of that prompt in flight.
+pub fn history_bytes(history_tokens: u64, block_tokens: u64) -> u64 {
+    let blocks = history_tokens.div_ceil(block_tokens.max(1));
+    history_tokens.saturating_mul(4).saturating_add(blocks.saturating_mul(PROMPT_BLOCK_BYTES))
+}

@@ -207,6 +207,9 @@ pub(crate) mod tests {
             num_prefix_groups: 0,
             inter_turn_delay_ms: 0.0,
             block_tokens: 16,
+            group_seed: servesim_workload::GROUP_SEED,
+            cached_prefix_tokens: 0,
+            accumulate: false,
         });
         let config = SimConfig::new(
             Topology::aggregated(engine, 2).unwrap(),

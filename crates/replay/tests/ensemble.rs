@@ -44,6 +44,9 @@ fn ensemble_interval_covers_ninety_percent() {
             num_prefix_groups: 0,
             inter_turn_delay_ms: 0.0,
             block_tokens: 16,
+            group_seed: servesim_workload::GROUP_SEED,
+            cached_prefix_tokens: 0,
+            accumulate: false,
         });
         let config = SimConfig {
             router_seed: 1,
@@ -91,6 +94,9 @@ fn jittered_e2e(output_tokens: u32, cv: f64, members: usize) -> Vec<f64> {
         num_prefix_groups: 0,
         inter_turn_delay_ms: 0.0,
         block_tokens: 16,
+        group_seed: servesim_workload::GROUP_SEED,
+        cached_prefix_tokens: 0,
+        accumulate: false,
     });
     let config = SimConfig {
         timing_jitter_cv: cv,

@@ -28,6 +28,9 @@ fn workload(sessions: u32, interval_ms: f64) -> Workload {
         num_prefix_groups: 0,
         inter_turn_delay_ms: 0.0,
         block_tokens: 16,
+        group_seed: servesim_workload::GROUP_SEED,
+        cached_prefix_tokens: 0,
+        accumulate: false,
     })
 }
 

@@ -144,6 +144,9 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
             num_prefix_groups: g("num_prefix_groups").unwrap_or(0.0) as u32,
             inter_turn_delay_ms: g("inter_turn_delay_ms").unwrap_or(0.0),
             block_tokens: block_size,
+            group_seed: servesim_workload::GROUP_SEED,
+            cached_prefix_tokens: 0,
+            accumulate: false,
         };
         let load = match concurrency {
             Some(c) => LoadMode::Concurrency { max_sessions: c },

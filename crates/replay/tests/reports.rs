@@ -26,6 +26,9 @@ fn workload(requests: u32, rate: f64, shared: f64) -> Workload {
         num_prefix_groups: if shared > 0.0 { 4 } else { 0 },
         inter_turn_delay_ms: 0.0,
         block_tokens: 16,
+        group_seed: servesim_workload::GROUP_SEED,
+        cached_prefix_tokens: 0,
+        accumulate: false,
     })
 }
 

@@ -41,7 +41,7 @@ pub struct LoadDriver<'w> {
     ready: BinaryHeap<Reverse<(Time, u32)>>,
     active_sessions: u32,
     in_flight: u32,
-    /// Delta traces: prompts accumulate within a session.
+    /// Delta traces and aisimulate's synthetic sessions: prompts accumulate within a session.
     accumulate: bool,
     block_tokens: u32,
     graph: Option<GraphState>,
@@ -69,7 +69,7 @@ impl<'w> LoadDriver<'w> {
             ready: BinaryHeap::new(),
             active_sessions: 0,
             in_flight: 0,
-            accumulate: matches!(workload, Workload::Accumulating { .. }),
+            accumulate: workload.accumulates(),
             block_tokens: workload.block_tokens(),
             graph: match workload {
                 Workload::Graph(g) => Some(GraphState::new(g.clone())),
@@ -297,5 +297,57 @@ mod tests {
         assert_eq!(drain(&mut d, 110.0), vec![(0, 1, 110.0)]);
         d.on_complete(0, 120.0, true);
         assert_eq!(drain(&mut d, 120.0), vec![(1, 0, 120.0)]);
+    }
+
+    /// aisimulate's synthetic sessions (new = 8, output = 2, three turns): prompts of 8, 18 and 28
+    /// tokens, each the previous prompt, the output it generated, and 8 new tokens. Dynamo's
+    /// synthetic sessions give each turn a fresh 8-token prompt.
+    #[test]
+    fn accumulating_synthetic_sessions_carry_their_history() {
+        use crate::synthetic::{Arrivals, SyntheticSpec, AISIMULATE_GROUP_SEED};
+        let prompts = |accumulate: bool| -> Vec<Vec<u32>> {
+            let spec = SyntheticSpec {
+                input_tokens: 8,
+                output_tokens: 2,
+                sessions: 1,
+                turns_per_session: 3,
+                arrivals: Arrivals::AllAtOnce,
+                seed: 42,
+                shared_prefix_ratio: 0.0,
+                num_prefix_groups: 0,
+                inter_turn_delay_ms: 0.0,
+                block_tokens: 4,
+                group_seed: AISIMULATE_GROUP_SEED,
+                cached_prefix_tokens: 0,
+                accumulate,
+            };
+            let w = Workload::Synthetic(spec);
+            let mut d = LoadDriver::new(&w, LoadMode::Concurrency { max_sessions: 1 });
+            let mut out = Vec::new();
+            for t in 0..3 {
+                let mut ready = Vec::new();
+                d.pop_ready(f64::from(t) * 10.0, &mut ready);
+                let r = &ready[0];
+                let p = d.prompt(r);
+                let mut tokens = vec![0; p.len() as usize];
+                p.fill(0, &mut tokens);
+                if let Some(generated) = d.planned_output(r) {
+                    out.push(generated.to_vec());
+                }
+                out.push(tokens);
+                d.on_complete(r.session, f64::from(t) * 10.0 + 5.0, true);
+            }
+            out
+        };
+        // Output drawn, then the prompt, for each turn.
+        let p = prompts(true);
+        let (out0, p0, out1, p1, p2) = (&p[0], &p[1], &p[2], &p[3], &p[5]);
+        assert_eq!((p0.len(), p1.len(), p2.len()), (8, 18, 28));
+        assert_eq!(p1[..10], [&p0[..], &out0[..]].concat()[..]);
+        assert_eq!(p2[..20], [&p1[..], &out1[..]].concat()[..]);
+        assert!(p1[10..].iter().chain(&p2[20..]).all(|t| !p0.contains(t)), "new tokens are fresh");
+        let fresh = prompts(false);
+        assert_eq!(fresh.iter().map(Vec::len).collect::<Vec<_>>(), [8, 8, 8]);
+        assert_ne!(fresh[0], fresh[1]);
     }
 }

@@ -3,9 +3,16 @@
 //!
 //! The random streams are the reference's: ChaCha12 seeded with the arrival seed, Poisson gaps
 //! drawn by inversion (`−ln(1 − u) · mean`), and prefix groups drawn uniformly from a second
-//! ChaCha12 stream with a fixed seed ([`GROUP_SEED`]: the reference's session stream does not
+//! ChaCha12 stream with a fixed seed (`group_seed`: the reference's session stream does not
 //! depend on the arrival seed). A run with the same seed therefore releases the same requests
 //! at exactly the reference's times.
+//!
+//! Two references generate sessions, and differ in what a later turn's prompt is:
+//! - Dynamo's synthetic replay (the flag form): every turn is a fresh prompt of `input_tokens`,
+//!   its groups drawn with seed [`GROUP_SEED`];
+//! - aisimulate's `synthetic-session` source (the deployment YAML): `input_tokens` are the turn's
+//!   *new* tokens, appended to everything the session said and generated before
+//!   ([`SyntheticSpec::accumulate`]), its groups drawn with seed [`AISIMULATE_GROUP_SEED`].
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
@@ -14,8 +21,14 @@ use crate::error::{short_number as short, InputError};
 use crate::ids::MAX_TIME_MS;
 use crate::session::{SessionSpec, TurnSpec};
 
-/// Seed of the prefix-group stream, whatever the arrival seed.
+/// Seed of the prefix-group stream of Dynamo's synthetic replay, whatever the arrival seed.
 pub const GROUP_SEED: u64 = 42;
+/// Seed of the prefix-group stream of aisimulate's synthetic sources.
+pub const AISIMULATE_GROUP_SEED: u64 = 0;
+/// High bits of the ids of the cached prefix every prompt starts with.
+const CACHED_PREFIX_TAG: u64 = 0xCAC0_0000_0000_0000;
+/// High bits of the ids of a prefix group's shared blocks (the group in bits 32..48).
+const GROUP_TAG: u64 = 0xD00D_0000_0000_0000;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
@@ -42,6 +55,15 @@ pub struct SyntheticSpec {
     pub inter_turn_delay_ms: f64,
     /// Tokens per generated block id (the engine's block size, as in the reference).
     pub block_tokens: u32,
+    /// Seed of the prefix-group stream ([`GROUP_SEED`] or [`AISIMULATE_GROUP_SEED`]).
+    pub group_seed: u64,
+    /// Every prompt starts with these same tokens, shared by all sessions (aisimulate's
+    /// `cached_prefix_tokens`). Prompts are then generated token by token, so that a prefix that
+    /// ends inside an engine block shares only its own tokens.
+    pub cached_prefix_tokens: u32,
+    /// A turn's prompt is the session's history (earlier prompts and outputs) followed by
+    /// `input_tokens` new ones, as in a `mooncake-delta` trace.
+    pub accumulate: bool,
 }
 
 impl SyntheticSpec {
@@ -55,6 +77,9 @@ impl SyntheticSpec {
         }
         if self.turns_per_session == 0 {
             return bad("turns-per-session", "must be at least 1");
+        }
+        if self.cached_prefix_tokens > self.input_tokens {
+            return bad("cached-prefix-tokens", "cannot exceed input_tokens");
         }
         if !(0.0..=1.0).contains(&self.shared_prefix_ratio) {
             return bad("shared-prefix-ratio", "must be between 0 and 1");
@@ -136,22 +161,34 @@ impl SyntheticSpec {
         Ok(())
     }
 
+    /// Tokens each generated id stands for: the engine's block size, or a single token when a
+    /// cached prefix is asked for (it need not end on a block boundary).
+    pub fn unit_tokens(&self) -> u32 {
+        if self.cached_prefix_tokens == 0 {
+            self.block_tokens.max(1)
+        } else {
+            1
+        }
+    }
+
     /// The sessions, generated one at a time in start order.
     pub fn sessions_iter(&self) -> SyntheticSessions {
-        let bs = self.block_tokens.max(1);
-        let blocks_per_prompt = self.input_tokens.div_ceil(bs);
+        let unit = self.unit_tokens();
+        let units_per_prompt = self.input_tokens.div_ceil(unit);
         let sharing = self.shared_prefix_ratio > 0.0 && self.num_prefix_groups > 0;
-        let prefix_blocks = if sharing {
-            ((blocks_per_prompt as f64 * self.shared_prefix_ratio).round() as u32).min(blocks_per_prompt)
+        // The group's share ends at this unit; the cached prefix, when there is one, comes first.
+        let group_end = if sharing {
+            ((units_per_prompt as f64 * self.shared_prefix_ratio).round() as u32).min(units_per_prompt)
         } else {
             0
         };
         SyntheticSessions {
             spec: self.clone(),
             arrivals: ChaCha12Rng::seed_from_u64(self.seed),
-            groups: ChaCha12Rng::seed_from_u64(GROUP_SEED),
-            blocks_per_prompt,
-            prefix_blocks,
+            groups: ChaCha12Rng::seed_from_u64(self.group_seed),
+            units_per_prompt,
+            cached_units: self.cached_prefix_tokens / unit,
+            group_end,
             next_session: 0,
             next_unique: 1,
             t: 0.0,
@@ -165,8 +202,9 @@ pub struct SyntheticSessions {
     spec: SyntheticSpec,
     arrivals: ChaCha12Rng,
     groups: ChaCha12Rng,
-    blocks_per_prompt: u32,
-    prefix_blocks: u32,
+    units_per_prompt: u32,
+    cached_units: u32,
+    group_end: u32,
     next_session: u32,
     next_unique: u64,
     t: f64,
@@ -192,20 +230,19 @@ impl Iterator for SyntheticSessions {
                 Arrivals::AllAtOnce => 0.0,
             };
         }
-        let group = if self.prefix_blocks > 0 {
-            self.groups.random_range(0..spec.num_prefix_groups as usize) as u64
-        } else {
-            0
-        };
+        let group = (spec.shared_prefix_ratio > 0.0 && spec.num_prefix_groups > 0)
+            .then(|| self.groups.random_range(0..spec.num_prefix_groups as usize) as u64);
         let turns = (0..spec.turns_per_session)
             .map(|k| {
-                let blocks = (0..self.blocks_per_prompt)
+                let blocks = (0..self.units_per_prompt)
                     .map(|b| {
-                        let id = if b < self.prefix_blocks {
-                            0xD00D_0000_0000_0000 | (group << 32) | b as u64
-                        } else {
-                            self.next_unique += 1;
-                            self.next_unique - 1
+                        let id = match group {
+                            _ if b < self.cached_units => CACHED_PREFIX_TAG | b as u64,
+                            Some(g) if b < self.group_end => GROUP_TAG | (g << 32) | b as u64,
+                            _ => {
+                                self.next_unique += 1;
+                                self.next_unique - 1
+                            }
                         };
                         block_token(id)
                     })
@@ -251,6 +288,9 @@ mod tests {
             num_prefix_groups: 0,
             inter_turn_delay_ms: 0.0,
             block_tokens: 16,
+            group_seed: GROUP_SEED,
+            cached_prefix_tokens: 0,
+            accumulate: false,
         }
     }
 
@@ -358,5 +398,32 @@ mod tests {
         let t = &sessions[0].turns;
         assert_eq!((t[0].delay_ms, t[1].delay_ms), (0.0, 100.0));
         assert_ne!(t[0].blocks[0], t[1].blocks[0]);
+    }
+
+    /// aisimulate's cached prefix: the first `cached_prefix_tokens` tokens of every prompt are
+    /// the same, token by token (700 is not a whole number of 16-token blocks), the rest unique.
+    #[test]
+    fn a_cached_prefix_is_shared_token_by_token() {
+        let spec = SyntheticSpec { cached_prefix_tokens: 700, input_tokens: 1000, sessions: 3, ..spec() };
+        assert_eq!(spec.unit_tokens(), 1);
+        assert_eq!(Workload::Synthetic(spec.clone()).block_tokens(), 1);
+        let s: Vec<SessionSpec> = spec.sessions_iter().collect();
+        let (a, b) = (&s[0].turns[0].blocks, &s[2].turns[0].blocks);
+        assert_eq!((a.len(), b.len()), (1000, 1000));
+        assert_eq!(a[..700], b[..700]);
+        assert!(a[700..].iter().all(|t| !b.contains(t)));
+        assert!(SyntheticSpec { cached_prefix_tokens: 1001, ..spec }.validate().is_err());
+    }
+
+    /// aisimulate draws prefix groups from a stream seeded with 0, Dynamo from one seeded with 42.
+    #[test]
+    fn the_group_stream_follows_its_seed() {
+        let groups = |group_seed| -> Vec<u32> {
+            SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, group_seed, ..spec() }
+                .sessions_iter()
+                .map(|s| s.turns[0].blocks[0])
+                .collect()
+        };
+        assert_ne!(groups(AISIMULATE_GROUP_SEED), groups(GROUP_SEED));
     }
 }

@@ -28,7 +28,8 @@ pub enum Workload {
     },
     Streamed(StreamedTrace),
     Synthetic(SyntheticSpec),
-    /// Multi-turn sessions whose rows hold only each turn's new tokens (`mooncake-delta`):
+    /// Multi-turn sessions whose rows hold only each turn's new tokens (`mooncake-delta`; a
+    /// [`SyntheticSpec`] with `accumulate` generates such sessions too):
     /// a turn's prompt is everything the session said and generated before, plus its tokens.
     /// Every turn has planned output tokens (they are part of the next prompt).
     Accumulating {
@@ -45,7 +46,7 @@ impl Workload {
         match self {
             Workload::Trace { block_tokens, .. } | Workload::Accumulating { block_tokens, .. } => *block_tokens,
             Workload::Streamed(trace) => trace.block_tokens(),
-            Workload::Synthetic(spec) => spec.block_tokens.max(1),
+            Workload::Synthetic(spec) => spec.unit_tokens(),
             Workload::Graph(g) => g.block_tokens,
         }
     }
@@ -79,6 +80,15 @@ impl Workload {
         match self {
             Workload::Streamed(trace) => trace.take_error(),
             _ => None,
+        }
+    }
+
+    /// A turn's prompt is its session's history followed by the turn's own tokens.
+    pub fn accumulates(&self) -> bool {
+        match self {
+            Workload::Accumulating { .. } => true,
+            Workload::Synthetic(spec) => spec.accumulate,
+            _ => false,
         }
     }
 

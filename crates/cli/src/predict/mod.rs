@@ -132,6 +132,9 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
         num_prefix_groups: a.num_prefix_groups,
         inter_turn_delay_ms: a.inter_turn_delay_ms,
         block_tokens: block_size,
+        group_seed: servesim_workload::GROUP_SEED,
+        cached_prefix_tokens: 0,
+        accumulate: false,
     };
     // As in Dynamo's synthetic replay, the speedup divides the generated arrival times and
     // think times.

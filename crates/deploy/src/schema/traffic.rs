@@ -13,6 +13,8 @@ pub enum Source {
     Synthetic {
         input_tokens: u32,
         output_tokens: u32,
+        /// Every prompt starts with these same tokens.
+        cached_prefix_tokens: u32,
     },
     Session {
         new_input_tokens: u32,
@@ -69,7 +71,7 @@ pub(super) fn read_traffic(t: Option<Reader>) -> Result<Traffic, DeployError> {
     let Some(mut t) = t else {
         // Predict's default traffic: synthetic 1024/128, concurrency 10, 100 requests.
         return Ok(Traffic {
-            source: Source::Synthetic { input_tokens: 1024, output_tokens: 128 },
+            source: Source::Synthetic { input_tokens: 1024, output_tokens: 128, cached_prefix_tokens: 0 },
             load: Load::Concurrency(10),
             stop: Stop { count: Some(100), ..Stop::default() },
         });
@@ -77,12 +79,12 @@ pub(super) fn read_traffic(t: Option<Reader>) -> Result<Traffic, DeployError> {
     let here = t.here().to_string();
     let source = match t.obj("source")? {
         Some(s) => read_source(s)?,
-        None => Source::Synthetic { input_tokens: 1024, output_tokens: 128 },
+        None => Source::Synthetic { input_tokens: 1024, output_tokens: 128, cached_prefix_tokens: 0 },
     };
     let (load, load_path, lanes) = match t.obj("load")? {
         Some(l) => {
             let p = l.here().to_string();
-            let (load, lanes) = read_load(l)?;
+            let (load, lanes) = read_load(l, &source)?;
             (load, p, lanes)
         }
         None => (Load::Concurrency(10), format!("{here}.load"), None),
@@ -195,14 +197,17 @@ fn read_source(mut s: Reader) -> Result<Source, DeployError> {
         "synthetic" => {
             let input_tokens = s.positive("input_tokens")?.unwrap_or(1024);
             let output_tokens = s.positive("output_tokens")?.unwrap_or(128);
-            if s.integer("cached_prefix_tokens")?.unwrap_or(0) != 0 {
+            let cached_prefix_tokens = s.u32_min("cached_prefix_tokens", 0)?.unwrap_or(0);
+            if cached_prefix_tokens > input_tokens {
                 return Err(s.err(
                     "cached_prefix_tokens",
-                    "a cached prefix in synthetic requests is not supported by servesim yet",
+                    format!(
+                        "cached_prefix_tokens cannot exceed input_tokens ({cached_prefix_tokens} > {input_tokens})"
+                    ),
                 ));
             }
             unsupported(&mut s, "images", "multimodal (image) traffic")?;
-            Source::Synthetic { input_tokens, output_tokens }
+            Source::Synthetic { input_tokens, output_tokens, cached_prefix_tokens }
         }
         "synthetic-session" => {
             let new_input_tokens = s.positive("new_input_tokens_per_turn")?.unwrap_or(1024);
@@ -215,6 +220,11 @@ fn read_source(mut s: Reader) -> Result<Source, DeployError> {
                     return Err(ss.err("shared_prefix_ratio", format!("must be in [0, 1], got {ratio}")));
                 }
                 groups = ss.u32_min("prefix_groups", 0)?.unwrap_or(0);
+                if ratio > 0.0 && groups == 0 {
+                    return Err(
+                        ss.err("prefix_groups", "prefix_groups must be positive when shared_prefix_ratio is positive")
+                    );
+                }
                 delay = ss.nonneg("inter_turn_delay_ms", false)?.unwrap_or(0.0);
                 ss.finish()?;
             }
@@ -260,7 +270,7 @@ fn read_source(mut s: Reader) -> Result<Source, DeployError> {
     Ok(source)
 }
 
-fn read_load(mut l: Reader) -> Result<(Load, Option<u32>), DeployError> {
+fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), DeployError> {
     let ty = l
         .one_of("type", &["concurrency", "poisson", "constant_rate", "trace_timestamps", "kv_capacity_fraction"])?
         .unwrap_or("concurrency");
@@ -316,22 +326,33 @@ fn read_load(mut l: Reader) -> Result<(Load, Option<u32>), DeployError> {
     let load = match ty {
         "concurrency" => Load::Concurrency(l.positive("concurrency")?.unwrap_or(10)),
         "poisson" | "constant_rate" => {
-            let r = l.nonneg("requests_per_second", true)?;
-            let s = l.nonneg("sessions_per_second", true)?;
-            let rate = match (r, s) {
-                (Some(x), None) | (None, Some(x)) => x,
-                (Some(_), Some(_)) => {
-                    return Err(
-                        l.err("requests_per_second", "give requests_per_second or sessions_per_second, not both")
-                    )
-                }
-                (None, None) => {
-                    return Err(DeployError::new(
-                        l.here(),
-                        format!("{ty} synthetic traffic requires requests_per_second"),
-                    ))
+            // The rate's unit is the source's: requests per second for requests, sessions per
+            // second for sessions. A trace source refuses these loads later, whatever the rate.
+            let (unit, other) = match source {
+                Source::Session { .. } => ("sessions_per_second", "requests_per_second"),
+                _ => ("requests_per_second", "sessions_per_second"),
+            };
+            let rate = l.nonneg(unit, true)?;
+            let wrong = l.nonneg(other, true)?;
+            let trace = matches!(source, Source::Trace { .. });
+            let rate = match rate {
+                Some(rate) => rate,
+                None if trace => 0.0,
+                None => {
+                    let what = if wrong.is_some() {
+                        format!(" ({other} counts the other source type)")
+                    } else {
+                        String::new()
+                    };
+                    return Err(DeployError::new(l.here(), format!("{ty} synthetic traffic requires {unit}{what}")));
                 }
             };
+            if wrong.is_some() && !trace {
+                return Err(l.err(
+                    other,
+                    format!("traffic load rate unit does not match source type: this source's rate is {unit}"),
+                ));
+            }
             if ty == "poisson" {
                 Load::Poisson { rate, seed: l.integer("seed")?.unwrap_or(42) }
             } else {
