@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::limits::{too_many_values, MAX_DOMAIN_VALUES, MAX_GRID_CANDIDATES, MAX_POOL_CANDIDATES};
 use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Search, Shape, Space};
@@ -414,6 +414,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     }
     let (backends, backend_searched) =
         identity_domain(&base, "backend", &["vllm", "sglang", "trtllm"], &["vllm", "sglang"])?;
+    let backend_versions = backend_versions(&base, &backends)?;
     if modes.len() > 1 {
         // A single mode's roles are checked by the predict schema on the first candidate.
         let has = |role: &str| get(&base, &["engine", "workers", role]).is_some();
@@ -528,7 +529,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     }
     let identity =
         Identity { write_mode: mode_searched, write_backend: backend_searched, prune_roles: modes.len() > 1 };
-    let space = Space { base: base.clone(), identity, branches, routers };
+    let space = Space { base: base.clone(), identity, backend_versions, branches, routers };
     let total: u128 = (0..space.branches.len())
         .map(|b| {
             let br = &space.branches[b];
@@ -678,6 +679,26 @@ fn identity_domain(
         }
         Some(x) => Ok((vec![pick(&path, x)?], false)),
     }
+}
+
+/// `engine.backend_version` as a mapping from backend to version (recommend only): its keys must
+/// be searched backends; a backend it does not name resolves the latest version.
+fn backend_versions(base: &Value, backends: &[&str]) -> Result<Option<Map<String, Value>>, DeployError> {
+    let Some(Value::Object(m)) = get(base, &["engine", "backend_version"]) else { return Ok(None) };
+    let mut unknown: Vec<&str> = m.keys().map(String::as_str).filter(|k| !backends.contains(k)).collect();
+    unknown.sort_unstable();
+    if !unknown.is_empty() {
+        return Err(DeployError::new(
+            "engine.backend_version",
+            format!("backend_version contains unconfigured backend(s): {unknown:?}").replace('"', "'"),
+        ));
+    }
+    for (k, v) in m {
+        if v.as_str().is_none_or(str::is_empty) {
+            return Err(DeployError::new(format!("engine.backend_version.{k}"), "must be a nonempty string"));
+        }
+    }
+    Ok(Some(m.clone()))
 }
 
 /// Whether the engine's model is a mixture of experts (its config in the AIS data package);
@@ -1189,5 +1210,22 @@ mod tests {
         let mut cp = entry(1, 1);
         cp["decode_context"] = json!(2);
         assert!(e(json!({"preset": [cp]})).contains("context parallelism is a predict-only knob"));
+    }
+
+    #[test]
+    fn backend_version_may_be_given_per_backend() {
+        let s = read_search(&three_roles(json!({"backend_version": {"sglang": "0.5.14"}})), Path::new(".")).unwrap();
+        let versions: Vec<Option<String>> = (0..s.candidate_count())
+            .map(|k| s.candidate(k).unwrap()["engine"].get("backend_version").map(|v| v.as_str().unwrap().into()))
+            .collect();
+        assert_eq!(versions[..4], [None, None, None, Some("0.5.14".to_string())], "vLLM resolves its latest");
+        let e = read_search(
+            &three_roles(json!({"backend": "vllm", "backend_version": {"sglang": "0.5.14"}})),
+            Path::new("."),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("backend_version contains unconfigured backend(s): ['sglang']"), "{e}");
     }
 }

@@ -103,6 +103,9 @@ pub(super) struct Identity {
 pub struct Space {
     pub(super) base: Value,
     pub(super) identity: Identity,
+    /// `engine.backend_version` given per backend (`{vllm: ..., sglang: ...}`): each candidate
+    /// takes its backend's (or none: the latest).
+    pub(super) backend_versions: Option<Map<String, Value>>,
     pub(super) branches: Vec<Branch>,
     /// Concrete `router:` sections; empty when the configuration has none.
     pub(super) routers: Vec<Value>,
@@ -174,6 +177,17 @@ impl Space {
         }
         if self.identity.write_backend {
             set(&mut t, &["engine".into(), "backend".into()], json!(br.backend));
+        }
+        if let Some(versions) = &self.backend_versions {
+            let e = t.get_mut("engine").and_then(Value::as_object_mut).expect("engine is a mapping");
+            match versions.get(br.backend) {
+                Some(v) => {
+                    e.insert("backend_version".into(), v.clone());
+                }
+                None => {
+                    e.remove("backend_version");
+                }
+            }
         }
         if self.identity.prune_roles {
             if let Some(e) = t.get_mut("engine").and_then(Value::as_object_mut) {
