@@ -402,6 +402,16 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     obj.remove("optimization");
     obj.remove("optimizer");
     let planner_section = obj.remove("planner");
+    // Candidates are made by writing into these mappings.
+    let present = |path: &[&str]| get(&base, path).filter(|v| !v.is_null());
+    if present(&["engine"]).is_none() {
+        return Err(DeployError::new("engine", "missing (required: model, hardware and workers)"));
+    }
+    for (path, v) in [("engine", present(&["engine"])), ("engine.workers", present(&["engine", "workers"]))] {
+        if v.is_some_and(|v| !v.is_object()) {
+            return Err(DeployError::new(path, "must be a mapping"));
+        }
+    }
     // The engine's identity domains: the reference searches both modes and both of vLLM and
     // SGLang when they are omitted.
     let (modes, mode_searched) =
@@ -1227,5 +1237,17 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(e.contains("backend_version contains unconfigured backend(s): ['sglang']"), "{e}");
+    }
+
+    #[test]
+    fn an_engine_that_is_not_a_mapping_is_refused() {
+        for (root, want) in [
+            (json!({"optimizer": {"algorithm": "grid"}}), "engine: missing (required: model, hardware and workers)"),
+            (json!({"engine": 5}), "engine: must be a mapping"),
+            (json!({"engine": {"model": "m", "workers": [1]}}), "engine.workers: must be a mapping"),
+        ] {
+            let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }
