@@ -690,8 +690,9 @@ fn candidate_line(c: &Value) -> String {
 /// tests/deploy/recommend_space.golden.json from
 /// `AISIM_REF_VENV=/tmp/servesim-aisim-ref $(../shared/parity/setup_aisimulate.sh)
 /// ../shared/parity/aisimulate_predict.py tests/deploy/NAME.yaml --command recommend --keep DIR`
-/// for NAME recommend_default_space (8 candidates) and recommend_moe_pool (32); each random
-/// search asks for as many trials as its space holds, so both tools visit every candidate.
+/// for NAME recommend_default_space (8 candidates), recommend_moe_pool (32) and
+/// recommend_domains_preset (`{choices}` domains on both, `parallelism.preset` lists; 8); each
+/// random search asks for as many trials as its space holds, so both tools visit every candidate.
 #[test]
 fn the_default_search_space_is_the_references() {
     let golden: Value =

@@ -769,6 +769,56 @@ fn pool_worker_shapes(moe: bool, g: u64) -> Vec<Shape> {
     out
 }
 
+/// Every role's shapes given as preset lists: each combination is a configuration the user
+/// pinned, so one over the GPU budget is an error rather than a candidate left out (as the
+/// reference refuses it).
+fn pinned_within_budget(roles: &[&str], role_shapes: &[Vec<Shape>], budget: u64) -> Result<(), DeployError> {
+    let describe = |s: &Shape| {
+        let (mt, me) = s.moe.unwrap_or((1, 1));
+        format!(
+            "replicas={} tensor={} pipeline={} attention_data={} moe_tensor={mt} moe_expert={me}",
+            s.replicas,
+            s.tensor,
+            s.pipeline.unwrap_or(1),
+            s.attention_data
+        )
+    };
+    let mut picks: Vec<Vec<(usize, Shape)>> = vec![Vec::new()];
+    for shapes in role_shapes {
+        picks = picks
+            .into_iter()
+            .flat_map(|p| {
+                shapes.iter().enumerate().map(move |(i, s)| {
+                    let mut v = p.clone();
+                    v.push((i, *s));
+                    v
+                })
+            })
+            .collect();
+    }
+    for p in picks {
+        let used: u64 = p.iter().map(|(_, s)| s.gpus()).sum();
+        if used > budget {
+            let (path, what) = if let [(i, s)] = p[..] {
+                (format!("engine.workers.{}.parallelism.preset[{i}]", roles[0]), describe(&s))
+            } else {
+                let parts: Vec<String> =
+                    roles.iter().zip(&p).map(|(r, (i, s))| format!("{r} preset[{i}] ({})", describe(s))).collect();
+                ("engine.workers".to_string(), parts.join(" + "))
+            };
+            return Err(DeployError::new(
+                path,
+                format!(
+                    "pinned parallel config {what}: used_gpus={used} exceeds gpu_budget={budget} \
+                     (optimization.constraints.max_candidate_gpus in recommend); remove this preset or increase \
+                     the GPU budget"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The parallelism knobs a preset list entry covers (the reference's `_PARALLEL_KEYS`).
 const PRESET_KEYS: [&str; 6] = ["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"];
 
@@ -854,6 +904,9 @@ fn read_mode(
     // How many shape sets the domains hold in all, over the budget or not.
     let mut shapes_in_all: u128 = 1;
     let mut knobs: Vec<Knob> = Vec::new();
+    // Roles whose shapes are a preset list: when every role's are, each combination is a
+    // pinned configuration, and one over the budget is refused (the reference's rule).
+    let mut listed_roles = 0;
     for role in roles {
         let par = get(base, &["engine", "workers", role, "parallelism"]).cloned();
         let ppath = format!("engine.workers.{role}.parallelism");
@@ -908,8 +961,9 @@ fn read_mode(
                 s
             }
             Some(Some(list)) => {
+                listed_roles += 1;
                 shapes_in_all = shapes_in_all.saturating_mul(list.len() as u128);
-                list.into_iter().filter(|s| s.gpus() <= budget).collect()
+                list
             }
             Some(None) => {
                 let d = |k: &str| -> Result<(Vec<u64>, u64), DeployError> {
@@ -952,6 +1006,9 @@ fn read_mode(
     // Shapes over the budget are dropped before any candidate is made of them (as the preset
     // pool never holds them): counted, never built, so a domain of a million replicas costs
     // no memory.
+    if listed_roles == roles.len() {
+        pinned_within_budget(roles, &role_shapes, budget)?;
+    }
     let mut shape_sets: Vec<Vec<Shape>> = vec![Vec::new()];
     for shapes in &role_shapes {
         let mut next = Vec::new();
@@ -1202,9 +1259,15 @@ mod tests {
             json!({"replicas": r, "tensor": t, "pipeline": 1, "attention_data": 1, "moe_tensor": 1, "moe_expert": 1,
                    "prefill_context": null, "decode_context": 1})
         };
-        let listed = with(json!({"preset": [entry(1, 2), entry(2, 1), entry(4, 1)]})).unwrap();
-        assert_eq!(listed.candidate_count(), 2, "the 4-GPU entry is over the budget");
-        assert_eq!(listed.over_budget, 1);
+        let listed = with(json!({"preset": [entry(1, 2), entry(2, 1)]})).unwrap();
+        assert_eq!(listed.candidate_count(), 2);
+        let over = with(json!({"preset": [entry(1, 2), entry(4, 1)]})).err().unwrap().to_string();
+        assert!(
+            over.contains(
+                "engine.workers.aggregated.parallelism.preset[1]: pinned parallel config replicas=4 tensor=1"
+            ) && over.contains("used_gpus=4 exceeds gpu_budget=2"),
+            "{over}"
+        );
         let p = &listed.candidate(0).unwrap()["engine"]["workers"]["aggregated"]["parallelism"];
         assert_eq!(
             p,
