@@ -435,12 +435,6 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             return Err(DeployError::new("engine.workers", "disaggregated mode requires prefill and decode workers"));
         }
     }
-    if optimizer.algorithm != "grid" && (optimizer.max_trials as usize) < modes.len() {
-        return Err(DeployError::new(
-            "optimizer.max_trials",
-            format!("optimizer.max_trials must be at least the number of active deployment branches ({})", modes.len()),
-        ));
-    }
     let moe = model_is_moe(&base);
     // Per mode: its roles, shape sets and knobs, and the shape sets over the budget.
     let mut per_mode: Vec<(&'static str, &'static [&'static str], ModeSpace)> = Vec::new();
@@ -588,8 +582,8 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         ((0..space.len()).collect::<Vec<_>>(), marked)
     } else {
         // Random and bayesian draw from the reference's pool: shapes within the budget whose KV
-        // cache holds one longest sequence. Random splits its trials over the modes as the
-        // reference's branches do (the first ones one more when they do not divide).
+        // cache holds one longest sequence. Random splits its trials over the modes that have
+        // one as the reference's branches do (the first ones one more when they do not divide).
         let mut pools: Vec<Vec<usize>> = vec![Vec::new(); modes.len()];
         let mut excluded = 0;
         for (b, br) in space.branches.iter().enumerate() {
@@ -618,11 +612,19 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
                 },
             ));
         }
+        // The modes with a candidate left (the reference skips a mode no backend can run).
+        pools.retain(|p| !p.is_empty());
+        let active = pools.len();
+        if (optimizer.max_trials as usize) < active {
+            return Err(DeployError::new(
+                "optimizer.max_trials",
+                format!("optimizer.max_trials must be at least the number of active deployment branches ({active})"),
+            ));
+        }
         let mut pool = Vec::new();
         if optimizer.algorithm == "random" {
             let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
-            let (each, extra) =
-                (optimizer.max_trials as usize / modes.len(), optimizer.max_trials as usize % modes.len());
+            let (each, extra) = (optimizer.max_trials as usize / active, optimizer.max_trials as usize % active);
             for (m, mut p) in pools.into_iter().enumerate() {
                 let take = each + usize::from(m < extra);
                 if take < p.len() {
@@ -1225,6 +1227,17 @@ mod tests {
         let s = read_search(&root, Path::new(".")).unwrap();
         let modes: Vec<String> = identities(&s).into_iter().map(|(m, ..)| m).collect();
         assert_eq!(modes, ["aggregated", "aggregated", "disaggregated"]);
+        // A mode no candidate of which fits its KV cache is not active: the others take its trials.
+        root["engine"]["workers"]["prefill"]["kv_cache"]["capacity"]["blocks"] = json!(1);
+        let s = read_search(&root, Path::new(".")).unwrap();
+        let modes: Vec<String> = identities(&s).into_iter().map(|(m, ..)| m).collect();
+        assert_eq!(modes, ["aggregated"; 3]);
+        // SGLang's one-token blocks hold 1000 tokens of the 1024 the context needs: its
+        // aggregated shapes are out too.
+        assert_eq!(s.kv_excluded, 2 + 3);
+        assert!(identities(&s).iter().all(|(_, b, _)| b == "vllm"));
+        root["optimizer"]["max_trials"] = json!(1);
+        assert_eq!(read_search(&root, Path::new(".")).unwrap().candidate_count(), 1);
     }
 
     #[test]
