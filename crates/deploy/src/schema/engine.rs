@@ -57,9 +57,12 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     };
     let nextn = e.u32_min("nextn", 0)?.unwrap_or(0);
     if nextn > 0 {
-        return Err(
-            e.err("nextn", "MTP speculation (nextn > 0) in the unified config is not supported by servesim yet")
-        );
+        return Err(e.err(
+            "nextn",
+            "MTP speculation (nextn > 0) in the unified config is not supported by servesim yet: aisimulate's \
+                 engine emits MTP tokens on another schedule than Dynamo's, which servesim models (MTP works \
+                 through engine arguments, `aic_nextn`)",
+        ));
     }
     e.nonneg("nextn_accepted", false)?;
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
