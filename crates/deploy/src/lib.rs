@@ -35,13 +35,23 @@ pub fn load_tree(path: &Path, sets: &[String]) -> Result<Value, String> {
     Ok(tree)
 }
 
+/// Where a configuration tree names performance-data directories: the engine's
+/// `systems_paths` and each worker's `timing.systems_paths`.
+pub const SYSTEMS_PATHS_POINTERS: [&str; 4] = [
+    "/engine/systems_paths",
+    "/engine/workers/aggregated/timing/systems_paths",
+    "/engine/workers/prefill/timing/systems_paths",
+    "/engine/workers/decode/timing/systems_paths",
+];
+
 /// The files and directories a configuration tree reads besides itself: its trace paths
-/// (`traffic.source.paths`) and performance-data paths (`engine.systems_paths`), resolved
+/// (`traffic.source.paths`) and performance-data paths ([`SYSTEMS_PATHS_POINTERS`]), resolved
 /// against `base`, the configuration's directory. Front ends refuse to write over them.
 pub fn input_paths(tree: &Value, base: &Path) -> Vec<PathBuf> {
     let list = |p: &str| tree.pointer(p).and_then(Value::as_array).cloned().unwrap_or_default();
     let mut out = Vec::new();
-    for v in list("/traffic/source/paths").iter().chain(list("/engine/systems_paths").iter()) {
+    let pointers = std::iter::once("/traffic/source/paths").chain(SYSTEMS_PATHS_POINTERS);
+    for v in pointers.flat_map(list).collect::<Vec<_>>().iter() {
         if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
             let p = Path::new(s);
             out.push(if p.is_absolute() { p.to_path_buf() } else { base.join(p) });

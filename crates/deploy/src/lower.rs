@@ -26,7 +26,11 @@ use crate::schema::{Capacity, Config, Engine, Load, Mode, RouterPolicy, Source, 
 #[derive(Clone, Debug)]
 pub struct LoweredWorker {
     pub role: &'static str,
+    /// Flat engine arguments (Dynamo's form, which has no scheduling intervals).
     pub args_json: Value,
+    /// The scheduler's prefill intervals (vLLM's `prefill_schedule_interval`, SGLang's
+    /// `prefill_decode_interval`), set on the engine once the arguments are read.
+    pub intervals: (u32, u32),
     pub replicas: u32,
     pub gpus: u32,
     pub provenance: Value,
@@ -65,7 +69,7 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
     }
     c.insert("kv_block_size".into(), json!(block_size));
     c.insert("nextn".into(), json!(0));
-    if let Some(paths) = &engine.systems_paths {
+    if let Some(paths) = w.systems_paths.as_ref().or(engine.systems_paths.as_ref()) {
         c.insert("systems_paths".into(), json!(paths));
     }
     Value::Object(c)
@@ -169,9 +173,42 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
         };
         a.insert("kv_bytes_per_token".into(), json!(per_token));
     }
+    if let Some(offload) = &w.offload {
+        // What a host transfer moves per token: the configured size, or the model's KV bytes
+        // per token on one rank (as the reference's `estimate_kv_bytes_per_token`).
+        let per_token = match w.bytes_per_token {
+            Some(n) => n,
+            None => {
+                let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
+                let est = servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?;
+                est.kv_bytes_per_token().round() as u64
+            }
+        };
+        a.insert("kv_cache_bytes_per_token".into(), json!(per_token));
+        let mut host = offload.host.clone();
+        if host["scope"] == "cluster_shared" {
+            // Ranks share a host pool only when the KV they store is laid out alike: the
+            // reference names the layout by the model, backend, parallelism and block geometry.
+            let layout = json!({
+                "backend": engine.backend,
+                "backend_version": engine.backend_version,
+                "block_size": a.get("block_size"),
+                "bytes_per_token": per_token,
+                "model": engine.model,
+                "pp": w.parallelism.pipeline,
+                "tp": w.parallelism.tensor,
+            });
+            host["kv_layout_id"] = json!(layout.to_string());
+        }
+        a.insert("native_host_offload".into(), host);
+        if let Some(g3) = &offload.g3 {
+            a.insert("g3_offload".into(), g3.clone());
+        }
+    }
     Ok(LoweredWorker {
         role: w.role,
         args_json: Value::Object(a),
+        intervals: (w.prefill_schedule_interval, w.prefill_decode_interval),
         replicas: w.parallelism.replicas,
         gpus: w.parallelism.gpus(),
         provenance,
@@ -196,8 +233,12 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
     let no_files = |p: &str| -> Result<Vec<u8>, String> {
         Err(format!("{p}: timing profiles are not read from the unified config"))
     };
-    WorkerArgs::from_value_env(&w.args_json, ConfigEnv { files: &no_files, timers: Some(&factory) })
-        .map_err(|e| DeployError::new(format!("engine.workers.{}", w.role), format!("{e}")))
+    let mut args = WorkerArgs::from_value_env(&w.args_json, ConfigEnv { files: &no_files, timers: Some(&factory) })
+        .map_err(|e| DeployError::new(format!("engine.workers.{}", w.role), format!("{e}")))?;
+    // Checked against the backend when read.
+    (args.engine.prefill_schedule_interval, args.engine.prefill_decode_interval) =
+        (u64::from(w.intervals.0), u64::from(w.intervals.1));
+    Ok(args)
 }
 
 pub fn topology(lowered: &LoweredEngine) -> Result<Topology, DeployError> {

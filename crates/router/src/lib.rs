@@ -26,6 +26,7 @@
 //! wires it in), separately from the engines' timing, as Dynamo keeps `ais_perf_config` apart
 //! from the workers' timing model.
 
+mod chain_tree;
 pub mod config;
 pub mod indexer;
 pub mod load;

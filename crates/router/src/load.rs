@@ -10,11 +10,12 @@
 //! When the anchor's prefill finishes, the next oldest becomes the anchor at that moment;
 //! prompts placed behind it keep their full weight until then (Dynamo's `PrefillLoadTracker`).
 
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
+
+use crate::chain_tree::ChainTree;
 
 #[derive(Clone, Debug, Default)]
 struct TargetLoad {
@@ -24,8 +25,8 @@ struct TargetLoad {
     prefill_order: VecDeque<u64>,
     /// The oldest pending prompt and since when it decays.
     anchor: Option<(u64, Duration)>,
-    /// Active blocks by hash with their number of holders (when reuse is assumed).
-    blocks: FxHashMap<u64, u32>,
+    /// Active blocks, the chains of the requests holding them (when reuse is assumed).
+    blocks: ChainTree,
     /// Active blocks counted per request (when reuse is not assumed).
     block_count: u64,
     requests: u32,
@@ -37,7 +38,15 @@ struct Placed {
     pending_prefill: u32,
     /// Predicted time to prefill the pending prompt alone (None: not modelled, no decay).
     expected_prefill: Option<Duration>,
-    hashes: Vec<u64>,
+    /// Its blocks: where its chain ends in the target's tree (when reuse is assumed), else how
+    /// many.
+    blocks: Held,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Held {
+    Chain(Option<u32>),
+    Count(u64),
 }
 
 #[derive(Clone, Debug)]
@@ -91,7 +100,7 @@ impl ActiveLoad {
     pub fn blocks(&self, target: usize) -> u64 {
         let t = &self.targets[target];
         if self.assume_reuse {
-            t.blocks.len() as u64
+            t.blocks.blocks()
         } else {
             t.block_count
         }
@@ -109,10 +118,8 @@ impl ActiveLoad {
         let t = &self.targets[target];
         if self.assume_reuse {
             // Sequence hashes are chained, and a target holds the whole chain of every request
-            // placed on it, so the hashes it holds form a prefix of `hashes`: find its end by
-            // bisection instead of looking up every block.
-            let held = hashes.partition_point(|h| t.blocks.contains_key(h));
-            (hashes.len() - held) as u64
+            // placed on it, so the hashes it holds form a prefix of `hashes`.
+            (hashes.len() - t.blocks.matched(hashes)) as u64
         } else {
             hashes.len() as u64
         }
@@ -138,19 +145,15 @@ impl ActiveLoad {
                 t.anchor = Some((id, now));
             }
         }
-        let mut kept = Vec::new();
-        if self.track_blocks {
-            if self.assume_reuse {
-                for &h in hashes {
-                    *t.blocks.entry(h).or_insert(0) += 1;
-                }
-                kept = hashes.to_vec();
-            } else {
+        let blocks = match (self.track_blocks, self.assume_reuse) {
+            (false, _) => Held::Count(0),
+            (true, true) => Held::Chain(t.blocks.add(hashes)),
+            (true, false) => {
                 t.block_count += hashes.len() as u64;
-                kept = vec![0; hashes.len()];
+                Held::Count(hashes.len() as u64)
             }
-        }
-        self.requests.insert(id, Placed { target: target as u32, pending_prefill, expected_prefill, hashes: kept });
+        };
+        self.requests.insert(id, Placed { target: target as u32, pending_prefill, expected_prefill, blocks });
     }
 
     /// Drops the pending prompt of `id` (if any) at time `now`; the next oldest becomes the
@@ -184,17 +187,9 @@ impl ActiveLoad {
         let p = self.requests.remove(&id)?;
         let t = &mut self.targets[p.target as usize];
         t.requests -= 1;
-        if self.assume_reuse {
-            for &h in &p.hashes {
-                // One probe per block: the entry both decrements and, at zero, removes.
-                let Entry::Occupied(mut count) = t.blocks.entry(h) else { unreachable!("active block is tracked") };
-                *count.get_mut() -= 1;
-                if *count.get() == 0 {
-                    count.remove();
-                }
-            }
-        } else {
-            t.block_count -= p.hashes.len() as u64;
+        match p.blocks {
+            Held::Chain(end) => end.into_iter().for_each(|end| t.blocks.remove(end)),
+            Held::Count(n) => t.block_count -= n,
         }
         Some(p.target as usize)
     }
@@ -230,25 +225,34 @@ mod tests {
     #[test]
     fn new_blocks_of_chained_hashes_count_every_missing_block() {
         // Requests are chains (a block's hash names its whole prefix): branches of a small tree
-        // of prompts, placed and freed in a scrambled order. The bisection must count what a
-        // lookup of every block counts.
+        // of prompts, placed and freed in a scrambled order. The tree of active chains must count
+        // what a holder count per block counts.
         let chain = |branch: u64, len: u64| -> Vec<u64> {
-            (0..len).map(|i| if i < 3 { i + 1 } else { branch * 1000 + i }).collect()
+            (0..len).map(|i| if i < 3 { i + 1 } else { (branch + 1) * 1000 + i }).collect()
         };
         let mut load = ActiveLoad::new(1, true, true);
         let mut live = Vec::new();
+        // Holders per active block, counted the plain way.
+        let mut active: FxHashMap<u64, u32> = FxHashMap::default();
         for step in 0..200u64 {
             let (branch, len) = (step % 5, 1 + (step * 7) % 11);
             let hashes = chain(branch, len);
-            let t = &load.targets[0];
-            let counted = hashes.iter().filter(|h| !t.blocks.contains_key(h)).count() as u64;
+            let counted = hashes.iter().filter(|h| !active.contains_key(h)).count() as u64;
             assert_eq!(load.new_blocks(0, &hashes), counted, "step {step}");
             load.add(step, 0, &hashes, 0, None, T0);
-            live.push(step);
-            if step % 3 == 0 {
-                let gone = live.remove((step as usize * 5) % live.len());
-                load.free(gone, T0);
+            for &h in &hashes {
+                *active.entry(h).or_insert(0) += 1;
             }
+            live.push((step, hashes));
+            if step % 3 == 0 {
+                let (gone, hashes) = live.remove((step as usize * 5) % live.len());
+                load.free(gone, T0);
+                for h in &hashes {
+                    *active.get_mut(h).unwrap() -= 1;
+                }
+                active.retain(|_, c| *c > 0);
+            }
+            assert_eq!(load.blocks(0), active.len() as u64, "step {step}");
         }
     }
 

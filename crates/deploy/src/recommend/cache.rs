@@ -171,10 +171,11 @@ pub fn inputs_digest(base: &Value, base_dir: &Path) -> Result<String, String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
-/// The configuration's `engine.systems_paths`, if it names any.
+/// The performance-data directories the configuration names (the engine's and its workers').
 fn systems_paths(base: &Value) -> Vec<String> {
-    get(base, &["engine", "systems_paths"])
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-        .unwrap_or_default()
+    crate::SYSTEMS_PATHS_POINTERS
+        .iter()
+        .filter_map(|p| base.pointer(p).and_then(Value::as_array))
+        .flat_map(|a| a.iter().filter_map(Value::as_str).map(str::to_string))
+        .collect()
 }

@@ -57,27 +57,19 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     };
     let nextn = e.u32_min("nextn", 0)?.unwrap_or(0);
     if nextn > 0 {
-        return Err(
-            e.err("nextn", "MTP speculation (nextn > 0) in the unified config is not supported by servesim yet")
-        );
+        return Err(e.err(
+            "nextn",
+            "MTP speculation (nextn > 0) in the unified config is not supported by servesim yet: aisimulate's \
+                 engine emits MTP tokens on another schedule than Dynamo's, which servesim models (MTP works \
+                 through engine arguments, `aic_nextn`)",
+        ));
     }
     e.nonneg("nextn_accepted", false)?;
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
     if e.flag("enable_eplb")? == Some(true) {
         return Err(e.err("enable_eplb", "expert-parallel load balancing is not supported by servesim yet"));
     }
-    let systems_paths = match e.value("systems_paths") {
-        None => None,
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .map(|p| match p.as_str() {
-                    Some(s) if !s.is_empty() && !s.contains(',') => Ok(s.to_string()),
-                    _ => Err(e.err("systems_paths", "every entry must be a nonempty path without commas")),
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-        Some(_) => return Err(e.err("systems_paths", "must be a list of paths")),
-    };
+    let systems_paths = read_systems_paths(&mut e)?;
     if let Some(m) =
         e.one_of("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
     {
@@ -186,6 +178,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
             }
         }
     }
+    for w in [&aggregated, &prefill, &decode].into_iter().flatten() {
+        check_offload(w, backend, &workers_path)?;
+    }
     e.finish()?;
     Ok(Engine {
         mode,
@@ -201,4 +196,40 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         enable_chunked_prefill,
         systems_paths,
     })
+}
+
+/// `systems_paths` (of the engine or of a worker's timing): directories of performance data, or
+/// `default` for the installed package's.
+pub(super) fn read_systems_paths(r: &mut Reader) -> Result<Option<Vec<String>>, DeployError> {
+    match r.value("systems_paths") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|p| match p.as_str() {
+                Some(s) if !s.is_empty() && !s.contains(',') => Ok(s.to_string()),
+                _ => Err(r.err("systems_paths", "every entry must be a nonempty path without commas")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(_) => Err(r.err("systems_paths", "must be a list of paths")),
+    }
+}
+
+/// The reference's rules for a worker's offload tiers that depend on the engine around it.
+fn check_offload(w: &Worker, backend: &str, workers_path: &str) -> Result<(), DeployError> {
+    let Some(offload) = &w.offload else { return Ok(()) };
+    let at = format!("{workers_path}.{}.kv_cache", w.role);
+    if backend != "vllm" {
+        return Err(DeployError::new(format!("{at}.host_offload"), "host_offload is supported only for backend=vllm"));
+    }
+    if !w.prefix_caching {
+        return Err(DeployError::new(format!("{at}.host_offload"), "host_offload requires prefix_caching=true"));
+    }
+    if offload.g3.is_some() && (w.role != "aggregated" || w.parallelism.attention_data != 1) {
+        return Err(DeployError::new(
+            format!("{at}.g3_offload"),
+            "g3_offload is supported only for the aggregated worker with attention_data=1",
+        ));
+    }
+    Ok(())
 }

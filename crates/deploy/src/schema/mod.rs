@@ -10,6 +10,7 @@
 
 pub mod engine;
 pub mod evaluation;
+pub mod offload;
 pub mod planner;
 pub mod router;
 pub mod traffic;
@@ -21,6 +22,7 @@ use serde_json::Value;
 pub use engine::{Engine, KvTransfer, Mode};
 pub(crate) use evaluation::read_sla;
 pub use evaluation::Sla;
+pub use offload::Offload;
 pub use router::RouterPolicy;
 pub use traffic::{Load, Source, Stop, Traffic};
 pub use worker::{Capacity, Parallelism, Timing, Worker};

@@ -3,6 +3,8 @@
 
 use serde_json::{json, Value};
 
+use super::engine::read_systems_paths;
+use super::offload::{read_offload, Offload};
 use super::unsupported::{estimator_defaults, only_defaults, unsupported};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -47,11 +49,19 @@ pub struct Worker {
     pub parallelism: Parallelism,
     pub max_batched_tokens: u32,
     pub max_sequences: u32,
+    /// vLLM with attention DP: new prefill work starts only on every n-th pass while decoding.
+    pub prefill_schedule_interval: u32,
+    /// SGLang: decode-only passes after a prefill before the next may start.
+    pub prefill_decode_interval: u32,
     pub block_size: Option<u32>,
     pub prefix_caching: bool,
     pub bytes_per_token: Option<u64>,
     pub capacity: Capacity,
+    /// Host (G2) and G3 caches below the device cache.
+    pub offload: Option<Offload>,
     pub timing: Timing,
+    /// `timing.systems_paths`: this worker's performance data, in place of the engine's.
+    pub systems_paths: Option<Vec<String>>,
     pub startup_seconds: f64,
 }
 
@@ -78,19 +88,29 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
     }
     let default_seqs = if role == "prefill" { 1 } else { 256 };
     let (mut mbt, mut seqs) = (8192, default_seqs);
+    let (mut schedule_interval, mut decode_interval) = (1, 0);
     if let Some(mut s) = w.obj("scheduler")? {
         mbt = s.positive("max_batched_tokens")?.unwrap_or(8192);
         seqs = s.positive("max_sequences")?.unwrap_or(default_seqs);
-        if s.positive("prefill_schedule_interval")?.is_some_and(|v| v != 1) {
-            return Err(s.err("prefill_schedule_interval", "values other than 1 are not supported by servesim yet"));
-        }
-        if s.u32_min("prefill_decode_interval", 0)?.is_some_and(|v| v != 0) {
-            return Err(s.err("prefill_decode_interval", "values other than 0 are not supported by servesim yet"));
+        // Each interval belongs to one backend; elsewhere only its default is accepted.
+        for (key, min, default, owner) in
+            [("prefill_schedule_interval", 1, 1, "vllm"), ("prefill_decode_interval", 0, 0, "sglang")]
+        {
+            let v = s.u32_min(key, min)?.unwrap_or(default);
+            if v != default && backend != owner {
+                return Err(s.err(key, format!("workers.{role}.scheduler.{key} is supported only for backend={owner}")));
+            }
+            if key == "prefill_schedule_interval" {
+                schedule_interval = v;
+            } else {
+                decode_interval = v;
+            }
         }
         s.finish()?;
     }
     let (mut block_size, mut prefix_caching, mut bytes_per_token) = (None, true, None);
     let mut capacity = Capacity::Default { memory_fraction: None, cuda_graph_reserved_bytes: 0 };
+    let mut offload = None;
     if let Some(mut k) = w.obj("kv_cache")? {
         block_size = k.positive("block_size")?;
         prefix_caching = k.flag("prefix_caching")?.unwrap_or(true);
@@ -103,9 +123,10 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     .ok_or_else(|| k.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
             ),
         };
-        for key in ["prefix_match_unit", "host_offload", "g3_offload", "kvcr", "state_cache"] {
+        for key in ["prefix_match_unit", "state_cache"] {
             unsupported(&mut k, key, key)?;
         }
+        offload = read_offload(&mut k)?;
         if let Some(mut c) = k.obj("capacity")? {
             let ty = c.one_of("type", &["default", "fixed"])?.unwrap_or("default");
             let frac = c.nonneg("memory_fraction", true)?;
@@ -152,7 +173,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         }
         k.finish()?;
     }
-    let _ = backend;
+    let mut systems_paths = None;
     let timing = match w.obj("timing")? {
         None => Timing::Default,
         Some(mut t) => {
@@ -180,9 +201,15 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     "quantization and attention-backend overrides are not supported by servesim yet",
                 ));
             }
-            for k in ["forward_model", "fpm_parquet_path", "systems_paths"] {
-                unsupported(&mut t, k, k)?;
+            // `op_level` is the legacy name of what the default timing does.
+            if t.value("forward_model").is_some_and(|v| !v.is_null() && v.as_str() != Some("op_level")) {
+                return Err(t.err(
+                    "forward_model",
+                    "forward-pass-measurement (fpm) timing is not supported by servesim yet (op_level only)",
+                ));
             }
+            unsupported(&mut t, "fpm_parquet_path", "fpm_parquet_path")?;
+            systems_paths = read_systems_paths(&mut t)?;
             // The reference writes its defaults for these into every canonical dump.
             if let Some(v) = t.value("estimator_config") {
                 only_defaults(&t.path("estimator_config"), v, &estimator_defaults())?;
@@ -221,11 +248,15 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         parallelism: p,
         max_batched_tokens: mbt,
         max_sequences: seqs,
+        prefill_schedule_interval: schedule_interval,
+        prefill_decode_interval: decode_interval,
         block_size,
         prefix_caching,
         bytes_per_token,
         capacity,
+        offload,
         timing,
+        systems_paths,
         startup_seconds,
     })
 }
