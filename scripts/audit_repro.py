@@ -46,7 +46,7 @@ engine:
       kv_cache: {capacity: {type: fixed, blocks: 1000}}
       timing: {type: fixed, prefill_ms: 10, decode_ms: 5}
 """
-SEARCH = CONFIG.replace(
+SEARCH = CONFIG.replace("engine:\n", "engine:\n  mode: aggregated\n  backend: vllm\n").replace(
     "      kv_cache:",
     "      parallelism: {preset: false, replicas: {choices: [1, 2]}}\n"
     "      scheduler: {max_batched_tokens: 8192, max_sequences: {choices: [16, 32]}}\n      kv_cache:",

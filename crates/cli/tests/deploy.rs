@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy")
@@ -321,7 +321,7 @@ fn write(name: &str, text: &str) -> PathBuf {
     p
 }
 
-const BASE: &str = "traffic:\n  source: {type: synthetic, input_tokens: 64, output_tokens: 8}\n  load: {type: concurrency, concurrency: 2}\n  stop: {requests: 4}\nengine:\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n";
+const BASE: &str = "traffic:\n  source: {type: synthetic, input_tokens: 64, output_tokens: 8}\n  load: {type: concurrency, concurrency: 2}\n  stop: {requests: 4}\nengine:\n  mode: aggregated\n  backend: vllm\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n";
 
 /// One bad input: exit 2, one line naming the file and the key path, no output directory.
 fn refused(name: &str, yaml: &str, sets: &[&str], wants: &[&str]) {
@@ -773,6 +773,88 @@ fn doc(dir: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap()
 }
 
+/// A recommend candidate as one comparable line: mode, backend, each role's parallelism (all six
+/// knobs, 1 where the candidate leaves one unset), status, GPUs and score (6 digits).
+fn candidate_line(c: &Value) -> String {
+    let e = &c["prediction_config"]["engine"];
+    let workers = e["workers"].as_object().unwrap();
+    let mut roles: Vec<&String> = workers.keys().collect();
+    roles.sort();
+    let shapes: Vec<String> = roles
+        .iter()
+        .map(|r| {
+            let p = &workers[*r]["parallelism"];
+            let n = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(1);
+            format!(
+                "{r}: {}x(tp {} pp {} dp {} moe_tp {} moe_ep {})",
+                n("replicas"),
+                n("tensor"),
+                n("pipeline"),
+                n("attention_data"),
+                n("moe_tensor"),
+                n("moe_expert")
+            )
+        })
+        .collect();
+    format!(
+        "{} {} [{}] {} {} GPUs, score {:.6e}",
+        e["mode"],
+        e["backend"],
+        shapes.join(", "),
+        c["status"],
+        c["used_gpus"],
+        c["score"].as_f64().unwrap_or(f64::NAN)
+    )
+}
+
+/// With `engine.mode` and `engine.backend` omitted, `recommend` searches the reference's default
+/// domains (aggregated and disaggregated; vLLM and SGLang), and an MoE model's default parallel
+/// pool holds the reference's TEP, DEP, MoE-TP and DTP shapes (16 at 4 GPUs): the candidate set
+/// (mode, backend, every role's parallelism, status, GPUs) equals aisimulate's, and so do the
+/// scores (fixed timing; to 6 digits, measured 1e-15). Recorded in
+/// tests/deploy/recommend_space.golden.json from
+/// `AISIM_REF_VENV=/tmp/servesim-aisim-ref $(../shared/parity/setup_aisimulate.sh)
+/// ../shared/parity/aisimulate_predict.py tests/deploy/NAME.yaml --command recommend --keep DIR`
+/// for NAME recommend_default_space (8 candidates), recommend_moe_pool (32) and
+/// recommend_domains_preset (`{choices}` domains on both, `parallelism.preset` lists; 8); each
+/// random search asks for as many trials as its space holds, so both tools visit every candidate.
+#[test]
+fn the_default_search_space_is_the_references() {
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_space.golden.json")).unwrap()).unwrap();
+    for (name, want) in golden["searches"].as_object().unwrap() {
+        let dir = tmp(&format!("space-{name}"));
+        let out = recommend(&deploy_dir().join(format!("{name}.yaml")), &dir, &[]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let d = doc(&dir);
+        let candidates = d["candidates"].as_array().unwrap();
+        if candidates.iter().any(|c| c["reason"].as_str().is_some_and(|r| r.contains("no AIS performance data"))) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+            return;
+        }
+        let mut ours: Vec<String> = candidates.iter().map(candidate_line).collect();
+        let mut theirs: Vec<String> = want["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                candidate_line(&json!({
+                    "prediction_config": {"engine": {"mode": c["mode"], "backend": c["backend"], "workers":
+                        c["workers"].as_object().unwrap().iter().map(|(r, p)| (r.clone(), json!({"parallelism": p})))
+                            .collect::<serde_json::Map<_, _>>()}},
+                    "status": c["status"],
+                    "used_gpus": c["used_gpus"],
+                    "score": c["score"],
+                }))
+            })
+            .collect();
+        ours.sort();
+        theirs.sort();
+        assert_eq!(ours, theirs, "{name}: the candidate set");
+        assert_eq!(d["counts"]["evaluated"], want["counts"]["evaluated"], "{name}");
+    }
+}
+
 /// The best feasible score of a recommend run.
 fn best_score(dir: &Path) -> f64 {
     doc(dir)["candidates"]
@@ -913,7 +995,7 @@ fn the_cache_key_covers_the_trace_contents() {
         "rec-cache-trace.yaml",
         &format!(
             "traffic: {{source: {{type: trace, paths: [{}], format: mooncake}}, load: {{type: concurrency, concurrency: 2}}}}\n\
-             engine: {{model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 4096, workers: {{aggregated: {{\
+             engine: {{mode: aggregated, backend: vllm, model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 4096, workers: {{aggregated: {{\
              parallelism: {{preset: false, replicas: {{choices: [1, 2]}}}}, \
              scheduler: {{max_batched_tokens: 8192, max_sequences: 64}}, \
              kv_cache: {{capacity: {{type: fixed, blocks: 2000}}}}, \
@@ -1002,7 +1084,7 @@ fn shapes_whose_kv_cache_cannot_hold_one_sequence_are_filtered() {
         "rec-kv.yaml",
         "traffic: {source: {type: synthetic, input_tokens: 512, output_tokens: 64}, \
          load: {type: concurrency, concurrency: 8}, stop: {requests: 20}}\n\
-         engine: {model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 300000, workers: {aggregated: {\
+         engine: {mode: aggregated, backend: vllm, model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 300000, workers: {aggregated: {\
          parallelism: {preset: false, tensor: {choices: [1, 2]}}, \
          scheduler: {max_batched_tokens: 8192, max_sequences: 256}, \
          timing: {type: fixed, prefill_ms: 30, decode_ms: 8}}}}\n\

@@ -38,7 +38,7 @@ fn search() -> &'static Search {
 
 fn read() -> Search {
     let root = json!({
-        "engine": {"model": "m", "hardware": "h", "workers": {"aggregated": {
+        "engine": {"mode": "aggregated", "backend": "vllm", "model": "m", "hardware": "h", "workers": {"aggregated": {
             "parallelism": {"preset": false, "replicas": {"choices": [1, 2]}, "tensor": {"choices": [1, 2]}},
             "scheduler": {"max_batched_tokens": 8192, "max_sequences": 64},
         }}},

@@ -46,7 +46,7 @@ fn config(case: &Value) -> Value {
     };
     let mut c = json!({
         "traffic": {"source": source, "load": load},
-        "engine": {"mode": if disagg { "disaggregated" } else { "aggregated" }, "model": "Qwen/Qwen3-32B",
+        "engine": {"mode": if disagg { "disaggregated" } else { "aggregated" }, "backend": "vllm", "model": "Qwen/Qwen3-32B",
                    "hardware": "h200_sxm", "context_length": 4096, "workers": workers},
         "optimization": case["optimization"],
         "planner": case["planner"],

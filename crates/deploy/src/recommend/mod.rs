@@ -4,10 +4,13 @@
 //! same strict schema and replayed like `predict -c`, so each `recommendations/NNNN.yaml` is
 //! replayable as it stands.
 //!
-//! Knobs per worker role: `parallelism.{replicas, tensor, attention_data}` and
+//! The engine's `mode` and `backend` are searched (a value or `{choices: [...]}`; omitted, the
+//! reference's domains: both modes, vLLM and SGLang), one branch of the space per pair. Knobs
+//! per worker role: `parallelism.{replicas, tensor, attention_data}` and
 //! `scheduler.{max_batched_tokens, max_sequences}`, each a scalar, `{choices: [...]}` or
 //! `{range: {min, max, step, scale}}`. Without explicit parallelism the preset pool applies
-//! (GPUs per worker 1, 2, 4, 8, 16 as plain TP, replicas up to the budget; dense models), and
+//! (GPUs per worker 1, 2, 4, 8, 16, replicas up to the budget; plain TP for dense models, the
+//! TEP / DEP / MoE-TP / DTP shapes for MoE models), or a `parallelism.preset` list of shapes;
 //! the scheduler knobs default to the reference's lists.
 //!
 //! The module's files, in dependency order (each uses only files listed before it):

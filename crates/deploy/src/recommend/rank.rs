@@ -226,12 +226,17 @@ fn metrics_of(t: &Trial) -> Value {
 }
 
 /// The knobs a candidate sets (its point in the search space).
-fn knobs_of(t: &Trial) -> Value {
+fn knobs_of(t: &Trial, identity: (bool, bool)) -> Value {
     let mut m = Map::new();
+    for (searched, key) in [(identity.0, "mode"), (identity.1, "backend")] {
+        if let Some(v) = get(&t.tree, &["engine", key]).filter(|_| searched) {
+            m.insert(format!("engine.{key}"), v.clone());
+        }
+    }
     if let Some(w) = get(&t.tree, &["engine", "workers"]).and_then(Value::as_object) {
         for (role, cfg) in w {
             for (section, keys) in [
-                ("parallelism", &["replicas", "tensor", "attention_data"][..]),
+                ("parallelism", &["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"][..]),
                 ("scheduler", &["max_batched_tokens", "max_sequences"][..]),
             ] {
                 for k in keys {
@@ -299,7 +304,7 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
         let c = json!({
             "candidate_id": candidate_id(i),
             "status": t.status,
-            "config": knobs_of(t),
+            "config": knobs_of(t, search.space.searches_identity()),
             "prediction_config": t.tree,
             "used_gpus": t.used_gpus,
             "score": score,

@@ -7,10 +7,10 @@ use std::path::Path;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::limits::{too_many_values, MAX_DOMAIN_VALUES, MAX_GRID_CANDIDATES, MAX_POOL_CANDIDATES};
-use super::space::{get, Knob, Optimization, Optimizer, Search, Space};
+use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Search, Shape, Space};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use crate::schema;
@@ -402,104 +402,59 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     obj.remove("optimization");
     obj.remove("optimizer");
     let planner_section = obj.remove("planner");
-    let mode = get(&base, &["engine", "mode"]).and_then(Value::as_str).unwrap_or("aggregated").to_string();
-    let roles: &[&str] = if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
-    // Per role: the parallel shapes (replicas, tp, dp) and the scheduler knobs.
-    let mut role_shapes: Vec<Vec<(u64, u64, u64)>> = Vec::new();
-    // How many shape sets the domains hold in all, over the budget or not.
-    let mut shapes_in_all: u128 = 1;
-    let mut knobs: Vec<Knob> = Vec::new();
-    for role in roles {
-        let wpath = ["engine", "workers", role];
-        let par = get(&base, &[wpath[0], wpath[1], wpath[2], "parallelism"]).cloned();
-        let ppath = format!("engine.workers.{role}.parallelism");
-        let preset = match par.as_ref().and_then(|p| p.get("preset")) {
-            None => true,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(DeployError::new(format!("{ppath}.preset"), "must be true or false")),
-        };
-        let explicit: Vec<&str> = ["replicas", "tensor", "attention_data"]
-            .into_iter()
-            .filter(|k| par.as_ref().and_then(|p| p.get(*k)).is_some())
-            .collect();
-        let shapes: Vec<(u64, u64, u64)> = if preset {
-            if !explicit.is_empty() {
-                return Err(DeployError::new(
-                    &ppath,
-                    "independent parallelism knobs cannot be combined with the default preset pool (set preset: false)",
-                ));
-            }
-            let mut s = Vec::new();
-            for g in [1u64, 2, 4, 8, 16] {
-                for r in 1..=(optimization.budget as u64 / g) {
-                    s.push((r, g, 1));
-                }
-            }
-            s
-        } else {
-            let d = |k: &str| -> Result<(Vec<u64>, u64), DeployError> {
-                match par.as_ref().and_then(|p| p.get(k)) {
-                    Some(v) => domain(&format!("{ppath}.{k}"), v, optimization.budget as u64),
-                    None => Ok((vec![1], 1)),
-                }
-            };
-            let ((rs, rn), (ts, tn), (ds, dn)) = (d("replicas")?, d("tensor")?, d("attention_data")?);
-            // Shapes with a size above the budget were never made: counted here.
-            shapes_in_all = shapes_in_all.saturating_mul(rn as u128 * tn as u128 * dn as u128);
-            let mut s = Vec::new();
-            for &t in &ts {
-                for &dp in &ds {
-                    for &r in &rs {
-                        s.push((r, t, dp));
-                    }
-                }
-            }
-            s
-        };
-        if let Some(p) = base.pointer_mut(&format!("/engine/workers/{role}/parallelism")).and_then(Value::as_object_mut)
-        {
-            p.remove("preset");
-        }
-        if preset {
-            shapes_in_all = shapes_in_all.saturating_mul(shapes.len() as u128);
-        }
-        role_shapes.push(shapes);
-        let (mbt, seqs): (&[u64], &[u64]) = match *role {
-            "prefill" => (&[8192, 16384, 32768], &[1, 2, 4, 8, 16, 32, 64, 128, 256]),
-            "decode" => (&[8192], &[256, 512, 1024]),
-            _ => (&[8192, 16384, 32768], &[256, 512, 1024]),
-        };
-        for (key, default) in [("max_batched_tokens", mbt), ("max_sequences", seqs)] {
-            let kpath = ["engine", "workers", role, "scheduler", key];
-            let values = match get(&base, &kpath) {
-                Some(v) => domain(&kpath.join("."), v, u64::MAX)?.0,
-                None => default.to_vec(),
-            };
-            let values = values.into_iter().map(|v| json!(v)).collect();
-            knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
+    // Candidates are made by writing into these mappings.
+    let present = |path: &[&str]| get(&base, path).filter(|v| !v.is_null());
+    if present(&["engine"]).is_none() {
+        return Err(DeployError::new("engine", "missing (required: model, hardware and workers)"));
+    }
+    for (path, v) in [("engine", present(&["engine"])), ("engine.workers", present(&["engine", "workers"]))] {
+        if v.is_some_and(|v| !v.is_object()) {
+            return Err(DeployError::new(path, "must be a mapping"));
         }
     }
-    // Shapes across roles under the budget (disaggregated: every prefill/decode pair).
-    // Shapes over the budget are dropped before any candidate is made of them (as the preset
-    // pool never holds them): counted, never built, so a domain of a million replicas costs
-    // no memory.
-    let mut shape_sets: Vec<Vec<(u64, u64, u64)>> = vec![Vec::new()];
-    for shapes in &role_shapes {
-        let mut next = Vec::new();
-        for prefix in &shape_sets {
-            let used: u64 = prefix.iter().map(|(r, t, d)| r * t * d).sum();
-            for s in shapes {
-                let gpus = used.saturating_add(s.0.saturating_mul(s.1).saturating_mul(s.2));
-                if gpus <= optimization.budget as u64 {
-                    let mut v = prefix.clone();
-                    v.push(*s);
-                    next.push(v);
-                }
+    // The engine's identity domains: the reference searches both modes and both of vLLM and
+    // SGLang when they are omitted.
+    let (modes, mode_searched) =
+        identity_domain(&base, "mode", &["aggregated", "disaggregated", "afd"], &["aggregated", "disaggregated"])?;
+    if modes.contains(&"afd") {
+        return Err(DeployError::new(
+            "engine.mode",
+            "afd (attention-FFN disaggregation) is not supported by servesim yet",
+        ));
+    }
+    let (backends, backend_searched) =
+        identity_domain(&base, "backend", &["vllm", "sglang", "trtllm"], &["vllm", "sglang"])?;
+    let backend_versions = backend_versions(&base, &backends)?;
+    if modes.len() > 1 {
+        // A single mode's roles are checked by the predict schema on the first candidate.
+        let has = |role: &str| get(&base, &["engine", "workers", role]).is_some();
+        if !has("aggregated") {
+            return Err(DeployError::new("engine.workers", "aggregated mode requires workers.aggregated"));
+        }
+        if !has("prefill") || !has("decode") {
+            return Err(DeployError::new("engine.workers", "disaggregated mode requires prefill and decode workers"));
+        }
+    }
+    let moe = model_is_moe(&base);
+    // Per mode: its roles, shape sets and knobs, and the shape sets over the budget.
+    let mut per_mode: Vec<(&'static str, &'static [&'static str], ModeSpace)> = Vec::new();
+    let mut over_budget_sets: u128 = 0;
+    for &mode in &modes {
+        let roles: &'static [&'static str] =
+            if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
+        let space = read_mode(&base, roles, &optimization, moe)?;
+        over_budget_sets = over_budget_sets.saturating_add(space.over);
+        per_mode.push((mode, roles, space));
+    }
+    for &(_, roles, ..) in &per_mode {
+        for role in roles {
+            if let Some(p) =
+                base.pointer_mut(&format!("/engine/workers/{role}/parallelism")).and_then(Value::as_object_mut)
+            {
+                p.remove("preset");
             }
         }
-        shape_sets = next;
     }
-    let over_budget_shapes = shapes_in_all.saturating_sub(shape_sets.len() as u128);
     // Read on its own: the whole base does not read as a predict configuration while it still
     // holds search domains (every candidate is validated in full when it runs).
     let sla = match get(&base, &["evaluation", "sla"]) {
@@ -524,43 +479,75 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         Some(r) => router_settings(r)?,
         None => Vec::new(),
     };
-    for role in roles {
-        if let Some(p) = get(&base, &["engine", "workers", role, "parallelism"]) {
-            if !p.is_object() {
-                return Err(DeployError::new(format!("engine.workers.{role}.parallelism"), "must be a mapping"));
+    for &(_, roles, ..) in &per_mode {
+        for role in roles {
+            if let Some(p) = get(&base, &["engine", "workers", role, "parallelism"]) {
+                if !p.is_object() {
+                    return Err(DeployError::new(format!("engine.workers.{role}.parallelism"), "must be a mapping"));
+                }
             }
         }
     }
-    let shape_sets: Vec<Vec<(u64, u64, u64)>> = shape_sets
-        .into_iter()
-        .filter(|s| s.iter().map(|(r, t, d)| r * t * d).sum::<u64>() >= optimization.min_gpus as u64)
-        .collect();
-    // The planner's settings, when the configuration has a `planner:` section.
-    let (planners, planner_backtest) = match planner_section {
-        Some(section) => {
-            let ctx = crate::planner_search::Context {
-                target: optimization.target,
-                pareto_objectives: &optimization.pareto_objectives,
-                sla: &sla,
-                disaggregated: mode == "disaggregated",
-                source: get(&base, &["traffic", "source"]),
-                base_dir,
-            };
-            let p = crate::planner_search::expand(&section, &ctx)?;
-            (p.settings, p.load_predictor)
+    // The branches: mode-major, then backend; the planner's settings (a `planner:` section)
+    // per mode, since the disaggregated ones take per-role worker minimums.
+    let mut branches = Vec::new();
+    let mut planner_backtest = None;
+    let mut start = 0usize;
+    let nr = routers.len().max(1);
+    let mut over_budget: u128 = 0;
+    for (m, (mode, roles, ModeSpace { shape_sets, over, knobs })) in per_mode.into_iter().enumerate() {
+        let planners = match &planner_section {
+            Some(section) => {
+                let ctx = crate::planner_search::Context {
+                    target: optimization.target,
+                    pareto_objectives: &optimization.pareto_objectives,
+                    sla: &sla,
+                    disaggregated: mode == "disaggregated",
+                    source: get(&base, &["traffic", "source"]),
+                    base_dir,
+                };
+                let p = crate::planner_search::expand(section, &ctx)?;
+                if m == 0 {
+                    planner_backtest = p.load_predictor;
+                }
+                p.settings
+            }
+            None => Vec::new(),
+        };
+        let per_shape: u128 =
+            knobs.iter().map(|k| k.values.len() as u128).product::<u128>() * nr as u128 * planners.len().max(1) as u128;
+        for &backend in &backends {
+            over_budget = over_budget.saturating_add(over.saturating_mul(per_shape));
+            branches.push(Branch {
+                mode,
+                backend,
+                roles: roles.to_vec(),
+                shape_sets: shape_sets.clone(),
+                knobs: knobs.clone(),
+                planners: planners.clone(),
+                start,
+            });
+            // Sizes past usize are refused below before anything indexes them.
+            start = start.saturating_add(usize::try_from(shape_sets.len() as u128 * per_shape).unwrap_or(usize::MAX));
         }
-        None => (Vec::new(), None),
-    };
-    let space = Space { base: base.clone(), roles: roles.to_vec(), shape_sets, knobs, routers, planners };
-    let total = space.shape_sets.len() as u128
-        * space.knobs.iter().map(|k| k.values.len() as u128).product::<u128>()
-        * space.routers.len().max(1) as u128
-        * space.planners.len().max(1) as u128;
+    }
+    let identity =
+        Identity { write_mode: mode_searched, write_backend: backend_searched, prune_roles: modes.len() > 1 };
+    let space = Space { base: base.clone(), identity, backend_versions, branches, routers };
+    let total: u128 = (0..space.branches.len())
+        .map(|b| {
+            let br = &space.branches[b];
+            br.shape_sets.len() as u128
+                * br.knobs.iter().map(|k| k.values.len() as u128).product::<u128>()
+                * nr as u128
+                * br.planners.len().max(1) as u128
+        })
+        .sum();
     if total == 0 {
         return Err(DeployError::new(
             "optimization.constraints",
             format!(
-                "no candidate fits the GPU budget of {} GPUs ({over_budget_shapes} parallel shapes over it)",
+                "no candidate fits the GPU budget of {} GPUs ({over_budget_sets} parallel shapes over it)",
                 optimization.budget
             ),
         ));
@@ -585,30 +572,37 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     }
     let kv_short = kv_filter(&space);
     let budget = optimization.budget as u64;
-    let per_shape = space.per_shape();
-    let shapes_short = |s: usize| kv_short[s].is_some();
+    let set_gpus = |b: usize, s: usize| space.branches[b].shape_sets[s].iter().map(Shape::gpus).sum::<u64>();
     let (selected, kv_excluded) = if optimizer.algorithm == "grid" {
-        let marked =
-            (0..space.shape_sets.len()).filter(|&s| shapes_short(s) && space.gpus(s * per_shape) <= budget).count()
-                * per_shape;
+        let mut marked = 0;
+        for (b, short) in kv_short.iter().enumerate() {
+            marked += (0..short.len()).filter(|&s| short[s].is_some() && set_gpus(b, s) <= budget).count()
+                * space.per_shape(b);
+        }
         ((0..space.len()).collect::<Vec<_>>(), marked)
     } else {
         // Random and bayesian draw from the reference's pool: shapes within the budget whose KV
-        // cache holds one longest sequence.
-        let mut pool = Vec::new();
+        // cache holds one longest sequence. Random splits its trials over the modes that have
+        // one as the reference's branches do (the first ones one more when they do not divide).
+        let mut pools: Vec<Vec<usize>> = vec![Vec::new(); modes.len()];
         let mut excluded = 0;
-        for s in 0..space.shape_sets.len() {
-            if space.gpus(s * per_shape) > budget {
-                continue;
+        for (b, br) in space.branches.iter().enumerate() {
+            let m = modes.iter().position(|x| *x == br.mode).expect("a searched mode");
+            let per_shape = space.per_shape(b);
+            for (s, short) in kv_short[b].iter().enumerate() {
+                if set_gpus(b, s) > budget {
+                    continue;
+                }
+                if short.is_some() {
+                    excluded += per_shape;
+                    continue;
+                }
+                let first = br.start + s * per_shape;
+                pools[m].extend(first..first + per_shape);
             }
-            if shapes_short(s) {
-                excluded += per_shape;
-                continue;
-            }
-            pool.extend(s * per_shape..(s + 1) * per_shape);
         }
-        if pool.is_empty() {
-            let why = kv_short.iter().flatten().next().cloned().unwrap_or_default();
+        if pools.iter().all(Vec::is_empty) {
+            let why = kv_short.iter().flatten().flatten().next().cloned().unwrap_or_default();
             return Err(DeployError::new(
                 "optimization.constraints",
                 if why.is_empty() {
@@ -618,14 +612,33 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
                 },
             ));
         }
-        if optimizer.algorithm == "random" && (optimizer.max_trials as usize) < pool.len() {
+        // The modes with a candidate left (the reference skips a mode no backend can run).
+        pools.retain(|p| !p.is_empty());
+        let active = pools.len();
+        if (optimizer.max_trials as usize) < active {
+            return Err(DeployError::new(
+                "optimizer.max_trials",
+                format!("optimizer.max_trials must be at least the number of active deployment branches ({active})"),
+            ));
+        }
+        let mut pool = Vec::new();
+        if optimizer.algorithm == "random" {
             let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
-            pool.shuffle(&mut rng);
-            pool.truncate(optimizer.max_trials as usize);
+            let (each, extra) = (optimizer.max_trials as usize / active, optimizer.max_trials as usize % active);
+            for (m, mut p) in pools.into_iter().enumerate() {
+                let take = each + usize::from(m < extra);
+                if take < p.len() {
+                    p.shuffle(&mut rng);
+                    p.truncate(take);
+                }
+                pool.extend(p);
+            }
+        } else {
+            pool = pools.concat();
         }
         (pool, excluded)
     };
-    let over_budget = u64::try_from(over_budget_shapes.saturating_mul(per_shape as u128)).unwrap_or(u64::MAX);
+    let over_budget = u64::try_from(over_budget).unwrap_or(u64::MAX);
     Ok(Search {
         base,
         optimization,
@@ -640,55 +653,440 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     })
 }
 
-/// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
-/// when every role's KV cache, sized at the largest token budget its scheduler knob takes, holds
-/// more tokens than one longest sequence (the context length). Per shape set: the reason when it
-/// does not. Shapes whose capacity cannot be estimated here are kept (their trial says why).
-fn kv_filter(space: &Space) -> Vec<Option<String>> {
-    let mbt_max = |role: &str| {
-        space
-            .knobs
-            .iter()
-            .find(|k| k.path[2] == role && k.path[4] == "max_batched_tokens")
-            .and_then(|k| k.values.iter().filter_map(Value::as_u64).max())
-            .unwrap_or(8192)
+/// `engine.mode` or `engine.backend` of a recommend configuration: a value, `{choices: [...]}`,
+/// or omitted (the reference's default domain). Returns the values and whether candidates must
+/// state them (a domain, or omitted).
+fn identity_domain(
+    base: &Value,
+    key: &'static str,
+    allowed: &[&'static str],
+    default: &[&'static str],
+) -> Result<(Vec<&'static str>, bool), DeployError> {
+    let path = format!("engine.{key}");
+    let pick = |p: &str, x: &Value| {
+        x.as_str()
+            .and_then(|s| allowed.iter().find(|a| **a == s).copied())
+            .ok_or_else(|| DeployError::new(p, format!("unknown value {x}; expected one of {}", allowed.join(", "))))
     };
-    let mut memo: std::collections::HashMap<(usize, u64, u64), Option<String>> = Default::default();
-    let per_shape = space.per_shape();
-    let mut out = Vec::with_capacity(space.shape_sets.len());
-    for (s, shapes) in space.shape_sets.iter().enumerate() {
-        let missing = shapes.iter().enumerate().any(|(j, &(_, t, d))| !memo.contains_key(&(j, t, d)));
-        if missing {
-            // The capacity depends on the engine alone (not on the planner settings).
-            let mut tree = space.tree(s * per_shape);
-            tree.as_object_mut().expect("a mapping").remove("planner");
-            let config = schema::read_predict(&tree).ok();
-            for (j, &(_, t, d)) in shapes.iter().enumerate() {
-                if memo.contains_key(&(j, t, d)) {
-                    continue;
+    match get(base, &["engine", key]) {
+        None => Ok((default.to_vec(), true)),
+        Some(Value::Object(m)) if m.keys().eq(["choices"]) => {
+            let items =
+                m["choices"].as_array().ok_or_else(|| DeployError::new(format!("{path}.choices"), "must be a list"))?;
+            if items.is_empty() {
+                return Err(DeployError::new(format!("{path}.choices"), "choices must be non-empty"));
+            }
+            let mut vals = Vec::new();
+            for (i, x) in items.iter().enumerate() {
+                let v = pick(&format!("{path}.choices[{i}]"), x)?;
+                if vals.contains(&v) {
+                    return Err(DeployError::new(format!("{path}.choices"), "choices must be unique"));
                 }
-                let role = space.roles[j];
-                let reason = config.as_ref().and_then(|c| {
-                    let w = match role {
-                        "prefill" => c.engine.prefill.as_ref(),
-                        "decode" => c.engine.decode.as_ref(),
-                        _ => c.engine.aggregated.as_ref(),
-                    }?;
-                    let (tokens, context) = crate::lower::kv_tokens(&c.engine, w, mbt_max(role))?;
-                    (tokens <= context).then(|| {
-                        format!(
-                            "{role} worker tensor={t} attention_data={d}: KV cache holds {tokens} tokens, \
-                             cannot hold one {context}-token sequence (context length; backend={})",
-                            c.engine.backend
-                        )
-                    })
-                });
-                memo.insert((j, t, d), reason);
+                vals.push(v);
+            }
+            Ok((vals, true))
+        }
+        Some(Value::Object(_)) => {
+            Err(DeployError::new(path, format!("a {key} domain is a value or {{choices: [...]}}")))
+        }
+        Some(x) => Ok((vec![pick(&path, x)?], false)),
+    }
+}
+
+/// `engine.backend_version` as a mapping from backend to version (recommend only): its keys must
+/// be searched backends; a backend it does not name resolves the latest version.
+fn backend_versions(base: &Value, backends: &[&str]) -> Result<Option<Map<String, Value>>, DeployError> {
+    let Some(Value::Object(m)) = get(base, &["engine", "backend_version"]) else { return Ok(None) };
+    let mut unknown: Vec<&str> = m.keys().map(String::as_str).filter(|k| !backends.contains(k)).collect();
+    unknown.sort_unstable();
+    if !unknown.is_empty() {
+        return Err(DeployError::new(
+            "engine.backend_version",
+            format!("backend_version contains unconfigured backend(s): {unknown:?}").replace('"', "'"),
+        ));
+    }
+    for (k, v) in m {
+        if v.as_str().is_none_or(str::is_empty) {
+            return Err(DeployError::new(format!("engine.backend_version.{k}"), "must be a nonempty string"));
+        }
+    }
+    Ok(Some(m.clone()))
+}
+
+/// Whether the engine's model is a mixture of experts (its config in the AIS data package);
+/// false when it cannot be read (the dense pool then applies, and the trials say what is
+/// missing).
+fn model_is_moe(base: &Value) -> bool {
+    let Some(model) = get(base, &["engine", "model"]).and_then(Value::as_str) else { return false };
+    let paths: Vec<String> = get(base, &["engine", "systems_paths"])
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
+    let Ok(roots) = servesim_perf::systems::systems_roots(&paths) else { return false };
+    let roots: Vec<std::path::PathBuf> = roots.into_iter().map(|(p, _)| p).collect();
+    servesim_perf::model::ModelSpec::load(model, &roots).is_ok_and(|m| m.family == servesim_perf::model::Family::Moe)
+}
+
+/// GPUs per worker in the default pool (aisimulate's `parallel_enum`).
+const POOL_GPUS_PER_WORKER: [u64; 5] = [1, 2, 4, 8, 16];
+
+/// One worker's shapes at `g` GPUs in the default pool (pipeline 1): a dense model's plain TP;
+/// an MoE model's pure patterns with tp × dp = moe_tp × moe_ep = g — TEP (tensor attention,
+/// expert-parallel MoE), DEP (data-parallel attention, expert-parallel MoE), MoE-TP and DTP
+/// (tensor-parallel MoE under tensor or data-parallel attention), and at one GPU the identity.
+/// The reference's per-backend filters (no tp and dp both above 1 on TensorRT-LLM, no MoE-TP
+/// with SGLang's EP-only MoE kernels, no mixed MoE widths on vLLM) remove none of these.
+fn pool_worker_shapes(moe: bool, g: u64) -> Vec<Shape> {
+    if !moe {
+        return vec![Shape::tp(1, g, 1)];
+    }
+    let ladder: Vec<u64> = (0..8).map(|k| 1u64 << k).filter(|&v| v <= g).collect();
+    let mut out = Vec::new();
+    for &tp in &ladder {
+        for &dp in &ladder {
+            if tp * dp != g {
+                continue;
+            }
+            for &mt in &ladder {
+                for &me in &ladder {
+                    if mt * me != g {
+                        continue;
+                    }
+                    let identity = g == 1;
+                    let expert = mt == 1 && me > 1 && ((tp > 1 && dp == 1) || (tp == 1 && dp > 1));
+                    let moe_tp = mt > 1 && me == 1 && ((tp > 1 && dp == 1) || (tp == 1 && dp > 1));
+                    if identity || expert || moe_tp {
+                        out.push(Shape {
+                            replicas: 1,
+                            tensor: tp,
+                            attention_data: dp,
+                            pipeline: None,
+                            moe: Some((mt, me)),
+                        });
+                    }
+                }
             }
         }
-        out.push(shapes.iter().enumerate().find_map(|(j, &(_, t, d))| memo[&(j, t, d)].clone()));
     }
     out
+}
+
+/// Every role's shapes given as preset lists: each combination is a configuration the user
+/// pinned, so one over the GPU budget is an error rather than a candidate left out (as the
+/// reference refuses it).
+fn pinned_within_budget(roles: &[&str], role_shapes: &[Vec<Shape>], budget: u64) -> Result<(), DeployError> {
+    let describe = |s: &Shape| {
+        let (mt, me) = s.moe.unwrap_or((1, 1));
+        format!(
+            "replicas={} tensor={} pipeline={} attention_data={} moe_tensor={mt} moe_expert={me}",
+            s.replicas,
+            s.tensor,
+            s.pipeline.unwrap_or(1),
+            s.attention_data
+        )
+    };
+    let mut picks: Vec<Vec<(usize, Shape)>> = vec![Vec::new()];
+    for shapes in role_shapes {
+        picks = picks
+            .into_iter()
+            .flat_map(|p| {
+                shapes.iter().enumerate().map(move |(i, s)| {
+                    let mut v = p.clone();
+                    v.push((i, *s));
+                    v
+                })
+            })
+            .collect();
+    }
+    for p in picks {
+        let used: u64 = p.iter().map(|(_, s)| s.gpus()).sum();
+        if used > budget {
+            let (path, what) = if let [(i, s)] = p[..] {
+                (format!("engine.workers.{}.parallelism.preset[{i}]", roles[0]), describe(&s))
+            } else {
+                let parts: Vec<String> =
+                    roles.iter().zip(&p).map(|(r, (i, s))| format!("{r} preset[{i}] ({})", describe(s))).collect();
+                ("engine.workers".to_string(), parts.join(" + "))
+            };
+            return Err(DeployError::new(
+                path,
+                format!(
+                    "pinned parallel config {what}: used_gpus={used} exceeds gpu_budget={budget} \
+                     (optimization.constraints.max_candidate_gpus in recommend); remove this preset or increase \
+                     the GPU budget"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The parallelism knobs a preset list entry covers (the reference's `_PARALLEL_KEYS`).
+const PRESET_KEYS: [&str; 6] = ["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"];
+
+/// A `parallelism.preset` list: concrete shapes, each entry covering exactly the six knobs
+/// (the context-parallel keys may be present unset or at 1, as the reference's own dumps carry
+/// them).
+fn preset_list(ppath: &str, items: &[Value]) -> Result<Vec<Shape>, DeployError> {
+    if items.is_empty() {
+        return Err(DeployError::new(format!("{ppath}.preset"), "parallelism preset list must be nonempty"));
+    }
+    let mut out = Vec::new();
+    for (i, entry) in items.iter().enumerate() {
+        let here = format!("{ppath}.preset[{i}]");
+        let Some(m) = entry.as_object() else {
+            return Err(DeployError::new(here, format!("parallelism preset entry {i} must be a mapping")));
+        };
+        let optional = ["prefill_context", "decode_context"];
+        let mut missing: Vec<&str> = PRESET_KEYS.iter().copied().filter(|k| !m.contains_key(*k)).collect();
+        let mut unknown: Vec<&str> =
+            m.keys().map(String::as_str).filter(|k| !PRESET_KEYS.contains(k) && !optional.contains(k)).collect();
+        missing.sort_unstable();
+        unknown.sort_unstable();
+        if !missing.is_empty() || !unknown.is_empty() {
+            return Err(DeployError::new(
+                here,
+                format!(
+                    "parallelism preset entries must cover exactly all knobs; missing={missing:?}, unknown={unknown:?}"
+                )
+                .replace('"', "'"),
+            ));
+        }
+        for k in optional {
+            match m.get(k) {
+                None | Some(Value::Null) => {}
+                Some(v) if v.as_u64() == Some(1) => {}
+                Some(v) => {
+                    return Err(DeployError::new(
+                        format!("{here}.{k}"),
+                        format!(
+                            "{k}={v} is not supported by recommend; context parallelism is a predict-only knob \
+                             (use predict with a fixed parallelism)"
+                        ),
+                    ))
+                }
+            }
+        }
+        let n = |k: &str| {
+            m[k].as_u64()
+                .filter(|&x| x > 0)
+                .ok_or_else(|| DeployError::new(format!("{here}.{k}"), "must be a positive integer"))
+        };
+        out.push(Shape {
+            replicas: n("replicas")?,
+            tensor: n("tensor")?,
+            attention_data: n("attention_data")?,
+            pipeline: Some(n("pipeline")?),
+            moe: Some((n("moe_tensor")?, n("moe_expert")?)),
+        });
+    }
+    Ok(out)
+}
+
+/// One mode's part of the space.
+struct ModeSpace {
+    /// Within the budget (disaggregated: every prefill/decode pair) and at least
+    /// `min_candidate_gpus`.
+    shape_sets: Vec<Vec<Shape>>,
+    /// How many shape sets the domains hold over the budget.
+    over: u128,
+    knobs: Vec<Knob>,
+}
+
+/// One mode's roles read into their parallel shapes and scheduler knobs.
+fn read_mode(
+    base: &Value,
+    roles: &[&'static str],
+    optimization: &Optimization,
+    moe: bool,
+) -> Result<ModeSpace, DeployError> {
+    let budget = optimization.budget as u64;
+    // Per role: the parallel shapes and the scheduler knobs.
+    let mut role_shapes: Vec<Vec<Shape>> = Vec::new();
+    // How many shape sets the domains hold in all, over the budget or not.
+    let mut shapes_in_all: u128 = 1;
+    let mut knobs: Vec<Knob> = Vec::new();
+    // Roles whose shapes are a preset list: when every role's are, each combination is a
+    // pinned configuration, and one over the budget is refused (the reference's rule).
+    let mut listed_roles = 0;
+    for role in roles {
+        let par = get(base, &["engine", "workers", role, "parallelism"]).cloned();
+        let ppath = format!("engine.workers.{role}.parallelism");
+        let explicit: Vec<&str> = ["replicas", "tensor", "attention_data"]
+            .into_iter()
+            .filter(|k| par.as_ref().and_then(|p| p.get(*k)).is_some())
+            .collect();
+        let combined = || {
+            DeployError::new(
+                &ppath,
+                "independent parallelism knobs cannot be combined with the default preset pool (set preset: false)",
+            )
+        };
+        let listed = match par.as_ref().and_then(|p| p.get("preset")) {
+            None | Some(Value::Bool(true)) => None,
+            Some(Value::String(s)) if s == "default" => None,
+            Some(Value::Bool(false)) => Some(None),
+            Some(Value::Object(m)) if m.is_empty() => Some(None),
+            Some(Value::Object(_)) => {
+                return Err(DeployError::new(
+                    format!("{ppath}.preset"),
+                    "parallelism preset mapping must be empty to disable it",
+                ))
+            }
+            Some(Value::Array(items)) => {
+                if !explicit.is_empty() {
+                    return Err(combined());
+                }
+                Some(Some(preset_list(&ppath, items)?))
+            }
+            Some(_) => {
+                return Err(DeployError::new(
+                    format!("{ppath}.preset"),
+                    "must be default, false, {} or a list of parallel shapes",
+                ))
+            }
+        };
+        let shapes: Vec<Shape> = match listed {
+            None => {
+                if !explicit.is_empty() {
+                    return Err(combined());
+                }
+                let mut s = Vec::new();
+                for g in POOL_GPUS_PER_WORKER {
+                    for w in pool_worker_shapes(moe, g) {
+                        for r in 1..=(budget / g) {
+                            s.push(Shape { replicas: r, ..w });
+                        }
+                    }
+                }
+                shapes_in_all = shapes_in_all.saturating_mul(s.len() as u128);
+                s
+            }
+            Some(Some(list)) => {
+                listed_roles += 1;
+                shapes_in_all = shapes_in_all.saturating_mul(list.len() as u128);
+                list
+            }
+            Some(None) => {
+                let d = |k: &str| -> Result<(Vec<u64>, u64), DeployError> {
+                    match par.as_ref().and_then(|p| p.get(k)) {
+                        Some(v) => domain(&format!("{ppath}.{k}"), v, budget),
+                        None => Ok((vec![1], 1)),
+                    }
+                };
+                let ((rs, rn), (ts, tn), (ds, dn)) = (d("replicas")?, d("tensor")?, d("attention_data")?);
+                // Shapes with a size above the budget were never made: counted here.
+                shapes_in_all = shapes_in_all.saturating_mul(rn as u128 * tn as u128 * dn as u128);
+                let mut s = Vec::new();
+                for &t in &ts {
+                    for &dp in &ds {
+                        for &r in &rs {
+                            s.push(Shape::tp(r, t, dp));
+                        }
+                    }
+                }
+                s
+            }
+        };
+        role_shapes.push(shapes);
+        let (mbt, seqs): (&[u64], &[u64]) = match *role {
+            "prefill" => (&[8192, 16384, 32768], &[1, 2, 4, 8, 16, 32, 64, 128, 256]),
+            "decode" => (&[8192], &[256, 512, 1024]),
+            _ => (&[8192, 16384, 32768], &[256, 512, 1024]),
+        };
+        for (key, default) in [("max_batched_tokens", mbt), ("max_sequences", seqs)] {
+            let kpath = ["engine", "workers", role, "scheduler", key];
+            let values = match get(base, &kpath) {
+                Some(v) => domain(&kpath.join("."), v, u64::MAX)?.0,
+                None => default.to_vec(),
+            };
+            let values = values.into_iter().map(|v| json!(v)).collect();
+            knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
+        }
+    }
+    // Shapes across roles under the budget (disaggregated: every prefill/decode pair).
+    // Shapes over the budget are dropped before any candidate is made of them (as the preset
+    // pool never holds them): counted, never built, so a domain of a million replicas costs
+    // no memory.
+    if listed_roles == roles.len() {
+        pinned_within_budget(roles, &role_shapes, budget)?;
+    }
+    let mut shape_sets: Vec<Vec<Shape>> = vec![Vec::new()];
+    for shapes in &role_shapes {
+        let mut next = Vec::new();
+        for prefix in &shape_sets {
+            let used: u64 = prefix.iter().map(Shape::gpus).sum();
+            for s in shapes {
+                if used.saturating_add(s.gpus()) <= budget {
+                    let mut v = prefix.clone();
+                    v.push(*s);
+                    next.push(v);
+                }
+            }
+        }
+        shape_sets = next;
+    }
+    let over = shapes_in_all.saturating_sub(shape_sets.len() as u128);
+    let shape_sets = shape_sets
+        .into_iter()
+        .filter(|s| s.iter().map(Shape::gpus).sum::<u64>() >= optimization.min_gpus as u64)
+        .collect();
+    Ok(ModeSpace { shape_sets, over, knobs })
+}
+
+/// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
+/// when every role's KV cache, sized at the largest token budget its scheduler knob takes, holds
+/// more tokens than one longest sequence (the context length). Per branch (the capacity depends
+/// on the backend) and shape set: the reason when it does not. Shapes whose capacity cannot be
+/// estimated here are kept (their trial says why).
+fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
+    let mut all = Vec::with_capacity(space.branches.len());
+    for (b, br) in space.branches.iter().enumerate() {
+        let mbt_max = |role: &str| {
+            br.knobs
+                .iter()
+                .find(|k| k.path[2] == role && k.path[4] == "max_batched_tokens")
+                .and_then(|k| k.values.iter().filter_map(Value::as_u64).max())
+                .unwrap_or(8192)
+        };
+        let mut memo: std::collections::HashMap<(usize, Shape), Option<String>> = Default::default();
+        let per_shape = space.per_shape(b);
+        let mut out = Vec::with_capacity(br.shape_sets.len());
+        for (s, shapes) in br.shape_sets.iter().enumerate() {
+            let missing = shapes.iter().enumerate().any(|(j, sh)| !memo.contains_key(&(j, sh.worker())));
+            if missing {
+                // The capacity depends on the engine alone (not on the planner settings).
+                let mut tree = space.tree(br.start + s * per_shape);
+                tree.as_object_mut().expect("a mapping").remove("planner");
+                let config = schema::read_predict(&tree).ok();
+                for (j, sh) in shapes.iter().enumerate() {
+                    if memo.contains_key(&(j, sh.worker())) {
+                        continue;
+                    }
+                    let role = br.roles[j];
+                    let reason = config.as_ref().and_then(|c| {
+                        let w = match role {
+                            "prefill" => c.engine.prefill.as_ref(),
+                            "decode" => c.engine.decode.as_ref(),
+                            _ => c.engine.aggregated.as_ref(),
+                        }?;
+                        let (tokens, context) = crate::lower::kv_tokens(&c.engine, w, mbt_max(role))?;
+                        (tokens <= context).then(|| {
+                            format!(
+                                "{role} worker tensor={} attention_data={}: KV cache holds {tokens} tokens, \
+                                 cannot hold one {context}-token sequence (context length; backend={})",
+                                sh.tensor, sh.attention_data, c.engine.backend
+                            )
+                        })
+                    });
+                    memo.insert((j, sh.worker()), reason);
+                }
+            }
+            out.push(shapes.iter().enumerate().find_map(|(j, sh)| memo[&(j, sh.worker())].clone()));
+        }
+        all.push(out);
+    }
+    all
 }
 
 #[cfg(test)]
@@ -715,7 +1113,7 @@ mod tests {
     #[test]
     fn the_space_enumerates_shapes_then_knobs_then_routers() {
         let root = json!({
-            "engine": {"model": "m", "hardware": "h", "workers": {"aggregated": {
+            "engine": {"mode": "aggregated", "backend": "vllm", "model": "m", "hardware": "h", "workers": {"aggregated": {
                 "parallelism": {"preset": false, "tensor": {"choices": [1, 2]}},
                 "scheduler": {"max_batched_tokens": 8192, "max_sequences": {"choices": [64, 128]}},
             }}},
@@ -732,5 +1130,200 @@ mod tests {
         assert_eq!(knob(1, "/router/temperature"), 0.0);
         assert_eq!(knob(2, "/router/temperature"), 1.0);
         assert!(s.candidate(0).unwrap()["engine"]["workers"]["aggregated"]["parallelism"].get("preset").is_none());
+    }
+
+    /// A candidate as (mode, backend, per role (replicas, tensor, attention_data)).
+    type Identified = (String, String, Vec<(u64, u64, u64)>);
+
+    fn identities(s: &Search) -> Vec<Identified> {
+        (0..s.candidate_count())
+            .map(|k| {
+                let t = s.candidate(k).unwrap();
+                let e = &t["engine"];
+                let roles = ["aggregated", "prefill", "decode"]
+                    .iter()
+                    .filter_map(|r| e["workers"].get(*r))
+                    .map(|w| {
+                        let p = &w["parallelism"];
+                        let n = |k: &str| p[k].as_u64().unwrap();
+                        (n("replicas"), n("tensor"), n("attention_data"))
+                    })
+                    .collect();
+                (e["mode"].as_str().unwrap().to_string(), e["backend"].as_str().unwrap().to_string(), roles)
+            })
+            .collect()
+    }
+
+    fn three_roles(engine_extra: Value) -> Value {
+        let worker = json!({"scheduler": {"max_batched_tokens": 8192, "max_sequences": 256},
+                            "kv_cache": {"capacity": {"type": "fixed", "blocks": 1000}},
+                            "timing": {"type": "fixed", "prefill_ms": 1, "decode_ms": 1}});
+        let mut engine = json!({"model": "m", "hardware": "h", "context_length": 1024,
+                                "workers": {"aggregated": worker, "prefill": worker, "decode": worker},
+                                "kv_transfer": {"bandwidth_gb_per_second": 50}});
+        for (k, v) in engine_extra.as_object().unwrap() {
+            engine[k] = v.clone();
+        }
+        json!({"engine": engine, "optimization": {"constraints": {"max_candidate_gpus": 2}}})
+    }
+
+    #[test]
+    fn mode_and_backend_default_to_the_references_domains() {
+        let s = read_search(&three_roles(json!({})), Path::new(".")).unwrap();
+        let got = identities(&s);
+        let agg = |b: &str, r, t| ("aggregated".to_string(), b.to_string(), vec![(r, t, 1)]);
+        let disagg = |b: &str| ("disaggregated".to_string(), b.to_string(), vec![(1, 1, 1), (1, 1, 1)]);
+        assert_eq!(
+            got,
+            [
+                agg("vllm", 1, 1),
+                agg("vllm", 2, 1),
+                agg("vllm", 1, 2),
+                agg("sglang", 1, 1),
+                agg("sglang", 2, 1),
+                agg("sglang", 1, 2),
+                disagg("vllm"),
+                disagg("sglang"),
+            ]
+        );
+        // Each candidate holds its own mode's roles only; the KV transfer stays with disaggregated.
+        let first = s.candidate(0).unwrap();
+        assert!(first["engine"]["workers"].get("prefill").is_none());
+        assert!(first["engine"].get("kv_transfer").is_none());
+        let last = s.candidate(7).unwrap();
+        assert!(last["engine"]["workers"].get("aggregated").is_none());
+        assert!(last["engine"].get("kv_transfer").is_some());
+        for k in 0..8 {
+            schema::read_predict(&s.candidate(k).unwrap()).unwrap();
+        }
+        let mut root =
+            three_roles(json!({"mode": {"choices": ["disaggregated"]}, "backend": {"choices": ["sglang", "vllm"]}}));
+        root["engine"]["workers"].as_object_mut().unwrap().remove("aggregated");
+        let one = read_search(&root, Path::new(".")).unwrap();
+        assert_eq!(identities(&one), [disagg("sglang"), disagg("vllm")]);
+    }
+
+    #[test]
+    fn identity_domains_are_checked() {
+        let err = |extra: Value| read_search(&three_roles(extra), Path::new(".")).err().unwrap().to_string();
+        assert!(err(json!({"backend": {"choices": []}})).contains("engine.backend.choices: choices must be non-empty"));
+        assert!(err(json!({"backend": {"choices": ["vllm", "vllm"]}})).contains("choices must be unique"));
+        assert!(err(json!({"backend": {"choices": ["tgi"]}})).contains("engine.backend.choices[0]: unknown value"));
+        assert!(err(json!({"mode": {"choices": ["afd"]}})).contains("afd"));
+        let mut agg_only = three_roles(json!({}));
+        agg_only["engine"]["workers"].as_object_mut().unwrap().retain(|k, _| k == "aggregated");
+        let e = read_search(&agg_only, Path::new(".")).err().unwrap().to_string();
+        assert!(e.contains("disaggregated mode requires prefill and decode workers"), "{e}");
+        let mut few = three_roles(json!({}));
+        few["optimizer"] = json!({"algorithm": "random", "max_trials": 1});
+        let e = read_search(&few, Path::new(".")).err().unwrap().to_string();
+        assert!(e.contains("at least the number of active deployment branches (2)"), "{e}");
+    }
+
+    #[test]
+    fn random_search_splits_its_trials_over_the_modes() {
+        let mut root = three_roles(json!({}));
+        root["optimizer"] = json!({"algorithm": "random", "max_trials": 3});
+        let s = read_search(&root, Path::new(".")).unwrap();
+        let modes: Vec<String> = identities(&s).into_iter().map(|(m, ..)| m).collect();
+        assert_eq!(modes, ["aggregated", "aggregated", "disaggregated"]);
+        // A mode no candidate of which fits its KV cache is not active: the others take its trials.
+        root["engine"]["workers"]["prefill"]["kv_cache"]["capacity"]["blocks"] = json!(1);
+        let s = read_search(&root, Path::new(".")).unwrap();
+        let modes: Vec<String> = identities(&s).into_iter().map(|(m, ..)| m).collect();
+        assert_eq!(modes, ["aggregated"; 3]);
+        // SGLang's one-token blocks hold 1000 tokens of the 1024 the context needs: its
+        // aggregated shapes are out too.
+        assert_eq!(s.kv_excluded, 2 + 3);
+        assert!(identities(&s).iter().all(|(_, b, _)| b == "vllm"));
+        root["optimizer"]["max_trials"] = json!(1);
+        assert_eq!(read_search(&root, Path::new(".")).unwrap().candidate_count(), 1);
+    }
+
+    #[test]
+    fn the_moe_pool_holds_the_references_pure_patterns() {
+        // aisimulate's parallel_enum at 4 GPUs: 1 shape at one GPU, TEP, MoE-TP, DEP and DTP at 2
+        // and at 4: with the replicas that fit, 16 per backend.
+        let per_width: Vec<usize> = [1, 2, 4, 8].iter().map(|&g| pool_worker_shapes(true, g).len()).collect();
+        assert_eq!(per_width, [1, 4, 4, 4]);
+        let at4: usize = [1u64, 2, 4].iter().map(|&g| pool_worker_shapes(true, g).len() * (4 / g) as usize).sum();
+        assert_eq!(at4, 16);
+        let two = pool_worker_shapes(true, 2);
+        let as_tuple: Vec<_> = two.iter().map(|s| (s.tensor, s.attention_data, s.moe.unwrap())).collect();
+        assert_eq!(as_tuple, [(1, 2, (1, 2)), (1, 2, (2, 1)), (2, 1, (1, 2)), (2, 1, (2, 1))]);
+        assert_eq!(pool_worker_shapes(false, 4), [Shape::tp(1, 4, 1)]);
+    }
+
+    #[test]
+    fn preset_forms_are_the_references() {
+        let with = |preset: Value| {
+            let mut root = three_roles(json!({"mode": "aggregated", "backend": "vllm"}));
+            root["engine"]["workers"].as_object_mut().unwrap().retain(|k, _| k == "aggregated");
+            root["engine"].as_object_mut().unwrap().remove("kv_transfer");
+            root["engine"]["workers"]["aggregated"]["parallelism"] = preset;
+            read_search(&root, Path::new("."))
+        };
+        let pool = with(json!({"preset": "default"})).unwrap();
+        assert_eq!(pool.candidate_count(), 3);
+        assert_eq!(with(json!({})).unwrap().candidate_count(), 3);
+        let off = with(json!({"preset": {}, "tensor": {"choices": [1, 2]}})).unwrap();
+        assert_eq!(off.candidate_count(), 2);
+        let entry = |r: u64, t: u64| {
+            json!({"replicas": r, "tensor": t, "pipeline": 1, "attention_data": 1, "moe_tensor": 1, "moe_expert": 1,
+                   "prefill_context": null, "decode_context": 1})
+        };
+        let listed = with(json!({"preset": [entry(1, 2), entry(2, 1)]})).unwrap();
+        assert_eq!(listed.candidate_count(), 2);
+        let over = with(json!({"preset": [entry(1, 2), entry(4, 1)]})).err().unwrap().to_string();
+        assert!(
+            over.contains(
+                "engine.workers.aggregated.parallelism.preset[1]: pinned parallel config replicas=4 tensor=1"
+            ) && over.contains("used_gpus=4 exceeds gpu_budget=2"),
+            "{over}"
+        );
+        let p = &listed.candidate(0).unwrap()["engine"]["workers"]["aggregated"]["parallelism"];
+        assert_eq!(
+            p,
+            &json!({"replicas": 1, "tensor": 2, "pipeline": 1, "attention_data": 1, "moe_tensor": 1,
+                              "moe_expert": 1})
+        );
+        let e = |v: Value| with(v).err().unwrap().to_string();
+        assert!(e(json!({"preset": []})).contains("parallelism preset list must be nonempty"));
+        assert!(e(json!({"preset": {"tensor": 1}})).contains("preset mapping must be empty to disable it"));
+        assert!(e(json!({"preset": [{"tensor": 1}]})).contains("missing=['attention_data', 'moe_expert'"));
+        assert!(e(json!({"preset": "default", "tensor": 2})).contains("cannot be combined"));
+        assert!(e(json!({"preset": [entry(1, 1)], "tensor": 2})).contains("cannot be combined"));
+        let mut cp = entry(1, 1);
+        cp["decode_context"] = json!(2);
+        assert!(e(json!({"preset": [cp]})).contains("context parallelism is a predict-only knob"));
+    }
+
+    #[test]
+    fn backend_version_may_be_given_per_backend() {
+        let s = read_search(&three_roles(json!({"backend_version": {"sglang": "0.5.14"}})), Path::new(".")).unwrap();
+        let versions: Vec<Option<String>> = (0..s.candidate_count())
+            .map(|k| s.candidate(k).unwrap()["engine"].get("backend_version").map(|v| v.as_str().unwrap().into()))
+            .collect();
+        assert_eq!(versions[..4], [None, None, None, Some("0.5.14".to_string())], "vLLM resolves its latest");
+        let e = read_search(
+            &three_roles(json!({"backend": "vllm", "backend_version": {"sglang": "0.5.14"}})),
+            Path::new("."),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("backend_version contains unconfigured backend(s): ['sglang']"), "{e}");
+    }
+
+    #[test]
+    fn an_engine_that_is_not_a_mapping_is_refused() {
+        for (root, want) in [
+            (json!({"optimizer": {"algorithm": "grid"}}), "engine: missing (required: model, hardware and workers)"),
+            (json!({"engine": 5}), "engine: must be a mapping"),
+            (json!({"engine": {"model": "m", "workers": [1]}}), "engine.workers: must be a mapping"),
+        ] {
+            let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }

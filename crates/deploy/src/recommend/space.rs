@@ -1,7 +1,8 @@
-//! The search space and the search: every candidate a mixed-radix index over the parallel-shape
-//! sets, the scheduler knobs, the router settings and the planner settings, its concrete predict
-//! tree made when it is asked for; a [`Search`] is the options, the space and the candidates
-//! chosen for evaluation.
+//! The search space and the search: every candidate an index into one of the space's branches
+//! (a deployment mode and a backend), within it a mixed-radix index over the parallel-shape
+//! sets, the scheduler knobs, the router settings and the planner settings, its concrete
+//! predict tree made when it is asked for; a [`Search`] is the options, the space and the
+//! candidates chosen for evaluation.
 
 use serde_json::{json, Map, Value};
 
@@ -35,100 +36,248 @@ pub(super) struct Knob {
     pub(super) values: Vec<Value>,
 }
 
-/// The search space: every candidate is a mixed-radix index over the parallel-shape sets, the
-/// knobs (the last one fastest), the router settings and the planner settings (innermost), and
-/// its concrete predict tree is made when it is needed, so a large space costs no memory until
-/// it is evaluated.
+/// One worker role's parallel shape: replicas of a worker of `tensor` × `attention_data` GPUs
+/// (× `pipeline` when given). `pipeline` and the MoE widths are written into the candidate
+/// only when the shape carries them (a preset list entry, the MoE pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Shape {
+    pub(super) replicas: u64,
+    pub(super) tensor: u64,
+    pub(super) attention_data: u64,
+    pub(super) pipeline: Option<u64>,
+    /// (moe_tensor, moe_expert)
+    pub(super) moe: Option<(u64, u64)>,
+}
+
+impl Shape {
+    pub(super) fn tp(replicas: u64, tensor: u64, attention_data: u64) -> Shape {
+        Shape { replicas, tensor, attention_data, pipeline: None, moe: None }
+    }
+
+    /// GPUs of one worker.
+    pub(super) fn width(&self) -> u64 {
+        self.tensor.saturating_mul(self.attention_data).saturating_mul(self.pipeline.unwrap_or(1))
+    }
+
+    pub(super) fn gpus(&self) -> u64 {
+        self.replicas.saturating_mul(self.width())
+    }
+
+    /// The shape of one worker (its KV capacity does not depend on the replicas).
+    pub(super) fn worker(&self) -> Shape {
+        Shape { replicas: 1, ..*self }
+    }
+}
+
+/// One branch of the space: a deployment mode and a backend, with the mode's roles, parallel
+/// shape sets (one shape per role; disaggregated: every prefill/decode pair within the
+/// budget), scheduler knobs and planner settings.
+#[derive(Clone, Debug)]
+pub(super) struct Branch {
+    pub(super) mode: &'static str,
+    pub(super) backend: &'static str,
+    pub(super) roles: Vec<&'static str>,
+    pub(super) shape_sets: Vec<Vec<Shape>>,
+    pub(super) knobs: Vec<Knob>,
+    /// Concrete `planner:` sections; empty when the configuration has none.
+    pub(super) planners: Vec<crate::planner_search::Setting>,
+    /// The index of the branch's first candidate in the space.
+    pub(super) start: usize,
+}
+
+/// The engine identity a space searches: whether its candidates state `engine.mode` and
+/// `engine.backend` (the configuration searched them or left them to the default domains), and
+/// whether each drops the roles (and KV transfer) of the modes it is not (more than one mode).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Identity {
+    pub(super) write_mode: bool,
+    pub(super) write_backend: bool,
+    pub(super) prune_roles: bool,
+}
+
+/// The search space: its branches (mode-major, then backend, in the domains' order), each a
+/// mixed-radix index over its parallel-shape sets, its knobs (the last one fastest), the
+/// router settings and its planner settings (innermost). A candidate's concrete predict tree
+/// is made when it is needed, so a large space costs no memory until it is evaluated.
 #[derive(Clone, Debug)]
 pub struct Space {
     pub(super) base: Value,
-    pub(super) roles: Vec<&'static str>,
-    pub(super) shape_sets: Vec<Vec<(u64, u64, u64)>>,
-    pub(super) knobs: Vec<Knob>,
+    pub(super) identity: Identity,
+    /// `engine.backend_version` given per backend (`{vllm: ..., sglang: ...}`): each candidate
+    /// takes its backend's (or none: the latest).
+    pub(super) backend_versions: Option<Map<String, Value>>,
+    pub(super) branches: Vec<Branch>,
     /// Concrete `router:` sections; empty when the configuration has none.
     pub(super) routers: Vec<Value>,
-    /// Concrete `planner:` sections; empty when the configuration has none.
-    pub(super) planners: Vec<crate::planner_search::Setting>,
 }
 
+/// The roles whose slots a candidate's feature vector holds, in this order.
+const FEATURE_ROLES: [&str; 3] = ["aggregated", "prefill", "decode"];
+
 impl Space {
-    pub(super) fn per_shape(&self) -> usize {
-        self.knobs.iter().map(|k| k.values.len()).product::<usize>()
+    /// Candidates per shape set of branch `b`.
+    pub(super) fn per_shape(&self, b: usize) -> usize {
+        let br = &self.branches[b];
+        br.knobs.iter().map(|k| k.values.len()).product::<usize>()
             * self.routers.len().max(1)
-            * self.planners.len().max(1)
+            * br.planners.len().max(1)
+    }
+
+    fn branch_len(&self, b: usize) -> usize {
+        self.branches[b].shape_sets.len() * self.per_shape(b)
     }
 
     /// The number of candidates.
     pub fn len(&self) -> usize {
-        self.shape_sets.len() * self.per_shape()
+        self.branches.last().map_or(0, |b| b.start + self.branch_len(self.branches.len() - 1))
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Candidate `i` as (shape set, knob value indexes, router index, planner index).
-    fn split(&self, i: usize) -> (usize, Vec<usize>, usize, usize) {
+    /// Candidate `i` as (branch, index within it).
+    pub(super) fn locate(&self, i: usize) -> (usize, usize) {
+        let b = self.branches.partition_point(|br| br.start <= i) - 1;
+        (b, i - self.branches[b].start)
+    }
+
+    /// Candidate `i` as (branch, shape set, knob value indexes, router index, planner index).
+    fn split(&self, i: usize) -> (usize, usize, Vec<usize>, usize, usize) {
+        let (b, local) = self.locate(i);
+        let br = &self.branches[b];
         let nr = self.routers.len().max(1);
-        let np = self.planners.len().max(1);
-        let mut rest = i;
+        let np = br.planners.len().max(1);
+        let mut rest = local;
         let p = rest % np;
         rest /= np;
         let r = rest % nr;
         rest /= nr;
-        let mut ks = vec![0; self.knobs.len()];
-        for (j, k) in self.knobs.iter().enumerate().rev() {
+        let mut ks = vec![0; br.knobs.len()];
+        for (j, k) in br.knobs.iter().enumerate().rev() {
             ks[j] = rest % k.values.len();
             rest /= k.values.len();
         }
-        (rest, ks, r, p)
+        (b, rest, ks, r, p)
+    }
+
+    /// The branch and shape set of candidate `i`.
+    pub(super) fn shape_set_of(&self, i: usize) -> (usize, usize) {
+        let (b, s, ..) = self.split(i);
+        (b, s)
     }
 
     /// Candidate `i`'s concrete predict tree.
     pub fn tree(&self, i: usize) -> Value {
-        let (s, ks, r, pl) = self.split(i);
+        let (b, s, ks, r, pl) = self.split(i);
+        let br = &self.branches[b];
         let mut t = self.base.clone();
-        for (role, (rep, tp, dp)) in self.roles.iter().zip(&self.shape_sets[s]) {
+        if self.identity.write_mode {
+            set(&mut t, &["engine".into(), "mode".into()], json!(br.mode));
+        }
+        if self.identity.write_backend {
+            set(&mut t, &["engine".into(), "backend".into()], json!(br.backend));
+        }
+        if let Some(versions) = &self.backend_versions {
+            let e = t.get_mut("engine").and_then(Value::as_object_mut).expect("engine is a mapping");
+            match versions.get(br.backend) {
+                Some(v) => {
+                    e.insert("backend_version".into(), v.clone());
+                }
+                None => {
+                    e.remove("backend_version");
+                }
+            }
+        }
+        if self.identity.prune_roles {
+            if let Some(e) = t.get_mut("engine").and_then(Value::as_object_mut) {
+                if br.mode == "aggregated" {
+                    e.remove("kv_transfer");
+                }
+                if let Some(w) = e.get_mut("workers").and_then(Value::as_object_mut) {
+                    w.retain(|role, _| br.roles.contains(&role.as_str()) || !FEATURE_ROLES.contains(&role.as_str()));
+                }
+            }
+        }
+        for (role, shape) in br.roles.iter().zip(&br.shape_sets[s]) {
             let mut p = get(&t, &["engine", "workers", role, "parallelism"]).cloned().unwrap_or(json!({}));
             let o = p.as_object_mut().expect("checked when the space was read");
-            o.insert("replicas".into(), json!(rep));
-            o.insert("tensor".into(), json!(tp));
-            o.insert("attention_data".into(), json!(dp));
+            o.insert("replicas".into(), json!(shape.replicas));
+            o.insert("tensor".into(), json!(shape.tensor));
+            if let Some(pp) = shape.pipeline {
+                o.insert("pipeline".into(), json!(pp));
+            }
+            o.insert("attention_data".into(), json!(shape.attention_data));
+            if let Some((mt, me)) = shape.moe {
+                o.insert("moe_tensor".into(), json!(mt));
+                o.insert("moe_expert".into(), json!(me));
+            }
             set(&mut t, &["engine".into(), "workers".into(), role.to_string(), "parallelism".into()], p);
         }
-        for (k, &v) in self.knobs.iter().zip(&ks) {
+        for (k, &v) in br.knobs.iter().zip(&ks) {
             set(&mut t, &k.path, k.values[v].clone());
         }
         if let Some(router) = self.routers.get(r) {
             set(&mut t, &["router".into()], router.clone());
         }
-        if let Some(planner) = self.planners.get(pl) {
+        if let Some(planner) = br.planners.get(pl) {
             set(&mut t, &["planner".into()], planner.section.clone());
         }
         t
     }
 
-    /// The concrete planner settings the space searches (empty without a `planner:` section).
+    /// The concrete planner settings the space searches (empty without a `planner:` section;
+    /// those of the first branch when there are several).
     pub fn planner_settings(&self) -> &[crate::planner_search::Setting] {
-        &self.planners
+        self.branches.first().map_or(&[], |b| &b.planners)
+    }
+
+    /// Whether the candidates' records list `engine.mode` and `engine.backend` (searched).
+    pub fn searches_identity(&self) -> (bool, bool) {
+        (self.identity.write_mode, self.identity.write_backend)
     }
 
     /// Why the Planner refuses candidate `i`'s settings, if it does.
     fn planner_refusal(&self, i: usize) -> Option<String> {
-        self.planners.get(self.split(i).3).and_then(|p| p.infeasible.clone())
+        let (b, _, _, _, p) = self.split(i);
+        self.branches[b].planners.get(p).and_then(|p| p.infeasible.clone())
     }
 
-    /// Candidate `i`'s point for the surrogate model, before scaling: log2 of every integer knob
-    /// (parallel sizes, scheduler limits), the router's policy and load model as 0/1 and its
-    /// numeric knobs (the load scale as log2(1 + x)).
+    /// Candidate `i`'s point for the surrogate model, before scaling: the mode and backend as
+    /// 0/1, then per role slot (aggregated, prefill, decode; zeros for a role the candidate's
+    /// mode has not) log2 of its parallel sizes, then per role slot log2 of its scheduler limits,
+    /// the router's policy and load model as 0/1 and its numeric knobs (the load scale as
+    /// log2(1 + x)), then the planner's.
     pub(super) fn raw_features(&self, i: usize) -> Vec<f64> {
-        let (s, ks, r, pl) = self.split(i);
-        let mut f = Vec::new();
-        for &(rep, tp, dp) in &self.shape_sets[s] {
-            f.extend([(rep as f64).log2(), (tp as f64).log2(), (dp as f64).log2()]);
+        let (b, s, ks, r, pl) = self.split(i);
+        let br = &self.branches[b];
+        let flag = |on: bool| if on { 1.0 } else { 0.0 };
+        let mut f = vec![flag(br.mode == "disaggregated"), flag(br.backend == "sglang"), flag(br.backend == "trtllm")];
+        let lg = |x: u64| (x as f64).log2();
+        for slot in FEATURE_ROLES {
+            match br.roles.iter().position(|r| *r == slot) {
+                Some(j) => {
+                    let sh = &br.shape_sets[s][j];
+                    let (mt, me) = sh.moe.unwrap_or((1, 1));
+                    f.extend([
+                        lg(sh.replicas),
+                        lg(sh.tensor),
+                        lg(sh.attention_data),
+                        lg(sh.pipeline.unwrap_or(1)),
+                        lg(mt),
+                        lg(me),
+                    ]);
+                }
+                None => f.extend([0.0; 6]),
+            }
         }
-        for (k, &v) in self.knobs.iter().zip(&ks) {
-            f.push(k.values[v].as_f64().unwrap_or(1.0).max(1.0).log2());
+        for slot in FEATURE_ROLES {
+            let mut n = 0;
+            for (k, &v) in br.knobs.iter().zip(&ks).filter(|(k, _)| k.path[2] == slot) {
+                f.push(k.values[v].as_f64().unwrap_or(1.0).max(1.0).log2());
+                n += 1;
+            }
+            f.extend(std::iter::repeat_n(0.0, 2usize.saturating_sub(n)));
         }
         if let Some(router) = self.routers.get(r) {
             let num = |k: &str| router.get(k).and_then(Value::as_f64).unwrap_or(0.0);
@@ -142,7 +291,7 @@ impl Space {
         }
         // The planner: on or off, its loops, their intervals (log2), FPM sampling, load
         // sensitivity and worker minimum; a disabled planner is all zeros.
-        if let Some(p) = self.planners.get(pl) {
+        if let Some(p) = br.planners.get(pl) {
             let s = &p.section;
             let on = |k: &str| if s.get(k) == Some(&json!(true)) { 1.0 } else { 0.0 };
             let lg = |k: &str| s.get(k).and_then(Value::as_f64).map_or(0.0, |x| (1.0 + x.max(0.0)).log2());
@@ -162,10 +311,6 @@ impl Space {
         }
         f
     }
-
-    pub(super) fn gpus(&self, i: usize) -> u64 {
-        self.shape_sets[self.split(i).0].iter().map(|(r, t, d)| r * t * d).sum()
-    }
 }
 
 /// A search: the options, the space and the candidates chosen for evaluation.
@@ -181,9 +326,9 @@ pub struct Search {
     /// Candidates of explicit parallelism domains over the GPU budget, dropped before they
     /// were built (the preset pool never holds any).
     pub over_budget: u64,
-    /// Per shape set: why its KV cache cannot hold one longest sequence (the reference's
-    /// KV-feasibility filter), if it cannot.
-    pub(super) kv_short: Vec<Option<String>>,
+    /// Per branch and shape set: why its KV cache cannot hold one longest sequence (the
+    /// reference's KV-feasibility filter), if it cannot.
+    pub(super) kv_short: Vec<Vec<Option<String>>>,
     /// Candidates the KV filter marked infeasible (grid) or left out of the pool sampled
     /// (random, bayesian).
     pub kv_excluded: usize,
@@ -218,7 +363,8 @@ impl Search {
     /// Why candidate `i` of the space is infeasible before it runs (its KV cache, or planner
     /// settings the Planner refuses), if it is: (reason category, reason).
     pub(super) fn blocked(&self, i: usize) -> Option<(&'static str, String)> {
-        if let Some(why) = self.kv_short[self.space.split(i).0].clone() {
+        let (b, s) = self.space.shape_set_of(i);
+        if let Some(why) = self.kv_short[b][s].clone() {
             return Some(("kv_capacity", why));
         }
         self.space
