@@ -425,6 +425,19 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let (backends, backend_searched) =
         identity_domain(&base, "backend", &["vllm", "sglang", "trtllm"], &["vllm", "sglang"])?;
     let backend_versions = backend_versions(&base, &backends)?;
+    // Host offload is vLLM's: the reference wants the backend (and the mode) pinned, not searched.
+    let offloading = ["aggregated", "prefill", "decode"]
+        .iter()
+        .any(|role| get(&base, &["engine", "workers", role, "kv_cache", "host_offload"]).is_some_and(|v| !v.is_null()));
+    if offloading && modes.len() > 1 {
+        return Err(DeployError::new(
+            "engine.mode",
+            "host_offload recommendation requires concrete mode=aggregated or mode=disaggregated",
+        ));
+    }
+    if offloading && backends != ["vllm"] {
+        return Err(DeployError::new("engine.backend", "host_offload recommendation requires concrete backend=vllm"));
+    }
     if modes.len() > 1 {
         // A single mode's roles are checked by the predict schema on the first candidate.
         let has = |role: &str| get(&base, &["engine", "workers", role]).is_some();
@@ -1325,5 +1338,21 @@ mod tests {
             let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
             assert!(e.contains(want), "{e}");
         }
+    }
+
+    #[test]
+    fn host_offload_needs_a_pinned_mode_and_vllm() {
+        let mut root = three_roles(json!({}));
+        root["engine"]["workers"]["aggregated"]["kv_cache"]["host_offload"] = json!({"num_host_blocks": 100});
+        let err = |root: &Value| read_search(root, Path::new(".")).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err(&root).contains("engine.mode: host_offload recommendation requires concrete mode"),
+            "{}",
+            err(&root)
+        );
+        root["engine"]["mode"] = json!("aggregated");
+        assert!(err(&root).contains("engine.backend: host_offload recommendation requires concrete backend=vllm"));
+        root["engine"]["backend"] = json!("vllm");
+        assert!(!err(&root).contains("host_offload"), "{}", err(&root));
     }
 }
