@@ -77,7 +77,7 @@ fn compare_with_reference(name: &str) -> Option<(Value, Value, f64)> {
     let mut worst = 0.0f64;
     for key in METRICS {
         let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
-        let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+        let dev = deviation(x, y);
         assert!(dev <= 0.02, "{name}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
         worst = worst.max(dev);
     }
@@ -85,6 +85,25 @@ fn compare_with_reference(name: &str) -> Option<(Value, Value, f64)> {
         assert_eq!(ours[key], reference[key], "{name}: {key}");
     }
     Some((ours, reference, worst))
+}
+
+/// |x − y| / |y|, or |x| against a reference of 0.
+fn deviation(x: f64, y: f64) -> f64 {
+    if y == 0.0 {
+        x.abs()
+    } else {
+        ((x - y) / y).abs()
+    }
+}
+
+/// Predicts `tests/deploy/<name>.yaml` with `--set` overrides and returns its summary.
+fn predict_with(name: &str, sets: &[&str]) -> Value {
+    let out_dir = tmp(&format!("{name}-with-{}", sets.len()));
+    let mut extra = vec!["--format", "json"];
+    extra.extend(sets.iter().flat_map(|s| ["--set", *s]));
+    let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &extra);
+    assert!(out.status.success(), "{name}: {}", stderr(&out));
+    serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap()
 }
 
 #[test]
@@ -139,20 +158,11 @@ fn host_and_g3_offload_match_the_reference() {
         let Some((ours, reference, _)) = compare_with_reference(name) else { return };
         assert_eq!(ours["prefix_cache_reused_ratio"], reference["prefix_cache_reused_ratio"], "{name}");
         assert!(ours["host_offload_hit_tokens"].as_u64().unwrap() > 100_000, "{name}: {ours}");
+        if name == "predict_g3_offload" {
+            assert!(ours["g3_offload"]["read"]["completed_jobs"].as_u64().unwrap() > 50, "{ours}");
+        }
     }
-    let out_dir = tmp("g3-out");
-    let out = predict(&deploy_dir().join("predict_g3_offload.yaml"), &out_dir, &["--format", "json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
-    assert!(ours["g3_offload"]["read"]["completed_jobs"].as_u64().unwrap() > 50, "{ours}");
-    let out_dir = tmp("no-host-out");
-    let out = predict(
-        &deploy_dir().join("predict_host_offload.yaml"),
-        &out_dir,
-        &["--format", "json", "--set", "engine.workers.aggregated.kv_cache.host_offload=null"],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let without: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+    let without = predict_with("predict_host_offload", &["engine.workers.aggregated.kv_cache.host_offload=null"]);
     assert!(without["prefix_cache_reused_ratio"].as_f64().unwrap() < 0.1, "{without}");
 }
 
@@ -177,8 +187,7 @@ fn the_references_recommendation_files_replay() {
             .unwrap();
     for (key, want) in golden["metrics"].as_object().unwrap() {
         let (x, y) = (ours[key].as_f64().unwrap(), want.as_f64().unwrap());
-        let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
-        assert!(dev <= 0.02, "{key} = {x}, reference {y}");
+        assert!(deviation(x, y) <= 0.02, "{key} = {x}, reference {y}");
     }
 }
 
@@ -188,11 +197,8 @@ fn the_references_recommendation_files_replay() {
 #[test]
 fn scheduler_intervals_match_the_reference() {
     let Some((ours, _, _)) = compare_with_reference("predict_sched_interval") else { return };
-    let out_dir = tmp("no-interval-out");
-    let set = "engine.workers.aggregated.scheduler.prefill_decode_interval=0";
-    let out = predict(&deploy_dir().join("predict_sched_interval.yaml"), &out_dir, &["--format", "json", "--set", set]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let without: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+    let without =
+        predict_with("predict_sched_interval", &["engine.workers.aggregated.scheduler.prefill_decode_interval=0"]);
     let (with, without) = (ours["mean_ttft_ms"].as_f64().unwrap(), without["mean_ttft_ms"].as_f64().unwrap());
     assert!(with > 1.5 * without, "{with} vs {without}");
 }
@@ -257,7 +263,7 @@ fn the_references_recommended_candidates_replay_within_two_percent() {
                     assert_eq!(x, y, "{example} {id}: {key}");
                     continue;
                 }
-                let dev = if y == 0.0 { x.abs() } else { ((x - y) / y).abs() };
+                let dev = deviation(x, y);
                 assert!(dev <= 0.02, "{example} {id}: {key} = {x}, reference {y} ({:.3} %)", dev * 100.0);
                 if dev > worst.0 {
                     worst = (dev, format!("{example} {id} {key}"));

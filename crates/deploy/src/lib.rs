@@ -51,7 +51,7 @@ pub fn input_paths(tree: &Value, base: &Path) -> Vec<PathBuf> {
     let list = |p: &str| tree.pointer(p).and_then(Value::as_array).cloned().unwrap_or_default();
     let mut out = Vec::new();
     let pointers = std::iter::once("/traffic/source/paths").chain(SYSTEMS_PATHS_POINTERS);
-    for v in pointers.flat_map(list).collect::<Vec<_>>().iter() {
+    for v in pointers.flat_map(list) {
         if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
             let p = Path::new(s);
             out.push(if p.is_absolute() { p.to_path_buf() } else { base.join(p) });
@@ -287,5 +287,26 @@ pub fn sorted(v: &Value) -> Value {
         }
         Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
         other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every path a configuration reads is an input the front ends will not write over: traces,
+    /// the engine's performance data and each worker's.
+    #[test]
+    fn input_paths_cover_traces_and_every_systems_path() {
+        let tree = json!({
+            "traffic": {"source": {"paths": ["t.jsonl"]}},
+            "engine": {
+                "systems_paths": ["/data/a"],
+                "workers": {"decode": {"timing": {"systems_paths": ["b", ""]}}},
+            },
+        });
+        let base = Path::new("/cfg");
+        assert_eq!(input_paths(&tree, base), [base.join("t.jsonl"), PathBuf::from("/data/a"), base.join("b")]);
     }
 }

@@ -90,11 +90,17 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
     let needs_model = matches!(w.timing, Timing::Default)
         || matches!(w.capacity, Capacity::Default { .. })
         || (engine.backend == "vllm" && w.context_length.is_none() && engine.context_length.is_none());
-    let estimator = if needs_model {
+    let build_estimator = || {
         let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
-        Some(servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?)
-    } else {
-        None
+        servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))
+    };
+    let estimator = if needs_model { Some(build_estimator()?) } else { None };
+    // The model's KV-cache bytes per token on one rank (KV transfer and host offload sizes).
+    let kv_bytes_per_rank = || -> Result<f64, DeployError> {
+        match &estimator {
+            Some(est) => Ok(est.kv_bytes_per_token()),
+            None => Ok(build_estimator()?.kv_bytes_per_token()),
+        }
     };
     let mut a = Map::new();
     a.insert("engine_type".into(), json!(engine.backend));
@@ -164,12 +170,8 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
         a.insert("kv_transfer_timing_mode".into(), json!(t.timing_mode));
         let per_token = match t.bytes_per_token {
             Some(n) => n,
-            None => {
-                // "auto": the model's KV bytes per token across the worker's tensor ranks.
-                let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
-                let est = servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?;
-                (est.kv_bytes_per_token() * w.parallelism.tensor as f64).round() as u64
-            }
+            // "auto": the model's KV bytes per token across the worker's tensor ranks.
+            None => (kv_bytes_per_rank()? * w.parallelism.tensor as f64).round() as u64,
         };
         a.insert("kv_bytes_per_token".into(), json!(per_token));
     }
@@ -178,11 +180,7 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
         // per token on one rank (as the reference's `estimate_kv_bytes_per_token`).
         let per_token = match w.bytes_per_token {
             Some(n) => n,
-            None => {
-                let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
-                let est = servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?;
-                est.kv_bytes_per_token().round() as u64
-            }
+            None => kv_bytes_per_rank()?.round() as u64,
         };
         a.insert("kv_cache_bytes_per_token".into(), json!(per_token));
         let mut host = offload.host.clone();

@@ -230,8 +230,7 @@ impl Iterator for SyntheticSessions {
                 Arrivals::AllAtOnce => 0.0,
             };
         }
-        let group = (spec.shared_prefix_ratio > 0.0 && spec.num_prefix_groups > 0)
-            .then(|| self.groups.random_range(0..spec.num_prefix_groups as usize) as u64);
+        let group = (self.group_end > 0).then(|| self.groups.random_range(0..spec.num_prefix_groups as usize) as u64);
         let turns = (0..spec.turns_per_session)
             .map(|k| {
                 let blocks = (0..self.units_per_prompt)
@@ -371,16 +370,18 @@ mod tests {
         assert_eq!(common, 47);
     }
 
+    /// The group stream has its own seed (Dynamo's 42, aisimulate's 0), whatever the arrival seed.
     #[test]
-    fn prefix_groups_do_not_depend_on_the_arrival_seed() {
-        let groups = |seed| -> Vec<u32> {
-            SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, seed, ..spec() }
+    fn prefix_groups_follow_their_own_seed_not_the_arrival_seed() {
+        let groups = |seed, group_seed| -> Vec<u32> {
+            SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, seed, group_seed, ..spec() }
                 .sessions_iter()
                 .map(|s| s.turns[0].blocks[0])
                 .collect()
         };
-        assert_eq!(groups(7), groups(42));
-        assert_eq!(groups(960), groups(42));
+        assert_eq!(groups(7, GROUP_SEED), groups(42, GROUP_SEED));
+        assert_eq!(groups(960, GROUP_SEED), groups(42, GROUP_SEED));
+        assert_ne!(groups(42, AISIMULATE_GROUP_SEED), groups(42, GROUP_SEED));
     }
 
     #[test]
@@ -413,17 +414,5 @@ mod tests {
         assert_eq!(a[..700], b[..700]);
         assert!(a[700..].iter().all(|t| !b.contains(t)));
         assert!(SyntheticSpec { cached_prefix_tokens: 1001, ..spec }.validate().is_err());
-    }
-
-    /// aisimulate draws prefix groups from a stream seeded with 0, Dynamo from one seeded with 42.
-    #[test]
-    fn the_group_stream_follows_its_seed() {
-        let groups = |group_seed| -> Vec<u32> {
-            SyntheticSpec { sessions: 30, shared_prefix_ratio: 0.5, num_prefix_groups: 5, group_seed, ..spec() }
-                .sessions_iter()
-                .map(|s| s.turns[0].blocks[0])
-                .collect()
-        };
-        assert_ne!(groups(AISIMULATE_GROUP_SEED), groups(GROUP_SEED));
     }
 }

@@ -66,12 +66,22 @@ fn required_blocks(r: &mut Reader, key: &'static str) -> Result<u64, DeployError
     }
 }
 
-/// Bandwidths and latencies: finite and ≥ 0, with the reference's defaults.
-fn rates(r: &mut Reader, out: &mut Map<String, Value>, fields: &[(&'static str, f64)]) -> Result<(), DeployError> {
-    for &(key, default) in fields {
+/// One tier's fields as the engine reads them: its scope, its size in blocks (`blocks_key`,
+/// required) and its bandwidths and latencies (finite and ≥ 0, with the reference's defaults).
+fn tier(
+    mut r: Reader,
+    scope: &str,
+    blocks_key: &'static str,
+    rates: &[(&'static str, f64)],
+) -> Result<Value, DeployError> {
+    let mut out = Map::new();
+    out.insert("scope".into(), json!(scope));
+    out.insert(blocks_key.into(), json!(required_blocks(&mut r, blocks_key)?));
+    for &(key, default) in rates {
         out.insert(key.into(), json!(r.nonneg(key, false)?.unwrap_or(default)));
     }
-    Ok(())
+    r.finish()?;
+    Ok(Value::Object(out))
 }
 
 fn read_host(mut h: Reader) -> Result<Value, DeployError> {
@@ -82,40 +92,24 @@ fn read_host(mut h: Reader) -> Result<Value, DeployError> {
         ));
     }
     let scope = h.one_of("scope", &["dp_rank_local", "cluster_shared"])?.unwrap_or("dp_rank_local");
-    let mut out = Map::new();
-    out.insert("scope".into(), json!(scope));
-    out.insert("num_host_blocks".into(), json!(required_blocks(&mut h, "num_host_blocks")?));
-    rates(
-        &mut h,
-        &mut out,
-        &[
-            ("d2h_bandwidth_gbps", 32.0),
-            ("h2d_bandwidth_gbps", 32.0),
-            ("shared_d2h_bandwidth_gbps", 80.0),
-            ("shared_h2d_bandwidth_gbps", 80.0),
-            ("latency_to_first_byte_ms", 0.0),
-        ],
-    )?;
-    h.finish()?;
-    Ok(Value::Object(out))
+    let rates = [
+        ("d2h_bandwidth_gbps", 32.0),
+        ("h2d_bandwidth_gbps", 32.0),
+        ("shared_d2h_bandwidth_gbps", 80.0),
+        ("shared_h2d_bandwidth_gbps", 80.0),
+        ("latency_to_first_byte_ms", 0.0),
+    ];
+    tier(h, scope, "num_host_blocks", &rates)
 }
 
 fn read_g3(mut g: Reader) -> Result<Value, DeployError> {
     let scope = g.one_of("scope", &["worker_local", "cluster_shared"])?.ok_or_else(|| g.err("scope", "is required"))?;
-    let mut out = Map::new();
-    out.insert("scope".into(), json!(scope));
-    out.insert("num_g3_blocks".into(), json!(required_blocks(&mut g, "num_g3_blocks")?));
-    rates(
-        &mut g,
-        &mut out,
-        &[
-            ("latency_to_first_byte_ms", 0.1),
-            ("read_bandwidth_gbps", 10.0),
-            ("write_bandwidth_gbps", 10.0),
-            ("shared_read_bandwidth_gbps", 80.0),
-            ("shared_write_bandwidth_gbps", 80.0),
-        ],
-    )?;
-    g.finish()?;
-    Ok(Value::Object(out))
+    let rates = [
+        ("latency_to_first_byte_ms", 0.1),
+        ("read_bandwidth_gbps", 10.0),
+        ("write_bandwidth_gbps", 10.0),
+        ("shared_read_bandwidth_gbps", 80.0),
+        ("shared_write_bandwidth_gbps", 80.0),
+    ];
+    tier(g, scope, "num_g3_blocks", &rates)
 }
