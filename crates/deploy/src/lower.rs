@@ -68,7 +68,7 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
         c.insert("moe_ep_size".into(), json!(p.moe_expert));
     }
     c.insert("kv_block_size".into(), json!(block_size));
-    c.insert("nextn".into(), json!(0));
+    c.insert("nextn".into(), json!(engine.mtp.as_ref().map_or(0, |m| m.nextn)));
     if let Some(paths) = w.systems_paths.as_ref().or(engine.systems_paths.as_ref()) {
         c.insert("systems_paths".into(), json!(paths));
     }
@@ -160,6 +160,11 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
         ),
     };
     a.insert("timing_model".into(), timing);
+    if let Some(mtp) = &engine.mtp {
+        a.insert("aic_nextn".into(), json!(mtp.nextn));
+        let rates: Vec<String> = mtp.accept_rates().iter().map(f64::to_string).collect();
+        a.insert("aic_nextn_accept_rates".into(), json!(rates.join(",")));
+    }
     if let (Some(c), false) = (engine.enable_chunked_prefill, w.role == "decode") {
         a.insert("enable_chunked_prefill".into(), json!(c));
     }
@@ -236,6 +241,9 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
     // Checked against the backend when read.
     (args.engine.prefill_schedule_interval, args.engine.prefill_decode_interval) =
         (u64::from(w.intervals.0), u64::from(w.intervals.1));
+    if let Some(s) = args.engine.speculative.as_mut() {
+        s.schedule = servesim_engine::SpecSchedule::Aisimulate;
+    }
     Ok(args)
 }
 

@@ -33,7 +33,7 @@ pub use output::{
 };
 pub use request::{output_token, EngineRequest, OutputPlan, Prompt, ReasoningConfig};
 pub use servesim_config::ConfigError;
-pub use speculative::SpeculativeConfig;
+pub use speculative::{SpecSchedule, SpeculativeConfig};
 pub use timing::{
     DecodeShape, ExternalTimer, KvMemory, MemoryLimits, PassTimer, PrefillShape, TimerFactory, TimingJitter,
     TimingModel, MAX_TIMING_JITTER_CV,

@@ -15,6 +15,23 @@ pub struct SpeculativeConfig {
     /// Conditional acceptance probability of each draft position (`nextn` of them).
     pub accept_rates: Vec<f64>,
     pub seed: u64,
+    /// Whose speculative schedule the engine follows.
+    pub schedule: SpecSchedule,
+}
+
+/// The two references schedule speculative decoding differently around the prefill and the
+/// batch budget (same sampler, same forward timing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecSchedule {
+    /// Dynamo 1.6.1's mocker (engine arguments): a request whose prompt completes in a pass joins
+    /// that pass's draft forward and may emit a burst as its first output; drafts take no batch
+    /// budget.
+    #[default]
+    Dynamo,
+    /// aisimulate 0.13's engine (the unified config): a first token out of the prefill comes
+    /// alone, with no decode forward; and vLLM charges each decoding request its `nextn` drafts
+    /// against `max_num_batched_tokens`, as vLLM schedules speculative tokens.
+    Aisimulate,
 }
 
 impl SpeculativeConfig {
@@ -155,7 +172,15 @@ mod tests {
     use super::*;
 
     fn sampler(rates: &[f64], seed: u64) -> BurstSampler {
-        BurstSampler::new(&SpeculativeConfig { nextn: rates.len() as u32, accept_rates: rates.to_vec(), seed }, 0)
+        BurstSampler::new(
+            &SpeculativeConfig {
+                nextn: rates.len() as u32,
+                accept_rates: rates.to_vec(),
+                seed,
+                schedule: SpecSchedule::Dynamo,
+            },
+            0,
+        )
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use servesim_engine::{
     BlockHashes, Engine, EngineConfig, EngineOptions, EngineRequest, Finish, KvEvent, PassOutput, Prompt, RejectReason,
+    SpecSchedule,
 };
 
 fn engine(json: &str) -> Engine {
@@ -332,6 +333,41 @@ fn speculative_decoding_emits_accepted_bursts() {
     e.submit(request(2, tokens(4, 2), 3));
     let passes = run(&mut e, 0.0);
     assert_eq!(token_times(&passes, 2), vec![50.0, 60.0, 70.0]);
+}
+
+#[test]
+fn aisimulates_speculative_schedule_emits_the_first_token_alone_and_charges_drafts() {
+    let spec = |json: &str| {
+        let mut cfg = EngineConfig::parse_json(json).unwrap();
+        cfg.speculative.as_mut().unwrap().schedule = SpecSchedule::Aisimulate;
+        Engine::new(cfg, EngineOptions { record_kv_events: true, engine_index: 0, timing_jitter: None })
+    };
+    // Drafts always accepted: the first token comes out of the prefill alone (40 ms, no decode
+    // forward), then one forward yields the other three.
+    let mut e = spec(&format!(
+        r#"{{"block_size": 4, "num_gpu_blocks": 16, "aic_nextn": 2, "aic_nextn_accept_rates": "1,1", {FIXED}}}"#
+    ));
+    e.submit(request(2, tokens(4, 2), 4));
+    let passes = run(&mut e, 0.0);
+    assert_eq!(token_times(&passes, 2), vec![40.0, 50.0, 50.0, 50.0]);
+    assert_eq!((passes[1].decode_forwards, passes[1].decode_tokens), (1, 3));
+
+    // A decoding request takes 1 + nextn tokens of the batch budget: with 8, request 1's two
+    // drafts leave request 2's 8-token prompt 5 tokens in the next pass (Dynamo's schedule: 7).
+    let json = format!(
+        r#"{{"block_size": 4, "num_gpu_blocks": 64, "max_num_batched_tokens": 8, "aic_nextn": 2, "aic_nextn_accept_rates": "0,0", {FIXED}}}"#
+    );
+    let second_pass_prefill = |mut e: Engine| {
+        e.submit(request(1, tokens(4, 1), 4));
+        let mut first = PassOutput::default();
+        e.step(0.0, &mut first);
+        e.submit(request(2, tokens(8, 2), 4));
+        let mut second = PassOutput::default();
+        e.step(first.end_ms, &mut second);
+        second.prefill_tokens
+    };
+    assert_eq!(second_pass_prefill(spec(&json)), 5);
+    assert_eq!(second_pass_prefill(engine(&json)), 7);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::unsupported::{estimator_defaults, only_defaults};
-use super::worker::{read_worker, Worker};
+use super::worker::{read_worker, Timing, Worker};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
@@ -35,6 +35,50 @@ pub struct Engine {
     pub kv_transfer: Option<KvTransfer>,
     pub enable_chunked_prefill: Option<bool>,
     pub systems_paths: Option<Vec<String>>,
+    /// MTP speculative decoding (`nextn`, `nextn_accepted`).
+    pub mtp: Option<Mtp>,
+}
+
+/// Multi-token prediction as the unified config states it: `nextn` draft tokens per decode step
+/// and the expected number of them accepted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mtp {
+    pub nextn: u32,
+    pub accepted: f64,
+}
+
+impl Mtp {
+    /// The conditional acceptance rates that give `accepted` expected drafts, as the reference
+    /// lowers `nextn_accepted`: the whole drafts always accepted, the next one with the
+    /// fractional part, the rest never.
+    pub fn accept_rates(&self) -> Vec<f64> {
+        let whole = self.accepted.trunc() as usize;
+        let n = self.nextn as usize;
+        let mut rates = vec![1.0; whole.min(n)];
+        if rates.len() < n {
+            rates.push(self.accepted - whole as f64);
+        }
+        rates.resize(n, 0.0);
+        rates
+    }
+}
+
+/// `nextn` / `nextn_accepted`, with the reference's rules.
+fn read_mtp(e: &mut Reader) -> Result<Option<Mtp>, DeployError> {
+    let nextn = e.u32_min("nextn", 0)?.unwrap_or(0);
+    if nextn > 5 {
+        return Err(e.err("nextn", "must be at most 5"));
+    }
+    let accepted = e.nonneg("nextn_accepted", false)?;
+    match (nextn, accepted) {
+        (0, None) => Ok(None),
+        (0, Some(_)) => Err(e.err("nextn_accepted", "nextn_accepted requires nextn > 0 and must be within [0, nextn]")),
+        (_, None) => Err(e.err("nextn", "nextn requires explicit nextn_accepted")),
+        (n, Some(a)) if a > f64::from(n) => {
+            Err(e.err("nextn_accepted", "nextn_accepted requires nextn > 0 and must be within [0, nextn]"))
+        }
+        (nextn, Some(accepted)) => Ok(Some(Mtp { nextn, accepted })),
+    }
 }
 
 pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
@@ -55,16 +99,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         Some(Value::String(s)) if s == "max" => None,
         Some(_) => Some(e.positive("context_length")?.expect("present")),
     };
-    let nextn = e.u32_min("nextn", 0)?.unwrap_or(0);
-    if nextn > 0 {
-        return Err(e.err(
-            "nextn",
-            "MTP speculation (nextn > 0) in the unified config is not supported by servesim yet: aisimulate's \
-                 engine emits MTP tokens on another schedule than Dynamo's, which servesim models (MTP works \
-                 through engine arguments, `aic_nextn`)",
-        ));
-    }
-    e.nonneg("nextn_accepted", false)?;
+    let mtp = read_mtp(&mut e)?;
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
     if e.flag("enable_eplb")? == Some(true) {
         return Err(e.err("enable_eplb", "expert-parallel load balancing is not supported by servesim yet"));
@@ -180,6 +215,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     }
     for w in [&aggregated, &prefill, &decode].into_iter().flatten() {
         check_offload(w, backend, &workers_path)?;
+        if mtp.is_some() && !matches!(w.timing, Timing::Default) {
+            return Err(e.err("nextn", "engine model controls require default timing in every regular language role"));
+        }
     }
     e.finish()?;
     Ok(Engine {
@@ -195,6 +233,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         kv_transfer,
         enable_chunked_prefill,
         systems_paths,
+        mtp,
     })
 }
 

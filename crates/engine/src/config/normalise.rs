@@ -7,7 +7,7 @@ use super::{
     WorkerArgs, WORKER_TYPES,
 };
 use crate::profile::Profile;
-use crate::speculative::SpeculativeConfig;
+use crate::speculative::{SpecSchedule, SpeculativeConfig};
 use crate::timing::{ExternalTimer, KvMemory, TimingModel, Unresolved};
 use servesim_config::{ConfigError, Field, Result};
 
@@ -243,7 +243,12 @@ impl RawConfig {
                          burst sampling",
                     ));
                 }
-                Some(SpeculativeConfig { nextn: n, accept_rates: rates, seed: self.mtp_seed.or(42) })
+                Some(SpeculativeConfig {
+                    nextn: n,
+                    accept_rates: rates,
+                    seed: self.mtp_seed.or(42),
+                    schedule: SpecSchedule::Dynamo,
+                })
             }
         };
         if ais_nextn.is_some_and(|n| n != speculative.as_ref().map_or(0, |s| s.nextn)) {

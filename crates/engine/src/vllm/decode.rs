@@ -5,6 +5,7 @@
 use super::{Status, VllmEngine};
 use crate::config::Role;
 use crate::output::{Finish, Finished, PassOutput};
+use crate::speculative::SpecSchedule;
 use crate::timing::{jittered, pass_duration_ms, DecodeShape};
 
 impl VllmEngine {
@@ -12,17 +13,20 @@ impl VllmEngine {
     /// pass end time.
     pub(super) fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
         let speculative = self.sampler.is_some() && self.cfg.role != Role::Prefill;
+        // Whether a just-prefilled request joins the draft forward (see `SpecSchedule`).
+        let drafts_after_prefill =
+            speculative && self.cfg.speculative.as_ref().is_some_and(|s| s.schedule == SpecSchedule::Dynamo);
         if speculative {
-            self.reserve_bursts(out);
+            self.reserve_bursts(drafts_after_prefill, out);
         }
         let mut shape = DecodeShape { capacity_tokens: self.cfg.kv_capacity_tokens(), ..DecodeShape::default() };
         for &slot in &self.running {
             let req = &self.reqs[slot];
             // A first token that comes out of this pass's prefill costs no decode time; every
             // other token does (even a first one, when the prompt was all cached or transferred).
-            // With speculative decoding every ready request runs the decode forward (the draft
-            // model follows the prefill).
-            let decodes = speculative || req.generated > 0 || req.state.pass_prefill.is_none();
+            // With Dynamo's speculative decoding every ready request runs the decode forward (the
+            // draft model follows the prefill).
+            let decodes = drafts_after_prefill || req.generated > 0 || req.state.pass_prefill.is_none();
             if req.computed >= req.len() && decodes && !self.generation_done(req) {
                 shape.batch += 1;
                 shape.context_tokens += req.len() as u64;
@@ -44,13 +48,15 @@ impl VllmEngine {
             if req.computed < req.len() {
                 continue;
             }
-            let decodes = speculative || req.generated > 0 || req.state.pass_prefill.is_none();
+            let decodes = drafts_after_prefill || req.generated > 0 || req.state.pass_prefill.is_none();
             if !self.generation_done(req) {
                 // With speculative decoding a decode forward may yield a burst of tokens; a
-                // first token out of the prefill forward is always alone.
+                // first token out of the prefill forward is always alone, and under
+                // aisimulate's schedule every first token is.
                 let remaining = self.remaining(slot);
+                let first_alone = !drafts_after_prefill && self.reqs[slot].generated == 0;
                 let burst = match self.sampler.as_mut() {
-                    Some(sampler) if speculative && decodes => sampler.sample(remaining),
+                    Some(sampler) if speculative && decodes && !first_alone => sampler.sample(remaining),
                     _ => 1,
                 };
                 let before = self.reqs[slot].len();
@@ -112,8 +118,9 @@ impl VllmEngine {
     }
 
     /// Speculative decoding: before the forward, every request that decodes gets the blocks a
-    /// full burst could fill; requests are preempted (newest first) until that fits.
-    fn reserve_bursts(&mut self, out: &mut PassOutput) {
+    /// full burst could fill (a first token out of the prefill, when it comes alone, one token);
+    /// requests are preempted (newest first) until that fits.
+    fn reserve_bursts(&mut self, drafts_after_prefill: bool, out: &mut PassOutput) {
         let bs = self.cfg.block_size;
         let max_burst = self.cfg.speculative.as_ref().map_or(1, |s| s.max_burst());
         loop {
@@ -123,7 +130,9 @@ impl VllmEngine {
                 if req.computed < req.len() || self.generation_done(req) {
                     continue;
                 }
-                let want = (req.len() + max_burst.min(self.remaining(slot))).div_ceil(bs);
+                let alone = !drafts_after_prefill && req.generated == 0;
+                let burst = if alone { 1 } else { max_burst };
+                let want = (req.len() + burst.min(self.remaining(slot))).div_ceil(bs);
                 let extra = want.saturating_sub(req.blocks.len() as u32);
                 if extra > 0 {
                     wants.push((slot, extra));

@@ -48,7 +48,7 @@ use crate::output::{Admission, Finish, Finished, KvEvent, PassOutput, RejectReas
 use crate::pool::{BlockPool, Residency};
 use crate::request::EngineRequest;
 use crate::sequence::{Sequence, SequenceTable};
-use crate::speculative::BurstSampler;
+use crate::speculative::{BurstSampler, SpecSchedule};
 use crate::timing::{jittered, pass_duration_ms, PassJitter};
 use policy::Policy;
 
@@ -140,6 +140,9 @@ pub struct VllmEngine {
     preempted_any: bool,
     /// Speculative decoding's burst sampler.
     sampler: Option<BurstSampler>,
+    /// Batch-budget tokens each decoding request's drafts take beyond its own token (see
+    /// `SpecSchedule`).
+    draft_budget: u32,
     /// Per-pass timing noise.
     jitter: Option<PassJitter>,
     scratch_tokens: Vec<u32>,
@@ -167,6 +170,10 @@ pub struct VllmEngine {
 impl VllmEngine {
     pub fn new(cfg: EngineConfig, options: EngineOptions) -> Self {
         let sampler = cfg.speculative.as_ref().map(|s| BurstSampler::new(s, options.engine_index));
+        let draft_budget = match &cfg.speculative {
+            Some(s) if s.schedule == SpecSchedule::Aisimulate => s.nextn,
+            _ => 0,
+        };
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         let host = offload::HostState::new(&cfg, record, None, None);
@@ -185,6 +192,7 @@ impl VllmEngine {
             budget: 0,
             preempted_any: false,
             sampler,
+            draft_budget,
             jitter: PassJitter::new(options.timing_jitter, options.engine_index),
             scratch_done: Vec::new(),
             vocabulary: None,
@@ -583,6 +591,9 @@ impl VllmEngine {
         req.state.pass_tokens = desired;
         out.computed_tokens += desired as u64;
         self.budget -= desired;
+        if prompt_remaining == 0 {
+            self.budget = self.budget.saturating_sub(self.draft_budget);
+        }
         if let Some(cost) = admit {
             req.state.status = Status::Running;
             let id = req.id;
