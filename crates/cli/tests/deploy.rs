@@ -171,6 +171,27 @@ fn mtp_speculation_matches_the_reference() {
     }
 }
 
+/// Quantisation overrides at engine and worker level, recorded from the reference (each YAML
+/// says how; measured 1e-4, p90 ITL 0.2 % as one pooled gap crosses a step): FP8 GEMMs shorten
+/// the decode step of the BF16 checkpoint. A mode whose kernels were never measured stops the run
+/// with the timing model's reason, as in the reference, instead of timing the pass at 0 ms.
+#[test]
+fn model_controls_match_the_reference() {
+    let Some((bf16, _, _)) = compare_with_reference("predict_agg_vllm_default") else { return };
+    for name in ["predict_controls_engine", "predict_controls_worker"] {
+        let (ours, _, _) = compare_with_reference(name).expect("data present");
+        let (fast, slow) = (ours["mean_itl_ms"].as_f64().unwrap(), bf16["mean_itl_ms"].as_f64().unwrap());
+        assert!(fast < 0.9 * slow, "{name}: {fast} vs BF16 {slow}");
+    }
+    let out_dir = tmp("controls-no-data");
+    let out =
+        predict(&deploy_dir().join("predict_agg_sglang.yaml"), &out_dir, &["--set", "engine.kvcache_quant_mode=fp8"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot time a prefill pass") && err.contains("kv=fp8"), "{err}");
+    assert!(!out_dir.join("prediction.json").exists());
+}
+
 /// Host (G2) and G3 KV offload below small device caches, recorded from the reference (each
 /// YAML says how): the cache reuse is the reference's exactly, the timing metrics within 2 %
 /// (measured: 2e-5), and the tiers did the work (without the host cache the reuse falls from
@@ -382,7 +403,7 @@ fn a_base_config_runs_without_performance_data() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
-/// MTP settings are checked with the reference's rules and messages.
+/// MTP settings and model controls are checked with the reference's rules and messages.
 #[test]
 fn mtp_settings_are_checked_as_the_reference_checks_them() {
     refused("nextn-range", BASE, &["engine.nextn=6", "engine.nextn_accepted=1"], &["engine.nextn", "at most 5"]);
@@ -398,6 +419,18 @@ fn mtp_settings_are_checked_as_the_reference_checks_them() {
             &["engine.nextn_accepted", "nextn_accepted requires nextn > 0 and must be within [0, nextn]"],
         );
     }
+    refused(
+        "controls-fixed-timing",
+        BASE,
+        &["engine.gemm_quant_mode=fp8"],
+        &["engine.gemm_quant_mode", "engine model controls require default timing in every regular language role"],
+    );
+    refused(
+        "worker-controls-fixed-timing",
+        BASE,
+        &["engine.workers.aggregated.timing.attention_backend=flashinfer"],
+        &["engine.workers.aggregated.timing", "quantization and backend identity require default timing"],
+    );
     // BASE times its passes with fixed timing: MTP's draft cost needs the AIS model.
     refused(
         "nextn-fixed-timing",

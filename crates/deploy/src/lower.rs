@@ -69,6 +69,10 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
     }
     c.insert("kv_block_size".into(), json!(block_size));
     c.insert("nextn".into(), json!(engine.mtp.as_ref().map_or(0, |m| m.nextn)));
+    // The model controls, a worker's own overriding the engine's.
+    for (k, v) in engine.controls.iter().chain(&w.timing_controls) {
+        c.insert(k.clone(), v.clone());
+    }
     if let Some(paths) = w.systems_paths.as_ref().or(engine.systems_paths.as_ref()) {
         c.insert("systems_paths".into(), json!(paths));
     }

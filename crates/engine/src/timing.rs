@@ -378,7 +378,7 @@ pub(crate) enum Unresolved {
 
 /// A duration in ms rounded to whole nanoseconds the way Dynamo's `Duration`-based clock does
 /// it (through `Duration::from_secs_f64`, and back through seconds), so summed pass times match
-/// its to the last bit. Negative and NaN durations are zero; infinite ones stay infinite.
+/// its to the last bit. Negative durations are zero; infinite and NaN ones stay so.
 pub fn whole_ns(ms: f64) -> f64 {
     pass_duration_ms(ms, 1.0)
 }
@@ -388,6 +388,11 @@ pub fn whole_ns(ms: f64) -> f64 {
 /// whole nanoseconds, then the scaled one (a single rounding is off by 1 ns about one time in
 /// four).
 pub fn pass_duration_ms(ms: f64, ratio: f64) -> f64 {
+    if ms.is_nan() {
+        // An external model that could not time the pass (see `ExternalTimer::checked`): the
+        // pass has no duration, and the driver stops with the model's reason.
+        return f64::NAN;
+    }
     let ms = ms.max(0.0);
     let Some(unscaled) = secs_to_ns(ms / 1000.0) else { return f64::INFINITY };
     // A whole number of nanoseconds under 1,000 s survives the trip through seconds unchanged, so
@@ -475,7 +480,7 @@ mod tests {
         assert!((ns(pass_duration_ms(1.0000004, 0.0)) - 1_000_000.0).abs() < 1e-6);
         assert!((ns(pass_duration_ms(1.0000006, 1.0)) - 1_000_001.0).abs() < 1e-6);
         assert_eq!(pass_duration_ms(-3.0, 2.0), 0.0);
-        assert_eq!(pass_duration_ms(f64::NAN, 2.0), 0.0);
+        assert!(pass_duration_ms(f64::NAN, 2.0).is_nan(), "a failed timing model stays visible");
         assert_eq!(pass_duration_ms(f64::INFINITY, 2.0), f64::INFINITY);
     }
 

@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 
+use super::controls::{read_engine_controls, Controls};
 use super::unsupported::{estimator_defaults, only_defaults};
 use super::worker::{read_worker, Timing, Worker};
 use crate::error::DeployError;
@@ -37,6 +38,8 @@ pub struct Engine {
     pub systems_paths: Option<Vec<String>>,
     /// MTP speculative decoding (`nextn`, `nextn_accepted`).
     pub mtp: Option<Mtp>,
+    /// Active model controls (quantisation modes, attention backend, MoE kernels).
+    pub controls: Controls,
 }
 
 /// Multi-token prediction as the unified config states it: `nextn` draft tokens per decode step
@@ -101,9 +104,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     };
     let mtp = read_mtp(&mut e)?;
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
-    if e.flag("enable_eplb")? == Some(true) {
-        return Err(e.err("enable_eplb", "expert-parallel load balancing is not supported by servesim yet"));
-    }
+    let controls = read_engine_controls(&mut e)?;
     let systems_paths = read_systems_paths(&mut e)?;
     if let Some(m) =
         e.one_of("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
@@ -127,15 +128,6 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         "enable_shared_layer",
         "strict_provenance",
         "transfer_policy",
-        "wideep_num_slots",
-        "moe_backend",
-        "moe_kernel_source",
-        "attention_backend",
-        "gemm_quant_mode",
-        "moe_quant_mode",
-        "kvcache_quant_mode",
-        "fmha_quant_mode",
-        "comm_quant_mode",
     ] {
         if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
@@ -215,8 +207,14 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     }
     for w in [&aggregated, &prefill, &decode].into_iter().flatten() {
         check_offload(w, backend, &workers_path)?;
-        if mtp.is_some() && !matches!(w.timing, Timing::Default) {
-            return Err(e.err("nextn", "engine model controls require default timing in every regular language role"));
+        if !matches!(w.timing, Timing::Default) {
+            const MESSAGE: &str = "engine model controls require default timing in every regular language role";
+            if mtp.is_some() {
+                return Err(e.err("nextn", MESSAGE));
+            }
+            if let Some(k) = controls.keys().next() {
+                return Err(DeployError::new(format!("{}.{k}", e.here()), MESSAGE));
+            }
         }
     }
     e.finish()?;
@@ -234,6 +232,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         enable_chunked_prefill,
         systems_paths,
         mtp,
+        controls,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use super::controls::{read_timing_controls, Controls};
 use super::engine::read_systems_paths;
 use super::offload::{read_offload, Offload};
 use super::unsupported::{estimator_defaults, only_defaults, unsupported};
@@ -62,6 +63,8 @@ pub struct Worker {
     pub timing: Timing,
     /// `timing.systems_paths`: this worker's performance data, in place of the engine's.
     pub systems_paths: Option<Vec<String>>,
+    /// `timing`'s quantisation and attention-backend overrides of the engine's controls.
+    pub timing_controls: Controls,
     pub startup_seconds: f64,
 }
 
@@ -174,6 +177,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         k.finish()?;
     }
     let mut systems_paths = None;
+    let mut timing_controls = Controls::new();
     let timing = match w.obj("timing")? {
         None => Timing::Default,
         Some(mut t) => {
@@ -181,25 +185,9 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             let pre = t.nonneg("prefill_ms", false)?;
             let dec = t.nonneg("decode_ms", false)?;
             let here = t.here().to_string();
-            let mut identity = false;
-            for k in [
-                "gemm_quant_mode",
-                "moe_quant_mode",
-                "fmha_quant_mode",
-                "kvcache_quant_mode",
-                "comm_quant_mode",
-                "attention_backend",
-            ] {
-                identity |= t.value(k).is_some();
-            }
-            if identity && ty != "default" {
+            timing_controls = read_timing_controls(&mut t)?;
+            if !timing_controls.is_empty() && ty != "default" {
                 return Err(DeployError::new(&here, "quantization and backend identity require default timing"));
-            }
-            if identity {
-                return Err(DeployError::new(
-                    &here,
-                    "quantization and attention-backend overrides are not supported by servesim yet",
-                ));
             }
             // `op_level` is the legacy name of what the default timing does.
             if t.value("forward_model").is_some_and(|v| !v.is_null() && v.as_str() != Some("op_level")) {
@@ -257,6 +245,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         offload,
         timing,
         systems_paths,
+        timing_controls,
         startup_seconds,
     })
 }
