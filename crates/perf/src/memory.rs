@@ -54,6 +54,13 @@ pub fn kv_capacity(
         return Err(PerfError::config("block_size must be positive"));
     }
     let m = &est.model;
+    if m.family == Family::Mla {
+        return Err(PerfError::unsupported(format!(
+            "{}: KV capacity from GPU memory is not modelled for MLA models yet (the reference's DeepSeek \
+             weight, MoE-workspace and activation accounting); give num_gpu_blocks",
+            m.name
+        )));
+    }
     let spec = &est.db.spec;
     // Resident weights: every GEMM and the embedding of the context op list, per PP stage.
     let mut weights = 0.0;
@@ -70,9 +77,13 @@ pub fn kv_capacity(
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        ("sglang", Family::Moe) => (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
+        ("sglang", Family::Moe | Family::Mla) => {
+            (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
+        }
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Moe) => (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
+        (_, Family::Moe | Family::Mla) => {
+            (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
+        }
     };
     let c = coeff(coeffs)
         .ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
