@@ -233,6 +233,24 @@ fn kv_capacity_goldens() {
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
     }
+    // MLA (DeepSeek-V3 / R1): the graph's weights with the granular MLA projections, the whole
+    // vocabulary embedded, the MoE block-scale workspace in the activations; SGLang's resident
+    // weights corrected for the dense first layers (recorded with /tmp/mla/kv.py, as above plus
+    // attention_dp_size; TRT-LLM `memory_fraction_kind="of_free"`).
+    for (model, system, backend, tp, moe_tp, moe_ep, dp, block, want) in [
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, 8, 1, 1, 64, 16147u64),
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "sglang", 8, 8, 1, 1, 1, 1246077),
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, 1, 8, 1, 16, 70438),
+        ("deepseek-ai/DeepSeek-R1", "h200_sxm", "sglang", 1, 1, 8, 8, 64, 12650),
+        ("deepseek-ai/DeepSeek-R1", "h200_sxm", "sglang", 8, 1, 8, 1, 64, 19469),
+        ("deepseek-ai/DeepSeek-V3", "b200_sxm", "vllm", 4, 1, 8, 2, 64, 33325),
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "trtllm", 8, 8, 1, 1, 32, 41183),
+    ] {
+        let e = est_with(json!({"model": model, "system": system, "backend": backend, "tp": tp, "attention_dp": dp,
+                                "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}));
+        let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp} dp{dp} {moe_tp}×{moe_ep}: {got:?}");
+    }
 }
 
 /// An explicit `attention_backend` times the lanes the reference maps it to, and fails as the
