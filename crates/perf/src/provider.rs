@@ -167,7 +167,16 @@ impl AisConfig {
             ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
         ] {
             if !ok {
-                return Err(cfg_err(path, k, "is not supported by servesim's AIS model (only null)"));
+                let why = "is not supported by servesim's AIS model (only null)";
+                return Err(cfg_err(
+                    path,
+                    k,
+                    if matches!(k, "moe_kernel_source" | "wideep_num_slots") {
+                        format!("{why}; {WIDE_EP}")
+                    } else {
+                        why.to_string()
+                    },
+                ));
             }
         }
         for k in ["dcp", "cp_size"] {
@@ -179,7 +188,11 @@ impl AisConfig {
             return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
         }
         if boolean("enable_eplb")? == Some(true) {
-            return Err(cfg_err(path, "enable_eplb", "expert load balancing is not modelled (only false)"));
+            return Err(cfg_err(
+                path,
+                "enable_eplb",
+                format!("expert load balancing is not modelled (only false); {WIDE_EP}"),
+            ));
         }
         boolean("strict_provenance")?;
         if let Some(m) = string("estimation_mode")? {
@@ -211,7 +224,11 @@ impl AisConfig {
         }
         if let Some(m) = string("moe_backend")? {
             if m != "default" {
-                return Err(cfg_err(path, "moe_backend", format!("{m:?}: only the default MoE backend is modelled")));
+                return Err(cfg_err(
+                    path,
+                    "moe_backend",
+                    format!("{m:?}: only the default MoE backend is modelled; {WIDE_EP}"),
+                ));
             }
         }
         if let Some(m) = string("comm_quant_mode")? {
@@ -543,6 +560,11 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)
 }
+
+/// Why the wide expert-parallel knobs are refused: what servesim would need to time them.
+const WIDE_EP: &str = "wide expert parallelism (DeepEP / NVLink all-to-all) is not modelled: it needs the \
+                       all-to-all dispatch and combine tables (moe_a2a, deepep), the expert-compute op with \
+                       EPLB slots, and for MLA models the wide-EP MLA module tables (wideep_*_mla_perf)";
 
 /// SGLang 0.5.14 on Hopper runs DeepSeek-V3's absorbed MLA attention in bf16 whatever the
 /// checkpoint's KV format (its FA3 backend does not cast the 576-wide latent query to fp8), so

@@ -279,3 +279,22 @@ fn attention_backend_overrides_need_their_lanes() {
     with("vllm", "default").unwrap();
     with("sglang", "fa3").unwrap();
 }
+
+/// The wide expert-parallel knobs are refused by key, saying what servesim would need.
+#[test]
+fn wide_ep_is_refused_with_what_is_missing() {
+    for (k, v) in [
+        ("moe_backend", json!("deepep")),
+        ("enable_eplb", json!(true)),
+        ("wideep_num_slots", json!(288)),
+        ("moe_kernel_source", json!("deepgemm")),
+    ] {
+        let mut cfg = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 8});
+        cfg[k] = v;
+        let e = AisConfig::from_json("config", &cfg).unwrap_err().message;
+        assert!(
+            e.contains(k) && e.contains("all-to-all dispatch and combine") && e.contains("wideep_*_mla_perf"),
+            "{e}"
+        );
+    }
+}
