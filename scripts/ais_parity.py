@@ -17,7 +17,8 @@ all within 3 %) are missed, or when only one side refuses a shape.
 
 Mixture-of-experts models run at every tp with the experts split by tensor parallelism
 (moe_tp = tp) and by expert parallelism (moe_ep = tp), plus attention-DP layouts
-(`--moe-dp`). Models the reference only knows by Hugging Face id but does not ship in its
+(`--moe-dp`). MLA models (DeepSeek-V3 / R1) run on one 8-GPU node of `--mla-systems`: TP8 with
+moe_tp 8 or moe_ep 8, and attention DP 2 / 4 / 8 over moe_ep 8. Models the reference only knows by Hugging Face id but does not ship in its
 DefaultHFModels list (Mixtral) are passed to both sides as a local directory holding the
 packaged config.json.
 """
@@ -38,8 +39,10 @@ SYSTEMS = os.path.join(os.path.dirname(aisimulate_core.__file__), "systems")
 DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B"]
 MOE = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B-FP8",
        "mistralai/Mixtral-8x7B-v0.1"]
+# Multi-head latent attention + MoE (DeepSeek-V3 family): 8-GPU layouts on their own systems.
+MLA = ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct"]
 # Not in the reference's DefaultHFModels: both sides read a local copy of the packaged config.
-LOCAL = {"mistralai/Mixtral-8x7B-v0.1"}
+LOCAL = {"mistralai/Mixtral-8x7B-v0.1", "moonshotai/Kimi-K2-Instruct"}
 
 
 def shapes(quick):
@@ -70,7 +73,14 @@ def shapes(quick):
 def layouts(model_name, tps, moe_dp):
     """Parallel layouts to compare: dense models by tp; MoE models with the experts split by
     tensor parallelism (moe_tp = tp) and by expert parallelism (moe_ep = tp), plus attention
-    data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked."""
+    data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked. MLA models on one 8-GPU
+    node, whatever `tps` says: TP8 with the experts split by TP or by EP, and attention DP
+    2 / 4 / 8 over expert parallelism."""
+    if model_name in MLA:
+        out = [{"tp": 8, "moe_tp_size": 8, "moe_ep_size": 1}, {"tp": 8, "moe_tp_size": 1, "moe_ep_size": 8}]
+        if moe_dp:
+            out += [{"tp": 8 // dp, "attention_dp": dp, "moe_tp_size": 1, "moe_ep_size": 8} for dp in (2, 4, 8)]
+        return out
     out = []
     for tp in tps:
         if model_name not in MOE:
@@ -120,8 +130,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--servesim", default="target/release/servesim")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--models", default=",".join(DENSE + MOE))
+    ap.add_argument("--models", default=",".join(DENSE + MOE + MLA))
     ap.add_argument("--systems", default="h200_sxm,h100_sxm")
+    ap.add_argument("--mla-systems", default="h200_sxm,b200_sxm,gb200",
+                    help="systems the MLA models (DeepSeek-V3 family) run on")
     ap.add_argument("--backends", default="vllm,sglang")
     ap.add_argument("--tps", default="1,2,4")
     ap.add_argument("--moe-dp", action=argparse.BooleanOptionalAction, default=True,
@@ -138,7 +150,7 @@ def main():
             os.makedirs(model_arg, exist_ok=True)
             shutil.copy(os.path.join(os.path.dirname(SYSTEMS), "model_configs", model_name.replace("/", "--") + "_config.json"),
                         os.path.join(model_arg, "config.json"))
-        for system in a.systems.split(","):
+        for system in (a.mla_systems if model_name in MLA else a.systems).split(","):
             for backend in a.backends.split(","):
                 for layout in layouts(model_name, map(int, a.tps.split(",")), a.moe_dp):
                     tp = layout["tp"]

@@ -127,6 +127,18 @@ fn examples_match_the_reference_within_two_percent() {
     eprintln!("worst deviation {:.4} %", worst * 100.0);
 }
 
+/// DeepSeek-V3 (MLA + MoE, fp8 block checkpoint) on one H200 TP8 vLLM replica, the KV cache sized
+/// from GPU memory: every compared metric within 0.01 % of the reference (recorded with
+/// `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py
+/// predict_agg_deepseek_v3.yaml > predict_agg_deepseek_v3.expected.json`, aisimulate
+/// 0.13.0.dev202610270000000085).
+#[test]
+fn deepseek_v3_matches_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_agg_deepseek_v3") else { return };
+    assert!(worst <= 1e-4, "worst deviation {:.5} %", worst * 100.0);
+    assert_eq!(ours["completed_requests"], reference["completed_requests"]);
+}
+
 /// Synthetic sessions and cached prefixes, recorded from the reference (each YAML says how).
 /// A session's later turn carries its history: the cache reuse and the input tokens counted are
 /// the reference's exactly, the timing metrics within 2 % (constant-time passes: to 1e-9).

@@ -201,6 +201,8 @@ pub struct Database {
     ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
     nccl: OnceLock<Result<NcclCurves>>,
     pub(crate) moe: OnceLock<Result<MoeTable>>,
+    /// The MLA tables, each read (sources resolved) on first use.
+    pub(crate) mla: crate::mla::MlaTables,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
 }
 
@@ -257,6 +259,7 @@ impl Database {
             ar: OnceLock::new(),
             nccl: OnceLock::new(),
             moe: OnceLock::new(),
+            mla: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
         })
     }

@@ -124,6 +124,29 @@ impl Estimator {
             }
             Op::Moe(m) => crate::moe::eval_moe(db, m, at.x)?,
             Op::MoeDispatch(d) => crate::moe::eval_dispatch(db, d, at.x)?,
+            Op::Mla(m) => crate::mla::eval_mla(db, m, at.batch, at.s, at.prefix)?,
+            // The BMM table's token axis is the request count (decode: one token each).
+            Op::MlaBmm(b) => crate::mla::eval_bmm(db, b, at.batch)?,
+            Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
+                Ok(v) => v,
+                Err(e) if crate::mla::falls_back(&e) => {
+                    let mut total = 0.0;
+                    for op in fallback {
+                        total += self.eval(op, at).map_err(|e| e.context(format!("op {}", op.name())))?;
+                    }
+                    total.max(0.0)
+                }
+                Err(e) => return Err(e),
+            },
+            Op::Overlap { a, b, .. } => {
+                let mut sums = [0.0f64; 2];
+                for (sum, chain) in sums.iter_mut().zip([a, b]) {
+                    for op in chain {
+                        *sum += self.eval(op, at).map_err(|e| e.context(format!("op {}", op.name())))?;
+                    }
+                }
+                sums[0].max(sums[1]).max(0.0)
+            }
         })
     }
 
@@ -266,9 +289,15 @@ impl Estimator {
         Ok(max)
     }
 
-    /// KV-cache bytes per token per GPU.
+    /// KV-cache bytes per token per GPU. MLA models keep one latent vector (`kv_lora_rank +
+    /// qk_rope_head_dim` elements) per layer and token, shared by every head and not split by
+    /// tensor parallelism.
     pub fn kv_bytes_per_token(&self) -> f64 {
         let m = &self.model;
+        if let Some(d) = m.mla {
+            let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
+            return m.layers as f64 / self.layout.pp.max(1) as f64 * latent * self.layout.kv.bytes();
+        }
         let kv_per_gpu = m.kv_heads.div_ceil(self.layout.tp) as f64;
         2.0 * kv_per_gpu * m.head_dim as f64 * m.layers as f64 / self.layout.pp.max(1) as f64 * self.layout.kv.bytes()
     }

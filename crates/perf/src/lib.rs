@@ -12,6 +12,8 @@ pub mod error;
 pub mod estimator;
 pub mod interp;
 pub mod memory;
+pub mod mla;
+pub mod mla_ops;
 pub mod model;
 pub mod moe;
 pub mod moe_ops;

@@ -58,27 +58,39 @@ pub fn kv_capacity(
     // Resident weights: every GEMM and the embedding of the context op list, per PP stage.
     let mut weights = 0.0;
     for op in &est.context_ops {
-        match op {
-            Op::Gemm { n, k, dtype, scale, .. } => weights += *n as f64 * *k as f64 * dtype.bytes() * scale,
-            Op::Embedding { scale, .. } => weights += (m.vocab / est.layout.tp) as f64 * m.hidden as f64 * 2.0 * scale,
-            Op::Moe(moe) => weights += moe.weight_bytes(),
-            _ => {}
-        }
+        weights += op_weights(est, op);
     }
     weights /= est.layout.pp.max(1) as f64;
+    if let Some(w) = sglang_mla_weights(est, weights) {
+        weights = w;
+    }
     let tp_clamped = est.layout.tp.min(8);
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        ("sglang", Family::Moe) => (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
+        ("sglang", Family::Moe | Family::Mla) => {
+            (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
+        }
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Moe) => (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
+        (_, Family::Moe | Family::Mla) => {
+            (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
+        }
     };
     let c = coeff(coeffs)
         .ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
     // The reference uses the model's whole attention width here, not the per-GPU share.
     let h = (m.heads * m.head_dim) as f64;
-    let mut activations = (2.0 * max_num_tokens as f64 * h * c).max(min_act);
+    let mut activations = 2.0 * max_num_tokens as f64 * h * c;
+    if m.family == Family::Mla {
+        // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
+        // DeepSeek family, over every attention-DP rank's tokens.
+        let l = &est.layout;
+        activations += max_num_tokens as f64 * h * l.attention_dp as f64 * m.experts as f64 * m.topk as f64
+            / l.moe_ep.max(1) as f64
+            / 128.0
+            * 4.0;
+    }
+    let mut activations = activations.max(min_act);
     activations *= 1.0 + act_over;
     let nccl = spec.nccl_mem.iter().find(|(g, _)| *g == tp_clamped).map(|(_, b)| *b).ok_or_else(|| {
         PerfError::data(format!("{}.yaml: misc.nccl_mem has no entry for {tp_clamped} GPUs", spec.name))
@@ -116,6 +128,60 @@ pub fn kv_capacity(
         tokens,
         blocks: tokens / block_size as u64,
     })
+}
+
+/// Resident weight bytes of one op (all its layers): GEMMs and the embedding table by shape,
+/// the experts split over their GPUs; a fallback op weighs its granular chain (the fused MLA
+/// module itself carries none), an overlap both chains.
+fn op_weights(est: &Estimator, op: &Op) -> f64 {
+    let m = &est.model;
+    match op {
+        Op::Gemm { n, k, dtype, scale, .. } => *n as f64 * *k as f64 * dtype.bytes() * scale,
+        // The MLA graph looks up the whole vocabulary; the others their tensor-parallel share.
+        Op::Embedding { scale, .. } => {
+            let rows = if m.family == Family::Mla { m.vocab } else { m.vocab / est.layout.tp };
+            rows as f64 * m.hidden as f64 * 2.0 * scale
+        }
+        Op::Moe(moe) => moe.weight_bytes(),
+        Op::Fallback { primary, fallback, .. } => {
+            let p = op_weights(est, primary);
+            if p > 0.0 {
+                p
+            } else {
+                fallback.iter().map(|o| op_weights(est, o)).sum()
+            }
+        }
+        Op::Overlap { a, b, .. } => {
+            a.iter().map(|o| op_weights(est, o)).sum::<f64>() + b.iter().map(|o| op_weights(est, o)).sum::<f64>()
+        }
+        _ => 0.0,
+    }
+}
+
+/// SGLang serving DeepSeek-V3 (one pipeline stage, no MTP) loads what the checkpoint holds, not
+/// what the timing graph approximates: the embedding split over tensor parallelism, the dense
+/// first layers as gated MLPs, and only the MoE layers' routed experts, shared experts and router.
+/// The reference corrects the graph's weights (`graph`) that way; `None` elsewhere.
+fn sglang_mla_weights(est: &Estimator, graph: f64) -> Option<f64> {
+    let (m, l) = (&est.model, &est.layout);
+    if l.backend != "sglang" || m.architecture != "DeepseekV3ForCausalLM" || l.pp != 1 || l.nextn != 0 {
+        return None;
+    }
+    let (h, tp) = (m.hidden as f64, l.tp as f64);
+    let (inter, moe_inter, experts) = (m.inter as f64, m.moe_inter as f64, m.experts as f64);
+    let routed = 3.0 * h * moe_inter * experts * l.moe.bytes() / (l.moe_tp as f64 * l.moe_ep as f64);
+    let shared = 3.0 * h * moe_inter * l.gemm.bytes() / tp;
+    let router = 2.0 * h * experts;
+    let dense = 3.0 * h * inter * l.gemm.bytes() / tp;
+    let embedding = 2.0 * m.vocab as f64 * h;
+    let layers = m.layers as f64;
+    let moe_layers = m.layers.saturating_sub(m.dense_layers) as f64;
+    let mut w = graph;
+    w -= embedding * (1.0 - 1.0 / tp);
+    w -= layers * (routed + shared + router);
+    w += moe_layers * (routed + m.shared_experts as f64 * shared + router);
+    w += (layers - moe_layers) * dense;
+    Some(w)
 }
 
 /// KV bytes of one sequence of `len` tokens on one GPU when half the layers keep only a

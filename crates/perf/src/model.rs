@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use crate::db::Dtype;
 use crate::error::{PerfError, Result};
-use crate::moe_ops::{DispatchOp, MoeOp, DISTRIBUTION};
+use crate::mla_ops::{MlaBmmOp, MlaKind, MlaOp};
+use crate::moe_ops::{DispatchOp, MoeOp, DISTRIBUTION, MLA_DISTRIBUTION};
 
 /// Which op-list builder a model uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +16,19 @@ pub enum Family {
     Dense,
     /// Mixture of experts replacing every FFN (Qwen3-MoE, Mixtral, gpt-oss).
     Moe,
+    /// Multi-head latent attention with shared + routed experts (DeepSeek-V3 / R1 / V3.1,
+    /// Kimi-K2), as the reference's `DeepSeekModel` times it.
+    Mla,
+}
+
+/// Latent attention widths of an MLA model (`config.json`; DeepSeek-V3's values when absent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaDims {
+    pub q_lora_rank: u32,
+    pub kv_lora_rank: u32,
+    pub qk_nope_head_dim: u32,
+    pub qk_rope_head_dim: u32,
+    pub v_head_dim: u32,
 }
 
 /// The architecture facts the op list needs.
@@ -40,6 +54,15 @@ pub struct ModelSpec {
     pub sliding_window: u32,
     /// Formats implied by the checkpoint's quantisation config.
     pub quant: Quant,
+    /// MLA models: the latent attention widths.
+    pub mla: Option<MlaDims>,
+    /// Always-active experts beside the routed ones (`n_shared_experts`).
+    pub shared_experts: u32,
+    /// Leading dense layers (`first_k_dense_replace`); the timing graph still times every layer
+    /// as MoE, as the reference does.
+    pub dense_layers: u32,
+    /// `torch_dtype` / `dtype` of the checkpoint's unquantised tensors.
+    pub torch_dtype: Option<String>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -57,8 +80,9 @@ pub struct Quant {
 const DENSE: &[&str] =
     &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
 const MOE: &[&str] = &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM"];
-const MLA: &[&str] =
-    &["DeepseekV3ForCausalLM", "DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
+const MLA: &[&str] = &["DeepseekV3ForCausalLM"];
+/// MLA architectures the reference runs on other graphs (sparse attention, vision towers).
+const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
 
 /// Where a model's `config.json` is: a file, a directory holding `config.json`, or a Hugging
 /// Face id found as `model_configs/<Org>--<Name>_config.json` beside a `systems/` root.
@@ -125,14 +149,16 @@ impl ModelSpec {
         } else if MOE.contains(&arch.as_str()) {
             Family::Moe
         } else if MLA.contains(&arch.as_str()) {
+            Family::Mla
+        } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
-                "{shown}: {arch} uses multi-head latent attention (MLA), which servesim's op builder does not model yet; supported: {}",
-                [DENSE, MOE].concat().join(", ")
+                "{shown}: {arch} is timed by the reference on a graph servesim does not model yet (sparse DSA attention or a vision tower on MLA); supported: {}",
+                [DENSE, MOE, MLA].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE].concat().join(", ")
+                [DENSE, MOE, MLA].concat().join(", ")
             )));
         };
         let need =
@@ -159,13 +185,21 @@ impl ModelSpec {
         if family == Family::Dense && inter == 0 {
             return Err(PerfError::config(format!("{shown}: missing intermediate_size")));
         }
-        if family == Family::Moe && (topk == 0 || experts == 0 || moe_inter == 0) {
+        if family != Family::Dense && (topk == 0 || experts == 0 || moe_inter == 0) {
             return Err(PerfError::config(format!(
                 "{shown}: a mixture-of-experts model needs num_experts_per_tok, the expert count and moe_intermediate_size"
             )));
         }
         let quant = quantisation(cfg, hf_quant, &shown.to_string())?;
         let gpt_oss = arch == "GptOssForCausalLM";
+        let width = |k: &str, default: u32| uint(cfg, k).filter(|&v| v > 0).unwrap_or(default);
+        let mla = (family == Family::Mla).then(|| MlaDims {
+            q_lora_rank: width("q_lora_rank", 1536),
+            kv_lora_rank: width("kv_lora_rank", 512),
+            qk_nope_head_dim: width("qk_nope_head_dim", 128),
+            qk_rope_head_dim: width("qk_rope_head_dim", 64),
+            v_head_dim: width("v_head_dim", 128),
+        });
         Ok(ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
@@ -185,6 +219,10 @@ impl ModelSpec {
             moe_inter,
             sliding_window: if gpt_oss { 128 } else { 0 },
             quant,
+            mla,
+            shared_experts: uint(cfg, "n_shared_experts").or_else(|| uint(cfg, "num_shared_experts")).unwrap_or(0),
+            dense_layers: uint(cfg, "first_k_dense_replace").unwrap_or(0),
+            torch_dtype: lower_str(cfg.get("dtype")).or_else(|| lower_str(cfg.get("torch_dtype"))),
         })
     }
 }
@@ -352,6 +390,14 @@ pub enum Op {
     Moe(MoeOp),
     /// MoE token dispatch / combine communication.
     MoeDispatch(DispatchOp),
+    /// MLA attention: a fused module or a kernel table.
+    Mla(MlaOp),
+    /// MLA absorption BMM around the decode kernel.
+    MlaBmm(MlaBmmOp),
+    /// `primary`, or when its table lacks the data, the sum of `fallback`.
+    Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
+    /// Two op chains on parallel streams: the slower chain's sum.
+    Overlap { name: String, a: Vec<Op>, b: Vec<Op> },
 }
 
 impl Op {
@@ -366,6 +412,9 @@ impl Op {
             | Op::P2P { name, .. } => name,
             Op::Moe(m) => &m.name,
             Op::MoeDispatch(d) => &d.name,
+            Op::Mla(m) => &m.name,
+            Op::MlaBmm(b) => &b.name,
+            Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
         }
     }
 }
@@ -399,6 +448,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             "{}: {} attention heads cannot be split over tp={tp}",
             m.name, m.heads
         )));
+    }
+    if let Some(dims) = m.mla {
+        return Ok(build_mla_ops(m, &dims, l));
     }
     let layers = m.layers as f64;
     let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
@@ -459,7 +511,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             bytes_per_token: (2 * h + 2 * h) as f64 * act,
         });
         if moe {
-            push_moe_ops(list, m, l, ctx, layers * s)?;
+            push_moe_ops(list, m, l, ctx, layers * s, DISTRIBUTION);
         } else {
             list.push(Op::Gemm {
                 name: nm("gate_ffn1_gemm"),
@@ -503,8 +555,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     Ok(out)
 }
 
-/// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block).
-fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64) -> Result<()> {
+/// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block),
+/// the experts at routing skew `distribution`.
+fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, distribution: &str) {
     let phase = if ctx { "context" } else { "generation" };
     let h = m.hidden;
     list.push(Op::Gemm {
@@ -540,9 +593,328 @@ fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale:
         moe_ep: l.moe_ep,
         attention_dp: l.attention_dp,
         dtype: l.moe,
-        distribution: DISTRIBUTION.to_string(),
+        distribution: distribution.to_string(),
         gated: true,
     }));
     list.push(dispatch(false));
-    Ok(())
+}
+
+/// The heads per GPU the MLA kernel tables are asked at: DeepSeek-V3's 128 split over tp, for
+/// every model of the family (the tables' head-axis convention).
+const MLA_KERNEL_HEADS: u32 = 128;
+
+/// `(context ops, generation ops)` of an MLA model, as the reference's `DeepSeekModel` lays them
+/// out for the fused (small-EP) MoE path:
+///
+/// ```text
+/// embedding, add_norm_1, mla_block, add_norm_2,
+/// shared expert (gate_up GEMM, act, ffn2 GEMM), router GEMM, dispatch, experts, combine,
+/// logits GEMM, [vLLM: tensor-parallel all-reduce, 2 per layer], p2p
+/// ```
+///
+/// The generation phase runs the shared expert beside the routed chain (an overlap: the slower
+/// of the two). `mla_block` is the fused attention module when the backend's module table has
+/// it, otherwise the granular chain: fused `q_a + kv_a` down-projection, `q_b` up-projection,
+/// then on vLLM plain attention on `v_head_dim` heads (context also `kv_b`), elsewhere the MLA
+/// kernel (decode between the absorption BMMs), and the output projection. Every layer is
+/// timed as a MoE layer (the dense first layers only change resident weights). MTP scales the
+/// generation ops by `(L + nextn) / L`.
+fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
+    let (tp, h) = (l.tp, m.hidden);
+    let layers = m.layers as f64;
+    let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
+    let vllm = l.backend == "vllm";
+    // The decode BMMs follow the kv projection's format: fp8 when the GEMMs are quantised.
+    let bmm = if l.gemm == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Fp8 };
+    let act = 2.0;
+    let mut out = (Vec::new(), Vec::new());
+    for (ctx, list) in [(true, &mut out.0), (false, &mut out.1)] {
+        let phase = if ctx { "context" } else { "generation" };
+        let nm = |x: &str| format!("{phase}_{x}");
+        let s = if ctx { 1.0 } else { mtp };
+        let ls = layers * s;
+        let gemm = |name: &str, n: u32, k: u32, dtype: Dtype| Op::Gemm {
+            name: format!("{phase}_{name}"),
+            scale: ls,
+            n,
+            k,
+            dtype,
+            logits: false,
+        };
+        let mut granular = vec![
+            gemm("downscale_gemm", d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim, h, l.gemm),
+            gemm("q_b_proj_gemm", m.heads * (d.qk_nope_head_dim + d.qk_rope_head_dim) / tp, d.q_lora_rank, l.gemm),
+        ];
+        if ctx {
+            granular.push(gemm(
+                "kv_b_proj_gemm",
+                m.heads * (d.qk_nope_head_dim + d.v_head_dim) / tp,
+                d.kv_lora_rank,
+                l.gemm,
+            ));
+        }
+        let kernel = |kind: MlaKind| {
+            Op::Mla(MlaOp {
+                name: nm("attention"),
+                scale: ls,
+                kind,
+                heads: MLA_KERNEL_HEADS / tp,
+                kv: l.kv,
+                fmha: l.fmha,
+                gemm: l.gemm,
+                native_heads: m.heads,
+            })
+        };
+        let bmm_op = |pre: bool| {
+            Op::MlaBmm(MlaBmmOp {
+                name: nm(if pre { "bmm_pre" } else { "bmm_post" }),
+                scale: ls,
+                heads: m.heads / tp,
+                dtype: bmm,
+                pre,
+            })
+        };
+        let (n, n_kv) = (m.heads / tp, m.kv_heads / tp);
+        match (vllm, ctx) {
+            (true, true) => granular.push(Op::ContextAttention {
+                name: nm("attention"),
+                scale: ls,
+                n,
+                n_kv,
+                head: d.v_head_dim,
+                window: 0,
+                kv: l.kv,
+                fmha: l.fmha,
+                qk_norm: false,
+            }),
+            (true, false) => granular.push(Op::GenerationAttention {
+                name: nm("attention"),
+                scale: ls,
+                n,
+                n_kv,
+                head: d.v_head_dim,
+                window: 0,
+                kv: l.kv,
+                qk_norm: false,
+            }),
+            (false, true) => granular.push(kernel(MlaKind::Context)),
+            (false, false) => granular.extend([bmm_op(true), kernel(MlaKind::Generation), bmm_op(false)]),
+        }
+        granular.push(gemm("proj_gemm", h, m.heads * d.v_head_dim / tp, l.gemm));
+        let module = Op::Mla(MlaOp {
+            name: nm("mla_module"),
+            scale: ls,
+            kind: if ctx { MlaKind::ContextModule } else { MlaKind::GenerationModule },
+            heads: m.heads / tp,
+            kv: l.kv,
+            fmha: l.fmha,
+            gemm: l.gemm,
+            native_heads: m.heads,
+        });
+        let add_norm =
+            |name: &str| Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
+        list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
+        list.push(add_norm("add_norm_1"));
+        list.push(Op::Fallback { name: nm("mla_block"), primary: Box::new(module), fallback: granular });
+        list.push(add_norm("add_norm_2"));
+        let inter = m.moe_inter / tp;
+        let shared = vec![
+            gemm("shared_gate_up_gemm", 2 * m.moe_inter / tp, h, l.gemm),
+            Op::Elementwise {
+                name: nm("shared_act_gate"),
+                scale: ls,
+                bytes_per_token: (2 * m.moe_inter / tp + inter) as f64 * act,
+            },
+            gemm("shared_ffn2_gemm", h, inter, l.gemm),
+        ];
+        let mut routed = Vec::new();
+        push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
+        if ctx {
+            list.extend(shared);
+            list.extend(routed);
+        } else {
+            list.push(Op::Overlap { name: nm("moe_overlap"), a: routed, b: shared });
+        }
+        list.push(Op::Gemm {
+            name: nm("logits_gemm"),
+            scale: s,
+            n: m.vocab / tp,
+            k: h,
+            dtype: Dtype::Bfloat16,
+            logits: true,
+        });
+        if vllm {
+            list.push(Op::AllReduce { name: nm("tp_allreduce"), scale: 2.0 * layers * s, hidden: h, tp });
+        }
+        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A tiny DeepSeek-V3-shaped config: 4 layers, 16 heads, hidden 256, 8 routed experts.
+    fn tiny_mla() -> ModelSpec {
+        let cfg = json!({
+            "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256, "num_attention_heads": 16,
+            "num_key_value_heads": 16, "intermediate_size": 512, "moe_intermediate_size": 64,
+            "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+            "num_hidden_layers": 4, "vocab_size": 1000, "q_lora_rank": 96, "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "torch_dtype": "bfloat16",
+            "quantization_config": {"activation_scheme": "dynamic", "quant_method": "fp8", "weight_block_size": [128, 128]}
+        });
+        ModelSpec::from_config("toy/mla", Path::new("toy.json"), &cfg).unwrap()
+    }
+
+    fn layout(backend: &str, nextn: u32) -> Layout {
+        Layout {
+            tp: 4,
+            pp: 1,
+            attention_dp: 1,
+            moe_tp: 1,
+            moe_ep: 4,
+            nextn,
+            gemm: Dtype::Fp8Block,
+            kv: Dtype::Fp8,
+            fmha: Dtype::Bfloat16,
+            moe: Dtype::Fp8Block,
+            backend: backend.into(),
+        }
+    }
+
+    fn names(ops: &[Op]) -> Vec<&str> {
+        ops.iter().map(Op::name).collect()
+    }
+
+    fn find<'a>(ops: &'a [Op], name: &str) -> &'a Op {
+        ops.iter().find(|o| o.name() == name).unwrap_or_else(|| panic!("no op {name}"))
+    }
+
+    #[test]
+    fn mla_spec_from_config() {
+        let m = tiny_mla();
+        assert_eq!(m.family, Family::Mla);
+        let d = m.mla.unwrap();
+        assert_eq!(
+            (d.q_lora_rank, d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim),
+            (96, 32, 16, 8, 16)
+        );
+        assert_eq!((m.experts, m.topk, m.moe_inter, m.shared_experts, m.dense_layers), (8, 2, 64, 1, 1));
+        assert_eq!((m.quant.gemm, m.quant.moe, m.quant.kv), (Dtype::Fp8Block, Dtype::Fp8Block, Dtype::Fp8));
+    }
+
+    #[test]
+    fn mla_op_list_sglang() {
+        let (ctx, gen) = build_ops(&tiny_mla(), &layout("sglang", 0)).unwrap();
+        assert_eq!(
+            names(&ctx),
+            [
+                "context_embedding",
+                "context_add_norm_1",
+                "context_mla_block",
+                "context_add_norm_2",
+                "context_shared_gate_up_gemm",
+                "context_shared_act_gate",
+                "context_shared_ffn2_gemm",
+                "context_router_gemm",
+                "context_moe_pre_dispatch",
+                "context_moe",
+                "context_moe_post_dispatch",
+                "context_logits_gemm",
+                "context_p2p"
+            ]
+        );
+        assert_eq!(
+            names(&gen),
+            [
+                "generation_embedding",
+                "generation_add_norm_1",
+                "generation_mla_block",
+                "generation_add_norm_2",
+                "generation_moe_overlap",
+                "generation_logits_gemm",
+                "generation_p2p"
+            ]
+        );
+        // The module first (16 heads / tp 4, asked as the model's 16-head family); the granular
+        // chain after it, its kernel at DeepSeek-V3's 128 heads / tp.
+        let Op::Fallback { primary, fallback, .. } = find(&ctx, "context_mla_block") else { panic!() };
+        let Op::Mla(module) = primary.as_ref() else { panic!() };
+        assert_eq!(
+            (module.kind, module.heads, module.native_heads, module.scale, module.gemm),
+            (MlaKind::ContextModule, 4, 16, 4.0, Dtype::Fp8Block)
+        );
+        assert_eq!(
+            names(fallback),
+            [
+                "context_downscale_gemm",
+                "context_q_b_proj_gemm",
+                "context_kv_b_proj_gemm",
+                "context_attention",
+                "context_proj_gemm"
+            ]
+        );
+        let gemm_nk = |op: &Op| match op {
+            Op::Gemm { n, k, dtype, .. } => (*n, *k, *dtype),
+            _ => panic!("{op:?}"),
+        };
+        let f8 = Dtype::Fp8Block;
+        assert_eq!(gemm_nk(&fallback[0]), (96 + 32 + 8, 256, f8));
+        assert_eq!(gemm_nk(&fallback[1]), (16 * 24 / 4, 96, f8));
+        assert_eq!(gemm_nk(&fallback[2]), (16 * 32 / 4, 32, f8));
+        assert!(matches!(&fallback[3], Op::Mla(MlaOp { kind: MlaKind::Context, heads: 32, .. })));
+        assert_eq!(gemm_nk(&fallback[4]), (256, 16 * 16 / 4, f8));
+        // Decode: BMM pre, kernel, BMM post (fp8 BMMs under quantised GEMMs).
+        let Op::Fallback { fallback, .. } = find(&gen, "generation_mla_block") else { panic!() };
+        assert_eq!(
+            names(fallback),
+            [
+                "generation_downscale_gemm",
+                "generation_q_b_proj_gemm",
+                "generation_bmm_pre",
+                "generation_attention",
+                "generation_bmm_post",
+                "generation_proj_gemm"
+            ]
+        );
+        assert!(matches!(&fallback[2], Op::MlaBmm(MlaBmmOp { heads: 4, dtype: Dtype::Fp8, pre: true, .. })));
+        // Shared expert beside the routed chain in decode, at the DeepSeek routing skew.
+        let Op::Overlap { a, b, .. } = find(&gen, "generation_moe_overlap") else { panic!() };
+        assert_eq!(
+            names(a),
+            ["generation_router_gemm", "generation_moe_pre_dispatch", "generation_moe", "generation_moe_post_dispatch"]
+        );
+        assert_eq!(
+            names(b),
+            ["generation_shared_gate_up_gemm", "generation_shared_act_gate", "generation_shared_ffn2_gemm"]
+        );
+        let Op::Moe(moe) = &a[2] else { panic!() };
+        assert_eq!((moe.distribution.as_str(), moe.inter, moe.moe_ep), ("power_law_1.01", 64, 4));
+        assert_eq!(gemm_nk(&b[0]), (2 * 64 / 4, 256, f8));
+    }
+
+    #[test]
+    fn mla_op_list_vllm_and_mtp() {
+        let (ctx, gen) = build_ops(&tiny_mla(), &layout("vllm", 1)).unwrap();
+        // vLLM: plain attention on v_head_dim heads in the fallback, and two tensor-parallel
+        // all-reduces per layer.
+        let Op::Fallback { fallback, .. } = find(&ctx, "context_mla_block") else { panic!() };
+        assert!(matches!(&fallback[3], Op::ContextAttention { n: 4, n_kv: 4, head: 16, .. }));
+        let Op::Fallback { fallback, .. } = find(&gen, "generation_mla_block") else { panic!() };
+        assert_eq!(
+            names(fallback),
+            ["generation_downscale_gemm", "generation_q_b_proj_gemm", "generation_attention", "generation_proj_gemm"]
+        );
+        assert!(
+            matches!(find(&ctx, "context_tp_allreduce"), Op::AllReduce { scale, hidden: 256, tp: 4, .. } if *scale == 8.0)
+        );
+        // MTP: generation layers scale by (L + nextn) / L = 5 / 4, the context phase does not.
+        assert!(matches!(find(&gen, "generation_tp_allreduce"), Op::AllReduce { scale, .. } if *scale == 10.0));
+        assert!(matches!(find(&gen, "generation_add_norm_1"), Op::Elementwise { scale, .. } if *scale == 5.0));
+        assert!(matches!(find(&gen, "generation_logits_gemm"), Op::Gemm { scale, logits: true, .. } if *scale == 1.25));
+        assert!(matches!(find(&ctx, "context_add_norm_1"), Op::Elementwise { scale, .. } if *scale == 4.0));
+    }
 }

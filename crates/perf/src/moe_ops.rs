@@ -7,6 +7,10 @@ use crate::db::{Database, Dtype};
 /// The routing skew the reference's MoE models query the table at (`power_law` with α = 1.2).
 pub const DISTRIBUTION: &str = "power_law_1.2";
 
+/// The routing skew the reference's DeepSeek-family (MLA) models query the table at
+/// (`power_law` with α = 1.01).
+pub const MLA_DISTRIBUTION: &str = "power_law_1.01";
+
 /// Fused MoE FFN of one layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeOp {

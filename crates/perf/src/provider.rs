@@ -167,7 +167,16 @@ impl AisConfig {
             ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
         ] {
             if !ok {
-                return Err(cfg_err(path, k, "is not supported by servesim's AIS model (only null)"));
+                let why = "is not supported by servesim's AIS model (only null)";
+                return Err(cfg_err(
+                    path,
+                    k,
+                    if matches!(k, "moe_kernel_source" | "wideep_num_slots") {
+                        format!("{why}; {WIDE_EP}")
+                    } else {
+                        why.to_string()
+                    },
+                ));
             }
         }
         for k in ["dcp", "cp_size"] {
@@ -179,7 +188,11 @@ impl AisConfig {
             return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
         }
         if boolean("enable_eplb")? == Some(true) {
-            return Err(cfg_err(path, "enable_eplb", "expert load balancing is not modelled (only false)"));
+            return Err(cfg_err(
+                path,
+                "enable_eplb",
+                format!("expert load balancing is not modelled (only false); {WIDE_EP}"),
+            ));
         }
         boolean("strict_provenance")?;
         if let Some(m) = string("estimation_mode")? {
@@ -211,7 +224,11 @@ impl AisConfig {
         }
         if let Some(m) = string("moe_backend")? {
             if m != "default" {
-                return Err(cfg_err(path, "moe_backend", format!("{m:?}: only the default MoE backend is modelled")));
+                return Err(cfg_err(
+                    path,
+                    "moe_backend",
+                    format!("{m:?}: only the default MoE backend is modelled; {WIDE_EP}"),
+                ));
             }
         }
         if let Some(m) = string("comm_quant_mode")? {
@@ -487,9 +504,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
         Family::Dense => (1, 1),
-        Family::Moe => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
+        Family::Moe | Family::Mla => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
     };
-    if model.family == Family::Moe {
+    if model.family != Family::Dense {
         let width = cfg.tp as u64 * cfg.attention_dp as u64;
         if moe_tp as u64 * moe_ep as u64 != width {
             return Err(PerfError::config(format!(
@@ -510,7 +527,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let gemm = cfg.gemm_quant_mode.unwrap_or(model.quant.gemm);
     let kv = cfg.kvcache_quant_mode.unwrap_or(model.quant.kv);
     let moe = cfg.moe_quant_mode.unwrap_or(model.quant.moe);
-    if model.family == Family::Moe && moe == Dtype::Fp8Block && (model.moe_inter / moe_tp) % model.quant.block != 0 {
+    if model.family != Family::Dense && moe == Dtype::Fp8Block && (model.moe_inter / moe_tp) % model.quant.block != 0 {
         return Err(PerfError::config(format!(
             "{}: fp8_block experts need (moe_intermediate_size {} / moe_tp_size {moe_tp}) to be a multiple of the weight block {}",
             cfg.model, model.moe_inter, model.quant.block
@@ -527,7 +544,13 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         kv,
         // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA; the
         // reference then times attention in bf16 (only when fmha_quant_mode is not given).
-        fmha: cfg.fmha_quant_mode.unwrap_or(if cfg.backend == "vllm" { Dtype::Bfloat16 } else { model.quant.fmha }),
+        fmha: cfg.fmha_quant_mode.unwrap_or(
+            if cfg.backend == "vllm" || sglang_mla_runs_bf16(&model, cfg, &version, &spec) {
+                Dtype::Bfloat16
+            } else {
+                model.quant.fmha
+            },
+        ),
         moe,
         backend: cfg.backend.clone(),
     };
@@ -536,6 +559,26 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let est = Arc::new(Estimator::new(db, model, layout, ctx_lanes, gen_lanes)?);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)
+}
+
+/// Why the wide expert-parallel knobs are refused: what servesim would need to time them.
+const WIDE_EP: &str = "wide expert parallelism (DeepEP / NVLink all-to-all) is not modelled: it needs the \
+                       all-to-all dispatch and combine tables (moe_a2a, deepep), the expert-compute op with \
+                       EPLB slots, and for MLA models the wide-EP MLA module tables (wideep_*_mla_perf)";
+
+/// SGLang 0.5.14 on Hopper runs DeepSeek-V3's absorbed MLA attention in bf16 whatever the
+/// checkpoint's KV format (its FA3 backend does not cast the 576-wide latent query to fp8), so
+/// the reference times it in bf16 when `fmha_quant_mode` is not given and the attention backend
+/// is the default (or fa3).
+fn sglang_mla_runs_bf16(model: &ModelSpec, cfg: &AisConfig, version: &str, spec: &crate::systems::SystemSpec) -> bool {
+    let Some(d) = model.mla else { return false };
+    cfg.backend == "sglang"
+        && version == "0.5.14"
+        && spec.sm_version == Some(90)
+        && matches!(cfg.attention_backend.as_deref(), None | Some("fa3"))
+        && d.kv_lora_rank == 512
+        && d.qk_rope_head_dim == 64
+        && model.torch_dtype.as_deref() == Some("bfloat16")
 }
 
 /// The engine-facing timer.

@@ -98,6 +98,47 @@ fn moe_reference_goldens() {
     close(fp8.decode_ms(128, 1500).unwrap(), 14.332068046824052);
 }
 
+/// DeepSeek-V3 (MLA + shared and routed experts, fp8 block checkpoint) on H200, from the
+/// reference's `RustForwardPassPerfModel.best_available(...)`: `static_phase_diagnostics`
+/// summed (decode at `context_length = c − 1`) and `estimate_forward_pass_time_ms` for the
+/// mixed pass (recorded with /tmp/mla/gold.py and sum.py).
+#[test]
+fn mla_reference_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MLA reference goldens");
+        return;
+    }
+    let ds = |extra: serde_json::Value| {
+        let mut v = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm"});
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        est_with(v)
+    };
+    // TP8 with the experts split by TP: vLLM answers from the fused MLA module table, SGLang
+    // falls back to the granular chain (its module table has no Hopper rows), TRT-LLM reads its own.
+    for (backend, prefill, decode) in [
+        ("vllm", 120.72093234068687, 17.423641360025385),
+        ("sglang", 95.9851509156165, 13.717996626650763),
+        ("trtllm", 150.13856410098114, 16.786883132550564),
+    ] {
+        let e = ds(json!({"backend": backend, "tp": 8, "moe_tp_size": 8, "moe_ep_size": 1}));
+        close(e.prefill_ms(2, 1000, 0).unwrap(), prefill);
+        close(e.decode_ms(8, 2048).unwrap(), decode);
+    }
+    // DEP on SGLang: attention DP 8 over expert parallelism 8.
+    let dep = ds(json!({"backend": "sglang", "tp": 1, "attention_dp": 8, "moe_tp_size": 1, "moe_ep_size": 8}));
+    close(dep.prefill_ms(2, 2500, 700).unwrap(), 1075.3392237202806);
+    close(dep.decode_ms(64, 4097).unwrap(), 77.39129171500798);
+    close(dep.forward_pass_time_ms(&[MIXED]).unwrap(), 768.7309095179797);
+    // TEP on vLLM with one MTP layer.
+    let tep = ds(json!({"backend": "vllm", "tp": 8, "moe_tp_size": 1, "moe_ep_size": 8, "nextn": 1}));
+    close(tep.prefill_ms(1, 8192, 0).unwrap(), 460.2743836130518);
+    close(tep.decode_ms(16, 1100).unwrap(), 26.67833405387492);
+    close(tep.forward_pass_time_ms(&[MIXED]).unwrap(), 146.73330673037947);
+    // The latent KV: 61 layers × (512 + 64) elements × 1 byte (fp8), not split by TP — the
+    // reference's `kv_size_per_token_bytes` of `estimate_num_gpu_blocks`.
+    assert_eq!(tep.kv_bytes_per_token(), 35136.0);
+}
+
 /// The engine-facing timer asks what Dynamo 1.6.1's AIS session asks: a decode step at mean
 /// context `c` reads `c + 1` tokens of KV per request (`sum_decode_kv_tokens = batch × (c + 1)`).
 #[test]
@@ -148,8 +189,10 @@ fn clear_errors_with_real_data() {
     let bad = |v: serde_json::Value| estimator(&AisConfig::from_json("config", &v).unwrap()).unwrap_err().message;
     let e = bad(json!({"model": "Qwen/Qwen3-8B", "system": "h999", "backend": "vllm"}));
     assert!(e.contains("unknown GPU system \"h999\"") && e.contains("h200_sxm"), "{e}");
-    let e = bad(json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "vllm"}));
-    assert!(e.contains("multi-head latent attention"), "{e}");
+    let e = bad(json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm"}));
+    assert!(e.contains("DeepseekV32ForCausalLM") && e.contains("sparse DSA attention"), "{e}");
+    let e = bad(json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "h200_sxm", "backend": "vllm"}));
+    assert!(e.contains("\"nvfp4\" is not modelled"), "{e}");
     let e = bad(json!({"model": "no/such-model", "system": "h200_sxm", "backend": "vllm"}));
     assert!(e.contains("no--such-model_config.json"), "{e}");
     let e =
@@ -190,6 +233,24 @@ fn kv_capacity_goldens() {
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
     }
+    // MLA (DeepSeek-V3 / R1): the graph's weights with the granular MLA projections, the whole
+    // vocabulary embedded, the MoE block-scale workspace in the activations; SGLang's resident
+    // weights corrected for the dense first layers (recorded with /tmp/mla/kv.py, as above plus
+    // attention_dp_size; TRT-LLM `memory_fraction_kind="of_free"`).
+    for (model, system, backend, tp, moe_tp, moe_ep, dp, block, want) in [
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, 8, 1, 1, 64, 16147u64),
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "sglang", 8, 8, 1, 1, 1, 1246077),
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "vllm", 8, 1, 8, 1, 16, 70438),
+        ("deepseek-ai/DeepSeek-R1", "h200_sxm", "sglang", 1, 1, 8, 8, 64, 12650),
+        ("deepseek-ai/DeepSeek-R1", "h200_sxm", "sglang", 8, 1, 8, 1, 64, 19469),
+        ("deepseek-ai/DeepSeek-V3", "b200_sxm", "vllm", 4, 1, 8, 2, 64, 33325),
+        ("deepseek-ai/DeepSeek-V3", "h200_sxm", "trtllm", 8, 8, 1, 1, 32, 41183),
+    ] {
+        let e = est_with(json!({"model": model, "system": system, "backend": backend, "tp": tp, "attention_dp": dp,
+                                "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}));
+        let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp} dp{dp} {moe_tp}×{moe_ep}: {got:?}");
+    }
 }
 
 /// An explicit `attention_backend` times the lanes the reference maps it to, and fails as the
@@ -217,4 +278,23 @@ fn attention_backend_overrides_need_their_lanes() {
     );
     with("vllm", "default").unwrap();
     with("sglang", "fa3").unwrap();
+}
+
+/// The wide expert-parallel knobs are refused by key, saying what servesim would need.
+#[test]
+fn wide_ep_is_refused_with_what_is_missing() {
+    for (k, v) in [
+        ("moe_backend", json!("deepep")),
+        ("enable_eplb", json!(true)),
+        ("wideep_num_slots", json!(288)),
+        ("moe_kernel_source", json!("deepgemm")),
+    ] {
+        let mut cfg = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 8});
+        cfg[k] = v;
+        let e = AisConfig::from_json("config", &cfg).unwrap_err().message;
+        assert!(
+            e.contains(k) && e.contains("all-to-all dispatch and combine") && e.contains("wideep_*_mla_perf"),
+            "{e}"
+        );
+    }
 }

@@ -726,9 +726,9 @@ fn backend_versions(base: &Value, backends: &[&str]) -> Result<Option<Map<String
     Ok(Some(m.clone()))
 }
 
-/// Whether the engine's model is a mixture of experts (its config in the AIS data package);
-/// false when it cannot be read (the dense pool then applies, and the trials say what is
-/// missing).
+/// Whether the engine's model is a mixture of experts, MLA models included (its config in the
+/// AIS data package); false when it cannot be read (the dense pool then applies, and the trials
+/// say what is missing).
 fn model_is_moe(base: &Value) -> bool {
     let Some(model) = get(base, &["engine", "model"]).and_then(Value::as_str) else { return false };
     let paths: Vec<String> = get(base, &["engine", "systems_paths"])
@@ -737,7 +737,7 @@ fn model_is_moe(base: &Value) -> bool {
         .unwrap_or_default();
     let Ok(roots) = servesim_perf::systems::systems_roots(&paths) else { return false };
     let roots: Vec<std::path::PathBuf> = roots.into_iter().map(|(p, _)| p).collect();
-    servesim_perf::model::ModelSpec::load(model, &roots).is_ok_and(|m| m.family == servesim_perf::model::Family::Moe)
+    servesim_perf::model::ModelSpec::load(model, &roots).is_ok_and(|m| m.family != servesim_perf::model::Family::Dense)
 }
 
 /// GPUs per worker in the default pool (aisimulate's `parallel_enum`).
