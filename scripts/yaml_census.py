@@ -40,7 +40,8 @@ models): a case it refuses is a *probe*, reported apart (and flagged when serves
 refused with its message. 3) The reference runs each case servesim accepts
 (../shared/parity/aisimulate_predict.py under --ref-python; `router:` / `planner:` cases need
 --stack dynamo, i.e. the venv of `../shared/parity/setup_aisimulate.sh --with-dynamo`,
---dyn-python, and are "unchecked" without it). Reference results are cached in --cache-dir
+--dyn-python, and are "unchecked" without it; servesim gets that interpreter as
+$SERVESIM_PLANNER_PYTHON for Dynamo's ARIMA / Prophet predictors). Reference results are cached in --cache-dir
 (default ~/.cache/servesim-yaml-census) keyed by the sha256 of the case (command, stack, config,
 and the content of any trace it names), so a re-run only runs servesim.
 
@@ -54,14 +55,18 @@ where a random search sampled its space (a tool evaluated max_trials candidates)
 candidates both evaluated are compared. A case that breaks this *differs*.
 
 Classification. A case: probe, refused, accepted, differs, ref-fails (servesim ran it, the
-reference's run failed), unchecked (no reference result). A key, folding its values: differs
-(any case differs), refused (every valid case refused, or only the schema's neutral default
-accepted), accepted (every valid case accepted; unchecked cases counted and noted), restricted
-(the rest), untested (only probes). Flags: servesim accepts a probe or a case whose reference run
+reference's run failed), partly-refused (recommend: servesim marks candidates `unsupported` that
+the reference evaluates), unchecked (no reference result, or two random searches that sampled
+no candidate in common). A key, folding its values: differs (any case differs), refused (every
+valid case refused, or only the schema's neutral default accepted), accepted (every valid case
+accepted; unchecked cases marked), restricted (the rest), untested (only probes). ref-fails
+cases are flagged and left out of the key's status. Flags: servesim accepts a probe or a case whose reference run
 fails; servesim says "unknown key" for a key the reference documents. The markdown has one
 table per section (key, status, values tried, servesim's message for refusals), the totals and
 the flags; --json writes every case with its YAML, both outcomes and the metric deviations.
-Output is sorted and deterministic (no times, no paths of this machine beyond the case files).
+Output is sorted and deterministic (no times; servesim's messages without the run's temporary
+path). The reference's KV router breaks ties at random (unseeded): a `kv_router` case's cached
+reference result is one draw, so a borderline case may flip on a fresh cache.
 """
 import argparse
 import concurrent.futures
@@ -239,7 +244,7 @@ VALUES = {
                           V("constant_rate", also={"traffic.load": Replace(requests_per_second=5)}),
                           V("trace_timestamps", base="trace"),
                           V("kv_capacity_fraction", base="rec_fixed", also={"traffic.load": Replace(fraction=0.5)})],
-    "traffic.source.block_size": [V(256, base="trace")],
+    "traffic.source.block_size": [V(1024, base="trace")],
     "traffic.source.cached_prefix_tokens": [128],
     "traffic.source.format": [V(f, base="trace", also={"traffic.source.paths": [os.path.join(GEN, p)], **(
         {"traffic.load": Replace(type="concurrency", concurrency=4)} if f == "applied_compute_agentic" else {})})
@@ -274,7 +279,7 @@ VALUES = {
     # engine (top level)
     "engine.attention_backend": ["flashinfer"],
     "engine.backend": ["vllm", "sglang", "trtllm"],
-    "engine.backend_version": ["<default-version>", "previous"],
+    "engine.backend_version": ["0.24.0", "previous"],
     "engine.comm_quant_mode": ["half"],
     "engine.context_length": [4096, "max"],
     "engine.decoder_replay": [V(True, also={"engine.model": "deepseek-ai/DeepSeek-V4.1-Flash",
@@ -843,7 +848,7 @@ def domain_pair(values, default):
     return pair[:2] if len(pair) >= 2 else None
 
 
-def make_cases(keys, systems_dir, default_version):
+def make_cases(keys, systems_dir):
     cases = []
     by_key = {}
     for rec in keys:
@@ -875,8 +880,6 @@ def make_cases(keys, systems_dir, default_version):
             value = v.value
             if value == SYSTEMS_DIR:
                 value = systems_dir
-            if value == "<default-version>":
-                value = default_version
             bname = v.base or base_name
             if bname == "rec_fixed" and "recommend" not in commands and not key.startswith(("traffic", "engine")):
                 continue
@@ -894,8 +897,6 @@ def make_cases(keys, systems_dir, default_version):
             for p, val in v.also.items():
                 set_path(cfg, p.replace("<role>", role), val)
             set_path(cfg, rpath, value)
-            if key == "engine.workers.<role>.hardware" and role == "decode":
-                pass
             label = v.label or label_of(v.value if v.value != SYSTEMS_DIR else "<aisimulate_core/systems>")
             if v.also:
                 label += " (+" + ", ".join(f"{p.rsplit('.', 1)[-1]}" for p in v.also) + ")"
@@ -992,6 +993,9 @@ def run_servesim(binary, case, workdir):
     if proc.returncode != 0:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
         msg = next((ln for ln in lines if ln.startswith("error")), lines[-1] if lines else "")
+        # Without the run's temporary path, so that the report is the same on every run.
+        msg = msg.replace(f"{cfg_path}: ", "").replace(cfg_path, "config.yaml").replace(workdir, "<tmp>")
+        msg = msg[len("error: "):] if msg.startswith("error: ") else msg
         return {"ok": False, "exit": proc.returncode, "message": msg[:400]}
     name = "prediction.json" if case["command"] == "predict" else "recommendation.json"
     try:
@@ -1075,7 +1079,7 @@ PARALLEL_KNOBS = ("tensor", "replicas", "attention_data", "moe_tensor", "moe_exp
 
 def signature(candidate):
     """What tells candidates apart: mode, backend, each role's parallel shape and scheduler knobs,
-    the router policy and the planner policy (as both tools' `prediction_config` spell them)."""
+    the router and planner sections (as both tools' `prediction_config` spell them)."""
     pc = candidate.get("prediction_config") or {}
     engine = pc.get("engine") or {}
     roles = {}
@@ -1086,9 +1090,7 @@ def signature(candidate):
         sched = w.get("scheduler") or {}
         roles[role] = [par.get(k) or 1 for k in PARALLEL_KNOBS] + [sched.get("max_batched_tokens"),
                                                                    sched.get("max_sequences")]
-    router = pc.get("router") or {}
-    planner = pc.get("planner") or {}
-    return json.dumps([engine.get("mode"), engine.get("backend"), roles, router.get("policy"), planner.get("policy")],
+    return json.dumps([engine.get("mode"), engine.get("backend"), roles, pc.get("router"), pc.get("planner")],
                       sort_keys=True)
 
 
@@ -1121,6 +1123,11 @@ def compare_recommend(ours, ref, tol, max_trials):
         pairs += [(f"{sig}#{j}", x, y) for j, (x, y) in enumerate(zip(a[sig], b[sig]))]
     worst, bad = (0.0, None), []
     for i, x, y in pairs:
+        if x[0] == "unsupported" and y[0] != "unsupported":
+            # servesim refuses a candidate the reference evaluates: a restriction, not a wrong answer.
+            bad.append({"metric": f"candidate[{i}].status", "servesim": x[0], "reference": y[0], "deviation": 0.0,
+                        "refused": True})
+            continue
         if x[0] != y[0] or x[1] != y[1]:
             bad.append({"metric": f"candidate[{i}].status/gpus", "servesim": f"{x[0]}/{x[1]}",
                         "reference": f"{y[0]}/{y[1]}", "deviation": 1.0})
@@ -1160,7 +1167,21 @@ def run_case(case, args, validity):
     else:
         trials = (case["config"].get("optimizer") or {}).get("max_trials")
         worst, bad = compare_recommend(s["result"], r["result"], args.tolerance, trials)
+        sa = [signature(c) for c in s["result"].get("candidates") or []]
+        sb = [signature(c) for c in r["result"].get("candidates") or []]
+        out["candidates"] = {"servesim": len(sa), "reference": len(sb),
+                             "compared": sum(min(sa.count(x), sb.count(x)) for x in set(sa) & set(sb))}
     out["worst"] = {"deviation": worst[0], "metric": worst[1]}
+    refused = [b for b in bad if b.get("refused")]
+    bad = [b for b in bad if not b.get("refused")]
+    if refused and not bad:
+        out["status"] = "partly-refused"
+        reasons = sorted({str(c.get("reason")) for c in s["result"].get("candidates") or []
+                          if c.get("status") == "unsupported"})
+        out["servesim"]["message"] = (f"{len(refused)} candidate(s) unsupported that the reference evaluates: "
+                                      + " / ".join(reasons))
+        out["refused_candidates"] = refused
+        return out
     if worst[1] and worst[1].startswith("sampled"):
         out["status"] = "unchecked"
         out["reference"] = {"message": "both random searches sampled the space; no candidate in common"}
@@ -1180,11 +1201,14 @@ ICON = {"accepted": "✅ accepted", "restricted": "⚠️ restricted", "refused"
 
 
 def classify_key(results):
-    valid = [r for r in results if r["valid"]]
+    # A case servesim runs but the reference's run refuses is flagged, not counted for the key.
+    valid = [r for r in results if r["valid"] and r["status"] != "ref-fails"]
     if not valid:
         return "untested"
     if any(r["status"] in ("differs",) for r in valid):
         return "differs"
+    if any(r["status"] == "partly-refused" for r in valid):
+        return "restricted"
     ok = [r for r in valid if r["status"] in ("accepted", "unchecked")]
     ok_non_neutral = [r for r in ok if not r["neutral"]]
     if not ok_non_neutral and any(r["status"] == "refused" for r in valid):
@@ -1258,7 +1282,8 @@ def report(cases, results, by_key, args):
     lines.append("Base cases (unmodified): " + ", ".join(
         f"`{c['base']}` {results[c['id']]['status']}"
         + (f" (worst {results[c['id']]['worst']['deviation'] * 100:.3g} % {results[c['id']]['worst']['metric']})"
-           if results[c['id']].get('worst') else "")
+           if (results[c['id']].get('worst') or {}).get('metric') else " (exact)" if results[c['id']].get('worst')
+           else "")
         for c in cases if c["section"] == "base") + ".")
     lines.append("")
     for sec in sorted(sections):
@@ -1274,9 +1299,12 @@ def report(cases, results, by_key, args):
             tried, msgs = [], []
             for c, r in per_key[key]:
                 mark = {"accepted": "✓", "unchecked": "✓?", "refused": "✗", "differs": "≠", "probe": "probe",
-                        "ref-fails": "✓ (ref fails)"}[r["status"]]
+                        "ref-fails": "✓ (ref fails)", "partly-refused": "✓/✗"}[r["status"]]
+                n = r.get("candidates")
+                if n and r["status"] == "accepted" and n["compared"] < max(n["servesim"], n["reference"]):
+                    mark += f" ({n['compared']} of {n['servesim']}/{n['reference']} candidates compared)"
                 tried.append(f"{c['label']} ({c['base']}) {mark}")
-                if r["status"] == "refused":
+                if r["status"] in ("refused", "partly-refused"):
                     m = r["servesim"]["message"]
                     if m not in msgs:
                         msgs.append(m)
@@ -1286,7 +1314,8 @@ def report(cases, results, by_key, args):
         lines.append("")
     lines.append("Outcomes: ✓ accepted and agrees with the reference, ✓? accepted, reference not run, ✗ refused by "
                  "servesim, ≠ accepted but differs, probe = the reference's schema refuses the case, "
-                 "✓ (ref fails) = servesim runs what the reference's run refuses.")
+                 "✓ (ref fails) = servesim runs what the reference's run refuses, ✓/✗ = servesim marks some "
+                 "recommend candidates unsupported that the reference evaluates.")
     lines.append("")
     flagged = [(c, results[c["id"]]) for c in cases if results[c["id"]].get("flag")]
     unknown = [(c, results[c["id"]]) for c in cases
@@ -1306,7 +1335,8 @@ def report(cases, results, by_key, args):
         if r.get("reference_validation"):
             lines.append(f"  - reference schema: {r['reference_validation']}")
         if r.get("reference", {}).get("message"):
-            lines.append(f"  - reference run: {r['reference']['message']}")
+            msg = re.sub(r"/tmp/aisim-\w+/", "<tmp>/", r["reference"]["message"])
+            lines.append(f"  - reference run: {msg}")
     lines.append("")
     lines.append(f"#### servesim says \"unknown key\" for a documented key — {len(unknown)} cases")
     lines.append("")
@@ -1345,7 +1375,7 @@ def main():
     systems = os.environ.get("SERVESIM_AIS_SYSTEMS") or os.path.join(
         os.path.dirname(os.path.dirname(args.ref_python)), "lib", "python3.11", "site-packages", "aisimulate_core",
         "systems")
-    cases, by_key = make_cases(walked["keys"], systems, "0.20.0")
+    cases, by_key = make_cases(walked["keys"], systems)
     if args.only:
         cases = [c for c in cases if args.only in c["key"]]
     if args.list:
@@ -1358,6 +1388,9 @@ def main():
                                                        for c in cases]})
     env_systems = os.environ.setdefault("SERVESIM_AIS_SYSTEMS", systems)
     os.environ.setdefault("AISIM_REF_VENV", os.path.dirname(os.path.dirname(args.ref_python)))
+    if os.path.exists(args.dyn_python):
+        # servesim runs Dynamo's own ARIMA / Prophet load predictors through this interpreter.
+        os.environ.setdefault("SERVESIM_PLANNER_PYTHON", args.dyn_python)
     del env_systems
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
