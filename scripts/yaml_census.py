@@ -252,7 +252,8 @@ VALUES = {
     "traffic.source.input_tokens": [600],
     "traffic.source.output_tokens": [40],
     "traffic.source.nested_timestamp_basis": [
-        V(b, base="trace", also={"traffic.source.format": "weka", "traffic.source.paths": [os.path.join(GEN, "weka.jsonl")]})
+        V(b, base="trace", also={"traffic.source.format": "weka",
+                                 "traffic.source.paths": [os.path.join(GEN, "weka.jsonl")]})
         for b in ("auto", "absolute", "relative")],
     "traffic.source.new_input_tokens_per_turn": [V(200, base="session")],
     "traffic.source.output_tokens_per_turn": [V(10, base="session")],
@@ -289,9 +290,6 @@ VALUES = {
     "engine.enable_shared_layer": [False, True],
     "engine.estimator_config": [{}, {"correction": {"enabled": False}}],
     "engine.fmha_quant_mode": ["fp8"],
-    "engine.fpm_profile": [{"schema_version": 1, "model": "Qwen/Qwen3-8B", "model_revision": "0123456789abcdef0123456789abcdef01234567",
-                            "architecture": "Qwen3ForCausalLM", "context_length": 40960, "num_experts": 0,
-                            "provenance": "census", "deployments": []}],
     "engine.gemm_quant_mode": ["fp8"],
     "engine.hardware": ["h100_sxm"],
     "engine.kvcache_quant_mode": ["fp8"],
@@ -318,7 +316,8 @@ VALUES = {
     "engine.speculation.kind": ["ngram"] + [
         V(k, also={"engine.speculation": Replace(expected_accepted_tokens=0.8, **extra)})
         for k, extra in (("mtp", {"params": {"depth": 1}}), ("eagle3", {}),
-                         ("draft_model", {"draft_model_path": "Qwen/Qwen3-0.6B", "params": {"num_speculative_tokens": 2}}),
+                         ("draft_model", {"draft_model_path": "Qwen/Qwen3-0.6B",
+                                          "params": {"num_speculative_tokens": 2}}),
                          ("dflash", {}), ("dspark", {}))],
     "engine.speculation.num_speculative_tokens": [V(2, also={"engine.speculation.acceptance_rates": [0.7, 0.5]})],
     "engine.speculation.acceptance_rates": [[0.7]],
@@ -450,7 +449,8 @@ BLOCKS = {
     "traffic.load.agentic_snapshot": {"seed": 3},
     "traffic.load.agentic_profile": {"duration_seconds": 60.0},
     "traffic.load.agentic_snapshot.initial_selections": None,
-    "engine.fpm_profile": {"schema_version": 1, "model": "Qwen/Qwen3-8B", "model_revision": "0123456789abcdef0123456789abcdef01234567",
+    "engine.fpm_profile": {"schema_version": 1, "model": "Qwen/Qwen3-8B",
+                           "model_revision": "0123456789abcdef0123456789abcdef01234567",
                            "architecture": "Qwen3ForCausalLM", "context_length": 40960, "num_experts": 0,
                            "provenance": "census", "deployments": []},
     "engine.afd": {"phase": "both", "combined_with_pd": False, "n_a_nodes": 2, "n_f_nodes": 2, "tp_a": 1,
@@ -859,7 +859,8 @@ def make_cases(keys, systems_dir):
             for c in rec["commands"]:
                 if c not in by_key[key]["commands"]:
                     by_key[key]["commands"].append(c)
-            by_key[key]["domain"].update({c: d or by_key[key]["domain"].get(c, False) for c, d in rec["domain"].items()})
+            dom = by_key[key]["domain"]
+            dom.update({c: d or dom.get(c, False) for c, d in rec["domain"].items()})
             continue
         if key.startswith("engine.workers.<role>") and not rec["path"].startswith("engine.workers.aggregated"):
             continue  # the aggregated role stands for all three (prefill/decode differ only in presence)
@@ -1017,7 +1018,8 @@ def run_reference(ref_python, dyn_python, case, workdir, cache_dir, use_referenc
     if not use_reference:
         return None
     if stack == "dynamo" and not (python and os.path.exists(python)):
-        return {"ok": None, "message": "not run: the --stack dynamo venv (setup_aisimulate.sh --with-dynamo) is missing"}
+        return {"ok": None,
+                "message": "not run: the --stack dynamo venv (setup_aisimulate.sh --with-dynamo) is missing"}
     cfg_path = os.path.join(workdir, "ref-config.yaml")
     with open(cfg_path, "w") as f:
         json.dump(case["config"], f, indent=1)
@@ -1196,7 +1198,8 @@ def run_case(case, args, validity):
 # ---------------------------------------------------------------------------------------------
 # Report
 
-ICON = {"accepted": "✅ accepted", "restricted": "⚠️ restricted", "refused": "❌ refused", "differs": "🟥 differs",
+ICON = {"accepted": "✅ accepted", "restricted": "⚠️ restricted", "refused": "❌ refused",
+        "differs": "🟥 differs",
         "untested": "⬜ untested"}
 
 
