@@ -414,6 +414,9 @@ VALUES = {
     "optimization.hardware": [V("h200_sxm", also={"engine.hardware": "auto"})],
     "optimization.strict_sla": [True],
     "engine.workers.encoder.rate_degradation": [0.8],
+    "engine.workers.encoder.frontend.stages": [V([{"service_ms": 2.0}], also={
+        "engine.workers.encoder.frontend.measured_for": {"model": "Qwen/Qwen3-8B", "frontend": "python",
+                                                         "feature_transport": "inline", "height": 448, "width": 448}})],
     "engine.workers.encoder.mode": ["analytical", V("native", also={
         "engine.backend": "sglang", "engine.workers.encoder.transfer": {"bandwidth_gb_per_second": 25.0},
         "engine.workers.encoder.host_profile": {"frontend": "python", "path": "host.yaml"}})],
