@@ -1375,6 +1375,10 @@ def main():
     ap.add_argument("--json", metavar="OUT", help="write every case and its results here")
     args = ap.parse_args()
 
+    if not args.list and not os.access(args.binary, os.X_OK):
+        sys.exit(f"yaml_census: no servesim binary at {args.binary} (cargo build --release -p servesim, or --binary)")
+    if not os.access(args.ref_python, os.X_OK):
+        sys.exit(f"yaml_census: no reference python at {args.ref_python} (../shared/parity/setup_aisimulate.sh)")
     walked = call_helper(args.ref_python, {"op": "walk", "dynamo_site": args.dynamo_site})
     if walked.get("adapter_error"):
         print(f"yaml_census: router/planner schemas not loaded: {walked['adapter_error']}", file=sys.stderr)
