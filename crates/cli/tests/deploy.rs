@@ -204,6 +204,20 @@ fn model_controls_match_the_reference() {
     assert!(!out_dir.join("prediction.json").exists());
 }
 
+/// `kv_transfer.bytes_per_token: auto` is what one prefill rank stores per token in bf16
+/// (131,072 B for Qwen3-32B at TP2), for both roles, as the reference sizes it (recorded from the
+/// reference). servesim multiplied by the tensor width (TTFT 3.2 % high with a 50 GB/s link).
+#[test]
+fn kv_transfer_auto_is_one_prefill_ranks_bytes() {
+    let Some((ours, _, dev)) = compare_with_reference("predict_kv_transfer_auto") else { return };
+    // Measured 0.9 % (p90 TTFT; the mean 0.05 %); multiplying by TP was 5 % off here.
+    assert!(dev < 0.015, "{dev}");
+    let explicit = predict_with("predict_kv_transfer_auto", &["engine.kv_transfer.bytes_per_token=131072"]);
+    for key in METRICS {
+        assert_eq!(ours[key], explicit[key], "{key}");
+    }
+}
+
 /// Host (G2) and G3 KV offload below small device caches, recorded from the reference (each
 /// YAML says how): the cache reuse is the reference's exactly, the timing metrics within 2 %
 /// (measured: 2e-5), and the tiers did the work (without the host cache the reuse falls from

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 use servesim_cluster::{RouterMode, Topology};
 use servesim_engine::{ConfigEnv, WorkerArgs};
+use servesim_perf::db::Dtype;
 use servesim_replay::Sla;
 use servesim_router::RouterConfig;
 use servesim_workload::formats::WekaBasis;
@@ -79,14 +80,29 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
     Value::Object(c)
 }
 
+fn block_size_of(engine: &Engine, w: &Worker) -> u32 {
+    w.block_size.unwrap_or_else(|| default_block_size(engine.backend))
+}
+
 fn worker_path(w: &Worker) -> String {
     format!("engine.workers.{}", w.role)
 }
 
-/// Lowers one role to flat engine arguments.
-fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployError> {
+/// What one rank stores per token, as the reference's `estimate_kv_bytes_per_token` sizes KV
+/// transfers and host offload: the model's KV geometry on the rank in bf16, or in the
+/// configured `kvcache_quant_mode` — not in the checkpoint's own KV format, which only the
+/// timing uses.
+fn reference_kv_bytes(engine: &Engine, w: &Worker, est: &servesim_perf::Estimator) -> f64 {
+    let mode = w.timing_controls.get("kvcache_quant_mode").or(engine.controls.get("kvcache_quant_mode"));
+    let dtype = mode.and_then(Value::as_str).and_then(Dtype::parse).unwrap_or(Dtype::Bfloat16);
+    est.kv_bytes_per_token() / est.layout.kv.bytes() * dtype.bytes()
+}
+
+/// Lowers one role to flat engine arguments. `transfer_bytes` is the KV transfer's size per
+/// token when the engine resolved it for both roles.
+fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Result<LoweredWorker, DeployError> {
     let here = worker_path(w);
-    let block_size = w.block_size.unwrap_or_else(|| default_block_size(engine.backend));
+    let block_size = block_size_of(engine, w);
     let ais = ais_config(engine, w, block_size);
     let perf_err = |key: &str, e: servesim_perf::PerfError| DeployError::new(format!("{here}.{key}"), e.message);
     // The estimator is needed for the memory-sized KV cache, the model's context length and
@@ -99,11 +115,10 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
         servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))
     };
     let estimator = if needs_model { Some(build_estimator()?) } else { None };
-    // The model's KV-cache bytes per token on one rank (KV transfer and host offload sizes).
     let kv_bytes_per_rank = || -> Result<f64, DeployError> {
         match &estimator {
-            Some(est) => Ok(est.kv_bytes_per_token()),
-            None => Ok(build_estimator()?.kv_bytes_per_token()),
+            Some(est) => Ok(reference_kv_bytes(engine, w, est)),
+            None => Ok(reference_kv_bytes(engine, w, &*build_estimator()?)),
         }
     };
     let mut a = Map::new();
@@ -177,10 +192,11 @@ fn lower_worker(engine: &Engine, w: &Worker) -> Result<LoweredWorker, DeployErro
             a.insert("kv_transfer_bandwidth".into(), json!(b));
         }
         a.insert("kv_transfer_timing_mode".into(), json!(t.timing_mode));
-        let per_token = match t.bytes_per_token {
-            Some(n) => n,
-            // "auto": the model's KV bytes per token across the worker's tensor ranks.
-            None => (kv_bytes_per_rank()? * w.parallelism.tensor as f64).round() as u64,
+        let per_token = match (t.bytes_per_token, transfer_bytes) {
+            (Some(n), _) => n,
+            // "auto": what one prefill rank stores per token (both roles take the prefill's).
+            (None, Some(n)) => n,
+            (None, None) => kv_bytes_per_rank()?.round() as u64,
         };
         a.insert("kv_bytes_per_token".into(), json!(per_token));
     }
@@ -230,7 +246,18 @@ pub fn lower_engine(engine: &Engine) -> Result<LoweredEngine, DeployError> {
             engine.decode.as_ref().expect("checked when read"),
         ],
     };
-    let workers = roles.into_iter().map(|w| lower_worker(engine, w)).collect::<Result<_, _>>()?;
+    // The reference sizes a KV transfer by the prefill worker, for both roles.
+    let transfer_bytes = match (&engine.kv_transfer, engine.prefill.as_ref()) {
+        (Some(t), Some(p)) if t.bytes_per_token.is_none() => {
+            let cfg = servesim_perf::AisConfig::from_json("", &ais_config(engine, p, block_size_of(engine, p)))
+                .map_err(|e| DeployError::new(format!("{}.timing", worker_path(p)), e.message))?;
+            let est = servesim_perf::estimator(&cfg)
+                .map_err(|e| DeployError::new(format!("{}.timing", worker_path(p)), e.message))?;
+            Some(reference_kv_bytes(engine, p, &est).round() as u64)
+        }
+        _ => None,
+    };
+    let workers = roles.into_iter().map(|w| lower_worker(engine, w, transfer_bytes)).collect::<Result<_, _>>()?;
     Ok(LoweredEngine { workers })
 }
 
