@@ -218,6 +218,19 @@ fn kv_transfer_auto_is_one_prefill_ranks_bytes() {
     }
 }
 
+/// `engine.tokenization`: requests wait for a tokenizer before the router and their TTFT counts
+/// it. Recorded from the reference (the YAML says how); fixed timing, so it runs without the AIS
+/// data and agrees to 1e-9. Without the stage every TTFT is 4 ms + 20 µs × prompt tokens or more
+/// shorter.
+#[test]
+fn tokenization_matches_the_reference() {
+    let (ours, _, dev) = compare_with_reference("predict_tokenization").expect("fixed timing needs no data");
+    assert!(dev < 1e-9, "{dev}");
+    let without = predict_with("predict_tokenization", &["engine.tokenization=null"]);
+    let (with, bare) = (ours["min_ttft_ms"].as_f64().unwrap(), without["min_ttft_ms"].as_f64().unwrap());
+    assert!(with >= bare + 4.0 + 0.02 * 300.0 - 1e-9, "{with} vs {bare}");
+}
+
 /// Host (G2) and G3 KV offload below small device caches, recorded from the reference (each
 /// YAML says how): the cache reuse is the reference's exactly, the timing metrics within 2 %
 /// (measured: 2e-5), and the tiers did the work (without the host cache the reuse falls from

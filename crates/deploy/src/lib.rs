@@ -222,6 +222,7 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         prefill_load_estimator: estimator,
         sla: lower::sla(&config),
         seed: lower::seed(&config),
+        tokenization: config.engine.tokenization,
         ..SimConfig::new(topology, router, load)
     };
     Ok(Prepared { config, engine, sim, workload })

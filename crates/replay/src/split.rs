@@ -207,6 +207,7 @@ mod tests {
             split_workers: true,
             threads: 2,
             timing_jitter_cv: 0.0,
+            tokenization: None,
         }
     }
 

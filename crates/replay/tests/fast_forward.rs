@@ -122,6 +122,7 @@ fn fast_forward_gives_identical_records() {
             split_workers: true,
             threads: 1,
             timing_jitter_cv: 0.0,
+            tokenization: None,
         };
         if std::env::var("FFDEBUG").is_ok() {
             eprintln!("{config:?}");
@@ -231,6 +232,7 @@ fn agentic_graph_stretches_are_cut_where_work_arrives() {
             split_workers: true,
             threads: 1,
             timing_jitter_cv: 0.0,
+            tokenization: None,
         };
         let (stepped, stepped_summary, _) = records(&workload, &config);
         config.fast_forward = true;

@@ -182,6 +182,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {
         split_workers: true,
         threads: 0,
         timing_jitter_cv: 0.0,
+        tokenization: None,
     };
     let mut summary =
         simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json();

@@ -46,6 +46,7 @@ fn config(topology: Topology, router: RouterMode) -> SimConfig {
         split_workers: true,
         threads: 0,
         timing_jitter_cv: 0.0,
+        tokenization: None,
     }
 }
 

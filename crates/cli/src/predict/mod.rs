@@ -294,6 +294,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         split_workers: !a.no_split_workers,
         threads: a.threads,
         timing_jitter_cv: timing_jitter_cv(a.timing_jitter_cv)?,
+        tokenization: None,
     };
 
     if let Some(n) = a.ensemble {

@@ -8,6 +8,7 @@ use super::worker::{read_worker, Timing, Worker};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
+use servesim_replay::Tokenization;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -40,6 +41,8 @@ pub struct Engine {
     pub mtp: Option<Mtp>,
     /// Active model controls (quantisation modes, attention backend, MoE kernels).
     pub controls: Controls,
+    /// The frontend's tokenization stage (None when it costs nothing, as the reference drops it).
+    pub tokenization: Option<Tokenization>,
 }
 
 /// Multi-token prediction as the unified config states it: `nextn` draft tokens per decode step
@@ -64,6 +67,20 @@ impl Mtp {
         rates.resize(n, 0.0);
         rates
     }
+}
+
+/// `tokenization`: `workers` tokenizers (default 1), each taking `base_ms` plus
+/// `per_input_token_us` per prompt token.
+fn read_tokenization(e: &mut Reader) -> Result<Option<Tokenization>, DeployError> {
+    let Some(mut t) = e.obj("tokenization")? else { return Ok(None) };
+    let workers = t.positive("workers")?.unwrap_or(1);
+    let base_ms = t.nonneg("base_ms", false)?.unwrap_or(0.0);
+    let per_input_token_us = t.nonneg("per_input_token_us", false)?.unwrap_or(0.0);
+    t.finish()?;
+    if base_ms == 0.0 && per_input_token_us == 0.0 {
+        return Ok(None);
+    }
+    Ok(Some(Tokenization { workers, base_ms, per_input_token_ms: per_input_token_us / 1000.0 }))
 }
 
 /// `nextn` / `nextn_accepted`, with the reference's rules.
@@ -119,9 +136,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         }
     }
     e.one_of("fallback_policy", &["deny", "allow"])?;
+    let tokenization = read_tokenization(&mut e)?;
     for k in [
         "speculation",
-        "tokenization",
         "afd",
         "fpm_profile",
         "decoder_replay",
@@ -233,6 +250,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         systems_paths,
         mtp,
         controls,
+        tokenization,
     })
 }
 

@@ -3,6 +3,7 @@
 //! which may make the session's next turn ready).
 
 use super::*;
+use servesim_engine::Prompt;
 
 impl Simulation<'_, '_> {
     /// Disaggregated: tells the load driver about the requests that ended at this instant, now
@@ -18,12 +19,14 @@ impl Simulation<'_, '_> {
         for (session, completed) in std::mem::take(&mut self.ended) {
             self.driver.on_complete(session, self.now, completed);
         }
-        self.driver.next_ready_ms().is_some_and(|t| t <= self.now)
+        self.next_release_ms().is_some_and(|t| t <= self.now)
     }
 
     /// A turn becomes a request: registered, hashed, and placed (or, disaggregated, started on
     /// its handoff).
-    pub(super) fn release(&mut self, r: &Ready) {
+    /// `prompt` is the one drawn when a frontend stage took the turn in (drawing it again would
+    /// grow an accumulating session's history twice).
+    pub(super) fn release(&mut self, r: &Ready, prompt: Option<Prompt>) {
         if let Some(shard) = self.shard {
             let pool = &mut self.pools[0];
             let target = pool.placer.peek_round_robin().expect("only round-robin runs split");
@@ -38,7 +41,7 @@ impl Simulation<'_, '_> {
         if let Some(s) = self.scaling.as_mut() {
             s.arrival();
         }
-        let prompt = self.driver.prompt(r);
+        let prompt = prompt.unwrap_or_else(|| self.driver.prompt(r));
         let planned_output = self.driver.planned_output(r);
         let session = self.driver.session(r.session);
         let turn = &session.turns[r.turn as usize];

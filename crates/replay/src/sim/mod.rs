@@ -22,6 +22,7 @@
 //! `scaling` runs the autoscaler and `sampling` takes the telemetry samples.
 
 mod arrive;
+mod frontend;
 mod handoff;
 mod pace;
 mod pass;
@@ -51,6 +52,8 @@ use servesim_router::{Placement, PrefillLoadEstimator, Routed};
 use crate::metrics::{Collector, Overflow, Sla};
 use servesim_workload::time::Time;
 use servesim_workload::{LoadDriver, LoadMode, Ready, Workload, MAX_TIME_MS};
+
+pub use frontend::Tokenization;
 
 /// Everything that defines one simulated run besides the workload.
 #[derive(Clone, Debug)]
@@ -82,6 +85,8 @@ pub struct SimConfig {
     /// pool and its index. Front ends check the value with
     /// [`servesim_engine::TimingJitter::new`]; one it refuses counts as 0 here.
     pub timing_jitter_cv: f64,
+    /// The frontend's tokenization stage, if any (aisimulate's `engine.tokenization`).
+    pub tokenization: Option<Tokenization>,
 }
 
 impl SimConfig {
@@ -102,6 +107,7 @@ impl SimConfig {
             split_workers: true,
             threads: 0,
             timing_jitter_cv: 0.0,
+            tokenization: None,
         }
     }
 }
@@ -265,7 +271,8 @@ pub(crate) fn simulate_shard<'c>(
 /// Whether new work reaches workers only when the load driver releases it: timestamps decide
 /// every release (no closed-loop turns), there are no handoffs and no router queue.
 pub(crate) fn work_only_at_releases(workload: &Workload, config: &SimConfig) -> bool {
-    matches!(config.load, LoadMode::Timestamps { .. })
+    config.tokenization.is_none()
+        && matches!(config.load, LoadMode::Timestamps { .. })
         && !config.topology.is_disaggregated()
         && workload.single_turn()
         && !matches!(&config.router, RouterMode::KvRouter(rc) if rc.may_queue())
@@ -430,6 +437,8 @@ struct Simulation<'a, 'c> {
     rejected: Option<String>,
     /// The first request no pass could schedule (see [`SimError::Unschedulable`]).
     unschedulable: Option<u64>,
+    /// Released requests in the frontend's tokenizers, if the run has the stage.
+    tokenizers: Option<frontend::Tokenizers>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -500,6 +509,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             pacer: None,
             rejected: None,
             unschedulable: None,
+            tokenizers: config.tokenization.map(frontend::Tokenizers::new),
         }
     }
 
@@ -548,6 +558,16 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
     }
 
+    /// When the next request reaches the router: the load driver's next release, or the
+    /// tokenizers' next finished request.
+    fn next_release_ms(&self) -> Option<f64> {
+        let tokenized = self.tokenizers.as_ref().and_then(frontend::Tokenizers::next_done_ms);
+        match (self.driver.next_ready_ms(), tokenized) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The time of the next event that counts, dropping stale ones on the way.
     fn next_event_ms(&mut self) -> Option<f64> {
         while let Some(&Reverse((Time(t), seq, event))) = self.events.peek() {
@@ -573,7 +593,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             if !again {
                 let last = self.now;
                 let next_event = self.next_event_ms();
-                self.now = match (next_event, self.driver.next_ready_ms()) {
+                self.now = match (next_event, self.next_release_ms()) {
                     (None, None) => break,
                     (Some(a), Some(b)) => a.min(b),
                     (Some(a), None) | (None, Some(a)) => a,
@@ -651,13 +671,27 @@ impl<'a, 'c> Simulation<'a, 'c> {
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
             self.moved_since_retry |= !ready.is_empty();
-            for r in &ready {
+            let mut tokenized = Vec::new();
+            if let Some(t) = self.tokenizers.as_mut() {
+                // Into the tokenizers; what they finished by now goes on.
+                for r in ready.drain(..) {
+                    let prompt = self.driver.prompt(&r);
+                    t.admit(now, r, prompt);
+                }
+                while let Some(p) = t.pop_done(now) {
+                    tokenized.push(p);
+                }
+                self.moved_since_retry |= !tokenized.is_empty();
+            }
+            let arrivals =
+                ready.iter().map(|r| (*r, None)).chain(tokenized.into_iter().map(|p| (p.ready, Some(p.prompt))));
+            for (r, prompt) in arrivals.collect::<Vec<_>>() {
                 if let Some(queued) = self.collector.runaway() {
                     let warn_at = self.collector.queue_limit().warn_at;
                     return Err(SimError::QueueRunaway { at_ms: now, queued, warn_at });
                 }
                 match self.collector.overflow() {
-                    None => self.release(r),
+                    None => self.release(&r, prompt),
                     Some((max, Overflow::Fail)) => return Err(SimError::QueueFull { at_ms: now, max }),
                     Some((_, Overflow::Shed)) => {
                         self.collector.shed();

@@ -17,7 +17,7 @@ impl Simulation<'_, '_> {
         {
             return None;
         }
-        let release = self.driver.next_ready_ms().unwrap_or(f64::INFINITY);
+        let release = self.next_release_ms().unwrap_or(f64::INFINITY);
         if self.only_releases_bound_stretches() {
             return Some(release);
         }
