@@ -32,7 +32,35 @@ pub fn load_tree(path: &Path, sets: &[String]) -> Result<Value, String> {
     for s in sets {
         tree::apply_set(&mut tree, s).map_err(|e| format!("--set {s}: {e}"))?;
     }
+    migrate_systems_path(&mut tree).map_err(|e| e.to_string())?;
     Ok(tree)
+}
+
+/// The reference's legacy `engine.systems_path` (one directory) read as `systems_paths: [it]`;
+/// both given must agree.
+pub fn migrate_systems_path(tree: &mut Value) -> Result<(), DeployError> {
+    let Some(engine) = tree.get_mut("engine").and_then(Value::as_object_mut) else { return Ok(()) };
+    let Some(path) = engine.remove("systems_path") else { return Ok(()) };
+    let here = "engine.systems_path";
+    let one = match &path {
+        Value::Null => return Ok(()),
+        Value::String(s) if s.trim().is_empty() => return Err(DeployError::new(here, "path must be nonempty")),
+        Value::String(s) if s.contains(',') => {
+            return Err(DeployError::new(
+                here,
+                "systems_path must name one nonempty local directory, not a comma-separated list",
+            ))
+        }
+        Value::String(_) => json!([path]),
+        _ => return Err(DeployError::new(here, "must be a path")),
+    };
+    match engine.get("systems_paths").filter(|v| !v.is_null()) {
+        Some(given) if *given != one => Err(DeployError::new(here, "systems_path conflicts with systems_paths")),
+        _ => {
+            engine.insert("systems_paths".into(), one);
+            Ok(())
+        }
+    }
 }
 
 /// Where a configuration tree names performance-data directories: the engine's
@@ -309,5 +337,66 @@ mod tests {
         });
         let base = Path::new("/cfg");
         assert_eq!(input_paths(&tree, base), [base.join("t.jsonl"), PathBuf::from("/data/a"), base.join("b")]);
+    }
+
+    /// The legacy `engine.systems_path` is one entry of `systems_paths` (aisimulate's
+    /// `_migrate_systems_path`), read through `load_tree` by predict and recommend alike.
+    #[test]
+    fn the_legacy_systems_path_migrates() {
+        let migrate = |engine: Value| {
+            let mut tree = json!({"engine": engine});
+            migrate_systems_path(&mut tree).map(|()| tree).map_err(|e| e.to_string())
+        };
+        let t = migrate(json!({"systems_path": "/data/a"})).unwrap();
+        assert_eq!(t["engine"], json!({"systems_paths": ["/data/a"]}));
+        let same = migrate(json!({"systems_path": "/data/a", "systems_paths": ["/data/a"]})).unwrap();
+        assert_eq!(same, t);
+        let e = migrate(json!({"systems_path": "/data/a", "systems_paths": ["/data/b"]})).unwrap_err();
+        assert_eq!(e, "engine.systems_path: systems_path conflicts with systems_paths");
+        assert!(migrate(json!({"systems_path": "/a,/b"})).unwrap_err().contains("not a comma-separated list"));
+        assert!(migrate(json!({"systems_path": ""})).unwrap_err().contains("nonempty"));
+        assert!(migrate(json!({"systems_path": 3})).unwrap_err().contains("must be a path"));
+        // Through the file reader, overrides included.
+        let dir = std::env::temp_dir().join(format!("servesim-systems-path-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("c.yaml");
+        std::fs::write(&cfg, "engine: {model: m}\n").unwrap();
+        let t = load_tree(&cfg, &["engine.systems_path=/data/c".to_string()]).unwrap();
+        assert_eq!(t["engine"]["systems_paths"], json!(["/data/c"]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// SGLang's host-loop replay is refused by name (its neutral `false` is accepted) on the
+    /// roles the reference gives it; on decode it stays an unknown key, as there.
+    #[test]
+    fn host_loop_is_refused_by_name() {
+        let config = |role: &str, extra: Value| {
+            let mut worker = json!({"kv_cache": {"capacity": {"type": "fixed", "blocks": 100}},
+                                    "timing": {"type": "fixed", "prefill_ms": 1, "decode_ms": 1}});
+            for (k, v) in extra.as_object().unwrap() {
+                worker[k] = v.clone();
+            }
+            let mut workers = json!({});
+            workers[role] = worker;
+            if role != "aggregated" {
+                let other = if role == "prefill" { "decode" } else { "prefill" };
+                workers[other] = json!({"kv_cache": {"capacity": {"type": "fixed", "blocks": 100}},
+                                        "timing": {"type": "fixed", "prefill_ms": 1, "decode_ms": 1}});
+            }
+            let mode = if role == "aggregated" { "aggregated" } else { "disaggregated" };
+            let mut root = json!({"engine": {"mode": mode, "backend": "sglang", "model": "m", "hardware": "h",
+                                             "context_length": 1024, "workers": workers}});
+            if mode == "disaggregated" {
+                root["engine"]["kv_transfer"] = json!({"bandwidth_gb_per_second": 50});
+            }
+            schema::read_predict(&root).map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert_eq!(config("aggregated", json!({"host_loop": false})), Ok(()));
+        let e = config("aggregated", json!({"host_loop": true})).unwrap_err();
+        assert!(e.starts_with("engine.workers.aggregated.host_loop: SGLang host-loop replay"), "{e}");
+        assert!(e.ends_with("is not supported by servesim yet"), "{e}");
+        assert!(config("prefill", json!({"host_loop": true})).unwrap_err().contains("host-loop replay"));
+        assert!(config("aggregated", json!({"frontend": {}})).unwrap_err().contains("frontend: SGLang host-loop"));
+        assert!(config("decode", json!({"host_loop": true})).unwrap_err().contains("unknown key"));
     }
 }

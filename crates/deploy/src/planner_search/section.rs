@@ -230,19 +230,14 @@ pub(super) fn read_group(name: &str, v: Option<&Value>) -> Result<Group, DeployE
     if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "preset" | "type")) {
         return Err(DeployError::new(format!("{path}.{k}"), "Extra inputs are not permitted"));
     }
-    let family = match m.get("type").filter(|t| !t.is_null()) {
-        None => None,
-        Some(_) if name != "load_predictor" => {
-            return Err(DeployError::new(
-                format!("{path}.type"),
-                "only planner.load_predictor takes a type (the predictor family)",
-            ))
-        }
-        Some(t) => {
-            domain(&format!("{path}.type"), t, Kind::Family)?;
-            Some(t.clone())
-        }
-    };
+    // Every group's control takes a predictor `type` (Dynamo's one `PresetControl` model); only
+    // the load predictor's means something. The others' is dropped with a default or disabled
+    // preset, and refused with a preset list (its search model forbids the extra key).
+    let type_given = m.get("type").filter(|t| !t.is_null());
+    if let Some(t) = type_given {
+        domain(&format!("{path}.type"), t, Kind::Family)?;
+    }
+    let family = type_given.filter(|_| name == "load_predictor").cloned();
     let ppath = format!("{path}.preset");
     let preset = match m.get("preset") {
         None => Preset::Default { given: true },
@@ -259,6 +254,9 @@ pub(super) fn read_group(name: &str, v: Option<&Value>) -> Result<Group, DeployE
                         "Input should be a preset name or a mapping",
                     ));
                 }
+            }
+            if name != "load_predictor" && type_given.is_some() {
+                return Err(DeployError::new(format!("{path}.type"), "Extra inputs are not permitted"));
             }
             Preset::List(a.clone())
         }
@@ -410,4 +408,28 @@ pub(super) fn independent(
 
 pub(super) fn vals(v: &[Value]) -> Vec<Value> {
     v.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dynamo's four preset groups share one control model, `type` (a predictor family)
+    /// included: the load predictor's chooses its family; the others' is validated and dropped,
+    /// except beside a preset list, whose search model has no such key.
+    #[test]
+    fn every_group_takes_a_predictor_type() {
+        let read = |name: &str, v: Value| read_group(name, Some(&v)).map_err(|e| e.to_string());
+        for name in ["scaling_policy", "fpm_sampling", "load_sensitivity"] {
+            let g = read(name, json!({"type": "arima"})).unwrap();
+            assert!(g.family.is_none() && matches!(g.preset, Preset::Default { given: true }));
+            let g = read(name, json!({"type": {"choices": ["kalman", "constant"]}, "preset": false})).unwrap();
+            assert!(g.family.is_none() && matches!(g.preset, Preset::Off));
+            let e = read(name, json!({"type": "arima", "preset": ["default"]})).err().unwrap();
+            assert_eq!(e, format!("planner.{name}.type: Extra inputs are not permitted"));
+            assert!(read(name, json!({"type": "lstm"})).is_err());
+        }
+        let g = read("load_predictor", json!({"type": "arima"})).unwrap();
+        assert_eq!(g.family, Some(json!("arima")));
+    }
 }

@@ -412,6 +412,26 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             return Err(DeployError::new(path, "must be a mapping"));
         }
     }
+    // `engine.hardware: auto` is the one SKU `optimization.hardware` names (validated above).
+    if let Some(h) = base.pointer_mut("/engine/hardware").filter(|h| h.as_str() == Some("auto")) {
+        match root.pointer("/optimization/hardware").filter(|v| !v.is_null()) {
+            Some(sku) => *h = sku.clone(),
+            None => {
+                return Err(DeployError::new(
+                    "engine.hardware",
+                    "engine.hardware='auto' requires one optimization.hardware",
+                ))
+            }
+        }
+    }
+    // The reference sizes each candidate's concurrency from its own KV capacity.
+    if get(&base, &["traffic", "load", "type"]).and_then(Value::as_str) == Some("kv_capacity_fraction") {
+        return Err(DeployError::new(
+            "traffic.load.type",
+            "kv_capacity_fraction load (each candidate's concurrency sized from its own KV capacity) is not \
+             supported by servesim recommend yet; give a concurrency or a request rate",
+        ));
+    }
     // The engine's identity domains: the reference searches both modes and both of vLLM and
     // SGLang when they are omitted.
     let (modes, mode_searched) =
@@ -448,16 +468,37 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             return Err(DeployError::new("engine.workers", "disaggregated mode requires prefill and decode workers"));
         }
     }
-    let moe = model_is_moe(&base);
+    let moe_known = model_moe(&base);
+    let moe = moe_known.unwrap_or(false);
+    // A dense model's legal pool (the reference's `enumerate_worker_shapes`) is plain TP: the
+    // independent domains only choose among it, so their attention_data above 1 names nothing.
+    let dense = moe_known == Some(false);
     // Per mode: its roles, shape sets and knobs, and the shape sets over the budget.
     let mut per_mode: Vec<(&'static str, &'static [&'static str], ModeSpace)> = Vec::new();
     let mut over_budget_sets: u128 = 0;
     for &mode in &modes {
         let roles: &'static [&'static str] =
             if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
-        let space = read_mode(&base, roles, &optimization, moe)?;
+        let space = read_mode(&base, roles, &optimization, moe, dense)?;
         over_budget_sets = over_budget_sets.saturating_add(space.over);
         per_mode.push((mode, roles, space));
+    }
+    if let Some(role) = per_mode.iter().find_map(|(.., s)| s.dense_attention_dp) {
+        if per_mode.iter().all(|(.., s)| s.shape_sets.is_empty()) {
+            let skipped: Vec<String> = per_mode
+                .iter()
+                .map(|(mode, ..)| format!("'{}'", if *mode == "disaggregated" { "disagg" } else { "agg" }))
+                .collect();
+            return Err(DeployError::new(
+                format!("engine.workers.{role}.parallelism.attention_data"),
+                format!(
+                    "no deployment_mode has a viable parallel config (skipped [{}]); check backends / model / \
+                     hardware / gpu_budget={} (a dense model runs no attention data parallelism)",
+                    skipped.join(", "),
+                    optimization.budget
+                ),
+            ));
+        }
     }
     for &(_, roles, ..) in &per_mode {
         for role in roles {
@@ -508,7 +549,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let mut start = 0usize;
     let nr = routers.len().max(1);
     let mut over_budget: u128 = 0;
-    for (m, (mode, roles, ModeSpace { shape_sets, over, knobs })) in per_mode.into_iter().enumerate() {
+    for (m, (mode, roles, ModeSpace { shape_sets, over, knobs, .. })) in per_mode.into_iter().enumerate() {
         let planners = match &planner_section {
             Some(section) => {
                 let ctx = crate::planner_search::Context {
@@ -727,17 +768,18 @@ fn backend_versions(base: &Value, backends: &[&str]) -> Result<Option<Map<String
 }
 
 /// Whether the engine's model is a mixture of experts, MLA models included (its config in the
-/// AIS data package); false when it cannot be read (the dense pool then applies, and the trials
-/// say what is missing).
-fn model_is_moe(base: &Value) -> bool {
-    let Some(model) = get(base, &["engine", "model"]).and_then(Value::as_str) else { return false };
+/// AIS data package); `None` when it cannot be read (the dense pool then applies, without the
+/// dense-only rules, and the trials say what is missing).
+fn model_moe(base: &Value) -> Option<bool> {
+    let model = get(base, &["engine", "model"]).and_then(Value::as_str)?;
     let paths: Vec<String> = get(base, &["engine", "systems_paths"])
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
         .unwrap_or_default();
-    let Ok(roots) = servesim_perf::systems::systems_roots(&paths) else { return false };
+    let roots = servesim_perf::systems::systems_roots(&paths).ok()?;
     let roots: Vec<std::path::PathBuf> = roots.into_iter().map(|(p, _)| p).collect();
-    servesim_perf::model::ModelSpec::load(model, &roots).is_ok_and(|m| m.family != servesim_perf::model::Family::Dense)
+    let spec = servesim_perf::model::ModelSpec::load(model, &roots).ok()?;
+    Some(spec.family != servesim_perf::model::Family::Dense)
 }
 
 /// GPUs per worker in the default pool (aisimulate's `parallel_enum`).
@@ -901,6 +943,8 @@ struct ModeSpace {
     /// Within the budget (disaggregated: every prefill/decode pair) and at least
     /// `min_candidate_gpus`.
     shape_sets: Vec<Vec<Shape>>,
+    /// A role whose attention_data domain named values above 1 on a dense model (left out).
+    dense_attention_dp: Option<&'static str>,
     /// How many shape sets the domains hold over the budget.
     over: u128,
     knobs: Vec<Knob>,
@@ -912,7 +956,9 @@ fn read_mode(
     roles: &[&'static str],
     optimization: &Optimization,
     moe: bool,
+    dense: bool,
 ) -> Result<ModeSpace, DeployError> {
+    let mut dense_attention_dp = None;
     let budget = optimization.budget as u64;
     // Per role: the parallel shapes and the scheduler knobs.
     let mut role_shapes: Vec<Vec<Shape>> = Vec::new();
@@ -987,12 +1033,16 @@ fn read_mode(
                         None => Ok((vec![1], 1)),
                     }
                 };
-                let ((rs, rn), (ts, tn), (ds, dn)) = (d("replicas")?, d("tensor")?, d("attention_data")?);
+                let ((rs, rn), (ts, tn), (ds, mut dn)) = (d("replicas")?, d("tensor")?, d("attention_data")?);
+                if dense && ds.iter().any(|&dp| dp > 1) {
+                    dense_attention_dp = Some(*role);
+                    dn = ds.contains(&1) as u64;
+                }
                 // Shapes with a size above the budget were never made: counted here.
                 shapes_in_all = shapes_in_all.saturating_mul(rn as u128 * tn as u128 * dn as u128);
                 let mut s = Vec::new();
                 for &t in &ts {
-                    for &dp in &ds {
+                    for &dp in ds.iter().filter(|&&dp| !dense || dp == 1) {
                         for &r in &rs {
                             s.push(Shape::tp(r, t, dp));
                         }
@@ -1044,14 +1094,17 @@ fn read_mode(
         .into_iter()
         .filter(|s| s.iter().map(Shape::gpus).sum::<u64>() >= optimization.min_gpus as u64)
         .collect();
-    Ok(ModeSpace { shape_sets, over, knobs })
+    Ok(ModeSpace { shape_sets, over, knobs, dense_attention_dp })
 }
 
 /// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
 /// when every role's KV cache, sized at the largest token budget its scheduler knob takes, holds
-/// more tokens than one longest sequence (the context length). Per branch (the capacity depends
-/// on the backend) and shape set: the reason when it does not. Shapes whose capacity cannot be
-/// estimated here are kept (their trial says why).
+/// more tokens than one longest sequence (the context length). A fixed block count is taken as
+/// fixed only with an explicit `kv_cache.block_size` (the reference's `_role_runtime` multiplies
+/// the blocks by the configured block size and has none to use otherwise): without one the role
+/// is judged by the memory-sized estimate, as a default capacity is. Per branch (the capacity
+/// depends on the backend) and shape set: the reason when it does not. Shapes whose capacity
+/// cannot be estimated here are kept (their trial says why).
 fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
     let mut all = Vec::with_capacity(space.branches.len());
     for (b, br) in space.branches.iter().enumerate() {
@@ -1083,6 +1136,20 @@ fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
                             "decode" => c.engine.decode.as_ref(),
                             _ => c.engine.aggregated.as_ref(),
                         }?;
+                        let memory_sized;
+                        let w = match w.capacity {
+                            schema::Capacity::Blocks(_) if w.block_size.is_none() => {
+                                memory_sized = schema::Worker {
+                                    capacity: schema::Capacity::Default {
+                                        memory_fraction: None,
+                                        cuda_graph_reserved_bytes: 0,
+                                    },
+                                    ..w.clone()
+                                };
+                                &memory_sized
+                            }
+                            _ => w,
+                        };
                         let (tokens, context) = crate::lower::kv_tokens(&c.engine, w, mbt_max(role))?;
                         (tokens <= context).then(|| {
                             format!(
@@ -1241,16 +1308,85 @@ mod tests {
         let modes: Vec<String> = identities(&s).into_iter().map(|(m, ..)| m).collect();
         assert_eq!(modes, ["aggregated", "aggregated", "disaggregated"]);
         // A mode no candidate of which fits its KV cache is not active: the others take its trials.
-        root["engine"]["workers"]["prefill"]["kv_cache"]["capacity"]["blocks"] = json!(1);
+        // (A fixed block count is fixed only with an explicit block size.)
+        root["engine"]["workers"]["prefill"]["kv_cache"] =
+            json!({"block_size": 16, "capacity": {"type": "fixed", "blocks": 1}});
         let s = read_search(&root, Path::new(".")).unwrap();
         let modes: Vec<String> = identities(&s).into_iter().map(|(m, ..)| m).collect();
         assert_eq!(modes, ["aggregated"; 3]);
-        // SGLang's one-token blocks hold 1000 tokens of the 1024 the context needs: its
-        // aggregated shapes are out too.
-        assert_eq!(s.kv_excluded, 2 + 3);
-        assert!(identities(&s).iter().all(|(_, b, _)| b == "vllm"));
+        assert_eq!(s.kv_excluded, 2);
+        // One-token blocks hold 1000 tokens of the 1024 the context needs: the aggregated shapes
+        // are out too.
+        root["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = json!(1);
+        root["engine"]["workers"]["aggregated"]["kv_cache"]["capacity"]["blocks"] = json!(1000);
+        let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+        assert!(e.contains("KV"), "{e}");
+        root["engine"]["workers"]["aggregated"]["kv_cache"]["capacity"]["blocks"] = json!(1025);
+        root["engine"]["backend"] = json!({"choices": ["vllm", "sglang"]});
+        assert_eq!(read_search(&root, Path::new(".")).unwrap().kv_excluded, 2);
         root["optimizer"]["max_trials"] = json!(1);
         assert_eq!(read_search(&root, Path::new(".")).unwrap().candidate_count(), 1);
+    }
+
+    /// `engine.hardware: auto` is `optimization.hardware`; a KV-fraction load is refused by
+    /// name (each candidate's concurrency would come from its own KV capacity).
+    #[test]
+    fn auto_hardware_and_kv_fraction_loads() {
+        let mut root = three_roles(json!({"mode": "aggregated", "hardware": "auto"}));
+        let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+        assert_eq!(e, "engine.hardware: engine.hardware='auto' requires one optimization.hardware");
+        root["optimization"]["hardware"] = json!("h200_sxm");
+        let s = read_search(&root, Path::new(".")).unwrap();
+        assert_eq!(s.candidate(0).unwrap()["engine"]["hardware"], "h200_sxm");
+        root["traffic"] = json!({"load": {"type": "kv_capacity_fraction", "fraction": 0.5}});
+        let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+        assert!(e.starts_with("traffic.load.type: kv_capacity_fraction load"), "{e}");
+    }
+
+    /// The reference's search on Qwen3-8B (dense) on h200_sxm, fixed 4,000 blocks and no block
+    /// size: both backends are kept (its KV filter sizes the cache from memory); with an explicit
+    /// block size the blocks count. Attention data parallelism names no dense shape: the mode is
+    /// skipped, and with none left the search is refused with the reference's message. Skipped
+    /// without the AIS data package.
+    #[test]
+    fn the_references_kv_and_dense_rules_on_a_real_model() {
+        let mut root = json!({
+            "engine": {"mode": "aggregated", "model": "Qwen/Qwen3-8B", "hardware": "h200_sxm",
+                       "backend": {"choices": ["vllm", "sglang"]},
+                       "workers": {"aggregated": {
+                           "kv_cache": {"capacity": {"type": "fixed", "blocks": 4000}},
+                           "timing": {"type": "fixed", "prefill_ms": 20, "decode_ms": 5},
+                           "parallelism": {"preset": false, "replicas": 1, "tensor": 1},
+                           "scheduler": {"max_batched_tokens": 8192, "max_sequences": 256}}}},
+            "optimizer": {"algorithm": "random", "max_trials": 4, "parallelism": 1},
+        });
+        if model_moe(&root) != Some(false) {
+            eprintln!("skipped: no AIS data for Qwen/Qwen3-8B");
+            return;
+        }
+        let s = read_search(&root, Path::new(".")).unwrap();
+        assert_eq!(s.kv_excluded, 0);
+        let backends: Vec<String> = identities(&s).into_iter().map(|(_, b, _)| b).collect();
+        assert_eq!(backends, ["vllm", "sglang"]);
+        // 8 × 4,000 tokens cannot hold Qwen3-8B's 40,960-token context; 16 × 4,000 can.
+        root["optimizer"]["algorithm"] = json!("grid");
+        root["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = json!(8);
+        assert_eq!(read_search(&root, Path::new(".")).unwrap().kv_excluded, 2);
+        root["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = json!(16);
+        assert_eq!(read_search(&root, Path::new(".")).unwrap().kv_excluded, 0);
+        let par = "/engine/workers/aggregated/parallelism/attention_data";
+        *root.pointer_mut("/engine/workers/aggregated/parallelism").unwrap() =
+            json!({"preset": false, "replicas": 1, "tensor": 1, "attention_data": {"choices": [2, 4]}});
+        let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            "engine.workers.aggregated.parallelism.attention_data: no deployment_mode has a viable parallel config \
+             (skipped ['agg']); check backends / model / hardware / gpu_budget=32 (a dense model runs no attention \
+             data parallelism)"
+        );
+        *root.pointer_mut(par).unwrap() = json!({"choices": [1, 2]});
+        let s = read_search(&root, Path::new(".")).unwrap();
+        assert_eq!(s.candidate_count(), 2, "attention_data 1 on each backend");
     }
 
     #[test]

@@ -227,6 +227,9 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
         }
     };
+    if role != "decode" {
+        read_host_loop(&mut w)?;
+    }
     let startup_seconds = w.nonneg("startup_seconds", false)?.unwrap_or(0.0);
     w.finish()?;
     Ok(Worker {
@@ -248,4 +251,19 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         timing_controls,
         startup_seconds,
     })
+}
+
+/// The reference's host-aware settings of an aggregated or prefill worker: `host_loop` replays
+/// each pass as one SGLang overlap-scheduler iteration (requests admitted at iteration
+/// boundaries, a forward's outputs visible one iteration later), with optional frontend stages
+/// ahead of it. servesim replays the plain scheduler: only `host_loop: false` is accepted.
+fn read_host_loop(w: &mut Reader) -> Result<(), DeployError> {
+    let what = "SGLang host-loop replay (overlap-scheduler iterations, frontend stages and vision tower)";
+    for key in ["frontend", "host_profile", "vision"] {
+        unsupported(w, key, what)?;
+    }
+    if w.flag("host_loop")? == Some(true) {
+        return Err(w.err("host_loop", format!("{what} is not supported by servesim yet")));
+    }
+    Ok(())
 }
