@@ -70,7 +70,18 @@ def shapes(quick):
     return out
 
 
-def layouts(model_name, tps, moe_dp):
+def layouts(model_name, tps, moe_dp, pps=(1,), cps=(1,)):
+    """`layouts_tp` (below) at every pipeline depth of `pps` and prefill context-parallel size
+    of `cps` (the defaults: neither, as before); a size of 1 leaves its key out."""
+    out = []
+    for pp in pps:
+        for cp in cps:
+            for layout in layouts_tp(model_name, tps, moe_dp):
+                out.append({**layout, **({"pp": pp} if pp > 1 else {}), **({"cp_size": cp} if cp > 1 else {})})
+    return out
+
+
+def layouts_tp(model_name, tps, moe_dp):
     """Parallel layouts to compare: dense models by tp; MoE models with the experts split by
     tensor parallelism (moe_tp = tp) and by expert parallelism (moe_ep = tp), plus attention
     data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked. MLA models on one 8-GPU
@@ -100,6 +111,10 @@ def label(layout):
         s += f" dp{layout['attention_dp']}"
     if "moe_tp_size" in layout:
         s += f" m{layout['moe_tp_size']}x{layout['moe_ep_size']}"
+    if layout.get("pp", 1) > 1:
+        s += f" pp{layout['pp']}"
+    if layout.get("cp_size", 1) > 1:
+        s += f" cp{layout['cp_size']}"
     return s
 
 
@@ -138,6 +153,8 @@ def main():
     ap.add_argument("--tps", default="1,2,4")
     ap.add_argument("--moe-dp", action=argparse.BooleanOptionalAction, default=True,
                     help="also run MoE models with attention data parallelism (attention_dp 2)")
+    ap.add_argument("--pps", default="1", help="pipeline-parallel depths (`pp`) to run every layout at")
+    ap.add_argument("--cps", default="1", help="prefill context-parallel sizes (`cp_size`) to run every layout at")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args()
     rows = []
@@ -152,7 +169,8 @@ def main():
                         os.path.join(model_arg, "config.json"))
         for system in (a.mla_systems if model_name in MLA else a.systems).split(","):
             for backend in a.backends.split(","):
-                for layout in layouts(model_name, map(int, a.tps.split(",")), a.moe_dp):
+                for layout in layouts(model_name, list(map(int, a.tps.split(","))), a.moe_dp,
+                                      list(map(int, a.pps.split(","))), list(map(int, a.cps.split(",")))):
                     tp = layout["tp"]
                     cfg = {"model": model_arg, "system": system, "backend": backend, "worker_type": "aggregated", **layout}
                     qs = shapes(a.quick)
