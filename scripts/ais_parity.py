@@ -20,7 +20,8 @@ Mixture-of-experts models run at every tp with the experts split by tensor paral
 (`--moe-dp`). MLA models (DeepSeek-V3 / R1) run on one 8-GPU node of `--mla-systems`: TP8 with
 moe_tp 8 or moe_ep 8, and attention DP 2 / 4 / 8 over moe_ep 8. Models the reference only knows by Hugging Face id but does not ship in its
 DefaultHFModels list (Mixtral) are passed to both sides as a local directory holding the
-packaged config.json.
+packaged config.json. `--pps` / `--cps` run every layout also at those pipeline depths (`pp`) and
+prefill context-parallel sizes (`cp_size`; the reference allows it on SGLang at tp 1 only).
 """
 import argparse
 import atexit
