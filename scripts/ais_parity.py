@@ -20,7 +20,8 @@ Mixture-of-experts models run at every tp with the experts split by tensor paral
 (`--moe-dp`). MLA models (DeepSeek-V3 / R1) run on one 8-GPU node of `--mla-systems`: TP8 with
 moe_tp 8 or moe_ep 8, and attention DP 2 / 4 / 8 over moe_ep 8. Models the reference only knows by Hugging Face id but does not ship in its
 DefaultHFModels list (Mixtral) are passed to both sides as a local directory holding the
-packaged config.json.
+packaged config.json. `--pps` / `--cps` run every layout also at those pipeline depths (`pp`) and
+prefill context-parallel sizes (`cp_size`; the reference allows it on SGLang at tp 1 only).
 """
 import argparse
 import atexit
@@ -70,7 +71,18 @@ def shapes(quick):
     return out
 
 
-def layouts(model_name, tps, moe_dp):
+def layouts(model_name, tps, moe_dp, pps=(1,), cps=(1,)):
+    """`layouts_tp` (below) at every pipeline depth of `pps` and prefill context-parallel size
+    of `cps` (the defaults: neither, as before); a size of 1 leaves its key out."""
+    out = []
+    for pp in pps:
+        for cp in cps:
+            for layout in layouts_tp(model_name, tps, moe_dp):
+                out.append({**layout, **({"pp": pp} if pp > 1 else {}), **({"cp_size": cp} if cp > 1 else {})})
+    return out
+
+
+def layouts_tp(model_name, tps, moe_dp):
     """Parallel layouts to compare: dense models by tp; MoE models with the experts split by
     tensor parallelism (moe_tp = tp) and by expert parallelism (moe_ep = tp), plus attention
     data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked. MLA models on one 8-GPU
@@ -100,6 +112,10 @@ def label(layout):
         s += f" dp{layout['attention_dp']}"
     if "moe_tp_size" in layout:
         s += f" m{layout['moe_tp_size']}x{layout['moe_ep_size']}"
+    if layout.get("pp", 1) > 1:
+        s += f" pp{layout['pp']}"
+    if layout.get("cp_size", 1) > 1:
+        s += f" cp{layout['cp_size']}"
     return s
 
 
@@ -138,6 +154,8 @@ def main():
     ap.add_argument("--tps", default="1,2,4")
     ap.add_argument("--moe-dp", action=argparse.BooleanOptionalAction, default=True,
                     help="also run MoE models with attention data parallelism (attention_dp 2)")
+    ap.add_argument("--pps", default="1", help="pipeline-parallel depths (`pp`) to run every layout at")
+    ap.add_argument("--cps", default="1", help="prefill context-parallel sizes (`cp_size`) to run every layout at")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args()
     rows = []
@@ -152,7 +170,8 @@ def main():
                         os.path.join(model_arg, "config.json"))
         for system in (a.mla_systems if model_name in MLA else a.systems).split(","):
             for backend in a.backends.split(","):
-                for layout in layouts(model_name, map(int, a.tps.split(",")), a.moe_dp):
+                for layout in layouts(model_name, list(map(int, a.tps.split(","))), a.moe_dp,
+                                      list(map(int, a.pps.split(","))), list(map(int, a.cps.split(",")))):
                     tp = layout["tp"]
                     cfg = {"model": model_arg, "system": system, "backend": backend, "worker_type": "aggregated", **layout}
                     qs = shapes(a.quick)

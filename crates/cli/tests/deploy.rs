@@ -249,6 +249,50 @@ fn host_and_g3_offload_match_the_reference() {
     assert!(without["prefix_cache_reused_ratio"].as_f64().unwrap() < 0.1, "{without}");
 }
 
+/// Pipeline parallelism (vLLM, two stages: the P2P hand-offs timed, GPUs counted as the
+/// reference counts them, tensor × attention DP) and SGLang prefill context parallelism (the
+/// prompt split over two GPUs, which the worker counts) against the reference's predictions
+/// (the YAMLs say how they were recorded); decode context parallelism is refused as the
+/// reference refuses it for GQA models.
+#[test]
+fn pipeline_and_prefill_context_parallelism_match_the_reference() {
+    let Some((ours, _, worst)) = compare_with_reference("predict_pipeline") else { return };
+    assert_eq!(ours["decode_gpus_per_worker"], 1, "{ours}");
+    assert!(worst < 0.001, "pipeline: {worst}");
+    let Some((ours, _, worst)) = compare_with_reference("predict_prefill_cp") else { return };
+    assert_eq!(ours["decode_gpus_per_worker"], 2, "{ours}");
+    assert!(worst < 0.001, "prefill CP: {worst}");
+    // Without CP the prompt runs on one GPU: the mean TTFT nearly doubles.
+    let single = predict_with("predict_prefill_cp", &["engine.workers.aggregated.parallelism.prefill_context=1"]);
+    assert!(single["mean_ttft_ms"].as_f64().unwrap() > 1.5 * ours["mean_ttft_ms"].as_f64().unwrap(), "{single}");
+    let yaml = std::fs::read_to_string(deploy_dir().join("predict_prefill_cp.yaml")).unwrap();
+    let par = "engine.workers.aggregated.parallelism";
+    refused(
+        "prefill-cp-vllm",
+        &yaml,
+        &["engine.backend=vllm"],
+        &["engine.workers.aggregated.timing", "context parallelism (cp_size=2) is not supported on backend=\"vllm\""],
+    );
+    refused(
+        "prefill-cp-tp",
+        &yaml,
+        &[&format!("{par}.tensor=2")],
+        &["sglang CP requires tp_size=1 and attention_dp_size=1 when cp_size>1"],
+    );
+    refused(
+        "decode-cp",
+        &yaml,
+        &[&format!("{par}.prefill_context=1"), &format!("{par}.tensor=2"), &format!("{par}.decode_context=2")],
+        &[&format!("{par}.decode_context"), "DCP needs KV-head replication"],
+    );
+    refused(
+        "both-cp",
+        &yaml,
+        &[&format!("{par}.tensor=2"), &format!("{par}.decode_context=2")],
+        &["aggregated workers support at most one of parallelism.prefill_context and parallelism.decode_context"],
+    );
+}
+
 /// A file of the reference's `recommendations/` directory replays as it is: every key it writes
 /// (the canonical defaults, and the worker-level `timing.systems_paths`) is read, and the
 /// prediction agrees with what the reference reported for that candidate within 2 %.

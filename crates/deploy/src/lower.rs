@@ -63,6 +63,9 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
     c.insert("backend_version".into(), json!(engine.backend_version));
     c.insert("tp".into(), json!(p.tensor));
     c.insert("pp".into(), json!(p.pipeline));
+    if p.prefill_context != 1 {
+        c.insert("cp_size".into(), json!(p.prefill_context));
+    }
     c.insert("attention_dp".into(), json!(p.attention_data));
     if sharded {
         c.insert("moe_tp_size".into(), json!(p.moe_tensor));
@@ -131,6 +134,12 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
     a.insert("startup_time".into(), json!(w.startup_seconds));
     a.insert("tensor_parallel_size".into(), json!(w.parallelism.tensor));
     a.insert("dp_size".into(), json!(w.parallelism.attention_data));
+    if w.parallelism.pipeline != 1 {
+        a.insert("aic_pp_size".into(), json!(w.parallelism.pipeline));
+    }
+    if w.parallelism.prefill_context != 1 {
+        a.insert("aic_cp_size".into(), json!(w.parallelism.prefill_context));
+    }
     let blocks = match &w.capacity {
         Capacity::Blocks(b) => *b,
         Capacity::Bytes(bytes) => {

@@ -80,13 +80,25 @@ impl Estimator {
                 self.mem(bytes_per_token * at.x as f64) * scale
             }
             Op::Gemm { scale, n, k, dtype, .. } => db.gemm(*dtype, at.x, *n, *k)?.max(0.0) * scale,
-            Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, .. } => {
-                let full =
-                    at.s.checked_add(at.prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
-                let table =
-                    db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha)?;
-                let (f, p) = (full as f64, at.prefix as f64);
-                let corr = if full == 0 { 0.0 } else { (f * f - p * p) / (f * f) };
+            Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, cp, .. } => {
+                // `s` new tokens after `prefix` cached ones: the table at the full length with
+                // the prefix's share of the causal work taken out.
+                let kernel = |s: u32, prefix: u32| -> Result<f64> {
+                    let full =
+                        s.checked_add(prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
+                    let table =
+                        db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha)?;
+                    let (f, p) = (full as f64, prefix as f64);
+                    Ok(if full == 0 { 0.0 } else { table * ((f * f - p * p) / (f * f)) })
+                };
+                let table = if *cp > 1 {
+                    // Zigzag split into 2·cp chunks: the busiest rank (0) holds the first chunk
+                    // and the last, which attends to almost the whole prompt.
+                    let c = at.s.div_ceil(2 * cp).max(1);
+                    kernel(c, at.prefix)? + kernel(c, at.prefix + at.s - c)?
+                } else {
+                    kernel(at.s, at.prefix)?
+                };
                 let q = (*n * *head) as f64;
                 let kvn = (*n_kv * *head) as f64;
                 let mut extra = 0.0;
@@ -95,7 +107,7 @@ impl Estimator {
                 }
                 extra += self.mem(q * 2.0 + kvn * 2.0) * 2.0; // rope
                 extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
-                (table * corr + extra * 1.1).max(0.0) * scale
+                (table + extra * 1.1).max(0.0) * scale
             }
             Op::GenerationAttention { scale, n, n_kv, head, window, kv, qk_norm, .. } => {
                 let mut v = db.generation_attention(&self.gen_lanes, at.batch, at.s, *n, *n_kv, *head, *window, *kv)?;
@@ -120,6 +132,13 @@ impl Estimator {
                     let spec = &db.spec;
                     let bytes = at.x as f64 * *hidden as f64 * 2.0;
                     ((bytes / spec.inter_node_bw.max(1.0) + spec.p2p_latency) * 1000.0).max(0.0) * scale
+                }
+            }
+            Op::CpAllGather { scale, elements, gpus, .. } => {
+                if *gpus <= 1 {
+                    0.0
+                } else {
+                    db.nccl("half", "all_gather", *gpus, at.x as f64 * elements)?.max(0.0) * scale
                 }
             }
             Op::Moe(m) => crate::moe::eval_moe(db, m, at.x)?,
@@ -150,9 +169,20 @@ impl Estimator {
         })
     }
 
+    /// The tokens a context op processes on the busiest prefill context-parallel rank: its
+    /// share of the prompt's `x`, except for the KV all-gather, which moves every token.
+    fn cp_share(&self, op: &Op, x: u32) -> u32 {
+        let cp = self.layout.cp.max(1);
+        if cp == 1 || matches!(op, Op::CpAllGather { .. }) {
+            x
+        } else {
+            x.div_ceil(cp)
+        }
+    }
+
     fn context_at(&self, op: &Op, batch: u32, s: u32, prefix: u32) -> Result<f64> {
         let logits = matches!(op, Op::Gemm { logits: true, .. });
-        let x = if logits { batch } else { tokens(batch, s, "prefill")? };
+        let x = self.cp_share(op, if logits { batch } else { tokens(batch, s, "prefill")? });
         self.eval(op, At { batch, s, prefix, x }).map_err(|e| e.context(format!("op {}", op.name())))
     }
 
@@ -234,7 +264,7 @@ impl Estimator {
                 if matches!(op, Op::ContextAttention { .. }) {
                     continue;
                 }
-                let x = if matches!(op, Op::Gemm { logits: true, .. }) { 1 } else { combined };
+                let x = self.cp_share(op, if matches!(op, Op::Gemm { logits: true, .. }) { 1 } else { combined });
                 total += self
                     .eval(op, At { batch: 1, s: combined, prefix: c, x })
                     .map_err(|e| e.context(format!("op {}", op.name())))?;
@@ -289,17 +319,18 @@ impl Estimator {
         Ok(max)
     }
 
-    /// KV-cache bytes per token per GPU. MLA models keep one latent vector (`kv_lora_rank +
+    /// KV-cache bytes per token per GPU. Every layer counts whatever the pipeline depth, as the
+    /// reference counts it (its KV capacity and transfer sizes do not split the KV by stage). MLA models keep one latent vector (`kv_lora_rank +
     /// qk_rope_head_dim` elements) per layer and token, shared by every head and not split by
     /// tensor parallelism.
     pub fn kv_bytes_per_token(&self) -> f64 {
         let m = &self.model;
         if let Some(d) = m.mla {
             let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
-            return m.layers as f64 / self.layout.pp.max(1) as f64 * latent * self.layout.kv.bytes();
+            return m.layers as f64 * latent * self.layout.kv.bytes();
         }
         let kv_per_gpu = m.kv_heads.div_ceil(self.layout.tp) as f64;
-        2.0 * kv_per_gpu * m.head_dim as f64 * m.layers as f64 / self.layout.pp.max(1) as f64 * self.layout.kv.bytes()
+        2.0 * kv_per_gpu * m.head_dim as f64 * m.layers as f64 * self.layout.kv.bytes()
     }
 
     pub fn gemm_dtype(&self) -> Dtype {

@@ -371,6 +371,8 @@ pub enum Op {
         kv: Dtype,
         fmha: Dtype,
         qk_norm: bool,
+        /// Prefill context parallelism: the busiest rank's share of the attention (1: none).
+        cp: u32,
     },
     GenerationAttention {
         name: String,
@@ -386,6 +388,9 @@ pub enum Op {
     AllReduce { name: String, scale: f64, hidden: u32, tp: u32 },
     /// Pipeline hand-off of `hidden` bf16 elements per token.
     P2P { name: String, scale: f64, hidden: u32, pp: u32 },
+    /// Prefill context parallelism's all-gather of every token's KV over the `gpus` CP ranks
+    /// (`elements` half-precision elements per token; all tokens, not the rank's share).
+    CpAllGather { name: String, scale: f64, elements: f64, gpus: u32 },
     /// Fused mixture-of-experts FFN.
     Moe(MoeOp),
     /// MoE token dispatch / combine communication.
@@ -409,7 +414,8 @@ impl Op {
             | Op::ContextAttention { name, .. }
             | Op::GenerationAttention { name, .. }
             | Op::AllReduce { name, .. }
-            | Op::P2P { name, .. } => name,
+            | Op::P2P { name, .. }
+            | Op::CpAllGather { name, .. } => name,
             Op::Moe(m) => &m.name,
             Op::MoeDispatch(d) => &d.name,
             Op::Mla(m) => &m.name,
@@ -424,6 +430,8 @@ impl Op {
 pub struct Layout {
     pub tp: u32,
     pub pp: u32,
+    /// Prefill context parallelism (`cp_size`): the prompt's tokens split over `cp` ranks.
+    pub cp: u32,
     pub attention_dp: u32,
     pub moe_tp: u32,
     pub moe_ep: u32,
@@ -474,6 +482,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
                 kv: l.kv,
                 fmha: l.fmha,
                 qk_norm: m.qk_norm,
+                cp: l.cp,
             }
         } else {
             Op::GenerationAttention {
@@ -504,6 +513,12 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         });
         list.push(Op::Gemm { name: nm("qkv_gemm"), scale: layers * s, n: qkv_n, k: h, dtype: l.gemm, logits: false });
         list.push(attention(ctx, layers / attn_split * s, 0, nm("attention")));
+        if ctx && l.cp > 1 {
+            // Every CP rank gathers the whole prompt's KV of each layer (SGLang's all-gather
+            // variant), one layer's K and V per token in half-precision elements.
+            let elements = 2.0 * kv_per_gpu as f64 * m.head_dim as f64 * l.kv.bytes() / 2.0;
+            list.push(Op::CpAllGather { name: nm("cp_all_gather"), scale: layers, elements, gpus: l.cp });
+        }
         list.push(Op::Gemm { name: nm("proj_gemm"), scale: layers * s, n: h, k: proj_k, dtype: l.gemm, logits: false });
         list.push(Op::Elementwise {
             name: nm("add_norm_2"),
@@ -686,6 +701,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
                 kv: l.kv,
                 fmha: l.fmha,
                 qk_norm: false,
+                cp: 1,
             }),
             (true, false) => granular.push(Op::GenerationAttention {
                 name: nm("attention"),
@@ -773,6 +789,7 @@ mod tests {
         Layout {
             tp: 4,
             pp: 1,
+            cp: 1,
             attention_dp: 1,
             moe_tp: 1,
             moe_ep: 4,

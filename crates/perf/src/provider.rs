@@ -26,6 +26,8 @@ pub struct AisConfig {
     pub backend_version: Option<String>,
     pub tp: u32,
     pub pp: u32,
+    /// Prefill context parallelism (SGLang's all-gather variant, dense models).
+    pub cp_size: u32,
     pub attention_dp: u32,
     pub moe_tp_size: Option<u32>,
     pub moe_ep_size: Option<u32>,
@@ -179,10 +181,8 @@ impl AisConfig {
                 ));
             }
         }
-        for k in ["dcp", "cp_size"] {
-            if uint(k, Some(1))? != Some(1) {
-                return Err(cfg_err(path, k, "context parallelism is not modelled (only 1)"));
-            }
+        if uint("dcp", Some(1))? != Some(1) {
+            return Err(cfg_err(path, "dcp", "decode context parallelism is not modelled (only 1)"));
         }
         if boolean("decoder_replay")? == Some(true) {
             return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
@@ -306,6 +306,7 @@ impl AisConfig {
             backend_version: string("backend_version")?,
             tp: uint("tp", Some(1))?.unwrap_or(1),
             pp: uint("pp", Some(1))?.unwrap_or(1),
+            cp_size: uint("cp_size", Some(1))?.unwrap_or(1),
             attention_dp: uint("attention_dp", Some(1))?.unwrap_or(1),
             moe_tp_size: uint("moe_tp_size", None)?,
             moe_ep_size: uint("moe_ep_size", None)?,
@@ -323,13 +324,14 @@ impl AisConfig {
 
     fn cache_key(&self) -> String {
         format!(
-            "{}|{}|{}|{:?}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
             self.model,
             self.system,
             self.backend,
             self.backend_version,
             self.tp,
             self.pp,
+            self.cp_size,
             self.attention_dp,
             self.moe_tp_size,
             self.moe_ep_size,
@@ -501,6 +503,30 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             cfg.model, model.heads, cfg.tp
         )));
     }
+    if cfg.cp_size > 1 {
+        // The reference prices prefill CP only on SGLang (vLLM's context parallelism is the
+        // decode-side DCP), as a pure-CP attention group.
+        if cfg.backend != "sglang" {
+            return Err(PerfError::unsupported(format!(
+                "context parallelism (cp_size={}) is not supported on backend={:?}; the reference models prefill \
+                 context parallelism on sglang only",
+                cfg.cp_size, cfg.backend
+            )));
+        }
+        if cfg.tp != 1 || cfg.attention_dp != 1 {
+            return Err(PerfError::config(format!(
+                "sglang CP requires tp_size=1 and attention_dp_size=1 when cp_size>1 (CP and attention TP/DP are \
+                 mutually exclusive on sglang). Got tp_size={}, attention_dp_size={}, cp_size={}.",
+                cfg.tp, cfg.attention_dp, cfg.cp_size
+            )));
+        }
+        if model.family != Family::Dense {
+            return Err(PerfError::unsupported(format!(
+                "{}: context parallelism (cp_size={}) is modelled for dense models only",
+                cfg.model, cfg.cp_size
+            )));
+        }
+    }
     // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
         Family::Dense => (1, 1),
@@ -536,6 +562,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let layout = Layout {
         tp: cfg.tp,
         pp: cfg.pp,
+        cp: cfg.cp_size,
         attention_dp: cfg.attention_dp,
         moe_tp,
         moe_ep,

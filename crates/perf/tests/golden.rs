@@ -200,6 +200,72 @@ fn clear_errors_with_real_data() {
     assert!(e.contains("not a queryable version") && e.contains("current = 0.24.0"), "{e}");
 }
 
+/// Pipeline parallelism (`pp`: the stages' activation hand-offs, `(pp − 1)` P2P sends per pass)
+/// and SGLang prefill context parallelism (`cp_size`: each rank's share of the prompt, rank 0's
+/// two zigzag attention chunks, the per-layer KV all-gather; decode untouched):
+/// `RustForwardPassPerfModel.best_available(cfg)` as in `reference_goldens`.
+#[test]
+fn pipeline_and_prefill_cp_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the pp / cp goldens");
+        return;
+    }
+    let cases = [
+        (
+            json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "pp": 2}),
+            [
+                53.89753515651973,
+                198.47391502776065,
+                7864.736848127591,
+                52.99807381994978,
+                13.294696929614513,
+                116.61435907458444,
+            ],
+        ),
+        (
+            json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2}),
+            [
+                53.13951200807428,
+                181.685822370824,
+                7792.970763248065,
+                52.28106342869524,
+                21.283551815639576,
+                125.07625715894521,
+            ],
+        ),
+        (
+            json!({"model": "Qwen/Qwen3-8B", "system": "h100_sxm", "backend": "sglang", "tp": 1, "cp_size": 4}),
+            [
+                11.369433493424394,
+                24.90660527932418,
+                987.9559124502766,
+                11.35970668485144,
+                8.564053538917905,
+                21.447386386278225,
+            ],
+        ),
+    ];
+    for (mut cfg, want) in cases {
+        cfg["worker_type"] = json!("aggregated");
+        let e = est_with(cfg);
+        close(e.prefill_ms(1, 1024, 0).unwrap(), want[0]);
+        close(e.prefill_ms(2, 2500, 700).unwrap(), want[1]);
+        close(e.prefill_ms(3, 33000, 0).unwrap(), want[2]);
+        close(e.prefill_ms(1, 1001, 0).unwrap(), want[3]);
+        close(e.decode_ms(16, 1100).unwrap(), want[4]);
+        close(e.forward_pass_time_ms(&[MIXED]).unwrap(), want[5]);
+    }
+    // The reference's layout rules: prefill CP on SGLang only, as a pure-CP attention group.
+    let refuse = |cfg: serde_json::Value| {
+        estimator(&AisConfig::from_json("config", &cfg).unwrap()).map(|_| ()).unwrap_err().to_string()
+    };
+    let e = refuse(json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "cp_size": 2}));
+    assert!(e.contains("sglang only"), "{e}");
+    let e =
+        refuse(json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "sglang", "tp": 2, "cp_size": 2}));
+    assert!(e.contains("sglang CP requires tp_size=1 and attention_dp_size=1"), "{e}");
+}
+
 /// `aisimulate_core.sdk.memory.kv_cache.estimate_num_gpu_blocks(model, system, backend,
 /// scheduler_block_size=B, max_num_tokens=8192, max_batch_size=256, memory_fraction_kind="of_total",
 /// memory_fraction_value=0.9 (vllm) / 0.88 (sglang), tp_size=T)` (recorded with /tmp/kv.py).
@@ -219,6 +285,31 @@ fn kv_capacity_goldens() {
         let e = est(model, system, backend, tp);
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
+    }
+    // Pipeline stages hold 1/pp of the weights but (the reference's sizing) every layer's KV of
+    // a token; prefill CP ranks hold
+    // the whole model and the whole KV (recorded as above with pp_size / cp_size).
+    for (cfg, block, want) in [
+        (json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "pp": 2}), 64, 5856u64),
+        (json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "pp": 2}), 64, 13695),
+        (json!({"model": "Qwen/Qwen3-8B", "system": "h100_sxm", "backend": "sglang", "pp": 2}), 1, 430178),
+        (
+            json!({"model": "meta-llama/Meta-Llama-3.1-70B", "system": "h100_sxm", "backend": "vllm", "tp": 2, "pp": 4}),
+            16,
+            20859,
+        ),
+        (
+            json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "pp": 2,
+                   "moe_tp_size": 1, "moe_ep_size": 2}),
+            64,
+            36923,
+        ),
+        (json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "sglang", "cp_size": 2}), 1, 243142),
+        (json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "sglang", "cp_size": 4}), 1, 765519),
+    ] {
+        let e = est_with(cfg.clone());
+        let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{cfg}: {got:?}");
     }
     // Mixture of experts: expert weights split over moe_tp × moe_ep; gpt-oss's sliding-window
     // half holds at most 128 tokens of a sequence.

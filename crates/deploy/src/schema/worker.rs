@@ -16,6 +16,8 @@ pub struct Parallelism {
     pub replicas: u32,
     pub tensor: u32,
     pub pipeline: u32,
+    /// Prefill context parallelism: ranks of one attention group that split each prompt.
+    pub prefill_context: u32,
     pub attention_data: u32,
     pub moe_tensor: u32,
     pub moe_expert: u32,
@@ -24,7 +26,7 @@ pub struct Parallelism {
 impl Parallelism {
     /// GPUs one worker occupies.
     pub fn gpus(&self) -> u32 {
-        self.tensor * self.pipeline * self.attention_data
+        self.tensor * self.pipeline * self.attention_data * self.prefill_context
     }
 }
 
@@ -71,7 +73,15 @@ pub struct Worker {
 pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
     let hardware = w.nonempty("hardware")?;
     let context_length = w.positive("context_length")?;
-    let mut p = Parallelism { replicas: 1, tensor: 1, pipeline: 1, attention_data: 1, moe_tensor: 1, moe_expert: 1 };
+    let mut p = Parallelism {
+        replicas: 1,
+        tensor: 1,
+        pipeline: 1,
+        prefill_context: 1,
+        attention_data: 1,
+        moe_tensor: 1,
+        moe_expert: 1,
+    };
     if let Some(mut o) = w.obj("parallelism")? {
         p.replicas = o.positive("replicas")?.unwrap_or(1);
         p.tensor = o.positive("tensor")?.unwrap_or(1);
@@ -79,13 +89,32 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         p.attention_data = o.positive("attention_data")?.unwrap_or(1);
         p.moe_tensor = o.positive("moe_tensor")?.unwrap_or(1);
         p.moe_expert = o.positive("moe_expert")?.unwrap_or(1);
-        for k in ["prefill_context", "decode_context"] {
-            if o.positive(k)?.is_some_and(|v| v != 1) {
-                return Err(o.err(k, "context parallelism is not supported by servesim yet"));
+        p.prefill_context = o.positive("prefill_context")?.unwrap_or(1);
+        if let Some(dcp) = o.positive("decode_context")? {
+            if !p.tensor.is_multiple_of(dcp) {
+                return Err(o.err("decode_context", "decode_context must divide tensor parallelism"));
             }
-        }
-        if p.pipeline != 1 {
-            return Err(o.err("pipeline", "pipeline parallelism is not supported by servesim yet"));
+            if p.prefill_context > 1 && dcp > 1 && role == "aggregated" {
+                return Err(o.err(
+                    "decode_context",
+                    format!(
+                        "aggregated workers support at most one of parallelism.prefill_context and \
+                         parallelism.decode_context above 1 (got prefill_context={}, decode_context={dcp}); use a \
+                         disaggregated deployment to apply prefill CP on the prefill worker and decode CP on the \
+                         decode worker",
+                        p.prefill_context
+                    ),
+                ));
+            }
+            if dcp != 1 {
+                // The reference times decode CP only where it de-duplicates KV heads TP replicates
+                // (dcp ≤ tp / kv_heads), or from measured whole-forward (FPM) profiles.
+                return Err(o.err(
+                    "decode_context",
+                    "decode context parallelism is not supported by servesim (the reference's DCP needs \
+                     KV-head replication, dcp <= tp / kv_heads, or FPM data)",
+                ));
+            }
         }
         o.finish()?;
     }

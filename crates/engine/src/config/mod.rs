@@ -409,6 +409,11 @@ struct RawConfig {
     timing: Option<Unresolved>,
     dp_size: Field<u32>,
     tensor_parallel_size: Field<u32>,
+    /// `aic_pp_size`: the pipeline depth aisimulate's runner passes beside the timing config.
+    pipeline_size: Field<u32>,
+    /// `aic_cp_size`, or the AIS timing config's `cp_size`: prefill context parallelism, which
+    /// widens the worker.
+    prefill_context_size: Field<u32>,
     startup_time: Field<f64>,
     kv_bytes_per_token: Field<u64>,
     kv_transfer_bandwidth: Field<f64>,

@@ -29,9 +29,20 @@ impl RawConfig {
                     .ok_or_else(|| ConfigError::new(at(k), format!("expected a non-negative integer, got {v}"))),
             }
         };
+        // aisimulate's runner passes the pipeline depth as `aic_pp_size` beside the timing config
+        // (it then times the pipeline's hand-offs); a timing config's own pp must match it.
         let pp = count("pp")?;
-        if pp != 1 {
-            return Err(ConfigError::new(at("pp"), format!("engine launch supports only pp=1; got pp={pp}")));
+        match self.pipeline_size.set() {
+            Some(given) if given != pp => {
+                return Err(ConfigError::new(
+                    "aic_pp_size",
+                    format!("aic_pp_size ({given}) conflicts with the AIS timing config's pp ({pp})"),
+                ))
+            }
+            None if pp != 1 => {
+                return Err(ConfigError::new(at("pp"), format!("engine launch supports only pp=1; got pp={pp}")))
+            }
+            _ => {}
         }
         let agree = |field: &mut Field<u32>, name: &str, k: &str, v: u32| -> Result<()> {
             match field.set() {
@@ -47,6 +58,7 @@ impl RawConfig {
         };
         agree(&mut self.tensor_parallel_size, "tensor_parallel_size", "tp", count("tp")?)?;
         agree(&mut self.dp_size, "dp_size", "attention_dp", count("attention_dp")?)?;
+        agree(&mut self.prefill_context_size, "aic_cp_size", "cp_size", count("cp_size")?)?;
         let nextn = count("nextn")?;
         match self.nextn.set() {
             // Dynamo takes a depth the launch left open from the timing config.
@@ -180,6 +192,8 @@ impl RawConfig {
             ));
         }
         positive(self.tensor_parallel_size, "tensor_parallel_size")?;
+        positive(self.pipeline_size, "aic_pp_size")?;
+        positive(self.prefill_context_size, "aic_cp_size")?;
         let ratio = |field: Field<f64>, name: &str| -> Result<f64> {
             let v = field.or(1.0);
             if !v.is_finite() || v < 0.0 {
@@ -289,6 +303,7 @@ impl RawConfig {
         let deployment = Deployment {
             dp_size,
             tensor_parallel_size: self.tensor_parallel_size.or(1),
+            prefill_context_parallel_size: self.prefill_context_size.or(1),
             startup_time_s: self.startup_time.set(),
             kv_transfer: KvTransfer {
                 bytes_per_token: self.kv_bytes_per_token.set(),

@@ -389,6 +389,8 @@ impl RawConfig {
         } else if is_decode {
             self.role = Field::Set(2);
         }
+        self.pipeline_size = r.u32("aic_pp_size")?;
+        self.prefill_context_size = r.u32("aic_cp_size")?;
         for key in ["aic_backend", "aic_system", "aic_systems_path", "aic_backend_version", "aic_model_path"] {
             r.unsupported(key, &[], "AIConfigurator timing")?;
         }

@@ -401,6 +401,33 @@ fn ais_timing_sizes_the_kv_cache_unless_it_is_given() {
     }
 }
 
+/// aisimulate's runner passes the pipeline depth (`aic_pp_size`) and the prefill context
+/// parallelism (`aic_cp_size`) beside the timing config: pp then launches, and CP ranks widen
+/// the worker (pipeline stages do not, as the reference counts GPUs).
+#[test]
+fn pipeline_and_prefill_cp_come_with_the_runners_keys() {
+    let flat = |top: &str, ais: &str| {
+        format!(
+            r#"{{{top}"engine_type":"vllm","block_size":16,"timing_model":{{"type":"external","provider":"ais",
+            "config":{{"model":"m","system":"s","backend":"vllm","worker_type":"aggregated"{ais}}}}}}}"#
+        )
+    };
+    let w = with_ais(&flat(r#""aic_pp_size":2,"#, r#","pp":2"#)).unwrap();
+    assert_eq!(w.deployment.gpus_per_worker(), 1);
+    let w = with_ais(&flat(r#""aic_cp_size":2,"tensor_parallel_size":2,"#, r#","tp":2,"cp_size":2"#)).unwrap();
+    assert_eq!(w.deployment.gpus_per_worker(), 4);
+    let w = with_ais(&flat("", r#","cp_size":2"#)).unwrap();
+    assert_eq!(w.deployment.prefill_context_parallel_size, 2);
+    for (cfg, want) in [
+        (flat("", r#","pp":2"#), "engine launch supports only pp=1; got pp=2"),
+        (flat(r#""aic_pp_size":2,"#, ""), "aic_pp_size (2) conflicts with the AIS timing config's pp (1)"),
+        (flat(r#""aic_cp_size":2,"#, ""), "aic_cp_size (2) conflicts with the AIS timing config's cp_size (1)"),
+    ] {
+        let e = with_ais(&cfg).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+}
+
 /// Dynamo's launch rules for an AIS timing config (its messages, probed on 1.6.1).
 #[test]
 fn ais_identity_sets_and_must_agree_with_the_launch() {

@@ -42,6 +42,9 @@ pub struct Deployment {
     /// Attention data-parallel ranks per worker, each an engine of its own.
     pub dp_size: u32,
     pub tensor_parallel_size: u32,
+    /// Prefill context-parallel ranks (the AIS timing config's `cp_size`): extra GPUs of one
+    /// attention group that split each prompt.
+    pub prefill_context_parallel_size: u32,
     /// Seconds a worker takes to start (used when workers are added during a run).
     pub startup_time_s: Option<f64>,
     pub kv_transfer: KvTransfer,
@@ -56,9 +59,10 @@ pub struct Deployment {
 }
 
 impl Deployment {
-    /// GPUs one worker occupies (tensor parallel × data parallel).
+    /// GPUs one worker occupies (tensor parallel × data parallel × prefill context parallel;
+    /// pipeline stages are not counted, as the reference counts them).
     pub fn gpus_per_worker(&self) -> u32 {
-        self.tensor_parallel_size * self.dp_size
+        self.tensor_parallel_size * self.dp_size * self.prefill_context_parallel_size
     }
 }
 
