@@ -663,30 +663,36 @@ def _helper_walk(models):
         rec["default"][command] = default
         return rec
 
+    def classify(annotation, models_nest=True):
+        """(kinds, literals, nested models, whether a {choices}/{range} domain is allowed) of a
+        field's annotation. Without models_nest a model member is only named, as a kind."""
+        kinds, literals, subs, domain = [], [], [], False
+        for m in members(annotation):
+            origin = typing.get_origin(m)
+            if m is none:
+                kinds.append("null")
+            elif origin is typing.Literal:
+                literals += list(typing.get_args(m))
+                kinds.append("literal")
+            elif models_nest and isinstance(m, type) and issubclass(m, BaseModel):
+                if m.__name__.startswith("Choices") or m in (NumericRange, IntegerRange):
+                    domain = True
+                else:
+                    subs.append(m)
+            elif models_nest and origin is list:
+                kinds.append("list")
+            elif models_nest and origin is dict:
+                kinds.append("dict")
+            elif m in (bool, int, float, str):
+                kinds.append(m.__name__)
+            else:
+                kinds.append(getattr(m, "__name__", repr(m)))
+        return kinds, literals, subs, domain
+
     def walk(model, prefix, section, command, seen):
         for name, field in model.model_fields.items():
             path = prefix + name
-            kinds, literals, subs, domain = [], [], [], False
-            for m in members(field.annotation):
-                origin = typing.get_origin(m)
-                if m is none:
-                    kinds.append("null")
-                elif origin is typing.Literal:
-                    literals += list(typing.get_args(m))
-                    kinds.append("literal")
-                elif isinstance(m, type) and issubclass(m, BaseModel):
-                    if m.__name__.startswith("Choices") or m in (NumericRange, IntegerRange):
-                        domain = True
-                    else:
-                        subs.append(m)
-                elif origin is list:
-                    kinds.append("list")
-                elif origin is dict:
-                    kinds.append("dict")
-                elif m in (bool, int, float, str):
-                    kinds.append(m.__name__)
-                else:
-                    kinds.append(getattr(m, "__name__", repr(m)))
+            kinds, literals, subs, domain = classify(field.annotation)
             default = None if field.is_required() else jsonable(field.get_default(call_default_factory=False))
             rec = note(path, section, command, kinds, literals, domain, field.is_required(), default)
             if subs:
@@ -711,17 +717,7 @@ def _helper_walk(models):
                      "disabled")
                 continue
             field = planner_cfg.model_fields[runtime]
-            kinds, literals = [], []
-            for m in members(field.annotation):
-                if m is none:
-                    kinds.append("null")
-                elif typing.get_origin(m) is typing.Literal:
-                    literals += list(typing.get_args(m))
-                    kinds.append("literal")
-                elif m in (bool, int, float, str):
-                    kinds.append(m.__name__)
-                else:
-                    kinds.append(getattr(m, "__name__", repr(m)))
+            kinds, literals, _, _ = classify(field.annotation, models_nest=False)
             default = None if field.is_required() else jsonable(field.get_default(call_default_factory=True))
             note("planner." + public, "planner", "predict", kinds, literals, False, False, default)
         walk(models["planner_config"].PlannerRecommendationConfig, "planner.", "planner", "recommend", set())
