@@ -4,7 +4,7 @@
 //! arrival time stays the release time, so its TTFT includes the stage.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use servesim_engine::Prompt;
 use servesim_workload::time::Time;
@@ -19,57 +19,48 @@ pub struct Tokenization {
     pub per_input_token_ms: f64,
 }
 
-/// The tokenizers' state: when each is free, and the requests in or waiting for them.
+/// The tokenizers' state: when each busy one is free, and the requests in or waiting for them.
+/// Idle tokenizers are alike, so only busy ones are kept (at most `workers`, however large the
+/// configured number).
 pub(super) struct Tokenizers {
     cost: Tokenization,
-    free_at: Vec<f64>,
+    busy_until: BinaryHeap<Reverse<Time>>,
     /// Requests by (done time, release order), with the prompt drawn at release.
-    pending: BinaryHeap<Reverse<(Time, u64, PendingTurn)>>,
+    pending: BTreeMap<(Time, u64), PendingTurn>,
     order: u64,
 }
 
-/// A released turn waiting for its tokenizer. Ordered by nothing but its place in the heap key.
+/// A released turn waiting for its tokenizer.
 pub(super) struct PendingTurn {
     pub ready: Ready,
     pub prompt: Prompt,
 }
 
-impl PartialEq for PendingTurn {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl Eq for PendingTurn {}
-impl PartialOrd for PendingTurn {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for PendingTurn {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
-}
-
 impl Tokenizers {
     pub fn new(cost: Tokenization) -> Tokenizers {
-        Tokenizers { cost, free_at: vec![0.0; cost.workers.max(1) as usize], pending: BinaryHeap::new(), order: 0 }
+        Tokenizers { cost, busy_until: BinaryHeap::new(), pending: BTreeMap::new(), order: 0 }
     }
 
-    /// Queues a turn released at `now`: the first tokenizer free takes it (the lowest-numbered
-    /// on a tie).
+    /// Queues a turn released at `now`: an idle tokenizer starts it now, or else the first to
+    /// become free.
     pub fn admit(&mut self, now: f64, ready: Ready, prompt: Prompt) {
-        let (i, &free) =
-            self.free_at.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).expect("at least one tokenizer");
-        let done = free.max(now) + self.cost.base_ms + self.cost.per_input_token_ms * prompt.len() as f64;
-        self.free_at[i] = done;
-        self.pending.push(Reverse((Time(done), self.order, PendingTurn { ready, prompt })));
+        while self.busy_until.peek().is_some_and(|Reverse(t)| t.0 <= now) {
+            self.busy_until.pop();
+        }
+        let start = if self.busy_until.len() < self.cost.workers.max(1) as usize {
+            now
+        } else {
+            self.busy_until.pop().map_or(now, |Reverse(t)| t.0)
+        };
+        let done = start + self.cost.base_ms + self.cost.per_input_token_ms * prompt.len() as f64;
+        self.busy_until.push(Reverse(Time(done)));
+        self.pending.insert((Time(done), self.order), PendingTurn { ready, prompt });
         self.order += 1;
     }
 
     /// When the next tokenized request is due.
     pub fn next_done_ms(&self) -> Option<f64> {
-        self.pending.peek().map(|Reverse((t, _, _))| t.0)
+        self.pending.first_key_value().map(|((t, _), _)| t.0)
     }
 
     /// The next request tokenized by `now`, in (done time, release order) order.
@@ -77,6 +68,47 @@ impl Tokenizers {
         if self.next_done_ms()? > now {
             return None;
         }
-        self.pending.pop().map(|Reverse((_, _, p))| p)
+        self.pending.pop_first().map(|(_, p)| p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(session: u32, tokens: u32) -> (Ready, Prompt) {
+        (Ready { session, turn: 0, arrival_ms: 0.0 }, Prompt::Tokens(vec![7; tokens as usize].into()))
+    }
+
+    /// Two tokenizers at 10 ms + 1 ms per token: the third request waits for the first to
+    /// finish; they come out by done time, then release order.
+    #[test]
+    fn requests_queue_for_the_first_free_tokenizer() {
+        let mut t = Tokenizers::new(Tokenization { workers: 2, base_ms: 10.0, per_input_token_ms: 1.0 });
+        for (s, n) in [(0, 5), (1, 2), (2, 1), (3, 0)] {
+            let (r, p) = turn(s, n);
+            t.admit(0.0, r, p);
+        }
+        // Done at 15, 12, then 12 + 11 = 23, 15 + 10 = 25.
+        assert_eq!(t.next_done_ms(), Some(12.0));
+        assert!(t.pop_done(11.9).is_none());
+        let order: Vec<(u32, f64)> = std::iter::from_fn(|| t.next_done_ms().zip(t.pop_done(f64::MAX)))
+            .map(|(at, p)| (p.ready.session, at))
+            .collect();
+        assert_eq!(order, vec![(1, 12.0), (0, 15.0), (2, 23.0), (3, 25.0)]);
+        // Idle again by 30: a new request starts at once.
+        let (r, p) = turn(4, 0);
+        t.admit(30.0, r, p);
+        assert_eq!(t.next_done_ms(), Some(40.0));
+    }
+
+    /// However many tokenizers are configured, only the busy ones take memory.
+    #[test]
+    fn a_huge_tokenizer_count_costs_nothing() {
+        let mut t = Tokenizers::new(Tokenization { workers: u32::MAX, base_ms: 1.0, per_input_token_ms: 0.0 });
+        let (r, p) = turn(0, 3);
+        t.admit(5.0, r, p);
+        assert_eq!(t.busy_until.len(), 1);
+        assert_eq!(t.next_done_ms(), Some(6.0));
     }
 }
