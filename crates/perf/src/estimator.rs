@@ -320,9 +320,9 @@ impl Estimator {
     }
 
     /// KV-cache bytes per token per GPU. Every layer counts whatever the pipeline depth, as the
-    /// reference counts it (its KV capacity and transfer sizes do not split the KV by stage). MLA models keep one latent vector (`kv_lora_rank +
-    /// qk_rope_head_dim` elements) per layer and token, shared by every head and not split by
-    /// tensor parallelism.
+    /// reference counts it (its KV capacity and transfer sizes do not split the KV by stage).
+    /// MLA models keep one latent vector (`kv_lora_rank + qk_rope_head_dim` elements) per layer
+    /// and token, shared by every head and not split by tensor parallelism.
     pub fn kv_bytes_per_token(&self) -> f64 {
         let m = &self.model;
         if let Some(d) = m.mla {
