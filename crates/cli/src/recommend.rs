@@ -496,7 +496,7 @@ fn finish(
                     i + 1,
                     ranked.scores[i],
                     t.used_gpus,
-                    serde_json::to_string(&knobs(&t.tree)).unwrap_or_default()
+                    serde_json::to_string(&knobs(search, &t.tree)).unwrap_or_default()
                 );
             }
             let _ = writeln!(text, "Saved recommendation to: {}", output_dir.join("recommendation.json").display());
@@ -510,18 +510,30 @@ fn finish(
 }
 
 /// The workers of a candidate, and its router and planner when the search sets them.
-fn knobs(tree: &serde_json::Value) -> serde_json::Value {
+/// What the summary line shows of a candidate: its workers, and when the search varies them, its
+/// mode and backend, its traffic load (a searched or KV-relative load: the concurrency or rate it
+/// ran), its router and its planner.
+fn knobs(search: &servesim_deploy::recommend::Search, tree: &serde_json::Value) -> serde_json::Value {
     let workers = tree.pointer("/engine/workers").cloned().unwrap_or_default();
-    if tree.get("router").is_none() && tree.get("planner").is_none() {
-        return workers;
-    }
+    let (mode, backend) = search.space.searches_identity();
     let mut m = serde_json::Map::new();
-    m.insert("workers".into(), workers);
+    for (shown, key) in [(mode, "mode"), (backend, "backend")] {
+        if let Some(v) = tree.pointer(&format!("/engine/{key}")).filter(|_| shown) {
+            m.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(load) = tree.pointer("/traffic/load").filter(|_| search.searches_load()) {
+        m.insert("load".into(), load.clone());
+    }
     for section in ["router", "planner"] {
         if let Some(v) = tree.get(section) {
             m.insert(section.into(), v.clone());
         }
     }
+    if m.is_empty() {
+        return workers;
+    }
+    m.insert("workers".into(), workers);
     serde_json::Value::Object(m)
 }
 

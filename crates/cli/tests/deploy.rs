@@ -851,6 +851,67 @@ fn recommend(config: &std::path::Path, dir: &std::path::Path, sets: &[&str]) -> 
     servesim(&args)
 }
 
+/// Searched and KV-relative loads against the reference (tests/deploy/recommend_loads.golden.json
+/// says how it was recorded): the same candidates (shape × load), each with the concurrency the
+/// reference ran — a KV fraction sized from the candidate's own KV cache, the decode role's when
+/// disaggregated — its score within 0.5 % (measured: 0.03 %), and the same ranking. Every
+/// recorded candidate replays under `predict -c` from its `recommendations/` file as well.
+#[test]
+fn recommend_load_domains_and_kv_fractions_match_the_reference() {
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_loads.golden.json")).unwrap()).unwrap();
+    for (example, want) in golden["examples"].as_object().unwrap() {
+        let dir = tmp(&format!("rec-loads-{example}"));
+        let out = recommend(&deploy_dir().join(format!("{example}.yaml")), &dir, &["optimizer.algorithm=grid"]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+            return;
+        }
+        assert!(out.status.success(), "{example}: {}", stderr(&out));
+        let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+        let ours = doc["candidates"].as_array().unwrap();
+        let want = want.as_array().unwrap();
+        assert_eq!(ours.len(), want.len(), "{example}: candidates");
+        // A candidate is its worker shapes and the concurrency it ran.
+        let key = |shapes: &Value, concurrency: &Value| format!("{shapes}/{concurrency}");
+        let ours_key = |c: &Value| {
+            let pc = &c["prediction_config"];
+            let shapes: std::collections::BTreeMap<String, Value> = pc["engine"]["workers"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(role, w)| {
+                    let p = &w["parallelism"];
+                    (role.clone(), json!({"attention_data": p["attention_data"], "replicas": p["replicas"], "tensor": p["tensor"]}))
+                })
+                .collect();
+            key(&json!(shapes), &pc["traffic"]["load"]["concurrency"])
+        };
+        let mut ranked_ours: Vec<(f64, String)> = Vec::new();
+        let mut ranked_want: Vec<(f64, String)> = Vec::new();
+        for w in want {
+            let k = key(&w["shapes"], &w["concurrency"]);
+            let c = ours.iter().find(|c| ours_key(c) == k).unwrap_or_else(|| panic!("{example}: no candidate {k}"));
+            assert_eq!(c["status"], w["status"], "{example} {k}");
+            assert_eq!(c["used_gpus"], w["used_gpus"], "{example} {k}");
+            let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+            assert!(deviation(x, y) <= 0.005, "{example} {k}: score {x}, reference {y}");
+            ranked_ours.push((x, k.clone()));
+            ranked_want.push((y, k));
+        }
+        for r in [&mut ranked_ours, &mut ranked_want] {
+            r.sort_by(|a, b| b.0.total_cmp(&a.0));
+        }
+        let order = |r: &[(f64, String)]| r.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>();
+        assert_eq!(order(&ranked_ours), order(&ranked_want), "{example}: ranking");
+        // The best candidate's file is a concrete predict configuration (no KV fraction left).
+        let best = std::fs::read_to_string(dir.join("recommendations/0001.yaml")).unwrap();
+        assert!(!best.contains("kv_capacity_fraction") && best.contains("concurrency"), "{best}");
+        let out = predict(&dir.join("recommendations/0001.yaml"), &tmp(&format!("rec-loads-{example}-0001")), &[]);
+        assert!(out.status.success(), "{example} 0001: {}", stderr(&out));
+    }
+}
+
 #[test]
 fn recommend_rankings_follow_the_rules() {
     let cfg = deploy_dir().join("recommend_grid_fixed.yaml");

@@ -14,8 +14,8 @@
 //! the scheduler knobs default to the reference's lists.
 //!
 //! The module's files, in dependency order (each uses only files listed before it):
-//! [`limits`] (how large a search may be), [`space`] (the space and the search), [`read`]
-//! (reading the recommend sections), [`record`] (a trial and its stored form), [`cache`],
+//! [`limits`] (how large a search may be), [`space`] (the space and the search), `load` (the
+//! traffic load's domains and the KV-relative load), [`read`] (reading the recommend sections), [`record`] (a trial and its stored form), [`cache`],
 //! [`mod@rank`] (scores, ranking and the output files), `bayes` (the surrogate model, a leaf),
 //! [`trials`] (running candidates; the bayesian rounds) and [`shard`]; `evaluate` here picks
 //! the search's way of running.
@@ -23,6 +23,7 @@
 mod bayes;
 pub mod cache;
 pub mod limits;
+mod load;
 pub mod rank;
 pub mod read;
 pub mod record;

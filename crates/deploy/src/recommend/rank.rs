@@ -225,8 +225,9 @@ fn metrics_of(t: &Trial) -> Value {
     Value::Object(m)
 }
 
-/// The knobs a candidate sets (its point in the search space).
-fn knobs_of(t: &Trial, identity: (bool, bool)) -> Value {
+/// The knobs a candidate sets (its point in the search space); `load`: the load it ran, when the
+/// candidates' loads differ.
+fn knobs_of(t: &Trial, identity: (bool, bool), load: bool) -> Value {
     let mut m = Map::new();
     for (searched, key) in [(identity.0, "mode"), (identity.1, "backend")] {
         if let Some(v) = get(&t.tree, &["engine", key]).filter(|_| searched) {
@@ -245,6 +246,11 @@ fn knobs_of(t: &Trial, identity: (bool, bool)) -> Value {
                     }
                 }
             }
+        }
+    }
+    if let Some(l) = get(&t.tree, &["traffic", "load"]).and_then(Value::as_object).filter(|_| load) {
+        for (k, v) in l.iter().filter(|(k, _)| *k != "type") {
+            m.insert(format!("traffic.load.{k}"), v.clone());
         }
     }
     for section in ["router", "planner"] {
@@ -304,7 +310,7 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
         let c = json!({
             "candidate_id": candidate_id(i),
             "status": t.status,
-            "config": knobs_of(t, search.space.searches_identity()),
+            "config": knobs_of(t, search.space.searches_identity(), search.searches_load()),
             "prediction_config": t.tree,
             "used_gpus": t.used_gpus,
             "score": score,

@@ -424,14 +424,9 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             }
         }
     }
-    // The reference sizes each candidate's concurrency from its own KV capacity.
-    if get(&base, &["traffic", "load", "type"]).and_then(Value::as_str) == Some("kv_capacity_fraction") {
-        return Err(DeployError::new(
-            "traffic.load.type",
-            "kv_capacity_fraction load (each candidate's concurrency sized from its own KV capacity) is not \
-             supported by servesim recommend yet; give a concurrency or a request rate",
-        ));
-    }
+    // The traffic load's domains, searched after each mode's worker knobs; a KV-relative load
+    // is sized per candidate when it runs.
+    let load_knobs = super::load::load_knobs(&base)?;
     // The engine's identity domains: the reference searches both modes and both of vLLM and
     // SGLang when they are omitted.
     let (modes, mode_searched) =
@@ -549,7 +544,8 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let mut start = 0usize;
     let nr = routers.len().max(1);
     let mut over_budget: u128 = 0;
-    for (m, (mode, roles, ModeSpace { shape_sets, over, knobs, .. })) in per_mode.into_iter().enumerate() {
+    for (m, (mode, roles, ModeSpace { shape_sets, over, mut knobs, .. })) in per_mode.into_iter().enumerate() {
+        knobs.extend(load_knobs.iter().cloned());
         let planners = match &planner_section {
             Some(section) => {
                 let ctx = crate::planner_search::Context {
@@ -1124,6 +1120,7 @@ fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
                 // The capacity depends on the engine alone (not on the planner settings).
                 let mut tree = space.tree(br.start + s * per_shape);
                 tree.as_object_mut().expect("a mapping").remove("planner");
+                super::load::for_the_check(&mut tree);
                 let config = schema::read_predict(&tree).ok();
                 for (j, sh) in shapes.iter().enumerate() {
                     if memo.contains_key(&(j, sh.worker())) {
@@ -1328,8 +1325,8 @@ mod tests {
         assert_eq!(read_search(&root, Path::new(".")).unwrap().candidate_count(), 1);
     }
 
-    /// `engine.hardware: auto` is `optimization.hardware`; a KV-fraction load is refused by
-    /// name (each candidate's concurrency would come from its own KV capacity).
+    /// `engine.hardware: auto` is `optimization.hardware`; a KV-fraction load needs a fraction and
+    /// a synthetic source (the reference's rules).
     #[test]
     fn auto_hardware_and_kv_fraction_loads() {
         let mut root = three_roles(json!({"mode": "aggregated", "hardware": "auto"}));
@@ -1338,9 +1335,13 @@ mod tests {
         root["optimization"]["hardware"] = json!("h200_sxm");
         let s = read_search(&root, Path::new(".")).unwrap();
         assert_eq!(s.candidate(0).unwrap()["engine"]["hardware"], "h200_sxm");
-        root["traffic"] = json!({"load": {"type": "kv_capacity_fraction", "fraction": 0.5}});
+        root["traffic"] = json!({"source": {"type": "trace", "paths": ["t.jsonl"]},
+                                 "load": {"type": "kv_capacity_fraction", "fraction": 0.5}});
         let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
-        assert!(e.starts_with("traffic.load.type: kv_capacity_fraction load"), "{e}");
+        assert_eq!(e, "traffic: trace traffic requires trace_timestamps or concurrency load");
+        root["traffic"] = json!({"load": {"type": "kv_capacity_fraction"}});
+        let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
+        assert_eq!(e, "traffic.load: traffic.load.type='kv_capacity_fraction' requires fraction");
     }
 
     /// The reference's search on Qwen3-8B (dense) on h200_sxm, fixed 4,000 blocks and no block

@@ -247,7 +247,7 @@ impl Space {
     /// 0/1, then per role slot (aggregated, prefill, decode; zeros for a role the candidate's
     /// mode has not) log2 of its parallel sizes, then per role slot log2 of its scheduler limits,
     /// the router's policy and load model as 0/1 and its numeric knobs (the load scale as
-    /// log2(1 + x)), then the planner's.
+    /// log2(1 + x)), then the planner's, then log2 of the searched traffic load.
     pub(super) fn raw_features(&self, i: usize) -> Vec<f64> {
         let (b, s, ks, r, pl) = self.split(i);
         let br = &self.branches[b];
@@ -309,6 +309,10 @@ impl Space {
             }
             f.push(s.get("load_scaling_down_sensitivity").and_then(Value::as_f64).unwrap_or(0.0) / 100.0);
         }
+        // The traffic load's searched keys (log2; a KV fraction may be below one).
+        for (k, &v) in br.knobs.iter().zip(&ks).filter(|(k, _)| k.path[0] == "traffic") {
+            f.push(k.values[v].as_f64().map_or(0.0, f64::log2));
+        }
         f
     }
 }
@@ -348,12 +352,19 @@ impl Search {
         self.selected.get(k).map(|&i| self.space.tree(i))
     }
 
+    /// Whether candidates differ in their traffic load (searched, or sized from each one's KV
+    /// cache), so that a summary of a candidate should show it.
+    pub fn searches_load(&self) -> bool {
+        super::load::varies(&self.base)
+    }
+
     /// The first candidate's tree (the one checked strictly before a run starts), without its
     /// planner section when the Planner refuses that (the candidate is then infeasible, not the
-    /// configuration wrong).
+    /// configuration wrong), and with a KV-relative load standing in as a concurrency.
     pub fn first_tree(&self) -> Value {
         let i = self.selected[0];
         let mut t = self.space.tree(i);
+        super::load::for_the_check(&mut t);
         if self.space.planner_refusal(i).is_some() {
             t.as_object_mut().expect("a mapping").remove("planner");
         }

@@ -110,6 +110,8 @@ fn trial(
     base_dir: &Path,
     cache: Option<&Cache>,
 ) -> (Trial, bool) {
+    let mut tree = tree;
+    let kv_load = super::load::resolve(&mut tree);
     let used = used_gpus(&tree);
     let mut t =
         Trial { tree, used_gpus: used, status: "feasible", reason_category: None, reason: None, summary: Map::new() };
@@ -119,7 +121,7 @@ fn trial(
         t.reason = Some(format!("used_gpus={used} > gpu_budget={}", search.optimization.budget));
         return (t, false);
     }
-    if let Some((category, why)) = blocked {
+    if let Some((category, why)) = blocked.or(kv_load.err().map(|why| ("kv_capacity", why))) {
         t.status = "infeasible";
         t.reason_category = Some(category);
         t.reason = Some(why);
