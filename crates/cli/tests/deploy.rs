@@ -851,15 +851,16 @@ fn recommend(config: &std::path::Path, dir: &std::path::Path, sets: &[&str]) -> 
     servesim(&args)
 }
 
-/// Searched and KV-relative loads against the reference (tests/deploy/recommend_loads.golden.json
-/// says how it was recorded): the same candidates (shape × load), each with the concurrency the
-/// reference ran — a KV fraction sized from the candidate's own KV cache, the decode role's when
-/// disaggregated — its score within 0.5 % (measured: 0.03 %), and the same ranking. Every
-/// recorded candidate replays under `predict -c` from its `recommendations/` file as well.
+/// Searched loads, KV-relative loads and searched KV caches against the reference
+/// (tests/deploy/recommend_domains.golden.json says how it was recorded): the same candidates
+/// (shape, block size, memory fraction, load), each with the concurrency the reference ran — a KV
+/// fraction sized from the candidate's own KV cache, the decode role's when disaggregated — its
+/// score within 0.5 % (measured: 0.03 %), and the same ranking. The best candidate's
+/// `recommendations/` file replays under `predict -c` as well.
 #[test]
-fn recommend_load_domains_and_kv_fractions_match_the_reference() {
+fn recommend_searched_loads_and_kv_caches_match_the_reference() {
     let golden: Value =
-        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_loads.golden.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_domains.golden.json")).unwrap()).unwrap();
     for (example, want) in golden["examples"].as_object().unwrap() {
         let dir = tmp(&format!("rec-loads-{example}"));
         let out = recommend(&deploy_dir().join(format!("{example}.yaml")), &dir, &["optimizer.algorithm=grid"]);
@@ -872,7 +873,8 @@ fn recommend_load_domains_and_kv_fractions_match_the_reference() {
         let ours = doc["candidates"].as_array().unwrap();
         let want = want.as_array().unwrap();
         assert_eq!(ours.len(), want.len(), "{example}: candidates");
-        // A candidate is its worker shapes and the concurrency it ran.
+        // A candidate is its worker shapes and KV caches (vLLM's defaults where not given, as the
+        // reference writes them) and the concurrency it ran.
         let key = |shapes: &Value, concurrency: &Value| format!("{shapes}/{concurrency}");
         let ours_key = |c: &Value| {
             let pc = &c["prediction_config"];
@@ -882,7 +884,13 @@ fn recommend_load_domains_and_kv_fractions_match_the_reference() {
                 .iter()
                 .map(|(role, w)| {
                     let p = &w["parallelism"];
-                    (role.clone(), json!({"attention_data": p["attention_data"], "replicas": p["replicas"], "tensor": p["tensor"]}))
+                    let block = w.pointer("/kv_cache/block_size").cloned().unwrap_or(json!(64));
+                    let memory = w.pointer("/kv_cache/capacity/memory_fraction").cloned().unwrap_or(json!(0.9));
+                    (
+                        role.clone(),
+                        json!({"attention_data": p["attention_data"], "block_size": block,
+                               "memory_fraction": memory, "replicas": p["replicas"], "tensor": p["tensor"]}),
+                    )
                 })
                 .collect();
             key(&json!(shapes), &pc["traffic"]["load"]["concurrency"])

@@ -33,16 +33,17 @@ pub(super) fn load_knobs(base: &Value) -> Result<Vec<Knob>, DeployError> {
     for key in LOAD_DOMAINS {
         let Some(v) = load.get(key).filter(|v| v.is_object()) else { continue };
         let path = format!("traffic.load.{key}");
-        let values = numbers(&path, key, v, key == "concurrency")?;
+        let values = positive_numbers(&path, v, key == "concurrency")?;
         knobs.push(Knob { path: ["traffic", "load", key].iter().map(|s| s.to_string()).collect(), values });
     }
     Ok(knobs)
 }
 
-/// A load domain's values: `{choices: [...]}` (unique positive numbers) or `{range: {min, max,
-/// step}}` (linear, both bounds included; integer log ranges are the powers of two from `min`).
-/// The reference samples a range without a step continuously; a grid cannot, so it is refused.
-fn numbers(path: &str, key: &str, v: &Value, integer: bool) -> Result<Vec<Value>, DeployError> {
+/// A domain of positive numbers (a load, a memory fraction): `{choices: [...]}` (unique) or
+/// `{range: {min, max, step}}` (linear, both bounds included; integer log ranges are the powers
+/// of two from `min`). The reference samples a range without a step continuously; a grid cannot,
+/// so it is refused.
+pub(super) fn positive_numbers(path: &str, v: &Value, integer: bool) -> Result<Vec<Value>, DeployError> {
     let mut o = Reader::mapping(path, v)?;
     let kind = if integer { "a positive integer" } else { "a positive number" };
     let one = |p: &str, x: &Value| -> Result<Value, DeployError> {
@@ -74,7 +75,7 @@ fn numbers(path: &str, key: &str, v: &Value, integer: bool) -> Result<Vec<Value>
             return Err(DeployError::new(here, "a range requires finite min <= max"));
         }
         if min <= 0.0 {
-            return Err(DeployError::new(here, format!("traffic.load.{key} range requires min > 0")));
+            return Err(DeployError::new(here, format!("{path} range requires min > 0")));
         }
         if integer && (min.fract() != 0.0 || max.fract() != 0.0 || step.is_some_and(|s| s.fract() != 0.0)) {
             return Err(DeployError::new(here, "an integer range takes integer min, max and step"));
@@ -117,7 +118,7 @@ fn numbers(path: &str, key: &str, v: &Value, integer: bool) -> Result<Vec<Value>
                         if integer {
                             "integer linear traffic ranges require step"
                         } else {
-                            "a continuous load range is sampled by the reference; servesim searches a discrete set \
+                            "a continuous range is sampled by the reference; servesim searches a discrete set \
                              (give step, or choices)"
                         },
                     ))
@@ -232,7 +233,7 @@ mod tests {
         for (load, why) in [
             (
                 json!({"type": "poisson", "requests_per_second": {"range": {"min": 1, "max": 4}}}),
-                "traffic.load.requests_per_second.range: a continuous load range is sampled by the reference",
+                "traffic.load.requests_per_second.range: a continuous range is sampled by the reference",
             ),
             (
                 json!({"concurrency": {"range": {"min": 1, "max": 4}}}),

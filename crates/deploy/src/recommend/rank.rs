@@ -239,12 +239,16 @@ fn knobs_of(t: &Trial, identity: (bool, bool), load: bool) -> Value {
             for (section, keys) in [
                 ("parallelism", &["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"][..]),
                 ("scheduler", &["max_batched_tokens", "max_sequences"][..]),
+                ("kv_cache", &["block_size"][..]),
             ] {
                 for k in keys {
                     if let Some(v) = cfg.get(section).and_then(|s| s.get(*k)) {
                         m.insert(format!("{role}.{section}.{k}"), v.clone());
                     }
                 }
+            }
+            if let Some(v) = cfg.pointer("/kv_cache/capacity/memory_fraction") {
+                m.insert(format!("{role}.kv_cache.capacity.memory_fraction"), v.clone());
             }
         }
     }

@@ -1063,6 +1063,23 @@ fn read_mode(
             knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
         }
     }
+    // The KV cache's searched keys, per role after every role's scheduler knobs (the reference's
+    // optional engine knobs); the KV filter judges a shape by their smallest values.
+    for role in roles {
+        for (kpath, integer) in [
+            (&["engine", "workers", role, "kv_cache", "block_size"][..], true),
+            (&["engine", "workers", role, "kv_cache", "capacity", "memory_fraction"][..], false),
+        ] {
+            let Some(v) = get(base, kpath).filter(|v| v.is_object()) else { continue };
+            let path = kpath.join(".");
+            let values = if integer {
+                domain(&path, v, u64::MAX)?.0.into_iter().map(|v| json!(v)).collect()
+            } else {
+                super::load::positive_numbers(&path, v, false)?
+            };
+            knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
+        }
+    }
     // Shapes across roles under the budget (disaggregated: every prefill/decode pair).
     // Shapes over the budget are dropped before any candidate is made of them (as the preset
     // pool never holds them): counted, never built, so a domain of a million replicas costs
@@ -1107,7 +1124,7 @@ fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
         let mbt_max = |role: &str| {
             br.knobs
                 .iter()
-                .find(|k| k.path[2] == role && k.path[4] == "max_batched_tokens")
+                .find(|k| k.path.len() == 5 && k.path[2] == role && k.path[4] == "max_batched_tokens")
                 .and_then(|k| k.values.iter().filter_map(Value::as_u64).max())
                 .unwrap_or(8192)
         };
@@ -1121,6 +1138,25 @@ fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
                 let mut tree = space.tree(br.start + s * per_shape);
                 tree.as_object_mut().expect("a mapping").remove("planner");
                 super::load::for_the_check(&mut tree);
+                // A searched block size or memory fraction is judged at its smallest (the
+                // reference's `_role_runtime`).
+                for k in br
+                    .knobs
+                    .iter()
+                    .filter(|k| k.path.last().is_some_and(|l| l == "block_size" || l == "memory_fraction"))
+                {
+                    let least = k.values.iter().filter_map(Value::as_f64).fold(f64::INFINITY, f64::min);
+                    let mut node = &mut tree;
+                    for p in &k.path[..k.path.len() - 1] {
+                        node = &mut node[p.as_str()];
+                    }
+                    node[k.path.last().expect("a path").as_str()] = if k.path.last().is_some_and(|l| l == "block_size")
+                    {
+                        json!(least as u64)
+                    } else {
+                        json!(least)
+                    };
+                }
                 let config = schema::read_predict(&tree).ok();
                 for (j, sh) in shapes.iter().enumerate() {
                     if memo.contains_key(&(j, sh.worker())) {

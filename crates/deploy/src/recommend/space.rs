@@ -246,8 +246,9 @@ impl Space {
     /// Candidate `i`'s point for the surrogate model, before scaling: the mode and backend as
     /// 0/1, then per role slot (aggregated, prefill, decode; zeros for a role the candidate's
     /// mode has not) log2 of its parallel sizes, then per role slot log2 of its scheduler limits,
-    /// the router's policy and load model as 0/1 and its numeric knobs (the load scale as
-    /// log2(1 + x)), then the planner's, then log2 of the searched traffic load.
+    /// then (when the search has one) per role slot log2 of a searched block size and a searched
+    /// memory fraction, the router's policy and load model as 0/1 and its numeric knobs (the load
+    /// scale as log2(1 + x)), then the planner's, then log2 of the searched traffic load.
     pub(super) fn raw_features(&self, i: usize) -> Vec<f64> {
         let (b, s, ks, r, pl) = self.split(i);
         let br = &self.branches[b];
@@ -271,13 +272,36 @@ impl Space {
                 None => f.extend([0.0; 6]),
             }
         }
+        let role_knob =
+            |k: &Knob, slot: &str, section: &str| k.path.len() > 3 && k.path[2] == slot && k.path[3] == section;
         for slot in FEATURE_ROLES {
             let mut n = 0;
-            for (k, &v) in br.knobs.iter().zip(&ks).filter(|(k, _)| k.path[2] == slot) {
+            for (k, &v) in br.knobs.iter().zip(&ks).filter(|(k, _)| role_knob(k, slot, "scheduler")) {
                 f.push(k.values[v].as_f64().unwrap_or(1.0).max(1.0).log2());
                 n += 1;
             }
             f.extend(std::iter::repeat_n(0.0, 2usize.saturating_sub(n)));
+        }
+        // A searched KV cache (when any branch searches one): per role slot log2 of the block size
+        // and the memory fraction, zeros where not searched.
+        let kv_searched =
+            self.branches.iter().flat_map(|b| &b.knobs).any(|k| k.path.len() > 3 && k.path[3] == "kv_cache");
+        if kv_searched {
+            for slot in FEATURE_ROLES {
+                for key in ["block_size", "memory_fraction"] {
+                    let value = br
+                        .knobs
+                        .iter()
+                        .zip(&ks)
+                        .find(|(k, _)| role_knob(k, slot, "kv_cache") && k.path.last().is_some_and(|l| l == key))
+                        .and_then(|(k, &v)| k.values[v].as_f64());
+                    f.push(match (key, value) {
+                        ("block_size", Some(b)) => b.max(1.0).log2(),
+                        (_, Some(m)) => m,
+                        _ => 0.0,
+                    });
+                }
+            }
         }
         if let Some(router) = self.routers.get(r) {
             let num = |k: &str| router.get(k).and_then(Value::as_f64).unwrap_or(0.0);

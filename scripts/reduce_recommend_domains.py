@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Reduce the reference's recommend outputs for the load-domain examples into
-tests/deploy/recommend_loads.golden.json: per example, each candidate's status, score, GPUs,
-the concurrency it ran and the parallel shape of each worker role.
+"""Reduce the reference's recommend outputs for the searched-domain examples (loads, KV-relative
+loads, KV cache knobs) into tests/deploy/recommend_domains.golden.json: per example, each
+candidate's status, score, GPUs, the concurrency it ran, and each worker role's parallel shape,
+block size and memory fraction.
 
-    for n in recommend_kv_fraction recommend_kv_fraction_disagg recommend_load_choices; do
+    for n in recommend_kv_fraction recommend_kv_fraction_disagg recommend_load_choices recommend_kv_domains; do
         $(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py \\
             --command recommend tests/deploy/$n.yaml > /tmp/$n.json
     done
-    scripts/reduce_recommend_loads.py recommend_kv_fraction=/tmp/recommend_kv_fraction.json ...
+    scripts/reduce_recommend_domains.py recommend_kv_fraction=/tmp/recommend_kv_fraction.json ...
 """
 import json
 import sys
@@ -18,7 +19,11 @@ def reduce(doc):
     for c in doc["candidates"]:
         pc = c["prediction_config"]
         shapes = {
-            role: {k: w["parallelism"][k] for k in ("replicas", "tensor", "attention_data")}
+            role: {
+                **{k: w["parallelism"][k] for k in ("replicas", "tensor", "attention_data")},
+                "block_size": w.get("kv_cache", {}).get("block_size"),
+                "memory_fraction": w.get("kv_cache", {}).get("capacity", {}).get("memory_fraction"),
+            }
             for role, w in pc["engine"]["workers"].items()
         }
         out.append({
@@ -40,11 +45,11 @@ def main():
         with open(path) as f:
             examples[name] = reduce(json.load(f))
     golden = {
-        "_source": "scripts/reduce_recommend_loads.py over the reference's recommend output for each "
+        "_source": "scripts/reduce_recommend_domains.py over the reference's recommend output for each "
         "tests/deploy/NAME.yaml (the command is in each YAML's header)",
         "examples": examples,
     }
-    with open("tests/deploy/recommend_loads.golden.json", "w") as f:
+    with open("tests/deploy/recommend_domains.golden.json", "w") as f:
         json.dump(golden, f, indent=1, sort_keys=True)
         f.write("\n")
 
