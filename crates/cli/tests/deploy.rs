@@ -183,6 +183,82 @@ fn mtp_speculation_matches_the_reference() {
     }
 }
 
+/// `engine.speculation` of kind `mtp` (aisimulate's scheme block), recorded from the reference
+/// (each YAML says how): `params.depth` drafts priced as `nextn`, `expected_accepted_tokens`
+/// lowered as `nextn_accepted`, and the stated `seed` (7 on vLLM, the default 42 on SGLang) drawing
+/// the acceptances; aggregated, so within the MTP goldens' 1e-3. The same run with another seed
+/// draws other bursts.
+#[test]
+fn speculation_mtp_scheme_matches_the_reference() {
+    for name in ["predict_spec_mtp_vllm", "predict_spec_mtp_sglang"] {
+        let Some((ours, reference, dev)) = compare_with_reference(name) else { return };
+        assert!(dev < 1e-3, "{name}: {dev}");
+        for key in ["median_ttft_ms", "mean_ttst_ms", "p90_ttst_ms"] {
+            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+            assert!(deviation(x, y) < 1e-3, "{name}: {key} = {x}, reference {y}");
+        }
+        assert!(ours["mean_accept_length"].as_f64().unwrap() > 1.5, "{name}: {ours}");
+    }
+    let seeded = predict_with("predict_spec_mtp_vllm", &[]);
+    let reseeded = predict_with("predict_spec_mtp_vllm", &["engine.speculation.seed=8"]);
+    assert_ne!(seeded["p99_e2e_latency_ms"], reseeded["p99_e2e_latency_ms"]);
+}
+
+/// `engine.speculation` keys servesim does not model are refused by path with what is missing
+/// (exit 2); so are the reference's own conditions around the mtp scheme.
+#[test]
+fn speculation_refusals_name_the_key() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["engine.speculation={kind: ngram, num_speculative_tokens: 1, acceptance_rates: [0.7]}"],
+            "engine.speculation.kind: ngram speculation prices the target's verify attention",
+        ),
+        (
+            &["engine.speculation={kind: draft_model, draft_model_path: Qwen/Qwen3-0.6B, expected_accepted_tokens: 0.8, params: {num_speculative_tokens: 2}}"],
+            "engine.speculation.kind: draft_model speculation needs the draft network's forward passes",
+        ),
+        (&["engine.speculation={kind: eagle3, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: eagle3 speculation needs"),
+        (&["engine.speculation={kind: dflash, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: dflash speculation needs"),
+        (&["engine.speculation={kind: dspark, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: dspark speculation needs"),
+        (&["engine.speculation.kind=medusa"], "engine.speculation.kind: unknown speculative scheme kind \"medusa\""),
+        (&["engine.speculation.params={}"], "engine.speculation.params: mtp requires params.depth"),
+        (&["engine.speculation.params={depth: 6}"], "engine.speculation.params: speculative replay requires 1..5 draft tokens"),
+        (&["engine.speculation.params={depth: 2, width: 1}"], "engine.speculation.params.width: unknown key"),
+        (
+            &["engine.speculation.expected_accepted_tokens=2.5"],
+            "engine.speculation.expected_accepted_tokens: expected_accepted_tokens must be within [0, 2]",
+        ),
+        (&["engine.speculation.acceptance_rates=[0.5, 0.5]"], "engine.speculation.acceptance_rates: unknown key"),
+        (&["engine.speculation.draft_model_path=x"], "engine.speculation.draft_model_path: speculation kind 'mtp' does not accept"),
+        (&["engine.speculation.seed=-1"], "engine.speculation.seed: must be an integer"),
+        (&["engine.nextn=2", "engine.nextn_accepted=1"], "engine.speculation: speculation cannot be combined with nextn"),
+        (
+            &["engine.workers.aggregated.kv_cache.capacity={type: default}"],
+            "engine.workers.aggregated.kv_cache.capacity: mtp speculation requires explicit fixed KV capacity",
+        ),
+        (
+            &["engine.workers.aggregated.timing={type: fixed, prefill_ms: 10, decode_ms: 5}"],
+            "engine.workers.aggregated.timing: mtp speculation requires default timing",
+        ),
+    ];
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let out_dir = tmp(&format!("spec-refused-{i}"));
+        let mut extra = vec![];
+        extra.extend(sets.iter().flat_map(|s| ["--set", *s]));
+        let out = predict(&deploy_dir().join("predict_spec_mtp_vllm.yaml"), &out_dir, &extra);
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+    // recommend takes only the reference's ngram shape.
+    let out_dir = tmp("spec-refused-recommend");
+    let config = deploy_dir().join("recommend_bayes_fixed.yaml");
+    let set = "engine.speculation={kind: mtp, params: {depth: 1}, expected_accepted_tokens: 0.5}";
+    let args = ["recommend", "-c", config.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--set", set];
+    let out = servesim(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("engine.speculation.kind: mtp speculation is predict-only"), "{}", stderr(&out));
+}
+
 /// Quantisation overrides at engine and worker level, recorded from the reference (each YAML
 /// says how; measured 1e-4, p90 ITL 0.2 % as one pooled gap crosses a step): FP8 GEMMs shorten
 /// the decode step of the BF16 checkpoint. A mode whose kernels were never measured stops the run

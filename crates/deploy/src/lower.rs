@@ -192,6 +192,9 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         a.insert("aic_nextn".into(), json!(mtp.nextn));
         let rates: Vec<String> = mtp.accept_rates().iter().map(f64::to_string).collect();
         a.insert("aic_nextn_accept_rates".into(), json!(rates.join(",")));
+        if let Some(seed) = mtp.seed {
+            a.insert("aic_mtp_seed".into(), json!(seed));
+        }
     }
     if let (Some(c), false) = (engine.enable_chunked_prefill, w.role == "decode") {
         a.insert("enable_chunked_prefill".into(), json!(c));

@@ -427,6 +427,9 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     // The traffic load's domains, searched after each mode's worker knobs; a KV-relative load
     // is sized per candidate when it runs.
     let load_knobs = super::load::load_knobs(&base)?;
+    if let Some(engine) = get(&base, &["engine"]) {
+        crate::schema::speculation::refuse_in_recommend(engine)?;
+    }
     // The engine's identity domains: the reference searches both modes and both of vLLM and
     // SGLang when they are omitted.
     let (modes, mode_searched) =

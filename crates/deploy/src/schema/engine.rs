@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use super::controls::{read_engine_controls, Controls};
+use super::speculation::{check_speculation_engine, read_speculation};
 use super::unsupported::{estimator_defaults, only_defaults};
 use super::worker::{read_worker, Timing, Worker};
 use crate::error::DeployError;
@@ -37,7 +38,7 @@ pub struct Engine {
     pub kv_transfer: Option<KvTransfer>,
     pub enable_chunked_prefill: Option<bool>,
     pub systems_paths: Option<Vec<String>>,
-    /// MTP speculative decoding (`nextn`, `nextn_accepted`).
+    /// MTP speculative decoding (`nextn`, `nextn_accepted`, or `speculation` of kind `mtp`).
     pub mtp: Option<Mtp>,
     /// Active model controls (quantisation modes, attention backend, MoE kernels).
     pub controls: Controls,
@@ -51,6 +52,9 @@ pub struct Engine {
 pub struct Mtp {
     pub nextn: u32,
     pub accepted: f64,
+    /// The acceptance stream's seed when `speculation.seed` states one (`nextn` leaves the
+    /// engine's default, which is the same 42).
+    pub seed: Option<u64>,
 }
 
 impl Mtp {
@@ -97,7 +101,7 @@ fn read_mtp(e: &mut Reader) -> Result<Option<Mtp>, DeployError> {
         (n, Some(a)) if a > f64::from(n) => {
             Err(e.err("nextn_accepted", "nextn_accepted requires nextn > 0 and must be within [0, nextn]"))
         }
-        (nextn, Some(accepted)) => Ok(Some(Mtp { nextn, accepted })),
+        (nextn, Some(accepted)) => Ok(Some(Mtp { nextn, accepted, seed: None })),
     }
 }
 
@@ -120,6 +124,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         Some(_) => Some(e.positive("context_length")?.expect("present")),
     };
     let mtp = read_mtp(&mut e)?;
+    let speculation = read_speculation(&mut e)?;
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
     let controls = read_engine_controls(&mut e)?;
     let systems_paths = read_systems_paths(&mut e)?;
@@ -137,15 +142,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     }
     e.one_of("fallback_policy", &["deny", "allow"])?;
     let tokenization = read_tokenization(&mut e)?;
-    for k in [
-        "speculation",
-        "afd",
-        "fpm_profile",
-        "decoder_replay",
-        "enable_shared_layer",
-        "strict_provenance",
-        "transfer_policy",
-    ] {
+    for k in ["afd", "fpm_profile", "decoder_replay", "enable_shared_layer", "strict_provenance", "transfer_policy"] {
         if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
                 return Err(e.err(k, "this key is not supported by servesim yet"));
@@ -222,7 +219,11 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
             }
         }
     }
-    for w in [&aggregated, &prefill, &decode].into_iter().flatten() {
+    let workers: Vec<&Worker> = [&aggregated, &prefill, &decode].into_iter().flatten().collect();
+    if speculation.is_some() {
+        check_speculation_engine(&e, backend, mtp.is_some(), &workers, &workers_path)?;
+    }
+    for w in workers {
         check_offload(w, backend, &workers_path)?;
         if !matches!(w.timing, Timing::Default) {
             const MESSAGE: &str = "engine model controls require default timing in every regular language role";
@@ -248,7 +249,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         kv_transfer,
         enable_chunked_prefill,
         systems_paths,
-        mtp,
+        mtp: mtp.or(speculation),
         controls,
         tokenization,
     })

@@ -5,7 +5,7 @@
 //! recognised and refused as unsupported (naming the key), never silently ignored.
 //!
 //! Files: [`unsupported`] (refusing what servesim does not model), [`traffic`], [`worker`] (one
-//! worker role), [`engine`], [`evaluation`] (the SLA), [`router`] and [`planner`] (the adapter
+//! worker role), [`engine`] (with [`speculation`]), [`evaluation`] (the SLA), [`router`] and [`planner`] (the adapter
 //! sections); [`Config`] here is the whole file, read by [`read_predict`] / [`read_sections`].
 
 pub mod controls;
@@ -14,6 +14,7 @@ pub mod evaluation;
 pub mod offload;
 pub mod planner;
 pub mod router;
+pub mod speculation;
 pub mod traffic;
 pub mod unsupported;
 pub mod worker;
