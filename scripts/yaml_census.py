@@ -230,9 +230,9 @@ VALUES = {
             "traffic.load.agentic_lanes": 1,
             "traffic.load.agentic_profile": {"duration_seconds": 60.0}})],
     "traffic.load.agentic_snapshot.corpus_cursor": [
-        V(1, also={"traffic.load.agentic_snapshot.initial_selections": [{"source_play_id": "p1", "t_star_ms": 0}]})],
+        V(1, also={"traffic.load.agentic_snapshot.initial_selections": [{"source_play_id": "play00000", "t_star_ms": 0}]})],
     "traffic.load.agentic_snapshot.initial_selections": [
-        V([{"source_play_id": "p1", "t_star_ms": 0}], label="[p1@0]",
+        V([{"source_play_id": "play00000", "t_star_ms": 0}], label="[play00000@0]",
           also={"traffic.load.agentic_snapshot.corpus_cursor": 1})],
     "traffic.load.concurrency": [8],
     "traffic.load.fraction": [V(0.5, base="rec_fixed", also={"traffic.load": Replace(type="kv_capacity_fraction")})],

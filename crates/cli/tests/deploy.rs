@@ -425,6 +425,34 @@ fn trace_examples_match_the_reference_within_two_percent() {
     }
 }
 
+/// `agentic_snapshot`: each lane replays a request-boundary cut of a play (seeded draws, or the
+/// reference's exact selection), within 2 % of the reference, with the same trajectories.
+#[test]
+fn agentic_snapshots_match_the_reference_within_two_percent() {
+    for name in ["predict_agentic_snapshot_seeded", "predict_agentic_snapshot_selected"] {
+        let Some((ours, reference, _)) = compare_with_reference(name) else { return };
+        for key in ["total_trajectories", "completed_trajectories", "agentic_graph"] {
+            assert_eq!(ours[key], reference[key], "{name}: {key}");
+        }
+        for key in ["mean_trajectory_e2e_latency_ms", "max_trajectory_e2e_latency_ms", "duration_ms"] {
+            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+            assert!(deviation(x, y) <= 0.02, "{name}: {key} = {x}, reference {y}");
+        }
+        let ids = |v: &Value| -> Vec<Value> {
+            v["agentic_play_outcomes"].as_array().unwrap().iter().map(|p| p["play_id"].clone()).collect()
+        };
+        assert_eq!(ids(&ours), ids(&reference), "{name}: snapshot play ids");
+    }
+    // What stays refused names what is missing.
+    let out = predict(
+        &deploy_dir().join("predict_agentic_snapshot_seeded.yaml"),
+        &tmp("agentic-warmup"),
+        &["--set", "traffic.load.agentic_warmup=true"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("agentic warmup"), "{}", stderr(&out));
+}
+
 /// Every candidate the reference reported in its random-search (aggregated and disaggregated) and
 /// planner recommend examples, replayed here from the `prediction_config` it wrote: the same
 /// completions, every compared metric within 2 % (tests/deploy/recommend_candidates.golden.json

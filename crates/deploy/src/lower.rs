@@ -322,9 +322,10 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
             opts.trace_block_size = *tb;
             match t.load {
                 Load::Concurrency(c) => opts.replay_concurrency = Some(c),
-                Load::TraceTimestamps { speedup, agentic_lanes } => {
+                Load::TraceTimestamps { speedup, agentic_lanes, ref agentic_snapshot } => {
                     opts.arrival_speedup_ratio = speedup;
                     opts.agentic_lanes = agentic_lanes;
+                    opts.agentic_snapshot = agentic_snapshot.clone();
                 }
                 _ => unreachable!("checked when read"),
             }

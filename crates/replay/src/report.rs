@@ -439,8 +439,8 @@ fn agentic_keys(g: &AgenticGraph) -> Map<String, Value> {
             "source": {"format": g.source.format, "digest": g.source.digest},
             "graph_digest": g.graph_digest,
             "block_size": g.block_tokens,
-            "node_count": g.nodes.len(),
-            "play_count": g.plays.len(),
+            "node_count": g.snapshot.as_ref().map_or(g.nodes.len(), |s| s.source_nodes),
+            "play_count": g.snapshot.as_ref().map_or(g.plays.len(), |s| s.source_plays),
             "source_models": models,
         }),
     );

@@ -7,6 +7,7 @@ use super::unsupported::unsupported;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
+use servesim_workload::agentic::snapshot::{Selection, SnapshotOptions};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
@@ -46,6 +47,7 @@ pub enum Load {
     TraceTimestamps {
         speedup: f64,
         agentic_lanes: Option<u32>,
+        agentic_snapshot: Option<SnapshotOptions>,
     },
 }
 
@@ -270,6 +272,43 @@ fn read_source(mut s: Reader) -> Result<Source, DeployError> {
     Ok(source)
 }
 
+/// `agentic_snapshot`: `seed`, and the reference's exact initial cuts with the corpus cursor.
+fn read_snapshot(mut r: Reader) -> Result<SnapshotOptions, DeployError> {
+    let seed = r.integer("seed")?.ok_or_else(|| DeployError::new(r.here(), "seed is required"))?;
+    let selections = match r.value("initial_selections") {
+        None => None,
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(r.err("initial_selections", "must contain at least one selection"));
+        }
+        Some(Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let mut s = Reader::mapping(&format!("{}[{i}]", r.path("initial_selections")), item)?;
+                let source_play_id = s
+                    .nonempty("source_play_id")?
+                    .ok_or_else(|| DeployError::new(s.here(), "source_play_id is required"))?;
+                let t_star_ms =
+                    s.nonneg("t_star_ms", false)?.ok_or_else(|| DeployError::new(s.here(), "t_star_ms is required"))?;
+                s.finish()?;
+                out.push(Selection { source_play_id, t_star_ms });
+            }
+            Some(out)
+        }
+        Some(_) => return Err(r.err("initial_selections", "must be a list of {source_play_id, t_star_ms}")),
+    };
+    let corpus_cursor = r.integer("corpus_cursor")?;
+    if selections.is_some() != corpus_cursor.is_some() {
+        return Err(DeployError::new(r.here(), "initial_selections and corpus_cursor must be specified together"));
+    }
+    if let (Some(sel), Some(c)) = (&selections, corpus_cursor) {
+        if c < sel.len() as u64 {
+            return Err(r.err("corpus_cursor", "corpus_cursor cannot precede the initial lane draws"));
+        }
+    }
+    r.finish()?;
+    Ok(SnapshotOptions { seed, initial_selections: selections, corpus_cursor })
+}
+
 fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), DeployError> {
     let ty = l
         .one_of("type", &["concurrency", "poisson", "constant_rate", "trace_timestamps", "kv_capacity_fraction"])?
@@ -362,14 +401,42 @@ fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), Depl
         "trace_timestamps" => {
             let speedup = l.nonneg("speedup", true)?.unwrap_or(1.0);
             lanes = l.positive("agentic_lanes")?;
-            for k in ["agentic_snapshot", "agentic_profile"] {
-                unsupported(&mut l, k, "agentic snapshots, warmup and profiles")?;
+            let snapshot = match l.obj("agentic_snapshot")? {
+                Some(r) => Some(read_snapshot(r)?),
+                None => None,
+            };
+            // The reference's order of checks (`TrafficPredictionConfig`).
+            if l.given("agentic_profile") && snapshot.is_none() {
+                return Err(l.err("agentic_profile", "agentic_profile requires agentic_snapshot"));
             }
+            if warmup && snapshot.is_none() {
+                return Err(l.err("agentic_warmup", "agentic_warmup requires agentic_snapshot"));
+            }
+            if policy == Some("live_trajectory_v1") && (!warmup || !l.given("agentic_profile")) {
+                return Err(
+                    l.err("agentic_warmup_policy", "live_trajectory_v1 requires agentic_warmup and agentic_profile")
+                );
+            }
+            if snapshot.is_some() && lanes.is_none() {
+                return Err(l.err("agentic_snapshot", "agentic_snapshot requires positive agentic_lanes"));
+            }
+            if let (Some(sel), Some(n)) = (snapshot.as_ref().and_then(|s| s.initial_selections.as_ref()), lanes) {
+                if sel.len() != n as usize {
+                    return Err(
+                        l.err("agentic_snapshot", "initial_selections must contain exactly one selection per lane")
+                    );
+                }
+            }
+            // What is left of AgentX replay: the primers a warmup replays before the
+            // measurement, and the continuous profile (lane refills, idle caps, deadlines).
+            unsupported(&mut l, "agentic_profile", "agentic_profile (continuous agentic replay with idle caps)")?;
             if warmup || policy.is_some_and(|p| p != "repeated_prefixes") {
                 let k = if warmup { "agentic_warmup" } else { "agentic_warmup_policy" };
-                return Err(l.err(k, "agentic snapshots, warmup and profiles is not supported by servesim yet"));
+                return Err(
+                    l.err(k, "agentic warmup (replaying the snapshot primers) is not supported by servesim yet")
+                );
             }
-            Load::TraceTimestamps { speedup, agentic_lanes: lanes }
+            Load::TraceTimestamps { speedup, agentic_lanes: lanes, agentic_snapshot: snapshot }
         }
         _ => return Err(l.err("type", "kv_capacity_fraction load is recommend-only")),
     };

@@ -344,6 +344,7 @@ impl GraphBuilder {
                 session_id: session,
                 model,
                 not_before_ms: d.row.not_before_ms,
+                recorded_api_ms: d.row.recorded_api_time_ms,
                 deps: edges,
                 turn,
                 file: d.loc.file,
@@ -360,6 +361,7 @@ impl GraphBuilder {
             models,
             weka_basis: None,
             lanes: None,
+            snapshot: None,
             execution_model: None,
             outcome: Mutex::new(None),
         })

@@ -11,6 +11,8 @@
 //! * With lanes, plays run as a closed loop: the first N plays start at 0, and when a play ends
 //!   (completed, or failed with nothing left in flight) its lane starts the next play at once,
 //!   every node at `start + max(0, not_before − earliest root not_before)`.
+//! * Snapshots (`snapshot`) are a graph of one play per lane, all released from 0 as without
+//!   lanes; nothing follows them.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -142,6 +144,19 @@ impl GraphState {
             line: Vec::with_capacity(256),
             graph,
         };
+        if s.graph.snapshot.is_some() {
+            // One snapshot instance per lane, all started at 0 (`snapshot::instantiate`, which
+            // also labels their requests with the lane): their trajectories are measured from
+            // there, and no play follows them on their lanes.
+            for p in 0..s.graph.plays.len() {
+                s.plays[p].root_dispatch = Some(0.0);
+                for r in 0..s.graph.plays[p].roots.len() {
+                    let root = s.graph.plays[p].roots[r];
+                    s.schedule(root, s.ready_after[root as usize]);
+                }
+            }
+            return s;
+        }
         match s.graph.lanes {
             None => {
                 for p in 0..s.graph.plays.len() {

@@ -12,6 +12,7 @@
 
 mod builder;
 pub mod driver;
+pub mod snapshot;
 
 pub use crate::session::AgenticIds;
 pub use builder::{row_error, GraphBuilder, Loc};
@@ -150,6 +151,8 @@ pub struct Node {
     pub session_id: Arc<str>,
     pub model: u32,
     pub not_before_ms: f64,
+    /// `recorded_api_time_ms`: how long the recorded request took (snapshot cuts read it).
+    pub recorded_api_ms: Option<f64>,
     pub deps: Vec<Edge>,
     /// The request as the engines see it (its `meta` carries the agentic ids).
     pub turn: TurnSpec,
@@ -178,6 +181,9 @@ pub struct AgenticGraph {
     pub weka_basis: Option<&'static str>,
     /// Closed loop over plays (`--agentic-lanes`).
     pub lanes: Option<u32>,
+    /// Set when the graph is the lanes' request-boundary snapshots of a source graph
+    /// (`agentic_snapshot`): its plays are one instance per lane, released at once.
+    pub snapshot: Option<snapshot::SnapshotShape>,
     /// The target model the run projects source models onto (`--execution-model`).
     pub execution_model: Option<String>,
     /// What the load driver saw, published when it finishes.

@@ -77,6 +77,8 @@ pub struct TraceOptions {
     pub arrival_speedup_ratio: f64,
     pub replay_concurrency: Option<u32>,
     pub agentic_lanes: Option<u32>,
+    /// Request-boundary snapshots of the lanes (`agentic::snapshot`).
+    pub agentic_snapshot: Option<crate::agentic::snapshot::SnapshotOptions>,
     pub execution_model: Option<String>,
     /// `applied_compute_agentic` only.
     pub shared_prefix_ratio: f64,
@@ -93,6 +95,7 @@ impl TraceOptions {
             arrival_speedup_ratio: 1.0,
             replay_concurrency: None,
             agentic_lanes: None,
+            agentic_snapshot: None,
             execution_model: None,
             shared_prefix_ratio: 0.0,
             num_prefix_groups: 0,
@@ -170,10 +173,29 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
         None => LoadMode::Timestamps { speedup: o.arrival_speedup_ratio },
     };
     let graph_mode = LoadMode::Timestamps { speedup: 1.0 };
-    let finish_graph = |mut g: AgenticGraph| {
+    if let Some(snap) = &o.agentic_snapshot {
+        if o.agentic_lanes.is_none() {
+            return Err(bad("agentic_snapshot requires positive agentic_lanes"));
+        }
+        if o.format == Dynamo {
+            // Dynamo snapshots cut at the recorded service intervals of the request log, which
+            // the Dynamo reader does not keep.
+            return Err(bad("agentic_snapshot over Dynamo request traces is not supported by servesim yet"));
+        }
+        if o.arrival_speedup_ratio != 1.0 {
+            return Err(bad("agentic_snapshot with a speedup other than 1 is not supported by servesim yet"));
+        }
+        if snap.initial_selections.as_ref().is_some_and(|s| s.len() != o.agentic_lanes.unwrap_or(0) as usize) {
+            return Err(bad("initial_selections must contain exactly one selection per lane"));
+        }
+    }
+    let finish_graph = |mut g: AgenticGraph| -> Result<Workload, InputError> {
         g.lanes = o.agentic_lanes;
         g.execution_model = execution_model.clone();
-        Workload::Graph(Arc::new(g))
+        if let (Some(snap), Some(lanes)) = (&o.agentic_snapshot, o.agentic_lanes) {
+            g = crate::agentic::snapshot::instantiate(g, lanes, snap).map_err(bad)?;
+        }
+        Ok(Workload::Graph(Arc::new(g)))
     };
     match o.format {
         Mooncake => Ok((load_mooncake(paths, o.trace_block_size.unwrap_or(512))?, sessions_mode())),
@@ -198,7 +220,7 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
                 return Err(bad("agentic_mooncake trace format is not supported with replay_concurrency"));
             }
             let g = mooncake_v2::load(&paths[0], o.arrival_speedup_ratio)?;
-            Ok((finish_graph(g), graph_mode))
+            Ok((finish_graph(g)?, graph_mode))
         }
         Weka => {
             if o.replay_concurrency.is_some() {
@@ -206,7 +228,7 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
             }
             let g =
                 weka::load(&paths[0], o.trace_block_size, o.weka_basis.unwrap_or_default(), o.arrival_speedup_ratio)?;
-            Ok((finish_graph(g), graph_mode))
+            Ok((finish_graph(g)?, graph_mode))
         }
         Dynamo => match dynamo::load(paths, o.trace_block_size, o.arrival_speedup_ratio)? {
             dynamo::Lowered::Standard(w) => {
@@ -222,7 +244,7 @@ pub fn load_trace(paths: &[PathBuf], o: &TraceOptions) -> Result<(Workload, Load
                 if execution_model.is_none() {
                     return Err(bad("agentic execution requires a configured target model (give --execution-model)"));
                 }
-                Ok((finish_graph(g), graph_mode))
+                Ok((finish_graph(g)?, graph_mode))
             }
         },
     }

@@ -1,0 +1,211 @@
+//! Request-boundary snapshots of an agentic graph (`agentic_snapshot`).
+//!
+//! The reference's semantics (`snapshot.rs` of aisimulate-core, and the installed 0.13 build):
+//! * Each of the N lanes takes one play of the corpus: lane `l` the play `l mod plays` (or the
+//!   `source_play_id` its `initial_selections` entry names), as a new instance of it.
+//! * The play is cut at `t*`: drawn in `[first + ¼ span, first + ¾ span]` of its recorded
+//!   request starts from a blake3 digest of (schema, seed, graph digest, play id, lane,
+//!   ordinal), or the selection's `t_star_ms`. It must lie within the recorded starts.
+//! * Requests that started before `t*` are history: they are not replayed. The others start at
+//!   `max(0, not_before − t*)`; an edge from history becomes a timer (its recorded dispatch or
+//!   completion, plus its delay, minus `t*`), edges between live requests stay edges.
+//! * Every instance has its own prompt-token space (no cache reuse across lanes), its own
+//!   identities (`agentic-v1:<graph digest>:<seed>:<lane>:<ordinal>`), and all lanes start at
+//!   0 together; a trajectory's latency is measured from 0. Nothing follows a snapshot play.
+//!
+//! [`instantiate`] turns the source graph into a graph of those instances, which the load
+//! driver releases as any graph without lanes (one play per lane, labelled with it).
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::{AgenticGraph, Edge, Node, Play, Trigger};
+use crate::session::TurnMeta;
+
+const SNAPSHOT_SCHEMA: &str = "aisimulate.agentic.snapshot.v1";
+
+/// An exact initial cut of one lane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    pub source_play_id: String,
+    pub t_star_ms: f64,
+}
+
+/// `traffic.load.agentic_snapshot`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotOptions {
+    pub seed: u64,
+    /// One per lane, in lane order.
+    pub initial_selections: Option<Vec<Selection>>,
+    /// Where the corpus cursor stands after the initial draws (read by continuous profiles,
+    /// which servesim does not model; a snapshot alone never reads it).
+    pub corpus_cursor: Option<u64>,
+}
+
+/// What the source graph was, for the reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotShape {
+    pub source_nodes: usize,
+    pub source_plays: usize,
+    pub seed: u64,
+}
+
+/// The uniform draw of a lane's cut, in [0, 1).
+fn unit_draw(seed: u64, graph_digest: &str, play_id: &str, lane: usize, ordinal: u64) -> f64 {
+    let key = serde_json::to_vec(&(SNAPSHOT_SCHEMA, seed, graph_digest, play_id, lane, ordinal))
+        .expect("a tuple of strings and integers serialises");
+    let digest = blake3::hash(&key);
+    let bits = u64::from_le_bytes(digest.as_bytes()[..8].try_into().expect("8 bytes"));
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The recorded interval of a node: its start and, when recorded, its end.
+fn interval(n: &Node) -> (f64, Option<f64>) {
+    (n.not_before_ms, n.recorded_api_ms.map(|d| n.not_before_ms + d))
+}
+
+/// The lanes' snapshots of `src` as a graph of their own.
+pub fn instantiate(src: AgenticGraph, lanes: u32, o: &SnapshotOptions) -> Result<AgenticGraph, String> {
+    let lanes = lanes as usize;
+    if lanes == 0 || src.plays.is_empty() {
+        return Err("agentic snapshots require positive lanes and a nonempty corpus".into());
+    }
+    if let Some(sel) = &o.initial_selections {
+        if sel.len() != lanes {
+            return Err("initial_selections must contain exactly one selection per lane".into());
+        }
+    }
+    let request_stride = src.nodes.len() as u64 + 1;
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut plays: Vec<Play> = Vec::with_capacity(lanes);
+    let mut blocks: FxHashMap<(usize, u32), u32> = FxHashMap::default();
+    for lane in 0..lanes {
+        let (p, cut) = match &o.initial_selections {
+            Some(sel) => {
+                let s = &sel[lane];
+                let p = src
+                    .plays
+                    .iter()
+                    .position(|p| *p.id == *s.source_play_id)
+                    .ok_or_else(|| format!("unknown snapshot source play {}", s.source_play_id))?;
+                (p, Some(s.t_star_ms))
+            }
+            None => (lane % src.plays.len(), None),
+        };
+        let play = &src.plays[p];
+        let starts = play.nodes.iter().map(|&i| src.nodes[i as usize].not_before_ms);
+        let first = starts.clone().fold(f64::INFINITY, f64::min);
+        let last = starts.fold(f64::NEG_INFINITY, f64::max);
+        let t_star = cut.unwrap_or_else(|| {
+            first + (0.25 + 0.5 * unit_draw(o.seed, &src.graph_digest, &play.id, lane, 0)) * (last - first)
+        });
+        if !t_star.is_finite() || t_star < first || t_star > last {
+            return Err(format!("snapshot cut must lie within recorded request-start bounds [{first}, {last}]"));
+        }
+        let play_id: Arc<str> = format!("agentic-v1:{}:{}:{lane}:0", src.graph_digest, o.seed).into();
+        let request_id =
+            |i: u32| -> Arc<str> { format!("{play_id}:request:{}", src.nodes[i as usize].request_id).into() };
+        let root_id = (play.roots.len() == 1).then(|| request_id(play.roots[0]));
+        let live: Vec<u32> =
+            play.nodes.iter().copied().filter(|&i| src.nodes[i as usize].not_before_ms >= t_star).collect();
+        let new_index: FxHashMap<u32, u32> =
+            live.iter().enumerate().map(|(k, &i)| (i, (nodes.len() + k) as u32)).collect();
+        for &i in &play.nodes {
+            let n = &src.nodes[i as usize];
+            if n.not_before_ms < t_star && n.deps.iter().any(|e| src.nodes[e.source as usize].not_before_ms >= t_star) {
+                return Err(format!(
+                    "snapshot boundary crosses a historical request's unresolved dependency: {}",
+                    n.request_id
+                ));
+            }
+        }
+        let first_node = nodes.len() as u32;
+        for &i in &live {
+            let n = &src.nodes[i as usize];
+            let mut delay = (n.not_before_ms - t_star).max(0.0);
+            let mut deps = Vec::new();
+            for e in &n.deps {
+                match new_index.get(&e.source) {
+                    Some(&s) => deps.push(Edge { source: s, ..*e }),
+                    None => {
+                        let (start, end) = interval(&src.nodes[e.source as usize]);
+                        let fired = match e.trigger {
+                            Trigger::Dispatch => start,
+                            Trigger::Completion => end.unwrap_or(start),
+                        };
+                        delay = delay.max(fired + e.delay_ms - t_star);
+                    }
+                }
+            }
+            let id = request_id(i);
+            let session: Arc<str> = format!("{play_id}:conversation:{}", n.session_id).into();
+            let mut turn = n.turn.clone();
+            turn.blocks = n
+                .turn
+                .blocks
+                .iter()
+                .map(|&b| {
+                    let next = blocks.len() as u32;
+                    *blocks.entry((lane, b)).or_insert(next)
+                })
+                .collect();
+            if let Some(meta) = &n.turn.meta {
+                let mut meta: TurnMeta = (**meta).clone();
+                meta.request_id = Some(id.clone());
+                if let Some(ids) = meta.agentic.as_mut() {
+                    ids.node = (lane as u64 * request_stride + u64::from(i)) as u32;
+                    ids.request_id = id.clone();
+                    ids.play_id = play_id.clone();
+                    ids.conversation_id = session.clone();
+                    ids.lane = Some(lane as u32);
+                    ids.root_id = root_id.clone();
+                    ids.parent_id = ids.parent_id.as_ref().map(|p| format!("{play_id}:request:{p}").into());
+                }
+                turn.meta = Some(Arc::new(meta));
+            }
+            nodes.push(Node {
+                request_id: id,
+                play: lane as u32,
+                session_id: session,
+                model: n.model,
+                not_before_ms: delay,
+                recorded_api_ms: n.recorded_api_ms,
+                deps,
+                turn,
+                file: n.file,
+                line: n.line,
+            });
+        }
+        let members: Vec<u32> = (first_node..nodes.len() as u32).collect();
+        let roots = members.iter().copied().filter(|&k| nodes[k as usize].deps.is_empty()).collect();
+        plays.push(Play { id: play_id, nodes: members, roots });
+    }
+    Ok(AgenticGraph {
+        block_tokens: src.block_tokens,
+        source: src.source,
+        graph_digest: src.graph_digest,
+        nodes,
+        plays,
+        models: src.models,
+        weka_basis: src.weka_basis,
+        lanes: Some(lanes as u32),
+        snapshot: Some(SnapshotShape { source_nodes: src.nodes.len(), source_plays: src.plays.len(), seed: o.seed }),
+        execution_model: src.execution_model,
+        outcome: std::sync::Mutex::new(None),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference (aisimulate 0.13) cut lane 0 of play `p1` (recorded starts 0 … 2000 ms)
+    /// of the graph with this digest at 576.974166 ms for seed 7.
+    #[test]
+    fn the_sampled_cut_is_the_references() {
+        let digest = "f433823e2747f4ed03093c58f62bffc81ad4bd33ba8fc5535edbb5149b77c289";
+        let t = (0.25 + 0.5 * unit_draw(7, digest, "p1", 0, 0)) * 2000.0;
+        assert!((t - (1000.0 - 423.0258340246136)).abs() < 1e-9, "{t}");
+    }
+}
