@@ -325,6 +325,25 @@ fn host_and_g3_offload_match_the_reference() {
     assert!(without["prefix_cache_reused_ratio"].as_f64().unwrap() < 0.1, "{without}");
 }
 
+/// A block size per role in a disaggregated deployment (aisimulate's engine runs it; Dynamo's
+/// replay and the flag form refuse it): within 0.1 % of the reference (measured 0.03 %, on the
+/// std of TTST); transfers count the blocks the decode side lacks, in its own blocks. A KV router
+/// over mixed block sizes is refused (it hashes in one block size).
+#[test]
+fn disaggregated_roles_keep_their_own_block_sizes() {
+    let Some((_, _, worst)) = compare_with_reference("predict_disagg_block_sizes") else { return };
+    assert!(worst <= 1e-3, "worst deviation {worst}");
+    let cfg = deploy_dir().join("predict_disagg_block_sizes.yaml");
+    let out = predict(&cfg, &tmp("block-sizes-kv"), &["--set", "router={policy: kv_router}"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("router.policy: kv_router over prefill and decode workers with different block sizes (16 vs 64)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// Pipeline parallelism (vLLM, two stages: the P2P hand-offs timed, GPUs counted as the
 /// reference counts them, tensor × attention DP) and SGLang prefill context parallelism (the
 /// prompt split over two GPUs, which the worker counts) against the reference's predictions

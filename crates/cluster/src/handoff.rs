@@ -86,7 +86,7 @@ pub enum Step {
 }
 
 /// How long the KV of a prompt takes to move: the prefill side's transfer settings and the
-/// block size.
+/// decode side's block size.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TransferTiming {
     pub kv: KvTransfer,

@@ -95,22 +95,36 @@ impl Topology {
         Ok(Topology { pools: vec![pool(role, args, workers, "num_workers")?], tap: None })
     }
 
-    /// A prefill pool and a decode pool. Engines whose worker type is unset (aggregated) take
-    /// the pool's role.
+    /// A prefill pool and a decode pool with the same block size, as Dynamo's replay requires.
+    /// Engines whose worker type is unset (aggregated) take the pool's role.
     pub fn disaggregated(prefill: (WorkerArgs, u32), decode: (WorkerArgs, u32)) -> Result<Topology, TopologyError> {
-        let prefill = pool(Role::Prefill, prefill.0, prefill.1, "num_prefill_workers")?;
-        let decode = pool(Role::Decode, decode.0, decode.1, "num_decode_workers")?;
-        if prefill.engine.block_size != decode.engine.block_size {
+        let t = Topology::disaggregated_own_block_sizes(prefill, decode)?;
+        let (p, d) = (t.pools[0].engine.block_size, t.pools[1].engine.block_size);
+        if p != d {
             return Err(error(
                 "block_size",
-                format!(
-                    "prefill and decode engines need the same block_size ({} vs {})",
-                    prefill.engine.block_size, decode.engine.block_size
-                ),
+                format!("prefill and decode engines need the same block_size ({p} vs {d})"),
             ));
         }
+        Ok(t)
+    }
+
+    /// A prefill pool and a decode pool, each with its own block size (aisimulate's engine: the
+    /// prompt's blocks are the prefill side's, and a transfer moves the blocks the decode side
+    /// lacks, counted in its own blocks).
+    pub fn disaggregated_own_block_sizes(
+        prefill: (WorkerArgs, u32),
+        decode: (WorkerArgs, u32),
+    ) -> Result<Topology, TopologyError> {
+        let prefill = pool(Role::Prefill, prefill.0, prefill.1, "num_prefill_workers")?;
+        let decode = pool(Role::Decode, decode.0, decode.1, "num_decode_workers")?;
         shared_host_agrees(&prefill, &decode)?;
         Ok(Topology { pools: vec![prefill, decode], tap: None })
+    }
+
+    /// Whether the pools' engines differ in block size (only a disaggregated cluster's can).
+    pub fn mixed_block_sizes(&self) -> bool {
+        self.pools.iter().any(|p| p.engine.block_size != self.pools[0].engine.block_size)
     }
 
     pub fn pools(&self) -> &[PoolSpec] {
@@ -132,12 +146,16 @@ impl Topology {
     }
 
     /// How a handoff's KV transfer is timed: with the prefill pool's settings (the side the KV
-    /// leaves from), or a decode-only server's own, for the prefill server elsewhere. None for
-    /// an aggregated cluster, which hands nothing off.
+    /// leaves from), or a decode-only server's own, for the prefill server elsewhere, over the
+    /// decode side's blocks (the ones it lacks are what moves). None for an aggregated cluster,
+    /// which hands nothing off.
     pub fn transfer_timing(&self) -> Option<TransferTiming> {
         let source = self.pool_of(Role::Prefill).or(self.pool_of(Role::Decode))?;
-        let pool = &self.pools[source];
-        Some(TransferTiming { kv: pool.deployment.kv_transfer, block_size: pool.engine.block_size })
+        let destination = self.pool_of(Role::Decode).unwrap_or(source);
+        Some(TransferTiming {
+            kv: self.pools[source].deployment.kv_transfer,
+            block_size: self.pools[destination].engine.block_size,
+        })
     }
 
     /// The handoff request `id` with a `prompt_len`-token prompt starts with, if it moves

@@ -224,6 +224,18 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
     check_prompt_fits(&config, &topology)?;
     let (workload, load) = lower::workload(&config, base, topology.block_size())?;
     let mut router = lower::router(&config);
+    if router.kv_config_mut().is_some() && topology.mixed_block_sizes() {
+        let sizes: Vec<String> = topology.pools().iter().map(|p| p.engine.block_size.to_string()).collect();
+        return Err(DeployError::new(
+            "router.policy",
+            format!(
+                "kv_router over prefill and decode workers with different block sizes ({}) is not supported by \
+                 servesim yet (the router hashes prompts in one block size); give both roles the same \
+                 kv_cache.block_size",
+                sizes.join(" vs ")
+            ),
+        ));
+    }
     let mut estimator: Option<Arc<dyn PrefillLoadEstimator>> = None;
     if let Some(r) = router.kv_config_mut() {
         if r.prefill_load_model == PrefillLoadModel::Ais {

@@ -293,7 +293,8 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
 pub fn topology(lowered: &LoweredEngine) -> Result<Topology, DeployError> {
     let t = match lowered.workers.as_slice() {
         [agg] => Topology::aggregated(worker_args(agg)?, agg.replicas),
-        [p, d] => Topology::disaggregated((worker_args(p)?, p.replicas), (worker_args(d)?, d.replicas)),
+        // aisimulate's engine lets each role keep its own block size (Dynamo's replay does not).
+        [p, d] => Topology::disaggregated_own_block_sizes((worker_args(p)?, p.replicas), (worker_args(d)?, d.replicas)),
         _ => unreachable!("one or two roles"),
     };
     t.map_err(|e| DeployError::new("engine.workers", e.message))
