@@ -287,6 +287,8 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
     if let Some(s) = args.engine.speculative.as_mut() {
         s.schedule = servesim_engine::SpecSchedule::Aisimulate;
     }
+    // aisimulate's SGLang prefill worker caches a prompt while its KV moves.
+    args.engine.sglang.cache_held_prompts = true;
     Ok(args)
 }
 

@@ -254,3 +254,29 @@ fn first_token_slots_are_all_or_none_and_retraction_requeues_at_the_back() {
     };
     assert_eq!(admitted, vec![4, 1]);
 }
+
+/// A prefill worker keeps a finished prompt (and its pages) until the decode side has the KV.
+/// With `cache_held_prompts` (aisimulate) the pages are in the radix cache meanwhile, so a prompt
+/// sharing the prefix reuses them before the hold is released; without it (Dynamo) only after.
+#[test]
+fn a_held_prompt_is_cached_while_its_kv_moves_when_asked() {
+    for (cache_held, reused) in [(true, 144), (false, 0)] {
+        let mut cfg = EngineConfig::parse_json(&format!(
+            r#"{{"engine_type": "sglang", {FIXED}, "block_size": 16, "num_gpu_blocks": 1000, "worker_type": "prefill"}}"#
+        ))
+        .unwrap();
+        cfg.sglang.cache_held_prompts = cache_held;
+        let mut e = Engine::new(cfg, EngineOptions { record_kv_events: true, engine_index: 0, timing_jitter: None });
+        e.submit(request(1, tokens(160, 1), 1));
+        let p1 = step(&mut e, 0.0);
+        assert_eq!(ids(p1.finished.iter().map(|f| f.request)), vec![1]);
+        let mut second = tokens(160, 1);
+        second[150..].iter_mut().for_each(|t| *t += 1);
+        e.submit(request(2, second, 1));
+        let p2 = step(&mut e, p1.end_ms);
+        assert_eq!(p2.admissions[0].reused_tokens, reused, "the held prompt's nine full pages, if cached");
+        e.release_held(1);
+        e.release_held(2);
+        assert!(!e.has_work());
+    }
+}

@@ -107,6 +107,10 @@ pub struct SglangSettings {
     pub clip_max_new_tokens: u32,
     /// In [0, 1]; scales the fraction of future output reserved for running requests.
     pub schedule_conservativeness: f64,
+    /// A prefill worker's finished prompt joins the radix cache when it finishes, while its KV
+    /// moves to the decode side (aisimulate's engine), rather than once the decode side has it
+    /// (Dynamo's mocker, the default). Not an engine argument: the unified YAML sets it.
+    pub cache_held_prompts: bool,
 }
 
 impl Default for SglangSettings {
@@ -117,6 +121,7 @@ impl Default for SglangSettings {
             chunked_prefill_size: 8192,
             clip_max_new_tokens: 4096,
             schedule_conservativeness: 1.0,
+            cache_held_prompts: false,
         }
     }
 }

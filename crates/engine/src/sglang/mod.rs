@@ -348,11 +348,18 @@ impl SglangEngine {
     }
 
     /// A request that is done: its full pages with KV slots join the cache and it leaves (a
-    /// prefill worker keeps it, with its pages, until the decode side has them).
+    /// prefill worker keeps it, with its pages, until the decode side has them; with
+    /// `cache_held_prompts` the pages are in the cache meanwhile, locked, so a later prompt
+    /// sharing its prefix reuses them while the KV moves).
     fn complete(&mut self, slot: u32, out: &mut PassOutput) {
         let id = self.reqs[slot].id;
         out.finished.push(Finished { request: id, finish: Finish::Completed });
         if self.cfg.role == Role::Prefill {
+            if self.cfg.sglang.cache_held_prompts {
+                let req = &self.reqs[slot];
+                let full = self.floor_pages(req.len().min(req.computed)) as usize;
+                self.cache_pages(slot, full);
+            }
             self.parked.insert(id, slot);
         } else {
             self.retire(slot);
