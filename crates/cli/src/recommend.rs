@@ -509,7 +509,6 @@ fn finish(
     Ok(())
 }
 
-/// The workers of a candidate, and its router and planner when the search sets them.
 /// What the summary line shows of a candidate: its workers, and when the search varies them, its
 /// mode and backend, its traffic load (a searched or KV-relative load: the concurrency or rate it
 /// ran), its router and its planner.

@@ -306,6 +306,26 @@ mod tests {
         assert!(agg.transfer_timing().is_none() && agg.handoff(1, 100).is_none());
     }
 
+    /// Each side keeps its block size when asked (aisimulate's engine), and then a transfer moves
+    /// the decode side's missing blocks: a 100-token prompt with 64 tokens cached there moves 64
+    /// tokens over decode blocks of 32 (prefill blocks of 16 would move 48).
+    #[test]
+    fn each_side_may_keep_its_block_size_and_transfers_count_the_decode_sides_blocks() {
+        let side = |bs: u32| {
+            args(&format!(
+                r#"{{"block_size": {bs}, "kv_transfer_bandwidth": 1.0, "kv_bytes_per_token": 1000000,
+                    "kv_transfer_timing_mode": "destination_missing"}}"#
+            ))
+        };
+        let e = Topology::disaggregated((side(16), 1), (side(32), 1)).unwrap_err();
+        assert_eq!(e.to_string(), "block_size: prefill and decode engines need the same block_size (16 vs 32)");
+        let t = Topology::disaggregated_own_block_sizes((side(16), 1), (side(32), 1)).unwrap();
+        assert!(t.mixed_block_sizes());
+        assert_eq!(t.block_size(), 16, "prompts are cut in the prefill side's blocks");
+        assert_eq!(t.transfer_timing().unwrap().tokens(100, 64), 64);
+        assert!(!Topology::disaggregated((side(16), 1), (side(16), 1)).unwrap().mixed_block_sizes());
+    }
+
     #[test]
     fn targets_number_ranks_worker_after_worker() {
         let t = Topology::aggregated(args(r#"{"dp_size": 4}"#), 3).unwrap();
