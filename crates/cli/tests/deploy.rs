@@ -204,14 +204,63 @@ fn speculation_mtp_scheme_matches_the_reference() {
     assert_ne!(seeded["p99_e2e_latency_ms"], reseeded["p99_e2e_latency_ms"]);
 }
 
+/// `engine.speculation` of kind ngram, recorded from the reference (each YAML says how):
+/// drafts cost nothing, the decode pass verifies `n + 1` tokens per request with one KV read
+/// per request in attention, and acceptance follows the per-position rates from the seed.
+#[test]
+fn speculation_ngram_matches_the_reference() {
+    for name in ["predict_spec_ngram_vllm", "predict_spec_ngram_vllm_disagg"] {
+        let Some((ours, reference, dev)) = compare_with_reference(name) else { return };
+        assert!(dev < 1e-3, "{name}: {dev}");
+        for key in ["median_ttft_ms", "mean_ttst_ms", "p90_ttst_ms"] {
+            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+            assert!(deviation(x, y) < 1e-3, "{name}: {key} = {x}, reference {y}");
+        }
+        assert!(ours["mean_accept_length"].as_f64().unwrap() > 2.0, "{name}: {ours}");
+    }
+    // The scheme shape (an expected count) reads too; another seed draws other bursts.
+    let scheme = predict_with(
+        "predict_spec_ngram_vllm",
+        &["engine.speculation={kind: ngram, params: {num_speculative_tokens: 3}, expected_accepted_tokens: 1.2}"],
+    );
+    let reseeded = predict_with("predict_spec_ngram_vllm", &["engine.speculation.seed=8"]);
+    let seeded = predict_with("predict_spec_ngram_vllm", &[]);
+    assert_ne!(seeded["p99_e2e_latency_ms"], reseeded["p99_e2e_latency_ms"]);
+    assert_ne!(seeded["p99_e2e_latency_ms"], scheme["p99_e2e_latency_ms"]);
+}
+
 /// `engine.speculation` keys servesim does not model are refused by path with what is missing
 /// (exit 2); so are the reference's own conditions around the mtp scheme.
 #[test]
 fn speculation_refusals_name_the_key() {
     let cases: &[(&[&str], &str)] = &[
         (
-            &["engine.speculation={kind: ngram, num_speculative_tokens: 1, acceptance_rates: [0.7]}"],
-            "engine.speculation.kind: ngram speculation prices the target's verify attention",
+            &["engine.speculation={kind: ngram, num_speculative_tokens: 1, acceptance_rates: [0.7]}", "engine.backend=sglang"],
+            "engine.speculation: ngram speculation requires vllm aggregated/disaggregated language workers",
+        ),
+        (
+            &["engine.speculation={kind: ngram, num_speculative_tokens: 2, acceptance_rates: [0.7]}"],
+            "engine.speculation.acceptance_rates: acceptance_rates must contain one conditional probability",
+        ),
+        (
+            &["engine.speculation={kind: ngram, num_speculative_tokens: 6, acceptance_rates: [0.7]}"],
+            "engine.speculation.num_speculative_tokens: must be in 1..=5",
+        ),
+        (
+            &["engine.speculation={kind: ngram, num_speculative_tokens: 1, acceptance_rates: [1.5]}"],
+            "engine.speculation.acceptance_rates: must list numbers in [0, 1]",
+        ),
+        (
+            &["engine.speculation={kind: ngram, num_speculative_tokens: 1, acceptance_rates: [0.5], expected_accepted_tokens: 1}"],
+            "engine.speculation.expected_accepted_tokens: unknown key",
+        ),
+        (
+            &["engine.speculation={kind: ngram, params: {num_speculative_tokens: 2, trigger_rate: 1.0}, expected_accepted_tokens: 1}"],
+            "engine.speculation.params.trigger_rate: ngram params must contain only num_speculative_tokens",
+        ),
+        (
+            &["engine.speculation={kind: ngram, params: {}, expected_accepted_tokens: 1}"],
+            "engine.speculation.params: ngram requires params.num_speculative_tokens",
         ),
         (
             &["engine.speculation={kind: draft_model, draft_model_path: Qwen/Qwen3-0.6B, expected_accepted_tokens: 0.8, params: {num_speculative_tokens: 2}}"],
@@ -257,6 +306,14 @@ fn speculation_refusals_name_the_key() {
     let out = servesim(&args);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("engine.speculation.kind: mtp speculation is predict-only"), "{}", stderr(&out));
+    // The ngram shape is searched on vLLM alone.
+    let ngram = "engine.speculation={kind: ngram, num_speculative_tokens: 2, acceptance_rates: [0.7, 0.4]}";
+    let args = ["recommend", "-c", config.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--set", ngram];
+    let out = servesim(&[&args[..], &["--set", "engine.backend=sglang"]].concat());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("engine.speculation: ngram speculation requires vllm"), "{}", stderr(&out));
+    let out = servesim(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 /// Quantisation overrides at engine and worker level, recorded from the reference (each YAML

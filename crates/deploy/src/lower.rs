@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 use servesim_cluster::{RouterMode, Topology};
-use servesim_engine::{ConfigEnv, WorkerArgs};
+use servesim_engine::{ConfigEnv, SpecSchedule, WorkerArgs};
 use servesim_perf::db::Dtype;
 use servesim_replay::Sla;
 use servesim_router::RouterConfig;
@@ -72,7 +72,10 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
         c.insert("moe_ep_size".into(), json!(p.moe_expert));
     }
     c.insert("kv_block_size".into(), json!(block_size));
-    c.insert("nextn".into(), json!(engine.mtp.as_ref().map_or(0, |m| m.nextn)));
+    c.insert("nextn".into(), json!(engine.speculation.as_ref().map_or(0, |s| s.ais_nextn())));
+    if let Some(verify) = engine.speculation.as_ref().and_then(|s| s.ais_speculation()) {
+        c.insert("speculation".into(), verify);
+    }
     // The model controls, a worker's own overriding the engine's.
     for (k, v) in engine.controls.iter().chain(&w.timing_controls) {
         c.insert(k.clone(), v.clone());
@@ -188,11 +191,11 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         ),
     };
     a.insert("timing_model".into(), timing);
-    if let Some(mtp) = &engine.mtp {
-        a.insert("aic_nextn".into(), json!(mtp.nextn));
-        let rates: Vec<String> = mtp.accept_rates().iter().map(f64::to_string).collect();
+    if let Some(spec) = &engine.speculation {
+        a.insert("aic_nextn".into(), json!(spec.nextn));
+        let rates: Vec<String> = spec.accept_rates().iter().map(f64::to_string).collect();
         a.insert("aic_nextn_accept_rates".into(), json!(rates.join(",")));
-        if let Some(seed) = mtp.seed {
+        if let Some(seed) = spec.seed {
             a.insert("aic_mtp_seed".into(), json!(seed));
         }
     }
@@ -279,14 +282,13 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
     let no_files = |p: &str| -> Result<Vec<u8>, String> {
         Err(format!("{p}: timing profiles are not read from the unified config"))
     };
-    let mut args = WorkerArgs::from_value_env(&w.args_json, ConfigEnv { files: &no_files, timers: Some(&factory) })
+    // aisimulate's replay roles: its speculative schedule, ngram drafts included.
+    let env = ConfigEnv { files: &no_files, timers: Some(&factory), spec_schedule: SpecSchedule::Aisimulate };
+    let mut args = WorkerArgs::from_value_env(&w.args_json, env)
         .map_err(|e| DeployError::new(format!("engine.workers.{}", w.role), format!("{e}")))?;
     // Checked against the backend when read.
     (args.engine.prefill_schedule_interval, args.engine.prefill_decode_interval) =
         (u64::from(w.intervals.0), u64::from(w.intervals.1));
-    if let Some(s) = args.engine.speculative.as_mut() {
-        s.schedule = servesim_engine::SpecSchedule::Aisimulate;
-    }
     // aisimulate's SGLang prefill worker caches a prompt while its KV moves.
     args.engine.sglang.cache_held_prompts = true;
     Ok(args)

@@ -107,12 +107,29 @@ pub fn gen_attn_sol(
     b: f64,
     s: f64,
 ) -> f64 {
+    let (math, mem) = gen_attn_sol_parts(spec, n_kv_lookup, head, window, kv, flops, n, b, s);
+    math.max(mem)
+}
+
+/// The two terms of [`gen_attn_sol`]: `(math, memory)` time, ms.
+#[allow(clippy::too_many_arguments)]
+pub fn gen_attn_sol_parts(
+    spec: &SystemSpec,
+    n_kv_lookup: u32,
+    head: u32,
+    window: u32,
+    kv: Dtype,
+    flops: f64,
+    n: f64,
+    b: f64,
+    s: f64,
+) -> (f64, f64) {
     let n_kv = if n_kv_lookup == 0 { n } else { n_kv_lookup as f64 };
     let kv_len = if window > 0 { (s - 1.0).min(window as f64) } else { s - 1.0 };
     let h = head as f64;
     let ops = 2.0 * b * n * h * 2.0 * kv_len;
     let mem = b * (n * h * 2.0 + 2.0 * n_kv * kv_len * h * kv.bytes() + n * h * 2.0);
-    (ops / flops * 1000.0).max(mem / spec.mem_bw * 1000.0)
+    (ops / flops * 1000.0, mem / spec.mem_bw * 1000.0)
 }
 
 /// The decode kernel's compute format: fp8 KV computes in fp8 where the GPU has fp8 MMA.
@@ -621,6 +638,24 @@ impl Database {
                 .map_err(|e| e.context(format!("generation attention on {}", self.which())))?;
         }
         Ok(sum / 5.0)
+    }
+
+    /// The math term of the generation attention SOL for `b` requests of one query token
+    /// each over `s` KV tokens, ms: the floor a block-verify pass of `w` query tokens per
+    /// request scales by `w`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generation_attention_math_ms(
+        &self,
+        b: u32,
+        s: u32,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+    ) -> Result<f64> {
+        let flops = gen_attn_dtype(&self.spec, kv).flops(&self.spec)?;
+        Ok(gen_attn_sol_parts(&self.spec, n_kv, head, window, kv, flops, n as f64, b as f64, s as f64).0)
     }
 
     fn ar_table(&self) -> Result<&BTreeMap<u32, Curve>> {

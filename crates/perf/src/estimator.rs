@@ -109,8 +109,25 @@ impl Estimator {
                 extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
                 (table + extra * 1.1).max(0.0) * scale
             }
-            Op::GenerationAttention { scale, n, n_kv, head, window, kv, qk_norm, .. } => {
-                let mut v = db.generation_attention(&self.gen_lanes, at.batch, at.s, *n, *n_kv, *head, *window, *kv)?;
+            Op::GenerationAttention { scale, n, n_kv, head, window, kv, qk_norm, verify, .. } => {
+                // A block-verify pass reads each request's KV once for its `verify` query
+                // tokens: the table at the request batch, at least the whole block's math.
+                let requests = if *verify > 1 {
+                    if !at.batch.is_multiple_of(*verify) {
+                        return Err(PerfError::config(format!(
+                            "a verify pass of {verify} tokens per request cannot hold {} tokens",
+                            at.batch
+                        )));
+                    }
+                    at.batch / verify
+                } else {
+                    at.batch
+                };
+                let mut v = db.generation_attention(&self.gen_lanes, requests, at.s, *n, *n_kv, *head, *window, *kv)?;
+                if *verify > 1 {
+                    let math = db.generation_attention_math_ms(requests, at.s, *n, *n_kv, *head, *window, *kv)?;
+                    v = v.max(math * f64::from(*verify));
+                }
                 if *qk_norm {
                     let q = (*n * *head) as f64;
                     let kvn = (*n_kv * *head) as f64;
@@ -210,7 +227,7 @@ impl Estimator {
         if context == 0 {
             return Err(PerfError::config("a decode step needs a context of at least one token"));
         }
-        let bs = tokens(batch, self.layout.nextn + 1, "decode")?;
+        let bs = tokens(batch, self.layout.verify_width(), "decode")?;
         self.generation_ops.iter().map(|op| Ok((op.name().to_string(), self.generation_at(op, bs, context)?))).collect()
     }
 
@@ -284,7 +301,7 @@ impl Estimator {
                 if matches!(op, Op::GenerationAttention { .. }) {
                     let s = (r.sum_decode_kv_tokens / d).max(1);
                     total += self
-                        .eval(op, At { batch: d, s, prefix: 0, x: d })
+                        .eval(op, At { batch: tokens(d, self.layout.ngram + 1, "decode")?, s, prefix: 0, x: d })
                         .map_err(|e| e.context(format!("op {}", op.name())))?;
                 }
             }
@@ -301,7 +318,8 @@ impl Estimator {
         if has_decode {
             let s = r.sum_decode_kv_tokens / d;
             for op in &self.generation_ops {
-                total += self.generation_at(op, d, s)?;
+                // ngram's verify width (this path has never applied an MTP depth).
+                total += self.generation_at(op, tokens(d, self.layout.ngram + 1, "decode")?, s)?;
             }
         }
         Ok(total)

@@ -383,6 +383,11 @@ pub enum Op {
         window: u32,
         kv: Dtype,
         qk_norm: bool,
+        /// Query tokens per request of a block-verify pass (1: plain decode). The step's token
+        /// batch is `verify` times the requests, but the kernel reads each request's KV once
+        /// for all of them: the table is read at the request batch, and the full block's math
+        /// bounds it from below.
+        verify: u32,
     },
     /// Custom all-reduce of `hidden` elements per token over `tp` GPUs.
     AllReduce { name: String, scale: f64, hidden: u32, tp: u32 },
@@ -435,12 +440,23 @@ pub struct Layout {
     pub attention_dp: u32,
     pub moe_tp: u32,
     pub moe_ep: u32,
+    /// MTP depth: draft layers folded into the generation ops, `nextn + 1` tokens per request.
     pub nextn: u32,
+    /// Prompt-lookup (ngram) draft tokens: no draft network, the target verifies `ngram + 1`
+    /// tokens per request (0: none; exclusive with `nextn`).
+    pub ngram: u32,
     pub gemm: Dtype,
     pub kv: Dtype,
     pub fmha: Dtype,
     pub moe: Dtype,
     pub backend: String,
+}
+
+impl Layout {
+    /// Tokens one decode step computes per request: the verified token and the drafts.
+    pub fn verify_width(&self) -> u32 {
+        self.nextn + self.ngram + 1
+    }
 }
 
 /// `(context ops, generation ops)` of a model, as the reference's `LLAMAModel` / `MOEModel` lay
@@ -458,6 +474,13 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         )));
     }
     if let Some(dims) = m.mla {
+        if l.ngram > 0 {
+            // The reference keeps token-basis verify pricing on MLA modules (no width channel).
+            return Err(PerfError::unsupported(format!(
+                "{}: ngram verification of multi-head latent attention is not modelled",
+                m.name
+            )));
+        }
         return Ok(build_mla_ops(m, &dims, l));
     }
     let layers = m.layers as f64;
@@ -494,6 +517,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
                 window,
                 kv: l.kv,
                 qk_norm: m.qk_norm,
+                verify: l.ngram + 1,
             }
         }
     };
@@ -712,6 +736,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
                 window: 0,
                 kv: l.kv,
                 qk_norm: false,
+                verify: 1,
             }),
             (false, true) => granular.push(kernel(MlaKind::Context)),
             (false, false) => granular.extend([bmm_op(true), kernel(MlaKind::Generation), bmm_op(false)]),
@@ -794,6 +819,7 @@ mod tests {
             moe_tp: 1,
             moe_ep: 4,
             nextn,
+            ngram: 0,
             gemm: Dtype::Fp8Block,
             kv: Dtype::Fp8,
             fmha: Dtype::Bfloat16,

@@ -32,6 +32,8 @@ pub struct AisConfig {
     pub moe_tp_size: Option<u32>,
     pub moe_ep_size: Option<u32>,
     pub nextn: u32,
+    /// Prompt-lookup (`speculation: {kind: ngram}`) draft tokens per decode step; 0: none.
+    pub ngram: u32,
     pub gemm_quant_mode: Option<Dtype>,
     pub moe_quant_mode: Option<Dtype>,
     pub fmha_quant_mode: Option<Dtype>,
@@ -91,15 +93,9 @@ fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
 
 impl AisConfig {
     /// Reads a configuration object; `path` is its key path, for errors.
+    /// A valid ngram `speculation` is timed here (verification); whether an engine launch
+    /// schedules its drafts is the engine's to decide.
     pub fn from_json(path: &str, v: &Value) -> Result<AisConfig> {
-        Self::read(path, v, false)
-    }
-
-    /// Reads a configuration; a valid ngram `speculation` is accepted only for an engine launch
-    /// (`for_launch`), which refuses it itself with Dynamo's message right after (Dynamo's engine
-    /// launch has no ngram draft scheduler). Elsewhere it is refused here: servesim does not
-    /// time ngram verification.
-    fn read(path: &str, v: &Value, for_launch: bool) -> Result<AisConfig> {
         let obj = v.as_object().ok_or_else(|| PerfError::config(format!("{path}: must be an object")))?;
         for k in obj.keys() {
             if !KEYS.contains(&k.as_str()) {
@@ -252,34 +248,30 @@ impl AisConfig {
             },
         };
         // Dynamo's `ForwardPassSpeculationConfig` and its checks, in its order and words.
-        if let Some(spec) = obj.get("speculation").filter(|v| !v.is_null()) {
-            let tokens = servesim_engine::speculative::ais_speculation_tokens(spec)
-                .map_err(|e| cfg_err(path, "speculation", format!("invalid AIS performance config: {e}")))?;
-            let invalid = |why: &str| {
-                cfg_err(
-                    path,
-                    "speculation",
-                    format!("invalid engine config: invalid forward pass perf model config: {why}"),
-                )
-            };
-            if nextn != 0 {
-                return Err(invalid("ngram speculation cannot be combined with nextn"));
+        let ngram = match obj.get("speculation").filter(|v| !v.is_null()) {
+            None => 0,
+            Some(spec) => {
+                let tokens = servesim_engine::speculative::ais_speculation_tokens(spec)
+                    .map_err(|e| cfg_err(path, "speculation", format!("invalid AIS performance config: {e}")))?;
+                let invalid = |why: &str| {
+                    cfg_err(
+                        path,
+                        "speculation",
+                        format!("invalid engine config: invalid forward pass perf model config: {why}"),
+                    )
+                };
+                if nextn != 0 {
+                    return Err(invalid("ngram speculation cannot be combined with nextn"));
+                }
+                if backend != "vllm" {
+                    return Err(invalid("ngram speculation requires backend=vllm"));
+                }
+                if !(1..=5).contains(&tokens) {
+                    return Err(invalid("ngram num_speculative_tokens must be in 1..=5"));
+                }
+                tokens
             }
-            if backend != "vllm" {
-                return Err(invalid("ngram speculation requires backend=vllm"));
-            }
-            if !(1..=5).contains(&tokens) {
-                return Err(invalid("ngram num_speculative_tokens must be in 1..=5"));
-            }
-            if !for_launch {
-                return Err(cfg_err(
-                    path,
-                    "speculation",
-                    "ngram draft timing is not modelled by servesim (Dynamo's engine launch refuses it too: \
-                     \"engine launch does not implement ngram draft scheduling\")",
-                ));
-            }
-        }
+        };
         if let Some(x) = obj.get("kv_block_size") {
             if !x.is_null() && x.as_u64().is_none_or(|n| n == 0) {
                 return Err(cfg_err(path, "kv_block_size", format!("must be a positive integer, got {x}")));
@@ -311,6 +303,7 @@ impl AisConfig {
             moe_tp_size: uint("moe_tp_size", None)?,
             moe_ep_size: uint("moe_ep_size", None)?,
             nextn,
+            ngram,
             gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_block"])?,
             moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block", "w4a16_mxfp4"])?,
             fmha_quant_mode: quant("fmha_quant_mode", &["bfloat16", "fp8"])?,
@@ -324,7 +317,7 @@ impl AisConfig {
 
     fn cache_key(&self) -> String {
         format!(
-            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
             self.model,
             self.system,
             self.backend,
@@ -336,6 +329,7 @@ impl AisConfig {
             self.moe_tp_size,
             self.moe_ep_size,
             self.nextn,
+            self.ngram,
             self.gemm_quant_mode,
             self.moe_quant_mode,
             self.fmha_quant_mode,
@@ -567,6 +561,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         moe_tp,
         moe_ep,
         nextn: cfg.nextn,
+        ngram: cfg.ngram,
         gemm,
         kv,
         // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA; the
@@ -670,7 +665,7 @@ pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Re
             format!("unknown external timing provider {provider:?}; expected \"ais\", \"aic\" or \"dynamo_profile\""),
         ));
     }
-    let cfg = AisConfig::read(key, config, true).map_err(|e| match e.message.split_once(": ") {
+    let cfg = AisConfig::from_json(key, config).map_err(|e| match e.message.split_once(": ") {
         Some((path, why)) if path.starts_with(key) => ConfigError::new(path, why),
         _ => ConfigError::new(key, e.message),
     })?;

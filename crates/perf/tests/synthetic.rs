@@ -9,7 +9,7 @@ use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
-use serde_json::json;
+use serde_json::{json, Value};
 use servesim_perf::{estimator, AisConfig};
 
 enum Col {
@@ -318,5 +318,35 @@ fn moe_on_synthetic_tables() {
             && err.contains("collected moe_tp × moe_ep for this shape: 1×2, 2×1"),
         "{err}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// An ngram verify pass of `w` tokens per request: every op but decode attention sees the
+/// `w × batch` token batch (as plain decode of that many requests would); attention reads each
+/// request's KV once, so it is priced at the request batch.
+#[test]
+fn ngram_verify_pass_on_synthetic_tables() {
+    let dir = std::env::temp_dir().join(format!("servesim-perf-toy-ngram-{}", std::process::id()));
+    let root = dir.join("systems");
+    toy_tree(&root);
+    let cfg = |extra: Value| {
+        let mut v = json!({"model": "toy/tiny", "system": "toy", "backend": "vllm", "tp": 2,
+                           "systems_paths": [root.display().to_string()]});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        AisConfig::from_json("config", &v).unwrap()
+    };
+    let plain = estimator(&cfg(json!({}))).unwrap();
+    let ngram =
+        estimator(&cfg(json!({"speculation": {"kind": "ngram", "params": {"num_speculative_tokens": 3}}}))).unwrap();
+    let (verify, wide, narrow) =
+        (ngram.decode_ops(2, 64).unwrap(), plain.decode_ops(8, 64).unwrap(), plain.decode_ops(2, 64).unwrap());
+    assert_eq!(verify.len(), wide.len());
+    for (((name, v), (_, w)), (_, n)) in verify.iter().zip(&wide).zip(&narrow) {
+        let want = if name == "generation_attention" { n } else { w };
+        assert_eq!(v, want, "{name}");
+    }
+    assert!(ngram.decode_ms(2, 64).unwrap() > plain.decode_ms(2, 64).unwrap());
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -46,7 +46,7 @@ pub(crate) fn worker_args(text: &str, dir: &Path) -> Result<WorkerArgs, String> 
         let full = dir.join(path);
         std::fs::read(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
     };
-    WorkerArgs::from_value_env(&value, ConfigEnv { files: &files, timers: Some(&timer_factory) })
+    WorkerArgs::from_value_env(&value, ConfigEnv { files: &files, timers: Some(&timer_factory), ..ConfigEnv::NONE })
         .map_err(|e| config_message(&e))
 }
 

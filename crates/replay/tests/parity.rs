@@ -42,7 +42,7 @@ fn worker_args(engine: Option<&Value>, dp_size: Option<&Value>) -> WorkerArgs {
     }
     let dir = root().join("tests/parity");
     let files = |p: &str| std::fs::read(dir.join(p)).map_err(|e| format!("{p}: {e}"));
-    WorkerArgs::from_value_env(&v, ConfigEnv { files: &files, timers: None }).expect("engine config")
+    WorkerArgs::from_value_env(&v, ConfigEnv { files: &files, ..ConfigEnv::NONE }).expect("engine config")
 }
 
 fn run_case(name: &str, case: &Value, case_dir: &Path) -> Map<String, Value> {

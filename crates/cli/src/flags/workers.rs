@@ -25,7 +25,7 @@ pub fn parse_worker_json(text: &str, files: FileLoader) -> Result<WorkerArgs, Co
 
 /// Worker arguments from a parsed value, resolving timing profiles and AIS timing models.
 pub fn worker_args_from_value(value: &Value, files: FileLoader) -> Result<WorkerArgs, ConfigError> {
-    WorkerArgs::from_value_env(value, ConfigEnv { files, timers: Some(&factory) })
+    WorkerArgs::from_value_env(value, ConfigEnv { files, timers: Some(&factory), ..ConfigEnv::NONE })
 }
 
 /// The worker arguments `--FLAG` gives (inline JSON or a JSON file; none: the defaults), with a

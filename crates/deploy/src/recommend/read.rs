@@ -427,9 +427,10 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     // The traffic load's domains, searched after each mode's worker knobs; a KV-relative load
     // is sized per candidate when it runs.
     let load_knobs = super::load::load_knobs(&base)?;
-    if let Some(engine) = get(&base, &["engine"]) {
-        crate::schema::speculation::refuse_in_recommend(engine)?;
-    }
+    let speculation = match get(&base, &["engine"]) {
+        Some(engine) => crate::schema::speculation::check_in_recommend(engine)?,
+        None => None,
+    };
     // The engine's identity domains: the reference searches both modes and both of vLLM and
     // SGLang when they are omitted.
     let (modes, mode_searched) =
@@ -451,6 +452,13 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         return Err(DeployError::new(
             "engine.mode",
             "host_offload recommendation requires concrete mode=aggregated or mode=disaggregated",
+        ));
+    }
+    if speculation.is_some() && backends != ["vllm"] {
+        // Each candidate's predict schema checks the rest (host offload, nextn).
+        return Err(DeployError::new(
+            "engine.speculation",
+            "ngram speculation requires vllm aggregated/disaggregated language workers",
         ));
     }
     if offloading && backends != ["vllm"] {

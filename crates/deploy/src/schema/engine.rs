@@ -38,38 +38,74 @@ pub struct Engine {
     pub kv_transfer: Option<KvTransfer>,
     pub enable_chunked_prefill: Option<bool>,
     pub systems_paths: Option<Vec<String>>,
-    /// MTP speculative decoding (`nextn`, `nextn_accepted`, or `speculation` of kind `mtp`).
-    pub mtp: Option<Mtp>,
+    /// Speculative decoding (`nextn` / `nextn_accepted`, or `speculation` of kind `mtp` or
+    /// `ngram`).
+    pub speculation: Option<Speculation>,
     /// Active model controls (quantisation modes, attention backend, MoE kernels).
     pub controls: Controls,
     /// The frontend's tokenization stage (None when it costs nothing, as the reference drops it).
     pub tokenization: Option<Tokenization>,
 }
 
-/// Multi-token prediction as the unified config states it: `nextn` draft tokens per decode step
-/// and the expected number of them accepted.
+/// Speculative decoding as the unified config states it: `nextn` draft tokens per decode step,
+/// how they are drafted and how many are accepted, and the acceptance stream's seed.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Mtp {
+pub struct Speculation {
     pub nextn: u32,
-    pub accepted: f64,
+    pub draft: Draft,
     /// The acceptance stream's seed when `speculation.seed` states one (`nextn` leaves the
     /// engine's default, which is the same 42).
     pub seed: Option<u64>,
 }
 
-impl Mtp {
-    /// The conditional acceptance rates that give `accepted` expected drafts, as the reference
-    /// lowers `nextn_accepted`: the whole drafts always accepted, the next one with the
-    /// fractional part, the rest never.
+/// Who drafts, and how acceptance is stated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Draft {
+    /// Multi-token prediction: `accepted` drafts expected per step. The draft layers' cost is
+    /// part of the AIS decode pass (its `nextn`).
+    Mtp { accepted: f64 },
+    /// Prompt lookup (ngram): drafting is free and the target verifies `nextn + 1` tokens per
+    /// request in one block pass (the AIS timing's `speculation`); acceptance as conditional
+    /// rates per draft position.
+    Ngram { rates: Vec<f64> },
+}
+
+impl Speculation {
+    /// The conditional acceptance rates of the draft positions. An expected count lowers as
+    /// the reference lowers `nextn_accepted`: the whole drafts always accepted, the next one
+    /// with the fractional part, the rest never.
     pub fn accept_rates(&self) -> Vec<f64> {
-        let whole = self.accepted.trunc() as usize;
+        let accepted = match &self.draft {
+            Draft::Ngram { rates } => return rates.clone(),
+            Draft::Mtp { accepted } => *accepted,
+        };
+        let whole = accepted.trunc() as usize;
         let n = self.nextn as usize;
         let mut rates = vec![1.0; whole.min(n)];
         if rates.len() < n {
-            rates.push(self.accepted - whole as f64);
+            rates.push(accepted - whole as f64);
         }
         rates.resize(n, 0.0);
         rates
+    }
+
+    /// The AIS timing config's `nextn`: the MTP depth (0 for ngram, which is timed by
+    /// [`Self::ais_speculation`] instead).
+    pub fn ais_nextn(&self) -> u32 {
+        match self.draft {
+            Draft::Mtp { .. } => self.nextn,
+            Draft::Ngram { .. } => 0,
+        }
+    }
+
+    /// The AIS timing config's `speculation` (its verify pass), for ngram.
+    pub fn ais_speculation(&self) -> Option<Value> {
+        match self.draft {
+            Draft::Mtp { .. } => None,
+            Draft::Ngram { .. } => {
+                Some(serde_json::json!({"kind": "ngram", "params": {"num_speculative_tokens": self.nextn}}))
+            }
+        }
     }
 }
 
@@ -88,7 +124,7 @@ fn read_tokenization(e: &mut Reader) -> Result<Option<Tokenization>, DeployError
 }
 
 /// `nextn` / `nextn_accepted`, with the reference's rules.
-fn read_mtp(e: &mut Reader) -> Result<Option<Mtp>, DeployError> {
+fn read_mtp(e: &mut Reader) -> Result<Option<Speculation>, DeployError> {
     let nextn = e.u32_min("nextn", 0)?.unwrap_or(0);
     if nextn > 5 {
         return Err(e.err("nextn", "must be at most 5"));
@@ -101,7 +137,7 @@ fn read_mtp(e: &mut Reader) -> Result<Option<Mtp>, DeployError> {
         (n, Some(a)) if a > f64::from(n) => {
             Err(e.err("nextn_accepted", "nextn_accepted requires nextn > 0 and must be within [0, nextn]"))
         }
-        (nextn, Some(accepted)) => Ok(Some(Mtp { nextn, accepted, seed: None })),
+        (nextn, Some(accepted)) => Ok(Some(Speculation { nextn, draft: Draft::Mtp { accepted }, seed: None })),
     }
 }
 
@@ -220,8 +256,8 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         }
     }
     let workers: Vec<&Worker> = [&aggregated, &prefill, &decode].into_iter().flatten().collect();
-    if speculation.is_some() {
-        check_speculation_engine(&e, backend, mtp.is_some(), &workers, &workers_path)?;
+    if let Some(spec) = &speculation {
+        check_speculation_engine(&e, spec, backend, mtp.is_some(), &workers, &workers_path)?;
     }
     for w in workers {
         check_offload(w, backend, &workers_path)?;
@@ -249,7 +285,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         kv_transfer,
         enable_chunked_prefill,
         systems_paths,
-        mtp: mtp.or(speculation),
+        speculation: mtp.or(speculation),
         controls,
         tokenization,
     })

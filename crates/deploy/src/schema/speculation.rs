@@ -2,15 +2,23 @@
 //!
 //! The reference knows one shape for prompt lookup (`kind: ngram`, `num_speculative_tokens`,
 //! `acceptance_rates`, `seed`) and one for its SDK schemes (`kind`, `params`, `draft_model_path`,
-//! `draft_config`, `expected_accepted_tokens`, `seed`). Of the schemes, servesim models `mtp`: its
-//! draft is `depth` extra target-shaped layers whose cost the AIS timing already folds into the
-//! decode pass (the same cost as `nextn: depth`), and its acceptance is the `nextn_accepted`
-//! lowering of `expected_accepted_tokens` drawn from the `seed` stream. The other kinds are
-//! refused by name with what their cost model needs.
+//! `draft_config`, `expected_accepted_tokens`, `seed`), which also takes `ngram` (with
+//! `params.num_speculative_tokens`). servesim models two kinds:
+//!
+//! - `mtp`: its draft is `depth` extra target-shaped layers whose cost the AIS timing already
+//!   folds into the decode pass (the same cost as `nextn: depth`), and its acceptance is the
+//!   `nextn_accepted` lowering of `expected_accepted_tokens`;
+//! - `ngram`: drafting is free (host-side lookup) and the target verifies `n + 1` tokens per
+//!   request in one block pass (the AIS timing's `speculation`: every op at `n + 1` tokens per
+//!   request, decode attention at one KV read per request); acceptance is `acceptance_rates`
+//!   (conditional, per draft position) or, in the scheme shape, `expected_accepted_tokens`.
+//!
+//! Both draw acceptance from the `seed` stream. The other kinds are refused by name with what
+//! their cost model needs.
 
 use serde_json::Value;
 
-use super::engine::Mtp;
+use super::engine::{Draft, Speculation};
 use super::worker::{Capacity, Timing, Worker};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -19,21 +27,19 @@ use servesim_config::Reader;
 /// The reference's scheme registry, in its order.
 const KINDS: [&str; 6] = ["dflash", "draft_model", "dspark", "eagle3", "mtp", "ngram"];
 
-/// `engine.speculation`, read as the reference's schema reads it; `Some` only for the kinds
-/// servesim models (today `mtp`), as the MTP settings it lowers to.
-pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Mtp>, DeployError> {
+/// `engine.speculation`, read as the reference's schema reads it; `Some` for the kinds servesim
+/// models (`mtp`, `ngram`).
+pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, DeployError> {
     let Some(mut s) = e.obj("speculation")? else { return Ok(None) };
     let kind = s.text("kind")?.ok_or_else(|| s.err("kind", "missing (required)"))?;
-    let draft_checkpoint = s.given("draft_model_path") || s.given("draft_config");
     let missing = |what: &str| s.err("kind", format!("{kind} {what}, which servesim's AIS timing does not model yet"));
     match kind.as_str() {
         "mtp" => {}
-        "ngram" => {
-            return Err(missing(
-                "speculation prices the target's verify attention at one KV pass per request for its \
-                 num_speculative_tokens + 1 query tokens (block verify)",
-            ))
+        // The prompt-lookup shape: what it states alone (the scheme shape has neither key).
+        "ngram" if s.given("num_speculative_tokens") || s.given("acceptance_rates") => {
+            return read_ngram_rates(s).map(Some)
         }
+        "ngram" => {}
         "draft_model" | "eagle3" => {
             return Err(missing(
                 "speculation needs the draft network's forward passes, KV and weights timed beside the target's",
@@ -51,24 +57,30 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Mtp>, DeployErro
             ))
         }
     }
-    if draft_checkpoint {
+    let ngram = kind == "ngram";
+    if s.given("draft_model_path") || s.given("draft_config") {
         let key = if s.given("draft_model_path") { "draft_model_path" } else { "draft_config" };
-        return Err(s.err(key, "speculation kind 'mtp' does not accept a draft checkpoint"));
+        return Err(s.err(key, format!("speculation kind '{kind}' does not accept a draft checkpoint")));
     }
     s.ignored("draft_model_path");
     s.ignored("draft_config");
-    let depth = match s.obj("params")? {
+    let (param, depth) = match s.obj("params")? {
         Some(mut p) => {
-            let depth = p.integer("depth")?;
+            let param = if ngram { "num_speculative_tokens" } else { "depth" };
+            if ngram && p.has("trigger_rate") {
+                // The scheme takes it, the reference's timing config then refuses it.
+                return Err(p.err("trigger_rate", "ngram params must contain only num_speculative_tokens"));
+            }
+            let depth = p.integer(param)?;
             p.finish()?;
-            depth
+            (param, depth)
         }
-        None => None,
+        None => (if ngram { "num_speculative_tokens" } else { "depth" }, None),
     };
     let depth = match depth {
-        None | Some(0) => return Err(s.err("params", "mtp requires params.depth, a positive integer")),
+        None | Some(0) => return Err(s.err("params", format!("{kind} requires params.{param}, a positive integer"))),
         Some(d) if d > 5 => {
-            return Err(s.err("params", format!("speculative replay requires 1..5 draft tokens, got depth {d}")))
+            return Err(s.err("params", format!("speculative replay requires 1..5 draft tokens, got {param} {d}")))
         }
         Some(d) => d as u32,
     };
@@ -81,20 +93,65 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Mtp>, DeployErro
             format!("expected_accepted_tokens must be within [0, {depth}] accepted draft tokens"),
         ));
     }
-    let seed = match s.value("seed") {
-        None => 42,
-        Some(Value::Number(n)) if n.is_u64() => n.as_u64().expect("checked"),
-        Some(_) => return Err(s.err("seed", "must be an integer in [0, 18446744073709551615]")),
-    };
+    let seed = read_seed(&mut s)?;
     s.finish()?;
-    Ok(Some(Mtp { nextn: depth, accepted, seed: Some(seed) }))
+    let draft = if ngram {
+        // The expected count lowers to rates as for MTP.
+        let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
+        Draft::Ngram { rates }
+    } else {
+        Draft::Mtp { accepted }
+    };
+    Ok(Some(Speculation { nextn: depth, draft, seed: Some(seed) }))
 }
 
-/// The reference's conditions on the engine around a speculation scheme: not beside
-/// `nextn`, a vLLM or SGLang language engine, and on every worker no host offload, a fixed KV
-/// capacity and the default (AIS) timing that carries the draft cost.
+/// The prompt-lookup shape: `num_speculative_tokens` (1..=5), one conditional acceptance rate
+/// in [0, 1] per draft position, and `seed`; nothing else.
+fn read_ngram_rates(mut s: Reader) -> Result<Speculation, DeployError> {
+    let n = match s.integer("num_speculative_tokens")? {
+        None => return Err(s.err("num_speculative_tokens", "missing (required)")),
+        Some(n @ 1..=5) => n as u32,
+        Some(n) => return Err(s.err("num_speculative_tokens", format!("must be in 1..=5, got {n}"))),
+    };
+    let rates = match s.value("acceptance_rates") {
+        None => return Err(s.err("acceptance_rates", "missing (required)")),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .filter(|r| !v.is_boolean() && (0.0..=1.0).contains(r))
+                    .ok_or_else(|| s.err("acceptance_rates", format!("must list numbers in [0, 1], got {v}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(s.err("acceptance_rates", "must be a list of numbers in [0, 1]")),
+    };
+    if rates.len() != n as usize {
+        return Err(s.err(
+            "acceptance_rates",
+            "acceptance_rates must contain one conditional probability per speculative token",
+        ));
+    }
+    let seed = read_seed(&mut s)?;
+    s.finish()?;
+    Ok(Speculation { nextn: n, draft: Draft::Ngram { rates }, seed: Some(seed) })
+}
+
+/// `seed`: an unsigned 64-bit integer, 42 when absent.
+fn read_seed(s: &mut Reader) -> Result<u64, DeployError> {
+    match s.value("seed") {
+        None => Ok(42),
+        Some(Value::Number(n)) if n.is_u64() => Ok(n.as_u64().expect("checked")),
+        Some(_) => Err(s.err("seed", "must be an integer in [0, 18446744073709551615]")),
+    }
+}
+
+/// The reference's conditions on the engine around a speculation scheme: not beside `nextn`, a
+/// vLLM (ngram) or vLLM / SGLang (mtp) language engine, no host offload on any worker, and for
+/// mtp on every worker a fixed KV capacity and the default (AIS) timing that carries the draft
+/// cost. (ngram needs op-level timing, which every servesim timing is.)
 pub(super) fn check_speculation_engine(
     e: &Reader,
+    spec: &Speculation,
     backend: &str,
     nextn_given: bool,
     workers: &[&Worker],
@@ -103,15 +160,26 @@ pub(super) fn check_speculation_engine(
     if nextn_given {
         return Err(e.err("speculation", "speculation cannot be combined with nextn or nextn_accepted"));
     }
-    if !matches!(backend, "vllm" | "sglang") {
-        return Err(
-            e.err("speculation", "mtp speculation requires sglang/vllm aggregated/disaggregated language workers")
-        );
+    let (kind, backends) = match spec.draft {
+        Draft::Mtp { .. } => ("mtp", &["vllm", "sglang"][..]),
+        Draft::Ngram { .. } => ("ngram", &["vllm"][..]),
+    };
+    if !backends.contains(&backend) {
+        return Err(e.err(
+            "speculation",
+            format!("{kind} speculation requires {} aggregated/disaggregated language workers", backends.join("/")),
+        ));
     }
     for w in workers {
         let at = |what: &str| format!("{workers_path}.{}.{what}", w.role);
         if w.offload.is_some() {
-            return Err(DeployError::new(at("kv_cache.host_offload"), "mtp speculation does not support host_offload"));
+            return Err(DeployError::new(
+                at("kv_cache.host_offload"),
+                format!("{kind} speculation does not support host_offload"),
+            ));
+        }
+        if kind == "ngram" {
+            continue;
         }
         if matches!(w.capacity, Capacity::Default { .. }) {
             return Err(DeployError::new(
@@ -130,17 +198,13 @@ pub(super) fn check_speculation_engine(
 }
 
 /// `engine.speculation` of a recommend configuration: the reference's recommend schema takes
-/// only prompt lookup (`kind: ngram`), which servesim does not model yet, so every value is
-/// refused here, before the candidates are made.
-pub(crate) fn refuse_in_recommend(engine: &Value) -> Result<(), DeployError> {
-    let Some(spec) = engine.get("speculation").filter(|v| !v.is_null()) else { return Ok(()) };
+/// only the prompt-lookup shape (`kind: ngram` with `num_speculative_tokens` and
+/// `acceptance_rates`), read here as predict reads it, before the candidates are made.
+pub(crate) fn check_in_recommend(engine: &Value) -> Result<Option<Speculation>, DeployError> {
+    let Some(spec) = engine.get("speculation").filter(|v| !v.is_null()) else { return Ok(None) };
     let mut s = Reader::mapping("engine.speculation", spec)?;
-    match s.text("kind")? {
-        Some(kind) if kind == "ngram" => {
-            // The predict reader words why ngram is not modelled.
-            let mut e = Reader::mapping("engine", engine)?;
-            read_speculation(&mut e).map(|_| ())
-        }
+    match s.text("kind")?.as_deref() {
+        Some("ngram") => read_ngram_rates(s).map(Some),
         Some(kind) => {
             Err(s.err("kind", format!("{kind} speculation is predict-only: recommend accepts kind ngram alone")))
         }

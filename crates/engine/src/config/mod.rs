@@ -18,7 +18,7 @@ mod worker;
 use serde_json::{json, Value};
 
 use crate::request::ReasoningConfig;
-use crate::speculative::SpeculativeConfig;
+use crate::speculative::{SpecSchedule, SpeculativeConfig};
 use crate::timing::{MemoryLimits, TimerFactory, TimingModel, Unresolved};
 use servesim_config::{Field, Result};
 
@@ -39,11 +39,16 @@ pub struct ConfigEnv<'a> {
     pub files: FileLoader<'a>,
     /// Builds external timing models (`{"type": "external", ...}`); None refuses them.
     pub timers: Option<TimerFactory<'a>>,
+    /// Whose speculative schedule the engine follows. Dynamo's engine launch has no ngram
+    /// draft scheduler and refuses a timing config's `speculation`; aisimulate's replay roles
+    /// (the unified config) schedule those drafts at the timing config's depth.
+    pub spec_schedule: SpecSchedule,
 }
 
 impl ConfigEnv<'static> {
-    /// No files, no external models.
-    pub const NONE: ConfigEnv<'static> = ConfigEnv { files: &no_files, timers: None };
+    /// No files, no external models, Dynamo's schedule.
+    pub const NONE: ConfigEnv<'static> =
+        ConfigEnv { files: &no_files, timers: None, spec_schedule: SpecSchedule::Dynamo };
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -307,7 +312,7 @@ impl EngineConfig {
 
     /// Parses a JSON document, reading referenced files (timing profiles) through `files`.
     pub fn parse_json_with(text: &str, files: FileLoader) -> Result<Self> {
-        WorkerArgs::parse_json_env(text, ConfigEnv { files, timers: None }).map(|w| w.engine)
+        WorkerArgs::parse_json_env(text, ConfigEnv { files, ..ConfigEnv::NONE }).map(|w| w.engine)
     }
 
     /// Reads a parsed JSON value in either shape (without file access).
@@ -317,7 +322,7 @@ impl EngineConfig {
 
     /// Reads a parsed JSON value, reading referenced files through `files`.
     pub fn from_value_with(value: &Value, files: FileLoader) -> Result<Self> {
-        Self::from_value_env(value, ConfigEnv { files, timers: None })
+        Self::from_value_env(value, ConfigEnv { files, ..ConfigEnv::NONE })
     }
 
     /// Reads a parsed JSON value, resolving files and external timing models through `env`.

@@ -18,7 +18,12 @@ impl RawConfig {
     /// describes the same role as the engine.
     /// Returns the timing config's MTP depth, which the engine's must match (checked later, as
     /// Dynamo checks it after the speculative settings themselves).
-    fn take_ais_identity(&mut self, key: &str, config: &serde_json::Value) -> Result<Option<u32>> {
+    fn take_ais_identity(
+        &mut self,
+        key: &str,
+        config: &serde_json::Value,
+        schedule: SpecSchedule,
+    ) -> Result<Option<u32>> {
         let at = |k: &str| format!("{key}.{k}");
         let count = |k: &str| -> Result<u32> {
             match config.get(k) {
@@ -81,11 +86,17 @@ impl RawConfig {
             ));
         }
         // The timing config (already checked by its provider) may time ngram drafts, but
-        // Dynamo's engine launch has no ngram draft scheduler.
-        if config.get("speculation").is_some_and(|v| !v.is_null()) {
-            return Err(ConfigError::new(at("speculation"), "engine launch does not implement ngram draft scheduling"));
+        // Dynamo's engine launch has no ngram draft scheduler; aisimulate's replay roles take
+        // its draft count as the canonical depth (the provider refuses it beside `nextn`).
+        match config.get("speculation").filter(|v| !v.is_null()) {
+            None => Ok(Some(nextn)),
+            Some(_) if schedule == SpecSchedule::Dynamo => {
+                Err(ConfigError::new(at("speculation"), "engine launch does not implement ngram draft scheduling"))
+            }
+            Some(spec) => crate::speculative::ais_speculation_tokens(spec)
+                .map(Some)
+                .map_err(|why| ConfigError::new(at("speculation"), why)),
         }
-        Ok(Some(nextn))
     }
 
     pub(super) fn normalise(mut self, env: ConfigEnv) -> Result<WorkerArgs> {
@@ -126,7 +137,7 @@ impl RawConfig {
         };
         // After the model is built, so a bad key in its config is named first.
         let ais_nextn = match ais_identity {
-            Some((key, config)) => self.take_ais_identity(&key, &config)?,
+            Some((key, config)) => self.take_ais_identity(&key, &config, env.spec_schedule)?,
             None => None,
         };
         let backend = match self.backend.or(0) {
@@ -261,7 +272,7 @@ impl RawConfig {
                     nextn: n,
                     accept_rates: rates,
                     seed: self.mtp_seed.or(42),
-                    schedule: SpecSchedule::Dynamo,
+                    schedule: env.spec_schedule,
                 })
             }
         };

@@ -242,7 +242,7 @@ fn profiled_timing_reads_through_the_loader() {
 fn dynamo_profile_provider_is_the_interpolated_model() {
     let (profile, bytes) = small_profile();
     let files = |p: &str| if p == "p.npz" { Ok(bytes.clone()) } else { Err(format!("cannot read {p}")) };
-    let env = || ConfigEnv { files: &files, timers: None };
+    let env = || ConfigEnv { files: &files, ..ConfigEnv::NONE };
     let dynamo = |config: &str| {
         let text = format!(
             r#"{{"engine": {{"timing_model": {{"type": "external", "provider": "dynamo_profile"{config}}}}}}}"#
@@ -354,7 +354,7 @@ fn with_ais(json: &str) -> Result<WorkerArgs> {
     let factory = |_: &str, _: &str, _: &Value| -> Result<std::sync::Arc<dyn crate::timing::PassTimer>> {
         Ok(std::sync::Arc::new(MemoryAware))
     };
-    let env = ConfigEnv { files: &no_files, timers: Some(&factory) };
+    let env = ConfigEnv { files: &no_files, timers: Some(&factory), ..ConfigEnv::NONE };
     WorkerArgs::parse_json_env(json, env)
 }
 
@@ -460,6 +460,28 @@ fn ais_identity_sets_and_must_agree_with_the_launch() {
         let e = with_ais(&json).unwrap_err();
         assert!(e.to_string().contains(want), "{json}: {e}");
     }
+}
+
+/// aisimulate's replay roles schedule the ngram drafts Dynamo's launch refuses: the timing
+/// config's draft count is the canonical depth, which `aic_nextn` must match.
+#[test]
+fn replay_roles_schedule_ngram_drafts_at_the_timing_configs_depth() {
+    let factory = |_: &str, _: &str, _: &Value| -> Result<std::sync::Arc<dyn crate::timing::PassTimer>> {
+        Ok(std::sync::Arc::new(MemoryAware))
+    };
+    let env = ConfigEnv { files: &no_files, timers: Some(&factory), spec_schedule: SpecSchedule::Aisimulate };
+    let ngram = |nextn: u32| {
+        ais_engine(
+            "",
+            &format!(r#""aic_nextn":{nextn},"aic_nextn_accept_rates":"0.5,0.5","#),
+            r#","speculation":{"kind":"ngram","params":{"num_speculative_tokens":2}}"#,
+        )
+    };
+    let w = WorkerArgs::parse_json_env(&ngram(2), env).unwrap();
+    let spec = w.engine.speculative.unwrap();
+    assert_eq!((spec.nextn, spec.accept_rates, spec.schedule), (2, vec![0.5, 0.5], SpecSchedule::Aisimulate));
+    let e = WorkerArgs::parse_json_env(&ngram(3), env).unwrap_err();
+    assert!(e.to_string().contains("canonical nextn conflicts with scheduler aic_nextn"), "{e}");
 }
 
 #[test]
