@@ -474,7 +474,11 @@ impl GraphState {
                 PlayOutcome {
                     play_id: self.graph.plays[p].id.to_string(),
                     status,
-                    causal_terminal_ms: s.primary_failure.map(|(t, _)| t).or(s.max_terminal).map(|t| t - self.origin_ms),
+                    causal_terminal_ms: s
+                        .primary_failure
+                        .map(|(t, _)| t)
+                        .or(s.max_terminal)
+                        .map(|t| t - self.origin_ms),
                     settled_at_ms: s.quiescent_at.map(|t| t - self.origin_ms),
                     failure_request_id: s
                         .primary_failure

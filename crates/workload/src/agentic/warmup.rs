@@ -86,17 +86,16 @@ pub(super) fn lane_sources(src: &AgenticGraph, play: &Play, t_star: f64) -> (Vec
         }
     }
     let primers: Vec<u32> = live.into_values().flatten().collect();
-    let sources = if primers.is_empty() {
-        let first = play
-            .nodes
-            .iter()
-            .copied()
-            .filter(|&i| src.nodes[i as usize].not_before_ms >= t_star)
-            .min_by(|&a, &b| src.nodes[a as usize].not_before_ms.total_cmp(&src.nodes[b as usize].not_before_ms));
-        first.into_iter().collect()
-    } else {
-        primers.clone()
-    };
+    let sources =
+        if primers.is_empty() {
+            let first =
+                play.nodes.iter().copied().filter(|&i| src.nodes[i as usize].not_before_ms >= t_star).min_by(
+                    |&a, &b| src.nodes[a as usize].not_before_ms.total_cmp(&src.nodes[b as usize].not_before_ms),
+                );
+            first.into_iter().collect()
+        } else {
+            primers.clone()
+        };
     let warmups = (0..WARMUP_REQUESTS_PER_LANE).filter_map(|k| sources.get(k % sources.len().max(1)).copied());
     (primers.clone(), warmups.collect())
 }
@@ -124,7 +123,8 @@ impl Plan {
             turn.output_length = 1;
             turn.delay_ms = 0.0;
             // The reference's one token: the source's first planned token, or 0.
-            turn.output_tokens = Some(Arc::from([n.turn.output_tokens.as_ref().and_then(|t| t.first().copied()).unwrap_or(0)]));
+            turn.output_tokens =
+                Some(Arc::from([n.turn.output_tokens.as_ref().and_then(|t| t.first().copied()).unwrap_or(0)]));
             if let Some(meta) = &n.turn.meta {
                 let mut meta: TurnMeta = (**meta).clone();
                 meta.request_id = Some(id.clone());
@@ -295,8 +295,11 @@ impl Preparation {
             (Some(_), true) => "profile",
             (Some(_), false) => "aborted",
             (None, _) => {
-                let primer_open =
-                    plan.requests.iter().zip(&self.requests).any(|(r, s)| r.phase == Phase::Primer && s.terminal_ms.is_none());
+                let primer_open = plan
+                    .requests
+                    .iter()
+                    .zip(&self.requests)
+                    .any(|(r, s)| r.phase == Phase::Primer && s.terminal_ms.is_none());
                 if primer_open {
                     "primer"
                 } else {
@@ -363,5 +366,92 @@ impl Preparation {
             }),
             profile_start_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::snapshot::{instantiate, Selection, SnapshotOptions};
+    use super::super::*;
+    use super::*;
+
+    /// One play: conversation `main` (a1 at 0, a2 at 100, a3 at 200), a sub-conversation `sub`
+    /// spawned at 50 and continued at 150.
+    fn graph() -> AgenticGraph {
+        let header = Header {
+            schema: AGENTIC_MOONCAKE_SCHEMA.into(),
+            version: 2,
+            block_size: 16,
+            hash_id_scope: HashIdScope::Local,
+            source: Provenance { format: "t".into(), digest: "d".into() },
+        };
+        let mut b = GraphBuilder::new(header, Vec::new(), Loc::default()).unwrap();
+        let row = |id: &str, session: &str, at: f64, after: Option<&str>| AgenticRow {
+            request_id: id.into(),
+            play_id: "p".into(),
+            session_id: session.into(),
+            model: "m".into(),
+            input_length: Some(32),
+            output_length: Some(2),
+            hash_ids: Some(vec![1, 2]),
+            not_before_ms: at,
+            recorded_api_time_ms: Some(10.0),
+            dependencies: after
+                .map(|s| RowDependency {
+                    request_id: s.into(),
+                    trigger: Trigger::Completion,
+                    delay_ms: 0.0,
+                    relation: Relation::Sequence,
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        for r in [
+            row("a1", "main", 0.0, None),
+            row("b1", "sub", 50.0, Some("a1")),
+            row("a2", "main", 100.0, Some("a1")),
+            row("b2", "sub", 150.0, Some("b1")),
+            row("a3", "main", 200.0, Some("a2")),
+        ] {
+            b.push(Loc::default(), r).unwrap();
+        }
+        b.finish(1.0).unwrap()
+    }
+
+    fn plan(t_star_ms: f64) -> Plan {
+        let o = SnapshotOptions {
+            seed: 1,
+            initial_selections: Some(vec![Selection { source_play_id: "p".into(), t_star_ms }]),
+            corpus_cursor: Some(1),
+            warmup: true,
+        };
+        instantiate(graph(), 1, &o).unwrap().preparation.unwrap()
+    }
+
+    fn sources(p: &Plan) -> Vec<(Phase, String)> {
+        p.requests.iter().map(|r| (r.phase, r.source_request_id.to_string())).collect()
+    }
+
+    #[test]
+    fn primers_are_the_last_requests_before_the_cut_of_continuing_conversations() {
+        // Cut at 120: `main` continues (a2 is history, a3 live), and so does `sub` (b1, b2).
+        let p = plan(120.0);
+        let s = sources(&p);
+        assert_eq!(s[..2], [(Phase::Primer, "a2".into()), (Phase::Primer, "b1".into())]);
+        assert_eq!(s.len(), 2 + WARMUP_REQUESTS_PER_LANE);
+        // The warmups cycle over the primers.
+        assert!(s[2..].iter().enumerate().all(|(k, (ph, id))| *ph == Phase::Warmup && *id == s[k % 2].1));
+        // One token each, named by phase and ordinal.
+        assert!(p.requests.iter().all(|r| r.turn.output_length == 1));
+        let id = |k: usize| p.requests[k].turn.meta.as_ref().unwrap().request_id.clone().unwrap();
+        assert!(id(0).ends_with(":primer:0") && id(11).ends_with(":warmup:11"), "{} {}", id(0), id(11));
+    }
+
+    #[test]
+    fn without_history_the_warmups_repeat_the_first_live_request() {
+        let s = sources(&plan(0.0));
+        assert_eq!(s.len(), WARMUP_REQUESTS_PER_LANE);
+        assert!(s.iter().all(|(ph, id)| *ph == Phase::Warmup && id == "a1"));
     }
 }
