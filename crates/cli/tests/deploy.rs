@@ -481,6 +481,17 @@ fn agentic_warmups_match_the_reference_within_two_percent() {
     let warm = predict_with("predict_agentic_warmup_seeded", &[]);
     assert!(warm["mean_ttft_ms"].as_f64().unwrap() < 0.8 * cold["mean_ttft_ms"].as_f64().unwrap());
     assert!(cold.get("agentic_phases").is_none());
+    // The per-request records are the profile's, timed from the barrier.
+    let out_dir = tmp("agentic-warmup-records");
+    let out = predict(&deploy_dir().join("predict_agentic_warmup_seeded.yaml"), &out_dir, &["--capture-per-request"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let records = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
+    let arrivals: Vec<f64> = records
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["arrival_time_ms"].as_f64().unwrap())
+        .collect();
+    assert_eq!(arrivals.len(), warm["num_requests"].as_u64().unwrap() as usize);
+    assert!(arrivals.iter().all(|&t| (0.0..warm["duration_ms"].as_f64().unwrap()).contains(&t)), "{arrivals:?}");
     // What stays refused names what is missing.
     let out = predict(
         &deploy_dir().join("predict_agentic_warmup_seeded.yaml"),

@@ -76,6 +76,8 @@ pub struct Collector<'s> {
     /// Where the measured run began on the virtual clock (a warmed agentic profile's start;
     /// 0 otherwise): reported times are measured from it.
     origin_ms: f64,
+    /// A warmed agentic run's preparation is under way: its records are not reported.
+    preparing: bool,
 }
 
 /// Whether the overload warning was printed.
@@ -269,7 +271,14 @@ impl<'s> Collector<'s> {
             ttft_parts: None,
             telemetry: None,
             origin_ms: 0.0,
+            preparing: false,
         }
+    }
+
+    /// The run starts with a preparation (a warmed agentic snapshot): until
+    /// [`Collector::begin_profile`], finished requests are not reported one by one.
+    pub fn begin_preparation(&mut self) {
+        self.preparing = true;
     }
 
     /// Starts the measured run at `origin_ms` (a warmed agentic profile opening, with nothing in
@@ -278,6 +287,7 @@ impl<'s> Collector<'s> {
     pub fn begin_profile(&mut self, origin_ms: f64) {
         debug_assert!(self.live.is_empty(), "the profile opens with nothing in flight");
         self.origin_ms = origin_ms;
+        self.preparing = false;
         self.totals = Totals::default();
         for samples in [&mut self.ttft, &mut self.ttst, &mut self.tpot, &mut self.e2e] {
             samples.clear();
@@ -707,7 +717,7 @@ impl<'s> Collector<'s> {
             Status::Rejected(_) => t.rejected += 1,
             Status::Incomplete => t.incomplete += 1,
         }
-        if let Some(sink) = self.sink.as_mut() {
+        if let Some(sink) = self.sink.as_mut().filter(|_| !self.preparing) {
             if self.origin_ms == 0.0 {
                 sink(r);
             } else {

@@ -582,6 +582,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
         let total = self.workload.num_requests();
+        if self.driver.has_preparation() {
+            self.collector.begin_preparation();
+        }
         let mut ready = Vec::new();
         let mut again = false;
         let mut last_reported = u64::MAX;

@@ -214,6 +214,11 @@ impl GraphState {
         }
     }
 
+    /// Whether a preparation phase runs before the measured profile.
+    pub fn has_preparation(&self) -> bool {
+        self.preparation.is_some()
+    }
+
     /// The instant the profile opened, once (the caller restarts its measurements there).
     pub fn take_profile_start(&mut self) -> Option<f64> {
         self.profile_start.take()
