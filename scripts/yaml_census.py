@@ -221,8 +221,12 @@ R = "engine.workers.<role>"
 VALUES = {
     # traffic
     "traffic.load.agentic_lanes": [V(1, base="trace_agentic")],
-    "traffic.load.agentic_warmup": [V(True, base="trace_agentic", also={"traffic.load.agentic_snapshot": {"seed": 3},
-                                                                      "traffic.load.agentic_lanes": 1})],
+    # The census trace's seeded cuts cross unresolved dependencies (both tools refuse them): an
+    # exact selection it has.
+    "traffic.load.agentic_warmup": [V(True, base="trace_agentic", also={
+        "traffic.load.agentic_snapshot": {"seed": 3, "corpus_cursor": 1,
+                                          "initial_selections": [{"source_play_id": "play00000", "t_star_ms": 0}]},
+        "traffic.load.agentic_lanes": 1})],
     "traffic.load.agentic_warmup_policy": [
         V("repeated_prefixes", base="trace_agentic"),
         V("live_trajectory_v1", base="trace_agentic", also={

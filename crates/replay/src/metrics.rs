@@ -73,6 +73,11 @@ pub struct Collector<'s> {
     pub(crate) ttft_parts: Option<Box<[Samples; 5]>>,
     /// Time series sampled on the virtual clock, when asked for ([`Collector::with_telemetry`]).
     pub(crate) telemetry: Option<crate::telemetry::Telemetry<'s>>,
+    /// Where the measured run began on the virtual clock (a warmed agentic profile's start;
+    /// 0 otherwise): reported times are measured from it.
+    origin_ms: f64,
+    /// A warmed agentic run's preparation is under way: its records are not reported.
+    preparing: bool,
 }
 
 /// Whether the overload warning was printed.
@@ -265,7 +270,39 @@ impl<'s> Collector<'s> {
             queue: QueueLimit::default(),
             ttft_parts: None,
             telemetry: None,
+            origin_ms: 0.0,
+            preparing: false,
         }
+    }
+
+    /// The run starts with a preparation (a warmed agentic snapshot): until
+    /// [`Collector::begin_profile`], finished requests are not reported one by one.
+    pub fn begin_preparation(&mut self) {
+        self.preparing = true;
+    }
+
+    /// Starts the measured run at `origin_ms` (a warmed agentic profile opening, with nothing in
+    /// flight): what was collected so far (the preparation) is dropped, and reported times are
+    /// measured from there on.
+    pub fn begin_profile(&mut self, origin_ms: f64) {
+        debug_assert!(self.live.is_empty(), "the profile opens with nothing in flight");
+        self.origin_ms = origin_ms;
+        self.preparing = false;
+        self.totals = Totals::default();
+        for samples in [&mut self.ttft, &mut self.ttst, &mut self.tpot, &mut self.e2e] {
+            samples.clear();
+        }
+        for samples in self.ttft_parts.iter_mut().flat_map(|p| p.iter_mut()) {
+            samples.clear();
+        }
+        self.itl = Sketch::default();
+        self.per_user = Sketch::default();
+        self.last_rate = (f64::NAN, f64::NAN);
+    }
+
+    /// Where the measured run began (see [`Collector::begin_profile`]).
+    pub fn origin_ms(&self) -> f64 {
+        self.origin_ms
     }
 
     /// Collects the distributions of the TTFT parts ([`TtftBreakdown`]) for the summary.
@@ -650,7 +687,7 @@ impl<'s> Collector<'s> {
                 t.reused_tokens += r.reused_input_tokens.max(decode_reused) as u64;
                 t.first_admission_reused_tokens += r.first_admission_reused_input_tokens as u64;
                 if let Some(last) = r.last_token_ms {
-                    t.duration_ms = t.duration_ms.max(last);
+                    t.duration_ms = t.duration_ms.max(last - self.origin_ms);
                 }
                 if self.sla.is_set() && self.sla.met_by(r) {
                     t.good_requests += 1;
@@ -680,8 +717,12 @@ impl<'s> Collector<'s> {
             Status::Rejected(_) => t.rejected += 1,
             Status::Incomplete => t.incomplete += 1,
         }
-        if let Some(sink) = self.sink.as_mut() {
-            sink(r);
+        if let Some(sink) = self.sink.as_mut().filter(|_| !self.preparing) {
+            if self.origin_ms == 0.0 {
+                sink(r);
+            } else {
+                sink(&r.rebased(self.origin_ms));
+            }
         }
     }
 

@@ -116,6 +116,41 @@ pub struct Handoff {
 }
 
 impl RequestRecord {
+    /// The record with every time measured from `origin_ms` (a warmed profile's start).
+    pub fn rebased(&self, origin_ms: f64) -> RequestRecord {
+        let shift = |t: &mut f64| *t -= origin_ms;
+        let mut r = self.clone();
+        shift(&mut r.arrival_ms);
+        for t in [
+            &mut r.first_admit_ms,
+            &mut r.terminal_ms,
+            &mut r.first_token_ms,
+            &mut r.second_token_ms,
+            &mut r.last_token_ms,
+        ] {
+            t.iter_mut().for_each(shift);
+        }
+        for p in &mut r.routing {
+            p.queued_at_ms.iter_mut().for_each(shift);
+            shift(&mut p.placed_at_ms);
+        }
+        for a in &mut r.admission_history {
+            shift(&mut a.at_ms);
+        }
+        if let Some(h) = r.handoff.as_mut() {
+            for t in [
+                &mut h.source_held_ms,
+                &mut h.destination_reserved_ms,
+                &mut h.destination_activated_ms,
+                &mut h.source_released_ms,
+                &mut h.decode_admit_ms,
+            ] {
+                t.iter_mut().for_each(shift);
+            }
+        }
+        r
+    }
+
     pub(crate) fn push_admission(&mut self, pool: Role, at_ms: f64, reused_tokens: u32) {
         let pool_ordinal = self.admission_history.iter().filter(|a| a.pool == pool).count() as u32;
         self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal, tiers: None });

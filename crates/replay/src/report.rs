@@ -469,6 +469,9 @@ fn agentic_keys(g: &AgenticGraph) -> Map<String, Value> {
         })
         .collect();
     m.insert("agentic_play_outcomes".into(), Value::Array(plays));
+    if let Some(phases) = &outcome.phases {
+        m.insert("agentic_phases".into(), phases.json.clone());
+    }
     if let Some(basis) = g.weka_basis {
         m.insert("weka_nested_timestamp_basis".into(), json!(basis));
     }

@@ -160,6 +160,14 @@ impl Samples {
         }
     }
 
+    /// Drops every value, keeping the limit and whether values are sketched from the start.
+    pub fn clear(&mut self) {
+        self.values.clear();
+        if self.overflow.is_some() {
+            self.overflow = Some(Box::default());
+        }
+    }
+
     /// Folds in another distribution's values: still exact if both were and their values fit.
     pub fn merge(&mut self, other: &Samples) {
         match &other.overflow {

@@ -226,6 +226,18 @@ impl<'w> LoadDriver<'w> {
         }
     }
 
+    /// Warmed agentic snapshots: whether the run starts with a preparation phase (measured
+    /// nowhere; see [`LoadDriver::take_profile_start`]).
+    pub fn has_preparation(&self) -> bool {
+        self.graph.as_ref().is_some_and(GraphState::has_preparation)
+    }
+
+    /// Warmed agentic snapshots: the instant the preparation ended and the measured profile
+    /// began, told once (the caller restarts its measurements there, times measured from it).
+    pub fn take_profile_start(&mut self) -> Option<f64> {
+        self.graph.as_mut().and_then(GraphState::take_profile_start)
+    }
+
     /// Nothing in flight and nothing left to release.
     pub fn is_drained(&self) -> bool {
         if let Some(g) = &self.graph {

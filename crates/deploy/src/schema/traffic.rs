@@ -306,7 +306,7 @@ fn read_snapshot(mut r: Reader) -> Result<SnapshotOptions, DeployError> {
         }
     }
     r.finish()?;
-    Ok(SnapshotOptions { seed, initial_selections: selections, corpus_cursor })
+    Ok(SnapshotOptions { seed, initial_selections: selections, corpus_cursor, warmup: false })
 }
 
 fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), DeployError> {
@@ -401,7 +401,7 @@ fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), Depl
         "trace_timestamps" => {
             let speedup = l.nonneg("speedup", true)?.unwrap_or(1.0);
             lanes = l.positive("agentic_lanes")?;
-            let snapshot = match l.obj("agentic_snapshot")? {
+            let mut snapshot = match l.obj("agentic_snapshot")? {
                 Some(r) => Some(read_snapshot(r)?),
                 None => None,
             };
@@ -427,14 +427,11 @@ fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), Depl
                     );
                 }
             }
-            // What is left of AgentX replay: the primers a warmup replays before the
-            // measurement, and the continuous profile (lane refills, idle caps, deadlines).
+            // What is left of AgentX replay: the continuous profile (lane refills, idle caps,
+            // deadlines) and the live-trajectory warmup policy that needs it.
             unsupported(&mut l, "agentic_profile", "agentic_profile (continuous agentic replay with idle caps)")?;
-            if warmup || policy.is_some_and(|p| p != "repeated_prefixes") {
-                let k = if warmup { "agentic_warmup" } else { "agentic_warmup_policy" };
-                return Err(
-                    l.err(k, "agentic warmup (replaying the snapshot primers) is not supported by servesim yet")
-                );
+            if let Some(s) = snapshot.as_mut() {
+                s.warmup = warmup;
             }
             Load::TraceTimestamps { speedup, agentic_lanes: lanes, agentic_snapshot: snapshot }
         }

@@ -248,7 +248,8 @@ pub(crate) fn run_loop<'c>(
     }
     sim.run(progress)?;
     let worker_seconds = scaled.then(|| sim.worker_seconds());
-    Ok(Looped { collector: sim.collector, end_ms: sim.now, worker_seconds })
+    let end_ms = sim.now - sim.collector.origin_ms();
+    Ok(Looped { collector: sim.collector, end_ms, worker_seconds })
 }
 
 /// Replays only the requests that round-robin places on the workers of one shard; the others
@@ -581,6 +582,9 @@ impl<'a, 'c> Simulation<'a, 'c> {
 
     fn run(&mut self, progress: &mut dyn Progress) -> Result<(), SimError> {
         let total = self.workload.num_requests();
+        if self.driver.has_preparation() {
+            self.collector.begin_preparation();
+        }
         let mut ready = Vec::new();
         let mut again = false;
         let mut last_reported = u64::MAX;
@@ -667,6 +671,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
             self.settle_due_shared_transfers();
             for (id, step) in std::mem::take(&mut self.unplaced) {
                 self.carry_out(id, step);
+            }
+            // A warmed agentic profile opens once its preparation ended (nothing in flight):
+            // the measured run starts here.
+            if let Some(origin) = self.driver.take_profile_start() {
+                self.collector.begin_profile(origin);
             }
             ready.clear();
             self.driver.pop_ready(now, &mut ready);

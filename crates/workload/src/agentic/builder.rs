@@ -363,6 +363,7 @@ impl GraphBuilder {
             lanes: None,
             snapshot: None,
             execution_model: None,
+            preparation: None,
             outcome: Mutex::new(None),
         })
     }

@@ -13,6 +13,8 @@
 //!   every node at `start + max(0, not_before − earliest root not_before)`.
 //! * Snapshots (`snapshot`) are a graph of one play per lane, all released from 0 as without
 //!   lanes; nothing follows them.
+//! * Warmed snapshots first run their preparation ([`super::warmup`]); the plays start when it
+//!   opens the profile, and every time reported (lifecycle, play outcomes) is measured from then.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -20,6 +22,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use super::warmup::{PhaseEvidence, Preparation};
 use super::{AgenticGraph, Trigger};
 use crate::session::{Ready, SessionSpec, TurnMeta};
 use crate::time::Time;
@@ -65,6 +68,8 @@ pub struct AgenticOutcome {
     pub plays: Vec<PlayOutcome>,
     pub lifecycle_events: u64,
     pub lifecycle_digest: String,
+    /// Warmed snapshots: what the preparation did.
+    pub phases: Option<PhaseEvidence>,
 }
 
 const LIFECYCLE_SCHEMA: &str = "aisimulate.agentic.lifecycle.v1";
@@ -92,6 +97,11 @@ pub struct GraphState {
     pending_at: f64,
     /// Scratch buffer of a lifecycle line.
     line: Vec<u8>,
+    /// Warmed snapshots: the preparation phase, and the instant the profile opened (the zero of
+    /// every time reported), told once to the caller ([`GraphState::take_profile_start`]).
+    preparation: Option<Preparation>,
+    origin_ms: f64,
+    profile_start: Option<f64>,
 }
 
 impl GraphState {
@@ -142,8 +152,14 @@ impl GraphState {
             pending: Vec::new(),
             pending_at: 0.0,
             line: Vec::with_capacity(256),
+            preparation: Preparation::new(&graph),
+            origin_ms: 0.0,
+            profile_start: None,
             graph,
         };
+        if s.preparation.is_some() {
+            return s; // the plays start when the preparation opens the profile
+        }
         if s.graph.snapshot.is_some() {
             // One snapshot instance per lane, all started at 0 (`snapshot::instantiate`, which
             // also labels their requests with the lane): their trajectories are measured from
@@ -180,6 +196,32 @@ impl GraphState {
             }
         }
         s
+    }
+
+    /// The preparation ended at `now` with every request completed: the snapshot plays start.
+    fn open_profile(&mut self, now: f64) {
+        self.origin_ms = now;
+        self.profile_start = Some(now);
+        for t in &mut self.ready_after {
+            *t += now;
+        }
+        for p in 0..self.graph.plays.len() {
+            self.plays[p].root_dispatch = Some(now);
+            for r in 0..self.graph.plays[p].roots.len() {
+                let root = self.graph.plays[p].roots[r];
+                self.schedule(root, self.ready_after[root as usize]);
+            }
+        }
+    }
+
+    /// Whether a preparation phase runs before the measured profile.
+    pub fn has_preparation(&self) -> bool {
+        self.preparation.is_some()
+    }
+
+    /// The instant the profile opened, once (the caller restarts its measurements there).
+    pub fn take_profile_start(&mut self) -> Option<f64> {
+        self.profile_start.take()
     }
 
     fn activate_play(&mut self, p: usize, start: f64) {
@@ -229,7 +271,7 @@ impl GraphState {
         line.extend_from_slice(b"\",\"ordinal\":");
         line.extend_from_slice(self.lifecycle_count.to_string().as_bytes());
         line.extend_from_slice(b",\"at_ms\":");
-        let _ = serde_json::to_writer(&mut *line, &at_ms);
+        let _ = serde_json::to_writer(&mut *line, &(at_ms - self.origin_ms));
         line.extend_from_slice(b",\"play_id\":");
         let _ = serde_json::to_writer(&mut *line, &*self.graph.plays[play].id);
         if let Some(n) = node {
@@ -250,6 +292,9 @@ impl GraphState {
     }
 
     pub fn next_ready_ms(&self) -> Option<f64> {
+        if let Some(p) = self.preparation.as_ref().filter(|p| p.is_running()) {
+            return p.next_ready_ms();
+        }
         let ready = self.ready.peek().map(|Reverse((t, _))| t.0);
         if self.pending.is_empty() {
             return ready;
@@ -259,6 +304,10 @@ impl GraphState {
 
     /// Releases every request ready at or before `now` (dispatch edges may release more).
     pub fn pop_ready(&mut self, now: f64, out: &mut Vec<Ready>) {
+        if let Some(p) = self.preparation.as_mut().filter(|p| p.is_running()) {
+            p.pop_ready(now, out);
+            return;
+        }
         self.flush();
         while let Some(&Reverse((Time(t), node))) = self.ready.peek() {
             if t > now {
@@ -299,12 +348,21 @@ impl GraphState {
     }
 
     pub fn session(&self, node: u32) -> &SessionSpec {
-        &self.released[&node]
+        match &self.preparation {
+            Some(p) if p.owns(node) => p.session(node),
+            _ => &self.released[&node],
+        }
     }
 
     /// A released request ended at `now`, completed or not (applied with the others that end
     /// at the same instant, before the next release).
     pub fn on_complete(&mut self, node: u32, now: f64, completed: bool) {
+        if let Some(p) = self.preparation.as_mut().filter(|p| p.owns(node)) {
+            if let Some(start) = p.on_complete(node, now, completed) {
+                self.open_profile(start);
+            }
+            return;
+        }
         self.released.remove(&node);
         if !self.pending.is_empty() && self.pending_at != now {
             self.flush();
@@ -392,7 +450,8 @@ impl GraphState {
     }
 
     pub fn is_drained(&self) -> bool {
-        self.pending.is_empty()
+        self.preparation.as_ref().is_none_or(Preparation::is_drained)
+            && self.pending.is_empty()
             && self.in_flight == 0
             && !self.ready.iter().any(|Reverse((_, n))| self.state[*n as usize] == NodeState::Ready)
     }
@@ -420,8 +479,12 @@ impl GraphState {
                 PlayOutcome {
                     play_id: self.graph.plays[p].id.to_string(),
                     status,
-                    causal_terminal_ms: s.primary_failure.map(|(t, _)| t).or(s.max_terminal),
-                    settled_at_ms: s.quiescent_at,
+                    causal_terminal_ms: s
+                        .primary_failure
+                        .map(|(t, _)| t)
+                        .or(s.max_terminal)
+                        .map(|t| t - self.origin_ms),
+                    settled_at_ms: s.quiescent_at.map(|t| t - self.origin_ms),
                     failure_request_id: s
                         .primary_failure
                         .map(|(_, n)| self.graph.nodes[n as usize].request_id.to_string()),
@@ -434,6 +497,7 @@ impl GraphState {
             plays,
             lifecycle_events: self.lifecycle_count,
             lifecycle_digest: self.lifecycle.finalize().to_hex().to_string(),
+            phases: self.preparation.as_ref().map(Preparation::evidence),
         }
     }
 }

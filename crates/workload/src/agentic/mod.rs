@@ -13,6 +13,7 @@
 mod builder;
 pub mod driver;
 pub mod snapshot;
+pub mod warmup;
 
 pub use crate::session::AgenticIds;
 pub use builder::{row_error, GraphBuilder, Loc};
@@ -184,6 +185,8 @@ pub struct AgenticGraph {
     /// Set when the graph is the lanes' request-boundary snapshots of a source graph
     /// (`agentic_snapshot`): its plays are one instance per lane, released at once.
     pub snapshot: Option<snapshot::SnapshotShape>,
+    /// Warmed snapshots (`agentic_warmup`): what the lanes replay before the profile opens.
+    pub preparation: Option<warmup::Plan>,
     /// The target model the run projects source models onto (`--execution-model`).
     pub execution_model: Option<String>,
     /// What the load driver saw, published when it finishes.

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::{AgenticGraph, Edge, Node, Play, Trigger};
+use super::{warmup, AgenticGraph, Edge, Node, Play, Trigger};
 use crate::session::TurnMeta;
 
 const SNAPSHOT_SCHEMA: &str = "aisimulate.agentic.snapshot.v1";
@@ -41,6 +41,9 @@ pub struct SnapshotOptions {
     /// Where the corpus cursor stands after the initial draws (read by continuous profiles,
     /// which servesim does not model; a snapshot alone never reads it).
     pub corpus_cursor: Option<u64>,
+    /// `agentic_warmup`: replay the lanes' primers and warmups before the profile
+    /// ([`super::warmup`]).
+    pub warmup: bool,
 }
 
 /// What the source graph was, for the reports.
@@ -80,6 +83,8 @@ pub fn instantiate(src: AgenticGraph, lanes: u32, o: &SnapshotOptions) -> Result
     let mut nodes: Vec<Node> = Vec::new();
     let mut plays: Vec<Play> = Vec::with_capacity(lanes);
     let mut blocks: FxHashMap<(usize, u32), u32> = FxHashMap::default();
+    // Per lane: its preparation sources and root id (warmed snapshots only).
+    let mut prep = Vec::new();
     for lane in 0..lanes {
         let (p, cut) = match &o.initial_selections {
             Some(sel) => {
@@ -107,6 +112,9 @@ pub fn instantiate(src: AgenticGraph, lanes: u32, o: &SnapshotOptions) -> Result
         let request_id =
             |i: u32| -> Arc<str> { format!("{play_id}:request:{}", src.nodes[i as usize].request_id).into() };
         let root_id = (play.roots.len() == 1).then(|| request_id(play.roots[0]));
+        if o.warmup {
+            prep.push((warmup::lane_sources(&src, play, t_star), root_id.clone()));
+        }
         let live: Vec<u32> =
             play.nodes.iter().copied().filter(|&i| src.nodes[i as usize].not_before_ms >= t_star).collect();
         let new_index: FxHashMap<u32, u32> =
@@ -181,6 +189,21 @@ pub fn instantiate(src: AgenticGraph, lanes: u32, o: &SnapshotOptions) -> Result
         let roots = members.iter().copied().filter(|&k| nodes[k as usize].deps.is_empty()).collect();
         plays.push(Play { id: play_id, nodes: members, roots });
     }
+    // The preparation prompts take block ids after every live request's, so that a snapshot's
+    // requests see the same ids warmed or not.
+    let preparation = o.warmup.then(|| {
+        let mut plan = warmup::Plan::default();
+        for (lane, (sources, root_id)) in prep.iter().enumerate() {
+            plan.add_lane(&src, lane as u32, &plays[lane].id, root_id.clone(), sources, |b| {
+                let next = blocks.len() as u32;
+                *blocks.entry((lane, b)).or_insert(next)
+            });
+        }
+        plan
+    });
+    if preparation.as_ref().is_some_and(|p| p.lanes.iter().any(|(_, m)| m.is_empty())) {
+        return Err("warmup snapshot has no retained request".into());
+    }
     Ok(AgenticGraph {
         block_tokens: src.block_tokens,
         source: src.source,
@@ -192,6 +215,7 @@ pub fn instantiate(src: AgenticGraph, lanes: u32, o: &SnapshotOptions) -> Result
         lanes: Some(lanes as u32),
         snapshot: Some(SnapshotShape { source_nodes: src.nodes.len(), source_plays: src.plays.len(), seed: o.seed }),
         execution_model: src.execution_model,
+        preparation,
         outcome: std::sync::Mutex::new(None),
     })
 }
