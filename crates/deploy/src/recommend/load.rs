@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::limits::{too_many_values, MAX_DOMAIN_VALUES};
+use super::limits::{decimal_steps, doublings};
 use super::space::{get, Knob};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -81,37 +81,16 @@ pub(super) fn positive_numbers(path: &str, v: &Value, integer: bool) -> Result<V
             return Err(DeployError::new(here, "an integer range takes integer min, max and step"));
         }
         if min == max {
-            vec![one(&here, &json!(if integer { json!(min as u64) } else { json!(min) }))?]
+            vec![one(&here, &if integer { json!(min as u64) } else { json!(min) })?]
         } else {
             match (scale, step) {
-                ("linear", Some(s)) if s > 0.0 && s.is_finite() => {
-                    // Decimal steps without drift: count the steps, then round each value.
-                    let steps = ((max - min) / s + 1e-9).floor();
-                    if steps >= MAX_DOMAIN_VALUES as f64 {
-                        return Err(too_many_values(&here, steps + 1.0));
-                    }
-                    (0..=steps as u64)
-                        .map(|i| {
-                            let x = min + s * i as f64;
-                            if integer {
-                                json!(x.round() as u64)
-                            } else {
-                                json!((x * 1e12).round() / 1e12)
-                            }
-                        })
-                        .collect()
-                }
+                ("linear", Some(s)) if s > 0.0 && s.is_finite() => decimal_steps(&here, min, max, s)?
+                    .into_iter()
+                    .map(|x| if integer { json!(x.round() as u64) } else { json!(x) })
+                    .collect(),
                 ("linear", Some(_)) => return Err(DeployError::new(here, "step must be a positive number")),
                 ("log", Some(_)) => return Err(DeployError::new(here, "log ranges reject step")),
-                ("log", None) if integer => {
-                    let (mut x, max) = (min as u64, max as u64);
-                    let mut vals = Vec::new();
-                    while x <= max {
-                        vals.push(json!(x));
-                        x = x.saturating_mul(2);
-                    }
-                    vals
-                }
+                ("log", None) if integer => doublings(min as u64, max as u64).map(|x| json!(x)).collect(),
                 _ => {
                     return Err(DeployError::new(
                         here,
@@ -219,6 +198,11 @@ mod tests {
         assert_eq!(
             knobs(json!({"concurrency": {"range": {"min": 2, "max": 20, "scale": "log"}}})).unwrap()[0].1,
             vec![json!(2), json!(4), json!(8), json!(16)]
+        );
+        // A bound past u64 ends the doublings instead of looping on a saturated value.
+        assert_eq!(
+            knobs(json!({"concurrency": {"range": {"min": 1, "max": 1e30, "scale": "log"}}})).unwrap()[0].1.len(),
+            64
         );
         assert_eq!(
             knobs(json!({"type": "poisson", "requests_per_second": {"range": {"min": 0.1, "max": 0.3, "step": 0.1}}}))

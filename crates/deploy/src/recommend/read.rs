@@ -9,7 +9,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 
-use super::limits::{too_many_values, MAX_DOMAIN_VALUES, MAX_GRID_CANDIDATES, MAX_POOL_CANDIDATES};
+use super::limits::{
+    decimal_steps, doublings, too_many_values, MAX_DOMAIN_VALUES, MAX_GRID_CANDIDATES, MAX_POOL_CANDIDATES,
+};
 use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Search, Shape, Space};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -189,15 +191,7 @@ fn router_numbers(path: &str, key: &str, v: Option<&Value>, default: &[f64]) -> 
                 return Ok(vec![min]);
             }
             match step {
-                Some(s) if s > 0.0 && s.is_finite() && scale == "linear" => {
-                    // Decimal steps without drift: count the steps, then round each value.
-                    let steps = ((max - min) / s + 1e-9).floor();
-                    if steps >= MAX_DOMAIN_VALUES as f64 {
-                        return Err(too_many_values(&here, steps + 1.0));
-                    }
-                    let n = steps as usize;
-                    Ok((0..=n).map(|i| ((min + s * i as f64) * 1e12).round() / 1e12).collect())
-                }
+                Some(s) if s > 0.0 && s.is_finite() && scale == "linear" => decimal_steps(&here, min, max, s),
                 _ => Err(DeployError::new(
                     here,
                     "Router numeric ranges require a stepped linear range (servesim searches a discrete set)",
@@ -273,16 +267,8 @@ fn domain(path: &str, v: &Value, limit: u64) -> Result<(Vec<u64>, u64), DeployEr
                     }
                     _ => {
                         // Integer log range: powers of two between the bounds.
-                        let mut x = min;
-                        let mut n = 0;
-                        while x <= max {
-                            if x <= limit {
-                                vals.push(x);
-                            }
-                            n += 1;
-                            x *= 2;
-                        }
-                        all = n;
+                        vals.extend(doublings(min, max.min(limit)));
+                        all = doublings(min, max).count() as u64;
                     }
                 }
                 (vals, all)
