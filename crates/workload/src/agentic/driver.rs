@@ -183,8 +183,10 @@ impl GraphState {
                 }
             }
             Some(lanes) => {
+                // Lanes past the plays never run one (a freed lane takes the next play), so
+                // only the first ones are kept.
                 let first = (lanes as usize).min(s.graph.plays.len());
-                s.lanes = vec![None; lanes as usize];
+                s.lanes = vec![None; first];
                 s.next_pending_play = first;
                 for p in 0..first {
                     s.plays[p].lane = Some(p as u32);

@@ -25,6 +25,10 @@ use crate::session::TurnMeta;
 
 const SNAPSHOT_SCHEMA: &str = "aisimulate.agentic.snapshot.v1";
 
+/// The most requests the lanes' instances may hold: each is built before the replay starts, and
+/// ten million agentic requests already take minutes to replay.
+pub const MAX_SNAPSHOT_REQUESTS: u64 = 10_000_000;
+
 /// An exact initial cut of one lane.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selection {
@@ -78,6 +82,25 @@ pub fn instantiate(src: AgenticGraph, lanes: u32, o: &SnapshotOptions) -> Result
         if sel.len() != lanes {
             return Err("initial_selections must contain exactly one selection per lane".into());
         }
+    }
+    // Every lane instantiates a whole play (its history included until it is cut): bounded
+    // before anything is built.
+    let play_nodes = |p: usize| src.plays[p].nodes.len() as u64;
+    let instantiated: u64 = match &o.initial_selections {
+        Some(sel) => sel
+            .iter()
+            .map(|s| src.plays.iter().find(|p| *p.id == *s.source_play_id).map_or(0, |p| p.nodes.len() as u64))
+            .sum(),
+        None => {
+            let (rounds, rest) = (lanes as u64 / src.plays.len() as u64, lanes % src.plays.len());
+            rounds.saturating_mul(src.nodes.len() as u64).saturating_add((0..rest).map(play_nodes).sum::<u64>())
+        }
+    };
+    if instantiated > MAX_SNAPSHOT_REQUESTS {
+        return Err(format!(
+            "{lanes} snapshot lanes instantiate {instantiated} requests of the corpus; at most \
+             {MAX_SNAPSHOT_REQUESTS} are replayed (lower agentic_lanes)"
+        ));
     }
     let request_stride = src.nodes.len() as u64 + 1;
     let mut nodes: Vec<Node> = Vec::new();

@@ -448,6 +448,16 @@ mod tests {
         assert!(id(0).ends_with(":primer:0") && id(11).ends_with(":warmup:11"), "{} {}", id(0), id(11));
     }
 
+    /// The lanes' instances are bounded before any is built: 2,000,001 lanes of this 5-request
+    /// play would be 10,000,005 requests.
+    #[test]
+    fn snapshot_lanes_are_bounded_before_they_are_built() {
+        let o = SnapshotOptions { seed: 1, initial_selections: None, corpus_cursor: None, warmup: false };
+        assert!(instantiate(graph(), 3, &o).is_ok());
+        let e = instantiate(graph(), 2_000_001, &o).unwrap_err();
+        assert!(e.contains("instantiate 10000005 requests of the corpus; at most 10000000"), "{e}");
+    }
+
     #[test]
     fn without_history_the_warmups_repeat_the_first_live_request() {
         let s = sources(&plan(0.0));
