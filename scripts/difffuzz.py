@@ -46,7 +46,10 @@ them) must be equal; every other numeric summary metric both report, except wall
 must agree within --tolerance (relative; absolute when the reference value is 0; differences up
 to --abs-floor are float noise). kv_router is random in the reference (unseeded tie-breaks): it
 runs --kv-runs times, servesim runs --kv-runs router seeds, and each metric's servesim range must
-overlap the reference's [min, max] widened by the tolerance. The table shows
+overlap the reference's [min, max] widened by the tolerance. A miss on a continuous metric is
+then resampled with --kv-confirm runs on each side (the extremes of 5 samples of a skewed
+metric often miss by chance) and the case differs only if the ranges still miss; the JSON
+keeps the first verdict as `confirmed_from`. The table shows
 the worst metric and the worst of scripts/parity.py's headline metrics (TTFT, ITL, E2E, reuse).
 
 Statuses: match, differ, fail-servesim (only servesim failed), fail-reference (only the
@@ -756,6 +759,7 @@ class Runner:
         self.binary = args.binary
         self.timeout = args.timeout
         self.kv_runs = args.kv_runs
+        self.kv_confirm = getattr(args, "kv_confirm", 0)
         self.tolerance = args.tolerance
         self.floor = args.abs_floor
         self.traces = traces
@@ -881,29 +885,45 @@ class Runner:
         out["cached"] = False
         return out
 
-    def reference_runs(self, case, timeout=None):
+    def reference_runs(self, case, timeout=None, n=None):
         runs = [self.reference(case, 0, timeout)]
         if case.get("router_mode") == "kv_router" and runs[0]["status"] == "ok":
-            runs += [self.reference(case, k, timeout) for k in range(1, self.kv_runs)]
+            runs += [self.reference(case, k, timeout) for k in range(1, n or self.kv_runs)]
         # A later run that fails or hangs classifies the case as servesim_runs does its own.
         failed = [r for r in runs if r["status"] != "ok"]
         return [failed[0]] if failed else runs
 
     # -- one case --------------------------------------------------------------------------
 
-    def servesim_runs(self, case):
+    def servesim_runs(self, case, n=None):
         """servesim's samples of a case: one, or --kv-runs router seeds for a kv_router case
         (the reference's tie-breaks are unseeded, so one sample on each side says little)."""
         if case.get("router_mode") != "kv_router":
             return [self.servesim(case)]
-        runs = [self.servesim(case, router_seed=42 + k) for k in range(self.kv_runs)]
+        runs = [self.servesim(case, router_seed=42 + k) for k in range(n or self.kv_runs)]
         failed = [r for r in runs if r["status"] != "ok"]
         return [failed[0]] if failed else runs
 
     def evaluate(self, case, ref_timeout=None):
         refs = self.reference_runs(case, ref_timeout)
         ours = self.servesim_runs(case)
-        return classify(ours, refs, self.tolerance, self.floor)
+        res = classify(ours, refs, self.tolerance, self.floor)
+        if not self.needs_confirming(case, res):
+            return res
+        # A kv_router range miss on a continuous metric: the extreme runs of a few samples
+        # each, so sample more on both sides before calling it a difference.
+        first = fmt_worst(res)
+        refs = self.reference_runs(case, ref_timeout, self.kv_confirm)
+        ours = self.servesim_runs(case, self.kv_confirm)
+        res = classify(ours, refs, self.tolerance, self.floor)
+        res["confirmed_from"] = f"{first} with {self.kv_runs} runs"
+        return res
+
+    def needs_confirming(self, case, res):
+        """A kv_router case that differs only on continuous metrics, when --kv-confirm asks
+        for more runs than --kv-runs (a count that differs is never a sampling accident)."""
+        return (case.get("router_mode") == "kv_router" and res["status"] == "differ"
+                and self.kv_confirm > self.kv_runs and not any(k in EXACT_KEYS for k in res["beyond"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1013,9 +1033,10 @@ def fmt_worst(r):
     if r["worst_metric"] is None:
         return ""
     if r["status"] == "match" and r["worst_dev"] < 1e-6:
-        return f"ranges overlap ({r.get('servesim_runs', 1)} servesim seeds, {r['reference_runs']} reference runs)" \
-            if r["reference_runs"] > 1 \
-            else "identical (up to float noise)"
+        if r["reference_runs"] == 1:
+            return "identical (up to float noise)"
+        text = f"ranges overlap ({r.get('servesim_runs', 1)} servesim seeds, {r['reference_runs']} reference runs)"
+        return text + (", resampled after a miss" if r.get("confirmed_from") else "")
     text = f"{r['worst_metric']} {fmt_dev(r['worst_dev'])}"
     if len(r["beyond"]) > 1:
         text += f" (+{len(r['beyond']) - 1} more)"
@@ -1603,6 +1624,9 @@ def parse_args(argv):
     how.add_argument("--abs-floor", type=float, default=1e-6,
                      help="absolute differences up to this are float noise (default 1e-6)")
     how.add_argument("--kv-runs", type=int, default=5, help="reference runs of a kv_router case")
+    how.add_argument("--kv-confirm", type=int, default=20,
+                     help="runs on each side that confirm a kv_router case's range miss before it counts as "
+                          "differing (default 20; at most --kv-runs turns confirming off)")
     how.add_argument("--jobs", type=int, default=1, help="cases run in parallel (each runs 1 process at a time)")
     how.add_argument("--pr-tolerance-ms", type=float, default=0.001, help="--per-request: time tolerance")
     out = p.add_argument_group("output")
