@@ -307,6 +307,20 @@ pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
     s.insert("kv_eviction_policy".into(), json!("lru"));
     s.insert("power_w".into(), Value::Null);
     s.insert("power_coverage".into(), Value::Null);
+    let e = &p.config.engine;
+    let kvcr = [&e.aggregated, &e.prefill, &e.decode]
+        .into_iter()
+        .flatten()
+        .any(|w| w.offload.as_ref().is_some_and(|o| o.kvcr.is_some()));
+    if kvcr {
+        // The reference's KVCR counters: no request of the YAML's traffic carries the KV hints
+        // a pull needs (see `schema::offload`), so they stay at zero.
+        s.insert(
+            "kvcr".into(),
+            json!({"blocks": 0, "bytes": 0, "loaded_blocks": 0, "pulls": {"partial": 0, "success": 0},
+                   "remote_deliver_ms": 0.0, "source_wait_ms": 0.0}),
+        );
+    }
     s
 }
 

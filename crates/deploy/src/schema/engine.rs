@@ -324,5 +324,19 @@ fn check_offload(w: &Worker, backend: &str, workers_path: &str) -> Result<(), De
             "g3_offload is supported only for the aggregated worker with attention_data=1",
         ));
     }
+    if offload.kvcr.is_some() {
+        let refusal = if w.role == "decode" {
+            Some("kvcr supports aggregated and prefill workers only")
+        } else if w.parallelism.pipeline > 1 {
+            Some("kvcr does not support pipeline parallelism (parallelism.pipeline must be 1)")
+        } else if w.parallelism.prefill_context > 1 {
+            Some("kvcr does not support prefill context parallelism (parallelism.prefill_context must be 1)")
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            return Err(DeployError::new(format!("{at}.kvcr"), why));
+        }
+    }
     Ok(())
 }

@@ -3,6 +3,13 @@
 //! (`aisimulate/config/engine.py`: `HostOffloadConfig`, `G3OffloadConfig`, `KvcrConfig` and the
 //! checks on `KvCachePredictionConfig`), and kept as the JSON objects the engine reads as its
 //! `native_host_offload` and `g3_offload` arguments (every field written out, defaults included).
+//!
+//! `kvcr` (a rank pulling a prefix from a peer rank's host cache) acts only on requests that
+//! carry KV hints naming the peer, and no traffic source of the unified YAML gives a request
+//! one: aisimulate 0.13 gives the same numbers with and without `kvcr` on synthetic, session,
+//! Mooncake and Dynamo traffic, aggregated and disaggregated (probed; the goldens
+//! `predict_kvcr_*` pin it). servesim reads it, checks it as the reference does, and keeps it
+//! for what it is: a tier that never receives a pull here.
 
 use serde_json::{json, Map, Value};
 
@@ -17,6 +24,15 @@ pub struct Offload {
     pub host: Value,
     /// The engine's `g3_offload`.
     pub g3: Option<Value>,
+    /// `kvcr`: peer-rank host fetches, inert without KV hints (see the module's note).
+    pub kvcr: Option<Kvcr>,
+}
+
+/// `kv_cache.kvcr`, with the reference's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kvcr {
+    pub latency_to_first_byte_ms: f64,
+    pub bandwidth_gbps: f64,
 }
 
 /// Reads the three offload blocks of a worker's `kv_cache` section.
@@ -32,17 +48,17 @@ pub(super) fn read_offload(k: &mut Reader) -> Result<Option<Offload>, DeployErro
     };
     let kvcr = match k.obj("kvcr")? {
         Some(mut c) => {
-            c.nonneg("latency_to_first_byte_ms", false)?;
-            c.nonneg("bandwidth_gbps", false)?;
+            let latency_to_first_byte_ms = c.nonneg("latency_to_first_byte_ms", false)?.unwrap_or(1.0);
+            let bandwidth_gbps = c.nonneg("bandwidth_gbps", false)?.unwrap_or(50.0);
             c.finish()?;
-            true
+            Some(Kvcr { latency_to_first_byte_ms, bandwidth_gbps })
         }
-        None => false,
+        None => None,
     };
     if g3.is_some() && host.is_none() {
         return Err(DeployError::new(&here, "g3_offload requires host_offload"));
     }
-    if kvcr {
+    if kvcr.is_some() {
         let local = host.as_ref().is_some_and(|h| h["scope"] == "dp_rank_local");
         if !local {
             return Err(DeployError::new(&here, "kvcr requires host_offload with scope dp_rank_local"));
@@ -50,11 +66,8 @@ pub(super) fn read_offload(k: &mut Reader) -> Result<Option<Offload>, DeployErro
         if g3.is_some() {
             return Err(DeployError::new(&here, "kvcr cannot be combined with g3_offload"));
         }
-        return Err(
-            k.err("kvcr", "fetching a prefix from a peer rank's host cache (kvcr) is not supported by servesim yet")
-        );
     }
-    Ok(host.map(|host| Offload { host, g3 }))
+    Ok(host.map(|host| Offload { host, g3, kvcr }))
 }
 
 /// A field that must be a positive integer and is required.
