@@ -229,6 +229,27 @@ fn speculation_ngram_matches_the_reference() {
     assert_ne!(seeded["p99_e2e_latency_ms"], scheme["p99_e2e_latency_ms"]);
 }
 
+/// The eagle3 configurations recorded from the reference (vLLM and SGLang) are still refused,
+/// by the kind, with what servesim's timing lacks; their `.expected.json` hold the reference's
+/// predictions for when the draft network is timed.
+#[test]
+fn speculation_eagle3_is_refused_with_what_is_missing() {
+    for name in ["predict_spec_eagle3_vllm", "predict_spec_eagle3_sglang"] {
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &tmp(name), &[]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out)
+                .contains("engine.speculation.kind: eagle3 speculation needs the draft network's forward passes"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        let reference: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        assert_eq!(reference["completed_requests"], 200, "{name}");
+    }
+}
+
 /// `engine.speculation` keys servesim does not model are refused by path with what is missing
 /// (exit 2); so are the reference's own conditions around the mtp scheme.
 #[test]
@@ -264,7 +285,7 @@ fn speculation_refusals_name_the_key() {
         ),
         (
             &["engine.speculation={kind: draft_model, draft_model_path: Qwen/Qwen3-0.6B, expected_accepted_tokens: 0.8, params: {num_speculative_tokens: 2}}"],
-            "engine.speculation.kind: draft_model speculation needs the draft network's forward passes",
+            "engine.speculation.kind: draft_model speculation needs the draft model's forward passes",
         ),
         (&["engine.speculation={kind: eagle3, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: eagle3 speculation needs"),
         (&["engine.speculation={kind: dflash, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: dflash speculation needs"),

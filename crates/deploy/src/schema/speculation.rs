@@ -14,7 +14,9 @@
 //!   (conditional, per draft position) or, in the scheme shape, `expected_accepted_tokens`.
 //!
 //! Both draw acceptance from the `seed` stream. The other kinds are refused by name with what
-//! their cost model needs.
+//! their cost model needs. (`eagle3` and `draft_model` are the reference's draft-network schemes:
+//! its predict requires `draft_config` or `draft_model_path` beside them and a fixed KV capacity on
+//! every worker; goldens recorded from it wait in `tests/deploy/predict_spec_eagle3_*`.)
 
 use serde_json::Value;
 
@@ -40,9 +42,19 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, De
             return read_ngram_rates(s).map(Some)
         }
         "ngram" => {}
-        "draft_model" | "eagle3" => {
+        // The reference requires a fixed KV capacity beside a draft scheme, so the draft's KV and
+        // weights never size a cache there: what is missing is the draft's time per step.
+        "eagle3" => {
             return Err(missing(
-                "speculation needs the draft network's forward passes, KV and weights timed beside the target's",
+                "speculation needs the draft network's forward passes timed beside the target's (per \
+                 decode step an fc fusion and one single-layer draft pass per draft token, per prefill \
+                 a draft pass over the prompt)",
+            ))
+        }
+        "draft_model" => {
+            return Err(missing(
+                "speculation needs the draft model's forward passes timed beside the target's (its \
+                 whole generation graph once per draft token, its prefill over the prompt)",
             ))
         }
         "dflash" | "dspark" => {
