@@ -630,6 +630,58 @@ fn agentic_warmups_match_the_reference_within_two_percent() {
     );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("agentic_profile (continuous agentic replay"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("what is missing is the replay itself"), "{}", stderr(&out));
+    // The reference's recording of a profile (tests/deploy/predict_agentic_profile.*) is what the
+    // replay must reproduce once it is modelled; until then the profile is refused.
+    let out = predict(&deploy_dir().join("predict_agentic_profile.yaml"), &tmp("agentic-profile-golden"), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("what is missing is the replay itself"), "{}", stderr(&out));
+    // Its options are checked as the reference checks them first (aisimulate 0.13's messages
+    // where they are its own); a huge duration is refused for what is missing, not a panic.
+    for (set, message) in [
+        ("{duration_seconds: 0}", "agentic_profile.duration_seconds"),
+        ("{response_grace_seconds: -1}", "agentic_profile.response_grace_seconds"),
+        ("{tree_idle_cap_seconds: .nan}", "agentic_profile.tree_idle_cap_seconds"),
+        ("{global_idle_cap_seconds: true}", "agentic_profile.global_idle_cap_seconds"),
+        ("{cancel_drain_seconds: '5'}", "agentic_profile.cancel_drain_seconds"),
+        ("{bogus: 1}", "bogus"),
+        ("{duration_seconds: 1.0e+306}", "agentic_profile deadlines overflow"),
+        ("{duration_seconds: 1.0e+305, response_grace_seconds: 1.0e+305}", "agentic_profile deadlines overflow"),
+        ("{duration_seconds: 1.0e+30}", "what is missing is the replay itself"),
+        ("{}", "what is missing is the replay itself"),
+    ] {
+        let out = predict(
+            &deploy_dir().join("predict_agentic_warmup_seeded.yaml"),
+            &tmp("agentic-profile-options"),
+            &["--set", &format!("traffic.load.agentic_profile={set}")],
+        );
+        assert_eq!(out.status.code(), Some(2), "{set}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{set}: {}", stderr(&out));
+    }
+    for (sets, message) in [
+        (
+            &["traffic.load.agentic_profile={}", "traffic.stop={max_virtual_time_seconds: 3}"][..],
+            "agentic_profile cannot be combined with max_virtual_time_seconds",
+        ),
+        (
+            &[
+                "traffic.load.agentic_profile={}",
+                "traffic.load.agentic_snapshot=null",
+                "traffic.load.agentic_warmup=false",
+            ],
+            "agentic_profile requires agentic_snapshot",
+        ),
+        (
+            &["traffic.load.agentic_warmup_policy=live_trajectory_v1"],
+            "live_trajectory_v1 requires agentic_warmup and agentic_profile",
+        ),
+    ] {
+        let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let out =
+            predict(&deploy_dir().join("predict_agentic_warmup_seeded.yaml"), &tmp("agentic-profile-checks"), &args);
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{sets:?}: {}", stderr(&out));
+    }
 }
 
 /// Every candidate the reference reported in its random-search (aggregated and disaggregated) and

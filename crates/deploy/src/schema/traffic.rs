@@ -7,6 +7,7 @@ use super::unsupported::unsupported;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
+use servesim_workload::agentic::profile::{self, ProfileOptions};
 use servesim_workload::agentic::snapshot::{Selection, SnapshotOptions};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -83,10 +84,13 @@ pub(super) fn read_traffic(t: Option<Reader>) -> Result<Traffic, DeployError> {
         Some(s) => read_source(s)?,
         None => Source::Synthetic { input_tokens: 1024, output_tokens: 128, cached_prefix_tokens: 0 },
     };
+    // The load's checks read one stop condition (the reference's `TrafficPredictionConfig`
+    // checks it among the load's own).
+    let virtual_time_stop = t.raw("stop").and_then(|s| s.get("max_virtual_time_seconds")).is_some_and(|v| !v.is_null());
     let (load, load_path, lanes) = match t.obj("load")? {
         Some(l) => {
             let p = l.here().to_string();
-            let (load, lanes) = read_load(l, &source)?;
+            let (load, lanes) = read_load(l, &source, virtual_time_stop)?;
             (load, p, lanes)
         }
         None => (Load::Concurrency(10), format!("{here}.load"), None),
@@ -309,7 +313,21 @@ fn read_snapshot(mut r: Reader) -> Result<SnapshotOptions, DeployError> {
     Ok(SnapshotOptions { seed, initial_selections: selections, corpus_cursor, warmup: false })
 }
 
-fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), DeployError> {
+/// `agentic_profile`: its five durations (the reference's defaults for those not given), each
+/// finite, and every deadline finite in milliseconds.
+fn read_profile(mut r: Reader, path: &str) -> Result<ProfileOptions, DeployError> {
+    let mut o = ProfileOptions::default();
+    for (key, positive) in profile::KEYS {
+        if let Some(v) = r.nonneg(key, positive)? {
+            *o.get_mut(key).expect("a profile key") = v;
+        }
+    }
+    r.finish()?;
+    o.validate().map_err(|m| DeployError::new(path, m))?;
+    Ok(o)
+}
+
+fn read_load(mut l: Reader, source: &Source, virtual_time_stop: bool) -> Result<(Load, Option<u32>), DeployError> {
     let ty = l
         .one_of("type", &["concurrency", "poisson", "constant_rate", "trace_timestamps", "kv_capacity_fraction"])?
         .unwrap_or("concurrency");
@@ -405,14 +423,24 @@ fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), Depl
                 Some(r) => Some(read_snapshot(r)?),
                 None => None,
             };
+            let profile_path = l.path("agentic_profile");
+            let profile = match l.obj("agentic_profile")? {
+                Some(r) => Some(read_profile(r, &profile_path)?),
+                None => None,
+            };
             // The reference's order of checks (`TrafficPredictionConfig`).
-            if l.given("agentic_profile") && snapshot.is_none() {
+            if profile.is_some() && snapshot.is_none() {
                 return Err(l.err("agentic_profile", "agentic_profile requires agentic_snapshot"));
+            }
+            if profile.is_some() && virtual_time_stop {
+                return Err(
+                    l.err("agentic_profile", "agentic_profile cannot be combined with max_virtual_time_seconds")
+                );
             }
             if warmup && snapshot.is_none() {
                 return Err(l.err("agentic_warmup", "agentic_warmup requires agentic_snapshot"));
             }
-            if policy == Some("live_trajectory_v1") && (!warmup || !l.given("agentic_profile")) {
+            if policy == Some("live_trajectory_v1") && (!warmup || profile.is_none()) {
                 return Err(
                     l.err("agentic_warmup_policy", "live_trajectory_v1 requires agentic_warmup and agentic_profile")
                 );
@@ -427,9 +455,18 @@ fn read_load(mut l: Reader, source: &Source) -> Result<(Load, Option<u32>), Depl
                     );
                 }
             }
-            // What is left of AgentX replay: the continuous profile (lane refills, idle caps,
-            // deadlines) and the live-trajectory warmup policy that needs it.
-            unsupported(&mut l, "agentic_profile", "agentic_profile (continuous agentic replay with idle caps)")?;
+            // What is left of AgentX replay: the continuous profile (its options are read and
+            // checked as the reference does, `servesim_workload::agentic::profile`) and the
+            // live-trajectory warmup policy that needs it.
+            if profile.is_some() {
+                return Err(l.err(
+                    "agentic_profile",
+                    "agentic_profile (continuous agentic replay with idle caps) is not supported by servesim \
+                     yet: what is missing is the replay itself (lanes refilled from the corpus cursor, \
+                     tree and global idle-cap timer shifts, the response-grace cancellation at the \
+                     cutoff, and the agentic_profile report)",
+                ));
+            }
             if let Some(s) = snapshot.as_mut() {
                 s.warmup = warmup;
             }

@@ -12,6 +12,7 @@
 
 mod builder;
 pub mod driver;
+pub mod profile;
 pub mod snapshot;
 pub mod warmup;
 
