@@ -44,6 +44,8 @@ STEPS = [
      [("prefill", (2, 3000, 0)), ("decode", (33, 5000)), ("fpm", [MIXED, DECODE_RANK])]),
     ({"model": "Qwen/Qwen3-30B-A3B-FP8", "system": "h100_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 2, "moe_ep_size": 1},
      [("prefill", (4, 777, 0)), ("decode", (128, 1500))]),
+    ({"model": "MiniMaxAI/MiniMax-M2.7", "system": "h200_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 1, "moe_ep_size": 4},
+     [("prefill", (2, 3000, 500)), ("decode", (64, 2049))]),
 ]
 
 KV = [
@@ -55,6 +57,7 @@ KV = [
     ("Qwen/Qwen3-235B-A22B", "h200_sxm", "sglang", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 1),
     ("Qwen/Qwen3-30B-A3B-FP8", "h100_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 16),
     ("openai/gpt-oss-20b", "h100_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 16),
+    ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
 ]
 
 

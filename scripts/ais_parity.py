@@ -39,7 +39,7 @@ SYSTEMS = os.path.join(os.path.dirname(aisimulate_core.__file__), "systems")
 
 DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B"]
 MOE = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B-FP8",
-       "mistralai/Mixtral-8x7B-v0.1"]
+       "mistralai/Mixtral-8x7B-v0.1", "MiniMaxAI/MiniMax-M2.7"]
 # Multi-head latent attention + MoE (DeepSeek-V3 family): 8-GPU layouts on their own systems.
 MLA = ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct"]
 # Not in the reference's DefaultHFModels: both sides read a local copy of the packaged config.

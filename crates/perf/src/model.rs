@@ -79,7 +79,8 @@ pub struct Quant {
 
 const DENSE: &[&str] =
     &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
-const MOE: &[&str] = &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM"];
+const MOE: &[&str] =
+    &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM"];
 const MLA: &[&str] = &["DeepseekV3ForCausalLM"];
 /// MLA architectures the reference runs on other graphs (sparse attention, vision towers).
 const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
@@ -203,7 +204,7 @@ impl ModelSpec {
         Ok(ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
-            qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM"),
+            qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "MiniMaxM2ForCausalLM"),
             architecture: arch,
             family,
             layers,

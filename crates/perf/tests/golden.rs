@@ -96,6 +96,12 @@ fn moe_reference_goldens() {
                               "moe_tp_size": 2, "moe_ep_size": 1}));
     close(fp8.prefill_ms(4, 777, 0).unwrap(), 40.56524047873351);
     close(fp8.decode_ms(128, 1500).unwrap(), 14.332068046824052);
+    // MiniMax-M2.7: the plain MoE graph with per-layer Q/K norms, fp8-block, 256 experts top-8,
+    // experts split by EP.
+    let minimax = est_with(json!({"model": "MiniMaxAI/MiniMax-M2.7", "system": "h200_sxm", "backend": "sglang",
+                                  "tp": 4, "moe_tp_size": 1, "moe_ep_size": 4}));
+    close(minimax.prefill_ms(2, 3000, 500).unwrap(), 103.12238204833321);
+    close(minimax.decode_ms(64, 2049).unwrap(), 20.314498111294206);
 }
 
 /// DeepSeek-V3 (MLA + shared and routed experts, fp8 block checkpoint) on H200, from the
@@ -318,6 +324,7 @@ fn kv_capacity_goldens() {
         ("Qwen/Qwen3-235B-A22B", "h200_sxm", "sglang", 4, 4, 1, 1, 240825),
         ("Qwen/Qwen3-30B-A3B-FP8", "h100_sxm", "vllm", 1, 1, 1, 16, 52808),
         ("openai/gpt-oss-20b", "h100_sxm", "vllm", 1, 1, 1, 16, 152791),
+        ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", 4, 4, 1, 64, 36337),
     ] {
         let e = est_with(json!({"model": model, "system": system, "backend": backend, "tp": tp,
                                 "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}));
