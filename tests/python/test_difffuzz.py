@@ -1,5 +1,6 @@
 """The differential fuzzer's verdict on a KV-router case (scripts/difffuzz.py): a range miss on a
-continuous metric is resampled before it counts; a count that differs is not."""
+continuous metric is resampled before it counts; a count that differs is not. And the rank test
+of scripts/router_spread.py."""
 
 import argparse
 import os
@@ -9,6 +10,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 import difffuzz  # noqa: E402
 
 CASE = {"router_mode": "kv_router"}
+P_SHIFT = 0.013313002763816655
+P_TIES = 0.0499729998820132
 
 
 class Stub(difffuzz.Runner):
@@ -59,3 +62,12 @@ def test_confirming_is_off_at_or_below_the_first_sample():
     runner = Stub(lambda side, k: summary(100.0 if side == "ss" else 120.0), kv_confirm=5)
     res = runner.evaluate(CASE)
     assert res["status"] == "differ" and res["reference_runs"] == 5 and "confirmed_from" not in res
+
+
+def test_router_spread_rank_test_matches_scipy():
+    # Values from scipy.stats.mannwhitneyu(a, b, method="asymptotic").pvalue (continuity and ties corrected).
+    import router_spread
+
+    assert abs(router_spread.mann_whitney_p([1, 2, 3, 4, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11, 12]) - P_SHIFT) < 1e-12
+    assert abs(router_spread.mann_whitney_p([1, 1, 2, 2, 3, 3, 4], [2, 3, 3, 4, 4, 5, 5]) - P_TIES) < 1e-12
+    assert router_spread.mann_whitney_p([3, 3], [3, 3]) == 1.0
