@@ -46,6 +46,29 @@ STEPS = [
      [("prefill", (4, 777, 0)), ("decode", (128, 1500))]),
     ({"model": "MiniMaxAI/MiniMax-M2.7", "system": "h200_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 1, "moe_ep_size": 4},
      [("prefill", (2, 3000, 500)), ("decode", (64, 2049))]),
+    # Static per-tensor FP8 (ModelOpt): fp8 GEMMs minus the scale kernels, fp8 KV.
+    ({"model": "Qwen/Qwen3-32B-FP8-Static-PerTensor", "system": "h200_sxm", "backend": "vllm", "tp": 1},
+     [("prefill", (2, 2500, 700)), ("decode", (64, 2049))]),
+    ({"model": "nvidia/Llama-3.1-70B-Instruct-FP8", "system": "h200_sxm", "backend": "sglang", "tp": 2},
+     [("prefill", (1, 8192, 0)), ("decode", (16, 1100))]),
+    # NVFP4 (ModelOpt) on Blackwell: nvfp4 GEMMs and experts; TRT-LLM's low-latency expert
+    # kernel at small batches; quantised all-gather under attention DP.
+    ({"model": "nvidia/Qwen3-235B-A22B-NVFP4", "system": "b200_sxm", "backend": "trtllm", "tp": 4, "moe_tp_size": 4,
+      "moe_ep_size": 1},
+     [("prefill", (2, 3000, 0)), ("decode", (64, 2049)), ("decode", (256, 1100))]),
+    ({"model": "nvidia/Qwen3-235B-A22B-NVFP4", "system": "b200_sxm", "backend": "trtllm", "tp": 2, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 4},
+     [("fpm", [MIXED, DECODE_RANK])]),
+    ({"model": "nvidia/MiniMax-M2.7-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 1,
+      "moe_ep_size": 2},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000))]),
+    # DeepSeek-V3.1-NVFP4 keeps q / kv projections in bf16: granular MLA chain, bf16 BMMs.
+    ({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 4, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
 ]
 
 KV = [
@@ -58,6 +81,9 @@ KV = [
     ("Qwen/Qwen3-30B-A3B-FP8", "h100_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 16),
     ("openai/gpt-oss-20b", "h100_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 16),
     ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
+    ("Qwen/Qwen3-32B-FP8-Static-PerTensor", "h200_sxm", "vllm", dict(tp_size=1), 64),
+    ("nvidia/Qwen3-235B-A22B-NVFP4", "b200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
+    ("nvidia/DeepSeek-V3.1-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
 ]
 
 

@@ -37,11 +37,16 @@ from aisimulate_core.sdk import RustForwardPassPerfModel
 
 SYSTEMS = os.path.join(os.path.dirname(aisimulate_core.__file__), "systems")
 
-DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B"]
+DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-70B",
+         # static per-tensor FP8 (ModelOpt)
+         "Qwen/Qwen3-32B-FP8-Static-PerTensor", "nvidia/Llama-3.1-70B-Instruct-FP8"]
 MOE = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B-FP8",
        "mistralai/Mixtral-8x7B-v0.1", "MiniMaxAI/MiniMax-M2.7"]
 # Multi-head latent attention + MoE (DeepSeek-V3 family): 8-GPU layouts on their own systems.
 MLA = ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct"]
+# NVFP4 (ModelOpt) checkpoints: fp4 tensor cores, so Blackwell systems only (`--fp4-systems`).
+NVFP4_MOE = ["nvidia/Qwen3-235B-A22B-NVFP4", "nvidia/MiniMax-M2.7-NVFP4"]
+NVFP4_MLA = ["nvidia/DeepSeek-V3.1-NVFP4"]
 # Not in the reference's DefaultHFModels: both sides read a local copy of the packaged config.
 LOCAL = {"mistralai/Mixtral-8x7B-v0.1", "moonshotai/Kimi-K2-Instruct"}
 
@@ -88,14 +93,14 @@ def layouts_tp(model_name, tps, moe_dp):
     data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked. MLA models on one 8-GPU
     node, whatever `tps` says: TP8 with the experts split by TP or by EP, and attention DP
     2 / 4 / 8 over expert parallelism."""
-    if model_name in MLA:
+    if model_name in MLA + NVFP4_MLA:
         out = [{"tp": 8, "moe_tp_size": 8, "moe_ep_size": 1}, {"tp": 8, "moe_tp_size": 1, "moe_ep_size": 8}]
         if moe_dp:
             out += [{"tp": 8 // dp, "attention_dp": dp, "moe_tp_size": 1, "moe_ep_size": 8} for dp in (2, 4, 8)]
         return out
     out = []
     for tp in tps:
-        if model_name not in MOE:
+        if model_name not in MOE + NVFP4_MOE:
             out.append({"tp": tp})
             continue
         out.append({"tp": tp, "moe_tp_size": tp, "moe_ep_size": 1})
@@ -146,10 +151,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--servesim", default="target/release/servesim")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--models", default=",".join(DENSE + MOE + MLA))
+    ap.add_argument("--models", default=",".join(DENSE + MOE + MLA + NVFP4_MOE + NVFP4_MLA))
     ap.add_argument("--systems", default="h200_sxm,h100_sxm")
     ap.add_argument("--mla-systems", default="h200_sxm,b200_sxm,gb200",
                     help="systems the MLA models (DeepSeek-V3 family) run on")
+    ap.add_argument("--fp4-systems", default="b200_sxm,gb200", help="systems the NVFP4 checkpoints run on")
     ap.add_argument("--backends", default="vllm,sglang")
     ap.add_argument("--tps", default="1,2,4")
     ap.add_argument("--moe-dp", action=argparse.BooleanOptionalAction, default=True,
@@ -168,7 +174,8 @@ def main():
             os.makedirs(model_arg, exist_ok=True)
             shutil.copy(os.path.join(os.path.dirname(SYSTEMS), "model_configs", model_name.replace("/", "--") + "_config.json"),
                         os.path.join(model_arg, "config.json"))
-        for system in (a.mla_systems if model_name in MLA else a.systems).split(","):
+        systems = a.mla_systems if model_name in MLA else a.fp4_systems if model_name in NVFP4_MOE + NVFP4_MLA else a.systems
+        for system in systems.split(","):
             for backend in a.backends.split(","):
                 for layout in layouts(model_name, list(map(int, a.tps.split(","))), a.moe_dp,
                                       list(map(int, a.pps.split(","))), list(map(int, a.cps.split(",")))):

@@ -15,11 +15,17 @@ use crate::systems::{nccl_source, sources, Source, SystemSpec};
 pub enum Dtype {
     Bfloat16,
     Fp8,
+    /// Per-tensor FP8 with static (calibrated) activation scales: GEMMs only. Timed from the
+    /// dynamic-FP8 tables minus the scale work a static scheme does not do.
+    Fp8Static,
     Fp8Block,
     Int8,
     /// MXFP4 weights with 16-bit activations (gpt-oss experts): half a byte per weight, bf16
     /// tensor-core rate.
     W4a16Mxfp4,
+    /// NVFP4 weights and activations (ModelOpt checkpoints): 4-bit values plus one fp8 scale per
+    /// 16, so 9/16 of a byte per weight, at the fp4 tensor-core rate.
+    Nvfp4,
 }
 
 impl Dtype {
@@ -27,15 +33,18 @@ impl Dtype {
         match self {
             Dtype::Bfloat16 => "bfloat16",
             Dtype::Fp8 => "fp8",
+            Dtype::Fp8Static => "fp8_static",
             Dtype::Fp8Block => "fp8_block",
             Dtype::Int8 => "int8",
             Dtype::W4a16Mxfp4 => "w4a16_mxfp4",
+            Dtype::Nvfp4 => "nvfp4",
         }
     }
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Bfloat16 => 2.0,
             Dtype::W4a16Mxfp4 => 0.5,
+            Dtype::Nvfp4 => 9.0 / 16.0,
             _ => 1.0,
         }
     }
@@ -43,9 +52,11 @@ impl Dtype {
         Some(match s {
             "bfloat16" | "bf16" | "float16" | "half" => Dtype::Bfloat16,
             "fp8" => Dtype::Fp8,
+            "fp8_static" => Dtype::Fp8Static,
             "fp8_block" => Dtype::Fp8Block,
             "int8" => Dtype::Int8,
             "w4a16_mxfp4" => Dtype::W4a16Mxfp4,
+            "nvfp4" => Dtype::Nvfp4,
             _ => return None,
         })
     }
@@ -53,8 +64,9 @@ impl Dtype {
     pub fn flops(self, spec: &SystemSpec) -> Result<f64> {
         let (v, key) = match self {
             Dtype::Bfloat16 | Dtype::W4a16Mxfp4 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
-            Dtype::Fp8 | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
+            Dtype::Fp8 | Dtype::Fp8Static | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
             Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
+            Dtype::Nvfp4 => (spec.fp4_flops, "fp4_tc_flops"),
         };
         v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
             PerfError::unsupported(format!(
@@ -202,6 +214,13 @@ impl fmt::Display for GenKey {
     }
 }
 
+/// The two activation-scaling kernels of dynamic FP8 that static FP8 does without.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ScaleKernel {
+    ComputeScale,
+    ScaleMatrix,
+}
+
 /// The measured tables of one `(system, backend, version)`.
 pub struct Database {
     pub spec: SystemSpec,
@@ -212,7 +231,11 @@ pub struct Database {
     gen_sources: Vec<Source>,
     ar_sources: Vec<Source>,
     moe_sources: Vec<Source>,
+    compute_scale_sources: Vec<Source>,
+    scale_matrix_sources: Vec<Source>,
     gemm: OnceLock<Result<BTreeMap<String, Sites>>>,
+    compute_scale: OnceLock<Result<BTreeMap<String, Grid>>>,
+    scale_matrix: OnceLock<Result<BTreeMap<String, Grid>>>,
     ctx: OnceLock<Result<Lanes<CtxKey>>>,
     gen: OnceLock<Result<Lanes<GenKey>>>,
     ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
@@ -234,6 +257,9 @@ pub(crate) type ByQuant<V> = BTreeMap<String, BTreeMap<String, BTreeMap<ShapeKey
 #[derive(Debug, Default)]
 pub struct MoeTable {
     pub(crate) grids: ByQuant<Vec<(u32, f64)>>,
+    /// TRT-LLM's low-latency NVFP4 kernel rows (`moe_torch_flow_min_latency`), which the
+    /// reference keeps apart and prefers for small gated NVFP4 batches.
+    pub(crate) low_latency: ByQuant<Vec<(u32, f64)>>,
     pub(crate) looked: Vec<String>,
 }
 
@@ -267,10 +293,14 @@ impl Database {
             gen_sources: sources(&spec, backend, version, "generation_attention_perf.parquet")?,
             ar_sources: sources(&spec, backend, version, "custom_allreduce_perf.parquet")?,
             moe_sources: sources(&spec, backend, version, "moe_perf.parquet")?,
+            compute_scale_sources: sources(&spec, backend, version, "computescale_perf.parquet")?,
+            scale_matrix_sources: sources(&spec, backend, version, "scale_matrix_perf.parquet")?,
             spec,
             backend: backend.to_string(),
             version: version.to_string(),
             gemm: OnceLock::new(),
+            compute_scale: OnceLock::new(),
+            scale_matrix: OnceLock::new(),
             ctx: OnceLock::new(),
             gen: OnceLock::new(),
             ar: OnceLock::new(),
@@ -383,6 +413,102 @@ impl Database {
     }
 
     /// GEMM latency in ms for `m × k · k × n` in `dt`.
+    /// A GEMM's latency in ms; `fp8_input` says its input is already FP8 (the output of an FP8
+    /// producer), which matters to static FP8 only.
+    pub fn gemm_op(&self, dt: Dtype, m: u32, n: u32, k: u32, fp8_input: bool) -> Result<f64> {
+        if dt != Dtype::Fp8Static {
+            return self.gemm(dt, m, n, k);
+        }
+        // Static scales skip the per-call scale computation, and on an FP8 input the scaling
+        // pass too: the dynamic-FP8 time minus those kernels, never below the speed of light.
+        let flops = dt.flops(&self.spec)?;
+        let mut v = self.gemm(Dtype::Fp8, m, n, k)?;
+        v -= self.scale_kernel(ScaleKernel::ComputeScale, m, k)?;
+        if fp8_input {
+            v -= self.scale_kernel(ScaleKernel::ScaleMatrix, m, k)?;
+        }
+        Ok(v.max(gemm_sol(&self.spec, dt, flops, m as f64, n as f64, k as f64)))
+    }
+
+    /// One of the activation-scaling kernels static FP8 saves, at `m` tokens of width `k`, ms.
+    /// The table is read at the nearest measured `(m, k)`; beyond it, `computescale` (an
+    /// overhead) holds its boundary value and `scale_matrix` (a memory pass) grows with its
+    /// speed of light.
+    fn scale_kernel(&self, which: ScaleKernel, m: u32, k: u32) -> Result<f64> {
+        let (cell, srcs, name) = match which {
+            ScaleKernel::ComputeScale => (&self.compute_scale, &self.compute_scale_sources, "computescale"),
+            ScaleKernel::ScaleMatrix => (&self.scale_matrix, &self.scale_matrix_sources, "scale_matrix"),
+        };
+        let tables = cell.get_or_init(|| self.load_scale_table(srcs, name)).as_ref().map_err(Clone::clone)?;
+        let grid = tables.get(Dtype::Fp8.name()).ok_or_else(|| {
+            PerfError::data(format!(
+                "no fp8 {name} data for {} (have: {})",
+                self.which(),
+                tables.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let Node::Branch(rows) = &grid.node else {
+            return Err(PerfError::data(format!("{name} table for {} is empty", self.which())));
+        };
+        let (Some((m_lo, _)), Some((m_hi, _))) = (rows.first(), rows.last()) else {
+            return Err(PerfError::data(format!("{name} table for {} is empty", self.which())));
+        };
+        let mut k_range: Option<(u32, u32)> = None;
+        for (_, row) in rows {
+            if let Node::Branch(cols) = row {
+                if let (Some((lo, _)), Some((hi, _))) = (cols.first(), cols.last()) {
+                    k_range = Some(k_range.map_or((*lo, *hi), |(a, b)| (a.min(*lo), b.max(*hi))));
+                }
+            }
+        }
+        let (k_lo, k_hi) = k_range.unwrap_or((k, k));
+        let (mc, kc) = (m.clamp(*m_lo, *m_hi), k.clamp(k_lo, k_hi));
+        let passes = match which {
+            ScaleKernel::ComputeScale => 2.0,
+            ScaleKernel::ScaleMatrix => 3.0,
+        };
+        let bw = self.spec.mem_bw;
+        let sol = move |c: &[f64]| passes * c[0] * c[1] / bw * 1000.0;
+        let v = grid
+            .query(&GridSpec::raw(&["m", "k"]), &sol, &[mc as f64, kc as f64])
+            .map_err(|e| e.context(format!("{name} on {}", self.which())))?;
+        if which == ScaleKernel::ComputeScale || (mc, kc) == (m, k) {
+            return Ok(v);
+        }
+        let (edge, want) = (sol(&[mc as f64, kc as f64]), sol(&[m as f64, k as f64]));
+        Ok(if edge > 0.0 && want > 0.0 { v * want / edge } else { v })
+    }
+
+    /// quant → `(m, k)` grid of one scaling-kernel table (first source wins per point).
+    fn load_scale_table(&self, srcs: &[Source], name: &str) -> Result<BTreeMap<String, Grid>> {
+        let mut by: BTreeMap<String, Node> = BTreeMap::new();
+        for src in srcs {
+            if !src.path.exists() {
+                continue;
+            }
+            let t = Table::read(&src.path, &["quant_dtype", "m", "k", "latency", "kernel_source"])?;
+            let (dt, m, k, lat, ks) = (
+                t.text("quant_dtype")?,
+                t.int("m")?,
+                t.int("k")?,
+                t.float("latency")?,
+                t.text_or_none("kernel_source")?,
+            );
+            for i in 0..t.rows {
+                if !keep_row(src, &ks[i]) {
+                    continue;
+                }
+                let Some(d) = dt[i].as_deref() else { continue };
+                let at = [key_u32(&t.path, "m", i, m[i])?, key_u32(&t.path, "k", i, k[i])?];
+                by.entry(d.to_string()).or_default().insert_first_wins(&at, lat[i]);
+            }
+        }
+        if by.is_empty() {
+            return Err(no_rows(name, srcs, &self.spec, &self.backend, &self.version));
+        }
+        Ok(by.into_iter().map(|(d, node)| (d, Grid::new(node))).collect())
+    }
+
     pub fn gemm(&self, dt: Dtype, m: u32, n: u32, k: u32) -> Result<f64> {
         let flops = dt.flops(&self.spec)?;
         if let Some(v) = self.gemm_cache.lock().expect("gemm cache").get(&(dt, m, n, k)) {

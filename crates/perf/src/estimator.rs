@@ -48,6 +48,20 @@ fn tokens(a: u32, b: u32, what: &str) -> Result<u32> {
     a.checked_mul(b).ok_or_else(|| PerfError::config(format!("{what}: {a} × {b} tokens exceeds 2^32")))
 }
 
+/// Calls `f` with the number format of every GEMM and expert op in `op`.
+fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()> {
+    match op {
+        Op::Gemm { dtype, .. } => f(*dtype),
+        Op::Moe(m) => f(m.dtype),
+        Op::Fallback { primary, fallback, .. } => {
+            compute_formats(primary, f)?;
+            fallback.iter().try_for_each(|o| compute_formats(o, f))
+        }
+        Op::Overlap { a, b, .. } => a.iter().chain(b).try_for_each(|o| compute_formats(o, f)),
+        _ => Ok(()),
+    }
+}
+
 impl Estimator {
     pub fn new(
         db: Arc<Database>,
@@ -57,6 +71,11 @@ impl Estimator {
         gen_lanes: Vec<String>,
     ) -> Result<Estimator> {
         let (context_ops, generation_ops) = build_ops(&model, &layout)?;
+        // A format the GPU has no tensor cores for (NVFP4 before Blackwell) fails every pass
+        // that reaches its ops; say so before the first one.
+        for op in context_ops.iter().chain(&generation_ops) {
+            compute_formats(op, &mut |dt| dt.flops(&db.spec).map(|_| ()))?;
+        }
         Ok(Estimator {
             db,
             model,
@@ -79,7 +98,9 @@ impl Estimator {
             Op::Embedding { scale, bytes_per_token, .. } | Op::Elementwise { scale, bytes_per_token, .. } => {
                 self.mem(bytes_per_token * at.x as f64) * scale
             }
-            Op::Gemm { scale, n, k, dtype, .. } => db.gemm(*dtype, at.x, *n, *k)?.max(0.0) * scale,
+            Op::Gemm { scale, n, k, dtype, fp8_input, .. } => {
+                db.gemm_op(*dtype, at.x, *n, *k, *fp8_input)?.max(0.0) * scale
+            }
             Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, cp, .. } => {
                 // `s` new tokens after `prefix` cached ones: the table at the full length with
                 // the prefix's share of the causal work taken out.

@@ -75,6 +75,42 @@ pub struct Quant {
     pub fmha: Dtype,
     /// Weight block of block-scaled formats (`weight_block_size[0]`, 128 when not given).
     pub block: u32,
+    /// Projections the checkpoint leaves unquantised (its exclusion list).
+    pub excluded: Excluded,
+}
+
+/// Which projections a quantised checkpoint keeps in 16 bits, from the module patterns its
+/// quantisation config excludes (`exclude_modules`, `ignore`, `modules_to_not_convert`). Only
+/// the MLA graph reads them, as the reference does: NVFP4 DeepSeek releases keep the q / kv
+/// projections (or the whole attention block) and sometimes the shared experts in bf16.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Excluded {
+    pub q: bool,
+    pub kv: bool,
+    pub o: bool,
+    pub shared_expert: bool,
+}
+
+impl Excluded {
+    fn from_patterns<'a>(patterns: impl IntoIterator<Item = &'a str>) -> Excluded {
+        const Q: &[&str] = &["q_a_proj", "q_b_proj", "q_proj"];
+        const KV: &[&str] = &["kv_a_proj", "kv_b_proj", "kv_proj", "k_proj", "v_proj"];
+        const O: &[&str] = &["o_proj"];
+        let mut e = Excluded::default();
+        for p in patterns {
+            let hit = |markers: &[&str]| markers.iter().any(|m| p.contains(m));
+            let named = hit(Q) || hit(KV) || hit(O) || p.contains("indexer");
+            // A pattern naming the attention block but none of its projections covers them all.
+            if p.contains("self_attn") && !named {
+                (e.q, e.kv, e.o) = (true, true, true);
+            }
+            e.q |= hit(Q);
+            e.kv |= hit(KV);
+            e.o |= hit(O);
+            e.shared_expert |= p.to_lowercase().contains("shared_expert");
+        }
+        e
+    }
 }
 
 const DENSE: &[&str] =
@@ -254,8 +290,9 @@ fn lower_str(v: Option<&Value>) -> Option<String> {
 /// Formats from the checkpoint's quantisation metadata, following the reference's
 /// `_infer_quantization_fields` / `_infer_quant_modes_from_raw_config`: none → bf16 everywhere;
 /// `fp8` with a weight block size → fp8_block GEMMs and experts; dynamic per-tensor `fp8` →
-/// fp8; `mxfp4` → bf16 GEMMs with w4a16_mxfp4 experts. An fp8 / fp8_block checkpoint (or an fp8
-/// KV declaration) also runs attention in fp8 with an fp8 KV cache.
+/// fp8; other per-tensor `fp8` → fp8_static GEMMs and fp8 experts; `mxfp4` → bf16 GEMMs with
+/// w4a16_mxfp4 experts; `nvfp4` (ModelOpt) → nvfp4 GEMMs and experts. An fp8 / fp8_block /
+/// nvfp4 checkpoint (or an fp8 KV declaration) also runs attention in fp8 with an fp8 KV cache.
 fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Quant> {
     let q = cfg.get("quantization_config").filter(|v| v.is_object());
     let hf = hf_quant.and_then(|v| v.get("quantization")).filter(|v| v.is_object());
@@ -313,17 +350,15 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
     let (gemm, moe) = match algo.as_deref() {
         None => (bf, bf),
         Some("fp8") if dynamic == Some(true) => (Dtype::Fp8, Dtype::Fp8),
-        Some("fp8") => {
-            return Err(PerfError::unsupported(format!(
-                "{shown}: a per-tensor fp8 checkpoint without dynamic activations runs static-fp8 GEMMs (the reference's fp8_static), \
-                 which servesim does not model; set gemm_quant_mode (and moe_quant_mode) explicitly"
-            )))
-        }
+        // Per-tensor fp8 that does not declare dynamic activations is calibrated (static);
+        // its experts have no static lane and run as fp8.
+        Some("fp8") => (Dtype::Fp8Static, Dtype::Fp8),
         Some("fp8_block") => (Dtype::Fp8Block, Dtype::Fp8Block),
         Some("mxfp4") => (bf, Dtype::W4a16Mxfp4),
+        Some("nvfp4") => (Dtype::Nvfp4, Dtype::Nvfp4),
         Some(other) => {
             return Err(PerfError::unsupported(format!(
-                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4); set gemm_quant_mode / moe_quant_mode explicitly"
+                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4, nvfp4); set gemm_quant_mode / moe_quant_mode explicitly"
             )))
         }
     };
@@ -339,7 +374,9 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
     let mut fmha = bf;
     if kv_algo.as_deref() == Some("none") {
         fmha = bf;
-    } else if matches!(algo.as_deref(), Some("fp8") | Some("fp8_block")) || kv_algo.as_deref() == Some("fp8") {
+    } else if matches!(algo.as_deref(), Some("fp8") | Some("fp8_block") | Some("nvfp4"))
+        || kv_algo.as_deref() == Some("fp8")
+    {
         fmha = Dtype::Fp8;
         kv = Dtype::Fp8;
     }
@@ -350,7 +387,17 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
         .and_then(Value::as_u64)
         .filter(|b| *b > 0)
         .unwrap_or(128) as u32;
-    Ok(Quant { gemm, moe, kv, fmha, block })
+    let mut patterns = Vec::new();
+    for (section, keys) in
+        [(q, &["modules_to_not_convert", "exclude_modules", "ignore"][..]), (hf, &["exclude_modules", "ignore"][..])]
+    {
+        for key in keys {
+            let list = section.and_then(|s| s.get(*key)).and_then(Value::as_array);
+            patterns.extend(list.into_iter().flatten().filter_map(Value::as_str));
+        }
+    }
+    let excluded = Excluded::from_patterns(patterns);
+    Ok(Quant { gemm, moe, kv, fmha, block, excluded })
 }
 
 /// One operation of a phase's op list. `scale` multiplies its latency (layers, MTP).
@@ -361,7 +408,9 @@ pub enum Op {
     /// An element-wise op: `bytes_per_token · x` through memory.
     Elementwise { name: String, scale: f64, bytes_per_token: f64 },
     /// `x × k · k × n` matrix multiply; the logits GEMM sees one token per request.
-    Gemm { name: String, scale: f64, n: u32, k: u32, dtype: Dtype, logits: bool },
+    /// `fp8_input`: its input comes out of an op that can hand it over in FP8 (the attention
+    /// output and the activated FFN), which a static-FP8 GEMM does not rescale.
+    Gemm { name: String, scale: f64, n: u32, k: u32, dtype: Dtype, logits: bool, fp8_input: bool },
     ContextAttention {
         name: String,
         scale: f64,
@@ -447,6 +496,9 @@ pub struct Layout {
     /// tokens per request (0: none; exclusive with `nextn`).
     pub ngram: u32,
     pub gemm: Dtype,
+    /// The shared experts' GEMMs (MLA models): bf16 where the checkpoint excludes them and
+    /// `gemm` was not set explicitly, else `gemm`.
+    pub shared_gemm: Dtype,
     pub kv: Dtype,
     pub fmha: Dtype,
     pub moe: Dtype,
@@ -536,7 +588,15 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             scale: layers * s,
             bytes_per_token: (2 * h + 2 * h) as f64 * act,
         });
-        list.push(Op::Gemm { name: nm("qkv_gemm"), scale: layers * s, n: qkv_n, k: h, dtype: l.gemm, logits: false });
+        list.push(Op::Gemm {
+            name: nm("qkv_gemm"),
+            scale: layers * s,
+            n: qkv_n,
+            k: h,
+            dtype: l.gemm,
+            logits: false,
+            fp8_input: false,
+        });
         list.push(attention(ctx, layers / attn_split * s, 0, nm("attention")));
         if ctx && l.cp > 1 {
             // Every CP rank gathers the whole prompt's KV of each layer (SGLang's all-gather
@@ -544,7 +604,15 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             let elements = 2.0 * kv_per_gpu as f64 * m.head_dim as f64 * l.kv.bytes() / 2.0;
             list.push(Op::CpAllGather { name: nm("cp_all_gather"), scale: layers, elements, gpus: l.cp });
         }
-        list.push(Op::Gemm { name: nm("proj_gemm"), scale: layers * s, n: h, k: proj_k, dtype: l.gemm, logits: false });
+        list.push(Op::Gemm {
+            name: nm("proj_gemm"),
+            scale: layers * s,
+            n: h,
+            k: proj_k,
+            dtype: l.gemm,
+            logits: false,
+            fp8_input: true,
+        });
         list.push(Op::Elementwise {
             name: nm("add_norm_2"),
             scale: layers * s,
@@ -560,6 +628,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
                 k: h,
                 dtype: l.gemm,
                 logits: false,
+                fp8_input: false,
             });
             list.push(Op::Elementwise {
                 name: nm("act_gate"),
@@ -573,6 +642,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
                 k: m.inter / tp,
                 dtype: l.gemm,
                 logits: false,
+                fp8_input: true,
             });
         }
         if !(moe && ctx) {
@@ -583,6 +653,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
                 k: h,
                 dtype: Dtype::Bfloat16,
                 logits: true,
+                fp8_input: false,
             });
         }
         list.push(Op::AllReduce { name: nm("embedding_ar"), scale: s, hidden: h, tp });
@@ -607,6 +678,7 @@ fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale:
         k: h,
         dtype: Dtype::Bfloat16,
         logits: false,
+        fp8_input: false,
     });
     let dispatch = |pre: bool| {
         Op::MoeDispatch(DispatchOp {
@@ -664,8 +736,17 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
     let layers = m.layers as f64;
     let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
     let vllm = l.backend == "vllm";
-    // The decode BMMs follow the kv projection's format: fp8 when the GEMMs are quantised.
-    let bmm = if l.gemm == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Fp8 };
+    // Projections the checkpoint keeps unquantised run in bf16; the fused q_a + kv_a
+    // down-projection only when both are.
+    let ex = m.quant.excluded;
+    let keep = |excluded: bool| if excluded { Dtype::Bfloat16 } else { l.gemm };
+    let (q_gemm, kv_gemm, o_gemm) = (keep(ex.q), keep(ex.kv), keep(ex.o));
+    let down_gemm = keep(ex.q && ex.kv);
+    // The fused module's table is keyed by one GEMM format: a checkpoint mixing formats
+    // across its projections has no such row and always runs the granular chain.
+    let module_gemm = (q_gemm == kv_gemm && kv_gemm == o_gemm).then_some(o_gemm);
+    // The decode BMMs follow the kv projection's format: fp8 when it is quantised.
+    let bmm = if kv_gemm == Dtype::Bfloat16 { Dtype::Bfloat16 } else { Dtype::Fp8 };
     let act = 2.0;
     let mut out = (Vec::new(), Vec::new());
     for (ctx, list) in [(true, &mut out.0), (false, &mut out.1)] {
@@ -673,6 +754,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
         let nm = |x: &str| format!("{phase}_{x}");
         let s = if ctx { 1.0 } else { mtp };
         let ls = layers * s;
+        // The reference's DeepSeek graph hands no GEMM an FP8 input.
         let gemm = |name: &str, n: u32, k: u32, dtype: Dtype| Op::Gemm {
             name: format!("{phase}_{name}"),
             scale: ls,
@@ -680,17 +762,18 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
             k,
             dtype,
             logits: false,
+            fp8_input: false,
         };
         let mut granular = vec![
-            gemm("downscale_gemm", d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim, h, l.gemm),
-            gemm("q_b_proj_gemm", m.heads * (d.qk_nope_head_dim + d.qk_rope_head_dim) / tp, d.q_lora_rank, l.gemm),
+            gemm("downscale_gemm", d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim, h, down_gemm),
+            gemm("q_b_proj_gemm", m.heads * (d.qk_nope_head_dim + d.qk_rope_head_dim) / tp, d.q_lora_rank, q_gemm),
         ];
         if ctx {
             granular.push(gemm(
                 "kv_b_proj_gemm",
                 m.heads * (d.qk_nope_head_dim + d.v_head_dim) / tp,
                 d.kv_lora_rank,
-                l.gemm,
+                kv_gemm,
             ));
         }
         let kernel = |kind: MlaKind| {
@@ -742,32 +825,37 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
             (false, true) => granular.push(kernel(MlaKind::Context)),
             (false, false) => granular.extend([bmm_op(true), kernel(MlaKind::Generation), bmm_op(false)]),
         }
-        granular.push(gemm("proj_gemm", h, m.heads * d.v_head_dim / tp, l.gemm));
-        let module = Op::Mla(MlaOp {
-            name: nm("mla_module"),
-            scale: ls,
-            kind: if ctx { MlaKind::ContextModule } else { MlaKind::GenerationModule },
-            heads: m.heads / tp,
-            kv: l.kv,
-            fmha: l.fmha,
-            gemm: l.gemm,
-            native_heads: m.heads,
-        });
+        granular.push(gemm("proj_gemm", h, m.heads * d.v_head_dim / tp, o_gemm));
         let add_norm =
             |name: &str| Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
         list.push(add_norm("add_norm_1"));
-        list.push(Op::Fallback { name: nm("mla_block"), primary: Box::new(module), fallback: granular });
+        match module_gemm {
+            Some(gemm) => {
+                let module = Op::Mla(MlaOp {
+                    name: nm("mla_module"),
+                    scale: ls,
+                    kind: if ctx { MlaKind::ContextModule } else { MlaKind::GenerationModule },
+                    heads: m.heads / tp,
+                    kv: l.kv,
+                    fmha: l.fmha,
+                    gemm,
+                    native_heads: m.heads,
+                });
+                list.push(Op::Fallback { name: nm("mla_block"), primary: Box::new(module), fallback: granular });
+            }
+            None => list.extend(granular),
+        }
         list.push(add_norm("add_norm_2"));
         let inter = m.moe_inter / tp;
         let shared = vec![
-            gemm("shared_gate_up_gemm", 2 * m.moe_inter / tp, h, l.gemm),
+            gemm("shared_gate_up_gemm", 2 * m.moe_inter / tp, h, l.shared_gemm),
             Op::Elementwise {
                 name: nm("shared_act_gate"),
                 scale: ls,
                 bytes_per_token: (2 * m.moe_inter / tp + inter) as f64 * act,
             },
-            gemm("shared_ffn2_gemm", h, inter, l.gemm),
+            gemm("shared_ffn2_gemm", h, inter, l.shared_gemm),
         ];
         let mut routed = Vec::new();
         push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
@@ -784,6 +872,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
             k: h,
             dtype: Dtype::Bfloat16,
             logits: true,
+            fp8_input: false,
         });
         if vllm {
             list.push(Op::AllReduce { name: nm("tp_allreduce"), scale: 2.0 * layers * s, hidden: h, tp });
@@ -822,6 +911,7 @@ mod tests {
             nextn,
             ngram: 0,
             gemm: Dtype::Fp8Block,
+            shared_gemm: Dtype::Fp8Block,
             kv: Dtype::Fp8,
             fmha: Dtype::Bfloat16,
             moe: Dtype::Fp8Block,
@@ -960,5 +1050,67 @@ mod tests {
         assert!(matches!(find(&gen, "generation_add_norm_1"), Op::Elementwise { scale, .. } if *scale == 5.0));
         assert!(matches!(find(&gen, "generation_logits_gemm"), Op::Gemm { scale, logits: true, .. } if *scale == 1.25));
         assert!(matches!(find(&ctx, "context_add_norm_1"), Op::Elementwise { scale, .. } if *scale == 4.0));
+    }
+
+    fn quant_of(qc: serde_json::Value, hf: Option<serde_json::Value>) -> Quant {
+        quantisation(&json!({ "quantization_config": qc }), hf.as_ref(), "toy.json").unwrap()
+    }
+
+    #[test]
+    fn checkpoint_formats() {
+        // ModelOpt static per-tensor FP8 (no dynamic activations): fp8_static GEMMs, fp8 experts.
+        let q = quant_of(
+            json!({"quant_algo": "FP8", "config_groups": {"group_0": {"input_activations": {"dynamic": false},
+                   "weights": {"dynamic": false}}}, "ignore": ["lm_head"]}),
+            None,
+        );
+        assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Fp8Static, Dtype::Fp8, Dtype::Fp8, Dtype::Fp8));
+        // Dynamic per-tensor FP8 stays fp8.
+        let q = quant_of(json!({"quant_method": "fp8", "activation_scheme": "dynamic"}), None);
+        assert_eq!(q.gemm, Dtype::Fp8);
+        // NVFP4 from the hf_quant_config.json beside the config; fp8 attention and KV.
+        let hf = json!({"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
+                        "exclude_modules": ["model.layers.0.mlp.gate", "lm_head"]}});
+        let q = quant_of(json!(null), Some(hf));
+        assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Nvfp4, Dtype::Nvfp4, Dtype::Fp8, Dtype::Fp8));
+        assert_eq!(q.excluded, Excluded::default());
+        assert_eq!(Dtype::Nvfp4.bytes(), 0.5625);
+    }
+
+    #[test]
+    fn exclusion_patterns() {
+        // DeepSeek-V3.1-NVFP4: q / kv projections named one by one, o_proj stays quantised.
+        let e = Excluded::from_patterns([
+            "model.layers.3.self_attn.kv_a_proj_with_mqa",
+            "model.layers.3.self_attn.q_b_proj",
+            "model.layers.61*",
+            "lm_head",
+        ]);
+        assert_eq!(e, Excluded { q: true, kv: true, o: false, shared_expert: false });
+        // The whole attention block (Kimi-K2.5-NVFP4 style) and a shared expert.
+        let e = Excluded::from_patterns(["model.layers.*.self_attn*", "model.layers.4.mlp.shared_experts.down_proj"]);
+        assert_eq!(e, Excluded { q: true, kv: true, o: true, shared_expert: true });
+    }
+
+    #[test]
+    fn mla_mixed_formats_run_the_granular_chain() {
+        let mut m = tiny_mla();
+        m.quant.excluded = Excluded { q: true, kv: true, o: false, shared_expert: true };
+        let mut l = layout("sglang", 0);
+        l.gemm = Dtype::Nvfp4;
+        l.shared_gemm = Dtype::Bfloat16;
+        let (ctx, gen) = build_ops(&m, &l).unwrap();
+        // No fused module (its table is keyed by one format): the granular ops sit in the list.
+        assert!(!names(&ctx).contains(&"context_mla_block"));
+        let dtype = |ops: &[Op], name: &str| match find(ops, name) {
+            Op::Gemm { dtype, .. } => *dtype,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(dtype(&ctx, "context_downscale_gemm"), Dtype::Bfloat16);
+        assert_eq!(dtype(&ctx, "context_q_b_proj_gemm"), Dtype::Bfloat16);
+        assert_eq!(dtype(&ctx, "context_proj_gemm"), Dtype::Nvfp4);
+        assert_eq!(dtype(&ctx, "context_shared_gate_up_gemm"), Dtype::Bfloat16);
+        // The decode BMMs follow the bf16 kv projection.
+        assert!(matches!(find(&gen, "generation_bmm_pre"), Op::MlaBmm(MlaBmmOp { dtype: Dtype::Bfloat16, .. })));
     }
 }

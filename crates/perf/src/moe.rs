@@ -38,10 +38,28 @@ fn quant_rewrite(quant: &str, kernel_source: &str) -> String {
 /// The TRT-LLM low-latency NVFP4 kernel, kept in its own table by the reference.
 const LOW_LATENCY_LANE: &str = "moe_torch_flow_min_latency";
 
+/// The largest token count the low-latency NVFP4 kernel serves.
+const LOW_LATENCY_MAX_TOKENS: u32 = 128;
+
+/// Token-keyed points as sorted curves.
+fn sorted_curves(points: ByQuant<BTreeMap<u32, f64>>) -> ByQuant<Vec<(u32, f64)>> {
+    points
+        .into_iter()
+        .map(|(q, by_dist)| {
+            let by_dist = by_dist
+                .into_iter()
+                .map(|(d, by_shape)| (d, by_shape.into_iter().map(|(s, c)| (s, c.into_iter().collect())).collect()))
+                .collect();
+            (q, by_dist)
+        })
+        .collect()
+}
+
 impl MoeTable {
     fn load(db: &Database) -> Result<MoeTable> {
         let srcs = db.moe_sources();
         let mut points: ByQuant<BTreeMap<u32, f64>> = BTreeMap::new();
+        let mut low_points: ByQuant<BTreeMap<u32, f64>> = BTreeMap::new();
         let mut looked = Vec::new();
         for src in srcs {
             looked.push(src.path.display().to_string());
@@ -95,9 +113,6 @@ impl MoeTable {
                         continue;
                     }
                 }
-                if lane == LOW_LATENCY_LANE {
-                    continue;
-                }
                 let (Some(q), Some(d)) = (dt[i].as_deref(), dist[i].as_deref()) else {
                     return Err(PerfError::data(format!("{}: null moe_dtype or distribution in row {i}", t.path)));
                 };
@@ -110,7 +125,8 @@ impl MoeTable {
                     key_u32(p, "moe_tp_size", i, mtp[i])?,
                     key_u32(p, "moe_ep_size", i, mep[i])?,
                 );
-                points
+                let target = if lane == LOW_LATENCY_LANE { &mut low_points } else { &mut points };
+                target
                     .entry(quant_rewrite(q, lane))
                     .or_default()
                     .entry(d.to_string())
@@ -121,20 +137,19 @@ impl MoeTable {
                     .or_insert(lat[i]);
             }
         }
-        if points.is_empty() {
+        if points.is_empty() && low_points.is_empty() {
             return Err(no_rows("MoE", srcs, &db.spec, &db.backend, &db.version));
         }
-        let grids = points
-            .into_iter()
-            .map(|(q, by_dist)| {
-                let by_dist = by_dist
-                    .into_iter()
-                    .map(|(d, by_shape)| (d, by_shape.into_iter().map(|(s, c)| (s, c.into_iter().collect())).collect()))
-                    .collect();
-                (q, by_dist)
-            })
-            .collect();
-        Ok(MoeTable { grids, looked })
+        Ok(MoeTable { grids: sorted_curves(points), low_latency: sorted_curves(low_points), looked })
+    }
+
+    /// The low-latency kernel's token curve of one MoE shape (after the `uniform` distribution
+    /// fallback), when TRT-LLM collected this shape with it.
+    fn low_latency_curve(&self, op: &MoeOp) -> Option<&[(u32, f64)]> {
+        let by_dist = self.low_latency.get(op.dtype.name())?;
+        let by_shape = by_dist.get(&op.distribution).or_else(|| by_dist.get("uniform"))?;
+        let shape = (op.topk, op.experts, op.hidden, op.inter, op.moe_tp, op.moe_ep);
+        by_shape.get(&shape).map(Vec::as_slice).filter(|c| !c.is_empty())
     }
 
     /// The measured token curve of one MoE shape (after the `uniform` distribution fallback).
@@ -203,7 +218,15 @@ impl Database {
 pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
     let tokens = x.saturating_mul(m.attention_dp.max(1));
     let flops = m.dtype.flops(&db.spec)?;
-    let curve = db.moe_table()?.curve(db, m)?;
+    let table = db.moe_table()?;
+    // Small gated NVFP4 batches run TRT-LLM's low-latency kernel where it was measured.
+    let low_latency = (tokens <= LOW_LATENCY_MAX_TOKENS && m.dtype == Dtype::Nvfp4 && m.gated)
+        .then(|| table.low_latency_curve(m))
+        .flatten();
+    let curve = match low_latency {
+        Some(c) => c,
+        None => table.curve(db, m)?,
+    };
     let sol = |t: u32| m.sol_ms(db, t, flops);
     let i = curve.partition_point(|(k, _)| *k < tokens);
     if i < curve.len() && curve[i].0 == tokens {
@@ -292,7 +315,9 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
                 if dp > 1 {
                     if d.pre {
                         // The dispatched activations travel quantised.
+                        // NVFP4: a quarter of the bf16 bytes plus one fp8 scale per 16.
                         let f = match d.dtype {
+                            Dtype::Nvfp4 => 0.25 + 0.25 / 8.0,
                             Dtype::Fp8 | Dtype::Fp8Block => 0.5,
                             _ => 1.0,
                         };

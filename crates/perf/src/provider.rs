@@ -304,8 +304,8 @@ impl AisConfig {
             moe_ep_size: uint("moe_ep_size", None)?,
             nextn,
             ngram,
-            gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_block"])?,
-            moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block", "w4a16_mxfp4"])?,
+            gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_static", "fp8_block", "nvfp4"])?,
+            moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block", "w4a16_mxfp4", "nvfp4"])?,
             fmha_quant_mode: quant("fmha_quant_mode", &["bfloat16", "fp8"])?,
             kvcache_quant_mode: quant("kvcache_quant_mode", &["bfloat16", "fp8"])?,
             systems_paths,
@@ -563,6 +563,13 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         nextn: cfg.nextn,
         ngram: cfg.ngram,
         gemm,
+        // Shared experts the checkpoint leaves unquantised run in bf16 unless the GEMM format
+        // was given explicitly.
+        shared_gemm: if model.quant.excluded.shared_expert && cfg.gemm_quant_mode.is_none() {
+            Dtype::Bfloat16
+        } else {
+            gemm
+        },
         kv,
         // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA; the
         // reference then times attention in bf16 (only when fmha_quant_mode is not given).

@@ -197,8 +197,10 @@ fn clear_errors_with_real_data() {
     assert!(e.contains("unknown GPU system \"h999\"") && e.contains("h200_sxm"), "{e}");
     let e = bad(json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm"}));
     assert!(e.contains("DeepseekV32ForCausalLM") && e.contains("sparse DSA attention"), "{e}");
-    let e = bad(json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "h200_sxm", "backend": "vllm"}));
-    assert!(e.contains("\"nvfp4\" is not modelled"), "{e}");
+    // NVFP4 needs fp4 tensor cores, which Hopper lacks (the reference fails its first query).
+    let e = bad(json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+                       "moe_tp_size": 8, "moe_ep_size": 1}));
+    assert!(e.contains("nvfp4 compute needs gpu.fp4_tc_flops in h200_sxm.yaml"), "{e}");
     let e = bad(json!({"model": "no/such-model", "system": "h200_sxm", "backend": "vllm"}));
     assert!(e.contains("no--such-model_config.json"), "{e}");
     let e =
@@ -348,6 +350,68 @@ fn kv_capacity_goldens() {
                                 "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}));
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp} dp{dp} {moe_tp}×{moe_ep}: {got:?}");
+    }
+}
+
+/// Checkpoint formats beyond bf16 / fp8 / fp8-block, from `scripts/ais_goldens.py` (its
+/// static-FP8 and NVFP4 entries): static per-tensor FP8 (the fp8 GEMM minus the scale kernels a
+/// calibrated scheme skips), NVFP4 GEMMs and experts on Blackwell (TRT-LLM's low-latency expert
+/// kernel at 64 tokens, its quantised all-gather under attention DP), and an NVFP4 DeepSeek that
+/// keeps its q / kv projections in bf16.
+#[test]
+fn checkpoint_format_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the checkpoint-format goldens");
+        return;
+    }
+    let qs = est("Qwen/Qwen3-32B-FP8-Static-PerTensor", "h200_sxm", "vllm", 1);
+    close(qs.prefill_ms(2, 2500, 700).unwrap(), 235.6018864120982);
+    close(qs.decode_ms(64, 2049).unwrap(), 20.209802123139827);
+    let ls = est("nvidia/Llama-3.1-70B-Instruct-FP8", "h200_sxm", "sglang", 2);
+    close(ls.prefill_ms(1, 8192, 0).unwrap(), 680.208942925153);
+    close(ls.decode_ms(16, 1100).unwrap(), 12.617615346257516);
+    let q4 = est_with(json!({"model": "nvidia/Qwen3-235B-A22B-NVFP4", "system": "b200_sxm", "backend": "trtllm",
+                             "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1}));
+    close(q4.prefill_ms(2, 3000, 0).unwrap(), 146.24762205719372);
+    close(q4.decode_ms(64, 2049).unwrap(), 14.665337552189282);
+    close(q4.decode_ms(256, 1100).unwrap(), 31.250775590862624);
+    let q4dp = est_with(json!({"model": "nvidia/Qwen3-235B-A22B-NVFP4", "system": "b200_sxm", "backend": "trtllm",
+                               "tp": 2, "attention_dp": 2, "moe_tp_size": 1, "moe_ep_size": 4}));
+    let decoding = RankMetrics { num_decode_requests: 40, sum_decode_kv_tokens: 120_000, ..Default::default() };
+    close(q4dp.forward_pass_time_ms(&[MIXED, decoding]).unwrap(), 79.35491019678243);
+    let mm = est_with(json!({"model": "nvidia/MiniMax-M2.7-NVFP4", "system": "b200_sxm", "backend": "vllm",
+                             "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(mm.prefill_ms(4, 777, 0).unwrap(), 37.917976237461865);
+    close(mm.decode_ms(33, 5000).unwrap(), 12.271884799415592);
+    for (backend, tp, dp, prefill, decode) in
+        [("vllm", 8, 1, 53.35791299265952, 13.292453809620039), ("sglang", 4, 2, 64.89406949525048, 13.640179700450558)]
+    {
+        let ds = est_with(json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": backend,
+                                 "tp": tp, "attention_dp": dp, "moe_tp_size": 1, "moe_ep_size": 8}));
+        close(ds.prefill_ms(2, 1000, 0).unwrap(), prefill);
+        close(ds.decode_ms(16, 1100).unwrap(), decode);
+    }
+    // KV capacity: 9/16 byte NVFP4 weights, 1-byte static FP8, bf16 DeepSeek q / kv projections.
+    use servesim_perf::memory::kv_capacity;
+    for (cfg, want) in [
+        (
+            json!({"model": "Qwen/Qwen3-32B-FP8-Static-PerTensor", "system": "h200_sxm", "backend": "vllm", "tp": 1}),
+            11528u64,
+        ),
+        (
+            json!({"model": "nvidia/Qwen3-235B-A22B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 4,
+                   "moe_tp_size": 4, "moe_ep_size": 1}),
+            87752,
+        ),
+        (
+            json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            50738,
+        ),
+    ] {
+        let e = est_with(cfg.clone());
+        let got = kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{cfg}: {got:?}");
     }
 }
 
