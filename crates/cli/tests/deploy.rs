@@ -1955,3 +1955,57 @@ fn sizes_beyond_memory_or_any_worker_are_refused_by_key() {
         &["traffic.source.input_tokens: 1000: a prompt of", "cannot fit the workers' KV cache (2 blocks"],
     );
 }
+
+/// Symlinks everything under `from` into `to`, except the `keep` paths (relative to `from`) on
+/// the way to them, which are real directories holding symlinks, and the file `edit`, which is
+/// copied: a cheap copy of a systems tree with one file to change.
+fn link_tree(from: &Path, to: &Path, edit: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if src == edit {
+            std::fs::copy(&src, &dst).unwrap();
+        } else if edit.starts_with(&src) {
+            link_tree(&src, &dst, edit);
+        } else {
+            std::os::unix::fs::symlink(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// `engine.strict_provenance: true`: the shipped data covers every table it holds, so the run
+/// matches the reference's recording and times exactly as without the key; a tree whose
+/// `comm/vllm/0.24.0/collection_meta.yaml` no longer lists `moe_a2a_perf` (a table the dense
+/// model never reads, in a directory it reads `custom_allreduce_perf` from) is refused, naming
+/// the sidecar and the table, as the reference refuses it, and is accepted without the key.
+#[test]
+fn strict_provenance_checks_the_sidecars() {
+    let Some((strict, _, _)) = compare_with_reference("predict_strict_provenance") else { return };
+    let plain = predict_with("predict_strict_provenance", &["engine.strict_provenance=false"]);
+    for key in METRICS {
+        assert_eq!(strict[key], plain[key], "{key}");
+    }
+    let roots = servesim_perf::systems::systems_roots(&[]).unwrap();
+    let root = &roots[0].0;
+    let sidecar = root.join("data/h200_sxm/comm/vllm/0.24.0/collection_meta.yaml");
+    // The model configurations live beside `systems/` in the package.
+    let package = tmp("strict-package");
+    let _ = std::fs::remove_dir_all(&package);
+    let copy = package.join("systems");
+    link_tree(root, &copy, &sidecar);
+    std::os::unix::fs::symlink(root.parent().unwrap().join("model_configs"), package.join("model_configs")).unwrap();
+    let edited = copy.join("data/h200_sxm/comm/vllm/0.24.0/collection_meta.yaml");
+    let text = std::fs::read_to_string(&edited).unwrap();
+    let cut = text.find("  moe_a2a_perf:").expect("the shipped sidecar lists moe_a2a_perf");
+    std::fs::write(&edited, &text[..cut]).unwrap();
+    let paths = format!("engine.systems_paths=[{}]", copy.display());
+    let out_dir = tmp("strict-refused");
+    let out =
+        predict(&deploy_dir().join("predict_strict_provenance.yaml"), &out_dir, &["--set", &paths, "--format", "json"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("strict_provenance") && err.contains(&edited.display().to_string()), "{err}");
+    assert!(err.contains("[\"moe_a2a_perf\"]"), "{err}");
+    let loose = predict_with("predict_strict_provenance", &[&paths, "engine.strict_provenance=false"]);
+    assert_eq!(loose["mean_itl_ms"], plain["mean_itl_ms"]);
+}
