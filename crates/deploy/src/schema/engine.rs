@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::controls::{read_engine_controls, Controls};
+use super::estimator::check_estimator_config;
 use super::speculation::{check_speculation_engine, read_speculation};
-use super::unsupported::{estimator_defaults, only_defaults};
 use super::worker::{read_worker, Timing, Worker};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -188,7 +188,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         }
     }
     if let Some(v) = e.value("estimator_config") {
-        only_defaults(&e.path("estimator_config"), v, &estimator_defaults())?;
+        check_estimator_config(&e.path("estimator_config"), v)?;
     }
     let kv_transfer = match e.obj("kv_transfer")? {
         Some(mut t) => {
