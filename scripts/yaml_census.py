@@ -37,7 +37,8 @@ Run. 1) The reference validates every case (`model_validate`; adapter sections t
 models): a case it refuses is a *probe*, reported apart (and flagged when servesim accepts it).
 2) servesim runs every case (--binary, default target/release/servesim; `predict -c` or
 `recommend -c`, `--threads 1`, recommend with `--no-cache`): exit 0 is accepted, otherwise
-refused with its message. 3) The reference runs each case servesim accepts
+refused with its message. 3) The reference runs each valid case (servesim's refusals too, to tell a refusal
+both tools share from one only servesim makes)
 (../shared/parity/aisimulate_predict.py under --ref-python; `router:` / `planner:` cases need
 --stack dynamo, i.e. the venv of `../shared/parity/setup_aisimulate.sh --with-dynamo`,
 --dyn-python, and are "unchecked" without it; servesim gets that interpreter as
@@ -54,12 +55,15 @@ router and planner policy), each status and GPU count equal and its metrics with
 where a random search sampled its space (a tool evaluated max_trials candidates) only the
 candidates both evaluated are compared. A case that breaks this *differs*.
 
-Classification. A case: probe, refused, accepted, differs, ref-fails (servesim ran it, the
-reference's run failed), partly-refused (recommend: servesim marks candidates `unsupported` that
+Classification. A case: probe, refused, both-refuse (servesim refused it and the reference's
+run failed too, e.g. a snapshot seed that cuts through an unresolved dependency, or a decode
+context parallelism the model's KV heads cannot take), accepted, differs, ref-fails (servesim
+ran it, the reference's run failed), partly-refused (recommend: servesim marks candidates `unsupported` that
 the reference evaluates), unchecked (no reference result, or two random searches that sampled
 no candidate in common). A key, folding its values: differs (any case differs), refused (every
 valid case refused, or only the schema's neutral default accepted), accepted (every valid case
-accepted; unchecked cases marked), restricted (the rest), untested (only probes). ref-fails
+accepted or refused by both tools; unchecked cases marked, and a key with both-refuse cases
+marked "both refuse some values"), restricted (the rest), untested (only probes). ref-fails
 cases are flagged and left out of the key's status. Flags: servesim accepts a probe or a case whose reference run
 fails; servesim says "unknown key" for a key the reference documents. The markdown has one
 table per section (key, status, values tried, servesim's message for refusals), the totals and
@@ -1151,7 +1155,17 @@ def run_case(case, args, validity):
         s = run_servesim(args.binary, case, wd)
         out["servesim"] = {k: v for k, v in s.items() if k != "result"}
         if not s["ok"]:
-            out["status"] = "probe" if validity is not None else "refused"
+            if validity is not None:
+                out["status"] = "probe"
+                return out
+            # A valid case servesim refuses: the reference's run may refuse it too (a value its
+            # schema takes but its engine rejects), which is agreement, not a gap.
+            r = run_reference(args.ref_python, args.dyn_python, case, wd, args.cache_dir, not args.no_reference)
+            if r is not None and r.get("ok") is False:
+                out["status"] = "both-refuse"
+                out["reference"] = {"message": r["message"]}
+            else:
+                out["status"] = "refused"
             return out
         if validity is not None:
             out["status"] = "probe"
@@ -1215,10 +1229,11 @@ def classify_key(results):
         return "differs"
     if any(r["status"] == "partly-refused" for r in valid):
         return "restricted"
-    ok = [r for r in valid if r["status"] in ("accepted", "unchecked")]
-    ok_non_neutral = [r for r in ok if not r["neutral"]]
+    ok = [r for r in valid if r["status"] in ("accepted", "unchecked", "both-refuse")]
+    ok_non_neutral = [r for r in ok if not r["neutral"] and r["status"] != "both-refuse"]
     if not ok_non_neutral and any(r["status"] == "refused" for r in valid):
         return "refused"
+    # Cases both tools refuse agree: a key with no other outcome is accepted (marked in the table).
     if len(ok) == len(valid):
         return "accepted"
     return "restricted"
@@ -1305,7 +1320,8 @@ def report(cases, results, by_key, args):
             tried, msgs = [], []
             for c, r in per_key[key]:
                 mark = {"accepted": "✓", "unchecked": "✓?", "refused": "✗", "differs": "≠", "probe": "probe",
-                        "ref-fails": "✓ (ref fails)", "partly-refused": "✓/✗"}[r["status"]]
+                        "ref-fails": "✓ (ref fails)", "partly-refused": "✓/✗",
+                        "both-refuse": "✗✗ (both refuse)"}[r["status"]]
                 n = r.get("candidates")
                 if n and r["status"] == "accepted" and n["compared"] < max(n["servesim"], n["reference"]):
                     mark += f" ({n['compared']} of {n['servesim']}/{n['reference']} candidates compared)"
@@ -1314,14 +1330,23 @@ def report(cases, results, by_key, args):
                     m = r["servesim"]["message"]
                     if m not in msgs:
                         msgs.append(m)
+                elif r["status"] == "both-refuse":
+                    ref = re.sub(r"/tmp/aisim-\w+/", "<tmp>/", r["reference"]["message"])
+                    m = f"both refuse — servesim: {r['servesim']['message']}; reference: {ref}"
+                    if m not in msgs:
+                        msgs.append(m)
             cmds = "/".join(by_key[key]["commands"]) if key in by_key else ""
-            lines.append(f"| `{key}` | {cmds} | {ICON[status]} | {md_escape('; '.join(tried))} | "
+            shown = ICON[status]
+            if status == "accepted" and any(r["status"] == "both-refuse" for _, r in per_key[key]):
+                shown += " (both refuse some values)"
+            lines.append(f"| `{key}` | {cmds} | {shown} | {md_escape('; '.join(tried))} | "
                          f"{md_escape(' / '.join(msgs))} |")
         lines.append("")
     lines.append("Outcomes: ✓ accepted and agrees with the reference, ✓? accepted, reference not run, ✗ refused by "
                  "servesim, ≠ accepted but differs, probe = the reference's schema refuses the case, "
                  "✓ (ref fails) = servesim runs what the reference's run refuses, ✓/✗ = servesim marks some "
-                 "recommend candidates unsupported that the reference evaluates.")
+                 "recommend candidates unsupported that the reference evaluates, ✗✗ (both refuse) = servesim "
+                 "refuses a case the reference's run fails on too (both messages shown).")
     lines.append("")
     flagged = [(c, results[c["id"]]) for c in cases if results[c["id"]].get("flag")]
     unknown = [(c, results[c["id"]]) for c in cases

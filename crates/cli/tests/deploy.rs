@@ -1032,12 +1032,6 @@ fn the_references_canonical_defaults_are_accepted() {
         &["traffic.load", "does not accept", "agentic_warmup"],
     );
     refused(
-        "estimator",
-        BASE,
-        &["engine.workers.aggregated.timing.estimator_config={correction: {min_observations: 7}}"],
-        &["engine.workers.aggregated.timing.estimator_config.correction.min_observations", "default (5)"],
-    );
-    refused(
         "transfer",
         BASE,
         &["engine.workers.aggregated.timing.transfer_policy=[xshape]"],
@@ -1954,4 +1948,128 @@ fn sizes_beyond_memory_or_any_worker_are_refused_by_key() {
         ],
         &["traffic.source.input_tokens: 1000: a prompt of", "cannot fit the workers' KV cache (2 blocks"],
     );
+}
+
+/// Symlinks everything under `from` into `to`, except the `keep` paths (relative to `from`) on
+/// the way to them, which are real directories holding symlinks, and the file `edit`, which is
+/// copied: a cheap copy of a systems tree with one file to change.
+fn link_tree(from: &Path, to: &Path, edit: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if src == edit {
+            std::fs::copy(&src, &dst).unwrap();
+        } else if edit.starts_with(&src) {
+            link_tree(&src, &dst, edit);
+        } else {
+            std::os::unix::fs::symlink(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// `engine.strict_provenance: true`: the shipped data covers every table it holds, so the run
+/// matches the reference's recording and times exactly as without the key; a tree whose
+/// `comm/vllm/0.24.0/collection_meta.yaml` no longer lists `moe_a2a_perf` (a table the dense
+/// model never reads, in a directory it reads `custom_allreduce_perf` from) is refused, naming
+/// the sidecar and the table, as the reference refuses it, and is accepted without the key.
+#[test]
+fn strict_provenance_checks_the_sidecars() {
+    let Some((strict, _, _)) = compare_with_reference("predict_strict_provenance") else { return };
+    let plain = predict_with("predict_strict_provenance", &["engine.strict_provenance=false"]);
+    for key in METRICS {
+        assert_eq!(strict[key], plain[key], "{key}");
+    }
+    let roots = servesim_perf::systems::systems_roots(&[]).unwrap();
+    let root = &roots[0].0;
+    let sidecar = root.join("data/h200_sxm/comm/vllm/0.24.0/collection_meta.yaml");
+    // The model configurations live beside `systems/` in the package.
+    let package = tmp("strict-package");
+    let _ = std::fs::remove_dir_all(&package);
+    let copy = package.join("systems");
+    link_tree(root, &copy, &sidecar);
+    std::os::unix::fs::symlink(root.parent().unwrap().join("model_configs"), package.join("model_configs")).unwrap();
+    let edited = copy.join("data/h200_sxm/comm/vllm/0.24.0/collection_meta.yaml");
+    let text = std::fs::read_to_string(&edited).unwrap();
+    let cut = text.find("  moe_a2a_perf:").expect("the shipped sidecar lists moe_a2a_perf");
+    std::fs::write(&edited, &text[..cut]).unwrap();
+    let paths = format!("engine.systems_paths=[{}]", copy.display());
+    let out_dir = tmp("strict-refused");
+    let out =
+        predict(&deploy_dir().join("predict_strict_provenance.yaml"), &out_dir, &["--set", &paths, "--format", "json"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("strict_provenance") && err.contains(&edited.display().to_string()), "{err}");
+    assert!(err.contains("[\"moe_a2a_perf\"]"), "{err}");
+    let loose = predict_with("predict_strict_provenance", &[&paths, "engine.strict_provenance=false"]);
+    assert_eq!(loose["mean_itl_ms"], plain["mean_itl_ms"]);
+}
+
+/// `estimator_config` tunes only the reference's FPM estimators, never its op-level one (the
+/// only forward model servesim accepts): any value the reference accepts predicts what the
+/// configuration without it predicts (the same prediction.json but for wall-clock fields), and what the reference refuses is refused, by key path.
+#[test]
+fn estimator_config_is_checked_and_inert() {
+    let name = "predict_strict_provenance";
+    let out_dir = tmp("estimator-base");
+    let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Everything but the simulator's own speed (wall time and what is divided by it).
+    let read = |dir: &Path| -> Value {
+        let mut v: Value = serde_json::from_slice(&std::fs::read(dir.join("prediction.json")).unwrap()).unwrap();
+        for k in ["wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s"] {
+            v.as_object_mut().unwrap().remove(k).expect(k);
+        }
+        v
+    };
+    let base = read(&out_dir);
+    for (i, set) in [
+        "engine.estimator_config={correction: {enabled: false}}",
+        "engine.workers.aggregated.timing.estimator_config={correction: {min_observations: 7, factor_bounds: \
+         {min: null}}, features: {attention_kv_weight: -1}, fpm_regression: {fit: {kind: spline, \
+         rebuild_interval: 3}, sampling: {max_observations: 32}}}",
+        "engine.estimator_config={fpm_regression: {sampling: {axes: [n, E, P], bins_per_axis: [2, 2, 2]}}}",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = tmp(&format!("estimator-inert-{i}"));
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &dir, &["--set", set, "--format", "json"]);
+        assert!(out.status.success(), "{set}: {}", stderr(&out));
+        assert_eq!(read(&dir), base, "{set}");
+    }
+    let at = "engine.workers.aggregated.timing.estimator_config";
+    for (i, (value, wants)) in [
+        ("{correction: {enabled: x}}", ["correction.enabled", "true or false"]),
+        ("{correction: {bogus: 1}}", ["correction.bogus", "unknown key"]),
+        ("{fpm_interpolation: {method: bogus}}", ["fpm_interpolation.method", "auto, sol, direct"]),
+        ("{fpm_regression: {fit: {singular_ridge_scale: -1}}}", ["fit.singular_ridge_scale", "finite and nonnegative"]),
+        ("{correction: {min_observations: 0}}", ["correction", "min_observations must be >= 1"]),
+        (
+            "{fpm_regression: {sampling: {bins_per_axis: [4]}}}",
+            ["sampling.bins_per_axis", "one bin count per sampling axis"],
+        ),
+        ("{bogus: 1}", ["estimator_config.bogus", "unknown key"]),
+        ("{correction: {max_num_tokens: -5}}", ["correction.max_num_tokens", "integer"]),
+        ("{op_level: {x: 1}}", ["op_level.x", "unknown key"]),
+        ("{selector: {}}", ["estimator_config.selector", "not supported by servesim yet"]),
+        ("{correction: null}", ["correction", "must be a mapping"]),
+        (
+            "{fpm_regression: {fit: {kind: spline}, sampling: {axes: [n, E], bins_per_axis: [2, 2]}}}",
+            ["sampling.axes", "for spline fitting"],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        refused(
+            &format!("estimator-bad-{i}"),
+            BASE,
+            &[&format!("{at}={value}")],
+            &[&format!("{at}."), wants[0], wants[1]],
+        );
+    }
 }

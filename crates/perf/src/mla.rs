@@ -74,7 +74,7 @@ fn resolve_native(buckets: &BTreeMap<u32, Grid>, native: u32) -> Option<&Grid> {
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Layout {
+pub(crate) enum Layout {
     ContextModule,
     GenerationModule,
     Context,
@@ -83,7 +83,11 @@ enum Layout {
 }
 
 impl Layout {
-    fn file(self) -> &'static str {
+    /// Every layout, for whoever needs the tables by name (`strict_provenance`).
+    pub(crate) const ALL: [Layout; 5] =
+        [Layout::ContextModule, Layout::GenerationModule, Layout::Context, Layout::Generation, Layout::Bmm];
+
+    pub(crate) fn file(self) -> &'static str {
         match self {
             Layout::ContextModule => "mla_context_module_perf.parquet",
             Layout::GenerationModule => "mla_generation_module_perf.parquet",

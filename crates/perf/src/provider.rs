@@ -41,6 +41,9 @@ pub struct AisConfig {
     pub systems_paths: Vec<String>,
     pub attention_backend: Option<String>,
     pub enable_shared_layer: bool,
+    /// Refuse data whose version directories' `collection_meta.yaml` do not cover their tables
+    /// (`systems::check_provenance`); the timing is the same either way.
+    pub strict_provenance: bool,
     /// The configuration as given, for the canonical dump.
     pub raw: Value,
 }
@@ -190,7 +193,6 @@ impl AisConfig {
                 format!("expert load balancing is not modelled (only false); {WIDE_EP}"),
             ));
         }
-        boolean("strict_provenance")?;
         if let Some(m) = string("estimation_mode")? {
             if !["auto", "op_level"].contains(&m.as_str()) {
                 return Err(cfg_err(
@@ -311,13 +313,14 @@ impl AisConfig {
             systems_paths,
             attention_backend: string("attention_backend")?,
             enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(true),
+            strict_provenance: boolean("strict_provenance")?.unwrap_or(false),
             raw: v.clone(),
         })
     }
 
     fn cache_key(&self) -> String {
         format!(
-            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
             self.model,
             self.system,
             self.backend,
@@ -335,7 +338,9 @@ impl AisConfig {
             self.fmha_quant_mode,
             self.kvcache_quant_mode,
             self.systems_paths,
-            self.attention_backend
+            self.attention_backend,
+            // A strict estimator is built (and its data checked) on its own.
+            self.strict_provenance
         )
     }
 }
@@ -479,6 +484,20 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let mut model_roots = vec![spec.root.clone()];
     model_roots.extend(root_paths.iter().filter(|p| **p != spec.root).cloned());
     let model = ModelSpec::load(&cfg.model, &model_roots)?;
+    if cfg.strict_provenance {
+        // The tables `Database::open` reads, and the MLA ones an MLA model reads.
+        let mut tables = vec![
+            "gemm_perf.parquet",
+            "context_attention_perf.parquet",
+            "generation_attention_perf.parquet",
+            "custom_allreduce_perf.parquet",
+            "moe_perf.parquet",
+        ];
+        if model.family == Family::Mla {
+            tables.extend(crate::mla::Layout::ALL.map(crate::mla::Layout::file));
+        }
+        crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
+    }
     let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone());
     let db = {
         let mut dbs = databases().lock().expect("databases");

@@ -458,6 +458,39 @@ fn op_path(data_dir: &Path, backend: &str, version: &str, file: &str) -> Option<
     None
 }
 
+/// The versions the requested version's `reuse.yaml` (in any family) lends `file` from, each
+/// once, in the order declared, with the file each resolves to.
+fn declared_donors(data: &Path, backend: &str, version: &str, file: &str) -> Result<Vec<(String, PathBuf)>> {
+    let table = file.trim_end_matches(".parquet");
+    let mut out: Vec<(String, PathBuf)> = Vec::new();
+    for fam in families(data) {
+        let reuse = data.join(&fam).join(backend).join(version).join("reuse.yaml");
+        if !reuse.is_file() {
+            continue;
+        }
+        let doc = load_yaml(&reuse)?;
+        for e in get(&doc, "reuse").and_then(Value::as_sequence).into_iter().flatten() {
+            if get(e, "table").and_then(Value::as_str) != Some(table) {
+                continue;
+            }
+            let Some(from) = get(e, "from_version").and_then(|x| match x {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            }) else {
+                continue;
+            };
+            if out.iter().any(|(v, _)| *v == from) {
+                continue;
+            }
+            if let Some(p) = op_path(data, backend, &from, file) {
+                out.push((from, p));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The priority-ordered sources of one table (the reference's shared-layer resolution):
 /// the requested version, then versions declared in its `reuse.yaml`, then strictly earlier
 /// versions of the same backend (nearest first), then other backends' rows whose
@@ -485,33 +518,9 @@ pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> R
     let is_comm = family.as_deref() == Some("comm");
     let mut declared: BTreeSet<String> = BTreeSet::new();
     if !is_comm {
-        // Declared donors: reuse.yaml of the requested version dir, entries for this table.
-        for fam in families(data) {
-            let reuse = data.join(&fam).join(backend).join(version).join("reuse.yaml");
-            if !reuse.is_file() {
-                continue;
-            }
-            let doc = load_yaml(&reuse)?;
-            let table = file.trim_end_matches(".parquet");
-            for e in get(&doc, "reuse").and_then(Value::as_sequence).into_iter().flatten() {
-                if get(e, "table").and_then(Value::as_str) != Some(table) {
-                    continue;
-                }
-                let Some(from) = get(e, "from_version").and_then(|x| match x {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                }) else {
-                    continue;
-                };
-                if declared.contains(&from) {
-                    continue;
-                }
-                if let Some(p) = op_path(data, backend, &from, file) {
-                    out.push(Source { path: p, kernel_sources: None });
-                    declared.insert(from);
-                }
-            }
+        for (from, p) in declared_donors(data, backend, version, file)? {
+            out.push(Source { path: p, kernel_sources: None });
+            declared.insert(from);
         }
     }
     if parseable_version(version) {
@@ -600,6 +609,97 @@ pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> R
         }
     }
     Ok(out)
+}
+
+/// Sidecars and markers of a version directory, which are not data tables.
+const DIR_MARKERS: [&str; 4] = ["reuse.yaml", "collection_meta.yaml", "INCOMPLETE.txt", "SHARED_LAYER_REUSE.txt"];
+
+/// The reference's `strict_provenance` check of the data behind one backend version: every
+/// version directory a table is read from first (the requested version's, in the family
+/// layout) must have a `collection_meta.yaml` whose `tables:` mapping names every data file in
+/// the directory (by stem); a directory a table is borrowed from through `reuse.yaml` must name
+/// that table. A `provenance: legacy` sidecar is excused for the tables it leaves out, as the
+/// reference graces it. Earlier-version and cross-backend fills are not checked (nor does the
+/// reference check them). `tables` are the files the estimator reads (`gemm_perf.parquet`, ...).
+pub fn check_provenance(spec: &SystemSpec, backend: &str, version: &str, tables: &[&str]) -> Result<()> {
+    let data = &spec.data_dir;
+    let mut checked: BTreeSet<PathBuf> = BTreeSet::new();
+    for &file in tables {
+        let mut dirs: Vec<(PathBuf, Option<String>)> = Vec::new();
+        let primary = op_path(data, backend, version, file);
+        let is_comm = primary.as_deref().and_then(family_of).is_some_and(|f| f == "comm");
+        if let Some(p) = &primary {
+            dirs.push((p.parent().unwrap_or(data).to_path_buf(), None));
+        }
+        // Communication tables borrow from no declared donor (as in `sources`).
+        if !is_comm {
+            let table = file.trim_end_matches(".parquet");
+            for (_, p) in declared_donors(data, backend, version, file)? {
+                dirs.push((p.parent().unwrap_or(data).to_path_buf(), Some(table.to_string())));
+            }
+        }
+        for (dir, only) in dirs {
+            if only.is_none() && !checked.insert(dir.clone()) {
+                continue;
+            }
+            coverage(&dir, only.as_deref())?;
+        }
+    }
+    if let Some(nccl) = nccl_source(spec) {
+        // The legacy layout (`nccl/<version>`) has no family and the reference checks it not.
+        if family_of(&nccl).is_some_and(|f| f == "comm") && checked.insert(nccl.parent().unwrap_or(data).into()) {
+            coverage(nccl.parent().unwrap_or(data), None)?;
+        }
+    }
+    Ok(())
+}
+
+/// The family of a table file in the family layout (`<family>/<backend>/<version>/<file>`).
+fn family_of(file: &Path) -> Option<String> {
+    Some(file.parent()?.parent()?.parent()?.file_name()?.to_string_lossy().into_owned())
+}
+
+/// One directory's sidecar coverage: of all its data tables, or only of `only`.
+fn coverage(dir: &Path, only: Option<&str>) -> Result<()> {
+    let refuse = |why: String| PerfError::data(format!("strict_provenance: {why}"));
+    let stems: BTreeSet<String> = match only {
+        Some(t) => BTreeSet::from([t.to_string()]),
+        None => std::fs::read_dir(dir)
+            .map_err(|e| refuse(format!("cannot list {} to check its tables: {e}", dir.display())))?
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') || DIR_MARKERS.contains(&name.as_str()) {
+                    return None;
+                }
+                Path::new(&name).file_stem().map(|s| s.to_string_lossy().into_owned())
+            })
+            .collect(),
+    };
+    if stems.is_empty() {
+        return Ok(());
+    }
+    let meta = dir.join("collection_meta.yaml");
+    if !meta.is_file() {
+        return Err(refuse(format!(
+            "{} holds table(s) {stems:?} but no collection_meta.yaml says where they were collected",
+            dir.display()
+        )));
+    }
+    let doc = load_yaml(&meta).map_err(|e| refuse(e.message))?;
+    if !matches!(doc, Value::Mapping(_)) {
+        return Err(refuse(format!("{}: the top level is not a mapping", meta.display())));
+    }
+    let named: BTreeSet<String> = get(&doc, "tables")
+        .and_then(Value::as_mapping)
+        .map(|m| m.keys().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
+    let missing: Vec<&String> = stems.iter().filter(|s| !named.contains(*s)).collect();
+    if missing.is_empty() || get(&doc, "provenance").and_then(Value::as_str) == Some("legacy") {
+        return Ok(());
+    }
+    Err(refuse(format!("{}: its 'tables' mapping does not cover table(s) {missing:?}", meta.display())))
 }
 
 /// The NCCL table of a system (`comm/nccl/<misc.nccl_version>/nccl_perf.parquet`).

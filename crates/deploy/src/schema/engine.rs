@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::controls::{read_engine_controls, Controls};
+use super::estimator::check_estimator_config;
 use super::speculation::{check_speculation_engine, read_speculation};
-use super::unsupported::{estimator_defaults, only_defaults};
 use super::worker::{read_worker, Timing, Worker};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -162,7 +162,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let mtp = read_mtp(&mut e)?;
     let speculation = read_speculation(&mut e)?;
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
-    let controls = read_engine_controls(&mut e)?;
+    let mut controls = read_engine_controls(&mut e)?;
     let systems_paths = read_systems_paths(&mut e)?;
     if let Some(m) =
         e.one_of("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
@@ -178,7 +178,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     }
     e.one_of("fallback_policy", &["deny", "allow"])?;
     let tokenization = read_tokenization(&mut e)?;
-    for k in ["afd", "fpm_profile", "decoder_replay", "enable_shared_layer", "strict_provenance", "transfer_policy"] {
+    // Checked by servesim-perf on the data the AIS timing reads (the timing is the same).
+    let strict_provenance = e.flag("strict_provenance")?.unwrap_or(false);
+    for k in ["afd", "fpm_profile", "decoder_replay", "enable_shared_layer", "transfer_policy"] {
         if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
                 return Err(e.err(k, "this key is not supported by servesim yet"));
@@ -186,7 +188,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         }
     }
     if let Some(v) = e.value("estimator_config") {
-        only_defaults(&e.path("estimator_config"), v, &estimator_defaults())?;
+        check_estimator_config(&e.path("estimator_config"), v)?;
     }
     let kv_transfer = match e.obj("kv_transfer")? {
         Some(mut t) => {
@@ -272,6 +274,11 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         }
     }
     e.finish()?;
+    // Carried to every worker's AIS timing config with the model controls, but after their
+    // default-timing rule: it asks for a data check, which fixed and polynomial timing skip.
+    if strict_provenance {
+        controls.insert("strict_provenance".into(), Value::Bool(true));
+    }
     Ok(Engine {
         mode,
         model,

@@ -10,6 +10,7 @@
 
 pub mod controls;
 pub mod engine;
+pub mod estimator;
 pub mod evaluation;
 pub mod offload;
 pub mod planner;

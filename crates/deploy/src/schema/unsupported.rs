@@ -1,38 +1,11 @@
 //! Keys the reference accepts for what servesim does not model: refused by path, or accepted
-//! only at the reference's defaults (the estimator controls of its canonical dumps).
+//! only at the reference's defaults (the transfer policy of its canonical dumps).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
-
-/// The reference's estimator controls as its canonical dumps write them: online correction and
-/// FPM-regression settings (which tune the model from observed forward passes), feature weights,
-/// and the FPM-interpolation method.
-pub(super) fn estimator_defaults() -> Value {
-    let sampling = json!({"bins_per_axis": [4, 4], "max_observations": 64});
-    json!({
-        "correction": {
-            "enabled": true,
-            "factor_bounds": {"max": 2.0, "min": 0.5},
-            "feature_space": "legacy_workload",
-            "max_batch_size": 512,
-            "max_kv_tokens": 2_000_000,
-            "max_num_tokens": 8192,
-            "min_observations": 5,
-            "sampling": sampling,
-        },
-        "features": {"attention_kv_weight": 1.0, "ffn_token_weight": 1.0, "prefill_attention_pair_weight": 1.0},
-        "fpm_interpolation": {"method": "sol"},
-        "fpm_regression": {
-            "fit": {"kind": "standardized_nnls", "rebuild_interval": null, "singular_ridge_scale": 1e-9},
-            "min_observations": 5,
-            "sampling": sampling,
-        },
-        "op_level": {},
-    })
-}
 
 /// Accepts `given` when every value it sets is the reference's default (a mapping may leave
 /// keys out); anything else is a setting servesim does not model.

@@ -5,8 +5,9 @@ use serde_json::{json, Value};
 
 use super::controls::{read_timing_controls, Controls};
 use super::engine::read_systems_paths;
+use super::estimator::check_estimator_config;
 use super::offload::{read_offload, Offload};
-use super::unsupported::{estimator_defaults, only_defaults, unsupported};
+use super::unsupported::{only_defaults, unsupported};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
@@ -227,10 +228,10 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
             unsupported(&mut t, "fpm_parquet_path", "fpm_parquet_path")?;
             systems_paths = read_systems_paths(&mut t)?;
-            // The reference writes its defaults for these into every canonical dump.
             if let Some(v) = t.value("estimator_config") {
-                only_defaults(&t.path("estimator_config"), v, &estimator_defaults())?;
+                check_estimator_config(&t.path("estimator_config"), v)?;
             }
+            // The reference writes its default for this into every canonical dump.
             if let Some(v) = t.value("transfer_policy") {
                 only_defaults(&t.path("transfer_policy"), v, &json!(["xshape", "xquant", "xprofile", "xop"]))?;
             }
