@@ -286,15 +286,28 @@ pub(crate) fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &
 }
 
 impl Database {
+    /// The table files every database reads (the MLA tables are `mla::Layout::ALL`'s).
+    pub const TABLES: [&'static str; 7] = [
+        "gemm_perf.parquet",
+        "context_attention_perf.parquet",
+        "generation_attention_perf.parquet",
+        "custom_allreduce_perf.parquet",
+        "moe_perf.parquet",
+        "computescale_perf.parquet",
+        "scale_matrix_perf.parquet",
+    ];
+
     pub fn open(spec: SystemSpec, backend: &str, version: &str) -> Result<Database> {
+        let [gemm, ctx, gen, ar, moe, compute_scale, scale_matrix] =
+            Database::TABLES.map(|file| sources(&spec, backend, version, file));
         Ok(Database {
-            gemm_sources: sources(&spec, backend, version, "gemm_perf.parquet")?,
-            ctx_sources: sources(&spec, backend, version, "context_attention_perf.parquet")?,
-            gen_sources: sources(&spec, backend, version, "generation_attention_perf.parquet")?,
-            ar_sources: sources(&spec, backend, version, "custom_allreduce_perf.parquet")?,
-            moe_sources: sources(&spec, backend, version, "moe_perf.parquet")?,
-            compute_scale_sources: sources(&spec, backend, version, "computescale_perf.parquet")?,
-            scale_matrix_sources: sources(&spec, backend, version, "scale_matrix_perf.parquet")?,
+            gemm_sources: gemm?,
+            ctx_sources: ctx?,
+            gen_sources: gen?,
+            ar_sources: ar?,
+            moe_sources: moe?,
+            compute_scale_sources: compute_scale?,
+            scale_matrix_sources: scale_matrix?,
             spec,
             backend: backend.to_string(),
             version: version.to_string(),

@@ -486,13 +486,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let model = ModelSpec::load(&cfg.model, &model_roots)?;
     if cfg.strict_provenance {
         // The tables `Database::open` reads, and the MLA ones an MLA model reads.
-        let mut tables = vec![
-            "gemm_perf.parquet",
-            "context_attention_perf.parquet",
-            "generation_attention_perf.parquet",
-            "custom_allreduce_perf.parquet",
-            "moe_perf.parquet",
-        ];
+        let mut tables = Database::TABLES.to_vec();
         if model.family == Family::Mla {
             tables.extend(crate::mla::Layout::ALL.map(crate::mla::Layout::file));
         }
