@@ -137,6 +137,15 @@ fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
     v.as_mapping()?.get(key)
 }
 
+/// A string or number scalar as text (versions such as `0.24.0` or `1.3` may be written either way).
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
 fn num(v: &Value, path: &Path, key: &str) -> Result<f64> {
     let mut cur = v;
     for part in key.split('.') {
@@ -198,11 +207,7 @@ impl SystemSpec {
             }
         }
         nccl_mem.sort_by_key(|(k, _)| *k);
-        let nccl_version = get(&v, "misc").and_then(|m| get(m, "nccl_version")).and_then(|x| match x {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        });
+        let nccl_version = get(&v, "misc").and_then(|m| get(m, "nccl_version")).and_then(text);
         Ok(SystemSpec {
             name: system.to_string(),
             root: root.to_path_buf(),
@@ -357,13 +362,7 @@ pub fn resolve_version(spec: &SystemSpec, backend: &str, requested: Option<&str>
     let doc = load_yaml(&path)?;
     let over = get(&doc, "overrides").and_then(|o| get(o, &spec.name)).and_then(|s| get(s, backend));
     let entry = over.or_else(|| get(&doc, "defaults").and_then(|d| get(d, backend)));
-    let field = |e: &Value, k: &str| -> Option<String> {
-        get(e, k).and_then(|x| match x {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        })
-    };
+    let field = |e: &Value, k: &str| get(e, k).and_then(text);
     let Some(current) = entry.and_then(|e| field(e, "current")) else {
         if ["current", "previous", "next"].contains(&requested) {
             return Err(PerfError::config(format!(
@@ -473,11 +472,7 @@ fn declared_donors(data: &Path, backend: &str, version: &str, file: &str) -> Res
             if get(e, "table").and_then(Value::as_str) != Some(table) {
                 continue;
             }
-            let Some(from) = get(e, "from_version").and_then(|x| match x {
-                Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            }) else {
+            let Some(from) = get(e, "from_version").and_then(text) else {
                 continue;
             };
             if out.iter().any(|(v, _)| *v == from) {
@@ -583,11 +578,7 @@ pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> R
             if !fws.iter().any(|f| f == backend) {
                 continue;
             }
-            let Some(ks) = get(g, "kernel_source").and_then(|x| match x {
-                Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            }) else {
+            let Some(ks) = get(g, "kernel_source").and_then(text) else {
                 continue;
             };
             for f in fws {
