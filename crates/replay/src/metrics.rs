@@ -726,6 +726,11 @@ impl<'s> Collector<'s> {
         }
     }
 
+    /// Sets the run's measured duration (an agentic profile measures its observation window).
+    pub(crate) fn set_duration_ms(&mut self, ms: f64) {
+        self.totals.duration_ms = ms;
+    }
+
     /// Reports the requests still in flight as incomplete (the run was cut short).
     pub fn close_incomplete(&mut self) {
         let mut pending: Vec<RequestRecord> = self.live.drain().map(|(_, r)| r).collect();

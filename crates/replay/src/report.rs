@@ -426,9 +426,11 @@ fn agentic_keys(g: &AgenticGraph) -> Map<String, Value> {
     let s = samples.summary();
     let mut e2e: Vec<(&str, Value)> = s.fields().iter().map(|&(k, v)| (k, json!(v))).collect();
     e2e.push(("p50", json!(s.median)));
-    m.insert("total_trajectories".into(), json!(g.plays.len()));
+    // A continuous profile adds plays as it runs: the outcome has them all.
+    let total = outcome.plays.len().max(g.plays.len());
+    m.insert("total_trajectories".into(), json!(total));
     m.insert("completed_trajectories".into(), json!(outcome.trajectory_e2e_ms.len()));
-    m.insert("incomplete_trajectories".into(), json!(g.plays.len() - outcome.trajectory_e2e_ms.len()));
+    m.insert("incomplete_trajectories".into(), json!(total - outcome.trajectory_e2e_ms.len()));
     for (stat, v) in e2e {
         m.insert(format!("{stat}_trajectory_e2e_latency_ms"), v);
     }
@@ -471,6 +473,9 @@ fn agentic_keys(g: &AgenticGraph) -> Map<String, Value> {
     m.insert("agentic_play_outcomes".into(), Value::Array(plays));
     if let Some(phases) = &outcome.phases {
         m.insert("agentic_phases".into(), phases.json.clone());
+    }
+    if let Some(profile) = &outcome.profile {
+        m.insert("agentic_profile".into(), profile.clone());
     }
     if let Some(basis) = g.weka_basis {
         m.insert("weka_nested_timestamp_basis".into(), json!(basis));

@@ -26,9 +26,10 @@ pub fn simulate_with(
     progress: &mut dyn Progress,
     options: RunOptions<'_>,
 ) -> Result<Report, SimError> {
-    if options.autoscaler.is_some() || options.stop_at_ms.is_some() {
+    if options.autoscaler.is_some() || options.stop_at_ms.is_some() || workload.is_profile() {
         // An autoscaled or stopped run is replayed pass by pass, in one loop: the autoscaler
-        // must see every pass, and the stop cuts the whole cluster at one instant.
+        // must see every pass, and the stop cuts the whole cluster at one instant (an agentic
+        // profile's deadlines too, and its idle caps move timers between passes).
         let config = SimConfig { fast_forward: false, split_workers: false, ..config.clone() };
         let looped = run_loop(workload, &config, collector, progress, options)?;
         let mut report = Report::build(&config, &looped.collector, looped.end_ms);

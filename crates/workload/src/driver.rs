@@ -238,6 +238,22 @@ impl<'w> LoadDriver<'w> {
         self.graph.as_mut().and_then(GraphState::take_profile_start)
     }
 
+    /// A continuous agentic profile has ended at `now` (its cutoff passed with nothing in
+    /// flight, or its response-grace deadline came and cancelled what was): the run ends here.
+    pub fn profile_finished(&mut self, now: f64) -> bool {
+        self.graph.as_mut().is_some_and(|g| g.profile_finished(now))
+    }
+
+    /// A continuous agentic profile's observation window (first issue to last success).
+    pub fn observation_ms(&self) -> Option<f64> {
+        self.graph.as_ref().and_then(GraphState::observation_ms)
+    }
+
+    /// Why the workload cannot go on (a continuous agentic profile that cannot refill).
+    pub fn error(&self) -> Option<&str> {
+        self.graph.as_ref().and_then(GraphState::error)
+    }
+
     /// Nothing in flight and nothing left to release.
     pub fn is_drained(&self) -> bool {
         if let Some(g) = &self.graph {

@@ -62,6 +62,12 @@ impl Workload {
         }
     }
 
+    /// A continuous agentic profile: the run ends at the profile's own deadlines, and its
+    /// control events (refills, idle caps, the cutoff) come between passes.
+    pub fn is_profile(&self) -> bool {
+        matches!(self, Workload::Graph(g) if g.profile.is_some())
+    }
+
     /// No session has a second turn (so nothing is released in response to a completion).
     pub fn single_turn(&self) -> bool {
         match self {

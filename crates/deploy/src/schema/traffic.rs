@@ -310,7 +310,7 @@ fn read_snapshot(mut r: Reader) -> Result<SnapshotOptions, DeployError> {
         }
     }
     r.finish()?;
-    Ok(SnapshotOptions { seed, initial_selections: selections, corpus_cursor, warmup: false })
+    Ok(SnapshotOptions { seed, initial_selections: selections, corpus_cursor, warmup: false, profile: None })
 }
 
 /// `agentic_profile`: its five durations (the reference's defaults for those not given), each
@@ -445,6 +445,14 @@ fn read_load(mut l: Reader, source: &Source, virtual_time_stop: bool) -> Result<
                     l.err("agentic_warmup_policy", "live_trajectory_v1 requires agentic_warmup and agentic_profile")
                 );
             }
+            if policy == Some("live_trajectory_v1") {
+                return Err(l.err(
+                    "agentic_warmup_policy",
+                    "live_trajectory_v1 is not supported by servesim yet: the warmed profile replays \
+                     repeated_prefixes warmups only (what is missing is warming the lanes with live \
+                     trajectory requests before the profile opens)",
+                ));
+            }
             if snapshot.is_some() && lanes.is_none() {
                 return Err(l.err("agentic_snapshot", "agentic_snapshot requires positive agentic_lanes"));
             }
@@ -455,20 +463,9 @@ fn read_load(mut l: Reader, source: &Source, virtual_time_stop: bool) -> Result<
                     );
                 }
             }
-            // What is left of AgentX replay: the continuous profile (its options are read and
-            // checked as the reference does, `servesim_workload::agentic::profile`) and the
-            // live-trajectory warmup policy that needs it.
-            if profile.is_some() {
-                return Err(l.err(
-                    "agentic_profile",
-                    "agentic_profile (continuous agentic replay with idle caps) is not supported by servesim \
-                     yet: what is missing is the replay itself (lanes refilled from the corpus cursor, \
-                     tree and global idle-cap timer shifts, the response-grace cancellation at the \
-                     cutoff, and the agentic_profile report)",
-                ));
-            }
             if let Some(s) = snapshot.as_mut() {
                 s.warmup = warmup;
+                s.profile = profile;
             }
             Load::TraceTimestamps { speedup, agentic_lanes: lanes, agentic_snapshot: snapshot }
         }

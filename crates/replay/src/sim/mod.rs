@@ -150,6 +150,8 @@ pub enum SimError {
     TimeRange { at_ms: f64 },
     /// The autoscaler failed (the reference's own predictor stopped answering, say).
     Planner { at_ms: f64, why: String },
+    /// The workload cannot go on (an agentic profile that cannot refill its lanes).
+    Workload { at_ms: f64, why: String },
     /// A request no pass can ever schedule: its prompt is over the per-pass token budget and
     /// chunked prefill is off. Dynamo's replay stops such a run ("effect-free zero-duration
     /// pass"), so servesim does too rather than report it as rejected.
@@ -165,6 +167,7 @@ impl std::fmt::Display for SimError {
             SimError::Timing { worker, at_ms, why } => write!(f, "worker {worker} at t={at_ms} ms: {why}"),
             SimError::Router { at_ms, why } => write!(f, "router at t={at_ms} ms: {why}"),
             SimError::Planner { at_ms, why } => write!(f, "planner at t={at_ms} ms: {why}"),
+            SimError::Workload { at_ms, why } => write!(f, "workload at t={at_ms} ms: {why}"),
             SimError::Cancelled { at_ms } => write!(f, "replay cancelled at t={at_ms} ms"),
             SimError::QueueFull { at_ms, max } => write!(
                 f,
@@ -243,7 +246,7 @@ pub(crate) fn run_loop<'c>(
     }
     sim.stop_at_ms = options.stop_at_ms;
     sim.pacer = options.pacer;
-    if options.stop_at_ms.is_some() {
+    if options.stop_at_ms.is_some() || workload.is_profile() {
         sim.collector.defer_token_gaps();
     }
     sim.run(progress)?;
@@ -707,6 +710,19 @@ impl<'a, 'c> Simulation<'a, 'c> {
                         self.driver.on_complete(r.session, now, false);
                     }
                 }
+            }
+            if let Some(why) = self.driver.error() {
+                return Err(SimError::Workload { at_ms: now, why: why.to_string() });
+            }
+            if self.driver.profile_finished(now) {
+                // A continuous agentic profile ends here: what is still in flight was cancelled
+                // (the server keeps it) and the run is over.
+                self.finish_telemetry();
+                self.record_host_offload();
+                self.collector.close_incomplete();
+                // Its duration is the observation window: first issue to last success.
+                self.collector.set_duration_ms(self.driver.observation_ms().unwrap_or(0.0));
+                return Ok(());
             }
             // Dynamo samples the cluster once the arrivals of the instant are placed:
             // disaggregated, at the next round (see `unplaced`).

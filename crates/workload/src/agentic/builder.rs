@@ -340,6 +340,7 @@ impl GraphBuilder {
             };
             nodes.push(Node {
                 request_id: request_ids[i].clone(),
+                source_request_id: None,
                 play,
                 session_id: session,
                 model,
@@ -364,6 +365,7 @@ impl GraphBuilder {
             snapshot: None,
             execution_model: None,
             preparation: None,
+            profile: None,
             outcome: Mutex::new(None),
         })
     }

@@ -149,6 +149,9 @@ pub struct Edge {
 #[derive(Clone, Debug)]
 pub struct Node {
     pub request_id: Arc<str>,
+    /// A snapshot instance's request: the id its source row had (lifecycle events and play
+    /// outcomes name it, as the reference does).
+    pub source_request_id: Option<Arc<str>>,
     pub play: u32,
     pub session_id: Arc<str>,
     pub model: u32,
@@ -188,6 +191,8 @@ pub struct AgenticGraph {
     pub snapshot: Option<snapshot::SnapshotShape>,
     /// Warmed snapshots (`agentic_warmup`): what the lanes replay before the profile opens.
     pub preparation: Option<warmup::Plan>,
+    /// A continuous profile (`agentic_profile`): the corpus its lanes are refilled from.
+    pub profile: Option<Box<profile::Corpus>>,
     /// The target model the run projects source models onto (`--execution-model`).
     pub execution_model: Option<String>,
     /// What the load driver saw, published when it finishes.

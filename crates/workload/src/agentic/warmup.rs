@@ -168,7 +168,8 @@ pub struct PhaseEvidence {
 }
 
 /// The load driver's preparation state. Preparation requests are released with ids
-/// `base + index` (after the graph's nodes).
+/// `base + index` (after the graph's nodes; a continuous profile numbers the plays it adds
+/// after these).
 pub struct Preparation {
     plan: Arc<AgenticGraph>,
     base: u32,
@@ -204,7 +205,7 @@ impl Preparation {
 
     /// Whether `id` is a preparation request's.
     pub fn owns(&self, id: u32) -> bool {
-        id >= self.base
+        (id as usize).checked_sub(self.base as usize).is_some_and(|k| k < self.requests.len())
     }
 
     /// Still preparing: the profile has not opened (and the preparation was not aborted).
@@ -425,6 +426,7 @@ mod tests {
             initial_selections: Some(vec![Selection { source_play_id: "p".into(), t_star_ms }]),
             corpus_cursor: Some(1),
             warmup: true,
+            profile: None,
         };
         instantiate(graph(), 1, &o).unwrap().preparation.unwrap()
     }
@@ -452,7 +454,8 @@ mod tests {
     /// play would be 10,000,005 requests.
     #[test]
     fn snapshot_lanes_are_bounded_before_they_are_built() {
-        let o = SnapshotOptions { seed: 1, initial_selections: None, corpus_cursor: None, warmup: false };
+        let o =
+            SnapshotOptions { seed: 1, initial_selections: None, corpus_cursor: None, warmup: false, profile: None };
         assert!(instantiate(graph(), 3, &o).is_ok());
         let e = instantiate(graph(), 2_000_001, &o).unwrap_err();
         assert!(e.contains("instantiate 10000005 requests of the corpus; at most 10000000"), "{e}");
