@@ -69,6 +69,25 @@ STEPS = [
     ({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 4, "attention_dp": 2,
       "moe_tp_size": 1, "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    # Kimi-K2.5 / K2.6 / K2.7 (KimiK25ForConditionalGeneration): DeepSeek-V3's text model under
+    # text_config. moonshotai/Kimi-K2.5 is compressed-tensors INT4 on the routed experts only
+    # (int4_wo experts, bf16 attention and shared experts, bf16 KV); the NVFP4 releases keep
+    # the attention block (and K2.6 / K2.7 the shared experts) in bf16.
+    ({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/Kimi-K2.5-NVFP4", "system": "b200_sxm", "backend": "trtllm", "tp": 4, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/Kimi-K2.6-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/Kimi-K2.7-Code-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
 ]
 
 KV = [
@@ -84,6 +103,9 @@ KV = [
     ("Qwen/Qwen3-32B-FP8-Static-PerTensor", "h200_sxm", "vllm", dict(tp_size=1), 64),
     ("nvidia/Qwen3-235B-A22B-NVFP4", "b200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
     ("nvidia/DeepSeek-V3.1-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+    ("moonshotai/Kimi-K2.5", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+    ("moonshotai/Kimi-K2.5", "h200_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+    ("nvidia/Kimi-K2.7-Code-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
 ]
 
 

@@ -43,10 +43,13 @@ DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "met
 MOE = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B-FP8",
        "mistralai/Mixtral-8x7B-v0.1", "MiniMaxAI/MiniMax-M2.7"]
 # Multi-head latent attention + MoE (DeepSeek-V3 family): 8-GPU layouts on their own systems.
-MLA = ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct"]
+# moonshotai/Kimi-K2.5: the KimiK25ForConditionalGeneration wrapper (text model under
+# text_config), compressed-tensors INT4 routed experts.
+MLA = ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct", "moonshotai/Kimi-K2.5"]
 # NVFP4 (ModelOpt) checkpoints: fp4 tensor cores, so Blackwell systems only (`--fp4-systems`).
 NVFP4_MOE = ["nvidia/Qwen3-235B-A22B-NVFP4", "nvidia/MiniMax-M2.7-NVFP4"]
-NVFP4_MLA = ["nvidia/DeepSeek-V3.1-NVFP4"]
+NVFP4_MLA = ["nvidia/DeepSeek-V3.1-NVFP4", "nvidia/Kimi-K2.5-NVFP4", "nvidia/Kimi-K2.6-NVFP4",
+             "nvidia/Kimi-K2.7-Code-NVFP4"]
 # Not in the reference's DefaultHFModels: both sides read a local copy of the packaged config.
 LOCAL = {"mistralai/Mixtral-8x7B-v0.1", "moonshotai/Kimi-K2-Instruct"}
 

@@ -23,6 +23,9 @@ pub enum Dtype {
     /// MXFP4 weights with 16-bit activations (gpt-oss experts): half a byte per weight, bf16
     /// tensor-core rate.
     W4a16Mxfp4,
+    /// INT4 weights with 16-bit activations (compressed-tensors W4A16 experts, Kimi-K2.5): half a
+    /// byte per weight, bf16 tensor-core rate.
+    Int4Wo,
     /// NVFP4 weights and activations (ModelOpt checkpoints): 4-bit values plus one fp8 scale per
     /// 16, so 9/16 of a byte per weight, at the fp4 tensor-core rate.
     Nvfp4,
@@ -37,13 +40,14 @@ impl Dtype {
             Dtype::Fp8Block => "fp8_block",
             Dtype::Int8 => "int8",
             Dtype::W4a16Mxfp4 => "w4a16_mxfp4",
+            Dtype::Int4Wo => "int4_wo",
             Dtype::Nvfp4 => "nvfp4",
         }
     }
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Bfloat16 => 2.0,
-            Dtype::W4a16Mxfp4 => 0.5,
+            Dtype::W4a16Mxfp4 | Dtype::Int4Wo => 0.5,
             Dtype::Nvfp4 => 9.0 / 16.0,
             _ => 1.0,
         }
@@ -56,6 +60,7 @@ impl Dtype {
             "fp8_block" => Dtype::Fp8Block,
             "int8" => Dtype::Int8,
             "w4a16_mxfp4" => Dtype::W4a16Mxfp4,
+            "int4_wo" => Dtype::Int4Wo,
             "nvfp4" => Dtype::Nvfp4,
             _ => return None,
         })
@@ -63,7 +68,7 @@ impl Dtype {
     /// Tensor-core FLOP/s for this format on `spec`.
     pub fn flops(self, spec: &SystemSpec) -> Result<f64> {
         let (v, key) = match self {
-            Dtype::Bfloat16 | Dtype::W4a16Mxfp4 => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
+            Dtype::Bfloat16 | Dtype::W4a16Mxfp4 | Dtype::Int4Wo => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
             Dtype::Fp8 | Dtype::Fp8Static | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
             Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
             Dtype::Nvfp4 => (spec.fp4_flops, "fp4_tc_flops"),

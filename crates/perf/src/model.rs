@@ -117,9 +117,36 @@ const DENSE: &[&str] =
     &["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "MiMoForCausalLM"];
 const MOE: &[&str] =
     &["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM"];
-const MLA: &[&str] = &["DeepseekV3ForCausalLM"];
-/// MLA architectures the reference runs on other graphs (sparse attention, vision towers).
-const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration"];
+/// `KimiK25ForConditionalGeneration` is DeepSeek-V3's text model under `text_config` beside a
+/// vision tower that a text-only load leaves out (see `text_config`).
+const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
+/// MLA architectures the reference runs on other graphs (sparse attention).
+const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM", "DeepseekV32ForCausalLM"];
+
+/// The part of a `config.json` that describes the language model: a multimodal wrapper keeps
+/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7), everything else at the top. The reference
+/// times a text-only load of such a wrapper exactly as its text model: the vision tower adds no
+/// op and no resident weight unless requests carry images (probed on Kimi-K2.5-NVFP4: the same
+/// KV capacity and step times with and without `vision_config`).
+fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value> {
+    if arch != "KimiK25ForConditionalGeneration" {
+        return Ok(cfg);
+    }
+    cfg.get("text_config")
+        .filter(|t| t.is_object())
+        .ok_or_else(|| PerfError::config(format!("{shown}: {arch} needs its language model under text_config")))
+}
+
+/// Where the language model's `quantization_config` is: the top level when it has one (the
+/// ModelOpt NVFP4 Kimi releases), else the nested text model's (moonshotai/Kimi-K2.5's
+/// compressed-tensors INT4), as the reference's `_get_language_quantization_config` reads it.
+fn quantisation_scope<'a>(root: &'a Value, text: &'a Value) -> &'a Value {
+    if root.get("quantization_config").is_some() {
+        root
+    } else {
+        text
+    }
+}
 
 /// Where a model's `config.json` is: a file, a directory holding `config.json`, or a Hugging
 /// Face id found as `model_configs/<Org>--<Name>_config.json` beside a `systems/` root.
@@ -181,6 +208,8 @@ impl ModelSpec {
             .and_then(Value::as_str)
             .ok_or_else(|| PerfError::config(format!("{shown}: no architectures entry")))?
             .to_string();
+        let root = cfg;
+        let cfg = text_config(&arch, root, &shown.to_string())?;
         let family = if DENSE.contains(&arch.as_str()) {
             Family::Dense
         } else if MOE.contains(&arch.as_str()) {
@@ -227,7 +256,7 @@ impl ModelSpec {
                 "{shown}: a mixture-of-experts model needs num_experts_per_tok, the expert count and moe_intermediate_size"
             )));
         }
-        let quant = quantisation(cfg, hf_quant, &shown.to_string())?;
+        let quant = quantisation(quantisation_scope(root, cfg), hf_quant, &shown.to_string())?;
         let gpt_oss = arch == "GptOssForCausalLM";
         let width = |k: &str, default: u32| uint(cfg, k).filter(|&v| v > 0).unwrap_or(default);
         let mla = (family == Family::Mla).then(|| MlaDims {
@@ -259,7 +288,7 @@ impl ModelSpec {
             mla,
             shared_experts: uint(cfg, "n_shared_experts").or_else(|| uint(cfg, "num_shared_experts")).unwrap_or(0),
             dense_layers: uint(cfg, "first_k_dense_replace").unwrap_or(0),
-            torch_dtype: lower_str(cfg.get("dtype")).or_else(|| lower_str(cfg.get("torch_dtype"))),
+            torch_dtype: ["dtype", "torch_dtype"].iter().find_map(|k| lower_str(root.get(*k))),
         })
     }
 }
@@ -356,9 +385,10 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
         Some("fp8_block") => (Dtype::Fp8Block, Dtype::Fp8Block),
         Some("mxfp4") => (bf, Dtype::W4a16Mxfp4),
         Some("nvfp4") => (Dtype::Nvfp4, Dtype::Nvfp4),
+        Some("compressed-tensors") => compressed_tensors(q, shown)?,
         Some(other) => {
             return Err(PerfError::unsupported(format!(
-                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4, nvfp4); set gemm_quant_mode / moe_quant_mode explicitly"
+                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4, nvfp4, compressed-tensors); set gemm_quant_mode / moe_quant_mode explicitly"
             )))
         }
     };
@@ -398,6 +428,60 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
     }
     let excluded = Excluded::from_patterns(patterns);
     Ok(Quant { gemm, moe, kv, fmha, block, excluded })
+}
+
+/// GEMM and expert formats of a compressed-tensors checkpoint, as the reference's
+/// `parse_compressed_tensors_quant` reads it: the first config group's weight spec names the
+/// format (4-bit int → int4_wo, 8-bit int → int8_wo, 8-bit float → fp8, or fp8_block when block
+/// structured, 4-bit float → w4a16_mxfp4), and it applies to the GEMMs unless the `ignore` list
+/// names the attention projections, to the routed experts unless it names experts (not shared
+/// ones); what is ignored stays bf16. Weight-only int formats have no GEMM tables, and the
+/// reference has no int8 expert or w4a16_mxfp4 GEMM mode: those are refused.
+fn compressed_tensors(q: Option<&Value>, shown: &str) -> Result<(Dtype, Dtype)> {
+    let bf = Dtype::Bfloat16;
+    let groups = q.and_then(|q| q.get("config_groups")).and_then(Value::as_object);
+    let base = groups.into_iter().flat_map(|g| g.values()).find_map(|group| {
+        let w = group.get("weights")?;
+        let bits = w.get("num_bits").and_then(Value::as_u64)?;
+        let ty = lower_str(w.get("type")).unwrap_or_default();
+        let blocked = lower_str(w.get("strategy")).as_deref() == Some("block")
+            || w.get("block_structure").is_some_and(|b| !b.is_null() && b != &Value::Bool(false));
+        match (bits, ty.contains("int"), ty.contains("float")) {
+            (4, true, _) => Some("int4_wo"),
+            (8, true, _) => Some("int8_wo"),
+            (8, _, true) if blocked => Some("fp8_block"),
+            (8, _, true) => Some("fp8"),
+            (4, _, true) => Some("w4a16_mxfp4"),
+            _ => None,
+        }
+    });
+    let Some(base) = base else { return Ok((bf, bf)) };
+    let (mut attention, mut experts) = (false, false);
+    for p in q.and_then(|q| q.get("ignore")).and_then(Value::as_array).into_iter().flatten() {
+        let p = p.as_str().map(str::to_lowercase).unwrap_or_else(|| p.to_string().to_lowercase());
+        attention |= ["self_attn", "q_proj", "k_proj", "v_proj", "o_proj"].iter().any(|m| p.contains(m));
+        experts |= p.contains("expert") && !p.contains("shared_expert");
+    }
+    let refuse = |what: &str| {
+        PerfError::unsupported(format!(
+            "{shown}: compressed-tensors {base} {what} are not modelled (the reference has no such mode or no tables); set gemm_quant_mode / moe_quant_mode explicitly"
+        ))
+    };
+    let gemm = match (attention, base) {
+        (true, _) => bf,
+        (false, "fp8") => Dtype::Fp8,
+        (false, "fp8_block") => Dtype::Fp8Block,
+        _ => return Err(refuse("GEMMs")),
+    };
+    let moe = match (experts, base) {
+        (true, _) => bf,
+        (false, "int4_wo") => Dtype::Int4Wo,
+        (false, "fp8") => Dtype::Fp8,
+        (false, "fp8_block") => Dtype::Fp8Block,
+        (false, "w4a16_mxfp4") => Dtype::W4a16Mxfp4,
+        _ => return Err(refuse("experts")),
+    };
+    Ok((gemm, moe))
 }
 
 /// One operation of a phase's op list. `scale` multiplies its latency (layers, MTP).
@@ -888,16 +972,19 @@ mod tests {
     use serde_json::json;
 
     /// A tiny DeepSeek-V3-shaped config: 4 layers, 16 heads, hidden 256, 8 routed experts.
-    fn tiny_mla() -> ModelSpec {
-        let cfg = json!({
+    fn tiny_mla_config() -> Value {
+        json!({
             "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256, "num_attention_heads": 16,
             "num_key_value_heads": 16, "intermediate_size": 512, "moe_intermediate_size": 64,
             "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
             "num_hidden_layers": 4, "vocab_size": 1000, "q_lora_rank": 96, "kv_lora_rank": 32,
             "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "torch_dtype": "bfloat16",
             "quantization_config": {"activation_scheme": "dynamic", "quant_method": "fp8", "weight_block_size": [128, 128]}
-        });
-        ModelSpec::from_config("toy/mla", Path::new("toy.json"), &cfg).unwrap()
+        })
+    }
+
+    fn tiny_mla() -> ModelSpec {
+        ModelSpec::from_config("toy/mla", Path::new("toy.json"), &tiny_mla_config()).unwrap()
     }
 
     fn layout(backend: &str, nextn: u32) -> Layout {
@@ -1112,5 +1199,43 @@ mod tests {
         assert_eq!(dtype(&ctx, "context_shared_gate_up_gemm"), Dtype::Bfloat16);
         // The decode BMMs follow the bf16 kv projection.
         assert!(matches!(find(&gen, "generation_bmm_pre"), Op::MlaBmm(MlaBmmOp { dtype: Dtype::Bfloat16, .. })));
+    }
+
+    /// Kimi-K2.5's wrapper: the text model under `text_config`, its compressed-tensors INT4
+    /// quantisation there too (experts int4_wo; attention, shared experts and dense MLP ignored,
+    /// so bf16), the top-level architecture kept. An INT4 GEMM is refused.
+    #[test]
+    fn kimi_wrapper_reads_its_text_model() {
+        let int4 = |ignore: Value| {
+            json!({"config_groups": {"group_0": {"targets": ["Linear"], "weights":
+                       {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}},
+                   "ignore": ignore, "quant_method": "compressed-tensors", "kv_cache_scheme": null})
+        };
+        let mut text = tiny_mla_config();
+        text["quantization_config"] = int4(json!(["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"]));
+        let cfg = json!({"architectures": ["KimiK25ForConditionalGeneration"], "dtype": "bfloat16",
+                         "text_config": text, "vision_config": {"vt_hidden_size": 1152}});
+        let m = ModelSpec::from_config("toy/kimi", Path::new("toy.json"), &cfg).unwrap();
+        assert_eq!(
+            (m.architecture.as_str(), m.family, m.layers, m.hidden),
+            ("KimiK25ForConditionalGeneration", Family::Mla, 4, 256)
+        );
+        let q = m.quant;
+        assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Bfloat16, Dtype::Int4Wo, Dtype::Bfloat16, Dtype::Bfloat16));
+        assert!(q.excluded.q && q.excluded.kv && q.excluded.o && q.excluded.shared_expert);
+        assert_eq!(m.torch_dtype.as_deref(), Some("bfloat16"));
+        let mut text = tiny_mla_config();
+        text["quantization_config"] = int4(json!(["lm_head"]));
+        let cfg = json!({"architectures": ["KimiK25ForConditionalGeneration"], "text_config": text});
+        let e = ModelSpec::from_config("toy/kimi", Path::new("toy.json"), &cfg).unwrap_err().to_string();
+        assert!(e.contains("compressed-tensors int4_wo GEMMs are not modelled"), "{e}");
+        let e = ModelSpec::from_config(
+            "toy/kimi",
+            Path::new("toy.json"),
+            &json!({"architectures": ["KimiK25ForConditionalGeneration"]}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("text_config"), "{e}");
     }
 }

@@ -307,7 +307,10 @@ impl AisConfig {
             nextn,
             ngram,
             gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_static", "fp8_block", "nvfp4"])?,
-            moe_quant_mode: quant("moe_quant_mode", &["bfloat16", "fp8", "fp8_block", "w4a16_mxfp4", "nvfp4"])?,
+            moe_quant_mode: quant(
+                "moe_quant_mode",
+                &["bfloat16", "fp8", "fp8_block", "w4a16_mxfp4", "int4_wo", "nvfp4"],
+            )?,
             fmha_quant_mode: quant("fmha_quant_mode", &["bfloat16", "fp8"])?,
             kvcache_quant_mode: quant("kvcache_quant_mode", &["bfloat16", "fp8"])?,
             systems_paths,
@@ -611,13 +614,15 @@ const WIDE_EP: &str = "wide expert parallelism (DeepEP / NVLink all-to-all) is n
 /// SGLang 0.5.14 on Hopper runs DeepSeek-V3's absorbed MLA attention in bf16 whatever the
 /// checkpoint's KV format (its FA3 backend does not cast the 576-wide latent query to fp8), so
 /// the reference times it in bf16 when `fmha_quant_mode` is not given and the attention backend
-/// is the default (or fa3).
+/// is the default (or fa3). The reference checks DeepSeek-V3's own architecture: Kimi-K2.5's
+/// wrapper keeps its checkpoint's attention format.
 fn sglang_mla_runs_bf16(model: &ModelSpec, cfg: &AisConfig, version: &str, spec: &crate::systems::SystemSpec) -> bool {
     let Some(d) = model.mla else { return false };
     cfg.backend == "sglang"
         && version == "0.5.14"
         && spec.sm_version == Some(90)
         && matches!(cfg.attention_backend.as_deref(), None | Some("fa3"))
+        && model.architecture == "DeepseekV3ForCausalLM"
         && d.kv_lora_rank == 512
         && d.qk_rope_head_dim == 64
         && model.torch_dtype.as_deref() == Some("bfloat16")

@@ -356,8 +356,8 @@ fn kv_capacity_goldens() {
 /// Checkpoint formats beyond bf16 / fp8 / fp8-block, from `scripts/ais_goldens.py` (its
 /// static-FP8 and NVFP4 entries): static per-tensor FP8 (the fp8 GEMM minus the scale kernels a
 /// calibrated scheme skips), NVFP4 GEMMs and experts on Blackwell (TRT-LLM's low-latency expert
-/// kernel at 64 tokens, its quantised all-gather under attention DP), and an NVFP4 DeepSeek that
-/// keeps its q / kv projections in bf16.
+/// kernel at 64 tokens, its quantised all-gather under attention DP), an NVFP4 DeepSeek that
+/// keeps its q / kv projections in bf16, and the Kimi-K2.5 family (INT4 and NVFP4).
 #[test]
 fn checkpoint_format_goldens() {
     if !data_available() {
@@ -391,26 +391,87 @@ fn checkpoint_format_goldens() {
         close(ds.prefill_ms(2, 1000, 0).unwrap(), prefill);
         close(ds.decode_ms(16, 1100).unwrap(), decode);
     }
-    // KV capacity: 9/16 byte NVFP4 weights, 1-byte static FP8, bf16 DeepSeek q / kv projections.
+    // Kimi-K2.5 / K2.6 / K2.7: DeepSeek-V3's text model under text_config. moonshotai/Kimi-K2.5
+    // (compressed-tensors INT4) has int4_wo experts and bf16 everything else; the NVFP4 releases
+    // keep the attention block (K2.6 / K2.7 also the shared experts) in bf16.
+    for (cfg, prefill, decode) in [
+        (
+            json!({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "sglang", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            143.19119174184985,
+            15.219009717812867,
+        ),
+        (
+            json!({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            164.34429996908727,
+            20.38071917627135,
+        ),
+        (
+            json!({"model": "nvidia/Kimi-K2.5-NVFP4", "system": "b200_sxm", "backend": "trtllm", "tp": 4,
+                   "attention_dp": 2, "moe_tp_size": 1, "moe_ep_size": 8}),
+            55.923201453800715,
+            13.67403038670968,
+        ),
+        (
+            json!({"model": "nvidia/Kimi-K2.6-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            51.7160563418624,
+            14.121788966138535,
+        ),
+        (
+            json!({"model": "nvidia/Kimi-K2.7-Code-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            44.38969782801036,
+            9.896684273196927,
+        ),
+    ] {
+        let e = est_with(cfg);
+        close(e.prefill_ms(2, 1000, 0).unwrap(), prefill);
+        close(e.decode_ms(16, 1100).unwrap(), decode);
+    }
+    // KV capacity: 9/16 byte NVFP4 weights, 1-byte static FP8, bf16 DeepSeek q / kv projections,
+    // half-byte INT4 experts (Kimi-K2.5; its vision tower holds no memory on a text-only load).
     use servesim_perf::memory::kv_capacity;
-    for (cfg, want) in [
+    for (cfg, want, block) in [
         (
             json!({"model": "Qwen/Qwen3-32B-FP8-Static-PerTensor", "system": "h200_sxm", "backend": "vllm", "tp": 1}),
             11528u64,
+            64,
         ),
         (
             json!({"model": "nvidia/Qwen3-235B-A22B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 4,
                    "moe_tp_size": 4, "moe_ep_size": 1}),
             87752,
+            64,
         ),
         (
             json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8,
                    "moe_tp_size": 1, "moe_ep_size": 8}),
             50738,
+            64,
+        ),
+        (
+            json!({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            13102,
+            64,
+        ),
+        (
+            json!({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "sglang", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            819910,
+            1,
+        ),
+        (
+            json!({"model": "nvidia/Kimi-K2.7-Code-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            39380,
+            64,
         ),
     ] {
         let e = est_with(cfg.clone());
-        let got = kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+        let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{cfg}: {got:?}");
     }
 }
