@@ -458,7 +458,39 @@ pub fn spec_from_config(cfg: &Value, arch: &str, layers: u32, patterns: &[String
             None => dense_groups.push((1, key.0, key.1)),
         }
     }
-    Ok(DsaSpec { arch, full_frac, dense_groups })
+    let (o_bf16, o_bf16_precise) = (o_proj_bf16(patterns, false), o_proj_bf16(patterns, true));
+    Ok(DsaSpec { arch, full_frac, dense_groups, o_bf16, o_bf16_precise })
+}
+
+/// Whether exclusion `patterns` keep the attention output projection in bf16. Loosely, a
+/// pattern naming `self_attn` but none of the block's projections (or its indexer) covers the
+/// whole block; by precise module paths only a pattern ending at the block (`self_attn`,
+/// `self_attn*`, `self_attn.*`) does, so norm exclusions leave the projections quantised.
+/// (Compressed-tensors `re:` patterns are not evaluated on the precise path.)
+fn o_proj_bf16(patterns: &[String], precise: bool) -> bool {
+    const MARKERS: &[&str] = &[
+        "q_a_proj",
+        "q_b_proj",
+        "q_proj",
+        "kv_a_proj",
+        "kv_b_proj",
+        "kv_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "indexer",
+    ];
+    patterns.iter().any(|p| {
+        if precise && p.starts_with("re:") {
+            return false;
+        }
+        let block = match p.rsplit_once("self_attn") {
+            None => false,
+            Some((_, rest)) if precise => matches!(rest, "" | "*" | ".*" | r"\..*"),
+            Some(_) => !MARKERS.iter().any(|m| p.contains(m)),
+        };
+        block || p.contains("o_proj")
+    })
 }
 
 /// Whether the checkpoint keeps dense layer `layer`'s fused gate/up (`gate_up`) or down
@@ -558,7 +590,7 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             heads: m.heads / tp,
             kv: l.kv,
             fmha: l.fmha,
-            gemm: gemm_of(m.quant.excluded.o),
+            gemm: gemm_of(if l.backend == "vllm" { d.o_bf16_precise } else { d.o_bf16 }),
             arch: d.arch,
             full_frac,
         }));
@@ -634,6 +666,10 @@ mod tests {
         assert!(!dense_bf16(&glm, 2, true));
         assert!(dense_bf16(&p(&["model.layers.2.mlp.down_proj"]), 2, false));
         assert!(!dense_bf16(&p(&["model.layers.2.mlp.down_proj"]), 2, true));
+        let norm = p(&["model.layers.3.self_attn.kv_a_layernorm"]);
+        assert!(o_proj_bf16(&norm, false) && !o_proj_bf16(&norm, true));
+        assert!(o_proj_bf16(&p(&["model.layers.3.self_attn*"]), true));
+        assert!(!o_proj_bf16(&p(&["model.layers.3.self_attn.q_a_proj"]), false));
         assert!(glob("a*c", "abbc") && !glob("a*c", "abcd") && glob("*", ""));
     }
 }

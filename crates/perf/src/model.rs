@@ -33,6 +33,11 @@ pub struct DsaSpec {
     /// Dense first layers grouped by whether the checkpoint keeps their (gate/up, down)
     /// projections in bf16: `(layers, gate_bf16, down_bf16)`, in first-seen order.
     pub dense_groups: Vec<(u32, bool, bool)>,
+    /// Whether the checkpoint keeps the attention output projection (the module table's
+    /// format key) in bf16, read loosely (any `self_attn` pattern naming no projection covers
+    /// the block) and by precise module paths (vLLM: only the block itself).
+    pub o_bf16: bool,
+    pub o_bf16_precise: bool,
 }
 
 /// Latent attention widths of an MLA model (`config.json`; DeepSeek-V3's values when absent).

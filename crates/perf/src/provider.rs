@@ -587,10 +587,14 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             gemm
         },
         kv,
-        // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA; the
-        // reference then times attention in bf16 (only when fmha_quant_mode is not given).
+        // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA, as do
+        // every backend's DSA tables; the reference then times attention in bf16 (only when
+        // fmha_quant_mode is not given).
         fmha: cfg.fmha_quant_mode.unwrap_or(
-            if cfg.backend == "vllm" || sglang_mla_runs_bf16(&model, cfg, &version, &spec) {
+            if cfg.backend == "vllm"
+                || model.family == Family::Dsa
+                || sglang_mla_runs_bf16(&model, cfg, &version, &spec)
+            {
                 Dtype::Bfloat16
             } else {
                 model.quant.fmha
