@@ -123,9 +123,27 @@ pub struct DsaOp {
     pub fmha: Dtype,
     /// The projections' format: the table's `gemm_type`.
     pub gemm: Dtype,
+    /// Formats of the (q, kv, o, indexer) projections, for the resident weights.
+    pub proj: [Dtype; 4],
     pub arch: DsaArch,
     /// Fraction of layers that run the indexer (1: every layer).
     pub full_frac: f64,
+}
+
+impl DsaOp {
+    /// Resident weight bytes of the block on one GPU (all its layers): the down-projections and
+    /// the indexer replicated, the per-head up- and output projections split over the GPU's
+    /// heads, each group in its own format.
+    pub fn weight_bytes(&self) -> f64 {
+        let d = self.arch.dims();
+        let n = self.heads as i128;
+        let q = d.hidden * d.q_lora + d.q_lora * n * (d.qk_nope + d.qk_rope);
+        let kv = d.hidden * (d.kv_lora + d.qk_rope) + d.kv_lora * n * (d.qk_nope + d.v_head);
+        let o = n * d.v_head * d.hidden;
+        let indexer = d.q_lora * d.index_head_dim * d.index_heads + d.hidden * d.index_heads;
+        let bytes: f64 = [q, kv, o, indexer].iter().zip(self.proj).map(|(&e, dt)| e as f64 * dt.bytes()).sum();
+        bytes * self.scale
+    }
 }
 
 /// Grids of one table: key (`architecture/mla_dtype/kv/gemm`) → kernel bucket → grid, and the
@@ -458,39 +476,50 @@ pub fn spec_from_config(cfg: &Value, arch: &str, layers: u32, patterns: &[String
             None => dense_groups.push((1, key.0, key.1)),
         }
     }
-    let (o_bf16, o_bf16_precise) = (o_proj_bf16(patterns, false), o_proj_bf16(patterns, true));
-    Ok(DsaSpec { arch, full_frac, dense_groups, o_bf16, o_bf16_precise })
+    let attn_bf16 = attention_bf16(patterns, false);
+    let attn_bf16_precise = attention_bf16(patterns, true);
+    let width =
+        |k: &str, default: u32| cfg.get(k).and_then(Value::as_u64).filter(|&v| v > 0).unwrap_or(default as u64) as u32;
+    let kv_dims = [width("kv_lora_rank", 512), width("qk_rope_head_dim", 64), width("index_head_dim", 128)];
+    Ok(DsaSpec { arch, full_frac, dense_groups, attn_bf16, attn_bf16_precise, kv_dims })
 }
 
-/// Whether exclusion `patterns` keep the attention output projection in bf16. Loosely, a
-/// pattern naming `self_attn` but none of the block's projections (or its indexer) covers the
-/// whole block; by precise module paths only a pattern ending at the block (`self_attn`,
-/// `self_attn*`, `self_attn.*`) does, so norm exclusions leave the projections quantised.
-/// (Compressed-tensors `re:` patterns are not evaluated on the precise path.)
-fn o_proj_bf16(patterns: &[String], precise: bool) -> bool {
-    const MARKERS: &[&str] = &[
-        "q_a_proj",
-        "q_b_proj",
-        "q_proj",
-        "kv_a_proj",
-        "kv_b_proj",
-        "kv_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "indexer",
+/// Which attention projection groups (q, kv, o, indexer) exclusion `patterns` keep in bf16.
+/// Loosely, a pattern naming `self_attn` but none of the block's projections (or its indexer)
+/// covers the whole block; by precise module paths only a pattern ending at the block
+/// (`self_attn`, `self_attn*`, `self_attn.*`) does, so norm exclusions leave the projections
+/// quantised, and the indexer counts only as the block or by its GEMMs. (Compressed-tensors
+/// `re:` patterns are not evaluated on the precise path.)
+fn attention_bf16(patterns: &[String], precise: bool) -> [bool; 4] {
+    let indexer: &[&str] = if precise { &["indexer.wq_b", "indexer.wk", "indexer.weights_proj"] } else { &["indexer"] };
+    let groups: [&[&str]; 4] = [
+        &["q_a_proj", "q_b_proj", "q_proj"],
+        &["kv_a_proj", "kv_b_proj", "kv_proj", "k_proj", "v_proj"],
+        &["o_proj"],
+        indexer,
     ];
-    patterns.iter().any(|p| {
+    let block_end = |rest: &str| matches!(rest, "" | "*" | ".*" | r"\..*");
+    let mut out = [false; 4];
+    for p in patterns {
         if precise && p.starts_with("re:") {
-            return false;
+            continue;
         }
-        let block = match p.rsplit_once("self_attn") {
+        let names_block = match p.rsplit_once("self_attn") {
             None => false,
-            Some((_, rest)) if precise => matches!(rest, "" | "*" | ".*" | r"\..*"),
-            Some(_) => !MARKERS.iter().any(|m| p.contains(m)),
+            Some((_, rest)) if precise => block_end(rest),
+            Some(_) => !groups.iter().flat_map(|g| g.iter()).any(|m| p.contains(m)),
         };
-        block || p.contains("o_proj")
-    })
+        if names_block {
+            return [true; 4];
+        }
+        if precise && p.rsplit_once("indexer").is_some_and(|(_, rest)| block_end(rest)) {
+            out[3] = true;
+        }
+        for (hit, markers) in out.iter_mut().zip(groups) {
+            *hit |= markers.iter().any(|m| p.contains(m));
+        }
+    }
+    out
 }
 
 /// Whether the checkpoint keeps dense layer `layer`'s fused gate/up (`gate_up`) or down
@@ -563,6 +592,8 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let moe_layers = layers - groups.iter().map(|g| g.0 as f64).sum::<f64>();
     let full_frac = if sglang || l.backend == "vllm" { d.full_frac } else { 1.0 };
     let gemm_of = |bf16: bool| if bf16 { Dtype::Bfloat16 } else { l.gemm };
+    // The projections' formats; the module table is keyed by the output projection's.
+    let proj = if l.backend == "vllm" { d.attn_bf16_precise } else { d.attn_bf16 }.map(gemm_of);
     let act = 2.0;
     let mut out = (Vec::new(), Vec::new());
     for (ctx, list) in [(true, &mut out.0), (false, &mut out.1)] {
@@ -590,7 +621,8 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             heads: m.heads / tp,
             kv: l.kv,
             fmha: l.fmha,
-            gemm: gemm_of(if l.backend == "vllm" { d.o_bf16_precise } else { d.o_bf16 }),
+            gemm: proj[2],
+            proj,
             arch: d.arch,
             full_frac,
         }));
@@ -667,9 +699,16 @@ mod tests {
         assert!(dense_bf16(&p(&["model.layers.2.mlp.down_proj"]), 2, false));
         assert!(!dense_bf16(&p(&["model.layers.2.mlp.down_proj"]), 2, true));
         let norm = p(&["model.layers.3.self_attn.kv_a_layernorm"]);
-        assert!(o_proj_bf16(&norm, false) && !o_proj_bf16(&norm, true));
-        assert!(o_proj_bf16(&p(&["model.layers.3.self_attn*"]), true));
-        assert!(!o_proj_bf16(&p(&["model.layers.3.self_attn.q_a_proj"]), false));
+        assert_eq!((attention_bf16(&norm, false), attention_bf16(&norm, true)), ([true; 4], [false; 4]));
+        assert_eq!(attention_bf16(&p(&["model.layers.3.self_attn*"]), true), [true; 4]);
+        // DeepSeek-V3.2-NVFP4: q / kv / indexer named one by one, o_proj quantised.
+        let v32 = p(&[
+            "model.layers.0.self_attn.indexer*",
+            "model.layers.0.self_attn.kv_b_proj",
+            "model.layers.0.self_attn.q_a_proj",
+        ]);
+        assert_eq!(attention_bf16(&v32, true), [true, true, false, true]);
+        assert_eq!(attention_bf16(&v32, false), [true, true, false, true]);
         assert!(glob("a*c", "abbc") && !glob("a*c", "abcd") && glob("*", ""));
     }
 }

@@ -81,7 +81,7 @@ pub fn kv_capacity(
     // The reference uses the model's whole attention width here, not the per-GPU share.
     let h = (m.heads * m.head_dim) as f64;
     let mut activations = 2.0 * max_num_tokens as f64 * h * c;
-    if m.family == Family::Mla {
+    if matches!(m.family, Family::Mla | Family::Dsa) {
         // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
         // DeepSeek family, over every attention-DP rank's tokens.
         let l = &est.layout;
@@ -137,12 +137,14 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
     let m = &est.model;
     match op {
         Op::Gemm { n, k, dtype, scale, .. } => *n as f64 * *k as f64 * dtype.bytes() * scale,
-        // The MLA graph looks up the whole vocabulary; the others their tensor-parallel share.
+        // The MLA and DSA graphs look up the whole vocabulary; the others their tensor-parallel
+        // share.
         Op::Embedding { scale, .. } => {
-            let rows = if m.family == Family::Mla { m.vocab } else { m.vocab / est.layout.tp };
+            let rows = if matches!(m.family, Family::Mla | Family::Dsa) { m.vocab } else { m.vocab / est.layout.tp };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }
         Op::Moe(moe) => moe.weight_bytes(),
+        Op::Dsa(dsa) => dsa.weight_bytes(),
         Op::Fallback { primary, fallback, .. } => {
             let p = op_weights(est, primary);
             if p > 0.0 {

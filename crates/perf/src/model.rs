@@ -33,11 +33,13 @@ pub struct DsaSpec {
     /// Dense first layers grouped by whether the checkpoint keeps their (gate/up, down)
     /// projections in bf16: `(layers, gate_bf16, down_bf16)`, in first-seen order.
     pub dense_groups: Vec<(u32, bool, bool)>,
-    /// Whether the checkpoint keeps the attention output projection (the module table's
-    /// format key) in bf16, read loosely (any `self_attn` pattern naming no projection covers
-    /// the block) and by precise module paths (vLLM: only the block itself).
-    pub o_bf16: bool,
-    pub o_bf16_precise: bool,
+    /// Which attention projection groups (q, kv, o, indexer) the checkpoint keeps in bf16, read
+    /// loosely (any `self_attn` pattern naming no projection covers the block) and by precise
+    /// module paths (vLLM: only a pattern ending at the block covers it).
+    pub attn_bf16: [bool; 4],
+    pub attn_bf16_precise: [bool; 4],
+    /// `kv_lora_rank`, `qk_rope_head_dim` and `index_head_dim` as the KV cache sizes them.
+    pub kv_dims: [u32; 3],
 }
 
 /// Latent attention widths of an MLA model (`config.json`; DeepSeek-V3's values when absent).

@@ -415,6 +415,43 @@ fn checkpoint_format_goldens() {
     }
 }
 
+/// DeepSeek sparse attention (reference numbers from `scripts/ais_goldens.py`): the DSA module
+/// tables; SGLang's dense first layers timed apart; GLM-5.2's reuse layers (21 of 78 compute the
+/// top-k index) blended in; NVFP4 releases keeping q / kv / indexer (DeepSeek-V3.2) or the whole
+/// attention block and shared experts (GLM-5.2) in bf16; KV with the indexer's key cache.
+#[test]
+fn dsa_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DSA goldens");
+        return;
+    }
+    let layout = |model: &str, system: &str, backend: &str, moe_tp: u32, moe_ep: u32| {
+        est_with(json!({"model": model, "system": system, "backend": backend, "tp": 8,
+                        "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}))
+    };
+    let v32 = layout("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "vllm", 1, 8);
+    close(v32.prefill_ms(2, 1000, 0).unwrap(), 232.77201636697106);
+    close(v32.prefill_ms(1, 20000, 0).unwrap(), 2478.3511071573566);
+    close(v32.decode_ms(16, 1100).unwrap(), 22.564069851685552);
+    let v32s = layout("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "sglang", 8, 1);
+    close(v32s.prefill_ms(2, 3000, 500).unwrap(), 430.88098200136835);
+    close(v32s.decode_ms(33, 5000).unwrap(), 26.467282360630154);
+    let glm = layout("zai-org/GLM-5.2-FP8", "b200_sxm", "vllm", 1, 8);
+    close(glm.prefill_ms(2, 1000, 0).unwrap(), 89.6195867711037);
+    close(glm.decode_ms(16, 1100).unwrap(), 18.031384664121706);
+    let v32f4 = layout("nvidia/DeepSeek-V3.2-NVFP4", "b200_sxm", "vllm", 1, 8);
+    close(v32f4.prefill_ms(2, 1000, 0).unwrap(), 69.16813178286377);
+    close(v32f4.decode_ms(16, 1100).unwrap(), 14.02885746702461);
+    let glmf4 = layout("nvidia/GLM-5.2-NVFP4", "b200_sxm", "sglang", 1, 8);
+    close(glmf4.prefill_ms(2, 1000, 0).unwrap(), 77.96372606214918);
+    close(glmf4.decode_ms(16, 1100).unwrap(), 10.816792758501325);
+    use servesim_perf::memory::kv_capacity;
+    for (e, block, want) in [(&v32, 64, 12094u64), (&v32f4, 64, 36890), (&glmf4, 1, 1657743)] {
+        let got = kv_capacity(e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{}: {got:?}", e.model.name);
+    }
+}
+
 /// An explicit `attention_backend` times the lanes the reference maps it to, and fails as the
 /// reference does when the tables hold none of them (probed on Dynamo 1.6.1 + aisimulate:
 /// `_normalize_mocker_config` raises UnsupportedAttentionBackendError for all three below).
