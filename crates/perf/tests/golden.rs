@@ -195,8 +195,8 @@ fn clear_errors_with_real_data() {
     let bad = |v: serde_json::Value| estimator(&AisConfig::from_json("config", &v).unwrap()).unwrap_err().message;
     let e = bad(json!({"model": "Qwen/Qwen3-8B", "system": "h999", "backend": "vllm"}));
     assert!(e.contains("unknown GPU system \"h999\"") && e.contains("h200_sxm"), "{e}");
-    let e = bad(json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm"}));
-    assert!(e.contains("DeepseekV32ForCausalLM") && e.contains("sparse DSA attention"), "{e}");
+    let e = bad(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "h200_sxm", "backend": "vllm"}));
+    assert!(e.contains("DeepseekV4ForCausalLM") && e.contains("not supported"), "{e}");
     // NVFP4 needs fp4 tensor cores, which Hopper lacks (the reference fails its first query).
     let e = bad(json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "h200_sxm", "backend": "vllm", "tp": 8,
                        "moe_tp_size": 8, "moe_ep_size": 1}));
