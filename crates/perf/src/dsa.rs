@@ -583,7 +583,7 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let sglang = l.backend == "sglang";
     let dense_apart = sglang && l.pp == 1 && l.cp == 1 && l.attention_dp == 1 && l.nextn == 0;
     let groups: &[(u32, bool, bool)] = if dense_apart { &d.dense_groups } else { &[] };
-    if !groups.is_empty() && (m.inter == 0 || m.inter % tp != 0) {
+    if !groups.is_empty() && (m.inter == 0 || !m.inter.is_multiple_of(tp)) {
         return Err(PerfError::config(format!(
             "{}: the dense layers' intermediate_size {} must be positive and divisible by tp={tp}",
             m.name, m.inter
