@@ -88,6 +88,24 @@ STEPS = [
     ({"model": "nvidia/Kimi-K2.7-Code-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    # DeepSeek sparse attention: DSA module tables; SGLang times the dense first layers apart;
+    # GLM-5.2 blends its reuse layers (21 / 78 compute the index); the NVFP4 releases keep
+    # q / kv / indexer (DeepSeek-V3.2) or the whole block and shared experts (GLM-5.2) in bf16.
+    ({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100))]),
+    ({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 8,
+      "moe_ep_size": 1},
+     [("prefill", (2, 3000, 500)), ("decode", (33, 5000))]),
+    ({"model": "zai-org/GLM-5.2-FP8", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/DeepSeek-V3.2-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
 ]
 
 KV = [
@@ -106,6 +124,9 @@ KV = [
     ("moonshotai/Kimi-K2.5", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
     ("moonshotai/Kimi-K2.5", "h200_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
     ("nvidia/Kimi-K2.7-Code-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+    ("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+    ("nvidia/DeepSeek-V3.2-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+    ("nvidia/GLM-5.2-NVFP4", "b200_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
 ]
 
 

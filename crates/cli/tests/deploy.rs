@@ -142,11 +142,11 @@ fn deepseek_v3_matches_the_reference() {
 /// Checkpoint formats beyond bf16 / fp8: NVFP4 experts and GEMMs (Qwen3-235B-A22B-NVFP4 on a
 /// B200 TRT-LLM TEP4 replica), static per-tensor FP8 (Qwen3-32B-FP8-Static-PerTensor on H200
 /// vLLM) and an NVFP4 DeepSeek keeping its q / kv projections in bf16 (DeepSeek-V3.1-NVFP4 on a
-/// B200 SGLang TEP8 replica), and Kimi-K2.5's multimodal wrapper with compressed-tensors INT4
-/// experts (moonshotai/Kimi-K2.5 on an H200 SGLang TEP8 replica), each with the KV cache sized
-/// from GPU memory: every compared metric
-/// within 0.01 % of the reference (recorded as their YAML headers say, aisimulate
-/// 0.13.0.dev202610270000000085).
+/// B200 SGLang TEP8 replica), Kimi-K2.5's multimodal wrapper with compressed-tensors INT4
+/// experts (moonshotai/Kimi-K2.5 on an H200 SGLang TEP8 replica), and GLM-5.2-NVFP4's DSA sparse
+/// attention (B200 SGLang TEP8: reuse layers, dense first layers, bf16 attention block and shared
+/// experts), each with the KV cache sized from GPU memory: every compared metric within 0.01 % of
+/// the reference (recorded as their YAML headers say, aisimulate 0.13.0.dev202610270000000085).
 #[test]
 fn checkpoint_formats_match_the_reference() {
     for name in [
@@ -154,6 +154,7 @@ fn checkpoint_formats_match_the_reference() {
         "predict_agg_fp8_static_qwen3",
         "predict_agg_nvfp4_deepseek_v31",
         "predict_agg_int4_kimi_k25",
+        "predict_agg_dsa_glm52_nvfp4",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-4, "{name}: worst deviation {:.5} %", worst * 100.0);

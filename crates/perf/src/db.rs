@@ -248,6 +248,8 @@ pub struct Database {
     pub(crate) moe: OnceLock<Result<MoeTable>>,
     /// The MLA tables, each read (sources resolved) on first use.
     pub(crate) mla: crate::mla::MlaTables,
+    /// The DSA sparse-attention tables, each read on first use.
+    pub(crate) dsa: crate::dsa::DsaTables,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
 }
 
@@ -325,6 +327,7 @@ impl Database {
             nccl: OnceLock::new(),
             moe: OnceLock::new(),
             mla: Default::default(),
+            dsa: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
         })
     }

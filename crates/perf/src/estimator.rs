@@ -184,6 +184,7 @@ impl Estimator {
             Op::Mla(m) => crate::mla::eval_mla(db, m, at.batch, at.s, at.prefix)?,
             // The BMM table's token axis is the request count (decode: one token each).
             Op::MlaBmm(b) => crate::mla::eval_bmm(db, b, at.batch)?,
+            Op::Dsa(d) => crate::dsa::eval_dsa(db, d, at.batch, at.s, at.prefix)?,
             Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
                 Ok(v) => v,
                 Err(e) if crate::mla::falls_back(&e) => {
@@ -361,9 +362,16 @@ impl Estimator {
     /// KV-cache bytes per token per GPU. Every layer counts whatever the pipeline depth, as the
     /// reference counts it (its KV capacity and transfer sizes do not split the KV by stage).
     /// MLA models keep one latent vector (`kv_lora_rank + qk_rope_head_dim` elements) per layer
-    /// and token, shared by every head and not split by tensor parallelism.
+    /// and token, shared by every head and not split by tensor parallelism; DSA models add the
+    /// indexer's key cache.
     pub fn kv_bytes_per_token(&self) -> f64 {
         let m = &self.model;
+        if let Some(d) = &m.dsa {
+            // DSA: the latent (rope part kept in bf16) and the fp8 indexer key of every layer.
+            let [kv_lora, rope, index] = d.kv_dims.map(f64::from);
+            let entry = f64::from(crate::dsa::indexer_cache_entry_bytes(index as u32));
+            return m.layers as f64 * (kv_lora * self.layout.kv.bytes() + rope * 2.0 + entry);
+        }
         if let Some(d) = m.mla {
             let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
             return m.layers as f64 * latent * self.layout.kv.bytes();

@@ -8,6 +8,7 @@
 //! ([`mod@estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
 
 pub mod db;
+pub mod dsa;
 pub mod error;
 pub mod estimator;
 pub mod interp;

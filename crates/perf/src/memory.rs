@@ -68,11 +68,11 @@ pub fn kv_capacity(
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        ("sglang", Family::Moe | Family::Mla) => {
+        ("sglang", Family::Moe | Family::Mla | Family::Dsa) => {
             (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
         }
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Moe | Family::Mla) => {
+        (_, Family::Moe | Family::Mla | Family::Dsa) => {
             (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
         }
     };
@@ -81,7 +81,7 @@ pub fn kv_capacity(
     // The reference uses the model's whole attention width here, not the per-GPU share.
     let h = (m.heads * m.head_dim) as f64;
     let mut activations = 2.0 * max_num_tokens as f64 * h * c;
-    if m.family == Family::Mla {
+    if matches!(m.family, Family::Mla | Family::Dsa) {
         // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
         // DeepSeek family, over every attention-DP rank's tokens.
         let l = &est.layout;
@@ -137,12 +137,14 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
     let m = &est.model;
     match op {
         Op::Gemm { n, k, dtype, scale, .. } => *n as f64 * *k as f64 * dtype.bytes() * scale,
-        // The MLA graph looks up the whole vocabulary; the others their tensor-parallel share.
+        // The MLA and DSA graphs look up the whole vocabulary; the others their tensor-parallel
+        // share.
         Op::Embedding { scale, .. } => {
-            let rows = if m.family == Family::Mla { m.vocab } else { m.vocab / est.layout.tp };
+            let rows = if matches!(m.family, Family::Mla | Family::Dsa) { m.vocab } else { m.vocab / est.layout.tp };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }
         Op::Moe(moe) => moe.weight_bytes(),
+        Op::Dsa(dsa) => dsa.weight_bytes(),
         Op::Fallback { primary, fallback, .. } => {
             let p = op_weights(est, primary);
             if p > 0.0 {

@@ -19,6 +19,27 @@ pub enum Family {
     /// Multi-head latent attention with shared + routed experts (DeepSeek-V3 / R1 / V3.1,
     /// Kimi-K2), as the reference's `DeepSeekModel` times it.
     Mla,
+    /// DeepSeek sparse attention (DeepSeek-V3.2, GLM-5.x): MLA with the lightning indexer, timed
+    /// by the reference's `DeepSeekV32Model` (`dsa.rs`).
+    Dsa,
+}
+
+/// What a DSA model adds to the MLA facts (`dsa.rs` builds its graph).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DsaSpec {
+    pub arch: crate::dsa::DsaArch,
+    /// Fraction of layers computing the top-k index (`index_topk_freq` & co.; 1: all).
+    pub full_frac: f64,
+    /// Dense first layers grouped by whether the checkpoint keeps their (gate/up, down)
+    /// projections in bf16: `(layers, gate_bf16, down_bf16)`, in first-seen order.
+    pub dense_groups: Vec<(u32, bool, bool)>,
+    /// Which attention projection groups (q, kv, o, indexer) the checkpoint keeps in bf16, read
+    /// loosely (any `self_attn` pattern naming no projection covers the block) and by precise
+    /// module paths (vLLM: only a pattern ending at the block covers it).
+    pub attn_bf16: [bool; 4],
+    pub attn_bf16_precise: [bool; 4],
+    /// `kv_lora_rank`, `qk_rope_head_dim` and `index_head_dim` as the KV cache sizes them.
+    pub kv_dims: [u32; 3],
 }
 
 /// Latent attention widths of an MLA model (`config.json`; DeepSeek-V3's values when absent).
@@ -63,6 +84,8 @@ pub struct ModelSpec {
     pub dense_layers: u32,
     /// `torch_dtype` / `dtype` of the checkpoint's unquantised tensors.
     pub torch_dtype: Option<String>,
+    /// DSA models: the sparse-attention facts.
+    pub dsa: Option<DsaSpec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -120,8 +143,9 @@ const MOE: &[&str] =
 /// `KimiK25ForConditionalGeneration` is DeepSeek-V3's text model under `text_config` beside a
 /// vision tower that a text-only load leaves out (see `text_config`).
 const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
-/// MLA architectures the reference runs on other graphs (sparse attention).
-const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM", "DeepseekV32ForCausalLM"];
+const DSA: &[&str] = &["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"];
+/// MLA architectures the reference knows and servesim does not take yet.
+const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 
 /// The part of a `config.json` that describes the language model: a multimodal wrapper keeps
 /// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7), everything else at the top. The reference
@@ -216,15 +240,17 @@ impl ModelSpec {
             Family::Moe
         } else if MLA.contains(&arch.as_str()) {
             Family::Mla
+        } else if DSA.contains(&arch.as_str()) {
+            Family::Dsa
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
-                "{shown}: {arch} is timed by the reference on a graph servesim does not model yet (sparse DSA attention or a vision tower on MLA); supported: {}",
-                [DENSE, MOE, MLA].concat().join(", ")
+                "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
+                [DENSE, MOE, MLA, DSA].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, MLA].concat().join(", ")
+                [DENSE, MOE, MLA, DSA].concat().join(", ")
             )));
         };
         let need =
@@ -257,9 +283,10 @@ impl ModelSpec {
             )));
         }
         let quant = quantisation(quantisation_scope(root, cfg), hf_quant, &shown.to_string())?;
+        let arch_name = arch.clone();
         let gpt_oss = arch == "GptOssForCausalLM";
         let width = |k: &str, default: u32| uint(cfg, k).filter(|&v| v > 0).unwrap_or(default);
-        let mla = (family == Family::Mla).then(|| MlaDims {
+        let mla = matches!(family, Family::Mla | Family::Dsa).then(|| MlaDims {
             q_lora_rank: width("q_lora_rank", 1536),
             kv_lora_rank: width("kv_lora_rank", 512),
             qk_nope_head_dim: width("qk_nope_head_dim", 128),
@@ -270,7 +297,7 @@ impl ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
             qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "MiniMaxM2ForCausalLM"),
-            architecture: arch,
+            architecture: arch.clone(),
             family,
             layers,
             hidden,
@@ -289,6 +316,17 @@ impl ModelSpec {
             shared_experts: uint(cfg, "n_shared_experts").or_else(|| uint(cfg, "num_shared_experts")).unwrap_or(0),
             dense_layers: uint(cfg, "first_k_dense_replace").unwrap_or(0),
             torch_dtype: ["dtype", "torch_dtype"].iter().find_map(|k| lower_str(root.get(*k))),
+            dsa: if family == Family::Dsa {
+                Some(crate::dsa::spec_from_config(
+                    cfg,
+                    &arch_name,
+                    layers,
+                    &exclude_patterns(cfg, hf_quant),
+                    &shown.to_string(),
+                )?)
+            } else {
+                None
+            },
         })
     }
 }
@@ -417,17 +455,26 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
         .and_then(Value::as_u64)
         .filter(|b| *b > 0)
         .unwrap_or(128) as u32;
+    let patterns = exclude_patterns(cfg, hf_quant);
+    let excluded = Excluded::from_patterns(patterns.iter().map(String::as_str));
+    Ok(Quant { gemm, moe, kv, fmha, block, excluded })
+}
+
+/// The module patterns a checkpoint's quantisation config keeps unquantised
+/// (`modules_to_not_convert`, `exclude_modules`, `ignore`; `hf_quant_config.json`'s too).
+fn exclude_patterns(cfg: &Value, hf_quant: Option<&Value>) -> Vec<String> {
+    let q = cfg.get("quantization_config").filter(|v| v.is_object());
+    let hf = hf_quant.and_then(|v| v.get("quantization")).filter(|v| v.is_object());
     let mut patterns = Vec::new();
     for (section, keys) in
         [(q, &["modules_to_not_convert", "exclude_modules", "ignore"][..]), (hf, &["exclude_modules", "ignore"][..])]
     {
         for key in keys {
             let list = section.and_then(|s| s.get(*key)).and_then(Value::as_array);
-            patterns.extend(list.into_iter().flatten().filter_map(Value::as_str));
+            patterns.extend(list.into_iter().flatten().filter_map(Value::as_str).map(str::to_string));
         }
     }
-    let excluded = Excluded::from_patterns(patterns);
-    Ok(Quant { gemm, moe, kv, fmha, block, excluded })
+    patterns
 }
 
 /// GEMM and expert formats of a compressed-tensors checkpoint, as the reference's
@@ -538,6 +585,8 @@ pub enum Op {
     Mla(MlaOp),
     /// MLA absorption BMM around the decode kernel.
     MlaBmm(MlaBmmOp),
+    /// A DSA sparse-attention block.
+    Dsa(crate::dsa::DsaOp),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
@@ -559,6 +608,7 @@ impl Op {
             Op::MoeDispatch(d) => &d.name,
             Op::Mla(m) => &m.name,
             Op::MlaBmm(b) => &b.name,
+            Op::Dsa(d) => &d.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
         }
     }
@@ -609,6 +659,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             "{}: {} attention heads cannot be split over tp={tp}",
             m.name, m.heads
         )));
+    }
+    if m.dsa.is_some() {
+        return crate::dsa::build_dsa_ops(m, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {
@@ -752,7 +805,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
 
 /// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block),
 /// the experts at routing skew `distribution`.
-fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, distribution: &str) {
+pub(crate) fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, distribution: &str) {
     let phase = if ctx { "context" } else { "generation" };
     let h = m.hidden;
     list.push(Op::Gemm {

@@ -493,6 +493,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         if model.family == Family::Mla {
             tables.extend(crate::mla::Layout::ALL.map(crate::mla::Layout::file));
         }
+        if model.family == Family::Dsa {
+            tables.extend(crate::dsa::FILES);
+        }
         crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
     }
     let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone());
@@ -540,7 +543,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
         Family::Dense => (1, 1),
-        Family::Moe | Family::Mla => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
+        Family::Moe | Family::Mla | Family::Dsa => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
     };
     if model.family != Family::Dense {
         let width = cfg.tp as u64 * cfg.attention_dp as u64;
@@ -587,10 +590,14 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             gemm
         },
         kv,
-        // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA; the
-        // reference then times attention in bf16 (only when fmha_quant_mode is not given).
+        // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA, as do
+        // every backend's DSA tables; the reference then times attention in bf16 (only when
+        // fmha_quant_mode is not given).
         fmha: cfg.fmha_quant_mode.unwrap_or(
-            if cfg.backend == "vllm" || sglang_mla_runs_bf16(&model, cfg, &version, &spec) {
+            if cfg.backend == "vllm"
+                || model.family == Family::Dsa
+                || sglang_mla_runs_bf16(&model, cfg, &version, &spec)
+            {
                 Dtype::Bfloat16
             } else {
                 model.quant.fmha
@@ -618,7 +625,8 @@ const WIDE_EP: &str = "wide expert parallelism (DeepEP / NVLink all-to-all) is n
 /// wrapper keeps its checkpoint's attention format.
 fn sglang_mla_runs_bf16(model: &ModelSpec, cfg: &AisConfig, version: &str, spec: &crate::systems::SystemSpec) -> bool {
     let Some(d) = model.mla else { return false };
-    cfg.backend == "sglang"
+    model.family == Family::Mla
+        && cfg.backend == "sglang"
         && version == "0.5.14"
         && spec.sm_version == Some(90)
         && matches!(cfg.attention_backend.as_deref(), None | Some("fa3"))

@@ -195,8 +195,8 @@ fn clear_errors_with_real_data() {
     let bad = |v: serde_json::Value| estimator(&AisConfig::from_json("config", &v).unwrap()).unwrap_err().message;
     let e = bad(json!({"model": "Qwen/Qwen3-8B", "system": "h999", "backend": "vllm"}));
     assert!(e.contains("unknown GPU system \"h999\"") && e.contains("h200_sxm"), "{e}");
-    let e = bad(json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm"}));
-    assert!(e.contains("DeepseekV32ForCausalLM") && e.contains("sparse DSA attention"), "{e}");
+    let e = bad(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "h200_sxm", "backend": "vllm"}));
+    assert!(e.contains("DeepseekV4ForCausalLM") && e.contains("not supported"), "{e}");
     // NVFP4 needs fp4 tensor cores, which Hopper lacks (the reference fails its first query).
     let e = bad(json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "h200_sxm", "backend": "vllm", "tp": 8,
                        "moe_tp_size": 8, "moe_ep_size": 1}));
@@ -473,6 +473,43 @@ fn checkpoint_format_goldens() {
         let e = est_with(cfg.clone());
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{cfg}: {got:?}");
+    }
+}
+
+/// DeepSeek sparse attention (reference numbers from `scripts/ais_goldens.py`): the DSA module
+/// tables; SGLang's dense first layers timed apart; GLM-5.2's reuse layers (21 of 78 compute the
+/// top-k index) blended in; NVFP4 releases keeping q / kv / indexer (DeepSeek-V3.2) or the whole
+/// attention block and shared experts (GLM-5.2) in bf16; KV with the indexer's key cache.
+#[test]
+fn dsa_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DSA goldens");
+        return;
+    }
+    let layout = |model: &str, system: &str, backend: &str, moe_tp: u32, moe_ep: u32| {
+        est_with(json!({"model": model, "system": system, "backend": backend, "tp": 8,
+                        "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}))
+    };
+    let v32 = layout("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "vllm", 1, 8);
+    close(v32.prefill_ms(2, 1000, 0).unwrap(), 232.77201636697106);
+    close(v32.prefill_ms(1, 20000, 0).unwrap(), 2478.3511071573566);
+    close(v32.decode_ms(16, 1100).unwrap(), 22.564069851685552);
+    let v32s = layout("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "sglang", 8, 1);
+    close(v32s.prefill_ms(2, 3000, 500).unwrap(), 430.88098200136835);
+    close(v32s.decode_ms(33, 5000).unwrap(), 26.467282360630154);
+    let glm = layout("zai-org/GLM-5.2-FP8", "b200_sxm", "vllm", 1, 8);
+    close(glm.prefill_ms(2, 1000, 0).unwrap(), 89.6195867711037);
+    close(glm.decode_ms(16, 1100).unwrap(), 18.031384664121706);
+    let v32f4 = layout("nvidia/DeepSeek-V3.2-NVFP4", "b200_sxm", "vllm", 1, 8);
+    close(v32f4.prefill_ms(2, 1000, 0).unwrap(), 69.16813178286377);
+    close(v32f4.decode_ms(16, 1100).unwrap(), 14.02885746702461);
+    let glmf4 = layout("nvidia/GLM-5.2-NVFP4", "b200_sxm", "sglang", 1, 8);
+    close(glmf4.prefill_ms(2, 1000, 0).unwrap(), 77.96372606214918);
+    close(glmf4.decode_ms(16, 1100).unwrap(), 10.816792758501325);
+    use servesim_perf::memory::kv_capacity;
+    for (e, block, want) in [(&v32, 64, 12094u64), (&v32f4, 64, 36890), (&glmf4, 1, 1657743)] {
+        let got = kv_capacity(e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{}: {got:?}", e.model.name);
     }
 }
 

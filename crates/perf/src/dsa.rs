@@ -1,0 +1,714 @@
+//! DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5.x): the measured module tables of the
+//! `sparse_attention/` family and the op that reads them.
+//!
+//! ```text
+//! dsa_context_module_perf     (architecture, mla_dtype, kv_cache_dtype, gemm_type) → kernel bucket
+//!                             → [num_heads][prefix][isl][batch]
+//! dsa_generation_module_perf  (architecture, mla_dtype, kv_cache_dtype, gemm_type) → kernel bucket
+//!                             → [num_heads][batch][isl + step]
+//! ```
+//!
+//! One op times a layer's whole attention block (projections, the lightning indexer, top-k
+//! selection and sparse MLA). Both grids blend raw latency; a query past the measured range holds
+//! the nearest points' utilisation against the block's roofline below. Rows whose `op_name`
+//! carries `skip_indexer` are GLM-5.2's reuse layers (they take the top-k index of an earlier
+//! layer): a model whose layers share indices blends `w · full + (1 − w) · reuse` with `w` the
+//! fraction of indexer-computing layers, and falls back to every layer full where the tables
+//! have no matching reuse rows. Each row backs one or both kernel buckets (`trtllm`,
+//! `flashmla_kv`); a query asks for `trtllm`, then `flashmla_kv`, then whatever the key holds.
+//! Within one source file the last row of a coordinate wins; across sources the first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::db::{keep_row, Database, Dtype};
+use crate::error::{PerfError, Result};
+use crate::interp::{Grid, GridSpec, Node};
+use crate::model::{push_moe_ops, DsaSpec, Layout, ModelSpec, Op};
+use crate::moe_ops::MLA_DISTRIBUTION;
+use crate::parquet_table::{key_u32, Table};
+use crate::systems::{sources, SystemSpec};
+
+const CONTEXT_SPEC: GridSpec = GridSpec::raw(&["num_heads", "prefix", "seq_len", "batch"]);
+const GENERATION_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
+
+/// The kernel bucket a query asks for first (the plain, non-CP path).
+const REQUESTED_BUCKET: &str = "trtllm";
+
+/// A DSA architecture and the attention geometry its tables and roofline assume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DsaArch {
+    /// `DeepseekV32ForCausalLM`.
+    DeepseekV32,
+    /// `GlmMoeDsaForCausalLM` (GLM-5, 5.1, 5.2).
+    GlmMoeDsa,
+}
+
+/// Widths of a DSA attention block (the tables' measured geometry, not read from the config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DsaDims {
+    pub hidden: i128,
+    pub q_lora: i128,
+    pub kv_lora: i128,
+    pub qk_nope: i128,
+    pub qk_rope: i128,
+    pub v_head: i128,
+    pub index_topk: i128,
+    pub index_head_dim: i128,
+    pub index_heads: i128,
+}
+
+impl DsaArch {
+    pub fn from_architecture(arch: &str) -> Option<DsaArch> {
+        match arch {
+            "DeepseekV32ForCausalLM" => Some(DsaArch::DeepseekV32),
+            "GlmMoeDsaForCausalLM" => Some(DsaArch::GlmMoeDsa),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DsaArch::DeepseekV32 => "DeepseekV32ForCausalLM",
+            DsaArch::GlmMoeDsa => "GlmMoeDsaForCausalLM",
+        }
+    }
+
+    pub fn dims(self) -> DsaDims {
+        match self {
+            DsaArch::DeepseekV32 => DsaDims {
+                hidden: 7168,
+                q_lora: 1536,
+                kv_lora: 512,
+                qk_nope: 128,
+                qk_rope: 64,
+                v_head: 128,
+                index_topk: 2048,
+                index_head_dim: 128,
+                index_heads: 64,
+            },
+            DsaArch::GlmMoeDsa => DsaDims {
+                hidden: 6144,
+                q_lora: 2048,
+                kv_lora: 512,
+                qk_nope: 192,
+                qk_rope: 64,
+                v_head: 256,
+                index_topk: 2048,
+                index_head_dim: 128,
+                index_heads: 32,
+            },
+        }
+    }
+}
+
+/// Bytes per token of the fp8 indexer key cache: the key plus one fp32 scale per 128 values.
+pub fn indexer_cache_entry_bytes(index_head_dim: u32) -> u32 {
+    index_head_dim + index_head_dim.div_ceil(128) * 4
+}
+
+/// One DSA attention block, `scale` × its layer latency.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DsaOp {
+    pub name: String,
+    pub scale: f64,
+    /// The prefill module (else decode).
+    pub context: bool,
+    /// Heads per GPU.
+    pub heads: u32,
+    pub kv: Dtype,
+    /// Attention compute format of the context table (decode tables are bf16).
+    pub fmha: Dtype,
+    /// The projections' format: the table's `gemm_type`.
+    pub gemm: Dtype,
+    /// Formats of the (q, kv, o, indexer) projections, for the resident weights.
+    pub proj: [Dtype; 4],
+    pub arch: DsaArch,
+    /// Fraction of layers that run the indexer (1: every layer).
+    pub full_frac: f64,
+}
+
+impl DsaOp {
+    /// Resident weight bytes of the block on one GPU (all its layers): the down-projections and
+    /// the indexer replicated, the per-head up- and output projections split over the GPU's
+    /// heads, each group in its own format.
+    pub fn weight_bytes(&self) -> f64 {
+        let d = self.arch.dims();
+        let n = self.heads as i128;
+        let q = d.hidden * d.q_lora + d.q_lora * n * (d.qk_nope + d.qk_rope);
+        let kv = d.hidden * (d.kv_lora + d.qk_rope) + d.kv_lora * n * (d.qk_nope + d.v_head);
+        let o = n * d.v_head * d.hidden;
+        let indexer = d.q_lora * d.index_head_dim * d.index_heads + d.hidden * d.index_heads;
+        let bytes: f64 = [q, kv, o, indexer].iter().zip(self.proj).map(|(&e, dt)| e as f64 * dt.bytes()).sum();
+        bytes * self.scale
+    }
+}
+
+/// Grids of one table: key (`architecture/mla_dtype/kv/gemm`) → kernel bucket → grid, and the
+/// head counts each bucket holds.
+#[derive(Debug, Default)]
+pub struct DsaTable {
+    grids: BTreeMap<String, BTreeMap<String, (Grid, BTreeSet<u32>)>>,
+    looked: Vec<String>,
+}
+
+/// The lazily loaded DSA tables of one database: (context, generation) × (full, reuse rows).
+#[derive(Debug, Default)]
+pub struct DsaTables {
+    cells: [OnceLock<Result<DsaTable>>; 4],
+}
+
+/// The file names the DSA tables are read from.
+pub const FILES: [&str; 2] = ["dsa_context_module_perf.parquet", "dsa_generation_module_perf.parquet"];
+
+/// The kernel buckets a row backs: a bf16 KV cache has one execution path per shape (both),
+/// fp8 rows the kernel they ran.
+fn buckets(kernel_source: &str, kv: &str) -> &'static [&'static str] {
+    if kv == "bfloat16" {
+        return &["trtllm", "flashmla_kv"];
+    }
+    match kernel_source {
+        "sglang_dsa_indexer_trtllm" | "sglang_dsa_skip_indexer_trtllm" => &["trtllm"],
+        "sglang_dsa_indexer_flashmla_sparse" | "sglang_dsa_skip_indexer_flashmla_sparse" => &["flashmla_kv"],
+        "sglang_dsa_dense_mha_trtllm_ragged" => &["trtllm", "flashmla_kv"],
+        k if k.contains("trtllm") => &["trtllm"],
+        _ => &["flashmla_kv"],
+    }
+}
+
+fn select<'a, V>(by: &'a BTreeMap<String, V>, requested: &str) -> Option<(&'a str, &'a V)> {
+    [requested, "flashmla_kv", "trtllm"]
+        .into_iter()
+        .find_map(|b| by.get_key_value(b))
+        .or_else(|| by.iter().next())
+        .map(|(k, v)| (k.as_str(), v))
+}
+
+fn load(db: &Database, context: bool, reuse: bool) -> Result<DsaTable> {
+    let file = FILES[usize::from(!context)];
+    let srcs = sources(&db.spec, &db.backend, &db.version, file)?;
+    let mut nodes: BTreeMap<String, BTreeMap<String, (Node, BTreeSet<u32>)>> = BTreeMap::new();
+    let mut looked = Vec::new();
+    for src in &srcs {
+        looked.push(src.path.display().to_string());
+        if !src.path.exists() {
+            continue;
+        }
+        let t = Table::read(
+            &src.path,
+            &[
+                "op_name",
+                "kernel_source",
+                "architecture",
+                "mla_dtype",
+                "kv_cache_dtype",
+                "gemm_type",
+                "num_heads",
+                "batch_size",
+                "isl",
+                "step",
+                "latency",
+            ],
+        )?;
+        let p = t.path.clone();
+        let (op, ks) = (t.text_or_none("op_name")?, t.text_or_none("kernel_source")?);
+        let (arch, fmha, kv, gemm) =
+            (t.text("architecture")?, t.text("mla_dtype")?, t.text("kv_cache_dtype")?, t.text("gemm_type")?);
+        let (heads, batch, isl, step, lat) =
+            (t.int("num_heads")?, t.int("batch_size")?, t.int("isl")?, t.int("step")?, t.float("latency")?);
+        let text = |col: &[Option<String>], i: usize, name: &str| {
+            col[i].clone().ok_or_else(|| PerfError::data(format!("{p}: null {name} in row {i}")))
+        };
+        // This source's rows, the last of a coordinate winning.
+        let mut rows: BTreeMap<(String, &'static str, Vec<u32>), f64> = BTreeMap::new();
+        for i in 0..t.rows {
+            if !keep_row(src, &ks[i]) {
+                continue;
+            }
+            if op[i].as_deref().unwrap_or("").contains("skip_indexer") != reuse {
+                continue;
+            }
+            let kv_name = text(&kv, i, "kv_cache_dtype")?;
+            let key = format!(
+                "{}/{}/{kv_name}/{}",
+                text(&arch, i, "architecture")?,
+                text(&fmha, i, "mla_dtype")?,
+                text(&gemm, i, "gemm_type")?
+            );
+            let n = key_u32(&p, "num_heads", i, heads[i])?;
+            let b = key_u32(&p, "batch_size", i, batch[i])?;
+            let (s, st) = (key_u32(&p, "isl", i, isl[i])?, key_u32(&p, "step", i, step[i])?);
+            let path = if context { vec![n, st, s, b] } else { vec![n, b, s.saturating_add(st)] };
+            for bucket in buckets(ks[i].as_deref().unwrap_or(""), &kv_name) {
+                rows.insert((key.clone(), bucket, path.clone()), lat[i]);
+            }
+        }
+        for ((key, bucket, path), v) in rows {
+            let (node, heads) = nodes.entry(key).or_default().entry(bucket.to_string()).or_default();
+            heads.insert(path[0]);
+            node.insert_first_wins(&path, v);
+        }
+    }
+    let grids = nodes
+        .into_iter()
+        .map(|(k, by)| (k, by.into_iter().map(|(b, (n, h))| (b, (Grid::new(n), h))).collect()))
+        .collect();
+    Ok(DsaTable { grids, looked })
+}
+
+impl Database {
+    fn dsa_table(&self, context: bool, reuse: bool) -> Result<&DsaTable> {
+        let i = usize::from(!context) * 2 + usize::from(reuse);
+        self.dsa.cells[i].get_or_init(|| load(self, context, reuse)).as_ref().map_err(Clone::clone)
+    }
+}
+
+fn key_of(op: &DsaOp) -> String {
+    // Decode tables are measured with bf16 attention.
+    let fmha = if op.context { op.fmha } else { Dtype::Bfloat16 };
+    format!("{}/{}/{}/{}", op.arch.name(), fmha.name(), op.kv.name(), op.gemm.name())
+}
+
+/// Whether the reuse rows can stand in for `op`'s reuse layers: on vLLM the reuse table must
+/// hold the same key, kernel bucket and head count as the full one; elsewhere any reuse row
+/// will do.
+fn has_reuse(db: &Database, op: &DsaOp) -> Result<bool> {
+    let reuse = db.dsa_table(op.context, true)?;
+    if db.backend != "vllm" {
+        return Ok(!reuse.grids.is_empty());
+    }
+    let full = db.dsa_table(op.context, false)?;
+    let key = key_of(op);
+    let (Some(f), Some(r)) = (full.grids.get(&key), reuse.grids.get(&key)) else { return Ok(false) };
+    let (Some((fb, (_, fh))), Some((rb, (_, rh)))) = (select(f, REQUESTED_BUCKET), select(r, REQUESTED_BUCKET)) else {
+        return Ok(false);
+    };
+    Ok(fb == rb && fh.contains(&op.heads) && rh.contains(&op.heads))
+}
+
+/// Layer latency of one table variant: context for `b` sequences of `s` new tokens after
+/// `prefix` cached ones, decode for `b` requests at KV length `s`.
+fn query(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    let spec = &db.spec;
+    let gemm_flops = op.gemm.flops(spec)?;
+    let indexer_flops = Dtype::Fp8.flops(spec)?;
+    let attn_flops = if op.context { op.fmha.flops(spec)? } else { Dtype::Bfloat16.flops(spec)? };
+    let flops = Flops { gemm: gemm_flops, indexer: indexer_flops, attn: attn_flops };
+    let table = db.dsa_table(op.context, reuse)?;
+    let key = key_of(op);
+    let what = format!(
+        "{} DSA module{}",
+        if op.context { "context" } else { "generation" },
+        if reuse { " (reuse layers)" } else { "" }
+    );
+    let missing = || {
+        PerfError::data(format!(
+            "no {what} data for {key} on {} / {} {} (have: {}; looked in {})",
+            spec.name,
+            db.backend,
+            db.version,
+            table.grids.keys().cloned().collect::<Vec<_>>().join(", "),
+            table.looked.join(", ")
+        ))
+    };
+    let (_, (grid, _)) = table.grids.get(&key).and_then(|by| select(by, REQUESTED_BUCKET)).ok_or_else(missing)?;
+    let dims = op.arch.dims();
+    let vllm = db.backend == "vllm";
+    let (kv, fmha, gemm) = (op.kv, op.fmha, op.gemm);
+    let v = if op.context {
+        let sol = move |c: &[f64]| {
+            context_sol(spec, &dims, kv, fmha, gemm, flops, [c[3], c[2], c[1], c[0]].map(|x| x as i128), reuse, vllm)
+        };
+        grid.query(&CONTEXT_SPEC, &sol, &[op.heads as f64, prefix as f64, s as f64, b as f64])
+    } else {
+        let sol = move |c: &[f64]| {
+            generation_sol(spec, &dims, kv, gemm, flops, [c[1], c[2], c[0]].map(|x| x as i128), reuse && vllm)
+        };
+        grid.query(&GENERATION_SPEC, &sol, &[op.heads as f64, b as f64, s as f64])
+    };
+    v.map_err(|e| e.context(format!("{what} on {} / {} {}", spec.name, db.backend, db.version)))
+}
+
+/// `eval` of a DSA op: `scale × max(0, latency)`, the layer latency blending indexer-computing
+/// and reuse layers by `full_frac` where reuse rows exist.
+pub fn eval_dsa(db: &Database, op: &DsaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    let w = if op.full_frac >= 1.0 || has_reuse(db, op)? { op.full_frac } else { 1.0 };
+    let full = query(db, op, false, b, s, prefix)?;
+    let v = if w >= 1.0 { full } else { w * full + (1.0 - w) * query(db, op, true, b, s, prefix)? };
+    Ok(v.max(0.0) * op.scale)
+}
+
+#[derive(Clone, Copy)]
+struct Flops {
+    gemm: f64,
+    indexer: f64,
+    attn: f64,
+}
+
+fn finish(spec: &SystemSpec, flops: Flops, ops: [i128; 3], bytes: f64) -> f64 {
+    let math = (ops[0] as f64 / flops.gemm + ops[1] as f64 / flops.indexer + ops[2] as f64 / flops.attn) * 1000.0;
+    math.max(bytes / spec.mem_bw * 1000.0)
+}
+
+/// Projection work of `tokens` tokens: (GEMM ops, weight elements). A layer that skips the
+/// indexer and prices that (`no_indexer`) drops its projections too.
+fn projections(d: &DsaDims, tokens: i128, heads: i128, no_indexer: bool) -> (i128, i128) {
+    let (ih, idim) = if no_indexer { (0, 0) } else { (d.index_heads, d.index_head_dim) };
+    let qk = d.qk_nope + d.qk_rope;
+    let out = d.q_lora + d.kv_lora + d.qk_rope + idim;
+    let ops = 2 * tokens * d.hidden * out
+        + 2 * tokens * d.q_lora * heads * qk
+        + 2 * tokens * d.q_lora * ih * d.index_head_dim
+        + 2 * tokens * d.hidden * ih
+        + 2 * tokens * heads * d.v_head * d.hidden
+        + 2 * heads * tokens * d.qk_nope * d.kv_lora
+        + 2 * heads * tokens * d.kv_lora * d.v_head;
+    let weights = d.hidden * out
+        + d.q_lora * heads * qk
+        + d.q_lora * ih * d.index_head_dim
+        + d.hidden * ih
+        + heads * d.v_head * d.hidden;
+    (ops, weights)
+}
+
+/// Prefill roofline (ms) of `[b, s, prefix, heads]`: projections, the fp8 indexer logits (only
+/// when the sequence outgrows the top-k window) and sparse MLA over
+/// `Σ_{i<s} min(prefix + i + 1, topk)` key pairs. Reuse layers run no indexer; on vLLM they
+/// also skip its projections.
+#[allow(clippy::too_many_arguments)]
+fn context_sol(
+    spec: &SystemSpec,
+    d: &DsaDims,
+    kv: Dtype,
+    fmha: Dtype,
+    gemm: Dtype,
+    flops: Flops,
+    [b, s, prefix, heads]: [i128; 4],
+    reuse: bool,
+    vllm: bool,
+) -> f64 {
+    let topk = d.index_topk;
+    let full = s + prefix;
+    let tokens = b * s;
+    let (gemm_ops, weights) = projections(d, tokens, heads, reuse && vllm);
+    let indexer = !reuse && full > topk;
+    let indexer_ops = if indexer { 2 * tokens * d.index_heads * d.index_head_dim * full } else { 0 };
+    let pairs = if full <= topk {
+        b * (full * (full + 1) - prefix * (prefix + 1)) / 2
+    } else if prefix >= topk {
+        tokens * topk
+    } else {
+        b * (topk * (topk + 1) - prefix * (prefix + 1)) / 2 + b * (full - topk) * topk
+    };
+    let attn_width = d.kv_lora + d.qk_rope;
+    let attn_ops = 2 * heads * (attn_width + d.kv_lora) * pairs;
+    let kv_bytes = (b * heads * full.min(topk) * attn_width) as f64 * kv.bytes();
+    let indexer_bytes =
+        if indexer { (b * full * indexer_cache_entry_bytes(d.index_head_dim as u32) as i128) as f64 } else { 0.0 };
+    let q_bytes = (tokens * heads * (d.qk_nope + d.qk_rope)) as f64 * fmha.bytes() * 2.0;
+    let bytes = weights as f64 * gemm.bytes() + kv_bytes + indexer_bytes + q_bytes;
+    finish(spec, flops, [gemm_ops, indexer_ops, attn_ops], bytes)
+}
+
+/// Decode roofline (ms) of `[b, s, heads]`, one token per request; `no_indexer` (vLLM reuse
+/// layers) drops the indexer's projections, logits and cache reads.
+#[allow(clippy::too_many_arguments)]
+fn generation_sol(
+    spec: &SystemSpec,
+    d: &DsaDims,
+    kv: Dtype,
+    gemm: Dtype,
+    flops: Flops,
+    [b, s, heads]: [i128; 3],
+    no_indexer: bool,
+) -> f64 {
+    let (gemm_ops, weights) = projections(d, b, heads, no_indexer);
+    let ih = if no_indexer { 0 } else { d.index_heads };
+    let effective = s.min(d.index_topk);
+    let attn_width = d.kv_lora + d.qk_rope;
+    let indexer_ops = 2 * b * ih * d.index_head_dim * s;
+    let attn_ops = 2 * b * heads * (attn_width + d.kv_lora) * effective;
+    let indexer_bytes =
+        if no_indexer { 0.0 } else { (b * s * indexer_cache_entry_bytes(d.index_head_dim as u32) as i128) as f64 };
+    let bytes = weights as f64 * gemm.bytes() + indexer_bytes + (b * effective * attn_width) as f64 * kv.bytes();
+    finish(spec, flops, [gemm_ops, indexer_ops, attn_ops], bytes)
+}
+
+/// Fraction of a model's layers that compute the indexer when `index_topk_freq` layers share
+/// one top-k index: a layer reuses when `index_topk_pattern[layer] == 'S'`, else (with an
+/// offset) when `max(layer − offset + 1, 0) % freq ≠ 0`, else when `max(layer − 1, 0) % freq ≠
+/// 0`. GLM-5.2 (freq 4, offset 3, 78 layers): 21 / 78.
+pub fn full_layer_fraction(freq: u32, pattern: Option<&str>, offset: Option<i64>, layers: u32) -> f64 {
+    if (freq <= 1 && pattern.is_none()) || layers == 0 {
+        return 1.0;
+    }
+    let freq = i64::from(freq.max(1));
+    let reuses = |layer: i64| match (pattern, offset) {
+        (Some(p), _) => p.as_bytes().get(layer as usize) == Some(&b'S'),
+        (None, Some(o)) => (layer - o + 1).max(0) % freq != 0,
+        (None, None) => (layer - 1).max(0) % freq != 0,
+    };
+    let full = (0..i64::from(layers)).filter(|&l| !reuses(l)).count();
+    full as f64 / layers as f64
+}
+
+/// The DSA facts of a `config.json`: the architecture's geometry, the indexer-sharing fraction
+/// and the dense first layers' formats under the checkpoint's exclusion `patterns`.
+pub fn spec_from_config(cfg: &Value, arch: &str, layers: u32, patterns: &[String], shown: &str) -> Result<DsaSpec> {
+    let arch = DsaArch::from_architecture(arch)
+        .ok_or_else(|| PerfError::unsupported(format!("{shown}: {arch} is not a DSA architecture")))?;
+    let freq = cfg.get("index_topk_freq").and_then(Value::as_u64).unwrap_or(1).max(1) as u32;
+    let pattern = match cfg.get("index_topk_pattern") {
+        Some(Value::String(p)) => Some(p.clone()),
+        Some(Value::Array(a)) => Some(a.iter().map(|x| if x.as_str() == Some("S") { 'S' } else { 'F' }).collect()),
+        _ => None,
+    };
+    let offset = cfg.get("index_skip_topk_offset").and_then(Value::as_i64);
+    let full_frac = full_layer_fraction(freq, pattern.as_deref(), offset, layers);
+    let dense = cfg.get("first_k_dense_replace").and_then(Value::as_u64).unwrap_or(0).min(layers as u64) as u32;
+    let mut dense_groups: Vec<(u32, bool, bool)> = Vec::new();
+    for layer in 0..dense {
+        let key = (dense_bf16(patterns, layer, true), dense_bf16(patterns, layer, false));
+        match dense_groups.iter_mut().find(|g| (g.1, g.2) == key) {
+            Some(g) => g.0 += 1,
+            None => dense_groups.push((1, key.0, key.1)),
+        }
+    }
+    let attn_bf16 = attention_bf16(patterns, false);
+    let attn_bf16_precise = attention_bf16(patterns, true);
+    let width =
+        |k: &str, default: u32| cfg.get(k).and_then(Value::as_u64).filter(|&v| v > 0).unwrap_or(default as u64) as u32;
+    let kv_dims = [width("kv_lora_rank", 512), width("qk_rope_head_dim", 64), width("index_head_dim", 128)];
+    Ok(DsaSpec { arch, full_frac, dense_groups, attn_bf16, attn_bf16_precise, kv_dims })
+}
+
+/// Which attention projection groups (q, kv, o, indexer) exclusion `patterns` keep in bf16.
+/// Loosely, a pattern naming `self_attn` but none of the block's projections (or its indexer)
+/// covers the whole block; by precise module paths only a pattern ending at the block
+/// (`self_attn`, `self_attn*`, `self_attn.*`) does, so norm exclusions leave the projections
+/// quantised, and the indexer counts only as the block or by its GEMMs. (Compressed-tensors
+/// `re:` patterns are not evaluated on the precise path.)
+fn attention_bf16(patterns: &[String], precise: bool) -> [bool; 4] {
+    let indexer: &[&str] = if precise { &["indexer.wq_b", "indexer.wk", "indexer.weights_proj"] } else { &["indexer"] };
+    let groups: [&[&str]; 4] = [
+        &["q_a_proj", "q_b_proj", "q_proj"],
+        &["kv_a_proj", "kv_b_proj", "kv_proj", "k_proj", "v_proj"],
+        &["o_proj"],
+        indexer,
+    ];
+    let block_end = |rest: &str| matches!(rest, "" | "*" | ".*" | r"\..*");
+    let mut out = [false; 4];
+    for p in patterns {
+        if precise && p.starts_with("re:") {
+            continue;
+        }
+        let names_block = match p.rsplit_once("self_attn") {
+            None => false,
+            Some((_, rest)) if precise => block_end(rest),
+            Some(_) => !groups.iter().flat_map(|g| g.iter()).any(|m| p.contains(m)),
+        };
+        if names_block {
+            return [true; 4];
+        }
+        if precise && p.rsplit_once("indexer").is_some_and(|(_, rest)| block_end(rest)) {
+            out[3] = true;
+        }
+        for (hit, markers) in out.iter_mut().zip(groups) {
+            *hit |= markers.iter().any(|m| p.contains(m));
+        }
+    }
+    out
+}
+
+/// Whether the checkpoint keeps dense layer `layer`'s fused gate/up (`gate_up`) or down
+/// projection in bf16: a pattern naming the module path literally, or a glob (`*` any run)
+/// matching the module's path or one of its dotted parts.
+fn dense_bf16(patterns: &[String], layer: u32, gate_up: bool) -> bool {
+    let shards: &[&str] = if gate_up { &["gate_proj", "up_proj"] } else { &["down_proj"] };
+    let literal = shards.iter().all(|shard| {
+        let path = format!(".model.layers.{layer}.mlp.{shard}.");
+        patterns.iter().any(|p| path.contains(&format!(".{}.", p.trim_end_matches('.'))))
+    });
+    if literal {
+        return true;
+    }
+    let name = format!("model.layers.{layer}.mlp.{}", if gate_up { "gate_up_proj" } else { "down_proj" });
+    patterns.iter().any(|p| glob(p, &name) || name.split('.').any(|part| glob(p, part)))
+}
+
+/// `*` matches any run of characters, everything else itself; the whole text must match.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < t.len() {
+        if i < p.len() && p[i] != b'*' && p[i] == t[j] {
+            (i, j) = (i + 1, j + 1);
+        } else if i < p.len() && p[i] == b'*' {
+            (star, mark, i) = (Some(i), j, i + 1);
+        } else if let Some(s) = star {
+            (i, mark, j) = (s + 1, mark + 1, mark + 1);
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == b'*')
+}
+
+/// `(context ops, generation ops)` of a DSA model, as the reference's `DeepSeekV32Model` lays
+/// them out (fused MoE path):
+///
+/// ```text
+/// embedding, add_norm_1, attention (DSA module), add_norm_2,
+/// [SGLang, one stage, no MTP / attention DP: dense first layers — attention all-reduce,
+///  gate/up GEMM, act, down GEMM, FFN all-reduce],
+/// shared expert (gate/up GEMM, act, down GEMM), router GEMM, dispatch, experts, combine,
+/// logits GEMM, p2p
+/// ```
+///
+/// The MoE ops count the MoE layers only when the dense layers are timed apart, else every
+/// layer. Decode runs the shared expert beside the routed chain (the slower of the two) and MTP
+/// scales it by `(L + nextn) / L`. The shared expert is split over `moe_tp`. The attention
+/// block's table is keyed by one projection format, the output projection's; indices shared
+/// across layers (GLM-5.2) blend reuse layers in on SGLang and vLLM.
+pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
+    let d = m.dsa.as_ref().ok_or_else(|| PerfError::config(format!("{}: not a DSA model", m.name)))?;
+    if l.ngram > 0 {
+        return Err(PerfError::unsupported(format!("{}: ngram verification of DSA attention is not modelled", m.name)));
+    }
+    let (tp, h) = (l.tp, m.hidden);
+    let layers = m.layers as f64;
+    let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
+    let sglang = l.backend == "sglang";
+    let dense_apart = sglang && l.pp == 1 && l.cp == 1 && l.attention_dp == 1 && l.nextn == 0;
+    let groups: &[(u32, bool, bool)] = if dense_apart { &d.dense_groups } else { &[] };
+    if !groups.is_empty() && (m.inter == 0 || !m.inter.is_multiple_of(tp)) {
+        return Err(PerfError::config(format!(
+            "{}: the dense layers' intermediate_size {} must be positive and divisible by tp={tp}",
+            m.name, m.inter
+        )));
+    }
+    let moe_layers = layers - groups.iter().map(|g| g.0 as f64).sum::<f64>();
+    let full_frac = if sglang || l.backend == "vllm" { d.full_frac } else { 1.0 };
+    let gemm_of = |bf16: bool| if bf16 { Dtype::Bfloat16 } else { l.gemm };
+    // The projections' formats; the module table is keyed by the output projection's.
+    let proj = if l.backend == "vllm" { d.attn_bf16_precise } else { d.attn_bf16 }.map(gemm_of);
+    let act = 2.0;
+    let mut out = (Vec::new(), Vec::new());
+    for (ctx, list) in [(true, &mut out.0), (false, &mut out.1)] {
+        let phase = if ctx { "context" } else { "generation" };
+        let nm = |x: &str| format!("{phase}_{x}");
+        let s = if ctx { 1.0 } else { mtp };
+        let ls = layers * s;
+        let gemm = |name: String, scale: f64, n: u32, k: u32, dtype: Dtype, fp8_input: bool| Op::Gemm {
+            name,
+            scale,
+            n,
+            k,
+            dtype,
+            logits: false,
+            fp8_input,
+        };
+        let add_norm =
+            |name: &str| Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
+        list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
+        list.push(add_norm("add_norm_1"));
+        list.push(Op::Dsa(DsaOp {
+            name: nm("attention"),
+            scale: ls,
+            context: ctx,
+            heads: m.heads / tp,
+            kv: l.kv,
+            fmha: l.fmha,
+            gemm: proj[2],
+            proj,
+            arch: d.arch,
+            full_frac,
+        }));
+        list.push(add_norm("add_norm_2"));
+        for (i, &(count, gate_bf16, down_bf16)) in groups.iter().enumerate() {
+            let prefix = if groups.len() == 1 { format!("{phase}_dense") } else { format!("{phase}_dense_{i}") };
+            let (c, inter) = (count as f64, m.inter / tp);
+            list.extend([
+                Op::AllReduce { name: format!("{prefix}_attn_ar"), scale: c, hidden: h, tp },
+                gemm(format!("{prefix}_gate_up_gemm"), c, 2 * inter, h, gemm_of(gate_bf16), false),
+                Op::Elementwise {
+                    name: format!("{prefix}_act_gate"),
+                    scale: c,
+                    bytes_per_token: (2 * inter + inter) as f64 * act,
+                },
+                gemm(format!("{prefix}_down_gemm"), c, h, inter, gemm_of(down_bf16), true),
+                Op::AllReduce { name: format!("{prefix}_ffn_ar"), scale: c, hidden: h, tp },
+            ]);
+        }
+        if moe_layers > 0.0 {
+            let ms = moe_layers * s;
+            let inter = m.moe_inter / l.moe_tp;
+            let shared = vec![
+                gemm(nm("shared_gate_up_gemm"), ms, 2 * inter, h, l.shared_gemm, false),
+                Op::Elementwise { name: nm("shared_act_gate"), scale: ms, bytes_per_token: (3 * inter) as f64 * act },
+                gemm(nm("shared_ffn2_gemm"), ms, h, inter, l.shared_gemm, false),
+            ];
+            let mut routed = Vec::new();
+            push_moe_ops(&mut routed, m, l, ctx, ms, MLA_DISTRIBUTION);
+            if ctx {
+                list.extend(shared);
+                list.extend(routed);
+            } else {
+                list.push(Op::Overlap { name: nm("moe_overlap"), a: routed, b: shared });
+            }
+        }
+        list.push(Op::Gemm {
+            name: nm("logits_gemm"),
+            scale: s,
+            n: m.vocab / tp,
+            k: h,
+            dtype: Dtype::Bfloat16,
+            logits: true,
+            fp8_input: false,
+        });
+        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glm52_shares_indices_over_four_layers() {
+        assert_eq!(full_layer_fraction(4, None, Some(3), 78), 21.0 / 78.0);
+        assert_eq!(full_layer_fraction(1, None, None, 61), 1.0);
+        assert_eq!(full_layer_fraction(2, Some("FSFS"), None, 4), 0.5);
+    }
+
+    #[test]
+    fn indexer_entry_carries_one_scale_per_128_values() {
+        assert_eq!(indexer_cache_entry_bytes(128), 132);
+    }
+
+    #[test]
+    fn dense_layer_exclusions() {
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // GLM-5.2-NVFP4 keeps its first layers whole in bf16.
+        let glm = p(&["model.layers.0*", "model.layers.1.*", "model.layers.10.self_attn*"]);
+        assert!(dense_bf16(&glm, 0, true) && dense_bf16(&glm, 1, false));
+        assert!(!dense_bf16(&glm, 2, true));
+        assert!(dense_bf16(&p(&["model.layers.2.mlp.down_proj"]), 2, false));
+        assert!(!dense_bf16(&p(&["model.layers.2.mlp.down_proj"]), 2, true));
+        let norm = p(&["model.layers.3.self_attn.kv_a_layernorm"]);
+        assert_eq!((attention_bf16(&norm, false), attention_bf16(&norm, true)), ([true; 4], [false; 4]));
+        assert_eq!(attention_bf16(&p(&["model.layers.3.self_attn*"]), true), [true; 4]);
+        // DeepSeek-V3.2-NVFP4: q / kv / indexer named one by one, o_proj quantised.
+        let v32 = p(&[
+            "model.layers.0.self_attn.indexer*",
+            "model.layers.0.self_attn.kv_b_proj",
+            "model.layers.0.self_attn.q_a_proj",
+        ]);
+        assert_eq!(attention_bf16(&v32, true), [true, true, false, true]);
+        assert_eq!(attention_bf16(&v32, false), [true, true, false, true]);
+        assert!(glob("a*c", "abbc") && !glob("a*c", "abcd") && glob("*", ""));
+    }
+}
