@@ -302,6 +302,11 @@ fn check(name: &str) {
         if ours["agentic_model_projection"] != golden["agentic_model_projection"] {
             problems.push("agentic_model_projection differs".into());
         }
+        for key in ["agentic_lifecycle_event_count", "agentic_lifecycle_digest"] {
+            if ours[key] != golden[key] {
+                problems.push(format!("{key}: {} vs {}", ours[key], golden[key]));
+            }
+        }
     }
     assert!(problems.is_empty(), "{name} drifted from the reference:\n  {}", problems.join("\n  "));
 }
