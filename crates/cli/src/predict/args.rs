@@ -323,8 +323,9 @@ pub(super) fn sim_failure(a: &PredictArgs, e: SimError) -> Failure {
             None if !a.traces.is_empty() => Failure::input(format!("the trace's timestamps and delays: {e}")),
             None => Failure::input(e),
         },
-        // The engine arguments cannot serve the workload: an input error.
-        e @ SimError::Unschedulable { .. } => Failure::input(e),
+        // The engine arguments cannot serve the workload: an input error. So is a workload
+        // that cannot go on (an agentic profile past its request bound, or refilling forever).
+        e @ (SimError::Unschedulable { .. } | SimError::Workload { .. }) => Failure::input(e),
         e => Failure::run(e),
     }
 }
