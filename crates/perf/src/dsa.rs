@@ -26,7 +26,7 @@ use serde_json::Value;
 use crate::db::{keep_row, Database, Dtype};
 use crate::error::{PerfError, Result};
 use crate::interp::{Grid, GridSpec, Node};
-use crate::model::{push_moe_ops, DsaSpec, Layout, ModelSpec, Op};
+use crate::model::{logits_gemm, push_moe_ops, push_shared_beside_routed, DsaSpec, Layout, ModelSpec, Op};
 use crate::moe_ops::MLA_DISTRIBUTION;
 use crate::parquet_table::{key_u32, Table};
 use crate::systems::{sources, SystemSpec};
@@ -652,22 +652,9 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             ];
             let mut routed = Vec::new();
             push_moe_ops(&mut routed, m, l, ctx, ms, MLA_DISTRIBUTION);
-            if ctx {
-                list.extend(shared);
-                list.extend(routed);
-            } else {
-                list.push(Op::Overlap { name: nm("moe_overlap"), a: routed, b: shared });
-            }
+            push_shared_beside_routed(list, ctx, phase, shared, routed);
         }
-        list.push(Op::Gemm {
-            name: nm("logits_gemm"),
-            scale: s,
-            n: m.vocab / tp,
-            k: h,
-            dtype: Dtype::Bfloat16,
-            logits: true,
-            fp8_input: false,
-        });
+        list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
         list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
     }
     Ok(out)

@@ -783,15 +783,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             });
         }
         if !(moe && ctx) {
-            list.push(Op::Gemm {
-                name: nm("logits_gemm"),
-                scale: s,
-                n: m.vocab / tp,
-                k: h,
-                dtype: Dtype::Bfloat16,
-                logits: true,
-                fp8_input: false,
-            });
+            list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
         }
         list.push(Op::AllReduce { name: nm("embedding_ar"), scale: s, hidden: h, tp });
         if !moe {
@@ -805,6 +797,23 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
 
 /// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block),
 /// the experts at routing skew `distribution`.
+/// The logits GEMM: one token per request, the vocabulary split over tensor parallelism, in
+/// bf16 whatever the checkpoint.
+pub(crate) fn logits_gemm(name: String, scale: f64, m: &ModelSpec, tp: u32) -> Op {
+    Op::Gemm { name, scale, n: m.vocab / tp, k: m.hidden, dtype: Dtype::Bfloat16, logits: true, fp8_input: false }
+}
+
+/// Shared experts beside the routed ones (DeepSeek-style MoE): one after the other in context,
+/// overlapped (`moe_overlap`) in generation.
+pub(crate) fn push_shared_beside_routed(list: &mut Vec<Op>, ctx: bool, phase: &str, shared: Vec<Op>, routed: Vec<Op>) {
+    if ctx {
+        list.extend(shared);
+        list.extend(routed);
+    } else {
+        list.push(Op::Overlap { name: format!("{phase}_moe_overlap"), a: routed, b: shared });
+    }
+}
+
 pub(crate) fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, distribution: &str) {
     let phase = if ctx { "context" } else { "generation" };
     let h = m.hidden;
@@ -996,21 +1005,8 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
         ];
         let mut routed = Vec::new();
         push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
-        if ctx {
-            list.extend(shared);
-            list.extend(routed);
-        } else {
-            list.push(Op::Overlap { name: nm("moe_overlap"), a: routed, b: shared });
-        }
-        list.push(Op::Gemm {
-            name: nm("logits_gemm"),
-            scale: s,
-            n: m.vocab / tp,
-            k: h,
-            dtype: Dtype::Bfloat16,
-            logits: true,
-            fp8_input: false,
-        });
+        push_shared_beside_routed(list, ctx, phase, shared, routed);
+        list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
         if vllm {
             list.push(Op::AllReduce { name: nm("tp_allreduce"), scale: 2.0 * layers * s, hidden: h, tp });
         }
