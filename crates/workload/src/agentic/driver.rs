@@ -663,9 +663,10 @@ impl GraphState {
             return;
         }
         let mut progressed = false;
+        let lanes = self.profile.as_ref().map_or(0, |p| p.active_plays.len());
         // Lane order, so that simultaneous refills take the corpus in a fixed order.
-        let active = self.profile.as_ref().map(|p| p.active_plays.clone()).unwrap_or_default();
-        for (lane, p) in active.into_iter().enumerate() {
+        for lane in 0..lanes {
+            let p = self.profile.as_ref().map_or(0, |pr| pr.active_plays[lane]);
             if self.plays[p].client_finished {
                 self.refill(lane, now);
                 progressed = true;
@@ -674,11 +675,11 @@ impl GraphState {
         let Some(profile) = self.profile.as_ref() else { return };
         let (tree_cap, global_cap) =
             (profile.options.tree_idle_cap_seconds * 1000.0, profile.options.global_idle_cap_seconds * 1000.0);
-        let trees: Vec<(usize, Option<f64>)> =
-            profile.active_plays.iter().map(|&p| (p, profile.tree_idle_since_ms[p])).collect();
         let global = profile.global_idle_since_ms;
-        for (p, idle) in trees {
-            if idle.is_some_and(|t| now >= t + tree_cap) {
+        for lane in 0..lanes {
+            let Some(profile) = self.profile.as_ref() else { return };
+            let p = profile.active_plays[lane];
+            if profile.tree_idle_since_ms[p].is_some_and(|t| now >= t + tree_cap) {
                 progressed |= self.shift_timers(Some(p), now);
             }
         }
@@ -848,13 +849,13 @@ impl GraphState {
             let t = t.max(last);
             (t > last || !profile.idle_at_last_advance).then_some(t)
         };
-        let finished: Vec<f64> = profile
+        let finished = profile
             .active_plays
             .iter()
             .filter(|&&p| self.plays[p].client_finished)
             .map(|&p| self.plays[p].max_terminal.unwrap_or(last))
-            .collect();
-        if let Some(t) = finished.into_iter().min_by(f64::total_cmp) {
+            .min_by(f64::total_cmp);
+        if let Some(t) = finished {
             return Some(t.max(last));
         }
         let mut next = cutoff;
