@@ -886,6 +886,39 @@ fn refused(name: &str, yaml: &str, sets: &[&str], wants: &[&str]) {
     assert!(!err.contains("panicked"));
 }
 
+/// servesim's hardware-faithful settings: checked by key, and they change what they say they
+/// change (the reference-equal default is pinned by every golden above).
+#[test]
+fn hardware_faithful_settings_are_checked_and_take_effect() {
+    let fused = "engine.workers.aggregated.timing.pass_model=fused";
+    refused(
+        "fused-fixed-timing",
+        BASE,
+        &[fused],
+        &["engine.workers.aggregated.timing.pass_model", "fused passes need default (AIS op-level) timing"],
+    );
+    refused(
+        "fused-unknown",
+        BASE,
+        &["engine.workers.aggregated.timing.pass_model=fusion"],
+        &["engine.workers.aggregated.timing.pass_model", "expected one of additive, fused"],
+    );
+    let probe = predict(&deploy_dir().join("predict_agg_vllm_default.yaml"), &tmp("hw-probe"), &["--format", "json"]);
+    if data_missing(&probe) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the timing half");
+        return;
+    }
+    // Closed-loop concurrency 16: most passes carry a new prompt's chunk beside the decodes.
+    let additive = predict_with("predict_agg_vllm_default", &[]);
+    let one_forward = predict_with("predict_agg_vllm_default", &[fused]);
+    let get = |v: &Value, k: &str| v[k].as_f64().unwrap();
+    assert_eq!(one_forward["completed_requests"], additive["completed_requests"]);
+    for key in ["mean_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms"] {
+        assert!(get(&one_forward, key) < get(&additive, key), "{key}: {one_forward} vs {additive}");
+    }
+    assert!(get(&one_forward, "output_throughput_tok_s") > get(&additive, "output_throughput_tok_s"));
+}
+
 #[test]
 fn a_base_config_runs_without_performance_data() {
     let cfg = write("base.yaml", BASE);

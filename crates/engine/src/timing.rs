@@ -1,7 +1,9 @@
 //! Forward-pass timing models.
 //!
 //! A pass costs `prefill_ms + decode_ms`. Prefill is paid when the pass computes new prompt
-//! tokens, decode when at least one request that already had its first token generates.
+//! tokens, decode when at least one request that already had its first token generates. An
+//! external model may instead time a pass that does both as one fused forward
+//! ([`PassTimer::fused_ms`]), which is what vLLM's chunked-prefill batches are on a GPU.
 //!
 //! Besides the built-in models, a [`PassTimer`] implemented outside the engine (the data-driven
 //! AIS model of `servesim-perf`) can time passes: it is configured as
@@ -39,6 +41,19 @@ pub trait PassTimer: Send + Sync + std::fmt::Debug {
     fn decode_ms(&self, batch: u32, context_tokens: u64, capacity_tokens: u64) -> std::result::Result<f64, String>;
     /// The provider's configuration, for the canonical dump of the engine configuration.
     fn config(&self) -> serde_json::Value;
+    /// Whether this model times a pass that both computes prompt tokens and decodes as one
+    /// fused forward ([`PassTimer::fused_ms`]) instead of as a prefill step plus a decode step.
+    fn fuses_mixed_passes(&self) -> bool {
+        false
+    }
+    /// A mixed pass as one forward: the prefill part as [`PassTimer::prefill_ms`] gets it and
+    /// the decode part as [`PassTimer::decode_ms`] gets it. Called only when
+    /// [`PassTimer::fuses_mixed_passes`] says so.
+    fn fused_ms(&self, prefill: &PrefillShape, decode: &DecodeShape) -> std::result::Result<f64, String> {
+        let b = u64::from(prefill.batch.max(1));
+        Ok(self.prefill_ms(prefill.batch, prefill.total_isl / b, prefill.total_prefix / b)?
+            + self.decode_ms(decode.batch, decode.context_tokens, decode.capacity_tokens)?)
+    }
     /// KV-cache blocks of one rank sized from the GPU's memory, as the reference sizes them
     /// when the configuration gives no `num_gpu_blocks`. `None`: the model knows nothing of
     /// memory, and the engine's default capacity stays.
@@ -277,6 +292,23 @@ impl TimingModel {
                 e.checked("decode", e.timer.decode_ms(shape.batch, shape.context_tokens, shape.capacity_tokens))
             }
         }
+    }
+
+    /// A pass that computes prompt tokens and decodes, timed as one fused forward, when the
+    /// model does that (an external model whose [`PassTimer::fuses_mixed_passes`]); None when
+    /// the pass costs its prefill part plus its decode part, as Dynamo times it.
+    pub fn fused_ms(&self, prefill: &PrefillShape, decode: &DecodeShape) -> Option<f64> {
+        match self {
+            TimingModel::External(e) if e.timer.fuses_mixed_passes() && prefill.batch > 0 && decode.batch > 0 => {
+                Some(e.checked("mixed", e.timer.fused_ms(prefill, decode)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether mixed passes are timed as one fused forward (see [`TimingModel::fused_ms`]).
+    pub fn fuses_mixed_passes(&self) -> bool {
+        matches!(self, TimingModel::External(e) if e.timer.fuses_mixed_passes())
     }
 
     /// Why an external model could not time a pass (the pass lasted NaN ms), if it failed.
@@ -583,16 +615,80 @@ mod external_tests {
         }
     }
 
+    /// [`Linear`], except that a pass that both prefills and decodes costs its larger part
+    /// plus 1 ms, as one fused forward.
+    #[derive(Debug)]
+    struct FusedLinear;
+
+    impl PassTimer for FusedLinear {
+        fn prefill_ms(&self, batch: u32, isl: u64, prefix: u64) -> std::result::Result<f64, String> {
+            Linear.prefill_ms(batch, isl, prefix)
+        }
+        fn decode_ms(&self, batch: u32, context: u64, capacity: u64) -> std::result::Result<f64, String> {
+            Linear.decode_ms(batch, context, capacity)
+        }
+        fn fuses_mixed_passes(&self) -> bool {
+            true
+        }
+        fn fused_ms(&self, p: &PrefillShape, d: &DecodeShape) -> std::result::Result<f64, String> {
+            let b = u64::from(p.batch);
+            let prefill = self.prefill_ms(p.batch, p.total_isl / b, p.total_prefix / b)?;
+            Ok(prefill.max(self.decode_ms(d.batch, d.context_tokens, d.capacity_tokens)?) + 1.0)
+        }
+        fn config(&self) -> serde_json::Value {
+            serde_json::json!({"slope": 1, "fused": true})
+        }
+    }
+
     fn with_linear(json: &str) -> servesim_config::Result<EngineConfig> {
         let factory = |key: &str, provider: &str, config: &serde_json::Value| {
             if provider != "linear" {
                 return Err(ConfigError::new(key, format!("unknown provider {provider}")));
             }
             assert_eq!(config["slope"], 1);
+            if config["fused"] == true {
+                return Ok(Arc::new(FusedLinear) as Arc<dyn PassTimer>);
+            }
             Ok(Arc::new(Linear) as Arc<dyn PassTimer>)
         };
         let value: serde_json::Value = serde_json::from_str(json).unwrap();
         EngineConfig::from_value_env(&value, ConfigEnv { timers: Some(&factory), ..ConfigEnv::NONE })
+    }
+
+    /// Pass durations of a vLLM engine that gets a 10-token prompt at 0 and, after its first
+    /// pass, a 20-token prompt: pass 2 prefills the second beside the first's decode.
+    fn mixed_pass_durations(fused: bool, decode_speedup: f64) -> servesim_config::Result<Vec<f64>> {
+        use crate::{Engine, EngineOptions, EngineRequest, PassOutput, Prompt};
+        let json = format!(
+            r#"{{"engine": {{"block_size": 16, "num_gpu_blocks": 100, "decode_speedup_ratio": {decode_speedup},
+                "timing_model": {{"type": "external", "provider": "linear", "config": {{"slope": 1, "fused": {fused}}}}}}}}}"#
+        );
+        let mut engine = Engine::new(with_linear(&json)?, EngineOptions::default());
+        let prompt = |n: u32, salt: u32| Prompt::Tokens((0..n).map(|i| i + salt * 1000).collect::<Vec<_>>().into());
+        engine.submit(EngineRequest::new(1, prompt(10, 1), 3, 1));
+        let (mut now, mut durations) = (0.0, Vec::new());
+        while engine.has_work() {
+            let mut out = PassOutput::default();
+            engine.step(now, &mut out);
+            durations.push(out.end_ms - now);
+            now = out.end_ms;
+            if durations.len() == 1 {
+                engine.submit(EngineRequest::new(2, prompt(20, 2), 2, 2));
+            }
+        }
+        Ok(durations)
+    }
+
+    #[test]
+    fn a_fusing_model_times_a_mixed_pass_as_one_forward() {
+        // Additive: pass 2 is the 20-token prefill (20 ms) plus request 1's decode (2 ms).
+        assert_eq!(mixed_pass_durations(false, 1.0).unwrap(), [10.0, 22.0, 4.0]);
+        // Fused: max(20, 2) + 1. Passes that only prefill or only decode are timed as before.
+        assert_eq!(mixed_pass_durations(true, 1.0).unwrap(), [10.0, 21.0, 4.0]);
+        // A decode-only speedup cannot apply to a fused pass: refused by key.
+        let e = mixed_pass_durations(true, 2.0).unwrap_err();
+        assert_eq!(e.path, "decode_speedup_ratio");
+        assert!(e.message.contains("fuses mixed passes"), "{}", e.message);
     }
 
     #[test]

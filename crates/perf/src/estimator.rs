@@ -62,6 +62,16 @@ fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()
     }
 }
 
+/// Whether `op` is attention, whose cost depends on each request's sequence rather than only
+/// on the number of tokens.
+fn attends(op: &Op) -> bool {
+    match op {
+        Op::ContextAttention { .. } | Op::GenerationAttention { .. } | Op::Mla(_) | Op::MlaBmm(_) | Op::Dsa(_) => true,
+        Op::Fallback { primary, .. } => attends(primary),
+        _ => false,
+    }
+}
+
 impl Estimator {
     pub fn new(
         db: Arc<Database>,
@@ -282,6 +292,50 @@ impl Estimator {
             return Ok(0.0);
         }
         self.memoised((1, batch, context, 0), || Ok(self.decode_ops(batch, context)?.iter().map(|(_, v)| v).sum()))
+    }
+
+    /// A vLLM-style mixed pass timed as one forward (`pass_model: fused`; the reference and
+    /// Dynamo time a prefill step plus a decode step): the prefill requests' new tokens and the
+    /// decode requests' tokens go through every token-major op (GEMMs, experts, norms,
+    /// communication) together, context attention runs at the prefill shape (`batch`
+    /// requests reaching `isl` tokens, `prefix` of them cached), generation attention at the
+    /// decode shape (`decode_batch` requests reading `context` tokens of KV each), and the
+    /// logits GEMM reads one row per sequence. ms.
+    pub fn fused_ms(&self, batch: u32, isl: u32, prefix: u32, decode_batch: u32, context: u32) -> Result<f64> {
+        if batch == 0 || isl <= prefix {
+            return self.decode_ms(decode_batch, context);
+        }
+        if decode_batch == 0 {
+            return self.prefill_ms(batch, isl, prefix);
+        }
+        if self.layout.verify_width() > 1 {
+            return Err(PerfError::unsupported(
+                "fused mixed passes are not modelled with speculative decoding (nextn or ngram); use pass_model: additive",
+            ));
+        }
+        let s = isl - prefix;
+        let new_tokens = tokens(batch, s, "prefill")?;
+        let all = new_tokens.checked_add(decode_batch).ok_or_else(|| PerfError::config("token count exceeds 2^32"))?;
+        let sequences = batch + decode_batch;
+        let mut total = 0.0;
+        for op in &self.context_ops {
+            total += if attends(op) {
+                self.context_at(op, batch, s, prefix)?
+            } else if matches!(op, Op::Gemm { logits: true, .. }) {
+                continue;
+            } else {
+                let x = self.cp_share(op, all);
+                self.eval(op, At { batch, s, prefix, x }).map_err(|e| e.context(format!("op {}", op.name())))?
+            };
+        }
+        for op in &self.generation_ops {
+            if attends(op) {
+                total += self.generation_at(op, decode_batch, context)?;
+            } else if matches!(op, Op::Gemm { logits: true, .. }) {
+                total += self.generation_at(op, sequences, context)?;
+            }
+        }
+        Ok(total)
     }
 
     /// Time of one rank's share of a forward pass, ms.

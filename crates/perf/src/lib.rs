@@ -24,4 +24,6 @@ pub mod systems;
 
 pub use error::{ErrorKind, PerfError};
 pub use estimator::{Estimator, RankMetrics};
-pub use provider::{build_timer, estimator, planner_model, timer_factory, AisConfig, AisTimer, PlannerModel};
+pub use provider::{
+    build_timer, estimator, planner_model, timer_factory, AisConfig, AisTimer, PassModel, PlannerModel,
+};

@@ -44,8 +44,21 @@ pub struct AisConfig {
     /// Refuse data whose version directories' `collection_meta.yaml` do not cover their tables
     /// (`systems::check_provenance`); the timing is the same either way.
     pub strict_provenance: bool,
+    /// How a pass that both prefills and decodes is timed (servesim's own key).
+    pub pass_model: PassModel,
     /// The configuration as given, for the canonical dump.
     pub raw: Value,
+}
+
+/// How a forward pass that computes prompt tokens beside a decode batch is timed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PassModel {
+    /// A prefill step plus a decode step, as aisimulate and Dynamo's mocker time it.
+    #[default]
+    Additive,
+    /// One forward over all of the pass's tokens, as vLLM runs a chunked-prefill batch on a GPU
+    /// (`Estimator::fused_ms`).
+    Fused,
 }
 
 /// Keys the reference accepts that only select options servesim models the same way whatever
@@ -88,6 +101,8 @@ const KEYS: &[&str] = &[
     "enable_eplb",
     "wideep_num_slots",
     "encoder_parallel",
+    // servesim's own: `additive` (the reference's) or `fused`.
+    "pass_model",
 ];
 
 fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
@@ -292,6 +307,20 @@ impl AisConfig {
                 .collect::<Result<_>>()?,
             Some(x) => return Err(cfg_err(path, "systems_paths", format!("must be a list of paths, got {x}"))),
         };
+        let pass_model = match string("pass_model")?.as_deref() {
+            None | Some("additive") => PassModel::Additive,
+            Some("fused") => PassModel::Fused,
+            Some(other) => {
+                return Err(cfg_err(path, "pass_model", format!("{other:?}; expected \"additive\" or \"fused\"")))
+            }
+        };
+        if pass_model == PassModel::Fused && (nextn > 0 || ngram > 0) {
+            return Err(cfg_err(
+                path,
+                "pass_model",
+                "fused mixed passes are not modelled with speculative decoding (nextn or ngram speculation)",
+            ));
+        }
         Ok(AisConfig {
             model: required("model")?,
             system: required("system")?,
@@ -317,6 +346,7 @@ impl AisConfig {
             attention_backend: string("attention_backend")?,
             enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(true),
             strict_provenance: boolean("strict_provenance")?.unwrap_or(false),
+            pass_model,
             raw: v.clone(),
         })
     }
@@ -666,6 +696,25 @@ impl PassTimer for AisTimer {
             .checked_add(1)
             .ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
         self.estimator.decode_ms(batch, kv).map_err(|e| e.message)
+    }
+
+    fn fuses_mixed_passes(&self) -> bool {
+        self.config.pass_model == PassModel::Fused
+    }
+
+    fn fused_ms(
+        &self,
+        prefill: &servesim_engine::PrefillShape,
+        decode: &servesim_engine::DecodeShape,
+    ) -> std::result::Result<f64, String> {
+        // The prefill part at Dynamo's integer means, as `prefill_ms` gets it; the decode part's
+        // KV as `decode_ms` reads it (the mean context and the token being generated).
+        let b = u64::from(prefill.batch.max(1));
+        let isl = narrow(prefill.total_isl / b, "mean input length")?;
+        let prefix = narrow(prefill.total_prefix / b, "mean prefix length")?;
+        let d = decode.batch;
+        let kv = narrow(decode.context_tokens / u64::from(d.max(1)) + 1, "mean decode context")?;
+        self.estimator.fused_ms(prefill.batch, isl, prefix, d, kv).map_err(|e| e.message)
     }
 
     fn config(&self) -> Value {

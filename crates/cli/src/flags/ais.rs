@@ -36,6 +36,11 @@ pub struct AisFlags {
     pub attention_dp_size: Option<u32>,
     #[arg(long = "ais-nextn", alias = "aic-nextn", help_heading = "AIS timing")]
     pub nextn: Option<u32>,
+    /// How a pass that prefills beside a decode batch is timed: `additive` (prefill step plus
+    /// decode step, as the reference does) or `fused` (one forward over all its tokens, as a GPU
+    /// runs it). servesim's own.
+    #[arg(long = "ais-pass-model", value_parser = ["additive", "fused"], help_heading = "AIS timing")]
+    pub pass_model: Option<String>,
     /// A complete timing config (ForwardPassPerfModelConfig keys) as JSON or a JSON/YAML file.
     #[arg(long = "ais-perf-config", alias = "aic-perf-config", help_heading = "AIS timing")]
     pub perf_config: Option<String>,
@@ -52,6 +57,7 @@ impl AisFlags {
             ("moe_ep_size", self.moe_ep_size.map(Value::from)),
             ("attention_dp", self.attention_dp_size.map(Value::from)),
             ("nextn", self.nextn.map(Value::from)),
+            ("pass_model", self.pass_model.clone().map(Value::from)),
         ]
     }
 

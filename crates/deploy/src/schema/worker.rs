@@ -219,6 +219,16 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             if !timing_controls.is_empty() && ty != "default" {
                 return Err(DeployError::new(&here, "quantization and backend identity require default timing"));
             }
+            // servesim's own: time a pass that prefills beside decodes as one forward.
+            if t.one_of("pass_model", &["additive", "fused"])? == Some("fused") {
+                if ty != "default" {
+                    return Err(t.err(
+                        "pass_model",
+                        "fused passes need default (AIS op-level) timing: only it times a pass's ops",
+                    ));
+                }
+                timing_controls.insert("pass_model".into(), json!("fused"));
+            }
             // `op_level` is the legacy name of what the default timing does.
             if t.value("forward_model").is_some_and(|v| !v.is_null() && v.as_str() != Some("op_level")) {
                 return Err(t.err(

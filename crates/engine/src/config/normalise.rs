@@ -135,6 +135,13 @@ impl RawConfig {
                 }
             }
         };
+        if timing.fuses_mixed_passes() && self.decode_speedup_ratio.or(1.0) != 1.0 {
+            return Err(ConfigError::new(
+                "decode_speedup_ratio",
+                "a timing model that fuses mixed passes (pass_model: fused) times prefill and decode as one \
+                 forward, so decode_speedup_ratio cannot scale the decode part alone; use speedup_ratio",
+            ));
+        }
         // After the model is built, so a bad key in its config is named first.
         let ais_nextn = match ais_identity {
             Some((key, config)) => self.take_ais_identity(&key, &config, env.spec_schedule)?,

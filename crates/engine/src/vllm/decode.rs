@@ -6,12 +6,11 @@ use super::{Status, VllmEngine};
 use crate::config::Role;
 use crate::output::{Finish, Finished, PassOutput};
 use crate::speculative::SpecSchedule;
-use crate::timing::{jittered, pass_duration_ms, DecodeShape};
+use crate::timing::{jittered, pass_duration_ms, DecodeShape, PrefillShape};
 
 impl VllmEngine {
-    /// Generates a token for every request whose known tokens are all computed; returns the
-    /// pass end time.
-    pub(super) fn decode(&mut self, decode_start: f64, out: &mut PassOutput) -> f64 {
+    /// Generates a token for every request whose known tokens are all computed.
+    pub(super) fn decode(&mut self, out: &mut PassOutput) {
         let speculative = self.sampler.is_some() && self.cfg.role != Role::Prefill;
         // Whether a just-prefilled request joins the draft forward (see `SpecSchedule`).
         let drafts_after_prefill =
@@ -32,14 +31,7 @@ impl VllmEngine {
                 shape.context_tokens += req.len() as u64;
             }
         }
-        // A prefill worker's token comes out of the prefill forward.
-        let decode_ms = if self.cfg.role == Role::Prefill {
-            0.0
-        } else {
-            jittered(&self.jitter, self.cfg.timing.decode_ms(&shape))
-        };
         out.decode = shape;
-        let end = decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio);
 
         let mut done = std::mem::take(&mut self.scratch_done);
         for i in 0..self.running.len() {
@@ -93,7 +85,23 @@ impl VllmEngine {
             done.clear();
         }
         self.scratch_done = done;
-        end
+    }
+
+    /// When a pass whose compute starts at `compute_start` ends: its prefill part, then its
+    /// decode part (`out.decode`), or both as one forward when the timing model fuses them. A
+    /// prefill worker's token comes out of the prefill forward: it has no decode part.
+    pub(super) fn pass_end(&self, compute_start: f64, prefill: &PrefillShape, out: &PassOutput) -> f64 {
+        let timing = &self.cfg.timing;
+        let decodes = self.cfg.role != Role::Prefill;
+        if decodes {
+            if let Some(ms) = timing.fused_ms(prefill, &out.decode) {
+                return compute_start + pass_duration_ms(jittered(&self.jitter, ms), self.cfg.speedup_ratio);
+            }
+        }
+        let prefill_ms = jittered(&self.jitter, timing.prefill_ms(prefill));
+        let decode_start = compute_start + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
+        let decode_ms = if decodes { jittered(&self.jitter, timing.decode_ms(&out.decode)) } else { 0.0 };
+        decode_start + pass_duration_ms(decode_ms, self.cfg.speedup_ratio * self.cfg.decode_speedup_ratio)
     }
 
     /// A request that generated its last token leaves, freeing its blocks (a prefill worker

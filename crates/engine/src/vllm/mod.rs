@@ -49,7 +49,7 @@ use crate::pool::{BlockPool, Residency};
 use crate::request::EngineRequest;
 use crate::sequence::{Sequence, SequenceTable};
 use crate::speculative::{BurstSampler, SpecSchedule};
-use crate::timing::{jittered, pass_duration_ms, PassJitter};
+use crate::timing::PassJitter;
 use policy::Policy;
 
 pub use offload::{CacheTiers, HostCounters};
@@ -364,9 +364,11 @@ impl VllmEngine {
         if let Some(j) = self.jitter.as_mut() {
             j.next_pass();
         }
-        let prefill_ms = jittered(&self.jitter, self.cfg.timing.prefill_ms(&out.prefill));
-        let decode_start = compute_start + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
-        out.end_ms = self.decode(decode_start, out);
+        // Timed as scheduled: a request that speculative decoding preempts below keeps its
+        // prefill's share of the pass, as in the reference.
+        let prefill = out.prefill;
+        self.decode(out);
+        out.end_ms = self.pass_end(compute_start, &prefill, out);
         self.host_boundary(out.end_ms, out);
         self.drain_kv_events(out);
     }

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The real-hardware benchmark (../shared/real-hw/run.py) with servesim's timing options.
+
+    python3 scripts/real_hw.py --servesim target/release/servesim [--mode reference|hardware]
+                               [--set KEY=VALUE ...] [run.py options: --only, --json, --work ...]
+
+run.py runs every development experiment's YAML through `servesim predict -c` and prints the
+error table against the measurements. This wrapper runs it unchanged, except that every
+`predict` it starts gets the `--set` overrides of the chosen mode and of `--set`:
+
+- `reference` (default): the YAML as written, AIS timing equal to aisimulate's.
+- `hardware`: the hardware-faithful settings (`HARDWARE` below) — mixed passes timed as one
+  fused forward.
+
+`--real-hw DIR` points at the benchmark (default: ../shared/real-hw beside the repository).
+"""
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every experiment is an aggregated vLLM deployment.
+HARDWARE = ["engine.workers.aggregated.timing.pass_model=fused"]
+
+
+def load_runner(real_hw):
+    path = os.path.join(real_hw, "run.py")
+    if not os.path.isfile(path):
+        sys.exit(f"real_hw.py: {path} not found (give --real-hw DIR)")
+    spec = importlib.util.spec_from_file_location("real_hw_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class PredictWithOverrides:
+    """Stands in for the `subprocess` module inside run.py: `predict` commands get the
+    overrides, everything else runs as asked."""
+
+    def __init__(self, overrides):
+        self.extra = [arg for kv in overrides for arg in ("--set", kv)]
+
+    def run(self, cmd, *args, **kwargs):
+        if len(cmd) > 1 and cmd[1] == "predict":
+            cmd = list(cmd) + self.extra
+        return subprocess.run(cmd, *args, **kwargs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 add_help=False)
+    ap.add_argument("--mode", choices=["reference", "hardware"], default="reference")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a YAML override for every predict (repeatable)")
+    ap.add_argument("--real-hw", default=os.path.join(os.path.dirname(ROOT), "shared", "real-hw"))
+    ap.add_argument("-h", "--help", action="store_true")
+    a, rest = ap.parse_known_args()
+    runner = load_runner(os.path.abspath(a.real_hw))
+    if a.help:
+        ap.print_help()
+        print("\nrun.py's own options follow.\n")
+        sys.argv = [sys.argv[0], "--help"]
+        runner.main()
+        return
+    overrides = (HARDWARE if a.mode == "hardware" else []) + a.sets
+    print(f"mode {a.mode}; overrides: {' '.join(overrides) or 'none'}", file=sys.stderr)
+    runner.subprocess = PredictWithOverrides(overrides)
+    sys.argv = [sys.argv[0]] + rest
+    runner.main()
+
+
+if __name__ == "__main__":
+    main()
