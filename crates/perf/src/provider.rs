@@ -542,10 +542,11 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     }
     // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
-        _ if !model.routed() => (1, 1),
+        Family::Dense => (1, 1),
+        // (A dense Gemma 4 too: the reference checks its widths as a MoE model's.)
         _ => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
     };
-    if model.routed() {
+    if model.family != Family::Dense {
         let width = cfg.tp as u64 * cfg.attention_dp as u64;
         if moe_tp as u64 * moe_ep as u64 != width {
             return Err(PerfError::config(format!(
@@ -556,7 +557,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
                 cfg.attention_dp
             )));
         }
-        if model.experts < moe_ep {
+        if model.routed() && model.experts < moe_ep {
             return Err(PerfError::config(format!(
                 "{}: moe_ep_size {moe_ep} exceeds the model's {} experts",
                 cfg.model, model.experts
