@@ -215,3 +215,36 @@ pub(crate) fn kv_bytes_per_sequence(g: &Gemma4Spec, tp: u32, kv: Dtype, len: u64
     g.swa_layers as f64 * per_layer(g.swa_kv_heads, g.swa_head) * swa_len as f64
         + g.global_layers as f64 * per_layer(g.global_kv_heads, g.global_head) * len as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(patterns: &[&str]) -> Gemma4Spec {
+        let mut types = vec!["sliding_attention"; 5];
+        types.push("full_attention");
+        let cfg = json!({"layer_types": types, "num_key_value_heads": 8, "head_dim": 256,
+                         "num_global_key_value_heads": 2, "global_head_dim": 512, "sliding_window": 1024,
+                         "attention_k_eq_v": true});
+        let patterns: Vec<String> = patterns.iter().map(|p| p.to_string()).collect();
+        spec_from_config(&cfg, 6, &patterns, "test").unwrap()
+    }
+
+    #[test]
+    fn layer_kinds_formats_and_window_capped_kv() {
+        let g = spec(&["model.language_model.layers.0.self_attn*", "model.language_model.layers.0.mlp*"]);
+        assert_eq!((g.swa_layers, g.global_layers, g.global_head, g.window), (5, 1, 512, 1024));
+        assert!(g.k_eq_v && g.attn_bf16 && g.mlp_bf16);
+        let (bf, f4) = (Dtype::Bfloat16, Dtype::Nvfp4);
+        assert_eq!(formats(&g, f4, f4, false), (bf, bf, bf));
+        assert_eq!(formats(&g, f4, f4, true), (f4, f4, f4));
+        assert_eq!(formats(&spec(&["lm_head"]), f4, f4, false), (f4, f4, f4));
+        // tp 2: 4 sliding KV heads × 256 and 1 global KV head × 512, K and V, bf16.
+        let per_token = kv_bytes_per_token(&g, 2, bf);
+        assert_eq!(per_token, 2.0 * (5.0 * 4.0 * 256.0 + 512.0) * 2.0);
+        assert_eq!(kv_bytes_per_sequence(&g, 2, bf, 100), per_token * 100.0);
+        let long = kv_bytes_per_sequence(&g, 2, bf, 4096);
+        assert_eq!(long, 2.0 * 2.0 * (5.0 * 4.0 * 256.0 * 1024.0 + 512.0 * 4096.0));
+    }
+}
