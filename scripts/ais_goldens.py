@@ -106,6 +106,17 @@ STEPS = [
     ({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    # Gemma 4: sliding-window (head 256, window 1024) and global (head 512, K = V) blocks, the
+    # dense MLP beside 128 routed experts; the NVFP4 release keeps attention and MLP in bf16.
+    ({"model": "google/gemma-4-26B-A4B", "system": "h200_sxm", "backend": "vllm", "tp": 1, "moe_tp_size": 1,
+      "moe_ep_size": 1},
+     [("prefill", (4, 1024, 0)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)), ("decode", (7, 131072))]),
+    ({"model": "google/gemma-4-26B-A4B", "system": "h200_sxm", "backend": "sglang", "tp": 2, "moe_tp_size": 1,
+      "moe_ep_size": 2},
+     [("prefill", (2, 3000, 500)), ("decode", (33, 5000)), ("mixed", [MIXED])]),
+    ({"model": "nvidia/Gemma-4-26B-A4B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 2,
+      "moe_ep_size": 1},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
 ]
 
 KV = [
@@ -127,6 +138,9 @@ KV = [
     ("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
     ("nvidia/DeepSeek-V3.2-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
     ("nvidia/GLM-5.2-NVFP4", "b200_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+    ("google/gemma-4-26B-A4B", "h200_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 64),
+    ("google/gemma-4-26B-A4B", "h200_sxm", "sglang", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 1),
+    ("nvidia/Gemma-4-26B-A4B-NVFP4", "b200_sxm", "vllm", dict(tp_size=2, moe_tp_size=2, moe_ep_size=1), 64),
 ]
 
 

@@ -41,13 +41,17 @@ DENSE = ["Qwen/Qwen3-32B", "Qwen/Qwen3-8B", "meta-llama/Meta-Llama-3.1-8B", "met
          # static per-tensor FP8 (ModelOpt)
          "Qwen/Qwen3-32B-FP8-Static-PerTensor", "nvidia/Llama-3.1-70B-Instruct-FP8"]
 MOE = ["Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B-FP8",
-       "mistralai/Mixtral-8x7B-v0.1", "MiniMaxAI/MiniMax-M2.7"]
+       "mistralai/Mixtral-8x7B-v0.1", "MiniMaxAI/MiniMax-M2.7",
+       # Gemma 4 (GEMMA4MIX): sliding-window / global layers, dense MLP beside routed experts
+       "google/gemma-4-26B-A4B"]
 # Multi-head latent attention + MoE (DeepSeek-V3 family): 8-GPU layouts on their own systems.
 # moonshotai/Kimi-K2.5: the KimiK25ForConditionalGeneration wrapper (text model under
 # text_config), compressed-tensors INT4 routed experts.
 MLA = ["deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct", "moonshotai/Kimi-K2.5"]
 # NVFP4 (ModelOpt) checkpoints: fp4 tensor cores, so Blackwell systems only (`--fp4-systems`).
-NVFP4_MOE = ["nvidia/Qwen3-235B-A22B-NVFP4", "nvidia/MiniMax-M2.7-NVFP4"]
+NVFP4_MOE = ["nvidia/Qwen3-235B-A22B-NVFP4", "nvidia/MiniMax-M2.7-NVFP4", "nvidia/Gemma-4-26B-A4B-NVFP4"]
+# Dense NVFP4 checkpoints (Gemma-4-31B: the attention projections kept in bf16).
+NVFP4_DENSE = ["nvidia/Gemma-4-31B-IT-NVFP4"]
 NVFP4_MLA = ["nvidia/DeepSeek-V3.1-NVFP4", "nvidia/Kimi-K2.5-NVFP4", "nvidia/Kimi-K2.6-NVFP4",
              "nvidia/Kimi-K2.7-Code-NVFP4"]
 # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5.x): one 8-GPU node like the MLA models; the
@@ -158,7 +162,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--servesim", default="target/release/servesim")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--models", default=",".join(DENSE + MOE + MLA + NVFP4_MOE + NVFP4_MLA + DSA + NVFP4_DSA))
+    ap.add_argument("--models", default=",".join(DENSE + MOE + MLA + NVFP4_MOE + NVFP4_MLA + DSA + NVFP4_DSA
+                                                 + NVFP4_DENSE))
     ap.add_argument("--systems", default="h200_sxm,h100_sxm")
     ap.add_argument("--mla-systems", default="h200_sxm,b200_sxm,gb200",
                     help="systems the MLA models (DeepSeek-V3 family) run on")
@@ -182,7 +187,8 @@ def main():
             shutil.copy(os.path.join(os.path.dirname(SYSTEMS), "model_configs", model_name.replace("/", "--") + "_config.json"),
                         os.path.join(model_arg, "config.json"))
         systems = (a.mla_systems if model_name in MLA + DSA
-                   else a.fp4_systems if model_name in NVFP4_MOE + NVFP4_MLA + NVFP4_DSA else a.systems)
+                   else a.fp4_systems if model_name in NVFP4_MOE + NVFP4_MLA + NVFP4_DSA + NVFP4_DENSE
+                   else a.systems)
         for system in systems.split(","):
             for backend in a.backends.split(","):
                 for layout in layouts(model_name, list(map(int, a.tps.split(","))), a.moe_dp,

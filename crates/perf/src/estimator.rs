@@ -426,6 +426,9 @@ impl Estimator {
             let entry = f64::from(crate::dsa::indexer_cache_entry_bytes(index as u32));
             return m.layers as f64 * (kv_lora * self.layout.kv.bytes() + rope * 2.0 + entry);
         }
+        if let Some(g) = &m.gemma4 {
+            return crate::gemma4::kv_bytes_per_token(g, self.layout.tp, self.layout.kv);
+        }
         if let Some(d) = m.mla {
             let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
             return m.layers as f64 * latent * self.layout.kv.bytes();

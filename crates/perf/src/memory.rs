@@ -68,11 +68,11 @@ pub fn kv_capacity(
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        ("sglang", Family::Moe | Family::Mla | Family::Dsa) => {
+        ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
             (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
         }
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Moe | Family::Mla | Family::Dsa) => {
+        (_, Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
             (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
         }
     };
@@ -81,11 +81,13 @@ pub fn kv_capacity(
     // The reference uses the model's whole attention width here, not the per-GPU share.
     let h = (m.heads * m.head_dim) as f64;
     let mut activations = 2.0 * max_num_tokens as f64 * h * c;
-    if matches!(m.family, Family::Mla | Family::Dsa) {
+    if matches!(m.family, Family::Mla | Family::Dsa) || (m.family == Family::Gemma4 && m.routed()) {
         // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
-        // DeepSeek family, over every attention-DP rank's tokens.
+        // DeepSeek family and Gemma 4, over every attention-DP rank's tokens; Gemma 4's is as
+        // wide as its residual stream, not its attention.
         let l = &est.layout;
-        activations += max_num_tokens as f64 * h * l.attention_dp as f64 * m.experts as f64 * m.topk as f64
+        let width = if m.family == Family::Gemma4 { m.hidden as f64 } else { h };
+        activations += max_num_tokens as f64 * width * l.attention_dp as f64 * m.experts as f64 * m.topk as f64
             / l.moe_ep.max(1) as f64
             / 128.0
             * 4.0;
@@ -117,7 +119,11 @@ pub fn kv_capacity(
         )));
     }
     let per_token = est.kv_bytes_per_token();
-    let tokens = if m.sliding_window > 0 { window_capped_tokens(est, kv) } else { (kv / per_token).floor() as u64 };
+    let tokens = if m.sliding_window > 0 || m.gemma4.is_some() {
+        window_capped_tokens(est, kv)
+    } else {
+        (kv / per_token).floor() as u64
+    };
     Ok(KvCapacity {
         weights_bytes: weights,
         activations_bytes: activations,
@@ -140,7 +146,11 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         // The MLA and DSA graphs look up the whole vocabulary; the others their tensor-parallel
         // share.
         Op::Embedding { scale, .. } => {
-            let rows = if matches!(m.family, Family::Mla | Family::Dsa) { m.vocab } else { m.vocab / est.layout.tp };
+            let rows = if matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4) {
+                m.vocab
+            } else {
+                m.vocab / est.layout.tp
+            };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }
         Op::Moe(moe) => moe.weight_bytes(),
@@ -187,9 +197,12 @@ fn sglang_mla_weights(est: &Estimator, graph: f64) -> Option<f64> {
 }
 
 /// KV bytes of one sequence of `len` tokens on one GPU when half the layers keep only a
-/// sliding window (gpt-oss), as the reference sizes it.
+/// sliding window (gpt-oss; Gemma 4's sliding-window layers), as the reference sizes it.
 fn window_capped_bytes(est: &Estimator, len: u64) -> f64 {
     let m = &est.model;
+    if let Some(g) = &m.gemma4 {
+        return crate::gemma4::kv_bytes_per_sequence(g, est.layout.tp, est.layout.kv, len);
+    }
     let per_layer_token = m.kv_heads.div_ceil(est.layout.tp) as f64 * m.head_dim as f64 * 2.0 * est.layout.kv.bytes();
     let windowed = (m.layers / 2) as f64;
     let global = (m.layers - m.layers / 2) as f64;

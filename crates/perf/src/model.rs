@@ -22,6 +22,9 @@ pub enum Family {
     /// DeepSeek sparse attention (DeepSeek-V3.2, GLM-5.x): MLA with the lightning indexer, timed
     /// by the reference's `DeepSeekV32Model` (`dsa.rs`).
     Dsa,
+    /// Gemma 4 (the reference's `GEMMA4MIX`): sliding-window and global attention layers of
+    /// different widths, a dense MLP beside routed experts on every layer (`gemma4.rs`).
+    Gemma4,
 }
 
 /// What a DSA model adds to the MLA facts (`dsa.rs` builds its graph).
@@ -86,6 +89,8 @@ pub struct ModelSpec {
     pub torch_dtype: Option<String>,
     /// DSA models: the sparse-attention facts.
     pub dsa: Option<DsaSpec>,
+    /// Gemma 4: the per-layer-type attention facts.
+    pub gemma4: Option<crate::gemma4::Gemma4Spec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -144,6 +149,7 @@ const MOE: &[&str] =
 /// vision tower that a text-only load leaves out (see `text_config`).
 const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
 const DSA: &[&str] = &["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"];
+const GEMMA4: &[&str] = &["Gemma4ForConditionalGeneration"];
 /// MLA architectures the reference knows and servesim does not take yet.
 const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 
@@ -153,7 +159,7 @@ const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 /// op and no resident weight unless requests carry images (probed on Kimi-K2.5-NVFP4: the same
 /// KV capacity and step times with and without `vision_config`).
 fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value> {
-    if arch != "KimiK25ForConditionalGeneration" {
+    if arch != "KimiK25ForConditionalGeneration" && !GEMMA4.contains(&arch) {
         return Ok(cfg);
     }
     cfg.get("text_config")
@@ -242,15 +248,17 @@ impl ModelSpec {
             Family::Mla
         } else if DSA.contains(&arch.as_str()) {
             Family::Dsa
+        } else if GEMMA4.contains(&arch.as_str()) {
+            Family::Gemma4
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, MLA, DSA].concat().join(", ")
+                [DENSE, MOE, MLA, DSA, GEMMA4].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, MLA, DSA].concat().join(", ")
+                [DENSE, MOE, MLA, DSA, GEMMA4].concat().join(", ")
             )));
         };
         let need =
@@ -277,7 +285,8 @@ impl ModelSpec {
         if family == Family::Dense && inter == 0 {
             return Err(PerfError::config(format!("{shown}: missing intermediate_size")));
         }
-        if family != Family::Dense && (topk == 0 || experts == 0 || moe_inter == 0) {
+        // Gemma 4 comes in dense variants too (no experts: every layer is the dense MLP).
+        if !matches!(family, Family::Dense | Family::Gemma4) && (topk == 0 || experts == 0 || moe_inter == 0) {
             return Err(PerfError::config(format!(
                 "{shown}: a mixture-of-experts model needs num_experts_per_tok, the expert count and moe_intermediate_size"
             )));
@@ -327,7 +336,22 @@ impl ModelSpec {
             } else {
                 None
             },
+            gemma4: if family == Family::Gemma4 {
+                Some(crate::gemma4::spec_from_config(
+                    cfg,
+                    layers,
+                    &exclude_patterns(quantisation_scope(root, cfg), hf_quant),
+                    &shown.to_string(),
+                )?)
+            } else {
+                None
+            },
         })
+    }
+
+    /// Whether the model has routed experts (a Gemma 4 may not).
+    pub fn routed(&self) -> bool {
+        self.family != Family::Dense && self.experts > 0
     }
 }
 
@@ -663,6 +687,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     if m.dsa.is_some() {
         return crate::dsa::build_dsa_ops(m, l);
     }
+    if m.gemma4.is_some() {
+        return crate::gemma4::build_gemma4_ops(m, l);
+    }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {
             // The reference keeps token-basis verify pricing on MLA modules (no width channel).
@@ -816,16 +843,33 @@ pub(crate) fn push_shared_beside_routed(list: &mut Vec<Op>, ctx: bool, phase: &s
 
 pub(crate) fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, distribution: &str) {
     let phase = if ctx { "context" } else { "generation" };
+    list.extend(moe_block(phase, m, l, scale, distribution, true));
+}
+
+/// The routed-expert chain under names starting `prefix`: the router GEMM (when `router`),
+/// dispatch, experts at routing skew `distribution`, combine.
+pub(crate) fn moe_block(
+    prefix: &str,
+    m: &ModelSpec,
+    l: &Layout,
+    scale: f64,
+    distribution: &str,
+    router: bool,
+) -> Vec<Op> {
+    let phase = prefix;
     let h = m.hidden;
-    list.push(Op::Gemm {
-        name: format!("{phase}_router_gemm"),
-        scale,
-        n: m.experts,
-        k: h,
-        dtype: Dtype::Bfloat16,
-        logits: false,
-        fp8_input: false,
-    });
+    let mut list = Vec::new();
+    if router {
+        list.push(Op::Gemm {
+            name: format!("{phase}_router_gemm"),
+            scale,
+            n: m.experts,
+            k: h,
+            dtype: Dtype::Bfloat16,
+            logits: false,
+            fp8_input: false,
+        });
+    }
     let dispatch = |pre: bool| {
         Op::MoeDispatch(DispatchOp {
             name: format!("{phase}_moe_{}_dispatch", if pre { "pre" } else { "post" }),
@@ -855,6 +899,7 @@ pub(crate) fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: b
         gated: true,
     }));
     list.push(dispatch(false));
+    list
 }
 
 /// The heads per GPU the MLA kernel tables are asked at: DeepSeek-V3's 128 split over tp, for

@@ -573,7 +573,8 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     // The reference defaults both MoE widths to 1 and requires them to cover tp × attention_dp.
     let (moe_tp, moe_ep) = match model.family {
         Family::Dense => (1, 1),
-        Family::Moe | Family::Mla | Family::Dsa => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
+        // (A dense Gemma 4 too: the reference checks its widths as a MoE model's.)
+        _ => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
     };
     if model.family != Family::Dense {
         let width = cfg.tp as u64 * cfg.attention_dp as u64;
@@ -586,17 +587,28 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
                 cfg.attention_dp
             )));
         }
-        if model.experts < moe_ep {
+        if model.routed() && model.experts < moe_ep {
             return Err(PerfError::config(format!(
                 "{}: moe_ep_size {moe_ep} exceeds the model's {} experts",
                 cfg.model, model.experts
             )));
         }
     }
+    if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
+        return Err(PerfError::config(format!(
+            "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",
+            cfg.model,
+            cfg.moe_ep_size.unwrap_or(1)
+        )));
+    }
     let gemm = cfg.gemm_quant_mode.unwrap_or(model.quant.gemm);
     let kv = cfg.kvcache_quant_mode.unwrap_or(model.quant.kv);
     let moe = cfg.moe_quant_mode.unwrap_or(model.quant.moe);
-    if model.family != Family::Dense && moe == Dtype::Fp8Block && (model.moe_inter / moe_tp) % model.quant.block != 0 {
+    // Gemma 4: the attention projections, dense MLP and experts each follow the checkpoint's
+    // bf16 exclusions (`gemm` then times the projections, `shared_gemm` the MLP).
+    let gemma4 = model.gemma4.as_ref().map(|g| crate::gemma4::formats(g, gemm, moe, cfg.gemm_quant_mode.is_some()));
+    let (gemm, moe) = gemma4.map_or((gemm, moe), |(proj, _, experts)| (proj, experts));
+    if model.routed() && moe == Dtype::Fp8Block && (model.moe_inter / moe_tp) % model.quant.block != 0 {
         return Err(PerfError::config(format!(
             "{}: fp8_block experts need (moe_intermediate_size {} / moe_tp_size {moe_tp}) to be a multiple of the weight block {}",
             cfg.model, model.moe_inter, model.quant.block
@@ -614,7 +626,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         gemm,
         // Shared experts the checkpoint leaves unquantised run in bf16 unless the GEMM format
         // was given explicitly.
-        shared_gemm: if model.quant.excluded.shared_expert && cfg.gemm_quant_mode.is_none() {
+        shared_gemm: if let Some((_, mlp, _)) = gemma4 {
+            mlp
+        } else if model.quant.excluded.shared_expert && cfg.gemm_quant_mode.is_none() {
             Dtype::Bfloat16
         } else {
             gemm

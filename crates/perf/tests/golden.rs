@@ -558,3 +558,35 @@ fn wide_ep_is_refused_with_what_is_missing() {
         );
     }
 }
+
+/// Gemma 4 (GEMMA4MIX): sliding-window (head 256, window 1024) and global (head 512, K = V)
+/// blocks, the dense MLP beside 128 routed experts, window-capped KV; the NVFP4 release keeps
+/// attention and MLP in bf16 (`scripts/ais_goldens.py`).
+#[test]
+fn gemma4_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Gemma 4 goldens");
+        return;
+    }
+    let layout = |model: &str, system: &str, backend: &str, tp: u32, moe_tp: u32, moe_ep: u32| {
+        est_with(json!({"model": model, "system": system, "backend": backend, "tp": tp,
+                        "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}))
+    };
+    let v = layout("google/gemma-4-26B-A4B", "h200_sxm", "vllm", 1, 1, 1);
+    close(v.prefill_ms(4, 1024, 0).unwrap(), 58.15952163977681);
+    close(v.prefill_ms(1, 20000, 0).unwrap(), 341.0273107579514);
+    close(v.decode_ms(16, 1100).unwrap(), 9.975570423466284);
+    close(v.decode_ms(7, 131072).unwrap(), 12.689229334017075);
+    let s = layout("google/gemma-4-26B-A4B", "h200_sxm", "sglang", 2, 1, 2);
+    close(s.prefill_ms(2, 3000, 500).unwrap(), 110.10209368460102);
+    close(s.decode_ms(33, 5000).unwrap(), 9.511363187582432);
+    close(s.forward_pass_time_ms(&[MIXED]).unwrap(), 54.1897998135169);
+    let f4 = layout("nvidia/Gemma-4-26B-A4B-NVFP4", "b200_sxm", "vllm", 2, 2, 1);
+    close(f4.prefill_ms(2, 1000, 0).unwrap(), 18.624333753203405);
+    close(f4.decode_ms(16, 1100).unwrap(), 5.316697904280894);
+    use servesim_perf::memory::kv_capacity;
+    for (e, block, want) in [(&v, 64, 59611u64), (&s, 1, 9972778), (&f4, 64, 431661)] {
+        let got = kv_capacity(e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{}: {got:?}", e.model.name);
+    }
+}
