@@ -58,6 +58,10 @@ NVFP4_MLA = ["nvidia/DeepSeek-V3.1-NVFP4", "nvidia/Kimi-K2.5-NVFP4", "nvidia/Kim
 # NVFP4 ones on `--fp4-systems`.
 DSA = ["deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5.2-FP8"]
 NVFP4_DSA = ["nvidia/DeepSeek-V3.2-NVFP4", "nvidia/GLM-5.2-NVFP4"]
+# MiniMax sparse attention (MiniMax-M3): one 8-GPU node like DSA; the NVFP4 release (a multimodal
+# wrapper, text model under text_config) on `--fp4-systems`.
+MSA = ["MiniMaxAI/MiniMax-M3"]
+NVFP4_MSA = ["nvidia/MiniMax-M3-NVFP4"]
 # Not in the reference's DefaultHFModels: both sides read a local copy of the packaged config.
 LOCAL = {"mistralai/Mixtral-8x7B-v0.1", "moonshotai/Kimi-K2-Instruct"}
 
@@ -104,7 +108,7 @@ def layouts_tp(model_name, tps, moe_dp):
     data parallelism (attention_dp 2 with moe_ep = 2 · tp) when asked. MLA models on one 8-GPU
     node, whatever `tps` says: TP8 with the experts split by TP or by EP, and attention DP
     2 / 4 / 8 over expert parallelism."""
-    if model_name in MLA + NVFP4_MLA + DSA + NVFP4_DSA:
+    if model_name in MLA + NVFP4_MLA + DSA + NVFP4_DSA + MSA + NVFP4_MSA:
         out = [{"tp": 8, "moe_tp_size": 8, "moe_ep_size": 1}, {"tp": 8, "moe_tp_size": 1, "moe_ep_size": 8}]
         if moe_dp:
             out += [{"tp": 8 // dp, "attention_dp": dp, "moe_tp_size": 1, "moe_ep_size": 8} for dp in (2, 4, 8)]
@@ -163,7 +167,7 @@ def main():
     ap.add_argument("--servesim", default="target/release/servesim")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--models", default=",".join(DENSE + MOE + MLA + NVFP4_MOE + NVFP4_MLA + DSA + NVFP4_DSA
-                                                 + NVFP4_DENSE))
+                                                 + NVFP4_DENSE + MSA + NVFP4_MSA))
     ap.add_argument("--systems", default="h200_sxm,h100_sxm")
     ap.add_argument("--mla-systems", default="h200_sxm,b200_sxm,gb200",
                     help="systems the MLA models (DeepSeek-V3 family) run on")
@@ -186,8 +190,8 @@ def main():
             os.makedirs(model_arg, exist_ok=True)
             shutil.copy(os.path.join(os.path.dirname(SYSTEMS), "model_configs", model_name.replace("/", "--") + "_config.json"),
                         os.path.join(model_arg, "config.json"))
-        systems = (a.mla_systems if model_name in MLA + DSA
-                   else a.fp4_systems if model_name in NVFP4_MOE + NVFP4_MLA + NVFP4_DSA + NVFP4_DENSE
+        systems = (a.mla_systems if model_name in MLA + DSA + MSA
+                   else a.fp4_systems if model_name in NVFP4_MOE + NVFP4_MLA + NVFP4_DSA + NVFP4_DENSE + NVFP4_MSA
                    else a.systems)
         for system in systems.split(","):
             for backend in a.backends.split(","):

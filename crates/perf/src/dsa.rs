@@ -31,11 +31,11 @@ use crate::moe_ops::MLA_DISTRIBUTION;
 use crate::parquet_table::{key_u32, Table};
 use crate::systems::{sources, SystemSpec};
 
-const CONTEXT_SPEC: GridSpec = GridSpec::raw(&["num_heads", "prefix", "seq_len", "batch"]);
-const GENERATION_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
+pub(crate) const CONTEXT_SPEC: GridSpec = GridSpec::raw(&["num_heads", "prefix", "seq_len", "batch"]);
+pub(crate) const GENERATION_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
 
 /// The kernel bucket a query asks for first (the plain, non-CP path).
-const REQUESTED_BUCKET: &str = "trtllm";
+pub(crate) const REQUESTED_BUCKET: &str = "trtllm";
 
 /// A DSA architecture and the attention geometry its tables and roofline assume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,14 +150,15 @@ impl DsaOp {
 /// head counts each bucket holds.
 #[derive(Debug, Default)]
 pub struct DsaTable {
-    grids: BTreeMap<String, BTreeMap<String, (Grid, BTreeSet<u32>)>>,
-    looked: Vec<String>,
+    pub(crate) grids: BTreeMap<String, BTreeMap<String, (Grid, BTreeSet<u32>)>>,
+    pub(crate) looked: Vec<String>,
 }
 
-/// The lazily loaded DSA tables of one database: (context, generation) × (full, reuse rows).
+/// The lazily loaded module tables of one database: DSA (context, generation) × (full, reuse
+/// rows), then MiniMax-M3's MSA tables (context, generation), which share the DSA row schema.
 #[derive(Debug, Default)]
 pub struct DsaTables {
-    cells: [OnceLock<Result<DsaTable>>; 4],
+    cells: [OnceLock<Result<DsaTable>>; 6],
 }
 
 /// The file names the DSA tables are read from.
@@ -178,7 +179,7 @@ fn buckets(kernel_source: &str, kv: &str) -> &'static [&'static str] {
     }
 }
 
-fn select<'a, V>(by: &'a BTreeMap<String, V>, requested: &str) -> Option<(&'a str, &'a V)> {
+pub(crate) fn select<'a, V>(by: &'a BTreeMap<String, V>, requested: &str) -> Option<(&'a str, &'a V)> {
     [requested, "flashmla_kv", "trtllm"]
         .into_iter()
         .find_map(|b| by.get_key_value(b))
@@ -186,8 +187,10 @@ fn select<'a, V>(by: &'a BTreeMap<String, V>, requested: &str) -> Option<(&'a st
         .map(|(k, v)| (k.as_str(), v))
 }
 
-fn load(db: &Database, context: bool, reuse: bool) -> Result<DsaTable> {
-    let file = FILES[usize::from(!context)];
+/// Loads one module table from `file` (the DSA row schema): rows whose `op_name` carries
+/// `skip_indexer` when `reuse`, else the others. `decode_fmha` false leaves the attention format
+/// out of decode keys (the MSA decode table is keyed without it).
+fn load(db: &Database, file: &str, context: bool, reuse: bool, decode_fmha: bool) -> Result<DsaTable> {
     let srcs = sources(&db.spec, &db.backend, &db.version, file)?;
     let mut nodes: BTreeMap<String, BTreeMap<String, (Node, BTreeSet<u32>)>> = BTreeMap::new();
     let mut looked = Vec::new();
@@ -231,12 +234,9 @@ fn load(db: &Database, context: bool, reuse: bool) -> Result<DsaTable> {
                 continue;
             }
             let kv_name = text(&kv, i, "kv_cache_dtype")?;
-            let key = format!(
-                "{}/{}/{kv_name}/{}",
-                text(&arch, i, "architecture")?,
-                text(&fmha, i, "mla_dtype")?,
-                text(&gemm, i, "gemm_type")?
-            );
+            let fmha_name = if context || decode_fmha { text(&fmha, i, "mla_dtype")? } else { String::new() };
+            let key =
+                format!("{}/{fmha_name}/{kv_name}/{}", text(&arch, i, "architecture")?, text(&gemm, i, "gemm_type")?);
             let n = key_u32(&p, "num_heads", i, heads[i])?;
             let b = key_u32(&p, "batch_size", i, batch[i])?;
             let (s, st) = (key_u32(&p, "isl", i, isl[i])?, key_u32(&p, "step", i, step[i])?);
@@ -261,7 +261,14 @@ fn load(db: &Database, context: bool, reuse: bool) -> Result<DsaTable> {
 impl Database {
     fn dsa_table(&self, context: bool, reuse: bool) -> Result<&DsaTable> {
         let i = usize::from(!context) * 2 + usize::from(reuse);
-        self.dsa.cells[i].get_or_init(|| load(self, context, reuse)).as_ref().map_err(Clone::clone)
+        let file = FILES[usize::from(!context)];
+        self.dsa.cells[i].get_or_init(|| load(self, file, context, reuse, true)).as_ref().map_err(Clone::clone)
+    }
+
+    /// MiniMax-M3's MSA module table (`file`), decode keys without the attention format.
+    pub(crate) fn msa_table(&self, context: bool, file: &str) -> Result<&DsaTable> {
+        let i = 4 + usize::from(!context);
+        self.dsa.cells[i].get_or_init(|| load(self, file, context, false, false)).as_ref().map_err(Clone::clone)
     }
 }
 
@@ -340,14 +347,16 @@ pub fn eval_dsa(db: &Database, op: &DsaOp, b: u32, s: u32, prefix: u32) -> Resul
     Ok(v.max(0.0) * op.scale)
 }
 
+/// Tensor-core rates of a sparse-attention block's three op groups.
 #[derive(Clone, Copy)]
-struct Flops {
-    gemm: f64,
-    indexer: f64,
-    attn: f64,
+pub(crate) struct Flops {
+    pub gemm: f64,
+    pub indexer: f64,
+    pub attn: f64,
 }
 
-fn finish(spec: &SystemSpec, flops: Flops, ops: [i128; 3], bytes: f64) -> f64 {
+/// Roofline (ms): the three groups' math at their rates, or moving `bytes`, whichever is slower.
+pub(crate) fn finish(spec: &SystemSpec, flops: Flops, ops: [i128; 3], bytes: f64) -> f64 {
     let math = (ops[0] as f64 / flops.gemm + ops[1] as f64 / flops.indexer + ops[2] as f64 / flops.attn) * 1000.0;
     math.max(bytes / spec.mem_bw * 1000.0)
 }

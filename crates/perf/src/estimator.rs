@@ -195,6 +195,7 @@ impl Estimator {
             // The BMM table's token axis is the request count (decode: one token each).
             Op::MlaBmm(b) => crate::mla::eval_bmm(db, b, at.batch)?,
             Op::Dsa(d) => crate::dsa::eval_dsa(db, d, at.batch, at.s, at.prefix)?,
+            Op::Msa(a) => crate::msa::eval_msa(db, a, at.batch, at.s, at.prefix)?,
             Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
                 Ok(v) => v,
                 Err(e) if crate::mla::falls_back(&e) => {

@@ -19,6 +19,7 @@ pub mod mla_ops;
 pub mod model;
 pub mod moe;
 pub mod moe_ops;
+pub mod msa;
 pub mod parquet_table;
 pub mod provider;
 pub mod systems;

@@ -71,7 +71,10 @@ pub fn kv_capacity(
         ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
             (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
         }
+        // MiniMax-M3 has no entry in the reference's tables: their `default` row.
+        ("sglang", Family::Msa) => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
+        (_, Family::Msa) => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
         (_, Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
             (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
         }
@@ -143,10 +146,10 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
     let m = &est.model;
     match op {
         Op::Gemm { n, k, dtype, scale, .. } => *n as f64 * *k as f64 * dtype.bytes() * scale,
-        // The MLA and DSA graphs look up the whole vocabulary; the others their tensor-parallel
-        // share.
+        // The MLA, DSA and MSA graphs look up the whole vocabulary; the others their
+        // tensor-parallel share.
         Op::Embedding { scale, .. } => {
-            let rows = if matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4) {
+            let rows = if matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa) {
                 m.vocab
             } else {
                 m.vocab / est.layout.tp

@@ -25,6 +25,9 @@ pub enum Family {
     /// Gemma 4 (the reference's `GEMMA4MIX`): sliding-window and global attention layers of
     /// different widths, a dense MLP beside routed experts on every layer (`gemma4.rs`).
     Gemma4,
+    /// MiniMax-M3 (the reference's `MINIMAXM3`): DSA's graph with MiniMax sparse attention, a
+    /// block-indexed GQA (`msa.rs`).
+    Msa,
 }
 
 /// What a DSA model adds to the MLA facts (`dsa.rs` builds its graph).
@@ -150,6 +153,8 @@ const MOE: &[&str] =
 const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
 const DSA: &[&str] = &["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"];
 const GEMMA4: &[&str] = &["Gemma4ForConditionalGeneration"];
+/// MiniMax-M3 and its NVFP4 release's multimodal wrapper (the text model under `text_config`).
+const MSA: &[&str] = &["MiniMaxM3ForCausalLM", "MiniMaxM3SparseForConditionalGeneration"];
 /// MLA architectures the reference knows and servesim does not take yet.
 const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 
@@ -159,7 +164,9 @@ const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 /// op and no resident weight unless requests carry images (probed on Kimi-K2.5-NVFP4: the same
 /// KV capacity and step times with and without `vision_config`).
 fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value> {
-    if arch != "KimiK25ForConditionalGeneration" && !GEMMA4.contains(&arch) {
+    if !matches!(arch, "KimiK25ForConditionalGeneration" | "MiniMaxM3SparseForConditionalGeneration")
+        && !GEMMA4.contains(&arch)
+    {
         return Ok(cfg);
     }
     cfg.get("text_config")
@@ -250,15 +257,17 @@ impl ModelSpec {
             Family::Dsa
         } else if GEMMA4.contains(&arch.as_str()) {
             Family::Gemma4
+        } else if MSA.contains(&arch.as_str()) {
+            Family::Msa
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, MLA, DSA, GEMMA4].concat().join(", ")
+                [DENSE, MOE, MLA, DSA, GEMMA4, MSA].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, MLA, DSA, GEMMA4].concat().join(", ")
+                [DENSE, MOE, MLA, DSA, GEMMA4, MSA].concat().join(", ")
             )));
         };
         let need =
@@ -611,6 +620,8 @@ pub enum Op {
     MlaBmm(MlaBmmOp),
     /// A DSA sparse-attention block.
     Dsa(crate::dsa::DsaOp),
+    /// An MSA sparse-attention block.
+    Msa(crate::msa::MsaOp),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
@@ -633,6 +644,7 @@ impl Op {
             Op::Mla(m) => &m.name,
             Op::MlaBmm(b) => &b.name,
             Op::Dsa(d) => &d.name,
+            Op::Msa(a) => &a.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
         }
     }
@@ -689,6 +701,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if m.gemma4.is_some() {
         return crate::gemma4::build_gemma4_ops(m, l);
+    }
+    if m.family == Family::Msa {
+        return crate::msa::build_msa_ops(m, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {

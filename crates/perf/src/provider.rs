@@ -526,6 +526,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         if model.family == Family::Dsa {
             tables.extend(crate::dsa::FILES);
         }
+        if model.family == Family::Msa {
+            tables.extend(crate::msa::FILES);
+        }
         crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
     }
     let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone());
