@@ -117,6 +117,11 @@ STEPS = [
     ({"model": "nvidia/Gemma-4-26B-A4B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 2,
       "moe_ep_size": 1},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    # MiniMax-M3: the MSA block from its own msa_*_module tables, DSA's graph around it.
+    ({"model": "MiniMaxAI/MiniMax-M3", "system": "h200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
+      ("decode", (7, 131072))]),
 ]
 
 KV = [
@@ -141,6 +146,7 @@ KV = [
     ("google/gemma-4-26B-A4B", "h200_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 64),
     ("google/gemma-4-26B-A4B", "h200_sxm", "sglang", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 1),
     ("nvidia/Gemma-4-26B-A4B-NVFP4", "b200_sxm", "vllm", dict(tp_size=2, moe_tp_size=2, moe_ep_size=1), 64),
+    ("MiniMaxAI/MiniMax-M3", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
 ]
 
 

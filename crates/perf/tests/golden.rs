@@ -590,3 +590,23 @@ fn gemma4_goldens() {
         assert_eq!(got.blocks, want, "{}: {got:?}", e.model.name);
     }
 }
+
+/// MiniMax-M3 (the reference's MINIMAXM3): the MSA block from its own module tables (exact grid,
+/// blended, and past the data against the roofline), DSA's graph around it, and the KV capacity
+/// (`scripts/ais_goldens.py`).
+#[test]
+fn msa_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MSA goldens");
+        return;
+    }
+    let m3 = est_with(json!({"model": "MiniMaxAI/MiniMax-M3", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+                             "moe_tp_size": 1, "moe_ep_size": 8}));
+    close(m3.prefill_ms(2, 1000, 0).unwrap(), 80.06171950118781);
+    close(m3.prefill_ms(1, 20000, 0).unwrap(), 664.798853285825);
+    close(m3.prefill_ms(2, 3000, 500).unwrap(), 181.65829471916618);
+    close(m3.decode_ms(16, 1100).unwrap(), 18.888847155041375);
+    close(m3.decode_ms(7, 131072).unwrap(), 18.44491575938163);
+    let got = servesim_perf::memory::kv_capacity(&m3, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(got.blocks, 9659, "{got:?}");
+}
