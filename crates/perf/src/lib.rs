@@ -11,6 +11,7 @@ pub mod db;
 pub mod dsa;
 pub mod error;
 pub mod estimator;
+pub mod hybrid_moe;
 pub mod interp;
 pub mod memory;
 pub mod mla;

@@ -86,6 +86,8 @@ pub struct ModelSpec {
     pub torch_dtype: Option<String>,
     /// DSA models: the sparse-attention facts.
     pub dsa: Option<DsaSpec>,
+    /// Hybrid local / global attention models (Llama-4, MiMo-V2-Flash; `hybrid_moe.rs`).
+    pub hybrid: Option<crate::hybrid_moe::HybridSpec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -144,16 +146,20 @@ const MOE: &[&str] =
 /// vision tower that a text-only load leaves out (see `text_config`).
 const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
 const DSA: &[&str] = &["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"];
+/// Local / global attention with MoE and dense layers (the reference's `HYBRIDMOE` family):
+/// MoE models with their own graph (`hybrid_moe.rs`). Llama-4's text model is under
+/// `text_config`.
+const HYBRID: &[&str] = &["Llama4ForConditionalGeneration", "MiMoV2FlashForCausalLM"];
 /// MLA architectures the reference knows and servesim does not take yet.
 const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 
 /// The part of a `config.json` that describes the language model: a multimodal wrapper keeps
-/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7), everything else at the top. The reference
+/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7, Llama-4), everything else at the top. The reference
 /// times a text-only load of such a wrapper exactly as its text model: the vision tower adds no
 /// op and no resident weight unless requests carry images (probed on Kimi-K2.5-NVFP4: the same
 /// KV capacity and step times with and without `vision_config`).
 fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value> {
-    if arch != "KimiK25ForConditionalGeneration" {
+    if arch != "KimiK25ForConditionalGeneration" && arch != "Llama4ForConditionalGeneration" {
         return Ok(cfg);
     }
     cfg.get("text_config")
@@ -236,7 +242,7 @@ impl ModelSpec {
         let cfg = text_config(&arch, root, &shown.to_string())?;
         let family = if DENSE.contains(&arch.as_str()) {
             Family::Dense
-        } else if MOE.contains(&arch.as_str()) {
+        } else if MOE.contains(&arch.as_str()) || HYBRID.contains(&arch.as_str()) {
             Family::Moe
         } else if MLA.contains(&arch.as_str()) {
             Family::Mla
@@ -245,12 +251,12 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, MLA, DSA].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, MLA, DSA].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA].concat().join(", ")
             )));
         };
         let need =
@@ -293,7 +299,7 @@ impl ModelSpec {
             qk_rope_head_dim: width("qk_rope_head_dim", 64),
             v_head_dim: width("v_head_dim", 128),
         });
-        Ok(ModelSpec {
+        let mut spec = ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
             qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "MiniMaxM2ForCausalLM"),
@@ -327,7 +333,12 @@ impl ModelSpec {
             } else {
                 None
             },
-        })
+            hybrid: None,
+        };
+        if HYBRID.contains(&arch_name.as_str()) {
+            spec.hybrid = Some(crate::hybrid_moe::spec_from_config(&arch_name, root, cfg, &spec, &shown.to_string())?);
+        }
+        Ok(spec)
     }
 }
 
@@ -662,6 +673,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if m.dsa.is_some() {
         return crate::dsa::build_dsa_ops(m, l);
+    }
+    if let Some(hy) = &m.hybrid {
+        return crate::hybrid_moe::build_hybrid_ops(m, hy, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {
