@@ -145,8 +145,9 @@ fn deepseek_v3_matches_the_reference() {
 /// B200 SGLang TEP8 replica), Kimi-K2.5's multimodal wrapper with compressed-tensors INT4
 /// experts (moonshotai/Kimi-K2.5 on an H200 SGLang TEP8 replica), and GLM-5.2-NVFP4's DSA sparse
 /// attention (B200 SGLang TEP8: reuse layers, dense first layers, bf16 attention block and shared
-/// experts), and Gemma 4's sliding-window / global layers with a dense MLP beside routed experts
-/// (gemma-4-26B-A4B on an H200 SGLang TP2 / EP2 replica), each with the KV cache sized from GPU
+/// experts), Gemma 4's sliding-window / global layers with a dense MLP beside routed experts
+/// (gemma-4-26B-A4B on an H200 SGLang TP2 / EP2 replica) and Llama-4-Maverick's local / global
+/// attention with MoE and dense layers (H200 vLLM TEP8), each with the KV cache sized from GPU
 /// memory: every compared metric within 0.01 % of the reference (recorded as their YAML headers
 /// say, aisimulate 0.13.0.dev202610270000000085).
 #[test]
@@ -158,6 +159,7 @@ fn checkpoint_formats_match_the_reference() {
         "predict_agg_int4_kimi_k25",
         "predict_agg_dsa_glm52_nvfp4",
         "predict_agg_gemma4_26b",
+        "predict_agg_hybrid_llama4_maverick",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-4, "{name}: worst deviation {:.5} %", worst * 100.0);

@@ -91,6 +91,8 @@ pub struct ModelSpec {
     pub dsa: Option<DsaSpec>,
     /// Gemma 4: the per-layer-type attention facts.
     pub gemma4: Option<crate::gemma4::Gemma4Spec>,
+    /// Hybrid local / global attention models (Llama-4, MiMo-V2-Flash; `hybrid_moe.rs`).
+    pub hybrid: Option<crate::hybrid_moe::HybridSpec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -150,16 +152,21 @@ const MOE: &[&str] =
 const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
 const DSA: &[&str] = &["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"];
 const GEMMA4: &[&str] = &["Gemma4ForConditionalGeneration"];
+/// Local / global attention with MoE and dense layers (the reference's `HYBRIDMOE` family):
+/// MoE models with their own graph (`hybrid_moe.rs`). Llama-4's text model is under
+/// `text_config`.
+const HYBRID: &[&str] = &["Llama4ForConditionalGeneration", "MiMoV2FlashForCausalLM"];
 /// MLA architectures the reference knows and servesim does not take yet.
 const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 
 /// The part of a `config.json` that describes the language model: a multimodal wrapper keeps
-/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7), everything else at the top. The reference
+/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7, Llama-4), everything else at the top. The reference
 /// times a text-only load of such a wrapper exactly as its text model: the vision tower adds no
 /// op and no resident weight unless requests carry images (probed on Kimi-K2.5-NVFP4: the same
 /// KV capacity and step times with and without `vision_config`).
 fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value> {
-    if arch != "KimiK25ForConditionalGeneration" && !GEMMA4.contains(&arch) {
+    if arch != "KimiK25ForConditionalGeneration" && arch != "Llama4ForConditionalGeneration" && !GEMMA4.contains(&arch)
+    {
         return Ok(cfg);
     }
     cfg.get("text_config")
@@ -242,7 +249,7 @@ impl ModelSpec {
         let cfg = text_config(&arch, root, &shown.to_string())?;
         let family = if DENSE.contains(&arch.as_str()) {
             Family::Dense
-        } else if MOE.contains(&arch.as_str()) {
+        } else if MOE.contains(&arch.as_str()) || HYBRID.contains(&arch.as_str()) {
             Family::Moe
         } else if MLA.contains(&arch.as_str()) {
             Family::Mla
@@ -253,12 +260,12 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, MLA, DSA, GEMMA4].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, MLA, DSA, GEMMA4].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4].concat().join(", ")
             )));
         };
         let need =
@@ -302,7 +309,7 @@ impl ModelSpec {
             qk_rope_head_dim: width("qk_rope_head_dim", 64),
             v_head_dim: width("v_head_dim", 128),
         });
-        Ok(ModelSpec {
+        let mut spec = ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
             qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "MiniMaxM2ForCausalLM"),
@@ -346,7 +353,12 @@ impl ModelSpec {
             } else {
                 None
             },
-        })
+            hybrid: None,
+        };
+        if HYBRID.contains(&arch_name.as_str()) {
+            spec.hybrid = Some(crate::hybrid_moe::spec_from_config(&arch_name, root, cfg, &spec, &shown.to_string())?);
+        }
+        Ok(spec)
     }
 
     /// Whether the model has routed experts (a Gemma 4 may not).
@@ -689,6 +701,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if m.gemma4.is_some() {
         return crate::gemma4::build_gemma4_ops(m, l);
+    }
+    if let Some(hy) = &m.hybrid {
+        return crate::hybrid_moe::build_hybrid_ops(m, hy, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {
