@@ -9,8 +9,8 @@ error table against the measurements. This wrapper runs it unchanged, except tha
 `predict` it starts gets the `--set` overrides of the chosen mode and of `--set`:
 
 - `reference` (default): the YAML as written, AIS timing equal to aisimulate's.
-- `hardware`: the hardware-faithful settings (`HARDWARE` below) — mixed passes timed as one
-  fused forward.
+- `hardware`: the hardware-faithful settings (`HARDWARE` below): mixed passes timed as one
+  fused forward, and vLLM's async scheduling (the servers ran vLLM 0.15.1, where it is on).
 
 `--real-hw DIR` points at the benchmark (default: ../shared/real-hw beside the repository).
 """
@@ -22,7 +22,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every experiment is an aggregated vLLM deployment.
-HARDWARE = ["engine.workers.aggregated.timing.pass_model=fused"]
+HARDWARE = ["engine.workers.aggregated.timing.pass_model=fused",
+            "engine.workers.aggregated.scheduler.async_scheduling=true"]
 
 
 def load_runner(real_hw):

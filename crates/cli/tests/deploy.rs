@@ -908,6 +908,13 @@ fn hardware_faithful_settings_are_checked_and_take_effect() {
         &["engine.workers.aggregated.timing.pass_model=fusion"],
         &["engine.workers.aggregated.timing.pass_model", "expected one of additive, fused"],
     );
+    let async_scheduling = "engine.workers.aggregated.scheduler.async_scheduling=true";
+    refused(
+        "async-sglang",
+        BASE,
+        &["engine.backend=sglang", async_scheduling],
+        &["engine.workers.aggregated.scheduler.async_scheduling", "modelled only for backend=vllm"],
+    );
     let probe = predict(&deploy_dir().join("predict_agg_vllm_default.yaml"), &tmp("hw-probe"), &["--format", "json"]);
     if data_missing(&probe) {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the timing half");
@@ -922,6 +929,10 @@ fn hardware_faithful_settings_are_checked_and_take_effect() {
         assert!(get(&one_forward, key) < get(&additive, key), "{key}: {one_forward} vs {additive}");
     }
     assert!(get(&one_forward, "output_throughput_tok_s") > get(&additive, "output_throughput_tok_s"));
+    // Async scheduling: a new prompt waits one more pass for its first token.
+    let ahead = predict_with("predict_agg_vllm_default", &[fused, async_scheduling]);
+    assert_eq!(ahead["completed_requests"], additive["completed_requests"]);
+    assert!(get(&ahead, "mean_ttft_ms") > get(&one_forward, "mean_ttft_ms"), "{ahead} vs {one_forward}");
 }
 
 #[test]
