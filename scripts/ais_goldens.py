@@ -117,6 +117,18 @@ STEPS = [
     ({"model": "nvidia/Gemma-4-26B-A4B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 2,
       "moe_ep_size": 1},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    # Local / global attention with MoE and dense layers (HYBRIDMOE): Llama-4 Scout (all MoE,
+    # chunked local attention of 8192), Maverick (MoE and dense layers alternating), MiMo-V2-Flash
+    # (fp8 block, local layers of their own widths and a 128-token window).
+    ({"model": "meta-llama/Llama-4-Scout-17B-16E-Instruct", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 3000, 0)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)), ("fpm", [MIXED])]),
+    ({"model": "meta-llama/Llama-4-Maverick-17B-128E-Instruct", "system": "h200_sxm", "backend": "sglang", "tp": 8,
+      "moe_tp_size": 1, "moe_ep_size": 8},
+     [("prefill", (2, 3000, 500)), ("decode", (33, 5000))]),
+    ({"model": "XiaomiMiMo/MiMo-V2-Flash", "system": "h200_sxm", "backend": "trtllm", "tp": 4, "moe_tp_size": 4,
+      "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (64, 4097))]),
     # MiniMax-M3: the MSA block from its own msa_*_module tables, DSA's graph around it.
     ({"model": "MiniMaxAI/MiniMax-M3", "system": "h200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
@@ -146,6 +158,10 @@ KV = [
     ("google/gemma-4-26B-A4B", "h200_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 64),
     ("google/gemma-4-26B-A4B", "h200_sxm", "sglang", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 1),
     ("nvidia/Gemma-4-26B-A4B-NVFP4", "b200_sxm", "vllm", dict(tp_size=2, moe_tp_size=2, moe_ep_size=1), 64),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
+    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", "h200_sxm", "sglang",
+     dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+    ("XiaomiMiMo/MiMo-V2-Flash", "h200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
     ("MiniMaxAI/MiniMax-M3", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
 ]
 

@@ -58,6 +58,10 @@ NVFP4_MLA = ["nvidia/DeepSeek-V3.1-NVFP4", "nvidia/Kimi-K2.5-NVFP4", "nvidia/Kim
 # NVFP4 ones on `--fp4-systems`.
 DSA = ["deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5.2-FP8"]
 NVFP4_DSA = ["nvidia/DeepSeek-V3.2-NVFP4", "nvidia/GLM-5.2-NVFP4"]
+# Local / global attention with MoE and dense layers (the reference's HYBRIDMOE family): laid out
+# like the MoE models. Llama-4 is the text model of a vision wrapper.
+HYBRID = ["meta-llama/Llama-4-Scout-17B-16E-Instruct", "meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+          "XiaomiMiMo/MiMo-V2-Flash"]
 # MiniMax sparse attention (MiniMax-M3): one 8-GPU node like DSA; the NVFP4 release (a multimodal
 # wrapper, text model under text_config) on `--fp4-systems`.
 MSA = ["MiniMaxAI/MiniMax-M3"]
@@ -115,7 +119,7 @@ def layouts_tp(model_name, tps, moe_dp):
         return out
     out = []
     for tp in tps:
-        if model_name not in MOE + NVFP4_MOE:
+        if model_name not in MOE + NVFP4_MOE + HYBRID:
             out.append({"tp": tp})
             continue
         out.append({"tp": tp, "moe_tp_size": tp, "moe_ep_size": 1})
@@ -167,7 +171,7 @@ def main():
     ap.add_argument("--servesim", default="target/release/servesim")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--models", default=",".join(DENSE + MOE + MLA + NVFP4_MOE + NVFP4_MLA + DSA + NVFP4_DSA
-                                                 + NVFP4_DENSE + MSA + NVFP4_MSA))
+                                                 + NVFP4_DENSE + HYBRID + MSA + NVFP4_MSA))
     ap.add_argument("--systems", default="h200_sxm,h100_sxm")
     ap.add_argument("--mla-systems", default="h200_sxm,b200_sxm,gb200",
                     help="systems the MLA models (DeepSeek-V3 family) run on")

@@ -145,8 +145,9 @@ fn deepseek_v3_matches_the_reference() {
 /// B200 SGLang TEP8 replica), Kimi-K2.5's multimodal wrapper with compressed-tensors INT4
 /// experts (moonshotai/Kimi-K2.5 on an H200 SGLang TEP8 replica), and GLM-5.2-NVFP4's DSA sparse
 /// attention (B200 SGLang TEP8: reuse layers, dense first layers, bf16 attention block and shared
-/// experts), and Gemma 4's sliding-window / global layers with a dense MLP beside routed experts
-/// (gemma-4-26B-A4B on an H200 SGLang TP2 / EP2 replica), and MiniMax-M3's MSA sparse attention
+/// experts), Gemma 4's sliding-window / global layers with a dense MLP beside routed experts
+/// (gemma-4-26B-A4B on an H200 SGLang TP2 / EP2 replica), Llama-4-Maverick's local / global
+/// attention with MoE and dense layers (H200 vLLM TEP8) and MiniMax-M3's MSA sparse attention
 /// (H200 vLLM TEP8), each with the KV cache sized from GPU
 /// memory: every compared metric within 0.01 % of the reference (recorded as their YAML headers
 /// say, aisimulate 0.13.0.dev202610270000000085).
@@ -159,6 +160,7 @@ fn checkpoint_formats_match_the_reference() {
         "predict_agg_int4_kimi_k25",
         "predict_agg_dsa_glm52_nvfp4",
         "predict_agg_gemma4_26b",
+        "predict_agg_hybrid_llama4_maverick",
         "predict_agg_msa_minimax_m3",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
@@ -908,6 +910,13 @@ fn hardware_faithful_settings_are_checked_and_take_effect() {
         &["engine.workers.aggregated.timing.pass_model=fusion"],
         &["engine.workers.aggregated.timing.pass_model", "expected one of additive, fused"],
     );
+    let async_scheduling = "engine.workers.aggregated.scheduler.async_scheduling=true";
+    refused(
+        "async-sglang",
+        BASE,
+        &["engine.backend=sglang", async_scheduling],
+        &["engine.workers.aggregated.scheduler.async_scheduling", "modelled only for backend=vllm"],
+    );
     let probe = predict(&deploy_dir().join("predict_agg_vllm_default.yaml"), &tmp("hw-probe"), &["--format", "json"]);
     if data_missing(&probe) {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the timing half");
@@ -922,6 +931,10 @@ fn hardware_faithful_settings_are_checked_and_take_effect() {
         assert!(get(&one_forward, key) < get(&additive, key), "{key}: {one_forward} vs {additive}");
     }
     assert!(get(&one_forward, "output_throughput_tok_s") > get(&additive, "output_throughput_tok_s"));
+    // Async scheduling: a new prompt waits one more pass for its first token.
+    let ahead = predict_with("predict_agg_vllm_default", &[fused, async_scheduling]);
+    assert_eq!(ahead["completed_requests"], additive["completed_requests"]);
+    assert!(get(&ahead, "mean_ttft_ms") > get(&one_forward, "mean_ttft_ms"), "{ahead} vs {one_forward}");
 }
 
 #[test]

@@ -133,6 +133,9 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
     a.insert("block_size".into(), json!(block_size));
     a.insert("max_num_seqs".into(), json!(w.max_sequences));
     a.insert("max_num_batched_tokens".into(), json!(w.max_batched_tokens));
+    if w.async_scheduling {
+        a.insert("async_scheduling".into(), json!(true));
+    }
     a.insert("enable_prefix_caching".into(), json!(w.prefix_caching));
     a.insert("startup_time".into(), json!(w.startup_seconds));
     a.insert("tensor_parallel_size".into(), json!(w.parallelism.tensor));

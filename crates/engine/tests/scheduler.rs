@@ -528,3 +528,44 @@ fn destinations_are_tried_oldest_first_once_per_capacity_change() {
     let e = d.accept_destination(request(4, tokens(200, 4), 1)).unwrap_err();
     assert_eq!(e, RejectReason::ExceedsKvCapacity);
 }
+
+/// vLLM's async scheduling: pass k+1 is scheduled when pass k starts, so a request that arrives
+/// while pass k runs is first computed in pass k+2; one that finds the engine idle, or a pass that
+/// left nothing running, is scheduled at once.
+#[test]
+fn async_scheduling_admits_a_request_arriving_mid_pass_one_pass_later() {
+    // Returns the passes and the first-token time of request 2, submitted after pass `at`.
+    let first_token_of_late = |async_scheduling: bool, at: usize| {
+        let mut e = engine(&format!(
+            r#"{{"block_size": 16, "num_gpu_blocks": 1000, "async_scheduling": {async_scheduling}, {FIXED}}}"#
+        ));
+        e.submit(request(1, tokens(100, 1), 5));
+        let (mut now, mut passes) = (0.0, Vec::new());
+        loop {
+            if passes.len() == at {
+                e.submit(request(2, tokens(50, 2), 2));
+            }
+            if !e.has_work() {
+                break;
+            }
+            let mut out = PassOutput::default();
+            e.step(now, &mut out);
+            now = out.end_ms;
+            passes.push(out);
+        }
+        token_times(&passes, 2)[0]
+    };
+    // Submitted during pass 1 (the prefill, 0–40): the synchronous engine computes it in pass 2
+    // (40–90, prefill plus decode); the async one had scheduled pass 2 as a decode (40–50) and
+    // computes it in pass 3 (50–100).
+    assert_eq!(first_token_of_late(false, 1), 90.0);
+    assert_eq!(first_token_of_late(true, 1), 100.0);
+    // Before anything runs, both schedule it into the first pass.
+    assert_eq!(first_token_of_late(true, 0), first_token_of_late(false, 0));
+    // Request 1 finishes in pass 5 (its 5th token): nothing was scheduled ahead of pass 6.
+    assert_eq!(first_token_of_late(true, 5), first_token_of_late(false, 5));
+    // Only vLLM's scheduler is modelled.
+    let e = EngineConfig::parse_json(r#"{"engine_type": "sglang", "async_scheduling": true}"#).unwrap_err();
+    assert_eq!(e.path, "async_scheduling");
+    assert!(e.message.contains("only for backend=vllm"), "{}", e.message);
+}

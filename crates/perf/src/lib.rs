@@ -12,6 +12,7 @@ pub mod dsa;
 pub mod error;
 pub mod estimator;
 pub mod gemma4;
+pub mod hybrid_moe;
 pub mod interp;
 pub mod memory;
 pub mod mla;

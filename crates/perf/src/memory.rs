@@ -66,7 +66,12 @@ pub fn kv_capacity(
     }
     let tp_clamped = est.layout.tp.min(8);
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
+    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash) has no coefficients
+    // of its own and takes the backends' default rows.
+    let hybrid = m.hybrid.is_some();
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
+        ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
+        (_, _) if hybrid => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
             (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
@@ -146,14 +151,12 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
     let m = &est.model;
     match op {
         Op::Gemm { n, k, dtype, scale, .. } => *n as f64 * *k as f64 * dtype.bytes() * scale,
-        // The MLA, DSA and MSA graphs look up the whole vocabulary; the others their
+        // The MLA, DSA and hybrid graphs and MSA's look up the whole vocabulary; the others their
         // tensor-parallel share.
         Op::Embedding { scale, .. } => {
-            let rows = if matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa) {
-                m.vocab
-            } else {
-                m.vocab / est.layout.tp
-            };
+            let whole =
+                matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa) || m.hybrid.is_some();
+            let rows = if whole { m.vocab } else { m.vocab / est.layout.tp };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }
         Op::Moe(moe) => moe.weight_bytes(),

@@ -94,6 +94,8 @@ pub struct ModelSpec {
     pub dsa: Option<DsaSpec>,
     /// Gemma 4: the per-layer-type attention facts.
     pub gemma4: Option<crate::gemma4::Gemma4Spec>,
+    /// Hybrid local / global attention models (Llama-4, MiMo-V2-Flash; `hybrid_moe.rs`).
+    pub hybrid: Option<crate::hybrid_moe::HybridSpec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -153,19 +155,27 @@ const MOE: &[&str] =
 const MLA: &[&str] = &["DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"];
 const DSA: &[&str] = &["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"];
 const GEMMA4: &[&str] = &["Gemma4ForConditionalGeneration"];
+/// Local / global attention with MoE and dense layers (the reference's `HYBRIDMOE` family):
+/// MoE models with their own graph (`hybrid_moe.rs`). Llama-4's text model is under
+/// `text_config`.
+const HYBRID: &[&str] = &["Llama4ForConditionalGeneration", "MiMoV2FlashForCausalLM"];
 /// MiniMax-M3 and its NVFP4 release's multimodal wrapper (the text model under `text_config`).
 const MSA: &[&str] = &["MiniMaxM3ForCausalLM", "MiniMaxM3SparseForConditionalGeneration"];
 /// MLA architectures the reference knows and servesim does not take yet.
 const MLA_OTHER: &[&str] = &["DeepSeekForCausalLM"];
 
 /// The part of a `config.json` that describes the language model: a multimodal wrapper keeps
-/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7), everything else at the top. The reference
+/// it under `text_config` (Kimi-K2.5 / K2.6 / K2.7, Llama-4), everything else at the top. The reference
 /// times a text-only load of such a wrapper exactly as its text model: the vision tower adds no
 /// op and no resident weight unless requests carry images (probed on Kimi-K2.5-NVFP4: the same
 /// KV capacity and step times with and without `vision_config`).
 fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value> {
-    if !matches!(arch, "KimiK25ForConditionalGeneration" | "MiniMaxM3SparseForConditionalGeneration")
-        && !GEMMA4.contains(&arch)
+    if !matches!(
+        arch,
+        "KimiK25ForConditionalGeneration"
+            | "MiniMaxM3SparseForConditionalGeneration"
+            | "Llama4ForConditionalGeneration"
+    ) && !GEMMA4.contains(&arch)
     {
         return Ok(cfg);
     }
@@ -249,7 +259,7 @@ impl ModelSpec {
         let cfg = text_config(&arch, root, &shown.to_string())?;
         let family = if DENSE.contains(&arch.as_str()) {
             Family::Dense
-        } else if MOE.contains(&arch.as_str()) {
+        } else if MOE.contains(&arch.as_str()) || HYBRID.contains(&arch.as_str()) {
             Family::Moe
         } else if MLA.contains(&arch.as_str()) {
             Family::Mla
@@ -262,12 +272,12 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, MLA, DSA, GEMMA4, MSA].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, MLA, DSA, GEMMA4, MSA].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA].concat().join(", ")
             )));
         };
         let need =
@@ -311,7 +321,7 @@ impl ModelSpec {
             qk_rope_head_dim: width("qk_rope_head_dim", 64),
             v_head_dim: width("v_head_dim", 128),
         });
-        Ok(ModelSpec {
+        let mut spec = ModelSpec {
             name: name.to_string(),
             source: path.to_path_buf(),
             qk_norm: matches!(arch.as_str(), "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM" | "MiniMaxM2ForCausalLM"),
@@ -355,7 +365,12 @@ impl ModelSpec {
             } else {
                 None
             },
-        })
+            hybrid: None,
+        };
+        if HYBRID.contains(&arch_name.as_str()) {
+            spec.hybrid = Some(crate::hybrid_moe::spec_from_config(&arch_name, root, cfg, &spec, &shown.to_string())?);
+        }
+        Ok(spec)
     }
 
     /// Whether the model has routed experts (a Gemma 4 may not).
@@ -704,6 +719,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if m.family == Family::Msa {
         return crate::msa::build_msa_ops(m, l);
+    }
+    if let Some(hy) = &m.hybrid {
+        return crate::hybrid_moe::build_hybrid_ops(m, hy, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {

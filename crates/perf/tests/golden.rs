@@ -610,3 +610,36 @@ fn msa_goldens() {
     let got = servesim_perf::memory::kv_capacity(&m3, None, 8192, 64, 0.0).unwrap();
     assert_eq!(got.blocks, 9659, "{got:?}");
 }
+
+/// Local / global attention with MoE and dense layers (the reference's HYBRIDMOE family):
+/// Llama-4 Scout (every layer MoE, chunked local attention of 8192 tokens), Maverick (MoE and
+/// dense layers alternating), MiMo-V2-Flash (fp8 block, local layers with their own widths and a
+/// 128-token window). Reference numbers: scripts/ais_goldens.py.
+#[test]
+fn hybrid_moe_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the hybrid MoE goldens");
+        return;
+    }
+    let layout = |model: &str, backend: &str, tp: u32, moe_tp: u32, moe_ep: u32| {
+        est_with(json!({"model": model, "system": "h200_sxm", "backend": backend, "tp": tp,
+                        "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}))
+    };
+    let scout = layout("meta-llama/Llama-4-Scout-17B-16E-Instruct", "vllm", 2, 1, 2);
+    close(scout.prefill_ms(2, 3000, 0).unwrap(), 175.13845638100116);
+    close(scout.prefill_ms(1, 20000, 0).unwrap(), 633.9783137294174);
+    close(scout.decode_ms(16, 1100).unwrap(), 18.766322922984106);
+    close(scout.forward_pass_time_ms(&[MIXED]).unwrap(), 79.26515619274849);
+    let maverick = layout("meta-llama/Llama-4-Maverick-17B-128E-Instruct", "sglang", 8, 1, 8);
+    close(maverick.prefill_ms(2, 3000, 500).unwrap(), 86.88877999622379);
+    close(maverick.decode_ms(33, 5000).unwrap(), 18.910781856890697);
+    let mimo = layout("XiaomiMiMo/MiMo-V2-Flash", "trtllm", 4, 4, 1);
+    close(mimo.prefill_ms(4, 777, 0).unwrap(), 106.93949463257287);
+    close(mimo.decode_ms(64, 4097).unwrap(), 23.329539440605338);
+    let mimo_vllm = layout("XiaomiMiMo/MiMo-V2-Flash", "vllm", 4, 4, 1);
+    use servesim_perf::memory::kv_capacity;
+    for (e, block, want) in [(&scout, 64, 4588u64), (&maverick, 1, 1124628), (&mimo_vllm, 64, 44581)] {
+        let got = kv_capacity(e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(got.blocks, want, "{}: {got:?}", e.model.name);
+    }
+}

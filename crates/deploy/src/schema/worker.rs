@@ -57,6 +57,8 @@ pub struct Worker {
     pub prefill_schedule_interval: u32,
     /// SGLang: decode-only passes after a prefill before the next may start.
     pub prefill_decode_interval: u32,
+    /// vLLM's async scheduling (servesim's own key; see the engine's `async_scheduling`).
+    pub async_scheduling: bool,
     pub block_size: Option<u32>,
     pub prefix_caching: bool,
     pub bytes_per_token: Option<u64>,
@@ -122,7 +124,15 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
     let default_seqs = if role == "prefill" { 1 } else { 256 };
     let (mut mbt, mut seqs) = (8192, default_seqs);
     let (mut schedule_interval, mut decode_interval) = (1, 0);
+    let mut async_scheduling = false;
     if let Some(mut s) = w.obj("scheduler")? {
+        async_scheduling = s.flag("async_scheduling")?.unwrap_or(false);
+        if async_scheduling && backend != "vllm" {
+            return Err(s.err(
+                "async_scheduling",
+                format!("workers.{role}.scheduler.async_scheduling is modelled only for backend=vllm"),
+            ));
+        }
         mbt = s.positive("max_batched_tokens")?.unwrap_or(8192);
         seqs = s.positive("max_sequences")?.unwrap_or(default_seqs);
         // Each interval belongs to one backend; elsewhere only its default is accepted.
@@ -280,6 +290,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         max_batched_tokens: mbt,
         max_sequences: seqs,
         prefill_schedule_interval: schedule_interval,
+        async_scheduling,
         prefill_decode_interval: decode_interval,
         block_size,
         prefix_caching,

@@ -150,6 +150,11 @@ pub struct EngineConfig {
     pub speedup_ratio: f64,
     /// Extra divisor for decode time only.
     pub decode_speedup_ratio: f64,
+    /// vLLM's async scheduling (`--async-scheduling`, on by default since vLLM 0.14): the
+    /// next pass is scheduled when the current one starts, so a request arriving during a pass
+    /// joins the pass after next (see `VllmEngine::schedulable`). Off by default, as in the
+    /// reference; vLLM only.
+    pub async_scheduling: bool,
     pub preemption_mode: PreemptionMode,
     pub role: Role,
     pub timing: TimingModel,
@@ -391,6 +396,10 @@ impl EngineConfig {
         if let Some(bytes) = self.kv_cache_bytes_per_token {
             engine["kv_cache_bytes_per_token"] = json!(bytes);
         }
+        // servesim's own; printed only when on.
+        if self.async_scheduling {
+            engine["async_scheduling"] = json!(true);
+        }
         if let Some(host) = &self.host_offload {
             engine["native_host_offload"] = host.canonical_json();
         }
@@ -414,6 +423,7 @@ struct RawConfig {
     enable_chunked_prefill: Field<bool>,
     speedup_ratio: Field<f64>,
     decode_speedup_ratio: Field<f64>,
+    async_scheduling: Field<bool>,
     preemption_mode: Field<usize>,
     role: Field<usize>,
     timing: Option<Unresolved>,

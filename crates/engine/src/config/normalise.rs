@@ -209,6 +209,19 @@ impl RawConfig {
                 "prefill_decode_interval is supported only for backend=sglang",
             ));
         }
+        let async_scheduling = self.async_scheduling.or(false);
+        if async_scheduling && backend != Backend::Vllm {
+            return Err(ConfigError::new(
+                "async_scheduling",
+                "async_scheduling is modelled only for backend=vllm (SGLang's overlap scheduler is not modelled)",
+            ));
+        }
+        if async_scheduling && self.host_offload.is_some() {
+            return Err(ConfigError::new(
+                "async_scheduling",
+                "async_scheduling is not modelled with native_host_offload yet",
+            ));
+        }
         positive(self.tensor_parallel_size, "tensor_parallel_size")?;
         positive(self.pipeline_size, "aic_pp_size")?;
         positive(self.prefill_context_size, "aic_cp_size")?;
@@ -361,6 +374,7 @@ impl RawConfig {
             enable_chunked_prefill: self.enable_chunked_prefill.or(true),
             speedup_ratio: ratio(self.speedup_ratio, "speedup_ratio")?,
             decode_speedup_ratio: ratio(self.decode_speedup_ratio, "decode_speedup_ratio")?,
+            async_scheduling,
             preemption_mode: if self.preemption_mode.or(0) == 0 { PreemptionMode::Lifo } else { PreemptionMode::Fifo },
             role,
             timing,

@@ -250,6 +250,7 @@ impl RawConfig {
         self.enable_chunked_prefill = r.bool("enable_chunked_prefill")?;
         self.speedup_ratio = r.f64("speedup_ratio")?;
         self.decode_speedup_ratio = r.f64("decode_speedup_ratio")?;
+        self.async_scheduling = r.bool("async_scheduling")?;
         self.preemption_mode = r.choice("preemption_mode", &PREEMPTION_MODES)?;
         self.role = r.choice("worker_type", &WORKER_TYPES)?;
         self.kv_transfer_bandwidth = r.f64("kv_transfer_bandwidth")?;

@@ -127,10 +127,21 @@ impl VllmEngine {
     /// (decode worker), the first request whose KV has arrived — a request that would need
     /// fresh blocks for a prefill does not compete with them.
     pub(super) fn next_admission(&self) -> Option<u32> {
-        if self.destinations.is_empty() {
+        if self.destinations.is_empty() && self.late_from.is_none() {
             return self.waiting.front().copied();
         }
-        self.waiting.iter().copied().find(|&s| self.prompt_in_place(&self.reqs[s]))
+        self.waiting
+            .iter()
+            .copied()
+            .find(|&s| self.schedulable(s) && (self.destinations.is_empty() || self.prompt_in_place(&self.reqs[s])))
+    }
+
+    /// Whether this pass may schedule `slot`. With vLLM's async scheduling (on by default
+    /// since vLLM 0.14) the engine schedules pass k+1 as soon as pass k is launched, so a
+    /// request that arrives while pass k runs is first scheduled into pass k+2 — unless pass k
+    /// left nothing to run, and the engine waited for it.
+    pub(super) fn schedulable(&self, slot: u32) -> bool {
+        self.late_from.is_none_or(|late| self.reqs[slot].state.submitted_after < late)
     }
 
     /// Whether a request's prompt is computed and in its blocks (a transferred prompt that

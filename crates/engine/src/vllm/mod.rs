@@ -79,11 +79,22 @@ struct Sched {
     /// Arrival order (submission, or acceptance as a destination): an activated destination
     /// rejoins the waiting queue at its place in this order.
     order: u64,
+    /// Passes the engine had started when the request was submitted (see
+    /// [`VllmEngine::schedulable`]).
+    submitted_after: u64,
 }
 
 impl Sched {
     fn new(status: Status, order: u64) -> Self {
-        Sched { status, preemptions: 0, pass_tokens: 0, pass_committed: 0, pass_prefill: None, order }
+        Sched {
+            status,
+            preemptions: 0,
+            pass_tokens: 0,
+            pass_committed: 0,
+            pass_prefill: None,
+            order,
+            submitted_after: 0,
+        }
     }
 }
 
@@ -165,6 +176,14 @@ pub struct VllmEngine {
     prefill_capacity_bound: bool,
     /// This pass throttles new prefill work.
     defer_prefills: bool,
+    /// Passes started so far (a stretch counts each of its passes).
+    passes: u64,
+    /// vLLM's async scheduling: the pass about to start was scheduled when the last one started,
+    /// because that one left requests running.
+    prescheduled: bool,
+    /// This pass admits no request submitted at or after this pass count (see
+    /// [`VllmEngine::schedulable`]).
+    late_from: Option<u64>,
 }
 
 impl VllmEngine {
@@ -205,6 +224,9 @@ impl VllmEngine {
             group_ranks: 1,
             prefill_capacity_bound: false,
             defer_prefills: false,
+            passes: 0,
+            prescheduled: false,
+            late_from: None,
         }
     }
 
@@ -263,7 +285,8 @@ impl VllmEngine {
 
     /// Queues a request; it is considered for admission at the next pass.
     pub fn submit(&mut self, request: EngineRequest) {
-        let req = self.sequence(request, Status::Waiting);
+        let mut req = self.sequence(request, Status::Waiting);
+        req.state.submitted_after = self.passes;
         let slot = self.reqs.insert(req);
         self.waiting.push_back(slot);
     }
@@ -349,6 +372,10 @@ impl VllmEngine {
         }
 
         self.defer_prefills = self.throttles_prefill();
+        // With async scheduling this pass was scheduled when the last one started, if that one
+        // left work: a request submitted since then (during the last pass) waits for the next.
+        self.late_from = (self.cfg.async_scheduling && self.prescheduled).then_some(self.passes);
+        self.passes += 1;
         self.host_pass_start(now_ms);
         self.schedule_running(out);
         if self.host.is_some() {
@@ -369,6 +396,7 @@ impl VllmEngine {
         let prefill = out.prefill;
         self.decode(out);
         out.end_ms = self.pass_end(compute_start, &prefill, out);
+        self.prescheduled = !self.running.is_empty();
         self.host_boundary(out.end_ms, out);
         self.drain_kv_events(out);
     }

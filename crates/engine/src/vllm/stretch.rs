@@ -168,6 +168,9 @@ impl VllmEngine {
     /// pass-by-pass steps would (same order, so the pool ends in the same state).
     pub fn commit_stretch(&mut self, passes: u32) {
         let bs = self.cfg.block_size;
+        // Every running request continues through the stretch: each pass was scheduled ahead.
+        self.passes += u64::from(passes);
+        self.prescheduled = true;
         for _ in 0..passes {
             for i in 0..self.running.len() {
                 let slot = self.running[i];
