@@ -66,7 +66,12 @@ fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()
 /// on the number of tokens.
 fn attends(op: &Op) -> bool {
     match op {
-        Op::ContextAttention { .. } | Op::GenerationAttention { .. } | Op::Mla(_) | Op::MlaBmm(_) | Op::Dsa(_) => true,
+        Op::ContextAttention { .. }
+        | Op::GenerationAttention { .. }
+        | Op::Mla(_)
+        | Op::MlaBmm(_)
+        | Op::Dsa(_)
+        | Op::Msa(_) => true,
         Op::Fallback { primary, .. } => attends(primary),
         _ => false,
     }
