@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::db::Dtype;
 use crate::error::{PerfError, Result};
-use crate::model::{logits_gemm, moe_block, Layout, ModelSpec, Op};
+use crate::model::{attention_op, logits_gemm, moe_block, AttentionHeads, Layout, ModelSpec, Op};
 use crate::moe_ops::MLA_DISTRIBUTION;
 
 /// What a Gemma 4 adds to the common model facts.
@@ -148,32 +148,8 @@ pub(crate) fn build_gemma4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Ve
             let qkv = q_width + kv * head * if k_eq_v { 1 } else { 2 };
             list.push(norm(format!("{p}_attn_norm"), c, h));
             list.push(gemm(format!("{p}_qkv_gemm"), c, qkv, h, l.gemm, false));
-            list.push(if ctx {
-                Op::ContextAttention {
-                    name: format!("{phase}_attention"),
-                    scale: c,
-                    n: heads,
-                    n_kv: kv,
-                    head,
-                    window,
-                    kv: l.kv,
-                    fmha: l.fmha,
-                    qk_norm: false,
-                    cp: l.cp,
-                }
-            } else {
-                Op::GenerationAttention {
-                    name: format!("{phase}_attention"),
-                    scale: c,
-                    n: heads,
-                    n_kv: kv,
-                    head,
-                    window,
-                    kv: l.kv,
-                    qk_norm: false,
-                    verify: l.ngram + 1,
-                }
-            });
+            let attending = AttentionHeads { n: heads, n_kv: kv, head, window, qk_norm: false };
+            list.push(attention_op(ctx, format!("{phase}_attention"), c, attending, l));
             list.push(gemm(format!("{p}_proj_gemm"), c, h, q_width, l.gemm, true));
             list.push(norm(format!("{p}_ffn_norm"), c, h));
             list.push(gemm(format!("{p}_shared_mlp_gate_up_gemm"), c, 2 * inter, h, l.shared_gemm, false));

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::db::Dtype;
 use crate::error::{PerfError, Result};
-use crate::model::{logits_gemm, push_moe_ops, Layout, ModelSpec, Op};
+use crate::model::{attention_op, logits_gemm, push_moe_ops, AttentionHeads, Layout, ModelSpec, Op};
 use crate::moe_ops::MLA_DISTRIBUTION;
 
 /// What the layer patterns and the local attention add to a model's facts. Widths are resolved:
@@ -197,33 +197,8 @@ pub fn build_hybrid_ops(m: &ModelSpec, hy: &HybridSpec, l: &Layout) -> Result<(V
             };
             list.push(norm("attn_norm"));
             list.push(gemm(format!("{prefix}_qkv_gemm"), n * head + n_kv * (head + v_head), h, false));
-            let name = format!("{phase}_attention");
-            list.push(if ctx {
-                Op::ContextAttention {
-                    name,
-                    scale: c,
-                    n,
-                    n_kv,
-                    head,
-                    window,
-                    kv: l.kv,
-                    fmha: l.fmha,
-                    qk_norm: false,
-                    cp: l.cp,
-                }
-            } else {
-                Op::GenerationAttention {
-                    name,
-                    scale: c,
-                    n,
-                    n_kv,
-                    head,
-                    window,
-                    kv: l.kv,
-                    qk_norm: false,
-                    verify: l.ngram + 1,
-                }
-            });
+            let attending = AttentionHeads { n, n_kv, head, window, qk_norm: false };
+            list.push(attention_op(ctx, format!("{phase}_attention"), c, attending, l));
             list.push(gemm(format!("{prefix}_proj_gemm"), h, n * v_head, true));
             if moe {
                 list.push(norm("moe_norm"));

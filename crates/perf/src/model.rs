@@ -744,32 +744,8 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     // gpt-oss: half the layers attend within a window, half globally.
     let attn_split = if m.sliding_window > 0 { 2.0 } else { 1.0 };
     let attention = |ctx: bool, scale: f64, window: u32, name: String| {
-        if ctx {
-            Op::ContextAttention {
-                name,
-                scale,
-                n: heads,
-                n_kv: kv_per_gpu,
-                head: m.head_dim,
-                window,
-                kv: l.kv,
-                fmha: l.fmha,
-                qk_norm: m.qk_norm,
-                cp: l.cp,
-            }
-        } else {
-            Op::GenerationAttention {
-                name,
-                scale,
-                n: heads,
-                n_kv: kv_per_gpu,
-                head: m.head_dim,
-                window,
-                kv: l.kv,
-                qk_norm: m.qk_norm,
-                verify: l.ngram + 1,
-            }
-        }
+        let heads = AttentionHeads { n: heads, n_kv: kv_per_gpu, head: m.head_dim, window, qk_norm: m.qk_norm };
+        attention_op(ctx, name, scale, heads, l)
     };
     let mut out = (Vec::new(), Vec::new());
     for (phase, list) in [("context", &mut out.0), ("generation", &mut out.1)] {
@@ -853,6 +829,27 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
     }
     Ok(out)
+}
+
+/// The attention heads one GPU computes, and the window they attend within (0: global).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionHeads {
+    pub n: u32,
+    pub n_kv: u32,
+    pub head: u32,
+    pub window: u32,
+    pub qk_norm: bool,
+}
+
+/// A phase's attention op: context attention (prefill, context-parallel as the layout says) or
+/// generation attention (decode, verifying the layout's n-gram drafts).
+pub(crate) fn attention_op(ctx: bool, name: String, scale: f64, h: AttentionHeads, l: &Layout) -> Op {
+    let AttentionHeads { n, n_kv, head, window, qk_norm } = h;
+    if ctx {
+        Op::ContextAttention { name, scale, n, n_kv, head, window, kv: l.kv, fmha: l.fmha, qk_norm, cp: l.cp }
+    } else {
+        Op::GenerationAttention { name, scale, n, n_kv, head, window, kv: l.kv, qk_norm, verify: l.ngram + 1 }
+    }
 }
 
 /// Router GEMM, dispatch, experts and combine of one phase (the reference's fused MoE block),
