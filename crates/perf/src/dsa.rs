@@ -610,15 +610,7 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         let nm = |x: &str| format!("{phase}_{x}");
         let s = if ctx { 1.0 } else { mtp };
         let ls = layers * s;
-        let gemm = |name: String, scale: f64, n: u32, k: u32, dtype: Dtype, fp8_input: bool| Op::Gemm {
-            name,
-            scale,
-            n,
-            k,
-            dtype,
-            logits: false,
-            fp8_input,
-        };
+        let gemm = Op::gemm;
         let add_norm =
             |name: &str| Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });

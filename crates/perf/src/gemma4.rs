@@ -114,15 +114,7 @@ pub(crate) fn build_gemma4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Ve
     let heads = m.heads / tp;
     let inter = m.inter / tp;
     let routed = m.routed();
-    let gemm = |name: String, scale: f64, n: u32, k: u32, dtype: Dtype, fp8_input: bool| Op::Gemm {
-        name,
-        scale,
-        n,
-        k,
-        dtype,
-        logits: false,
-        fp8_input,
-    };
+    let gemm = Op::gemm;
     let norm = |name: String, scale: f64, width: u32| Op::Elementwise {
         name,
         scale,

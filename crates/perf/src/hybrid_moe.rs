@@ -186,15 +186,7 @@ pub fn build_hybrid_ops(m: &ModelSpec, hy: &HybridSpec, l: &Layout) -> Result<(V
                 scale: c,
                 bytes_per_token: (4 * h) as f64 * act,
             };
-            let gemm = |name: String, n: u32, k: u32, fp8_input: bool| Op::Gemm {
-                name,
-                scale: c,
-                n,
-                k,
-                dtype: l.gemm,
-                logits: false,
-                fp8_input,
-            };
+            let gemm = |name: String, n: u32, k: u32, fp8_input: bool| Op::gemm(name, c, n, k, l.gemm, fp8_input);
             list.push(norm("attn_norm"));
             list.push(gemm(format!("{prefix}_qkv_gemm"), n * head + n_kv * (head + v_head), h, false));
             let attending = AttentionHeads { n, n_kv, head, window, qk_norm: false };

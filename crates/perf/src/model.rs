@@ -644,6 +644,11 @@ pub enum Op {
 }
 
 impl Op {
+    /// A plain (non-logits) GEMM: `x × k · k × n` per token, `scale` times.
+    pub(crate) fn gemm(name: String, scale: f64, n: u32, k: u32, dtype: Dtype, fp8_input: bool) -> Op {
+        Op::Gemm { name, scale, n, k, dtype, logits: false, fp8_input }
+    }
+
     pub fn name(&self) -> &str {
         match self {
             Op::Embedding { name, .. }
@@ -976,15 +981,8 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
         let s = if ctx { 1.0 } else { mtp };
         let ls = layers * s;
         // The reference's DeepSeek graph hands no GEMM an FP8 input.
-        let gemm = |name: &str, n: u32, k: u32, dtype: Dtype| Op::Gemm {
-            name: format!("{phase}_{name}"),
-            scale: ls,
-            n,
-            k,
-            dtype,
-            logits: false,
-            fp8_input: false,
-        };
+        let gemm =
+            |name: &str, n: u32, k: u32, dtype: Dtype| Op::gemm(format!("{phase}_{name}"), ls, n, k, dtype, false);
         let mut granular = vec![
             gemm("downscale_gemm", d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim, h, down_gemm),
             gemm("q_b_proj_gemm", m.heads * (d.qk_nope_head_dim + d.qk_rope_head_dim) / tp, d.q_lora_rank, q_gemm),

@@ -153,15 +153,7 @@ pub fn build_msa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         let nm = |x: &str| format!("{phase}_{x}");
         let s = if ctx { 1.0 } else { mtp };
         let ls = layers * s;
-        let gemm = |name: String, n: u32, k: u32| Op::Gemm {
-            name,
-            scale: ls,
-            n,
-            k,
-            dtype: l.gemm,
-            logits: false,
-            fp8_input: false,
-        };
+        let gemm = |name: String, n: u32, k: u32| Op::gemm(name, ls, n, k, l.gemm, false);
         let add_norm =
             |name: &str| Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
