@@ -46,13 +46,10 @@ pub trait PassTimer: Send + Sync + std::fmt::Debug {
     fn fuses_mixed_passes(&self) -> bool {
         false
     }
-    /// A mixed pass as one forward: the prefill part as [`PassTimer::prefill_ms`] gets it and
-    /// the decode part as [`PassTimer::decode_ms`] gets it. Called only when
-    /// [`PassTimer::fuses_mixed_passes`] says so.
-    fn fused_ms(&self, prefill: &PrefillShape, decode: &DecodeShape) -> std::result::Result<f64, String> {
-        let b = u64::from(prefill.batch.max(1));
-        Ok(self.prefill_ms(prefill.batch, prefill.total_isl / b, prefill.total_prefix / b)?
-            + self.decode_ms(decode.batch, decode.context_tokens, decode.capacity_tokens)?)
+    /// A mixed pass as one forward, given its prefill part and its decode part. Called only
+    /// when [`PassTimer::fuses_mixed_passes`] says so; a model that fuses implements it.
+    fn fused_ms(&self, _prefill: &PrefillShape, _decode: &DecodeShape) -> std::result::Result<f64, String> {
+        Err("this timing model does not time fused passes".into())
     }
     /// KV-cache blocks of one rank sized from the GPU's memory, as the reference sizes them
     /// when the configuration gives no `num_gpu_blocks`. `None`: the model knows nothing of
