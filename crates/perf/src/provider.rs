@@ -46,6 +46,8 @@ pub struct AisConfig {
     pub strict_provenance: bool,
     /// How a pass that both prefills and decodes is timed (servesim's own key).
     pub pass_model: PassModel,
+    /// Corrections fitted to measurements by `servesim calibrate` (servesim's own key).
+    pub calibration: PassCalibration,
     /// The configuration as given, for the canonical dump.
     pub raw: Value,
 }
@@ -59,6 +61,62 @@ pub enum PassModel {
     /// One forward over all of the pass's tokens, as vLLM runs a chunked-prefill batch on a GPU
     /// (`Estimator::fused_ms`).
     Fused,
+}
+
+/// Corrections to the estimator's pass times, fitted to a deployment's measurements by
+/// `servesim calibrate`: a pass that prefills and decodes takes
+/// `pass_overhead_ms + prefill_scale × (what its prompt tokens add) + decode_scale × (its decode
+/// batch alone)`. With additive timing a mixed pass is two timed steps, each with the overhead.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PassCalibration {
+    pub prefill_scale: f64,
+    pub decode_scale: f64,
+    pub pass_overhead_ms: f64,
+}
+
+impl Default for PassCalibration {
+    fn default() -> Self {
+        PassCalibration { prefill_scale: 1.0, decode_scale: 1.0, pass_overhead_ms: 0.0 }
+    }
+}
+
+impl PassCalibration {
+    /// The keys of the `calibration` object, and the range each must lie in.
+    pub const KEYS: [(&'static str, f64, f64); 3] =
+        [("prefill_scale", 0.05, 20.0), ("decode_scale", 0.05, 20.0), ("pass_overhead_ms", 0.0, 1000.0)];
+
+    pub fn is_identity(&self) -> bool {
+        *self == PassCalibration::default()
+    }
+
+    fn from_json(path: &str, v: &Value) -> Result<PassCalibration> {
+        let obj = v.as_object().ok_or_else(|| cfg_err(path, "calibration", format!("must be an object, got {v}")))?;
+        let mut c = PassCalibration::default();
+        for (k, x) in obj {
+            let Some(&(_, lo, hi)) = Self::KEYS.iter().find(|(name, _, _)| name == k) else {
+                let names: Vec<&str> = Self::KEYS.iter().map(|k| k.0).collect();
+                return Err(cfg_err(
+                    path,
+                    &format!("calibration.{k}"),
+                    format!("unknown key; expected one of {}", names.join(", ")),
+                ));
+            };
+            let value = x.as_f64().filter(|f| f.is_finite() && (lo..=hi).contains(f)).ok_or_else(|| {
+                cfg_err(path, &format!("calibration.{k}"), format!("must be a number in [{lo}, {hi}], got {x}"))
+            })?;
+            match k.as_str() {
+                "prefill_scale" => c.prefill_scale = value,
+                "decode_scale" => c.decode_scale = value,
+                _ => c.pass_overhead_ms = value,
+            }
+        }
+        Ok(c)
+    }
+
+    /// A pass of `base_ms` of which `decode_ms` is its decode batch's own time.
+    fn apply(&self, base_ms: f64, decode_ms: f64) -> f64 {
+        self.pass_overhead_ms + self.prefill_scale * (base_ms - decode_ms) + self.decode_scale * decode_ms
+    }
 }
 
 /// Keys the reference accepts that only select options servesim models the same way whatever
@@ -101,8 +159,9 @@ const KEYS: &[&str] = &[
     "enable_eplb",
     "wideep_num_slots",
     "encoder_parallel",
-    // servesim's own: `additive` (the reference's) or `fused`.
+    // servesim's own: `additive` (the reference's) or `fused`, and fitted corrections.
     "pass_model",
+    "calibration",
 ];
 
 fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
@@ -347,6 +406,10 @@ impl AisConfig {
             enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(true),
             strict_provenance: boolean("strict_provenance")?.unwrap_or(false),
             pass_model,
+            calibration: match obj.get("calibration") {
+                None | Some(Value::Null) => PassCalibration::default(),
+                Some(c) => PassCalibration::from_json(path, c)?,
+            },
             raw: v.clone(),
         })
     }
@@ -694,14 +757,8 @@ fn narrow(v: u64, what: &str) -> std::result::Result<u32, String> {
     u32::try_from(v).map_err(|_| format!("{what} {v} exceeds the estimator's 2^32 limit"))
 }
 
-impl PassTimer for AisTimer {
-    fn prefill_ms(&self, batch: u32, mean_isl: u64, mean_prefix: u64) -> std::result::Result<f64, String> {
-        let isl = narrow(mean_isl, "mean input length")?;
-        let prefix = narrow(mean_prefix, "mean prefix length")?;
-        self.estimator.prefill_ms(batch, isl, prefix).map_err(|e| e.message)
-    }
-
-    fn decode_ms(&self, batch: u32, context_tokens: u64, _capacity_tokens: u64) -> std::result::Result<f64, String> {
+impl AisTimer {
+    fn raw_decode_ms(&self, batch: u32, context_tokens: u64) -> std::result::Result<f64, String> {
         if batch == 0 {
             return Ok(0.0);
         }
@@ -713,6 +770,22 @@ impl PassTimer for AisTimer {
             .checked_add(1)
             .ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
         self.estimator.decode_ms(batch, kv).map_err(|e| e.message)
+    }
+}
+
+impl PassTimer for AisTimer {
+    fn prefill_ms(&self, batch: u32, mean_isl: u64, mean_prefix: u64) -> std::result::Result<f64, String> {
+        let isl = narrow(mean_isl, "mean input length")?;
+        let prefix = narrow(mean_prefix, "mean prefix length")?;
+        let ms = self.estimator.prefill_ms(batch, isl, prefix).map_err(|e| e.message)?;
+        let c = &self.config.calibration;
+        Ok(if c.is_identity() { ms } else { c.apply(ms, 0.0) })
+    }
+
+    fn decode_ms(&self, batch: u32, context_tokens: u64, _capacity_tokens: u64) -> std::result::Result<f64, String> {
+        let ms = self.raw_decode_ms(batch, context_tokens)?;
+        let c = &self.config.calibration;
+        Ok(if c.is_identity() || batch == 0 { ms } else { c.apply(ms, ms) })
     }
 
     fn fuses_mixed_passes(&self) -> bool {
@@ -731,7 +804,13 @@ impl PassTimer for AisTimer {
         let prefix = narrow(prefill.total_prefix / b, "mean prefix length")?;
         let d = decode.batch;
         let kv = narrow(decode.context_tokens / u64::from(d.max(1)) + 1, "mean decode context")?;
-        self.estimator.fused_ms(prefill.batch, isl, prefix, d, kv).map_err(|e| e.message)
+        let ms = self.estimator.fused_ms(prefill.batch, isl, prefix, d, kv).map_err(|e| e.message)?;
+        let c = &self.config.calibration;
+        if c.is_identity() {
+            return Ok(ms);
+        }
+        // The decode batch's own share, scaled apart from what the prompt tokens add.
+        Ok(c.apply(ms, self.raw_decode_ms(d, decode.context_tokens)?))
     }
 
     fn config(&self) -> Value {
@@ -792,9 +871,10 @@ pub fn config_from_flags(model: &str, backend: &str, worker_type: &str, fields: 
     Value::Object(m)
 }
 
-/// The planner's forward-pass model: the estimator's `forward_pass_time_ms`.
+/// The planner's forward-pass model: the estimator's `forward_pass_time_ms`, with the engine's
+/// calibration applied rank by rank.
 #[derive(Debug)]
-pub struct PlannerModel(pub Arc<Estimator>);
+pub struct PlannerModel(pub Arc<Estimator>, pub PassCalibration);
 
 impl servesim_planner::PassModel for PlannerModel {
     fn forward_pass_ms(&self, ranks: &[servesim_planner::Scheduled]) -> std::result::Result<f64, String> {
@@ -808,7 +888,26 @@ impl servesim_planner::PassModel for PlannerModel {
                 sum_decode_kv_tokens: r.sum_decode_kv_tokens,
             })
             .collect();
-        self.0.forward_pass_time_ms(&ranks).map_err(|e| e.message)
+        if self.1.is_identity() {
+            return self.0.forward_pass_time_ms(&ranks).map_err(|e| e.message);
+        }
+        let mut max = 0.0f64;
+        for r in &ranks {
+            let all = self.0.rank_latency_ms(r).map_err(|e| e.message)?;
+            let decode = if r.num_decode_requests == 0 {
+                0.0
+            } else {
+                let alone = crate::estimator::RankMetrics {
+                    num_prefill_requests: 0,
+                    sum_prefill_tokens: 0,
+                    sum_prefill_kv_tokens: 0,
+                    ..*r
+                };
+                self.0.rank_latency_ms(&alone).map_err(|e| e.message)?
+            };
+            max = max.max(self.1.apply(all, decode));
+        }
+        Ok(max)
     }
 }
 
@@ -822,5 +921,5 @@ pub fn planner_model(
     }
     let cfg = AisConfig::from_json("timing_model.config", &e.timer().config()).ok()?;
     let est = estimator(&cfg).ok()?;
-    Some(Arc::new(PlannerModel(est)))
+    Some(Arc::new(PlannerModel(est, cfg.calibration)))
 }

@@ -239,6 +239,26 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                 }
                 timing_controls.insert("pass_model".into(), json!("fused"));
             }
+            // servesim's own: pass-time corrections fitted by `servesim calibrate`.
+            if let Some(mut c) = t.obj("calibration")? {
+                if ty != "default" {
+                    return Err(t.err(
+                        "calibration",
+                        "a calibration corrects default (AIS op-level) timing; fixed and polynomial timing take none",
+                    ));
+                }
+                let mut fitted = serde_json::Map::new();
+                for (key, lo, hi) in servesim_perf::PassCalibration::KEYS {
+                    if let Some(x) = c.number(key)? {
+                        if !(lo..=hi).contains(&x) {
+                            return Err(c.err(key, format!("must be in [{lo}, {hi}], got {x}")));
+                        }
+                        fitted.insert(key.into(), json!(x));
+                    }
+                }
+                c.finish()?;
+                timing_controls.insert("calibration".into(), Value::Object(fitted));
+            }
             // `op_level` is the legacy name of what the default timing does.
             if t.value("forward_model").is_some_and(|v| !v.is_null() && v.as_str() != Some("op_level")) {
                 return Err(t.err(
