@@ -19,7 +19,7 @@ mod split;
 pub mod stats;
 pub mod telemetry;
 
-pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status, TtftBreakdown};
+pub use metrics::{Collector, Handoff, Overflow, QueueLimit, RequestRecord, Sla, Status, TtftBreakdown, TTFT_PARTS};
 pub use report::{request_json, request_json_with_breakdown, workload_keys, Report, WALL_CLOCK_KEYS};
 pub use run::{Ran, RecordSink, Run};
 pub use servesim_cluster::{RouterMode, Topology};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use servesim_engine::{Finish, PassOutput, Role};
 
-pub use crate::record::{Admission, Handoff, RequestRecord, Routing, Status, TtftBreakdown};
+pub use crate::record::{Admission, Handoff, RequestRecord, Routing, Status, TtftBreakdown, TTFT_PARTS};
 use crate::stats::{Samples, Sketch};
 use servesim_workload::TurnMeta;
 
@@ -70,7 +70,7 @@ pub struct Collector<'s> {
     queued: u64,
     queue: QueueLimit,
     /// The TTFT parts' distributions, when asked for ([`Collector::with_ttft_breakdown`]).
-    pub(crate) ttft_parts: Option<Box<[Samples; 5]>>,
+    pub(crate) ttft_parts: Option<Box<[Samples; crate::record::TTFT_PARTS]>>,
     /// Time series sampled on the virtual clock, when asked for ([`Collector::with_telemetry`]).
     pub(crate) telemetry: Option<crate::telemetry::Telemetry<'s>>,
     /// Where the measured run began on the virtual clock (a warmed agentic profile's start;
@@ -386,6 +386,7 @@ impl<'s> Collector<'s> {
             session,
             turn,
             arrival_ms,
+            frontend_done_ms: None,
             first_admit_ms: None,
             terminal_ms: None,
             first_token_ms: None,
@@ -423,6 +424,14 @@ impl<'s> Collector<'s> {
         let id = record.ordinal;
         self.live.insert(id, record);
         id
+    }
+
+    /// Notes when the frontend's tokenization stage passed request `id` on (see
+    /// [`RequestRecord::frontend_done_ms`]).
+    pub fn tokenized(&mut self, id: u64, at_ms: f64) {
+        if let Some(r) = self.live.get_mut(&id) {
+            r.frontend_done_ms = Some(at_ms);
+        }
     }
 
     /// Gives the next release ordinal to a request another shard of the run replays.

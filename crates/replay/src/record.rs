@@ -35,6 +35,9 @@ pub struct RequestRecord {
     pub session: Option<Arc<str>>,
     pub turn: u32,
     pub arrival_ms: f64,
+    /// When the frontend's tokenization stage passed the request on to the router (`None`
+    /// without the stage).
+    pub frontend_done_ms: Option<f64>,
     pub first_admit_ms: Option<f64>,
     pub terminal_ms: Option<f64>,
     pub first_token_ms: Option<f64>,
@@ -122,6 +125,7 @@ impl RequestRecord {
         let mut r = self.clone();
         shift(&mut r.arrival_ms);
         for t in [
+            &mut r.frontend_done_ms,
             &mut r.first_admit_ms,
             &mut r.terminal_ms,
             &mut r.first_token_ms,
@@ -175,14 +179,22 @@ impl RequestRecord {
         // The placement that led to the prompt's computation: the aggregated or prefill pool's
         // (SGLang's destination-first handoff places on the decode pool before it).
         let placed = self.routing.iter().find(|p| p.pool != Role::Decode).map(|p| p.placed_at_ms);
+        let frontend = next(self.frontend_done_ms);
         let router_queue = next(placed);
         let engine_queue = next(self.first_admit_ms);
         let h = self.handoff.as_ref();
         let prefill = next(Some(h.and_then(|h| h.source_held_ms).unwrap_or(first)));
         let kv_transfer = next(Some(h.and_then(|h| h.destination_activated_ms).unwrap_or(first)));
         // The last part is what remains of TTFT, so that the parts add up to it.
-        let first_token = (first - arrival) - (router_queue + engine_queue + prefill + kv_transfer);
-        Some(TtftBreakdown { router_queue, engine_queue, prefill, kv_transfer, first_token: first_token.max(0.0) })
+        let first_token = (first - arrival) - (frontend + router_queue + engine_queue + prefill + kv_transfer);
+        Some(TtftBreakdown {
+            frontend,
+            router_queue,
+            engine_queue,
+            prefill,
+            kv_transfer,
+            first_token: first_token.max(0.0),
+        })
     }
 
     pub fn ttst_ms(&self) -> Option<f64> {
@@ -202,9 +214,14 @@ impl RequestRecord {
     }
 }
 
+/// How many parts [`TtftBreakdown`] splits a time to first token into.
+pub const TTFT_PARTS: usize = 6;
+
 /// A request's time to first token, split at its milestones (all in ms, each ≥ 0, summing to
 /// TTFT):
-/// * `router_queue`: arrival → placement on the worker that computes the prompt (time in the KV
+/// * `frontend`: arrival → the frontend's tokenization stage done (HTTP, parsing and
+///   tokenisation: `engine.tokenization`, waiting for a tokenizer included); 0 without the stage.
+/// * `router_queue`: frontend done → placement on the worker that computes the prompt (time in the KV
 ///   router's queue; 0 without one).
 /// * `engine_queue`: placement → first admission into a running batch (the engine's waiting
 ///   queue; vLLM's `request_queue_time`).
@@ -217,6 +234,7 @@ impl RequestRecord {
 ///   aggregated.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct TtftBreakdown {
+    pub frontend: f64,
     pub router_queue: f64,
     pub engine_queue: f64,
     pub prefill: f64,
@@ -226,9 +244,10 @@ pub struct TtftBreakdown {
 
 impl TtftBreakdown {
     /// The parts' names, in the order of [`TtftBreakdown::parts`].
-    pub const NAMES: [&'static str; 5] = ["router_queue", "engine_queue", "prefill", "kv_transfer", "first_token"];
+    pub const NAMES: [&'static str; TTFT_PARTS] =
+        ["frontend", "router_queue", "engine_queue", "prefill", "kv_transfer", "first_token"];
 
-    pub fn parts(&self) -> [f64; 5] {
-        [self.router_queue, self.engine_queue, self.prefill, self.kv_transfer, self.first_token]
+    pub fn parts(&self) -> [f64; TTFT_PARTS] {
+        [self.frontend, self.router_queue, self.engine_queue, self.prefill, self.kv_transfer, self.first_token]
     }
 }

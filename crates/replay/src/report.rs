@@ -43,7 +43,7 @@ pub struct Report {
     /// autoscaler changed them during the run; otherwise workers × duration.
     pub worker_seconds: Option<(f64, f64)>,
     /// Distributions of the TTFT parts (in [`TtftBreakdown::NAMES`] order), when collected.
-    pub ttft_parts: Option<[Summary; 5]>,
+    pub ttft_parts: Option<[Summary; crate::record::TTFT_PARTS]>,
 }
 
 impl Report {

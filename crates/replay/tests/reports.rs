@@ -61,8 +61,8 @@ fn run_breakdown(workload: &Workload, config: &SimConfig) -> (Vec<RequestRecord>
 }
 
 /// Every completed request's parts are ≥ 0 and add up to its TTFT; returns the parts' sums.
-fn check_parts(records: &[RequestRecord]) -> [f64; 5] {
-    let mut sums = [0.0; 5];
+fn check_parts(records: &[RequestRecord]) -> [f64; servesim_replay::TTFT_PARTS] {
+    let mut sums = [0.0; servesim_replay::TTFT_PARTS];
     let completed: Vec<_> = records.iter().filter(|r| r.status == Status::Completed).collect();
     assert!(!completed.is_empty());
     for r in completed {
@@ -89,7 +89,9 @@ fn ttft_parts_sum_to_ttft_aggregated() {
     let router = RouterMode::KvRouter(RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() });
     let topology = Topology::aggregated(engine(""), 2).unwrap();
     let (records, report) = run_breakdown(&workload(300, 40.0, 0.5), &config(topology, router));
-    let [router_queue, engine_queue, prefill, kv_transfer, first_token] = check_parts(&records);
+    let [frontend, router_queue, engine_queue, prefill, kv_transfer, first_token] = check_parts(&records);
+    // Without a tokenization stage the frontend costs nothing.
+    assert_eq!(frontend, 0.0);
     assert!(router_queue > 0.0 && engine_queue >= 0.0 && prefill > 0.0, "{router_queue} {engine_queue} {prefill}");
     // Aggregated: the prompt's last pass emits the first token; nothing moves between workers.
     assert_eq!((kv_transfer, first_token), (0.0, 0.0));
@@ -101,9 +103,38 @@ fn ttft_parts_sum_to_ttft_aggregated() {
     // Engine queueing shows with a round-robin router on one busy worker.
     let topology = Topology::aggregated(engine(r#", "max_num_seqs": 4"#), 1).unwrap();
     let (records, _) = run_breakdown(&workload(200, 30.0, 0.0), &config(topology, RouterMode::RoundRobin));
-    let [router_queue, engine_queue, ..] = check_parts(&records);
+    let [_, router_queue, engine_queue, ..] = check_parts(&records);
     assert_eq!(router_queue, 0.0);
     assert!(engine_queue > 0.0);
+}
+
+/// With the frontend's tokenization stage, its cost is a part of its own: a request's whole
+/// tokenization (base plus per-token cost) when tokenizers never queue, and the wait for a
+/// tokenizer besides when they do.
+#[test]
+fn the_frontend_is_its_own_ttft_part() {
+    let topology = Topology::aggregated(engine(""), 2).unwrap();
+    let w = workload(200, 30.0, 0.0);
+    let with = |workers: u32| {
+        let tokenization = servesim_replay::Tokenization { workers, base_ms: 9.5, per_input_token_ms: 0.01 };
+        let c = SimConfig { tokenization: Some(tokenization), ..config(topology.clone(), RouterMode::RoundRobin) };
+        run_breakdown(&w, &c)
+    };
+    let (records, report) = with(64);
+    let [frontend, router_queue, ..] = check_parts(&records);
+    for r in records.iter().filter(|r| r.status == Status::Completed) {
+        let part = r.ttft_breakdown_ms().unwrap().frontend;
+        let cost = 9.5 + 0.01 * f64::from(r.input_length);
+        assert!((part - cost).abs() < 1e-6, "request {}: frontend {part}, tokenization {cost}", r.ordinal);
+    }
+    assert_eq!(router_queue, 0.0);
+    let n = records.iter().filter(|r| r.status == Status::Completed).count() as f64;
+    let mean = report.summary_json()["mean_ttft_frontend_ms"].as_f64().unwrap();
+    assert!((mean - frontend / n).abs() < 1e-9 * mean);
+    // One tokenizer at 30 req/s with a ~12 ms cost: requests wait for it, in the same part.
+    let (records, _) = with(1);
+    let [queued, ..] = check_parts(&records);
+    assert!(queued > frontend, "{queued} <= {frontend}");
 }
 
 #[test]
@@ -115,7 +146,7 @@ fn ttft_parts_sum_to_ttft_disaggregated() {
         let decode = engine(&format!(r#", "engine_type": "{backend}""#));
         let topology = Topology::disaggregated((prefill, 2), (decode, 2)).unwrap();
         let (records, report) = run_breakdown(&workload(200, 30.0, 0.0), &config(topology, RouterMode::RoundRobin));
-        let [_, _, prefill, kv_transfer, first_token] = check_parts(&records);
+        let [_, _, _, prefill, kv_transfer, first_token] = check_parts(&records);
         assert!(
             prefill > 0.0 && kv_transfer > 0.0 && first_token > 0.0,
             "{backend}: {prefill} {kv_transfer} {first_token}"

@@ -40,7 +40,7 @@ pub struct RequestPoint {
     pub e2e_ms: f64,
     /// Mean gap between its tokens (none with fewer than two).
     pub itl_ms: Option<f64>,
-    pub ttft_parts: [f64; 5],
+    pub ttft_parts: [f64; servesim_replay::TTFT_PARTS],
 }
 
 /// The completed requests of a run, as the report needs them (40 bytes each).
@@ -255,7 +255,7 @@ mod tests {
                 ttft_ms: 10.0 + x,
                 e2e_ms: 100.0 + 2.0 * x,
                 itl_ms: Some(5.0),
-                ttft_parts: [0.0, 1.0, 9.0 + x, 0.0, 0.0],
+                ttft_parts: [0.0, 0.0, 1.0, 9.0 + x, 0.0, 0.0],
             });
         }
         let summary: Map<String, Value> =

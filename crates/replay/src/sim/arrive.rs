@@ -41,6 +41,8 @@ impl Simulation<'_, '_> {
         if let Some(s) = self.scaling.as_mut() {
             s.arrival();
         }
+        // A prompt drawn by the tokenization stage: the request leaves the frontend now.
+        let tokenized_at = prompt.is_some().then_some(self.now);
         let prompt = prompt.unwrap_or_else(|| self.driver.prompt(r));
         let planned_output = self.driver.planned_output(r);
         let session = self.driver.session(r.session);
@@ -53,6 +55,9 @@ impl Simulation<'_, '_> {
             turn.output_length,
             turn.meta.clone(),
         );
+        if let Some(at) = tokenized_at {
+            self.collector.tokenized(id, at);
+        }
         // The KV router places by block hashes; engines hash what they need themselves.
         let hashes = if self.pools.iter().any(|p| p.placer.is_kv()) {
             prompt.block_hashes(self.config.topology.block_size())
