@@ -2,6 +2,7 @@
 //! the simulation lives in the `servesim-engine` and `servesim-replay` crates, the live server
 //! in `servesim-live`.
 
+mod calibrate;
 mod candidate_pages;
 mod failure;
 mod flags;
@@ -39,6 +40,9 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Predicted prefill / decode step times of the data-driven (AIS) timing model.
     Perf(Box<perf::PerfArgs>),
+    /// Fit the timing of a deployment YAML to measurements of that deployment and write a
+    /// calibration file for --calibration.
+    Calibrate(Box<calibrate::CalibrateArgs>),
 }
 
 /// An argument with backticks around a flag (`` `--num-workers` ``, copied from Markdown) would
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
         Command::Recommend(args) => recommend::run(*args),
         Command::Serve(args) => serve::run(*args),
         Command::Perf(args) => perf::run(*args),
+        Command::Calibrate(args) => calibrate::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

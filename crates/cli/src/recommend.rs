@@ -26,6 +26,10 @@ pub struct RecommendArgs {
     /// Override a configuration value: a dotted key path and a YAML value (repeatable).
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
+    /// A calibration file from `servesim calibrate`: its fitted timing corrections apply to
+    /// every candidate (a warning names each way the search leaves the measured deployment).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
     #[arg(long, value_name = "DIR", default_value = "aisimulate-output")]
     pub output_dir: PathBuf,
     /// Replace an existing output directory.
@@ -267,6 +271,28 @@ fn merge(
     finish(&search, trials, 0, staged, keep, json, None, pages)
 }
 
+/// A calibration applies to the worker blocks the configuration lists: a search over modes
+/// whose workers it does not list would run them uncalibrated.
+fn calibrated_modes(calibration: &Path, tree: &serde_json::Value) -> Result<(), Failure> {
+    let engine = &tree["engine"];
+    let modes: Vec<&str> = match engine.get("mode") {
+        Some(serde_json::Value::String(m)) => vec![m.as_str()],
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|m| m.as_str()).collect(),
+        _ => vec!["aggregated", "disaggregated"],
+    };
+    let listed = |role: &str| engine.pointer(&format!("/workers/{role}")).is_some_and(|w| !w.is_null());
+    for mode in modes {
+        let roles: &[&str] = if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
+        if let Some(missing) = roles.iter().find(|r| !listed(r)) {
+            return Err(Failure::input(format!(
+                "--calibration {}: the search includes {mode} deployments, whose engine.workers.{missing} block the                  configuration does not list; list it (the calibration applies to the blocks listed) or restrict                  engine.mode",
+                calibration.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let json = a.format == crate::flags::Format::Json;
     if let Some(MergeCommand::Merge { dirs, output_dir, overwrite, pages }) = &a.merge {
@@ -282,7 +308,13 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
             "--report-html applies to a whole search; give it to `recommend merge` for sharded runs",
         ));
     }
-    let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
+    let mut sets = a.set.clone();
+    if let Some(c) = &a.calibration {
+        let tree = servesim_deploy::load_tree(config, &a.set).map_err(Failure::input)?;
+        calibrated_modes(c, &tree)?;
+        sets.extend(crate::calibrate::overrides(c, &tree)?.1);
+    }
+    let tree = servesim_deploy::load_tree(config, &sets).map_err(Failure::input)?;
     let file = config.display().to_string();
     let base = config.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };

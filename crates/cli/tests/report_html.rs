@@ -46,7 +46,7 @@ const PREDICT_PAGE_SERIES: [(&str, usize); 11] = [
     ("e2e-hist", 1),
     ("ttft-over-time", 2),
     ("e2e-over-time", 2),
-    ("ttft-breakdown", 5),
+    ("ttft-breakdown", 6),
     ("cluster-load", 4),
     ("throughput", 1),
 ];

@@ -96,17 +96,25 @@ pub(super) fn flag_form(
     Ok(())
 }
 
+/// A `predict -c` run as read: the prepared deployment, its input files, the configuration tree
+/// (with --set applied) and the calibration, if any.
+pub(super) struct Loaded<'a> {
+    pub prepared: &'a servesim_deploy::Prepared,
+    pub inputs: &'a [PathBuf],
+    pub tree: &'a serde_json::Value,
+    pub calibration: Option<&'a servesim_calibrate::file::Calibration>,
+}
+
 /// `predict -c ... --ensemble N`: prediction.json holds the members' medians with `<key>_p05`
 /// and `<key>_p95` beside each numeric key, as the flag form's ensemble summary does.
 pub(super) fn file_form(
     f: &ConfigFlags,
     flags: &crate::flags::reports::ReportFlags,
     json: bool,
-    prepared: &servesim_deploy::Prepared,
     n: usize,
-    inputs: &[PathBuf],
-    tree: &serde_json::Value,
+    run: Loaded<'_>,
 ) -> Result<(), Failure> {
+    let Loaded { prepared, inputs, tree, calibration } = run;
     check_ensemble(n, f.capture_per_request, flags)?;
     if prepared.config.planner.is_some() {
         return Err(Failure::input(
@@ -130,7 +138,20 @@ pub(super) fn file_form(
             s
         })
         .collect();
-    let summary = servesim_deploy::sorted(&serde_json::Value::Object(servesim_replay::ensemble::summarize(&summaries)));
+    let mut folded = servesim_replay::ensemble::summarize(&summaries);
+    // A calibration's model error widens the intervals beyond the arrival noise.
+    if let Some(c) = calibration {
+        let widened = c.widen(&mut folded);
+        folded.insert(
+            "calibration_model_error".into(),
+            serde_json::json!({
+                "source": if c.cross_validated { "cross-validated" } else { "in-sample" },
+                "log_rms": c.model_error.iter().map(|(m, e)| (m.name().to_string(), serde_json::json!(e.log_rms))).collect::<serde_json::Map<_, _>>(),
+                "widened": widened,
+            }),
+        );
+    }
+    let summary = servesim_deploy::sorted(&serde_json::Value::Object(folded));
     let compact = serde_json::to_string(&summary).expect("summary serialises");
     write_file(&staged.path("prediction.json"), compact.as_bytes())?;
     staged.commit()?;

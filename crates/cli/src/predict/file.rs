@@ -29,6 +29,7 @@ const CONFIG_MODE_FLAGS: &[&str] = &[
     "--telemetry-interval-ms",
     "--report-html",
     "--ensemble",
+    "--calibration",
     "--timing-jitter-cv",
     "--threads",
     "--online",
@@ -55,7 +56,7 @@ fn check_no_other_flags() -> Result<(), Failure> {
         return Err(Failure::input(format!(
             "{a}: with -c/--config the configuration file describes the run; only --set, --output-dir, \
              --overwrite, --format, --capture-per-request, --stack, --ensemble, --timing-jitter-cv, --threads, \
-             --online, --no-wall-clock and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
+             --online, --no-wall-clock, --calibration and the report flags (--report-html, --telemetry, --telemetry-interval-ms, --ttft-breakdown) apply"
         )));
     }
     Ok(())
@@ -85,14 +86,30 @@ pub fn predict(
     check_no_other_flags()?;
     let path = f.config.as_deref().expect("called with -c");
     let cv = super::args::timing_jitter_cv(variation.timing_jitter_cv)?;
-    let mut prepared = servesim_deploy::prepare_file(path, &f.set).map_err(Failure::input)?;
+    // A calibration is a set of overrides on the configuration as given.
+    let mut sets = f.set.clone();
+    let mut calibration = None;
+    if let Some(c) = &f.calibration {
+        let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
+        let (file, extra) = crate::calibrate::overrides(c, &tree)?;
+        sets.extend(extra);
+        calibration = Some(file);
+    }
+    let mut prepared = servesim_deploy::prepare_file(path, &sets).map_err(Failure::input)?;
     prepared.sim.timing_jitter_cv = cv;
     prepared.sim.threads = variation.threads;
-    let tree = servesim_deploy::load_tree(path, &f.set).map_err(Failure::input)?;
-    let inputs = run_inputs(path, &tree);
+    let tree = servesim_deploy::load_tree(path, &sets).map_err(Failure::input)?;
+    let mut inputs = run_inputs(path, &tree);
+    inputs.extend(f.calibration.clone());
     check_reports(&flags.paths(), &inputs, &f.output_dir)?;
     if let Some(n) = variation.ensemble {
-        return super::ensemble::file_form(f, flags, json, &prepared, n, &inputs, &tree);
+        let run = super::ensemble::Loaded {
+            prepared: &prepared,
+            inputs: &inputs,
+            tree: &tree,
+            calibration: calibration.as_ref(),
+        };
+        return super::ensemble::file_form(f, flags, json, n, run);
     }
     // The output directory first: reports may be written inside it.
     let staged = OutputDir::open(&f.output_dir, f.overwrite, &inputs)?;
