@@ -15,8 +15,15 @@ requests of mean length `isl` with `prefix` cached is `{P: batch, T: batch·(isl
 C: batch·prefix}`, a decode step at mean context `c` is `{D: batch, K: batch·(c + 1)}`. KV capacity: `estimate_num_gpu_blocks(...)` with
 max_num_tokens 8192, max_batch_size 256 and the backend's default memory fraction of the
 total (vLLM 0.9, SGLang 0.88).
+
+`--dsv4-kv` prints instead the numbers behind crates/perf/tests/dsv4.rs: DeepSeek-V4's KV bytes per
+sequence (`DeepSeekV4Model.get_kvcache_bytes_per_sequence`) and the longest sequence a byte budget
+holds (`BaseModel._binary_search_kvcache_max_tokens`), on the packaged configs, with fp8 and bf16
+KV entries (servesim does not time DeepSeek-V4 yet, so these are read off the model class).
 """
 import json
+import sys
+import types
 
 from aisimulate_core.sdk import RustForwardPassPerfModel
 from aisimulate_core.sdk.memory.kv_cache import estimate_num_gpu_blocks
@@ -166,7 +173,34 @@ KV = [
 ]
 
 
+DSV4_LENGTHS = [0, 1, 3, 4, 127, 128, 129, 1000, 4096, 100000]
+DSV4_BUDGETS = [1e6, 5e9, 60.5e9]
+
+
+def dsv4_kv():
+    from aisimulate_core.sdk import common
+    from aisimulate_core.sdk.models.deepseek_v4 import DeepSeekV4Model
+    from aisimulate_core.sdk.utils import _load_pre_downloaded_hf_config, _parse_hf_config_json
+
+    for hf in ["deepseek-ai/DeepSeek-V4-Flash", "deepseek-ai/DeepSeek-V4-Pro"]:
+        info = _parse_hf_config_json(_load_pre_downloaded_hf_config(hf))
+        for kv in ["fp8", "bfloat16"]:
+            # The two methods read only these attributes of a built model.
+            m = types.SimpleNamespace(
+                extra_params=info["extra_params"], _compress_ratios=info["extra_params"].compress_ratios,
+                _context_length=info["context"],
+                config=types.SimpleNamespace(kvcache_quant_mode=common.KVCacheQuantMode[kv]))
+            m.get_kvcache_bytes_per_sequence = lambda s, m=m: DeepSeekV4Model.get_kvcache_bytes_per_sequence(m, s)
+            print(json.dumps({"model": hf, "kv": kv, "context": info["context"],
+                              "bytes": [(n, m.get_kvcache_bytes_per_sequence(n)) for n in DSV4_LENGTHS],
+                              "tokens": [(b, DeepSeekV4Model._binary_search_kvcache_max_tokens(m, b))
+                                         for b in DSV4_BUDGETS]}))
+
+
 def main():
+    if "--dsv4-kv" in sys.argv[1:]:
+        dsv4_kv()
+        return
     for cfg, queries in STEPS:
         m = RustForwardPassPerfModel.best_available({**cfg, "worker_type": "aggregated"})
         for kind, q in queries:

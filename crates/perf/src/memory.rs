@@ -215,28 +215,35 @@ fn window_capped_bytes(est: &Estimator, len: u64) -> f64 {
     per_layer_token * (windowed * len.min(m.sliding_window as u64) as f64 + global * len as f64)
 }
 
-/// The longest single sequence whose window-capped KV fits `budget` bytes (the reference's
-/// doubling-then-bisection search; a cache that stops growing is bounded by the context length).
+/// The longest single sequence whose window-capped KV fits `budget` bytes.
 fn window_capped_tokens(est: &Estimator, budget: f64) -> u64 {
+    longest_fitting(budget, est.model.max_position as u64, |len| window_capped_bytes(est, len))
+}
+
+/// The longest single sequence whose KV (`bytes(len)`, non-decreasing in `len`) fits `budget`
+/// bytes: the reference's doubling-then-bisection search for caches that are not linear in
+/// length. A cache that stops growing is bounded by `context_length` (by the doubled length when
+/// that is 0).
+pub fn longest_fitting(budget: f64, context_length: u64, bytes: impl Fn(u64) -> f64) -> u64 {
     if budget <= 0.0 {
         return 0;
     }
-    let (mut hi, mut hi_bytes) = (1u64, window_capped_bytes(est, 1));
+    let (mut hi, mut hi_bytes) = (1u64, bytes(1));
     if hi_bytes <= 0.0 {
         return 0;
     }
     while hi_bytes <= budget {
         let next = hi * 2;
-        let next_bytes = window_capped_bytes(est, next);
+        let next_bytes = bytes(next);
         if next_bytes == hi_bytes {
-            return if est.model.max_position > 0 { est.model.max_position as u64 } else { next };
+            return if context_length > 0 { context_length } else { next };
         }
         (hi, hi_bytes) = (next, next_bytes);
     }
     let mut lo = hi / 2;
     while lo + 1 < hi {
         let mid = (lo + hi) / 2;
-        if window_capped_bytes(est, mid) <= budget {
+        if bytes(mid) <= budget {
             lo = mid;
         } else {
             hi = mid;

@@ -269,6 +269,18 @@ impl ModelSpec {
             Family::Gemma4
         } else if MSA.contains(&arch.as_str()) {
             Family::Msa
+        } else if arch == crate::dsv4::ARCH {
+            // Read the DeepSeek-V4 facts first, so a malformed config is named before the refusal.
+            let layers = uint(cfg, "num_hidden_layers")
+                .ok_or_else(|| PerfError::config(format!("{shown}: missing or non-integer num_hidden_layers")))?;
+            let spec = crate::dsv4::Dsv4Spec::from_config(cfg, layers, &shown.to_string())?;
+            return Err(crate::dsv4::unsupported(&shown.to_string(), &spec));
+        } else if arch == "DeepseekV41ForCausalLM" {
+            return Err(PerfError::unsupported(format!(
+                "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
+                 servesim yet: it lacks the DeepSeek-V4.1 decoder module op (dsv41_module_perf) and its KV layout; \
+                 servesim refuses rather than time it as another family"
+            )));
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
