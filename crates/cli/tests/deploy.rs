@@ -1158,8 +1158,69 @@ fn the_references_canonical_defaults_are_accepted() {
         "transfer",
         BASE,
         &["engine.workers.aggregated.timing.transfer_policy=[xshape]"],
-        &["engine.workers.aggregated.timing.transfer_policy", "only the reference's default"],
+        &["engine.workers.aggregated.timing.transfer_policy", "estimator settings require default timing"],
     );
+}
+
+/// Estimator policies under SILICON, recorded from the reference (each YAML says how):
+/// `enable_shared_layer: true` and any valid `transfer_policy` change nothing (the numbers are
+/// predict_controls_worker's); `enable_shared_layer: false` reads the requested version's tables
+/// alone, so the FP8-block GEMMs vLLM 0.24.0 borrows from 0.25.0 are missing and the run stops, as
+/// the reference's does. Policies are checked as the reference resolves them.
+#[test]
+fn estimator_policies_match_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_estimator_policies") else { return };
+    // As for predict_controls_worker: p90 ITL 0.2 % (one pooled gap crosses a step), the rest 1e-4.
+    assert!(worst <= 0.0025, "worst deviation {:.5} %", worst * 100.0);
+    let (plain, plain_reference, _) = compare_with_reference("predict_controls_worker").expect("data present");
+    for key in METRICS {
+        // Inert in both tools: the same numbers as without the policies.
+        assert_eq!(ours[key], plain[key], "{key}");
+        assert_eq!(reference[key], plain_reference[key], "reference {key}");
+    }
+    let out_dir = tmp("shared-layer-off");
+    let out = predict(&deploy_dir().join("predict_shared_layer_off.yaml"), &out_dir, &["--format", "json"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("fp8_block") && err.contains("0.24.0"), "{err}");
+    assert!(!err.contains("0.25.0"), "{err}");
+    assert!(!out_dir.join("prediction.json").exists());
+    // The same config with the shared layer on runs (it is predict_controls_worker).
+    let on = predict_with("predict_shared_layer_off", &["engine.enable_shared_layer=true"]);
+    assert_eq!(on["mean_itl_ms"], plain["mean_itl_ms"]);
+
+    let ais = "engine.workers.aggregated.timing={type: default}";
+    refused(
+        "transfer-unknown",
+        BASE,
+        &[ais, "engine.transfer_policy=xshape,sideways"],
+        &["engine.transfer_policy", "unknown transfer kind/preset \"sideways\"", "presets: aggressive"],
+    );
+    refused(
+        "transfer-list-preset",
+        BASE,
+        &[ais, "engine.workers.aggregated.timing.transfer_policy=[off]"],
+        &["engine.workers.aggregated.timing.transfer_policy", "unknown transfer kind \"off\""],
+    );
+    refused(
+        "transfer-type",
+        BASE,
+        &[ais, "engine.transfer_policy=3"],
+        &["engine.transfer_policy", "must be a string or a list of strings"],
+    );
+    refused(
+        "transfer-fixed",
+        BASE,
+        &["engine.transfer_policy=balanced"],
+        &["engine.transfer_policy", "require regular language workers with default timing in every role"],
+    );
+    refused(
+        "shared-layer-fixed",
+        BASE,
+        &["engine.enable_shared_layer=true"],
+        &["engine.enable_shared_layer", "default timing in every role"],
+    );
+    refused("shared-layer-type", BASE, &["engine.enable_shared_layer=maybe"], &["engine.enable_shared_layer"]);
 }
 
 #[test]

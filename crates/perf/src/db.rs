@@ -231,6 +231,8 @@ pub struct Database {
     pub spec: SystemSpec,
     pub backend: String,
     pub version: String,
+    /// Whether tables borrow rows beyond the requested version (`enable_shared_layer`).
+    pub shared_layer: bool,
     gemm_sources: Vec<Source>,
     ctx_sources: Vec<Source>,
     gen_sources: Vec<Source>,
@@ -304,9 +306,9 @@ impl Database {
         "scale_matrix_perf.parquet",
     ];
 
-    pub fn open(spec: SystemSpec, backend: &str, version: &str) -> Result<Database> {
+    pub fn open(spec: SystemSpec, backend: &str, version: &str, shared_layer: bool) -> Result<Database> {
         let [gemm, ctx, gen, ar, moe, compute_scale, scale_matrix] =
-            Database::TABLES.map(|file| sources(&spec, backend, version, file));
+            Database::TABLES.map(|file| sources(&spec, backend, version, file, shared_layer));
         Ok(Database {
             gemm_sources: gemm?,
             ctx_sources: ctx?,
@@ -318,6 +320,7 @@ impl Database {
             spec,
             backend: backend.to_string(),
             version: version.to_string(),
+            shared_layer,
             gemm: OnceLock::new(),
             compute_scale: OnceLock::new(),
             scale_matrix: OnceLock::new(),

@@ -191,7 +191,7 @@ pub(crate) fn select<'a, V>(by: &'a BTreeMap<String, V>, requested: &str) -> Opt
 /// `skip_indexer` when `reuse`, else the others. `decode_fmha` false leaves the attention format
 /// out of decode keys (the MSA decode table is keyed without it).
 fn load(db: &Database, file: &str, context: bool, reuse: bool, decode_fmha: bool) -> Result<DsaTable> {
-    let srcs = sources(&db.spec, &db.backend, &db.version, file)?;
+    let srcs = sources(&db.spec, &db.backend, &db.version, file, db.shared_layer)?;
     let mut nodes: BTreeMap<String, BTreeMap<String, (Node, BTreeSet<u32>)>> = BTreeMap::new();
     let mut looked = Vec::new();
     for src in &srcs {

@@ -103,7 +103,7 @@ fn text(col: &[Option<String>], i: usize, name: &str, path: &str) -> Result<Stri
 }
 
 fn load(db: &Database, layout: Layout) -> Result<MlaTable> {
-    let srcs: Vec<Source> = sources(&db.spec, &db.backend, &db.version, layout.file())?;
+    let srcs: Vec<Source> = sources(&db.spec, &db.backend, &db.version, layout.file(), db.shared_layer)?;
     let mut nodes: BTreeMap<String, BTreeMap<u32, Node>> = BTreeMap::new();
     let mut looked = Vec::new();
     for src in &srcs {

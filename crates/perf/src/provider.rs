@@ -416,7 +416,7 @@ impl AisConfig {
 
     fn cache_key(&self) -> String {
         format!(
-            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
             self.model,
             self.system,
             self.backend,
@@ -436,7 +436,8 @@ impl AisConfig {
             self.systems_paths,
             self.attention_backend,
             // A strict estimator is built (and its data checked) on its own.
-            self.strict_provenance
+            self.strict_provenance,
+            self.enable_shared_layer
         )
     }
 }
@@ -554,7 +555,7 @@ fn framework_default_lane(
 }
 
 /// Loaded databases by (systems root, system, backend, version).
-type Databases = Mutex<HashMap<(PathBuf, String, String, String), Arc<Database>>>;
+type Databases = Mutex<HashMap<(PathBuf, String, String, String, bool), Arc<Database>>>;
 
 /// Loaded databases, shared by every estimator on the same data.
 fn databases() -> &'static Databases {
@@ -594,13 +595,13 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
         crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
     }
-    let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone());
+    let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone(), cfg.enable_shared_layer);
     let db = {
         let mut dbs = databases().lock().expect("databases");
         match dbs.get(&db_key) {
             Some(db) => Arc::clone(db),
             None => {
-                let db = Arc::new(Database::open(spec.clone(), &cfg.backend, &version)?);
+                let db = Arc::new(Database::open(spec.clone(), &cfg.backend, &version, cfg.enable_shared_layer)?);
                 dbs.insert(db_key, Arc::clone(&db));
                 db
             }

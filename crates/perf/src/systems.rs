@@ -491,7 +491,8 @@ fn declared_donors(data: &Path, backend: &str, version: &str, file: &str) -> Res
 /// versions of the same backend (nearest first), then other backends' rows whose
 /// `kernel_source` the `perf_data_reuse_manifest.yaml` shares with this backend. Communication
 /// tables stop after the earlier same-backend versions; NCCL tables use only the primary.
-pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> Result<Vec<Source>> {
+/// Without the shared layer (`enable_shared_layer: false`) every table is its primary alone.
+pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str, shared_layer: bool) -> Result<Vec<Source>> {
     let data = &spec.data_dir;
     let primary = op_path(data, backend, version, file);
     let family = match &primary {
@@ -509,6 +510,9 @@ pub fn sources(spec: &SystemSpec, backend: &str, version: &str, file: &str) -> R
     let mut out: Vec<Source> = Vec::new();
     if let Some(p) = &primary {
         out.push(Source { path: p.clone(), kernel_sources: None });
+    }
+    if !shared_layer {
+        return Ok(out);
     }
     let is_comm = family.as_deref() == Some("comm");
     let mut declared: BTreeSet<String> = BTreeSet::new();

@@ -57,3 +57,54 @@ pub(super) fn read_timing_controls(t: &mut Reader) -> Result<Controls, DeployErr
     read_strings(t, &PER_WORKER, &mut c)?;
     Ok(c)
 }
+
+/// The transfer kinds and presets the reference's `transfer_policy` takes.
+const TRANSFER_KINDS: [&str; 4] = ["xop", "xprofile", "xquant", "xshape"];
+const TRANSFER_PRESETS: [&str; 4] = ["aggressive", "balanced", "conservative", "off"];
+
+/// Checks a `transfer_policy` as the reference resolves it: a string is a preset or kind name or
+/// a comma-separated run of them (case and surrounding blanks ignored); a list names kinds exactly.
+///
+/// The policy only says which cross-shape / cross-quant / cross-op borrowings the HYBRID and
+/// EMPIRICAL database modes may make where a table has no row; SILICON (the only mode servesim
+/// models, and the reference's default) reads measured rows alone and never consults it, so a
+/// valid policy changes nothing and is not lowered.
+pub(super) fn check_transfer_policy(path: &str, v: &Value) -> Result<(), DeployError> {
+    let token = |t: &str| -> Result<(), DeployError> {
+        let t = t.trim().to_lowercase();
+        if TRANSFER_KINDS.contains(&t.as_str()) || TRANSFER_PRESETS.contains(&t.as_str()) {
+            return Ok(());
+        }
+        Err(DeployError::new(
+            path,
+            format!(
+                "unknown transfer kind/preset {t:?}; valid kinds: {}; presets: {}",
+                TRANSFER_KINDS.join(", "),
+                TRANSFER_PRESETS.join(", ")
+            ),
+        ))
+    };
+    match v {
+        Value::Null => Ok(()),
+        Value::String(s) => {
+            let t = s.trim().to_lowercase();
+            if TRANSFER_PRESETS.contains(&t.as_str()) || !t.contains(',') {
+                return token(&t);
+            }
+            t.split(',').map(str::trim).filter(|p| !p.is_empty()).try_for_each(token)
+        }
+        // A list goes to the estimator as it is: kind names exactly, no presets.
+        Value::Array(items) => items.iter().try_for_each(|x| match x {
+            Value::String(s) if TRANSFER_KINDS.contains(&s.as_str()) => Ok(()),
+            Value::String(s) => Err(DeployError::new(
+                path,
+                format!(
+                    "invalid forward pass perf model config: unknown transfer kind {s:?} (a list names kinds: {})",
+                    TRANSFER_KINDS.join(", ")
+                ),
+            )),
+            other => Err(DeployError::new(path, format!("must list transfer kinds as strings, got {other}"))),
+        }),
+        other => Err(DeployError::new(path, format!("must be a string or a list of strings, got {other}"))),
+    }
+}

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::controls::{read_engine_controls, Controls};
+use super::controls::{check_transfer_policy, read_engine_controls, Controls};
 use super::estimator::check_estimator_config;
 use super::speculation::{check_speculation_engine, read_speculation};
 use super::worker::{read_worker, Timing, Worker};
@@ -180,12 +180,26 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let tokenization = read_tokenization(&mut e)?;
     // Checked by servesim-perf on the data the AIS timing reads (the timing is the same).
     let strict_provenance = e.flag("strict_provenance")?.unwrap_or(false);
-    for k in ["afd", "fpm_profile", "decoder_replay", "enable_shared_layer", "transfer_policy"] {
+    for k in ["afd", "fpm_profile", "decoder_replay"] {
         if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
                 return Err(e.err(k, "this key is not supported by servesim yet"));
             }
         }
+    }
+    // Estimator policies: where a table's rows come from (`enable_shared_layer`: the requested
+    // version alone when false; SILICON's default, true, also borrows declared donors, earlier
+    // versions and shared kernels) and which borrowings the non-SILICON modes may make
+    // (`transfer_policy`, inert under SILICON). Like every estimator policy in the reference
+    // they need default timing in every role.
+    let mut policy_key = None;
+    let shared_layer = e.flag("enable_shared_layer")?;
+    if shared_layer.is_some() {
+        policy_key = Some("enable_shared_layer");
+    }
+    if let Some(v) = e.value("transfer_policy").filter(|v| !v.is_null()) {
+        check_transfer_policy(&e.path("transfer_policy"), v)?;
+        policy_key = Some("transfer_policy");
     }
     if let Some(v) = e.value("estimator_config") {
         check_estimator_config(&e.path("estimator_config"), v)?;
@@ -271,6 +285,11 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
             if let Some(k) = controls.keys().next() {
                 return Err(DeployError::new(format!("{}.{k}", e.here()), MESSAGE));
             }
+            if let Some(k) = policy_key {
+                return Err(
+                    e.err(k, "estimator policies require regular language workers with default timing in every role")
+                );
+            }
         }
     }
     e.finish()?;
@@ -278,6 +297,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     // default-timing rule: it asks for a data check, which fixed and polynomial timing skip.
     if strict_provenance {
         controls.insert("strict_provenance".into(), Value::Bool(true));
+    }
+    if shared_layer == Some(false) {
+        controls.insert("enable_shared_layer".into(), Value::Bool(false));
     }
     Ok(Engine {
         mode,

@@ -3,11 +3,11 @@
 
 use serde_json::{json, Value};
 
-use super::controls::{read_timing_controls, Controls};
+use super::controls::{check_transfer_policy, read_timing_controls, Controls};
 use super::engine::read_systems_paths;
 use super::estimator::check_estimator_config;
 use super::offload::{read_offload, Offload};
-use super::unsupported::{only_defaults, unsupported};
+use super::unsupported::unsupported;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
@@ -271,9 +271,13 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             if let Some(v) = t.value("estimator_config") {
                 check_estimator_config(&t.path("estimator_config"), v)?;
             }
-            // The reference writes its default for this into every canonical dump.
-            if let Some(v) = t.value("transfer_policy") {
-                only_defaults(&t.path("transfer_policy"), v, &json!(["xshape", "xquant", "xprofile", "xop"]))?;
+            // Inert under SILICON (see `check_transfer_policy`) and kept to default timing, except
+            // for the default policy the reference writes into every canonical dump.
+            if let Some(v) = t.value("transfer_policy").filter(|v| !v.is_null()) {
+                check_transfer_policy(&t.path("transfer_policy"), v)?;
+                if ty != "default" && v != &json!(["xshape", "xquant", "xprofile", "xop"]) {
+                    return Err(t.err("transfer_policy", "estimator settings require default timing"));
+                }
             }
             t.one_of("estimation_mode", &["auto", "op_level"])?;
             t.one_of("fallback_policy", &["deny", "allow"])?;
