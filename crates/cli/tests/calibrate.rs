@@ -220,6 +220,24 @@ fn bad_measurement_sets_are_refused_with_the_file_and_key() {
         "{}",
         stderr(&out)
     );
+    // recommend: a search over modes whose worker blocks the YAML does not list is refused.
+    let out = servesim(&[
+        "recommend",
+        "-c",
+        deployment.to_str().unwrap(),
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--set",
+        "engine.mode=[aggregated, disaggregated]",
+        "--output-dir",
+        tmp("recommend-out").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the search includes disaggregated deployments, whose engine.workers.prefill block"),
+        "{}",
+        stderr(&out)
+    );
     // The YAML key checks its range, naming the key path.
     let out = predict(
         &deployment,
