@@ -218,6 +218,8 @@ mod tests {
             "mean_ttft_ms": 100.0, "mean_ttft_ms_p05": 90.0, "mean_ttft_ms_p95": 110.0,
             "p99_ttft_ms": 200.0, "p99_ttft_ms_p05": 150.0, "p99_ttft_ms_p95": 250.0,
             "mean_tpot_ms": 10.0, "mean_tpot_ms_p05": 9.0, "mean_tpot_ms_p95": 11.0,
+            "num_ttft_samples": 300.0, "num_ttft_samples_p05": 300.0, "num_ttft_samples_p95": 300.0,
+            "mean_ttft_frontend_ms": 5.0, "mean_ttft_frontend_ms_p05": 4.0, "mean_ttft_frontend_ms_p95": 6.0,
             "num_requests": 5}))
         .unwrap();
         let widened = calibration().widen(&mut s);
@@ -232,5 +234,8 @@ mod tests {
         assert_eq!(ModelError { log_rms: 0.05, stages: 0 }.half_width(), f64::INFINITY);
         // No TPOT error was measured: its interval stays the arrival noise's.
         assert_eq!(s["mean_tpot_ms_p05"], json!(9.0));
+        // Counts and TTFT parts are not latencies the model error is about.
+        assert_eq!(s["num_ttft_samples_p05"], json!(300.0));
+        assert_eq!(s["mean_ttft_frontend_ms_p05"], json!(4.0));
     }
 }

@@ -193,10 +193,16 @@ pub struct Outcome {
     pub uncalibrated: Vec<Option<Metrics>>,
 }
 
-/// Fits on all stages, predicts them uncalibrated and calibrated, and cross-validates.
-pub fn calibrate(sim: &mut dyn Simulator, stages: &[Stage], opts: &Options) -> Outcome {
+/// Fits on all stages, predicts them calibrated, and cross-validates. `uncalibrated` is the
+/// caller's prediction of every stage at `opts.start` (the run that checks the deployment runs
+/// at all), kept for the account.
+pub fn calibrate(
+    sim: &mut dyn Simulator,
+    stages: &[Stage],
+    opts: &Options,
+    uncalibrated: Vec<Option<Metrics>>,
+) -> Outcome {
     let all: Vec<usize> = (0..stages.len()).collect();
-    let uncalibrated = sim.predict(&opts.start, &all);
     let fitted = fit(sim, stages, &all, opts);
     let in_sample = sim.predict(&fitted.params, &all);
     let mut groups: Vec<&str> = stages.iter().map(|s| s.group.as_str()).collect();
@@ -310,7 +316,8 @@ mod tests {
         let stages = measured(&real, &["a", "a", "a"]);
         let mut sim = Analytic { calls: 0 };
         let free = [Param::PrefillScale, Param::DecodeScale, Param::FrontendMs];
-        let out = calibrate(&mut sim, &stages, &options(&free));
+        let start = sim.predict(&Params::default(), &[0, 1, 2]);
+        let out = calibrate(&mut sim, &stages, &options(&free), start);
         let p = out.fitted.params;
         assert!((p.prefill_scale - 1.3).abs() < 1e-3, "{p:?}");
         assert!((p.decode_scale - 0.9).abs() < 1e-3, "{p:?}");
@@ -331,7 +338,8 @@ mod tests {
         let real = Params { decode_scale: 40.0, ..Params::default() };
         let stages = measured(&real, &["x", "x", "y", "y"]);
         let mut sim = Analytic { calls: 0 };
-        let out = calibrate(&mut sim, &stages, &options(&[Param::DecodeScale]));
+        let start = sim.predict(&Params::default(), &[0, 1, 2, 3]);
+        let out = calibrate(&mut sim, &stages, &options(&[Param::DecodeScale]), start);
         assert_eq!(out.fitted.params.decode_scale, 20.0);
         assert_eq!((out.scheme, out.folds), (Scheme::LeaveOneExperimentOut, 2));
         assert!(out.held_out.iter().all(Option::is_some));

@@ -58,19 +58,26 @@ impl Metric {
         Metric::ALL.into_iter().find(|m| m.name() == name)
     }
 
-    /// The metric whose model error widens an interval of summary key `key` (`p99_ttft_ms` →
-    /// TTFT p99, falling back to the mean's error when the tail was not measured).
+    /// The metric whose model error widens an interval of summary key `key`: a latency
+    /// statistic of servesim's summary (`<stat>_<latency>_ms`, stat one of mean, median, p75,
+    /// p90, p95, p99; latency one of ttft, tpot, itl, e2e_latency). A tail (p90 and above) takes
+    /// the p99's error, falling back to the mean's when the tail was not measured. Counts,
+    /// spreads, extremes and TTFT parts are not widened.
     pub fn for_summary_key(key: &str) -> Option<[Metric; 2]> {
-        let tail = key.starts_with("p9");
-        if key.contains("ttft") {
-            Some(if tail { [Metric::TtftP99, Metric::TtftMean] } else { [Metric::TtftMean; 2] })
-        } else if key.contains("tpot") || key.contains("itl") {
-            Some([Metric::TpotMean; 2])
-        } else if key.contains("e2e") {
-            Some(if tail { [Metric::E2eP99, Metric::E2eMean] } else { [Metric::E2eMean; 2] })
-        } else {
-            None
-        }
+        let (stat, rest) = key.split_once('_')?;
+        let tail = match stat {
+            "mean" | "median" | "p75" => false,
+            "p90" | "p95" | "p99" => true,
+            _ => return None,
+        };
+        Some(match (rest, tail) {
+            ("ttft_ms", false) => [Metric::TtftMean; 2],
+            ("ttft_ms", true) => [Metric::TtftP99, Metric::TtftMean],
+            ("tpot_ms" | "itl_ms", _) => [Metric::TpotMean; 2],
+            ("e2e_latency_ms", false) => [Metric::E2eMean; 2],
+            ("e2e_latency_ms", true) => [Metric::E2eP99, Metric::E2eMean],
+            _ => return None,
+        })
     }
 }
 

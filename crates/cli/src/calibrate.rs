@@ -514,11 +514,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
     let mut runner = Runner { groups: &set.groups, frontend: free.contains(&Param::FrontendMs), threads, error: None };
     // The deployment as given must run: its errors are the user's to fix, not a fit's to avoid.
     let all: Vec<usize> = (0..set.stages.len()).collect();
-    runner.predict(&Params::default(), &all);
+    let uncalibrated = runner.predict(&opts.start, &all);
     if let Some(e) = runner.error.take() {
         return Err(Failure::input(e));
     }
-    let out = fit::calibrate(&mut runner, &set.stages, &opts);
+    let out = fit::calibrate(&mut runner, &set.stages, &opts, uncalibrated);
     if let Some(e) = runner.error.take() {
         return Err(Failure::run(e));
     }
