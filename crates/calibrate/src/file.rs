@@ -79,11 +79,7 @@ impl Calibration {
     /// Reads and checks a calibration file.
     pub fn read(path: &Path) -> Result<Calibration, String> {
         let shown = path.display();
-        let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-        if meta.len() > crate::measured::MAX_BYTES {
-            return Err(format!("{shown}: {} bytes is too large for a calibration file", meta.len()));
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+        let text = crate::measured::read_bounded(path)?;
         let v: Value = serde_json::from_str(&text).map_err(|e| format!("{shown}: not valid JSON: {e}"))?;
         Calibration::from_json(&v).map_err(|e| format!("{shown}: {e}"))
     }

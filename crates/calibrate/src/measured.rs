@@ -47,13 +47,17 @@ pub fn read(path: &Path, baseline: Option<&Path>) -> Result<Measured, String> {
     Ok(measured)
 }
 
-fn read_bounded(path: &Path) -> Result<String, String> {
+/// Reads a text file of at most [`MAX_BYTES`], whatever it is (a pipe or a device is read up to
+/// the bound, then refused).
+pub fn read_bounded(path: &Path) -> Result<String, String> {
+    use std::io::Read;
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-    if meta.is_file() && meta.len() > MAX_BYTES {
-        return Err(format!("{shown}: {} bytes; a measurement file is at most {MAX_BYTES} bytes", meta.len()));
+    let file = std::fs::File::open(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(format!("{shown}: larger than {MAX_BYTES} bytes, the most servesim reads of a calibration input"));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
     String::from_utf8(bytes).map_err(|_| format!("{shown}: not UTF-8 text"))
 }
 

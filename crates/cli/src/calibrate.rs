@@ -184,14 +184,7 @@ pub fn overrides(path: &Path, tree: &Value) -> Result<(Calibration, Vec<String>)
 
 fn read_set(path: &Path) -> Result<MeasurementSet, Failure> {
     let shown = path.display().to_string();
-    let size = std::fs::metadata(path).map_err(|e| Failure::input(format!("{shown}: cannot read: {e}")))?.len();
-    if size > measured::MAX_BYTES {
-        return Err(Failure::input(format!(
-            "{shown}: {size} bytes; a measurement set is at most {} bytes",
-            measured::MAX_BYTES
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| Failure::input(format!("{shown}: cannot read: {e}")))?;
+    let text = measured::read_bounded(path).map_err(Failure::input)?;
     let yaml: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&text).map_err(|e| Failure::input(format!("{shown}: not valid YAML: {e}")))?;
     let root: Value = serde_json::to_value(yaml).map_err(|e| Failure::input(format!("{shown}: {e}")))?;

@@ -198,6 +198,11 @@ fn bad_measurement_sets_are_refused_with_the_file_and_key() {
         assert!(stderr(&out).contains(set.to_str().unwrap()), "{name}: {}", stderr(&out));
         assert!(!tmp(&format!("{name}.json")).exists(), "{name}");
     }
+    // A device or a pipe is read up to the bound, then refused.
+    let set = write("endless.yaml", "deployment: bad-deploy.yaml\nstages:\n  - {measured: /dev/zero}\n");
+    let out = servesim(&["calibrate", set.to_str().unwrap(), "-o", tmp("endless.json").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("/dev/zero: larger than 67108864 bytes"), "{}", stderr(&out));
     // The calibration file may not replace an input.
     let set = write("inputs.yaml", "deployment: bad-deploy.yaml\nstages:\n  - {measured: m.json}\n");
     let out = servesim(&["calibrate", set.to_str().unwrap(), "-o", tmp("m.json").to_str().unwrap(), "--overwrite"]);
