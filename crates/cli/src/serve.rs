@@ -9,6 +9,7 @@ use servesim_engine::{Role, WorkerArgs};
 use servesim_live::{load_tokenizer, ServeOptions};
 
 use crate::failure::Failure;
+use crate::flags::calibration::FlagCalibration;
 use crate::flags::json_arg;
 use crate::flags::router::{router_mode, Router};
 
@@ -163,6 +164,11 @@ pub struct ServeArgs {
     /// the individual engine flags.
     #[arg(long, value_name = "JSON|PATH", help_heading = "Engine")]
     extra_engine_args: Option<String>,
+    /// A calibration file from `servesim calibrate`: its fitted pass corrections apply to the
+    /// workers' AIS timing, and its frontend cost is waited before each request reaches a
+    /// worker, so the mock's latencies follow the measured deployment's.
+    #[arg(long, value_name = "FILE", help_heading = "Engine")]
+    calibration: Option<PathBuf>,
 
     /// Independent workers in this process.
     #[arg(long, value_name = "N", help_heading = "Workers")]
@@ -394,6 +400,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         ));
     }
     let max_model_len = a.max_model_len.or(args.engine.max_model_len).or(facts.max_position_embeddings);
+    let mut calibration = a.calibration.as_deref().map(FlagCalibration::read).transpose()?;
     let topology = if disaggregated {
         if a.num_workers.is_some() {
             return Err(Failure::input(
@@ -401,11 +408,23 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
             ));
         }
         let (p, d) = (a.num_prefill_workers.unwrap_or(1), a.num_decode_workers.unwrap_or(1));
-        Topology::disaggregated((args.clone(), p), (args, d))
+        let (mut prefill, mut decode) = (args.clone(), args);
+        if let Some(c) = calibration.as_mut() {
+            c.apply("prefill", &mut prefill)?;
+            c.apply("decode", &mut decode)?;
+        }
+        Topology::disaggregated((prefill, p), (decode, d))
     } else {
+        let mut args = args;
+        if let Some(c) = calibration.as_mut() {
+            c.apply(role.name(), &mut args)?;
+        }
         Topology::one_side(role, args, a.num_workers.unwrap_or(1))
     }
     .map_err(crate::failure::topology_error)?;
+    if let Some(c) = &calibration {
+        c.warn_differences();
+    }
     if let Some(why) = servesim_live::unsupported_live(&topology) {
         return Err(Failure::input(why));
     }
@@ -517,6 +536,7 @@ pub fn run(a: ServeArgs) -> Result<(), Failure> {
         timeouts,
         shutdown_timeout,
         metrics_max_ranks: a.metrics_max_ranks as usize,
+        frontend_ms: calibration.as_ref().and_then(FlagCalibration::frontend_ms).unwrap_or(0.0),
     };
     servesim_live::serve(opts, tokenizer).map_err(Failure::run)
 }

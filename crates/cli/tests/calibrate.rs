@@ -270,5 +270,96 @@ fn bad_measurement_sets_are_refused_with_the_file_and_key() {
         cal.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--calibration applies to -c/--config"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "the aggregated workers are not timed by the AIS model; a calibration corrects AIS pass times only"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let out = servesim(&["serve", "--port", "0", "--calibration", cal.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not timed by the AIS model"), "{}", stderr(&out));
+}
+
+/// The flag form's AIS timing of the deployment above, with `extra` in its configuration.
+fn ais_engine_args(extra: &str) -> String {
+    format!(
+        r#"{{"block_size": 16, "worker_type": "aggregated", "timing_model": {{"type": "external", "provider": "ais", "config": {{"model": "meta-llama/Meta-Llama-3.1-8B", "system": "h100_sxm", "backend": "vllm", "worker_type": "aggregated", "pass_model": "fused"{extra}}}}}}}"#
+    )
+}
+
+fn flag_predict(engine_args: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["predict", "--extra-engine-args", engine_args, "--format", "json", "--no-wall-clock"];
+    args.extend(["--input-tokens", "512", "--output-tokens", "64", "--request-count", "200", "--request-rate", "4"]);
+    args.extend(extra);
+    servesim(&args)
+}
+
+#[test]
+fn the_flag_form_applies_a_calibration_as_the_ais_configuration_would() {
+    let cal = write(
+        "flag-cal.json",
+        r#"{"format": "servesim-calibration/1",
+            "parameters": {"prefill_scale": 0.9, "decode_scale": 1.25, "frontend_ms": 7},
+            "fitted": ["prefill_scale", "decode_scale", "frontend_ms"],
+            "deployment": {"model": "meta-llama/Meta-Llama-3.1-8B", "hardware": "h100_sxm", "backend": "vllm",
+                           "workers.aggregated.parallelism.tensor": 1,
+                           "workers.aggregated.timing.pass_model": "fused"}}"#,
+    );
+    let calibrated = flag_predict(&ais_engine_args(""), &["--calibration", cal.to_str().unwrap()]);
+    if stderr(&calibrated).contains("no AIS performance data found") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    assert!(calibrated.status.success(), "{}", stderr(&calibrated));
+    assert!(!stderr(&calibrated).contains("warning"), "{}", stderr(&calibrated));
+    // The same corrections written into the AIS configuration, without the frontend.
+    let by_hand =
+        flag_predict(&ais_engine_args(r#", "calibration": {"prefill_scale": 0.9, "decode_scale": 1.25}"#), &[]);
+    assert!(by_hand.status.success(), "{}", stderr(&by_hand));
+    let plain = flag_predict(&ais_engine_args(""), &[]);
+    let (c, h, p): (Value, Value, Value) = (
+        serde_json::from_slice(&calibrated.stdout).unwrap(),
+        serde_json::from_slice(&by_hand.stdout).unwrap(),
+        serde_json::from_slice(&plain.stdout).unwrap(),
+    );
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap();
+    // The engines see the same arrivals 7 ms later: the same passes, each TTFT 7 ms longer.
+    assert_eq!(f(&c, "mean_tpot_ms"), f(&h, "mean_tpot_ms"));
+    assert!((f(&c, "mean_ttft_ms") - f(&h, "mean_ttft_ms") - 7.0).abs() < 1e-6, "{c} vs {h}");
+    assert!(f(&c, "mean_tpot_ms") > 1.2 * f(&p, "mean_tpot_ms"), "{c} vs {p}");
+    // A different GPU runs, with the difference named; a calibration in the configuration too is refused.
+    let other =
+        flag_predict(&ais_engine_args("").replace("h100_sxm", "h200_sxm"), &["--calibration", cal.to_str().unwrap()]);
+    assert!(other.status.success(), "{}", stderr(&other));
+    assert!(
+        stderr(&other).contains("hardware: measured on \"h100_sxm\", this deployment has \"h200_sxm\""),
+        "{}",
+        stderr(&other)
+    );
+    let twice = flag_predict(
+        &ais_engine_args(r#", "calibration": {"decode_scale": 1.1}"#),
+        &["--calibration", cal.to_str().unwrap()],
+    );
+    assert_eq!(twice.status.code(), Some(2), "{}", stderr(&twice));
+    assert!(stderr(&twice).contains("has a calibration of its own"), "{}", stderr(&twice));
+    // Disaggregated: both roles are corrected, and the identity names each role.
+    let (prefill, decode) =
+        (ais_engine_args("").replace("aggregated", "prefill"), ais_engine_args("").replace("aggregated", "decode"));
+    let disagg = flag_predict(
+        &ais_engine_args(""),
+        &["--prefill-engine-args", &prefill, "--decode-engine-args", &decode, "--calibration", cal.to_str().unwrap()],
+    );
+    assert!(disagg.status.success(), "{}", stderr(&disagg));
+    assert!(
+        stderr(&disagg).contains("workers.aggregated.parallelism.tensor: measured on 1, this deployment has null"),
+        "{}",
+        stderr(&disagg)
+    );
+    // An ensemble's intervals are widened by the model error the file carries.
+    let ens = flag_predict(&ais_engine_args(""), &["--ensemble", "3", "--calibration", cal.to_str().unwrap()]);
+    assert!(ens.status.success(), "{}", stderr(&ens));
+    let e: Value = serde_json::from_slice(&ens.stdout).unwrap();
+    assert!(e["calibration_model_error"].is_object(), "{e}");
 }

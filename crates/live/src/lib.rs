@@ -94,6 +94,10 @@ pub struct ServeOptions {
     /// Most engine ranks a `/metrics` scrape lists one by one; beyond, their series are summed
     /// into one set labelled `"all"` (see [`metrics::render`]).
     pub metrics_max_ranks: usize,
+    /// The modelled cost of the server's own front end per request, in ms (HTTP, parsing,
+    /// tokenisation: a calibration's `frontend_ms`): each request waits this long, divided by
+    /// the engines' speedup like every modelled duration, before it reaches a worker. 0: none.
+    pub frontend_ms: f64,
 }
 
 /// When each worker starts serving: after the startup time, workers `stagger` apart, with a

@@ -169,6 +169,9 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let id_salt = created.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ std::process::id() as u64;
 
+    let speedup = pools[0].engine.speedup_ratio;
+    let frontend_delay =
+        if speedup > 0.0 { crate::wall_duration(opts.frontend_ms / 1000.0 / speedup) } else { Duration::ZERO };
     let (stop, stop_rx) = watch::channel(false);
     let (abort, abort_rx) = watch::channel(false);
     let mut listeners = JoinSet::new();
@@ -196,6 +199,7 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
             body_timeout: opts.timeouts.body,
             aborting: abort_rx.clone(),
             metrics_max_ranks: opts.metrics_max_ranks,
+            frontend_delay,
         }));
         listeners.spawn(accept_loop(listener, app, opts.timeouts, stop_rx.clone(), abort_rx.clone()));
     }

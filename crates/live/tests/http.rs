@@ -9,6 +9,7 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use servesim_cluster::Topology;
 use servesim_engine::Role;
+use servesim_live::ServeOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_chat_and_models() {
@@ -230,4 +231,21 @@ async fn shutdown_closes_idle_and_half_sent_connections_at_once() {
         let n = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await.expect("closed, not waiting");
         assert!(matches!(n, Ok(0) | Err(_)), "closed without a response: {n:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_frontend_cost_delays_a_request_before_the_engine_sees_it() {
+    // 20 ms passes at real time, and a calibrated front end of 250 ms.
+    let topology = Topology::one_side(Role::Aggregated, args(json!({})), 1).expect("a topology");
+    let server = start_with(ServeOptions { frontend_ms: 250.0, ..options(topology) }).await;
+    let addr = server.addr();
+    let started = Instant::now();
+    let (status, body) = post(addr, "/v1/completions", json!({"prompt": "hello", "max_tokens": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    // The client waits for the front end and the pass ...
+    assert!(started.elapsed() >= Duration::from_millis(270), "{:?}", started.elapsed());
+    // ... while the engine's TTFT, as vLLM measures it, starts when the request reaches it.
+    let ttft = metric(addr, "vllm:time_to_first_token_seconds_sum").await;
+    assert!((0.015..0.2).contains(&ttft), "engine TTFT {ttft} s");
+    stop(server).await;
 }

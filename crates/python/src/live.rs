@@ -213,6 +213,7 @@ impl LiveServer {
             },
             shutdown_timeout: grace,
             metrics_max_ranks: servesim_live::metrics::DEFAULT_METRICS_MAX_RANKS,
+            frontend_ms: 0.0,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

@@ -1,9 +1,11 @@
 //! What more than one subcommand takes: the router flags (`predict`, `serve`), worker engine
 //! arguments (`predict`, `serve`), the report flags (`predict`, `predict -c`), the AIS timing
-//! and router load flags (`predict`, `serve`), the output format and stack (`predict`,
-//! `recommend`), and the reading of a flag that holds inline JSON or the path of a JSON file.
+//! and router load flags (`predict`, `serve`), `--calibration` on the flag forms (`predict`,
+//! `serve`), the output format and stack (`predict`, `recommend`), and the reading of a flag
+//! that holds inline JSON or the path of a JSON file.
 
 pub mod ais;
+pub mod calibration;
 pub mod reports;
 pub mod router;
 pub mod workers;

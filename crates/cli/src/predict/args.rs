@@ -254,8 +254,8 @@ pub struct ConfigFlags {
     #[arg(long, value_enum, value_name = "NAME", help_heading = "Deployment config")]
     pub stack: Option<Stack>,
     /// A calibration file from `servesim calibrate`: its fitted timing corrections apply to
-    /// every worker (and its frontend cost to the frontend); with --ensemble, its model error
-    /// widens the intervals.
+    /// every worker's AIS timing (and its frontend cost to the frontend); with --ensemble, its
+    /// model error widens the intervals. With -c and in the flag form.
     #[arg(long, value_name = "FILE", help_heading = "Deployment config")]
     pub calibration: Option<PathBuf>,
 }
@@ -266,11 +266,6 @@ impl ConfigFlags {
         if !self.set.is_empty() || self.overwrite || self.capture_per_request || self.stack.is_some() {
             return Err(Failure::input(
                 "--set, --overwrite, --capture-per-request and --stack apply to -c/--config (use --report-json / --report-jsonl with the flag form)",
-            ));
-        }
-        if self.calibration.is_some() {
-            return Err(Failure::input(
-                "--calibration applies to -c/--config (a calibration corrects a deployment YAML's default timing)",
             ));
         }
         if self.output_dir != Path::new("aisimulate-output") {

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use servesim_calibrate::file::Calibration;
 use servesim_replay::{Run, SimConfig};
 use servesim_workload::Workload;
 
@@ -37,6 +38,7 @@ pub(super) fn flag_form(
     workload: &Workload,
     config: &SimConfig,
     n: usize,
+    calibration: Option<&Calibration>,
     started: Instant,
 ) -> Result<(), Failure> {
     check_ensemble(n, a.report_jsonl.is_some(), &a.reports)?;
@@ -60,6 +62,9 @@ pub(super) fn flag_form(
         })
         .collect();
     let mut summary = servesim_replay::ensemble::summarize(&summaries);
+    if let Some(c) = calibration {
+        widen(c, &mut summary);
+    }
     let page = match html {
         Some(file) => Some(crate::flags::reports::write_ensemble_page(
             file,
@@ -96,13 +101,29 @@ pub(super) fn flag_form(
     Ok(())
 }
 
+/// A calibration's model error widens the intervals beyond the arrival noise; the summary
+/// says by how much (`calibration_model_error`).
+fn widen(c: &Calibration, summary: &mut serde_json::Map<String, serde_json::Value>) {
+    let widened = c.widen(summary);
+    let log_rms: serde_json::Map<_, _> =
+        c.model_error.iter().map(|(m, e)| (m.name().to_string(), serde_json::json!(e.log_rms))).collect();
+    summary.insert(
+        "calibration_model_error".into(),
+        serde_json::json!({
+            "source": if c.cross_validated { "cross-validated" } else { "in-sample" },
+            "log_rms": log_rms,
+            "widened": widened,
+        }),
+    );
+}
+
 /// A `predict -c` run as read: the prepared deployment, its input files, the configuration tree
 /// (with --set applied) and the calibration, if any.
 pub(super) struct Loaded<'a> {
     pub prepared: &'a servesim_deploy::Prepared,
     pub inputs: &'a [PathBuf],
     pub tree: &'a serde_json::Value,
-    pub calibration: Option<&'a servesim_calibrate::file::Calibration>,
+    pub calibration: Option<&'a Calibration>,
 }
 
 /// `predict -c ... --ensemble N`: prediction.json holds the members' medians with `<key>_p05`
@@ -139,17 +160,8 @@ pub(super) fn file_form(
         })
         .collect();
     let mut folded = servesim_replay::ensemble::summarize(&summaries);
-    // A calibration's model error widens the intervals beyond the arrival noise.
     if let Some(c) = calibration {
-        let widened = c.widen(&mut folded);
-        folded.insert(
-            "calibration_model_error".into(),
-            serde_json::json!({
-                "source": if c.cross_validated { "cross-validated" } else { "in-sample" },
-                "log_rms": c.model_error.iter().map(|(m, e)| (m.name().to_string(), serde_json::json!(e.log_rms))).collect::<serde_json::Map<_, _>>(),
-                "widened": widened,
-            }),
-        );
+        widen(c, &mut folded);
     }
     let summary = servesim_deploy::sorted(&serde_json::Value::Object(folded));
     let compact = serde_json::to_string(&summary).expect("summary serialises");

@@ -11,13 +11,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use servesim_engine::ConfigError;
+use servesim_engine::{ConfigError, WorkerArgs};
 use servesim_replay::memory::{available as available_memory, gib, session_bytes, WORKER_BYTES};
 use servesim_replay::{request_json, request_json_with_breakdown, RequestRecord, Run, SimConfig, Sla, Topology};
 use servesim_workload::formats::WekaBasis;
 use servesim_workload::{load_trace, Arrivals, LoadMode, SyntheticSpec, TraceOptions, Workload};
 
 use crate::failure::Failure;
+use crate::flags::calibration::FlagCalibration;
 use crate::flags::router::{router_mode, router_policy};
 use crate::flags::workers::worker_args;
 use crate::flags::{json_arg, Format};
@@ -26,9 +27,16 @@ use crate::progress::Bar;
 use crate::table;
 use args::{check_online, queue_limit, sim_failure, timing_jitter_cv, NestedBasis};
 
-/// The workers: one aggregated pool, or prefill and decode pools.
-fn cluster(a: &PredictArgs) -> Result<Topology, Failure> {
+/// The workers: one aggregated pool, or prefill and decode pools, with the calibration's pass
+/// corrections in their timing.
+fn cluster(a: &PredictArgs, mut calibration: Option<&mut FlagCalibration>) -> Result<Topology, Failure> {
     let engine = worker_args("extra-engine-args", a.extra_engine_args.as_deref())?;
+    let mut calibrated = |role: &str, mut args: WorkerArgs| -> Result<WorkerArgs, Failure> {
+        if let Some(c) = calibration.as_deref_mut() {
+            c.apply(role, &mut args)?;
+        }
+        Ok(args)
+    };
     let disaggregated = a.num_prefill_workers.is_some()
         || a.num_decode_workers.is_some()
         || a.prefill_engine_args.is_some()
@@ -44,11 +52,17 @@ fn cluster(a: &PredictArgs) -> Result<Topology, Failure> {
             None => Ok(engine.clone()),
         };
         Topology::disaggregated(
-            (staged("prefill-engine-args", &a.prefill_engine_args)?, a.num_prefill_workers.unwrap_or(1)),
-            (staged("decode-engine-args", &a.decode_engine_args)?, a.num_decode_workers.unwrap_or(1)),
+            (
+                calibrated("prefill", staged("prefill-engine-args", &a.prefill_engine_args)?)?,
+                a.num_prefill_workers.unwrap_or(1),
+            ),
+            (
+                calibrated("decode", staged("decode-engine-args", &a.decode_engine_args)?)?,
+                a.num_decode_workers.unwrap_or(1),
+            ),
         )
     } else {
-        Topology::aggregated(engine, a.num_workers.unwrap_or(1))
+        Topology::aggregated(calibrated("aggregated", engine)?, a.num_workers.unwrap_or(1))
     };
     cluster.map_err(crate::failure::topology_error)
 }
@@ -233,6 +247,7 @@ fn inputs(a: &PredictArgs) -> Vec<&Path> {
             inputs.push(Path::new(arg));
         }
     }
+    inputs.extend(a.deploy.calibration.as_deref());
     inputs
 }
 
@@ -264,7 +279,11 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
     a.reports.check()?;
     check_report_paths(&reports, &inputs(&a))?;
     check_counts(&a, available_memory())?;
-    let cluster = cluster(&a)?;
+    let mut calibration = a.deploy.calibration.as_deref().map(FlagCalibration::read).transpose()?;
+    let cluster = cluster(&a, calibration.as_mut())?;
+    if let Some(c) = &calibration {
+        c.warn_differences();
+    }
     check_prompt_fits(&a, &cluster)?;
     check_sessions(&a, cluster.block_size(), available_memory())?;
     for (name, v) in [("sla-ttft-ms", a.sla_ttft_ms), ("sla-itl-ms", a.sla_itl_ms), ("sla-e2e-ms", a.sla_e2e_ms)] {
@@ -294,7 +313,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         split_workers: !a.no_split_workers,
         threads: a.threads,
         timing_jitter_cv: timing_jitter_cv(a.timing_jitter_cv)?,
-        tokenization: None,
+        tokenization: calibration.as_ref().and_then(FlagCalibration::tokenization),
     };
 
     if let Some(n) = a.ensemble {
@@ -303,7 +322,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
                 "--ensemble does not run a planner yet: drop --planner-config, or run the planned replay alone",
             ));
         }
-        return ensemble::flag_form(&a, &workload, &config, n, started);
+        return ensemble::flag_form(&a, &workload, &config, n, calibration.as_ref().map(|c| &c.file), started);
     }
     let planner = match a.planner_config.as_deref() {
         Some(arg) => Some(planner_run(arg, &config.topology)?),

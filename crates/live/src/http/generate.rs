@@ -36,6 +36,9 @@ pub(super) async fn generate(s: Arc<Service>, req: Request, chat: bool) -> Resul
     let g = parse(&s, &cut, body, chat).await?;
     let pin = placement(&s, &g)?;
     unless_aborted(&s, &cut, tokio::time::sleep_until(s.ready_at().into())).await?;
+    if !s.frontend_delay.is_zero() {
+        unless_aborted(&s, &cut, tokio::time::sleep(s.frontend_delay)).await?;
+    }
     let prompt_tokens = g.prompt.len() as u32;
     let sub = s.frontend.submit(g.prompt.into(), g.max_tokens, pin).map_err(|_| ApiError::bad("unknown worker"))?;
     let frame = Frame {

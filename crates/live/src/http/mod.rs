@@ -57,6 +57,8 @@ pub struct Service {
     pub aborting: watch::Receiver<bool>,
     /// Most ranks `/metrics` lists one by one (see [`crate::metrics::render`]).
     pub metrics_max_ranks: usize,
+    /// The front end's modelled cost, waited before each request is submitted.
+    pub frontend_delay: std::time::Duration,
 }
 
 /// Resolves once the shutdown's grace period is over (never if the server is gone without one).

@@ -47,6 +47,7 @@ pub fn options(topology: Topology) -> ServeOptions {
         timeouts: Timeouts::default(),
         shutdown_timeout: Duration::from_secs(5),
         metrics_max_ranks: servesim_live::metrics::DEFAULT_METRICS_MAX_RANKS,
+        frontend_ms: 0.0,
     }
 }
 
