@@ -14,10 +14,18 @@ measurement), as run.py defines them.
 
 Then the intervals: each held-out experiment is replayed `--members` times with the trace's
 arrival and prompt-order seed varied (run.py's --seed-offset), and every stage's 90 % interval
-is the members' 5th-95th percentile widened by the calibration's cross-validated model error
-(Student's t for the number of stages it was measured on, in quadrature on a log scale, as `predict -c --ensemble --calibration` widens its intervals:
-servesim-calibrate's `Calibration::widen`). Coverage is the share of held-out stages whose
-measurement falls inside.
+is the members' 5th-95th percentile widened by the model error in quadrature on a log scale, as
+`predict --ensemble --calibration` widens its intervals (servesim-calibrate's
+`Calibration::widen`): the calibration's cross-validated error pooled with a prior worth
+PRIOR_STAGES stages, Student's t for both. Coverage is the share of held-out stages whose
+measurement falls inside, printed twice:
+
+- with servesim's built-in prior (`prior_log_rms`), which was taken from this set's own
+  held-out errors, so it is optimistic;
+- with the prior each group would have had without its own data: the pooled held-out error of
+  the OTHER groups (leave one group out). This is the honest number.
+
+It also prints the pooled held-out log RMS per metric over all groups: the built-in prior.
 """
 import argparse
 import json
@@ -40,12 +48,22 @@ T90 = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.7
        1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697]
 
 
-def half_width(log_rms, stages):
-    """servesim-calibrate's ModelError::half_width: Student's t for the stages, times the RMS."""
-    if not stages:
-        return float("inf")
-    t = T90[stages - 1] if stages <= 30 else Z90 + (T90[29] - Z90) * 30.0 / stages
-    return t * log_rms
+# servesim-calibrate's prior_log_rms and PRIOR_STAGES (crates/calibrate/src/file.rs).
+PRIOR = {"ttft_mean": 0.075, "ttft_p99": 0.837, "tpot_mean": 0.048, "e2e_mean": 0.048, "e2e_p99": 0.162}
+PRIOR_STAGES = 4
+
+
+def half_width(log_rms, stages, prior):
+    """servesim-calibrate's ModelError::half_width: the measured error pooled with the prior
+    (worth PRIOR_STAGES stages), Student's t for the stages of both, times the pooled RMS."""
+    dof = stages + PRIOR_STAGES
+    pooled = math.sqrt((PRIOR_STAGES * prior ** 2 + stages * log_rms ** 2) / dof)
+    t = T90[dof - 1] if dof <= 30 else Z90 + (T90[29] - Z90) * 30.0 / dof
+    return t * pooled
+
+
+def rms(xs):
+    return math.sqrt(sum(x * x for x in xs) / len(xs)) if xs else 0.0
 # The hardware mode's pass settings; its frontend cost is what the calibration fits.
 PASSES = [kv for kv in real_hw.HARDWARE if not kv.startswith("engine.tokenization")]
 
@@ -124,7 +142,10 @@ def main():
     modes = [("reference (uncalibrated)", []), ("hardware (uncalibrated)", real_hw.HARDWARE)]
     errs = {m: {k: [] for k, *_ in KEYS} for m, _ in modes + [("calibrated", None)]}
     sat = {m: 0 for m in errs}
-    covered = {k: [0, 0] for k, *_ in KEYS}
+    # Per stage and metric: (group, metric, prediction, members' 5th / 95th percentile,
+    # measurement, the calibration's own error and its stages), for the intervals at the end.
+    spans = []
+    held_log_errors = {}  # group -> metric -> log errors of its calibrated held-out predictions
     out = {"groups": []}
     for key, exps in groups.items():
         if len(exps) < 2:
@@ -167,6 +188,8 @@ def main():
                     for k, field, stat, _ in KEYS:
                         meas, pred = st[field][stat], sm[field][stat]
                         errs[m][k].append((pred / meas - 1) * 100)
+                        if m == "calibrated":
+                            held_log_errors.setdefault(key, {}).setdefault(k, []).append(math.log(pred / meas))
                         row["measured"][k] = meas
                         row["predicted"].setdefault(m, {})[k] = pred
                 ok = [mm[i] for mm in members if mm and mm[i].get("ttft_ms")]
@@ -176,28 +199,56 @@ def main():
                         mid = preds["calibrated"][i][field][stat]
                         lo_n, hi_n = runner.pct(vals, 5), runner.pct(vals, 95)
                         mk = k if k in sigma else k.split("_")[0] + "_mean"
-                        hw = half_width(sigma[mk], counts.get(mk, 0)) if mk in sigma else 0.0
-                        down = math.sqrt(math.log(mid / min(lo_n, mid)) ** 2 + hw ** 2)
-                        up = math.sqrt(math.log(max(hi_n, mid) / mid) ** 2 + hw ** 2)
-                        lo, hi = mid * math.exp(-down), mid * math.exp(up)
-                        inside = lo <= st[field][stat] <= hi
-                        covered[k][0] += inside
-                        covered[k][1] += 1
-                        row["interval"][k] = [lo, hi, inside]
+                        if mk in sigma:
+                            span = (key, mk, mid, lo_n, hi_n, st[field][stat], sigma[mk], counts.get(mk, 0))
+                            spans.append((len(spans), k, span))
+                            row["interval"][k] = len(spans) - 1
                 g["held_out"].append(row)
         out["groups"].append(g)
     n_stages = len(errs["calibrated"]["ttft_mean"])
     table([(m, errs[m], sat[m]) for m in errs],
           f"Held-out experiments ({n_stages} 'ok' stages predicted by a calibration fitted on another experiment): "
           "median / mean absolute error, %")
+    pooled = {k: rms([x for g in held_log_errors.values() for x in g.get(k, [])]) for k, *_ in KEYS}
+    print("\npooled held-out log RMS (servesim-calibrate's prior_log_rms): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in pooled.items()))
+    coverage = {}
     if a.members:
-        print(f"\n90 % intervals ({a.members} seeded replays widened by the cross-validated model error): coverage")
-        for k, (inside, total) in covered.items():
-            if total:
-                print(f"  {k:<10} {inside}/{total} = {100.0 * inside / total:.0f} %")
+        def interval(span, prior):
+            _, mk, mid, lo_n, hi_n, _, sigma_k, n_k = span
+            hw = half_width(sigma_k, n_k, prior)
+            down = math.sqrt(math.log(mid / min(lo_n, mid)) ** 2 + hw ** 2)
+            up = math.sqrt(math.log(max(hi_n, mid) / mid) ** 2 + hw ** 2)
+            return mid * math.exp(-down), mid * math.exp(up)
+
+        def others(span):
+            mine = span[0]
+            return rms([x for g, e in held_log_errors.items() if g != mine for x in e.get(span[1], [])])
+
+        priors = [("built-in prior", lambda sp: PRIOR[sp[1]]), ("prior from the other groups", others)]
+        print(f"\n90 % intervals ({a.members} seeded replays widened by the model error): coverage, "
+              "median width (high / low)")
+        for label, prior_of in priors:
+            print(f"  {label}:")
+            coverage[label] = {}
+            for k, *_ in KEYS:
+                rows = [interval(sp, prior_of(sp)) + (sp[5],) for _, kk, sp in spans if kk == k]
+                if not rows:
+                    continue
+                inside = sum(lo <= m <= hi for lo, hi, m in rows)
+                widths = sorted(hi / lo for lo, hi, _ in rows)
+                coverage[label][k] = [inside, len(rows)]
+                print(f"    {k:<10} {inside}/{len(rows)} = {100.0 * inside / len(rows):.0f} %   "
+                      f"width x{widths[len(widths) // 2]:.2f}")
+        for g in out["groups"]:
+            for row in g["held_out"]:
+                for k, i in row["interval"].items():
+                    sp = spans[i][2]
+                    row["interval"][k] = {label: list(interval(sp, prior_of(sp))) for label, prior_of in priors}
+    out["pooled_held_out_log_rms"] = pooled
     out["errors"] = errs
     out["falsely_saturated"] = sat
-    out["coverage"] = covered
+    out["coverage"] = coverage
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1)
 
