@@ -20,6 +20,10 @@ total (vLLM 0.9, SGLang 0.88).
 sequence (`DeepSeekV4Model.get_kvcache_bytes_per_sequence`) and the longest sequence a byte budget
 holds (`BaseModel._binary_search_kvcache_max_tokens`), on the packaged configs, with fp8 and bf16
 KV entries (servesim does not time DeepSeek-V4 yet, so these are read off the model class).
+
+`--msa-nvfp4` prints instead the step times and KV capacity behind golden.rs's
+`msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
+projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
 """
 import json
 import sys
@@ -143,6 +147,24 @@ STEPS = [
       ("decode", (7, 131072))]),
 ]
 
+# nvidia/MiniMax-M3-NVFP4 (`--msa-nvfp4`): Blackwell only (fp4 tensor cores), vLLM (the only
+# backend with MSA tables at its default version), experts split by EP and by TP. Forward passes
+# prefill-only and decode-only: servesim still differs from the reference on passes mixing both
+# for DSA / MSA models (a separate, open issue; bf16 MiniMax-M3 and DeepSeek-V3.2 too).
+PREFILL_RANK = {"num_prefill_requests": 3, "sum_prefill_tokens": 2000, "sum_prefill_kv_tokens": 3000}
+MSA_NVFP4_STEPS = [
+    ({"model": "nvidia/MiniMax-M3-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
+      ("decode", (7, 131072)), ("fpm", [PREFILL_RANK]), ("fpm", [DECODE_RANK])]),
+    ({"model": "nvidia/MiniMax-M3-NVFP4", "system": "gb200", "backend": "vllm", "tp": 8, "moe_tp_size": 8,
+      "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("prefill", (1, 8192, 0)), ("decode", (64, 4097)), ("decode", (256, 8000))]),
+]
+MSA_NVFP4_KV = [
+    ("nvidia/MiniMax-M3-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+]
+
 KV = [
     ("Qwen/Qwen3-32B", "h200_sxm", "vllm", dict(tp_size=2), 64),
     ("Qwen/Qwen3-8B", "h100_sxm", "vllm", dict(tp_size=1), 64),
@@ -201,7 +223,16 @@ def main():
     if "--dsv4-kv" in sys.argv[1:]:
         dsv4_kv()
         return
-    for cfg, queries in STEPS:
+    if "--msa-nvfp4" in sys.argv[1:]:
+        print_steps(MSA_NVFP4_STEPS)
+        print_kv(MSA_NVFP4_KV)
+        return
+    print_steps(STEPS)
+    print_kv(KV)
+
+
+def print_steps(steps):
+    for cfg, queries in steps:
         m = RustForwardPassPerfModel.best_available({**cfg, "worker_type": "aggregated"})
         for kind, q in queries:
             if kind == "prefill":
@@ -221,7 +252,10 @@ def main():
             else:
                 v = max(m.estimate_forward_pass_time_ms({"scheduled_requests": r}) for r in q)
             print(json.dumps({"cfg": cfg, "kind": kind, "q": q, "ms": repr(v)}))
-    for model, system, backend, par, block in KV:
+
+
+def print_kv(kv):
+    for model, system, backend, par, block in kv:
         frac = 0.9 if backend == "vllm" else 0.88
         r = estimate_num_gpu_blocks(model, system, backend, scheduler_block_size=block, max_num_tokens=8192,
                                     max_batch_size=256, memory_fraction_kind="of_total", memory_fraction_value=frac, **par)

@@ -147,8 +147,9 @@ fn deepseek_v3_matches_the_reference() {
 /// attention (B200 SGLang TEP8: reuse layers, dense first layers, bf16 attention block and shared
 /// experts), Gemma 4's sliding-window / global layers with a dense MLP beside routed experts
 /// (gemma-4-26B-A4B on an H200 SGLang TP2 / EP2 replica), Llama-4-Maverick's local / global
-/// attention with MoE and dense layers (H200 vLLM TEP8) and MiniMax-M3's MSA sparse attention
-/// (H200 vLLM TEP8), each with the KV cache sized from GPU
+/// attention with MoE and dense layers (H200 vLLM TEP8), MiniMax-M3's MSA sparse attention
+/// (H200 vLLM TEP8) and its ModelOpt MIXED_PRECISION NVFP4 release (MXFP8 projections as
+/// fp8_block, NVFP4 routed experts; B200 vLLM TEP8), each with the KV cache sized from GPU
 /// memory: every compared metric within 0.01 % of the reference (recorded as their YAML headers
 /// say, aisimulate 0.13.0.dev202610270000000085).
 #[test]
@@ -162,6 +163,7 @@ fn checkpoint_formats_match_the_reference() {
         "predict_agg_gemma4_26b",
         "predict_agg_hybrid_llama4_maverick",
         "predict_agg_msa_minimax_m3",
+        "predict_agg_msa_minimax_m3_nvfp4",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-4, "{name}: worst deviation {:.5} %", worst * 100.0);

@@ -418,7 +418,8 @@ fn lower_str(v: Option<&Value>) -> Option<String> {
 /// `_infer_quantization_fields` / `_infer_quant_modes_from_raw_config`: none → bf16 everywhere;
 /// `fp8` with a weight block size → fp8_block GEMMs and experts; dynamic per-tensor `fp8` →
 /// fp8; other per-tensor `fp8` → fp8_static GEMMs and fp8 experts; `mxfp4` → bf16 GEMMs with
-/// w4a16_mxfp4 experts; `nvfp4` (ModelOpt) → nvfp4 GEMMs and experts. An fp8 / fp8_block /
+/// w4a16_mxfp4 experts; `nvfp4` (ModelOpt) → nvfp4 GEMMs and experts; ModelOpt
+/// `mixed_precision` → per layer (`mixed_precision`). An fp8 / fp8_block /
 /// nvfp4 checkpoint (or an fp8 KV declaration) also runs attention in fp8 with an fp8 KV cache.
 fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Quant> {
     let q = cfg.get("quantization_config").filter(|v| v.is_object());
@@ -429,8 +430,10 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
             .or_else(|| keys.iter().find_map(|k| lower_str(q.and_then(|q| q.get(*k)))))
     };
     let mut algo = field(&["quant_algo", "quant_method", "quantization_method"]);
-    if algo.as_deref() == Some("w4a16_mxfp4") {
-        algo = Some("mxfp4".into());
+    match algo.as_deref() {
+        Some("w4a16_mxfp4") => algo = Some("mxfp4".into()),
+        Some("mixed-precision" | "mixedprecision") => algo = Some("mixed_precision".into()),
+        _ => {}
     }
     if algo.as_deref() == Some("fp8")
         && q.and_then(|q| q.get("weight_block_size")).and_then(Value::as_array).is_some_and(|a| !a.is_empty())
@@ -484,9 +487,10 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
         Some("mxfp4") => (bf, Dtype::W4a16Mxfp4),
         Some("nvfp4") => (Dtype::Nvfp4, Dtype::Nvfp4),
         Some("compressed-tensors") => compressed_tensors(q, shown)?,
+        Some("mixed_precision") => mixed_precision(q, hf, dynamic, shown)?,
         Some(other) => {
             return Err(PerfError::unsupported(format!(
-                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4, nvfp4, compressed-tensors); set gemm_quant_mode / moe_quant_mode explicitly"
+                "{shown}: quantisation {other:?} is not modelled (supported: none, fp8, fp8_block, mxfp4, nvfp4, compressed-tensors, mixed_precision); set gemm_quant_mode / moe_quant_mode explicitly"
             )))
         }
     };
@@ -518,6 +522,131 @@ fn quantisation(cfg: &Value, hf_quant: Option<&Value>, shown: &str) -> Result<Qu
     let patterns = exclude_patterns(cfg, hf_quant);
     let excluded = Excluded::from_patterns(patterns.iter().map(String::as_str));
     Ok(Quant { gemm, moe, kv, fmha, block, excluded })
+}
+
+/// GEMM and expert formats of a ModelOpt `MIXED_PRECISION` checkpoint, which names a format per
+/// layer (`quantized_layers`, in `hf_quant_config.json` and / or `quantization_config`) or per
+/// config group (`config_groups`: a weight spec's `quant_algo`, else 8-bit float → fp8, or mxfp8
+/// with 32-element groups, and 4-bit float → nvfp4). As the reference's
+/// `_infer_mixed_precision_quant_modes` reads it, the layers split in two: routed experts (a name
+/// with `.experts.`, ending in `.experts`, or naming `routing_expert`; never a shared expert) and
+/// everything else, and each side takes one format by precedence —
+///
+/// ```text
+/// GEMMs:   base quant_method fp8 (+ weight block → fp8_block, else per-tensor as plain fp8)
+///          > mxfp8 → fp8_block > fp8 → fp8 (dynamic) / fp8_static > w4a16_nvfp4 > nvfp4
+/// experts: w4a16_nvfp4 > nvfp4 > mxfp8 → fp8_block > fp8
+/// ```
+///
+/// MXFP8 is priced as fp8_block (one byte per weight at the fp8 tensor-core rate; only the scale
+/// granularity differs), as the reference approximates it. A side with no layer stays bf16, as
+/// there. Where the reference silently falls back to bf16 — a side whose formats it has no mode
+/// for, or a checkpoint naming no layer format at all — servesim refuses, naming the formats; a
+/// w4a16_nvfp4 side is refused too (servesim has no weight-only NVFP4 timing).
+fn mixed_precision(
+    q: Option<&Value>,
+    hf: Option<&Value>,
+    dynamic: Option<bool>,
+    shown: &str,
+) -> Result<(Dtype, Dtype)> {
+    use std::collections::BTreeSet;
+    let normal = |v: Option<&Value>| -> Option<String> {
+        let a = lower_str(v)?;
+        Some(match a.as_str() {
+            "e4m3" | "e5m2" => "fp8".to_string(),
+            "fp4" => "nvfp4".to_string(),
+            _ => a,
+        })
+    };
+    let algo_of = |spec: &Value| -> Option<String> {
+        ["quant_algo", "quantization_algo", "quant_method"].iter().find_map(|k| normal(spec.get(*k)))
+    };
+    let (mut gemm_algos, mut moe_algos) = (BTreeSet::new(), BTreeSet::new());
+    let mut add = |target: &str, algo: String| {
+        let t = target.to_lowercase();
+        let routed = !t.contains("shared_expert")
+            && (t.contains(".experts.") || t.ends_with(".experts") || t.contains("routing_expert"));
+        if routed { &mut moe_algos } else { &mut gemm_algos }.insert(algo);
+    };
+    let mut layers = |section: Option<&Value>| {
+        let Some(map) = section.and_then(|s| s.get("quantized_layers")).and_then(Value::as_object) else { return };
+        for (target, meta) in map {
+            let algo = if meta.is_object() { algo_of(meta) } else { normal(Some(meta)) };
+            if let Some(a) = algo {
+                add(target, a);
+            }
+        }
+    };
+    layers(hf);
+    layers(q);
+    for group in q.and_then(|q| q.get("config_groups")).and_then(Value::as_object).into_iter().flat_map(|g| g.values())
+    {
+        let Some(w) = group.get("weights").filter(|w| w.is_object()) else { continue };
+        let ty = lower_str(w.get("type")).unwrap_or_default();
+        let algo = algo_of(w).or_else(|| match w.get("num_bits").and_then(Value::as_u64) {
+            Some(8) if ty.contains("float") && w.get("group_size").and_then(Value::as_u64) == Some(32) => {
+                Some("mxfp8".into())
+            }
+            Some(8) if ty.contains("float") => Some("fp8".into()),
+            Some(4) if ty.contains("float") => Some("nvfp4".into()),
+            _ => None,
+        });
+        let Some(algo) = algo else { continue };
+        for target in group.get("targets").and_then(Value::as_array).into_iter().flatten() {
+            let t = target.as_str().map(str::to_string).unwrap_or_else(|| target.to_string());
+            add(&t, algo.clone());
+        }
+    }
+    let list = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(", ");
+    let refuse = |side: &str, set: &BTreeSet<String>, why: &str| {
+        PerfError::unsupported(format!(
+            "{shown}: MIXED_PRECISION {side} formats [{}] {why}; set gemm_quant_mode / moe_quant_mode explicitly",
+            list(set)
+        ))
+    };
+    let no_mode = "have no timing mode (modelled: mxfp8, fp8, nvfp4)";
+    let weight_only = "include w4a16_nvfp4 (weight-only NVFP4), which servesim does not model";
+    let has = |set: &BTreeSet<String>, a: &str| set.contains(a);
+    // Some expert-only requantisations keep the base checkpoint's fp8 description for the rest.
+    let base_fp8 = q.and_then(|q| lower_str(q.get("quant_method"))).as_deref() == Some("fp8");
+    let blocked = q.and_then(|q| q.get("weight_block_size")).and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    let per_tensor_fp8 = if dynamic == Some(true) { Dtype::Fp8 } else { Dtype::Fp8Static };
+    if gemm_algos.is_empty() && moe_algos.is_empty() && !base_fp8 {
+        return Err(PerfError::unsupported(format!(
+            "{shown}: MIXED_PRECISION quantisation names no layer format (no quantized_layers or config_groups weight format); set gemm_quant_mode / moe_quant_mode explicitly"
+        )));
+    }
+    let gemm = if base_fp8 && blocked {
+        Dtype::Fp8Block
+    } else if base_fp8 {
+        per_tensor_fp8
+    } else if has(&gemm_algos, "mxfp8") {
+        Dtype::Fp8Block
+    } else if has(&gemm_algos, "fp8") {
+        per_tensor_fp8
+    } else if has(&gemm_algos, "w4a16_nvfp4") {
+        return Err(refuse("GEMM", &gemm_algos, weight_only));
+    } else if has(&gemm_algos, "nvfp4") {
+        Dtype::Nvfp4
+    } else if gemm_algos.is_empty() {
+        Dtype::Bfloat16
+    } else {
+        return Err(refuse("GEMM", &gemm_algos, no_mode));
+    };
+    let moe = if has(&moe_algos, "w4a16_nvfp4") {
+        return Err(refuse("routed-expert", &moe_algos, weight_only));
+    } else if has(&moe_algos, "nvfp4") {
+        Dtype::Nvfp4
+    } else if has(&moe_algos, "mxfp8") {
+        Dtype::Fp8Block
+    } else if has(&moe_algos, "fp8") {
+        Dtype::Fp8
+    } else if moe_algos.is_empty() {
+        Dtype::Bfloat16
+    } else {
+        return Err(refuse("routed-expert", &moe_algos, no_mode));
+    };
+    Ok((gemm, moe))
 }
 
 /// The module patterns a checkpoint's quantisation config keeps unquantised
@@ -1296,6 +1425,56 @@ mod tests {
         assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Nvfp4, Dtype::Nvfp4, Dtype::Fp8, Dtype::Fp8));
         assert_eq!(q.excluded, Excluded::default());
         assert_eq!(Dtype::Nvfp4.bytes(), 0.5625);
+    }
+
+    /// ModelOpt MIXED_PRECISION: per-layer formats split into routed experts and the rest.
+    #[test]
+    fn mixed_precision_formats() {
+        let try_quant = |qc: Value, hf: Option<Value>| {
+            quantisation(&json!({ "quantization_config": qc }), hf.as_ref(), "toy.json").map_err(|e| e.to_string())
+        };
+        // MiniMax-M3-NVFP4's layout: MXFP8 projections and shared experts, NVFP4 routed experts,
+        // from hf_quant_config.json; no KV declaration, so bf16 KV and attention.
+        let layers = json!({
+            "model.layers.0.self_attn.q_proj": {"quant_algo": "MXFP8"},
+            "model.layers.3.block_sparse_moe.shared_experts.up_proj": {"quant_algo": "MXFP8"},
+            "model.layers.3.block_sparse_moe.experts.7.w1": {"quant_algo": "NVFP4", "group_size": 16},
+        });
+        let hf = json!({"quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": null,
+                        "quantized_layers": layers}});
+        let q = try_quant(json!({"quant_method": "modelopt"}), Some(hf)).unwrap();
+        assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Fp8Block, Dtype::Nvfp4, Dtype::Bfloat16, Dtype::Bfloat16));
+        // Layers in quantization_config, formats as plain strings; per-tensor FP8 GEMMs are
+        // static unless dynamic; fp8 experts; an fp8 KV declaration still means fp8 attention.
+        let qc = json!({"quant_algo": "mixed-precision", "kv_cache_quant_algo": "FP8", "quantized_layers": {
+            "layers.0.self_attn.o_proj": "FP8", "layers.1.mlp.experts": "fp8"}});
+        let q = try_quant(qc, None).unwrap();
+        assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Fp8Static, Dtype::Fp8, Dtype::Fp8, Dtype::Fp8));
+        // config_groups: an 8-bit float group of 32 is MXFP8, 4-bit float NVFP4; experts only,
+        // so the GEMMs stay bf16; a base fp8 quant_method with a weight block sets the GEMMs.
+        let groups = json!({
+            "g0": {"targets": ["model.layers.1.mlp.experts"], "weights": {"num_bits": 8, "type": "float", "group_size": 32}},
+            "g1": {"targets": ["model.layers.2.mlp.routing_experts"], "weights": {"num_bits": 4, "type": "float"}}});
+        let q = try_quant(json!({"quant_algo": "MIXED_PRECISION", "config_groups": groups}), None).unwrap();
+        assert_eq!((q.gemm, q.moe), (Dtype::Bfloat16, Dtype::Nvfp4));
+        let qc = json!({"quant_algo": "MIXED_PRECISION", "quant_method": "fp8", "weight_block_size": [128, 128],
+                        "quantized_layers": {"layers.0.mlp.experts.0.w1": "MXFP8", "layers.0.self_attn.q_proj": "NVFP4"}});
+        assert_eq!(try_quant(qc, None).map(|q| (q.gemm, q.moe)), Ok((Dtype::Fp8Block, Dtype::Fp8Block)));
+        // What has no timing mode is refused, naming the formats.
+        let e = try_quant(
+            json!({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"l.0.self_attn.q_proj": "INT4_AWQ"}}),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.contains("MIXED_PRECISION GEMM formats [int4_awq] have no timing mode"), "{e}");
+        let e = try_quant(
+            json!({"quant_algo": "MIXED_PRECISION", "quantized_layers": {"l.0.experts.1.w1": "W4A16_NVFP4"}}),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.contains("routed-expert formats [w4a16_nvfp4] include w4a16_nvfp4"), "{e}");
+        let e = try_quant(json!({"quant_algo": "MIXED_PRECISION"}), None).unwrap_err();
+        assert!(e.contains("MIXED_PRECISION quantisation names no layer format"), "{e}");
     }
 
     #[test]

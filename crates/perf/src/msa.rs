@@ -64,14 +64,20 @@ pub fn eval_msa(db: &Database, op: &MsaOp, b: u32, s: u32, prefix: u32) -> Resul
     };
     let what = if op.context { "context MSA module" } else { "generation MSA module" };
     let missing = || {
+        let have = if table.grids.is_empty() {
+            "none".to_string()
+        } else {
+            table.grids.keys().cloned().collect::<Vec<_>>().join(", ")
+        };
+        let looked = if table.looked.is_empty() {
+            format!("no {} file is installed for this backend version", FILES[usize::from(!op.context)])
+        } else {
+            format!("looked in {}", table.looked.join(", "))
+        };
         PerfError::data(format!(
             "no {what} data for {key} on {} / {} {} (the reference then transfers DSA's utilisation, \
-             which servesim does not model; have: {}; looked in {})",
-            spec.name,
-            db.backend,
-            db.version,
-            table.grids.keys().cloned().collect::<Vec<_>>().join(", "),
-            table.looked.join(", ")
+             which servesim does not model; have: {have}; {looked})",
+            spec.name, db.backend, db.version,
         ))
     };
     let (_, (grid, _)) = table.grids.get(&key).and_then(|by| select(by, REQUESTED_BUCKET)).ok_or_else(missing)?;

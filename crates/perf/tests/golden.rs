@@ -614,6 +614,55 @@ fn msa_goldens() {
     assert_eq!(got.blocks, 9659, "{got:?}");
 }
 
+/// nvidia/MiniMax-M3-NVFP4, a ModelOpt MIXED_PRECISION checkpoint: its MXFP8 attention, dense-MLP
+/// and shared-expert projections run as fp8_block GEMMs (the MSA module's `gemm_type` too), its
+/// NVFP4 routed experts as nvfp4, with bf16 KV and attention (no KV declaration). Numbers from
+/// `$AISIM_REF_VENV/bin/python scripts/ais_goldens.py --msa-nvfp4`. SGLang 0.5.14 has no MSA
+/// table on B200 (the reference cannot build its op-level model either): refused by name.
+#[test]
+fn msa_nvfp4_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MiniMax-M3-NVFP4 goldens");
+        return;
+    }
+    let layout = |system: &str, backend: &str, moe_tp: u32, moe_ep: u32| {
+        est_with(json!({"model": "nvidia/MiniMax-M3-NVFP4", "system": system, "backend": backend, "tp": 8,
+                        "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}))
+    };
+    let ep = layout("b200_sxm", "vllm", 1, 8);
+    let q = &ep.model.quant;
+    use servesim_perf::db::Dtype;
+    assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Fp8Block, Dtype::Nvfp4, Dtype::Bfloat16, Dtype::Bfloat16));
+    close(ep.prefill_ms(2, 1000, 0).unwrap(), 41.82941587559764);
+    close(ep.prefill_ms(1, 20000, 0).unwrap(), 254.31269408658193);
+    close(ep.prefill_ms(2, 3000, 500).unwrap(), 81.95401816093481);
+    close(ep.decode_ms(16, 1100).unwrap(), 13.49771829884386);
+    close(ep.decode_ms(7, 131072).unwrap(), 12.617566790871168);
+    let prefill_rank = RankMetrics {
+        num_prefill_requests: 3,
+        sum_prefill_tokens: 2000,
+        sum_prefill_kv_tokens: 3000,
+        ..Default::default()
+    };
+    let decode_rank = RankMetrics { num_decode_requests: 40, sum_decode_kv_tokens: 40 * 3000, ..Default::default() };
+    close(ep.forward_pass_time_ms(&[prefill_rank]).unwrap(), 43.13887773152646);
+    close(ep.forward_pass_time_ms(&[decode_rank]).unwrap(), 17.424209524764894);
+    let tp = layout("gb200", "vllm", 8, 1);
+    close(tp.prefill_ms(4, 777, 0).unwrap(), 64.64989788129999);
+    close(tp.prefill_ms(1, 8192, 0).unwrap(), 138.38860148088645);
+    close(tp.decode_ms(64, 4097).unwrap(), 18.894624004594498);
+    close(tp.decode_ms(256, 8000).unwrap(), 27.656371981859564);
+    let got = servesim_perf::memory::kv_capacity(&ep, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(got.blocks, 68789, "{got:?}");
+    let e = layout("b200_sxm", "sglang", 1, 8).prefill_ms(1, 1024, 0).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "no context MSA module data for MiniMaxM3ForCausalLM/bfloat16/bfloat16/fp8_block on b200_sxm / sglang"
+        ) && e.contains("have: none; no msa_context_module_perf.parquet file is installed for this backend version"),
+        "{e}"
+    );
+}
+
 /// Local / global attention with MoE and dense layers (the reference's HYBRIDMOE family):
 /// Llama-4 Scout (every layer MoE, chunked local attention of 8192 tokens), Maverick (MoE and
 /// dense layers alternating), MiMo-V2-Flash (fp8 block, local layers with their own widths and a
