@@ -535,7 +535,10 @@ pub fn run(a: CalibrateArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::run(format!("{}: write failed: {e}", a.output.display())))?;
     file.commit().map_err(Failure::run)?;
     if !cross_validated {
-        eprintln!("warning: one stage: nothing to cross-validate; the model error is the in-sample error");
+        eprintln!(
+            "warning: one stage: nothing to cross-validate; the model error is the in-sample error, and intervals \
+             rest on the development set's prior"
+        );
     }
     match a.format {
         crate::flags::Format::Json => print_out(&format!("{text}\n")),
