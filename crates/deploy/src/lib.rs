@@ -424,5 +424,19 @@ mod tests {
         assert!(config("prefill", json!({"host_loop": true})).unwrap_err().contains("host-loop replay"));
         assert!(config("aggregated", json!({"frontend": {}})).unwrap_err().contains("frontend: SGLang host-loop"));
         assert!(config("decode", json!({"host_loop": true})).unwrap_err().contains("unknown key"));
+        // Keys of families and estimation modes servesim lacks name what is missing.
+        let e = config("aggregated", json!({"kv_cache": {"state_cache": {"bytes_per_request": 4}}})).unwrap_err();
+        assert!(
+            e.contains("kv_cache.state_cache: state_cache (the recurrent-state cache of hybrid state-space"),
+            "{e}"
+        );
+        let e = config("aggregated", json!({"kv_cache": {"prefix_match_unit": 4}})).unwrap_err();
+        assert!(e.contains("prefix_match_unit (the recurrent-state cache of hybrid"), "{e}");
+        let timing = json!({"type": "default", "database_mode": "SOL"});
+        let e = config("aggregated", json!({"timing": timing})).unwrap_err();
+        assert!(
+            e.starts_with("engine.workers.aggregated.timing.database_mode: SOL is not supported by servesim yet (SILICON only: the HYBRID"),
+            "{e}"
+        );
     }
 }

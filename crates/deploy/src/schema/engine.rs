@@ -109,6 +109,22 @@ impl Speculation {
     }
 }
 
+/// `database_mode` (engine or worker timing): SILICON, the measured kernel tables, is what
+/// servesim's AIS model reads; the reference's other modes estimate what the tables lack.
+pub(super) fn database_mode(r: &mut Reader) -> Result<(), DeployError> {
+    let modes = ["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"];
+    match r.one_of("database_mode", &modes)? {
+        Some(m) if !m.eq_ignore_ascii_case("silicon") => Err(r.err(
+            "database_mode",
+            format!(
+                "{m} is not supported by servesim yet (SILICON only: the HYBRID, EMPIRICAL and SOL modes' \
+                 speed-of-light and empirical estimates for ops without kernel tables are not modelled)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `tokenization`: `workers` tokenizers (default 1), each taking `base_ms` plus
 /// `per_input_token_us` per prompt token.
 fn read_tokenization(e: &mut Reader) -> Result<Option<Tokenization>, DeployError> {
@@ -164,13 +180,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
     let mut controls = read_engine_controls(&mut e)?;
     let systems_paths = read_systems_paths(&mut e)?;
-    if let Some(m) =
-        e.one_of("database_mode", &["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"])?
-    {
-        if !m.eq_ignore_ascii_case("silicon") {
-            return Err(e.err("database_mode", format!("{m} is not supported by servesim yet (SILICON only)")));
-        }
-    }
+    database_mode(&mut e)?;
     if let Some(m) = e.one_of("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
         if !matches!(m, "auto" | "op_level") {
             return Err(e.err("estimation_mode", format!("{m} is not supported by servesim yet (op_level only)")));

@@ -166,8 +166,17 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     .ok_or_else(|| k.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
             ),
         };
+        // Both belong to the recurrent-state cache of hybrid state-space models (the reference
+        // accepts prefix_match_unit only beside state_cache), a model family of its own.
         for key in ["prefix_match_unit", "state_cache"] {
-            unsupported(&mut k, key, key)?;
+            unsupported(
+                &mut k,
+                key,
+                &format!(
+                    "{key} (the recurrent-state cache of hybrid state-space models such as Nemotron-H and \
+                     Qwen3.5, with their per-request state bytes and sub-block prefix matching)"
+                ),
+            )?;
         }
         offload = read_offload(&mut k)?;
         if let Some(mut c) = k.obj("capacity")? {
@@ -281,7 +290,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
             t.one_of("estimation_mode", &["auto", "op_level"])?;
             t.one_of("fallback_policy", &["deny", "allow"])?;
-            t.one_of("database_mode", &["SILICON", "silicon"])?;
+            super::engine::database_mode(&mut t)?;
             t.finish()?;
             match ty {
                 "fixed" => match (pre, dec) {
