@@ -104,13 +104,13 @@ STEPS = [
     # q / kv / indexer (DeepSeek-V3.2) or the whole block and shared experts (GLM-5.2) in bf16.
     ({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
-     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100))]),
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)), ("fpm", [MIXED])]),
     ({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 8,
       "moe_ep_size": 1},
-     [("prefill", (2, 3000, 500)), ("decode", (33, 5000))]),
+     [("prefill", (2, 3000, 500)), ("decode", (33, 5000)), ("fpm", [MIXED])]),
     ({"model": "zai-org/GLM-5.2-FP8", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
-     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100)), ("fpm", [MIXED])]),
     ({"model": "nvidia/DeepSeek-V3.2-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
@@ -144,19 +144,19 @@ STEPS = [
     ({"model": "MiniMaxAI/MiniMax-M3", "system": "h200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
-      ("decode", (7, 131072))]),
+      ("decode", (7, 131072)), ("fpm", [MIXED])]),
 ]
 
 # nvidia/MiniMax-M3-NVFP4 (`--msa-nvfp4`): Blackwell only (fp4 tensor cores), vLLM (the only
 # backend with MSA tables at its default version), experts split by EP and by TP. Forward passes
-# prefill-only and decode-only: servesim still differs from the reference on passes mixing both
-# for DSA / MSA models (a separate, open issue; bf16 MiniMax-M3 and DeepSeek-V3.2 too).
+# prefill-only, decode-only and mixed (the MSA block is the pass's `context_attention`, timed apart
+# at the prefill shape).
 PREFILL_RANK = {"num_prefill_requests": 3, "sum_prefill_tokens": 2000, "sum_prefill_kv_tokens": 3000}
 MSA_NVFP4_STEPS = [
     ({"model": "nvidia/MiniMax-M3-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
-      ("decode", (7, 131072)), ("fpm", [PREFILL_RANK]), ("fpm", [DECODE_RANK])]),
+      ("decode", (7, 131072)), ("fpm", [PREFILL_RANK]), ("fpm", [DECODE_RANK]), ("fpm", [MIXED])]),
     ({"model": "nvidia/MiniMax-M3-NVFP4", "system": "gb200", "backend": "vllm", "tp": 8, "moe_tp_size": 8,
       "moe_ep_size": 1},
      [("prefill", (4, 777, 0)), ("prefill", (1, 8192, 0)), ("decode", (64, 4097)), ("decode", (256, 8000))]),

@@ -352,7 +352,9 @@ impl Estimator {
         let d = r.num_decode_requests.max(1);
         if has_prefill && has_decode {
             // Mixed: non-attention work on all tokens as one sequence, context attention at the
-            // prefill shape, decode attention at the decode shape.
+            // prefill shape, decode attention at the decode shape. Attention is picked out by
+            // name, as the reference does, so a DSA / MSA block (or an MLA kernel) named
+            // `context_attention` is not timed as if the whole pass were one long prompt.
             let (t, c) = (r.sum_prefill_tokens, r.sum_prefill_kv_tokens);
             let combined = t
                 .checked_add(r.num_decode_requests)
@@ -360,7 +362,7 @@ impl Estimator {
                 .max(1);
             let mut total = 0.0;
             for op in &self.context_ops {
-                if matches!(op, Op::ContextAttention { .. }) {
+                if op.is_context_attention() {
                     continue;
                 }
                 let x = self.cp_share(op, if matches!(op, Op::Gemm { logits: true, .. }) { 1 } else { combined });
@@ -372,7 +374,7 @@ impl Estimator {
             let attn_batch = t.div_ceil(per_req).max(1);
             let div = per_req.div_ceil(t.max(1)).max(1) as f64;
             for op in &self.context_ops {
-                if matches!(op, Op::ContextAttention { .. }) {
+                if op.is_context_attention() {
                     total += self
                         .eval(op, At { batch: attn_batch, s: per_req, prefix: c / p, x: t })
                         .map_err(|e| e.context(format!("op {}", op.name())))?
@@ -380,7 +382,7 @@ impl Estimator {
                 }
             }
             for op in &self.generation_ops {
-                if matches!(op, Op::GenerationAttention { .. }) {
+                if op.is_generation_attention() {
                     let s = (r.sum_decode_kv_tokens / d).max(1);
                     total += self
                         .eval(op, At { batch: tokens(d, self.layout.ngram + 1, "decode")?, s, prefix: 0, x: d })

@@ -809,6 +809,21 @@ impl Op {
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
         }
     }
+
+    /// Whether a mixed forward pass times this op apart at the prefill shape: the reference
+    /// picks its context attention out by name (`context_attention`), whatever op kind
+    /// carries it (a plain attention table, an MLA kernel, a DSA or MSA block). Attention
+    /// wrapped in a block under another name (`context_mla_block`) rides with the shared
+    /// token pass.
+    pub fn is_context_attention(&self) -> bool {
+        self.name() == "context_attention"
+    }
+
+    /// Whether a mixed forward pass times this op at the decode shape (`generation_attention`,
+    /// by name as for [`Op::is_context_attention`]); every other generation op is left out.
+    pub fn is_generation_attention(&self) -> bool {
+        self.name() == "generation_attention"
+    }
 }
 
 /// Parallel layout and formats the op list is built for.

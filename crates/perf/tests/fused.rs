@@ -60,6 +60,24 @@ fn a_mixed_pass_is_one_forward_over_all_its_tokens() {
     }
 }
 
+/// The sparse-attention blocks (DSA: DeepSeek-V3.2, MSA: MiniMax-M3) hold their projections and
+/// indexer inside the one attention op: the fused pass runs each block at its own part's shape,
+/// never at the whole pass's tokens as one prompt.
+#[test]
+fn sparse_attention_blocks_run_at_their_parts_shapes() {
+    for model in ["deepseek-ai/DeepSeek-V3.2", "MiniMaxAI/MiniMax-M3"] {
+        let Some(e) = est(model, "h200_sxm", 8) else { return };
+        for (p, isl, prefix, d, kv) in [(3, 1667, 1000, 100, 701), (1, 512, 0, 31, 1501)] {
+            let fused = e.fused_ms(p, isl, prefix, d, kv).unwrap();
+            close(fused, fused_by_definition(&e, p, isl, prefix, d, kv));
+            let prefill_alone = e.prefill_ms(p, isl, prefix).unwrap();
+            let additive = prefill_alone + e.decode_ms(d, kv).unwrap();
+            assert!(fused < additive, "{model}: fused {fused} ms, additive {additive} ms");
+            assert!(fused > prefill_alone, "{model}: the decode batch costs something");
+        }
+    }
+}
+
 #[test]
 fn the_pass_model_is_checked_by_key() {
     let base = json!({"model": "meta-llama/Meta-Llama-3.1-8B", "system": "h100_sxm", "backend": "vllm"});

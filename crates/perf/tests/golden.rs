@@ -479,10 +479,13 @@ fn checkpoint_format_goldens() {
     }
 }
 
-/// DeepSeek sparse attention (reference numbers from `scripts/ais_goldens.py`): the DSA module
-/// tables; SGLang's dense first layers timed apart; GLM-5.2's reuse layers (21 of 78 compute the
-/// top-k index) blended in; NVFP4 releases keeping q / kv / indexer (DeepSeek-V3.2) or the whole
-/// attention block and shared experts (GLM-5.2) in bf16; KV with the indexer's key cache.
+/// DeepSeek sparse attention (reference numbers from
+/// `$AISIM_REF_VENV/bin/python scripts/ais_goldens.py`): the DSA module tables; SGLang's dense
+/// first layers timed apart; GLM-5.2's reuse layers (21 of 78 compute the top-k index) blended
+/// in; NVFP4 releases keeping q / kv / indexer (DeepSeek-V3.2) or the whole attention block and
+/// shared experts (GLM-5.2) in bf16; KV with the indexer's key cache. Mixed passes time the DSA
+/// block (the pass's `context_attention`) apart at the prefill shape, not over the whole pass's
+/// tokens as one prompt (369.68 ms here, where that gave 325.6).
 #[test]
 fn dsa_goldens() {
     if !data_available() {
@@ -497,12 +500,15 @@ fn dsa_goldens() {
     close(v32.prefill_ms(2, 1000, 0).unwrap(), 232.77201636697106);
     close(v32.prefill_ms(1, 20000, 0).unwrap(), 2478.3511071573566);
     close(v32.decode_ms(16, 1100).unwrap(), 22.564069851685552);
+    close(v32.forward_pass_time_ms(&[MIXED]).unwrap(), 369.68064237444855);
     let v32s = layout("deepseek-ai/DeepSeek-V3.2", "h200_sxm", "sglang", 8, 1);
     close(v32s.prefill_ms(2, 3000, 500).unwrap(), 430.88098200136835);
     close(v32s.decode_ms(33, 5000).unwrap(), 26.467282360630154);
+    close(v32s.forward_pass_time_ms(&[MIXED]).unwrap(), 145.7078626782321);
     let glm = layout("zai-org/GLM-5.2-FP8", "b200_sxm", "vllm", 1, 8);
     close(glm.prefill_ms(2, 1000, 0).unwrap(), 89.6195867711037);
     close(glm.decode_ms(16, 1100).unwrap(), 18.031384664121706);
+    close(glm.forward_pass_time_ms(&[MIXED]).unwrap(), 118.0688420470675);
     let v32f4 = layout("nvidia/DeepSeek-V3.2-NVFP4", "b200_sxm", "vllm", 1, 8);
     close(v32f4.prefill_ms(2, 1000, 0).unwrap(), 69.16813178286377);
     close(v32f4.decode_ms(16, 1100).unwrap(), 14.02885746702461);
@@ -595,8 +601,9 @@ fn gemma4_goldens() {
 }
 
 /// MiniMax-M3 (the reference's MINIMAXM3): the MSA block from its own module tables (exact grid,
-/// blended, and past the data against the roofline), DSA's graph around it, and the KV capacity
-/// (`scripts/ais_goldens.py`).
+/// blended, and past the data against the roofline), DSA's graph around it, a mixed pass (the MSA
+/// block timed apart at the prefill shape) and the KV capacity
+/// (`$AISIM_REF_VENV/bin/python scripts/ais_goldens.py`).
 #[test]
 fn msa_goldens() {
     if !data_available() {
@@ -610,6 +617,7 @@ fn msa_goldens() {
     close(m3.prefill_ms(2, 3000, 500).unwrap(), 181.65829471916618);
     close(m3.decode_ms(16, 1100).unwrap(), 18.888847155041375);
     close(m3.decode_ms(7, 131072).unwrap(), 18.44491575938163);
+    close(m3.forward_pass_time_ms(&[MIXED]).unwrap(), 89.7110259971718);
     let got = servesim_perf::memory::kv_capacity(&m3, None, 8192, 64, 0.0).unwrap();
     assert_eq!(got.blocks, 9659, "{got:?}");
 }
@@ -647,6 +655,7 @@ fn msa_nvfp4_goldens() {
     let decode_rank = RankMetrics { num_decode_requests: 40, sum_decode_kv_tokens: 40 * 3000, ..Default::default() };
     close(ep.forward_pass_time_ms(&[prefill_rank]).unwrap(), 43.13887773152646);
     close(ep.forward_pass_time_ms(&[decode_rank]).unwrap(), 17.424209524764894);
+    close(ep.forward_pass_time_ms(&[MIXED]).unwrap(), 49.1614499680412);
     let tp = layout("gb200", "vllm", 8, 1);
     close(tp.prefill_ms(4, 777, 0).unwrap(), 64.64989788129999);
     close(tp.prefill_ms(1, 8192, 0).unwrap(), 138.38860148088645);
