@@ -1609,6 +1609,79 @@ fn the_default_search_space_is_the_references() {
     }
 }
 
+/// A recommend candidate's identity: its backend and mode, and each role's parallelism (all six
+/// knobs, 1 where unset).
+fn candidate_shape(backend: &Value, mode: &Value, workers: &Value) -> String {
+    let roles: Vec<String> = workers
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(role, p)| {
+            let knobs: Vec<String> = ["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"]
+                .iter()
+                .map(|k| format!("{k}={}", p[*k].as_u64().unwrap_or(1)))
+                .collect();
+            format!("{role}({})", knobs.join(" "))
+        })
+        .collect();
+    format!("{} {} {}", mode.as_str().unwrap(), backend.as_str().unwrap(), roles.join(" "))
+}
+
+/// DeepSeek-V3 (MLA + 256 experts, FP8 blocks) on H200 under AIS timing, both backends: the
+/// default MoE pool, cut by the KV-feasibility filter, is the reference's — at 8 GPUs the 8-GPU
+/// TEP, DEP, MoE-TP and DTP workers (vLLM's DTP leaves no KV budget: 7 candidates), at 16 GPUs
+/// those at two replicas and the 16-GPU (wide EP) patterns as well (22) — ranked in the same
+/// order, each score within 0.5 % and each summary metric within 2 % (the tolerances of the
+/// other recommend goldens; measured 0.007 %). Recorded in tests/deploy/NAME.golden.json by
+/// scripts/reduce_recommend_ranked.py (its header has the commands) for NAME recommend_deepseek
+/// and recommend_deepseek_wide_ep.
+#[test]
+fn a_deepseek_search_proposes_and_ranks_what_the_reference_does() {
+    for name in ["recommend_deepseek", "recommend_deepseek_wide_ep"] {
+        let golden: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
+        let dir = tmp(&format!("rec-{name}"));
+        let out = recommend(&deploy_dir().join(format!("{name}.yaml")), &dir, &[]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let d = doc(&dir);
+        let ours = d["candidates"].as_array().unwrap();
+        if ours.iter().any(|c| c["reason"].as_str().is_some_and(|r| r.contains("no AIS performance data"))) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+            return;
+        }
+        let want = golden["candidates"].as_array().unwrap();
+        assert_eq!(ours.len(), want.len(), "{name}: candidates");
+        assert_eq!(d["counts"]["evaluated"], golden["counts"]["evaluated"], "{name}");
+        assert_eq!(d["counts"]["feasible"], golden["counts"]["feasible"], "{name}");
+        let our_shape = |c: &Value| {
+            let e = &c["prediction_config"]["engine"];
+            let workers: serde_json::Map<String, Value> =
+                e["workers"].as_object().unwrap().iter().map(|(r, w)| (r.clone(), w["parallelism"].clone())).collect();
+            candidate_shape(&e["backend"], &e["mode"], &Value::Object(workers))
+        };
+        let mut ranked: Vec<(f64, String)> = Vec::new();
+        for w in want {
+            let key = candidate_shape(&w["backend"], &w["mode"], &w["workers"]);
+            let c = ours.iter().find(|c| our_shape(c) == key).unwrap_or_else(|| panic!("{name}: no candidate {key}"));
+            assert_eq!(c["status"], w["status"], "{name} {key}");
+            assert_eq!(c["used_gpus"], w["used_gpus"], "{name} {key}");
+            let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+            assert!(deviation(x, y) <= 0.005, "{name} {key}: score {x}, reference {y}");
+            for (metric, y) in w["metrics"].as_object().unwrap() {
+                let (x, y) = (c["metrics"][metric].as_f64().unwrap(), y.as_f64().unwrap());
+                let tolerance = if metric == "completed_requests" { 0.0 } else { 0.02 };
+                assert!(deviation(x, y) <= tolerance, "{name} {key}: {metric} = {x}, reference {y}");
+            }
+            ranked.push((x, key));
+        }
+        // The golden lists the reference's candidates best first.
+        let theirs: Vec<String> = ranked.iter().map(|(_, k)| k.clone()).collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let order: Vec<String> = ranked.into_iter().map(|(_, k)| k).collect();
+        assert_eq!(order, theirs, "{name}: ranking");
+    }
+}
+
 /// The best feasible score of a recommend run.
 fn best_score(dir: &Path) -> f64 {
     doc(dir)["candidates"]

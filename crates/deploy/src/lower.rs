@@ -449,8 +449,9 @@ pub fn router(cfg: &Config) -> RouterMode {
 /// What a role's KV cache holds against the longest sequence it must take (the recommend
 /// search's KV-feasibility filter, aisimulate's `model_hw.parallel_configs_for`): the capacity in
 /// tokens, sized at a per-pass token budget of `max_batched_tokens` for `capacity.type: default`,
-/// and the context length (the role's, the engine's, or the model's). `Ok(None)` when the
-/// capacity cannot be estimated here (the trial then reports why when it lowers).
+/// and the context length (the role's, the engine's, or the model's); no tokens when the weights
+/// and activations leave no KV budget. `None` when the capacity cannot be estimated here (the
+/// trial then reports why when it lowers).
 pub fn kv_tokens(engine: &Engine, w: &Worker, max_batched_tokens: u64) -> Option<(u64, u64)> {
     let block_size = w.block_size.unwrap_or_else(|| default_block_size(engine.backend));
     let estimator = || {
@@ -463,15 +464,19 @@ pub fn kv_tokens(engine: &Engine, w: &Worker, max_batched_tokens: u64) -> Option
         Capacity::Bytes(bytes) => bytes / w.bytes_per_token?,
         Capacity::Default { memory_fraction, cuda_graph_reserved_bytes } => {
             est = Some(estimator()?);
-            let cap = servesim_perf::memory::kv_capacity(
+            match servesim_perf::memory::kv_capacity(
                 est.as_ref().expect("built"),
                 *memory_fraction,
                 max_batched_tokens,
                 block_size,
                 *cuda_graph_reserved_bytes as f64,
-            )
-            .ok()?;
-            cap.tokens
+            ) {
+                Ok(cap) => cap.tokens,
+                // Weights and activations fill the GPU: no KV cache at all, which the filter
+                // treats as too short (the reference drops such a shape from the pool).
+                Err(e) if e.message.starts_with(servesim_perf::memory::NO_KV_BUDGET) => 0,
+                Err(_) => return None,
+            }
         }
     };
     let context = match w.context_length.or(engine.context_length) {

@@ -34,6 +34,10 @@ pub fn default_fraction(backend: &str) -> Option<f64> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// How [`kv_capacity`]'s error begins when weights, activations and reservations leave no room
+/// for a KV cache (the shape runs out of memory): a property of the shape, not a bad input.
+pub const NO_KV_BUDGET: &str = "no KV budget";
+
 /// KV capacity of one worker rank. `fraction`: the backend's memory fraction (default when
 /// `None`); `max_num_tokens`: the engine's per-pass token budget; `cuda_graph_bytes`: an extra
 /// reservation outside the pool.
@@ -120,7 +124,7 @@ pub fn kv_capacity(
     let kv = if backend == "trtllm" { (cap - non_kv_after) * fraction } else { cap * fraction - non_kv_after };
     if kv <= 0.0 {
         return Err(PerfError::config(format!(
-            "no KV budget: non-KV memory ({:.0} bytes) meets or exceeds the KV-cache limit of {}'s {:.0} bytes",
+            "{NO_KV_BUDGET}: non-KV memory ({:.0} bytes) meets or exceeds the KV-cache limit of {}'s {:.0} bytes",
             non_kv_after.max(0.0),
             spec.name,
             capacity

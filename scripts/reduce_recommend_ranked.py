@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Reduce the reference's recommend output for tests/deploy/NAME.yaml into
+tests/deploy/NAME.golden.json: the candidate set (backend, mode, each role's parallel shape,
+status, GPUs), the ranking by score, and per candidate the score and the summary metrics the
+test compares, plus the reference's wall time for the whole call.
+
+    NAME=recommend_deepseek
+    AISIM_REF_VENV=/tmp/servesim-aisim-ref $(../shared/parity/setup_aisimulate.sh) \\
+        ../shared/parity/aisimulate_predict.py tests/deploy/$NAME.yaml --command recommend > /tmp/$NAME.json
+    scripts/reduce_recommend_ranked.py $NAME /tmp/$NAME.json
+"""
+import json
+import sys
+
+SHAPE = ("replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert")
+# The summary metrics both tools write per candidate in recommendation.json (servesim keeps a
+# subset of the summary there: no percentiles; `scripts/recommend_parity.py OUT.json` replays
+# each candidate with `predict -c` to compare those).
+METRICS = ("completed_requests", "mean_ttft_ms", "mean_tpot_ms", "mean_e2e_latency_ms",
+           "mean_output_token_throughput_per_user", "output_throughput_tok_s", "request_throughput_rps",
+           "duration_ms", "gpu_hours")
+
+
+def reduce(doc):
+    out = []
+    for c in doc["candidates"]:
+        engine = c["prediction_config"]["engine"]
+        out.append({
+            "backend": engine["backend"],
+            "mode": engine["mode"],
+            "workers": {role: {k: w["parallelism"][k] for k in SHAPE} for role, w in engine["workers"].items()},
+            "status": c["status"],
+            "used_gpus": c["used_gpus"],
+            "score": c["score"],
+            "metrics": {k: c["metrics"][k] for k in METRICS if c.get("metrics") and k in c["metrics"]},
+        })
+    # Best first; the reference's own tie order (candidate id) breaks ties.
+    out.sort(key=lambda c: -(c["score"] if c["score"] is not None else float("-inf")))
+    return out
+
+
+def main():
+    name, path = sys.argv[1], sys.argv[2]
+    with open(path) as f:
+        doc = json.load(f)
+    golden = {
+        "_source": "scripts/reduce_recommend_ranked.py over the output of `AISIM_REF_VENV=/tmp/servesim-aisim-ref "
+        "$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py "
+        f"tests/deploy/{name}.yaml --command recommend` (engine stack, aisimulate 0.13.0.dev202610270000000085): "
+        "every candidate, best score first, with its shape, status, GPUs, score and summary metrics",
+        "reference_call_wall_ms": round(doc["call_wall_ms"]),
+        "counts": doc["counts"],
+        "candidates": reduce(doc),
+    }
+    with open(f"tests/deploy/{name}.golden.json", "w") as f:
+        json.dump(golden, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
