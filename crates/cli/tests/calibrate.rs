@@ -1,7 +1,8 @@
 //! `servesim calibrate` and `--calibration`: the fit recovers a timing correction that made the
-//! measurements, a calibration applies to `predict -c` as the overrides it stands for, names
-//! each way a deployment differs from the one measured, widens ensemble intervals by its model
-//! error, and bad input is refused with the file and key.
+//! measurements, a calibration applies to `predict -c` as the overrides it stands for and to
+//! the flag form as the AIS configuration's `calibration` key, names each way a deployment
+//! differs from the one measured, widens ensemble intervals by its model error, and bad input
+//! is refused with the file and key.
 //!
 //! The measurements are servesim's own predictions of the deployment with a known correction
 //! (decode 25 % slower, a 7 ms frontend), at two loads, written with its summary keys; the AIS
