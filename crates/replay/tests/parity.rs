@@ -456,6 +456,10 @@ parity_cases! {
     host_offload_shared_pool_two_workers => "offload_shared_tier_2w",
     host_offload_shared_pool_kv_router => "offload_shared_kv_router",
     host_offload_shared_pool_peer_store_pending => "offload_shared_peer_store_pending",
+    // Synthetic prompts numbered as Dynamo numbers its ids (first seen first): the pool's LRU
+    // breaks ties inside a completed store by block hash, so a later request keeps 2 of its
+    // group's blocks in the host (128 host-reused tokens) only with the reference's tokens.
+    host_offload_shared_pool_synthetic_first_seen_ids => "offload_shared_synthetic_ids",
     // Host offload on disaggregated workers: prefill and decode ranks with their own caches,
     // a decode rank that waits for a D2H copy before receiving KV into its blocks, and one
     // `cluster_shared` pool that both roles join.

@@ -16,6 +16,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
+use rustc_hash::FxHashMap;
 
 use crate::error::{short_number as short, InputError};
 use crate::ids::MAX_TIME_MS;
@@ -191,7 +192,32 @@ impl SyntheticSpec {
             group_end,
             next_session: 0,
             next_unique: 1,
+            first_seen: (self.group_seed == GROUP_SEED).then(FirstSeen::default),
             t: 0.0,
+        }
+    }
+}
+
+/// Dynamo's synthetic replay numbers its block ids in first-seen order (0, 1, ...) before they
+/// become the prompt's tokens, so block hashes, and the host cache's LRU ties broken by hash,
+/// depend on that numbering. A unique id is always new; only the shared ids (cached prefix and
+/// prefix groups) need a map, which stays as small as the groups.
+#[derive(Default)]
+struct FirstSeen {
+    shared: FxHashMap<u64, u32>,
+    next: u32,
+}
+
+impl FirstSeen {
+    fn number(&mut self, id: u64, shared: bool) -> u32 {
+        let fresh = |next: &mut u32| {
+            *next = next.checked_add(1).expect("a synthetic workload has fewer than 2^32 block ids");
+            *next - 1
+        };
+        if shared {
+            *self.shared.entry(id).or_insert_with(|| fresh(&mut self.next))
+        } else {
+            fresh(&mut self.next)
         }
     }
 }
@@ -207,6 +233,9 @@ pub struct SyntheticSessions {
     group_end: u32,
     next_session: u32,
     next_unique: u64,
+    /// Dynamo's flavour ([`GROUP_SEED`]): ids numbered in first-seen order; otherwise folded
+    /// into tokens with [`block_token`].
+    first_seen: Option<FirstSeen>,
     t: f64,
 }
 
@@ -235,15 +264,18 @@ impl Iterator for SyntheticSessions {
             .map(|k| {
                 let blocks = (0..self.units_per_prompt)
                     .map(|b| {
-                        let id = match group {
-                            _ if b < self.cached_units => CACHED_PREFIX_TAG | b as u64,
-                            Some(g) if b < self.group_end => GROUP_TAG | (g << 32) | b as u64,
+                        let (id, shared) = match group {
+                            _ if b < self.cached_units => (CACHED_PREFIX_TAG | b as u64, true),
+                            Some(g) if b < self.group_end => (GROUP_TAG | (g << 32) | b as u64, true),
                             _ => {
                                 self.next_unique += 1;
-                                self.next_unique - 1
+                                (self.next_unique - 1, false)
                             }
                         };
-                        block_token(id)
+                        match self.first_seen.as_mut() {
+                            Some(first_seen) => first_seen.number(id, shared),
+                            None => block_token(id),
+                        }
                     })
                     .collect();
                 TurnSpec {
