@@ -68,8 +68,8 @@ come from the cache where possible. The result is <outdir>/<name>.json with its 
   scripts/parity.py <outdir>/<name>.json --reference
   cd <outdir> && $(../shared/parity/setup.sh) .../shared/parity/dynamo_replay.py <name>.json
 
-Per request (--per-request CASE.json): requests pair by (session_id, turn_index) when the
-reference names sessions, else by (arrival, prompt length, requested output); the first
+Per request (--per-request CASE.json): requests pair by (session_id, turn_index) when both
+sides name sessions, else by (arrival, prompt length, requested output); the first
 request (in simulated time) whose arrival, admission, token or hand-off timestamps, output
 length or reused tokens differ is printed beside its counterpart, with the number that differ.
 
@@ -1389,13 +1389,14 @@ def with_dp_rank(r):
 def align(ours, refs):
     """Pairs of (servesim record, reference record).
 
-    Sessions (synthetic loads) pair by (session_id, turn_index). Trace requests carry no session
-    in the reference: both sides are ordered by (arrival, prompt length, requested output) and
-    paired in that order (servesim breaks ties by trace order)."""
+    Sessions pair by (session_id, turn_index) when both sides name them. Otherwise (trace
+    requests carry no session in the reference, and servesim's synthetic records name none) both
+    sides are ordered by (arrival, prompt length, requested output) and paired in that order
+    (servesim breaks ties by trace order)."""
     def session_key(r):
         return (r.get("session_id"), r.get("turn_index"))
 
-    if all(r.get("session_id") is not None for r in refs):
+    if all(r.get("session_id") is not None for r in refs + ours):
         by_key = {session_key(r): r for r in ours}
         return [(by_key.get(session_key(r)), r) for r in refs]
 

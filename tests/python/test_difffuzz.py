@@ -71,3 +71,20 @@ def test_router_spread_rank_test_matches_scipy():
     assert abs(router_spread.mann_whitney_p([1, 2, 3, 4, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11, 12]) - P_SHIFT) < 1e-12
     assert abs(router_spread.mann_whitney_p([1, 1, 2, 2, 3, 3, 4], [2, 3, 3, 4, 4, 5, 5]) - P_TIES) < 1e-12
     assert router_spread.mann_whitney_p([3, 3], [3, 3]) == 1.0
+
+
+def test_per_request_records_pair_by_arrival_when_one_side_names_no_sessions():
+    # The reference names synthetic sessions; servesim's synthetic records carry none. Pairing
+    # by session would call every request missing; arrival order pairs them.
+    def record(t, sid=None, turn=None):
+        return {"arrival_time_ms": t, "input_length": 544, "requested_output_length": 4,
+                "session_id": sid, "turn_index": turn}
+
+    refs = [record(36.6, "session_1", 0), record(0.0, "session_0", 0)]
+    ours = [record(0.0), record(36.6)]
+    pairs = difffuzz.align(ours, refs)
+    assert [(a["arrival_time_ms"], b["session_id"]) for a, b in pairs] == [(0.0, "session_0"), (36.6, "session_1")]
+    # Both sides naming sessions pair by them, whatever the arrival order.
+    ours = [record(0.0, "session_1", 0), record(36.6, "session_0", 0)]
+    pairs = difffuzz.align(ours, refs)
+    assert [(a["session_id"], b["session_id"]) for a, b in pairs] == [("session_1", "session_1"), ("session_0", "session_0")]
