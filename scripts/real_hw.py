@@ -2,11 +2,13 @@
 """The real-hardware benchmark (../shared/real-hw/run.py) with servesim's timing options.
 
     python3 scripts/real_hw.py --servesim target/release/servesim [--mode reference|hardware]
-                               [--set KEY=VALUE ...] [run.py options: --only, --json, --work ...]
+                               [--set KEY=VALUE ...] [--timing-jitter-cv CV]
+                               [run.py options: --only, --json, --work ...]
 
 run.py runs every development experiment's YAML through `servesim predict -c` and prints the
 error table against the measurements. This wrapper runs it unchanged, except that every
-`predict` it starts gets the `--set` overrides of the chosen mode and of `--set`:
+`predict` it starts gets the `--set` overrides of the chosen mode and of `--set` (and
+`--timing-jitter-cv`, if given):
 
 - `reference` (default): the YAML as written, AIS timing equal to aisimulate's.
 - `hardware`: the hardware-faithful settings (`HARDWARE` below): mixed passes timed as one
@@ -48,8 +50,10 @@ class PredictWithOverrides:
     """Stands in for the `subprocess` module inside run.py: `predict` commands get the
     overrides, everything else runs as asked."""
 
-    def __init__(self, overrides):
+    def __init__(self, overrides, jitter_cv=None):
         self.extra = [arg for kv in overrides for arg in ("--set", kv)]
+        if jitter_cv is not None:
+            self.extra += ["--timing-jitter-cv", str(jitter_cv)]
 
     def run(self, cmd, *args, **kwargs):
         if len(cmd) > 1 and cmd[1] == "predict":
@@ -63,6 +67,8 @@ def main():
     ap.add_argument("--mode", choices=["reference", "hardware"], default="reference")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a YAML override for every predict (repeatable)")
+    ap.add_argument("--timing-jitter-cv", type=float, metavar="CV",
+                    help="predict's per-pass timing noise (coefficient of variation)")
     ap.add_argument("--real-hw", default=os.path.join(os.path.dirname(ROOT), "shared", "real-hw"))
     ap.add_argument("-h", "--help", action="store_true")
     a, rest = ap.parse_known_args()
@@ -75,7 +81,7 @@ def main():
         return
     overrides = (HARDWARE if a.mode == "hardware" else []) + a.sets
     print(f"mode {a.mode}; overrides: {' '.join(overrides) or 'none'}", file=sys.stderr)
-    runner.subprocess = PredictWithOverrides(overrides)
+    runner.subprocess = PredictWithOverrides(overrides, a.timing_jitter_cv)
     sys.argv = [sys.argv[0]] + rest
     runner.main()
 
