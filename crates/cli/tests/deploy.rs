@@ -1572,20 +1572,28 @@ fn candidate_line(c: &Value) -> String {
 /// for NAME recommend_default_space (8 candidates), recommend_moe_pool (32) and
 /// recommend_domains_preset (`{choices}` domains on both, `parallelism.preset` lists; 8); each
 /// random search asks for as many trials as its space holds, so both tools visit every candidate.
+/// `recommend` on tests/deploy/NAME.yaml, whose candidates are AIS-timed: its
+/// recommendation.json, or None (with a notice) when the AIS data is not installed.
+fn recommend_timed(name: &str, tag: &str) -> Option<Value> {
+    let dir = tmp(&format!("{tag}-{name}"));
+    let out = recommend(&deploy_dir().join(format!("{name}.yaml")), &dir, &[]);
+    assert!(out.status.success(), "{name}: {}", stderr(&out));
+    let d = doc(&dir);
+    let candidates = d["candidates"].as_array().unwrap();
+    if candidates.iter().any(|c| c["reason"].as_str().is_some_and(|r| r.contains("no AIS performance data"))) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+        return None;
+    }
+    Some(d)
+}
+
 #[test]
 fn the_default_search_space_is_the_references() {
     let golden: Value =
         serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_space.golden.json")).unwrap()).unwrap();
     for (name, want) in golden["searches"].as_object().unwrap() {
-        let dir = tmp(&format!("space-{name}"));
-        let out = recommend(&deploy_dir().join(format!("{name}.yaml")), &dir, &[]);
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let d = doc(&dir);
+        let Some(d) = recommend_timed(name, "space") else { return };
         let candidates = d["candidates"].as_array().unwrap();
-        if candidates.iter().any(|c| c["reason"].as_str().is_some_and(|r| r.contains("no AIS performance data"))) {
-            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
-            return;
-        }
         let mut ours: Vec<String> = candidates.iter().map(candidate_line).collect();
         let mut theirs: Vec<String> = want["candidates"]
             .as_array()
@@ -1640,15 +1648,8 @@ fn a_deepseek_search_proposes_and_ranks_what_the_reference_does() {
     for name in ["recommend_deepseek", "recommend_deepseek_wide_ep"] {
         let golden: Value =
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
-        let dir = tmp(&format!("rec-{name}"));
-        let out = recommend(&deploy_dir().join(format!("{name}.yaml")), &dir, &[]);
-        assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let d = doc(&dir);
+        let Some(d) = recommend_timed(name, "rec") else { return };
         let ours = d["candidates"].as_array().unwrap();
-        if ours.iter().any(|c| c["reason"].as_str().is_some_and(|r| r.contains("no AIS performance data"))) {
-            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
-            return;
-        }
         let want = golden["candidates"].as_array().unwrap();
         assert_eq!(ours.len(), want.len(), "{name}: candidates");
         assert_eq!(d["counts"]["evaluated"], golden["counts"]["evaluated"], "{name}");
