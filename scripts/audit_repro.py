@@ -48,7 +48,7 @@ engine:
 """
 SEARCH = CONFIG.replace("engine:\n", "engine:\n  mode: aggregated\n  backend: vllm\n").replace(
     "      kv_cache:",
-    "      parallelism: {preset: false, replicas: {choices: [1, 2]}}\n"
+    "      parallelism: {preset: false, replicas: {choices: [1, 2]}, tensor: 1}\n"
     "      scheduler: {max_batched_tokens: 8192, max_sequences: {choices: [16, 32]}}\n      kv_cache:",
 ) + "optimization: {target: throughput_per_gpu}\noptimizer: {algorithm: grid}\n"
 

@@ -1572,6 +1572,10 @@ fn candidate_line(c: &Value) -> String {
 /// for NAME recommend_default_space (8 candidates), recommend_moe_pool (32) and
 /// recommend_domains_preset (`{choices}` domains on both, `parallelism.preset` lists; 8); each
 /// random search asks for as many trials as its space holds, so both tools visit every candidate.
+/// Independent parallel knobs (`preset: false`) filter the legal pool as the reference's do, a
+/// knob left out taking any value: recommend_moe_expert_domains (6), recommend_moe_tensor_domains
+/// (12), recommend_dense_domains (tensor 3 names nothing, a log range of replicas admits 3; 5) and
+/// recommend_disagg_moe_domains (12), added by scripts/reduce_recommend_space.py.
 /// `recommend` on tests/deploy/NAME.yaml, whose candidates are AIS-timed: its
 /// recommendation.json, or None (with a notice) when the AIS data is not installed.
 fn recommend_timed(name: &str, tag: &str) -> Option<Value> {
@@ -1824,7 +1828,7 @@ fn the_cache_key_covers_the_trace_contents() {
         &format!(
             "traffic: {{source: {{type: trace, paths: [{}], format: mooncake}}, load: {{type: concurrency, concurrency: 2}}}}\n\
              engine: {{mode: aggregated, backend: vllm, model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 4096, workers: {{aggregated: {{\
-             parallelism: {{preset: false, replicas: {{choices: [1, 2]}}}}, \
+             parallelism: {{preset: false, replicas: {{choices: [1, 2]}}, tensor: 1}}, \
              scheduler: {{max_batched_tokens: 8192, max_sequences: 64}}, \
              kv_cache: {{capacity: {{type: fixed, blocks: 2000}}}}, \
              timing: {{type: fixed, prefill_ms: 30, decode_ms: 8}}}}}}}}\n\
@@ -1859,7 +1863,7 @@ fn router_knobs_are_search_dimensions() {
         &dir,
         &[
             router,
-            "engine.workers.aggregated.parallelism={preset: false, replicas: 2}",
+            "engine.workers.aggregated.parallelism={preset: false, replicas: 2, tensor: 1}",
             "engine.workers.aggregated.scheduler={max_batched_tokens: 8192, max_sequences: 256}",
         ],
     );
@@ -1913,7 +1917,7 @@ fn shapes_whose_kv_cache_cannot_hold_one_sequence_are_filtered() {
         "traffic: {source: {type: synthetic, input_tokens: 512, output_tokens: 64}, \
          load: {type: concurrency, concurrency: 8}, stop: {requests: 20}}\n\
          engine: {mode: aggregated, backend: vllm, model: Qwen/Qwen3-32B, hardware: h200_sxm, context_length: 300000, workers: {aggregated: {\
-         parallelism: {preset: false, tensor: {choices: [1, 2]}}, \
+         parallelism: {preset: false, replicas: 1, tensor: {choices: [1, 2]}}, \
          scheduler: {max_batched_tokens: 8192, max_sequences: 256}, \
          timing: {type: fixed, prefill_ms: 30, decode_ms: 8}}}}\n\
          optimization: {target: throughput_per_gpu}\n",

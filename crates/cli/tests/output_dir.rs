@@ -36,7 +36,7 @@ timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n";
 /// A 6-candidate grid over the same trace.
 const SEARCH: &str = "traffic:\n  source: {type: trace, format: mooncake, paths: [trace.jsonl], block_size: 512}\n  \
 load: {type: trace_timestamps}\nengine:\n  mode: aggregated\n  backend: vllm\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  \
-workers:\n    aggregated:\n      parallelism: {preset: false, replicas: {choices: [1, 2]}}\n      \
+workers:\n    aggregated:\n      parallelism: {preset: false, replicas: {choices: [1, 2]}, tensor: 1}\n      \
 scheduler: {max_batched_tokens: 8192, max_sequences: {choices: [16, 32, 64]}}\n      \
 kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n\
 optimization: {target: throughput_per_gpu}\noptimizer: {algorithm: grid}\n";

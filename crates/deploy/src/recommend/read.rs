@@ -462,30 +462,33 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     }
     let moe_known = model_moe(&base);
     let moe = moe_known.unwrap_or(false);
-    // A dense model's legal pool (the reference's `enumerate_worker_shapes`) is plain TP: the
-    // independent domains only choose among it, so their attention_data above 1 names nothing.
-    let dense = moe_known == Some(false);
     // Per mode: its roles, shape sets and knobs, and the shape sets over the budget.
     let mut per_mode: Vec<(&'static str, &'static [&'static str], ModeSpace)> = Vec::new();
     let mut over_budget_sets: u128 = 0;
     for &mode in &modes {
         let roles: &'static [&'static str] =
             if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
-        let space = read_mode(&base, roles, &optimization, moe, dense)?;
+        let space = read_mode(&base, roles, &optimization, moe)?;
         over_budget_sets = over_budget_sets.saturating_add(space.over);
         per_mode.push((mode, roles, space));
     }
-    if let Some(role) = per_mode.iter().find_map(|(.., s)| s.dense_attention_dp) {
+    if let Some(role) = per_mode.iter().find_map(|(.., s)| s.filtered_empty) {
         if per_mode.iter().all(|(.., s)| s.shape_sets.is_empty()) {
             let skipped: Vec<String> = per_mode
                 .iter()
                 .map(|(mode, ..)| format!("'{}'", if *mode == "disaggregated" { "disagg" } else { "agg" }))
                 .collect();
+            let pool = if moe {
+                "an MoE model's legal shapes are TEP, DEP, MoE-TP and DTP"
+            } else {
+                "a dense model's legal shapes are plain tensor parallelism, without attention data parallelism"
+            };
             return Err(DeployError::new(
-                format!("engine.workers.{role}.parallelism.attention_data"),
+                format!("engine.workers.{role}.parallelism"),
                 format!(
                     "no deployment_mode has a viable parallel config (skipped [{}]); check backends / model / \
-                     hardware / gpu_budget={} (a dense model runs no attention data parallelism)",
+                     hardware / gpu_budget={} (the independent knobs admit no legal shape; {pool}, \
+                     with 1 to 16 GPUs per worker and pipeline 1)",
                     skipped.join(", "),
                     optimization.budget
                 ),
@@ -819,6 +822,49 @@ fn pool_worker_shapes(moe: bool, g: u64) -> Vec<Shape> {
     out
 }
 
+/// The reference's legal parallel pool (`enumerate_worker_shapes` over 1 to 16 GPUs per worker,
+/// with every replica count that fits the budget): what the default preset searches and what
+/// independent knobs choose among.
+fn legal_pool(moe: bool, budget: u64) -> Vec<Shape> {
+    let mut s = Vec::new();
+    for g in POOL_GPUS_PER_WORKER {
+        for w in pool_worker_shapes(moe, g) {
+            for r in 1..=(budget / g) {
+                s.push(Shape { replicas: r, ..w });
+            }
+        }
+    }
+    s
+}
+
+/// One independent parallel knob's domain as the reference applies it to the legal pool: a log
+/// range by its bounds (so `replicas: {range: {min: 1, max: 4, scale: log}}` admits 3), a choice
+/// list or a stepped range by its values.
+enum ParallelFilter {
+    Values(Vec<u64>),
+    Bounds(f64, f64),
+}
+
+impl ParallelFilter {
+    fn read(path: &str, v: &Value, budget: u64) -> Result<ParallelFilter, DeployError> {
+        // Validated (and a stepped range materialised) as every integer domain is.
+        let (values, _) = domain(path, v, budget)?;
+        let range = v.get("range");
+        if range.and_then(|r| r.get("scale")).and_then(Value::as_str) == Some("log") {
+            let bound = |k: &str| range.and_then(|r| r.get(k)).and_then(Value::as_f64).unwrap_or(1.0);
+            return Ok(ParallelFilter::Bounds(bound("min"), bound("max")));
+        }
+        Ok(ParallelFilter::Values(values))
+    }
+
+    fn admits(&self, x: u64) -> bool {
+        match self {
+            ParallelFilter::Values(v) => v.contains(&x),
+            ParallelFilter::Bounds(min, max) => (*min..=*max).contains(&(x as f64)),
+        }
+    }
+}
+
 /// Every role's shapes given as preset lists: each combination is a configuration the user
 /// pinned, so one over the GPU budget is an error rather than a candidate left out (as the
 /// reference refuses it).
@@ -936,8 +982,8 @@ struct ModeSpace {
     /// Within the budget (disaggregated: every prefill/decode pair) and at least
     /// `min_candidate_gpus`.
     shape_sets: Vec<Vec<Shape>>,
-    /// A role whose attention_data domain named values above 1 on a dense model (left out).
-    dense_attention_dp: Option<&'static str>,
+    /// A role whose independent parallel knobs admit no shape of the legal pool.
+    filtered_empty: Option<&'static str>,
     /// How many shape sets the domains hold over the budget.
     over: u128,
     knobs: Vec<Knob>,
@@ -949,9 +995,8 @@ fn read_mode(
     roles: &[&'static str],
     optimization: &Optimization,
     moe: bool,
-    dense: bool,
 ) -> Result<ModeSpace, DeployError> {
-    let mut dense_attention_dp = None;
+    let mut filtered_empty = None;
     let budget = optimization.budget as u64;
     // Per role: the parallel shapes and the scheduler knobs.
     let mut role_shapes: Vec<Vec<Shape>> = Vec::new();
@@ -964,10 +1009,8 @@ fn read_mode(
     for role in roles {
         let par = get(base, &["engine", "workers", role, "parallelism"]).cloned();
         let ppath = format!("engine.workers.{role}.parallelism");
-        let explicit: Vec<&str> = ["replicas", "tensor", "attention_data"]
-            .into_iter()
-            .filter(|k| par.as_ref().and_then(|p| p.get(*k)).is_some())
-            .collect();
+        let explicit: Vec<&str> =
+            PRESET_KEYS.into_iter().filter(|k| par.as_ref().and_then(|p| p.get(*k)).is_some()).collect();
         let combined = || {
             DeployError::new(
                 &ppath,
@@ -1003,14 +1046,7 @@ fn read_mode(
                 if !explicit.is_empty() {
                     return Err(combined());
                 }
-                let mut s = Vec::new();
-                for g in POOL_GPUS_PER_WORKER {
-                    for w in pool_worker_shapes(moe, g) {
-                        for r in 1..=(budget / g) {
-                            s.push(Shape { replicas: r, ..w });
-                        }
-                    }
-                }
+                let s = legal_pool(moe, budget);
                 shapes_in_all = shapes_in_all.saturating_mul(s.len() as u128);
                 s
             }
@@ -1020,27 +1056,23 @@ fn read_mode(
                 list
             }
             Some(None) => {
-                let d = |k: &str| -> Result<(Vec<u64>, u64), DeployError> {
-                    match par.as_ref().and_then(|p| p.get(k)) {
-                        Some(v) => domain(&format!("{ppath}.{k}"), v, budget),
-                        None => Ok((vec![1], 1)),
-                    }
-                };
-                let ((rs, rn), (ts, tn), (ds, mut dn)) = (d("replicas")?, d("tensor")?, d("attention_data")?);
-                if dense && ds.iter().any(|&dp| dp > 1) {
-                    dense_attention_dp = Some(*role);
-                    dn = ds.contains(&1) as u64;
-                }
-                // Shapes with a size above the budget were never made: counted here.
-                shapes_in_all = shapes_in_all.saturating_mul(rn as u128 * tn as u128 * dn as u128);
-                let mut s = Vec::new();
-                for &t in &ts {
-                    for &dp in ds.iter().filter(|&&dp| !dense || dp == 1) {
-                        for &r in &rs {
-                            s.push(Shape::tp(r, t, dp));
-                        }
+                // The reference's independent knobs choose among the legal pool: a knob left out
+                // takes any value, a value the pool lacks (tensor 3, attention data on a dense
+                // model, a width past 16) names nothing.
+                let mut filters = Vec::new();
+                for key in PRESET_KEYS {
+                    if let Some(v) = par.as_ref().and_then(|p| p.get(key)) {
+                        filters.push((key, ParallelFilter::read(&format!("{ppath}.{key}"), v, budget)?));
                     }
                 }
+                let s: Vec<Shape> = legal_pool(moe, budget)
+                    .into_iter()
+                    .filter(|shape| filters.iter().all(|(key, f)| f.admits(shape.knob(key))))
+                    .collect();
+                if s.is_empty() {
+                    filtered_empty = Some(*role);
+                }
+                shapes_in_all = shapes_in_all.saturating_mul(s.len() as u128);
                 s
             }
         };
@@ -1104,7 +1136,7 @@ fn read_mode(
         .into_iter()
         .filter(|s| s.iter().map(Shape::gpus).sum::<u64>() >= optimization.min_gpus as u64)
         .collect();
-    Ok(ModeSpace { shape_sets, over, knobs, dense_attention_dp })
+    Ok(ModeSpace { shape_sets, over, knobs, filtered_empty })
 }
 
 /// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
@@ -1224,7 +1256,7 @@ mod tests {
     fn the_space_enumerates_shapes_then_knobs_then_routers() {
         let root = json!({
             "engine": {"mode": "aggregated", "backend": "vllm", "model": "m", "hardware": "h", "workers": {"aggregated": {
-                "parallelism": {"preset": false, "tensor": {"choices": [1, 2]}},
+                "parallelism": {"preset": false, "replicas": 1, "tensor": {"choices": [1, 2]}},
                 "scheduler": {"max_batched_tokens": 8192, "max_sequences": {"choices": [64, 128]}},
             }}},
             "router": {"policy": {"choices": ["round_robin", "kv_router"]}, "prefill_load_model": {"type": "none"},
@@ -1414,9 +1446,10 @@ mod tests {
         let e = read_search(&root, Path::new(".")).err().unwrap().to_string();
         assert_eq!(
             e,
-            "engine.workers.aggregated.parallelism.attention_data: no deployment_mode has a viable parallel config \
-             (skipped ['agg']); check backends / model / hardware / gpu_budget=32 (a dense model runs no attention \
-             data parallelism)"
+            "engine.workers.aggregated.parallelism: no deployment_mode has a viable parallel config \
+             (skipped ['agg']); check backends / model / hardware / gpu_budget=32 (the independent knobs admit \
+             no legal shape; a dense model's legal shapes are plain tensor parallelism, without attention data \
+             parallelism, with 1 to 16 GPUs per worker and pipeline 1)"
         );
         *root.pointer_mut(par).unwrap() = json!({"choices": [1, 2]});
         let s = read_search(&root, Path::new(".")).unwrap();
@@ -1450,7 +1483,9 @@ mod tests {
         assert_eq!(pool.candidate_count(), 3);
         assert_eq!(with(json!({})).unwrap().candidate_count(), 3);
         let off = with(json!({"preset": {}, "tensor": {"choices": [1, 2]}})).unwrap();
-        assert_eq!(off.candidate_count(), 2);
+        assert_eq!(off.candidate_count(), 3, "replicas left free: 1 or 2 of TP1, 1 of TP2");
+        let one = with(json!({"preset": false, "replicas": 1, "tensor": {"choices": [1, 2]}})).unwrap();
+        assert_eq!(one.candidate_count(), 2);
         let entry = |r: u64, t: u64| {
             json!({"replicas": r, "tensor": t, "pipeline": 1, "attention_data": 1, "moe_tensor": 1, "moe_expert": 1,
                    "prefill_context": null, "decode_context": 1})

@@ -54,6 +54,21 @@ impl Shape {
         Shape { replicas, tensor, attention_data, pipeline: None, moe: None }
     }
 
+    /// The value of one of the six parallel knobs (`PRESET_KEYS`); a dense shape's MoE knobs are
+    /// 1, as the reference's are.
+    pub(super) fn knob(&self, key: &str) -> u64 {
+        let (moe_tensor, moe_expert) = self.moe.unwrap_or((1, 1));
+        match key {
+            "replicas" => self.replicas,
+            "tensor" => self.tensor,
+            "pipeline" => self.pipeline.unwrap_or(1),
+            "attention_data" => self.attention_data,
+            "moe_tensor" => moe_tensor,
+            "moe_expert" => moe_expert,
+            _ => unreachable!("not a parallel knob: {key}"),
+        }
+    }
+
     /// GPUs of one worker.
     pub(super) fn width(&self) -> u64 {
         self.tensor.saturating_mul(self.attention_data).saturating_mul(self.pipeline.unwrap_or(1))
