@@ -216,7 +216,11 @@ impl Database {
 
 /// Latency of one MoE layer (unscaled) for `x` tokens of one attention-DP rank, ms.
 pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
-    let tokens = x.saturating_mul(m.attention_dp.max(1));
+    moe_latency_at(db, m, x.saturating_mul(m.attention_dp.max(1)))
+}
+
+/// Unscaled expert latency at `tokens` already gathered over attention DP, ms.
+pub fn moe_latency_at(db: &Database, m: &MoeOp, tokens: u32) -> Result<f64> {
     let flops = m.dtype.flops(&db.spec)?;
     let table = db.moe_table()?;
     // Small gated NVFP4 batches run TRT-LLM's low-latency kernel where it was measured.
