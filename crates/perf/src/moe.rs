@@ -14,8 +14,7 @@
 //! query needs that exact key (a missing distribution falls back to `uniform`, as the reference
 //! does); along the curve it is exact, linear inside, and past either end holds the boundary
 //! point's utilisation against the MoE roofline (`k_tail = 1`). A curve with one point cannot
-//! answer below it. Large-EP all-to-all graphs (DeepEP, NVLink all-to-all) are not modelled and
-//! are refused.
+//! answer below it. The large-EP block (all-to-all dispatch / combine) is `moe_a2a.rs`'s.
 
 use std::collections::BTreeMap;
 

@@ -72,6 +72,7 @@ fn large_ep_context_matches_the_reference_per_op() {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the large-EP goldens");
         return;
     }
+    let mut worst = 0f64;
     for ((system, tp, dp, ep, large_ep, slots), (b, isl, prefix), total, ops) in CASES {
         let cfg = config(system, *tp, *dp, *ep, *large_ep, *slots);
         let e = estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap();
@@ -81,10 +82,13 @@ fn large_ep_context_matches_the_reference_per_op() {
         assert_eq!(names, want, "{cfg}: op list");
         for ((name, got), (_, want)) in ours.iter().zip(ops.iter()) {
             assert!(rel(*got, *want) <= 1e-6, "{cfg} {b}x{isl}+{prefix} {name}: {got}, reference {want}");
+            worst = worst.max(rel(*got, *want));
         }
         let got = e.prefill_ms(*b, *isl, *prefix).unwrap();
         assert!(rel(got, *total) <= 1e-6, "{cfg} {b}x{isl}+{prefix}: {got}, reference {total}");
+        worst = worst.max(rel(got, *total));
     }
+    eprintln!("large-EP goldens: {} passes, largest relative difference {worst:e}", CASES.len());
 }
 
 /// The large-EP weights are the fused block's at `moe_tp = 1` (the reference prices the expert
