@@ -248,6 +248,8 @@ pub struct Database {
     ar: OnceLock<Result<BTreeMap<u32, Curve>>>,
     nccl: OnceLock<Result<NcclCurves>>,
     pub(crate) moe: OnceLock<Result<MoeTable>>,
+    /// The large-EP all-to-all table (`moe_a2a_perf`), sources resolved and read on first use.
+    a2a: OnceLock<Result<crate::moe_a2a::A2aTable>>,
     /// The MLA tables, each read (sources resolved) on first use.
     pub(crate) mla: crate::mla::MlaTables,
     /// The DSA sparse-attention tables, each read on first use.
@@ -329,6 +331,7 @@ impl Database {
             ar: OnceLock::new(),
             nccl: OnceLock::new(),
             moe: OnceLock::new(),
+            a2a: OnceLock::new(),
             mla: Default::default(),
             dsa: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
@@ -337,6 +340,16 @@ impl Database {
 
     pub fn moe_sources(&self) -> &[Source] {
         &self.moe_sources
+    }
+
+    /// The `moe_a2a_perf` sources (same backend only, like every communication table).
+    pub fn a2a_sources(&self) -> Result<Vec<Source>> {
+        sources(&self.spec, &self.backend, &self.version, "moe_a2a_perf.parquet", self.shared_layer)
+    }
+
+    /// The large-EP all-to-all table, read on first use.
+    pub fn a2a_table(&self) -> Result<&crate::moe_a2a::A2aTable> {
+        self.a2a.get_or_init(|| crate::moe_a2a::A2aTable::load(self)).as_ref().map_err(Clone::clone)
     }
 
     /// Every source file this database reads, per table.
@@ -729,7 +742,7 @@ impl Database {
     }
 
     /// This database as messages name it: `system / backend version`.
-    fn which(&self) -> String {
+    pub(crate) fn which(&self) -> String {
         format!("{} / {} {}", self.spec.name, self.backend, self.version)
     }
 

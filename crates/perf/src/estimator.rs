@@ -53,6 +53,7 @@ fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()
     match op {
         Op::Gemm { dtype, .. } => f(*dtype),
         Op::Moe(m) => f(m.dtype),
+        Op::ExpertCompute(e) => f(e.moe.dtype),
         Op::Fallback { primary, fallback, .. } => {
             compute_formats(primary, f)?;
             fallback.iter().try_for_each(|o| compute_formats(o, f))
@@ -196,6 +197,8 @@ impl Estimator {
             }
             Op::Moe(m) => crate::moe::eval_moe(db, m, at.x)?,
             Op::MoeDispatch(d) => crate::moe::eval_dispatch(db, d, at.x)?,
+            Op::MoeA2a(a) => crate::moe_a2a::eval_a2a(db, a, at.x)?,
+            Op::ExpertCompute(e) => crate::moe_a2a::eval_expert_compute(db, e, at.x)?,
             Op::Mla(m) => crate::mla::eval_mla(db, m, at.batch, at.s, at.prefix)?,
             // The BMM table's token axis is the request count (decode: one token each).
             Op::MlaBmm(b) => crate::mla::eval_bmm(db, b, at.batch)?,

@@ -20,6 +20,7 @@ pub mod mla;
 pub mod mla_ops;
 pub mod model;
 pub mod moe;
+pub mod moe_a2a;
 pub mod moe_ops;
 pub mod msa;
 pub mod parquet_table;

@@ -164,6 +164,7 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }
         Op::Moe(moe) => moe.weight_bytes(),
+        Op::ExpertCompute(e) => e.moe.weight_bytes(),
         Op::Dsa(dsa) => dsa.weight_bytes(),
         Op::Fallback { primary, fallback, .. } => {
             let p = op_weights(est, primary);

@@ -770,6 +770,10 @@ pub enum Op {
     Moe(MoeOp),
     /// MoE token dispatch / combine communication.
     MoeDispatch(DispatchOp),
+    /// Large-EP all-to-all dispatch / combine (`moe_a2a.rs`).
+    MoeA2a(crate::moe_a2a::A2aOp),
+    /// Large-EP expert compute (`moe_a2a.rs`).
+    ExpertCompute(crate::moe_a2a::ExpertComputeOp),
     /// MLA attention: a fused module or a kernel table.
     Mla(MlaOp),
     /// MLA absorption BMM around the decode kernel.
@@ -802,6 +806,8 @@ impl Op {
             | Op::CpAllGather { name, .. } => name,
             Op::Moe(m) => &m.name,
             Op::MoeDispatch(d) => &d.name,
+            Op::MoeA2a(a) => &a.name,
+            Op::ExpertCompute(e) => &e.moe.name,
             Op::Mla(m) => &m.name,
             Op::MlaBmm(b) => &b.name,
             Op::Dsa(d) => &d.name,
@@ -849,6 +855,8 @@ pub struct Layout {
     pub fmha: Dtype,
     pub moe: Dtype,
     pub backend: String,
+    /// The large-EP all-to-all backends per phase (`moe_a2a.rs`); default: the fused block.
+    pub moe_comm: crate::moe_a2a::MoeComm,
 }
 
 impl Layout {
@@ -952,7 +960,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             scale: layers * s,
             bytes_per_token: (2 * h + 2 * h) as f64 * act,
         });
-        if moe {
+        if moe && ctx && l.moe_comm.is_large_ep() {
+            list.extend(crate::moe_a2a::large_ep_block(phase, m, l, layers * s));
+        } else if moe {
             push_moe_ops(list, m, l, ctx, layers * s, DISTRIBUTION);
         } else {
             list.push(Op::Gemm {
@@ -1281,6 +1291,7 @@ mod tests {
             fmha: Dtype::Bfloat16,
             moe: Dtype::Fp8Block,
             backend: backend.into(),
+            moe_comm: Default::default(),
         }
     }
 

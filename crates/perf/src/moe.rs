@@ -14,8 +14,7 @@
 //! query needs that exact key (a missing distribution falls back to `uniform`, as the reference
 //! does); along the curve it is exact, linear inside, and past either end holds the boundary
 //! point's utilisation against the MoE roofline (`k_tail = 1`). A curve with one point cannot
-//! answer below it. Large-EP all-to-all graphs (DeepEP, NVLink all-to-all) are not modelled and
-//! are refused.
+//! answer below it. The large-EP block (all-to-all dispatch / combine) is `moe_a2a.rs`'s.
 
 use std::collections::BTreeMap;
 
@@ -216,7 +215,11 @@ impl Database {
 
 /// Latency of one MoE layer (unscaled) for `x` tokens of one attention-DP rank, ms.
 pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
-    let tokens = x.saturating_mul(m.attention_dp.max(1));
+    moe_latency_at(db, m, x.saturating_mul(m.attention_dp.max(1)))
+}
+
+/// Unscaled expert latency at `tokens` already gathered over attention DP, ms.
+pub fn moe_latency_at(db: &Database, m: &MoeOp, tokens: u32) -> Result<f64> {
     let flops = m.dtype.flops(&db.spec)?;
     let table = db.moe_table()?;
     // Small gated NVFP4 batches run TRT-LLM's low-latency kernel where it was measured.

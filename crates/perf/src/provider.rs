@@ -48,6 +48,9 @@ pub struct AisConfig {
     pub pass_model: PassModel,
     /// Corrections fitted to measurements by `servesim calibrate` (servesim's own key).
     pub calibration: PassCalibration,
+    /// The large-EP all-to-all backends (`moe_comm_backend`, the reference's per-phase
+    /// `ModelConfig.moe_comm_backend`), with `enable_eplb` / `wideep_num_slots`.
+    pub moe_comm: crate::moe_a2a::MoeComm,
     /// The configuration as given, for the canonical dump.
     pub raw: Value,
 }
@@ -159,6 +162,9 @@ const KEYS: &[&str] = &[
     "enable_eplb",
     "wideep_num_slots",
     "encoder_parallel",
+    // The reference's `ModelConfig.moe_comm_backend` (its enumerator sets it; the forward-pass
+    // config has no such key): selects the large-EP MoE graph per phase.
+    "moe_comm_backend",
     // servesim's own: `additive` (the reference's) or `fused`, and fitted corrections.
     "pass_model",
     "calibration",
@@ -233,11 +239,16 @@ impl AisConfig {
                 format!("{worker_type:?}; expected aggregated, prefill or decode"),
             ));
         }
+        let moe_comm = match obj.get("moe_comm_backend") {
+            None | Some(Value::Null) => None,
+            Some(m) => Some(parse_moe_comm(path, &backend, m)?),
+        };
+        let large_ep = moe_comm.as_ref().is_some_and(|c| c.is_large_ep());
         // Options servesim does not model: only their neutral values are accepted.
         for (k, ok) in [
             ("fpm_profile", is_null("fpm_profile")),
             ("moe_kernel_source", is_null("moe_kernel_source")),
-            ("wideep_num_slots", is_null("wideep_num_slots")),
+            ("wideep_num_slots", large_ep || is_null("wideep_num_slots")),
             ("encoder_parallel", is_null("encoder_parallel")),
             ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
         ] {
@@ -260,7 +271,8 @@ impl AisConfig {
         if boolean("decoder_replay")? == Some(true) {
             return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
         }
-        if boolean("enable_eplb")? == Some(true) {
+        let eplb = boolean("enable_eplb")? == Some(true);
+        if eplb && !large_ep {
             return Err(cfg_err(
                 path,
                 "enable_eplb",
@@ -410,6 +422,10 @@ impl AisConfig {
                 None | Some(Value::Null) => PassCalibration::default(),
                 Some(c) => PassCalibration::from_json(path, c)?,
             },
+            moe_comm: match moe_comm {
+                Some(c) => crate::moe_a2a::MoeComm { eplb, num_slots: uint("wideep_num_slots", None)?, ..c },
+                None => Default::default(),
+            },
             raw: v.clone(),
         })
     }
@@ -438,7 +454,7 @@ impl AisConfig {
             // A strict estimator is built (and its data checked) on its own.
             self.strict_provenance,
             self.enable_shared_layer
-        )
+        ) + &format!("|{:?}", self.moe_comm)
     }
 }
 
@@ -661,6 +677,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             )));
         }
     }
+    let moe_comm = large_ep_comm(cfg, &model, moe_tp, moe_ep, spec.gpus_per_node)?;
     if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
         return Err(PerfError::config(format!(
             "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",
@@ -716,6 +733,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         ),
         moe,
         backend: cfg.backend.clone(),
+        moe_comm,
     };
     let ctx_lanes = lane_order(&db, &spec.root, &model.architecture, false, cfg.attention_backend.as_deref())?;
     let gen_lanes = lane_order(&db, &spec.root, &model.architecture, true, cfg.attention_backend.as_deref())?;
@@ -725,9 +743,110 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
 }
 
 /// Why the wide expert-parallel knobs are refused: what servesim would need to time them.
-const WIDE_EP: &str = "wide expert parallelism (DeepEP / NVLink all-to-all) is not modelled: it needs the \
-                       all-to-all dispatch and combine tables (moe_a2a, deepep), the expert-compute op with \
-                       EPLB slots, and for MLA models the wide-EP MLA module tables (wideep_*_mla_perf)";
+/// The large-EP selection of `cfg` checked against the model and layout as the reference's
+/// all-to-all registry checks it (plain MoE family, `moe_tp = 1`, `1 < moe_ep ≤ experts`,
+/// experts divisible by `moe_ep`, top-k ≤ 8), with the nodes the expert group spans.
+fn large_ep_comm(
+    cfg: &AisConfig,
+    model: &crate::model::ModelSpec,
+    moe_tp: u32,
+    moe_ep: u32,
+    gpus_per_node: u32,
+) -> Result<crate::moe_a2a::MoeComm> {
+    let c = &cfg.moe_comm;
+    if !c.is_large_ep() {
+        return Ok(c.clone());
+    }
+    let refuse = |why: String| PerfError::unsupported(format!("{}: moe_comm_backend: {why}", cfg.model));
+    if model.family != Family::Moe || model.hybrid.is_some() {
+        return Err(refuse(format!(
+            "the large-EP graph is modelled for the plain MoE family only (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss, \
+             MiniMax-M2), not {} (for MLA / DSA models it needs the wide-EP MLA module tables wideep_*_mla_perf \
+             and the shared-expert layout; the reference does not build it for hybrid or MiniMax-M3 models)",
+            model.architecture
+        )));
+    }
+    if moe_tp != 1 || moe_ep <= 1 || !model.experts.is_multiple_of(moe_ep) || model.topk > 8 {
+        return Err(refuse(format!(
+            "DeepEP needs moe_tp_size = 1 and 1 < moe_ep_size dividing the {} experts, top-k ≤ 8; got moe_tp_size \
+             {moe_tp}, moe_ep_size {moe_ep}, top-k {}",
+            model.experts, model.topk
+        )));
+    }
+    if gpus_per_node == 0 {
+        return Err(refuse(format!("system {} has no node.num_gpus_per_node", cfg.system)));
+    }
+    Ok(crate::moe_a2a::MoeComm { node_num: (moe_ep * moe_tp).div_ceil(gpus_per_node), ..c.clone() })
+}
+
+/// Reads `moe_comm_backend`: `{context: BACKEND, generation: BACKEND}`, either phase absent or
+/// null for the fused block there. Only DeepEP high-throughput in the context phase on vLLM is
+/// modelled; every other backend or phase is refused by name with what it needs.
+fn parse_moe_comm(path: &str, backend: &str, v: &Value) -> Result<crate::moe_a2a::MoeComm> {
+    use crate::moe_a2a::BACKENDS;
+    let key = "moe_comm_backend";
+    let obj = v.as_object().ok_or_else(|| {
+        cfg_err(path, key, format!("must be an object {{context: BACKEND, generation: BACKEND}}, got {v}"))
+    })?;
+    let mut comm = crate::moe_a2a::MoeComm::default();
+    for (phase, b) in obj {
+        let at = format!("{key}.{phase}");
+        let b = match b {
+            Value::Null => continue,
+            Value::String(s) => s.as_str(),
+            other => return Err(cfg_err(path, &at, format!("must be a backend name, got {other}"))),
+        };
+        if !BACKENDS.contains(&b) {
+            return Err(cfg_err(
+                path,
+                &at,
+                format!("unknown all-to-all backend {b:?}; expected one of {}", BACKENDS.join(", ")),
+            ));
+        }
+        match (phase.as_str(), b) {
+            ("context", "deepep_ht") if backend == "vllm" => comm.context = Some(b.to_string()),
+            ("context", "deepep_ht") => {
+                return Err(cfg_err(
+                    path,
+                    &at,
+                    format!(
+                        "deepep_ht on {backend} is not modelled (vllm only): SGLang's large-EP graph needs its \
+                         legacy DeepEP tables (wideep_deepep_normal_perf), the wide-EP expert-compute tables \
+                         (wideep_*_moe_perf) and its replicated embedding; TRT-LLM uses its own backends"
+                    ),
+                ))
+            }
+            ("generation", "deepep_ll") => {
+                return Err(cfg_err(
+                    path,
+                    &at,
+                    "DeepEP low-latency decode is not modelled: it needs the reference's Stage-1 estimator \
+                     (OLS calibration of the measured curve and the Monte Carlo routing-skew model); leave the \
+                     generation phase unset for the fused decode block",
+                ))
+            }
+            ("context" | "generation", _) => {
+                return Err(cfg_err(
+                    path,
+                    &at,
+                    format!(
+                        "{b:?} is not modelled; only context: deepep_ht on vllm is ({b} needs its all-to-all \
+                         rows and, on TRT-LLM / SGLang, the wide-EP expert-compute tables)"
+                    ),
+                ))
+            }
+            _ => return Err(cfg_err(path, &at, "unknown phase; expected context or generation")),
+        }
+    }
+    Ok(comm)
+}
+
+const WIDE_EP: &str = "wide expert parallelism is modelled only as the context-phase DeepEP high-throughput \
+                       graph of plain MoE models on vLLM (moe_comm_backend: {context: deepep_ht}, which also \
+                       takes enable_eplb and wideep_num_slots); the rest needs the all-to-all dispatch and \
+                       combine estimators of the other backends (DeepEP low-latency, NVLink, TRT-LLM DeepEP), \
+                       the wide-EP expert-compute tables with EPLB slots, and for MLA models the wide-EP MLA \
+                       module tables (wideep_*_mla_perf)";
 
 /// SGLang 0.5.14 on Hopper runs DeepSeek-V3's absorbed MLA attention in bf16 whatever the
 /// checkpoint's KV format (its FA3 backend does not cast the 576-wide latent query to fp8), so
