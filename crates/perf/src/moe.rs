@@ -218,6 +218,9 @@ impl Database {
 pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
     let tokens = x.saturating_mul(m.attention_dp.max(1));
     let flops = m.dtype.flops(&db.spec)?;
+    if db.mode.is_sol() {
+        return Ok(m.sol_ms(db, tokens, flops));
+    }
     let table = db.moe_table()?;
     // Small gated NVFP4 batches run TRT-LLM's low-latency kernel where it was measured.
     let low_latency = (tokens <= LOW_LATENCY_MAX_TOKENS && m.dtype == Dtype::Nvfp4 && m.gated)
