@@ -80,8 +80,8 @@ fn attends(op: &Op) -> bool {
 /// The op family whose SOL servesim does not model, if `op` is one.
 fn sol_refused(op: &Op) -> Option<&'static str> {
     match op {
-        Op::Dsa(_) => Some("DSA sparse attention"),
-        Op::Msa(_) => Some("MiniMax sparse attention"),
+        Op::Dsa(_) => Some("DSA sparse attention (DeepSeek-V3.2, GLM-5)"),
+        Op::Msa(_) => Some("MiniMax sparse attention (MiniMax-M3)"),
         _ => None,
     }
 }
@@ -121,7 +121,8 @@ impl Estimator {
         if db.mode.is_sol() {
             if let Some(family) = sol_refused(op) {
                 return Err(PerfError::unsupported(format!(
-                    "database_mode SOL: the {family} speed-of-light roofline is not modelled (only SILICON is)"
+                    "database_mode SOL is not modelled for {family}: servesim lacks that family's speed-of-light \
+                     roofline (use database_mode SILICON, the measured tables)"
                 )));
             }
         }
