@@ -22,6 +22,8 @@ moe_tp 8 or moe_ep 8, and attention DP 2 / 4 / 8 over moe_ep 8. Models the refer
 DefaultHFModels list (Mixtral) are passed to both sides as a local directory holding the
 packaged config.json. `--pps` / `--cps` run every layout also at those pipeline depths (`pp`) and
 prefill context-parallel sizes (`cp_size`; the reference allows it on SGLang at tp 1 only).
+`--database-mode SOL` asks both sides for the speed-of-light rooflines instead of the measured
+tables (the `database_mode` config key); those agree to rounding, so compare with `--tol 1e-6`.
 """
 import argparse
 import atexit
@@ -184,6 +186,9 @@ def main():
                     help="also run MoE models with attention data parallelism (attention_dp 2)")
     ap.add_argument("--pps", default="1", help="pipeline-parallel depths (`pp`) to run every layout at")
     ap.add_argument("--cps", default="1", help="prefill context-parallel sizes (`cp_size`) to run every layout at")
+    ap.add_argument("--database-mode", default=None, help="database_mode for both sides (SILICON or SOL)")
+    ap.add_argument("--tol", type=float, default=None,
+                    help="pass only when every shape is within this relative difference (default: the 1 %% / 3 %% targets)")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args()
     rows = []
@@ -205,6 +210,8 @@ def main():
                                       list(map(int, a.pps.split(","))), list(map(int, a.cps.split(",")))):
                     tp = layout["tp"]
                     cfg = {"model": model_arg, "system": system, "backend": backend, "worker_type": "aggregated", **layout}
+                    if a.database_mode:
+                        cfg["database_mode"] = a.database_mode
                     qs = shapes(a.quick)
                     try:
                         ref_model = RustForwardPassPerfModel.best_available(dict(cfg))
@@ -245,6 +252,10 @@ def main():
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
     ok = n > 0 and w1 >= 0.99 * n and w3 == n and not mismatch
+    if a.tol is not None:
+        within = sum(1 for x in compared if x["rel"] <= a.tol)
+        print(f"within {a.tol:g}: {within} of {n}")
+        ok = n > 0 and within == n and not mismatch
     sys.exit(0 if ok else 1)
 
 

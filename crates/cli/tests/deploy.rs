@@ -171,6 +171,41 @@ fn checkpoint_formats_match_the_reference() {
     }
 }
 
+/// `database_mode: SOL` (engine level in lower case; a worker's timing in upper case): every op
+/// at its speed-of-light roofline, a dense Qwen3-8B on vLLM and an expert-parallel Qwen3-30B-A3B
+/// on SGLang, every compared metric within 0.02 % of the reference (recorded with
+/// `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py NAME.yaml >
+/// NAME.expected.json`, aisimulate 0.13.0.dev202610270000000085). Each pass's time equals the
+/// reference's to 1e-6 (`scripts/ais_parity.py --database-mode SOL --tol 1e-6`); the replays differ
+/// by the same fraction of a microsecond per decode step as the SILICON goldens, a larger share of
+/// SOL's shorter steps (~1e-4 of the ITL for the 3-5 ms Qwen3-8B steps). The rooflines are much faster
+/// than the measured kernels. A system with a spec but no kernel data is refused under SOL too,
+/// as the reference refuses it ("no backend version is available"); HYBRID is refused naming
+/// what it needs.
+#[test]
+fn sol_database_mode_matches_the_reference() {
+    for name in ["predict_sol_qwen3_8b", "predict_sol_qwen3_moe"] {
+        let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
+        assert!(worst <= 2e-4, "{name}: worst deviation {:.5} %", worst * 100.0);
+        assert_eq!(ours["completed_requests"], reference["completed_requests"], "{name}");
+    }
+    let sol = predict_with("predict_sol_qwen3_8b", &[]);
+    let silicon = predict_with("predict_sol_qwen3_8b", &["engine.database_mode=SILICON"]);
+    let (a, b) = (sol["mean_itl_ms"].as_f64().unwrap(), silicon["mean_itl_ms"].as_f64().unwrap());
+    assert!(a < 0.9 * b, "SOL ITL {a} vs SILICON {b}");
+    for (set, want) in [
+        ("engine.hardware=l4", "no vllm data for l4 under"),
+        ("engine.hardware=a100_pcie", "no backend version is available"),
+        ("engine.database_mode=HYBRID", "database_mode: HYBRID is not supported by servesim yet"),
+    ] {
+        let out_dir = tmp(&format!("sol-refused-{}", want.len()));
+        let out = predict(&deploy_dir().join("predict_sol_qwen3_8b.yaml"), &out_dir, &["--set", set]);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{set}: {err}");
+        assert!(err.contains(want), "{set}: {err}");
+    }
+}
+
 /// Synthetic sessions and cached prefixes, recorded from the reference (each YAML says how).
 /// A session's later turn carries its history: the cache reuse and the input tokens counted are
 /// the reference's exactly, the timing metrics within 2 % (constant-time passes: to 1e-9).

@@ -432,11 +432,28 @@ mod tests {
         );
         let e = config("aggregated", json!({"kv_cache": {"prefix_match_unit": 4}})).unwrap_err();
         assert!(e.contains("prefix_match_unit (the recurrent-state cache of hybrid"), "{e}");
-        let timing = json!({"type": "default", "database_mode": "SOL"});
+        // SOL (any case) is timed by the rooflines; HYBRID and EMPIRICAL name what they need.
+        for m in ["SOL", "sol", "Sol", "silicon"] {
+            let timing = json!({"type": "default", "database_mode": m});
+            assert_eq!(config("aggregated", json!({"timing": timing})), Ok(()), "{m}");
+        }
+        for m in ["HYBRID", "empirical"] {
+            let timing = json!({"type": "default", "database_mode": m});
+            let e = config("aggregated", json!({"timing": timing})).unwrap_err();
+            assert!(
+                e.starts_with(&format!(
+                    "engine.workers.aggregated.timing.database_mode: {m} is not supported by servesim yet \
+                     (SILICON and SOL only: {m} needs the reference's empirical estimates"
+                )),
+                "{e}"
+            );
+        }
+        let timing = json!({"type": "default", "database_mode": "ROOFLINE"});
         let e = config("aggregated", json!({"timing": timing})).unwrap_err();
-        assert!(
-            e.starts_with("engine.workers.aggregated.timing.database_mode: SOL is not supported by servesim yet (SILICON only: the HYBRID"),
-            "{e}"
-        );
+        assert!(e.contains("database_mode: unknown value \"ROOFLINE\""), "{e}");
+        // An estimator setting on fixed timing is refused, as the reference refuses it.
+        let timing = json!({"type": "fixed", "prefill_ms": 1, "decode_ms": 1, "database_mode": "SOL"});
+        let e = config("aggregated", json!({"timing": timing})).unwrap_err();
+        assert_eq!(e, "engine.workers.aggregated.timing.database_mode: estimator settings require default timing");
     }
 }

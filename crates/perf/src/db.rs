@@ -111,6 +111,33 @@ pub fn ctx_attn_sol(
     (ops / flops * 1000.0).max(mem / spec.mem_bw * 1000.0)
 }
 
+/// Context attention SOL of `s` new tokens after `prefix` cached ones, ms: the prefix's share
+/// of the causal work and of the query / output traffic taken out, the KV written for the whole
+/// sequence. `n_kv` is the real KV head count.
+#[allow(clippy::too_many_arguments)]
+pub fn ctx_attn_sol_prefix(
+    spec: &SystemSpec,
+    head: u32,
+    window: u32,
+    kv: Dtype,
+    flops: f64,
+    b: f64,
+    s: f64,
+    prefix: f64,
+    n: f64,
+    n_kv: f64,
+) -> f64 {
+    let (h, w) = (head as f64, window as f64);
+    let full = s + prefix;
+    let ops = if window > 0 && full > w {
+        2.0 * b * (full - prefix) * w * n * h * 2.0
+    } else {
+        2.0 * b * (full * full - prefix * prefix) * n * h * 2.0 / 2.0
+    };
+    let mem = 2.0 * b * (n * (full - prefix) * h + n * (full - prefix) * h) + kv.bytes() * b * (2.0 * n_kv * full * h);
+    (ops / flops * 1000.0).max(mem / spec.mem_bw * 1000.0)
+}
+
 /// Generation attention SOL in ms (`s` = KV length including the new token).
 #[allow(clippy::too_many_arguments)]
 pub fn gen_attn_sol(
@@ -226,9 +253,49 @@ enum ScaleKernel {
     ScaleMatrix,
 }
 
+/// Where op latencies come from (the reference's `database_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DatabaseMode {
+    /// The measured kernel tables, interpolated (`SILICON`).
+    #[default]
+    Silicon,
+    /// Every op's pure speed-of-light roofline from the system YAML; no table is read (`SOL`).
+    Sol,
+}
+
+impl DatabaseMode {
+    /// The mode named by a `database_mode` value (case-insensitive, as the reference reads it).
+    /// `Err` carries why a mode the reference knows is not modelled.
+    pub fn parse(s: &str) -> std::result::Result<DatabaseMode, String> {
+        match s.to_ascii_uppercase().as_str() {
+            "SILICON" => Ok(DatabaseMode::Silicon),
+            "SOL" => Ok(DatabaseMode::Sol),
+            "HYBRID" | "EMPIRICAL" => Err(format!(
+                "{s:?} is not modelled: it needs the reference's empirical estimates (per-op utilisation \
+                 curves fitted to the tables and the cross-quant / cross-shape transfer ladder), which servesim \
+                 does not implement; SILICON (measured tables) and SOL (speed-of-light rooflines) are"
+            )),
+            _ => Err(format!("{s:?} is not a database mode (SILICON, SOL, HYBRID or EMPIRICAL)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DatabaseMode::Silicon => "SILICON",
+            DatabaseMode::Sol => "SOL",
+        }
+    }
+
+    pub fn is_sol(self) -> bool {
+        self == DatabaseMode::Sol
+    }
+}
+
 /// The measured tables of one `(system, backend, version)`.
 pub struct Database {
     pub spec: SystemSpec,
+    /// Tables or rooflines; set once, before the first query.
+    pub mode: DatabaseMode,
     pub backend: String,
     pub version: String,
     /// Whether tables borrow rows beyond the requested version (`enable_shared_layer`).
@@ -320,6 +387,7 @@ impl Database {
             compute_scale_sources: compute_scale?,
             scale_matrix_sources: scale_matrix?,
             spec,
+            mode: DatabaseMode::Silicon,
             backend: backend.to_string(),
             version: version.to_string(),
             shared_layer,
@@ -336,6 +404,21 @@ impl Database {
             dsa: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The same database answering in `mode`.
+    pub fn with_mode(mut self, mode: DatabaseMode) -> Database {
+        self.mode = mode;
+        self
+    }
+
+    /// A memory-bound elementwise pass over `bytes`, ms: the reference's empirical memory op
+    /// (scaled bandwidth plus a constant) under SILICON, the pure `bytes / bandwidth` under SOL.
+    pub fn mem_op_ms(&self, bytes: f64) -> f64 {
+        match self.mode {
+            DatabaseMode::Silicon => self.spec.mem_op_ms(bytes),
+            DatabaseMode::Sol => bytes / self.spec.mem_bw.max(1.0) * 1000.0,
+        }
     }
 
     pub fn moe_sources(&self) -> &[Source] {
@@ -453,6 +536,12 @@ impl Database {
     /// A GEMM's latency in ms; `fp8_input` says its input is already FP8 (the output of an FP8
     /// producer), which matters to static FP8 only.
     pub fn gemm_op(&self, dt: Dtype, m: u32, n: u32, k: u32, fp8_input: bool) -> Result<f64> {
+        if self.mode.is_sol() {
+            // The roofline at the GEMM's own format (static FP8 included: the scaling kernels it
+            // saves are rooflines taken off this one, so the floor below always holds).
+            let flops = dt.flops(&self.spec)?;
+            return Ok(gemm_sol(&self.spec, dt, flops, m as f64, n as f64, k as f64));
+        }
         if dt != Dtype::Fp8Static {
             return self.gemm(dt, m, n, k);
         }
@@ -867,6 +956,12 @@ impl Database {
         if tp <= 1 {
             return Ok(0.0);
         }
+        if self.mode.is_sol() {
+            // A ring all-reduce of half-precision elements at the group's link bandwidth (no
+            // NVL72 NCCL reroute: that is the measured path's).
+            let n = tp as f64;
+            return Ok(2.0 * elements * 2.0 / n * (n - 1.0) / self.spec.p2p_bandwidth(tp) * 1000.0);
+        }
         let per_node = self.spec.gpus_per_node;
         if per_node == 72 && tp > 4 {
             return self.nccl("half", "all_reduce", tp, elements);
@@ -926,6 +1021,9 @@ impl Database {
         if gpus <= 1 {
             return Ok(0.0);
         }
+        if self.mode.is_sol() {
+            return nccl_sol(&self.spec, dtype, op, gpus, size);
+        }
         let table = self.nccl_table()?;
         let fanouts = table.keys().filter(|(d, o, _)| d == dtype && o == op).map(|(_, _, g)| *g);
         let eff = fanout_slice(fanouts, gpus, self.spec.gpus_per_node).unwrap_or(gpus);
@@ -938,6 +1036,21 @@ impl Database {
         }
         Ok(v)
     }
+}
+
+/// An NCCL collective's bandwidth bound, ms: `size` elements of `dtype` over `gpus` GPUs' links.
+fn nccl_sol(spec: &SystemSpec, dtype: &str, op: &str, gpus: u32, size: f64) -> Result<f64> {
+    let bytes = match dtype {
+        "half" => 2.0,
+        other => return Err(PerfError::unsupported(format!("NCCL {op}: no SOL model for {other:?} elements"))),
+    };
+    let n = gpus as f64;
+    let passes = match op {
+        "all_gather" | "alltoall" | "reduce_scatter" => 1.0,
+        "all_reduce" => 2.0,
+        other => return Err(PerfError::unsupported(format!("no SOL model for the NCCL collective {other:?}"))),
+    };
+    Ok(passes * bytes * size * (n - 1.0) / n / spec.p2p_bandwidth(gpus) * 1000.0)
 }
 
 fn fanout_slice(fanouts: impl Iterator<Item = u32>, requested: u32, per_node: u32) -> Option<u32> {

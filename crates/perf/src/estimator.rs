@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::db::{Database, Dtype};
+use crate::db::{ctx_attn_sol_prefix, gen_attn_dtype, gen_attn_sol, Database, Dtype};
 use crate::error::{PerfError, Result};
 use crate::model::{build_ops, Layout, ModelSpec, Op};
 
@@ -78,6 +78,16 @@ fn attends(op: &Op) -> bool {
     }
 }
 
+/// The op family whose SOL servesim does not model, if `op` is one.
+fn sol_refused(op: &Op) -> Option<&'static str> {
+    match op {
+        Op::Dsa(_) => Some("DSA sparse attention (DeepSeek-V3.2, GLM-5)"),
+        Op::Msa(_) => Some("MiniMax sparse attention (MiniMax-M3)"),
+        Op::MoeA2a(_) | Op::ExpertCompute(_) => Some("the large-EP MoE graph (moe_comm_backend)"),
+        _ => None,
+    }
+}
+
 impl Estimator {
     pub fn new(
         db: Arc<Database>,
@@ -105,11 +115,19 @@ impl Estimator {
     }
 
     fn mem(&self, bytes: f64) -> f64 {
-        self.db.spec.mem_op_ms(bytes)
+        self.db.mem_op_ms(bytes)
     }
 
     fn eval(&self, op: &Op, at: At) -> Result<f64> {
         let db = &self.db;
+        if db.mode.is_sol() {
+            if let Some(family) = sol_refused(op) {
+                return Err(PerfError::unsupported(format!(
+                    "database_mode SOL is not modelled for {family}: servesim lacks that family's speed-of-light \
+                     roofline (use database_mode SILICON, the measured tables)"
+                )));
+            }
+        }
         Ok(match op {
             Op::Embedding { scale, bytes_per_token, .. } | Op::Elementwise { scale, bytes_per_token, .. } => {
                 self.mem(bytes_per_token * at.x as f64) * scale
@@ -121,6 +139,12 @@ impl Estimator {
                 // `s` new tokens after `prefix` cached ones: the table at the full length with
                 // the prefix's share of the causal work taken out.
                 let kernel = |s: u32, prefix: u32| -> Result<f64> {
+                    if db.mode.is_sol() {
+                        let flops = fmha.flops(&db.spec)?;
+                        let (n, n_kv) = (*n as f64, *n_kv as f64);
+                        let (b, s, p) = (at.batch as f64, s as f64, prefix as f64);
+                        return Ok(ctx_attn_sol_prefix(&db.spec, *head, *window, *kv, flops, b, s, p, n, n_kv));
+                    }
                     let full =
                         s.checked_add(prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
                     let table =
@@ -160,7 +184,13 @@ impl Estimator {
                 } else {
                     at.batch
                 };
-                let mut v = db.generation_attention(&self.gen_lanes, requests, at.s, *n, *n_kv, *head, *window, *kv)?;
+                let mut v = if db.mode.is_sol() {
+                    let flops = gen_attn_dtype(&db.spec, *kv).flops(&db.spec)?;
+                    let (n, b, s) = (*n as f64, requests as f64, at.s as f64);
+                    gen_attn_sol(&db.spec, *n_kv, *head, *window, *kv, flops, n, b, s)
+                } else {
+                    db.generation_attention(&self.gen_lanes, requests, at.s, *n, *n_kv, *head, *window, *kv)?
+                };
                 if *verify > 1 {
                     let math = db.generation_attention_math_ms(requests, at.s, *n, *n_kv, *head, *window, *kv)?;
                     v = v.max(math * f64::from(*verify));
@@ -185,7 +215,9 @@ impl Estimator {
                 } else {
                     let spec = &db.spec;
                     let bytes = at.x as f64 * *hidden as f64 * 2.0;
-                    ((bytes / spec.inter_node_bw.max(1.0) + spec.p2p_latency) * 1000.0).max(0.0) * scale
+                    // The roofline drops the link's fixed latency.
+                    let latency = if db.mode.is_sol() { 0.0 } else { spec.p2p_latency };
+                    ((bytes / spec.inter_node_bw.max(1.0) + latency) * 1000.0).max(0.0) * scale
                 }
             }
             Op::CpAllGather { scale, elements, gpus, .. } => {

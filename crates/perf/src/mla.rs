@@ -266,6 +266,25 @@ fn prefix_correction(full: u32, prefix: u32) -> f64 {
 fn mla_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
     let spec = &db.spec;
     let n = op.heads as f64;
+    if db.mode.is_sol() {
+        // The rooflines the tables are interpolated with, at the query itself: a module's
+        // projections never enter its context roofline; its decode one adds the two BMMs.
+        return Ok(match op.kind {
+            MlaKind::ContextModule | MlaKind::Context => {
+                let flops = op.fmha.flops(spec)?;
+                mla_ops::context_sol_prefix(spec, op.kv, flops, n, s as f64, prefix as f64, b as f64)
+            }
+            MlaKind::GenerationModule => {
+                let attn_flops = gen_attn_dtype(spec, op.kv).flops(spec)?;
+                let bmm_flops = op.gemm.flops(spec)?;
+                mla_ops::generation_module_sol(spec, op.kv, op.gemm, attn_flops, bmm_flops, n, b as f64, s as f64)
+            }
+            MlaKind::Generation => {
+                let flops = gen_attn_dtype(spec, op.kv).flops(spec)?;
+                mla_ops::generation_sol(spec, op.kv, flops, n, b as f64, s as f64)
+            }
+        });
+    }
     match op.kind {
         MlaKind::ContextModule | MlaKind::Context => {
             let flops = op.fmha.flops(spec)?;
@@ -325,6 +344,10 @@ pub fn eval_mla(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Resul
 pub fn eval_bmm(db: &Database, op: &MlaBmmOp, tokens: u32) -> Result<f64> {
     let spec = &db.spec;
     let flops = op.dtype.flops(spec)?;
+    if db.mode.is_sol() {
+        // Linear in the heads, so no power-of-two routing.
+        return Ok(mla_ops::bmm_sol(spec, op.dtype, flops, op.heads as f64, tokens as f64).max(0.0) * op.scale);
+    }
     let table = db.mla_table(Layout::Bmm)?;
     let phase = if op.pre { "mla_gen_pre" } else { "mla_gen_post" };
     let requested = format!("{}/{phase}", op.dtype.name());

@@ -68,6 +68,16 @@ pub fn context_sol(spec: &SystemSpec, kv: Dtype, flops: f64, n: f64, s: f64, b: 
     max_ms(ops, flops, mem, spec)
 }
 
+/// Context MLA roofline of `b` sequences of `s` new tokens after `prefix` cached ones on `n`
+/// heads, ms: the causal work of the new rows only, the whole sequence's latent KV read.
+pub fn context_sol_prefix(spec: &SystemSpec, kv: Dtype, flops: f64, n: f64, s: f64, prefix: f64, b: f64) -> f64 {
+    let width = 192.0 + 128.0;
+    let full = s + prefix;
+    let ops = b * n * 2.0 / 2.0 * width * (full * full - prefix * prefix);
+    let mem = b * n * (kv.bytes() * full * width + 2.0 * s * width);
+    max_ms(ops, flops, mem, spec)
+}
+
 /// Absorbed decode attention: (compute ops, bytes) of `b` requests reading `s` tokens of KV.
 fn generation_terms(kv: Dtype, n: f64, b: f64, s: f64) -> (f64, f64) {
     let ops = 2.0 * b * n * 1088.0 * s;

@@ -221,6 +221,9 @@ pub fn moe_latency(db: &Database, m: &MoeOp, x: u32) -> Result<f64> {
 /// Unscaled expert latency at `tokens` already gathered over attention DP, ms.
 pub fn moe_latency_at(db: &Database, m: &MoeOp, tokens: u32) -> Result<f64> {
     let flops = m.dtype.flops(&db.spec)?;
+    if db.mode.is_sol() {
+        return Ok(m.sol_ms(db, tokens, flops));
+    }
     let table = db.moe_table()?;
     // Small gated NVFP4 batches run TRT-LLM's low-latency kernel where it was measured.
     let low_latency = (tokens <= LOW_LATENCY_MAX_TOKENS && m.dtype == Dtype::Nvfp4 && m.gated)

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use servesim_engine::ConfigError;
 use servesim_engine::PassTimer;
 
-use crate::db::{Database, Dtype};
+use crate::db::{Database, DatabaseMode, Dtype};
 use crate::error::{PerfError, Result};
 use crate::estimator::Estimator;
 use crate::model::{Family, Layout, ModelSpec};
@@ -41,6 +41,8 @@ pub struct AisConfig {
     pub systems_paths: Vec<String>,
     pub attention_backend: Option<String>,
     pub enable_shared_layer: bool,
+    /// Measured tables (SILICON) or speed-of-light rooflines (SOL).
+    pub database_mode: DatabaseMode,
     /// Refuse data whose version directories' `collection_meta.yaml` do not cover their tables
     /// (`systems::check_provenance`); the timing is the same either way.
     pub strict_provenance: bool,
@@ -288,15 +290,10 @@ impl AisConfig {
                 ));
             }
         }
-        if let Some(m) = string("database_mode")? {
-            if !m.eq_ignore_ascii_case("silicon") {
-                return Err(cfg_err(
-                    path,
-                    "database_mode",
-                    format!("{m:?}: only SILICON (measured tables) is modelled"),
-                ));
-            }
-        }
+        let database_mode = match string("database_mode")? {
+            None => DatabaseMode::Silicon,
+            Some(m) => DatabaseMode::parse(&m).map_err(|why| cfg_err(path, "database_mode", why))?,
+        };
         if let Some(m) = string("fallback_policy")? {
             if m != "deny" {
                 return Err(cfg_err(
@@ -416,6 +413,7 @@ impl AisConfig {
             systems_paths,
             attention_backend: string("attention_backend")?,
             enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(true),
+            database_mode,
             strict_provenance: boolean("strict_provenance")?.unwrap_or(false),
             pass_model,
             calibration: match obj.get("calibration") {
@@ -432,7 +430,7 @@ impl AisConfig {
 
     fn cache_key(&self) -> String {
         format!(
-            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}",
             self.model,
             self.system,
             self.backend,
@@ -453,7 +451,8 @@ impl AisConfig {
             self.attention_backend,
             // A strict estimator is built (and its data checked) on its own.
             self.strict_provenance,
-            self.enable_shared_layer
+            self.enable_shared_layer,
+            self.database_mode
         ) + &format!("|{:?}", self.moe_comm)
     }
 }
@@ -571,7 +570,7 @@ fn framework_default_lane(
 }
 
 /// Loaded databases by (systems root, system, backend, version).
-type Databases = Mutex<HashMap<(PathBuf, String, String, String, bool), Arc<Database>>>;
+type Databases = Mutex<HashMap<(PathBuf, String, String, String, bool, DatabaseMode), Arc<Database>>>;
 
 /// Loaded databases, shared by every estimator on the same data.
 fn databases() -> &'static Databases {
@@ -611,13 +610,21 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
         crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
     }
-    let db_key = (spec.root.clone(), cfg.system.clone(), cfg.backend.clone(), version.clone(), cfg.enable_shared_layer);
+    let db_key = (
+        spec.root.clone(),
+        cfg.system.clone(),
+        cfg.backend.clone(),
+        version.clone(),
+        cfg.enable_shared_layer,
+        cfg.database_mode,
+    );
     let db = {
         let mut dbs = databases().lock().expect("databases");
         match dbs.get(&db_key) {
             Some(db) => Arc::clone(db),
             None => {
-                let db = Arc::new(Database::open(spec.clone(), &cfg.backend, &version, cfg.enable_shared_layer)?);
+                let db = Database::open(spec.clone(), &cfg.backend, &version, cfg.enable_shared_layer)?;
+                let db = Arc::new(db.with_mode(cfg.database_mode));
                 dbs.insert(db_key, Arc::clone(&db));
                 db
             }
@@ -735,8 +742,15 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         backend: cfg.backend.clone(),
         moe_comm,
     };
-    let ctx_lanes = lane_order(&db, &spec.root, &model.architecture, false, cfg.attention_backend.as_deref())?;
-    let gen_lanes = lane_order(&db, &spec.root, &model.architecture, true, cfg.attention_backend.as_deref())?;
+    // Rooflines read no table, so there are no kernel lanes to order.
+    let (ctx_lanes, gen_lanes) = if cfg.database_mode.is_sol() {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            lane_order(&db, &spec.root, &model.architecture, false, cfg.attention_backend.as_deref())?,
+            lane_order(&db, &spec.root, &model.architecture, true, cfg.attention_backend.as_deref())?,
+        )
+    };
     let est = Arc::new(Estimator::new(db, model, layout, ctx_lanes, gen_lanes)?);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)

@@ -374,7 +374,12 @@ pub fn resolve_version(spec: &SystemSpec, backend: &str, requested: Option<&str>
         return Ok(requested.to_string());
     };
     if backend_versions(&spec.data_dir, backend).is_empty() {
-        return Err(PerfError::data(format!("no {backend} data for {} under {}", spec.name, spec.data_dir.display())));
+        // Every database mode needs a version, SOL's rooflines included (as in the reference).
+        return Err(PerfError::data(format!(
+            "no {backend} data for {} under {}: no backend version is available",
+            spec.name,
+            spec.data_dir.display()
+        )));
     }
     let mut slots: Vec<(&str, String)> = vec![("current", current.clone())];
     if let Some(p) = entry.and_then(|e| field(e, "previous")) {

@@ -168,3 +168,23 @@ fn large_ep_refusals_name_what_is_missing() {
     .unwrap_err();
     assert!(e.contains("moe_tp_size = 1"), "{e}");
 }
+
+/// The reference prices the large-EP graph under `database_mode: SOL` with rooflines servesim
+/// does not have: refused by name, never the tables' numbers under a SOL label.
+#[test]
+fn large_ep_under_sol_is_refused_by_name() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed; skipping");
+        return;
+    }
+    let mut cfg = config("h200_sxm", 1, 8, 8, true, 0);
+    cfg["database_mode"] = json!("SOL");
+    let e = estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap();
+    let err = e.prefill_ms(2, 3000, 0).unwrap_err().message;
+    assert!(err.contains("database_mode SOL is not modelled for the large-EP MoE graph"), "{err}");
+    // The fused block of the same layout has its SOL.
+    let mut fused = config("h200_sxm", 1, 8, 8, false, 0);
+    fused["database_mode"] = json!("SOL");
+    let sol = estimator(&AisConfig::from_json("config", &fused).unwrap()).unwrap().prefill_ms(2, 3000, 0).unwrap();
+    assert!(sol > 0.0 && sol < 569.4937228274033, "SOL {sol} ms is below the SILICON pass");
+}

@@ -109,19 +109,27 @@ impl Speculation {
     }
 }
 
-/// `database_mode` (engine or worker timing): SILICON, the measured kernel tables, is what
-/// servesim's AIS model reads; the reference's other modes estimate what the tables lack.
-pub(super) fn database_mode(r: &mut Reader) -> Result<(), DeployError> {
-    let modes = ["SILICON", "HYBRID", "EMPIRICAL", "SOL", "silicon", "hybrid", "empirical", "sol"];
-    match r.one_of("database_mode", &modes)? {
-        Some(m) if !m.eq_ignore_ascii_case("silicon") => Err(r.err(
+/// `database_mode` (engine or worker timing), read case-insensitively as the reference does:
+/// `Some("SOL")` for the speed-of-light rooflines, `Some("SILICON")` for the measured kernel
+/// tables (the default, `None`, when absent). HYBRID and EMPIRICAL are refused: they
+/// estimate what the tables lack from fitted utilisation curves that servesim does not model.
+pub(super) fn database_mode(r: &mut Reader) -> Result<Option<&'static str>, DeployError> {
+    let Some(m) = r.text("database_mode")? else { return Ok(None) };
+    match m.to_ascii_uppercase().as_str() {
+        "SILICON" => Ok(Some("SILICON")),
+        "SOL" => Ok(Some("SOL")),
+        "HYBRID" | "EMPIRICAL" => Err(r.err(
             "database_mode",
             format!(
-                "{m} is not supported by servesim yet (SILICON only: the HYBRID, EMPIRICAL and SOL modes' \
-                 speed-of-light and empirical estimates for ops without kernel tables are not modelled)"
+                "{m} is not supported by servesim yet (SILICON and SOL only: {m} needs the reference's empirical \
+                 estimates, per-op utilisation curves fitted to the kernel tables and the cross-shape / \
+                 cross-quant transfer of them, which are not modelled)"
             ),
         )),
-        _ => Ok(()),
+        _ => Err(r.err(
+            "database_mode",
+            format!("unknown value {m:?}; expected one of SILICON, HYBRID, EMPIRICAL, SOL (any case)"),
+        )),
     }
 }
 
@@ -180,7 +188,8 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
     let mut controls = read_engine_controls(&mut e)?;
     let systems_paths = read_systems_paths(&mut e)?;
-    database_mode(&mut e)?;
+    // Only SOL is an estimator policy; SILICON is the default whether written or not.
+    let sol = database_mode(&mut e)?.filter(|m| *m == "SOL");
     if let Some(m) = e.one_of("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
         if !matches!(m, "auto" | "op_level") {
             return Err(e.err("estimation_mode", format!("{m} is not supported by servesim yet (op_level only)")));
@@ -202,7 +211,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     // versions and shared kernels) and which borrowings the non-SILICON modes may make
     // (`transfer_policy`, inert under SILICON). Like every estimator policy in the reference
     // they need default timing in every role.
-    let mut policy_key = None;
+    let mut policy_key = sol.map(|_| "database_mode");
     let shared_layer = e.flag("enable_shared_layer")?;
     if shared_layer.is_some() {
         policy_key = Some("enable_shared_layer");
@@ -310,6 +319,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     }
     if shared_layer == Some(false) {
         controls.insert("enable_shared_layer".into(), Value::Bool(false));
+    }
+    if let Some(m) = sol {
+        controls.insert("database_mode".into(), Value::String(m.into()));
     }
     Ok(Engine {
         mode,

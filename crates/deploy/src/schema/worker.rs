@@ -290,7 +290,14 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
             t.one_of("estimation_mode", &["auto", "op_level"])?;
             t.one_of("fallback_policy", &["deny", "allow"])?;
-            super::engine::database_mode(&mut t)?;
+            if let Some(m) = super::engine::database_mode(&mut t)? {
+                // The reference's rule for every estimator setting of a worker's timing.
+                if ty != "default" {
+                    return Err(t.err("database_mode", "estimator settings require default timing"));
+                }
+                // Also an explicit SILICON: a worker's own mode overrides the engine's.
+                timing_controls.insert("database_mode".into(), json!(m));
+            }
             t.finish()?;
             match ty {
                 "fixed" => match (pre, dec) {
