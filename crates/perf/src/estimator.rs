@@ -59,6 +59,7 @@ fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()
             fallback.iter().try_for_each(|o| compute_formats(o, f))
         }
         Op::Overlap { a, b, .. } => a.iter().chain(b).try_for_each(|o| compute_formats(o, f)),
+        Op::TokenScale { op, .. } => compute_formats(op, f),
         _ => Ok(()),
     }
 }
@@ -247,6 +248,13 @@ impl Estimator {
                 }
                 Err(e) => return Err(e),
             },
+            Op::TokenScale { op, num, den } => {
+                let scaled = |v: u32| -> Result<u32> {
+                    u32::try_from(u64::from(v) * u64::from(*num) / u64::from((*den).max(1)))
+                        .map_err(|_| PerfError::config("draft query token count exceeds 2^32"))
+                };
+                self.eval(op, At { batch: scaled(at.batch)?, x: scaled(at.x)?, ..at })?
+            }
             Op::Overlap { a, b, .. } => {
                 let mut sums = [0.0f64; 2];
                 for (sum, chain) in sums.iter_mut().zip([a, b]) {
@@ -397,7 +405,8 @@ impl Estimator {
                 .max(1);
             let mut total = 0.0;
             for op in &self.context_ops {
-                if op.is_context_attention() {
+                // The draft's prefill runs over the prompt alone, with the context attention.
+                if op.is_context_attention() || op.is_draft() {
                     continue;
                 }
                 let x = self.cp_share(op, if matches!(op, Op::Gemm { logits: true, .. }) { 1 } else { combined });
@@ -414,14 +423,20 @@ impl Estimator {
                         .eval(op, At { batch: attn_batch, s: per_req, prefix: c / p, x: t })
                         .map_err(|e| e.context(format!("op {}", op.name())))?
                         / div;
+                } else if op.is_draft() {
+                    total += self.context_at(op, attn_batch, per_req, c / p)? / div;
                 }
             }
+            let s = (r.sum_decode_kv_tokens / d).max(1);
+            let verify_batch = tokens(d, self.layout.ngram + 1, "decode")?;
             for op in &self.generation_ops {
                 if op.is_generation_attention() {
-                    let s = (r.sum_decode_kv_tokens / d).max(1);
                     total += self
-                        .eval(op, At { batch: tokens(d, self.layout.ngram + 1, "decode")?, s, prefix: 0, x: d })
+                        .eval(op, At { batch: verify_batch, s, prefix: 0, x: d })
                         .map_err(|e| e.context(format!("op {}", op.name())))?;
+                } else if op.is_draft() {
+                    // The draft's decode work at the verify batch, which its TokenScale maps back.
+                    total += self.generation_at(op, verify_batch, s)?;
                 }
             }
             return Ok(total);

@@ -57,6 +57,13 @@ pub fn kv_capacity(
     if block_size == 0 {
         return Err(PerfError::config("block_size must be positive"));
     }
+    if est.context_ops.iter().any(Op::is_draft) {
+        // The reference requires a fixed KV capacity beside a draft scheme.
+        return Err(PerfError::unsupported(
+            "the KV capacity beside an EAGLE-3 draft is not estimated (its weights and KV would share the \
+             budget): set a fixed block count",
+        ));
+    }
     let m = &est.model;
     let spec = &est.db.spec;
     // Resident weights: every GEMM and the embedding of the context op list, per PP stage.

@@ -786,6 +786,10 @@ pub enum Op {
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
     Overlap { name: String, a: Vec<Op>, b: Vec<Op> },
+    /// A speculative draft's op, run at its own width: the step's token batch (and token
+    /// count) times `num / den`, floored, before `op`'s table is read (the reference's
+    /// `TokenScale`; `eagle3.rs`).
+    TokenScale { op: Box<Op>, num: u32, den: u32 },
 }
 
 impl Op {
@@ -813,6 +817,7 @@ impl Op {
             Op::Dsa(d) => &d.name,
             Op::Msa(a) => &a.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
+            Op::TokenScale { op, .. } => op.name(),
         }
     }
 
@@ -829,6 +834,12 @@ impl Op {
     /// by name as for [`Op::is_context_attention`]); every other generation op is left out.
     pub fn is_generation_attention(&self) -> bool {
         self.name() == "generation_attention"
+    }
+
+    /// Whether this op is a speculative draft's (named `draft_…`, as the reference names
+    /// them): a mixed pass times it with its phase's attention, not in the shared pass.
+    pub fn is_draft(&self) -> bool {
+        self.name().starts_with("draft_")
     }
 }
 

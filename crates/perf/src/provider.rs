@@ -32,8 +32,12 @@ pub struct AisConfig {
     pub moe_tp_size: Option<u32>,
     pub moe_ep_size: Option<u32>,
     pub nextn: u32,
-    /// Prompt-lookup (`speculation: {kind: ngram}`) draft tokens per decode step; 0: none.
+    /// Draft tokens per decode step of a drafted scheme (`speculation`: ngram prompt lookup or
+    /// an EAGLE-3 chain), which the target verifies in one block pass; 0: none.
     pub ngram: u32,
+    /// The EAGLE-3 draft layer (`speculation: {kind: eagle3, draft_config}`), timed beside the
+    /// target (`eagle3.rs`).
+    pub eagle3: Option<crate::eagle3::DraftGeometry>,
     pub gemm_quant_mode: Option<Dtype>,
     pub moe_quant_mode: Option<Dtype>,
     pub fmha_quant_mode: Option<Dtype>,
@@ -333,8 +337,23 @@ impl AisConfig {
             },
         };
         // Dynamo's `ForwardPassSpeculationConfig` and its checks, in its order and words.
+        let mut eagle3 = None;
         let ngram = match obj.get("speculation").filter(|v| !v.is_null()) {
             None => 0,
+            // servesim's extension: an EAGLE-3 chain with its draft's config. (Dynamo 1.6.1 reads
+            // ngram alone: without a draft_config an eagle3 kind gets its message below.)
+            Some(spec) if is_eagle3(spec) => {
+                let (tokens, geometry) = read_eagle3(path, spec)?;
+                let refuse = |why: &str| cfg_err(path, "speculation", why);
+                if nextn != 0 {
+                    return Err(refuse("eagle3 speculation cannot be combined with nextn"));
+                }
+                if backend != "vllm" && backend != "sglang" {
+                    return Err(refuse("eagle3 speculation requires backend=sglang or vllm"));
+                }
+                eagle3 = Some(geometry);
+                tokens
+            }
             Some(spec) => {
                 let tokens = servesim_engine::speculative::ais_speculation_tokens(spec)
                     .map_err(|e| cfg_err(path, "speculation", format!("invalid AIS performance config: {e}")))?;
@@ -403,6 +422,7 @@ impl AisConfig {
             moe_ep_size: uint("moe_ep_size", None)?,
             nextn,
             ngram,
+            eagle3,
             gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_static", "fp8_block", "nvfp4"])?,
             moe_quant_mode: quant(
                 "moe_quant_mode",
@@ -453,8 +473,67 @@ impl AisConfig {
             self.strict_provenance,
             self.enable_shared_layer,
             self.database_mode
-        ) + &format!("|{:?}", self.moe_comm)
+        ) + &format!("|{:?}|{:?}", self.moe_comm, self.eagle3)
     }
+}
+
+/// Whether a timing config's `speculation` is servesim's EAGLE-3 extension.
+pub fn is_eagle3(spec: &Value) -> bool {
+    spec.get("kind").and_then(Value::as_str) == Some("eagle3") && spec.get("draft_config").is_some()
+}
+
+/// Reads an `eagle3` speculation: `{kind: eagle3, params: {num_speculative_tokens: 1..=5},
+/// draft_config: {the draft checkpoint's config.json}}`. A chain only, as the reference's
+/// replay takes it; the number of drafts and the draft's geometry.
+fn read_eagle3(path: &str, spec: &Value) -> Result<(u32, crate::eagle3::DraftGeometry)> {
+    let at = |k: &str| format!("speculation.{k}");
+    let obj = spec.as_object().expect("a kind was read from it");
+    if let Some(k) = obj.keys().find(|k| !["kind", "params", "draft_config"].contains(&k.as_str())) {
+        return Err(cfg_err(path, &at(k), "unknown key; an eagle3 speculation takes kind, params and draft_config"));
+    }
+    let params = match obj.get("params") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(other) => return Err(cfg_err(path, &at("params"), format!("must be a map, got {other}"))),
+    };
+    if params.contains_key("tree_shape") || params.contains_key("verify_token_budget") {
+        return Err(cfg_err(
+            path,
+            &at("params"),
+            "speculative replay requires an EAGLE chain with one verification token per draft",
+        ));
+    }
+    if let Some(k) = params.keys().find(|k| *k != "num_speculative_tokens") {
+        return Err(cfg_err(path, &at(&format!("params.{k}")), "unknown key; expected num_speculative_tokens"));
+    }
+    let tokens = match params.get("num_speculative_tokens") {
+        // The reference's EAGLE-3 default chain.
+        None => 3,
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..=5) => n as u32,
+            _ => {
+                return Err(cfg_err(
+                    path,
+                    &at("params.num_speculative_tokens"),
+                    format!("speculative replay requires 1..5 draft tokens, got {v}"),
+                ))
+            }
+        },
+    };
+    let draft = obj.get("draft_config").filter(|v| !v.is_null()).ok_or_else(|| {
+        cfg_err(
+            path,
+            &at("draft_config"),
+            "EAGLE-3 requires the draft checkpoint's config.json (draft_config): it carries the draft layer \
+             geometry and draft_vocab_size",
+        )
+    })?;
+    if !draft.is_object() {
+        return Err(cfg_err(path, &at("draft_config"), format!("must be a map, got {draft}")));
+    }
+    let geometry =
+        crate::eagle3::DraftGeometry::from_hf(draft).map_err(|why| cfg_err(path, &at("draft_config"), why))?;
+    Ok((tokens, geometry))
 }
 
 /// Kernel-lane walk for attention: the framework's default lane for this GPU generation
@@ -751,7 +830,26 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             lane_order(&db, &spec.root, &model.architecture, true, cfg.attention_backend.as_deref())?,
         )
     };
-    let est = Arc::new(Estimator::new(db, model, layout, ctx_lanes, gen_lanes)?);
+    let mut est = Estimator::new(db, model, layout, ctx_lanes, gen_lanes)?;
+    if let Some(g) = &cfg.eagle3 {
+        if est.model.family != Family::Dense || est.model.hybrid.is_some() || est.model.gemma4.is_some() {
+            return Err(PerfError::unsupported(format!(
+                "{}: EAGLE-3 modelling supports the dense Llama-style family ({} is not), as the reference's",
+                cfg.model, est.model.architecture
+            )));
+        }
+        if est.layout.cp > 1 {
+            return Err(PerfError::unsupported(format!(
+                "{}: EAGLE-3 with prefill context parallelism is not modelled",
+                cfg.model
+            )));
+        }
+        g.check(&est.model, est.layout.tp)?;
+        let (ctx, gen) = crate::eagle3::draft_ops(g, &est.layout, cfg.ngram);
+        est.context_ops.extend(ctx);
+        est.generation_ops.extend(gen);
+    }
+    let est = Arc::new(est);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)
 }

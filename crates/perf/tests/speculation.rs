@@ -78,3 +78,83 @@ fn ngram_is_checked_then_read() {
     assert_eq!(read(ngram(2), json!({})).unwrap().ngram, 2);
     assert_eq!(read(Value::Null, json!({})).unwrap().ngram, 0);
 }
+
+/// The EAGLE-3 draft of `tests/deploy/predict_spec_eagle3_*.yaml` (Qwen3-32B's widths).
+fn eagle3(tokens: u32) -> Value {
+    json!({"kind": "eagle3", "params": {"num_speculative_tokens": tokens},
+           "draft_config": {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 5120,
+                            "intermediate_size": 25600, "num_attention_heads": 64, "num_key_value_heads": 8,
+                            "head_dim": 128, "vocab_size": 151936, "draft_vocab_size": 32000}})
+}
+
+/// servesim's EAGLE-3 extension (a `draft_config` beside the kind) is read with the reference's
+/// conditions; without a draft config the kind is Dynamo's unknown variant.
+#[test]
+fn eagle3_is_read_with_the_references_conditions() {
+    let cfg = read(eagle3(3), json!({})).unwrap();
+    assert_eq!((cfg.ngram, cfg.eagle3.as_ref().map(|g| (g.head_dim, g.vocab))), (3, Some((128, 32000))));
+    let at = "engine.timing_model.config.speculation";
+    let cases = [
+        (eagle3(3), json!({"nextn": 1}), format!("{at}: eagle3 speculation cannot be combined with nextn")),
+        (eagle3(3), json!({"backend": "trtllm"}), format!("{at}: eagle3 speculation requires backend=sglang or vllm")),
+        (
+            eagle3(6),
+            json!({}),
+            format!("{at}.params.num_speculative_tokens: speculative replay requires 1..5 draft tokens, got 6"),
+        ),
+        (
+            json!({"kind": "eagle3", "params": {"tree_shape": [2, 1]}, "draft_config": {}}),
+            json!({}),
+            format!("{at}.params: speculative replay requires an EAGLE chain with one verification token per draft"),
+        ),
+        (
+            json!({"kind": "eagle3", "draft_config": {"hidden_size": 8}}),
+            json!({}),
+            format!(
+                "{at}.draft_config: the draft config lacks required keys: num_hidden_layers, intermediate_size, \
+                 num_attention_heads"
+            ),
+        ),
+    ];
+    for (spec, extra, want) in cases {
+        assert_eq!(read(spec.clone(), extra).unwrap_err(), want, "{spec}");
+    }
+}
+
+/// A mixed pass with an EAGLE-3 draft: the draft's prefill joins the context attention at the
+/// prefill shape and its decode graph the decode attention at the verify batch (which its
+/// TokenScale maps to one token per request), never the shared token pass — so the pass is the
+/// draftless verify pass plus exactly the draft ops of a prefill step and a decode step. Runs
+/// when the AIS data is installed.
+#[test]
+fn a_mixed_pass_times_the_draft_with_its_phases_attention() {
+    let build = |spec: Value| {
+        let cfg = json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm",
+                         "worker_type": "aggregated", "tp": 2, "speculation": spec});
+        servesim_perf::estimator(&AisConfig::from_json("config", &cfg).unwrap())
+    };
+    let Ok(drafted) = build(eagle3(3)) else {
+        eprintln!("NOTICE: AIS data not installed; skipping");
+        return;
+    };
+    let plain = build(json!({"kind": "ngram", "params": {"num_speculative_tokens": 3}})).unwrap();
+    let r = servesim_perf::RankMetrics {
+        num_prefill_requests: 1,
+        sum_prefill_tokens: 700,
+        sum_prefill_kv_tokens: 300,
+        num_decode_requests: 12,
+        sum_decode_kv_tokens: 12 * 900,
+    };
+    let draft_sum =
+        |ops: Vec<(String, f64)>| ops.iter().filter(|(n, _)| n.starts_with("draft_")).map(|(_, v)| v).sum::<f64>();
+    let ctx = draft_sum(drafted.prefill_ops(1, 1000, 300).unwrap());
+    let gen = draft_sum(drafted.decode_ops(12, 900).unwrap());
+    assert!(ctx > 0.0 && gen > 0.0);
+    let (with, without) = (drafted.rank_latency_ms(&r).unwrap(), plain.rank_latency_ms(&r).unwrap());
+    assert!(((with - without) - (ctx + gen)).abs() < 1e-9 * with, "{with} - {without} vs {ctx} + {gen}");
+    // The decode draft runs at one token per request: 1 fc + 3 layer passes at 12 tokens, not 48.
+    let fc = drafted.decode_ops(12, 900).unwrap().into_iter().find(|(n, _)| n == "draft_eagle3_fc").unwrap().1;
+    let fc_prefill =
+        drafted.prefill_ops(1, 12, 0).unwrap().into_iter().find(|(n, _)| n == "draft_eagle3_fc").unwrap().1;
+    assert_eq!(fc, fc_prefill, "the fc GEMM at 12 tokens in both phases");
+}

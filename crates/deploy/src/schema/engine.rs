@@ -68,6 +68,10 @@ pub enum Draft {
     /// request in one block pass (the AIS timing's `speculation`); acceptance as conditional
     /// rates per draft position.
     Ngram { rates: Vec<f64> },
+    /// An EAGLE-3 chain: a one-layer draft network (its checkpoint's `config.json`,
+    /// `draft_config`) runs beside the target, which verifies `nextn + 1` tokens per request
+    /// in one block pass; acceptance as conditional rates per draft position.
+    Eagle3 { rates: Vec<f64>, draft_config: Value },
 }
 
 impl Speculation {
@@ -76,7 +80,7 @@ impl Speculation {
     /// with the fractional part, the rest never.
     pub fn accept_rates(&self) -> Vec<f64> {
         let accepted = match &self.draft {
-            Draft::Ngram { rates } => return rates.clone(),
+            Draft::Ngram { rates } | Draft::Eagle3 { rates, .. } => return rates.clone(),
             Draft::Mtp { accepted } => *accepted,
         };
         let whole = accepted.trunc() as usize;
@@ -94,17 +98,22 @@ impl Speculation {
     pub fn ais_nextn(&self) -> u32 {
         match self.draft {
             Draft::Mtp { .. } => self.nextn,
-            Draft::Ngram { .. } => 0,
+            Draft::Ngram { .. } | Draft::Eagle3 { .. } => 0,
         }
     }
 
-    /// The AIS timing config's `speculation` (its verify pass), for ngram.
+    /// The AIS timing config's `speculation` (its verify pass, and an EAGLE-3 draft's network).
     pub fn ais_speculation(&self) -> Option<Value> {
-        match self.draft {
+        match &self.draft {
             Draft::Mtp { .. } => None,
             Draft::Ngram { .. } => {
                 Some(serde_json::json!({"kind": "ngram", "params": {"num_speculative_tokens": self.nextn}}))
             }
+            Draft::Eagle3 { draft_config, .. } => Some(serde_json::json!({
+                "kind": "eagle3",
+                "params": {"num_speculative_tokens": self.nextn},
+                "draft_config": draft_config,
+            })),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! The reference knows one shape for prompt lookup (`kind: ngram`, `num_speculative_tokens`,
 //! `acceptance_rates`, `seed`) and one for its SDK schemes (`kind`, `params`, `draft_model_path`,
 //! `draft_config`, `expected_accepted_tokens`, `seed`), which also takes `ngram` (with
-//! `params.num_speculative_tokens`). servesim models two kinds:
+//! `params.num_speculative_tokens`). servesim models three kinds:
 //!
 //! - `mtp`: its draft is `depth` extra target-shaped layers whose cost the AIS timing already
 //!   folds into the decode pass (the same cost as `nextn: depth`), and its acceptance is the
@@ -11,12 +11,17 @@
 //! - `ngram`: drafting is free (host-side lookup) and the target verifies `n + 1` tokens per
 //!   request in one block pass (the AIS timing's `speculation`: every op at `n + 1` tokens per
 //!   request, decode attention at one KV read per request); acceptance is `acceptance_rates`
-//!   (conditional, per draft position) or, in the scheme shape, `expected_accepted_tokens`.
+//!   (conditional, per draft position) or, in the scheme shape, `expected_accepted_tokens`;
+//! - `eagle3`: the target verifies as for ngram, and a one-layer draft network, whose geometry
+//!   is the draft checkpoint's `config.json` given as `draft_config`, runs beside it (the AIS
+//!   timing's `servesim_perf::eagle3`); a chain of `params.num_speculative_tokens` drafts (3 by
+//!   default), acceptance from `expected_accepted_tokens`. Like mtp it needs a fixed KV
+//!   capacity and default timing on every worker, as the reference requires.
 //!
-//! Both draw acceptance from the `seed` stream. The other kinds are refused by name with what
-//! their cost model needs. (`eagle3` and `draft_model` are the reference's draft-network schemes:
-//! its predict requires `draft_config` or `draft_model_path` beside them and a fixed KV capacity on
-//! every worker; goldens recorded from it wait in `tests/deploy/predict_spec_eagle3_*`.)
+//! All draw acceptance from the `seed` stream. The other kinds (`draft_model`, `dflash`,
+//! `dspark`) are refused by name with what their cost model needs, as are EAGLE trees (the
+//! reference's replay refuses them too) and `draft_model_path` (servesim does not fetch
+//! checkpoints).
 
 use serde_json::Value;
 
@@ -30,7 +35,7 @@ use servesim_config::Reader;
 const KINDS: [&str; 6] = ["dflash", "draft_model", "dspark", "eagle3", "mtp", "ngram"];
 
 /// `engine.speculation`, read as the reference's schema reads it; `Some` for the kinds servesim
-/// models (`mtp`, `ngram`).
+/// models (`mtp`, `ngram`, `eagle3`).
 pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, DeployError> {
     let Some(mut s) = e.obj("speculation")? else { return Ok(None) };
     let kind = s.text("kind")?.ok_or_else(|| s.err("kind", "missing (required)"))?;
@@ -44,13 +49,7 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, De
         "ngram" => {}
         // The reference requires a fixed KV capacity beside a draft scheme, so the draft's KV and
         // weights never size a cache there: what is missing is the draft's time per step.
-        "eagle3" => {
-            return Err(missing(
-                "speculation needs the draft network's forward passes timed beside the target's (per \
-                 decode step an fc fusion and one single-layer draft pass per draft token, per prefill \
-                 a draft pass over the prompt)",
-            ))
-        }
+        "eagle3" => return read_eagle3(s).map(Some),
         "draft_model" => {
             return Err(missing(
                 "speculation needs the draft model's forward passes timed beside the target's (its \
@@ -148,6 +147,69 @@ fn read_ngram_rates(mut s: Reader) -> Result<Speculation, DeployError> {
     Ok(Speculation { nextn: n, draft: Draft::Ngram { rates }, seed: Some(seed) })
 }
 
+/// The scheme shape of `eagle3`: `params.num_speculative_tokens` (a chain of 1..=5 drafts, 3
+/// when unstated, as the reference's scheme defaults it; trees are refused as its replay refuses
+/// them), `draft_config` (the draft checkpoint's `config.json`, which the AIS timing reads),
+/// `expected_accepted_tokens` and `seed`.
+fn read_eagle3(mut s: Reader) -> Result<Speculation, DeployError> {
+    if s.given("draft_model_path") {
+        return Err(s.err(
+            "draft_model_path",
+            "servesim does not fetch draft checkpoints: give the draft's config.json as draft_config",
+        ));
+    }
+    s.ignored("draft_model_path");
+    let depth = match s.obj("params")? {
+        Some(mut p) => {
+            if p.has("tree_shape") || p.has("verify_token_budget") {
+                return Err(p.err(
+                    if p.has("tree_shape") { "tree_shape" } else { "verify_token_budget" },
+                    "speculative replay requires an EAGLE chain with one verification token per draft",
+                ));
+            }
+            let d = p.integer("num_speculative_tokens")?;
+            p.finish()?;
+            d
+        }
+        None => None,
+    };
+    let depth = match depth.unwrap_or(3) {
+        d @ 1..=5 => d as u32,
+        d => {
+            return Err(s.err(
+                "params",
+                format!("speculative replay requires 1..5 draft tokens, got num_speculative_tokens {d}"),
+            ))
+        }
+    };
+    let draft_config = match s.value("draft_config") {
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(_) => return Err(s.err("draft_config", "must be a mapping (the draft checkpoint's config.json)")),
+        None => {
+            return Err(s.err(
+                "draft_config",
+                "EAGLE-3 requires the draft checkpoint's config.json (draft_config): it carries the draft \
+                 layer geometry and draft_vocab_size",
+            ))
+        }
+    };
+    servesim_perf::eagle3::DraftGeometry::from_hf(&draft_config).map_err(|why| s.err("draft_config", why))?;
+    let accepted = s
+        .nonneg("expected_accepted_tokens", false)?
+        .ok_or_else(|| s.err("expected_accepted_tokens", "missing (required)"))?;
+    if accepted > f64::from(depth) {
+        return Err(s.err(
+            "expected_accepted_tokens",
+            format!("expected_accepted_tokens must be within [0, {depth}] accepted draft tokens"),
+        ));
+    }
+    let seed = read_seed(&mut s)?;
+    s.finish()?;
+    // The expected count lowers to rates as for MTP.
+    let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
+    Ok(Speculation { nextn: depth, draft: Draft::Eagle3 { rates, draft_config }, seed: Some(seed) })
+}
+
 /// `seed`: an unsigned 64-bit integer, 42 when absent.
 fn read_seed(s: &mut Reader) -> Result<u64, DeployError> {
     match s.value("seed") {
@@ -158,9 +220,9 @@ fn read_seed(s: &mut Reader) -> Result<u64, DeployError> {
 }
 
 /// The reference's conditions on the engine around a speculation scheme: not beside `nextn`, a
-/// vLLM (ngram) or vLLM / SGLang (mtp) language engine, no host offload on any worker, and for
-/// mtp on every worker a fixed KV capacity and the default (AIS) timing that carries the draft
-/// cost. (ngram needs op-level timing, which every servesim timing is.)
+/// vLLM (ngram) or vLLM / SGLang (mtp, eagle3) language engine, no host offload on any worker,
+/// and for mtp and eagle3 on every worker a fixed KV capacity and the default (AIS) timing that
+/// carries the draft cost. (ngram needs op-level timing, which every servesim timing is.)
 pub(super) fn check_speculation_engine(
     e: &Reader,
     spec: &Speculation,
@@ -175,6 +237,7 @@ pub(super) fn check_speculation_engine(
     let (kind, backends) = match spec.draft {
         Draft::Mtp { .. } => ("mtp", &["vllm", "sglang"][..]),
         Draft::Ngram { .. } => ("ngram", &["vllm"][..]),
+        Draft::Eagle3 { .. } => ("eagle3", &["sglang", "vllm"][..]),
     };
     if !backends.contains(&backend) {
         return Err(e.err(
@@ -196,13 +259,13 @@ pub(super) fn check_speculation_engine(
         if matches!(w.capacity, Capacity::Default { .. }) {
             return Err(DeployError::new(
                 at("kv_cache.capacity"),
-                format!("mtp speculation requires explicit fixed KV capacity on workers.{}", w.role),
+                format!("{kind} speculation requires explicit fixed KV capacity on workers.{}", w.role),
             ));
         }
         if !matches!(w.timing, Timing::Default) {
             return Err(DeployError::new(
                 at("timing"),
-                "mtp speculation requires default timing to preserve draft costs",
+                format!("{kind} speculation requires default timing to preserve draft costs"),
             ));
         }
     }

@@ -93,6 +93,17 @@ impl RawConfig {
             Some(_) if schedule == SpecSchedule::Dynamo => {
                 Err(ConfigError::new(at("speculation"), "engine launch does not implement ngram draft scheduling"))
             }
+            // An EAGLE-3 chain (servesim's extension of the timing config, checked by its
+            // provider): its draft count, 3 when unstated as in the reference.
+            Some(spec)
+                if spec.get("kind").and_then(serde_json::Value::as_str) == Some("eagle3")
+                    && spec.get("draft_config").is_some() =>
+            {
+                Ok(Some(
+                    spec.pointer("/params/num_speculative_tokens").and_then(serde_json::Value::as_u64).unwrap_or(3)
+                        as u32,
+                ))
+            }
             Some(spec) => crate::speculative::ais_speculation_tokens(spec)
                 .map(Some)
                 .map_err(|why| ConfigError::new(at("speculation"), why)),
