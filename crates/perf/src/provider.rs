@@ -608,6 +608,10 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         if model.family == Family::Msa {
             tables.extend(crate::msa::FILES);
         }
+        if model.family == Family::Dsv4 {
+            tables.extend(crate::dsv4::MODULE_FILES);
+            tables.push(crate::dsv4::MHC_FILE);
+        }
         crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
     }
     let db_key = (
