@@ -353,7 +353,15 @@ struct BlockFlops {
 /// attention rate; against the weights, activations, the KV and fp4 indexer entries read and the
 /// rope traffic.
 #[allow(clippy::too_many_arguments)]
-fn module_sol(spec: &SystemSpec, op: &Dsv4AttnOp, attn: Dtype, flops: BlockFlops, b: i128, s: i128, prefix: i128) -> f64 {
+fn module_sol(
+    spec: &SystemSpec,
+    op: &Dsv4AttnOp,
+    attn: Dtype,
+    flops: BlockFlops,
+    b: i128,
+    s: i128,
+    prefix: i128,
+) -> f64 {
     let d = &op.dims;
     let (h, q, o, hd) = (d.hidden as i128, d.q_lora as i128, d.o_lora as i128, d.head_dim as i128);
     let (ih, ihd, n) = (d.index_heads as i128, d.index_head_dim as i128, op.heads as i128);
@@ -370,7 +378,13 @@ fn module_sol(spec: &SystemSpec, op: &Dsv4AttnOp, attn: Dtype, flops: BlockFlops
             compress += 8 * tokens * h * ihd + 4 * tokens * ihd;
         }
     }
-    let limit = if r == 4 { d.index_topk as i128 } else if r != 0 { (kv_len / r).max(0) } else { 0 };
+    let limit = if r == 4 {
+        d.index_topk as i128
+    } else if r != 0 {
+        (kv_len / r).max(0)
+    } else {
+        0
+    };
     let pairs = if op.context {
         window_pairs(b, s, prefix, d.window as i128) + if r != 0 { compressed_pairs(b, s, prefix, r, limit) } else { 0 }
     } else {
@@ -472,8 +486,14 @@ fn load_module(db: &Database, file: &str, context: bool) -> Result<ModuleTable> 
         let (model, version) = (t.text_or_none("model")?, t.text_or_none("version")?);
         let fmha = if context { t.text("mla_dtype")? } else { Vec::new() };
         let (kv, gemm) = (t.text("kv_cache_dtype")?, t.text("gemm_type")?);
-        let (heads, tp, batch, isl, step, lat) =
-            (t.int("num_heads")?, t.int("tp_size")?, t.int("batch_size")?, t.int("isl")?, t.int("step")?, t.float("latency")?);
+        let (heads, tp, batch, isl, step, lat) = (
+            t.int("num_heads")?,
+            t.int("tp_size")?,
+            t.int("batch_size")?,
+            t.int("isl")?,
+            t.int("step")?,
+            t.float("latency")?,
+        );
         let text = |col: &[Option<String>], i: usize, name: &str| {
             col[i].clone().ok_or_else(|| PerfError::data(format!("{p}: null {name} in row {i}")))
         };
@@ -482,18 +502,19 @@ fn load_module(db: &Database, file: &str, context: bool) -> Result<ModuleTable> 
                 continue;
             }
             let fmha_name = if context { canonical(&text(&fmha, i, "mla_dtype")?).to_string() } else { String::new() };
-            let key = format!(
-                "{fmha_name}/{}/{}",
-                canonical(&text(&kv, i, "kv_cache_dtype")?),
-                text(&gemm, i, "gemm_type")?
-            );
+            let key =
+                format!("{fmha_name}/{}/{}", canonical(&text(&kv, i, "kv_cache_dtype")?), text(&gemm, i, "gemm_type")?);
             let local = key_u32(&p, "num_heads", i, heads[i])?;
             let gpus = key_u32(&p, "tp_size", i, tp[i])?.max(1);
             heads_seen
                 .entry((model[i].clone().unwrap_or_default(), version[i].clone().unwrap_or_default()))
                 .or_default()
                 .insert((local, gpus));
-            let coord = (key_u32(&p, "step", i, step[i])?, key_u32(&p, "isl", i, isl[i])?, key_u32(&p, "batch_size", i, batch[i])?);
+            let coord = (
+                key_u32(&p, "step", i, step[i])?,
+                key_u32(&p, "isl", i, isl[i])?,
+                key_u32(&p, "batch_size", i, batch[i])?,
+            );
             rows.entry(key)
                 .or_default()
                 .entry(local.saturating_mul(gpus))
@@ -551,16 +572,19 @@ fn load_mhc(db: &Database) -> Result<MhcTable> {
         if !src.path.exists() {
             continue;
         }
-        let t = Table::read(&src.path, &["kernel_source", "op_name", "hc_mult", "hidden_size", "num_tokens", "latency"])?;
+        let t =
+            Table::read(&src.path, &["kernel_source", "op_name", "hc_mult", "hidden_size", "num_tokens", "latency"])?;
         let p = t.path.clone();
         let (ks, op) = (t.text_or_none("kernel_source")?, t.text("op_name")?);
-        let (hc, hidden, tokens, lat) = (t.int("hc_mult")?, t.int("hidden_size")?, t.int("num_tokens")?, t.float("latency")?);
+        let (hc, hidden, tokens, lat) =
+            (t.int("hc_mult")?, t.int("hidden_size")?, t.int("num_tokens")?, t.float("latency")?);
         for i in 0..t.rows {
             if !keep_row(src, &ks[i]) {
                 continue;
             }
             let name = op[i].clone().ok_or_else(|| PerfError::data(format!("{p}: null op_name in row {i}")))?;
-            let key = format!("{name}/{}/{}", key_u32(&p, "hc_mult", i, hc[i])?, key_u32(&p, "hidden_size", i, hidden[i])?);
+            let key =
+                format!("{name}/{}/{}", key_u32(&p, "hc_mult", i, hc[i])?, key_u32(&p, "hidden_size", i, hidden[i])?);
             rows.entry(key).or_default().entry(key_u32(&p, "num_tokens", i, tokens[i])?).or_insert(lat[i]);
         }
     }
@@ -597,6 +621,28 @@ impl Database {
             .as_ref()
             .map_err(Clone::clone)
     }
+}
+
+/// The attention format DeepSeek-V4's context modules are timed in when none is given: the
+/// checkpoint's (`inferred`), except that an fp8 one falls back to bf16 where the context tables
+/// hold bf16 rows and no fp8 ones for the `kv` cache format (the reference's data-driven
+/// downgrade).
+pub fn context_fmha(db: &Database, inferred: Dtype, kv: Dtype) -> Result<Dtype> {
+    if inferred != Dtype::Fp8 {
+        return Ok(inferred);
+    }
+    let mut formats = BTreeSet::new();
+    for ratio in [4, 128] {
+        for key in db.dsv4_module(true, ratio)?.grids.keys() {
+            let mut parts = key.split('/');
+            if let (Some(fmha), Some(k)) = (parts.next(), parts.next()) {
+                if k == kv.name() {
+                    formats.insert(fmha.to_string());
+                }
+            }
+        }
+    }
+    Ok(if !formats.contains("fp8") && formats.contains("bfloat16") { Dtype::Bfloat16 } else { inferred })
 }
 
 /// A head count resolved against a table's keys: exact, else the only key, else the nearest
@@ -653,9 +699,10 @@ pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefi
         ))
     };
     let have = |keys: Vec<String>| if keys.is_empty() { "none".to_string() } else { keys.join(", ") };
-    let by_native = table.grids.get(&key).ok_or_else(|| {
-        missing(format!("{key} (have: {})", have(table.grids.keys().cloned().collect())))
-    })?;
+    let by_native = table
+        .grids
+        .get(&key)
+        .ok_or_else(|| missing(format!("{key} (have: {})", have(table.grids.keys().cloned().collect()))))?;
     let native = resolve_heads(by_native, op.native_heads)
         .ok_or_else(|| missing(format!("{key} at {} model heads", op.native_heads)))?;
     let by_local = &by_native[&native];
@@ -685,7 +732,11 @@ pub fn eval_mhc(db: &Database, op: &MhcOp, tokens: u32) -> Result<f64> {
             spec.name,
             db.backend,
             db.version,
-            if table.grids.is_empty() { "none".to_string() } else { table.grids.keys().cloned().collect::<Vec<_>>().join(", ") },
+            if table.grids.is_empty() {
+                "none".to_string()
+            } else {
+                table.grids.keys().cloned().collect::<Vec<_>>().join(", ")
+            },
             if table.looked.is_empty() { format!("no {MHC_FILE} is installed") } else { table.looked.join(", ") }
         ))
     })?;
@@ -730,12 +781,13 @@ pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         window: d.sliding_window,
         o_groups: (d.o_groups / tp).max(1),
     };
-    // Layer counts per timed kind in the order the config first names them.
+    // Layer counts per timed kind: the compressed kinds in the order the config first names
+    // them, HCA last when only SWA layers stand for it.
     let mut kinds: Vec<(u32, usize)> = Vec::new();
-    for &r in &d.compress_ratios {
-        let r = if r == 0 { 128 } else { r };
-        if !kinds.iter().any(|k| k.0 == r) {
-            kinds.push((r, d.compress_ratios.iter().filter(|&&x| (if x == 0 { 128 } else { x }) == r).count()));
+    for &r in d.compress_ratios.iter().chain(&[128]) {
+        let count = d.compress_ratios.iter().filter(|&&x| x == r || (r == 128 && x == 0)).count();
+        if r != 0 && count > 0 && !kinds.iter().any(|k| k.0 == r) {
+            kinds.push((r, count));
         }
     }
     let act = 2.0;

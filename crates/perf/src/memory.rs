@@ -160,9 +160,8 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         // The MLA, DSA and hybrid graphs and MSA's look up the whole vocabulary; the others their
         // tensor-parallel share.
         Op::Embedding { scale, .. } => {
-            let whole =
-                matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa | Family::Dsv4)
-                    || m.hybrid.is_some();
+            let whole = matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa | Family::Dsv4)
+                || m.hybrid.is_some();
             let rows = if whole { m.vocab } else { m.vocab / est.layout.tp };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }

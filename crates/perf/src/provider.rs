@@ -738,6 +738,8 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
                 || sglang_mla_runs_bf16(&model, cfg, &version, &spec)
             {
                 Dtype::Bfloat16
+            } else if model.family == Family::Dsv4 && !cfg.database_mode.is_sol() {
+                crate::dsv4::context_fmha(&db, model.quant.fmha, kv)?
             } else {
                 model.quant.fmha
             },

@@ -220,3 +220,25 @@ fn timing_goldens() {
     let got = servesim_perf::memory::kv_capacity(&pro, None, 8192, 64, 0.0).unwrap();
     assert_eq!(got.blocks, 188960, "{got:?}");
 }
+
+/// What servesim does not model of DeepSeek-V4 is refused by name: SGLang's CSA top-k correction
+/// (its tables ship `dsv4_csa_topk_calib_perf`, which the reference subtracts from CSA layers) and
+/// the SOL rooflines.
+#[test]
+fn unmodelled_parts_are_refused_by_name() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    use serde_json::json;
+    let sglang = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang",
+                                 "backend_version": "0.5.14", "tp": 1}));
+    // The context tables hold bf16 attention only: the fp8 checkpoint's format falls back to it.
+    assert_eq!(sglang.layout.fmha, Dtype::Bfloat16);
+    let e = sglang.prefill_ms(2, 1000, 0).unwrap_err().message;
+    assert!(e.contains("CSA top-k correction") && e.contains("dsv4_csa_topk_calib_perf.parquet"), "{e}");
+    let sol = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "vllm",
+                              "backend_version": "0.24.0", "database_mode": "SOL"}));
+    let e = sol.decode_ms(4, 1000).unwrap_err().message;
+    assert!(e.contains("database_mode SOL is not modelled for DeepSeek-V4"), "{e}");
+}
