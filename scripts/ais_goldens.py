@@ -21,6 +21,10 @@ sequence (`DeepSeekV4Model.get_kvcache_bytes_per_sequence`) and the longest sequ
 holds (`BaseModel._binary_search_kvcache_max_tokens`), on the packaged configs, with fp8 and bf16
 KV entries (servesim does not time DeepSeek-V4 yet, so these are read off the model class).
 
+`--dsv4` prints instead the step times and KV capacity behind crates/perf/tests/dsv4.rs's
+`timing_goldens`: DeepSeek-V4-Flash and -Pro (fp8_block projections, MXFP4 x MXFP8 routed experts,
+fp8 KV, bf16 attention tables) on B200 / vLLM 0.24.0, experts split by EP and by TP.
+
 `--msa-nvfp4` prints instead the step times and KV capacity behind golden.rs's
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
 projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
@@ -151,6 +155,24 @@ STEPS = [
 # backend with MSA tables at its default version), experts split by EP and by TP. Forward passes
 # prefill-only, decode-only and mixed (the MSA block is the pass's `context_attention`, timed apart
 # at the prefill shape).
+DSV4_STEPS = [
+    ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "vllm", "tp": 1, "moe_tp_size": 1,
+      "moe_ep_size": 1},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
+      ("decode", (7, 131072)), ("fpm", [MIXED])]),
+    ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "vllm", "tp": 4, "moe_tp_size": 4,
+      "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (64, 4097))]),
+    ({"model": "deepseek-ai/DeepSeek-V4-Pro", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 8192, 0)), ("decode", (16, 1100)), ("decode", (33, 5000)),
+      ("fpm", [MIXED])]),
+]
+DSV4_KV = [
+    ("deepseek-ai/DeepSeek-V4-Flash", "b200_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 64),
+    ("deepseek-ai/DeepSeek-V4-Pro", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
+]
+
 PREFILL_RANK = {"num_prefill_requests": 3, "sum_prefill_tokens": 2000, "sum_prefill_kv_tokens": 3000}
 MSA_NVFP4_STEPS = [
     ({"model": "nvidia/MiniMax-M3-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
@@ -222,6 +244,10 @@ def dsv4_kv():
 def main():
     if "--dsv4-kv" in sys.argv[1:]:
         dsv4_kv()
+        return
+    if "--dsv4" in sys.argv[1:]:
+        print_steps(DSV4_STEPS)
+        print_kv(DSV4_KV)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

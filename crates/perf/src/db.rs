@@ -29,6 +29,9 @@ pub enum Dtype {
     /// NVFP4 weights and activations (ModelOpt checkpoints): 4-bit values plus one fp8 scale per
     /// 16, so 9/16 of a byte per weight, at the fp4 tensor-core rate.
     Nvfp4,
+    /// MXFP4 weights with MXFP8 activations (DeepSeek-V4's native routed experts): half a byte
+    /// per weight, at the fp8 tensor-core rate.
+    W4a8Mxfp4Mxfp8,
 }
 
 impl Dtype {
@@ -42,12 +45,13 @@ impl Dtype {
             Dtype::W4a16Mxfp4 => "w4a16_mxfp4",
             Dtype::Int4Wo => "int4_wo",
             Dtype::Nvfp4 => "nvfp4",
+            Dtype::W4a8Mxfp4Mxfp8 => "w4a8_mxfp4_mxfp8",
         }
     }
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Bfloat16 => 2.0,
-            Dtype::W4a16Mxfp4 | Dtype::Int4Wo => 0.5,
+            Dtype::W4a16Mxfp4 | Dtype::Int4Wo | Dtype::W4a8Mxfp4Mxfp8 => 0.5,
             Dtype::Nvfp4 => 9.0 / 16.0,
             _ => 1.0,
         }
@@ -62,6 +66,7 @@ impl Dtype {
             "w4a16_mxfp4" => Dtype::W4a16Mxfp4,
             "int4_wo" => Dtype::Int4Wo,
             "nvfp4" => Dtype::Nvfp4,
+            "w4a8_mxfp4_mxfp8" => Dtype::W4a8Mxfp4Mxfp8,
             _ => return None,
         })
     }
@@ -69,7 +74,7 @@ impl Dtype {
     pub fn flops(self, spec: &SystemSpec) -> Result<f64> {
         let (v, key) = match self {
             Dtype::Bfloat16 | Dtype::W4a16Mxfp4 | Dtype::Int4Wo => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
-            Dtype::Fp8 | Dtype::Fp8Static | Dtype::Fp8Block => (spec.fp8_flops, "fp8_tc_flops"),
+            Dtype::Fp8 | Dtype::Fp8Static | Dtype::Fp8Block | Dtype::W4a8Mxfp4Mxfp8 => (spec.fp8_flops, "fp8_tc_flops"),
             Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
             Dtype::Nvfp4 => (spec.fp4_flops, "fp4_tc_flops"),
         };
@@ -321,6 +326,8 @@ pub struct Database {
     pub(crate) mla: crate::mla::MlaTables,
     /// The DSA sparse-attention tables, each read on first use.
     pub(crate) dsa: crate::dsa::DsaTables,
+    /// DeepSeek-V4's module and mHC tables, each read on first use.
+    pub(crate) dsv4: crate::dsv4::Dsv4Tables,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
 }
 
@@ -402,6 +409,7 @@ impl Database {
             a2a: OnceLock::new(),
             mla: Default::default(),
             dsa: Default::default(),
+            dsv4: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
         })
     }

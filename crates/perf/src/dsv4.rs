@@ -20,13 +20,39 @@
 //! ([`crate::memory::longest_fitting`]). The whole cache stays on every tensor-parallel rank (one
 //! KV head is not split).
 //!
-//! Timing is not modelled yet: a DeepSeek-V4 model is refused ([`unsupported`]) naming the ops
-//! servesim lacks, after its config is read, so a malformed config is named first.
+//! Timing: one op per compressed-attention kind times a layer's whole attention block (the
+//! projections, the compressors, the CSA indexer and the sparse / windowed attention), read from
+//! the measured module tables; the mHC mixing before and after every block is its own op.
+//!
+//! ```text
+//! dsv4_{csa,hca}_context_module_perf     (mla_dtype, kv_cache_dtype, gemm_type)
+//!                                        → native heads → heads per GPU → [prefix][isl][batch]
+//! dsv4_{csa,hca}_generation_module_perf  (kv_cache_dtype, gemm_type)
+//!                                        → native heads → heads per GPU → [batch][isl + step]
+//! mhc_module_perf                        (op_name, hc_mult, hidden_size) → [num_tokens]
+//! ```
+//!
+//! A row's `num_heads` is the heads one GPU ran, its model's heads `num_heads × tp_size`; a query
+//! takes its model's head count and then its per-GPU share, each exact, else the only one, else
+//! the nearest below, else the smallest. The first row of a coordinate wins. Past the measured
+//! range a query holds the nearest points' utilisation against the block's roofline
+//! ([`module_sol`]) or the mHC roofline ([`mhc_sol`]). SWA layers (ratio 0) are timed as HCA
+//! layers, as the reference does (no SWA table exists). The reference subtracts a measured top-k
+//! correction from CSA layers where a `dsv4_csa_topk_calib_perf` table exists (SGLang data):
+//! servesim does not model it and refuses such a table by name rather than ignore it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::db::Dtype;
+use crate::db::{gen_attn_dtype, keep_row, Database, Dtype};
 use crate::error::{PerfError, Result};
+use crate::interp::{Grid, GridSpec, Node};
+use crate::model::{logits_gemm, push_moe_ops, push_shared_beside_routed, Layout, ModelSpec, Op};
+use crate::moe_ops::MLA_DISTRIBUTION;
+use crate::parquet_table::{key_u32, Table};
+use crate::systems::{sources, SystemSpec};
 
 /// The architecture string of the family.
 pub const ARCH: &str = "DeepseekV4ForCausalLM";
@@ -142,17 +168,675 @@ impl Dsv4Spec {
     }
 }
 
-/// The refusal for a DeepSeek-V4 model whose config parsed into `spec`: what servesim would
-/// need to time it as the reference does.
-pub fn unsupported(shown: &str, spec: &Dsv4Spec) -> PerfError {
-    PerfError::unsupported(format!(
-        "{shown}: {ARCH} (the reference's DEEPSEEKV4 family: {} CSA, {} HCA and {} SWA layers) is not \
-         timed by servesim yet: it lacks the DeepSeek-V4 compressed-attention module op (the \
-         dsv4_{{csa,hca}}_{{context,generation}}_module_perf tables, the CSA top-k calibration \
-         dsv4_csa_topk_calib_perf and the module's roofline) and the mHC hyper-connection op \
-         (mhc_module_perf); servesim refuses rather than time it as another family",
-        spec.layers_with(4),
-        spec.layers_with(128),
-        spec.layers_with(0),
-    ))
+/// The module tables, in [`Dsv4Tables`] order: (CSA, HCA) × (context, generation).
+pub const MODULE_FILES: [&str; 4] = [
+    "dsv4_csa_context_module_perf.parquet",
+    "dsv4_hca_context_module_perf.parquet",
+    "dsv4_csa_generation_module_perf.parquet",
+    "dsv4_hca_generation_module_perf.parquet",
+];
+/// The mHC table.
+pub const MHC_FILE: &str = "mhc_module_perf.parquet";
+/// The CSA top-k correction the reference applies where it exists (not modelled).
+pub const TOPK_CALIB_FILE: &str = "dsv4_csa_topk_calib_perf.parquet";
+
+const CONTEXT_SPEC: GridSpec = GridSpec::raw(&["prefix", "seq_len", "batch"]);
+const GENERATION_SPEC: GridSpec = GridSpec::raw(&["batch", "seq_len"]);
+const MHC_SPEC: GridSpec = GridSpec::raw(&["num_tokens"]);
+
+/// Widths of one compressed-attention block (from the model's config; `o_groups` per GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockDims {
+    pub hidden: u32,
+    pub q_lora: u32,
+    pub o_lora: u32,
+    pub head_dim: u32,
+    pub rope: u32,
+    pub index_heads: u32,
+    pub index_head_dim: u32,
+    pub index_topk: u32,
+    pub window: u32,
+    pub o_groups: u32,
+}
+
+/// One compressed-attention block kind, `scale` × its layer latency.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dsv4AttnOp {
+    pub name: String,
+    pub scale: f64,
+    /// The prefill module (else decode).
+    pub context: bool,
+    /// 4 (CSA) or 128 (HCA, which SWA layers borrow).
+    pub ratio: u32,
+    /// Heads per GPU and the model's heads (the tables' two head keys).
+    pub heads: u32,
+    pub native_heads: u32,
+    pub kv: Dtype,
+    /// Attention compute format of the context table (decode follows the KV format).
+    pub fmha: Dtype,
+    /// The projections' format: the table's `gemm_type`.
+    pub gemm: Dtype,
+    pub dims: BlockDims,
+}
+
+impl Dsv4AttnOp {
+    /// Resident weight bytes of the block on one GPU (all its layers): the projections in the
+    /// GEMM format, the output absorption and the indexer's weights projection in bf16, the
+    /// attention sinks and compressor position biases in fp32.
+    pub fn weight_bytes(&self) -> f64 {
+        let d = &self.dims;
+        let (h, q, o, hd) = (d.hidden as f64, d.q_lora as f64, d.o_lora as f64, d.head_dim as f64);
+        let (n, groups) = (self.heads as f64, d.o_groups as f64);
+        let (ih, ihd, r) = (d.index_heads as f64, d.index_head_dim as f64, self.ratio as f64);
+        let mut gemm = h * q + q * n * hd + h * hd + groups * o * h;
+        let mut bf16 = n * hd * o;
+        let mut fp32 = n;
+        if self.ratio != 0 {
+            let compressors = if self.ratio == 4 { 2.0 } else { 1.0 };
+            gemm += 2.0 * h * compressors * hd;
+            fp32 += r * compressors * hd;
+        }
+        if self.ratio == 4 {
+            gemm += q * ih * ihd + 4.0 * h * ihd;
+            bf16 += h * ih;
+            fp32 += r * 2.0 * ihd;
+        }
+        (gemm * self.gemm.bytes() + bf16 * 2.0 + fp32 * 4.0) * self.scale
+    }
+}
+
+/// One half of a layer's mHC (`pre`: the stream mixing and Sinkhorn normalisation before a
+/// block; `post`: the write-back after it), `scale` × its layer latency.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MhcOp {
+    pub name: String,
+    pub scale: f64,
+    pub post: bool,
+    pub hc_mult: u32,
+    pub hidden: u32,
+    pub sinkhorn_iters: u32,
+}
+
+impl MhcOp {
+    fn op_name(&self) -> &'static str {
+        if self.post {
+            "post"
+        } else {
+            "pre"
+        }
+    }
+
+    /// Resident weight bytes (bf16): the mixing projections of the attention and FFN sites.
+    pub fn weight_bytes(&self) -> f64 {
+        let hc = self.hc_mult as f64;
+        let mix = (2.0 + hc) * hc;
+        2.0 * (mix * hc * self.hidden as f64 + mix + 3.0) * 2.0 * self.scale
+    }
+}
+
+/// mHC roofline (ms) of one half at `tokens` tokens: two sites per layer, bf16 mixing math
+/// (the pre half adds the Sinkhorn iterations) against the parameters and the `hc_mult` residual
+/// streams read and written (the pre half also writes its fp32 mixing coefficients).
+pub fn mhc_sol(spec: &SystemSpec, op: &MhcOp, tokens: i128) -> Result<f64> {
+    let flops = Dtype::Bfloat16.flops(spec)?;
+    let (t, hc, h, it) = (tokens, op.hc_mult as i128, op.hidden as i128, op.sinkhorn_iters as i128);
+    let (width, mix) = (hc * h, (2 + hc) * hc);
+    let ops = if op.post {
+        2 * (2 * t * hc * hc * h + 2 * t * hc * h)
+    } else {
+        2 * (2 * t * width * mix + 3 * t * width + t * (hc * hc + 2 * hc) * it + 2 * t * hc * h)
+    };
+    let params = (2 * (mix * width + mix + 3)) as f64 * 2.0;
+    let mut acts = (2 * t * width) as f64 * 2.0 * 2.0;
+    if !op.post {
+        acts += (2 * t * (2 * hc + hc * hc)) as f64 * 4.0;
+    }
+    Ok((ops as f64 / flops * 1000.0).max((params + acts) / spec.mem_bw * 1000.0))
+}
+
+/// Query pairs each query token attends within the window: `min(position + 1, limit)` summed
+/// over `len` tokens after `prefix`, times `batch`.
+fn window_pairs(batch: i128, len: i128, prefix: i128, limit: i128) -> i128 {
+    if limit <= 0 || len <= 0 {
+        return 0;
+    }
+    let end = prefix + len;
+    let tri = |n: i128| n * (n + 1) / 2;
+    if prefix >= limit {
+        batch * len * limit
+    } else if end <= limit {
+        batch * (tri(end) - tri(prefix))
+    } else {
+        batch * (tri(limit) - tri(prefix)) + batch * (end - limit) * limit
+    }
+}
+
+/// `Σ_{i=0..=n} ⌊i / d⌋`.
+fn floor_sum(n: i128, d: i128) -> i128 {
+    if n < 0 {
+        return 0;
+    }
+    let (q, r) = (n / d, n % d);
+    d * q * (q - 1) / 2 + q * (r + 1)
+}
+
+/// Compressed entries the query tokens at positions `prefix + 1 ..= prefix + len` see
+/// (`⌊position / ratio⌋`, at most `limit`), times `batch`.
+fn compressed_pairs(batch: i128, len: i128, prefix: i128, ratio: i128, limit: i128) -> i128 {
+    if ratio <= 0 || len <= 0 || limit <= 0 {
+        return 0;
+    }
+    let (first, last, full) = (prefix + 1, prefix + len, limit * ratio);
+    let seen = if last < full {
+        floor_sum(last, ratio) - floor_sum(first - 1, ratio)
+    } else if first >= full {
+        len * limit
+    } else {
+        floor_sum(full - 1, ratio) - floor_sum(first - 1, ratio) + (last - full + 1) * limit
+    };
+    batch * seen
+}
+
+/// Tensor-core rates of the block's op groups.
+#[derive(Clone, Copy)]
+struct BlockFlops {
+    gemm: f64,
+    bf16: f64,
+    fp8: f64,
+    attn: f64,
+}
+
+/// Roofline (ms) of one compressed-attention block: context for `b` sequences of `s` new tokens
+/// after `prefix` cached ones, decode for `b` requests at KV length `s`. Projections and
+/// compressors at the GEMM rate, the output absorption and indexer weights in bf16, the indexer
+/// scores in fp8, attention over the window and the compressed entries (CSA: the top-k) at the
+/// attention rate; against the weights, activations, the KV and fp4 indexer entries read and the
+/// rope traffic.
+#[allow(clippy::too_many_arguments)]
+fn module_sol(
+    spec: &SystemSpec,
+    op: &Dsv4AttnOp,
+    attn: Dtype,
+    flops: BlockFlops,
+    b: i128,
+    s: i128,
+    prefix: i128,
+) -> f64 {
+    let d = &op.dims;
+    let (h, q, o, hd) = (d.hidden as i128, d.q_lora as i128, d.o_lora as i128, d.head_dim as i128);
+    let (ih, ihd, n) = (d.index_heads as i128, d.index_head_dim as i128, op.heads as i128);
+    let (groups, r) = (d.o_groups.max(1) as i128, op.ratio as i128);
+    let tokens = if op.context { b * s } else { b };
+    let kv_len = if op.context { prefix + s } else { (s - 1).max(0) };
+    let proj = 2 * tokens * (h * q + q * n * hd + h * hd + groups * o * h);
+    let absorb = 2 * tokens * n * hd * o;
+    let compressors = if r == 4 { 2 } else { 1 };
+    let mut compress = 0;
+    if r != 0 {
+        compress = 4 * tokens * h * compressors * hd + 2 * tokens * compressors * hd;
+        if r == 4 {
+            compress += 8 * tokens * h * ihd + 4 * tokens * ihd;
+        }
+    }
+    let limit = if r == 4 {
+        d.index_topk as i128
+    } else if r != 0 {
+        (kv_len / r).max(0)
+    } else {
+        0
+    };
+    let pairs = if op.context {
+        window_pairs(b, s, prefix, d.window as i128) + if r != 0 { compressed_pairs(b, s, prefix, r, limit) } else { 0 }
+    } else {
+        b * kv_len.min(d.window as i128) + if r != 0 { b * (kv_len / r).min(limit) } else { 0 }
+    };
+    let attention = 4 * n * hd * pairs;
+    let (mut indexer, mut indexer_bf16, mut indexer_bytes) = (0, 0, 0.0);
+    if r == 4 {
+        let entries = kv_len / r;
+        indexer = 2 * tokens * q * ih * ihd + 2 * tokens * entries * ih * ihd;
+        indexer_bf16 = 2 * tokens * h * ih;
+        indexer_bytes = (b * entries) as f64 * (d.index_head_dim as f64 * 0.5);
+    }
+    let gb = op.gemm.bytes();
+    let mut gemm_weights = (h * q + q * n * hd + h * hd + groups * o * h) as f64 * gb;
+    let mut bf16_weights = (n * hd * o) as f64 * 2.0;
+    if r != 0 {
+        gemm_weights += (2 * h * compressors * hd) as f64 * gb;
+    }
+    if r == 4 {
+        gemm_weights += (q * ih * ihd) as f64 * gb;
+        bf16_weights += (h * ih) as f64 * 2.0;
+    }
+    let acts = (tokens * (h + q + n * hd + hd + groups * o)) as f64 * gb;
+    let kv_bytes = (pairs * hd) as f64 * op.kv.bytes();
+    let rope = (tokens * n * d.rope as i128) as f64 * attn.bytes();
+    let math = ((proj + compress) as f64 / flops.gemm
+        + (absorb + indexer_bf16) as f64 / flops.bf16
+        + indexer as f64 / flops.fp8
+        + attention as f64 / flops.attn)
+        * 1000.0;
+    let mem = (gemm_weights + bf16_weights + acts + kv_bytes + indexer_bytes + rope) / spec.mem_bw * 1000.0;
+    math.max(mem)
+}
+
+/// One module table: `fmha/kv/gemm` (decode: `/kv/gemm`) → model heads → heads per GPU → grid.
+#[derive(Debug, Default)]
+pub struct ModuleTable {
+    grids: BTreeMap<String, BTreeMap<u32, BTreeMap<u32, Grid>>>,
+    looked: Vec<String>,
+}
+
+/// The mHC table: `op/hc_mult/hidden` → token curve.
+#[derive(Debug, Default)]
+pub struct MhcTable {
+    grids: BTreeMap<String, Grid>,
+    looked: Vec<String>,
+}
+
+/// DeepSeek-V4's tables of one database, each read on first use.
+#[derive(Debug, Default)]
+pub struct Dsv4Tables {
+    modules: [OnceLock<Result<ModuleTable>>; 4],
+    mhc: OnceLock<Result<MhcTable>>,
+    /// The installed top-k calibration files (which servesim refuses).
+    calib: OnceLock<Result<Vec<String>>>,
+}
+
+/// The tables spell fp8 attention / KV `fp8_e4m3` in places.
+fn canonical(dtype: &str) -> &str {
+    if dtype == "fp8_e4m3" {
+        "fp8"
+    } else {
+        dtype
+    }
+}
+
+fn load_module(db: &Database, file: &str, context: bool) -> Result<ModuleTable> {
+    let srcs = sources(&db.spec, &db.backend, &db.version, file, db.shared_layer)?;
+    // key → model heads → heads per GPU → (step, isl, batch) → latency; first row wins.
+    type Rows = BTreeMap<String, BTreeMap<u32, BTreeMap<u32, BTreeMap<(u32, u32, u32), f64>>>>;
+    let mut rows: Rows = BTreeMap::new();
+    let mut heads_seen: BTreeMap<(String, String), BTreeSet<(u32, u32)>> = BTreeMap::new();
+    let mut looked = Vec::new();
+    for src in &srcs {
+        looked.push(src.path.display().to_string());
+        if !src.path.exists() {
+            continue;
+        }
+        let t = Table::read(
+            &src.path,
+            &[
+                "kernel_source",
+                "model",
+                "version",
+                "mla_dtype",
+                "kv_cache_dtype",
+                "gemm_type",
+                "num_heads",
+                "tp_size",
+                "batch_size",
+                "isl",
+                "step",
+                "latency",
+            ],
+        )?;
+        let p = t.path.clone();
+        let ks = t.text_or_none("kernel_source")?;
+        let (model, version) = (t.text_or_none("model")?, t.text_or_none("version")?);
+        let fmha = if context { t.text("mla_dtype")? } else { Vec::new() };
+        let (kv, gemm) = (t.text("kv_cache_dtype")?, t.text("gemm_type")?);
+        let (heads, tp, batch, isl, step, lat) = (
+            t.int("num_heads")?,
+            t.int("tp_size")?,
+            t.int("batch_size")?,
+            t.int("isl")?,
+            t.int("step")?,
+            t.float("latency")?,
+        );
+        let text = |col: &[Option<String>], i: usize, name: &str| {
+            col[i].clone().ok_or_else(|| PerfError::data(format!("{p}: null {name} in row {i}")))
+        };
+        for i in 0..t.rows {
+            if !keep_row(src, &ks[i]) {
+                continue;
+            }
+            let fmha_name = if context { canonical(&text(&fmha, i, "mla_dtype")?).to_string() } else { String::new() };
+            let key =
+                format!("{fmha_name}/{}/{}", canonical(&text(&kv, i, "kv_cache_dtype")?), text(&gemm, i, "gemm_type")?);
+            let local = key_u32(&p, "num_heads", i, heads[i])?;
+            let gpus = key_u32(&p, "tp_size", i, tp[i])?.max(1);
+            heads_seen
+                .entry((model[i].clone().unwrap_or_default(), version[i].clone().unwrap_or_default()))
+                .or_default()
+                .insert((local, gpus));
+            let coord = (
+                key_u32(&p, "step", i, step[i])?,
+                key_u32(&p, "isl", i, isl[i])?,
+                key_u32(&p, "batch_size", i, batch[i])?,
+            );
+            rows.entry(key)
+                .or_default()
+                .entry(local.saturating_mul(gpus))
+                .or_default()
+                .entry(local)
+                .or_default()
+                .entry(coord)
+                .or_insert(lat[i]);
+        }
+    }
+    // Rows keeping one head count over several tp sizes carry the model's heads, not the GPU's:
+    // an unmigrated table that would be read wrongly.
+    for ((model, version), pairs) in &heads_seen {
+        let tps: BTreeSet<u32> = pairs.iter().map(|p| p.1).collect();
+        let locals: BTreeSet<u32> = pairs.iter().map(|p| p.0).collect();
+        let natives: BTreeSet<u32> = pairs.iter().map(|p| p.0 * p.1).collect();
+        if tps.len() > 1 && locals.len() == 1 && natives.len() > 1 {
+            return Err(PerfError::data(format!(
+                "{file}: rows of model {model:?} version {version:?} keep num_heads constant over tp_size {tps:?}                  (model heads, not heads per GPU); the table must be migrated (num_heads //= tp_size)"
+            )));
+        }
+    }
+    let mut grids: BTreeMap<String, BTreeMap<u32, BTreeMap<u32, Grid>>> = BTreeMap::new();
+    for (key, by_native) in rows {
+        for (native, by_local) in by_native {
+            for (local, points) in by_local {
+                let mut node = Node::new();
+                if context {
+                    for ((step, isl, b), v) in points {
+                        node.insert_first_wins(&[step, isl, b], v);
+                    }
+                } else {
+                    // Decode is keyed by KV length `isl + step`; a later (step, isl) overwrites.
+                    let mut by_len: BTreeMap<(u32, u32), f64> = BTreeMap::new();
+                    for ((step, isl, b), v) in points {
+                        by_len.insert((b, isl.saturating_add(step)), v);
+                    }
+                    for ((b, len), v) in by_len {
+                        node.insert_first_wins(&[b, len], v);
+                    }
+                }
+                grids.entry(key.clone()).or_default().entry(native).or_default().insert(local, Grid::new(node));
+            }
+        }
+    }
+    Ok(ModuleTable { grids, looked })
+}
+
+fn load_mhc(db: &Database) -> Result<MhcTable> {
+    let srcs = sources(&db.spec, &db.backend, &db.version, MHC_FILE, db.shared_layer)?;
+    let mut rows: BTreeMap<String, BTreeMap<u32, f64>> = BTreeMap::new();
+    let mut looked = Vec::new();
+    for src in &srcs {
+        looked.push(src.path.display().to_string());
+        if !src.path.exists() {
+            continue;
+        }
+        let t =
+            Table::read(&src.path, &["kernel_source", "op_name", "hc_mult", "hidden_size", "num_tokens", "latency"])?;
+        let p = t.path.clone();
+        let (ks, op) = (t.text_or_none("kernel_source")?, t.text("op_name")?);
+        let (hc, hidden, tokens, lat) =
+            (t.int("hc_mult")?, t.int("hidden_size")?, t.int("num_tokens")?, t.float("latency")?);
+        for i in 0..t.rows {
+            if !keep_row(src, &ks[i]) {
+                continue;
+            }
+            let name = op[i].clone().ok_or_else(|| PerfError::data(format!("{p}: null op_name in row {i}")))?;
+            let key =
+                format!("{name}/{}/{}", key_u32(&p, "hc_mult", i, hc[i])?, key_u32(&p, "hidden_size", i, hidden[i])?);
+            rows.entry(key).or_default().entry(key_u32(&p, "num_tokens", i, tokens[i])?).or_insert(lat[i]);
+        }
+    }
+    let grids = rows
+        .into_iter()
+        .map(|(k, curve)| {
+            let mut node = Node::new();
+            for (t, v) in curve {
+                node.insert_first_wins(&[t], v);
+            }
+            (k, Grid::new(node))
+        })
+        .collect();
+    Ok(MhcTable { grids, looked })
+}
+
+impl Database {
+    fn dsv4_module(&self, context: bool, ratio: u32) -> Result<&ModuleTable> {
+        let i = usize::from(!context) * 2 + usize::from(ratio != 4);
+        self.dsv4.modules[i].get_or_init(|| load_module(self, MODULE_FILES[i], context)).as_ref().map_err(Clone::clone)
+    }
+
+    fn dsv4_mhc(&self) -> Result<&MhcTable> {
+        self.dsv4.mhc.get_or_init(|| load_mhc(self)).as_ref().map_err(Clone::clone)
+    }
+
+    fn dsv4_topk_calib(&self) -> Result<&Vec<String>> {
+        self.dsv4
+            .calib
+            .get_or_init(|| {
+                let srcs = sources(&self.spec, &self.backend, &self.version, TOPK_CALIB_FILE, self.shared_layer)?;
+                Ok(srcs.iter().filter(|s| s.path.exists()).map(|s| s.path.display().to_string()).collect())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// The attention format DeepSeek-V4's context modules are timed in when none is given: the
+/// checkpoint's (`inferred`), except that an fp8 one falls back to bf16 where the context tables
+/// hold bf16 rows and no fp8 ones for the `kv` cache format (the reference's data-driven
+/// downgrade).
+pub fn context_fmha(db: &Database, inferred: Dtype, kv: Dtype) -> Result<Dtype> {
+    if inferred != Dtype::Fp8 {
+        return Ok(inferred);
+    }
+    let mut formats = BTreeSet::new();
+    for ratio in [4, 128] {
+        for key in db.dsv4_module(true, ratio)?.grids.keys() {
+            let mut parts = key.split('/');
+            if let (Some(fmha), Some(k)) = (parts.next(), parts.next()) {
+                if k == kv.name() {
+                    formats.insert(fmha.to_string());
+                }
+            }
+        }
+    }
+    Ok(if !formats.contains("fp8") && formats.contains("bfloat16") { Dtype::Bfloat16 } else { inferred })
+}
+
+/// A head count resolved against a table's keys: exact, else the only key, else the nearest
+/// below, else the smallest.
+fn resolve_heads<T>(by: &BTreeMap<u32, T>, want: u32) -> Option<u32> {
+    if by.contains_key(&want) || by.is_empty() {
+        return by.contains_key(&want).then_some(want);
+    }
+    if by.len() == 1 {
+        return by.keys().next().copied();
+    }
+    by.range(..=want).next_back().map(|(k, _)| *k).or_else(|| by.keys().next().copied())
+}
+
+/// `eval` of a compressed-attention op: `scale × max(0, latency)`; context for `b` sequences of
+/// `s` new tokens after `prefix` cached ones, decode for `b` requests at KV length `s`.
+pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    let spec = &db.spec;
+    let kind = if op.ratio == 4 { "CSA" } else { "HCA" };
+    let what = format!("{} DeepSeek-V4 {kind} module", if op.context { "context" } else { "generation" });
+    if op.ratio == 4 {
+        let calib = db.dsv4_topk_calib()?;
+        if !calib.is_empty() {
+            return Err(PerfError::unsupported(format!(
+                "{what} on {} / {} {}: the reference subtracts its CSA top-k correction ({}), which servesim                  does not model",
+                spec.name,
+                db.backend,
+                db.version,
+                calib.join(", ")
+            )));
+        }
+    }
+    let attn = if op.context { op.fmha } else { gen_attn_dtype(spec, op.kv) };
+    let flops = BlockFlops {
+        gemm: op.gemm.flops(spec)?,
+        bf16: Dtype::Bfloat16.flops(spec)?,
+        fp8: Dtype::Fp8.flops(spec)?,
+        attn: attn.flops(spec)?,
+    };
+    let table = db.dsv4_module(op.context, op.ratio)?;
+    let key = if op.context {
+        format!("{}/{}/{}", op.fmha.name(), op.kv.name(), op.gemm.name())
+    } else {
+        format!("/{}/{}", op.kv.name(), op.gemm.name())
+    };
+    let file = MODULE_FILES[usize::from(!op.context) * 2 + usize::from(op.ratio != 4)];
+    let missing = |detail: String| {
+        PerfError::data(format!(
+            "no {what} data for {detail} on {} / {} {} (looked in {})",
+            spec.name,
+            db.backend,
+            db.version,
+            if table.looked.is_empty() { format!("no {file} is installed") } else { table.looked.join(", ") }
+        ))
+    };
+    let have = |keys: Vec<String>| if keys.is_empty() { "none".to_string() } else { keys.join(", ") };
+    let by_native = table
+        .grids
+        .get(&key)
+        .ok_or_else(|| missing(format!("{key} (have: {})", have(table.grids.keys().cloned().collect()))))?;
+    let native = resolve_heads(by_native, op.native_heads)
+        .ok_or_else(|| missing(format!("{key} at {} model heads", op.native_heads)))?;
+    let by_local = &by_native[&native];
+    let local = resolve_heads(by_local, op.heads)
+        .ok_or_else(|| missing(format!("{key} at {} heads per GPU of {native}", op.heads)))?;
+    let grid = &by_local[&local];
+    let v = if op.context {
+        let sol = |c: &[f64]| module_sol(spec, op, attn, flops, c[2] as i128, c[1] as i128, c[0] as i128);
+        grid.query(&CONTEXT_SPEC, &sol, &[prefix as f64, s as f64, b as f64])
+    } else {
+        let sol = |c: &[f64]| module_sol(spec, op, attn, flops, c[0] as i128, c[1] as i128, 0);
+        grid.query(&GENERATION_SPEC, &sol, &[b as f64, s as f64])
+    };
+    let v = v.map_err(|e| e.context(format!("{what} on {} / {} {}", spec.name, db.backend, db.version)))?;
+    Ok(v.max(0.0) * op.scale)
+}
+
+/// `eval` of an mHC op over `tokens` tokens: `scale × max(0, latency)`.
+pub fn eval_mhc(db: &Database, op: &MhcOp, tokens: u32) -> Result<f64> {
+    let spec = &db.spec;
+    mhc_sol(spec, op, 1)?; // the bf16 rate must exist before any lookup
+    let table = db.dsv4_mhc()?;
+    let key = format!("{}/{}/{}", op.op_name(), op.hc_mult, op.hidden);
+    let grid = table.grids.get(&key).ok_or_else(|| {
+        PerfError::data(format!(
+            "no mHC module data for {key} (op/hc_mult/hidden_size) on {} / {} {} (have: {}; looked in {})",
+            spec.name,
+            db.backend,
+            db.version,
+            if table.grids.is_empty() {
+                "none".to_string()
+            } else {
+                table.grids.keys().cloned().collect::<Vec<_>>().join(", ")
+            },
+            if table.looked.is_empty() { format!("no {MHC_FILE} is installed") } else { table.looked.join(", ") }
+        ))
+    })?;
+    let sol = |c: &[f64]| mhc_sol(spec, op, c[0].round() as i128).unwrap_or(f64::NAN);
+    let v = grid
+        .query(&MHC_SPEC, &sol, &[tokens as f64])
+        .map_err(|e| e.context(format!("mHC {} on {} / {} {}", op.op_name(), spec.name, db.backend, db.version)))?;
+    Ok(v.max(0.0) * op.scale)
+}
+
+/// `(context ops, generation ops)` of a DeepSeek-V4 model, as the reference's `DeepSeekV4Model`
+/// lays them out: mHC around each block, one attention op per compressed kind (SWA layers
+/// counted as HCA), the shared expert (its width split over tensor parallelism) beside the routed
+/// ones.
+pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
+    let d = m.dsv4.as_ref().ok_or_else(|| PerfError::config(format!("{}: not a DeepSeek-V4 model", m.name)))?;
+    if l.ngram > 0 {
+        return Err(PerfError::unsupported(format!(
+            "{}: ngram verification of DeepSeek-V4 attention is not modelled",
+            m.name
+        )));
+    }
+    if l.cp > 1 {
+        return Err(PerfError::unsupported(format!(
+            "{}: DeepSeek-V4 prefill context parallelism (the reference's sparse-CP composition with the              paged_mqa_logits table) is not modelled",
+            m.name
+        )));
+    }
+    let (tp, h) = (l.tp, m.hidden);
+    let layers = m.layers as f64;
+    let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
+    let inter = m.moe_inter / tp;
+    let dims = BlockDims {
+        hidden: h,
+        q_lora: d.q_lora_rank,
+        o_lora: d.o_lora_rank,
+        head_dim: d.head_dim,
+        rope: d.qk_rope_head_dim,
+        index_heads: d.index_n_heads,
+        index_head_dim: d.index_head_dim,
+        index_topk: d.index_topk,
+        window: d.sliding_window,
+        o_groups: (d.o_groups / tp).max(1),
+    };
+    // Layer counts per timed kind: the compressed kinds in the order the config first names
+    // them, HCA last when only SWA layers stand for it.
+    let mut kinds: Vec<(u32, usize)> = Vec::new();
+    for &r in d.compress_ratios.iter().chain(&[128]) {
+        let count = d.compress_ratios.iter().filter(|&&x| x == r || (r == 128 && x == 0)).count();
+        if r != 0 && count > 0 && !kinds.iter().any(|k| k.0 == r) {
+            kinds.push((r, count));
+        }
+    }
+    let act = 2.0;
+    let mut out = (Vec::new(), Vec::new());
+    for (ctx, list) in [(true, &mut out.0), (false, &mut out.1)] {
+        let phase = if ctx { "context" } else { "generation" };
+        let nm = |x: &str| format!("{phase}_{x}");
+        let s = if ctx { 1.0 } else { mtp };
+        let ls = layers * s;
+        let mhc = |post: bool| {
+            Op::Mhc(MhcOp {
+                name: nm(if post { "mhc_post" } else { "mhc_pre" }),
+                scale: ls,
+                post,
+                hc_mult: d.hc_mult,
+                hidden: h,
+                sinkhorn_iters: d.hc_sinkhorn_iters,
+            })
+        };
+        let norm = |x: &str| Op::Elementwise { name: nm(x), scale: ls, bytes_per_token: (2 * h) as f64 * act };
+        list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
+        list.push(mhc(false));
+        list.push(norm("attn_norm"));
+        for &(ratio, count) in &kinds {
+            list.push(Op::Dsv4Attn(Dsv4AttnOp {
+                name: nm("attention"),
+                scale: count as f64 * s,
+                context: ctx,
+                ratio,
+                heads: m.heads / tp,
+                native_heads: m.heads,
+                kv: l.kv,
+                fmha: l.fmha,
+                gemm: l.gemm,
+                dims,
+            }));
+        }
+        list.push(mhc(true));
+        list.push(norm("ffn_norm"));
+        let shared = vec![
+            Op::gemm(nm("shared_gate_up_gemm"), ls, 2 * inter, h, l.gemm, false),
+            Op::Elementwise { name: nm("shared_act_gate"), scale: ls, bytes_per_token: (3 * inter) as f64 * act },
+            Op::gemm(nm("shared_ffn2_gemm"), ls, h, inter, l.gemm, false),
+        ];
+        let mut routed = Vec::new();
+        push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
+        push_shared_beside_routed(list, ctx, phase, shared, routed);
+        list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
+        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+    }
+    Ok(out)
 }

@@ -73,7 +73,8 @@ fn attends(op: &Op) -> bool {
         | Op::Mla(_)
         | Op::MlaBmm(_)
         | Op::Dsa(_)
-        | Op::Msa(_) => true,
+        | Op::Msa(_)
+        | Op::Dsv4Attn(_) => true,
         Op::Fallback { primary, .. } => attends(primary),
         _ => false,
     }
@@ -84,6 +85,7 @@ fn sol_refused(op: &Op) -> Option<&'static str> {
     match op {
         Op::Dsa(_) => Some("DSA sparse attention (DeepSeek-V3.2, GLM-5)"),
         Op::Msa(_) => Some("MiniMax sparse attention (MiniMax-M3)"),
+        Op::Dsv4Attn(_) | Op::Mhc(_) => Some("DeepSeek-V4 compressed attention and mHC"),
         Op::MoeA2a(_) | Op::ExpertCompute(_) => Some("the large-EP MoE graph (moe_comm_backend)"),
         _ => None,
     }
@@ -237,6 +239,8 @@ impl Estimator {
             Op::MlaBmm(b) => crate::mla::eval_bmm(db, b, at.batch)?,
             Op::Dsa(d) => crate::dsa::eval_dsa(db, d, at.batch, at.s, at.prefix)?,
             Op::Msa(a) => crate::msa::eval_msa(db, a, at.batch, at.s, at.prefix)?,
+            Op::Dsv4Attn(a) => crate::dsv4::eval_dsv4_attention(db, a, at.batch, at.s, at.prefix)?,
+            Op::Mhc(h) => crate::dsv4::eval_mhc(db, h, at.x)?,
             Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
                 Ok(v) => v,
                 Err(e) if crate::mla::falls_back(&e) => {

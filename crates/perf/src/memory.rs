@@ -84,14 +84,14 @@ pub fn kv_capacity(
         ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         (_, _) if hybrid => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
+        ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
             (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
         }
         // MiniMax-M3 has no entry in the reference's tables: their `default` row.
         ("sglang", Family::Msa) => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
         (_, Family::Msa) => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4) => {
+        (_, Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
             (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
         }
     };
@@ -100,12 +100,12 @@ pub fn kv_capacity(
     // The reference uses the model's whole attention width here, not the per-GPU share.
     let h = (m.heads * m.head_dim) as f64;
     let mut activations = 2.0 * max_num_tokens as f64 * h * c;
-    if matches!(m.family, Family::Mla | Family::Dsa) || (m.family == Family::Gemma4 && m.routed()) {
+    if matches!(m.family, Family::Mla | Family::Dsa | Family::Dsv4) || (m.family == Family::Gemma4 && m.routed()) {
         // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
-        // DeepSeek family and Gemma 4, over every attention-DP rank's tokens; Gemma 4's is as
-        // wide as its residual stream, not its attention.
+        // DeepSeek family and Gemma 4, over every attention-DP rank's tokens; Gemma 4's and
+        // DeepSeek-V4's are as wide as the residual stream, not the attention.
         let l = &est.layout;
-        let width = if m.family == Family::Gemma4 { m.hidden as f64 } else { h };
+        let width = if matches!(m.family, Family::Gemma4 | Family::Dsv4) { m.hidden as f64 } else { h };
         activations += max_num_tokens as f64 * width * l.attention_dp as f64 * m.experts as f64 * m.topk as f64
             / l.moe_ep.max(1) as f64
             / 128.0
@@ -138,7 +138,9 @@ pub fn kv_capacity(
         )));
     }
     let per_token = est.kv_bytes_per_token();
-    let tokens = if m.sliding_window > 0 || m.gemma4.is_some() {
+    let tokens = if let Some(d) = &m.dsv4 {
+        d.kv_tokens(est.layout.kv, kv, m.max_position as u64)
+    } else if m.sliding_window > 0 || m.gemma4.is_some() {
         window_capped_tokens(est, kv)
     } else {
         (kv / per_token).floor() as u64
@@ -165,14 +167,16 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         // The MLA, DSA and hybrid graphs and MSA's look up the whole vocabulary; the others their
         // tensor-parallel share.
         Op::Embedding { scale, .. } => {
-            let whole =
-                matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa) || m.hybrid.is_some();
+            let whole = matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa | Family::Dsv4)
+                || m.hybrid.is_some();
             let rows = if whole { m.vocab } else { m.vocab / est.layout.tp };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }
         Op::Moe(moe) => moe.weight_bytes(),
         Op::ExpertCompute(e) => e.moe.weight_bytes(),
         Op::Dsa(dsa) => dsa.weight_bytes(),
+        Op::Dsv4Attn(a) => a.weight_bytes(),
+        Op::Mhc(h) => h.weight_bytes(),
         Op::Fallback { primary, fallback, .. } => {
             let p = op_weights(est, primary);
             if p > 0.0 {

@@ -28,6 +28,9 @@ pub enum Family {
     /// MiniMax-M3 (the reference's `MINIMAXM3`): DSA's graph with MiniMax sparse attention, a
     /// block-indexed GQA (`msa.rs`).
     Msa,
+    /// DeepSeek-V4 (the reference's `DEEPSEEKV4`): compressed attention (SWA / CSA / HCA) with
+    /// mHC residual streams, shared + routed experts (`dsv4.rs`).
+    Dsv4,
 }
 
 /// What a DSA model adds to the MLA facts (`dsa.rs` builds its graph).
@@ -96,6 +99,8 @@ pub struct ModelSpec {
     pub gemma4: Option<crate::gemma4::Gemma4Spec>,
     /// Hybrid local / global attention models (Llama-4, MiMo-V2-Flash; `hybrid_moe.rs`).
     pub hybrid: Option<crate::hybrid_moe::HybridSpec>,
+    /// DeepSeek-V4: the compressed-attention and mHC facts.
+    pub dsv4: Option<crate::dsv4::Dsv4Spec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -270,11 +275,7 @@ impl ModelSpec {
         } else if MSA.contains(&arch.as_str()) {
             Family::Msa
         } else if arch == crate::dsv4::ARCH {
-            // Read the DeepSeek-V4 facts first, so a malformed config is named before the refusal.
-            let layers = uint(cfg, "num_hidden_layers")
-                .ok_or_else(|| PerfError::config(format!("{shown}: missing or non-integer num_hidden_layers")))?;
-            let spec = crate::dsv4::Dsv4Spec::from_config(cfg, layers, &shown.to_string())?;
-            return Err(crate::dsv4::unsupported(&shown.to_string(), &spec));
+            Family::Dsv4
         } else if arch == "DeepseekV41ForCausalLM" {
             return Err(PerfError::unsupported(format!(
                 "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
@@ -284,12 +285,12 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH]].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH]].concat().join(", ")
             )));
         };
         let need =
@@ -378,7 +379,22 @@ impl ModelSpec {
                 None
             },
             hybrid: None,
+            dsv4: if family == Family::Dsv4 {
+                Some(crate::dsv4::Dsv4Spec::from_config(cfg, layers, &shown.to_string())?)
+            } else {
+                None
+            },
         };
+        if family == Family::Dsv4 {
+            // The reference runs DeepSeek-V4's sparse attention on an fp8 KV cache whatever the
+            // checkpoint declares, and its native checkpoints' fp4 routed experts as MXFP4 weights
+            // with MXFP8 activations (unless the experts are NVFP4).
+            spec.quant.kv = Dtype::Fp8;
+            let fp4_experts = lower_str(cfg.get("expert_dtype")).as_deref() == Some("fp4");
+            if fp4_experts && spec.quant.moe != Dtype::Nvfp4 {
+                spec.quant.moe = Dtype::W4a8Mxfp4Mxfp8;
+            }
+        }
         if HYBRID.contains(&arch_name.as_str()) {
             spec.hybrid = Some(crate::hybrid_moe::spec_from_config(&arch_name, root, cfg, &spec, &shown.to_string())?);
         }
@@ -782,6 +798,10 @@ pub enum Op {
     Dsa(crate::dsa::DsaOp),
     /// An MSA sparse-attention block.
     Msa(crate::msa::MsaOp),
+    /// A DeepSeek-V4 compressed-attention block.
+    Dsv4Attn(crate::dsv4::Dsv4AttnOp),
+    /// One half of DeepSeek-V4's mHC.
+    Mhc(crate::dsv4::MhcOp),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
@@ -816,6 +836,8 @@ impl Op {
             Op::MlaBmm(b) => &b.name,
             Op::Dsa(d) => &d.name,
             Op::Msa(a) => &a.name,
+            Op::Dsv4Attn(a) => &a.name,
+            Op::Mhc(a) => &a.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
             Op::TokenScale { op, .. } => op.name(),
         }
@@ -899,6 +921,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if m.family == Family::Msa {
         return crate::msa::build_msa_ops(m, l);
+    }
+    if m.family == Family::Dsv4 {
+        return crate::dsv4::build_dsv4_ops(m, l);
     }
     if let Some(hy) = &m.hybrid {
         return crate::hybrid_moe::build_hybrid_ops(m, hy, l);

@@ -687,6 +687,10 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         if model.family == Family::Msa {
             tables.extend(crate::msa::FILES);
         }
+        if model.family == Family::Dsv4 {
+            tables.extend(crate::dsv4::MODULE_FILES);
+            tables.push(crate::dsv4::MHC_FILE);
+        }
         crate::systems::check_provenance(&spec, &cfg.backend, &version, &tables)?;
     }
     let db_key = (
@@ -813,6 +817,8 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
                 || sglang_mla_runs_bf16(&model, cfg, &version, &spec)
             {
                 Dtype::Bfloat16
+            } else if model.family == Family::Dsv4 && !cfg.database_mode.is_sol() {
+                crate::dsv4::context_fmha(&db, model.quant.fmha, kv)?
             } else {
                 model.quant.fmha
             },

@@ -150,3 +150,95 @@ fn malformed_configs_are_named() {
     let e = Dsv4Spec::from_config(&missing, 3, "c.json").unwrap_err().message;
     assert!(e.contains("c.json: DeepseekV4ForCausalLM needs an integer hc_mult"), "{e}");
 }
+
+fn data_available() -> bool {
+    match servesim_perf::systems::systems_roots(&[]) {
+        Ok(roots) => roots.iter().any(|(r, _)| r.join("b200_sxm.yaml").is_file()),
+        Err(_) => false,
+    }
+}
+
+fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
+    servesim_perf::estimator(&servesim_perf::AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+}
+
+fn close(got: f64, want: f64) {
+    assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "got {got}, reference {want}");
+}
+
+/// DeepSeek-V4 step times and KV capacity against the reference's op-level estimator: the
+/// CSA / HCA module tables (SWA layers timed as HCA), the mHC pre / post ops, the shared expert
+/// beside the MXFP4 × MXFP8 routed experts, fp8 KV with bf16 attention tables. Numbers from
+///
+/// ```text
+/// $AISIM_REF_VENV/bin/python scripts/ais_goldens.py --dsv4
+/// ```
+///
+/// (`static_phase_diagnostics` summed for prefill and decode at `context − 1`,
+/// `estimate_forward_pass_time_ms` for the mixed pass, `estimate_num_gpu_blocks` at 8192 tokens
+/// per pass and block 64).
+#[test]
+fn timing_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DeepSeek-V4 goldens");
+        return;
+    }
+    use serde_json::json;
+    let mixed = servesim_perf::RankMetrics {
+        num_prefill_requests: 3,
+        sum_prefill_tokens: 2000,
+        sum_prefill_kv_tokens: 3000,
+        num_decode_requests: 100,
+        sum_decode_kv_tokens: 70000,
+    };
+    let layout = |model: &str, tp: u32, moe_tp: u32, moe_ep: u32| {
+        est_with(json!({"model": model, "system": "b200_sxm", "backend": "vllm", "backend_version": "0.24.0",
+                        "tp": tp, "moe_tp_size": moe_tp, "moe_ep_size": moe_ep}))
+    };
+    let flash = layout("deepseek-ai/DeepSeek-V4-Flash", 1, 1, 1);
+    let q = &flash.layout;
+    assert_eq!((q.gemm, q.moe, q.kv, q.fmha), (Dtype::Fp8Block, Dtype::W4a8Mxfp4Mxfp8, Dtype::Fp8, Dtype::Bfloat16));
+    close(flash.prefill_ms(2, 1000, 0).unwrap(), 79.8730509008812);
+    close(flash.prefill_ms(1, 20000, 0).unwrap(), 498.34455436968227);
+    close(flash.prefill_ms(2, 3000, 500).unwrap(), 135.5514158366166);
+    close(flash.decode_ms(16, 1100).unwrap(), 13.083621483291422);
+    close(flash.decode_ms(7, 131072).unwrap(), 9.828872148301608);
+    close(flash.forward_pass_time_ms(&[mixed]).unwrap(), 95.3066545380031);
+    let got = servesim_perf::memory::kv_capacity(&flash, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(got.blocks, 41609, "{got:?}");
+
+    let flash_tp4 = layout("deepseek-ai/DeepSeek-V4-Flash", 4, 4, 1);
+    close(flash_tp4.prefill_ms(4, 777, 0).unwrap(), 54.8603583508467);
+    close(flash_tp4.decode_ms(64, 4097).unwrap(), 11.893267000050383);
+
+    let pro = layout("deepseek-ai/DeepSeek-V4-Pro", 8, 1, 8);
+    close(pro.prefill_ms(2, 1000, 0).unwrap(), 77.37266365475664);
+    close(pro.prefill_ms(1, 8192, 0).unwrap(), 316.13631550579163);
+    close(pro.decode_ms(16, 1100).unwrap(), 16.875279131632592);
+    close(pro.decode_ms(33, 5000).unwrap(), 20.60524992618321);
+    close(pro.forward_pass_time_ms(&[mixed]).unwrap(), 93.53526206070447);
+    let got = servesim_perf::memory::kv_capacity(&pro, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(got.blocks, 188960, "{got:?}");
+}
+
+/// What servesim does not model of DeepSeek-V4 is refused by name: SGLang's CSA top-k correction
+/// (its tables ship `dsv4_csa_topk_calib_perf`, which the reference subtracts from CSA layers) and
+/// the SOL rooflines.
+#[test]
+fn unmodelled_parts_are_refused_by_name() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    use serde_json::json;
+    let sglang = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang",
+                                 "backend_version": "0.5.14", "tp": 1}));
+    // The context tables hold bf16 attention only: the fp8 checkpoint's format falls back to it.
+    assert_eq!(sglang.layout.fmha, Dtype::Bfloat16);
+    let e = sglang.prefill_ms(2, 1000, 0).unwrap_err().message;
+    assert!(e.contains("CSA top-k correction") && e.contains("dsv4_csa_topk_calib_perf.parquet"), "{e}");
+    let sol = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "vllm",
+                              "backend_version": "0.24.0", "database_mode": "SOL"}));
+    let e = sol.decode_ms(4, 1000).unwrap_err().message;
+    assert!(e.contains("database_mode SOL is not modelled for DeepSeek-V4"), "{e}");
+}
