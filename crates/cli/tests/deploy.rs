@@ -180,8 +180,8 @@ fn checkpoint_formats_match_the_reference() {
 /// by the same fraction of a microsecond per decode step as the SILICON goldens, a larger share of
 /// SOL's shorter steps (~1e-4 of the ITL for the 3-5 ms Qwen3-8B steps). The rooflines are much faster
 /// than the measured kernels. A system with a spec but no kernel data is refused under SOL too,
-/// as the reference refuses it ("no backend version is available"); HYBRID is refused naming
-/// what it needs.
+/// as the reference refuses it ("no backend version is available"); an unknown mode is refused
+/// naming the four there are.
 #[test]
 fn sol_database_mode_matches_the_reference() {
     for name in ["predict_sol_qwen3_8b", "predict_sol_qwen3_moe"] {
