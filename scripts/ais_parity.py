@@ -24,6 +24,8 @@ packaged config.json. `--pps` / `--cps` run every layout also at those pipeline 
 prefill context-parallel sizes (`cp_size`; the reference allows it on SGLang at tp 1 only).
 `--database-mode SOL` asks both sides for the speed-of-light rooflines instead of the measured
 tables (the `database_mode` config key); those agree to rounding, so compare with `--tol 1e-6`.
+`--database-mode EMPIRICAL` / `HYBRID` likewise (dense models; servesim refuses MoE / MLA /
+DSA / MSA under them by name, so those show as "only one side refuses").
 """
 import argparse
 import atexit
@@ -186,7 +188,7 @@ def main():
                     help="also run MoE models with attention data parallelism (attention_dp 2)")
     ap.add_argument("--pps", default="1", help="pipeline-parallel depths (`pp`) to run every layout at")
     ap.add_argument("--cps", default="1", help="prefill context-parallel sizes (`cp_size`) to run every layout at")
-    ap.add_argument("--database-mode", default=None, help="database_mode for both sides (SILICON or SOL)")
+    ap.add_argument("--database-mode", default=None, help="database_mode for both sides (SILICON, SOL, EMPIRICAL or HYBRID)")
     ap.add_argument("--tol", type=float, default=None,
                     help="pass only when every shape is within this relative difference (default: the 1 %% / 3 %% targets)")
     ap.add_argument("--json", help="write every row here")

@@ -180,8 +180,8 @@ fn checkpoint_formats_match_the_reference() {
 /// by the same fraction of a microsecond per decode step as the SILICON goldens, a larger share of
 /// SOL's shorter steps (~1e-4 of the ITL for the 3-5 ms Qwen3-8B steps). The rooflines are much faster
 /// than the measured kernels. A system with a spec but no kernel data is refused under SOL too,
-/// as the reference refuses it ("no backend version is available"); HYBRID is refused naming
-/// what it needs.
+/// as the reference refuses it ("no backend version is available"); an unknown mode is refused
+/// naming the four there are.
 #[test]
 fn sol_database_mode_matches_the_reference() {
     for name in ["predict_sol_qwen3_8b", "predict_sol_qwen3_moe"] {
@@ -196,10 +196,43 @@ fn sol_database_mode_matches_the_reference() {
     for (set, want) in [
         ("engine.hardware=l4", "no vllm data for l4 under"),
         ("engine.hardware=a100_pcie", "no backend version is available"),
-        ("engine.database_mode=HYBRID", "database_mode: HYBRID is not supported by servesim yet"),
+        ("engine.database_mode=ROOFLINE", "database_mode: unknown value \"ROOFLINE\""),
     ] {
         let out_dir = tmp(&format!("sol-refused-{}", want.len()));
         let out = predict(&deploy_dir().join("predict_sol_qwen3_8b.yaml"), &out_dir, &["--set", set]);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{set}: {err}");
+        assert!(err.contains(want), "{set}: {err}");
+    }
+}
+
+/// `database_mode: EMPIRICAL` (engine level; vLLM Qwen3-8B on H200) and `HYBRID` (worker level;
+/// SGLang Qwen3-32B on H100 TP2 x2), recorded from the reference (each YAML says how): the
+/// empirical estimates agree per pass to rounding, so the runs agree to well within 2e-4.
+/// EMPIRICAL is not SILICON (different numbers), and the families servesim has no empirical
+/// estimate for are refused by name.
+#[test]
+fn empirical_and_hybrid_database_modes_match_the_reference() {
+    for name in ["predict_empirical_qwen3_8b", "predict_hybrid_qwen3_32b"] {
+        let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
+        assert!(worst <= 2e-4, "{name}: worst deviation {:.5} %", worst * 100.0);
+        assert_eq!(ours["completed_requests"], reference["completed_requests"], "{name}");
+    }
+    let empirical = predict_with("predict_empirical_qwen3_8b", &[]);
+    let silicon = predict_with("predict_empirical_qwen3_8b", &["engine.database_mode=SILICON"]);
+    let (a, b) = (empirical["mean_itl_ms"].as_f64().unwrap(), silicon["mean_itl_ms"].as_f64().unwrap());
+    assert!((a - b).abs() > 1e-3 * b, "EMPIRICAL ITL {a} vs SILICON {b}");
+    for (set, want) in [
+        ("engine.model=Qwen/Qwen3-30B-A3B", "database_mode EMPIRICAL is not modelled for MoE"),
+        ("engine.database_mode=HYBRID", ""),
+    ] {
+        if want.is_empty() {
+            let out = predict_with("predict_empirical_qwen3_8b", &[set]);
+            assert_eq!(out["completed_requests"], 200, "{set}");
+            continue;
+        }
+        let out_dir = tmp(&format!("empirical-refused-{}", want.len()));
+        let out = predict(&deploy_dir().join("predict_empirical_qwen3_8b.yaml"), &out_dir, &["--set", set]);
         let err = stderr(&out);
         assert!(!out.status.success(), "{set}: {err}");
         assert!(err.contains(want), "{set}: {err}");

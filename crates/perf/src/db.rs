@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
+use crate::empirical::{self, DeltaLookup, UtilGrid};
 use crate::error::{PerfError, Result};
 use crate::interp::{Curve, Grid, GridSpec, Node, Sites, SitesSpec};
 use crate::parquet_table::{key_u32, Table};
@@ -209,6 +210,9 @@ const GEMM_SPEC: SitesSpec = SitesSpec {
 const CTX_SPEC: GridSpec = GridSpec::sqrt_along(&["num_heads", "seq_len", "batch"], 1);
 const GEN_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);
 
+/// A GEMM format's measured points `([m, n, k], ms)` (raised to their SOL), in key order.
+type GemmPoints = Vec<(Vec<f64>, f64)>;
+
 /// NCCL curves by (dtype, collective, GPUs).
 type NcclCurves = BTreeMap<(String, String, u32), Curve>;
 
@@ -266,20 +270,21 @@ pub enum DatabaseMode {
     Silicon,
     /// Every op's pure speed-of-light roofline from the system YAML; no table is read (`SOL`).
     Sol,
+    /// Every table-backed op's SOL over a utilisation read off its measured points
+    /// (`EMPIRICAL`, `empirical.rs`); the memory and P2P formulas are SILICON's.
+    Empirical,
+    /// The tables where they have the slice, the empirical estimate where they miss (`HYBRID`).
+    Hybrid,
 }
 
 impl DatabaseMode {
     /// The mode named by a `database_mode` value (case-insensitive, as the reference reads it).
-    /// `Err` carries why a mode the reference knows is not modelled.
     pub fn parse(s: &str) -> std::result::Result<DatabaseMode, String> {
         match s.to_ascii_uppercase().as_str() {
             "SILICON" => Ok(DatabaseMode::Silicon),
             "SOL" => Ok(DatabaseMode::Sol),
-            "HYBRID" | "EMPIRICAL" => Err(format!(
-                "{s:?} is not modelled: it needs the reference's empirical estimates (per-op utilisation \
-                 curves fitted to the tables and the cross-quant / cross-shape transfer ladder), which servesim \
-                 does not implement; SILICON (measured tables) and SOL (speed-of-light rooflines) are"
-            )),
+            "EMPIRICAL" => Ok(DatabaseMode::Empirical),
+            "HYBRID" => Ok(DatabaseMode::Hybrid),
             _ => Err(format!("{s:?} is not a database mode (SILICON, SOL, HYBRID or EMPIRICAL)")),
         }
     }
@@ -288,12 +293,39 @@ impl DatabaseMode {
         match self {
             DatabaseMode::Silicon => "SILICON",
             DatabaseMode::Sol => "SOL",
+            DatabaseMode::Empirical => "EMPIRICAL",
+            DatabaseMode::Hybrid => "HYBRID",
         }
     }
 
     pub fn is_sol(self) -> bool {
         self == DatabaseMode::Sol
     }
+
+    /// Whether ops are (or may be) priced by the empirical estimate.
+    pub fn is_empirical(self) -> bool {
+        matches!(self, DatabaseMode::Empirical | DatabaseMode::Hybrid)
+    }
+
+    /// Whether sibling versions' rows load by default: the modes that read the tables as
+    /// measurements (SILICON, HYBRID), as the reference derives it.
+    pub fn shared_layer_default(self) -> bool {
+        self != DatabaseMode::Empirical
+    }
+}
+
+/// Whether a HYBRID table query missed its slice (and the empirical estimate takes over).
+fn missed(e: &PerfError) -> bool {
+    e.kind == crate::error::ErrorKind::Data
+}
+
+/// What the reference would borrow where the own slice has no points; servesim refuses instead.
+fn no_transfer(mode: DatabaseMode, what: &str, borrow: &str) -> PerfError {
+    PerfError::unsupported(format!(
+        "database_mode {}: {what} has no measured points of its own; the reference would borrow {borrow}, \
+         which servesim does not model",
+        mode.name()
+    ))
 }
 
 /// The measured tables of one `(system, backend, version)`.
@@ -312,7 +344,8 @@ pub struct Database {
     moe_sources: Vec<Source>,
     compute_scale_sources: Vec<Source>,
     scale_matrix_sources: Vec<Source>,
-    gemm: OnceLock<Result<BTreeMap<String, Sites>>>,
+    /// Per format: the site table and every measured point `([m, n, k], ms)` in key order.
+    gemm: OnceLock<Result<BTreeMap<String, (Sites, GemmPoints)>>>,
     compute_scale: OnceLock<Result<BTreeMap<String, Grid>>>,
     scale_matrix: OnceLock<Result<BTreeMap<String, Grid>>>,
     ctx: OnceLock<Result<Lanes<CtxKey>>>,
@@ -329,6 +362,8 @@ pub struct Database {
     /// DeepSeek-V4's module and mHC tables, each read on first use.
     pub(crate) dsv4: crate::dsv4::Dsv4Tables,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
+    /// EMPIRICAL / HYBRID utilisation grids, each built on first use.
+    util: crate::empirical::Grids,
 }
 
 pub(crate) type ShapeKey = (u32, u32, u32, u32, u32, u32); // topk, experts, hidden, inter, moe_tp, moe_ep
@@ -411,6 +446,7 @@ impl Database {
             dsa: Default::default(),
             dsv4: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
+            util: Default::default(),
         })
     }
 
@@ -424,7 +460,7 @@ impl Database {
     /// (scaled bandwidth plus a constant) under SILICON, the pure `bytes / bandwidth` under SOL.
     pub fn mem_op_ms(&self, bytes: f64) -> f64 {
         match self.mode {
-            DatabaseMode::Silicon => self.spec.mem_op_ms(bytes),
+            DatabaseMode::Silicon | DatabaseMode::Empirical | DatabaseMode::Hybrid => self.spec.mem_op_ms(bytes),
             DatabaseMode::Sol => bytes / self.spec.mem_bw.max(1.0) * 1000.0,
         }
     }
@@ -455,7 +491,7 @@ impl Database {
         ]
     }
 
-    fn load_gemm(&self) -> Result<BTreeMap<String, Sites>> {
+    fn load_gemm(&self) -> Result<BTreeMap<String, (Sites, GemmPoints)>> {
         // Per dtype: m → n → k first-wins, plus the insertion order of the nested dict walk.
         struct Acc {
             grid: BTreeMap<(u32, u32, u32), f64>,
@@ -528,14 +564,16 @@ impl Database {
             }
             let index: HashMap<(u32, u32), usize> = order.iter().enumerate().map(|(i, s)| (*s, i)).collect();
             let mut curves: Vec<Vec<(u32, f64)>> = vec![Vec::new(); order.len()];
+            let mut points = Vec::with_capacity(acc.grid.len());
             for (&(m, n, k), &lat) in &acc.grid {
                 let lat = match (dtype, flops) {
                     (Some(dt), Some(fl)) => lat.max(gemm_sol(&self.spec, dt, fl, m as f64, n as f64, k as f64)),
                     _ => lat,
                 };
                 curves[index[&(n, k)]].push((m, lat));
+                points.push((vec![m as f64, n as f64, k as f64], lat));
             }
-            out.insert(d, Sites::new(order.into_iter().map(|(n, k)| vec![n, k]).collect(), curves));
+            out.insert(d, (Sites::new(order.into_iter().map(|(n, k)| vec![n, k]).collect(), curves), points));
         }
         Ok(out)
     }
@@ -551,17 +589,99 @@ impl Database {
             return Ok(gemm_sol(&self.spec, dt, flops, m as f64, n as f64, k as f64));
         }
         if dt != Dtype::Fp8Static {
-            return self.gemm(dt, m, n, k);
+            return self.gemm_by_mode(dt, m, n, k);
         }
         // Static scales skip the per-call scale computation, and on an FP8 input the scaling
         // pass too: the dynamic-FP8 time minus those kernels, never below the speed of light.
         let flops = dt.flops(&self.spec)?;
-        let mut v = self.gemm(Dtype::Fp8, m, n, k)?;
-        v -= self.scale_kernel(ScaleKernel::ComputeScale, m, k)?;
+        let mut v = self.gemm_by_mode(dt, m, n, k)?;
+        v -= self.scale_kernel_by_mode(ScaleKernel::ComputeScale, m, k)?;
         if fp8_input {
-            v -= self.scale_kernel(ScaleKernel::ScaleMatrix, m, k)?;
+            v -= self.scale_kernel_by_mode(ScaleKernel::ScaleMatrix, m, k)?;
         }
         Ok(v.max(gemm_sol(&self.spec, dt, flops, m as f64, n as f64, k as f64)))
+    }
+
+    /// The GEMM kernel (static FP8 read from the dynamic-FP8 table) under the database mode.
+    fn gemm_by_mode(&self, dt: Dtype, m: u32, n: u32, k: u32) -> Result<f64> {
+        let table = if dt == Dtype::Fp8Static { Dtype::Fp8 } else { dt };
+        match self.mode {
+            DatabaseMode::Empirical => self.gemm_empirical(dt, m, n, k),
+            DatabaseMode::Hybrid => match self.gemm(table, m, n, k) {
+                Err(e) if missed(&e) => self.gemm_empirical(dt, m, n, k),
+                r => r,
+            },
+            _ => self.gemm(table, m, n, k),
+        }
+    }
+
+    /// The GEMM's SOL over the utilisation of its format's measured `(m, n, k)` points.
+    fn gemm_empirical(&self, dt: Dtype, m: u32, n: u32, k: u32) -> Result<f64> {
+        let table = if dt == Dtype::Fp8Static { Dtype::Fp8 } else { dt };
+        let flops = dt.flops(&self.spec)?;
+        let spec = &self.spec;
+        let sol = move |c: &[f64]| gemm_sol(spec, dt, flops, c[0], c[1], c[2]);
+        let grid = self.util.grid(&format!("gemm:{}", table.name()), || {
+            match self.gemm.get_or_init(|| self.load_gemm()).as_ref() {
+                Ok(t) => Ok(t.get(table.name()).map(|(_, pts)| UtilGrid::new(pts.iter().cloned(), sol))),
+                Err(e) if missed(e) => Ok(None),
+                Err(e) => Err(e.clone()),
+            }
+        })?;
+        if grid.as_deref().is_none_or(UtilGrid::is_empty) {
+            return Err(no_transfer(
+                self.mode,
+                &format!("the {} GEMM on {}", dt.name(), self.which()),
+                "another format's utilisation (the cross-quant / cross-profile ladder)",
+            ));
+        }
+        let q = [m as f64, n as f64, k as f64];
+        empirical::estimate(sol(&q), &q, grid.as_deref(), 1.0, "GEMM")
+    }
+
+    /// A static-FP8 scaling kernel under the database mode.
+    fn scale_kernel_by_mode(&self, which: ScaleKernel, m: u32, k: u32) -> Result<f64> {
+        match self.mode {
+            DatabaseMode::Empirical => self.scale_kernel_empirical(which, m, k),
+            DatabaseMode::Hybrid => match self.scale_kernel(which, m, k) {
+                Err(e) if missed(&e) => self.scale_kernel_empirical(which, m, k),
+                r => r,
+            },
+            _ => self.scale_kernel(which, m, k),
+        }
+    }
+
+    /// The empirical scaling kernel: the scale computation is a measured saving, taken from its
+    /// nearest point (a zero stays zero); the scaling pass is a memory kernel, SOL over utilisation.
+    fn scale_kernel_empirical(&self, which: ScaleKernel, m: u32, k: u32) -> Result<f64> {
+        let (cell, srcs, name, passes) = match which {
+            ScaleKernel::ComputeScale => (&self.compute_scale, &self.compute_scale_sources, "computescale", 2.0),
+            ScaleKernel::ScaleMatrix => (&self.scale_matrix, &self.scale_matrix_sources, "scale_matrix", 3.0),
+        };
+        let points = || -> Result<Vec<(Vec<f64>, f64)>> {
+            let tables = cell.get_or_init(|| self.load_scale_table(srcs, name)).as_ref().map_err(Clone::clone)?;
+            let grid = tables
+                .get(Dtype::Fp8.name())
+                .ok_or_else(|| PerfError::data(format!("no fp8 {name} data for {}", self.which())))?;
+            Ok(grid.node.leaves().into_iter().map(|(c, v)| (c.iter().map(|&x| x as f64).collect(), v)).collect())
+        };
+        let bw = self.spec.mem_bw;
+        let sol = move |c: &[f64]| passes * c[0] * c[1] / bw * 1000.0;
+        let q = [m as f64, k as f64];
+        match which {
+            ScaleKernel::ComputeScale => {
+                let lookup = self.util.delta(name, || Ok(DeltaLookup::new(points()?)))?;
+                lookup.estimate(&q, sol, name)
+            }
+            ScaleKernel::ScaleMatrix => {
+                let grid = self.util.grid(name, || match points() {
+                    Ok(p) => Ok(Some(UtilGrid::new(p, sol))),
+                    Err(e) if missed(&e) => Ok(None),
+                    Err(e) => Err(e),
+                })?;
+                empirical::estimate(sol(&q), &q, grid.as_deref(), 1.0, name)
+            }
+        }
     }
 
     /// One of the activation-scaling kernels static FP8 saves, at `m` tokens of width `k`, ms.
@@ -649,7 +769,7 @@ impl Database {
             return Ok(*v);
         }
         let tables = self.gemm.get_or_init(|| self.load_gemm()).as_ref().map_err(Clone::clone)?;
-        let sites = tables.get(dt.name()).ok_or_else(|| {
+        let (sites, _) = tables.get(dt.name()).ok_or_else(|| {
             PerfError::data(format!(
                 "no {} GEMM data for {} (have: {})",
                 dt.name(),
@@ -918,6 +1038,124 @@ impl Database {
         Ok(gen_attn_sol_parts(&self.spec, n_kv, head, window, kv, flops, n as f64, b as f64, s as f64).0)
     }
 
+    /// Whether some lane has a context (`generation`: decode) attention slice like `key` at
+    /// another head size: the reference would then borrow that head size's utilisation.
+    fn other_head_size<K: Ord>(lanes: &Lanes<K>, same: impl Fn(&K) -> bool) -> bool {
+        lanes.0.values().any(|m| m.keys().any(&same))
+    }
+
+    /// Context attention under EMPIRICAL: the SOL of `s` new tokens after `prefix` cached ones
+    /// over the utilisation of the slice's measured full-attention points (a sliding window's
+    /// own slice first, then full attention's), ms.
+    #[allow(clippy::too_many_arguments)]
+    pub fn context_attention_empirical(
+        &self,
+        lanes: &[String],
+        b: u32,
+        s: u32,
+        prefix: u32,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+        fmha: Dtype,
+    ) -> Result<f64> {
+        let spec = &self.spec;
+        let flops = fmha.flops(spec)?;
+        let (fb, fs, fp) = (b as f64, s as f64, prefix as f64);
+        let sol_q = ctx_attn_sol_prefix(spec, head, window, kv, flops, fb, fs, fp, n as f64, n_kv as f64);
+        let q = [n as f64, fs + fp, fb];
+        let n_kv_l = mha_lookup(n, n_kv);
+        let tables = match self.ctx_tables() {
+            Ok(t) => Some(t),
+            Err(e) if missed(&e) => None,
+            Err(e) => return Err(e),
+        };
+        let windows: &[u32] = if window > 0 { &[window, 0] } else { &[0] };
+        for &w in windows {
+            let key = CtxKey { fmha: fmha.name().into(), kv: kv.name().into(), n_kv: n_kv_l, head, window: w };
+            let lane_key = lanes.join(">");
+            let grid = self.util.grid(&format!("ctx:{lane_key}:{key}"), || {
+                Ok(tables.and_then(|t| Self::lane_slice(t, lanes, &key)).map(|(_, g)| {
+                    let sol = |c: &[f64]| ctx_attn_sol(spec, n_kv_l, head, w, kv, flops, c[0], c[1], c[2]);
+                    let pts = g.node.leaves().into_iter().map(|(c, v)| (c.iter().map(|&x| x as f64).collect(), v));
+                    UtilGrid::new(pts, sol)
+                }))
+            })?;
+            if grid.as_deref().is_some_and(|g| !g.is_empty()) {
+                return empirical::estimate(sol_q, &q, grid.as_deref(), 1.0, "context attention");
+            }
+            let other = |k: &CtxKey| {
+                k.fmha == key.fmha
+                    && k.kv == key.kv
+                    && k.n_kv == n_kv_l
+                    && k.window == w
+                    && k.head != head
+                    && k.head != 0
+            };
+            if tables.is_some_and(|t| Self::other_head_size(t, other)) {
+                return Err(no_transfer(
+                    self.mode,
+                    &format!("context attention {key} on {}", self.which()),
+                    "another head size's utilisation (the cross-shape transfer)",
+                ));
+            }
+        }
+        empirical::estimate(sol_q, &q, None, 1.0, &format!("context attention on {}", self.which()))
+    }
+
+    /// Generation attention under EMPIRICAL: the SOL of `b` requests over `s` KV tokens over the
+    /// utilisation of the slice's measured (SOL-raised) points, ms.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generation_attention_empirical(
+        &self,
+        lanes: &[String],
+        b: u32,
+        s: u32,
+        n: u32,
+        n_kv: u32,
+        head: u32,
+        window: u32,
+        kv: Dtype,
+    ) -> Result<f64> {
+        let spec = &self.spec;
+        let flops = gen_attn_dtype(spec, kv).flops(spec)?;
+        let n_kv_l = mha_lookup(n, n_kv);
+        let q = [n as f64, b as f64, s as f64];
+        let sol_q = gen_attn_sol(spec, n_kv_l, head, window, kv, flops, q[0], q[1], q[2]);
+        let tables = match self.gen_tables() {
+            Ok(t) => Some(t),
+            Err(e) if missed(&e) => None,
+            Err(e) => return Err(e),
+        };
+        let windows: &[u32] = if window > 0 { &[window, 0] } else { &[0] };
+        for &w in windows {
+            let key = GenKey { kv: kv.name().into(), n_kv: n_kv_l, head, window: w };
+            let lane_key = lanes.join(">");
+            let grid = self.util.grid(&format!("gen:{lane_key}:{key}"), || {
+                Ok(tables.and_then(|t| Self::lane_slice(t, lanes, &key)).map(|(_, g)| {
+                    let sol = |c: &[f64]| gen_attn_sol(spec, n_kv_l, head, w, kv, flops, c[0], c[1], c[2]);
+                    let pts = g.node.leaves().into_iter().map(|(c, v)| (c.iter().map(|&x| x as f64).collect(), v));
+                    UtilGrid::new(pts, sol)
+                }))
+            })?;
+            if grid.as_deref().is_some_and(|g| !g.is_empty()) {
+                return empirical::estimate(sol_q, &q, grid.as_deref(), 1.0, "generation attention");
+            }
+            let other =
+                |k: &GenKey| k.kv == key.kv && k.n_kv == n_kv_l && k.window == w && k.head != head && k.head != 0;
+            if tables.is_some_and(|t| Self::other_head_size(t, other)) {
+                return Err(no_transfer(
+                    self.mode,
+                    &format!("generation attention {key} on {}", self.which()),
+                    "another head size's utilisation (the cross-shape transfer)",
+                ));
+            }
+        }
+        empirical::estimate(sol_q, &q, None, 1.0, &format!("generation attention on {}", self.which()))
+    }
+
     fn ar_table(&self) -> Result<&BTreeMap<u32, Curve>> {
         self.ar
             .get_or_init(|| {
@@ -971,9 +1209,51 @@ impl Database {
             return Ok(2.0 * elements * 2.0 / n * (n - 1.0) / self.spec.p2p_bandwidth(tp) * 1000.0);
         }
         let per_node = self.spec.gpus_per_node;
-        if per_node == 72 && tp > 4 {
+        // NVL72 reroutes to NCCL in the modes that read the table first (EMPIRICAL never does).
+        if per_node == 72 && tp > 4 && self.mode != DatabaseMode::Empirical {
             return self.nccl("half", "all_reduce", tp, elements);
         }
+        match self.mode {
+            DatabaseMode::Empirical => self.custom_allreduce_empirical(tp, elements),
+            DatabaseMode::Hybrid => match self.custom_allreduce_table(tp, elements) {
+                Err(e) if missed(&e) => self.custom_allreduce_empirical(tp, elements),
+                r => r,
+            },
+            _ => self.custom_allreduce_table(tp, elements),
+        }
+    }
+
+    /// The ring all-reduce bound of `elements` half-precision elements over `tp` GPUs, ms.
+    fn ring_allreduce_sol(&self, tp: u32, elements: f64) -> f64 {
+        let n = tp as f64;
+        2.0 * elements * 2.0 / n * (n - 1.0) / self.spec.p2p_bandwidth(tp) * 1000.0
+    }
+
+    /// The all-reduce bound over the utilisation of the measured curve of the largest fan-out
+    /// slice that applies (the SOL carries the fan-out beyond it), ms.
+    fn custom_allreduce_empirical(&self, tp: u32, elements: f64) -> Result<f64> {
+        let sol_q = self.ring_allreduce_sol(tp, elements);
+        if sol_q <= 0.0 {
+            return Ok(sol_q);
+        }
+        let per_node = self.spec.gpus_per_node;
+        let table = match self.ar_table() {
+            Ok(t) => Some(t),
+            Err(e) if missed(&e) => None,
+            Err(e) => return Err(e),
+        };
+        let eff = table.and_then(|t| fanout_slice(t.keys().copied(), tp, per_node)).unwrap_or(tp.min(per_node));
+        let grid = self.util.grid(&format!("custom_allreduce:{eff}"), || {
+            Ok(table.and_then(|t| t.get(&eff)).filter(|c| !c.points.is_empty()).map(|c| {
+                let pts = c.points.iter().map(|&(x, v)| (vec![x as f64], v));
+                UtilGrid::new(pts, |c: &[f64]| self.ring_allreduce_sol(eff, c[0]))
+            }))
+        })?;
+        empirical::estimate(sol_q, &[elements], grid.as_deref(), 1.0, &format!("custom all-reduce over {eff} GPUs"))
+    }
+
+    fn custom_allreduce_table(&self, tp: u32, elements: f64) -> Result<f64> {
+        let per_node = self.spec.gpus_per_node;
         let table = self.ar_table()?;
         let eff = fanout_slice(table.keys().copied(), tp, per_node).unwrap_or(tp.min(per_node));
         let curve = table.get(&eff).ok_or_else(|| {
@@ -1029,9 +1309,40 @@ impl Database {
         if gpus <= 1 {
             return Ok(0.0);
         }
-        if self.mode.is_sol() {
-            return nccl_sol(&self.spec, dtype, op, gpus, size);
+        match self.mode {
+            DatabaseMode::Sol => nccl_sol(&self.spec, dtype, op, gpus, size),
+            DatabaseMode::Empirical => self.nccl_empirical(dtype, op, gpus, size),
+            DatabaseMode::Hybrid => match self.nccl_measured(dtype, op, gpus, size) {
+                Err(e) if missed(&e) => self.nccl_empirical(dtype, op, gpus, size),
+                r => r,
+            },
+            DatabaseMode::Silicon => self.nccl_measured(dtype, op, gpus, size),
         }
+    }
+
+    /// The collective's bound over the utilisation of the measured curve at `gpus`, or at the
+    /// largest fan-out measured (the SOL carrying the rest), ms.
+    fn nccl_empirical(&self, dtype: &str, op: &str, gpus: u32, size: f64) -> Result<f64> {
+        let sol_q = nccl_sol(&self.spec, dtype, op, gpus, size)?;
+        if sol_q <= 0.0 {
+            return Ok(sol_q);
+        }
+        let table = self.nccl_table()?;
+        let max = table.keys().filter(|(d, o, _)| d == dtype && o == op).map(|(_, _, g)| *g).max();
+        let max = max.ok_or_else(|| {
+            PerfError::data(format!("no NCCL {op} {dtype} data on {} for the empirical estimate", self.spec.name))
+        })?;
+        let eff = gpus.min(max);
+        let grid = self.util.grid(&format!("nccl:{dtype}:{op}:{eff}"), || {
+            Ok(table.get(&(dtype.to_string(), op.to_string(), eff)).filter(|c| !c.points.is_empty()).map(|c| {
+                let pts = c.points.iter().map(|&(x, v)| (vec![x as f64], v));
+                UtilGrid::new(pts, |c: &[f64]| nccl_sol(&self.spec, dtype, op, eff, c[0]).unwrap_or(0.0))
+            }))
+        })?;
+        empirical::estimate(sol_q, &[size], grid.as_deref(), 1.0, &format!("NCCL {op} over {eff} GPUs"))
+    }
+
+    fn nccl_measured(&self, dtype: &str, op: &str, gpus: u32, size: f64) -> Result<f64> {
         let table = self.nccl_table()?;
         let fanouts = table.keys().filter(|(d, o, _)| d == dtype && o == op).map(|(_, _, g)| *g);
         let eff = fanout_slice(fanouts, gpus, self.spec.gpus_per_node).unwrap_or(gpus);

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::db::{ctx_attn_sol_prefix, gen_attn_dtype, gen_attn_sol, Database, Dtype};
-use crate::error::{PerfError, Result};
+use crate::db::{ctx_attn_sol_prefix, gen_attn_dtype, gen_attn_sol, Database, DatabaseMode, Dtype};
+use crate::error::{ErrorKind, PerfError, Result};
 use crate::model::{build_ops, Layout, ModelSpec, Op};
 
 /// What one op is evaluated at.
@@ -91,6 +91,20 @@ fn sol_refused(op: &Op) -> Option<&'static str> {
     }
 }
 
+/// The op families the EMPIRICAL / HYBRID estimate is not modelled for (their reference
+/// empirical paths carry per-family utilisation grids and transfers servesim lacks).
+fn empirical_refused(op: &Op) -> Option<&'static str> {
+    match op {
+        Op::Moe(_) | Op::ExpertCompute(_) => Some("MoE expert compute"),
+        Op::MoeDispatch(_) | Op::MoeA2a(_) => Some("MoE dispatch / all-to-all"),
+        Op::Mla(_) | Op::MlaBmm(_) => Some("MLA attention"),
+        Op::Dsa(_) => Some("DSA sparse attention"),
+        Op::Msa(_) => Some("MiniMax sparse attention"),
+        Op::Dsv4Attn(_) | Op::Mhc(_) => Some("DeepSeek-V4 compressed attention and mHC"),
+        _ => None,
+    }
+}
+
 impl Estimator {
     pub fn new(
         db: Arc<Database>,
@@ -131,6 +145,15 @@ impl Estimator {
                 )));
             }
         }
+        if db.mode.is_empirical() {
+            if let Some(family) = empirical_refused(op) {
+                return Err(PerfError::unsupported(format!(
+                    "database_mode {} is not modelled for {family}: servesim lacks that family's empirical \
+                     estimate (use database_mode SILICON or SOL)",
+                    db.mode.name()
+                )));
+            }
+        }
         Ok(match op {
             Op::Embedding { scale, bytes_per_token, .. } | Op::Elementwise { scale, bytes_per_token, .. } => {
                 self.mem(bytes_per_token * at.x as f64) * scale
@@ -148,10 +171,23 @@ impl Estimator {
                         let (b, s, p) = (at.batch as f64, s as f64, prefix as f64);
                         return Ok(ctx_attn_sol_prefix(&db.spec, *head, *window, *kv, flops, b, s, p, n, n_kv));
                     }
+                    let empirical = || {
+                        let lanes = &self.ctx_lanes;
+                        db.context_attention_empirical(
+                            lanes, at.batch, s, prefix, *n, *n_kv, *head, *window, *kv, *fmha,
+                        )
+                    };
+                    if db.mode == DatabaseMode::Empirical {
+                        return empirical();
+                    }
                     let full =
                         s.checked_add(prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
                     let table =
-                        db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha)?;
+                        db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha);
+                    let table = match table {
+                        Err(e) if db.mode == DatabaseMode::Hybrid && e.kind == ErrorKind::Data => return empirical(),
+                        r => r?,
+                    };
                     let (f, p) = (full as f64, prefix as f64);
                     Ok(if full == 0 { 0.0 } else { table * ((f * f - p * p) / (f * f)) })
                 };
@@ -192,7 +228,16 @@ impl Estimator {
                     let (n, b, s) = (*n as f64, requests as f64, at.s as f64);
                     gen_attn_sol(&db.spec, *n_kv, *head, *window, *kv, flops, n, b, s)
                 } else {
-                    db.generation_attention(&self.gen_lanes, requests, at.s, *n, *n_kv, *head, *window, *kv)?
+                    let lanes = &self.gen_lanes;
+                    let empirical =
+                        || db.generation_attention_empirical(lanes, requests, at.s, *n, *n_kv, *head, *window, *kv);
+                    match db.mode {
+                        DatabaseMode::Empirical => empirical()?,
+                        _ => match db.generation_attention(lanes, requests, at.s, *n, *n_kv, *head, *window, *kv) {
+                            Err(e) if db.mode == DatabaseMode::Hybrid && e.kind == ErrorKind::Data => empirical()?,
+                            r => r?,
+                        },
+                    }
                 };
                 if *verify > 1 {
                     let math = db.generation_attention_math_ms(requests, at.s, *n, *n_kv, *head, *window, *kv)?;

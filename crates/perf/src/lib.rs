@@ -11,6 +11,7 @@ pub mod db;
 pub mod dsa;
 pub mod dsv4;
 pub mod eagle3;
+pub mod empirical;
 pub mod error;
 pub mod estimator;
 pub mod gemma4;

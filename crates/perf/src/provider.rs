@@ -432,7 +432,8 @@ impl AisConfig {
             kvcache_quant_mode: quant("kvcache_quant_mode", &["bfloat16", "fp8"])?,
             systems_paths,
             attention_backend: string("attention_backend")?,
-            enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(true),
+            // Sibling versions' rows load by default only where the tables are read as measurements.
+            enable_shared_layer: boolean("enable_shared_layer")?.unwrap_or(database_mode.shared_layer_default()),
             database_mode,
             strict_provenance: boolean("strict_provenance")?.unwrap_or(false),
             pass_model,

@@ -241,4 +241,10 @@ fn unmodelled_parts_are_refused_by_name() {
                               "backend_version": "0.24.0", "database_mode": "SOL"}));
     let e = sol.decode_ms(4, 1000).unwrap_err().message;
     assert!(e.contains("database_mode SOL is not modelled for DeepSeek-V4"), "{e}");
+    for mode in ["EMPIRICAL", "HYBRID"] {
+        let est = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "vllm",
+                                  "backend_version": "0.24.0", "database_mode": mode}));
+        let e = est.decode_ms(4, 1000).unwrap_err().message;
+        assert!(e.contains(&format!("database_mode {mode} is not modelled for")), "{e}");
+    }
 }

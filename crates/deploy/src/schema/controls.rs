@@ -66,9 +66,9 @@ const TRANSFER_PRESETS: [&str; 4] = ["aggressive", "balanced", "conservative", "
 /// a comma-separated run of them (case and surrounding blanks ignored); a list names kinds exactly.
 ///
 /// The policy only says which cross-shape / cross-quant / cross-op borrowings the HYBRID and
-/// EMPIRICAL database modes may make where a table has no row; SILICON (the only mode servesim
-/// models, and the reference's default) reads measured rows alone and never consults it, so a
-/// valid policy changes nothing and is not lowered.
+/// EMPIRICAL database modes may make where a table has no row; SILICON and SOL never consult it,
+/// and servesim's EMPIRICAL / HYBRID make no borrowing (a slice that would need one is refused
+/// by name), so a valid policy changes no number servesim gives and is not lowered.
 pub(super) fn check_transfer_policy(path: &str, v: &Value) -> Result<(), DeployError> {
     let token = |t: &str| -> Result<(), DeployError> {
         let t = t.trim().to_lowercase();

@@ -119,22 +119,17 @@ impl Speculation {
 }
 
 /// `database_mode` (engine or worker timing), read case-insensitively as the reference does:
-/// `Some("SOL")` for the speed-of-light rooflines, `Some("SILICON")` for the measured kernel
-/// tables (the default, `None`, when absent). HYBRID and EMPIRICAL are refused: they
-/// estimate what the tables lack from fitted utilisation curves that servesim does not model.
+/// `Some("SILICON" | "SOL" | "EMPIRICAL" | "HYBRID")`, `None` when absent (SILICON, the measured
+/// kernel tables). SOL prices every op at its roofline; EMPIRICAL at its roofline over a
+/// utilisation read off the op's measured points; HYBRID reads the tables and estimates only
+/// where they miss. servesim-perf refuses, by name, the op families it has no estimate for.
 pub(super) fn database_mode(r: &mut Reader) -> Result<Option<&'static str>, DeployError> {
     let Some(m) = r.text("database_mode")? else { return Ok(None) };
     match m.to_ascii_uppercase().as_str() {
         "SILICON" => Ok(Some("SILICON")),
         "SOL" => Ok(Some("SOL")),
-        "HYBRID" | "EMPIRICAL" => Err(r.err(
-            "database_mode",
-            format!(
-                "{m} is not supported by servesim yet (SILICON and SOL only: {m} needs the reference's empirical \
-                 estimates, per-op utilisation curves fitted to the kernel tables and the cross-shape / \
-                 cross-quant transfer of them, which are not modelled)"
-            ),
-        )),
+        "EMPIRICAL" => Ok(Some("EMPIRICAL")),
+        "HYBRID" => Ok(Some("HYBRID")),
         _ => Err(r.err(
             "database_mode",
             format!("unknown value {m:?}; expected one of SILICON, HYBRID, EMPIRICAL, SOL (any case)"),
@@ -197,8 +192,8 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let enable_chunked_prefill = e.flag("enable_chunked_prefill")?;
     let mut controls = read_engine_controls(&mut e)?;
     let systems_paths = read_systems_paths(&mut e)?;
-    // Only SOL is an estimator policy; SILICON is the default whether written or not.
-    let sol = database_mode(&mut e)?.filter(|m| *m == "SOL");
+    // Every mode but SILICON is an estimator policy; SILICON is the default whether written or not.
+    let sol = database_mode(&mut e)?.filter(|m| *m != "SILICON");
     if let Some(m) = e.one_of("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
         if !matches!(m, "auto" | "op_level") {
             return Err(e.err("estimation_mode", format!("{m} is not supported by servesim yet (op_level only)")));
@@ -326,8 +321,9 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     if strict_provenance {
         controls.insert("strict_provenance".into(), Value::Bool(true));
     }
-    if shared_layer == Some(false) {
-        controls.insert("enable_shared_layer".into(), Value::Bool(false));
+    // Written out when false, or when true under a mode whose default is false (EMPIRICAL).
+    if shared_layer == Some(false) || (shared_layer == Some(true) && sol.is_some()) {
+        controls.insert("enable_shared_layer".into(), Value::Bool(shared_layer == Some(true)));
     }
     if let Some(m) = sol {
         controls.insert("database_mode".into(), Value::String(m.into()));
