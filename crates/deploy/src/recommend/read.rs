@@ -846,15 +846,18 @@ enum ParallelFilter {
 }
 
 impl ParallelFilter {
-    fn read(path: &str, v: &Value, budget: u64) -> Result<ParallelFilter, DeployError> {
+    /// The filter, and how many of the domain's values it names in all and how many of them
+    /// are within the GPU budget (the rest no shape can take).
+    fn read(path: &str, v: &Value, budget: u64) -> Result<(ParallelFilter, u64, u64), DeployError> {
         // Validated (and a stepped range materialised) as every integer domain is.
-        let (values, _) = domain(path, v, budget)?;
+        let (values, all) = domain(path, v, budget)?;
+        let within = values.len() as u64;
         let range = v.get("range");
         if range.and_then(|r| r.get("scale")).and_then(Value::as_str) == Some("log") {
             let bound = |k: &str| range.and_then(|r| r.get(k)).and_then(Value::as_f64).unwrap_or(1.0);
-            return Ok(ParallelFilter::Bounds(bound("min"), bound("max")));
+            return Ok((ParallelFilter::Bounds(bound("min"), bound("max")), all, within));
         }
-        Ok(ParallelFilter::Values(values))
+        Ok((ParallelFilter::Values(values), all, within))
     }
 
     fn admits(&self, x: u64) -> bool {
@@ -1060,9 +1063,15 @@ fn read_mode(
                 // takes any value, a value the pool lacks (tensor 3, attention data on a dense
                 // model, a width past 16) names nothing.
                 let mut filters = Vec::new();
+                // Combinations of the knobs' values, and those with every value within the
+                // budget: the others name shapes over it (counted, never built).
+                let (mut named, mut within) = (1u128, 1u128);
                 for key in PRESET_KEYS {
                     if let Some(v) = par.as_ref().and_then(|p| p.get(key)) {
-                        filters.push((key, ParallelFilter::read(&format!("{ppath}.{key}"), v, budget)?));
+                        let (f, all, fit) = ParallelFilter::read(&format!("{ppath}.{key}"), v, budget)?;
+                        named = named.saturating_mul(all as u128);
+                        within = within.saturating_mul(fit as u128);
+                        filters.push((key, f));
                     }
                 }
                 let s: Vec<Shape> = legal_pool(moe, budget)
@@ -1072,7 +1081,8 @@ fn read_mode(
                 if s.is_empty() {
                     filtered_empty = Some(*role);
                 }
-                shapes_in_all = shapes_in_all.saturating_mul(s.len() as u128);
+                let over_named = named.saturating_sub(within);
+                shapes_in_all = shapes_in_all.saturating_mul((s.len() as u128).saturating_add(over_named));
                 s
             }
         };
