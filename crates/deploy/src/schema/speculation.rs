@@ -95,17 +95,7 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, De
         }
         Some(d) => d as u32,
     };
-    let accepted = s
-        .nonneg("expected_accepted_tokens", false)?
-        .ok_or_else(|| s.err("expected_accepted_tokens", "missing (required)"))?;
-    if accepted > f64::from(depth) {
-        return Err(s.err(
-            "expected_accepted_tokens",
-            format!("expected_accepted_tokens must be within [0, {depth}] accepted draft tokens"),
-        ));
-    }
-    let seed = read_seed(&mut s)?;
-    s.finish()?;
+    let (accepted, seed) = read_acceptance(s, depth)?;
     let draft = if ngram {
         // The expected count lowers to rates as for MTP.
         let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
@@ -194,6 +184,15 @@ fn read_eagle3(mut s: Reader) -> Result<Speculation, DeployError> {
         }
     };
     servesim_perf::eagle3::DraftGeometry::from_hf(&draft_config).map_err(|why| s.err("draft_config", why))?;
+    let (accepted, seed) = read_acceptance(s, depth)?;
+    // The expected count lowers to rates as for MTP.
+    let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
+    Ok(Speculation { nextn: depth, draft: Draft::Eagle3 { rates, draft_config }, seed: Some(seed) })
+}
+
+/// The scheme shape's tail: `expected_accepted_tokens` (required, at most `depth`) and `seed`;
+/// nothing else may follow.
+fn read_acceptance(mut s: Reader, depth: u32) -> Result<(f64, u64), DeployError> {
     let accepted = s
         .nonneg("expected_accepted_tokens", false)?
         .ok_or_else(|| s.err("expected_accepted_tokens", "missing (required)"))?;
@@ -205,9 +204,7 @@ fn read_eagle3(mut s: Reader) -> Result<Speculation, DeployError> {
     }
     let seed = read_seed(&mut s)?;
     s.finish()?;
-    // The expected count lowers to rates as for MTP.
-    let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
-    Ok(Speculation { nextn: depth, draft: Draft::Eagle3 { rates, draft_config }, seed: Some(seed) })
+    Ok((accepted, seed))
 }
 
 /// `seed`: an unsigned 64-bit integer, 42 when absent.
