@@ -1067,42 +1067,25 @@ impl Database {
         let sol_q = ctx_attn_sol_prefix(spec, head, window, kv, flops, fb, fs, fp, n as f64, n_kv as f64);
         let q = [n as f64, fs + fp, fb];
         let n_kv_l = mha_lookup(n, n_kv);
-        let tables = match self.ctx_tables() {
-            Ok(t) => Some(t),
-            Err(e) if missed(&e) => None,
-            Err(e) => return Err(e),
-        };
-        let windows: &[u32] = if window > 0 { &[window, 0] } else { &[0] };
-        for &w in windows {
-            let key = CtxKey { fmha: fmha.name().into(), kv: kv.name().into(), n_kv: n_kv_l, head, window: w };
-            let lane_key = lanes.join(">");
-            let grid = self.util.grid(&format!("ctx:{lane_key}:{key}"), || {
-                Ok(tables.and_then(|t| Self::lane_slice(t, lanes, &key)).map(|(_, g)| {
-                    let sol = |c: &[f64]| ctx_attn_sol(spec, n_kv_l, head, w, kv, flops, c[0], c[1], c[2]);
-                    let pts = g.node.leaves().into_iter().map(|(c, v)| (c.iter().map(|&x| x as f64).collect(), v));
-                    UtilGrid::new(pts, sol)
-                }))
-            })?;
-            if grid.as_deref().is_some_and(|g| !g.is_empty()) {
-                return empirical::estimate(sol_q, &q, grid.as_deref(), 1.0, "context attention");
-            }
-            let other = |k: &CtxKey| {
+        let tables = self.ctx_tables();
+        self.attention_empirical(
+            "context attention",
+            tables,
+            lanes,
+            window,
+            |w| CtxKey { fmha: fmha.name().into(), kv: kv.name().into(), n_kv: n_kv_l, head, window: w },
+            |k, key| {
                 k.fmha == key.fmha
                     && k.kv == key.kv
-                    && k.n_kv == n_kv_l
-                    && k.window == w
-                    && k.head != head
+                    && k.n_kv == key.n_kv
+                    && k.window == key.window
+                    && k.head != key.head
                     && k.head != 0
-            };
-            if tables.is_some_and(|t| Self::other_head_size(t, other)) {
-                return Err(no_transfer(
-                    self.mode,
-                    &format!("context attention {key} on {}", self.which()),
-                    "another head size's utilisation (the cross-shape transfer)",
-                ));
-            }
-        }
-        empirical::estimate(sol_q, &q, None, 1.0, &format!("context attention on {}", self.which()))
+            },
+            |w, c| ctx_attn_sol(spec, n_kv_l, head, w, kv, flops, c[0], c[1], c[2]),
+            sol_q,
+            &q,
+        )
     }
 
     /// Generation attention under EMPIRICAL: the SOL of `b` requests over `s` KV tokens over the
@@ -1124,36 +1107,68 @@ impl Database {
         let n_kv_l = mha_lookup(n, n_kv);
         let q = [n as f64, b as f64, s as f64];
         let sol_q = gen_attn_sol(spec, n_kv_l, head, window, kv, flops, q[0], q[1], q[2]);
-        let tables = match self.gen_tables() {
+        let tables = self.gen_tables();
+        self.attention_empirical(
+            "generation attention",
+            tables,
+            lanes,
+            window,
+            |w| GenKey { kv: kv.name().into(), n_kv: n_kv_l, head, window: w },
+            |k, key| {
+                k.kv == key.kv && k.n_kv == key.n_kv && k.window == key.window && k.head != key.head && k.head != 0
+            },
+            |w, c| gen_attn_sol(spec, n_kv_l, head, w, kv, flops, c[0], c[1], c[2]),
+            sol_q,
+            &q,
+        )
+    }
+
+    /// An attention slice under EMPIRICAL (`what` names it): for the query's window, then (a
+    /// windowed query) full attention, the utilisation of the first lane holding the slice
+    /// (`key_at(window)`) applied to the query's SOL `sol_q`. A slice without points where
+    /// another head size has them (`same_but_head`: the slice's key but for its head size, not 0)
+    /// is refused: the reference would borrow that utilisation. With no points anywhere, the SOL
+    /// alone.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_empirical<K: Ord + std::fmt::Display>(
+        &self,
+        what: &str,
+        tables: Result<&Lanes<K>>,
+        lanes: &[String],
+        window: u32,
+        key_at: impl Fn(u32) -> K,
+        same_but_head: impl Fn(&K, &K) -> bool,
+        sol_at: impl Fn(u32, &[f64]) -> f64,
+        sol_q: f64,
+        q: &[f64],
+    ) -> Result<f64> {
+        let tables = match tables {
             Ok(t) => Some(t),
             Err(e) if missed(&e) => None,
             Err(e) => return Err(e),
         };
+        let lane_key = lanes.join(">");
         let windows: &[u32] = if window > 0 { &[window, 0] } else { &[0] };
         for &w in windows {
-            let key = GenKey { kv: kv.name().into(), n_kv: n_kv_l, head, window: w };
-            let lane_key = lanes.join(">");
-            let grid = self.util.grid(&format!("gen:{lane_key}:{key}"), || {
+            let key = key_at(w);
+            let grid = self.util.grid(&format!("{what}:{lane_key}:{key}"), || {
                 Ok(tables.and_then(|t| Self::lane_slice(t, lanes, &key)).map(|(_, g)| {
-                    let sol = |c: &[f64]| gen_attn_sol(spec, n_kv_l, head, w, kv, flops, c[0], c[1], c[2]);
                     let pts = g.node.leaves().into_iter().map(|(c, v)| (c.iter().map(|&x| x as f64).collect(), v));
-                    UtilGrid::new(pts, sol)
+                    UtilGrid::new(pts, |c: &[f64]| sol_at(w, c))
                 }))
             })?;
             if grid.as_deref().is_some_and(|g| !g.is_empty()) {
-                return empirical::estimate(sol_q, &q, grid.as_deref(), 1.0, "generation attention");
+                return empirical::estimate(sol_q, q, grid.as_deref(), 1.0, what);
             }
-            let other =
-                |k: &GenKey| k.kv == key.kv && k.n_kv == n_kv_l && k.window == w && k.head != head && k.head != 0;
-            if tables.is_some_and(|t| Self::other_head_size(t, other)) {
+            if tables.is_some_and(|t| Self::other_head_size(t, |k| same_but_head(k, &key))) {
                 return Err(no_transfer(
                     self.mode,
-                    &format!("generation attention {key} on {}", self.which()),
+                    &format!("{what} {key} on {}", self.which()),
                     "another head size's utilisation (the cross-shape transfer)",
                 ));
             }
         }
-        empirical::estimate(sol_q, &q, None, 1.0, &format!("generation attention on {}", self.which()))
+        empirical::estimate(sol_q, q, None, 1.0, &format!("{what} on {}", self.which()))
     }
 
     fn ar_table(&self) -> Result<&BTreeMap<u32, Curve>> {
