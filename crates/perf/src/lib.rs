@@ -8,6 +8,7 @@
 //! ([`mod@estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
 
 pub mod db;
+pub mod draft_model;
 pub mod dsa;
 pub mod dsv4;
 pub mod eagle3;

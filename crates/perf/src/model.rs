@@ -843,6 +843,32 @@ impl Op {
         }
     }
 
+    /// The op's name, to rename it (a draft's ops take the `draft_` prefix).
+    pub(crate) fn name_mut(&mut self) -> &mut String {
+        match self {
+            Op::Embedding { name, .. }
+            | Op::Elementwise { name, .. }
+            | Op::Gemm { name, .. }
+            | Op::ContextAttention { name, .. }
+            | Op::GenerationAttention { name, .. }
+            | Op::AllReduce { name, .. }
+            | Op::P2P { name, .. }
+            | Op::CpAllGather { name, .. } => name,
+            Op::Moe(m) => &mut m.name,
+            Op::MoeDispatch(d) => &mut d.name,
+            Op::MoeA2a(a) => &mut a.name,
+            Op::ExpertCompute(e) => &mut e.moe.name,
+            Op::Mla(m) => &mut m.name,
+            Op::MlaBmm(b) => &mut b.name,
+            Op::Dsa(d) => &mut d.name,
+            Op::Msa(a) => &mut a.name,
+            Op::Dsv4Attn(a) => &mut a.name,
+            Op::Mhc(a) => &mut a.name,
+            Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
+            Op::TokenScale { op, .. } => op.name_mut(),
+        }
+    }
+
     /// Whether a mixed forward pass times this op apart at the prefill shape: the reference
     /// picks its context attention out by name (`context_attention`), whatever op kind
     /// carries it (a plain attention table, an MLA kernel, a DSA or MSA block). Attention

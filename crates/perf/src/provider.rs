@@ -38,6 +38,9 @@ pub struct AisConfig {
     /// The EAGLE-3 draft layer (`speculation: {kind: eagle3, draft_config}`), timed beside the
     /// target (`eagle3.rs`).
     pub eagle3: Option<crate::eagle3::DraftGeometry>,
+    /// A standalone draft model (`speculation: {kind: draft_model, draft_model_path}`), whose
+    /// whole graphs are timed beside the target (`draft_model.rs`).
+    pub draft_model: Option<crate::draft_model::DraftModel>,
     pub gemm_quant_mode: Option<Dtype>,
     pub moe_quant_mode: Option<Dtype>,
     pub fmha_quant_mode: Option<Dtype>,
@@ -338,6 +341,7 @@ impl AisConfig {
         };
         // Dynamo's `ForwardPassSpeculationConfig` and its checks, in its order and words.
         let mut eagle3 = None;
+        let mut draft_model = None;
         let ngram = match obj.get("speculation").filter(|v| !v.is_null()) {
             None => 0,
             // servesim's extension: an EAGLE-3 chain with its draft's config. (Dynamo 1.6.1 reads
@@ -352,6 +356,21 @@ impl AisConfig {
                     return Err(refuse("eagle3 speculation requires backend=sglang or vllm"));
                 }
                 eagle3 = Some(geometry);
+                tokens
+            }
+            // servesim's extension: a standalone draft checkpoint. (Dynamo 1.6.1 has no such kind:
+            // without a draft_model_path it gets Dynamo's message below.)
+            Some(spec) if is_draft_model(spec) => {
+                let draft = read_draft_model(path, spec)?;
+                let refuse = |why: &str| cfg_err(path, "speculation", why);
+                if nextn != 0 {
+                    return Err(refuse("draft_model speculation cannot be combined with nextn"));
+                }
+                if backend != "vllm" {
+                    return Err(refuse(&format!("draft_model modeling supports backends ('vllm',), got {backend:?}")));
+                }
+                let tokens = draft.tokens;
+                draft_model = Some(draft);
                 tokens
             }
             Some(spec) => {
@@ -423,6 +442,7 @@ impl AisConfig {
             nextn,
             ngram,
             eagle3,
+            draft_model,
             gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_static", "fp8_block", "nvfp4"])?,
             moe_quant_mode: quant(
                 "moe_quant_mode",
@@ -474,7 +494,7 @@ impl AisConfig {
             self.strict_provenance,
             self.enable_shared_layer,
             self.database_mode
-        ) + &format!("|{:?}|{:?}", self.moe_comm, self.eagle3)
+        ) + &format!("|{:?}|{:?}|{:?}", self.moe_comm, self.eagle3, self.draft_model)
     }
 }
 
@@ -535,6 +555,85 @@ fn read_eagle3(path: &str, spec: &Value) -> Result<(u32, crate::eagle3::DraftGeo
     let geometry =
         crate::eagle3::DraftGeometry::from_hf(draft).map_err(|why| cfg_err(path, &at("draft_config"), why))?;
     Ok((tokens, geometry))
+}
+
+/// Whether a timing config's `speculation` is servesim's standalone-draft extension.
+pub fn is_draft_model(spec: &Value) -> bool {
+    spec.get("kind").and_then(Value::as_str) == Some("draft_model") && spec.get("draft_model_path").is_some()
+}
+
+/// Reads a `draft_model` speculation: `{kind: draft_model, draft_model_path: <checkpoint id>,
+/// params: {num_speculative_tokens: 1..=5, draft_tp_size}}`, a chain as the reference's replay
+/// takes it.
+fn read_draft_model(path: &str, spec: &Value) -> Result<crate::draft_model::DraftModel> {
+    let at = |k: &str| format!("speculation.{k}");
+    let obj = spec.as_object().expect("a kind was read from it");
+    if let Some(k) = obj.keys().find(|k| !["kind", "params", "draft_model_path"].contains(&k.as_str())) {
+        return Err(cfg_err(
+            path,
+            &at(k),
+            "unknown key; a draft_model speculation takes kind, params and draft_model_path",
+        ));
+    }
+    let draft = match obj.get("draft_model_path") {
+        Some(Value::String(p)) if !p.trim().is_empty() => p.clone(),
+        None | Some(Value::Null) => {
+            return Err(cfg_err(
+                path,
+                &at("draft_model_path"),
+                "draft_model requires draft_model_path (the standalone draft checkpoint)",
+            ))
+        }
+        Some(other) => {
+            return Err(cfg_err(path, &at("draft_model_path"), format!("must be a nonempty string, got {other}")))
+        }
+    };
+    let params = match obj.get("params") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(other) => return Err(cfg_err(path, &at("params"), format!("must be a map, got {other}"))),
+    };
+    if let Some(k) = params.keys().find(|k| !["num_speculative_tokens", "draft_tp_size"].contains(&k.as_str())) {
+        return Err(cfg_err(
+            path,
+            &at(&format!("params.{k}")),
+            "unknown key; expected num_speculative_tokens or draft_tp_size",
+        ));
+    }
+    let tokens = match params.get("num_speculative_tokens") {
+        None | Some(Value::Null) => {
+            return Err(cfg_err(
+                path,
+                &at("params.num_speculative_tokens"),
+                "draft_model requires params['num_speculative_tokens'] (the deployment K; there is no checkpoint \
+                 default)",
+            ))
+        }
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..=5) => n as u32,
+            _ => {
+                return Err(cfg_err(
+                    path,
+                    &at("params.num_speculative_tokens"),
+                    format!("speculative replay requires 1..5 draft tokens, got {v}"),
+                ))
+            }
+        },
+    };
+    let tp = match params.get("draft_tp_size") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..=64) => Some(n as u32),
+            _ => {
+                return Err(cfg_err(
+                    path,
+                    &at("params.draft_tp_size"),
+                    format!("draft_tp_size must be a positive integer (at most 64), got {v}"),
+                ))
+            }
+        },
+    };
+    Ok(crate::draft_model::DraftModel { path: draft, tokens, tp })
 }
 
 /// Kernel-lane walk for attention: the framework's default lane for this GPU generation
@@ -853,6 +952,24 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
         g.check(&est.model, est.layout.tp)?;
         let (ctx, gen) = crate::eagle3::draft_ops(g, &est.layout, cfg.ngram);
+        est.context_ops.extend(ctx);
+        est.generation_ops.extend(gen);
+    }
+    if let Some(d) = &cfg.draft_model {
+        if !matches!(est.model.family, Family::Dense | Family::Moe) || est.model.hybrid.is_some() {
+            return Err(PerfError::unsupported(format!(
+                "{}: draft_model speculation is modelled on dense and plain MoE targets, not {} (the draft's \
+                 attention would be read from this target's kernel lanes, which no golden checks)",
+                cfg.model, est.model.architecture
+            )));
+        }
+        if est.layout.cp > 1 || est.layout.pp > 1 {
+            return Err(PerfError::unsupported(format!(
+                "{}: draft_model speculation with pipeline or prefill context parallelism is not modelled",
+                cfg.model
+            )));
+        }
+        let (ctx, gen) = crate::draft_model::draft_ops(d, &est.layout, &model_roots)?;
         est.context_ops.extend(ctx);
         est.generation_ops.extend(gen);
     }

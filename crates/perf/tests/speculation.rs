@@ -158,3 +158,81 @@ fn a_mixed_pass_times_the_draft_with_its_phases_attention() {
         drafted.prefill_ops(1, 12, 0).unwrap().into_iter().find(|(n, _)| n == "draft_eagle3_fc").unwrap().1;
     assert_eq!(fc, fc_prefill, "the fc GEMM at 12 tokens in both phases");
 }
+
+/// servesim's standalone-draft extension (`kind: draft_model` with a `draft_model_path`) is read
+/// with the reference's conditions and messages; without the path the kind is Dynamo's unknown
+/// variant (`malformed_schemes_get_serdes_messages`).
+#[test]
+fn draft_model_is_read_with_the_references_conditions() {
+    let dm = |params: Value| json!({"kind": "draft_model", "draft_model_path": "Qwen/Qwen3-0.6B", "params": params});
+    let cfg = read(dm(json!({"num_speculative_tokens": 3, "draft_tp_size": 2})), json!({})).unwrap();
+    let draft = cfg.draft_model.as_ref().unwrap();
+    assert_eq!((cfg.ngram, draft.path.as_str(), draft.tokens, draft.tp), (3, "Qwen/Qwen3-0.6B", 3, Some(2)));
+    let at = "engine.timing_model.config.speculation";
+    let cases = [
+        (
+            dm(json!({"num_speculative_tokens": 2})),
+            json!({"nextn": 1}),
+            format!("{at}: draft_model speculation cannot be combined with nextn"),
+        ),
+        (
+            dm(json!({"num_speculative_tokens": 2})),
+            json!({"backend": "sglang"}),
+            format!("{at}: draft_model modeling supports backends ('vllm',), got \"sglang\""),
+        ),
+        (
+            dm(json!({})),
+            json!({}),
+            format!(
+                "{at}.params.num_speculative_tokens: draft_model requires params['num_speculative_tokens'] (the \
+                 deployment K; there is no checkpoint default)"
+            ),
+        ),
+        (
+            dm(json!({"num_speculative_tokens": 2, "depth": 1})),
+            json!({}),
+            format!("{at}.params.depth: unknown key; expected num_speculative_tokens or draft_tp_size"),
+        ),
+        (
+            json!({"kind": "draft_model", "draft_model_path": null, "params": {"num_speculative_tokens": 2}}),
+            json!({}),
+            format!("{at}.draft_model_path: draft_model requires draft_model_path (the standalone draft checkpoint)"),
+        ),
+    ];
+    for (spec, extra, want) in cases {
+        assert_eq!(read(spec.clone(), extra).unwrap_err(), want, "{spec}");
+    }
+}
+
+/// A standalone draft adds its whole generation graph once per draft token (every op named
+/// `draft_…`, at one token per request) and its whole context graph once: its decode ops are
+/// `n` copies of the draft model's own decode ops at the request batch, its prefill ops the
+/// draft model's prefill ops. Runs when the AIS data is installed.
+#[test]
+fn a_draft_model_adds_its_own_graphs() {
+    let build = |model: &str, spec: Option<Value>| {
+        let mut cfg = json!({"model": model, "system": "h200_sxm", "backend": "vllm", "worker_type": "aggregated"});
+        if let Some(spec) = spec {
+            cfg["speculation"] = spec;
+        }
+        servesim_perf::estimator(&AisConfig::from_json("config", &cfg).unwrap())
+    };
+    let spec = json!({"kind": "draft_model", "draft_model_path": "Qwen/Qwen3-0.6B",
+                      "params": {"num_speculative_tokens": 3}});
+    let Ok(drafted) = build("Qwen/Qwen3-8B", Some(spec)) else {
+        eprintln!("NOTICE: AIS data not installed; skipping");
+        return;
+    };
+    let draft = build("Qwen/Qwen3-0.6B", None).unwrap();
+    let sum = |ops: Vec<(String, f64)>, drafts: bool| {
+        ops.iter().filter(|(n, _)| n.starts_with("draft_") == drafts).map(|(_, v)| v).sum::<f64>()
+    };
+    let (ours, alone) =
+        (sum(drafted.decode_ops(12, 900).unwrap(), true), sum(draft.decode_ops(12, 900).unwrap(), false));
+    assert!(alone > 0.0 && (ours - 3.0 * alone).abs() < 1e-9 * ours, "{ours} vs 3 × {alone}");
+    let (ours, alone) =
+        (sum(drafted.prefill_ops(2, 1000, 0).unwrap(), true), sum(draft.prefill_ops(2, 1000, 0).unwrap(), false));
+    assert!(alone > 0.0 && (ours - alone).abs() < 1e-9 * ours, "{ours} vs {alone}");
+    let names: Vec<String> = drafted.decode_ops(12, 900).unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"draft_generation_attention".to_string()), "{names:?}");
+}

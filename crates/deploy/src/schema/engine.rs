@@ -72,6 +72,10 @@ pub enum Draft {
     /// `draft_config`) runs beside the target, which verifies `nextn + 1` tokens per request
     /// in one block pass; acceptance as conditional rates per draft position.
     Eagle3 { rates: Vec<f64>, draft_config: Value },
+    /// A standalone draft model (`draft_model_path`, looked up as the target model is) at its
+    /// own tensor-parallel width (`draft_tp_size`, else the target's); the target verifies
+    /// `nextn + 1` tokens per request in one block pass; acceptance as conditional rates.
+    DraftModel { rates: Vec<f64>, path: String, tp: Option<u32> },
 }
 
 impl Speculation {
@@ -80,7 +84,9 @@ impl Speculation {
     /// with the fractional part, the rest never.
     pub fn accept_rates(&self) -> Vec<f64> {
         let accepted = match &self.draft {
-            Draft::Ngram { rates } | Draft::Eagle3 { rates, .. } => return rates.clone(),
+            Draft::Ngram { rates } | Draft::Eagle3 { rates, .. } | Draft::DraftModel { rates, .. } => {
+                return rates.clone()
+            }
             Draft::Mtp { accepted } => *accepted,
         };
         let whole = accepted.trunc() as usize;
@@ -98,11 +104,12 @@ impl Speculation {
     pub fn ais_nextn(&self) -> u32 {
         match self.draft {
             Draft::Mtp { .. } => self.nextn,
-            Draft::Ngram { .. } | Draft::Eagle3 { .. } => 0,
+            Draft::Ngram { .. } | Draft::Eagle3 { .. } | Draft::DraftModel { .. } => 0,
         }
     }
 
-    /// The AIS timing config's `speculation` (its verify pass, and an EAGLE-3 draft's network).
+    /// The AIS timing config's `speculation` (its verify pass, and an EAGLE-3 draft's network
+    /// or a standalone draft model).
     pub fn ais_speculation(&self) -> Option<Value> {
         match &self.draft {
             Draft::Mtp { .. } => None,
@@ -114,6 +121,13 @@ impl Speculation {
                 "params": {"num_speculative_tokens": self.nextn},
                 "draft_config": draft_config,
             })),
+            Draft::DraftModel { path, tp, .. } => {
+                let mut params = serde_json::json!({"num_speculative_tokens": self.nextn});
+                if let Some(tp) = tp {
+                    params["draft_tp_size"] = (*tp).into();
+                }
+                Some(serde_json::json!({"kind": "draft_model", "draft_model_path": path, "params": params}))
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 //! The reference knows one shape for prompt lookup (`kind: ngram`, `num_speculative_tokens`,
 //! `acceptance_rates`, `seed`) and one for its SDK schemes (`kind`, `params`, `draft_model_path`,
 //! `draft_config`, `expected_accepted_tokens`, `seed`), which also takes `ngram` (with
-//! `params.num_speculative_tokens`). servesim models three kinds:
+//! `params.num_speculative_tokens`). servesim models four kinds:
 //!
 //! - `mtp`: its draft is `depth` extra target-shaped layers whose cost the AIS timing already
 //!   folds into the decode pass (the same cost as `nextn: depth`), and its acceptance is the
@@ -15,13 +15,17 @@
 //! - `eagle3`: the target verifies as for ngram, and a one-layer draft network, whose geometry
 //!   is the draft checkpoint's `config.json` given as `draft_config`, runs beside it (the AIS
 //!   timing's `servesim_perf::eagle3`); a chain of `params.num_speculative_tokens` drafts (3 by
-//!   default), acceptance from `expected_accepted_tokens`. Like mtp it needs a fixed KV
-//!   capacity and default timing on every worker, as the reference requires.
+//!   default), acceptance from `expected_accepted_tokens`;
+//! - `draft_model` (vLLM): the target verifies as for ngram, and a whole smaller model named by
+//!   `draft_model_path` drafts: its generation graph once per draft token, its context graph
+//!   over the prompt (`servesim_perf::draft_model`); `params.num_speculative_tokens` is
+//!   required, `params.draft_tp_size` optional.
 //!
-//! All draw acceptance from the `seed` stream. The other kinds (`draft_model`, `dflash`,
-//! `dspark`) are refused by name with what their cost model needs, as are EAGLE trees (the
-//! reference's replay refuses them too) and `draft_model_path` (servesim does not fetch
-//! checkpoints).
+//! Like mtp, the drafted kinds need a fixed KV capacity and default timing on every worker, as
+//! the reference requires. All draw acceptance from the `seed` stream. `dflash` and `dspark`
+//! are refused by name with what their cost model needs, as are EAGLE trees (the reference's
+//! replay refuses them too) and eagle3's `draft_model_path` (servesim does not fetch
+//! checkpoints: it reads the draft's `config.json` as `draft_config`).
 
 use serde_json::Value;
 
@@ -35,7 +39,7 @@ use servesim_config::Reader;
 const KINDS: [&str; 6] = ["dflash", "draft_model", "dspark", "eagle3", "mtp", "ngram"];
 
 /// `engine.speculation`, read as the reference's schema reads it; `Some` for the kinds servesim
-/// models (`mtp`, `ngram`, `eagle3`).
+/// models (`mtp`, `ngram`, `eagle3`, `draft_model`).
 pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, DeployError> {
     let Some(mut s) = e.obj("speculation")? else { return Ok(None) };
     let kind = s.text("kind")?.ok_or_else(|| s.err("kind", "missing (required)"))?;
@@ -50,12 +54,7 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, De
         // The reference requires a fixed KV capacity beside a draft scheme, so the draft's KV and
         // weights never size a cache there: what is missing is the draft's time per step.
         "eagle3" => return read_eagle3(s).map(Some),
-        "draft_model" => {
-            return Err(missing(
-                "speculation needs the draft model's forward passes timed beside the target's (its \
-                 whole generation graph once per draft token, its prefill over the prompt)",
-            ))
-        }
+        "draft_model" => return read_draft_model(s).map(Some),
         "dflash" | "dspark" => {
             return Err(missing(
                 "speculation needs its block-drafting network's forward passes timed beside the target's",
@@ -190,6 +189,62 @@ fn read_eagle3(mut s: Reader) -> Result<Speculation, DeployError> {
     Ok(Speculation { nextn: depth, draft: Draft::Eagle3 { rates, draft_config }, seed: Some(seed) })
 }
 
+/// The scheme shape of `draft_model`: `draft_model_path` (the draft checkpoint's id, required),
+/// `params.num_speculative_tokens` (a chain of 1..=5 drafts, required: the reference has no
+/// default for it) and `params.draft_tp_size`, `expected_accepted_tokens` and `seed`. The
+/// draft's `config.json` is found as the target's is; a `draft_config` beside the path is
+/// refused (the reference only checks that it matches the path's).
+fn read_draft_model(mut s: Reader) -> Result<Speculation, DeployError> {
+    if s.given("draft_config") {
+        return Err(s.err(
+            "draft_config",
+            "a draft_model draft is read from its checkpoint (draft_model_path); give draft_model_path alone",
+        ));
+    }
+    s.ignored("draft_config");
+    let path = match s.text("draft_model_path")? {
+        Some(p) if !p.trim().is_empty() => p,
+        Some(_) => return Err(s.err("draft_model_path", "draft_model_path must be a nonempty string")),
+        None => {
+            return Err(
+                s.err("draft_model_path", "draft_model requires draft_model_path (the standalone draft checkpoint)")
+            )
+        }
+    };
+    let (depth, tp) = match s.obj("params")? {
+        Some(mut p) => {
+            let d = p.integer("num_speculative_tokens")?;
+            let tp = p.integer("draft_tp_size")?;
+            p.finish()?;
+            (d, tp)
+        }
+        None => (None, None),
+    };
+    let depth =
+        match depth {
+            None => return Err(s.err(
+                "params",
+                "draft_model requires params.num_speculative_tokens (the deployment K; there is no checkpoint default)",
+            )),
+            Some(d @ 1..=5) => d as u32,
+            Some(d) => {
+                return Err(s.err(
+                    "params",
+                    format!("speculative replay requires 1..5 draft tokens, got num_speculative_tokens {d}"),
+                ))
+            }
+        };
+    let tp = match tp {
+        None => None,
+        Some(t @ 1..=64) => Some(t as u32),
+        Some(t) => return Err(s.err("params", format!("draft_tp_size must be in 1..=64, got {t}"))),
+    };
+    let (accepted, seed) = read_acceptance(s, depth)?;
+    // The expected count lowers to rates as for MTP.
+    let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
+    Ok(Speculation { nextn: depth, draft: Draft::DraftModel { rates, path, tp }, seed: Some(seed) })
+}
+
 /// The scheme shape's tail: `expected_accepted_tokens` (required, at most `depth`) and `seed`;
 /// nothing else may follow.
 fn read_acceptance(mut s: Reader, depth: u32) -> Result<(f64, u64), DeployError> {
@@ -217,8 +272,8 @@ fn read_seed(s: &mut Reader) -> Result<u64, DeployError> {
 }
 
 /// The reference's conditions on the engine around a speculation scheme: not beside `nextn`, a
-/// vLLM (ngram) or vLLM / SGLang (mtp, eagle3) language engine, no host offload on any worker,
-/// and for mtp and eagle3 on every worker a fixed KV capacity and the default (AIS) timing that
+/// vLLM (ngram, draft_model) or vLLM / SGLang (mtp, eagle3) language engine, no host offload on
+/// any worker, and for the drafted kinds on every worker a fixed KV capacity and the default (AIS) timing that
 /// carries the draft cost. (ngram needs op-level timing, which every servesim timing is.)
 pub(super) fn check_speculation_engine(
     e: &Reader,
@@ -235,6 +290,7 @@ pub(super) fn check_speculation_engine(
         Draft::Mtp { .. } => ("mtp", &["vllm", "sglang"][..]),
         Draft::Ngram { .. } => ("ngram", &["vllm"][..]),
         Draft::Eagle3 { .. } => ("eagle3", &["sglang", "vllm"][..]),
+        Draft::DraftModel { .. } => ("draft_model", &["vllm"][..]),
     };
     if !backends.contains(&backend) {
         return Err(e.err(

@@ -104,6 +104,20 @@ impl RawConfig {
                         as u32,
                 ))
             }
+            // A standalone draft model (servesim's extension too, checked by its provider): its
+            // draft count, which it requires.
+            Some(spec)
+                if spec.get("kind").and_then(serde_json::Value::as_str) == Some("draft_model")
+                    && spec.get("draft_model_path").is_some() =>
+            {
+                match spec.pointer("/params/num_speculative_tokens").and_then(serde_json::Value::as_u64) {
+                    Some(n @ 1..=5) => Ok(Some(n as u32)),
+                    _ => Err(ConfigError::new(
+                        at("speculation"),
+                        "draft_model requires params.num_speculative_tokens in 1..=5",
+                    )),
+                }
+            }
             Some(spec) => crate::speculative::ais_speculation_tokens(spec)
                 .map(Some)
                 .map_err(|why| ConfigError::new(at("speculation"), why)),
