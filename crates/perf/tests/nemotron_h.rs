@@ -65,7 +65,8 @@ fn config_facts() {
     assert_eq!(nh.counts, [48, 48, 12, 0]);
     assert_eq!(nh.latent, 2048);
     let q = &ultra.layout;
-    assert_eq!((q.gemm, q.moe, q.kv), (Dtype::Fp8, Dtype::Fp8, Dtype::Fp8));
+    // ModelOpt FP8: static per-tensor FP8 GEMMs, FP8 experts and KV.
+    assert_eq!((q.gemm, q.moe, q.kv), (Dtype::Fp8Static, Dtype::Fp8, Dtype::Fp8));
     // Only the attention layers keep KV: 12 layers × K and V × 1 KV head per GPU × 128 × fp8.
     assert_eq!(ultra.kv_bytes_per_token(), 12.0 * 2.0 * 128.0);
 }
