@@ -25,6 +25,11 @@ KV entries (servesim does not time DeepSeek-V4 yet, so these are read off the mo
 `timing_goldens`: DeepSeek-V4-Flash and -Pro (fp8_block projections, MXFP4 x MXFP8 routed experts,
 fp8 KV, bf16 attention tables) on B200 / vLLM 0.24.0, experts split by EP and by TP.
 
+`--nemotron-h` prints instead the step times and KV capacity behind crates/perf/tests/nemotron_h.rs:
+NVIDIA Nemotron-3 Nano (bf16), Super (FP8, NVFP4; latent MoE) and Ultra (FP8, NVFP4; depth given
+only as layers_block_type) on H200 / vLLM 0.24.0, B200 / SGLang 0.5.14 and H200 / TRT-LLM (whose
+shared linear-attention layer carries measured Mamba2 conv rows), experts split by EP.
+
 `--msa-nvfp4` prints instead the step times and KV capacity behind golden.rs's
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
 projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
@@ -168,6 +173,36 @@ DSV4_STEPS = [
      [("prefill", (2, 1000, 0)), ("prefill", (1, 8192, 0)), ("decode", (16, 1100)), ("decode", (33, 5000)),
       ("fpm", [MIXED])]),
 ]
+NEMOTRON_H_STEPS = [
+    ({"model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "system": "h200_sxm", "backend": "vllm", "tp": 1,
+      "moe_tp_size": 1, "moe_ep_size": 1},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
+      ("decode", (7, 131072)), ("fpm", [MIXED])]),
+    ({"model": "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (4, 777, 0)), ("decode", (64, 4097)), ("fpm", [MIXED])]),
+    ({"model": "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 1,
+      "moe_tp_size": 1, "moe_ep_size": 1},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-FP8", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+      "moe_tp_size": 1, "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("decode", (33, 5000)), ("fpm", [MIXED])]),
+    ({"model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "system": "h200_sxm", "backend": "trtllm", "tp": 1,
+      "moe_tp_size": 1, "moe_ep_size": 1},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (3, 100000, 0)), ("decode", (16, 1100))]),
+]
+NEMOTRON_H_KV = [
+    ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "h200_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 64),
+    ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2),
+     64),
+    ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4", "b200_sxm", "sglang",
+     dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 1),
+    ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-FP8", "h200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8),
+     64),
+]
 DSV4_KV = [
     ("deepseek-ai/DeepSeek-V4-Flash", "b200_sxm", "vllm", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 64),
     ("deepseek-ai/DeepSeek-V4-Pro", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
@@ -248,6 +283,10 @@ def main():
     if "--dsv4" in sys.argv[1:]:
         print_steps(DSV4_STEPS)
         print_kv(DSV4_KV)
+        return
+    if "--nemotron-h" in sys.argv[1:]:
+        print_steps(NEMOTRON_H_STEPS)
+        print_kv(NEMOTRON_H_KV)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

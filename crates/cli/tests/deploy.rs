@@ -139,6 +139,17 @@ fn deepseek_v3_matches_the_reference() {
     assert_eq!(ours["completed_requests"], reference["completed_requests"]);
 }
 
+/// Nemotron-H (NVIDIA-Nemotron-3-Nano-30B-A3B-BF16: Mamba2, MoE and attention layers) on one H200
+/// TP1 vLLM replica, the KV cache sized from GPU memory over the attention layers only: every
+/// compared metric within 0.01 % of the reference (recorded as the YAML header says, aisimulate
+/// 0.13.0.dev202610270000000085).
+#[test]
+fn nemotron_h_matches_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_agg_nemotron_h_nano") else { return };
+    assert!(worst <= 1e-4, "worst deviation {:.5} %", worst * 100.0);
+    assert_eq!(ours["completed_requests"], reference["completed_requests"]);
+}
+
 /// Checkpoint formats beyond bf16 / fp8: NVFP4 experts and GEMMs (Qwen3-235B-A22B-NVFP4 on a
 /// B200 TRT-LLM TEP4 replica), static per-tensor FP8 (Qwen3-32B-FP8-Static-PerTensor on H200
 /// vLLM) and an NVFP4 DeepSeek keeping its q / kv projections in bf16 (DeepSeek-V3.1-NVFP4 on a

@@ -286,6 +286,7 @@ impl Estimator {
             Op::Msa(a) => crate::msa::eval_msa(db, a, at.batch, at.s, at.prefix)?,
             Op::Dsv4Attn(a) => crate::dsv4::eval_dsv4_attention(db, a, at.batch, at.s, at.prefix)?,
             Op::Mhc(h) => crate::dsv4::eval_mhc(db, h, at.x)?,
+            Op::Mamba2(k) => crate::mamba2::eval_mamba2(db, k, at.batch, at.s)?,
             Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
                 Ok(v) => v,
                 Err(e) if crate::mla::falls_back(&e) => {
@@ -527,6 +528,9 @@ impl Estimator {
     /// indexer's key cache.
     pub fn kv_bytes_per_token(&self) -> f64 {
         let m = &self.model;
+        if let Some(nh) = &m.nemotron_h {
+            return crate::mamba2::kv_bytes_per_token(nh, m, self.layout.tp, self.layout.kv);
+        }
         if let Some(d) = &m.dsa {
             // DSA: the latent (rope part kept in bf16) and the fp8 indexer key of every layer.
             let [kv_lora, rope, index] = d.kv_dims.map(f64::from);

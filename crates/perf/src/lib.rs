@@ -18,6 +18,7 @@ pub mod estimator;
 pub mod gemma4;
 pub mod hybrid_moe;
 pub mod interp;
+pub mod mamba2;
 pub mod memory;
 pub mod mla;
 pub mod mla_ops;

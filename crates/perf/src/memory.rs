@@ -80,6 +80,8 @@ pub fn kv_capacity(
     // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash) has no coefficients
     // of its own and takes the backends' default rows.
     let hybrid = m.hybrid.is_some();
+    // Nemotron-H (NEMOTRONH) has none either.
+    let hybrid = hybrid || m.nemotron_h.is_some();
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         (_, _) if hybrid => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
@@ -168,7 +170,8 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         // tensor-parallel share.
         Op::Embedding { scale, .. } => {
             let whole = matches!(m.family, Family::Mla | Family::Dsa | Family::Gemma4 | Family::Msa | Family::Dsv4)
-                || m.hybrid.is_some();
+                || m.hybrid.is_some()
+                || m.nemotron_h.is_some();
             let rows = if whole { m.vocab } else { m.vocab / est.layout.tp };
             rows as f64 * m.hidden as f64 * 2.0 * scale
         }

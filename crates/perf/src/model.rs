@@ -101,6 +101,8 @@ pub struct ModelSpec {
     pub hybrid: Option<crate::hybrid_moe::HybridSpec>,
     /// DeepSeek-V4: the compressed-attention and mHC facts.
     pub dsv4: Option<crate::dsv4::Dsv4Spec>,
+    /// Nemotron-H: the layer kinds and Mamba2 widths (`mamba2.rs`).
+    pub nemotron_h: Option<crate::mamba2::NemotronHSpec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -266,6 +268,9 @@ impl ModelSpec {
             Family::Dense
         } else if MOE.contains(&arch.as_str()) || HYBRID.contains(&arch.as_str()) {
             Family::Moe
+        } else if arch == crate::mamba2::ARCH {
+            // Nemotron-H has its own graph (`mamba2.rs`); its MoE layers are plain MoE.
+            Family::Moe
         } else if MLA.contains(&arch.as_str()) {
             Family::Mla
         } else if DSA.contains(&arch.as_str()) {
@@ -285,19 +290,24 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH]].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH]].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH]].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH]]
+                    .concat()
+                    .join(", ")
             )));
         };
         let need =
             |k: &str| uint(cfg, k).ok_or_else(|| PerfError::config(format!("{shown}: missing or non-integer {k}")));
         let hidden = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
-        let layers = need("num_hidden_layers")?;
+        let nemotron_h = arch == crate::mamba2::ARCH;
+        // Nemotron-3-Ultra gives its depth only as the layer list.
+        let layers =
+            if nemotron_h { crate::mamba2::layer_count(cfg, &shown.to_string())? } else { need("num_hidden_layers")? };
         let vocab = need("vocab_size")?;
         let kv_heads = uint(cfg, "num_key_value_heads").filter(|&v| v > 0).unwrap_or(heads);
         let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
@@ -318,7 +328,11 @@ impl ModelSpec {
             return Err(PerfError::config(format!("{shown}: missing intermediate_size")));
         }
         // Gemma 4 comes in dense variants too (no experts: every layer is the dense MLP).
-        if !matches!(family, Family::Dense | Family::Gemma4) && (topk == 0 || experts == 0 || moe_inter == 0) {
+        // Nemotron-H checks its MoE facts only when its layer string has MoE layers.
+        if !matches!(family, Family::Dense | Family::Gemma4)
+            && !nemotron_h
+            && (topk == 0 || experts == 0 || moe_inter == 0)
+        {
             return Err(PerfError::config(format!(
                 "{shown}: a mixture-of-experts model needs num_experts_per_tok, the expert count and moe_intermediate_size"
             )));
@@ -379,6 +393,7 @@ impl ModelSpec {
                 None
             },
             hybrid: None,
+            nemotron_h: if nemotron_h { Some(crate::mamba2::spec_from_config(cfg, &shown.to_string())?) } else { None },
             dsv4: if family == Family::Dsv4 {
                 Some(crate::dsv4::Dsv4Spec::from_config(cfg, layers, &shown.to_string())?)
             } else {
@@ -802,6 +817,8 @@ pub enum Op {
     Dsv4Attn(crate::dsv4::Dsv4AttnOp),
     /// One half of DeepSeek-V4's mHC.
     Mhc(crate::dsv4::MhcOp),
+    /// A Mamba2 kernel (Nemotron-H; `mamba2.rs`).
+    Mamba2(crate::mamba2::Mamba2Op),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
@@ -838,6 +855,7 @@ impl Op {
             Op::Msa(a) => &a.name,
             Op::Dsv4Attn(a) => &a.name,
             Op::Mhc(a) => &a.name,
+            Op::Mamba2(k) => &k.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
             Op::TokenScale { op, .. } => op.name(),
         }
@@ -953,6 +971,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if let Some(hy) = &m.hybrid {
         return crate::hybrid_moe::build_hybrid_ops(m, hy, l);
+    }
+    if let Some(nh) = &m.nemotron_h {
+        return crate::mamba2::build_nemotron_h_ops(m, nh, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {
