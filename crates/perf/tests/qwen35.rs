@@ -146,13 +146,13 @@ fn qwen35_op_list_and_refusals() {
     assert!(matches!(find(&gen, "generation_full_moe_overlap"), Op::Overlap { .. }));
     assert!(matches!(find(&ctx, "context_gdn_shared_expert_gate_gemm"), Op::SmallGemm(g) if g.n == 1));
     let refused = |cfg: serde_json::Value| try_est(cfg).map(|_| ()).unwrap_err();
-    let base = json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "version": "0.5.14",
+    let base = json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "backend_version": "0.5.14",
                       "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2});
     let err = refused(base.clone());
     assert!(err.contains("Qwen3.5 (GDN + full attention) is timed for backend vllm only"), "{err}");
     let mut dp = base;
     dp["backend"] = json!("vllm");
-    dp.as_object_mut().unwrap().remove("version");
+    dp.as_object_mut().unwrap().remove("backend_version");
     dp["attention_dp"] = json!(2);
     dp["moe_ep_size"] = json!(4);
     let err = refused(dp);
