@@ -286,7 +286,7 @@ fn load(db: &Database) -> Result<GdnTable> {
                 shape: [v(2), v(3), v(4), v(5), v(6), v(7)],
             };
             let path: Vec<u32> = if key.context { vec![v(0), v(1)] } else { vec![v(0)] };
-            nodes.entry(key).or_insert_with(Node::new).insert_first_wins(&path, latency[i]);
+            nodes.entry(key).or_default().insert_first_wins(&path, latency[i]);
         }
     }
     Ok(GdnTable { grids: nodes.into_iter().map(|(k, n)| (k, Grid::new(n))).collect(), looked })
@@ -294,14 +294,16 @@ fn load(db: &Database) -> Result<GdnTable> {
 
 /// The physical kernels vLLM 0.24.0 / 0.27.1 record a logical kernel under.
 fn aliases(db: &Database, op: &GdnOp) -> &'static [&'static str] {
-    if db.backend == "vllm" && matches!(db.version.as_str(), "0.24.0" | "0.27.1") && op.context {
-        if op.kernel == "chunk_gated_delta_rule" {
-            return &[
-                "chunk_gated_delta_rule_flashinfer",
-                "chunk_gated_delta_rule_triton",
-                "chunk_gated_delta_rule_cutedsl",
-            ];
-        }
+    if db.backend == "vllm"
+        && matches!(db.version.as_str(), "0.24.0" | "0.27.1")
+        && op.context
+        && op.kernel == "chunk_gated_delta_rule"
+    {
+        return &[
+            "chunk_gated_delta_rule_flashinfer",
+            "chunk_gated_delta_rule_triton",
+            "chunk_gated_delta_rule_cutedsl",
+        ];
     }
     &[]
 }
