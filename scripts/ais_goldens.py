@@ -33,6 +33,10 @@ shared linear-attention layer carries measured Mamba2 conv rows), experts split 
 `--msa-nvfp4` prints instead the step times and KV capacity behind golden.rs's
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
 projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
+
+`--qwen35` prints instead the step times and KV capacity behind crates/perf/tests/qwen35_goldens.rs:
+Qwen3.5 (GDN linear attention + gated full attention) dense 27B and MoE 35B-A3B on H200 / vLLM
+0.24.0, and the NVFP4 122B-A10B on B200 (bf16 projections and shared experts by exclusion).
 """
 import json
 import sys
@@ -222,6 +226,24 @@ MSA_NVFP4_KV = [
     ("nvidia/MiniMax-M3-NVFP4", "b200_sxm", "vllm", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 64),
 ]
 
+QWEN35_STEPS = [
+    ({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "vllm", "tp": 1},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("prefill", (1, 20000, 0)), ("decode", (16, 1100)),
+      ("decode", (7, 131072)), ("fpm", [PREFILL_RANK]), ("fpm", [DECODE_RANK]), ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 1,
+      "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED])]),
+    ({"model": "nvidia/Qwen3.5-122B-A10B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 4, "moe_tp_size": 4,
+      "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000)), ("fpm", [MIXED])]),
+]
+QWEN35_KV = [
+    ("Qwen/Qwen3.5-27B", "h200_sxm", "vllm", dict(tp_size=1), 64),
+    ("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
+    ("nvidia/Qwen3.5-122B-A10B-NVFP4", "b200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
+]
+
 KV = [
     ("Qwen/Qwen3-32B", "h200_sxm", "vllm", dict(tp_size=2), 64),
     ("Qwen/Qwen3-8B", "h100_sxm", "vllm", dict(tp_size=1), 64),
@@ -287,6 +309,10 @@ def main():
     if "--nemotron-h" in sys.argv[1:]:
         print_steps(NEMOTRON_H_STEPS)
         print_kv(NEMOTRON_H_KV)
+        return
+    if "--qwen35" in sys.argv[1:]:
+        print_steps(QWEN35_STEPS)
+        print_kv(QWEN35_KV)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

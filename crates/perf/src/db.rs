@@ -361,6 +361,8 @@ pub struct Database {
     pub(crate) dsa: crate::dsa::DsaTables,
     /// DeepSeek-V4's module and mHC tables, each read on first use.
     pub(crate) dsv4: crate::dsv4::Dsv4Tables,
+    /// Qwen3.5's GDN kernel table, read on first use.
+    pub(crate) gdn: crate::gdn::GdnTables,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
     /// EMPIRICAL / HYBRID utilisation grids, each built on first use.
     util: crate::empirical::Grids,
@@ -445,6 +447,7 @@ impl Database {
             mla: Default::default(),
             dsa: Default::default(),
             dsv4: Default::default(),
+            gdn: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
             util: Default::default(),
         })

@@ -52,6 +52,7 @@ fn tokens(a: u32, b: u32, what: &str) -> Result<u32> {
 fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()> {
     match op {
         Op::Gemm { dtype, .. } => f(*dtype),
+        Op::SmallGemm(g) => f(g.dtype),
         Op::Moe(m) => f(m.dtype),
         Op::ExpertCompute(e) => f(e.moe.dtype),
         Op::Fallback { primary, fallback, .. } => {
@@ -287,6 +288,8 @@ impl Estimator {
             Op::Dsv4Attn(a) => crate::dsv4::eval_dsv4_attention(db, a, at.batch, at.s, at.prefix)?,
             Op::Mhc(h) => crate::dsv4::eval_mhc(db, h, at.x)?,
             Op::Mamba2(k) => crate::mamba2::eval_mamba2(db, k, at.batch, at.s)?,
+            Op::Gdn(g) => crate::gdn::eval_gdn(db, g, at.batch, at.s)?,
+            Op::SmallGemm(g) => crate::gdn::eval_small_gemm(db, g, at.x)?,
             Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
                 Ok(v) => v,
                 Err(e) if crate::mla::falls_back(&e) => {
@@ -539,6 +542,9 @@ impl Estimator {
         }
         if let Some(g) = &m.gemma4 {
             return crate::gemma4::kv_bytes_per_token(g, self.layout.tp, self.layout.kv);
+        }
+        if let Some(q) = &m.qwen35 {
+            return crate::gdn::kv_bytes_per_token(m, q, self.layout.tp, self.layout.kv);
         }
         if let Some(d) = m.mla {
             let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;

@@ -15,6 +15,7 @@ pub mod eagle3;
 pub mod empirical;
 pub mod error;
 pub mod estimator;
+pub mod gdn;
 pub mod gemma4;
 pub mod hybrid_moe;
 pub mod interp;

@@ -77,11 +77,9 @@ pub fn kv_capacity(
     }
     let tp_clamped = est.layout.tp.min(8);
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
-    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash) has no coefficients
-    // of its own and takes the backends' default rows.
-    let hybrid = m.hybrid.is_some();
-    // Nemotron-H (NEMOTRONH) has none either.
-    let hybrid = hybrid || m.nemotron_h.is_some();
+    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash), Qwen3.5 and
+    // Nemotron-H (NEMOTRONH) have no coefficients of their own and take the backends' default rows.
+    let hybrid = m.hybrid.is_some() || m.nemotron_h.is_some() || m.qwen35.is_some();
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         (_, _) if hybrid => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
@@ -142,6 +140,14 @@ pub fn kv_capacity(
     let per_token = est.kv_bytes_per_token();
     let tokens = if let Some(d) = &m.dsv4 {
         d.kv_tokens(est.layout.kv, kv, m.max_position as u64)
+    } else if let Some(q) = &m.qwen35 {
+        // One request's GDN state comes out of the budget first.
+        let left = kv - crate::gdn::state_bytes_per_request(q, est.layout.tp);
+        if left <= 0.0 || per_token <= 0.0 {
+            0
+        } else {
+            (left / per_token).floor() as u64
+        }
     } else if m.sliding_window > 0 || m.gemma4.is_some() {
         window_capped_tokens(est, kv)
     } else {
@@ -166,6 +172,7 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
     let m = &est.model;
     match op {
         Op::Gemm { n, k, dtype, scale, .. } => *n as f64 * *k as f64 * dtype.bytes() * scale,
+        Op::SmallGemm(g) => g.n as f64 * g.k as f64 * g.dtype.bytes() * g.scale,
         // The MLA, DSA and hybrid graphs and MSA's look up the whole vocabulary; the others their
         // tensor-parallel share.
         Op::Embedding { scale, .. } => {

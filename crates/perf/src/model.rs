@@ -103,6 +103,8 @@ pub struct ModelSpec {
     pub dsv4: Option<crate::dsv4::Dsv4Spec>,
     /// Nemotron-H: the layer kinds and Mamba2 widths (`mamba2.rs`).
     pub nemotron_h: Option<crate::mamba2::NemotronHSpec>,
+    /// Qwen3.5: the GDN / full-attention layer split and GDN widths (`gdn.rs`).
+    pub qwen35: Option<crate::gdn::Qwen35Spec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -183,6 +185,7 @@ fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value>
             | "MiniMaxM3SparseForConditionalGeneration"
             | "Llama4ForConditionalGeneration"
     ) && !GEMMA4.contains(&arch)
+        && !crate::gdn::ARCHS.contains(&arch)
     {
         return Ok(cfg);
     }
@@ -281,6 +284,13 @@ impl ModelSpec {
             Family::Msa
         } else if arch == crate::dsv4::ARCH {
             Family::Dsv4
+        } else if crate::gdn::ARCHS.contains(&arch.as_str()) {
+            // Qwen3.5: the dense or MoE graph's facts, its own op list (`gdn.rs`).
+            if uint(cfg, "num_experts").unwrap_or(0) > 0 {
+                Family::Moe
+            } else {
+                Family::Dense
+            }
         } else if arch == "DeepseekV41ForCausalLM" {
             return Err(PerfError::unsupported(format!(
                 "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
@@ -290,14 +300,25 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH]].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH]]
-                    .concat()
-                    .join(", ")
+                [
+                    DENSE,
+                    MOE,
+                    HYBRID,
+                    MLA,
+                    DSA,
+                    GEMMA4,
+                    MSA,
+                    &[crate::dsv4::ARCH],
+                    &[crate::mamba2::ARCH],
+                    &crate::gdn::ARCHS
+                ]
+                .concat()
+                .join(", ")
             )));
         };
         let need =
@@ -399,7 +420,13 @@ impl ModelSpec {
             } else {
                 None
             },
+            qwen35: None,
         };
+        if crate::gdn::ARCHS.contains(&arch_name.as_str()) {
+            crate::gdn::refuse_layer_formats(root, cfg, hf_quant, &shown.to_string())?;
+            let patterns = exclude_patterns(quantisation_scope(root, cfg), hf_quant);
+            spec.qwen35 = Some(crate::gdn::spec_from_config(root, cfg, layers, &patterns, &shown.to_string())?);
+        }
         if family == Family::Dsv4 {
             // The reference runs DeepSeek-V4's sparse attention on an fp8 KV cache whatever the
             // checkpoint declares, and its native checkpoints' fp4 routed experts as MXFP4 weights
@@ -819,6 +846,10 @@ pub enum Op {
     Mhc(crate::dsv4::MhcOp),
     /// A Mamba2 kernel (Nemotron-H; `mamba2.rs`).
     Mamba2(crate::mamba2::Mamba2Op),
+    /// A Qwen3.5 GDN kernel (`gdn.rs`).
+    Gdn(crate::gdn::GdnOp),
+    /// A GEMM timed by its roofline where its width is below the measured grid (`gdn.rs`).
+    SmallGemm(crate::gdn::SmallGemmOp),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
@@ -856,6 +887,8 @@ impl Op {
             Op::Dsv4Attn(a) => &a.name,
             Op::Mhc(a) => &a.name,
             Op::Mamba2(k) => &k.name,
+            Op::Gdn(g) => &g.name,
+            Op::SmallGemm(g) => &g.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
             Op::TokenScale { op, .. } => op.name(),
         }
@@ -882,6 +915,9 @@ impl Op {
             Op::Msa(a) => &mut a.name,
             Op::Dsv4Attn(a) => &mut a.name,
             Op::Mhc(a) => &mut a.name,
+            Op::Mamba2(k) => &mut k.name,
+            Op::Gdn(g) => &mut g.name,
+            Op::SmallGemm(g) => &mut g.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
             Op::TokenScale { op, .. } => op.name_mut(),
         }
@@ -974,6 +1010,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if let Some(nh) = &m.nemotron_h {
         return crate::mamba2::build_nemotron_h_ops(m, nh, l);
+    }
+    if let Some(q) = &m.qwen35 {
+        return crate::gdn::build_qwen35_ops(m, q, l);
     }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {

@@ -882,6 +882,11 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     // bf16 exclusions (`gemm` then times the projections, `shared_gemm` the MLP).
     let gemma4 = model.gemma4.as_ref().map(|g| crate::gemma4::formats(g, gemm, moe, cfg.gemm_quant_mode.is_some()));
     let (gemm, moe) = gemma4.map_or((gemm, moe), |(proj, _, experts)| (proj, experts));
+    // Qwen3.5: the projections and the FFN side (dense MLP or shared expert) each follow the
+    // checkpoint's bf16 exclusions (`gemm` then times the projections, `shared_gemm` the FFN).
+    let qwen35 =
+        model.qwen35.as_ref().map(|q| crate::gdn::formats(q, model.routed(), gemm, cfg.gemm_quant_mode.is_some()));
+    let gemm = qwen35.map_or(gemm, |(proj, _)| proj);
     if model.routed() && moe == Dtype::Fp8Block && (model.moe_inter / moe_tp) % model.quant.block != 0 {
         return Err(PerfError::config(format!(
             "{}: fp8_block experts need (moe_intermediate_size {} / moe_tp_size {moe_tp}) to be a multiple of the weight block {}",
@@ -902,6 +907,8 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         // was given explicitly.
         shared_gemm: if let Some((_, mlp, _)) = gemma4 {
             mlp
+        } else if let Some((_, ffn)) = qwen35 {
+            ffn
         } else if model.quant.excluded.shared_expert && cfg.gemm_quant_mode.is_none() {
             Dtype::Bfloat16
         } else {

@@ -1,0 +1,162 @@
+//! Qwen3.5 (Gated DeltaNet linear attention beside gated full attention; dense and MoE) against
+//! the reference estimator (aisimulate 0.13.0.dev202610270000000085, `aisimulate_core` data). The
+//! goldens run only when the data is installed; otherwise they print a notice and pass.
+//!
+//! Every number comes from
+//!
+//! ```text
+//! $AISIM_REF_VENV/bin/python scripts/ais_goldens.py --qwen35
+//! ```
+//!
+//! (`RustForwardPassPerfModel.best_available(cfg)`, then `static_phase_diagnostics(...)` summed
+//! over ops for prefills and decode steps, `estimate_forward_pass_time_ms` for forward passes,
+//! `estimate_num_gpu_blocks` for KV capacity).
+
+use serde_json::json;
+use servesim_perf::db::Dtype;
+use servesim_perf::model::{build_ops, Op};
+use servesim_perf::{estimator, AisConfig, RankMetrics};
+
+fn data_available() -> bool {
+    match servesim_perf::systems::systems_roots(&[]) {
+        Ok(roots) => roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()),
+        Err(_) => false,
+    }
+}
+
+fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
+    estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+}
+
+fn try_est(cfg: serde_json::Value) -> Result<std::sync::Arc<servesim_perf::Estimator>, String> {
+    AisConfig::from_json("config", &cfg).and_then(|c| estimator(&c)).map_err(|e| e.to_string())
+}
+
+const MIXED: RankMetrics = RankMetrics {
+    num_prefill_requests: 3,
+    sum_prefill_tokens: 2000,
+    sum_prefill_kv_tokens: 3000,
+    num_decode_requests: 100,
+    sum_decode_kv_tokens: 70000,
+};
+const PREFILL_RANK: RankMetrics =
+    RankMetrics { num_prefill_requests: 3, sum_prefill_tokens: 2000, sum_prefill_kv_tokens: 3000, ..MIXED_EMPTY };
+const DECODE_RANK: RankMetrics =
+    RankMetrics { num_decode_requests: 40, sum_decode_kv_tokens: 40 * 3000, ..MIXED_EMPTY };
+const MIXED_EMPTY: RankMetrics = RankMetrics {
+    num_prefill_requests: 0,
+    sum_prefill_tokens: 0,
+    sum_prefill_kv_tokens: 0,
+    num_decode_requests: 0,
+    sum_decode_kv_tokens: 0,
+};
+
+/// Within 1e-6 of the reference (relative).
+fn close(got: f64, want: f64) {
+    assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "got {got}, reference {want}");
+}
+
+/// Qwen3.5-27B (dense): 48 GDN and 16 full-attention layers, bf16, H200 / vLLM 0.24.0.
+#[test]
+fn qwen35_dense_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
+        return;
+    }
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "vllm", "tp": 1}));
+    let q = e.model.qwen35.as_ref().unwrap();
+    assert_eq!((q.linear_layers, q.full_layers, q.k_heads, q.v_heads, q.ssm_dtype), (48, 16, 16, 48, "float32"));
+    close(e.prefill_ms(1, 1024, 0).unwrap(), 72.48991457398729);
+    close(e.prefill_ms(2, 2500, 700).unwrap(), 255.42296496495084);
+    close(e.prefill_ms(1, 20000, 0).unwrap(), 1575.735849159701);
+    close(e.decode_ms(16, 1100).unwrap(), 17.640981296754546);
+    close(e.decode_ms(7, 131072).unwrap(), 30.21413971210345);
+    close(e.forward_pass_time_ms(&[PREFILL_RANK]).unwrap(), 141.85302753117617);
+    close(e.forward_pass_time_ms(&[DECODE_RANK]).unwrap(), 21.082195108196213);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 153.4917165079748);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(kv.blocks, 18489, "{kv:?}");
+}
+
+/// Qwen3.5-35B-A3B (MoE, 256 experts + a shared expert), experts split by EP.
+#[test]
+fn qwen35_moe_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
+        return;
+    }
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+                            "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 28.648696002212407);
+    close(e.prefill_ms(2, 3000, 500).unwrap(), 54.04912197926881);
+    close(e.decode_ms(16, 1100).unwrap(), 6.91101191844679);
+    close(e.decode_ms(64, 4097).unwrap(), 12.081525065557255);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 32.23742084598536);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(kv.blocks, 148049, "{kv:?}");
+}
+
+/// nvidia/Qwen3.5-122B-A10B-NVFP4 on B200: NVFP4 routed experts, while the checkpoint's
+/// exclusions keep the GDN / attention projections and the shared experts in bf16; fp8 KV.
+#[test]
+fn qwen35_nvfp4_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
+        return;
+    }
+    let e = est_with(json!({"model": "nvidia/Qwen3.5-122B-A10B-NVFP4", "system": "b200_sxm", "backend": "vllm",
+                            "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1}));
+    assert_eq!(
+        (e.layout.gemm, e.layout.shared_gemm, e.layout.moe, e.layout.kv),
+        (Dtype::Bfloat16, Dtype::Bfloat16, Dtype::Nvfp4, Dtype::Fp8)
+    );
+    close(e.prefill_ms(4, 777, 0).unwrap(), 28.106158112034947);
+    close(e.decode_ms(33, 5000).unwrap(), 5.898480106989527);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 25.373719489533848);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(kv.blocks, 380482, "{kv:?}");
+}
+
+/// The op list's shape: one GDN chain and one full-attention chain, scaled by their layer
+/// counts, and what is refused by name.
+#[test]
+fn qwen35_op_list_and_refusals() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 op list");
+        return;
+    }
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+                            "moe_tp_size": 1, "moe_ep_size": 2}));
+    let (ctx, gen) = build_ops(&e.model, &e.layout).unwrap();
+    let find =
+        |ops: &[Op], name: &str| ops.iter().find(|o| o.name() == name).cloned().unwrap_or_else(|| panic!("no {name}"));
+    match find(&ctx, "context_gdn_scan") {
+        Op::Gdn(g) => assert_eq!(
+            (g.kernel, g.scale, g.k_heads, g.v_heads, g.hidden),
+            ("chunk_gated_delta_rule", 30.0, 8, 16, 2048)
+        ),
+        other => panic!("{other:?}"),
+    }
+    match find(&gen, "generation_gdn_recurrence") {
+        Op::Gdn(g) => assert_eq!(g.kernel, "fused_sigmoid_gating_delta_rule_update"),
+        other => panic!("{other:?}"),
+    }
+    // The query slice doubled by the output gate: 2 · 8 · 256 + 2 · 1 · 256.
+    assert!(matches!(find(&ctx, "context_qkv_gemm"), Op::Gemm { n: 4608, k: 2048, scale, .. } if scale == 10.0));
+    assert!(matches!(find(&gen, "generation_full_moe_overlap"), Op::Overlap { .. }));
+    assert!(matches!(find(&ctx, "context_gdn_shared_expert_gate_gemm"), Op::SmallGemm(g) if g.n == 1));
+    let refused = |cfg: serde_json::Value| try_est(cfg).map(|_| ()).unwrap_err();
+    let base = json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "backend_version": "0.5.14",
+                      "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2});
+    let err = refused(base.clone());
+    assert!(err.contains("Qwen3.5 (GDN + full attention) is timed for backend vllm only"), "{err}");
+    let mut dp = base;
+    dp["backend"] = json!("vllm");
+    dp.as_object_mut().unwrap().remove("backend_version");
+    dp["attention_dp"] = json!(2);
+    dp["moe_ep_size"] = json!(4);
+    let err = refused(dp);
+    assert!(err.contains("Qwen3.5 is modelled without attention_dp (got 2)"), "{err}");
+    let err = refused(json!({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "vllm", "tp": 32}));
+    assert!(err.contains("heads"), "{err}");
+}
