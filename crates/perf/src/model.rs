@@ -181,6 +181,7 @@ fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value>
             | "MiniMaxM3SparseForConditionalGeneration"
             | "Llama4ForConditionalGeneration"
     ) && !GEMMA4.contains(&arch)
+        && !crate::qwen3vl::ARCHS.contains(&arch)
     {
         return Ok(cfg);
     }
@@ -276,6 +277,10 @@ impl ModelSpec {
             Family::Msa
         } else if arch == crate::dsv4::ARCH {
             Family::Dsv4
+        } else if let Some(f) = crate::qwen3vl::family(&arch) {
+            f
+        } else if arch == crate::qwen3vl::MUSE_GLIMMER_ARCH {
+            return Err(PerfError::unsupported(format!("{shown}: {}", crate::qwen3vl::MUSE_GLIMMER_REFUSAL)));
         } else if arch == "DeepseekV41ForCausalLM" {
             return Err(PerfError::unsupported(format!(
                 "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
@@ -285,12 +290,14 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH]].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], crate::qwen3vl::ARCHS].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
                 "{shown}: architecture {arch} is not supported by servesim's op builder; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH]].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], crate::qwen3vl::ARCHS]
+                    .concat()
+                    .join(", ")
             )));
         };
         let need =
