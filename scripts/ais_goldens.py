@@ -29,6 +29,8 @@ fp8 KV, bf16 attention tables) on B200 / vLLM 0.24.0, experts split by EP and by
 NVIDIA Nemotron-3 Nano (bf16), Super (FP8, NVFP4; latent MoE) and Ultra (FP8, NVFP4; depth given
 only as layers_block_type) on H200 / vLLM 0.24.0, B200 / SGLang 0.5.14 and H200 / TRT-LLM (whose
 shared linear-attention layer carries measured Mamba2 conv rows), experts split by EP.
+`--qwen3vl` prints instead the step times and KV capacity behind crates/perf/tests/qwen3vl.rs: the
+Qwen3-VL wrappers' text path (dense and MoE, every backend), with Qwen3-8B beside Qwen3-VL-8B.
 
 `--msa-nvfp4` prints instead the step times and KV capacity behind golden.rs's
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
@@ -243,6 +245,33 @@ QWEN35_KV = [
     ("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
     ("nvidia/Qwen3.5-122B-A10B-NVFP4", "b200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
 ]
+# Qwen3-VL (`--qwen3vl`): text-only loads of the dense and MoE wrappers on each backend, and
+# Qwen3-8B at the same shapes as Qwen3-VL-8B (only the Q/K-norm term of attention differs).
+QWEN3VL_STEPS = [
+    ({"model": "Qwen/Qwen3-VL-8B-Instruct", "system": "h200_sxm", "backend": "vllm", "tp": 1},
+     [("prefill", (4, 1024, 0)), ("prefill", (2, 3000, 500)), ("decode", (4, 1025)), ("decode", (64, 4097)),
+      ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "tp": 1},
+     [("prefill", (4, 1024, 0)), ("decode", (4, 1025))]),
+    ({"model": "Qwen/Qwen3-VL-32B-Instruct", "system": "h200_sxm", "backend": "sglang", "tp": 2},
+     [("prefill", (1, 8192, 0)), ("decode", (16, 1100))]),
+    ({"model": "Qwen/Qwen3-VL-2B-Instruct", "system": "h100_sxm", "backend": "trtllm", "tp": 1},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000))]),
+    ({"model": "Qwen/Qwen3-VL-30B-A3B-Instruct", "system": "h200_sxm", "backend": "vllm", "tp": 2, "moe_tp_size": 1,
+      "moe_ep_size": 2},
+     [("prefill", (2, 2500, 700)), ("decode", (16, 1100)), ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3-VL-235B-A22B-Instruct", "system": "b200_sxm", "backend": "sglang", "tp": 4,
+      "moe_tp_size": 4, "moe_ep_size": 1},
+     [("prefill", (1, 8192, 0)), ("decode", (64, 4097))]),
+]
+QWEN3VL_KV = [
+    ("Qwen/Qwen3-VL-8B-Instruct", "h200_sxm", "vllm", dict(tp_size=1), 64),
+    ("Qwen/Qwen3-8B", "h200_sxm", "vllm", dict(tp_size=1), 64),
+    ("Qwen/Qwen3-VL-32B-Instruct", "h200_sxm", "sglang", dict(tp_size=2), 1),
+    ("Qwen/Qwen3-VL-4B-Instruct", "h100_sxm", "vllm", dict(tp_size=1), 32),
+    ("Qwen/Qwen3-VL-30B-A3B-Instruct", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
+    ("Qwen/Qwen3-VL-235B-A22B-Instruct", "b200_sxm", "sglang", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 1),
+]
 
 KV = [
     ("Qwen/Qwen3-32B", "h200_sxm", "vllm", dict(tp_size=2), 64),
@@ -313,6 +342,10 @@ def main():
     if "--qwen35" in sys.argv[1:]:
         print_steps(QWEN35_STEPS)
         print_kv(QWEN35_KV)
+        return
+    if "--qwen3vl" in sys.argv[1:]:
+        print_steps(QWEN3VL_STEPS)
+        print_kv(QWEN3VL_KV)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

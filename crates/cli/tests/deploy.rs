@@ -160,7 +160,8 @@ fn nemotron_h_matches_the_reference() {
 /// (gemma-4-26B-A4B on an H200 SGLang TP2 / EP2 replica), Llama-4-Maverick's local / global
 /// attention with MoE and dense layers (H200 vLLM TEP8), MiniMax-M3's MSA sparse attention
 /// (H200 vLLM TEP8) and its ModelOpt MIXED_PRECISION NVFP4 release (MXFP8 projections as
-/// fp8_block, NVFP4 routed experts; B200 vLLM TEP8), each with the KV cache sized from GPU
+/// fp8_block, NVFP4 routed experts; B200 vLLM TEP8), the Qwen3-VL MoE wrapper's text path
+/// (Qwen3-VL-30B-A3B-Instruct on an H200 SGLang TP2 / EP2 replica), each with the KV cache sized from GPU
 /// memory: every compared metric within 0.01 % of the reference (recorded as their YAML headers
 /// say, aisimulate 0.13.0.dev202610270000000085).
 #[test]
@@ -175,6 +176,7 @@ fn checkpoint_formats_match_the_reference() {
         "predict_agg_hybrid_llama4_maverick",
         "predict_agg_msa_minimax_m3",
         "predict_agg_msa_minimax_m3_nvfp4",
+        "predict_agg_qwen3vl_moe",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-4, "{name}: worst deviation {:.5} %", worst * 100.0);

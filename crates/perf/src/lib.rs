@@ -30,6 +30,7 @@ pub mod moe_ops;
 pub mod msa;
 pub mod parquet_table;
 pub mod provider;
+pub mod qwen3vl;
 pub mod systems;
 
 pub use error::{ErrorKind, PerfError};

@@ -77,9 +77,13 @@ pub fn kv_capacity(
     }
     let tp_clamped = est.layout.tp.min(8);
     let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
-    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash), Qwen3.5 and
-    // Nemotron-H (NEMOTRONH) have no coefficients of their own and take the backends' default rows.
-    let hybrid = m.hybrid.is_some() || m.nemotron_h.is_some() || m.qwen35.is_some();
+    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash), Qwen3.5, Nemotron-H
+    // (NEMOTRONH) and the Qwen3-VL families have no coefficients of their own and take the
+    // backends' default rows.
+    let hybrid = m.hybrid.is_some()
+        || m.nemotron_h.is_some()
+        || m.qwen35.is_some()
+        || crate::qwen3vl::default_activation_row(&m.architecture);
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         (_, _) if hybrid => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),

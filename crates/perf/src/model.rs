@@ -186,6 +186,7 @@ fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value>
             | "Llama4ForConditionalGeneration"
     ) && !GEMMA4.contains(&arch)
         && !crate::gdn::ARCHS.contains(&arch)
+        && !crate::qwen3vl::ARCHS.contains(&arch)
     {
         return Ok(cfg);
     }
@@ -291,6 +292,10 @@ impl ModelSpec {
             } else {
                 Family::Dense
             }
+        } else if let Some(f) = crate::qwen3vl::family(&arch) {
+            f
+        } else if arch == crate::qwen3vl::MUSE_GLIMMER_ARCH {
+            return Err(PerfError::unsupported(format!("{shown}: {}", crate::qwen3vl::MUSE_GLIMMER_REFUSAL)));
         } else if arch == "DeepseekV41ForCausalLM" {
             return Err(PerfError::unsupported(format!(
                 "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
@@ -300,7 +305,7 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS, crate::qwen3vl::ARCHS].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
@@ -315,7 +320,8 @@ impl ModelSpec {
                     MSA,
                     &[crate::dsv4::ARCH],
                     &[crate::mamba2::ARCH],
-                    &crate::gdn::ARCHS
+                    &crate::gdn::ARCHS,
+                    crate::qwen3vl::ARCHS,
                 ]
                 .concat()
                 .join(", ")
