@@ -5,6 +5,7 @@
 //! runs one such deployment ([`Prepared::run`]).
 
 mod error;
+pub mod afd;
 pub mod lower;
 pub mod planner_search;
 pub mod reader;
