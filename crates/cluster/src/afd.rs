@@ -90,7 +90,13 @@ pub fn pass_time(t: &LayerTimes, pipeline: Pipeline, microbatches: u32, comm_ove
     };
     let fill = a + f + a2f + f2a;
     let units = (microbatches as u64 * t.num_layers as u64).saturating_sub(1);
-    PassTime { step_ms: fill + cycle * units as f64, cycle_ms: cycle, fill_ms: fill, effective, communication_hidden: hidden }
+    PassTime {
+        step_ms: fill + cycle * units as f64,
+        cycle_ms: cycle,
+        fill_ms: fill,
+        effective,
+        communication_hidden: hidden,
+    }
 }
 
 /// One request of the AFD schedule.
@@ -126,9 +132,8 @@ pub fn schedule_both(
     let mut order: Vec<f64> = arrivals.to_vec();
     order.sort_by(f64::total_cmp);
     let capacity = capacity.max(1) as usize;
-    let mut free: Option<BinaryHeap<Reverse<OrdF64>>> = slots.map(|n| {
-        (0..(n as usize).min(order.len())).map(|_| Reverse(OrdF64(0.0))).collect()
-    });
+    let mut free: Option<BinaryHeap<Reverse<OrdF64>>> =
+        slots.map(|n| (0..(n as usize).min(order.len())).map(|_| Reverse(OrdF64(0.0))).collect());
     let decode_passes = output_tokens.saturating_sub(1);
     let mut available = 0.0f64;
     let mut out = AfdSchedule { requests: Vec::with_capacity(order.len()), batches: 0, passes: 0 };

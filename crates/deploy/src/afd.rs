@@ -44,34 +44,49 @@ pub fn predict(config: &Config) -> Result<Value, DeployError> {
     let afd = config.engine.afd.as_ref().ok_or_else(|| DeployError::new("engine.afd", "missing (required)"))?;
     let (isl, osl) = match config.traffic.source {
         Source::Synthetic { cached_prefix_tokens: p, .. } if p > 0 => {
-            return Err(DeployError::new("traffic.source.cached_prefix_tokens", "cached_prefix_tokens is unsupported for AFD"))
+            return Err(DeployError::new(
+                "traffic.source.cached_prefix_tokens",
+                "cached_prefix_tokens is unsupported for AFD",
+            ))
         }
         Source::Synthetic { input_tokens, output_tokens, .. } => (input_tokens, output_tokens),
-        _ => return Err(DeployError::new("traffic.source", "AFD prediction requires fixed-length synthetic request traffic")),
-    };
-    let slots = match config.traffic.load {
-        Load::Concurrency(c) => c,
         _ => {
             return Err(DeployError::new(
-                "traffic.load",
-                "AFD under a rate load is not supported by servesim yet (the AFD schedule takes a concurrency load)",
+                "traffic.source",
+                "AFD prediction requires fixed-length synthetic request traffic",
             ))
         }
     };
+    let slots =
+        match config.traffic.load {
+            Load::Concurrency(c) => c,
+            _ => return Err(DeployError::new(
+                "traffic.load",
+                "AFD under a rate load is not supported by servesim yet (the AFD schedule takes a concurrency load)",
+            )),
+        };
     if config.traffic.stop.max_virtual_time_seconds.is_some() {
-        return Err(DeployError::new("traffic.stop.max_virtual_time_seconds", "AFD engine replay does not yet support max_sim_time_ms"));
+        return Err(DeployError::new(
+            "traffic.stop.max_virtual_time_seconds",
+            "AFD engine replay does not yet support max_sim_time_ms",
+        ));
     }
     if config.planner.is_some() {
         return Err(DeployError::new("planner", "the planner scales regular worker pools; AFD has none"));
     }
     let count = config.traffic.stop.count.unwrap_or(100);
 
-    // The attention pool first: the system's node size decides the FFN pool's width.
-    let attention = estimator(config, afd.tp_a, afd.tp_a, 1)?;
-    let gpus_per_node = attention.db.spec.gpus_per_node;
+    // The system's node size decides the FFN pool's width and which attention widths fit.
+    let at = |e: servesim_perf::PerfError| DeployError::new("engine", e.message);
+    let roots = servesim_perf::systems::systems_roots(&[]).map_err(at)?;
+    let gpus_per_node = servesim_perf::systems::find_system(&roots, &config.engine.hardware).map_err(at)?.gpus_per_node;
     if gpus_per_node % afd.tp_a != 0 {
-        return Err(DeployError::new("engine.afd.tp_a", format!("tp_a={} must divide gpus_per_node={gpus_per_node}", afd.tp_a)));
+        return Err(DeployError::new(
+            "engine.afd.tp_a",
+            format!("tp_a={} must divide gpus_per_node={gpus_per_node}", afd.tp_a),
+        ));
     }
+    let attention = estimator(config, afd.tp_a, afd.tp_a, 1)?;
     let ffn_tp = afd.n_f_nodes * gpus_per_node;
     let ep = afd.f_moe_ep_size;
     let experts = attention.model.experts;
@@ -79,10 +94,16 @@ pub fn predict(config: &Config) -> Result<Value, DeployError> {
         return Err(DeployError::new("engine.afd.f_moe_ep_size", "dense AFD topologies require f_moe_ep_size=1"));
     }
     if ffn_tp % ep != 0 {
-        return Err(DeployError::new("engine.afd.f_moe_ep_size", format!("f_moe_ep_size={ep} must divide ffn_tp={ffn_tp}")));
+        return Err(DeployError::new(
+            "engine.afd.f_moe_ep_size",
+            format!("f_moe_ep_size={ep} must divide ffn_tp={ffn_tp}"),
+        ));
     }
     if experts > 0 && experts % ep != 0 {
-        return Err(DeployError::new("engine.afd.f_moe_ep_size", format!("f_moe_ep_size={ep} must divide num_experts={experts}")));
+        return Err(DeployError::new(
+            "engine.afd.f_moe_ep_size",
+            format!("f_moe_ep_size={ep} must divide num_experts={experts}"),
+        ));
     }
     let ffn = estimator(config, ffn_tp, ffn_tp / ep, ep)?;
     let shape = Shape {
@@ -154,8 +175,9 @@ pub fn predict(config: &Config) -> Result<Value, DeployError> {
     let sla = &config.sla;
     if sla.ttft_ms.is_some() || sla.itl_ms.is_some() || sla.e2e_ms.is_some() {
         let within = |bound: Option<f64>, x: f64| bound.is_none_or(|b| x <= b);
-        let good =
-            (0..ttft.len()).filter(|&i| within(sla.ttft_ms, ttft[i]) && within(sla.itl_ms, tpot[i]) && within(sla.e2e_ms, e2e[i])).count() as f64;
+        let good = (0..ttft.len())
+            .filter(|&i| within(sla.ttft_ms, ttft[i]) && within(sla.itl_ms, tpot[i]) && within(sla.e2e_ms, e2e[i]))
+            .count() as f64;
         s.insert("goodput_completed_requests".into(), json!(good));
         s.insert("goodput_request_throughput_rps".into(), json!(good / seconds));
         s.insert("goodput_output_throughput_tok_s".into(), json!(good * osl as f64 / seconds));

@@ -4,8 +4,8 @@
 //! `--set PATH=VALUE` ([`tree`]), and lowered into servesim's replay ([`lower`]). `predict -c`
 //! runs one such deployment ([`Prepared::run`]).
 
-mod error;
 pub mod afd;
+mod error;
 pub mod lower;
 pub mod planner_search;
 pub mod reader;

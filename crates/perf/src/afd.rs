@@ -94,9 +94,7 @@ fn side_by_name(op: &Op, name: &str) -> Result<Side> {
     if has_any(name, FFN_MARKERS) {
         return Ok(Side::Ffn);
     }
-    Err(PerfError::unsupported(format!(
-        "engine.mode: afd has no attention/FFN rule for the op {name:?} of this model"
-    )))
+    Err(PerfError::unsupported(format!("engine.mode: afd has no attention/FFN rule for the op {name:?} of this model")))
 }
 
 /// The side `op` runs on. Parallel op chains stay whole: every op of both chains (their

@@ -53,7 +53,9 @@ pub(super) fn read_afd(mut a: Reader, workers: &[&str]) -> Result<Afd, DeployErr
         ));
     }
     if phase != "both" {
-        return Err(a.err("phase", "pure AFD prediction requires phase='both'; use combined_with_pd=true for one phase"));
+        return Err(
+            a.err("phase", "pure AFD prediction requires phase='both'; use combined_with_pd=true for one phase")
+        );
     }
     if !workers.is_empty() {
         return Err(a.err("combined_with_pd", "pure AFD prediction rejects regular aggregated/prefill/decode workers"));

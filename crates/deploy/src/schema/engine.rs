@@ -308,15 +308,18 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         let given: Vec<&str> = [&aggregated, &prefill, &decode].into_iter().flatten().map(|w| w.role).collect();
         let block = afd_block.ok_or_else(|| e.err("afd", "engine.mode='afd' requires engine.afd"))?;
         afd = Some(super::afd::read_afd(block, &given)?);
-        check_afd_engine(&e, &AfdExtras {
-            kv_transfer: kv_transfer.is_some(),
-            nextn: mtp.is_some() || speculation.is_some(),
-            controls: controls.keys().next().cloned(),
-            policy: policy_key.or(strict_provenance.then_some("strict_provenance")),
-            systems_paths: systems_paths.as_ref().is_some_and(|p| p.as_slice() != ["default"]),
-            chunked_prefill: enable_chunked_prefill.is_some(),
-            tokenization: tokenization.is_some(),
-        })?;
+        check_afd_engine(
+            &e,
+            &AfdExtras {
+                kv_transfer: kv_transfer.is_some(),
+                nextn: mtp.is_some() || speculation.is_some(),
+                controls: controls.keys().next().cloned(),
+                policy: policy_key.or(strict_provenance.then_some("strict_provenance")),
+                systems_paths: systems_paths.as_ref().is_some_and(|p| p.as_slice() != ["default"]),
+                chunked_prefill: enable_chunked_prefill.is_some(),
+                tokenization: tokenization.is_some(),
+            },
+        )?;
     }
     let workers: Vec<&Worker> = [&aggregated, &prefill, &decode].into_iter().flatten().collect();
     if let Some(spec) = &speculation {
@@ -408,10 +411,9 @@ fn check_afd_engine(e: &Reader, x: &AfdExtras) -> Result<(), DeployError> {
         return Err(e.err(k, "estimator policies require regular language workers with default timing in every role"));
     }
     if x.tokenization {
-        return Err(e.err(
-            "tokenization",
-            "engine.tokenization requires token replay; AFD and analytical EPD are unsupported",
-        ));
+        return Err(
+            e.err("tokenization", "engine.tokenization requires token replay; AFD and analytical EPD are unsupported")
+        );
     }
     Ok(())
 }
