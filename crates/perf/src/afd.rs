@@ -190,7 +190,7 @@ pub struct Pools<'a> {
 /// Chance that a token has at least one of its `topk` experts on a given one of `nodes` FFN
 /// nodes (experts spread evenly); `1 / nodes` for a dense FFN.
 fn send_probability(experts: u32, topk: u32, nodes: u32) -> f64 {
-    let per_node = if nodes > 0 { experts / nodes } else { 0 };
+    let per_node = experts.checked_div(nodes).unwrap_or(0);
     if experts == 0 || topk == 0 || nodes <= 1 || per_node == 0 {
         return 1.0 / nodes.max(1) as f64;
     }
