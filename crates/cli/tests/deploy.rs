@@ -2508,3 +2508,118 @@ fn estimator_config_is_checked_and_inert() {
         );
     }
 }
+
+/// `engine.mode: afd` (pure attention/FFN disaggregation, `phase: both`): the attention and FFN
+/// pools' per-layer times from the AIS op lists split by side, the transfers between them, the
+/// microbatch pipeline (optimistic, conservative, serial) and the batch schedule of the AFD
+/// foreground engine, against aisimulate 0.13 on four topologies (an MoE model over one or two
+/// FFN nodes with expert parallelism, vLLM and SGLang, boundary ops on either side, a
+/// communication overhead factor; a dense model with TP-only FFN). Recorded with
+/// `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py NAME.yaml >
+/// NAME.expected.json`, aisimulate 0.13.0.dev202610270000000085. The schedule's counts are
+/// exact, and so are the latencies (every layer time equals the reference's bit for bit; the
+/// tolerance only allows for summation order).
+#[test]
+fn afd_matches_the_reference() {
+    for name in [
+        "predict_afd_qwen3_moe_optimistic",
+        "predict_afd_qwen3_moe_conservative",
+        "predict_afd_qwen3_moe_serial",
+        "predict_afd_dense_qwen3_8b",
+    ] {
+        let out_dir = tmp(name);
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let reference: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        for key in ["afd_passes", "afd_stage_intervals", "batch_capacity", "batches", "deployment_mode", "phase"] {
+            assert_eq!(ours["afd_replay"][key], reference["afd_replay"][key], "{name}: afd_replay.{key}");
+        }
+        for key in ["completed_requests", "num_total_gpus", "total_output_tokens", "num_tpot_samples"] {
+            assert_eq!(ours["summary"][key], reference["summary"][key], "{name}: {key}");
+        }
+        for key in [
+            "mean_ttft_ms",
+            "mean_tpot_ms",
+            "mean_e2e_latency_ms",
+            "duration_ms",
+            "output_throughput_tok_s",
+            "gpu_hours",
+        ] {
+            let (x, y) = (ours["summary"][key].as_f64().unwrap(), reference["summary"][key].as_f64().unwrap());
+            assert!(deviation(x, y) <= AFD_TOLERANCE, "{name}: {key} = {x}, reference {y}");
+        }
+    }
+}
+
+/// The AFD goldens' tolerance (see `afd_matches_the_reference`).
+const AFD_TOLERANCE: f64 = 1e-9;
+
+const AFD: &str = "traffic:\n  source: {type: synthetic, input_tokens: 256, output_tokens: 8}\n  load: {type: concurrency, concurrency: 8}\n  stop: {requests: 8}\nengine:\n  mode: afd\n  model: Qwen/Qwen3-30B-A3B\n  hardware: h200_sxm\n  afd: {phase: both, combined_with_pd: false, n_a_nodes: 1, n_f_nodes: 1, tp_a: 2, a_batch_size: 4, f_moe_ep_size: 8}\n";
+
+/// What AFD does not model is refused naming the key: AFD beside a P/D companion, one AFD phase
+/// alone, topology values the reference refuses, and engine keys AFD has no place for.
+#[test]
+fn afd_refusals_name_the_key() {
+    for (name, sets, wants) in [
+        (
+            "afd-pd",
+            &["engine.afd.phase=decode", "engine.afd.combined_with_pd=true"][..],
+            &["engine.afd.combined_with_pd", "AFD+P/D", "not supported by servesim yet"][..],
+        ),
+        (
+            "afd-pd-both",
+            &["engine.afd.combined_with_pd=true"],
+            &["engine.afd.phase", "AFD+P/D requires phase='prefill' or phase='decode'"],
+        ),
+        (
+            "afd-one-phase",
+            &["engine.afd.phase=prefill"],
+            &["engine.afd.phase", "pure AFD prediction requires phase='both'"],
+        ),
+        ("afd-pipeline", &["engine.afd.pipeline_model=eager"], &["engine.afd.pipeline_model"]),
+        ("afd-factor", &["engine.afd.comm_overhead_factor=0"], &["engine.afd.comm_overhead_factor", "positive"]),
+        ("afd-unknown", &["engine.afd.max_af_ratio=2"], &["engine.afd.max_af_ratio"]),
+        ("afd-missing", &["engine.afd.tp_a=null"], &["engine.afd.tp_a"]),
+        ("afd-tp", &["engine.afd.tp_a=3"], &["engine.afd.tp_a", "tp_a=3 must divide gpus_per_node=8"]),
+        (
+            "afd-ep",
+            &["engine.afd.f_moe_ep_size=3"],
+            &["engine.afd.f_moe_ep_size", "f_moe_ep_size=3 must divide ffn_tp=8"],
+        ),
+        (
+            "afd-dense-ep",
+            &["engine.model=Qwen/Qwen3-8B"],
+            &["engine.afd.f_moe_ep_size", "dense AFD topologies require f_moe_ep_size=1"],
+        ),
+        (
+            "afd-kv",
+            &["engine.kv_transfer={bandwidth_gb_per_second: 10}"],
+            &["engine.kv_transfer", "AFD mode rejects kv_transfer"],
+        ),
+        ("afd-nextn", &["engine.nextn=1", "engine.nextn_accepted=1"], &["engine.nextn", "default timing"]),
+        ("afd-sol", &["engine.database_mode=SOL"], &["engine.database_mode", "estimator policies"]),
+        (
+            "afd-workers",
+            &["engine.workers={aggregated: {}}"],
+            &["pure AFD prediction rejects regular aggregated/prefill/decode workers"],
+        ),
+        ("afd-rate", &["traffic.load={type: poisson, requests_per_second: 2}"], &["traffic.load", "AFD"]),
+        ("afd-prefix", &["traffic.source.cached_prefix_tokens=64"], &["cached_prefix_tokens is unsupported for AFD"]),
+        ("afd-missing-block", &["engine.afd=null"], &["engine.afd", "requires engine.afd"]),
+    ] {
+        refused(name, AFD, sets, wants);
+    }
+    refused(
+        "afd-not-afd",
+        BASE,
+        &["engine.afd={phase: both}"],
+        &["engine.afd", "engine.afd requires engine.mode='afd'"],
+    );
+}

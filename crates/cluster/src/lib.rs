@@ -8,6 +8,7 @@
 //! the engine it reads no clock, starts no thread and does no I/O: drivers report what
 //! happened and carry out what it asks for.
 
+pub mod afd;
 pub mod edges;
 pub mod flight;
 pub mod handoff;

@@ -4,6 +4,7 @@
 //! `--set PATH=VALUE` ([`tree`]), and lowered into servesim's replay ([`lower`]). `predict -c`
 //! runs one such deployment ([`Prepared::run`]).
 
+pub mod afd;
 mod error;
 pub mod lower;
 pub mod planner_search;

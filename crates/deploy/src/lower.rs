@@ -263,6 +263,12 @@ pub fn lower_engine(engine: &Engine) -> Result<LoweredEngine, DeployError> {
             engine.prefill.as_ref().expect("checked when read"),
             engine.decode.as_ref().expect("checked when read"),
         ],
+        Mode::Afd => {
+            return Err(DeployError::new(
+                "engine.mode",
+                "afd runs as its own foreground engine (servesim predict -c); it has no regular workers to lower",
+            ))
+        }
     };
     // The reference sizes a KV transfer by the prefill worker, for both roles.
     let transfer_bytes = match (&engine.kv_transfer, engine.prefill.as_ref()) {

@@ -341,6 +341,19 @@ impl Estimator {
         self.eval(op, At { batch, s, prefix: 0, x: batch }).map_err(|e| e.context(format!("op {}", op.name())))
     }
 
+    /// One context op of a prefill of `batch` requests of `s` new tokens each, every op
+    /// (the logits GEMM too) at the `batch · s` tokens of the whole step: the shape the
+    /// attention/FFN-disaggregated model (`afd.rs`) reads each pool's ops at.
+    pub fn context_op_at_tokens(&self, op: &Op, batch: u32, s: u32, prefix: u32) -> Result<f64> {
+        let x = tokens(batch, s, "prefill")?;
+        self.eval(op, At { batch, s, prefix, x }).map_err(|e| e.context(format!("op {}", op.name())))
+    }
+
+    /// One generation op of a decode step of `batch` tokens over `context` tokens of KV each.
+    pub fn generation_op_ms(&self, op: &Op, batch: u32, context: u32) -> Result<f64> {
+        self.generation_at(op, batch, context)
+    }
+
     /// Every context op of a prefill of `batch` requests reaching `isl` tokens with `prefix` of
     /// them cached: `(name, ms)`.
     pub fn prefill_ops(&self, batch: u32, isl: u32, prefix: u32) -> Result<Vec<(String, f64)>> {

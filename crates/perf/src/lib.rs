@@ -7,6 +7,7 @@
 //! rules ([`interp`]); the ops add up to prefill / decode step times and forward-pass times
 //! ([`mod@estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
 
+pub mod afd;
 pub mod db;
 pub mod draft_model;
 pub mod dsa;

@@ -95,6 +95,10 @@ pub fn predict(
         sets.extend(extra);
         calibration = Some(file);
     }
+    let afd_tree = servesim_deploy::load_tree(path, &sets).map_err(Failure::input)?;
+    if afd_tree.pointer("/engine/mode").and_then(|m| m.as_str()) == Some("afd") {
+        return afd(f, flags, json, variation, &afd_tree, calibration.is_some());
+    }
     let mut prepared = servesim_deploy::prepare_file(path, &sets).map_err(Failure::input)?;
     prepared.sim.timing_jitter_cv = cv;
     prepared.sim.threads = variation.threads;
@@ -204,6 +208,54 @@ pub fn predict(
         for p in written {
             println!("Saved report to: {}", p.display());
         }
+    }
+    Ok(())
+}
+
+/// `predict -c` of an `engine.mode: afd` configuration: the AFD foreground engine's schedule
+/// (`servesim_deploy::afd`), written as the reference writes it. The replay's per-request,
+/// report, ensemble and pacing options have no AFD counterpart yet and are refused by name.
+fn afd(
+    f: &ConfigFlags,
+    flags: &crate::flags::reports::ReportFlags,
+    json: bool,
+    variation: &Variation,
+    tree: &serde_json::Value,
+    calibrated: bool,
+) -> Result<(), Failure> {
+    let path = f.config.as_deref().expect("called with -c");
+    let refused = [
+        (f.capture_per_request, "--capture-per-request"),
+        (!flags.paths().is_empty(), "the report flags"),
+        (variation.ensemble.is_some(), "--ensemble"),
+        (variation.timing_jitter_cv.is_some(), "--timing-jitter-cv"),
+        (variation.online, "--online"),
+        (calibrated, "--calibration"),
+    ];
+    if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
+        return Err(Failure::input(format!(
+            "{flag}: not supported by servesim yet with engine.mode: afd (the AFD foreground engine reports the \
+             summary only)"
+        )));
+    }
+    let config =
+        servesim_deploy::schema::read_predict(tree).map_err(|e| Failure::input(format!("{}: {e}", path.display())))?;
+    let document =
+        servesim_deploy::afd::predict(&config).map_err(|e| Failure::input(format!("{}: {e}", path.display())))?;
+    let document = servesim_deploy::sorted(&document);
+    let inputs = run_inputs(path, tree);
+    let staged = OutputDir::open(&f.output_dir, f.overwrite, &inputs)?;
+    let compact = serde_json::to_string(&document).expect("prediction serialises");
+    write_file(&staged.path("prediction.json"), compact.as_bytes())?;
+    staged.commit()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&document).expect("prediction serialises"));
+    } else {
+        let s = &document["summary"];
+        for key in ["mean_ttft_ms", "mean_tpot_ms", "mean_e2e_latency_ms", "output_throughput_tok_s", "duration_ms"] {
+            println!("{key:<28} {:>14.3}", s[key].as_f64().unwrap_or(f64::NAN));
+        }
+        println!("Saved prediction to: {}", f.output_dir.join("prediction.json").display());
     }
     Ok(())
 }

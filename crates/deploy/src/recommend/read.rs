@@ -424,7 +424,8 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     if modes.contains(&"afd") {
         return Err(DeployError::new(
             "engine.mode",
-            "afd (attention-FFN disaggregation) is not supported by servesim yet",
+            "afd (attention-FFN disaggregation) recommendation (the AFD topology search over engine.afd's \
+             domains) is not supported by servesim yet; predict -c runs one pure AFD topology",
         ));
     }
     let (backends, backend_searched) =

@@ -15,6 +15,8 @@ use servesim_replay::Tokenization;
 pub enum Mode {
     Aggregated,
     Disaggregated,
+    /// Attention/FFN disaggregation (`engine.afd`), run by `crate::afd`.
+    Afd,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +47,8 @@ pub struct Engine {
     pub controls: Controls,
     /// The frontend's tokenization stage (None when it costs nothing, as the reference drops it).
     pub tokenization: Option<Tokenization>,
+    /// The attention/FFN topology of `mode: afd`.
+    pub afd: Option<super::afd::Afd>,
 }
 
 /// Speculative decoding as the unified config states it: `nextn` draft tokens per decode step,
@@ -187,7 +191,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let mode = match e.one_of("mode", &["aggregated", "disaggregated", "afd"])?.unwrap_or("aggregated") {
         "aggregated" => Mode::Aggregated,
         "disaggregated" => Mode::Disaggregated,
-        _ => return Err(e.err("mode", "afd (attention-FFN disaggregation) is not supported by servesim yet")),
+        _ => Mode::Afd,
     };
     let model = e.nonempty("model")?.ok_or_else(|| e.err("model", "missing (required)"))?;
     let hardware = e.nonempty("hardware")?.ok_or_else(|| e.err("hardware", "missing (required)"))?;
@@ -217,7 +221,11 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let tokenization = read_tokenization(&mut e)?;
     // Checked by servesim-perf on the data the AIS timing reads (the timing is the same).
     let strict_provenance = e.flag("strict_provenance")?.unwrap_or(false);
-    for k in ["afd", "fpm_profile", "decoder_replay"] {
+    let afd_block = e.obj("afd")?;
+    if mode != Mode::Afd && afd_block.is_some() {
+        return Err(e.err("afd", "engine.afd requires engine.mode='afd'"));
+    }
+    for k in ["fpm_profile", "decoder_replay"] {
         if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
                 return Err(e.err(k, "this key is not supported by servesim yet"));
@@ -278,6 +286,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         w.finish()?;
     }
     match mode {
+        Mode::Afd => {}
         Mode::Aggregated => {
             if prefill.is_some() || decode.is_some() {
                 return Err(DeployError::new(&workers_path, "aggregated mode takes workers.aggregated only"));
@@ -307,6 +316,24 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
                 ));
             }
         }
+    }
+    let mut afd = None;
+    if mode == Mode::Afd {
+        let given: Vec<&str> = [&aggregated, &prefill, &decode].into_iter().flatten().map(|w| w.role).collect();
+        let block = afd_block.ok_or_else(|| e.err("afd", "engine.mode='afd' requires engine.afd"))?;
+        afd = Some(super::afd::read_afd(block, &given)?);
+        check_afd_engine(
+            &e,
+            &AfdExtras {
+                kv_transfer: kv_transfer.is_some(),
+                nextn: mtp.is_some() || speculation.is_some(),
+                controls: controls.keys().next().cloned(),
+                policy: policy_key.or(strict_provenance.then_some("strict_provenance")),
+                systems_paths: systems_paths.as_ref().is_some_and(|p| p.as_slice() != ["default"]),
+                chunked_prefill: enable_chunked_prefill.is_some(),
+                tokenization: tokenization.is_some(),
+            },
+        )?;
     }
     let workers: Vec<&Worker> = [&aggregated, &prefill, &decode].into_iter().flatten().collect();
     if let Some(spec) = &speculation {
@@ -358,7 +385,51 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         speculation: mtp.or(speculation),
         controls,
         tokenization,
+        afd,
     })
+}
+
+/// What an AFD engine states beside `engine.afd` that the AFD estimate has no place for.
+struct AfdExtras {
+    kv_transfer: bool,
+    nextn: bool,
+    controls: Option<String>,
+    policy: Option<&'static str>,
+    systems_paths: bool,
+    chunked_prefill: bool,
+    tokenization: bool,
+}
+
+/// The reference's refusals of engine keys under `mode: afd` (its AFD estimate reads the
+/// default SILICON data with the model's own formats).
+fn check_afd_engine(e: &Reader, x: &AfdExtras) -> Result<(), DeployError> {
+    if x.kv_transfer {
+        return Err(e.err("kv_transfer", "AFD mode rejects kv_transfer; A/F transfers are modeled by engine.afd"));
+    }
+    if x.chunked_prefill {
+        return Err(e.err("enable_chunked_prefill", "enable_chunked_prefill is unsupported for AFD"));
+    }
+    if x.nextn {
+        return Err(e.err("nextn", "engine model controls require default timing in every regular language role"));
+    }
+    if let Some(k) = &x.controls {
+        return Err(DeployError::new(
+            format!("{}.{k}", e.here()),
+            "engine model controls require default timing in every regular language role",
+        ));
+    }
+    if x.systems_paths {
+        return Err(e.err("systems_paths", "engine.systems_paths does not support AFD"));
+    }
+    if let Some(k) = x.policy {
+        return Err(e.err(k, "estimator policies require regular language workers with default timing in every role"));
+    }
+    if x.tokenization {
+        return Err(
+            e.err("tokenization", "engine.tokenization requires token replay; AFD and analytical EPD are unsupported")
+        );
+    }
+    Ok(())
 }
 
 /// `systems_paths` (of the engine or of a worker's timing): directories of performance data, or

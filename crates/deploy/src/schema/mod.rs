@@ -8,6 +8,7 @@
 //! worker role), [`engine`] (with [`speculation`]), [`evaluation`] (the SLA), [`router`] and [`planner`] (the adapter
 //! sections); [`Config`] here is the whole file, read by [`read_predict`] / [`read_sections`].
 
+pub mod afd;
 pub mod controls;
 pub mod engine;
 pub mod estimator;
