@@ -412,8 +412,8 @@ fn check_state_cache(
     let Some(bytes_per_request) = bytes_per_request else {
         return Err(k.err(
             "state_cache",
-            "state_cache without bytes_per_request asks for the state size inferred from the model's \
-             recurrent layers (Qwen3.5, Nemotron-H), which servesim does not size yet; give \
+            "state_cache without bytes_per_request asks for the state size inferred from the model (the \
+             reference infers it for Kimi K3 and DeepSeek V4 only), which servesim does not size yet; give \
              state_cache.bytes_per_request",
         ));
     };
