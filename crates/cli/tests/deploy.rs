@@ -2622,4 +2622,40 @@ fn afd_refusals_name_the_key() {
         &["engine.afd={phase: both}"],
         &["engine.afd", "engine.afd requires engine.mode='afd'"],
     );
+
+/// The recurrent-state cache (`kv_cache.state_cache`, `prefix_match_unit`) on vLLM with
+/// explicit state bytes and constant-time passes: the reference's records (default retention,
+/// prefix_match_unit = block_size, a sub-block unit, eviction and preemption with 300 blocks,
+/// disaggregated; each YAML says how it was recorded) are the target of the engine model
+/// servesim lacks. Until it has it, servesim refuses each by name instead of predicting without
+/// the state slots; the records hold what the model must reproduce (prefix reuse falls under
+/// eviction, and a sub-block unit costs extra aligned prefill passes).
+#[test]
+fn state_cache_configs_are_refused_by_name_beside_the_reference_records() {
+    let mut reuse = Vec::new();
+    for name in [
+        "predict_state_cache_default",
+        "predict_state_cache_unit_block",
+        "predict_state_cache_sub_block",
+        "predict_state_cache_eviction",
+        "predict_state_cache_eviction_sub_block",
+        "predict_state_cache_disagg",
+    ] {
+        let out_dir = tmp(name);
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+        assert!(!out.status.success(), "{name} predicted without a state-cache model");
+        let err = stderr(&out);
+        assert!(
+            err.contains("kv_cache.state_cache: the recurrent-state cache of hybrid state-space models"),
+            "{name}: {err}"
+        );
+        let reference: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        assert_eq!(reference["completed_requests"], json!(120), "{name}");
+        assert_eq!(reference["state_cache"].as_object().unwrap().values().next().unwrap()["state_blocks"], json!(4));
+        reuse.push(reference["prefix_cache_reused_ratio"].as_f64().unwrap());
+    }
+    // Eviction pressure lowers the reuse of both the default and the sub-block unit.
+    assert!(reuse[3] < reuse[0] && reuse[4] < reuse[2], "{reuse:?}");
 }

@@ -425,14 +425,6 @@ mod tests {
         assert!(config("prefill", json!({"host_loop": true})).unwrap_err().contains("host-loop replay"));
         assert!(config("aggregated", json!({"frontend": {}})).unwrap_err().contains("frontend: SGLang host-loop"));
         assert!(config("decode", json!({"host_loop": true})).unwrap_err().contains("unknown key"));
-        // Keys of families and estimation modes servesim lacks name what is missing.
-        let e = config("aggregated", json!({"kv_cache": {"state_cache": {"bytes_per_request": 4}}})).unwrap_err();
-        assert!(
-            e.contains("kv_cache.state_cache: state_cache (the recurrent-state cache of hybrid state-space"),
-            "{e}"
-        );
-        let e = config("aggregated", json!({"kv_cache": {"prefix_match_unit": 4}})).unwrap_err();
-        assert!(e.contains("prefix_match_unit (the recurrent-state cache of hybrid"), "{e}");
         // Every reference mode is accepted, in any case (servesim-perf refuses the op families
         // it has no estimate for, by name, when the timing is built).
         for m in ["SOL", "sol", "Sol", "silicon", "HYBRID", "empirical", "Empirical"] {
@@ -446,5 +438,70 @@ mod tests {
         let timing = json!({"type": "fixed", "prefill_ms": 1, "decode_ms": 1, "database_mode": "SOL"});
         let e = config("aggregated", json!({"timing": timing})).unwrap_err();
         assert_eq!(e, "engine.workers.aggregated.timing.database_mode: estimator settings require default timing");
+    }
+
+    /// The recurrent-state cache (`kv_cache.state_cache`, `prefix_match_unit`): the reference's
+    /// checks in its words, then servesim's refusal of a valid one naming what its engine lacks.
+    #[test]
+    fn state_cache_is_checked_then_refused_by_name() {
+        let config = |backend: &str, worker: Value| {
+            let root = json!({"engine": {"mode": "aggregated", "backend": backend, "model": "m", "hardware": "h",
+                                         "context_length": 1024, "workers": {"aggregated": worker}}});
+            schema::read_predict(&root).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let fixed = |extra: Value| {
+            let mut kv = json!({"block_size": 16, "bytes_per_token": 1024,
+                                "capacity": {"type": "fixed", "blocks": 5}});
+            kv.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            json!({"kv_cache": kv, "timing": {"type": "fixed", "prefill_ms": 1, "decode_ms": 1}})
+        };
+        let state = json!({"bytes_per_request": 65536});
+        for (kv, want) in [
+            (
+                json!({"prefix_match_unit": 4}),
+                "kv_cache.prefix_match_unit: prefix_match_unit currently requires state_cache",
+            ),
+            (
+                json!({"prefix_match_unit": 5, "state_cache": state}),
+                "prefix_match_unit must be a positive divisor of block_size",
+            ),
+            (
+                json!({"prefix_match_unit": 0, "state_cache": state}),
+                "kv_cache.prefix_match_unit: must be a positive integer",
+            ),
+            (
+                json!({"state_cache": {"bytes_per_request": 0}}),
+                "state_cache.bytes_per_request: must be a positive integer",
+            ),
+            (json!({"state_cache": {"bytes": 1}}), "state_cache.bytes: unknown key"),
+            (json!({"state_cache": {}}), "which servesim does not size yet; give state_cache.bytes_per_request"),
+            (
+                json!({"state_cache": state, "host_offload": {"num_host_blocks": 10}}),
+                "state_cache supports G1 only; host_offload is not supported",
+            ),
+            (
+                json!({"state_cache": state, "block_size": 1, "capacity": {"type": "fixed", "blocks": 100000}}),
+                "state_cache requires block_size at least two for vLLM",
+            ),
+            // 65536 bytes are 4 blocks of 16 tokens × 1024 bytes: 5 blocks fit them and one token block.
+            (
+                json!({"state_cache": {"bytes_per_request": 65537}}),
+                "state_cache capacity must fit one token block and one request state",
+            ),
+            (
+                json!({"state_cache": state}),
+                "kv_cache.state_cache: the recurrent-state cache of hybrid state-space models",
+            ),
+        ] {
+            let e = config("vllm", fixed(kv.clone())).unwrap_err();
+            assert!(e.contains(want), "{kv}: {e}");
+        }
+        let e = config("vllm", json!({"kv_cache": {"state_cache": state}})).unwrap_err();
+        assert!(e.ends_with("kv_cache.state_cache: state_cache requires fixed capacity (blocks or bytes)"), "{e}");
+        let e = config("vllm", json!({"kv_cache": {"state_cache": state, "capacity": {"type": "fixed", "blocks": 9}}}))
+            .unwrap_err();
+        assert!(e.contains("manual KV capacity requires explicit positive block_size within u64"), "{e}");
+        let e = config("sglang", fixed(json!({"state_cache": state}))).unwrap_err();
+        assert!(e.contains("state_cache requires backend=vllm and mode=aggregated or disaggregated (G1 only)"), "{e}");
     }
 }

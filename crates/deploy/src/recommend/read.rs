@@ -435,6 +435,16 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let offloading = ["aggregated", "prefill", "decode"]
         .iter()
         .any(|role| get(&base, &["engine", "workers", role, "kv_cache", "host_offload"]).is_some_and(|v| !v.is_null()));
+    // The recurrent-state cache is a prediction feature in the reference (its recommendation
+    // kv_cache schema refuses the key before anything else is read).
+    for role in ["aggregated", "prefill", "decode"] {
+        if get(&base, &["engine", "workers", role, "kv_cache", "state_cache"]).is_some_and(|v| !v.is_null()) {
+            return Err(DeployError::new(
+                format!("engine.workers.{role}.kv_cache.state_cache"),
+                "state_cache currently supports prediction only; recommendation is not supported",
+            ));
+        }
+    }
     if offloading && modes.len() > 1 {
         return Err(DeployError::new(
             "engine.mode",

@@ -166,18 +166,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     .ok_or_else(|| k.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
             ),
         };
-        // Both belong to the recurrent-state cache of hybrid state-space models (the reference
-        // accepts prefix_match_unit only beside state_cache), a model family of its own.
-        for key in ["prefix_match_unit", "state_cache"] {
-            unsupported(
-                &mut k,
-                key,
-                &format!(
-                    "{key} (the recurrent-state cache of hybrid state-space models such as Nemotron-H and \
-                     Qwen3.5, with their per-request state bytes and sub-block prefix matching)"
-                ),
-            )?;
-        }
+        let state_cache = read_state_cache(&mut k)?;
         offload = read_offload(&mut k)?;
         if let Some(mut c) = k.obj("capacity")? {
             let ty = c.one_of("type", &["default", "fixed"])?.unwrap_or("default");
@@ -222,6 +211,9 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                 }
                 Capacity::Default { memory_fraction: frac, cuda_graph_reserved_bytes: cg }
             };
+        }
+        if let Some(state) = state_cache {
+            check_state_cache(&k, state, backend, block_size, bytes_per_token, &capacity, offload.as_ref())?;
         }
         k.finish()?;
     }
@@ -357,4 +349,102 @@ fn read_host_loop(w: &mut Reader) -> Result<(), DeployError> {
         return Err(w.err("host_loop", format!("{what} is not supported by servesim yet")));
     }
     Ok(())
+}
+
+/// `kv_cache.state_cache` and `kv_cache.prefix_match_unit` as read: the state bytes a request
+/// holds (None: to be inferred from the model) and the prefix-match unit.
+#[derive(Clone, Copy, Debug)]
+struct StateCacheKeys {
+    /// Some when `state_cache` is set: its `bytes_per_request`, if given.
+    state: Option<Option<u64>>,
+    prefix_match_unit: Option<u64>,
+}
+
+fn read_state_cache(k: &mut Reader) -> Result<Option<StateCacheKeys>, DeployError> {
+    let prefix_match_unit = match k.integer("prefix_match_unit")? {
+        Some(0) => return Err(k.err("prefix_match_unit", "must be a positive integer")),
+        unit => unit,
+    };
+    let state = match k.obj("state_cache")? {
+        None => None,
+        Some(mut s) => {
+            let bytes = s.integer("bytes_per_request")?;
+            if bytes == Some(0) {
+                return Err(s.err("bytes_per_request", "must be a positive integer"));
+            }
+            // Sizing inputs of the inferred state (vLLM's mamba and indexer cache dtypes).
+            s.one_of("mamba_cache_dtype", &["auto", "float16", "float32"])?;
+            s.one_of("indexer_cache_dtype", &["auto", "fp8", "mxfp4"])?;
+            s.finish()?;
+            Some(bytes)
+        }
+    };
+    Ok((state.is_some() || prefix_match_unit.is_some()).then_some(StateCacheKeys { state, prefix_match_unit }))
+}
+
+/// The reference's checks of a recurrent-state cache (`kv_cache` geometry first, then the
+/// engine's backend), in its order and words; a valid one is then refused, since servesim's
+/// engine does not model the state cache yet.
+fn check_state_cache(
+    k: &Reader,
+    keys: StateCacheKeys,
+    backend: &str,
+    block_size: Option<u32>,
+    bytes_per_token: Option<u64>,
+    capacity: &Capacity,
+    offload: Option<&Offload>,
+) -> Result<(), DeployError> {
+    let Some(bytes_per_request) = keys.state else {
+        return Err(k.err("prefix_match_unit", "prefix_match_unit currently requires state_cache"));
+    };
+    if let Some(unit) = keys.prefix_match_unit {
+        if bytes_per_request.is_some() && block_size.is_none_or(|b| u64::from(b) % unit != 0) {
+            return Err(k.err("prefix_match_unit", "prefix_match_unit must be a positive divisor of block_size"));
+        }
+    }
+    if matches!(capacity, Capacity::Default { .. }) {
+        return Err(k.err("state_cache", "state_cache requires fixed capacity (blocks or bytes)"));
+    }
+    if let Some(o) = offload {
+        let tier = if o.g3.is_some() { "g3_offload" } else { "host_offload" };
+        return Err(k.err("state_cache", format!("state_cache supports G1 only; {tier} is not supported")));
+    }
+    let Some(bytes_per_request) = bytes_per_request else {
+        return Err(k.err(
+            "state_cache",
+            "state_cache without bytes_per_request asks for the state size inferred from the model (the \
+             reference infers it for Kimi K3 and DeepSeek V4 only), which servesim does not size yet; give \
+             state_cache.bytes_per_request",
+        ));
+    };
+    let (Some(block_size), Some(bytes_per_token)) = (block_size, bytes_per_token) else {
+        let name = if block_size.is_none() { "block_size" } else { "bytes_per_token" };
+        return Err(k.err("state_cache", format!("manual KV capacity requires explicit positive {name} within u64")));
+    };
+    let block_bytes = u64::from(block_size) * bytes_per_token;
+    let blocks = match *capacity {
+        Capacity::Blocks(b) => b,
+        Capacity::Bytes(b) => b / block_bytes,
+        Capacity::Default { .. } => unreachable!("refused above"),
+    };
+    if blocks == 0 {
+        return Err(k.err("capacity", "fixed KV capacity must fit at least one block within u64"));
+    }
+    if block_size < 2 {
+        return Err(k.err("state_cache", "state_cache requires block_size at least two for vLLM"));
+    }
+    if blocks < bytes_per_request.div_ceil(block_bytes) + 1 {
+        return Err(k.err("state_cache", "state_cache capacity must fit one token block and one request state"));
+    }
+    if backend != "vllm" {
+        return Err(
+            k.err("state_cache", "state_cache requires backend=vllm and mode=aggregated or disaggregated (G1 only)")
+        );
+    }
+    Err(k.err(
+        "state_cache",
+        "the recurrent-state cache of hybrid state-space models (state slots taken from the block pool, \
+         prefix hits only at checkpointed states, prefix_match_unit alignment) is not modelled by \
+         servesim's vLLM engine yet",
+    ))
 }
