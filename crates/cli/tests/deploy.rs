@@ -2622,6 +2622,7 @@ fn afd_refusals_name_the_key() {
         &["engine.afd={phase: both}"],
         &["engine.afd", "engine.afd requires engine.mode='afd'"],
     );
+}
 
 /// The recurrent-state cache (`kv_cache.state_cache`, `prefix_match_unit`) on vLLM with
 /// explicit state bytes and constant-time passes: the reference's records (default retention,
