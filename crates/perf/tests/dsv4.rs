@@ -14,6 +14,13 @@ use servesim_perf::db::Dtype;
 use servesim_perf::dsv4::Dsv4Spec;
 use servesim_perf::model::find_config;
 
+mod common;
+use common::{data_available, est_with};
+
+fn close(got: f64, want: f64) {
+    common::close_to(got, want, 1e-9);
+}
+
 fn spec(model: &str) -> Option<Dsv4Spec> {
     let roots: Vec<_> = servesim_perf::systems::systems_roots(&[]).ok()?.into_iter().map(|(r, _)| r).collect();
     let path = find_config(model, &roots).ok()?;
@@ -151,21 +158,6 @@ fn malformed_configs_are_named() {
     assert!(e.contains("c.json: DeepseekV4ForCausalLM needs an integer hc_mult"), "{e}");
 }
 
-fn data_available() -> bool {
-    match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) => roots.iter().any(|(r, _)| r.join("b200_sxm.yaml").is_file()),
-        Err(_) => false,
-    }
-}
-
-fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
-    servesim_perf::estimator(&servesim_perf::AisConfig::from_json("config", &cfg).unwrap()).unwrap()
-}
-
-fn close(got: f64, want: f64) {
-    assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "got {got}, reference {want}");
-}
-
 /// DeepSeek-V4 step times and KV capacity against the reference's op-level estimator: the
 /// CSA / HCA module tables (SWA layers timed as HCA), the mHC pre / post ops, the shared expert
 /// beside the MXFP4 × MXFP8 routed experts, fp8 KV with bf16 attention tables. Numbers from
@@ -179,7 +171,7 @@ fn close(got: f64, want: f64) {
 /// per pass and block 64).
 #[test]
 fn timing_goldens() {
-    if !data_available() {
+    if !data_available("b200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DeepSeek-V4 goldens");
         return;
     }
@@ -226,7 +218,7 @@ fn timing_goldens() {
 /// the SOL rooflines.
 #[test]
 fn unmodelled_parts_are_refused_by_name() {
-    if !data_available() {
+    if !data_available("b200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }

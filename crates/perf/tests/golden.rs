@@ -11,36 +11,20 @@
 use serde_json::json;
 use servesim_perf::{estimator, AisConfig, RankMetrics};
 
-fn data_available() -> bool {
-    match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) => roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()),
-        Err(_) => false,
-    }
+mod common;
+use common::{data_available, est_with, MIXED};
+
+fn close(got: f64, want: f64) {
+    common::close_to(got, want, 1e-9);
 }
 
 fn est(model: &str, system: &str, backend: &str, tp: u32) -> std::sync::Arc<servesim_perf::Estimator> {
     est_with(json!({"model": model, "system": system, "backend": backend, "worker_type": "aggregated", "tp": tp}))
 }
 
-fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
-    estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap()
-}
-
-const MIXED: RankMetrics = RankMetrics {
-    num_prefill_requests: 3,
-    sum_prefill_tokens: 2000,
-    sum_prefill_kv_tokens: 3000,
-    num_decode_requests: 100,
-    sum_decode_kv_tokens: 70000,
-};
-
-fn close(got: f64, want: f64) {
-    assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "got {got}, reference {want}");
-}
-
 #[test]
 fn reference_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the reference goldens");
         return;
     }
@@ -65,7 +49,7 @@ fn reference_goldens() {
 
 #[test]
 fn moe_reference_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MoE reference goldens");
         return;
     }
@@ -110,7 +94,7 @@ fn moe_reference_goldens() {
 /// mixed pass (recorded with /tmp/mla/gold.py and sum.py).
 #[test]
 fn mla_reference_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MLA reference goldens");
         return;
     }
@@ -149,7 +133,7 @@ fn mla_reference_goldens() {
 /// context `c` reads `c + 1` tokens of KV per request (`sum_decode_kv_tokens = batch × (c + 1)`).
 #[test]
 fn timer_follows_dynamos_session() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }
@@ -164,7 +148,7 @@ fn timer_follows_dynamos_session() {
 
 #[test]
 fn moe_errors_with_real_data() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }
@@ -188,7 +172,7 @@ fn moe_errors_with_real_data() {
 
 #[test]
 fn clear_errors_with_real_data() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }
@@ -214,7 +198,7 @@ fn clear_errors_with_real_data() {
 /// `RustForwardPassPerfModel.best_available(cfg)` as in `reference_goldens`.
 #[test]
 fn pipeline_and_prefill_cp_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the pp / cp goldens");
         return;
     }
@@ -279,7 +263,7 @@ fn pipeline_and_prefill_cp_goldens() {
 /// memory_fraction_value=0.9 (vllm) / 0.88 (sglang), tp_size=T)` (recorded with /tmp/kv.py).
 #[test]
 fn kv_capacity_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the KV capacity goldens");
         return;
     }
@@ -360,7 +344,7 @@ fn kv_capacity_goldens() {
 /// keeps its q / kv projections in bf16, and the Kimi-K2.5 family (INT4 and NVFP4).
 #[test]
 fn checkpoint_format_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the checkpoint-format goldens");
         return;
     }
@@ -485,7 +469,7 @@ fn checkpoint_format_goldens() {
 /// tokens as one prompt (369.68 ms here, where that gave 325.6).
 #[test]
 fn dsa_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DSA goldens");
         return;
     }
@@ -524,7 +508,7 @@ fn dsa_goldens() {
 /// `_normalize_mocker_config` raises UnsupportedAttentionBackendError for all three below).
 #[test]
 fn attention_backend_overrides_need_their_lanes() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }
@@ -570,7 +554,7 @@ fn wide_ep_is_refused_with_what_is_missing() {
 /// attention and MLP in bf16 (`scripts/ais_goldens.py`).
 #[test]
 fn gemma4_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Gemma 4 goldens");
         return;
     }
@@ -603,7 +587,7 @@ fn gemma4_goldens() {
 /// (`$AISIM_REF_VENV/bin/python scripts/ais_goldens.py`).
 #[test]
 fn msa_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MSA goldens");
         return;
     }
@@ -626,7 +610,7 @@ fn msa_goldens() {
 /// table on B200 (the reference cannot build its op-level model either): refused by name.
 #[test]
 fn msa_nvfp4_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MiniMax-M3-NVFP4 goldens");
         return;
     }
@@ -675,7 +659,7 @@ fn msa_nvfp4_goldens() {
 /// 128-token window). Reference numbers: scripts/ais_goldens.py.
 #[test]
 fn hybrid_moe_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the hybrid MoE goldens");
         return;
     }

@@ -14,17 +14,12 @@
 
 use serde_json::json;
 use servesim_perf::db::Dtype;
-use servesim_perf::RankMetrics;
 
-fn data_available() -> bool {
-    match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) => roots.iter().any(|(r, _)| r.join("b200_sxm.yaml").is_file()),
-        Err(_) => false,
-    }
-}
+mod common;
+use common::{data_available, est_with, MIXED};
 
-fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
-    servesim_perf::estimator(&servesim_perf::AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+fn close(got: f64, want: f64) {
+    common::close_to(got, want, 1e-6);
 }
 
 fn est(model: &str, system: &str, backend: &str, tp: u32, moe_ep: u32) -> std::sync::Arc<servesim_perf::Estimator> {
@@ -32,25 +27,13 @@ fn est(model: &str, system: &str, backend: &str, tp: u32, moe_ep: u32) -> std::s
                     "moe_ep_size": moe_ep}))
 }
 
-fn close(got: f64, want: f64) {
-    assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "got {got}, reference {want}");
-}
-
-const MIXED: RankMetrics = RankMetrics {
-    num_prefill_requests: 3,
-    sum_prefill_tokens: 2000,
-    sum_prefill_kv_tokens: 3000,
-    num_decode_requests: 100,
-    sum_decode_kv_tokens: 70000,
-};
-
 const NANO: &str = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16";
 
 /// The layer string and Mamba2 widths as the configs give them; Ultra's depth comes from its
 /// `layers_block_type` list (it has no `num_hidden_layers`).
 #[test]
 fn config_facts() {
-    if !data_available() {
+    if !data_available("b200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }
@@ -78,7 +61,7 @@ fn config_facts() {
 /// latent width on Super / Ultra; the all-reduce per layer kind.
 #[test]
 fn timing_goldens() {
-    if !data_available() {
+    if !data_available("b200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Nemotron-H goldens");
         return;
     }
@@ -123,7 +106,7 @@ fn timing_goldens() {
 /// What servesim does not model of Nemotron-H is refused by name.
 #[test]
 fn unmodelled_parts_are_refused_by_name() {
-    if !data_available() {
+    if !data_available("b200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }

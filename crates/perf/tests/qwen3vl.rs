@@ -14,17 +14,13 @@
 //! per pass with the backend's default fraction of the total memory).
 
 use serde_json::json;
-use servesim_perf::{estimator, AisConfig, RankMetrics};
+use servesim_perf::{estimator, AisConfig};
 
-fn data_available() -> bool {
-    match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) => roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()),
-        Err(_) => false,
-    }
-}
+mod common;
+use common::{data_available, est_with, MIXED};
 
-fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
-    estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+fn close(got: f64, want: f64) {
+    common::close_to(got, want, 1e-9);
 }
 
 fn est(
@@ -42,22 +38,10 @@ fn est(
     est_with(cfg)
 }
 
-fn close(got: f64, want: f64) {
-    assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "got {got}, reference {want}");
-}
-
-const MIXED: RankMetrics = RankMetrics {
-    num_prefill_requests: 3,
-    sum_prefill_tokens: 2000,
-    sum_prefill_kv_tokens: 3000,
-    num_decode_requests: 100,
-    sum_decode_kv_tokens: 70000,
-};
-
 /// Step times and forward passes: Qwen3's dense and MoE graphs without the Q/K-norm term.
 #[test]
 fn step_time_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3-VL goldens");
         return;
     }
@@ -94,7 +78,7 @@ fn step_time_goldens() {
 /// not charge activations).
 #[test]
 fn kv_capacity_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3-VL KV goldens");
         return;
     }
@@ -116,7 +100,7 @@ fn kv_capacity_goldens() {
 /// Muse-Glimmer's wrapper is refused naming what its graph needs.
 #[test]
 fn muse_glimmer_is_refused_by_name() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
         return;
     }

@@ -10,12 +10,8 @@
 use serde_json::json;
 use servesim_perf::{estimator, AisConfig};
 
-fn data_available() -> bool {
-    match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) => roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()),
-        Err(_) => false,
-    }
-}
+mod common;
+use common::data_available;
 
 fn config(system: &str, tp: u32, dp: u32, ep: u32, large_ep: bool, slots: u32) -> serde_json::Value {
     let mut cfg = json!({"model": "MiniMaxAI/MiniMax-M2.7", "system": system, "backend": "vllm",
@@ -68,7 +64,7 @@ fn rel(got: f64, want: f64) -> f64 {
 
 #[test]
 fn large_ep_context_matches_the_reference_per_op() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the large-EP goldens");
         return;
     }
@@ -95,7 +91,7 @@ fn large_ep_context_matches_the_reference_per_op() {
 /// compute by its expert count, not by `wideep_num_slots`): the same KV capacity.
 #[test]
 fn large_ep_keeps_the_fused_kv_capacity() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed; skipping");
         return;
     }
@@ -111,7 +107,7 @@ fn large_ep_keeps_the_fused_kv_capacity() {
 /// naming the key, and so does servesim.
 #[test]
 fn large_ep_eplb_refuses_like_the_reference_for_want_of_data() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed; skipping");
         return;
     }
@@ -151,7 +147,7 @@ fn large_ep_refusals_name_what_is_missing() {
     assert!(e.contains("enable_eplb") && e.contains("all-to-all dispatch and combine"), "{e}");
     parse(json!({"moe_comm_backend": {"context": "deepep_ht"}, "enable_eplb": true, "wideep_num_slots": 288}), "vllm")
         .unwrap();
-    if !data_available() {
+    if !data_available("h200_sxm") {
         return;
     }
     // Model-level checks: the plain MoE family, moe_tp 1, experts divisible by moe_ep.
@@ -173,7 +169,7 @@ fn large_ep_refusals_name_what_is_missing() {
 /// does not have: refused by name, never the tables' numbers under a SOL label.
 #[test]
 fn large_ep_under_sol_is_refused_by_name() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed; skipping");
         return;
     }
