@@ -14,7 +14,7 @@ passes Dynamo 1.6.1's AIS session builds (`dynamo/_internal/ais.py`): a prefill 
 requests of mean length `isl` with `prefix` cached is `{P: batch, T: batch·(isl − prefix),
 C: batch·prefix}`, a decode step at mean context `c` is `{D: batch, K: batch·(c + 1)}`. KV capacity: `estimate_num_gpu_blocks(...)` with
 max_num_tokens 8192, max_batch_size 256 and the backend's default memory fraction of the
-total (vLLM 0.9, SGLang 0.88).
+total (vLLM 0.9, SGLang 0.88; TRT-LLM: 0.9 of the free memory).
 
 `--dsv4-kv` prints instead the numbers behind crates/perf/tests/dsv4.rs: DeepSeek-V4's KV bytes per
 sequence (`DeepSeekV4Model.get_kvcache_bytes_per_sequence`) and the longest sequence a byte budget
@@ -38,7 +38,8 @@ projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 K
 
 `--qwen35` prints instead the step times and KV capacity behind crates/perf/tests/qwen35_goldens.rs:
 Qwen3.5 (GDN linear attention + gated full attention) dense 27B and MoE 35B-A3B on H200 / vLLM
-0.24.0, and the NVFP4 122B-A10B on B200 (bf16 projections and shared experts by exclusion).
+0.24.0, and the NVFP4 122B-A10B on B200 (bf16 projections and shared experts by exclusion); then
+the same family on SGLang 0.5.14 and TRT-LLM 1.3.0rc20 / rc23 (H200, B200).
 """
 import json
 import sys
@@ -239,11 +240,39 @@ QWEN35_STEPS = [
     ({"model": "nvidia/Qwen3.5-122B-A10B-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 4, "moe_tp_size": 4,
       "moe_ep_size": 1},
      [("prefill", (4, 777, 0)), ("decode", (33, 5000)), ("fpm", [MIXED])]),
+    # SGLang (fused shared-expert gate, no pre-dispatch) and TRT-LLM (pre-dispatch all-reduce
+    # beside the attention one, serial shared expert), Hopper and Blackwell.
+    ({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "sglang", "tp": 1},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("decode", (16, 1100)), ("decode", (7, 131072)),
+      ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "tp": 2, "moe_tp_size": 1,
+      "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "b200_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 4,
+      "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000))]),
+    ({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "trtllm", "tp": 2},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("decode", (16, 1100)), ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "b200_sxm", "backend": "trtllm", "tp": 2, "moe_tp_size": 1,
+      "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED])]),
+    ({"model": "nvidia/Qwen3.5-122B-A10B-NVFP4", "system": "b200_sxm", "backend": "trtllm", "tp": 4,
+      "moe_tp_size": 4, "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000)), ("fpm", [MIXED])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "trtllm", "backend_version": "1.3.0rc23",
+      "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
 ]
 QWEN35_KV = [
     ("Qwen/Qwen3.5-27B", "h200_sxm", "vllm", dict(tp_size=1), 64),
     ("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
     ("nvidia/Qwen3.5-122B-A10B-NVFP4", "b200_sxm", "vllm", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 64),
+    ("Qwen/Qwen3.5-27B", "h200_sxm", "sglang", dict(tp_size=1), 1),
+    ("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "sglang", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 1),
+    ("Qwen/Qwen3.5-27B", "h200_sxm", "trtllm", dict(tp_size=2), 32),
+    ("Qwen/Qwen3.5-35B-A3B", "b200_sxm", "trtllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 32),
 ]
 # Qwen3-VL (`--qwen3vl`): text-only loads of the dense and MoE wrappers on each backend, and
 # Qwen3-8B at the same shapes as Qwen3-VL-8B (only the Q/K-norm term of attention differs).
@@ -380,9 +409,10 @@ def print_steps(steps):
 
 def print_kv(kv):
     for model, system, backend, par, block in kv:
-        frac = 0.9 if backend == "vllm" else 0.88
+        frac = 0.88 if backend == "sglang" else 0.9
+        kind = "of_free" if backend == "trtllm" else "of_total"  # TRT-LLM's fraction is of the free memory
         r = estimate_num_gpu_blocks(model, system, backend, scheduler_block_size=block, max_num_tokens=8192,
-                                    max_batch_size=256, memory_fraction_kind="of_total", memory_fraction_value=frac, **par)
+                                    max_batch_size=256, memory_fraction_kind=kind, memory_fraction_value=frac, **par)
         print(json.dumps({"kv": [model, system, backend, par, block], "blocks": r}, default=str))
 
 

@@ -150,6 +150,19 @@ fn nemotron_h_matches_the_reference() {
     assert_eq!(ours["completed_requests"], reference["completed_requests"]);
 }
 
+/// Qwen3.5-35B-A3B (Gated DeltaNet beside gated full attention, routed and shared experts) on an
+/// H200 TP2 / EP2 replica, on vLLM and on SGLang (its scalar shared-expert gate fused into the
+/// merge, no MoE pre-dispatch), the KV cache sized from GPU memory net of the GDN state: every
+/// compared metric within 0.01 % of the reference (recorded as the YAML headers say).
+#[test]
+fn qwen35_matches_the_reference() {
+    for name in ["predict_agg_qwen35_moe", "predict_agg_qwen35_moe_sglang"] {
+        let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
+        assert!(worst <= 1e-4, "{name}: worst deviation {:.5} %", worst * 100.0);
+        assert_eq!(ours["completed_requests"], reference["completed_requests"], "{name}");
+    }
+}
+
 /// Checkpoint formats beyond bf16 / fp8: NVFP4 experts and GEMMs (Qwen3-235B-A22B-NVFP4 on a
 /// B200 TRT-LLM TEP4 replica), static per-tensor FP8 (Qwen3-32B-FP8-Static-PerTensor on H200
 /// vLLM) and an NVFP4 DeepSeek keeping its q / kv projections in bf16 (DeepSeek-V3.1-NVFP4 on a

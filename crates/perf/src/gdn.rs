@@ -308,8 +308,25 @@ fn aliases(db: &Database, op: &GdnOp) -> &'static [&'static str] {
     &[]
 }
 
+/// SGLang on a compute-capability-10 GPU (B200, B300, GB200, GB300; not sm 120) decodes a
+/// bfloat16 recurrent state with FlashInfer's kernel, recorded under its own name: only those
+/// rows time the recurrence there, and without them it takes the roofline.
+const FLASHINFER_DECODE: &str = "flashinfer_gated_delta_rule_decode";
+
+fn flashinfer_decode_lane(db: &Database, op: &GdnOp) -> bool {
+    db.backend == "sglang"
+        && matches!(db.spec.sm_version, Some(v) if (100..110).contains(&v))
+        && op.ssm_dtype == "bfloat16"
+        && !op.context
+        && op.kernel == "fused_sigmoid_gating_delta_rule_update"
+}
+
 /// The measured grid for `op`, or why there is none (the caller then takes the roofline).
 fn table_grid<'a>(db: &Database, table: &'a GdnTable, op: &GdnOp) -> std::result::Result<&'a Grid, String> {
+    if flashinfer_decode_lane(db, op) {
+        let key = op.key(FLASHINFER_DECODE);
+        return table.grids.get(&key).ok_or_else(|| format!("no rows for {key:?}"));
+    }
     let state_free = op.kernel.starts_with("causal_conv1d");
     if op.ssm_dtype != "float32" && !state_free {
         return Err(format!("the rows are float32-state only, the model's state is {}", op.ssm_dtype));
@@ -402,7 +419,7 @@ pub fn kv_bytes_per_token(m: &ModelSpec, q: &Qwen35Spec, tp: u32, kv: Dtype) -> 
     q.full_layers as f64 * 2.0 * m.kv_heads.div_ceil(tp) as f64 * m.head_dim as f64 * kv.bytes()
 }
 
-/// `(context ops, generation ops)` of a Qwen3.5 model on vLLM:
+/// `(context ops, generation ops)` of a Qwen3.5 model on vLLM, SGLang or TRT-LLM:
 ///
 /// ```text
 /// embedding, embedding all-reduce,
@@ -416,18 +433,31 @@ pub fn kv_bytes_per_token(m: &ModelSpec, q: &Qwen35Spec, tp: u32, kv: Dtype) -> 
 /// logits GEMM, pipeline hand-off
 /// ```
 ///
-/// MTP scales the generation ops by `(L + nextn) / L`. The MoE pre-dispatch prices nothing on
-/// vLLM without attention DP (the model prices the attention all-reduce itself), so it is left
-/// out. Other backends, attention DP and context parallelism are refused by name.
+/// MTP scales the generation ops by `(L + nextn) / L`. The backends differ in the MoE block:
+///
+/// - vLLM: the pre-dispatch prices nothing without attention DP (the model prices the attention
+///   all-reduce itself), so it is left out.
+/// - SGLang: no pre-dispatch either (its standard dispatcher has no collective without attention
+///   DP); the scalar shared-expert gate is fused with the merge into one kernel after the
+///   streams join (reading hidden, shared and routed outputs), so the shared branch is gate_up,
+///   act and down only. Decode overlaps the branches as vLLM does.
+/// - TRT-LLM: the reference prices a pre-dispatch all-reduce beside the attention all-reduce,
+///   counting that reduction twice (a known error it documents); reproduced here. Decode runs the
+///   shared expert after the routed chain, not beside it.
+///
+/// Other backends, attention DP (where SGLang folds the attention all-reduce into its gather)
+/// and context parallelism are refused by name.
 pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
-    if l.backend != "vllm" {
+    let backend = l.backend.as_str();
+    if !matches!(backend, "vllm" | "sglang" | "trtllm") {
         return Err(PerfError::unsupported(format!(
-            "{}: Qwen3.5 (GDN + full attention) is timed for backend vllm only; {} (its folded all-reduces, \
-             fused shared-expert gate and dispatch variants) is not modelled yet",
-            m.name, l.backend
+            "{}: Qwen3.5 (GDN + full attention) is timed for backends vllm, sglang and trtllm; not {backend}",
+            m.name
         )));
     }
+    // SGLang folds the shared expert's scalar gate into the merge kernel.
+    let fused_gate = backend == "sglang";
     if l.attention_dp > 1 || l.cp > 1 || l.ngram > 0 || l.moe_comm.is_large_ep() {
         return Err(PerfError::unsupported(format!(
             "{}: Qwen3.5 is modelled without attention_dp (got {}), context parallelism (cp_size {}), ngram \
@@ -526,6 +556,24 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
             if m.experts >= 128 {
                 routed_ops.push(gemm(format!("{p}_router_gemm"), m.experts, h, Dtype::Bfloat16, false));
             }
+            let dispatch = |pre: bool| {
+                Op::MoeDispatch(DispatchOp {
+                    name: format!("{p}_moe_{}_dispatch", if pre { "pre" } else { "post" }),
+                    scale: c,
+                    hidden: h,
+                    moe_tp: l.moe_tp,
+                    moe_ep: l.moe_ep,
+                    attention_dp: l.attention_dp,
+                    pre,
+                    backend: l.backend.clone(),
+                    dtype: l.moe,
+                })
+            };
+            if backend == "trtllm" {
+                // The reference's TRT-LLM dispatch ignores that the model already priced the
+                // attention all-reduce, so this all-reduces the same activations again.
+                routed_ops.push(dispatch(true));
+            }
             routed_ops.push(Op::Moe(MoeOp {
                 name: format!("{p}_moe"),
                 scale: c,
@@ -543,38 +591,35 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
             let mut shared = Vec::new();
             if q.shared_inter > 0 {
                 let si = q.shared_inter / tp;
-                shared.push(Op::SmallGemm(SmallGemmOp {
-                    name: format!("{p}_shared_expert_gate_gemm"),
-                    scale: c,
-                    n: 1,
-                    k: h,
-                    dtype: Dtype::Bfloat16,
-                }));
+                if !fused_gate {
+                    shared.push(Op::SmallGemm(SmallGemmOp {
+                        name: format!("{p}_shared_expert_gate_gemm"),
+                        scale: c,
+                        n: 1,
+                        k: h,
+                        dtype: Dtype::Bfloat16,
+                    }));
+                }
                 shared.push(gemm(format!("{p}_shared_gate_up_gemm"), 2 * si, h, ffn_gemm, false));
                 shared.push(elementwise(format!("{p}_shared_act_gate"), c, 3 * si));
                 shared.push(gemm(format!("{p}_shared_down_gemm"), h, si, ffn_gemm, true));
-                shared.push(elementwise(format!("{p}_shared_expert_gate_mul"), c, 2 * h));
+                if !fused_gate {
+                    shared.push(elementwise(format!("{p}_shared_expert_gate_mul"), c, 2 * h));
+                }
             }
-            if ctx || shared.is_empty() {
+            if ctx || shared.is_empty() || backend == "trtllm" {
                 list.extend(routed_ops);
                 list.extend(shared);
             } else {
                 list.push(Op::Overlap { name: format!("{p}_moe_overlap"), a: routed_ops, b: shared });
             }
             if q.shared_inter > 0 {
-                list.push(elementwise(format!("{p}_shared_merge"), c, 3 * h));
+                // The add of routed and gated shared outputs; SGLang's fused kernel also reads the
+                // hidden state for the gate.
+                let read = if fused_gate { 3 * h } else { 2 * h };
+                list.push(elementwise(format!("{p}_shared_merge"), c, read + h));
             }
-            list.push(Op::MoeDispatch(DispatchOp {
-                name: format!("{p}_moe_post_dispatch"),
-                scale: c,
-                hidden: h,
-                moe_tp: l.moe_tp,
-                moe_ep: l.moe_ep,
-                attention_dp: l.attention_dp,
-                pre: false,
-                backend: l.backend.clone(),
-                dtype: l.moe,
-            }));
+            list.push(dispatch(false));
         }
         list.push(logits_gemm(format!("{phase}_logits_gemm"), s, m, tp));
         list.push(Op::P2P {

@@ -2,7 +2,7 @@
 //! the reference estimator (aisimulate 0.13.0.dev202610270000000085, `aisimulate_core` data). The
 //! goldens run only when the data is installed; otherwise they print a notice and pass.
 //!
-//! Every number comes from
+//! Every number comes from (vLLM, SGLang and TRT-LLM shapes alike)
 //!
 //! ```text
 //! $AISIM_REF_VENV/bin/python scripts/ais_goldens.py --qwen35
@@ -117,6 +117,79 @@ fn qwen35_nvfp4_goldens() {
     assert_eq!(kv.blocks, 380482, "{kv:?}");
 }
 
+/// SGLang 0.5.14: no MoE pre-dispatch, the shared expert's scalar gate fused into the merge,
+/// decode overlapping the shared and routed experts (H200, and B200 where the fp32 state keeps
+/// the decode recurrence on the FLA rows).
+#[test]
+fn qwen35_sglang_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
+        return;
+    }
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "sglang", "tp": 1}));
+    close(e.prefill_ms(1, 1024, 0).unwrap(), 83.02554492672037);
+    close(e.prefill_ms(2, 2500, 700).unwrap(), 300.3187275309696);
+    close(e.decode_ms(16, 1100).unwrap(), 16.870911026855346);
+    close(e.decode_ms(7, 131072).unwrap(), 29.69678894770013);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 174.35037667957627);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 1, 0.0).unwrap();
+    assert_eq!(kv.blocks, 1149302, "{kv:?}");
+
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "tp": 2,
+                            "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 30.674200379643153);
+    close(e.prefill_ms(2, 3000, 500).unwrap(), 60.088094207309034);
+    close(e.decode_ms(16, 1100).unwrap(), 6.091469208328157);
+    close(e.decode_ms(64, 4097).unwrap(), 10.969357064827674);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 32.89867179342338);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 1, 0.0).unwrap();
+    assert_eq!(kv.blocks, 9202463, "{kv:?}");
+
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "b200_sxm", "backend": "sglang", "tp": 4,
+                            "moe_tp_size": 4, "moe_ep_size": 1}));
+    close(e.prefill_ms(4, 777, 0).unwrap(), 17.05855831898214);
+    close(e.decode_ms(33, 5000).unwrap(), 4.96578395693196);
+}
+
+/// TRT-LLM 1.3.0rc20 (and rc23, which reads rc20's GDN rows): the reference's pre-dispatch
+/// all-reduces the attention output a second time, and decode runs the shared expert after the
+/// routed chain.
+#[test]
+fn qwen35_trtllm_goldens() {
+    if !data_available() {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
+        return;
+    }
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "trtllm", "tp": 2}));
+    close(e.prefill_ms(1, 1024, 0).unwrap(), 47.74816309142346);
+    close(e.prefill_ms(2, 2500, 700).unwrap(), 159.11202170073753);
+    close(e.decode_ms(16, 1100).unwrap(), 10.082352982113536);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 96.66217094220511);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 32, 0.0).unwrap();
+    assert_eq!(kv.blocks, 102737, "{kv:?}");
+
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "b200_sxm", "backend": "trtllm", "tp": 2,
+                            "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 19.410987944649065);
+    close(e.prefill_ms(2, 3000, 500).unwrap(), 36.59458005387357);
+    close(e.decode_ms(16, 1100).unwrap(), 5.883823123751624);
+    close(e.decode_ms(64, 4097).unwrap(), 8.537496544434761);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 21.35224655527363);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 32, 0.0).unwrap();
+    assert_eq!(kv.blocks, 423077, "{kv:?}");
+
+    let e = est_with(json!({"model": "nvidia/Qwen3.5-122B-A10B-NVFP4", "system": "b200_sxm", "backend": "trtllm",
+                            "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1}));
+    close(e.prefill_ms(4, 777, 0).unwrap(), 47.1029137669617);
+    close(e.decode_ms(33, 5000).unwrap(), 6.197779193057692);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 38.27558029366515);
+
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "trtllm",
+                            "backend_version": "1.3.0rc23", "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2}));
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 28.99516440776311);
+    close(e.decode_ms(16, 1100).unwrap(), 6.874280497791997);
+}
+
 /// The op list's shape: one GDN chain and one full-attention chain, scaled by their layer
 /// counts, and what is refused by name.
 #[test]
@@ -145,11 +218,35 @@ fn qwen35_op_list_and_refusals() {
     assert!(matches!(find(&ctx, "context_qkv_gemm"), Op::Gemm { n: 4608, k: 2048, scale, .. } if scale == 10.0));
     assert!(matches!(find(&gen, "generation_full_moe_overlap"), Op::Overlap { .. }));
     assert!(matches!(find(&ctx, "context_gdn_shared_expert_gate_gemm"), Op::SmallGemm(g) if g.n == 1));
-    let refused = |cfg: serde_json::Value| try_est(cfg).map(|_| ()).unwrap_err();
+    assert!(!ctx.iter().chain(&gen).any(|o| o.name().ends_with("_moe_pre_dispatch")));
+
+    // SGLang: the scalar gate lives in the merge kernel (hidden + shared + routed in, one out),
+    // no pre-dispatch, decode still overlapped.
     let base = json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "backend_version": "0.5.14",
                       "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2});
-    let err = refused(base.clone());
-    assert!(err.contains("Qwen3.5 (GDN + full attention) is timed for backend vllm only"), "{err}");
+    let e = est_with(base.clone());
+    let (ctx, gen) = build_ops(&e.model, &e.layout).unwrap();
+    assert!(!ctx
+        .iter()
+        .chain(&gen)
+        .any(|o| o.name().contains("shared_expert_gate") || o.name().contains("pre_dispatch")));
+    assert!(
+        matches!(find(&ctx, "context_gdn_shared_merge"), Op::Elementwise { bytes_per_token, .. } if bytes_per_token == 4.0 * 2048.0 * 2.0)
+    );
+    assert!(matches!(find(&gen, "generation_full_moe_overlap"), Op::Overlap { .. }));
+
+    // TRT-LLM: a pre-dispatch in both phases, the shared expert serial in decode.
+    let mut trt = base.clone();
+    trt["backend"] = json!("trtllm");
+    trt["backend_version"] = json!("1.3.0rc20");
+    let e = est_with(trt);
+    let (ctx, gen) = build_ops(&e.model, &e.layout).unwrap();
+    assert!(matches!(find(&ctx, "context_gdn_moe_pre_dispatch"), Op::MoeDispatch(d) if d.pre));
+    assert!(matches!(find(&gen, "generation_full_moe_pre_dispatch"), Op::MoeDispatch(d) if d.pre));
+    assert!(!gen.iter().any(|o| matches!(o, Op::Overlap { .. })));
+    assert!(matches!(find(&gen, "generation_gdn_shared_expert_gate_gemm"), Op::SmallGemm(g) if g.n == 1));
+
+    let refused = |cfg: serde_json::Value| try_est(cfg).map(|_| ()).unwrap_err();
     let mut dp = base;
     dp["backend"] = json!("vllm");
     dp.as_object_mut().unwrap().remove("backend_version");
