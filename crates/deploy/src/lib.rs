@@ -441,9 +441,9 @@ mod tests {
     }
 
     /// The recurrent-state cache (`kv_cache.state_cache`, `prefix_match_unit`): the reference's
-    /// checks in its words, then servesim's refusal of a valid one naming what its engine lacks.
+    /// checks in its words; a valid one is accepted on an aggregated worker.
     #[test]
-    fn state_cache_is_checked_then_refused_by_name() {
+    fn state_cache_is_checked_as_the_reference_checks_it() {
         let config = |backend: &str, worker: Value| {
             let root = json!({"engine": {"mode": "aggregated", "backend": backend, "model": "m", "hardware": "h",
                                          "context_length": 1024, "workers": {"aggregated": worker}}});
@@ -488,14 +488,12 @@ mod tests {
                 json!({"state_cache": {"bytes_per_request": 65537}}),
                 "state_cache capacity must fit one token block and one request state",
             ),
-            (
-                json!({"state_cache": state}),
-                "kv_cache.state_cache: the recurrent-state cache of hybrid state-space models",
-            ),
         ] {
             let e = config("vllm", fixed(kv.clone())).unwrap_err();
             assert!(e.contains(want), "{kv}: {e}");
         }
+        assert_eq!(config("vllm", fixed(json!({"state_cache": state}))), Ok(()));
+        assert_eq!(config("vllm", fixed(json!({"state_cache": state, "prefix_match_unit": 4}))), Ok(()));
         let e = config("vllm", json!({"kv_cache": {"state_cache": state}})).unwrap_err();
         assert!(e.ends_with("kv_cache.state_cache: state_cache requires fixed capacity (blocks or bytes)"), "{e}");
         let e = config("vllm", json!({"kv_cache": {"state_cache": state, "capacity": {"type": "fixed", "blocks": 9}}}))

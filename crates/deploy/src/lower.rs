@@ -246,6 +246,13 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
             a.insert("g3_offload".into(), g3.clone());
         }
     }
+    if let Some((bytes, unit)) = w.state_cache {
+        a.insert("state_cache".into(), json!({"bytes_per_request": bytes}));
+        if let Some(unit) = unit {
+            a.insert("prefix_match_unit".into(), json!(unit));
+        }
+        a.insert("kv_cache_bytes_per_token".into(), json!(w.bytes_per_token));
+    }
     Ok(LoweredWorker {
         role: w.role,
         args_json: Value::Object(a),

@@ -239,6 +239,56 @@ impl BlockPool {
         }
     }
 
+    /// Takes a referenced copy out of the cache: its hash is no longer a hit through it, and it
+    /// is private to its holder again (a state about to be overwritten in place).
+    pub fn uncache(&mut self, copy: u32) {
+        debug_assert!(self.copies[copy as usize].is_cached() && self.copies[copy as usize].refs > 0);
+        self.unlink_same(copy);
+        self.copies[copy as usize].next_same = PRIVATE;
+    }
+
+    /// Frees every inactive copy cached under `hash` (a superseded saved state): true if the
+    /// hash is gone. Referenced copies stay.
+    pub fn discard_inactive(&mut self, hash: u64) -> bool {
+        let mut c = self.first_copy(hash).unwrap_or(NIL);
+        while c != NIL {
+            let next = self.copies[c as usize].next_same;
+            let held = !self.held.is_empty() && self.held.contains(&c);
+            if self.copies[c as usize].refs == 0 && !held {
+                self.lru_unlink(c);
+                self.num_inactive -= 1;
+                self.unlink_same(c);
+                self.free_slot(c);
+            }
+            c = next;
+        }
+        self.first_copy(hash).is_none()
+    }
+
+    /// Removes cached `copy` from its hash's chain of copies.
+    fn unlink_same(&mut self, copy: u32) {
+        let hash = self.copies[copy as usize].hash;
+        let after = self.copies[copy as usize].next_same;
+        let copies = &mut self.copies;
+        let Ok(entry) = self.by_hash.find_entry(hash, |&c| copies[c as usize].hash == hash) else {
+            unreachable!("a cached copy is in the table")
+        };
+        let first = *entry.get();
+        if first == copy {
+            if after == NIL {
+                entry.remove();
+            } else {
+                *entry.into_mut() = after;
+            }
+            return;
+        }
+        let mut c = first;
+        while copies[c as usize].next_same != copy {
+            c = copies[c as usize].next_same;
+        }
+        copies[c as usize].next_same = after;
+    }
+
     /// Drops one reference to `copy`: a private copy is freed, a cached one becomes the newest
     /// LRU entry when its last reference goes.
     pub fn release(&mut self, copy: u32) {

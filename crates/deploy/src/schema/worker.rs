@@ -65,6 +65,8 @@ pub struct Worker {
     pub capacity: Capacity,
     /// Host (G2) and G3 caches below the device cache.
     pub offload: Option<Offload>,
+    /// The recurrent-state cache: (`state_cache.bytes_per_request`, `prefix_match_unit`).
+    pub state_cache: Option<(u64, Option<u64>)>,
     pub timing: Timing,
     /// `timing.systems_paths`: this worker's performance data, in place of the engine's.
     pub systems_paths: Option<Vec<String>>,
@@ -154,6 +156,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
     let (mut block_size, mut prefix_caching, mut bytes_per_token) = (None, true, None);
     let mut capacity = Capacity::Default { memory_fraction: None, cuda_graph_reserved_bytes: 0 };
     let mut offload = None;
+    let mut state_cache = None;
     if let Some(mut k) = w.obj("kv_cache")? {
         block_size = k.positive("block_size")?;
         prefix_caching = k.flag("prefix_caching")?.unwrap_or(true);
@@ -166,7 +169,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     .ok_or_else(|| k.err("bytes_per_token", "must be \"auto\" or a positive integer"))?,
             ),
         };
-        let state_cache = read_state_cache(&mut k)?;
+        let state_keys = read_state_cache(&mut k)?;
         offload = read_offload(&mut k)?;
         if let Some(mut c) = k.obj("capacity")? {
             let ty = c.one_of("type", &["default", "fixed"])?.unwrap_or("default");
@@ -212,8 +215,17 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                 Capacity::Default { memory_fraction: frac, cuda_graph_reserved_bytes: cg }
             };
         }
-        if let Some(state) = state_cache {
-            check_state_cache(&k, state, backend, block_size, bytes_per_token, &capacity, offload.as_ref())?;
+        if let Some(state) = state_keys {
+            let bytes =
+                check_state_cache(&k, state, backend, block_size, bytes_per_token, &capacity, offload.as_ref())?;
+            if role != "aggregated" {
+                return Err(k.err(
+                    "state_cache",
+                    "state_cache on a disaggregated worker (the request state handed from prefill to decode \
+                     beside its KV, and a decode worker's restore) is not modelled by servesim's vLLM engine yet",
+                ));
+            }
+            state_cache = Some((bytes, state.prefix_match_unit));
         }
         k.finish()?;
     }
@@ -329,6 +341,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         bytes_per_token,
         capacity,
         offload,
+        state_cache,
         timing,
         systems_paths,
         timing_controls,
@@ -383,8 +396,7 @@ fn read_state_cache(k: &mut Reader) -> Result<Option<StateCacheKeys>, DeployErro
 }
 
 /// The reference's checks of a recurrent-state cache (`kv_cache` geometry first, then the
-/// engine's backend), in its order and words; a valid one is then refused, since servesim's
-/// engine does not model the state cache yet.
+/// engine's backend), in its order and words; returns the state bytes of a request.
 fn check_state_cache(
     k: &Reader,
     keys: StateCacheKeys,
@@ -393,7 +405,7 @@ fn check_state_cache(
     bytes_per_token: Option<u64>,
     capacity: &Capacity,
     offload: Option<&Offload>,
-) -> Result<(), DeployError> {
+) -> Result<u64, DeployError> {
     let Some(bytes_per_request) = keys.state else {
         return Err(k.err("prefix_match_unit", "prefix_match_unit currently requires state_cache"));
     };
@@ -441,10 +453,5 @@ fn check_state_cache(
             k.err("state_cache", "state_cache requires backend=vllm and mode=aggregated or disaggregated (G1 only)")
         );
     }
-    Err(k.err(
-        "state_cache",
-        "the recurrent-state cache of hybrid state-space models (state slots taken from the block pool, \
-         prefix hits only at checkpointed states, prefix_match_unit alignment) is not modelled by \
-         servesim's vLLM engine yet",
-    ))
+    Ok(bytes_per_request)
 }

@@ -180,6 +180,21 @@ pub struct EngineConfig {
     pub host_offload: Option<HostOffload>,
     /// A G3 tier below each worker's host cache (`g3_offload`, scope `worker_local`).
     pub g3_offload: Option<G3Offload>,
+    /// The recurrent-state cache (`state_cache`, `prefix_match_unit`; vLLM only).
+    pub state_cache: Option<StateCacheConfig>,
+}
+
+/// The recurrent-state cache of a hybrid state-space model: every running request holds its
+/// state in `blocks_per_state` blocks of the KV pool, and a prompt reuses a cached prefix only
+/// where a state was saved (see `vllm/state_cache.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateCacheConfig {
+    /// Blocks one request state takes: `bytes_per_request` over the bytes of a block, rounded up.
+    pub blocks_per_state: u32,
+    /// `prefix_match_unit`: None keeps one saved state per request at its newest full block
+    /// (vLLM's default retention); Some(unit) saves states at the prompt's last full block and
+    /// unit-aligned tail, and splits prefill at block boundaries (vLLM's align mode).
+    pub prefix_match_unit: Option<u32>,
 }
 
 /// The `native_host_offload` section: a host KV cache private to each DP rank, or one pool
@@ -406,6 +421,10 @@ impl EngineConfig {
         if let Some(g3) = &self.g3_offload {
             engine["g3_offload"] = g3.canonical_json();
         }
+        if let Some(state) = &self.state_cache {
+            engine["state_cache_blocks_per_request"] = json!(state.blocks_per_state);
+            engine["prefix_match_unit"] = json!(state.prefix_match_unit);
+        }
         engine
     }
 }
@@ -453,6 +472,9 @@ struct RawConfig {
     kv_cache_bytes_per_token: Field<u64>,
     host_offload: Option<RawHostOffload>,
     g3_offload: Option<RawG3Offload>,
+    /// `state_cache.bytes_per_request` and `prefix_match_unit` (flat engine args only).
+    state_bytes_per_request: Field<u64>,
+    prefix_match_unit: Field<u32>,
     prefill_schedule_interval: Option<u64>,
     prefill_decode_interval: Option<u64>,
 }

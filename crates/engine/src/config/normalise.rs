@@ -4,7 +4,7 @@
 use super::read::QUEUE_POLICIES;
 use super::{
     Backend, ConfigEnv, Deployment, EngineConfig, KvTransfer, KvTransferTimingMode, PreemptionMode, RawConfig, Role,
-    WorkerArgs, WORKER_TYPES,
+    StateCacheConfig, WorkerArgs, WORKER_TYPES,
 };
 use crate::profile::Profile;
 use crate::speculative::{SpecSchedule, SpeculativeConfig};
@@ -388,6 +388,13 @@ impl RawConfig {
             block_size as u64 * self.kv_cache_bytes_per_token.or(0),
             dp_size,
         )?;
+        let state_cache = check_state_cache(
+            self.state_bytes_per_request,
+            self.prefix_match_unit,
+            (backend, block_size, num_gpu_blocks),
+            self.kv_cache_bytes_per_token,
+            host_offload.is_some(),
+        )?;
         let engine = EngineConfig {
             backend,
             num_gpu_blocks,
@@ -412,9 +419,62 @@ impl RawConfig {
             kv_cache_bytes_per_token: self.kv_cache_bytes_per_token.set(),
             host_offload,
             g3_offload,
+            state_cache,
         };
         Ok(WorkerArgs { engine, deployment })
     }
+}
+
+/// The recurrent-state cache of the flat engine args (`state_cache.bytes_per_request`,
+/// `prefix_match_unit`), checked as the reference checks its manual G1 geometry: the state takes
+/// whole blocks of `block_size` x `kv_cache_bytes_per_token` bytes, and the pool must hold one
+/// token block beside one request state.
+fn check_state_cache(
+    bytes_per_request: Field<u64>,
+    prefix_match_unit: Field<u32>,
+    (backend, block_size, num_gpu_blocks): (Backend, u32, u32),
+    kv_cache_bytes_per_token: Field<u64>,
+    host_offload: bool,
+) -> Result<Option<StateCacheConfig>> {
+    let unit = prefix_match_unit.set();
+    let Some(bytes) = bytes_per_request.set() else {
+        if unit.is_some() {
+            return Err(ConfigError::new("prefix_match_unit", "prefix_match_unit currently requires state_cache"));
+        }
+        return Ok(None);
+    };
+    if bytes == 0 {
+        return Err(ConfigError::new("state_cache.bytes_per_request", "must be a positive integer"));
+    }
+    if unit.is_some_and(|u| u == 0 || block_size % u != 0) {
+        return Err(ConfigError::new(
+            "prefix_match_unit",
+            "prefix_match_unit must be a positive divisor of block_size",
+        ));
+    }
+    if backend != Backend::Vllm {
+        return Err(ConfigError::new("state_cache", "state_cache requires backend=vllm"));
+    }
+    if host_offload {
+        return Err(ConfigError::new(
+            "state_cache",
+            "state_cache supports G1 only; native_host_offload is not supported",
+        ));
+    }
+    let Some(per_token) = kv_cache_bytes_per_token.set() else {
+        return Err(ConfigError::new("state_cache", "state_cache requires kv_cache_bytes_per_token"));
+    };
+    if block_size < 2 {
+        return Err(ConfigError::new("state_cache", "state_cache requires block_size at least two for vLLM"));
+    }
+    let blocks = bytes.div_ceil(u64::from(block_size) * per_token);
+    if blocks + 1 > u64::from(num_gpu_blocks) {
+        return Err(ConfigError::new(
+            "state_cache",
+            "state_cache capacity must fit one token block and one request state",
+        ));
+    }
+    Ok(Some(StateCacheConfig { blocks_per_state: blocks as u32, prefix_match_unit: unit }))
 }
 
 /// The checks of `g3_offload` that Dynamo 1.6.1 makes when it builds the replay (after the

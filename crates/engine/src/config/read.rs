@@ -380,6 +380,11 @@ impl RawConfig {
         self.tensor_parallel_size = r.u32("tensor_parallel_size")?;
         self.startup_time = r.f64("startup_time")?;
         self.kv_bytes_per_token = r.u64("kv_bytes_per_token")?;
+        if let Some(mut state) = r.object("state_cache")? {
+            self.state_bytes_per_request = state.u64("bytes_per_request")?;
+            state.finish()?;
+        }
+        self.prefix_match_unit = r.u32("prefix_match_unit")?;
         let is_prefill = r.bool("is_prefill")?.or(false);
         let is_decode = r.bool("is_decode")?.or(false);
         if is_prefill && is_decode {

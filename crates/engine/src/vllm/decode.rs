@@ -113,6 +113,7 @@ impl VllmEngine {
             self.reqs[slot].state.status = Status::Held;
             self.parked.insert(id, slot);
         } else {
+            self.state_release(slot, false);
             let req = self.reqs.remove(slot);
             self.pool.release_lease(&req.blocks);
         }

@@ -117,6 +117,7 @@ impl VllmEngine {
     /// Prefill worker: the decode side has the KV of finished request `id`; free it.
     pub fn release_held(&mut self, id: u64) {
         let slot = self.parked.remove(&id).expect("releasing a held request");
+        self.state_release(slot, false);
         let req = self.reqs.remove(slot);
         debug_assert_eq!(req.state.status, Status::Held);
         self.pool.release_lease(&req.blocks);

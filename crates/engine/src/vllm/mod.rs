@@ -34,6 +34,7 @@ mod decode;
 mod handoff;
 mod offload;
 mod policy;
+mod state_cache;
 mod stretch;
 
 use std::collections::VecDeque;
@@ -82,6 +83,8 @@ struct Sched {
     /// Passes the engine had started when the request was submitted (see
     /// [`VllmEngine::schedulable`]).
     submitted_after: u64,
+    /// Its recurrent state (with `state_cache`).
+    cache: state_cache::StateSlot,
 }
 
 impl Sched {
@@ -94,6 +97,7 @@ impl Sched {
             pass_prefill: None,
             order,
             submitted_after: 0,
+            cache: state_cache::StateSlot::default(),
         }
     }
 }
@@ -184,6 +188,8 @@ pub struct VllmEngine {
     /// This pass admits no request submitted at or after this pass count (see
     /// [`VllmEngine::schedulable`]).
     late_from: Option<u64>,
+    /// The recurrent-state cache (`state_cache`).
+    state_cache: Option<state_cache::StateCache>,
 }
 
 impl VllmEngine {
@@ -196,6 +202,7 @@ impl VllmEngine {
         // Decode workers do not publish KV events (nothing routes on their cache).
         let record = options.record_kv_events && cfg.enable_prefix_caching && cfg.role != Role::Decode;
         let host = offload::HostState::new(&cfg, record, None, None);
+        let cfg_state = cfg.state_cache;
         VllmEngine {
             policy: Policy::of(&cfg),
             pool: BlockPool::new(cfg.num_gpu_blocks, record),
@@ -227,6 +234,7 @@ impl VllmEngine {
             passes: 0,
             prescheduled: false,
             late_from: None,
+            state_cache: cfg_state.as_ref().map(state_cache::StateCache::new),
         }
     }
 
@@ -278,6 +286,7 @@ impl VllmEngine {
         let found = found.or_else(|| self.host_connector_slot(id));
         let Some(slot) = found else { return false };
         self.host_abort(slot);
+        self.state_release(slot, false);
         let req = self.reqs.remove(slot);
         self.pool.release_lease(&req.blocks);
         true
@@ -377,6 +386,7 @@ impl VllmEngine {
         self.late_from = (self.cfg.async_scheduling && self.prescheduled).then_some(self.passes);
         self.passes += 1;
         self.host_pass_start(now_ms);
+        self.state_pass_start();
         self.schedule_running(out);
         if self.host.is_some() {
             self.admit_waiting_host(now_ms, out);
@@ -500,7 +510,7 @@ impl VllmEngine {
         }
         let promised = self.policy.promised_blocks(bs, self.running.iter().map(|&s| lifetime(&self.reqs[s])));
         let available = (capacity - self.pool.num_active()).saturating_sub(promised);
-        let needed = footprint - cost.active_cached_tokens / bs;
+        let needed = footprint - cost.active_cached_tokens / bs + self.state_admission_blocks(req, cost);
         if needed > available {
             if self.running.is_empty() && self.pool.num_active() == 0 {
                 // Nothing will ever free a block for it (a preempted request that outgrew the
@@ -534,6 +544,9 @@ impl VllmEngine {
     fn prefix_cost(&self, req: &Req) -> PrefixCost {
         if !self.cfg.enable_prefix_caching {
             return PrefixCost::default();
+        }
+        if self.state_cache.is_some() {
+            return self.state_prefix_cost(req);
         }
         let bs = self.cfg.block_size;
         let len = req.len();
@@ -569,7 +582,7 @@ impl VllmEngine {
         if prompt_remaining > 0 && !self.cfg.enable_chunked_prefill && prompt_remaining > self.budget {
             return Scheduled::Blocked;
         }
-        let desired = remaining.min(self.budget);
+        let desired = self.align_state_prefill(eff_before, req.prompt_len, req.len(), remaining.min(self.budget));
         if desired == 0 && remaining > 0 {
             return Scheduled::Blocked;
         }
@@ -578,13 +591,19 @@ impl VllmEngine {
         // Allocate blocks through `target`, reusing the cached prefix on first allocation.
         let hit_blocks = (cached / bs) as usize;
         let allocated = loop {
-            let req = &mut self.reqs[slot];
-            let held = req.blocks.len().max(hit_blocks) as u32;
-            let fresh = target.div_ceil(bs).saturating_sub(held);
-            let hits = if req.blocks.is_empty() { &req.hashes.seq[..hit_blocks] } else { &[][..] };
-            // Most decode tokens land in a block the request already holds.
-            if (fresh == 0 && hits.is_empty()) || self.pool.allocate(hits, fresh, &mut req.blocks) {
-                break fresh;
+            if self.state_cache.is_some() {
+                if let Some(fresh) = self.allocate_with_state(slot, cached, eff_before, target) {
+                    break fresh;
+                }
+            } else {
+                let req = &mut self.reqs[slot];
+                let held = req.blocks.len().max(hit_blocks) as u32;
+                let fresh = target.div_ceil(bs).saturating_sub(held);
+                let hits = if req.blocks.is_empty() { &req.hashes.seq[..hit_blocks] } else { &[][..] };
+                // Most decode tokens land in a block the request already holds.
+                if (fresh == 0 && hits.is_empty()) || self.pool.allocate(hits, fresh, &mut req.blocks) {
+                    break fresh;
+                }
             }
             let Some(victim) = self.policy.victim(&self.running) else {
                 return Scheduled::Blocked;
@@ -599,6 +618,7 @@ impl VllmEngine {
         if self.cfg.enable_prefix_caching {
             self.publish_computed_blocks(slot, eff_before, target);
         }
+        self.state_commit(slot, eff_before, target);
 
         let req = &mut self.reqs[slot];
         let readmission = req.state.preemptions > 0;
@@ -684,6 +704,7 @@ impl VllmEngine {
         // cursor moving back, so the request after the one being scheduled is passed over until
         // the next pass — as in the reference's scheduling loop.
         self.host_preempted(self.reqs[slot].id);
+        self.state_release(slot, true);
         let req = &mut self.reqs[slot];
         self.pool.release_lease(&req.blocks);
         req.blocks.clear();

@@ -29,6 +29,8 @@ impl VllmEngine {
             || self.cfg.role != Role::Aggregated
             // Host transfers complete at pass boundaries, one pass at a time.
             || self.host.is_some()
+            // States are saved at block boundaries, one pass at a time.
+            || self.state_cache.is_some()
             || k > self.cfg.max_num_batched_tokens.unwrap_or(u32::MAX)
         {
             return false;
