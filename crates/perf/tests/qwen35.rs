@@ -17,28 +17,16 @@ use servesim_perf::db::Dtype;
 use servesim_perf::model::{build_ops, Op};
 use servesim_perf::{estimator, AisConfig, RankMetrics};
 
-fn data_available() -> bool {
-    match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) => roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()),
-        Err(_) => false,
-    }
-}
+mod common;
+use common::{data_available, est_with, MIXED};
 
-fn est_with(cfg: serde_json::Value) -> std::sync::Arc<servesim_perf::Estimator> {
-    estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+fn close(got: f64, want: f64) {
+    common::close_to(got, want, 1e-6);
 }
 
 fn try_est(cfg: serde_json::Value) -> Result<std::sync::Arc<servesim_perf::Estimator>, String> {
     AisConfig::from_json("config", &cfg).and_then(|c| estimator(&c)).map_err(|e| e.to_string())
 }
-
-const MIXED: RankMetrics = RankMetrics {
-    num_prefill_requests: 3,
-    sum_prefill_tokens: 2000,
-    sum_prefill_kv_tokens: 3000,
-    num_decode_requests: 100,
-    sum_decode_kv_tokens: 70000,
-};
 const PREFILL_RANK: RankMetrics =
     RankMetrics { num_prefill_requests: 3, sum_prefill_tokens: 2000, sum_prefill_kv_tokens: 3000, ..MIXED_EMPTY };
 const DECODE_RANK: RankMetrics =
@@ -52,14 +40,10 @@ const MIXED_EMPTY: RankMetrics = RankMetrics {
 };
 
 /// Within 1e-6 of the reference (relative).
-fn close(got: f64, want: f64) {
-    assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "got {got}, reference {want}");
-}
-
 /// Qwen3.5-27B (dense): 48 GDN and 16 full-attention layers, bf16, H200 / vLLM 0.24.0.
 #[test]
 fn qwen35_dense_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
         return;
     }
@@ -81,7 +65,7 @@ fn qwen35_dense_goldens() {
 /// Qwen3.5-35B-A3B (MoE, 256 experts + a shared expert), experts split by EP.
 #[test]
 fn qwen35_moe_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
         return;
     }
@@ -100,7 +84,7 @@ fn qwen35_moe_goldens() {
 /// exclusions keep the GDN / attention projections and the shared experts in bf16; fp8 KV.
 #[test]
 fn qwen35_nvfp4_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
         return;
     }
@@ -122,7 +106,7 @@ fn qwen35_nvfp4_goldens() {
 /// the decode recurrence on the FLA rows).
 #[test]
 fn qwen35_sglang_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
         return;
     }
@@ -156,7 +140,7 @@ fn qwen35_sglang_goldens() {
 /// routed chain.
 #[test]
 fn qwen35_trtllm_goldens() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 goldens");
         return;
     }
@@ -194,7 +178,7 @@ fn qwen35_trtllm_goldens() {
 /// counts, and what is refused by name.
 #[test]
 fn qwen35_op_list_and_refusals() {
-    if !data_available() {
+    if !data_available("h200_sxm") {
         eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 op list");
         return;
     }
