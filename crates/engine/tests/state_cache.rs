@@ -113,3 +113,20 @@ fn a_sub_block_unit_saves_the_aligned_tail_and_costs_a_pass_to_reach_the_next_bl
     let (_, ttft, reused) = serve(&mut e, 2, turn2, 2);
     assert_eq!((reused, ttft), (40, 120.0));
 }
+
+/// The flat engine args refuse what the state cache does not go with, as the reference's engine
+/// config does: a disaggregated role, a KV transfer, sub-block matching beside speculation.
+#[test]
+fn the_state_cache_refuses_what_it_does_not_go_with() {
+    let base = r#""block_size": 16, "num_gpu_blocks": 64, "kv_cache_bytes_per_token": 8,
+                  "state_cache": {"bytes_per_request": 512}"#;
+    for (extra, want) in [
+        (r#""worker_type": "prefill""#, "`state_cache`: state_cache is supported only for worker_type=aggregated"),
+        (r#""kv_transfer_bandwidth": 10.0"#, "state_cache does not support kv_transfer_bytes_per_token"),
+        (r#""prefix_match_unit": 4, "aic_nextn": 1"#, "prefix_match_unit does not support speculative decoding"),
+    ] {
+        let e = EngineConfig::parse_json(&format!("{{{base}, {extra}}}")).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    assert!(EngineConfig::parse_json(&format!("{{{base}}}")).is_ok());
+}

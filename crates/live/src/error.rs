@@ -27,6 +27,12 @@ pub enum LiveError {
         #[source]
         source: zeromq::ZmqError,
     },
+    /// KV events beside the recurrent-state cache, which servesim does not model.
+    #[error(
+        "--zmq-kv-events-port: worker {worker} runs state_cache, whose KV events servesim does not model (its \
+         evictions would report the saved states' blocks)"
+    )]
+    StateCacheEvents { worker: usize },
     #[error("cannot start engine thread {rank}: {source}")]
     Spawn {
         rank: usize,

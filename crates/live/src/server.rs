@@ -126,6 +126,9 @@ pub async fn start(opts: ServeOptions, tokenizer: Tokenizer) -> Result<Server, L
     let mut kv_publishers = Vec::new();
     for w in 0..workers {
         let Some(&base) = opts.zmq_kv_events_ports.get(w) else { break };
+        if crate::pool_of_worker(pools, w).engine.state_cache.is_some() {
+            return Err(LiveError::StateCacheEvents { worker: w });
+        }
         let dp = crate::pool_of_worker(pools, w).deployment.dp_size;
         let mut ranks = Vec::new();
         for r in 0..dp {

@@ -395,6 +395,27 @@ impl RawConfig {
             self.kv_cache_bytes_per_token,
             host_offload.is_some(),
         )?;
+        if state_cache.is_some() {
+            // The reference's checks around the G1-only state cache. (KV event export beside it
+            // is refused where it is set up: `servesim serve`'s ZMQ publishers; the canonical
+            // config, which has emit_kv_events, refuses state_cache altogether.)
+            let refuse = |key: &str, why: &str| Err(ConfigError::new(key, why));
+            if role != Role::Aggregated {
+                return refuse("state_cache", "state_cache is supported only for worker_type=aggregated");
+            }
+            if deployment.kv_transfer.bytes_per_token.is_some() || deployment.kv_transfer.bandwidth_gbps.is_some() {
+                return refuse(
+                    "state_cache",
+                    "state_cache does not support kv_transfer_bytes_per_token or kv_transfer_bandwidth",
+                );
+            }
+            if self.kv_transfer_timing_mode.or(0) != 0 {
+                return refuse("state_cache", "state_cache does not support non-default kv_transfer_timing_mode");
+            }
+            if self.prefix_match_unit.is_set() && speculative.is_some() {
+                return refuse("prefix_match_unit", "prefix_match_unit does not support speculative decoding");
+            }
+        }
         let engine = EngineConfig {
             backend,
             num_gpu_blocks,
