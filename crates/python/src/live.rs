@@ -49,9 +49,10 @@ fn live_error(e: LiveError) -> PyErr {
         LiveError::Listen { .. } | LiveError::ZmqBind { .. } | LiveError::Runtime(_) | LiveError::Spawn { .. } => {
             PyOSError::new_err(e.to_string())
         }
-        LiveError::Model(_) | LiveError::WorkerPort { .. } | LiveError::ZmqPort { .. } => {
-            PyValueError::new_err(e.to_string())
-        }
+        LiveError::Model(_)
+        | LiveError::WorkerPort { .. }
+        | LiveError::ZmqPort { .. }
+        | LiveError::StateCacheEvents { .. } => PyValueError::new_err(e.to_string()),
         // Shutdown outcomes (responses cut at the timeout or at a second signal): not a start
         // error, but the match must name them.
         LiveError::ShutdownTimeout { .. } | LiveError::StoppedAtOnce { .. } => PyRuntimeError::new_err(e.to_string()),
