@@ -656,7 +656,7 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             push_shared_beside_routed(list, ctx, phase, shared, routed);
         }
         list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
-        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+        list.push(Op::pipeline_p2p(nm("p2p"), s, h, l));
     }
     Ok(out)
 }

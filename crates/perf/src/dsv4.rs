@@ -836,7 +836,7 @@ pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
         push_shared_beside_routed(list, ctx, phase, shared, routed);
         list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
-        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+        list.push(Op::pipeline_p2p(nm("p2p"), s, h, l));
     }
     Ok(out)
 }

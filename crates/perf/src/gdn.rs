@@ -557,37 +557,15 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
                 routed_ops.push(gemm(format!("{p}_router_gemm"), m.experts, h, Dtype::Bfloat16, false));
             }
             let dispatch = |pre: bool| {
-                Op::MoeDispatch(DispatchOp {
-                    name: format!("{p}_moe_{}_dispatch", if pre { "pre" } else { "post" }),
-                    scale: c,
-                    hidden: h,
-                    moe_tp: l.moe_tp,
-                    moe_ep: l.moe_ep,
-                    attention_dp: l.attention_dp,
-                    pre,
-                    backend: l.backend.clone(),
-                    dtype: l.moe,
-                })
+                let name = format!("{p}_moe_{}_dispatch", if pre { "pre" } else { "post" });
+                Op::MoeDispatch(DispatchOp::at(name, c, h, l, pre))
             };
             if backend == "trtllm" {
                 // The reference's TRT-LLM dispatch ignores that the model already priced the
                 // attention all-reduce, so this all-reduces the same activations again.
                 routed_ops.push(dispatch(true));
             }
-            routed_ops.push(Op::Moe(MoeOp {
-                name: format!("{p}_moe"),
-                scale: c,
-                hidden: h,
-                inter: m.moe_inter,
-                topk: m.topk,
-                experts: m.experts,
-                moe_tp: l.moe_tp,
-                moe_ep: l.moe_ep,
-                attention_dp: l.attention_dp,
-                dtype: l.moe,
-                distribution: DISTRIBUTION.to_string(),
-                gated: true,
-            }));
+            routed_ops.push(Op::Moe(MoeOp::routed(format!("{p}_moe"), c, h, (m, l), DISTRIBUTION, true)));
             let mut shared = Vec::new();
             if q.shared_inter > 0 {
                 let si = q.shared_inter / tp;
@@ -622,12 +600,7 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
             list.push(dispatch(false));
         }
         list.push(logits_gemm(format!("{phase}_logits_gemm"), s, m, tp));
-        list.push(Op::P2P {
-            name: format!("{phase}_p2p"),
-            scale: (l.pp.saturating_sub(1)) as f64 * s,
-            hidden: h,
-            pp: l.pp,
-        });
+        list.push(Op::pipeline_p2p(format!("{phase}_p2p"), s, h, l));
     }
     Ok(out)
 }

@@ -157,12 +157,7 @@ pub(crate) fn build_gemma4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Ve
             }
         }
         list.push(logits_gemm(format!("{phase}_logits_gemm"), s, m, tp));
-        list.push(Op::P2P {
-            name: format!("{phase}_p2p"),
-            scale: l.pp.saturating_sub(1) as f64 * s,
-            hidden: h,
-            pp: l.pp,
-        });
+        list.push(Op::pipeline_p2p(format!("{phase}_p2p"), s, h, l));
     }
     Ok(out)
 }

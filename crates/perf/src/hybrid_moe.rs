@@ -209,12 +209,7 @@ pub fn build_hybrid_ops(m: &ModelSpec, hy: &HybridSpec, l: &Layout) -> Result<(V
             }
         }
         list.push(logits_gemm(format!("{phase}_logits_gemm"), s, m, tp));
-        list.push(Op::P2P {
-            name: format!("{phase}_p2p"),
-            scale: (l.pp.saturating_sub(1)) as f64 * s,
-            hidden: h,
-            pp: l.pp,
-        });
+        list.push(Op::pipeline_p2p(format!("{phase}_p2p"), s, h, l));
     }
     Ok(out)
 }

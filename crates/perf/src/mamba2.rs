@@ -414,33 +414,11 @@ pub fn build_nemotron_h_ops(m: &ModelSpec, nh: &NemotronHSpec, l: &Layout) -> Re
                         list.push(gemm("fc1_latent_proj_gemm", nh.latent / tp, h, false));
                     }
                     let dispatch = |pre: bool| {
-                        Op::MoeDispatch(DispatchOp {
-                            name: nm(if pre { "moe_pre_dispatch" } else { "moe_post_dispatch" }),
-                            scale: c,
-                            hidden: moe_h,
-                            moe_tp: l.moe_tp,
-                            moe_ep: l.moe_ep,
-                            attention_dp: l.attention_dp,
-                            pre,
-                            backend: l.backend.clone(),
-                            dtype: l.moe,
-                        })
+                        let name = nm(if pre { "moe_pre_dispatch" } else { "moe_post_dispatch" });
+                        Op::MoeDispatch(DispatchOp::at(name, c, moe_h, l, pre))
                     };
                     list.push(dispatch(true));
-                    list.push(Op::Moe(MoeOp {
-                        name: nm("moe"),
-                        scale: c,
-                        hidden: moe_h,
-                        inter: m.moe_inter,
-                        topk: m.topk,
-                        experts: m.experts,
-                        moe_tp: l.moe_tp,
-                        moe_ep: l.moe_ep,
-                        attention_dp: l.attention_dp,
-                        dtype: l.moe,
-                        distribution: MLA_DISTRIBUTION.to_string(),
-                        gated: false,
-                    }));
+                    list.push(Op::Moe(MoeOp::routed(nm("moe"), c, moe_h, (m, l), MLA_DISTRIBUTION, false)));
                     list.push(dispatch(false));
                     if nh.latent > 0 {
                         list.push(gemm("fc2_latent_proj_gemm", h, nh.latent / tp, true));
@@ -456,7 +434,7 @@ pub fn build_nemotron_h_ops(m: &ModelSpec, nh: &NemotronHSpec, l: &Layout) -> Re
                 ]),
             }
         }
-        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+        list.push(Op::pipeline_p2p(nm("p2p"), s, h, l));
         list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
     }
     Ok(out)

@@ -900,6 +900,12 @@ impl Op {
         }
     }
 
+    /// The pipeline hand-off after each of `l.pp − 1` stages: `hidden` elements per token, `s`
+    /// times per stage.
+    pub(crate) fn pipeline_p2p(name: String, s: f64, hidden: u32, l: &Layout) -> Op {
+        Op::P2P { name, scale: (l.pp.saturating_sub(1)) as f64 * s, hidden, pp: l.pp }
+    }
+
     /// The op's name, to rename it (a draft's ops take the `draft_` prefix).
     pub(crate) fn name_mut(&mut self) -> &mut String {
         match self {
@@ -1125,7 +1131,7 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             list.push(Op::AllReduce { name: nm("ar_1"), scale: layers * s, hidden: h, tp });
             list.push(Op::AllReduce { name: nm("ar_2"), scale: layers * s, hidden: h, tp });
         }
-        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+        list.push(Op::pipeline_p2p(nm("p2p"), s, h, l));
     }
     Ok(out)
 }
@@ -1200,33 +1206,11 @@ pub(crate) fn moe_block(
         });
     }
     let dispatch = |pre: bool| {
-        Op::MoeDispatch(DispatchOp {
-            name: format!("{phase}_moe_{}_dispatch", if pre { "pre" } else { "post" }),
-            scale,
-            hidden: h,
-            moe_tp: l.moe_tp,
-            moe_ep: l.moe_ep,
-            attention_dp: l.attention_dp,
-            pre,
-            backend: l.backend.clone(),
-            dtype: l.moe,
-        })
+        let name = format!("{phase}_moe_{}_dispatch", if pre { "pre" } else { "post" });
+        Op::MoeDispatch(DispatchOp::at(name, scale, h, l, pre))
     };
     list.push(dispatch(true));
-    list.push(Op::Moe(MoeOp {
-        name: format!("{phase}_moe"),
-        scale,
-        hidden: h,
-        inter: m.moe_inter,
-        topk: m.topk,
-        experts: m.experts,
-        moe_tp: l.moe_tp,
-        moe_ep: l.moe_ep,
-        attention_dp: l.attention_dp,
-        dtype: l.moe,
-        distribution: distribution.to_string(),
-        gated: true,
-    }));
+    list.push(Op::Moe(MoeOp::routed(format!("{phase}_moe"), scale, h, (m, l), distribution, true)));
     list.push(dispatch(false));
     list
 }
@@ -1377,7 +1361,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
         if vllm {
             list.push(Op::AllReduce { name: nm("tp_allreduce"), scale: 2.0 * layers * s, hidden: h, tp });
         }
-        list.push(Op::P2P { name: nm("p2p"), scale: (l.pp.saturating_sub(1)) as f64 * s, hidden: h, pp: l.pp });
+        list.push(Op::pipeline_p2p(nm("p2p"), s, h, l));
     }
     out
 }

@@ -3,6 +3,7 @@
 //! table in `moe.rs`; `model.rs` lays them out.
 
 use crate::db::{Database, Dtype};
+use crate::model::{Layout, ModelSpec};
 
 /// The routing skew the reference's MoE models query the table at (`power_law` with α = 1.2).
 pub const DISTRIBUTION: &str = "power_law_1.2";
@@ -30,6 +31,32 @@ pub struct MoeOp {
 }
 
 impl MoeOp {
+    /// The routed experts of `m` at layout `l`'s MoE widths and format, `hidden` wide (the
+    /// model's hidden size, or a latent width).
+    pub(crate) fn routed(
+        name: String,
+        scale: f64,
+        hidden: u32,
+        (m, l): (&ModelSpec, &Layout),
+        distribution: &str,
+        gated: bool,
+    ) -> MoeOp {
+        MoeOp {
+            name,
+            scale,
+            hidden,
+            inter: m.moe_inter,
+            topk: m.topk,
+            experts: m.experts,
+            moe_tp: l.moe_tp,
+            moe_ep: l.moe_ep,
+            attention_dp: l.attention_dp,
+            dtype: l.moe,
+            distribution: distribution.to_string(),
+            gated,
+        }
+    }
+
     fn gemms(&self) -> u64 {
         if self.gated {
             3
@@ -73,4 +100,21 @@ pub struct DispatchOp {
     pub pre: bool,
     pub backend: String,
     pub dtype: Dtype,
+}
+
+impl DispatchOp {
+    /// The dispatch (`pre`) or combine of `hidden`-wide tokens at layout `l`.
+    pub(crate) fn at(name: String, scale: f64, hidden: u32, l: &Layout, pre: bool) -> DispatchOp {
+        DispatchOp {
+            name,
+            scale,
+            hidden,
+            moe_tp: l.moe_tp,
+            moe_ep: l.moe_ep,
+            attention_dp: l.attention_dp,
+            pre,
+            backend: l.backend.clone(),
+            dtype: l.moe,
+        }
+    }
 }
