@@ -271,8 +271,12 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
 
 /// Reads, overrides and lowers a predict configuration file.
 pub fn prepare_file(path: &Path, sets: &[String]) -> Result<Prepared, String> {
-    let tree = load_tree(path, sets)?;
-    let config = schema::read_predict(&tree).map_err(|e| format!("{}: {e}", path.display()))?;
+    prepare_tree(path, &load_tree(path, sets)?)
+}
+
+/// [`prepare_file`] of a configuration tree already read from `path` (by [`load_tree`]).
+pub fn prepare_tree(path: &Path, tree: &Value) -> Result<Prepared, String> {
+    let config = schema::read_predict(tree).map_err(|e| format!("{}: {e}", path.display()))?;
     let base = path.parent().unwrap_or(Path::new("."));
     prepare(config, base).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -95,14 +95,14 @@ pub fn predict(
         sets.extend(extra);
         calibration = Some(file);
     }
-    let afd_tree = servesim_deploy::load_tree(path, &sets).map_err(Failure::input)?;
-    if afd_tree.pointer("/engine/mode").and_then(|m| m.as_str()) == Some("afd") {
-        return afd(f, flags, json, variation, &afd_tree, calibration.is_some());
+    // Read once: the tree validated is the tree the run records as its inputs.
+    let tree = servesim_deploy::load_tree(path, &sets).map_err(Failure::input)?;
+    if tree.pointer("/engine/mode").and_then(|m| m.as_str()) == Some("afd") {
+        return afd(f, flags, json, variation, &tree, calibration.is_some());
     }
-    let mut prepared = servesim_deploy::prepare_file(path, &sets).map_err(Failure::input)?;
+    let mut prepared = servesim_deploy::prepare_tree(path, &tree).map_err(Failure::input)?;
     prepared.sim.timing_jitter_cv = cv;
     prepared.sim.threads = variation.threads;
-    let tree = servesim_deploy::load_tree(path, &sets).map_err(Failure::input)?;
     let mut inputs = run_inputs(path, &tree);
     inputs.extend(f.calibration.clone());
     check_reports(&flags.paths(), &inputs, &f.output_dir)?;
