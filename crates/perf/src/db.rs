@@ -398,6 +398,15 @@ pub(crate) fn keep_row(src: &Source, ks: &Option<String>) -> bool {
     }
 }
 
+/// `map[key]`, inserted empty on first use; the key is copied only then (the table loaders
+/// look one up per row, and most rows share a few keys).
+pub(crate) fn slot<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
+}
+
 pub(crate) fn no_rows(what: &str, srcs: &[Source], spec: &SystemSpec, backend: &str, version: &str) -> PerfError {
     let listed: Vec<String> = srcs.iter().map(|s| s.path.display().to_string()).collect();
     PerfError::data(format!(
@@ -496,6 +505,7 @@ impl Database {
 
     fn load_gemm(&self) -> Result<BTreeMap<String, (Sites, GemmPoints)>> {
         // Per dtype: m → n → k first-wins, plus the insertion order of the nested dict walk.
+        #[derive(Default)]
         struct Acc {
             grid: BTreeMap<(u32, u32, u32), f64>,
             m_order: Vec<u32>,
@@ -526,12 +536,7 @@ impl Database {
                 }
                 let (m, n, k) =
                     (key_u32(&t.path, "m", i, m[i])?, key_u32(&t.path, "n", i, n[i])?, key_u32(&t.path, "k", i, k[i])?);
-                let acc = by.entry(d.to_string()).or_insert_with(|| Acc {
-                    grid: BTreeMap::new(),
-                    m_order: Vec::new(),
-                    n_order: HashMap::new(),
-                    k_order: HashMap::new(),
-                });
+                let acc = slot(&mut by, d);
                 if acc.grid.contains_key(&(m, n, k)) {
                     continue;
                 }
@@ -757,7 +762,7 @@ impl Database {
                 }
                 let Some(d) = dt[i].as_deref() else { continue };
                 let at = [key_u32(&t.path, "m", i, m[i])?, key_u32(&t.path, "k", i, k[i])?];
-                by.entry(d.to_string()).or_default().insert_first_wins(&at, lat[i]);
+                slot(&mut by, d).insert_first_wins(&at, lat[i]);
             }
         }
         if by.is_empty() {
@@ -822,25 +827,35 @@ impl Database {
                 t.int("num_key_value_heads")?,
                 t.int("head_dim")?,
             );
-            let fmha = if generation { vec![None; t.rows] } else { t.text("attn_dtype")? };
+            let no_fmha = vec![None; if generation { t.rows } else { 0 }];
+            let fmha = if generation { &no_fmha[..] } else { t.text("attn_dtype")? };
             let kvd = t.text("kv_cache_dtype")?;
             let step = if generation { t.int("step")? } else { vec![0; t.rows] };
             let win = t.int_or_none("window_size")?;
             let lat = t.float("latency")?;
             let ks = t.text_or_none("kernel_source")?;
+            // Rows are grouped by (lane, shape key) borrowing the table's text, so that a row
+            // costs a hash lookup (none while the key repeats) instead of copying its key; each
+            // group's rows then go into their grid in table order (first wins, as before).
+            type RowKey<'t> = (&'t str, &'t str, &'t str, u32, u32, u32);
+            type Rows = Vec<([u32; 3], f64)>;
+            let mut groups: HashMap<RowKey, usize> = HashMap::new();
+            let mut grouped: Vec<(RowKey, Rows)> = Vec::new();
+            let mut last: Option<(RowKey, usize)> = None;
             for i in 0..t.rows {
                 if !keep_row(src, &ks[i]) {
                     continue;
                 }
-                let lane = ks[i].clone().filter(|s| !s.is_empty()).unwrap_or_else(|| "default".to_string());
-                if !lane_order.contains(&lane) {
-                    lane_order.push(lane.clone());
+                let lane = ks[i].as_deref().filter(|s| !s.is_empty()).unwrap_or("default");
+                if !lane_order.iter().any(|l| l == lane) {
+                    lane_order.push(lane.to_owned());
                 }
                 let n = key_u32(&t.path, "num_heads", i, nh[i])?;
                 let nk = key_u32(&t.path, "num_key_value_heads", i, nkv[i])?;
-                let key = (
-                    fmha[i].clone().unwrap_or_default(),
-                    kvd[i].clone().unwrap_or_default(),
+                let key: RowKey = (
+                    lane,
+                    fmha[i].as_deref().unwrap_or_default(),
+                    kvd[i].as_deref().unwrap_or_default(),
                     mha_lookup(n, nk),
                     key_u32(&t.path, "head_dim", i, hd[i])?,
                     key_u32(&t.path, "window_size", i, win[i].unwrap_or(0))?,
@@ -848,7 +863,22 @@ impl Database {
                 let bb = key_u32(&t.path, "batch_size", i, b[i])?;
                 let s = key_u32(&t.path, "isl", i, isl[i] + step[i])?;
                 let path = if generation { [n, bb, s] } else { [n, s, bb] };
-                by_lane.entry(lane).or_default().entry(key).or_default().insert_first_wins(&path, lat[i]);
+                let g = match last {
+                    Some((k, g)) if k == key => g,
+                    _ => *groups.entry(key).or_insert_with(|| {
+                        grouped.push((key, Vec::new()));
+                        grouped.len() - 1
+                    }),
+                };
+                last = Some((key, g));
+                grouped[g].1.push((path, lat[i]));
+            }
+            for ((lane, fmha, kv, n_kv, head, window), rows) in grouped {
+                let node =
+                    slot(&mut by_lane, lane).entry((fmha.to_owned(), kv.to_owned(), n_kv, head, window)).or_default();
+                for (path, lat) in rows {
+                    node.insert_first_wins(&path, lat);
+                }
             }
         }
         if by_lane.is_empty() {

@@ -233,10 +233,10 @@ fn load(db: &Database, file: &str, context: bool, reuse: bool, decode_fmha: bool
             if op[i].as_deref().unwrap_or("").contains("skip_indexer") != reuse {
                 continue;
             }
-            let kv_name = text(&kv, i, "kv_cache_dtype")?;
-            let fmha_name = if context || decode_fmha { text(&fmha, i, "mla_dtype")? } else { String::new() };
+            let kv_name = text(kv, i, "kv_cache_dtype")?;
+            let fmha_name = if context || decode_fmha { text(fmha, i, "mla_dtype")? } else { String::new() };
             let key =
-                format!("{}/{fmha_name}/{kv_name}/{}", text(&arch, i, "architecture")?, text(&gemm, i, "gemm_type")?);
+                format!("{}/{fmha_name}/{kv_name}/{}", text(arch, i, "architecture")?, text(gemm, i, "gemm_type")?);
             let n = key_u32(&p, "num_heads", i, heads[i])?;
             let b = key_u32(&p, "batch_size", i, batch[i])?;
             let (s, st) = (key_u32(&p, "isl", i, isl[i])?, key_u32(&p, "step", i, step[i])?);

@@ -484,7 +484,7 @@ fn load_module(db: &Database, file: &str, context: bool) -> Result<ModuleTable> 
         let p = t.path.clone();
         let ks = t.text_or_none("kernel_source")?;
         let (model, version) = (t.text_or_none("model")?, t.text_or_none("version")?);
-        let fmha = if context { t.text("mla_dtype")? } else { Vec::new() };
+        let fmha = if context { t.text("mla_dtype")? } else { &[] };
         let (kv, gemm) = (t.text("kv_cache_dtype")?, t.text("gemm_type")?);
         let (heads, tp, batch, isl, step, lat) = (
             t.int("num_heads")?,
@@ -501,9 +501,9 @@ fn load_module(db: &Database, file: &str, context: bool) -> Result<ModuleTable> 
             if !keep_row(src, &ks[i]) {
                 continue;
             }
-            let fmha_name = if context { canonical(&text(&fmha, i, "mla_dtype")?).to_string() } else { String::new() };
+            let fmha_name = if context { canonical(&text(fmha, i, "mla_dtype")?).to_string() } else { String::new() };
             let key =
-                format!("{fmha_name}/{}/{}", canonical(&text(&kv, i, "kv_cache_dtype")?), text(&gemm, i, "gemm_type")?);
+                format!("{fmha_name}/{}/{}", canonical(&text(kv, i, "kv_cache_dtype")?), text(gemm, i, "gemm_type")?);
             let local = key_u32(&p, "num_heads", i, heads[i])?;
             let gpus = key_u32(&p, "tp_size", i, tp[i])?.max(1);
             heads_seen

@@ -2,7 +2,7 @@
 //! provider asks) and `forward_pass_time_ms` over per-attention-DP-rank batch statistics.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::db::{ctx_attn_sol_prefix, gen_attn_dtype, gen_attn_sol, Database, DatabaseMode, Dtype};
 use crate::error::{ErrorKind, PerfError, Result};
@@ -26,9 +26,19 @@ pub struct Estimator {
     pub layout: Layout,
     pub context_ops: Vec<Op>,
     pub generation_ops: Vec<Op>,
-    ctx_lanes: Vec<String>,
-    gen_lanes: Vec<String>,
+    lanes: LaneOrders,
     memo: Mutex<HashMap<(u8, u32, u32, u32), f64>>,
+}
+
+/// The order the attention tables' kernel lanes are tried in, per phase (context, generation).
+/// Working it out reads the whole attention table of the phase, which families that time no
+/// GQA attention (MLA, DeepSeek-V4, a roofline) never need: it is done on the first lookup.
+#[derive(Debug)]
+struct LaneOrders {
+    architecture: String,
+    /// The user's `attention_backend`, tried first.
+    pin: Option<String>,
+    phases: [OnceLock<Result<Vec<String>>>; 2],
 }
 
 /// Batch statistics of one attention-DP rank for one forward pass (Dynamo's
@@ -81,6 +91,19 @@ fn attends(op: &Op) -> bool {
     }
 }
 
+/// Whether `op` (or an op it holds) is looked up in the GQA attention tables.
+fn reads_attention_tables(op: &Op) -> bool {
+    match op {
+        Op::ContextAttention { .. } | Op::GenerationAttention { .. } => true,
+        Op::Fallback { primary, fallback, .. } => {
+            reads_attention_tables(primary) || fallback.iter().any(reads_attention_tables)
+        }
+        Op::Overlap { a, b, .. } => a.iter().chain(b).any(reads_attention_tables),
+        Op::TokenScale { op, .. } => reads_attention_tables(op),
+        _ => false,
+    }
+}
+
 /// The op family whose SOL servesim does not model, if `op` is one.
 fn sol_refused(op: &Op) -> Option<&'static str> {
     match op {
@@ -107,12 +130,13 @@ fn empirical_refused(op: &Op) -> Option<&'static str> {
 }
 
 impl Estimator {
+    /// `attention_backend` is the user's pin of the attention kernel lane (`None` or
+    /// "default": the framework's default for the GPU, then the densest lanes).
     pub fn new(
         db: Arc<Database>,
         model: ModelSpec,
         layout: Layout,
-        ctx_lanes: Vec<String>,
-        gen_lanes: Vec<String>,
+        attention_backend: Option<&str>,
     ) -> Result<Estimator> {
         let (context_ops, generation_ops) = build_ops(&model, &layout)?;
         // A format the GPU has no tensor cores for (NVFP4 before Blackwell) fails every pass
@@ -120,16 +144,36 @@ impl Estimator {
         for op in context_ops.iter().chain(&generation_ops) {
             compute_formats(op, &mut |dt| dt.flops(&db.spec).map(|_| ()))?;
         }
-        Ok(Estimator {
-            db,
-            model,
-            layout,
-            context_ops,
-            generation_ops,
-            ctx_lanes,
-            gen_lanes,
-            memo: Mutex::new(HashMap::new()),
-        })
+        let lanes = LaneOrders {
+            architecture: model.architecture.clone(),
+            pin: attention_backend.map(str::to_string),
+            phases: Default::default(),
+        };
+        Ok(Estimator { db, model, layout, context_ops, generation_ops, lanes, memo: Mutex::new(HashMap::new()) })
+    }
+
+    /// The attention kernel lanes of a phase, in lookup order.
+    fn attention_lanes(&self, generation: bool) -> Result<&[String]> {
+        let l = &self.lanes;
+        l.phases[usize::from(generation)]
+            .get_or_init(|| crate::provider::lane_order(&self.db, &l.architecture, generation, l.pin.as_deref()))
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// Works out the lane orders now when this model's passes will need them or the user pinned
+    /// a lane, so that a pin without measurements (or a table without rows) is refused before
+    /// the first pass rather than in the middle of a run.
+    pub(crate) fn check_attention_lanes(&self) -> Result<()> {
+        if self.db.mode.is_sol() {
+            return Ok(()); // rooflines read no table
+        }
+        let pinned = self.lanes.pin.as_deref().is_some_and(|p| p != "default");
+        if pinned || self.context_ops.iter().chain(&self.generation_ops).any(reads_attention_tables) {
+            self.attention_lanes(false)?;
+            self.attention_lanes(true)?;
+        }
+        Ok(())
     }
 
     fn mem(&self, bytes: f64) -> f64 {
@@ -172,8 +216,8 @@ impl Estimator {
                         let (b, s, p) = (at.batch as f64, s as f64, prefix as f64);
                         return Ok(ctx_attn_sol_prefix(&db.spec, *head, *window, *kv, flops, b, s, p, n, n_kv));
                     }
+                    let lanes = self.attention_lanes(false)?;
                     let empirical = || {
-                        let lanes = &self.ctx_lanes;
                         db.context_attention_empirical(
                             lanes, at.batch, s, prefix, *n, *n_kv, *head, *window, *kv, *fmha,
                         )
@@ -183,8 +227,7 @@ impl Estimator {
                     }
                     let full =
                         s.checked_add(prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
-                    let table =
-                        db.context_attention(&self.ctx_lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha);
+                    let table = db.context_attention(lanes, at.batch, full, *n, *n_kv, *head, *window, *kv, *fmha);
                     let table = match table {
                         Err(e) if db.mode == DatabaseMode::Hybrid && e.kind == ErrorKind::Data => return empirical(),
                         r => r?,
@@ -229,7 +272,7 @@ impl Estimator {
                     let (n, b, s) = (*n as f64, requests as f64, at.s as f64);
                     gen_attn_sol(&db.spec, *n_kv, *head, *window, *kv, flops, n, b, s)
                 } else {
-                    let lanes = &self.gen_lanes;
+                    let lanes = self.attention_lanes(true)?;
                     let empirical =
                         || db.generation_attention_empirical(lanes, requests, at.s, *n, *n_kv, *head, *window, *kv);
                     match db.mode {

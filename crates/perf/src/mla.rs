@@ -136,12 +136,12 @@ fn load(db: &Database, layout: Layout) -> Result<MlaTable> {
         let lat = t.float("latency")?;
         let module = matches!(layout, Layout::ContextModule | Layout::GenerationModule);
         let (kv, fmha, gemm, bmm_dt, op_name, model, tp) = (
-            if layout == Layout::Bmm { Vec::new() } else { t.text("kv_cache_dtype")? },
-            if matches!(layout, Layout::ContextModule | Layout::Context) { t.text("mla_dtype")? } else { Vec::new() },
-            if module { t.text("gemm_type")? } else { Vec::new() },
-            if layout == Layout::Bmm { t.text("bmm_dtype")? } else { Vec::new() },
-            if layout == Layout::Bmm { t.text("op_name")? } else { Vec::new() },
-            if module { t.text("model")? } else { Vec::new() },
+            if layout == Layout::Bmm { &[] } else { t.text("kv_cache_dtype")? },
+            if matches!(layout, Layout::ContextModule | Layout::Context) { t.text("mla_dtype")? } else { &[] },
+            if module { t.text("gemm_type")? } else { &[] },
+            if layout == Layout::Bmm { t.text("bmm_dtype")? } else { &[] },
+            if layout == Layout::Bmm { t.text("op_name")? } else { &[] },
+            if module { t.text("model")? } else { &[] },
             if module && t.has("tp_size") { t.int("tp_size")? } else { Vec::new() },
         );
         let (batch, isl, step, tokens) = if layout == Layout::Bmm {
@@ -161,7 +161,7 @@ fn load(db: &Database, layout: Layout) -> Result<MlaTable> {
             let n = key_u32(&p, "num_heads", i, heads[i])?;
             let (key, bucket, path) = match layout {
                 Layout::Bmm => {
-                    let key = format!("{}/{}", text(&bmm_dt, i, "bmm_dtype", &p)?, text(&op_name, i, "op_name", &p)?);
+                    let key = format!("{}/{}", text(bmm_dt, i, "bmm_dtype", &p)?, text(op_name, i, "op_name", &p)?);
                     (key, n, vec![key_u32(&p, "num_tokens", i, tokens[i])?])
                 }
                 _ => {
@@ -170,16 +170,16 @@ fn load(db: &Database, layout: Layout) -> Result<MlaTable> {
                     if !step.is_empty() {
                         s = s.saturating_add(key_u32(&p, "step", i, step[i])?);
                     }
-                    let kv = text(&kv, i, "kv_cache_dtype", &p)?;
+                    let kv = text(kv, i, "kv_cache_dtype", &p)?;
                     let key = match layout {
                         Layout::ContextModule => {
-                            format!("{}/{kv}/{}", text(&fmha, i, "mla_dtype", &p)?, text(&gemm, i, "gemm_type", &p)?)
+                            format!("{}/{kv}/{}", text(fmha, i, "mla_dtype", &p)?, text(gemm, i, "gemm_type", &p)?)
                         }
-                        Layout::GenerationModule => format!("{kv}/{}", text(&gemm, i, "gemm_type", &p)?),
-                        Layout::Context => format!("{}/{kv}", text(&fmha, i, "mla_dtype", &p)?),
+                        Layout::GenerationModule => format!("{kv}/{}", text(gemm, i, "gemm_type", &p)?),
+                        Layout::Context => format!("{}/{kv}", text(fmha, i, "mla_dtype", &p)?),
                         _ => kv,
                     };
-                    let bucket = if module { module_native(&model, &tp, i, n, &p)? } else { 0 };
+                    let bucket = if module { module_native(model, &tp, i, n, &p)? } else { 0 };
                     let path = if matches!(layout, Layout::ContextModule | Layout::Context) {
                         vec![n, s, b]
                     } else {

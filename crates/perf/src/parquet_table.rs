@@ -3,6 +3,7 @@
 //! The tables are small (at most ~10⁵ rows) and read once per process, so every requested
 //! column is decoded whole with the `parquet` crate's typed column readers.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::path::Path;
 
@@ -168,21 +169,22 @@ impl Table {
         }
     }
 
-    /// A text column (nulls kept as `None`).
-    pub fn text(&self, name: &str) -> Result<Vec<Option<String>>, PerfError> {
+    /// A text column (nulls kept as `None`), borrowed: tables are read whole and most of a
+    /// table's cells are text, so copying them would double the cost of reading.
+    pub fn text(&self, name: &str) -> Result<&[Option<String>], PerfError> {
         match self.get(name) {
-            Some(Column::Str(v)) => Ok(v.clone()),
+            Some(Column::Str(v)) => Ok(v),
             Some(_) => Err(PerfError::data(format!("{}: column {name} is not text", self.path))),
             None => Err(self.missing(name)),
         }
     }
 
     /// A text column if present, else all `None`.
-    pub fn text_or_none(&self, name: &str) -> Result<Vec<Option<String>>, PerfError> {
+    pub fn text_or_none(&self, name: &str) -> Result<Cow<'_, [Option<String>]>, PerfError> {
         if self.has(name) {
-            self.text(name)
+            self.text(name).map(Cow::Borrowed)
         } else {
-            Ok(vec![None; self.rows])
+            Ok(Cow::Owned(vec![None; self.rows]))
         }
     }
 

@@ -638,13 +638,7 @@ fn read_draft_model(path: &str, spec: &Value) -> Result<crate::draft_model::Draf
 
 /// Kernel-lane walk for attention: the framework's default lane for this GPU generation
 /// (`attention_lane_defaults.yaml`), then the table's lanes densest first, then `default`.
-fn lane_order(
-    db: &Database,
-    root: &std::path::Path,
-    arch: &str,
-    generation: bool,
-    pin: Option<&str>,
-) -> Result<Vec<String>> {
+pub(crate) fn lane_order(db: &Database, arch: &str, generation: bool, pin: Option<&str>) -> Result<Vec<String>> {
     let mut lanes: Vec<(String, usize, usize)> = db.attention_lanes(generation)?;
     let mut out: Vec<String> = Vec::new();
     match pin {
@@ -667,7 +661,8 @@ fn lane_order(
         }
         Some(_) => {}
         None => out.extend(
-            framework_default_lane(root, &db.backend, &db.version, db.spec.sm_version, arch).filter(|p| p != "default"),
+            framework_default_lane(&db.spec.root, &db.backend, &db.version, db.spec.sm_version, arch)
+                .filter(|p| p != "default"),
         ),
     }
     lanes.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)));
@@ -934,16 +929,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         backend: cfg.backend.clone(),
         moe_comm,
     };
-    // Rooflines read no table, so there are no kernel lanes to order.
-    let (ctx_lanes, gen_lanes) = if cfg.database_mode.is_sol() {
-        (Vec::new(), Vec::new())
-    } else {
-        (
-            lane_order(&db, &spec.root, &model.architecture, false, cfg.attention_backend.as_deref())?,
-            lane_order(&db, &spec.root, &model.architecture, true, cfg.attention_backend.as_deref())?,
-        )
-    };
-    let mut est = Estimator::new(db, model, layout, ctx_lanes, gen_lanes)?;
+    let mut est = Estimator::new(db, model, layout, cfg.attention_backend.as_deref())?;
     if let Some(g) = &cfg.eagle3 {
         if est.model.family != Family::Dense || est.model.hybrid.is_some() || est.model.gemma4.is_some() {
             return Err(PerfError::unsupported(format!(
@@ -980,6 +966,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         est.context_ops.extend(ctx);
         est.generation_ops.extend(gen);
     }
+    est.check_attention_lanes()?;
     let est = Arc::new(est);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)

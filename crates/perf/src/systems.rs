@@ -12,9 +12,11 @@
 //!
 //! The data is never copied into servesim; it is read in place.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
 
 use serde_yaml_ng::Value;
 
@@ -90,8 +92,24 @@ pub fn data_fingerprint(configured: &[String]) -> String {
     h.finalize().to_hex().to_string()
 }
 
-/// `systems/` directories of installed packages, asked of each Python we can find.
+/// `systems/` directories of installed packages, asked of each Python we can find. Starting an
+/// interpreter costs tens of milliseconds (hundreds behind a pyenv shim), and one run may build
+/// several estimators, so the answer is kept for the process, per the variables that choose the
+/// interpreters.
 fn installed_roots() -> Vec<(PathBuf, String)> {
+    type Memo = Mutex<HashMap<[Option<std::ffi::OsString>; 3], Vec<(PathBuf, String)>>>;
+    static MEMO: OnceLock<Memo> = OnceLock::new();
+    let key = ["SERVESIM_AIS_PYTHON", "AISIM_REF_VENV", "PATH"].map(std::env::var_os);
+    let memo = MEMO.get_or_init(Default::default);
+    if let Some(found) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return found.clone();
+    }
+    let found = ask_pythons();
+    memo.lock().unwrap_or_else(|e| e.into_inner()).insert(key, found.clone());
+    found
+}
+
+fn ask_pythons() -> Vec<(PathBuf, String)> {
     let mut pythons: Vec<String> = Vec::new();
     if let Ok(p) = std::env::var("SERVESIM_AIS_PYTHON") {
         pythons.push(p);
@@ -127,10 +145,29 @@ fn installed_roots() -> Vec<(PathBuf, String)> {
     out
 }
 
-fn load_yaml(path: &Path) -> Result<Value> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| PerfError::data(format!("cannot read {}: {e}", path.display())))?;
-    serde_yaml_ng::from_str(&text).map_err(|e| PerfError::data(format!("malformed YAML in {}: {e}", path.display())))
+/// A parsed YAML file of the data package. The same few files (the reuse manifest, every
+/// system's spec, version sidecars) are consulted for each table a run opens, so parses are kept
+/// for the process, keyed by path, size and modification time: an edited file is read again.
+fn load_yaml(path: &Path) -> Result<Arc<Value>> {
+    type Stamp = (u64, Option<SystemTime>);
+    type Memo = Mutex<HashMap<PathBuf, (Stamp, Arc<Value>)>>;
+    static MEMO: OnceLock<Memo> = OnceLock::new();
+    let cannot_read = |e: std::io::Error| PerfError::data(format!("cannot read {}: {e}", path.display()));
+    let meta = std::fs::metadata(path).map_err(cannot_read)?;
+    let stamp: Stamp = (meta.len(), meta.modified().ok());
+    let memo = MEMO.get_or_init(Default::default);
+    if let Some((s, doc)) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(path) {
+        if *s == stamp {
+            return Ok(doc.clone());
+        }
+    }
+    let text = std::fs::read_to_string(path).map_err(cannot_read)?;
+    let doc: Arc<Value> = Arc::new(
+        serde_yaml_ng::from_str(&text)
+            .map_err(|e| PerfError::data(format!("malformed YAML in {}: {e}", path.display())))?,
+    );
+    memo.lock().unwrap_or_else(|e| e.into_inner()).insert(path.to_path_buf(), (stamp, doc.clone()));
+    Ok(doc)
 }
 
 fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
@@ -688,7 +725,7 @@ fn coverage(dir: &Path, only: Option<&str>) -> Result<()> {
         )));
     }
     let doc = load_yaml(&meta).map_err(|e| refuse(e.message))?;
-    if !matches!(doc, Value::Mapping(_)) {
+    if !matches!(*doc, Value::Mapping(_)) {
         return Err(refuse(format!("{}: the top level is not a mapping", meta.display())));
     }
     let named: BTreeSet<String> = get(&doc, "tables")
