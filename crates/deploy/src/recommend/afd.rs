@@ -67,7 +67,7 @@ fn err(key: &str, message: impl std::fmt::Display) -> DeployError {
 
 /// The values of a domain: a value, `{choices: [...]}` (non-empty) or, `range` allowed, a linear
 /// `{range: {min, max, step}}`.
-fn values<'a>(key: &str, v: &'a Value, range: bool) -> Result<Vec<Value>, DeployError> {
+fn values(key: &str, v: &Value, range: bool) -> Result<Vec<Value>, DeployError> {
     let Some(m) = v.as_object() else { return Ok(vec![v.clone()]) };
     if m.keys().eq(["choices"]) {
         let items = m["choices"].as_array().ok_or_else(|| err(&format!("{key}.choices"), "must be a list"))?;
@@ -103,7 +103,7 @@ fn values<'a>(key: &str, v: &'a Value, range: bool) -> Result<Vec<Value>, Deploy
         if min > max {
             return Err(err(&here, "min must not exceed max"));
         }
-        if (max - min) / step >= super::MAX_DOMAIN_VALUES as u64 {
+        if (max - min) / step >= super::MAX_DOMAIN_VALUES {
             return Err(super::too_many_values(&format!("engine.afd.{key}"), (max - min) / step + 1));
         }
         return Ok((min..=max).step_by(step as usize).map(|n| json!(n)).collect());
@@ -276,7 +276,7 @@ fn enumerate(d: &Domain, gpn: u64, experts: u64, min_gpus: u64, budget: u64) -> 
     }
     let tps: Vec<u64> = match &d.tp_a {
         Some(t) => {
-            let bad: Vec<u64> = t.iter().copied().filter(|v| gpn % v != 0).collect();
+            let bad: Vec<u64> = t.iter().copied().filter(|v| !gpn.is_multiple_of(*v)).collect();
             if !bad.is_empty() {
                 return Err(err("tp_a", format!("tp_a candidates {bad:?} must divide gpus_per_node={gpn}")));
             }
@@ -285,7 +285,7 @@ fn enumerate(d: &Domain, gpn: u64, experts: u64, min_gpus: u64, budget: u64) -> 
             t
         }
         None => {
-            let mut t: Vec<u64> = [1, 2, 4, gpn].into_iter().filter(|v| gpn % v == 0).collect();
+            let mut t: Vec<u64> = [1, 2, 4, gpn].into_iter().filter(|v| gpn.is_multiple_of(*v)).collect();
             t.sort_unstable();
             t.dedup();
             t
@@ -314,7 +314,9 @@ fn enumerate(d: &Domain, gpn: u64, experts: u64, min_gpus: u64, budget: u64) -> 
                         Ep::FfnNodes => n_f,
                         Ep::FfnTp => ffn_tp,
                     })
-                    .filter(|&ep| ep <= ffn_tp && ffn_tp % ep == 0 && ep <= experts && experts % ep == 0)
+                    .filter(|&ep| {
+                        ep <= ffn_tp && ffn_tp.is_multiple_of(ep) && ep <= experts && experts.is_multiple_of(ep)
+                    })
                     .collect();
                 e.sort_unstable();
                 e.dedup();
