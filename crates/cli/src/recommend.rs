@@ -545,7 +545,8 @@ fn finish(
 /// mode and backend, its traffic load (a searched or KV-relative load: the concurrency or rate it
 /// ran), its router and its planner.
 fn knobs(search: &servesim_deploy::recommend::Search, tree: &serde_json::Value) -> serde_json::Value {
-    let workers = tree.pointer("/engine/workers").cloned().unwrap_or_default();
+    // An AFD candidate is its topology.
+    let workers = tree.pointer("/engine/afd").or_else(|| tree.pointer("/engine/workers")).cloned().unwrap_or_default();
     let (mode, backend) = search.space.searches_identity();
     let mut m = serde_json::Map::new();
     for (shown, key) in [(mode, "mode"), (backend, "backend")] {

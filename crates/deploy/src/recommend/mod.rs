@@ -20,6 +20,7 @@
 //! [`trials`] (running candidates; the bayesian rounds) and [`shard`]; `evaluate` here picks
 //! the search's way of running.
 
+mod afd;
 mod bayes;
 pub mod cache;
 pub mod limits;

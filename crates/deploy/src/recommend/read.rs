@@ -421,16 +421,30 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     // SGLang when they are omitted.
     let (modes, mode_searched) =
         identity_domain(&base, "mode", &["aggregated", "disaggregated", "afd"], &["aggregated", "disaggregated"])?;
-    if modes.contains(&"afd") {
+    if modes.contains(&"afd") && modes.len() > 1 {
         return Err(DeployError::new(
             "engine.mode",
-            "afd (attention-FFN disaggregation) recommendation (the AFD topology search over engine.afd's \
-             domains) is not supported by servesim yet; predict -c runs one pure AFD topology",
+            "AFD recommendation mode cannot be mixed with aggregated/disaggregated modes",
         ));
     }
     let (backends, backend_searched) =
         identity_domain(&base, "backend", &["vllm", "sglang", "trtllm"], &["vllm", "sglang"])?;
     let backend_versions = backend_versions(&base, &backends)?;
+    if modes == ["afd"] {
+        // The AFD topology search (recommend/afd.rs).
+        let identity = Identity { write_mode: mode_searched, write_backend: backend_searched, prune_roles: false };
+        let planner = planner_section.is_some();
+        return super::afd::read_search(
+            base,
+            optimization,
+            optimizer,
+            &backends,
+            backend_versions,
+            identity,
+            load_knobs,
+            planner,
+        );
+    }
     // Host offload is vLLM's: the reference wants the backend (and the mode) pinned, not searched.
     let offloading = ["aggregated", "prefill", "decode"]
         .iter()
@@ -1372,7 +1386,10 @@ mod tests {
         assert!(err(json!({"backend": {"choices": []}})).contains("engine.backend.choices: choices must be non-empty"));
         assert!(err(json!({"backend": {"choices": ["vllm", "vllm"]}})).contains("choices must be unique"));
         assert!(err(json!({"backend": {"choices": ["tgi"]}})).contains("engine.backend.choices[0]: unknown value"));
-        assert!(err(json!({"mode": {"choices": ["afd"]}})).contains("afd"));
+        let e = err(json!({"mode": {"choices": ["afd"]}}));
+        assert!(e.contains("engine.kv_transfer: AFD mode rejects kv_transfer"), "{e}");
+        let e = err(json!({"mode": {"choices": ["afd", "aggregated"]}}));
+        assert!(e.contains("engine.mode: AFD recommendation mode cannot be mixed"), "{e}");
         let mut agg_only = three_roles(json!({}));
         agg_only["engine"]["workers"].as_object_mut().unwrap().retain(|k, _| k == "aggregated");
         let e = read_search(&agg_only, Path::new(".")).err().unwrap().to_string();

@@ -18,6 +18,9 @@ pub struct Trial {
 }
 
 pub(super) fn used_gpus(tree: &Value) -> u64 {
+    if let Some(g) = super::afd::used_gpus(tree) {
+        return g;
+    }
     let mut g = 0;
     if let Some(w) = get(tree, &["engine", "workers"]).and_then(Value::as_object) {
         for p in w.values().filter_map(|r| r.get("parallelism")) {

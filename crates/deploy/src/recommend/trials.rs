@@ -151,6 +151,10 @@ pub fn prepare_candidate(tree: &Value, base_dir: &Path) -> Result<crate::Prepare
 }
 
 fn simulate(t: &mut Trial, base_dir: &Path) {
+    if t.tree.pointer("/engine/mode").and_then(Value::as_str) == Some("afd") {
+        super::afd::simulate(t);
+        return;
+    }
     let p = match prepare_candidate(&t.tree, base_dir) {
         Ok(p) => p,
         Err(e) => {

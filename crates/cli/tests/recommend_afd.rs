@@ -1,0 +1,171 @@
+//! `recommend -c` with `engine.mode: afd` (the attention/FFN topology search) against the
+//! reference's recommend runs recorded in tests/deploy/recommend_afd_*.golden.json (each YAML
+//! says how), and its refusals.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("servesim-recommend-afd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn recommend(name: &str, tag: &str, sets: &[&str]) -> (Output, PathBuf) {
+    let config = deploy_dir().join(format!("{name}.yaml"));
+    let dir = tmp(tag);
+    let mut args = vec![
+        "recommend",
+        "-c",
+        config.to_str().unwrap(),
+        "--output-dir",
+        dir.to_str().unwrap(),
+        "--overwrite",
+        "--no-cache",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    (Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().expect("run servesim"), dir)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The AIS data package sizes every AFD pool; without it nothing can run.
+fn data_missing(out: &Output) -> bool {
+    stderr(out).contains("no AIS performance data found")
+}
+
+fn deviation(x: f64, y: f64) -> f64 {
+    if y == 0.0 {
+        x.abs()
+    } else {
+        ((x - y) / y).abs()
+    }
+}
+
+const TOPOLOGY: [&str; 7] =
+    ["n_a_nodes", "n_f_nodes", "tp_a", "a_batch_size", "f_moe_ep_size", "num_microbatches", "pipeline_model"];
+
+fn topology(afd: &Value) -> String {
+    TOPOLOGY.iter().map(|k| format!("{k}={}", afd[k])).collect::<Vec<_>>().join(" ")
+}
+
+/// The AFD topology search proposes the reference's candidates and ranks them in its order:
+/// recommend_afd_domains (domains on tp_a, a_batch_size, f_moe_ep_size, num_microbatches and
+/// pipeline_model: 32 topologies of one node split) and recommend_afd_ratio (four nodes,
+/// max_af_ratio 1.5 and two microbatches filter 24 combinations to 12; the three 1:3 splits fail
+/// to build, a 24-GPU FFN pool not dividing 32 attention heads, in both tools). Same counts,
+/// statuses, GPUs and failure category; each score within 0.5 % and each summary metric within
+/// 2 % (the other recommend goldens' tolerances; measured bit-exact); the same ranking; the best
+/// candidate written first to recommendations/0001.yaml.
+#[test]
+fn afd_searches_propose_and_rank_what_the_reference_does() {
+    for name in ["recommend_afd_domains", "recommend_afd_ratio"] {
+        let golden: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
+        let (out, dir) = recommend(name, name, &[]);
+        if data_missing(&out) {
+            eprintln!("skipped: no AIS performance data");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let d: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+        let ours = d["candidates"].as_array().unwrap();
+        let want = golden["candidates"].as_array().unwrap();
+        assert_eq!(ours.len(), want.len(), "{name}: candidates");
+        for k in ["evaluated", "feasible", "failed", "infeasible", "unsupported"] {
+            assert_eq!(d["counts"][k], golden["counts"][k], "{name}: counts.{k}");
+        }
+        let mut ranked: Vec<(f64, String)> = Vec::new();
+        for w in want {
+            let key = topology(&w["afd"]);
+            let c = ours
+                .iter()
+                .find(|c| topology(&c["prediction_config"]["engine"]["afd"]) == key)
+                .unwrap_or_else(|| panic!("{name}: no candidate {key}"));
+            assert_eq!(c["status"], w["status"], "{name} {key}");
+            assert_eq!(c["used_gpus"], w["used_gpus"], "{name} {key}");
+            assert_eq!(c["prediction_config"]["engine"]["backend"], w["backend"], "{name} {key}");
+            if w["status"] != "feasible" {
+                assert_eq!(c["reason_category"], w["reason_category"], "{name} {key}");
+                continue;
+            }
+            let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+            assert!(deviation(x, y) <= 0.005, "{name} {key}: score {x}, reference {y}");
+            for (metric, y) in w["metrics"].as_object().unwrap() {
+                let (x, y) = (c["metrics"][metric].as_f64().unwrap(), y.as_f64().unwrap());
+                let tolerance = if metric == "completed_requests" { 0.0 } else { 0.02 };
+                assert!(deviation(x, y) <= tolerance, "{name} {key}: {metric} = {x}, reference {y}");
+            }
+            ranked.push((x, key));
+        }
+        let theirs: Vec<String> = ranked.iter().map(|(_, k)| k.clone()).collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let order: Vec<String> = ranked.into_iter().map(|(_, k)| k).collect();
+        assert_eq!(order, theirs, "{name}: ranking");
+        // The best candidate is a replayable predict configuration of that topology.
+        let best: Value =
+            serde_yaml_ng::from_slice(&std::fs::read(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+        assert_eq!(best["engine"]["mode"], "afd", "{name}");
+        assert_eq!(topology(&best["engine"]["afd"]), theirs[0], "{name}: recommendations/0001.yaml");
+    }
+}
+
+/// What the AFD search does not model, or the reference refuses, is refused with the key named.
+#[test]
+fn afd_search_refusals_name_the_key() {
+    let name = "recommend_afd_ratio";
+    for (tag, sets, wants) in [
+        (
+            "limit",
+            &["engine.afd.max_candidates=5"][..],
+            &[
+                "engine.afd.max_candidates",
+                "AFD search produced at least 6 candidates, exceeding max_candidates=5; narrow the domain",
+            ][..],
+        ),
+        (
+            "pd",
+            &["engine.afd.phase=decode", "engine.afd.combined_with_pd=true"],
+            &["engine.afd.combined_with_pd", "AFD+P/D recommendation", "not supported by servesim yet"],
+        ),
+        (
+            "one-phase",
+            &["engine.afd.phase=decode"],
+            &["engine.afd.phase", "pure AFD recommendation requires phase='both'"],
+        ),
+        ("nodes", &["engine.afd.n_a_nodes=1"], &["engine.afd.n_a_nodes", "not a recommend key"]),
+        ("batch", &["engine.afd.a_batch_size=null"], &["engine.afd.a_batch_size", "missing"]),
+        ("tp", &["engine.afd.tp_a={choices: [3]}"], &["engine.afd.tp_a", "must divide gpus_per_node=8"]),
+        ("dense-ep", &["engine.afd.f_moe_ep_size=2"], &["engine.afd.f_moe_ep_size", "dense AFD searches require"]),
+        ("budget", &["optimization.constraints.max_candidate_gpus=8"], &["need at least 16 GPUs, got 8"]),
+        ("mixed", &["engine.mode={choices: [afd, aggregated]}"], &["engine.mode", "cannot be mixed"]),
+        ("bayes", &["optimizer.algorithm=bayesian"], &["optimizer.algorithm", "bayesian with engine.mode: afd"]),
+        (
+            "workers",
+            &["engine.workers={aggregated: {}}"],
+            &["engine.workers.aggregated", "pure AFD recommendation rejects regular"],
+        ),
+        ("rate", &["traffic.load={type: poisson, requests_per_second: 2}"], &["traffic.load", "concurrency load"]),
+    ] {
+        let (out, _) = recommend(name, &format!("refuse-{tag}"), sets);
+        if data_missing(&out) {
+            eprintln!("skipped: no AIS performance data");
+            return;
+        }
+        assert!(!out.status.success(), "{tag}: accepted");
+        let err = stderr(&out);
+        for want in wants {
+            assert!(err.contains(want), "{tag}: {err}");
+        }
+    }
+}
