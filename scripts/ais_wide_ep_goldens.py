@@ -34,6 +34,9 @@ CASES = [
     ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", "0.24.0", 1, 16, 16, {"context": "deepep_ht"}, False, None),
     # The fused block at the same layout, for comparison.
     ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", "0.24.0", 1, 8, 8, None, False, None),
+    # EPLB and redundant slots on the fused block: read, but the graph and its times are the
+    # fused case's above (the forward-pass config never selects the large-EP graph).
+    ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", "0.24.0", 1, 8, 8, None, True, 288),
     # EPLB: routing skew power_law_0.6, which moe_perf lacks (falls back to uniform: also absent).
     ("MiniMaxAI/MiniMax-M2.7", "h200_sxm", "vllm", "0.24.0", 1, 8, 8, {"context": "deepep_ht"}, True, None),
 ]

@@ -14,6 +14,7 @@ pub mod dsa;
 pub mod dsv4;
 pub mod eagle3;
 pub mod empirical;
+pub mod eplb;
 pub mod error;
 pub mod estimator;
 pub mod gdn;

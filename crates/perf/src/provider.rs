@@ -252,12 +252,10 @@ impl AisConfig {
             None | Some(Value::Null) => None,
             Some(m) => Some(parse_moe_comm(path, &backend, m)?),
         };
-        let large_ep = moe_comm.as_ref().is_some_and(|c| c.is_large_ep());
         // Options servesim does not model: only their neutral values are accepted.
         for (k, ok) in [
             ("fpm_profile", is_null("fpm_profile")),
             ("moe_kernel_source", is_null("moe_kernel_source")),
-            ("wideep_num_slots", large_ep || is_null("wideep_num_slots")),
             ("encoder_parallel", is_null("encoder_parallel")),
             ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
         ] {
@@ -280,14 +278,8 @@ impl AisConfig {
         if boolean("decoder_replay")? == Some(true) {
             return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
         }
+        // Read on any MoE model; outside the large-EP graph they time nothing (`eplb.rs`).
         let eplb = boolean("enable_eplb")? == Some(true);
-        if eplb && !large_ep {
-            return Err(cfg_err(
-                path,
-                "enable_eplb",
-                format!("expert load balancing is not modelled (only false); {WIDE_EP}"),
-            ));
-        }
         if let Some(m) = string("estimation_mode")? {
             if !["auto", "op_level"].contains(&m.as_str()) {
                 return Err(cfg_err(
@@ -461,9 +453,10 @@ impl AisConfig {
                 None | Some(Value::Null) => PassCalibration::default(),
                 Some(c) => PassCalibration::from_json(path, c)?,
             },
-            moe_comm: match moe_comm {
-                Some(c) => crate::moe_a2a::MoeComm { eplb, num_slots: uint("wideep_num_slots", None)?, ..c },
-                None => Default::default(),
+            moe_comm: crate::moe_a2a::MoeComm {
+                eplb,
+                num_slots: uint("wideep_num_slots", None)?,
+                ..moe_comm.unwrap_or_default()
             },
             raw: v.clone(),
         })
@@ -863,6 +856,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
     }
     let moe_comm = large_ep_comm(cfg, &model, moe_tp, moe_ep, spec.gpus_per_node)?;
+    crate::eplb::check_moe_controls(&cfg.model, model.routed(), &moe_comm)?;
     if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
         return Err(PerfError::config(format!(
             "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",
@@ -1072,8 +1066,9 @@ fn parse_moe_comm(path: &str, backend: &str, v: &Value) -> Result<crate::moe_a2a
 }
 
 const WIDE_EP: &str = "wide expert parallelism is modelled only as the context-phase DeepEP high-throughput \
-                       graph of plain MoE models on vLLM (moe_comm_backend: {context: deepep_ht}, which also \
-                       takes enable_eplb and wideep_num_slots); the rest needs the all-to-all dispatch and \
+                       graph of plain MoE models on vLLM (moe_comm_backend: {context: deepep_ht}; enable_eplb \
+                       and wideep_num_slots are taken, and time nothing on the fused block, as in the \
+                       reference); the rest needs the all-to-all dispatch and \
                        combine estimators of the other backends (DeepEP low-latency, NVLink, TRT-LLM DeepEP), \
                        the wide-EP expert-compute tables with EPLB slots, and for MLA models the wide-EP MLA \
                        module tables (wideep_*_mla_perf)";

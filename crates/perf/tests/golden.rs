@@ -530,15 +530,16 @@ fn attention_backend_overrides_need_their_lanes() {
     with("sglang", "fa3").unwrap();
 }
 
-/// The wide expert-parallel knobs are refused by key, saying what servesim would need.
+/// The wide expert-parallel knobs are refused by key, saying what servesim would need; the EPLB
+/// knobs are read (they time nothing on the fused block, `eplb.rs`).
 #[test]
 fn wide_ep_is_refused_with_what_is_missing() {
-    for (k, v) in [
-        ("moe_backend", json!("deepep")),
-        ("enable_eplb", json!(true)),
-        ("wideep_num_slots", json!(288)),
-        ("moe_kernel_source", json!("deepgemm")),
-    ] {
+    for (k, v) in [("enable_eplb", json!(true)), ("wideep_num_slots", json!(288))] {
+        let mut cfg = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 8});
+        cfg[k] = v;
+        AisConfig::from_json("config", &cfg).unwrap();
+    }
+    for (k, v) in [("moe_backend", json!("deepep")), ("moe_kernel_source", json!("deepgemm"))] {
         let mut cfg = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 8});
         cfg[k] = v;
         let e = AisConfig::from_json("config", &cfg).unwrap_err().message;

@@ -142,9 +142,13 @@ fn large_ep_refusals_name_what_is_missing() {
     let e = parse(json!({"moe_comm_backend": {"context": "deepep_ht"}, "moe_kernel_source": "deepgemm"}), "vllm")
         .unwrap_err();
     assert!(e.contains("moe_kernel_source"), "{e}");
-    // EPLB knobs still need the large-EP graph.
-    let e = parse(json!({"enable_eplb": true}), "vllm").unwrap_err();
-    assert!(e.contains("enable_eplb") && e.contains("all-to-all dispatch and combine"), "{e}");
+    // EPLB knobs are read without the large-EP graph too (they time nothing there) ...
+    parse(json!({"enable_eplb": true, "wideep_num_slots": 288}), "trtllm").unwrap();
+    // ... but only as the booleans and positive counts they are.
+    let e = parse(json!({"enable_eplb": "yes"}), "vllm").unwrap_err();
+    assert!(e.contains("enable_eplb") && e.contains("must be true or false"), "{e}");
+    let e = parse(json!({"wideep_num_slots": 0}), "vllm").unwrap_err();
+    assert!(e.contains("wideep_num_slots") && e.contains("positive integer"), "{e}");
     parse(json!({"moe_comm_backend": {"context": "deepep_ht"}, "enable_eplb": true, "wideep_num_slots": 288}), "vllm")
         .unwrap();
     if !data_available("h200_sxm") {
@@ -183,4 +187,49 @@ fn large_ep_under_sol_is_refused_by_name() {
     fused["database_mode"] = json!("SOL");
     let sol = estimator(&AisConfig::from_json("config", &fused).unwrap()).unwrap().prefill_ms(2, 3000, 0).unwrap();
     assert!(sol > 0.0 && sol < 569.4937228274033, "SOL {sol} ms is below the SILICON pass");
+}
+
+/// `enable_eplb` and `wideep_num_slots` on the fused block: the reference reads them and times
+/// the fused graph exactly as without them (`scripts/ais_wide_ep_goldens.py`'s EPLB-on-fused case
+/// prints the fused DEP8 case's numbers bit for bit); servesim replays the fused goldens with the
+/// knobs set, on every backend's decode too, and refuses them on a dense model as the reference
+/// does ("require an MoE model").
+#[test]
+fn eplb_on_the_fused_block_times_the_fused_graph() {
+    if !data_available("h200_sxm") {
+        eprintln!("NOTICE: AIS data not installed; skipping");
+        return;
+    }
+    for ((system, tp, dp, ep, large_ep, slots), (b, isl, prefix), total, ops) in CASES {
+        if *large_ep {
+            continue;
+        }
+        let mut cfg = config(system, *tp, *dp, *ep, false, 288.max(*slots));
+        cfg["enable_eplb"] = json!(true);
+        let e = estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap();
+        let ours = e.prefill_ops(*b, *isl, *prefix).unwrap();
+        assert_eq!(ours.len(), ops.len(), "{cfg}: op list");
+        for ((name, got), (want_name, want)) in ours.iter().zip(ops.iter()) {
+            assert_eq!(name, want_name);
+            assert!(rel(*got, *want) <= 1e-6, "{cfg} {b}x{isl}+{prefix} {name}: {got}, reference {want}");
+        }
+        assert!(rel(e.prefill_ms(*b, *isl, *prefix).unwrap(), *total) <= 1e-6);
+    }
+    for backend in ["vllm", "sglang", "trtllm"] {
+        let base = json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": backend, "tp": 1,
+                          "attention_dp": 4, "moe_tp_size": 1, "moe_ep_size": 4});
+        let mut knobs = base.clone();
+        knobs["enable_eplb"] = json!(true);
+        knobs["wideep_num_slots"] = json!(144);
+        let (a, b) = (
+            estimator(&AisConfig::from_json("config", &base).unwrap()).unwrap(),
+            estimator(&AisConfig::from_json("config", &knobs).unwrap()).unwrap(),
+        );
+        assert_eq!(a.prefill_ops(2, 2048, 0).unwrap(), b.prefill_ops(2, 2048, 0).unwrap(), "{backend}");
+        assert_eq!(a.decode_ops(32, 2100).unwrap(), b.decode_ops(32, 2100).unwrap(), "{backend}");
+    }
+    let dense = json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
+                       "enable_eplb": true});
+    let e = estimator(&AisConfig::from_json("config", &dense).unwrap()).err().unwrap().message;
+    assert!(e.contains("enable_eplb: the model has no routed experts"), "{e}");
 }
