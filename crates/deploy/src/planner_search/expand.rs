@@ -571,8 +571,8 @@ mod tests {
             })
             .collect();
         assert_eq!(pairs, vec![(2, 2), (2, 4), (4, 2), (4, 4)]);
-        // The domain check holds on both (`_validate_public_fields`).
-        let low = json!({"policy": "enabled", "decode_min_workers": {"choices": [0, 2]}});
+        // The domain check holds on both (`_validate_public_fields`; a range reaches below it).
+        let low = json!({"policy": "enabled", "decode_min_workers": {"range": {"min": 0, "max": 2, "step": 1}}});
         for d in [false, true] {
             let e = expand(&low, &ctx(d)).unwrap_err();
             assert_eq!(e.message, "planner.decode_min_workers choices must be >= 1; got [0]");
