@@ -2275,6 +2275,90 @@ fn recommend_searches_planner_settings_and_each_replays_through_predict() {
     assert!(files_under(&dir) == files_under(&merged), "merged shards differ from one run");
 }
 
+/// ARIMA and Prophet named in a recommend `planner:` section run Dynamo's own predictors
+/// through the Python in SERVESIM_PLANNER_PYTHON (the backtest and each candidate's run); without
+/// one, naming them under throughput scaling is refused by path with what to install. With one,
+/// tests/deploy/recommend_planner_arima.yaml gives the reference's candidates
+/// (recommend_planner_arima.golden.json says how it was recorded): the backtest picks
+/// prophet_w20_log1p as the reference's does, and every candidate's resolved planner section,
+/// status, GPU-hours, ticks and TTFT agree, its score within 1e-9 (measured 4e-13).
+#[test]
+fn recommend_runs_named_arima_and_prophet_through_python() {
+    let base = std::fs::read_to_string(deploy_dir().join("recommend_planner_fixed.yaml")).unwrap();
+    let base = base.split("planner:\n").next().unwrap().replace("target: throughput_per_gpu", "target: goodput");
+    for (name, planner, want) in [
+        (
+            "arima",
+            "  scaling_policy: {preset: [throughput_180_5]}\n  load_predictor: {preset: [kalman_default_raw, arima_raw]}\n",
+            "planner.load_predictor.preset[1]: load_predictor 'arima' runs Dynamo's own ARIMA predictor",
+        ),
+        (
+            "prophet-type",
+            "  load_predictor: {preset: false, type: {choices: [kalman, prophet]}}\n",
+            "planner.load_predictor.type: load_predictor 'prophet' runs Dynamo's own Prophet predictor",
+        ),
+    ] {
+        let text = base.clone() + "evaluation:\n  sla: {ttft_ms: 2000, itl_ms: 50}\nplanner:\n" + planner;
+        let cfg = write(&format!("rec-planner-python-{name}.yaml"), &text);
+        let out_dir = tmp(&format!("rec-planner-python-{name}-out"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_servesim"))
+            .args(["recommend", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()])
+            .env("SERVESIM_PLANNER_PYTHON", "/nonexistent/python3")
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(want) && err.contains("install ai-dynamo==1.6.1"), "{name}: {err}");
+        assert!(!out_dir.exists(), "{name}: an output directory was left behind");
+    }
+    if std::env::var_os("SERVESIM_PLANNER_PYTHON").is_none() {
+        eprintln!(
+            "NOTICE: SERVESIM_PLANNER_PYTHON is not set (a Python with ai-dynamo 1.6.1, pmdarima, prophet); skipping"
+        );
+        return;
+    }
+    let cfg = deploy_dir().join("recommend_planner_arima.yaml");
+    if !deploy_dir().join("../../../shared/traces/mooncake_synthetic_trace.jsonl").exists() {
+        eprintln!("NOTICE: ../shared/traces is missing beside the checkout; skipping");
+        return;
+    }
+    let dir = tmp("rec-planner-python");
+    let out = recommend(&cfg, &dir, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d = doc(&dir);
+    let lp = &d["provenance"]["planner_load_predictor"];
+    assert_eq!(lp["best_by_interval"]["60"], "prophet_w20_log1p", "{lp}");
+    assert!(
+        lp["losses"]["60"]["arima_raw"].as_f64().unwrap() > lp["losses"]["60"]["prophet_w20_log1p"].as_f64().unwrap()
+    );
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_planner_arima.golden.json")).unwrap())
+            .unwrap();
+    let ours = d["candidates"].as_array().unwrap();
+    let want = golden["candidates"].as_array().unwrap();
+    assert_eq!(ours.len(), want.len());
+    for w in want {
+        let c = ours
+            .iter()
+            .find(|c| {
+                c["prediction_config"]["planner"] == w["planner"]
+                    && c["config"]["aggregated.parallelism.replicas"] == w["replicas"]
+            })
+            .unwrap_or_else(|| panic!("no candidate like {w}"));
+        assert_eq!(c["status"], w["status"]);
+        let m = &c["metrics"];
+        assert_eq!(m.get("planner_total_ticks").unwrap_or(&Value::Null).as_f64(), w["planner_total_ticks"].as_f64());
+        for (ours, want, tol) in [
+            (&c["score"], &w["score"], 1e-9),
+            (&m["gpu_hours"], &w["gpu_hours"], 1e-9),
+            (&m["mean_ttft_ms"], &w["mean_ttft_ms"], 1e-9),
+        ] {
+            let (a, b) = (ours.as_f64().unwrap(), want.as_f64().unwrap());
+            assert!((a - b).abs() <= tol * b.abs(), "{}: {a} vs {b}", c["candidate_id"]);
+        }
+    }
+}
+
 /// A bad `planner:` recommend section: exit 2, one line naming the file and the key path, the
 /// reference's message where it has one, and no output directory.
 #[test]
@@ -2336,18 +2420,6 @@ fn bad_planner_search_sections_name_the_key_and_exit_2() {
             "  scaling_policy: {preset: [load_180_5, throughput_180_5]}\n",
             "throughput",
             &["Planner scaling_policy contains choices that are incompatible with the selected optimization target/SLA: ['throughput_180_5']"][..],
-        ),
-        (
-            "arima",
-            "  scaling_policy: {preset: [throughput_180_5]}\n  load_predictor: {preset: [kalman_default_raw, arima_raw]}\n",
-            "goodput",
-            &["planner.load_predictor.preset[1]: load predictor preset 'arima_raw' is not supported by servesim"][..],
-        ),
-        (
-            "prophet-type",
-            "  load_predictor: {preset: false, type: {choices: [kalman, prophet]}}\n",
-            "goodput",
-            &["planner.load_predictor.type: load_predictor 'prophet' is not supported by servesim"][..],
         ),
         (
             "min-gpus",

@@ -154,7 +154,8 @@ impl Planner {
     }
 
     /// As [`Planner::new`]; `external` makes the forecaster of each series (0 = number of
-    /// requests, 1 = ISL, 2 = OSL) for a `load_predictor` servesim does not implement (ARIMA).
+    /// requests, 1 = ISL, 2 = OSL) for a `load_predictor` servesim does not implement (ARIMA,
+    /// Prophet).
     /// It is called only when throughput scaling predicts with such a predictor.
     pub fn with_external(
         cfg: PlannerConfig,
@@ -174,7 +175,12 @@ impl Planner {
                 return Ok(None);
             }
             let ext = match external {
-                Some(make) if cfg.load_predictor == crate::config::PredictorKind::Arima => {
+                Some(make)
+                    if matches!(
+                        cfg.load_predictor,
+                        crate::config::PredictorKind::Arima | crate::config::PredictorKind::Prophet
+                    ) =>
+                {
                     Some(make(cfg, series).map_err(SetupError::External)?)
                 }
                 _ => None,

@@ -1,7 +1,7 @@
 //! Load predictors (`dynamo/planner/core/load/predictors.py`): `constant` and `kalman`, exactly.
-//! ARIMA runs outside servesim when the driver supplies an [`ExternalSeries`] (the reference's
-//! own predictor through Python); otherwise it is refused by name, as Prophet always is (see the
-//! crate README).
+//! ARIMA and Prophet run outside servesim when the driver supplies an [`ExternalSeries`] (the
+//! reference's own predictors through Python); otherwise they are refused by name (see the crate
+//! README).
 
 use crate::config::{PlannerConfig, PredictorKind};
 
@@ -121,7 +121,7 @@ impl Predictor {
         external: Option<Box<dyn ExternalSeries>>,
     ) -> Result<Predictor, Unsupported> {
         let (kind, min_points) = match (config.load_predictor, external) {
-            (PredictorKind::Arima, Some(e)) => {
+            (PredictorKind::Arima | PredictorKind::Prophet, Some(e)) => {
                 (Kind::External(External(std::sync::Arc::new(std::sync::Mutex::new(e)))), 0)
             }
             (PredictorKind::Constant, _) => (Kind::Constant, 1),
@@ -138,7 +138,7 @@ impl Predictor {
                 config.kalman_min_points.max(0) as usize,
             ),
             (PredictorKind::Arima, None) => return Err(Unsupported("arima")),
-            (PredictorKind::Prophet, _) => return Err(Unsupported("prophet")),
+            (PredictorKind::Prophet, None) => return Err(Unsupported("prophet")),
         };
         Ok(Predictor { data: Vec::new(), seen_nonzero: false, min_points, kind })
     }

@@ -25,8 +25,8 @@ pub struct PlannerRun {
     /// (time s, non-draining prefill workers, non-draining decode workers) after each change.
     pub timeline: Vec<(f64, usize, usize)>,
     initial: (usize, usize),
-    /// The reference's ARIMA predictor, when the run uses it.
-    arima: Option<crate::planner_python::PythonArima>,
+    /// The reference's ARIMA or Prophet predictor, when the run uses it.
+    arima: Option<crate::planner_python::PythonPredictor>,
 }
 
 fn opt(x: Option<f64>) -> Value {
@@ -80,8 +80,8 @@ impl PlannerRun {
             [p, d, ..] => (p.workers as usize, d.workers as usize),
             [] => (0, 0),
         };
-        // ARIMA forecasts come from the reference's own predictor, run through Python.
-        let arima = std::cell::RefCell::new(crate::planner_python::PythonArima::new());
+        // ARIMA and Prophet forecasts come from the reference's own predictors, run through Python.
+        let arima = std::cell::RefCell::new(crate::planner_python::PythonPredictor::new());
         let make = |cfg: &servesim_planner::PlannerConfig, series: usize| arima.borrow_mut().series(cfg, series);
         let planner = Planner::with_external(cfg, prefill, decode, Some(&make)).map_err(|e| e.to_string())?;
         let arima = arima.into_inner();
@@ -247,11 +247,15 @@ impl Autoscaler for PlannerRun {
         decision
     }
 
-    /// The reference's ARIMA predictor failed mid-run: the forecasts after it would be
-    /// stand-ins, not the reference's, so the run stops instead of reporting them.
+    /// The reference's ARIMA or Prophet predictor failed mid-run: the forecasts after it would
+    /// be stand-ins, not the reference's, so the run stops instead of reporting them.
     fn error(&self) -> Option<String> {
         let why = self.arima.as_ref()?.failure()?;
-        Some(format!("the ARIMA load predictor (Dynamo's, through Python) failed: {why}"))
+        let family = match self.planner.config().load_predictor {
+            servesim_planner::config::PredictorKind::Prophet => "Prophet",
+            _ => "ARIMA",
+        };
+        Some(format!("the {family} load predictor (Dynamo's, through Python) failed: {why}"))
     }
 
     fn lifecycle(&mut self, op: &LifecycleOp) {

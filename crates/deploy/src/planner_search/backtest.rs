@@ -24,19 +24,24 @@ type Window = (f64, f64, f64);
 /// the kept policies, every supported candidate's mean one-step-ahead loss over the trace's
 /// windows after the common warmup; the lowest wins (the first on ties), the first candidate
 /// when none has a loss (or the traffic is not a Mooncake / Dynamo trace).
+///
+/// ARIMA and Prophet candidates run the reference's own predictors through Python when
+/// `python` is set (the section names them); otherwise (a default list) they are skipped.
 pub(super) fn sweep_load_predictor(
     policies: &[Value],
     candidates: &[Value],
     ctx: &Context,
+    python: bool,
 ) -> Result<Backtest, DeployError> {
     let mut intervals: Vec<i64> = policies.iter().map(scaling_fields).filter(|f| f.0).filter_map(|f| f.2).collect();
     intervals.sort_unstable();
     intervals.dedup();
     let label = |i: usize| candidates[i].as_str().map_or_else(|| format!("custom_{i}"), str::to_string);
     let preds: Vec<Predictor> = candidates.iter().map(Predictor::of).collect();
-    let skipped: Vec<Value> = (0..preds.len()).filter(|&i| !preds[i].supported()).map(|i| json!(label(i))).collect();
+    let runs = |p: &Predictor| p.supported() || (python && p.in_python());
+    let skipped: Vec<Value> = (0..preds.len()).filter(|&i| !runs(&preds[i])).map(|i| json!(label(i))).collect();
     let entry_of = |i: usize| candidates[i].clone();
-    let Some(first) = (0..preds.len()).find(|&i| preds[i].supported()) else {
+    let Some(first) = (0..preds.len()).find(|&i| runs(&preds[i])) else {
         return Err(DeployError::new("planner.load_predictor", "no constant or kalman load predictor to choose from"));
     };
     if intervals.is_empty() {
@@ -66,10 +71,22 @@ pub(super) fn sweep_load_predictor(
         let mut losses = Map::new();
         let mut best: Option<(usize, f64)> = None;
         for (i, p) in preds.iter().enumerate() {
-            if !p.supported() {
+            if !runs(p) {
                 continue;
             }
-            let loss = evaluate(&windows, p, warmup);
+            let loss =
+                evaluate(&windows, p, interval, warmup).map_err(|e| DeployError::new("planner.load_predictor", e))?;
+            if p.in_python() {
+                if let Some(why) = servesim_replay::planner_python::failure() {
+                    return Err(DeployError::new(
+                        "planner.load_predictor",
+                        format!(
+                            "the {} load predictor (Dynamo's, through Python) failed in the backtest: {why}",
+                            p.family
+                        ),
+                    ));
+                }
+            }
             losses.insert(label(i), if loss.is_finite() { json!(loss) } else { Value::Null });
             if best.is_none_or(|(_, b)| loss < b) && loss.is_finite() {
                 best = Some((i, loss));
@@ -109,12 +126,16 @@ fn window_loss(n_hat: f64, i_hat: f64, o_hat: f64, w: Window) -> f64 {
 }
 
 /// The mean loss of one predictor over the windows, forecasting before each window is observed
-/// (`evaluate_preset`); infinite when no window counts.
-fn evaluate(windows: &[Window], p: &Predictor, warmup: usize) -> f64 {
-    let (mut n, mut i, mut o) = (p.series(), p.series(), p.series());
+/// (`evaluate_preset`); infinite when no window counts, or when a forecast fails (NaN: the
+/// reference's predictor raised, so it would have made no forecast).
+fn evaluate(windows: &[Window], p: &Predictor, interval_s: i64, warmup: usize) -> Result<f64, String> {
+    let (mut n, mut i, mut o) = (p.series(interval_s)?, p.series(interval_s)?, p.series(interval_s)?);
     let mut losses = Vec::new();
     for (k, w) in windows.iter().enumerate() {
         let (nh, ih, oh) = (n.predict_next(), i.predict_next(), o.predict_next());
+        if nh.is_nan() || ih.is_nan() || oh.is_nan() {
+            return Ok(f64::INFINITY);
+        }
         if k >= warmup {
             losses.push(window_loss(nh, ih, oh, *w));
         }
@@ -123,9 +144,9 @@ fn evaluate(windows: &[Window], p: &Predictor, warmup: usize) -> f64 {
         o.add(w.2);
     }
     if losses.is_empty() {
-        f64::INFINITY
+        Ok(f64::INFINITY)
     } else {
-        exact_sum(&losses) / losses.len() as f64
+        Ok(exact_sum(&losses) / losses.len() as f64)
     }
 }
 

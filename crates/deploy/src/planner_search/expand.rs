@@ -165,17 +165,12 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
             items
         }
     };
-    // The worker minimums (`_validate_public_fields`): role-specific ones only where there are
-    // roles.
+    // The worker minimums (`_validate_public_fields`), checked on every branch; the
+    // role-specific ones are dimensions of the disaggregated branches only (the adapter's
+    // `choices_by_branch`), so an aggregated branch searches without them.
     let mut workers: Vec<(&str, Vec<Value>)> = Vec::new();
     for (k, min) in [("min_workers", 0), ("prefill_min_workers", 1), ("decode_min_workers", 1)] {
         let Some(v) = get(k) else { continue };
-        if k != "min_workers" && !ctx.disaggregated {
-            return Err(DeployError::new(
-                format!("planner.{k}"),
-                "applies to disaggregated engines only (use min_workers for an aggregated engine)",
-            ));
-        }
         // Scalars and choices are typed as the reference's models type them; a range may reach
         // below the minimum, which the adapter's own check names.
         let values = domain(&format!("planner.{k}"), v, knob_kind(k))?;
@@ -186,40 +181,29 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
                 format!("planner.{k} choices must be >= {min}; got {}", py(&Value::Array(low))),
             ));
         }
-        workers.push((k, values));
+        if k == "min_workers" || ctx.disaggregated {
+            workers.push((k, values));
+        }
     }
-    // Predictors named explicitly must be ones servesim runs.
+    // Predictors named explicitly: ARIMA and Prophet run the reference's own predictors through
+    // Python (the backtest and each candidate's run); without an interpreter that has them they
+    // are refused with what to install. The default lists skip them.
     let predictor_group = &groups[3].1;
-    let unsupported = |path: String, what: &str| {
-        DeployError::new(
-            path,
-            format!(
-                "{what} is not supported by servesim: ARIMA and Prophet forecasts come from pmdarima / prophet fits \
-                 that cannot be reproduced exactly; name constant or kalman predictors (the default lists skip them)"
-            ),
-        )
-    };
+    let mut named: Vec<(String, String)> = Vec::new();
     match &predictor_group.preset {
         Preset::List(entries) => {
             for (i, e) in entries.iter().enumerate() {
                 let p = Predictor::of(e);
-                if !p.supported() {
-                    let what = match e.as_str() {
-                        Some(s) => format!("load predictor preset '{s}'"),
-                        None => format!("load_predictor '{}'", p.family),
-                    };
-                    return Err(unsupported(format!("planner.load_predictor.preset[{i}]"), &what));
+                if p.in_python() {
+                    named.push((format!("planner.load_predictor.preset[{i}]"), p.family.clone()));
                 }
             }
         }
         Preset::Off => {
             if let Some(t) = &predictor_group.family {
                 let families = domain("planner.load_predictor.type", t, Kind::Family)?;
-                if let Some(f) = families.iter().find(|f| *f == "arima" || *f == "prophet") {
-                    return Err(unsupported(
-                        "planner.load_predictor.type".into(),
-                        &format!("load_predictor '{}'", f.as_str().unwrap_or_default()),
-                    ));
+                for f in families.iter().filter_map(Value::as_str).filter(|f| matches!(*f, "arima" | "prophet")) {
+                    named.push(("planner.load_predictor.type".into(), f.to_string()));
                 }
             }
         }
@@ -303,7 +287,11 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
             },
         ));
     }
-    let backtest = sweep_load_predictor(&kept, &entries(3)?, ctx)?;
+    // Only throughput scaling forecasts (the reference imports its predictors on that path only).
+    if let Some((path, family)) = named.first().filter(|_| kept.iter().any(|e| scaling_fields(e).0)) {
+        servesim_replay::planner_python::available(family).map_err(|e| DeployError::new(path.clone(), e))?;
+    }
+    let backtest = sweep_load_predictor(&kept, &entries(3)?, ctx, !named.is_empty())?;
     // The dimensions in the adapter's order; a group given as independent knobs is listed as
     // those knobs, after the others.
     let throughput = kept.iter().any(|e| scaling_fields(e).0);
@@ -552,5 +540,42 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(public_section(&cfg), *s);
+    }
+
+    #[test]
+    fn role_minimums_are_checked_everywhere_and_searched_only_where_there_are_roles() {
+        let sla = Sla { ttft_ms: Some(500.0), itl_ms: Some(20.0), e2e_ms: None };
+        let ctx = |disaggregated| Context {
+            target: "throughput",
+            pareto_objectives: &[],
+            sla: &sla,
+            disaggregated,
+            source: None,
+            base_dir: Path::new("."),
+        };
+        let section = json!({"policy": "enabled", "scaling_policy": {"preset": ["load_180_5"]},
+                             "load_sensitivity": {"preset": ["default"]},
+                             "prefill_min_workers": {"choices": [2, 4]}, "decode_min_workers": {"choices": [2, 4]}});
+        // Aggregated: the adapter's aggregated branch has no role minimums, one candidate.
+        let agg = expand(&section, &ctx(false)).unwrap();
+        assert_eq!(agg.settings.len(), 1);
+        assert!(agg.settings[0].section.get("prefill_min_workers").is_none());
+        assert_eq!(agg.settings[0].section["min_workers"], 1);
+        // Disaggregated: 2 x 2 candidates.
+        let disagg = expand(&section, &ctx(true)).unwrap();
+        let pairs: Vec<(i64, i64)> = disagg
+            .settings
+            .iter()
+            .map(|s| {
+                (s.section["prefill_min_workers"].as_i64().unwrap(), s.section["decode_min_workers"].as_i64().unwrap())
+            })
+            .collect();
+        assert_eq!(pairs, vec![(2, 2), (2, 4), (4, 2), (4, 4)]);
+        // The domain check holds on both (`_validate_public_fields`; a range reaches below it).
+        let low = json!({"policy": "enabled", "decode_min_workers": {"range": {"min": 0, "max": 2, "step": 1}}});
+        for d in [false, true] {
+            let e = expand(&low, &ctx(d)).unwrap_err();
+            assert_eq!(e.message, "planner.decode_min_workers choices must be >= 1; got [0]");
+        }
     }
 }

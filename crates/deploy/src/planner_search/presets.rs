@@ -164,6 +164,11 @@ impl Predictor {
         matches!(self.family.as_str(), "constant" | "kalman")
     }
 
+    /// ARIMA and Prophet: the reference's own predictors, run through Python.
+    pub(super) fn in_python(&self) -> bool {
+        matches!(self.family.as_str(), "arima" | "prophet")
+    }
+
     /// `minimum_data_points` of the family's predictor (the backtest's common warmup).
     pub(super) fn min_points(&self) -> i64 {
         match self.family.as_str() {
@@ -194,16 +199,27 @@ impl Predictor {
     }
 
     /// servesim's predictor for one series (constant and kalman only).
-    pub(super) fn series(&self) -> servesim_planner::predict::Predictor {
-        let cfg = PlannerConfig::from_json(&json!({
+    /// One series of this predictor for windows of `interval_s` seconds: servesim's own
+    /// (constant, Kalman), or the reference's through Python (ARIMA, Prophet).
+    pub(super) fn series(&self, interval_s: i64) -> Result<servesim_planner::predict::Predictor, String> {
+        let mut cfg = PlannerConfig::from_json(&json!({
             "load_predictor": self.family,
             "load_predictor_log1p": self.log1p,
+            "prophet_window_size": self.prophet_window_size,
             "kalman_q_level": self.q_level,
             "kalman_q_trend": self.q_trend,
             "kalman_r": self.r,
             "kalman_min_points": self.min_points,
         }))
-        .expect("predictor knobs are checked when read");
-        servesim_planner::predict::Predictor::new(&cfg).expect("only supported families are evaluated")
+        .map_err(|e| e.to_string())?;
+        // Prophet's timestamps step by the window (`_make_config`); set here, past the checks
+        // of a whole Planner configuration.
+        cfg.throughput_adjustment_interval_seconds = interval_s;
+        let external: Option<Box<dyn servesim_planner::ExternalSeries>> = if self.in_python() {
+            Some(Box::new(servesim_replay::planner_python::Series::for_backtest(&cfg)?))
+        } else {
+            None
+        };
+        servesim_planner::predict::Predictor::with_external(&cfg, external).map_err(|e| e.to_string())
     }
 }
