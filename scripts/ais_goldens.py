@@ -32,6 +32,10 @@ shared linear-attention layer carries measured Mamba2 conv rows), experts split 
 `--qwen3vl` prints instead the step times and KV capacity behind crates/perf/tests/qwen3vl.rs: the
 Qwen3-VL wrappers' text path (dense and MoE, every backend), with Qwen3-8B beside Qwen3-VL-8B.
 
+`--glimmer` prints instead the step times and KV capacity behind crates/perf/tests/glimmer.rs:
+meta-models/Muse-Glimmer-30B (sliding-window / global layers, attention output gate, rotary-free
+global layers, window-capped KV) on each backend, prompts and contexts inside and past the window.
+
 `--msa-nvfp4` prints instead the step times and KV capacity behind golden.rs's
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
 projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
@@ -302,6 +306,30 @@ QWEN3VL_KV = [
     ("Qwen/Qwen3-VL-235B-A22B-Instruct", "b200_sxm", "sglang", dict(tp_size=4, moe_tp_size=4, moe_ep_size=1), 1),
 ]
 
+# Muse-Glimmer (`--glimmer`): 39 sliding-window layers (window 2048) and 13 global ones.
+GLIMMER = "meta-models/Muse-Glimmer-30B"
+GLIMMER_STEPS = [
+    ({"model": GLIMMER, "system": "h200_sxm", "backend": "vllm", "tp": 1},
+     [("prefill", (4, 1024, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (4, 1025)),
+      ("decode", (16, 1100)), ("decode", (7, 131072)), ("fpm", [MIXED])]),
+    ({"model": GLIMMER, "system": "h200_sxm", "backend": "sglang", "tp": 2},
+     [("prefill", (1, 8192, 0)), ("decode", (64, 4097)), ("fpm", [MIXED])]),
+    ({"model": GLIMMER, "system": "b200_sxm", "backend": "trtllm", "tp": 4},
+     [("prefill", (4, 777, 0)), ("prefill", (1, 20000, 0)), ("decode", (33, 5000))]),
+    ({"model": GLIMMER, "system": "gb200", "backend": "vllm", "tp": 8},
+     [("prefill", (2, 2500, 700)), ("decode", (256, 8000))]),
+    # SGLang prefill context parallelism: zigzag attention split and every layer's KV all-gather.
+    ({"model": GLIMMER, "system": "h200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2},
+     [("prefill", (1, 8192, 0)), ("prefill", (2, 2500, 700)), ("decode", (16, 1100))]),
+]
+GLIMMER_KV = [
+    (GLIMMER, "h200_sxm", "vllm", dict(tp_size=1), 64),
+    (GLIMMER, "h200_sxm", "sglang", dict(tp_size=2), 1),
+    (GLIMMER, "b200_sxm", "trtllm", dict(tp_size=4), 32),
+    (GLIMMER, "gb200", "vllm", dict(tp_size=8), 64),
+    (GLIMMER, "h200_sxm", "sglang", dict(tp_size=1, cp_size=2), 1),
+]
+
 KV = [
     ("Qwen/Qwen3-32B", "h200_sxm", "vllm", dict(tp_size=2), 64),
     ("Qwen/Qwen3-8B", "h100_sxm", "vllm", dict(tp_size=1), 64),
@@ -375,6 +403,10 @@ def main():
     if "--qwen3vl" in sys.argv[1:]:
         print_steps(QWEN3VL_STEPS)
         print_kv(QWEN3VL_KV)
+        return
+    if "--glimmer" in sys.argv[1:]:
+        print_steps(GLIMMER_STEPS)
+        print_kv(GLIMMER_KV)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

@@ -204,7 +204,9 @@ fn qwen35_matches_the_reference() {
 /// attention with MoE and dense layers (H200 vLLM TEP8), MiniMax-M3's MSA sparse attention
 /// (H200 vLLM TEP8) and its ModelOpt MIXED_PRECISION NVFP4 release (MXFP8 projections as
 /// fp8_block, NVFP4 routed experts; B200 vLLM TEP8), the Qwen3-VL MoE wrapper's text path
-/// (Qwen3-VL-30B-A3B-Instruct on an H200 SGLang TP2 / EP2 replica), each with the KV cache sized from GPU
+/// (Qwen3-VL-30B-A3B-Instruct on an H200 SGLang TP2 / EP2 replica), Muse-Glimmer's sliding-window /
+/// NoPE global layers with the attention output gate and window-capped KV (Muse-Glimmer-30B on an
+/// H200 vLLM TP2 replica, prompts past the window), each with the KV cache sized from GPU
 /// memory: every compared metric within 0.01 % of the reference (recorded as their YAML headers
 /// say, aisimulate 0.13.0.dev202610270000000085).
 #[test]
@@ -220,6 +222,7 @@ fn checkpoint_formats_match_the_reference() {
         "predict_agg_msa_minimax_m3",
         "predict_agg_msa_minimax_m3_nvfp4",
         "predict_agg_qwen3vl_moe",
+        "predict_agg_muse_glimmer",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-4, "{name}: worst deviation {:.5} %", worst * 100.0);

@@ -42,7 +42,7 @@ pub struct DraftModel {
 pub fn draft_ops(d: &DraftModel, target: &Layout, roots: &[PathBuf]) -> Result<(Vec<Op>, Vec<Op>)> {
     let draft = ModelSpec::load(&d.path, roots)?;
     let refuse = |why: String| Err(PerfError::unsupported(format!("draft_model speculation ({}): {why}", d.path)));
-    if draft.family != Family::Dense || draft.hybrid.is_some() || draft.gemma4.is_some() {
+    if draft.family != Family::Dense || draft.hybrid.is_some() || draft.gemma4.is_some() || draft.glimmer.is_some() {
         return refuse(format!(
             "only dense Llama-style drafts are modelled, not {} (a MoE, MLA or hybrid draft's ops need its own \
              expert and attention geometry beside the target's)",

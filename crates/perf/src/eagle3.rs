@@ -144,7 +144,19 @@ fn layer(g: &DraftGeometry, l: &Layout, ctx: bool) -> Vec<Op> {
         ("draft_eagle3_attention".to_string(), g.heads / tp, g.head_dim, g.window, g.qk_norm);
     let attention = if ctx {
         let (kv, fmha) = (l.kv, l.fmha);
-        Op::ContextAttention { name, scale: n, n: heads, n_kv: kv_per_gpu, head, window, kv, fmha, qk_norm, cp: 1 }
+        Op::ContextAttention {
+            name,
+            scale: n,
+            n: heads,
+            n_kv: kv_per_gpu,
+            head,
+            window,
+            kv,
+            fmha,
+            qk_norm,
+            cp: 1,
+            rope: true,
+        }
     } else {
         // One draft token per request: a plain decode read (the TokenScale wrapper has already
         // folded the verify batch back to the requests).

@@ -206,7 +206,7 @@ impl Estimator {
             Op::Gemm { scale, n, k, dtype, fp8_input, .. } => {
                 db.gemm_op(*dtype, at.x, *n, *k, *fp8_input)?.max(0.0) * scale
             }
-            Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, cp, .. } => {
+            Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, cp, rope, .. } => {
                 // `s` new tokens after `prefix` cached ones: the table at the full length with
                 // the prefix's share of the causal work taken out.
                 let kernel = |s: u32, prefix: u32| -> Result<f64> {
@@ -249,7 +249,9 @@ impl Estimator {
                 if *qk_norm {
                     extra += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0;
                 }
-                extra += self.mem(q * 2.0 + kvn * 2.0) * 2.0; // rope
+                if *rope {
+                    extra += self.mem(q * 2.0 + kvn * 2.0) * 2.0;
+                }
                 extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
                 (table + extra * 1.1).max(0.0) * scale
             }

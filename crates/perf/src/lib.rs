@@ -19,6 +19,7 @@ pub mod error;
 pub mod estimator;
 pub mod gdn;
 pub mod gemma4;
+pub mod glimmer;
 pub mod hybrid_moe;
 pub mod interp;
 pub mod mamba2;

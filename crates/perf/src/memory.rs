@@ -152,7 +152,7 @@ pub fn kv_capacity(
         } else {
             (left / per_token).floor() as u64
         }
-    } else if m.sliding_window > 0 || m.gemma4.is_some() {
+    } else if m.sliding_window > 0 || m.gemma4.is_some() || m.glimmer.is_some() {
         window_capped_tokens(est, kv)
     } else {
         (kv / per_token).floor() as u64
@@ -233,11 +233,15 @@ fn sglang_mla_weights(est: &Estimator, graph: f64) -> Option<f64> {
 }
 
 /// KV bytes of one sequence of `len` tokens on one GPU when half the layers keep only a
-/// sliding window (gpt-oss; Gemma 4's sliding-window layers), as the reference sizes it.
+/// sliding window (gpt-oss; Gemma 4's and Muse-Glimmer's sliding-window layers), as the reference
+/// sizes it.
 fn window_capped_bytes(est: &Estimator, len: u64) -> f64 {
     let m = &est.model;
     if let Some(g) = &m.gemma4 {
         return crate::gemma4::kv_bytes_per_sequence(g, est.layout.tp, est.layout.kv, len);
+    }
+    if let Some(g) = &m.glimmer {
+        return crate::glimmer::kv_bytes_per_sequence(m, g, est.layout.tp, est.layout.kv, len);
     }
     let per_layer_token = m.kv_heads.div_ceil(est.layout.tp) as f64 * m.head_dim as f64 * 2.0 * est.layout.kv.bytes();
     let windowed = (m.layers / 2) as f64;

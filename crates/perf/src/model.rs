@@ -105,6 +105,8 @@ pub struct ModelSpec {
     pub nemotron_h: Option<crate::mamba2::NemotronHSpec>,
     /// Qwen3.5: the GDN / full-attention layer split and GDN widths (`gdn.rs`).
     pub qwen35: Option<crate::gdn::Qwen35Spec>,
+    /// Muse-Glimmer: the sliding-window / global layer split (`glimmer.rs`).
+    pub glimmer: Option<crate::glimmer::GlimmerSpec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -187,6 +189,7 @@ fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value>
     ) && !GEMMA4.contains(&arch)
         && !crate::gdn::ARCHS.contains(&arch)
         && !crate::qwen3vl::ARCHS.contains(&arch)
+        && arch != crate::glimmer::ARCH
     {
         return Ok(cfg);
     }
@@ -294,8 +297,9 @@ impl ModelSpec {
             }
         } else if let Some(f) = crate::qwen3vl::family(&arch) {
             f
-        } else if arch == crate::qwen3vl::MUSE_GLIMMER_ARCH {
-            return Err(PerfError::unsupported(format!("{shown}: {}", crate::qwen3vl::MUSE_GLIMMER_REFUSAL)));
+        } else if arch == crate::glimmer::ARCH {
+            // Muse-Glimmer: the dense graph's facts, its own op list (`glimmer.rs`).
+            Family::Dense
         } else if arch == "DeepseekV41ForCausalLM" {
             return Err(PerfError::unsupported(format!(
                 "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
@@ -305,7 +309,7 @@ impl ModelSpec {
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS, crate::qwen3vl::ARCHS].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS, crate::qwen3vl::ARCHS, &[crate::glimmer::ARCH]].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
@@ -322,6 +326,7 @@ impl ModelSpec {
                     &[crate::mamba2::ARCH],
                     &crate::gdn::ARCHS,
                     crate::qwen3vl::ARCHS,
+                    &[crate::glimmer::ARCH],
                 ]
                 .concat()
                 .join(", ")
@@ -427,6 +432,11 @@ impl ModelSpec {
                 None
             },
             qwen35: None,
+            glimmer: if arch == crate::glimmer::ARCH {
+                Some(crate::glimmer::spec_from_config(cfg, layers, &shown.to_string())?)
+            } else {
+                None
+            },
         };
         if crate::gdn::ARCHS.contains(&arch_name.as_str()) {
             crate::gdn::refuse_layer_formats(root, cfg, hf_quant, &shown.to_string())?;
@@ -807,6 +817,8 @@ pub enum Op {
         qk_norm: bool,
         /// Prefill context parallelism: the busiest rank's share of the attention (1: none).
         cp: u32,
+        /// The fused rotary pass over Q and K is charged (false: NoPE layers).
+        rope: bool,
     },
     GenerationAttention {
         name: String,
@@ -1026,6 +1038,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     if let Some(q) = &m.qwen35 {
         return crate::gdn::build_qwen35_ops(m, q, l);
     }
+    if let Some(g) = &m.glimmer {
+        return crate::glimmer::build_glimmer_ops(m, g, l);
+    }
     if let Some(dims) = m.mla {
         if l.ngram > 0 {
             // The reference keeps token-basis verify pricing on MLA modules (no width channel).
@@ -1151,7 +1166,19 @@ pub(crate) struct AttentionHeads {
 pub(crate) fn attention_op(ctx: bool, name: String, scale: f64, h: AttentionHeads, l: &Layout) -> Op {
     let AttentionHeads { n, n_kv, head, window, qk_norm } = h;
     if ctx {
-        Op::ContextAttention { name, scale, n, n_kv, head, window, kv: l.kv, fmha: l.fmha, qk_norm, cp: l.cp }
+        Op::ContextAttention {
+            name,
+            scale,
+            n,
+            n_kv,
+            head,
+            window,
+            kv: l.kv,
+            fmha: l.fmha,
+            qk_norm,
+            cp: l.cp,
+            rope: true,
+        }
     } else {
         Op::GenerationAttention { name, scale, n, n_kv, head, window, kv: l.kv, qk_norm, verify: l.ngram + 1 }
     }
@@ -1306,6 +1333,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
                 kv: l.kv,
                 fmha: l.fmha,
                 qk_norm: false,
+                rope: true,
                 cp: 1,
             }),
             (true, false) => granular.push(Op::GenerationAttention {

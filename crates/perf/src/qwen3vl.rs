@@ -46,17 +46,6 @@ pub const MOE_ARCH: &str = "Qwen3VLMoeForConditionalGeneration";
 /// Both, as the op builder lists what it supports.
 pub const ARCHS: &[&str] = &[DENSE_ARCH, MOE_ARCH];
 
-/// Muse-Glimmer's wrapper: refused (see [`MUSE_GLIMMER_REFUSAL`]).
-pub const MUSE_GLIMMER_ARCH: &str = "MuseGlimmerForConditionalGeneration";
-
-/// Why Muse-Glimmer is not timed: its text model is not Qwen3-VL's (nor any builder's) graph.
-pub const MUSE_GLIMMER_REFUSAL: &str =
-    "MuseGlimmerForConditionalGeneration (Muse-Glimmer, the reference's MUSEGLIMMER \
-     family) is not timed by servesim yet: it needs its own graph of sliding-window (window sliding_window) and \
-     global layer groups with Q/K-norm, an attention output gate (gate_proj GEMM and sigmoid multiply before o_proj) \
-     and global layers without the rotary pass (layer_rope_theta 0), and a KV cache capped at the window on the \
-     sliding layers; servesim refuses rather than time it as another family";
-
 /// The builder family of a Qwen3-VL architecture (`None`: not one).
 pub fn family(arch: &str) -> Option<Family> {
     match arch {
@@ -108,12 +97,9 @@ mod tests {
     }
 
     #[test]
-    fn a_wrapper_without_text_config_and_muse_glimmer_are_refused_by_name() {
+    fn a_wrapper_without_text_config_is_refused_by_name() {
         let bare = json!({"architectures": [DENSE_ARCH], "hidden_size": 4096});
         let e = ModelSpec::from_config("vl", Path::new("vl.json"), &bare).unwrap_err().to_string();
         assert!(e.contains(DENSE_ARCH) && e.contains("text_config"), "{e}");
-        let glimmer = json!({"architectures": [MUSE_GLIMMER_ARCH], "text_config": text(json!({}))});
-        let e = ModelSpec::from_config("g", Path::new("g.json"), &glimmer).unwrap_err().to_string();
-        assert!(e.contains("Muse-Glimmer") && e.contains("attention output gate"), "{e}");
     }
 }

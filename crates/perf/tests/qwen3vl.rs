@@ -14,7 +14,6 @@
 //! per pass with the backend's default fraction of the total memory).
 
 use serde_json::json;
-use servesim_perf::{estimator, AisConfig};
 
 mod common;
 use common::{data_available, est_with, MIXED};
@@ -95,16 +94,4 @@ fn kv_capacity_goldens() {
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(got.blocks, want, "{model} {system} {backend} tp{tp}: {got:?}");
     }
-}
-
-/// Muse-Glimmer's wrapper is refused naming what its graph needs.
-#[test]
-fn muse_glimmer_is_refused_by_name() {
-    if !data_available("h200_sxm") {
-        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
-        return;
-    }
-    let cfg = json!({"model": "meta-models/Muse-Glimmer-30B", "system": "h200_sxm", "backend": "vllm", "tp": 1});
-    let e = estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap_err().message;
-    assert!(e.contains("MuseGlimmerForConditionalGeneration") && e.contains("attention output gate"), "{e}");
 }
