@@ -4,7 +4,6 @@
 //! step, enough to move a request past a decode step boundary in a replay.
 
 use serde_json::{json, Value};
-use servesim_engine::PassTimer;
 use servesim_perf::{build_timer, AisConfig, DecodeContext};
 
 fn config(decode_context: Option<&str>) -> Value {
