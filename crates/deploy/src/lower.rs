@@ -72,6 +72,8 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
         c.insert("moe_ep_size".into(), json!(p.moe_expert));
     }
     c.insert("kv_block_size".into(), json!(block_size));
+    // aisimulate's schedulers hand its provider sequence lengths that count the token being fed.
+    c.insert("decode_context".into(), json!("sequence"));
     c.insert("nextn".into(), json!(engine.speculation.as_ref().map_or(0, |s| s.ais_nextn())));
     if let Some(verify) = engine.speculation.as_ref().and_then(|s| s.ais_speculation()) {
         c.insert("speculation".into(), verify);

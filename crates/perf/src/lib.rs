@@ -39,5 +39,6 @@ pub mod systems;
 pub use error::{ErrorKind, PerfError};
 pub use estimator::{Estimator, RankMetrics};
 pub use provider::{
-    build_timer, estimator, planner_model, timer_factory, AisConfig, AisTimer, PassCalibration, PassModel, PlannerModel,
+    build_timer, estimator, planner_model, timer_factory, AisConfig, AisTimer, DecodeContext, PassCalibration,
+    PassModel, PlannerModel,
 };

@@ -57,11 +57,28 @@ pub struct AisConfig {
     pub pass_model: PassModel,
     /// Corrections fitted to measurements by `servesim calibrate` (servesim's own key).
     pub calibration: PassCalibration,
+    /// What the engine's decode context counts (servesim's own key `decode_context`).
+    pub decode_context: DecodeContext,
     /// The large-EP all-to-all backends (`moe_comm_backend`, the reference's per-phase
     /// `ModelConfig.moe_comm_backend`), with `enable_eplb` / `wideep_num_slots`.
     pub moe_comm: crate::moe_a2a::MoeComm,
     /// The configuration as given, for the canonical dump.
     pub raw: Value,
+}
+
+/// What the context length an engine hands the timer for a decode step counts, which decides
+/// how many tokens of KV the step reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeContext {
+    /// Past KV only, the step adds the token it feeds: Dynamo's provider asks
+    /// `predict_decode(batch, isl = mean context, osl = 2)`, whose one step reads `mean + 1`
+    /// tokens per request (the forward-pass metric `sum_decode_kv_tokens = batch × (isl + 1)`).
+    #[default]
+    Past,
+    /// The sequence length with the token being fed: aisimulate 0.13's engine-stack provider
+    /// takes one off its schedulers' mean sequence length before asking for `osl = 2`, so the
+    /// step reads `mean` tokens per request (`predict -c`).
+    Sequence,
 }
 
 /// How a forward pass that computes prompt tokens beside a decode batch is timed.
@@ -174,9 +191,11 @@ const KEYS: &[&str] = &[
     // The reference's `ModelConfig.moe_comm_backend` (its enumerator sets it; the forward-pass
     // config has no such key): selects the large-EP MoE graph per phase.
     "moe_comm_backend",
-    // servesim's own: `additive` (the reference's) or `fused`, and fitted corrections.
+    // servesim's own: `additive` (the reference's) or `fused`, fitted corrections, and what the
+    // engine's decode context counts (`past`, Dynamo's provider, or `sequence`, aisimulate's).
     "pass_model",
     "calibration",
+    "decode_context",
 ];
 
 fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
@@ -412,6 +431,13 @@ impl AisConfig {
                 return Err(cfg_err(path, "pass_model", format!("{other:?}; expected \"additive\" or \"fused\"")))
             }
         };
+        let decode_context = match string("decode_context")?.as_deref() {
+            None | Some("past") => DecodeContext::Past,
+            Some("sequence") => DecodeContext::Sequence,
+            Some(other) => {
+                return Err(cfg_err(path, "decode_context", format!("{other:?}; expected \"past\" or \"sequence\"")))
+            }
+        };
         if pass_model == PassModel::Fused && (nextn > 0 || ngram > 0) {
             return Err(cfg_err(
                 path,
@@ -453,6 +479,7 @@ impl AisConfig {
                 None | Some(Value::Null) => PassCalibration::default(),
                 Some(c) => PassCalibration::from_json(path, c)?,
             },
+            decode_context,
             moe_comm: crate::moe_a2a::MoeComm {
                 eplb,
                 num_slots: uint("wideep_num_slots", None)?,
@@ -1103,17 +1130,23 @@ fn narrow(v: u64, what: &str) -> std::result::Result<u32, String> {
 }
 
 impl AisTimer {
+    /// Tokens of KV one decode step reads per request, from the engine's total context.
+    fn decode_kv(&self, batch: u32, context_tokens: u64) -> std::result::Result<u32, String> {
+        let mean = narrow(context_tokens / u64::from(batch.max(1)), "mean decode context")?;
+        match self.config.decode_context {
+            DecodeContext::Past => mean
+                .checked_add(1)
+                .ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit")),
+            // The estimator needs the token being fed (aisimulate refuses a zero mean likewise).
+            DecodeContext::Sequence => Ok(mean.max(1)),
+        }
+    }
+
     fn raw_decode_ms(&self, batch: u32, context_tokens: u64) -> std::result::Result<f64, String> {
         if batch == 0 {
             return Ok(0.0);
         }
-        // Dynamo's provider asks `predict_decode(batch, isl = mean context, osl = 2)`, whose one
-        // step reads `mean + 1` tokens of KV per request (the forward-pass metric
-        // `sum_decode_kv_tokens = batch × (isl + 1)`).
-        let mean = narrow(context_tokens / batch as u64, "mean decode context")?;
-        let kv = mean
-            .checked_add(1)
-            .ok_or_else(|| format!("mean decode context {mean} exceeds the estimator's 2^32 limit"))?;
+        let kv = self.decode_kv(batch, context_tokens)?;
         self.estimator.decode_ms(batch, kv).map_err(|e| e.message)
     }
 }
@@ -1148,7 +1181,7 @@ impl PassTimer for AisTimer {
         let isl = narrow(prefill.total_isl / b, "mean input length")?;
         let prefix = narrow(prefill.total_prefix / b, "mean prefix length")?;
         let d = decode.batch;
-        let kv = narrow(decode.context_tokens / u64::from(d.max(1)) + 1, "mean decode context")?;
+        let kv = self.decode_kv(d, decode.context_tokens)?;
         let ms = self.estimator.fused_ms(prefill.batch, isl, prefix, d, kv).map_err(|e| e.message)?;
         let c = &self.config.calibration;
         if c.is_identity() {
