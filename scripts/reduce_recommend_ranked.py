@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reduce the reference's recommend output for tests/deploy/NAME.yaml into
-tests/deploy/NAME.golden.json: the candidate set (backend, mode, each role's parallel shape,
-status, GPUs), the ranking by score, and per candidate the score and the summary metrics the
-test compares, plus the reference's wall time for the whole call.
+tests/deploy/NAME.golden.json: the candidate set (backend, mode, each role's parallel shape, or
+for `engine.mode: afd` the AFD topology; status, why a failed candidate failed, GPUs), the
+ranking by score, and per candidate the score and the summary metrics the test compares, plus
+the counts and the reference's wall time for the whole call.
 
     NAME=recommend_deepseek
     AISIM_REF_VENV=/tmp/servesim-aisim-ref $(../shared/parity/setup_aisimulate.sh) \\
@@ -13,6 +14,8 @@ import json
 import sys
 
 SHAPE = ("replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert")
+AFD_TOPOLOGY = ("n_a_nodes", "n_f_nodes", "tp_a", "a_batch_size", "f_moe_ep_size", "num_microbatches",
+                "pipeline_model")
 # The summary metrics both tools write per candidate in recommendation.json (servesim keeps a
 # subset of the summary there: no percentiles; `scripts/recommend_parity.py OUT.json` replays
 # each candidate with `predict -c` to compare those).
@@ -24,16 +27,24 @@ METRICS = ("completed_requests", "mean_ttft_ms", "mean_tpot_ms", "mean_e2e_laten
 def reduce(doc):
     out = []
     for c in doc["candidates"]:
-        engine = c["prediction_config"]["engine"]
-        out.append({
-            "backend": engine["backend"],
-            "mode": engine["mode"],
-            "workers": {role: {k: w["parallelism"][k] for k in SHAPE} for role, w in engine["workers"].items()},
+        if c.get("config", {}).get("deployment_mode") == "afd":
+            # A failed AFD candidate has no prediction config; its searched config names it.
+            config = c["config"]
+            entry = {"backend": config["backend"], "mode": "afd",
+                     "afd": {k: config["afd"][k] for k in AFD_TOPOLOGY},
+                     "reason_category": c.get("reason_category")}
+        else:
+            engine = c["prediction_config"]["engine"]
+            entry = {"backend": engine["backend"], "mode": engine["mode"],
+                     "workers": {role: {k: w["parallelism"][k] for k in SHAPE}
+                                 for role, w in engine["workers"].items()}}
+        entry.update({
             "status": c["status"],
             "used_gpus": c["used_gpus"],
             "score": c["score"],
             "metrics": {k: c["metrics"][k] for k in METRICS if c.get("metrics") and k in c["metrics"]},
         })
+        out.append(entry)
     # Best first; the reference's own tie order (candidate id) breaks ties.
     out.sort(key=lambda c: -(c["score"] if c["score"] is not None else float("-inf")))
     return out
