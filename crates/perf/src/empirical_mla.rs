@@ -40,6 +40,9 @@ pub(crate) fn by_mode(
     }
 }
 
+/// A roofline over table coordinates.
+type Sol<'a> = Box<dyn Fn(&[f64]) -> f64 + 'a>;
+
 /// The estimated layer latency of an MLA op (unscaled): context ops for `b` sequences of `s` new
 /// tokens after `prefix` cached ones, generation ops for `b` requests at KV length `s`, ms.
 pub(crate) fn mla_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
@@ -64,7 +67,7 @@ pub(crate) fn mla_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32
         if matches!(op.kind, MlaKind::ContextModule | MlaKind::GenerationModule) { op.native_heads } else { 0 }
     );
     let n = op.heads as f64;
-    let (sol_q, q, sol): (f64, [f64; 3], Box<dyn Fn(&[f64]) -> f64 + '_>) = match op.kind {
+    let (sol_q, q, sol): (f64, [f64; 3], Sol<'_>) = match op.kind {
         MlaKind::ContextModule | MlaKind::Context => {
             let flops = op.fmha.flops(spec)?;
             let (fs, fp, fb) = (s as f64, prefix as f64, b as f64);

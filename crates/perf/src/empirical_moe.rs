@@ -36,17 +36,19 @@ fn profile(quant: &str) -> Option<(f64, u32)> {
 
 /// The typical fraction of its roofline a MoE kernel of a profile reaches; only ratios of two
 /// of these are used (the cross-profile borrow).
-fn util_level((bytes, rate): (f64, u32)) -> f64 {
-    match (bytes, rate) {
-        (b, 1) if b == 2.0 => 0.53,
-        (b, 1) if b == 1.0 => 0.45,
-        (b, 1) if b == 0.5 || b == 9.0 / 16.0 => 0.07,
-        (b, 2) if b == 1.0 => 0.40,
-        (b, 2) if b == 0.5 => 0.15,
-        (b, 4) if b == 1.0 => 0.30,
-        (b, 4) if b == 0.5 || b == 9.0 / 16.0 => 0.23,
-        _ => 0.30,
-    }
+fn util_level(p: (f64, u32)) -> f64 {
+    const LEVELS: [(f64, u32, f64); 9] = [
+        (2.0, 1, 0.53),
+        (1.0, 1, 0.45),
+        (0.5, 1, 0.07),
+        (9.0 / 16.0, 1, 0.07),
+        (1.0, 2, 0.40),
+        (0.5, 2, 0.15),
+        (1.0, 4, 0.30),
+        (0.5, 4, 0.23),
+        (9.0 / 16.0, 4, 0.23),
+    ];
+    LEVELS.iter().find(|l| (l.0, l.1) == p).map_or(0.30, |l| l.2)
 }
 
 /// Tensor-core FLOP/s of a rate class on `spec`.

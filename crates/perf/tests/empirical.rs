@@ -35,6 +35,7 @@ fn with_mode(mut cfg: Value, mode: &str) -> Value {
 }
 
 type Case = (Value, [u32; 3], &'static [(&'static str, f64)]);
+type ModeCase = (&'static str, Value, &'static [(&'static str, f64)]);
 
 #[test]
 fn every_op_is_the_references_empirical_estimate() {
@@ -100,7 +101,7 @@ fn every_op_is_the_references_empirical_estimate() {
 /// with `--database-mode` the case's mode; every op of these runs agreed (`0 ops differ`).
 #[test]
 fn moe_and_mla_ops_are_the_references_estimate() {
-    let cases: Vec<(&str, Value, &[(&str, f64)])> = vec![
+    let cases: Vec<ModeCase> = vec![
         (
             "EMPIRICAL",
             json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2,
