@@ -383,6 +383,9 @@ pub struct MoeTable {
     /// reference keeps apart and prefers for small gated NVFP4 batches.
     pub(crate) low_latency: ByQuant<Vec<(u32, f64)>>,
     pub(crate) looked: Vec<String>,
+    /// The standard table's quant names in the order their first rows were read (the order
+    /// the empirical estimate's cross-format borrows break ties in).
+    pub(crate) quant_order: Vec<String>,
 }
 
 impl std::fmt::Debug for Database {
@@ -460,6 +463,11 @@ impl Database {
             gemm_cache: Mutex::new(HashMap::new()),
             util: Default::default(),
         })
+    }
+
+    /// The EMPIRICAL / HYBRID utilisation grids built so far.
+    pub(crate) fn util_grids(&self) -> &crate::empirical::Grids {
+        &self.util
     }
 
     /// The same database answering in `mode`.

@@ -119,9 +119,8 @@ fn sol_refused(op: &Op) -> Option<&'static str> {
 /// empirical paths carry per-family utilisation grids and transfers servesim lacks).
 fn empirical_refused(op: &Op) -> Option<&'static str> {
     match op {
-        Op::Moe(_) | Op::ExpertCompute(_) => Some("MoE expert compute"),
-        Op::MoeDispatch(_) | Op::MoeA2a(_) => Some("MoE dispatch / all-to-all"),
-        Op::Mla(_) | Op::MlaBmm(_) => Some("MLA attention"),
+        Op::ExpertCompute(_) => Some("the large-EP MoE expert compute"),
+        Op::MoeA2a(_) => Some("the large-EP MoE all-to-all"),
         Op::Dsa(_) => Some("DSA sparse attention"),
         Op::Msa(_) => Some("MiniMax sparse attention"),
         Op::Dsv4Attn(_) | Op::Mhc(_) => Some("DeepSeek-V4 compressed attention and mHC"),

@@ -14,6 +14,8 @@ pub mod dsa;
 pub mod dsv4;
 pub mod eagle3;
 pub mod empirical;
+mod empirical_mla;
+mod empirical_moe;
 pub mod eplb;
 pub mod error;
 pub mod estimator;

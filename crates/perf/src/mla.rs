@@ -261,6 +261,29 @@ fn prefix_correction(full: u32, prefix: u32) -> f64 {
     (f * f - p * p) / (f * f)
 }
 
+/// The measured slice an MLA op reads (its table, dtype key and, for a module, native head
+/// family), and what to call it in messages.
+pub(crate) fn slice<'d>(db: &'d Database, op: &MlaOp) -> Result<(&'d Grid, &'static str)> {
+    let (layout, key, what) = match op.kind {
+        MlaKind::ContextModule => (
+            Layout::ContextModule,
+            format!("{}/{}/{}", op.fmha.name(), op.kv.name(), op.gemm.name()),
+            "context MLA module",
+        ),
+        MlaKind::Context => (Layout::Context, format!("{}/{}", op.fmha.name(), op.kv.name()), "context MLA"),
+        MlaKind::GenerationModule => {
+            (Layout::GenerationModule, format!("{}/{}", op.kv.name(), op.gemm.name()), "generation MLA module")
+        }
+        MlaKind::Generation => (Layout::Generation, op.kv.name().to_string(), "generation MLA"),
+    };
+    let module = matches!(op.kind, MlaKind::ContextModule | MlaKind::GenerationModule);
+    let table = db.mla_table(layout)?;
+    let buckets = table.grids.get(&key).ok_or_else(|| missing(db, what, &key, table))?;
+    let grid = if module { resolve_native(buckets, op.native_heads) } else { buckets.get(&0) }
+        .ok_or_else(|| missing(db, what, &key, table))?;
+    Ok((grid, what))
+}
+
 /// Layer latency (unscaled, before the clamp) of an MLA op: context ops for `b` sequences of `s`
 /// new tokens after `prefix` cached ones; generation ops for `b` requests at KV length `s`.
 fn mla_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
@@ -285,21 +308,21 @@ fn mla_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result
             }
         });
     }
+    crate::empirical_mla::by_mode(
+        db,
+        || table_latency(db, op, b, s, prefix),
+        || crate::empirical_mla::mla_latency(db, op, b, s, prefix),
+    )
+}
+
+/// The measured layer latency of an MLA op (the tables, whatever the mode).
+fn table_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    let spec = &db.spec;
+    let n = op.heads as f64;
     match op.kind {
         MlaKind::ContextModule | MlaKind::Context => {
             let flops = op.fmha.flops(spec)?;
-            let module = op.kind == MlaKind::ContextModule;
-            let layout = if module { Layout::ContextModule } else { Layout::Context };
-            let table = db.mla_table(layout)?;
-            let key = if module {
-                format!("{}/{}/{}", op.fmha.name(), op.kv.name(), op.gemm.name())
-            } else {
-                format!("{}/{}", op.fmha.name(), op.kv.name())
-            };
-            let what = if module { "context MLA module" } else { "context MLA" };
-            let buckets = table.grids.get(&key).ok_or_else(|| missing(db, what, &key, table))?;
-            let grid = if module { resolve_native(buckets, op.native_heads) } else { buckets.get(&0) }
-                .ok_or_else(|| missing(db, what, &key, table))?;
+            let (grid, what) = slice(db, op)?;
             let full = s.checked_add(prefix).ok_or_else(|| PerfError::config("sequence length exceeds 2^32"))?;
             let kv = op.kv;
             let sol = move |c: &[f64]| mla_ops::context_sol(spec, kv, flops, c[0], c[1], c[2]);
@@ -312,13 +335,7 @@ fn mla_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result
             let attn_flops = gen_attn_dtype(spec, op.kv).flops(spec)?;
             let module = op.kind == MlaKind::GenerationModule;
             let bmm_flops = if module { op.gemm.flops(spec)? } else { 0.0 };
-            let layout = if module { Layout::GenerationModule } else { Layout::Generation };
-            let table = db.mla_table(layout)?;
-            let key = if module { format!("{}/{}", op.kv.name(), op.gemm.name()) } else { op.kv.name().to_string() };
-            let what = if module { "generation MLA module" } else { "generation MLA" };
-            let buckets = table.grids.get(&key).ok_or_else(|| missing(db, what, &key, table))?;
-            let grid = if module { resolve_native(buckets, op.native_heads) } else { buckets.get(&0) }
-                .ok_or_else(|| missing(db, what, &key, table))?;
+            let (grid, what) = slice(db, op)?;
             let (kv, gemm) = (op.kv, op.gemm);
             let sol = move |c: &[f64]| {
                 if module {
@@ -348,6 +365,39 @@ pub fn eval_bmm(db: &Database, op: &MlaBmmOp, tokens: u32) -> Result<f64> {
         // Linear in the heads, so no power-of-two routing.
         return Ok(mla_ops::bmm_sol(spec, op.dtype, flops, op.heads as f64, tokens as f64).max(0.0) * op.scale);
     }
+    let v = crate::empirical_mla::by_mode(
+        db,
+        || bmm_table_latency(db, op, tokens, flops),
+        || crate::empirical_mla::bmm_latency(db, op, tokens, flops),
+    )?;
+    Ok(v.max(0.0) * op.scale)
+}
+
+/// The BMM slice the empirical estimate reads: the requested format's rows when it has any,
+/// else bf16's; the op's heads when measured (or a power of two), else the next power of two
+/// with the head ratio to scale by. `None` for the grid when the slice is missing.
+pub(crate) fn bmm_slice<'d>(db: &'d Database, op: &MlaBmmOp) -> Result<(u32, f64, Option<&'d Grid>)> {
+    let table = match db.mla_table(Layout::Bmm) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind == ErrorKind::Data => None,
+        Err(e) => return Err(e),
+    };
+    let phase = if op.pre { "mla_gen_pre" } else { "mla_gen_post" };
+    let has_quant = table.is_some_and(|t| t.grids.keys().any(|k| k.split('/').next() == Some(op.dtype.name())));
+    let selected = if has_quant { format!("{}/{phase}", op.dtype.name()) } else { format!("bfloat16/{phase}") };
+    let by_heads = table.and_then(|t| t.grids.get(&selected));
+    let pow2 = op.heads.next_power_of_two();
+    let (heads, head_scale) = if pow2 == op.heads || by_heads.is_some_and(|by| by.contains_key(&op.heads)) {
+        (op.heads, 1.0)
+    } else {
+        (pow2, op.heads as f64 / pow2 as f64)
+    };
+    Ok((heads, head_scale, by_heads.and_then(|by| by.get(&heads))))
+}
+
+/// The measured BMM latency, unscaled (the tables, whatever the mode).
+fn bmm_table_latency(db: &Database, op: &MlaBmmOp, tokens: u32, flops: f64) -> Result<f64> {
+    let spec = &db.spec;
     let table = db.mla_table(Layout::Bmm)?;
     let phase = if op.pre { "mla_gen_pre" } else { "mla_gen_post" };
     let requested = format!("{}/{phase}", op.dtype.name());
@@ -369,7 +419,7 @@ pub fn eval_bmm(db: &Database, op: &MlaBmmOp, tokens: u32) -> Result<f64> {
     let v = grid
         .query(&BMM_SPEC, &sol, &[tokens as f64])
         .map_err(|e| e.context(format!("MLA BMM on {} / {} {}", spec.name, db.backend, db.version)))?;
-    Ok((v * head_scale).max(0.0) * op.scale)
+    Ok(v * head_scale)
 }
 
 /// Whether a failed primary op falls to its granular chain: the reference falls back on missing

@@ -60,6 +60,7 @@ impl MoeTable {
         let mut points: ByQuant<BTreeMap<u32, f64>> = BTreeMap::new();
         let mut low_points: ByQuant<BTreeMap<u32, f64>> = BTreeMap::new();
         let mut looked = Vec::new();
+        let mut quant_order: Vec<String> = Vec::new();
         for src in srcs {
             looked.push(src.path.display().to_string());
             if !src.path.exists() {
@@ -124,9 +125,13 @@ impl MoeTable {
                     key_u32(p, "moe_tp_size", i, mtp[i])?,
                     key_u32(p, "moe_ep_size", i, mep[i])?,
                 );
+                let quant = quant_rewrite(q, lane);
+                if lane != LOW_LATENCY_LANE && !quant_order.contains(&quant) {
+                    quant_order.push(quant.clone());
+                }
                 let target = if lane == LOW_LATENCY_LANE { &mut low_points } else { &mut points };
                 target
-                    .entry(quant_rewrite(q, lane))
+                    .entry(quant)
                     .or_default()
                     .entry(d.to_string())
                     .or_default()
@@ -139,12 +144,12 @@ impl MoeTable {
         if points.is_empty() && low_points.is_empty() {
             return Err(no_rows("MoE", srcs, &db.spec, &db.backend, &db.version));
         }
-        Ok(MoeTable { grids: sorted_curves(points), low_latency: sorted_curves(low_points), looked })
+        Ok(MoeTable { grids: sorted_curves(points), low_latency: sorted_curves(low_points), looked, quant_order })
     }
 
     /// The low-latency kernel's token curve of one MoE shape (after the `uniform` distribution
     /// fallback), when TRT-LLM collected this shape with it.
-    fn low_latency_curve(&self, op: &MoeOp) -> Option<&[(u32, f64)]> {
+    pub(crate) fn low_latency_curve(&self, op: &MoeOp) -> Option<&[(u32, f64)]> {
         let by_dist = self.low_latency.get(op.dtype.name())?;
         let by_shape = by_dist.get(&op.distribution).or_else(|| by_dist.get("uniform"))?;
         let shape = (op.topk, op.experts, op.hidden, op.inter, op.moe_tp, op.moe_ep);
@@ -224,6 +229,11 @@ pub fn moe_latency_at(db: &Database, m: &MoeOp, tokens: u32) -> Result<f64> {
     if db.mode.is_sol() {
         return Ok(m.sol_ms(db, tokens, flops));
     }
+    crate::empirical_moe::moe_latency(db, m, tokens, || moe_table_latency(db, m, tokens, flops))
+}
+
+/// The measured expert latency at `tokens` (the tables, whatever the mode), ms.
+fn moe_table_latency(db: &Database, m: &MoeOp, tokens: u32, flops: f64) -> Result<f64> {
     let table = db.moe_table()?;
     // Small gated NVFP4 batches run TRT-LLM's low-latency kernel where it was measured.
     let low_latency = (tokens <= LOW_LATENCY_MAX_TOKENS && m.dtype == Dtype::Nvfp4 && m.gated)
