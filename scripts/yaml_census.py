@@ -1086,11 +1086,23 @@ def compare_flat(ours, ref, tol):
 PARALLEL_KNOBS = ("tensor", "replicas", "attention_data", "moe_tensor", "moe_expert", "pipeline")
 
 
+AFD_TOPOLOGY = ("n_a_nodes", "n_f_nodes", "tp_a", "a_batch_size", "f_moe_ep_size", "num_microbatches",
+                "pipeline_model")
+
+
 def signature(candidate):
     """What tells candidates apart: mode, backend, each role's parallel shape and scheduler knobs,
-    the router and planner sections (as both tools' `prediction_config` spell them)."""
+    the router and planner sections (as both tools' `prediction_config` spell them), and an AFD
+    candidate's topology (the reference writes no `prediction_config` for an AFD topology that
+    failed to build: its searched `config` names it)."""
     pc = candidate.get("prediction_config") or {}
     engine = pc.get("engine") or {}
+    searched = candidate.get("config") or {}
+    mode = engine.get("mode") or searched.get("deployment_mode")
+    if mode == "afd":
+        afd = engine.get("afd") or searched.get("afd") or {}
+        return json.dumps([mode, engine.get("backend") or searched.get("backend"),
+                           {k: afd.get(k) for k in AFD_TOPOLOGY}], sort_keys=True)
     roles = {}
     for role, w in sorted((engine.get("workers") or {}).items()):
         if not isinstance(w, dict):
