@@ -283,14 +283,15 @@ fn sol_database_mode_matches_the_reference() {
     }
 }
 
-/// `database_mode: EMPIRICAL` (engine level; vLLM Qwen3-8B on H200) and `HYBRID` (worker level;
-/// SGLang Qwen3-32B on H100 TP2 x2), recorded from the reference (each YAML says how): the
-/// empirical estimates agree per pass to rounding, so the runs agree to well within 2e-4.
-/// EMPIRICAL is not SILICON (different numbers), and the families servesim has no empirical
-/// estimate for are refused by name.
+/// `database_mode: EMPIRICAL` (engine level; vLLM Qwen3-8B and the MoE Qwen3-30B-A3B on H200)
+/// and `HYBRID` (worker level; SGLang Qwen3-32B on H100 TP2 x2), recorded from the reference
+/// (each YAML says how): the empirical estimates agree per pass to rounding, so the runs agree to
+/// well within 2e-4 (the MoE run measured within 3e-14). EMPIRICAL is not SILICON (different
+/// numbers), and HYBRID over a table that has every point runs. (The op families servesim has no
+/// empirical estimate for are refused by name in crates/perf/tests/empirical.rs.)
 #[test]
 fn empirical_and_hybrid_database_modes_match_the_reference() {
-    for name in ["predict_empirical_qwen3_8b", "predict_hybrid_qwen3_32b"] {
+    for name in ["predict_empirical_qwen3_8b", "predict_empirical_qwen3_moe", "predict_hybrid_qwen3_32b"] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 2e-4, "{name}: worst deviation {:.5} %", worst * 100.0);
         assert_eq!(ours["completed_requests"], reference["completed_requests"], "{name}");
@@ -299,21 +300,8 @@ fn empirical_and_hybrid_database_modes_match_the_reference() {
     let silicon = predict_with("predict_empirical_qwen3_8b", &["engine.database_mode=SILICON"]);
     let (a, b) = (empirical["mean_itl_ms"].as_f64().unwrap(), silicon["mean_itl_ms"].as_f64().unwrap());
     assert!((a - b).abs() > 1e-3 * b, "EMPIRICAL ITL {a} vs SILICON {b}");
-    for (set, want) in [
-        ("engine.model=Qwen/Qwen3-30B-A3B", "database_mode EMPIRICAL is not modelled for MoE"),
-        ("engine.database_mode=HYBRID", ""),
-    ] {
-        if want.is_empty() {
-            let out = predict_with("predict_empirical_qwen3_8b", &[set]);
-            assert_eq!(out["completed_requests"], 200, "{set}");
-            continue;
-        }
-        let out_dir = tmp(&format!("empirical-refused-{}", want.len()));
-        let out = predict(&deploy_dir().join("predict_empirical_qwen3_8b.yaml"), &out_dir, &["--set", set]);
-        let err = stderr(&out);
-        assert!(!out.status.success(), "{set}: {err}");
-        assert!(err.contains(want), "{set}: {err}");
-    }
+    let hybrid = predict_with("predict_empirical_qwen3_8b", &["engine.database_mode=HYBRID"]);
+    assert_eq!(hybrid["completed_requests"], 200, "HYBRID");
 }
 
 /// Synthetic sessions and cached prefixes, recorded from the reference (each YAML says how).
