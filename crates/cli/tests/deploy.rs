@@ -187,6 +187,32 @@ fn eplb_controls_match_the_reference() {
     }
 }
 
+/// SGLang's MoE runner override (`engine.moe_backend`): on Qwen3-30B-A3B (SGLang, DEP2 prefill /
+/// DEP4 decode) the reference builds the default graph for `deepep_moe` and `megamoe` alike, so
+/// the recording with `deepep_moe` equals the one without it and servesim matches it to the last
+/// bits with either value. The reference's own checks refuse it off SGLang and on an unknown
+/// value, in its words (the Qwen3.5 and DeepSeek-V4 refusals are in the perf golden tests).
+#[test]
+fn moe_backend_overrides_match_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_moe_backend_sglang_dep") else { return };
+    assert!(worst <= 1e-9, "worst deviation {worst}");
+    assert_eq!(ours["completed_requests"], reference["completed_requests"]);
+    let mega = predict_with("predict_moe_backend_sglang_dep", &["engine.moe_backend=megamoe"]);
+    for key in METRICS {
+        let (x, y) = (mega[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-9, "megamoe: {key} = {x}, reference {y}");
+    }
+    for (name, set, why) in [
+        ("predict_decode_context_vllm_tep", "engine.moe_backend=deepep_moe", "requires backend=sglang, got vllm"),
+        ("predict_moe_backend_sglang_dep", "engine.moe_backend=deepep", "unsupported moe_backend \"deepep\""),
+    ] {
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &tmp("moe-backend"), &["--set", set]);
+        assert_eq!(out.status.code(), Some(2), "{set}");
+        let err = stderr(&out);
+        assert!(err.contains("moe_backend") && err.contains(why), "{set}: {err}");
+    }
+}
+
 /// Nemotron-H (NVIDIA-Nemotron-3-Nano-30B-A3B-BF16: Mamba2, MoE and attention layers) on one H200
 /// TP1 vLLM replica, the KV cache sized from GPU memory over the attention layers only: every
 /// compared metric within 0.01 % of the reference (recorded as the YAML header says, aisimulate

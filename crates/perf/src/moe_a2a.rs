@@ -61,6 +61,8 @@ pub struct MoeComm {
     pub num_slots: Option<u32>,
     /// Nodes the expert-parallel group spans (`⌈moe_ep × moe_tp / num_gpus_per_node⌉`).
     pub node_num: u32,
+    /// SGLang's MoE runner (`moe_backend`; `None`: its default), validated by `eplb.rs`.
+    pub backend: Option<crate::eplb::MoeBackend>,
 }
 
 impl MoeComm {

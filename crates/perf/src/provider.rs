@@ -321,15 +321,10 @@ impl AisConfig {
                 ));
             }
         }
-        if let Some(m) = string("moe_backend")? {
-            if m != "default" {
-                return Err(cfg_err(
-                    path,
-                    "moe_backend",
-                    format!("{m:?}: only the default MoE backend is modelled; {WIDE_EP}"),
-                ));
-            }
-        }
+        let moe_backend = match string("moe_backend")? {
+            None => None,
+            Some(m) => crate::eplb::MoeBackend::parse(&m, &backend).map_err(|why| cfg_err(path, "moe_backend", why))?,
+        };
         if let Some(m) = string("comm_quant_mode")? {
             if !["half", "auto", "none"].contains(&m.as_str()) {
                 return Err(cfg_err(path, "comm_quant_mode", format!("{m:?}: only half is modelled")));
@@ -483,6 +478,7 @@ impl AisConfig {
             moe_comm: crate::moe_a2a::MoeComm {
                 eplb,
                 num_slots: uint("wideep_num_slots", None)?,
+                backend: moe_backend,
                 ..moe_comm.unwrap_or_default()
             },
             raw: v.clone(),
@@ -883,7 +879,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
     }
     let moe_comm = large_ep_comm(cfg, &model, moe_tp, moe_ep, spec.gpus_per_node)?;
-    crate::eplb::check_moe_controls(&cfg.model, model.routed(), &moe_comm)?;
+    crate::eplb::check_moe_controls(&cfg.model, &model, &moe_comm)?;
     if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
         return Err(PerfError::config(format!(
             "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",

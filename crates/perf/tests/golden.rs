@@ -539,14 +539,50 @@ fn wide_ep_is_refused_with_what_is_missing() {
         cfg[k] = v;
         AisConfig::from_json("config", &cfg).unwrap();
     }
-    for (k, v) in [("moe_backend", json!("deepep")), ("moe_kernel_source", json!("deepgemm"))] {
-        let mut cfg = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 8});
-        cfg[k] = v;
-        let e = AisConfig::from_json("config", &cfg).unwrap_err().message;
-        assert!(
-            e.contains(k) && e.contains("all-to-all dispatch and combine") && e.contains("wideep_*_mla_perf"),
-            "{e}"
-        );
+    let mut cfg = json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 8});
+    cfg["moe_kernel_source"] = json!("deepgemm");
+    let e = AisConfig::from_json("config", &cfg).unwrap_err().message;
+    assert!(
+        e.contains("moe_kernel_source")
+            && e.contains("all-to-all dispatch and combine")
+            && e.contains("wideep_*_mla_perf"),
+        "{e}"
+    );
+}
+
+/// `moe_backend`: the reference's value and backend checks in its words, its MoE-model check,
+/// and the two families whose builders read it; elsewhere it is accepted and times the default
+/// graph (see `eplb.rs` for the probes).
+#[test]
+fn moe_backend_is_checked_as_the_reference_checks_it() {
+    let refusal = |model: &str, backend: &str, value: &str, tp: u32| {
+        let cfg = json!({"model": model, "system": "h200_sxm", "backend": backend, "tp": tp,
+                         "moe_tp_size": tp, "moe_ep_size": 1, "moe_backend": value});
+        match AisConfig::from_json("config", &cfg) {
+            Err(e) => Some(e.message),
+            Ok(c) => estimator(&c).err().map(|e| e.message),
+        }
+    };
+    let e = refusal("Qwen/Qwen3-30B-A3B", "sglang", "deepep", 1).unwrap();
+    assert!(
+        e.contains("config.moe_backend: unsupported moe_backend \"deepep\"; expected default, deepep_moe or megamoe"),
+        "{e}"
+    );
+    let e = refusal("Qwen/Qwen3-30B-A3B", "vllm", "deepep_moe", 1).unwrap();
+    assert!(e.contains("a moe_backend override requires backend=sglang, got vllm"), "{e}");
+    if !data_available("h200_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the moe_backend model checks");
+        return;
+    }
+    let e = refusal("Qwen/Qwen3-8B", "sglang", "deepep_moe", 1).unwrap();
+    assert!(e.contains("moe_backend: the model has no routed experts"), "{e}");
+    let e = refusal("Qwen/Qwen3.5-35B-A3B", "sglang", "deepep_moe", 1).unwrap();
+    assert!(e.contains("moe_backend: deepep_moe: Qwen3.5's DeepEP branch"), "{e}");
+    let e = refusal("Qwen/Qwen3.5-35B-A3B", "sglang", "megamoe", 1).unwrap();
+    assert!(e.contains("Qwen3.5 does not model moe_backend='megamoe'"), "{e}");
+    for value in ["default", "deepep_moe", "megamoe"] {
+        assert_eq!(refusal("Qwen/Qwen3-30B-A3B", "sglang", value, 1), None, "{value}");
+        assert_eq!(refusal("deepseek-ai/DeepSeek-V3", "sglang", value, 8), None, "{value}");
     }
 }
 
