@@ -114,6 +114,18 @@ fn read_search(
     // The base configuration must be a valid predict configuration apart from its domains:
     // check the first candidate strictly before spending time on the rest.
     servesim_deploy::schema::read_predict(&search.first_tree()).map_err(|e| Failure::input(format!("{file}: {e}")))?;
+    // The load-predictor backtest ran without the presets Python would have run: say so, since
+    // the reference backtests them and may choose one.
+    if let Some(b) = &search.planner_backtest {
+        if let (Some(why), Some(skipped)) = (b["skipped_because"].as_str(), b["skipped"].as_array()) {
+            let names: Vec<&str> = skipped.iter().filter_map(serde_json::Value::as_str).collect();
+            eprintln!(
+                "notice: planner.load_predictor: the backtest left out {} ({why}); aisimulate backtests them too, so \
+                 the load predictor chosen may differ from its",
+                names.join(", ")
+            );
+        }
+    }
     Ok(search)
 }
 

@@ -2394,6 +2394,53 @@ fn recommend_runs_named_arima_and_prophet_through_python() {
     }
 }
 
+/// The load-predictor backtest over a default list (the reference's `recommend_planner_dynamo`
+/// example, 240 s of the Mooncake trace): without a Python that runs Dynamo's predictors the
+/// ARIMA and Prophet presets are left out, and the run says so on stderr and in the provenance;
+/// with one (`SERVESIM_PLANNER_PYTHON`) they are scored like the others, as the reference scores
+/// its whole list, and the 600 s interval's winner is the reference's (`constant`).
+#[test]
+fn default_predictor_lists_run_python_presets_when_python_can() {
+    let cfg = deploy_dir().join("recommend_planner_dynamo.yaml");
+    if !deploy_dir().join("../../../shared/traces/mooncake_synthetic_trace.jsonl").exists() {
+        eprintln!("NOTICE: ../shared/traces is missing beside the checkout; skipping");
+        return;
+    }
+    let skipped =
+        ["arima_raw", "arima_log1p", "prophet_w20_raw", "prophet_w20_log1p", "prophet_w50_raw", "prophet_w50_log1p"];
+    let dir = tmp("rec-default-predictors");
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["recommend", "-c", cfg.to_str().unwrap(), "--output-dir", dir.to_str().unwrap(), "--overwrite"])
+        .args(["--set", "optimizer.max_trials=1"])
+        .env("SERVESIM_PLANNER_PYTHON", "/nonexistent/python3")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("notice: planner.load_predictor: the backtest left out {} (", skipped.join(", "))),
+        "{err}"
+    );
+    let lp = doc(&dir)["provenance"]["planner_load_predictor"].clone();
+    assert_eq!(lp["skipped"], json!(skipped), "{lp}");
+    assert!(lp["skipped_because"].as_str().unwrap().contains("install ai-dynamo==1.6.1"), "{lp}");
+    assert!(lp["losses"]["600"].get("arima_raw").is_none(), "{lp}");
+    if std::env::var_os("SERVESIM_PLANNER_PYTHON").is_none() {
+        eprintln!("NOTICE: SERVESIM_PLANNER_PYTHON is not set; skipping the backtest with Dynamo's predictors");
+        return;
+    }
+    let out = recommend(&cfg, &dir, &["optimizer.max_trials=1"]);
+    let err = stderr(&out);
+    assert!(out.status.success() && !err.contains("left out"), "{err}");
+    let lp = doc(&dir)["provenance"]["planner_load_predictor"].clone();
+    assert_eq!(lp["skipped"], json!([]), "{lp}");
+    assert!(lp.get("skipped_because").is_none(), "{lp}");
+    for name in skipped {
+        assert!(lp["losses"]["600"].get(name).is_some(), "{name}: {lp}");
+    }
+    assert_eq!(lp["best_by_interval"]["600"], "constant_last", "{lp}");
+}
+
 /// A bad `planner:` recommend section: exit 2, one line naming the file and the key path, the
 /// reference's message where it has one, and no output directory.
 #[test]

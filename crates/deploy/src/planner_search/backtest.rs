@@ -25,39 +25,62 @@ type Window = (f64, f64, f64);
 /// windows after the common warmup; the lowest wins (the first on ties), the first candidate
 /// when none has a loss (or the traffic is not a Mooncake / Dynamo trace).
 ///
-/// ARIMA and Prophet candidates run the reference's own predictors through Python when
-/// `python` is set (the section names them); otherwise (a default list) they are skipped.
+/// ARIMA and Prophet candidates run the reference's own predictors through Python: always when
+/// the section names them (`named_python`: the caller has checked that Python can run them),
+/// and for a default list whenever the backtest has windows to score and the Python side is
+/// there, as the reference backtests its whole default list. Without it they are skipped, and
+/// the state says which and why (`skipped`, `skipped_because`): the winner may then differ from
+/// the reference's.
 pub(super) fn sweep_load_predictor(
     policies: &[Value],
     candidates: &[Value],
     ctx: &Context,
-    python: bool,
+    named_python: bool,
 ) -> Result<Backtest, DeployError> {
     let mut intervals: Vec<i64> = policies.iter().map(scaling_fields).filter(|f| f.0).filter_map(|f| f.2).collect();
     intervals.sort_unstable();
     intervals.dedup();
     let label = |i: usize| candidates[i].as_str().map_or_else(|| format!("custom_{i}"), str::to_string);
     let preds: Vec<Predictor> = candidates.iter().map(Predictor::of).collect();
-    let runs = |p: &Predictor| p.supported() || (python && p.in_python());
-    let skipped: Vec<Value> = (0..preds.len()).filter(|&i| !runs(&preds[i])).map(|i| json!(label(i))).collect();
-    let entry_of = |i: usize| candidates[i].clone();
-    let Some(first) = (0..preds.len()).find(|&i| runs(&preds[i])) else {
-        return Err(DeployError::new("planner.load_predictor", "no constant or kalman load predictor to choose from"));
-    };
     if intervals.is_empty() {
         return Ok(Backtest {
             winners: Vec::new(),
             state: json!({"best_by_interval": {}, "losses": {}, "reason": "no_throughput_scaling_candidate"}),
         });
     }
-    let (rows, origin) = match trace_rows(ctx)? {
+    let trace = trace_rows(ctx)?;
+    // A default list's Python presets: run when there are windows to score and Python can.
+    let mut python = Ok(named_python);
+    if !named_python && trace.is_some() {
+        if let Some(p) = preds.iter().find(|p| p.in_python()) {
+            python = servesim_replay::planner_python::available(&p.family).map(|_| true);
+        }
+    }
+    let runs = |p: &Predictor| p.supported() || (python == Ok(true) && p.in_python());
+    let skipped: Vec<Value> = (0..preds.len()).filter(|&i| !runs(&preds[i])).map(|i| json!(label(i))).collect();
+    let mut skipped_state = json!({"skipped": skipped});
+    if let (Err(why), false) = (&python, skipped.is_empty()) {
+        skipped_state["skipped_because"] = json!(why);
+    }
+    let entry_of = |i: usize| candidates[i].clone();
+    let Some(first) = (0..preds.len()).find(|&i| runs(&preds[i])) else {
+        return Err(DeployError::new("planner.load_predictor", "no constant or kalman load predictor to choose from"));
+    };
+    let with_skipped = |mut state: Value| {
+        for (k, v) in skipped_state.as_object().into_iter().flatten() {
+            state[k] = v.clone();
+        }
+        state
+    };
+    let (rows, origin) = match trace {
         Some(rows) => rows,
         None => {
             let best: Map<String, Value> = intervals.iter().map(|i| (i.to_string(), entry_of(first))).collect();
             return Ok(Backtest {
                 winners: intervals.iter().map(|&i| (i, preds[first].clone())).collect(),
-                state: json!({"best_by_interval": best, "losses": {}, "reason": "static_workload_configured_fallback",
-                              "skipped": skipped}),
+                state: with_skipped(
+                    json!({"best_by_interval": best, "losses": {}, "reason": "static_workload_configured_fallback"}),
+                ),
             });
         }
     };
@@ -113,7 +136,7 @@ pub(super) fn sweep_load_predictor(
     };
     Ok(Backtest {
         winners,
-        state: json!({"best_by_interval": best_map, "losses": losses_map, "reason": reason, "skipped": skipped}),
+        state: with_skipped(json!({"best_by_interval": best_map, "losses": losses_map, "reason": reason})),
     })
 }
 

@@ -25,9 +25,11 @@
 //!
 //! The load predictor is not a search dimension: for every throughput interval the candidates
 //! use, a backtest over the trace's windows picks the preset with the lowest one-step-ahead
-//! loss (`sweep_load_predictor`). servesim predicts with `constant` and `kalman` only, so the
-//! ARIMA and Prophet presets of the default lists are skipped (still counted for the warmup, so
-//! the losses of the others are the reference's), and naming one is an error.
+//! loss (`sweep_load_predictor`). `constant` and `kalman` are servesim's own; ARIMA and Prophet
+//! are Dynamo's, run through Python (`servesim_replay::planner_python`): named in the section,
+//! Python is required; in a default list they run when Python can, and are otherwise skipped
+//! (still counted for the warmup, so the losses of the others are the reference's) with a
+//! notice and the reason in the recommendation's provenance.
 //!
 //! Files: [`presets`] (the adapter's preset tables and key lists), [`section`] (the context the
 //! section is read in, each knob's domain, each composite group's presets or knobs),
