@@ -19,6 +19,7 @@ mod empirical_moe;
 pub mod eplb;
 pub mod error;
 pub mod estimator;
+pub mod fpm;
 pub mod gdn;
 pub mod gemma4;
 pub mod glimmer;

@@ -157,6 +157,7 @@ const KEYS: &[&str] = &[
     "worker_type",
     "backend_version",
     "fpm_profile",
+    "fpm_parquet_path",
     "tp",
     "pp",
     "attention_dp",
@@ -273,7 +274,6 @@ impl AisConfig {
         };
         // Options servesim does not model: only their neutral values are accepted.
         for (k, ok) in [
-            ("fpm_profile", is_null("fpm_profile")),
             ("moe_kernel_source", is_null("moe_kernel_source")),
             ("encoder_parallel", is_null("encoder_parallel")),
             ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
@@ -299,12 +299,14 @@ impl AisConfig {
         }
         // Read on any MoE model; outside the large-EP graph they time nothing (`eplb.rs`).
         let eplb = boolean("enable_eplb")? == Some(true);
-        if let Some(m) = string("estimation_mode")? {
-            if !["auto", "op_level"].contains(&m.as_str()) {
+        // The FPM modes select an estimator (`fpm.rs`) before the op-level one is built.
+        let estimation_mode = string("estimation_mode")?;
+        if let Some(m) = &estimation_mode {
+            if !crate::fpm::MODES.contains(&m.as_str()) {
                 return Err(cfg_err(
                     path,
                     "estimation_mode",
-                    format!("{m:?}: only auto and op_level (the op-level estimator) are modelled"),
+                    format!("{m:?}: expected one of {:?}", crate::fpm::MODES),
                 ));
             }
         }
@@ -313,7 +315,8 @@ impl AisConfig {
             Some(m) => DatabaseMode::parse(&m).map_err(|why| cfg_err(path, "database_mode", why))?,
         };
         if let Some(m) = string("fallback_policy")? {
-            if m != "deny" {
+            // Under an FPM mode, `allow` lets the selection fall back to op_level (`fpm.rs`).
+            if m != "deny" && !(m == "allow" && crate::fpm::is_fpm_mode(estimation_mode.as_deref())) {
                 return Err(cfg_err(
                     path,
                     "fallback_policy",
@@ -775,6 +778,7 @@ fn estimators() -> &'static Mutex<HashMap<String, Arc<Estimator>>> {
 
 /// Builds (or reuses) the estimator for a configuration.
 pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
+    crate::fpm::select(cfg)?;
     let key = cfg.cache_key();
     if let Some(e) = estimators().lock().expect("estimators").get(&key) {
         return Ok(Arc::clone(e));

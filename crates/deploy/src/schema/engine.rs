@@ -212,12 +212,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     let systems_paths = read_systems_paths(&mut e)?;
     // Every mode but SILICON is an estimator policy; SILICON is the default whether written or not.
     let sol = database_mode(&mut e)?.filter(|m| *m != "SILICON");
-    if let Some(m) = e.one_of("estimation_mode", &["auto", "op_level", "fpm_interpolation", "fpm_regression"])? {
-        if !matches!(m, "auto" | "op_level") {
-            return Err(e.err("estimation_mode", format!("{m} is not supported by servesim yet (op_level only)")));
-        }
-    }
-    e.one_of("fallback_policy", &["deny", "allow"])?;
+    super::fpm::read_engine_mode(&mut e, &mut controls)?;
     let tokenization = read_tokenization(&mut e)?;
     // Checked by servesim-perf on the data the AIS timing reads (the timing is the same).
     let strict_provenance = e.flag("strict_provenance")?.unwrap_or(false);
@@ -225,7 +220,18 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     if mode != Mode::Afd && afd_block.is_some() {
         return Err(e.err("afd", "engine.afd requires engine.mode='afd'"));
     }
-    for k in ["fpm_profile", "decoder_replay"] {
+    if let Some(v) = e.value("fpm_profile").filter(|v| !v.is_null()) {
+        let cx = super::fpm::ProfileContext {
+            model: &model,
+            backend,
+            backend_version: backend_version.as_deref(),
+            context_length,
+            afd: mode == Mode::Afd,
+        };
+        let profile = super::fpm::read_profile(&e.path("fpm_profile"), v, &cx)?;
+        controls.insert("fpm_profile".into(), profile);
+    }
+    for k in ["decoder_replay"] {
         if let Some(v) = e.value(k) {
             if v != &Value::Bool(false) {
                 return Err(e.err(k, "this key is not supported by servesim yet"));

@@ -13,6 +13,7 @@ pub mod controls;
 pub mod engine;
 pub mod estimator;
 pub mod evaluation;
+pub mod fpm;
 pub mod offload;
 pub mod planner;
 pub mod router;

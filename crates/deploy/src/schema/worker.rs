@@ -272,14 +272,8 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                 c.finish()?;
                 timing_controls.insert("calibration".into(), Value::Object(fitted));
             }
-            // `op_level` is the legacy name of what the default timing does.
-            if t.value("forward_model").is_some_and(|v| !v.is_null() && v.as_str() != Some("op_level")) {
-                return Err(t.err(
-                    "forward_model",
-                    "forward-pass-measurement (fpm) timing is not supported by servesim yet (op_level only)",
-                ));
-            }
-            unsupported(&mut t, "fpm_parquet_path", "fpm_parquet_path")?;
+            // Forward-pass-measurement selection (`fpm.rs`): read before the estimator keys.
+            super::fpm::read_timing(&mut t, ty, &mut timing_controls)?;
             systems_paths = read_systems_paths(&mut t)?;
             if let Some(v) = t.value("estimator_config") {
                 check_estimator_config(&t.path("estimator_config"), v)?;
@@ -292,8 +286,6 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     return Err(t.err("transfer_policy", "estimator settings require default timing"));
                 }
             }
-            t.one_of("estimation_mode", &["auto", "op_level"])?;
-            t.one_of("fallback_policy", &["deny", "allow"])?;
             if let Some(m) = super::engine::database_mode(&mut t)? {
                 // The reference's rule for every estimator setting of a worker's timing.
                 if ty != "default" {

@@ -1,0 +1,249 @@
+//! Forward-pass-measurement (FPM) estimation in `predict -c`, against aisimulate 0.13 on a stock
+//! install (whose data package ships no FPM tables). Each expected message was recorded with
+//! `$(../shared/parity/setup_aisimulate.sh) ../shared/parity/aisimulate_predict.py CFG.yaml --set KEY=VALUE`
+//! on the config `BASE` below (Qwen3-8B, vLLM 0.24.0 on one H200, default timing); the fallback
+//! run's metrics equal the op-level run's (the reference's `processed_*_per_s` are wall-clock
+//! rates, not simulated).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BASE: &str = "traffic:\n  source: {type: synthetic, input_tokens: 1024, output_tokens: 128}\n  load: {type: concurrency, concurrency: 16}\n  stop: {requests: 40}\nengine:\n  mode: aggregated\n  model: Qwen/Qwen3-8B\n  hardware: h200_sxm\n  backend: vllm\n  workers:\n    aggregated:\n      parallelism: {replicas: 1, tensor: 1}\n      timing: {type: default}\n";
+
+const PROFILE: &str = "{schema_version: 1, model: Qwen/Qwen3-8B, model_revision: 0123456789abcdef0123456789abcdef01234567, \
+    architecture: Qwen3ForCausalLM, context_length: 40960, num_experts: 0, provenance: test, deployments: [{system: h200_sxm, \
+    backend: vllm, backend_version: 0.24.0, tp: 1, dp: 1, moe_tp: 1, moe_ep: 1, gemm_quant_mode: bfloat16, \
+    moe_quant_mode: bfloat16, fmha_quant_mode: bfloat16, comm_quant_mode: half, kv_cache_dtype: bfloat16, \
+    resources: {cache_layout: linear, kv_bytes_per_token: 147456, max_num_tokens: 8192, max_batch_size: 256, \
+    weights_bytes: 16400000000, activations_bytes: 1000000000, runtime_overhead_bytes: 500000000, \
+    comm_overhead_bytes: 0, provenance: synthetic}}]}";
+
+const T: &str = "engine.workers.aggregated.timing";
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("servesim-fpm-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(name: &str, sets: &[String]) -> (Output, PathBuf) {
+    let cfg = dir().join(format!("{name}.yaml"));
+    std::fs::write(&cfg, BASE).unwrap();
+    let out_dir = dir().join(format!("{name}-out"));
+    let mut args: Vec<String> =
+        ["predict", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()].map(String::from).to_vec();
+    args.extend(["--format".into(), "json".into(), "--overwrite".into()]);
+    for s in sets {
+        args.extend(["--set".into(), s.clone()]);
+    }
+    (Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().unwrap(), out_dir)
+}
+
+fn data_missing(out: &Output) -> bool {
+    String::from_utf8_lossy(&out.stderr).contains("no AIS performance data found")
+}
+
+/// Exit 2, one line, every wanted part; None without AIS data.
+fn refused(name: &str, sets: &[String], wants: &[&str]) -> Option<String> {
+    let (out, out_dir) = run(name, sets);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+        return None;
+    }
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+    for w in wants {
+        assert!(err.contains(w), "{name}: {err:?} lacks {w:?}");
+    }
+    assert!(!err.contains("panicked"), "{name}");
+    assert!(!out_dir.join("prediction.json").exists(), "{name}");
+    Some(err)
+}
+
+fn set(k: &str, v: &str) -> String {
+    format!("{k}={v}")
+}
+
+/// The reference's data ships no FPM table: interpolation (`forward_model: fpm`, the legacy
+/// spelling, or `estimation_mode: fpm_interpolation` at either level) refuses with the missing
+/// file, in the version directory the op-level tables come from, or at `fpm_parquet_path`.
+#[test]
+fn interpolation_without_a_table_refuses_with_the_missing_file() {
+    let missing = "No fpm_forward data collected for this backend/version.";
+    for (name, sets) in [
+        ("legacy", vec![set(&format!("{T}.forward_model"), "fpm")]),
+        ("worker-mode", vec![set(&format!("{T}.estimation_mode"), "fpm_interpolation")]),
+        ("engine-mode", vec![set("engine.estimation_mode", "fpm_interpolation")]),
+        (
+            "engine-deny",
+            vec![set("engine.estimation_mode", "fpm_interpolation"), set("engine.fallback_policy", "deny")],
+        ),
+    ] {
+        let Some(err) = refused(name, &sets, &["perf database error: File does not exist at ", missing]) else {
+            return;
+        };
+        assert!(err.contains("/h200_sxm/vllm/0.24.0/fpm_forward_perf.parquet."), "{name}: {err}");
+    }
+    let path = dir().join("absent.parquet");
+    refused(
+        "absent-path",
+        &[set(&format!("{T}.forward_model"), "fpm"), set(&format!("{T}.fpm_parquet_path"), path.to_str().unwrap())],
+        &[&format!("File does not exist at {}. {missing}", path.display())],
+    );
+    // A parquet without its sidecar (the reference checks the pair before the table).
+    let junk = dir().join("junk.parquet");
+    std::fs::write(&junk, b"not a parquet").unwrap();
+    refused(
+        "no-sidecar",
+        &[set(&format!("{T}.forward_model"), "fpm"), set(&format!("{T}.fpm_parquet_path"), junk.to_str().unwrap())],
+        &[&format!(
+            "FPM database is missing its metadata sidecar: {}. The parquet/metadata pair is atomic; refusing to load an unmatched parquet.",
+            dir().join("junk.metadata.json").display()
+        )],
+    );
+    assert_eq!(std::fs::read(&junk).unwrap(), b"not a parquet", "the table is only read");
+}
+
+/// A regression is trained from observed passes; an offline prediction has none, so selecting it
+/// refuses (also with `fallback_policy: allow`: the selected mode is tried first).
+#[test]
+fn regression_is_never_ready_offline() {
+    let why = "regression estimator is not ready; replay requires training observations";
+    refused("reg-engine", &[set("engine.estimation_mode", "fpm_regression")], &[why]);
+    refused(
+        "reg-worker",
+        &[set(&format!("{T}.forward_model"), "fpm"), set(&format!("{T}.estimation_mode"), "fpm_regression")],
+        &[why],
+    );
+    refused(
+        "reg-allow",
+        &[set(&format!("{T}.estimation_mode"), "fpm_regression"), set(&format!("{T}.fallback_policy"), "allow")],
+        &[why],
+    );
+}
+
+/// `auto` tries op_level first, and `fallback_policy: allow` falls back from a missing (or
+/// malformed) table to op_level: the same prediction as op_level timing.
+#[test]
+fn auto_and_allow_fall_back_to_op_level() {
+    let (base, base_dir) = run("op-level", &[]);
+    if data_missing(&base) {
+        return;
+    }
+    assert!(base.status.success(), "{}", String::from_utf8_lossy(&base.stderr));
+    let read =
+        |d: &PathBuf| -> Value { serde_json::from_slice(&std::fs::read(d.join("prediction.json")).unwrap()).unwrap() };
+    let reference = read(&base_dir);
+    let junk = dir().join("fallback-junk.parquet");
+    std::fs::write(&junk, b"x").unwrap();
+    for (name, sets) in [
+        ("auto", vec![set(&format!("{T}.forward_model"), "fpm"), set(&format!("{T}.estimation_mode"), "auto")]),
+        (
+            "allow",
+            vec![
+                set(&format!("{T}.estimation_mode"), "fpm_interpolation"),
+                set(&format!("{T}.fallback_policy"), "allow"),
+            ],
+        ),
+        (
+            "engine-allow",
+            vec![set("engine.estimation_mode", "fpm_interpolation"), set("engine.fallback_policy", "allow")],
+        ),
+        (
+            "allow-junk",
+            vec![
+                set(&format!("{T}.forward_model"), "fpm"),
+                set(&format!("{T}.fallback_policy"), "allow"),
+                set(&format!("{T}.fpm_parquet_path"), junk.to_str().unwrap()),
+            ],
+        ),
+    ] {
+        let (out, d) = run(name, &sets);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let ours = read(&d);
+        for k in ["mean_ttft_ms", "p90_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms", "output_throughput_tok_s"] {
+            assert_eq!(ours[k], reference[k], "{name}: {k}");
+        }
+    }
+}
+
+/// The keys' own validation, worded as the reference's.
+#[test]
+fn fpm_keys_are_validated_as_the_reference_does() {
+    let path = format!("{T}.fpm_parquet_path");
+    refused(
+        "path-needs-fpm",
+        &[set(&path, "x.parquet")],
+        &[&path, "fpm_parquet_path requires default timing with forward_model='fpm'"],
+    );
+    refused(
+        "poly-fpm",
+        &[set(&format!("{T}.type"), "polynomial"), set(&format!("{T}.forward_model"), "fpm")],
+        &["polynomial timing rejects forward_model='fpm'; forward_model applies to default timing only"],
+    );
+    refused(
+        "poly-reg",
+        &[set(&format!("{T}.type"), "polynomial"), set(&format!("{T}.estimation_mode"), "fpm_regression")],
+        &["estimator settings require default timing"],
+    );
+    refused(
+        "learned",
+        &[set("engine.estimation_mode", "fpm_learned")],
+        &["engine.estimation_mode", "fpm_learned requires complete ForwardPassMetrics"],
+    );
+    refused("bad-forward", &[set(&format!("{T}.forward_model"), "fpm_x")], &["forward_model"]);
+}
+
+/// `engine.fpm_profile`: checked against the engine as the reference checks it; a profile that
+/// passes needs the checkpoint's `config.json` at the pinned revision to verify its architecture,
+/// which the reference fetches from the network (offline: refused) and servesim never does.
+#[test]
+fn fpm_profiles_are_checked_against_the_engine() {
+    let p = |extra: &[String]| {
+        let mut v = vec![set("engine.fpm_profile", PROFILE), set("engine.backend_version", "0.24.0")];
+        v.extend(extra.iter().cloned());
+        v
+    };
+    refused(
+        "profile-model",
+        &p(&[set("engine.fpm_profile.model", "Qwen/Qwen3-32B")]),
+        &["engine.fpm_profile", "engine.model must match engine.fpm_profile.model"],
+    );
+    refused(
+        "profile-version",
+        &p(&[set("engine.backend_version", "0.19.0")]),
+        &["engine.backend_version does not match any FPM profile deployment"],
+    );
+    refused(
+        "profile-literal",
+        &[set("engine.fpm_profile", PROFILE)],
+        &["engine.fpm_profile requires a literal engine.backend_version for vllm"],
+    );
+    refused(
+        "profile-revision",
+        &p(&[set("engine.fpm_profile.model_revision", "main")]),
+        &["engine.fpm_profile.model_revision", "provide a pinned model_revision, not a mutable or unknown placeholder"],
+    );
+    refused(
+        "profile-shape",
+        &p(&[set("engine.workers.aggregated.parallelism.tensor", "2")]),
+        &["no matching FPM deployment profile for 'Qwen/Qwen3-8B', h200_sxm/vllm/0.24.0, \
+           (tp,pp,dp,moe_tp,moe_ep,cp)=(2, 1, 1, 1, 1, 1), worker_type=aggregated; provide explicit resources \
+           and precision for that deployment"],
+    );
+    refused(
+        "profile-quant",
+        &p(&[set("engine.fpm_profile", &PROFILE.replace("gemm_quant_mode: bfloat16", "gemm_quant_mode: fp4"))]),
+        &["unknown FPM gemm_quant_mode: 'fp4'"],
+    );
+    refused(
+        "profile-ok",
+        &p(&[]),
+        &["cannot verify FPM profile architecture: config.json metadata for 'Qwen/Qwen3-8B' at \
+           model_revision='0123456789abcdef0123456789abcdef01234567' could not be resolved; make the pinned \
+           checkpoint configuration available"],
+    );
+}
