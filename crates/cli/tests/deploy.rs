@@ -198,6 +198,17 @@ fn nemotron_h_matches_the_reference() {
     assert_eq!(ours["completed_requests"], reference["completed_requests"]);
 }
 
+/// Kimi-K3 (KDA linear attention beside MLA, LatentMoE with MXFP4 experts run as
+/// w4a8_mxfp4_mxfp8) on one B300 TEP8 SGLang replica, the KV cache sized from GPU memory over
+/// the MLA layers net of a request's KDA state: every compared metric within 1e-9 of the
+/// reference (recorded as the YAML header says; the mean TTFT and ITL agree to ~1e-15).
+#[test]
+fn kimi_k3_matches_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_agg_kimi_k3") else { return };
+    assert!(worst <= 1e-9, "worst deviation {:.5} %", worst * 100.0);
+    assert_eq!(ours["completed_requests"], reference["completed_requests"]);
+}
+
 /// Qwen3.5-35B-A3B (Gated DeltaNet beside gated full attention, routed and shared experts) on an
 /// H200 TP2 / EP2 replica, on vLLM and on SGLang (its scalar shared-expert gate fused into the
 /// merge, no MoE pre-dispatch), the KV cache sized from GPU memory net of the GDN state: every
