@@ -2764,7 +2764,7 @@ fn afd_refusals_name_the_key() {
 /// says how it was recorded): default retention (one saved state per request, at its newest
 /// full block), prefix_match_unit = block_size and a sub-block unit (aligned prefill splits, so
 /// extra passes and lower reuse), and both retentions with 300 blocks (saved states and token
-/// blocks evicted, requests preempted and readmitted). The engine's timing then depends only on how many passes a
+/// blocks evicted, requests preempted and readmitted), and states sized from the model. The engine's timing then depends only on how many passes a
 /// prompt takes, so latencies, duration, committed prefill tokens and the reuse ratio all follow
 /// from where states are saved and hit.
 #[test]
@@ -2776,6 +2776,10 @@ fn state_cache_predictions_match_the_reference_records() {
         "predict_state_cache_sub_block",
         "predict_state_cache_eviction",
         "predict_state_cache_eviction_sub_block",
+        // The state sized from the model (no bytes_per_request): Kimi-K3 (768-token blocks, a
+        // padded KDA state of 3 blocks) and DeepSeek-V4-Flash (256-token rows, 26 of them fixed).
+        "predict_state_cache_auto_kimi_k3",
+        "predict_state_cache_auto_deepseek_v4",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-9, "{name}: worst deviation {worst}");
