@@ -40,6 +40,7 @@ global layers, window-capped KV) on each backend, prompts and contexts inside an
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
 projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
 
+`--kimi-k3` prints instead the step times and KV capacity behind crates/perf/tests/kimi_k3.rs.
 `--qwen35` prints instead the step times and KV capacity behind crates/perf/tests/qwen35_goldens.rs:
 Qwen3.5 (GDN linear attention + gated full attention) dense 27B and MoE 35B-A3B on H200 / vLLM
 0.24.0, and the NVFP4 122B-A10B on B200 (bf16 projections and shared experts by exclusion); then
@@ -278,6 +279,19 @@ QWEN35_KV = [
     ("Qwen/Qwen3.5-27B", "h200_sxm", "trtllm", dict(tp_size=2), 32),
     ("Qwen/Qwen3.5-35B-A3B", "b200_sxm", "trtllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 32),
 ]
+# Kimi-K3 (`--kimi-k3`): KDA + MLA + LatentMoE on SGLang, Blackwell (the KDA tables' systems).
+KIMI_K3_STEPS = [
+    ({"model": "moonshotai/Kimi-K3", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 4096, 1024)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED])]),
+    ({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 1,
+      "moe_ep_size": 4},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000))]),
+]
+KIMI_K3_KV = [
+    ("moonshotai/Kimi-K3", "b300_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+]
 # Qwen3-VL (`--qwen3vl`): text-only loads of the dense and MoE wrappers on each backend, and
 # Qwen3-8B at the same shapes as Qwen3-VL-8B (only the Q/K-norm term of attention differs).
 QWEN3VL_STEPS = [
@@ -399,6 +413,10 @@ def main():
     if "--qwen35" in sys.argv[1:]:
         print_steps(QWEN35_STEPS)
         print_kv(QWEN35_KV)
+        return
+    if "--kimi-k3" in sys.argv[1:]:
+        print_steps(KIMI_K3_STEPS)
+        print_kv(KIMI_K3_KV)
         return
     if "--qwen3vl" in sys.argv[1:]:
         print_steps(QWEN3VL_STEPS)

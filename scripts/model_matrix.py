@@ -23,7 +23,11 @@ fixed synthetic load (16 requests of 1024 input and 128 output tokens, concurren
 `kv_cache:` section, so each tool sizes the KV cache from GPU memory. Layout: tensor-parallel
 size 1, 2, 4, 8 in turn, the first for which the reference's predict runs: a run that fails
 because the memory model leaves no KV budget or the model does not split into that size
-(`no KV budget`, `divisible`, ...) moves to the next size; any other outcome settles the cell.
+(`no KV budget`, `divisible`, ...) moves to the next size, then to 16 (two nodes of 8). When no size of
+the cell's system runs in the reference (or it fails for another reason, e.g. missing data), the model's
+other PASS cells (other systems such as b200_sxm / b300_sxm / gb200, other backends) are tried the same way
+in --quick's order (`candidates`), and the first the reference runs is the cell compared; a cell is `both
+fail` only when no candidate runs (`layouts_tried` in --json lists them).
 MoE models (the model's config.json in the reference's model_configs names experts) run TEP at
 that size, attention tensor-parallel with experts spread (`moe_expert` = tensor, `moe_tensor` 1):
 the reference has no single default MoE layout for predict (it refuses an unset one), TEP is one
@@ -73,6 +77,8 @@ REF_VENV = "/tmp/servesim-aisim-ref"
 SYSTEM_ORDER = ("h200_sxm", "b200_sxm")
 BACKEND_ORDER = ("vllm", "sglang", "trtllm")
 TPS = (1, 2, 4, 8)
+# Sizes past one node of 8, tried when every size of TPS fails in the reference (`candidates`).
+EXTRA_TPS = (16,)
 LOAD = {"requests": 16, "input_tokens": 1024, "output_tokens": 128, "concurrency": 4}
 KV_PROBE = ("--set", "traffic.source.input_tokens=1000000000", "--set", "engine.context_length=2000000000")
 # A reference failure that means "this layout is too small or does not split the model": try a larger one.
@@ -153,6 +159,20 @@ def quick_pick(cells, current=None):
     return [best[m] for m in sorted(best, key=lambda m: (best[m]["family"], m))]
 
 
+def quick_order(cells, current=None):
+    """Cells in --quick's preference order (system, backend, current version, then newest version), one per
+    (system, backend): the candidates a cell moves on to (`candidates`)."""
+    current = current or {}
+    out = []
+    for c in cells:
+        same = [o for o in out if (o["system"], o["backend"]) == (c["system"], c["backend"])]
+        if not same:
+            out.append(c)
+        elif quick_pick([same[0], c], current)[0] is c:
+            out[out.index(same[0])] = c
+    return sorted(out, key=lambda c: (_rank(c["system"], SYSTEM_ORDER), _rank(c["backend"], BACKEND_ORDER)))
+
+
 def select(cells, models=None, systems=None, backends=None, quick=False, current=None):
     def listed(value, names):
         return not names or value in names
@@ -189,6 +209,17 @@ def model_is_moe(systems_dir, model):
 
 def layout(tp, moe):
     return {"tensor": tp, "moe_tensor": 1, "moe_expert": tp} if moe else {"tensor": tp}
+
+
+def candidates(cell, moe, others=()):
+    """The (cell, layout) pairs a matrix cell tries, in order, until one runs in the reference: the cell's own
+    system at each size of TPS, then TEP/TP 16 (two nodes of 8); then each other PASS cell of the same model
+    (`others`: other systems such as b200_sxm / b300_sxm / gb200, or backends) in the --quick preference order,
+    the same sizes on each. A generator, so a run stops asking at the first that runs (`Runner.cell` also
+    moves on from a size whose failure is not a layout one: the next system may have the data)."""
+    for c in (cell, *[o for o in others if cell_row(o) != cell_row(cell)]):
+        for tp in TPS + EXTRA_TPS:
+            yield c, layout(tp, moe)
 
 
 def layout_label(par):
@@ -314,19 +345,30 @@ class Runner:
                 res["kv_probe"] = error_of(out)
             return res
 
-    def cell(self, cell, moe):
-        """Settle the layout on the reference, then run servesim on it."""
-        tried = []
-        for tp in TPS:
-            par = layout(tp, moe)
-            text = dump_yaml(make_config(cell, par))
+    def cell(self, cell, moe, others=()):
+        """Settle the layout on the reference, then run servesim on it. When no size of the cell's own
+        system runs in the reference, the candidates (`candidates`) on the model's other PASS cells are tried
+        in turn; the first the reference runs is the cell compared. When none runs, the first failure is kept
+        (its cell and layout) and the others are listed in `layouts_tried`."""
+        tried, first, settled = [], None, None
+        for cand, par in candidates(cell, moe, others):
+            if settled is cand:
+                continue  # a failure that is not the layout's: no other size of this cell helps
+            text = dump_yaml(make_config(cand, par))
             ref = self.reference(text)
-            tried.append(layout_label(par))
-            if ref is None or ref["ok"] or not LAYOUT_RETRY.search(ref["error"]) or tp == TPS[-1]:
+            label = layout_label(par)
+            tried.append(label if cand is cell else f"{cand['system']}/{cand['backend']} {label}")
+            if first is None:
+                first = (cand, par, text, ref)
+            if ref is None or ref["ok"]:
                 break
+            if not LAYOUT_RETRY.search(ref["error"]):
+                settled = cand
+        else:
+            cand, par, text, ref = first
         ss = self.servesim(text)
-        return dict(cell, moe=moe, layout=layout_label(par), layouts_tried=tried, config=json.loads(text),
-                    servesim=ss, reference=ref)
+        return dict(cand, moe=moe, layout=layout_label(par), layouts_tried=tried, config=json.loads(text),
+                    servesim=ss, reference=ref, **({} if cand is cell else {"picked_for": cell_row(cell)[1:3]}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,8 +473,9 @@ def main(argv=None):
         iter(glob.glob(os.path.join(args.ref_venv, "lib", "python3*", "site-packages", "aisimulate_core", "systems"))),
         "")
     split = (lambda s: [x for x in s.split(",") if x] if s else None)
+    current = current_versions(args.systems_dir)
     cells = select(read_cells(load_rows(args.systems_dir)), split(args.models), split(args.systems),
-                   split(args.backends), args.quick, current_versions(args.systems_dir))
+                   split(args.backends), args.quick, current)
     if not cells:
         print(f"no cells: no agg PASS row under {args.systems_dir}/support_matrix matches", file=sys.stderr)
         return 2
@@ -445,7 +488,10 @@ def main(argv=None):
         return 2
     runner = Runner(args)
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda c: runner.cell(c, model_is_moe(args.systems_dir, c["model"])), cells))
+        every = read_cells(load_rows(args.systems_dir)) if args.quick else cells
+        others = {c["model"]: quick_order([o for o in every if o["model"] == c["model"]], current) for c in cells}
+        results = list(pool.map(
+            lambda c: runner.cell(c, model_is_moe(args.systems_dir, c["model"]), others[c["model"]]), cells))
     for r in results:
         r["status"], r["worst_metric"], r["worst_deviation"], r["detail"] = classify(
             r["servesim"], r["reference"], args.tolerance)

@@ -224,6 +224,17 @@ fn nemotron_h_matches_the_reference() {
     assert_eq!(ours["completed_requests"], reference["completed_requests"]);
 }
 
+/// Kimi-K3 (KDA linear attention beside MLA, LatentMoE with MXFP4 experts run as
+/// w4a8_mxfp4_mxfp8) on one B300 TEP8 SGLang replica, the KV cache sized from GPU memory over
+/// the MLA layers net of a request's KDA state: every compared metric within 1e-9 of the
+/// reference (recorded as the YAML header says; the mean TTFT and ITL agree to ~1e-15).
+#[test]
+fn kimi_k3_matches_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_agg_kimi_k3") else { return };
+    assert!(worst <= 1e-9, "worst deviation {:.5} %", worst * 100.0);
+    assert_eq!(ours["completed_requests"], reference["completed_requests"]);
+}
+
 /// Qwen3.5-35B-A3B (Gated DeltaNet beside gated full attention, routed and shared experts) on an
 /// H200 TP2 / EP2 replica, on vLLM and on SGLang (its scalar shared-expert gate fused into the
 /// merge, no MoE pre-dispatch), the KV cache sized from GPU memory net of the GDN state: every
@@ -2827,7 +2838,7 @@ fn afd_refusals_name_the_key() {
 /// says how it was recorded): default retention (one saved state per request, at its newest
 /// full block), prefix_match_unit = block_size and a sub-block unit (aligned prefill splits, so
 /// extra passes and lower reuse), and both retentions with 300 blocks (saved states and token
-/// blocks evicted, requests preempted and readmitted). The engine's timing then depends only on how many passes a
+/// blocks evicted, requests preempted and readmitted), and states sized from the model. The engine's timing then depends only on how many passes a
 /// prompt takes, so latencies, duration, committed prefill tokens and the reuse ratio all follow
 /// from where states are saved and hit.
 #[test]
@@ -2839,6 +2850,10 @@ fn state_cache_predictions_match_the_reference_records() {
         "predict_state_cache_sub_block",
         "predict_state_cache_eviction",
         "predict_state_cache_eviction_sub_block",
+        // The state sized from the model (no bytes_per_request): Kimi-K3 (768-token blocks, a
+        // padded KDA state of 3 blocks) and DeepSeek-V4-Flash (256-token rows, 26 of them fixed).
+        "predict_state_cache_auto_kimi_k3",
+        "predict_state_cache_auto_deepseek_v4",
     ] {
         let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
         assert!(worst <= 1e-9, "{name}: worst deviation {worst}");

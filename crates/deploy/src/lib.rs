@@ -11,6 +11,7 @@ pub mod planner_search;
 pub mod reader;
 pub mod recommend;
 pub mod schema;
+pub mod state_size;
 pub mod tree;
 
 use std::path::{Path, PathBuf};
@@ -478,7 +479,7 @@ mod tests {
                 "state_cache.bytes_per_request: must be a positive integer",
             ),
             (json!({"state_cache": {"bytes": 1}}), "state_cache.bytes: unknown key"),
-            (json!({"state_cache": {}}), "which servesim does not size yet; give state_cache.bytes_per_request"),
+            (json!({"state_cache": {"mamba_cache_dtype": "bfloat16"}}), "state_cache.mamba_cache_dtype: unknown value"),
             (
                 json!({"state_cache": state, "host_offload": {"num_host_blocks": 10}}),
                 "state_cache supports G1 only; host_offload is not supported",
@@ -504,6 +505,12 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("manual KV capacity requires explicit positive block_size within u64"), "{e}");
         let e = config("sglang", fixed(json!({"state_cache": state}))).unwrap_err();
+        assert!(e.contains("state_cache requires backend=vllm and mode=aggregated or disaggregated (G1 only)"), "{e}");
+        // Without bytes_per_request the state is sized from the model when lowered
+        // (`state_size`), on vLLM only; the fixed capacity may then be in bytes.
+        let auto = json!({"state_cache": {}, "capacity": {"type": "fixed", "bytes": 1 << 30}});
+        assert_eq!(config("vllm", fixed(auto.clone())), Ok(()));
+        let e = config("sglang", fixed(auto)).unwrap_err();
         assert!(e.contains("state_cache requires backend=vllm and mode=aggregated or disaggregated (G1 only)"), "{e}");
     }
 }

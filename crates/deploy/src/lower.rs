@@ -248,9 +248,10 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
             a.insert("g3_offload".into(), g3.clone());
         }
     }
-    if let Some((bytes, unit)) = w.state_cache {
+    if let Some(state) = &w.state_cache {
+        let bytes = state.bytes_per_request.expect("sized by state_size::resolve");
         a.insert("state_cache".into(), json!({"bytes_per_request": bytes}));
-        if let Some(unit) = unit {
+        if let Some(unit) = state.prefix_match_unit {
             a.insert("prefix_match_unit".into(), json!(unit));
         }
         a.insert("kv_cache_bytes_per_token".into(), json!(w.bytes_per_token));
@@ -290,7 +291,10 @@ pub fn lower_engine(engine: &Engine) -> Result<LoweredEngine, DeployError> {
         }
         _ => None,
     };
-    let workers = roles.into_iter().map(|w| lower_worker(engine, w, transfer_bytes)).collect::<Result<_, _>>()?;
+    let workers = roles
+        .into_iter()
+        .map(|w| lower_worker(engine, &crate::state_size::resolve(engine, w)?, transfer_bytes))
+        .collect::<Result<_, _>>()?;
     Ok(LoweredEngine { workers })
 }
 

@@ -363,6 +363,8 @@ pub struct Database {
     pub(crate) dsv4: crate::dsv4::Dsv4Tables,
     /// Qwen3.5's GDN kernel table, read on first use.
     pub(crate) gdn: crate::gdn::GdnTables,
+    /// Kimi-K3's KDA kernel table, read on first use.
+    pub(crate) kda: crate::kimi_k3::KdaTables,
     gemm_cache: Mutex<HashMap<(Dtype, u32, u32, u32), f64>>,
     /// EMPIRICAL / HYBRID utilisation grids, each built on first use.
     util: crate::empirical::Grids,
@@ -460,6 +462,7 @@ impl Database {
             dsa: Default::default(),
             dsv4: Default::default(),
             gdn: Default::default(),
+            kda: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),
             util: Default::default(),
         })

@@ -333,6 +333,7 @@ impl Estimator {
             Op::Mhc(h) => crate::dsv4::eval_mhc(db, h, at.x)?,
             Op::Mamba2(k) => crate::mamba2::eval_mamba2(db, k, at.batch, at.s)?,
             Op::Gdn(g) => crate::gdn::eval_gdn(db, g, at.batch, at.s)?,
+            Op::Kda(k) => crate::kimi_k3::eval_kda(db, k, at.batch, at.s)?,
             Op::SmallGemm(g) => crate::gdn::eval_small_gemm(db, g, at.x)?,
             Op::Fallback { primary, fallback, .. } => match self.eval(primary, at) {
                 Ok(v) => v,
@@ -599,6 +600,9 @@ impl Estimator {
         }
         if let Some(g) = &m.gemma4 {
             return crate::gemma4::kv_bytes_per_token(g, self.layout.tp, self.layout.kv);
+        }
+        if let (Some(k), Some(d)) = (&m.kimi_k3, &m.mla) {
+            return crate::kimi_k3::kv_bytes_per_token(k, d, self.layout.kv);
         }
         if let Some(q) = &m.qwen35 {
             return crate::gdn::kv_bytes_per_token(m, q, self.layout.tp, self.layout.kv);

@@ -25,6 +25,7 @@ pub mod gemma4;
 pub mod glimmer;
 pub mod hybrid_moe;
 pub mod interp;
+pub mod kimi_k3;
 pub mod mamba2;
 pub mod memory;
 pub mod mla;

@@ -144,6 +144,14 @@ pub fn kv_capacity(
     let per_token = est.kv_bytes_per_token();
     let tokens = if let Some(d) = &m.dsv4 {
         d.kv_tokens(est.layout.kv, kv, m.max_position as u64)
+    } else if let Some(k) = &m.kimi_k3 {
+        // One request's KDA state (all its slots) comes out of the budget first.
+        let left = kv - crate::kimi_k3::state_bytes_per_request(k, est.layout.tp);
+        if left <= 0.0 || per_token <= 0.0 {
+            0
+        } else {
+            (left / per_token).floor() as u64
+        }
     } else if let Some(q) = &m.qwen35 {
         // One request's GDN state comes out of the budget first.
         let left = kv - crate::gdn::state_bytes_per_request(q, est.layout.tp);

@@ -107,6 +107,8 @@ pub struct ModelSpec {
     pub qwen35: Option<crate::gdn::Qwen35Spec>,
     /// Muse-Glimmer: the sliding-window / global layer split (`glimmer.rs`).
     pub glimmer: Option<crate::glimmer::GlimmerSpec>,
+    /// Kimi-K3: the KDA / MLA layer split, KDA widths and LatentMoE facts (`kimi_k3.rs`).
+    pub kimi_k3: Option<crate::kimi_k3::KimiK3Spec>,
 }
 
 /// Number formats a checkpoint implies, as the reference infers them from `config.json`'s
@@ -190,6 +192,7 @@ fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value>
         && !crate::gdn::ARCHS.contains(&arch)
         && !crate::qwen3vl::ARCHS.contains(&arch)
         && arch != crate::glimmer::ARCH
+        && arch != crate::kimi_k3::ARCH
     {
         return Ok(cfg);
     }
@@ -297,6 +300,9 @@ impl ModelSpec {
             }
         } else if let Some(f) = crate::qwen3vl::family(&arch) {
             f
+        } else if arch == crate::kimi_k3::ARCH {
+            // Kimi-K3: MoE facts and MLA widths, its own op list (`kimi_k3.rs`).
+            Family::Moe
         } else if arch == crate::glimmer::ARCH {
             // Muse-Glimmer: the dense graph's facts, its own op list (`glimmer.rs`).
             Family::Dense
@@ -327,6 +333,7 @@ impl ModelSpec {
                     &crate::gdn::ARCHS,
                     crate::qwen3vl::ARCHS,
                     &[crate::glimmer::ARCH],
+                    &[crate::kimi_k3::ARCH],
                 ]
                 .concat()
                 .join(", ")
@@ -344,7 +351,11 @@ impl ModelSpec {
         let kv_heads = uint(cfg, "num_key_value_heads").filter(|&v| v > 0).unwrap_or(heads);
         let head_dim = uint(cfg, "head_dim").filter(|&v| v > 0).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
         let inter = uint(cfg, "intermediate_size").unwrap_or(0);
-        let topk = uint(cfg, "num_experts_per_tok").or_else(|| uint(cfg, "top_k_experts")).unwrap_or(0);
+        let topk = uint(cfg, "num_experts_per_tok")
+            .or_else(|| uint(cfg, "top_k_experts"))
+            // Kimi-K3's KimiLinearConfig spells it this way.
+            .or_else(|| uint(cfg, "num_experts_per_token"))
+            .unwrap_or(0);
         let experts = uint(cfg, "num_local_experts")
             .filter(|&v| v > 0)
             .or_else(|| uint(cfg, "n_routed_experts").filter(|&v| v > 0))
@@ -373,7 +384,7 @@ impl ModelSpec {
         let arch_name = arch.clone();
         let gpt_oss = arch == "GptOssForCausalLM";
         let width = |k: &str, default: u32| uint(cfg, k).filter(|&v| v > 0).unwrap_or(default);
-        let mla = matches!(family, Family::Mla | Family::Dsa).then(|| MlaDims {
+        let mla = (matches!(family, Family::Mla | Family::Dsa) || arch == crate::kimi_k3::ARCH).then(|| MlaDims {
             q_lora_rank: width("q_lora_rank", 1536),
             kv_lora_rank: width("kv_lora_rank", 512),
             qk_nope_head_dim: width("qk_nope_head_dim", 128),
@@ -432,6 +443,11 @@ impl ModelSpec {
                 None
             },
             qwen35: None,
+            kimi_k3: if arch == crate::kimi_k3::ARCH {
+                Some(crate::kimi_k3::spec_from_config(cfg, layers, hidden, &shown.to_string())?)
+            } else {
+                None
+            },
             glimmer: if arch == crate::glimmer::ARCH {
                 Some(crate::glimmer::spec_from_config(cfg, layers, &shown.to_string())?)
             } else {
@@ -866,6 +882,8 @@ pub enum Op {
     Mamba2(crate::mamba2::Mamba2Op),
     /// A Qwen3.5 GDN kernel (`gdn.rs`).
     Gdn(crate::gdn::GdnOp),
+    /// A Kimi-K3 KDA kernel (`kimi_k3.rs`).
+    Kda(crate::kimi_k3::KdaOp),
     /// A GEMM timed by its roofline where its width is below the measured grid (`gdn.rs`).
     SmallGemm(crate::gdn::SmallGemmOp),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
@@ -906,6 +924,7 @@ impl Op {
             Op::Mhc(a) => &a.name,
             Op::Mamba2(k) => &k.name,
             Op::Gdn(g) => &g.name,
+            Op::Kda(k) => &k.name,
             Op::SmallGemm(g) => &g.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
             Op::TokenScale { op, .. } => op.name(),
@@ -941,6 +960,7 @@ impl Op {
             Op::Mhc(a) => &mut a.name,
             Op::Mamba2(k) => &mut k.name,
             Op::Gdn(g) => &mut g.name,
+            Op::Kda(k) => &mut k.name,
             Op::SmallGemm(g) => &mut g.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
             Op::TokenScale { op, .. } => op.name_mut(),
@@ -1037,6 +1057,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if let Some(q) = &m.qwen35 {
         return crate::gdn::build_qwen35_ops(m, q, l);
+    }
+    if let Some(k) = &m.kimi_k3 {
+        return crate::kimi_k3::build_ops(m, k, l);
     }
     if let Some(g) = &m.glimmer {
         return crate::glimmer::build_glimmer_ops(m, g, l);

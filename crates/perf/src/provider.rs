@@ -894,6 +894,11 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let gemm = cfg.gemm_quant_mode.unwrap_or(model.quant.gemm);
     let kv = cfg.kvcache_quant_mode.unwrap_or(model.quant.kv);
     let moe = cfg.moe_quant_mode.unwrap_or(model.quant.moe);
+    // Kimi-K3's MXFP4 experts on SGLang / Blackwell run with MXFP8 activations (`kimi_k3.rs`).
+    let moe = match (&model.kimi_k3, cfg.moe_quant_mode) {
+        (Some(_), None) => crate::kimi_k3::moe_format(&cfg.model, &cfg.backend, spec.sm_version, moe),
+        _ => moe,
+    };
     // Gemma 4: the attention projections, dense MLP and experts each follow the checkpoint's
     // bf16 exclusions (`gemm` then times the projections, `shared_gemm` the MLP).
     let gemma4 = model.gemma4.as_ref().map(|g| crate::gemma4::formats(g, gemm, moe, cfg.gemm_quant_mode.is_some()));

@@ -65,8 +65,9 @@ pub struct Worker {
     pub capacity: Capacity,
     /// Host (G2) and G3 caches below the device cache.
     pub offload: Option<Offload>,
-    /// The recurrent-state cache: (`state_cache.bytes_per_request`, `prefix_match_unit`).
-    pub state_cache: Option<(u64, Option<u64>)>,
+    /// The recurrent-state cache (`state_cache`, `prefix_match_unit`); its bytes are sized from
+    /// the model when lowered if not given (`crate::state_size`).
+    pub state_cache: Option<crate::state_size::StateCache>,
     pub timing: Timing,
     /// `timing.systems_paths`: this worker's performance data, in place of the engine's.
     pub systems_paths: Option<Vec<String>>,
@@ -199,7 +200,9 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     }
                     (Some(b), None) => Capacity::Blocks(b),
                     (None, Some(b)) => {
-                        if bytes_per_token.is_none() {
+                        // An inferred state cache resolves the token bytes from the model.
+                        let inferred = state_keys.as_ref().is_some_and(|s| matches!(s.state, Some(None)));
+                        if bytes_per_token.is_none() && !inferred {
                             return Err(DeployError::new(
                                 here,
                                 "fixed KV capacity in bytes requires kv_cache.bytes_per_token",
@@ -216,6 +219,8 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             };
         }
         if let Some(state) = state_keys {
+            let prefix_match_unit = state.prefix_match_unit;
+            let (mamba_cache_dtype, indexer_cache_dtype) = (state.mamba.clone(), state.indexer.clone());
             let bytes =
                 check_state_cache(&k, state, backend, block_size, bytes_per_token, &capacity, offload.as_ref())?;
             if role != "aggregated" {
@@ -225,7 +230,12 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                      beside its KV, and a decode worker's restore) is not modelled by servesim's vLLM engine yet",
                 ));
             }
-            state_cache = Some((bytes, state.prefix_match_unit));
+            state_cache = Some(crate::state_size::StateCache {
+                bytes_per_request: bytes,
+                prefix_match_unit,
+                mamba_cache_dtype,
+                indexer_cache_dtype,
+            });
         }
         k.finish()?;
     }
@@ -358,11 +368,14 @@ fn read_host_loop(w: &mut Reader) -> Result<(), DeployError> {
 
 /// `kv_cache.state_cache` and `kv_cache.prefix_match_unit` as read: the state bytes a request
 /// holds (None: to be inferred from the model) and the prefix-match unit.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct StateCacheKeys {
     /// Some when `state_cache` is set: its `bytes_per_request`, if given.
     state: Option<Option<u64>>,
     prefix_match_unit: Option<u64>,
+    /// `mamba_cache_dtype` and `indexer_cache_dtype` (what sizes an inferred state).
+    mamba: String,
+    indexer: String,
 }
 
 fn read_state_cache(k: &mut Reader) -> Result<Option<StateCacheKeys>, DeployError> {
@@ -370,6 +383,7 @@ fn read_state_cache(k: &mut Reader) -> Result<Option<StateCacheKeys>, DeployErro
         Some(0) => return Err(k.err("prefix_match_unit", "must be a positive integer")),
         unit => unit,
     };
+    let (mut mamba, mut indexer) = ("auto".to_string(), "auto".to_string());
     let state = match k.obj("state_cache")? {
         None => None,
         Some(mut s) => {
@@ -378,17 +392,27 @@ fn read_state_cache(k: &mut Reader) -> Result<Option<StateCacheKeys>, DeployErro
                 return Err(s.err("bytes_per_request", "must be a positive integer"));
             }
             // Sizing inputs of the inferred state (vLLM's mamba and indexer cache dtypes).
-            s.one_of("mamba_cache_dtype", &["auto", "float16", "float32"])?;
-            s.one_of("indexer_cache_dtype", &["auto", "fp8", "mxfp4"])?;
+            if let Some(d) = s.one_of("mamba_cache_dtype", &["auto", "float16", "float32"])? {
+                mamba = d.to_string();
+            }
+            if let Some(d) = s.one_of("indexer_cache_dtype", &["auto", "fp8", "mxfp4"])? {
+                indexer = d.to_string();
+            }
             s.finish()?;
             Some(bytes)
         }
     };
-    Ok((state.is_some() || prefix_match_unit.is_some()).then_some(StateCacheKeys { state, prefix_match_unit }))
+    Ok((state.is_some() || prefix_match_unit.is_some()).then_some(StateCacheKeys {
+        state,
+        prefix_match_unit,
+        mamba,
+        indexer,
+    }))
 }
 
 /// The reference's checks of a recurrent-state cache (`kv_cache` geometry first, then the
-/// engine's backend), in its order and words; returns the state bytes of a request.
+/// engine's backend), in its order and words; returns the state bytes of a request (None: sized
+/// from the model when lowered, where the geometry checks of a sized state run).
 fn check_state_cache(
     k: &Reader,
     keys: StateCacheKeys,
@@ -397,7 +421,7 @@ fn check_state_cache(
     bytes_per_token: Option<u64>,
     capacity: &Capacity,
     offload: Option<&Offload>,
-) -> Result<u64, DeployError> {
+) -> Result<Option<u64>, DeployError> {
     let Some(bytes_per_request) = keys.state else {
         return Err(k.err("prefix_match_unit", "prefix_match_unit currently requires state_cache"));
     };
@@ -414,12 +438,7 @@ fn check_state_cache(
         return Err(k.err("state_cache", format!("state_cache supports G1 only; {tier} is not supported")));
     }
     let Some(bytes_per_request) = bytes_per_request else {
-        return Err(k.err(
-            "state_cache",
-            "state_cache without bytes_per_request asks for the state size inferred from the model (the \
-             reference infers it for Kimi K3 and DeepSeek V4 only), which servesim does not size yet; give \
-             state_cache.bytes_per_request",
-        ));
+        return check_state_backend(k, backend).map(|()| None);
     };
     let (Some(block_size), Some(bytes_per_token)) = (block_size, bytes_per_token) else {
         let name = if block_size.is_none() { "block_size" } else { "bytes_per_token" };
@@ -440,10 +459,15 @@ fn check_state_cache(
     if blocks < bytes_per_request.div_ceil(block_bytes) + 1 {
         return Err(k.err("state_cache", "state_cache capacity must fit one token block and one request state"));
     }
+    check_state_backend(k, backend)?;
+    Ok(Some(bytes_per_request))
+}
+
+fn check_state_backend(k: &Reader, backend: &str) -> Result<(), DeployError> {
     if backend != "vllm" {
         return Err(
             k.err("state_cache", "state_cache requires backend=vllm and mode=aggregated or disaggregated (G1 only)")
         );
     }
-    Ok(bytes_per_request)
+    Ok(())
 }
