@@ -224,9 +224,8 @@ impl VisionTower {
                 Tokens::Vit => shape.patches,
                 Tokens::Merged => shape.tokens,
             };
-            let x = sequences
-                .checked_mul(s)
-                .ok_or_else(|| PerfError::config("encoder tokens per batch exceed 2^32"))?;
+            let x =
+                sequences.checked_mul(s).ok_or_else(|| PerfError::config("encoder tokens per batch exceed 2^32"))?;
             let ms = match op.kind {
                 Kind::Elementwise { bytes_per_token } => db.mem_op_ms(bytes_per_token * f64::from(x)),
                 Kind::Gemm { n, k, fp8_input } => db.gemm_op(Dtype::Bfloat16, x, n, k, fp8_input)?.max(0.0),
