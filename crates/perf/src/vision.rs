@@ -328,7 +328,7 @@ impl AttentionTable {
                     key_u32(&path, "isl", i, isl[i])?,
                     key_u32(&path, "batch_size", i, b[i])?,
                 ];
-                nodes.entry(head).or_insert_with(Node::new).insert_first_wins(&point, lat[i]);
+                nodes.entry(head).or_default().insert_first_wins(&point, lat[i]);
             }
         }
         let by_head = nodes.into_iter().map(|(h, n)| (h, crate::interp::Grid::new(n))).collect();
