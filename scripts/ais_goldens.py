@@ -16,6 +16,10 @@ C: batch·prefix}`, a decode step at mean context `c` is `{D: batch, K: batch·(
 max_num_tokens 8192, max_batch_size 256 and the backend's default memory fraction of the
 total (vLLM 0.9, SGLang 0.88; TRT-LLM: 0.9 of the free memory).
 
+`--vision` prints instead the numbers behind crates/perf/tests/vision.rs: Qwen3-VL's vision tower on
+one encoder-only worker (`build_encoder_ops(enc_cfg, tp, enable_encoder_dp=False)`), each op of one
+batch (`BaseBackend._run_encoder_phase`) and its memory (`run_encoder_static`), h200_sxm / vLLM 0.24.0.
+
 `--dsv4-kv` prints instead the numbers behind crates/perf/tests/dsv4.rs: DeepSeek-V4's KV bytes per
 sequence (`DeepSeekV4Model.get_kvcache_bytes_per_sequence`) and the longest sequence a byte budget
 holds (`BaseModel._binary_search_kvcache_max_tokens`), on the packaged configs, with fp8 and bf16
@@ -397,8 +401,34 @@ def dsv4_kv():
                               "tokens": [(b, DeepSeekV4Model._binary_search_kvcache_max_tokens(m, b))
                                          for b in DSV4_BUDGETS]}))
 
+VISION_CASES = [("Qwen/Qwen3-VL-8B-Instruct", 1, 1, 1024, 1024), ("Qwen/Qwen3-VL-30B-A3B-Instruct", 2, 4, 720, 1280)]
+
+
+def vision():
+    from aisimulate.sdk.sweep import _vision_encoder_config
+    from aisimulate_core.sdk import config
+    from aisimulate_core.sdk.backends.factory import get_backend
+    from aisimulate_core.sdk.models.blocks.vit import EncoderOnlyModel, build_encoder_ops
+    from aisimulate_core.sdk.perf_database import get_database_view
+
+    db = get_database_view("h200_sxm", "vllm", "0.24.0", database_mode="SILICON")
+    backend = get_backend("vllm")
+    for hf, tp, batch, height, width in VISION_CASES:
+        enc = _vision_encoder_config(hf)
+        rt = config.RuntimeConfig(isl=1024, osl=128, image_height=height, image_width=width, num_images_per_request=1)
+        ops = build_encoder_ops(enc, tp, enable_encoder_dp=False)
+        model = EncoderOnlyModel(encoder_ops=ops, encoder_config=enc,
+                                 config=config.ModelConfig(tp_size=tp, enable_encoder_dp=False))
+        latency, _, _, tokens = backend._run_encoder_phase(model, db, rt, batch)
+        _, _, memory, _ = backend.run_encoder_static(model, db, rt, batch)
+        print(json.dumps({"model": hf, "tp": tp, "batch": batch, "image": [height, width], "tokens": tokens,
+                          "ops": list(latency.items()), "memory_gib": memory["total"]}))
+
 
 def main():
+    if "--vision" in sys.argv[1:]:
+        vision()
+        return
     if "--dsv4-kv" in sys.argv[1:]:
         dsv4_kv()
         return

@@ -2887,3 +2887,199 @@ fn disaggregated_state_cache_is_refused_by_name_beside_the_reference_record() {
         serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap()).unwrap();
     assert_eq!(reference["completed_requests"], json!(120), "{name}");
 }
+
+/// Every field of an analytical EPD prediction (`{metadata, summary}`) against the reference's:
+/// numbers within `tol` relative (and of the same kind, float or integer), the rest equal, no
+/// key missing on either side (the reference's `call_wall_ms` aside).
+fn compare_epd(path: &str, ours: &Value, reference: &Value, tol: f64) {
+    match (ours, reference) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> =
+                a.keys().chain(b.keys()).filter(|k| *k != "call_wall_ms").collect();
+            for k in keys {
+                let (x, y) = (a.get(k), b.get(k));
+                assert!(x.is_some() && y.is_some(), "{path}.{k}: ours {x:?}, reference {y:?}");
+                compare_epd(&format!("{path}.{k}"), x.unwrap(), y.unwrap(), tol);
+            }
+        }
+        (Value::Number(x), Value::Number(y)) => {
+            assert_eq!(x.is_f64(), y.is_f64(), "{path}: {x} vs reference {y} (float or integer)");
+            let dev = deviation(x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!(dev <= tol, "{path} = {x}, reference {y} ({dev:e})");
+        }
+        _ => assert_eq!(ours, reference, "{path}"),
+    }
+}
+
+/// Image traffic through the reference's analytical encoder pool (EPD), recorded from
+/// aisimulate 0.13 (each YAML says how): Qwen3-VL-8B on vLLM (one 1024×1024 image), the
+/// Qwen3-VL-30B-A3B MoE on SGLang (two 720×1280 images, encoder TP 2 × 2 replicas, batch 2), and
+/// a disaggregated vLLM language side whose slow pool caps the request rate. The language side
+/// is a text replay at text + visual tokens; the encoder's latency, rate cap, memory and GPUs
+/// are laid over it. Every field of the report within 1e-9 (measured: 3.5e-11, the KV
+/// transfer's rounding in the disaggregated run; the aggregated ones 2e-15).
+#[test]
+fn analytical_epd_matches_the_reference() {
+    for name in ["predict_epd_qwen3vl_8b", "predict_epd_qwen3vl_moe", "predict_epd_disagg_capped"] {
+        let out_dir = tmp(name);
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--format", "json"]);
+        if data_missing(&out) || stderr(&out).contains("no AIS performance data") {
+            eprintln!("NOTICE: AIS data not installed; skipping {name}");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let stdout: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(stdout, ours, "{name}: --format json prints prediction.json");
+        let reference: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        compare_epd(name, &ours, &reference, 1e-9);
+    }
+    // The capped case's rate really is the pool's: duration = completed / (rps · 0.8 · 1).
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("predict_epd_disagg_capped.expected.json")).unwrap())
+            .unwrap();
+    let (s, e) = (&doc["summary"], &doc["metadata"]["encoder"]);
+    let capped = s["completed_requests"].as_f64().unwrap() / (e["throughput_rps"].as_f64().unwrap() * 0.8) * 1000.0;
+    assert!(deviation(s["duration_ms"].as_f64().unwrap(), capped) < 1e-12);
+    assert!(s["duration_ms"].as_f64().unwrap() > doc["metadata"]["language_replay_duration_ms"].as_f64().unwrap());
+    // The table form is the reference's (its lines for this configuration, values aside).
+    let out = predict(&deploy_dir().join("predict_epd_qwen3vl_8b.yaml"), &tmp("epd-table"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let want = [
+        "AISimulate analytical EPD (aggregate estimates; no encoder queue simulation)",
+        "mean_ttft_ms: 181.967907025",
+        "mean_tpot_ms: 7.3077411982283",
+        "mean_e2e_latency_ms: 1110.05103919",
+        "output_throughput_tok_s: 932.58304152178",
+        "completed_requests: 40.0",
+        "duration_ms: 5490.127712",
+        "gpu_hours: 0.00305007095111",
+        "encoder_gpus: 1.0",
+        "total_gpus: 2",
+        "power_w=unavailable (energy provider or topology unsupported) power_coverage=unavailable (energy provider or \
+         topology unsupported)",
+        "KV cache (aggregated): bfloat16 (source: aisimulate_policy)",
+        "Timing (runner): unavailable (runner did not report effective timing provenance)",
+        "duration_ms is a rate-derived accounting interval, not an EPD event timeline.",
+        "Saved full report to:",
+    ];
+    assert_eq!(lines.len(), want.len(), "{text}");
+    for (line, want) in lines.iter().zip(want) {
+        assert!(line.starts_with(want), "{line:?} should start with {want:?}");
+    }
+}
+
+/// What the analytical encoder pool does not take is refused with the reference's words (exit
+/// 2): image identity pools, processor pixel bounds, non-concurrency load, non-default timing,
+/// elastic workers, a model without a vision tower. What servesim does not run yet is refused by
+/// name with what is missing: a native pool, images without a pool (native VL replay), recommend.
+#[test]
+fn epd_refusals_name_what_is_missing() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["traffic.source.images.identity={pool: 4}"],
+            "traffic.source.images.identity: encoder pools do not model image identity pools; \
+             traffic.source.images.identity must be unique",
+        ),
+        (
+            &["traffic.source.images.max_pixels=1000000"],
+            "images.min_pixels and max_pixels are honored only by native VL replay, not by analytical EPD",
+        ),
+        (
+            &["traffic.source.images.min_pixels=2000000", "traffic.source.images.max_pixels=1000000"],
+            "images.min_pixels cannot exceed images.max_pixels",
+        ),
+        (
+            &["traffic.load={type: poisson, requests_per_second: 2}"],
+            "traffic.load: analytical EPD requires fixed synthetic concurrency, not rate or load search",
+        ),
+        (
+            &["engine.workers.aggregated.timing={type: fixed, prefill_ms: 10, decode_ms: 5}"],
+            "engine.workers.aggregated.timing: analytical EPD requires default op_level language timing",
+        ),
+        (
+            &["engine.workers.aggregated.startup_seconds=30"],
+            "engine.workers.aggregated.startup_seconds: encoder pools require static worker pools",
+        ),
+        (
+            &["engine.workers.aggregated.timing.gemm_quant_mode=fp8"],
+            "explicit timing identity requires the canonical forward-pass provider",
+        ),
+        (&["engine.workers.encoder.batch_size=9"], "engine.workers.encoder.batch_size: must be at most 8"),
+        (
+            &["engine.workers.encoder.rate_degradation=1.5"],
+            "engine.workers.encoder.rate_degradation: must be in (0, 1]",
+        ),
+        (
+            &["engine.workers.encoder.transfer={bandwidth_gb_per_second: 10}"],
+            "engine.workers.encoder.transfer: host_profile, frontend and transfer apply to encoder mode=native only",
+        ),
+        (
+            &["engine.workers.encoder.mode=native"],
+            "engine.workers.encoder.mode: native encoder pools (SGLang's --encoder-only servers replayed event by \
+             event, which the reference runs in its compiled module) are not supported by servesim yet",
+        ),
+        (
+            &["engine.workers.encoder=null"],
+            "traffic.source.images: images without engine.workers.encoder need native VL replay",
+        ),
+        (
+            &["traffic.source.images=null"],
+            "engine.workers.encoder: EPD requires both traffic.source.images and engine.workers.encoder",
+        ),
+        (
+            &["engine.model=Qwen/Qwen3-8B"],
+            "EPD (encoder disaggregation) requested but model 'Qwen/Qwen3-8B' has no vision encoder.",
+        ),
+        (
+            &["engine.workers.encoder.tensor=3"],
+            "EPD encoder: no encode-worker candidate for any encoder tp (tp must divide the ViT geometry",
+        ),
+        (&["engine.context_length=2048"], "EPD text + visual + output tokens exceed context_length"),
+        (&["engine.workers.encoder.color=1"], "engine.workers.encoder.color: unknown key"),
+        (&["engine.systems_paths=[/tmp]"], "engine.systems_paths: engine.systems_paths does not support encoder pools"),
+        (
+            &["engine.workers.aggregated.timing.database_mode=SOL"],
+            "engine.workers: estimator policies require regular language workers with default timing",
+        ),
+        (
+            &["engine.database_mode=SOL"],
+            "engine: estimator policies require regular language workers with default timing in every role",
+        ),
+        (&["router.policy=kv_router"], "encoder pools require the offline engine stack without adapters"),
+    ];
+    let config = deploy_dir().join("predict_epd_qwen3vl_8b.yaml");
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let mut extra = vec![];
+        extra.extend(sets.iter().flat_map(|s| ["--set", *s]));
+        let out = predict(&config, &tmp(&format!("epd-refused-{i}")), &extra);
+        if data_missing(&out) {
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+    // recommend does not search encoder pools yet.
+    let base = deploy_dir().join("recommend_bayes_fixed.yaml");
+    let out_dir = tmp("epd-recommend");
+    let args = [
+        "recommend",
+        "-c",
+        base.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--set",
+        "engine.workers.encoder={mode: analytical}",
+    ];
+    let out = servesim(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("engine.workers.encoder: recommend with an encoder pool (the reference's EPD search"),
+        "{}",
+        stderr(&out)
+    );
+}

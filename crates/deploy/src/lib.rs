@@ -5,6 +5,7 @@
 //! runs one such deployment ([`Prepared::run`]).
 
 pub mod afd;
+pub mod epd;
 mod error;
 pub mod lower;
 pub mod planner_search;
@@ -218,6 +219,14 @@ fn check_prompt_fits(config: &Config, topology: &servesim_replay::Topology) -> R
 
 /// Lowers a read configuration. `base`: the directory relative trace paths start from.
 pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
+    if config.engine.encoder.is_some() {
+        // `epd` runs the pool's language side (`epd::Pool::language`), which has none.
+        return Err(DeployError::new(
+            "engine.workers.encoder",
+            "an encoder pool runs through servesim predict -c only (recommend with an encoder pool is not \
+             supported by servesim yet)",
+        ));
+    }
     if let Some(memory) = servesim_replay::memory::available() {
         check_memory(&config, memory)?;
     }

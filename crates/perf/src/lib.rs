@@ -39,6 +39,7 @@ pub mod parquet_table;
 pub mod provider;
 pub mod qwen3vl;
 pub mod systems;
+pub mod vision;
 
 pub use error::{ErrorKind, PerfError};
 pub use estimator::{Estimator, RankMetrics};

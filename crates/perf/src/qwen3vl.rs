@@ -35,7 +35,9 @@
 //! builds no encoder op). [`default_activation_row`] tells the memory model.
 //!
 //! Images (`traffic.source.images`), encoder workers and the `encoder_parallel` knob are refused
-//! where they are read (the deploy schema and the AIS config), whatever the model.
+//! where they are read (the deploy schema and the AIS config), whatever the model. The vision
+//! tower itself, as the reference's analytical encoder pool prices it (image tokens, encoder ops,
+//! memory), is [`crate::vision`]; `predict -c` does not route images through it yet.
 
 use crate::model::Family;
 

@@ -100,6 +100,9 @@ pub fn predict(
     if tree.pointer("/engine/mode").and_then(|m| m.as_str()) == Some("afd") {
         return afd(f, flags, json, variation, &tree, calibration.is_some());
     }
+    if tree.pointer("/engine/workers/encoder").is_some_and(|e| !e.is_null()) {
+        return super::epd::predict(f, flags, json, variation, &tree, calibration.is_some());
+    }
     let mut prepared = servesim_deploy::prepare_tree(path, &tree).map_err(Failure::input)?;
     prepared.sim.timing_jitter_cv = cv;
     prepared.sim.threads = variation.threads;

@@ -3,6 +3,7 @@
 
 mod args;
 mod ensemble;
+mod epd;
 mod file;
 
 pub use args::PredictArgs;

@@ -445,6 +445,14 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             planner,
         );
     }
+    // The reference searches encoder pools (`sweeper/epd.py`); servesim predicts one only.
+    if get(&base, &["engine", "workers", "encoder"]).is_some_and(|v| !v.is_null()) {
+        return Err(DeployError::new(
+            "engine.workers.encoder",
+            "recommend with an encoder pool (the reference's EPD search over encoder tensor, replicas and batch) \
+             is not supported by servesim yet; predict one pool with servesim predict -c",
+        ));
+    }
     // Host offload is vLLM's: the reference wants the backend (and the mode) pinned, not searched.
     let offloading = ["aggregated", "prefill", "decode"]
         .iter()

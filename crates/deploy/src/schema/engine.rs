@@ -49,6 +49,8 @@ pub struct Engine {
     pub tokenization: Option<Tokenization>,
     /// The attention/FFN topology of `mode: afd`.
     pub afd: Option<super::afd::Afd>,
+    /// `workers.encoder`: the analytical encoder pool (`crate::epd`).
+    pub encoder: Option<super::encoder::Encoder>,
 }
 
 /// Speculative decoding as the unified config states it: `nextn` draft tokens per decode step,
@@ -275,10 +277,13 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         None => None,
     };
     let workers_path = e.path("workers");
-    let (mut aggregated, mut prefill, mut decode) = (None, None, None);
+    let (mut aggregated, mut prefill, mut decode, mut encoder) = (None, None, None, None);
     if let Some(mut w) = e.obj("workers")? {
-        if w.value("encoder").is_some() {
-            return Err(w.err("encoder", "encoder pools are not supported by servesim yet"));
+        if let Some(o) = w.obj("encoder")? {
+            if mode == Mode::Afd {
+                return Err(w.err("encoder", "AFD does not support encoder pools"));
+            }
+            encoder = Some(super::encoder::read_encoder(o)?);
         }
         if let Some(o) = w.obj("aggregated")? {
             aggregated = Some(read_worker(o, "aggregated", backend)?);
@@ -392,6 +397,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
         controls,
         tokenization,
         afd,
+        encoder,
     })
 }
 

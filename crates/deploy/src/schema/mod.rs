@@ -10,6 +10,7 @@
 
 pub mod afd;
 pub mod controls;
+pub mod encoder;
 pub mod engine;
 pub mod estimator;
 pub mod evaluation;
@@ -102,6 +103,7 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
         }
         ex.finish()?;
     }
+    let adapters = top.given("router") || top.given("planner");
     let router = match top.obj("router")? {
         Some(r) => read_router(r)?,
         None => RouterPolicy::RoundRobin,
@@ -111,5 +113,12 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
         None => None,
     };
     top.finish()?;
+    encoder::check_epd(&traffic, &engine)?;
+    if adapters && engine.encoder.is_some() {
+        return Err(DeployError::new(
+            "engine.workers.encoder",
+            "encoder pools require the offline engine stack without adapters",
+        ));
+    }
     Ok(Config { traffic, engine, sla, router, planner })
 }

@@ -3,7 +3,6 @@
 
 use serde_json::Value;
 
-use super::unsupported::unsupported;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
@@ -65,6 +64,8 @@ pub struct Traffic {
     pub source: Source,
     pub load: Load,
     pub stop: Stop,
+    /// `source.images` of a synthetic source (run through an encoder pool, `crate::epd`).
+    pub images: Option<super::encoder::Images>,
 }
 
 const FORMATS: [&str; 6] =
@@ -77,12 +78,13 @@ pub(super) fn read_traffic(t: Option<Reader>) -> Result<Traffic, DeployError> {
             source: Source::Synthetic { input_tokens: 1024, output_tokens: 128, cached_prefix_tokens: 0 },
             load: Load::Concurrency(10),
             stop: Stop { count: Some(100), ..Stop::default() },
+            images: None,
         });
     };
     let here = t.here().to_string();
-    let source = match t.obj("source")? {
+    let (source, images) = match t.obj("source")? {
         Some(s) => read_source(s)?,
-        None => Source::Synthetic { input_tokens: 1024, output_tokens: 128, cached_prefix_tokens: 0 },
+        None => (Source::Synthetic { input_tokens: 1024, output_tokens: 128, cached_prefix_tokens: 0 }, None),
     };
     // The load's checks read one stop condition (the reference's `TrafficPredictionConfig`
     // checks it among the load's own).
@@ -193,10 +195,11 @@ pub(super) fn read_traffic(t: Option<Reader>) -> Result<Traffic, DeployError> {
             }
         }
     }
-    Ok(Traffic { source, load, stop })
+    Ok(Traffic { source, load, stop, images })
 }
 
-fn read_source(mut s: Reader) -> Result<Source, DeployError> {
+fn read_source(mut s: Reader) -> Result<(Source, Option<super::encoder::Images>), DeployError> {
+    let mut images = None;
     let ty = s.one_of("type", &["synthetic", "synthetic-session", "trace"])?.unwrap_or("synthetic");
     let here = s.here().to_string();
     let source = match ty {
@@ -212,7 +215,9 @@ fn read_source(mut s: Reader) -> Result<Source, DeployError> {
                     ),
                 ));
             }
-            unsupported(&mut s, "images", "multimodal (image) traffic")?;
+            if let Some(i) = s.obj("images")? {
+                images = Some(super::encoder::read_images(i)?);
+            }
             Source::Synthetic { input_tokens, output_tokens, cached_prefix_tokens }
         }
         "synthetic-session" => {
@@ -273,7 +278,7 @@ fn read_source(mut s: Reader) -> Result<Source, DeployError> {
     };
     let _ = here;
     s.finish()?;
-    Ok(source)
+    Ok((source, images))
 }
 
 /// `agentic_snapshot`: `seed`, and the reference's exact initial cuts with the corpus cursor.

@@ -1,0 +1,193 @@
+//! Image traffic (`traffic.source.images`) and the dedicated encoder pool
+//! (`engine.workers.encoder`), read with the reference's checks and words.
+//!
+//! servesim models the reference's analytical pool (`mode: analytical`, EPD): the language
+//! replay runs the prompts at their text plus visual tokens and the pool's batch latency and
+//! rate are laid over its means (`crate::epd`). What the reference runs in its compiled
+//! module is refused by name: a native pool (`mode: native`, SGLang's encoder servers replayed
+//! event by event) and images without a pool (native VL replay on the language worker).
+
+use super::engine::Engine;
+use super::traffic::{Load, Source, Traffic};
+use super::worker::Timing;
+use crate::error::DeployError;
+use crate::reader::ErrAt;
+use servesim_config::Reader;
+
+/// `traffic.source.images`: the same images on every synthetic request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Images {
+    pub height: u32,
+    pub width: u32,
+    pub count: u32,
+    pub encoding: &'static str,
+    /// `identity: {pool: N}`: requests draw from N images (None: every image is unique).
+    pub pool: Option<u32>,
+    pub min_pixels: Option<u32>,
+    pub max_pixels: Option<u32>,
+}
+
+/// `engine.workers.encoder` with `mode: analytical`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Encoder {
+    pub hardware: Option<String>,
+    pub backend_version: Option<String>,
+    pub tensor: u32,
+    pub replicas: u32,
+    pub batch_size: u32,
+    pub latency_correction: f64,
+    pub rate_degradation: f64,
+}
+
+pub(super) fn read_images(mut r: Reader) -> Result<Images, DeployError> {
+    let here = r.here().to_string();
+    let height = r.positive("height")?.ok_or_else(|| DeployError::new(&here, "height is required"))?;
+    let width = r.positive("width")?.ok_or_else(|| DeployError::new(&here, "width is required"))?;
+    let count = r.positive("count")?.unwrap_or(1);
+    let encoding = r.one_of("encoding", &["png", "jpeg"])?.unwrap_or("png");
+    let pool = match r.value("identity") {
+        None => None,
+        Some(v) if v.as_str() == Some("unique") => None,
+        Some(v) if v.is_object() => {
+            let mut p = Reader::mapping(&r.path("identity"), v)?;
+            let n = p.positive("pool")?.ok_or_else(|| p.err("pool", "pool is required"))?;
+            p.finish()?;
+            Some(n)
+        }
+        Some(_) => return Err(r.err("identity", "must be \"unique\" or {pool: N}")),
+    };
+    let min_pixels = r.positive("min_pixels")?;
+    let max_pixels = r.positive("max_pixels")?;
+    if let (Some(lo), Some(hi)) = (min_pixels, max_pixels) {
+        if lo > hi {
+            return Err(r.err("min_pixels", "images.min_pixels cannot exceed images.max_pixels"));
+        }
+    }
+    r.finish()?;
+    Ok(Images { height, width, count, encoding, pool, min_pixels, max_pixels })
+}
+
+pub(super) fn read_encoder(mut r: Reader) -> Result<Encoder, DeployError> {
+    let mode = r.one_of("mode", &["analytical", "native"])?.unwrap_or("analytical");
+    if mode == "native" {
+        return Err(r.err(
+            "mode",
+            "native encoder pools (SGLang's --encoder-only servers replayed event by event, which the reference \
+             runs in its compiled module) are not supported by servesim yet; use mode: analytical",
+        ));
+    }
+    for key in ["host_profile", "frontend", "transfer"] {
+        if r.value(key).is_some() {
+            return Err(r.err(key, "host_profile, frontend and transfer apply to encoder mode=native only"));
+        }
+    }
+    let hardware = r.nonempty("hardware")?;
+    let backend_version = r.nonempty("backend_version")?;
+    let tensor = r.positive("tensor")?.unwrap_or(1);
+    let replicas = r.positive("replicas")?.unwrap_or(1);
+    let batch_size = r.positive("batch_size")?.unwrap_or(1);
+    if batch_size > 8 {
+        return Err(r.err("batch_size", format!("must be at most 8 (SGLANG_ENCODER_MAX_BATCH_SIZE), got {batch_size}")));
+    }
+    let latency_correction = r.nonneg("latency_correction", true)?.unwrap_or(1.0);
+    let rate_degradation = r.nonneg("rate_degradation", true)?.unwrap_or(0.9);
+    if rate_degradation > 1.0 {
+        return Err(r.err("rate_degradation", format!("must be in (0, 1], got {rate_degradation}")));
+    }
+    r.finish()?;
+    Ok(Encoder { hardware, backend_version, tensor, replicas, batch_size, latency_correction, rate_degradation })
+}
+
+/// The reference's cross-section rules of images and an encoder pool (`_validate_epd` and the
+/// compiler's), in its order and words.
+pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), DeployError> {
+    let workers = "engine.workers";
+    let (images, encoder) = (traffic.images.as_ref(), engine.encoder.as_ref());
+    match (images, encoder) {
+        (None, None) => return Ok(()),
+        (Some(_), None) => {
+            return Err(DeployError::new(
+                "traffic.source.images",
+                "images without engine.workers.encoder need native VL replay (the vision tower on an SGLang \
+                 aggregated or prefill worker, host_loop), which is not supported by servesim yet; add \
+                 engine.workers.encoder: {mode: analytical} (analytical EPD)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(DeployError::new(
+                format!("{workers}.encoder"),
+                "EPD requires both traffic.source.images and engine.workers.encoder",
+            ))
+        }
+        (Some(_), Some(_)) => {}
+    }
+    let images = images.expect("matched");
+    if images.pool.is_some() {
+        return Err(DeployError::new(
+            "traffic.source.images.identity",
+            "encoder pools do not model image identity pools; traffic.source.images.identity must be unique",
+        ));
+    }
+    if images.min_pixels.is_some() || images.max_pixels.is_some() {
+        return Err(DeployError::new(
+            "traffic.source.images",
+            "images.min_pixels and max_pixels are honored only by native VL replay, not by analytical EPD",
+        ));
+    }
+    if !matches!(traffic.load, Load::Concurrency(_)) {
+        return Err(DeployError::new(
+            "traffic.load",
+            "analytical EPD requires fixed synthetic concurrency, not rate or load search",
+        ));
+    }
+    // The compiler's estimator-policy rules: an encoder pool takes the default data and policy.
+    if engine.systems_paths.is_some() {
+        return Err(DeployError::new("engine.systems_paths", "engine.systems_paths does not support encoder pools"));
+    }
+    let roles = || [&engine.aggregated, &engine.prefill, &engine.decode].into_iter().flatten();
+    if roles().any(|w| w.systems_paths.is_some() || w.timing_controls.contains_key("database_mode")) {
+        return Err(DeployError::new(
+            workers,
+            "estimator policies require regular language workers with default timing",
+        ));
+    }
+    if ["database_mode", "enable_shared_layer", "strict_provenance"].iter().any(|k| engine.controls.contains_key(*k)) {
+        return Err(DeployError::new(
+            "engine",
+            "estimator policies require regular language workers with default timing in every role",
+        ));
+    }
+    for w in roles() {
+        let here = format!("{workers}.{}", w.role);
+        if w.timing != Timing::Default {
+            return Err(DeployError::new(
+                format!("{here}.timing"),
+                "analytical EPD requires default op_level language timing",
+            ));
+        }
+        if w.startup_seconds != 0.0 {
+            return Err(DeployError::new(
+                format!("{here}.startup_seconds"),
+                "encoder pools require static worker pools",
+            ));
+        }
+        const IDENTITY: [&str; 6] = [
+            "gemm_quant_mode",
+            "moe_quant_mode",
+            "fmha_quant_mode",
+            "kvcache_quant_mode",
+            "comm_quant_mode",
+            "attention_backend",
+        ];
+        if let Some(key) = IDENTITY.iter().find(|k| w.timing_controls.contains_key(**k)) {
+            return Err(DeployError::new(
+                format!("{here}.timing.{key}"),
+                "explicit timing identity requires the canonical forward-pass provider",
+            ));
+        }
+    }
+    if !matches!(traffic.source, Source::Synthetic { .. }) {
+        unreachable!("images are read on synthetic sources only");
+    }
+    Ok(())
+}

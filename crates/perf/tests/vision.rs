@@ -1,0 +1,120 @@
+//! Qwen3-VL's vision tower against the reference (aisimulate 0.13): the image tokens, each
+//! encoder op of one encoder-only worker's batch, and its memory, as the analytical encoder pool
+//! reads them (`BackendBase._run_encoder_phase` / `run_encoder_static` over
+//! `build_encoder_ops(enc_cfg, tp, enable_encoder_dp=False)` on h200_sxm, vLLM 0.24.0; the 8B at
+//! TP 1, one 1024×1024 image; the 30B-A3B at TP 2, a batch of 4 of 720×1280, the all-reduces live). Runs only
+//! when the AIS data is installed; otherwise it prints a notice and passes.
+//!
+//! Recorded with the reference venv's python:
+//!
+//! ```text
+//! $AISIM_REF_VENV/bin/python scripts/ais_goldens.py --vision
+//! ```
+
+use servesim_perf::db::Database;
+use servesim_perf::model::find_config;
+use servesim_perf::systems::{find_system, systems_roots};
+use servesim_perf::vision::{ImageShape, VisionTower};
+
+mod common;
+
+fn tower(model: &str) -> Option<VisionTower> {
+    let roots: Vec<_> = systems_roots(&[]).ok()?.into_iter().map(|(r, _)| r).collect();
+    let path = find_config(model, &roots).ok()?;
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
+    VisionTower::from_config(&cfg, model).unwrap()
+}
+
+fn db() -> Database {
+    let roots = systems_roots(&[]).unwrap();
+    let spec = find_system(&roots, "h200_sxm").unwrap();
+    Database::open(spec, "vllm", "0.24.0", true).unwrap()
+}
+
+/// (model, tp, batch, height, width, image tokens, patches, [(op, ms)], memory GiB).
+type Case = (&'static str, u32, u32, u32, u32, u32, u32, &'static [(&'static str, f64)], f64);
+
+const CASES: &[Case] = &[
+    (
+        "Qwen/Qwen3-VL-8B-Instruct",
+        1,
+        1,
+        1024,
+        1024,
+        1024,
+        4096,
+        &[
+            ("encoder_patch_embed_gemm", 0.021330496310727188),
+            ("encoder_position_embed", 0.0103728),
+            ("encoder_add_norm_1", 0.34642080000000003),
+            ("encoder_qkv_gemm", 1.353982550163821),
+            ("encoder_attention", 5.696207821369171),
+            ("encoder_proj_gemm", 0.45952427456566447),
+            ("encoder_ar_1", 0.0),
+            ("encoder_add_norm_2", 0.34642080000000003),
+            ("encoder_ffn1_gemm", 1.635839741462697),
+            ("encoder_act", 0.5768208),
+            ("encoder_ffn2_gemm", 1.409033055049814),
+            ("encoder_ar_2", 0.0),
+            ("encoder_rope_apply", 0.8772624),
+            ("encoder_merger_norm", 0.0316608),
+            ("encoder_projector_fc0_gemm", 0.21734862464858296),
+            ("encoder_projector_fc0_act", 0.0316608),
+            ("encoder_projector_fc1_gemm", 0.19651727066769828),
+            ("encoder_projector_ar", 0.0),
+        ],
+        1.1254196166992188,
+    ),
+    (
+        "Qwen/Qwen3-VL-30B-A3B-Instruct",
+        2,
+        4,
+        720,
+        1280,
+        880,
+        3520,
+        &[
+            ("encoder_patch_embed_gemm", 0.06842708255248921),
+            ("encoder_position_embed", 0.028343999999999998),
+            ("encoder_add_norm_1", 0.9933839999999999),
+            ("encoder_qkv_gemm", 2.1254909104989026),
+            ("encoder_attention", 7.75831203160565),
+            ("encoder_proj_gemm", 0.8729513351902364),
+            ("encoder_ar_1", 3.7884628564305602),
+            ("encoder_add_norm_2", 0.9933839999999999),
+            ("encoder_ffn1_gemm", 2.6217872243802436),
+            ("encoder_act", 0.9331919999999999),
+            ("encoder_ffn2_gemm", 2.4927327079076314),
+            ("encoder_ar_2", 3.7884628564305602),
+            ("encoder_rope_apply", 1.449576),
+            ("encoder_merger_norm", 0.079584),
+            ("encoder_projector_fc0_gemm", 0.39240354501422753),
+            ("encoder_projector_fc0_act", 0.045792),
+            ("encoder_projector_fc1_gemm", 0.1865475372863686),
+            ("encoder_projector_ar", 0.2684975171089172),
+        ],
+        0.6447410583496094,
+    ),
+];
+
+#[test]
+fn the_encoder_ops_match_the_reference() {
+    if !common::data_available("h200_sxm") {
+        eprintln!("NOTICE: AIS data not installed; skipping");
+        return;
+    }
+    let db = db();
+    for &(model, tp, batch, h, w, tokens, patches, ops, memory) in CASES {
+        let t = tower(model).expect("a Qwen3-VL vision_config");
+        let shape = t.image(h, w).unwrap();
+        assert_eq!(shape, ImageShape { patches, tokens }, "{model} {h}x{w}");
+        let got = t.batch_ops(&db, tp, batch, 1, shape).unwrap();
+        assert_eq!(got.len(), ops.len(), "{model}: op count");
+        for ((name, ms), (want_name, want)) in got.iter().zip(ops.iter()) {
+            assert_eq!(name, want_name);
+            common::close_to(*ms, *want, 1e-12);
+        }
+        let (total, _, _) = t.memory_gib(tp, batch, 1, shape).unwrap();
+        common::close_to(total, memory, 1e-12);
+    }
+}
