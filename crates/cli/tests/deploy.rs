@@ -3010,6 +3010,16 @@ fn epd_refusals_name_what_is_missing() {
             "explicit timing identity requires the canonical forward-pass provider",
         ),
         (&["engine.workers.encoder.batch_size=9"], "engine.workers.encoder.batch_size: must be at most 8"),
+        // Probed: `--set engine.estimation_mode=op_level` and a worker's `estimation_mode: auto`
+        // are refused by the reference in these words (a worker's `op_level` runs).
+        (
+            &["engine.estimation_mode=op_level"],
+            "engine: estimator policies require regular language workers with default timing in every role",
+        ),
+        (
+            &["engine.workers.aggregated.timing.estimation_mode=auto"],
+            "engine.workers.aggregated.timing: estimator policies require regular language workers with default timing",
+        ),
         (
             &["engine.workers.encoder.rate_degradation=1.5"],
             "engine.workers.encoder.rate_degradation: must be in (0, 1]",

@@ -303,6 +303,12 @@ pub fn overlay(language: &crate::Prepared, pool: &Pool, report: &Report) -> Resu
         json!({"runner": {"unavailable_reason": "runner did not report effective timing provenance"}}),
     );
     s.insert("total_gpus".into(), json!(total_gpus));
+    // The SLA is echoed, not evaluated: the overlay is of aggregate means (`sla_semantics`).
+    let sla = &language.config.sla;
+    let bounds: Map<String, Value> = [("ttft_ms", sla.ttft_ms), ("itl_ms", sla.itl_ms), ("e2e_ms", sla.e2e_ms)]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k.to_string(), json!(v))))
+        .collect();
     let metadata = json!({
         "metric_semantics": "analytical_epd_overlay",
         "encoder": pool.to_json(),
@@ -312,7 +318,7 @@ pub fn overlay(language: &crate::Prepared, pool: &Pool, report: &Report) -> Resu
         "deployment_artifact_generation_supported": false,
         "prediction_config_supported": true,
         "sla_semantics": "aggregate_means_only",
-        "aggregate_sla_bounds": null,
+        "aggregate_sla_bounds": if bounds.is_empty() { Value::Null } else { Value::Object(bounds) },
     });
     Ok(crate::sorted(&json!({"metadata": metadata, "summary": Value::Object(s)})))
 }

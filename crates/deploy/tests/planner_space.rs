@@ -8,9 +8,11 @@
 //! scripts/planner_space_reference.py tests/deploy/planner_space_cases.json` (aisimulate
 //! 0.13.0.dev202610130000000070 + ai-dynamo 1.6.1).
 //!
-//! servesim runs `constant` and `kalman` predictors only: where the reference's backtest picked
-//! an ARIMA or Prophet preset, the expected winner is the best of the others by the reference's
-//! own losses, and the settings that use it are expected with that predictor.
+//! A default list's ARIMA and Prophet presets run through Dynamo's own predictors when
+//! `SERVESIM_PLANNER_PYTHON` (or `python3`) has them: then every winner, setting and loss is the
+//! reference's. Without that Python they are skipped: where the reference's backtest picked one,
+//! the expected winner is the best of the others by the reference's own losses, and the
+//! settings that use it are expected with that predictor.
 
 use std::path::{Path, PathBuf};
 
@@ -158,14 +160,15 @@ fn planner_search_spaces_match_the_reference() {
                 assert!(!supported(&json!(l)), "{name}: {l} skipped");
             }
         }
-        // The winners servesim can take: the reference's, or the best supported preset by the
-        // reference's losses (the first on ties).
+        // The winners servesim can take: the reference's, or, where it skipped that preset, the
+        // best preset it scored by the reference's losses (the first on ties).
         let mut substituted: Vec<(i64, Map<String, Value>)> = Vec::new();
         let mut best_expected = Map::new();
         if let Some(best) = reference.get("best_by_interval").and_then(Value::as_object) {
             for (interval, entry) in best {
                 let mut winner = entry.clone();
-                if !supported(entry) {
+                // Substituted only where servesim left the reference's winner out (no Python).
+                if !supported(entry) && entry.as_str().is_some_and(|l| skipped.iter().any(|s| s == l)) {
                     let losses = reference["losses"][interval].as_object().unwrap();
                     let mut pick: Option<(&String, f64)> = None;
                     for (l, v) in losses {
@@ -238,7 +241,11 @@ fn planner_search_spaces_match_the_reference() {
                         match (got.as_f64(), want.as_f64()) {
                             (None, None) => {}
                             (Some(x), Some(y)) => {
-                                assert!((x - y).abs() <= 1e-12 * y.abs(), "{name} @{interval}: {label} {x} vs {y}")
+                                // Dynamo's ARIMA / Prophet fits run in another interpreter than the
+                                // recording's, with its own library builds: pmdarima's auto_arima
+                                // lands up to 6e-5 apart on the Mooncake trace (measured).
+                                let tol = if supported(&json!(label)) { 1e-12 } else { 1e-3 };
+                                assert!((x - y).abs() <= tol * y.abs(), "{name} @{interval}: {label} {x} vs {y}")
                             }
                             _ => panic!("{name} @{interval}: {label} {got} vs {want}"),
                         }

@@ -667,7 +667,7 @@ pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefi
         let calib = db.dsv4_topk_calib()?;
         if !calib.is_empty() {
             return Err(PerfError::unsupported(format!(
-                "{what} on {} / {} {}: the reference subtracts its CSA top-k correction ({}), which servesim                  does not model",
+                "{what} on {} / {} {}: the reference subtracts its CSA top-k correction ({}), which servesim does not model",
                 spec.name,
                 db.backend,
                 db.version,

@@ -247,6 +247,49 @@ fn logical_kernel(name: &str) -> &str {
     }
 }
 
+/// One kept row of a state-space kernel table (`gdn_perf` here, Kimi-K3's `kda_perf`: the same
+/// columns): its kernel, phase, the eight integer columns `batch_size`, `seq_len`, `d_model`,
+/// `d_conv`, `num_k_heads`, `head_k_dim`, `num_v_heads`, `head_v_dim` (negatives read as 0) and
+/// its latency.
+pub(crate) struct StateRow<'a> {
+    pub kernel: &'a str,
+    pub phase: &'a str,
+    pub dims: [u32; 8],
+    pub latency: f64,
+}
+
+/// Reads one source of a state-space kernel table, handing `each` every row the source's
+/// kernel filter keeps and that names its kernel and phase.
+pub(crate) fn for_each_state_row(src: &crate::systems::Source, mut each: impl FnMut(StateRow)) -> Result<()> {
+    let cols = [
+        "kernel_source",
+        "phase",
+        "batch_size",
+        "seq_len",
+        "d_model",
+        "d_conv",
+        "num_k_heads",
+        "head_k_dim",
+        "num_v_heads",
+        "head_v_dim",
+        "latency",
+    ];
+    let t = Table::read(&src.path, &cols)?;
+    let kernels = t.text("kernel_source")?;
+    let phases = t.text("phase")?;
+    let ints: Vec<Vec<i64>> = cols[2..10].iter().map(|c| t.int(c)).collect::<std::result::Result<_, _>>()?;
+    let latency = t.float("latency")?;
+    for i in 0..t.rows {
+        if !crate::db::keep_row(src, &kernels[i]) {
+            continue;
+        }
+        let (Some(kernel), Some(phase)) = (&kernels[i], &phases[i]) else { continue };
+        let dims = std::array::from_fn(|c| ints[c][i].max(0) as u32);
+        each(StateRow { kernel, phase, dims, latency: latency[i] });
+    }
+    Ok(())
+}
+
 fn load(db: &Database) -> Result<GdnTable> {
     let srcs = sources(&db.spec, &db.backend, &db.version, FILE, db.shared_layer)?;
     let mut nodes: BTreeMap<GdnKey, Node> = BTreeMap::new();
@@ -256,38 +299,16 @@ fn load(db: &Database) -> Result<GdnTable> {
             continue;
         }
         looked.push(src.path.display().to_string());
-        let cols = [
-            "kernel_source",
-            "phase",
-            "batch_size",
-            "seq_len",
-            "d_model",
-            "d_conv",
-            "num_k_heads",
-            "head_k_dim",
-            "num_v_heads",
-            "head_v_dim",
-            "latency",
-        ];
-        let t = Table::read(&src.path, &cols)?;
-        let kernels = t.text("kernel_source")?;
-        let phases = t.text("phase")?;
-        let ints: Vec<Vec<i64>> = cols[2..10].iter().map(|c| t.int(c)).collect::<std::result::Result<_, _>>()?;
-        let latency = t.float("latency")?;
-        for i in 0..t.rows {
-            if !crate::db::keep_row(src, &kernels[i]) {
-                continue;
-            }
-            let (Some(kernel), Some(phase)) = (&kernels[i], &phases[i]) else { continue };
-            let v = |c: usize| ints[c][i].max(0) as u32;
+        for_each_state_row(src, |row| {
+            let d = row.dims;
             let key = GdnKey {
-                kernel: logical_kernel(kernel).to_string(),
-                context: phase != "generation",
-                shape: [v(2), v(3), v(4), v(5), v(6), v(7)],
+                kernel: logical_kernel(row.kernel).to_string(),
+                context: row.phase != "generation",
+                shape: [d[2], d[3], d[4], d[5], d[6], d[7]],
             };
-            let path: Vec<u32> = if key.context { vec![v(0), v(1)] } else { vec![v(0)] };
-            nodes.entry(key).or_default().insert_first_wins(&path, latency[i]);
-        }
+            let path: Vec<u32> = if key.context { vec![d[0], d[1]] } else { vec![d[0]] };
+            nodes.entry(key).or_default().insert_first_wins(&path, row.latency);
+        })?;
     }
     Ok(GdnTable { grids: nodes.into_iter().map(|(k, n)| (k, Grid::new(n))).collect(), looked })
 }

@@ -36,7 +36,6 @@ use crate::interp::{Grid, GridSpec, Node};
 use crate::mla_ops::{MlaBmmOp, MlaKind, MlaOp};
 use crate::model::{logits_gemm, Layout, MlaDims, ModelSpec, Op};
 use crate::moe_ops::{DispatchOp, MoeOp, MLA_DISTRIBUTION};
-use crate::parquet_table::Table;
 use crate::systems::sources;
 
 /// The architecture (its language model under `text_config`).
@@ -203,35 +202,16 @@ fn load(db: &Database) -> Result<KdaTable> {
         if !src.path.exists() {
             continue;
         }
-        let cols = [
-            "kernel_source",
-            "phase",
-            "batch_size",
-            "seq_len",
-            "d_model",
-            "d_conv",
-            "num_k_heads",
-            "head_k_dim",
-            "num_v_heads",
-            "head_v_dim",
-            "latency",
-        ];
-        let t = Table::read(&src.path, &cols)?;
-        let kernels = t.text("kernel_source")?;
-        let phases = t.text("phase")?;
-        let ints: Vec<Vec<i64>> = cols[2..10].iter().map(|c| t.int(c)).collect::<std::result::Result<_, _>>()?;
-        let latency = t.float("latency")?;
-        for i in 0..t.rows {
-            if !crate::db::keep_row(src, &kernels[i]) {
-                continue;
-            }
-            let (Some(kernel), Some(phase)) = (&kernels[i], &phases[i]) else { continue };
-            let v = |c: usize| ints[c][i].max(0) as u32;
-            let key =
-                KdaKey { kernel: kernel.clone(), phase: phase.clone(), shape: [v(2), v(3), v(4), v(5), v(6), v(7)] };
-            let path: Vec<u32> = if phase == "generation" { vec![v(0)] } else { vec![v(0), v(1)] };
-            nodes.entry(key).or_default().insert_first_wins(&path, latency[i]);
-        }
+        crate::gdn::for_each_state_row(src, |row| {
+            let d = row.dims;
+            let key = KdaKey {
+                kernel: row.kernel.to_string(),
+                phase: row.phase.to_string(),
+                shape: [d[2], d[3], d[4], d[5], d[6], d[7]],
+            };
+            let path: Vec<u32> = if row.phase == "generation" { vec![d[0]] } else { vec![d[0], d[1]] };
+            nodes.entry(key).or_default().insert_first_wins(&path, row.latency);
+        })?;
     }
     Ok(KdaTable { grids: nodes.into_iter().map(|(k, n)| (k, Grid::new(n))).collect() })
 }

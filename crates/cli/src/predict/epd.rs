@@ -22,20 +22,13 @@ pub(super) fn predict(
     calibrated: bool,
 ) -> Result<(), Failure> {
     let path = f.config.as_deref().expect("called with -c");
-    let refused = [
-        (f.capture_per_request, "--capture-per-request"),
-        (!flags.paths().is_empty(), "the report flags"),
-        (variation.ensemble.is_some(), "--ensemble"),
-        (variation.timing_jitter_cv.is_some(), "--timing-jitter-cv"),
-        (variation.online, "--online"),
-        (calibrated, "--calibration"),
-    ];
-    if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
-        return Err(Failure::input(format!(
-            "{flag}: not supported by servesim yet with engine.workers.encoder (the analytical encoder pool is an \
-             overlay on the language replay's aggregate means)"
-        )));
-    }
+    super::file::refuse_replay_flags(
+        f,
+        flags,
+        variation,
+        calibrated,
+        "engine.workers.encoder (the analytical encoder pool is an overlay on the language replay's aggregate means)",
+    )?;
     let at = |e: servesim_deploy::DeployError| Failure::input(format!("{}: {e}", path.display()));
     let config = servesim_deploy::schema::read_predict(tree).map_err(at)?;
     let pool = Pool::resolve(&config).map_err(at)?.expect("an encoder pool with images (checked when read)");

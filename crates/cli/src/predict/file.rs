@@ -215,6 +215,29 @@ pub fn predict(
     Ok(())
 }
 
+/// Refuses the replay's per-request, report, ensemble, pacing and calibration options for a run
+/// that is not a replay of its own (`what` says which and why).
+pub(super) fn refuse_replay_flags(
+    f: &ConfigFlags,
+    flags: &crate::flags::reports::ReportFlags,
+    variation: &Variation,
+    calibrated: bool,
+    what: &str,
+) -> Result<(), Failure> {
+    let refused = [
+        (f.capture_per_request, "--capture-per-request"),
+        (!flags.paths().is_empty(), "the report flags"),
+        (variation.ensemble.is_some(), "--ensemble"),
+        (variation.timing_jitter_cv.is_some(), "--timing-jitter-cv"),
+        (variation.online, "--online"),
+        (calibrated, "--calibration"),
+    ];
+    match refused.iter().find(|(on, _)| *on) {
+        Some((_, flag)) => Err(Failure::input(format!("{flag}: not supported by servesim yet with {what}"))),
+        None => Ok(()),
+    }
+}
+
 /// `predict -c` of an `engine.mode: afd` configuration: the AFD foreground engine's schedule
 /// (`servesim_deploy::afd`), written as the reference writes it. The replay's per-request,
 /// report, ensemble and pacing options have no AFD counterpart yet and are refused by name.
@@ -227,20 +250,13 @@ fn afd(
     calibrated: bool,
 ) -> Result<(), Failure> {
     let path = f.config.as_deref().expect("called with -c");
-    let refused = [
-        (f.capture_per_request, "--capture-per-request"),
-        (!flags.paths().is_empty(), "the report flags"),
-        (variation.ensemble.is_some(), "--ensemble"),
-        (variation.timing_jitter_cv.is_some(), "--timing-jitter-cv"),
-        (variation.online, "--online"),
-        (calibrated, "--calibration"),
-    ];
-    if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
-        return Err(Failure::input(format!(
-            "{flag}: not supported by servesim yet with engine.mode: afd (the AFD foreground engine reports the \
-             summary only)"
-        )));
-    }
+    refuse_replay_flags(
+        f,
+        flags,
+        variation,
+        calibrated,
+        "engine.mode: afd (the AFD foreground engine reports the summary only)",
+    )?;
     let config =
         servesim_deploy::schema::read_predict(tree).map_err(|e| Failure::input(format!("{}: {e}", path.display())))?;
     let document =

@@ -12,6 +12,7 @@ use super::traffic::{Load, Source, Traffic};
 use super::worker::Timing;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
+use serde_json::Value;
 use servesim_config::Reader;
 
 /// `traffic.source.images`: the same images on every synthetic request.
@@ -100,6 +101,42 @@ pub(super) fn read_encoder(mut r: Reader) -> Result<Encoder, DeployError> {
 
 /// The reference's cross-section rules of images and an encoder pool (`_validate_epd` and the
 /// compiler's), in its order and words.
+/// The compiler's estimator-policy rules beside an encoder pool that read values as written (the
+/// modes and fallback, which the engine keeps only when they select an FPM estimator): at engine
+/// level any mode but `auto` or a fallback but `deny`; on a language worker's timing an `allow`
+/// fallback, a mode other than `op_level` / `fpm_interpolation`, a transfer policy or
+/// estimator settings.
+pub(super) fn check_estimator_policies(engine: Option<&Value>) -> Result<(), DeployError> {
+    let Some(engine) = engine else { return Ok(()) };
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    let mode = text(engine, "estimation_mode");
+    let fallback = text(engine, "fallback_policy");
+    if mode.as_deref().is_some_and(|m| m != "auto") || fallback.as_deref().is_some_and(|f| f != "deny") {
+        return Err(DeployError::new(
+            "engine",
+            "estimator policies require regular language workers with default timing in every role",
+        ));
+    }
+    for role in ["aggregated", "prefill", "decode"] {
+        let Some(timing) = engine.get("workers").and_then(|w| w.get(role)).and_then(|w| w.get("timing")) else {
+            continue;
+        };
+        let mode = text(timing, "estimation_mode");
+        let set = |k: &str| timing.get(k).is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|m| !m.is_empty()));
+        if text(timing, "fallback_policy").as_deref() == Some("allow")
+            || mode.as_deref().is_some_and(|m| !matches!(m, "op_level" | "fpm_interpolation"))
+            || set("transfer_policy")
+            || set("estimator_config")
+        {
+            return Err(DeployError::new(
+                format!("engine.workers.{role}.timing"),
+                "estimator policies require regular language workers with default timing",
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), DeployError> {
     let workers = "engine.workers";
     let (images, encoder) = (traffic.images.as_ref(), engine.encoder.as_ref());

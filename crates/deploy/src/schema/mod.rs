@@ -112,8 +112,12 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
         Some(v) => read_planner(v, &engine, &sla)?,
         None => None,
     };
+    let raw_engine = top.value("engine");
     top.finish()?;
     encoder::check_epd(&traffic, &engine)?;
+    if engine.encoder.is_some() {
+        encoder::check_estimator_policies(raw_engine)?;
+    }
     if adapters && engine.encoder.is_some() {
         return Err(DeployError::new(
             "engine.workers.encoder",
