@@ -74,7 +74,7 @@ impl Pool {
         let root: Value = serde_json::from_str(&text).map_err(|e| err(format!("{}: not JSON: {e}", path.display())))?;
         let model = &engine.model;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
-        if root.get("vision_config").is_none() {
+        if root.get("vision_config").is_none_or(Value::is_null) {
             return Err(err(format!(
                 "EPD (encoder disaggregation) requested but model '{model}' has no vision encoder."
             )));
@@ -85,7 +85,9 @@ impl Pool {
                  supported by servesim yet"
             )));
         }
-        let tower = VisionTower::from_config(&root, model).map_err(perf)?.expect("vision_config checked above");
+        let tower = VisionTower::from_config(&root, model)
+            .map_err(perf)?
+            .ok_or_else(|| err(format!("model '{model}' has no vision encoder servesim can read (vision_config)")))?;
         let shape = tower
             .image(images.height, images.width)
             .map_err(|e| DeployError::new("traffic.source.images", e.message))?;
