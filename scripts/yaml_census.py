@@ -229,6 +229,8 @@ TRACE_FILES = {"mooncake": "mooncake.jsonl", "mooncake-delta": "mooncake_delta.j
                "dynamo": "dynamo/shard-000.jsonl", "weka": "weka.jsonl"}
 R = "engine.workers.<role>"
 
+_EPD = {"engine.workers.encoder": {"mode": "analytical"}}
+
 VALUES = {
     # traffic
     "traffic.load.agentic_lanes": [V(1, base="trace_agentic")],
@@ -284,14 +286,15 @@ VALUES = {
     "traffic.stop.requests_per_load_unit": [V(3, also={"traffic.stop.requests": DELETE})],
     "traffic.stop.sessions": [V(8, base="session")],
     "traffic.stop.sessions_per_load_unit": [V(2, base="session", also={"traffic.stop.sessions": DELETE})],
-    "traffic.source.images.count": [2],
-    "traffic.source.images.encoding": ["png", "jpeg"],
-    "traffic.source.images.identity": ["unique", {"pool": 4}],
-    "traffic.source.images.identity.pool": [4],
-    "traffic.source.images.max_pixels": [500000],
-    "traffic.source.images.min_pixels": [1000],
-    "traffic.source.images.height": [448],
-    "traffic.source.images.width": [448],
+    # Each on the native VL path (no pool) and through an analytical encoder pool (EPD).
+    "traffic.source.images.count": [2, V(2, also=_EPD)],
+    "traffic.source.images.encoding": ["png", "jpeg", V("jpeg", also=_EPD)],
+    "traffic.source.images.identity": ["unique", {"pool": 4}, V("unique", also=_EPD), V({"pool": 4}, also=_EPD)],
+    "traffic.source.images.identity.pool": [4, V(4, also=_EPD)],
+    "traffic.source.images.max_pixels": [500000, V(500000, also=_EPD)],
+    "traffic.source.images.min_pixels": [1000, V(1000, also=_EPD)],
+    "traffic.source.images.height": [448, V(448, also=_EPD)],
+    "traffic.source.images.width": [448, V(448, also=_EPD)],
     # engine (top level)
     "engine.attention_backend": ["flashinfer"],
     "engine.backend": ["vllm", "sglang", "trtllm"],
