@@ -8,8 +8,10 @@
 
 mod error;
 mod field;
+mod file;
 pub mod reader;
 
 pub use error::{ConfigError, Result};
 pub use field::Field;
+pub use file::{read_config_text, MAX_CONFIG_BYTES};
 pub use reader::Reader;

@@ -70,8 +70,7 @@ impl Pool {
         let roots = systems_roots(engine.systems_paths.as_deref().unwrap_or(&[])).map_err(perf)?;
         let root_paths: Vec<_> = roots.iter().map(|(p, _)| p.clone()).collect();
         let path = servesim_perf::model::find_config(&engine.model, &root_paths).map_err(perf)?;
-        let text = std::fs::read_to_string(&path).map_err(|e| err(format!("{}: {e}", path.display())))?;
-        let root: Value = serde_json::from_str(&text).map_err(|e| err(format!("{}: not JSON: {e}", path.display())))?;
+        let root = servesim_perf::model::read_model_config(&path).map_err(perf)?;
         let model = &engine.model;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
         if root.get("vision_config").is_none_or(Value::is_null) {

@@ -173,7 +173,7 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         }
     };
     let sidecar = path.with_extension("metadata.json");
-    let schema_version = check_sidecar(&sidecar, &cfg.system, &cfg.backend, &version)?;
+    let (schema_version, expected_rows) = check_sidecar(&sidecar, &cfg.system, &cfg.backend, &version)?;
     let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| db_err(format!("cannot open {shown}: {e}")))?;
     let reader = SerializedFileReader::new(file)
@@ -217,11 +217,10 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         }
     }
     let rows = meta.file_metadata().num_rows().max(0) as usize;
-    let expected = read_sidecar(&sidecar)?.get("row_count").and_then(Value::as_u64);
-    if expected != Some(rows as u64) {
+    if expected_rows != Some(rows as u64) {
         return Err(db_err(format!(
             "FPM row_count mismatch: sidecar={} actual={rows}: {shown}",
-            expected.map_or("None".to_string(), |v| v.to_string())
+            expected_rows.map_or("None".to_string(), |v| v.to_string())
         )));
     }
     if rows == 0 {
@@ -238,7 +237,7 @@ fn read_sidecar(path: &Path) -> Result<serde_json::Map<String, Value>> {
              refusing to load an unmatched parquet."
         )));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| db_err(format!("cannot read {shown}: {e}")))?;
+    let text = servesim_config::read_config_text(path).map_err(|e| db_err(format!("cannot read {shown}: {e}")))?;
     let doc: Value = serde_json::from_str(&text)
         .map_err(|e| db_err(format!("FPM metadata sidecar is not valid JSON: {shown} ({e})")))?;
     match doc {
@@ -247,8 +246,8 @@ fn read_sidecar(path: &Path) -> Result<serde_json::Map<String, Value>> {
     }
 }
 
-/// The sidecar's contract; returns its schema version.
-fn check_sidecar(path: &Path, system: &str, backend: &str, version: &str) -> Result<u64> {
+/// The sidecar's contract; returns its schema version and the row count it declares.
+fn check_sidecar(path: &Path, system: &str, backend: &str, version: &str) -> Result<(u64, Option<u64>)> {
     let m = read_sidecar(path)?;
     let shown = path.display();
     let shown_value = |k: &str| m.get(k).map_or("None".to_string(), |v| format!("Some({v})"));
@@ -287,7 +286,7 @@ fn check_sidecar(path: &Path, system: &str, backend: &str, version: &str) -> Res
             )));
         }
     }
-    Ok(schema_version)
+    Ok((schema_version, m.get("row_count").and_then(Value::as_u64)))
 }
 
 /// The profile deployment for this worker (the reference's `FpmModelProfile.select`), then the

@@ -242,6 +242,15 @@ pub fn find_config(model: &str, roots: &[PathBuf]) -> Result<PathBuf> {
     )))
 }
 
+/// A model's `config.json` (as [`find_config`] found it), read bounded: HF configs may carry
+/// `Infinity` / `NaN` literals, which JSON forbids, so they are read as ±1e308 / null.
+pub fn read_model_config(path: &Path) -> Result<Value> {
+    let text = servesim_config::read_config_text(path)
+        .map_err(|e| PerfError::config(format!("cannot read {}: {e}", path.display())))?;
+    let text = text.replace("-Infinity", "-1e308").replace("Infinity", "1e308").replace("NaN", "null");
+    serde_json::from_str(&text).map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", path.display())))
+}
+
 fn uint(cfg: &Value, key: &str) -> Option<u32> {
     cfg.get(key).and_then(Value::as_u64).map(|v| v as u32)
 }
@@ -249,12 +258,7 @@ fn uint(cfg: &Value, key: &str) -> Option<u32> {
 impl ModelSpec {
     pub fn load(model: &str, roots: &[PathBuf]) -> Result<ModelSpec> {
         let path = find_config(model, roots)?;
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| PerfError::config(format!("cannot read {}: {e}", path.display())))?;
-        // HF configs may carry Infinity / NaN literals; JSON forbids them.
-        let text = text.replace("-Infinity", "-1e308").replace("Infinity", "1e308").replace("NaN", "null");
-        let cfg: Value = serde_json::from_str(&text)
-            .map_err(|e| PerfError::config(format!("{} is not valid JSON: {e}", path.display())))?;
+        let cfg = read_model_config(&path)?;
         let hf_quant = hf_quant_config(&path)?;
         Self::from_config_with(model, &path, &cfg, hf_quant.as_ref())
     }
@@ -493,7 +497,7 @@ fn hf_quant_config(config: &Path) -> Result<Option<Value>> {
     if !candidate.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&candidate)
+    let text = servesim_config::read_config_text(&candidate)
         .map_err(|e| PerfError::config(format!("cannot read {}: {e}", candidate.display())))?;
     serde_json::from_str(&text)
         .map(Some)
@@ -1421,6 +1425,23 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A model path naming a huge file (sparse here: 65 MiB of holes) is refused, not read whole;
+    /// the Infinity / NaN literals of HF configs are read.
+    #[test]
+    fn model_configs_are_read_bounded() {
+        let dir = std::env::temp_dir().join(format!("servesim-perf-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let huge = dir.join("huge_config.json");
+        std::fs::File::create(&huge).unwrap().set_len((64 << 20) + 1).unwrap();
+        let e = ModelSpec::load(huge.to_str().unwrap(), &[]).unwrap_err().message;
+        assert!(e.contains("larger than 67108864 bytes (64 MiB)"), "{e}");
+        let odd = dir.join("odd_config.json");
+        std::fs::write(&odd, r#"{"rope_scaling": {"factor": Infinity, "low": -Infinity, "beta": NaN}}"#).unwrap();
+        let v = read_model_config(&odd).unwrap();
+        assert_eq!(v["rope_scaling"], json!({"factor": 1e308, "low": -1e308, "beta": null}));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A tiny DeepSeek-V3-shaped config: 4 layers, 16 heads, hidden 256, 8 routed experts.
     fn tiny_mla_config() -> Value {

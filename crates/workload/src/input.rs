@@ -104,29 +104,8 @@ fn parse_bytes(text: &str) -> Option<u64> {
     (n > 0).then_some(n)?.checked_mul(1u64 << shift)
 }
 
-/// Largest configuration file servesim reads whole (engine arguments, a router policy, a
-/// deployment YAML, an AIS timing config): 64 MiB, far beyond any real one.
-pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
-
-/// Reads a configuration file as text, refusing one larger than [`MAX_CONFIG_BYTES`], so that a
-/// device or an endless pipe given where a configuration belongs (`/dev/zero`) stops with an
-/// error instead of filling memory. Errors are `std::io::Error`s, as `fs::read_to_string`'s are
-/// (the same kinds and messages for a missing file or text that is not UTF-8).
-pub fn read_config_text(path: impl AsRef<Path>) -> std::io::Result<String> {
-    let mut buf = Vec::new();
-    File::open(path)?.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "larger than {}, which no configuration file is (a device or an endless pipe?)",
-                bytes(MAX_CONFIG_BYTES)
-            ),
-        ));
-    }
-    String::from_utf8(buf)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
-}
+/// The bounded whole-file read of every configuration surface (`servesim-config`'s).
+pub use servesim_config::{read_config_text, MAX_CONFIG_BYTES};
 
 /// A byte count as the user reads it: `268435456 bytes (256 MiB)`.
 pub(crate) fn bytes(n: u64) -> String {
