@@ -9,8 +9,8 @@ use serde_json::{json, Map, Value};
 use crate::error::DeployError;
 use servesim_config::Reader;
 
-/// The controls a worker's `timing` may override.
-const PER_WORKER: [&str; 6] = [
+/// The controls a worker's `timing` may override (the timing identity an encoder pool refuses).
+pub(super) const PER_WORKER: [&str; 6] = [
     "gemm_quant_mode",
     "moe_quant_mode",
     "fmha_quant_mode",

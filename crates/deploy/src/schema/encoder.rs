@@ -8,7 +8,7 @@
 //! event by event) and images without a pool (native VL replay on the language worker).
 
 use super::engine::Engine;
-use super::traffic::{Load, Source, Traffic};
+use super::traffic::{Load, Traffic};
 use super::worker::Timing;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
@@ -208,23 +208,12 @@ pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), Deploy
                 "encoder pools require static worker pools",
             ));
         }
-        const IDENTITY: [&str; 6] = [
-            "gemm_quant_mode",
-            "moe_quant_mode",
-            "fmha_quant_mode",
-            "kvcache_quant_mode",
-            "comm_quant_mode",
-            "attention_backend",
-        ];
-        if let Some(key) = IDENTITY.iter().find(|k| w.timing_controls.contains_key(**k)) {
+        if let Some(key) = super::controls::PER_WORKER.iter().find(|k| w.timing_controls.contains_key(**k)) {
             return Err(DeployError::new(
                 format!("{here}.timing.{key}"),
                 "explicit timing identity requires the canonical forward-pass provider",
             ));
         }
-    }
-    if !matches!(traffic.source, Source::Synthetic { .. }) {
-        unreachable!("images are read on synthetic sources only");
     }
     Ok(())
 }
