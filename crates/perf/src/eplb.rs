@@ -27,7 +27,8 @@ use crate::moe_a2a::MoeComm;
 /// `deepep_moe` and `megamoe` against the default at attention-DP × EP 2 to 8 — Qwen3-MoE
 /// (and at TP 2 × EP 2), Qwen3-VL-MoE, gpt-oss, MiniMax-M2.7, Llama-4 Scout, Gemma-4 26B,
 /// Nemotron-3 Nano, MiMo-V2-Flash, DeepSeek-V3, V3.2, Kimi-K2.5, GLM-5.2: every simulated metric
-/// identical. servesim accepts it there and times the default graph.
+/// identical (`scripts/moe_backend_probe.py`: 26 pairs, servesim within 3.6e-15 of each).
+/// servesim accepts it there and times the default graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoeBackend {
     /// `deepep_moe`: DeepEP dispatch.
