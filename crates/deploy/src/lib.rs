@@ -250,17 +250,12 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
     let mut estimator: Option<Arc<dyn PrefillLoadEstimator>> = None;
     if let Some(r) = router.kv_config_mut() {
         if r.prefill_load_model == PrefillLoadModel::Ais {
-            let front = &engine.workers[0];
-            let ais = &front.args_json["timing_model"]["config"];
-            if ais.is_null() {
-                return Err(DeployError::new(
-                    "router.prefill_load_model",
-                    "the ais load model needs default (AIS) timing on the workers the router fronts",
-                ));
-            }
-            let cfg =
-                servesim_perf::AisConfig::from_json("", ais).map_err(|e| DeployError::new("router", e.message))?;
-            let est = servesim_perf::estimator(&cfg).map_err(|e| DeployError::new("router", e.message))?;
+            // The prefill (or aggregated) role, priced by AIS even behind fixed or polynomial
+            // worker timing, as the reference's router does.
+            let ais = &engine.workers[0].ais_config;
+            let at = |e: servesim_perf::PerfError| DeployError::new("router.prefill_load_model", e.message);
+            let cfg = servesim_perf::AisConfig::from_json("", ais).map_err(at)?;
+            let est = servesim_perf::estimator(&cfg).map_err(at)?;
             estimator = Some(Arc::new(AisPrefillLoad(est)));
         }
     }

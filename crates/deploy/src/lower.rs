@@ -35,6 +35,10 @@ pub struct LoweredWorker {
     pub replicas: u32,
     pub gpus: u32,
     pub provenance: Value,
+    /// The role's AIS timing configuration, whatever timing the workers use: the KV router's
+    /// `ais` prefill load model reads it (the reference builds it from the engine and the
+    /// role's worker even when they run fixed or polynomial timing).
+    pub ais_config: Value,
 }
 
 /// The engines of a configuration, before the workload is read.
@@ -191,8 +195,8 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
             json!({"data_version": null, "data_version_unavailable_reason": "configured timing does not use performance data", "estimator": "polynomial", "timing_source": "configured"}),
         ),
         Timing::Default => (
-            json!({"type": "external", "provider": "ais", "config": ais}),
-            json!({"estimator": "op_level", "timing_source": "ais", "config": ais}),
+            json!({"type": "external", "provider": "ais", "config": &ais}),
+            json!({"estimator": "op_level", "timing_source": "ais", "config": &ais}),
         ),
     };
     a.insert("timing_model".into(), timing);
@@ -263,6 +267,7 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         replicas: w.parallelism.replicas,
         gpus: w.parallelism.gpus(),
         provenance,
+        ais_config: ais,
     })
 }
 
