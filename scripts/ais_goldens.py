@@ -283,7 +283,7 @@ QWEN35_KV = [
     ("Qwen/Qwen3.5-27B", "h200_sxm", "trtllm", dict(tp_size=2), 32),
     ("Qwen/Qwen3.5-35B-A3B", "b200_sxm", "trtllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 32),
 ]
-# Kimi-K3 (`--kimi-k3`): KDA + MLA + LatentMoE on SGLang, Blackwell (the KDA tables' systems).
+# Kimi-K3 (`--kimi-k3`): KDA + MLA + LatentMoE on SGLang (Blackwell) and vLLM (H200, B200).
 KIMI_K3_STEPS = [
     ({"model": "moonshotai/Kimi-K3", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
       "moe_ep_size": 8},
@@ -292,9 +292,18 @@ KIMI_K3_STEPS = [
     ({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 1,
       "moe_ep_size": 4},
      [("prefill", (4, 777, 0)), ("decode", (33, 5000))]),
+    # vLLM: the FlashKDA prefill, the fused decode kernel and the MLA module lane.
+    ({"model": "moonshotai/Kimi-K3", "system": "h200_sxm", "backend": "vllm", "tp": 16, "moe_tp_size": 1,
+      "moe_ep_size": 16},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 4096, 1024)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED])]),
+    ({"model": "moonshotai/Kimi-K3", "system": "b200_sxm", "backend": "vllm", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (4, 777, 0)), ("decode", (33, 5000))]),
 ]
 KIMI_K3_KV = [
     ("moonshotai/Kimi-K3", "b300_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+    ("moonshotai/Kimi-K3", "h200_sxm", "vllm", dict(tp_size=16, moe_tp_size=1, moe_ep_size=16), 64),
 ]
 # Qwen3-VL (`--qwen3vl`): text-only loads of the dense and MoE wrappers on each backend, and
 # Qwen3-8B at the same shapes as Qwen3-VL-8B (only the Q/K-norm term of attention differs).

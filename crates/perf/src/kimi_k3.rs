@@ -150,12 +150,14 @@ impl KdaOp {
         let recurrence = (x * 4.0 * p * 2.0 + state * b, x * p * 2.0 + state * b);
         let (read, write) = match kernel {
             "causal_conv1d_fn_qkv3" | "causal_conv1d_update" => conv,
-            "chunk_kda" => {
+            // vLLM's FlashKDA prefill moves the chunked scan's bytes.
+            "chunk_kda" | "flashkda_fwd" => {
                 let chunks = if s > 0.0 { (s / 64.0).floor() } else { 0.0 };
                 let h = chunks * state * b;
                 (x * 4.0 * p * 2.0 + state * b + h, x * p * 2.0 + state * b + h)
             }
-            "fused_recurrent_kda_packed_decode" => recurrence,
+            // vLLM's fused decode is priced, without a row, by the packed recurrence's bytes.
+            "fused_recurrent_kda_packed_decode" | "fused_kda_decode" => recurrence,
             "kda_fused_decode" => (conv.0 + recurrence.0, conv.1 + recurrence.1),
             _ => (x * self.hidden as f64 * 2.0, x * self.hidden as f64 * 2.0),
         };
@@ -290,14 +292,18 @@ pub fn kv_bytes_per_token(k: &KimiK3Spec, d: &MlaDims, kv: Dtype) -> f64 {
     k.mla_layers as f64 * (d.kv_lora_rank + d.qk_rope_head_dim) as f64 * kv.bytes()
 }
 
-/// `(context ops, generation ops)` of Kimi-K3 on SGLang:
+/// `(context ops, generation ops)` of Kimi-K3 on SGLang and vLLM:
 ///
 /// ```text
 /// embedding, embedding all-reduce,
 /// KDA layers: norm, qkvg GEMM, beta/f_a GEMM, f_b GEMM, conv1d, scan (decode: conv update and
 ///   packed recurrence), gated norm, o GEMM, all-reduce
+///   (vLLM: the FlashKDA scan in prefill; in decode one fused kernel replaces conv update,
+///   recurrence and gated norm)
 /// MLA layers: norm, downscale GEMM, q_b GEMM, (context) kv_b GEMM and the context MLA kernel,
 ///   (decode) absorption BMM, decode MLA kernel, BMM, o GEMM, gate GEMM, gate multiply, all-reduce
+///   (vLLM: the MLA module table prices q_b … o; where it has no row, the chain with plain
+///   attention over v_head_dim heads in place of the MLA kernels and BMMs)
 /// AttnRes (two element-wise passes per layer)
 /// FFN norm (every layer); dense layers: gate_up GEMM, act, down GEMM, all-reduce;
 /// MoE layers: router GEMM, latent down GEMM, latent norm, dispatch, experts, combine, latent up
@@ -305,15 +311,14 @@ pub fn kv_bytes_per_token(k: &KimiK3Spec, d: &MlaDims, kv: Dtype) -> f64 {
 /// logits GEMM, pipeline hand-off
 /// ```
 ///
-/// vLLM (its MLA module lane and fused decode kernel), other backends, DSPARK speculation
-/// (`nextn`), attention DP, context parallelism, ngram drafts and the large-EP path are refused
+/// Other backends, DSPARK speculation (`nextn`), attention DP, context parallelism, ngram drafts and the large-EP path are refused
 /// by name.
 pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
-    if l.backend != "sglang" {
+    let vllm = l.backend == "vllm";
+    if !vllm && l.backend != "sglang" {
         return Err(PerfError::unsupported(format!(
-            "{}: Kimi-K3 (KDA + MLA) is timed on backend sglang only; not {} (vLLM's MLA module lane and \
-             fused KDA decode are not modelled)",
+            "{}: Kimi-K3 (KDA + MLA) is timed on backends sglang and vllm only; not {}",
             m.name, l.backend
         )));
     }
@@ -370,29 +375,34 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
             list.push(gemm("kda_fb_gemm", c, p, hk, l.gemm));
             if ctx {
                 list.push(kernel("kda_conv1d", "causal_conv1d_fn_qkv3"));
-                list.push(kernel("kda_scan", "chunk_kda"));
+                // vLLM prefills with the FlashKDA CUDA kernel, SGLang with the Triton chunk scan.
+                list.push(kernel("kda_scan", if vllm { "flashkda_fwd" } else { "chunk_kda" }));
+            } else if vllm {
+                // One fused CUDA kernel: convolution update, recurrence and the gated norm.
+                list.push(kernel("kda_fused_decode", "fused_kda_decode"));
             } else {
                 list.push(kernel("kda_conv1d", "causal_conv1d_update"));
                 list.push(kernel("kda_recurrent", "fused_recurrent_kda_packed_decode"));
             }
-            list.push(ew("kda_onorm", c, 2 * p, p));
+            if ctx || !vllm {
+                list.push(ew("kda_onorm", c, 2 * p, p));
+            }
             list.push(Op::gemm(nm("kda_o_gemm"), c, h, p, l.gemm, true));
             list.push(ar("kda_ar", c));
         }
         if k.mla_layers > 0 {
             let c = k.mla_layers as f64;
-            let mla = |kind: MlaKind| {
-                Op::Mla(MlaOp {
-                    name: nm("attention"),
-                    scale: c,
-                    kind,
-                    heads,
-                    kv: l.kv,
-                    fmha: l.fmha,
-                    gemm: l.gemm,
-                    native_heads: m.heads,
-                })
+            let mla_op = |name: &str, kind: MlaKind| MlaOp {
+                name: nm(name),
+                scale: c,
+                kind,
+                heads,
+                kv: l.kv,
+                fmha: l.fmha,
+                gemm: l.gemm,
+                native_heads: m.heads,
             };
+            let mla = |kind: MlaKind| Op::Mla(mla_op("attention", kind));
             let bmm_op = |pre: bool| {
                 Op::MlaBmm(MlaBmmOp {
                     name: nm(if pre { "bmm_pre" } else { "bmm_post" }),
@@ -404,26 +414,63 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
             };
             list.push(ew("mla_norm", c, 2 * h, 2 * h));
             list.push(gemm("mla_downscale_gemm", c, d.q_lora_rank + d.kv_lora_rank + d.qk_rope_head_dim, h, l.gemm));
-            list.push(gemm(
+            let mut block = vec![gemm(
                 "mla_q_b_gemm",
                 c,
                 m.heads * (d.qk_nope_head_dim + d.qk_rope_head_dim) / tp,
                 d.q_lora_rank,
                 l.gemm,
-            ));
+            )];
             if ctx {
-                list.push(gemm(
+                block.push(gemm(
                     "mla_kv_b_gemm",
                     c,
                     m.heads * (d.qk_nope_head_dim + d.v_head_dim) / tp,
                     d.kv_lora_rank,
                     l.gemm,
                 ));
-                list.push(mla(MlaKind::Context));
-            } else {
-                list.extend([bmm_op(true), mla(MlaKind::Generation), bmm_op(false)]);
             }
-            list.push(Op::gemm(nm("mla_o_gemm"), c, h, o_in / tp, l.gemm, true));
+            let (n_kv, head) = (m.kv_heads / tp, d.v_head_dim);
+            match (vllm, ctx) {
+                // vLLM's attention core, when its MLA module table has no row: plain attention
+                // over v_head_dim heads.
+                (true, true) => block.push(Op::ContextAttention {
+                    name: nm("attention"),
+                    scale: c,
+                    n: heads,
+                    n_kv,
+                    head,
+                    window: 0,
+                    kv: l.kv,
+                    fmha: l.fmha,
+                    qk_norm: false,
+                    rope: true,
+                    cp: 1,
+                }),
+                (true, false) => block.push(Op::GenerationAttention {
+                    name: nm("attention"),
+                    scale: c,
+                    n: heads,
+                    n_kv,
+                    head,
+                    window: 0,
+                    kv: l.kv,
+                    qk_norm: false,
+                    verify: 1,
+                }),
+                (false, true) => block.push(mla(MlaKind::Context)),
+                (false, false) => block.extend([bmm_op(true), mla(MlaKind::Generation), bmm_op(false)]),
+            }
+            block.push(Op::gemm(nm("mla_o_gemm"), c, h, o_in / tp, l.gemm, true));
+            if vllm {
+                // vLLM runs Kimi-K3's own MultiHeadLatentAttention: the module table prices the
+                // block, the chain above where it has no row.
+                let kind = if ctx { MlaKind::ContextModule } else { MlaKind::GenerationModule };
+                let module = Op::Mla(mla_op("mla_module", kind));
+                list.push(Op::Fallback { name: nm("mla_block"), primary: Box::new(module), fallback: block });
+            } else {
+                list.extend(block);
+            }
             list.push(gemm("mla_gate_gemm", c, o_in / tp, h, l.gemm));
             list.push(ew("mla_gate_mul", c, 2 * o_in / tp, o_in / tp));
             list.push(ar("mla_ar", c));

@@ -86,7 +86,11 @@ pub fn kv_capacity(
         || crate::qwen3vl::default_activation_row(&m.architecture);
     let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
         ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        (_, _) if hybrid => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
+        // Kimi-K3 has SGLang coefficients (the MoE row) but none in the table vLLM and TRT-LLM
+        // share: their default row.
+        (b, _) if hybrid || (b != "sglang" && m.kimi_k3.is_some()) => {
+            (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
+        }
         ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
         ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
             (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)

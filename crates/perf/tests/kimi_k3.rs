@@ -1,5 +1,5 @@
 //! Kimi-K3 (69 KDA linear-attention and 24 MLA layers, a dense first FFN, LatentMoE with two
-//! shared experts) on SGLang against the reference estimator (aisimulate
+//! shared experts) on SGLang and vLLM against the reference estimator (aisimulate
 //! 0.13.0.dev202610270000000085, `aisimulate_core` data). The goldens run only when the data is
 //! installed; otherwise they print a notice and pass.
 //!
@@ -52,6 +52,33 @@ fn kimi_k3_step_goldens() {
     close(e.decode_ms(33, 5000).unwrap(), 40.40139760332397);
 }
 
+/// vLLM on H200 TEP16 and B200 TEP8: the FlashKDA prefill kernel, one fused decode kernel for
+/// the KDA layers (no separate gated norm), and the MLA layers priced by the MLA module table
+/// (its granular fallback where the table has no row).
+#[test]
+fn kimi_k3_vllm_step_goldens() {
+    if !data_available("h200_sxm") || !data_available("b200_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Kimi-K3 vLLM goldens");
+        return;
+    }
+    let vllm = |system: &str, tp: u32| {
+        let mut c = cfg(system, tp);
+        c["backend"] = json!("vllm");
+        est_with(c)
+    };
+    let e = vllm("h200_sxm", 16);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 561.508484955636);
+    close(e.prefill_ms(1, 4096, 1024).unwrap(), 796.4014023235262);
+    close(e.decode_ms(16, 1100).unwrap(), 53.45242858959402);
+    close(e.decode_ms(64, 4097).unwrap(), 88.91003794808871);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 590.1369312369455);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(kv.blocks, 16010, "{kv:?}");
+    let e = vllm("b200_sxm", 8);
+    close(e.prefill_ms(4, 777, 0).unwrap(), 492.7390747391402);
+    close(e.decode_ms(33, 5000).unwrap(), 51.177618382145795);
+}
+
 /// KV capacity on B300 TEP8: the MLA layers' latent KV only, net of one request's KDA state in
 /// its five slots.
 #[test]
@@ -69,8 +96,8 @@ fn kimi_k3_kv_golden() {
     assert_eq!(kv.blocks, 1978149, "{kv:?}");
 }
 
-/// What is not modelled is refused by name: vLLM's lane, DSPARK speculation, attention DP, and
-/// a tensor-parallel size the KDA heads do not divide by.
+/// What is not modelled is refused by name: TRT-LLM, DSPARK speculation, attention DP, and a
+/// tensor-parallel size the KDA heads do not divide by.
 #[test]
 fn kimi_k3_refusals() {
     if !data_available("b200_sxm") {
@@ -81,8 +108,8 @@ fn kimi_k3_refusals() {
         c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         AisConfig::from_json("config", &c).and_then(|c| estimator(&c)).map(|_| ()).unwrap_err().to_string()
     };
-    let e = err(json!({"backend": "vllm"}));
-    assert!(e.contains("Kimi-K3 (KDA + MLA) is timed on backend sglang only; not vllm"), "{e}");
+    let e = err(json!({"backend": "trtllm"}));
+    assert!(e.contains("Kimi-K3 (KDA + MLA) is timed on backends sglang and vllm only; not trtllm"), "{e}");
     let e = err(json!({"nextn": 2}));
     assert!(e.contains("without DSPARK speculation (nextn 2)"), "{e}");
     let e = err(json!({"tp": 2, "attention_dp": 4, "moe_ep_size": 8}));
