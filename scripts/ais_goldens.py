@@ -274,6 +274,29 @@ QWEN35_STEPS = [
       "tp": 2, "moe_tp_size": 1, "moe_ep_size": 2},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
 ]
+# Qwen3.5 with attention DP (`--qwen35-dp`): vLLM gathers the ranks' tokens in the pre-dispatch;
+# SGLang folds the attention all-reduce into it; TRT-LLM as without DP.
+QWEN35_DP_STEPS = [
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 1, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED, DECODE_RANK])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "vllm", "tp": 2, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 4},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "tp": 1, "attention_dp": 4,
+      "moe_tp_size": 1, "moe_ep_size": 4},
+     [("prefill", (2, 1000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)), ("decode", (64, 4097)),
+      ("fpm", [MIXED, DECODE_RANK, PREFILL_RANK, MIXED])]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "h200_sxm", "backend": "sglang", "tp": 2, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 4},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "Qwen/Qwen3.5-35B-A3B", "system": "b200_sxm", "backend": "trtllm", "tp": 1, "attention_dp": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    ({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "vllm", "tp": 1, "attention_dp": 2},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+]
 QWEN35_KV = [
     ("Qwen/Qwen3.5-27B", "h200_sxm", "vllm", dict(tp_size=1), 64),
     ("Qwen/Qwen3.5-35B-A3B", "h200_sxm", "vllm", dict(tp_size=2, moe_tp_size=1, moe_ep_size=2), 64),
@@ -448,6 +471,9 @@ def main():
     if "--nemotron-h" in sys.argv[1:]:
         print_steps(NEMOTRON_H_STEPS)
         print_kv(NEMOTRON_H_KV)
+        return
+    if "--qwen35-dp" in sys.argv[1:]:
+        print_steps(QWEN35_DP_STEPS)
         return
     if "--qwen35" in sys.argv[1:]:
         print_steps(QWEN35_STEPS)

@@ -457,17 +457,17 @@ pub fn kv_bytes_per_token(m: &ModelSpec, q: &Qwen35Spec, tp: u32, kv: Dtype) -> 
 /// MTP scales the generation ops by `(L + nextn) / L`. The backends differ in the MoE block:
 ///
 /// - vLLM: the pre-dispatch prices nothing without attention DP (the model prices the attention
-///   all-reduce itself), so it is left out.
+///   all-reduce itself), so it is left out; with attention DP it gathers the ranks' tokens.
 /// - SGLang: no pre-dispatch either (its standard dispatcher has no collective without attention
-///   DP); the scalar shared-expert gate is fused with the merge into one kernel after the
+///   DP); with attention DP the MoE layers fold the attention all-reduce into the pre-MLP gather
+///   the pre-dispatch prices, ahead of the shared expert's stream. The scalar shared-expert gate is fused with the merge into one kernel after the
 ///   streams join (reading hidden, shared and routed outputs), so the shared branch is gate_up,
 ///   act and down only. Decode overlaps the branches as vLLM does.
 /// - TRT-LLM: the reference prices a pre-dispatch all-reduce beside the attention all-reduce,
 ///   counting that reduction twice (a known error it documents); reproduced here. Decode runs the
 ///   shared expert after the routed chain, not beside it.
 ///
-/// Other backends, attention DP (where SGLang folds the attention all-reduce into its gather)
-/// and context parallelism are refused by name.
+/// Other backends and context parallelism are refused by name.
 pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
     let backend = l.backend.as_str();
@@ -479,11 +479,11 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
     }
     // SGLang folds the shared expert's scalar gate into the merge kernel.
     let fused_gate = backend == "sglang";
-    if l.attention_dp > 1 || l.cp > 1 || l.ngram > 0 || l.moe_comm.is_large_ep() {
+    if l.cp > 1 || l.ngram > 0 || l.moe_comm.is_large_ep() {
         return Err(PerfError::unsupported(format!(
-            "{}: Qwen3.5 is modelled without attention_dp (got {}), context parallelism (cp_size {}), ngram \
-             drafts and the large-EP MoE path",
-            m.name, l.attention_dp, l.cp
+            "{}: Qwen3.5 is modelled without context parallelism (cp_size {}), ngram drafts and the large-EP \
+             MoE path",
+            m.name, l.cp
         )));
     }
     if !q.k_heads.is_multiple_of(tp) || !q.v_heads.is_multiple_of(tp) {
@@ -493,6 +493,10 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
         )));
     }
     let routed = m.routed();
+    let dp = l.attention_dp > 1;
+    // With attention DP, SGLang's MoE layers fold the attention all-reduce into the pre-MLP
+    // gather, which the pre-dispatch prices.
+    let folded = backend == "sglang" && routed && dp;
     let layers = m.layers as f64;
     let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
     let act = 2.0;
@@ -563,7 +567,9 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
                 list.push(attention_op(ctx, format!("{phase}_attention"), c, heads, l));
                 list.push(gemm(format!("{phase}_proj_gemm"), h, n_q * m.head_dim, l.gemm, true));
             }
-            list.push(Op::AllReduce { name: format!("{p}_ar"), scale: c, hidden: h, tp });
+            if !folded {
+                list.push(Op::AllReduce { name: format!("{p}_ar"), scale: c, hidden: h, tp });
+            }
             list.push(elementwise(format!("{p}_ffn_norm"), c, 4 * h));
             if !routed {
                 let inter = m.inter / tp;
@@ -579,12 +585,16 @@ pub fn build_qwen35_ops(m: &ModelSpec, q: &Qwen35Spec, l: &Layout) -> Result<(Ve
             }
             let dispatch = |pre: bool| {
                 let name = format!("{p}_moe_{}_dispatch", if pre { "pre" } else { "post" });
-                Op::MoeDispatch(DispatchOp::at(name, c, h, l, pre))
+                Op::MoeDispatch(DispatchOp::at(name, c, h, l, pre).attn_ar_modeled())
             };
-            if backend == "trtllm" {
+            if backend == "trtllm" || (backend == "vllm" && dp) {
                 // The reference's TRT-LLM dispatch ignores that the model already priced the
-                // attention all-reduce, so this all-reduces the same activations again.
+                // attention all-reduce, so this all-reduces the same activations again; vLLM's
+                // gathers the attention-DP ranks' tokens.
                 routed_ops.push(dispatch(true));
+            } else if folded {
+                // SGLang's gather completes before the shared expert's stream forks.
+                list.push(dispatch(true));
             }
             routed_ops.push(Op::Moe(MoeOp::routed(format!("{p}_moe"), c, h, (m, l), DISTRIBUTION, true)));
             let mut shared = Vec::new();

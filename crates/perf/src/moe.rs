@@ -297,7 +297,8 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
     let v = match d.backend.as_str() {
         "vllm" => {
             let mut total = 0.0;
-            if attn_tp > 1 {
+            // The all-reduce stands for the attention's, unless the model prices that itself.
+            if attn_tp > 1 && !(d.pre && d.attn_ar_modeled) {
                 total += ar(gpus, x)?;
             }
             if dp > 1 {

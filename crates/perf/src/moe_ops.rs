@@ -100,6 +100,9 @@ pub struct DispatchOp {
     pub pre: bool,
     pub backend: String,
     pub dtype: Dtype,
+    /// The model prices the attention all-reduce itself, so vLLM's dispatch adds none (the
+    /// reference's `attn_ar_modeled`; Qwen3.5).
+    pub attn_ar_modeled: bool,
 }
 
 impl DispatchOp {
@@ -115,6 +118,12 @@ impl DispatchOp {
             pre,
             backend: l.backend.clone(),
             dtype: l.moe,
+            attn_ar_modeled: false,
         }
+    }
+
+    /// The same op where the model prices the attention all-reduce itself.
+    pub(crate) fn attn_ar_modeled(self) -> DispatchOp {
+        DispatchOp { attn_ar_modeled: true, ..self }
     }
 }

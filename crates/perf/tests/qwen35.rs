@@ -230,14 +230,63 @@ fn qwen35_op_list_and_refusals() {
     assert!(!gen.iter().any(|o| matches!(o, Op::Overlap { .. })));
     assert!(matches!(find(&gen, "generation_gdn_shared_expert_gate_gemm"), Op::SmallGemm(g) if g.n == 1));
 
-    let refused = |cfg: serde_json::Value| try_est(cfg).map(|_| ()).unwrap_err();
+    // SGLang with attention DP: the attention all-reduce folds into the pre-dispatch gather,
+    // which runs ahead of the decode overlap.
     let mut dp = base;
-    dp["backend"] = json!("vllm");
+    dp["backend"] = json!("sglang");
     dp.as_object_mut().unwrap().remove("backend_version");
     dp["attention_dp"] = json!(2);
     dp["moe_ep_size"] = json!(4);
-    let err = refused(dp);
-    assert!(err.contains("Qwen3.5 is modelled without attention_dp (got 2)"), "{err}");
+    let e = est_with(dp);
+    let (ctx, gen) = build_ops(&e.model, &e.layout).unwrap();
+    assert!(!ctx.iter().any(|o| o.name() == "context_gdn_ar" || o.name() == "context_full_ar"));
+    assert!(matches!(find(&ctx, "context_gdn_moe_pre_dispatch"), Op::MoeDispatch(d) if d.pre));
+    assert!(matches!(find(&gen, "generation_full_moe_pre_dispatch"), Op::MoeDispatch(d) if d.pre));
+
+    let refused = |cfg: serde_json::Value| try_est(cfg).map(|_| ()).unwrap_err();
     let err = refused(json!({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "vllm", "tp": 32}));
     assert!(err.contains("heads"), "{err}");
+}
+
+/// Attention DP on every backend (`ais_goldens.py --qwen35-dp`): vLLM's pre-dispatch gathers the
+/// ranks' tokens (the model prices the attention all-reduce, so the dispatch adds none), SGLang
+/// folds the attention all-reduce into that gather, TRT-LLM prices its pre-dispatch as without
+/// DP; pure DEP and attention TP × DP, and the dense model.
+#[test]
+fn qwen35_attention_dp_goldens() {
+    if !data_available("h200_sxm") || !data_available("b200_sxm") {
+        eprintln!(
+            "NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Qwen3.5 attention-DP goldens"
+        );
+        return;
+    }
+    let moe = |system: &str, backend: &str, tp: u32, dp: u32, ep: u32| {
+        est_with(json!({"model": "Qwen/Qwen3.5-35B-A3B", "system": system, "backend": backend, "tp": tp,
+                        "attention_dp": dp, "moe_tp_size": 1, "moe_ep_size": ep}))
+    };
+    let e = moe("h200_sxm", "vllm", 1, 2, 2);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 39.76430987345183);
+    close(e.prefill_ms(2, 3000, 500).unwrap(), 82.37236103244666);
+    close(e.decode_ms(16, 1100).unwrap(), 8.686829763750591);
+    close(e.decode_ms(64, 4097).unwrap(), 14.56516250843405);
+    close(e.forward_pass_time_ms(&[MIXED, DECODE_RANK]).unwrap(), 44.07543932516213);
+    let e = moe("h200_sxm", "vllm", 2, 2, 4);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 34.080690641227605);
+    close(e.decode_ms(16, 1100).unwrap(), 7.195187881371747);
+    let e = moe("h200_sxm", "sglang", 1, 4, 4);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 57.32765911237481);
+    close(e.prefill_ms(2, 3000, 500).unwrap(), 139.5172951020778);
+    close(e.decode_ms(16, 1100).unwrap(), 8.127425941950763);
+    close(e.decode_ms(64, 4097).unwrap(), 13.179119858393332);
+    close(e.forward_pass_time_ms(&[MIXED, DECODE_RANK, PREFILL_RANK, MIXED]).unwrap(), 62.166526909120876);
+    let e = moe("h200_sxm", "sglang", 2, 2, 4);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 36.235092541560846);
+    close(e.decode_ms(16, 1100).unwrap(), 6.551030905906588);
+    let e = moe("b200_sxm", "trtllm", 1, 2, 2);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 26.3568831004359);
+    close(e.decode_ms(16, 1100).unwrap(), 7.150408260474439);
+    let e = est_with(json!({"model": "Qwen/Qwen3.5-27B", "system": "h200_sxm", "backend": "vllm", "tp": 1,
+                            "attention_dp": 2}));
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 140.71477360872115);
+    close(e.decode_ms(16, 1100).unwrap(), 17.640981296754546);
 }
