@@ -247,3 +247,133 @@ fn fpm_profiles_are_checked_against_the_engine() {
            checkpoint configuration available"],
     );
 }
+
+/// Writes the generated FPM table (`scripts/fpm_table.py`, deterministic) into a fresh directory
+/// with the reference venv's pyarrow; None (with a notice) without the venv.
+fn generated_table(name: &str) -> Option<PathBuf> {
+    let venv = std::env::var("AISIM_REF_VENV").ok().filter(|v| !v.is_empty())?;
+    let python = PathBuf::from(venv).join("bin/python");
+    if !python.is_file() {
+        eprintln!("NOTICE: {} missing; skipping the FPM table tests", python.display());
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = dir().join(name);
+    let status = Command::new(python).arg(root.join("scripts/fpm_table.py")).arg(&out).output().unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    Some(out.join("fpm_forward_perf.parquet"))
+}
+
+fn run_file(name: &str, yaml: &str, table: &std::path::Path) -> (Output, PathBuf) {
+    let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fpm").join(yaml);
+    let out_dir = dir().join(format!("{name}-out"));
+    let args = [
+        "predict",
+        "-c",
+        cfg.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--format",
+        "json",
+        "--overwrite",
+        "--set",
+        &format!("{T}.fpm_parquet_path={}", table.display()),
+    ];
+    (Command::new(env!("CARGO_BIN_EXE_servesim")).args(args).output().unwrap(), out_dir)
+}
+
+/// Inside coverage (every prefill an exact collected point, every decode step on its batch's KV
+/// curve, the KV cache capped at the table's decode ceiling): every metric of the reference's
+/// prediction within 1e-6 relative. Recorded as the YAML header says.
+#[test]
+fn interpolation_over_a_generated_table_matches_the_reference() {
+    let Some(table) = generated_table("golden-table") else { return };
+    let before = std::fs::read(&table).unwrap();
+    let (out, out_dir) = run_file("golden", "predict_fpm_interp_qwen3_8b.yaml", &table);
+    if data_missing(&out) {
+        return;
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&table).unwrap(), before, "the table is only read");
+    let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fpm/predict_fpm_interp_qwen3_8b.expected.json");
+    let reference: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    // Wall-clock rates of the process, not simulated quantities.
+    let skip = ["wall_time_ms", "call_wall_ms", "processed_output_tokens_per_s", "processed_tokens_per_s"];
+    let mut compared = 0;
+    for (k, v) in reference.as_object().unwrap() {
+        let (Some(r), false) = (v.as_f64(), skip.contains(&k.as_str())) else { continue };
+        let Some(o) = ours.get(k).and_then(Value::as_f64) else { continue };
+        let tol = 1e-6 * r.abs().max(1e-3);
+        assert!((o - r).abs() <= tol, "{k}: servesim {o} vs reference {r}");
+        compared += 1;
+    }
+    assert!(compared >= 60, "only {compared} metrics compared");
+    // The table's own points: TTFT is the (4, 4096, 0) prefill row.
+    assert_eq!(reference["mean_ttft_ms"].as_f64(), Some(230.1569179999999));
+}
+
+/// Leaving coverage (a cached-prefix prefill chunk on a table with KV=0 prefill sites only):
+/// the same mid-replay refusal as the reference (its run exits 1 with this message).
+#[test]
+fn a_pass_outside_the_table_is_refused_as_the_reference_does() {
+    let Some(table) = generated_table("uncovered-table") else { return };
+    let (out, out_dir) = run_file("uncovered", "predict_fpm_interp_uncovered.yaml", &table);
+    if data_missing(&out) {
+        return;
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "perf database error: FPM prefill query total_kv_read_tokens=8192 is outside the collected domain \
+             [0, 0] for model_path=\"Qwen/Qwen3-8B\". FPM never extrapolates; collect a wider sweep or use \
+             forward_model='op_level'."
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"));
+    assert!(!out_dir.join("prediction.json").exists());
+}
+
+/// A table whose sidecar digest does not match its bytes, or whose identity is another
+/// deployment's, is refused before the replay (exit 2), naming the file and the field.
+#[test]
+fn a_foreign_or_altered_table_is_refused() {
+    let Some(table) = generated_table("altered-table") else { return };
+    let sidecar = table.with_extension("metadata.json");
+    let text = std::fs::read_to_string(&sidecar).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let digest = doc["parquet_sha256"].as_str().unwrap().to_string();
+    std::fs::write(&sidecar, text.replace(&digest, &"0".repeat(64))).unwrap();
+    let dirname = table.parent().unwrap().display().to_string();
+    refused(
+        "digest",
+        &[set(&format!("{T}.forward_model"), "fpm"), set(&format!("{T}.fpm_parquet_path"), table.to_str().unwrap())],
+        &[&format!("FPM parquet digest mismatch: sidecar=Some(String(\"{}\")) actual=\"{digest}\". The pair at {dirname} is inconsistent (interrupted writer?).", "0".repeat(64))],
+    );
+    std::fs::write(&sidecar, text.replace("\"h200_sxm\"", "\"b200_sxm\"")).unwrap();
+    refused(
+        "identity",
+        &[set(&format!("{T}.forward_model"), "fpm"), set(&format!("{T}.fpm_parquet_path"), table.to_str().unwrap())],
+        &[
+            "FPM sidecar system=Some(\"b200_sxm\") does not match the database system \"h200_sxm\"",
+            &sidecar.display().to_string(),
+        ],
+    );
+    // A deployment the table was not collected for: no cell matches (the reference's words).
+    std::fs::write(&sidecar, &text).unwrap();
+    refused(
+        "cell",
+        &[
+            set(&format!("{T}.forward_model"), "fpm"),
+            set(&format!("{T}.fpm_parquet_path"), table.to_str().unwrap()),
+            set(&format!("{T}.kvcache_quant_mode"), "fp8"),
+        ],
+        &[
+            "No FPM cell matches model_path=\"Qwen/Qwen3-8B\" with identity {gemm_quant_mode=\"bfloat16\"",
+            "kv_cache_dtype=\"fp8\"",
+        ],
+    );
+}

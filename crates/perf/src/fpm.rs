@@ -68,10 +68,10 @@ pub fn is_fpm_mode(mode: Option<&str>) -> bool {
     matches!(mode, Some("fpm_interpolation" | "fpm_regression"))
 }
 
-/// Selects the estimator the reference would for `cfg`: Ok when it is op_level (the timing
-/// servesim computes), otherwise the reference's refusal, or servesim's where the reference
-/// would interpolate a collected table.
-pub fn select(cfg: &AisConfig) -> Result<()> {
+/// Selects the estimator the reference would for `cfg`: Ok(None) when it is op_level (the
+/// timing servesim computes), Ok(Some(table)) when it interpolates a checked collected table
+/// ([`crate::fpm_interp`]), otherwise the reference's refusal.
+pub fn select(cfg: &AisConfig) -> Result<Option<PathBuf>> {
     let raw = &cfg.raw;
     let text = |k: &str| raw.get(k).and_then(Value::as_str);
     if let Some(profile) = raw.get("fpm_profile").filter(|v| !v.is_null()) {
@@ -99,7 +99,7 @@ pub fn select(cfg: &AisConfig) -> Result<()> {
     for mode in candidates {
         match mode {
             // servesim's op-level estimator reports its own failures when it is built.
-            Mode::OpLevel => return Ok(()),
+            Mode::OpLevel => return Ok(None),
             Mode::Regression => {
                 return Err(PerfError::unsupported(if failures.is_empty() {
                     "regression estimator is not ready; replay requires training observations".to_string()
@@ -118,14 +118,7 @@ pub fn select(cfg: &AisConfig) -> Result<()> {
             Mode::Interpolation => {
                 let path = table_path(cfg)?;
                 match check_table(&path, cfg) {
-                    // A table the reference would interpolate: servesim does not.
-                    Ok(rows) => {
-                        return Err(PerfError::unsupported(format!(
-                            "FPM interpolation over the collected table {} ({rows} rows) is not supported by \
-                             servesim yet: it times op_level only (estimation_mode: auto or op_level)",
-                            path.display()
-                        )))
-                    }
+                    Ok(_) => return Ok(Some(path)),
                     Err(e) => failures.push(e),
                 }
             }
@@ -174,6 +167,7 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
     };
     let sidecar = path.with_extension("metadata.json");
     let (schema_version, expected_rows) = check_sidecar(&sidecar, &cfg.system, &cfg.backend, &version)?;
+    check_digest(&sidecar, path)?;
     let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| db_err(format!("cannot open {shown}: {e}")))?;
     let reader = SerializedFileReader::new(file)
@@ -227,6 +221,28 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         return Err(db_err(format!("FPM database contains no rows: {shown}")));
     }
     Ok(rows)
+}
+
+/// The sidecar's `parquet_sha256` against the table's bytes (the pair is written atomically; a
+/// mismatch is an interrupted or foreign writer).
+fn check_digest(sidecar: &Path, path: &Path) -> Result<()> {
+    let m = read_sidecar(sidecar)?;
+    let actual =
+        crate::fpm_interp::sha256_file(path).map_err(|e| db_err(format!("cannot read {}: {e}", path.display())))?;
+    let declared = m.get("parquet_sha256");
+    if declared.and_then(Value::as_str) != Some(actual.as_str()) {
+        let shown = match declared {
+            None => "None".to_string(),
+            Some(Value::String(s)) => format!("Some(String({s:?}))"),
+            Some(v) => format!("Some({v})"),
+        };
+        return Err(db_err(format!(
+            "FPM parquet digest mismatch: sidecar={shown} actual={actual:?}. The pair at {} is inconsistent \
+             (interrupted writer?).",
+            path.parent().unwrap_or(path).display()
+        )));
+    }
+    Ok(())
 }
 
 fn read_sidecar(path: &Path) -> Result<serde_json::Map<String, Value>> {
@@ -384,7 +400,8 @@ mod tests {
         w.close().unwrap();
         let sidecar = json!({"schema_name": SCHEMA_NAME, "schema_version": 7, "coordinate_system": COORDINATE_SYSTEM,
             "measurement_policy": MEASUREMENT_POLICIES[0], "system": "h200_sxm", "backend": "vllm",
-            "backend_version": "0.24.0", "row_count": rows});
+            "backend_version": "0.24.0", "row_count": rows,
+            "parquet_sha256": crate::fpm_interp::sha256_file(path).unwrap()});
         std::fs::write(path.with_extension("metadata.json"), sidecar.to_string()).unwrap();
     }
 
@@ -400,18 +417,30 @@ mod tests {
         d
     }
 
-    /// A well-formed table is checked, only read, and then refused by name: servesim does not
-    /// interpolate it.
+    /// A well-formed table is checked, only read, and selected for interpolation; one whose
+    /// sidecar digest does not match its bytes is refused with both digests.
     #[test]
-    fn a_valid_table_is_refused_by_name_and_left_unchanged() {
+    fn a_valid_table_is_selected_and_a_foreign_digest_refused() {
         let path = dir().join("valid.parquet");
         write_table(&path, "", false, 1);
         let before = std::fs::read(&path).unwrap();
         assert_eq!(check_table(&path, &cfg(&path)), Ok(1));
-        let e = select(&cfg(&path)).unwrap_err();
-        assert!(e.message.contains("FPM interpolation over the collected table"), "{e}");
-        assert!(e.message.contains("(1 rows) is not supported by servesim yet"), "{e}");
+        assert_eq!(select(&cfg(&path)), Ok(Some(path.clone())));
         assert_eq!(std::fs::read(&path).unwrap(), before);
+        let sidecar = path.with_extension("metadata.json");
+        let actual = crate::fpm_interp::sha256_file(&path).unwrap();
+        let text = std::fs::read_to_string(&sidecar).unwrap().replace(&actual, &"0".repeat(64));
+        std::fs::write(&sidecar, text).unwrap();
+        let e = select(&cfg(&path)).unwrap_err().message;
+        assert_eq!(
+            e,
+            format!(
+                "perf database error: FPM parquet digest mismatch: sidecar=Some(String(\"{}\")) actual=\"{actual}\". \
+                 The pair at {} is inconsistent (interrupted writer?).",
+                "0".repeat(64),
+                dir().display()
+            )
+        );
     }
 
     /// Malformed tables: the file and the column named, as errors (no panic).
@@ -447,6 +476,6 @@ mod tests {
         // With `fallback_policy: allow`, a malformed table falls back to op_level.
         let mut c = cfg(&missing);
         c.raw["fallback_policy"] = json!("allow");
-        assert_eq!(select(&c), Ok(()));
+        assert_eq!(select(&c), Ok(None));
     }
 }

@@ -20,6 +20,7 @@ pub mod eplb;
 pub mod error;
 pub mod estimator;
 pub mod fpm;
+pub mod fpm_interp;
 pub mod gdn;
 pub mod gemma4;
 pub mod glimmer;

@@ -1128,6 +1128,8 @@ fn sglang_mla_runs_bf16(model: &ModelSpec, cfg: &AisConfig, version: &str, spec:
 pub struct AisTimer {
     pub estimator: Arc<Estimator>,
     pub config: AisConfig,
+    /// The collected FPM table this worker interpolates (`estimation_mode: fpm_interpolation`).
+    pub fpm: Option<Arc<crate::fpm_interp::FpmTable>>,
 }
 
 fn narrow(v: u64, what: &str) -> std::result::Result<u32, String> {
@@ -1160,13 +1162,27 @@ impl PassTimer for AisTimer {
     fn prefill_ms(&self, batch: u32, mean_isl: u64, mean_prefix: u64) -> std::result::Result<f64, String> {
         let isl = narrow(mean_isl, "mean input length")?;
         let prefix = narrow(mean_prefix, "mean prefix length")?;
-        let ms = self.estimator.prefill_ms(batch, isl, prefix).map_err(|e| e.message)?;
+        let ms = match &self.fpm {
+            Some(t) => t.prefill_ms(batch, isl, prefix),
+            None => self.estimator.prefill_ms(batch, isl, prefix),
+        }
+        .map_err(|e| e.message)?;
         let c = &self.config.calibration;
         Ok(if c.is_identity() { ms } else { c.apply(ms, 0.0) })
     }
 
-    fn decode_ms(&self, batch: u32, context_tokens: u64, _capacity_tokens: u64) -> std::result::Result<f64, String> {
-        let ms = self.raw_decode_ms(batch, context_tokens)?;
+    fn decode_ms(&self, batch: u32, context_tokens: u64, capacity_tokens: u64) -> std::result::Result<f64, String> {
+        let ms = match &self.fpm {
+            // The table's own coordinate: the step's past-KV total, capped at the cache.
+            Some(t) if batch > 0 => {
+                let past = match self.config.decode_context {
+                    DecodeContext::Past => context_tokens,
+                    DecodeContext::Sequence => context_tokens.saturating_sub(u64::from(batch)),
+                };
+                t.decode_total_ms(batch, narrow(past.min(capacity_tokens), "total past KV")?).map_err(|e| e.message)?
+            }
+            _ => self.raw_decode_ms(batch, context_tokens)?,
+        };
         let c = &self.config.calibration;
         Ok(if c.is_identity() || batch == 0 { ms } else { c.apply(ms, ms) })
     }
@@ -1210,11 +1226,13 @@ impl PassTimer for AisTimer {
         // An unbounded per-pass budget is no activation size; the estimator's default stands in.
         let budget = memory.max_num_batched_tokens.unwrap_or(8192) as u64;
         let reserved = limits.cuda_graph_reserved_bytes.unwrap_or(0) as f64;
-        Some(
-            crate::memory::kv_capacity(&self.estimator, fraction, budget, memory.block_size, reserved)
-                .map(|c| c.blocks)
-                .map_err(|e| e.message),
-        )
+        let blocks = crate::memory::kv_capacity(&self.estimator, fraction, budget, memory.block_size, reserved)
+            .map(|c| c.blocks)
+            .map_err(|e| e.message);
+        Some(match &self.fpm {
+            Some(t) => blocks.and_then(|b| t.cap_blocks(b, memory.block_size)),
+            None => blocks,
+        })
     }
 }
 
@@ -1231,7 +1249,8 @@ pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Re
         _ => ConfigError::new(key, e.message),
     })?;
     let est = estimator(&cfg).map_err(|e| ConfigError::new(key, e.message))?;
-    Ok(Arc::new(AisTimer { estimator: est, config: cfg }))
+    let fpm = crate::fpm_interp::for_worker(&cfg, &est).map_err(|e| ConfigError::new(key, e.message))?;
+    Ok(Arc::new(AisTimer { estimator: est, config: cfg, fpm }))
 }
 
 /// The [`servesim_engine::TimerFactory`] for providers `ais` and `aic`.

@@ -1,0 +1,769 @@
+//! FPM interpolation over a collected whole-forward table (`estimation_mode: fpm_interpolation`
+//! / `forward_model: fpm`), as aisimulate 0.13 times a replay's passes from it.
+//!
+//! The table holds whole-forward latencies at per-rank iteration totals: prefill points at
+//! `(batch_size, total_prefill_tokens, total_kv_read_tokens)` and decode points at
+//! `(batch_size, total_kv_read_tokens)`. Rows are grouped into cells by model path and the
+//! 19-field execution identity; the request's identity must match one cell exactly.
+//!
+//! A prefill step of `batch` requests reaching `isl` tokens, `prefix` of them cached, is the
+//! point `(batch, batch·(isl−prefix), batch·prefix)`; a decode step of `batch` requests reading
+//! `context` tokens each is `(batch, batch·context)`. Each point is first gated to the cell's
+//! per-axis bounding box (the table is never extrapolated). A prefill site `(batch, kv)` owns a
+//! curve over new tokens, a decode batch owns a curve over KV: a point on its own site's curve
+//! is the measured value or the straight line between the two measured neighbours. A decode
+//! batch that is not collected, between capture rungs (a rung is marked by an `(x, x+1)` pair
+//! of collected batches), blends its segment's bracket rows `lower_rung+1` and `upper_rung`
+//! linearly in the batch, each on its own curve (one side alone when only one covers the KV).
+//! A prefill batch above the collected ceiling of a table whose batch axis is flat (consecutive
+//! batches within 5% at matched totals) is priced at the ceiling when the KV read is under
+//! twice the new tokens.
+//!
+//! The reference answers every other point (an uncollected prefill site, a curve that does not
+//! cover the point, a clamped prefill under KV pressure) by transferring utilisation from the
+//! nearest collected sites through the model's analytical roofline; servesim does not have that
+//! roofline and refuses such a point by name instead of timing something else.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::{ErrorKind, PerfError, Result};
+use crate::parquet_table::Table;
+
+/// The most rows a table may have: a collected table is a few thousand rows per cell.
+pub const MAX_ROWS: usize = 2_000_000;
+
+const PREFILL_AXES: [&str; 3] = ["batch_size", "total_prefill_tokens", "total_kv_read_tokens"];
+const DECODE_AXES: [&str; 2] = ["batch_size", "total_kv_read_tokens"];
+/// The identity columns a cell is selected by, in the reference's order.
+pub const MATCH_COLUMNS: [&str; 19] = [
+    "gemm_quant_mode",
+    "moe_quant_mode",
+    "fmha_quant_mode",
+    "comm_quant_mode",
+    "kv_cache_dtype",
+    "tp",
+    "pp",
+    "dp",
+    "moe_tp",
+    "moe_ep",
+    "cp",
+    "moe_backend",
+    "attention_backend",
+    "enable_wideep",
+    "enable_eplb",
+    "model_config_sha256",
+    "execution_profile",
+    "engram_residency",
+    "input_modality",
+];
+/// The execution identity of a table collected before schema 7.
+const LEGACY_EXECUTION: [&str; 4] = ["", "full", "none", "text"];
+/// Above this KV read per new token, a clamped prefill batch needs the roofline.
+const MAX_KV_PRESSURE: f64 = 2.0;
+
+fn db_err(msg: String) -> PerfError {
+    PerfError { kind: ErrorKind::Data, message: format!("perf database error: {msg}") }
+}
+
+type Curve = BTreeMap<u32, f64>;
+
+/// The selected cell of a collected table, ready to time passes.
+#[derive(Debug)]
+pub struct FpmTable {
+    path: PathBuf,
+    model_path: String,
+    /// `(batch, total KV read)` → new tokens → ms.
+    prefill: BTreeMap<(u32, u32), Curve>,
+    /// batch → total KV read → ms.
+    decode: BTreeMap<u32, Curve>,
+    prefill_domain: Option<[(u32, u32); 3]>,
+    decode_domain: Option<[(u32, u32); 2]>,
+    prefill_clamp_max: Option<u32>,
+    decode_rungs: Vec<u32>,
+}
+
+/// One row's place in a cell.
+struct Row {
+    cell: Vec<String>,
+    decode: bool,
+    batch: u32,
+    tokens: u32,
+    kv: u32,
+    ms: f64,
+}
+
+fn to_u32(path: &str, col: &str, row: usize, v: Option<i64>) -> Result<u32> {
+    match v {
+        Some(v) => {
+            u32::try_from(v).map_err(|_| db_err(format!("FPM row {row} {col}={v} is outside 0..2^32 in {path}")))
+        }
+        None => Err(db_err(format!("FPM row {row} {col} is null in {path}"))),
+    }
+}
+
+impl FpmTable {
+    /// Reads the table at `path` (already checked by [`crate::fpm::check_table`]) and selects
+    /// the cell of `model_path` with the request identity `identity` (19 fields). Reads only.
+    pub fn load(
+        path: &Path,
+        identity: &[String],
+        model_path: &str,
+        system: &str,
+        backend: &str,
+        version: &str,
+    ) -> Result<FpmTable> {
+        let shown = path.display().to_string();
+        let mut wanted: Vec<&str> = vec![
+            "cell_id",
+            "model_path",
+            "system",
+            "backend",
+            "backend_version",
+            "workload_kind",
+            "partition_policy",
+            "batch_size",
+            "total_prefill_tokens",
+            "total_kv_read_tokens",
+            "latency_ms",
+            "kv_seed_regime",
+            "dcp",
+            "measurement_policy",
+        ];
+        wanted.extend(MATCH_COLUMNS);
+        let t = Table::read(path, &wanted).map_err(|e| db_err(e.message))?;
+        if t.rows > MAX_ROWS {
+            return Err(db_err(format!("FPM table {shown} has {} rows; servesim reads at most {MAX_ROWS}", t.rows)));
+        }
+        if t.has("dcp") {
+            return Err(PerfError::unsupported(format!(
+                "FPM table {shown} records decode context parallelism (column dcp): servesim interpolates \
+                 tables without DCP cells only"
+            )));
+        }
+        let text = |c: &str| t.text_or_none(c);
+        let model_col = text("model_path")?;
+        let kind_col = text("workload_kind")?;
+        let policy_col = text("partition_policy")?;
+        let sys_col = text("system")?;
+        let backend_col = text("backend")?;
+        let version_col = text("backend_version")?;
+        let seed_col = if t.has("kv_seed_regime") { Some(text("kv_seed_regime")?) } else { None };
+        let batch_col = t.int_or_none("batch_size")?;
+        let tok_col = t.int_or_none("total_prefill_tokens")?;
+        let kv_col = t.int_or_none("total_kv_read_tokens")?;
+        let ms_col = t.float("latency_ms")?;
+        let schema7 = t.has("model_config_sha256");
+        let mut ident_cols: Vec<Vec<String>> = Vec::new();
+        for (i, c) in MATCH_COLUMNS.iter().enumerate() {
+            let col: Vec<String> = match i {
+                5..=10 => t.int_or_none(c)?.into_iter().map(|v| v.map_or(String::new(), |v| v.to_string())).collect(),
+                13 | 14 => match t.bool_if_present(c)? {
+                    Some(v) => v.into_iter().map(|b| if b { "True" } else { "False" }.to_string()).collect(),
+                    None => return Err(db_err(format!("FPM column {c:?} of {shown} must hold boolean values"))),
+                },
+                15..=18 if !schema7 => vec![LEGACY_EXECUTION[i - 15].to_string(); t.rows],
+                _ => text(c)?.iter().map(|v| v.clone().unwrap_or_default()).collect(),
+            };
+            ident_cols.push(col);
+        }
+        let mut rows = Vec::with_capacity(t.rows);
+        for r in 0..t.rows {
+            let s = |col: &[Option<String>]| col[r].clone().unwrap_or_default();
+            let kind = s(&kind_col);
+            if kind != "prefill" && kind != "decode" {
+                return Err(db_err(format!("FPM row {r} has unknown workload_kind={kind:?}")));
+            }
+            let policy = s(&policy_col);
+            if policy != "balanced_v1" {
+                return Err(db_err(format!(
+                    "FPM row {r} has unsupported partition_policy={policy:?} (expected \"balanced_v1\")"
+                )));
+            }
+            let v = s(&version_col);
+            if v != version {
+                return Err(db_err(format!(
+                    "FPM row {r} backend_version={v:?} does not match the database version directory {version:?}"
+                )));
+            }
+            let v = s(&sys_col);
+            if v != system {
+                return Err(db_err(format!("FPM row {r} system={v:?} does not match the database system {system:?}")));
+            }
+            let v = s(&backend_col);
+            if v != backend {
+                return Err(db_err(format!(
+                    "FPM row {r} backend={v:?} does not match the database backend {backend:?}"
+                )));
+            }
+            let ms = ms_col[r];
+            if !ms.is_finite() || ms <= 0.0 {
+                return Err(db_err(format!("FPM row {r} has non-finite/non-positive latency_ms={ms:?}")));
+            }
+            let batch = to_u32(&shown, "batch_size", r, batch_col[r])?;
+            let tokens = to_u32(&shown, "total_prefill_tokens", r, tok_col[r])?;
+            let kv = to_u32(&shown, "total_kv_read_tokens", r, kv_col[r])?;
+            if batch < 1 {
+                return Err(db_err(format!(
+                    "FPM row {r} has invalid workload coordinates: batch_size={batch}, \
+                     total_prefill_tokens={tokens}, total_kv_read_tokens={kv}"
+                )));
+            }
+            let decode = kind == "decode";
+            if !decode && tokens < 1 {
+                return Err(db_err(format!("FPM row {r} is a prefill point with no prefill tokens")));
+            }
+            if decode && tokens != 0 {
+                return Err(db_err(format!("FPM row {r} is a decode point carrying prefill tokens")));
+            }
+            let mut cell = vec![s(&model_col)];
+            cell.extend(ident_cols.iter().map(|c| c[r].clone()));
+            for (offset, name) in [(12usize, "moe_backend"), (13usize, "attention_backend")] {
+                if cell[offset].is_empty() {
+                    return Err(db_err(format!(
+                        "FPM row {r} {name} must be a non-empty string (\"auto\" or a pinned name)"
+                    )));
+                }
+            }
+            let seed = seed_col.as_ref().map(|c| s(c)).unwrap_or_default();
+            if !cell[16..].iter().map(String::as_str).eq(LEGACY_EXECUTION) && (decode || kv > 0) && seed != "real_kv" {
+                return Err(db_err(format!(
+                    "FPM row {r}: config-bound cached prefill/decode requires real_kv provenance"
+                )));
+            }
+            if seed == "fake_fallback" {
+                return Err(PerfError::unsupported(format!(
+                    "FPM table {shown} row {r} is a fake_fallback KV-seed measurement: the reference heals it by \
+                     in-station extrapolation, which servesim does not implement"
+                )));
+            }
+            rows.push(Row { cell, decode, batch, tokens, kv, ms });
+        }
+        // The same coordinates twice in one cell would silently overwrite a latency.
+        let mut seen: BTreeSet<(&[String], bool, u32, u32, u32)> = BTreeSet::new();
+        for (r, row) in rows.iter().enumerate() {
+            if !seen.insert((&row.cell, row.decode, row.batch, row.tokens, row.kv)) {
+                return Err(db_err(format!(
+                    "FPM row {r} collides with an earlier row at the same cell coordinates (phase={:?}, \
+                     batch_size={}, total_prefill_tokens={}, total_kv_read_tokens={}); refusing to silently \
+                     overwrite latencies.",
+                    if row.decode { "decode" } else { "prefill" },
+                    row.batch,
+                    row.tokens,
+                    row.kv
+                )));
+            }
+        }
+        let mut wanted_cell = vec![model_path.to_string()];
+        wanted_cell.extend(identity.iter().cloned());
+        let mut table = FpmTable {
+            path: path.to_path_buf(),
+            model_path: model_path.to_string(),
+            prefill: BTreeMap::new(),
+            decode: BTreeMap::new(),
+            prefill_domain: None,
+            decode_domain: None,
+            prefill_clamp_max: None,
+            decode_rungs: Vec::new(),
+        };
+        let mut found = false;
+        for row in rows.iter().filter(|r| r.cell == wanted_cell) {
+            found = true;
+            if row.decode {
+                table.decode.entry(row.batch).or_default().insert(row.kv, row.ms);
+                let d = table.decode_domain.get_or_insert([(row.batch, row.batch), (row.kv, row.kv)]);
+                widen(&mut d[0], row.batch);
+                widen(&mut d[1], row.kv);
+            } else {
+                table.prefill.entry((row.batch, row.kv)).or_default().insert(row.tokens, row.ms);
+                let d = table.prefill_domain.get_or_insert([
+                    (row.batch, row.batch),
+                    (row.tokens, row.tokens),
+                    (row.kv, row.kv),
+                ]);
+                widen(&mut d[0], row.batch);
+                widen(&mut d[1], row.tokens);
+                widen(&mut d[2], row.kv);
+            }
+        }
+        if !found {
+            let mut available: Vec<String> = rows
+                .iter()
+                .map(|r| format!("({:?}, {:?})", r.cell[0], &r.cell[1..]))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            available.truncate(8);
+            let ident: Vec<String> = MATCH_COLUMNS.iter().zip(identity).map(|(c, v)| format!("{c}={v:?}")).collect();
+            return Err(db_err(format!(
+                "No FPM cell matches model_path={model_path:?} with identity {{{}}}. FPM never substitutes another \
+                 model's curves; collect data under this exact model path or query with the collected path. \
+                 Collected cells (model_path, identity): [{}]",
+                ident.join(", "),
+                available.join(", ")
+            )));
+        }
+        if table.prefill_domain.is_some() && table.prefill_batch_axis_is_flat() {
+            table.prefill_clamp_max = table.prefill_domain.map(|d| d[0].1);
+        }
+        table.decode_rungs = table
+            .decode
+            .keys()
+            .copied()
+            .filter(|b| b.checked_add(1).is_some_and(|n| table.decode.contains_key(&n)))
+            .collect();
+        Ok(table)
+    }
+
+    /// Whether consecutive collected prefill batches agree at matched totals (median
+    /// |ratio − 1| ≤ 5% over at least 3 overlapping points): the batch clamp's certificate.
+    fn prefill_batch_axis_is_flat(&self) -> bool {
+        let batches: Vec<u32> = self.prefill.keys().map(|k| k.0).collect::<BTreeSet<_>>().into_iter().collect();
+        if batches.len() < 2 {
+            return false;
+        }
+        let mut dev = Vec::new();
+        for pair in batches.windows(2) {
+            for ((_, kv), upper) in self.prefill.range((pair[1], 0)..=(pair[1], u32::MAX)) {
+                let Some(lower) = self.prefill.get(&(pair[0], *kv)) else { continue };
+                let (first, last) = (*lower.keys().next().unwrap(), *lower.keys().next_back().unwrap());
+                for (&total, &ms) in upper {
+                    if first <= total && total <= last {
+                        let base = held_curve_value(lower, total as f64);
+                        if base > 0.0 {
+                            dev.push((ms / base - 1.0).abs());
+                        }
+                    }
+                }
+            }
+        }
+        dev.len() >= 3 && median(&mut dev) <= 0.05
+    }
+
+    /// The table this cell was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A prefill step: `batch` requests reaching `isl` tokens, `prefix` of them cached, ms.
+    pub fn prefill_ms(&self, batch: u32, isl: u32, prefix: u32) -> Result<f64> {
+        if batch == 0 || isl <= prefix {
+            return Ok(0.0);
+        }
+        let b = f64::from(batch);
+        let mut coords = [b, b * f64::from(isl - prefix), b * f64::from(prefix)];
+        if let Some(max) = self.prefill_clamp_max.filter(|m| coords[0] > f64::from(*m)) {
+            if coords[2] < MAX_KV_PRESSURE * coords[1] {
+                coords[0] = f64::from(max);
+            } else {
+                return Err(self.needs_roofline(
+                    "prefill",
+                    &PREFILL_AXES,
+                    &coords,
+                    "a batch above the collected ceiling under KV pressure",
+                ));
+            }
+        }
+        let domain = self.prefill_domain.ok_or_else(|| self.no_rows("prefill"))?;
+        self.gate("prefill", &PREFILL_AXES, &domain, &coords)?;
+        let site = (exact(coords[0]), exact(coords[2]));
+        let curve = match site {
+            (Some(b), Some(kv)) => self.prefill.get(&(b, kv)),
+            _ => None,
+        };
+        let ms = match curve.and_then(|c| own_curve_value(c, coords[1])) {
+            Some(ms) => ms,
+            None => {
+                return Err(self.needs_roofline(
+                    "prefill",
+                    &PREFILL_AXES,
+                    &coords,
+                    if curve.is_some() {
+                        "its site's token curve does not cover it"
+                    } else {
+                        "its (batch_size, total_kv_read_tokens) site is not collected"
+                    },
+                ))
+            }
+        };
+        self.valid("prefill", ms, &coords)
+    }
+
+    /// The KV cache of a worker whose capacity is sized from memory, capped at the highest
+    /// collected decode KV total (the reference never schedules past its decode table).
+    pub fn cap_blocks(&self, blocks: u64, block_size: u32) -> std::result::Result<u64, String> {
+        let Some(ceiling) = self.decode_domain.map(|d| d[1].1) else { return Ok(blocks) };
+        let covered = u64::from(ceiling) / u64::from(block_size.max(1));
+        if covered == 0 {
+            return Err(format!(
+                "FPM decode KV ceiling {ceiling} does not cover one scheduler block of {block_size} tokens"
+            ));
+        }
+        Ok(blocks.min(covered))
+    }
+
+    /// A decode step of `batch` requests reading `total_kv` past tokens of KV in all, ms.
+    pub fn decode_total_ms(&self, batch: u32, total_kv: u32) -> Result<f64> {
+        if batch == 0 {
+            return Ok(0.0);
+        }
+        let b = f64::from(batch);
+        let coords = [b, f64::from(total_kv)];
+        let domain = self.decode_domain.ok_or_else(|| self.no_rows("decode"))?;
+        self.gate("decode", &DECODE_AXES, &domain, &coords)?;
+        let kv = coords[1];
+        if let Some((lo, hi)) = self.bracket(b) {
+            let covers = |row: u32| self.decode.get(&row).is_some_and(|c| curve_covers(c, kv));
+            let value = |row: u32| -> Result<f64> {
+                own_curve_value(&self.decode[&row], kv).ok_or_else(|| {
+                    self.needs_roofline("decode", &DECODE_AXES, &coords, "a bracket row's curve has no value")
+                })
+            };
+            let ms = match (covers(lo), covers(hi)) {
+                (false, false) => {
+                    let span = |r: u32| {
+                        self.decode.get(&r).map(|c| (*c.keys().next().unwrap(), *c.keys().next_back().unwrap()))
+                    };
+                    return Err(db_err(format!(
+                        "FPM decode bracket rows {lo}/{hi} do not cover total_kv_read_tokens={kv}                  \
+                         (curves span {:?} and {:?}); FPM never extrapolates.",
+                        span(lo).unwrap_or_default(),
+                        span(hi).unwrap_or_default()
+                    )));
+                }
+                (true, false) => value(lo)?,
+                (false, true) => value(hi)?,
+                (true, true) if lo == hi => value(lo)?,
+                (true, true) => {
+                    let (l, h) = (value(lo)?, value(hi)?);
+                    l + (h - l) * ((b - f64::from(lo)) / (f64::from(hi) - f64::from(lo)))
+                }
+            };
+            if !ms.is_finite() || ms <= 0.0 {
+                return Err(db_err(format!(
+                    "FPM decode bracket interpolation produced an invalid latency ({ms}) at {coords:?}."
+                )));
+            }
+            return Ok(ms);
+        }
+        let curve = exact(b).and_then(|b| self.decode.get(&b));
+        let ms = match curve.and_then(|c| own_curve_value(c, kv)) {
+            Some(ms) => ms,
+            None => {
+                return Err(self.needs_roofline(
+                    "decode",
+                    &DECODE_AXES,
+                    &coords,
+                    if curve.is_some() {
+                        "its batch's KV curve does not cover it"
+                    } else {
+                        "its batch is not collected and has no capture-rung bracket"
+                    },
+                ))
+            }
+        };
+        self.valid("decode", ms, &coords)
+    }
+
+    /// The bracket rows of an uncollected decode batch between capture rungs.
+    fn bracket(&self, batch: f64) -> Option<(u32, u32)> {
+        if self.decode_rungs.is_empty() || self.decode.keys().any(|&b| f64::from(b) == batch) {
+            return None;
+        }
+        let lower = *self.decode_rungs.iter().rev().find(|&&r| f64::from(r) < batch)?;
+        let hi = self
+            .decode_rungs
+            .iter()
+            .copied()
+            .find(|&r| f64::from(r) >= batch)
+            .unwrap_or(*self.decode.keys().next_back().expect("a decode row"));
+        Some((lower + 1, hi))
+    }
+
+    fn gate(&self, phase: &str, axes: &[&str], domain: &[(u32, u32)], coords: &[f64]) -> Result<()> {
+        for ((axis, &(low, high)), &v) in axes.iter().zip(domain).zip(coords) {
+            if !(f64::from(low) <= v && v <= f64::from(high)) {
+                return Err(db_err(format!(
+                    "FPM {phase} query {axis}={v} is outside the collected domain [{low}, {high}] for model_path={:?}. \
+                     FPM never extrapolates; collect a wider sweep or use forward_model='op_level'.",
+                    self.model_path
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn valid(&self, phase: &str, ms: f64, coords: &[f64]) -> Result<f64> {
+        if !ms.is_finite() || ms <= 0.0 {
+            return Err(db_err(format!("FPM {phase} interpolation produced an invalid latency ({ms}) at {coords:?}.")));
+        }
+        Ok(ms)
+    }
+
+    fn no_rows(&self, phase: &str) -> PerfError {
+        db_err(format!("FPM cell of {} has no {phase} rows (model_path={:?}).", self.path.display(), self.model_path))
+    }
+
+    fn needs_roofline(&self, phase: &str, axes: &[&str], coords: &[f64], why: &str) -> PerfError {
+        let at: Vec<String> = axes.iter().zip(coords).map(|(a, v)| format!("{a}={v}")).collect();
+        PerfError::unsupported(format!(
+            "FPM {phase} query ({}) in {}: {why}; the reference transfers utilisation from neighbouring collected \
+             sites through the model's analytical (SOL) roofline, which servesim does not implement for FPM \
+             tables: collect this point's site or use forward_model='op_level'",
+            at.join(", "),
+            self.path.display()
+        ))
+    }
+}
+
+fn widen(slot: &mut (u32, u32), v: u32) {
+    slot.0 = slot.0.min(v);
+    slot.1 = slot.1.max(v);
+}
+
+/// `c` as a table coordinate, when it is one.
+fn exact(c: f64) -> Option<u32> {
+    (c >= 0.0 && c <= f64::from(u32::MAX) && c.fract() == 0.0).then_some(c as u32)
+}
+
+fn curve_covers(curve: &Curve, q: f64) -> bool {
+    match (curve.keys().next(), curve.keys().next_back()) {
+        (Some(&lo), Some(&hi)) => f64::from(lo) <= q && q <= f64::from(hi),
+        _ => false,
+    }
+}
+
+/// The measured value at `q` on one curve, or the straight line between its two measured
+/// neighbours; None outside the curve.
+fn own_curve_value(curve: &Curve, q: f64) -> Option<f64> {
+    if !curve_covers(curve, q) {
+        return None;
+    }
+    let points: Vec<(u32, f64)> = curve.iter().map(|(&k, &v)| (k, v)).collect();
+    let idx = points.partition_point(|&(c, _)| f64::from(c) < q);
+    if idx < points.len() && f64::from(points[idx].0) == q {
+        return Some(points[idx].1);
+    }
+    let ((c_lo, lo), (c_hi, hi)) = (points[idx - 1], points[idx]);
+    let w = (q - f64::from(c_lo)) / (f64::from(c_hi) - f64::from(c_lo));
+    Some(lo + (hi - lo) * w)
+}
+
+/// A curve's value with its end points held beyond its range (the flatness certificate only).
+fn held_curve_value(curve: &Curve, q: f64) -> f64 {
+    let (first, last) = (*curve.keys().next().unwrap(), *curve.keys().next_back().unwrap());
+    if q <= f64::from(first) {
+        return curve[&first];
+    }
+    if q >= f64::from(last) {
+        return curve[&last];
+    }
+    own_curve_value(curve, q).unwrap_or(curve[&last])
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The table a worker interpolates, when the reference would select FPM interpolation for it
+/// ([`crate::fpm::select`]); None for op-level timing.
+pub fn for_worker(
+    cfg: &crate::provider::AisConfig,
+    est: &crate::estimator::Estimator,
+) -> Result<Option<std::sync::Arc<FpmTable>>> {
+    let Some(path) = crate::fpm::select(cfg)? else { return Ok(None) };
+    if cfg.pass_model == crate::provider::PassModel::Fused {
+        return Err(PerfError::unsupported(
+            "pass_model: fused with FPM interpolation: the collected table times whole prefill and decode \
+             passes, not fused mixed ones (use pass_model: additive)",
+        ));
+    }
+    let identity = request_identity(cfg, &est.layout)
+        .map_err(|why| PerfError::unsupported(format!("FPM interpolation over {}: {why}", path.display())))?;
+    let version = match &cfg.backend_version {
+        Some(v) => v.clone(),
+        None => {
+            let roots = crate::systems::systems_roots(&cfg.systems_paths)?;
+            crate::systems::resolve_version(&crate::systems::find_system(&roots, &cfg.system)?, &cfg.backend, None)?
+        }
+    };
+    let table = FpmTable::load(&path, &identity, &cfg.model, &cfg.system, &cfg.backend, &version)?;
+    Ok(Some(std::sync::Arc::new(table)))
+}
+
+/// The request identity servesim can state for a worker: its quantisation as the FPM tables
+/// label it, its parallel layout, automatic backends, no wide EP, and the pre-schema-7
+/// execution identity. `None` with the reason where servesim cannot derive it.
+pub fn request_identity(
+    cfg: &crate::provider::AisConfig,
+    layout: &crate::model::Layout,
+) -> std::result::Result<Vec<String>, String> {
+    let raw = &cfg.raw;
+    let text = |k: &str| raw.get(k).and_then(Value::as_str);
+    for k in ["moe_backend", "attention_backend"] {
+        if let Some(v) = text(k).filter(|v| *v != "auto") {
+            return Err(format!("{k}={v:?}: servesim matches FPM cells only with automatic backends"));
+        }
+    }
+    if raw.get("enable_wideep").and_then(Value::as_bool) == Some(true)
+        || raw.get("enable_eplb").and_then(Value::as_bool) == Some(true)
+    {
+        return Err("enable_wideep / enable_eplb: servesim matches FPM cells without wide EP only".into());
+    }
+    if layout.nextn > 0 || layout.ngram > 0 {
+        return Err(
+            "speculative decoding (nextn / ngram): the FPM decode surface is timed for autoregressive steps only"
+                .into(),
+        );
+    }
+    let mut id: Vec<String> = [layout.gemm, layout.moe, layout.fmha].iter().map(|d| d.name().to_string()).collect();
+    id.push("half".into());
+    id.push(layout.kv.name().into());
+    for n in [layout.tp, layout.pp, layout.attention_dp, layout.moe_tp, layout.moe_ep, layout.cp] {
+        id.push(n.to_string());
+    }
+    id.extend(["auto", "auto", "False", "False"].map(String::from));
+    id.extend(LEGACY_EXECUTION.map(String::from));
+    Ok(id)
+}
+
+/// SHA-256 of a file, lowercase hex (the sidecar's `parquet_sha256`). Streams the file.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finish().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// FIPS 180-4 SHA-256.
+struct Sha256 {
+    state: [u32; 8],
+    block: Vec<u8>,
+    len: u64,
+}
+
+const K: [u32; 64] = [
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+    0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+    0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+    0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+    0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+    0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+    0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+    0xc67178f2,
+];
+
+impl Sha256 {
+    fn new() -> Self {
+        Sha256 {
+            state: [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19],
+            block: Vec::with_capacity(64),
+            len: 0,
+        }
+    }
+
+    fn update(&mut self, mut data: &[u8]) {
+        self.len += data.len() as u64;
+        while !data.is_empty() {
+            let take = (64 - self.block.len()).min(data.len());
+            self.block.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.block.len() == 64 {
+                let block = std::mem::take(&mut self.block);
+                self.compress(&block);
+                self.block = block;
+                self.block.clear();
+            }
+        }
+    }
+
+    fn compress(&mut self, block: &[u8]) {
+        let mut w = [0u32; 64];
+        for (i, c) in block.chunks(4).enumerate() {
+            w[i] = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        for i in 16..64 {
+            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16].wrapping_add(s0).wrapping_add(w[i - 7]).wrapping_add(s1);
+        }
+        let mut v = self.state;
+        for i in 0..64 {
+            let s1 = v[4].rotate_right(6) ^ v[4].rotate_right(11) ^ v[4].rotate_right(25);
+            let ch = (v[4] & v[5]) ^ (!v[4] & v[6]);
+            let t1 = v[7].wrapping_add(s1).wrapping_add(ch).wrapping_add(K[i]).wrapping_add(w[i]);
+            let s0 = v[0].rotate_right(2) ^ v[0].rotate_right(13) ^ v[0].rotate_right(22);
+            let maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
+            let t2 = s0.wrapping_add(maj);
+            v = [t1.wrapping_add(t2), v[0], v[1], v[2], v[3].wrapping_add(t1), v[4], v[5], v[6]];
+        }
+        for (s, x) in self.state.iter_mut().zip(v) {
+            *s = s.wrapping_add(x);
+        }
+    }
+
+    fn finish(mut self) -> [u8; 32] {
+        let bits = self.len.wrapping_mul(8);
+        let mut tail = vec![0x80u8];
+        while (self.block.len() + tail.len()) % 64 != 56 {
+            tail.push(0);
+        }
+        tail.extend_from_slice(&bits.to_be_bytes());
+        let len = self.len;
+        self.update(&tail);
+        self.len = len;
+        let mut out = [0u8; 32];
+        for (i, s) in self.state.iter().enumerate() {
+            out[4 * i..4 * i + 4].copy_from_slice(&s.to_be_bytes());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_matches_the_standard_vectors() {
+        let hex = |d: &[u8]| {
+            let mut h = Sha256::new();
+            h.update(d);
+            h.finish().iter().map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        assert_eq!(hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        let long = vec![b'a'; 1_000_000];
+        assert_eq!(hex(&long), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    }
+
+    fn curve(points: &[(u32, f64)]) -> Curve {
+        points.iter().copied().collect()
+    }
+
+    #[test]
+    fn own_curve_values_are_measured_or_linear_and_never_extrapolated() {
+        let c = curve(&[(100, 2.0), (200, 4.0), (400, 5.0)]);
+        assert_eq!(own_curve_value(&c, 200.0), Some(4.0));
+        assert_eq!(own_curve_value(&c, 150.0), Some(3.0));
+        assert_eq!(own_curve_value(&c, 300.0), Some(4.5));
+        assert_eq!(own_curve_value(&c, 99.0), None);
+        assert_eq!(own_curve_value(&c, 401.0), None);
+    }
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Write a small, deterministic FPM forward-pass table (aisimulate 0.13's `aic_fpm_forward_perf`
+schema 7 parquet + its `.metadata.json` sidecar with the parquet's sha256) for one identity:
+Qwen/Qwen3-8B on one h200_sxm under vLLM 0.24.0, bf16, TP1.
+
+Usage: $AISIM_REF_VENV/bin/python scripts/fpm_table.py OUT_DIR [--version 0.24.0]
+Writes OUT_DIR/fpm_forward_perf.parquet and OUT_DIR/fpm_forward_perf.metadata.json; the same
+arguments always give byte-identical files (the test suite regenerates them).
+
+The latencies are a plausible closed form, not measurements: a dense 8B model on an H200 whose
+forward pass costs a fixed launch overhead, a weight-read floor, a per-token GEMM cost, an
+attention cost per (new token x context token) in prefill and per KV token read in decode, and
+a small per-request cost. Rounded to 1e-6 ms so both tools read identical doubles.
+
+Grid (what servesim's interpolation needs for a vLLM aggregated replay of uniform prompts):
+- prefill sites (batch, total KV read) = (1..16, 0), each with a new-token curve over
+  256 .. 16384 tokens (every multiple of 256 up to 4096, then powers of two);
+- decode curves for every batch 1..16 over total KV read tokens batch x (960 .. 1280, step 64),
+  i.e. a per-request context of 960..1280 tokens.
+"""
+import argparse
+import hashlib
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MODEL = "Qwen/Qwen3-8B"
+SYSTEM = "h200_sxm"
+BACKEND = "vllm"
+BATCHES = range(1, 17)
+PREFILL_TOKENS = sorted(set(list(range(256, 4097, 256)) + [8192, 16384]))
+DECODE_CONTEXT = range(960, 1281, 64)
+
+IDENTITY = {
+    "weight_quantization": "bfloat16",
+    "gemm_quant_mode": "bfloat16",
+    "moe_quant_mode": "bfloat16",
+    "fmha_quant_mode": "bfloat16",
+    "comm_quant_mode": "half",
+    "kv_cache_dtype": "bfloat16",
+    "moe_backend": "auto",
+    "attention_backend": "auto",
+    "model_config_sha256": "",
+    "execution_profile": "full",
+    "engram_residency": "none",
+    "input_modality": "text",
+}
+
+
+def prefill_ms(batch, tokens, kv):
+    # launch + weight floor, GEMM per token, attention per (new x context) pair
+    pairs = tokens * (tokens / batch / 2.0 + kv / batch)
+    return 4.0 + 0.055 * tokens / 1.0 + 0.38e-6 * pairs * 1.0 + 0.02 * batch
+
+
+def decode_ms(batch, kv):
+    return 6.2 + 0.045 * batch + 0.21e-3 * kv
+
+
+def rows(version):
+    out = []
+    for b in BATCHES:
+        for t in PREFILL_TOKENS:
+            if t < b:
+                continue
+            out.append(("prefill", b, t, 0, prefill_ms(b, t, 0)))
+    for b in BATCHES:
+        for c in DECODE_CONTEXT:
+            out.append(("decode", b, 0, b * c, decode_ms(b, b * c)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--version", default="0.24.0")
+    a = ap.parse_args()
+    os.makedirs(a.out_dir, exist_ok=True)
+    data = {k: [] for k in (
+        "cell_id", "model_path", "system", "backend", "backend_version", *IDENTITY.keys(),
+        "tp", "pp", "dp", "moe_tp", "moe_ep", "cp", "enable_wideep", "enable_eplb",
+        "workload_kind", "partition_policy", "batch_size", "total_prefill_tokens",
+        "total_kv_read_tokens", "latency_ms")}
+    for kind, b, t, kv, ms in rows(a.version):
+        data["cell_id"].append("qwen3_8b_tp1")
+        data["model_path"].append(MODEL)
+        data["system"].append(SYSTEM)
+        data["backend"].append(BACKEND)
+        data["backend_version"].append(a.version)
+        for k, v in IDENTITY.items():
+            data[k].append(v)
+        for k in ("tp", "pp", "dp", "moe_tp", "moe_ep", "cp"):
+            data[k].append(1)
+        data["enable_wideep"].append(False)
+        data["enable_eplb"].append(False)
+        data["workload_kind"].append(kind)
+        data["partition_policy"].append("balanced_v1")
+        data["batch_size"].append(b)
+        data["total_prefill_tokens"].append(t)
+        data["total_kv_read_tokens"].append(kv)
+        data["latency_ms"].append(round(ms, 6))
+    types = {k: pa.string() for k in data}
+    for k in ("tp", "pp", "dp", "moe_tp", "moe_ep", "cp", "batch_size", "total_prefill_tokens",
+              "total_kv_read_tokens"):
+        types[k] = pa.int64()
+    types["enable_wideep"] = types["enable_eplb"] = pa.bool_()
+    types["latency_ms"] = pa.float64()
+    table = pa.table({k: pa.array(v, type=types[k]) for k, v in data.items()})
+    path = os.path.join(a.out_dir, "fpm_forward_perf.parquet")
+    pq.write_table(table, path, compression="none", write_statistics=False)
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    sidecar = {
+        "schema_name": "aic_fpm_forward_perf",
+        "schema_version": 7,
+        "coordinate_system": "iteration_totals_balanced_v1",
+        "measurement_policy": "dynamo_native_single_sample_v1",
+        "system": SYSTEM,
+        "backend": BACKEND,
+        "backend_version": a.version,
+        "row_count": table.num_rows,
+        "parquet_sha256": digest,
+    }
+    with open(os.path.join(a.out_dir, "fpm_forward_perf.metadata.json"), "w") as f:
+        json.dump(sidecar, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(f"{path}: {table.num_rows} rows, sha256 {digest}")
+
+
+if __name__ == "__main__":
+    main()
