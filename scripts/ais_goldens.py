@@ -29,6 +29,9 @@ KV entries (servesim does not time DeepSeek-V4 yet, so these are read off the mo
 `timing_goldens`: DeepSeek-V4-Flash and -Pro (fp8_block projections, MXFP4 x MXFP8 routed experts,
 fp8 KV, bf16 attention tables) on B200 / vLLM 0.24.0, experts split by EP and by TP.
 
+`--dsv4-sglang` prints instead the numbers behind crates/perf/tests/dsv4.rs's `sglang_timing_goldens`:
+DeepSeek-V4 on SGLang 0.5.14 (CSA top-k correction, the fp4 experts' Blackwell kernel lane).
+
 `--nemotron-h` prints instead the step times and KV capacity behind crates/perf/tests/nemotron_h.rs:
 NVIDIA Nemotron-3 Nano (bf16), Super (FP8, NVFP4; latent MoE) and Ultra (FP8, NVFP4; depth given
 only as layers_block_type) on H200 / vLLM 0.24.0, B200 / SGLang 0.5.14 and H200 / TRT-LLM (whose
@@ -188,6 +191,32 @@ DSV4_STEPS = [
       "moe_ep_size": 8},
      [("prefill", (2, 1000, 0)), ("prefill", (1, 8192, 0)), ("decode", (16, 1100)), ("decode", (33, 5000)),
       ("fpm", [MIXED])]),
+]
+# `--dsv4-sglang`: DeepSeek-V4 on SGLang 0.5.14 (the CSA top-k correction off the CSA modules;
+# the fp4 experts on the trtllm-gen MXFP4 x MXFP8 lane on Blackwell), Flash / Pro, experts split by
+# EP and by TP, attention DP with moe_backend deepep_moe (the default graph), the FP8 re-quantised
+# Flash on H200 (fp8_block experts).
+DSV4_SGLANG_STEPS = [
+    ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang", "tp": 1,
+      "moe_tp_size": 1, "moe_ep_size": 1},
+     [("prefill", (2, 1000, 0)), ("prefill", (1, 20000, 0)), ("prefill", (2, 3000, 500)), ("decode", (16, 1100)),
+      ("decode", (7, 131072)), ("fpm", [MIXED])]),
+    ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 4,
+      "moe_ep_size": 1},
+     [("prefill", (4, 777, 0)), ("decode", (64, 4097))]),
+    ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang", "tp": 1, "attention_dp": 4,
+      "moe_tp_size": 1, "moe_ep_size": 4, "moe_backend": "deepep_moe"},
+     [("prefill", (3, 3000, 777)), ("decode", (17, 1234)), ("fpm", [MIXED])]),
+    ({"model": "deepseek-ai/DeepSeek-V4-Pro", "system": "b300_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8},
+     [("prefill", (2, 1000, 0)), ("prefill", (5, 9000, 1000)), ("decode", (33, 5000)), ("fpm", [MIXED])]),
+    ({"model": "sgl-project/DeepSeek-V4-Flash-FP8", "system": "h200_sxm", "backend": "sglang", "tp": 4,
+      "moe_tp_size": 1, "moe_ep_size": 4},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+]
+DSV4_SGLANG_KV = [
+    ("deepseek-ai/DeepSeek-V4-Flash", "b200_sxm", "sglang", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 1),
+    ("deepseek-ai/DeepSeek-V4-Pro", "b300_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
 ]
 NEMOTRON_H_STEPS = [
     ({"model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "system": "h200_sxm", "backend": "vllm", "tp": 1,
@@ -467,6 +496,10 @@ def main():
     if "--dsv4" in sys.argv[1:]:
         print_steps(DSV4_STEPS)
         print_kv(DSV4_KV)
+        return
+    if "--dsv4-sglang" in sys.argv[1:]:
+        print_steps(DSV4_SGLANG_STEPS)
+        print_kv(DSV4_SGLANG_KV)
         return
     if "--nemotron-h" in sys.argv[1:]:
         print_steps(NEMOTRON_H_STEPS)

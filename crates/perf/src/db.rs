@@ -33,6 +33,12 @@ pub enum Dtype {
     /// MXFP4 weights with MXFP8 activations (DeepSeek-V4's native routed experts): half a byte
     /// per weight, at the fp8 tensor-core rate.
     W4a8Mxfp4Mxfp8,
+    /// The same format on SGLang's trtllm-gen fused MoE kernel (DeepSeek-V4's fp4 experts on
+    /// Blackwell), whose rows the tables file under their own name.
+    W4a8Mxfp4Mxfp8Trtllm,
+    /// MXFP4 weights with bf16 activations on SGLang's FlashInfer CUTLASS SM90 kernel
+    /// (DeepSeek-V4's fp4 experts on Hopper).
+    W4a16Mxfp4Cutlass,
 }
 
 impl Dtype {
@@ -47,12 +53,15 @@ impl Dtype {
             Dtype::Int4Wo => "int4_wo",
             Dtype::Nvfp4 => "nvfp4",
             Dtype::W4a8Mxfp4Mxfp8 => "w4a8_mxfp4_mxfp8",
+            Dtype::W4a8Mxfp4Mxfp8Trtllm => "w4a8_mxfp4_mxfp8_trtllm",
+            Dtype::W4a16Mxfp4Cutlass => "w4a16_mxfp4_cutlass",
         }
     }
     pub fn bytes(self) -> f64 {
         match self {
             Dtype::Bfloat16 => 2.0,
             Dtype::W4a16Mxfp4 | Dtype::Int4Wo | Dtype::W4a8Mxfp4Mxfp8 => 0.5,
+            Dtype::W4a8Mxfp4Mxfp8Trtllm | Dtype::W4a16Mxfp4Cutlass => 0.5,
             Dtype::Nvfp4 => 9.0 / 16.0,
             _ => 1.0,
         }
@@ -68,6 +77,8 @@ impl Dtype {
             "int4_wo" => Dtype::Int4Wo,
             "nvfp4" => Dtype::Nvfp4,
             "w4a8_mxfp4_mxfp8" => Dtype::W4a8Mxfp4Mxfp8,
+            "w4a8_mxfp4_mxfp8_trtllm" => Dtype::W4a8Mxfp4Mxfp8Trtllm,
+            "w4a16_mxfp4_cutlass" => Dtype::W4a16Mxfp4Cutlass,
             _ => return None,
         })
     }
@@ -78,6 +89,8 @@ impl Dtype {
             Dtype::Fp8 | Dtype::Fp8Static | Dtype::Fp8Block | Dtype::W4a8Mxfp4Mxfp8 => (spec.fp8_flops, "fp8_tc_flops"),
             Dtype::Int8 => (spec.int8_flops, "int8_tc_flops"),
             Dtype::Nvfp4 => (spec.fp4_flops, "fp4_tc_flops"),
+            Dtype::W4a8Mxfp4Mxfp8Trtllm => (spec.fp8_flops, "fp8_tc_flops"),
+            Dtype::W4a16Mxfp4Cutlass => (Some(spec.bf16_flops), "bfloat16_tc_flops"),
         };
         v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
             PerfError::unsupported(format!(

@@ -37,9 +37,8 @@
 //! the nearest below, else the smallest. The first row of a coordinate wins. Past the measured
 //! range a query holds the nearest points' utilisation against the block's roofline
 //! ([`module_sol`]) or the mHC roofline ([`mhc_sol`]). SWA layers (ratio 0) are timed as HCA
-//! layers, as the reference does (no SWA table exists). The reference subtracts a measured top-k
-//! correction from CSA layers where a `dsv4_csa_topk_calib_perf` table exists (SGLang data):
-//! servesim does not model it and refuses such a table by name rather than ignore it.
+//! layers, as the reference does (no SWA table exists). Where a `dsv4_csa_topk_calib_perf` table
+//! exists (SGLang data) a measured top-k correction comes off CSA layers ([`crate::dsv4_topk`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
@@ -177,8 +176,8 @@ pub const MODULE_FILES: [&str; 4] = [
 ];
 /// The mHC table.
 pub const MHC_FILE: &str = "mhc_module_perf.parquet";
-/// The CSA top-k correction the reference applies where it exists (not modelled).
-pub const TOPK_CALIB_FILE: &str = "dsv4_csa_topk_calib_perf.parquet";
+/// The CSA top-k correction subtracted where it exists ([`crate::dsv4_topk`]).
+pub const TOPK_CALIB_FILE: &str = crate::dsv4_topk::FILE;
 
 const CONTEXT_SPEC: GridSpec = GridSpec::raw(&["prefix", "seq_len", "batch"]);
 const GENERATION_SPEC: GridSpec = GridSpec::raw(&["batch", "seq_len"]);
@@ -439,8 +438,8 @@ pub struct MhcTable {
 pub struct Dsv4Tables {
     modules: [OnceLock<Result<ModuleTable>>; 4],
     mhc: OnceLock<Result<MhcTable>>,
-    /// The installed top-k calibration files (which servesim refuses).
-    calib: OnceLock<Result<Vec<String>>>,
+    /// SGLang's CSA top-k correction, where installed.
+    calib: OnceLock<Result<Option<crate::dsv4_topk::TopkCalib>>>,
 }
 
 /// The tables spell fp8 attention / KV `fp8_e4m3` in places.
@@ -611,15 +610,8 @@ impl Database {
         self.dsv4.mhc.get_or_init(|| load_mhc(self)).as_ref().map_err(Clone::clone)
     }
 
-    fn dsv4_topk_calib(&self) -> Result<&Vec<String>> {
-        self.dsv4
-            .calib
-            .get_or_init(|| {
-                let srcs = sources(&self.spec, &self.backend, &self.version, TOPK_CALIB_FILE, self.shared_layer)?;
-                Ok(srcs.iter().filter(|s| s.path.exists()).map(|s| s.path.display().to_string()).collect())
-            })
-            .as_ref()
-            .map_err(Clone::clone)
+    fn dsv4_topk_calib(&self) -> Result<Option<&crate::dsv4_topk::TopkCalib>> {
+        self.dsv4.calib.get_or_init(|| crate::dsv4_topk::load(self)).as_ref().map(Option::as_ref).map_err(Clone::clone)
     }
 }
 
@@ -663,18 +655,6 @@ pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefi
     let spec = &db.spec;
     let kind = if op.ratio == 4 { "CSA" } else { "HCA" };
     let what = format!("{} DeepSeek-V4 {kind} module", if op.context { "context" } else { "generation" });
-    if op.ratio == 4 {
-        let calib = db.dsv4_topk_calib()?;
-        if !calib.is_empty() {
-            return Err(PerfError::unsupported(format!(
-                "{what} on {} / {} {}: the reference subtracts its CSA top-k correction ({}), which servesim does not model",
-                spec.name,
-                db.backend,
-                db.version,
-                calib.join(", ")
-            )));
-        }
-    }
     let attn = if op.context { op.fmha } else { gen_attn_dtype(spec, op.kv) };
     let flops = BlockFlops {
         gemm: op.gemm.flops(spec)?,
@@ -716,7 +696,14 @@ pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefi
         let sol = |c: &[f64]| module_sol(spec, op, attn, flops, c[0] as i128, c[1] as i128, 0);
         grid.query(&GENERATION_SPEC, &sol, &[b as f64, s as f64])
     };
-    let v = v.map_err(|e| e.context(format!("{what} on {} / {} {}", spec.name, db.backend, db.version)))?;
+    let mut v = v.map_err(|e| e.context(format!("{what} on {} / {} {}", spec.name, db.backend, db.version)))?;
+    if op.ratio == 4 {
+        if let Some(calib) = db.dsv4_topk_calib()? {
+            // A decode step is one new token after KV length − 1 cached ones.
+            let (prefix, isl) = if op.context { (prefix, s) } else { (s.saturating_sub(1), 1) };
+            v = calib.corrected(v, !op.context, op.native_heads, prefix, isl, b);
+        }
+    }
     Ok(v.max(0.0) * op.scale)
 }
 

@@ -12,6 +12,8 @@ pub mod db;
 pub mod draft_model;
 pub mod dsa;
 pub mod dsv4;
+pub mod dsv4_sglang;
+pub mod dsv4_topk;
 pub mod eagle3;
 pub mod empirical;
 mod empirical_mla;

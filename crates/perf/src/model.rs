@@ -313,8 +313,10 @@ impl ModelSpec {
         } else if arch == "DeepseekV41ForCausalLM" {
             return Err(PerfError::unsupported(format!(
                 "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
-                 servesim yet: it lacks the DeepSeek-V4.1 decoder module op (dsv41_module_perf) and its KV layout; \
-                 servesim refuses rather than time it as another family"
+                 servesim yet: it lacks the DeepSeek-V4.1 decoder stages (Dsv41Attention with cross-layer candidate \
+                 top-k, Dsv41Engram; table dsv41_module_perf), its cross-layer KV layout and the execution \
+                 profiles its data comes as (systems/profiles/dsv41: b300_sxm / gb300, SGLang dev builds only); \
+                 servesim refuses rather than time it as DeepSeek-V4 or another family"
             )));
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(

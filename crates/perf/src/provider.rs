@@ -884,6 +884,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     }
     let moe_comm = large_ep_comm(cfg, &model, moe_tp, moe_ep, spec.gpus_per_node)?;
     crate::eplb::check_moe_controls(&cfg.model, &model, &moe_comm)?;
+    if model.family == Family::Dsv4 && moe_comm.backend == Some(crate::eplb::MoeBackend::MegaMoe) {
+        crate::dsv4_sglang::check_megamoe(&cfg.model, &spec, &version, moe_tp, moe_ep)?;
+    }
     if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
         return Err(PerfError::config(format!(
             "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",
@@ -897,6 +900,11 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     // Kimi-K3's MXFP4 experts on SGLang / Blackwell run with MXFP8 activations (`kimi_k3.rs`).
     let moe = match (&model.kimi_k3, cfg.moe_quant_mode) {
         (Some(_), None) => crate::kimi_k3::moe_format(&cfg.model, &cfg.backend, spec.sm_version, moe),
+        _ => moe,
+    };
+    // DeepSeek-V4's fp4 experts on SGLang run on a kernel of the GPU generation (`dsv4_sglang.rs`).
+    let moe = match cfg.moe_quant_mode {
+        None if model.family == Family::Dsv4 => crate::dsv4_sglang::moe_format(&cfg.backend, spec.sm_version, moe),
         _ => moe,
     };
     // Gemma 4: the attention projections, dense MLP and experts each follow the checkpoint's

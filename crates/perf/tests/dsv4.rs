@@ -213,9 +213,80 @@ fn timing_goldens() {
     assert_eq!(got.blocks, 188960, "{got:?}");
 }
 
-/// What servesim does not model of DeepSeek-V4 is refused by name: SGLang's CSA top-k correction
-/// (its tables ship `dsv4_csa_topk_calib_perf`, which the reference subtracts from CSA layers) and
-/// the SOL rooflines.
+/// DeepSeek-V4 on SGLang 0.5.14 against the reference: the CSA top-k correction
+/// (`dsv4_csa_topk_calib_perf`) off the CSA modules in prefill and decode, Flash (64 heads) and
+/// Pro (128) each with its own pairs; the fp4 experts on the trtllm-gen MXFP4 × MXFP8 lane on
+/// Blackwell (B200, B300), the FP8 re-quantised Flash's fp8_block experts on H200; attention DP
+/// with `moe_backend: deepep_moe`, which the reference builds as the default graph. Numbers from
+///
+/// ```text
+/// $AISIM_REF_VENV/bin/python scripts/ais_goldens.py --dsv4-sglang
+/// ```
+///
+/// (as [`timing_goldens`]; KV capacity at block 1, SGLang's page).
+#[test]
+fn sglang_timing_goldens() {
+    if !data_available("b200_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DeepSeek-V4 SGLang goldens");
+        return;
+    }
+    use serde_json::json;
+    let mixed = common::MIXED;
+    let layout = |model: &str, system: &str, extra: serde_json::Value| {
+        let mut cfg = json!({"model": model, "system": system, "backend": "sglang", "backend_version": "0.5.14"});
+        cfg.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        est_with(cfg)
+    };
+    let flash =
+        layout("deepseek-ai/DeepSeek-V4-Flash", "b200_sxm", json!({"tp": 1, "moe_tp_size": 1, "moe_ep_size": 1}));
+    let q = &flash.layout;
+    // The context tables hold bf16 attention only: the fp8 checkpoint's format falls back to it.
+    assert_eq!(
+        (q.gemm, q.moe, q.kv, q.fmha),
+        (Dtype::Fp8Block, Dtype::W4a8Mxfp4Mxfp8Trtllm, Dtype::Fp8, Dtype::Bfloat16)
+    );
+    close(flash.prefill_ms(2, 1000, 0).unwrap(), 78.79888581186262);
+    close(flash.prefill_ms(1, 20000, 0).unwrap(), 427.5455304679508);
+    close(flash.prefill_ms(2, 3000, 500).unwrap(), 125.55275475645746);
+    close(flash.decode_ms(16, 1100).unwrap(), 13.498424852792647);
+    close(flash.decode_ms(7, 131072).unwrap(), 9.601593009848562);
+    close(flash.forward_pass_time_ms(&[mixed]).unwrap(), 92.4437681068071);
+    let got = servesim_perf::memory::kv_capacity(&flash, None, 8192, 1, 0.0).unwrap();
+    assert_eq!(got.blocks, 5673919, "{got:?}");
+
+    let tp4 = layout("deepseek-ai/DeepSeek-V4-Flash", "b200_sxm", json!({"tp": 4, "moe_tp_size": 4, "moe_ep_size": 1}));
+    close(tp4.prefill_ms(4, 777, 0).unwrap(), 55.89337181245517);
+    close(tp4.decode_ms(64, 4097).unwrap(), 11.104907362721013);
+
+    let deepep = layout(
+        "deepseek-ai/DeepSeek-V4-Flash",
+        "b200_sxm",
+        json!({"tp": 1, "attention_dp": 4, "moe_tp_size": 1, "moe_ep_size": 4, "moe_backend": "deepep_moe"}),
+    );
+    close(deepep.prefill_ms(3, 3000, 777).unwrap(), 181.14501670147604);
+    close(deepep.decode_ms(17, 1234).unwrap(), 12.02873947354063);
+    close(deepep.forward_pass_time_ms(&[mixed]).unwrap(), 76.33387233772837);
+
+    let pro = layout("deepseek-ai/DeepSeek-V4-Pro", "b300_sxm", json!({"tp": 8, "moe_tp_size": 1, "moe_ep_size": 8}));
+    assert_eq!(pro.layout.moe, Dtype::W4a8Mxfp4Mxfp8Trtllm);
+    close(pro.prefill_ms(2, 1000, 0).unwrap(), 81.31210739018312);
+    close(pro.prefill_ms(5, 9000, 1000).unwrap(), 1117.3884481548841);
+    close(pro.decode_ms(33, 5000).unwrap(), 18.160359815871605);
+    close(pro.forward_pass_time_ms(&[mixed]).unwrap(), 99.50902695249863);
+    let got = servesim_perf::memory::kv_capacity(&pro, None, 8192, 1, 0.0).unwrap();
+    assert_eq!(got.blocks, 32559455, "{got:?}");
+
+    let fp8 =
+        layout("sgl-project/DeepSeek-V4-Flash-FP8", "h200_sxm", json!({"tp": 4, "moe_tp_size": 1, "moe_ep_size": 4}));
+    assert_eq!(fp8.layout.moe, Dtype::Fp8Block);
+    close(fp8.prefill_ms(2, 1000, 0).unwrap(), 71.83604246808207);
+    close(fp8.decode_ms(16, 1100).unwrap(), 13.715269546723647);
+}
+
+/// What servesim does not model of DeepSeek-V4 is refused by name: SGLang's MegaMoE graph (after
+/// the reference's own checks; the reference fails too, for want of its table at every served
+/// version), the fp4 experts' Hopper lane where no data has it (as the reference), and the SOL
+/// rooflines.
 #[test]
 fn unmodelled_parts_are_refused_by_name() {
     if !data_available("b200_sxm") {
@@ -223,12 +294,32 @@ fn unmodelled_parts_are_refused_by_name() {
         return;
     }
     use serde_json::json;
-    let sglang = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang",
-                                 "backend_version": "0.5.14", "tp": 1}));
-    // The context tables hold bf16 attention only: the fp8 checkpoint's format falls back to it.
-    assert_eq!(sglang.layout.fmha, Dtype::Bfloat16);
-    let e = sglang.prefill_ms(2, 1000, 0).unwrap_err().message;
-    assert!(e.contains("CSA top-k correction") && e.contains("dsv4_csa_topk_calib_perf.parquet"), "{e}");
+    let refusal = |cfg: serde_json::Value| match servesim_perf::AisConfig::from_json("config", &cfg) {
+        Err(e) => e.message,
+        Ok(c) => servesim_perf::estimator(&c).err().map(|e| e.message).unwrap_or_default(),
+    };
+    let mega = |system: &str, tp: u32, adp: u32, moe_tp: u32, moe_ep: u32| {
+        refusal(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": system, "backend": "sglang",
+                       "tp": tp, "attention_dp": adp, "moe_tp_size": moe_tp, "moe_ep_size": moe_ep,
+                       "moe_backend": "megamoe"}))
+    };
+    let e = mega("b200_sxm", 4, 1, 4, 1);
+    assert!(e.contains("moe_backend: megamoe: DeepSeek-V4's MegaMoE requires moe_tp_size=1, got 4"), "{e}");
+    let e = mega("b200_sxm", 1, 1, 1, 1);
+    assert!(e.contains("DeepSeek-V4's MegaMoE requires moe_ep_size > 1, got 1"), "{e}");
+    for system in ["b200_sxm", "gb200", "gb300"] {
+        let e = mega(system, 1, 4, 1, 4);
+        assert!(
+            e.contains(&format!("no dsv4_megamoe_module_perf.parquet for {system} / sglang 0.5.14")),
+            "{system}: {e}"
+        );
+    }
+    // The fp4 experts on Hopper take SGLang's CUTLASS lane, which no H200 table holds.
+    let hopper = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "h200_sxm", "backend": "sglang",
+                                 "tp": 4, "moe_tp_size": 1, "moe_ep_size": 4}));
+    assert_eq!(hopper.layout.moe, Dtype::W4a16Mxfp4Cutlass);
+    let e = hopper.prefill_ms(2, 1000, 0).unwrap_err().message;
+    assert!(e.contains("no w4a16_mxfp4_cutlass MoE data on h200_sxm / sglang 0.5.14"), "{e}");
     let sol = est_with(json!({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "vllm",
                               "backend_version": "0.24.0", "database_mode": "SOL"}));
     let e = sol.decode_ms(4, 1000).unwrap_err().message;
