@@ -231,3 +231,39 @@ fn epd_search_refusals_name_the_key() {
         }
     }
 }
+
+/// A fixed pool (no encoder domains) is one catalog entry: the search is the language domain
+/// beside it, and each candidate is the one the reference scored beside that pool in the
+/// recommend_epd_agg golden (score and metrics within 1e-6).
+#[test]
+fn a_fixed_pool_is_one_entry_of_the_catalog() {
+    let name = "recommend_epd_agg";
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
+    let (out, dir) =
+        recommend(name, "fixed", &["engine.workers.encoder={mode: analytical, tensor: 1, replicas: 1, batch_size: 4}"]);
+    if data_missing(&out) {
+        eprintln!("skipped: no AIS performance data");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    let ours = d["candidates"].as_array().unwrap();
+    assert_eq!(ours.len(), 2, "language tensor {{1, 2}} beside one pool");
+    for c in ours {
+        let k = our_key(&c["prediction_config"]);
+        let w = golden["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| key(&w["mode"], &w["workers"], &w["encoder"]) == k)
+            .unwrap_or_else(|| panic!("{k}: not in the golden"));
+        assert_eq!(c["status"], w["status"], "{k}");
+        let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-6, "{k}: score {x}, reference {y}");
+        for (metric, y) in w["metrics"].as_object().unwrap() {
+            let (x, y) = (c["metrics"][metric].as_f64().unwrap(), y.as_f64().unwrap());
+            assert!(deviation(x, y) <= 1e-6, "{k}: {metric} = {x}, reference {y}");
+        }
+    }
+}

@@ -103,8 +103,21 @@ pub(super) fn read(
     let tensors = domain(section, "tensor", 1)?;
     let replicas = domain(section, "replicas", 1)?;
     let batches = domain(section, "batch_size", 1)?;
-    // The reference's rules of an analytical pool in a search (`SmartSearchConfig._validate_epd`
-    // and its goal checks), in its words.
+    // The configuration's own rules first (images beside the pool, a fixed concurrency: the
+    // predict schema's, read on a probe of the pool per backend), as the reference reads its
+    // recommend configuration before it compiles the search.
+    if super::load::varies(base) {
+        return Err(DeployError::new(
+            "traffic.load",
+            "analytical EPD requires fixed synthetic concurrency, not rate or load search",
+        ));
+    }
+    let probes = backends
+        .iter()
+        .map(|&b| Ok((b, schema::read_predict(&probe(base, section, b, tensors[0], batches[0]))?)))
+        .collect::<Result<Vec<_>, DeployError>>()?;
+    // Then the search's rules of an analytical pool (`SmartSearchConfig._validate_epd` and its
+    // goal checks), in the reference's words.
     let constraints = root.pointer("/optimization/constraints");
     if constraints.and_then(|c| c.get("min_goodput_rps")).is_some_and(|v| !v.is_null()) {
         return Err(DeployError::new(
@@ -135,16 +148,9 @@ pub(super) fn read(
              true to gate the SLA on the overlay's aggregate means)",
         ));
     }
-    if super::load::varies(base) {
-        return Err(DeployError::new(
-            "traffic.load",
-            "analytical EPD requires fixed synthetic concurrency, not rate or load search",
-        ));
-    }
     // The catalog, once per backend: the pool does not depend on the language shape.
     let mut per_backend = Vec::new();
-    for &backend in backends {
-        let config = schema::read_predict(&probe(base, section, backend, tensors[0], batches[0]))?;
+    for (backend, config) in probes {
         let rows = Pool::rows(&config, &tensors, &batches)?.expect("images and an encoder pool (checked when read)");
         let mut values = Vec::new();
         for row in &rows {
