@@ -104,6 +104,27 @@ fn parse_shard(s: &str) -> Result<(usize, usize), Failure> {
     Ok((k, n))
 }
 
+/// A candidate beside an encoder pool is an overlay of its language replay's aggregate means,
+/// with no per-request records or telemetry a run page would draw.
+fn refuse_epd_pages(
+    search: &servesim_deploy::recommend::Search,
+    pages: bool,
+    choice: crate::candidate_pages::Choice,
+    file: &str,
+) -> Result<(), Failure> {
+    if pages
+        && choice != crate::candidate_pages::Choice::Best(0)
+        && search.base.pointer("/engine/workers/encoder").is_some_and(|v| !v.is_null())
+    {
+        return Err(Failure::input(format!(
+            "{file}: --report-candidates: run pages of candidates with an encoder pool (engine.workers.encoder, an \
+             overlay of aggregate means without per-request records) are not supported by servesim yet; use \
+             --report-candidates 0"
+        )));
+    }
+    Ok(())
+}
+
 fn read_search(
     tree: &serde_json::Value,
     file: &str,
@@ -218,6 +239,7 @@ fn merge(
     let tree = first["config"].clone();
     let base = PathBuf::from(first["config_dir"].as_str().unwrap_or("."));
     let search = read_search(&tree, &first_path.display().to_string(), &base)?;
+    refuse_epd_pages(&search, report_html.is_some(), choice, &first_path.display().to_string())?;
     let mut trials: Vec<Option<servesim_deploy::recommend::Trial>> = vec![None; search.candidate_count()];
     let mut seen = vec![false; n];
     for (f, v) in &shards {
@@ -331,6 +353,7 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
     let base = config.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
     let search = read_search(&tree, &file, &base)?;
+    refuse_epd_pages(&search, a.pages.report_html.is_some(), a.pages.report_candidates, &file)?;
     if let Some(spec) = &a.shard {
         let (k, n) = parse_shard(spec)?;
         if search.optimizer.algorithm == "bayesian" {

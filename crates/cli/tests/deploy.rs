@@ -3087,7 +3087,8 @@ fn epd_refusals_name_what_is_missing() {
         assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
     }
-    // recommend does not search encoder pools yet.
+    // recommend searches encoder pools (tests/recommend_epd.rs); without images it refuses one in
+    // the reference's words.
     let base = deploy_dir().join("recommend_bayes_fixed.yaml");
     let out_dir = tmp("epd-recommend");
     let args = [
@@ -3102,7 +3103,8 @@ fn epd_refusals_name_what_is_missing() {
     let out = servesim(&args);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("engine.workers.encoder: recommend with an encoder pool (the reference's EPD search"),
+        stderr(&out)
+            .contains("engine.workers.encoder: EPD requires both traffic.source.images and engine.workers.encoder"),
         "{}",
         stderr(&out)
     );

@@ -64,6 +64,20 @@ fn err(message: impl std::fmt::Display) -> DeployError {
 impl Pool {
     /// The pool of a configuration (None without images and an encoder pool).
     pub fn resolve(config: &Config) -> Result<Option<Pool>, DeployError> {
+        let Some(encoder) = &config.engine.encoder else { return Ok(None) };
+        let Some(rows) = Pool::rows(config, &[encoder.tensor], &[encoder.batch_size])? else { return Ok(None) };
+        let pool = rows.into_iter().next().expect("rows are never empty");
+        Ok(Some(Pool { workers: encoder.replicas, ..pool }))
+    }
+
+    /// The encode-worker rows of a configuration's images and encoder settings over the
+    /// tensor widths `tps` and batch sizes `batches` (each ascending, duplicates dropped), one
+    /// worker each (the reference's `_get_encoder_worker_candidates`): a width without NCCL
+    /// data on the system or that does not divide the vision tower is skipped; within a width
+    /// the batches run until one does not fit the GPU (the larger ones would not either), and
+    /// a batch that does not raise the requests a second is dropped. None without images and
+    /// an encoder pool; an error when no row is left.
+    pub fn rows(config: &Config, tps: &[u32], batches: &[u32]) -> Result<Option<Vec<Pool>>, DeployError> {
         let (Some(images), Some(encoder)) = (&config.traffic.images, &config.engine.encoder) else { return Ok(None) };
         let engine = &config.engine;
         let perf = |e: servesim_perf::PerfError| err(e.message);
@@ -120,52 +134,77 @@ impl Pool {
         });
         let spec = find_system(&roots, &system).map_err(perf)?;
         let version = resolve_version(&spec, engine.backend, requested.as_deref()).map_err(perf)?;
-        let (tp, batch) = (encoder.tensor, encoder.batch_size);
         let no_candidate = || {
             err("EPD encoder: no encode-worker candidate for any encoder tp (tp must divide the ViT geometry and have \
                  comm data on this system; see warnings).")
         };
-        let Some(&(_, nccl)) = spec.nccl_mem.iter().find(|(g, _)| *g == tp.min(8)) else {
-            return Err(no_candidate());
-        };
-        if tower.ops(tp).is_err() {
-            return Err(no_candidate());
-        }
         let others = if engine.backend == "sglang" { 0.2 } else { 0.0 };
         let gib = (1u64 << 30) as f64;
-        let overhead = (nccl + spec.other_mem * (1.0 + others)) / gib;
         let capacity = spec.mem_capacity / gib;
+        let (nccl_mem, other_mem) = (spec.nccl_mem.clone(), spec.other_mem);
         let db = Database::open(spec, engine.backend, &version, true).map_err(perf)?;
-        let ops = tower.batch_ops(&db, tp, batch, images.count, shape).map_err(perf)?;
-        let (memory, _, _) = tower.memory_gib(tp, batch, images.count, shape).map_err(perf)?;
-        if memory + overhead >= capacity {
-            return Err(err("EPD encoder: the encode worker does not fit in GPU memory for any (tp, batch)."));
+        let sorted = |xs: &[u32]| {
+            let mut v = xs.to_vec();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let mut rows = Vec::new();
+        let mut saw_oom = false;
+        for tp in sorted(tps) {
+            let Some(&(_, nccl)) = nccl_mem.iter().find(|(g, _)| *g == tp.min(8)) else { continue };
+            if tower.ops(tp).is_err() {
+                continue;
+            }
+            let overhead = (nccl + other_mem * (1.0 + others)) / gib;
+            let mut best = 0.0;
+            for batch in sorted(batches) {
+                let ops = tower.batch_ops(&db, tp, batch, images.count, shape).map_err(perf)?;
+                let (memory, _, _) = tower.memory_gib(tp, batch, images.count, shape).map_err(perf)?;
+                if memory + overhead >= capacity {
+                    saw_oom = true;
+                    break;
+                }
+                let latency = ops.iter().map(|(_, ms)| ms).sum::<f64>() * encoder.latency_correction;
+                if !(latency > 0.0 && latency.is_finite()) {
+                    return Err(err(format!(
+                        "EPD encoder: invalid batch latency ({latency}) at tp={tp} bs={batch}; the encoder perf data \
+                         or latency correction is invalid."
+                    )));
+                }
+                let throughput = f64::from(batch) * 1000.0 / latency;
+                if throughput <= best {
+                    continue;
+                }
+                best = throughput;
+                rows.push(Pool {
+                    model: model.clone(),
+                    system: system.clone(),
+                    backend: engine.backend.to_string(),
+                    backend_version: version.clone(),
+                    tp,
+                    batch_size: batch,
+                    workers: 1,
+                    latency_ms: round3(latency),
+                    throughput_rps: throughput,
+                    memory_gib: round3(memory),
+                    rate_degradation: encoder.rate_degradation,
+                    latency_correction: encoder.latency_correction,
+                    visual_tokens,
+                    image_height: images.height,
+                    image_width: images.width,
+                    image_count: images.count,
+                });
+            }
         }
-        let latency = ops.iter().map(|(_, ms)| ms).sum::<f64>() * encoder.latency_correction;
-        if !(latency > 0.0 && latency.is_finite()) {
-            return Err(err(format!(
-                "EPD encoder: invalid batch latency ({latency}) at tp={tp} bs={batch}; the encoder perf data or \
-                 latency correction is invalid."
-            )));
+        if rows.is_empty() {
+            return Err(if saw_oom {
+                err("EPD encoder: the encode worker does not fit in GPU memory for any (tp, batch).")
+            } else {
+                no_candidate()
+            });
         }
-        Ok(Some(Pool {
-            model: model.clone(),
-            system,
-            backend: engine.backend.to_string(),
-            backend_version: version,
-            tp,
-            batch_size: batch,
-            workers: encoder.replicas,
-            latency_ms: round3(latency),
-            throughput_rps: f64::from(batch) * 1000.0 / latency,
-            memory_gib: round3(memory),
-            rate_degradation: encoder.rate_degradation,
-            latency_correction: encoder.latency_correction,
-            visual_tokens,
-            image_height: images.height,
-            image_width: images.width,
-            image_count: images.count,
-        }))
+        Ok(Some(rows))
     }
 
     pub fn total_gpus(&self) -> u32 {

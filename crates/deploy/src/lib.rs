@@ -223,8 +223,8 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         // `epd` runs the pool's language side (`epd::Pool::language`), which has none.
         return Err(DeployError::new(
             "engine.workers.encoder",
-            "an encoder pool runs through servesim predict -c only (recommend with an encoder pool is not \
-             supported by servesim yet)",
+            "an encoder pool is an overlay on its language replay's means (servesim_deploy::epd, run by predict -c \
+             and recommend -c); a plain replay with one is not supported by servesim yet",
         ));
     }
     if let Some(memory) = servesim_replay::memory::available() {

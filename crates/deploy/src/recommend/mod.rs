@@ -23,6 +23,7 @@
 mod afd;
 mod bayes;
 pub mod cache;
+pub(crate) mod epd;
 pub mod limits;
 mod load;
 pub mod rank;

@@ -8,7 +8,7 @@ use super::record::{canonical, Trial};
 use super::space::{get, Search};
 use crate::schema;
 
-const METRIC_KEYS: [&str; 20] = [
+const METRIC_KEYS: [&str; 25] = [
     "completed_requests",
     "num_ttft_samples",
     "num_tpot_samples",
@@ -29,6 +29,11 @@ const METRIC_KEYS: [&str; 20] = [
     "planner_total_ticks",
     "mean_handoff_to_first_token_ms",
     "total_gpus",
+    "encoder_latency_ms",
+    "encoder_gpus",
+    "encoder_memory_gib",
+    "encoder_power_coverage",
+    "encoder_power_w",
 ];
 
 pub(super) fn metric(t: &Trial, k: &str) -> f64 {
@@ -141,7 +146,7 @@ pub fn rank(search: &Search, mut trials: Vec<Trial>) -> Ranked {
             }
         })
         .collect();
-    let keys: Vec<String> = trials.iter().map(|t| canonical(&t.tree)).collect();
+    let keys: Vec<String> = trials.iter().map(|t| canonical(&super::epd::tie_tree(t))).collect();
     let mut feasible: Vec<usize> = (0..trials.len()).filter(|&i| trials[i].status == "feasible").collect();
     let mut pareto = Vec::new();
     let mut top_n = Vec::new();
@@ -236,6 +241,14 @@ fn knobs_of(t: &Trial, identity: (bool, bool), load: bool) -> Value {
     }
     if let Some(w) = get(&t.tree, &["engine", "workers"]).and_then(Value::as_object) {
         for (role, cfg) in w {
+            if role == "encoder" {
+                for k in ["tensor", "replicas", "batch_size"] {
+                    if let Some(v) = cfg.get(k) {
+                        m.insert(format!("encoder.{k}"), v.clone());
+                    }
+                }
+                continue;
+            }
             for (section, keys) in [
                 ("parallelism", &["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"][..]),
                 ("scheduler", &["max_batched_tokens", "max_sequences"][..]),

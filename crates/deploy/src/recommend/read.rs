@@ -445,14 +445,6 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             planner,
         );
     }
-    // The reference searches encoder pools (`sweeper/epd.py`); servesim predicts one only.
-    if get(&base, &["engine", "workers", "encoder"]).is_some_and(|v| !v.is_null()) {
-        return Err(DeployError::new(
-            "engine.workers.encoder",
-            "recommend with an encoder pool (the reference's EPD search over encoder tensor, replicas and batch) \
-             is not supported by servesim yet; predict one pool with servesim predict -c",
-        ));
-    }
     // Host offload is vLLM's: the reference wants the backend (and the mode) pinned, not searched.
     let offloading = ["aggregated", "prefill", "decode"]
         .iter()
@@ -556,6 +548,8 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             format!("[{}] require at least one SLA bound (set evaluation.sla)", listed.join(", ")),
         ));
     }
+    // An encoder pool's catalog, one more knob of each branch (recommend/epd.rs).
+    let encoders = super::epd::read(&base, root, &optimization, &optimizer, &sla, &backends)?;
     // The router's domains, when the configuration has a `router:` section.
     let routers = match base.get("router") {
         Some(r) => router_settings(r)?,
@@ -577,8 +571,10 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let mut start = 0usize;
     let nr = routers.len().max(1);
     let mut over_budget: u128 = 0;
-    for (m, (mode, roles, ModeSpace { shape_sets, over, mut knobs, .. })) in per_mode.into_iter().enumerate() {
-        knobs.extend(load_knobs.iter().cloned());
+    for (m, (mode, roles, ModeSpace { shape_sets, over, knobs: mut mode_knobs, .. })) in
+        per_mode.into_iter().enumerate()
+    {
+        mode_knobs.extend(load_knobs.iter().cloned());
         let planners = match &planner_section {
             Some(section) => {
                 let ctx = crate::planner_search::Context {
@@ -597,9 +593,12 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             }
             None => Vec::new(),
         };
-        let per_shape: u128 =
-            knobs.iter().map(|k| k.values.len() as u128).product::<u128>() * nr as u128 * planners.len().max(1) as u128;
         for &backend in &backends {
+            let mut knobs = mode_knobs.clone();
+            knobs.extend(encoders.as_ref().map(|c| c.knob(backend)));
+            let per_shape: u128 = knobs.iter().map(|k| k.values.len() as u128).product::<u128>()
+                * nr as u128
+                * planners.len().max(1) as u128;
             over_budget = over_budget.saturating_add(over.saturating_mul(per_shape));
             branches.push(Branch {
                 mode,

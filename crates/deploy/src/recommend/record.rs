@@ -21,7 +21,7 @@ pub(super) fn used_gpus(tree: &Value) -> u64 {
     if let Some(g) = super::afd::used_gpus(tree) {
         return g;
     }
-    let mut g = 0;
+    let mut g = super::epd::encoder_gpus(tree);
     if let Some(w) = get(tree, &["engine", "workers"]).and_then(Value::as_object) {
         for p in w.values().filter_map(|r| r.get("parallelism")) {
             let f = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(1);

@@ -118,7 +118,11 @@ fn trial(
     if used > search.optimization.budget as u64 {
         t.status = "infeasible";
         t.reason_category = Some("gpu_budget");
-        t.reason = Some(format!("used_gpus={used} > gpu_budget={}", search.optimization.budget));
+        t.reason = Some(if super::epd::has_pool(&t.tree) {
+            super::epd::OVER_BUDGET.to_string()
+        } else {
+            format!("used_gpus={used} > gpu_budget={}", search.optimization.budget)
+        });
         return (t, false);
     }
     if let Some((category, why)) = blocked.or(kv_load.err().map(|why| ("kv_capacity", why))) {
@@ -153,6 +157,10 @@ pub fn prepare_candidate(tree: &Value, base_dir: &Path) -> Result<crate::Prepare
 fn simulate(t: &mut Trial, base_dir: &Path) {
     if t.tree.pointer("/engine/mode").and_then(Value::as_str) == Some("afd") {
         super::afd::simulate(t);
+        return;
+    }
+    if super::epd::has_pool(&t.tree) {
+        super::epd::simulate(t, base_dir);
         return;
     }
     let p = match prepare_candidate(&t.tree, base_dir) {

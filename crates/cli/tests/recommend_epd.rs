@@ -1,0 +1,269 @@
+//! `recommend -c` with an analytical encoder pool (EPD: `engine.workers.encoder` with
+//! `tensor` / `replicas` / `batch_size` domains) against the reference's recommend runs recorded
+//! in tests/deploy/recommend_epd_*.golden.json (each YAML says how), and the reference's rules
+//! of an encoder pool in a search, in its words.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("servesim-recommend-epd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn recommend(name: &str, tag: &str, sets: &[&str]) -> (Output, PathBuf) {
+    let config = deploy_dir().join(format!("{name}.yaml"));
+    let dir = tmp(tag);
+    let mut args = vec![
+        "recommend",
+        "-c",
+        config.to_str().unwrap(),
+        "--output-dir",
+        dir.to_str().unwrap(),
+        "--overwrite",
+        "--no-cache",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    (Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().expect("run servesim"), dir)
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The AIS data package prices the vision tower and the language side; without it nothing runs.
+fn data_missing(out: &Output) -> bool {
+    stderr(out).contains("no AIS performance data found")
+}
+
+fn deviation(x: f64, y: f64) -> f64 {
+    if y == 0.0 {
+        x.abs()
+    } else {
+        ((x - y) / y).abs()
+    }
+}
+
+const SHAPE: [&str; 6] = ["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"];
+const ENCODER: [&str; 3] = ["tensor", "replicas", "batch_size"];
+
+/// A candidate's identity: the language mode and each role's shape, then the encoder pool.
+fn key(mode: &Value, workers: &Value, encoder: &Value) -> String {
+    let mut parts = vec![format!("{}", mode.as_str().unwrap())];
+    for role in ["aggregated", "prefill", "decode"] {
+        if let Some(w) = workers.get(role) {
+            let shape: Vec<String> = SHAPE.iter().map(|k| format!("{k}={}", w[k].as_u64().unwrap_or(1))).collect();
+            parts.push(format!("{role}[{}]", shape.join(" ")));
+        }
+    }
+    let pool: Vec<String> = ENCODER.iter().map(|k| format!("{k}={}", encoder[k])).collect();
+    parts.push(format!("encoder[{}]", pool.join(" ")));
+    parts.join(" ")
+}
+
+fn our_key(tree: &Value) -> String {
+    let e = &tree["engine"];
+    let workers: serde_json::Map<String, Value> = e["workers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(role, _)| *role != "encoder")
+        .map(|(role, w)| (role.clone(), w["parallelism"].clone()))
+        .collect();
+    key(&e["mode"], &Value::Object(workers), &e["workers"]["encoder"])
+}
+
+/// Both EPD searches propose the reference's candidates and rank them in its order:
+/// recommend_epd_agg (aggregated language tensor {1, 2} beside 6 encoder pools under a 3-GPU
+/// budget: 12 candidates, 4 over the budget with their encoder) and recommend_epd_disagg_sla
+/// (a disaggregated language side beside 8 pools that cap its rate, 2 candidates over the
+/// budget, and a strict TTFT bound that drops the pools whose batch latency pushes TTFT past
+/// it). Same counts, statuses, GPUs and infeasibility categories; each score and each summary
+/// metric (the encoder's latency, GPUs and memory among them) within 1e-6 relative; the same
+/// ranking, ties included (the reference breaks them by the resolved pool); the best candidate
+/// written first to recommendations/0001.yaml.
+#[test]
+fn epd_searches_propose_and_rank_what_the_reference_does() {
+    for name in ["recommend_epd_agg", "recommend_epd_disagg_sla"] {
+        let golden: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
+        let (out, dir) = recommend(name, name, &[]);
+        if data_missing(&out) {
+            eprintln!("skipped: no AIS performance data");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let d: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+        let ours = d["candidates"].as_array().unwrap();
+        let want = golden["candidates"].as_array().unwrap();
+        assert_eq!(ours.len(), want.len(), "{name}: candidates");
+        for k in ["evaluated", "feasible", "failed", "infeasible", "unsupported"] {
+            assert_eq!(d["counts"][k], golden["counts"][k], "{name}: counts.{k}");
+        }
+        let mut ranked: Vec<(u64, String)> = Vec::new();
+        for w in want {
+            let k = key(&w["mode"], &w["workers"], &w["encoder"]);
+            let c = ours
+                .iter()
+                .find(|c| our_key(&c["prediction_config"]) == k)
+                .unwrap_or_else(|| panic!("{name}: no candidate {k}"));
+            assert_eq!(c["status"], w["status"], "{name} {k}");
+            assert_eq!(c["used_gpus"], w["used_gpus"], "{name} {k}");
+            assert_eq!(c["prediction_config"]["engine"]["backend"], w["backend"], "{name} {k}");
+            if w["status"] != "feasible" {
+                assert_eq!(c["reason_category"], w["reason_category"], "{name} {k}");
+            }
+            if let Some(y) = w["score"].as_f64() {
+                let x = c["score"].as_f64().unwrap_or_else(|| panic!("{name} {k}: no score"));
+                assert!(deviation(x, y) <= 1e-6, "{name} {k}: score {x}, reference {y}");
+            }
+            for (metric, y) in w["metrics"].as_object().unwrap() {
+                let (x, y) = (c["metrics"][metric].as_f64().unwrap(), y.as_f64().unwrap());
+                let tolerance = if metric == "completed_requests" { 0.0 } else { 1e-6 };
+                assert!(deviation(x, y) <= tolerance, "{name} {k}: {metric} = {x}, reference {y}");
+            }
+            if let Some(r) = w["rank"].as_u64() {
+                ranked.push((r, k));
+            }
+        }
+        ranked.sort();
+        let theirs: Vec<String> = ranked.into_iter().map(|(_, k)| k).collect();
+        let top: Vec<String> = d["views"]["top_n"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| our_key(&ours.iter().find(|c| c["candidate_id"] == *id).unwrap()["prediction_config"]))
+            .collect();
+        assert_eq!(top, theirs, "{name}: ranking");
+        // The best candidate is a replayable predict configuration of that language side and pool.
+        let best: Value =
+            serde_yaml_ng::from_slice(&std::fs::read(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+        assert_eq!(our_key(&best), theirs[0], "{name}: recommendations/0001.yaml");
+    }
+}
+
+/// The reference's rules of an analytical encoder pool in a search, in its words, and what
+/// servesim does not search beside one, refused by name.
+#[test]
+fn epd_search_refusals_name_the_key() {
+    let name = "recommend_epd_agg";
+    for (tag, sets, wants) in [
+        (
+            "goodput",
+            &["evaluation.sla={ttft_ms: 500}"][..],
+            &["optimization: analytical EPD supports aggregate strict_sla, not per-request goodput"][..],
+        ),
+        (
+            "min-gpus",
+            &["optimization.constraints.min_candidate_gpus=2"],
+            &["optimization.constraints.min_candidate_gpus: EPD currently supports gpu_budget only, not min_gpu_budget"],
+        ),
+        (
+            "min-goodput",
+            &[
+                "optimization.target=min_gpus",
+                "evaluation.sla={ttft_ms: 500}",
+                "optimization.constraints.min_goodput_rps=1",
+            ],
+            &["optimization.constraints.min_goodput_rps: analytical EPD cannot enforce min_goodput_rps"],
+        ),
+        (
+            "load",
+            &["traffic.load.concurrency={choices: [4, 8]}"],
+            &["traffic.load: analytical EPD requires fixed synthetic concurrency, not rate or load search"],
+        ),
+        (
+            "range",
+            &["engine.workers.encoder.tensor={range: {min: 1, max: 2}}"],
+            &["engine.workers.encoder.tensor: an encoder domain is a value or {choices: [...]}"],
+        ),
+        (
+            "batch",
+            &["engine.workers.encoder.batch_size={choices: [1, 9]}"],
+            &["engine.workers.encoder.batch_size.choices[1]: must be at most 8"],
+        ),
+        (
+            "unique",
+            &["engine.workers.encoder.replicas={choices: [1, 1]}"],
+            &["engine.workers.encoder.replicas.choices: choices must contain unique values"],
+        ),
+        ("native", &["engine.workers.encoder.mode=native"], &["engine.workers.encoder.mode: native encoder pools"]),
+        (
+            "version",
+            &["engine.backend={choices: [vllm, sglang]}", "engine.workers.encoder.backend_version=0.24.0"],
+            &["engine.workers.encoder.backend_version: encoder.backend_version requires a single backend"],
+        ),
+        (
+            "budget",
+            &["optimization.constraints.max_candidate_gpus=1"],
+            &["engine.workers.encoder: no feasible encoder pool for the requested shape and GPU budget"],
+        ),
+        (
+            "no-images",
+            &["traffic.source.images=null"],
+            &["engine.workers.encoder: EPD requires both traffic.source.images and engine.workers.encoder"],
+        ),
+        ("afd", &["engine.mode=afd"], &["AFD does not support encoder pools"]),
+        (
+            "bayes",
+            &["optimizer.algorithm=bayesian"],
+            &["optimizer.algorithm: a bayesian search beside an encoder pool", "not supported by servesim yet"],
+        ),
+    ] {
+        let (out, _) = recommend(name, &format!("refuse-{tag}"), sets);
+        if data_missing(&out) {
+            eprintln!("skipped: no AIS performance data");
+            return;
+        }
+        assert_eq!(out.status.code(), Some(2), "{tag}: {}", stderr(&out));
+        let err = stderr(&out);
+        for want in wants {
+            assert!(err.contains(want), "{tag}: {err}");
+        }
+    }
+}
+
+/// A fixed pool (no encoder domains) is one catalog entry: the search is the language domain
+/// beside it, and each candidate is the one the reference scored beside that pool in the
+/// recommend_epd_agg golden (score and metrics within 1e-6).
+#[test]
+fn a_fixed_pool_is_one_entry_of_the_catalog() {
+    let name = "recommend_epd_agg";
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.golden.json"))).unwrap()).unwrap();
+    let (out, dir) =
+        recommend(name, "fixed", &["engine.workers.encoder={mode: analytical, tensor: 1, replicas: 1, batch_size: 4}"]);
+    if data_missing(&out) {
+        eprintln!("skipped: no AIS performance data");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    let ours = d["candidates"].as_array().unwrap();
+    assert_eq!(ours.len(), 2, "language tensor {{1, 2}} beside one pool");
+    for c in ours {
+        let k = our_key(&c["prediction_config"]);
+        let w = golden["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| key(&w["mode"], &w["workers"], &w["encoder"]) == k)
+            .unwrap_or_else(|| panic!("{k}: not in the golden"));
+        assert_eq!(c["status"], w["status"], "{k}");
+        let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-6, "{k}: score {x}, reference {y}");
+        for (metric, y) in w["metrics"].as_object().unwrap() {
+            let (x, y) = (c["metrics"][metric].as_f64().unwrap(), y.as_f64().unwrap());
+            assert!(deviation(x, y) <= 1e-6, "{k}: {metric} = {x}, reference {y}");
+        }
+    }
+}
