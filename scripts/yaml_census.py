@@ -184,6 +184,10 @@ def _rec_planner():
     return cfg
 
 
+# A Qwen3-8B-width dense draft stack (5 Qwen3 layers), as the dflash / dspark probes' draft_config.
+_BLOCK_DRAFT = {"model_type": "qwen3", "num_hidden_layers": 5, "hidden_size": 4096, "intermediate_size": 12288,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}
+
 BASES = {
     # name: (command, config, what it is for)
     "agg_fixed": ("predict", _agg(_FIXED), "aggregated vLLM Qwen3-8B h200_sxm, fixed timing 20/5 ms"),
@@ -338,7 +342,10 @@ VALUES = {
         for k, extra in (("mtp", {"params": {"depth": 1}}), ("eagle3", {}),
                          ("draft_model", {"draft_model_path": "Qwen/Qwen3-0.6B",
                                           "params": {"num_speculative_tokens": 2}}),
-                         ("dflash", {}), ("dspark", {}))],
+                         ("dflash", {"params": {"num_draft_tokens": 3}, "draft_config": _BLOCK_DRAFT | {
+                             "block_size": 16, "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33]}}}),
+                         ("dspark", {"params": {"num_draft_tokens": 3}, "draft_config": _BLOCK_DRAFT | {
+                             "block_size": 7, "target_layer_ids": [1, 9, 17, 25, 33]}}))],
     "engine.speculation.num_speculative_tokens": [V(2, also={"engine.speculation.acceptance_rates": [0.7, 0.5]})],
     "engine.speculation.acceptance_rates": [[0.7]],
     "engine.speculation.seed": [7],

@@ -539,6 +539,118 @@ fn speculation_draft_model_matches_the_reference() {
     }
 }
 
+/// `engine.speculation` of kinds dflash and dspark, recorded from the reference (each YAML says
+/// how): a dense block-drafting stack (its `draft_config`) timed beside the target — per decode
+/// step its `main_proj` injection once per request, one parallel forward of the stack (DFlash
+/// over the anchor and its drafts, DSpark over its drafts at `num_draft_layers`), the logits head
+/// over the drafted positions and, for DSpark, its sequential Markov-bias chain; per prefill
+/// `main_proj` and the stack over the prompt — while the target verifies `n + 1` tokens per
+/// request in one block pass; DFlash on vLLM, DSpark on vLLM and SGLang, every metric within
+/// 1e-6 (measured 5e-14, 5e-14 and 2.5e-12). The reference's refusals are refused in its words.
+#[test]
+fn speculation_block_drafts_match_the_reference() {
+    for name in ["predict_spec_dflash_vllm", "predict_spec_dspark_vllm", "predict_spec_dspark_sglang"] {
+        let Some((ours, reference, dev)) = compare_with_reference(name) else { return };
+        assert!(dev < 1e-6, "{name}: {dev}");
+        for key in ["median_ttft_ms", "mean_ttst_ms", "p90_ttst_ms", "mean_tpot_ms", "p99_e2e_latency_ms"] {
+            let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+            assert!(deviation(x, y) < 1e-6, "{name}: {key} = {x}, reference {y}");
+        }
+        assert!(ours["mean_accept_length"].as_f64().unwrap() > 2.0, "{name}: {ours}");
+    }
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "dflash",
+            "engine.backend=sglang",
+            "dflash speculation: DFlash modeling supports backends ('vllm',), got 'sglang'.",
+        ),
+        (
+            "dflash",
+            "engine.model=Qwen/Qwen3-30B-A3B",
+            "DFlash modeling supports model families ('LLAMA', 'DEEPSEEKV4'), got Qwen3MoeForCausalLM",
+        ),
+        (
+            "dflash",
+            "engine.speculation.draft_config=null",
+            "engine.speculation.draft_config: DFlash requires the draft checkpoint's config.json",
+        ),
+        (
+            "dflash",
+            "engine.speculation.params={num_draft_tokens: 6}",
+            "engine.speculation.params: speculative replay requires 1..5 draft tokens",
+        ),
+        (
+            "dflash",
+            "engine.speculation.params={}",
+            "engine.speculation.params: speculative replay requires 1..5 draft tokens, got num_draft_tokens 15",
+        ),
+        (
+            "dflash",
+            "engine.speculation.params={num_draft_tokens: 4, num_draft_layers: 2}",
+            "engine.speculation.params: Unknown parameters for speculative scheme 'dflash': ['num_draft_layers']",
+        ),
+        (
+            "dflash",
+            "engine.speculation.draft_config.hidden_size=2048",
+            "draft hidden_size 2048 != target hidden_size 4096; mismatched-width DFlash drafts are unvalidated",
+        ),
+        (
+            "dflash",
+            "engine.speculation.draft_config.dflash_config={target_layer_ids: [1, 40]}",
+            "dflash target_layer_ids [40] out of range for a 36-layer target.",
+        ),
+        (
+            "dflash",
+            "engine.speculation.draft_model_path=z-lab/Qwen3-8B-DFlash-b16",
+            "engine.speculation.draft_model_path: servesim does not fetch draft checkpoints",
+        ),
+        (
+            "dflash",
+            "engine.backend=trtllm",
+            "dflash speculation requires sglang/vllm aggregated/disaggregated language workers",
+        ),
+        (
+            "dflash",
+            "engine.workers.aggregated.kv_cache.capacity={type: default}",
+            "engine.workers.aggregated.kv_cache.capacity: dflash speculation requires explicit fixed KV capacity",
+        ),
+        (
+            "dspark",
+            "engine.speculation.draft_config.vocab_size=32000",
+            "dspark speculation: dense DSpark draft vocab_size must match the target vocabulary",
+        ),
+        (
+            "dspark",
+            "engine.speculation.params={num_draft_tokens: 4, num_draft_layers: 6}",
+            "engine.speculation.params: num_draft_layers cannot exceed the draft checkpoint's num_hidden_layers",
+        ),
+        (
+            "dspark",
+            "engine.speculation.draft_config={dspark_block_size: 4, dspark_target_layer_ids: [30, 31, 32]}",
+            "DSpark modeling supports model families ('DEEPSEEKV4',) for this draft style, got Qwen3ForCausalLM",
+        ),
+        (
+            "dspark",
+            "engine.speculation.draft_config={dspark_block_size: 4}",
+            "engine.speculation.draft_config: V4-style DSpark draft config lacks 'dspark_target_layer_ids'",
+        ),
+        (
+            "dspark",
+            "engine.workers.aggregated.timing={type: fixed, prefill_ms: 30, decode_ms: 8}",
+            "engine.workers.aggregated.timing: dspark speculation requires default timing to preserve draft costs",
+        ),
+    ];
+    for (kind, set, want) in cases {
+        let cfg = deploy_dir().join(format!("predict_spec_{kind}_vllm.yaml"));
+        let out = predict(&cfg, &tmp(&format!("{kind}-bad")), &["--set", set]);
+        if data_missing(&out) {
+            return;
+        }
+        assert_eq!(out.status.code(), Some(2), "{set}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{set}: {}", stderr(&out));
+    }
+}
+
 /// `engine.speculation` keys servesim does not model are refused by path with what is missing
 /// (exit 2); so are the reference's own conditions around the mtp scheme.
 #[test]
@@ -580,8 +692,14 @@ fn speculation_refusals_name_the_key() {
             &["engine.speculation={kind: eagle3, expected_accepted_tokens: 0.8}"],
             "engine.speculation.draft_config: EAGLE-3 requires the draft checkpoint's config.json",
         ),
-        (&["engine.speculation={kind: dflash, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: dflash speculation needs"),
-        (&["engine.speculation={kind: dspark, expected_accepted_tokens: 0.8}"], "engine.speculation.kind: dspark speculation needs"),
+        (
+            &["engine.speculation={kind: dflash, expected_accepted_tokens: 0.8}"],
+            "engine.speculation.draft_config: DFlash requires the draft checkpoint's config.json",
+        ),
+        (
+            &["engine.speculation={kind: dspark, expected_accepted_tokens: 0.8}"],
+            "engine.speculation.draft_config: DSpark requires the draft checkpoint's config.json",
+        ),
         (&["engine.speculation.kind=medusa"], "engine.speculation.kind: unknown speculative scheme kind \"medusa\""),
         (&["engine.speculation.params={}"], "engine.speculation.params: mtp requires params.depth"),
         (&["engine.speculation.params={depth: 6}"], "engine.speculation.params: speculative replay requires 1..5 draft tokens"),

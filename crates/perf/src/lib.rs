@@ -8,6 +8,7 @@
 //! ([`mod@estimator`]). [`provider`] plugs it into the engine as the `ais` / `aic` timing model.
 
 pub mod afd;
+pub mod block_draft;
 pub mod db;
 pub mod draft_model;
 pub mod dsa;

@@ -41,6 +41,9 @@ pub struct AisConfig {
     /// A standalone draft model (`speculation: {kind: draft_model, draft_model_path}`), whose
     /// whole graphs are timed beside the target (`draft_model.rs`).
     pub draft_model: Option<crate::draft_model::DraftModel>,
+    /// A block drafter (`speculation: {kind: dflash | dspark, draft_config}`), timed beside the
+    /// target (`block_draft.rs`).
+    pub block_draft: Option<crate::block_draft::BlockDraft>,
     pub gemm_quant_mode: Option<Dtype>,
     pub moe_quant_mode: Option<Dtype>,
     pub fmha_quant_mode: Option<Dtype>,
@@ -351,6 +354,7 @@ impl AisConfig {
         // Dynamo's `ForwardPassSpeculationConfig` and its checks, in its order and words.
         let mut eagle3 = None;
         let mut draft_model = None;
+        let mut block_draft = None;
         let ngram = match obj.get("speculation").filter(|v| !v.is_null()) {
             None => 0,
             // servesim's extension: an EAGLE-3 chain with its draft's config. (Dynamo 1.6.1 reads
@@ -380,6 +384,17 @@ impl AisConfig {
                 }
                 let tokens = draft.tokens;
                 draft_model = Some(draft);
+                tokens
+            }
+            // servesim's extension: a DFlash / DSpark block drafter with its draft's config.
+            Some(spec) if is_block_draft(spec) => {
+                let draft = read_block_draft(path, spec)?;
+                if nextn != 0 {
+                    let why = format!("{} speculation cannot be combined with nextn", draft.scheme.kind());
+                    return Err(cfg_err(path, "speculation", why));
+                }
+                let tokens = draft.tokens;
+                block_draft = Some(draft);
                 tokens
             }
             Some(spec) => {
@@ -459,6 +474,7 @@ impl AisConfig {
             ngram,
             eagle3,
             draft_model,
+            block_draft,
             gemm_quant_mode: quant("gemm_quant_mode", &["bfloat16", "fp8", "fp8_static", "fp8_block", "nvfp4"])?,
             moe_quant_mode: quant(
                 "moe_quant_mode",
@@ -513,7 +529,7 @@ impl AisConfig {
             self.strict_provenance,
             self.enable_shared_layer,
             self.database_mode
-        ) + &format!("|{:?}|{:?}|{:?}", self.moe_comm, self.eagle3, self.draft_model)
+        ) + &format!("|{:?}|{:?}|{:?}|{:?}", self.moe_comm, self.eagle3, self.draft_model, self.block_draft)
     }
 }
 
@@ -574,6 +590,33 @@ fn read_eagle3(path: &str, spec: &Value) -> Result<(u32, crate::eagle3::DraftGeo
     let geometry =
         crate::eagle3::DraftGeometry::from_hf(draft).map_err(|why| cfg_err(path, &at("draft_config"), why))?;
     Ok((tokens, geometry))
+}
+
+/// Whether a timing config's `speculation` is servesim's block-drafting (DFlash, DSpark)
+/// extension.
+pub fn is_block_draft(spec: &Value) -> bool {
+    matches!(spec.get("kind").and_then(Value::as_str), Some("dflash" | "dspark"))
+}
+
+/// Reads a `dflash` / `dspark` speculation: `{kind, params, draft_config}` (`block_draft.rs`).
+fn read_block_draft(path: &str, spec: &Value) -> Result<crate::block_draft::BlockDraft> {
+    let at = |k: &str| format!("speculation.{k}");
+    let obj = spec.as_object().expect("a kind was read from it");
+    if let Some(k) = obj.keys().find(|k| !["kind", "params", "draft_config"].contains(&k.as_str())) {
+        return Err(cfg_err(
+            path,
+            &at(k),
+            "unknown key; a block-drafting speculation takes kind, params and draft_config",
+        ));
+    }
+    let params = match obj.get("params") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(other) => return Err(cfg_err(path, &at("params"), format!("must be a map, got {other}"))),
+    };
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    crate::block_draft::BlockDraft::read(kind, &params, obj.get("draft_config").filter(|v| !v.is_null()))
+        .map_err(|why| cfg_err(path, "speculation", why))
 }
 
 /// Whether a timing config's `speculation` is servesim's standalone-draft extension.
@@ -997,6 +1040,12 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             )));
         }
         let (ctx, gen) = crate::draft_model::draft_ops(d, &est.layout, &model_roots)?;
+        est.context_ops.extend(ctx);
+        est.generation_ops.extend(gen);
+    }
+    if let Some(d) = &cfg.block_draft {
+        d.check(&est.model, &est.layout).map_err(|e| e.context(cfg.model.clone()))?;
+        let (ctx, gen) = d.draft_ops(&est.model, &est.layout);
         est.context_ops.extend(ctx);
         est.generation_ops.extend(gen);
     }

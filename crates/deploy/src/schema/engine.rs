@@ -82,6 +82,10 @@ pub enum Draft {
     /// own tensor-parallel width (`draft_tp_size`, else the target's); the target verifies
     /// `nextn + 1` tokens per request in one block pass; acceptance as conditional rates.
     DraftModel { rates: Vec<f64>, path: String, tp: Option<u32> },
+    /// A block drafter (`kind` dflash or dspark) with its scheme `params` and its checkpoint's
+    /// `config.json` (`draft_config`): the draft network proposes `nextn` tokens per round
+    /// beside the target's block verify pass; acceptance as conditional rates.
+    Block { rates: Vec<f64>, kind: String, params: Value, draft_config: Value },
 }
 
 impl Speculation {
@@ -90,9 +94,10 @@ impl Speculation {
     /// with the fractional part, the rest never.
     pub fn accept_rates(&self) -> Vec<f64> {
         let accepted = match &self.draft {
-            Draft::Ngram { rates } | Draft::Eagle3 { rates, .. } | Draft::DraftModel { rates, .. } => {
-                return rates.clone()
-            }
+            Draft::Ngram { rates }
+            | Draft::Eagle3 { rates, .. }
+            | Draft::DraftModel { rates, .. }
+            | Draft::Block { rates, .. } => return rates.clone(),
             Draft::Mtp { accepted } => *accepted,
         };
         let whole = accepted.trunc() as usize;
@@ -110,7 +115,7 @@ impl Speculation {
     pub fn ais_nextn(&self) -> u32 {
         match self.draft {
             Draft::Mtp { .. } => self.nextn,
-            Draft::Ngram { .. } | Draft::Eagle3 { .. } | Draft::DraftModel { .. } => 0,
+            Draft::Ngram { .. } | Draft::Eagle3 { .. } | Draft::DraftModel { .. } | Draft::Block { .. } => 0,
         }
     }
 
@@ -133,6 +138,12 @@ impl Speculation {
                     params["draft_tp_size"] = (*tp).into();
                 }
                 Some(serde_json::json!({"kind": "draft_model", "draft_model_path": path, "params": params}))
+            }
+            Draft::Block { kind, params, draft_config, .. } => {
+                // The drafts per round as read (a checkpoint's block size may have defaulted it).
+                let mut params = params.clone();
+                params["num_draft_tokens"] = self.nextn.into();
+                Some(serde_json::json!({"kind": kind, "params": params, "draft_config": draft_config}))
             }
         }
     }

@@ -19,13 +19,17 @@
 //! - `draft_model` (vLLM): the target verifies as for ngram, and a whole smaller model named by
 //!   `draft_model_path` drafts: its generation graph once per draft token, its context graph
 //!   over the prompt (`servesim_perf::draft_model`); `params.num_speculative_tokens` is
-//!   required, `params.draft_tp_size` optional.
+//!   required, `params.draft_tp_size` optional;
+//! - `dflash` and `dspark` (block drafting): the target verifies as for ngram, and a dense draft
+//!   stack (its geometry, block size and target-layer taps from `draft_config`) proposes a
+//!   block of `params.num_draft_tokens` per round beside it (`servesim_perf::block_draft`):
+//!   DFlash in one parallel forward, DSpark in one forward plus a sequential Markov-bias chain.
 //!
 //! Like mtp, the drafted kinds need a fixed KV capacity and default timing on every worker, as
-//! the reference requires. All draw acceptance from the `seed` stream. `dflash` and `dspark`
-//! are refused by name with what their cost model needs, as are EAGLE trees (the reference's
-//! replay refuses them too) and eagle3's `draft_model_path` (servesim does not fetch
-//! checkpoints: it reads the draft's `config.json` as `draft_config`).
+//! the reference requires. All draw acceptance from the `seed` stream. EAGLE trees are refused
+//! (the reference's replay refuses them too), as is a `draft_model_path` beside eagle3, dflash or
+//! dspark (servesim does not fetch checkpoints: it reads the draft's `config.json` as
+//! `draft_config`).
 
 use serde_json::Value;
 
@@ -43,7 +47,6 @@ const KINDS: [&str; 6] = ["dflash", "draft_model", "dspark", "eagle3", "mtp", "n
 pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, DeployError> {
     let Some(mut s) = e.obj("speculation")? else { return Ok(None) };
     let kind = s.text("kind")?.ok_or_else(|| s.err("kind", "missing (required)"))?;
-    let missing = |what: &str| s.err("kind", format!("{kind} {what}, which servesim's AIS timing does not model yet"));
     match kind.as_str() {
         "mtp" => {}
         // The prompt-lookup shape: what it states alone (the scheme shape has neither key).
@@ -55,11 +58,7 @@ pub(super) fn read_speculation(e: &mut Reader) -> Result<Option<Speculation>, De
         // weights never size a cache there: what is missing is the draft's time per step.
         "eagle3" => return read_eagle3(s).map(Some),
         "draft_model" => return read_draft_model(s).map(Some),
-        "dflash" | "dspark" => {
-            return Err(missing(
-                "speculation needs its block-drafting network's forward passes timed beside the target's",
-            ))
-        }
+        "dflash" | "dspark" => return read_block(&kind, s).map(Some),
         other => {
             return Err(s.err(
                 "kind",
@@ -245,6 +244,56 @@ fn read_draft_model(mut s: Reader) -> Result<Speculation, DeployError> {
     Ok(Speculation { nextn: depth, draft: Draft::DraftModel { rates, path, tp }, seed: Some(seed) })
 }
 
+/// The scheme shape of `dflash` and `dspark`: `params` (`num_draft_tokens`; DSpark also
+/// `num_draft_layers`), `draft_config` (the draft checkpoint's `config.json`, which carries the
+/// block size, the stack's geometry and the target layers it reads), `expected_accepted_tokens`
+/// and `seed`, checked as the reference's scheme constructors check them
+/// (`servesim_perf::block_draft`); the drafts per round must be 1..=5, as its replay requires.
+fn read_block(kind: &str, mut s: Reader) -> Result<Speculation, DeployError> {
+    if s.given("draft_model_path") {
+        return Err(s.err(
+            "draft_model_path",
+            "servesim does not fetch draft checkpoints: give the draft's config.json as draft_config",
+        ));
+    }
+    s.ignored("draft_model_path");
+    let params = match s.value("params") {
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(_) => return Err(s.err("params", "speculation params must be an object with string keys")),
+    };
+    let draft_config = match s.value("draft_config") {
+        None | Some(Value::Null) => Value::Null,
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(_) => return Err(s.err("draft_config", "draft_config must be an object")),
+    };
+    // Name the key to change: the parameters' own faults, or the drafts per round (which a
+    // checkpoint's block size only defaults), are params'; the rest the checkpoint's.
+    let at = |why: &str| {
+        let params = ["Unknown parameters", "num_draft_", "speculative replay"];
+        if params.iter().any(|p| why.contains(p)) {
+            "params"
+        } else {
+            "draft_config"
+        }
+    };
+    let draft = servesim_perf::block_draft::BlockDraft::read(
+        kind,
+        params.as_object().expect("an object"),
+        Some(&draft_config).filter(|v| !v.is_null()),
+    )
+    .map_err(|why| s.err(at(&why), why))?;
+    let depth = draft.tokens;
+    let (accepted, seed) = read_acceptance(s, depth)?;
+    // The expected count lowers to rates as for MTP.
+    let rates = Speculation { nextn: depth, draft: Draft::Mtp { accepted }, seed: None }.accept_rates();
+    Ok(Speculation {
+        nextn: depth,
+        draft: Draft::Block { rates, kind: kind.to_string(), params, draft_config },
+        seed: Some(seed),
+    })
+}
+
 /// The scheme shape's tail: `expected_accepted_tokens` (required, at most `depth`) and `seed`;
 /// nothing else may follow.
 fn read_acceptance(mut s: Reader, depth: u32) -> Result<(f64, u64), DeployError> {
@@ -291,6 +340,8 @@ pub(super) fn check_speculation_engine(
         Draft::Ngram { .. } => ("ngram", &["vllm"][..]),
         Draft::Eagle3 { .. } => ("eagle3", &["sglang", "vllm"][..]),
         Draft::DraftModel { .. } => ("draft_model", &["vllm"][..]),
+        // The reference's config takes both engines; its DFlash timing then refuses SGLang.
+        Draft::Block { ref kind, .. } => (kind.as_str(), &["sglang", "vllm"][..]),
     };
     if !backends.contains(&backend) {
         return Err(e.err(

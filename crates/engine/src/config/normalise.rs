@@ -118,6 +118,26 @@ impl RawConfig {
                     )),
                 }
             }
+            // A DFlash / DSpark block drafter (servesim's extension too, checked by its
+            // provider): `params.num_draft_tokens`, else its checkpoint's block (DFlash's counts
+            // the anchor).
+            Some(spec)
+                if matches!(spec.get("kind").and_then(serde_json::Value::as_str), Some("dflash" | "dspark"))
+                    && spec.get("draft_config").is_some() =>
+            {
+                let dflash = spec["kind"] == "dflash";
+                let block =
+                    |k: &str| spec.get("draft_config").and_then(|c| c.get(k)).and_then(serde_json::Value::as_u64);
+                let n = match spec.pointer("/params/num_draft_tokens").and_then(serde_json::Value::as_u64) {
+                    Some(n) => Some(n),
+                    None if dflash => block("block_size").map(|b| b.saturating_sub(1)),
+                    None => block("dspark_block_size").or_else(|| block("block_size")),
+                };
+                match n {
+                    Some(n @ 1..=5) => Ok(Some(n as u32)),
+                    _ => Err(ConfigError::new(at("speculation"), "speculative replay requires 1..5 draft tokens")),
+                }
+            }
             Some(spec) => crate::speculative::ais_speculation_tokens(spec)
                 .map(Some)
                 .map_err(|why| ConfigError::new(at("speculation"), why)),
