@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Record aisimulate 0.13's FPM-interpolation latency of single passes on a generated table, for
+servesim's per-pass goldens (crates/perf/tests/fpm_passes.rs).
+
+Usage: $AISIM_REF_VENV/bin/python scripts/fpm_pass_goldens.py
+servesim times a uniform batch, so every prefill total is a multiple of its batch.
+Writes the table with scripts/fpm_table.py (--decode-batches 1,2,4,5,8,9,16 --decode-context
+256,4096,256) into a temporary directory, builds the reference's estimator on it
+(RustForwardPassPerfModel.best_available with estimation_mode fpm_interpolation and
+estimator_config.fpm_interpolation.fpm_parquet_path) and prints one line per point:
+  prefill BATCH TOTAL_PREFILL_TOKENS TOTAL_KV_READ_TOKENS MS   (predict_prefill_latency_total)
+  decode BATCH TOTAL_PAST_KV_TOKENS MS                         (predict_decode_latency_total)
+with MS the repr of the double, or `error: MESSAGE` where the reference refuses the point.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+from aisimulate_core.sdk.rust_engine_step import RustForwardPassPerfModel
+
+TABLE_ARGS = ["--decode-batches", "1,2,4,5,8,9,16", "--decode-context", "256,4096,256"]
+
+PREFILL = [
+    (1, 1024, 0), (4, 4096, 0), (3, 1002, 0), (16, 16384, 0), (7, 301, 0),  # collected sites
+    (20, 4000, 0), (32, 8192, 0), (40, 2600, 0), (64, 16384, 0),            # batch above 16: clamp
+]
+DECODE = [
+    (4, 4000), (16, 16 * 1000), (2, 2 * 1100 + 7), (9, 9 * 300),            # collected batches
+    (3, 3 * 1000), (3, 3 * 2500 + 1), (6, 6 * 900), (7, 7 * 2000),          # rungs (2, 4), (5, 8)
+    (12, 12 * 1000), (15, 15 * 3000 + 5), (12, 20000),                      # (9, 16)
+    (3, 900), (12, 40000),                                                  # one row covers
+    (14, 3000), (12, 2000),                                                 # row 9 only; neither
+]
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory(prefix="fpm-pass-") as tmp:
+        subprocess.run([sys.executable, os.path.join(here, "fpm_table.py"), tmp, *TABLE_ARGS],
+                       check=True, stdout=subprocess.DEVNULL)
+        model = RustForwardPassPerfModel.best_available(dict(
+            model="Qwen/Qwen3-8B", system="h200_sxm", backend="vllm", backend_version="0.24.0",
+            worker_type="aggregated", estimation_mode="fpm_interpolation",
+            estimator_config={"fpm_interpolation": {
+                "fpm_parquet_path": os.path.join(tmp, "fpm_forward_perf.parquet")}}))
+        for b, t, kv in PREFILL:
+            try:
+                value = repr(model.predict_prefill_latency_total(b, t, kv))
+            except Exception as e:  # the reference's refusal, recorded verbatim
+                value = f"error: {e}"
+            print(f"prefill {b} {t} {kv} {value}")
+        for b, kv in DECODE:
+            try:
+                value = repr(model.predict_decode_latency_total(b, kv))
+            except Exception as e:
+                value = f"error: {e}"
+            print(f"decode {b} {kv} {value}")
+
+
+if __name__ == "__main__":
+    main()
