@@ -282,22 +282,19 @@ fn run_file(name: &str, yaml: &str, table: &std::path::Path) -> (Output, PathBuf
     (Command::new(env!("CARGO_BIN_EXE_servesim")).args(args).output().unwrap(), out_dir)
 }
 
-/// Inside coverage (every prefill an exact collected point, every decode step on its batch's KV
-/// curve, the KV cache capped at the table's decode ceiling): every metric of the reference's
-/// prediction within 1e-6 relative. Recorded as the YAML header says.
-#[test]
-fn interpolation_over_a_generated_table_matches_the_reference() {
-    let Some(table) = generated_table("golden-table") else { return };
+/// Runs `yaml` on the generated table and compares every metric of the reference's prediction
+/// `expected` within 1e-6 relative; the reference's prediction (None without data or venv).
+fn matches_the_reference(name: &str, yaml: &str, expected: &str) -> Option<Value> {
+    let table = generated_table(&format!("{name}-table"))?;
     let before = std::fs::read(&table).unwrap();
-    let (out, out_dir) = run_file("golden", "predict_fpm_interp_qwen3_8b.yaml", &table);
+    let (out, out_dir) = run_file(name, yaml, &table);
     if data_missing(&out) {
-        return;
+        return None;
     }
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read(&table).unwrap(), before, "the table is only read");
     let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fpm/predict_fpm_interp_qwen3_8b.expected.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fpm").join(expected);
     let reference: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     // Wall-clock rates of the process, not simulated quantities.
     let skip = ["wall_time_ms", "call_wall_ms", "processed_output_tokens_per_s", "processed_tokens_per_s"];
@@ -306,12 +303,71 @@ fn interpolation_over_a_generated_table_matches_the_reference() {
         let (Some(r), false) = (v.as_f64(), skip.contains(&k.as_str())) else { continue };
         let Some(o) = ours.get(k).and_then(Value::as_f64) else { continue };
         let tol = 1e-6 * r.abs().max(1e-3);
-        assert!((o - r).abs() <= tol, "{k}: servesim {o} vs reference {r}");
+        assert!((o - r).abs() <= tol, "{name}: {k}: servesim {o} vs reference {r}");
         compared += 1;
     }
-    assert!(compared >= 60, "only {compared} metrics compared");
+    assert!(compared >= 60, "{name}: only {compared} metrics compared");
+    Some(reference)
+}
+
+/// Inside coverage (every prefill an exact collected point, every decode step on its batch's KV
+/// curve, the KV cache capped at the table's decode ceiling): every metric of the reference's
+/// prediction within 1e-6 relative. Recorded as the YAML header says.
+#[test]
+fn interpolation_over_a_generated_table_matches_the_reference() {
+    let Some(reference) = matches_the_reference(
+        "golden",
+        "predict_fpm_interp_qwen3_8b.yaml",
+        "predict_fpm_interp_qwen3_8b.expected.json",
+    ) else {
+        return;
+    };
     // The table's own points: TTFT is the (4, 4096, 0) prefill row.
     assert_eq!(reference["mean_ttft_ms"].as_f64(), Some(230.1569179999999));
+}
+
+/// Concurrency 8: every prefill pass fills the 8192-token budget with whole prompts (the
+/// (8, 8192, 0) row), decode at batch 8.
+#[test]
+fn interpolation_at_concurrency_8_matches_the_reference() {
+    let Some(reference) = matches_the_reference(
+        "golden-c8",
+        "predict_fpm_interp_qwen3_8b_c8.yaml",
+        "predict_fpm_interp_qwen3_8b_c8.expected.json",
+    ) else {
+        return;
+    };
+    assert_eq!(reference["completed_requests"].as_f64(), Some(32.0));
+    assert_eq!(reference["mean_ttft_ms"].as_f64(), Some(456.31383600000015));
+}
+
+/// At concurrency 24 the cache is capped at the table's decode ceiling (20480 tokens) in
+/// `predict -c` as in the reference, so both admit the same prompts and fail on the same first
+/// pass outside the table (a chunked prompt's remainder reading 1016 cached tokens); recorded
+/// with the golden YAML and `--set traffic.load.concurrency=24 --set traffic.stop.requests=48`.
+#[test]
+fn the_capped_cache_fails_on_the_reference_s_first_uncovered_pass() {
+    let Some(table) = generated_table("c24-table") else { return };
+    let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fpm/predict_fpm_interp_qwen3_8b.yaml");
+    let out_dir = dir().join("c24-out");
+    let out = Command::new(env!("CARGO_BIN_EXE_servesim"))
+        .args(["predict", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--overwrite"])
+        .args(["--set", &format!("{T}.fpm_parquet_path={}", table.display())])
+        .args(["--set", "traffic.load.concurrency=24", "--set", "traffic.stop.requests=48"])
+        .output()
+        .unwrap();
+    if data_missing(&out) {
+        return;
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "perf database error: FPM prefill query total_kv_read_tokens=1016 is outside the collected domain \
+             [0, 0] for model_path=\"Qwen/Qwen3-8B\"."
+        ),
+        "{err}"
+    );
 }
 
 /// Leaving coverage (a cached-prefix prefill chunk on a table with KV=0 prefill sites only):

@@ -168,7 +168,20 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
                 *cuda_graph_reserved_bytes as f64,
             )
             .map_err(|e| perf_err("kv_cache.capacity", e))?;
-            cap.blocks
+            // As the reference: a memory-sized cache under FPM interpolation is capped at the
+            // table's highest collected decode KV total (it never schedules past its table).
+            let fpm = match (&w.timing, servesim_perf::AisConfig::from_json("", &ais)) {
+                (Timing::Default, Ok(cfg)) => {
+                    servesim_perf::fpm_interp::for_worker(&cfg, est).map_err(|e| perf_err("timing", e))?
+                }
+                _ => None,
+            };
+            match fpm {
+                Some(t) => t
+                    .cap_blocks(cap.blocks, block_size)
+                    .map_err(|why| DeployError::new(format!("{here}.kv_cache.capacity"), why))?,
+                None => cap.blocks,
+            }
         }
     };
     if blocks == 0 || blocks > u32::MAX as u64 {
