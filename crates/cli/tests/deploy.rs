@@ -1912,7 +1912,9 @@ fn recommend_strict_sla_gates_on_the_configured_bounds() {
     for c in within {
         assert_eq!(c["status"], "infeasible", "{c}");
         assert_eq!(c["reason_category"], "sla_constraint", "{c}");
-        assert!(c["reason"].as_str().unwrap().starts_with("mean_ttft_ms="), "{c}");
+        assert!(c["reason"].as_str().unwrap().starts_with("strict aggregate SLA violation: ttft "), "{c}");
+        assert!(c["reason"].as_str().unwrap().contains("ms > 1ms"), "{c}");
+        assert!(c["score"].is_null(), "a gated candidate has no score, as the reference records it: {c}");
     }
 }
 

@@ -90,7 +90,8 @@ fn our_key(tree: &Value) -> String {
 /// it). Same counts, statuses, GPUs and infeasibility categories; each score and each summary
 /// metric (the encoder's latency, GPUs and memory among them) within 1e-6 relative; the same
 /// ranking, ties included (the reference breaks them by the resolved pool); the best candidate
-/// written first to recommendations/0001.yaml.
+/// written first to recommendations/0001.yaml. A candidate the strict SLA turns away has no
+/// score and the reference's reason ("strict aggregate SLA violation: ttft 836.831ms > 700ms").
 #[test]
 fn epd_searches_propose_and_rank_what_the_reference_does() {
     for name in ["recommend_epd_agg", "recommend_epd_disagg_sla"] {
@@ -121,6 +122,18 @@ fn epd_searches_propose_and_rank_what_the_reference_does() {
             assert_eq!(c["prediction_config"]["engine"]["backend"], w["backend"], "{name} {k}");
             if w["status"] != "feasible" {
                 assert_eq!(c["reason_category"], w["reason_category"], "{name} {k}");
+            }
+            // A candidate a gate turned away has no score, however far it ran (the reference's
+            // record: `score: null`).
+            assert_eq!(c["score"].is_null(), w["score"].is_null(), "{name} {k}: score {}", c["score"]);
+            if w["reason_category"] == "sla_constraint" {
+                // The reference's words (aisimulate/sweeper/score.py, `{value:g}`: six significant
+                // digits, at most three decimals for these TTFTs between 100 and 1000 ms).
+                let ttft = w["metrics"]["mean_ttft_ms"].as_f64().unwrap();
+                assert!((100.0..1000.0).contains(&ttft), "{name} {k}: {ttft}");
+                let g = format!("{ttft:.3}");
+                let want = format!("strict aggregate SLA violation: ttft {}ms > 700ms", g.trim_end_matches('0'));
+                assert_eq!(c["reason"].as_str(), Some(want.as_str()), "{name} {k}");
             }
             if let Some(y) = w["score"].as_f64() {
                 let x = c["score"].as_f64().unwrap_or_else(|| panic!("{name} {k}: no score"));
@@ -266,4 +279,25 @@ fn a_fixed_pool_is_one_entry_of_the_catalog() {
             assert!(deviation(x, y) <= 1e-6, "{k}: {metric} = {x}, reference {y}");
         }
     }
+}
+
+/// A language shape over the GPU budget is pruned before any encoder pool is laid beside it, as
+/// the reference prunes its parallel configs before it adds the encoder choices: the
+/// recommend_epd_agg search with language tensor {1, 2, 4} under 3 GPUs excludes the one TP4
+/// shape (not TP4 times the 6 pools) and proposes the same 12 candidates.
+#[test]
+fn an_over_budget_language_shape_is_one_exclusion() {
+    let (out, dir) = recommend(
+        "recommend_epd_agg",
+        "over-budget",
+        &["engine.workers.aggregated.parallelism.tensor={choices: [1, 2, 4]}"],
+    );
+    if data_missing(&out) {
+        eprintln!("skipped: no AIS performance data");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    assert_eq!(d["candidates"].as_array().unwrap().len(), 12);
+    assert_eq!(d["provenance"]["over_budget_excluded"], 1);
 }

@@ -406,7 +406,7 @@ fn every_replayed_candidate_gets_a_page_with_all_including_infeasible_ones() {
     assert_eq!(candidate_links(&html).len(), 54);
     for f in &files {
         let page = std::fs::read_to_string(d.join("rec").join(f)).unwrap();
-        assert!(page.contains("not ranked, infeasible (mean_ttft_ms="), "{f}");
+        assert!(page.contains("not ranked, infeasible (strict aggregate SLA violation: ttft "), "{f}");
     }
     let (dom, console) = browse(&d.join("rec").join(&files[0]));
     assert!(console.is_empty(), "console messages: {console:?}");

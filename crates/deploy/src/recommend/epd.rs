@@ -170,15 +170,6 @@ pub(super) fn read(
     if per_backend.iter().all(|(_, v)| v.is_empty()) {
         return Err(DeployError::new(KEY, "no feasible encoder pool for the requested shape and GPU budget"));
     }
-    if let Some((backend, _)) = per_backend.iter().find(|(_, v)| v.is_empty()) {
-        return Err(DeployError::new(
-            KEY,
-            format!(
-                "no encoder pool fits backend {backend} within the GPU budget while another backend has one; the \
-                 reference then skips that backend's branches, which servesim does not yet: pin engine.backend"
-            ),
-        ));
-    }
     if optimizer.algorithm == "bayesian" {
         return Err(DeployError::new(
             "optimizer.algorithm",

@@ -78,26 +78,66 @@ pub fn objective(target: &str, t: &Trial) -> (f64, bool) {
     }
 }
 
-/// Strict-SLA feasibility (always applied for min_gpus): the aggregate means, inclusive.
+/// Strict-SLA feasibility (always applied for min_gpus): the aggregate means, inclusive; a
+/// missing or non-finite metric, or one without samples, fails closed. The reason lists every
+/// violation as the reference words them (`strict aggregate SLA violation: ttft 836.831ms >
+/// 700ms`, values as Python's `{:g}`).
 pub(super) fn sla_failure(sla: &schema::Sla, t: &Trial) -> Option<String> {
-    if metric(t, "completed_requests") <= 0.0 {
-        return Some("completed_requests <= 0".into());
+    let mut violations = Vec::new();
+    match t.summary.get("completed_requests").and_then(Value::as_f64) {
+        None => violations.push("completed_requests is missing".to_string()),
+        Some(c) if !c.is_finite() => violations.push("completed_requests is non-finite".into()),
+        Some(c) if c <= 0.0 => violations.push("completed_requests is zero".into()),
+        Some(_) => {}
     }
-    for (bound, key, samples) in [
-        (sla.ttft_ms, "mean_ttft_ms", "num_ttft_samples"),
-        (sla.itl_ms, "mean_tpot_ms", "num_tpot_samples"),
-        (sla.e2e_ms, "mean_e2e_latency_ms", "num_e2e_latency_samples"),
+    for (label, bound, key, samples) in [
+        ("ttft", sla.ttft_ms, "mean_ttft_ms", "num_ttft_samples"),
+        ("tpot", sla.itl_ms, "mean_tpot_ms", "num_tpot_samples"),
+        ("e2e", sla.e2e_ms, "mean_e2e_latency_ms", "num_e2e_latency_samples"),
     ] {
-        if let Some(b) = bound {
-            let v = t.summary.get(key).and_then(Value::as_f64);
-            match v {
-                Some(v) if v.is_finite() && metric(t, samples) > 0.0 && v <= b => {}
-                Some(v) => return Some(format!("{key}={v} > {b}")),
-                None => return Some(format!("{key} missing")),
+        let Some(b) = bound else { continue };
+        match t.summary.get(samples).and_then(Value::as_f64) {
+            None => violations.push(format!("{label} sample count {samples} is missing")),
+            Some(n) if !n.is_finite() => violations.push(format!("{label} sample count {samples} is non-finite")),
+            Some(n) if n <= 0.0 => {
+                violations.push(format!("{label} has no qualifying samples ({samples}={})", py_g(n)))
             }
+            Some(_) => {}
+        }
+        match t.summary.get(key).and_then(Value::as_f64) {
+            None => violations.push(format!("{label} metric {key} is missing")),
+            Some(v) if !v.is_finite() => violations.push(format!("{label} metric {key} is non-finite")),
+            Some(v) if v > b => violations.push(format!("{label} {}ms > {}ms", py_g(v), py_g(b))),
+            Some(_) => {}
         }
     }
-    None
+    (!violations.is_empty()).then(|| format!("strict aggregate SLA violation: {}", violations.join("; ")))
+}
+
+/// A finite number as Python's `format(x, "g")`: six significant digits, trailing zeros
+/// dropped, scientific notation below 1e-4 or from 1e6.
+fn py_g(x: f64) -> String {
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0".into() } else { "0".into() };
+    }
+    // The exponent after rounding to six significant digits.
+    let sci = format!("{x:.5e}");
+    let (mantissa, exp) = sci.split_once('e').expect("an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if (-4..6).contains(&exp) {
+        let decimals = usize::try_from(5 - exp).unwrap_or(0);
+        trim(&format!("{x:.decimals$}"))
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exp.abs())
+    }
 }
 
 /// The ranked result: scores, feasibility, order, views.
@@ -308,7 +348,9 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
     for (i, t) in r.trials.iter().enumerate() {
         *counts.get_mut("evaluated").unwrap() = json!(counts["evaluated"].as_u64().unwrap() + 1);
         *counts.get_mut(t.status).unwrap() = json!(counts[t.status].as_u64().unwrap() + 1);
-        let score = if t.summary.is_empty() { Value::Null } else { json!(r.scores[i]) };
+        // Only a feasible candidate has a score: the reference records none for one a gate
+        // (budget, SLA, goodput floor) turned away, however far it ran.
+        let score = if t.summary.is_empty() || t.status != "feasible" { Value::Null } else { json!(r.scores[i]) };
         // The objective vector Pareto dominance read (raw values); scalar targets have none.
         let objectives = if t.summary.is_empty() || o.target != "pareto" {
             Value::Null
@@ -389,4 +431,27 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
         files.push((format!("recommendations/{:04}.yaml", rank + 1), yaml.into_bytes()));
     }
     files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::py_g;
+
+    #[test]
+    fn numbers_read_as_pythons_g_format() {
+        for (x, want) in [
+            (836.8312345, "836.831"),
+            (700.0, "700"),
+            (0.5, "0.5"),
+            (1234567.0, "1.23457e+06"),
+            (999999.5, "1e+06"),
+            (0.00012345678, "0.000123457"),
+            (0.000012345, "1.2345e-05"),
+            (0.0, "0"),
+            (-42.25, "-42.25"),
+            (99.99999, "100"),
+        ] {
+            assert_eq!(py_g(x), want, "{x}");
+        }
+    }
 }

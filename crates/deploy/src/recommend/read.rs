@@ -596,10 +596,19 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         for &backend in &backends {
             let mut knobs = mode_knobs.clone();
             knobs.extend(encoders.as_ref().map(|c| c.knob(backend)));
+            // A backend without an encoder pool under the budget has no branch (the reference
+            // drops it from the mode's backends; another backend has one, checked when read).
+            if encoders.as_ref().is_some_and(|c| c.knob(backend).values.is_empty()) {
+                continue;
+            }
             let per_shape: u128 = knobs.iter().map(|k| k.values.len() as u128).product::<u128>()
                 * nr as u128
                 * planners.len().max(1) as u128;
-            over_budget = over_budget.saturating_add(over.saturating_mul(per_shape));
+            // A language shape over the budget is pruned before any pool is laid beside it (as
+            // the reference prunes its parallel configs before it adds the encoder choices):
+            // one exclusion per shape and language knob setting, not one per pool.
+            let pools = encoders.as_ref().map_or(1, |c| c.knob(backend).values.len().max(1) as u128);
+            over_budget = over_budget.saturating_add(over.saturating_mul(per_shape / pools));
             branches.push(Branch {
                 mode,
                 backend,
