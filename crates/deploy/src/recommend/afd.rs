@@ -483,6 +483,8 @@ pub(super) fn read_search(
         Some(v) => schema::read_sla(servesim_config::Reader::mapping("evaluation.sla", v)?)?,
         None => schema::Sla::default(),
     };
+    let random_draw = (optimizer.algorithm == "random")
+        .then(|| "chacha12 (not the reference's draw: the AFD topology space)".to_string());
     Ok(Search {
         base,
         optimization,
@@ -494,6 +496,7 @@ pub(super) fn read_search(
         kv_short,
         kv_excluded: 0,
         planner_backtest: None,
+        random_draw,
     })
 }
 

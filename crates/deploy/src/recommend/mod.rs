@@ -26,6 +26,7 @@ pub mod cache;
 pub(crate) mod epd;
 pub mod limits;
 mod load;
+mod pyrandom;
 pub mod rank;
 pub mod read;
 pub mod record;

@@ -421,6 +421,9 @@ pub fn outputs(search: &Search, r: &Ranked) -> Vec<(String, Vec<u8>)> {
     if let Some(b) = &search.planner_backtest {
         doc["provenance"]["planner_load_predictor"] = b.clone();
     }
+    if let Some(d) = &search.random_draw {
+        doc["provenance"]["random_draw"] = json!(d);
+    }
     let mut files = vec![
         ("recommendation.json".to_string(), serde_json::to_vec_pretty(&doc).expect("serialises")),
         ("recommendation.csv".to_string(), csv.into_bytes()),

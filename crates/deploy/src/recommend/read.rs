@@ -664,6 +664,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let kv_short = kv_filter(&space);
     let budget = optimization.budget as u64;
     let set_gpus = |b: usize, s: usize| space.branches[b].shape_sets[s].iter().map(Shape::gpus).sum::<u64>();
+    let mut random_draw = None;
     let (selected, kv_excluded) = if optimizer.algorithm == "grid" {
         let mut marked = 0;
         for (b, short) in kv_short.iter().enumerate() {
@@ -713,19 +714,31 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             ));
         }
         let mut pool = Vec::new();
-        if optimizer.algorithm == "random" {
-            let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
-            let (each, extra) = (optimizer.max_trials as usize / active, optimizer.max_trials as usize % active);
-            for (m, mut p) in pools.into_iter().enumerate() {
-                let take = each + usize::from(m < extra);
-                if take < p.len() {
-                    p.shuffle(&mut rng);
-                    p.truncate(take);
-                }
-                pool.extend(p);
-            }
-        } else {
+        if optimizer.algorithm != "random" {
             pool = pools.concat();
+        } else {
+            // The reference's own draw where the space maps onto it one-to-one (pyrandom.rs);
+            // elsewhere a ChaCha12 shuffle per mode, and the provenance says why.
+            match super::pyrandom::draw(&space, &pools, &optimizer, &optimization) {
+                Ok(drawn) => {
+                    pool = drawn;
+                    random_draw = Some(super::pyrandom::REFERENCE_DRAW.to_string());
+                }
+                Err(why) => {
+                    random_draw = Some(format!("chacha12 (not the reference's draw: {why})"));
+                    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
+                    let (each, extra) =
+                        (optimizer.max_trials as usize / active, optimizer.max_trials as usize % active);
+                    for (m, mut p) in pools.into_iter().enumerate() {
+                        let take = each + usize::from(m < extra);
+                        if take < p.len() {
+                            p.shuffle(&mut rng);
+                            p.truncate(take);
+                        }
+                        pool.extend(p);
+                    }
+                }
+            }
         }
         (pool, excluded)
     };
@@ -741,6 +754,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         kv_excluded,
         over_budget,
         planner_backtest,
+        random_draw,
     })
 }
 
@@ -1487,7 +1501,9 @@ mod tests {
         let s = read_search(&root, Path::new(".")).unwrap();
         assert_eq!(s.kv_excluded, 0);
         let backends: Vec<String> = identities(&s).into_iter().map(|(_, b, _)| b).collect();
-        assert_eq!(backends, ["vllm", "sglang"]);
+        // Both kept, in the reference's draw order (Python's `random.Random(42).shuffle` of the
+        // arms [vllm, sglang] gives [sglang, vllm]).
+        assert_eq!(backends, ["sglang", "vllm"]);
         // 8 × 4,000 tokens cannot hold Qwen3-8B's 40,960-token context; 16 × 4,000 can.
         root["optimizer"]["algorithm"] = json!("grid");
         root["engine"]["workers"]["aggregated"]["kv_cache"]["block_size"] = json!(8);

@@ -377,6 +377,9 @@ pub struct Search {
     pub kv_excluded: usize,
     /// What the planner's load-predictor backtest found (`planner:` searches only).
     pub planner_backtest: Option<Value>,
+    /// Random search: how the candidates were drawn (the reference's sampler, or ChaCha12 and
+    /// why the space does not map onto the reference's).
+    pub random_draw: Option<String>,
 }
 
 impl Search {
