@@ -357,6 +357,24 @@ KIMI_K3_KV = [
     ("moonshotai/Kimi-K3", "b300_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
     ("moonshotai/Kimi-K3", "h200_sxm", "vllm", dict(tp_size=16, moe_tp_size=1, moe_ep_size=16), 64),
 ]
+# Kimi-K3 with DSPARK speculation (also `--kimi-k3`): KDA verify kernels (SGLang on B200 through
+# the fused SM100 verify row, vLLM's Triton chain-verify pair on H200) and the draft model's ops
+# and KV (SGLang's GQA draft, vLLM's MLA-style one).
+KIMI_K3_SPEC_STEPS = [
+    ({"model": "moonshotai/Kimi-K3", "system": "b200_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8, "nextn": 3},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100)), ("decode", (64, 4097)), ("fpm", [MIXED])]),
+    ({"model": "moonshotai/Kimi-K3", "system": "h200_sxm", "backend": "vllm", "tp": 16, "moe_tp_size": 1,
+      "moe_ep_size": 16, "nextn": 2},
+     [("prefill", (2, 1000, 0)), ("decode", (16, 1100)), ("decode", (64, 4097)), ("fpm", [MIXED])]),
+    ({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 4, "moe_tp_size": 1,
+      "moe_ep_size": 4, "nextn": 1},
+     [("decode", (33, 5000))]),
+]
+KIMI_K3_SPEC_KV = [
+    ("moonshotai/Kimi-K3", "b300_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8, nextn=3), 1),
+    ("moonshotai/Kimi-K3", "h200_sxm", "vllm", dict(tp_size=16, moe_tp_size=1, moe_ep_size=16, nextn=2), 64),
+]
 # Qwen3-VL (`--qwen3vl`): text-only loads of the dense and MoE wrappers on each backend, and
 # Qwen3-8B at the same shapes as Qwen3-VL-8B (only the Q/K-norm term of attention differs).
 QWEN3VL_STEPS = [
@@ -515,6 +533,8 @@ def main():
     if "--kimi-k3" in sys.argv[1:]:
         print_steps(KIMI_K3_STEPS)
         print_kv(KIMI_K3_KV)
+        print_steps(KIMI_K3_SPEC_STEPS)
+        print_kv(KIMI_K3_SPEC_KV)
         return
     if "--qwen3vl" in sys.argv[1:]:
         print_steps(QWEN3VL_STEPS)

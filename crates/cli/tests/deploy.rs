@@ -235,6 +235,31 @@ fn kimi_k3_matches_the_reference() {
     assert_eq!(ours["completed_requests"], reference["completed_requests"]);
 }
 
+/// Kimi-K3 with DSPARK speculation (`nextn: 3`, `nextn_accepted: 2.0`) on one B300 TEP8 SGLang
+/// replica: the KDA verify kernels, the draft model's ops and its KV per token, every compared
+/// metric within 1e-9 of the reference. An explicit `speculation: {kind: mtp}` on Kimi-K3 is
+/// refused with the reference's message (its nextn graph is the DSPARK draft, not MTP layers).
+#[test]
+fn kimi_k3_dspark_matches_the_reference() {
+    let Some((ours, reference, worst)) = compare_with_reference("predict_agg_kimi_k3_nextn") else { return };
+    assert!(worst <= 1e-9, "worst deviation {:.5} %", worst * 100.0);
+    assert_eq!(ours["completed_requests"], reference["completed_requests"]);
+    let text = std::fs::read_to_string(deploy_dir().join("predict_agg_kimi_k3_nextn.yaml")).unwrap();
+    let mtp = text.replace(
+        "  nextn: 3\n  nextn_accepted: 2.0\n",
+        "  speculation: {kind: mtp, params: {depth: 3}, expected_accepted_tokens: 2.0}\n",
+    );
+    let mtp =
+        mtp.replace("      timing:\n", "      kv_cache: {capacity: {type: fixed, blocks: 400000}}\n      timing:\n");
+    let cfg = tmp("kimi-k3-mtp.yaml");
+    std::fs::write(&cfg, mtp).unwrap();
+    let out = predict(&cfg, &tmp("kimi-k3-mtp"), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let want = "engine.speculation: Explicit MTP modeling is unsupported for KimiK3ForConditionalGeneration: \
+                its legacy nextn graph models DSPARK";
+    assert!(stderr(&out).contains(want), "{}", stderr(&out));
+}
+
 /// Qwen3.5-35B-A3B (Gated DeltaNet beside gated full attention, routed and shared experts) on an
 /// H200 TP2 / EP2 replica, on vLLM and on SGLang (its scalar shared-expert gate fused into the
 /// merge, no MoE pre-dispatch), the KV cache sized from GPU memory net of the GDN state: every

@@ -127,6 +127,23 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))
     };
     let estimator = if needs_model { Some(build_estimator()?) } else { None };
+    // Kimi-K3's `nextn` graph is its DSPARK draft: the reference refuses an explicit mtp scheme
+    // there (only the `speculation` block records a seed; `nextn` leaves the default).
+    if let (Some(est), Some(spec)) = (&estimator, &engine.speculation) {
+        if est.model.kimi_k3.is_some()
+            && matches!(spec.draft, crate::schema::engine::Draft::Mtp { .. })
+            && spec.seed.is_some()
+        {
+            return Err(DeployError::new(
+                "engine.speculation",
+                format!(
+                    "Explicit MTP modeling is unsupported for {}: its legacy nextn graph models DSPARK \
+                     (give engine.nextn and engine.nextn_accepted instead)",
+                    est.model.architecture
+                ),
+            ));
+        }
+    }
     let kv_bytes_per_rank = || -> Result<f64, DeployError> {
         match &estimator {
             Some(est) => Ok(reference_kv_bytes(engine, w, est)),

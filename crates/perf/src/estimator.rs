@@ -545,8 +545,10 @@ impl Estimator {
                     total += self
                         .eval(op, At { batch: verify_batch, s, prefix: 0, x: d })
                         .map_err(|e| e.context(format!("op {}", op.name())))?;
-                } else if op.is_draft() {
+                } else if op.is_draft() && self.layout.nextn == 0 {
                     // The draft's decode work at the verify batch, which its TokenScale maps back.
+                    // (A draft folded into the op lists by `nextn`, Kimi-K3's DSPARK, stays out of
+                    // the mixed pass, as the reference's mix step keeps attention alone.)
                     total += self.generation_at(op, verify_batch, s)?;
                 }
             }
@@ -602,7 +604,7 @@ impl Estimator {
             return crate::gemma4::kv_bytes_per_token(g, self.layout.tp, self.layout.kv);
         }
         if let (Some(k), Some(d)) = (&m.kimi_k3, &m.mla) {
-            return crate::kimi_k3::kv_bytes_per_token(k, d, self.layout.kv);
+            return crate::kimi_k3::kv_bytes_per_token(k, d, &self.layout);
         }
         if let Some(q) = &m.qwen35 {
             return crate::gdn::kv_bytes_per_token(m, q, self.layout.tp, self.layout.kv);

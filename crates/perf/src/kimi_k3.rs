@@ -21,6 +21,9 @@
 //! latent width (`routed_expert_hidden_size`), run the routed experts and dispatch there, and
 //! project back; two shared experts run in the hidden space.
 //!
+//! DSPARK speculation (`nextn`) verifies `nextn + 1` tokens per request through the KDA verify
+//! kernels (a `[requests][draft_tokens]` table) and adds a small dense draft model's ops and KV.
+//!
 //! Memory: only the MLA layers keep a (tensor-replicated) latent KV cache; every request also
 //! holds KDA state (the fp32 delta-rule state and the bf16 convolution window of every KDA
 //! layer, split over tensor parallelism) in five radix-cache slots, charged in the KV budget.
@@ -131,6 +134,9 @@ pub struct KdaOp {
     /// `fused_recurrent_kda_packed_decode` (decode).
     pub kernel: &'static str,
     pub context: bool,
+    /// Verify (DSPARK speculation): the tokens one request verifies per step (`nextn + 1`);
+    /// 0 for an ordinary decode step or a prefill.
+    pub draft_tokens: u32,
     pub hidden: u32,
     pub conv_kernel: u32,
     /// Heads per GPU (keys and values alike).
@@ -142,12 +148,14 @@ impl KdaOp {
     /// The kernel's memory roofline (ms) for `b` sequences of `s` tokens (decode: `b` tokens),
     /// as `kernel` moves bytes.
     fn sol_ms(&self, kernel: &str, mem_bw: f64, b: f64, s: f64) -> f64 {
-        let x = if self.context && s > 0.0 { b * s } else { b };
+        let x = if (self.context || self.draft_tokens > 0) && s > 0.0 { b * s } else { b };
         let p = self.heads as f64 * self.head_dim as f64;
         let state = self.heads as f64 * self.head_dim as f64 * self.head_dim as f64 * 4.0;
         let d_conv = self.conv_kernel as f64;
         let conv = (x * 3.0 * p * (d_conv + 1.0) * 2.0, x * 3.0 * p * 2.0);
         let recurrence = (x * 4.0 * p * 2.0 + state * b, x * p * 2.0 + state * b);
+        // The verify scan reads the committed state once and writes one state per draft token.
+        let verify = (x * 4.0 * p * 2.0 + state * b, x * p * 2.0 + state * x);
         let (read, write) = match kernel {
             "causal_conv1d_fn_qkv3" | "causal_conv1d_update" => conv,
             // vLLM's FlashKDA prefill moves the chunked scan's bytes.
@@ -159,15 +167,42 @@ impl KdaOp {
             // vLLM's fused decode is priced, without a row, by the packed recurrence's bytes.
             "fused_recurrent_kda_packed_decode" | "fused_kda_decode" => recurrence,
             "kda_fused_decode" => (conv.0 + recurrence.0, conv.1 + recurrence.1),
+            // SGLang's Triton verify scan and vLLM's chain-verify kernel move the same bytes.
+            "fused_sigmoid_gating_delta_rule_update" | "fused_recurrent_kda" => verify,
+            // SGLang's fused CuTeDSL verify on SM100: convolution update and verify scan.
+            "fused_kda_decode_mtp_dspark" => (conv.0 + verify.0, conv.1 + verify.1),
             _ => (x * self.hidden as f64 * 2.0, x * self.hidden as f64 * 2.0),
         };
         (read + write) / mem_bw.max(1.0) * 1000.0
     }
 
+    fn phase(&self) -> &'static str {
+        match (self.context, self.draft_tokens) {
+            (true, _) => "context",
+            (false, 0) => "generation",
+            (false, _) => "verify",
+        }
+    }
+
+    /// The table coordinates of a query for `b` sequences (decode: `b` tokens) of `s` new
+    /// tokens: a prefill as asked; a decode step at `b` and no length; a verify step at the
+    /// requests behind its `b` tokens (`b / draft_tokens`, ties to even, at least one) and
+    /// `draft_tokens` long.
+    fn coords(&self, b: u32, s: u32) -> (u32, u32) {
+        match self.phase() {
+            "context" => (b, s),
+            "verify" => {
+                let d = self.draft_tokens;
+                ((b as f64 / d as f64).round_ties_even().max(1.0) as u32, d)
+            }
+            _ => (b, 0),
+        }
+    }
+
     fn key(&self, kernel: &str) -> KdaKey {
         KdaKey {
             kernel: kernel.to_string(),
-            phase: if self.context { "context" } else { "generation" }.to_string(),
+            phase: self.phase().to_string(),
             shape: [self.hidden, self.conv_kernel, self.heads, self.head_dim, self.heads, self.head_dim],
         }
     }
@@ -242,13 +277,28 @@ pub fn eval_kda(db: &Database, op: &KdaOp, b: u32, s: u32) -> Result<f64> {
         )));
     }
     let bw = db.spec.mem_bw;
-    let s = if op.context { s } else { 0 };
+    let (b, s) = op.coords(b, s);
     if db.mode.is_sol() {
         return Ok(op.sol_ms(op.kernel, bw, b as f64, s as f64).max(0.0) * op.scale);
     }
     let table = db.kda.table.get_or_init(|| load(db)).as_ref().map_err(Clone::clone)?;
     let mut kernel = op.kernel;
-    if !op.context
+    // A table that verifies only through SGLang's fused SM100 kernel (no Triton verify rows)
+    // prices the verify scan there and the convolution inside it.
+    let has_verify = |k: &str| table.grids.keys().any(|key| key.kernel == k && key.phase == "verify");
+    if op.draft_tokens > 0
+        && !op.context
+        && matches!(kernel, "fused_sigmoid_gating_delta_rule_update" | "causal_conv1d_update")
+        && !has_verify(kernel)
+        && has_verify("fused_kda_decode_mtp_dspark")
+    {
+        if kernel == "causal_conv1d_update" {
+            return Ok(0.0);
+        }
+        kernel = "fused_kda_decode_mtp_dspark";
+    }
+    if op.draft_tokens == 0
+        && !op.context
         && matches!(kernel, "fused_recurrent_kda_packed_decode" | "causal_conv1d_update")
         && !table.grids.contains_key(&op.key(kernel))
         && table.grids.contains_key(&op.key("kda_fused_decode"))
@@ -263,7 +313,7 @@ pub fn eval_kda(db: &Database, op: &KdaOp, b: u32, s: u32) -> Result<f64> {
         None => sol(b as f64, s as f64),
         Some(_) if op.context && s == 0 => sol(b as f64, 0.0),
         Some(grid) => {
-            let r = if op.context {
+            let r = if op.context || op.draft_tokens > 0 {
                 grid.query(&CONTEXT_SPEC, &|c: &[f64]| sol(c[0], c[1]), &[b as f64, s as f64])
             } else {
                 grid.query(&GENERATION_SPEC, &|c: &[f64]| sol(c[0], 0.0), &[b as f64])
@@ -287,9 +337,11 @@ pub fn state_bytes_per_request(k: &KimiK3Spec, tp: u32) -> f64 {
     (k.kda_layers as u64 * (ssm + conv) * STATE_SLOTS) as f64
 }
 
-/// KV-cache bytes per token on one GPU: the latent KV of the MLA layers only (not split).
-pub fn kv_bytes_per_token(k: &KimiK3Spec, d: &MlaDims, kv: Dtype) -> f64 {
-    k.mla_layers as f64 * (d.kv_lora_rank + d.qk_rope_head_dim) as f64 * kv.bytes()
+/// KV-cache bytes per token on one GPU: the latent KV of the MLA layers (not split) and, under
+/// DSPARK speculation (`nextn`), the draft model's KV.
+pub fn kv_bytes_per_token(k: &KimiK3Spec, d: &MlaDims, l: &Layout) -> f64 {
+    let draft = if l.nextn > 0 { draft_kv_elements(l) } else { 0 };
+    (k.mla_layers as f64 * (d.kv_lora_rank + d.qk_rope_head_dim) as f64 + draft as f64) * l.kv.bytes()
 }
 
 /// `(context ops, generation ops)` of Kimi-K3 on SGLang and vLLM:
@@ -297,9 +349,10 @@ pub fn kv_bytes_per_token(k: &KimiK3Spec, d: &MlaDims, kv: Dtype) -> f64 {
 /// ```text
 /// embedding, embedding all-reduce,
 /// KDA layers: norm, qkvg GEMM, beta/f_a GEMM, f_b GEMM, conv1d, scan (decode: conv update and
-///   packed recurrence), gated norm, o GEMM, all-reduce
-///   (vLLM: the FlashKDA scan in prefill; in decode one fused kernel replaces conv update,
-///   recurrence and gated norm)
+///   packed recurrence; DSPARK verify: conv update and chain-verify scan), gated norm, o GEMM,
+///   all-reduce
+///   (vLLM: the FlashKDA scan in prefill; in a plain decode one fused kernel replaces conv
+///   update, recurrence and gated norm)
 /// MLA layers: norm, downscale GEMM, q_b GEMM, (context) kv_b GEMM and the context MLA kernel,
 ///   (decode) absorption BMM, decode MLA kernel, BMM, o GEMM, gate GEMM, gate multiply, all-reduce
 ///   (vLLM: the MLA module table prices q_b … o; where it has no row, the chain with plain
@@ -309,10 +362,11 @@ pub fn kv_bytes_per_token(k: &KimiK3Spec, d: &MlaDims, kv: Dtype) -> f64 {
 /// MoE layers: router GEMM, latent down GEMM, latent norm, dispatch, experts, combine, latent up
 ///   GEMM, shared gate_up GEMM, act, shared down GEMM
 /// logits GEMM, pipeline hand-off
+/// DSPARK speculation (`nextn`): the draft model's ops (`push_draft_ops`)
 /// ```
 ///
-/// Other backends, DSPARK speculation (`nextn`), attention DP, context parallelism, ngram drafts and the large-EP path are refused
-/// by name.
+/// Other backends, attention DP, context parallelism, ngram drafts and the large-EP path are
+/// refused by name.
 pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let (tp, h) = (l.tp, m.hidden);
     let vllm = l.backend == "vllm";
@@ -322,13 +376,15 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
             m.name, l.backend
         )));
     }
-    if l.nextn > 0 || l.ngram > 0 || l.attention_dp > 1 || l.cp > 1 || l.moe_comm.is_large_ep() {
+    if l.ngram > 0 || l.attention_dp > 1 || l.cp > 1 || l.moe_comm.is_large_ep() {
         return Err(PerfError::unsupported(format!(
-            "{}: Kimi-K3 is modelled without DSPARK speculation (nextn {}), ngram drafts, attention_dp (got {}), \
+            "{}: Kimi-K3 is modelled without ngram drafts (ngram {}), attention_dp (got {}), \
              context parallelism (cp_size {}) and the large-EP MoE path",
-            m.name, l.nextn, l.attention_dp, l.cp
+            m.name, l.ngram, l.attention_dp, l.cp
         )));
     }
+    let spec = l.nextn > 0;
+    let draft_tokens = if spec { l.nextn + 1 } else { 0 };
     if !k.kda_heads.is_multiple_of(tp) {
         return Err(PerfError::config(format!(
             "{}: Kimi-K3 KDA heads ({}) are not divisible by tp={tp}",
@@ -363,6 +419,7 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
                     scale: c,
                     kernel,
                     context: ctx,
+                    draft_tokens: if ctx { 0 } else { draft_tokens },
                     hidden: h,
                     conv_kernel: k.conv_kernel,
                     heads: nk,
@@ -377,6 +434,12 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
                 list.push(kernel("kda_conv1d", "causal_conv1d_fn_qkv3"));
                 // vLLM prefills with the FlashKDA CUDA kernel, SGLang with the Triton chunk scan.
                 list.push(kernel("kda_scan", if vllm { "flashkda_fwd" } else { "chunk_kda" }));
+            } else if spec {
+                // DSPARK verify: the convolution update and the chain-verify scan over the
+                // request's draft tokens (vLLM's Triton kernel, SGLang's sigmoid-gated rule).
+                list.push(kernel("kda_conv1d", "causal_conv1d_update"));
+                let scan = if vllm { "fused_recurrent_kda" } else { "fused_sigmoid_gating_delta_rule_update" };
+                list.push(kernel("kda_verify", scan));
             } else if vllm {
                 // One fused CUDA kernel: convolution update, recurrence and the gated norm.
                 list.push(kernel("kda_fused_decode", "fused_kda_decode"));
@@ -384,7 +447,7 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
                 list.push(kernel("kda_conv1d", "causal_conv1d_update"));
                 list.push(kernel("kda_recurrent", "fused_recurrent_kda_packed_decode"));
             }
-            if ctx || !vllm {
+            if ctx || spec || !vllm {
                 list.push(ew("kda_onorm", c, 2 * p, p));
             }
             list.push(Op::gemm(nm("kda_o_gemm"), c, h, p, l.gemm, true));
@@ -512,6 +575,92 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
         }
         list.push(logits_gemm(nm("logits_gemm"), 1.0, m, tp));
         list.push(Op::pipeline_p2p(nm("p2p"), 1.0, h, l));
+        if spec && !ctx {
+            push_draft_ops(list, m, l);
+        }
     }
     Ok(out)
+}
+
+/// The DSPARK draft model's layers, FFN width and attention geometry: SGLang serves a GQA draft
+/// (64 query, 16 KV heads of 64), vLLM an MLA-style one (64 heads, q / kv LoRA ranks 1536 /
+/// 512, rope 64, nope and value heads 128, no output gate).
+const DRAFT_LAYERS: u32 = 5;
+const DRAFT_INTER: u32 = 14336;
+const DRAFT_HEADS: u32 = 64;
+const DRAFT_KV_HEADS: u32 = 16;
+const DRAFT_HEAD_DIM: u32 = 64;
+const DRAFT_Q_LORA: u32 = 1536;
+const DRAFT_KV_LORA: u32 = 512;
+const DRAFT_ROPE: u32 = 64;
+const DRAFT_NOPE: u32 = 128;
+const DRAFT_V: u32 = 128;
+
+/// KV elements the DSPARK draft keeps per token on one GPU: vLLM's latent KV (replicated over
+/// tensor parallelism), SGLang's GQA keys and values (split).
+fn draft_kv_elements(l: &Layout) -> u32 {
+    if l.backend == "vllm" {
+        DRAFT_LAYERS * (DRAFT_KV_LORA + DRAFT_ROPE)
+    } else {
+        DRAFT_LAYERS * 2 * (DRAFT_KV_HEADS / l.tp.max(1)).max(1) * DRAFT_HEAD_DIM
+    }
+}
+
+/// The DSPARK draft's generation ops. The step's ops run at `batch × (nextn + 1)` tokens while
+/// the draft forwards `nextn` of them (its layers scale by `nextn / (nextn + 1)`) and projects
+/// the committed token's KV and draws its base logits once per request (`1 / (nextn + 1)`):
+///
+/// ```text
+/// embedding, norm (×2 per layer), attention block, gate_up GEMM, act, down GEMM,
+/// all-reduce (×2 per layer), KV projection, logits GEMM
+/// vLLM attention block: latent downscale GEMM, q_b GEMM, attention over v-width heads, o GEMM
+/// SGLang attention block: qkv GEMM, GQA attention, o GEMM
+/// ```
+fn push_draft_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout) {
+    let (tp, h, g) = (l.tp, m.hidden, l.gemm);
+    let width = (l.nextn + 1) as f64;
+    let per_step = 1.0 / width;
+    let forwarded = l.nextn as f64 / width;
+    let c = DRAFT_LAYERS as f64 * forwarded;
+    let gemm = |name: &str, scale: f64, n: u32, k: u32| Op::gemm(format!("draft_{name}"), scale, n, k, g, false);
+    let attention = |n: u32, n_kv: u32, head: u32| Op::GenerationAttention {
+        name: "draft_attention".into(),
+        scale: c,
+        n,
+        n_kv,
+        head,
+        window: 0,
+        kv: l.kv,
+        qk_norm: false,
+        verify: 1,
+    };
+    let ew = |name: &str, scale: f64, input: u32, output: u32| Op::Elementwise {
+        name: format!("draft_{name}"),
+        scale,
+        bytes_per_token: (input + output) as f64 * 2.0,
+    };
+    list.push(Op::Embedding { name: "draft_embedding".into(), scale: forwarded, bytes_per_token: h as f64 * 2.0 });
+    list.push(ew("norm", 2.0 * c, 2 * h, 2 * h));
+    let n_q = DRAFT_HEADS;
+    let kv_proj = if l.backend == "vllm" {
+        let latent = DRAFT_KV_LORA + DRAFT_ROPE;
+        list.push(gemm("downscale_gemm", c, DRAFT_Q_LORA + latent, h));
+        list.push(gemm("q_b_gemm", c, n_q * (DRAFT_NOPE + DRAFT_ROPE) / tp, DRAFT_Q_LORA));
+        list.push(attention(n_q / tp, n_q / tp, DRAFT_V));
+        list.push(Op::gemm("draft_proj_gemm".into(), c, h, n_q * DRAFT_V / tp, g, true));
+        gemm("kv_proj_gemm", DRAFT_LAYERS as f64 * per_step, latent, h)
+    } else {
+        let hd = DRAFT_HEAD_DIM;
+        list.push(gemm("qkv_gemm", c, (n_q * hd + 2 * DRAFT_KV_HEADS * hd) / tp, h));
+        list.push(attention(n_q / tp, (DRAFT_KV_HEADS / tp).max(1), hd));
+        list.push(Op::gemm("draft_proj_gemm".into(), c, h, n_q * hd / tp, g, true));
+        gemm("kv_proj_gemm", DRAFT_LAYERS as f64 * per_step, 2 * DRAFT_KV_HEADS * hd / tp, h)
+    };
+    let inter = DRAFT_INTER / tp;
+    list.push(gemm("gate_up_gemm", c, 2 * inter, h));
+    list.push(ew("act_gate", c, 2 * inter, inter));
+    list.push(Op::gemm("draft_down_gemm".into(), c, h, inter, g, true));
+    list.push(Op::AllReduce { name: "draft_ar".into(), scale: 2.0 * c, hidden: h, tp });
+    list.push(kv_proj);
+    list.push(Op::gemm("draft_logits_gemm".into(), per_step, m.vocab / tp, h, Dtype::Bfloat16, false));
 }

@@ -96,7 +96,65 @@ fn kimi_k3_kv_golden() {
     assert_eq!(kv.blocks, 1978149, "{kv:?}");
 }
 
-/// What is not modelled is refused by name: TRT-LLM, DSPARK speculation, attention DP, and a
+/// DSPARK speculation (`nextn`): the KDA layers verify `nextn + 1` tokens per request (SGLang on
+/// B200 through the fused SM100 verify row, on B300 likewise; vLLM on H200 through the Triton
+/// chain-verify pair), and the draft model (SGLang's GQA draft, vLLM's MLA-style one) runs
+/// beside. Prefill and the mixed pass are those of the plain model, as in the reference.
+#[test]
+fn kimi_k3_dspark_step_goldens() {
+    if !data_available("b200_sxm") || !data_available("h200_sxm") || !data_available("b300_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Kimi-K3 DSPARK goldens");
+        return;
+    }
+    let spec = |system: &str, backend: &str, tp: u32, nextn: u32| {
+        let mut c = cfg(system, tp);
+        c["backend"] = json!(backend);
+        c["nextn"] = json!(nextn);
+        est_with(c)
+    };
+    let e = spec("b200_sxm", "sglang", 8, 3);
+    let names: Vec<String> = e.decode_ops(1, 100).unwrap().into_iter().map(|(n, _)| n).collect();
+    for n in ["generation_kda_verify", "draft_qkv_gemm", "draft_attention", "draft_kv_proj_gemm", "draft_logits_gemm"] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 150.82397229963865);
+    close(e.decode_ms(16, 1100).unwrap(), 35.116610699631316);
+    close(e.decode_ms(64, 4097).unwrap(), 60.10446583014733);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 153.84927498815048);
+    let e = spec("h200_sxm", "vllm", 16, 2);
+    close(e.prefill_ms(2, 1000, 0).unwrap(), 561.508484955636);
+    close(e.decode_ms(16, 1100).unwrap(), 72.50806193156562);
+    close(e.decode_ms(64, 4097).unwrap(), 148.35821570391465);
+    close(e.forward_pass_time_ms(&[MIXED]).unwrap(), 590.1369312369455);
+    let e = spec("b300_sxm", "sglang", 4, 1);
+    close(e.decode_ms(33, 5000).unwrap(), 55.81760592874774);
+}
+
+/// KV capacity with DSPARK: the draft's KV beside the MLA latent per token — SGLang's GQA keys
+/// and values split over TP8 (5 layers × 2 × 2 heads × 64), vLLM's latent replicated
+/// (5 layers × 576).
+#[test]
+fn kimi_k3_dspark_kv_goldens() {
+    if !data_available("b300_sxm") || !data_available("h200_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Kimi-K3 DSPARK KV goldens");
+        return;
+    }
+    let mut c = cfg("b300_sxm", 8);
+    c["nextn"] = json!(3);
+    let e = est_with(c);
+    assert_eq!(e.kv_bytes_per_token(), (24.0 * 576.0 + 5.0 * 2.0 * 2.0 * 64.0) * 2.0);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 1, 0.0).unwrap();
+    assert_eq!(kv.blocks, 1810510, "{kv:?}");
+    let mut c = cfg("h200_sxm", 16);
+    c["backend"] = json!("vllm");
+    c["nextn"] = json!(2);
+    let e = est_with(c);
+    assert_eq!(e.kv_bytes_per_token(), (24.0 * 576.0 + 5.0 * 576.0) * 2.0);
+    let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 64, 0.0).unwrap();
+    assert_eq!(kv.blocks, 13249, "{kv:?}");
+}
+
+/// What is not modelled is refused by name: TRT-LLM, ngram drafts, attention DP, and a
 /// tensor-parallel size the KDA heads do not divide by.
 #[test]
 fn kimi_k3_refusals() {
@@ -110,8 +168,9 @@ fn kimi_k3_refusals() {
     };
     let e = err(json!({"backend": "trtllm"}));
     assert!(e.contains("Kimi-K3 (KDA + MLA) is timed on backends sglang and vllm only; not trtllm"), "{e}");
-    let e = err(json!({"nextn": 2}));
-    assert!(e.contains("without DSPARK speculation (nextn 2)"), "{e}");
+    let ngram = json!({"kind": "ngram", "params": {"num_speculative_tokens": 3}});
+    let e = err(json!({"backend": "vllm", "speculation": ngram}));
+    assert!(e.contains("without ngram drafts (ngram 3)"), "{e}");
     let e = err(json!({"tp": 2, "attention_dp": 4, "moe_ep_size": 8}));
     assert!(e.contains("attention_dp (got 4)"), "{e}");
 }
