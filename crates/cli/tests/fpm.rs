@@ -307,6 +307,11 @@ fn matches_the_reference(name: &str, yaml: &str, expected: &str) -> Option<Value
         compared += 1;
     }
     assert!(compared >= 60, "{name}: only {compared} metrics compared");
+    // The provenance names the estimator that ran, as the reference's does.
+    let (o, r) = (&ours["prediction_provenance"]["aggregated"], &reference["prediction_provenance"]["aggregated"]);
+    for key in ["estimator", "data_version", "data_version_unavailable_reason"] {
+        assert_eq!(o[key], r[key], "{name}: prediction_provenance.aggregated.{key}");
+    }
     Some(reference)
 }
 

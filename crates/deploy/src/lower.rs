@@ -224,10 +224,20 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
             json!({"type": "polynomial"}),
             json!({"data_version": null, "data_version_unavailable_reason": "configured timing does not use performance data", "estimator": "polynomial", "timing_source": "configured"}),
         ),
-        Timing::Default => (
-            json!({"type": "external", "provider": "ais", "config": &ais}),
-            json!({"estimator": "op_level", "timing_source": "ais", "config": &ais}),
-        ),
+        Timing::Default => {
+            // The estimator that runs: a collected FPM table the configuration selects, else
+            // op-level (the reference names it the same way, without a data version for a table).
+            let table = servesim_perf::AisConfig::from_json("", &ais)
+                .ok()
+                .and_then(|c| servesim_perf::fpm::select(&c).ok().flatten());
+            let provenance = match table {
+                Some(_) => json!({"data_version": null,
+                    "data_version_unavailable_reason": "selected estimator does not expose a data version",
+                    "estimator": "fpm_interpolation", "timing_source": "ais", "config": &ais}),
+                None => json!({"estimator": "op_level", "timing_source": "ais", "config": &ais}),
+            };
+            (json!({"type": "external", "provider": "ais", "config": &ais}), provenance)
+        }
     };
     a.insert("timing_model".into(), timing);
     if let Some(spec) = &engine.speculation {
