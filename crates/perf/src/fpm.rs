@@ -22,6 +22,9 @@ use crate::error::{ErrorKind, PerfError, Result};
 use crate::provider::AisConfig;
 use crate::systems::{find_system, resolve_version, systems_roots};
 
+/// The largest FPM table file servesim reads (and hashes).
+pub const MAX_TABLE_BYTES: u64 = 1 << 30;
+
 /// The estimation modes predict accepts (`fpm_learned` needs telemetry replay cannot supply).
 pub const MODES: [&str; 4] = ["auto", "op_level", "fpm_interpolation", "fpm_regression"];
 
@@ -156,6 +159,15 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         return Err(db_err(format!(
             "File does not exist at {}. No fpm_forward data collected for this backend/version.",
             path.display()
+        )));
+    }
+    // Bounded before the digest reads it all: a table of MAX_ROWS rows is far smaller.
+    let size = std::fs::metadata(path).map_err(|e| db_err(format!("cannot read {}: {e}", path.display())))?.len();
+    if size > MAX_TABLE_BYTES {
+        return Err(db_err(format!(
+            "FPM table {} is {size} bytes; servesim reads at most {MAX_TABLE_BYTES} ({} MiB)",
+            path.display(),
+            MAX_TABLE_BYTES >> 20
         )));
     }
     let version = match &cfg.backend_version {
@@ -473,6 +485,19 @@ mod tests {
         std::fs::write(other.with_extension("metadata.json"), r#"{"schema_name": "x"}"#).unwrap();
         let e = check_table(&other, &cfg(&other)).unwrap_err().message;
         assert!(e.contains("unsupported FPM schema_name=Some(\"x\") (expected \"aic_fpm_forward_perf\")"), "{e}");
+        // A file past the size bound is refused before it is hashed (sparse: nothing written).
+        let huge = d.join("huge.parquet");
+        std::fs::File::create(&huge).unwrap().set_len(MAX_TABLE_BYTES + 1).unwrap();
+        let e = check_table(&huge, &cfg(&huge)).unwrap_err().message;
+        assert!(
+            e.contains(&format!(
+                "FPM table {} is {} bytes; servesim reads at most",
+                huge.display(),
+                MAX_TABLE_BYTES + 1
+            )),
+            "{e}"
+        );
+        std::fs::remove_file(&huge).unwrap();
         // With `fallback_policy: allow`, a malformed table falls back to op_level.
         let mut c = cfg(&missing);
         c.raw["fallback_policy"] = json!("allow");
