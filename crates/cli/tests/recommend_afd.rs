@@ -2,55 +2,10 @@
 //! reference's recommend runs recorded in tests/deploy/recommend_afd_*.golden.json (each YAML
 //! says how), and its refusals.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
 use serde_json::Value;
 
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("servesim-recommend-afd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn recommend(name: &str, tag: &str, sets: &[&str]) -> (Output, PathBuf) {
-    let config = deploy_dir().join(format!("{name}.yaml"));
-    let dir = tmp(tag);
-    let mut args = vec![
-        "recommend",
-        "-c",
-        config.to_str().unwrap(),
-        "--output-dir",
-        dir.to_str().unwrap(),
-        "--overwrite",
-        "--no-cache",
-    ];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    (Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().expect("run servesim"), dir)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The AIS data package sizes every AFD pool; without it nothing can run.
-fn data_missing(out: &Output) -> bool {
-    stderr(out).contains("no AIS performance data found")
-}
-
-fn deviation(x: f64, y: f64) -> f64 {
-    if y == 0.0 {
-        x.abs()
-    } else {
-        ((x - y) / y).abs()
-    }
-}
+mod common;
+use common::{data_missing, deploy_dir, deviation, recommend, stderr};
 
 const TOPOLOGY: [&str; 7] =
     ["n_a_nodes", "n_f_nodes", "tp_a", "a_batch_size", "f_moe_ep_size", "num_microbatches", "pipeline_model"];

@@ -3,55 +3,10 @@
 //! in tests/deploy/recommend_epd_*.golden.json (each YAML says how), and the reference's rules
 //! of an encoder pool in a search, in its words.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
 use serde_json::Value;
 
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("servesim-recommend-epd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn recommend(name: &str, tag: &str, sets: &[&str]) -> (Output, PathBuf) {
-    let config = deploy_dir().join(format!("{name}.yaml"));
-    let dir = tmp(tag);
-    let mut args = vec![
-        "recommend",
-        "-c",
-        config.to_str().unwrap(),
-        "--output-dir",
-        dir.to_str().unwrap(),
-        "--overwrite",
-        "--no-cache",
-    ];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    (Command::new(env!("CARGO_BIN_EXE_servesim")).args(&args).output().expect("run servesim"), dir)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The AIS data package prices the vision tower and the language side; without it nothing runs.
-fn data_missing(out: &Output) -> bool {
-    stderr(out).contains("no AIS performance data found")
-}
-
-fn deviation(x: f64, y: f64) -> f64 {
-    if y == 0.0 {
-        x.abs()
-    } else {
-        ((x - y) / y).abs()
-    }
-}
+mod common;
+use common::{data_missing, deploy_dir, deviation, recommend, stderr};
 
 const SHAPE: [&str; 6] = ["replicas", "tensor", "pipeline", "attention_data", "moe_tensor", "moe_expert"];
 const ENCODER: [&str; 3] = ["tensor", "replicas", "batch_size"];

@@ -124,15 +124,24 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         || (engine.backend == "vllm" && w.context_length.is_none() && engine.context_length.is_none());
     let build_estimator = || {
         let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
-        servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))
+        let est = servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?;
+        Ok::<_, DeployError>((cfg, est))
     };
-    let estimator = if needs_model { Some(build_estimator()?) } else { None };
+    let (estimator, fpm) = match needs_model.then(build_estimator).transpose()? {
+        // Under default timing, the collected FPM table the configuration selects (None:
+        // op-level), read once for the KV cap and the provenance.
+        Some((cfg, est)) if matches!(w.timing, Timing::Default) => {
+            let fpm = servesim_perf::fpm_interp::for_worker(&cfg, &est).map_err(|e| perf_err("timing", e))?;
+            (Some(est), fpm)
+        }
+        built => (built.map(|(_, est)| est), None),
+    };
     // Kimi-K3's `nextn` graph is its DSPARK draft: the reference refuses an explicit mtp scheme
-    // there (only the `speculation` block records a seed; `nextn` leaves the default).
+    // there (`engine.nextn` is the way in).
     if let (Some(est), Some(spec)) = (&estimator, &engine.speculation) {
         if est.model.kimi_k3.is_some()
             && matches!(spec.draft, crate::schema::engine::Draft::Mtp { .. })
-            && spec.seed.is_some()
+            && spec.stated_by_block()
         {
             return Err(DeployError::new(
                 "engine.speculation",
@@ -147,7 +156,7 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
     let kv_bytes_per_rank = || -> Result<f64, DeployError> {
         match &estimator {
             Some(est) => Ok(reference_kv_bytes(engine, w, est)),
-            None => Ok(reference_kv_bytes(engine, w, &*build_estimator()?)),
+            None => Ok(reference_kv_bytes(engine, w, &build_estimator()?.1)),
         }
     };
     let mut a = Map::new();
@@ -187,13 +196,7 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
             .map_err(|e| perf_err("kv_cache.capacity", e))?;
             // As the reference: a memory-sized cache under FPM interpolation is capped at the
             // table's highest collected decode KV total (it never schedules past its table).
-            let fpm = match (&w.timing, servesim_perf::AisConfig::from_json("", &ais)) {
-                (Timing::Default, Ok(cfg)) => {
-                    servesim_perf::fpm_interp::for_worker(&cfg, est).map_err(|e| perf_err("timing", e))?
-                }
-                _ => None,
-            };
-            match fpm {
+            match &fpm {
                 Some(t) => t
                     .cap_blocks(cap.blocks, block_size)
                     .map_err(|why| DeployError::new(format!("{here}.kv_cache.capacity"), why))?,
@@ -225,12 +228,8 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
             json!({"data_version": null, "data_version_unavailable_reason": "configured timing does not use performance data", "estimator": "polynomial", "timing_source": "configured"}),
         ),
         Timing::Default => {
-            // The estimator that runs: a collected FPM table the configuration selects, else
-            // op-level (the reference names it the same way, without a data version for a table).
-            let table = servesim_perf::AisConfig::from_json("", &ais)
-                .ok()
-                .and_then(|c| servesim_perf::fpm::select(&c).ok().flatten());
-            let provenance = match table {
+            // The estimator that runs (the reference gives a table no data version).
+            let provenance = match fpm {
                 Some(_) => json!({"data_version": null,
                     "data_version_unavailable_reason": "selected estimator does not expose a data version",
                     "estimator": "fpm_interpolation", "timing_source": "ais", "config": &ais}),

@@ -339,7 +339,7 @@ impl FpmTable {
                 }
             }
         }
-        dev.len() >= 3 && median(&mut dev) <= 0.05
+        dev.len() >= 3 && crate::interp::median(&mut dev) <= 0.05
     }
 
     /// The table this cell was read from.
@@ -541,12 +541,14 @@ fn own_curve_value(curve: &Curve, q: f64) -> Option<f64> {
     if !curve_covers(curve, q) {
         return None;
     }
-    let points: Vec<(u32, f64)> = curve.iter().map(|(&k, &v)| (k, v)).collect();
-    let idx = points.partition_point(|&(c, _)| f64::from(c) < q);
-    if idx < points.len() && f64::from(points[idx].0) == q {
-        return Some(points[idx].1);
+    // Covered, so a point at or below `q` and, unless `q` is that point, one above it exist
+    // (looked up in the map: this runs once per simulated pass).
+    let below = q.floor() as u32;
+    let (&c_lo, &lo) = curve.range(..=below).next_back()?;
+    if f64::from(c_lo) == q {
+        return Some(lo);
     }
-    let ((c_lo, lo), (c_hi, hi)) = (points[idx - 1], points[idx]);
+    let (&c_hi, &hi) = curve.range(below + 1..).next()?;
     let w = (q - f64::from(c_lo)) / (f64::from(c_hi) - f64::from(c_lo));
     Some(lo + (hi - lo) * w)
 }
@@ -561,16 +563,6 @@ fn held_curve_value(curve: &Curve, q: f64) -> f64 {
         return curve[&last];
     }
     own_curve_value(curve, q).unwrap_or(curve[&last])
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// The table a worker interpolates, when the reference would select FPM interpolation for it

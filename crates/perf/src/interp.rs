@@ -104,7 +104,8 @@ fn no_anchor(axes: &[&str], q: &[f64], why: &str) -> PerfError {
     PerfError::no_anchor(format!("no measured point anchors the query {{{}}} ({why})", describe(axes, q)))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (sorted in place; the mean of the middle two for an even count).
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {

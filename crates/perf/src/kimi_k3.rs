@@ -493,34 +493,9 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
                     l.gemm,
                 ));
             }
-            let (n_kv, head) = (m.kv_heads / tp, d.v_head_dim);
             match (vllm, ctx) {
-                // vLLM's attention core, when its MLA module table has no row: plain attention
-                // over v_head_dim heads.
-                (true, true) => block.push(Op::ContextAttention {
-                    name: nm("attention"),
-                    scale: c,
-                    n: heads,
-                    n_kv,
-                    head,
-                    window: 0,
-                    kv: l.kv,
-                    fmha: l.fmha,
-                    qk_norm: false,
-                    rope: true,
-                    cp: 1,
-                }),
-                (true, false) => block.push(Op::GenerationAttention {
-                    name: nm("attention"),
-                    scale: c,
-                    n: heads,
-                    n_kv,
-                    head,
-                    window: 0,
-                    kv: l.kv,
-                    qk_norm: false,
-                    verify: 1,
-                }),
+                // vLLM's attention core, when its MLA module table has no row.
+                (true, _) => block.push(crate::model::mla_stand_in_attention(nm("attention"), c, ctx, (m, &d), l)),
                 (false, true) => block.push(mla(MlaKind::Context)),
                 (false, false) => block.extend([bmm_op(true), mla(MlaKind::Generation), bmm_op(false)]),
             }

@@ -1275,6 +1275,35 @@ pub(crate) fn moe_block(
 /// every model of the family (the tables' head-axis convention).
 const MLA_KERNEL_HEADS: u32 = 128;
 
+/// vLLM's plain attention in place of an MLA core (the granular fallback of its MLA module
+/// lane): the model's heads and KV heads on this GPU, each `v_head_dim` wide.
+pub(crate) fn mla_stand_in_attention(
+    name: String,
+    scale: f64,
+    ctx: bool,
+    (m, d): (&ModelSpec, &MlaDims),
+    l: &Layout,
+) -> Op {
+    let (n, n_kv, head) = (m.heads / l.tp, m.kv_heads / l.tp, d.v_head_dim);
+    if ctx {
+        Op::ContextAttention {
+            name,
+            scale,
+            n,
+            n_kv,
+            head,
+            window: 0,
+            kv: l.kv,
+            fmha: l.fmha,
+            qk_norm: false,
+            rope: true,
+            cp: 1,
+        }
+    } else {
+        Op::GenerationAttention { name, scale, n, n_kv, head, window: 0, kv: l.kv, qk_norm: false, verify: 1 }
+    }
+}
+
 /// `(context ops, generation ops)` of an MLA model, as the reference's `DeepSeekModel` lays them
 /// out for the fused (small-EP) MoE path:
 ///
@@ -1350,32 +1379,8 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
                 pre,
             })
         };
-        let (n, n_kv) = (m.heads / tp, m.kv_heads / tp);
         match (vllm, ctx) {
-            (true, true) => granular.push(Op::ContextAttention {
-                name: nm("attention"),
-                scale: ls,
-                n,
-                n_kv,
-                head: d.v_head_dim,
-                window: 0,
-                kv: l.kv,
-                fmha: l.fmha,
-                qk_norm: false,
-                rope: true,
-                cp: 1,
-            }),
-            (true, false) => granular.push(Op::GenerationAttention {
-                name: nm("attention"),
-                scale: ls,
-                n,
-                n_kv,
-                head: d.v_head_dim,
-                window: 0,
-                kv: l.kv,
-                qk_norm: false,
-                verify: 1,
-            }),
+            (true, _) => granular.push(mla_stand_in_attention(nm("attention"), ls, ctx, (m, d), l)),
             (false, true) => granular.push(kernel(MlaKind::Context)),
             (false, false) => granular.extend([bmm_op(true), kernel(MlaKind::Generation), bmm_op(false)]),
         }

@@ -59,8 +59,9 @@ pub struct Engine {
 pub struct Speculation {
     pub nextn: u32,
     pub draft: Draft,
-    /// The acceptance stream's seed when `speculation.seed` states one (`nextn` leaves the
-    /// engine's default, which is the same 42).
+    /// The acceptance stream's seed: set (`speculation.seed`, default 42) exactly when the
+    /// `speculation` block states the scheme; `engine.nextn` leaves None (the engine's default,
+    /// the same 42).
     pub seed: Option<u64>,
 }
 
@@ -89,6 +90,11 @@ pub enum Draft {
 }
 
 impl Speculation {
+    /// Whether the `speculation` block stated the scheme (not `engine.nextn`).
+    pub fn stated_by_block(&self) -> bool {
+        self.seed.is_some()
+    }
+
     /// The conditional acceptance rates of the draft positions. An expected count lowers as
     /// the reference lowers `nextn_accepted`: the whole drafts always accepted, the next one
     /// with the fractional part, the rest never.
