@@ -319,7 +319,9 @@ fn calibrated_modes(calibration: &Path, tree: &serde_json::Value) -> Result<(), 
         let roles: &[&str] = if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
         if let Some(missing) = roles.iter().find(|r| !listed(r)) {
             return Err(Failure::input(format!(
-                "--calibration {}: the search includes {mode} deployments, whose engine.workers.{missing} block the                  configuration does not list; list it (the calibration applies to the blocks listed) or restrict                  engine.mode",
+                "--calibration {}: the search includes {mode} deployments, whose engine.workers.{missing} block the \
+                 configuration does not list; list it (the calibration applies to the blocks listed) or restrict \
+                 engine.mode",
                 calibration.display()
             )));
         }

@@ -240,7 +240,10 @@ fn bad_measurement_sets_are_refused_with_the_file_and_key() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("the search includes disaggregated deployments, whose engine.workers.prefill block"),
+        stderr(&out).contains(
+            "the search includes disaggregated deployments, whose engine.workers.prefill block the configuration \
+             does not list; list it (the calibration applies to the blocks listed) or restrict engine.mode"
+        ),
         "{}",
         stderr(&out)
     );

@@ -748,7 +748,7 @@ pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if l.cp > 1 {
         return Err(PerfError::unsupported(format!(
-            "{}: DeepSeek-V4 prefill context parallelism (the reference's sparse-CP composition with the              paged_mqa_logits table) is not modelled",
+            "{}: DeepSeek-V4 prefill context parallelism (the reference's sparse-CP composition with the paged_mqa_logits table) is not modelled",
             m.name
         )));
     }

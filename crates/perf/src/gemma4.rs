@@ -102,12 +102,6 @@ pub(crate) fn formats(g: &Gemma4Spec, gemm: Dtype, moe: Dtype, gemm_explicit: bo
 /// hand-off. `l.gemm` times the attention projections, `l.shared_gemm` the dense MLP.
 pub(crate) fn build_gemma4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let g = m.gemma4.as_ref().ok_or_else(|| PerfError::config(format!("{}: not a Gemma 4 model", m.name)))?;
-    if l.cp > 1 {
-        return Err(PerfError::unsupported(format!(
-            "{}: prefill context parallelism of Gemma 4 (per-layer-type KV all-gathers) is not modelled",
-            m.name
-        )));
-    }
     let (tp, h) = (l.tp, m.hidden);
     let layers = m.layers as f64;
     let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
@@ -153,11 +147,37 @@ pub(crate) fn build_gemma4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Ve
             list.push(gemm(format!("{p}_shared_mlp_down_gemm"), c, h, inter, l.shared_gemm, true));
             if routed {
                 // The reference emits the router GEMM only for 128 experts or more.
-                list.extend(moe_block(&p, m, l, c, MLA_DISTRIBUTION, m.experts >= 128));
+                let mut block = moe_block(&p, m, l, c, MLA_DISTRIBUTION, m.experts >= 128);
+                if l.cp > 1 {
+                    for op in &mut block {
+                        if let Op::MoeDispatch(d) = op {
+                            let cp = d.clone();
+                            *d = if ctx { cp.behind_cp(l.cp) } else { cp.behind_replicated_cp(l.cp) };
+                        }
+                    }
+                }
+                list.extend(block);
             }
         }
         list.push(logits_gemm(format!("{phase}_logits_gemm"), s, m, tp));
         list.push(Op::pipeline_p2p(format!("{phase}_p2p"), s, h, l));
+        if ctx && l.cp > 1 {
+            // Prefill context parallelism: each attention kind's layers all-gather the whole
+            // prompt's new KV (K and V, the window notwithstanding), in half-precision elements.
+            for (kind, count, kv_heads, head) in [
+                ("swa", g.swa_layers, g.swa_kv_heads, g.swa_head),
+                ("global", g.global_layers, g.global_kv_heads, g.global_head),
+            ] {
+                if count > 0 {
+                    list.push(Op::CpAllGather {
+                        name: format!("context_cp_all_gather_{kind}"),
+                        scale: count as f64,
+                        elements: (kv_heads.div_ceil(tp) * head * 2) as f64 * l.kv.bytes() / 2.0,
+                        gpus: l.cp,
+                    });
+                }
+            }
+        }
     }
     Ok(out)
 }

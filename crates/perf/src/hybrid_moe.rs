@@ -128,6 +128,9 @@ fn moe_block(m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, prefix: &str) -> 
             Op::MoeDispatch(d) => {
                 rename(&mut d.name);
                 d.dtype = Dtype::Bfloat16;
+                if !ctx && l.cp > 1 {
+                    *d = d.clone().behind_replicated_cp(l.cp);
+                }
             }
             _ => {}
         }
@@ -210,6 +213,23 @@ pub fn build_hybrid_ops(m: &ModelSpec, hy: &HybridSpec, l: &Layout) -> Result<(V
         }
         list.push(logits_gemm(format!("{phase}_logits_gemm"), s, m, tp));
         list.push(Op::pipeline_p2p(format!("{phase}_p2p"), s, h, l));
+        if ctx && l.cp > 1 {
+            // Prefill context parallelism: each attention kind's layers all-gather the whole
+            // prompt's new KV (the local kind too: the window caps what is kept, not what moves),
+            // in half-precision elements.
+            let kinds = [("global", global, GLOBAL_MOE, GLOBAL_DENSE), ("swa", local, LOCAL_MOE, LOCAL_DENSE)];
+            for (infix, (_, n_kv, head, v_head, _), with_moe, dense) in kinds {
+                let layers = hy.counts[with_moe] + hy.counts[dense];
+                if layers > 0 {
+                    list.push(Op::CpAllGather {
+                        name: format!("context_cp_all_gather_{infix}"),
+                        scale: layers as f64,
+                        elements: (n_kv * (head + v_head)) as f64 * l.kv.bytes() / 2.0,
+                        gpus: l.cp,
+                    });
+                }
+            }
+        }
     }
     Ok(out)
 }

@@ -1234,7 +1234,15 @@ pub(crate) fn push_shared_beside_routed(list: &mut Vec<Op>, ctx: bool, phase: &s
 
 pub(crate) fn push_moe_ops(list: &mut Vec<Op>, m: &ModelSpec, l: &Layout, ctx: bool, scale: f64, distribution: &str) {
     let phase = if ctx { "context" } else { "generation" };
-    list.extend(moe_block(phase, m, l, scale, distribution, true));
+    let mut block = moe_block(phase, m, l, scale, distribution, true);
+    if ctx && l.cp > 1 {
+        for op in &mut block {
+            if let Op::MoeDispatch(d) = op {
+                *d = d.clone().behind_cp(l.cp);
+            }
+        }
+    }
+    list.extend(block);
 }
 
 /// The routed-expert chain under names starting `prefix`: the router GEMM (when `router`),

@@ -313,6 +313,15 @@ pub fn eval_dispatch(db: &Database, d: &DispatchOp, x: u32) -> Result<f64> {
                 } else {
                     nccl("reduce_scatter", gpus, gathered, h)? + nccl("all_gather", attn_tp, x, h)?
                 }
+            } else if d.attn_cp > 1 {
+                // Context parallelism: in prefill the experts see every rank's tokens, so the
+                // dispatch gathers the CP-split prompt and the combine scatters it back; in
+                // decode every rank holds all tokens, and only the combine all-reduces.
+                match (d.cp_decode, d.pre) {
+                    (false, _) => nccl(gather_or_scatter, gpus, x, h)?,
+                    (true, true) => 0.0,
+                    (true, false) => ar(gpus, x)?,
+                }
             } else if attn_tp > 1 {
                 ar(gpus, x)?
             } else if dp > 1 {

@@ -103,6 +103,15 @@ pub struct DispatchOp {
     /// The model prices the attention all-reduce itself, so vLLM's dispatch adds none (the
     /// reference's `attn_ar_modeled`; Qwen3.5).
     pub attn_ar_modeled: bool,
+    /// The context parallelism of the attention before it (the reference's `attn_cp_size`;
+    /// 1: none). On SGLang a prefill dispatch gathers the CP-split tokens and its combine
+    /// scatters them back; see `cp_decode` for a decode step's.
+    pub attn_cp: u32,
+    /// A decode step behind context-parallel ranks (the reference's `is_context = false` with
+    /// `attn_cp_size > 1`, set by its hybrid and Gemma 4 builders): the attention is replicated
+    /// over the CP ranks, so the dispatch moves nothing and the combine all-reduces the experts'
+    /// partial outputs.
+    pub cp_decode: bool,
 }
 
 impl DispatchOp {
@@ -119,7 +128,19 @@ impl DispatchOp {
             backend: l.backend.clone(),
             dtype: l.moe,
             attn_ar_modeled: false,
+            attn_cp: 1,
+            cp_decode: false,
         }
+    }
+
+    /// The same op behind prefill attention split over `cp` context-parallel ranks.
+    pub(crate) fn behind_cp(self, cp: u32) -> DispatchOp {
+        DispatchOp { attn_cp: cp, ..self }
+    }
+
+    /// The same op in a decode step whose attention is replicated over `cp` ranks.
+    pub(crate) fn behind_replicated_cp(self, cp: u32) -> DispatchOp {
+        DispatchOp { attn_cp: cp, cp_decode: true, ..self }
     }
 
     /// The same op where the model prices the attention all-reduce itself.

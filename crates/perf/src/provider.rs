@@ -894,9 +894,16 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
                 cfg.tp, cfg.attention_dp, cfg.cp_size
             )));
         }
-        if model.family != Family::Dense {
+        // Dense models, the plain MoE family (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss, MiniMax-M2:
+        // the reference's `MOEModel`) and the hybrid local/global MoE family (Llama-4,
+        // MiMo-V2-Flash) and Gemma 4; the other families' CP graphs are their own.
+        let plain_moe = model.family == Family::Moe
+            && model.qwen35.is_none()
+            && model.kimi_k3.is_none()
+            && model.nemotron_h.is_none();
+        if !matches!(model.family, Family::Dense | Family::Gemma4) && !plain_moe {
             return Err(PerfError::unsupported(format!(
-                "{}: context parallelism (cp_size={}) is modelled for dense models only",
+                "{}: context parallelism (cp_size={}) is modelled for dense models, Gemma 4 and the plain and hybrid MoE families only",
                 cfg.model, cfg.cp_size
             )));
         }
@@ -908,14 +915,17 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         _ => (cfg.moe_tp_size.unwrap_or(1), cfg.moe_ep_size.unwrap_or(1)),
     };
     if model.family != Family::Dense {
-        let width = cfg.tp as u64 * cfg.attention_dp as u64;
+        // Prefill context parallelism is an attention width of its own beside tp × attention_dp.
+        let width = cfg.tp as u64 * cfg.attention_dp as u64 * cfg.cp_size.max(1) as u64;
         if moe_tp as u64 * moe_ep as u64 != width {
             return Err(PerfError::config(format!(
-                "{}: moe_tp_size × moe_ep_size ({moe_tp} × {moe_ep}{}) must equal tp × attention_dp ({} × {}); set moe_tp_size and moe_ep_size",
+                "{}: moe_tp_size × moe_ep_size ({moe_tp} × {moe_ep}{}) must equal tp × attention_dp{} ({} × {}{}); set moe_tp_size and moe_ep_size",
                 cfg.model,
                 if cfg.moe_tp_size.is_none() || cfg.moe_ep_size.is_none() { ", unset values default to 1" } else { "" },
+                if cfg.cp_size > 1 { " × cp_size" } else { "" },
                 cfg.tp,
-                cfg.attention_dp
+                cfg.attention_dp,
+                if cfg.cp_size > 1 { format!(" × {}", cfg.cp_size) } else { String::new() }
             )));
         }
         if model.routed() && model.experts < moe_ep {
