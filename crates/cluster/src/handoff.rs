@@ -316,7 +316,7 @@ mod tests {
 
     fn timing(mode: KvTransferTimingMode) -> TransferTiming {
         TransferTiming {
-            kv: KvTransfer { bytes_per_token: Some(1_000_000), bandwidth_gbps: Some(1.0), mode },
+            kv: KvTransfer { bytes_per_token: Some(1_000_000), bandwidth_gbps: Some(1.0), mode, state_bytes: 0 },
             block_size: 64,
         }
     }

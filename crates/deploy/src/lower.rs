@@ -324,8 +324,12 @@ pub fn lower_engine(engine: &Engine) -> Result<LoweredEngine, DeployError> {
             ))
         }
     };
-    // The reference sizes a KV transfer by the prefill worker, for both roles.
+    // The reference sizes a KV transfer by the prefill worker, for both roles: by its state
+    // cache's token bytes (configured or sized with the state), else by the model.
     let transfer_bytes = match (&engine.kv_transfer, engine.prefill.as_ref()) {
+        (Some(t), Some(p)) if t.bytes_per_token.is_none() && p.state_cache.is_some() => {
+            crate::state_size::resolve(engine, p)?.bytes_per_token
+        }
         (Some(t), Some(p)) if t.bytes_per_token.is_none() => {
             let cfg = servesim_perf::AisConfig::from_json("", &ais_config(engine, p, block_size_of(engine, p)))
                 .map_err(|e| DeployError::new(format!("{}.timing", worker_path(p)), e.message))?;

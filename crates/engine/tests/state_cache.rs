@@ -115,18 +115,46 @@ fn a_sub_block_unit_saves_the_aligned_tail_and_costs_a_pass_to_reach_the_next_bl
 }
 
 /// The flat engine args refuse what the state cache does not go with, as the reference's engine
-/// config does: a disaggregated role, a KV transfer, sub-block matching beside speculation.
+/// config does: a KV transfer on an aggregated worker (which hands nothing off), sub-block
+/// matching beside speculation.
 #[test]
 fn the_state_cache_refuses_what_it_does_not_go_with() {
     let base = r#""block_size": 16, "num_gpu_blocks": 64, "kv_cache_bytes_per_token": 8,
                   "state_cache": {"bytes_per_request": 512}"#;
     for (extra, want) in [
-        (r#""worker_type": "prefill""#, "`state_cache`: state_cache is supported only for worker_type=aggregated"),
         (r#""kv_transfer_bandwidth": 10.0"#, "state_cache does not support kv_transfer_bytes_per_token"),
+        (r#""kv_transfer_timing_mode": "destination_missing""#, "non-default kv_transfer_timing_mode"),
         (r#""prefix_match_unit": 4, "aic_nextn": 1"#, "prefix_match_unit does not support speculative decoding"),
     ] {
         let e = EngineConfig::parse_json(&format!("{{{base}, {extra}}}")).unwrap_err().to_string();
         assert!(e.contains(want), "{extra}: {e}");
     }
     assert!(EngineConfig::parse_json(&format!("{{{base}}}")).is_ok());
+}
+
+/// A disaggregated prefill worker hands the request state to the decode worker beside its KV:
+/// the transfer carries the state's bytes, and the decode worker reserves the state's blocks
+/// beside the prompt's, so a prompt that fits alone but not with its state is refused.
+#[test]
+fn a_decode_worker_reserves_the_handed_over_state_beside_the_prompt() {
+    let role = |role: &str| {
+        format!(
+            r#"{{"block_size": 16, "num_gpu_blocks": 12, "kv_cache_bytes_per_token": 8, "worker_type": "{role}",
+                "state_cache": {{"bytes_per_request": 500}}, "kv_transfer_bandwidth": 1.0,
+                "kv_bytes_per_token": 1000, "timing_model": {{"type": "fixed", "prefill_ms": 40.0, "decode_ms": 10.0}}}}"#
+        )
+    };
+    let args = servesim_engine::WorkerArgs::parse_json(&role("prefill")).unwrap();
+    // 100 tokens x 1000 bytes and the 500-byte state over 1 GB/s.
+    assert_eq!(args.deployment.kv_transfer.ms(100), 100_500.0 / 1e9 * 1000.0);
+    let mut d = Engine::new(
+        EngineConfig::parse_json(&role("decode")).unwrap(),
+        EngineOptions { record_kv_events: false, engine_index: 0, timing_jitter: None },
+    );
+    // 128 tokens are 8 blocks and the state 4: 12 fit; 129 tokens need 13.
+    assert!(d.accept_destination(request(1, tokens(129, 1), 2)).is_err());
+    d.accept_destination(request(2, tokens(128, 2), 2)).unwrap();
+    let reserved = d.retry_destination().expect("the prompt and its state fit");
+    assert_eq!((reserved.request, reserved.reused_tokens), (2, 0));
+    assert_eq!(d.active_blocks(), 12, "prompt blocks and state blocks");
 }

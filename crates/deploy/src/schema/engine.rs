@@ -343,6 +343,15 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
                     "disaggregated mode requires workers.prefill and workers.decode",
                 ));
             }
+            // Both roles run the same hybrid model: the decode worker resumes from the state
+            // the prefill worker hands over.
+            let states = [&prefill, &decode].map(|w| w.as_ref().is_some_and(|w| w.state_cache.is_some()));
+            if states[0] != states[1] {
+                return Err(DeployError::new(
+                    &workers_path,
+                    "disaggregated state_cache must be set on both prefill and decode workers",
+                ));
+            }
         }
     }
     let mut afd = None;

@@ -223,13 +223,6 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             let (mamba_cache_dtype, indexer_cache_dtype) = (state.mamba.clone(), state.indexer.clone());
             let bytes =
                 check_state_cache(&k, state, backend, block_size, bytes_per_token, &capacity, offload.as_ref())?;
-            if role != "aggregated" {
-                return Err(k.err(
-                    "state_cache",
-                    "state_cache on a disaggregated worker (the request state handed from prefill to decode \
-                     beside its KV, and a decode worker's restore) is not modelled by servesim's vLLM engine yet",
-                ));
-            }
             state_cache = Some(crate::state_size::StateCache {
                 bytes_per_request: bytes,
                 prefix_match_unit,

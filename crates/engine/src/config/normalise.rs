@@ -376,7 +376,7 @@ impl RawConfig {
             }
             _ => self.num_gpu_blocks.or(16384),
         };
-        let deployment = Deployment {
+        let mut deployment = Deployment {
             dp_size,
             tensor_parallel_size: self.tensor_parallel_size.or(1),
             prefill_context_parallel_size: self.prefill_context_size.or(1),
@@ -389,6 +389,7 @@ impl RawConfig {
                 } else {
                     KvTransferTimingMode::DestinationMissing
                 },
+                state_bytes: 0,
             },
             router_queue_policy: self.router_queue_policy.set().map(|i| QUEUE_POLICIES[i]),
             memory: self.memory,
@@ -420,17 +421,21 @@ impl RawConfig {
             // is refused where it is set up: `servesim serve`'s ZMQ publishers; the canonical
             // config, which has emit_kv_events, refuses state_cache altogether.)
             let refuse = |key: &str, why: &str| Err(ConfigError::new(key, why));
-            if role != Role::Aggregated {
-                return refuse("state_cache", "state_cache is supported only for worker_type=aggregated");
-            }
-            if deployment.kv_transfer.bytes_per_token.is_some() || deployment.kv_transfer.bandwidth_gbps.is_some() {
-                return refuse(
-                    "state_cache",
-                    "state_cache does not support kv_transfer_bytes_per_token or kv_transfer_bandwidth",
-                );
-            }
-            if self.kv_transfer_timing_mode.or(0) != 0 {
-                return refuse("state_cache", "state_cache does not support non-default kv_transfer_timing_mode");
+            if role == Role::Aggregated {
+                // An aggregated worker hands nothing off, so transfer settings are a mistake.
+                let transfer = &deployment.kv_transfer;
+                if transfer.bytes_per_token.is_some() || transfer.bandwidth_gbps.is_some() {
+                    return refuse(
+                        "state_cache",
+                        "state_cache does not support kv_transfer_bytes_per_token or kv_transfer_bandwidth",
+                    );
+                }
+                if self.kv_transfer_timing_mode.or(0) != 0 {
+                    return refuse("state_cache", "state_cache does not support non-default kv_transfer_timing_mode");
+                }
+            } else {
+                // A prefill worker hands the request's state to the decode worker beside its KV.
+                deployment.kv_transfer.state_bytes = self.state_bytes_per_request.or(0);
             }
             if self.prefix_match_unit.is_set() && speculative.is_some() {
                 return refuse("prefix_match_unit", "prefix_match_unit does not support speculative decoding");

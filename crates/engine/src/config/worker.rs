@@ -22,14 +22,20 @@ pub struct KvTransfer {
     /// GB/s; None or ≤ 0 means the KV handoff is instantaneous.
     pub bandwidth_gbps: Option<f64>,
     pub mode: KvTransferTimingMode,
+    /// Bytes of request state that move beside the KV of every handoff: a hybrid model's
+    /// recurrent state (`state_cache.bytes_per_request` on a prefill worker), else 0.
+    pub state_bytes: u64,
 }
 
 impl KvTransfer {
-    /// Time to move the KV of `tokens` tokens: `tokens × bytes_per_token / (bandwidth GB/s ×
-    /// 1e9)` seconds, or 0 when either is unset or the bandwidth is not positive.
+    /// Time to move the KV of `tokens` tokens and the request's state: `(tokens ×
+    /// bytes_per_token + state_bytes) / (bandwidth GB/s × 1e9)` seconds, or 0 when either
+    /// setting is unset or the bandwidth is not positive.
     pub fn ms(&self, tokens: u64) -> f64 {
         match (self.bytes_per_token, self.bandwidth_gbps) {
-            (Some(bytes), Some(gbps)) if gbps > 0.0 => tokens as f64 * bytes as f64 / (gbps * 1e9) * 1000.0,
+            (Some(bytes), Some(gbps)) if gbps > 0.0 => {
+                (tokens as f64 * bytes as f64 + self.state_bytes as f64) / (gbps * 1e9) * 1000.0
+            }
             _ => 0.0,
         }
     }

@@ -20,11 +20,12 @@ impl VllmEngine {
     }
 
     /// Blocks a destination needs reserved: its prompt's (vLLM), or its whole lifetime's
-    /// (TRT-LLM reserves through completion).
+    /// (TRT-LLM reserves through completion), and with a state cache the blocks of the
+    /// request state that arrives beside its KV.
     fn destination_blocks(&self, request: &EngineRequest) -> u32 {
         let prompt = request.prompt.len();
         let output = self.output_limit(prompt, request.output_len());
-        self.policy.footprint_tokens(prompt, prompt, output).div_ceil(self.cfg.block_size)
+        self.policy.footprint_tokens(prompt, prompt, output).div_ceil(self.cfg.block_size) + self.state_blocks()
     }
 
     /// Decode worker: tries to reserve blocks for the oldest accepted request, if an attempt is
@@ -76,8 +77,9 @@ impl VllmEngine {
             0
         };
         let fresh = request.prompt.len().div_ceil(bs) - hits as u32;
+        let state = self.state_blocks();
         let mut lease = Vec::new();
-        if !self.pool.allocate(&cached[..hits], fresh, &mut lease) {
+        if !self.pool.allocate(&cached[..hits], fresh + state, &mut lease) {
             return Err(request);
         }
         if self.host_copy_pending(&lease[hits..]) {
@@ -89,6 +91,9 @@ impl VllmEngine {
         let reused = hits as u32 * bs;
         let mut req = self.sequence(request, Status::Reserved);
         req.computed = reused;
+        // The request state lands in blocks of its own: it becomes the working state.
+        let working = lease.split_off(lease.len() - state as usize);
+        Self::state_received(&mut req, working, bs);
         req.blocks = lease;
         req.transferred = true;
         let id = req.id;

@@ -89,6 +89,23 @@ pub(super) struct StateNeeds {
 }
 
 impl VllmEngine {
+    /// Blocks one request state takes (0 without a state cache).
+    pub(super) fn state_blocks(&self) -> u32 {
+        self.state_cache.as_ref().map_or(0, |sc| sc.blocks)
+    }
+
+    /// Decode worker: the state computed through the prompt on the prefill worker arrives in
+    /// `copies` (reserved beside the prompt's blocks) and is the request's working state, as
+    /// if its last prefill pass had run here; it was saved nowhere on this worker.
+    pub(super) fn state_received(req: &mut Req, copies: Vec<u32>, block_size: u32) {
+        if copies.is_empty() {
+            return;
+        }
+        let st = &mut req.state.cache;
+        st.working = copies;
+        st.block = Some(req.prompt_len.saturating_sub(1) / block_size);
+    }
+
     /// A new pass: last pass's saves become hits and the copies held across it are released.
     pub(super) fn state_pass_start(&mut self) {
         let Some(sc) = self.state_cache.as_mut() else { return };
