@@ -364,6 +364,12 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
                  cannot be split into --shard slices; use grid or random"
             )));
         }
+        if search.draws_in_rounds() {
+            return Err(Failure::input(format!(
+                "{file}: optimizer.algorithm: random search draws as the reference does, re-asking within a round \
+                 for each trial that does not complete, so it cannot be split into --shard slices; use grid"
+            )));
+        }
         match std::fs::symlink_metadata(&a.output_dir) {
             Ok(m) if m.file_type().is_symlink() => {
                 return Err(Failure::input(format!(

@@ -3319,6 +3319,63 @@ fn epd_refusals_name_what_is_missing() {
 /// shapes × 9 scheduler settings) servesim evaluates the same shapes and scheduler knobs in the
 /// same order (candidate ids), each scoring within 0.5 % of the reference (measured: 1e-13), and
 /// ranks them the same (tests/deploy/recommend_random.golden.json says how it was extracted).
+/// Random search draws what the reference draws where it samples by value (issue 32): integer
+/// log ranges (every integer between the bounds, log-weighted: recommend_random_log.yaml), a
+/// continuous KV memory fraction (recommend_random_memfrac.yaml), and both modes under a strict
+/// SLA that some draws miss, each re-asked within its mode's round so the aggregated sampler runs
+/// four trials before the disaggregated one's first (recommend_random_modes.yaml). Same candidates
+/// (ids, shapes, drawn values, status), scores within 1e-9 relative, same ranking; the reference
+/// runs are recorded in tests/deploy/recommend_random_by_value.golden.json.
+#[test]
+fn recommend_random_samples_by_value_as_the_reference() {
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_random_by_value.golden.json")).unwrap())
+            .unwrap();
+    for (example, want) in golden["examples"].as_object().unwrap() {
+        let dir = tmp(&format!("rec-random-value-{example}"));
+        let out = recommend(&deploy_dir().join(format!("{example}.yaml")), &dir, &[]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+            return;
+        }
+        assert!(out.status.success(), "{example}: {}", stderr(&out));
+        let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+        assert_eq!(
+            doc["provenance"]["random_draw"],
+            json!("aisimulate_random_branch_sampler (python random.Random)"),
+            "{example}"
+        );
+        let ours = doc["candidates"].as_array().unwrap();
+        let want_c = want["candidates"].as_array().unwrap();
+        assert_eq!(ours.len(), want_c.len(), "{example}: candidates");
+        for (c, w) in ours.iter().zip(want_c) {
+            let mut workers = serde_json::Map::new();
+            for (role, _) in w["workers"].as_object().unwrap() {
+                let r = &c["prediction_config"]["engine"]["workers"][role];
+                workers.insert(
+                    role.clone(),
+                    json!([
+                        r["parallelism"]["replicas"],
+                        r["parallelism"]["tensor"],
+                        r["scheduler"]["max_batched_tokens"],
+                        r["scheduler"]["max_sequences"],
+                        r.pointer("/kv_cache/capacity/memory_fraction").cloned().unwrap_or(Value::Null)
+                    ]),
+                );
+            }
+            let got = json!([c["candidate_id"], c["status"], c["used_gpus"], workers]);
+            assert_eq!(got, json!([w["id"], w["status"], w["used_gpus"], w["workers"]]), "{example}");
+            match (c["score"].as_f64(), w["score"].as_f64()) {
+                (Some(x), Some(y)) => {
+                    assert!(deviation(x, y) <= 1e-9, "{example} {}: score {x}, reference {y}", w["id"])
+                }
+                (x, y) => assert_eq!(x, y, "{example} {}: score", w["id"]),
+            }
+        }
+        assert_eq!(doc["views"]["top_n"], want["top_n"], "{example}: ranking");
+    }
+}
+
 #[test]
 fn recommend_random_draws_the_reference_candidates() {
     let golden: Value =

@@ -447,7 +447,7 @@ pub(super) fn read_search(
     if let Some(o) = base.pointer_mut("/engine").and_then(Value::as_object_mut) {
         o.remove("afd");
     }
-    let mut knobs = vec![Knob { path: vec!["engine".into(), "afd".into()], values: topologies }];
+    let mut knobs = vec![Knob::new(vec!["engine".into(), "afd".into()], topologies)];
     knobs.extend(load_knobs);
     let per_branch: usize = knobs.iter().map(|k| k.values.len()).product();
     let branches: Vec<Branch> = backends
@@ -497,6 +497,7 @@ pub(super) fn read_search(
         kv_excluded: 0,
         planner_backtest: None,
         random_draw,
+        random_plan: None,
     })
 }
 

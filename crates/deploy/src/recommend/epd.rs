@@ -37,7 +37,7 @@ impl Catalog {
     /// The knob of a branch of `backend`.
     pub(super) fn knob(&self, backend: &str) -> Knob {
         let values = self.per_backend.iter().find(|(b, _)| *b == backend).map(|(_, v)| v.clone()).unwrap_or_default();
-        Knob { path: vec!["engine".into(), "workers".into(), "encoder".into()], values }
+        Knob::new(vec!["engine".into(), "workers".into(), "encoder".into()], values)
     }
 }
 

@@ -34,7 +34,7 @@ pub(super) fn load_knobs(base: &Value) -> Result<Vec<Knob>, DeployError> {
         let Some(v) = load.get(key).filter(|v| v.is_object()) else { continue };
         let path = format!("traffic.load.{key}");
         let values = positive_numbers(&path, v, key == "concurrency")?;
-        knobs.push(Knob { path: ["traffic", "load", key].iter().map(|s| s.to_string()).collect(), values });
+        knobs.push(Knob::new(["traffic", "load", key].iter().map(|s| s.to_string()).collect(), values));
     }
     Ok(knobs)
 }

@@ -60,6 +60,9 @@ pub fn evaluate(
     if search.optimizer.algorithm == "bayesian" {
         return bayesian(search, base_dir, threads, cache, progress);
     }
+    if let Some(plan) = &search.random_plan {
+        return trials::reference_random(search, plan, base_dir, threads, cache, progress);
+    }
     let jobs: Vec<usize> = (0..search.selected.len()).collect();
     run_jobs(
         search,

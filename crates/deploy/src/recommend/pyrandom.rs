@@ -2,26 +2,39 @@
 //! `random.Random(seed)` (MT19937 seeded from the seed's 32-bit words), one sampler per
 //! deployment mode seeded `seed + {aggregated: 0, disaggregated: 1}`. Each sampler shuffles its
 //! arms — the (backend, parallel shape set) pairs, shape-set-major — then walks them
-//! round-robin, each arm drawing a not-yet-drawn index of its knob grid (the knobs' values
-//! mixed-radix, the last one fastest) with a sparse Fisher–Yates pool. Trials are split over
-//! the modes by divmod and asked in rounds of `min(parallelism, max_trials)` per mode, a mode
-//! that runs dry handing its unused trials to the others.
+//! round-robin, each arm drawing a knob index (the choice knobs' values, then every integer of
+//! each integer log range, mixed-radix, the last one fastest):
+//! - finite grids without log ranges: a not-yet-drawn index from a sparse Fisher–Yates pool;
+//! - with an integer log range (scheduler budgets, sequences, block size: every integer between
+//!   the bounds, where a grid searches the powers of two): up to 32 log-weighted indexes (a
+//!   log-uniform value rounded half to even per log digit, a uniform one per other digit), the
+//!   first undrawn one taken, else a uniform pool draw;
+//! - with a continuous range (a KV memory fraction without step, linear or log, which a grid
+//!   refuses): a weighted index and a value per range, redrawn up to 64 times until the arm has
+//!   not drawn that selection (an arm that finds none stops, and the sampler never runs dry).
 //!
-//! Only finite grids map one-to-one onto servesim's space. [`draw`] returns `None` (the caller
-//! keeps its own ChaCha12 draw and says so in the provenance) when a knob is a continuous or
-//! log-scale range (the reference samples those by value, not by index), when a router,
-//! planner or encoder pool is searched (the reference's adapter knobs, ordered differently),
-//! and for AFD (its own space). The round schedule assumes every trial completes: the
-//! reference re-asks within a round after an infeasible trial and retries a timed-out one,
-//! which can change how trials interleave across modes (never a mode's own sequence, bar
-//! retries).
+//! Values drawn by value travel with the candidate ([`Pick`]), an index into the space whose
+//! stand-in values they replace. Trials are split over the modes by divmod and asked in rounds
+//! of `min(parallelism, max_trials)` per mode ([`schedule`]); a trial that does not complete (it
+//! ranks infeasible, unsupported or failed) is re-asked within its mode's round, up to 11 asks a
+//! round, so the search runs round by round from the results ([`Plan::run`]) and cannot be
+//! sharded; a mode that runs dry hands its unused trials to the others. The reference's retry of
+//! a timed-out trial (`RandomBranchSampler.retry`) never applies: a servesim trial has no timeout.
+//!
+//! [`plan`] returns why not (the caller keeps its own ChaCha12 draw, says so in the provenance,
+//! and refuses a continuous range, which only this draw samples) for: a searched router or
+//! planner (the reference's adapter knobs, a conditional sampler per router policy), a knob
+//! sampled by value beside a router or planner section, a searched traffic load or a KV-relative
+//! load (the reference's single-valued adapter and load knobs each take a draw of their own), a
+//! continuous or log traffic range, a searched encoder pool, backends of one mode searching
+//! different grids, and AFD (its own space).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use rand_mt::Mt;
 use serde_json::Value;
 
-use super::space::{get, Optimization, Optimizer, Space};
+use super::space::{get, Optimization, Optimizer, Pick, Sampled, Space};
 
 /// The provenance's `random_draw` when [`draw`] reproduced the reference's sampler.
 pub const REFERENCE_DRAW: &str = "aisimulate_random_branch_sampler (python random.Random)";
@@ -81,9 +94,6 @@ impl PyRandom {
     }
 
     /// `random()`: 53 bits from two words (27 + 26), in [0, 1).
-    // `random` and `uniform` are the reference's continuous draws: tested against CPython, not
-    // yet used (continuous domains keep the ChaCha12 draw).
-    #[allow(dead_code)]
     pub fn random(&mut self) -> f64 {
         let a = u64::from(self.mt.next_u32() >> 5);
         let b = u64::from(self.mt.next_u32() >> 6);
@@ -91,7 +101,6 @@ impl PyRandom {
     }
 
     /// `uniform(a, b)`: `a + (b - a) * random()`.
-    #[allow(dead_code)]
     pub fn uniform(&mut self, a: f64, b: f64) -> f64 {
         a + (b - a) * self.random()
     }
@@ -105,81 +114,205 @@ impl PyRandom {
     }
 }
 
-/// The indexes of a grid not yet drawn, as a sparse Fisher–Yates pool (memory grows with the
-/// draws, not the grid).
+/// The indexes of a knob grid not yet drawn, as a sparse Fisher–Yates pool (memory grows with
+/// the draws, not the grid); an index may also be asked for by value (a log-weighted draw).
 struct Unseen {
     remaining: u64,
-    moved: HashMap<u64, u64>,
+    /// Position → the index now held there (positions below `remaining` hold undrawn ones).
+    values: HashMap<u64, u64>,
+    /// Index → its position, where it moved.
+    positions: HashMap<u64, u64>,
+    drawn: HashSet<u64>,
 }
 
 impl Unseen {
-    fn take(&mut self, rng: &mut PyRandom) -> Option<u64> {
+    fn new(size: u64) -> Unseen {
+        Unseen { remaining: size, values: HashMap::new(), positions: HashMap::new(), drawn: HashSet::new() }
+    }
+
+    /// A uniform undrawn index (`preferred` `None`), or `preferred` when it is undrawn.
+    fn take(&mut self, rng: &mut PyRandom, preferred: Option<u64>) -> Option<u64> {
         if self.remaining == 0 {
             return None;
         }
-        let position = rng.randbelow(self.remaining);
-        let value = self.moved.get(&position).copied().unwrap_or(position);
-        self.remaining -= 1;
-        let last = self.moved.remove(&self.remaining).unwrap_or(self.remaining);
-        if position != self.remaining {
-            self.moved.insert(position, last);
+        let value = match preferred {
+            Some(v) => v,
+            None => {
+                let position = rng.randbelow(self.remaining);
+                self.values.get(&position).copied().unwrap_or(position)
+            }
+        };
+        if self.drawn.contains(&value) {
+            return None;
         }
+        let position = self.positions.remove(&value).unwrap_or(value);
+        self.remaining -= 1;
+        let last = self.values.remove(&self.remaining).unwrap_or(self.remaining);
+        if position != self.remaining {
+            self.values.insert(position, last);
+            self.positions.insert(last, position);
+        }
+        self.drawn.insert(value);
         Some(value)
     }
 }
 
-/// One mode's sampler: its arms in the shuffled order, each with its pool of grid indexes.
+/// One digit of a branch's knob index, in the reference's order (its choice knobs, then its
+/// integer ranges): `size` values, log-weighted from `log` = (min, max) when an integer log range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Digit {
+    pub size: u64,
+    pub log: Option<(u64, u64)>,
+}
+
+/// The knobs one sampler draws: index digits (mixed radix, the last one fastest) and continuous
+/// ranges (min, max, log) drawn by value per suggestion.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dims {
+    pub digits: Vec<Digit>,
+    pub floats: Vec<(f64, f64, bool)>,
+}
+
+impl Dims {
+    /// A plain grid of `size` indexes.
+    #[cfg(test)]
+    fn grid(size: u64) -> Dims {
+        Dims { digits: vec![Digit { size, log: None }], floats: Vec::new() }
+    }
+
+    fn size(&self) -> u64 {
+        self.digits.iter().map(|d| d.size).product()
+    }
+
+    fn weighted(&self) -> bool {
+        self.digits.iter().any(|d| d.log.is_some() && d.size > 1)
+    }
+}
+
+/// The selections an arm drew (continuous domains): knob index and the values' bits.
+type Seen = HashSet<(u64, Vec<u64>)>;
+
+/// One drawn suggestion: the arm, its knob index and its continuous values.
+pub type Drawn<A> = (A, u64, Vec<f64>);
+
+/// One mode's sampler (`RandomBranchSampler`): its arms in the shuffled order, each with its pool
+/// of knob indexes (finite domains) or the selections it drew (continuous ones).
 pub struct BranchDraw<A> {
     rng: PyRandom,
-    arms: VecDeque<(A, Unseen)>,
+    dims: Dims,
+    arms: VecDeque<(A, Unseen, Seen)>,
+    /// An arm found no new selection in 64 tries (continuous domains): never exhausted.
+    stalled: bool,
 }
 
 impl<A: Clone> BranchDraw<A> {
     /// Shuffles `arms` with `random.Random(seed)`; `smallest_first` (target min_gpus) then
     /// orders them by GPUs, stably, as the reference does.
-    pub fn new(seed: u128, mut arms: Vec<A>, grid: u64, smallest_first: Option<&dyn Fn(&A) -> u64>) -> Self {
+    pub fn new(seed: u128, mut arms: Vec<A>, dims: Dims, smallest_first: Option<&dyn Fn(&A) -> u64>) -> Self {
         let mut rng = PyRandom::new(seed);
         rng.shuffle(&mut arms);
         if let Some(gpus) = smallest_first {
             arms.sort_by_key(|a| gpus(a));
         }
-        let arms = arms.into_iter().map(|a| (a, Unseen { remaining: grid, moved: HashMap::new() })).collect();
-        BranchDraw { rng, arms }
+        let size = dims.size();
+        let arms = arms.into_iter().map(|a| (a, Unseen::new(size), HashSet::new())).collect();
+        BranchDraw { rng, dims, arms, stalled: false }
     }
 
     pub fn exhausted(&self) -> bool {
-        self.arms.is_empty()
+        self.arms.is_empty() && !self.stalled
     }
 
-    /// Up to `count` (arm, grid index) draws, round-robin over the arms with draws left.
-    pub fn suggest(&mut self, count: usize) -> Vec<(A, u64)> {
+    /// `_weighted_index`: per digit a log-uniform value rounded (half to even) to the nearest
+    /// integer of a log range, else a uniform digit.
+    fn weighted_index(&mut self) -> u64 {
+        let mut index = 0;
+        for d in &self.dims.digits {
+            let digit = match d.log {
+                Some((min, _)) if d.size > 1 => {
+                    let (lo, hi) = (min as f64, (min + d.size - 1) as f64);
+                    let x = self.rng.uniform(lo.ln(), hi.ln()).exp().round_ties_even();
+                    (x - lo).clamp(0.0, (d.size - 1) as f64) as u64
+                }
+                _ => self.rng.randbelow(d.size),
+            };
+            index = index * d.size + digit;
+        }
+        index
+    }
+
+    fn floats(&mut self) -> Vec<f64> {
+        let floats = self.dims.floats.clone();
+        floats
+            .into_iter()
+            .map(|(a, b, log)| if log { self.rng.uniform(a.ln(), b.ln()).exp() } else { self.rng.uniform(a, b) })
+            .collect()
+    }
+
+    /// Up to `count` draws, round-robin over the arms with draws left.
+    pub fn suggest(&mut self, count: usize) -> Vec<Drawn<A>> {
+        let continuous = !self.dims.floats.is_empty();
+        let weighted = self.dims.weighted();
         let mut out = Vec::new();
         while out.len() < count {
-            let Some((arm, mut pool)) = self.arms.pop_front() else { break };
-            let Some(index) = pool.take(&mut self.rng) else { continue };
-            out.push((arm.clone(), index));
-            if pool.remaining > 0 {
-                self.arms.push_back((arm, pool));
+            let Some((arm, mut pool, mut seen)) = self.arms.pop_front() else { break };
+            let (index, floats) = if continuous {
+                let mut fresh = None;
+                for _ in 0..64 {
+                    let index = self.weighted_index();
+                    let floats = self.floats();
+                    if seen.insert((index, floats.iter().map(|f| f.to_bits()).collect())) {
+                        fresh = Some((index, floats));
+                        break;
+                    }
+                }
+                match fresh {
+                    Some(f) => f,
+                    None => {
+                        self.stalled = true;
+                        continue;
+                    }
+                }
+            } else {
+                let mut index = None;
+                if weighted {
+                    for _ in 0..32 {
+                        let preferred = self.weighted_index();
+                        index = pool.take(&mut self.rng, Some(preferred));
+                        if index.is_some() {
+                            break;
+                        }
+                    }
+                }
+                match index.or_else(|| pool.take(&mut self.rng, None)) {
+                    Some(i) => (i, Vec::new()),
+                    None => continue,
+                }
+            };
+            out.push((arm.clone(), index, floats));
+            if continuous || pool.remaining > 0 {
+                self.arms.push_back((arm, pool, seen));
             }
         }
         out
     }
 }
 
-/// The reference's rounds over the modes' samplers, every trial taken as completed: per cycle
-/// (at most `max_rounds`) each mode with budget left asks `min(per_round, budget left)`; a mode
-/// whose sampler runs dry stops and splits its unused budget over the modes still drawing.
-/// Returns (mode, arm, grid index) in evaluation order.
+/// The reference's rounds over the modes' samplers: per cycle (at most `max_rounds`) each mode
+/// with budget left asks `min(per_round, budget left)` and re-asks, within the round, for each
+/// trial that did not complete (`run` evaluates a batch and says how many did), up to 11 asks
+/// per round; a mode short of its round's target stops, and one whose sampler ran dry splits
+/// its unused budget over the modes still drawing. `run` gets (mode, draws) in evaluation order.
 pub fn schedule<A: Clone>(
-    mut draws: Vec<BranchDraw<A>>,
+    draws: &mut [BranchDraw<A>],
     mut budgets: Vec<u64>,
     per_round: u64,
     max_rounds: u64,
-) -> Vec<(usize, A, u64)> {
+    run: &mut dyn FnMut(usize, Vec<Drawn<A>>) -> u64,
+) {
     let n = draws.len();
     let mut attempts = vec![0u64; n];
     let mut stalled = vec![false; n];
-    let mut out = Vec::new();
     for _ in 0..max_rounds {
         let mut progressed = false;
         for m in 0..n {
@@ -202,8 +335,7 @@ pub fn schedule<A: Clone>(
                 }
                 tried += got.len() as u64;
                 attempts[m] += got.len() as u64;
-                unique += got.len() as u64;
-                out.extend(got.into_iter().map(|(a, i)| (m, a, i)));
+                unique += run(m, got);
             }
             let exhausted = draws[m].exhausted();
             if unique < target || exhausted {
@@ -226,57 +358,197 @@ pub fn schedule<A: Clone>(
             break;
         }
     }
-    out
 }
 
 /// An arm's GPUs (shape set of a branch), for target min_gpus.
 type GpusOf<'a> = dyn Fn(&(usize, usize)) -> u64 + 'a;
 
-/// Why servesim's space does not map one-to-one onto the reference's random sampler, if it
-/// does not.
-fn unmappable(space: &Space) -> Option<String> {
-    if space.routers.len() > 1 {
-        return Some("a searched router (the reference's adapter knobs)".into());
-    }
-    for br in &space.branches {
-        if br.planners.len() > 1 {
-            return Some("a searched planner (the reference's adapter knobs)".into());
-        }
-        for k in &br.knobs {
-            let path: Vec<&str> = k.path.iter().map(String::as_str).collect();
-            if path == ["engine", "workers", "encoder"] {
-                return Some("a searched encoder pool".into());
-            }
-            // A range without a step, or a log one, is sampled by value in the reference (an
-            // integer log range weighted by log value, a continuous one uniformly).
-            let Some(range) = get(&space.base, &path).and_then(|v| v.get("range")) else { continue };
-            let log = range.get("scale").and_then(Value::as_str) == Some("log");
-            let same = range.get("min").is_some() && range.get("min") == range.get("max");
-            if !same && (log || range.get("step").is_none()) {
-                return Some(format!("{} is a {} range", path.join("."), if log { "log" } else { "continuous" }));
-            }
-        }
-    }
-    None
+/// Where a sampler's index digit lands in servesim's candidate: a knob's value index, the
+/// router × planner index, or an integer range's value (min + digit).
+#[derive(Clone, Debug, PartialEq)]
+enum Slot {
+    Knob(usize),
+    Adapters,
+    Integer(usize, u64),
 }
 
-/// The reference's random draw over `pools` (per mode with candidates left, the KV-feasible
+/// One mode's sampler as the search replays it: seed, arms (branch, shape set) before the
+/// shuffle, the knobs' digits and where each lands, the continuous knobs, min_gpus ordering.
+#[derive(Clone, Debug)]
+pub struct ModePlan {
+    seed: u128,
+    arms: Vec<(usize, usize)>,
+    dims: Dims,
+    slots: Vec<Slot>,
+    floats: Vec<usize>,
+    smallest_first: bool,
+}
+
+/// The reference's random search over servesim's space (issue 32): one sampler per mode,
+/// the modes' trial budgets and the round sizes. [`Plan::run`] replays it.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    modes: Vec<ModePlan>,
+    budgets: Vec<u64>,
+    per_round: u64,
+    max_rounds: u64,
+}
+
+impl Plan {
+    /// Runs the search: `run` evaluates each batch of picks (in evaluation order) and says how
+    /// many completed (the reference re-asks for the others within the round).
+    pub fn run(&self, space: &Space, run: &mut dyn FnMut(Vec<Pick>) -> u64) {
+        let mut draws: Vec<BranchDraw<(usize, usize)>> = self
+            .modes
+            .iter()
+            .map(|m| {
+                let gpus =
+                    |&(b, s): &(usize, usize)| space.branches[b].shape_sets[s].iter().map(|x| x.gpus()).sum::<u64>();
+                let smallest: Option<&GpusOf> = if m.smallest_first { Some(&gpus) } else { None };
+                BranchDraw::new(m.seed, m.arms.clone(), m.dims.clone(), smallest)
+            })
+            .collect();
+        schedule(&mut draws, self.budgets.clone(), self.per_round, self.max_rounds, &mut |m, got| {
+            let plan = &self.modes[m];
+            run(got.into_iter().map(|((b, s), index, floats)| plan.pick(space, b, s, index, &floats)).collect())
+        });
+    }
+
+    /// The picks when every trial completes (the order a run takes unless one does not).
+    pub fn picks(&self, space: &Space) -> Vec<Pick> {
+        let mut out = Vec::new();
+        self.run(space, &mut |batch| {
+            let n = batch.len() as u64;
+            out.extend(batch);
+            n
+        });
+        out
+    }
+}
+
+impl ModePlan {
+    /// The candidate of branch `b`, shape set `s` that the sampler's knob `index` and
+    /// continuous values name.
+    fn pick(&self, space: &Space, b: usize, s: usize, index: u64, floats: &[f64]) -> Pick {
+        let br = &space.branches[b];
+        let mut digits = vec![0u64; self.dims.digits.len()];
+        let mut rest = index;
+        for (j, d) in self.dims.digits.iter().enumerate().rev() {
+            digits[j] = rest % d.size;
+            rest /= d.size;
+        }
+        let mut knob_digit = vec![0usize; br.knobs.len()];
+        let mut adapters = 0usize;
+        let mut drawn = Vec::new();
+        for (slot, &d) in self.slots.iter().zip(&digits) {
+            match *slot {
+                Slot::Knob(k) => knob_digit[k] = d as usize,
+                Slot::Adapters => adapters = d as usize,
+                Slot::Integer(k, min) => drawn.push((k, Value::from(min + d))),
+            }
+        }
+        for (&k, &f) in self.floats.iter().zip(floats) {
+            drawn.push((k, Value::from(f)));
+        }
+        let mut local = 0usize;
+        for (k, knob) in br.knobs.iter().enumerate() {
+            local = local * knob.values.len() + knob_digit[k];
+        }
+        let adapters_size = space.routers.len().max(1) * br.planners.len().max(1);
+        local = local * adapters_size + adapters;
+        Pick { index: br.start + s * space.per_shape(b) + local, drawn }
+    }
+}
+
+/// The reference's order of a branch's integer ranges: per role (aggregated, prefill, decode)
+/// the token budget, the sequences, the block size.
+fn integer_rank(path: &[String]) -> (usize, usize) {
+    let role = ["aggregated", "prefill", "decode"].iter().position(|r| path.get(2).is_some_and(|p| p == r));
+    let key =
+        ["max_batched_tokens", "max_sequences", "block_size"].iter().position(|k| path.last().is_some_and(|p| p == k));
+    (role.unwrap_or(3), key.unwrap_or(3))
+}
+
+/// Branch `b`'s sampler dimensions and where each lands, or why the reference's differ.
+fn branch_dims(space: &Space, b: usize) -> Result<(Dims, Vec<Slot>, Vec<usize>), String> {
+    let br = &space.branches[b];
+    let mut dims = Dims { digits: Vec::new(), floats: Vec::new() };
+    let mut slots = Vec::new();
+    let mut floats = Vec::new();
+    let mut integers = Vec::new();
+    for (k, knob) in br.knobs.iter().enumerate() {
+        let path: Vec<&str> = knob.path.iter().map(String::as_str).collect();
+        if path == ["engine", "workers", "encoder"] {
+            return Err("a searched encoder pool".into());
+        }
+        match knob.sampled {
+            Some(Sampled::Integers { min, max }) => integers.push((integer_rank(&knob.path), k, min, max)),
+            Some(Sampled::Continuous { min, max, log }) => {
+                dims.floats.push((min, max, log));
+                floats.push(k);
+            }
+            None => {
+                // A traffic range without a step, or a log one, is sampled by value in the
+                // reference (the load's float range), after the engine's.
+                if let Some(range) = get(&space.base, &path).and_then(|v| v.get("range")) {
+                    let log = range.get("scale").and_then(Value::as_str) == Some("log");
+                    let same = range.get("min").is_some() && range.get("min") == range.get("max");
+                    if !same && (log || range.get("step").is_none()) {
+                        let kind = if log { "log" } else { "continuous" };
+                        return Err(format!("{} is a {kind} range", path.join(".")));
+                    }
+                }
+                dims.digits.push(Digit { size: knob.values.len() as u64, log: None });
+                slots.push(Slot::Knob(k));
+            }
+        }
+    }
+    let adapters = space.routers.len().max(1) * br.planners.len().max(1);
+    if space.routers.len() > 1 {
+        return Err("a searched router (the reference's adapter knobs)".into());
+    }
+    if br.planners.len() > 1 {
+        return Err("a searched planner (the reference's adapter knobs)".into());
+    }
+    let by_value = !integers.is_empty() || !dims.floats.is_empty();
+    if by_value && (!space.routers.is_empty() || !br.planners.is_empty()) {
+        // Drawn by value, every single-valued adapter knob takes a draw of its own.
+        return Err("a knob sampled by value beside a router or planner section (the reference's adapter knobs)".into());
+    }
+    if by_value && br.knobs.iter().any(|k| k.path[0] == "traffic") {
+        return Err("a knob sampled by value beside a searched traffic load".into());
+    }
+    // The router and planner settings (one each here) are knobs of the reference's space only
+    // when their sections are given.
+    if !space.routers.is_empty() || !br.planners.is_empty() {
+        dims.digits.push(Digit { size: adapters as u64, log: None });
+        slots.push(Slot::Adapters);
+    }
+    integers.sort_by_key(|&(rank, ..)| rank);
+    for (_, k, min, max) in integers {
+        dims.digits.push(Digit { size: max - min + 1, log: Some((min, max)) });
+        slots.push(Slot::Integer(k, min));
+    }
+    let kv_load = space.base.pointer("/traffic/load/type").and_then(Value::as_str) == Some("kv_capacity_fraction");
+    if by_value && kv_load {
+        return Err("a knob sampled by value beside a KV-relative load (the reference's kv_load_ratio knob)".into());
+    }
+    Ok((dims, slots, floats))
+}
+
+/// The reference's random search over `pools` (per mode with candidates left, the KV-feasible
 /// candidates within the budget, as indexes into `space`), or why it cannot be reproduced.
-pub(super) fn draw(
+pub(super) fn plan(
     space: &Space,
     pools: &[Vec<usize>],
     optimizer: &Optimizer,
     optimization: &Optimization,
-) -> Result<Vec<usize>, String> {
-    if let Some(why) = unmappable(space) {
-        return Err(why);
-    }
+) -> Result<Plan, String> {
     let active = pools.len() as u64;
     let trials = u64::from(optimizer.max_trials);
     let per_round = u64::from(optimizer.parallelism.max(1)).min(trials).max(1);
     let max_rounds = trials.div_ceil(per_round).max(1);
-    let mut draws = Vec::new();
-    let mut grids = Vec::new();
+    let mut modes = Vec::new();
     for pool in pools {
         // The mode's shape sets in the reference's order (the first backend's, then any only
         // later backends keep), then its arms: per shape set, the backends that keep it.
@@ -305,20 +577,24 @@ pub(super) fn draw(
                 }
             }
         }
-        if space.branches.iter().enumerate().any(|(b, br)| br.mode == mode && space.per_shape(b) != per_shape) {
-            return Err("the backends of one mode search different knob grids".into());
+        let (dims, slots, floats) = branch_dims(space, b0)?;
+        for (b, br) in space.branches.iter().enumerate() {
+            if br.mode == mode && (space.per_shape(b) != per_shape || branch_dims(space, b)?.0 != dims) {
+                return Err("the backends of one mode search different knob grids".into());
+            }
         }
         let offset: u128 = if mode == "disaggregated" { 1 } else { 0 };
-        let gpus = |&(b, s): &(usize, usize)| space.branches[b].shape_sets[s].iter().map(|x| x.gpus()).sum::<u64>();
-        let smallest: Option<&GpusOf> = if optimization.target == "min_gpus" { Some(&gpus) } else { None };
-        draws.push(BranchDraw::new(u128::from(optimizer.seed) + offset, arms, per_shape as u64, smallest));
-        grids.push(per_shape);
+        modes.push(ModePlan {
+            seed: u128::from(optimizer.seed) + offset,
+            arms,
+            dims,
+            slots,
+            floats,
+            smallest_first: optimization.target == "min_gpus",
+        });
     }
     let budgets: Vec<u64> = (0..active).map(|m| trials / active + u64::from(m < trials % active)).collect();
-    Ok(schedule(draws, budgets, per_round, max_rounds)
-        .into_iter()
-        .map(|(m, (b, s), g)| space.branches[b].start + s * grids[m] + g as usize)
-        .collect())
+    Ok(Plan { modes, budgets, per_round, max_rounds })
 }
 
 #[cfg(test)]
@@ -428,7 +704,7 @@ mod tests {
     //   print(o)"  (and seed 42, one arm, a grid of 1000, six draws)
     #[test]
     fn draws_in_the_reference_order() {
-        let mut d = BranchDraw::new(7, (0..5).collect::<Vec<u32>>(), 3, None);
+        let mut d = BranchDraw::new(7, (0..5).collect::<Vec<u32>>(), Dims::grid(3), None);
         let expect = [
             (4, 0),
             (0, 2),
@@ -446,18 +722,40 @@ mod tests {
             (1, 2),
             (2, 0),
         ];
-        assert_eq!(d.suggest(20), expect);
+        let got: Vec<(u32, u64)> = d.suggest(20).into_iter().map(|(a, i, _)| (a, i)).collect();
+        assert_eq!(got, expect);
         assert!(d.exhausted());
-        let mut d = BranchDraw::new(42, vec![0u32], 1000, None);
-        assert_eq!(d.suggest(6), [(0, 654), (0, 114), (0, 25), (0, 759), (0, 281), (0, 250)]);
+        let mut d = BranchDraw::new(42, vec![0u32], Dims::grid(1000), None);
+        let got: Vec<u64> = d.suggest(6).into_iter().map(|(_, i, _)| i).collect();
+        assert_eq!(got, [654, 114, 25, 759, 281, 250]);
     }
 
     #[test]
     fn schedule_interleaves_modes_and_hands_on_unused_trials() {
         // Mode 0 has 2 draws in all, mode 1 plenty: 7 trials, rounds of 2 (4 rounds at most).
-        let draws = vec![BranchDraw::new(1, vec![0u32], 2, None), BranchDraw::new(2, vec![1u32], 100, None)];
-        let got: Vec<usize> = schedule(draws, vec![4, 3], 2, 4).into_iter().map(|(m, ..)| m).collect();
+        let mut draws = vec![
+            BranchDraw::new(1, vec![0u32], Dims::grid(2), None),
+            BranchDraw::new(2, vec![1u32], Dims::grid(100), None),
+        ];
+        let mut got = Vec::new();
+        schedule(&mut draws, vec![4, 3], 2, 4, &mut |m, batch| {
+            got.extend(std::iter::repeat_n(m, batch.len()));
+            batch.len() as u64
+        });
         // Mode 0 runs dry in its first round; its 2 unused trials go to mode 1 (3 + 2 = 5).
         assert_eq!(got, [0, 0, 1, 1, 1, 1, 1]);
+        // A trial that does not complete is re-asked within its mode's round: mode 1's first
+        // fails, so it asks a third before mode 0's second round; each mode spends its budget.
+        let mut draws = vec![
+            BranchDraw::new(1, vec![0u32], Dims::grid(50), None),
+            BranchDraw::new(2, vec![1u32], Dims::grid(100), None),
+        ];
+        let (mut got, mut calls) = (Vec::new(), 0);
+        schedule(&mut draws, vec![4, 4], 2, 4, &mut |m, batch| {
+            calls += 1;
+            got.extend(std::iter::repeat_n(m, batch.len()));
+            batch.len() as u64 - u64::from(calls == 2)
+        });
+        assert_eq!(got, [0, 0, 1, 1, 1, 0, 0, 1]);
     }
 }

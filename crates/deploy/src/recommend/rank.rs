@@ -150,24 +150,27 @@ pub struct Ranked {
     pub cache_hits: usize,
 }
 
+/// Why a trial that ran is infeasible after all, if it is: the strict (or min_gpus) SLA, then
+/// the goodput floor, as (reason category, reason).
+pub(super) fn gate(search: &Search, t: &Trial) -> Option<(&'static str, String)> {
+    let o = &search.optimization;
+    if o.strict_sla || o.target == "min_gpus" {
+        if let Some(why) = sla_failure(&search.sla, t) {
+            return Some(("sla_constraint", why));
+        }
+    }
+    let floor = o.min_goodput_rps?;
+    let g = metric(t, "goodput_request_throughput_rps");
+    (g < floor).then(|| ("load_constraint", format!("goodput_request_throughput_rps={g} < min_goodput_rps={floor}")))
+}
+
 pub fn rank(search: &Search, mut trials: Vec<Trial>) -> Ranked {
     let o = &search.optimization;
     for t in trials.iter_mut().filter(|t| t.status == "feasible") {
-        if o.strict_sla || o.target == "min_gpus" {
-            if let Some(why) = sla_failure(&search.sla, t) {
-                t.status = "infeasible";
-                t.reason_category = Some("sla_constraint");
-                t.reason = Some(why);
-                continue;
-            }
-        }
-        if let Some(floor) = o.min_goodput_rps {
-            let g = metric(t, "goodput_request_throughput_rps");
-            if g < floor {
-                t.status = "infeasible";
-                t.reason_category = Some("load_constraint");
-                t.reason = Some(format!("goodput_request_throughput_rps={g} < min_goodput_rps={floor}"));
-            }
+        if let Some((category, why)) = gate(search, t) {
+            t.status = "infeasible";
+            t.reason_category = Some(category);
+            t.reason = Some(why);
         }
     }
     // Higher is better; a Pareto candidate's score is its first objective's raw value, a

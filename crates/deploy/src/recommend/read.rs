@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use super::limits::{
     decimal_steps, doublings, too_many_values, MAX_DOMAIN_VALUES, MAX_GRID_CANDIDATES, MAX_POOL_CANDIDATES,
 };
-use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Search, Shape, Space};
+use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Sampled, Search, Shape, Space};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use crate::schema;
@@ -493,7 +493,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     for &mode in &modes {
         let roles: &'static [&'static str] =
             if mode == "disaggregated" { &["prefill", "decode"] } else { &["aggregated"] };
-        let space = read_mode(&base, roles, &optimization, moe)?;
+        let space = read_mode(&base, roles, &optimization, moe, optimizer.algorithm == "random")?;
         over_budget_sets = over_budget_sets.saturating_add(space.over);
         per_mode.push((mode, roles, space));
     }
@@ -665,6 +665,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     let budget = optimization.budget as u64;
     let set_gpus = |b: usize, s: usize| space.branches[b].shape_sets[s].iter().map(Shape::gpus).sum::<u64>();
     let mut random_draw = None;
+    let mut random_plan = None;
     let (selected, kv_excluded) = if optimizer.algorithm == "grid" {
         let mut marked = 0;
         for (b, short) in kv_short.iter().enumerate() {
@@ -719,12 +720,27 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         } else {
             // The reference's own draw where the space maps onto it one-to-one (pyrandom.rs);
             // elsewhere a ChaCha12 shuffle per mode, and the provenance says why.
-            match super::pyrandom::draw(&space, &pools, &optimizer, &optimization) {
-                Ok(drawn) => {
-                    pool = drawn;
+            match super::pyrandom::plan(&space, &pools, &optimizer, &optimization) {
+                Ok(plan) => {
+                    pool = plan.picks(&space).into_iter().map(|p| p.index).collect();
+                    random_plan = Some(plan);
                     random_draw = Some(super::pyrandom::REFERENCE_DRAW.to_string());
                 }
                 Err(why) => {
+                    if let Some(k) = space
+                        .branches
+                        .iter()
+                        .flat_map(|b| &b.knobs)
+                        .find(|k| matches!(k.sampled, Some(super::space::Sampled::Continuous { .. })))
+                    {
+                        return Err(DeployError::new(
+                            format!("{}.range", k.path.join(".")),
+                            format!(
+                                "a continuous range is sampled by value in the reference's random draw, which this \
+                                 search cannot take ({why}); give step, or choices"
+                            ),
+                        ));
+                    }
                     random_draw = Some(format!("chacha12 (not the reference's draw: {why})"));
                     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
                     let (each, extra) =
@@ -755,6 +771,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         over_budget,
         planner_backtest,
         random_draw,
+        random_plan,
     })
 }
 
@@ -1053,6 +1070,7 @@ fn read_mode(
     roles: &[&'static str],
     optimization: &Optimization,
     moe: bool,
+    random: bool,
 ) -> Result<ModeSpace, DeployError> {
     let mut filtered_empty = None;
     let budget = optimization.budget as u64;
@@ -1154,7 +1172,9 @@ fn read_mode(
                 None => default.to_vec(),
             };
             let values = values.into_iter().map(|v| json!(v)).collect();
-            knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
+            let mut knob = Knob::new(kpath.iter().map(|s| s.to_string()).collect(), values);
+            knob.sampled = get(base, &kpath).and_then(integer_log_range).filter(|_| random);
+            knobs.push(knob);
         }
     }
     // The KV cache's searched keys, per role after every role's scheduler knobs (the reference's
@@ -1166,12 +1186,22 @@ fn read_mode(
         ] {
             let Some(v) = get(base, kpath).filter(|v| v.is_object()) else { continue };
             let path = kpath.join(".");
-            let values = if integer {
-                domain(&path, v, u64::MAX)?.0.into_iter().map(|v| json!(v)).collect()
+            let kpath: Vec<String> = kpath.iter().map(|s| s.to_string()).collect();
+            let knob = if integer {
+                let values = domain(&path, v, u64::MAX)?.0.into_iter().map(|v| json!(v)).collect();
+                Knob { sampled: integer_log_range(v).filter(|_| random), ..Knob::new(kpath, values) }
             } else {
-                super::load::positive_numbers(&path, v, false)?
+                match continuous_range(v).filter(|_| random) {
+                    // Random search samples a continuous fraction by value (the reference's
+                    // float range); its lower bound stands in for the KV filter.
+                    Some(sampled @ Sampled::Continuous { min, .. }) => {
+                        super::load::positive_numbers(&path, &json!({"choices": [min]}), false)?;
+                        Knob { sampled: Some(sampled), ..Knob::new(kpath, vec![json!(min)]) }
+                    }
+                    _ => Knob::new(kpath, super::load::positive_numbers(&path, v, false)?),
+                }
             };
-            knobs.push(Knob { path: kpath.iter().map(|s| s.to_string()).collect(), values });
+            knobs.push(knob);
         }
     }
     // Shapes across roles under the budget (disaggregated: every prefill/decode pair).
@@ -1204,6 +1234,28 @@ fn read_mode(
     Ok(ModeSpace { shape_sets, over, knobs, filtered_empty })
 }
 
+/// An integer `{range: {min, max, scale: log}}` with distinct bounds (read and checked by
+/// `domain`): random search samples every integer between them.
+fn integer_log_range(v: &Value) -> Option<Sampled> {
+    let r = v.get("range")?;
+    let (min, max) = (r.get("min")?.as_u64()?, r.get("max")?.as_u64()?);
+    (r.get("scale").and_then(Value::as_str) == Some("log") && min < max).then_some(Sampled::Integers { min, max })
+}
+
+/// A `{range: {min, max[, scale]}}` the reference samples as a float (no step, or log) with
+/// distinct finite bounds; its values are checked where the grid reads them.
+fn continuous_range(v: &Value) -> Option<Sampled> {
+    let r = v.get("range")?;
+    let (min, max) = (r.get("min")?.as_f64()?, r.get("max")?.as_f64()?);
+    let log = r.get("scale").and_then(Value::as_str) == Some("log");
+    let continuous = log || r.get("step").is_none();
+    (continuous && min.is_finite() && max.is_finite() && min > 0.0 && min < max).then_some(Sampled::Continuous {
+        min,
+        max,
+        log,
+    })
+}
+
 /// The reference's KV-feasibility filter (`model_hw.parallel_configs_for`): a shape set is kept
 /// when every role's KV cache, sized at the largest token budget its scheduler knob takes, holds
 /// more tokens than one longest sequence (the context length). A fixed block count is taken as
@@ -1219,7 +1271,11 @@ fn kv_filter(space: &Space) -> Vec<Vec<Option<String>>> {
             br.knobs
                 .iter()
                 .find(|k| k.path.len() == 5 && k.path[2] == role && k.path[4] == "max_batched_tokens")
-                .and_then(|k| k.values.iter().filter_map(Value::as_u64).max())
+                .and_then(|k| match k.sampled {
+                    // Random search may draw any budget up to the range's top.
+                    Some(Sampled::Integers { max, .. }) => Some(max),
+                    _ => k.values.iter().filter_map(Value::as_u64).max(),
+                })
                 .unwrap_or(8192)
         };
         let mut memo: std::collections::HashMap<(usize, Shape), Option<String>> = Default::default();

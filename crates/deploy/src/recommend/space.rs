@@ -29,11 +29,40 @@ pub struct Optimizer {
     pub seed: u64,
 }
 
-/// One searched knob: where it lives in the tree and the values it takes.
+/// One searched knob: where it lives in the tree and the values it takes (the grid's values;
+/// for a knob the reference's random search samples by value, the grid's stand-in, see
+/// [`Sampled`]).
 #[derive(Clone, Debug)]
 pub(super) struct Knob {
     pub(super) path: Vec<String>,
     pub(super) values: Vec<Value>,
+    /// How random search samples the knob by value, when it does (`None`: by `values`).
+    pub(super) sampled: Option<Sampled>,
+}
+
+impl Knob {
+    pub(super) fn new(path: Vec<String>, values: Vec<Value>) -> Knob {
+        Knob { path, values, sampled: None }
+    }
+}
+
+/// A knob domain random search samples by value, as the reference does: an integer log range
+/// holds every integer between its bounds (a grid searches its powers of two), a continuous
+/// range every number (a grid refuses it; its `values` hold only the lower bound, the value
+/// the KV filter judges a shape by).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Sampled {
+    Integers { min: u64, max: u64 },
+    Continuous { min: f64, max: f64, log: bool },
+}
+
+/// A candidate chosen by random search: an index into the space, and the values drawn for its
+/// knobs sampled by value ([`Sampled`]; knob position in its branch, value), which replace the
+/// index's stand-in values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pick {
+    pub index: usize,
+    pub(super) drawn: Vec<(usize, Value)>,
 }
 
 /// One worker role's parallel shape: replicas of a worker of `tensor` × `attention_data` GPUs
@@ -180,6 +209,16 @@ impl Space {
     pub(super) fn shape_set_of(&self, i: usize) -> (usize, usize) {
         let (b, s, ..) = self.split(i);
         (b, s)
+    }
+
+    /// A random search's pick's concrete predict tree: candidate `index`'s with the drawn values.
+    pub fn pick_tree(&self, pick: &Pick) -> Value {
+        let mut t = self.tree(pick.index);
+        let (b, _) = self.locate(pick.index);
+        for (k, v) in &pick.drawn {
+            set(&mut t, &self.branches[b].knobs[*k].path, v.clone());
+        }
+        t
     }
 
     /// Candidate `i`'s concrete predict tree.
@@ -380,9 +419,20 @@ pub struct Search {
     /// Random search: how the candidates were drawn (the reference's sampler, or ChaCha12 and
     /// why the space does not map onto the reference's).
     pub random_draw: Option<String>,
+    /// Random search in the reference's draw: the samplers the run replays round by round (a
+    /// trial that does not complete is re-asked), `selected` then holding the candidates drawn
+    /// when every trial completes.
+    pub(super) random_plan: Option<super::pyrandom::Plan>,
 }
 
 impl Search {
+    /// Whether the search draws its candidates round by round from the results (bayesian, and
+    /// random in the reference's draw, which re-asks after a trial that does not complete), so
+    /// that it cannot be split into shards.
+    pub fn draws_in_rounds(&self) -> bool {
+        self.optimizer.algorithm == "bayesian" || self.random_plan.is_some()
+    }
+
     /// The number of candidates chosen for evaluation (grid and random; bayesian's pool).
     pub fn candidate_count(&self) -> usize {
         self.selected.len()

@@ -215,6 +215,32 @@ fn gated_score(search: &Search, t: &Trial) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
+/// Random search in the reference's draw: its rounds, each batch evaluated like a grid's; a trial
+/// completes when it ranks as feasible (the reference re-asks, within the round, for one that
+/// is infeasible, unsupported or failed).
+pub(super) fn reference_random(
+    search: &Search,
+    plan: &super::pyrandom::Plan,
+    base_dir: &Path,
+    threads: usize,
+    cache: Option<&Cache>,
+    progress: &Progress,
+) -> Evaluated {
+    let mut trials: Vec<Trial> = Vec::new();
+    let mut hits = 0;
+    plan.run(&search.space, &mut |batch| {
+        let jobs: Vec<usize> = (0..batch.len()).collect();
+        let job = |k: usize| (search.space.pick_tree(&batch[k]), batch[k].index);
+        let done = run_jobs(search, &jobs, &job, base_dir, threads, cache, progress);
+        hits += done.cache_hits;
+        let complete =
+            done.trials.iter().filter(|t| t.status == "feasible" && super::rank::gate(search, t).is_none()).count();
+        trials.extend(done.trials);
+        complete as u64
+    });
+    Evaluated { trials, cache_hits: hits }
+}
+
 /// The bayesian search: a Gaussian-process surrogate (Matérn 5/2 over the candidates' scaled knob
 /// vectors, its length scale chosen by marginal likelihood) and expected improvement, in rounds
 /// of `optimizer.parallelism` candidates (the first drawn at random with the seed; a round's
