@@ -70,6 +70,9 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
     if p.prefill_context != 1 {
         c.insert("cp_size".into(), json!(p.prefill_context));
     }
+    if p.decode_context != 1 {
+        c.insert("dcp".into(), json!(p.decode_context));
+    }
     c.insert("attention_dp".into(), json!(p.attention_data));
     if sharded {
         c.insert("moe_tp_size".into(), json!(p.moe_tensor));
@@ -124,7 +127,11 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         || (engine.backend == "vllm" && w.context_length.is_none() && engine.context_length.is_none());
     let build_estimator = || {
         let cfg = servesim_perf::AisConfig::from_json("", &ais).map_err(|e| perf_err("timing", e))?;
-        let est = servesim_perf::estimator(&cfg).map_err(|e| perf_err("timing", e))?;
+        let est = servesim_perf::estimator(&cfg).map_err(|e| match e.message.strip_prefix("dcp: ") {
+            // What the AIS config calls `dcp` is this role's `parallelism.decode_context`.
+            Some(why) => DeployError::new(format!("{here}.parallelism.decode_context"), why),
+            None => perf_err("timing", e),
+        })?;
         Ok::<_, DeployError>((cfg, est))
     };
     let (estimator, fpm) = match needs_model.then(build_estimator).transpose()? {

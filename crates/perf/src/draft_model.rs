@@ -55,7 +55,7 @@ pub fn draft_ops(d: &DraftModel, target: &Layout, roots: &[PathBuf]) -> Result<(
     }
     // The reference rebuilds the target's model config for the draft: its TP (experts follow
     // it), one pipeline stage, no MTP or speculation of its own, the target's formats.
-    let layout = Layout { tp, pp: 1, cp: 1, moe_tp: tp, moe_ep: 1, nextn: 0, ngram: 0, ..target.clone() };
+    let layout = Layout { tp, pp: 1, cp: 1, dcp: 1, moe_tp: tp, moe_ep: 1, nextn: 0, ngram: 0, ..target.clone() };
     let (context, generation) = build_ops(&draft, &layout)?;
     let verify = d.tokens + 1;
     let context = context.into_iter().map(drafted).collect();

@@ -71,6 +71,7 @@ fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()
         }
         Op::Overlap { a, b, .. } => a.iter().chain(b).try_for_each(|o| compute_formats(o, f)),
         Op::TokenScale { op, .. } => compute_formats(op, f),
+        Op::Striped(st) => compute_formats(&st.op, f),
         _ => Ok(()),
     }
 }
@@ -87,6 +88,7 @@ fn attends(op: &Op) -> bool {
         | Op::Msa(_)
         | Op::Dsv4Attn(_) => true,
         Op::Fallback { primary, .. } => attends(primary),
+        Op::Striped(st) => attends(&st.op),
         _ => false,
     }
 }
@@ -100,6 +102,7 @@ fn reads_attention_tables(op: &Op) -> bool {
         }
         Op::Overlap { a, b, .. } => a.iter().chain(b).any(reads_attention_tables),
         Op::TokenScale { op, .. } => reads_attention_tables(op),
+        Op::Striped(st) => reads_attention_tables(&st.op),
         _ => false,
     }
 }
@@ -254,47 +257,7 @@ impl Estimator {
                 extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
                 (table + extra * 1.1).max(0.0) * scale
             }
-            Op::GenerationAttention { scale, n, n_kv, head, window, kv, qk_norm, verify, .. } => {
-                // A block-verify pass reads each request's KV once for its `verify` query
-                // tokens: the table at the request batch, at least the whole block's math.
-                let requests = if *verify > 1 {
-                    if !at.batch.is_multiple_of(*verify) {
-                        return Err(PerfError::config(format!(
-                            "a verify pass of {verify} tokens per request cannot hold {} tokens",
-                            at.batch
-                        )));
-                    }
-                    at.batch / verify
-                } else {
-                    at.batch
-                };
-                let mut v = if db.mode.is_sol() {
-                    let flops = gen_attn_dtype(&db.spec, *kv).flops(&db.spec)?;
-                    let (n, b, s) = (*n as f64, requests as f64, at.s as f64);
-                    gen_attn_sol(&db.spec, *n_kv, *head, *window, *kv, flops, n, b, s)
-                } else {
-                    let lanes = self.attention_lanes(true)?;
-                    let empirical =
-                        || db.generation_attention_empirical(lanes, requests, at.s, *n, *n_kv, *head, *window, *kv);
-                    match db.mode {
-                        DatabaseMode::Empirical => empirical()?,
-                        _ => match db.generation_attention(lanes, requests, at.s, *n, *n_kv, *head, *window, *kv) {
-                            Err(e) if db.mode == DatabaseMode::Hybrid && e.kind == ErrorKind::Data => empirical()?,
-                            r => r?,
-                        },
-                    }
-                };
-                if *verify > 1 {
-                    let math = db.generation_attention_math_ms(requests, at.s, *n, *n_kv, *head, *window, *kv)?;
-                    v = v.max(math * f64::from(*verify));
-                }
-                if *qk_norm {
-                    let q = (*n * *head) as f64;
-                    let kvn = (*n_kv * *head) as f64;
-                    v += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0 * 1.1;
-                }
-                v.max(0.0) * scale
-            }
+            Op::GenerationAttention { .. } => self.generation_attention(op, at, 1)?,
             Op::AllReduce { scale, hidden, tp, .. } => {
                 if *tp <= 1 {
                     0.0
@@ -313,6 +276,24 @@ impl Estimator {
                     ((bytes / spec.inter_node_bw.max(1.0) + latency) * 1000.0).max(0.0) * scale
                 }
             }
+            Op::Nccl { scale, kind, dtype, elements, gpus, .. } => {
+                db.nccl(dtype, kind, *gpus, at.x as f64 * elements)?.max(0.0) * scale
+            }
+            Op::Striped(st) => match (&*st.op, st.gather) {
+                // Decode: the rank's stripe (a decode MLA op already holds the gathered heads).
+                (Op::GenerationAttention { .. }, None) => self.generation_attention(&st.op, at, st.dcp)?,
+                (inner, None) => self.eval(inner, At { s: at.s.div_ceil(st.dcp.max(1)), ..at })?,
+                // Context: the cached context's stripes gathered before the attention.
+                (inner, Some((elements, scale))) => {
+                    let cached = at.batch as f64 * at.prefix as f64;
+                    let gather = if cached > 0.0 {
+                        db.nccl("half", "all_gather", st.dcp, cached * elements)?.max(0.0) * scale
+                    } else {
+                        0.0
+                    };
+                    self.eval(inner, at)? + gather
+                }
+            },
             Op::CpAllGather { scale, elements, gpus, .. } => {
                 if *gpus <= 1 {
                     0.0
@@ -363,6 +344,58 @@ impl Estimator {
                 sums[0].max(sums[1]).max(0.0)
             }
         })
+    }
+
+    /// A decode attention op read for `dcp` ranks of decode context parallelism (1: none): the
+    /// kernel runs the group's `n · dcp` gathered query heads over the rank's `⌈s / dcp⌉` KV
+    /// stripe (a window of `w` positions holding `⌈w / dcp⌉` of them); the Q/K norm stays on
+    /// the rank's own heads.
+    fn generation_attention(&self, op: &Op, at: At, dcp: u32) -> Result<f64> {
+        let db = &self.db;
+        let Op::GenerationAttention { scale, n: own, n_kv, head, window, kv, qk_norm, verify, .. } = *op else {
+            unreachable!("generation_attention reads a GenerationAttention op")
+        };
+        let dcp = dcp.max(1);
+        let n = own * dcp;
+        let window = if window > 0 && dcp > 1 { window.div_ceil(dcp) } else { window };
+        let s = at.s.div_ceil(dcp);
+        // A block-verify pass reads each request's KV once for its `verify` query
+        // tokens: the table at the request batch, at least the whole block's math.
+        let requests = if verify > 1 {
+            if !at.batch.is_multiple_of(verify) {
+                return Err(PerfError::config(format!(
+                    "a verify pass of {verify} tokens per request cannot hold {} tokens",
+                    at.batch
+                )));
+            }
+            at.batch / verify
+        } else {
+            at.batch
+        };
+        let mut v = if db.mode.is_sol() {
+            let flops = gen_attn_dtype(&db.spec, kv).flops(&db.spec)?;
+            gen_attn_sol(&db.spec, n_kv, head, window, kv, flops, n as f64, requests as f64, s as f64)
+        } else {
+            let lanes = self.attention_lanes(true)?;
+            let empirical = || db.generation_attention_empirical(lanes, requests, s, n, n_kv, head, window, kv);
+            match db.mode {
+                DatabaseMode::Empirical => empirical()?,
+                _ => match db.generation_attention(lanes, requests, s, n, n_kv, head, window, kv) {
+                    Err(e) if db.mode == DatabaseMode::Hybrid && e.kind == ErrorKind::Data => empirical()?,
+                    r => r?,
+                },
+            }
+        };
+        if verify > 1 {
+            let math = db.generation_attention_math_ms(requests, s, n, n_kv, head, window, kv)?;
+            v = v.max(math * f64::from(verify));
+        }
+        if qk_norm {
+            let q = (own * head) as f64;
+            let kvn = (n_kv * head) as f64;
+            v += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0 * 1.1;
+        }
+        Ok(v.max(0.0) * scale)
     }
 
     /// The tokens a context op processes on the busiest prefill context-parallel rank: its

@@ -610,6 +610,9 @@ pub fn request_identity(
     {
         return Err("enable_wideep / enable_eplb: servesim matches FPM cells without wide EP only".into());
     }
+    if layout.dcp > 1 {
+        return Err(format!("dcp={}: servesim matches FPM cells without decode context parallelism only", layout.dcp));
+    }
     if layout.nextn > 0 || layout.ngram > 0 {
         return Err(
             "speculative decoding (nextn / ngram): the FPM decode surface is timed for autoregressive steps only"

@@ -10,6 +10,7 @@
 pub mod afd;
 pub mod block_draft;
 pub mod db;
+pub mod dcp;
 pub mod draft_model;
 pub mod dsa;
 pub mod dsv4;

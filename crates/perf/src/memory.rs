@@ -146,6 +146,10 @@ pub fn kv_capacity(
         )));
     }
     let per_token = est.kv_bytes_per_token();
+    // Decode context parallelism stripes the KV: the rank's budget holds the tokens whose whole
+    // KV is `dcp` times as large (`dcp.rs`).
+    let kv_rank = kv;
+    let kv = kv * est.layout.dcp.max(1) as f64;
     let tokens = if let Some(d) = &m.dsv4 {
         d.kv_tokens(est.layout.kv, kv, m.max_position as u64)
     } else if let Some(k) = &m.kimi_k3 {
@@ -174,7 +178,7 @@ pub fn kv_capacity(
         activations_bytes: activations,
         nccl_bytes: nccl,
         other_bytes: others,
-        kv_bytes: kv.floor(),
+        kv_bytes: kv_rank.floor(),
         kv_bytes_per_token: per_token,
         tokens,
         blocks: tokens / block_size as u64,
@@ -203,6 +207,7 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         Op::Dsa(dsa) => dsa.weight_bytes(),
         Op::Dsv4Attn(a) => a.weight_bytes(),
         Op::Mhc(h) => h.weight_bytes(),
+        Op::Striped(st) => op_weights(est, &st.op),
         Op::Fallback { primary, fallback, .. } => {
             let p = op_weights(est, primary);
             if p > 0.0 {

@@ -892,6 +892,11 @@ pub enum Op {
     Kda(crate::kimi_k3::KdaOp),
     /// A GEMM timed by its roofline where its width is below the measured grid (`gdn.rs`).
     SmallGemm(crate::gdn::SmallGemmOp),
+    /// An NCCL collective moving `elements` `dtype` elements per token over `gpus` GPUs (`kind`:
+    /// all_gather, reduce_scatter, alltoall): decode context parallelism's merges (`dcp.rs`).
+    Nccl { name: String, scale: f64, kind: &'static str, dtype: &'static str, elements: f64, gpus: u32 },
+    /// An attention op over a KV striped by decode context parallelism (`dcp.rs`).
+    Striped(crate::dcp::Striped),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
     /// Two op chains on parallel streams: the slower chain's sum.
@@ -917,7 +922,9 @@ impl Op {
             | Op::GenerationAttention { name, .. }
             | Op::AllReduce { name, .. }
             | Op::P2P { name, .. }
-            | Op::CpAllGather { name, .. } => name,
+            | Op::CpAllGather { name, .. }
+            | Op::Nccl { name, .. } => name,
+            Op::Striped(st) => st.op.name(),
             Op::Moe(m) => &m.name,
             Op::MoeDispatch(d) => &d.name,
             Op::MoeA2a(a) => &a.name,
@@ -953,7 +960,9 @@ impl Op {
             | Op::GenerationAttention { name, .. }
             | Op::AllReduce { name, .. }
             | Op::P2P { name, .. }
-            | Op::CpAllGather { name, .. } => name,
+            | Op::CpAllGather { name, .. }
+            | Op::Nccl { name, .. } => name,
+            Op::Striped(st) => st.op.name_mut(),
             Op::Moe(m) => &mut m.name,
             Op::MoeDispatch(d) => &mut d.name,
             Op::MoeA2a(a) => &mut a.name,
@@ -1002,6 +1011,9 @@ pub struct Layout {
     pub pp: u32,
     /// Prefill context parallelism (`cp_size`): the prompt's tokens split over `cp` ranks.
     pub cp: u32,
+    /// Decode context parallelism (`dcp`): the KV striped by position over `dcp` of the
+    /// tensor-parallel ranks (`dcp.rs`; 1: none).
+    pub dcp: u32,
     pub attention_dp: u32,
     pub moe_tp: u32,
     pub moe_ep: u32,
@@ -1479,6 +1491,7 @@ mod tests {
             tp: 4,
             pp: 1,
             cp: 1,
+            dcp: 1,
             attention_dp: 1,
             moe_tp: 1,
             moe_ep: 4,

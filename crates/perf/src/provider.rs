@@ -28,6 +28,8 @@ pub struct AisConfig {
     pub pp: u32,
     /// Prefill context parallelism (SGLang's all-gather variant, dense models).
     pub cp_size: u32,
+    /// Decode context parallelism (`dcp`): the KV striped over that many TP ranks (`dcp.rs`).
+    pub dcp: u32,
     pub attention_dp: u32,
     pub moe_tp_size: Option<u32>,
     pub moe_ep_size: Option<u32>,
@@ -294,9 +296,6 @@ impl AisConfig {
                 ));
             }
         }
-        if uint("dcp", Some(1))? != Some(1) {
-            return Err(cfg_err(path, "dcp", "decode context parallelism is not modelled (only 1)"));
-        }
         if boolean("decoder_replay")? == Some(true) {
             return Err(cfg_err(path, "decoder_replay", "is not supported (only false)"));
         }
@@ -467,6 +466,7 @@ impl AisConfig {
             tp: uint("tp", Some(1))?.unwrap_or(1),
             pp: uint("pp", Some(1))?.unwrap_or(1),
             cp_size: uint("cp_size", Some(1))?.unwrap_or(1),
+            dcp: uint("dcp", Some(1))?.unwrap_or(1),
             attention_dp: uint("attention_dp", Some(1))?.unwrap_or(1),
             moe_tp_size: uint("moe_tp_size", None)?,
             moe_ep_size: uint("moe_ep_size", None)?,
@@ -506,7 +506,7 @@ impl AisConfig {
 
     fn cache_key(&self) -> String {
         format!(
-            "{}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}",
+            "{}|{}|{}|{:?}|{}|{}|{}|{}|{}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}",
             self.model,
             self.system,
             self.backend,
@@ -515,6 +515,7 @@ impl AisConfig {
             self.pp,
             self.cp_size,
             self.attention_dp,
+            self.dcp,
             self.moe_tp_size,
             self.moe_ep_size,
             self.nextn,
@@ -979,6 +980,7 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         tp: cfg.tp,
         pp: cfg.pp,
         cp: cfg.cp_size,
+        dcp: cfg.dcp,
         attention_dp: cfg.attention_dp,
         moe_tp,
         moe_ep,
@@ -1059,6 +1061,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         est.context_ops.extend(ctx);
         est.generation_ops.extend(gen);
     }
+    // Decode context parallelism stripes the target's attention, drafts aside (`dcp.rs`).
+    crate::dcp::apply(&est.model, &est.layout, &mut est.context_ops, &mut est.generation_ops)
+        .map_err(|e| e.context("dcp"))?;
     est.check_attention_lanes()?;
     let est = Arc::new(est);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));

@@ -19,6 +19,9 @@ pub struct Parallelism {
     pub pipeline: u32,
     /// Prefill context parallelism: ranks of one attention group that split each prompt.
     pub prefill_context: u32,
+    /// Decode context parallelism: tensor-parallel ranks that stripe the KV cache by position
+    /// (the AIS config's `dcp`; no extra GPUs).
+    pub decode_context: u32,
     pub attention_data: u32,
     pub moe_tensor: u32,
     pub moe_expert: u32,
@@ -84,6 +87,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         tensor: 1,
         pipeline: 1,
         prefill_context: 1,
+        decode_context: 1,
         attention_data: 1,
         moe_tensor: 1,
         moe_expert: 1,
@@ -112,15 +116,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                     ),
                 ));
             }
-            if dcp != 1 {
-                // The reference times decode CP only where it de-duplicates KV heads TP replicates
-                // (dcp ≤ tp / kv_heads), or from measured whole-forward (FPM) profiles.
-                return Err(o.err(
-                    "decode_context",
-                    "decode context parallelism is not supported by servesim (the reference's DCP needs \
-                     KV-head replication, dcp <= tp / kv_heads, or FPM data)",
-                ));
-            }
+            p.decode_context = dcp;
         }
         o.finish()?;
     }
