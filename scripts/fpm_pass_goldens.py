@@ -5,7 +5,7 @@ servesim's per-pass goldens (crates/perf/tests/fpm_passes.rs).
 Usage: $AISIM_REF_VENV/bin/python scripts/fpm_pass_goldens.py
 servesim times a uniform batch, so every prefill total is a multiple of its batch.
 Writes the table with scripts/fpm_table.py (--decode-batches 1,2,4,5,8,9,16 --decode-context
-256,4096,256) into a temporary directory, builds the reference's estimator on it
+256,4096,256 --prefill-kv 4096,16384 --prefill-kv-batches 1,2,4,8,16) into a temporary directory, builds the reference's estimator on it
 (RustForwardPassPerfModel.best_available with estimation_mode fpm_interpolation and
 estimator_config.fpm_interpolation.fpm_parquet_path) and prints one line per point:
   prefill BATCH TOTAL_PREFILL_TOKENS TOTAL_KV_READ_TOKENS MS   (predict_prefill_latency_total)
@@ -19,11 +19,19 @@ import tempfile
 
 from aisimulate_core.sdk.rust_engine_step import RustForwardPassPerfModel
 
-TABLE_ARGS = ["--decode-batches", "1,2,4,5,8,9,16", "--decode-context", "256,4096,256"]
+TABLE_ARGS = ["--decode-batches", "1,2,4,5,8,9,16", "--decode-context", "256,4096,256",
+              "--prefill-kv", "4096,16384", "--prefill-kv-batches", "1,2,4,8,16"]
 
 PREFILL = [
     (1, 1024, 0), (4, 4096, 0), (3, 1002, 0), (16, 16384, 0), (7, 301, 0),  # collected sites
     (20, 4000, 0), (32, 8192, 0), (40, 2600, 0), (64, 16384, 0),            # batch above 16: clamp
+    # the roofline transfer: an uncollected site (3, 4096); a KV between sites (4, 8192), with
+    # distance ties at the fourth neighbour; a KV within 32 tokens of the KV-0 sites; a site
+    # whose token curve (up to 4096) does not cover 8192; a batch above 16 clamped under KV
+    # pressure onto a collected site and onto an uncollected one
+    (3, 3000, 3 * 1365), (6, 3000, 6 * 683), (4, 4096, 8192), (4, 2048, 16), (4, 8192, 4096),
+    (2, 6144, 16384), (32, 2048, 16384), (32, 2048, 8192), (64, 4096, 16384),
+    (1, 3000, 100),                                                         # no site within reach
 ]
 DECODE = [
     (4, 4000), (16, 16 * 1000), (2, 2 * 1100 + 7), (9, 9 * 300),            # collected batches
@@ -31,6 +39,8 @@ DECODE = [
     (12, 12 * 1000), (15, 15 * 3000 + 5), (12, 20000),                      # (9, 16)
     (3, 900), (12, 40000),                                                  # one row covers
     (14, 3000), (12, 2000),                                                 # row 9 only; neither
+    # a collected batch whose own KV curve does not cover the point: the roofline transfer
+    (4, 20000), (1, 8000), (2, 9000), (16, 3000), (9, 40000), (1, 256 * 3),
 ]
 
 

@@ -5,6 +5,7 @@ Qwen/Qwen3-8B on one h200_sxm under vLLM 0.24.0, bf16, TP1.
 
 Usage: $AISIM_REF_VENV/bin/python scripts/fpm_table.py OUT_DIR [--version 0.24.0]
            [--decode-batches 1,2,4,5,8,9,16] [--decode-context 256,4096,256]
+           [--prefill-kv 4096,16384 [--prefill-kv-batches 1,2,4,8,16]] [--prefill-min-tokens 8]
 Writes OUT_DIR/fpm_forward_perf.parquet and OUT_DIR/fpm_forward_perf.metadata.json; the same
 arguments always give byte-identical files (the test suite regenerates them).
 
@@ -21,8 +22,13 @@ Grid (what servesim's interpolation needs for a vLLM aggregated replay of unifor
 --decode-batches collects decode curves for those batches only (the prefill grid is unchanged):
 a pair (x, x+1) marks a capture rung, so an uncollected batch between rungs is priced from its
 bracket rows; --decode-context LO,HI,STEP sets the per-request context range of the decode curves.
+--prefill-kv adds prefill sites at those total KV reads (for the batches of --prefill-kv-batches,
+default all), each with a new-token curve over the multiples of 256 up to 4096 only.
+--prefill-min-tokens N extends every prefill curve down to N new tokens (the powers of two from N
+below 256, at least the batch), so that chunk remainders of a few tokens lie inside the domain.
 servesim's per-pass goldens (crates/perf/tests/fpm_passes.rs) use
---decode-batches 1,2,4,5,8,9,16 --decode-context 256,4096,256.
+--decode-batches 1,2,4,5,8,9,16 --decode-context 256,4096,256 --prefill-kv 4096,16384
+--prefill-kv-batches 1,2,4,8,16.
 """
 import argparse
 import hashlib
@@ -65,13 +71,24 @@ def decode_ms(batch, kv):
     return 6.2 + 0.045 * batch + 0.21e-3 * kv
 
 
-def rows(decode_batches, decode_context):
+def rows(decode_batches, decode_context, prefill_kv=(), prefill_kv_batches=BATCHES, min_tokens=256):
     out = []
+    small = []
+    while min_tokens < 256:
+        small.append(min_tokens)
+        min_tokens *= 2
+    tokens = small + PREFILL_TOKENS
     for b in BATCHES:
-        for t in PREFILL_TOKENS:
+        for t in tokens:
             if t < b:
                 continue
             out.append(("prefill", b, t, 0, prefill_ms(b, t, 0)))
+        if b not in prefill_kv_batches:
+            continue
+        for kv in prefill_kv:
+            for t in tokens:
+                if b <= t <= 4096:
+                    out.append(("prefill", b, t, kv, prefill_ms(b, t, kv)))
     for b in decode_batches:
         for c in decode_context:
             out.append(("decode", b, 0, b * c, decode_ms(b, b * c)))
@@ -84,19 +101,24 @@ def main():
     ap.add_argument("--version", default="0.24.0")
     ap.add_argument("--decode-batches", help="comma-separated decode batches (default 1..16)")
     ap.add_argument("--decode-context", help="LO,HI,STEP per-request decode context (default 960,1280,64)")
+    ap.add_argument("--prefill-kv", help="comma-separated total KV reads of extra prefill sites (default none)")
+    ap.add_argument("--prefill-kv-batches", help="comma-separated batches of those sites (default 1..16)")
+    ap.add_argument("--prefill-min-tokens", type=int, default=256, help="shortest prefill curve point (default 256)")
     a = ap.parse_args()
     decode_context = DECODE_CONTEXT
     if a.decode_context:
         lo, hi, step = (int(v) for v in a.decode_context.split(","))
         decode_context = range(lo, hi + 1, step)
     decode_batches = sorted({int(b) for b in a.decode_batches.split(",")}) if a.decode_batches else BATCHES
+    prefill_kv = sorted({int(v) for v in a.prefill_kv.split(",")}) if a.prefill_kv else ()
+    kv_batches = {int(b) for b in a.prefill_kv_batches.split(",")} if a.prefill_kv_batches else set(BATCHES)
     os.makedirs(a.out_dir, exist_ok=True)
     data = {k: [] for k in (
         "cell_id", "model_path", "system", "backend", "backend_version", *IDENTITY.keys(),
         "tp", "pp", "dp", "moe_tp", "moe_ep", "cp", "enable_wideep", "enable_eplb",
         "workload_kind", "partition_policy", "batch_size", "total_prefill_tokens",
         "total_kv_read_tokens", "latency_ms")}
-    for kind, b, t, kv, ms in rows(decode_batches, decode_context):
+    for kind, b, t, kv, ms in rows(decode_batches, decode_context, prefill_kv, kv_batches, a.prefill_min_tokens):
         data["cell_id"].append("qwen3_8b_tp1")
         data["model_path"].append(MODEL)
         data["system"].append(SYSTEM)

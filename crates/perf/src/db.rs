@@ -219,6 +219,8 @@ const GEMM_SPEC: SitesSpec = SitesSpec {
     nn_sites: 4,
     max_site_distance: 2.0,
     k_tail: 3,
+    own_curve_fallback: false,
+    raw_admission: None,
 };
 const CTX_SPEC: GridSpec = GridSpec::sqrt_along(&["num_heads", "seq_len", "batch"], 1);
 const GEN_SPEC: GridSpec = GridSpec::raw(&["num_heads", "batch", "seq_len"]);

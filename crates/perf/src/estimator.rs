@@ -245,17 +245,7 @@ impl Estimator {
                 } else {
                     kernel(at.s, at.prefix)?
                 };
-                let q = (*n * *head) as f64;
-                let kvn = (*n_kv * *head) as f64;
-                let mut extra = 0.0;
-                if *qk_norm {
-                    extra += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0;
-                }
-                if *rope {
-                    extra += self.mem(q * 2.0 + kvn * 2.0) * 2.0;
-                }
-                extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
-                (table + extra * 1.1).max(0.0) * scale
+                (table + self.context_attention_extras(*n, *n_kv, *head, *qk_norm, *rope, *fmha)).max(0.0) * scale
             }
             Op::GenerationAttention { .. } => self.generation_attention(op, at, 1)?,
             Op::AllReduce { scale, hidden, tp, .. } => {
@@ -391,11 +381,121 @@ impl Estimator {
             v = v.max(math * f64::from(verify));
         }
         if qk_norm {
-            let q = (own * head) as f64;
-            let kvn = (n_kv * head) as f64;
-            v += (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0 * 1.1;
+            v += self.qk_norm_ms(own, n_kv, head) * 1.1;
         }
         Ok(v.max(0.0) * scale)
+    }
+
+    /// The fused Q/K RMSNorm over one token's heads (both read and written), ms.
+    fn qk_norm_ms(&self, n: u32, n_kv: u32, head: u32) -> f64 {
+        let (q, kvn) = (f64::from(n * head), f64::from(n_kv * head));
+        (self.mem(q * 2.0) * 2.0 + self.mem(kvn * 2.0) * 2.0) * 2.0
+    }
+
+    /// What a context attention op adds to its kernel: the fused Q/K norm and rotary passes and
+    /// the K and V cache writes, with the reference's 10% margin, ms.
+    fn context_attention_extras(&self, n: u32, n_kv: u32, head: u32, qk_norm: bool, rope: bool, fmha: Dtype) -> f64 {
+        let (q, kvn) = (f64::from(n * head), f64::from(n_kv * head));
+        let mut extra = 0.0;
+        if qk_norm {
+            extra += self.qk_norm_ms(n, n_kv, head);
+        }
+        if rope {
+            extra += self.mem(q * 2.0 + kvn * 2.0) * 2.0;
+        }
+        extra += self.mem(kvn * fmha.bytes()) + self.mem(kvn * fmha.bytes()); // K and V writes
+        extra * 1.1
+    }
+
+    /// The whole model's speed-of-light time of one pass at a collected FPM table's iteration
+    /// totals (`fpm_interp`'s utilisation transfer), ms: a prefill at `[batch, new tokens, KV
+    /// read]` or a decode step at `[batch, KV read]`, every op of the phase at its SOL (the
+    /// database must answer SOL). The totals are whole numbers; a request's share of them
+    /// (new tokens `s`, cached `prefix`) is kept fractional through the attention rooflines
+    /// as the reference keeps it; the token-major ops see the step's total tokens (the logits
+    /// GEMM one row per request). The families the reference has no such roofline for, and
+    /// DSA, whose roofline servesim lacks, are refused by name.
+    pub fn fpm_sol_ms(&self, decode: bool, coords: &[f64]) -> Result<f64> {
+        if !self.db.mode.is_sol() {
+            return Err(PerfError::config("the FPM roofline reads a database answering SOL"));
+        }
+        let batch = coords[0];
+        let (s, prefix, x, ops) = if decode {
+            ((coords[1] / batch).max(1.0), 0.0, batch, &self.generation_ops)
+        } else {
+            ((coords[1] / batch).max(1.0), coords[2] / batch, coords[1], &self.context_ops)
+        };
+        let mut total = 0.0;
+        for op in ops {
+            let logits = matches!(op, Op::Gemm { logits: true, .. });
+            // Whole numbers by construction (the query's or a collected site's totals).
+            let x = if logits { batch } else { x } as u32;
+            let x = if decode { x } else { self.cp_share(op, x) };
+            total += self.fpm_sol_op(op, x, batch, s, prefix).map_err(|e| e.context(format!("op {}", op.name())))?;
+        }
+        Ok(total)
+    }
+
+    fn fpm_sol_op(&self, op: &Op, x: u32, batch: f64, s: f64, prefix: f64) -> Result<f64> {
+        let db = &self.db;
+        Ok(match op {
+            Op::ContextAttention { scale, n, n_kv, head, window, kv, fmha, qk_norm, cp, rope, .. } => {
+                let flops = fmha.flops(&db.spec)?;
+                let kernel = |s: f64, p: f64| {
+                    ctx_attn_sol_prefix(&db.spec, *head, *window, *kv, flops, batch, s, p, *n as f64, *n_kv as f64)
+                };
+                let table = if *cp > 1 {
+                    let c = (s / f64::from(2 * cp)).ceil().max(1.0);
+                    kernel(c, prefix) + kernel(c, prefix + s - c)
+                } else {
+                    kernel(s, prefix)
+                };
+                (table + self.context_attention_extras(*n, *n_kv, *head, *qk_norm, *rope, *fmha)) * scale
+            }
+            Op::GenerationAttention { scale, n, n_kv, head, window, kv, qk_norm, .. } => {
+                let flops = gen_attn_dtype(&db.spec, *kv).flops(&db.spec)?;
+                let mut v = gen_attn_sol(&db.spec, *n_kv, *head, *window, *kv, flops, *n as f64, batch, s);
+                if *qk_norm {
+                    v += self.qk_norm_ms(*n, *n_kv, *head) * 1.1;
+                }
+                v * scale
+            }
+            Op::Overlap { a, b, .. } => {
+                let mut sums = [0.0f64; 2];
+                for (sum, chain) in sums.iter_mut().zip([a, b]) {
+                    for op in chain {
+                        *sum += self.fpm_sol_op(op, x, batch, s, prefix)?;
+                    }
+                }
+                sums[0].max(sums[1])
+            }
+            // A roofline answers without tables, so the primary always does.
+            Op::Fallback { primary, .. } => self.fpm_sol_op(primary, x, batch, s, prefix)?,
+            Op::Dsa(_) => {
+                return Err(PerfError::unsupported(
+                    "the FPM roofline transfer is not modelled for DSA sparse attention: servesim lacks its \
+                     speed-of-light module roofline at fractional per-request lengths",
+                ))
+            }
+            Op::Mla(_)
+            | Op::MlaBmm(_)
+            | Op::Msa(_)
+            | Op::Dsv4Attn(_)
+            | Op::Mhc(_)
+            | Op::Mamba2(_)
+            | Op::Gdn(_)
+            | Op::Kda(_)
+            | Op::MoeA2a(_)
+            | Op::ExpertCompute(_)
+            | Op::TokenScale { .. } => {
+                return Err(PerfError::unsupported(format!(
+                    "forward_model='fpm' SOL roofline has no implementation for op {} (as in the reference)",
+                    op.name()
+                )))
+            }
+            // Token-major: their SOL depends on the step's tokens only.
+            _ => self.eval(op, At { batch: batch as u32, s: s as u32, prefix: prefix as u32, x })?,
+        })
     }
 
     /// The tokens a context op processes on the busiest prefill context-parallel rank: its

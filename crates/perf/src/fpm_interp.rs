@@ -19,17 +19,28 @@
 //! batches within 5% at matched totals) is priced at the ceiling when the KV read is under
 //! twice the new tokens.
 //!
-//! The reference answers every other point (an uncollected prefill site, a curve that does not
-//! cover the point, a clamped prefill under KV pressure) by transferring utilisation from the
-//! nearest collected sites through the model's analytical roofline; servesim does not have that
-//! roofline and refuses such a point by name instead of timing something else.
+//! Every other point (an uncollected site, a site whose own curve does not cover the point) is
+//! transferred from the nearest collected sites that cover it ([`crate::interp::Sites`]): at
+//! most 4 sites within 2 octaves in log₂ (batch, KV) space, a prefill site also when its KV is
+//! within 32 tokens of the query's and its batch within 2 octaves, the gate waived only for a
+//! scale-up overflow along one axis; each site's utilisation `SOL / latency` at the query's
+//! curve coordinate, weighted by inverse squared distance, divides the query's SOL. The SOL is
+//! the model's whole-pass speed-of-light roofline at the iteration totals
+//! ([`crate::estimator::Estimator::fpm_sol_ms`]). A clamped prefill batch under KV pressure is
+//! priced at the ceiling times the roofline's ratio of the true shape to the clamped one (at
+//! most 1). Without a roofline (an op family it does not model) such points are refused, as the
+//! reference refuses them.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::error::{ErrorKind, PerfError, Result};
+use crate::estimator::Estimator;
+use crate::interp::{Sites, SitesSpec};
 use crate::parquet_table::Table;
 
 /// The most rows a table may have: a collected table is a few thousand rows per cell.
@@ -63,6 +74,28 @@ pub const MATCH_COLUMNS: [&str; 19] = [
 const LEGACY_EXECUTION: [&str; 4] = ["", "full", "none", "text"];
 /// Above this KV read per new token, a clamped prefill batch needs the roofline.
 const MAX_KV_PRESSURE: f64 = 2.0;
+/// Prefill sites `(batch, total KV)` own a new-token curve.
+const PREFILL_SITES: SitesSpec = SitesSpec {
+    axes: &PREFILL_AXES,
+    site_axes: &[0, 2],
+    curve_axis: 1,
+    nn_sites: 4,
+    max_site_distance: 2.0,
+    k_tail: 3,
+    own_curve_fallback: true,
+    raw_admission: Some((1, 32.0)),
+};
+/// Decode sites `(batch)` own a KV curve.
+const DECODE_SITES: SitesSpec = SitesSpec {
+    axes: &DECODE_AXES,
+    site_axes: &[0],
+    curve_axis: 1,
+    nn_sites: 4,
+    max_site_distance: 2.0,
+    k_tail: 3,
+    own_curve_fallback: true,
+    raw_admission: None,
+};
 
 fn db_err(msg: String) -> PerfError {
     PerfError { kind: ErrorKind::Data, message: format!("perf database error: {msg}") }
@@ -83,6 +116,11 @@ pub struct FpmTable {
     decode_domain: Option<[(u32, u32); 2]>,
     prefill_clamp_max: Option<u32>,
     decode_rungs: Vec<u32>,
+    /// The same curves as transfer sites, in key order (the order distance ties break in).
+    prefill_sites: Sites,
+    decode_sites: Sites,
+    /// The model's roofline: an estimator answering SOL ([`FpmTable::with_roofline`]).
+    roofline: Option<Arc<Estimator>>,
 }
 
 /// One row's place in a cell.
@@ -267,6 +305,9 @@ impl FpmTable {
             decode_domain: None,
             prefill_clamp_max: None,
             decode_rungs: Vec::new(),
+            prefill_sites: Sites::new(Vec::new(), Vec::new()),
+            decode_sites: Sites::new(Vec::new(), Vec::new()),
+            roofline: None,
         };
         let mut found = false;
         for row in rows.iter().filter(|r| r.cell == wanted_cell) {
@@ -314,7 +355,23 @@ impl FpmTable {
             .copied()
             .filter(|b| b.checked_add(1).is_some_and(|n| table.decode.contains_key(&n)))
             .collect();
+        let points = |c: &Curve| c.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>();
+        let (keys, curves) = table.prefill.iter().map(|(&(b, kv), c)| (vec![b, kv], points(c))).unzip();
+        table.prefill_sites = Sites::new(keys, curves);
+        let (keys, curves) = table.decode.iter().map(|(&b, c)| (vec![b], points(c))).unzip();
+        table.decode_sites = Sites::new(keys, curves);
         Ok(table)
+    }
+
+    /// The table with the roofline of the model `est` times (the same op lists, every op at its
+    /// speed of light) for the points the curves do not cover.
+    pub fn with_roofline(mut self, est: &Estimator) -> Result<FpmTable> {
+        let db = &est.db;
+        let sol = crate::db::Database::open(db.spec.clone(), &db.backend, &db.version, db.shared_layer)?
+            .with_mode(crate::db::DatabaseMode::Sol);
+        let roofline = Estimator::new(Arc::new(sol), est.model.clone(), est.layout.clone(), None)?;
+        self.roofline = Some(Arc::new(roofline));
+        Ok(self)
     }
 
     /// Whether consecutive collected prefill batches agree at matched totals (median
@@ -354,41 +411,58 @@ impl FpmTable {
         }
         let b = f64::from(batch);
         let mut coords = [b, b * f64::from(isl - prefix), b * f64::from(prefix)];
+        let mut scale = 1.0;
         if let Some(max) = self.prefill_clamp_max.filter(|m| coords[0] > f64::from(*m)) {
+            let clamped = [f64::from(max), coords[1], coords[2]];
             if coords[2] < MAX_KV_PRESSURE * coords[1] {
-                coords[0] = f64::from(max);
+                coords = clamped;
             } else {
-                return Err(self.needs_roofline(
-                    "prefill",
-                    &PREFILL_AXES,
-                    &coords,
-                    "a batch above the collected ceiling under KV pressure",
-                ));
+                // The true shape (more, shorter requests) never costs more than the clamped one.
+                // Without the roofline the batch stays, and the domain refuses it.
+                let sol = |c: &[f64]| self.roofline.as_ref().and_then(|r| r.fpm_sol_ms(false, c).ok());
+                if let (Some(t), Some(c)) = (sol(&coords), sol(&clamped)) {
+                    if t.is_finite() && c.is_finite() && t > 0.0 && c > 0.0 {
+                        scale = (t / c).min(1.0);
+                        coords = clamped;
+                    }
+                }
             }
         }
         let domain = self.prefill_domain.ok_or_else(|| self.no_rows("prefill"))?;
         self.gate("prefill", &PREFILL_AXES, &domain, &coords)?;
-        let site = (exact(coords[0]), exact(coords[2]));
-        let curve = match site {
-            (Some(b), Some(kv)) => self.prefill.get(&(b, kv)),
-            _ => None,
-        };
-        let ms = match curve.and_then(|c| own_curve_value(c, coords[1])) {
-            Some(ms) => ms,
-            None => {
-                return Err(self.needs_roofline(
-                    "prefill",
-                    &PREFILL_AXES,
-                    &coords,
-                    if curve.is_some() {
-                        "its site's token curve does not cover it"
-                    } else {
-                        "its (batch_size, total_kv_read_tokens) site is not collected"
-                    },
-                ))
-            }
-        };
+        let ms = self.resolve(false, &coords)? * scale;
         self.valid("prefill", ms, &coords)
+    }
+
+    /// A point of one phase from its site's own curve, or transferred through the roofline.
+    fn resolve(&self, decode: bool, coords: &[f64]) -> Result<f64> {
+        let (sites, spec) =
+            if decode { (&self.decode_sites, &DECODE_SITES) } else { (&self.prefill_sites, &PREFILL_SITES) };
+        // The roofline is only asked off the curves; its first failure explains a miss.
+        let failure: RefCell<Option<PerfError>> = RefCell::new(None);
+        let sol = |c: &[f64]| -> f64 {
+            let r = match &self.roofline {
+                Some(r) => r.fpm_sol_ms(decode, c),
+                None => Err(PerfError::unsupported("no model roofline is attached to the FPM table")),
+            };
+            r.unwrap_or_else(|e| {
+                failure.borrow_mut().get_or_insert(e);
+                f64::NAN
+            })
+        };
+        sites.query(spec, &sol, coords).map_err(|e| {
+            if e.kind != ErrorKind::NoAnchor {
+                return e;
+            }
+            match failure.take() {
+                Some(why) => PerfError {
+                    // servesim's own gaps stay unsupported; the reference's misses are data misses.
+                    kind: if why.kind == ErrorKind::Unsupported { ErrorKind::Unsupported } else { ErrorKind::Data },
+                    message: format!("perf database error: {}; SOL roofline unavailable: {}", e.message, why.message),
+                },
+                None => db_err(e.message),
+            }
+        })
     }
 
     /// The KV cache of a worker whose capacity is sized from memory, capped at the highest
@@ -416,11 +490,8 @@ impl FpmTable {
         let kv = coords[1];
         if let Some((lo, hi)) = self.bracket(b) {
             let covers = |row: u32| self.decode.get(&row).is_some_and(|c| curve_covers(c, kv));
-            let value = |row: u32| -> Result<f64> {
-                own_curve_value(&self.decode[&row], kv).ok_or_else(|| {
-                    self.needs_roofline("decode", &DECODE_AXES, &coords, "a bracket row's curve has no value")
-                })
-            };
+            // A covering row answers from its own curve.
+            let value = |row: u32| -> Result<f64> { self.resolve(true, &[f64::from(row), kv]) };
             let ms = match (covers(lo), covers(hi)) {
                 (false, false) => {
                     let span = |r: u32| {
@@ -448,22 +519,7 @@ impl FpmTable {
             }
             return Ok(ms);
         }
-        let curve = exact(b).and_then(|b| self.decode.get(&b));
-        let ms = match curve.and_then(|c| own_curve_value(c, kv)) {
-            Some(ms) => ms,
-            None => {
-                return Err(self.needs_roofline(
-                    "decode",
-                    &DECODE_AXES,
-                    &coords,
-                    if curve.is_some() {
-                        "its batch's KV curve does not cover it"
-                    } else {
-                        "its batch is not collected and has no capture-rung bracket"
-                    },
-                ))
-            }
-        };
+        let ms = self.resolve(true, &coords)?;
         self.valid("decode", ms, &coords)
     }
 
@@ -505,27 +561,11 @@ impl FpmTable {
     fn no_rows(&self, phase: &str) -> PerfError {
         db_err(format!("FPM cell of {} has no {phase} rows (model_path={:?}).", self.path.display(), self.model_path))
     }
-
-    fn needs_roofline(&self, phase: &str, axes: &[&str], coords: &[f64], why: &str) -> PerfError {
-        let at: Vec<String> = axes.iter().zip(coords).map(|(a, v)| format!("{a}={v}")).collect();
-        PerfError::unsupported(format!(
-            "FPM {phase} query ({}) in {}: {why}; the reference transfers utilisation from neighbouring collected \
-             sites through the model's analytical (SOL) roofline, which servesim does not implement for FPM \
-             tables: collect this point's site or use forward_model='op_level'",
-            at.join(", "),
-            self.path.display()
-        ))
-    }
 }
 
 fn widen(slot: &mut (u32, u32), v: u32) {
     slot.0 = slot.0.min(v);
     slot.1 = slot.1.max(v);
-}
-
-/// `c` as a table coordinate, when it is one.
-fn exact(c: f64) -> Option<u32> {
-    (c >= 0.0 && c <= f64::from(u32::MAX) && c.fract() == 0.0).then_some(c as u32)
 }
 
 fn curve_covers(curve: &Curve, q: f64) -> bool {
@@ -570,7 +610,7 @@ fn held_curve_value(curve: &Curve, q: f64) -> f64 {
 pub fn for_worker(
     cfg: &crate::provider::AisConfig,
     est: &crate::estimator::Estimator,
-) -> Result<Option<std::sync::Arc<FpmTable>>> {
+) -> Result<Option<Arc<FpmTable>>> {
     let Some(path) = crate::fpm::select(cfg)? else { return Ok(None) };
     if cfg.pass_model == crate::provider::PassModel::Fused {
         return Err(PerfError::unsupported(
@@ -588,7 +628,7 @@ pub fn for_worker(
         }
     };
     let table = FpmTable::load(&path, &identity, &cfg.model, &cfg.system, &cfg.backend, &version)?;
-    Ok(Some(std::sync::Arc::new(table)))
+    Ok(Some(Arc::new(table.with_roofline(est)?)))
 }
 
 /// The request identity servesim can state for a worker: its quantisation as the FPM tables

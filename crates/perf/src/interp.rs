@@ -12,7 +12,10 @@
 //! 4. GEMM tables are *sites* `(n, k)` each owning an `m` curve: a collected site answers from its
 //!    curve (linear inside, utilisation hold beyond with `k_tail = 3`); an unknown site borrows the
 //!    utilisation of ≤ 4 covering sites within 2 octaves (log₂ inverse-distance weights), the gate
-//!    being waived only for a scale-up overflow along exactly one axis;
+//!    being waived only for a scale-up overflow along exactly one axis. A table may also have a
+//!    collected site whose curve misses the query borrow from the others instead of holding its
+//!    own tail, and admit sites within a raw distance along one axis (the FPM tables, whose KV
+//!    axis starts at zero, where octaves exaggerate a few tokens);
 //! 5. nothing to anchor on → an error (the reference's `fallback_policy: deny`).
 
 use std::sync::OnceLock;
@@ -101,7 +104,7 @@ fn describe(axes: &[&str], q: &[f64]) -> String {
 }
 
 fn no_anchor(axes: &[&str], q: &[f64], why: &str) -> PerfError {
-    PerfError::no_anchor(format!("no measured point anchors the query {{{}}} ({why})", describe(axes, q)))
+    PerfError::no_anchor(format!("perf_interp: no data to anchor query {{{}}} ({why})", describe(axes, q)))
 }
 
 /// The median of `v` (sorted in place; the mean of the middle two for an even count).
@@ -388,6 +391,12 @@ pub struct SitesSpec {
     pub nn_sites: usize,
     pub max_site_distance: f64,
     pub k_tail: usize,
+    /// A collected site whose own curve does not cover the query is left out and the query
+    /// transferred from the other sites (false: the site holds its own tail).
+    pub own_curve_fallback: bool,
+    /// `(site axis, raw limit)`: a site beyond the log₂ gate is still admitted when it lies
+    /// within the raw limit along that axis and within the gate along the others.
+    pub raw_admission: Option<(usize, f64)>,
 }
 
 impl Sites {
@@ -407,6 +416,12 @@ impl Sites {
 
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Whether site `i`'s curve spans the curve coordinate `x`.
+    fn covers(&self, i: usize, x: f64) -> bool {
+        let c = &self.curves[i];
+        (c[0].0 as f64) <= x && x <= (c[c.len() - 1].0 as f64)
     }
 
     fn full(spec: &SitesSpec, q: &[f64], site: &[u32], cv: f64) -> Vec<f64> {
@@ -440,11 +455,11 @@ impl Sites {
                 }
             }
             if utils.is_empty() {
-                return Err(no_anchor(spec.axes, q, "no positive-utilisation boundary point"));
+                return Err(no_anchor(spec.axes, q, "no positive-util boundary anchor"));
             }
             let sq = sol(&Self::full(spec, q, key, x));
             if !(sq.is_finite() && sq > 0.0) {
-                return Err(no_anchor(spec.axes, q, "non-positive speed of light at the query"));
+                return Err(no_anchor(spec.axes, q, "non-positive SOL at query"));
             }
             return Ok(sq / median(&mut utils));
         }
@@ -456,9 +471,13 @@ impl Sites {
     pub fn query(&self, spec: &SitesSpec, sol: Sol, q: &[f64]) -> Result<f64> {
         let x = q[spec.curve_axis];
         let site_key: Option<Vec<u32>> = spec.site_axes.iter().map(|&p| exact_key(q[p])).collect();
+        let mut excluded = None;
         if let Some(key) = &site_key {
             if let Some(&i) = self.lookup.get(key) {
-                return self.eval_curve(spec, sol, i, q);
+                if !spec.own_curve_fallback || self.covers(i, x) {
+                    return self.eval_curve(spec, sol, i, q);
+                }
+                excluded = Some(i);
             }
         }
         if self.keys.is_empty() {
@@ -466,19 +485,27 @@ impl Sites {
         }
         let ql: Vec<f64> = spec.site_axes.iter().map(|&p| q[p].max(1e-12).log2()).collect();
         let dist = |l: &[f64]| l.iter().zip(&ql).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-        let mut ranked: Vec<(f64, usize)> = (0..self.keys.len())
-            .filter(|&i| {
-                let c = &self.curves[i];
-                (c[0].0 as f64) <= x && x <= (c[c.len() - 1].0 as f64)
-            })
-            .map(|i| (dist(&self.logs[i]), i))
-            .collect();
+        let others = || (0..self.keys.len()).filter(|&i| Some(i) != excluded);
+        let mut ranked: Vec<(f64, usize)> =
+            others().filter(|&i| self.covers(i, x)).map(|i| (dist(&self.logs[i]), i)).collect();
         if ranked.is_empty() {
-            ranked = (0..self.keys.len()).map(|i| (dist(&self.logs[i]), i)).collect();
+            ranked = others().map(|i| (dist(&self.logs[i]), i)).collect();
         }
         let gate = spec.max_site_distance;
-        if ranked.iter().any(|&(d, _)| d <= gate) {
-            ranked.retain(|&(d, _)| d <= gate);
+        let admitted = |d: f64, i: usize| {
+            d <= gate
+                || spec.raw_admission.is_some_and(|(axis, limit)| {
+                    let near = (self.keys[i][axis] as f64 - q[spec.site_axes[axis]]).abs() <= limit;
+                    let rest = (0..ql.len())
+                        .filter(|&a| a != axis)
+                        .map(|a| (self.logs[i][a] - ql[a]).powi(2))
+                        .sum::<f64>()
+                        .sqrt();
+                    near && rest <= gate
+                })
+        };
+        if ranked.iter().any(|&(d, i)| admitted(d, i)) {
+            ranked.retain(|&(d, i)| admitted(d, i));
         } else {
             // Waive the gate only for a scale-up overflow along exactly one site axis.
             let n_axes = spec.site_axes.len();
@@ -488,14 +515,14 @@ impl Sites {
                 let lo = ranked.iter().map(|&(_, i)| self.keys[i][a]).min().unwrap_or(0);
                 let hi = ranked.iter().map(|&(_, i)| self.keys[i][a]).max().unwrap_or(0);
                 if qa < lo as f64 {
-                    return Err(no_anchor(spec.axes, q, "no collected shape within 2 octaves"));
+                    return Err(no_anchor(spec.axes, q, "no site within max_site_distance"));
                 }
                 if qa > hi as f64 {
                     overflow.push(a);
                 }
             }
             if overflow.len() != 1 {
-                return Err(no_anchor(spec.axes, q, "no collected shape within 2 octaves"));
+                return Err(no_anchor(spec.axes, q, "no site within max_site_distance"));
             }
             let resid = |i: usize| {
                 (0..n_axes)
@@ -506,7 +533,7 @@ impl Sites {
             };
             ranked.retain(|&(_, i)| resid(i) <= gate);
             if ranked.is_empty() {
-                return Err(no_anchor(spec.axes, q, "no collected shape within 2 octaves"));
+                return Err(no_anchor(spec.axes, q, "no site within max_site_distance"));
             }
         }
         ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
@@ -523,11 +550,11 @@ impl Sites {
             wsum += w;
         }
         if wsum <= 0.0 {
-            return Err(no_anchor(spec.axes, q, "no usable neighbouring shape"));
+            return Err(no_anchor(spec.axes, q, "no usable neighbour site"));
         }
         let sq = sol(q);
         if !(sq.is_finite() && sq > 0.0) {
-            return Err(no_anchor(spec.axes, q, "non-positive speed of light at the query"));
+            return Err(no_anchor(spec.axes, q, "non-positive SOL at query"));
         }
         Ok(sq / (uacc / wsum))
     }
@@ -607,6 +634,8 @@ mod tests {
         nn_sites: 4,
         max_site_distance: 2.0,
         k_tail: 3,
+        own_curve_fallback: false,
+        raw_admission: None,
     };
 
     #[test]
