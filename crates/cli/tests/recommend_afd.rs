@@ -124,3 +124,54 @@ fn afd_search_refusals_name_the_key() {
         }
     }
 }
+
+/// Random search over AFD topologies draws the reference's candidates (issue 32): the AFD
+/// branch's sampler (`random.Random(seed + 2)`) over (backend, topology) arms and the load's
+/// grid, a topology that fails the candidate build recorded first in its ask and replaced in its
+/// round. tests/deploy/recommend_afd_random.draw.golden.json (the YAML says how it was recorded)
+/// holds the reference's candidates in record order for the configuration as written and for a
+/// min_gpus variant (arms smallest first, one trial a round, seed 3): the same ids, topologies,
+/// loads, statuses and GPUs, each score within 0.5 % (measured: bit-exact), the same counts and
+/// the same ranking.
+#[test]
+fn afd_random_search_draws_the_reference_candidates() {
+    let name = "recommend_afd_random";
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap()).unwrap();
+    for (variant, want) in golden["variants"].as_object().unwrap() {
+        let sets: Vec<&str> = want["sets"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        let (out, dir) = recommend(name, &format!("draw-{variant}"), &sets);
+        if data_missing(&out) {
+            eprintln!("skipped: no AIS performance data");
+            return;
+        }
+        assert!(out.status.success(), "{variant}: {}", stderr(&out));
+        let d: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+        assert_eq!(d["provenance"]["random_draw"], "aisimulate_random_branch_sampler (python random.Random)");
+        let ours = d["candidates"].as_array().unwrap();
+        let theirs = want["candidates"].as_array().unwrap();
+        assert_eq!(ours.len(), theirs.len(), "{variant}: candidates");
+        for (c, w) in ours.iter().zip(theirs) {
+            let id = w["id"].as_str().unwrap();
+            let config = &c["prediction_config"];
+            assert_eq!(c["candidate_id"], w["id"], "{variant}");
+            assert_eq!(topology(&config["engine"]["afd"]), topology(&w["afd"]), "{variant} {id}");
+            // The reference names the load of a built candidate only (and of a searched one).
+            if !w["traffic_load"].is_null() {
+                assert_eq!(config["traffic"]["load"]["concurrency"], w["traffic_load"], "{variant} {id}");
+            }
+            assert_eq!(c["status"], w["status"], "{variant} {id}");
+            assert_eq!(c["used_gpus"], w["used_gpus"], "{variant} {id}");
+            if w["status"] != "feasible" {
+                assert_eq!(c["reason_category"], w["reason_category"], "{variant} {id}");
+                continue;
+            }
+            let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+            assert!(deviation(x, y) <= 0.005, "{variant} {id}: score {x}, reference {y}");
+        }
+        for k in ["evaluated", "feasible", "failed", "infeasible"] {
+            assert_eq!(d["counts"][k], want["counts"][k], "{variant}: counts.{k}");
+        }
+        assert_eq!(d["views"]["top_n"], want["top_n"], "{variant}: ranking");
+    }
+}

@@ -39,8 +39,27 @@ fn times(t: servesim_perf::afd::LayerTimes) -> LayerTimes {
     }
 }
 
-/// Predicts a pure AFD deployment (`phase: both`): the reference's prediction document.
-pub fn predict(config: &Config) -> Result<Value, DeployError> {
+/// What the reference's candidate build of an AFD topology yields: the pools' per-layer times,
+/// measured by the op model, and what the replay then needs.
+struct Measured<'a> {
+    afd: &'a crate::schema::afd::Afd,
+    isl: u32,
+    osl: u32,
+    slots: u32,
+    count: u32,
+    shape: Shape,
+    ffn_tp: u32,
+    prefill: LayerTimes,
+    decode: LayerTimes,
+}
+
+/// Checks an AFD configuration and measures its topology as the reference's candidate build does
+/// (`predict` without the replay): an error here is a candidate the reference fails to build.
+pub fn measure_only(config: &Config) -> Result<(), DeployError> {
+    measure(config).map(|_| ())
+}
+
+fn measure(config: &Config) -> Result<Measured<'_>, DeployError> {
     let afd = config.engine.afd.as_ref().ok_or_else(|| DeployError::new("engine.afd", "missing (required)"))?;
     let (isl, osl) = match config.traffic.source {
         Source::Synthetic { cached_prefix_tokens: p, .. } if p > 0 => {
@@ -120,6 +139,12 @@ pub fn predict(config: &Config) -> Result<Value, DeployError> {
     let at = |e: servesim_perf::PerfError| DeployError::new("engine.afd", e.message);
     let prefill = times(prefill_layer_times(&pools, &shape, isl, 0).map_err(at)?);
     let decode = times(decode_layer_times(&pools, &shape, isl, osl).map_err(at)?);
+    Ok(Measured { afd, isl, osl, slots, count, shape, ffn_tp, prefill, decode })
+}
+
+/// Predicts a pure AFD deployment (`phase: both`): the reference's prediction document.
+pub fn predict(config: &Config) -> Result<Value, DeployError> {
+    let Measured { afd, isl, osl, slots, count, shape, ffn_tp, prefill, decode } = measure(config)?;
     let p = pass_time(&prefill, afd.pipeline, afd.num_microbatches, afd.comm_overhead_factor);
     let d = pass_time(&decode, afd.pipeline, afd.num_microbatches, afd.comm_overhead_factor);
 

@@ -7,7 +7,8 @@
 //! filters (the GPU window, the A:F node ratio, expert divisibility, an optimistic pipeline only
 //! from three microbatches); past `max_candidates` the search is refused, as the reference
 //! refuses it. Each candidate is one concrete `engine.afd` topology, run by the AFD foreground
-//! engine of `predict -c` (`crate::afd`). AFD beside a P/D companion pool
+//! engine of `predict -c` (`crate::afd`). Random search draws as the reference's sampler does
+//! (`pyrandom.rs`), the topologies its parallel configs. AFD beside a P/D companion pool
 //! (`combined_with_pd: true`) and the bayesian optimizer are refused by name.
 
 use rand::seq::SliceRandom;
@@ -18,6 +19,9 @@ use super::record::Trial;
 use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Search, Space};
 use crate::error::DeployError;
 use crate::schema;
+
+/// An arm's GPUs (a (backend, topology) pair), for target min_gpus.
+type GpusOf<'a> = dyn Fn(&(usize, usize)) -> u64 + 'a;
 
 /// The keys `engine.afd` takes in a recommend configuration.
 const KEYS: [&str; 11] = [
@@ -447,6 +451,11 @@ pub(super) fn read_search(
     if let Some(o) = base.pointer_mut("/engine").and_then(Value::as_object_mut) {
         o.remove("afd");
     }
+    let topology_gpus: Vec<u64> = topologies
+        .iter()
+        .map(|t| (t["n_a_nodes"].as_u64().unwrap_or(0) + t["n_f_nodes"].as_u64().unwrap_or(0)) * gpn)
+        .collect();
+    let value_sampled = value_sampled(&base, &load_knobs);
     let mut knobs = vec![Knob::new(vec!["engine".into(), "afd".into()], topologies)];
     knobs.extend(load_knobs);
     let per_branch: usize = knobs.iter().map(|k| k.values.len()).product();
@@ -474,17 +483,51 @@ pub(super) fn read_search(
     let kv_short = vec![vec![None]; branches.len()];
     let space = Space { base: base.clone(), identity, backend_versions, branches, routers: Vec::new() };
     let mut selected: Vec<usize> = (0..total).collect();
-    if optimizer.algorithm == "random" && (optimizer.max_trials as usize) < total {
-        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
-        selected.shuffle(&mut rng);
-        selected.truncate(optimizer.max_trials as usize);
+    let mut random_draw = None;
+    if optimizer.algorithm == "random" {
+        if let Some(why) = value_sampled {
+            random_draw = Some(format!("chacha12 (not the reference's draw: {why})"));
+            if (optimizer.max_trials as usize) < total {
+                let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(optimizer.seed);
+                selected.shuffle(&mut rng);
+                selected.truncate(optimizer.max_trials as usize);
+            }
+        } else {
+            // The reference's sampler over the AFD branch: its arms are the (backend, topology)
+            // pairs, topology-major, each drawing from the grid of the load's values; the branch's
+            // seed is the search's plus 2 (the reference's offset of `afd`).
+            let grid = per_branch / topology_gpus.len();
+            let arms: Vec<(usize, usize)> =
+                (0..topology_gpus.len()).flat_map(|t| (0..backends.len()).map(move |b| (b, t))).collect();
+            let gpus = |&(_, t): &(usize, usize)| topology_gpus[t];
+            let smallest: Option<&GpusOf> = if optimization.target == "min_gpus" { Some(&gpus) } else { None };
+            let index = |(b, t): (usize, usize), g: u64| b * per_branch + t * grid + g as usize;
+            // A topology the op model cannot measure fails the reference's candidate build, which
+            // its round replaces with another draw (whatever the load, so once per topology).
+            let mut measured: std::collections::HashMap<(usize, usize), bool> = Default::default();
+            let mut builds = |arm: &(usize, usize), g: u64| {
+                *measured.entry(*arm).or_insert_with(|| {
+                    schema::read_predict(&space.tree(index(*arm, g))).and_then(|c| crate::afd::measure_only(&c)).is_ok()
+                })
+            };
+            selected = super::pyrandom::draw_arms(
+                u128::from(optimizer.seed) + 2,
+                arms,
+                grid as u64,
+                &optimizer,
+                smallest,
+                &mut builds,
+            )
+            .into_iter()
+            .map(|(arm, g)| index(arm, g))
+            .collect();
+            random_draw = Some(super::pyrandom::REFERENCE_DRAW.to_string());
+        }
     }
     let sla = match get(&base, &["evaluation", "sla"]) {
         Some(v) => schema::read_sla(servesim_config::Reader::mapping("evaluation.sla", v)?)?,
         None => schema::Sla::default(),
     };
-    let random_draw = (optimizer.algorithm == "random")
-        .then(|| "chacha12 (not the reference's draw: the AFD topology space)".to_string());
     Ok(Search {
         base,
         optimization,
@@ -498,6 +541,19 @@ pub(super) fn read_search(
         planner_backtest: None,
         random_draw,
         random_plan: None,
+    })
+}
+
+/// Why the reference samples a load knob by value rather than by index (a log range, or a
+/// range without a step), if one is: [`super::pyrandom::draw_arms`] draws grid indexes only.
+fn value_sampled(base: &Value, load_knobs: &[Knob]) -> Option<String> {
+    load_knobs.iter().find_map(|k| {
+        let path: Vec<&str> = k.path.iter().map(String::as_str).collect();
+        let range = get(base, &path)?.get("range")?;
+        let log = range.get("scale").and_then(Value::as_str) == Some("log");
+        let same = range.get("min").is_some() && range.get("min") == range.get("max");
+        (!same && (log || range.get("step").is_none()))
+            .then(|| format!("{} is a {} range", path.join("."), if log { "log" } else { "continuous" }))
     })
 }
 

@@ -11,12 +11,13 @@
 //! pool. Ties rank as the reference's do: by the resolved pool, field by field.
 //!
 //! The reference's rules on what an analytical pool is searched beside are checked in its
-//! words; the bayesian optimizer (whose surrogate does not see the pool) is refused by name.
+//! words. A bayesian search sees the pool as the reference's surrogate sees its categorical
+//! `encoder_candidate`: one 0/1 feature per pool of the catalog (`Space::raw_features`).
 
 use serde_json::{json, Map, Value};
 
 use super::record::Trial;
-use super::space::{get, Knob, Optimization, Optimizer};
+use super::space::{get, Knob, Optimization};
 use crate::epd::{overlay, Pool};
 use crate::error::DeployError;
 use crate::schema;
@@ -85,7 +86,6 @@ pub(super) fn read(
     base: &Value,
     root: &Value,
     optimization: &Optimization,
-    optimizer: &Optimizer,
     sla: &schema::Sla,
     backends: &[&'static str],
 ) -> Result<Option<Catalog>, DeployError> {
@@ -169,14 +169,6 @@ pub(super) fn read(
     }
     if per_backend.iter().all(|(_, v)| v.is_empty()) {
         return Err(DeployError::new(KEY, "no feasible encoder pool for the requested shape and GPU budget"));
-    }
-    if optimizer.algorithm == "bayesian" {
-        return Err(DeployError::new(
-            "optimizer.algorithm",
-            "a bayesian search beside an encoder pool (the reference's surrogate over the encoder candidates) is \
-             not supported by servesim yet; use random (max_trials covering the space visits every candidate) or \
-             grid",
-        ));
     }
     Ok(Some(Catalog { per_backend }))
 }

@@ -26,8 +26,9 @@
 //! planner (the reference's adapter knobs, a conditional sampler per router policy), a knob
 //! sampled by value beside a router or planner section, a searched traffic load or a KV-relative
 //! load (the reference's single-valued adapter and load knobs each take a draw of their own), a
-//! continuous or log traffic range, a searched encoder pool, backends of one mode searching
-//! different grids, and AFD (its own space).
+//! continuous or log traffic range, a searched encoder pool, and backends of one mode searching
+//! different grids. AFD (`afd.rs`) builds its own arms, the topologies, and draws with
+//! [`draw_arms`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -175,8 +176,7 @@ pub struct Dims {
 
 impl Dims {
     /// A plain grid of `size` indexes.
-    #[cfg(test)]
-    fn grid(size: u64) -> Dims {
+    pub fn grid(size: u64) -> Dims {
         Dims { digits: vec![Digit { size, log: None }], floats: Vec::new() }
     }
 
@@ -597,6 +597,59 @@ pub(super) fn plan(
     Ok(Plan { modes, budgets, per_round, max_rounds })
 }
 
+/// The reference's random draw of one mode whose arms the caller builds (AFD: its topologies
+/// by backend, in the reference's pair order), each arm a knob grid of `grid` indexes, seeded
+/// `seed` (the mode's offset included); `smallest_first` is target min_gpus' arm order.
+/// `builds` says whether a draw's candidate builds: one that does not takes a trial but not a
+/// place in its round, which asks again (as the reference's round does after a failed
+/// materialisation), and is recorded before the ask's candidates that build (the reference
+/// records it while it materialises the ask, before their replays). Returns (arm, grid index)
+/// in the reference's record order, `optimizer.max_trials` at most.
+pub(super) fn draw_arms<A: Clone>(
+    seed: u128,
+    arms: Vec<A>,
+    grid: u64,
+    optimizer: &Optimizer,
+    smallest_first: Option<&dyn Fn(&A) -> u64>,
+    builds: &mut dyn FnMut(&A, u64) -> bool,
+) -> Vec<(A, u64)> {
+    let trials = u64::from(optimizer.max_trials);
+    let per_round = u64::from(optimizer.parallelism.max(1)).min(trials).max(1);
+    let max_rounds = trials.div_ceil(per_round).max(1);
+    let mut draw = BranchDraw::new(seed, arms, Dims::grid(grid), smallest_first);
+    let mut attempts = 0;
+    let mut out = Vec::new();
+    for _ in 0..max_rounds {
+        if attempts >= trials {
+            break;
+        }
+        let target = per_round.min(trials - attempts);
+        let (mut unique, mut tried) = (0, 0);
+        let max_attempts = per_round * 11;
+        while unique < target && tried < max_attempts {
+            let ask = (target - unique).min(max_attempts - tried).min(trials - attempts);
+            if ask == 0 {
+                break;
+            }
+            let got: Vec<(A, u64)> = draw.suggest(ask as usize).into_iter().map(|(a, g, _)| (a, g)).collect();
+            if got.is_empty() {
+                break;
+            }
+            tried += got.len() as u64;
+            attempts += got.len() as u64;
+            let (good, failed): (Vec<_>, Vec<_>) = got.into_iter().partition(|(a, g)| builds(a, *g));
+            unique += good.len() as u64;
+            out.extend(failed);
+            out.extend(good);
+        }
+        // A round short of its target, or a sampler run dry, stops the mode.
+        if unique < target || draw.exhausted() {
+            break;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,6 +781,20 @@ mod tests {
         let mut d = BranchDraw::new(42, vec![0u32], Dims::grid(1000), None);
         let got: Vec<u64> = d.suggest(6).into_iter().map(|(_, i, _)| i).collect();
         assert_eq!(got, [654, 114, 25, 759, 281, 250]);
+    }
+
+    #[test]
+    fn a_draw_that_does_not_build_is_recorded_first_and_replaced_in_its_round() {
+        // The draw of `draws_in_the_reference_order` (seed 7, five arms, grids of 3), 6 trials in
+        // rounds of 3, arm 4 failing its build: round one asks 3, one fails (recorded first) and
+        // one more is asked; round two asks the 2 trials left, one fails, and no trial is left
+        // to replace it.
+        let optimizer = Optimizer { algorithm: "random", max_trials: 6, parallelism: 3, seed: 7 };
+        let got = draw_arms(7, (0..5).collect::<Vec<u32>>(), 3, &optimizer, None, &mut |a, _| *a != 4);
+        assert_eq!(got, [(4, 0), (0, 2), (3, 0), (1, 1), (4, 2), (2, 2)]);
+        // Every draw building: the sampler's own order.
+        let got = draw_arms(7, (0..5).collect::<Vec<u32>>(), 3, &optimizer, None, &mut |_, _| true);
+        assert_eq!(got, [(4, 0), (0, 2), (3, 0), (1, 1), (2, 2), (4, 2)]);
     }
 
     #[test]

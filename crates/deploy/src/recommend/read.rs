@@ -549,7 +549,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         ));
     }
     // An encoder pool's catalog, one more knob of each branch (recommend/epd.rs).
-    let encoders = super::epd::read(&base, root, &optimization, &optimizer, &sla, &backends)?;
+    let encoders = super::epd::read(&base, root, &optimization, &sla, &backends)?;
     // The router's domains, when the configuration has a `router:` section.
     let routers = match base.get("router") {
         Some(r) => router_settings(r)?,

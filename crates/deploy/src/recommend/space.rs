@@ -155,6 +155,9 @@ pub struct Space {
     pub(super) routers: Vec<Value>,
 }
 
+/// Where a searched encoder pool lives in a candidate's tree.
+const ENCODER: [&str; 3] = ["engine", "workers", "encoder"];
+
 /// The roles whose slots a candidate's feature vector holds, in this order.
 const FEATURE_ROLES: [&str; 3] = ["aggregated", "prefill", "decode"];
 
@@ -302,7 +305,8 @@ impl Space {
     /// mode has not) log2 of its parallel sizes, then per role slot log2 of its scheduler limits,
     /// then (when the search has one) per role slot log2 of a searched block size and a searched
     /// memory fraction, the router's policy and load model as 0/1 and its numeric knobs (the load
-    /// scale as log2(1 + x)), then the planner's, then log2 of the searched traffic load.
+    /// scale as log2(1 + x)), then the planner's, then a searched encoder pool one-hot over the
+    /// catalog, then log2 of the searched traffic load.
     pub(super) fn raw_features(&self, i: usize) -> Vec<f64> {
         let (b, s, ks, r, pl) = self.split(i);
         let br = &self.branches[b];
@@ -387,6 +391,25 @@ impl Space {
             }
             f.push(s.get("load_scaling_down_sensitivity").and_then(Value::as_f64).unwrap_or(0.0) / 100.0);
         }
+        // A searched encoder pool (EPD): one 0/1 slot per pool of the catalogs (each backend's in
+        // turn), as the reference's surrogate one-hot encodes its categorical encoder_candidate.
+        let encoder = |b: &Branch| b.knobs.iter().position(|k| k.path.iter().map(String::as_str).eq(ENCODER));
+        let mut slots = 0;
+        let mut here = None;
+        let mut backends: Vec<&str> = Vec::new();
+        for other in &self.branches {
+            let Some(j) = encoder(other).filter(|_| !backends.contains(&other.backend)) else { continue };
+            backends.push(other.backend);
+            if other.backend == br.backend {
+                here = encoder(br).map(|mine| slots + ks[mine]);
+            }
+            slots += other.knobs[j].values.len();
+        }
+        let mut one_hot = vec![0.0; slots];
+        if let Some(h) = here {
+            one_hot[h] = 1.0;
+        }
+        f.extend(one_hot);
         // The traffic load's searched keys (log2; a KV fraction may be below one).
         for (k, &v) in br.knobs.iter().zip(&ks).filter(|(k, _)| k.path[0] == "traffic") {
             f.push(k.values[v].as_f64().map_or(0.0, f64::log2));
