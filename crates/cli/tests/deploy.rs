@@ -1994,6 +1994,50 @@ fn recommend_pareto_front_over_chosen_objectives() {
     assert!(stderr(&out).contains("pareto_objectives is only valid when target is 'pareto'"), "{}", stderr(&out));
 }
 
+/// The SLA-bound targets are refused as the reference refuses them (probed with
+/// `aisimulate_predict.py CFG --command recommend`, each message its own): `strict_sla` and
+/// `min_gpus` without an SLA bound, and `min_gpus` on a searched load, on a rate without a goodput
+/// floor, or with a floor above the offered rate (the fewest GPUs is only defined for one fixed load).
+#[test]
+fn sla_bound_targets_are_refused_where_the_reference_refuses_them() {
+    let text = std::fs::read_to_string(deploy_dir().join("recommend_random_small.yaml")).unwrap();
+    let no_sla = tmp("rec-sla-targets.yaml");
+    std::fs::write(&no_sla, text.replace("evaluation:\n  sla:\n    ttft_ms: 1000\n    itl_ms: 30\n", "")).unwrap();
+    let with_sla = deploy_dir().join("recommend_random_small.yaml");
+    let rate = ["traffic.load={type: poisson, requests_per_second: 4}", "optimization.target=min_gpus"];
+    let cases: [(&std::path::Path, &[&str], &str); 5] = [
+        (
+            &no_sla,
+            &["optimization.strict_sla=true"],
+            "optimization.strict_sla requires at least one evaluation.sla bound",
+        ),
+        (&no_sla, &["optimization.target=min_gpus"], "optimization target 'min_gpus' requires an evaluation.sla bound"),
+        (&with_sla, &rate, "min_gpus with request-rate traffic requires constraints.min_goodput_rps"),
+        (
+            &with_sla,
+            &[rate[0], rate[1], "optimization.constraints={min_goodput_rps: 5}"],
+            "min_goodput_rps cannot exceed the offered request rate",
+        ),
+        (
+            &with_sla,
+            &["optimization.target=min_gpus", "traffic.load.concurrency={choices: [8, 16]}"],
+            "min_gpus requires fixed synthetic request-rate or concurrency traffic",
+        ),
+    ];
+    for (i, (cfg, sets, want)) in cases.iter().enumerate() {
+        let dir = tmp(&format!("rec-sla-targets-{i}"));
+        let out = recommend(cfg, &dir, sets);
+        assert_eq!(out.status.code(), Some(2), "{want}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{want}: {}", stderr(&out));
+        assert!(!dir.exists(), "{want}: an output directory was left behind");
+    }
+    // With the floor within the rate, the search runs.
+    let dir = tmp("rec-sla-targets-ok");
+    let out = recommend(&with_sla, &dir, &[rate[0], rate[1], "optimization.constraints={min_goodput_rps: 3}"]);
+    if !data_missing(&out) {
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+}
 #[test]
 fn recommend_strict_sla_gates_on_the_configured_bounds() {
     // The grid's configuration still holds search domains; its SLA must be read all the same.

@@ -203,6 +203,57 @@ fn router_numbers(path: &str, key: &str, v: Option<&Value>, default: &[f64]) -> 
     }
 }
 
+/// What the reference checks of the SLA-bound targets before it searches: `strict_sla` and
+/// `min_gpus` need an SLA bound, and `min_gpus` a fixed synthetic load (a concurrency, or a rate
+/// with a goodput floor it can reach), since its score is the fewest GPUs that carry that load.
+fn check_sla_targets(base: &Value, optimization: &Optimization, sla: &schema::Sla) -> Result<(), DeployError> {
+    let bounded = sla.ttft_ms.is_some() || sla.itl_ms.is_some() || sla.e2e_ms.is_some();
+    if optimization.strict_sla && !bounded {
+        return Err(DeployError::new(
+            "optimization.strict_sla",
+            "optimization.strict_sla requires at least one evaluation.sla bound",
+        ));
+    }
+    if optimization.target != "min_gpus" {
+        return Ok(());
+    }
+    if !bounded {
+        return Err(DeployError::new(
+            "optimization.target",
+            "optimization target 'min_gpus' requires an evaluation.sla bound",
+        ));
+    }
+    let fixed = || DeployError::new("traffic", "min_gpus requires fixed synthetic request-rate or concurrency traffic");
+    if get(base, &["traffic", "source", "type"]).and_then(Value::as_str) != Some("synthetic") {
+        return Err(fixed());
+    }
+    let load = get(base, &["traffic", "load"]);
+    let kind = load.and_then(|l| l.get("type")).and_then(Value::as_str).unwrap_or_default();
+    let field = if kind == "concurrency" { "concurrency" } else { "requests_per_second" };
+    let value = load.and_then(|l| l.get(field)).and_then(Value::as_f64);
+    let Some(value) = value.filter(|_| matches!(kind, "concurrency" | "constant_rate" | "poisson")) else {
+        return Err(fixed());
+    };
+    if kind != "concurrency" {
+        match optimization.min_goodput_rps {
+            None => {
+                return Err(DeployError::new(
+                    "optimization.constraints.min_goodput_rps",
+                    "min_gpus with request-rate traffic requires constraints.min_goodput_rps",
+                ))
+            }
+            Some(floor) if floor > value => {
+                return Err(DeployError::new(
+                    "optimization.constraints.min_goodput_rps",
+                    "min_goodput_rps cannot exceed the offered request rate",
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// A positive integer knob's values. Values above `limit` are left out as they are generated
 /// (a parallel size above the GPU budget can never fit it), so a range up to a billion costs
 /// nothing when only the first few values can be used.
@@ -410,6 +461,13 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             }
         }
     }
+    // Read on its own: the whole base does not read as a predict configuration while it still
+    // holds search domains (every candidate is validated in full when it runs).
+    let sla = match get(&base, &["evaluation", "sla"]) {
+        Some(v) => schema::read_sla(Reader::mapping("evaluation.sla", v)?)?,
+        None => schema::Sla::default(),
+    };
+    check_sla_targets(&base, &optimization, &sla)?;
     // The traffic load's domains, searched after each mode's worker knobs; a KV-relative load
     // is sized per candidate when it runs.
     let load_knobs = super::load::load_knobs(&base)?;
@@ -529,12 +587,6 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             }
         }
     }
-    // Read on its own: the whole base does not read as a predict configuration while it still
-    // holds search domains (every candidate is validated in full when it runs).
-    let sla = match get(&base, &["evaluation", "sla"]) {
-        Some(v) => schema::read_sla(Reader::mapping("evaluation.sla", v)?)?,
-        None => schema::Sla::default(),
-    };
     // Goodput counts only requests within the SLA: a goodput objective needs a bound.
     let effective: &[&str] =
         if optimization.target == "pareto" { &optimization.pareto_objectives } else { &[optimization.target] };
