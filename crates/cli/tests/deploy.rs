@@ -3415,23 +3415,8 @@ fn epd_refusals_name_what_is_missing() {
 /// runs are recorded in tests/deploy/recommend_random_by_value.golden.json.
 #[test]
 fn recommend_random_samples_by_value_as_the_reference() {
-    let golden: Value =
-        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_random_by_value.golden.json")).unwrap())
-            .unwrap();
-    for (example, want) in golden["examples"].as_object().unwrap() {
-        let dir = tmp(&format!("rec-random-value-{example}"));
-        let out = recommend(&deploy_dir().join(format!("{example}.yaml")), &dir, &[]);
-        if data_missing(&out) {
-            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
-            return;
-        }
-        assert!(out.status.success(), "{example}: {}", stderr(&out));
-        let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
-        assert_eq!(
-            doc["provenance"]["random_draw"],
-            json!("aisimulate_random_branch_sampler (python random.Random)"),
-            "{example}"
-        );
+    let Some(runs) = reference_draw_runs("recommend_random_by_value.golden.json") else { return };
+    for (example, want, doc) in &runs {
         let ours = doc["candidates"].as_array().unwrap();
         let want_c = want["candidates"].as_array().unwrap();
         assert_eq!(ours.len(), want_c.len(), "{example}: candidates");
@@ -3463,16 +3448,18 @@ fn recommend_random_samples_by_value_as_the_reference() {
     }
 }
 
-#[test]
-fn recommend_random_draws_the_reference_candidates() {
-    let golden: Value =
-        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommend_random.golden.json")).unwrap()).unwrap();
+/// Recommends every example a random-search golden lists (`tests/deploy/<example>.yaml`), each
+/// drawn with the reference's sampler: `(example, its golden, our recommendation.json)`, or None
+/// without AIS data.
+fn reference_draw_runs(golden: &str) -> Option<Vec<(String, Value, Value)>> {
+    let golden: Value = serde_json::from_slice(&std::fs::read(deploy_dir().join(golden)).unwrap()).unwrap();
+    let mut runs = Vec::new();
     for (example, want) in golden["examples"].as_object().unwrap() {
         let dir = tmp(&format!("rec-random-{example}"));
         let out = recommend(&deploy_dir().join(format!("{example}.yaml")), &dir, &[]);
         if data_missing(&out) {
             eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
-            return;
+            return None;
         }
         assert!(out.status.success(), "{example}: {}", stderr(&out));
         let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
@@ -3481,6 +3468,15 @@ fn recommend_random_draws_the_reference_candidates() {
             json!("aisimulate_random_branch_sampler (python random.Random)"),
             "{example}"
         );
+        runs.push((example.clone(), want.clone(), doc));
+    }
+    Some(runs)
+}
+
+#[test]
+fn recommend_random_draws_the_reference_candidates() {
+    let Some(runs) = reference_draw_runs("recommend_random.golden.json") else { return };
+    for (example, want, doc) in &runs {
         let ours = doc["candidates"].as_array().unwrap();
         let want_c = want["candidates"].as_array().unwrap();
         assert_eq!(ours.len(), want_c.len(), "{example}: candidates");

@@ -9,8 +9,9 @@
 //! (`fpm_parquet_path`, or `<data>/<system>/<backend>/<version>/fpm_forward_perf.parquet`) with
 //! its metadata sidecar; a missing or malformed table is a failure the next mode may recover.
 //!
-//! servesim times op_level only: where the reference would interpolate a valid table, servesim
-//! refuses by name rather than time something else. A table is only read, never written.
+//! A selected valid table is interpolated as the reference interpolates it (`fpm_interp.rs`:
+//! measured curves, rung brackets, and the roofline transfer where they do not reach). A table
+//! is only read, never written.
 
 use std::path::{Path, PathBuf};
 
