@@ -2791,9 +2791,12 @@ fn bad_planner_search_sections_name_the_key_and_exit_2() {
             &["Planner scaling_policy contains choices that are incompatible with the selected optimization target/SLA: ['throughput_180_5']"][..],
         ),
         (
+            // (With a reachable goodput floor: a rate without one is refused first, as the
+            // reference refuses it; the reference then says "min_gpus requires static engine
+            // pools without adapters".)
             "min-gpus",
             "  policy: enabled\n",
-            "min_gpus",
+            "min_gpus\n  constraints: {min_goodput_rps: 3}",
             &["planner: optimization.target 'min_gpus' has no Planner target"][..],
         ),
     ] {
