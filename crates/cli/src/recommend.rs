@@ -361,7 +361,7 @@ pub fn run(a: RecommendArgs) -> Result<(), Failure> {
         if search.optimizer.algorithm == "bayesian" {
             return Err(Failure::input(format!(
                 "{file}: optimizer.algorithm: bayesian search proposes each round from the results of the last, so it \
-                 cannot be split into --shard slices; use grid or random"
+                 cannot be split into --shard slices; use grid"
             )));
         }
         if search.draws_in_rounds() {
