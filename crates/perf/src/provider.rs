@@ -26,7 +26,8 @@ pub struct AisConfig {
     pub backend_version: Option<String>,
     pub tp: u32,
     pub pp: u32,
-    /// Prefill context parallelism (SGLang's all-gather variant, dense models).
+    /// Prefill context parallelism (SGLang's all-gather variant: dense, plain and hybrid MoE,
+    /// Gemma 4).
     pub cp_size: u32,
     /// Decode context parallelism (`dcp`): the KV striped over that many TP ranks (`dcp.rs`).
     pub dcp: u32,
@@ -895,9 +896,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
                 cfg.tp, cfg.attention_dp, cfg.cp_size
             )));
         }
-        // Dense models, the plain MoE family (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss, MiniMax-M2:
-        // the reference's `MOEModel`) and the hybrid local/global MoE family (Llama-4,
-        // MiMo-V2-Flash) and Gemma 4; the other families' CP graphs are their own.
+        // Dense models, Gemma 4, the plain MoE family (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss,
+        // MiniMax-M2: the reference's `MOEModel`) and the hybrid local/global MoE family (Llama-4,
+        // MiMo-V2-Flash); the other families' CP graphs are their own (not modelled).
         let plain_moe = model.family == Family::Moe
             && model.qwen35.is_none()
             && model.kimi_k3.is_none()
