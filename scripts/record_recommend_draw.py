@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record tests/deploy/NAME.draw.golden.json: the reference's random-search draw of
 tests/deploy/NAME.yaml, run once per variant (a list of --set overrides), every candidate in the
-reference's record order (candidate id, AFD topology, traffic load when the candidate was built,
+reference's record order (candidate id, AFD topology or per-role workers, router, traffic load,
 status, failure category, GPUs, score), its counts and its ranking (views.top_n).
 
     $AISIM_REF_VENV/bin/python scripts/record_recommend_draw.py recommend_afd_random
@@ -9,6 +9,17 @@ status, failure category, GPUs, score), its counts and its ranking (views.top_n)
 runs, for each variant below,
     $AISIM_REF_VENV/bin/python /work/shared/parity/aisimulate_predict.py tests/deploy/NAME.yaml \\
         --command recommend [--set K=V ...]
+
+A router section (recommend_random_router) needs the Dynamo adapters and `--stack dynamo`; the
+installed ai-dynamo 1.6.1 runtime cannot replay this aisimulate build's engines (it rejects
+fields such as engine.sglang.vlm_cache_bytes), so those variants run with
+    PYTHONPATH=scripts/record_shim:$DYNAMO_REF_VENV/lib/python3.11/site-packages \\
+        RECORD_SHIM_ENGINE_ROUTER=1 ... --stack dynamo
+where scripts/record_shim/sitecustomize.py replays `--stack dynamo` on the engine stack: the
+router adapter compiles its search space and the sampler draws as under Dynamo, but a kv_router
+candidate's placement hook is dropped (it replays round-robin), so only the draw and the
+round_robin candidates' scores are the reference's (the golden marks the others
+"score_compared": false).
 """
 import json
 import os
@@ -25,17 +36,74 @@ VARIANTS = {
             "optimization.target=min_gpus", "optimizer.seed=3", "optimizer.parallelism=1",
             "evaluation.sla={ttft_ms: 1000}", "traffic.load.concurrency=16",
         ],
+        "strict_sla_ttft_40": ["optimization.strict_sla=true", "evaluation.sla={ttft_ms: 40}"],
+    },
+    "recommend_random_router": {
+        "as_written": [],
+        "kv_router_only_log_range": [
+            "router={policy: kv_router, prefill_load_model: {type: none}, overlap_score_credit: {choices: [0.5, 1]}}",
+            "engine.workers.aggregated.scheduler.max_sequences={range: {min: 8, max: 512, scale: log}}",
+        ],
+        "round_robin_only_log_range_seed7": [
+            "router={policy: round_robin}", "optimizer.seed=7",
+            "engine.workers.aggregated.scheduler.max_sequences={range: {min: 8, max: 512, scale: log}}",
+        ],
+        "kv_router_first_seed5_rounds_of_3": [
+            "router.policy={choices: [kv_router, round_robin]}", "optimizer.seed=5", "optimizer.parallelism=3",
+        ],
+    },
+    "recommend_random_loads": {
+        "as_written": [],
+        "request_rate_range": ["traffic.load={type: poisson, requests_per_second: {range: {min: 0.5, max: 4}}}"],
+        "kv_fraction_fixed": ["traffic.load={type: kv_capacity_fraction, fraction: 0.5}"],
+        "kv_fraction_choices": ["traffic.load={type: kv_capacity_fraction, fraction: {choices: [0.25, 0.5]}}"],
+        "concurrency_choices_seed3": ["traffic.load.concurrency={choices: [8, 32]}", "optimizer.seed=3"],
     },
 }
+ROUTER = ("recommend_random_router",)
+ROLES = (("agg", "aggregated", ""), ("prefill", "prefill", "prefill_"), ("decode", "decode", "decode_"))
+
+
+def engine_candidate(c):
+    config = c["config"]
+    workers = {}
+    for prefix, role, parallel in ROLES:
+        if config.get(f"{prefix}_max_num_seqs") is None:
+            continue
+        workers[role] = [config.get(f"{parallel}replicas"), config.get(f"{parallel}tp"),
+                         config.get(f"{prefix}_max_num_batched_tokens"), config.get(f"{prefix}_max_num_seqs"),
+                         config.get(f"{prefix}_gpu_memory_utilization")]
+    router = (config.get("adapters") or {}).get("dynamo.router")
+    return {
+        "id": c["candidate_id"],
+        "workers": workers,
+        "router": router,
+        "load": {k: config.get(k) for k in ("concurrency", "request_rate", "kv_load_ratio")},
+        "status": c["status"],
+        "reason_category": c.get("reason_category"),
+        "used_gpus": c["used_gpus"],
+        "score": c["score"],
+        "score_compared": router is None or router.get("policy") == "round_robin",
+    }
 
 
 def run(name, sets):
     cmd = [sys.executable, PREDICT, f"tests/deploy/{name}.yaml", "--command", "recommend"]
     for s in sets:
         cmd += ["--set", s]
-    doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    env = dict(os.environ)
+    if name in ROUTER:
+        cmd += ["--stack", "dynamo"]
+        shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "record_shim")
+        dynamo = os.path.join(os.environ["DYNAMO_REF_VENV"], "lib/python3.11/site-packages")
+        env["PYTHONPATH"] = f"{shim}:{dynamo}"
+        env["RECORD_SHIM_ENGINE_ROUTER"] = "1"
+    doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
     candidates = []
     for c in doc["candidates"]:
+        if "afd" not in c["config"]:
+            candidates.append(engine_candidate(c))
+            continue
         config = c["config"]
         candidates.append({
             "id": c["candidate_id"],

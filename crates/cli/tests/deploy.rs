@@ -3515,3 +3515,96 @@ fn recommend_random_draws_the_reference_candidates() {
         assert_eq!(doc["views"]["top_n"], want["top_n"], "{example}: ranking");
     }
 }
+
+/// Random search draws the reference's candidates beside a searched router and searched traffic
+/// loads (issue 32): tests/deploy/recommend_random_{router,loads}.draw.golden.json, recorded by
+/// `scripts/record_recommend_draw.py NAME` (the script says how; the YAMLs list the variants).
+/// A router searching both policies is the reference's ConditionalBranchSampler (a sampler per
+/// policy, seeded from the arm's sha256, taking turns); a kv_router-only or round_robin-only
+/// router adds single-valued knobs that take log-weighted draws of their own beside an integer
+/// log range; a log concurrency range and a rate range without step are sampled by value; a
+/// fixed KV-relative load is a knob of one value. Per variant: the same candidate ids, shapes,
+/// scheduler knobs, router settings, loads, statuses and GPUs in the same order; scores within
+/// 1e-9 relative where the reference's are comparable (its kv_router candidates were recorded
+/// without the Dynamo runtime's router, see the script), and the same ranking when all are.
+#[test]
+fn recommend_random_draws_the_reference_beside_routers_and_loads() {
+    for name in ["recommend_random_router", "recommend_random_loads"] {
+        let golden: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap())
+                .unwrap();
+        for (variant, want) in golden["variants"].as_object().unwrap() {
+            let sets: Vec<&str> = want["sets"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+            let dir = tmp(&format!("rec-draw-{name}-{variant}"));
+            let out = recommend(&deploy_dir().join(format!("{name}.yaml")), &dir, &sets);
+            if data_missing(&out) {
+                eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+                return;
+            }
+            assert!(out.status.success(), "{name} {variant}: {}", stderr(&out));
+            let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+            assert_eq!(
+                doc["provenance"]["random_draw"],
+                json!("aisimulate_random_branch_sampler (python random.Random)"),
+                "{name} {variant}"
+            );
+            let ours = doc["candidates"].as_array().unwrap();
+            let theirs = want["candidates"].as_array().unwrap();
+            assert_eq!(ours.len(), theirs.len(), "{name} {variant}: candidates");
+            let mut all_compared = true;
+            for (c, w) in ours.iter().zip(theirs) {
+                let at = format!("{name} {variant} {}", w["id"]);
+                let config = &c["prediction_config"];
+                let mut workers = serde_json::Map::new();
+                for (role, _) in w["workers"].as_object().unwrap() {
+                    let r = &config["engine"]["workers"][role];
+                    workers.insert(
+                        role.clone(),
+                        json!([
+                            r["parallelism"]["replicas"],
+                            r["parallelism"]["tensor"],
+                            r["scheduler"]["max_batched_tokens"],
+                            r["scheduler"]["max_sequences"],
+                            r.pointer("/kv_cache/capacity/memory_fraction").cloned().unwrap_or(Value::Null)
+                        ]),
+                    );
+                }
+                let got = json!([c["candidate_id"], c["status"], c["used_gpus"], workers]);
+                assert_eq!(got, json!([w["id"], w["status"], w["used_gpus"], w["workers"]]), "{at}");
+                // The router: the policy, and under kv_router its knobs (numbers compared as such).
+                let (r, wr) = (&config["router"], &w["router"]);
+                assert_eq!(r["policy"], wr.get("policy").cloned().unwrap_or(Value::Null), "{at}: router");
+                if wr["policy"] == "kv_router" {
+                    assert_eq!(r["prefill_load_model"]["type"], wr["prefill_load_model"]["type"], "{at}");
+                    for k in ["overlap_score_credit", "prefill_load_scale", "temperature"] {
+                        assert_eq!(r[k].as_f64(), wr[k].as_f64(), "{at}: router.{k}");
+                    }
+                }
+                // The load each candidate ran: its concurrency, or its request rate.
+                let load = &config["traffic"]["load"];
+                match load["type"].as_str() {
+                    Some("concurrency") => assert_eq!(load["concurrency"], w["load"]["concurrency"], "{at}: load"),
+                    _ => assert_eq!(
+                        load["requests_per_second"].as_f64(),
+                        w["load"]["request_rate"].as_f64(),
+                        "{at}: load"
+                    ),
+                }
+                if w["status"] != "feasible" {
+                    assert_eq!(c["reason_category"], w["reason_category"], "{at}");
+                }
+                if w["score_compared"] != json!(true) {
+                    all_compared = false;
+                    continue;
+                }
+                match (c["score"].as_f64(), w["score"].as_f64()) {
+                    (Some(x), Some(y)) => assert!(deviation(x, y) <= 1e-9, "{at}: score {x}, reference {y}"),
+                    (x, y) => assert_eq!(x, y, "{at}: score"),
+                }
+            }
+            if all_compared {
+                assert_eq!(doc["views"]["top_n"], want["top_n"], "{name} {variant}: ranking");
+            }
+        }
+    }
+}

@@ -20,9 +20,6 @@ use super::space::{get, Branch, Identity, Knob, Optimization, Optimizer, Search,
 use crate::error::DeployError;
 use crate::schema;
 
-/// An arm's GPUs (a (backend, topology) pair), for target min_gpus.
-type GpusOf<'a> = dyn Fn(&(usize, usize)) -> u64 + 'a;
-
 /// The keys `engine.afd` takes in a recommend configuration.
 const KEYS: [&str; 11] = [
     "phase",
@@ -484,6 +481,7 @@ pub(super) fn read_search(
     let space = Space { base: base.clone(), identity, backend_versions, branches, routers: Vec::new() };
     let mut selected: Vec<usize> = (0..total).collect();
     let mut random_draw = None;
+    let mut random_plan = None;
     if optimizer.algorithm == "random" {
         if let Some(why) = value_sampled {
             random_draw = Some(format!("chacha12 (not the reference's draw: {why})"));
@@ -495,32 +493,17 @@ pub(super) fn read_search(
         } else {
             // The reference's sampler over the AFD branch: its arms are the (backend, topology)
             // pairs, topology-major, each drawing from the grid of the load's values; the branch's
-            // seed is the search's plus 2 (the reference's offset of `afd`).
-            let grid = per_branch / topology_gpus.len();
+            // seed is the search's plus 2 (the reference's offset of `afd`). The search replays it
+            // round by round: a topology the op model cannot measure fails the reference's
+            // candidate build and a strict-SLA miss does not complete either, so each is re-asked
+            // within its round.
             let arms: Vec<(usize, usize)> =
                 (0..topology_gpus.len()).flat_map(|t| (0..backends.len()).map(move |b| (b, t))).collect();
-            let gpus = |&(_, t): &(usize, usize)| topology_gpus[t];
-            let smallest: Option<&GpusOf> = if optimization.target == "min_gpus" { Some(&gpus) } else { None };
-            let index = |(b, t): (usize, usize), g: u64| b * per_branch + t * grid + g as usize;
-            // A topology the op model cannot measure fails the reference's candidate build, which
-            // its round replaces with another draw (whatever the load, so once per topology).
-            let mut measured: std::collections::HashMap<(usize, usize), bool> = Default::default();
-            let mut builds = |arm: &(usize, usize), g: u64| {
-                *measured.entry(*arm).or_insert_with(|| {
-                    schema::read_predict(&space.tree(index(*arm, g))).and_then(|c| crate::afd::measure_only(&c)).is_ok()
-                })
-            };
-            selected = super::pyrandom::draw_arms(
-                u128::from(optimizer.seed) + 2,
-                arms,
-                grid as u64,
-                &optimizer,
-                smallest,
-                &mut builds,
-            )
-            .into_iter()
-            .map(|(arm, g)| index(arm, g))
-            .collect();
+            let gpus = arms.iter().map(|&(_, t)| topology_gpus[t]).collect();
+            let plan = super::pyrandom::afd_plan(&space, 0, arms, gpus, &optimizer, &optimization)
+                .map_err(|why| DeployError::new("optimizer", why))?;
+            selected = plan.picks(&space).into_iter().map(|p| p.index).collect();
+            random_plan = Some(plan);
             random_draw = Some(super::pyrandom::REFERENCE_DRAW.to_string());
         }
     }
@@ -540,12 +523,12 @@ pub(super) fn read_search(
         kv_excluded: 0,
         planner_backtest: None,
         random_draw,
-        random_plan: None,
+        random_plan,
     })
 }
 
 /// Why the reference samples a load knob by value rather than by index (a log range, or a
-/// range without a step), if one is: [`super::pyrandom::draw_arms`] draws grid indexes only.
+/// range without a step), if one is: [`super::pyrandom::afd_plan`] draws grid indexes only.
 fn value_sampled(base: &Value, load_knobs: &[Knob]) -> Option<String> {
     load_knobs.iter().find_map(|k| {
         let path: Vec<&str> = k.path.iter().map(String::as_str).collect();

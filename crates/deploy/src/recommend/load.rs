@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use super::limits::{decimal_steps, doublings};
-use super::space::{get, Knob};
+use super::space::{get, Knob, Sampled};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use crate::schema;
@@ -18,8 +18,10 @@ use servesim_config::Reader;
 const LOAD_DOMAINS: [&str; 5] = ["concurrency", "requests_per_second", "sessions_per_second", "fraction", "speedup"];
 
 /// The load's searched keys, as knobs over `traffic.load.<key>`; checks the KV-relative load's
-/// own rules (a synthetic source, a `fraction`).
-pub(super) fn load_knobs(base: &Value) -> Result<Vec<Knob>, DeployError> {
+/// own rules (a synthetic source, a `fraction`). With `random` (the reference's random draw), a
+/// range the reference samples by value (a log range, or a linear one without a step) is
+/// sampled by value: its knob lists only its lower bound, as a stand-in.
+pub(super) fn load_knobs(base: &Value, random: bool) -> Result<Vec<Knob>, DeployError> {
     let Some(load) = get(base, &["traffic", "load"]).filter(|l| l.is_object()) else { return Ok(Vec::new()) };
     if load.get("type").and_then(Value::as_str) == Some("kv_capacity_fraction") {
         if load.get("fraction").is_none_or(Value::is_null) {
@@ -33,8 +35,24 @@ pub(super) fn load_knobs(base: &Value) -> Result<Vec<Knob>, DeployError> {
     for key in LOAD_DOMAINS {
         let Some(v) = load.get(key).filter(|v| v.is_object()) else { continue };
         let path = format!("traffic.load.{key}");
-        let values = positive_numbers(&path, v, key == "concurrency")?;
-        knobs.push(Knob::new(["traffic", "load", key].iter().map(|s| s.to_string()).collect(), values));
+        let integer = key == "concurrency";
+        let kpath: Vec<String> = ["traffic", "load", key].iter().map(|s| s.to_string()).collect();
+        match by_value(v, integer).filter(|_| random) {
+            Some(sampled @ Sampled::Continuous { min, max, .. }) => {
+                // The range checked as a grid reads it (keys, bounds), then sampled by value.
+                let mut checked = v.clone();
+                if let Some(r) = checked.get_mut("range").and_then(Value::as_object_mut) {
+                    if !integer {
+                        r.remove("scale");
+                        r.insert("step".into(), json!(max - min));
+                    }
+                }
+                positive_numbers(&path, &checked, integer)?;
+                let stand_in = if integer { json!(min as u64) } else { json!(min) };
+                knobs.push(Knob { sampled: Some(sampled), ..Knob::new(kpath, vec![stand_in]) });
+            }
+            _ => knobs.push(Knob::new(kpath, positive_numbers(&path, v, integer)?)),
+        }
     }
     Ok(knobs)
 }
@@ -111,6 +129,21 @@ pub(super) fn positive_numbers(path: &str, v: &Value, integer: bool) -> Result<V
     Ok(out)
 }
 
+/// A load range the reference samples by value: a log range, or a linear float range without a
+/// step (an integer linear one needs a step), with distinct positive finite bounds.
+fn by_value(v: &Value, integer: bool) -> Option<Sampled> {
+    let r = v.get("range")?;
+    let (min, max) = (r.get("min")?.as_f64()?, r.get("max")?.as_f64()?);
+    let log = r.get("scale").and_then(Value::as_str) == Some("log");
+    let sampled = log || (!integer && r.get("step").is_none());
+    (sampled && min.is_finite() && max.is_finite() && min > 0.0 && min < max).then_some(Sampled::Continuous {
+        min,
+        max,
+        log,
+        integer,
+    })
+}
+
 fn positive(x: &Value) -> Option<f64> {
     x.as_f64().filter(|f| f.is_finite() && *f > 0.0 && !x.is_boolean())
 }
@@ -183,7 +216,7 @@ mod tests {
 
     fn knobs(load: Value) -> Result<Vec<(String, Vec<Value>)>, String> {
         let base = json!({"traffic": {"source": {"type": "synthetic"}, "load": load}});
-        load_knobs(&base)
+        load_knobs(&base, false)
             .map(|ks| ks.into_iter().map(|k| (k.path.join("."), k.values)).collect())
             .map_err(|e| e.to_string())
     }

@@ -21,14 +21,21 @@
 //! sharded; a mode that runs dry hands its unused trials to the others. The reference's retry of
 //! a timed-out trial (`RandomBranchSampler.retry`) never applies: a servesim trial has no timeout.
 //!
+//! A router section's settings are the adapter's knobs, after the traffic load: the policy (one
+//! value), then under kv_router the prefill load model, overlap credit, prefill load scale and
+//! temperature. A router that searches both policies is the reference's
+//! `ConditionalBranchSampler`: a sampler per policy, seeded `(seed + int(sha256(arm)[:8], 16)) %
+//! (2^31 - 1)` from its selector assignment, taking turns from a cursor ([`Conditional`]). A
+//! scalar KV-relative load is a knob of one value (it takes a log-weighted draw of its own); a
+//! traffic range the reference samples by value (log, or linear without step) is drawn by value,
+//! a concurrency rounded ties to even.
+//!
 //! [`plan`] returns why not (the caller keeps its own ChaCha12 draw, says so in the provenance,
-//! and refuses a continuous range, which only this draw samples) for: a searched router or
-//! planner (the reference's adapter knobs, a conditional sampler per router policy), a knob
-//! sampled by value beside a router or planner section, a searched traffic load or a KV-relative
-//! load (the reference's single-valued adapter and load knobs each take a draw of their own), a
-//! continuous or log traffic range, a searched encoder pool, and backends of one mode searching
-//! different grids. AFD (`afd.rs`) builds its own arms, the topologies, and draws with
-//! [`draw_arms`].
+//! and refuses a continuous range, which only this draw samples) for: a searched planner (the
+//! reference draws over the planner adapter's knob product, servesim lists its distinct
+//! settings), a knob sampled by value beside a planner section, a searched encoder pool, and
+//! backends of one mode searching different grids. AFD (`afd.rs`) builds its own arms, the
+//! topologies, and draws with [`afd_plan`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -176,6 +183,7 @@ pub struct Dims {
 
 impl Dims {
     /// A plain grid of `size` indexes.
+    #[cfg(test)]
     pub fn grid(size: u64) -> Dims {
         Dims { digits: vec![Digit { size, log: None }], floats: Vec::new() }
     }
@@ -298,13 +306,53 @@ impl<A: Clone> BranchDraw<A> {
     }
 }
 
+/// One mode's samplers as the reference's `ConditionalBranchSampler` takes turns over them (a
+/// searched router policy: one sampler per policy, each over that policy's knobs); a mode
+/// without a conditional knob has one. An ask is split over the samplers with draws left,
+/// round-robin from a cursor that moves on by the ask's size, and their draws are interleaved
+/// in that order.
+pub struct Conditional<A> {
+    samplers: Vec<BranchDraw<A>>,
+    cursor: usize,
+}
+
+impl<A: Clone> Conditional<A> {
+    pub fn new(samplers: Vec<BranchDraw<A>>) -> Self {
+        Conditional { samplers, cursor: 0 }
+    }
+
+    pub fn exhausted(&self) -> bool {
+        self.samplers.iter().all(BranchDraw::exhausted)
+    }
+
+    pub fn suggest(&mut self, count: usize) -> Vec<Drawn<A>> {
+        let active: Vec<usize> = (0..self.samplers.len()).filter(|&i| !self.samplers[i].exhausted()).collect();
+        if count == 0 || active.is_empty() {
+            return Vec::new();
+        }
+        let order: Vec<usize> = (0..count).map(|i| active[(self.cursor + i) % active.len()]).collect();
+        self.cursor = (self.cursor + count) % active.len();
+        let mut batches: Vec<VecDeque<Drawn<A>>> = (0..self.samplers.len())
+            .map(|i| {
+                let n = order.iter().filter(|&&o| o == i).count();
+                if n > 0 {
+                    self.samplers[i].suggest(n).into()
+                } else {
+                    VecDeque::new()
+                }
+            })
+            .collect();
+        order.into_iter().filter_map(|i| batches[i].pop_front()).collect()
+    }
+}
+
 /// The reference's rounds over the modes' samplers: per cycle (at most `max_rounds`) each mode
 /// with budget left asks `min(per_round, budget left)` and re-asks, within the round, for each
 /// trial that did not complete (`run` evaluates a batch and says how many did), up to 11 asks
 /// per round; a mode short of its round's target stops, and one whose sampler ran dry splits
 /// its unused budget over the modes still drawing. `run` gets (mode, draws) in evaluation order.
 pub fn schedule<A: Clone>(
-    draws: &mut [BranchDraw<A>],
+    draws: &mut [Conditional<A>],
     mut budgets: Vec<u64>,
     per_round: u64,
     max_rounds: u64,
@@ -360,27 +408,42 @@ pub fn schedule<A: Clone>(
     }
 }
 
-/// An arm's GPUs (shape set of a branch), for target min_gpus.
+/// An arm's GPUs (its position in the mode's arms), for target min_gpus.
 type GpusOf<'a> = dyn Fn(&(usize, usize)) -> u64 + 'a;
 
-/// Where a sampler's index digit lands in servesim's candidate: a knob's value index, the
-/// router × planner index, or an integer range's value (min + digit).
+/// Where a sampler's index digit lands in servesim's candidate: a knob's value index, an integer
+/// range's value (min + digit), a step of the router index, or nowhere (a single-valued domain
+/// of the reference's that servesim's space does not list, such as a fixed KV-relative load or
+/// planner; it still takes a log-weighted draw of its own).
 #[derive(Clone, Debug, PartialEq)]
 enum Slot {
     Knob(usize),
-    Adapters,
     Integer(usize, u64),
+    Router(usize),
+    Unit,
 }
 
-/// One mode's sampler as the search replays it: seed, arms (branch, shape set) before the
-/// shuffle, the knobs' digits and where each lands, the continuous knobs, min_gpus ordering.
+/// One sampler of a mode: its seed, the knobs' digits and where each lands, the continuous knobs
+/// (knob position; whether the value is rounded to an integer, as a concurrency is), and the
+/// router index its router digits start from.
 #[derive(Clone, Debug)]
-pub struct ModePlan {
+struct Sampler {
     seed: u128,
-    arms: Vec<(usize, usize)>,
     dims: Dims,
     slots: Vec<Slot>,
-    floats: Vec<usize>,
+    floats: Vec<(usize, bool)>,
+    router_base: usize,
+}
+
+/// One mode's samplers as the search replays them: the arms (branch, shape set) before the
+/// shuffle and their GPUs, a sampler per conditional arm (one without), min_gpus ordering. With
+/// `arm_knob` (AFD: the topology), an arm's second number is that knob's value, not a shape set.
+#[derive(Clone, Debug)]
+pub struct ModePlan {
+    arms: Vec<(usize, usize)>,
+    gpus: Vec<u64>,
+    arm_knob: Option<usize>,
+    samplers: Vec<Sampler>,
     smallest_first: bool,
 }
 
@@ -398,19 +461,33 @@ impl Plan {
     /// Runs the search: `run` evaluates each batch of picks (in evaluation order) and says how
     /// many completed (the reference re-asks for the others within the round).
     pub fn run(&self, space: &Space, run: &mut dyn FnMut(Vec<Pick>) -> u64) {
-        let mut draws: Vec<BranchDraw<(usize, usize)>> = self
+        let mut draws: Vec<Conditional<(usize, usize)>> = self
             .modes
             .iter()
             .map(|m| {
-                let gpus =
-                    |&(b, s): &(usize, usize)| space.branches[b].shape_sets[s].iter().map(|x| x.gpus()).sum::<u64>();
+                let gpus = |&(a, _): &(usize, usize)| m.gpus[a];
                 let smallest: Option<&GpusOf> = if m.smallest_first { Some(&gpus) } else { None };
-                BranchDraw::new(m.seed, m.arms.clone(), m.dims.clone(), smallest)
+                Conditional::new(
+                    m.samplers
+                        .iter()
+                        .enumerate()
+                        .map(|(k, sm)| {
+                            let arms = (0..m.arms.len()).map(|a| (a, k)).collect();
+                            BranchDraw::new(sm.seed, arms, sm.dims.clone(), smallest)
+                        })
+                        .collect(),
+                )
             })
             .collect();
         schedule(&mut draws, self.budgets.clone(), self.per_round, self.max_rounds, &mut |m, got| {
             let plan = &self.modes[m];
-            run(got.into_iter().map(|((b, s), index, floats)| plan.pick(space, b, s, index, &floats)).collect())
+            run(got
+                .into_iter()
+                .map(|((a, k), index, floats)| {
+                    let (b, s) = plan.arms[a];
+                    plan.samplers[k].pick(space, b, s, plan.arm_knob, index, &floats)
+                })
+                .collect())
         });
     }
 
@@ -426,10 +503,10 @@ impl Plan {
     }
 }
 
-impl ModePlan {
-    /// The candidate of branch `b`, shape set `s` that the sampler's knob `index` and
-    /// continuous values name.
-    fn pick(&self, space: &Space, b: usize, s: usize, index: u64, floats: &[f64]) -> Pick {
+impl Sampler {
+    /// The candidate of branch `b`, shape set `s` (or value `s` of `arm_knob`, shape set 0)
+    /// that the sampler's knob `index` and continuous values name.
+    fn pick(&self, space: &Space, b: usize, s: usize, arm_knob: Option<usize>, index: u64, floats: &[f64]) -> Pick {
         let br = &space.branches[b];
         let mut digits = vec![0u64; self.dims.digits.len()];
         let mut rest = index;
@@ -438,24 +515,35 @@ impl ModePlan {
             rest /= d.size;
         }
         let mut knob_digit = vec![0usize; br.knobs.len()];
-        let mut adapters = 0usize;
+        let s = match arm_knob {
+            Some(k) => {
+                knob_digit[k] = s;
+                0
+            }
+            None => s,
+        };
+        let mut router = self.router_base;
         let mut drawn = Vec::new();
         for (slot, &d) in self.slots.iter().zip(&digits) {
             match *slot {
                 Slot::Knob(k) => knob_digit[k] = d as usize,
-                Slot::Adapters => adapters = d as usize,
                 Slot::Integer(k, min) => drawn.push((k, Value::from(min + d))),
+                Slot::Router(stride) => router += d as usize * stride,
+                Slot::Unit => {}
             }
         }
-        for (&k, &f) in self.floats.iter().zip(floats) {
-            drawn.push((k, Value::from(f)));
+        for (&(k, integer), &f) in self.floats.iter().zip(floats) {
+            // The reference's integer load: `max(1, round(value))`, ties to even.
+            let v = if integer { Value::from(f.round_ties_even().max(1.0) as u64) } else { Value::from(f) };
+            drawn.push((k, v));
         }
         let mut local = 0usize;
         for (k, knob) in br.knobs.iter().enumerate() {
             local = local * knob.values.len() + knob_digit[k];
         }
-        let adapters_size = space.routers.len().max(1) * br.planners.len().max(1);
-        local = local * adapters_size + adapters;
+        // At most one planner setting here (several are refused), so the planner digit is 0.
+        let planners = br.planners.len().max(1);
+        local = (local * space.routers.len().max(1) + router) * planners;
         Pick { index: br.start + s * space.per_shape(b) + local, drawn }
     }
 }
@@ -469,27 +557,81 @@ fn integer_rank(path: &[String]) -> (usize, usize) {
     (role.unwrap_or(3), key.unwrap_or(3))
 }
 
-/// Branch `b`'s sampler dimensions and where each lands, or why the reference's differ.
-fn branch_dims(space: &Space, b: usize) -> Result<(Dims, Vec<Slot>, Vec<usize>), String> {
+/// The router adapter's selector name, as the reference namespaces it.
+const ROUTER_SELECTOR: &str = "adapter::dynamo.router::mode";
+
+/// The seed of a conditional arm: `(seed + int(sha256(json)[:8], 16)) % (2^31 - 1)`, the JSON
+/// being the arm's selector assignment (`{"<selector>":"<value>"}`, as Python's `json.dumps`
+/// with sorted keys and compact separators writes it).
+fn arm_seed(seed: u128, selector: &str, value: &str) -> u128 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{{\"{selector}\":\"{value}\"}}").as_bytes());
+    let head = u128::from(u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]));
+    (seed + head) % ((1u128 << 31) - 1)
+}
+
+/// The router settings' domains as the adapter lists them: per policy (in the configuration's
+/// order) its first index in `space.routers`, and the kv_router knobs' value counts
+/// (prefill load model, overlap credit, prefill load scale, temperature; the last fastest).
+fn router_domains(space: &Space) -> (Vec<(String, usize)>, [usize; 4]) {
+    let mut policies: Vec<(String, usize)> = Vec::new();
+    let mut seen: [Vec<&Value>; 4] = Default::default();
+    for (i, r) in space.routers.iter().enumerate() {
+        let policy = r.get("policy").and_then(Value::as_str).unwrap_or("round_robin").to_string();
+        if !policies.iter().any(|(p, _)| *p == policy) {
+            policies.push((policy.clone(), i));
+        }
+        if policy == "kv_router" {
+            let values = [
+                r.pointer("/prefill_load_model/type"),
+                r.get("overlap_score_credit"),
+                r.get("prefill_load_scale"),
+                r.get("temperature"),
+            ];
+            for (j, v) in values.into_iter().enumerate() {
+                if let Some(v) = v {
+                    if !seen[j].contains(&v) {
+                        seen[j].push(v);
+                    }
+                }
+            }
+        }
+    }
+    (policies, seen.map(|v| v.len().max(1)))
+}
+
+/// Branch `b`'s samplers in the reference's order of its knobs (the engine's, a fixed
+/// KV-relative load, the traffic load, the router's and planner's adapter knobs, then the
+/// integer ranges; continuous ranges by value), one per router policy when the router policy
+/// is searched (its `ConditionalBranchSampler`), each seeded from `seed`; or why the
+/// reference's differ.
+fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>) -> Result<Vec<Sampler>, String> {
     let br = &space.branches[b];
     let mut dims = Dims { digits: Vec::new(), floats: Vec::new() };
     let mut slots = Vec::new();
     let mut floats = Vec::new();
     let mut integers = Vec::new();
-    for (k, knob) in br.knobs.iter().enumerate() {
+    let kv_load = space.base.pointer("/traffic/load/type").and_then(Value::as_str) == Some("kv_capacity_fraction");
+    let mut fixed_kv_load = kv_load && space.base.pointer("/traffic/load/fraction").is_some_and(|f| !f.is_object());
+    for (k, knob) in br.knobs.iter().enumerate().filter(|&(k, _)| Some(k) != arm_knob) {
         let path: Vec<&str> = knob.path.iter().map(String::as_str).collect();
         if path == ["engine", "workers", "encoder"] {
             return Err("a searched encoder pool".into());
         }
+        // The reference's scalar KV load ratio is a knob of one value before the traffic load.
+        if path[0] == "traffic" && std::mem::take(&mut fixed_kv_load) {
+            dims.digits.push(Digit { size: 1, log: None });
+            slots.push(Slot::Unit);
+        }
         match knob.sampled {
             Some(Sampled::Integers { min, max }) => integers.push((integer_rank(&knob.path), k, min, max)),
-            Some(Sampled::Continuous { min, max, log }) => {
+            Some(Sampled::Continuous { min, max, log, integer }) => {
                 dims.floats.push((min, max, log));
-                floats.push(k);
+                floats.push((k, integer));
             }
             None => {
-                // A traffic range without a step, or a log one, is sampled by value in the
-                // reference (the load's float range), after the engine's.
+                // A traffic range without a step, or a log one, is sampled by value when the
+                // search is random (its knob says so); one listed as a grid here is not.
                 if let Some(range) = get(&space.base, &path).and_then(|v| v.get("range")) {
                     let log = range.get("scale").and_then(Value::as_str) == Some("log");
                     let same = range.get("min").is_some() && range.get("min") == range.get("max");
@@ -503,37 +645,67 @@ fn branch_dims(space: &Space, b: usize) -> Result<(Dims, Vec<Slot>, Vec<usize>),
             }
         }
     }
-    let adapters = space.routers.len().max(1) * br.planners.len().max(1);
-    if space.routers.len() > 1 {
-        return Err("a searched router (the reference's adapter knobs)".into());
-    }
-    if br.planners.len() > 1 {
-        return Err("a searched planner (the reference's adapter knobs)".into());
+    if fixed_kv_load {
+        dims.digits.push(Digit { size: 1, log: None });
+        slots.push(Slot::Unit);
     }
     let by_value = !integers.is_empty() || !dims.floats.is_empty();
-    if by_value && (!space.routers.is_empty() || !br.planners.is_empty()) {
-        // Drawn by value, every single-valued adapter knob takes a draw of its own.
-        return Err("a knob sampled by value beside a router or planner section (the reference's adapter knobs)".into());
+    if br.planners.len() > 1 {
+        return Err(
+            "a searched planner (the reference's adapter knobs, each drawn over the planner's knob product)".into()
+        );
     }
-    if by_value && br.knobs.iter().any(|k| k.path[0] == "traffic") {
-        return Err("a knob sampled by value beside a searched traffic load".into());
+    if by_value && !br.planners.is_empty() {
+        // Drawn by value, every single-valued planner knob takes a draw of its own.
+        return Err("a knob sampled by value beside a planner section (the reference's adapter knobs)".into());
     }
-    // The router and planner settings (one each here) are knobs of the reference's space only
-    // when their sections are given.
-    if !space.routers.is_empty() || !br.planners.is_empty() {
-        dims.digits.push(Digit { size: adapters as u64, log: None });
-        slots.push(Slot::Adapters);
-    }
+    // The adapter knobs: the router's (a selector per policy when it searches both, its kv_router
+    // knobs after every other adapter knob), then the planner's, one setting here: its knobs all
+    // single-valued, which leave a draw unweighted by value as it is, wherever they stand.
+    let planner_digit = |dims: &mut Dims, slots: &mut Vec<Slot>| {
+        if !br.planners.is_empty() {
+            dims.digits.push(Digit { size: 1, log: None });
+            slots.push(Slot::Unit);
+        }
+    };
     integers.sort_by_key(|&(rank, ..)| rank);
-    for (_, k, min, max) in integers {
-        dims.digits.push(Digit { size: max - min + 1, log: Some((min, max)) });
-        slots.push(Slot::Integer(k, min));
+    let finish = |mut dims: Dims, mut slots: Vec<Slot>, seed: u128, router_base: usize| {
+        for &(_, k, min, max) in &integers {
+            dims.digits.push(Digit { size: max - min + 1, log: Some((min, max)) });
+            slots.push(Slot::Integer(k, min));
+        }
+        Sampler { seed, dims, slots, floats: floats.clone(), router_base }
+    };
+    if space.routers.is_empty() {
+        planner_digit(&mut dims, &mut slots);
+        return Ok(vec![finish(dims, slots, seed, 0)]);
     }
-    let kv_load = space.base.pointer("/traffic/load/type").and_then(Value::as_str) == Some("kv_capacity_fraction");
-    if by_value && kv_load {
-        return Err("a knob sampled by value beside a KV-relative load (the reference's kv_load_ratio knob)".into());
+    let (policies, [models, credits, scales, temperatures]) = router_domains(space);
+    let kv_digits = |dims: &mut Dims, slots: &mut Vec<Slot>| {
+        let strides = [credits * scales * temperatures, scales * temperatures, temperatures, 1];
+        for (size, stride) in [models, credits, scales, temperatures].into_iter().zip(strides) {
+            dims.digits.push(Digit { size: size as u64, log: None });
+            slots.push(Slot::Router(stride));
+        }
+    };
+    let mut out = Vec::new();
+    for (policy, base) in &policies {
+        let (mut dims, mut slots) = (dims.clone(), slots.clone());
+        // The policy selector: one value per sampler when both policies are searched.
+        dims.digits.push(Digit { size: 1, log: None });
+        slots.push(Slot::Router(0));
+        if policies.len() == 1 && policy == "kv_router" {
+            kv_digits(&mut dims, &mut slots);
+        }
+        planner_digit(&mut dims, &mut slots);
+        // A conditional arm's knobs come after every other adapter knob.
+        if policies.len() > 1 && policy == "kv_router" {
+            kv_digits(&mut dims, &mut slots);
+        }
+        let seed = if policies.len() > 1 { arm_seed(seed, ROUTER_SELECTOR, policy) } else { seed };
+        out.push(finish(dims, slots, seed, *base));
     }
-    Ok((dims, slots, floats))
+    Ok(out)
 }
 
 /// The reference's random search over `pools` (per mode with candidates left, the KV-feasible
@@ -577,19 +749,24 @@ pub(super) fn plan(
                 }
             }
         }
-        let (dims, slots, floats) = branch_dims(space, b0)?;
+        let offset: u128 = if mode == "disaggregated" { 1 } else { 0 };
+        let seed = u128::from(optimizer.seed) + offset;
+        let samplers = branch_samplers(space, b0, seed, None)?;
+        let shape = |s: &[Sampler]| s.iter().map(|x| (x.dims.clone(), x.slots.clone())).collect::<Vec<_>>();
         for (b, br) in space.branches.iter().enumerate() {
-            if br.mode == mode && (space.per_shape(b) != per_shape || branch_dims(space, b)?.0 != dims) {
+            if br.mode == mode
+                && (space.per_shape(b) != per_shape
+                    || shape(&branch_samplers(space, b, seed, None)?) != shape(&samplers))
+            {
                 return Err("the backends of one mode search different knob grids".into());
             }
         }
-        let offset: u128 = if mode == "disaggregated" { 1 } else { 0 };
+        let gpus = arms.iter().map(|&(b, s)| space.branches[b].shape_sets[s].iter().map(|x| x.gpus()).sum()).collect();
         modes.push(ModePlan {
-            seed: u128::from(optimizer.seed) + offset,
             arms,
-            dims,
-            slots,
-            floats,
+            gpus,
+            arm_knob: None,
+            samplers,
             smallest_first: optimization.target == "min_gpus",
         });
     }
@@ -597,57 +774,25 @@ pub(super) fn plan(
     Ok(Plan { modes, budgets, per_round, max_rounds })
 }
 
-/// The reference's random draw of one mode whose arms the caller builds (AFD: its topologies
-/// by backend, in the reference's pair order), each arm a knob grid of `grid` indexes, seeded
-/// `seed` (the mode's offset included); `smallest_first` is target min_gpus' arm order.
-/// `builds` says whether a draw's candidate builds: one that does not takes a trial but not a
-/// place in its round, which asks again (as the reference's round does after a failed
-/// materialisation), and is recorded before the ask's candidates that build (the reference
-/// records it while it materialises the ask, before their replays). Returns (arm, grid index)
-/// in the reference's record order, `optimizer.max_trials` at most.
-pub(super) fn draw_arms<A: Clone>(
-    seed: u128,
-    arms: Vec<A>,
-    grid: u64,
+/// The reference's random draw of the AFD branch (`afd.rs`): one mode seeded `seed + 2`, its arms
+/// the (backend branch, topology) pairs `arms` (the topology a value of knob `topology`, in the
+/// reference's pair order) with their GPUs, each drawing from the grid of the branch's other
+/// knobs (the load's values), in the reference's rounds: a trial that does not complete (a
+/// topology the op model cannot measure, a strict-SLA miss) is re-asked within its round.
+pub(super) fn afd_plan(
+    space: &Space,
+    topology: usize,
+    arms: Vec<(usize, usize)>,
+    gpus: Vec<u64>,
     optimizer: &Optimizer,
-    smallest_first: Option<&dyn Fn(&A) -> u64>,
-    builds: &mut dyn FnMut(&A, u64) -> bool,
-) -> Vec<(A, u64)> {
+    optimization: &Optimization,
+) -> Result<Plan, String> {
     let trials = u64::from(optimizer.max_trials);
     let per_round = u64::from(optimizer.parallelism.max(1)).min(trials).max(1);
-    let max_rounds = trials.div_ceil(per_round).max(1);
-    let mut draw = BranchDraw::new(seed, arms, Dims::grid(grid), smallest_first);
-    let mut attempts = 0;
-    let mut out = Vec::new();
-    for _ in 0..max_rounds {
-        if attempts >= trials {
-            break;
-        }
-        let target = per_round.min(trials - attempts);
-        let (mut unique, mut tried) = (0, 0);
-        let max_attempts = per_round * 11;
-        while unique < target && tried < max_attempts {
-            let ask = (target - unique).min(max_attempts - tried).min(trials - attempts);
-            if ask == 0 {
-                break;
-            }
-            let got: Vec<(A, u64)> = draw.suggest(ask as usize).into_iter().map(|(a, g, _)| (a, g)).collect();
-            if got.is_empty() {
-                break;
-            }
-            tried += got.len() as u64;
-            attempts += got.len() as u64;
-            let (good, failed): (Vec<_>, Vec<_>) = got.into_iter().partition(|(a, g)| builds(a, *g));
-            unique += good.len() as u64;
-            out.extend(failed);
-            out.extend(good);
-        }
-        // A round short of its target, or a sampler run dry, stops the mode.
-        if unique < target || draw.exhausted() {
-            break;
-        }
-    }
-    out
+    let samplers = branch_samplers(space, 0, u128::from(optimizer.seed) + 2, Some(topology))?;
+    let mode =
+        ModePlan { arms, gpus, arm_knob: Some(topology), samplers, smallest_first: optimization.target == "min_gpus" };
+    Ok(Plan { modes: vec![mode], budgets: vec![trials], per_round, max_rounds: trials.div_ceil(per_round).max(1) })
 }
 
 #[cfg(test)]
@@ -784,25 +929,31 @@ mod tests {
     }
 
     #[test]
-    fn a_draw_that_does_not_build_is_recorded_first_and_replaced_in_its_round() {
-        // The draw of `draws_in_the_reference_order` (seed 7, five arms, grids of 3), 6 trials in
-        // rounds of 3, arm 4 failing its build: round one asks 3, one fails (recorded first) and
-        // one more is asked; round two asks the 2 trials left, one fails, and no trial is left
-        // to replace it.
-        let optimizer = Optimizer { algorithm: "random", max_trials: 6, parallelism: 3, seed: 7 };
-        let got = draw_arms(7, (0..5).collect::<Vec<u32>>(), 3, &optimizer, None, &mut |a, _| *a != 4);
-        assert_eq!(got, [(4, 0), (0, 2), (3, 0), (1, 1), (4, 2), (2, 2)]);
-        // Every draw building: the sampler's own order.
-        let got = draw_arms(7, (0..5).collect::<Vec<u32>>(), 3, &optimizer, None, &mut |_, _| true);
-        assert_eq!(got, [(4, 0), (0, 2), (3, 0), (1, 1), (2, 2), (4, 2)]);
+    fn a_conditional_sampler_takes_turns_from_its_cursor() {
+        // Two samplers (seeds 7 and 42, the draws of `draws_in_the_reference_order`): asks of 3
+        // then 2 split [0, 1, 0] and, from the cursor's position 1, [1, 0], each sampler
+        // drawing in its own order; one that runs dry leaves the turns to the others.
+        let mut c = Conditional::new(vec![
+            BranchDraw::new(7, (0..5).collect::<Vec<u32>>(), Dims::grid(3), None),
+            BranchDraw::new(42, vec![9u32], Dims::grid(1000), None),
+        ]);
+        let got: Vec<(u32, u64)> = c.suggest(3).into_iter().chain(c.suggest(2)).map(|(a, i, _)| (a, i)).collect();
+        assert_eq!(got, [(4, 0), (9, 654), (0, 2), (9, 114), (3, 0)]);
+        let mut c = Conditional::new(vec![
+            BranchDraw::new(1, vec![0u32], Dims::grid(1), None),
+            BranchDraw::new(2, vec![1u32], Dims::grid(3), None),
+        ]);
+        let got: Vec<u32> = (0..4).flat_map(|_| c.suggest(1)).map(|(a, ..)| a).collect();
+        assert_eq!(got, [0, 1, 1, 1]);
+        assert!(c.exhausted());
     }
 
     #[test]
     fn schedule_interleaves_modes_and_hands_on_unused_trials() {
         // Mode 0 has 2 draws in all, mode 1 plenty: 7 trials, rounds of 2 (4 rounds at most).
         let mut draws = vec![
-            BranchDraw::new(1, vec![0u32], Dims::grid(2), None),
-            BranchDraw::new(2, vec![1u32], Dims::grid(100), None),
+            Conditional::new(vec![BranchDraw::new(1, vec![0u32], Dims::grid(2), None)]),
+            Conditional::new(vec![BranchDraw::new(2, vec![1u32], Dims::grid(100), None)]),
         ];
         let mut got = Vec::new();
         schedule(&mut draws, vec![4, 3], 2, 4, &mut |m, batch| {
@@ -814,8 +965,8 @@ mod tests {
         // A trial that does not complete is re-asked within its mode's round: mode 1's first
         // fails, so it asks a third before mode 0's second round; each mode spends its budget.
         let mut draws = vec![
-            BranchDraw::new(1, vec![0u32], Dims::grid(50), None),
-            BranchDraw::new(2, vec![1u32], Dims::grid(100), None),
+            Conditional::new(vec![BranchDraw::new(1, vec![0u32], Dims::grid(50), None)]),
+            Conditional::new(vec![BranchDraw::new(2, vec![1u32], Dims::grid(100), None)]),
         ];
         let (mut got, mut calls) = (Vec::new(), 0);
         schedule(&mut draws, vec![4, 4], 2, 4, &mut |m, batch| {

@@ -470,7 +470,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
     check_sla_targets(&base, &optimization, &sla)?;
     // The traffic load's domains, searched after each mode's worker knobs; a KV-relative load
     // is sized per candidate when it runs.
-    let load_knobs = super::load::load_knobs(&base)?;
+    let load_knobs = super::load::load_knobs(&base, optimizer.algorithm == "random")?;
     let speculation = match get(&base, &["engine"]) {
         Some(engine) => crate::schema::speculation::check_in_recommend(engine)?,
         None => None,
@@ -492,6 +492,8 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         // The AFD topology search (recommend/afd.rs).
         let identity = Identity { write_mode: mode_searched, write_backend: backend_searched, prune_roles: false };
         let planner = planner_section.is_some();
+        // AFD draws grid indexes only (afd.rs says why a range sampled by value is not).
+        let load_knobs = super::load::load_knobs(&base, false)?;
         return super::afd::read_search(
             base,
             optimization,
@@ -1305,6 +1307,7 @@ fn continuous_range(v: &Value) -> Option<Sampled> {
         min,
         max,
         log,
+        integer: false,
     })
 }
 

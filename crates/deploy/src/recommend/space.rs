@@ -52,8 +52,17 @@ impl Knob {
 /// the KV filter judges a shape by).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Sampled {
-    Integers { min: u64, max: u64 },
-    Continuous { min: f64, max: f64, log: bool },
+    Integers {
+        min: u64,
+        max: u64,
+    },
+    /// `integer`: the value drawn is rounded (ties to even, at least 1), as a concurrency is.
+    Continuous {
+        min: f64,
+        max: f64,
+        log: bool,
+        integer: bool,
+    },
 }
 
 /// A candidate chosen by random search: an index into the space, and the values drawn for its

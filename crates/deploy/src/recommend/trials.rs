@@ -231,8 +231,11 @@ pub(super) fn reference_random(
     plan.run(&search.space, &mut |batch| {
         let jobs: Vec<usize> = (0..batch.len()).collect();
         let job = |k: usize| (search.space.pick_tree(&batch[k]), batch[k].index);
-        let done = run_jobs(search, &jobs, &job, base_dir, threads, cache, progress);
+        let mut done = run_jobs(search, &jobs, &job, base_dir, threads, cache, progress);
         hits += done.cache_hits;
+        // The reference records a candidate whose build fails while it materialises the ask,
+        // before the ask's replays.
+        done.trials.sort_by_key(|t| t.reason_category != Some("candidate_materialization"));
         let complete =
             done.trials.iter().filter(|t| t.status == "feasible" && super::rank::gate(search, t).is_none()).count();
         trials.extend(done.trials);
