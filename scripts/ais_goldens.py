@@ -47,6 +47,10 @@ global layers, window-capped KV) on each backend, prompts and contexts inside an
 `msa_nvfp4_goldens`: nvidia/MiniMax-M3-NVFP4, the ModelOpt MIXED_PRECISION checkpoint (MXFP8
 projections and shared experts → fp8_block GEMMs, NVFP4 routed experts, bf16 KV and attention).
 
+`--mla-cp` prints instead the step times and KV capacity behind golden.rs's `mla_prefill_cp_goldens`:
+SGLang prefill context parallelism on DeepSeek-V3 (CP 4 beside two pipeline stages), Kimi-K2.5 (CP 2
+with one MTP layer) and DeepSeek-V3.1-NVFP4 (CP 2 on B200: the granular MLA chain).
+
 `--kimi-k3` prints instead the step times and KV capacity behind crates/perf/tests/kimi_k3.rs.
 `--qwen35` prints instead the step times and KV capacity behind crates/perf/tests/qwen35_goldens.rs:
 Qwen3.5 (GDN linear attention + gated full attention) dense 27B and MoE 35B-A3B on H200 / vLLM
@@ -427,6 +431,30 @@ GLIMMER_KV = [
     (GLIMMER, "h200_sxm", "sglang", dict(tp_size=1, cp_size=2), 1),
 ]
 
+
+# SGLang prefill context parallelism on the MLA family (`--mla-cp`): the fused module's layers shared
+# by the CP ranks (the granular chain's context kernel split zigzag), the latent-KV all-gather, the
+# dispatch's gather of the split prompt; pipeline hand-offs of the whole prompt; a decode step's
+# combine all-reduced over the CP ranks.
+MLA_CP_STEPS = [
+    ({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 1, "pp": 2, "cp_size": 4,
+      "moe_tp_size": 1, "moe_ep_size": 4},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("prefill", (3, 33000, 0)), ("prefill", (1, 1001, 0)),
+      ("decode", (16, 1100)), ("fpm", [MIXED])]),
+    ({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2, "nextn": 1},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("prefill", (3, 33000, 0)), ("prefill", (1, 1001, 0)),
+      ("decode", (16, 1100)), ("fpm", [MIXED])]),
+    ({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (1, 1024, 0)), ("prefill", (2, 2500, 700)), ("prefill", (3, 33000, 0)), ("prefill", (1, 1001, 0)),
+      ("decode", (16, 1100)), ("fpm", [MIXED])]),
+]
+MLA_CP_KV = [
+    ("deepseek-ai/DeepSeek-V3", "h200_sxm", "sglang", dict(tp_size=1, cp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+    ("moonshotai/Kimi-K2.5", "h200_sxm", "sglang", dict(tp_size=1, cp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
+]
+
 KV = [
     ("Qwen/Qwen3-32B", "h200_sxm", "vllm", dict(tp_size=2), 64),
     ("Qwen/Qwen3-8B", "h100_sxm", "vllm", dict(tp_size=1), 64),
@@ -543,6 +571,10 @@ def main():
     if "--glimmer" in sys.argv[1:]:
         print_steps(GLIMMER_STEPS)
         print_kv(GLIMMER_KV)
+        return
+    if "--mla-cp" in sys.argv[1:]:
+        print_steps(MLA_CP_STEPS)
+        print_kv(MLA_CP_KV)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

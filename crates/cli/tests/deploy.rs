@@ -940,15 +940,22 @@ fn pipeline_and_prefill_context_parallelism_match_the_reference() {
 
 /// SGLang prefill context parallelism beside routed experts: the plain MoE family (Qwen3-MoE),
 /// the hybrid local/global family (Llama-4 Scout) and Gemma 4, each at CP 2 with its experts over
-/// the same two GPUs, against the reference's predictions (the YAMLs say how they were recorded).
-/// What the prefill pays for the split is the dispatch's gather of every rank's tokens and the
-/// combine's scatter, plus one KV all-gather per attention kind (at 1024-token prompts this small
-/// MoE's mean TTFT is 3 % above one GPU's). The MLA families' CP graphs are refused by name.
+/// the same two GPUs, and the MLA family (DeepSeek-V3 at CP 8 over eight GPUs), against the
+/// reference's predictions (the YAMLs say how they were recorded). What the prefill pays for the
+/// split is the dispatch's gather of every rank's tokens and the combine's scatter, plus one KV
+/// all-gather per attention kind (at 1024-token prompts this small MoE's mean TTFT is 3 % above
+/// one GPU's); DeepSeek-V3's attention module runs at the whole prompt, its layers shared by the
+/// ranks. The DSA and DeepSeek-V4 families' CP graphs are refused by name.
 #[test]
 fn prefill_context_parallelism_beside_experts_matches_the_reference() {
-    for name in ["predict_prefill_cp_moe", "predict_prefill_cp_hybrid", "predict_prefill_cp_gemma4"] {
+    for (name, gpus) in [
+        ("predict_prefill_cp_moe", 2),
+        ("predict_prefill_cp_hybrid", 2),
+        ("predict_prefill_cp_gemma4", 2),
+        ("predict_prefill_cp_mla", 8),
+    ] {
         let Some((ours, _, worst)) = compare_with_reference(name) else { return };
-        assert_eq!(ours["decode_gpus_per_worker"], 2, "{name}: {ours}");
+        assert_eq!(ours["decode_gpus_per_worker"], gpus, "{name}: {ours}");
         assert!(worst < 1e-9, "{name}: {worst}");
     }
     let par = "engine.workers.aggregated.parallelism";
@@ -960,10 +967,10 @@ fn prefill_context_parallelism_beside_experts_matches_the_reference() {
         &["moe_tp_size × moe_ep_size (1 × 1, unset values default to 1) must equal tp × attention_dp × cp_size (1 × 1 × 2)"],
     );
     refused(
-        "prefill-cp-mla",
+        "prefill-cp-dsa",
         &yaml,
-        &["engine.model=deepseek-ai/DeepSeek-V3", &format!("{par}.prefill_context=8"), &format!("{par}.moe_expert=8")],
-        &["deepseek-ai/DeepSeek-V3: context parallelism (cp_size=8) is modelled for dense models, Gemma 4 and the plain and hybrid MoE families only"],
+        &["engine.model=deepseek-ai/DeepSeek-V3.2", &format!("{par}.prefill_context=8"), &format!("{par}.moe_expert=8")],
+        &["deepseek-ai/DeepSeek-V3.2: context parallelism (cp_size=8) is modelled for dense models, Gemma 4, the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5) and the plain and hybrid MoE families only"],
     );
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::db::{ctx_attn_sol_prefix, gen_attn_dtype, gen_attn_sol, Database, DatabaseMode, Dtype};
 use crate::error::{ErrorKind, PerfError, Result};
-use crate::model::{build_ops, Layout, ModelSpec, Op};
+use crate::model::{build_ops, Family, Layout, ModelSpec, Op};
 
 /// What one op is evaluated at.
 #[derive(Clone, Copy, Debug)]
@@ -501,9 +501,15 @@ impl Estimator {
     /// The tokens a context op processes on the busiest prefill context-parallel rank: its
     /// share of the prompt's `x`, except for the KV all-gather, which moves every token, and
     /// the MoE dispatch and experts, which see every rank's tokens (the dispatch gathers them).
+    /// The MLA graph's pipeline hand-off moves the whole prompt too, as the reference sizes it.
     fn cp_share(&self, op: &Op, x: u32) -> u32 {
         let cp = self.layout.cp.max(1);
-        if cp == 1 || matches!(op, Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_)) {
+        let whole = match op {
+            Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_) => true,
+            Op::P2P { .. } => self.model.family == Family::Mla,
+            _ => false,
+        };
+        if cp == 1 || whole {
             x
         } else {
             x.div_ceil(cp)

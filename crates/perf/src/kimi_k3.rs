@@ -464,6 +464,7 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
                 fmha: l.fmha,
                 gemm: l.gemm,
                 native_heads: m.heads,
+                cp: 1,
             };
             let mla = |kind: MlaKind| Op::Mla(mla_op("attention", kind));
             let bmm_op = |pre: bool| {

@@ -352,7 +352,15 @@ fn table_latency(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Resu
 
 /// `eval` of an MLA op: `scale × max(0, latency)`.
 pub fn eval_mla(db: &Database, op: &MlaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
-    Ok(mla_latency(db, op, b, s, prefix)?.max(0.0) * op.scale)
+    let latency = if op.kind == MlaKind::Context && op.cp > 1 {
+        // Prefill context parallelism: the prompt in 2·cp zigzag chunks, the busiest rank (0)
+        // holding the first and the last, which attends to almost the whole prompt.
+        let c = s.div_ceil(2 * op.cp).max(1);
+        mla_latency(db, op, b, c, prefix)? + mla_latency(db, op, b, c, prefix + s - c)?
+    } else {
+        mla_latency(db, op, b, s, prefix)?
+    };
+    Ok(latency.max(0.0) * op.scale)
 }
 
 /// `eval` of an absorption BMM for `tokens` decode tokens: the requested format's rows, else

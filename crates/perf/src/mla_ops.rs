@@ -44,6 +44,10 @@ pub struct MlaOp {
     pub gemm: Dtype,
     /// The model's own head count: which module measurement family answers (module tables).
     pub native_heads: u32,
+    /// Prefill context parallelism of a context kernel (`MlaKind::Context`; 1: none): the
+    /// busiest rank's two zigzag chunks of the prompt, as for dense context attention. The
+    /// fused module keeps the whole prompt and carries the split in its `scale` instead.
+    pub cp: u32,
 }
 
 /// The absorption BMM before (`pre`) or after the decode attention kernel (`mla_bmm_perf`).

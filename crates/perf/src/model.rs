@@ -1388,6 +1388,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
                 fmha: l.fmha,
                 gemm: l.gemm,
                 native_heads: m.heads,
+                cp: if ctx { l.cp } else { 1 },
             })
         };
         let bmm_op = |pre: bool| {
@@ -1411,19 +1412,33 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
         list.push(add_norm("add_norm_1"));
         match module_gemm {
             Some(gemm) => {
+                // Prefill context parallelism: the module is timed at the whole prompt, its
+                // layers shared by the CP ranks.
                 let module = Op::Mla(MlaOp {
                     name: nm("mla_module"),
-                    scale: ls,
+                    scale: if ctx { ls / l.cp.max(1) as f64 } else { ls },
                     kind: if ctx { MlaKind::ContextModule } else { MlaKind::GenerationModule },
                     heads: m.heads / tp,
                     kv: l.kv,
                     fmha: l.fmha,
                     gemm,
                     native_heads: m.heads,
+                    cp: 1,
                 });
                 list.push(Op::Fallback { name: nm("mla_block"), primary: Box::new(module), fallback: granular });
             }
             None => list.extend(granular),
+        }
+        if ctx && l.cp > 1 {
+            // Prefill context parallelism: every layer all-gathers the whole prompt's latent KV,
+            // in half-precision elements.
+            let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
+            list.push(Op::CpAllGather {
+                name: nm("cp_all_gather"),
+                scale: layers,
+                elements: latent * l.kv.bytes() / 2.0,
+                gpus: l.cp,
+            });
         }
         list.push(add_norm("add_norm_2"));
         let inter = m.moe_inter / tp;
@@ -1438,6 +1453,15 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
         ];
         let mut routed = Vec::new();
         push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
+        if !ctx && l.cp > 1 {
+            // A decode step's attention is replicated over the CP ranks: the dispatch moves
+            // nothing, the combine all-reduces the experts' partial outputs.
+            for op in &mut routed {
+                if let Op::MoeDispatch(d) = op {
+                    *d = d.clone().behind_replicated_cp(l.cp);
+                }
+            }
+        }
         push_shared_beside_routed(list, ctx, phase, shared, routed);
         list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
         if vllm {

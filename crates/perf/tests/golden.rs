@@ -258,6 +258,74 @@ fn pipeline_and_prefill_cp_goldens() {
     assert!(e.contains("sglang CP requires tp_size=1 and attention_dp_size=1"), "{e}");
 }
 
+/// SGLang prefill context parallelism on the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5):
+/// the fused attention module at the whole prompt with its layers shared by the CP ranks, the
+/// granular chain's context kernel in rank 0's two zigzag chunks (DeepSeek-V3.1-NVFP4, whose
+/// mixed projection formats have no module row), one latent-KV all-gather per layer, the
+/// dispatch gathering the split prompt, the pipeline hand-off moving the whole prompt; decode
+/// runs replicated, its combine all-reducing over the CP ranks (an MTP layer on Kimi-K2.5).
+/// Recorded with `scripts/ais_goldens.py --mla-cp`. DSA and DeepSeek-V4 CP stay refused.
+#[test]
+fn mla_prefill_cp_goldens() {
+    if !data_available("h200_sxm") || !data_available("b200_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the MLA CP goldens");
+        return;
+    }
+    let cases = [
+        (
+            json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "tp": 1, "pp": 2, "cp_size": 4, "moe_tp_size": 1, "moe_ep_size": 4}),
+            [
+                90.23836181740819,
+                233.15793369688305,
+                15054.110467340228,
+                89.43209085970662,
+                34.514480058902045,
+                188.70396263038162,
+            ],
+        ),
+        (
+            json!({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2, "moe_tp_size": 1, "moe_ep_size": 2, "nextn": 1}),
+            [
+                240.91021309291972,
+                605.4244506041387,
+                33651.54639648413,
+                238.28020658539594,
+                46.74643533679505,
+                497.0737103981081,
+            ],
+        ),
+        (
+            json!({"model": "nvidia/DeepSeek-V3.1-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2, "moe_tp_size": 1, "moe_ep_size": 2}),
+            [
+                55.67552613756279,
+                106.55861812000235,
+                4247.223668441445,
+                55.224035694916616,
+                17.63899857422669,
+                81.7132636683896,
+            ],
+        ),
+    ];
+    for (mut cfg, want) in cases {
+        cfg["worker_type"] = json!("aggregated");
+        let e = est_with(cfg);
+        close(e.prefill_ms(1, 1024, 0).unwrap(), want[0]);
+        close(e.prefill_ms(2, 2500, 700).unwrap(), want[1]);
+        close(e.prefill_ms(3, 33000, 0).unwrap(), want[2]);
+        close(e.prefill_ms(1, 1001, 0).unwrap(), want[3]);
+        close(e.decode_ms(16, 1100).unwrap(), want[4]);
+        close(e.forward_pass_time_ms(&[MIXED]).unwrap(), want[5]);
+    }
+    let refuse = |cfg: serde_json::Value| {
+        estimator(&AisConfig::from_json("config", &cfg).unwrap()).map(|_| ()).unwrap_err().to_string()
+    };
+    for model in ["deepseek-ai/DeepSeek-V3.2", "deepseek-ai/DeepSeek-V4-Flash"] {
+        let e = refuse(json!({"model": model, "system": "h200_sxm", "backend": "sglang", "cp_size": 2,
+                               "moe_tp_size": 1, "moe_ep_size": 2}));
+        assert!(e.contains(&format!("{model}: context parallelism (cp_size=2) is modelled for")), "{e}");
+    }
+}
+
 /// `aisimulate_core.sdk.memory.kv_cache.estimate_num_gpu_blocks(model, system, backend,
 /// scheduler_block_size=B, max_num_tokens=8192, max_batch_size=256, memory_fraction_kind="of_total",
 /// memory_fraction_value=0.9 (vllm) / 0.88 (sglang), tp_size=T)` (recorded with /tmp/kv.py).
@@ -298,6 +366,20 @@ fn kv_capacity_goldens() {
         ),
         (json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "sglang", "cp_size": 2}), 1, 243142),
         (json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "sglang", "cp_size": 4}), 1, 765519),
+        // MLA under prefill CP: the graph's weights, without SGLang's dense-layer correction
+        // (recorded with `scripts/ais_goldens.py --mla-cp`).
+        (
+            json!({"model": "deepseek-ai/DeepSeek-V3", "system": "h200_sxm", "backend": "sglang", "cp_size": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            1,
+            719046,
+        ),
+        (
+            json!({"model": "moonshotai/Kimi-K2.5", "system": "h200_sxm", "backend": "sglang", "cp_size": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8}),
+            1,
+            598293,
+        ),
     ] {
         let e = est_with(cfg.clone());
         let got = kv_capacity(&e, None, 8192, block, 0.0).unwrap();
