@@ -174,10 +174,9 @@ impl FpmTable {
             "measurement_policy",
         ];
         wanted.extend(MATCH_COLUMNS);
+        // Bounded before a column is decoded, however the caller found the table.
+        crate::fpm::check_bounds(path)?;
         let t = Table::read(path, &wanted).map_err(|e| db_err(e.message))?;
-        if t.rows > MAX_ROWS {
-            return Err(db_err(format!("FPM table {shown} has {} rows; servesim reads at most {MAX_ROWS}", t.rows)));
-        }
         if t.has("dcp") {
             return Err(PerfError::unsupported(format!(
                 "FPM table {shown} records decode context parallelism (column dcp): servesim interpolates \
