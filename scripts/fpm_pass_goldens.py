@@ -11,6 +11,12 @@ estimator_config.fpm_interpolation.fpm_parquet_path) and prints one line per poi
   prefill BATCH TOTAL_PREFILL_TOKENS TOTAL_KV_READ_TOKENS MS   (predict_prefill_latency_total)
   decode BATCH TOTAL_PAST_KV_TOKENS MS                         (predict_decode_latency_total)
 with MS the repr of the double, or `error: MESSAGE` where the reference refuses the point.
+
+--chunked: the same lines for the passes of the concurrency-20 golden
+(tests/fpm/predict_fpm_interp_qwen3_8b_c20.yaml) on its table (fpm_table.py --prefill-kv 1024,4096
+--prefill-min-tokens 8 --decode-batches 1..24): the mixed pass at t=920.465657 ms prefills a
+chunk remainder (8 new tokens over 1016 cached) beside four whole prompts, the iteration totals
+(5, 4104, 1016); the reference's engine times it there, not at the integer means (5, 4105, 1015).
 """
 import os
 import subprocess
@@ -44,23 +50,35 @@ DECODE = [
 ]
 
 
+CHUNKED_TABLE_ARGS = ["--prefill-kv", "1024,4096", "--prefill-min-tokens", "8",
+                      "--decode-batches", ",".join(str(b) for b in range(1, 25))]
+# The c20 replay's passes: the chunk-remainder pass at its totals and at the integer means, the
+# whole-prompt passes beside it, and its decode part (15 requests, 15383 tokens, 15 current).
+CHUNKED_PREFILL = [(5, 4104, 1016), (5, 4105, 1015), (8, 8192, 0), (8, 8184, 0), (8, 7180, 1012),
+                   (6, 5132, 1012), (1, 8, 1016)]
+CHUNKED_DECODE = [(15, 15368), (8, 8192), (20, 22983)]
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
+    chunked = "--chunked" in sys.argv[1:]
+    table_args, prefill, decode = ((CHUNKED_TABLE_ARGS, CHUNKED_PREFILL, CHUNKED_DECODE) if chunked
+                                   else (TABLE_ARGS, PREFILL, DECODE))
     with tempfile.TemporaryDirectory(prefix="fpm-pass-") as tmp:
-        subprocess.run([sys.executable, os.path.join(here, "fpm_table.py"), tmp, *TABLE_ARGS],
+        subprocess.run([sys.executable, os.path.join(here, "fpm_table.py"), tmp, *table_args],
                        check=True, stdout=subprocess.DEVNULL)
         model = RustForwardPassPerfModel.best_available(dict(
             model="Qwen/Qwen3-8B", system="h200_sxm", backend="vllm", backend_version="0.24.0",
             worker_type="aggregated", estimation_mode="fpm_interpolation",
             estimator_config={"fpm_interpolation": {
                 "fpm_parquet_path": os.path.join(tmp, "fpm_forward_perf.parquet")}}))
-        for b, t, kv in PREFILL:
+        for b, t, kv in prefill:
             try:
                 value = repr(model.predict_prefill_latency_total(b, t, kv))
             except Exception as e:  # the reference's refusal, recorded verbatim
                 value = f"error: {e}"
             print(f"prefill {b} {t} {kv} {value}")
-        for b, kv in DECODE:
+        for b, kv in decode:
             try:
                 value = repr(model.predict_decode_latency_total(b, kv))
             except Exception as e:

@@ -29,13 +29,26 @@ pub enum TimingModel {
     External(ExternalTimer),
 }
 
-/// A forward-pass time model implemented outside the engine crate. Both methods get the
-/// shapes the reference's timing providers get (integer means, as Dynamo computes them) and
-/// return milliseconds, or why the pass cannot be timed (a query outside the model's data).
+/// A forward-pass time model implemented outside the engine crate. Its methods get the
+/// shapes the reference's timing providers get (integer means, as Dynamo computes them, or a
+/// prefill's totals) and return milliseconds, or why the pass cannot be timed (a query outside
+/// the model's data).
 pub trait PassTimer: Send + Sync + std::fmt::Debug {
     /// A prefill of `batch` requests whose prompts reach `mean_isl` tokens at the end of the pass,
     /// `mean_prefix` of them already computed (cached or earlier chunks).
     fn prefill_ms(&self, batch: u32, mean_isl: u64, mean_prefix: u64) -> std::result::Result<f64, String>;
+    /// A prefill step at the pass's exact totals (`shape.batch > 0`, at least one new token).
+    /// aisimulate hands its providers the totals; a model indexed by iteration totals (an FPM
+    /// table) reads them as they are, every other one at Dynamo's integer means, which is the
+    /// default (a pass whose means leave no new token costs nothing, as before).
+    fn prefill_totals_ms(&self, shape: &PrefillShape) -> std::result::Result<f64, String> {
+        let b = u64::from(shape.batch.max(1));
+        let (isl, prefix) = (shape.total_isl / b, shape.total_prefix / b);
+        if isl <= prefix {
+            return Ok(0.0);
+        }
+        self.prefill_ms(shape.batch, isl, prefix)
+    }
     /// A decode step of `batch` requests holding `context_tokens` tokens of KV in all, on a rank
     /// whose cache holds `capacity_tokens`.
     fn decode_ms(&self, batch: u32, context_tokens: u64, capacity_tokens: u64) -> std::result::Result<f64, String>;
@@ -246,23 +259,24 @@ impl TimingModel {
         }
     }
 
-    /// Unscaled prefill time of a pass in ms.
+    /// Unscaled prefill time of a pass in ms. An external model gets the pass's totals
+    /// ([`PassTimer::prefill_totals_ms`]), the built-in ones Dynamo's new-token count.
     pub fn prefill_ms(&self, shape: &PrefillShape) -> f64 {
         let t = shape.new_tokens();
-        if t == 0 {
-            return 0.0;
-        }
         match self {
+            TimingModel::External(e) => {
+                if shape.batch == 0 || shape.total_isl <= shape.total_prefix {
+                    return 0.0;
+                }
+                e.checked("prefill", e.timer.prefill_totals_ms(shape))
+            }
+            _ if t == 0 => 0.0,
             TimingModel::Polynomial => {
                 let t = t as f64;
                 (4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01).max(0.0)
             }
             TimingModel::Fixed { prefill_ms, .. } => *prefill_ms,
             TimingModel::Interpolated { profile, .. } => profile.prefill_ms(t as f64),
-            TimingModel::External(e) => {
-                let b = shape.batch as u64;
-                e.checked("prefill", e.timer.prefill_ms(shape.batch, shape.total_isl / b, shape.total_prefix / b))
-            }
         }
     }
 
@@ -686,6 +700,42 @@ mod external_tests {
         let e = mixed_pass_durations(true, 2.0).unwrap_err();
         assert_eq!(e.path, "decode_speedup_ratio");
         assert!(e.message.contains("fuses mixed passes"), "{}", e.message);
+    }
+
+    /// [`Linear`] at the pass's totals: 1 ms per new token, 1 µs per token read.
+    #[derive(Debug)]
+    struct Totals;
+
+    impl PassTimer for Totals {
+        fn prefill_ms(&self, _: u32, _: u64, _: u64) -> std::result::Result<f64, String> {
+            Err("timed at the totals".into())
+        }
+        fn prefill_totals_ms(&self, p: &PrefillShape) -> std::result::Result<f64, String> {
+            Ok((p.total_isl - p.total_prefix) as f64 + 1e-3 * p.total_prefix as f64)
+        }
+        fn decode_ms(&self, _: u32, _: u64, _: u64) -> std::result::Result<f64, String> {
+            Ok(0.0)
+        }
+        fn config(&self) -> serde_json::Value {
+            serde_json::json!({})
+        }
+    }
+
+    /// A chunk remainder beside whole prompts (8 new tokens over 1016 cached, four 1024-token
+    /// prompts): a model that takes totals gets them exactly; one that does not, Dynamo's means.
+    #[test]
+    fn an_external_model_may_take_a_prefill_at_its_totals() {
+        let shape = PrefillShape { batch: 5, total_isl: 5120, total_prefix: 1016 };
+        let totals = TimingModel::External(ExternalTimer::new("totals", Arc::new(Totals)));
+        assert_eq!(totals.prefill_ms(&shape), 4104.0 + 1.016);
+        assert_eq!(totals.error(), None);
+        // Means 1024 and 203: 5 × 821 = 4105 new tokens.
+        let means = TimingModel::External(ExternalTimer::new("linear", Arc::new(Linear)));
+        assert_eq!(means.prefill_ms(&shape), 4105.0);
+        // No new token: nothing to time, either way.
+        let cached = PrefillShape { batch: 2, total_isl: 2048, total_prefix: 2048 };
+        assert_eq!(totals.prefill_ms(&cached), 0.0);
+        assert_eq!(means.prefill_ms(&cached), 0.0);
     }
 
     #[test]

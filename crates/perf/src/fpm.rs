@@ -163,14 +163,7 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         )));
     }
     // Bounded before the digest reads it all: a table of MAX_ROWS rows is far smaller.
-    let size = std::fs::metadata(path).map_err(|e| db_err(format!("cannot read {}: {e}", path.display())))?.len();
-    if size > MAX_TABLE_BYTES {
-        return Err(db_err(format!(
-            "FPM table {} is {size} bytes; servesim reads at most {MAX_TABLE_BYTES} ({} MiB)",
-            path.display(),
-            MAX_TABLE_BYTES >> 20
-        )));
-    }
+    check_size(path)?;
     let version = match &cfg.backend_version {
         Some(v) => v.clone(),
         None => {
@@ -223,7 +216,7 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
             Some(_) => {}
         }
     }
-    let rows = meta.file_metadata().num_rows().max(0) as usize;
+    let rows = check_rows(meta, path)?;
     if expected_rows != Some(rows as u64) {
         return Err(db_err(format!(
             "FPM row_count mismatch: sidecar={} actual={rows}: {shown}",
@@ -234,6 +227,46 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         return Err(db_err(format!("FPM database contains no rows: {shown}")));
     }
     Ok(rows)
+}
+
+/// Refuses a table file over [`MAX_TABLE_BYTES`].
+fn check_size(path: &Path) -> Result<()> {
+    let size = std::fs::metadata(path).map_err(|e| db_err(format!("cannot read {}: {e}", path.display())))?.len();
+    if size > MAX_TABLE_BYTES {
+        return Err(db_err(format!(
+            "FPM table {} is {size} bytes; servesim reads at most {MAX_TABLE_BYTES} ({} MiB)",
+            path.display(),
+            MAX_TABLE_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
+/// A table's row count from its footer, refused over [`crate::fpm_interp::MAX_ROWS`]: a small
+/// file of repeated values can still declare more rows than memory holds once decoded. The
+/// row groups are what a read decodes, so their counts are bounded too.
+fn check_rows(meta: &parquet::file::metadata::ParquetMetaData, path: &Path) -> Result<usize> {
+    let max = crate::fpm_interp::MAX_ROWS as i64;
+    let declared = meta.file_metadata().num_rows();
+    let in_groups = meta.row_groups().iter().fold(0i64, |sum, g| sum.saturating_add(g.num_rows().max(0)));
+    let most = declared.max(in_groups);
+    if most > max {
+        return Err(db_err(format!("FPM table {} has {most} rows; servesim reads at most {max}", path.display())));
+    }
+    Ok(declared.max(0) as usize)
+}
+
+/// The bounds every read of an FPM table goes through before its columns are decoded: the file
+/// size, then the row count its footer declares. Whichever way the table was named
+/// (`fpm_parquet_path`, the version directory of the systems data, or a systems directory an
+/// FPM profile was materialised into), reading it costs at most these bounds.
+pub fn check_bounds(path: &Path) -> Result<usize> {
+    check_size(path)?;
+    let shown = path.display();
+    let file = std::fs::File::open(path).map_err(|e| db_err(format!("cannot open {shown}: {e}")))?;
+    let reader = SerializedFileReader::new(file)
+        .map_err(|e| db_err(format!("cannot read the FPM parquet table {shown}: {e}")))?;
+    check_rows(reader.metadata(), path)
 }
 
 /// The sidecar's `parquet_sha256` against the table's bytes (the pair is written atomically; a
@@ -390,21 +423,32 @@ mod tests {
         let file = std::fs::File::create(path).unwrap();
         let mut w = SerializedFileWriter::new(file, schema, Arc::new(WriterProperties::new())).unwrap();
         let mut g = w.next_row_group().unwrap();
+        // Written in chunks, so that a table of millions of rows costs little memory.
+        let chunk = rows.clamp(1, 1 << 16);
+        let sizes: Vec<usize> = (0..rows).step_by(chunk).map(|start| chunk.min(rows - start)).collect();
         for (n, t) in &names {
             let mut c = g.next_column().unwrap().unwrap();
             match *t {
                 "BYTE_ARRAY" => {
-                    let v: Vec<ByteArray> = (0..rows).map(|_| ByteArray::from(*n)).collect();
-                    c.typed::<ByteArrayType>().write_batch(&v, None, None).unwrap();
+                    let v: Vec<ByteArray> = (0..chunk).map(|_| ByteArray::from(*n)).collect();
+                    for &k in &sizes {
+                        c.typed::<ByteArrayType>().write_batch(&v[..k], None, None).unwrap();
+                    }
                 }
                 "INT64" => {
-                    c.typed::<Int64Type>().write_batch(&vec![1; rows], None, None).unwrap();
+                    for &k in &sizes {
+                        c.typed::<Int64Type>().write_batch(&vec![1; k], None, None).unwrap();
+                    }
                 }
                 "BOOLEAN" => {
-                    c.typed::<BoolType>().write_batch(&vec![false; rows], None, None).unwrap();
+                    for &k in &sizes {
+                        c.typed::<BoolType>().write_batch(&vec![false; k], None, None).unwrap();
+                    }
                 }
                 _ => {
-                    c.typed::<DoubleType>().write_batch(&vec![2.5; rows], None, None).unwrap();
+                    for &k in &sizes {
+                        c.typed::<DoubleType>().write_batch(&vec![2.5; k], None, None).unwrap();
+                    }
                 }
             }
             c.close().unwrap();
@@ -503,5 +547,43 @@ mod tests {
         let mut c = cfg(&missing);
         c.raw["fallback_policy"] = json!("allow");
         assert_eq!(select(&c), Ok(None));
+    }
+
+    /// A table of more rows than servesim decodes (a small file: its values repeat) is refused
+    /// from its footer on every way to it: checked at `fpm_parquet_path`, loaded directly, and
+    /// found in the version directory of a systems root (where a named FPM profile is
+    /// materialised, and where the engine's default table lives).
+    #[test]
+    fn a_table_over_the_row_bound_is_refused_before_it_is_decoded() {
+        let root = dir().join("rows");
+        let table = root.join("data/h200_sxm/vllm/0.24.0").join(TABLE_BASENAME);
+        std::fs::create_dir_all(table.parent().unwrap()).unwrap();
+        let rows = crate::fpm_interp::MAX_ROWS + 1;
+        write_table(&table, "", false, rows);
+        assert!(std::fs::metadata(&table).unwrap().len() < MAX_TABLE_BYTES, "under the size bound");
+        let want = format!(
+            "perf database error: FPM table {} has {rows} rows; servesim reads at most {}",
+            table.display(),
+            crate::fpm_interp::MAX_ROWS
+        );
+        assert_eq!(check_table(&table, &cfg(&table)).unwrap_err().message, want);
+        assert_eq!(select(&cfg(&table)).unwrap_err().message, want);
+        let identity: Vec<String> = vec![String::new(); crate::fpm_interp::MATCH_COLUMNS.len()];
+        let e = crate::fpm_interp::FpmTable::load(&table, &identity, "Qwen/Qwen3-8B", "h200_sxm", "vllm", "0.24.0")
+            .unwrap_err();
+        assert_eq!(e.message, want);
+        // The version directory of a systems root (the installed H200 description beside it).
+        let installed = crate::systems::systems_roots(&[])
+            .ok()
+            .and_then(|roots| roots.into_iter().map(|(r, _)| r.join("h200_sxm.yaml")).find(|p| p.is_file()));
+        let Some(yaml) = installed else {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the systems-root case");
+            return;
+        };
+        std::fs::copy(yaml, root.join("h200_sxm.yaml")).unwrap();
+        let v = json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.24.0",
+            "estimation_mode": "fpm_interpolation", "systems_paths": [root.to_str().unwrap()]});
+        let c = AisConfig::from_json("", &v).unwrap();
+        assert_eq!(select(&c).unwrap_err().message, want);
     }
 }

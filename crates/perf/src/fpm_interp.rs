@@ -6,9 +6,12 @@
 //! `(batch_size, total_kv_read_tokens)`. Rows are grouped into cells by model path and the
 //! 19-field execution identity; the request's identity must match one cell exactly.
 //!
-//! A prefill step of `batch` requests reaching `isl` tokens, `prefix` of them cached, is the
-//! point `(batch, batch·(isl−prefix), batch·prefix)`; a decode step of `batch` requests reading
-//! `context` tokens each is `(batch, batch·context)`. Each point is first gated to the cell's
+//! A replay's prefill pass is the point `(batch, new tokens, KV read)` at its exact totals (a
+//! chunk remainder beside whole prompts is not a multiple of the batch; the reference's engine
+//! does not round it to per-request means); a per-request query of `batch` requests reaching
+//! `isl` tokens, `prefix` of them cached, is `(batch, batch·(isl−prefix), batch·prefix)`. A
+//! decode step of `batch` requests reading `context` tokens each is `(batch, batch·context)`.
+//! Each point is first gated to the cell's
 //! per-axis bounding box (the table is never extrapolated). A prefill site `(batch, kv)` owns a
 //! curve over new tokens, a decode batch owns a curve over KV: a point on its own site's curve
 //! is the measured value or the straight line between the two measured neighbours. A decode
@@ -171,10 +174,9 @@ impl FpmTable {
             "measurement_policy",
         ];
         wanted.extend(MATCH_COLUMNS);
+        // Bounded before a column is decoded, however the caller found the table.
+        crate::fpm::check_bounds(path)?;
         let t = Table::read(path, &wanted).map_err(|e| db_err(e.message))?;
-        if t.rows > MAX_ROWS {
-            return Err(db_err(format!("FPM table {shown} has {} rows; servesim reads at most {MAX_ROWS}", t.rows)));
-        }
         if t.has("dcp") {
             return Err(PerfError::unsupported(format!(
                 "FPM table {shown} records decode context parallelism (column dcp): servesim interpolates \
@@ -409,8 +411,19 @@ impl FpmTable {
         if batch == 0 || isl <= prefix {
             return Ok(0.0);
         }
-        let b = f64::from(batch);
-        let mut coords = [b, b * f64::from(isl - prefix), b * f64::from(prefix)];
+        let b = u64::from(batch);
+        self.prefill_total_ms(batch, b * u64::from(isl - prefix), b * u64::from(prefix))
+    }
+
+    /// A prefill step at its iteration totals: `batch` requests computing `new_tokens` prompt
+    /// tokens in all while reading `kv_read` cached or earlier-chunk tokens, ms. A replay's pass
+    /// is timed here, at its exact totals (the reference's engine does not round them to
+    /// per-request means first).
+    pub fn prefill_total_ms(&self, batch: u32, new_tokens: u64, kv_read: u64) -> Result<f64> {
+        if batch == 0 || new_tokens == 0 {
+            return Ok(0.0);
+        }
+        let mut coords = [f64::from(batch), new_tokens as f64, kv_read as f64];
         let mut scale = 1.0;
         if let Some(max) = self.prefill_clamp_max.filter(|m| coords[0] > f64::from(*m)) {
             let clamped = [f64::from(max), coords[1], coords[2]];

@@ -1246,6 +1246,19 @@ impl PassTimer for AisTimer {
         Ok(if c.is_identity() { ms } else { c.apply(ms, 0.0) })
     }
 
+    fn prefill_totals_ms(&self, shape: &servesim_engine::PrefillShape) -> std::result::Result<f64, String> {
+        let Some(t) = &self.fpm else {
+            let b = u64::from(shape.batch.max(1));
+            let (isl, prefix) = (shape.total_isl / b, shape.total_prefix / b);
+            return if isl <= prefix { Ok(0.0) } else { self.prefill_ms(shape.batch, isl, prefix) };
+        };
+        // The table's own coordinates: the pass's new-token and KV-read totals.
+        let new_tokens = shape.total_isl.saturating_sub(shape.total_prefix);
+        let ms = t.prefill_total_ms(shape.batch, new_tokens, shape.total_prefix).map_err(|e| e.message)?;
+        let c = &self.config.calibration;
+        Ok(if c.is_identity() { ms } else { c.apply(ms, 0.0) })
+    }
+
     fn decode_ms(&self, batch: u32, context_tokens: u64, capacity_tokens: u64) -> std::result::Result<f64, String> {
         let ms = match &self.fpm {
             // The table's own coordinate: the step's past-KV total, capped at the cache.
