@@ -199,7 +199,7 @@ DSV4_STEPS = [
 # `--dsv4-sglang`: DeepSeek-V4 on SGLang 0.5.14 (the CSA top-k correction off the CSA modules;
 # the fp4 experts on the trtllm-gen MXFP4 x MXFP8 lane on Blackwell), Flash / Pro, experts split by
 # EP and by TP, attention DP with moe_backend deepep_moe (the default graph), the FP8 re-quantised
-# Flash on H200 (fp8_block experts).
+# Flash on H200 (fp8_block experts); both under prefill context parallelism.
 DSV4_SGLANG_STEPS = [
     ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang", "tp": 1,
       "moe_tp_size": 1, "moe_ep_size": 1},
@@ -217,6 +217,14 @@ DSV4_SGLANG_STEPS = [
     ({"model": "sgl-project/DeepSeek-V4-Flash-FP8", "system": "h200_sxm", "backend": "sglang", "tp": 4,
       "moe_tp_size": 1, "moe_ep_size": 4},
      [("prefill", (2, 1000, 0)), ("decode", (16, 1100))]),
+    # Prefill context parallelism (CP 2 over expert parallelism 2, CP 4 over expert TP 4).
+    ({"model": "deepseek-ai/DeepSeek-V4-Flash", "system": "b200_sxm", "backend": "sglang", "tp": 1, "cp_size": 2,
+      "moe_tp_size": 1, "moe_ep_size": 2},
+     [("prefill", (2, 4096, 0)), ("prefill", (3, 3000, 777)), ("prefill", (1, 16000, 0)), ("decode", (16, 1100)),
+      ("fpm", [MIXED])]),
+    ({"model": "sgl-project/DeepSeek-V4-Flash-FP8", "system": "h200_sxm", "backend": "sglang", "tp": 1, "cp_size": 4,
+      "moe_tp_size": 4, "moe_ep_size": 1},
+     [("prefill", (2, 3000, 0)), ("prefill", (1, 8000, 192)), ("decode", (16, 1100))]),
 ]
 DSV4_SGLANG_KV = [
     ("deepseek-ai/DeepSeek-V4-Flash", "b200_sxm", "sglang", dict(tp_size=1, moe_tp_size=1, moe_ep_size=1), 1),

@@ -974,6 +974,47 @@ fn prefill_context_parallelism_beside_experts_matches_the_reference() {
     );
 }
 
+/// SGLang prefill context parallelism of DeepSeek-V4-Flash at CP 2 and CP 4 (9000-token prompts,
+/// chunked), its experts over the same GPUs, against the reference's predictions (the YAMLs say
+/// how they were recorded): each compressed-attention layer on the busiest rank's share of the
+/// prompt plus its share of the whole prompt's indexer logits and top-k selector, and the
+/// gathers of the indexer keys, the windowed KV and the compressed KV. DeepSeek-V4-Pro has no
+/// indexer-logits rows at its 128 heads, and its CSA layers fail by name, as the reference's do.
+#[test]
+fn deepseek_v4_prefill_context_parallelism_matches_the_reference() {
+    for (name, gpus) in [("predict_prefill_cp_dsv4", 2), ("predict_prefill_cp4_dsv4", 4)] {
+        let Some((ours, _, worst)) = compare_with_reference(name) else { return };
+        assert_eq!(ours["decode_gpus_per_worker"], gpus, "{name}: {ours}");
+        assert!(worst < 1e-9, "{name}: {worst}");
+    }
+    let par = "engine.workers.aggregated.parallelism";
+    let out_dir = tmp("prefill-cp-dsv4-pro");
+    let out = predict(
+        &deploy_dir().join("predict_prefill_cp_dsv4.yaml"),
+        &out_dir,
+        &[
+            "--set",
+            "engine.model=deepseek-ai/DeepSeek-V4-Pro",
+            "--set",
+            "engine.hardware=b300_sxm",
+            "--set",
+            &format!("{par}.prefill_context=8"),
+            "--set",
+            &format!("{par}.moe_expert=8"),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(
+            "op context_attention: DeepSeek-V4 CSA prefill context parallelism (cp_size=8) needs the indexer's \
+             dsv4_paged_mqa_logits_module_perf.parquet and the v1_top_last rows of dsv4_csa_topk_calib_perf.parquet \
+             at 128 model heads, batch 2 on b300_sxm / sglang 0.5.14"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// Decode context parallelism (`parallelism.decode_context`: the KV striped over TP ranks, no
 /// extra GPUs) against the reference's predictions (the YAMLs say how they were recorded): MLA on
 /// vLLM (LSE all-gather + reduce-scatter merge) and SGLang (all-to-all merge), GQA on vLLM where

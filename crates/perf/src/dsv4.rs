@@ -39,6 +39,14 @@
 //! ([`module_sol`]) or the mHC roofline ([`mhc_sol`]). SWA layers (ratio 0) are timed as HCA
 //! layers, as the reference does (no SWA table exists). Where a `dsv4_csa_topk_calib_perf` table
 //! exists (SGLang data) a measured top-k correction comes off CSA layers ([`crate::dsv4_topk`]).
+//!
+//! Prefill context parallelism (SGLang's all-gather CP, `cp_size`): the token-major ops run on
+//! the busiest rank's ⌈tokens / cp⌉, the experts and their dispatch on every rank's tokens (the
+//! dispatch gathers them), and each compressed-attention layer is composed in
+//! [`cp_context_ms`] from the module table at the rank's share, the CSA indexer's logits kernel
+//! (`dsv4_paged_mqa_logits_module_perf`) and top-k selector over the whole prompt, and the KV
+//! all-gathers. Decode attention is not split (its expert dispatch still gathers and scatters
+//! as a prefill's does: the reference's builder leaves it so).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
@@ -178,10 +186,17 @@ pub const MODULE_FILES: [&str; 4] = [
 pub const MHC_FILE: &str = "mhc_module_perf.parquet";
 /// The CSA top-k correction subtracted where it exists ([`crate::dsv4_topk`]).
 pub const TOPK_CALIB_FILE: &str = crate::dsv4_topk::FILE;
+/// The CSA indexer's logits kernel alone, read by prefill context parallelism.
+pub const PAGED_MQA_FILE: &str = "dsv4_paged_mqa_logits_module_perf.parquet";
 
 const CONTEXT_SPEC: GridSpec = GridSpec::raw(&["prefix", "seq_len", "batch"]);
 const GENERATION_SPEC: GridSpec = GridSpec::raw(&["batch", "seq_len"]);
 const MHC_SPEC: GridSpec = GridSpec::raw(&["num_tokens"]);
+const PAGED_MQA_SPEC: GridSpec = GridSpec::raw(&["past_kv", "seq_len", "batch"]);
+
+/// The new tokens of one paged_mqa_logits lookup: a longer prompt is timed as the chunks a
+/// chunked prefill runs it in (the indexer's query-key pairs add up over them).
+const MQA_CHUNK: u32 = 8192;
 
 /// Widths of one compressed-attention block (from the model's config; `o_groups` per GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,6 +231,10 @@ pub struct Dsv4AttnOp {
     /// The projections' format: the table's `gemm_type`.
     pub gemm: Dtype,
     pub dims: BlockDims,
+    /// Prefill context-parallel ranks the prompt is split over (1: none; decode always 1).
+    pub cp: u32,
+    /// Tensor-parallel width (the paged_mqa_logits table's `tp_size` key).
+    pub tp: u32,
 }
 
 impl Dsv4AttnOp {
@@ -433,6 +452,12 @@ pub struct MhcTable {
     looked: Vec<String>,
 }
 
+/// The paged_mqa_logits table: model heads → `tp_size` → `[past_kv][isl][batch]`.
+#[derive(Debug, Default)]
+pub struct PagedMqaTable {
+    grids: BTreeMap<u32, BTreeMap<u32, Grid>>,
+}
+
 /// DeepSeek-V4's tables of one database, each read on first use.
 #[derive(Debug, Default)]
 pub struct Dsv4Tables {
@@ -440,6 +465,8 @@ pub struct Dsv4Tables {
     mhc: OnceLock<Result<MhcTable>>,
     /// SGLang's CSA top-k correction, where installed.
     calib: OnceLock<Result<Option<crate::dsv4_topk::TopkCalib>>>,
+    /// The CSA indexer's logits kernel (context parallelism), where installed.
+    paged_mqa: OnceLock<Result<Option<PagedMqaTable>>>,
 }
 
 /// The tables spell fp8 attention / KV `fp8_e4m3` in places.
@@ -600,6 +627,49 @@ fn load_mhc(db: &Database) -> Result<MhcTable> {
     Ok(MhcTable { grids, looked })
 }
 
+/// Reads the paged_mqa_logits table of `db` (its sources in order, first row of a coordinate
+/// wins); `None` when no source file is installed.
+fn load_paged_mqa(db: &Database) -> Result<Option<PagedMqaTable>> {
+    let srcs = sources(&db.spec, &db.backend, &db.version, PAGED_MQA_FILE, db.shared_layer)?;
+    let mut nodes: BTreeMap<u32, BTreeMap<u32, Node>> = BTreeMap::new();
+    let mut any = false;
+    for src in &srcs {
+        if !src.path.exists() {
+            continue;
+        }
+        any = true;
+        let t =
+            Table::read(&src.path, &["kernel_source", "num_heads", "tp_size", "step", "isl", "batch_size", "latency"])?;
+        let p = t.path.clone();
+        let ks = t.text_or_none("kernel_source")?;
+        let (heads, tp, step) = (t.int("num_heads")?, t.int("tp_size")?, t.int("step")?);
+        let (isl, batch, lat) = (t.int("isl")?, t.int("batch_size")?, t.float("latency")?);
+        for i in 0..t.rows {
+            if !keep_row(src, &ks[i]) {
+                continue;
+            }
+            nodes
+                .entry(key_u32(&p, "num_heads", i, heads[i])?)
+                .or_default()
+                .entry(key_u32(&p, "tp_size", i, tp[i])?)
+                .or_default()
+                .insert_first_wins(
+                    &[
+                        key_u32(&p, "step", i, step[i])?,
+                        key_u32(&p, "isl", i, isl[i])?,
+                        key_u32(&p, "batch_size", i, batch[i])?,
+                    ],
+                    lat[i],
+                );
+        }
+    }
+    let grids = nodes
+        .into_iter()
+        .map(|(h, by_tp)| (h, by_tp.into_iter().map(|(tp, node)| (tp, Grid::new(node))).collect()))
+        .collect();
+    Ok(any.then_some(PagedMqaTable { grids }))
+}
+
 impl Database {
     fn dsv4_module(&self, context: bool, ratio: u32) -> Result<&ModuleTable> {
         let i = usize::from(!context) * 2 + usize::from(ratio != 4);
@@ -613,6 +683,38 @@ impl Database {
     fn dsv4_topk_calib(&self) -> Result<Option<&crate::dsv4_topk::TopkCalib>> {
         self.dsv4.calib.get_or_init(|| crate::dsv4_topk::load(self)).as_ref().map(Option::as_ref).map_err(Clone::clone)
     }
+
+    fn dsv4_paged_mqa(&self) -> Result<Option<&PagedMqaTable>> {
+        self.dsv4.paged_mqa.get_or_init(|| load_paged_mqa(self)).as_ref().map(Option::as_ref).map_err(Clone::clone)
+    }
+}
+
+/// The paged_mqa_logits time (ms) of `b` sequences of `isl` new tokens after `past` cached ones
+/// for a model of `native_heads` heads at `tp` (else the tp 1 rows: the kernel's work does not
+/// depend on tp), held past the measured range along the query-key pair count
+/// `b · (past · isl + isl² / 2)`; `None` where no rows cover it or no point anchors it.
+fn paged_mqa_ms(db: &Database, b: u32, isl: u32, past: u32, tp: u32, native_heads: u32) -> Result<Option<f64>> {
+    let Some(table) = db.dsv4_paged_mqa()? else { return Ok(None) };
+    let Some(by_tp) = table.grids.get(&native_heads) else { return Ok(None) };
+    let Some(grid) = by_tp.get(&tp).or_else(|| by_tp.get(&1)) else { return Ok(None) };
+    let pairs = |c: &[f64]| c[2] * (c[0] * c[1] + c[1] * c[1] / 2.0);
+    Ok(grid.query(&PAGED_MQA_SPEC, &pairs, &[past as f64, isl as f64, b as f64]).ok().filter(|v| v.is_finite()))
+}
+
+/// [`paged_mqa_ms`] of a prompt of `isl` new tokens after `past` cached ones, summed over its
+/// [`MQA_CHUNK`]-token chunks; `None` when any chunk has none.
+fn paged_mqa_chunked(db: &Database, op: &Dsv4AttnOp, b: u32, isl: u32, past: u32) -> Result<Option<f64>> {
+    let mut total = 0.0;
+    let mut done = 0;
+    while done < isl {
+        let chunk = MQA_CHUNK.min(isl - done);
+        match paged_mqa_ms(db, b, chunk, past + done, op.tp, op.native_heads)? {
+            Some(v) => total += v,
+            None => return Ok(None),
+        }
+        done += MQA_CHUNK;
+    }
+    Ok(Some(total))
 }
 
 /// The attention format DeepSeek-V4's context modules are timed in when none is given: the
@@ -649,9 +751,9 @@ fn resolve_heads<T>(by: &BTreeMap<u32, T>, want: u32) -> Option<u32> {
     by.range(..=want).next_back().map(|(k, _)| *k).or_else(|| by.keys().next().copied())
 }
 
-/// `eval` of a compressed-attention op: `scale × max(0, latency)`; context for `b` sequences of
-/// `s` new tokens after `prefix` cached ones, decode for `b` requests at KV length `s`.
-pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
+/// One layer of a compressed-attention block (ms, not held at 0): the module table's value,
+/// less the CSA top-k correction where installed.
+fn module_ms(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
     let spec = &db.spec;
     let kind = if op.ratio == 4 { "CSA" } else { "HCA" };
     let what = format!("{} DeepSeek-V4 {kind} module", if op.context { "context" } else { "generation" });
@@ -704,7 +806,69 @@ pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefi
             v = calib.corrected(v, !op.context, op.native_heads, prefix, isl, b);
         }
     }
-    Ok(v.max(0.0) * op.scale)
+    Ok(v)
+}
+
+/// `eval` of a compressed-attention op: `scale × max(0, latency)`; context for `b` sequences of
+/// `s` new tokens after `prefix` cached ones, decode for `b` requests at KV length `s`. A
+/// context op split over `cp` > 1 ranks is [`cp_context_ms`] instead.
+pub fn eval_dsv4_attention(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    if op.context && op.cp > 1 {
+        return Ok(cp_context_ms(db, op, b, s, prefix)? * op.scale);
+    }
+    Ok(module_ms(db, op, b, s, prefix)?.max(0.0) * op.scale)
+}
+
+/// One layer of a context block whose `s` new tokens are split over `op.cp` ranks (SGLang's
+/// all-gather context parallelism), ms: the block on the busiest rank's ⌈s / cp⌉ tokens, plus
+/// what the split does not divide, plus the gathers of what every rank needs of the others:
+///
+/// ```text
+/// CSA  module(⌈s/cp⌉) + [mqa(s)/cp − mqa(⌈s/cp⌉)] + [top_last(s)/cp − top_last(⌈s/cp⌉)]
+///        + AG(b · s · index_head_dim) + AG(b · ⌊s/4⌋ · head_dim)
+/// HCA  module(⌈s/cp⌉) + AG(b · min(s, window) · head_dim) + AG(b · ⌊s/128⌋ · head_dim)
+/// ```
+///
+/// mqa is the indexer's logits kernel (paged_mqa_logits table, in [`MQA_CHUNK`]-token chunks)
+/// and top_last the selector on realistic scores (the top-k calibration table), both at the
+/// cached `prefix` and all `b` sequences: their work grows faster than linearly in the tokens,
+/// so the rank pays its 1/cp share of the whole prompt's instead of its slice's. The module's
+/// own value keeps the CSA top-k correction and is not held at 0; AG is a half-precision NCCL
+/// all-gather over the cp ranks of that many elements.
+fn cp_context_ms(db: &Database, op: &Dsv4AttnOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    let cp = op.cp;
+    let per_card = s.div_ceil(cp).max(1);
+    let mut v = module_ms(db, op, b, per_card, prefix)?;
+    let gather = |per_seq: u64| -> Result<f64> {
+        Ok(db.nccl("half", "all_gather", cp, (u64::from(b) * per_seq) as f64)?.max(0.0))
+    };
+    let (head, index_head) = (u64::from(op.dims.head_dim), u64::from(op.dims.index_head_dim));
+    if op.ratio == 4 {
+        let mqa_full = paged_mqa_chunked(db, op, b, s, prefix)?;
+        let mqa_card = paged_mqa_chunked(db, op, b, per_card, prefix)?;
+        let calib = db.dsv4_topk_calib()?;
+        let top_last = |isl: u32| match calib {
+            Some(c) => c.top_last_ms(op.native_heads, isl, prefix, b),
+            None => Ok(None),
+        };
+        let (tl_full, tl_card) = (top_last(s)?, top_last(per_card)?);
+        let (Some(mqa_full), Some(mqa_card), Some(tl_full), Some(tl_card)) = (mqa_full, mqa_card, tl_full, tl_card)
+        else {
+            return Err(PerfError::data(format!(
+                "DeepSeek-V4 CSA prefill context parallelism (cp_size={cp}) needs the indexer's {PAGED_MQA_FILE} and \
+                 the v1_top_last rows of {TOPK_CALIB_FILE} at {} model heads, batch {b} on {} / {} {}",
+                op.native_heads, db.spec.name, db.backend, db.version
+            )));
+        };
+        let cp = f64::from(cp);
+        v += (mqa_full / cp - mqa_card) + (tl_full / cp - tl_card);
+        v += gather(u64::from(s) * index_head)?;
+    } else {
+        let window = if op.dims.window > 0 { op.dims.window } else { s };
+        v += gather(u64::from(s.min(window)) * head)?;
+    }
+    v += gather(u64::from(s / op.ratio) * head)?;
+    Ok(v)
 }
 
 /// `eval` of an mHC op over `tokens` tokens: `scale × max(0, latency)`.
@@ -743,12 +907,6 @@ pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     if l.ngram > 0 {
         return Err(PerfError::unsupported(format!(
             "{}: ngram verification of DeepSeek-V4 attention is not modelled",
-            m.name
-        )));
-    }
-    if l.cp > 1 {
-        return Err(PerfError::unsupported(format!(
-            "{}: DeepSeek-V4 prefill context parallelism (the reference's sparse-CP composition with the paged_mqa_logits table) is not modelled",
             m.name
         )));
     }
@@ -810,6 +968,8 @@ pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
                 fmha: l.fmha,
                 gemm: l.gemm,
                 dims,
+                cp: if ctx { l.cp.max(1) } else { 1 },
+                tp,
             }));
         }
         list.push(mhc(true));
@@ -821,6 +981,16 @@ pub fn build_dsv4_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         ];
         let mut routed = Vec::new();
         push_moe_ops(&mut routed, m, l, ctx, ls, MLA_DISTRIBUTION);
+        if !ctx && l.cp > 1 {
+            // The reference's DeepSeek-V4 builder leaves its decode dispatch marked as a prefill's
+            // (unlike the hybrid and Gemma 4 builders), so a decode step behind CP ranks gathers
+            // and scatters its tokens as a prefill does; timed as it times it.
+            for op in &mut routed {
+                if let Op::MoeDispatch(d) = op {
+                    *d = d.clone().behind_cp(l.cp);
+                }
+            }
+        }
         push_shared_beside_routed(list, ctx, phase, shared, routed);
         list.push(logits_gemm(nm("logits_gemm"), s, m, tp));
         list.push(Op::pipeline_p2p(nm("p2p"), s, h, l));

@@ -17,6 +17,12 @@
 //! the ISL, then the batch axis, each held at its end points; a model whose head count has no
 //! rows gets no correction (it never borrows another model's). Rows without `num_heads`, or
 //! with only one of a pair, do not count; the first row of a coordinate wins.
+//!
+//! Prefill context parallelism ([`crate::dsv4`]) also reads the context selector's own time on
+//! realistic scores (`v1_top_last`, absolute, not the excess): at the collected batch nearest the
+//! query's (the smaller on a tie), the collected ISL nearest the query's (the smaller on a tie;
+//! an ISL past the largest collected one is refused, since the selector's time grows faster
+//! than linearly), linear along the cached prefix and held at its ends.
 
 use std::collections::BTreeMap;
 
@@ -31,11 +37,16 @@ pub const FILE: &str = "dsv4_csa_topk_calib_perf.parquet";
 /// `batch → isl → prefix → excess ms`.
 type Excess = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, f64>>>;
 
-/// The installed correction: per model head count, the context (v1) and decode (v2) excesses.
+/// `batch → (isl, prefix) → ms` of the context selector on realistic scores.
+type TopLast = BTreeMap<u32, BTreeMap<(u32, u32), f64>>;
+
+/// The installed correction: per model head count, the context (v1) and decode (v2) excesses,
+/// and the context selector's own times (for context parallelism).
 #[derive(Debug, Default)]
 pub struct TopkCalib {
     context: BTreeMap<u32, Excess>,
     decode: BTreeMap<u32, Excess>,
+    top_last: BTreeMap<u32, TopLast>,
 }
 
 /// Linear in `at` between the nearest points either side that resolve (`value` may leave a
@@ -78,6 +89,48 @@ impl TopkCalib {
         }
         (latency - self.excess_ms(decode, native_heads, prefix, isl, batch)).max(0.0)
     }
+
+    /// The context selector's time (ms) on realistic scores for a model of `native_heads`
+    /// heads at `isl` new tokens after `prefix` cached ones, `batch` sequences (see the module
+    /// notes); `None` when the model has no such rows.
+    pub fn top_last_ms(&self, native_heads: u32, isl: u32, prefix: u32, batch: u32) -> Result<Option<f64>> {
+        let Some(by_batch) = self.top_last.get(&native_heads) else { return Ok(None) };
+        let Some(points) = nearest(by_batch, batch) else { return Ok(None) };
+        let Some(largest) = points.keys().map(|k| k.0).max() else { return Ok(None) };
+        if isl > largest {
+            return Err(PerfError::data(format!(
+                "{FILE}: isl {isl} is past the largest collected v1_top_last isl {largest} (model heads {native_heads}); \
+                 the selector's time grows faster than linearly, so it is not held"
+            )));
+        }
+        let isls: BTreeMap<u32, ()> = points.keys().map(|k| (k.0, ())).collect();
+        let Some(isl) = nearest_key(&isls, isl) else { return Ok(None) };
+        let curve: BTreeMap<u32, f64> = points.range((isl, 0)..=(isl, u32::MAX)).map(|(k, v)| (k.1, *v)).collect();
+        let lo = curve.range(..=prefix).next_back().or_else(|| curve.iter().next());
+        let hi = curve.range(prefix..).next().or_else(|| curve.iter().next_back());
+        Ok(match (lo, hi) {
+            (Some((&x0, &y0)), Some((&x1, &y1))) if x0 != x1 => {
+                Some(y0 + (y1 - y0) * f64::from(prefix - x0) / f64::from(x1 - x0))
+            }
+            (Some((_, &y)), _) => Some(y),
+            _ => None,
+        })
+    }
+}
+
+/// The key of `points` nearest `at` (the smaller on a tie).
+fn nearest_key<T>(points: &BTreeMap<u32, T>, at: u32) -> Option<u32> {
+    let below = points.range(..=at).next_back().map(|(&k, _)| k);
+    let above = points.range(at..).next().map(|(&k, _)| k);
+    match (below, above) {
+        (Some(b), Some(a)) => Some(if at - b <= a - at { b } else { a }),
+        (b, a) => b.or(a),
+    }
+}
+
+/// The entry of `points` nearest `at` (the smaller key on a tie).
+fn nearest<T>(points: &BTreeMap<u32, T>, at: u32) -> Option<&T> {
+    nearest_key(points, at).map(|k| &points[&k])
 }
 
 /// Reads the correction of `db` (its sources in order, first row of a coordinate wins); `None`
@@ -87,6 +140,7 @@ pub fn load(db: &Database) -> Result<Option<TopkCalib>> {
     // model heads → (prefix, isl, batch) → score mode → latency
     type Modes = BTreeMap<(u32, u32, u32), BTreeMap<String, f64>>;
     let mut rows: BTreeMap<u32, Modes> = BTreeMap::new();
+    let mut calib = TopkCalib::default();
     let mut any = false;
     for src in &srcs {
         if !src.path.exists() {
@@ -114,13 +168,16 @@ pub fn load(db: &Database) -> Result<Option<TopkCalib>> {
             let m = mode[i].clone().ok_or_else(|| PerfError::data(format!("{p}: null score_mode in row {i}")))?;
             let Some(h) = heads[i] else { continue };
             let h = key_u32(&p, "num_heads", i, h)?;
+            if m == "v1_top_last" {
+                let (step, isl, batch) = shape;
+                calib.top_last.entry(h).or_default().entry(batch).or_default().entry((isl, step)).or_insert(lat[i]);
+            }
             rows.entry(h).or_default().entry(shape).or_default().entry(m).or_insert(lat[i]);
         }
     }
     if !any {
         return Ok(None);
     }
-    let mut calib = TopkCalib::default();
     for (h, shapes) in rows {
         for ((prefix, isl, batch), modes) in shapes {
             for (table, flat, last) in
@@ -140,7 +197,7 @@ pub fn load(db: &Database) -> Result<Option<TopkCalib>> {
             }
         }
     }
-    Ok((!calib.context.is_empty() || !calib.decode.is_empty()).then_some(calib))
+    Ok((!calib.context.is_empty() || !calib.decode.is_empty() || !calib.top_last.is_empty()).then_some(calib))
 }
 
 #[cfg(test)]
@@ -166,5 +223,22 @@ mod tests {
         assert_eq!(c.corrected(1.5, false, 128, 50, 8, 1), 1.5);
         assert_eq!(c.corrected(1.5, false, 64, 50, 8, 1), 0.0);
         assert_eq!(c.corrected(-1.0, false, 128, 50, 8, 1), -1.0);
+    }
+
+    #[test]
+    fn top_last_takes_the_nearest_batch_and_isl_and_is_linear_in_the_prefix() {
+        let mut c = TopkCalib::default();
+        let g = c.top_last.entry(64).or_default();
+        g.entry(1).or_default().extend([((1000, 0), 1.0), ((1000, 100), 3.0), ((3000, 0), 7.0)]);
+        g.entry(4).or_default().insert((1000, 0), 9.0);
+        // Batch 2 is nearer 1 than 4; isl 2000 ties 1000 and 3000: the smaller wins.
+        assert_eq!(c.top_last_ms(64, 2000, 50, 2).unwrap(), Some(2.0));
+        assert_eq!(c.top_last_ms(64, 2001, 50, 2).unwrap(), Some(7.0));
+        // Held at the prefix ends; batch 3 is nearer 4.
+        assert_eq!(c.top_last_ms(64, 1000, 500, 1).unwrap(), Some(3.0));
+        assert_eq!(c.top_last_ms(64, 10, 0, 3).unwrap(), Some(9.0));
+        assert_eq!(c.top_last_ms(128, 1000, 0, 1).unwrap(), None);
+        let err = c.top_last_ms(64, 3001, 0, 1).unwrap_err().to_string();
+        assert!(err.contains("isl 3001 is past the largest collected v1_top_last isl 3000"), "{err}");
     }
 }

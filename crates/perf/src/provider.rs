@@ -898,16 +898,17 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         }
         // Dense models, Gemma 4, the plain MoE family (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss,
         // MiniMax-M2: the reference's `MOEModel`), the hybrid local/global MoE family (Llama-4,
-        // MiMo-V2-Flash) and the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5: the reference's
-        // `DeepSeekModel`); the other families' CP graphs are their own (not modelled).
+        // MiMo-V2-Flash), the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5: the reference's
+        // `DeepSeekModel`) and DeepSeek-V4 (`dsv4.rs`); the other families' CP graphs are their
+        // own (not modelled).
         let plain_moe = model.family == Family::Moe
             && model.qwen35.is_none()
             && model.kimi_k3.is_none()
             && model.nemotron_h.is_none();
-        if !matches!(model.family, Family::Dense | Family::Gemma4 | Family::Mla) && !plain_moe {
+        if !matches!(model.family, Family::Dense | Family::Gemma4 | Family::Mla | Family::Dsv4) && !plain_moe {
             return Err(PerfError::unsupported(format!(
-                "{}: context parallelism (cp_size={}) is modelled for dense models, Gemma 4, the MLA family \
-                 (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5) and the plain and hybrid MoE families only",
+                "{}: context parallelism (cp_size={}) is modelled for dense models, Gemma 4, the \
+                 plain and hybrid MoE families, the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5) and DeepSeek-V4 only",
                 cfg.model, cfg.cp_size
             )));
         }

@@ -281,6 +281,32 @@ fn sglang_timing_goldens() {
     assert_eq!(fp8.layout.moe, Dtype::Fp8Block);
     close(fp8.prefill_ms(2, 1000, 0).unwrap(), 71.83604246808207);
     close(fp8.decode_ms(16, 1100).unwrap(), 13.715269546723647);
+
+    // Prefill context parallelism: the compressed-attention layers on the busiest rank's share
+    // plus the indexer-logits / selector deltas and the KV gathers; the dispatch gathers the
+    // split prompt, and (as the reference builds it) the decode dispatch too.
+    let cp2 = layout(
+        "deepseek-ai/DeepSeek-V4-Flash",
+        "b200_sxm",
+        json!({"tp": 1, "cp_size": 2, "moe_tp_size": 1, "moe_ep_size": 2}),
+    );
+    close(cp2.prefill_ms(2, 4096, 0).unwrap(), 106.23689363406537);
+    close(cp2.prefill_ms(3, 3000, 777).unwrap(), 90.28563470085838);
+    close(cp2.prefill_ms(1, 16000, 0).unwrap(), 195.50381168673945);
+    close(cp2.decode_ms(16, 1100).unwrap(), 11.229886274606612);
+    close(cp2.forward_pass_time_ms(&[mixed]).unwrap(), 49.95111735500179);
+    let cp4 = layout(
+        "sgl-project/DeepSeek-V4-Flash-FP8",
+        "h200_sxm",
+        json!({"tp": 1, "cp_size": 4, "moe_tp_size": 4, "moe_ep_size": 1}),
+    );
+    close(cp4.prefill_ms(2, 3000, 0).unwrap(), 109.0070318408813);
+    close(cp4.prefill_ms(1, 8000, 192).unwrap(), 136.56925304018242);
+    close(cp4.decode_ms(16, 1100).unwrap(), 14.48195537778658);
+    // Past the selector table's largest prompt (16384 on B200) the split is refused, as the
+    // reference refuses it (the selector's time is not held).
+    let err = cp2.prefill_ms(1, 20000, 0).unwrap_err().to_string();
+    assert!(err.contains("isl 20000 is past the largest collected v1_top_last isl 16384"), "{err}");
 }
 
 /// What servesim does not model of DeepSeek-V4 is refused by name: SGLang's MegaMoE graph (after
