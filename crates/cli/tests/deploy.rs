@@ -967,6 +967,20 @@ fn prefill_context_parallelism_beside_experts_matches_the_reference() {
     );
 }
 
+/// DSA sparse attention under context parallelism against the reference's predictions (the YAMLs
+/// say how they were recorded): SGLang GLM-5-FP8 prefill CP 8 (the attention block's sparse-CP
+/// composition, the experts over the CP ranks) and vLLM DeepSeek-V3.2 decode CP 2 (the striped
+/// sparse attention, the indexer's top-k merge, the LSE merge). Mean / p90 TTFT, ITL and E2E agree
+/// to rounding.
+#[test]
+fn dsa_context_parallelism_matches_the_reference() {
+    for name in ["predict_prefill_cp_dsa", "predict_dcp_dsa_vllm"] {
+        let Some((ours, _, worst)) = compare_with_reference(name) else { return };
+        assert_eq!(ours["decode_gpus_per_worker"], 8, "{name}: {ours}");
+        assert!(worst < 1e-9, "{name}: {worst}");
+    }
+}
+
 /// Decode context parallelism (`parallelism.decode_context`: the KV striped over TP ranks, no
 /// extra GPUs) against the reference's predictions (the YAMLs say how they were recorded): MLA on
 /// vLLM (LSE all-gather + reduce-scatter merge) and SGLang (all-to-all merge), GQA on vLLM where

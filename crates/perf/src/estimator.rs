@@ -501,9 +501,12 @@ impl Estimator {
     /// The tokens a context op processes on the busiest prefill context-parallel rank: its
     /// share of the prompt's `x`, except for the KV all-gather, which moves every token, and
     /// the MoE dispatch and experts, which see every rank's tokens (the dispatch gathers them).
+    /// A DSA graph splits nothing here: its attention block times the split itself and its
+    /// norms carry their own share (`dsa.rs`).
     fn cp_share(&self, op: &Op, x: u32) -> u32 {
         let cp = self.layout.cp.max(1);
-        if cp == 1 || matches!(op, Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_)) {
+        if cp == 1 || self.model.dsa.is_some() || matches!(op, Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_))
+        {
             x
         } else {
             x.div_ceil(cp)

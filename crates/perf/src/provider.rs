@@ -903,7 +903,8 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
             && model.qwen35.is_none()
             && model.kimi_k3.is_none()
             && model.nemotron_h.is_none();
-        if !matches!(model.family, Family::Dense | Family::Gemma4) && !plain_moe {
+        // DSA (DeepSeek-V3.2, GLM-5.x) times its sparse-CP composition in the attention block.
+        if !matches!(model.family, Family::Dense | Family::Gemma4 | Family::Dsa) && !plain_moe {
             return Err(PerfError::unsupported(format!(
                 "{}: context parallelism (cp_size={}) is modelled for dense models, Gemma 4 and the plain and hybrid MoE families only",
                 cfg.model, cfg.cp_size
@@ -1063,9 +1064,16 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         est.generation_ops.extend(gen);
     }
     // Decode context parallelism stripes the target's attention, drafts aside (`dcp.rs`).
-    crate::dcp::apply(&est.model, &est.layout, &mut est.context_ops, &mut est.generation_ops)
-        .map_err(|e| e.context("dcp"))?;
+    crate::dcp::apply(
+        &est.model,
+        &est.layout,
+        cfg.attention_backend.as_deref(),
+        &mut est.context_ops,
+        &mut est.generation_ops,
+    )
+    .map_err(|e| e.context("dcp"))?;
     est.check_attention_lanes()?;
+    crate::dsa::check_cp_tables(&est.db, &est.context_ops)?;
     let est = Arc::new(est);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)
