@@ -16,14 +16,22 @@
 //! A prefill on the same engine that reuses cached context first all-gathers the other ranks'
 //! stripes of it. The KV capacity of a rank's budget grows by `dcp` (`memory.rs`).
 //!
+//! DSA sparse attention (DeepSeek-V3.2, GLM-5.x) also merges the indexer's per-rank top-k
+//! candidates before the sparse attention: each rank packs its (fp32 score, int32 id) pairs, one
+//! all-gather over the group, then a top-k over the merged `dcp · topk` (`topk_pack`,
+//! `topk_all_gather`, `topk_merge`); the block itself prices the rank's share (`dsa.rs`).
+//!
 //! Modelled where the reference's model classes claim it: multi-head latent attention
-//! (DeepSeek-V3 family, Kimi-K2.5) on vLLM and SGLang, and GQA (Llama-style dense, plain MoE)
+//! (DeepSeek-V3 family, Kimi-K2.5) on vLLM and SGLang, DSA on vLLM (FlashMLA sparse: fp8 KV
+//! unless the FlashInfer sparse backend is pinned), and GQA (Llama-style dense, plain MoE)
 //! on vLLM while `dcp ≤ tp / kv_heads` (DCP only de-duplicates KV heads that TP replicates).
+//! The merge style and the replicated query projection (the reference's `dcp_comm`,
+//! `dcp_q_replicate`) are the backends' defaults: the AIS config has no key for them.
 
 use crate::db::Dtype;
 use crate::error::{PerfError, Result};
 use crate::mla_ops::MlaKind;
-use crate::model::{Family, Layout, ModelSpec, Op};
+use crate::model::{DsaSpec, Family, Layout, ModelSpec, Op};
 
 /// The latent KV entry the reference's MLA ops gather per cached token, in elements: DeepSeek-V3's
 /// `kv_lora_rank + qk_rope_head_dim`, whatever the model.
@@ -88,7 +96,8 @@ fn claimed(family: &str, backend: &str) -> bool {
 
 /// Checks that `m` on `l` can be timed under decode CP, in the reference's words where it
 /// refuses; what the reference times but servesim does not is refused by name.
-pub fn check(m: &ModelSpec, l: &Layout) -> Result<()> {
+/// `attention_backend` is the user's attention kernel pin.
+pub fn check(m: &ModelSpec, l: &Layout, attention_backend: Option<&str>) -> Result<()> {
     let (dcp, backend) = (l.dcp, l.backend.as_str());
     if dcp <= 1 {
         return Ok(());
@@ -109,10 +118,10 @@ pub fn check(m: &ModelSpec, l: &Layout) -> Result<()> {
         && m.qwen35.is_none()
         && m.nemotron_h.is_none()
         && m.glimmer.is_none()
-        && m.kimi_k3.is_none()
-        && m.dsa.is_none();
+        && m.kimi_k3.is_none();
     let gqa = match m.family {
-        Family::Mla if plain && m.mla.is_some() => false,
+        Family::Dsa if plain && m.dsa.is_some() => false,
+        Family::Mla if plain && m.dsa.is_none() && m.mla.is_some() => false,
         Family::Dense | Family::Moe if plain && m.mla.is_none() => true,
         _ => {
             return Err(PerfError::unsupported(format!(
@@ -122,6 +131,17 @@ pub fn check(m: &ModelSpec, l: &Layout) -> Result<()> {
             )))
         }
     };
+    // vLLM's FlashMLA sparse kernel (DSA's default decode backend) merges only by LSE all-gather
+    // and reduce-scatter, and only from an fp8 KV cache; FlashInfer's sparse MLA does both.
+    let flashinfer = attention_backend.is_some_and(|b| b.to_ascii_lowercase().contains("flashinfer"));
+    if m.family == Family::Dsa && backend == "vllm" && !flashinfer && l.kv.bytes() != 1.0 {
+        return Err(PerfError::config(format!(
+            "{} decode context parallelism on vLLM's FlashMLA sparse backend requires an fp8 KV cache (got \
+             kvcache_quant_mode={}); the bf16 sparse path returns no LSE for the DCP merge.",
+            m.architecture,
+            l.kv.name()
+        )));
+    }
     // MLA keeps one latent KV on every rank: any DCP that divides TP de-duplicates it.
     let limit = l.tp / m.kv_heads.max(1);
     if gqa && dcp > limit {
@@ -141,18 +161,29 @@ struct Hit {
     heads: u32,
     q_dim: u32,
     v_dim: u32,
+    /// The indexer's top-k a DSA block merges over the group (0: none).
+    topk: u32,
 }
 
 /// Rewrites the op lists of `m` on `l` for decode CP (`l.dcp > 1`): every decode attention op of
 /// the target model reads its stripe and is followed by the merge's collectives, every context
 /// attention op gathers the cached stripes first. Draft ops (`draft_…`) are left alone.
-pub fn apply(m: &ModelSpec, l: &Layout, context: &mut Vec<Op>, generation: &mut Vec<Op>) -> Result<()> {
+pub fn apply(
+    m: &ModelSpec,
+    l: &Layout,
+    attention_backend: Option<&str>,
+    context: &mut Vec<Op>,
+    generation: &mut Vec<Op>,
+) -> Result<()> {
     let dcp = l.dcp;
     if dcp <= 1 {
         return Ok(());
     }
-    check(m, l)?;
-    let latent = m.mla.map(|d| (d.kv_lora_rank + d.qk_rope_head_dim, d.kv_lora_rank));
+    check(m, l, attention_backend)?;
+    let latent = match &m.dsa {
+        Some(DsaSpec { kv_dims: [lora, rope, _], .. }) => Some((lora + rope, *lora)),
+        None => m.mla.map(|d| (d.kv_lora_rank + d.qk_rope_head_dim, d.kv_lora_rank)),
+    };
     let mut rewritten = Vec::with_capacity(generation.len() + 4);
     let mut touched = 0;
     for op in std::mem::take(generation) {
@@ -200,13 +231,20 @@ fn stripe_decode(op: Op, dcp: u32, latent: Option<(u32, u32)>, hit: &mut Option<
             Op::Overlap { name, a, b }
         }
         Op::GenerationAttention { scale, n, head, .. } => {
-            hit.get_or_insert(Hit { scale, heads: n, q_dim: head, v_dim: head });
+            hit.get_or_insert(Hit { scale, heads: n, q_dim: head, v_dim: head, topk: 0 });
             wrap(op)
+        }
+        Op::Dsa(mut d) if !d.context => {
+            let (q_dim, v_dim) = latent.unwrap_or((576, 512));
+            let topk = d.arch.dims().index_topk as u32;
+            hit.get_or_insert(Hit { scale: d.scale, heads: d.heads, q_dim, v_dim, topk });
+            d.dcp = dcp;
+            Op::Dsa(d)
         }
         Op::Mla(mut mla) if matches!(mla.kind, MlaKind::Generation | MlaKind::GenerationModule) => {
             // The reference's default latent widths where a config gives none.
             let (q_dim, v_dim) = latent.unwrap_or((576, 512));
-            hit.get_or_insert(Hit { scale: mla.scale, heads: mla.heads, q_dim, v_dim });
+            hit.get_or_insert(Hit { scale: mla.scale, heads: mla.heads, q_dim, v_dim, topk: 0 });
             mla.heads *= dcp;
             wrap(Op::Mla(mla))
         }
@@ -239,6 +277,12 @@ fn stripe_context(op: Op, dcp: u32, kv_bytes: f64) -> Op {
             let scale = mla.scale;
             wrap(op, MLA_GATHER_ELEMENTS * kv_bytes / 2.0, scale)
         }
+        // The block gathers its cached stripes itself (the indexer key's share depends on the
+        // tables it reads).
+        Op::Dsa(mut d) if d.context => {
+            d.dcp = dcp;
+            Op::Dsa(d)
+        }
         other => other,
     }
 }
@@ -247,7 +291,7 @@ fn stripe_context(op: Op, dcp: u32, kv_bytes: f64) -> Op {
 /// partial outputs over the DCP group, named after the op.
 fn merge_ops(name: &str, hit: Hit, l: &Layout) -> Vec<Op> {
     let dcp = l.dcp;
-    let Hit { scale, heads, q_dim, v_dim } = hit;
+    let Hit { scale, heads, q_dim, v_dim, topk } = hit;
     let gathered = (heads * dcp) as f64;
     let (q_dim, v_dim) = (q_dim as f64, v_dim as f64);
     let nccl = |suffix: &str, kind: &'static str, dtype: &'static str, elements: f64| Op::Nccl {
@@ -267,6 +311,13 @@ fn merge_ops(name: &str, hit: Hit, l: &Layout) -> Vec<Op> {
     // With fp8 attention the query is quantised before it is gathered.
     let q_dtype = if l.fmha == Dtype::Fp8 { "fp8" } else { "half" };
     let mut ops = vec![nccl("q_all_gather", "all_gather", q_dtype, gathered * q_dim)];
+    if topk > 0 {
+        // Each candidate an fp32 score and an int32 id: four half slots.
+        let packed = f64::from(topk) * 4.0;
+        ops.push(pass("topk_pack", packed, packed));
+        ops.push(nccl("topk_all_gather", "all_gather", "half", packed * dcp as f64));
+        ops.push(pass("topk_merge", packed * dcp as f64, f64::from(topk) * 2.0));
+    }
     if l.backend == "sglang" {
         // One all-to-all of each head's output and LSE (two half slots), then the combine.
         let packed = gathered * (v_dim + 2.0);

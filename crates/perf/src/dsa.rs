@@ -17,9 +17,16 @@
 //! have no matching reuse rows. Each row backs one or both kernel buckets (`trtllm`,
 //! `flashmla_kv`); a query asks for `trtllm`, then `flashmla_kv`, then whatever the key holds.
 //! Within one source file the last row of a coordinate wins; across sources the first.
+//!
+//! Context parallelism lives in the block too. SGLang's prefill CP (`cp`) reads the module at
+//! the busiest rank's share of the prompt and re-times the indexer's MQA logits and top-k from
+//! their own tables (`{glm5,dsv32}_mqa_logits_module_perf`, `…_topk_module_perf`), adding the
+//! all-gathers of the new tokens' indexer keys and latent KV; vLLM's decode CP (`dcp`, set by
+//! `dcp.rs`) reads the decode module at the gathered heads over the rank's KV stripe and
+//! apportions it to the rank's share of the top-k by the roofline.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value;
 
@@ -128,6 +135,13 @@ pub struct DsaOp {
     pub arch: DsaArch,
     /// Fraction of layers that run the indexer (1: every layer).
     pub full_frac: f64,
+    /// Prefill context parallelism (SGLang, 1: none): the prompt round-robin split over `cp`
+    /// ranks, timed by the sparse-CP composition ([`eval_dsa`]).
+    pub cp: u32,
+    /// Decode context parallelism (vLLM, 1: none): the KV striped over `dcp` ranks. A decode
+    /// block runs the group's `heads · dcp` gathered query heads over the rank's stripe; a
+    /// prefill that reuses cached context first gathers the other ranks' stripes.
+    pub dcp: u32,
 }
 
 impl DsaOp {
@@ -155,10 +169,31 @@ pub struct DsaTable {
 }
 
 /// The lazily loaded module tables of one database: DSA (context, generation) × (full, reuse
-/// rows), then MiniMax-M3's MSA tables (context, generation), which share the DSA row schema.
+/// rows), then MiniMax-M3's MSA tables (context, generation), which share the DSA row schema;
+/// and the sparse sub-kernel tables prefill CP reads, by (file prefix, heads).
 #[derive(Debug, Default)]
 pub struct DsaTables {
     cells: [OnceLock<Result<DsaTable>>; 6],
+    sparse: Mutex<BTreeMap<(&'static str, u32), SparseEntry>>,
+}
+
+/// One cached load of the sparse sub-kernel tables (an error is cached too).
+type SparseEntry = Arc<Result<SparseKernels>>;
+
+/// Batch → (new tokens, cached prefix) → latency of one sparse sub-kernel.
+type SparseGrid = BTreeMap<u32, BTreeMap<(u32, u32), f64>>;
+
+/// The indexer's sub-kernels measured alone (`{prefix}_mqa_logits_module_perf`,
+/// `{prefix}_topk_module_perf`), which prefill CP re-times at the full and the per-rank length.
+#[derive(Debug, Default)]
+pub(crate) struct SparseKernels {
+    /// The indexer's fp8 MQA logits.
+    mqa: SparseGrid,
+    /// Top-k over the last rows' scores (`score_mode` other than `flat`).
+    topk_last: SparseGrid,
+    /// Top-k over a flat score buffer (`score_mode = flat`).
+    topk_flat: SparseGrid,
+    looked: Vec<String>,
 }
 
 /// The file names the DSA tables are read from.
@@ -272,6 +307,99 @@ impl Database {
     }
 }
 
+/// The sparse sub-kernel files' name prefix of an architecture.
+fn sparse_prefix(arch: DsaArch) -> &'static str {
+    match arch {
+        DsaArch::DeepseekV32 => "dsv32",
+        DsaArch::GlmMoeDsa => "glm5",
+    }
+}
+
+/// Reads the sparse sub-kernel tables of `prefix` at `heads` query heads: within a source the
+/// last row of a coordinate wins, across sources the first.
+fn load_sparse(db: &Database, prefix: &str, heads: u32) -> Result<SparseKernels> {
+    let mut out = SparseKernels::default();
+    for (file, topk) in [("mqa_logits", false), ("topk", true)] {
+        let file = format!("{prefix}_{file}_module_perf.parquet");
+        for src in sources(&db.spec, &db.backend, &db.version, &file, db.shared_layer)? {
+            out.looked.push(src.path.display().to_string());
+            if !src.path.exists() {
+                continue;
+            }
+            let t = Table::read(
+                &src.path,
+                &["kernel_source", "num_heads", "score_mode", "batch_size", "isl", "step", "latency"],
+            )?;
+            let p = t.path.clone();
+            let (ks, mode) = (t.text_or_none("kernel_source")?, t.text_or_none("score_mode")?);
+            let row_heads = t.int_or_none("num_heads")?;
+            let (batch, isl, step, lat) = (t.int("batch_size")?, t.int("isl")?, t.int("step")?, t.float("latency")?);
+            let mut rows: BTreeMap<(u8, u32, u32, u32), f64> = BTreeMap::new();
+            for i in 0..t.rows {
+                if !keep_row(&src, &ks[i]) || row_heads[i].is_some_and(|h| h != i64::from(heads)) {
+                    continue;
+                }
+                let kind = match (topk, mode[i].as_deref()) {
+                    (false, _) => 0,
+                    (true, Some("flat")) => 2,
+                    (true, _) => 1,
+                };
+                let coord = (
+                    key_u32(&p, "batch_size", i, batch[i])?,
+                    key_u32(&p, "isl", i, isl[i])?,
+                    key_u32(&p, "step", i, step[i])?,
+                );
+                rows.insert((kind, coord.0, coord.1, coord.2), lat[i]);
+            }
+            for ((kind, b, s, st), v) in rows {
+                let grid = match kind {
+                    0 => &mut out.mqa,
+                    1 => &mut out.topk_last,
+                    _ => &mut out.topk_flat,
+                };
+                grid.entry(b).or_default().entry((s, st)).or_insert(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Database {
+    fn dsa_sparse(&self, arch: DsaArch, heads: u32) -> SparseEntry {
+        let prefix = sparse_prefix(arch);
+        let mut cache = self.dsa.sparse.lock().expect("dsa sparse tables");
+        Arc::clone(cache.entry((prefix, heads)).or_insert_with(|| Arc::new(load_sparse(self, prefix, heads))))
+    }
+}
+
+/// The measured batch nearest `b` (the smaller of two equally near).
+fn batch_slice(grid: &SparseGrid, b: u32) -> Option<&BTreeMap<(u32, u32), f64>> {
+    grid.get(&b).or_else(|| grid.iter().min_by_key(|(&k, _)| k.abs_diff(b)).map(|(_, v)| v))
+}
+
+/// A sub-kernel's latency at `s` new tokens after `prefix` cached: the nearest measured length
+/// (the smaller of two equally near; none past the longest, where the kernels grow faster than
+/// linearly), linear in the prefix between measured ones and held beyond them.
+fn sparse_at(t: &BTreeMap<(u32, u32), f64>, s: u32, prefix: u32) -> Result<Option<f64>> {
+    let Some(longest) = t.keys().map(|k| k.0).max() else { return Ok(None) };
+    if s > longest {
+        return Err(PerfError::data(format!(
+            "DSA CP: isl={s} exceeds the collected sparse-kernel grid (max isl={longest}); the indexer's \
+             kernels grow faster than linearly with the prompt, so servesim does not clamp it"
+        )));
+    }
+    let near = t.keys().map(|k| k.0).min_by_key(|&i| i.abs_diff(s)).unwrap_or(longest);
+    let row: Vec<(u32, f64)> = t.range((near, 0)..=(near, u32::MAX)).map(|(k, &v)| (k.1, v)).collect();
+    let (Some(&first), Some(&last)) = (row.first(), row.last()) else { return Ok(None) };
+    let below = row.iter().rev().find(|p| p.0 <= prefix).copied().unwrap_or(first);
+    let above = row.iter().find(|p| p.0 >= prefix).copied().unwrap_or(last);
+    Ok(Some(if below.0 == above.0 {
+        below.1
+    } else {
+        below.1 + (above.1 - below.1) * f64::from(prefix - below.0) / f64::from(above.0 - below.0)
+    }))
+}
+
 fn key_of(op: &DsaOp) -> String {
     // Decode tables are measured with bf16 attention.
     let fmha = if op.context { op.fmha } else { Dtype::Bfloat16 };
@@ -279,9 +407,9 @@ fn key_of(op: &DsaOp) -> String {
 }
 
 /// Whether the reuse rows can stand in for `op`'s reuse layers: on vLLM the reuse table must
-/// hold the same key, kernel bucket and head count as the full one; elsewhere any reuse row
-/// will do.
-fn has_reuse(db: &Database, op: &DsaOp) -> Result<bool> {
+/// hold the same key, kernel bucket (asking for `bucket`) and head count as the full one;
+/// elsewhere any reuse row will do.
+fn has_reuse(db: &Database, op: &DsaOp, bucket: &str) -> Result<bool> {
     let reuse = db.dsa_table(op.context, true)?;
     if db.backend != "vllm" {
         return Ok(!reuse.grids.is_empty());
@@ -289,20 +417,16 @@ fn has_reuse(db: &Database, op: &DsaOp) -> Result<bool> {
     let full = db.dsa_table(op.context, false)?;
     let key = key_of(op);
     let (Some(f), Some(r)) = (full.grids.get(&key), reuse.grids.get(&key)) else { return Ok(false) };
-    let (Some((fb, (_, fh))), Some((rb, (_, rh)))) = (select(f, REQUESTED_BUCKET), select(r, REQUESTED_BUCKET)) else {
+    let (Some((fb, (_, fh))), Some((rb, (_, rh)))) = (select(f, bucket), select(r, bucket)) else {
         return Ok(false);
     };
     Ok(fb == rb && fh.contains(&op.heads) && rh.contains(&op.heads))
 }
 
-/// Layer latency of one table variant: context for `b` sequences of `s` new tokens after
-/// `prefix` cached ones, decode for `b` requests at KV length `s`.
-fn query(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u32) -> Result<f64> {
+/// Layer latency of one table variant, asking for kernel `bucket`: context for `b` sequences of
+/// `s` new tokens after `prefix` cached ones, decode for `b` requests at KV length `s`.
+fn query(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u32, bucket: &str) -> Result<f64> {
     let spec = &db.spec;
-    let gemm_flops = op.gemm.flops(spec)?;
-    let indexer_flops = Dtype::Fp8.flops(spec)?;
-    let attn_flops = if op.context { op.fmha.flops(spec)? } else { Dtype::Bfloat16.flops(spec)? };
-    let flops = Flops { gemm: gemm_flops, indexer: indexer_flops, attn: attn_flops };
     let table = db.dsa_table(op.context, reuse)?;
     let key = key_of(op);
     let what = format!(
@@ -320,7 +444,8 @@ fn query(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u32) ->
             table.looked.join(", ")
         ))
     };
-    let (_, (grid, _)) = table.grids.get(&key).and_then(|by| select(by, REQUESTED_BUCKET)).ok_or_else(missing)?;
+    let (_, (grid, _)) = table.grids.get(&key).and_then(|by| select(by, bucket)).ok_or_else(missing)?;
+    let flops = flops_of(db, op)?;
     let dims = op.arch.dims();
     let vllm = db.backend == "vllm";
     let (kv, fmha, gemm) = (op.kv, op.fmha, op.gemm);
@@ -331,20 +456,156 @@ fn query(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u32) ->
         grid.query(&CONTEXT_SPEC, &sol, &[op.heads as f64, prefix as f64, s as f64, b as f64])
     } else {
         let sol = move |c: &[f64]| {
-            generation_sol(spec, &dims, kv, gemm, flops, [c[1], c[2], c[0]].map(|x| x as i128), reuse && vllm)
+            generation_sol(spec, &dims, kv, gemm, flops, [c[1], c[2], c[0]].map(|x| x as i128), 1, reuse && vllm)
         };
         grid.query(&GENERATION_SPEC, &sol, &[op.heads as f64, b as f64, s as f64])
     };
     v.map_err(|e| e.context(format!("{what} on {} / {} {}", spec.name, db.backend, db.version)))
 }
 
+fn flops_of(db: &Database, op: &DsaOp) -> Result<Flops> {
+    let spec = &db.spec;
+    let attn = if op.context { op.fmha.flops(spec)? } else { Dtype::Bfloat16.flops(spec)? };
+    Ok(Flops { gemm: op.gemm.flops(spec)?, indexer: Dtype::Fp8.flops(spec)?, attn })
+}
+
 /// `eval` of a DSA op: `scale × max(0, latency)`, the layer latency blending indexer-computing
-/// and reuse layers by `full_frac` where reuse rows exist.
+/// and reuse layers by `full_frac` where reuse rows exist. Under decode context parallelism a
+/// decode block is read at the group's gathered heads over the rank's `⌈s / dcp⌉` stripe, the
+/// measured time apportioned by the roofline ratio of a top-k filtered to the rank's
+/// `⌈topk / dcp⌉` owned slots against the whole top-k (the indexer still scores the stripe);
+/// a prefill over cached context adds the gather of the other ranks' stripes. Prefill context
+/// parallelism takes [`cp_context`].
 pub fn eval_dsa(db: &Database, op: &DsaOp, b: u32, s: u32, prefix: u32) -> Result<f64> {
-    let w = if op.full_frac >= 1.0 || has_reuse(db, op)? { op.full_frac } else { 1.0 };
-    let full = query(db, op, false, b, s, prefix)?;
-    let v = if w >= 1.0 { full } else { w * full + (1.0 - w) * query(db, op, true, b, s, prefix)? };
+    let dcp = op.dcp.max(1);
+    let striped;
+    let (op, s) = if op.context || dcp == 1 {
+        (op, s)
+    } else {
+        striped = DsaOp { heads: op.heads * dcp, ..op.clone() };
+        (&striped, s.div_ceil(dcp))
+    };
+    let bucket = if op.context && op.cp > 1 { "flashmla_kv" } else { REQUESTED_BUCKET };
+    let w = if op.full_frac >= 1.0 || has_reuse(db, op, bucket)? { op.full_frac } else { 1.0 };
+    if op.context && op.cp > 1 {
+        let full = cp_context(db, op, false, b, s, prefix)? * op.scale;
+        let v = if w >= 1.0 { full } else { w * full + (1.0 - w) * cp_context(db, op, true, b, s, prefix)? * op.scale };
+        return Ok(match cached_gather(db, op, b, prefix, w)? {
+            Some(g) => (v + g * op.scale).max(0.0),
+            None => v,
+        });
+    }
+    let one = |reuse: bool| -> Result<f64> {
+        let v = query(db, op, reuse, b, s, prefix, bucket)?;
+        Ok(if op.context || dcp == 1 { v } else { v * owned_topk_ratio(db, op, reuse, b, s)? })
+    };
+    let full = one(false)?;
+    let mut v = if w >= 1.0 { full } else { w * full + (1.0 - w) * one(true)? };
+    if op.context {
+        v += cached_gather(db, op, b, prefix, w)?.unwrap_or(0.0);
+    }
     Ok(v.max(0.0) * op.scale)
+}
+
+/// The decode roofline with the sparse attention over the rank's owned `⌈topk / dcp⌉` slots,
+/// over the one with the whole top-k, in `[0, 1]` (`op` holds the gathered heads, `s` the
+/// stripe).
+fn owned_topk_ratio(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32) -> Result<f64> {
+    let flops = flops_of(db, op)?;
+    let no_indexer = reuse && db.backend == "vllm";
+    let at = [b, s, op.heads].map(i128::from);
+    let sol = |div: u32| generation_sol(&db.spec, &op.arch.dims(), op.kv, op.gemm, flops, at, div, no_indexer);
+    let (whole, owned) = (sol(1), sol(op.dcp));
+    Ok(if whole > 0.0 { (owned / whole).clamp(0.0, 1.0) } else { 1.0 })
+}
+
+/// The all-gather of the cached context's stripes a DCP rank pays before a prefill attends to
+/// it (unscaled, ms; `None` without DCP or cache): per cached token the latent KV entry and the
+/// indexer key, the latter only on the `w` share of layers that run the indexer.
+fn cached_gather(db: &Database, op: &DsaOp, b: u32, prefix: u32, w: f64) -> Result<Option<f64>> {
+    if op.dcp <= 1 || prefix == 0 || b == 0 {
+        return Ok(None);
+    }
+    let elements = 576.0 * op.kv.bytes() / 2.0 + w.clamp(0.0, 1.0) * 128.0;
+    let cached = f64::from(b.saturating_mul(prefix));
+    Ok(Some(db.nccl("half", "all_gather", op.dcp, cached * elements)?))
+}
+
+/// The sparse sub-kernel tables `op`'s prefill CP reads, refused by name where a table is empty.
+fn cp_kernels(db: &Database, op: &DsaOp) -> Result<SparseEntry> {
+    let kernels = db.dsa_sparse(op.arch, op.heads);
+    let k = kernels.as_ref().as_ref().map_err(Clone::clone)?;
+    let missing: Vec<&str> = [("mqa", &k.mqa), ("topk_last", &k.topk_last), ("topk_flat", &k.topk_flat)]
+        .into_iter()
+        .filter(|(_, g)| g.is_empty())
+        .map(|(n, _)| n)
+        .collect();
+    if !missing.is_empty() {
+        let p = sparse_prefix(op.arch);
+        return Err(PerfError::data(format!(
+            "DSA prefill context parallelism (cp_size={}) of {} needs the sparse indexer tables ['{}'] at \
+             num_heads={}: no rows in {p}_mqa_logits_module_perf.parquet / {p}_topk_module_perf.parquet for {} / {} \
+             {}{}",
+            op.cp,
+            op.arch.name(),
+            missing.join("', '"),
+            op.heads,
+            db.spec.name,
+            db.backend,
+            db.version,
+            if k.looked.is_empty() { String::new() } else { format!(" (looked in {})", k.looked.join(", ")) }
+        )));
+    }
+    Ok(kernels)
+}
+
+/// Checks before the first pass that the prefill CP blocks among `ops` find their sparse
+/// sub-kernel tables (a graph whose layers all reuse the top-k index needs none).
+pub(crate) fn check_cp_tables(db: &Database, ops: &[Op]) -> Result<()> {
+    for op in ops {
+        if let Op::Dsa(d) = op {
+            if d.context && d.cp > 1 && d.full_frac > 0.0 {
+                cp_kernels(db, d)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One layer variant of a prefill split round-robin over `op.cp` ranks (unscaled, ms): the
+/// module table (kernel bucket `flashmla_kv`) at the busiest rank's `⌈s / cp⌉` new tokens, with
+/// the indexer's MQA logits and top-k re-timed from their own tables (the whole prompt's cost
+/// shared over the ranks in place of the per-rank one the module measured), plus the
+/// all-gathers of every new token's indexer key and latent KV. Reuse layers run no indexer:
+/// neither the re-timing nor the key gather.
+fn cp_context(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u32) -> Result<f64> {
+    let cp = op.cp;
+    let per_rank = s.div_ceil(cp).max(1);
+    let mut v = query(db, op, reuse, b, per_rank, prefix, "flashmla_kv")?;
+    if !reuse {
+        let kernels = cp_kernels(db, op)?;
+        let k = kernels.as_ref().as_ref().map_err(Clone::clone)?;
+        let empty = BTreeMap::new();
+        let at = |g| batch_slice(g, b).unwrap_or(&empty);
+        let (mqa, last, flat) = (at(&k.mqa), at(&k.topk_last), at(&k.topk_flat));
+        let lookups = (
+            sparse_at(mqa, s, prefix)?,
+            sparse_at(mqa, per_rank, prefix)?,
+            sparse_at(last, s, prefix)?,
+            sparse_at(flat, per_rank, prefix)?,
+        );
+        if let (Some(mqa_all), Some(mqa_rank), Some(last_all), Some(flat_rank)) = lookups {
+            let cp = f64::from(cp);
+            v += (mqa_all / cp - mqa_rank) + (last_all / cp - flat_rank);
+        }
+    }
+    let d = op.arch.dims();
+    let tokens = f64::from(b) * f64::from(s);
+    if !reuse {
+        v += db.nccl("half", "all_gather", cp, tokens * d.index_head_dim as f64)?;
+    }
+    v += db.nccl("half", "all_gather", cp, tokens * (d.kv_lora + d.qk_rope) as f64)?;
+    Ok(v)
 }
 
 /// Tensor-core rates of a sparse-attention block's three op groups.
@@ -421,8 +682,9 @@ fn context_sol(
     finish(spec, flops, [gemm_ops, indexer_ops, attn_ops], bytes)
 }
 
-/// Decode roofline (ms) of `[b, s, heads]`, one token per request; `no_indexer` (vLLM reuse
-/// layers) drops the indexer's projections, logits and cache reads.
+/// Decode roofline (ms) of `[b, s, heads]`, one token per request, the sparse attention over
+/// `⌈topk / topk_div⌉` keys at most; `no_indexer` (vLLM reuse layers) drops the indexer's
+/// projections, logits and cache reads.
 #[allow(clippy::too_many_arguments)]
 fn generation_sol(
     spec: &SystemSpec,
@@ -431,11 +693,13 @@ fn generation_sol(
     gemm: Dtype,
     flops: Flops,
     [b, s, heads]: [i128; 3],
+    topk_div: u32,
     no_indexer: bool,
 ) -> f64 {
     let (gemm_ops, weights) = projections(d, b, heads, no_indexer);
     let ih = if no_indexer { 0 } else { d.index_heads };
-    let effective = s.min(d.index_topk);
+    let div = i128::from(topk_div.max(1));
+    let effective = s.min((d.index_topk + div - 1) / div);
     let attn_width = d.kv_lora + d.qk_rope;
     let indexer_ops = 2 * b * ih * d.index_head_dim * s;
     let attn_ops = 2 * b * heads * (attn_width + d.kv_lora) * effective;
@@ -586,6 +850,13 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     if l.ngram > 0 {
         return Err(PerfError::unsupported(format!("{}: ngram verification of DSA attention is not modelled", m.name)));
     }
+    if l.cp > 1 && l.moe_comm.is_large_ep() {
+        return Err(PerfError::unsupported(format!(
+            "{}: prefill context parallelism (cp_size={}) of DSA with a large-EP MoE (moe_comm_backend) is not \
+             modelled",
+            m.name, l.cp
+        )));
+    }
     let (tp, h) = (l.tp, m.hidden);
     let layers = m.layers as f64;
     let mtp = if l.nextn == 0 { 1.0 } else { (l.nextn as f64 + layers) / layers };
@@ -611,8 +882,16 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         let s = if ctx { 1.0 } else { mtp };
         let ls = layers * s;
         let gemm = Op::gemm;
-        let add_norm =
-            |name: &str| Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
+        // Under prefill CP the norms run on the busiest rank's floored share of the tokens;
+        // every other op of the graph sees the whole prompt (the attention block splits it itself).
+        let add_norm = |name: &str| {
+            let op = Op::Elementwise { name: nm(name), scale: ls, bytes_per_token: (2 * h + 2 * h) as f64 * act };
+            if ctx && l.cp > 1 {
+                Op::TokenScale { op: Box::new(op), num: 1, den: l.cp }
+            } else {
+                op
+            }
+        };
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
         list.push(add_norm("add_norm_1"));
         list.push(Op::Dsa(DsaOp {
@@ -626,6 +905,8 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             proj,
             arch: d.arch,
             full_frac,
+            cp: if ctx { l.cp.max(1) } else { 1 },
+            dcp: 1,
         }));
         list.push(add_norm("add_norm_2"));
         for (i, &(count, gate_bf16, down_bf16)) in groups.iter().enumerate() {
@@ -653,6 +934,15 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
             ];
             let mut routed = Vec::new();
             push_moe_ops(&mut routed, m, l, ctx, ms, MLA_DISTRIBUTION);
+            if !ctx && l.cp > 1 {
+                // A decode step behind the CP ranks' replicated attention: only the combine
+                // all-reduces.
+                for op in &mut routed {
+                    if let Op::MoeDispatch(d) = op {
+                        *d = d.clone().behind_replicated_cp(l.cp);
+                    }
+                }
+            }
             push_shared_beside_routed(list, ctx, phase, shared, routed);
         }
         list.push(logits_gemm(nm("logits_gemm"), s, m, tp));

@@ -502,12 +502,14 @@ impl Estimator {
     /// share of the prompt's `x`, except for the KV all-gather, which moves every token, and
     /// the MoE dispatch and experts, which see every rank's tokens (the dispatch gathers them).
     /// The MLA graph's pipeline hand-off moves the whole prompt too, as the reference sizes it.
+    /// A DSA graph splits nothing here: its attention block times the split itself and its
+    /// norms carry their own share (`dsa.rs`).
     fn cp_share(&self, op: &Op, x: u32) -> u32 {
         let cp = self.layout.cp.max(1);
         let whole = match op {
             Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_) => true,
             Op::P2P { .. } => self.model.family == Family::Mla,
-            _ => false,
+            _ => self.model.dsa.is_some(),
         };
         if cp == 1 || whole {
             x

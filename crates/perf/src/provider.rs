@@ -899,16 +899,19 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         // Dense models, Gemma 4, the plain MoE family (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss,
         // MiniMax-M2: the reference's `MOEModel`), the hybrid local/global MoE family (Llama-4,
         // MiMo-V2-Flash), the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5: the reference's
-        // `DeepSeekModel`) and DeepSeek-V4 (`dsv4.rs`); the other families' CP graphs are their
-        // own (not modelled).
+        // `DeepSeekModel`), DSA (DeepSeek-V3.2, GLM-5.x: its sparse-CP composition is timed in the
+        // attention block, `dsa.rs`) and DeepSeek-V4 (`dsv4.rs`); the other families' CP graphs
+        // are their own (not modelled).
         let plain_moe = model.family == Family::Moe
             && model.qwen35.is_none()
             && model.kimi_k3.is_none()
             && model.nemotron_h.is_none();
-        if !matches!(model.family, Family::Dense | Family::Gemma4 | Family::Mla | Family::Dsv4) && !plain_moe {
+        let modelled =
+            matches!(model.family, Family::Dense | Family::Gemma4 | Family::Mla | Family::Dsa | Family::Dsv4);
+        if !modelled && !plain_moe {
             return Err(PerfError::unsupported(format!(
                 "{}: context parallelism (cp_size={}) is modelled for dense models, Gemma 4, the \
-                 plain and hybrid MoE families, the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5) and DeepSeek-V4 only",
+                 plain and hybrid MoE families, the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5), DSA (GLM-5.x) and DeepSeek-V4 only",
                 cfg.model, cfg.cp_size
             )));
         }
@@ -1066,9 +1069,16 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         est.generation_ops.extend(gen);
     }
     // Decode context parallelism stripes the target's attention, drafts aside (`dcp.rs`).
-    crate::dcp::apply(&est.model, &est.layout, &mut est.context_ops, &mut est.generation_ops)
-        .map_err(|e| e.context("dcp"))?;
+    crate::dcp::apply(
+        &est.model,
+        &est.layout,
+        cfg.attention_backend.as_deref(),
+        &mut est.context_ops,
+        &mut est.generation_ops,
+    )
+    .map_err(|e| e.context("dcp"))?;
     est.check_attention_lanes()?;
+    crate::dsa::check_cp_tables(&est.db, &est.context_ops)?;
     let est = Arc::new(est);
     estimators().lock().expect("estimators").insert(key, Arc::clone(&est));
     Ok(est)

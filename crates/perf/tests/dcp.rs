@@ -1,6 +1,7 @@
 //! Decode context parallelism (`dcp`): the reference's prefill and decode steps and KV capacity
 //! for MLA (DeepSeek-V3, Kimi-K2.5; vLLM's LSE all-gather + reduce-scatter merge, SGLang's
-//! all-to-all) and GQA on vLLM, and its refusals.
+//! all-to-all), DSA on vLLM and GQA on vLLM, and its refusals; and DSA's SGLang prefill context
+//! parallelism (`cp_size`), whose sparse-CP composition lives in the same attention block.
 
 mod common;
 
@@ -39,6 +40,68 @@ fn dcp_step_and_capacity_goldens() {
         let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, block, 0.0).unwrap();
         assert_eq!(kv.blocks, blocks, "{model} {backend} dcp{dcp}: {kv:?}");
     }
+}
+
+/// DSA (DeepSeek-V3.2, GLM-5.x) against `$AISIM_REF_VENV/bin/python scripts/dcp_goldens.py`
+/// (aisimulate 0.13), the same steps and capacity as above: vLLM decode CP (the gathered heads
+/// over the rank's stripe, the sparse attention over its share of the top-k, the indexer's top-k
+/// merge; GLM-5.2's reuse layers blended in) and SGLang prefill CP (the module at the busiest
+/// rank's share with the indexer's kernels re-timed, the key and latent all-gathers; the experts
+/// over the CP ranks, the KV not divided).
+#[test]
+fn dsa_context_parallelism_goldens() {
+    if !data_available("h200_sxm") || !data_available("b200_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the DSA CP goldens");
+        return;
+    }
+    let cases = [
+        (
+            json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 8, "moe_ep_size": 1, "dcp": 2}),
+            64,
+            507.0882834177234,
+            15.854228662455167,
+            23567u64,
+        ),
+        (
+            json!({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8,
+                   "moe_tp_size": 1, "moe_ep_size": 8, "dcp": 4}),
+            64,
+            139.03806186240982,
+            16.911615598801387,
+            102678,
+        ),
+        (
+            json!({"model": "zai-org/GLM-5-FP8", "system": "h200_sxm", "backend": "sglang", "tp": 1,
+                   "moe_tp_size": 1, "moe_ep_size": 8, "cp_size": 8}),
+            1,
+            211.08268754476953,
+            20.797910409113896,
+            15976,
+        ),
+        (
+            json!({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 1,
+                   "moe_tp_size": 1, "moe_ep_size": 4, "cp_size": 4}),
+            1,
+            117.0633213604236,
+            12.559363685806229,
+            383466,
+        ),
+    ];
+    for (c, block, prefill, decode, blocks) in cases.clone() {
+        let e = est_with(c.clone());
+        close(e.prefill_ms(4, 2048, 1024).unwrap(), prefill);
+        close(e.decode_ms(4, 2049).unwrap(), decode);
+        let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, block, 0.0).unwrap();
+        assert_eq!(kv.blocks, blocks, "{c}: {kv:?}");
+    }
+    // The indexer's top-k merge sits between the query gather and the output merge.
+    let e = est_with(cases[0].0.clone());
+    let names: Vec<String> =
+        e.decode_ops(4, 2049).unwrap().into_iter().map(|(n, _)| n).filter(|n| n.contains("_dcp_")).collect();
+    let want = ["q_all_gather", "topk_pack", "topk_all_gather", "topk_merge", "lse_all_gather", "lse_correct"];
+    let want: Vec<String> = want.iter().map(|s| format!("generation_attention_dcp_{s}")).collect();
+    assert_eq!(names[..6], want[..], "{names:?}");
 }
 
 /// The merge's collectives follow the attention op they merge, named after it; a decode-only
@@ -95,7 +158,20 @@ fn dcp_refusals() {
     assert_eq!(refuse(cfg("deepseek-ai/DeepSeek-V3", "vllm", 3)), "dcp: dcp_size must be positive and divide tp_size");
     let e = refuse(cfg("deepseek-ai/DeepSeek-V3", "trtllm", 2));
     assert!(e.contains("model_family='DEEPSEEK' on backend='trtllm'"), "{e}");
-    let e = refuse(json!({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "vllm", "tp": 8,
+    // vLLM's FlashMLA sparse kernel takes DCP only from an fp8 KV cache (the reference's words).
+    let e = refuse(json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm", "tp": 8,
+                          "moe_tp_size": 8, "moe_ep_size": 1, "dcp": 2, "kvcache_quant_mode": "bfloat16"}));
+    assert_eq!(
+        e,
+        "dcp: DeepseekV32ForCausalLM decode context parallelism on vLLM's FlashMLA sparse backend requires an fp8 \
+         KV cache (got kvcache_quant_mode=bfloat16); the bf16 sparse path returns no LSE for the DCP merge."
+    );
+    // SGLang's NSA backend has no DCP path: the reference does not claim it.
+    let e = refuse(json!({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 8,
                           "moe_tp_size": 8, "moe_ep_size": 1, "dcp": 2}));
-    assert!(e.contains("is timed by the reference but not modelled by servesim"), "{e}");
+    assert!(e.contains("model_family='DEEPSEEKV32' on backend='sglang'"), "{e}");
+    // Prefill CP of DeepSeek-V3.2 needs the indexer's sparse kernel tables, collected for GLM-5 only.
+    let e = refuse(json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "sglang", "tp": 1,
+                          "moe_tp_size": 1, "moe_ep_size": 2, "cp_size": 2}));
+    assert!(e.contains("needs the sparse indexer tables ['mqa', 'topk_last', 'topk_flat'] at num_heads=128"), "{e}");
 }
