@@ -13,6 +13,9 @@
 //! model's own tensor-parallel reductions and MoE dispatch are left out, the pools' exchange
 //! standing in for them. Ops of a family the split has no rule for (Mamba, GDN, or a name
 //! none of the rules covers) are refused by name.
+//!
+//! The pools' per-GPU memory ([`prefill_memory`], [`decode_memory`]) is the reference's static
+//! estimate (`crate::memory`) with each pool's own weights; [`out_of_memory`] is its check.
 
 use crate::error::{PerfError, Result};
 use crate::estimator::Estimator;
