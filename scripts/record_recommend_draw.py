@@ -2,7 +2,7 @@
 """Record tests/deploy/NAME.draw.golden.json: the reference's random-search draw of
 tests/deploy/NAME.yaml, run once per variant (a list of --set overrides), every candidate in the
 reference's record order (candidate id, AFD topology or per-role workers, router, traffic load,
-status, failure category, GPUs, score), its counts and its ranking (views.top_n).
+status, failure category (and reason, AFD), GPUs, score), its counts and its ranking (views.top_n).
 
     $AISIM_REF_VENV/bin/python scripts/record_recommend_draw.py recommend_afd_random
 
@@ -59,6 +59,12 @@ VARIANTS = {
         "kv_fraction_choices": ["traffic.load={type: kv_capacity_fraction, fraction: {choices: [0.25, 0.5]}}"],
         "concurrency_choices_seed3": ["traffic.load.concurrency={choices: [8, 32]}", "optimizer.seed=3"],
     },
+    "recommend_afd_oom": {
+        "as_written": [],
+        "two_per_round_batch32_seed5": [
+            "optimizer.parallelism=2", "optimizer.max_trials=6", "optimizer.seed=5", "engine.afd.a_batch_size=32",
+        ],
+    },
 }
 ROUTER = ("recommend_random_router",)
 ROLES = (("agg", "aggregated", ""), ("prefill", "prefill", "prefill_"), ("decode", "decode", "decode_"))
@@ -111,6 +117,7 @@ def run(name, sets):
             "traffic_load": config.get("traffic_load"),
             "status": c["status"],
             "reason_category": c.get("reason_category"),
+            "reason": c.get("reason"),
             "used_gpus": c["used_gpus"],
             "score": c["score"],
         })

@@ -3173,6 +3173,41 @@ fn afd_refusals_name_the_key() {
     );
 }
 
+/// A topology whose pools do not fit the GPUs is refused as the reference refuses it (issue 35):
+/// dense Qwen3-8B on H200 with vLLM, two attention nodes at tp_a 1, 16 requests per worker in 12
+/// microbatches, each request's KV sized for the model's 40960-token context (135 GiB on a 141 GiB
+/// GPU). `$AISIM_REF_VENV/bin/python /work/shared/parity/aisimulate_predict.py` on this YAML
+/// exits 2 with `CFG: out_of_memory: the model 'Qwen/Qwen3-8B' does not fit in GPU memory on
+/// 'h200_sxm' with this AFD topology (phase=both); …` (aisimulate 0.13.0.dev202610270000000085).
+/// A shorter engine.context_length, or four GPUs per attention worker, fits.
+#[test]
+fn afd_topologies_that_do_not_fit_are_refused() {
+    let yaml =
+        "traffic:\n  source: {type: synthetic, input_tokens: 300, output_tokens: 20}\n  load: {type: concurrency, \
+                concurrency: 4}\n  stop: {requests: 20}\nengine:\n  mode: afd\n  model: Qwen/Qwen3-8B\n  hardware: \
+                h200_sxm\n  backend: vllm\n  afd: {phase: both, combined_with_pd: false, n_a_nodes: 2, n_f_nodes: 1, \
+                tp_a: 1, a_batch_size: 16, num_microbatches: 12}\n";
+    for (name, set) in [("afd-oom-context", "engine.context_length=4096"), ("afd-oom-tp", "engine.afd.tp_a=4")] {
+        let cfg = write(&format!("{name}.yaml"), yaml);
+        let out = predict(&cfg, &tmp(name), &["--set", set]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the AFD memory refusal");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+    }
+    refused(
+        "afd-oom",
+        yaml,
+        &[],
+        &["engine.afd: out_of_memory: the model 'Qwen/Qwen3-8B' does not fit in GPU memory on 'h200_sxm' with this \
+             AFD topology (phase=both); widen tp_a or the F pool (which widens the F-replica under Phase 1 F-DP=1), \
+             lower a_batch_size, or use a system with more VRAM per GPU. Check engine.context_length: the default \
+             uses the model's full context. A smaller context limit can reduce KV memory; verify it still covers the \
+             workload."],
+    );
+}
+
 /// The recurrent-state cache (`kv_cache.state_cache`, `prefix_match_unit`) on vLLM with
 /// explicit state bytes and constant-time passes, against the reference's records (each YAML
 /// says how it was recorded): default retention (one saved state per request, at its newest

@@ -136,12 +136,28 @@ fn afd_search_refusals_name_the_key() {
 /// the same ranking.
 #[test]
 fn afd_random_search_draws_the_reference_candidates() {
-    let name = "recommend_afd_random";
+    reference_draws("recommend_afd_random");
+}
+
+/// A topology whose attention GPUs cannot hold its KV cache fails the candidate build as the
+/// reference's does (issue 35, the YAML census's case): tests/deploy/recommend_afd_oom.yaml (one
+/// trial a round) and a variant of two a round where a failed build is replaced in its round,
+/// against tests/deploy/recommend_afd_oom.draw.golden.json (the YAML says how it was recorded):
+/// the same candidates, statuses, scores and ranking as above, and the reference's
+/// `AFDInfeasible: out_of_memory` reason word for word.
+#[test]
+fn afd_random_search_fails_the_topologies_that_do_not_fit() {
+    reference_draws("recommend_afd_oom");
+}
+
+/// Runs each variant of tests/deploy/NAME.draw.golden.json and compares its candidates in
+/// record order.
+fn reference_draws(name: &str) {
     let golden: Value =
         serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap()).unwrap();
     for (variant, want) in golden["variants"].as_object().unwrap() {
         let sets: Vec<&str> = want["sets"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
-        let (out, dir) = recommend(name, &format!("draw-{variant}"), &sets);
+        let (out, dir) = recommend(name, &format!("{name}-draw-{variant}"), &sets);
         if data_missing(&out) {
             eprintln!("skipped: no AIS performance data");
             return;
@@ -165,6 +181,9 @@ fn afd_random_search_draws_the_reference_candidates() {
             assert_eq!(c["used_gpus"], w["used_gpus"], "{variant} {id}");
             if w["status"] != "feasible" {
                 assert_eq!(c["reason_category"], w["reason_category"], "{variant} {id}");
+                if let Some(reason) = w["reason"].as_str().filter(|r| r.contains("AFDInfeasible: out_of_memory")) {
+                    assert_eq!(c["reason"], reason, "{variant} {id}");
+                }
                 continue;
             }
             let (x, y) = (c["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());

@@ -1,11 +1,14 @@
 //! `engine.mode: afd` under `predict -c`: the attention and FFN pools' per-layer times from the
-//! AIS op model (`servesim_perf::afd`), the microbatch pipeline and batch schedule of the AFD
+//! AIS op model (`servesim_perf::afd`), the per-GPU memory check of both pools (a topology that
+//! does not fit is refused with the reference's out_of_memory words), the microbatch pipeline and batch schedule of the AFD
 //! foreground engine (`servesim_cluster::afd`), and the reference's `prediction.json` for it
 //! (`{"afd_replay": …, "summary": …}`).
 
 use serde_json::{json, Map, Value};
 use servesim_cluster::afd::{pass_time, schedule_both, LayerTimes};
-use servesim_perf::afd::{decode_layer_times, prefill_layer_times, Pools, Shape};
+use servesim_perf::afd::{
+    decode_layer_times, decode_memory, out_of_memory, prefill_layer_times, prefill_memory, Pools, Shape,
+};
 use servesim_perf::{AisConfig, Estimator};
 use std::sync::Arc;
 
@@ -51,6 +54,32 @@ struct Measured<'a> {
     ffn_tp: u32,
     prefill: LayerTimes,
     decode: LayerTimes,
+}
+
+/// How an AFD failure the reference classes as out of memory begins.
+pub const OUT_OF_MEMORY: &str = "out_of_memory";
+
+/// The reference's words for a topology that does not fit the GPUs (its `phase` is `both`, the
+/// only phase servesim predicts).
+fn out_of_memory_message(config: &Config) -> String {
+    let e = &config.engine;
+    format!(
+        "{OUT_OF_MEMORY}: the model '{}' does not fit in GPU memory on '{}' with this AFD topology (phase=both); \
+         widen tp_a or the F pool (which widens the F-replica under Phase 1 F-DP=1), lower a_batch_size, or use a \
+         system with more VRAM per GPU. Check engine.context_length: the default uses the model's full context. A \
+         smaller context limit can reduce KV memory; verify it still covers the workload.",
+        e.model, e.hardware
+    )
+}
+
+/// The reason a recommend candidate gets when its build fails with `e`: the reference's
+/// `AFDInfeasible: <category>: <message>` for what it classes (out of memory), else `e`.
+pub fn build_failure(e: &DeployError) -> String {
+    if e.key == "engine.afd" && e.message.starts_with(OUT_OF_MEMORY) {
+        format!("candidate build failed: AFDInfeasible: {}", e.message)
+    } else {
+        format!("candidate build failed: {e}")
+    }
 }
 
 /// Checks an AFD configuration and measures its topology as the reference's candidate build does
@@ -139,6 +168,16 @@ fn measure(config: &Config) -> Result<Measured<'_>, DeployError> {
     let at = |e: servesim_perf::PerfError| DeployError::new("engine.afd", e.message);
     let prefill = times(prefill_layer_times(&pools, &shape, isl, 0).map_err(at)?);
     let decode = times(decode_layer_times(&pools, &shape, isl, osl).map_err(at)?);
+    // Each request's KV is sized for the whole context the engine serves (the model's unless
+    // engine.context_length limits it), as the reference's candidate build sizes it.
+    let context = config.engine.context_length.or(Some(attention.model.max_position).filter(|&n| n > 0));
+    let memory = [
+        prefill_memory(&pools, &shape, isl, context).map_err(at)?,
+        decode_memory(&pools, &shape, isl, osl, context).map_err(at)?,
+    ];
+    if out_of_memory(&pools, &memory) {
+        return Err(DeployError::new("engine.afd", out_of_memory_message(config)));
+    }
     Ok(Measured { afd, isl, osl, slots, count, shape, ffn_tp, prefill, decode })
 }
 

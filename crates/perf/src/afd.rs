@@ -13,9 +13,13 @@
 //! model's own tensor-parallel reductions and MoE dispatch are left out, the pools' exchange
 //! standing in for them. Ops of a family the split has no rule for (Mamba, GDN, or a name
 //! none of the rules covers) are refused by name.
+//!
+//! The pools' per-GPU memory ([`prefill_memory`], [`decode_memory`]) is the reference's static
+//! estimate (`crate::memory`) with each pool's own weights; [`out_of_memory`] is its check.
 
 use crate::error::{PerfError, Result};
 use crate::estimator::Estimator;
+use crate::memory::{self, Usage};
 use crate::model::Op;
 
 /// Where an op runs under AFD.
@@ -321,6 +325,63 @@ pub fn decode_layer_times(pools: &Pools, shape: &Shape, isl: u32, osl: u32) -> R
         a_to_f_ms: ex.transfer_ms,
         f_to_a_ms: ex.transfer_ms,
         num_layers,
+    })
+}
+
+/// One phase's per-GPU memory of the two pools (GiB by use); the FFN pool keeps no KV cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolMemory {
+    pub attention: Usage,
+    pub ffn: Usage,
+}
+
+/// What one attention GPU and one FFN GPU hold in `phase` (prefill or decode): the weights of
+/// their side of that phase's op list, the activations of one microbatch (the FFN pool's over
+/// every attention worker), and on the attention side the KV cache of a microbatch's requests at
+/// `max_seq_len` tokens each (by default the prompt in prefill, prompt and output in decode) —
+/// in decode for every microbatch in flight.
+fn phase_memory(
+    pools: &Pools,
+    shape: &Shape,
+    prefill: bool,
+    isl: u32,
+    osl: u32,
+    max_seq_len: Option<u32>,
+) -> Result<PoolMemory> {
+    let micro = u64::from(shape.micro_batch());
+    let ffn_batch = micro * u64::from(shape.attention_workers());
+    let (a_list, f_list) = if prefill {
+        (&pools.attention.context_ops, &pools.ffn.context_ops)
+    } else {
+        (&pools.attention.generation_ops, &pools.ffn.generation_ops)
+    };
+    let a_ops = pool_ops(a_list, true, shape.boundary_on_attn)?;
+    let f_ops = pool_ops(f_list, false, shape.boundary_on_attn)?;
+    let (tokens_per_request, default_len, in_flight) =
+        if prefill { (u64::from(isl), isl.max(1), 1) } else { (1, isl + osl, shape.num_microbatches.max(1)) };
+    let len = u64::from(max_seq_len.unwrap_or(default_len));
+    let kv = micro as f64 * memory::kv_bytes_per_sequence(pools.attention, len)?;
+    let mut attention = memory::usage_of_ops(pools.attention, &a_ops, micro * tokens_per_request, kv)?;
+    attention.kvcache *= f64::from(in_flight);
+    let ffn = memory::usage_of_ops(pools.ffn, &f_ops, ffn_batch * tokens_per_request, 0.0)?;
+    Ok(PoolMemory { attention, ffn })
+}
+
+/// The pools' per-GPU memory in the prefill phase (`isl`-token prompts, none cached).
+pub fn prefill_memory(pools: &Pools, shape: &Shape, isl: u32, max_seq_len: Option<u32>) -> Result<PoolMemory> {
+    phase_memory(pools, shape, true, isl, 0, max_seq_len)
+}
+
+/// The pools' per-GPU memory in the decode phase.
+pub fn decode_memory(pools: &Pools, shape: &Shape, isl: u32, osl: u32, max_seq_len: Option<u32>) -> Result<PoolMemory> {
+    phase_memory(pools, shape, false, isl, osl, max_seq_len)
+}
+
+/// Whether either pool runs out of GPU memory in any of `phases`: the attention pool against
+/// the GPU and its backend's KV-cache budget, the FFN pool against the GPU.
+pub fn out_of_memory(pools: &Pools, phases: &[PoolMemory]) -> bool {
+    phases.iter().any(|m| {
+        memory::out_of_memory(pools.attention, &m.attention, true) || memory::out_of_memory(pools.ffn, &m.ffn, false)
     })
 }
 

@@ -75,56 +75,8 @@ pub fn kv_capacity(
     if let Some(w) = sglang_mla_weights(est, weights) {
         weights = w;
     }
-    let tp_clamped = est.layout.tp.min(8);
-    let coeff = |table: &[(u32, f64)]| table.iter().find(|(t, _)| *t == tp_clamped).map(|(_, c)| *c);
-    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash), Qwen3.5, Nemotron-H
-    // (NEMOTRONH) and the Qwen3-VL families have no coefficients of their own and take the
-    // backends' default rows.
-    let hybrid = m.hybrid.is_some()
-        || m.nemotron_h.is_some()
-        || m.qwen35.is_some()
-        || crate::qwen3vl::default_activation_row(&m.architecture);
-    let (coeffs, min_act, act_over, other_over): (&[(u32, f64)], f64, f64, f64) = match (backend, m.family) {
-        ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        // Kimi-K3 has SGLang coefficients (the MoE row) but none in the table vLLM and TRT-LLM
-        // share: their default row.
-        (b, _) if hybrid || (b != "sglang" && m.kimi_k3.is_some()) => {
-            (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
-        }
-        ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
-            (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20)
-        }
-        // MiniMax-M3 has no entry in the reference's tables: their `default` row.
-        ("sglang", Family::Msa) => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], 90.0 * 1024.0 * 1024.0, 0.15, 0.20),
-        (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Msa) => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0),
-        (_, Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
-            (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], 70.0 * 1024.0 * 1024.0, 0.0, 0.0)
-        }
-    };
-    let c = coeff(coeffs)
-        .ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
-    // The reference uses the model's whole attention width here, not the per-GPU share.
-    let h = (m.heads * m.head_dim) as f64;
-    let mut activations = 2.0 * max_num_tokens as f64 * h * c;
-    if matches!(m.family, Family::Mla | Family::Dsa | Family::Dsv4) || (m.family == Family::Gemma4 && m.routed()) {
-        // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
-        // DeepSeek family and Gemma 4, over every attention-DP rank's tokens; Gemma 4's and
-        // DeepSeek-V4's are as wide as the residual stream, not the attention.
-        let l = &est.layout;
-        let width = if matches!(m.family, Family::Gemma4 | Family::Dsv4) { m.hidden as f64 } else { h };
-        activations += max_num_tokens as f64 * width * l.attention_dp as f64 * m.experts as f64 * m.topk as f64
-            / l.moe_ep.max(1) as f64
-            / 128.0
-            * 4.0;
-    }
-    let mut activations = activations.max(min_act);
-    activations *= 1.0 + act_over;
-    let nccl = spec.nccl_mem.iter().find(|(g, _)| *g == tp_clamped).map(|(_, b)| *b).ok_or_else(|| {
-        PerfError::data(format!("{}.yaml: misc.nccl_mem has no entry for {tp_clamped} GPUs", spec.name))
-    })?;
-    let others = spec.other_mem * (1.0 + other_over);
+    let activations = activation_bytes(est, max_num_tokens)?;
+    let (nccl, others) = reserved_bytes(est)?;
     // Weights etc. are counted in GiB by the reference and converted back; keep that rounding.
     let (weights, activations, nccl, others) =
         (weights / GIB * GIB, activations / GIB * GIB, nccl / GIB * GIB, others / GIB * GIB);
@@ -183,6 +135,190 @@ pub fn kv_capacity(
         tokens,
         blocks: tokens / block_size as u64,
     })
+}
+
+/// The backend's memory row for the model: activation coefficients by tensor-parallel width (up
+/// to 8), the activation floor in bytes, and the backend's activation and runtime overheads.
+struct Row {
+    coefficients: &'static [(u32, f64)],
+    min_activations: f64,
+    activation_overhead: f64,
+    other_overhead: f64,
+}
+
+fn row(est: &Estimator) -> Row {
+    let m = &est.model;
+    let backend = est.layout.backend.as_str();
+    // The reference's hybrid local / global family (Llama-4, MiMo-V2-Flash), Qwen3.5, Nemotron-H
+    // (NEMOTRONH) and the Qwen3-VL families have no coefficients of their own and take the
+    // backends' default rows.
+    let hybrid = m.hybrid.is_some()
+        || m.nemotron_h.is_some()
+        || m.qwen35.is_some()
+        || crate::qwen3vl::default_activation_row(&m.architecture);
+    const SGLANG_MIN: f64 = 90.0 * 1024.0 * 1024.0;
+    const MIN: f64 = 70.0 * 1024.0 * 1024.0;
+    let (coefficients, min_activations, activation_overhead, other_overhead): (&'static [(u32, f64)], f64, f64, f64) =
+        match (backend, m.family) {
+            ("sglang", _) if hybrid => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], SGLANG_MIN, 0.15, 0.20),
+            // Kimi-K3 has SGLang coefficients (the MoE row) but none in the table vLLM and TRT-LLM
+            // share: their default row.
+            (b, _) if hybrid || (b != "sglang" && m.kimi_k3.is_some()) => {
+                (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], MIN, 0.0, 0.0)
+            }
+            ("sglang", Family::Dense) => (&[(1, 14.0), (2, 8.5), (4, 6.5), (8, 6.5)], SGLANG_MIN, 0.15, 0.20),
+            ("sglang", Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
+                (&[(1, 28.0), (2, 17.0), (4, 13.0), (8, 13.0)], SGLANG_MIN, 0.15, 0.20)
+            }
+            // MiniMax-M3 has no entry in the reference's tables: their `default` row.
+            ("sglang", Family::Msa) => (&[(1, 13.0), (2, 8.0), (4, 6.5), (8, 6.5)], SGLANG_MIN, 0.15, 0.20),
+            (_, Family::Dense) => (&[(1, 11.0), (2, 6.5), (4, 5.0), (8, 5.0)], MIN, 0.0, 0.0),
+            (_, Family::Msa) => (&[(1, 10.0), (2, 6.0), (4, 5.0), (8, 5.0)], MIN, 0.0, 0.0),
+            (_, Family::Moe | Family::Mla | Family::Dsa | Family::Gemma4 | Family::Dsv4) => {
+                (&[(1, 22.0), (2, 13.0), (4, 10.0), (8, 10.0)], MIN, 0.0, 0.0)
+            }
+        };
+    Row { coefficients, min_activations, activation_overhead, other_overhead }
+}
+
+/// Activation bytes of one GPU running passes of `tokens` tokens: the backend's coefficient of
+/// the model's attention width, the MoE dispatch workspace where the model pays it, the floor
+/// and the backend's overhead.
+fn activation_bytes(est: &Estimator, tokens: u64) -> Result<f64> {
+    let m = &est.model;
+    let row = row(est);
+    let tp_clamped = est.layout.tp.min(8);
+    let c = row
+        .coefficients
+        .iter()
+        .find(|(t, _)| *t == tp_clamped)
+        .map(|(_, c)| *c)
+        .ok_or_else(|| PerfError::unsupported(format!("no activation coefficient for tp={}", est.layout.tp)))?;
+    // The reference uses the model's whole attention width here, not the per-GPU share.
+    let h = (m.heads * m.head_dim) as f64;
+    let mut activations = 2.0 * tokens as f64 * h * c;
+    if matches!(m.family, Family::Mla | Family::Dsa | Family::Dsv4) || (m.family == Family::Gemma4 && m.routed()) {
+        // The MoE block-scale dispatch workspace (fp32 scales per 128 elements) of the
+        // DeepSeek family and Gemma 4, over every attention-DP rank's tokens; Gemma 4's and
+        // DeepSeek-V4's are as wide as the residual stream, not the attention.
+        let l = &est.layout;
+        let width = if matches!(m.family, Family::Gemma4 | Family::Dsv4) { m.hidden as f64 } else { h };
+        activations += tokens as f64 * width * l.attention_dp as f64 * m.experts as f64 * m.topk as f64
+            / l.moe_ep.max(1) as f64
+            / 128.0
+            * 4.0;
+    }
+    let mut activations = activations.max(row.min_activations);
+    activations *= 1.0 + row.activation_overhead;
+    Ok(activations)
+}
+
+/// The NCCL buffers and the runtime's other memory (CUDA context, cuBLAS) of one GPU, in bytes.
+fn reserved_bytes(est: &Estimator) -> Result<(f64, f64)> {
+    let spec = &est.db.spec;
+    let tp_clamped = est.layout.tp.min(8);
+    let nccl = spec.nccl_mem.iter().find(|(g, _)| *g == tp_clamped).map(|(_, b)| *b).ok_or_else(|| {
+        PerfError::data(format!("{}.yaml: misc.nccl_mem has no entry for {tp_clamped} GPUs", spec.name))
+    })?;
+    Ok((nccl, spec.other_mem * (1.0 + row(est).other_overhead)))
+}
+
+/// One GPU's memory by use, in GiB (the reference's static memory estimate).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub weights: f64,
+    pub activations: f64,
+    pub kvcache: f64,
+    pub nccl: f64,
+    pub others: f64,
+}
+
+impl Usage {
+    pub fn total(&self) -> f64 {
+        self.weights + self.activations + self.kvcache + self.nccl + self.others
+    }
+}
+
+/// The memory of one GPU of `est`'s layout that holds the weights of `ops` (its share of the
+/// model's op list, as a disaggregated pool holds it), runs passes of `tokens` tokens and keeps
+/// `kv_bytes` of KV cache.
+pub fn usage_of_ops(est: &Estimator, ops: &[&Op], tokens: u64, kv_bytes: f64) -> Result<Usage> {
+    let weights: f64 = ops.iter().map(|op| op_weights(est, op)).sum::<f64>() / est.layout.pp.max(1) as f64;
+    let (nccl, others) = reserved_bytes(est)?;
+    Ok(Usage {
+        weights: weights / GIB,
+        activations: activation_bytes(est, tokens)? / GIB,
+        kvcache: kv_bytes / GIB,
+        nccl: nccl / GIB,
+        others: others / GIB,
+    })
+}
+
+/// KV bytes of one sequence of `len` tokens on one GPU of `est`'s layout. Caches that are not a
+/// fixed number of bytes per token and window are refused (DeepSeek-V4's and DSA's compressed
+/// caches, Kimi-K3's, Qwen3.5's and Nemotron-H's recurrent states).
+pub fn kv_bytes_per_sequence(est: &Estimator, len: u64) -> Result<f64> {
+    let m = &est.model;
+    let family = if m.dsv4.is_some() {
+        Some("DeepSeek-V4")
+    } else if m.dsa.is_some() {
+        Some("DSA")
+    } else if m.kimi_k3.is_some() {
+        Some("Kimi-K3")
+    } else if m.qwen35.is_some() {
+        Some("Qwen3.5")
+    } else if m.nemotron_h.is_some() {
+        Some("Nemotron-H")
+    } else {
+        None
+    };
+    if let Some(family) = family {
+        return Err(PerfError::unsupported(format!(
+            "the per-sequence KV memory of the {family} cache is not modelled for a memory check"
+        )));
+    }
+    let bytes = if m.sliding_window > 0 || m.gemma4.is_some() || m.glimmer.is_some() {
+        window_capped_bytes(est, len)
+    } else {
+        est.kv_bytes_per_token() * len as f64
+    };
+    Ok(bytes / est.layout.dcp.max(1) as f64)
+}
+
+/// The KV-cache budget rule of a backend (version): the memory fraction, the allocator's
+/// reserved share, the tolerance, and whether the fraction applies to the memory left after
+/// everything else (TRT-LLM) or to the whole GPU (vLLM's `gpu_memory_utilization`, SGLang's
+/// `mem_fraction_static`). vLLM's default fraction is 0.9 up to 0.19 and 0.92 from 0.22.
+fn kv_budget_rule(backend: &str, version: &str) -> Option<(f64, f64, f64, bool)> {
+    match backend {
+        "vllm" => {
+            let fraction = if version.starts_with("0.14") || version.starts_with("0.19") { 0.9 } else { 0.92 };
+            Some((fraction, 0.0, 0.02, false))
+        }
+        "sglang" => Some((0.88, 0.0, 0.02, false)),
+        "trtllm" => Some((0.9, 0.015, 0.02, true)),
+        _ => None,
+    }
+}
+
+/// Whether `usage` does not fit one GPU of `est`'s system: its total reaches the GPU's memory,
+/// or (`check_kv`) its KV cache exceeds what the backend's default memory fraction leaves for it.
+pub fn out_of_memory(est: &Estimator, usage: &Usage, check_kv: bool) -> bool {
+    let capacity = est.db.spec.mem_capacity / GIB;
+    let total = usage.total();
+    if total >= capacity {
+        return true;
+    }
+    if !check_kv {
+        return false;
+    }
+    let Some((fraction, reserved, tolerance, of_free)) = kv_budget_rule(&est.layout.backend, &est.db.version) else {
+        return false;
+    };
+    let non_kv = total - usage.kvcache;
+    let scale = (1.0 - reserved) * (1.0 - tolerance);
+    let budget = if of_free { (capacity - non_kv) * fraction * scale } else { capacity * fraction * scale - non_kv };
+    usage.kvcache > budget
 }
 
 /// Resident weight bytes of one op (all its layers): GEMMs and the embedding table by shape,

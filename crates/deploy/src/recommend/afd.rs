@@ -550,7 +550,8 @@ pub(super) fn used_gpus(tree: &Value) -> Option<u64> {
 }
 
 /// Runs an AFD candidate through the AFD foreground engine of `predict -c`; a topology the op
-/// model cannot measure fails as the reference's candidate build does.
+/// model cannot measure, or whose pools do not fit the GPUs, fails as the reference's candidate
+/// build does.
 pub(super) fn simulate(t: &mut Trial) {
     let doc = schema::read_predict(&t.tree).and_then(|c| crate::afd::predict(&c));
     match doc {
@@ -560,7 +561,7 @@ pub(super) fn simulate(t: &mut Trial) {
         Err(e) => {
             t.status = "failed";
             t.reason_category = Some("candidate_materialization");
-            t.reason = Some(format!("candidate build failed: {e}"));
+            t.reason = Some(crate::afd::build_failure(&e));
         }
     }
 }
