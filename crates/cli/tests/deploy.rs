@@ -3521,20 +3521,7 @@ fn recommend_random_samples_by_value_as_the_reference() {
         let want_c = want["candidates"].as_array().unwrap();
         assert_eq!(ours.len(), want_c.len(), "{example}: candidates");
         for (c, w) in ours.iter().zip(want_c) {
-            let mut workers = serde_json::Map::new();
-            for (role, _) in w["workers"].as_object().unwrap() {
-                let r = &c["prediction_config"]["engine"]["workers"][role];
-                workers.insert(
-                    role.clone(),
-                    json!([
-                        r["parallelism"]["replicas"],
-                        r["parallelism"]["tensor"],
-                        r["scheduler"]["max_batched_tokens"],
-                        r["scheduler"]["max_sequences"],
-                        r.pointer("/kv_cache/capacity/memory_fraction").cloned().unwrap_or(Value::Null)
-                    ]),
-                );
-            }
+            let workers = drawn_workers(&c["prediction_config"], &w["workers"]);
             let got = json!([c["candidate_id"], c["status"], c["used_gpus"], workers]);
             assert_eq!(got, json!([w["id"], w["status"], w["used_gpus"], w["workers"]]), "{example}");
             match (c["score"].as_f64(), w["score"].as_f64()) {
@@ -3652,20 +3639,7 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
             for (c, w) in ours.iter().zip(theirs) {
                 let at = format!("{name} {variant} {}", w["id"]);
                 let config = &c["prediction_config"];
-                let mut workers = serde_json::Map::new();
-                for (role, _) in w["workers"].as_object().unwrap() {
-                    let r = &config["engine"]["workers"][role];
-                    workers.insert(
-                        role.clone(),
-                        json!([
-                            r["parallelism"]["replicas"],
-                            r["parallelism"]["tensor"],
-                            r["scheduler"]["max_batched_tokens"],
-                            r["scheduler"]["max_sequences"],
-                            r.pointer("/kv_cache/capacity/memory_fraction").cloned().unwrap_or(Value::Null)
-                        ]),
-                    );
-                }
+                let workers = drawn_workers(config, &w["workers"]);
                 let got = json!([c["candidate_id"], c["status"], c["used_gpus"], workers]);
                 assert_eq!(got, json!([w["id"], w["status"], w["used_gpus"], w["workers"]]), "{at}");
                 // The router: the policy, and under kv_router its knobs (numbers compared as such).
@@ -3704,4 +3678,24 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
             }
         }
     }
+}
+
+/// The drawn knobs of each role the reference's record lists (`want`: role → its knobs), as the
+/// recorder writes them: replicas, tensor width, batched tokens, sequences, KV memory fraction.
+fn drawn_workers(config: &Value, want: &Value) -> Value {
+    let mut workers = serde_json::Map::new();
+    for role in want.as_object().unwrap().keys() {
+        let r = &config["engine"]["workers"][role];
+        workers.insert(
+            role.clone(),
+            json!([
+                r["parallelism"]["replicas"],
+                r["parallelism"]["tensor"],
+                r["scheduler"]["max_batched_tokens"],
+                r["scheduler"]["max_sequences"],
+                r.pointer("/kv_cache/capacity/memory_fraction").cloned().unwrap_or(Value::Null)
+            ]),
+        );
+    }
+    Value::Object(workers)
 }

@@ -192,6 +192,26 @@ fn clear_errors_with_real_data() {
     assert!(e.contains("not a queryable version") && e.contains("current = 0.24.0"), "{e}");
 }
 
+/// An aggregated estimator of each config against the reference's prefill at four shapes, one
+/// decode step and the mixed pass, in that order (`want`).
+fn check_layout_steps(cases: impl IntoIterator<Item = (serde_json::Value, [f64; 6])>) {
+    for (mut cfg, want) in cases {
+        cfg["worker_type"] = json!("aggregated");
+        let e = est_with(cfg);
+        close(e.prefill_ms(1, 1024, 0).unwrap(), want[0]);
+        close(e.prefill_ms(2, 2500, 700).unwrap(), want[1]);
+        close(e.prefill_ms(3, 33000, 0).unwrap(), want[2]);
+        close(e.prefill_ms(1, 1001, 0).unwrap(), want[3]);
+        close(e.decode_ms(16, 1100).unwrap(), want[4]);
+        close(e.forward_pass_time_ms(&[MIXED]).unwrap(), want[5]);
+    }
+}
+
+/// The error an estimator of `cfg` is refused with.
+fn refuse(cfg: serde_json::Value) -> String {
+    estimator(&AisConfig::from_json("config", &cfg).unwrap()).map(|_| ()).unwrap_err().to_string()
+}
+
 /// Pipeline parallelism (`pp`: the stages' activation hand-offs, `(pp − 1)` P2P sends per pass)
 /// and SGLang prefill context parallelism (`cp_size`: each rank's share of the prompt, rank 0's
 /// two zigzag attention chunks, the per-layer KV all-gather; decode untouched):
@@ -237,20 +257,8 @@ fn pipeline_and_prefill_cp_goldens() {
             ],
         ),
     ];
-    for (mut cfg, want) in cases {
-        cfg["worker_type"] = json!("aggregated");
-        let e = est_with(cfg);
-        close(e.prefill_ms(1, 1024, 0).unwrap(), want[0]);
-        close(e.prefill_ms(2, 2500, 700).unwrap(), want[1]);
-        close(e.prefill_ms(3, 33000, 0).unwrap(), want[2]);
-        close(e.prefill_ms(1, 1001, 0).unwrap(), want[3]);
-        close(e.decode_ms(16, 1100).unwrap(), want[4]);
-        close(e.forward_pass_time_ms(&[MIXED]).unwrap(), want[5]);
-    }
+    check_layout_steps(cases);
     // The reference's layout rules: prefill CP on SGLang only, as a pure-CP attention group.
-    let refuse = |cfg: serde_json::Value| {
-        estimator(&AisConfig::from_json("config", &cfg).unwrap()).map(|_| ()).unwrap_err().to_string()
-    };
     let e = refuse(json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "cp_size": 2}));
     assert!(e.contains("sglang only"), "{e}");
     let e =
@@ -306,19 +314,7 @@ fn mla_prefill_cp_goldens() {
             ],
         ),
     ];
-    for (mut cfg, want) in cases {
-        cfg["worker_type"] = json!("aggregated");
-        let e = est_with(cfg);
-        close(e.prefill_ms(1, 1024, 0).unwrap(), want[0]);
-        close(e.prefill_ms(2, 2500, 700).unwrap(), want[1]);
-        close(e.prefill_ms(3, 33000, 0).unwrap(), want[2]);
-        close(e.prefill_ms(1, 1001, 0).unwrap(), want[3]);
-        close(e.decode_ms(16, 1100).unwrap(), want[4]);
-        close(e.forward_pass_time_ms(&[MIXED]).unwrap(), want[5]);
-    }
-    let refuse = |cfg: serde_json::Value| {
-        estimator(&AisConfig::from_json("config", &cfg).unwrap()).map(|_| ()).unwrap_err().to_string()
-    };
+    check_layout_steps(cases);
     // DSA and DeepSeek-V4 take prefill CP (`dcp.rs`'s and `dsv4.rs`'s tests); MiniMax-M3's sparse
     // attention does not yet.
     let model = "MiniMaxAI/MiniMax-M3";
