@@ -170,8 +170,13 @@ impl Estimator {
         if self.db.mode.is_sol() {
             return Ok(()); // rooflines read no table
         }
-        let pinned = self.lanes.pin.as_deref().is_some_and(|p| p != "default");
-        if pinned || self.context_ops.iter().chain(&self.generation_ops).any(reads_attention_tables) {
+        let ops = || self.context_ops.iter().chain(&self.generation_ops);
+        // DSA's attention reads its own module tables, which have no kernel lanes: the reference
+        // ignores a pin there (GLM-5-FP8 on H200 SGLang times the same with `flashinfer`, a lane
+        // the GQA tables lack, as without it), so the pin is only checked elsewhere.
+        let pinned =
+            self.lanes.pin.as_deref().is_some_and(|p| p != "default") && !ops().any(|op| matches!(op, Op::Dsa(_)));
+        if pinned || ops().any(reads_attention_tables) {
             self.attention_lanes(false)?;
             self.attention_lanes(true)?;
         }

@@ -607,6 +607,23 @@ fn attention_backend_overrides_need_their_lanes() {
     );
     with("vllm", "default").unwrap();
     with("sglang", "fa3").unwrap();
+    let e = with("sglang", "flashinfer").unwrap_err();
+    assert!(e.contains("available lanes: [\"fa3\", \"triton\"]"), "{e}");
+    // DSA reads module tables without lanes, and the reference ignores the pin there: GLM-5-FP8
+    // at TP 8 / EP 8 on H200 SGLang gives mean TTFT 208.29510899999997 ms and ITL
+    // 15.645335841269821 ms with and without `attention_backend: flashinfer` (aisimulate_predict.py,
+    // 20 requests of 1024 / 64 at concurrency 4).
+    let glm = |pin: Option<&str>| {
+        let mut cfg = json!({"model": "zai-org/GLM-5-FP8", "system": "h200_sxm", "backend": "sglang", "tp": 8,
+                             "moe_tp_size": 1, "moe_ep_size": 8});
+        if let Some(p) = pin {
+            cfg["attention_backend"] = json!(p);
+        }
+        estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap()
+    };
+    let (pinned, plain) = (glm(Some("flashinfer")), glm(None));
+    assert_eq!(pinned.prefill_ms(2, 1000, 0).unwrap(), plain.prefill_ms(2, 1000, 0).unwrap());
+    assert_eq!(pinned.decode_ms(16, 1100).unwrap(), plain.decode_ms(16, 1100).unwrap());
 }
 
 /// The wide expert-parallel knobs are refused by key, saying what servesim would need; the EPLB
