@@ -3206,6 +3206,17 @@ fn afd_topologies_that_do_not_fit_are_refused() {
              uses the model's full context. A smaller context limit can reduce KV memory; verify it still covers the \
              workload."],
     );
+    // Three FFN nodes are 24 GPUs, which do not split the model's 32 attention heads: the reference
+    // exits 2 with `invalid_measurement: AIC could not measure the AFD candidate: AssertionError:
+    // num_heads 32 should be divisible by tp_size 24` (same command on this YAML with `--set
+    // engine.afd.n_f_nodes=3 --set engine.context_length=4096`); servesim keeps its own reason.
+    refused(
+        "afd-heads",
+        yaml,
+        &["engine.afd.n_f_nodes=3", "engine.context_length=4096"],
+        &["engine.afd: invalid_measurement: servesim's op model could not measure the AFD candidate: Qwen/Qwen3-8B: \
+           32 attention heads do not split over tp=24"],
+    );
 }
 
 /// The recurrent-state cache (`kv_cache.state_cache`, `prefix_match_unit`) on vLLM with

@@ -133,7 +133,8 @@ fn afd_search_refusals_name_the_key() {
 /// configuration as written, a min_gpus variant (arms smallest first, one trial a round, seed 3)
 /// and a strict-SLA variant (TTFT 40 ms, two misses re-asked): the same ids, topologies, loads,
 /// statuses and GPUs, each score within 1e-9 relative (measured: bit-exact), the same counts and
-/// the same ranking.
+/// the same ranking; the failed builds (24 FFN GPUs for 32 heads) in the reference's
+/// `AFDInfeasible: invalid_measurement` category.
 #[test]
 fn afd_random_search_draws_the_reference_candidates() {
     reference_draws("recommend_afd_random");
@@ -181,8 +182,16 @@ fn reference_draws(name: &str) {
             assert_eq!(c["used_gpus"], w["used_gpus"], "{variant} {id}");
             if w["status"] != "feasible" {
                 assert_eq!(c["reason_category"], w["reason_category"], "{variant} {id}");
-                if let Some(reason) = w["reason"].as_str().filter(|r| r.contains("AFDInfeasible: out_of_memory")) {
-                    assert_eq!(c["reason"], reason, "{variant} {id}");
+                // Out of memory and SLA misses in the reference's words; a pool the op model
+                // cannot time in the reference's category with servesim's detail.
+                let unmeasured = "candidate build failed: AFDInfeasible: invalid_measurement: ";
+                match w["reason"].as_str() {
+                    Some(reason) if reason.starts_with(unmeasured) => {
+                        let ours = c["reason"].as_str().unwrap_or_default();
+                        assert!(ours.starts_with(unmeasured), "{variant} {id}: {ours}");
+                    }
+                    Some(reason) => assert_eq!(c["reason"], reason, "{variant} {id}"),
+                    None => {}
                 }
                 continue;
             }

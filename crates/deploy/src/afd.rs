@@ -59,6 +59,18 @@ struct Measured<'a> {
 /// How an AFD failure the reference classes as out of memory begins.
 pub const OUT_OF_MEMORY: &str = "out_of_memory";
 
+/// How an AFD failure the reference classes as a failed measurement begins: a pool the op model
+/// cannot time (e.g. attention heads that do not split over the FFN pool's width).
+pub const INVALID_MEASUREMENT: &str = "invalid_measurement";
+
+/// A pool's timing failure in the reference's category (`e` keeps servesim's reason).
+fn unmeasured(e: DeployError) -> DeployError {
+    DeployError::new(
+        "engine.afd",
+        format!("{INVALID_MEASUREMENT}: servesim's op model could not measure the AFD candidate: {}", e.message),
+    )
+}
+
 /// The reference's words for a topology that does not fit the GPUs (its `phase` is `both`, the
 /// only phase servesim predicts).
 fn out_of_memory_message(config: &Config) -> String {
@@ -73,9 +85,10 @@ fn out_of_memory_message(config: &Config) -> String {
 }
 
 /// The reason a recommend candidate gets when its build fails with `e`: the reference's
-/// `AFDInfeasible: <category>: <message>` for what it classes (out of memory), else `e`.
+/// `AFDInfeasible: <category>: <message>` for what it classes (out of memory, a failed
+/// measurement), else `e`.
 pub fn build_failure(e: &DeployError) -> String {
-    if e.key == "engine.afd" && e.message.starts_with(OUT_OF_MEMORY) {
+    if e.key == "engine.afd" && [OUT_OF_MEMORY, INVALID_MEASUREMENT].iter().any(|c| e.message.starts_with(c)) {
         format!("candidate build failed: AFDInfeasible: {}", e.message)
     } else {
         format!("candidate build failed: {e}")
@@ -134,7 +147,7 @@ fn measure(config: &Config) -> Result<Measured<'_>, DeployError> {
             format!("tp_a={} must divide gpus_per_node={gpus_per_node}", afd.tp_a),
         ));
     }
-    let attention = estimator(config, afd.tp_a, afd.tp_a, 1)?;
+    let attention = estimator(config, afd.tp_a, afd.tp_a, 1).map_err(unmeasured)?;
     let ffn_tp = afd.n_f_nodes * gpus_per_node;
     let ep = afd.f_moe_ep_size;
     let experts = attention.model.experts;
@@ -153,7 +166,7 @@ fn measure(config: &Config) -> Result<Measured<'_>, DeployError> {
             format!("f_moe_ep_size={ep} must divide num_experts={experts}"),
         ));
     }
-    let ffn = estimator(config, ffn_tp, ffn_tp / ep, ep)?;
+    let ffn = estimator(config, ffn_tp, ffn_tp / ep, ep).map_err(unmeasured)?;
     let shape = Shape {
         n_a_nodes: afd.n_a_nodes,
         n_f_nodes: afd.n_f_nodes,
@@ -166,8 +179,9 @@ fn measure(config: &Config) -> Result<Measured<'_>, DeployError> {
     };
     let pools = Pools { attention: &attention, ffn: &ffn };
     let at = |e: servesim_perf::PerfError| DeployError::new("engine.afd", e.message);
-    let prefill = times(prefill_layer_times(&pools, &shape, isl, 0).map_err(at)?);
-    let decode = times(decode_layer_times(&pools, &shape, isl, osl).map_err(at)?);
+    let timing = |e: servesim_perf::PerfError| unmeasured(at(e));
+    let prefill = times(prefill_layer_times(&pools, &shape, isl, 0).map_err(timing)?);
+    let decode = times(decode_layer_times(&pools, &shape, isl, osl).map_err(timing)?);
     // Each request's KV is sized for the whole context the engine serves (the model's unless
     // engine.context_length limits it), as the reference's candidate build sizes it.
     let context = config.engine.context_length.or(Some(attention.model.max_position).filter(|&n| n > 0));
