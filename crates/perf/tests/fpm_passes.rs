@@ -81,6 +81,17 @@ fn table() -> Option<FpmTable> {
 
 /// [`table`] written by `scripts/fpm_table.py` with `args` and `more_args`, in a directory of its own.
 fn table_with(name: &str, args: &[&str], more_args: &[&str]) -> Option<FpmTable> {
+    let identity = [
+        "bfloat16", "bfloat16", "bfloat16", "half", "bfloat16", "1", "1", "1", "1", "1", "1", "auto", "auto", "False",
+        "False", "", "full", "none", "text",
+    ];
+    let cfg = json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.24.0"});
+    deployment_table(name, &[args, more_args].concat(), &identity, &cfg)
+}
+
+/// The table `scripts/fpm_table.py` writes with `args` for the deployment `cfg` (an estimator
+/// config, the reference's keys) whose cells carry `identity` (the match columns in order).
+fn deployment_table(name: &str, args: &[&str], identity: &[&str], cfg: &serde_json::Value) -> Option<FpmTable> {
     let venv = std::env::var("AISIM_REF_VENV").ok().filter(|v| !v.is_empty())?;
     let python = PathBuf::from(venv).join("bin/python");
     if !python.is_file() {
@@ -89,25 +100,22 @@ fn table_with(name: &str, args: &[&str], more_args: &[&str]) -> Option<FpmTable>
     }
     let out = std::env::temp_dir().join(format!("servesim-fpm-passes-{name}-{}", std::process::id()));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fpm_table.py");
-    let run = Command::new(python).arg(script).arg(&out).args(args).args(more_args).output().unwrap();
+    let run = Command::new(python).arg(script).arg(&out).args(args).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let identity: Vec<String> = [
-        "bfloat16", "bfloat16", "bfloat16", "half", "bfloat16", "1", "1", "1", "1", "1", "1", "auto", "auto", "False",
-        "False", "", "full", "none", "text",
-    ]
-    .map(String::from)
-    .to_vec();
+    let identity: Vec<String> = identity.iter().map(|s| s.to_string()).collect();
     let path = out.join("fpm_forward_perf.parquet");
-    let table = FpmTable::load(&path, &identity, "Qwen/Qwen3-8B", "h200_sxm", "vllm", "0.24.0").unwrap();
+    let field = |k: &str| cfg[k].as_str().unwrap();
+    let table =
+        FpmTable::load(&path, &identity, field("model"), field("system"), field("backend"), field("backend_version"))
+            .unwrap();
     match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) if roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()) => {}
+        Ok(roots) if roots.iter().any(|(r, _)| r.join(format!("{}.yaml", field("system"))).is_file()) => {}
         _ => {
             eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the FPM per-pass goldens");
             return None;
         }
     }
-    let cfg = json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.24.0"});
-    let est = estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap();
+    let est = estimator(&AisConfig::from_json("config", cfg).unwrap()).unwrap();
     Some(table.with_roofline(&est).unwrap())
 }
 
@@ -189,4 +197,88 @@ fn a_point_with_no_site_within_reach_is_refused_as_the_reference_does() {
         "perf database error: perf_interp: no data to anchor query {batch_size=1, total_prefill_tokens=3000, \
          total_kv_read_tokens=100} (no site within max_site_distance)"
     );
+}
+
+/// The per-pass table layout of [`table`] for DeepSeek-V3.2 (DSA sparse attention) on an H200
+/// TP8 under SGLang 0.5.14 (fp8_block weights, fp8 KV cache): the points off the collected
+/// curves transfer through the whole model's roofline, whose attention block is the DSA
+/// module's (projections, indexer logits, sparse MLA over the top-k) at the per-request
+/// coordinates rounded to whole tokens. Recorded with `$AISIM_REF_VENV/bin/python
+/// scripts/fpm_pass_goldens.py --deployment dsv32-sglang`; the collected points read the same
+/// rows as Qwen3-8B's table (the closed form does not depend on the model).
+#[test]
+fn dsa_passes_transfer_through_the_sparse_attention_roofline() {
+    let identity = [
+        "fp8_block",
+        "fp8_block",
+        "bfloat16",
+        "half",
+        "fp8",
+        "8",
+        "1",
+        "1",
+        "8",
+        "1",
+        "1",
+        "auto",
+        "auto",
+        "False",
+        "False",
+        "",
+        "full",
+        "none",
+        "text",
+    ];
+    let cfg = json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "sglang",
+                     "backend_version": "0.5.14", "tp": 8, "moe_tp_size": 8, "moe_ep_size": 1});
+    let args = [
+        "--decode-batches",
+        "1,2,4,5,8,9,16",
+        "--decode-context",
+        "256,4096,256",
+        "--prefill-kv",
+        "4096,16384",
+        "--prefill-kv-batches",
+        "1,2,4,8,16",
+        "--model",
+        "deepseek-ai/DeepSeek-V3.2",
+        "--backend",
+        "sglang",
+        "--version",
+        "0.5.14",
+        "--cell",
+        "dsv32_tp8",
+        "--par",
+        "tp=8,moe_tp=8",
+        "--quant",
+        "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,moe_quant_mode=fp8_block,kv_cache_dtype=fp8",
+    ];
+    let Some(t) = deployment_table("dsv32", &args, &identity, &cfg) else { return };
+    let prefill: [(u32, u64, u64, f64); 9] = [
+        (3, 3000, 4095, 178.65991955261973),
+        (6, 3000, 4098, 169.405683874128),
+        (4, 4096, 8192, 234.50621063870543),
+        (4, 2048, 16, 117.10442834479346),
+        (4, 8192, 4096, 534.1835626648813),
+        (2, 6144, 16384, 455.03007081535634),
+        (32, 2048, 16384, 112.12835419871325),
+        (32, 2048, 8192, 110.11014808116624),
+        (64, 4096, 16384, 210.14366894308694),
+    ];
+    for (batch, tokens, kv, want) in prefill {
+        let got = t.prefill_total_ms(batch, tokens, kv).unwrap();
+        assert!(close(got, want), "prefill ({batch}, {tokens}, {kv}): {got} vs reference {want}");
+    }
+    let decode: [(u32, u32, f64); 6] = [
+        (4, 20000, 8.071541431535808),
+        (1, 8000, 5.012953826846151),
+        (2, 9000, 4.503224579759797),
+        (16, 3000, 13.597294131913685),
+        (9, 40000, 9.173941503604103),
+        (4, 4000, 7.220000000000001),
+    ];
+    for (batch, kv, want) in decode {
+        let got = t.decode_total_ms(batch, kv).unwrap();
+        assert!(close(got, want), "decode ({batch}, {kv}): {got} vs reference {want}");
+    }
 }
