@@ -24,7 +24,11 @@ on an H200 TP8 (moe_tp 8) under SGLang 0.5.14, fp8_block weights and an fp8 KV c
 tp=8,moe_tp=8 --quant weight_quantization=fp8_block,gemm_quant_mode=fp8_block,moe_quant_mode=fp8_block,
 kv_cache_dtype=fp8): the points off the curves transfer through the DSA block's roofline.
 --deployment glm52-sglang: nvidia/GLM-5.2-NVFP4 on a B200 TP8 (moe_tp 8) under SGLang 0.5.14, where
-57 of 78 layers reuse the top-k index (the roofline blends the indexer-computing and reuse layers).
+57 of 78 layers reuse the top-k index (the prefill roofline blends the indexer-computing and reuse
+layers); --deployment glm52-vllm: the same under vLLM 0.24.0, whose decode roofline blends them too.
+--deployment glm5-cp8-sglang: zai-org/GLM-5-FP8 on an H200 with prefill context parallelism 8 (moe_ep
+8) under SGLang 0.5.14: a prefill transfer is refused (the DSA CP block has no roofline), decode ones
+are not.
 """
 import os
 import subprocess
@@ -84,6 +88,15 @@ DEPLOYMENTS = {
          "--cell", "glm52_tp8", "--par", "tp=8,moe_tp=8", "--quant", "weight_quantization=nvfp4,"
          "gemm_quant_mode=nvfp4,moe_quant_mode=nvfp4,kv_cache_dtype=fp8"]),
 }
+DEPLOYMENTS["glm52-vllm"] = (
+    dict(DEPLOYMENTS["glm52-sglang"][0], backend="vllm", backend_version="0.24.0"),
+    [a.replace("sglang", "vllm").replace("0.5.14", "0.24.0") for a in DEPLOYMENTS["glm52-sglang"][1]])
+DEPLOYMENTS["glm5-cp8-sglang"] = (
+    dict(model="zai-org/GLM-5-FP8", system="h200_sxm", backend="sglang", backend_version="0.5.14",
+         tp=1, moe_tp_size=1, moe_ep_size=8, cp_size=8),
+    ["--model", "zai-org/GLM-5-FP8", "--backend", "sglang", "--version", "0.5.14", "--cell", "glm5_cp8",
+     "--par", "cp=8,moe_ep=8", "--quant", "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,"
+     "moe_quant_mode=fp8_block,kv_cache_dtype=fp8"])
 
 
 def main():

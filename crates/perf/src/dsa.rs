@@ -608,6 +608,18 @@ fn cp_context(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u3
     Ok(v)
 }
 
+/// Why `op` has no FPM roofline: a prefill block under context parallelism, whose composition
+/// reads measured sub-kernel tables only (the reference's words).
+pub(crate) fn fpm_refusal(op: &DsaOp) -> Option<PerfError> {
+    (op.context && op.cp > 1).then(|| {
+        PerfError::unsupported(format!(
+            "forward_model='fpm' SOL roofline has no implementation for DSA context parallelism (cp_size={}) \
+             on op {} (as in the reference: the prefill CP block is timed from measured tables only)",
+            op.cp, op.name
+        ))
+    })
+}
+
 /// The block's speed-of-light time at an FPM table's per-request coordinates (ms, scaled): the
 /// FPM roofline transfer hands `batch`, new tokens `s` and cached `prefix` (decode: the KV
 /// length `s`) as fractions, which the block's integer roofline takes rounded to the nearest
@@ -618,12 +630,8 @@ fn cp_context(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u3
 /// the reference does (decode context parallelism is refused for every family before, in
 /// [`crate::estimator::Estimator::fpm_sol_ms`]).
 pub fn fpm_sol(db: &Database, op: &DsaOp, batch: f64, s: f64, prefix: f64) -> Result<f64> {
-    if op.context && op.cp > 1 {
-        return Err(PerfError::unsupported(format!(
-            "forward_model='fpm' SOL roofline has no implementation for DSA context parallelism (cp_size={}) \
-             on op {} (as in the reference: the prefill CP block is timed from measured tables only)",
-            op.cp, op.name
-        )));
+    if let Some(e) = fpm_refusal(op) {
+        return Err(e);
     }
     let whole = |v: f64, least: f64| v.round().max(least) as i128;
     let (spec, dims, vllm, flops) = (&db.spec, op.arch.dims(), db.backend == "vllm", flops_of(db, op)?);

@@ -432,6 +432,11 @@ impl Estimator {
         } else {
             ((coords[1] / batch).max(1.0), coords[2] / batch, coords[1], &self.context_ops)
         };
+        // The graph's first refusal is the DSA block's, ahead of the CP norms' wrappers, as the
+        // reference's is.
+        if let Some(e) = ops.iter().find_map(|op| if let Op::Dsa(d) = op { crate::dsa::fpm_refusal(d) } else { None }) {
+            return Err(e);
+        }
         let mut total = 0.0;
         for op in ops {
             let logits = matches!(op, Op::Gemm { logits: true, .. });
