@@ -17,6 +17,18 @@ with MS the repr of the double, or `error: MESSAGE` where the reference refuses 
 --prefill-min-tokens 8 --decode-batches 1..24): the mixed pass at t=920.465657 ms prefills a
 chunk remainder (8 new tokens over 1016 cached) beside four whole prompts, the iteration totals
 (5, 4104, 1016); the reference's engine times it there, not at the integer means (5, 4105, 1015).
+
+--deployment dsv32-sglang: the same points and table layout for DeepSeek-V3.2 (DSA sparse attention)
+on an H200 TP8 (moe_tp 8) under SGLang 0.5.14, fp8_block weights and an fp8 KV cache
+(fpm_table.py ... --model deepseek-ai/DeepSeek-V3.2 --backend sglang --version 0.5.14 --par
+tp=8,moe_tp=8 --quant weight_quantization=fp8_block,gemm_quant_mode=fp8_block,moe_quant_mode=fp8_block,
+kv_cache_dtype=fp8): the points off the curves transfer through the DSA block's roofline.
+--deployment glm52-sglang: nvidia/GLM-5.2-NVFP4 on a B200 TP8 (moe_tp 8) under SGLang 0.5.14, where
+57 of 78 layers reuse the top-k index (the prefill roofline blends the indexer-computing and reuse
+layers); --deployment glm52-vllm: the same under vLLM 0.24.0, whose decode roofline blends them too.
+--deployment glm5-cp8-sglang: zai-org/GLM-5-FP8 on an H200 with prefill context parallelism 8 (moe_ep
+8) under SGLang 0.5.14: a prefill transfer is refused (the DSA CP block has no roofline), decode ones
+are not.
 """
 import os
 import subprocess
@@ -59,17 +71,47 @@ CHUNKED_PREFILL = [(5, 4104, 1016), (5, 4105, 1015), (8, 8192, 0), (8, 8184, 0),
 CHUNKED_DECODE = [(15, 15368), (8, 8192), (20, 22983)]
 
 
+QWEN = dict(model="Qwen/Qwen3-8B", system="h200_sxm", backend="vllm", backend_version="0.24.0")
+# name -> (the estimator's deployment, fpm_table.py's identity options)
+DEPLOYMENTS = {
+    "qwen3-8b": (QWEN, []),
+    "dsv32-sglang": (
+        dict(model="deepseek-ai/DeepSeek-V3.2", system="h200_sxm", backend="sglang", backend_version="0.5.14",
+             tp=8, moe_tp_size=8, moe_ep_size=1),
+        ["--model", "deepseek-ai/DeepSeek-V3.2", "--backend", "sglang", "--version", "0.5.14", "--cell", "dsv32_tp8",
+         "--par", "tp=8,moe_tp=8", "--quant", "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,"
+         "moe_quant_mode=fp8_block,kv_cache_dtype=fp8"]),
+    "glm52-sglang": (
+        dict(model="nvidia/GLM-5.2-NVFP4", system="b200_sxm", backend="sglang", backend_version="0.5.14",
+             tp=8, moe_tp_size=8, moe_ep_size=1),
+        ["--model", "nvidia/GLM-5.2-NVFP4", "--system", "b200_sxm", "--backend", "sglang", "--version", "0.5.14",
+         "--cell", "glm52_tp8", "--par", "tp=8,moe_tp=8", "--quant", "weight_quantization=nvfp4,"
+         "gemm_quant_mode=nvfp4,moe_quant_mode=nvfp4,kv_cache_dtype=fp8"]),
+}
+DEPLOYMENTS["glm52-vllm"] = (
+    dict(DEPLOYMENTS["glm52-sglang"][0], backend="vllm", backend_version="0.24.0"),
+    [a.replace("sglang", "vllm").replace("0.5.14", "0.24.0") for a in DEPLOYMENTS["glm52-sglang"][1]])
+DEPLOYMENTS["glm5-cp8-sglang"] = (
+    dict(model="zai-org/GLM-5-FP8", system="h200_sxm", backend="sglang", backend_version="0.5.14",
+         tp=1, moe_tp_size=1, moe_ep_size=8, cp_size=8),
+    ["--model", "zai-org/GLM-5-FP8", "--backend", "sglang", "--version", "0.5.14", "--cell", "glm5_cp8",
+     "--par", "cp=8,moe_ep=8", "--quant", "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,"
+     "moe_quant_mode=fp8_block,kv_cache_dtype=fp8"])
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     chunked = "--chunked" in sys.argv[1:]
+    name = sys.argv[sys.argv.index("--deployment") + 1] if "--deployment" in sys.argv else "qwen3-8b"
+    deployment, identity = DEPLOYMENTS[name]
     table_args, prefill, decode = ((CHUNKED_TABLE_ARGS, CHUNKED_PREFILL, CHUNKED_DECODE) if chunked
                                    else (TABLE_ARGS, PREFILL, DECODE))
+    table_args = table_args + identity
     with tempfile.TemporaryDirectory(prefix="fpm-pass-") as tmp:
         subprocess.run([sys.executable, os.path.join(here, "fpm_table.py"), tmp, *table_args],
                        check=True, stdout=subprocess.DEVNULL)
         model = RustForwardPassPerfModel.best_available(dict(
-            model="Qwen/Qwen3-8B", system="h200_sxm", backend="vllm", backend_version="0.24.0",
-            worker_type="aggregated", estimation_mode="fpm_interpolation",
+            **deployment, worker_type="aggregated", estimation_mode="fpm_interpolation",
             estimator_config={"fpm_interpolation": {
                 "fpm_parquet_path": os.path.join(tmp, "fpm_forward_perf.parquet")}}))
         for b, t, kv in prefill:

@@ -4,6 +4,7 @@ schema 7 parquet + its `.metadata.json` sidecar with the parquet's sha256) for o
 Qwen/Qwen3-8B on one h200_sxm under vLLM 0.24.0, bf16, TP1.
 
 Usage: $AISIM_REF_VENV/bin/python scripts/fpm_table.py OUT_DIR [--version 0.24.0]
+           [--model M --system S --backend B --cell ID] [--par tp=8,moe_tp=8,...] [--quant kv_cache_dtype=fp8,...]
            [--decode-batches 1,2,4,5,8,9,16] [--decode-context 256,4096,256]
            [--prefill-kv 4096,16384 [--prefill-kv-batches 1,2,4,8,16]] [--prefill-min-tokens 8]
 Writes OUT_DIR/fpm_forward_perf.parquet and OUT_DIR/fpm_forward_perf.metadata.json; the same
@@ -26,6 +27,9 @@ bracket rows; --decode-context LO,HI,STEP sets the per-request context range of 
 default all), each with a new-token curve over the multiples of 256 up to 4096 only.
 --prefill-min-tokens N extends every prefill curve down to N new tokens (the powers of two from N
 below 256, at least the batch), so that chunk remainders of a few tokens lie inside the domain.
+--model / --system / --backend / --cell, --par (tp, pp, dp, moe_tp, moe_ep, cp, each 1 by default) and
+--quant (any IDENTITY column) write the rows for another deployment (the DSA goldens: DeepSeek-V3.2 on
+an H200 TP8 under SGLang); the latencies keep the same closed form.
 servesim's per-pass goldens (crates/perf/tests/fpm_passes.rs) use
 --decode-batches 1,2,4,5,8,9,16 --decode-context 256,4096,256 --prefill-kv 4096,16384
 --prefill-kv-batches 1,2,4,8,16.
@@ -99,6 +103,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--version", default="0.24.0")
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--system", default=SYSTEM)
+    ap.add_argument("--backend", default=BACKEND)
+    ap.add_argument("--cell", default="qwen3_8b_tp1", help="the rows' cell_id")
+    ap.add_argument("--par", default="", help="comma-separated k=v parallel sizes (tp, pp, dp, moe_tp, moe_ep, cp)")
+    ap.add_argument("--quant", default="", help="comma-separated k=v overrides of the identity columns")
     ap.add_argument("--decode-batches", help="comma-separated decode batches (default 1..16)")
     ap.add_argument("--decode-context", help="LO,HI,STEP per-request decode context (default 960,1280,64)")
     ap.add_argument("--prefill-kv", help="comma-separated total KV reads of extra prefill sites (default none)")
@@ -112,6 +122,16 @@ def main():
     decode_batches = sorted({int(b) for b in a.decode_batches.split(",")}) if a.decode_batches else BATCHES
     prefill_kv = sorted({int(v) for v in a.prefill_kv.split(",")}) if a.prefill_kv else ()
     kv_batches = {int(b) for b in a.prefill_kv_batches.split(",")} if a.prefill_kv_batches else set(BATCHES)
+    par = dict.fromkeys(("tp", "pp", "dp", "moe_tp", "moe_ep", "cp"), 1)
+    for kv in filter(None, a.par.split(",")):
+        k, v = kv.split("=")
+        assert k in par, k
+        par[k] = int(v)
+    identity = dict(IDENTITY)
+    for kv in filter(None, a.quant.split(",")):
+        k, v = kv.split("=")
+        assert k in identity, k
+        identity[k] = v
     os.makedirs(a.out_dir, exist_ok=True)
     data = {k: [] for k in (
         "cell_id", "model_path", "system", "backend", "backend_version", *IDENTITY.keys(),
@@ -119,15 +139,15 @@ def main():
         "workload_kind", "partition_policy", "batch_size", "total_prefill_tokens",
         "total_kv_read_tokens", "latency_ms")}
     for kind, b, t, kv, ms in rows(decode_batches, decode_context, prefill_kv, kv_batches, a.prefill_min_tokens):
-        data["cell_id"].append("qwen3_8b_tp1")
-        data["model_path"].append(MODEL)
-        data["system"].append(SYSTEM)
-        data["backend"].append(BACKEND)
+        data["cell_id"].append(a.cell)
+        data["model_path"].append(a.model)
+        data["system"].append(a.system)
+        data["backend"].append(a.backend)
         data["backend_version"].append(a.version)
-        for k, v in IDENTITY.items():
+        for k, v in identity.items():
             data[k].append(v)
-        for k in ("tp", "pp", "dp", "moe_tp", "moe_ep", "cp"):
-            data[k].append(1)
+        for k, v in par.items():
+            data[k].append(v)
         data["enable_wideep"].append(False)
         data["enable_eplb"].append(False)
         data["workload_kind"].append(kind)
@@ -151,8 +171,8 @@ def main():
         "schema_version": 7,
         "coordinate_system": "iteration_totals_balanced_v1",
         "measurement_policy": "dynamo_native_single_sample_v1",
-        "system": SYSTEM,
-        "backend": BACKEND,
+        "system": a.system,
+        "backend": a.backend,
         "backend_version": a.version,
         "row_count": table.num_rows,
         "parquet_sha256": digest,

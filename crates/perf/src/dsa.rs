@@ -608,6 +608,46 @@ fn cp_context(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u3
     Ok(v)
 }
 
+/// Why `op` has no FPM roofline: a prefill block under context parallelism, whose composition
+/// reads measured sub-kernel tables only (the reference's words).
+pub(crate) fn fpm_refusal(op: &DsaOp) -> Option<PerfError> {
+    (op.context && op.cp > 1).then(|| {
+        PerfError::unsupported(format!(
+            "forward_model='fpm' SOL roofline has no implementation for DSA context parallelism (cp_size={}) \
+             on op {} (as in the reference: the prefill CP block is timed from measured tables only)",
+            op.cp, op.name
+        ))
+    })
+}
+
+/// The block's speed-of-light time at an FPM table's per-request coordinates (ms, scaled): the
+/// FPM roofline transfer hands `batch`, new tokens `s` and cached `prefix` (decode: the KV
+/// length `s`) as fractions, which the block's integer roofline takes rounded to the nearest
+/// whole (`batch` and `s` at least one). A prefill blends the indexer-computing and reuse
+/// layers by `full_frac` as it stands (no table is asked whether reuse rows exist); a decode
+/// step blends them on vLLM only (elsewhere every layer prices the indexer). Prefill context
+/// parallelism composes measured sub-kernel tables and has no roofline: refused by name, as
+/// the reference does (decode context parallelism is refused for every family before, in
+/// [`crate::estimator::Estimator::fpm_sol_ms`]).
+pub fn fpm_sol(db: &Database, op: &DsaOp, batch: f64, s: f64, prefix: f64) -> Result<f64> {
+    if let Some(e) = fpm_refusal(op) {
+        return Err(e);
+    }
+    let whole = |v: f64, least: f64| v.round().max(least) as i128;
+    let (spec, dims, vllm, flops) = (&db.spec, op.arch.dims(), db.backend == "vllm", flops_of(db, op)?);
+    let (b, s, prefix, heads) = (whole(batch, 1.0), whole(s, 1.0), whole(prefix, 0.0), i128::from(op.heads));
+    let sol = |reuse: bool| {
+        if op.context {
+            context_sol(spec, &dims, op.kv, op.fmha, op.gemm, flops, [b, s, prefix, heads], reuse, vllm)
+        } else {
+            generation_sol(spec, &dims, op.kv, op.gemm, flops, [b, s, heads], 1, reuse && vllm)
+        }
+    };
+    let w = if op.context || vllm { op.full_frac } else { 1.0 };
+    let v = if w >= 1.0 { sol(false) } else { w * sol(false) + (1.0 - w) * sol(true) };
+    Ok(v.max(0.0) * op.scale)
+}
+
 /// Tensor-core rates of a sparse-attention block's three op groups.
 #[derive(Clone, Copy)]
 pub(crate) struct Flops {

@@ -418,11 +418,18 @@ impl Estimator {
     /// database must answer SOL). The totals are whole numbers; a request's share of them
     /// (new tokens `s`, cached `prefix`) is kept fractional through the attention rooflines
     /// as the reference keeps it; the token-major ops see the step's total tokens (the logits
-    /// GEMM one row per request). The families the reference has no such roofline for, and
-    /// DSA, whose roofline servesim lacks, are refused by name.
+    /// GEMM one row per request). The families the reference has no such roofline for, DSA under
+    /// prefill context parallelism and any graph under decode context parallelism are refused by
+    /// name.
     pub fn fpm_sol_ms(&self, decode: bool, coords: &[f64]) -> Result<f64> {
         if !self.db.mode.is_sol() {
             return Err(PerfError::config("the FPM roofline reads a database answering SOL"));
+        }
+        if self.layout.dcp > 1 {
+            return Err(PerfError::unsupported(format!(
+                "dcp={}: DCP FPM supports measured interpolation, not op-level SOL transfer (as in the reference)",
+                self.layout.dcp
+            )));
         }
         let batch = coords[0];
         let (s, prefix, x, ops) = if decode {
@@ -430,6 +437,11 @@ impl Estimator {
         } else {
             ((coords[1] / batch).max(1.0), coords[2] / batch, coords[1], &self.context_ops)
         };
+        // The graph's first refusal is the DSA block's, ahead of the CP norms' wrappers, as the
+        // reference's is.
+        if let Some(e) = ops.iter().find_map(|op| if let Op::Dsa(d) = op { crate::dsa::fpm_refusal(d) } else { None }) {
+            return Err(e);
+        }
         let mut total = 0.0;
         for op in ops {
             let logits = matches!(op, Op::Gemm { logits: true, .. });
@@ -476,12 +488,7 @@ impl Estimator {
             }
             // A roofline answers without tables, so the primary always does.
             Op::Fallback { primary, .. } => self.fpm_sol_op(primary, x, batch, s, prefix)?,
-            Op::Dsa(_) => {
-                return Err(PerfError::unsupported(
-                    "the FPM roofline transfer is not modelled for DSA sparse attention: servesim lacks its \
-                     speed-of-light module roofline at fractional per-request lengths",
-                ))
-            }
+            Op::Dsa(d) => crate::dsa::fpm_sol(db, d, batch, s, prefix)?,
             Op::Mla(_)
             | Op::MlaBmm(_)
             | Op::Msa(_)

@@ -81,6 +81,17 @@ fn table() -> Option<FpmTable> {
 
 /// [`table`] written by `scripts/fpm_table.py` with `args` and `more_args`, in a directory of its own.
 fn table_with(name: &str, args: &[&str], more_args: &[&str]) -> Option<FpmTable> {
+    let identity = [
+        "bfloat16", "bfloat16", "bfloat16", "half", "bfloat16", "1", "1", "1", "1", "1", "1", "auto", "auto", "False",
+        "False", "", "full", "none", "text",
+    ];
+    let cfg = json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.24.0"});
+    deployment_table(name, &[args, more_args].concat(), &identity, &cfg)
+}
+
+/// The table `scripts/fpm_table.py` writes with `args` for the deployment `cfg` (an estimator
+/// config, the reference's keys) whose cells carry `identity` (the match columns in order).
+fn deployment_table(name: &str, args: &[&str], identity: &[&str], cfg: &serde_json::Value) -> Option<FpmTable> {
     let venv = std::env::var("AISIM_REF_VENV").ok().filter(|v| !v.is_empty())?;
     let python = PathBuf::from(venv).join("bin/python");
     if !python.is_file() {
@@ -89,25 +100,22 @@ fn table_with(name: &str, args: &[&str], more_args: &[&str]) -> Option<FpmTable>
     }
     let out = std::env::temp_dir().join(format!("servesim-fpm-passes-{name}-{}", std::process::id()));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fpm_table.py");
-    let run = Command::new(python).arg(script).arg(&out).args(args).args(more_args).output().unwrap();
+    let run = Command::new(python).arg(script).arg(&out).args(args).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let identity: Vec<String> = [
-        "bfloat16", "bfloat16", "bfloat16", "half", "bfloat16", "1", "1", "1", "1", "1", "1", "auto", "auto", "False",
-        "False", "", "full", "none", "text",
-    ]
-    .map(String::from)
-    .to_vec();
+    let identity: Vec<String> = identity.iter().map(|s| s.to_string()).collect();
     let path = out.join("fpm_forward_perf.parquet");
-    let table = FpmTable::load(&path, &identity, "Qwen/Qwen3-8B", "h200_sxm", "vllm", "0.24.0").unwrap();
+    let field = |k: &str| cfg[k].as_str().unwrap();
+    let table =
+        FpmTable::load(&path, &identity, field("model"), field("system"), field("backend"), field("backend_version"))
+            .unwrap();
     match servesim_perf::systems::systems_roots(&[]) {
-        Ok(roots) if roots.iter().any(|(r, _)| r.join("h200_sxm.yaml").is_file()) => {}
+        Ok(roots) if roots.iter().any(|(r, _)| r.join(format!("{}.yaml", field("system"))).is_file()) => {}
         _ => {
             eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the FPM per-pass goldens");
             return None;
         }
     }
-    let cfg = json!({"model": "Qwen/Qwen3-8B", "system": "h200_sxm", "backend": "vllm", "backend_version": "0.24.0"});
-    let est = estimator(&AisConfig::from_json("config", &cfg).unwrap()).unwrap();
+    let est = estimator(&AisConfig::from_json("config", cfg).unwrap()).unwrap();
     Some(table.with_roofline(&est).unwrap())
 }
 
@@ -189,4 +197,233 @@ fn a_point_with_no_site_within_reach_is_refused_as_the_reference_does() {
         "perf database error: perf_interp: no data to anchor query {batch_size=1, total_prefill_tokens=3000, \
          total_kv_read_tokens=100} (no site within max_site_distance)"
     );
+}
+
+/// The table of [`table`]'s layout for a DSA deployment: `cfg` (the estimator's config, the
+/// reference's keys) and `ident` (`scripts/fpm_table.py`'s identity options, as
+/// `scripts/fpm_pass_goldens.py`'s `DEPLOYMENTS` hold them) whose cells carry `identity`.
+fn dsa_table(
+    name: &str,
+    cfg: serde_json::Value,
+    ident: &[&str],
+    identity: [&str; 5],
+    par: [&str; 6],
+) -> Option<FpmTable> {
+    let layout = [
+        "--decode-batches",
+        "1,2,4,5,8,9,16",
+        "--decode-context",
+        "256,4096,256",
+        "--prefill-kv",
+        "4096,16384",
+        "--prefill-kv-batches",
+        "1,2,4,8,16",
+    ];
+    let tail = ["auto", "auto", "False", "False", "", "full", "none", "text"];
+    let identity: Vec<&str> = identity.into_iter().chain(par).chain(tail).collect();
+    deployment_table(name, &[&layout[..], ident].concat(), &identity, &cfg)
+}
+
+/// `(batch, total new tokens, total KV read, ms)` of [`PREFILL`]'s points off the collected
+/// curves and `(batch, total past KV, ms)` of [`DECODE`]'s, each within 1e-9 of the reference.
+fn transfers_match(t: &FpmTable, prefill: &[(u32, u64, u64, f64)], decode: &[(u32, u32, f64)]) {
+    for &(batch, tokens, kv, want) in prefill {
+        let got = t.prefill_total_ms(batch, tokens, kv).unwrap();
+        assert!(close(got, want), "prefill ({batch}, {tokens}, {kv}): {got} vs reference {want}");
+    }
+    for &(batch, kv, want) in decode {
+        let got = t.decode_total_ms(batch, kv).unwrap();
+        assert!(close(got, want), "decode ({batch}, {kv}): {got} vs reference {want}");
+    }
+}
+
+/// [`table`]'s layout for DeepSeek-V3.2 (DSA sparse attention) on an H200 TP8 under SGLang
+/// 0.5.14 (fp8_block weights, fp8 KV cache): the points off the collected curves transfer
+/// through the whole model's roofline, whose attention block is the DSA module's (projections,
+/// indexer logits, sparse MLA over the top-k) at the per-request coordinates rounded to whole
+/// tokens. Recorded with `$AISIM_REF_VENV/bin/python scripts/fpm_pass_goldens.py --deployment
+/// dsv32-sglang`; the collected points read the same rows as Qwen3-8B's table (the closed form
+/// does not depend on the model).
+#[test]
+fn dsa_passes_transfer_through_the_sparse_attention_roofline() {
+    let cfg = json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "sglang",
+                     "backend_version": "0.5.14", "tp": 8, "moe_tp_size": 8, "moe_ep_size": 1});
+    let ident = [
+        "--model",
+        "deepseek-ai/DeepSeek-V3.2",
+        "--backend",
+        "sglang",
+        "--version",
+        "0.5.14",
+        "--cell",
+        "dsv32_tp8",
+        "--par",
+        "tp=8,moe_tp=8",
+        "--quant",
+        "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,moe_quant_mode=fp8_block,kv_cache_dtype=fp8",
+    ];
+    let identity = ["fp8_block", "fp8_block", "bfloat16", "half", "fp8"];
+    let Some(t) = dsa_table("dsv32", cfg, &ident, identity, ["8", "1", "1", "8", "1", "1"]) else { return };
+    let prefill = [
+        (3, 3000, 4095, 178.65991955261973),
+        (6, 3000, 4098, 169.405683874128),
+        (4, 4096, 8192, 234.50621063870543),
+        (4, 2048, 16, 117.10442834479346),
+        (4, 8192, 4096, 534.1835626648813),
+        (2, 6144, 16384, 455.03007081535634),
+        (32, 2048, 16384, 112.12835419871325),
+        (32, 2048, 8192, 110.11014808116624),
+        (64, 4096, 16384, 210.14366894308694),
+    ];
+    let decode = [
+        (4, 20000, 8.071541431535808),
+        (1, 8000, 5.012953826846151),
+        (2, 9000, 4.503224579759797),
+        (16, 3000, 13.597294131913685),
+        (9, 40000, 9.173941503604103),
+        (4, 4000, 7.220000000000001),
+    ];
+    transfers_match(&t, &prefill, &decode);
+}
+
+/// GLM-5.2-NVFP4 on a B200 TP8, where 57 of 78 layers reuse the top-k index: the prefill
+/// roofline blends the indexer-computing and reuse layers by that fraction on both backends;
+/// the decode one blends them under vLLM only (SGLang prices the indexer on every layer).
+/// Recorded with `scripts/fpm_pass_goldens.py --deployment glm52-sglang` and `--deployment
+/// glm52-vllm`.
+#[test]
+fn glm52_transfers_blend_the_reuse_layers_as_the_reference_does() {
+    let ident = |backend: &'static str, version: &'static str| {
+        [
+            "--model",
+            "nvidia/GLM-5.2-NVFP4",
+            "--system",
+            "b200_sxm",
+            "--backend",
+            backend,
+            "--version",
+            version,
+            "--cell",
+            "glm52_tp8",
+            "--par",
+            "tp=8,moe_tp=8",
+            "--quant",
+            "weight_quantization=nvfp4,gemm_quant_mode=nvfp4,moe_quant_mode=nvfp4,kv_cache_dtype=fp8",
+        ]
+    };
+    let cfg = |backend: &str, version: &str| {
+        json!({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": backend, "backend_version": version,
+               "tp": 8, "moe_tp_size": 8, "moe_ep_size": 1})
+    };
+    let identity = ["nvfp4", "nvfp4", "bfloat16", "half", "fp8"];
+    let par = ["8", "1", "1", "8", "1", "1"];
+    let Some(t) = dsa_table("glm52-sglang", cfg("sglang", "0.5.14"), &ident("sglang", "0.5.14"), identity, par) else {
+        return;
+    };
+    let prefill = [
+        (3, 3000, 4095, 173.7988002252642),
+        (6, 3000, 4098, 170.03457028835118),
+        (4, 8192, 4096, 484.22746208597914),
+        (2, 6144, 16384, 373.1770308306051),
+        (64, 4096, 16384, 220.66260883764812),
+    ];
+    let decode = [(4, 20000, 8.82768381506311), (1, 8000, 6.308011478825046), (16, 3000, 11.973691949615217)];
+    transfers_match(&t, &prefill, &decode);
+    let Some(t) = dsa_table("glm52-vllm", cfg("vllm", "0.24.0"), &ident("vllm", "0.24.0"), identity, par) else {
+        return;
+    };
+    let prefill = [
+        (3, 3000, 4095, 173.8889602362382),
+        (6, 3000, 4098, 170.0272869596907),
+        (4, 8192, 4096, 485.5179596571985),
+        (2, 6144, 16384, 374.4024302017525),
+        (64, 4096, 16384, 220.21844904664343),
+    ];
+    let decode = [
+        (4, 20000, 8.64182586919156),
+        (1, 8000, 6.05412962332588),
+        (2, 9000, 5.448745614734813),
+        (16, 3000, 12.354900647062134),
+        (9, 40000, 9.797431770384359),
+    ];
+    transfers_match(&t, &prefill, &decode);
+}
+
+/// GLM-5-FP8 with SGLang prefill context parallelism 8 on an H200: the DSA block's CP
+/// composition has no roofline, so a prefill off the curves is refused naming it, as the
+/// reference refuses (`scripts/fpm_pass_goldens.py --deployment glm5-cp8-sglang`: "...; SOL
+/// roofline unavailable: SOL estimation not implemented: forward_model='fpm' SOL roofline has no
+/// Rust implementation for DSA context parallelism (cp_size=8) on op context_attention"); a
+/// decode step, which CP leaves whole, still transfers.
+#[test]
+fn dsa_prefill_context_parallelism_has_no_fpm_roofline() {
+    let cfg = json!({"model": "zai-org/GLM-5-FP8", "system": "h200_sxm", "backend": "sglang",
+                     "backend_version": "0.5.14", "tp": 1, "moe_tp_size": 1, "moe_ep_size": 8, "cp_size": 8});
+    let ident = [
+        "--model",
+        "zai-org/GLM-5-FP8",
+        "--backend",
+        "sglang",
+        "--version",
+        "0.5.14",
+        "--cell",
+        "glm5_cp8",
+        "--par",
+        "cp=8,moe_ep=8",
+        "--quant",
+        "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,moe_quant_mode=fp8_block,kv_cache_dtype=fp8",
+    ];
+    let identity = ["fp8_block", "fp8_block", "bfloat16", "half", "fp8"];
+    let Some(t) = dsa_table("glm5-cp8", cfg, &ident, identity, ["1", "1", "1", "1", "8", "8"]) else { return };
+    let err = t.prefill_total_ms(3, 3000, 4095).unwrap_err().message;
+    assert!(
+        err.starts_with(
+            "perf database error: perf_interp: no data to anchor query {batch_size=3, total_prefill_tokens=3000, \
+             total_kv_read_tokens=4095} (no usable neighbour site); SOL roofline unavailable: "
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("forward_model='fpm' SOL roofline has no implementation for DSA context parallelism (cp_size=8)"),
+        "{err}"
+    );
+    assert!(err.contains("context_attention"), "{err}");
+    transfers_match(&t, &[(1, 1024, 0, 60.539229)], &[(4, 20000, 9.399831546232898), (16, 3000, 10.663565522333714)]);
+}
+
+/// Decode context parallelism: the reference interpolates a DCP cell's measured points but
+/// transfers none through the roofline (probed on DeepSeek-V3.2 vLLM 0.24.0 TP8 dcp 2, a table
+/// with a `dcp` column of 2: "...; SOL roofline unavailable: unsupported model for Rust core
+/// estimator: DCP FPM supports measured interpolation, not op-level SOL transfer"). servesim's
+/// tables carry no DCP cells yet, so the roofline of a dcp-2 deployment is attached to the
+/// dcp-1 cell here: its collected points still read, its transfers are refused in those words.
+#[test]
+fn decode_context_parallelism_has_no_fpm_roofline() {
+    let cfg = json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm",
+                     "backend_version": "0.24.0", "tp": 8, "moe_tp_size": 8, "moe_ep_size": 1, "dcp": 2});
+    let ident = [
+        "--model",
+        "deepseek-ai/DeepSeek-V3.2",
+        "--backend",
+        "vllm",
+        "--cell",
+        "dsv32_tp8",
+        "--par",
+        "tp=8,moe_tp=8",
+        "--quant",
+        "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,moe_quant_mode=fp8_block,kv_cache_dtype=fp8",
+    ];
+    let identity = ["fp8_block", "fp8_block", "bfloat16", "half", "fp8"];
+    let Some(t) = dsa_table("dsv32-dcp2", cfg, &ident, identity, ["8", "1", "1", "8", "1", "1"]) else { return };
+    transfers_match(&t, &[(1, 1024, 0, 60.539229)], &[(4, 4000, 7.220000000000001), (3, 3000, 6.965)]);
+    for err in [t.decode_total_ms(4, 20000).unwrap_err(), t.prefill_total_ms(3, 3000, 4095).unwrap_err()] {
+        assert!(
+            err.message.ends_with(
+                "SOL roofline unavailable: dcp=2: DCP FPM supports measured interpolation, not op-level SOL transfer \
+                 (as in the reference)"
+            ),
+            "{}",
+            err.message
+        );
+    }
 }
