@@ -666,6 +666,31 @@ fn load(db: &Database) -> Result<ModuleTable> {
     Ok(ModuleTable { curves, path: p })
 }
 
+/// Refuses `moe_backend: megamoe` on DeepSeek-V4.1 `model` (its experts are timed decomposed;
+/// the MegaMoE module was never measured for it), as the reference does.
+pub fn check_moe_backend(model: &str, backend: Option<crate::eplb::MoeBackend>) -> Result<()> {
+    if backend == Some(crate::eplb::MoeBackend::MegaMoe) {
+        return Err(PerfError::unsupported(format!(
+            "{model}: moe_backend: megamoe: DeepSeek-V4.1 is timed with its experts decomposed (router, routed \
+             experts, all-reduce); SGLang's MegaMoE module has no measurement for it"
+        )));
+    }
+    Ok(())
+}
+
+/// Fails when `db` has no module table: DeepSeek-V4.1 is timed from a measured profile alone.
+pub fn require_table(db: &Database) -> Result<()> {
+    if db.dsv41_module()?.curves.is_empty() {
+        return Err(PerfError::data(format!(
+            "DeepSeek-V4.1 needs {MODULE_FILE} for {} / {} {}, which is not installed there: its modules are \
+             measured only in the execution profiles under systems/profiles/dsv41 (name one with systems_paths, e.g. \
+             profiles/dsv41/full with backend_version dev-c4ca651192e5 on b300_sxm or dev-800cc9adea5b on gb300)",
+            db.spec.name, db.backend, db.version
+        )));
+    }
+    Ok(())
+}
+
 impl Database {
     fn dsv41_module(&self) -> Result<&ModuleTable> {
         self.dsv41.module.get_or_init(|| load(self)).as_ref().map_err(Clone::clone)

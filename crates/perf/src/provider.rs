@@ -955,6 +955,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     if model.family == Family::Dsv4 && moe_comm.backend == Some(crate::eplb::MoeBackend::MegaMoe) {
         crate::dsv4_sglang::check_megamoe(&cfg.model, &spec, &version, moe_tp, moe_ep)?;
     }
+    if model.dsv41.is_some() {
+        crate::dsv41::check_moe_backend(&cfg.model, moe_comm.backend)?;
+    }
     if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
         return Err(PerfError::config(format!(
             "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",
@@ -1034,6 +1037,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         backend: cfg.backend.clone(),
         moe_comm,
     };
+    if model.dsv41.is_some() && !cfg.database_mode.is_sol() {
+        crate::dsv41::require_table(&db)?;
+    }
     let mut est = Estimator::new(db, model, layout, cfg.attention_backend.as_deref())?;
     if let Some(g) = &cfg.eagle3 {
         if est.model.family != Family::Dense || est.model.hybrid.is_some() || est.model.gemma4.is_some() {
