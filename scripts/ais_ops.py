@@ -9,7 +9,8 @@ Run with the aisimulate reference venv's python (it has aisimulate_core):
 CONFIG_JSON is a ForwardPassPerfModelConfig (model, system, backend, tp, moe_tp_size, ...). The
 reference's op evidence is `static_phase_diagnostics` of the static context step (BATCH requests
 reaching ISL tokens, PREFIX cached) and of one generation step at context_length ISL; servesim's
-is `servesim perf --per-op` at the same prefill and a decode at context ISL + 1. Prints every op
+is `servesim perf --per-op` at the same prefill and a decode at context ISL + 1 (on the config's
+`systems_paths` when it names any, e.g. a DeepSeek-V4.1 profile root, else the venv's systems). Prints every op
 of both (reference, servesim, relative difference), marking those that differ by more than 1e-9.
 """
 import argparse
@@ -43,7 +44,7 @@ def main():
         kw = {"prefix": a.prefix} if prefill else {}
         for op in model.static_phase_diagnostics(batch_size=a.batch, context_length=a.isl, prefill=prefill, **kw):
             ref[op["name"]] = op["latency_ms"]
-    cmd = [a.servesim, "perf", "--config", json.dumps({**cfg, "systems_paths": [SYSTEMS]}), "--batch", str(a.batch),
+    cmd = [a.servesim, "perf", "--config", json.dumps({**cfg, "systems_paths": cfg.get("systems_paths") or [SYSTEMS]}), "--batch", str(a.batch),
            "--isl", str(a.isl), "--prefix", str(a.prefix), "--context", str(a.isl + 1), "--per-op", "--json"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:

@@ -1020,6 +1020,82 @@ fn deepseek_v4_prefill_context_parallelism_matches_the_reference() {
 /// composition, the experts over the CP ranks) and vLLM DeepSeek-V3.2 decode CP 2 (the striped
 /// sparse attention, the indexer's top-k merge, the LSE merge). Mean / p90 TTFT, ITL and E2E agree
 /// to rounding.
+/// DeepSeek-V4.1-Flash timed from the reference's `full` execution profile on B300 (a systems
+/// root of its own, named by `engine.systems_paths`): the prediction recorded as the YAML says
+/// within 0.1 % (it agrees to rounding), the KV capacity the reference sizes (every request slot's
+/// window and compressor state reserved), and the reference's refusals: no module table outside
+/// a profile root, attention DP, MegaMoE.
+#[test]
+fn deepseek_v41_profile_matches_the_reference() {
+    let Some(systems) = std::env::var_os("SERVESIM_AIS_SYSTEMS").and_then(|v| std::env::split_paths(&v).next()) else {
+        eprintln!("NOTICE: SERVESIM_AIS_SYSTEMS not set; skipping the DeepSeek-V4.1 profile case");
+        return;
+    };
+    let root = systems.join("profiles/dsv41/full");
+    if !root.is_dir() {
+        eprintln!("NOTICE: no DeepSeek-V4.1 profile under {}; skipping", systems.display());
+        return;
+    }
+    let name = "predict_dsv41_profile";
+    let paths = format!("engine.systems_paths=[{}]", root.display());
+    let ours = predict_with(name, &[&paths]);
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap()).unwrap();
+    for key in METRICS {
+        let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-3, "{name}: {key} = {x}, reference {y}");
+    }
+    for key in ["decode_gpus_per_worker", "completed_requests", "num_requests"] {
+        assert_eq!(ours[key], doc[key], "{name}: {key}");
+    }
+    assert_eq!(ours["decode_gpus_per_worker"], 4);
+    // The KV capacity: the reference's `--detail memory` estimate, 74969591 blocks of one token
+    // (`aisimulate predict -c tests/deploy/predict_dsv41_profile.yaml --set "$PATHS" --detail memory`).
+    let yaml = deploy_dir().join(format!("{name}.yaml"));
+    let out_dir = tmp("dsv41-capacity");
+    let out = predict(
+        &yaml,
+        &out_dir,
+        &[
+            "--set",
+            &paths,
+            "--set",
+            "traffic.source.input_tokens=1000000000",
+            "--set",
+            "engine.context_length=2000000000",
+        ],
+    );
+    assert!(
+        stderr(&out).contains("cannot fit the workers' KV cache (74969591 blocks of 1 tokens)"),
+        "{}",
+        stderr(&out)
+    );
+    // Outside a profile root there is no module table; attention DP and MegaMoE are refused.
+    let par = "engine.workers.aggregated.parallelism";
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["engine.backend_version=0.5.14"],
+            "DeepSeek-V4.1 needs dsv41_module_perf.parquet for b300_sxm / sglang 0.5.14",
+        ),
+        (
+            &[&paths, &format!("{par}.attention_data=2"), &format!("{par}.tensor=2")],
+            "DeepSeek-V4.1 requires attention_dp_size 1, pp_size 1 and no context parallelism",
+        ),
+        (
+            &[&paths, "engine.moe_backend=megamoe"],
+            "moe_backend: megamoe: DeepSeek-V4.1 is timed with its experts decomposed",
+        ),
+    ];
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let mut extra = Vec::new();
+        for s in *sets {
+            extra.extend(["--set", s]);
+        }
+        let out = predict(&yaml, &tmp(&format!("dsv41-refused-{i}")), &extra);
+        assert!(!out.status.success() && stderr(&out).contains(want), "{want}: {}", stderr(&out));
+    }
+}
+
 #[test]
 fn dsa_context_parallelism_matches_the_reference() {
     for name in ["predict_prefill_cp_dsa", "predict_dcp_dsa_vllm"] {

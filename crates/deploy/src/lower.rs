@@ -193,10 +193,11 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         }
         Capacity::Default { memory_fraction, cuda_graph_reserved_bytes } => {
             let est = estimator.as_ref().expect("built for default capacity");
-            let cap = servesim_perf::memory::kv_capacity(
+            let cap = servesim_perf::memory::kv_capacity_for(
                 est,
                 *memory_fraction,
                 w.max_batched_tokens as u64,
+                Some(w.max_sequences),
                 block_size,
                 *cuda_graph_reserved_bytes as f64,
             )
@@ -538,10 +539,11 @@ pub fn kv_tokens(engine: &Engine, w: &Worker, max_batched_tokens: u64) -> Option
         Capacity::Bytes(bytes) => bytes / w.bytes_per_token?,
         Capacity::Default { memory_fraction, cuda_graph_reserved_bytes } => {
             est = Some(estimator()?);
-            match servesim_perf::memory::kv_capacity(
+            match servesim_perf::memory::kv_capacity_for(
                 est.as_ref().expect("built"),
                 *memory_fraction,
                 max_batched_tokens,
+                Some(w.max_sequences),
                 block_size,
                 *cuda_graph_reserved_bytes as f64,
             ) {

@@ -376,6 +376,7 @@ pub struct Database {
     pub(crate) dsa: crate::dsa::DsaTables,
     /// DeepSeek-V4's module and mHC tables, each read on first use.
     pub(crate) dsv4: crate::dsv4::Dsv4Tables,
+    pub(crate) dsv41: crate::dsv41::Dsv41Tables,
     /// Qwen3.5's GDN kernel table, read on first use.
     pub(crate) gdn: crate::gdn::GdnTables,
     /// Kimi-K3's KDA kernel table, read on first use.
@@ -476,6 +477,7 @@ impl Database {
             mla: Default::default(),
             dsa: Default::default(),
             dsv4: Default::default(),
+            dsv41: Default::default(),
             gdn: Default::default(),
             kda: Default::default(),
             gemm_cache: Mutex::new(HashMap::new()),

@@ -87,6 +87,7 @@ fn attends(op: &Op) -> bool {
         | Op::Dsa(_)
         | Op::Msa(_)
         | Op::Dsv4Attn(_) => true,
+        Op::Dsv41(d) => d.is_attention(true) || d.is_attention(false),
         Op::Fallback { primary, .. } => attends(primary),
         Op::Striped(st) => attends(&st.op),
         _ => false,
@@ -307,6 +308,11 @@ impl Estimator {
             Op::Msa(a) => crate::msa::eval_msa(db, a, at.batch, at.s, at.prefix)?,
             Op::Dsv4Attn(a) => crate::dsv4::eval_dsv4_attention(db, a, at.batch, at.s, at.prefix)?,
             Op::Mhc(h) => crate::dsv4::eval_mhc(db, h, at.x)?,
+            // Attention's work axis is its own (new tokens, or the decode KV length).
+            Op::Dsv41(d) => {
+                let x = if d.is_attention(true) || d.is_attention(false) { at.s } else { at.x };
+                crate::dsv41::eval_dsv41(db, d, at.batch, at.prefix, x)?
+            }
             Op::Mamba2(k) => crate::mamba2::eval_mamba2(db, k, at.batch, at.s)?,
             Op::Gdn(g) => crate::gdn::eval_gdn(db, g, at.batch, at.s)?,
             Op::Kda(k) => crate::kimi_k3::eval_kda(db, k, at.batch, at.s)?,
@@ -493,6 +499,7 @@ impl Estimator {
             | Op::MlaBmm(_)
             | Op::Msa(_)
             | Op::Dsv4Attn(_)
+            | Op::Dsv41(_)
             | Op::Mhc(_)
             | Op::Mamba2(_)
             | Op::Gdn(_)
@@ -661,6 +668,17 @@ impl Estimator {
 
     /// Time of one rank's share of a forward pass, ms.
     pub fn rank_latency_ms(&self, r: &RankMetrics) -> Result<f64> {
+        if self.model.dsv41.is_some() {
+            let has_prefill = r.sum_prefill_tokens > 0;
+            let pass = crate::dsv41::Dsv41Pass::from_totals(
+                if has_prefill { r.num_prefill_requests.max(1) } else { 0 },
+                r.sum_prefill_tokens,
+                r.sum_prefill_kv_tokens,
+                r.num_decode_requests,
+                r.sum_decode_kv_tokens,
+            );
+            return self.dsv41_pass_ms(&pass);
+        }
         let has_prefill = r.sum_prefill_tokens > 0;
         let has_decode = r.num_decode_requests > 0 || r.sum_decode_kv_tokens > 0;
         let p = r.num_prefill_requests.max(1);
@@ -733,6 +751,50 @@ impl Estimator {
         Ok(total)
     }
 
+    /// One DeepSeek-V4.1 forward pass (`dsv41.rs`), ms: every prefill group's tokens and the
+    /// decode tokens go through the prefill op list's token-major ops together (the logits GEMM
+    /// at one row per request), each group's attention at its own shape, and the decode
+    /// attention of the decode op list at the decode shape. A decode-only pass is the decode
+    /// op list.
+    pub fn dsv41_pass_ms(&self, pass: &crate::dsv41::Dsv41Pass) -> Result<f64> {
+        let at_op = |op: &Op, at: At| self.eval(op, at).map_err(|e| e.context(format!("op {}", op.name())));
+        let is_attention = |op: &Op, context: bool| matches!(op, Op::Dsv41(d) if d.is_attention(context));
+        let mut total = 0.0;
+        if pass.prefills.is_empty() {
+            if pass.decode > 0 {
+                for op in &self.generation_ops {
+                    total += at_op(op, At { batch: pass.decode, s: pass.decode_kv, prefix: 0, x: pass.decode })?;
+                }
+            }
+            return Ok(total);
+        }
+        let mut tokens = pass.decode;
+        let mut requests = pass.decode;
+        for &(batch, s, _) in &pass.prefills {
+            tokens = batch
+                .checked_mul(s)
+                .and_then(|t| tokens.checked_add(t))
+                .ok_or_else(|| PerfError::config("token count exceeds 2^32"))?;
+            requests += batch;
+        }
+        for op in &self.context_ops {
+            if is_attention(op, true) {
+                for &(batch, s, prefix) in &pass.prefills {
+                    total += at_op(op, At { batch, s, prefix, x: batch * s })?;
+                }
+            } else {
+                let x = if matches!(op, Op::Gemm { logits: true, .. }) { requests } else { tokens };
+                total += at_op(op, At { batch: 1, s: tokens, prefix: 0, x })?;
+            }
+        }
+        if pass.decode > 0 {
+            for op in self.generation_ops.iter().filter(|op| is_attention(op, false)) {
+                total += at_op(op, At { batch: pass.decode, s: pass.decode_kv, prefix: 0, x: pass.decode })?;
+            }
+        }
+        Ok(total)
+    }
+
     /// Forward-pass time over attention-DP ranks: the slowest rank, ms.
     pub fn forward_pass_time_ms(&self, ranks: &[RankMetrics]) -> Result<f64> {
         if ranks.is_empty() {
@@ -752,6 +814,10 @@ impl Estimator {
     /// indexer's key cache.
     pub fn kv_bytes_per_token(&self) -> f64 {
         let m = &self.model;
+        if let Some(d) = &m.dsv41 {
+            // A one-token sequence's cache (window row, published entries and compressor state).
+            return d.kv_bytes(1, &self.layout.backend).unwrap_or(f64::NAN);
+        }
         if let Some(nh) = &m.nemotron_h {
             return crate::mamba2::kv_bytes_per_token(nh, m, self.layout.tp, self.layout.kv);
         }

@@ -14,6 +14,7 @@ pub mod dcp;
 pub mod draft_model;
 pub mod dsa;
 pub mod dsv4;
+pub mod dsv41;
 pub mod dsv4_sglang;
 pub mod dsv4_topk;
 pub mod eagle3;

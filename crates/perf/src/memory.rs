@@ -48,6 +48,20 @@ pub fn kv_capacity(
     block_size: u32,
     cuda_graph_bytes: f64,
 ) -> Result<KvCapacity> {
+    kv_capacity_for(est, fraction, max_num_tokens, None, block_size, cuda_graph_bytes)
+}
+
+/// [`kv_capacity`] of a worker that runs at most `max_sequences` requests at once (`None`:
+/// not known). Models that keep per-request state beside the token-linear cache reserve it for
+/// that many requests (DeepSeek-V4.1's windows and compressor states) and need it known.
+pub fn kv_capacity_for(
+    est: &Estimator,
+    fraction: Option<f64>,
+    max_num_tokens: u64,
+    max_sequences: Option<u32>,
+    block_size: u32,
+    cuda_graph_bytes: f64,
+) -> Result<KvCapacity> {
     let backend = est.layout.backend.as_str();
     let fraction = match fraction.or_else(|| default_fraction(backend)) {
         Some(f) if f.is_finite() && f > 0.0 && f <= 1.0 => f,
@@ -74,6 +88,9 @@ pub fn kv_capacity(
     weights /= est.layout.pp.max(1) as f64;
     if let Some(w) = sglang_mla_weights(est, weights) {
         weights = w;
+    }
+    if m.dsv41.is_some() {
+        weights += crate::dsv41::mxfp4_scale_bytes(m, &est.layout);
     }
     let activations = activation_bytes(est, max_num_tokens)?;
     let (nccl, others) = reserved_bytes(est)?;
@@ -104,6 +121,14 @@ pub fn kv_capacity(
     let kv = kv * est.layout.dcp.max(1) as f64;
     let tokens = if let Some(d) = &m.dsv4 {
         d.kv_tokens(est.layout.kv, kv, m.max_position as u64)
+    } else if let Some(d) = &m.dsv41 {
+        let requests = max_sequences.ok_or_else(|| {
+            PerfError::unsupported(
+                "DeepSeek-V4.1's KV capacity reserves every request slot's window and compressor state: it needs \
+                 the worker's max_num_seqs, which this caller does not give",
+            )
+        })?;
+        d.kv_tokens(kv, u64::from(requests), &est.layout.backend)?
     } else if let Some(k) = &m.kimi_k3 {
         // One request's KDA state (all its slots) comes out of the budget first.
         let left = kv - crate::kimi_k3::state_bytes_per_request(k, est.layout.tp);
@@ -277,6 +302,9 @@ pub fn kv_bytes_per_sequence(est: &Estimator, len: u64) -> Result<f64> {
             "the per-sequence KV memory of the {family} cache is not modelled for a memory check"
         )));
     }
+    if let Some(d) = &m.dsv41 {
+        return d.kv_bytes(len, &est.layout.backend);
+    }
     let bytes = if m.sliding_window > 0 || m.gemma4.is_some() || m.glimmer.is_some() {
         window_capped_bytes(est, len)
     } else {
@@ -342,6 +370,7 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         Op::ExpertCompute(e) => e.moe.weight_bytes(),
         Op::Dsa(dsa) => dsa.weight_bytes(),
         Op::Dsv4Attn(a) => a.weight_bytes(),
+        Op::Dsv41(d) => d.weight_bytes(),
         Op::Mhc(h) => h.weight_bytes(),
         Op::Striped(st) => op_weights(est, &st.op),
         Op::Fallback { primary, fallback, .. } => {

@@ -101,6 +101,8 @@ pub struct ModelSpec {
     pub hybrid: Option<crate::hybrid_moe::HybridSpec>,
     /// DeepSeek-V4: the compressed-attention and mHC facts.
     pub dsv4: Option<crate::dsv4::Dsv4Spec>,
+    /// DeepSeek-V4.1: the backbone's cross-layer cache, Engram and mHC facts (`dsv41.rs`).
+    pub dsv41: Option<crate::dsv41::Dsv41Spec>,
     /// Nemotron-H: the layer kinds and Mamba2 widths (`mamba2.rs`).
     pub nemotron_h: Option<crate::mamba2::NemotronHSpec>,
     /// Qwen3.5: the GDN / full-attention layer split and GDN widths (`gdn.rs`).
@@ -193,6 +195,7 @@ fn text_config<'a>(arch: &str, cfg: &'a Value, shown: &str) -> Result<&'a Value>
         && !crate::qwen3vl::ARCHS.contains(&arch)
         && arch != crate::glimmer::ARCH
         && arch != crate::kimi_k3::ARCH
+        && arch != crate::dsv41::ARCH
     {
         return Ok(cfg);
     }
@@ -310,18 +313,13 @@ impl ModelSpec {
         } else if arch == crate::glimmer::ARCH {
             // Muse-Glimmer: the dense graph's facts, its own op list (`glimmer.rs`).
             Family::Dense
-        } else if arch == "DeepseekV41ForCausalLM" {
-            return Err(PerfError::unsupported(format!(
-                "{shown}: DeepseekV41ForCausalLM (DeepSeek-V4.1, the reference's DEEPSEEKV41 family) is not timed by \
-                 servesim yet: it lacks the DeepSeek-V4.1 decoder stages (Dsv41Attention with cross-layer candidate \
-                 top-k, Dsv41Engram; table dsv41_module_perf), its cross-layer KV layout and the execution \
-                 profiles its data comes as (systems/profiles/dsv41: b300_sxm / gb300, SGLang dev builds only); \
-                 servesim refuses rather than time it as DeepSeek-V4 or another family"
-            )));
+        } else if arch == crate::dsv41::ARCH {
+            // DeepSeek-V4.1: MoE facts, its own stages and cross-layer cache (`dsv41.rs`).
+            Family::Moe
         } else if MLA_OTHER.contains(&arch.as_str()) {
             return Err(PerfError::unsupported(format!(
                 "{shown}: {arch} (the reference's DEEPSEEK family under another name) is not supported by servesim yet: no packaged model uses it to check servesim against; supported: {}",
-                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS, crate::qwen3vl::ARCHS, &[crate::glimmer::ARCH]].concat().join(", ")
+                [DENSE, MOE, HYBRID, MLA, DSA, GEMMA4, MSA, &[crate::dsv4::ARCH], &[crate::dsv41::ARCH], &[crate::mamba2::ARCH], &crate::gdn::ARCHS, crate::qwen3vl::ARCHS, &[crate::glimmer::ARCH]].concat().join(", ")
             )));
         } else {
             return Err(PerfError::unsupported(format!(
@@ -335,6 +333,7 @@ impl ModelSpec {
                     GEMMA4,
                     MSA,
                     &[crate::dsv4::ARCH],
+                    &[crate::dsv41::ARCH],
                     &[crate::mamba2::ARCH],
                     &crate::gdn::ARCHS,
                     crate::qwen3vl::ARCHS,
@@ -448,6 +447,11 @@ impl ModelSpec {
             } else {
                 None
             },
+            dsv41: if arch == crate::dsv41::ARCH {
+                Some(crate::dsv41::Dsv41Spec::from_config(cfg, &shown.to_string())?)
+            } else {
+                None
+            },
             qwen35: None,
             kimi_k3: if arch == crate::kimi_k3::ARCH {
                 Some(crate::kimi_k3::spec_from_config(cfg, layers, hidden, &shown.to_string())?)
@@ -465,12 +469,18 @@ impl ModelSpec {
             let patterns = exclude_patterns(quantisation_scope(root, cfg), hf_quant);
             spec.qwen35 = Some(crate::gdn::spec_from_config(root, cfg, layers, &patterns, &shown.to_string())?);
         }
-        if family == Family::Dsv4 {
+        if family == Family::Dsv4 || spec.dsv41.is_some() {
             // The reference runs DeepSeek-V4's sparse attention on an fp8 KV cache whatever the
             // checkpoint declares, and its native checkpoints' fp4 routed experts as MXFP4 weights
             // with MXFP8 activations (unless the experts are NVFP4).
             spec.quant.kv = Dtype::Fp8;
-            let fp4_experts = lower_str(cfg.get("expert_dtype")).as_deref() == Some("fp4");
+            // (DeepSeek-V4.1 declares it in its quantization_config.)
+            let declared = if spec.dsv41.is_some() {
+                root.get("quantization_config").and_then(|q| q.get("expert_dtype"))
+            } else {
+                cfg.get("expert_dtype")
+            };
+            let fp4_experts = lower_str(declared).as_deref() == Some("fp4");
             if fp4_experts && spec.quant.moe != Dtype::Nvfp4 {
                 spec.quant.moe = Dtype::W4a8Mxfp4Mxfp8;
             }
@@ -882,6 +892,8 @@ pub enum Op {
     Msa(crate::msa::MsaOp),
     /// A DeepSeek-V4 compressed-attention block.
     Dsv4Attn(crate::dsv4::Dsv4AttnOp),
+    /// A measured DeepSeek-V4.1 module (attention, mHC, Engram, projection; `dsv41.rs`).
+    Dsv41(crate::dsv41::Dsv41Op),
     /// One half of DeepSeek-V4's mHC.
     Mhc(crate::dsv4::MhcOp),
     /// A Mamba2 kernel (Nemotron-H; `mamba2.rs`).
@@ -934,6 +946,7 @@ impl Op {
             Op::Dsa(d) => &d.name,
             Op::Msa(a) => &a.name,
             Op::Dsv4Attn(a) => &a.name,
+            Op::Dsv41(a) => &a.name,
             Op::Mhc(a) => &a.name,
             Op::Mamba2(k) => &k.name,
             Op::Gdn(g) => &g.name,
@@ -972,6 +985,7 @@ impl Op {
             Op::Dsa(d) => &mut d.name,
             Op::Msa(a) => &mut a.name,
             Op::Dsv4Attn(a) => &mut a.name,
+            Op::Dsv41(a) => &mut a.name,
             Op::Mhc(a) => &mut a.name,
             Op::Mamba2(k) => &mut k.name,
             Op::Gdn(g) => &mut g.name,
@@ -1066,6 +1080,9 @@ pub fn build_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     }
     if m.family == Family::Dsv4 {
         return crate::dsv4::build_dsv4_ops(m, l);
+    }
+    if m.dsv41.is_some() {
+        return crate::dsv41::build_dsv41_ops(m, l);
     }
     if let Some(hy) = &m.hybrid {
         return crate::hybrid_moe::build_hybrid_ops(m, hy, l);

@@ -834,6 +834,13 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     let root_paths: Vec<PathBuf> = roots.iter().map(|(p, _)| p.clone()).collect();
     let mut model_roots = vec![spec.root.clone()];
     model_roots.extend(root_paths.iter().filter(|p| **p != spec.root).cloned());
+    // A profile root (`systems/profiles/...`) has no model_configs beside it: the installed
+    // package's configs still name its models, as the reference finds them.
+    for (p, _) in systems_roots(&[]).unwrap_or_default() {
+        if !model_roots.contains(&p) {
+            model_roots.push(p);
+        }
+    }
     let model = ModelSpec::load(&cfg.model, &model_roots)?;
     if cfg.strict_provenance {
         // The tables `Database::open` reads, and the MLA ones an MLA model reads.
@@ -948,6 +955,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     if model.family == Family::Dsv4 && moe_comm.backend == Some(crate::eplb::MoeBackend::MegaMoe) {
         crate::dsv4_sglang::check_megamoe(&cfg.model, &spec, &version, moe_tp, moe_ep)?;
     }
+    if model.dsv41.is_some() {
+        crate::dsv41::check_moe_backend(&cfg.model, moe_comm.backend)?;
+    }
     if model.family == Family::Gemma4 && !model.routed() && cfg.moe_ep_size.unwrap_or(1) != 1 {
         return Err(PerfError::config(format!(
             "{}: a dense Gemma 4 takes moe_ep_size=1, got {}",
@@ -965,7 +975,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
     };
     // DeepSeek-V4's fp4 experts on SGLang run on a kernel of the GPU generation (`dsv4_sglang.rs`).
     let moe = match cfg.moe_quant_mode {
-        None if model.family == Family::Dsv4 => crate::dsv4_sglang::moe_format(&cfg.backend, spec.sm_version, moe),
+        None if model.family == Family::Dsv4 || model.dsv41.is_some() => {
+            crate::dsv4_sglang::moe_format(&cfg.backend, spec.sm_version, moe)
+        }
         _ => moe,
     };
     // Gemma 4: the attention projections, dense MLP and experts each follow the checkpoint's
@@ -1025,6 +1037,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         backend: cfg.backend.clone(),
         moe_comm,
     };
+    if model.dsv41.is_some() && !cfg.database_mode.is_sol() {
+        crate::dsv41::require_table(&db)?;
+    }
     let mut est = Estimator::new(db, model, layout, cfg.attention_backend.as_deref())?;
     if let Some(g) = &cfg.eagle3 {
         if est.model.family != Family::Dense || est.model.hybrid.is_some() || est.model.gemma4.is_some() {
