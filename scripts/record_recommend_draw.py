@@ -20,6 +20,14 @@ router adapter compiles its search space and the sampler draws as under Dynamo, 
 candidate's placement hook is dropped (it replays round-robin), so only the draw and the
 round_robin candidates' scores are the reference's (the golden marks the others
 "score_compared": false).
+
+A planner section (recommend_random_planner) runs the same way; the Planner adapter imports
+scikit-learn and kubernetes, which the reference venv lacks, so RECORD_SHIM_EXTRA_SITE names the
+site directory of a venv that has them ($PLANNER_PY_SITE, default
+/tmp/servesim-planner-py/lib/python3.11/site-packages: searched after the reference's own, so
+the reference's aisimulate is the one imported). The shim drops the Planner's scaling hook as
+it drops the router's, so a planner-enabled candidate replays at its fixed shape: its draw and
+resolved planner section are the reference's, its score is not compared.
 """
 import json
 import os
@@ -52,6 +60,27 @@ VARIANTS = {
             "router.policy={choices: [kv_router, round_robin]}", "optimizer.seed=5", "optimizer.parallelism=3",
         ],
     },
+    "recommend_random_planner": {
+        "as_written": [],
+        "log_range_seed7": [
+            "optimizer.seed=7",
+            "engine.workers.aggregated.scheduler.max_sequences={range: {min: 8, max: 512, scale: log}}",
+        ],
+        "disabled_only_log_range": [
+            "planner={policy: disabled}",
+            "engine.workers.aggregated.scheduler.max_sequences={range: {min: 8, max: 512, scale: log}}",
+        ],
+        "independent_knobs_seed3": [
+            "planner={policy: enabled, scaling_policy: {preset: false}, enable_throughput_scaling: false, "
+            "load_adjustment_interval_seconds: {choices: [5, 10]}, load_sensitivity: {preset: false}, "
+            "load_min_observations: {choices: [3, 5]}, max_num_gpus: 8}",
+            "optimizer.seed=3", "optimizer.parallelism=3",
+        ],
+        "router_after_planner": [
+            "router={policy: {choices: [round_robin, kv_router]}, prefill_load_model: {type: none}, "
+            "temperature: {choices: [0, 0.5]}}",
+        ],
+    },
     "recommend_random_loads": {
         "as_written": [],
         "request_rate_range": ["traffic.load={type: poisson, requests_per_second: {range: {min: 0.5, max: 4}}}"],
@@ -66,7 +95,8 @@ VARIANTS = {
         ],
     },
 }
-ROUTER = ("recommend_random_router",)
+ROUTER = ("recommend_random_router", "recommend_random_planner")
+PLANNER_PY_SITE = os.environ.get("PLANNER_PY_SITE", "/tmp/servesim-planner-py/lib/python3.11/site-packages")
 ROLES = (("agg", "aggregated", ""), ("prefill", "prefill", "prefill_"), ("decode", "decode", "decode_"))
 
 
@@ -80,7 +110,8 @@ def engine_candidate(c):
                          config.get(f"{prefix}_max_num_batched_tokens"), config.get(f"{prefix}_max_num_seqs"),
                          config.get(f"{prefix}_gpu_memory_utilization")]
     router = (config.get("adapters") or {}).get("dynamo.router")
-    return {
+    planner = (config.get("adapters") or {}).get("dynamo.planner")
+    out = {
         "id": c["candidate_id"],
         "workers": workers,
         "router": router,
@@ -89,8 +120,12 @@ def engine_candidate(c):
         "reason_category": c.get("reason_category"),
         "used_gpus": c["used_gpus"],
         "score": c["score"],
-        "score_compared": router is None or router.get("policy") == "round_robin",
+        "score_compared": (router is None or router.get("policy") == "round_robin")
+        and (planner is None or planner.get("policy") == "disabled"),
     }
+    if planner is not None:
+        out["planner"] = planner
+    return out
 
 
 def run(name, sets):
@@ -104,6 +139,7 @@ def run(name, sets):
         dynamo = os.path.join(os.environ["DYNAMO_REF_VENV"], "lib/python3.11/site-packages")
         env["PYTHONPATH"] = f"{shim}:{dynamo}"
         env["RECORD_SHIM_ENGINE_ROUTER"] = "1"
+        env["RECORD_SHIM_EXTRA_SITE"] = PLANNER_PY_SITE
     doc = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
     candidates = []
     for c in doc["candidates"]:

@@ -8,7 +8,10 @@ import sys
 # RECORD_SHIM_ENGINE_ROUTER=1: `--stack dynamo` replays on the engine stack. The router adapter
 # still compiles its search space and the sampler draws as it does under Dynamo; a kv_router
 # candidate's placement hook is dropped (it replays round-robin), so only the draw and the
-# round_robin candidates' scores are the reference's.
+# round_robin candidates' scores are the reference's. The Planner adapter's scaling hook is
+# dropped the same way: a planner-enabled candidate replays at its fixed shape, so only the
+# draw, the resolved planner sections and the policy-disabled candidates' scores are the
+# reference's.
 class EngineAsDynamo:
     def __init__(self):
         from aisimulate.runner import EngineReplayRunnerFactory
@@ -21,7 +24,10 @@ class EngineAsDynamo:
         from aisimulate.sweeper.replay import HookCapability
 
         caps = self.inner.capabilities()
-        extra = (HookCapability("dynamo.router", "placement_policy", 1),)
+        extra = (
+            HookCapability("dynamo.router", "placement_policy", 1),
+            HookCapability("dynamo.planner", "scaling_policy", 1),
+        )
         return dataclasses.replace(caps, supported_hooks=tuple(caps.supported_hooks) + extra)
 
     def create(self, *args, **kwargs):
@@ -64,3 +70,9 @@ import os  # noqa: E402
 
 if os.environ.get("RECORD_SHIM_ENGINE_ROUTER") == "1":
     sys.meta_path.insert(0, _MainFinder())
+
+# RECORD_SHIM_EXTRA_SITE=DIR[:DIR...]: site directories searched after every other one, for the
+# Planner adapter's own imports (scikit-learn, kubernetes) that the reference venv lacks; the
+# reference's aisimulate is still the one found first.
+for extra in filter(None, os.environ.get("RECORD_SHIM_EXTRA_SITE", "").split(":")):
+    sys.path.append(extra)

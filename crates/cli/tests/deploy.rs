@@ -3687,20 +3687,25 @@ fn recommend_random_draws_the_reference_candidates() {
     }
 }
 
-/// Random search draws the reference's candidates beside a searched router and searched traffic
-/// loads (issue 32): tests/deploy/recommend_random_{router,loads}.draw.golden.json, recorded by
+/// Random search draws the reference's candidates beside a searched router, a searched planner
+/// and searched traffic loads (issue 32): tests/deploy/recommend_random_{router,planner,loads}
+/// .draw.golden.json, recorded by
 /// `scripts/record_recommend_draw.py NAME` (the script says how; the YAMLs list the variants).
 /// A router searching both policies is the reference's ConditionalBranchSampler (a sampler per
 /// policy, seeded from the arm's sha256, taking turns); a kv_router-only or round_robin-only
 /// router adds single-valued knobs that take log-weighted draws of their own beside an integer
 /// log range; a log concurrency range and a rate range without step are sampled by value; a
-/// fixed KV-relative load is a knob of one value. Per variant: the same candidate ids, shapes,
-/// scheduler knobs, router settings, loads, statuses and GPUs in the same order; scores within
-/// 1e-9 relative where the reference's are comparable (its kv_router candidates were recorded
-/// without the Dynamo runtime's router, see the script), and the same ranking when all are.
+/// fixed KV-relative load is a knob of one value. A planner's knobs are drawn over their whole
+/// product (a disabled policy beside every scaling policy, independent group knobs, single-valued
+/// knobs taking draws of their own beside a log range), after or before a router's as the
+/// sections stand. Per variant: the same candidate ids, shapes, scheduler knobs, router and
+/// planner settings, loads, statuses and GPUs in the same order; scores within 1e-9 relative
+/// where the reference's are comparable (its kv_router and planner-enabled candidates were
+/// recorded without the Dynamo runtime's router and Planner, see the script), and the same
+/// ranking when all are.
 #[test]
 fn recommend_random_draws_the_reference_beside_routers_and_loads() {
-    for name in ["recommend_random_router", "recommend_random_loads"] {
+    for name in ["recommend_random_router", "recommend_random_planner", "recommend_random_loads"] {
         let golden: Value =
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap())
                 .unwrap();
@@ -3737,6 +3742,10 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
                     for k in ["overlap_score_credit", "prefill_load_scale", "temperature"] {
                         assert_eq!(r[k].as_f64(), wr[k].as_f64(), "{at}: router.{k}");
                     }
+                }
+                // The planner's resolved section, as the reference's adapter materialised it.
+                if let Some(planner) = w.get("planner") {
+                    assert_eq!(config["planner"], *planner, "{at}: planner");
                 }
                 // The load each candidate ran: its concurrency, or its request rate.
                 let load = &config["traffic"]["load"];

@@ -52,6 +52,9 @@ pub enum SetupError {
     Mode(&'static str),
     /// The external forecaster could not start (its message says what to install).
     External(String),
+    /// The minimum endpoints take more GPUs than `max_num_gpus` (the Planner's startup check,
+    /// `_validate_min_endpoint_budgets_at_startup`): GPUs required, the budget.
+    Budget(i64, i64),
 }
 
 impl std::fmt::Display for SetupError {
@@ -60,6 +63,11 @@ impl std::fmt::Display for SetupError {
             SetupError::Predictor(u) => u.fmt(f),
             SetupError::Mode(m) => write!(f, "planner mode '{m}' cannot replay: use agg or disagg"),
             SetupError::External(m) => f.write_str(m),
+            SetupError::Budget(need, max) => write!(
+                f,
+                "minimum endpoint footprint requires {need} GPUs, exceeding max_gpu_budget={max} \
+                 (max_num_gpus)"
+            ),
         }
     }
 }
@@ -167,6 +175,15 @@ impl Planner {
             Mode::Prefill => return Err(SetupError::Mode("prefill")),
             Mode::Decode => return Err(SetupError::Mode("decode")),
             _ => {}
+        }
+        // The minimum endpoints must fit the GPU budget before the Planner starts (a worker wider
+        // than max_num_gpus has no count the Planner could keep).
+        let floor = |role: Option<&RoleEngines>, prefill: bool| {
+            role.map_or(0, |r| cfg.min_endpoint_for(prefill).max(0) * r.gpus_per_replica.max(0))
+        };
+        let required = floor(prefill.as_ref(), true) + floor(Some(&decode), false);
+        if cfg.max_gpu_budget >= 0 && required > cfg.max_gpu_budget {
+            return Err(SetupError::Budget(required, cfg.max_gpu_budget));
         }
         let needs_model = cfg.enable_throughput_scaling || cfg.optimization_target == Target::Sla;
         let bootstrap = decode.model.is_some() && prefill.as_ref().is_none_or(|p| p.model.is_some());

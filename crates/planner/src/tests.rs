@@ -295,3 +295,17 @@ fn ready_workers_outside_the_budget_are_scaled_into_it_at_the_next_tick() {
     // 5 TP2 replicas are 10 GPUs: down to ⌊8 / 2⌋ = 4.
     assert_eq!(p.on_tick(&agg_snapshot(5, 0)).target_decode, Some(4));
 }
+
+#[test]
+fn minimum_endpoints_wider_than_the_gpu_budget_are_refused_at_startup() {
+    // One 16-GPU worker under max_gpu_budget 8: no replica count fits (a replay would otherwise
+    // scale the pool to no worker at all); disaggregated, the two floors add up.
+    let agg = PlannerConfig::from_json(&json!({"mode": "agg", "enable_load_scaling": true})).unwrap();
+    let e = Planner::new(agg.clone(), None, role(1000, 16, None)).unwrap_err();
+    assert_eq!(e.to_string(), "minimum endpoint footprint requires 16 GPUs, exceeding max_gpu_budget=8 (max_num_gpus)");
+    assert!(Planner::new(agg, None, role(1000, 8, None)).is_ok());
+    let disagg = PlannerConfig::from_json(&json!({"mode": "disagg", "enable_load_scaling": true})).unwrap();
+    let e = Planner::new(disagg.clone(), Some(role(1000, 4, None)), role(1000, 8, None)).unwrap_err();
+    assert_eq!(e.to_string(), "minimum endpoint footprint requires 12 GPUs, exceeding max_gpu_budget=8 (max_num_gpus)");
+    assert!(Planner::new(disagg, Some(role(1000, 4, None)), role(1000, 4, None)).is_ok());
+}

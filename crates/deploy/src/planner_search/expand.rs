@@ -24,12 +24,29 @@ pub struct Setting {
     pub infeasible: Option<String>,
 }
 
-/// The expanded search: the settings, and what the load-predictor backtest found (for the
-/// recommendation's provenance; `None` when every candidate has the planner disabled).
+/// The expanded search: the settings, the adapter's knob grid they come from, and what the
+/// load-predictor backtest found (for the recommendation's provenance; `None` when every
+/// candidate has the planner disabled).
 #[derive(Clone, Debug)]
 pub struct PlannerSearch {
     pub settings: Vec<Setting>,
+    pub grid: Grid,
     pub load_predictor: Option<Value>,
+}
+
+/// The adapter's knobs as the reference's random search draws them: each knob's value count in
+/// the adapter's order (policy and groups, worker minimums, independent group knobs), and for
+/// every point of their product (the last knob fastest, duplicates included: a disabled policy
+/// beside every scaling policy) the index of the setting it materialises to. `log` names the
+/// knobs given as log ranges, whose draw the reference weights by value. `before_router`: the
+/// `planner:` section comes before a `router:` one, so its knobs are drawn first (the reference
+/// merges its adapters' knobs in the order of their sections; the recommend reader sets it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Grid {
+    pub sizes: Vec<usize>,
+    pub cells: Vec<usize>,
+    pub log: Vec<String>,
+    pub before_router: bool,
 }
 
 /// Reads the section and expands it (see the module documentation).
@@ -210,8 +227,10 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
         Preset::Default { .. } => {}
     }
     if policies.iter().all(|p| p == "disabled") {
+        // The adapter's only knob is then the policy, one value.
         return Ok(PlannerSearch {
             settings: vec![Setting { section: json!({"policy": "disabled"}), infeasible: None }],
+            grid: Grid { sizes: vec![1], cells: vec![0], ..Grid::default() },
             load_predictor: None,
         });
     }
@@ -298,11 +317,15 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
     let load = kept.iter().any(|e| scaling_fields(e).1);
     let mut dims: Vec<(String, Vec<Value>)> = Vec::new();
     let mut knob_dims: Vec<(String, Vec<Value>)> = Vec::new();
+    let mut log = Vec::new();
     let mut add = |name: &str, i: usize, list: Vec<Value>| {
         if matches!(groups[i].1.preset, Preset::Off) {
             let keys: Vec<String> =
                 list.first().and_then(Value::as_object).map(|o| o.keys().cloned().collect()).unwrap_or_default();
             for k in keys {
+                if get(&k).and_then(|v| v.pointer("/range/scale")).and_then(Value::as_str) == Some("log") {
+                    log.push(format!("planner.{k}"));
+                }
                 let mut values: Vec<Value> = Vec::new();
                 for e in &list {
                     if !values.contains(&e[&k]) {
@@ -338,6 +361,7 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
     let names: Vec<String> = ordered.iter().map(|d| d.0.clone()).collect();
     let values: Vec<Vec<Value>> = ordered.into_iter().map(|d| d.1).collect();
     let mut settings: Vec<Setting> = Vec::new();
+    let mut cells = Vec::new();
     for combo in product(&values) {
         let pick = |group: &str| -> Option<Value> {
             if let Some(j) = names.iter().position(|n| n == group) {
@@ -352,11 +376,16 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
             (!parts.is_empty()).then_some(Value::Object(parts))
         };
         let s = materialize(&pick, target, ctx, max_num_gpus, max_replicas, &backtest.winners);
-        if !settings.contains(&s) {
-            settings.push(s);
+        match settings.iter().position(|x| *x == s) {
+            Some(i) => cells.push(i),
+            None => {
+                cells.push(settings.len());
+                settings.push(s);
+            }
         }
     }
-    Ok(PlannerSearch { settings, load_predictor: Some(backtest.state) })
+    let grid = Grid { sizes: values.iter().map(Vec::len).collect(), cells, log, before_router: false };
+    Ok(PlannerSearch { settings, grid, load_predictor: Some(backtest.state) })
 }
 
 /// One point of the space as the adapter materialises it (`materialize_replay`,

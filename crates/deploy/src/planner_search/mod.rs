@@ -41,5 +41,5 @@ pub mod expand;
 pub mod presets;
 pub mod section;
 
-pub use expand::{expand, public_section, PlannerSearch, Setting};
+pub use expand::{expand, public_section, Grid, PlannerSearch, Setting};
 pub use section::Context;

@@ -466,6 +466,7 @@ pub(super) fn read_search(
             shape_sets: vec![Vec::new()],
             knobs: knobs.clone(),
             planners: Vec::new(),
+            planner_grid: Default::default(),
             start: b * per_branch,
         })
         .collect();

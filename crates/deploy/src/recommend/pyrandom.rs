@@ -30,11 +30,17 @@
 //! traffic range the reference samples by value (log, or linear without step) is drawn by value,
 //! a concurrency rounded ties to even.
 //!
+//! A `planner:` section's settings are the Planner adapter's knobs (policy, scaling policy, FPM
+//! sampling, load sensitivity, worker minimums, a group's independent knobs), drawn over their
+//! full product with its duplicates (every disabled-policy point is the one disabled setting):
+//! each knob is a digit, single-valued ones too, and the product point names the setting
+//! servesim's deduplicated list holds for it (`planner_search::Grid`). The router's and the
+//! planner's knobs follow the configuration's section order.
+//!
 //! [`plan`] returns why not (the caller keeps its own ChaCha12 draw, says so in the provenance,
-//! and refuses a continuous range, which only this draw samples) for: a searched planner (the
-//! reference draws over the planner adapter's knob product, servesim lists its distinct
-//! settings), a knob sampled by value beside a planner section, a searched encoder pool, and
-//! backends of one mode searching different grids. AFD (`afd.rs`) builds its own arms, the
+//! and refuses a continuous range, which only this draw samples) for: a planner knob given as a
+//! log range (the reference weights its draw by value), a searched encoder pool, and backends of
+//! one mode searching different grids. AFD (`afd.rs`) builds its own arms, the
 //! topologies, and draws with [`afd_plan`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -412,7 +418,8 @@ pub fn schedule<A: Clone>(
 type GpusOf<'a> = dyn Fn(&(usize, usize)) -> u64 + 'a;
 
 /// Where a sampler's index digit lands in servesim's candidate: a knob's value index, an integer
-/// range's value (min + digit), a step of the router index, or nowhere (a single-valued domain
+/// range's value (min + digit), a step of the router index or of the planner's knob product,
+/// or nowhere (a single-valued domain
 /// of the reference's that servesim's space does not list, such as a fixed KV-relative load or
 /// planner; it still takes a log-weighted draw of its own).
 #[derive(Clone, Debug, PartialEq)]
@@ -420,6 +427,7 @@ enum Slot {
     Knob(usize),
     Integer(usize, u64),
     Router(usize),
+    Planner(usize),
     Unit,
 }
 
@@ -523,12 +531,14 @@ impl Sampler {
             None => s,
         };
         let mut router = self.router_base;
+        let mut planner_point = 0;
         let mut drawn = Vec::new();
         for (slot, &d) in self.slots.iter().zip(&digits) {
             match *slot {
                 Slot::Knob(k) => knob_digit[k] = d as usize,
                 Slot::Integer(k, min) => drawn.push((k, Value::from(min + d))),
                 Slot::Router(stride) => router += d as usize * stride,
+                Slot::Planner(stride) => planner_point += d as usize * stride,
                 Slot::Unit => {}
             }
         }
@@ -541,9 +551,9 @@ impl Sampler {
         for (k, knob) in br.knobs.iter().enumerate() {
             local = local * knob.values.len() + knob_digit[k];
         }
-        // At most one planner setting here (several are refused), so the planner digit is 0.
-        let planners = br.planners.len().max(1);
-        local = (local * space.routers.len().max(1) + router) * planners;
+        // The planner's knob product point names its (deduplicated) setting.
+        let planner = br.planner_grid.cells.get(planner_point).copied().unwrap_or(0);
+        local = (local * space.routers.len().max(1) + router) * br.planners.len().max(1) + planner;
         Pick { index: br.start + s * space.per_shape(b) + local, drawn }
     }
 }
@@ -649,25 +659,21 @@ fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>)
         dims.digits.push(Digit { size: 1, log: None });
         slots.push(Slot::Unit);
     }
-    let by_value = !integers.is_empty() || !dims.floats.is_empty();
-    if br.planners.len() > 1 {
-        return Err(
-            "a searched planner (the reference's adapter knobs, each drawn over the planner's knob product)".into()
-        );
+    if let Some(k) = br.planner_grid.log.first() {
+        return Err(format!("{k} is a log range (the reference's planner adapter weights its draw by value)"));
     }
-    if by_value && !br.planners.is_empty() {
-        // Drawn by value, every single-valued planner knob takes a draw of its own.
-        return Err("a knob sampled by value beside a planner section (the reference's adapter knobs)".into());
-    }
-    // The adapter knobs: the router's (a selector per policy when it searches both, its kv_router
-    // knobs after every other adapter knob), then the planner's, one setting here: its knobs all
-    // single-valued, which leave a draw unweighted by value as it is, wherever they stand.
+    // The adapter knobs in the order of the configuration's sections: the router's (a selector
+    // per policy when it searches both, its kv_router knobs after every other adapter knob) and
+    // the planner's, each of its knobs a digit (single-valued ones too: drawn by value, each
+    // takes a draw of its own), whose product point names the setting it materialises to.
     let planner_digit = |dims: &mut Dims, slots: &mut Vec<Slot>| {
-        if !br.planners.is_empty() {
-            dims.digits.push(Digit { size: 1, log: None });
-            slots.push(Slot::Unit);
+        let sizes = &br.planner_grid.sizes;
+        for (j, &size) in sizes.iter().enumerate() {
+            dims.digits.push(Digit { size: size as u64, log: None });
+            slots.push(Slot::Planner(sizes[j + 1..].iter().product()));
         }
     };
+    let planner_first = br.planner_grid.before_router;
     integers.sort_by_key(|&(rank, ..)| rank);
     let finish = |mut dims: Dims, mut slots: Vec<Slot>, seed: u128, router_base: usize| {
         for &(_, k, min, max) in &integers {
@@ -691,13 +697,18 @@ fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>)
     let mut out = Vec::new();
     for (policy, base) in &policies {
         let (mut dims, mut slots) = (dims.clone(), slots.clone());
+        if planner_first {
+            planner_digit(&mut dims, &mut slots);
+        }
         // The policy selector: one value per sampler when both policies are searched.
         dims.digits.push(Digit { size: 1, log: None });
         slots.push(Slot::Router(0));
         if policies.len() == 1 && policy == "kv_router" {
             kv_digits(&mut dims, &mut slots);
         }
-        planner_digit(&mut dims, &mut slots);
+        if !planner_first {
+            planner_digit(&mut dims, &mut slots);
+        }
         // A conditional arm's knobs come after every other adapter knob.
         if policies.len() > 1 && policy == "kv_router" {
             kv_digits(&mut dims, &mut slots);

@@ -629,7 +629,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         per_mode.into_iter().enumerate()
     {
         mode_knobs.extend(load_knobs.iter().cloned());
-        let planners = match &planner_section {
+        let (planners, planner_grid) = match &planner_section {
             Some(section) => {
                 let ctx = crate::planner_search::Context {
                     target: optimization.target,
@@ -643,9 +643,12 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
                 if m == 0 {
                     planner_backtest = p.load_predictor;
                 }
-                p.settings
+                let at = |key: &str| root.as_object().and_then(|o| o.keys().position(|k| k == key));
+                let mut grid = p.grid;
+                grid.before_router = at("planner") < at("router");
+                (p.settings, grid)
             }
-            None => Vec::new(),
+            None => Default::default(),
         };
         for &backend in &backends {
             let mut knobs = mode_knobs.clone();
@@ -670,6 +673,7 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
                 shape_sets: shape_sets.clone(),
                 knobs: knobs.clone(),
                 planners: planners.clone(),
+                planner_grid: planner_grid.clone(),
                 start,
             });
             // Sizes past usize are refused below before anything indexes them.

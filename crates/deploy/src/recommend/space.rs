@@ -134,6 +134,8 @@ pub(super) struct Branch {
     pub(super) knobs: Vec<Knob>,
     /// Concrete `planner:` sections; empty when the configuration has none.
     pub(super) planners: Vec<crate::planner_search::Setting>,
+    /// The planner adapter's knob grid over `planners` (the reference's random draw).
+    pub(super) planner_grid: crate::planner_search::Grid,
     /// The index of the branch's first candidate in the space.
     pub(super) start: usize,
 }
