@@ -402,11 +402,12 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// SGLang's host-loop replay is refused by name (its neutral `false` is accepted) on the
-    /// roles the reference gives it; on decode it stays an unknown key, as there.
+    /// SGLang's host-loop replay is accepted on the roles the reference gives it (aggregated, and
+    /// prefill in disaggregated mode) with the reference's gates; its frontend stages, host cost
+    /// tables and vision tower are refused by name; on decode it stays an unknown key, as there.
     #[test]
-    fn host_loop_is_refused_by_name() {
-        let config = |role: &str, extra: Value| {
+    fn host_loop_is_gated_as_in_the_reference() {
+        let config_with = |backend: &str, role: &str, extra: Value| {
             let mut worker = json!({"kv_cache": {"capacity": {"type": "fixed", "blocks": 100}},
                                     "timing": {"type": "fixed", "prefill_ms": 1, "decode_ms": 1}});
             for (k, v) in extra.as_object().unwrap() {
@@ -420,19 +421,31 @@ mod tests {
                                         "timing": {"type": "fixed", "prefill_ms": 1, "decode_ms": 1}});
             }
             let mode = if role == "aggregated" { "aggregated" } else { "disaggregated" };
-            let mut root = json!({"engine": {"mode": mode, "backend": "sglang", "model": "m", "hardware": "h",
+            let mut root = json!({"engine": {"mode": mode, "backend": backend, "model": "m", "hardware": "h",
                                              "context_length": 1024, "workers": workers}});
             if mode == "disaggregated" {
                 root["engine"]["kv_transfer"] = json!({"bandwidth_gb_per_second": 50});
             }
-            schema::read_predict(&root).map(|_| ()).map_err(|e| e.to_string())
+            schema::read_predict(&root).map_err(|e| e.to_string())
         };
-        assert_eq!(config("aggregated", json!({"host_loop": false})), Ok(()));
-        let e = config("aggregated", json!({"host_loop": true})).unwrap_err();
-        assert!(e.starts_with("engine.workers.aggregated.host_loop: SGLang host-loop replay"), "{e}");
+        let config = |role: &str, extra: Value| config_with("sglang", role, extra).map(|_| ());
+        let host_loop = |role: &str, extra: Value| {
+            let c = config_with("sglang", role, extra).unwrap();
+            [c.engine.aggregated, c.engine.prefill].into_iter().flatten().any(|w| w.host_loop)
+        };
+        assert!(!host_loop("aggregated", json!({"host_loop": false})));
+        assert!(!host_loop("aggregated", json!({})));
+        assert!(host_loop("aggregated", json!({"host_loop": true})));
+        assert!(host_loop("prefill", json!({"host_loop": true})));
+        let e = config_with("vllm", "aggregated", json!({"host_loop": true})).map(|_| ()).unwrap_err();
+        assert_eq!(e, "engine.workers.aggregated.host_loop: host_loop is supported only for backend=sglang");
+        let e = config("aggregated", json!({"host_loop": true, "parallelism": {"attention_data": 2}})).unwrap_err();
+        assert!(e.starts_with("engine.workers.aggregated.host_loop: native VL replay requires"), "{e}");
+        assert!(e.contains("attention_data=1"), "{e}");
+        let e = config("aggregated", json!({"host_loop": true, "frontend": {"stages": []}})).unwrap_err();
+        assert!(e.starts_with("engine.workers.aggregated.frontend: SGLang host-loop frontend stages"), "{e}");
         assert!(e.ends_with("is not supported by servesim yet"), "{e}");
-        assert!(config("prefill", json!({"host_loop": true})).unwrap_err().contains("host-loop replay"));
-        assert!(config("aggregated", json!({"frontend": {}})).unwrap_err().contains("frontend: SGLang host-loop"));
+        assert!(config("prefill", json!({"vision": {}})).unwrap_err().contains("vision: SGLang host-loop"));
         assert!(config("decode", json!({"host_loop": true})).unwrap_err().contains("unknown key"));
         // Every reference mode is accepted, in any case (servesim-perf refuses the op families
         // it has no estimate for, by name, when the timing is built).

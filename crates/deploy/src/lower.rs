@@ -39,6 +39,8 @@ pub struct LoweredWorker {
     /// `ais` prefill load model reads it (the reference builds it from the engine and the
     /// role's worker even when they run fixed or polynomial timing).
     pub ais_config: Value,
+    /// SGLang's host-loop replay (set on the engine once the arguments are read).
+    pub host_loop: bool,
 }
 
 /// The engines of a configuration, before the workload is read.
@@ -176,6 +178,10 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         a.insert("async_scheduling".into(), json!(true));
     }
     a.insert("enable_prefix_caching".into(), json!(w.prefix_caching));
+    if w.host_loop {
+        // The reference's SGLang reads its chunk budget from `max_batched_tokens` on this path only.
+        a.insert("sglang".into(), json!({"chunked_prefill_size": w.max_batched_tokens}));
+    }
     a.insert("startup_time".into(), json!(w.startup_seconds));
     a.insert("tensor_parallel_size".into(), json!(w.parallelism.tensor));
     a.insert("dp_size".into(), json!(w.parallelism.attention_data));
@@ -315,6 +321,7 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         gpus: w.parallelism.gpus(),
         provenance,
         ais_config: ais,
+        host_loop: w.host_loop,
     })
 }
 
@@ -369,6 +376,7 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
         (u64::from(w.intervals.0), u64::from(w.intervals.1));
     // aisimulate's SGLang prefill worker caches a prompt while its KV moves.
     args.engine.sglang.cache_held_prompts = true;
+    args.engine.sglang.host_loop = w.host_loop;
     Ok(args)
 }
 

@@ -280,3 +280,61 @@ fn a_held_prompt_is_cached_while_its_kv_moves_when_asked() {
         assert!(!e.has_work());
     }
 }
+
+fn host_loop_engine() -> Engine {
+    let mut cfg = EngineConfig::parse_json(&format!(
+        r#"{{"engine_type": "sglang", {FIXED}, "block_size": 16, "num_gpu_blocks": 1000}}"#
+    ))
+    .unwrap();
+    cfg.sglang.host_loop = true;
+    Engine::new(cfg, EngineOptions { record_kv_events: false, engine_index: 0, timing_jitter: None })
+}
+
+fn token_ids(p: &PassOutput) -> Vec<u64> {
+    ids(p.tokens.iter().map(|t| t.request))
+}
+
+/// The host loop (aisimulate's replay of SGLang's overlap scheduler), as the reference runs
+/// it (probed with fixed timing, 10 ms prefill and 3 ms decode passes, here scaled to 40 and
+/// 10): a request that arrives while a pass runs is received when the next pass begins and is
+/// prefilled in the pass after that; a request whose last token came from a pass is still in the
+/// next decode batch, which runs even with nobody else in it. Without the loop the arrival is
+/// prefilled in the very next pass.
+#[test]
+fn the_host_loop_receives_at_pass_boundaries_and_sees_finishes_one_pass_late() {
+    let mut e = host_loop_engine();
+    e.submit(request(1, tokens(64, 1), 1));
+    let p = step(&mut e, 0.0);
+    assert_eq!((p.end_ms, token_ids(&p), ids(p.finished.iter().map(|f| f.request))), (40.0, vec![1], vec![1]));
+    // Arrives at 20, during the prefill.
+    e.submit(request(2, tokens(64, 2), 2));
+    let p = step(&mut e, 40.0);
+    assert_eq!((p.end_ms, token_ids(&p), p.decode.batch, p.prefill_tokens), (50.0, vec![], 1, 0));
+    let p = step(&mut e, 50.0);
+    assert_eq!((p.end_ms, token_ids(&p)), (90.0, vec![2]));
+    let p = step(&mut e, 90.0);
+    assert_eq!((p.end_ms, token_ids(&p), p.decode.batch), (100.0, vec![2], 1));
+    // Request 2's phantom pass, then nothing.
+    let p = step(&mut e, 100.0);
+    assert_eq!((p.end_ms, token_ids(&p), p.decode.batch), (110.0, vec![], 1));
+    assert!(!e.has_work());
+
+    // A request that arrives during the phantom pass, when the loop has nothing else to run,
+    // is received when that pass ends and runs at once.
+    let mut e = host_loop_engine();
+    e.submit(request(1, tokens(64, 1), 2));
+    assert_eq!(step(&mut e, 0.0).end_ms, 40.0);
+    assert_eq!(token_ids(&step(&mut e, 40.0)), vec![1]);
+    assert_eq!(step(&mut e, 50.0).decode.batch, 1);
+    e.submit(request(2, tokens(64, 2), 2));
+    let p = step(&mut e, 60.0);
+    assert_eq!((p.end_ms, token_ids(&p)), (100.0, vec![2]));
+
+    // The plain scheduler prefills the arrival in the next pass.
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 1000"#);
+    e.submit(request(1, tokens(64, 1), 1));
+    step(&mut e, 0.0);
+    e.submit(request(2, tokens(64, 2), 2));
+    let p = step(&mut e, 40.0);
+    assert_eq!((p.end_ms, token_ids(&p)), (80.0, vec![2]));
+}

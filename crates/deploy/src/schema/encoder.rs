@@ -158,6 +158,14 @@ pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), Deploy
         }
         (Some(_), Some(_)) => {}
     }
+    let language = engine.aggregated.as_ref().or(engine.prefill.as_ref());
+    if language.is_some_and(|w| w.host_loop) {
+        return Err(DeployError::new(
+            format!("{workers}.encoder"),
+            "engine.workers.encoder (analytical EPD) and the language worker's host_loop or vision (native VL \
+             replay) are exclusive",
+        ));
+    }
     let images = images.expect("matched");
     if images.pool.is_some() {
         return Err(DeployError::new(

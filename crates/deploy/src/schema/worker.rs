@@ -77,6 +77,8 @@ pub struct Worker {
     /// `timing`'s quantisation and attention-backend overrides of the engine's controls.
     pub timing_controls: Controls,
     pub startup_seconds: f64,
+    /// SGLang's host-loop replay (`host_loop`, aggregated or prefill worker).
+    pub host_loop: bool,
 }
 
 pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
@@ -312,9 +314,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
         }
     };
-    if role != "decode" {
-        read_host_loop(&mut w)?;
-    }
+    let host_loop = if role != "decode" { read_host_loop(&mut w, backend, &p)? } else { false };
     let startup_seconds = w.nonneg("startup_seconds", false)?.unwrap_or(0.0);
     w.finish()?;
     Ok(Worker {
@@ -337,22 +337,35 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         systems_paths,
         timing_controls,
         startup_seconds,
+        host_loop,
     })
 }
 
 /// The reference's host-aware settings of an aggregated or prefill worker: `host_loop` replays
-/// each pass as one SGLang overlap-scheduler iteration (requests admitted at iteration
-/// boundaries, a forward's outputs visible one iteration later), with optional frontend stages
-/// ahead of it. servesim replays the plain scheduler: only `host_loop: false` is accepted.
-fn read_host_loop(w: &mut Reader) -> Result<(), DeployError> {
-    let what = "SGLang host-loop replay (overlap-scheduler iterations, frontend stages and vision tower)";
+/// each pass as one SGLang overlap-scheduler iteration (requests received at iteration
+/// boundaries, a forward's outputs seen by the scheduler one iteration later; see the engine's
+/// `sglang` module). Its frontend stages, measured host cost tables and vision tower are not
+/// modelled and are refused by name. The reference's gates: SGLang only, one pipeline stage, no
+/// attention DP, no context parallelism.
+fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<bool, DeployError> {
+    let what = "SGLang host-loop frontend stages, measured host cost tables and the vision tower";
     for key in ["frontend", "host_profile", "vision"] {
         unsupported(w, key, what)?;
     }
-    if w.flag("host_loop")? == Some(true) {
-        return Err(w.err("host_loop", format!("{what} is not supported by servesim yet")));
+    if w.flag("host_loop")? != Some(true) {
+        return Ok(false);
     }
-    Ok(())
+    if backend != "sglang" {
+        return Err(w.err("host_loop", "host_loop is supported only for backend=sglang"));
+    }
+    if p.pipeline != 1 || p.attention_data != 1 || p.prefill_context != 1 || p.decode_context != 1 {
+        return Err(w.err(
+            "host_loop",
+            "native VL replay requires the host-aware worker's parallelism with pipeline=1, attention_data=1, \
+             prefill_context=1 and decode_context=1",
+        ));
+    }
+    Ok(true)
 }
 
 /// `kv_cache.state_cache` and `kv_cache.prefix_match_unit` as read: the state bytes a request

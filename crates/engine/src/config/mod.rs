@@ -116,6 +116,10 @@ pub struct SglangSettings {
     /// moves to the decode side (aisimulate's engine), rather than once the decode side has it
     /// (Dynamo's mocker, the default). Not an engine argument: the unified YAML sets it.
     pub cache_held_prompts: bool,
+    /// Replay each pass as one iteration of SGLang's overlap scheduler (aisimulate's
+    /// `host_loop`): requests are received at iteration boundaries and a request is known to be
+    /// finished one pass after its last token. Not an engine argument: the unified YAML sets it.
+    pub host_loop: bool,
 }
 
 impl Default for SglangSettings {
@@ -127,6 +131,7 @@ impl Default for SglangSettings {
             clip_max_new_tokens: 4096,
             schedule_conservativeness: 1.0,
             cache_held_prompts: false,
+            host_loop: false,
         }
     }
 }

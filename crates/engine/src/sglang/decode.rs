@@ -83,7 +83,10 @@ impl SglangEngine {
             self.destinations.bump();
         }
         let mut end = decode_start;
-        if !self.running.is_empty() {
+        if self.running.is_empty() && !self.phantoms.is_empty() {
+            // Host loop: only requests already finished are in the batch; it still runs.
+            end = self.decode_running(decode_start, out);
+        } else if !self.running.is_empty() {
             // Retraction is over: the running batch and its growth are as computed last.
             let need = (total_growth / self.page as u64) as u32;
             if self.make_room(need) {
@@ -121,9 +124,11 @@ impl SglangEngine {
         // Σ sequence lengths, not capped at the capacity: requests that share a cached prefix
         // count it once each, so the sum may exceed the pool, and the reference times the pass
         // on the whole sum (its mean context) as well.
-        let context: u64 = self.running.iter().map(|&s| self.reqs[s].len() as u64).sum();
+        // Host loop: requests that finished in the previous pass are still in the batch.
+        let batch = self.running.iter().chain(self.phantoms.iter());
+        let context: u64 = batch.map(|&s| self.reqs[s].len() as u64).sum();
         let shape = DecodeShape {
-            batch: self.running.len() as u32,
+            batch: (self.running.len() + self.phantoms.len()) as u32,
             context_tokens: context,
             capacity_tokens: self.cfg.kv_capacity_tokens(),
         };

@@ -25,6 +25,15 @@
 //! every rank when a shared pass begins and ends ([`SglangEngine::begin_group_pass`],
 //! [`SglangEngine::end_group_pass`]); a rank driven alone is a group of one.
 //!
+//! **Host loop** (`sglang.host_loop`, aisimulate's replay of SGLang's overlap scheduler): the
+//! CPU forms the batch of pass k+1 while pass k runs, then processes pass k's results when it
+//! ends. Hence (i) a request is received at the iteration boundary after it arrives (the start
+//! of a pass, or at once when nothing runs) and can join the pass after the one starting then;
+//! when that pass would have had nothing to run, the loop forms the next one with it at the
+//! boundary itself; (ii) a request whose last token comes from pass k is still in pass k+1's
+//! batch (its decode slot is counted, its pages held) and leaves when pass k+1 ends. Tokens
+//! become visible when their pass ends, as without the loop.
+//!
 //! Full pages enter the radix tree as soon as their tokens have slots (`cache.rs`; see [`radix`]
 //! for the least-recently-used order); KV events are reported for pages entering and leaving
 //! the tree. Disaggregated workers use the hooks in `handoff.rs`.
@@ -124,6 +133,15 @@ pub struct SglangEngine {
     prefill_in_pass: bool,
     model_work_in_pass: bool,
     interval_idle_in_pass: bool,
+    /// Host loop: requests submitted since the last pass began (not yet received).
+    inbox: Vec<u32>,
+    /// Host loop: the end of the last pass that ran something (a pass beginning then follows
+    /// it back to back, so its batch was formed when that one began).
+    last_busy_end: Option<f64>,
+    /// Host loop: requests finished in the last pass, still in the batch of the next one
+    /// (`lingering`), and those of the current pass's batch (`phantoms`).
+    lingering: Vec<u32>,
+    phantoms: Vec<u32>,
 }
 
 impl SglangEngine {
@@ -170,6 +188,10 @@ impl SglangEngine {
             prefill_in_pass: false,
             model_work_in_pass: false,
             interval_idle_in_pass: false,
+            inbox: Vec::new(),
+            last_busy_end: None,
+            lingering: Vec::new(),
+            phantoms: Vec::new(),
             cfg,
         }
     }
@@ -243,6 +265,10 @@ impl SglangEngine {
             reqs.take_from(&mut self.running, id)
                 .or_else(|| reqs.take_from(&mut self.waiting, id))
                 .or_else(|| reqs.take_from(&mut self.arrived, id))
+                .or_else(|| {
+                    let pos = self.inbox.iter().position(|&s| reqs[s].id == id)?;
+                    Some(self.inbox.remove(pos))
+                })
         });
         let Some(slot) = found else { return false };
         self.release(slot);
@@ -271,7 +297,11 @@ impl SglangEngine {
     pub fn submit(&mut self, request: EngineRequest) {
         let req = self.sequence(request);
         let slot = self.reqs.insert(req);
-        self.waiting.push_back(slot);
+        if self.cfg.sglang.host_loop {
+            self.inbox.push(slot);
+        } else {
+            self.waiting.push_back(slot);
+        }
     }
 
     /// Whether a pass would have anything to do (a round of the interval still to count down
@@ -280,6 +310,8 @@ impl SglangEngine {
         !self.running.is_empty()
             || !self.waiting.is_empty()
             || !self.arrived.is_empty()
+            || !self.inbox.is_empty()
+            || !self.lingering.is_empty()
             || self.prefill_rounds_remaining > 0
     }
 
@@ -293,7 +325,7 @@ impl SglangEngine {
         // output yet (a chunked prefill in progress included) queues its whole prompt as
         // prefill; one with output (retracted) or a transferred one queues its sequence as
         // decode.
-        for &slot in self.waiting.iter().chain(self.arrived.iter()) {
+        for &slot in self.waiting.iter().chain(self.arrived.iter()).chain(self.inbox.iter()) {
             let req = &self.reqs[slot];
             if req.generated > 0 || req.transferred {
                 q.decode_requests += 1;
@@ -311,7 +343,7 @@ impl SglangEngine {
     }
 
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len() + self.arrived.len() + self.destinations.len()
+        self.waiting.len() + self.arrived.len() + self.inbox.len() + self.destinations.len()
     }
 
     /// Pages held by requests or locked in the cache.
@@ -361,6 +393,10 @@ impl SglangEngine {
                 self.cache_pages(slot, full);
             }
             self.parked.insert(id, slot);
+        } else if self.cfg.sglang.host_loop {
+            // The loop learns it finished when this pass's results are processed, after it
+            // formed the next batch.
+            self.lingering.push(slot);
         } else {
             self.retire(slot);
         }
@@ -381,6 +417,11 @@ impl SglangEngine {
         out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
     }
 
+    /// Host loop: the requests submitted so far are received (queued behind the waiting ones).
+    fn receive_inbox(&mut self) {
+        self.waiting.extend(self.inbox.drain(..));
+    }
+
     pub fn step(&mut self, now_ms: f64, out: &mut PassOutput) {
         out.clear();
         out.start_ms = now_ms;
@@ -389,6 +430,17 @@ impl SglangEngine {
             self.begin_group_pass();
         }
         self.deferred = self.prefill_rounds_remaining > 0;
+        let host_loop = self.cfg.sglang.host_loop;
+        // Host loop: back to back with a busy pass, this pass's batch was formed when that one
+        // began, before the requests that came since were received.
+        let formed_earlier = host_loop && self.last_busy_end == Some(now_ms);
+        if host_loop {
+            self.phantoms = std::mem::take(&mut self.lingering);
+            let idle_then = self.running.is_empty() && self.waiting.is_empty() && self.phantoms.is_empty();
+            if !formed_earlier || idle_then {
+                self.receive_inbox();
+            }
+        }
         // Transferred requests (decode worker) join the batch; while some still wait for a
         // slot, nothing new is prefilled.
         let max_running = self.cfg.max_num_seqs.map_or(usize::MAX, |m| m as usize);
@@ -439,6 +491,16 @@ impl SglangEngine {
             self.model_work_in_pass = self.prefill_in_pass;
             decode_start
         };
+        if host_loop {
+            // The requests that came while this batch was formed are received now; those that
+            // finished in the previous pass leave.
+            self.receive_inbox();
+            let busy = out.prefill_tokens > 0 || out.decode_forwards > 0 || !self.phantoms.is_empty();
+            self.last_busy_end = busy.then_some(out.end_ms);
+            for slot in std::mem::take(&mut self.phantoms) {
+                self.retire(slot);
+            }
+        }
         out.kv_events.append(&mut self.events);
         out.stored_tokens.append(&mut self.stored_tokens);
         if !grouped {
