@@ -12,9 +12,13 @@ them cached) and the static decode step (4 requests at context_length 2048, serv
 fraction) at the config's `dcp` (and `cp_size`).
 
 The DSA cases (DeepSeek-V3.2, GLM-5.x) are vLLM decode CP and SGLang prefill CP (`cp_size`, the
-experts over the CP ranks); GLM-5.2 runs on B200, the others on H200.
+experts over the CP ranks); GLM-5.2 runs on B200, the others on H200. Kimi-K3 is SGLang decode CP
+on B300 (its MLA layers striped, the query side replicated; dcp 1 for the capacity beside it).
+
+`--only MODEL` prints just that model's cases.
 """
 import json
+import sys
 
 from aisimulate_core.sdk import RustForwardPassPerfModel
 from aisimulate_core.sdk.memory.kv_cache import estimate_num_gpu_blocks
@@ -32,11 +36,20 @@ CASES = [
       "dcp": 1}, 1),
     ({"model": "nvidia/GLM-5.2-NVFP4", "system": "b200_sxm", "backend": "sglang", "tp": 1, "moe_tp_size": 1,
       "moe_ep_size": 4, "cp_size": 4, "dcp": 1}, 1),
+    ({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8, "dcp": 2}, 1),
+    ({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8, "dcp": 8}, 1),
+    ({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 8, "moe_tp_size": 1,
+      "moe_ep_size": 8, "dcp": 1}, 1),
 ]
 
 
 def main():
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     for cfg, block in CASES:
+        if only and cfg["model"] != only:
+            continue
         cfg = {"system": "h200_sxm", "worker_type": "aggregated", **cfg}
         model = RustForwardPassPerfModel.best_available(dict(cfg))
         step = lambda prefill, **kw: sum(

@@ -932,7 +932,10 @@ fn pipeline_and_prefill_context_parallelism_match_the_reference() {
         "prefill-cp-vllm",
         &yaml,
         &["engine.backend=vllm"],
-        &["engine.workers.aggregated.timing", "context parallelism (cp_size=2) is not supported on backend=\"vllm\""],
+        &[
+            "engine.workers.aggregated.timing",
+            "Context parallelism (cp_size=2) is not supported for model_family='LLAMA' on backend='vllm'",
+        ],
     );
     refused(
         "prefill-cp-tp",
@@ -990,7 +993,7 @@ fn prefill_context_parallelism_beside_experts_matches_the_reference() {
         "prefill-cp-msa",
         &yaml,
         &["engine.model=MiniMaxAI/MiniMax-M3", &format!("{par}.prefill_context=8"), &format!("{par}.moe_expert=8")],
-        &["MiniMaxAI/MiniMax-M3: context parallelism (cp_size=8) is modelled for dense models, Gemma 4, the plain and hybrid MoE families, the MLA family (DeepSeek-V3 / R1 / V3.1, Kimi-K2.5), DSA (GLM-5.x) and DeepSeek-V4 only"],
+        &["Context parallelism (cp_size=8) is not supported for model_family='MINIMAXM3' on backend='sglang'. The model class must override ``supports_cp`` and implement CP in its op pipeline."],
     );
 }
 
@@ -1130,6 +1133,28 @@ fn dsa_context_parallelism_matches_the_reference() {
 /// vLLM (LSE all-gather + reduce-scatter merge) and SGLang (all-to-all merge), GQA on vLLM where
 /// TP replicates the KV heads. The decode attention, the merges and the cached-stripe gathers of
 /// the mixed passes are the reference's op for op, so the latencies agree to rounding.
+/// SGLang decode CP 2 of Kimi-K3 on B300 TEP8 against the reference's prediction (the YAML says
+/// how it was recorded): the MLA layers' striped decode with the query side replicated and the
+/// all-to-all merge, the KDA layers untouched, the KV capacity net of the unstriped KDA state.
+/// vLLM has no Kimi-K3 DCP path, in the reference's words.
+#[test]
+fn kimi_k3_decode_context_parallelism_matches_the_reference() {
+    let name = "predict_dcp_kimi_k3_sglang";
+    let Some((ours, reference, worst)) = compare_with_reference(name) else { return };
+    for key in ["mean_ttft_ms", "p90_ttft_ms", "mean_itl_ms", "p90_itl_ms"] {
+        let (x, y) = (ours[key].as_f64().unwrap(), reference[key].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
+    }
+    assert!(worst < 1e-9, "{name}: {worst}");
+    let yaml = std::fs::read_to_string(deploy_dir().join(format!("{name}.yaml"))).unwrap();
+    refused(
+        "dcp-kimi-k3-vllm",
+        &yaml,
+        &["engine.backend=vllm"],
+        &["Decode context parallelism (dcp_size=2) is not supported for model_family='KIMIK3' on backend='vllm'"],
+    );
+}
+
 #[test]
 fn decode_context_parallelism_matches_the_reference() {
     for name in ["predict_dcp_deepseek_v3_vllm", "predict_dcp_kimi_k25_sglang", "predict_dcp_qwen3_moe_vllm"] {

@@ -23,10 +23,14 @@
 //!
 //! Modelled where the reference's model classes claim it: multi-head latent attention
 //! (DeepSeek-V3 family, Kimi-K2.5) on vLLM and SGLang, DSA on vLLM (FlashMLA sparse: fp8 KV
-//! unless the FlashInfer sparse backend is pinned), and GQA (Llama-style dense, plain MoE)
-//! on vLLM while `dcp ≤ tp / kv_heads` (DCP only de-duplicates KV heads that TP replicates).
+//! unless the FlashInfer sparse backend is pinned), Kimi-K3's MLA layers on SGLang (its KDA
+//! layers keep no KV), and GQA (Llama-style dense, plain MoE) on vLLM while
+//! `dcp ≤ tp / kv_heads` (DCP only de-duplicates KV heads that TP replicates).
 //! The merge style and the replicated query projection (the reference's `dcp_comm`,
-//! `dcp_q_replicate`) are the backends' defaults: the AIS config has no key for them.
+//! `dcp_q_replicate`) are the backends' defaults: the AIS config has no key for them. The
+//! query side is replicated only for Kimi-K3 on SGLang (its model override's default): the
+//! decode q_b projection and absorb BMM run for the group's `n · dcp` heads on every rank and
+//! the query all-gather goes.
 
 use crate::db::Dtype;
 use crate::error::{PerfError, Result};
@@ -84,6 +88,28 @@ fn reference_family(architecture: &str) -> &str {
     }
 }
 
+/// The reference's refusal of prefill context parallelism (`cp_size > 1`) on `architecture`
+/// and `backend`, in its words: every model class that claims prefill CP claims it on SGLang
+/// only, and MiniMax-M3, Qwen3.5, Nemotron-H / Nemotron-NAS, Kimi-K3, DeepSeek-V4.1 and
+/// GLM-5.3-Flash claim it nowhere. `None` where the reference would build the graph, or does not
+/// know the architecture (servesim's own gate decides then).
+pub(crate) fn prefill_cp_refusal(architecture: &str, backend: &str, cp: u32) -> Option<PerfError> {
+    let family = reference_family(architecture);
+    let claimed = match family {
+        "LLAMA" | "QWEN3VL" | "MISTRAL3" | "MOE" | "QWEN3VL_MOE" | "HYBRIDMOE" | "STEP3P7" | "GEMMA4MIX"
+        | "DEEPSEEK" | "KIMIK25" | "DEEPSEEKV32" | "DEEPSEEKV4" | "MUSEGLIMMER" => backend == "sglang",
+        "KIMIK3" | "NEMOTRONNAS" | "NEMOTRONH" | "MINIMAXM3" | "QWEN35" | "DEEPSEEKV41" | "GLM53FLASH" => false,
+        _ => return None,
+    };
+    (!claimed).then(|| {
+        PerfError::unsupported(format!(
+            "Context parallelism (cp_size={cp}) is not supported for model_family='{family}' on \
+             backend='{backend}'. The model class must override ``supports_cp`` and implement CP in its op \
+             pipeline."
+        ))
+    })
+}
+
 /// Whether the reference's model class of `family` claims decode CP on `backend`.
 fn claimed(family: &str, backend: &str) -> bool {
     match family {
@@ -120,13 +146,15 @@ pub fn check(m: &ModelSpec, l: &Layout, attention_backend: Option<&str>) -> Resu
         && m.glimmer.is_none()
         && m.kimi_k3.is_none();
     let gqa = match m.family {
+        // Kimi-K3 stripes its MLA layers' latent KV; the KDA layers keep none.
+        Family::Moe if m.kimi_k3.is_some() && m.mla.is_some() => false,
         Family::Dsa if plain && m.dsa.is_some() => false,
         Family::Mla if plain && m.dsa.is_none() && m.mla.is_some() => false,
         Family::Dense | Family::Moe if plain && m.mla.is_none() => true,
         _ => {
             return Err(PerfError::unsupported(format!(
                 "{}: decode context parallelism (dcp={dcp}) of {} ({family}) is timed by the reference but not \
-                 modelled by servesim (it models multi-head latent attention and plain GQA models)",
+                 modelled by servesim (it models multi-head latent attention, Kimi-K3 and plain GQA models)",
                 m.name, m.architecture
             )))
         }
@@ -180,6 +208,7 @@ pub fn apply(
         return Ok(());
     }
     check(m, l, attention_backend)?;
+    let q_replicate = replicates_q(m, l);
     let latent = match &m.dsa {
         Some(DsaSpec { kv_dims: [lora, rope, _], .. }) => Some((lora + rope, *lora)),
         None => m.mla.map(|d| (d.kv_lora_rank + d.qk_rope_head_dim, d.kv_lora_rank)),
@@ -193,10 +222,11 @@ pub fn apply(
         }
         let mut hit = None;
         let op = stripe_decode(op, dcp, latent, &mut hit);
+        let op = if q_replicate { replicate_q_side(op, dcp) } else { op };
         let name = op.name().to_string();
         rewritten.push(op);
         if let Some(hit) = hit {
-            rewritten.extend(merge_ops(&name, hit, l));
+            rewritten.extend(merge_ops(&name, hit, l, q_replicate));
             touched += 1;
         }
     }
@@ -252,6 +282,39 @@ fn stripe_decode(op: Op, dcp: u32, latent: Option<(u32, u32)>, hit: &mut Option<
     }
 }
 
+/// Whether every rank runs the query side for the whole DCP group (SGLang's
+/// `--dcp-replicate-q-proj`): Kimi-K3's SGLang override turns it on under its default
+/// all-to-all merge, every other model leaves it off (the AIS config has no key for it).
+fn replicates_q(m: &ModelSpec, l: &Layout) -> bool {
+    m.kimi_k3.is_some() && l.backend == "sglang"
+}
+
+/// `op` with a replicated query side: the decode q_b projection and the absorb BMM ahead of the
+/// attention run for the group's `n · dcp` heads on every rank, `dcp` times the work.
+fn replicate_q_side(op: Op, dcp: u32) -> Op {
+    let q_side = |name: &str| name.contains("q_b") || name.contains("bmm_pre");
+    match op {
+        Op::Fallback { name, primary, fallback } => {
+            let primary = Box::new(replicate_q_side(*primary, dcp));
+            let fallback = fallback.into_iter().map(|o| replicate_q_side(o, dcp)).collect();
+            Op::Fallback { name, primary, fallback }
+        }
+        Op::Overlap { name, a, b } => {
+            let a = a.into_iter().map(|o| replicate_q_side(o, dcp)).collect();
+            let b = b.into_iter().map(|o| replicate_q_side(o, dcp)).collect();
+            Op::Overlap { name, a, b }
+        }
+        Op::Gemm { name, scale, n, k, dtype, logits, fp8_input } if q_side(&name) => {
+            Op::Gemm { name, scale: scale * dcp as f64, n, k, dtype, logits, fp8_input }
+        }
+        Op::MlaBmm(mut b) if q_side(&b.name) => {
+            b.scale *= dcp as f64;
+            Op::MlaBmm(b)
+        }
+        other => other,
+    }
+}
+
 /// `op` with its context attention gathering the cached stripes first.
 fn stripe_context(op: Op, dcp: u32, kv_bytes: f64) -> Op {
     let wrap = |op: Op, elements: f64, scale: f64| {
@@ -289,7 +352,7 @@ fn stripe_context(op: Op, dcp: u32, kv_bytes: f64) -> Op {
 
 /// The collectives (and their element-wise passes) that merge one decode attention op's
 /// partial outputs over the DCP group, named after the op.
-fn merge_ops(name: &str, hit: Hit, l: &Layout) -> Vec<Op> {
+fn merge_ops(name: &str, hit: Hit, l: &Layout, q_replicate: bool) -> Vec<Op> {
     let dcp = l.dcp;
     let Hit { scale, heads, q_dim, v_dim, topk } = hit;
     let gathered = (heads * dcp) as f64;
@@ -310,7 +373,11 @@ fn merge_ops(name: &str, hit: Hit, l: &Layout) -> Vec<Op> {
     };
     // With fp8 attention the query is quantised before it is gathered.
     let q_dtype = if l.fmha == Dtype::Fp8 { "fp8" } else { "half" };
-    let mut ops = vec![nccl("q_all_gather", "all_gather", q_dtype, gathered * q_dim)];
+    // A replicated query side has every head's query on every rank already.
+    let mut ops = Vec::new();
+    if !q_replicate {
+        ops.push(nccl("q_all_gather", "all_gather", q_dtype, gathered * q_dim));
+    }
     if topk > 0 {
         // Each candidate an fp32 score and an int32 id: four half slots.
         let packed = f64::from(topk) * 4.0;

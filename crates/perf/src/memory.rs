@@ -130,11 +130,15 @@ pub fn kv_capacity_for(
         })?;
         d.kv_tokens(kv, u64::from(requests), &est.layout.backend)?
     } else if let Some(k) = &m.kimi_k3 {
-        // One request's KDA state (all its slots) comes out of the budget first.
-        let left = kv - crate::kimi_k3::state_bytes_per_request(k, est.layout.tp);
-        if left <= 0.0 || per_token <= 0.0 {
+        // One request's KDA state (all its slots) comes out of the rank's budget first: it is
+        // rank-local, only the MLA layers' latent KV is striped by decode CP. (The reference
+        // scales the rest by dcp and adds the state back before taking it off again.)
+        let state = crate::kimi_k3::state_bytes_per_request(k, est.layout.tp);
+        let rest = kv_rank - state;
+        if rest <= 0.0 || per_token <= 0.0 {
             0
         } else {
+            let left = rest * est.layout.dcp.max(1) as f64 + state - state;
             (left / per_token).floor() as u64
         }
     } else if let Some(q) = &m.qwen35 {

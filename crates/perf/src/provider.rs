@@ -887,6 +887,10 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         )));
     }
     if cfg.cp_size > 1 {
+        // A model class the reference gives no prefill CP is refused in its words first.
+        if let Some(e) = crate::dcp::prefill_cp_refusal(&model.architecture, &cfg.backend, cfg.cp_size) {
+            return Err(e);
+        }
         // The reference prices prefill CP only on SGLang (vLLM's context parallelism is the
         // decode-side DCP), as a pure-CP attention group.
         if cfg.backend != "sglang" {

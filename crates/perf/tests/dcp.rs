@@ -104,6 +104,44 @@ fn dsa_context_parallelism_goldens() {
     assert_eq!(names[..6], want[..], "{names:?}");
 }
 
+/// Kimi-K3 SGLang decode CP on B300 TEP8 against `$AISIM_REF_VENV/bin/python scripts/dcp_goldens.py
+/// --only moonshotai/Kimi-K3` (aisimulate 0.13), the same steps and capacity as above: only the MLA
+/// layers stripe (the KDA layers keep no KV), the query side is replicated (SGLang's Kimi-K3
+/// default: the q_b projection and absorb BMM at `dcp` times the heads, no query all-gather), the
+/// outputs merge by all-to-all; the rank's budget loses one request's whole KDA state before the
+/// rest holds `dcp` times the MLA tokens (dcp 1 beside it).
+#[test]
+fn kimi_k3_dcp_goldens() {
+    if !data_available("b300_sxm") {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping the Kimi-K3 DCP goldens");
+        return;
+    }
+    let k3 = |dcp: u32| {
+        json!({"model": "moonshotai/Kimi-K3", "system": "b300_sxm", "backend": "sglang", "tp": 8,
+               "moe_tp_size": 1, "moe_ep_size": 8, "dcp": dcp})
+    };
+    for (dcp, prefill, decode, blocks) in [
+        (2, 227.85005155135696, 16.219278751692173, 3956299u64),
+        (8, 228.01658155135695, 17.411727960864933, 15825199),
+        (1, 227.28353155135693, 15.518014288004851, 1978149),
+    ] {
+        let e = est_with(k3(dcp));
+        close(e.prefill_ms(4, 2048, 1024).unwrap(), prefill);
+        close(e.decode_ms(4, 2049).unwrap(), decode);
+        let kv = servesim_perf::memory::kv_capacity(&e, None, 8192, 1, 0.0).unwrap();
+        assert_eq!(kv.blocks, blocks, "Kimi-K3 dcp{dcp}: {kv:?}");
+    }
+    let names: Vec<String> = est_with(k3(2))
+        .decode_ops(4, 2049)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.contains("_dcp_"))
+        .collect();
+    let want = ["a2a_pack", "out_all_to_all", "a2a_combine"].map(|s| format!("generation_attention_dcp_{s}"));
+    assert_eq!(names, want, "no query all-gather beside the replicated query side");
+}
+
 /// The merge's collectives follow the attention op they merge, named after it; a decode-only
 /// step without DCP has none, and the striped decode is cheaper per KV token but pays them.
 #[test]

@@ -262,9 +262,10 @@ fn pipeline_and_prefill_cp_goldens() {
         ),
     ];
     check_layout_steps(cases);
-    // The reference's layout rules: prefill CP on SGLang only, as a pure-CP attention group.
+    // The reference's layout rules: prefill CP on SGLang only (its model classes claim no other
+    // backend), as a pure-CP attention group.
     let e = refuse(json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "vllm", "cp_size": 2}));
-    assert!(e.contains("sglang only"), "{e}");
+    assert!(e.contains("is not supported for model_family='LLAMA' on backend='vllm'"), "{e}");
     let e =
         refuse(json!({"model": "Qwen/Qwen3-32B", "system": "h200_sxm", "backend": "sglang", "tp": 2, "cp_size": 2}));
     assert!(e.contains("sglang CP requires tp_size=1 and attention_dp_size=1"), "{e}");
@@ -319,12 +320,38 @@ fn mla_prefill_cp_goldens() {
         ),
     ];
     check_layout_steps(cases);
-    // DSA and DeepSeek-V4 take prefill CP (`dcp.rs`'s and `dsv4.rs`'s tests); MiniMax-M3's sparse
-    // attention does not yet.
-    let model = "MiniMaxAI/MiniMax-M3";
-    let e = refuse(json!({"model": model, "system": "h200_sxm", "backend": "sglang", "cp_size": 2,
-                           "moe_tp_size": 1, "moe_ep_size": 2}));
-    assert!(e.contains(&format!("{model}: context parallelism (cp_size=2) is modelled for")), "{e}");
+    // DSA and DeepSeek-V4 take prefill CP (`dcp.rs`'s and `dsv4.rs`'s tests). The reference's
+    // MiniMax-M3, Qwen3.5, Nemotron-H and Kimi-K3 classes claim none: refused in its words
+    // (`aisimulate_core.sdk.models.get_model` with op_level estimation), before any family
+    // check of servesim's; every family claims it on SGLang only.
+    for (model, family, dense) in [
+        ("MiniMaxAI/MiniMax-M3", "MINIMAXM3", false),
+        ("Qwen/Qwen3.5-35B-A3B", "QWEN35", false),
+        ("Qwen/Qwen3.5-27B", "QWEN35", true),
+        ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "NEMOTRONH", false),
+        ("moonshotai/Kimi-K3", "KIMIK3", false),
+        ("Qwen/Qwen3-32B", "LLAMA", true),
+    ] {
+        for backend in ["sglang", "vllm"] {
+            if family == "LLAMA" && backend == "sglang" {
+                continue;
+            }
+            let mut c = json!({"model": model, "system": "h200_sxm", "backend": backend, "cp_size": 2});
+            if !dense {
+                c["moe_tp_size"] = json!(1);
+                c["moe_ep_size"] = json!(2);
+            }
+            assert_eq!(
+                refuse(c),
+                format!(
+                    "Context parallelism (cp_size=2) is not supported for model_family='{family}' on \
+                     backend='{backend}'. The model class must override ``supports_cp`` and implement CP in its \
+                     op pipeline."
+                ),
+                "{model} {backend}"
+            );
+        }
+    }
 }
 
 /// `aisimulate_core.sdk.memory.kv_cache.estimate_num_gpu_blocks(model, system, backend,
