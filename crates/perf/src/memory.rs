@@ -131,8 +131,9 @@ pub fn kv_capacity_for(
         d.kv_tokens(kv, u64::from(requests), &est.layout.backend)?
     } else if let Some(k) = &m.kimi_k3 {
         // One request's KDA state (all its slots) comes out of the rank's budget first: it is
-        // rank-local, only the MLA layers' latent KV is striped by decode CP. (The reference
-        // scales the rest by dcp and adds the state back before taking it off again.)
+        // rank-local, only the MLA layers' latent KV is striped by decode CP. The reference
+        // scales the rest by dcp and adds the state back before taking it off again; `+ state -
+        // state` keeps its floating-point rounding (the block counts are compared exactly).
         let state = crate::kimi_k3::state_bytes_per_request(k, est.layout.tp);
         let rest = kv_rank - state;
         if rest <= 0.0 || per_token <= 0.0 {
