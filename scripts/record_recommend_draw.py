@@ -59,6 +59,12 @@ VARIANTS = {
         "kv_router_first_seed5_rounds_of_3": [
             "router.policy={choices: [kv_router, round_robin]}", "optimizer.seed=5", "optimizer.parallelism=3",
         ],
+        "both_modes": [
+            "engine.mode={choices: [aggregated, disaggregated]}",
+            "engine.workers={aggregated: {timing: {type: default}}, prefill: {timing: {type: default}}, "
+            "decode: {timing: {type: default}}}",
+            "engine.kv_transfer={bandwidth_gb_per_second: 50}",
+        ],
     },
     "recommend_random_planner": {
         "as_written": [],

@@ -3743,7 +3743,8 @@ fn recommend_random_draws_the_reference_candidates() {
 /// fixed KV-relative load is a knob of one value. A planner's knobs are drawn over their whole
 /// product (a disabled policy beside every scaling policy, independent group knobs, single-valued
 /// knobs taking draws of their own beside a log range), after or before a router's as the
-/// sections stand. Per variant: the same candidate ids, shapes, scheduler knobs, router and
+/// sections stand; a router searched beside both deployment modes draws the aggregated and
+/// disaggregated candidates in the reference's order. Per variant: the same candidate ids, shapes, scheduler knobs, router and
 /// planner settings, loads, statuses and GPUs in the same order; scores within 1e-9 relative
 /// where the reference's are comparable (its kv_router and planner-enabled candidates were
 /// recorded without the Dynamo runtime's router and Planner, see the script), and the same
