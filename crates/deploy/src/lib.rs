@@ -14,6 +14,7 @@ pub mod recommend;
 pub mod schema;
 pub mod state_size;
 pub mod tree;
+pub mod vl;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
