@@ -47,6 +47,7 @@ fn ensemble_interval_covers_ninety_percent() {
             group_seed: servesim_workload::GROUP_SEED,
             cached_prefix_tokens: 0,
             accumulate: false,
+            images: None,
         });
         let config = SimConfig {
             router_seed: 1,

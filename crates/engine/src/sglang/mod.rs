@@ -470,7 +470,8 @@ impl SglangEngine {
         } else {
             Vec::new()
         };
-        let held = !self.parked.is_empty() || !self.destinations.is_empty();
+        // Host loop: requests finished in the last pass still hold their pages in this one.
+        let held = !self.parked.is_empty() || !self.destinations.is_empty() || !self.phantoms.is_empty();
         if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && !held && !self.deferred {
             if let Some(slot) = self.waiting.pop_front() {
                 // Nothing runs, nothing holds pages that will come back, and the head still
@@ -484,7 +485,10 @@ impl SglangEngine {
         }
         // Native VL: the pass first encodes the images its chunks reach that are not cached.
         let vision_ms = match self.embeddings.as_mut() {
-            Some(cache) if !admitted.is_empty() => self.cfg.timing.vision_ms(self.pass_images.encode(cache)),
+            // Timed to the nanosecond on its own, as the reference's engine adds it.
+            Some(cache) if !admitted.is_empty() => {
+                (self.cfg.timing.vision_ms(self.pass_images.encode(cache)) * 1e6).round() / 1e6
+            }
             _ => 0.0,
         };
         let prefill_ms = jittered(&self.jitter, vision_ms + self.cfg.timing.prefill_ms(&out.prefill));
