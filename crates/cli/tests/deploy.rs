@@ -3578,7 +3578,9 @@ fn epd_refusals_name_what_is_missing() {
         ),
         (
             &["engine.workers.encoder=null"],
-            "traffic.source.images: images without engine.workers.encoder need native VL replay",
+            // vLLM: native VL replay is SGLang's (tests `native_vl_*`).
+            "traffic.source.images: image workloads require engine.workers.encoder (analytical EPD) or an \
+             aggregated or prefill worker with backend=sglang and concrete mode=aggregated (native VL replay)",
         ),
         (
             &["traffic.source.images=null"],
