@@ -14,6 +14,7 @@ pub mod recommend;
 pub mod schema;
 pub mod state_size;
 pub mod tree;
+pub mod vl;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -403,8 +404,8 @@ mod tests {
     }
 
     /// SGLang's host-loop replay is accepted on the roles the reference gives it (aggregated, and
-    /// prefill in disaggregated mode) with the reference's gates; its frontend stages, host cost
-    /// tables and vision tower are refused by name; on decode it stays an unknown key, as there.
+    /// prefill in disaggregated mode) with the reference's gates; its frontend stages and host
+    /// cost tables are refused by name; on decode it stays an unknown key, as there.
     #[test]
     fn host_loop_is_gated_as_in_the_reference() {
         let config_with = |backend: &str, role: &str, extra: Value| {
@@ -445,7 +446,13 @@ mod tests {
         let e = config("aggregated", json!({"host_loop": true, "frontend": {"stages": []}})).unwrap_err();
         assert!(e.starts_with("engine.workers.aggregated.frontend: SGLang host-loop frontend stages"), "{e}");
         assert!(e.ends_with("is not supported by servesim yet"), "{e}");
-        assert!(config("prefill", json!({"vision": {}})).unwrap_err().contains("vision: SGLang host-loop"));
+        // The vision tower needs images to encode (native VL replay, `vl.rs`), and SGLang.
+        let e = config("prefill", json!({"vision": {}})).unwrap_err();
+        assert_eq!(e, "engine.workers.prefill.vision: workers.prefill.vision requires traffic.source.images");
+        let e = config_with("vllm", "aggregated", json!({"vision": {"cache_mib": 0}})).map(|_| ()).unwrap_err();
+        assert_eq!(e, "engine.workers.aggregated.vision: vision is supported only for backend=sglang");
+        let e = config("aggregated", json!({"vision": {"encoder_parallel": "ep"}})).unwrap_err();
+        assert!(e.starts_with("engine.workers.aggregated.vision.encoder_parallel:"), "{e}");
         assert!(config("decode", json!({"host_loop": true})).unwrap_err().contains("unknown key"));
         // Every reference mode is accepted, in any case (servesim-perf refuses the op families
         // it has no estimate for, by name, when the timing is built).

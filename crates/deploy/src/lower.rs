@@ -41,6 +41,8 @@ pub struct LoweredWorker {
     pub ais_config: Value,
     /// SGLang's host-loop replay (set on the engine once the arguments are read).
     pub host_loop: bool,
+    /// The vision tower the worker hosts (native VL replay; set on the engine likewise).
+    pub vision: Option<servesim_engine::config::VisionSettings>,
 }
 
 /// The engines of a configuration, before the workload is read.
@@ -120,7 +122,14 @@ fn reference_kv_bytes(engine: &Engine, w: &Worker, est: &servesim_perf::Estimato
 fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Result<LoweredWorker, DeployError> {
     let here = worker_path(w);
     let block_size = block_size_of(engine, w);
-    let ais = ais_config(engine, w, block_size);
+    let vl = crate::vl::hosted(engine, w)?;
+    let mut ais = ais_config(engine, w, block_size);
+    if let Some(vl) = &vl {
+        // The worker times its tower through the same estimator.
+        for (k, v) in &vl.ais {
+            ais[*k] = v.clone();
+        }
+    }
     let perf_err = |key: &str, e: servesim_perf::PerfError| DeployError::new(format!("{here}.{key}"), e.message);
     // The estimator is needed for the memory-sized KV cache, the model's context length and
     // `default` timing.
@@ -178,7 +187,7 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         a.insert("async_scheduling".into(), json!(true));
     }
     a.insert("enable_prefix_caching".into(), json!(w.prefix_caching));
-    if w.host_loop {
+    if w.host_loop || vl.is_some() {
         // The reference's SGLang reads its chunk budget from `max_batched_tokens` on this path only.
         a.insert("sglang".into(), json!({"chunked_prefill_size": w.max_batched_tokens}));
     }
@@ -205,7 +214,8 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
                 w.max_batched_tokens as u64,
                 Some(w.max_sequences),
                 block_size,
-                *cuda_graph_reserved_bytes as f64,
+                // A hosted vision tower's weights and embedding cache stay outside the pool.
+                vl.as_ref().map_or(0.0, |v| v.weights_bytes + v.cache_bytes as f64) + *cuda_graph_reserved_bytes as f64,
             )
             .map_err(|e| perf_err("kv_cache.capacity", e))?;
             // As the reference: a memory-sized cache under FPM interpolation is capped at the
@@ -322,6 +332,7 @@ fn lower_worker(engine: &Engine, w: &Worker, transfer_bytes: Option<u64>) -> Res
         provenance,
         ais_config: ais,
         host_loop: w.host_loop,
+        vision: vl.map(|v| v.settings),
     })
 }
 
@@ -377,6 +388,7 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
     // aisimulate's SGLang prefill worker caches a prompt while its KV moves.
     args.engine.sglang.cache_held_prompts = true;
     args.engine.sglang.host_loop = w.host_loop;
+    args.engine.sglang.vision = w.vision;
     Ok(args)
 }
 
@@ -478,6 +490,7 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
                 cached_prefix_tokens: cached,
                 // A session's later turns carry its history (aisimulate's synthetic-session).
                 accumulate: matches!(source, Source::Session { .. }),
+                images: crate::vl::of_config(cfg)?.map(|v| v.images),
             };
             spec.validate().map_err(|e| DeployError::new("traffic", e))?;
             // Arrivals or think times past what the clock holds precisely: named by their key.

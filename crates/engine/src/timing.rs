@@ -70,6 +70,11 @@ pub trait PassTimer: Send + Sync + std::fmt::Debug {
     fn kv_cache_blocks(&self, _memory: &KvMemory) -> Option<std::result::Result<u64, String>> {
         None
     }
+    /// One call of the vision tower a worker hosts (native VL replay) over `images` images of
+    /// the workload's one shape, run inside a prefill pass before its language layers.
+    fn vision_ms(&self, _images: u32) -> std::result::Result<f64, String> {
+        Err("this timing model hosts no vision tower".into())
+    }
 }
 
 /// What sizing a KV cache from memory takes from the engine's configuration (Dynamo's
@@ -261,6 +266,18 @@ impl TimingModel {
 
     /// Unscaled prefill time of a pass in ms. An external model gets the pass's totals
     /// ([`PassTimer::prefill_totals_ms`]), the built-in ones Dynamo's new-token count.
+    /// One call of the hosted vision tower over `images` images (0 ms for none). Only an
+    /// external model times one; the configuration refuses a tower beside any other.
+    pub fn vision_ms(&self, images: u32) -> f64 {
+        if images == 0 {
+            return 0.0;
+        }
+        match self {
+            TimingModel::External(e) => e.checked("vision", e.timer.vision_ms(images)),
+            _ => f64::NAN,
+        }
+    }
+
     pub fn prefill_ms(&self, shape: &PrefillShape) -> f64 {
         let t = shape.new_tokens();
         match self {

@@ -68,8 +68,21 @@ pub struct AisConfig {
     /// The large-EP all-to-all backends (`moe_comm_backend`, the reference's per-phase
     /// `ModelConfig.moe_comm_backend`), with `enable_eplb` / `wideep_num_slots`.
     pub moe_comm: crate::moe_a2a::MoeComm,
+    /// The vision tower this worker hosts (native VL replay): the reference's `encoder_parallel`
+    /// and servesim's own `vision_image`, the one image shape of the workload.
+    pub vision: Option<HostedVision>,
     /// The configuration as given, for the canonical dump.
     pub raw: Value,
+}
+
+/// The vision tower a language worker hosts and the image shape it encodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostedVision {
+    pub layout: crate::vision::EncoderLayout,
+    pub height: u32,
+    pub width: u32,
+    pub min_pixels: Option<u64>,
+    pub max_pixels: Option<u64>,
 }
 
 /// What the context length an engine hands the timer for a decode step counts, which decides
@@ -203,7 +216,61 @@ const KEYS: &[&str] = &[
     "pass_model",
     "calibration",
     "decode_context",
+    // servesim's own, beside `encoder_parallel`: `{height, width, min_pixels?, max_pixels?}`,
+    // the shape of the images the hosted tower encodes.
+    "vision_image",
 ];
+
+/// `encoder_parallel` (tp or dp) and `vision_image`: both or neither.
+fn read_vision(path: &str, layout: Option<&Value>, image: Option<&Value>) -> Result<Option<HostedVision>> {
+    let layout = match layout {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_str().and_then(crate::vision::EncoderLayout::parse).ok_or_else(|| {
+            cfg_err(path, "encoder_parallel", format!("must be \"tp\" or \"dp\" (or null), got {v}"))
+        })?),
+    };
+    let image = image.filter(|v| !v.is_null());
+    let (layout, image) = match (layout, image) {
+        (None, None) => return Ok(None),
+        (Some(l), Some(i)) => (l, i),
+        (Some(_), None) => {
+            return Err(cfg_err(
+                path,
+                "vision_image",
+                "is required beside encoder_parallel: the {height, width} of the images the hosted tower encodes",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(cfg_err(path, "encoder_parallel", "is required beside vision_image (tp or dp)"));
+        }
+    };
+    let at = |k: &str| format!("vision_image.{k}");
+    let obj = image.as_object().ok_or_else(|| cfg_err(path, "vision_image", "must be an object"))?;
+    for k in obj.keys() {
+        if !["height", "width", "min_pixels", "max_pixels"].contains(&k.as_str()) {
+            return Err(cfg_err(path, &at(k), "unknown key; expected height, width, min_pixels or max_pixels"));
+        }
+    }
+    let positive = |k: &str| -> Result<Option<u64>> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n >= 1 && n <= u64::from(u32::MAX) => Ok(Some(n)),
+                _ => Err(cfg_err(path, &at(k), format!("must be a positive integer, got {v}"))),
+            },
+        }
+    };
+    let side = |k: &str| -> Result<u32> {
+        positive(k)?.map(|n| n as u32).ok_or_else(|| cfg_err(path, &at(k), "missing (required)"))
+    };
+    Ok(Some(HostedVision {
+        layout,
+        height: side("height")?,
+        width: side("width")?,
+        min_pixels: positive("min_pixels")?,
+        max_pixels: positive("max_pixels")?,
+    }))
+}
 
 fn cfg_err(path: &str, key: &str, msg: impl std::fmt::Display) -> PerfError {
     PerfError::config(format!("{}: {msg}", if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }))
@@ -281,7 +348,6 @@ impl AisConfig {
         // Options servesim does not model: only their neutral values are accepted.
         for (k, ok) in [
             ("moe_kernel_source", is_null("moe_kernel_source")),
-            ("encoder_parallel", is_null("encoder_parallel")),
             ("fpm_fmha_quant_mode", is_null("fpm_fmha_quant_mode")),
         ] {
             if !ok {
@@ -458,6 +524,7 @@ impl AisConfig {
                 "fused mixed passes are not modelled with speculative decoding (nextn or ngram speculation)",
             ));
         }
+        let vision = read_vision(path, obj.get("encoder_parallel"), obj.get("vision_image"))?;
         Ok(AisConfig {
             model: required("model")?,
             system: required("system")?,
@@ -501,6 +568,7 @@ impl AisConfig {
                 backend: moe_backend,
                 ..moe_comm.unwrap_or_default()
             },
+            vision,
             raw: v.clone(),
         })
     }
@@ -1235,6 +1303,42 @@ pub struct AisTimer {
     pub config: AisConfig,
     /// The collected FPM table this worker interpolates (`estimation_mode: fpm_interpolation`).
     pub fpm: Option<Arc<crate::fpm_interp::FpmTable>>,
+    /// The hosted vision tower, when the configuration names one.
+    pub vision: Option<TowerTimer>,
+}
+
+/// A hosted vision tower timed per encoder call: the call's time by its image count, memoised
+/// (one workload has one image shape, so a count is all a call varies by).
+#[derive(Debug)]
+pub struct TowerTimer {
+    pub tower: crate::vision::VisionTower,
+    pub shape: crate::vision::ImageShape,
+    pub layout: crate::vision::EncoderLayout,
+    pub tp: u32,
+    memo: Mutex<HashMap<u32, f64>>,
+}
+
+impl TowerTimer {
+    /// The tower of `cfg`'s model and its image shape (None: the configuration hosts no tower).
+    pub fn for_config(cfg: &AisConfig) -> Result<Option<TowerTimer>> {
+        let Some(v) = &cfg.vision else { return Ok(None) };
+        let tower = crate::vision::hosted_tower(&cfg.model, &cfg.systems_paths, v.min_pixels, v.max_pixels)?;
+        let shape = tower.image(v.height, v.width)?;
+        if v.layout == crate::vision::EncoderLayout::Tensor {
+            // The sharded tower must divide by the worker's width.
+            tower.ops(cfg.tp)?;
+        }
+        Ok(Some(TowerTimer { tower, shape, layout: v.layout, tp: cfg.tp, memo: Mutex::default() }))
+    }
+
+    pub fn call_ms(&self, db: &Database, images: u32) -> Result<f64> {
+        if let Some(ms) = self.memo.lock().expect("vision memo").get(&images) {
+            return Ok(*ms);
+        }
+        let ms = self.tower.call_ms(db, self.tp, self.layout, images, self.shape)?;
+        self.memo.lock().expect("vision memo").insert(images, ms);
+        Ok(ms)
+    }
 }
 
 fn narrow(v: u64, what: &str) -> std::result::Result<u32, String> {
@@ -1334,6 +1438,13 @@ impl PassTimer for AisTimer {
         self.config.raw.clone()
     }
 
+    fn vision_ms(&self, images: u32) -> std::result::Result<f64, String> {
+        let Some(v) = &self.vision else {
+            return Err("this AIS configuration hosts no vision tower (encoder_parallel)".into());
+        };
+        v.call_ms(&self.estimator.db, images).map_err(|e| e.message)
+    }
+
     fn kv_cache_blocks(&self, memory: &servesim_engine::KvMemory) -> Option<std::result::Result<u64, String>> {
         let limits = &memory.limits;
         let fraction = match self.config.backend.as_str() {
@@ -1368,7 +1479,14 @@ pub fn build_timer(key: &str, provider: &str, config: &Value) -> std::result::Re
     })?;
     let est = estimator(&cfg).map_err(|e| ConfigError::new(key, e.message))?;
     let fpm = crate::fpm_interp::for_worker(&cfg, &est).map_err(|e| ConfigError::new(key, e.message))?;
-    Ok(Arc::new(AisTimer { estimator: est, config: cfg, fpm }))
+    if cfg.vision.is_some() && fpm.is_some() {
+        return Err(ConfigError::new(
+            key,
+            "a hosted vision tower is timed by the op-level estimator only, not FPM tables",
+        ));
+    }
+    let vision = TowerTimer::for_config(&cfg).map_err(|e| ConfigError::new(key, e.message))?;
+    Ok(Arc::new(AisTimer { estimator: est, config: cfg, fpm, vision }))
 }
 
 /// The [`servesim_engine::TimerFactory`] for providers `ais` and `aic`.

@@ -249,6 +249,58 @@ impl VisionTower {
         Ok(out)
     }
 
+    /// Bytes of one image's projected embeddings, as SGLang's multimodal embedding cache holds
+    /// them: the merged tokens × the language hidden size × the merger instances, in bf16.
+    pub fn embedding_bytes(&self, shape: ImageShape) -> u64 {
+        u64::from(shape.tokens) * u64::from(self.out_hidden) * u64::from(self.instances) * 2
+    }
+
+    /// Resident weight bytes of the tower on one rank of a `tp`-wide language worker hosting
+    /// it: sharded `tp` ways, or whole on every rank under encoder DP.
+    pub fn weights_bytes(&self, tp: u32, layout: EncoderLayout) -> Result<f64> {
+        let width = match layout {
+            EncoderLayout::Tensor => tp,
+            EncoderLayout::Data => 1,
+        };
+        Ok(self
+            .ops(width)?
+            .iter()
+            .map(|op| match op.kind {
+                Kind::Gemm { n, k, .. } => f64::from(n) * f64::from(k) * 2.0 * op.scale,
+                _ => 0.0,
+            })
+            .sum())
+    }
+
+    /// One encoder call on a `tp`-wide language worker hosting the tower, over `images` images
+    /// of one shape, ms: every op's time summed. Sharded (`Tensor`) the ops run at width `tp`
+    /// over all the images; replicated (`Data`) each rank runs the whole tower over its share,
+    /// the busiest rank's `ceil(images / tp)`, and the embeddings are all-gathered (NCCL in
+    /// half precision, `out_hidden × instances × tp` elements per merged token of the share).
+    pub fn call_ms(
+        &self,
+        db: &Database,
+        tp: u32,
+        layout: EncoderLayout,
+        images: u32,
+        shape: ImageShape,
+    ) -> Result<f64> {
+        if images == 0 {
+            return Ok(0.0);
+        }
+        let (width, local) = match layout {
+            EncoderLayout::Tensor => (tp, images),
+            EncoderLayout::Data => (1, images.div_ceil(tp.max(1))),
+        };
+        let mut ms: f64 = self.batch_ops(db, width, 1, local, shape)?.iter().map(|(_, v)| v).sum();
+        if layout == EncoderLayout::Data && tp > 1 {
+            let per_token = f64::from(self.out_hidden) * f64::from(self.instances) * f64::from(tp);
+            let tokens = f64::from(local) * f64::from(shape.tokens);
+            ms += db.nccl("half", "all_gather", tp, tokens * per_token)?.max(0.0);
+        }
+        Ok(ms)
+    }
+
     /// The encoder-only worker's memory for a batch, GiB: `(total, weights, activations)`.
     pub fn memory_gib(&self, tp: u32, batch: u32, images: u32, shape: ImageShape) -> Result<(f64, f64, f64)> {
         let weights: f64 = self
@@ -267,6 +319,66 @@ impl VisionTower {
         let act = act.max(32.0 * 1024.0 * 1024.0);
         let gib = (1u64 << 30) as f64;
         Ok(((weights + act) / gib, weights / gib, act / gib))
+    }
+}
+
+/// The tower a language worker hosts (native VL replay): the model's Qwen3-VL vision tower,
+/// read from its `config.json` under the systems roots, with the processor's pixel budget
+/// overridden by `images.min_pixels` / `max_pixels` when given.
+pub fn hosted_tower(
+    model: &str,
+    systems_paths: &[String],
+    min_pixels: Option<u64>,
+    max_pixels: Option<u64>,
+) -> Result<VisionTower> {
+    let roots = crate::systems::systems_roots(systems_paths)?;
+    let root_paths: Vec<_> = roots.iter().map(|(p, _)| p.clone()).collect();
+    let path = crate::model::find_config(model, &root_paths)?;
+    let root = crate::model::read_model_config(&path)?;
+    let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
+    if root.get("vision_config").is_none_or(Value::is_null) {
+        return Err(PerfError::config(format!("{model} has no vision encoder configuration")));
+    }
+    if !model_type.starts_with("qwen3_vl") {
+        return Err(PerfError::unsupported(format!(
+            "native VL replay in servesim prices Qwen3-VL vision towers; the tower of '{model}' ({model_type}) is \
+             not supported by servesim yet"
+        )));
+    }
+    let mut tower = VisionTower::from_config(&root, model)?
+        .ok_or_else(|| PerfError::config(format!("{model} has no vision encoder configuration")))?;
+    if let Some(lo) = min_pixels {
+        tower.min_pixels = lo;
+    }
+    if let Some(hi) = max_pixels {
+        tower.max_pixels = hi;
+    }
+    Ok(tower)
+}
+
+/// How a language worker lays out the vision tower it hosts over its tensor-parallel group
+/// (`vision.encoder_parallel`): `tp` shards it (SGLang's default), `dp` replicates it and
+/// splits the images (`--mm-enable-dp-encoder`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncoderLayout {
+    Tensor,
+    Data,
+}
+
+impl EncoderLayout {
+    pub fn parse(s: &str) -> Option<EncoderLayout> {
+        match s {
+            "tp" => Some(EncoderLayout::Tensor),
+            "dp" => Some(EncoderLayout::Data),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EncoderLayout::Tensor => "tp",
+            EncoderLayout::Data => "dp",
+        }
     }
 }
 

@@ -644,6 +644,7 @@ fn run_replay(
                 group_seed: servesim_workload::GROUP_SEED,
                 cached_prefix_tokens: 0,
                 accumulate: false,
+                images: None,
             }
         });
     let job = Job {

@@ -210,6 +210,7 @@ pub(crate) mod tests {
             group_seed: servesim_workload::GROUP_SEED,
             cached_prefix_tokens: 0,
             accumulate: false,
+            images: None,
         });
         let config = SimConfig::new(
             Topology::aggregated(engine, 2).unwrap(),

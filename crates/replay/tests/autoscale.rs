@@ -70,6 +70,7 @@ fn workload() -> Workload {
         group_seed: servesim_workload::GROUP_SEED,
         cached_prefix_tokens: 0,
         accumulate: false,
+        images: None,
     })
 }
 

@@ -47,6 +47,7 @@ fn ensemble_interval_covers_ninety_percent() {
             group_seed: servesim_workload::GROUP_SEED,
             cached_prefix_tokens: 0,
             accumulate: false,
+            images: None,
         });
         let config = SimConfig {
             router_seed: 1,
@@ -97,6 +98,7 @@ fn jittered_e2e(output_tokens: u32, cv: f64, members: usize) -> Vec<f64> {
         group_seed: servesim_workload::GROUP_SEED,
         cached_prefix_tokens: 0,
         accumulate: false,
+        images: None,
     });
     let config = SimConfig {
         timing_jitter_cv: cv,

@@ -31,6 +31,7 @@ fn workload(sessions: u32, interval_ms: f64) -> Workload {
         group_seed: servesim_workload::GROUP_SEED,
         cached_prefix_tokens: 0,
         accumulate: false,
+        images: None,
     })
 }
 

@@ -147,6 +147,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path, router_seed: u64) -> Map<
             group_seed: servesim_workload::GROUP_SEED,
             cached_prefix_tokens: 0,
             accumulate: false,
+            images: None,
         };
         let load = match concurrency {
             Some(c) => LoadMode::Concurrency { max_sessions: c },

@@ -29,6 +29,7 @@ fn workload(requests: u32, rate: f64, shared: f64) -> Workload {
         group_seed: servesim_workload::GROUP_SEED,
         cached_prefix_tokens: 0,
         accumulate: false,
+        images: None,
     })
 }
 

@@ -348,6 +348,7 @@ mod tests {
                 group_seed: AISIMULATE_GROUP_SEED,
                 cached_prefix_tokens: 0,
                 accumulate,
+                images: None,
             };
             let w = Workload::Synthetic(spec);
             let mut d = LoadDriver::new(&w, LoadMode::Concurrency { max_sessions: 1 });

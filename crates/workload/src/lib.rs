@@ -26,5 +26,5 @@ pub use error::InputError;
 pub use formats::{load_mooncake, load_mooncake_delta, load_trace, TraceFormat, TraceOptions, WekaBasis};
 pub use ids::MAX_TIME_MS;
 pub use session::{Ready, SessionSpec, TurnMeta, TurnSpec};
-pub use synthetic::{Arrivals, SyntheticSpec, AISIMULATE_GROUP_SEED, GROUP_SEED};
+pub use synthetic::{Arrivals, SyntheticImages, SyntheticSpec, AISIMULATE_GROUP_SEED, GROUP_SEED};
 pub use workload::Workload;

@@ -30,6 +30,26 @@ pub const AISIMULATE_GROUP_SEED: u64 = 0;
 const CACHED_PREFIX_TAG: u64 = 0xCAC0_0000_0000_0000;
 /// High bits of the ids of a prefix group's shared blocks (the group in bits 32..48).
 const GROUP_TAG: u64 = 0xD00D_0000_0000_0000;
+/// High bits of the ids of an image's tokens (the image in bits 16..48, the position below).
+const IMAGE_TAG: u64 = 0x1A6E_0000_0000_0000;
+
+/// Images at the start of every synthetic prompt (aisimulate's `traffic.source.images` replayed
+/// natively): `count` images of `tokens` tokens each, ahead of the text. Image `i` of the run
+/// (request by request, `count` each) is image `i mod pool` of an identity pool, else its own;
+/// identical images are identical tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyntheticImages {
+    pub tokens: u32,
+    pub count: u32,
+    pub pool: Option<u32>,
+}
+
+impl SyntheticImages {
+    /// Token `pos` of image `image`: the first names the image (distinct for distinct images).
+    pub fn token(image: u64, pos: u32) -> u32 {
+        block_token(IMAGE_TAG | (image << 16) | u64::from(pos))
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arrivals {
@@ -65,6 +85,9 @@ pub struct SyntheticSpec {
     /// A turn's prompt is the session's history (earlier prompts and outputs) followed by
     /// `input_tokens` new ones, as in a `mooncake-delta` trace.
     pub accumulate: bool,
+    /// Images ahead of every prompt's text (one-turn requests only); prompts are then generated
+    /// token by token.
+    pub images: Option<SyntheticImages>,
 }
 
 impl SyntheticSpec {
@@ -81,6 +104,17 @@ impl SyntheticSpec {
         }
         if self.cached_prefix_tokens > self.input_tokens {
             return bad("cached-prefix-tokens", "cannot exceed input_tokens");
+        }
+        if let Some(i) = self.images {
+            if self.turns_per_session > 1 || self.accumulate || self.cached_prefix_tokens > 0 {
+                return bad("images", "images ride on one-turn synthetic requests without a cached prefix");
+            }
+            if i.tokens == 0 || i.count == 0 || i.pool == Some(0) || i.tokens >= 1 << 16 {
+                return bad("images", "an image has 1 to 65535 tokens and a request at least one image");
+            }
+            if u64::from(i.tokens) * u64::from(i.count) + u64::from(self.input_tokens) > u64::from(u32::MAX) {
+                return bad("images", "the images and text of a prompt exceed 2^32 tokens");
+            }
         }
         if !(0.0..=1.0).contains(&self.shared_prefix_ratio) {
             return bad("shared-prefix-ratio", "must be between 0 and 1");
@@ -165,7 +199,7 @@ impl SyntheticSpec {
     /// Tokens each generated id stands for: the engine's block size, or a single token when a
     /// cached prefix is asked for (it need not end on a block boundary).
     pub fn unit_tokens(&self) -> u32 {
-        if self.cached_prefix_tokens == 0 {
+        if self.cached_prefix_tokens == 0 && self.images.is_none() {
             self.block_tokens.max(1)
         } else {
             1
@@ -262,7 +296,7 @@ impl Iterator for SyntheticSessions {
         let group = (self.group_end > 0).then(|| self.groups.random_range(0..spec.num_prefix_groups as usize) as u64);
         let turns = (0..spec.turns_per_session)
             .map(|k| {
-                let blocks = (0..self.units_per_prompt)
+                let blocks: Vec<u32> = (0..self.units_per_prompt)
                     .map(|b| {
                         let (id, shared) = match group {
                             _ if b < self.cached_units => (CACHED_PREFIX_TAG | b as u64, true),
@@ -278,10 +312,23 @@ impl Iterator for SyntheticSessions {
                         }
                     })
                     .collect();
+                let (blocks, input_length) = match spec.images {
+                    None => (blocks, spec.input_tokens),
+                    Some(i) => {
+                        let mut all: Vec<u32> = Vec::with_capacity((i.tokens * i.count) as usize + blocks.len());
+                        for j in 0..i.count {
+                            let n = u64::from(s) * u64::from(i.count) + u64::from(j);
+                            let image = i.pool.map_or(n, |p| n % u64::from(p));
+                            all.extend((0..i.tokens).map(|pos| SyntheticImages::token(image, pos)));
+                        }
+                        all.extend(blocks);
+                        (all, i.tokens * i.count + spec.input_tokens)
+                    }
+                };
                 TurnSpec {
-                    input_length: spec.input_tokens,
+                    input_length,
                     output_length: spec.output_tokens,
-                    blocks,
+                    blocks: blocks.into(),
                     delay_ms: if k == 0 { 0.0 } else { spec.inter_turn_delay_ms },
                     priority: 0,
                     strict_priority: 0,
@@ -322,6 +369,7 @@ mod tests {
             group_seed: GROUP_SEED,
             cached_prefix_tokens: 0,
             accumulate: false,
+            images: None,
         }
     }
 

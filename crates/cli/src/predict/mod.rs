@@ -150,6 +150,7 @@ fn workload(a: &PredictArgs, block_size: u32) -> Result<(Workload, LoadMode), Fa
         group_seed: servesim_workload::GROUP_SEED,
         cached_prefix_tokens: 0,
         accumulate: false,
+        images: None,
     };
     // As in Dynamo's synthetic replay, the speedup divides the generated arrival times and
     // think times.

@@ -3,13 +3,14 @@
 //!
 //! servesim models the reference's analytical pool (`mode: analytical`, EPD): the language
 //! replay runs the prompts at their text plus visual tokens and the pool's batch latency and
-//! rate are laid over its means (`crate::epd`). What the reference runs in its compiled
-//! module is refused by name: a native pool (`mode: native`, SGLang's encoder servers replayed
-//! event by event) and images without a pool (native VL replay on the language worker).
+//! rate are laid over its means (`crate::epd`). Images without a pool are encoded on the
+//! aggregated or prefill SGLang worker (native VL replay, `crate::vl`). A native pool
+//! (`mode: native`, SGLang's encoder servers replayed event by event) is refused by name.
 
 use super::engine::Engine;
+use super::engine::Mode;
 use super::traffic::{Load, Traffic};
-use super::worker::Timing;
+use super::worker::{Timing, Worker};
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use serde_json::Value;
@@ -137,19 +138,54 @@ pub(super) fn check_estimator_policies(engine: Option<&Value>) -> Result<(), Dep
     Ok(())
 }
 
+/// The reference's rules of images encoded on the language worker (native VL replay), in its
+/// order and words.
+fn check_native_vl(engine: &Engine, language: Option<&Worker>, mode: Mode, role: &str) -> Result<(), DeployError> {
+    let mode_name = if mode == Mode::Aggregated { "aggregated" } else { "disaggregated" };
+    let Some(w) = language.filter(|_| engine.backend == "sglang" && engine.mode == mode) else {
+        return Err(DeployError::new(
+            "traffic.source.images",
+            format!(
+                "image workloads require engine.workers.encoder (analytical EPD) or an aggregated or prefill worker \
+                 with backend=sglang and concrete mode={mode_name} (native VL replay)"
+            ),
+        ));
+    };
+    let here = format!("engine.workers.{role}");
+    if w.timing != Timing::Default {
+        return Err(DeployError::new(format!("{here}.timing"), "native VL replay requires default timing"));
+    }
+    super::worker::check_native_vl_parallelism(&w.parallelism)
+        .map_err(|why| DeployError::new(format!("{here}.parallelism"), why))?;
+    Ok(())
+}
+
 pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), DeployError> {
     let workers = "engine.workers";
     let (images, encoder) = (traffic.images.as_ref(), engine.encoder.as_ref());
+    // The language worker that hosts the scheduler loop and the vision tower.
+    let (language, mode) = match (&engine.aggregated, &engine.prefill) {
+        (Some(w), _) => (Some(w), Mode::Aggregated),
+        (None, p) => (p.as_ref(), Mode::Disaggregated),
+    };
+    let role = if mode == Mode::Aggregated { "aggregated" } else { "prefill" };
+    let host_aware = language.is_some_and(|w| w.host_loop || w.vision.is_some());
+    if encoder.is_some() && host_aware {
+        return Err(DeployError::new(
+            format!("{workers}.encoder"),
+            "engine.workers.encoder (analytical EPD) and the language worker's host_loop or vision (native VL \
+             replay) are exclusive",
+        ));
+    }
+    if images.is_none() && language.is_some_and(|w| w.vision.is_some()) {
+        return Err(DeployError::new(
+            format!("{workers}.{role}.vision"),
+            format!("workers.{role}.vision requires traffic.source.images"),
+        ));
+    }
     match (images, encoder) {
         (None, None) => return Ok(()),
-        (Some(_), None) => {
-            return Err(DeployError::new(
-                "traffic.source.images",
-                "images without engine.workers.encoder need native VL replay (the vision tower on an SGLang \
-                 aggregated or prefill worker, host_loop), which is not supported by servesim yet; add \
-                 engine.workers.encoder: {mode: analytical} (analytical EPD)",
-            ))
-        }
+        (Some(_), None) => return check_native_vl(engine, language, mode, role),
         (None, Some(_)) => {
             return Err(DeployError::new(
                 format!("{workers}.encoder"),
@@ -157,14 +193,6 @@ pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), Deploy
             ))
         }
         (Some(_), Some(_)) => {}
-    }
-    let language = engine.aggregated.as_ref().or(engine.prefill.as_ref());
-    if language.is_some_and(|w| w.host_loop) {
-        return Err(DeployError::new(
-            format!("{workers}.encoder"),
-            "engine.workers.encoder (analytical EPD) and the language worker's host_loop or vision (native VL \
-             replay) are exclusive",
-        ));
     }
     let images = images.expect("matched");
     if images.pool.is_some() {

@@ -115,6 +115,19 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
     let raw_engine = top.value("engine");
     top.finish()?;
     encoder::check_epd(&traffic, &engine)?;
+    let mut engine = engine;
+    if let (Some(images), None) = (&traffic.images, &engine.encoder) {
+        // Native VL replay: the aggregated or prefill worker hosts the tower (checked above).
+        let host = engine.aggregated.as_mut().or(engine.prefill.as_mut()).expect("checked with the images");
+        host.vision.get_or_insert_with(Default::default).images = Some(images.clone());
+        if planner.is_some() {
+            return Err(DeployError::new(
+                "planner",
+                "native VL replay (images without engine.workers.encoder) beside a planner is not supported by \
+                 servesim yet",
+            ));
+        }
+    }
     if engine.encoder.is_some() {
         encoder::check_estimator_policies(raw_engine)?;
     }

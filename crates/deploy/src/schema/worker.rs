@@ -79,6 +79,27 @@ pub struct Worker {
     pub startup_seconds: f64,
     /// SGLang's host-loop replay (`host_loop`, aggregated or prefill worker).
     pub host_loop: bool,
+    /// `vision`: the vision tower this worker hosts (native VL replay), as written; images
+    /// without an encoder pool put the default one on the aggregated or prefill worker.
+    pub vision: Option<Vision>,
+}
+
+/// `workers.<aggregated|prefill>.vision` (the reference's `VisionPredictionConfig`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vision {
+    /// SGLang's multimodal embedding cache, MiB (`SGLANG_VLM_CACHE_SIZE_MB`).
+    pub cache_mib: u64,
+    /// `tp` (the tower sharded over the tensor group) or `dp` (replicated, images split).
+    pub encoder_parallel: &'static str,
+    /// The images it encodes (`traffic.source.images`), set once the whole configuration is
+    /// read; None when the workload has none (refused).
+    pub images: Option<super::encoder::Images>,
+}
+
+impl Default for Vision {
+    fn default() -> Self {
+        Vision { cache_mib: 100, encoder_parallel: "tp", images: None }
+    }
 }
 
 pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
@@ -314,7 +335,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
         }
     };
-    let host_loop = if role != "decode" { read_host_loop(&mut w, backend, &p)? } else { false };
+    let (host_loop, vision) = if role != "decode" { read_host_loop(&mut w, backend, &p)? } else { (false, None) };
     let startup_seconds = w.nonneg("startup_seconds", false)?.unwrap_or(0.0);
     w.finish()?;
     Ok(Worker {
@@ -338,34 +359,55 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         timing_controls,
         startup_seconds,
         host_loop,
+        vision,
     })
 }
 
 /// The reference's host-aware settings of an aggregated or prefill worker: `host_loop` replays
 /// each pass as one SGLang overlap-scheduler iteration (requests received at iteration
 /// boundaries, a forward's outputs seen by the scheduler one iteration later; see the engine's
-/// `sglang` module). Its frontend stages, measured host cost tables and vision tower are not
-/// modelled and are refused by name. The reference's gates: SGLang only, one pipeline stage, no
-/// attention DP, no context parallelism.
-fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<bool, DeployError> {
-    let what = "SGLang host-loop frontend stages, measured host cost tables and the vision tower";
-    for key in ["frontend", "host_profile", "vision"] {
-        unsupported(w, key, what)?;
+/// `sglang` module) and `vision` hosts the vision tower (native VL replay, the engine's
+/// `sglang::vision`). The keys in [`HOST_REFUSED`] are not modelled and are refused by name. The
+/// reference's gates: SGLang only, one pipeline stage, no attention DP, no context parallelism.
+fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<(bool, Option<Vision>), DeployError> {
+    for key in HOST_REFUSED {
+        unsupported(w, key, "SGLang host-loop frontend stages and measured host cost tables")?;
     }
-    if w.flag("host_loop")? != Some(true) {
-        return Ok(false);
+    let vision = match w.obj("vision")? {
+        None => None,
+        Some(mut v) => {
+            let cache_mib = v.integer("cache_mib")?.unwrap_or(100);
+            if cache_mib > u64::MAX >> 20 {
+                return Err(v.err("cache_mib", "is too large"));
+            }
+            let encoder_parallel = v.one_of("encoder_parallel", &["tp", "dp"])?.unwrap_or("tp");
+            v.finish()?;
+            Some(Vision { cache_mib, encoder_parallel, images: None })
+        }
+    };
+    let host_loop = w.flag("host_loop")? == Some(true);
+    if !host_loop && vision.is_none() {
+        return Ok((false, None));
     }
+    let key = if host_loop { "host_loop" } else { "vision" };
     if backend != "sglang" {
-        return Err(w.err("host_loop", "host_loop is supported only for backend=sglang"));
+        return Err(w.err(key, format!("{key} is supported only for backend=sglang")));
     }
+    check_native_vl_parallelism(p).map_err(|why| w.err(key, why))?;
+    Ok((host_loop, vision))
+}
+
+/// Host-aware keys of an aggregated or prefill worker servesim does not model yet.
+const HOST_REFUSED: [&str; 2] = ["frontend", "host_profile"];
+
+/// The reference's parallelism gate of the worker hosting the host loop or the vision tower
+/// (also of image workloads without an encoder pool, which host it implicitly).
+pub(super) fn check_native_vl_parallelism(p: &Parallelism) -> Result<(), &'static str> {
     if p.pipeline != 1 || p.attention_data != 1 || p.prefill_context != 1 || p.decode_context != 1 {
-        return Err(w.err(
-            "host_loop",
-            "native VL replay requires the host-aware worker's parallelism with pipeline=1, attention_data=1, \
-             prefill_context=1 and decode_context=1",
-        ));
+        return Err("native VL replay requires the host-aware worker's parallelism with pipeline=1, \
+                    attention_data=1, prefill_context=1 and decode_context=1");
     }
-    Ok(true)
+    Ok(())
 }
 
 /// `kv_cache.state_cache` and `kv_cache.prefix_match_unit` as read: the state bytes a request

@@ -120,6 +120,23 @@ pub struct SglangSettings {
     /// `host_loop`): requests are received at iteration boundaries and a request is known to be
     /// finished one pass after its last token. Not an engine argument: the unified YAML sets it.
     pub host_loop: bool,
+    /// The vision tower this worker hosts (aisimulate's native VL replay). Not an engine
+    /// argument: the unified YAML sets it.
+    pub vision: Option<VisionSettings>,
+}
+
+/// Native VL replay on an SGLang worker: every prompt starts with `images_per_request` images
+/// of `image_tokens` tokens each, an image named by its first token (identical images have
+/// identical tokens); a prefill pass encodes the distinct images its chunks reach that the
+/// embedding cache does not hold, in one call of the hosted tower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VisionSettings {
+    pub image_tokens: u32,
+    pub images_per_request: u32,
+    /// One image's embeddings in the cache.
+    pub image_bytes: u64,
+    /// SGLang's multimodal embedding cache (`SGLANG_VLM_CACHE_SIZE_MB`), bytes.
+    pub cache_bytes: u64,
 }
 
 impl Default for SglangSettings {
@@ -132,6 +149,7 @@ impl Default for SglangSettings {
             schedule_conservativeness: 1.0,
             cache_held_prompts: false,
             host_loop: false,
+            vision: None,
         }
     }
 }

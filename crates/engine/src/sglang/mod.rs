@@ -43,6 +43,7 @@ mod decode;
 mod handoff;
 mod prefill;
 pub mod radix;
+mod vision;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -142,6 +143,9 @@ pub struct SglangEngine {
     /// (`lingering`), and those of the current pass's batch (`phantoms`).
     lingering: Vec<u32>,
     phantoms: Vec<u32>,
+    /// Native VL replay: the embedding cache, and the images the pass being built reaches.
+    embeddings: Option<vision::EmbeddingCache>,
+    pass_images: vision::PassImages,
 }
 
 impl SglangEngine {
@@ -192,6 +196,8 @@ impl SglangEngine {
             last_busy_end: None,
             lingering: Vec::new(),
             phantoms: Vec::new(),
+            embeddings: cfg.sglang.vision.as_ref().map(vision::EmbeddingCache::new),
+            pass_images: vision::PassImages::default(),
             cfg,
         }
     }
@@ -464,7 +470,8 @@ impl SglangEngine {
         } else {
             Vec::new()
         };
-        let held = !self.parked.is_empty() || !self.destinations.is_empty();
+        // Host loop: requests finished in the last pass still hold their pages in this one.
+        let held = !self.parked.is_empty() || !self.destinations.is_empty() || !self.phantoms.is_empty();
         if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && !held && !self.deferred {
             if let Some(slot) = self.waiting.pop_front() {
                 // Nothing runs, nothing holds pages that will come back, and the head still
@@ -476,7 +483,15 @@ impl SglangEngine {
         if let Some(j) = self.jitter.as_mut() {
             j.next_pass();
         }
-        let prefill_ms = jittered(&self.jitter, self.cfg.timing.prefill_ms(&out.prefill));
+        // Native VL: the pass first encodes the images its chunks reach that are not cached.
+        let vision_ms = match self.embeddings.as_mut() {
+            // Timed to the nanosecond on its own, as the reference's engine adds it.
+            Some(cache) if !admitted.is_empty() => {
+                (self.cfg.timing.vision_ms(self.pass_images.encode(cache)) * 1e6).round() / 1e6
+            }
+            _ => 0.0,
+        };
+        let prefill_ms = jittered(&self.jitter, vision_ms + self.cfg.timing.prefill_ms(&out.prefill));
         let decode_start = now_ms + pass_duration_ms(prefill_ms, self.cfg.speedup_ratio);
         self.prefill_in_pass = out.prefill_tokens > 0;
         out.end_ms = if admitted.is_empty() {

@@ -88,6 +88,7 @@ impl SglangEngine {
         let mut rem_input = self.cfg.sglang.max_prefill_tokens as i64;
         let mut rem_chunk = self.cfg.sglang.chunked_prefill_size as i64;
         let decode_worker = self.cfg.role == Role::Decode;
+        self.pass_images.clear();
         let mut admitted = Vec::new();
         while let Some(&slot) = self.waiting.get(admitted.len()) {
             if self.running.len() + admitted.len() >= max_running {
@@ -158,6 +159,9 @@ impl SglangEngine {
                 out.prefill.batch += 1;
                 out.prefill.total_isl += chunk_end as u64;
                 out.prefill.total_prefix += before as u64;
+            }
+            if let Some(v) = &self.cfg.sglang.vision {
+                self.pass_images.chunk(v, &self.reqs[slot].prompt, before, chunk_end);
             }
             rem_total -= (charged + reserve_out) as f64;
             rem_input -= charged as i64;
