@@ -354,7 +354,10 @@ fn the_host_loop_reports_receipts_and_when_it_formed_each_batch() {
     let mut e = Engine::new(cfg, EngineOptions { record_kv_events: false, engine_index: 0, timing_jitter: None });
     e.submit(request(1, tokens(64, 1), 2));
     let p = step(&mut e, 0.0);
-    assert_eq!((p.received.clone(), p.formed_ms, ids(p.admissions.iter().map(|a| a.request))), (vec![1], None, vec![1]));
+    assert_eq!(
+        (p.received.clone(), p.formed_ms, ids(p.admissions.iter().map(|a| a.request))),
+        (vec![1], None, vec![1])
+    );
     // Arrives at 20, during the prefill: received when the next pass begins, after its batch.
     e.submit(request(2, tokens(64, 2), 2));
     let p = step(&mut e, 40.0);
