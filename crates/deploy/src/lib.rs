@@ -323,6 +323,18 @@ pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
         .into_iter()
         .flatten()
         .any(|w| w.offload.as_ref().is_some_and(|o| o.kvcr.is_some()));
+    if [&e.aggregated, &e.prefill].into_iter().flatten().any(|w| w.host_loop) {
+        // SGLang's host loop: the parts of the mean TTFT, as the reference reports them.
+        let [frontend, inbox, to_admit, prefill, handoff] = report.totals.host_loop.unwrap_or_default().means_ms();
+        s.insert("mean_frontend_ms".into(), json!(frontend));
+        s.insert("mean_scheduler_inbox_wait_ms".into(), json!(inbox));
+        s.insert("mean_receive_to_admit_ms".into(), json!(to_admit));
+        s.insert("mean_prefill_elapsed_ms".into(), json!(prefill));
+        s.insert("mean_handoff_to_first_token_ms".into(), json!(handoff));
+        // A token is seen when its pass ends (no measured host costs: `host_profile` is
+        // refused), so the loop observes every result at once.
+        s.insert("mean_result_observation_delay_ms".into(), json!(0.0));
+    }
     if kvcr {
         // The reference's KVCR counters: no request of the YAML's traffic carries the KV hints
         // a pull needs (see `schema::offload`), so they stay at zero.

@@ -132,6 +132,12 @@ pub struct PassOutput {
     /// Requests that left the engine (after their last token, if any).
     pub finished: Vec<Finished>,
     pub admissions: Vec<Admission>,
+    /// SGLang host loop: when this pass's batch, and so its admissions, was formed (`None`: at
+    /// `start_ms`; the loop forms a batch while the pass before it runs).
+    pub formed_ms: Option<f64>,
+    /// SGLang host loop: requests its scheduler received from its inbox in this pass, at
+    /// `start_ms` (a pass boundary).
+    pub received: Vec<u64>,
     /// Requests preempted (sent back to the waiting queue) in this pass.
     pub preempted: Vec<u64>,
     /// KV cache changes (empty unless the engine records them).
@@ -160,6 +166,8 @@ impl PassOutput {
         self.tokens.clear();
         self.finished.clear();
         self.admissions.clear();
+        self.formed_ms = None;
+        self.received.clear();
         self.preempted.clear();
         self.kv_events.clear();
         self.host_kv_events.clear();

@@ -338,3 +338,41 @@ fn the_host_loop_receives_at_pass_boundaries_and_sees_finishes_one_pass_late() {
     let p = step(&mut e, 40.0);
     assert_eq!((p.end_ms, token_ids(&p)), (80.0, vec![2]));
 }
+
+/// The host loop reports when it received each request (at the start of a pass) and when it
+/// formed a pass's batch (while the pass before ran), as the reference's `scheduler_received_ms`
+/// and admission times; a batch formed while a request's last pass ran counts it among the
+/// running ones (probed on the reference: one running slot, a request received while another
+/// decodes is admitted when that one's phantom pass begins and prefilled after it).
+#[test]
+fn the_host_loop_reports_receipts_and_when_it_formed_each_batch() {
+    let mut cfg = EngineConfig::parse_json(&format!(
+        r#"{{"engine_type": "sglang", {FIXED}, "block_size": 16, "num_gpu_blocks": 1000, "max_num_seqs": 1}}"#
+    ))
+    .unwrap();
+    cfg.sglang.host_loop = true;
+    let mut e = Engine::new(cfg, EngineOptions { record_kv_events: false, engine_index: 0, timing_jitter: None });
+    e.submit(request(1, tokens(64, 1), 2));
+    let p = step(&mut e, 0.0);
+    assert_eq!(
+        (p.received.clone(), p.formed_ms, ids(p.admissions.iter().map(|a| a.request))),
+        (vec![1], None, vec![1])
+    );
+    // Arrives at 20, during the prefill: received when the next pass begins, after its batch.
+    e.submit(request(2, tokens(64, 2), 2));
+    let p = step(&mut e, 40.0);
+    assert_eq!((p.received.clone(), p.formed_ms, token_ids(&p)), (vec![2], Some(0.0), vec![1]));
+    // Request 1 finished at 50 but held the only slot when this batch was formed (at 40): its
+    // phantom pass runs alone, and request 2 waits (it is not refused).
+    let p = step(&mut e, 50.0);
+    assert_eq!((p.end_ms, p.admissions.len(), p.finished.len(), p.prefill_tokens), (60.0, 0, 0, 0));
+    let p = step(&mut e, 60.0);
+    assert_eq!((p.formed_ms, ids(p.admissions.iter().map(|a| a.request)), p.end_ms), (Some(50.0), vec![2], 100.0));
+    assert!(p.received.is_empty());
+
+    // Without the loop nothing is reported.
+    let mut e = engine(r#""block_size": 16, "num_gpu_blocks": 1000"#);
+    e.submit(request(1, tokens(64, 1), 2));
+    let p = step(&mut e, 0.0);
+    assert_eq!((p.received.len(), p.formed_ms), (0, None));
+}

@@ -138,6 +138,24 @@ pub struct Totals {
     pub shed: u64,
     /// Host (G2) KV offload counters over every rank, when any has a host cache.
     pub host_offload: Option<HostOffloadTotals>,
+    /// SGLang host loop: sums of the TTFT parts over the completed requests with a first token.
+    pub host_loop: Option<HostLoopTotals>,
+}
+
+/// Sums of [`RequestRecord::host_loop_parts_ms`] (the reference's `mean_frontend_ms`,
+/// `mean_scheduler_inbox_wait_ms`, `mean_receive_to_admit_ms`, `mean_prefill_elapsed_ms`,
+/// `mean_handoff_to_first_token_ms`) and how many requests they cover.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostLoopTotals {
+    pub requests: u64,
+    pub sums_ms: [f64; 5],
+}
+
+impl HostLoopTotals {
+    /// The mean of each part (0 over no request).
+    pub fn means_ms(&self) -> [f64; 5] {
+        self.sums_ms.map(|s| if self.requests == 0 { 0.0 } else { s / self.requests as f64 })
+    }
 }
 
 /// What the host caches did over a run (servesim's own counters: the reference reports none),
@@ -226,7 +244,15 @@ impl Totals {
             stretched_passes,
             shed,
             host_offload,
+            host_loop,
         } = *other;
+        if let Some(h) = host_loop {
+            let mine = self.host_loop.get_or_insert_with(HostLoopTotals::default);
+            mine.requests += h.requests;
+            for (a, b) in mine.sums_ms.iter_mut().zip(h.sums_ms) {
+                *a += b;
+            }
+        }
         if let Some(h) = host_offload {
             self.host_offload.get_or_insert_with(HostOffloadTotals::default).merge(&h);
         }
@@ -388,6 +414,7 @@ impl<'s> Collector<'s> {
             arrival_ms,
             frontend_done_ms: None,
             first_admit_ms: None,
+            scheduler_received_ms: None,
             terminal_ms: None,
             first_token_ms: None,
             second_token_ms: None,
@@ -424,6 +451,14 @@ impl<'s> Collector<'s> {
         let id = record.ordinal;
         self.live.insert(id, record);
         id
+    }
+
+    /// SGLang host loop: the worker's scheduler received request `id` at `at_ms` (the first
+    /// receipt counts).
+    pub fn received(&mut self, id: u64, at_ms: f64) {
+        if let Some(r) = self.live.get_mut(&id) {
+            r.scheduler_received_ms.get_or_insert(at_ms);
+        }
     }
 
     /// Notes when the frontend's tokenization stage passed request `id` on (see
@@ -704,6 +739,13 @@ impl<'s> Collector<'s> {
                 }
                 if let Some(v) = r.ttft_ms() {
                     self.ttft.add(v);
+                }
+                if let Some(parts) = r.host_loop_parts_ms() {
+                    let h = t.host_loop.get_or_insert_with(HostLoopTotals::default);
+                    h.requests += 1;
+                    for (sum, v) in h.sums_ms.iter_mut().zip(parts) {
+                        *sum += v;
+                    }
                 }
                 if let (Some(parts), Some(b)) = (self.ttft_parts.as_mut(), r.ttft_breakdown_ms()) {
                     for (samples, v) in parts.iter_mut().zip(b.parts()) {

@@ -39,6 +39,9 @@ pub struct RequestRecord {
     /// without the stage).
     pub frontend_done_ms: Option<f64>,
     pub first_admit_ms: Option<f64>,
+    /// SGLang host loop: when the worker's scheduler received it from its inbox (the pass
+    /// boundary after its arrival); `None` without the loop.
+    pub scheduler_received_ms: Option<f64>,
     pub terminal_ms: Option<f64>,
     pub first_token_ms: Option<f64>,
     pub second_token_ms: Option<f64>,
@@ -127,6 +130,7 @@ impl RequestRecord {
         for t in [
             &mut r.frontend_done_ms,
             &mut r.first_admit_ms,
+            &mut r.scheduler_received_ms,
             &mut r.terminal_ms,
             &mut r.first_token_ms,
             &mut r.second_token_ms,
@@ -158,6 +162,33 @@ impl RequestRecord {
     pub(crate) fn push_admission(&mut self, pool: Role, at_ms: f64, reused_tokens: u32) {
         let pool_ordinal = self.admission_history.iter().filter(|a| a.pool == pool).count() as u32;
         self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal, tiers: None });
+    }
+
+    /// Time spent in frontend stages ahead of the scheduler (`workers.<role>.frontend`): none
+    /// are modelled yet, so none. The host loop's parts of the TTFT start after it.
+    pub fn frontend_ms(&self) -> f64 {
+        0.0
+    }
+
+    /// When its prompt was done: its first token aggregated, the prefill worker holding its KV
+    /// disaggregated.
+    pub fn prefill_complete_ms(&self) -> Option<f64> {
+        match &self.handoff {
+            Some(h) => h.source_held_ms,
+            None => self.first_token_ms,
+        }
+    }
+
+    /// The host loop's parts of the TTFT, which add up to it: frontend, scheduler inbox wait
+    /// (receipt − frontend done), receipt to admission, admission to prefill complete, and
+    /// prefill complete to first token (the KV handoff, disaggregated). `None` without the loop
+    /// or before the first token.
+    pub fn host_loop_parts_ms(&self) -> Option<[f64; 5]> {
+        let received = self.scheduler_received_ms?;
+        let (admit, first) = (self.first_admit_ms?, self.first_token_ms?);
+        let done = self.prefill_complete_ms()?;
+        let frontend = self.frontend_ms();
+        Some([frontend, received - self.arrival_ms - frontend, admit - received, done - admit, first - done])
     }
 
     pub fn ttft_ms(&self) -> Option<f64> {

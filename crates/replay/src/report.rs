@@ -371,6 +371,13 @@ pub fn request_json(r: &RequestRecord) -> Value {
         put("first_admission_g1_reused_input_tokens", json!(g1));
         put("first_admission_host_reused_input_tokens", json!(host));
     }
+    if let Some(received) = r.scheduler_received_ms {
+        // SGLang's host loop (the reference's keys); it selects a request for a batch when it
+        // admits it.
+        put("scheduler_received_ms", json!(received));
+        put("selected_ms", json!(r.first_admit_ms));
+        put("prefill_complete_ms", json!(r.prefill_complete_ms()));
+    }
     put("dp_rank", json!(r.dp_rank));
     put("route_overlap_tokens", json!(r.route_overlap_tokens));
     put("queue_wait_ms", json!(r.queue_wait_ms));

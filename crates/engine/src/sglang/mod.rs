@@ -139,6 +139,8 @@ pub struct SglangEngine {
     /// Host loop: the end of the last pass that ran something (a pass beginning then follows
     /// it back to back, so its batch was formed when that one began).
     last_busy_end: Option<f64>,
+    /// Host loop: when that pass began.
+    last_busy_start: f64,
     /// Host loop: requests finished in the last pass, still in the batch of the next one
     /// (`lingering`), and those of the current pass's batch (`phantoms`).
     lingering: Vec<u32>,
@@ -194,6 +196,7 @@ impl SglangEngine {
             interval_idle_in_pass: false,
             inbox: Vec::new(),
             last_busy_end: None,
+            last_busy_start: 0.0,
             lingering: Vec::new(),
             phantoms: Vec::new(),
             embeddings: cfg.sglang.vision.as_ref().map(vision::EmbeddingCache::new),
@@ -423,8 +426,12 @@ impl SglangEngine {
         out.finished.push(Finished { request: req.id, finish: Finish::Rejected(reason) });
     }
 
-    /// Host loop: the requests submitted so far are received (queued behind the waiting ones).
-    fn receive_inbox(&mut self) {
+    /// Host loop: the requests submitted so far are received (queued behind the waiting ones),
+    /// at the start of the pass `out` reports.
+    fn receive_inbox(&mut self, out: &mut PassOutput) {
+        for &slot in &self.inbox {
+            out.received.push(self.reqs[slot].id);
+        }
         self.waiting.extend(self.inbox.drain(..));
     }
 
@@ -444,7 +451,11 @@ impl SglangEngine {
             self.phantoms = std::mem::take(&mut self.lingering);
             let idle_then = self.running.is_empty() && self.waiting.is_empty() && self.phantoms.is_empty();
             if !formed_earlier || idle_then {
-                self.receive_inbox();
+                self.receive_inbox(out);
+            } else {
+                // Formed when the pass before began, with the requests then running: those
+                // that finished in it were among them.
+                out.formed_ms = Some(self.last_busy_start);
             }
         }
         // Transferred requests (decode worker) join the batch; while some still wait for a
@@ -465,14 +476,19 @@ impl SglangEngine {
         // Nothing is prefilled while transferred requests wait for a running slot, nor, on a
         // decode worker, while accepted requests wait for pages.
         // Nor during the prefill/decode interval.
+        // A batch formed while the pass before ran counts the requests that finished in it:
+        // they were running then, and still hold their slots.
+        let room = if out.formed_ms.is_some() { max_running.saturating_sub(self.phantoms.len()) } else { max_running };
         let admitted = if self.arrived.is_empty() && self.destinations.is_empty() && !self.deferred {
-            self.build_prefill_batch(out, max_running)
+            self.build_prefill_batch(out, room)
         } else {
             Vec::new()
         };
-        // Host loop: requests finished in the last pass still hold their pages in this one.
-        let held = !self.parked.is_empty() || !self.destinations.is_empty() || !self.phantoms.is_empty();
-        if admitted.is_empty() && self.running.is_empty() && self.arrived.is_empty() && !held && !self.deferred {
+        // Host loop: requests finished in the last pass still hold their slots and pages in
+        // this one, so a waiting request is not refused while they do.
+        let held = !self.parked.is_empty() || !self.destinations.is_empty();
+        let idle = self.running.is_empty() && self.phantoms.is_empty() && self.arrived.is_empty();
+        if admitted.is_empty() && idle && !held && !self.deferred {
             if let Some(slot) = self.waiting.pop_front() {
                 // Nothing runs, nothing holds pages that will come back, and the head still
                 // cannot be admitted: it never will be.
@@ -509,9 +525,10 @@ impl SglangEngine {
         if host_loop {
             // The requests that came while this batch was formed are received now; those that
             // finished in the previous pass leave.
-            self.receive_inbox();
+            self.receive_inbox(out);
             let busy = out.prefill_tokens > 0 || out.decode_forwards > 0 || !self.phantoms.is_empty();
             self.last_busy_end = busy.then_some(out.end_ms);
+            self.last_busy_start = now_ms;
             for slot in std::mem::take(&mut self.phantoms) {
                 self.retire(slot);
             }

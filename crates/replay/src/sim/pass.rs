@@ -410,11 +410,16 @@ impl Simulation<'_, '_> {
         let role = self.pools[pool].spec.role;
         let now = self.now;
         self.publish_kv_events(pool, target, out);
+        for &id in &out.received {
+            self.collector.received(id, out.start_ms);
+        }
+        // SGLang's host loop admits a request when it forms the batch, while the pass before runs.
+        let admitted_at = out.formed_ms.unwrap_or(out.start_ms);
         for a in &out.admissions {
             if role == Role::Decode {
-                self.collector.decode_admit(a.request, out.start_ms, a.reused_tokens);
+                self.collector.decode_admit(a.request, admitted_at, a.reused_tokens);
             } else {
-                self.collector.admit(a.request, out.start_ms, a.reused_tokens);
+                self.collector.admit(a.request, admitted_at, a.reused_tokens);
             }
             if let Some(tiers) = a.tiers {
                 self.collector.admit_tiers(a.request, tiers);
