@@ -287,7 +287,8 @@ impl FpmTable {
                 }
             }
             let seed = seed_col.as_ref().map(|c| s(c)).unwrap_or_default();
-            if !cell[16..20].iter().map(String::as_str).eq(LEGACY_EXECUTION) && (decode || kv > 0) && seed != "real_kv" {
+            if !cell[16..20].iter().map(String::as_str).eq(LEGACY_EXECUTION) && (decode || kv > 0) && seed != "real_kv"
+            {
                 return Err(db_err(format!(
                     "FPM row {r}: config-bound cached prefill/decode requires real_kv provenance"
                 )));

@@ -500,7 +500,9 @@ fn a_dcp_cell_is_read_from_its_measured_curves_only() {
     // A batch above the ceiling under KV pressure needs the roofline to clamp: it stays, and the
     // domain refuses it.
     let err = t.prefill_total_ms(32, 2048, 16384).unwrap_err().message;
-    assert!(err.starts_with("perf database error: FPM prefill query batch_size=32 is outside the collected domain [1, 16]"));
+    assert!(
+        err.starts_with("perf database error: FPM prefill query batch_size=32 is outside the collected domain [1, 16]")
+    );
 
     let Some(t) = dcp_table("q30-dcp1", 1) else { return };
     let prefill = [
