@@ -26,6 +26,9 @@ kv_cache_dtype=fp8): the points off the curves transfer through the DSA block's 
 --deployment glm52-sglang: nvidia/GLM-5.2-NVFP4 on a B200 TP8 (moe_tp 8) under SGLang 0.5.14, where
 57 of 78 layers reuse the top-k index (the prefill roofline blends the indexer-computing and reuse
 layers); --deployment glm52-vllm: the same under vLLM 0.24.0, whose decode roofline blends them too.
+--deployment q30-dcp2-vllm / q30-dcp1-vllm: Qwen/Qwen3-30B-A3B on an H200 TP8 (moe_tp 8) under vLLM 0.24.0
+stating decode context parallelism 2 / 1, on a table with a dcp column holding both cells (fpm_table.py
+... --dcp 1,2): the dcp-2 deployment reads its cell's measured curves and refuses every transfer.
 --deployment glm5-cp8-sglang: zai-org/GLM-5-FP8 on an H200 with prefill context parallelism 8 (moe_ep
 8) under SGLang 0.5.14: a prefill transfer is refused (the DSA CP block has no roofline), decode ones
 are not.
@@ -97,6 +100,16 @@ DEPLOYMENTS["glm5-cp8-sglang"] = (
     ["--model", "zai-org/GLM-5-FP8", "--backend", "sglang", "--version", "0.5.14", "--cell", "glm5_cp8",
      "--par", "cp=8,moe_ep=8", "--quant", "weight_quantization=fp8_block,gemm_quant_mode=fp8_block,"
      "moe_quant_mode=fp8_block,kv_cache_dtype=fp8"])
+# Decode context parallelism (vLLM only): a table with a dcp column holding a dcp-1 and a dcp-2 cell
+# of Qwen3-30B-A3B on an H200 TP8 (moe_tp 8); the DCP cell's decode rows are timed over the KV
+# stripe (fpm_table.py --dcp). A deployment stating dcp 2 reads the dcp-2 cell at the whole
+# group's totals and refuses every roofline transfer; one stating dcp 1 reads the dcp-1 cell and
+# transfers as without DCP.
+Q30 = ["--model", "Qwen/Qwen3-30B-A3B", "--cell", "q30_tp8", "--par", "tp=8,moe_tp=8", "--dcp", "1,2"]
+for dcp in (1, 2):
+    DEPLOYMENTS[f"q30-dcp{dcp}-vllm"] = (
+        dict(model="Qwen/Qwen3-30B-A3B", system="h200_sxm", backend="vllm", backend_version="0.24.0",
+             tp=8, moe_tp_size=8, moe_ep_size=1, dcp=dcp), Q30)
 
 
 def main():

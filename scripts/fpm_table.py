@@ -114,6 +114,8 @@ def main():
     ap.add_argument("--prefill-kv", help="comma-separated total KV reads of extra prefill sites (default none)")
     ap.add_argument("--prefill-kv-batches", help="comma-separated batches of those sites (default 1..16)")
     ap.add_argument("--prefill-min-tokens", type=int, default=256, help="shortest prefill curve point (default 256)")
+    ap.add_argument("--dcp", help="comma-separated decode context parallel sizes: a dcp column, one cell per size")
+    ap.add_argument("--selector-dcp", type=int, help="the sidecar's configuration_selector.dcp")
     a = ap.parse_args()
     decode_context = DECODE_CONTEXT
     if a.decode_context:
@@ -133,13 +135,21 @@ def main():
         assert k in identity, k
         identity[k] = v
     os.makedirs(a.out_dir, exist_ok=True)
+    dcps = [int(v) for v in a.dcp.split(",")] if a.dcp else [None]
     data = {k: [] for k in (
         "cell_id", "model_path", "system", "backend", "backend_version", *IDENTITY.keys(),
         "tp", "pp", "dp", "moe_tp", "moe_ep", "cp", "enable_wideep", "enable_eplb",
         "workload_kind", "partition_policy", "batch_size", "total_prefill_tokens",
-        "total_kv_read_tokens", "latency_ms")}
-    for kind, b, t, kv, ms in rows(decode_batches, decode_context, prefill_kv, kv_batches, a.prefill_min_tokens):
-        data["cell_id"].append(a.cell)
+        "total_kv_read_tokens", "latency_ms", *(["dcp"] if a.dcp else []))}
+    cells = [(dcp, row) for dcp in dcps
+             for row in rows(decode_batches, decode_context, prefill_kv, kv_batches, a.prefill_min_tokens)]
+    for dcp, (kind, b, t, kv, ms) in cells:
+        if dcp is not None:
+            # a DCP cell's latencies: the decode KV read is striped over the group
+            data["dcp"].append(dcp)
+            if kind == "decode":
+                ms = decode_ms(b, kv / dcp) + 0.01 * (dcp - 1)
+        data["cell_id"].append(a.cell if dcp is None else f"{a.cell}_dcp{dcp}")
         data["model_path"].append(a.model)
         data["system"].append(a.system)
         data["backend"].append(a.backend)
@@ -158,7 +168,7 @@ def main():
         data["latency_ms"].append(round(ms, 6))
     types = {k: pa.string() for k in data}
     for k in ("tp", "pp", "dp", "moe_tp", "moe_ep", "cp", "batch_size", "total_prefill_tokens",
-              "total_kv_read_tokens"):
+              "total_kv_read_tokens", "dcp"):
         types[k] = pa.int64()
     types["enable_wideep"] = types["enable_eplb"] = pa.bool_()
     types["latency_ms"] = pa.float64()
@@ -177,6 +187,8 @@ def main():
         "row_count": table.num_rows,
         "parquet_sha256": digest,
     }
+    if a.selector_dcp is not None:
+        sidecar["configuration_selector"] = {"dcp": a.selector_dcp}
     with open(os.path.join(a.out_dir, "fpm_forward_perf.metadata.json"), "w") as f:
         json.dump(sidecar, f, indent=2, sort_keys=True)
         f.write("\n")

@@ -521,3 +521,109 @@ fn interpolation_on_a_dsa_model_matches_the_reference() {
     assert_eq!(reference["mean_ttft_ms"].as_f64(), Some(1081.8104025000002));
     assert_eq!(reference["mean_itl_ms"].as_f64(), Some(17.305480230158775));
 }
+
+/// `scripts/fpm_table.py`'s options for Qwen3-30B-A3B on an H200 TP8 (moe_tp 8) under vLLM
+/// 0.24.0 with a `dcp` column holding a dcp-1 and a dcp-2 cell (the dcp-2 decode rows timed over
+/// the KV stripe), decode batches 1,2,4,5,8,9,16.
+const DCP_TABLE: [&str; 16] = [
+    "--model",
+    "Qwen/Qwen3-30B-A3B",
+    "--cell",
+    "q30_tp8",
+    "--par",
+    "tp=8,moe_tp=8",
+    "--dcp",
+    "1,2",
+    "--decode-batches",
+    "1,2,4,5,8,9,16",
+    "--decode-context",
+    "256,4096,256",
+    "--prefill-kv",
+    "4096,16384",
+    "--prefill-kv-batches",
+    "1,2,4,8,16",
+];
+
+/// Decode context parallelism 2 over a table recording it: the deployment's `decode_context: 2`
+/// selects the dcp-2 cell, read at the whole group's iteration totals (decode batches 6 and 5
+/// blend the bracket rows 5/8). Every metric of the reference's prediction within 1e-9 relative;
+/// recorded as the YAML header says.
+#[test]
+fn interpolation_under_decode_context_parallelism_matches_the_reference() {
+    let Some(reference) = matches_the_reference_on(
+        "golden-dcp",
+        "predict_fpm_interp_dcp_qwen3_moe.yaml",
+        "predict_fpm_interp_dcp_qwen3_moe.expected.json",
+        &DCP_TABLE,
+        1e-9,
+    ) else {
+        return;
+    };
+    assert_eq!(reference["completed_requests"].as_f64(), Some(30.0));
+    assert_eq!(reference["mean_itl_ms"].as_f64(), Some(7.16481));
+}
+
+/// What the reference refuses around DCP cells and speculation (each message recorded with
+/// `aisimulate_predict.py` on `predict_fpm_interp_dcp_qwen3_moe.yaml` and the `--set`s below): a
+/// deployment stating `decode_context: 1` selects only a dcp-1 cell (a table without a dcp column
+/// has none), one not stating it only cells without DCP; DCP under SGLang or the regression has
+/// no whole-forward timing; every speculative scheme needs op-level timing.
+#[test]
+fn dcp_cells_and_speculation_are_refused_as_the_reference_does() {
+    let Some(dcp_table) = generated_table_with("dcp-refusals", &DCP_TABLE) else { return };
+    let plain: Vec<&str> = DCP_TABLE[..6].iter().chain(&DCP_TABLE[8..]).copied().collect();
+    let Some(plain_table) = generated_table_with("dcp-refusals-plain", &plain) else { return };
+    let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fpm/predict_fpm_interp_dcp_qwen3_moe.yaml");
+    let refuse = |name: &str, table: &PathBuf, sets: &[&str], want: &str| {
+        let out_dir = dir().join(format!("{name}-out"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_servesim"));
+        cmd.args(["predict", "-c", cfg.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap(), "--overwrite"]);
+        cmd.args(["--set", &format!("{T}.fpm_parquet_path={}", table.display())]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        if data_missing(&out) {
+            return;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(!out_dir.join("prediction.json").exists(), "{name}");
+    };
+    let par = "engine.workers.aggregated.parallelism";
+    refuse(
+        "dcp1-plain",
+        &plain_table,
+        &[&format!("{par}.decode_context=1")],
+        "input_modality=\"text\", dcp=\"1\"}. FPM never substitutes another model's curves",
+    );
+    refuse(
+        "no-dcp",
+        &dcp_table,
+        &[&format!("{par}.decode_context=null")],
+        "input_modality=\"text\"}. FPM never substitutes another model's curves",
+    );
+    refuse(
+        "sglang",
+        &dcp_table,
+        &["engine.backend=sglang", "engine.backend_version=0.5.14"],
+        "unsupported model for Rust core estimator: DCP timing requires measured vLLM FPM interpolation",
+    );
+    refuse(
+        "regression",
+        &dcp_table,
+        &[&format!("{T}.estimation_mode=fpm_regression")],
+        "unsupported model for Rust core estimator: DCP timing requires measured vLLM FPM interpolation",
+    );
+    refuse(
+        "mtp",
+        &dcp_table,
+        &[
+            "engine.speculation={kind: mtp, params: {depth: 2}, expected_accepted_tokens: 1.5}",
+            "engine.workers.aggregated.kv_cache.capacity={type: fixed, blocks: 6000}",
+            &format!("{par}.decode_context=null"),
+        ],
+        "unsupported model for Rust core estimator: mtp speculation requires op_level timing",
+    );
+}

@@ -74,7 +74,7 @@ fn ais_config(engine: &Engine, w: &Worker, block_size: u32) -> Value {
     if p.prefill_context != 1 {
         c.insert("cp_size".into(), json!(p.prefill_context));
     }
-    if p.decode_context != 1 {
+    if p.decode_context != 1 || p.decode_context_stated {
         c.insert("dcp".into(), json!(p.decode_context));
     }
     c.insert("attention_dp".into(), json!(p.attention_data));

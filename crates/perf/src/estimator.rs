@@ -511,11 +511,15 @@ impl Estimator {
                     op.name()
                 )))
             }
-            // The reference scales such an op's tokens and batch here; servesim does not yet (DSA
-            // prefill CP's norms carry one, and that graph is refused first at its attention block).
+            // Unreachable by a valid deployment, in servesim as in the installed reference: the
+            // drafts of a speculative scheme are the reference's only token-scaled ops, and every
+            // FPM mode refuses speculation before a table is read ("... speculation requires
+            // op_level timing", `fpm::select`); servesim's other wrapper, DSA prefill CP's norms,
+            // sits in a graph refused first at its attention block. Kept as a refusal rather than
+            // a guess at fractional token counts.
             Op::TokenScale { .. } => {
                 return Err(PerfError::unsupported(format!(
-                    "servesim's forward_model='fpm' SOL roofline does not time the token-scaled op {} yet",
+                    "servesim's forward_model='fpm' SOL roofline does not time the token-scaled op {}",
                     op.name()
                 )))
             }

@@ -8,6 +8,8 @@
 //! has one ready: selecting it refuses. Interpolation needs the collected table
 //! (`fpm_parquet_path`, or `<data>/<system>/<backend>/<version>/fpm_forward_perf.parquet`) with
 //! its metadata sidecar; a missing or malformed table is a failure the next mode may recover.
+//! Both FPM modes refuse a speculative scheme (it needs op-level timing), and decode context
+//! parallelism outside a vLLM table's measured DCP cells.
 //!
 //! A selected valid table is interpolated as the reference interpolates it (`fpm_interp.rs`:
 //! measured curves, rung brackets, and the roofline transfer where they do not reach). A table
@@ -100,10 +102,40 @@ pub fn select(cfg: &AisConfig) -> Result<Option<PathBuf>> {
         }
     };
     let mut failures: Vec<PerfError> = Vec::new();
+    // Decode context parallelism has no whole-forward regression, and only vLLM tables record
+    // DCP cells: both refuse it before any table is read.
+    let dcp_refusal = || {
+        PerfError::unsupported(format!(
+            "unsupported model for Rust core estimator: DCP timing requires measured vLLM FPM interpolation \
+             (dcp={} with backend {})",
+            cfg.dcp, cfg.backend
+        ))
+    };
+    // A whole-forward table times autoregressive passes: every speculative scheme (MTP's nextn
+    // too) needs op-level timing, so the FPM modes refuse it (the reference's words).
+    let speculation = raw
+        .get("speculation")
+        .and_then(|s| s.get("kind"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| (cfg.nextn > 0).then(|| "mtp".to_string()));
+    let speculation_refusal = |kind: &str| {
+        PerfError::unsupported(format!(
+            "unsupported model for Rust core estimator: {kind} speculation requires op_level timing"
+        ))
+    };
     for mode in candidates {
         match mode {
             // servesim's op-level estimator reports its own failures when it is built.
             Mode::OpLevel => return Ok(None),
+            Mode::Regression if cfg.dcp > 1 && failures.is_empty() => return Err(dcp_refusal()),
+            Mode::Interpolation if cfg.dcp > 1 && cfg.backend != "vllm" => failures.push(dcp_refusal()),
+            Mode::Regression if failures.is_empty() && speculation.is_some() => {
+                return Err(speculation_refusal(speculation.as_deref().unwrap_or_default()))
+            }
+            Mode::Interpolation if speculation.is_some() => {
+                failures.push(speculation_refusal(speculation.as_deref().unwrap_or_default()))
+            }
             Mode::Regression => {
                 return Err(PerfError::unsupported(if failures.is_empty() {
                     "regression estimator is not ready; replay requires training observations".to_string()
@@ -174,6 +206,7 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
     let sidecar = path.with_extension("metadata.json");
     let (schema_version, expected_rows) = check_sidecar(&sidecar, &cfg.system, &cfg.backend, &version)?;
     check_digest(&sidecar, path)?;
+    selector_dcp(&sidecar)?;
     let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| db_err(format!("cannot open {shown}: {e}")))?;
     let reader = SerializedFileReader::new(file)
@@ -202,6 +235,10 @@ pub fn check_table(path: &Path, cfg: &AisConfig) -> Result<usize> {
         required.push((c, "boolean", &[Physical::BOOLEAN]));
     }
     required.push(("latency_ms", "floating-point", &[Physical::DOUBLE, Physical::FLOAT]));
+    // Optional: the decode context parallelism a row was measured under (a cell per size).
+    if names.contains(&"dcp") {
+        required.push(("dcp", "integer", int_types));
+    }
     for (name, kind, types) in required {
         match columns.iter().find(|(n, _)| n == name) {
             None => {
@@ -305,6 +342,24 @@ fn read_sidecar(path: &Path) -> Result<serde_json::Map<String, Value>> {
     match doc {
         Value::Object(m) => Ok(m),
         _ => Err(db_err(format!("FPM metadata sidecar must be a JSON object: {shown}"))),
+    }
+}
+
+/// The decode context parallelism the sidecar's `configuration_selector` pins its rows to:
+/// None without a selector, `Some(None)` for a selector without `dcp` (rows without DCP only),
+/// `Some(Some(n))` for `dcp: n`.
+pub(crate) fn selector_dcp(sidecar: &Path) -> Result<Option<Option<u32>>> {
+    let m = read_sidecar(sidecar)?;
+    let Some(selector) = m.get("configuration_selector") else { return Ok(None) };
+    let Some(selector) = selector.as_object() else {
+        return Err(db_err("FPM configuration_selector must be an object".into()));
+    };
+    match selector.get("dcp") {
+        None => Ok(Some(None)),
+        Some(v) => match v.as_u64().and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0) {
+            Some(dcp) => Ok(Some(Some(dcp))),
+            None => Err(db_err("FPM selector dcp must be a positive integer".into())),
+        },
     }
 }
 

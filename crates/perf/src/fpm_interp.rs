@@ -4,7 +4,11 @@
 //! The table holds whole-forward latencies at per-rank iteration totals: prefill points at
 //! `(batch_size, total_prefill_tokens, total_kv_read_tokens)` and decode points at
 //! `(batch_size, total_kv_read_tokens)`. Rows are grouped into cells by model path and the
-//! 19-field execution identity; the request's identity must match one cell exactly.
+//! 19-field execution identity, and by the decode context parallelism a row was measured under
+//! when the table has a `dcp` column; the request's identity must match one cell exactly (a
+//! deployment that states its DCP, even 1, selects only DCP cells, one that does not only cells
+//! without it). A DCP cell is queried at the whole group's iteration totals, like any other, and
+//! its points are read from its measured curves only: the roofline transfer is refused for it.
 //!
 //! A replay's prefill pass is the point `(batch, new tokens, KV read)` at its exact totals (a
 //! chunk remainder beside whole prompts is not a multiple of the batch; the reference's engine
@@ -147,7 +151,8 @@ fn to_u32(path: &str, col: &str, row: usize, v: Option<i64>) -> Result<u32> {
 
 impl FpmTable {
     /// Reads the table at `path` (already checked by [`crate::fpm::check_table`]) and selects
-    /// the cell of `model_path` with the request identity `identity` (19 fields). Reads only.
+    /// the cell of `model_path` with the request identity `identity` (19 fields, and the stated
+    /// DCP as a 20th). Reads only.
     pub fn load(
         path: &Path,
         identity: &[String],
@@ -177,12 +182,11 @@ impl FpmTable {
         // Bounded before a column is decoded, however the caller found the table.
         crate::fpm::check_bounds(path)?;
         let t = Table::read(path, &wanted).map_err(|e| db_err(e.message))?;
-        if t.has("dcp") {
-            return Err(PerfError::unsupported(format!(
-                "FPM table {shown} records decode context parallelism (column dcp): servesim interpolates \
-                 tables without DCP cells only"
-            )));
-        }
+        // A `dcp` column makes the decode context parallelism a row was measured under part of
+        // its cell's identity; the sidecar's selector may pin it.
+        let dcp_col = if t.has("dcp") { Some(t.int_or_none("dcp")?) } else { None };
+        let tp_col = t.int_or_none("tp")?;
+        let selector = crate::fpm::selector_dcp(&path.with_extension("metadata.json"))?;
         let text = |c: &str| t.text_or_none(c);
         let model_col = text("model_path")?;
         let kind_col = text("workload_kind")?;
@@ -260,6 +264,21 @@ impl FpmTable {
             }
             let mut cell = vec![s(&model_col)];
             cell.extend(ident_cols.iter().map(|c| c[r].clone()));
+            let dcp = match &dcp_col {
+                Some(col) => {
+                    let dcp = to_u32(&shown, "dcp", r, col[r])?;
+                    let tp = to_u32(&shown, "tp", r, tp_col[r])?;
+                    if dcp == 0 || tp == 0 || tp % dcp != 0 {
+                        return Err(db_err(format!("FPM row {r} dcp must be positive and divide tp")));
+                    }
+                    cell.push(dcp.to_string());
+                    Some(dcp)
+                }
+                None => None,
+            };
+            if selector.is_some_and(|declared| declared != dcp) {
+                return Err(db_err(format!("FPM row {r} dcp disagrees with the sidecar selector")));
+            }
             for (offset, name) in [(12usize, "moe_backend"), (13usize, "attention_backend")] {
                 if cell[offset].is_empty() {
                     return Err(db_err(format!(
@@ -268,7 +287,8 @@ impl FpmTable {
                 }
             }
             let seed = seed_col.as_ref().map(|c| s(c)).unwrap_or_default();
-            if !cell[16..].iter().map(String::as_str).eq(LEGACY_EXECUTION) && (decode || kv > 0) && seed != "real_kv" {
+            if !cell[16..20].iter().map(String::as_str).eq(LEGACY_EXECUTION) && (decode || kv > 0) && seed != "real_kv"
+            {
                 return Err(db_err(format!(
                     "FPM row {r}: config-bound cached prefill/decode requires real_kv provenance"
                 )));
@@ -339,7 +359,8 @@ impl FpmTable {
                 .into_iter()
                 .collect();
             available.truncate(8);
-            let ident: Vec<String> = MATCH_COLUMNS.iter().zip(identity).map(|(c, v)| format!("{c}={v:?}")).collect();
+            let ident: Vec<String> =
+                MATCH_COLUMNS.iter().chain(&["dcp"]).zip(identity).map(|(c, v)| format!("{c}={v:?}")).collect();
             return Err(db_err(format!(
                 "No FPM cell matches model_path={model_path:?} with identity {{{}}}. FPM never substitutes another \
                  model's curves; collect data under this exact model path or query with the collected path. \
@@ -663,9 +684,6 @@ pub fn request_identity(
     {
         return Err("enable_wideep / enable_eplb: servesim matches FPM cells without wide EP only".into());
     }
-    if layout.dcp > 1 {
-        return Err(format!("dcp={}: servesim matches FPM cells without decode context parallelism only", layout.dcp));
-    }
     if layout.nextn > 0 || layout.ngram > 0 {
         return Err(
             "speculative decoding (nextn / ngram): the FPM decode surface is timed for autoregressive steps only"
@@ -680,6 +698,11 @@ pub fn request_identity(
     }
     id.extend(["auto", "auto", "False", "False"].map(String::from));
     id.extend(LEGACY_EXECUTION.map(String::from));
+    // A deployment that states its decode context parallelism (even 1) selects the cells measured
+    // under it; one that does not, the cells without a `dcp` column.
+    if raw.get("dcp").is_some_and(|v| !v.is_null()) {
+        id.push(layout.dcp.to_string());
+    }
     Ok(id)
 }
 

@@ -394,9 +394,9 @@ fn dsa_prefill_context_parallelism_has_no_fpm_roofline() {
 /// Decode context parallelism: the reference interpolates a DCP cell's measured points but
 /// transfers none through the roofline (probed on DeepSeek-V3.2 vLLM 0.24.0 TP8 dcp 2, a table
 /// with a `dcp` column of 2: "...; SOL roofline unavailable: unsupported model for Rust core
-/// estimator: DCP FPM supports measured interpolation, not op-level SOL transfer"). servesim's
-/// tables carry no DCP cells yet, so the roofline of a dcp-2 deployment is attached to the
-/// dcp-1 cell here: its collected points still read, its transfers are refused in those words.
+/// estimator: DCP FPM supports measured interpolation, not op-level SOL transfer"). The roofline
+/// of a dcp-2 deployment is attached to a cell without DCP here: its collected points still
+/// read, its transfers are refused in those words (whatever cell the roofline is attached to).
 #[test]
 fn decode_context_parallelism_has_no_fpm_roofline() {
     let cfg = json!({"model": "deepseek-ai/DeepSeek-V3.2", "system": "h200_sxm", "backend": "vllm",
@@ -426,4 +426,104 @@ fn decode_context_parallelism_has_no_fpm_roofline() {
             err.message
         );
     }
+}
+
+/// The table `scripts/fpm_pass_goldens.py --deployment q30-dcp{1,2}-vllm` writes: [`table`]'s
+/// layout for Qwen3-30B-A3B on an H200 TP8 (moe_tp 8) under vLLM 0.24.0 with a `dcp` column
+/// holding a dcp-1 and a dcp-2 cell (`scripts/fpm_table.py ... --dcp 1,2`: the dcp-2 cell's
+/// decode rows are timed over the KV stripe), the cell of the stated `dcp` selected.
+fn dcp_table(name: &str, dcp: u32) -> Option<FpmTable> {
+    let args = [
+        "--decode-batches",
+        "1,2,4,5,8,9,16",
+        "--decode-context",
+        "256,4096,256",
+        "--prefill-kv",
+        "4096,16384",
+        "--prefill-kv-batches",
+        "1,2,4,8,16",
+        "--model",
+        "Qwen/Qwen3-30B-A3B",
+        "--cell",
+        "q30_tp8",
+        "--par",
+        "tp=8,moe_tp=8",
+        "--dcp",
+        "1,2",
+    ];
+    let dcp_label = dcp.to_string();
+    let identity = [
+        "bfloat16", "bfloat16", "bfloat16", "half", "bfloat16", "8", "1", "1", "8", "1", "1", "auto", "auto", "False",
+        "False", "", "full", "none", "text", &dcp_label,
+    ];
+    let cfg = json!({"model": "Qwen/Qwen3-30B-A3B", "system": "h200_sxm", "backend": "vllm",
+                     "backend_version": "0.24.0", "tp": 8, "moe_tp_size": 8, "moe_ep_size": 1, "dcp": dcp});
+    deployment_table(name, &args, &identity, &cfg)
+}
+
+/// A table recording decode context parallelism: a deployment stating dcp 2 reads the dcp-2
+/// cell's measured curves (on-curve points, rung brackets, the batch clamp) at the whole DCP
+/// group's iteration totals, and refuses every point the curves do not reach in the reference's
+/// words; one stating dcp 1 reads the dcp-1 cell and transfers through Qwen3-30B-A3B's roofline.
+/// Recorded with `$AISIM_REF_VENV/bin/python scripts/fpm_pass_goldens.py --deployment
+/// q30-dcp2-vllm` and `--deployment q30-dcp1-vllm`; every value within 1e-9 relative.
+#[test]
+fn a_dcp_cell_is_read_from_its_measured_curves_only() {
+    let Some(t) = dcp_table("q30-dcp2", 2) else { return };
+    // The collected prefill points read as without DCP (the closed form's prefill rows are the
+    // same in both cells); the decode rows are the dcp-2 cell's, striped.
+    let prefill = [(1, 1024, 0, 60.539229), (3, 1002, 0, 59.233913171875), (20, 4000, 0, 224.510182125)];
+    let decode = [
+        (4, 4000, 6.81),
+        (16, 16000, 8.610000000000001),
+        (2, 2207, 6.531735),
+        (3, 7501, 7.132605),
+        (15, 45005, 11.655525),
+        (12, 40000, 11.13),
+        (14, 3000, 6.93),
+        (1, 768, 6.33564),
+    ];
+    transfers_match(&t, &prefill, &decode);
+    let transfer = "(no usable neighbour site); SOL roofline unavailable: dcp=2: DCP FPM supports measured \
+                    interpolation, not op-level SOL transfer (as in the reference)";
+    for (batch, tokens, kv) in [(3, 3000, 4095), (4, 4096, 8192), (4, 2048, 16), (2, 6144, 16384)] {
+        let err = t.prefill_total_ms(batch, tokens, kv).unwrap_err().message;
+        let query =
+            format!("perf_interp: no data to anchor query {{batch_size={batch}, total_prefill_tokens={tokens}, total_kv_read_tokens={kv}}} ");
+        assert!(err.starts_with(&format!("perf database error: {query}")) && err.ends_with(transfer), "{err}");
+    }
+    for (batch, kv) in [(4, 20000), (1, 8000), (16, 3000), (9, 40000)] {
+        let err = t.decode_total_ms(batch, kv).unwrap_err().message;
+        let query = format!("perf_interp: no data to anchor query {{batch_size={batch}, total_kv_read_tokens={kv}}} ");
+        assert!(err.starts_with(&format!("perf database error: {query}")) && err.ends_with(transfer), "{err}");
+    }
+    // A batch above the ceiling under KV pressure needs the roofline to clamp: it stays, and the
+    // domain refuses it.
+    let err = t.prefill_total_ms(32, 2048, 16384).unwrap_err().message;
+    assert!(
+        err.starts_with("perf database error: FPM prefill query batch_size=32 is outside the collected domain [1, 16]")
+    );
+
+    let Some(t) = dcp_table("q30-dcp1", 1) else { return };
+    let prefill = [
+        (3, 3000, 4095, 170.87247518646026),
+        (6, 3000, 4098, 170.0318942961223),
+        (4, 4096, 8192, 226.0687387344936),
+        (4, 2048, 16, 116.86024178371596),
+        (4, 8192, 4096, 473.1881046167015),
+        (2, 6144, 16384, 431.4661136047589),
+        (32, 2048, 16384, 116.49019502977272),
+        (32, 2048, 8192, 116.10198316198036),
+        (64, 4096, 16384, 226.6772805848583),
+    ];
+    let decode = [
+        (4, 4000, 7.220000000000001),
+        (15, 45005, 16.37105),
+        (4, 20000, 8.214272576234144),
+        (1, 8000, 4.871579370522879),
+        (2, 9000, 4.415052011364483),
+        (16, 3000, 13.962434543778095),
+        (9, 40000, 9.636886939925224),
+    ];
+    transfers_match(&t, &prefill, &decode);
 }

@@ -22,6 +22,9 @@ pub struct Parallelism {
     /// Decode context parallelism: tensor-parallel ranks that stripe the KV cache by position
     /// (the AIS config's `dcp`; no extra GPUs).
     pub decode_context: u32,
+    /// Whether the config states `decode_context` (even 1): an FPM table's DCP cells are
+    /// selected only by a deployment that states it.
+    pub decode_context_stated: bool,
     pub attention_data: u32,
     pub moe_tensor: u32,
     pub moe_expert: u32,
@@ -111,6 +114,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         pipeline: 1,
         prefill_context: 1,
         decode_context: 1,
+        decode_context_stated: false,
         attention_data: 1,
         moe_tensor: 1,
         moe_expert: 1,
@@ -140,6 +144,7 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
                 ));
             }
             p.decode_context = dcp;
+            p.decode_context_stated = true;
         }
         o.finish()?;
     }
