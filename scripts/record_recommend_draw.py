@@ -4,9 +4,9 @@ tests/deploy/NAME.yaml, run once per variant (a list of --set overrides), every 
 reference's record order (candidate id, AFD topology or per-role workers, router, traffic load,
 status, failure category (and reason, AFD), GPUs, score), its counts and its ranking (views.top_n).
 
-    $AISIM_REF_VENV/bin/python scripts/record_recommend_draw.py recommend_afd_random
+    $AISIM_REF_VENV/bin/python scripts/record_recommend_draw.py recommend_afd_random [VARIANT ...]
 
-runs, for each variant below,
+runs, for each variant below (or only the VARIANTs named, keeping the file's others),
     $AISIM_REF_VENV/bin/python /work/shared/parity/aisimulate_predict.py tests/deploy/NAME.yaml \\
         --command recommend [--set K=V ...]
 
@@ -86,6 +86,27 @@ VARIANTS = {
             "router={policy: {choices: [round_robin, kv_router]}, prefill_load_model: {type: none}, "
             "temperature: {choices: [0, 0.5]}}",
         ],
+        # Independent knobs given as log ranges: the adapter lists every integer between the
+        # bounds and the sampler weights them by value (log_discrete_choices).
+        "log_range_knobs_seed3": [
+            "planner={policy: enabled, scaling_policy: {preset: false}, enable_throughput_scaling: false, "
+            "load_adjustment_interval_seconds: {range: {min: 2, max: 60, scale: log}}, "
+            "load_sensitivity: {preset: false}, load_min_observations: {choices: [3, 5]}, "
+            "load_scaling_down_sensitivity: {range: {min: 10, max: 90, scale: log}}, max_num_gpus: 32}",
+            "optimizer.seed=3", "optimizer.max_trials=12",
+        ],
+        "disaggregated_min_workers_seed5": [
+            "engine.mode=disaggregated",
+            "engine.workers={prefill: {timing: {type: default}}, decode: {timing: {type: default}}}",
+            "engine.kv_transfer={bandwidth_gb_per_second: 50}",
+            "planner.prefill_min_workers={choices: [1, 2]}", "planner.decode_min_workers={choices: [1, 2]}",
+            "optimizer.seed=5",
+        ],
+    },
+    # A searched encoder pool (EPD): the catalog is the branch's last choice knob.
+    "recommend_epd_agg": {
+        "eight_trials_seed3": ["optimizer.max_trials=8", "optimizer.seed=3"],
+        "six_trials_seed11_rounds_of_3": ["optimizer.max_trials=6", "optimizer.seed=11", "optimizer.parallelism=3"],
     },
     "recommend_random_loads": {
         "as_written": [],
@@ -131,6 +152,9 @@ def engine_candidate(c):
     }
     if planner is not None:
         out["planner"] = planner
+    encoder = config.get("encoder")
+    if encoder is not None:
+        out["encoder"] = {"tensor": encoder["tp"], "replicas": encoder["workers"], "batch_size": encoder["batch_size"]}
     return out
 
 
@@ -169,11 +193,17 @@ def run(name, sets):
 
 
 def main():
-    name = sys.argv[1]
+    name, only = sys.argv[1], sys.argv[2:]
+    path = f"tests/deploy/{name}.draw.golden.json"
+    kept = {}
+    if only and os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)["variants"]
+    variants = {tag: run(name, sets) if not only or tag in only else kept[tag]
+                for tag, sets in VARIANTS[name].items()}
     golden = {"_source": f"scripts/record_recommend_draw.py {name} (aisimulate 0.13, "
                          f"$AISIM_REF_VENV/bin/python {PREDICT})",
-              "variants": {tag: run(name, sets) for tag, sets in VARIANTS[name].items()}}
-    path = f"tests/deploy/{name}.draw.golden.json"
+              "variants": variants}
     with open(path, "w") as f:
         json.dump(golden, f, indent=1, sort_keys=True)
         f.write("\n")

@@ -3823,14 +3823,17 @@ fn recommend_random_draws_the_reference_candidates() {
 /// product (a disabled policy beside every scaling policy, independent group knobs, single-valued
 /// knobs taking draws of their own beside a log range), after or before a router's as the
 /// sections stand; a router searched beside both deployment modes draws the aggregated and
-/// disaggregated candidates in the reference's order. Per variant: the same candidate ids, shapes, scheduler knobs, router and
+/// disaggregated candidates in the reference's order. A planner knob given as a log range draws
+/// its values weighted by value (variant log_range_knobs_seed3); a disaggregated planner search
+/// draws the role minimums; a searched encoder pool (recommend_epd_agg.draw.golden.json) is the
+/// branch's last choice knob. Per variant: the same candidate ids, shapes, scheduler knobs, router and
 /// planner settings, loads, statuses and GPUs in the same order; scores within 1e-9 relative
 /// where the reference's are comparable (its kv_router and planner-enabled candidates were
 /// recorded without the Dynamo runtime's router and Planner, see the script), and the same
 /// ranking when all are.
 #[test]
 fn recommend_random_draws_the_reference_beside_routers_and_loads() {
-    for name in ["recommend_random_router", "recommend_random_planner", "recommend_random_loads"] {
+    for name in ["recommend_random_router", "recommend_random_planner", "recommend_random_loads", "recommend_epd_agg"] {
         let golden: Value =
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap())
                 .unwrap();
@@ -3872,9 +3875,18 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
                 if let Some(planner) = w.get("planner") {
                     assert_eq!(config["planner"], *planner, "{at}: planner");
                 }
-                // The load each candidate ran: its concurrency, or its request rate.
+                // The encoder pool drawn (EPD).
+                if let Some(encoder) = w.get("encoder") {
+                    let e = &config["engine"]["workers"]["encoder"];
+                    let got = json!({"tensor": e["tensor"], "replicas": e["replicas"], "batch_size": e["batch_size"]});
+                    assert_eq!(got, *encoder, "{at}: encoder");
+                }
+                // The load each candidate ran: its concurrency, or its request rate (an EPD
+                // candidate over the budget, refused before its build, records neither).
                 let load = &config["traffic"]["load"];
+                let listed = w["load"]["concurrency"] != Value::Null || w["load"]["request_rate"] != Value::Null;
                 match load["type"].as_str() {
+                    _ if !listed => assert_eq!(w["reason_category"], "gpu_budget", "{at}: load"),
                     Some("concurrency") => assert_eq!(load["concurrency"], w["load"]["concurrency"], "{at}: load"),
                     _ => assert_eq!(
                         load["requests_per_second"].as_f64(),

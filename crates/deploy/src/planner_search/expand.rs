@@ -37,15 +37,16 @@ pub struct PlannerSearch {
 /// The adapter's knobs as the reference's random search draws them: each knob's value count in
 /// the adapter's order (policy and groups, worker minimums, independent group knobs), and for
 /// every point of their product (the last knob fastest, duplicates included: a disabled policy
-/// beside every scaling policy) the index of the setting it materialises to. `log` names the
-/// knobs given as log ranges, whose draw the reference weights by value. `before_router`: the
+/// beside every scaling policy) the index of the setting it materialises to. `log` lists the
+/// knobs given as log ranges (their position in `sizes`, their values in the knob's order as
+/// numbers), whose draw the reference weights by value. `before_router`: the
 /// `planner:` section comes before a `router:` one, so its knobs are drawn first (the reference
 /// merges its adapters' knobs in the order of their sections; the recommend reader sets it).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Grid {
     pub sizes: Vec<usize>,
     pub cells: Vec<usize>,
-    pub log: Vec<String>,
+    pub log: Vec<(usize, Vec<f64>)>,
     pub before_router: bool,
 }
 
@@ -323,14 +324,15 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
             let keys: Vec<String> =
                 list.first().and_then(Value::as_object).map(|o| o.keys().cloned().collect()).unwrap_or_default();
             for k in keys {
-                if get(&k).and_then(|v| v.pointer("/range/scale")).and_then(Value::as_str) == Some("log") {
-                    log.push(format!("planner.{k}"));
-                }
                 let mut values: Vec<Value> = Vec::new();
                 for e in &list {
                     if !values.contains(&e[&k]) {
                         values.push(e[&k].clone());
                     }
+                }
+                if get(&k).and_then(|v| v.pointer("/range/scale")).and_then(Value::as_str) == Some("log") {
+                    // Its position among the independent knobs; the others go before them.
+                    log.push((knob_dims.len(), values.iter().filter_map(Value::as_f64).collect()));
                 }
                 knob_dims.push((format!("{name}.{k}"), values));
             }
@@ -356,6 +358,9 @@ pub fn expand(section: &Value, ctx: &Context) -> Result<PlannerSearch, DeployErr
     ordered.extend(rest);
     for (k, values) in workers {
         ordered.push((k.to_string(), values));
+    }
+    for (position, _) in &mut log {
+        *position += ordered.len();
     }
     ordered.extend(knob_dims);
     let names: Vec<String> = ordered.iter().map(|d| d.0.clone()).collect();

@@ -37,10 +37,16 @@
 //! servesim's deduplicated list holds for it (`planner_search::Grid`). The router's and the
 //! planner's knobs follow the configuration's section order.
 //!
+//! A planner knob given as a log range (an independent group knob) is drawn as the reference's
+//! `log_discrete_choices`: its values sorted as numbers, weighted by a log-uniform value's
+//! nearest. A searched encoder pool (EPD) is the branch's last choice knob, its catalog in the
+//! reference's order.
+//!
 //! [`plan`] returns why not (the caller keeps its own ChaCha12 draw, says so in the provenance,
-//! and refuses a continuous range, which only this draw samples) for: a planner knob given as a
-//! log range (the reference weights its draw by value), a searched encoder pool, and backends of
-//! one mode searching different grids. AFD (`afd.rs`) builds its own arms, the
+//! and refuses a continuous range, which only this draw samples) for an encoder pool searched
+//! beside more than one backend (the reference's knob is every backend's pools, a mismatched
+//! pair failing its build, which servesim's per-backend catalogs do not hold) and backends of
+//! one mode searching different grids otherwise. AFD (`afd.rs`) builds its own arms, the
 //! topologies, and draws with [`afd_plan`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -171,12 +177,32 @@ impl Unseen {
     }
 }
 
+/// How a log-weighted draw picks a digit (`_weighted_index`): uniformly, or from a log-uniform
+/// value between the domain's ends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scale {
+    Uniform,
+    /// Every integer from `min` (an integer log range): the value rounded half to even.
+    LogIntegers {
+        min: u64,
+    },
+    /// Listed values, ascending (an adapter knob given as a log range, its values sorted as
+    /// numbers): the nearest value, the first on a tie.
+    LogValues(Vec<f64>),
+}
+
 /// One digit of a branch's knob index, in the reference's order (its choice knobs, then its
-/// integer ranges): `size` values, log-weighted from `log` = (min, max) when an integer log range.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// integer ranges): `size` values, weighted as `scale` says.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Digit {
     pub size: u64,
-    pub log: Option<(u64, u64)>,
+    pub scale: Scale,
+}
+
+impl Digit {
+    fn uniform(size: u64) -> Digit {
+        Digit { size, scale: Scale::Uniform }
+    }
 }
 
 /// The knobs one sampler draws: index digits (mixed radix, the last one fastest) and continuous
@@ -191,7 +217,7 @@ impl Dims {
     /// A plain grid of `size` indexes.
     #[cfg(test)]
     pub fn grid(size: u64) -> Dims {
-        Dims { digits: vec![Digit { size, log: None }], floats: Vec::new() }
+        Dims { digits: vec![Digit::uniform(size)], floats: Vec::new() }
     }
 
     fn size(&self) -> u64 {
@@ -199,7 +225,7 @@ impl Dims {
     }
 
     fn weighted(&self) -> bool {
-        self.digits.iter().any(|d| d.log.is_some() && d.size > 1)
+        self.digits.iter().any(|d| d.scale != Scale::Uniform && d.size > 1)
     }
 }
 
@@ -238,15 +264,26 @@ impl<A: Clone> BranchDraw<A> {
     }
 
     /// `_weighted_index`: per digit a log-uniform value rounded (half to even) to the nearest
-    /// integer of a log range, else a uniform digit.
+    /// integer of a log range, or the nearest of a log knob's listed values, else a uniform digit.
     fn weighted_index(&mut self) -> u64 {
         let mut index = 0;
         for d in &self.dims.digits {
-            let digit = match d.log {
-                Some((min, _)) if d.size > 1 => {
-                    let (lo, hi) = (min as f64, (min + d.size - 1) as f64);
+            let digit = match &d.scale {
+                Scale::LogIntegers { min } if d.size > 1 => {
+                    let (lo, hi) = (*min as f64, (min + d.size - 1) as f64);
                     let x = self.rng.uniform(lo.ln(), hi.ln()).exp().round_ties_even();
                     (x - lo).clamp(0.0, (d.size - 1) as f64) as u64
+                }
+                Scale::LogValues(values) if d.size > 1 => {
+                    let (lo, hi) = (values[0], values[values.len() - 1]);
+                    let x = self.rng.uniform(lo.ln(), hi.ln()).exp();
+                    let mut best = 0;
+                    for (i, v) in values.iter().enumerate() {
+                        if (v - x).abs() < (values[best] - x).abs() {
+                            best = i;
+                        }
+                    }
+                    best as u64
                 }
                 _ => self.rng.randbelow(d.size),
             };
@@ -427,7 +464,8 @@ enum Slot {
     Knob(usize),
     Integer(usize, u64),
     Router(usize),
-    Planner(usize),
+    /// A stride of the planner's knob product; a log knob's sorted digits mapped to positions.
+    Planner(usize, Vec<usize>),
     Unit,
 }
 
@@ -538,7 +576,9 @@ impl Sampler {
                 Slot::Knob(k) => knob_digit[k] = d as usize,
                 Slot::Integer(k, min) => drawn.push((k, Value::from(min + d))),
                 Slot::Router(stride) => router += d as usize * stride,
-                Slot::Planner(stride) => planner_point += d as usize * stride,
+                Slot::Planner(stride, ref order) => {
+                    planner_point += order.get(d as usize).copied().unwrap_or(d as usize) * stride
+                }
                 Slot::Unit => {}
             }
         }
@@ -625,12 +665,9 @@ fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>)
     let mut fixed_kv_load = kv_load && space.base.pointer("/traffic/load/fraction").is_some_and(|f| !f.is_object());
     for (k, knob) in br.knobs.iter().enumerate().filter(|&(k, _)| Some(k) != arm_knob) {
         let path: Vec<&str> = knob.path.iter().map(String::as_str).collect();
-        if path == ["engine", "workers", "encoder"] {
-            return Err("a searched encoder pool".into());
-        }
         // The reference's scalar KV load ratio is a knob of one value before the traffic load.
         if path[0] == "traffic" && std::mem::take(&mut fixed_kv_load) {
-            dims.digits.push(Digit { size: 1, log: None });
+            dims.digits.push(Digit::uniform(1));
             slots.push(Slot::Unit);
         }
         match knob.sampled {
@@ -650,34 +687,45 @@ fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>)
                         return Err(format!("{} is a {kind} range", path.join(".")));
                     }
                 }
-                dims.digits.push(Digit { size: knob.values.len() as u64, log: None });
+                dims.digits.push(Digit::uniform(knob.values.len() as u64));
                 slots.push(Slot::Knob(k));
             }
         }
     }
     if fixed_kv_load {
-        dims.digits.push(Digit { size: 1, log: None });
+        dims.digits.push(Digit::uniform(1));
         slots.push(Slot::Unit);
-    }
-    if let Some(k) = br.planner_grid.log.first() {
-        return Err(format!("{k} is a log range (the reference's planner adapter weights its draw by value)"));
     }
     // The adapter knobs in the order of the configuration's sections: the router's (a selector
     // per policy when it searches both, its kv_router knobs after every other adapter knob) and
     // the planner's, each of its knobs a digit (single-valued ones too: drawn by value, each
     // takes a draw of its own), whose product point names the setting it materialises to.
+    // A knob given as a log range draws over its values sorted as numbers, weighted by value;
+    // its digit names the sorted value, which `order` maps back to the knob's own position.
     let planner_digit = |dims: &mut Dims, slots: &mut Vec<Slot>| {
-        let sizes = &br.planner_grid.sizes;
-        for (j, &size) in sizes.iter().enumerate() {
-            dims.digits.push(Digit { size: size as u64, log: None });
-            slots.push(Slot::Planner(sizes[j + 1..].iter().product()));
+        let grid = &br.planner_grid;
+        for (j, &size) in grid.sizes.iter().enumerate() {
+            let stride = grid.sizes[j + 1..].iter().product();
+            match grid.log.iter().find(|(at, _)| *at == j) {
+                Some((_, values)) => {
+                    let mut order: Vec<usize> = (0..values.len()).collect();
+                    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+                    let sorted = order.iter().map(|&i| values[i]).collect();
+                    dims.digits.push(Digit { size: size as u64, scale: Scale::LogValues(sorted) });
+                    slots.push(Slot::Planner(stride, order));
+                }
+                None => {
+                    dims.digits.push(Digit::uniform(size as u64));
+                    slots.push(Slot::Planner(stride, Vec::new()));
+                }
+            }
         }
     };
     let planner_first = br.planner_grid.before_router;
     integers.sort_by_key(|&(rank, ..)| rank);
     let finish = |mut dims: Dims, mut slots: Vec<Slot>, seed: u128, router_base: usize| {
         for &(_, k, min, max) in &integers {
-            dims.digits.push(Digit { size: max - min + 1, log: Some((min, max)) });
+            dims.digits.push(Digit { size: max - min + 1, scale: Scale::LogIntegers { min } });
             slots.push(Slot::Integer(k, min));
         }
         Sampler { seed, dims, slots, floats: floats.clone(), router_base }
@@ -690,7 +738,7 @@ fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>)
     let kv_digits = |dims: &mut Dims, slots: &mut Vec<Slot>| {
         let strides = [credits * scales * temperatures, scales * temperatures, temperatures, 1];
         for (size, stride) in [models, credits, scales, temperatures].into_iter().zip(strides) {
-            dims.digits.push(Digit { size: size as u64, log: None });
+            dims.digits.push(Digit::uniform(size as u64));
             slots.push(Slot::Router(stride));
         }
     };
@@ -701,7 +749,7 @@ fn branch_samplers(space: &Space, b: usize, seed: u128, arm_knob: Option<usize>)
             planner_digit(&mut dims, &mut slots);
         }
         // The policy selector: one value per sampler when both policies are searched.
-        dims.digits.push(Digit { size: 1, log: None });
+        dims.digits.push(Digit::uniform(1));
         slots.push(Slot::Router(0));
         if policies.len() == 1 && policy == "kv_router" {
             kv_digits(&mut dims, &mut slots);
@@ -764,11 +812,19 @@ pub(super) fn plan(
         let seed = u128::from(optimizer.seed) + offset;
         let samplers = branch_samplers(space, b0, seed, None)?;
         let shape = |s: &[Sampler]| s.iter().map(|x| (x.dims.clone(), x.slots.clone())).collect::<Vec<_>>();
+        let values = |b: usize| space.branches[b].knobs.iter().map(|k| &k.values).collect::<Vec<_>>();
         for (b, br) in space.branches.iter().enumerate() {
-            if br.mode == mode
-                && (space.per_shape(b) != per_shape
-                    || shape(&branch_samplers(space, b, seed, None)?) != shape(&samplers))
-            {
+            if br.mode != mode {
+                continue;
+            }
+            // Each backend's encoder catalog is its own knob here; the reference's one knob is
+            // their union, a pool of another backend failing its candidate build.
+            if br.knobs.iter().any(|k| k.path == ["engine", "workers", "encoder"]) && values(b) != values(b0) {
+                return Err("an encoder pool searched beside more than one backend (the reference draws over \
+                            every backend's pools and fails a pool of another backend)"
+                    .into());
+            }
+            if space.per_shape(b) != per_shape || shape(&branch_samplers(space, b, seed, None)?) != shape(&samplers) {
                 return Err("the backends of one mode search different knob grids".into());
             }
         }

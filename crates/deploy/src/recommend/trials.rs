@@ -233,9 +233,12 @@ pub(super) fn reference_random(
         let job = |k: usize| (search.space.pick_tree(&batch[k]), batch[k].index);
         let mut done = run_jobs(search, &jobs, &job, base_dir, threads, cache, progress);
         hits += done.cache_hits;
-        // The reference records a candidate whose build fails while it materialises the ask,
-        // before the ask's replays.
-        done.trials.sort_by_key(|t| t.reason_category != Some("candidate_materialization"));
+        // The reference records a candidate it refuses while it materialises the ask (a failed
+        // build, an encoder pool over the budget, KV capacity, a Planner refusal) before the
+        // ask's replays.
+        const BEFORE_REPLAY: [&str; 4] =
+            ["candidate_materialization", "gpu_budget", "kv_capacity", "adapter_constraint"];
+        done.trials.sort_by_key(|t| !t.reason_category.is_some_and(|c| BEFORE_REPLAY.contains(&c)));
         let complete =
             done.trials.iter().filter(|t| t.status == "feasible" && super::rank::gate(search, t).is_none()).count();
         trials.extend(done.trials);
