@@ -15,6 +15,7 @@ pub mod engine;
 pub mod estimator;
 pub mod evaluation;
 pub mod fpm;
+pub mod frontend;
 pub mod offload;
 pub mod planner;
 pub mod router;
@@ -115,6 +116,8 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
     let raw_engine = top.value("engine");
     top.finish()?;
     encoder::check_epd(&traffic, &engine)?;
+    let mut engine = engine;
+    frontend::check_workload(&traffic, &mut engine)?;
     if engine.encoder.is_some() {
         encoder::check_estimator_policies(raw_engine)?;
     }

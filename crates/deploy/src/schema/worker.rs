@@ -79,6 +79,11 @@ pub struct Worker {
     pub startup_seconds: f64,
     /// SGLang's host-loop replay (`host_loop`, aggregated or prefill worker).
     pub host_loop: bool,
+    /// SGLang's frontend stages ahead of the scheduler (`frontend`; implies the host loop).
+    pub frontend: Option<super::frontend::Frontend>,
+    /// The host cost table the stages come from (`host_profile`; resolved against the workload
+    /// into `frontend` once the configuration is read).
+    pub host_profile: Option<super::frontend::HostProfile>,
 }
 
 pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> Result<Worker, DeployError> {
@@ -314,7 +319,10 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
         }
     };
-    let host_loop = if role != "decode" { read_host_loop(&mut w, backend, &p)? } else { false };
+    let (frontend, host_profile) =
+        if role != "decode" { super::frontend::read_worker_frontend(&mut w)? } else { (None, None) };
+    let staged = frontend.is_some() || host_profile.is_some();
+    let host_loop = if role != "decode" { read_host_loop(&mut w, backend, &p, staged)? } else { false };
     let startup_seconds = w.nonneg("startup_seconds", false)?.unwrap_or(0.0);
     w.finish()?;
     Ok(Worker {
@@ -338,22 +346,26 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         timing_controls,
         startup_seconds,
         host_loop,
+        frontend,
+        host_profile,
     })
 }
 
 /// The reference's host-aware settings of an aggregated or prefill worker: `host_loop` replays
 /// each pass as one SGLang overlap-scheduler iteration (requests received at iteration
 /// boundaries, a forward's outputs seen by the scheduler one iteration later; see the engine's
-/// `sglang` module). Its frontend stages, measured host cost tables and vision tower are not
-/// modelled and are refused by name. The reference's gates: SGLang only, one pipeline stage, no
-/// attention DP, no context parallelism.
-fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<bool, DeployError> {
-    let what = "SGLang host-loop frontend stages, measured host cost tables and the vision tower";
-    for key in ["frontend", "host_profile", "vision"] {
-        unsupported(w, key, what)?;
-    }
-    if w.flag("host_loop")? != Some(true) {
-        return Ok(false);
+/// `sglang` module). Frontend stages (`staged`: `frontend` or `host_profile`) run ahead of the
+/// loop and imply it. Its vision tower is not modelled and is refused by name. The reference's
+/// gates: SGLang only, one pipeline stage, no attention DP, no context parallelism.
+fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism, staged: bool) -> Result<bool, DeployError> {
+    unsupported(w, "vision", "the vision tower on the language worker (native VL replay)")?;
+    match w.flag("host_loop")? {
+        Some(false) if staged => {
+            return Err(w.err("host_loop", "frontend stages run ahead of the scheduler loop; drop host_loop: false"))
+        }
+        None if staged => {}
+        Some(true) => {}
+        _ => return Ok(false),
     }
     if backend != "sglang" {
         return Err(w.err("host_loop", "host_loop is supported only for backend=sglang"));
