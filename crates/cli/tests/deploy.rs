@@ -871,8 +871,13 @@ fn sglang_host_loop_reports_the_parts_of_its_ttft() {
         "predict_host_loop_chunked_disagg",
         "predict_host_loop_sglang",
         "predict_host_loop_disagg",
+        // Frontend stages ahead of the loop: their time is `mean_frontend_ms`.
+        "predict_frontend_fixed",
+        "predict_frontend_disagg",
+        "predict_frontend_sglang",
     ] {
-        let fixed = !matches!(name, "predict_host_loop_sglang" | "predict_host_loop_disagg");
+        let fixed =
+            !matches!(name, "predict_host_loop_sglang" | "predict_host_loop_disagg" | "predict_frontend_sglang");
         let Some((ours, reference, dev)) = compare_with_reference(name) else {
             assert!(!fixed, "{name}: fixed timing needs no data");
             continue;
@@ -914,6 +919,82 @@ fn sglang_host_loop_reports_the_parts_of_its_ttft() {
     let plain = predict_with("predict_host_loop_fixed", &["engine.workers.aggregated.host_loop=false"]);
     for key in HOST_LOOP_KEYS {
         assert!(plain.get(key).is_none(), "{key} without the host loop");
+    }
+}
+
+/// SGLang's frontend stages ahead of the host loop (`engine.workers.<role>.frontend`), recorded
+/// from the reference with `scripts/frontend_goldens.sh` (summary and per-request times): every
+/// request's first and last token time equals the reference's (fixed timing: to the last bit,
+/// as the stages' processor sharing is settled at the reference's instants; AIS timing: within
+/// 1e-12, the host loop's own last-bit differences), and so do the summaries within 1e-9. The
+/// stages matter: without them the fixed case's mean TTFT is several times shorter.
+#[test]
+fn sglang_frontend_stages_match_the_reference() {
+    for name in ["predict_frontend_fixed", "predict_frontend_disagg", "predict_frontend_sglang"] {
+        let out_dir = tmp(&format!("{name}-requests"));
+        let yaml = deploy_dir().join(format!("{name}.yaml"));
+        let out = predict(&yaml, &out_dir, &["--format", "json", "--capture-per-request"]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+            continue;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let text = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
+        let mut ours: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        ours.sort_by(|a, b| a["arrival_time_ms"].as_f64().unwrap().total_cmp(&b["arrival_time_ms"].as_f64().unwrap()));
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(deploy_dir().join(format!("{name}.requests.json"))).unwrap())
+                .unwrap();
+        let rows = golden["requests"].as_array().unwrap();
+        assert_eq!(ours.len(), rows.len(), "{name}");
+        let tolerance = if name.ends_with("sglang") { 1e-12 } else { 0.0 };
+        for (i, (r, g)) in ours.iter().zip(rows).enumerate() {
+            assert_eq!(r["arrival_time_ms"], g[0], "{name} request {i}");
+            for (key, col) in [("first_token_ms", 2), ("last_token_ms", 3)] {
+                let (x, y) = (r[key].as_f64().unwrap(), g[col].as_f64().unwrap());
+                assert!(deviation(x, y) <= tolerance, "{name} request {i}: {key} {x} vs the reference's {y}");
+            }
+        }
+        let (_, _, dev) = compare_with_reference(name).expect("checked above");
+        assert!(dev < 1e-9, "{name}: {dev}");
+    }
+    let with = predict_with("predict_frontend_fixed", &[]);
+    let plain = predict_with("predict_frontend_fixed", &["engine.workers.aggregated.frontend=null"]);
+    let (with, without) = (with["mean_ttft_ms"].as_f64().unwrap(), plain["mean_ttft_ms"].as_f64().unwrap());
+    assert!(with > 5.0 * without, "{with} vs {without}");
+}
+
+/// On a text workload the reference refuses a host cost table and stages measured for an image
+/// workload, in these words (`aisimulate_predict.py tests/deploy/predict_frontend_fixed.yaml` with
+/// the same `--set`s, exit 2); servesim does too. With images the language worker needs native VL
+/// replay, which servesim refuses first, naming it.
+#[test]
+fn host_profile_and_measured_stages_need_images_as_in_the_reference() {
+    let yaml = deploy_dir().join("predict_frontend_fixed.yaml");
+    let table = deploy_dir().join("host_profile/table.json").canonicalize().unwrap();
+    let profile = format!("engine.workers.aggregated.host_profile={{path: {}, frontend: rust}}", table.display());
+    let measured = "engine.workers.aggregated.frontend.measured_for={model: Qwen/Qwen3-VL-8B-Instruct, \
+                    frontend: rust, feature_transport: inline, height: 448, width: 448}";
+    let images = "traffic.source.images={height: 448, width: 448}";
+    for (sets, message) in [
+        (
+            vec!["engine.workers.aggregated.frontend=null", profile.as_str()],
+            "engine.workers.aggregated.host_profile: host_profile requires an image workload",
+        ),
+        (
+            vec![measured],
+            "engine.workers.aggregated.frontend.measured_for: frontend stages were measured for \
+             Qwen/Qwen3-VL-8B-Instruct rust inline 448x448x1 png; this workload has no images",
+        ),
+        (vec!["engine.workers.aggregated.frontend=null", profile.as_str(), images], "native VL replay"),
+        (vec![measured, images], "native VL replay"),
+    ] {
+        let out_dir = tmp("frontend-needs-images");
+        let mut extra = vec!["--format", "json"];
+        extra.extend(sets.iter().flat_map(|s| ["--set", *s]));
+        let out = predict(&yaml, &out_dir, &extra);
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{sets:?}: {}", stderr(&out));
     }
 }
 
@@ -3997,7 +4078,7 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
         ),
         (
             &["engine.workers.aggregated.frontend={stages: []}"],
-            "engine.workers.aggregated.frontend: SGLang host-loop frontend stages",
+            "engine.workers.aggregated.frontend.stages: needs at least one stage",
         ),
         (&["engine.model=Qwen/Qwen3-8B"], "Qwen/Qwen3-8B has no vision encoder configuration"),
     ];

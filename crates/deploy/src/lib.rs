@@ -7,6 +7,7 @@
 pub mod afd;
 pub mod epd;
 mod error;
+pub mod host_table;
 pub mod lower;
 pub mod planner_search;
 pub mod reader;
@@ -270,6 +271,7 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         sla: lower::sla(&config),
         seed: lower::seed(&config),
         tokenization: config.engine.tokenization,
+        frontend_stages: lower::frontend_stages(&config.engine),
         ..SimConfig::new(topology, router, load)
     };
     Ok(Prepared { config, engine, sim, workload })
@@ -456,8 +458,14 @@ mod tests {
         assert!(e.starts_with("engine.workers.aggregated.host_loop: native VL replay requires"), "{e}");
         assert!(e.contains("attention_data=1"), "{e}");
         let e = config("aggregated", json!({"host_loop": true, "frontend": {"stages": []}})).unwrap_err();
-        assert!(e.starts_with("engine.workers.aggregated.frontend: SGLang host-loop frontend stages"), "{e}");
-        assert!(e.ends_with("is not supported by servesim yet"), "{e}");
+        assert_eq!(e, "engine.workers.aggregated.frontend.stages: needs at least one stage");
+        // Frontend stages imply the host loop, which `host_loop: false` contradicts.
+        assert!(host_loop("prefill", json!({"frontend": {"stages": [{"service_ms": 1}]}})));
+        let e = config("aggregated", json!({"host_loop": false, "frontend": {"stages": [{"service_ms": 1}]}}));
+        assert_eq!(
+            e.unwrap_err(),
+            "engine.workers.aggregated.host_loop: frontend stages run ahead of the scheduler loop; drop host_loop: false"
+        );
         // The vision tower needs images to encode (native VL replay, `vl.rs`), and SGLang.
         let e = config("prefill", json!({"vision": {}})).unwrap_err();
         assert_eq!(e, "engine.workers.prefill.vision: workers.prefill.vision requires traffic.source.images");

@@ -524,6 +524,13 @@ pub fn sla(cfg: &Config) -> Sla {
     Sla { ttft_ms: cfg.sla.ttft_ms, itl_ms: cfg.sla.itl_ms, e2e_ms: cfg.sla.e2e_ms }
 }
 
+/// SGLang's frontend stages on the worker that computes prompts (aggregated or prefill), if it
+/// has them (a `host_profile` is resolved into them when the configuration is read).
+pub fn frontend_stages(engine: &crate::schema::Engine) -> Vec<servesim_replay::FrontendStage> {
+    let worker = engine.aggregated.as_ref().or(engine.prefill.as_ref());
+    worker.and_then(|w| w.frontend.as_ref()).map(|f| f.stages.clone()).unwrap_or_default()
+}
+
 pub fn router(cfg: &Config) -> RouterMode {
     match &cfg.router {
         RouterPolicy::RoundRobin => RouterMode::RoundRobin,

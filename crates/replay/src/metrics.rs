@@ -413,6 +413,7 @@ impl<'s> Collector<'s> {
             turn,
             arrival_ms,
             frontend_done_ms: None,
+            frontend_staged: false,
             first_admit_ms: None,
             scheduler_received_ms: None,
             terminal_ms: None,
@@ -466,6 +467,15 @@ impl<'s> Collector<'s> {
     pub fn tokenized(&mut self, id: u64, at_ms: f64) {
         if let Some(r) = self.live.get_mut(&id) {
             r.frontend_done_ms = Some(at_ms);
+        }
+    }
+
+    /// Notes when request `id` left its worker's SGLang frontend stages (see
+    /// [`RequestRecord::frontend_ms`]).
+    pub fn staged(&mut self, id: u64, at_ms: f64) {
+        if let Some(r) = self.live.get_mut(&id) {
+            r.frontend_done_ms = Some(at_ms);
+            r.frontend_staged = true;
         }
     }
 

@@ -35,9 +35,12 @@ pub struct RequestRecord {
     pub session: Option<Arc<str>>,
     pub turn: u32,
     pub arrival_ms: f64,
-    /// When the frontend's tokenization stage passed the request on to the router (`None`
-    /// without the stage).
+    /// When the frontend passed the request on: its tokenization stage to the router, or the
+    /// worker's SGLang frontend stages to its scheduler (`None` without either).
     pub frontend_done_ms: Option<f64>,
+    /// Whether `frontend_done_ms` is the end of SGLang frontend stages (the host loop counts
+    /// their time as `mean_frontend_ms`; tokenization's falls in the inbox wait).
+    pub frontend_staged: bool,
     pub first_admit_ms: Option<f64>,
     /// SGLang host loop: when the worker's scheduler received it from its inbox (the pass
     /// boundary after its arrival); `None` without the loop.
@@ -164,10 +167,13 @@ impl RequestRecord {
         self.admission_history.push(Admission { pool, at_ms, reused_tokens, pool_ordinal, tiers: None });
     }
 
-    /// Time spent in frontend stages ahead of the scheduler (`workers.<role>.frontend`): none
-    /// are modelled yet, so none. The host loop's parts of the TTFT start after it.
+    /// Time spent in SGLang frontend stages ahead of the scheduler (`workers.<role>.frontend`;
+    /// 0 without them). The host loop's parts of the TTFT start after it.
     pub fn frontend_ms(&self) -> f64 {
-        0.0
+        match self.frontend_done_ms {
+            Some(done) if self.frontend_staged => done - self.arrival_ms,
+            _ => 0.0,
+        }
     }
 
     /// When its prompt was done: its first token aggregated, the prefill worker holding its KV

@@ -208,6 +208,7 @@ mod tests {
             threads: 2,
             timing_jitter_cv: 0.0,
             tokenization: None,
+            frontend_stages: Vec::new(),
         }
     }
 

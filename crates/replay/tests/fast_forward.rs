@@ -123,6 +123,7 @@ fn fast_forward_gives_identical_records() {
             threads: 1,
             timing_jitter_cv: 0.0,
             tokenization: None,
+            frontend_stages: Vec::new(),
         };
         if std::env::var("FFDEBUG").is_ok() {
             eprintln!("{config:?}");
@@ -233,6 +234,7 @@ fn agentic_graph_stretches_are_cut_where_work_arrives() {
             threads: 1,
             timing_jitter_cv: 0.0,
             tokenization: None,
+            frontend_stages: Vec::new(),
         };
         let (stepped, stepped_summary, _) = records(&workload, &config);
         config.fast_forward = true;

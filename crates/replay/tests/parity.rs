@@ -184,6 +184,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path, router_seed: u64) -> Map<
         threads: 0,
         timing_jitter_cv: 0.0,
         tokenization: None,
+        frontend_stages: Vec::new(),
     };
     let mut summary =
         simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json();

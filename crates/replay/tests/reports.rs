@@ -48,6 +48,7 @@ fn config(topology: Topology, router: RouterMode) -> SimConfig {
         threads: 0,
         timing_jitter_cv: 0.0,
         tokenization: None,
+        frontend_stages: Vec::new(),
     }
 }
 

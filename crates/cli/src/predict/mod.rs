@@ -316,6 +316,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         threads: a.threads,
         timing_jitter_cv: timing_jitter_cv(a.timing_jitter_cv)?,
         tokenization: calibration.as_ref().and_then(FlagCalibration::tokenization),
+        frontend_stages: Vec::new(),
     };
 
     if let Some(n) = a.ensemble {

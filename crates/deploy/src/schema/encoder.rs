@@ -41,7 +41,7 @@ pub struct Encoder {
     pub rate_degradation: f64,
 }
 
-pub(super) fn read_images(mut r: Reader) -> Result<Images, DeployError> {
+pub(crate) fn read_images(mut r: Reader) -> Result<Images, DeployError> {
     let here = r.here().to_string();
     let height = r.positive("height")?.ok_or_else(|| DeployError::new(&here, "height is required"))?;
     let width = r.positive("width")?.ok_or_else(|| DeployError::new(&here, "width is required"))?;

@@ -232,6 +232,7 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
     // Every mode but SILICON is an estimator policy; SILICON is the default whether written or not.
     let sol = database_mode(&mut e)?.filter(|m| *m != "SILICON");
     super::fpm::read_engine_mode(&mut e, &mut controls)?;
+    let tokenization_given = e.given("tokenization");
     let tokenization = read_tokenization(&mut e)?;
     // Checked by servesim-perf on the data the AIS timing reads (the timing is the same).
     let strict_provenance = e.flag("strict_provenance")?.unwrap_or(false);
@@ -353,6 +354,14 @@ pub(super) fn read_engine(mut e: Reader) -> Result<Engine, DeployError> {
                 ));
             }
         }
+    }
+    let staged =
+        [&aggregated, &prefill].into_iter().flatten().any(|w| w.frontend.is_some() || w.host_profile.is_some());
+    if tokenization_given && staged && mode != Mode::Afd && encoder.is_none() {
+        return Err(e.err(
+            "tokenization",
+            "engine.tokenization and SGLang frontend stages both price request tokenization; use one",
+        ));
     }
     let mut afd = None;
     if mode == Mode::Afd {

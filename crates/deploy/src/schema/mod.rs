@@ -1,11 +1,11 @@
 //! The predict configuration (aisimulate 0.13's unified YAML: `traffic`, `engine`, `evaluation`,
 //! `execution`, and the `router:` / `planner:` adapter sections), read strictly: every key by
 //! name, unknown keys rejected with their path, values and cross-key rules checked with the
-//! reference's messages. Keys the reference accepts for features servesim does not model are
-//! recognised and refused as unsupported (naming the key), never silently ignored.
+//! reference's messages. A key the reference accepts for a setting servesim does not model is
+//! refused where it is read, naming the key and what is missing, never silently ignored.
 //!
-//! Files: [`unsupported`] (refusing what servesim does not model), [`traffic`], [`worker`] (one
-//! worker role), [`engine`] (with [`speculation`]), [`evaluation`] (the SLA), [`router`] and [`planner`] (the adapter
+//! Files: [`traffic`], [`worker`] (one worker role, with [`frontend`]), [`engine`] (with
+//! [`speculation`]), [`evaluation`] (the SLA), [`router`] and [`planner`] (the adapter
 //! sections); [`Config`] here is the whole file, read by [`read_predict`] / [`read_sections`].
 
 pub mod afd;
@@ -15,12 +15,12 @@ pub mod engine;
 pub mod estimator;
 pub mod evaluation;
 pub mod fpm;
+pub mod frontend;
 pub mod offload;
 pub mod planner;
 pub mod router;
 pub mod speculation;
 pub mod traffic;
-pub mod unsupported;
 pub mod worker;
 
 use serde_json::Value;
@@ -128,6 +128,7 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
             ));
         }
     }
+    frontend::check_workload(&traffic, &mut engine)?;
     if engine.encoder.is_some() {
         encoder::check_estimator_policies(raw_engine)?;
     }

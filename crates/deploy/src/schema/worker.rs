@@ -7,7 +7,6 @@ use super::controls::{check_transfer_policy, read_timing_controls, Controls};
 use super::engine::read_systems_paths;
 use super::estimator::check_estimator_config;
 use super::offload::{read_offload, Offload};
-use super::unsupported::unsupported;
 use crate::error::DeployError;
 use crate::reader::ErrAt;
 use servesim_config::Reader;
@@ -85,6 +84,11 @@ pub struct Worker {
     /// `vision`: the vision tower this worker hosts (native VL replay), as written; images
     /// without an encoder pool put the default one on the aggregated or prefill worker.
     pub vision: Option<Vision>,
+    /// SGLang's frontend stages ahead of the scheduler (`frontend`; implies the host loop).
+    pub frontend: Option<super::frontend::Frontend>,
+    /// The host cost table the stages come from (`host_profile`; resolved against the workload
+    /// into `frontend` once the configuration is read).
+    pub host_profile: Option<super::frontend::HostProfile>,
 }
 
 /// `workers.<aggregated|prefill>.vision` (the reference's `VisionPredictionConfig`).
@@ -340,7 +344,11 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
             }
         }
     };
-    let (host_loop, vision) = if role != "decode" { read_host_loop(&mut w, backend, &p)? } else { (false, None) };
+    let (frontend, host_profile) =
+        if role != "decode" { super::frontend::read_worker_frontend(&mut w)? } else { (None, None) };
+    let staged = frontend.is_some() || host_profile.is_some();
+    let (host_loop, vision) =
+        if role != "decode" { read_host_loop(&mut w, backend, &p, staged)? } else { (false, None) };
     let startup_seconds = w.nonneg("startup_seconds", false)?.unwrap_or(0.0);
     w.finish()?;
     Ok(Worker {
@@ -365,6 +373,8 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
         startup_seconds,
         host_loop,
         vision,
+        frontend,
+        host_profile,
     })
 }
 
@@ -372,12 +382,15 @@ pub(super) fn read_worker(mut w: Reader, role: &'static str, backend: &str) -> R
 /// each pass as one SGLang overlap-scheduler iteration (requests received at iteration
 /// boundaries, a forward's outputs seen by the scheduler one iteration later; see the engine's
 /// `sglang` module) and `vision` hosts the vision tower (native VL replay, the engine's
-/// `sglang::vision`). The keys in [`HOST_REFUSED`] are not modelled and are refused by name. The
-/// reference's gates: SGLang only, one pipeline stage, no attention DP, no context parallelism.
-fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<(bool, Option<Vision>), DeployError> {
-    for key in HOST_REFUSED {
-        unsupported(w, key, "SGLang host-loop frontend stages and measured host cost tables")?;
-    }
+/// `sglang::vision`). Frontend stages (`staged`: `frontend` or `host_profile`) run ahead of the
+/// loop and imply it. The reference's gates: SGLang only, one pipeline stage, no attention DP,
+/// no context parallelism.
+fn read_host_loop(
+    w: &mut Reader,
+    backend: &str,
+    p: &Parallelism,
+    staged: bool,
+) -> Result<(bool, Option<Vision>), DeployError> {
     let vision = match w.obj("vision")? {
         None => None,
         Some(mut v) => {
@@ -390,7 +403,13 @@ fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<(boo
             Some(Vision { cache_mib, encoder_parallel, images: None })
         }
     };
-    let host_loop = w.flag("host_loop")? == Some(true);
+    let host_loop = match w.flag("host_loop")? {
+        Some(false) if staged => {
+            return Err(w.err("host_loop", "frontend stages run ahead of the scheduler loop; drop host_loop: false"))
+        }
+        Some(flag) => flag,
+        None => staged,
+    };
     if !host_loop && vision.is_none() {
         return Ok((false, None));
     }
@@ -401,9 +420,6 @@ fn read_host_loop(w: &mut Reader, backend: &str, p: &Parallelism) -> Result<(boo
     check_native_vl_parallelism(p).map_err(|why| w.err(key, why))?;
     Ok((host_loop, vision))
 }
-
-/// Host-aware keys of an aggregated or prefill worker servesim does not model yet.
-const HOST_REFUSED: [&str; 2] = ["frontend", "host_profile"];
 
 /// The reference's parallelism gate of the worker hosting the host loop or the vision tower
 /// (also of image workloads without an encoder pool, which host it implicitly).

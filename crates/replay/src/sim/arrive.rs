@@ -133,6 +133,12 @@ impl Simulation<'_, '_> {
             Role::Decode => flight.decode_target = Some(p.target),
         }
         let request = flight.engine_request(role);
+        if role != Role::Decode && self.has_frontend(pool) {
+            // SGLang's frontend stages come between the router and the scheduler (the host
+            // loop's settings allow one rank a worker).
+            self.enter_frontend(p.target / dp, p.id, request);
+            return;
+        }
         self.settle_stretch(pool, p.target / dp);
         self.wake(pool, p.target / dp);
         let worker = &mut self.pools[pool].workers[p.target / dp];

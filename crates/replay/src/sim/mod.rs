@@ -28,6 +28,7 @@ mod pace;
 mod pass;
 mod sampling;
 mod scaling;
+mod stages;
 mod stretch;
 
 pub use pace::{Pacer, WallClock};
@@ -54,6 +55,7 @@ use servesim_workload::time::Time;
 use servesim_workload::{LoadDriver, LoadMode, Ready, Workload, MAX_TIME_MS};
 
 pub use frontend::Tokenization;
+pub use stages::FrontendStage;
 
 /// Everything that defines one simulated run besides the workload.
 #[derive(Clone, Debug)]
@@ -87,6 +89,10 @@ pub struct SimConfig {
     pub timing_jitter_cv: f64,
     /// The frontend's tokenization stage, if any (aisimulate's `engine.tokenization`).
     pub tokenization: Option<Tokenization>,
+    /// SGLang's frontend stages on each worker of the pool that computes prompts (aisimulate's
+    /// `engine.workers.<aggregated|prefill>.frontend`), crossed in order between the router's
+    /// placement and the worker's scheduler; empty without them.
+    pub frontend_stages: Vec<FrontendStage>,
 }
 
 impl SimConfig {
@@ -108,6 +114,7 @@ impl SimConfig {
             threads: 0,
             timing_jitter_cv: 0.0,
             tokenization: None,
+            frontend_stages: Vec::new(),
         }
     }
 }
@@ -276,6 +283,7 @@ pub(crate) fn simulate_shard<'c>(
 /// every release (no closed-loop turns), there are no handoffs and no router queue.
 pub(crate) fn work_only_at_releases(workload: &Workload, config: &SimConfig) -> bool {
     config.tokenization.is_none()
+        && config.frontend_stages.is_empty()
         && matches!(config.load, LoadMode::Timestamps { .. })
         && !config.topology.is_disaggregated()
         && workload.single_turn()
@@ -443,6 +451,12 @@ struct Simulation<'a, 'c> {
     unschedulable: Option<u64>,
     /// Released requests in the frontend's tokenizers, if the run has the stage.
     tokenizers: Option<frontend::Tokenizers>,
+    /// The frontend stages of each worker of the prompt pool (by worker index, made on first
+    /// use), if the run has them.
+    frontends: Vec<Option<stages::WorkerFrontend>>,
+    /// The prompt pool's workers whose pass that computed tokens ended at this instant (see
+    /// [`Simulation::settle_frontends`]).
+    stage_ticks: Vec<usize>,
 }
 
 impl<'a, 'c> Simulation<'a, 'c> {
@@ -514,6 +528,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
             rejected: None,
             unschedulable: None,
             tokenizers: config.tokenization.map(frontend::Tokenizers::new),
+            frontends: Vec::new(),
+            stage_ticks: Vec::new(),
         }
     }
 
@@ -566,10 +582,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
     /// tokenizers' next finished request.
     fn next_release_ms(&self) -> Option<f64> {
         let tokenized = self.tokenizers.as_ref().and_then(frontend::Tokenizers::next_done_ms);
-        match (self.driver.next_ready_ms(), tokenized) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let staged = self.next_stage_done_ms();
+        [self.driver.next_ready_ms(), tokenized, staged].into_iter().flatten().reduce(f64::min)
     }
 
     /// The time of the next event that counts, dropping stale ones on the way.
@@ -680,6 +694,8 @@ impl<'a, 'c> Simulation<'a, 'c> {
             if let Some(origin) = self.driver.take_profile_start() {
                 self.collector.begin_profile(origin);
             }
+            // Requests that crossed their worker's frontend stages by now reach its scheduler.
+            self.settle_frontends();
             ready.clear();
             self.driver.pop_ready(now, &mut ready);
             self.moved_since_retry |= !ready.is_empty();

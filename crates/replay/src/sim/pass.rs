@@ -357,6 +357,10 @@ impl Simulation<'_, '_> {
             let rank = &mut self.pools[pool].workers[w].ranks[r];
             if std::mem::take(&mut rank.ran) {
                 let out = std::mem::take(&mut rank.output);
+                // A pass that computed tokens is an instant the frontend stages are settled at.
+                if pool == 0 && (out.prefill_tokens > 0 || out.decode_tokens > 0) {
+                    self.stage_ticks.push(w);
+                }
                 self.apply_rank_pass(pool, w * dp + r, &out);
                 self.record_fpm(pool, w, r, Some(&out));
                 self.pools[pool].workers[w].ranks[r].output = out;

@@ -12,6 +12,8 @@ impl Simulation<'_, '_> {
             || p.spec.role != Role::Aggregated
             || p.spec.dp() != 1
             || self.config.kv_event_lag_ms > 0.0
+            // Frontend stages settle their progress at every pass end, as the reference does.
+            || !self.config.frontend_stages.is_empty()
             // Dynamo-shaped samples read the KV gauges exactly, which a stretch would skew.
             || self.collector.telemetry.as_ref().is_some_and(|t| t.dynamo)
         {
