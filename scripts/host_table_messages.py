@@ -1,3 +1,13 @@
+#!/usr/bin/env python3
+"""The reference's host cost table lookups, for the goldens of crates/deploy/src/host_table.rs.
+
+  $AISIM_REF_VENV/bin/python scripts/host_table_messages.py tests/deploy/host_profile/table.json
+
+Resolves a few workloads against TABLE with aisimulate 0.13's own lookup (`resolve_frontend`)
+and prints, one line each, `OK <stages> <digest>` or `ERR <exception> <message>`: rows that
+match, a tensor size and image shapes that do not, a missing file, and a path with spaces and
+quotes (nonexistent on purpose: its message shows how the collect command quotes it).
+"""
 import sys, json
 from aisimulate.config.engine import HostProfileConfig
 from aisimulate.vl.table import resolve_frontend

@@ -98,8 +98,8 @@ mod tests {
 
     /// A hosted tower's weights and embedding cache come off the KV budget: the blocks the
     /// reference materialises for the goldens' workers (`aisimulate.capacity.
-    /// materialize_aic_num_gpu_blocks` over `prediction_to_replay_spec`'s engine args; the
-    /// script is /tmp/s19/nvl/g/blocks.py in the report), to the block.
+    /// materialize_aic_num_gpu_blocks` over `prediction_to_replay_spec`'s engine args, printed by
+    /// `$AISIM_REF_VENV/bin/python scripts/vl_kv_blocks.py CONFIG[@key=value]`), to the block.
     #[test]
     fn kv_blocks_reserve_the_tower_and_its_cache() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy");

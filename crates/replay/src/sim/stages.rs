@@ -265,8 +265,9 @@ mod tests {
     }
 
     /// Two slots sharing the pool at twice the time: a request slows down when a second one
-    /// starts and speeds up when it is alone again (the reference's digits, last bits included:
-    /// `/tmp/s19/fe/p3` in the README's probes).
+    /// starts and speeds up when it is alone again (the reference's digits, last bits included,
+    /// from a fixed-timing probe of these arrivals on one two-slot stage; see the engine README's
+    /// "SGLang frontend stages").
     #[test]
     fn shared_slots_progress_at_the_concurrency_they_meet() {
         let left = run(&[stage(2, 50.0, &[1.0, 2.0])], &[0.0, 10.0, 20.0, 30.0, 40.0]);
