@@ -358,7 +358,8 @@ impl Simulation<'_, '_> {
             if std::mem::take(&mut rank.ran) {
                 let out = std::mem::take(&mut rank.output);
                 // A pass that computed tokens is an instant the frontend stages are settled at.
-                if pool == 0 && (out.prefill_tokens > 0 || out.decode_tokens > 0) {
+                let staged = !self.config.frontend_stages.is_empty();
+                if staged && pool == 0 && (out.prefill_tokens > 0 || out.decode_tokens > 0) {
                     self.stage_ticks.push(w);
                 }
                 self.apply_rank_pass(pool, w * dp + r, &out);

@@ -183,8 +183,12 @@ impl Simulation<'_, '_> {
     /// loop pass that only holds finished requests): progress is settled at those instants
     /// only, which decides its last bits.
     pub(super) fn settle_frontends(&mut self) {
+        if self.frontends.is_empty() {
+            self.stage_ticks.clear();
+            return;
+        }
         let now = self.now;
-        let ticks = std::mem::take(&mut self.stage_ticks);
+        let mut ticks = std::mem::take(&mut self.stage_ticks);
         let spec = &self.config.frontend_stages;
         let mut out = Vec::new();
         for w in 0..self.frontends.len() {
@@ -197,6 +201,9 @@ impl Simulation<'_, '_> {
                 self.leave_frontend(w, std::mem::take(&mut out));
             }
         }
+        // The buffer is kept for the next instant's ticks.
+        ticks.clear();
+        self.stage_ticks = ticks;
     }
 
     /// Requests out of worker `w`'s frontend now are submitted to its scheduler, in the order
