@@ -58,7 +58,13 @@ pub fn resolve(path: &Path, needed: &Measurement) -> Result<Vec<FrontendStage>, 
     })
 }
 
+/// The table's text: a regular file (a pipe or a device could block or never end) of at most
+/// [`MAX_TABLE_BYTES`].
 fn read_bounded(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_string());
+    }
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
     let mut text = String::new();
     file.take(MAX_TABLE_BYTES + 1).read_to_string(&mut text).map_err(|e| format!("cannot read it: {e}"))?;
@@ -251,6 +257,10 @@ mod tests {
         let huge = dir.join("huge.json");
         std::fs::write(&huge, vec![b' '; MAX_TABLE_BYTES as usize + 1]).unwrap();
         assert!(resolve(&huge, &m).unwrap_err().contains("(larger than 16 MiB)"));
+        // A directory, or a pipe or a device, is refused before it is read (a FIFO would block).
+        assert!(resolve(&dir, &m).unwrap_err().contains("(not a regular file)"));
+        #[cfg(unix)]
+        assert!(resolve(Path::new("/dev/zero"), &m).unwrap_err().contains("(not a regular file)"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
