@@ -809,12 +809,36 @@ fn kv_transfer_auto_is_one_prefill_ranks_bytes() {
 
 /// `engine.tokenization`: requests wait for a tokenizer before the router and their TTFT counts
 /// it. Recorded from the reference (the YAML says how); fixed timing, so it runs without the AIS
-/// data and agrees to 1e-9. Without the stage every TTFT is 4 ms + 20 µs × prompt tokens or more
-/// shorter.
+/// data and agrees to 1e-9, and so does every request's `tokenized_ms` (when its tokenizer
+/// finished) and first token. Without the stage every TTFT is 4 ms + 20 µs × prompt tokens or
+/// more shorter.
 #[test]
 fn tokenization_matches_the_reference() {
     let (ours, _, dev) = compare_with_reference("predict_tokenization").expect("fixed timing needs no data");
     assert!(dev < 1e-9, "{dev}");
+    let out_dir = tmp("tokenization-requests");
+    let out = predict(&deploy_dir().join("predict_tokenization.yaml"), &out_dir, &["--capture-per-request"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = |text: String| -> Vec<Value> {
+        let mut v: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let key = |r: &Value| {
+            let session = r["session_id"].as_str().unwrap().trim_start_matches("session_").parse::<u64>().unwrap();
+            (session, r["turn_index"].as_u64().unwrap())
+        };
+        v.sort_by_key(key);
+        v
+    };
+    let ours_rows = rows(std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap());
+    let golden = rows(std::fs::read_to_string(deploy_dir().join("predict_tokenization.requests.jsonl")).unwrap());
+    assert_eq!(ours_rows.len(), golden.len());
+    for (o, g) in ours_rows.iter().zip(&golden) {
+        for (key, y) in g.as_object().unwrap() {
+            match y.as_f64() {
+                Some(y) => assert!((o[key].as_f64().unwrap_or(f64::NAN) - y).abs() < 1e-9, "{key}: {o} vs {g}"),
+                None => assert_eq!(&o[key], y, "{key}"),
+            }
+        }
+    }
     let without = predict_with("predict_tokenization", &["engine.tokenization=null"]);
     let (with, bare) = (ours["min_ttft_ms"].as_f64().unwrap(), without["min_ttft_ms"].as_f64().unwrap());
     assert!(with >= bare + 4.0 + 0.02 * 300.0 - 1e-9, "{with} vs {bare}");
@@ -899,18 +923,28 @@ fn sglang_host_loop_reports_the_parts_of_its_ttft() {
         let out_dir = tmp(&format!("{name}-records"));
         let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--capture-per-request"]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let read = |path: PathBuf| -> Vec<Value> {
-            let mut v: Vec<Value> =
-                std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-            let key = |r: &Value| (r["arrival_time_ms"].as_f64().unwrap(), r["first_token_ms"].as_f64().unwrap());
-            v.sort_by(|a, b| key(a).partial_cmp(&key(b)).unwrap());
+        // Request by request in trace order (ties at one arrival instant included): ours by the
+        // ordinal in the uuid, the reference's by the `request` the golden kept.
+        let read = |path: PathBuf, line: fn(&Value) -> u64| -> Vec<(u64, Value)> {
+            let mut v: Vec<(u64, Value)> = std::fs::read_to_string(&path)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .map(|r| (line(&r), r))
+                .collect();
+            v.sort_by_key(|(n, _)| *n);
             v
         };
-        let (ours, reference) =
-            (read(out_dir.join("requests.jsonl")), read(deploy_dir().join(format!("{name}.requests.jsonl"))));
-        assert_eq!(ours.len(), reference.len(), "{name}");
-        for (o, r) in ours.iter().zip(&reference) {
-            for (key, y) in r.as_object().unwrap() {
+        let ours = read(out_dir.join("requests.jsonl"), |r| {
+            u64::from_str_radix(r["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap()
+        });
+        let reference = read(deploy_dir().join(format!("{name}.requests.jsonl")), |r| r["request"].as_u64().unwrap());
+        assert_eq!(
+            ours.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            reference.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+        );
+        for ((_, o), (_, r)) in ours.iter().zip(&reference) {
+            for (key, y) in r.as_object().unwrap().iter().filter(|(k, _)| *k != "request") {
                 let x = o[key].as_f64().unwrap_or(f64::NAN);
                 assert!((x - y.as_f64().unwrap()).abs() < 1e-9, "{name}: {key} = {x}, reference {r}");
             }
@@ -924,7 +958,7 @@ fn sglang_host_loop_reports_the_parts_of_its_ttft() {
 
 /// SGLang's frontend stages ahead of the host loop (`engine.workers.<role>.frontend`), recorded
 /// from the reference with `scripts/frontend_goldens.sh` (summary and per-request times): every
-/// request's first and last token time equals the reference's (fixed timing: to the last bit,
+/// request's frontend-ready, first and last token time equals the reference's (fixed timing: to the last bit,
 /// as the stages' processor sharing is settled at the reference's instants; AIS timing: within
 /// 1e-12, the host loop's own last-bit differences), and so do the summaries within 1e-9. The
 /// stages matter: without them the fixed case's mean TTFT is several times shorter.
@@ -950,7 +984,7 @@ fn sglang_frontend_stages_match_the_reference() {
         let tolerance = if name.ends_with("sglang") { 1e-12 } else { 0.0 };
         for (i, (r, g)) in ours.iter().zip(rows).enumerate() {
             assert_eq!(r["arrival_time_ms"], g[0], "{name} request {i}");
-            for (key, col) in [("first_token_ms", 2), ("last_token_ms", 3)] {
+            for (key, col) in [("frontend_ready_ms", 1), ("first_token_ms", 2), ("last_token_ms", 3)] {
                 let (x, y) = (r[key].as_f64().unwrap(), g[col].as_f64().unwrap());
                 assert!(deviation(x, y) <= tolerance, "{name} request {i}: {key} {x} vs the reference's {y}");
             }

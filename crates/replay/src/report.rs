@@ -371,6 +371,10 @@ pub fn request_json(r: &RequestRecord) -> Value {
         put("first_admission_g1_reused_input_tokens", json!(g1));
         put("first_admission_host_reused_input_tokens", json!(host));
     }
+    if let Some(done) = r.frontend_done_ms {
+        // When the request left SGLang's frontend stages, or the tokenizer (the reference's keys).
+        put(if r.frontend_staged { "frontend_ready_ms" } else { "tokenized_ms" }, json!(done));
+    }
     if let Some(received) = r.scheduler_received_ms {
         // SGLang's host loop (the reference's keys); it selects a request for a batch when it
         // admits it.
