@@ -1519,6 +1519,34 @@ fn agentic_warmups_match_the_reference_within_two_percent() {
         .collect();
     assert_eq!(arrivals.len(), warm["num_requests"].as_u64().unwrap() as usize);
     assert!(arrivals.iter().all(|&t| (0.0..warm["duration_ms"].as_f64().unwrap()).contains(&t)), "{arrivals:?}");
+    // Each record names its snapshot play, lane and prefix cache and says it is the profile's,
+    // as the reference's (recorded; the YAML says how). A cold snapshot has no phase.
+    let identities = |path: PathBuf| -> Vec<Value> {
+        let mut v: Vec<Value> = std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let r: Value = serde_json::from_str(l).unwrap();
+                json!({"agentic": r["agentic"], "agentic_phase": r.get("agentic_phase")})
+            })
+            .collect();
+        v.sort_by(|a, b| a["agentic"]["request_id"].as_str().cmp(&b["agentic"]["request_id"].as_str()));
+        v
+    };
+    let out_dir = tmp("agentic-warmup-identities");
+    let out = predict(&deploy_dir().join("predict_agentic_warmup_selected.yaml"), &out_dir, &["--capture-per-request"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        identities(out_dir.join("requests.jsonl")),
+        identities(deploy_dir().join("predict_agentic_warmup_selected.requests.jsonl"))
+    );
+    let out = predict(
+        &deploy_dir().join("predict_agentic_warmup_selected.yaml"),
+        &out_dir,
+        &["--capture-per-request", "--set", "traffic.load.agentic_warmup=false"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(identities(out_dir.join("requests.jsonl")).iter().all(|r| r["agentic_phase"].is_null()));
 }
 
 /// `agentic_profile`: a five-second continuous profile over seeded snapshots, cold and warmed.

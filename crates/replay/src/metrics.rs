@@ -78,6 +78,8 @@ pub struct Collector<'s> {
     origin_ms: f64,
     /// A warmed agentic run's preparation is under way: its records are not reported.
     preparing: bool,
+    /// The run is a warmed agentic one (it began with a preparation).
+    warmed: bool,
 }
 
 /// Whether the overload warning was printed.
@@ -298,6 +300,7 @@ impl<'s> Collector<'s> {
             telemetry: None,
             origin_ms: 0.0,
             preparing: false,
+            warmed: false,
         }
     }
 
@@ -305,6 +308,7 @@ impl<'s> Collector<'s> {
     /// [`Collector::begin_profile`], finished requests are not reported one by one.
     pub fn begin_preparation(&mut self) {
         self.preparing = true;
+        self.warmed = true;
     }
 
     /// Starts the measured run at `origin_ms` (a warmed agentic profile opening, with nothing in
@@ -414,6 +418,7 @@ impl<'s> Collector<'s> {
             arrival_ms,
             frontend_done_ms: None,
             frontend_staged: false,
+            warmed_profile: self.warmed && !self.preparing,
             first_admit_ms: None,
             scheduler_received_ms: None,
             terminal_ms: None,

@@ -41,6 +41,9 @@ pub struct RequestRecord {
     /// Whether `frontend_done_ms` is the end of SGLang frontend stages (the host loop counts
     /// their time as `mean_frontend_ms`; tokenization's falls in the inbox wait).
     pub frontend_staged: bool,
+    /// Released in the measured profile of a warmed agentic run (the reference marks these
+    /// `agentic_phase: "profile"`; the preparation's requests are not reported).
+    pub warmed_profile: bool,
     pub first_admit_ms: Option<f64>,
     /// SGLang host loop: when the worker's scheduler received it from its inbox (the pass
     /// boundary after its arrival); `None` without the loop.

@@ -274,13 +274,18 @@ pub fn request_json(r: &RequestRecord) -> Value {
         ids.insert("play_id".into(), json!(&*a.play_id));
         ids.insert("conversation_id".into(), json!(&*a.conversation_id));
         if let Some(lane) = a.lane {
+            // A snapshot play (one per lane) and the prefix cache it warms.
             ids.insert("lane_id".into(), json!(format!("lane:{lane}")));
+            ids.insert("cache_id".into(), json!(format!("{}:cache", a.play_id)));
         }
         ids.insert("root_id".into(), json!(a.root_id.as_deref()));
         if let Some(p) = &a.parent_id {
             ids.insert("parent_id".into(), json!(&**p));
         }
         put("agentic", Value::Object(ids));
+        if r.warmed_profile {
+            put("agentic_phase", json!("profile"));
+        }
         put("uuid", json!(format!("00000000-0000-0000-0000-{:012x}", a.node as u64 + 1)));
     } else {
         put("session_id", json!(r.session.as_deref()));
