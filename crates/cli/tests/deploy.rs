@@ -165,6 +165,43 @@ fn decode_steps_read_the_reference_context() {
     }
 }
 
+/// Attention data parallelism: every request lands on the reference's ranks, and the per-request
+/// records number them as it does — a pool's schedulers flat, `worker × attention_data + dp_rank`
+/// (`prefill_worker_idx`, `decode_worker_idx`, `routing_history[].scheduler_id`; recorded, the
+/// YAML says how). The golden's decode pool has two workers of two ranks, so worker 1's first
+/// rank is scheduler 2.
+#[test]
+fn attention_dp_ranks_are_numbered_as_in_the_reference() {
+    let yaml = deploy_dir().join("predict_disagg_dep_moe.yaml");
+    let out_dir = tmp("dep-moe-workers");
+    let out = predict(&yaml, &out_dir, &["--capture-per-request"]);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut ours: Vec<(u64, Value)> = std::fs::read_to_string(out_dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            let ordinal = u64::from_str_radix(r["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap();
+            let routing: Vec<Value> = r["routing_history"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| json!([h["pool"], h["logical_worker_id"], h["dp_rank"], h["scheduler_id"]]))
+                .collect();
+            let row = json!({"prefill_worker_idx": r["prefill_worker_idx"], "decode_worker_idx": r["decode_worker_idx"], "routing": routing});
+            (ordinal, row)
+        })
+        .collect();
+    ours.sort_by_key(|(n, _)| *n);
+    let golden = std::fs::read_to_string(deploy_dir().join("predict_disagg_dep_moe.workers.jsonl")).unwrap();
+    let golden: Vec<Value> = golden.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(ours.into_iter().map(|(_, r)| r).collect::<Vec<_>>(), golden);
+}
+
 #[test]
 fn eplb_controls_match_the_reference() {
     let Some((ours, reference, worst)) = compare_with_reference("predict_disagg_dep_moe_eplb") else { return };

@@ -534,6 +534,7 @@ impl<'s> Collector<'s> {
         role: Role,
         worker: usize,
         dp_rank: usize,
+        scheduler: usize,
         overlap_tokens: u32,
         overlap_blocks: Option<(u32, u32)>,
         queued_at: Option<f64>,
@@ -551,6 +552,7 @@ impl<'s> Collector<'s> {
             placed_at_ms: now,
             worker,
             dp_rank: dp_rank as u32,
+            scheduler: scheduler as u32,
             overlap_tokens,
             overlap_blocks,
         });

@@ -91,6 +91,9 @@ pub struct Routing {
     pub placed_at_ms: f64,
     pub worker: u32,
     pub dp_rank: u32,
+    /// The rank's scheduler in the pool's flat numbering, `worker × dp + dp_rank` (the
+    /// reference's `scheduler_id` and `*_worker_idx`).
+    pub scheduler: u32,
     pub overlap_tokens: u32,
     /// The KV router's overlap: blocks cached on the chosen worker and the most on any eligible
     /// one (`None` under round robin).

@@ -306,8 +306,11 @@ pub fn request_json(r: &RequestRecord) -> Value {
     put("requested_output_length", json!(r.requested_output_length));
     put("output_length", json!(r.output_length));
     put("reused_input_tokens", json!(r.reused_input_tokens));
-    put("prefill_worker_idx", json!(r.prefill_worker));
-    put("decode_worker_idx", json!(r.decode_worker));
+    // The workers' ranks in flat numbering (`worker × dp + dp_rank`), as the reference writes
+    // them; the last placement of each side counts.
+    let scheduler = |side: &[Role]| r.routing.iter().rev().find(|p| side.contains(&p.pool)).map(|p| p.scheduler);
+    put("prefill_worker_idx", json!(r.prefill_worker.and(scheduler(&[Role::Prefill]))));
+    put("decode_worker_idx", json!(r.decode_worker.and(scheduler(&[Role::Aggregated, Role::Decode]))));
     let h = r.handoff.as_ref();
     put("prefill_admit_ms", if h.is_some() { json!(r.first_admit_ms) } else { Value::Null });
     put("source_held_ms", json!(h.and_then(|h| h.source_held_ms)));
@@ -329,7 +332,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
                 "released_at_ms": p.queued_at_ms.map(|_| p.placed_at_ms),
                 "queue_wait_ms": p.queued_at_ms.map_or(0.0, |q| p.placed_at_ms - q),
                 "logical_worker_id": p.worker,
-                "scheduler_id": p.worker,
+                "scheduler_id": p.scheduler,
                 "dp_rank": p.dp_rank,
                 "reported_overlap_tokens": p.overlap_tokens,
                 "selected_overlap_blocks": p.overlap_blocks.map(|o| o.0),

@@ -127,7 +127,17 @@ impl Simulation<'_, '_> {
         }
         let overlap_blocks = p.best_overlap_blocks.map(|best| (p.overlap_blocks, best));
         let (worker, rank) = (p.target / dp, p.target % dp);
-        self.collector.placed(p.id, role, worker, rank, overlap_tokens, overlap_blocks, p.queued_at_ms, self.now);
+        self.collector.placed(
+            p.id,
+            role,
+            worker,
+            rank,
+            p.target,
+            overlap_tokens,
+            overlap_blocks,
+            p.queued_at_ms,
+            self.now,
+        );
         match role {
             Role::Aggregated | Role::Prefill => flight.prefill_target = Some(p.target),
             Role::Decode => flight.decode_target = Some(p.target),
