@@ -993,6 +993,48 @@ fn sglang_host_loop_reports_the_parts_of_its_ttft() {
     }
 }
 
+/// SGLang retraction under KV pressure, recorded from the reference (each YAML says how): the
+/// request aisimulate's engine retracts (the fewest generated tokens, then the longest prompt,
+/// then the latest admitted) and what it reuses when it comes back (its prompt only: decoded
+/// pages join the cache when a request finishes). Every request's admissions and token times
+/// are the reference's, and the summaries agree to 1e-9.
+#[test]
+fn sglang_retraction_takes_the_references_victim() {
+    for (name, victim) in [("predict_sglang_retract", 4), ("predict_sglang_retract_longest", 2)] {
+        let (_, _, dev) = compare_with_reference(name).expect("fixed timing needs no data");
+        assert!(dev < 1e-9, "{name}: {dev}");
+        let out_dir = tmp(&format!("{name}-requests"));
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--capture-per-request"]);
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let mut ours: Vec<Value> = std::fs::read_to_string(out_dir.join("requests.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let r: Value = serde_json::from_str(l).unwrap();
+                let request =
+                    u64::from_str_radix(r["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap();
+                let admissions: Vec<Value> = r["admission_history"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| json!([a["at_ms"], a["reused_input_tokens"]]))
+                    .collect();
+                json!({"request": request, "admissions": admissions, "first_token_ms": r["first_token_ms"], "last_token_ms": r["last_token_ms"]})
+            })
+            .collect();
+        ours.sort_by_key(|r| r["request"].as_u64().unwrap());
+        let golden = std::fs::read_to_string(deploy_dir().join(format!("{name}.requests.jsonl"))).unwrap();
+        let golden: Vec<Value> = golden.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(ours, golden, "{name}");
+        let retracted: Vec<u64> = golden
+            .iter()
+            .filter(|r| r["admissions"].as_array().unwrap().len() > 1)
+            .map(|r| r["request"].as_u64().unwrap())
+            .collect();
+        assert_eq!(retracted, [victim], "{name}");
+    }
+}
+
 /// SGLang's frontend stages ahead of the host loop (`engine.workers.<role>.frontend`), recorded
 /// from the reference with `scripts/frontend_goldens.sh` (summary and per-request times): every
 /// request's frontend-ready, first and last token time equals the reference's (fixed timing: to the last bit,

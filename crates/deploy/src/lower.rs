@@ -387,6 +387,9 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
         (u64::from(w.intervals.0), u64::from(w.intervals.1));
     // aisimulate's SGLang prefill worker caches a prompt while its KV moves.
     args.engine.sglang.cache_held_prompts = true;
+    // Its decode: pages join the cache when a request finishes; retraction in SGLang's order.
+    args.engine.sglang.cache_decoded_pages = false;
+    args.engine.sglang.retract_in_sglang_order = true;
     args.engine.sglang.host_loop = w.host_loop;
     args.engine.sglang.vision = w.vision;
     Ok(args)

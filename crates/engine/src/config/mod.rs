@@ -116,6 +116,16 @@ pub struct SglangSettings {
     /// moves to the decode side (aisimulate's engine), rather than once the decode side has it
     /// (Dynamo's mocker, the default). Not an engine argument: the unified YAML sets it.
     pub cache_held_prompts: bool,
+    /// A running request's decoded pages join the radix cache as they fill (Dynamo's mocker,
+    /// the default) rather than when it finishes (aisimulate's engine, as SGLang does): a
+    /// request retracted meanwhile then re-prefills past its prompt. Not an engine argument:
+    /// the unified YAML clears it.
+    pub cache_decoded_pages: bool,
+    /// Retraction takes the running request with the fewest generated tokens, then the longest
+    /// prompt, then the latest admitted (SGLang's `retract_decode` order, aisimulate's engine)
+    /// rather than the first with the fewest generated tokens (Dynamo's mocker, the default).
+    /// Not an engine argument: the unified YAML sets it.
+    pub retract_in_sglang_order: bool,
     /// Replay each pass as one iteration of SGLang's overlap scheduler (aisimulate's
     /// `host_loop`): requests are received at iteration boundaries and a request is known to be
     /// finished one pass after its last token. Not an engine argument: the unified YAML sets it.
@@ -148,6 +158,8 @@ impl Default for SglangSettings {
             clip_max_new_tokens: 4096,
             schedule_conservativeness: 1.0,
             cache_held_prompts: false,
+            cache_decoded_pages: true,
+            retract_in_sglang_order: false,
             host_loop: false,
             vision: None,
         }

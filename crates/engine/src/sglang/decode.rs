@@ -51,12 +51,7 @@ impl SglangEngine {
         let mut retracted = Vec::new();
         let mut total_growth = growth(self);
         while total_growth > self.reservable_tokens() && self.running.len() > 1 {
-            let (pos, _) = self
-                .running
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, &s)| self.reqs[s].generated)
-                .expect("running is not empty");
+            let pos = self.retraction_victim();
             let slot = self.running.remove(pos);
             self.release(slot);
             let req = &mut self.reqs[slot];
@@ -112,6 +107,21 @@ impl SglangEngine {
         end
     }
 
+    /// The position in `running` of the request to retract: the fewest generated tokens, and
+    /// among those the first (Dynamo's mocker) or, in SGLang's order, the longest prompt and
+    /// then the latest admitted.
+    fn retraction_victim(&self) -> usize {
+        let generated = |pos: usize| self.reqs[self.running[pos]].generated;
+        let positions = 0..self.running.len();
+        let victim = if self.cfg.sglang.retract_in_sglang_order {
+            positions
+                .max_by_key(|&pos| (std::cmp::Reverse(generated(pos)), self.reqs[self.running[pos]].prompt_len, pos))
+        } else {
+            positions.min_by_key(|&pos| generated(pos))
+        };
+        victim.expect("running is not empty")
+    }
+
     /// Whether `slot` with its next burst needs more KV than the whole cache holds.
     fn exceeds_capacity(&self, slot: u32) -> bool {
         let r = &self.reqs[slot];
@@ -154,8 +164,10 @@ impl SglangEngine {
                     completed.push(slot);
                     break;
                 }
-                let full = self.floor_pages(self.reqs[slot].computed) as usize;
-                self.cache_pages(slot, full);
+                if self.cfg.sglang.cache_decoded_pages {
+                    let full = self.floor_pages(self.reqs[slot].computed) as usize;
+                    self.cache_pages(slot, full);
+                }
             }
         }
         if !completed.is_empty() {

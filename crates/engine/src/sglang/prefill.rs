@@ -205,13 +205,23 @@ impl SglangEngine {
             }
             true
         });
+        let decoded_pages = self.cfg.sglang.cache_decoded_pages;
+        if !decoded_pages {
+            // What the prefill computed joins the cache; the first token's page does not.
+            for &slot in &fresh {
+                let full = self.floor_pages(self.reqs[slot].computed) as usize;
+                self.cache_pages(slot, full);
+            }
+        }
         let need: u32 = fresh.iter().map(|&s| self.growth(s, 1)).sum();
         let page_need = need / self.page;
         if self.make_room(page_need) {
             for &slot in &fresh {
                 self.sample_with_slot(slot, out);
-                let full = self.floor_pages(self.reqs[slot].computed) as usize;
-                self.cache_pages(slot, full);
+                if decoded_pages {
+                    let full = self.floor_pages(self.reqs[slot].computed) as usize;
+                    self.cache_pages(slot, full);
+                }
             }
         }
         self.running.extend_from_slice(&fresh);
