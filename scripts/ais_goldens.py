@@ -52,15 +52,20 @@ SGLang prefill context parallelism on DeepSeek-V3 (CP 4 beside two pipeline stag
 with one MTP layer) and DeepSeek-V3.1-NVFP4 (CP 2 on B200: the granular MLA chain).
 
 `--kimi-k3` prints instead the step times and KV capacity behind crates/perf/tests/kimi_k3.rs.
+`--dsv41` prints instead the step times behind crates/perf/tests/dsv41.rs: DeepSeek-V4.1-Flash on
+the `full` execution profile (systems/profiles/dsv41/full, B300 and GB300 / SGLang, TP4), at prompts
+and KV lengths past the measured module curves (the boundary's utilisation of each roofline held).
 `--qwen35` prints instead the step times and KV capacity behind crates/perf/tests/qwen35_goldens.rs:
 Qwen3.5 (GDN linear attention + gated full attention) dense 27B and MoE 35B-A3B on H200 / vLLM
 0.24.0, and the NVFP4 122B-A10B on B200 (bf16 projections and shared experts by exclusion); then
 the same family on SGLang 0.5.14 and TRT-LLM 1.3.0rc20 / rc23 (H200, B200).
 """
 import json
+import os
 import sys
 import types
 
+import aisimulate_core
 from aisimulate_core.sdk import RustForwardPassPerfModel
 from aisimulate_core.sdk.memory.kv_cache import estimate_num_gpu_blocks
 
@@ -369,6 +374,19 @@ KIMI_K3_KV = [
     ("moonshotai/Kimi-K3", "b300_sxm", "sglang", dict(tp_size=8, moe_tp_size=1, moe_ep_size=8), 1),
     ("moonshotai/Kimi-K3", "h200_sxm", "vllm", dict(tp_size=16, moe_tp_size=1, moe_ep_size=16), 64),
 ]
+# DeepSeek-V4.1 (`--dsv41`): past the measured module curves of the `full` profile.
+DSV41_PROFILE = os.path.join(os.path.dirname(aisimulate_core.__file__), "systems", "profiles", "dsv41", "full")
+DSV41_STEPS = [
+    ({"model": "deepseek-ai/DeepSeek-V4.1-Flash", "system": "b300_sxm", "backend": "sglang",
+      "backend_version": "dev-c4ca651192e5", "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1,
+      "systems_paths": [DSV41_PROFILE]},
+     [("prefill", (1, 4096, 0)), ("prefill", (2, 3000, 0)), ("prefill", (1, 8192, 1536)), ("decode", (1, 8192)),
+      ("decode", (2, 20000)), ("decode", (3, 4000))]),
+    ({"model": "deepseek-ai/DeepSeek-V4.1-Flash", "system": "gb300", "backend": "sglang",
+      "backend_version": "dev-800cc9adea5b", "tp": 4, "moe_tp_size": 4, "moe_ep_size": 1,
+      "systems_paths": [DSV41_PROFILE]},
+     [("prefill", (1, 65536, 0)), ("prefill", (2, 700, 512)), ("decode", (2, 30000))]),
+]
 # Kimi-K3 with DSPARK speculation (also `--kimi-k3`): KDA verify kernels (SGLang on B200 through
 # the fused SM100 verify row, vLLM's Triton chain-verify pair on H200) and the draft model's ops
 # and KV (SGLang's GQA draft, vLLM's MLA-style one).
@@ -583,6 +601,9 @@ def main():
     if "--mla-cp" in sys.argv[1:]:
         print_steps(MLA_CP_STEPS)
         print_kv(MLA_CP_KV)
+        return
+    if "--dsv41" in sys.argv[1:]:
+        print_steps(DSV41_STEPS)
         return
     if "--msa-nvfp4" in sys.argv[1:]:
         print_steps(MSA_NVFP4_STEPS)

@@ -181,7 +181,7 @@ pub struct DsaTables {
 type SparseEntry = Arc<Result<SparseKernels>>;
 
 /// Batch → (new tokens, cached prefix) → latency of one sparse sub-kernel.
-type SparseGrid = BTreeMap<u32, BTreeMap<(u32, u32), f64>>;
+pub(crate) type SparseGrid = BTreeMap<u32, BTreeMap<(u32, u32), f64>>;
 
 /// The indexer's sub-kernels measured alone (`{prefix}_mqa_logits_module_perf`,
 /// `{prefix}_topk_module_perf`), which prefill CP re-times at the full and the per-rank length.
@@ -372,21 +372,25 @@ impl Database {
     }
 }
 
-/// The measured batch nearest `b` (the smaller of two equally near).
-fn batch_slice(grid: &SparseGrid, b: u32) -> Option<&BTreeMap<(u32, u32), f64>> {
-    grid.get(&b).or_else(|| grid.iter().min_by_key(|(&k, _)| k.abs_diff(b)).map(|(_, v)| v))
-}
-
-/// A sub-kernel's latency at `s` new tokens after `prefix` cached: the nearest measured length
-/// (the smaller of two equally near; none past the longest, where the kernels grow faster than
-/// linearly), linear in the prefix between measured ones and held beyond them.
-fn sparse_at(t: &BTreeMap<(u32, u32), f64>, s: u32, prefix: u32) -> Result<Option<f64>> {
+/// A sub-kernel measured alone at `batch` sequences of `s` new tokens after `prefix` cached:
+/// the nearest measured batch and length (the smaller of two equally near), linear in the prefix
+/// between measured ones and held beyond them. `Ok(None)` when nothing is measured;
+/// `Err(longest)` when `s` is past the longest measured length, where these kernels grow faster
+/// than linearly and the end is not held. Shared with DeepSeek-V4's CSA top-k selector
+/// (`dsv4_topk.rs`).
+pub(crate) fn nearest_shape_ms(
+    grid: &SparseGrid,
+    batch: u32,
+    s: u32,
+    prefix: u32,
+) -> std::result::Result<Option<f64>, u32> {
+    let Some(t) = grid.get(&batch).or_else(|| grid.iter().min_by_key(|(&k, _)| k.abs_diff(batch)).map(|(_, v)| v))
+    else {
+        return Ok(None);
+    };
     let Some(longest) = t.keys().map(|k| k.0).max() else { return Ok(None) };
     if s > longest {
-        return Err(PerfError::data(format!(
-            "DSA CP: isl={s} exceeds the collected sparse-kernel grid (max isl={longest}); the indexer's \
-             kernels grow faster than linearly with the prompt, so servesim does not clamp it"
-        )));
+        return Err(longest);
     }
     let near = t.keys().map(|k| k.0).min_by_key(|&i| i.abs_diff(s)).unwrap_or(longest);
     let row: Vec<(u32, f64)> = t.range((near, 0)..=(near, u32::MAX)).map(|(k, &v)| (k.1, v)).collect();
@@ -585,15 +589,15 @@ fn cp_context(db: &Database, op: &DsaOp, reuse: bool, b: u32, s: u32, prefix: u3
     if !reuse {
         let kernels = cp_kernels(db, op)?;
         let k = kernels.as_ref().as_ref().map_err(Clone::clone)?;
-        let empty = BTreeMap::new();
-        let at = |g| batch_slice(g, b).unwrap_or(&empty);
-        let (mqa, last, flat) = (at(&k.mqa), at(&k.topk_last), at(&k.topk_flat));
-        let lookups = (
-            sparse_at(mqa, s, prefix)?,
-            sparse_at(mqa, per_rank, prefix)?,
-            sparse_at(last, s, prefix)?,
-            sparse_at(flat, per_rank, prefix)?,
-        );
+        let at = |grid: &SparseGrid, s: u32| {
+            nearest_shape_ms(grid, b, s, prefix).map_err(|longest| {
+                PerfError::data(format!(
+                    "DSA CP: isl={s} exceeds the collected sparse-kernel grid (max isl={longest}); the indexer's \
+                     kernels grow faster than linearly with the prompt, so servesim does not clamp it"
+                ))
+            })
+        };
+        let lookups = (at(&k.mqa, s)?, at(&k.mqa, per_rank)?, at(&k.topk_last, s)?, at(&k.topk_flat, per_rank)?);
         if let (Some(mqa_all), Some(mqa_rank), Some(last_all), Some(flat_rank)) = lookups {
             let cp = f64::from(cp);
             v += (mqa_all / cp - mqa_rank) + (last_all / cp - flat_rank);
@@ -889,13 +893,6 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     let d = m.dsa.as_ref().ok_or_else(|| PerfError::config(format!("{}: not a DSA model", m.name)))?;
     if l.ngram > 0 {
         return Err(PerfError::unsupported(format!("{}: ngram verification of DSA attention is not modelled", m.name)));
-    }
-    if l.cp > 1 && l.moe_comm.is_large_ep() {
-        return Err(PerfError::unsupported(format!(
-            "{}: prefill context parallelism (cp_size={}) of DSA with a large-EP MoE (moe_comm_backend) is not \
-             modelled",
-            m.name, l.cp
-        )));
     }
     let (tp, h) = (l.tp, m.hidden);
     let layers = m.layers as f64;

@@ -25,9 +25,9 @@
 //! `systems_paths` names): one curve per (component, geometry, batch, prefix), the work axis
 //! interpolated linearly between measured points. Attention's work axis is the new tokens
 //! (prefill) or the KV length (decode); the other components' is the step's tokens at batch 1.
-//! Outside a curve's range the linear projections and Engram keep the boundary point's
-//! utilisation against their roofline; attention and mHC, whose rooflines servesim lacks, are
-//! refused there, as is any batch or cached prefix the profile did not measure. The router
+//! Outside a curve's range every module keeps the boundary point's utilisation against its
+//! roofline (attention's at the request's batch and cached prefix; mHC's on the scalar fp32
+//! units, `gpu.fp32_flops`); a batch or cached prefix the profile did not measure is refused. The router
 //! and logits GEMMs, the experts and the NCCL all-reduces read the profile's own tables.
 //!
 //! A forward pass fuses its requests' tokens through the token-major ops and times each
@@ -420,29 +420,152 @@ impl Dsv41Op {
         }
     }
 
-    /// The roofline of a token-major module at `tokens` (ms), where servesim has it.
-    fn sol_ms(&self, spec: &SystemSpec, tokens: f64) -> Option<Result<f64>> {
+    /// The module's roofline (ms): every kernel of it bounded by the slower of its math and its
+    /// memory traffic, the kernels summed. `batch` and `prefix` matter to attention only, whose
+    /// work `x` is the new tokens of each request (prefill) or the KV length (decode); the other
+    /// modules' `x` is the step's tokens.
+    fn sol_ms(&self, spec: &SystemSpec, batch: f64, x: f64, prefix: f64) -> Result<f64> {
         let part = |flops: f64, bytes: f64, rate: f64| (flops / rate * 1e3).max(bytes / spec.mem_bw * 1e3);
         match &self.module {
-            Module::Linear { n, k, dtype } => Some(dtype.flops(spec).map(|rate| {
+            Module::Linear { n, k, dtype } => {
+                let rate = dtype.flops(spec)?;
                 let (n, k) = (f64::from(*n), f64::from(*k));
-                part(2.0 * tokens * n * k, self.weight_bytes() + tokens * (n + k) * 2.0, rate)
-            })),
-            Module::Engram { head_dim, hash_columns, hidden, hc_mult, tp, .. } => {
-                Some(Dtype::Fp8.flops(spec).map(|rate| {
-                    let input = f64::from(*hash_columns) * f64::from(*head_dim);
-                    let output = f64::from(*hidden) * f64::from(hc_mult + 1);
-                    let lookup = tokens * input * ((1.0 + 1.0 / 32.0) / f64::from((*tp).max(1)) + 2.0);
-                    let projection_bytes = input * output * (1.0 + 1.0 / 1024.0) + tokens * (input + output) * 2.0;
-                    let gate = tokens * f64::from(*hidden) * f64::from(*hc_mult) * 8.0;
-                    part(0.0, lookup, rate)
-                        + part(2.0 * tokens * input * output, projection_bytes, rate)
-                        + part(0.0, gate, rate)
-                }))
+                Ok(part(2.0 * x * n * k, self.weight_bytes() + x * (n + k) * 2.0, rate))
             }
-            Module::Attention(_) | Module::Mhc { .. } => None,
+            Module::Engram { head_dim, hash_columns, hidden, hc_mult, tp, .. } => {
+                let rate = Dtype::Fp8.flops(spec)?;
+                let input = f64::from(*hash_columns) * f64::from(*head_dim);
+                let output = f64::from(*hidden) * f64::from(hc_mult + 1);
+                let lookup = x * input * ((1.0 + 1.0 / 32.0) / f64::from((*tp).max(1)) + 2.0);
+                let projection_bytes = input * output * (1.0 + 1.0 / 1024.0) + x * (input + output) * 2.0;
+                let gate = x * f64::from(*hidden) * f64::from(*hc_mult) * 8.0;
+                Ok(part(0.0, lookup, rate)
+                    + part(2.0 * x * input * output, projection_bytes, rate)
+                    + part(0.0, gate, rate))
+            }
+            Module::Mhc { hidden, hc_mult, sinkhorn_iters } => {
+                // Scalar fp32 arithmetic on the CUDA cores, not the tensor cores.
+                let rate = spec.fp32_flops.ok_or_else(|| {
+                    PerfError::unsupported(format!(
+                        "DeepSeek-V4.1 mHC outside its measured range is carried by its fp32 roofline, which needs \
+                         gpu.fp32_flops in {}.yaml (missing)",
+                        spec.name
+                    ))
+                })?;
+                let (h, hc) = (f64::from(*hidden), f64::from(*hc_mult));
+                let mixes = (hc + 2.0) * hc;
+                let per_token = 2.0 * hc * h * mixes
+                    + (hc * hc + 2.0 * hc) * f64::from(*sinkhorn_iters)
+                    + 2.0 * hc * hc * h
+                    + 2.0 * hc * h;
+                // Residual streams in bf16 read and written at both sites, fp32 mixing coefficients.
+                let bytes = self.weight_bytes() + 8.0 * x * hc * h + 8.0 * x * mixes;
+                Ok(part(2.0 * x * per_token, bytes, rate))
+            }
+            Module::Attention(a) => attention_sol_ms(a, spec, batch, x, prefix),
         }
     }
+}
+
+/// SGLang's persistent KV row of DeepSeek-V4.1 (window and compressed entries alike), bytes.
+const SGLANG_KV_ROW: f64 = 584.0;
+
+/// Query-key pairs of `query` new tokens after `prefix` cached ones when each attends to at
+/// most the `limit` latest positions (itself included).
+fn window_pairs(query: f64, prefix: f64, limit: f64) -> f64 {
+    let upto = |n: f64| {
+        let grown = n.clamp(0.0, limit);
+        grown * (grown + 1.0) / 2.0 + (n - limit).max(0.0) * limit
+    };
+    upto(prefix + query) - upto(prefix)
+}
+
+/// `Σ_{t=1..n} ⌊t / ratio⌋`, continued linearly past the last whole `t`.
+fn compressed_prefix_sum(n: f64, ratio: f64) -> f64 {
+    let n = n.max(0.0);
+    let whole = n.floor();
+    let blocks = (whole / ratio).floor();
+    let tail = whole - blocks * ratio;
+    ratio * blocks * (blocks - 1.0) / 2.0 + blocks * (tail + 1.0) + (n - whole) * blocks
+}
+
+/// Compressed entries the `query` new tokens after `prefix` attend to: every compressed entry
+/// visible to a token, capped at `topk` once `ratio · topk` tokens exist.
+fn selected_pairs(query: f64, prefix: f64, ratio: f64, topk: f64) -> f64 {
+    let full = ratio * topk;
+    let upto = |n: f64| compressed_prefix_sum(n.min(full), ratio) + (n - full).max(0.0) * topk;
+    upto(prefix + query) - upto(prefix)
+}
+
+/// The roofline (ms) of one layer's attention block at one GPU's heads with SGLang's KV storage:
+/// the query / KV / grouped output projections and the row store, the owner's compressors and
+/// index keys, the indexer's projections, scoring and top-k, and the sparse attention over the
+/// window plus the selected compressed entries. `s` is the new tokens of each of `batch`
+/// requests (prefill) or the KV length (decode).
+fn attention_sol_ms(a: &Attention, spec: &SystemSpec, batch: f64, s: f64, prefix: f64) -> Result<f64> {
+    if batch <= 0.0 || s <= 0.0 {
+        return Ok(0.0);
+    }
+    let f = f64::from;
+    let part = |flops: f64, bytes: f64, rate: f64| (flops / rate * 1e3).max(bytes / spec.mem_bw * 1e3);
+    let (bf16, fp8) = (Dtype::Bfloat16.flops(spec)?, Dtype::Fp8.flops(spec)?);
+    let (gemm, fmha) = (a.gemm.flops(spec)?, a.fmha.flops(spec)?);
+    let w = projection_bytes(a.gemm);
+    // A projection of `k` inputs to `n` outputs over `rows` rows with `weight` bytes per weight.
+    let project = |k: f64, n: f64, rows: f64, weight: f64, rate: f64| {
+        part(2.0 * rows * k * n, k * n * weight + rows * (k + n) * 2.0, rate)
+    };
+    let (h, q, o, n, d, g) = (f(a.hidden), f(a.q_lora), f(a.o_lora), f(a.heads), f(a.head_dim), f(a.o_groups));
+    let rows = if a.context { batch * s } else { batch };
+    let mut ms = project(h, q, rows, w, gemm)
+        + project(q, n * d, rows, w, gemm)
+        + project(h, d, rows, w, gemm)
+        + part(2.0 * rows * n * d * o, n * d * o * 2.0 + rows * (n * d + g * o) * 2.0, bf16)
+        + project(g * o, h, rows, w, gemm)
+        + part(0.0, rows * (2.0 * d + SGLANG_KV_ROW), bf16);
+    let end = if a.context { prefix + s } else { s };
+    let ratio = f(a.ratio);
+    let compressed = if a.ratio > 0 { (end / ratio).floor() } else { 0.0 };
+    let (ih, id) = (f(a.index_heads), f(a.index_head_dim));
+    if a.role == "full" {
+        let compressors = if a.ratio > 1 { 2.0 } else { 1.0 };
+        ms += compressors * project(h, d, rows, 2.0, bf16);
+        let before = if a.context { prefix } else { (end - 1.0).max(0.0) };
+        let published = batch * ((end / ratio).floor() - (before / ratio).floor());
+        ms += project(d, id, published, 2.0, bf16);
+        // Each new compressed entry: its bf16 source read, the KV row and the packed fp4 index key.
+        ms += part(0.0, published * (2.0 * d + SGLANG_KV_ROW + id * 0.53125), bf16);
+    }
+    if matches!(a.role, "full" | "reindex") {
+        ms += project(q, ih * id, rows, w, fp8) + project(h, ih, rows, 2.0, bf16);
+        // Hopper scores in bf16 on a bf16 query; elsewhere fp4 on the packed query.
+        let (rate, query_bytes) =
+            if spec.sm_version == Some(90) { (bf16, 2.0) } else { (Dtype::Nvfp4.flops(spec)?, 0.53125) };
+        ms += part(
+            2.0 * rows * ih * id * compressed,
+            batch * compressed * id * 0.53125 + rows * ih * id * query_bytes + rows * compressed * 4.0,
+            rate,
+        );
+        let candidates = if a.candidate_source { rows * compressed / 8.0 * 4.0 } else { 0.0 };
+        ms += part(0.0, rows * (compressed + f(a.index_topk)) * 4.0 + candidates, bf16);
+    }
+    let window = f(a.window);
+    let (window_pairs, window_rows) = if a.context {
+        (batch * window_pairs(s, prefix, window), batch * (s + prefix.min((window - 1.0).max(0.0))))
+    } else {
+        (batch * end.min(window), batch * end.min(window))
+    };
+    let selected = match (a.ratio, a.context) {
+        (0, _) => 0.0,
+        (_, true) => batch * selected_pairs(s, prefix, ratio, f(a.index_topk)),
+        (_, false) => batch * compressed.min(f(a.index_topk)),
+    };
+    ms += part(
+        4.0 * n * d * (window_pairs + selected),
+        (window_rows + selected) * SGLANG_KV_ROW + rows * n * d * 4.0,
+        fmha,
+    );
+    Ok(ms)
 }
 
 /// Bytes per weight of the attention block's quantised projections (fp8 blocks carry one scale
@@ -506,7 +629,9 @@ pub fn build_dsv41_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> 
     if l.moe_ep > 1 {
         return refuse(format!(
             "expert parallelism (moe_ep {}) is not modelled: servesim times the pure tensor-parallel text baseline \
-             the profiles were measured at (its experts' all-reduce), not the EP dispatch",
+             the profiles were measured at (its experts' all-reduce), not the EP experts and their combine; no \
+             installed profile measures the experts at moe_ep > 1 either (the reference fails there for the \
+             missing moe_perf rows)",
             l.moe_ep
         ));
     }
@@ -739,16 +864,11 @@ pub fn eval_dsv41(db: &Database, op: &Dsv41Op, batch: u32, prefix: u32, x: u32) 
     Ok(match (below, above) {
         (Some((&x0, &y0)), Some((&x1, &y1))) => y0 + (y1 - y0) * (xf - f64::from(x0)) / f64::from(x1 - x0),
         (anchor, None) | (None, anchor) => {
+            // Outside the measured range the boundary point's utilisation of the module's
+            // roofline is held.
             let (&ax, &ay) = anchor.ok_or_else(|| missing("an empty curve".into()))?;
-            let Some(sol) = op.sol_ms(&db.spec, f64::from(ax)) else {
-                return Err(missing(format!(
-                    "x lies outside the measured {}..={} and servesim lacks this module's roofline to carry the \
-                     boundary's utilisation there",
-                    curve.keys().next().unwrap_or(&0),
-                    curve.keys().next_back().unwrap_or(&0)
-                )));
-            };
-            let (anchor_sol, query_sol) = (sol?, op.sol_ms(&db.spec, xf).unwrap_or(Ok(f64::NAN))?);
+            let sol = |x: f64| op.sol_ms(&db.spec, f64::from(batch), x, f64::from(prefix));
+            let (anchor_sol, query_sol) = (sol(f64::from(ax))?, sol(xf)?);
             if !(anchor_sol > 0.0 && query_sol > 0.0) {
                 return Err(missing("no positive roofline to anchor the boundary".into()));
             }

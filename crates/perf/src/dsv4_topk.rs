@@ -38,7 +38,7 @@ pub const FILE: &str = "dsv4_csa_topk_calib_perf.parquet";
 type Excess = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, f64>>>;
 
 /// `batch → (isl, prefix) → ms` of the context selector on realistic scores.
-type TopLast = BTreeMap<u32, BTreeMap<(u32, u32), f64>>;
+type TopLast = crate::dsa::SparseGrid;
 
 /// The installed correction: per model head count, the context (v1) and decode (v2) excesses,
 /// and the context selector's own times (for context parallelism).
@@ -94,43 +94,14 @@ impl TopkCalib {
     /// heads at `isl` new tokens after `prefix` cached ones, `batch` sequences (see the module
     /// notes); `None` when the model has no such rows.
     pub fn top_last_ms(&self, native_heads: u32, isl: u32, prefix: u32, batch: u32) -> Result<Option<f64>> {
-        let Some(by_batch) = self.top_last.get(&native_heads) else { return Ok(None) };
-        let Some(points) = nearest(by_batch, batch) else { return Ok(None) };
-        let Some(largest) = points.keys().map(|k| k.0).max() else { return Ok(None) };
-        if isl > largest {
-            return Err(PerfError::data(format!(
+        let Some(grid) = self.top_last.get(&native_heads) else { return Ok(None) };
+        crate::dsa::nearest_shape_ms(grid, batch, isl, prefix).map_err(|largest| {
+            PerfError::data(format!(
                 "{FILE}: isl {isl} is past the largest collected v1_top_last isl {largest} (model heads {native_heads}); \
                  the selector's time grows faster than linearly, so it is not held"
-            )));
-        }
-        let isls: BTreeMap<u32, ()> = points.keys().map(|k| (k.0, ())).collect();
-        let Some(isl) = nearest_key(&isls, isl) else { return Ok(None) };
-        let curve: BTreeMap<u32, f64> = points.range((isl, 0)..=(isl, u32::MAX)).map(|(k, v)| (k.1, *v)).collect();
-        let lo = curve.range(..=prefix).next_back().or_else(|| curve.iter().next());
-        let hi = curve.range(prefix..).next().or_else(|| curve.iter().next_back());
-        Ok(match (lo, hi) {
-            (Some((&x0, &y0)), Some((&x1, &y1))) if x0 != x1 => {
-                Some(y0 + (y1 - y0) * f64::from(prefix - x0) / f64::from(x1 - x0))
-            }
-            (Some((_, &y)), _) => Some(y),
-            _ => None,
+            ))
         })
     }
-}
-
-/// The key of `points` nearest `at` (the smaller on a tie).
-fn nearest_key<T>(points: &BTreeMap<u32, T>, at: u32) -> Option<u32> {
-    let below = points.range(..=at).next_back().map(|(&k, _)| k);
-    let above = points.range(at..).next().map(|(&k, _)| k);
-    match (below, above) {
-        (Some(b), Some(a)) => Some(if at - b <= a - at { b } else { a }),
-        (b, a) => b.or(a),
-    }
-}
-
-/// The entry of `points` nearest `at` (the smaller key on a tie).
-fn nearest<T>(points: &BTreeMap<u32, T>, at: u32) -> Option<&T> {
-    nearest_key(points, at).map(|k| &points[&k])
 }
 
 /// Reads the correction of `db` (its sources in order, first row of a coordinate wins); `None`

@@ -376,11 +376,13 @@ pub fn build_ops(m: &ModelSpec, k: &KimiK3Spec, l: &Layout) -> Result<(Vec<Op>, 
             m.name, l.backend
         )));
     }
-    if l.ngram > 0 || l.attention_dp > 1 || l.cp > 1 || l.moe_comm.is_large_ep() {
+    // (Prefill CP never gets here: the reference's Kimi-K3 class claims none, and the estimator
+    // refuses it in those words first, `dcp::prefill_cp_refusal`.)
+    if l.ngram > 0 || l.attention_dp > 1 || l.moe_comm.is_large_ep() {
         return Err(PerfError::unsupported(format!(
-            "{}: Kimi-K3 is modelled without ngram drafts (ngram {}), attention_dp (got {}), \
-             context parallelism (cp_size {}) and the large-EP MoE path",
-            m.name, l.ngram, l.attention_dp, l.cp
+            "{}: Kimi-K3 is modelled without ngram drafts (ngram {}), attention_dp (got {}) and the large-EP MoE \
+             path",
+            m.name, l.ngram, l.attention_dp
         )));
     }
     let spec = l.nextn > 0;

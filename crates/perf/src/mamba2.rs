@@ -314,13 +314,8 @@ pub fn build_nemotron_h_ops(m: &ModelSpec, nh: &NemotronHSpec, l: &Layout) -> Re
             m.name
         )));
     }
-    if l.cp > 1 {
-        return Err(PerfError::unsupported(format!(
-            "{}: context parallelism (cp_size {}) is not modelled for Nemotron-H (the reference's Mamba2 kernel \
-             refuses a sequence split)",
-            m.name, l.cp
-        )));
-    }
+    // (Prefill CP never gets here: the reference's Nemotron-H class claims none, and the
+    // estimator refuses it in those words first, `dcp::prefill_cp_refusal`.)
     if l.moe_comm.is_large_ep() {
         return Err(PerfError::unsupported(format!(
             "{}: the large-EP MoE graph (moe_comm_backend) is not modelled for Nemotron-H",

@@ -215,6 +215,8 @@ pub struct SystemSpec {
     pub fp8_flops: Option<f64>,
     pub int8_flops: Option<f64>,
     pub fp4_flops: Option<f64>,
+    /// Scalar (non-tensor-core) fp32 FLOP/s (`gpu.fp32_flops`), where the YAML gives it.
+    pub fp32_flops: Option<f64>,
     pub sm_version: Option<u32>,
     pub gpus_per_node: u32,
     pub gpus_per_rack: Option<u32>,
@@ -257,6 +259,7 @@ impl SystemSpec {
             fp8_flops: opt_num(&v, "gpu.fp8_tc_flops").filter(|x| *x > 0.0),
             int8_flops: opt_num(&v, "gpu.int8_tc_flops").filter(|x| *x > 0.0),
             fp4_flops: opt_num(&v, "gpu.fp4_tc_flops").filter(|x| *x > 0.0),
+            fp32_flops: opt_num(&v, "gpu.fp32_flops").filter(|x| x.is_finite() && *x > 0.0),
             sm_version: opt_num(&v, "gpu.sm_version").map(|x| x as u32),
             gpus_per_node: num(&v, &path, "node.num_gpus_per_node")? as u32,
             gpus_per_rack: opt_num(&v, "node.num_gpus_per_rack").map(|x| x as u32),

@@ -169,6 +169,48 @@ fn large_ep_refusals_name_what_is_missing() {
     assert!(e.contains("moe_tp_size = 1"), "{e}");
 }
 
+/// Prefill CP beside the large-EP graph on the MLA and DSA families (which the reference builds
+/// from its wide-EP MLA tables) never reaches a graph builder: the CP is SGLang's, the one
+/// modelled large-EP backend vLLM's, and the large-EP graph the plain MoE family's. Each layer
+/// of that gate refuses by name; the Qwen3.5, Nemotron-H and Kimi-K3 builders keep no CP check
+/// of their own for the same reason (the reference's refusal in its words comes first).
+#[test]
+fn large_ep_beside_prefill_cp_is_refused_at_the_gates() {
+    let cfg = |model: &str, backend: &str, cp: u32, large_ep: bool| {
+        let mut c = json!({"model": model, "system": "h200_sxm", "backend": backend, "tp": 1, "cp_size": cp,
+                           "moe_tp_size": 1, "moe_ep_size": 8, "attention_dp": 8 / cp});
+        if large_ep {
+            c["moe_comm_backend"] = json!({"context": "deepep_ht"});
+        }
+        c
+    };
+    for model in ["zai-org/GLM-5-FP8", "deepseek-ai/DeepSeek-V3"] {
+        // SGLang (the CP backend): its DeepEP graph is refused while the config is read.
+        let e = AisConfig::from_json("config", &cfg(model, "sglang", 2, true)).map(|_| ()).unwrap_err().message;
+        assert!(e.contains("moe_comm_backend.context") && e.contains("vllm only"), "{e}");
+    }
+    if !data_available("h200_sxm") {
+        return;
+    }
+    let build = |c: serde_json::Value| {
+        estimator(&AisConfig::from_json("config", &c).unwrap()).map(|_| ()).map_err(|e| e.message)
+    };
+    for (model, family) in [("zai-org/GLM-5-FP8", "DEEPSEEKV32"), ("deepseek-ai/DeepSeek-V3", "DEEPSEEK")] {
+        // vLLM (the large-EP backend): no prefill CP there, in the reference's words.
+        let e = build(cfg(model, "vllm", 2, true)).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "Context parallelism (cp_size=2) is not supported for model_family='{family}' on backend='vllm'. \
+                 The model class must override ``supports_cp`` and implement CP in its op pipeline."
+            )
+        );
+        // Without CP the large-EP graph itself is the plain MoE family's.
+        let e = build(cfg(model, "vllm", 1, true)).unwrap_err();
+        assert!(e.contains("plain MoE family only") && e.contains("wideep_*_mla_perf"), "{e}");
+    }
+}
+
 /// The reference prices the large-EP graph under `database_mode: SOL` with rooflines servesim
 /// does not have: refused by name, never the tables' numbers under a SOL label.
 #[test]
