@@ -108,6 +108,22 @@ VARIANTS = {
         "eight_trials_seed3": ["optimizer.max_trials=8", "optimizer.seed=3"],
         "six_trials_seed11_rounds_of_3": ["optimizer.max_trials=6", "optimizer.seed=11", "optimizer.parallelism=3"],
     },
+    # Native VL replay (images without an encoder pool): the tower's settings are pinned on every
+    # candidate, written with each one (`vision`).
+    "recommend_native_vl": {
+        "as_written": [],
+        "tp_tower_seed5_rounds_of_3": [
+            "engine.workers.aggregated.vision={encoder_parallel: tp}", "optimizer.seed=5",
+            "optimizer.parallelism=3", "optimizer.max_trials=8",
+        ],
+        "disaggregated_prefill_hosts_seed5": [
+            "engine.mode=disaggregated",
+            "engine.workers={prefill: {parallelism: {preset: false, replicas: 1, tensor: {choices: [1, 2]}}, "
+            "scheduler: {max_batched_tokens: {choices: [4096, 8192]}}, vision: {cache_mib: 50}}, "
+            "decode: {parallelism: {preset: false, replicas: 1, tensor: {choices: [1, 2]}}}}",
+            "engine.kv_transfer={bandwidth_gb_per_second: 50}", "optimizer.seed=5", "optimizer.max_trials=8",
+        ],
+    },
     "recommend_random_loads": {
         "as_written": [],
         "request_rate_range": ["traffic.load={type: poisson, requests_per_second: {range: {min: 0.5, max: 4}}}"],
@@ -152,6 +168,9 @@ def engine_candidate(c):
     }
     if planner is not None:
         out["planner"] = planner
+    for prefix, role, _ in ROLES[:2]:
+        if config.get(f"{prefix}_vision") is not None:
+            out["vision"] = {role: config[f"{prefix}_vision"]}
     encoder = config.get("encoder")
     if encoder is not None:
         out["encoder"] = {"tensor": encoder["tp"], "replicas": encoder["workers"], "batch_size": encoder["batch_size"]}

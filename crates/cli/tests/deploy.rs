@@ -1463,26 +1463,29 @@ fn decode_context_parallelism_matches_the_reference() {
 /// A file of the reference's `recommendations/` directory replays as it is: every key it writes
 /// (the canonical defaults, and the worker-level `timing.systems_paths`) is read, and the
 /// prediction agrees with what the reference reported for that candidate to 1e-9 (measured:
-/// 2e-14 at worst, p90 ITL).
+/// 2e-14 at worst, p90 ITL). `recommendation_native_vl_0001` is a native VL candidate, its
+/// `vision` block written out in full (measured: 4e-16).
 #[test]
 fn the_references_recommendation_files_replay() {
-    let text = std::fs::read_to_string(deploy_dir().join("recommendation_0001.yaml")).unwrap();
-    assert!(text.contains("\n        systems_paths:\n        - <aisimulate_core>/systems\n"));
-    let cfg = write("recommendation_0001.yaml", &text.replace("<aisimulate_core>/systems", "default"));
-    let out_dir = tmp("recommendation-0001-out");
-    let out = predict(&cfg, &out_dir, &["--format", "json"]);
-    if data_missing(&out) {
-        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
-        return;
-    }
-    assert!(out.status.success(), "{}", stderr(&out));
-    let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
-    let golden: Value =
-        serde_json::from_slice(&std::fs::read(deploy_dir().join("recommendation_0001.expected.json")).unwrap())
-            .unwrap();
-    for (key, want) in golden["metrics"].as_object().unwrap() {
-        let (x, y) = (ours[key].as_f64().unwrap(), want.as_f64().unwrap());
-        assert!(deviation(x, y) <= 1e-9, "{key} = {x}, reference {y}");
+    for name in ["recommendation_0001", "recommendation_native_vl_0001"] {
+        let text = std::fs::read_to_string(deploy_dir().join(format!("{name}.yaml"))).unwrap();
+        assert!(text.contains("\n        systems_paths:\n        - <aisimulate_core>/systems\n"), "{name}");
+        let cfg = write(&format!("{name}.yaml"), &text.replace("<aisimulate_core>/systems", "default"));
+        let out_dir = tmp(&format!("{name}-out"));
+        let out = predict(&cfg, &out_dir, &["--format", "json"]);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let golden: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        for (key, want) in golden["metrics"].as_object().unwrap() {
+            let (x, y) = (ours[key].as_f64().unwrap(), want.as_f64().unwrap());
+            assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
+        }
     }
 }
 
@@ -4049,14 +4052,21 @@ fn recommend_random_draws_the_reference_candidates() {
 /// disaggregated candidates in the reference's order. A planner knob given as a log range draws
 /// its values weighted by value (variant log_range_knobs_seed3); a disaggregated planner search
 /// draws the role minimums; a searched encoder pool (recommend_epd_agg.draw.golden.json) is the
-/// branch's last choice knob. Per variant: the same candidate ids, shapes, scheduler knobs, router and
+/// branch's last choice knob; native VL (recommend_native_vl.draw.golden.json) pins the tower's
+/// settings on every candidate, aggregated and on the prefill worker. Per variant: the same candidate ids, shapes, scheduler knobs, router and
 /// planner settings, loads, statuses and GPUs in the same order; scores within 1e-9 relative
 /// where the reference's are comparable (its kv_router and planner-enabled candidates were
 /// recorded without the Dynamo runtime's router and Planner, see the script), and the same
 /// ranking when all are.
 #[test]
 fn recommend_random_draws_the_reference_beside_routers_and_loads() {
-    for name in ["recommend_random_router", "recommend_random_planner", "recommend_random_loads", "recommend_epd_agg"] {
+    for name in [
+        "recommend_random_router",
+        "recommend_random_planner",
+        "recommend_random_loads",
+        "recommend_epd_agg",
+        "recommend_native_vl",
+    ] {
         let golden: Value =
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap())
                 .unwrap();
@@ -4104,11 +4114,21 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
                     let got = json!({"tensor": e["tensor"], "replicas": e["replicas"], "batch_size": e["batch_size"]});
                     assert_eq!(got, *encoder, "{at}: encoder");
                 }
+                // Native VL: the tower's settings the candidate ran, spelled out in full.
+                if let Some(vision) = w.get("vision").and_then(Value::as_object) {
+                    for (role, v) in vision {
+                        assert_eq!(config["engine"]["workers"][role]["vision"], *v, "{at}: vision");
+                    }
+                }
                 // The load each candidate ran: its concurrency, or its request rate (an EPD
-                // candidate over the budget, refused before its build, records neither).
+                // candidate over the budget, refused before its build, records neither; nor
+                // does a load that is not searched, recommend_native_vl's 20 requests/s).
                 let load = &config["traffic"]["load"];
                 let listed = w["load"]["concurrency"] != Value::Null || w["load"]["request_rate"] != Value::Null;
                 match load["type"].as_str() {
+                    _ if !listed && name == "recommend_native_vl" => {
+                        assert_eq!(load["requests_per_second"].as_f64(), Some(20.0), "{at}: load")
+                    }
                     _ if !listed => assert_eq!(w["reason_category"], "gpu_budget", "{at}: load"),
                     Some("concurrency") => assert_eq!(load["concurrency"], w["load"]["concurrency"], "{at}: load"),
                     _ => assert_eq!(
@@ -4195,6 +4215,77 @@ fn native_vl_replay_matches_the_reference() {
     assert!(deviation(ours["duration_ms"].as_f64().unwrap(), 1495.1084240000007) < 1e-6, "{ours}");
 }
 
+/// Native VL in `recommend` (recommend_native_vl.yaml; its draw against the reference is in
+/// `recommend_random_draws_the_reference_beside_routers_and_loads`): the saved best candidate
+/// spells the tower's settings out and replays through `predict -c` to the numbers the search
+/// reported (bit for bit) and the reference's (recommendation_native_vl_0001.expected.json, to
+/// 1e-9; measured 4e-16); the reference's recommendation gates in its words (each probed with
+/// `aisimulate_predict.py tests/deploy/recommend_native_vl.yaml --command recommend --set ...`).
+#[test]
+fn native_vl_recommendations_replay_and_gate_as_the_reference() {
+    let config = deploy_dir().join("recommend_native_vl.yaml");
+    let dir = tmp("native-vl-recommend");
+    let out = recommend(&config, &dir, &[]);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    let best_id = doc["views"]["top_n"][0].clone();
+    assert_eq!(best_id, "candidate-000005");
+    let best = doc["candidates"].as_array().unwrap().iter().find(|c| c["candidate_id"] == best_id).unwrap();
+    let saved: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+    assert_eq!(saved["engine"]["workers"]["aggregated"]["vision"], json!({"cache_mib": 200, "encoder_parallel": "dp"}));
+    let replay = tmp("native-vl-recommend-replay");
+    let out = predict(&dir.join("recommendations/0001.yaml"), &replay, &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ours: Value = serde_json::from_slice(&std::fs::read(replay.join("prediction.json")).unwrap()).unwrap();
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(deploy_dir().join("recommendation_native_vl_0001.expected.json")).unwrap(),
+    )
+    .unwrap();
+    for key in ["mean_ttft_ms", "output_throughput_tok_s", "duration_ms", "mean_e2e_latency_ms"] {
+        assert_eq!(ours[key], best["metrics"][key], "{key}: the replay and the search");
+        let (x, y) = (ours[key].as_f64().unwrap(), golden["metrics"][key].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-9, "{key} = {x}, reference {y}");
+    }
+    let par = "engine.workers.aggregated.parallelism";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["engine.backend={choices: [sglang, vllm]}"],
+            "engine.backend: host recommendation requires concrete backend=sglang",
+        ),
+        (
+            &["engine.workers.aggregated.vision=null", "engine.backend={choices: [sglang, vllm]}"],
+            "traffic.source.images: image workloads require engine.workers.encoder (analytical EPD) or an \
+             aggregated or prefill worker with backend=sglang and concrete mode=aggregated (native VL replay)",
+        ),
+        (
+            &["engine.workers.aggregated.vision=null", "engine.workers.aggregated.parallelism={}"],
+            "engine.workers.aggregated.parallelism: native VL recommendation requires the host-aware worker's \
+             parallelism with preset: false, pipeline=1 and attention_data=1",
+        ),
+        (&[&format!("{par}={{preset: false, tensor: 1, attention_data: 2}}")], "native VL recommendation requires"),
+        (&[&format!("{par}={{preset: false, tensor: 1, pipeline: 2}}")], "native VL recommendation requires"),
+        (
+            &["engine.workers.aggregated.timing={type: fixed, prefill_ms: 1, decode_ms: 1}", "engine.workers.aggregated.vision=null"],
+            "engine.workers.aggregated.timing: native VL replay requires default timing",
+        ),
+        (
+            &["planner={scaling_policy: {preset: [load_180_5]}, load_sensitivity: {preset: [default]}, max_num_gpus: 8}"],
+            "planner: runner does not support the SGLang host loop",
+        ),
+        (&["router={policy: round_robin}"], "router: runner does not support the SGLang host loop"),
+    ];
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let out = recommend(&config, &tmp(&format!("native-vl-recommend-refused-{i}")), sets);
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+}
+
 /// Native VL replay's gates, in the reference's words where it has them (exit 2, one message
 /// naming the key).
 #[test]
@@ -4234,8 +4325,34 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
         assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
     }
-    // recommend does not search it yet, and says so.
-    let out = recommend(&config, &tmp("native-vl-recommend"), &["optimization={target: throughput}"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("traffic.source.images: native VL recommendation"), "{}", stderr(&out));
+    // Beside a planner or a router (the reference's Dynamo stack), in its runner's words
+    // (probed: the installed aisimulate with ai-dynamo 1.6.1's stack, `--stack dynamo`).
+    let planner =
+        "planner={policy: enabled, target: sla, enable_throughput_scaling: true, enable_load_scaling: false, \
+                   throughput_adjustment_interval_seconds: 1, load_predictor: constant, max_num_gpus: 4}";
+    let text = ["traffic.source={type: synthetic, input_tokens: 300, output_tokens: 24}"];
+    let stack: &[(&[&str], &str)] = &[
+        (
+            &[planner, "evaluation={sla: {ttft_ms: 1000, itl_ms: 30}}"],
+            "planner: runner does not support the SGLang host loop",
+        ),
+        (&["router={policy: round_robin}"], "router: runner does not support the SGLang host loop"),
+        (
+            &[text[0], "engine.workers.aggregated.host_loop=true", "router={policy: kv_router}"],
+            "router: runner does not",
+        ),
+        (
+            &[text[0], "engine.workers.aggregated.vision={cache_mib: 1}"],
+            "workers.aggregated.vision requires traffic.source.images",
+        ),
+    ];
+    for (i, (sets, want)) in stack.iter().enumerate() {
+        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let out = predict(&config, &tmp(&format!("native-vl-stack-{i}")), &extra);
+        if data_missing(&out) {
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
 }

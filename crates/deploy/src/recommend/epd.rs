@@ -90,14 +90,6 @@ pub(super) fn read(
     backends: &[&'static str],
 ) -> Result<Option<Catalog>, DeployError> {
     let Some(section) = get(base, &["engine", "workers", "encoder"]).filter(|v| !v.is_null()) else {
-        if get(base, &["traffic", "source", "images"]).is_some_and(|v| !v.is_null()) {
-            return Err(DeployError::new(
-                "traffic.source.images",
-                "native VL recommendation (images without engine.workers.encoder, encoded on the SGLang language \
-                 worker) is not supported by servesim yet; predict replays it, or add engine.workers.encoder: \
-                 {mode: analytical} to search analytical EPD",
-            ));
-        }
         return Ok(None);
     };
     let section = section.as_object().ok_or_else(|| DeployError::new(KEY, "must be a mapping"))?;

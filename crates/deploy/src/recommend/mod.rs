@@ -33,6 +33,7 @@ pub mod record;
 pub mod shard;
 pub mod space;
 pub mod trials;
+pub(crate) mod vl;
 
 use std::path::Path;
 

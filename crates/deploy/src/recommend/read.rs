@@ -489,6 +489,10 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
         identity_domain(&base, "backend", &["vllm", "sglang", "trtllm"], &["vllm", "sglang"])?;
     let backend_versions = backend_versions(&base, &backends)?;
     if modes == ["afd"] {
+        // An image workload needs an encoder pool or a host worker; AFD has neither.
+        if super::vl::native_images(&base) {
+            super::vl::check(&base, &modes, &backends)?;
+        }
         // The AFD topology search (recommend/afd.rs).
         let identity = Identity { write_mode: mode_searched, write_backend: backend_searched, prune_roles: false };
         let planner = planner_section.is_some();
@@ -545,6 +549,11 @@ pub fn read_search(root: &Value, base_dir: &Path) -> Result<Search, DeployError>
             return Err(DeployError::new("engine.workers", "disaggregated mode requires prefill and decode workers"));
         }
     }
+    // Host-aware workers and native VL (recommend/vl.rs): the reference's gates, the Dynamo
+    // stack's refusal, and the tower's settings pinned on every candidate.
+    super::vl::check(&base, &modes, &backends)?;
+    super::vl::check_stack(&base, planner_section.is_some())?;
+    super::vl::pin_vision(&mut base);
     let moe_known = model_moe(&base);
     let moe = moe_known.unwrap_or(false);
     // Per mode: its roles, shape sets and knobs, and the shape sets over the budget.

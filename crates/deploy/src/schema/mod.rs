@@ -104,6 +104,7 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
         ex.finish()?;
     }
     let adapters = top.given("router") || top.given("planner");
+    let adapter_section = if top.given("planner") { "planner" } else { "router" };
     let router = match top.obj("router")? {
         Some(r) => read_router(r)?,
         None => RouterPolicy::RoundRobin,
@@ -120,15 +121,15 @@ pub fn read_sections(mut top: Reader) -> Result<Config, DeployError> {
         // Native VL replay: the aggregated or prefill worker hosts the tower (checked above).
         let host = engine.aggregated.as_mut().or(engine.prefill.as_mut()).expect("checked with the images");
         host.vision.get_or_insert_with(Default::default).images = Some(images.clone());
-        if planner.is_some() {
-            return Err(DeployError::new(
-                "planner",
-                "native VL replay (images without engine.workers.encoder) beside a planner is not supported by \
-                 servesim yet",
-            ));
-        }
     }
     frontend::check_workload(&traffic, &mut engine)?;
+    // A planner or router section runs on the reference's Dynamo stack, whose runner replays no
+    // host loop: native VL, host_loop and frontend workers are refused beside one.
+    if adapters
+        && [&engine.aggregated, &engine.prefill].into_iter().flatten().any(|w| w.host_loop || w.vision.is_some())
+    {
+        return Err(DeployError::new(adapter_section, crate::recommend::vl::DYNAMO_HOST_LOOP));
+    }
     if engine.encoder.is_some() {
         encoder::check_estimator_policies(raw_engine)?;
     }
