@@ -1,4 +1,4 @@
-//! Qwen3-VL's vision tower as the reference prices an image (the analytical encoder pool's
+//! Qwen3-VL's and Llama 4's vision towers as the reference prices an image (the analytical encoder pool's
 //! `encoder_latency`, its memory, and the image tokens added to the prompt).
 //!
 //! Geometry: the processor's `smart_resize` rounds each side to the patch × merge stride (ties
@@ -18,6 +18,17 @@
 //! all-reduce, on the merged tokens. A batch of `b` requests runs `b · images` sequences;
 //! every op is read at `sequences · tokens` tokens, attention at batch `sequences` and length
 //! `tokens`.
+//!
+//! Llama 4 (`Tiles`, native VL replay only: aisimulate 0.13 refuses it in an encoder pool) shares
+//! the ViT blocks. Its processor picks, among the canvases of at most `max_patches` square tiles,
+//! the one whose scale to the image is the smallest not below 1 (else the largest), smallest by
+//! area among equals; each tile is a sequence of `(336 / 14)²` patches plus a CLS token, and the
+//! global thumbnail is one more when the canvas has several tiles. Its ops: the patch-embedding
+//! linear on the raw patches (column-parallel, all-gathered), CLS / position add with the
+//! pre-norm, the blocks, the post-norm; pixel shuffle, the adaptor MLP (column- then
+//! row-parallel, all-reduced) and the connector (column-parallel, all-gathered) on the merged
+//! tokens, 144 a tile. The prompt carries the tiles' merged tokens, 3 framing tokens, and one per
+//! local tile when there are several.
 //!
 //! Memory (the pool's OOM gate and `encoder_memory_gib`): the GEMM weights in bf16, plus
 //! activations `2 · tokens · max(3 · hidden, 3 · hidden / tp)` over the batch's ViT tokens and
@@ -677,7 +688,7 @@ fn llama4_tower(root: &Value, v: &Value, what: &str) -> Result<VisionTower> {
     let ratio = v.get("pixel_shuffle_ratio").and_then(Value::as_f64).filter(|r| *r > 0.0 && r.is_finite());
     let Some(ratio) = ratio else { return bad("vision_config.pixel_shuffle_ratio must be a positive number".into()) };
     let merge = (1.0 / ratio).round();
-    if merge < 1.0 || merge > 64.0 || (ratio * merge - 1.0).abs() > 1e-9 {
+    if !(1.0..=64.0).contains(&merge) || (ratio * merge - 1.0).abs() > 1e-9 {
         return bad(format!("vision_config.pixel_shuffle_ratio ({ratio}) must have an integral reciprocal"));
     }
     let merge = merge as u32;
