@@ -16,6 +16,9 @@ C: batch·prefix}`, a decode step at mean context `c` is `{D: batch, K: batch·(
 max_num_tokens 8192, max_batch_size 256 and the backend's default memory fraction of the
 total (vLLM 0.9, SGLang 0.88; TRT-LLM: 0.9 of the free memory).
 
+`--llama4-tiles` prints Llama 4's image geometry (tiles, tokens, embedding bytes) behind
+crates/perf/tests/vision.rs's Llama 4 case.
+
 `--vision` prints instead the numbers behind crates/perf/tests/vision.rs: Qwen3-VL's vision tower on
 one encoder-only worker (`build_encoder_ops(enc_cfg, tp, enable_encoder_dp=False)`), each op of one
 batch (`BaseBackend._run_encoder_phase`) and its memory (`run_encoder_static`), h200_sxm / vLLM 0.24.0.
@@ -558,7 +561,24 @@ def vision():
                           "ops": list(latency.items()), "memory_gib": memory["total"]}))
 
 
+LLAMA4_IMAGES = [(480, 640), (300, 300), (336, 336), (337, 336), (1080, 1920), (4000, 300), (100, 5000), (2000, 2000),
+                 (1, 1), (720, 1280)]
+
+
+def llama4_tiles():
+    from aisimulate_core.sdk.backends.base_backend import image_geometry
+
+    for h, w in LLAMA4_IMAGES:
+        g = image_geometry("meta-llama/Llama-4-Scout-17B-16E-Instruct", h, w)
+        print(json.dumps({"image": [h, w], "sequences": g.sequences, "patch": g.patch_tokens,
+                          "transformer": g.transformer_tokens, "output": g.output_tokens,
+                          "visual": g.visual_tokens, "embedding_bytes": g.embedding_bytes}))
+
+
 def main():
+    if "--llama4-tiles" in sys.argv[1:]:
+        llama4_tiles()
+        return
     if "--vision" in sys.argv[1:]:
         vision()
         return

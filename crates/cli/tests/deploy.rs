@@ -4286,6 +4286,114 @@ fn native_vl_recommendations_replay_and_gate_as_the_reference() {
     }
 }
 
+/// Native VL replay of Llama 4's vision tower (fixed tiles, CLS token, pixel-shuffle adaptor and
+/// connector; sharded at TP4 and TP8, the all-gathers live at 8) against the reference on the
+/// made-up head-88 encoder attention table of `scripts/llama4_vision_systems.py` (no installed
+/// system measures Llama 4's head size): the root is assembled as that script does (the
+/// installed h200_sxm data linked, the encoder attention table the fixture alone). Every metric
+/// within 1e-9 (measured: 5e-14), the visual tokens (727 for a 640x480 image's five tiles, 147
+/// for a one-tile 300x300 image) in the input tokens equal.
+#[test]
+fn llama4_native_vl_matches_the_reference() {
+    let Some(systems) = std::env::var_os("SERVESIM_AIS_SYSTEMS").and_then(|v| std::env::split_paths(&v).next()) else {
+        eprintln!("NOTICE: SERVESIM_AIS_SYSTEMS not set; skipping the Llama 4 tower");
+        return;
+    };
+    let installed = systems.join("data/h200_sxm");
+    if !installed.is_dir() {
+        eprintln!("NOTICE: no h200_sxm data under {}; skipping the Llama 4 tower", systems.display());
+        return;
+    }
+    let root = tmp("llama4-tower");
+    let _ = std::fs::remove_dir_all(&root);
+    let data = root.join("systems/data/h200_sxm");
+    let table = data.join("encoder_attention/sglang/0.5.14");
+    std::fs::create_dir_all(&table).unwrap();
+    for name in ["h200_sxm.yaml", "attention_lane_defaults.yaml"] {
+        std::fs::copy(systems.join(name), root.join("systems").join(name)).unwrap();
+    }
+    for op in std::fs::read_dir(&installed).unwrap() {
+        let op = op.unwrap();
+        if op.file_name() != "encoder_attention" {
+            std::os::unix::fs::symlink(op.path(), data.join(op.file_name())).unwrap();
+        }
+    }
+    std::fs::copy(
+        deploy_dir().join("fixtures/encoder_attention_head88.parquet"),
+        table.join("encoder_attention_perf.parquet"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(systems.parent().unwrap().join("model_configs"), root.join("model_configs")).unwrap();
+    let set = format!("engine.systems_paths=[{}]", root.join("systems").display());
+    for (name, visual) in [("predict_native_vl_llama4", 727), ("predict_native_vl_llama4_tp8", 3 * 147)] {
+        let ours = predict_with(name, &[&set]);
+        let doc: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        for key in METRICS.iter().chain(&["mean_ttft_ms", "p99_ttft_ms", "duration_ms", "mean_tpot_ms"]) {
+            let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
+            assert!(deviation(x, y) < 1e-9, "{name}: {key} = {x}, reference {y}");
+        }
+        for key in ["total_input_tokens", "completed_requests", "prefill_gpus_per_worker"] {
+            assert_eq!(ours[key], doc[key], "{name}: {key}");
+        }
+        let text = if name.ends_with("tp8") { 200 } else { 300 };
+        assert_eq!(ours["total_input_tokens"], json!((text + visual) * ours["completed_requests"].as_u64().unwrap()));
+    }
+    // The installed data has no head-88 row: the run stops on that, by name, as the reference's does.
+    let out = predict(&deploy_dir().join("predict_native_vl_llama4.yaml"), &tmp("llama4-no-data"), &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no bfloat16 encoder attention data for head size 88"), "{}", stderr(&out));
+}
+
+/// Vision towers the reference does not run, refused in its words (exit 2, the key named):
+/// Gemma 4 and Muse-Glimmer images without a pool, Llama 4's tower replicated (`dp`), and every
+/// non-Qwen3-VL tower in an analytical encoder pool (Muse-Glimmer's tower is not priced at all).
+#[test]
+fn other_towers_are_refused_where_the_reference_refuses_them() {
+    let native = deploy_dir().join("predict_native_vl_llama4.yaml");
+    let gemma = ["engine.model=google/gemma-4-26B-A4B"];
+    let glimmer = ["engine.model=meta-models/Muse-Glimmer-30B", "engine.workers.aggregated.parallelism={tensor: 4}"];
+    // An encoder pool serves a fixed concurrency.
+    let epd = "traffic.load={type: concurrency, concurrency: 4}";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &gemma,
+            "engine.model: google/gemma-4-26B-A4B: the Gemma4ForConditionalGeneration vision family is not \
+             supported by native VL replay",
+        ),
+        (&glimmer, "engine.model: meta-models/Muse-Glimmer-30B has no vision encoder to compile"),
+        (
+            &["engine.workers.aggregated.vision={encoder_parallel: dp}"],
+            "engine.workers.aggregated.vision.encoder_parallel: Llama 4's vision tower is tensor-parallel only in SGLang",
+        ),
+        (
+            &["engine.workers.encoder={mode: analytical}", epd],
+            "engine.workers.encoder: encoder pools price Qwen3-VL and Kimi K3 vision towers in aisimulate 0.13; \
+             'meta-llama/Llama-4-Scout-17B-16E-Instruct' (llama4) is not supported",
+        ),
+        (
+            &["engine.workers.encoder={mode: analytical}", epd, gemma[0]],
+            "engine.workers.encoder: encoder pools price Qwen3-VL and Kimi K3 vision towers in aisimulate 0.13; \
+             'google/gemma-4-26B-A4B' (gemma4) is not supported",
+        ),
+        (
+            &["engine.workers.encoder={mode: analytical}", epd, glimmer[0], glimmer[1]],
+            "engine.workers.encoder: EPD (encoder disaggregation) requested but model 'meta-models/Muse-Glimmer-30B' \
+             has no vision encoder.",
+        ),
+    ];
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let out = predict(&native, &tmp(&format!("towers-refused-{i}")), &extra);
+        if data_missing(&out) {
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+}
+
 /// Native VL replay's gates, in the reference's words where it has them (exit 2, one message
 /// naming the key).
 #[test]

@@ -87,9 +87,16 @@ impl Pool {
         let root = servesim_perf::model::read_model_config(&path).map_err(perf)?;
         let model = &engine.model;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
-        if root.get("vision_config").is_none_or(Value::is_null) {
+        if root.get("vision_config").is_none_or(Value::is_null) || servesim_perf::vision::unpriced_tower(model_type) {
             return Err(err(format!(
                 "EPD (encoder disaggregation) requested but model '{model}' has no vision encoder."
+            )));
+        }
+        if model_type == "llama4" || model_type == "gemma4" {
+            // aisimulate 0.13 refuses these towers in an encoder pool (probed on its predict).
+            return Err(err(format!(
+                "encoder pools price Qwen3-VL and Kimi K3 vision towers in aisimulate 0.13; '{model}' ({model_type}) \
+                 is not supported"
             )));
         }
         if !model_type.starts_with("qwen3_vl") {

@@ -53,6 +53,7 @@ pub fn hosted(engine: &Engine, w: &Worker) -> Result<Option<HostedVl>, DeployErr
         ));
     }
     let layout = EncoderLayout::parse(vision.encoder_parallel).expect("read as tp or dp");
+    tower.check_layout(layout).map_err(|e| DeployError::new(format!("{here}.vision.encoder_parallel"), e.message))?;
     let tp = w.parallelism.tensor;
     let weights_bytes = tower
         .weights_bytes(tp, layout)
@@ -103,7 +104,7 @@ mod tests {
     #[test]
     fn kv_blocks_reserve_the_tower_and_its_cache() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/deploy");
-        let cases: [(&str, &[&str], u64); 5] = [
+        let cases: [(&str, &[&str], u64); 8] = [
             ("predict_native_vl", &[], 757_033),
             ("predict_native_vl", &["engine.workers.aggregated.vision={cache_mib: 0}"], 757_744),
             ("predict_native_vl_dp", &[], 1_620_875),
@@ -113,6 +114,10 @@ mod tests {
                 &["engine.workers.aggregated.vision={cache_mib: 777, encoder_parallel: dp}"],
                 1_611_247,
             ),
+            // Llama 4's tower (sharded four and eight ways).
+            ("predict_native_vl_llama4", &[], 1_544_944),
+            ("predict_native_vl_llama4_tp8", &[], 4_127_165),
+            ("predict_native_vl_llama4_tp8", &["engine.workers.aggregated.vision={cache_mib: 0}"], 4_127_293),
         ];
         for (name, sets, want) in cases {
             let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

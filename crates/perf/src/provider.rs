@@ -1324,6 +1324,7 @@ impl TowerTimer {
         let Some(v) = &cfg.vision else { return Ok(None) };
         let tower = crate::vision::hosted_tower(&cfg.model, &cfg.systems_paths, v.min_pixels, v.max_pixels)?;
         let shape = tower.image(v.height, v.width)?;
+        tower.check_layout(v.layout)?;
         if v.layout == crate::vision::EncoderLayout::Tensor {
             // The sharded tower must divide by the worker's width.
             tower.ops(cfg.tp)?;

@@ -1,4 +1,4 @@
-//! Qwen3-VL's vision tower as the reference prices an image (the analytical encoder pool's
+//! Qwen3-VL's and Llama 4's vision towers as the reference prices an image (the analytical encoder pool's
 //! `encoder_latency`, its memory, and the image tokens added to the prompt).
 //!
 //! Geometry: the processor's `smart_resize` rounds each side to the patch × merge stride (ties
@@ -18,6 +18,17 @@
 //! all-reduce, on the merged tokens. A batch of `b` requests runs `b · images` sequences;
 //! every op is read at `sequences · tokens` tokens, attention at batch `sequences` and length
 //! `tokens`.
+//!
+//! Llama 4 (`Tiles`, native VL replay only: aisimulate 0.13 refuses it in an encoder pool) shares
+//! the ViT blocks. Its processor picks, among the canvases of at most `max_patches` square tiles,
+//! the one whose scale to the image is the smallest not below 1 (else the largest), smallest by
+//! area among equals; each tile is a sequence of `(336 / 14)²` patches plus a CLS token, and the
+//! global thumbnail is one more when the canvas has several tiles. Its ops: the patch-embedding
+//! linear on the raw patches (column-parallel, all-gathered), CLS / position add with the
+//! pre-norm, the blocks, the post-norm; pixel shuffle, the adaptor MLP (column- then
+//! row-parallel, all-reduced) and the connector (column-parallel, all-gathered) on the merged
+//! tokens, 144 a tile. The prompt carries the tiles' merged tokens, 3 framing tokens, and one per
+//! local tile when there are several.
 //!
 //! Memory (the pool's OOM gate and `encoder_memory_gib`): the GEMM weights in bf16, plus
 //! activations `2 · tokens · max(3 · hidden, 3 · hidden / tp)` over the batch's ViT tokens and
@@ -51,15 +62,55 @@ pub struct VisionTower {
     pub instances: u32,
     pub min_pixels: u64,
     pub max_pixels: u64,
+    /// Llama 4's fixed tiles and adaptor (None: Qwen3-VL's dynamic resize and PatchMerger).
+    pub tiles: Option<Tiles>,
 }
+
+/// The per-tower facts of Llama 4's image path: the processor cuts an image into square tiles
+/// of `image_size` (the best-fitting canvas of at most `max_tiles` tiles, plus a global
+/// thumbnail when it takes more than one), each tile one ViT sequence of its patches and a CLS
+/// token; pixel shuffle merges `merge²` patches into one token, which a two-layer adaptor
+/// (`adapter_hidden`, `adapter_out`) and the connector to the language width project.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tiles {
+    pub image_size: u32,
+    pub max_tiles: u32,
+    pub resize_to_max_canvas: bool,
+    pub add_global_tile: bool,
+    pub adapter_hidden: u32,
+    pub adapter_out: u32,
+}
+
+/// Prompt tokens Llama 4's processor puts around an image's tokens (start, end, and the
+/// image marker), and after each local tile's row when a global tile follows.
+const LLAMA4_IMAGE_FRAME: u32 = 3;
+const LLAMA4_TOKENS_PER_LOCAL_TILE: u32 = 1;
 
 /// One image's encoder work after preprocessing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageShape {
-    /// ViT tokens (patches) of its one sequence.
+    /// ViT sequences of one image (one per tile; Qwen3-VL: one).
+    pub sequences: u32,
+    /// Patches of one sequence (what the patch embedding runs on).
     pub patches: u32,
-    /// Merged tokens: what the prompt carries.
+    /// Transformer tokens of one sequence (the patches, plus Llama 4's CLS token).
+    pub vit: u32,
+    /// Merged tokens of one sequence (what the projector runs on).
+    pub merged: u32,
+    /// Prompt tokens of one image: its merged tokens plus the processor's framing tokens.
     pub tokens: u32,
+}
+
+impl ImageShape {
+    /// Qwen3-VL's shape: one sequence whose merged tokens are all the prompt carries.
+    pub fn single(patches: u32, tokens: u32) -> ImageShape {
+        ImageShape { sequences: 1, patches, vit: patches, merged: tokens, tokens }
+    }
+
+    /// The merged tokens of one image (all its sequences): the embeddings the encoder emits.
+    pub fn embedded(&self) -> u64 {
+        u64::from(self.sequences) * u64::from(self.merged)
+    }
 }
 
 fn field(v: &Value, key: &str, what: &str) -> Result<u32> {
@@ -70,10 +121,35 @@ fn field(v: &Value, key: &str, what: &str) -> Result<u32> {
         .ok_or_else(|| PerfError::config(format!("{what}: vision_config.{key} must be a positive integer")))
 }
 
+fn ew(name: &str, scale: f64, on: Tokens, dim_in: u32, dim_out: u32) -> EncoderOp {
+    EncoderOp {
+        name: name.into(),
+        scale,
+        on,
+        kind: Kind::Elementwise { bytes_per_token: f64::from(dim_in + dim_out) * 2.0 },
+    }
+}
+
+fn gemm(name: &str, scale: f64, on: Tokens, n: u32, k: u32, fp8_input: bool) -> EncoderOp {
+    EncoderOp { name: name.into(), scale, on, kind: Kind::Gemm { n, k, fp8_input } }
+}
+
+fn all_reduce(name: &str, scale: f64, on: Tokens, hidden: u32) -> EncoderOp {
+    EncoderOp { name: name.into(), scale, on, kind: Kind::AllReduce { hidden } }
+}
+
+fn all_gather(name: &str, on: Tokens, elements: u32) -> EncoderOp {
+    EncoderOp { name: name.into(), scale: 1.0, on, kind: Kind::AllGather { elements } }
+}
+
 impl VisionTower {
-    /// The tower of a Qwen3-VL `config.json` (`None`: the model has no `vision_config`).
+    /// The tower of a Qwen3-VL or Llama 4 `config.json` (`None`: the model has no
+    /// `vision_config`).
     pub fn from_config(root: &Value, what: &str) -> Result<Option<VisionTower>> {
         let Some(v) = root.get("vision_config").filter(|v| v.is_object()) else { return Ok(None) };
+        if root.get("model_type").and_then(Value::as_str) == Some("llama4") {
+            return llama4_tower(root, v, what).map(Some);
+        }
         let text_hidden = root
             .get("text_config")
             .and_then(|t| t.get("hidden_size"))
@@ -103,6 +179,7 @@ impl VisionTower {
             instances: 1 + deepstack,
             min_pixels: QWEN3_VL_PIXELS.0,
             max_pixels: QWEN3_VL_PIXELS.1,
+            tiles: None,
         }))
     }
 
@@ -130,20 +207,32 @@ impl VisionTower {
         Ok((hb as u64, wb as u64))
     }
 
-    /// One `height × width` image's patches and prompt tokens.
+    /// One `height × width` image's sequences, their tokens and the image's prompt tokens.
     pub fn image(&self, height: u32, width: u32) -> Result<ImageShape> {
+        if let Some(t) = &self.tiles {
+            let tiles = t.sequences(height, width)?;
+            let side = t.image_size / self.patch;
+            let merged = (t.image_size / (self.patch * self.merge)).pow(2);
+            let local = tiles - u32::from(t.add_global_tile && tiles > 1);
+            let mut tokens = tiles * merged + LLAMA4_IMAGE_FRAME;
+            if local > 1 {
+                tokens += local * LLAMA4_TOKENS_PER_LOCAL_TILE;
+            }
+            return Ok(ImageShape { sequences: tiles, patches: side * side, vit: side * side + 1, merged, tokens });
+        }
         let (h, w) = self.resize(height, width)?;
         let stride = u64::from(self.patch * self.merge);
         let tokens = (h / stride) * (w / stride);
         let patches = (h / u64::from(self.patch)) * (w / u64::from(self.patch));
         let too_big = || PerfError::config("traffic.source.images: the image resolves to more than 2^32 patches");
-        Ok(ImageShape {
-            patches: u32::try_from(patches).map_err(|_| too_big())?,
-            tokens: u32::try_from(tokens).map_err(|_| too_big())?,
-        })
+        Ok(ImageShape::single(
+            u32::try_from(patches).map_err(|_| too_big())?,
+            u32::try_from(tokens).map_err(|_| too_big())?,
+        ))
     }
 
-    /// The encoder-only worker's ops at tensor width `tp` (weights sharded).
+    /// The encoder-only worker's ops at tensor width `tp` (weights sharded): the tower's input
+    /// ops, the shared ViT blocks, and the tower's projector.
     pub fn ops(&self, tp: u32) -> Result<Vec<EncoderOp>> {
         if tp == 0 || !self.heads.is_multiple_of(tp) || !self.intermediate.is_multiple_of(tp) {
             return Err(PerfError::config(format!(
@@ -151,57 +240,116 @@ impl VisionTower {
                 self.heads, self.intermediate
             )));
         }
+        match &self.tiles {
+            None => Ok(self.qwen3_vl_ops(tp)),
+            Some(t) => self.llama4_ops(t, tp),
+        }
+    }
+
+    /// The transformer blocks both towers share (`depth` times each): add-norm, QKV, non-causal
+    /// attention, out-projection, all-reduce, add-norm, FFN up, activation, FFN down,
+    /// all-reduce, and the rotary pass over Q and K.
+    fn vit_blocks(&self, tp: u32) -> Vec<EncoderOp> {
         let (d, h, inter) = (f64::from(self.depth), self.hidden, self.intermediate / tp);
-        let head = h / self.heads;
-        let ew = |name: &str, scale: f64, dim_in: u32, dim_out: u32| EncoderOp {
-            name: name.into(),
-            scale,
-            on: Tokens::Vit,
-            kind: Kind::Elementwise { bytes_per_token: f64::from(dim_in + dim_out) * 2.0 },
-        };
-        let gemm = |name: &str, scale: f64, on: Tokens, n: u32, k: u32, fp8_input: bool| EncoderOp {
-            name: name.into(),
-            scale,
-            on,
-            kind: Kind::Gemm { n, k, fp8_input },
-        };
-        let ar = |name: &str, scale: f64, on: Tokens, hidden: u32| EncoderOp {
-            name: name.into(),
-            scale,
-            on,
-            kind: Kind::AllReduce { hidden },
-        };
-        let patch_volume = self.in_channels * self.temporal_patch * self.patch * self.patch;
-        let mut ops = vec![
-            gemm("encoder_patch_embed_gemm", 1.0, Tokens::Vit, h, patch_volume, false),
-            ew("encoder_position_embed", 1.0, 2 * h, h),
-            ew("encoder_add_norm_1", d, 2 * h, 2 * h),
-            gemm("encoder_qkv_gemm", d, Tokens::Vit, 3 * h / tp, h, false),
+        let on = Tokens::Vit;
+        vec![
+            ew("encoder_add_norm_1", d, on, 2 * h, 2 * h),
+            gemm("encoder_qkv_gemm", d, on, 3 * h / tp, h, false),
             EncoderOp {
                 name: "encoder_attention".into(),
                 scale: d,
-                on: Tokens::Vit,
-                kind: Kind::Attention { heads: self.heads / tp, head },
+                on,
+                kind: Kind::Attention { heads: self.heads / tp, head: h / self.heads },
             },
-            gemm("encoder_proj_gemm", d, Tokens::Vit, h, h / tp, true),
-            ar("encoder_ar_1", d, Tokens::Vit, h),
-            ew("encoder_add_norm_2", d, 2 * h, 2 * h),
-            gemm("encoder_ffn1_gemm", d, Tokens::Vit, inter, h, false),
-            ew("encoder_act", d, inter, inter),
-            gemm("encoder_ffn2_gemm", d, Tokens::Vit, h, inter, true),
-            ar("encoder_ar_2", d, Tokens::Vit, h),
-            ew("encoder_rope_apply", d, 6 * h / tp, 6 * h / tp),
+            gemm("encoder_proj_gemm", d, on, h, h / tp, true),
+            all_reduce("encoder_ar_1", d, on, h),
+            ew("encoder_add_norm_2", d, on, 2 * h, 2 * h),
+            gemm("encoder_ffn1_gemm", d, on, inter, h, false),
+            ew("encoder_act", d, on, inter, inter),
+            gemm("encoder_ffn2_gemm", d, on, h, inter, true),
+            all_reduce("encoder_ar_2", d, on, h),
+            ew("encoder_rope_apply", d, on, 6 * h / tp, 6 * h / tp),
+        ]
+    }
+
+    /// Qwen3-VL: patch-embedding GEMM over the 3-D patch volume and the position add, the
+    /// blocks, then per merger instance a LayerNorm, fc0 (column-parallel), activation, fc1
+    /// (row-parallel) and an all-reduce on the merged tokens.
+    fn qwen3_vl_ops(&self, tp: u32) -> Vec<EncoderOp> {
+        let h = self.hidden;
+        let patch_volume = self.in_channels * self.temporal_patch * self.patch * self.patch;
+        let mut ops = vec![
+            gemm("encoder_patch_embed_gemm", 1.0, Tokens::Vit, h, patch_volume, false),
+            ew("encoder_position_embed", 1.0, Tokens::Vit, 2 * h, h),
         ];
+        ops.extend(self.vit_blocks(tp));
         let n = f64::from(self.instances);
         let merger = h * self.merge * self.merge;
-        ops.push(ew("encoder_merger_norm", n, h, h));
-        ops.push(gemm("encoder_projector_fc0_gemm", n, Tokens::Merged, merger / tp, merger, false));
-        let mut act = ew("encoder_projector_fc0_act", n, merger / tp, merger / tp);
-        act.on = Tokens::Merged;
-        ops.push(act);
-        ops.push(gemm("encoder_projector_fc1_gemm", n, Tokens::Merged, self.out_hidden, merger / tp, false));
-        ops.push(ar("encoder_projector_ar", n, Tokens::Merged, self.out_hidden));
+        let on = Tokens::Merged;
+        ops.extend([
+            ew("encoder_merger_norm", n, Tokens::Vit, h, h),
+            gemm("encoder_projector_fc0_gemm", n, on, merger / tp, merger, false),
+            ew("encoder_projector_fc0_act", n, on, merger / tp, merger / tp),
+            gemm("encoder_projector_fc1_gemm", n, on, self.out_hidden, merger / tp, false),
+            all_reduce("encoder_projector_ar", n, on, self.out_hidden),
+        ]);
+        ops
+    }
+
+    /// Llama 4: a patch-embedding linear over each tile's raw patches (column-parallel, its
+    /// output gathered), the CLS / position add and pre-LayerNorm, the blocks, the post-norm;
+    /// then on the merged tokens pixel shuffle, the adaptor MLP (column- then row-parallel,
+    /// all-reduced, GELU after each) and the connector to the language width (column-parallel,
+    /// gathered).
+    fn llama4_ops(&self, t: &Tiles, tp: u32) -> Result<Vec<EncoderOp>> {
+        let h = self.hidden;
+        for (what, dim) in [
+            ("hidden_size", h),
+            ("projector_input_dim", t.adapter_hidden),
+            ("the language hidden_size", self.out_hidden),
+        ] {
+            if !dim.is_multiple_of(tp) {
+                return Err(PerfError::config(format!(
+                    "encoder tensor {tp} must divide Llama 4's vision {what} ({dim})"
+                )));
+            }
+        }
+        let mut ops =
+            vec![gemm("encoder_patch_embedding_gemm", 1.0, Tokens::Patch, h / tp, 3 * self.patch * self.patch, false)];
+        if tp > 1 {
+            ops.push(all_gather("encoder_patch_embedding_all_gather", Tokens::Patch, h));
+        }
+        ops.push(ew("encoder_class_position_norm", 1.0, Tokens::Vit, 3 * h, 3 * h));
+        ops.extend(self.vit_blocks(tp));
+        ops.push(ew("encoder_post_norm", 1.0, Tokens::Vit, 2 * h, 2 * h));
+        let on = Tokens::Merged;
+        let merged = h * self.merge * self.merge;
+        let (ah, ao) = (t.adapter_hidden / tp, t.adapter_out);
+        ops.extend([
+            ew("encoder_projector_pixel_shuffle", 1.0, on, merged, merged),
+            gemm("encoder_projector_adapter_fc0_gemm", 1.0, on, ah, merged, false),
+            ew("encoder_projector_adapter_fc0_act", 1.0, on, ah, ah),
+            gemm("encoder_projector_adapter_fc1_gemm", 1.0, on, ao, t.adapter_hidden / tp, false),
+            all_reduce("encoder_projector_adapter_ar", 1.0, on, ao),
+            ew("encoder_projector_adapter_fc1_act", 1.0, on, ao, ao),
+            gemm("encoder_projector_mm_gemm", 1.0, on, self.out_hidden / tp, ao, false),
+        ]);
+        if tp > 1 {
+            ops.push(all_gather("encoder_projector_mm_all_gather", on, self.out_hidden));
+        }
         Ok(ops)
+    }
+
+    /// Refuses a layout the reference does not run this tower in: SGLang (0.5.19) reads
+    /// `--mm-enable-dp-encoder` in its Qwen-VL towers, never Llama 4's.
+    pub fn check_layout(&self, layout: EncoderLayout) -> Result<()> {
+        if self.tiles.is_some() && layout == EncoderLayout::Data {
+            return Err(PerfError::unsupported(
+                "Llama 4's vision tower is tensor-parallel only in SGLang (it does not read --mm-enable-dp-encoder); \
+                 use encoder_parallel: tp",
+            ));
+        }
+        Ok(())
     }
 
     /// One batch of `batch` requests of `images` images each through the encoder-only worker at
@@ -216,13 +364,15 @@ impl VisionTower {
     ) -> Result<Vec<(String, f64)>> {
         let sequences = batch
             .checked_mul(images)
-            .ok_or_else(|| PerfError::config("encoder batch × images per request exceeds 2^32"))?;
+            .and_then(|n| n.checked_mul(shape.sequences))
+            .ok_or_else(|| PerfError::config("encoder sequences per batch exceed 2^32"))?;
         let mut attention: Option<AttentionTable> = None;
         let mut out = Vec::new();
         for op in self.ops(tp)? {
             let s = match op.on {
-                Tokens::Vit => shape.patches,
-                Tokens::Merged => shape.tokens,
+                Tokens::Patch => shape.patches,
+                Tokens::Vit => shape.vit,
+                Tokens::Merged => shape.merged,
             };
             let x =
                 sequences.checked_mul(s).ok_or_else(|| PerfError::config("encoder tokens per batch exceed 2^32"))?;
@@ -234,6 +384,13 @@ impl VisionTower {
                         0.0
                     } else {
                         db.custom_allreduce(tp, f64::from(x) * f64::from(hidden))?.max(0.0)
+                    }
+                }
+                Kind::AllGather { elements } => {
+                    if tp <= 1 {
+                        0.0
+                    } else {
+                        db.nccl("half", "all_gather", tp, f64::from(x) * f64::from(elements))?.max(0.0)
                     }
                 }
                 Kind::Attention { heads, head } => {
@@ -252,7 +409,7 @@ impl VisionTower {
     /// Bytes of one image's projected embeddings, as SGLang's multimodal embedding cache holds
     /// them: the merged tokens × the language hidden size × the merger instances, in bf16.
     pub fn embedding_bytes(&self, shape: ImageShape) -> u64 {
-        u64::from(shape.tokens) * u64::from(self.out_hidden) * u64::from(self.instances) * 2
+        shape.embedded() * u64::from(self.out_hidden) * u64::from(self.instances) * 2
     }
 
     /// Resident weight bytes of the tower on one rank of a `tp`-wide language worker hosting
@@ -295,7 +452,7 @@ impl VisionTower {
         let mut ms: f64 = self.batch_ops(db, width, 1, local, shape)?.iter().map(|(_, v)| v).sum();
         if layout == EncoderLayout::Data && tp > 1 {
             let per_token = f64::from(self.out_hidden) * f64::from(self.instances) * f64::from(tp);
-            let tokens = f64::from(local) * f64::from(shape.tokens);
+            let tokens = f64::from(local) * shape.embedded() as f64;
             ms += db.nccl("half", "all_gather", tp, tokens * per_token)?.max(0.0);
         }
         Ok(ms)
@@ -312,17 +469,17 @@ impl VisionTower {
             })
             .sum();
         let visuals = f64::from(batch) * f64::from(images);
-        let vit_tokens = visuals * f64::from(shape.patches);
+        let vit_tokens = visuals * f64::from(shape.sequences) * f64::from(shape.vit);
         let live = (3 * self.hidden).max(3 * self.hidden / tp);
         let mut act = 2.0 * vit_tokens * f64::from(live);
-        act += 2.0 * visuals * f64::from(shape.tokens) * f64::from(self.out_hidden) * f64::from(self.instances);
+        act += 2.0 * visuals * shape.embedded() as f64 * f64::from(self.out_hidden) * f64::from(self.instances);
         let act = act.max(32.0 * 1024.0 * 1024.0);
         let gib = (1u64 << 30) as f64;
         Ok(((weights + act) / gib, weights / gib, act / gib))
     }
 }
 
-/// The tower a language worker hosts (native VL replay): the model's Qwen3-VL vision tower,
+/// The tower a language worker hosts (native VL replay): the model's Qwen3-VL or Llama 4 vision tower,
 /// read from its `config.json` under the systems roots, with the processor's pixel budget
 /// overridden by `images.min_pixels` / `max_pixels` when given.
 pub fn hosted_tower(
@@ -339,14 +496,31 @@ pub fn hosted_tower(
     if root.get("vision_config").is_none_or(Value::is_null) {
         return Err(PerfError::config(format!("{model} has no vision encoder configuration")));
     }
-    if !model_type.starts_with("qwen3_vl") {
+    if unpriced_tower(model_type) {
         return Err(PerfError::unsupported(format!(
-            "native VL replay in servesim prices Qwen3-VL vision towers; the tower of '{model}' ({model_type}) is \
-             not supported by servesim yet"
+            "{model} has no vision encoder to compile: aisimulate 0.13 does not price its {model_type} vision tower, \
+             so native VL replay cannot encode its images"
+        )));
+    }
+    if model_type == "gemma4" {
+        return Err(PerfError::unsupported(format!(
+            "{model}: the Gemma4ForConditionalGeneration vision family is not supported by native VL replay (its \
+             images are sized from a soft-token budget, not a pixel budget or fixed tiles; aisimulate 0.13 refuses it \
+             too)"
+        )));
+    }
+    if !model_type.starts_with("qwen3_vl") && model_type != "llama4" {
+        return Err(PerfError::unsupported(format!(
+            "native VL replay in servesim prices Qwen3-VL and Llama 4 vision towers; the tower of '{model}' \
+             ({model_type}) is not supported by servesim yet"
         )));
     }
     let mut tower = VisionTower::from_config(&root, model)?
         .ok_or_else(|| PerfError::config(format!("{model} has no vision encoder configuration")))?;
+    if tower.tiles.is_some() {
+        // Fixed tiles: the processor's pixel budget does not apply.
+        return Ok(tower);
+    }
     if let Some(lo) = min_pixels {
         tower.min_pixels = lo;
     }
@@ -354,6 +528,12 @@ pub fn hosted_tower(
         tower.max_pixels = hi;
     }
     Ok(tower)
+}
+
+/// Whether aisimulate 0.13 leaves a family's `vision_config` unpriced (it serves the model as
+/// text: Muse-Glimmer's `muse_glimmer_vision`), so the model counts as having no vision encoder.
+pub fn unpriced_tower(model_type: &str) -> bool {
+    model_type == "muse_glimmer"
 }
 
 /// How a language worker lays out the vision tower it hosts over its tensor-parallel group
@@ -385,7 +565,9 @@ impl EncoderLayout {
 /// Which token count an encoder op runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tokens {
-    /// The ViT's patches.
+    /// A sequence's raw patches (Llama 4's patch embedding, before the CLS token).
+    Patch,
+    /// The ViT's sequence.
     Vit,
     /// The merger's output tokens.
     Merged,
@@ -393,10 +575,25 @@ pub enum Tokens {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kind {
-    Elementwise { bytes_per_token: f64 },
-    Gemm { n: u32, k: u32, fp8_input: bool },
-    AllReduce { hidden: u32 },
-    Attention { heads: u32, head: u32 },
+    Elementwise {
+        bytes_per_token: f64,
+    },
+    Gemm {
+        n: u32,
+        k: u32,
+        fp8_input: bool,
+    },
+    AllReduce {
+        hidden: u32,
+    },
+    /// NCCL all-gather in half precision, `elements` per token.
+    AllGather {
+        elements: u32,
+    },
+    Attention {
+        heads: u32,
+        head: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -469,5 +666,134 @@ impl AttentionTable {
         };
         grid.query(&ATTN_SPEC, &sol, &[f64::from(n), f64::from(s), f64::from(b)])
             .map_err(|e| e.context("encoder attention"))
+    }
+}
+
+/// Llama 4's tower from its `vision_config` and `image_processor_config` (the published
+/// checkpoint's widths: a 34-block ViT of 1408 over 14-pixel patches of 336-pixel tiles).
+fn llama4_tower(root: &Value, v: &Value, what: &str) -> Result<VisionTower> {
+    let int = |key: &str| field(v, key, what);
+    let hidden = int("hidden_size")?;
+    let heads = int("num_attention_heads")?;
+    let intermediate = int("intermediate_size")?;
+    let patch = int("patch_size")?;
+    let image_size = int("image_size")?;
+    let (depth, in_channels) = (int("num_hidden_layers")?, int("num_channels")?);
+    let (adapter_hidden, adapter_out) = (int("projector_input_dim")?, int("projector_output_dim")?);
+    let vision_out = int("vision_output_dim")?;
+    let bad = |m: String| Err(PerfError::config(format!("{what}: {m}")));
+    if !hidden.is_multiple_of(heads) {
+        return bad(format!("vision_config.hidden_size ({hidden}) must divide by num_attention_heads ({heads})"));
+    }
+    let ratio = v.get("pixel_shuffle_ratio").and_then(Value::as_f64).filter(|r| *r > 0.0 && r.is_finite());
+    let Some(ratio) = ratio else { return bad("vision_config.pixel_shuffle_ratio must be a positive number".into()) };
+    let merge = (1.0 / ratio).round();
+    if !(1.0..=64.0).contains(&merge) || (ratio * merge - 1.0).abs() > 1e-9 {
+        return bad(format!("vision_config.pixel_shuffle_ratio ({ratio}) must have an integral reciprocal"));
+    }
+    let merge = merge as u32;
+    if hidden * merge * merge != intermediate {
+        return bad(format!(
+            "Llama 4's pixel-shuffle width hidden_size × {merge}² must equal vision_config.intermediate_size ({intermediate})"
+        ));
+    }
+    if adapter_out != vision_out {
+        return bad(format!(
+            "vision_config.projector_output_dim ({adapter_out}) must equal vision_output_dim ({vision_out})"
+        ));
+    }
+    if !image_size.is_multiple_of(patch * merge) {
+        return bad(format!("vision_config.image_size ({image_size}) must divide by patch_size × {merge}"));
+    }
+    let out_hidden = root
+        .get("text_config")
+        .and_then(|t| t.get("hidden_size"))
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| PerfError::config(format!("{what}: text_config.hidden_size must be a positive integer")))?;
+    let proc = root.get("image_processor_config").filter(|p| p.is_object()).ok_or_else(|| {
+        PerfError::config(format!(
+            "{what}: image_processor_config is required for Llama 4 images (max_patches, resize_to_max_canvas, \
+             add_global_tile)"
+        ))
+    })?;
+    let defaults = proc.get("image_processor_type").is_some();
+    let flag = |key: &str, default: bool| -> Result<bool> {
+        match proc.get(key) {
+            Some(Value::Bool(b)) => Ok(*b),
+            None if defaults => Ok(default),
+            _ => Err(PerfError::config(format!("{what}: image_processor_config.{key} must be a boolean"))),
+        }
+    };
+    let max_tiles = match proc.get("max_patches") {
+        None if defaults => 16,
+        p => p
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| (1..=1024).contains(&n))
+            .ok_or_else(|| {
+                PerfError::config(format!("{what}: image_processor_config.max_patches must be a positive integer"))
+            })?,
+    };
+    Ok(VisionTower {
+        depth,
+        hidden,
+        heads,
+        intermediate,
+        patch,
+        temporal_patch: 1,
+        merge,
+        out_hidden,
+        in_channels,
+        instances: 1,
+        min_pixels: 0,
+        max_pixels: 0,
+        tiles: Some(Tiles {
+            image_size,
+            max_tiles,
+            resize_to_max_canvas: flag("resize_to_max_canvas", false)?,
+            add_global_tile: flag("add_global_tile", true)?,
+            adapter_hidden,
+            adapter_out,
+        }),
+    })
+}
+
+impl Tiles {
+    /// The ViT sequences of one `height × width` image: the canvas of at most `max_tiles`
+    /// tiles (every `rows × cols` split of every tile count) whose scale to the image is the
+    /// smallest that does not shrink it (the largest with `resize_to_max_canvas`; if every
+    /// canvas shrinks it, the one that shrinks it least), the smallest such canvas by area;
+    /// its tiles, plus the global thumbnail when there are several.
+    pub fn sequences(&self, height: u32, width: u32) -> Result<u32> {
+        if height == 0 || width == 0 {
+            return Err(PerfError::config("traffic.source.images: height and width must be positive"));
+        }
+        let (h, w) = (f64::from(height), f64::from(width));
+        let mut canvases: Vec<(u32, u32, f64)> = Vec::new();
+        for count in (1..=self.max_tiles).rev() {
+            for rows in 1..=count {
+                if count.is_multiple_of(rows) {
+                    let (ch, cw) = (rows * self.image_size, (count / rows) * self.image_size);
+                    canvases.push((ch, cw, (f64::from(ch) / h).min(f64::from(cw) / w)));
+                }
+            }
+        }
+        let up = canvases.iter().map(|c| c.2).filter(|&s| s >= 1.0);
+        let chosen = if self.resize_to_max_canvas {
+            up.fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))))
+        } else {
+            up.fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.min(s))))
+        };
+        let chosen = chosen.unwrap_or_else(|| canvases.iter().map(|c| c.2).fold(f64::MIN, f64::max));
+        let (ch, cw, _) = canvases
+            .iter()
+            .filter(|c| (c.2 - chosen).abs() <= 1e-12)
+            .min_by_key(|c| u64::from(c.0) * u64::from(c.1))
+            .copied()
+            .expect("the chosen scale is one of the canvases'");
+        let local = (ch / self.image_size) * (cw / self.image_size);
+        Ok(local + u32::from(self.add_global_tile && local > 1))
     }
 }

@@ -107,7 +107,7 @@ fn the_encoder_ops_match_the_reference() {
     for &(model, tp, batch, h, w, tokens, patches, ops, memory) in CASES {
         let t = tower(model).expect("a Qwen3-VL vision_config");
         let shape = t.image(h, w).unwrap();
-        assert_eq!(shape, ImageShape { patches, tokens }, "{model} {h}x{w}");
+        assert_eq!(shape, ImageShape::single(patches, tokens), "{model} {h}x{w}");
         let got = t.batch_ops(&db, tp, batch, 1, shape).unwrap();
         assert_eq!(got.len(), ops.len(), "{model}: op count");
         for ((name, ms), (want_name, want)) in got.iter().zip(ops.iter()) {
@@ -117,4 +117,41 @@ fn the_encoder_ops_match_the_reference() {
         let (total, _, _) = t.memory_gib(tp, batch, 1, shape).unwrap();
         common::close_to(total, memory, 1e-12);
     }
+}
+
+/// Llama 4's fixed tiles against the reference's `image_geometry` (printed by
+/// `$AISIM_REF_VENV/bin/python scripts/ais_goldens.py --llama4-tiles`): the best-fit canvas of at
+/// most 16 tiles of 336 pixels plus the global tile when it takes several, 576 patches + CLS a
+/// tile, 144 merged tokens a tile, 3 framing tokens an image and 1 per local tile past the first;
+/// the embeddings 144 × 5120 bf16 a tile.
+#[test]
+fn llama4_tiles_match_the_reference() {
+    let Some(t) = tower("meta-llama/Llama-4-Scout-17B-16E-Instruct") else {
+        eprintln!("NOTICE: model configs not installed; skipping");
+        return;
+    };
+    // (height, width, sequences, visual tokens, embedding bytes)
+    let cases = [
+        (480, 640, 5, 727, 7_372_800),
+        (300, 300, 1, 147, 1_474_560),
+        (336, 336, 1, 147, 1_474_560),
+        (337, 336, 3, 437, 4_423_680),
+        (1080, 1920, 16, 2322, 23_592_960),
+        (4000, 300, 13, 1887, 19_169_280),
+        (100, 5000, 16, 2322, 23_592_960),
+        (2000, 2000, 17, 2467, 25_067_520),
+        (1, 1, 1, 147, 1_474_560),
+        (720, 1280, 13, 1887, 19_169_280),
+    ];
+    for (h, w, sequences, visual, bytes) in cases {
+        let shape = t.image(h, w).unwrap();
+        assert_eq!(shape, ImageShape { sequences, patches: 576, vit: 577, merged: 144, tokens: visual }, "{h}x{w}");
+        assert_eq!(t.embedding_bytes(shape), bytes, "{h}x{w}");
+    }
+    // The tower shards over 4 and 8 (its widths 1408, 4096, 5120 and 16 heads), not 3; replicated
+    // (encoder DP) it is refused, as SGLang does not read --mm-enable-dp-encoder for it.
+    assert!(t.ops(4).is_ok() && t.ops(8).is_ok());
+    assert!(t.ops(3).is_err());
+    assert!(t.check_layout(servesim_perf::vision::EncoderLayout::Data).is_err());
+    assert!(t.check_layout(servesim_perf::vision::EncoderLayout::Tensor).is_ok());
 }
