@@ -371,6 +371,9 @@ pub fn request_json(r: &RequestRecord) -> Value {
         put("first_admission_g1_reused_input_tokens", json!(g1));
         put("first_admission_host_reused_input_tokens", json!(host));
     }
+    if let Some(ready) = r.encoder_ready_ms {
+        put("encoder_ready_ms", json!(ready));
+    }
     if let Some(received) = r.scheduler_received_ms {
         // SGLang's host loop (the reference's keys); it selects a request for a batch when it
         // admits it.
