@@ -3725,9 +3725,11 @@ fn epd_refusals_name_what_is_missing() {
             "engine.workers.encoder.transfer: host_profile, frontend and transfer apply to encoder mode=native only",
         ),
         (
+            // The reference's words (`aisimulate_predict.py predict_epd_qwen3vl_8b.yaml --set
+            // engine.workers.encoder.mode=native`): a native pool needs its link and stages.
             &["engine.workers.encoder.mode=native"],
-            "engine.workers.encoder.mode: native encoder pools (SGLang's --encoder-only servers replayed event by \
-             event, which the reference runs in its compiled module) are not supported by servesim yet",
+            "engine.workers.encoder: native encoder replay requires transfer.bandwidth_gb_per_second and one of \
+             host_profile or frontend",
         ),
         (
             &["engine.workers.encoder=null"],
