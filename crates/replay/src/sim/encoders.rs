@@ -106,7 +106,8 @@ impl Encoders {
         Encoders { spec, servers, jobs: BTreeMap::new(), done: BTreeMap::new(), next_job: 0 }
     }
 
-    /// A turn released at `now` enters the pool; `settle(now)` must have run first.
+    /// A turn released at `now` enters its servers' queues; `settle(now)` starts the batches
+    /// once every turn of the instant is in (they batch together).
     pub fn admit(&mut self, now: f64, ready: Ready, prompt: Prompt) {
         let job = self.next_job;
         self.next_job += 1;
@@ -123,11 +124,11 @@ impl Encoders {
             self.servers[server].queue.push_back(Part { job, images });
         }
         self.jobs.insert(job, Job { ready, prompt, remaining: parts.len() as u32, done_ms: f64::NEG_INFINITY });
-        self.start_batches(now);
     }
 
-    /// Brings the servers to `now`: a server whose batch ended by then takes its next batch
-    /// when it ended (the pool is visited at every such time: see [`Self::next_event_ms`]).
+    /// Brings the servers to `now`: a server whose batch ended by then, or idle, takes its next
+    /// batch from what waits now (the pool is visited at every batch's end: see
+    /// [`Self::next_event_ms`]).
     pub fn settle(&mut self, now: f64) {
         for s in &mut self.servers {
             if s.busy_until.is_some_and(|t| t <= now) {
@@ -206,12 +207,12 @@ mod tests {
         loop {
             let next = [pending.front().copied(), e.next_event_ms()].into_iter().flatten().reduce(f64::min);
             let Some(now) = next else { break };
-            e.settle(now);
             while pending.front().is_some_and(|&t| t <= now) {
                 pending.pop_front();
                 e.admit(now, Ready { session, turn: 0, arrival_ms: now }, Prompt::Tokens(vec![1].into()));
                 session += 1;
             }
+            e.settle(now);
             while let Some((t, at)) = e.pop_done(now) {
                 out.push((t.ready.session, at));
             }
@@ -231,6 +232,14 @@ mod tests {
         // Request 0: server 0 busy 0..14 (2 images), server 1 0..12; lands at 16 and 13.
         // Request 1: 2 images on server 1 at 12..26 -> 28; 1 image on server 0 at 14..26 -> 27.
         assert_eq!(out, vec![(0, 16.0), (1, 28.0)]);
+    }
+
+    /// Requests released at one instant batch together (a closed loop's first requests).
+    #[test]
+    fn requests_released_together_batch_together() {
+        let out = run(pool(1, 4, 1), &[0.0, 0.0, 0.0]);
+        // 3 ms of processing and a 13 ms call, then 1 ms each way.
+        assert_eq!(out, vec![(0, 17.0), (1, 17.0), (2, 17.0)]);
     }
 
     /// One server batching up to 4 parts FIFO: the first request runs alone, the next four

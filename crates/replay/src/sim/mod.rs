@@ -725,11 +725,11 @@ impl<'a, 'c> Simulation<'a, 'c> {
             let mut encoded = Vec::new();
             if let Some(e) = self.encoders.as_mut() {
                 // Into the encoder pool; the requests whose images all landed by now go on.
-                e.settle(now);
                 for r in ready.drain(..) {
                     let prompt = self.driver.prompt(&r);
                     e.admit(now, r, prompt);
                 }
+                e.settle(now);
                 while let Some((turn, _)) = e.pop_done(now) {
                     encoded.push(turn);
                 }
