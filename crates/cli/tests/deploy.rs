@@ -3869,9 +3869,11 @@ fn epd_refusals_name_what_is_missing() {
             "engine.workers.encoder.transfer: host_profile, frontend and transfer apply to encoder mode=native only",
         ),
         (
+            // The reference's words (`aisimulate_predict.py predict_epd_qwen3vl_8b.yaml --set
+            // engine.workers.encoder.mode=native`): a native pool needs its link and stages.
             &["engine.workers.encoder.mode=native"],
-            "engine.workers.encoder.mode: native encoder pools (SGLang's --encoder-only servers replayed event by \
-             event, which the reference runs in its compiled module) are not supported by servesim yet",
+            "engine.workers.encoder: native encoder replay requires transfer.bandwidth_gb_per_second and one of \
+             host_profile or frontend",
         ),
         (
             &["engine.workers.encoder=null"],
@@ -4459,6 +4461,112 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
         let out = predict(&config, &tmp(&format!("native-vl-stack-{i}")), &extra);
         if data_missing(&out) {
             continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+}
+
+/// Native encoder pools (`engine.workers.encoder` with `mode: native`: SGLang's `--encoder-only`
+/// servers replayed event by event ahead of the language worker), recorded from the reference
+/// with `scripts/encoder_pool_goldens.sh`: one server batching one request at a time, two
+/// servers batching up to 4 parts of three-image requests, a slow link whose transfers overlap,
+/// and the process stage read from a host cost table with the language worker at tensor 2.
+/// Every request's encoder-ready, admission, first and last token time equals the reference's
+/// within 1e-12 (measured: identical), and so do the summaries (encoder latency and GPUs
+/// included) within 1e-9. The pool matters: with eight servers instead of one the cap-1
+/// burst's requests wait for no batch and its encoder latency is under half.
+#[test]
+fn native_encoder_pools_match_the_reference() {
+    let table = deploy_dir().join("host_profile/table.json").canonicalize().unwrap();
+    for name in [
+        "predict_encoder_native_cap1",
+        "predict_encoder_native_two",
+        "predict_encoder_native_slow",
+        "predict_encoder_native_host_table",
+    ] {
+        let out_dir = tmp(&format!("{name}-requests"));
+        let yaml = deploy_dir().join(format!("{name}.yaml"));
+        let profile = format!("engine.workers.encoder.host_profile={{path: {}, frontend: python}}", table.display());
+        let mut extra = vec!["--format", "json", "--capture-per-request"];
+        if name.ends_with("host_table") {
+            extra.extend(["--set", profile.as_str()]);
+        }
+        let out = predict(&yaml, &out_dir, &extra);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+            return;
+        }
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let text = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
+        let mut ours: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        ours.sort_by(|a, b| a["arrival_time_ms"].as_f64().unwrap().total_cmp(&b["arrival_time_ms"].as_f64().unwrap()));
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(deploy_dir().join(format!("{name}.requests.json"))).unwrap())
+                .unwrap();
+        let columns: Vec<&str> = golden["columns"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+        let rows = golden["requests"].as_array().unwrap();
+        assert_eq!(ours.len(), rows.len(), "{name}");
+        for (i, (r, g)) in ours.iter().zip(rows).enumerate() {
+            for (col, key) in columns.iter().enumerate() {
+                let (x, y) = (r[*key].as_f64().unwrap_or(f64::NAN), g[col].as_f64().unwrap());
+                assert!(deviation(x, y) <= 1e-12, "{name} request {i}: {key} {x} vs the reference's {y}");
+            }
+        }
+        let ours: Value = serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap();
+        let doc: Value =
+            serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
+                .unwrap();
+        for key in METRICS.iter().chain(&["encoder_latency_ms", "total_input_tokens", "duration_ms"]) {
+            let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
+            assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
+        }
+        for key in ["encoder_gpus", "total_gpus", "completed_requests"] {
+            assert_eq!(ours[key], doc[key], "{name}: {key}");
+        }
+    }
+    // Without the pool's queueing (eight servers, a request each), the encoder wait drops.
+    let wide = predict_with("predict_encoder_native_cap1", &["engine.workers.encoder.replicas=8"]);
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("predict_encoder_native_cap1.expected.json")).unwrap())
+            .unwrap();
+    let latency = |d: &Value| d["encoder_latency_ms"].as_f64().unwrap();
+    assert!(latency(&wide) < 0.5 * latency(&doc), "{wide}");
+}
+
+/// A native pool's gates, in the reference's words (exit 2, the key named): the backend, the
+/// language worker hosting the tower beside the pool, a pool without a link or stages,
+/// stages not measured for this workload, and a search around a native pool in recommend.
+#[test]
+fn native_encoder_pools_are_refused_where_the_reference_refuses_them() {
+    let yaml = deploy_dir().join("predict_encoder_native_cap1.yaml");
+    let cases: [(&[&str], &str); 5] = [
+        (&["engine.backend=vllm"], "engine.backend: native encoder replay requires backend=sglang"),
+        (
+            &["engine.workers.aggregated={vision: {}}"],
+            "engine.workers.aggregated.vision: with a native encoder pool the language worker runs --language-only",
+        ),
+        (
+            &["engine.workers.encoder.transfer=null"],
+            "engine.workers.encoder: native encoder replay requires transfer.bandwidth_gb_per_second",
+        ),
+        (
+            &["traffic.source.images.count=1"],
+            "engine.workers.encoder.frontend.measured_for: saved encoder frontend stages were measured for another \
+             workload",
+        ),
+        (
+            &["engine.workers.encoder.latency_correction=1.5"],
+            "engine.workers.encoder.latency_correction: latency_correction applies to analytical encoder pools only",
+        ),
+    ];
+    for (i, (sets, want)) in cases.into_iter().enumerate() {
+        let out_dir = tmp(&format!("encoder-native-gate-{i}"));
+        let mut extra = vec![];
+        extra.extend(sets.iter().flat_map(|s| ["--set", *s]));
+        let out = predict(&yaml, &out_dir, &extra);
+        if data_missing(&out) {
+            return;
         }
         assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));

@@ -246,7 +246,7 @@ impl Pool {
 
 /// GPUs of the language workers, as the reference counts them (tensor × pipeline × attention
 /// DP per worker).
-fn language_gpus(config: &Config) -> u32 {
+pub(crate) fn language_gpus(config: &Config) -> u32 {
     let e = &config.engine;
     let roles = match e.mode {
         Mode::Aggregated => vec![&e.aggregated],

@@ -5,6 +5,7 @@
 //! runs one such deployment ([`Prepared::run`]).
 
 pub mod afd;
+pub mod encpool;
 pub mod epd;
 mod error;
 pub mod host_table;
@@ -221,7 +222,7 @@ fn check_prompt_fits(config: &Config, topology: &servesim_replay::Topology) -> R
 
 /// Lowers a read configuration. `base`: the directory relative trace paths start from.
 pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
-    if config.engine.encoder.is_some() {
+    if config.engine.encoder.as_ref().is_some_and(|e| e.native.is_none()) {
         // `epd` runs the pool's language side (`epd::Pool::language`), which has none.
         return Err(DeployError::new(
             "engine.workers.encoder",
@@ -272,6 +273,7 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         seed: lower::seed(&config),
         tokenization: config.engine.tokenization,
         frontend_stages: lower::frontend_stages(&config.engine),
+        encoder_pool: encpool::lower(&config)?,
         ..SimConfig::new(topology, router, load)
     };
     Ok(Prepared { config, engine, sim, workload })
@@ -318,6 +320,7 @@ pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
     }
     s.insert("prediction_provenance".into(), Value::Object(prov));
     s.insert("kv_eviction_policy".into(), json!("lru"));
+    encpool::summarise(&p.config, report, &mut s);
     s.insert("power_w".into(), Value::Null);
     s.insert("power_coverage".into(), Value::Null);
     let e = &p.config.engine;

@@ -493,7 +493,10 @@ pub fn workload(cfg: &Config, base: &Path, block_size: u32) -> Result<(Workload,
                 cached_prefix_tokens: cached,
                 // A session's later turns carry its history (aisimulate's synthetic-session).
                 accumulate: matches!(source, Source::Session { .. }),
-                images: crate::vl::of_config(cfg)?.map(|v| v.images),
+                images: match crate::vl::of_config(cfg)? {
+                    Some(v) => Some(v.images),
+                    None => crate::encpool::images(cfg)?,
+                },
             };
             spec.validate().map_err(|e| DeployError::new("traffic", e))?;
             // Arrivals or think times past what the clock holds precisely: named by their key.

@@ -24,8 +24,8 @@ pub use report::{request_json, request_json_with_breakdown, workload_keys, Repor
 pub use run::{Ran, RecordSink, Run};
 pub use servesim_cluster::{RouterMode, Topology};
 pub use sim::{
-    Autoscaler, FrontendStage, LifecycleOp, Pacer, Progress, RunOptions, ScaleDecision, SimConfig, SimError,
-    Tokenization, Transition, WallClock,
+    Autoscaler, EncoderPool, FrontendStage, LifecycleOp, Pacer, Progress, RunOptions, ScaleDecision, SimConfig,
+    SimError, Tokenization, Transition, WallClock,
 };
 pub use simulate::{simulate, simulate_with};
 pub use telemetry::{ClusterSample, TelemetrySink, WorkerSample};

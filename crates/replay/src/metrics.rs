@@ -142,6 +142,9 @@ pub struct Totals {
     pub host_offload: Option<HostOffloadTotals>,
     /// SGLang host loop: sums of the TTFT parts over the completed requests with a first token.
     pub host_loop: Option<HostLoopTotals>,
+    /// A native encoder pool: the completed requests' summed time from arrival to their images'
+    /// embeddings landing, and how many requests that covers.
+    pub encoder_wait: Option<(u64, f64)>,
 }
 
 /// Sums of [`RequestRecord::host_loop_parts_ms`] (the reference's `mean_frontend_ms`,
@@ -247,7 +250,13 @@ impl Totals {
             shed,
             host_offload,
             host_loop,
+            encoder_wait,
         } = *other;
+        if let Some((n, sum)) = encoder_wait {
+            let mine = self.encoder_wait.get_or_insert((0, 0.0));
+            mine.0 += n;
+            mine.1 += sum;
+        }
         if let Some(h) = host_loop {
             let mine = self.host_loop.get_or_insert_with(HostLoopTotals::default);
             mine.requests += h.requests;
@@ -419,6 +428,7 @@ impl<'s> Collector<'s> {
             frontend_done_ms: None,
             frontend_staged: false,
             warmed_profile: self.warmed && !self.preparing,
+            encoder_ready_ms: None,
             first_admit_ms: None,
             scheduler_received_ms: None,
             terminal_ms: None,
@@ -472,6 +482,14 @@ impl<'s> Collector<'s> {
     pub fn tokenized(&mut self, id: u64, at_ms: f64) {
         if let Some(r) = self.live.get_mut(&id) {
             r.frontend_done_ms = Some(at_ms);
+        }
+    }
+
+    /// Notes when request `id`'s images all reached the language worker from a native encoder
+    /// pool (see [`RequestRecord::encoder_ready_ms`]).
+    pub fn encoded(&mut self, id: u64, at_ms: f64) {
+        if let Some(r) = self.live.get_mut(&id) {
+            r.encoder_ready_ms = Some(at_ms);
         }
     }
 
@@ -756,6 +774,11 @@ impl<'s> Collector<'s> {
                 }
                 if let Some(v) = r.ttft_ms() {
                     self.ttft.add(v);
+                }
+                if let Some(ready) = r.encoder_ready_ms {
+                    let e = t.encoder_wait.get_or_insert((0, 0.0));
+                    e.0 += 1;
+                    e.1 += ready - r.arrival_ms;
                 }
                 if let Some(parts) = r.host_loop_parts_ms() {
                     let h = t.host_loop.get_or_insert_with(HostLoopTotals::default);

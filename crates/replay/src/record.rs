@@ -44,6 +44,9 @@ pub struct RequestRecord {
     /// Released in the measured profile of a warmed agentic run (the reference marks these
     /// `agentic_phase: "profile"`; the preparation's requests are not reported).
     pub warmed_profile: bool,
+    /// When the last of its images' embeddings reached the language worker from a native
+    /// encoder pool (`None` without one).
+    pub encoder_ready_ms: Option<f64>,
     pub first_admit_ms: Option<f64>,
     /// SGLang host loop: when the worker's scheduler received it from its inbox (the pass
     /// boundary after its arrival); `None` without the loop.
@@ -138,6 +141,7 @@ impl RequestRecord {
         shift(&mut r.arrival_ms);
         for t in [
             &mut r.frontend_done_ms,
+            &mut r.encoder_ready_ms,
             &mut r.first_admit_ms,
             &mut r.scheduler_received_ms,
             &mut r.terminal_ms,

@@ -383,6 +383,9 @@ pub fn request_json(r: &RequestRecord) -> Value {
         // When the request left SGLang's frontend stages, or the tokenizer (the reference's keys).
         put(if r.frontend_staged { "frontend_ready_ms" } else { "tokenized_ms" }, json!(done));
     }
+    if let Some(ready) = r.encoder_ready_ms {
+        put("encoder_ready_ms", json!(ready));
+    }
     if let Some(received) = r.scheduler_received_ms {
         // SGLang's host loop (the reference's keys); it selects a request for a batch when it
         // admits it.

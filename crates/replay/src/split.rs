@@ -209,6 +209,7 @@ mod tests {
             timing_jitter_cv: 0.0,
             tokenization: None,
             frontend_stages: Vec::new(),
+            encoder_pool: None,
         }
     }
 

@@ -124,6 +124,7 @@ fn fast_forward_gives_identical_records() {
             timing_jitter_cv: 0.0,
             tokenization: None,
             frontend_stages: Vec::new(),
+            encoder_pool: None,
         };
         if std::env::var("FFDEBUG").is_ok() {
             eprintln!("{config:?}");
@@ -235,6 +236,7 @@ fn agentic_graph_stretches_are_cut_where_work_arrives() {
             timing_jitter_cv: 0.0,
             tokenization: None,
             frontend_stages: Vec::new(),
+            encoder_pool: None,
         };
         let (stepped, stepped_summary, _) = records(&workload, &config);
         config.fast_forward = true;

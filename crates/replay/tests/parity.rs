@@ -185,6 +185,7 @@ fn run_case(name: &str, case: &Value, case_dir: &Path, router_seed: u64) -> Map<
         timing_jitter_cv: 0.0,
         tokenization: None,
         frontend_stages: Vec::new(),
+        encoder_pool: None,
     };
     let mut summary =
         simulate(&workload, &config, Collector::new(config.sla, None), &mut ()).expect("simulation").summary_json();

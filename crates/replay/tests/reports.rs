@@ -49,6 +49,7 @@ fn config(topology: Topology, router: RouterMode) -> SimConfig {
         timing_jitter_cv: 0.0,
         tokenization: None,
         frontend_stages: Vec::new(),
+        encoder_pool: None,
     }
 }
 

@@ -100,7 +100,9 @@ pub fn predict(
     if tree.pointer("/engine/mode").and_then(|m| m.as_str()) == Some("afd") {
         return afd(f, flags, json, variation, &tree, calibration.is_some());
     }
-    if tree.pointer("/engine/workers/encoder").is_some_and(|e| !e.is_null()) {
+    let encoder = tree.pointer("/engine/workers/encoder").filter(|e| !e.is_null());
+    // A native pool is replayed with the language workers; an analytical one is an overlay.
+    if encoder.is_some_and(|e| e.get("mode").and_then(|m| m.as_str()) != Some("native")) {
         return super::epd::predict(f, flags, json, variation, &tree, calibration.is_some());
     }
     let mut prepared = servesim_deploy::prepare_tree(path, &tree).map_err(Failure::input)?;

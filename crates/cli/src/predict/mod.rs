@@ -317,6 +317,7 @@ pub fn run(a: PredictArgs) -> Result<(), Failure> {
         timing_jitter_cv: timing_jitter_cv(a.timing_jitter_cv)?,
         tokenization: calibration.as_ref().and_then(FlagCalibration::tokenization),
         frontend_stages: Vec::new(),
+        encoder_pool: None,
     };
 
     if let Some(n) = a.ensemble {

@@ -96,8 +96,9 @@ pub(super) fn read(
     if section.get("mode").and_then(Value::as_str) == Some("native") {
         return Err(DeployError::new(
             format!("{KEY}.mode"),
-            "native encoder pools (SGLang's --encoder-only servers replayed event by event, which the reference \
-             runs in its compiled module) are not supported by servesim yet; use mode: analytical",
+            "a search around a native encoder pool (each candidate replaying SGLang's --encoder-only servers \
+             event by event) is not supported by servesim's recommend yet; predict replays a native pool, or \
+             use mode: analytical to search analytical EPD",
         ));
     }
     let tensors = domain(section, "tensor", 1)?;

@@ -3,9 +3,10 @@
 //!
 //! servesim models the reference's analytical pool (`mode: analytical`, EPD): the language
 //! replay runs the prompts at their text plus visual tokens and the pool's batch latency and
-//! rate are laid over its means (`crate::epd`). Images without a pool are encoded on the
-//! aggregated or prefill SGLang worker (native VL replay, `crate::vl`). A native pool
-//! (`mode: native`, SGLang's encoder servers replayed event by event) is refused by name.
+//! rate are laid over its means (`crate::epd`). A native pool (`mode: native`, SGLang's
+//! `--encoder-only` servers) is replayed event by event ahead of the router
+//! (`crate::encpool`, `servesim-replay`'s `sim::encoders`). Images without a pool are encoded
+//! on the aggregated or prefill SGLang worker (native VL replay, `crate::vl`).
 
 use super::engine::Engine;
 use super::engine::Mode;
@@ -29,9 +30,11 @@ pub struct Images {
     pub max_pixels: Option<u32>,
 }
 
-/// `engine.workers.encoder` with `mode: analytical`.
+/// `engine.workers.encoder`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Encoder {
+    /// `mode: native`: the pool replayed event by event (None: the analytical overlay).
+    pub native: Option<Native>,
     pub hardware: Option<String>,
     pub backend_version: Option<String>,
     pub tensor: u32,
@@ -39,6 +42,16 @@ pub struct Encoder {
     pub batch_size: u32,
     pub latency_correction: f64,
     pub rate_degradation: f64,
+}
+
+/// What a native pool adds: the image processor's stages (spelled out with `measured_for`, or
+/// resolved from `host_profile` against the workload when the configuration is read) and the
+/// embeddings' link to the language worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Native {
+    pub frontend: Option<super::frontend::Frontend>,
+    pub host_profile: Option<super::frontend::HostProfile>,
+    pub transfer_gb_s: f64,
 }
 
 pub(crate) fn read_images(mut r: Reader) -> Result<Images, DeployError> {
@@ -70,24 +83,14 @@ pub(crate) fn read_images(mut r: Reader) -> Result<Images, DeployError> {
 }
 
 pub(super) fn read_encoder(mut r: Reader) -> Result<Encoder, DeployError> {
+    let here = r.here().to_string();
     let mode = r.one_of("mode", &["analytical", "native"])?.unwrap_or("analytical");
-    if mode == "native" {
-        return Err(r.err(
-            "mode",
-            "native encoder pools (SGLang's --encoder-only servers replayed event by event, which the reference \
-             runs in its compiled module) are not supported by servesim yet; use mode: analytical",
-        ));
-    }
-    for key in ["host_profile", "frontend", "transfer"] {
-        if r.value(key).is_some() {
-            return Err(r.err(key, "host_profile, frontend and transfer apply to encoder mode=native only"));
-        }
-    }
     let hardware = r.nonempty("hardware")?;
     let backend_version = r.nonempty("backend_version")?;
     let tensor = r.positive("tensor")?.unwrap_or(1);
     let replicas = r.positive("replicas")?.unwrap_or(1);
-    let batch_size = r.positive("batch_size")?.unwrap_or(1);
+    // A native pool's loop batches up to SGLANG_ENCODER_MAX_BATCH_SIZE (8) unless told.
+    let batch_size = r.positive("batch_size")?.unwrap_or(if mode == "native" { 8 } else { 1 });
     if batch_size > 8 {
         return Err(r.err("batch_size", format!("must be at most 8 (SGLANG_ENCODER_MAX_BATCH_SIZE), got {batch_size}")));
     }
@@ -96,8 +99,83 @@ pub(super) fn read_encoder(mut r: Reader) -> Result<Encoder, DeployError> {
     if rate_degradation > 1.0 {
         return Err(r.err("rate_degradation", format!("must be in (0, 1], got {rate_degradation}")));
     }
+    let (frontend, host_profile) = super::frontend::read_worker_frontend(&mut r)?;
+    let transfer_gb_s = match r.obj("transfer")? {
+        None => None,
+        Some(mut t) => {
+            let bw = t
+                .nonneg("bandwidth_gb_per_second", true)?
+                .ok_or_else(|| DeployError::new(t.here(), "bandwidth_gb_per_second is required"))?;
+            t.finish()?;
+            Some(bw)
+        }
+    };
     r.finish()?;
-    Ok(Encoder { hardware, backend_version, tensor, replicas, batch_size, latency_correction, rate_degradation })
+    let native =
+        if mode == "native" {
+            // The reference's rules of a native pool, in its order and words.
+            let Some(transfer_gb_s) = transfer_gb_s.filter(|_| frontend.is_some() || host_profile.is_some()) else {
+                return Err(DeployError::new(
+                &here,
+                "native encoder replay requires transfer.bandwidth_gb_per_second and one of host_profile or frontend",
+            ));
+            };
+            if host_profile.as_ref().is_some_and(|h| h.frontend != "python") {
+                return Err(DeployError::new(
+                    format!("{here}.host_profile.frontend"),
+                    "the encoder servers run the Python image processor; host_profile.frontend must be python",
+                ));
+            }
+            if let Some(f) = &frontend {
+                match &f.measured_for {
+                    None => {
+                        return Err(DeployError::new(
+                            format!("{here}.frontend"),
+                            "native encoder frontend stages require measured_for; set host_profile to resolve them \
+                         from a host cost table",
+                        ))
+                    }
+                    Some(m) if m.frontend != "python" => return Err(DeployError::new(
+                        format!("{here}.frontend.measured_for.frontend"),
+                        "the encoder servers run the Python image processor; frontend.measured_for.frontend must be \
+                         python",
+                    )),
+                    Some(_) => {}
+                }
+            }
+            if latency_correction != 1.0 {
+                return Err(DeployError::new(
+                    format!("{here}.latency_correction"),
+                    "latency_correction applies to analytical encoder pools only",
+                ));
+            }
+            Some(Native { frontend, host_profile, transfer_gb_s })
+        } else {
+            if frontend.is_some() || host_profile.is_some() || transfer_gb_s.is_some() {
+                let key = if frontend.is_some() {
+                    "frontend"
+                } else if host_profile.is_some() {
+                    "host_profile"
+                } else {
+                    "transfer"
+                };
+                return Err(DeployError::new(
+                    format!("{here}.{key}"),
+                    "host_profile, frontend and transfer apply to encoder mode=native only",
+                ));
+            }
+            None
+        };
+    Ok(Encoder {
+        native,
+        hardware,
+        backend_version,
+        tensor,
+        replicas,
+        batch_size,
+        latency_correction,
+        rate_degradation,
+    })
 }
 
 /// The reference's cross-section rules of images and an encoder pool (`_validate_epd` and the
@@ -170,12 +248,28 @@ pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), Deploy
     };
     let role = if mode == Mode::Aggregated { "aggregated" } else { "prefill" };
     let host_aware = language.is_some_and(|w| w.host_loop || w.vision.is_some());
-    if encoder.is_some() && host_aware {
-        return Err(DeployError::new(
-            format!("{workers}.encoder"),
-            "engine.workers.encoder (analytical EPD) and the language worker's host_loop or vision (native VL \
-             replay) are exclusive",
-        ));
+    if let (Some(e), true, Some(w)) = (encoder, host_aware, language) {
+        if e.native.is_none() {
+            return Err(DeployError::new(
+                format!("{workers}.encoder"),
+                "engine.workers.encoder (analytical EPD) and the language worker's host_loop or vision (native VL \
+                 replay) are exclusive",
+            ));
+        }
+        if w.vision.is_some() || w.frontend.is_some() || w.host_profile.is_some() {
+            let key = if w.vision.is_some() {
+                "vision"
+            } else if w.frontend.is_some() {
+                "frontend"
+            } else {
+                "host_profile"
+            };
+            return Err(DeployError::new(
+                format!("{workers}.{role}.{key}"),
+                "with a native encoder pool the language worker runs --language-only: it neither hosts the vision \
+                 tower nor prices image frontend stages; only host_loop applies",
+            ));
+        }
     }
     if images.is_none() && language.is_some_and(|w| w.vision.is_some()) {
         return Err(DeployError::new(
@@ -200,6 +294,27 @@ pub(super) fn check_epd(traffic: &Traffic, engine: &Engine) -> Result<(), Deploy
             "traffic.source.images.identity",
             "encoder pools do not model image identity pools; traffic.source.images.identity must be unique",
         ));
+    }
+    if encoder.expect("matched").native.is_some() {
+        if engine.backend != "sglang" {
+            return Err(DeployError::new("engine.backend", "native encoder replay requires backend=sglang"));
+        }
+        for w in [&engine.aggregated, &engine.prefill, &engine.decode].into_iter().flatten() {
+            let here = format!("{workers}.{}", w.role);
+            if w.timing != Timing::Default {
+                return Err(DeployError::new(
+                    format!("{here}.timing"),
+                    "native encoder replay requires default language timing",
+                ));
+            }
+            if w.startup_seconds != 0.0 {
+                return Err(DeployError::new(
+                    format!("{here}.startup_seconds"),
+                    "encoder pools require static worker pools",
+                ));
+            }
+        }
+        return Ok(());
     }
     if images.min_pixels.is_some() || images.max_pixels.is_some() {
         return Err(DeployError::new(

@@ -25,8 +25,9 @@ impl Simulation<'_, '_> {
     /// A turn becomes a request: registered, hashed, and placed (or, disaggregated, started on
     /// its handoff).
     /// `prompt` is the one drawn when a frontend stage took the turn in (drawing it again would
-    /// grow an accumulating session's history twice).
-    pub(super) fn release(&mut self, r: &Ready, prompt: Option<Prompt>) {
+    /// grow an accumulating session's history twice); `encoded`: that stage was the native
+    /// encoder pool, whose images all landed now.
+    pub(super) fn release(&mut self, r: &Ready, prompt: Option<Prompt>, encoded: bool) {
         if let Some(shard) = self.shard {
             let pool = &mut self.pools[0];
             let target = pool.placer.peek_round_robin().expect("only round-robin runs split");
@@ -42,7 +43,7 @@ impl Simulation<'_, '_> {
             s.arrival();
         }
         // A prompt drawn by the tokenization stage: the request leaves the frontend now.
-        let tokenized_at = prompt.is_some().then_some(self.now);
+        let tokenized_at = (prompt.is_some() && !encoded).then_some(self.now);
         let prompt = prompt.unwrap_or_else(|| self.driver.prompt(r));
         let planned_output = self.driver.planned_output(r);
         let session = self.driver.session(r.session);
@@ -57,6 +58,9 @@ impl Simulation<'_, '_> {
         );
         if let Some(at) = tokenized_at {
             self.collector.tokenized(id, at);
+        }
+        if encoded {
+            self.collector.encoded(id, self.now);
         }
         // The KV router places by block hashes; engines hash what they need themselves.
         let hashes = if self.pools.iter().any(|p| p.placer.is_kv()) {

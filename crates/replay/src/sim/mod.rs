@@ -22,6 +22,7 @@
 //! `scaling` runs the autoscaler and `sampling` takes the telemetry samples.
 
 mod arrive;
+mod encoders;
 mod frontend;
 mod handoff;
 mod pace;
@@ -54,6 +55,7 @@ use crate::metrics::{Collector, Overflow, Sla};
 use servesim_workload::time::Time;
 use servesim_workload::{LoadDriver, LoadMode, Ready, Workload, MAX_TIME_MS};
 
+pub use encoders::EncoderPool;
 pub use frontend::Tokenization;
 pub use stages::FrontendStage;
 
@@ -93,6 +95,9 @@ pub struct SimConfig {
     /// `engine.workers.<aggregated|prefill>.frontend`), crossed in order between the router's
     /// placement and the worker's scheduler; empty without them.
     pub frontend_stages: Vec<FrontendStage>,
+    /// A native encoder pool every request's images cross before the router (aisimulate's
+    /// `engine.workers.encoder` with `mode: native`), if any.
+    pub encoder_pool: Option<EncoderPool>,
 }
 
 impl SimConfig {
@@ -115,6 +120,7 @@ impl SimConfig {
             timing_jitter_cv: 0.0,
             tokenization: None,
             frontend_stages: Vec::new(),
+            encoder_pool: None,
         }
     }
 }
@@ -284,6 +290,7 @@ pub(crate) fn simulate_shard<'c>(
 pub(crate) fn work_only_at_releases(workload: &Workload, config: &SimConfig) -> bool {
     config.tokenization.is_none()
         && config.frontend_stages.is_empty()
+        && config.encoder_pool.is_none()
         && matches!(config.load, LoadMode::Timestamps { .. })
         && !config.topology.is_disaggregated()
         && workload.single_turn()
@@ -451,6 +458,8 @@ struct Simulation<'a, 'c> {
     unschedulable: Option<u64>,
     /// Released requests in the frontend's tokenizers, if the run has the stage.
     tokenizers: Option<frontend::Tokenizers>,
+    /// Released requests in the native encoder pool, if the run has one.
+    encoders: Option<encoders::Encoders>,
     /// The frontend stages of each worker of the prompt pool (by worker index, made on first
     /// use), if the run has them.
     frontends: Vec<Option<stages::WorkerFrontend>>,
@@ -528,6 +537,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
             rejected: None,
             unschedulable: None,
             tokenizers: config.tokenization.map(frontend::Tokenizers::new),
+            encoders: config.encoder_pool.clone().map(encoders::Encoders::new),
             frontends: Vec::new(),
             stage_ticks: Vec::new(),
         }
@@ -578,12 +588,13 @@ impl<'a, 'c> Simulation<'a, 'c> {
         }
     }
 
-    /// When the next request reaches the router: the load driver's next release, or the
-    /// tokenizers' next finished request.
+    /// When the next request reaches the router: the load driver's next release, the
+    /// tokenizers' next finished request, or the encoder pool's next change.
     fn next_release_ms(&self) -> Option<f64> {
         let tokenized = self.tokenizers.as_ref().and_then(frontend::Tokenizers::next_done_ms);
+        let encoded = self.encoders.as_ref().and_then(encoders::Encoders::next_event_ms);
         let staged = self.next_stage_done_ms();
-        [self.driver.next_ready_ms(), tokenized, staged].into_iter().flatten().reduce(f64::min)
+        [self.driver.next_ready_ms(), tokenized, encoded, staged].into_iter().flatten().reduce(f64::min)
     }
 
     /// The time of the next event that counts, dropping stale ones on the way.
@@ -711,15 +722,31 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 }
                 self.moved_since_retry |= !tokenized.is_empty();
             }
-            let arrivals =
-                ready.iter().map(|r| (*r, None)).chain(tokenized.into_iter().map(|p| (p.ready, Some(p.prompt))));
-            for (r, prompt) in arrivals.collect::<Vec<_>>() {
+            let mut encoded = Vec::new();
+            if let Some(e) = self.encoders.as_mut() {
+                // Into the encoder pool; the requests whose images all landed by now go on.
+                for r in ready.drain(..) {
+                    let prompt = self.driver.prompt(&r);
+                    e.admit(now, r, prompt);
+                }
+                e.settle(now);
+                while let Some((turn, _)) = e.pop_done(now) {
+                    encoded.push(turn);
+                }
+                self.moved_since_retry |= !encoded.is_empty();
+            }
+            let arrivals = ready
+                .iter()
+                .map(|r| (*r, None, false))
+                .chain(tokenized.into_iter().map(|p| (p.ready, Some(p.prompt), false)))
+                .chain(encoded.into_iter().map(|t| (t.ready, Some(t.prompt), true)));
+            for (r, prompt, encoded) in arrivals.collect::<Vec<_>>() {
                 if let Some(queued) = self.collector.runaway() {
                     let warn_at = self.collector.queue_limit().warn_at;
                     return Err(SimError::QueueRunaway { at_ms: now, queued, warn_at });
                 }
                 match self.collector.overflow() {
-                    None => self.release(&r, prompt),
+                    None => self.release(&r, prompt, encoded),
                     Some((max, Overflow::Fail)) => return Err(SimError::QueueFull { at_ms: now, max }),
                     Some((_, Overflow::Shed)) => {
                         self.collector.shed();

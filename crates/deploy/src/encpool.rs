@@ -1,0 +1,153 @@
+//! A native encoder pool (`engine.workers.encoder` with `mode: native`), lowered to the
+//! replay's event-level pool (`servesim_replay::EncoderPool`, rules in the replay README's
+//! "Native encoder pool").
+//!
+//! What the pool takes from the configuration, as the reference resolves it:
+//! - the tower: the model's Qwen3-VL vision tower on the pool's hardware at its tensor width,
+//!   sharded (`encoder_parallel: tp`), timed per call by servesim-perf's vision ops through the
+//!   timing interface (`PassTimer::vision_ms`);
+//! - the CPU preprocessing per image: the first stage's `service_ms` of the Python image
+//!   processor's frontend stages (spelled out with `measured_for`, or the host cost table's row
+//!   of this workload) over the images of a request;
+//! - the transfer: one image's embeddings (merged tokens × hidden × merger instances × 2 bytes)
+//!   to every tensor rank of the language worker, at `transfer.bandwidth_gb_per_second`.
+//!
+//! The language worker runs `--language-only`: its prompts carry the visual tokens (laid out as
+//! native VL replay lays them out, every image unique) and it hosts no tower.
+
+use serde_json::{json, Value};
+use servesim_perf::vision::{hosted_tower, ImageShape, VisionTower};
+use servesim_replay::EncoderPool;
+use servesim_workload::SyntheticImages;
+
+use crate::error::DeployError;
+use crate::schema::encoder::{Encoder, Images, Native};
+use crate::schema::frontend::Measurement;
+use crate::schema::Config;
+
+const HERE: &str = "engine.workers.encoder";
+
+/// The native pool of a configuration, with its tower and image shape (None: no native pool).
+fn native(cfg: &Config) -> Option<(&Encoder, &Native, &Images)> {
+    let e = cfg.engine.encoder.as_ref()?;
+    Some((e, e.native.as_ref()?, cfg.traffic.images.as_ref()?))
+}
+
+fn tower(cfg: &Config, images: &Images) -> Result<(VisionTower, ImageShape), DeployError> {
+    let engine = &cfg.engine;
+    let paths = engine.systems_paths.clone().unwrap_or_default();
+    let tower = hosted_tower(&engine.model, &paths, images.min_pixels.map(u64::from), images.max_pixels.map(u64::from))
+        .map_err(|e| {
+            if e.message.contains("SERVESIM_AIS_SYSTEMS") || e.message.contains("not found") {
+                DeployError::new("engine.model", e.message)
+            } else {
+                DeployError::new(
+                    "engine.model",
+                    format!("native encoder pools price Qwen3-VL vision towers; '{}' is not supported", engine.model),
+                )
+            }
+        })?;
+    let shape =
+        tower.image(images.height, images.width).map_err(|e| DeployError::new("traffic.source.images", e.message))?;
+    if shape.tokens >= 1 << 16 {
+        return Err(DeployError::new(
+            "traffic.source.images",
+            format!("an image of {} tokens is more than servesim's replay lays out (65535)", shape.tokens),
+        ));
+    }
+    Ok((tower, shape))
+}
+
+/// The prompts' image layout under a native pool (None: no native pool).
+pub fn images(cfg: &Config) -> Result<Option<SyntheticImages>, DeployError> {
+    let Some((_, _, images)) = native(cfg) else { return Ok(None) };
+    let (_, shape) = tower(cfg, images)?;
+    Ok(Some(SyntheticImages { tokens: shape.tokens, count: images.count, pool: None }))
+}
+
+/// The replay's pool of a configuration (None: no native pool).
+pub fn lower(cfg: &Config) -> Result<Option<EncoderPool>, DeployError> {
+    let Some((e, native, images)) = native(cfg) else { return Ok(None) };
+    let engine = &cfg.engine;
+    // The tower's family is checked before any host table lookup, as the reference does.
+    let (tower, shape) = tower(cfg, images)?;
+    let needed = Measurement::for_workload(&engine.model, "python", images, 1);
+    let stages = match (&native.host_profile, &native.frontend) {
+        (Some(profile), _) => crate::host_table::resolve(&profile.path, &needed)
+            .map_err(|message| DeployError::new(format!("{HERE}.host_profile"), message))?,
+        (None, Some(f)) => {
+            if f.measured_for.as_ref() != Some(&needed) {
+                return Err(DeployError::new(
+                    format!("{HERE}.frontend.measured_for"),
+                    "saved encoder frontend stages were measured for another workload",
+                ));
+            }
+            f.stages.clone()
+        }
+        (None, None) => unreachable!("a native pool has stages or a host profile (checked when read)"),
+    };
+    let preprocess_ms_per_image = stages[0].service_ms / f64::from(images.count);
+    let language = engine.aggregated.as_ref().or(engine.prefill.as_ref());
+    let language_tp = language.map_or(1, |w| w.parallelism.tensor);
+    let transfer_bytes_per_image = tower.embedding_bytes(shape) as f64 * f64::from(language_tp);
+    // The encoder server's timing: a prefill-shaped rank of the pool's width whose model
+    // compiles the vision tower, sharded.
+    let system = e.hardware.clone().unwrap_or_else(|| engine.hardware.clone());
+    let version = e
+        .backend_version
+        .clone()
+        .or_else(|| (system == engine.hardware).then(|| engine.backend_version.clone()).flatten());
+    let mut image = json!({"height": images.height, "width": images.width});
+    if let Some(lo) = images.min_pixels {
+        image["min_pixels"] = json!(lo);
+    }
+    if let Some(hi) = images.max_pixels {
+        image["max_pixels"] = json!(hi);
+    }
+    let mut ais = json!({
+        "model": engine.model,
+        "system": system,
+        "backend": engine.backend,
+        "worker_type": "prefill",
+        "backend_version": version,
+        "tp": e.tensor,
+        "pp": 1,
+        "attention_dp": 1,
+        "encoder_parallel": "tp",
+        "vision_image": image,
+    });
+    if let Some(paths) = &engine.systems_paths {
+        ais["systems_paths"] = json!(paths);
+    }
+    let timer = servesim_perf::build_timer(&format!("{HERE}.timing"), "aic", &ais)
+        .map_err(|e| DeployError::new(HERE, format!("{}: {}", e.path, e.message)))?;
+    let mut pool = EncoderPool {
+        instances: e.replicas,
+        max_batch: e.batch_size,
+        images_per_request: images.count,
+        preprocess_ms_per_image,
+        transfer_bytes_per_image,
+        transfer_bandwidth_gb_s: native.transfer_gb_s,
+        tower_ms: Vec::new(),
+    };
+    pool.tower_ms = (0..=pool.max_batch_images())
+        .map(|n| timer.vision_ms(n).map_err(|why| DeployError::new(HERE, why)))
+        .collect::<Result<Vec<f64>, _>>()?;
+    Ok(Some(pool))
+}
+
+/// The summary keys of a native pool: its GPUs (beside the language workers' in the total and
+/// the GPU hours over the run) and the mean time from a request's arrival to its images'
+/// embeddings landing.
+pub fn summarise(cfg: &Config, report: &servesim_replay::Report, s: &mut serde_json::Map<String, Value>) {
+    let Some((e, _, _)) = native(cfg) else { return };
+    let gpus = e.tensor * e.replicas;
+    let total = crate::epd::language_gpus(cfg) + gpus;
+    let (n, sum) = report.totals.encoder_wait.unwrap_or((0, 0.0));
+    s.insert("encoder_latency_ms".into(), json!(if n == 0 { 0.0 } else { sum / n as f64 }));
+    s.insert("encoder_gpus".into(), json!(gpus));
+    s.insert("total_gpus".into(), json!(total));
+    if let Some(ms) = s.get("duration_ms").and_then(Value::as_f64) {
+        s.insert("gpu_hours".into(), json!(f64::from(total) * ms / 3_600_000.0));
+    }
+}
