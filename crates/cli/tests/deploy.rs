@@ -3314,6 +3314,14 @@ fn sizes_beyond_memory_or_any_worker_are_refused_by_key() {
         &["engine.workers.aggregated.parallelism={replicas: 4000000000}"],
         &["engine.workers.aggregated.parallelism.replicas: 4000000000 engine ranks need about"],
     );
+    let encoder = deploy_dir().join("predict_encoder_native_cap1.yaml");
+    let out = predict(&encoder, &tmp("huge-encoder-pool"), &["--set", "engine.workers.encoder.replicas=4000000000"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("engine.workers.encoder.replicas: 4000000000 encoder servers need about"),
+        "{}",
+        stderr(&out)
+    );
     refused(
         "huge-concurrency",
         BASE,

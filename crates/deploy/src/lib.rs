@@ -124,6 +124,9 @@ impl PrefillLoadEstimator for AisPrefillLoad {
 /// Bytes a finished request's record keeps until the summary is made.
 const RECORD_BYTES: u64 = 64;
 
+/// Bytes a native encoder server's state and queue take, at least.
+const ENCODER_SERVER_BYTES: u64 = 256;
+
 /// Refuses, before anything is built for them, worker counts and synthetic sessions whose
 /// simulator state cannot fit in `memory` bytes (the flag form's guards, on the YAML's keys):
 /// a run that would abort out of memory halfway is an input error named by its key.
@@ -143,6 +146,22 @@ pub fn check_memory(config: &Config, memory: u64) -> Result<(), DeployError> {
                     gib(ranks.saturating_mul(WORKER_BYTES)),
                     gib(memory),
                     memory / WORKER_BYTES
+                ),
+            ));
+        }
+    }
+    // A native encoder pool keeps a queue per server.
+    if let Some(pool) = e.encoder.as_ref().filter(|p| p.native.is_some()) {
+        let bytes = (pool.replicas as u64).saturating_mul(ENCODER_SERVER_BYTES);
+        if bytes > memory {
+            return Err(DeployError::new(
+                "engine.workers.encoder.replicas",
+                format!(
+                    "{} encoder servers need about {} of memory; this machine has {} available (at most {} servers)",
+                    pool.replicas,
+                    gib(bytes),
+                    gib(memory),
+                    memory / ENCODER_SERVER_BYTES
                 ),
             ));
         }
