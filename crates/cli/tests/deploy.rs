@@ -1847,6 +1847,20 @@ fn write(name: &str, text: &str) -> PathBuf {
 
 const BASE: &str = "traffic:\n  source: {type: synthetic, input_tokens: 64, output_tokens: 8}\n  load: {type: concurrency, concurrency: 2}\n  stop: {requests: 4}\nengine:\n  mode: aggregated\n  backend: vllm\n  model: Qwen/Qwen3-32B\n  hardware: h200_sxm\n  context_length: 4096\n  workers:\n    aggregated:\n      kv_cache: {capacity: {type: fixed, blocks: 1000}}\n      timing: {type: fixed, prefill_ms: 10, decode_ms: 5}\n";
 
+/// Each case's `--set`s on `config` exit 2 with a message containing its text (cases whose
+/// AIS data is not installed are skipped).
+fn assert_refusals(config: &Path, tag: &str, cases: &[(&[&str], &str)]) {
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let out = predict(config, &tmp(&format!("{tag}-{i}")), &extra);
+        if data_missing(&out) {
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+}
+
 /// One bad input: exit 2, one line naming the file and the key path, no output directory.
 fn refused(name: &str, yaml: &str, sets: &[&str], wants: &[&str]) {
     let cfg = write(&format!("{name}.yaml"), yaml);
@@ -4393,15 +4407,7 @@ fn other_towers_are_refused_where_the_reference_refuses_them() {
              has no vision encoder.",
         ),
     ];
-    for (i, (sets, want)) in cases.iter().enumerate() {
-        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
-        let out = predict(&native, &tmp(&format!("towers-refused-{i}")), &extra);
-        if data_missing(&out) {
-            continue;
-        }
-        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
-    }
+    assert_refusals(&native, "towers-refused", cases);
 }
 
 /// Native VL replay's gates, in the reference's words where it has them (exit 2, one message
@@ -4434,15 +4440,7 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
         (&["engine.model=Qwen/Qwen3-8B"], "Qwen/Qwen3-8B has no vision encoder configuration"),
     ];
     let config = deploy_dir().join("predict_native_vl.yaml");
-    for (i, (sets, want)) in cases.iter().enumerate() {
-        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
-        let out = predict(&config, &tmp(&format!("native-vl-refused-{i}")), &extra);
-        if data_missing(&out) {
-            continue;
-        }
-        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
-    }
+    assert_refusals(&config, "native-vl-refused", cases);
     // Beside a planner or a router (the reference's Dynamo stack), in its runner's words
     // (probed: the installed aisimulate with ai-dynamo 1.6.1's stack, `--stack dynamo`).
     let planner =
@@ -4464,15 +4462,7 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
             "workers.aggregated.vision requires traffic.source.images",
         ),
     ];
-    for (i, (sets, want)) in stack.iter().enumerate() {
-        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
-        let out = predict(&config, &tmp(&format!("native-vl-stack-{i}")), &extra);
-        if data_missing(&out) {
-            continue;
-        }
-        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
-    }
+    assert_refusals(&config, "native-vl-stack", stack);
 }
 
 /// Native encoder pools (`engine.workers.encoder` with `mode: native`: SGLang's `--encoder-only`

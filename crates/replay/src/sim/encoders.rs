@@ -147,7 +147,8 @@ impl Encoders {
             let take = s.queue.len().min(cap);
             let batch: Vec<Part> = s.queue.drain(..take).collect();
             let images: u32 = batch.iter().map(|p| p.images).sum();
-            let tower = self.spec.tower_ms.get(images as usize).copied().unwrap_or(f64::NAN);
+            // The table is built up to `max_batch_images`, which no batch exceeds.
+            let tower = self.spec.tower_ms[images as usize];
             let end = now + (self.spec.preprocess_ms_per_image * f64::from(images) + tower);
             s.busy_until = Some(end);
             for p in batch {
