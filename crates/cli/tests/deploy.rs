@@ -106,6 +106,24 @@ fn predict_with(name: &str, sets: &[&str]) -> Value {
     serde_json::from_slice(&std::fs::read(out_dir.join("prediction.json")).unwrap()).unwrap()
 }
 
+/// The release ordinal (from 0) a per-request record's uuid carries (it ends in ordinal + 1).
+fn ordinal(record: &Value) -> u64 {
+    u64::from_str_radix(record["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap() - 1
+}
+
+/// The per-request records a `--capture-per-request` run wrote to `out_dir`, in release order.
+fn records(out_dir: &Path) -> Vec<Value> {
+    let mut rows = json_lines(&out_dir.join("requests.jsonl"));
+    rows.sort_by_key(ordinal);
+    rows
+}
+
+/// A JSON-lines file, one value a line.
+fn json_lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 #[test]
 fn examples_match_the_reference_within_two_percent() {
     let mut worst = 0.0f64;
@@ -180,26 +198,19 @@ fn attention_dp_ranks_are_numbered_as_in_the_reference() {
         return;
     }
     assert!(out.status.success(), "{}", stderr(&out));
-    let mut ours: Vec<(u64, Value)> = std::fs::read_to_string(out_dir.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let r: Value = serde_json::from_str(l).unwrap();
-            let ordinal = u64::from_str_radix(r["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap();
+    let ours: Vec<Value> = records(&out_dir)
+        .iter()
+        .map(|r| {
             let routing: Vec<Value> = r["routing_history"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|h| json!([h["pool"], h["logical_worker_id"], h["dp_rank"], h["scheduler_id"]]))
                 .collect();
-            let row = json!({"prefill_worker_idx": r["prefill_worker_idx"], "decode_worker_idx": r["decode_worker_idx"], "routing": routing});
-            (ordinal, row)
+            json!({"prefill_worker_idx": r["prefill_worker_idx"], "decode_worker_idx": r["decode_worker_idx"], "routing": routing})
         })
         .collect();
-    ours.sort_by_key(|(n, _)| *n);
-    let golden = std::fs::read_to_string(deploy_dir().join("predict_disagg_dep_moe.workers.jsonl")).unwrap();
-    let golden: Vec<Value> = golden.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(ours.into_iter().map(|(_, r)| r).collect::<Vec<_>>(), golden);
+    assert_eq!(ours, json_lines(&deploy_dir().join("predict_disagg_dep_moe.workers.jsonl")));
 }
 
 #[test]
@@ -856,8 +867,8 @@ fn tokenization_matches_the_reference() {
     let out_dir = tmp("tokenization-requests");
     let out = predict(&deploy_dir().join("predict_tokenization.yaml"), &out_dir, &["--capture-per-request"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let rows = |text: String| -> Vec<Value> {
-        let mut v: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = |path: PathBuf| -> Vec<Value> {
+        let mut v = json_lines(&path);
         let key = |r: &Value| {
             let session = r["session_id"].as_str().unwrap().trim_start_matches("session_").parse::<u64>().unwrap();
             (session, r["turn_index"].as_u64().unwrap())
@@ -865,8 +876,8 @@ fn tokenization_matches_the_reference() {
         v.sort_by_key(key);
         v
     };
-    let ours_rows = rows(std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap());
-    let golden = rows(std::fs::read_to_string(deploy_dir().join("predict_tokenization.requests.jsonl")).unwrap());
+    let ours_rows = rows(out_dir.join("requests.jsonl"));
+    let golden = rows(deploy_dir().join("predict_tokenization.requests.jsonl"));
     assert_eq!(ours_rows.len(), golden.len());
     for (o, g) in ours_rows.iter().zip(&golden) {
         for (key, y) in g.as_object().unwrap() {
@@ -962,25 +973,14 @@ fn sglang_host_loop_reports_the_parts_of_its_ttft() {
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         // Request by request in trace order (ties at one arrival instant included): ours by the
         // ordinal in the uuid, the reference's by the `request` the golden kept.
-        let read = |path: PathBuf, line: fn(&Value) -> u64| -> Vec<(u64, Value)> {
-            let mut v: Vec<(u64, Value)> = std::fs::read_to_string(&path)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .map(|r| (line(&r), r))
-                .collect();
-            v.sort_by_key(|(n, _)| *n);
-            v
-        };
-        let ours = read(out_dir.join("requests.jsonl"), |r| {
-            u64::from_str_radix(r["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap()
-        });
-        let reference = read(deploy_dir().join(format!("{name}.requests.jsonl")), |r| r["request"].as_u64().unwrap());
+        let ours = records(&out_dir);
+        let mut reference = json_lines(&deploy_dir().join(format!("{name}.requests.jsonl")));
+        reference.sort_by_key(|r| r["request"].as_u64().unwrap());
         assert_eq!(
-            ours.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
-            reference.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+            ours.iter().map(|r| ordinal(r) + 1).collect::<Vec<_>>(),
+            reference.iter().map(|r| r["request"].as_u64().unwrap()).collect::<Vec<_>>()
         );
-        for ((_, o), (_, r)) in ours.iter().zip(&reference) {
+        for (o, r) in ours.iter().zip(&reference) {
             for (key, y) in r.as_object().unwrap().iter().filter(|(k, _)| *k != "request") {
                 let x = o[key].as_f64().unwrap_or(f64::NAN);
                 assert!((x - y.as_f64().unwrap()).abs() < 1e-9, "{name}: {key} = {x}, reference {r}");
@@ -1006,25 +1006,19 @@ fn sglang_retraction_takes_the_references_victim() {
         let out_dir = tmp(&format!("{name}-requests"));
         let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &["--capture-per-request"]);
         assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let mut ours: Vec<Value> = std::fs::read_to_string(out_dir.join("requests.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let r: Value = serde_json::from_str(l).unwrap();
-                let request =
-                    u64::from_str_radix(r["uuid"].as_str().unwrap().rsplit('-').next().unwrap(), 16).unwrap();
+        let ours: Vec<Value> = records(&out_dir)
+            .iter()
+            .map(|r| {
                 let admissions: Vec<Value> = r["admission_history"]
                     .as_array()
                     .unwrap()
                     .iter()
                     .map(|a| json!([a["at_ms"], a["reused_input_tokens"]]))
                     .collect();
-                json!({"request": request, "admissions": admissions, "first_token_ms": r["first_token_ms"], "last_token_ms": r["last_token_ms"]})
+                json!({"request": ordinal(r) + 1, "admissions": admissions, "first_token_ms": r["first_token_ms"], "last_token_ms": r["last_token_ms"]})
             })
             .collect();
-        ours.sort_by_key(|r| r["request"].as_u64().unwrap());
-        let golden = std::fs::read_to_string(deploy_dir().join(format!("{name}.requests.jsonl"))).unwrap();
-        let golden: Vec<Value> = golden.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let golden = json_lines(&deploy_dir().join(format!("{name}.requests.jsonl")));
         assert_eq!(ours, golden, "{name}");
         let retracted: Vec<u64> = golden
             .iter()
@@ -1032,6 +1026,74 @@ fn sglang_retraction_takes_the_references_victim() {
             .map(|r| r["request"].as_u64().unwrap())
             .collect();
         assert_eq!(retracted, [victim], "{name}");
+    }
+}
+
+/// How the per-request records name requests and how requests end, as the reference writes them
+/// (`scripts/request_record_goldens.sh` recorded each case): a synthetic request is a one-turn
+/// `session_N`, a trace row outside a session `request_N` (from 1); a request still in flight
+/// at `max_virtual_time_seconds` is not listed (the summary still counts it); a request whose
+/// decode worker refuses the handoff `failed`, with no decode worker and no source release; an
+/// SGLang disaggregated request (placed on decode first) admitted on prefill, then on decode,
+/// neither a readmission; an agentic request in flight at its profile's deadline `canceled`
+/// then, under the trace's request id.
+#[test]
+fn per_request_records_name_and_end_requests_as_the_reference() {
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(deploy_dir().join("request_records.golden.json")).unwrap()).unwrap();
+    let cases = [
+        ("synthetic", "predict_agg_vllm_fixed", Some("traffic.stop.requests=5")),
+        ("trace_cut", "predict_sglang_retract", Some("traffic.stop.max_virtual_time_seconds=0.405")),
+        ("failed_handoff", "predict_state_cache_disagg_pressure", None),
+        ("sglang_disagg", "predict_sglang_disagg_held_prefix", None),
+        ("agentic_canceled", "predict_agentic_profile", None),
+    ];
+    for (case, name, set) in cases {
+        let out_dir = tmp(&format!("{case}-records"));
+        let mut extra = vec!["--capture-per-request"];
+        extra.extend(set.iter().flat_map(|s| ["--set", *s]));
+        let out = predict(&deploy_dir().join(format!("{name}.yaml")), &out_dir, &extra);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {case}");
+            continue;
+        }
+        assert!(out.status.success(), "{case}: {}", stderr(&out));
+        let mut rows: Vec<Value> = records(&out_dir)
+            .iter()
+            .map(|r| {
+                let row = [
+                    if r.get("agentic").is_some() {
+                        r["agentic"]["request_id"].clone()
+                    } else {
+                        r["session_id"].clone()
+                    },
+                    r["turn_index"].clone(),
+                    r["terminal_status"].clone(),
+                    r["terminal_time_ms"].clone(),
+                    r["decode_worker_idx"].clone(),
+                    r["source_released_ms"].clone(),
+                    r["admission_history"].as_array().unwrap().iter().map(|a| a["pool"].clone()).collect(),
+                    r["readmission_count"].clone(),
+                ];
+                let mut row = row.to_vec();
+                if r.get("agentic").is_some() {
+                    row.push(r["request_id"].clone());
+                }
+                Value::Array(row)
+            })
+            .collect();
+        let key = |r: &Value| (r[0].as_str().unwrap().to_string(), r[1].as_i64().unwrap_or(-1));
+        rows.sort_by_key(key);
+        let want = golden[case].as_array().unwrap();
+        assert_eq!(rows.len(), want.len(), "{case}: rows");
+        for (o, g) in rows.iter().zip(want) {
+            for (x, y) in o.as_array().unwrap().iter().zip(g.as_array().unwrap()) {
+                match (x.as_f64(), y.as_f64()) {
+                    (Some(a), Some(b)) => assert!(deviation(a, b) <= 1e-9, "{case}: {o} vs the reference's {g}"),
+                    _ => assert_eq!(x, y, "{case}: {o} vs the reference's {g}"),
+                }
+            }
+        }
     }
 }
 
@@ -1052,8 +1114,7 @@ fn sglang_frontend_stages_match_the_reference() {
             continue;
         }
         assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let text = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
-        let mut ours: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let mut ours = records(&out_dir);
         ours.sort_by(|a, b| a["arrival_time_ms"].as_f64().unwrap().total_cmp(&b["arrival_time_ms"].as_f64().unwrap()));
         let golden: Value =
             serde_json::from_str(&std::fs::read_to_string(deploy_dir().join(format!("{name}.requests.json"))).unwrap())
@@ -1594,11 +1655,7 @@ fn agentic_warmups_match_the_reference_within_two_percent() {
     let out_dir = tmp("agentic-warmup-records");
     let out = predict(&deploy_dir().join("predict_agentic_warmup_seeded.yaml"), &out_dir, &["--capture-per-request"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let records = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
-    let arrivals: Vec<f64> = records
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["arrival_time_ms"].as_f64().unwrap())
-        .collect();
+    let arrivals: Vec<f64> = records(&out_dir).iter().map(|r| r["arrival_time_ms"].as_f64().unwrap()).collect();
     assert_eq!(arrivals.len(), warm["num_requests"].as_u64().unwrap() as usize);
     assert!(arrivals.iter().all(|&t| (0.0..warm["duration_ms"].as_f64().unwrap()).contains(&t)), "{arrivals:?}");
     // Each record names its snapshot play, lane and prefix cache and says it is the profile's,
@@ -4496,8 +4553,7 @@ fn native_encoder_pools_match_the_reference() {
             return;
         }
         assert!(out.status.success(), "{name}: {}", stderr(&out));
-        let text = std::fs::read_to_string(out_dir.join("requests.jsonl")).unwrap();
-        let mut ours: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let mut ours = records(&out_dir);
         ours.sort_by(|a, b| a["arrival_time_ms"].as_f64().unwrap().total_cmp(&b["arrival_time_ms"].as_f64().unwrap()));
         let golden: Value =
             serde_json::from_str(&std::fs::read_to_string(deploy_dir().join(format!("{name}.requests.json"))).unwrap())

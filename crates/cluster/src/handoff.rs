@@ -106,9 +106,15 @@ impl TransferTiming {
         }
     }
 
-    /// The transfer time in ms, in whole nanoseconds as the reference's clock keeps it.
+    /// The transfer time in ms: in whole nanoseconds as Dynamo's clock keeps it, or exact as
+    /// aisimulate's replay does (`KvTransfer::whole_ns`).
     pub fn delay_ms(&self, prompt_len: u32, reused: u32) -> f64 {
-        whole_ns(self.kv.ms(self.tokens(prompt_len, reused)))
+        let ms = self.kv.ms(self.tokens(prompt_len, reused));
+        if self.kv.whole_ns {
+            whole_ns(ms)
+        } else {
+            ms
+        }
     }
 }
 
@@ -316,7 +322,13 @@ mod tests {
 
     fn timing(mode: KvTransferTimingMode) -> TransferTiming {
         TransferTiming {
-            kv: KvTransfer { bytes_per_token: Some(1_000_000), bandwidth_gbps: Some(1.0), mode, state_bytes: 0 },
+            kv: KvTransfer {
+                bytes_per_token: Some(1_000_000),
+                bandwidth_gbps: Some(1.0),
+                mode,
+                state_bytes: 0,
+                whole_ns: true,
+            },
             block_size: 64,
         }
     }

@@ -390,6 +390,8 @@ pub fn worker_args(w: &LoweredWorker) -> Result<WorkerArgs, DeployError> {
     // Its decode: pages join the cache when a request finishes; retraction in SGLang's order.
     args.engine.sglang.cache_decoded_pages = false;
     args.engine.sglang.retract_in_sglang_order = true;
+    // Its KV transfer times are exact, not whole nanoseconds.
+    args.deployment.kv_transfer.whole_ns = false;
     args.engine.sglang.host_loop = w.host_loop;
     args.engine.sglang.vision = w.vision;
     Ok(args)

@@ -603,8 +603,18 @@ impl<'s> Collector<'s> {
         self.get(id).handoff.get_or_insert_with(Handoff::default).destination_activated_ms = Some(at_ms);
     }
 
+    /// The prefill worker freed its copy after the transfer (a failed handoff's copy is dropped,
+    /// which the reference does not report as a release).
     pub fn source_released(&mut self, id: u64, at_ms: f64) {
-        self.get(id).handoff.get_or_insert_with(Handoff::default).source_released_ms = Some(at_ms);
+        let h = self.get(id).handoff.get_or_insert_with(Handoff::default);
+        if !h.destination_refused {
+            h.source_released_ms = Some(at_ms);
+        }
+    }
+
+    /// The decode worker refused the request: its handoff failed, and so does the request.
+    pub fn destination_refused(&mut self, id: u64) {
+        self.get(id).handoff.get_or_insert_with(Handoff::default).destination_refused = true;
     }
 
     /// An admission on the decode worker (the first, or a readmission after a preemption
@@ -632,7 +642,13 @@ impl<'s> Collector<'s> {
         }
         r.admissions += 1;
         r.reused_input_tokens = r.reused_input_tokens.max(reused);
-        let pool = r.routing.first().map_or(Role::Aggregated, |p| p.pool);
+        // The prompt's pool: SGLang's disaggregated requests are placed on decode first.
+        let pool = r
+            .routing
+            .iter()
+            .find(|p| p.pool != Role::Decode)
+            .or(r.routing.first())
+            .map_or(Role::Aggregated, |p| p.pool);
         r.push_admission(pool, at_ms, reused);
     }
 
@@ -743,8 +759,10 @@ impl<'s> Collector<'s> {
             self.queued -= 1;
         }
         r.terminal_ms = Some(at_ms);
+        let refused = r.handoff.as_ref().is_some_and(|h| h.destination_refused);
         r.status = match finish {
             Finish::Completed => Status::Completed,
+            Finish::Rejected(reason) if refused => Status::Failed(reason),
             Finish::Rejected(reason) => Status::Rejected(reason),
         };
         if let Some(gaps) = self.pending_gaps.as_mut().and_then(|p| p.remove(&id)) {
@@ -805,8 +823,8 @@ impl<'s> Collector<'s> {
                     tel.traffic.add_completion(r);
                 }
             }
-            Status::Rejected(_) => t.rejected += 1,
-            Status::Incomplete => t.incomplete += 1,
+            Status::Rejected(_) | Status::Failed(_) => t.rejected += 1,
+            Status::Incomplete | Status::Canceled => t.incomplete += 1,
         }
         if let Some(sink) = self.sink.as_mut().filter(|_| !self.preparing) {
             if self.origin_ms == 0.0 {
@@ -822,11 +840,16 @@ impl<'s> Collector<'s> {
         self.totals.duration_ms = ms;
     }
 
-    /// Reports the requests still in flight as incomplete (the run was cut short).
-    pub fn close_incomplete(&mut self) {
+    /// Reports the requests still in flight as incomplete (the run was cut short), or as
+    /// cancelled at `canceled_at_ms` (an agentic profile's deadline cancels them).
+    pub fn close_incomplete(&mut self, canceled_at_ms: Option<f64>) {
         let mut pending: Vec<RequestRecord> = self.live.drain().map(|(_, r)| r).collect();
         pending.sort_by_key(|r| r.ordinal);
-        for r in pending {
+        for mut r in pending {
+            if let Some(at) = canceled_at_ms {
+                r.status = Status::Canceled;
+                r.terminal_ms = Some(at);
+            }
             self.fold(&r);
         }
     }

@@ -12,6 +12,12 @@ use servesim_workload::TurnMeta;
 pub enum Status {
     Completed,
     Rejected(RejectReason),
+    /// Disaggregated: the prompt was computed but the decode worker refused the handoff (the
+    /// request cannot fit its cache); the reference's `failed`. Counted with the rejections.
+    Failed(RejectReason),
+    /// Still in flight when an agentic profile's deadline passed: the client cancelled it.
+    /// Counted with the incomplete requests.
+    Canceled,
     /// Still in flight when the run stopped.
     Incomplete,
 }
@@ -21,6 +27,8 @@ impl Status {
         match self {
             Status::Completed => "completed",
             Status::Rejected(_) => "rejected",
+            Status::Failed(_) => "failed",
+            Status::Canceled => "canceled",
             Status::Incomplete => "incomplete",
         }
     }
@@ -131,6 +139,9 @@ pub struct Handoff {
     /// readmission after a preemption there reuses cached blocks (the summary's reuse counts it).
     pub decode_reused_input_tokens: Option<u32>,
     pub decode_route_overlap_tokens: Option<u32>,
+    /// The decode worker refused the request: the handoff failed (the prefill copy was dropped,
+    /// not released after a transfer).
+    pub destination_refused: bool,
 }
 
 impl RequestRecord {

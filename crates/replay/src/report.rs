@@ -265,7 +265,10 @@ pub fn request_json(r: &RequestRecord) -> Value {
     };
     let agentic = r.meta.as_ref().and_then(|m| m.agentic.as_ref());
     if let Some(a) = agentic {
-        put("request_id", json!(&*a.request_id));
+        // A snapshot's request is `{play_id}:request:{the trace's id}`; the top-level id is the
+        // trace's, as in the reference (the full one is under `agentic`).
+        let trace_id = a.request_id.strip_prefix(&*a.play_id).and_then(|s| s.strip_prefix(":request:"));
+        put("request_id", json!(trace_id.unwrap_or(&a.request_id)));
         put("play_id", json!(&*a.play_id));
         put("session_id", json!(r.session.as_deref()));
         put("turn_index", Value::Null);
@@ -310,7 +313,12 @@ pub fn request_json(r: &RequestRecord) -> Value {
     // them; the last placement of each side counts.
     let scheduler = |side: &[Role]| r.routing.iter().rev().find(|p| side.contains(&p.pool)).map(|p| p.scheduler);
     put("prefill_worker_idx", json!(r.prefill_worker.and(scheduler(&[Role::Prefill]))));
-    put("decode_worker_idx", json!(r.decode_worker.and(scheduler(&[Role::Aggregated, Role::Decode]))));
+    // A failed handoff never reached its decode worker.
+    let decoded = !matches!(r.status, Status::Failed(_));
+    put(
+        "decode_worker_idx",
+        json!(r.decode_worker.filter(|_| decoded).and(scheduler(&[Role::Aggregated, Role::Decode]))),
+    );
     let h = r.handoff.as_ref();
     put("prefill_admit_ms", if h.is_some() { json!(r.first_admit_ms) } else { Value::Null });
     put("source_held_ms", json!(h.and_then(|h| h.source_held_ms)));
@@ -370,7 +378,7 @@ pub fn request_json(r: &RequestRecord) -> Value {
     put("readmission_count", json!(r.admission_history.iter().filter(|a| a.pool_ordinal > 0).count()));
     put("pressure_record_ordinals", json!([]));
     put("terminal_status", json!(r.status.name()));
-    if let Status::Rejected(reason) = r.status {
+    if let Status::Rejected(reason) | Status::Failed(reason) = r.status {
         put("rejection_reason", json!(reason.describe()));
     }
     put("first_admission_reused_input_tokens", json!(r.first_admission_reused_input_tokens));

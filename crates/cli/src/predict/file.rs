@@ -5,7 +5,8 @@ use std::fs;
 use std::io::{BufWriter, Write};
 use std::time::Instant;
 
-use servesim_replay::{request_json, request_json_with_breakdown, RequestRecord};
+use serde_json::json;
+use servesim_replay::{request_json, request_json_with_breakdown, RequestRecord, Status};
 
 use super::args::ConfigFlags;
 use crate::failure::Failure;
@@ -138,12 +139,19 @@ pub fn predict(
     let mut telemetry_sink =
         crate::flags::reports::telemetry_sink(telemetry_writer.as_mut(), want_html.then_some(series));
     let mut write_error: Option<std::io::Error> = None;
+    let source = prepared.config.traffic.source.clone();
     let mut sink = |r: &RequestRecord| {
         if want_html {
             requests.add(r);
         }
-        if let (Some(w), None) = (records.as_mut(), write_error.as_ref()) {
-            let line = record_json(r);
+        // As the reference: requests still in flight at the stop are not listed, and a request
+        // outside any session is named as its source names it (a one-turn session).
+        if let (Some(w), None, false) = (records.as_mut(), write_error.as_ref(), r.status == Status::Incomplete) {
+            let mut line = record_json(r);
+            if r.session.is_none() && r.meta.as_ref().is_none_or(|m| m.agentic.is_none()) {
+                line["session_id"] = json!(source.unnamed_request_id(r.ordinal));
+                line["turn_index"] = json!(0);
+            }
             if let Err(e) =
                 serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
             {

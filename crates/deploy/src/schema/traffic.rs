@@ -33,6 +33,18 @@ pub enum Source {
     },
 }
 
+impl Source {
+    /// The `session_id` aisimulate writes in its per-request records for the request released
+    /// `ordinal`-th (from 0) that belongs to no session: each synthetic request is a one-turn
+    /// session `session_{ordinal}`, a trace row without one is `request_{ordinal + 1}`.
+    pub fn unnamed_request_id(&self, ordinal: u64) -> String {
+        match self {
+            Source::Trace { .. } => format!("request_{}", ordinal + 1),
+            Source::Synthetic { .. } | Source::Session { .. } => format!("session_{ordinal}"),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Load {
     Concurrency(u32),

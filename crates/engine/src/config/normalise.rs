@@ -390,6 +390,7 @@ impl RawConfig {
                     KvTransferTimingMode::DestinationMissing
                 },
                 state_bytes: 0,
+                whole_ns: true,
             },
             router_queue_policy: self.router_queue_policy.set().map(|i| QUEUE_POLICIES[i]),
             memory: self.memory,

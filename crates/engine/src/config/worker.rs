@@ -25,6 +25,9 @@ pub struct KvTransfer {
     /// Bytes of request state that move beside the KV of every handoff: a hybrid model's
     /// recurrent state (`state_cache.bytes_per_request` on a prefill worker), else 0.
     pub state_bytes: u64,
+    /// The transfer time is kept in whole nanoseconds, as Dynamo's clock keeps it (default);
+    /// aisimulate's replay keeps it exact.
+    pub whole_ns: bool,
 }
 
 impl KvTransfer {

@@ -32,6 +32,9 @@ impl Simulation<'_, '_> {
     /// Reports `fact` to request `id`'s handoff and carries out the steps it leads to.
     pub(super) fn handoff(&mut self, id: u64, fact: Fact) {
         let timing = self.transfer.expect("a disaggregated cluster");
+        if let Fact::DestinationRefused(_) = fact {
+            self.collector.destination_refused(id);
+        }
         let flight = self.flights.get_mut(&id).expect("handed-off request is in flight");
         let steps = flight.handoff.as_mut().expect("a disaggregated request").on(fact, &timing);
         for step in steps {

@@ -642,7 +642,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                     // before it (the reference's duration does too).
                     self.now = last;
                     self.finish_telemetry();
-                    self.collector.close_incomplete();
+                    self.collector.close_incomplete(None);
                     return Ok(());
                 }
                 if self.now > last {
@@ -762,7 +762,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
                 // (the server keeps it) and the run is over.
                 self.finish_telemetry();
                 self.record_host_offload();
-                self.collector.close_incomplete();
+                self.collector.close_incomplete(Some(now));
                 // Its duration is the observation window: first issue to last success.
                 self.collector.set_duration_ms(self.driver.observation_ms().unwrap_or(0.0));
                 return Ok(());
@@ -805,7 +805,7 @@ impl<'a, 'c> Simulation<'a, 'c> {
         if !self.flights.is_empty() {
             return Err(SimError::Deadlock { at_ms: self.now, in_flight: self.flights.len() });
         }
-        self.collector.close_incomplete();
+        self.collector.close_incomplete(None);
         Ok(())
     }
 
