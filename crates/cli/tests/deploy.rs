@@ -1464,12 +1464,15 @@ fn decode_context_parallelism_matches_the_reference() {
 /// (the canonical defaults, and the worker-level `timing.systems_paths`) is read, and the
 /// prediction agrees with what the reference reported for that candidate to 1e-9 (measured:
 /// 2e-14 at worst, p90 ITL). `recommendation_native_vl_0001` is a native VL candidate, its
-/// `vision` block written out in full (measured: 4e-16).
+/// `vision` block written out in full (measured: 4e-16). `recommendation_encoder_native_0001`
+/// is a native encoder pool's candidate, the pool pinned with its stages (measured: 6e-16).
 #[test]
 fn the_references_recommendation_files_replay() {
-    for name in ["recommendation_0001", "recommendation_native_vl_0001"] {
+    for name in ["recommendation_0001", "recommendation_native_vl_0001", "recommendation_encoder_native_0001"] {
         let text = std::fs::read_to_string(deploy_dir().join(format!("{name}.yaml"))).unwrap();
-        assert!(text.contains("\n        systems_paths:\n        - <aisimulate_core>/systems\n"), "{name}");
+        if !name.contains("encoder") {
+            assert!(text.contains("\n        systems_paths:\n        - <aisimulate_core>/systems\n"), "{name}");
+        }
         let cfg = write(&format!("{name}.yaml"), &text.replace("<aisimulate_core>/systems", "default"));
         let out_dir = tmp(&format!("{name}-out"));
         let out = predict(&cfg, &out_dir, &["--format", "json"]);
@@ -4076,7 +4079,8 @@ fn recommend_random_draws_the_reference_candidates() {
 /// disaggregated candidates in the reference's order. A planner knob given as a log range draws
 /// its values weighted by value (variant log_range_knobs_seed3); a disaggregated planner search
 /// draws the role minimums; a searched encoder pool (recommend_epd_agg.draw.golden.json) is the
-/// branch's last choice knob; native VL (recommend_native_vl.draw.golden.json) pins the tower's
+/// branch's last choice knob, a native one's too (recommend_encoder_native.draw.golden.json, its
+/// catalog tensor x servers, candidates replaying the pool, a searched load beside it); native VL (recommend_native_vl.draw.golden.json) pins the tower's
 /// settings on every candidate, aggregated and on the prefill worker. Per variant: the same candidate ids, shapes, scheduler knobs, router and
 /// planner settings, loads, statuses and GPUs in the same order; scores within 1e-9 relative
 /// where the reference's are comparable (its kv_router and planner-enabled candidates were
@@ -4090,6 +4094,7 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
         "recommend_random_loads",
         "recommend_epd_agg",
         "recommend_native_vl",
+        "recommend_encoder_native",
     ] {
         let golden: Value =
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap())
@@ -4152,6 +4157,9 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
                 match load["type"].as_str() {
                     _ if !listed && name == "recommend_native_vl" => {
                         assert_eq!(load["requests_per_second"].as_f64(), Some(20.0), "{at}: load")
+                    }
+                    _ if !listed && name == "recommend_encoder_native" => {
+                        assert_eq!(load["requests_per_second"].as_f64(), Some(50.0), "{at}: load")
                     }
                     _ if !listed => assert_eq!(w["reason_category"], "gpu_budget", "{at}: load"),
                     Some("concurrency") => assert_eq!(load["concurrency"], w["load"]["concurrency"], "{at}: load"),
@@ -4472,7 +4480,7 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
 /// and the process stage read from a host cost table with the language worker at tensor 2.
 /// Every request's encoder-ready, admission, first and last token time equals the reference's
 /// within 1e-12 (measured: identical), and so do the summaries (encoder latency and GPUs
-/// included) within 1e-9. The pool matters: with eight servers instead of one the cap-1
+/// included) within 1e-9; `prediction.json`'s `encoder` identity block equals the reference's. The pool matters: with eight servers instead of one the cap-1
 /// burst's requests wait for no batch and its encoder latency is under half.
 #[test]
 fn native_encoder_pools_match_the_reference() {
@@ -4522,6 +4530,11 @@ fn native_encoder_pools_match_the_reference() {
         for key in ["encoder_gpus", "total_gpus", "completed_requests"] {
             assert_eq!(ours[key], doc[key], "{name}: {key}");
         }
+        // The pool's resolved identity (stages, the host table row's digest, image shape,
+        // transfer and the servers' timing model), the data root aside.
+        let mut identity = ours["encoder"].clone();
+        identity["native"]["timing_model"]["config"]["systems_paths"] = json!(["<aisimulate_core>/systems"]);
+        assert_eq!(identity, doc["encoder"], "{name}: encoder");
     }
     // Without the pool's queueing (eight servers, a request each), the encoder wait drops.
     let wide = predict_with("predict_encoder_native_cap1", &["engine.workers.encoder.replicas=8"]);
