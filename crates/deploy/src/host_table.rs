@@ -246,6 +246,38 @@ mod tests {
         Measurement::for_workload("Qwen/Qwen3-VL-8B-Instruct", frontend, &images, tensor)
     }
 
+    /// Floats as Python's `repr` writes them, which the reference's row digest hashes (values
+    /// checked against CPython 3.11).
+    #[test]
+    fn floats_print_as_python_does() {
+        let cases = [
+            (9.0, "9.0"),
+            (0.25, "0.25"),
+            (1.8, "1.8"),
+            (1e-5, "1e-05"),
+            (1.5e-5, "1.5e-05"),
+            (0.0001, "0.0001"),
+            (1e16, "1e+16"),
+            (123456789012345.0, "123456789012345.0"),
+            (0.0, "0.0"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(py_float(x), want, "{x}");
+        }
+    }
+
+    /// The python row's digest is the reference's (aisimulate 0.13's prediction.json of
+    /// tests/deploy/predict_encoder_native_host_table.yaml with this table: 118c891b6b7cbee2).
+    #[test]
+    fn row_digest_is_the_references() {
+        let (_, digest) = resolve_row(
+            &table(),
+            &needed("python", 1, r#"{"height": 448, "width": 448, "count": 2, "encoding": "jpeg"}"#),
+        )
+        .unwrap();
+        assert_eq!(digest, "118c891b6b7cbee2");
+    }
+
     fn stage(workers: u32, service_ms: f64, scale: &[f64]) -> FrontendStage {
         FrontendStage { workers, service_ms, concurrency_scale: scale.to_vec() }
     }
