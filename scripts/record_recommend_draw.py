@@ -124,6 +124,15 @@ VARIANTS = {
             "engine.kv_transfer={bandwidth_gb_per_second: 50}", "optimizer.seed=5", "optimizer.max_trials=8",
         ],
     },
+    # A native encoder pool: its catalog (tensor x servers, one batch cap) is the branch's last
+    # choice knob; each candidate replays the pool event by event.
+    "recommend_encoder_native": {
+        "as_written": [],
+        "seed5_rounds_of_3_load_searched": [
+            "optimizer.seed=5", "optimizer.parallelism=3", "optimizer.max_trials=8",
+            "traffic.load={type: poisson, requests_per_second: {choices: [20, 80]}, seed: 3}",
+        ],
+    },
     "recommend_random_loads": {
         "as_written": [],
         "request_rate_range": ["traffic.load={type: poisson, requests_per_second: {range: {min: 0.5, max: 4}}}"],

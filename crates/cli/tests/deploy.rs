@@ -1525,12 +1525,15 @@ fn decode_context_parallelism_matches_the_reference() {
 /// (the canonical defaults, and the worker-level `timing.systems_paths`) is read, and the
 /// prediction agrees with what the reference reported for that candidate to 1e-9 (measured:
 /// 2e-14 at worst, p90 ITL). `recommendation_native_vl_0001` is a native VL candidate, its
-/// `vision` block written out in full (measured: 4e-16).
+/// `vision` block written out in full (measured: 4e-16). `recommendation_encoder_native_0001`
+/// is a native encoder pool's candidate, the pool pinned with its stages (measured: 5e-14).
 #[test]
 fn the_references_recommendation_files_replay() {
-    for name in ["recommendation_0001", "recommendation_native_vl_0001"] {
+    for name in ["recommendation_0001", "recommendation_native_vl_0001", "recommendation_encoder_native_0001"] {
         let text = std::fs::read_to_string(deploy_dir().join(format!("{name}.yaml"))).unwrap();
-        assert!(text.contains("\n        systems_paths:\n        - <aisimulate_core>/systems\n"), "{name}");
+        if !name.contains("encoder") {
+            assert!(text.contains("\n        systems_paths:\n        - <aisimulate_core>/systems\n"), "{name}");
+        }
         let cfg = write(&format!("{name}.yaml"), &text.replace("<aisimulate_core>/systems", "default"));
         let out_dir = tmp(&format!("{name}-out"));
         let out = predict(&cfg, &out_dir, &["--format", "json"]);
@@ -4133,7 +4136,8 @@ fn recommend_random_draws_the_reference_candidates() {
 /// disaggregated candidates in the reference's order. A planner knob given as a log range draws
 /// its values weighted by value (variant log_range_knobs_seed3); a disaggregated planner search
 /// draws the role minimums; a searched encoder pool (recommend_epd_agg.draw.golden.json) is the
-/// branch's last choice knob; native VL (recommend_native_vl.draw.golden.json) pins the tower's
+/// branch's last choice knob, a native one's too (recommend_encoder_native.draw.golden.json, its
+/// catalog tensor x servers, candidates replaying the pool, a searched load beside it); native VL (recommend_native_vl.draw.golden.json) pins the tower's
 /// settings on every candidate, aggregated and on the prefill worker. Per variant: the same candidate ids, shapes, scheduler knobs, router and
 /// planner settings, loads, statuses and GPUs in the same order; scores within 1e-9 relative
 /// where the reference's are comparable (its kv_router and planner-enabled candidates were
@@ -4147,6 +4151,7 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
         "recommend_random_loads",
         "recommend_epd_agg",
         "recommend_native_vl",
+        "recommend_encoder_native",
     ] {
         let golden: Value =
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.draw.golden.json"))).unwrap())
@@ -4209,6 +4214,9 @@ fn recommend_random_draws_the_reference_beside_routers_and_loads() {
                 match load["type"].as_str() {
                     _ if !listed && name == "recommend_native_vl" => {
                         assert_eq!(load["requests_per_second"].as_f64(), Some(20.0), "{at}: load")
+                    }
+                    _ if !listed && name == "recommend_encoder_native" => {
+                        assert_eq!(load["requests_per_second"].as_f64(), Some(50.0), "{at}: load")
                     }
                     _ if !listed => assert_eq!(w["reason_category"], "gpu_budget", "{at}: load"),
                     Some("concurrency") => assert_eq!(load["concurrency"], w["load"]["concurrency"], "{at}: load"),
@@ -4529,7 +4537,7 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
 /// and the process stage read from a host cost table with the language worker at tensor 2.
 /// Every request's encoder-ready, admission, first and last token time equals the reference's
 /// within 1e-12 (measured: identical), and so do the summaries (encoder latency and GPUs
-/// included) within 1e-9. The pool matters: with eight servers instead of one the cap-1
+/// included) within 1e-9; `prediction.json`'s `encoder` identity block equals the reference's. The pool matters: with eight servers instead of one the cap-1
 /// burst's requests wait for no batch and its encoder latency is under half.
 #[test]
 fn native_encoder_pools_match_the_reference() {
@@ -4578,6 +4586,11 @@ fn native_encoder_pools_match_the_reference() {
         for key in ["encoder_gpus", "total_gpus", "completed_requests"] {
             assert_eq!(ours[key], doc[key], "{name}: {key}");
         }
+        // The pool's resolved identity (stages, the host table row's digest, image shape,
+        // transfer and the servers' timing model), the data root aside.
+        let mut identity = ours["encoder"].clone();
+        identity["native"]["timing_model"]["config"]["systems_paths"] = json!(["<aisimulate_core>/systems"]);
+        assert_eq!(identity, doc["encoder"], "{name}: encoder");
     }
     // Without the pool's queueing (eight servers, a request each), the encoder wait drops.
     let wide = predict_with("predict_encoder_native_cap1", &["engine.workers.encoder.replicas=8"]);
@@ -4588,13 +4601,94 @@ fn native_encoder_pools_match_the_reference() {
     assert!(latency(&wide) < 0.5 * latency(&doc), "{wide}");
 }
 
+/// A search around a native encoder pool (recommend_encoder_native.yaml; its draw against the
+/// reference is in `recommend_random_draws_the_reference_beside_routers_and_loads`): the saved
+/// best candidate pins the pool (tensor, servers, batch cap, its stages and link) and replays
+/// through `predict -c` to the numbers the search reported (bit for bit) and the reference's
+/// (recommendation_encoder_native_0001.expected.json, to 1e-9), its `prediction.json` carrying
+/// the pool's identity. A pool reading a host cost table is saved with the table's row
+/// resolved into `frontend`, as the reference saves it.
+#[test]
+fn native_encoder_recommendations_replay_as_the_reference() {
+    let config = deploy_dir().join("recommend_encoder_native.yaml");
+    let dir = tmp("encoder-native-recommend");
+    let out = recommend(&config, &dir, &[]);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    let best_id = doc["views"]["top_n"][0].clone();
+    assert_eq!(best_id, "candidate-000004");
+    let best = doc["candidates"].as_array().unwrap().iter().find(|c| c["candidate_id"] == best_id).unwrap();
+    let saved: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+    let e = &saved["engine"]["workers"]["encoder"];
+    assert_eq!(
+        json!([e["mode"], e["tensor"], e["replicas"], e["batch_size"], e["transfer"]]),
+        json!(["native", 1, 1, 4, {"bandwidth_gb_per_second": 25.0}])
+    );
+    let replay = tmp("encoder-native-recommend-replay");
+    let out = predict(&dir.join("recommendations/0001.yaml"), &replay, &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ours: Value = serde_json::from_slice(&std::fs::read(replay.join("prediction.json")).unwrap()).unwrap();
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(deploy_dir().join("recommendation_encoder_native_0001.expected.json")).unwrap(),
+    )
+    .unwrap();
+    for key in ["mean_ttft_ms", "output_throughput_tok_s", "duration_ms", "encoder_latency_ms", "gpu_hours"] {
+        assert_eq!(ours[key], best["metrics"][key], "{key}: the replay and the search");
+        let (x, y) = (ours[key].as_f64().unwrap(), golden["metrics"][key].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-9, "{key} = {x}, reference {y}");
+    }
+    assert_eq!(ours["encoder"]["native"]["preprocess_ms_per_image"], 3.0);
+    // A host cost table's row is saved resolved (the table's Qwen3-VL-8B 448x448x2 row).
+    let table = deploy_dir().join("host_profile/table.json").canonicalize().unwrap();
+    let profile = format!("engine.workers.encoder.host_profile={{path: {}, frontend: python}}", table.display());
+    let dir = tmp("encoder-native-recommend-table");
+    let sets = [
+        "engine.workers.encoder.frontend=null",
+        profile.as_str(),
+        "traffic.source.images.count=2",
+        "optimizer.max_trials=1",
+    ];
+    let out = recommend(&config, &dir, &sets);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+    let e = &saved["engine"]["workers"]["encoder"];
+    assert_eq!(e["host_profile"], Value::Null, "{e}");
+    assert_eq!(e["frontend"]["stages"][0]["service_ms"], 9.0, "{e}");
+    assert_eq!(e["frontend"]["measured_for"]["count"], 2, "{e}");
+    let out = predict(&dir.join("recommendations/0001.yaml"), &tmp("encoder-native-recommend-table-replay"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 /// A native pool's gates, in the reference's words (exit 2, the key named): the backend, the
 /// language worker hosting the tower beside the pool, a pool without a link or stages,
-/// stages not measured for this workload, and a search around a native pool in recommend.
+/// stages not measured for this workload, a pool whose servers do not fit the GPU (the batch
+/// cap's memory over the parts one server batches: eight 6144x8000 images on one server at cap
+/// 8; on two servers, four images a part, it runs). A search around a native pool
+/// (recommend_encoder_native.yaml) refuses, in the reference's words, a batch_size search, a
+/// backend without the replay, a GPU floor, a pool without a link, a budget no pool fits under
+/// and a catalog whose every tensor width and server count runs out of memory (each probed with
+/// `aisimulate_predict.py tests/deploy/recommend_encoder_native.yaml --command recommend --set ...`).
 #[test]
 fn native_encoder_pools_are_refused_where_the_reference_refuses_them() {
     let yaml = deploy_dir().join("predict_encoder_native_cap1.yaml");
-    let cases: [(&[&str], &str); 5] = [
+    let big: &[&str] = &[
+        "traffic.source.images={height: 6144, width: 8000, count: 8, encoding: jpeg, max_pixels: 100000000}",
+        "engine.workers.encoder.batch_size=8",
+        "engine.workers.encoder.frontend.measured_for={model: Qwen/Qwen3-VL-8B-Instruct, frontend: python, \
+         feature_transport: shm, height: 6144, width: 8000, count: 8, encoding: jpeg, max_pixels: 100000000}",
+        "engine.context_length=2000000",
+        "engine.workers.encoder.replicas=1",
+    ];
+    let oom = "engine.workers.encoder: native encoder: no feasible tp/workers; tp=1 workers=1: EPD encoder: the \
+               encode worker does not fit in GPU memory for any (tp, batch).";
+    let cases: [(&[&str], &str); 6] = [
+        (big, oom),
         (&["engine.backend=vllm"], "engine.backend: native encoder replay requires backend=sglang"),
         (
             &["engine.workers.aggregated={vision: {}}"],
@@ -4622,6 +4716,42 @@ fn native_encoder_pools_are_refused_where_the_reference_refuses_them() {
         if data_missing(&out) {
             return;
         }
+        assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
+    }
+    // Four images a part on two servers fit.
+    let two: Vec<String> =
+        big.iter().map(|s| s.replace("replicas=1", "replicas=2")).chain(["traffic.stop.requests=1".into()]).collect();
+    let extra: Vec<&str> = two.iter().flat_map(|s| ["--set", s.as_str()]).collect();
+    let out = predict(&yaml, &tmp("encoder-native-gate-two-servers"), &extra);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let search = deploy_dir().join("recommend_encoder_native.yaml");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["engine.workers.encoder.batch_size={choices: [1, 4]}"],
+            "engine.workers.encoder.batch_size: native encoder replay takes one batch cap, not a batch_size search",
+        ),
+        (&["engine.backend=vllm"], "engine.backend: native encoder replay requires backend=sglang"),
+        (
+            &["optimization.constraints.min_candidate_gpus=2"],
+            "optimization.constraints.min_candidate_gpus: EPD currently supports gpu_budget only, not min_gpu_budget",
+        ),
+        (
+            &["engine.workers.encoder.transfer=null"],
+            "engine.workers.encoder: native encoder replay requires transfer.bandwidth_gb_per_second and one of \
+             host_profile or frontend",
+        ),
+        (
+            &["optimization.constraints.max_candidate_gpus=1"],
+            "engine.workers.encoder: no feasible encoder pool for the requested shape and GPU budget",
+        ),
+        (
+            &[big[0], big[1], big[2], big[3], "engine.workers.encoder.replicas=1", "engine.workers.encoder.tensor=1"],
+            oom,
+        ),
+    ];
+    for (i, (sets, want)) in cases.iter().enumerate() {
+        let out = recommend(&search, &tmp(&format!("encoder-native-search-gate-{i}")), sets);
         assert_eq!(out.status.code(), Some(2), "{sets:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(want), "{sets:?}: {}", stderr(&out));
     }

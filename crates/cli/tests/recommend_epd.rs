@@ -164,7 +164,11 @@ fn epd_search_refusals_name_the_key() {
             &["engine.workers.encoder.replicas={choices: [1, 1]}"],
             &["engine.workers.encoder.replicas.choices: choices must contain unique values"],
         ),
-        ("native", &["engine.workers.encoder.mode=native"], &["engine.workers.encoder.mode: a search around a native encoder pool"]),
+        (
+            "native",
+            &["engine.workers.encoder.mode=native"],
+            &["engine.workers.encoder: native encoder replay requires transfer.bandwidth_gb_per_second"],
+        ),
         (
             "version",
             &["engine.backend={choices: [vllm, sglang]}", "engine.workers.encoder.backend_version=0.24.0"],

@@ -24,6 +24,7 @@ use crate::error::DeployError;
 use crate::schema::encoder::{Encoder, Images, Native};
 use crate::schema::frontend::Measurement;
 use crate::schema::Config;
+use servesim_replay::FrontendStage;
 
 const HERE: &str = "engine.workers.encoder";
 
@@ -65,16 +66,20 @@ pub fn images(cfg: &Config) -> Result<Option<SyntheticImages>, DeployError> {
     Ok(Some(SyntheticImages { tokens: shape.tokens, count: images.count, pool: None }))
 }
 
-/// The replay's pool of a configuration (None: no native pool).
-pub fn lower(cfg: &Config) -> Result<Option<EncoderPool>, DeployError> {
-    let Some((e, native, images)) = native(cfg) else { return Ok(None) };
-    let engine = &cfg.engine;
-    // The tower's family is checked before any host table lookup, as the reference does.
-    let (tower, shape) = tower(cfg, images)?;
-    let needed = Measurement::for_workload(&engine.model, "python", images, 1);
-    let stages = match (&native.host_profile, &native.frontend) {
-        (Some(profile), _) => crate::host_table::resolve(&profile.path, &needed)
-            .map_err(|message| DeployError::new(format!("{HERE}.host_profile"), message))?,
+/// The pool's frontend stages (a host cost table's row, or the saved stages measured for this
+/// workload), the measurement they price and the row's digest (None: stages written out).
+fn stages(
+    cfg: &Config,
+    native: &Native,
+    images: &Images,
+) -> Result<(Vec<FrontendStage>, Measurement, Option<String>), DeployError> {
+    let needed = Measurement::for_workload(&cfg.engine.model, "python", images, 1);
+    match (&native.host_profile, &native.frontend) {
+        (Some(profile), _) => {
+            let (stages, digest) = crate::host_table::resolve_row(&profile.path, &needed)
+                .map_err(|message| DeployError::new(format!("{HERE}.host_profile"), message))?;
+            Ok((stages, needed, Some(digest)))
+        }
         (None, Some(f)) => {
             if f.measured_for.as_ref() != Some(&needed) {
                 return Err(DeployError::new(
@@ -82,10 +87,65 @@ pub fn lower(cfg: &Config) -> Result<Option<EncoderPool>, DeployError> {
                     "saved encoder frontend stages were measured for another workload",
                 ));
             }
-            f.stages.clone()
+            Ok((f.stages.clone(), needed, None))
         }
         (None, None) => unreachable!("a native pool has stages or a host profile (checked when read)"),
-    };
+    }
+}
+
+/// A measurement as the reference writes it (every field, `null` where unset).
+fn measurement_json(m: &Measurement) -> Value {
+    json!({
+        "model": m.model, "frontend": m.frontend, "feature_transport": m.feature_transport, "height": m.height,
+        "width": m.width, "count": m.count, "encoding": m.encoding, "min_pixels": m.min_pixels,
+        "max_pixels": m.max_pixels,
+    })
+}
+
+fn stages_json(stages: &[FrontendStage]) -> Value {
+    stages
+        .iter()
+        .map(|s| json!({"workers": s.workers, "service_ms": s.service_ms, "concurrency_scale": s.concurrency_scale}))
+        .collect()
+}
+
+/// The `frontend` a saved candidate of a native pool carries when the pool reads a host cost
+/// table: the table's row, resolved (None: the stages are written out already).
+pub fn frontend_json(cfg: &Config) -> Result<Option<Value>, DeployError> {
+    let Some((_, native, images)) = native(cfg) else { return Ok(None) };
+    if native.host_profile.is_none() {
+        return Ok(None);
+    }
+    let (stages, measured, _) = stages(cfg, native, images)?;
+    let mut measured_for = measurement_json(&measured);
+    if let Some(m) = measured_for.as_object_mut() {
+        m.retain(|_, v| !v.is_null());
+    }
+    Ok(Some(json!({"stages": stages_json(&stages), "measured_for": measured_for})))
+}
+
+/// A native pool resolved for the replay: the replay's pool and the identity `prediction.json`
+/// reports under `encoder` (the reference's resolved terms: stages, image shape, transfer and
+/// the servers' timing model).
+pub struct Resolved {
+    pub pool: EncoderPool,
+    pub identity: Value,
+}
+
+/// The replay's pool of a configuration (None: no native pool).
+pub fn lower(cfg: &Config) -> Result<Option<Resolved>, DeployError> {
+    let Some((e, native, images)) = native(cfg) else { return Ok(None) };
+    let engine = &cfg.engine;
+    // The tower's family is checked before any host table lookup, as the reference does.
+    let (tower, shape) = tower(cfg, images)?;
+    let (stages, measured, digest) = stages(cfg, native, images)?;
+    // The servers' GPU memory at the batch cap, over the parts one server batches.
+    let row = crate::epd::Pool::native(cfg, e.tensor, e.replicas)?.map_err(|why| {
+        DeployError::new(
+            HERE,
+            format!("native encoder: no feasible tp/workers; tp={} workers={}: {why}", e.tensor, e.replicas),
+        )
+    })?;
     let preprocess_ms_per_image = stages[0].service_ms / f64::from(images.count);
     let language = engine.aggregated.as_ref().or(engine.prefill.as_ref());
     let language_tp = language.map_or(1, |w| w.parallelism.tensor);
@@ -119,6 +179,7 @@ pub fn lower(cfg: &Config) -> Result<Option<EncoderPool>, DeployError> {
     if let Some(paths) = &engine.systems_paths {
         ais["systems_paths"] = json!(paths);
     }
+    let timing_config = timing_identity(&ais, cfg, &row.backend_version)?;
     let timer = servesim_perf::build_timer(&format!("{HERE}.timing"), "aic", &ais)
         .map_err(|e| DeployError::new(HERE, format!("{}: {}", e.path, e.message)))?;
     let mut pool = EncoderPool {
@@ -133,7 +194,42 @@ pub fn lower(cfg: &Config) -> Result<Option<EncoderPool>, DeployError> {
     pool.tower_ms = (0..=pool.max_batch_images())
         .map(|n| timer.vision_ms(n).map_err(|why| DeployError::new(HERE, why)))
         .collect::<Result<Vec<f64>, _>>()?;
-    Ok(Some(pool))
+    let identity = json!({
+        "host_profile_digest": digest,
+        "native": {
+            "frontend": {"measured_for": measurement_json(&measured), "stages": stages_json(&stages)},
+            "host_profile_digest": digest,
+            "preprocess_ms_per_image": preprocess_ms_per_image,
+            "preprocess_source": "frontend_process_extrapolated",
+            "shape": {
+                "sequences": shape.sequences, "patch_tokens": shape.patches, "transformer_tokens": shape.vit,
+                "output_tokens": shape.merged,
+            },
+            "timing_model": {"type": "external", "provider": "aic", "config": timing_config},
+            "transfer_bandwidth_gb_s": native.transfer_gb_s,
+            "transfer_bytes_per_image": tower.embedding_bytes(shape),
+        },
+    });
+    Ok(Some(Resolved { pool, identity }))
+}
+
+/// The servers' timing model as the reference spells it out (its canonical forward-pass
+/// configuration: every field, the defaults of an encoder server's prefill-shaped rank).
+fn timing_identity(ais: &Value, cfg: &Config, version: &str) -> Result<Value, DeployError> {
+    let paths = cfg.engine.systems_paths.clone().unwrap_or_default();
+    let roots = servesim_perf::systems::systems_roots(&paths).map_err(|e| DeployError::new(HERE, e.message))?;
+    let roots: Vec<String> = roots.iter().map(|(p, _)| p.display().to_string()).collect();
+    let c = json!({
+        "attention_backend": null, "attention_dp": 1, "backend": ais["backend"], "backend_version": version,
+        "comm_quant_mode": null, "cp_size": null, "database_mode": "SILICON", "dcp": null, "decoder_replay": false,
+        "enable_shared_layer": null, "encoder_parallel": "tp", "estimation_mode": "auto", "estimator_config": {},
+        "fallback_policy": "deny", "fmha_quant_mode": null, "fpm_fmha_quant_mode": null, "fpm_profile": null,
+        "gemm_quant_mode": null, "kv_block_size": null, "kvcache_quant_mode": null, "model": ais["model"],
+        "moe_ep_size": null, "moe_quant_mode": null, "moe_tp_size": null, "nextn": 0, "pp": 1, "speculation": null,
+        "strict_provenance": false, "system": ais["system"], "systems_paths": roots, "tp": ais["tp"],
+        "transfer_policy": null, "worker_type": "prefill",
+    });
+    Ok(c)
 }
 
 /// The summary keys of a native pool: its GPUs (beside the language workers' in the total and

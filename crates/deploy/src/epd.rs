@@ -57,6 +57,16 @@ fn round3(x: f64) -> f64 {
     format!("{x:.3}").parse().unwrap_or(x)
 }
 
+/// Why no encode-worker row is left (the reference's words).
+fn empty_reason(saw_oom: bool) -> &'static str {
+    if saw_oom {
+        "EPD encoder: the encode worker does not fit in GPU memory for any (tp, batch)."
+    } else {
+        "EPD encoder: no encode-worker candidate for any encoder tp (tp must divide the ViT geometry and have comm \
+         data on this system; see warnings)."
+    }
+}
+
 fn err(message: impl std::fmt::Display) -> DeployError {
     DeployError::new(KEY, message)
 }
@@ -78,6 +88,42 @@ impl Pool {
     /// a batch that does not raise the requests a second is dropped. None without images and
     /// an encoder pool; an error when no row is left.
     pub fn rows(config: &Config, tps: &[u32], batches: &[u32]) -> Result<Option<Vec<Pool>>, DeployError> {
+        let Some(images) = &config.traffic.images else { return Ok(None) };
+        let Some((rows, saw_oom)) = Pool::scan(config, tps, batches, images.count, false)? else { return Ok(None) };
+        if rows.is_empty() {
+            return Err(err(empty_reason(saw_oom)));
+        }
+        Ok(Some(rows))
+    }
+
+    /// The row of a native pool at tensor width `tp` with `workers` servers (the reference's
+    /// `_native_encoder_rows`): one analytical row at the pool's batch cap, its memory gated at
+    /// the parts one server batches (a request's images spread over the servers, so a part
+    /// holds `ceil(count / workers)` of them). `Ok(Err(why))`: this width and server count do
+    /// not fit (the GPU memory, or no row at this width), which a search skips.
+    pub fn native(config: &Config, tp: u32, workers: u32) -> Result<Result<Pool, String>, DeployError> {
+        let (Some(images), Some(encoder)) = (&config.traffic.images, &config.engine.encoder) else {
+            return Err(err("a native encoder pool needs traffic.source.images"));
+        };
+        let part = images.count.div_ceil(workers.max(1));
+        let (rows, saw_oom) = Pool::scan(config, &[tp], &[encoder.batch_size], part, true)?
+            .expect("images and an encoder pool (checked above)");
+        Ok(match rows.into_iter().next() {
+            Some(row) => Ok(Pool { workers, ..row }),
+            None => Err(empty_reason(saw_oom).to_string()),
+        })
+    }
+
+    /// The rows over `tps` and `batches` with the memory and latency of batches of requests of
+    /// `per_request` images each (the visual tokens stay the whole request's), and whether a
+    /// batch ran out of GPU memory.
+    fn scan(
+        config: &Config,
+        tps: &[u32],
+        batches: &[u32],
+        per_request: u32,
+        native: bool,
+    ) -> Result<Option<(Vec<Pool>, bool)>, DeployError> {
         let (Some(images), Some(encoder)) = (&config.traffic.images, &config.engine.encoder) else { return Ok(None) };
         let engine = &config.engine;
         let perf = |e: servesim_perf::PerfError| err(e.message);
@@ -105,9 +151,19 @@ impl Pool {
                  supported by servesim yet"
             )));
         }
-        let tower = VisionTower::from_config(&root, model)
+        let mut tower = VisionTower::from_config(&root, model)
             .map_err(perf)?
             .ok_or_else(|| err(format!("model '{model}' has no vision encoder servesim can read (vision_config)")))?;
+        // A native pool prices the processor's geometry, its pixel budget included (the
+        // analytical pool, the image's own size).
+        if native {
+            if let Some(lo) = images.min_pixels {
+                tower.min_pixels = u64::from(lo);
+            }
+            if let Some(hi) = images.max_pixels {
+                tower.max_pixels = u64::from(hi);
+            }
+        }
         let shape = tower
             .image(images.height, images.width)
             .map_err(|e| DeployError::new("traffic.source.images", e.message))?;
@@ -141,10 +197,6 @@ impl Pool {
         });
         let spec = find_system(&roots, &system).map_err(perf)?;
         let version = resolve_version(&spec, engine.backend, requested.as_deref()).map_err(perf)?;
-        let no_candidate = || {
-            err("EPD encoder: no encode-worker candidate for any encoder tp (tp must divide the ViT geometry and have \
-                 comm data on this system; see warnings).")
-        };
         let others = if engine.backend == "sglang" { 0.2 } else { 0.0 };
         let gib = (1u64 << 30) as f64;
         let capacity = spec.mem_capacity / gib;
@@ -166,8 +218,8 @@ impl Pool {
             let overhead = (nccl + other_mem * (1.0 + others)) / gib;
             let mut best = 0.0;
             for batch in sorted(batches) {
-                let ops = tower.batch_ops(&db, tp, batch, images.count, shape).map_err(perf)?;
-                let (memory, _, _) = tower.memory_gib(tp, batch, images.count, shape).map_err(perf)?;
+                let ops = tower.batch_ops(&db, tp, batch, per_request, shape).map_err(perf)?;
+                let (memory, _, _) = tower.memory_gib(tp, batch, per_request, shape).map_err(perf)?;
                 if memory + overhead >= capacity {
                     saw_oom = true;
                     break;
@@ -204,14 +256,7 @@ impl Pool {
                 });
             }
         }
-        if rows.is_empty() {
-            return Err(if saw_oom {
-                err("EPD encoder: the encode worker does not fit in GPU memory for any (tp, batch).")
-            } else {
-                no_candidate()
-            });
-        }
-        Ok(Some(rows))
+        Ok(Some((rows, saw_oom)))
     }
 
     pub fn total_gpus(&self) -> u32 {

@@ -26,6 +26,13 @@ pub const MAX_TABLE_BYTES: u64 = 16 << 20;
 /// The stages of the row of `path` measured for exactly `needed`; the error is the message to
 /// show (it names the file and, for a missing row, the measurement and how to collect it).
 pub fn resolve(path: &Path, needed: &Measurement) -> Result<Vec<FrontendStage>, String> {
+    resolve_row(path, needed).map(|(stages, _)| stages)
+}
+
+/// [`resolve`], with the row's digest as the reference computes it (`HostCostTable.digest`: the
+/// first 16 hex digits of the SHA-256 of the environment, measurement and stages as Python's
+/// `json.dumps(..., sort_keys=True)` writes them; the row's provenance does not change it).
+pub fn resolve_row(path: &Path, needed: &Measurement) -> Result<(Vec<FrontendStage>, String), String> {
     let shown = path.display().to_string();
     if !path.exists() {
         return Err(format!(
@@ -41,13 +48,19 @@ pub fn resolve(path: &Path, needed: &Measurement) -> Result<Vec<FrontendStage>, 
     let text = read_bounded(path).map_err(invalid)?;
     let table: Value = serde_json::from_str(&text).map_err(|e| invalid(format!("not JSON: {e}")))?;
     let (version, rows) = read_table(&table).map_err(|e| invalid(e.to_string()))?;
+    let environment = &table["environment"];
     if release(&version) != SGLANG_VERSION {
         return Err(format!(
             "host cost table {shown} was measured with sglang {version}; the frontend model is defined on \
              {SGLANG_VERSION}"
         ));
     }
-    rows.into_iter().find(|(measured, _)| measured == needed).map(|(_, stages)| stages).ok_or_else(|| {
+    let row = rows.into_iter().find(|(measured, _)| measured == needed);
+    row.map(|(measured, stages)| {
+        let digest = row_digest(environment, &measured, &stages);
+        (stages, digest)
+    })
+    .ok_or_else(|| {
         format!(
             "host cost table {shown} has no row for {}. Measure it on the serving host, from an interpreter with \
              aisimulate installed. Replace the --sglang-python placeholder with the serving interpreter's path, \
@@ -56,6 +69,66 @@ pub fn resolve(path: &Path, needed: &Measurement) -> Result<Vec<FrontendStage>, 
             collect_command(&shown, needed)
         )
     })
+}
+
+fn row_digest(environment: &Value, m: &Measurement, stages: &[FrontendStage]) -> String {
+    use sha2::Digest;
+    let text = |v: &str| serde_json::to_string(v).expect("a string");
+    let opt = |v: Option<u32>| v.map_or("null".to_string(), |n| n.to_string());
+    let env: Vec<String> = ["cpu", "python", "sglang_version"]
+        .iter()
+        .map(|k| format!("{}: {}", text(k), text(environment[*k].as_str().unwrap_or(""))))
+        .collect();
+    let measured = format!(
+        "{{\"count\": {}, \"encoding\": {}, \"feature_transport\": {}, \"frontend\": {}, \"height\": {}, \
+         \"max_pixels\": {}, \"min_pixels\": {}, \"model\": {}, \"width\": {}}}",
+        m.count,
+        text(m.encoding),
+        text(m.feature_transport),
+        text(m.frontend),
+        m.height,
+        opt(m.max_pixels),
+        opt(m.min_pixels),
+        text(&m.model),
+        m.width
+    );
+    let stages: Vec<String> = stages
+        .iter()
+        .map(|s| {
+            let scale: Vec<String> = s.concurrency_scale.iter().map(|x| py_float(*x)).collect();
+            format!(
+                "{{\"concurrency_scale\": [{}], \"service_ms\": {}, \"workers\": {}}}",
+                scale.join(", "),
+                py_float(s.service_ms),
+                s.workers
+            )
+        })
+        .collect();
+    let content = format!(
+        "{{\"environment\": {{{}}}, \"measured_for\": {measured}, \"stages\": [{}]}}",
+        env.join(", "),
+        stages.join(", ")
+    );
+    let hash = sha2::Sha256::digest(content.as_bytes());
+    hash.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A float as Python's `repr` writes it (`9.0`, `0.25`, `1e-05`, `1e+16`).
+fn py_float(x: f64) -> String {
+    let exp = if x == 0.0 { 0 } else { x.abs().log10().floor() as i32 };
+    if (-4..16).contains(&exp) {
+        let s = format!("{x}");
+        if s.contains('.') {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    } else {
+        let s = format!("{x:e}");
+        let (mantissa, e) = s.split_once('e').unwrap_or((&s, "0"));
+        let e: i32 = e.parse().unwrap_or(0);
+        format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+    }
 }
 
 /// The table's text: a regular file (a pipe or a device could block or never end) of at most
@@ -171,6 +244,38 @@ mod tests {
         let v: Value = serde_json::from_str(images).unwrap();
         let images = crate::schema::encoder::read_images(Reader::mapping("images", &v).unwrap()).unwrap();
         Measurement::for_workload("Qwen/Qwen3-VL-8B-Instruct", frontend, &images, tensor)
+    }
+
+    /// Floats as Python's `repr` writes them, which the reference's row digest hashes (values
+    /// checked against CPython 3.11).
+    #[test]
+    fn floats_print_as_python_does() {
+        let cases = [
+            (9.0, "9.0"),
+            (0.25, "0.25"),
+            (1.8, "1.8"),
+            (1e-5, "1e-05"),
+            (1.5e-5, "1.5e-05"),
+            (0.0001, "0.0001"),
+            (1e16, "1e+16"),
+            (123456789012345.0, "123456789012345.0"),
+            (0.0, "0.0"),
+        ];
+        for (x, want) in cases {
+            assert_eq!(py_float(x), want, "{x}");
+        }
+    }
+
+    /// The python row's digest is the reference's (aisimulate 0.13's prediction.json of
+    /// tests/deploy/predict_encoder_native_host_table.yaml with this table: 118c891b6b7cbee2).
+    #[test]
+    fn row_digest_is_the_references() {
+        let (_, digest) = resolve_row(
+            &table(),
+            &needed("python", 1, r#"{"height": 448, "width": 448, "count": 2, "encoding": "jpeg"}"#),
+        )
+        .unwrap();
+        assert_eq!(digest, "118c891b6b7cbee2");
     }
 
     fn stage(workers: u32, service_ms: f64, scale: &[f64]) -> FrontendStage {

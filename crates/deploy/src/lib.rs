@@ -108,6 +108,8 @@ pub struct Prepared {
     pub engine: lower::LoweredEngine,
     pub sim: SimConfig,
     pub workload: Workload,
+    /// A native encoder pool's resolved identity (`prediction.json`'s `encoder`).
+    pub encoder: Option<Value>,
 }
 
 /// The router's prompt-side load model from the AIS estimator of the engines it fronts.
@@ -292,10 +294,14 @@ pub fn prepare(config: Config, base: &Path) -> Result<Prepared, DeployError> {
         seed: lower::seed(&config),
         tokenization: config.engine.tokenization,
         frontend_stages: lower::frontend_stages(&config.engine),
-        encoder_pool: encpool::lower(&config)?,
         ..SimConfig::new(topology, router, load)
     };
-    Ok(Prepared { config, engine, sim, workload })
+    let mut sim = sim;
+    let encoder = encpool::lower(&config)?.map(|r| {
+        sim.encoder_pool = Some(r.pool);
+        r.identity
+    });
+    Ok(Prepared { config, engine, sim, workload, encoder })
 }
 
 /// Reads, overrides and lowers a predict configuration file.
@@ -340,6 +346,9 @@ pub fn prediction_summary(p: &Prepared, report: &Report) -> Map<String, Value> {
     s.insert("prediction_provenance".into(), Value::Object(prov));
     s.insert("kv_eviction_policy".into(), json!("lru"));
     encpool::summarise(&p.config, report, &mut s);
+    if let Some(identity) = &p.encoder {
+        s.insert("encoder".into(), identity.clone());
+    }
     s.insert("power_w".into(), Value::Null);
     s.insert("power_coverage".into(), Value::Null);
     let e = &p.config.engine;

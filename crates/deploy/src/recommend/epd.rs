@@ -93,17 +93,13 @@ pub(super) fn read(
         return Ok(None);
     };
     let section = section.as_object().ok_or_else(|| DeployError::new(KEY, "must be a mapping"))?;
-    if section.get("mode").and_then(Value::as_str) == Some("native") {
-        return Err(DeployError::new(
-            format!("{KEY}.mode"),
-            "a search around a native encoder pool (each candidate replaying SGLang's --encoder-only servers \
-             event by event) is not supported by servesim's recommend yet; predict replays a native pool, or \
-             use mode: analytical to search analytical EPD",
-        ));
-    }
+    let native = section.get("mode").and_then(Value::as_str) == Some("native");
     let tensors = domain(section, "tensor", 1)?;
     let replicas = domain(section, "replicas", 1)?;
     let batches = domain(section, "batch_size", 1)?;
+    if native {
+        return read_native(base, root, section, optimization, backends, (&tensors, &replicas, &batches)).map(Some);
+    }
     // The configuration's own rules first (images beside the pool, a fixed concurrency: the
     // predict schema's, read on a probe of the pool per backend), as the reference reads its
     // recommend configuration before it compiles the search.
@@ -174,6 +170,103 @@ pub(super) fn read(
     Ok(Some(Catalog { per_backend }))
 }
 
+/// The catalog around a native pool (`engine.workers.encoder.mode: native`): every tensor width
+/// crossed with every server count, in the order listed, each gated at its own server count
+/// (`Pool::native`: the batch cap's memory at the parts one server batches) and kept when its
+/// GPUs stay below the budget. A candidate replays the pool event by event beside its
+/// language workers (`predict -c`'s replay), so the analytical overlay's rules on loads, goals
+/// and SLAs do not apply; the pool takes one batch cap.
+fn read_native(
+    base: &Value,
+    root: &Value,
+    section: &Map<String, Value>,
+    optimization: &Optimization,
+    backends: &[&'static str],
+    (tensors, replicas, batches): (&[u32], &[u32], &[u32]),
+) -> Result<Catalog, DeployError> {
+    // The reference reads the pool's own settings (its link and stages) first, then its one
+    // batch cap, then the rest of the configuration.
+    let given = |k: &str| section.get(k).is_some_and(|v| !v.is_null());
+    let one_cap = || -> Result<(), DeployError> {
+        if batches.len() != 1 {
+            return Err(DeployError::new(
+                format!("{KEY}.batch_size"),
+                "native encoder replay takes one batch cap, not a batch_size search",
+            ));
+        }
+        Ok(())
+    };
+    if given("transfer") && given("frontend") != given("host_profile") {
+        one_cap()?;
+    }
+    // The pool's probe runs at a fixed load: a native pool's search may search the load.
+    let probes = backends
+        .iter()
+        .map(|&b| {
+            let mut tree = probe(base, section, b, tensors[0], batches[0]);
+            if let Some(t) = tree.get_mut("traffic").and_then(Value::as_object_mut) {
+                t.insert("load".into(), json!({"type": "concurrency", "concurrency": 1}));
+            }
+            Ok((b, schema::read_predict(&tree)?))
+        })
+        .collect::<Result<Vec<_>, DeployError>>()?;
+    one_cap()?;
+    let constraints = root.pointer("/optimization/constraints");
+    if constraints.and_then(|c| c.get("min_candidate_gpus")).is_some_and(|v| !v.is_null()) {
+        return Err(DeployError::new(
+            "optimization.constraints.min_candidate_gpus",
+            "EPD currently supports gpu_budget only, not min_gpu_budget",
+        ));
+    }
+    if section.get("backend_version").is_some_and(|v| !v.is_null()) && backends.len() != 1 {
+        return Err(DeployError::new(
+            format!("{KEY}.backend_version"),
+            "encoder.backend_version requires a single backend",
+        ));
+    }
+    let mut per_backend = Vec::new();
+    for (backend, mut config) in probes {
+        // The stages a saved candidate carries: a host cost table's row, resolved once.
+        let frontend = crate::encpool::frontend_json(&config)?;
+        let mut rejected = Vec::new();
+        let mut values = Vec::new();
+        for &tp in tensors {
+            for &w in replicas {
+                if let Some(e) = config.engine.encoder.as_mut() {
+                    e.tensor = tp;
+                    e.replicas = w;
+                }
+                match Pool::native(&config, tp, w)? {
+                    Err(why) => rejected.push(format!("tp={tp} workers={w}: {why}")),
+                    Ok(_) if u64::from(tp) * u64::from(w) >= u64::from(optimization.budget) => {}
+                    Ok(_) => {
+                        let mut v = section.clone();
+                        v.insert("tensor".into(), json!(tp));
+                        v.insert("replicas".into(), json!(w));
+                        v.insert("batch_size".into(), json!(batches[0]));
+                        if let Some(f) = &frontend {
+                            v.remove("host_profile");
+                            v.insert("frontend".into(), f.clone());
+                        }
+                        values.push(Value::Object(v));
+                    }
+                }
+            }
+        }
+        if rejected.len() == tensors.len() * replicas.len() {
+            return Err(DeployError::new(
+                KEY,
+                format!("native encoder: no feasible tp/workers; {}", rejected.join("; ")),
+            ));
+        }
+        per_backend.push((backend, values));
+    }
+    if per_backend.iter().all(|(_, v)| v.is_empty()) {
+        return Err(DeployError::new(KEY, "no feasible encoder pool for the requested shape and GPU budget"));
+    }
+    Ok(Catalog { per_backend })
+}
+
 /// A predict configuration of the pool alone: the search's traffic and engine identity, one
 /// encoder row and a one-GPU aggregated language worker (the pool does not depend on it).
 fn probe(base: &Value, section: &Map<String, Value>, backend: &str, tensor: u32, batch: u32) -> Value {
@@ -218,6 +311,13 @@ fn probe(base: &Value, section: &Map<String, Value>, backend: &str, tensor: u32,
 /// Whether a candidate runs beside an encoder pool.
 pub(super) fn has_pool(tree: &Value) -> bool {
     get(tree, &["engine", "workers", "encoder"]).is_some_and(|v| !v.is_null())
+}
+
+/// Whether a candidate runs beside an analytical encoder pool (the overlay); a native pool is
+/// replayed with its language workers as `predict -c` replays it.
+pub(super) fn has_analytical_pool(tree: &Value) -> bool {
+    get(tree, &["engine", "workers", "encoder"])
+        .is_some_and(|v| !v.is_null() && v.get("mode").and_then(Value::as_str) != Some("native"))
 }
 
 /// GPUs of a candidate's encoder pool (0 without one): tensor × replicas.

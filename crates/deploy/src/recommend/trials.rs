@@ -159,7 +159,7 @@ fn simulate(t: &mut Trial, base_dir: &Path) {
         super::afd::simulate(t);
         return;
     }
-    if super::epd::has_pool(&t.tree) {
+    if super::epd::has_analytical_pool(&t.tree) {
         super::epd::simulate(t, base_dir);
         return;
     }
