@@ -4469,11 +4469,14 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
 /// servers replayed event by event ahead of the language worker), recorded from the reference
 /// with `scripts/encoder_pool_goldens.sh`: one server batching one request at a time, two
 /// servers batching up to 4 parts of three-image requests, a slow link whose transfers overlap,
-/// and the process stage read from a host cost table with the language worker at tensor 2.
+/// and the process stage read from a host cost table with the language worker at tensor 2;
+/// beside SGLang's host loop, a disaggregated deployment (host-loop prefill replicas at tensor 2,
+/// decode replicas) and three aggregated replicas the router places in encoder-ready order.
 /// Every request's encoder-ready, admission, first and last token time equals the reference's
-/// within 1e-12 (measured: identical), and so do the summaries (encoder latency and GPUs
-/// included) within 1e-9. The pool matters: with eight servers instead of one the cap-1
-/// burst's requests wait for no batch and its encoder latency is under half.
+/// within 1e-12 (measured: identical), and so do the summaries (encoder latency, GPUs and GPU
+/// hours, the host loop's TTFT parts whose inbox wait starts when the images landed) within
+/// 1e-9. The pool matters: with eight servers instead of one the cap-1 burst's requests wait
+/// for no batch and its encoder latency is under half.
 #[test]
 fn native_encoder_pools_match_the_reference() {
     let table = deploy_dir().join("host_profile/table.json").canonicalize().unwrap();
@@ -4482,6 +4485,9 @@ fn native_encoder_pools_match_the_reference() {
         "predict_encoder_native_two",
         "predict_encoder_native_slow",
         "predict_encoder_native_host_table",
+        "predict_encoder_native_host_loop",
+        "predict_encoder_native_disagg",
+        "predict_encoder_native_replicas",
     ] {
         let out_dir = tmp(&format!("{name}-requests"));
         let yaml = deploy_dir().join(format!("{name}.yaml"));
@@ -4516,6 +4522,12 @@ fn native_encoder_pools_match_the_reference() {
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
                 .unwrap();
         for key in METRICS.iter().chain(&["encoder_latency_ms", "total_input_tokens", "duration_ms"]) {
+            let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
+            assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
+        }
+        let host_loop = ["mean_scheduler_inbox_wait_ms", "mean_receive_to_admit_ms", "mean_prefill_elapsed_ms"];
+        assert_eq!(doc.get(host_loop[0]).is_some(), name.contains("host_loop") || name.contains("disagg"), "{name}");
+        for key in host_loop.iter().filter(|k| doc.get(**k).is_some()) {
             let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
             assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
         }

@@ -147,7 +147,7 @@ pub fn summarise(cfg: &Config, report: &servesim_replay::Report, s: &mut serde_j
     s.insert("encoder_latency_ms".into(), json!(if n == 0 { 0.0 } else { sum / n as f64 }));
     s.insert("encoder_gpus".into(), json!(gpus));
     s.insert("total_gpus".into(), json!(total));
-    if let Some(ms) = s.get("duration_ms").and_then(Value::as_f64) {
-        s.insert("gpu_hours".into(), json!(f64::from(total) * ms / 3_600_000.0));
-    }
+    // The pool's servers are provisioned over the language workers' span (the replay's end,
+    // which a host loop's last iteration carries past the last token), not `duration_ms`.
+    s.insert("gpu_hours".into(), json!(report.gpu_hours() + f64::from(gpus) * report.end_ms / 3_600_000.0));
 }
