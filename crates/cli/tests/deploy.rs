@@ -4410,6 +4410,38 @@ fn other_towers_are_refused_where_the_reference_refuses_them() {
     assert_refusals(&native, "towers-refused", cases);
 }
 
+/// Kimi K3's tower in encoder pools, probed on the reference (commands and its words in
+/// tests/deploy/predict_epd_kimi_k3.yaml): in an analytical pool servesim builds the tower (its
+/// ops and image geometry pinned in crates/perf/tests/vision.rs) and stops, as the reference
+/// does, on the bf16 encoder attention rows of head size 128 that no installed system has, on
+/// the pool's own hardware too; a native pool is refused in the reference's words, the key named.
+#[test]
+fn kimi_k3_encoder_pools_stop_where_the_reference_stops() {
+    let yaml = deploy_dir().join("predict_epd_kimi_k3.yaml");
+    for (i, sets) in [&[][..], &["engine.workers.encoder.hardware=h200_sxm"][..]].into_iter().enumerate() {
+        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let out = predict(&yaml, &tmp(&format!("kimi-epd-{i}")), &extra);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+            return;
+        }
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{sets:?}: {err}");
+        let system = if i == 0 { "b300_sxm" } else { "h200_sxm" };
+        let want = format!("engine.workers.encoder: no bfloat16 encoder attention data for head size 128 on {system}");
+        assert!(err.contains(&want), "{sets:?}: {err}");
+    }
+    let native = "engine.workers.encoder={mode: native, batch_size: 2, transfer: {bandwidth_gb_per_second: 25.0}, \
+                  frontend: {stages: [{service_ms: 9.0}], measured_for: {model: moonshotai/Kimi-K3, frontend: python, \
+                  feature_transport: shm, height: 720, width: 1280, count: 2, encoding: png}}}";
+    let cases: &[(&[&str], &str)] = &[(
+        &[native, "traffic.load={type: poisson, requests_per_second: 50, seed: 1}"],
+        "engine.model: moonshotai/Kimi-K3: the KimiK3ForConditionalGeneration vision family is not supported by \
+         native VL replay",
+    )];
+    assert_refusals(&yaml, "kimi-native", cases);
+}
+
 /// Native VL replay's gates, in the reference's words where it has them (exit 2, one message
 /// naming the key).
 #[test]
