@@ -22,7 +22,8 @@ crates/perf/tests/vision.rs's Llama 4 case.
 `--kimi-k3-tower` prints Kimi K3's image geometry (`BaseBackend._encoder_workload_per_visual`: patches
 and merged tokens after the processor's patch budget and padding) and each op of its tower on one
 encoder-only worker (`build_kimi_k3_encoder_ops(enc_cfg, tp, enable_encoder_dp=False)` through
-`_run_encoder_phase`) on b300_sxm / SGLang 0.5.14, behind crates/perf/tests/vision.rs's Kimi K3 case.
+`_run_encoder_phase`) and its memory (`run_encoder_static`) on b300_sxm / SGLang 0.5.14, behind
+crates/perf/tests/vision.rs's Kimi K3 case.
 The installed data has no bf16 encoder attention rows of head size 128 (Kimi K3's 1536 / 12) on any
 system, so the attention op is left out of the list (the reference's predict refuses the pool there).
 
@@ -611,7 +612,9 @@ def kimi_k3_tower():
                                  config=config.ModelConfig(tp_size=tp, enable_encoder_dp=False))
         rt = config.RuntimeConfig(isl=1024, osl=128, image_height=h, image_width=w, num_images_per_request=1)
         latency, _, _, _ = backend._run_encoder_phase(model, db, rt, batch)
-        print(json.dumps({"tp": tp, "batch": batch, "image": [h, w], "ops": list(latency.items())}))
+        _, _, memory, _ = backend.run_encoder_static(model, db, rt, batch)
+        print(json.dumps({"tp": tp, "batch": batch, "image": [h, w], "ops": list(latency.items()),
+                          "memory_gib": memory["total"]}))
 
 
 def main():

@@ -41,7 +41,7 @@
 //! reference's do.
 //!
 //! Memory (the pool's OOM gate and `encoder_memory_gib`): the GEMM weights in bf16, plus
-//! activations `2 · tokens · max(3 · hidden, 3 · hidden / tp)` over the batch's ViT tokens and
+//! activations `2 · tokens · max(3 · hidden, 3 · qkv width / tp)` over the batch's ViT tokens and
 //! `2 · merged tokens · out_hidden · instances` for the projected embeddings, at least 32 MiB.
 
 use crate::db::{Database, Dtype};
@@ -586,7 +586,9 @@ impl VisionTower {
             .sum();
         let visuals = f64::from(batch) * f64::from(images);
         let vit_tokens = visuals * f64::from(shape.sequences) * f64::from(shape.vit);
-        let live = (3 * self.hidden).max(3 * self.hidden / tp);
+        // The wider of the residual stream's three copies and this rank's QKV shard.
+        let qkv = self.kimi.as_ref().map_or(self.hidden, |k| k.qkv_hidden);
+        let live = (3 * self.hidden).max(3 * qkv / tp);
         let mut act = 2.0 * vit_tokens * f64::from(live);
         act += 2.0 * visuals * shape.embedded() as f64 * f64::from(self.out_hidden) * f64::from(self.instances);
         let act = act.max(32.0 * 1024.0 * 1024.0);

@@ -164,7 +164,8 @@ type OpsCase = (u32, u32, &'static [(&'static str, f64)]);
 /// budget (16384 patches, scaled down by truncation, padded to the 28-pixel merge stride), and
 /// each op of one encoder-only worker's batch of 720×1280 images on b300_sxm / SGLang 0.5.14 at
 /// TP 1 (one image) and TP 2 (three: the all-reduces live, the replicated merger not sharded),
-/// within 1e-12. The installed data has no bf16 encoder attention of head size 128 (its 1536-wide
+/// and the worker's memory (`run_encoder_static`: at TP 1 the 1536-wide QKV outgrows the
+/// residual's three copies), within 1e-12. The installed data has no bf16 encoder attention of head size 128 (its 1536-wide
 /// QKV over 12 heads) on any system, so the attention op is the one the reference cannot price
 /// and servesim refuses it naming the missing table row.
 #[test]
@@ -247,6 +248,8 @@ fn kimi_k3_tower_matches_the_reference() {
             assert_eq!(op.name, *name);
             common::close_to(t.batch_op_ms(&db, tp, batch, 1, shape, op).unwrap(), *ms, 1e-12);
         }
+        let (memory, _, _) = t.memory_gib(tp, batch, 1, shape).unwrap();
+        common::close_to(memory, if tp == 1 { 0.8823699951171875 } else { 0.5862274169921875 }, 1e-12);
         let e = t.batch_ops(&db, tp, batch, 1, shape).unwrap_err();
         assert!(e.message.contains("no bfloat16 encoder attention data for head size 128"), "{}", e.message);
     }
