@@ -19,6 +19,14 @@ total (vLLM 0.9, SGLang 0.88; TRT-LLM: 0.9 of the free memory).
 `--llama4-tiles` prints Llama 4's image geometry (tiles, tokens, embedding bytes) behind
 crates/perf/tests/vision.rs's Llama 4 case.
 
+`--kimi-k3-tower` prints Kimi K3's image geometry (`BaseBackend._encoder_workload_per_visual`: patches
+and merged tokens after the processor's patch budget and padding) and each op of its tower on one
+encoder-only worker (`build_kimi_k3_encoder_ops(enc_cfg, tp, enable_encoder_dp=False)` through
+`_run_encoder_phase`) and its memory (`run_encoder_static`) on b300_sxm / SGLang 0.5.14, behind
+crates/perf/tests/vision.rs's Kimi K3 case.
+The installed data has no bf16 encoder attention rows of head size 128 (Kimi K3's 1536 / 12) on any
+system, so the attention op is left out of the list (the reference's predict refuses the pool there).
+
 `--vision` prints instead the numbers behind crates/perf/tests/vision.rs: Qwen3-VL's vision tower on
 one encoder-only worker (`build_encoder_ops(enc_cfg, tp, enable_encoder_dp=False)`), each op of one
 batch (`BaseBackend._run_encoder_phase`) and its memory (`run_encoder_static`), h200_sxm / vLLM 0.24.0.
@@ -575,7 +583,44 @@ def llama4_tiles():
                           "visual": g.visual_tokens, "embedding_bytes": g.embedding_bytes}))
 
 
+KIMI_IMAGES = [(720, 1280), (448, 448), (4000, 3000), (1, 1), (100, 7000), (7000, 7000)]
+KIMI_OPS = [(1, 1, 720, 1280), (2, 3, 720, 1280)]
+
+
+def kimi_k3_tower():
+    from aisimulate_core.sdk import config
+    from aisimulate_core.sdk.backends.base_backend import BaseBackend
+    from aisimulate_core.sdk.backends.factory import get_backend
+    from aisimulate_core.sdk.models.blocks.vit import EncoderOnlyModel, build_kimi_k3_encoder_ops
+    from aisimulate_core.sdk.perf_database import get_database_view
+    from aisimulate_core.sdk.utils import get_model_config_from_model_path, get_vision_encoder_config_from_model_info
+
+    enc = get_vision_encoder_config_from_model_info(get_model_config_from_model_path("moonshotai/Kimi-K3"))
+    for h, w in KIMI_IMAGES:
+        rt = config.RuntimeConfig(image_height=h, image_width=w, num_images_per_request=1)
+        try:
+            g = BaseBackend._encoder_workload_per_visual(rt, enc)
+            print(json.dumps({"image": [h, w], "patches": g.patch_tokens_per_sequence, "tokens": g.output_tokens_per_image}))
+        except ValueError as e:
+            print(json.dumps({"image": [h, w], "error": str(e)}))
+    db = get_database_view("b300_sxm", "sglang", "0.5.14", database_mode="SILICON")
+    backend = get_backend("sglang")
+    for tp, batch, h, w in KIMI_OPS:
+        ops = [o for o in build_kimi_k3_encoder_ops(enc, tp, enable_encoder_dp=False)
+               if type(o).__name__ != "EncoderAttention"]
+        model = EncoderOnlyModel(encoder_ops=ops, encoder_config=enc,
+                                 config=config.ModelConfig(tp_size=tp, enable_encoder_dp=False))
+        rt = config.RuntimeConfig(isl=1024, osl=128, image_height=h, image_width=w, num_images_per_request=1)
+        latency, _, _, _ = backend._run_encoder_phase(model, db, rt, batch)
+        _, _, memory, _ = backend.run_encoder_static(model, db, rt, batch)
+        print(json.dumps({"tp": tp, "batch": batch, "image": [h, w], "ops": list(latency.items()),
+                          "memory_gib": memory["total"]}))
+
+
 def main():
+    if "--kimi-k3-tower" in sys.argv[1:]:
+        kimi_k3_tower()
+        return
     if "--llama4-tiles" in sys.argv[1:]:
         llama4_tiles()
         return

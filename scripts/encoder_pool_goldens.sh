@@ -9,7 +9,8 @@ py=${AISIM_REF_VENV:-/tmp/servesim-aisim-ref}/bin/python
 tmp=$(mktemp -d)
 table=$(realpath tests/deploy/host_profile/table.json)
 for name in predict_encoder_native_cap1 predict_encoder_native_two predict_encoder_native_slow \
-    predict_encoder_native_host_table; do
+    predict_encoder_native_host_table predict_encoder_native_host_loop predict_encoder_native_disagg \
+    predict_encoder_native_replicas; do
     sets=()
     if [ $name = predict_encoder_native_host_table ]; then
         sets=(--set "engine.workers.encoder.host_profile={path: $table, frontend: python}")

@@ -4475,6 +4475,38 @@ fn other_towers_are_refused_where_the_reference_refuses_them() {
     assert_refusals(&native, "towers-refused", cases);
 }
 
+/// Kimi K3's tower in encoder pools, probed on the reference (commands and its words in
+/// tests/deploy/predict_epd_kimi_k3.yaml): in an analytical pool servesim builds the tower (its
+/// ops and image geometry pinned in crates/perf/tests/vision.rs) and stops, as the reference
+/// does, on the bf16 encoder attention rows of head size 128 that no installed system has, on
+/// the pool's own hardware too; a native pool is refused in the reference's words, the key named.
+#[test]
+fn kimi_k3_encoder_pools_stop_where_the_reference_stops() {
+    let yaml = deploy_dir().join("predict_epd_kimi_k3.yaml");
+    for (i, sets) in [&[][..], &["engine.workers.encoder.hardware=h200_sxm"][..]].into_iter().enumerate() {
+        let extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let out = predict(&yaml, &tmp(&format!("kimi-epd-{i}")), &extra);
+        if data_missing(&out) {
+            eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+            return;
+        }
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{sets:?}: {err}");
+        let system = if i == 0 { "b300_sxm" } else { "h200_sxm" };
+        let want = format!("engine.workers.encoder: no bfloat16 encoder attention data for head size 128 on {system}");
+        assert!(err.contains(&want), "{sets:?}: {err}");
+    }
+    let native = "engine.workers.encoder={mode: native, batch_size: 2, transfer: {bandwidth_gb_per_second: 25.0}, \
+                  frontend: {stages: [{service_ms: 9.0}], measured_for: {model: moonshotai/Kimi-K3, frontend: python, \
+                  feature_transport: shm, height: 720, width: 1280, count: 2, encoding: png}}}";
+    let cases: &[(&[&str], &str)] = &[(
+        &[native, "traffic.load={type: poisson, requests_per_second: 50, seed: 1}"],
+        "engine.model: moonshotai/Kimi-K3: the KimiK3ForConditionalGeneration vision family is not supported by \
+         native VL replay",
+    )];
+    assert_refusals(&yaml, "kimi-native", cases);
+}
+
 /// Native VL replay's gates, in the reference's words where it has them (exit 2, one message
 /// naming the key).
 #[test]
@@ -4534,11 +4566,15 @@ fn native_vl_replay_is_refused_where_the_reference_refuses_it() {
 /// servers replayed event by event ahead of the language worker), recorded from the reference
 /// with `scripts/encoder_pool_goldens.sh`: one server batching one request at a time, two
 /// servers batching up to 4 parts of three-image requests, a slow link whose transfers overlap,
-/// and the process stage read from a host cost table with the language worker at tensor 2.
+/// and the process stage read from a host cost table with the language worker at tensor 2;
+/// beside SGLang's host loop, a disaggregated deployment (host-loop prefill replicas at tensor 2,
+/// decode replicas) and three aggregated replicas the router places in encoder-ready order.
 /// Every request's encoder-ready, admission, first and last token time equals the reference's
-/// within 1e-12 (measured: identical), and so do the summaries (encoder latency and GPUs
-/// included) within 1e-9; `prediction.json`'s `encoder` identity block equals the reference's. The pool matters: with eight servers instead of one the cap-1
-/// burst's requests wait for no batch and its encoder latency is under half.
+/// within 1e-12 (measured: identical), and so do the summaries (encoder latency, GPUs and GPU
+/// hours, the host loop's TTFT parts whose inbox wait starts when the images landed) within
+/// 1e-9; `prediction.json`'s `encoder` identity block equals the reference's. The pool matters:
+/// with eight servers instead of one the cap-1 burst's requests wait for no batch and its
+/// encoder latency is under half.
 #[test]
 fn native_encoder_pools_match_the_reference() {
     let table = deploy_dir().join("host_profile/table.json").canonicalize().unwrap();
@@ -4547,6 +4583,9 @@ fn native_encoder_pools_match_the_reference() {
         "predict_encoder_native_two",
         "predict_encoder_native_slow",
         "predict_encoder_native_host_table",
+        "predict_encoder_native_host_loop",
+        "predict_encoder_native_disagg",
+        "predict_encoder_native_replicas",
     ] {
         let out_dir = tmp(&format!("{name}-requests"));
         let yaml = deploy_dir().join(format!("{name}.yaml"));
@@ -4580,6 +4619,12 @@ fn native_encoder_pools_match_the_reference() {
             serde_json::from_slice(&std::fs::read(deploy_dir().join(format!("{name}.expected.json"))).unwrap())
                 .unwrap();
         for key in METRICS.iter().chain(&["encoder_latency_ms", "total_input_tokens", "duration_ms"]) {
+            let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
+            assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
+        }
+        let host_loop = ["mean_scheduler_inbox_wait_ms", "mean_receive_to_admit_ms", "mean_prefill_elapsed_ms"];
+        assert_eq!(doc.get(host_loop[0]).is_some(), name.contains("host_loop") || name.contains("disagg"), "{name}");
+        for key in host_loop.iter().filter(|k| doc.get(**k).is_some()) {
             let (x, y) = (ours[key].as_f64().unwrap(), doc[key].as_f64().unwrap());
             assert!(deviation(x, y) <= 1e-9, "{name}: {key} = {x}, reference {y}");
         }

@@ -34,9 +34,29 @@ fn native(cfg: &Config) -> Option<(&Encoder, &Native, &Images)> {
     Some((e, e.native.as_ref()?, cfg.traffic.images.as_ref()?))
 }
 
+/// The reference lays out a native pool's images with its native VL replay's geometry (Qwen's
+/// pixel budget, Llama 4's tiles) and refuses Kimi K3's patch-budget processor there, before
+/// any timing (probed: tests/deploy/predict_epd_kimi_k3.yaml), in these words.
+fn refuse_unlaid_family(model: &str, paths: &[String]) -> Result<(), DeployError> {
+    let found = servesim_perf::systems::systems_roots(paths).ok().and_then(|roots| {
+        let roots: Vec<_> = roots.into_iter().map(|(p, _)| p).collect();
+        servesim_perf::model::read_model_config(&servesim_perf::model::find_config(model, &roots).ok()?).ok()
+    });
+    let Some(root) = found else { return Ok(()) };
+    if root.get("model_type").and_then(Value::as_str) == Some("kimi_k3") {
+        let family = root.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or("kimi_k3");
+        return Err(DeployError::new(
+            "engine.model",
+            format!("{model}: the {family} vision family is not supported by native VL replay"),
+        ));
+    }
+    Ok(())
+}
+
 fn tower(cfg: &Config, images: &Images) -> Result<(VisionTower, ImageShape), DeployError> {
     let engine = &cfg.engine;
     let paths = engine.systems_paths.clone().unwrap_or_default();
+    refuse_unlaid_family(&engine.model, &paths)?;
     let tower = hosted_tower(&engine.model, &paths, images.min_pixels.map(u64::from), images.max_pixels.map(u64::from))
         .map_err(|e| {
             if e.message.contains("SERVESIM_AIS_SYSTEMS") || e.message.contains("not found") {
@@ -243,7 +263,7 @@ pub fn summarise(cfg: &Config, report: &servesim_replay::Report, s: &mut serde_j
     s.insert("encoder_latency_ms".into(), json!(if n == 0 { 0.0 } else { sum / n as f64 }));
     s.insert("encoder_gpus".into(), json!(gpus));
     s.insert("total_gpus".into(), json!(total));
-    if let Some(ms) = s.get("duration_ms").and_then(Value::as_f64) {
-        s.insert("gpu_hours".into(), json!(f64::from(total) * ms / 3_600_000.0));
-    }
+    // The pool's servers are provisioned over the language workers' span (the replay's end,
+    // which a host loop's last iteration carries past the last token), not `duration_ms`.
+    s.insert("gpu_hours".into(), json!(report.gpu_hours() + f64::from(gpus) * report.end_ms / 3_600_000.0));
 }

@@ -145,10 +145,10 @@ impl Pool {
                  is not supported"
             )));
         }
-        if !model_type.starts_with("qwen3_vl") {
+        if !model_type.starts_with("qwen3_vl") && model_type != "kimi_k3" {
             return Err(err(format!(
-                "servesim's encoder pools price Qwen3-VL vision towers; the tower of '{model}' ({model_type}) is not \
-                 supported by servesim yet"
+                "servesim's encoder pools price Qwen3-VL and Kimi K3 vision towers; the tower of '{model}' \
+                 ({model_type}) is not supported by servesim yet"
             )));
         }
         let mut tower = VisionTower::from_config(&root, model)

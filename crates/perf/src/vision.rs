@@ -30,8 +30,18 @@
 //! tokens, 144 a tile. The prompt carries the tiles' merged tokens, 3 framing tokens, and one per
 //! local tile when there are several.
 //!
+//! Kimi K3 (`Kimi`, analytical encoder pools; the reference refuses it in native pools) shares the
+//! ViT blocks with a QKV projection wider than the tower (1536 over 12 heads of 128). Its
+//! processor scales an image down to at most 16384 patches and 512 a side (truncating), then
+//! pads each side to the merge stride; one sequence of the padded patches, a merged token per
+//! `merge²`. Its ops: the patch embedding and position add, the blocks, a final norm and the
+//! temporal pool on the ViT tokens, then PatchMergerV2 replicated on every rank (fc0, activation,
+//! fc1 to the language width, post-norm; no collective) on the merged tokens. No installed system
+//! has bf16 encoder attention of head size 128, so its pools stop on that table, as the
+//! reference's do.
+//!
 //! Memory (the pool's OOM gate and `encoder_memory_gib`): the GEMM weights in bf16, plus
-//! activations `2 · tokens · max(3 · hidden, 3 · hidden / tp)` over the batch's ViT tokens and
+//! activations `2 · tokens · max(3 · hidden, 3 · qkv width / tp)` over the batch's ViT tokens and
 //! `2 · merged tokens · out_hidden · instances` for the projected embeddings, at least 32 MiB.
 
 use crate::db::{Database, Dtype};
@@ -64,6 +74,19 @@ pub struct VisionTower {
     pub max_pixels: u64,
     /// Llama 4's fixed tiles and adaptor (None: Qwen3-VL's dynamic resize and PatchMerger).
     pub tiles: Option<Tiles>,
+    /// Kimi K3's MoonViT3D and PatchMergerV2 (None: another tower).
+    pub kimi: Option<Kimi>,
+}
+
+/// The per-tower facts of Kimi K3's image path (MoonViT3D, PatchMergerV2): a QKV projection
+/// wider than the tower (`qkv_hidden`), and the processor's patch budget: an image above
+/// `max_patches` patches, or wider than `side_patches` on a side, is scaled down (truncating),
+/// then padded up to the merge stride on each side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kimi {
+    pub qkv_hidden: u32,
+    pub max_patches: u32,
+    pub side_patches: u32,
 }
 
 /// The per-tower facts of Llama 4's image path: the processor cuts an image into square tiles
@@ -147,8 +170,10 @@ impl VisionTower {
     /// `vision_config`).
     pub fn from_config(root: &Value, what: &str) -> Result<Option<VisionTower>> {
         let Some(v) = root.get("vision_config").filter(|v| v.is_object()) else { return Ok(None) };
-        if root.get("model_type").and_then(Value::as_str) == Some("llama4") {
-            return llama4_tower(root, v, what).map(Some);
+        match root.get("model_type").and_then(Value::as_str) {
+            Some("llama4") => return llama4_tower(root, v, what).map(Some),
+            Some("kimi_k3") => return kimi_tower(root, v, what).map(Some),
+            _ => {}
         }
         let text_hidden = root
             .get("text_config")
@@ -180,6 +205,7 @@ impl VisionTower {
             min_pixels: QWEN3_VL_PIXELS.0,
             max_pixels: QWEN3_VL_PIXELS.1,
             tiles: None,
+            kimi: None,
         }))
     }
 
@@ -220,6 +246,9 @@ impl VisionTower {
             }
             return Ok(ImageShape { sequences: tiles, patches: side * side, vit: side * side + 1, merged, tokens });
         }
+        if let Some(k) = &self.kimi {
+            return self.kimi_image(k, height, width);
+        }
         let (h, w) = self.resize(height, width)?;
         let stride = u64::from(self.patch * self.merge);
         let tokens = (h / stride) * (w / stride);
@@ -240,35 +269,93 @@ impl VisionTower {
                 self.heads, self.intermediate
             )));
         }
-        match &self.tiles {
-            None => Ok(self.qwen3_vl_ops(tp)),
-            Some(t) => self.llama4_ops(t, tp),
+        match (&self.tiles, &self.kimi) {
+            (Some(t), _) => self.llama4_ops(t, tp),
+            (None, Some(k)) => Ok(self.kimi_ops(k, tp)),
+            (None, None) => Ok(self.qwen3_vl_ops(tp)),
         }
+    }
+
+    /// Kimi K3: one sequence of the padded patch grid. The image is scaled by the smallest of
+    /// 1, `sqrt(max_patches / patches)` (patches counted on the raw image, floored per side,
+    /// at least 1) and the side limit over each side; each scaled side is truncated (at least
+    /// 1, at most the side limit) and padded up to the merge stride. At most 512 patches a side
+    /// after padding (the tower's fixed rotary table).
+    fn kimi_image(&self, k: &Kimi, height: u32, width: u32) -> Result<ImageShape> {
+        let p = f64::from(self.patch);
+        let (h, w) = (f64::from(height), f64::from(width));
+        let limit = f64::from(k.side_patches) * p;
+        let patches = (h / p).floor().max(1.0) * (w / p).floor().max(1.0);
+        let scale = 1f64.min((f64::from(k.max_patches) / patches).sqrt()).min(limit / h).min(limit / w);
+        let side = |x: f64| (x * scale).trunc().max(1.0).min(limit) as u64;
+        let stride = u64::from(self.patch * self.merge);
+        let (ph, pw) = (side(h).div_ceil(stride) * stride, side(w).div_ceil(stride) * stride);
+        let patch = u64::from(self.patch);
+        if ph.max(pw) / patch > 512 {
+            return Err(PerfError::config(format!(
+                "traffic.source.images: Kimi K3 supports at most 512 spatial patches per side after processor \
+                 padding, got {}x{}",
+                ph / patch,
+                pw / patch
+            )));
+        }
+        // At most 512 × 512 patches: both fit u32.
+        Ok(ImageShape::single(((ph / patch) * (pw / patch)) as u32, ((ph / stride) * (pw / stride)) as u32))
+    }
+
+    /// Kimi K3: the patch embedding (temporal patch 1) and the position add, the blocks (their
+    /// QKV `qkv_hidden` wide), a final norm and the temporal pool on the ViT tokens; then the
+    /// PatchMergerV2 on the merged tokens, replicated on every rank (no collective): fc0,
+    /// activation, fc1 to the language width, and a post-norm.
+    fn kimi_ops(&self, k: &Kimi, tp: u32) -> Vec<EncoderOp> {
+        let h = self.hidden;
+        let mut ops = vec![
+            gemm("encoder_patch_embed_gemm", 1.0, Tokens::Vit, h, self.in_channels * self.patch * self.patch, false),
+            ew("encoder_position_embed", 1.0, Tokens::Vit, 2 * h, h),
+        ];
+        ops.extend(self.blocks(tp, k.qkv_hidden));
+        let merger = h * self.merge * self.merge;
+        let (on, out) = (Tokens::Merged, self.out_hidden);
+        ops.extend([
+            ew("encoder_final_norm", 1.0, Tokens::Vit, h, h),
+            ew("encoder_patch_merge_pool", 1.0, Tokens::Vit, h, h),
+            gemm("encoder_projector_fc0_gemm", 1.0, on, merger, merger, false),
+            ew("encoder_projector_fc0_act", 1.0, on, merger, merger),
+            gemm("encoder_projector_fc1_gemm", 1.0, on, out, merger, false),
+            ew("encoder_projector_post_norm", 1.0, on, out, out),
+        ]);
+        ops
     }
 
     /// The transformer blocks both towers share (`depth` times each): add-norm, QKV, non-causal
     /// attention, out-projection, all-reduce, add-norm, FFN up, activation, FFN down,
     /// all-reduce, and the rotary pass over Q and K.
     fn vit_blocks(&self, tp: u32) -> Vec<EncoderOp> {
+        self.blocks(tp, self.hidden)
+    }
+
+    /// [`Self::vit_blocks`] with a QKV projection `qkv` wide (Kimi K3's is wider than the
+    /// tower; its heads are `qkv / heads` wide).
+    fn blocks(&self, tp: u32, qkv: u32) -> Vec<EncoderOp> {
         let (d, h, inter) = (f64::from(self.depth), self.hidden, self.intermediate / tp);
         let on = Tokens::Vit;
         vec![
             ew("encoder_add_norm_1", d, on, 2 * h, 2 * h),
-            gemm("encoder_qkv_gemm", d, on, 3 * h / tp, h, false),
+            gemm("encoder_qkv_gemm", d, on, 3 * qkv / tp, h, false),
             EncoderOp {
                 name: "encoder_attention".into(),
                 scale: d,
                 on,
-                kind: Kind::Attention { heads: self.heads / tp, head: h / self.heads },
+                kind: Kind::Attention { heads: self.heads / tp, head: qkv / self.heads },
             },
-            gemm("encoder_proj_gemm", d, on, h, h / tp, true),
+            gemm("encoder_proj_gemm", d, on, h, qkv / tp, true),
             all_reduce("encoder_ar_1", d, on, h),
             ew("encoder_add_norm_2", d, on, 2 * h, 2 * h),
             gemm("encoder_ffn1_gemm", d, on, inter, h, false),
             ew("encoder_act", d, on, inter, inter),
             gemm("encoder_ffn2_gemm", d, on, h, inter, true),
             all_reduce("encoder_ar_2", d, on, h),
-            ew("encoder_rope_apply", d, on, 6 * h / tp, 6 * h / tp),
+            ew("encoder_rope_apply", d, on, 6 * qkv / tp, 6 * qkv / tp),
         ]
     }
 
@@ -362,48 +449,77 @@ impl VisionTower {
         images: u32,
         shape: ImageShape,
     ) -> Result<Vec<(String, f64)>> {
-        let sequences = batch
-            .checked_mul(images)
-            .and_then(|n| n.checked_mul(shape.sequences))
-            .ok_or_else(|| PerfError::config("encoder sequences per batch exceed 2^32"))?;
+        let sequences = Self::sequences(batch, images, shape)?;
         let mut attention: Option<AttentionTable> = None;
         let mut out = Vec::new();
         for op in self.ops(tp)? {
-            let s = match op.on {
-                Tokens::Patch => shape.patches,
-                Tokens::Vit => shape.vit,
-                Tokens::Merged => shape.merged,
-            };
-            let x =
-                sequences.checked_mul(s).ok_or_else(|| PerfError::config("encoder tokens per batch exceed 2^32"))?;
-            let ms = match op.kind {
-                Kind::Elementwise { bytes_per_token } => db.mem_op_ms(bytes_per_token * f64::from(x)),
-                Kind::Gemm { n, k, fp8_input } => db.gemm_op(Dtype::Bfloat16, x, n, k, fp8_input)?.max(0.0),
-                Kind::AllReduce { hidden } => {
-                    if tp <= 1 {
-                        0.0
-                    } else {
-                        db.custom_allreduce(tp, f64::from(x) * f64::from(hidden))?.max(0.0)
-                    }
-                }
-                Kind::AllGather { elements } => {
-                    if tp <= 1 {
-                        0.0
-                    } else {
-                        db.nccl("half", "all_gather", tp, f64::from(x) * f64::from(elements))?.max(0.0)
-                    }
-                }
-                Kind::Attention { heads, head } => {
-                    if attention.is_none() {
-                        attention = Some(AttentionTable::load(db)?);
-                    }
-                    let table = attention.as_ref().expect("loaded above");
-                    table.query(db, heads, head, s, sequences)?.max(0.0)
-                }
-            };
-            out.push((op.name, ms * op.scale));
+            let ms = self.op_ms(db, tp, sequences, shape, &op, &mut attention)?;
+            out.push((op.name, ms));
         }
         Ok(out)
+    }
+
+    /// One op of [`Self::batch_ops`] alone, ms (its attention table read for it).
+    pub fn batch_op_ms(
+        &self,
+        db: &Database,
+        tp: u32,
+        batch: u32,
+        images: u32,
+        shape: ImageShape,
+        op: &EncoderOp,
+    ) -> Result<f64> {
+        self.op_ms(db, tp, Self::sequences(batch, images, shape)?, shape, op, &mut None)
+    }
+
+    fn sequences(batch: u32, images: u32, shape: ImageShape) -> Result<u32> {
+        batch
+            .checked_mul(images)
+            .and_then(|n| n.checked_mul(shape.sequences))
+            .ok_or_else(|| PerfError::config("encoder sequences per batch exceed 2^32"))
+    }
+
+    fn op_ms(
+        &self,
+        db: &Database,
+        tp: u32,
+        sequences: u32,
+        shape: ImageShape,
+        op: &EncoderOp,
+        attention: &mut Option<AttentionTable>,
+    ) -> Result<f64> {
+        let s = match op.on {
+            Tokens::Patch => shape.patches,
+            Tokens::Vit => shape.vit,
+            Tokens::Merged => shape.merged,
+        };
+        let x = sequences.checked_mul(s).ok_or_else(|| PerfError::config("encoder tokens per batch exceed 2^32"))?;
+        let ms = match op.kind {
+            Kind::Elementwise { bytes_per_token } => db.mem_op_ms(bytes_per_token * f64::from(x)),
+            Kind::Gemm { n, k, fp8_input } => db.gemm_op(Dtype::Bfloat16, x, n, k, fp8_input)?.max(0.0),
+            Kind::AllReduce { hidden } => {
+                if tp <= 1 {
+                    0.0
+                } else {
+                    db.custom_allreduce(tp, f64::from(x) * f64::from(hidden))?.max(0.0)
+                }
+            }
+            Kind::AllGather { elements } => {
+                if tp <= 1 {
+                    0.0
+                } else {
+                    db.nccl("half", "all_gather", tp, f64::from(x) * f64::from(elements))?.max(0.0)
+                }
+            }
+            Kind::Attention { heads, head } => {
+                if attention.is_none() {
+                    *attention = Some(AttentionTable::load(db)?);
+                }
+                let table = attention.as_ref().expect("loaded above");
+                table.query(db, heads, head, s, sequences)?.max(0.0)
+            }
+        };
+        Ok(ms * op.scale)
     }
 
     /// Bytes of one image's projected embeddings, as SGLang's multimodal embedding cache holds
@@ -470,7 +586,9 @@ impl VisionTower {
             .sum();
         let visuals = f64::from(batch) * f64::from(images);
         let vit_tokens = visuals * f64::from(shape.sequences) * f64::from(shape.vit);
-        let live = (3 * self.hidden).max(3 * self.hidden / tp);
+        // The wider of the residual stream's three copies and this rank's QKV shard.
+        let qkv = self.kimi.as_ref().map_or(self.hidden, |k| k.qkv_hidden);
+        let live = (3 * self.hidden).max(3 * qkv / tp);
         let mut act = 2.0 * vit_tokens * f64::from(live);
         act += 2.0 * visuals * shape.embedded() as f64 * f64::from(self.out_hidden) * f64::from(self.instances);
         let act = act.max(32.0 * 1024.0 * 1024.0);
@@ -669,6 +787,65 @@ impl AttentionTable {
     }
 }
 
+/// Kimi K3's tower from its `vision_config` (MoonViT3D blocks over 14-pixel patches, a 2 × 2
+/// `sd2_tpool` merge and the `patchmergerv2` projector), with the processor's default limits
+/// (16384 patches, 512 a side): the reference's checks, in its words.
+fn kimi_tower(root: &Value, v: &Value, what: &str) -> Result<VisionTower> {
+    let int = |key: &str| field(v, key, what);
+    let bad = |why: String| PerfError::config(format!("{what}: {why}"));
+    let merge = match v.get("merge_kernel_size").and_then(Value::as_array).map(Vec::as_slice) {
+        Some([a, b]) if a.as_u64().is_some_and(|n| n > 0) && a == b => a.as_u64().unwrap_or(0) as u32,
+        _ => return Err(bad("Kimi K3 requires a square merge_kernel_size of two positive integers".into())),
+    };
+    for (key, want) in [("merge_type", "sd2_tpool"), ("mm_projector_type", "patchmergerv2")] {
+        if v.get(key).and_then(Value::as_str) != Some(want) {
+            return Err(bad(format!("Kimi K3 vision modeling requires {key}='{want}', got {}", v[key])));
+        }
+    }
+    let hidden = int("vt_hidden_size")?;
+    let heads = int("vt_num_attention_heads")?;
+    let qkv_hidden = match v.get("qkv_hidden_size") {
+        None | Some(Value::Null) => hidden,
+        Some(_) => int("qkv_hidden_size")?,
+    };
+    if hidden % 2 != 0 || !qkv_hidden.is_multiple_of(heads) || !(qkv_hidden / heads).is_multiple_of(4) {
+        return Err(bad(format!(
+            "Kimi K3 needs an even vt_hidden_size and qkv_hidden_size ({qkv_hidden}) split into heads of a multiple \
+             of 4 over vt_num_attention_heads ({heads})"
+        )));
+    }
+    if int("mm_hidden_size")? != hidden {
+        return Err(bad("Kimi K3 PatchMergerV2 requires mm_hidden_size to match vt_hidden_size".into()));
+    }
+    let out_hidden = int("text_hidden_size")?;
+    let text_hidden = root.get("text_config").and_then(|t| t.get("hidden_size")).and_then(Value::as_u64);
+    if text_hidden != Some(u64::from(out_hidden)) {
+        return Err(bad(format!("Kimi K3 vision text_hidden_size ({out_hidden}) must match the language hidden_size")));
+    }
+    int("init_pos_emb_time")?;
+    if root.get("preprocessor_config").is_some_and(|p| !p.is_null()) {
+        return Err(bad("servesim reads Kimi K3's default processor limits only (16384 patches, 512 a side); its \
+             preprocessor_config is not modelled"
+            .into()));
+    }
+    Ok(VisionTower {
+        depth: int("vt_num_hidden_layers")?,
+        hidden,
+        heads,
+        intermediate: int("vt_intermediate_size")?,
+        patch: int("patch_size")?,
+        temporal_patch: 1,
+        merge,
+        out_hidden,
+        in_channels: 3,
+        instances: 1,
+        min_pixels: 0,
+        max_pixels: 0,
+        tiles: None,
+        kimi: Some(Kimi { qkv_hidden, max_patches: 16384, side_patches: 512 }),
+    })
+}
+
 /// Llama 4's tower from its `vision_config` and `image_processor_config` (the published
 /// checkpoint's widths: a 34-block ViT of 1408 over 14-pixel patches of 336-pixel tiles).
 fn llama4_tower(root: &Value, v: &Value, what: &str) -> Result<VisionTower> {
@@ -757,6 +934,7 @@ fn llama4_tower(root: &Value, v: &Value, what: &str) -> Result<VisionTower> {
             adapter_hidden,
             adapter_out,
         }),
+        kimi: None,
     })
 }
 

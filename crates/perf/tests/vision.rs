@@ -155,3 +155,105 @@ fn llama4_tiles_match_the_reference() {
     assert!(t.check_layout(servesim_perf::vision::EncoderLayout::Data).is_err());
     assert!(t.check_layout(servesim_perf::vision::EncoderLayout::Tensor).is_ok());
 }
+
+/// (tp, batch, [(op, ms)]).
+type OpsCase = (u32, u32, &'static [(&'static str, f64)]);
+
+/// Kimi K3's tower (MoonViT3D and PatchMergerV2) against the reference, printed by
+/// `$AISIM_REF_VENV/bin/python scripts/ais_goldens.py --kimi-k3-tower`: the processor's patch
+/// budget (16384 patches, scaled down by truncation, padded to the 28-pixel merge stride), and
+/// each op of one encoder-only worker's batch of 720×1280 images on b300_sxm / SGLang 0.5.14 at
+/// TP 1 (one image) and TP 2 (three: the all-reduces live, the replicated merger not sharded),
+/// and the worker's memory (`run_encoder_static`: at TP 1 the 1536-wide QKV outgrows the
+/// residual's three copies), within 1e-12. The installed data has no bf16 encoder attention of head size 128 (its 1536-wide
+/// QKV over 12 heads) on any system, so the attention op is the one the reference cannot price
+/// and servesim refuses it naming the missing table row.
+#[test]
+fn kimi_k3_tower_matches_the_reference() {
+    if !common::data_available("b300_sxm") {
+        eprintln!("NOTICE: AIS data not installed; skipping");
+        return;
+    }
+    let t = tower("moonshotai/Kimi-K3").expect("Kimi K3's vision_config");
+    // (height, width, patches, merged tokens)
+    let images = [
+        (720, 1280, 4784, 1196),
+        (448, 448, 1024, 256),
+        (4000, 3000, 16800, 4200),
+        (1, 1, 4, 1),
+        (100, 7000, 4000, 1000),
+        (7000, 7000, 16384, 4096),
+    ];
+    for (h, w, patches, tokens) in images {
+        assert_eq!(t.image(h, w).unwrap(), ImageShape::single(patches, tokens), "{h}x{w}");
+    }
+    assert_eq!(t.embedding_bytes(t.image(720, 1280).unwrap()), 1196 * 7168 * 2);
+    let roots = systems_roots(&[]).unwrap();
+    let db = Database::open(find_system(&roots, "b300_sxm").unwrap(), "sglang", "0.5.14", true).unwrap();
+    let shape = t.image(720, 1280).unwrap();
+    let cases: &[OpsCase] = &[
+        (
+            1,
+            1,
+            &[
+                ("encoder_patch_embed_gemm", 0.00683357569626552),
+                ("encoder_position_embed", 0.0077407896774193555),
+                ("encoder_add_norm_1", 0.2516684283870968),
+                ("encoder_qkv_gemm", 0.7895826650869816),
+                ("encoder_proj_gemm", 0.32122805429315404),
+                ("encoder_ar_1", 0.0),
+                ("encoder_add_norm_2", 0.2516684283870968),
+                ("encoder_ffn1_gemm", 0.6988446822729109),
+                ("encoder_act", 0.4223368567741936),
+                ("encoder_ffn2_gemm", 0.7210030087303079),
+                ("encoder_ar_2", 0.0),
+                ("encoder_rope_apply", 0.8490079277419355),
+                ("encoder_final_norm", 0.006160526451612903),
+                ("encoder_patch_merge_pool", 0.006160526451612903),
+                ("encoder_projector_fc0_gemm", 0.028253616343915853),
+                ("encoder_projector_fc0_act", 0.006160526451612903),
+                ("encoder_projector_fc1_gemm", 0.04391996809859681),
+                ("encoder_projector_post_norm", 0.008530921290322579),
+            ],
+        ),
+        (
+            2,
+            3,
+            &[
+                ("encoder_patch_embed_gemm", 0.013953665465010813),
+                ("encoder_position_embed", 0.017222369032258066),
+                ("encoder_add_norm_1", 0.5930052851612903),
+                ("encoder_qkv_gemm", 1.1914274432272367),
+                ("encoder_proj_gemm", 0.4493459644436371),
+                ("encoder_ar_1", 1.9603535359958189),
+                ("encoder_add_norm_2", 0.5930052851612903),
+                ("encoder_ffn1_gemm", 1.054767703288235),
+                ("encoder_act", 0.5930052851612903),
+                ("encoder_ffn2_gemm", 1.0667048239556607),
+                ("encoder_ar_2", 1.9603535359958189),
+                ("encoder_rope_apply", 1.2330118916129031),
+                ("encoder_final_norm", 0.01248157935483871),
+                ("encoder_patch_merge_pool", 0.01248157935483871),
+                ("encoder_projector_fc0_gemm", 0.07404890161713742),
+                ("encoder_projector_fc0_act", 0.01248157935483871),
+                ("encoder_projector_fc1_gemm", 0.1310950177946901),
+                ("encoder_projector_post_norm", 0.019592763870967738),
+            ],
+        ),
+    ];
+    for &(tp, batch, want) in cases {
+        let ops: Vec<_> = t.ops(tp).unwrap().into_iter().filter(|op| op.name != "encoder_attention").collect();
+        assert_eq!(ops.len(), want.len(), "tp {tp}: op count");
+        for (op, (name, ms)) in ops.iter().zip(want) {
+            assert_eq!(op.name, *name);
+            common::close_to(t.batch_op_ms(&db, tp, batch, 1, shape, op).unwrap(), *ms, 1e-12);
+        }
+        let (memory, _, _) = t.memory_gib(tp, batch, 1, shape).unwrap();
+        common::close_to(memory, if tp == 1 { 0.8823699951171875 } else { 0.5862274169921875 }, 1e-12);
+        let e = t.batch_ops(&db, tp, batch, 1, shape).unwrap_err();
+        assert!(e.message.contains("no bfloat16 encoder attention data for head size 128"), "{}", e.message);
+    }
+    // 12 heads and a 4096-wide FFN shard over 2 and 4, not 3 or 8.
+    assert!(t.ops(2).is_ok() && t.ops(4).is_ok());
+    assert!(t.ops(3).is_err() && t.ops(8).is_err());
+}

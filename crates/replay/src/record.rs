@@ -206,16 +206,19 @@ impl RequestRecord {
         }
     }
 
-    /// The host loop's parts of the TTFT, which add up to it: frontend, scheduler inbox wait
-    /// (receipt − frontend done), receipt to admission, admission to prefill complete, and
-    /// prefill complete to first token (the KV handoff, disaggregated). `None` without the loop
-    /// or before the first token.
+    /// The host loop's parts of the TTFT after the encoder pool (all of it without a pool),
+    /// which add up to it: frontend, scheduler inbox wait (receipt − frontend done), receipt to
+    /// admission, admission to prefill complete, and prefill complete to first token (the KV
+    /// handoff, disaggregated). A request from a native encoder pool reaches the worker when its
+    /// images landed, so its inbox wait starts then (as the reference counts it). `None` without
+    /// the loop or before the first token.
     pub fn host_loop_parts_ms(&self) -> Option<[f64; 5]> {
         let received = self.scheduler_received_ms?;
         let (admit, first) = (self.first_admit_ms?, self.first_token_ms?);
         let done = self.prefill_complete_ms()?;
         let frontend = self.frontend_ms();
-        Some([frontend, received - self.arrival_ms - frontend, admit - received, done - admit, first - done])
+        let reached = self.encoder_ready_ms.unwrap_or(self.arrival_ms);
+        Some([frontend, received - reached - frontend, admit - received, done - admit, first - done])
     }
 
     pub fn ttft_ms(&self) -> Option<f64> {
