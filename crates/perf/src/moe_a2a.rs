@@ -15,12 +15,17 @@
 //! moe_combine        (moe_a2a: deepep_ht / combine)
 //! ```
 //!
+//! and the MLA / DSA families' DeepEP block on SGLang (`wideep_mla.rs`, `deepep_block`): the
+//! whole shared expert, dispatch, SGLang's wide-EP expert compute (`wideep_*_moe_perf`), combine.
+//!
 //! The all-to-all table is keyed by `(comm_backend, phase, comm_dtype, ep_size, node_num,
 //! hidden_size, topk, num_experts, sms)`, each key a `num_tokens → latency` curve (µs in the
 //! file, first row of a coordinate wins, sources in resolution order). A query reads the exact
 //! key's curve like a message-size curve (exact, linear inside, utilisation held against a SOL
 //! proportional to the tokens outside); an EP wider than a node reads the node-wide EP curve
-//! (`num_gpus_per_node`, one node), as the reference substitutes it for vLLM.
+//! (`num_gpus_per_node`, one node; SGLang: EP8), as the reference substitutes it. SGLang's rows
+//! come from its legacy DeepEP normal-mode table; DeepEP high-throughput off one node / 20 SMs
+//! reads the `(sms, tokens)` grid and apportions the interpolated round trip.
 
 use std::collections::BTreeMap;
 

@@ -1177,8 +1177,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
 
 /// Why the wide expert-parallel knobs are refused: what servesim would need to time them.
 /// The large-EP selection of `cfg` checked against the model and layout as the reference's
-/// all-to-all registry checks it (plain MoE family, `moe_tp = 1`, `1 < moe_ep ≤ experts`,
-/// experts divisible by `moe_ep`, top-k ≤ 8), with the nodes the expert group spans.
+/// all-to-all registry checks it (`moe_tp = 1`, `1 < moe_ep ≤ experts`, experts divisible by
+/// `moe_ep`, top-k ≤ 8), with the modelled family per backend (plain MoE on vLLM, DeepSeek-V3
+/// MLA and DSA on SGLang), the nodes the expert group spans and the wide-EP MLA kernel rows.
 fn large_ep_comm(
     cfg: &AisConfig,
     model: &crate::model::ModelSpec,

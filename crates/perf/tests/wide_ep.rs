@@ -90,8 +90,10 @@ fn large_ep_context_matches_the_reference_per_op() {
     eprintln!("large-EP goldens: {} passes, largest relative difference {worst:e}", CASES.len());
 }
 
-type SglangCase =
-    (((&'static str, &'static str), (u32, u32, u32, u32, bool)), (u32, u32, u32), f64, &'static [(&'static str, f64)]);
+/// `(model, system)` and `(tp, attention dp, moe_ep, cp, enable_eplb)`.
+type Deployment = (&'static str, &'static str);
+type SglangLayout = (u32, u32, u32, u32, bool);
+type SglangCase = ((Deployment, SglangLayout), (u32, u32, u32), f64, &'static [(&'static str, f64)]);
 
 /// `(((model, system), (tp, attention dp, moe_ep, cp, enable_eplb)), (batch, isl, prefix),
 /// reference total, reference ops)`: SGLang 0.5.14's wide-EP graphs of the MLA and DSA families
@@ -134,7 +136,7 @@ const SGLANG_CASES: &[SglangCase] = &[
     ((("deepseek-ai/DeepSeek-V3.2", "b200_sxm"), (1, 16, 16, 1, false)), (16, 8192, 0), 14195.015357912183, &[("context_attention", 3822.0620304914487), ("context_gate_ffn1_gemm", 185.78963067796496), ("context_act_gate", 16.1322494961039), ("context_ffn2_gemm", 91.56962150997586), ("context_moe_dispatch", 970.8867536856204), ("context_moe", 7681.093680027554), ("context_moe_combine", 1427.4813920235147)]),
 ];
 
-fn sglang_config(model: &str, system: &str, (tp, dp, ep, cp, eplb): (u32, u32, u32, u32, bool)) -> serde_json::Value {
+fn sglang_config(model: &str, system: &str, (tp, dp, ep, cp, eplb): SglangLayout) -> serde_json::Value {
     json!({"model": model, "system": system, "backend": "sglang", "worker_type": "aggregated", "tp": tp,
            "attention_dp": dp, "cp_size": cp, "moe_tp_size": 1, "moe_ep_size": ep, "enable_eplb": eplb,
            "moe_comm_backend": {"context": "deepep_ht"}})
@@ -165,8 +167,7 @@ fn sglang_mla_and_dsa_wide_ep_context_matches_the_reference_per_op() {
     eprintln!("SGLang wide-EP goldens: {} passes, largest relative difference {worst:e}", SGLANG_CASES.len());
 }
 
-type SglangDecode =
-    (((&'static str, &'static str), (u32, u32, u32, u32, bool)), (u32, u32), f64, &'static [(&'static str, f64)]);
+type SglangDecode = ((Deployment, SglangLayout), (u32, u32), f64, &'static [(&'static str, f64)]);
 
 /// One decode step `(batch, context)` of the same deployments: the wide-EP attention module and
 /// the fused MoE block (the generation phase takes no DeepEP), from the same script's
@@ -228,7 +229,7 @@ fn sglang_wide_ep_decode_matches_the_reference_per_op() {
 /// context graph's GEMMs, embedding and experts, which the reference sums without its SGLang
 /// checkpoint correction (`weights` lines of the same script).
 #[rustfmt::skip]
-const SGLANG_WEIGHTS: &[((&str, &str), (u32, u32, u32, u32, bool), f64)] = &[
+const SGLANG_WEIGHTS: &[(Deployment, SglangLayout, f64)] = &[
     (("deepseek-ai/DeepSeek-V3", "h200_sxm"), (1, 8, 8, 1, false), 92353200128.0),
     (("deepseek-ai/DeepSeek-V3", "h200_sxm"), (1, 16, 16, 1, false), 49369972736.0),
     (("deepseek-ai/DeepSeek-V3", "h200_sxm"), (2, 8, 16, 1, false), 49369972736.0),
@@ -353,7 +354,7 @@ fn sglang_wide_ep_refuses_what_the_reference_refuses() {
         eprintln!("NOTICE: AIS data not installed; skipping");
         return;
     }
-    let prefill = |model: &str, system: &str, layout: (u32, u32, u32, u32, bool), slots: Option<u32>| {
+    let prefill = |model: &str, system: &str, layout: SglangLayout, slots: Option<u32>| {
         let mut cfg = sglang_config(model, system, layout);
         if let Some(n) = slots {
             cfg["wideep_num_slots"] = json!(n);
