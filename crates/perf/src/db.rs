@@ -370,6 +370,10 @@ pub struct Database {
     pub(crate) moe: OnceLock<Result<MoeTable>>,
     /// The large-EP all-to-all table (`moe_a2a_perf`), sources resolved and read on first use.
     a2a: OnceLock<Result<crate::moe_a2a::A2aTable>>,
+    /// SGLang's wide-EP expert-compute tables, read on first use.
+    wide_moe: OnceLock<Result<crate::moe_a2a::WideEpMoeTable>>,
+    /// SGLang's wide-EP MLA module tables, read on first use.
+    pub(crate) wide_mla: crate::wideep_mla::WideMlaTables,
     /// The MLA tables, each read (sources resolved) on first use.
     pub(crate) mla: crate::mla::MlaTables,
     /// The DSA sparse-attention tables, each read on first use.
@@ -474,6 +478,8 @@ impl Database {
             nccl: OnceLock::new(),
             moe: OnceLock::new(),
             a2a: OnceLock::new(),
+            wide_moe: OnceLock::new(),
+            wide_mla: Default::default(),
             mla: Default::default(),
             dsa: Default::default(),
             dsv4: Default::default(),
@@ -517,6 +523,11 @@ impl Database {
     /// The large-EP all-to-all table, read on first use.
     pub fn a2a_table(&self) -> Result<&crate::moe_a2a::A2aTable> {
         self.a2a.get_or_init(|| crate::moe_a2a::A2aTable::load(self)).as_ref().map_err(Clone::clone)
+    }
+
+    /// SGLang's wide-EP expert-compute table, read on first use.
+    pub fn wide_moe_table(&self) -> Result<&crate::moe_a2a::WideEpMoeTable> {
+        self.wide_moe.get_or_init(|| crate::moe_a2a::WideEpMoeTable::load(self)).as_ref().map_err(Clone::clone)
     }
 
     /// Every source file this database reads, per table.

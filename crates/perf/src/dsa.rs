@@ -912,6 +912,25 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
     // The projections' formats; the module table is keyed by the output projection's.
     let proj = if l.backend == "vllm" { d.attn_bf16_precise } else { d.attn_bf16 }.map(gemm_of);
     let act = 2.0;
+    let dsa = |ctx: bool, scale: f64| {
+        Op::Dsa(DsaOp {
+            name: if ctx { "context_attention" } else { "generation_attention" }.into(),
+            scale,
+            context: ctx,
+            heads: m.heads / tp,
+            kv: l.kv,
+            fmha: l.fmha,
+            gemm: proj[2],
+            proj,
+            arch: d.arch,
+            full_frac,
+            cp: if ctx { l.cp.max(1) } else { 1 },
+            dcp: 1,
+        })
+    };
+    if l.moe_comm.is_large_ep() && sglang {
+        return Ok(crate::wideep_mla::dsa_ops(m, l, dsa));
+    }
     let mut out = (Vec::new(), Vec::new());
     for (ctx, list) in [(true, &mut out.0), (false, &mut out.1)] {
         let phase = if ctx { "context" } else { "generation" };
@@ -931,20 +950,7 @@ pub fn build_dsa_ops(m: &ModelSpec, l: &Layout) -> Result<(Vec<Op>, Vec<Op>)> {
         };
         list.push(Op::Embedding { name: nm("embedding"), scale: s, bytes_per_token: h as f64 * 2.0 });
         list.push(add_norm("add_norm_1"));
-        list.push(Op::Dsa(DsaOp {
-            name: nm("attention"),
-            scale: ls,
-            context: ctx,
-            heads: m.heads / tp,
-            kv: l.kv,
-            fmha: l.fmha,
-            gemm: proj[2],
-            proj,
-            arch: d.arch,
-            full_frac,
-            cp: if ctx { l.cp.max(1) } else { 1 },
-            dcp: 1,
-        }));
+        list.push(dsa(ctx, ls));
         list.push(add_norm("add_norm_2"));
         for (i, &(count, gate_bf16, down_bf16)) in groups.iter().enumerate() {
             let prefix = if groups.len() == 1 { format!("{phase}_dense") } else { format!("{phase}_dense_{i}") };

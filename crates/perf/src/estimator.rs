@@ -70,7 +70,7 @@ fn compute_formats(op: &Op, f: &mut dyn FnMut(Dtype) -> Result<()>) -> Result<()
             fallback.iter().try_for_each(|o| compute_formats(o, f))
         }
         Op::Overlap { a, b, .. } => a.iter().chain(b).try_for_each(|o| compute_formats(o, f)),
-        Op::TokenScale { op, .. } => compute_formats(op, f),
+        Op::TokenScale { op, .. } | Op::TpShare { op, .. } => compute_formats(op, f),
         Op::Striped(st) => compute_formats(&st.op, f),
         _ => Ok(()),
     }
@@ -86,7 +86,8 @@ fn attends(op: &Op) -> bool {
         | Op::MlaBmm(_)
         | Op::Dsa(_)
         | Op::Msa(_)
-        | Op::Dsv4Attn(_) => true,
+        | Op::Dsv4Attn(_)
+        | Op::WideEpMla(_) => true,
         Op::Dsv41(d) => d.is_attention(true) || d.is_attention(false),
         Op::Fallback { primary, .. } => attends(primary),
         Op::Striped(st) => attends(&st.op),
@@ -114,7 +115,7 @@ fn sol_refused(op: &Op) -> Option<&'static str> {
         Op::Dsa(_) => Some("DSA sparse attention (DeepSeek-V3.2, GLM-5)"),
         Op::Msa(_) => Some("MiniMax sparse attention (MiniMax-M3)"),
         Op::Dsv4Attn(_) | Op::Mhc(_) => Some("DeepSeek-V4 compressed attention and mHC"),
-        Op::MoeA2a(_) | Op::ExpertCompute(_) => Some("the large-EP MoE graph (moe_comm_backend)"),
+        Op::MoeA2a(_) | Op::ExpertCompute(_) | Op::WideEpMla(_) => Some("the large-EP MoE graph (moe_comm_backend)"),
         _ => None,
     }
 }
@@ -125,6 +126,7 @@ fn empirical_refused(op: &Op) -> Option<&'static str> {
     match op {
         Op::ExpertCompute(_) => Some("the large-EP MoE expert compute"),
         Op::MoeA2a(_) => Some("the large-EP MoE all-to-all"),
+        Op::WideEpMla(_) => Some("the wide-EP MLA module"),
         Op::Dsa(_) => Some("DSA sparse attention"),
         Op::Msa(_) => Some("MiniMax sparse attention"),
         Op::Dsv4Attn(_) | Op::Mhc(_) => Some("DeepSeek-V4 compressed attention and mHC"),
@@ -328,6 +330,8 @@ impl Estimator {
                 }
                 Err(e) => return Err(e),
             },
+            Op::WideEpMla(w) => crate::wideep_mla::eval(db, w, at.batch, at.s, at.prefix)?,
+            Op::TpShare { op, tp } => self.eval(op, At { x: at.x / (*tp).max(1), ..at })?,
             Op::TokenScale { op, num, den } => {
                 let scaled = |v: u32| -> Result<u32> {
                     u32::try_from(u64::from(v) * u64::from(*num) / u64::from((*den).max(1)))
@@ -505,6 +509,8 @@ impl Estimator {
             | Op::Gdn(_)
             | Op::Kda(_)
             | Op::MoeA2a(_)
+            | Op::WideEpMla(_)
+            | Op::TpShare { .. }
             | Op::ExpertCompute(_) => {
                 return Err(PerfError::unsupported(format!(
                     "forward_model='fpm' SOL roofline has no implementation for op {} (as in the reference)",
@@ -537,9 +543,11 @@ impl Estimator {
     fn cp_share(&self, op: &Op, x: u32) -> u32 {
         let cp = self.layout.cp.max(1);
         let whole = match op {
-            Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_) => true,
+            // (The all-to-all divides the rank's tokens by tp × cp itself.)
+            Op::CpAllGather { .. } | Op::Moe(_) | Op::MoeDispatch(_) | Op::MoeA2a(_) | Op::ExpertCompute(_) => true,
             Op::P2P { .. } => self.model.family == Family::Mla,
-            _ => self.model.dsa.is_some(),
+            // DSA's wide-EP graph splits its shared expert's tokens like the MLA graph.
+            _ => self.model.dsa.is_some() && !self.layout.moe_comm.is_large_ep(),
         };
         if cp == 1 || whole {
             x

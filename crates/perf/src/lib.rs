@@ -46,6 +46,7 @@ pub mod provider;
 pub mod qwen3vl;
 pub mod systems;
 pub mod vision;
+pub mod wideep_mla;
 
 pub use error::{ErrorKind, PerfError};
 pub use estimator::{Estimator, RankMetrics};

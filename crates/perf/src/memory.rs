@@ -378,6 +378,7 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
         Op::Dsv41(d) => d.weight_bytes(),
         Op::Mhc(h) => h.weight_bytes(),
         Op::Striped(st) => op_weights(est, &st.op),
+        Op::TpShare { op, .. } => op_weights(est, op),
         Op::Fallback { primary, fallback, .. } => {
             let p = op_weights(est, primary);
             if p > 0.0 {
@@ -393,13 +394,20 @@ fn op_weights(est: &Estimator, op: &Op) -> f64 {
     }
 }
 
-/// SGLang serving DeepSeek-V3 (one pipeline stage, no MTP, no prefill context parallelism) loads what the checkpoint holds, not
+/// SGLang serving DeepSeek-V3 (one pipeline stage, no MTP, no prefill context parallelism, not
+/// the wide-EP graph, whose graph weights the reference keeps) loads what the checkpoint holds, not
 /// what the timing graph approximates: the embedding split over tensor parallelism, the dense
 /// first layers as gated MLPs, and only the MoE layers' routed experts, shared experts and router.
 /// The reference corrects the graph's weights (`graph`) that way; `None` elsewhere.
 fn sglang_mla_weights(est: &Estimator, graph: f64) -> Option<f64> {
     let (m, l) = (&est.model, &est.layout);
-    if l.backend != "sglang" || m.architecture != "DeepseekV3ForCausalLM" || l.pp != 1 || l.nextn != 0 || l.cp != 1 {
+    if l.backend != "sglang"
+        || m.architecture != "DeepseekV3ForCausalLM"
+        || l.moe_comm.is_large_ep()
+        || l.pp != 1
+        || l.nextn != 0
+        || l.cp != 1
+    {
         return None;
     }
     let (h, tp) = (m.hidden as f64, l.tp as f64);

@@ -911,6 +911,11 @@ pub enum Op {
     Striped(crate::dcp::Striped),
     /// `primary`, or when its table lacks the data, the sum of `fallback`.
     Fallback { name: String, primary: Box<Op>, fallback: Vec<Op> },
+    /// A wide-EP MLA attention module (`wideep_mla.rs`).
+    WideEpMla(crate::wideep_mla::WideEpMlaOp),
+    /// `op` on the attention tensor-parallel rank's share of the step's tokens (`x / tp`,
+    /// floored; the batch unchanged): the reference's `scale_num_tokens` (`wideep_mla.rs`).
+    TpShare { op: Box<Op>, tp: u32 },
     /// Two op chains on parallel streams: the slower chain's sum.
     Overlap { name: String, a: Vec<Op>, b: Vec<Op> },
     /// A speculative draft's op, run at its own width: the step's token batch (and token
@@ -953,7 +958,8 @@ impl Op {
             Op::Kda(k) => &k.name,
             Op::SmallGemm(g) => &g.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
-            Op::TokenScale { op, .. } => op.name(),
+            Op::WideEpMla(w) => &w.name,
+            Op::TokenScale { op, .. } | Op::TpShare { op, .. } => op.name(),
         }
     }
 
@@ -992,7 +998,8 @@ impl Op {
             Op::Kda(k) => &mut k.name,
             Op::SmallGemm(g) => &mut g.name,
             Op::Fallback { name, .. } | Op::Overlap { name, .. } => name,
-            Op::TokenScale { op, .. } => op.name_mut(),
+            Op::WideEpMla(w) => &mut w.name,
+            Op::TokenScale { op, .. } | Op::TpShare { op, .. } => op.name_mut(),
         }
     }
 
@@ -1368,6 +1375,9 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
     let keep = |excluded: bool| if excluded { Dtype::Bfloat16 } else { l.gemm };
     let (q_gemm, kv_gemm, o_gemm) = (keep(ex.q), keep(ex.kv), keep(ex.o));
     let down_gemm = keep(ex.q && ex.kv);
+    if l.moe_comm.is_large_ep() && l.backend == "sglang" {
+        return crate::wideep_mla::mla_ops(m, l, down_gemm, &l.moe_comm.mla_backend);
+    }
     // The fused module's table is keyed by one GEMM format: a checkpoint mixing formats
     // across its projections has no such row and always runs the granular chain.
     let module_gemm = (q_gemm == kv_gemm && kv_gemm == o_gemm).then_some(o_gemm);

@@ -1038,7 +1038,11 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         )));
     }
     let gemm = cfg.gemm_quant_mode.unwrap_or(model.quant.gemm);
-    let kv = cfg.kvcache_quant_mode.unwrap_or(model.quant.kv);
+    // SGLang's wide-EP MLA rows are labelled fp8_block attention over an fp8 KV cache: the
+    // reference's resolver sets both for a DeepSeek-V3-architecture model whose tuple takes
+    // DeepEP (an explicit value stays).
+    let wide_mla = moe_comm.is_large_ep() && cfg.backend == "sglang" && model.family == Family::Mla;
+    let kv = cfg.kvcache_quant_mode.unwrap_or(if wide_mla { Dtype::Fp8 } else { model.quant.kv });
     let moe = cfg.moe_quant_mode.unwrap_or(model.quant.moe);
     // Kimi-K3's MXFP4 experts on SGLang / Blackwell run with MXFP8 activations (`kimi_k3.rs`).
     let moe = match (&model.kimi_k3, cfg.moe_quant_mode) {
@@ -1093,18 +1097,18 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
         // An fp8 checkpoint implies fp8 attention, but vLLM's tables only hold bf16 FMHA, as do
         // every backend's DSA tables; the reference then times attention in bf16 (only when
         // fmha_quant_mode is not given).
-        fmha: cfg.fmha_quant_mode.unwrap_or(
-            if cfg.backend == "vllm"
-                || model.family == Family::Dsa
-                || sglang_mla_runs_bf16(&model, cfg, &version, &spec)
-            {
-                Dtype::Bfloat16
-            } else if model.family == Family::Dsv4 && !cfg.database_mode.is_sol() {
-                crate::dsv4::context_fmha(&db, model.quant.fmha, kv)?
-            } else {
-                model.quant.fmha
-            },
-        ),
+        fmha: cfg.fmha_quant_mode.unwrap_or(if wide_mla {
+            Dtype::Fp8Block
+        } else if cfg.backend == "vllm"
+            || model.family == Family::Dsa
+            || sglang_mla_runs_bf16(&model, cfg, &version, &spec)
+        {
+            Dtype::Bfloat16
+        } else if model.family == Family::Dsv4 && !cfg.database_mode.is_sol() {
+            crate::dsv4::context_fmha(&db, model.quant.fmha, kv)?
+        } else {
+            model.quant.fmha
+        }),
         moe,
         backend: cfg.backend.clone(),
         moe_comm,
@@ -1173,8 +1177,9 @@ pub fn estimator(cfg: &AisConfig) -> Result<Arc<Estimator>> {
 
 /// Why the wide expert-parallel knobs are refused: what servesim would need to time them.
 /// The large-EP selection of `cfg` checked against the model and layout as the reference's
-/// all-to-all registry checks it (plain MoE family, `moe_tp = 1`, `1 < moe_ep ≤ experts`,
-/// experts divisible by `moe_ep`, top-k ≤ 8), with the nodes the expert group spans.
+/// all-to-all registry checks it (`moe_tp = 1`, `1 < moe_ep ≤ experts`, experts divisible by
+/// `moe_ep`, top-k ≤ 8), with the modelled family per backend (plain MoE on vLLM, DeepSeek-V3
+/// MLA and DSA on SGLang), the nodes the expert group spans and the wide-EP MLA kernel rows.
 fn large_ep_comm(
     cfg: &AisConfig,
     model: &crate::model::ModelSpec,
@@ -1187,12 +1192,41 @@ fn large_ep_comm(
         return Ok(c.clone());
     }
     let refuse = |why: String| PerfError::unsupported(format!("{}: moe_comm_backend: {why}", cfg.model));
-    if model.family != Family::Moe || model.hybrid.is_some() {
+    // The MLA (DeepSeek-V3 architecture) and DSA families' wide-EP graph: SGLang's (`wideep_mla.rs`).
+    let deepseek =
+        (model.family == Family::Mla && model.architecture == "DeepseekV3ForCausalLM") || model.family == Family::Dsa;
+    let plain = model.family == Family::Moe && model.hybrid.is_none();
+    if !(plain || deepseek) {
         return Err(refuse(format!(
-            "the large-EP graph is modelled for the plain MoE family only (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss, \
-             MiniMax-M2), not {} (for MLA / DSA models it needs the wide-EP MLA module tables wideep_*_mla_perf \
-             and the shared-expert layout; the reference does not build it for hybrid or MiniMax-M3 models)",
+            "the large-EP graph is modelled for the plain MoE family on vLLM (Qwen3-MoE, Qwen2-MoE, Mixtral, \
+             gpt-oss, MiniMax-M2) and for DeepSeek-V3-architecture MLA and DSA models on SGLang, not {} (the \
+             reference does not build it for hybrid, MiniMax-M3 or DeepSeek-V4 models; Kimi-K2.5's wrapper and \
+             Kimi-K3 are not modelled)",
             model.architecture
+        )));
+    }
+    match (plain, cfg.backend.as_str()) {
+        (true, "vllm") | (false, "sglang") => {}
+        (true, b) => {
+            return Err(refuse(format!(
+                "the plain MoE family's large-EP graph is modelled on vllm only, not {b} (SGLang's needs its \
+                 wide-EP expert-compute tables for this model's shape and its shared-expert layout)"
+            )))
+        }
+        (false, b) => {
+            return Err(refuse(format!(
+                "the {} family's large-EP graph is modelled on sglang only, not {b} (vLLM's runs the fused MLA \
+                 attention with the generic all-to-all block, which no golden checks)",
+                model.architecture
+            )))
+        }
+    }
+    if deepseek && !matches!(cfg.attention_backend.as_deref(), None | Some("default" | "flashinfer" | "fa3")) {
+        return Err(PerfError::unsupported(format!(
+            "{}: attention_backend {:?} is not one the wide-EP MLA module takes (flashinfer, fa3; unset or \
+             default: flashinfer)",
+            cfg.model,
+            cfg.attention_backend.as_deref().unwrap_or_default()
         )));
     }
     if moe_tp != 1 || moe_ep <= 1 || !model.experts.is_multiple_of(moe_ep) || model.topk > 8 {
@@ -1205,7 +1239,15 @@ fn large_ep_comm(
     if gpus_per_node == 0 {
         return Err(refuse(format!("system {} has no node.num_gpus_per_node", cfg.system)));
     }
-    Ok(crate::moe_a2a::MoeComm { node_num: (moe_ep * moe_tp).div_ceil(gpus_per_node), ..c.clone() })
+    let mla_backend = match cfg.attention_backend.as_deref() {
+        None | Some("default") => "flashinfer",
+        Some(b) => b,
+    };
+    Ok(crate::moe_a2a::MoeComm {
+        node_num: (moe_ep * moe_tp).div_ceil(gpus_per_node),
+        mla_backend: mla_backend.to_string(),
+        ..c.clone()
+    })
 }
 
 /// Reads `moe_comm_backend`: `{context: BACKEND, generation: BACKEND}`, either phase absent or
@@ -1233,15 +1275,14 @@ fn parse_moe_comm(path: &str, backend: &str, v: &Value) -> Result<crate::moe_a2a
             ));
         }
         match (phase.as_str(), b) {
-            ("context", "deepep_ht") if backend == "vllm" => comm.context = Some(b.to_string()),
+            ("context", "deepep_ht") if matches!(backend, "vllm" | "sglang") => comm.context = Some(b.to_string()),
             ("context", "deepep_ht") => {
                 return Err(cfg_err(
                     path,
                     &at,
                     format!(
-                        "deepep_ht on {backend} is not modelled (vllm only): SGLang's large-EP graph needs its \
-                         legacy DeepEP tables (wideep_deepep_normal_perf), the wide-EP expert-compute tables \
-                         (wideep_*_moe_perf) and its replicated embedding; TRT-LLM uses its own backends"
+                        "deepep_ht runs on vllm and sglang, not {backend} (TRT-LLM uses its own all-to-all \
+                         backends, trtllm_deepep_ht and the NVLink ones, which are not modelled)"
                     ),
                 ))
             }
@@ -1259,8 +1300,8 @@ fn parse_moe_comm(path: &str, backend: &str, v: &Value) -> Result<crate::moe_a2a
                     path,
                     &at,
                     format!(
-                        "{b:?} is not modelled; only context: deepep_ht on vllm is ({b} needs its all-to-all \
-                         rows and, on TRT-LLM / SGLang, the wide-EP expert-compute tables)"
+                        "{b:?} is not modelled; only context: deepep_ht on vllm and sglang is ({b} needs its \
+                         all-to-all rows and, on TRT-LLM, the wide-EP expert-compute tables)"
                     ),
                 ))
             }
@@ -1271,12 +1312,11 @@ fn parse_moe_comm(path: &str, backend: &str, v: &Value) -> Result<crate::moe_a2a
 }
 
 const WIDE_EP: &str = "wide expert parallelism is modelled only as the context-phase DeepEP high-throughput \
-                       graph of plain MoE models on vLLM (moe_comm_backend: {context: deepep_ht}; enable_eplb \
-                       and wideep_num_slots are taken, and time nothing on the fused block, as in the \
-                       reference); the rest needs the all-to-all dispatch and \
-                       combine estimators of the other backends (DeepEP low-latency, NVLink, TRT-LLM DeepEP), \
-                       the wide-EP expert-compute tables with EPLB slots, and for MLA models the wide-EP MLA \
-                       module tables (wideep_*_mla_perf)";
+                       graph (moe_comm_backend: {context: deepep_ht}) of plain MoE models on vLLM and of \
+                       DeepSeek-V3-architecture MLA and DSA models on SGLang (enable_eplb and \
+                       wideep_num_slots are taken, and time nothing on the fused block, as in the reference); \
+                       the rest needs the all-to-all dispatch and combine estimators of the other backends \
+                       (DeepEP low-latency, NVLink, TRT-LLM DeepEP) and their wide-EP expert-compute tables";
 
 /// SGLang 0.5.14 on Hopper runs DeepSeek-V3's absorbed MLA attention in bf16 whatever the
 /// checkpoint's KV format (its FA3 backend does not cast the 576-wide latent query to fp8), so
