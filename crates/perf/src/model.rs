@@ -1348,6 +1348,13 @@ pub(crate) fn mla_stand_in_attention(
     }
 }
 
+/// Prefill context parallelism of an MLA model: every layer all-gathers the whole prompt's
+/// latent KV, in half-precision elements.
+pub(crate) fn mla_cp_all_gather(name: String, layers: f64, d: &MlaDims, l: &Layout) -> Op {
+    let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
+    Op::CpAllGather { name, scale: layers, elements: latent * l.kv.bytes() / 2.0, gpus: l.cp }
+}
+
 /// `(context ops, generation ops)` of an MLA model, as the reference's `DeepSeekModel` lays them
 /// out for the fused (small-EP) MoE path:
 ///
@@ -1457,15 +1464,7 @@ fn build_mla_ops(m: &ModelSpec, d: &MlaDims, l: &Layout) -> (Vec<Op>, Vec<Op>) {
             None => list.extend(granular),
         }
         if ctx && l.cp > 1 {
-            // Prefill context parallelism: every layer all-gathers the whole prompt's latent KV,
-            // in half-precision elements.
-            let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
-            list.push(Op::CpAllGather {
-                name: nm("cp_all_gather"),
-                scale: layers,
-                elements: latent * l.kv.bytes() / 2.0,
-                gpus: l.cp,
-            });
+            list.push(mla_cp_all_gather(nm("cp_all_gather"), layers, d, l));
         }
         list.push(add_norm("add_norm_2"));
         let inter = m.moe_inter / tp;

@@ -293,13 +293,7 @@ pub(crate) fn mla_ops(m: &ModelSpec, l: &Layout, down: Dtype, backend: &str) -> 
             cp: if ctx { l.cp.max(1) } else { 1 },
         }));
         if ctx && l.cp > 1 {
-            let latent = (d.kv_lora_rank + d.qk_rope_head_dim) as f64;
-            list.push(Op::CpAllGather {
-                name: nm("cp_all_gather"),
-                scale: layers,
-                elements: latent * l.kv.bytes() / 2.0,
-                gpus: l.cp,
-            });
+            list.push(crate::model::mla_cp_all_gather(nm("cp_all_gather"), layers, &d, l));
         }
         if ctx {
             list.extend(tp_collective("tp_reduce_scatter", "reduce_scatter", ls, h, tp));

@@ -122,18 +122,7 @@ pub(super) fn read(
             "analytical EPD cannot enforce min_goodput_rps",
         ));
     }
-    if constraints.and_then(|c| c.get("min_candidate_gpus")).is_some_and(|v| !v.is_null()) {
-        return Err(DeployError::new(
-            "optimization.constraints.min_candidate_gpus",
-            "EPD currently supports gpu_budget only, not min_gpu_budget",
-        ));
-    }
-    if section.get("backend_version").is_some_and(|v| !v.is_null()) && backends.len() != 1 {
-        return Err(DeployError::new(
-            format!("{KEY}.backend_version"),
-            "encoder.backend_version requires a single backend",
-        ));
-    }
+    budget_and_version_gates(constraints, section, backends)?;
     let targets: &[&str] =
         if optimization.target == "pareto" { &optimization.pareto_objectives } else { &[optimization.target] };
     let bounded = sla.ttft_ms.is_some() || sla.itl_ms.is_some() || sla.e2e_ms.is_some();
@@ -168,6 +157,28 @@ pub(super) fn read(
         return Err(DeployError::new(KEY, "no feasible encoder pool for the requested shape and GPU budget"));
     }
     Ok(Some(Catalog { per_backend }))
+}
+
+/// The gates an analytical and a native pool share, in the reference's words: a GPU budget
+/// without a floor, and a pinned encoder version only with one backend.
+fn budget_and_version_gates(
+    constraints: Option<&Value>,
+    section: &Map<String, Value>,
+    backends: &[&'static str],
+) -> Result<(), DeployError> {
+    if constraints.and_then(|c| c.get("min_candidate_gpus")).is_some_and(|v| !v.is_null()) {
+        return Err(DeployError::new(
+            "optimization.constraints.min_candidate_gpus",
+            "EPD currently supports gpu_budget only, not min_gpu_budget",
+        ));
+    }
+    if section.get("backend_version").is_some_and(|v| !v.is_null()) && backends.len() != 1 {
+        return Err(DeployError::new(
+            format!("{KEY}.backend_version"),
+            "encoder.backend_version requires a single backend",
+        ));
+    }
+    Ok(())
 }
 
 /// The catalog around a native pool (`engine.workers.encoder.mode: native`): every tensor width
@@ -212,18 +223,7 @@ fn read_native(
         .collect::<Result<Vec<_>, DeployError>>()?;
     one_cap()?;
     let constraints = root.pointer("/optimization/constraints");
-    if constraints.and_then(|c| c.get("min_candidate_gpus")).is_some_and(|v| !v.is_null()) {
-        return Err(DeployError::new(
-            "optimization.constraints.min_candidate_gpus",
-            "EPD currently supports gpu_budget only, not min_gpu_budget",
-        ));
-    }
-    if section.get("backend_version").is_some_and(|v| !v.is_null()) && backends.len() != 1 {
-        return Err(DeployError::new(
-            format!("{KEY}.backend_version"),
-            "encoder.backend_version requires a single backend",
-        ));
-    }
+    budget_and_version_gates(constraints, section, backends)?;
     let mut per_backend = Vec::new();
     for (backend, mut config) in probes {
         // The stages a saved candidate carries: a host cost table's row, resolved once.
