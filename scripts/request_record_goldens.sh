@@ -37,6 +37,8 @@ for case in ["synthetic", "trace_cut", "failed_handoff", "sglang_disagg", "agent
         rows.append(row + [r["request_id"]] if "agentic" in r else row)
     rows.sort(key=lambda row: (row[0], -1 if row[1] is None else row[1]))
     out[case] = rows
-print(json.dumps(out, indent=1))
+# One row a line.
+cases = [json.dumps(c) + ": [\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]" for c, rows in out.items()]
+print("{\n " + ",\n ".join(cases) + "\n}")
 PY
 rm -rf $tmp
