@@ -4319,6 +4319,38 @@ fn native_vl_replay_matches_the_reference() {
     assert!(deviation(ours["duration_ms"].as_f64().unwrap(), 1495.1084240000007) < 1e-6, "{ours}");
 }
 
+/// `recommend` on `tests/deploy/recommend_<name>.yaml`: its best candidate is `best_id`, and its
+/// saved YAML replays through `predict -c` to the search's `keys` bit for bit and to the
+/// reference's (`recommendation_<name>_0001.expected.json`) within 1e-9. Returns the
+/// configuration's path, the saved YAML and the replay's prediction (None without AIS data).
+fn best_recommendation_replays(name: &str, best_id: &str, keys: &[&str]) -> Option<(PathBuf, Value, Value)> {
+    let config = deploy_dir().join(format!("recommend_{name}.yaml"));
+    let dir = tmp(&format!("{name}-recommend"));
+    let out = recommend(&config, &dir, &[]);
+    if data_missing(&out) {
+        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping {name}");
+        return None;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
+    assert_eq!(doc["views"]["top_n"][0], best_id, "{name}");
+    let best = doc["candidates"].as_array().unwrap().iter().find(|c| c["candidate_id"] == best_id).unwrap();
+    let saved_path = dir.join("recommendations/0001.yaml");
+    let saved: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&saved_path).unwrap()).unwrap();
+    let replay = tmp(&format!("{name}-recommend-replay"));
+    let out = predict(&saved_path, &replay, &["--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ours: Value = serde_json::from_slice(&std::fs::read(replay.join("prediction.json")).unwrap()).unwrap();
+    let golden = deploy_dir().join(format!("recommendation_{name}_0001.expected.json"));
+    let golden: Value = serde_json::from_slice(&std::fs::read(golden).unwrap()).unwrap();
+    for key in keys {
+        assert_eq!(ours[key], best["metrics"][key], "{name} {key}: the replay and the search");
+        let (x, y) = (ours[key].as_f64().unwrap(), golden["metrics"][key].as_f64().unwrap());
+        assert!(deviation(x, y) <= 1e-9, "{name} {key} = {x}, reference {y}");
+    }
+    Some((config, saved, ours))
+}
+
 /// Native VL in `recommend` (recommend_native_vl.yaml; its draw against the reference is in
 /// `recommend_random_draws_the_reference_beside_routers_and_loads`): the saved best candidate
 /// spells the tower's settings out and replays through `predict -c` to the numbers the search
@@ -4327,34 +4359,9 @@ fn native_vl_replay_matches_the_reference() {
 /// `aisimulate_predict.py tests/deploy/recommend_native_vl.yaml --command recommend --set ...`).
 #[test]
 fn native_vl_recommendations_replay_and_gate_as_the_reference() {
-    let config = deploy_dir().join("recommend_native_vl.yaml");
-    let dir = tmp("native-vl-recommend");
-    let out = recommend(&config, &dir, &[]);
-    if data_missing(&out) {
-        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
-        return;
-    }
-    assert!(out.status.success(), "{}", stderr(&out));
-    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
-    let best_id = doc["views"]["top_n"][0].clone();
-    assert_eq!(best_id, "candidate-000005");
-    let best = doc["candidates"].as_array().unwrap().iter().find(|c| c["candidate_id"] == best_id).unwrap();
-    let saved: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+    let keys = ["mean_ttft_ms", "output_throughput_tok_s", "duration_ms", "mean_e2e_latency_ms"];
+    let Some((config, saved, _)) = best_recommendation_replays("native_vl", "candidate-000005", &keys) else { return };
     assert_eq!(saved["engine"]["workers"]["aggregated"]["vision"], json!({"cache_mib": 200, "encoder_parallel": "dp"}));
-    let replay = tmp("native-vl-recommend-replay");
-    let out = predict(&dir.join("recommendations/0001.yaml"), &replay, &["--format", "json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let ours: Value = serde_json::from_slice(&std::fs::read(replay.join("prediction.json")).unwrap()).unwrap();
-    let golden: Value = serde_json::from_slice(
-        &std::fs::read(deploy_dir().join("recommendation_native_vl_0001.expected.json")).unwrap(),
-    )
-    .unwrap();
-    for key in ["mean_ttft_ms", "output_throughput_tok_s", "duration_ms", "mean_e2e_latency_ms"] {
-        assert_eq!(ours[key], best["metrics"][key], "{key}: the replay and the search");
-        let (x, y) = (ours[key].as_f64().unwrap(), golden["metrics"][key].as_f64().unwrap());
-        assert!(deviation(x, y) <= 1e-9, "{key} = {x}, reference {y}");
-    }
     let par = "engine.workers.aggregated.parallelism";
     let cases: &[(&[&str], &str)] = &[
         (
@@ -4670,38 +4677,15 @@ fn native_encoder_pools_match_the_reference() {
 /// resolved into `frontend`, as the reference saves it.
 #[test]
 fn native_encoder_recommendations_replay_as_the_reference() {
-    let config = deploy_dir().join("recommend_encoder_native.yaml");
-    let dir = tmp("encoder-native-recommend");
-    let out = recommend(&config, &dir, &[]);
-    if data_missing(&out) {
-        eprintln!("NOTICE: AIS data not installed (set SERVESIM_AIS_SYSTEMS); skipping");
+    let keys = ["mean_ttft_ms", "output_throughput_tok_s", "duration_ms", "encoder_latency_ms", "gpu_hours"];
+    let Some((config, saved, ours)) = best_recommendation_replays("encoder_native", "candidate-000004", &keys) else {
         return;
-    }
-    assert!(out.status.success(), "{}", stderr(&out));
-    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("recommendation.json")).unwrap()).unwrap();
-    let best_id = doc["views"]["top_n"][0].clone();
-    assert_eq!(best_id, "candidate-000004");
-    let best = doc["candidates"].as_array().unwrap().iter().find(|c| c["candidate_id"] == best_id).unwrap();
-    let saved: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("recommendations/0001.yaml")).unwrap()).unwrap();
+    };
     let e = &saved["engine"]["workers"]["encoder"];
     assert_eq!(
         json!([e["mode"], e["tensor"], e["replicas"], e["batch_size"], e["transfer"]]),
         json!(["native", 1, 1, 4, {"bandwidth_gb_per_second": 25.0}])
     );
-    let replay = tmp("encoder-native-recommend-replay");
-    let out = predict(&dir.join("recommendations/0001.yaml"), &replay, &["--format", "json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let ours: Value = serde_json::from_slice(&std::fs::read(replay.join("prediction.json")).unwrap()).unwrap();
-    let golden: Value = serde_json::from_slice(
-        &std::fs::read(deploy_dir().join("recommendation_encoder_native_0001.expected.json")).unwrap(),
-    )
-    .unwrap();
-    for key in ["mean_ttft_ms", "output_throughput_tok_s", "duration_ms", "encoder_latency_ms", "gpu_hours"] {
-        assert_eq!(ours[key], best["metrics"][key], "{key}: the replay and the search");
-        let (x, y) = (ours[key].as_f64().unwrap(), golden["metrics"][key].as_f64().unwrap());
-        assert!(deviation(x, y) <= 1e-9, "{key} = {x}, reference {y}");
-    }
     assert_eq!(ours["encoder"]["native"]["preprocess_ms_per_image"], 3.0);
     // A host cost table's row is saved resolved (the table's Qwen3-VL-8B 448x448x2 row).
     let table = deploy_dir().join("host_profile/table.json").canonicalize().unwrap();
